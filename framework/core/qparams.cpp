@@ -1,0 +1,157 @@
+// Min/max to (scale, zero_point), reproducing torch.ao.quantization.ObserverBase._calculate_qparams.
+#include "framework/core/qparams.h"
+
+#include <ATen/ATen.h>
+
+#include <sstream>
+
+#include "framework/core/error.h"
+
+namespace qforge {
+
+const char* to_string(Granularity g) {
+  switch (g) {
+    case Granularity::kPerTensor: return "per_tensor";
+    case Granularity::kPerChannel: return "per_channel";
+    case Granularity::kPerGroup: return "per_group";
+  }
+  return "?";
+}
+
+Granularity granularity_from_name(const std::string& name) {
+  if (name == "per_tensor" || name == "tensor") return Granularity::kPerTensor;
+  if (name == "per_channel" || name == "channel") return Granularity::kPerChannel;
+  if (name == "per_group" || name == "group") return Granularity::kPerGroup;
+  const std::string hint = closest_match(name, {"per_tensor", "per_channel", "per_group"});
+  throw Error(detail::str_cat("unknown granularity '", name, "'",
+                              hint.empty() ? std::string() : " (did you mean '" + hint + "'?)"));
+}
+
+int64_t QSpec::quant_min() const {
+  if (qtype.is_float()) return 0;
+  int64_t qmin = qtype.quant_min;
+  // reduce_range halves the range as PyTorch's _calculate_qmin_qmax does: [-64, 63] / [0, 127].
+  if (reduce_range) qmin = qtype.is_signed ? qmin / 2 : qmin;
+  if (narrow_range && qtype.is_signed) qmin += 1;
+  return qmin;
+}
+
+int64_t QSpec::quant_max() const {
+  if (qtype.is_float()) return 0;
+  int64_t qmax = qtype.quant_max;
+  if (reduce_range) qmax = qtype.is_signed ? (qmax - 1) / 2 : qmax / 2;
+  if (narrow_range && !qtype.is_signed) qmax -= 1;
+  return qmax;
+}
+
+void QSpec::validate() const {
+  QF_REQUIRE(granularity != Granularity::kPerGroup || group_size > 0,
+             "QSpec: per_group granularity needs group_size > 0, got ", group_size);
+  QF_REQUIRE(granularity == Granularity::kPerGroup || group_size == 0,
+             "QSpec: group_size ", group_size, " is only meaningful with per_group granularity");
+  QF_REQUIRE(!qtype.is_float() || (!narrow_range && !reduce_range),
+             "QSpec: narrow_range/reduce_range do not apply to float8 qtype ", qtype.name);
+  QF_REQUIRE(qtype.is_float() || quant_min() < quant_max(), "QSpec: empty quantization range [",
+             quant_min(), ", ", quant_max(), "] for ", qtype.name);
+}
+
+std::string QSpec::to_string() const {
+  std::ostringstream os;
+  os << qtype.name << " " << qforge::to_string(granularity);
+  if (granularity == Granularity::kPerChannel) os << "(axis=" << axis << ")";
+  if (granularity == Granularity::kPerGroup) os << "(group_size=" << group_size << ")";
+  os << (symmetric || qtype.is_float() ? " symmetric" : " affine");
+  if (narrow_range) os << " narrow_range";
+  if (reduce_range) os << " reduce_range";
+  return os.str();
+}
+
+std::vector<int64_t> qparams_shape(const QSpec& spec, at::IntArrayRef sizes) {
+  switch (spec.granularity) {
+    case Granularity::kPerTensor: return {};
+    case Granularity::kPerChannel: {
+      const int64_t dim = static_cast<int64_t>(sizes.size());
+      QF_REQUIRE(dim > 0, "per_channel quantization needs a tensor with at least 1 dimension");
+      QF_REQUIRE(spec.axis >= -dim && spec.axis < dim, "per_channel axis ", spec.axis,
+                 " is out of range for a tensor of shape ", sizes);
+      return {sizes[spec.axis < 0 ? spec.axis + dim : spec.axis]};
+    }
+    case Granularity::kPerGroup: {
+      QF_REQUIRE(!sizes.empty(), "per_group quantization needs a tensor with at least 1 dimension");
+      const int64_t k = sizes.back();
+      QF_REQUIRE(spec.group_size > 0 && k % spec.group_size == 0, "per_group: last dimension ", k,
+                 " of shape ", sizes, " is not a multiple of group_size ", spec.group_size);
+      std::vector<int64_t> out(sizes.begin(), sizes.end());
+      out.back() = k / spec.group_size;
+      return out;
+    }
+  }
+  return {};
+}
+
+QParams calculate_qparams(const at::Tensor& min_val_in, const at::Tensor& max_val_in,
+                          const QSpec& spec) {
+  spec.validate();
+  QF_REQUIRE(min_val_in.sizes() == max_val_in.sizes(), "calculate_qparams: min shape ",
+             min_val_in.sizes(), " differs from max shape ", max_val_in.sizes());
+  const at::Tensor min_val = min_val_in.to(at::kFloat);
+  const at::Tensor max_val = max_val_in.to(at::kFloat);
+  QF_REQUIRE(min_val.numel() > 0, "calculate_qparams: empty min/max");
+  QF_REQUIRE(at::isfinite(min_val).all().item<bool>() && at::isfinite(max_val).all().item<bool>(),
+             "calculate_qparams: min/max are not finite (the observer saw no finite values)");
+  QF_REQUIRE(at::le(min_val, max_val).all().item<bool>(),
+             "calculate_qparams: min > max (min ", min_val.min().item<float>(), ", max ",
+             max_val.max().item<float>(), ")");
+
+  const at::Tensor zeros = at::zeros_like(min_val);
+  const at::Tensor min_neg = at::minimum(min_val, zeros);
+  at::Tensor max_pos = at::maximum(max_val, zeros);
+  const at::Tensor eps = at::full({}, kScaleEps, min_val.options());
+
+  QParams qp;
+  qp.spec = spec;
+  if (spec.qtype.is_float()) {
+    // Float8 grids are symmetric: the largest magnitude maps to the largest finite fp8 value.
+    max_pos = at::maximum(-min_neg, max_pos);
+    qp.scale = at::maximum(max_pos / spec.qtype.max_finite, eps);
+    qp.zero_point = at::zeros(min_val.sizes(), min_val.options().dtype(at::kInt));
+    return qp;
+  }
+  const int64_t qmin = spec.quant_min(), qmax = spec.quant_max();
+  if (spec.symmetric) {
+    max_pos = at::maximum(-min_neg, max_pos);
+    qp.scale = at::maximum(max_pos / (static_cast<double>(qmax - qmin) / 2), eps);
+    int64_t zp = 0;
+    if (!spec.qtype.is_signed) {
+      // PyTorch: 128 for the default quint8 range, the down-rounded midpoint for custom ranges.
+      zp = (spec.qtype == quint8 && !spec.custom_range()) ? 128 : (qmin + qmax) / 2;
+    }
+    qp.zero_point = at::full(min_val.sizes(), zp, min_val.options().dtype(at::kInt));
+  } else {
+    qp.scale = at::maximum((max_pos - min_neg) / static_cast<double>(qmax - qmin), eps);
+    // torch.round is half-to-even, so zero points match PyTorch's observers.
+    qp.zero_point =
+        at::clamp(qmin - at::round(min_neg / qp.scale).to(at::kInt), qmin, qmax).to(at::kInt);
+  }
+  return qp;
+}
+
+QParams make_qparams(const QSpec& spec, const at::Tensor& scale, const at::Tensor& zero_point) {
+  spec.validate();
+  QF_REQUIRE(scale.sizes() == zero_point.sizes(), "make_qparams: scale shape ", scale.sizes(),
+             " differs from zero_point shape ", zero_point.sizes());
+  const at::Tensor s = scale.to(at::kFloat).contiguous();
+  QF_REQUIRE(at::isfinite(s).all().item<bool>() && at::gt(s, 0).all().item<bool>(),
+             "make_qparams: scale must be finite and > 0");
+  const at::Tensor z = zero_point.to(at::kInt).contiguous();
+  if (spec.qtype.is_integer()) {
+    QF_REQUIRE(at::ge(z, spec.quant_min()).all().item<bool>() &&
+                   at::le(z, spec.quant_max()).all().item<bool>(),
+               "make_qparams: zero_point outside [", spec.quant_min(), ", ", spec.quant_max(), "]");
+  } else {
+    QF_REQUIRE(at::eq(z, 0).all().item<bool>(), "make_qparams: float8 grids have zero_point 0");
+  }
+  return QParams{spec, s, z};
+}
+
+}  // namespace qforge

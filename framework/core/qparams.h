@@ -1,0 +1,63 @@
+// QSpec (how to quantize) and QParams (scale and zero point that do it), and the formulas that
+// turn observed min/max into QParams. Formulas are in docs/numerics.md; they reproduce PyTorch's
+// `ObserverBase._calculate_qparams` bit for bit.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <string>
+
+#include "framework/core/qtype.h"
+
+namespace qforge {
+
+enum class Granularity : uint8_t { kPerTensor, kPerChannel, kPerGroup };
+
+const char* to_string(Granularity g);
+Granularity granularity_from_name(const std::string& name);
+
+// Smallest scale any formula returns: torch.finfo(torch.float32).eps, as PyTorch's observers use.
+inline constexpr float kScaleEps = 1.1920928955078125e-07f;
+
+// What grid, how coarse, and how the range maps onto it.
+struct QSpec {
+  QType qtype = qint8;
+  Granularity granularity = Granularity::kPerTensor;
+  int64_t axis = 0;          // per-channel: the channel dimension
+  int64_t group_size = 0;    // per-group: elements per group along the last dimension
+  bool symmetric = false;    // zero point fixed (0 for signed, midpoint for unsigned)
+  bool narrow_range = false; // drop the lowest level: qint8 becomes [-127, 127]
+  bool reduce_range = false; // one bit less of range (PyTorch's reduce_range, for VPMADDUBSW overflow)
+
+  // The integer range actually used, after narrow_range / reduce_range.
+  int64_t quant_min() const;
+  int64_t quant_max() const;
+  // True when the range differs from the qtype's full range (PyTorch's has_customized_qrange).
+  bool custom_range() const { return narrow_range || reduce_range; }
+  // Validates the combination; throws qforge::Error naming the problem.
+  void validate() const;
+  std::string to_string() const;
+};
+
+// Scale and zero point. Per-tensor: 0-dim tensors. Per-channel: shape [C]. Per-group: the input's
+// shape with the last dimension divided by group_size. scale is float32, zero_point int32.
+struct QParams {
+  QSpec spec;
+  at::Tensor scale;
+  at::Tensor zero_point;
+
+  bool defined() const { return scale.defined(); }
+};
+
+// min/max (float32, shape as the QParams shape) to QParams. Throws when min > max anywhere or
+// either is not finite (an observer that saw nothing, or only NaN/inf).
+QParams calculate_qparams(const at::Tensor& min_val, const at::Tensor& max_val, const QSpec& spec);
+
+// QParams from explicit values, checked for shape and range.
+QParams make_qparams(const QSpec& spec, const at::Tensor& scale, const at::Tensor& zero_point);
+
+// The shape scale/zero_point must have for `input_sizes` under `spec`, or an error naming both.
+std::vector<int64_t> qparams_shape(const QSpec& spec, at::IntArrayRef input_sizes);
+
+}  // namespace qforge

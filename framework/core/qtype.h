@@ -1,0 +1,54 @@
+// Quantized types: the grids values are rounded to. Small constexpr values, quanto-style
+// (`qforge::qint8`), shared by observers, fake_quant, kernels and the framework.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace qforge {
+
+enum class QKind : uint8_t { kInteger, kFloat8 };
+
+struct QType {
+  const char* name;
+  int bits;
+  bool is_signed;
+  QKind kind;
+  // Integer grids: the full representable range. Float8 grids: unused (0).
+  int64_t quant_min;
+  int64_t quant_max;
+  // Float8 grids: exponent/mantissa bits, exponent bias and the largest finite value.
+  int exponent_bits;
+  int mantissa_bits;
+  int exponent_bias;
+  double max_finite;
+
+  constexpr bool is_float() const { return kind == QKind::kFloat8; }
+  constexpr bool is_integer() const { return kind == QKind::kInteger; }
+  constexpr int64_t levels() const { return quant_max - quant_min + 1; }
+  friend constexpr bool operator==(const QType& a, const QType& b) {
+    return a.bits == b.bits && a.is_signed == b.is_signed && a.kind == b.kind &&
+           a.exponent_bits == b.exponent_bits;
+  }
+  friend constexpr bool operator!=(const QType& a, const QType& b) { return !(a == b); }
+};
+
+inline constexpr QType qint8{"qint8", 8, true, QKind::kInteger, -128, 127, 0, 0, 0, 0.0};
+inline constexpr QType quint8{"quint8", 8, false, QKind::kInteger, 0, 255, 0, 0, 0, 0.0};
+inline constexpr QType qint4{"qint4", 4, true, QKind::kInteger, -8, 7, 0, 0, 0, 0.0};
+inline constexpr QType quint4{"quint4", 4, false, QKind::kInteger, 0, 15, 0, 0, 0, 0.0};
+inline constexpr QType qint2{"qint2", 2, true, QKind::kInteger, -2, 1, 0, 0, 0, 0.0};
+// OCP FP8: e4m3fn has no infinities and one NaN pattern, max 448; e5m2 is IEEE-like, max 57344.
+inline constexpr QType qfloat8_e4m3fn{"qfloat8_e4m3fn", 8, true, QKind::kFloat8, 0, 0, 4, 3, 7, 448.0};
+inline constexpr QType qfloat8_e5m2{"qfloat8_e5m2", 8, true, QKind::kFloat8, 0, 0, 5, 2, 15, 57344.0};
+
+// All qtypes, in the order documentation lists them.
+const std::vector<QType>& all_qtypes();
+
+// Looks a qtype up by name ("qint8", "int8", "fp8_e4m3", ...); throws qforge::Error naming the
+// closest valid name when there is none.
+QType qtype_from_name(std::string_view name);
+
+}  // namespace qforge
