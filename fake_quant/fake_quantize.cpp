@@ -13,6 +13,11 @@ namespace {
 
 // Elements per parallel task: large enough to amortise scheduling, small enough to balance.
 constexpr int64_t kGrain = int64_t{1} << 15;
+// Outputs at least this large are written with non-temporal stores: far beyond any per-core
+// cache, so the consumer reads them from memory anyway and read-for-ownership is pure waste.
+constexpr int64_t kStreamMinBytes = int64_t{16} << 20;
+
+bool use_stream(int64_t numel) { return numel * static_cast<int64_t>(sizeof(float)) >= kStreamMinBytes; }
 
 // x viewed as [outer, C, inner] where channel c uses grid c.
 struct RunLayout {
@@ -88,8 +93,9 @@ void run_forward(const float* x, float* y, bool* mask, const RunLayout& L, const
     });
     return;
   }
+  const fq::AffineRunFn run = use_stream(L.outer * L.C * L.inner) ? k.affine_run_stream : k.affine_run;
   for_each_run(L, [&](int64_t b, int64_t e, int64_t c) {
-    k.affine_run(x + b, y + b, mask ? mask + b : nullptr, e - b,
+    run(x + b, y + b, mask ? mask + b : nullptr, e - b,
                  fq::AffineGrid{L.scale[c], L.inv_scale[c], L.zero_point[c], qmin, qmax});
   });
 }
@@ -147,8 +153,9 @@ at::Tensor fake_quantize_backward(const at::Tensor& dy_in, const at::Tensor& mas
   const float* pdy = dy.data_ptr<float>();
   const bool* pm = m.data_ptr<bool>();
   float* pdx = dx.data_ptr<float>();
+  const fq::MaskGradFn grad = use_stream(dy.numel()) ? k.mask_grad_stream : k.mask_grad;
   at::parallel_for(0, dy.numel(), kGrain, [&](int64_t b, int64_t e) {
-    k.mask_grad(pdy + b, pm + b, pdx + b, e - b);
+    grad(pdy + b, pm + b, pdx + b, e - b);
   });
   return dx;
 }

@@ -26,6 +26,8 @@ struct Avx2 {
   static constexpr int kLanes = 8;
   static F load(const float* p) { return _mm256_loadu_ps(p); }
   static void store(float* p, F v) { _mm256_storeu_ps(p, v); }
+  static void stream(float* p, F v) { _mm256_stream_ps(p, v); }
+  static void fence() { _mm_sfence(); }
   static F set1(float v) { return _mm256_set1_ps(v); }
   static F add(F a, F b) { return _mm256_add_ps(a, b); }
   static F sub(F a, F b) { return _mm256_sub_ps(a, b); }
@@ -56,8 +58,10 @@ struct Avx2 {
   }
 };
 
-const FakeQuantKernels kAvx2{"avx2", simd::affine_run<Avx2>, simd::affine_rows<Avx2>,
-                             simd::mask_grad<Avx2>, simd::lsq_run<Avx2>};
+const FakeQuantKernels kAvx2{"avx2", simd::affine_run<Avx2, false>,
+                               simd::affine_run<Avx2, true>, simd::affine_rows<Avx2>,
+                             simd::mask_grad<Avx2, false>,
+                               simd::mask_grad<Avx2, true>, simd::lsq_run<Avx2>};
 
 }  // namespace
 

@@ -13,6 +13,8 @@ struct Avx512 {
   static constexpr int kLanes = 16;
   static F load(const float* p) { return _mm512_loadu_ps(p); }
   static void store(float* p, F v) { _mm512_storeu_ps(p, v); }
+  static void stream(float* p, F v) { _mm512_stream_ps(p, v); }
+  static void fence() { _mm_sfence(); }
   static F set1(float v) { return _mm512_set1_ps(v); }
   static F add(F a, F b) { return _mm512_add_ps(a, b); }
   static F sub(F a, F b) { return _mm512_sub_ps(a, b); }
@@ -41,8 +43,10 @@ struct Avx512 {
   }
 };
 
-const FakeQuantKernels kAvx512{"avx512", simd::affine_run<Avx512>, simd::affine_rows<Avx512>,
-                               simd::mask_grad<Avx512>, simd::lsq_run<Avx512>};
+const FakeQuantKernels kAvx512{"avx512", simd::affine_run<Avx512, false>,
+                               simd::affine_run<Avx512, true>, simd::affine_rows<Avx512>,
+                               simd::mask_grad<Avx512, false>,
+                               simd::mask_grad<Avx512, true>, simd::lsq_run<Avx512>};
 
 }  // namespace
 

@@ -41,8 +41,10 @@ using LsqRunFn = LsqSums (*)(const float* x, const float* dy, float* dx, int64_t
 struct FakeQuantKernels {
   const char* isa;  // "avx512", "avx2" or "reference"
   AffineRunFn affine_run;
+  AffineRunFn affine_run_stream;  // same results, non-temporal stores for y
   AffineRowsFn affine_rows;
   MaskGradFn mask_grad;
+  MaskGradFn mask_grad_stream;  // same results, non-temporal stores for dx
   LsqRunFn lsq_run;
 };
 

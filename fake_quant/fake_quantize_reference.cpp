@@ -51,8 +51,9 @@ void float8_run_reference(const float* x, float* y, bool* mask, int64_t n, float
 }
 
 const FakeQuantKernels& reference_kernels() {
-  static const FakeQuantKernels k{"reference", affine_run_reference, affine_rows_reference,
-                                  mask_grad_reference, lsq_run_reference};
+  static const FakeQuantKernels k{"reference",         affine_run_reference, affine_run_reference,
+                                  affine_rows_reference, mask_grad_reference,  mask_grad_reference,
+                                  lsq_run_reference};
   return k;
 }
 

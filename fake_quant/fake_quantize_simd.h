@@ -10,19 +10,32 @@
 
 namespace qforge::fq::simd {
 
+// Elements before `p` reaches the vector alignment that non-temporal stores need.
 template <class V>
+int64_t head_to_alignment(const float* p, int64_t n) {
+  const auto misalign = reinterpret_cast<uintptr_t>(p) % (V::kLanes * sizeof(float));
+  const int64_t head = misalign ? static_cast<int64_t>((V::kLanes * sizeof(float) - misalign) / sizeof(float)) : 0;
+  return head < n ? head : n;
+}
+
+// kStream: write y with non-temporal stores (for outputs far larger than the caches, where
+// read-for-ownership traffic would otherwise cost as much as the write).
+template <class V, bool kStream>
 void affine_run(const float* x, float* y, bool* mask, int64_t n, const AffineGrid& g) {
   using F = typename V::F;
   const F inv = V::set1(g.inv_scale), sc = V::set1(g.scale), zp = V::set1(g.zero_point);
   const F qmin = V::set1(g.quant_min), qmax = V::set1(g.quant_max);
-  int64_t i = 0;
+  int64_t i = kStream ? head_to_alignment<V>(y, n) : 0;
+  for (int64_t j = 0; j < i; ++j) y[j] = fake_quantize_value(x[j], g, mask ? mask + j : nullptr);
   for (; i + V::kLanes <= n; i += V::kLanes) {
     const F q = V::add(V::round(V::mul(V::load(x + i), inv)), zp);
     if (mask) V::store_mask(mask + i, V::and_(V::ge(q, qmin), V::le(q, qmax)));
     // max(q, qmin) returns qmin for NaN q (second operand), as clamp_q does.
-    V::store(y + i, V::mul(V::sub(V::min(V::max(q, qmin), qmax), zp), sc));
+    const F out = V::mul(V::sub(V::min(V::max(q, qmin), qmax), zp), sc);
+    if (kStream) V::stream(y + i, out); else V::store(y + i, out);
   }
   for (; i < n; ++i) y[i] = fake_quantize_value(x[i], g, mask ? mask + i : nullptr);
+  if (kStream) V::fence();
 }
 
 template <class V>
@@ -48,12 +61,16 @@ void affine_rows(const float* x, float* y, bool* mask, int64_t rows, int64_t C, 
   }
 }
 
-template <class V>
+template <class V, bool kStream>
 void mask_grad(const float* dy, const bool* mask, float* dx, int64_t n) {
-  int64_t i = 0;
-  for (; i + V::kLanes <= n; i += V::kLanes)
-    V::store(dx + i, V::select(V::load_mask(mask + i), V::load(dy + i), V::set1(0.0f)));
+  int64_t i = kStream ? head_to_alignment<V>(dx, n) : 0;
+  for (int64_t j = 0; j < i; ++j) dx[j] = mask[j] ? dy[j] : 0.0f;
+  for (; i + V::kLanes <= n; i += V::kLanes) {
+    const typename V::F out = V::select(V::load_mask(mask + i), V::load(dy + i), V::set1(0.0f));
+    if (kStream) V::stream(dx + i, out); else V::store(dx + i, out);
+  }
   for (; i < n; ++i) dx[i] = mask[i] ? dy[i] : 0.0f;
+  if (kStream) V::fence();
 }
 
 template <class V>

@@ -55,6 +55,12 @@ TEST(FakeQuantKernels, AffineRunMatchesReferenceExactlyForEveryIsa) {
       std::vector<float> y_nomask(n);
       k->affine_run(x.data_ptr<float>(), y_nomask.data(), nullptr, n, g);
       ASSERT_EQ(0, std::memcmp(y_nomask.data(), y_ref.data(), n * sizeof(float))) << k->isa << " n=" << n;
+      // Streaming variant, from an unaligned start so the scalar head runs too.
+      std::vector<float> y_nt(n + 1);
+      std::vector<char> m_nt(n);
+      k->affine_run_stream(x.data_ptr<float>(), y_nt.data() + 1, reinterpret_cast<bool*>(m_nt.data()), n, g);
+      ASSERT_EQ(0, std::memcmp(y_nt.data() + 1, y_ref.data(), n * sizeof(float))) << k->isa << " stream n=" << n;
+      ASSERT_EQ(m_nt, m_ref) << k->isa << " stream n=" << n;
     }
   }
 }
@@ -90,6 +96,9 @@ TEST(FakeQuantKernels, MaskGradAndLsqMatchReference) {
       mask_grad_reference(dy.data_ptr<float>(), mask.data_ptr<bool>(), dx_ref.data(), n);
       k->mask_grad(dy.data_ptr<float>(), mask.data_ptr<bool>(), dx.data(), n);
       ASSERT_EQ(dx, dx_ref) << k->isa << " n=" << n;
+      std::vector<float> dx_nt(n + 3);
+      k->mask_grad_stream(dy.data_ptr<float>(), mask.data_ptr<bool>(), dx_nt.data() + 3, n);
+      ASSERT_EQ(std::vector<float>(dx_nt.begin() + 3, dx_nt.end()), dx_ref) << k->isa << " stream n=" << n;
 
       const LsqGrid g{0.05f, 1.0f / 0.05f, 2.0f, -8.0f, 7.0f, 0.01f};
       const LsqSums r = lsq_run_reference(x.data_ptr<float>(), dy.data_ptr<float>(), dx_ref.data(), n, g);

@@ -1,0 +1,106 @@
+// qbench: side-by-side benchmarks of qforge and LibTorch for the same work in the same run.
+// `qbench --json` prints one JSON object per line:
+//   {"bench", "impl": "qforge"|"libtorch"|"limit", "shape", "threads", "ms", "GBps"}
+// Without --json it prints a table with the qforge/LibTorch speed ratio of each row.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <CLI/CLI.hpp>
+#include <malloc.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "apps/qbench_registry.h"
+
+namespace qforge::bench {
+
+namespace {
+
+double median_ms(const std::function<void()>& fn, int reps) {
+  fn();  // warm-up: page faults, allocator, caches
+  std::vector<double> ms;
+  for (int r = 0; r < reps; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    fn();
+    const auto t1 = std::chrono::steady_clock::now();
+    ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+  }
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+}  // namespace
+
+std::vector<Bench>& registry() {
+  static std::vector<Bench> r;
+  return r;
+}
+
+}  // namespace qforge::bench
+
+int main(int argc, char** argv) {
+  using namespace qforge::bench;
+  CLI::App app{"qbench: qforge vs LibTorch, same work, same run"};
+  bool json = false;
+  int reps = 7;
+  std::string filter;
+  std::vector<int> threads;
+  app.add_flag("--json", json, "one JSON object per line");
+  app.add_option("--reps", reps, "timed repetitions per case (median is reported)")->check(CLI::Range(1, 1000));
+  app.add_option("--filter", filter, "only benches whose name contains this");
+  app.add_option("--threads", threads, "thread counts (default: 1 and all cores)");
+  bool fresh_pages = false;
+  app.add_flag("--fresh-pages", fresh_pages,
+               "let glibc map every large buffer afresh (first-touch page faults in every call)");
+  CLI11_PARSE(app, argc, argv);
+  if (!fresh_pages) {
+    // Keep freed 64 MiB buffers in the heap so both sides reuse warm pages, as a caching
+    // allocator would; otherwise page faults dominate both implementations equally.
+    mallopt(M_MMAP_THRESHOLD, 1 << 30);
+    mallopt(M_TRIM_THRESHOLD, 1 << 30);
+  }
+  if (threads.empty()) {
+    threads.push_back(1);
+    const int all = static_cast<int>(std::thread::hardware_concurrency());
+    if (all > 1) threads.push_back(all);
+  }
+
+  std::stable_sort(registry().begin(), registry().end(),
+                   [](const Bench& a, const Bench& b) { return a.order < b.order; });
+  if (!json) std::printf("%-28s %-22s %-9s %3s %10s %9s %8s\n", "bench", "shape", "impl", "thr", "ms", "GB/s", "x torch");
+  for (int t : threads) {
+    at::set_num_threads(t);
+    for (const Bench& b : registry()) {
+      if (!filter.empty() && b.name.find(filter) == std::string::npos) continue;
+      for (const Case& c : b.make_cases()) {
+        std::map<std::string, double> ms_by_impl;
+        for (const Impl& impl : c.impls) {
+          const double ms = median_ms(impl.run, reps);
+          ms_by_impl[impl.name] = ms;
+          const double gbps = c.bytes > 0 ? c.bytes / (ms * 1e6) : 0.0;
+          if (json) {
+            std::printf("{\"bench\": \"%s\", \"impl\": \"%s\", \"shape\": \"%s\", \"threads\": %d, \"ms\": %.4f, \"GBps\": %.3f}\n",
+                        b.name.c_str(), impl.name.c_str(), c.shape.c_str(), t, ms, gbps);
+          } else {
+            const auto torch_ms = ms_by_impl.find("libtorch");
+            char ratio[32] = "";
+            if (impl.name != "libtorch" && torch_ms != ms_by_impl.end())
+              std::snprintf(ratio, sizeof ratio, "%.2fx", torch_ms->second / ms);
+            std::printf("%-28s %-22s %-9s %3d %10.3f %9.2f %8s\n", b.name.c_str(), c.shape.c_str(),
+                        impl.name.c_str(), t, ms, gbps, ratio);
+          }
+          std::fflush(stdout);
+        }
+      }
+    }
+  }
+  return 0;
+}
