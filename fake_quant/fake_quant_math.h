@@ -15,6 +15,18 @@
 
 namespace qforge::fq {
 
+// The three libm calls the formulas need, spelled for host and device. rintf and nearbyint both
+// round half to even.
+#if defined(__CUDA_ARCH__)
+__device__ __forceinline__ float qf_rint(float v) { return rintf(v); }
+__device__ __forceinline__ float qf_fabs(float v) { return fabsf(v); }
+__device__ __forceinline__ float qf_ldexp(float v, int e) { return ldexpf(v, e); }
+#else
+inline float qf_rint(float v) { return std::nearbyint(v); }
+inline float qf_fabs(float v) { return std::fabs(v); }
+inline float qf_ldexp(float v, int e) { return std::ldexp(v, e); }
+#endif
+
 // Affine integer grid for one scale: PyTorch multiplies by a float32 reciprocal, never divides,
 // so inv_scale is 1.0f / scale computed in float.
 struct AffineGrid {
@@ -31,7 +43,7 @@ QF_HOST_DEVICE AffineGrid make_grid(float scale, float zero_point, float qmin, f
 
 // q = rint(x / s) + z (half to even, as std::nearbyint in the default rounding mode).
 QF_HOST_DEVICE float quantize_unclamped(float x, const AffineGrid& g) {
-  return std::nearbyint(x * g.inv_scale) + g.zero_point;
+  return qf_rint(x * g.inv_scale) + g.zero_point;
 }
 
 // Clamp written as max-then-min with the NaN operand first, so NaN maps to quant_min as in
@@ -60,15 +72,23 @@ inline constexpr Float8Format kE4M3 {3, -6, 448.0f};
 inline constexpr Float8Format kE5M2 {2, -14, 57344.0f};
 
 QF_HOST_DEVICE float bits_to_float(uint32_t b) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(b);
+#else
   float f;
   std::memcpy(&f, &b, sizeof f);
   return f;
+#endif
 }
 
 QF_HOST_DEVICE uint32_t float_to_bits(float f) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(f);
+#else
   uint32_t b;
   std::memcpy(&b, &f, sizeof b);
   return b;
+#endif
 }
 
 // Rounds v to the nearest float8 value, ties to even, saturating to ±max_finite (the "satfinite"
@@ -81,7 +101,7 @@ QF_HOST_DEVICE float round_to_float8(float v, const Float8Format& f) {
   const int qexp = e - f.mantissa_bits;  // always a normal float32 exponent
   const float quantum = bits_to_float(static_cast<uint32_t>(qexp + 127) << 23);
   const float inv_quantum = bits_to_float(static_cast<uint32_t>(127 - qexp) << 23);
-  const float r = std::nearbyint(v * inv_quantum) * quantum;
+  const float r = qf_rint(v * inv_quantum) * quantum;
   return r > f.max_finite ? f.max_finite : (r < -f.max_finite ? -f.max_finite : r);
 }
 
@@ -89,7 +109,7 @@ QF_HOST_DEVICE float round_to_float8(float v, const Float8Format& f) {
 QF_HOST_DEVICE float fake_quantize_float8_value(float x, float scale, const Float8Format& f,
                                                 bool* in_range) {
   const float v = x / scale;
-  if (in_range) *in_range = std::fabs(v) <= f.max_finite;
+  if (in_range) *in_range = qf_fabs(v) <= f.max_finite;
   return round_to_float8(v, f) * scale;
 }
 
@@ -100,7 +120,7 @@ QF_HOST_DEVICE uint8_t encode_float8(float v, const Float8Format& f) {
   const uint32_t b = float_to_bits(v);
   const uint8_t sign = static_cast<uint8_t>((b >> 31) << 7);
   if (v != v) return static_cast<uint8_t>(sign | (exp_bits == 4 ? 0x7f : 0x7e));
-  const float a = std::fabs(v);
+  const float a = qf_fabs(v);
   if (a == 0.0f) return sign;
   const int e_raw = static_cast<int>((b >> 23) & 0xffu) - 127;
   if (e_raw < f.min_exponent) {  // subnormal: mantissa counts quanta of 2^(min_exponent - mbits)
@@ -119,8 +139,8 @@ QF_HOST_DEVICE float decode_float8(uint8_t code, const Float8Format& f) {
   const int m = code & ((1 << f.mantissa_bits) - 1);
   if (exp_bits == 4 && e == 15 && m == 7) return NAN;          // e4m3fn: the only NaN
   if (exp_bits == 5 && e == 31) return m ? NAN : sign * INFINITY;  // e5m2: IEEE specials
-  if (e == 0) return sign * std::ldexp(static_cast<float>(m), f.min_exponent - f.mantissa_bits);
-  return sign * std::ldexp(1.0f + static_cast<float>(m) / (1 << f.mantissa_bits), e - bias);
+  if (e == 0) return sign * qf_ldexp(static_cast<float>(m), f.min_exponent - f.mantissa_bits);
+  return sign * qf_ldexp(1.0f + static_cast<float>(m) / (1 << f.mantissa_bits), e - bias);
 }
 
 }  // namespace qforge::fq
