@@ -1,0 +1,29 @@
+// Large-M int8 GEMM through oneDNN's matmul: C[M, N] = A[M, K] . W^T, s8 x s8 -> exact s32.
+// The weights are reordered once into the blocked format oneDNN prefers (format_tag::any); the
+// primitive is created once with a run-time M. The dequantizing epilogue stays qforge's, so
+// results equal the reference bit for bit (on VNNI/AMX hardware, where oneDNN does not saturate).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace qforge::kernels::detail {
+
+class OneDnnS8Weights;  // oneDNN engine, primitive and packed weight memory (RAII, .cpp)
+
+// Packs W int8 [N, K]; returns nullptr and sets *status when oneDNN cannot (then status says
+// why); on success *status is empty.
+std::shared_ptr<const OneDnnS8Weights> onednn_pack_s8(const int8_t* W, int64_t N, int64_t K,
+                                                     std::string* status);
+
+// A dense int8 [M, K], C dense int32 [M, N]. Thread-safe (user-managed scratchpad per call).
+void onednn_gemm_s8s8s32(const OneDnnS8Weights& w, const int8_t* A, int64_t M, int32_t* C);
+
+// Bytes of the packed weight memory held by oneDNN.
+int64_t onednn_bytes(const OneDnnS8Weights& w);
+
+// oneDNN's implementation name for the primitive (e.g. "brg:avx512_core_amx_int8").
+std::string onednn_impl(const OneDnnS8Weights& w);
+
+}  // namespace qforge::kernels::detail

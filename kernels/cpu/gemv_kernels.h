@@ -1,0 +1,53 @@
+// Internal interface between the dispatchers (gemv_s8.cpp, gemv_s4.cpp) and the ISA-specific
+// small-M kernels, which live in files compiled with their own -m flags. Kernels see raw
+// pointers only and work on a range of 16-column blocks, so the dispatcher can split N across
+// threads with at::parallel_for. Nothing here includes ATen (ISA files skip the PCH).
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/cpu/packed_layout.h"
+
+namespace qforge::kernels::detail {
+
+// int8 activations x n16k4 int8 weights. Rows of A are padded to w.kp (lda >= w.kp).
+struct GemvS8Args {
+  const int8_t* a_s8 = nullptr;   // AVX2 kernel: values in [-127, 127], padding 0
+  const uint8_t* a_u8 = nullptr;  // VNNI kernel: any padding (padded weights are 0)
+  int32_t a_zero_point = 0;       // VNNI kernel computes sum_k (a_u8 - a_zero_point) * w
+  int64_t m = 0, lda = 0;
+  S8N16K4View w;
+  // Output: int32 C[m][ldc] when c != nullptr, else the dequantizing epilogue into y[m][ldy]:
+  // y = fmaf(float(acc) * w_scale[n], a_scale[m], bias ? bias[n] : 0).
+  int32_t* c = nullptr;
+  int64_t ldc = 0;
+  float* y = nullptr;
+  int64_t ldy = 0;
+  const float* a_scale = nullptr;  // [m]
+  const float* w_scale = nullptr;  // [N]
+  const float* bias = nullptr;     // [N] or nullptr
+};
+
+// int8 activations x n16k8 int4 weights, per-group scales, fused float epilogue (see
+// gemm_s8s4f32_reference). Requires w.group_size % 8 == 0; rows of A padded to w.kp with 0.
+struct GemvS4Args {
+  const int8_t* a = nullptr;           // values in [-127, 127]
+  int64_t m = 0, lda = 0;
+  const int32_t* a_group_sum = nullptr;  // [m][w.groups]: sum of a over each group
+  const float* a_scale = nullptr;        // [m]
+  S4N16K8View w;
+  const float* bias = nullptr;           // [N] or nullptr
+  float* y = nullptr;
+  int64_t ldy = 0;
+};
+
+// Each computes the output columns of 16-column blocks [nb_begin, nb_end), all m rows.
+using GemvS8Fn = void (*)(const GemvS8Args&, int64_t nb_begin, int64_t nb_end);
+using GemvS4Fn = void (*)(const GemvS4Args&, int64_t nb_begin, int64_t nb_end);
+
+void gemv_u8s8s32_n16k4_avx512vnni(const GemvS8Args& args, int64_t nb_begin, int64_t nb_end);
+void gemv_s8s8s32_n16k4_avx2(const GemvS8Args& args, int64_t nb_begin, int64_t nb_end);
+void gemv_s8s4f32_n16k8_avx512vnni(const GemvS4Args& args, int64_t nb_begin, int64_t nb_end);
+void gemv_s8s4f32_n16k8_avx2(const GemvS4Args& args, int64_t nb_begin, int64_t nb_end);
+
+}  // namespace qforge::kernels::detail

@@ -1,0 +1,133 @@
+// Dispatcher of the small-M int8 x int4 kernels (ordered list ending at the reference).
+#include "kernels/cpu/gemv_s4.h"
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "framework/core/error.h"
+#include "kernels/cpu/gemv_kernels.h"
+#include "kernels/cpu/isa.h"
+#include "kernels/cpu/parallel_blocks.h"
+#include "kernels/cpu/reference.h"
+
+namespace qforge::kernels {
+
+namespace {
+
+constexpr int kU4Max = 15;
+
+void run_fast(detail::GemvS4Fn fn, const int8_t* A, int64_t M, const float* a_scale,
+              const S4N16K8View& w, const float* bias, float* y) {
+  const int64_t K = w.k, kp = w.kp, G = w.groups;
+  std::vector<int8_t> padded(static_cast<size_t>(M * kp), 0);
+  std::vector<int32_t> group_sum(static_cast<size_t>(M * G), 0);
+  for (int64_t m = 0; m < M; ++m) {
+    std::memcpy(padded.data() + m * kp, A + m * K, static_cast<size_t>(K));
+    for (int64_t k = 0; k < K; ++k) group_sum[m * G + k / w.group_size] += A[m * K + k];
+  }
+  detail::GemvS4Args args;
+  args.a = padded.data();
+  args.m = M;
+  args.lda = kp;
+  args.a_group_sum = group_sum.data();
+  args.a_scale = a_scale;
+  args.w = w;
+  args.bias = bias;
+  args.y = y;
+  args.ldy = w.n;
+  const int64_t nblocks = round_up(w.n, kS4BlockN) / kS4BlockN;
+  detail::parallel_over_blocks(nblocks, kS4BlockN * kp * M,
+                               [&](int64_t b, int64_t e) { fn(args, b, e); });
+}
+
+void run_reference(const int8_t* A, int64_t M, const float* a_scale, const S4N16K8View& w,
+                   const float* bias, float* y) {
+  const int64_t N = w.n, G = w.groups;
+  std::vector<int8_t> codes(static_cast<size_t>(N * w.k));
+  unpack_s4_n16k8_reference(w.data, N, w.k, 0, codes.data());
+  std::vector<float> scale(static_cast<size_t>(N * G));
+  std::vector<int32_t> zero(static_cast<size_t>(N * G));
+  for (int64_t n = 0; n < N; ++n) {
+    for (int64_t g = 0; g < G; ++g) {
+      const int64_t meta = ((n / kS4BlockN) * G + g) * kS4BlockN + n % kS4BlockN;
+      scale[n * G + g] = w.scales[meta];
+      zero[n * G + g] = w.zeros[meta];
+    }
+  }
+  gemm_s8s4f32_reference(A, a_scale, codes.data(), scale.data(), zero.data(), w.group_size, bias,
+                         y, M, N, w.k);
+}
+
+}  // namespace
+
+void pack_s4_group_meta(const float* w_scale, const int32_t* w_zero, int64_t N, int64_t G,
+                        int qmin, float* scales, int8_t* zeros) {
+  const int64_t np = round_up(N, kS4BlockN);
+  for (int64_t n = 0; n < np; ++n) {
+    for (int64_t g = 0; g < G; ++g) {
+      const int64_t meta = ((n / kS4BlockN) * G + g) * kS4BlockN + n % kS4BlockN;
+      if (n >= N) {
+        scales[meta] = 0.0f;
+        zeros[meta] = 0;
+        continue;
+      }
+      const int32_t code = (w_zero != nullptr ? w_zero[n * G + g] : 0) - qmin;
+      QF_REQUIRE(code >= 0 && code <= kU4Max, "kernels/cpu: int4 zero point [", n, ", ", g, "] = ",
+                 code + qmin, " outside the weight grid [", qmin, ", ", qmin + kU4Max, "]");
+      scales[meta] = w_scale[n * G + g];
+      zeros[meta] = static_cast<int8_t>(code);
+    }
+  }
+}
+
+void gemv_s8s4f32(const int8_t* A, int64_t M, const float* a_scale, const S4N16K8View& w,
+                  const float* bias, float* y, RunInfo* info) {
+  QF_REQUIRE(w.data != nullptr && w.scales != nullptr && w.zeros != nullptr,
+             "kernels/cpu: gemv_s8s4f32 got an empty packed weight");
+  QF_REQUIRE(w.n > 0 && w.k > 0 && w.kp == round_up(w.k, kS4BlockK) && w.group_size > 0 &&
+                 w.groups == num_groups(w.k, w.group_size),
+             "kernels/cpu: gemv_s8s4f32 packed weight has N=", w.n, " K=", w.k, " Kp=", w.kp,
+             " group_size=", w.group_size, " groups=", w.groups);
+  QF_REQUIRE(M >= 0, "kernels/cpu: gemv_s8s4f32 got M=", M);
+  QF_REQUIRE(M == 0 || (A != nullptr && a_scale != nullptr && y != nullptr),
+             "kernels/cpu: gemv_s8s4f32 got a null pointer");
+  RunInfo local;
+  RunInfo& ri = info != nullptr ? *info : local;
+  ri = RunInfo{};
+  const bool groups_fit = w.group_size % kS4BlockK == 0;
+  const std::string group_reason =
+      "group_size=" + std::to_string(w.group_size) + " not a multiple of 8";
+  std::string why;
+
+  constexpr const char* kVnni = "gemv_s8s4f32_n16k8_avx512vnni";
+  if (!isa_usable(Isa::kAvx512Vnni, &why)) {
+    ri.skip(kVnni, why);
+  } else if (!groups_fit) {
+    ri.skip(kVnni, group_reason);
+  } else {
+#ifdef QFORGE_KERNELS_AVX512VNNI
+    ri.kernel = kVnni;
+    if (M > 0) run_fast(detail::gemv_s8s4f32_n16k8_avx512vnni, A, M, a_scale, w, bias, y);
+    return;
+#endif
+  }
+
+  constexpr const char* kAvx2 = "gemv_s8s4f32_n16k8_avx2";
+  if (!isa_usable(Isa::kAvx2, &why)) {
+    ri.skip(kAvx2, why);
+  } else if (!groups_fit) {
+    ri.skip(kAvx2, group_reason);
+  } else {
+#ifdef QFORGE_KERNELS_AVX2
+    ri.kernel = kAvx2;
+    if (M > 0) run_fast(detail::gemv_s8s4f32_n16k8_avx2, A, M, a_scale, w, bias, y);
+    return;
+#endif
+  }
+
+  ri.kernel = "reference";
+  if (M > 0) run_reference(A, M, a_scale, w, bias, y);
+}
+
+}  // namespace qforge::kernels

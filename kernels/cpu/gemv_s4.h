@@ -1,0 +1,24 @@
+// Small-M int8-activation x int4-weight GEMM with per-group scales over the n16k8 layout,
+// chosen at run time from gemv_s8s4f32_n16k8_avx512vnni -> gemv_s8s4f32_n16k8_avx2 -> reference.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/cpu/packed_layout.h"
+#include "kernels/cpu/run_info.h"
+
+namespace qforge::kernels {
+
+// y[M, N] (dense) as gemm_s8s4f32_reference with W = codes - z' (bit-exact). A is dense
+// [M, K] in [-127, 127]; a_scale [M]; bias [N] or nullptr. The fast kernels need
+// w.group_size % 8 == 0, otherwise the reference runs and info->fallback says so.
+void gemv_s8s4f32(const int8_t* A, int64_t M, const float* a_scale, const S4N16K8View& w,
+                  const float* bias, float* y, RunInfo* info = nullptr);
+
+// Blocked per-group metadata of S4N16K8View from plain [N, G] arrays: scales (0 in padding)
+// and zero-point codes z - qmin (w_zero == nullptr means z = 0). Each output has
+// round_up(N, 16) * G entries.
+void pack_s4_group_meta(const float* w_scale, const int32_t* w_zero, int64_t N, int64_t G,
+                        int qmin, float* scales, int8_t* zeros);
+
+}  // namespace qforge::kernels

@@ -1,0 +1,119 @@
+// Small-M int8 x int4 GEMM on AVX-512 VNNI with per-group scales, float output.
+// Weights are unsigned 4-bit codes u = w - qmin in [0, 15], so they are VPDPBUSD's unsigned
+// operand and the int8 activations its signed one: no +128 offset is needed. Per group g:
+//   acc_g = sum_k u * a - z'[n, g] * sum_k a      (z' = z - qmin, the zero point as a code)
+// then t = fma(float(acc_g), scale[n, g], t) per lane, groups in order, exactly as
+// gemm_s8s4f32_reference. Compiled with -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni.
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "kernels/cpu/gemv_kernels.h"
+
+namespace qforge::kernels::detail {
+
+namespace {
+
+constexpr int kMaxRows = 4;
+constexpr int kNibbleMask = 0x0F;
+
+inline int32_t load_u32(const void* p) {
+  int32_t v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+inline __mmask16 column_mask(int64_t n0, int64_t n) {
+  const int64_t valid = n - n0;
+  return valid >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << valid) - 1);
+}
+
+template <int MR, int NR>
+void tile(const GemvS4Args& args, int64_t m0, int64_t nb0) {
+  const S4N16K8View& w = args.w;
+  const int64_t kblocks = w.kp / kS4BlockK;
+  const int64_t blocks_per_group = w.group_size / kS4BlockK;
+  const uint8_t* wp[NR];
+  for (int c = 0; c < NR; ++c) wp[c] = w.data + (nb0 + c) * kblocks * kS4BlockBytes;
+  const int8_t* ap[MR];
+  for (int r = 0; r < MR; ++r) ap[r] = args.a + (m0 + r) * args.lda;
+  const __m512i nibble = _mm512_set1_epi8(kNibbleMask);
+
+  __m512 t[MR][NR];
+  for (int r = 0; r < MR; ++r)
+    for (int c = 0; c < NR; ++c) t[r][c] = _mm512_setzero_ps();
+
+  for (int64_t g = 0; g < w.groups; ++g) {
+    __m512i lo_acc[MR][NR], hi_acc[MR][NR];  // two chains halve the VPDPBUSD dependency
+    for (int r = 0; r < MR; ++r)
+      for (int c = 0; c < NR; ++c) lo_acc[r][c] = hi_acc[r][c] = _mm512_setzero_si512();
+    const int64_t kb_end = (g + 1) * blocks_per_group < kblocks ? (g + 1) * blocks_per_group : kblocks;
+    for (int64_t kb = g * blocks_per_group; kb < kb_end; ++kb) {
+      __m512i a_lo[MR], a_hi[MR];
+      for (int r = 0; r < MR; ++r) {
+        a_lo[r] = _mm512_set1_epi32(load_u32(ap[r] + kb * kS4BlockK));
+        a_hi[r] = _mm512_set1_epi32(load_u32(ap[r] + kb * kS4BlockK + kS8BlockK));
+      }
+      for (int c = 0; c < NR; ++c) {
+        const __m512i v = _mm512_loadu_si512(wp[c] + kb * kS4BlockBytes);
+        const __m512i lo = _mm512_and_si512(v, nibble);
+        const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, kS4NibbleBits), nibble);
+        for (int r = 0; r < MR; ++r) {
+          lo_acc[r][c] = _mm512_dpbusd_epi32(lo_acc[r][c], lo, a_lo[r]);
+          hi_acc[r][c] = _mm512_dpbusd_epi32(hi_acc[r][c], hi, a_hi[r]);
+        }
+      }
+    }
+    for (int c = 0; c < NR; ++c) {
+      const int64_t meta = ((nb0 + c) * w.groups + g) * kS4BlockN;
+      const __m512i z = _mm512_cvtepi8_epi32(
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(w.zeros + meta)));
+      const __m512 s = _mm512_loadu_ps(w.scales + meta);
+      for (int r = 0; r < MR; ++r) {
+        const __m512i corr =
+            _mm512_mullo_epi32(z, _mm512_set1_epi32(args.a_group_sum[(m0 + r) * w.groups + g]));
+        const __m512i acc = _mm512_sub_epi32(_mm512_add_epi32(lo_acc[r][c], hi_acc[r][c]), corr);
+        t[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), s, t[r][c]);
+      }
+    }
+  }
+
+  for (int c = 0; c < NR; ++c) {
+    const int64_t n0 = (nb0 + c) * kS4BlockN;
+    const __mmask16 mask = column_mask(n0, w.n);
+    const __m512 b =
+        args.bias != nullptr ? _mm512_maskz_loadu_ps(mask, args.bias + n0) : _mm512_setzero_ps();
+    for (int r = 0; r < MR; ++r) {
+      const __m512 y = _mm512_fmadd_ps(t[r][c], _mm512_set1_ps(args.a_scale[m0 + r]), b);
+      _mm512_mask_storeu_ps(args.y + (m0 + r) * args.ldy + n0, mask, y);
+    }
+  }
+}
+
+using TileFn = void (*)(const GemvS4Args&, int64_t, int64_t);
+
+// One row: up to 4 column blocks (8 int + 4 float accumulators). Several rows: one block of
+// 16 columns (its K/2-byte panel stays in L1) times up to 4 rows.
+TileFn select_tile(int mr, int nr) {
+  switch (mr) {
+    case 1: return nr == 1 ? tile<1, 1> : nr == 2 ? tile<1, 2> : nr == 3 ? tile<1, 3> : tile<1, 4>;
+    case 2: return tile<2, 1>;
+    case 3: return tile<3, 1>;
+    default: return tile<4, 1>;
+  }
+}
+
+}  // namespace
+
+void gemv_s8s4f32_n16k8_avx512vnni(const GemvS4Args& args, int64_t nb_begin, int64_t nb_end) {
+  const int64_t max_blocks = args.m == 1 ? 4 : 1;
+  for (int64_t nb = nb_begin; nb < nb_end; nb += max_blocks) {
+    const int nr = static_cast<int>(nb_end - nb < max_blocks ? nb_end - nb : max_blocks);
+    for (int64_t m0 = 0; m0 < args.m; m0 += kMaxRows) {
+      const int mr = static_cast<int>(args.m - m0 < kMaxRows ? args.m - m0 : kMaxRows);
+      select_tile(mr, nr)(args, m0, nb);
+    }
+  }
+}
+
+}  // namespace qforge::kernels::detail

@@ -1,0 +1,110 @@
+// Small-M int8 GEMM on AVX2: n16k4 weight blocks as two ymm halves (columns 0-7, 8-15).
+// VPMADDUBSW multiplies u8 x s8 and adds pairs with int16 SATURATION, so operands are arranged
+// to make saturation impossible: the unsigned operand is |w| (<= 128, and |-128| = 0x80 is read
+// correctly as 128) and the signed one is a * sign(w) (|a| <= 127 because activations are on
+// the symmetric grid [-127, 127]); a pair sums to at most 2 * 128 * 127 = 32512 < 32767.
+// VPMADDWD with ones then widens pairs to int32 exactly. Compiled with -mavx2 -mfma.
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "kernels/cpu/gemv_kernels.h"
+
+namespace qforge::kernels::detail {
+
+namespace {
+
+constexpr int kMaxRows = 2;    // rows per tile: MR x NR x 2 halves <= 8 ymm accumulators
+constexpr int kMaxBlocks = 2;  // 16-column blocks per tile
+constexpr int kHalf = 8;       // int32 lanes per ymm
+
+inline int32_t load_u32(const void* p) {
+  int32_t v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+// Lanes [0, valid) all-ones, for maskload/maskstore of a partial 8-column half.
+inline __m256i lane_mask(int64_t valid) {
+  const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  const int v = static_cast<int>(valid < 0 ? 0 : (valid > kHalf ? kHalf : valid));
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(v), idx);
+}
+
+// sum over 4 k of a * w per int32 lane, exact (see file comment).
+inline __m256i dot4(__m256i a, __m256i w, __m256i ones) {
+  const __m256i prod16 = _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(a, w));
+  return _mm256_madd_epi16(prod16, ones);
+}
+
+template <int MR, int NR>
+void tile(const GemvS8Args& args, int64_t m0, int64_t nb0) {
+  const S8N16K4View& w = args.w;
+  const int64_t kblocks = w.kp / kS8BlockK;
+  const int8_t* wp[NR];
+  for (int c = 0; c < NR; ++c) wp[c] = w.data + (nb0 + c) * kblocks * kS8BlockBytes;
+  const int8_t* ap[MR];
+  for (int r = 0; r < MR; ++r) ap[r] = args.a_s8 + (m0 + r) * args.lda;
+  const __m256i ones = _mm256_set1_epi16(1);
+
+  __m256i acc[MR][NR][2];
+  for (int r = 0; r < MR; ++r)
+    for (int c = 0; c < NR; ++c) acc[r][c][0] = acc[r][c][1] = _mm256_setzero_si256();
+
+  for (int64_t kb = 0; kb < kblocks; ++kb) {
+    __m256i av[MR];
+    for (int r = 0; r < MR; ++r) av[r] = _mm256_set1_epi32(load_u32(ap[r] + kb * kS8BlockK));
+    for (int c = 0; c < NR; ++c) {
+      const int8_t* block = wp[c] + kb * kS8BlockBytes;
+      for (int h = 0; h < 2; ++h) {
+        const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + h * 32));
+        for (int r = 0; r < MR; ++r) {
+          acc[r][c][h] = _mm256_add_epi32(acc[r][c][h], dot4(av[r], wv, ones));
+        }
+      }
+    }
+  }
+
+  for (int c = 0; c < NR; ++c) {
+    for (int h = 0; h < 2; ++h) {
+      const int64_t n0 = (nb0 + c) * kS8BlockN + h * kHalf;
+      const __m256i mask = lane_mask(w.n - n0);
+      if (args.c != nullptr) {
+        for (int r = 0; r < MR; ++r) {
+          _mm256_maskstore_epi32(args.c + (m0 + r) * args.ldc + n0, mask, acc[r][c][h]);
+        }
+        continue;
+      }
+      const __m256 ws = _mm256_maskload_ps(args.w_scale + n0, mask);
+      const __m256 b =
+          args.bias != nullptr ? _mm256_maskload_ps(args.bias + n0, mask) : _mm256_setzero_ps();
+      for (int r = 0; r < MR; ++r) {
+        const __m256 f = _mm256_cvtepi32_ps(acc[r][c][h]);
+        const __m256 y =
+            _mm256_fmadd_ps(_mm256_mul_ps(f, ws), _mm256_set1_ps(args.a_scale[m0 + r]), b);
+        _mm256_maskstore_ps(args.y + (m0 + r) * args.ldy + n0, mask, y);
+      }
+    }
+  }
+}
+
+using TileFn = void (*)(const GemvS8Args&, int64_t, int64_t);
+
+TileFn select_tile(int mr, int nr) {
+  if (mr == 1) return nr == 1 ? tile<1, 1> : tile<1, 2>;
+  return nr == 1 ? tile<2, 1> : tile<2, 2>;
+}
+
+}  // namespace
+
+void gemv_s8s8s32_n16k4_avx2(const GemvS8Args& args, int64_t nb_begin, int64_t nb_end) {
+  for (int64_t nb = nb_begin; nb < nb_end; nb += kMaxBlocks) {
+    const int nr = static_cast<int>(nb_end - nb < kMaxBlocks ? nb_end - nb : kMaxBlocks);
+    for (int64_t m0 = 0; m0 < args.m; m0 += kMaxRows) {
+      const int mr = static_cast<int>(args.m - m0 < kMaxRows ? args.m - m0 : kMaxRows);
+      select_tile(mr, nr)(args, m0, nb);
+    }
+  }
+}
+
+}  // namespace qforge::kernels::detail

@@ -1,0 +1,105 @@
+// Small-M int8 GEMM on AVX-512 VNNI: VPDPBUSD of u8 activations (broadcast 4 k at a time)
+// against n16k4 weight blocks, 16 output columns per zmm accumulator. Signed activations are
+// offset by +128 by the caller and corrected with the packed column sums:
+//   sum_k (a_u8 - zp) * w = dpbusd_sum - zp * colsum[n].
+// Compiled with -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni.
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "kernels/cpu/gemv_kernels.h"
+
+namespace qforge::kernels::detail {
+
+namespace {
+
+constexpr int kMaxRows = 4;    // rows of A per register tile
+constexpr int kMaxBlocks = 4;  // 16-column blocks per register tile (MR x NR <= 16 accumulators)
+
+inline int32_t load_u32(const void* p) {
+  int32_t v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+inline __mmask16 column_mask(int64_t n0, int64_t n) {
+  const int64_t valid = n - n0;
+  return valid >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << valid) - 1);
+}
+
+template <int MR, int NR>
+void tile(const GemvS8Args& args, int64_t m0, int64_t nb0) {
+  const S8N16K4View& w = args.w;
+  const int64_t kblocks = w.kp / kS8BlockK;
+  const int8_t* wp[NR];
+  for (int c = 0; c < NR; ++c) wp[c] = w.data + (nb0 + c) * kblocks * kS8BlockBytes;
+  const uint8_t* ap[MR];
+  for (int r = 0; r < MR; ++r) ap[r] = args.a_u8 + (m0 + r) * args.lda;
+
+  __m512i acc[MR][NR];
+  for (int r = 0; r < MR; ++r)
+    for (int c = 0; c < NR; ++c) acc[r][c] = _mm512_setzero_si512();
+
+  for (int64_t kb = 0; kb < kblocks; ++kb) {
+    __m512i av[MR];
+    for (int r = 0; r < MR; ++r) av[r] = _mm512_set1_epi32(load_u32(ap[r] + kb * kS8BlockK));
+    for (int c = 0; c < NR; ++c) {
+      const __m512i wv = _mm512_loadu_si512(wp[c] + kb * kS8BlockBytes);
+      for (int r = 0; r < MR; ++r) acc[r][c] = _mm512_dpbusd_epi32(acc[r][c], av[r], wv);
+    }
+  }
+
+  const __m512i zp = _mm512_set1_epi32(args.a_zero_point);
+  for (int c = 0; c < NR; ++c) {
+    const int64_t n0 = (nb0 + c) * kS8BlockN;
+    const __mmask16 mask = column_mask(n0, w.n);
+    const __m512i comp = _mm512_mullo_epi32(zp, _mm512_loadu_si512(w.colsum + n0));
+    if (args.c != nullptr) {
+      for (int r = 0; r < MR; ++r) {
+        _mm512_mask_storeu_epi32(args.c + (m0 + r) * args.ldc + n0, mask,
+                                 _mm512_sub_epi32(acc[r][c], comp));
+      }
+      continue;
+    }
+    const __m512 ws = _mm512_maskz_loadu_ps(mask, args.w_scale + n0);
+    const __m512 b =
+        args.bias != nullptr ? _mm512_maskz_loadu_ps(mask, args.bias + n0) : _mm512_setzero_ps();
+    for (int r = 0; r < MR; ++r) {
+      const __m512 f = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[r][c], comp));
+      const __m512 y = _mm512_fmadd_ps(_mm512_mul_ps(f, ws), _mm512_set1_ps(args.a_scale[m0 + r]), b);
+      _mm512_mask_storeu_ps(args.y + (m0 + r) * args.ldy + n0, mask, y);
+    }
+  }
+}
+
+using TileFn = void (*)(const GemvS8Args&, int64_t, int64_t);
+
+template <int MR>
+constexpr TileFn tile_for_blocks(int nr) {
+  return nr == 1 ? tile<MR, 1> : nr == 2 ? tile<MR, 2> : nr == 3 ? tile<MR, 3> : tile<MR, 4>;
+}
+
+TileFn select_tile(int mr, int nr) {
+  switch (mr) {
+    case 1: return tile_for_blocks<1>(nr);
+    case 2: return tile_for_blocks<2>(nr);
+    case 3: return tile_for_blocks<3>(nr);
+    default: return tile_for_blocks<4>(nr);
+  }
+}
+
+}  // namespace
+
+void gemv_u8s8s32_n16k4_avx512vnni(const GemvS8Args& args, int64_t nb_begin, int64_t nb_end) {
+  // Column blocks outermost: a kMaxBlocks x K weight panel stays in L2 while every row tile
+  // streams over it, so weights come from memory once.
+  for (int64_t nb = nb_begin; nb < nb_end; nb += kMaxBlocks) {
+    const int nr = static_cast<int>(nb_end - nb < kMaxBlocks ? nb_end - nb : kMaxBlocks);
+    for (int64_t m0 = 0; m0 < args.m; m0 += kMaxRows) {
+      const int mr = static_cast<int>(args.m - m0 < kMaxRows ? args.m - m0 : kMaxRows);
+      select_tile(mr, nr)(args, m0, nb);
+    }
+  }
+}
+
+}  // namespace qforge::kernels::detail

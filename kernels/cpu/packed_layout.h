@@ -1,0 +1,63 @@
+// Blocked weight layouts of the fast GEMV kernels (byte-by-byte description in docs/kernels.md).
+// Both put 16 output channels in the 16 int32 lanes of one 512-bit register, so a kernel keeps
+// one accumulator per 16 columns and never reduces horizontally.
+#pragma once
+
+#include <cstdint>
+
+namespace qforge::kernels {
+
+constexpr int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+// --- s8 "n16k4": int8 weights for VPDPBUSD / VPMADDUBSW ------------------------------------
+// Block = 16 columns x 4 consecutive k = 64 bytes; byte (j * 4 + i) of block (nb, kb) is
+// W[nb * 16 + j, kb * 4 + i]. Blocks of one column block are contiguous along k:
+// offset(nb, kb) = (nb * Kp / 4 + kb) * 64. Padding (n >= N or k >= K) is 0.
+inline constexpr int64_t kS8BlockN = 16;
+inline constexpr int64_t kS8BlockK = 4;
+inline constexpr int64_t kS8BlockBytes = 64;
+static_assert(kS8BlockN * kS8BlockK * sizeof(int8_t) == kS8BlockBytes, "n16k4 block size");
+static_assert(kS8BlockBytes == 512 / 8, "an n16k4 block is exactly one zmm register");
+static_assert(kS8BlockK * 8 == 32, "4 int8 k-values form one int32 lane (VPDPBUSD group)");
+
+// --- s4 "n16k8": int4 weights (as unsigned codes u = w - qmin in [0, 15]) -------------------
+// Block = 16 columns x 8 consecutive k = 64 bytes; byte (j * 4 + i) of block (nb, kb) holds
+// u[nb * 16 + j, kb * 8 + i] in its low nibble and u[nb * 16 + j, kb * 8 + 4 + i] in its high
+// nibble, so "& 0x0F" and ">> 4" each yield one n16k4 block. offset(nb, kb) = (nb * Kp / 8 + kb)
+// * 64. Padding codes are 0 (padded activations are 0, so they never contribute).
+inline constexpr int64_t kS4BlockN = 16;
+inline constexpr int64_t kS4BlockK = 8;
+inline constexpr int64_t kS4BlockBytes = 64;
+inline constexpr int kS4NibbleBits = 4;
+static_assert(kS4BlockN * kS4BlockK * kS4NibbleBits / 8 == kS4BlockBytes, "n16k8 block size");
+static_assert(kS4BlockBytes == 512 / 8, "an n16k8 block is exactly one zmm register");
+static_assert(kS4BlockK == 2 * kS8BlockK, "one n16k8 block unpacks into two n16k4 blocks");
+
+// Alignment of every packed buffer (one cache line, the unit of aligned zmm loads).
+inline constexpr int64_t kPackedAlignment = 64;
+
+// Read-only views the ISA kernels receive (no ownership; PackedLinearS8/S4 own the bytes).
+struct S8N16K4View {
+  const int8_t* data = nullptr;    // round_up(N, 16) * Kp bytes
+  const int32_t* colsum = nullptr; // [round_up(N, 16)]: sum_k W[n, k] (0 for padding)
+  int64_t n = 0, k = 0, kp = 0;    // kp = round_up(K, 4)
+};
+
+struct S4N16K8View {
+  const uint8_t* data = nullptr;   // round_up(N, 16) * Kp / 2 bytes
+  const float* scales = nullptr;   // [N / 16 blocks][G][16] (0 for padding)
+  const int8_t* zeros = nullptr;   // [N / 16 blocks][G][16]: z - qmin, the zero point as a code
+  int64_t n = 0, k = 0, kp = 0;    // kp = round_up(K, 8)
+  int64_t group_size = 0, groups = 0;
+};
+
+// Scalar packers and unpackers that define the two layouts (reference_pack.cpp).
+// pack_s8_n16k4_reference writes round_up(N,16) * round_up(K,4) bytes and round_up(N,16) sums.
+void pack_s8_n16k4_reference(const int8_t* W, int64_t N, int64_t K, int8_t* packed,
+                             int32_t* colsum);
+void unpack_s8_n16k4_reference(const int8_t* packed, int64_t N, int64_t K, int8_t* W);
+// W holds grid values in [qmin, qmin + 15]; stored as codes W - qmin.
+void pack_s4_n16k8_reference(const int8_t* W, int64_t N, int64_t K, int qmin, uint8_t* packed);
+void unpack_s4_n16k8_reference(const uint8_t* packed, int64_t N, int64_t K, int qmin, int8_t* W);
+
+}  // namespace qforge::kernels

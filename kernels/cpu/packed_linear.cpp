@@ -1,0 +1,245 @@
+// PackedLinearS8 / PackedLinearS4: pack once at freeze, then quantize activations and dispatch.
+#include "kernels/cpu/packed_linear.h"
+
+#include <string>
+#include <vector>
+
+#include "framework/core/error.h"
+#include "kernels/cpu/dequantize_s32_f32.h"
+#include "kernels/cpu/gemm_s8s8s32_onednn.h"
+#include "kernels/cpu/gemv_s4.h"
+#include "kernels/cpu/gemv_s8.h"
+#include "kernels/cpu/isa.h"
+#include "kernels/cpu/quantize_rows_s8.h"
+
+namespace qforge::kernels {
+
+namespace {
+
+std::string shape_str(const at::Tensor& t) {
+  std::string s = "[";
+  for (int64_t i = 0; i < t.dim(); ++i) s += (i ? ", " : "") + std::to_string(t.size(i));
+  return s + "]";
+}
+
+at::Tensor checked_bias(const at::Tensor& bias, int64_t N, const char* who) {
+  if (!bias.defined()) return bias;
+  QF_REQUIRE(bias.dim() == 1 && bias.size(0) == N, "kernels/cpu: ", who, " bias has shape ",
+             shape_str(bias), ", expected [", N, "]");
+  return bias.to(at::kFloat).contiguous().clone();
+}
+
+// Flattens x [..., K] to a dense float [M, K] and prepares y [..., N].
+struct Rows {
+  at::Tensor x, y;
+  int64_t m = 0;
+};
+
+Rows flatten_rows(const at::Tensor& x, int64_t K, int64_t N, const char* who) {
+  QF_REQUIRE(x.defined(), "kernels/cpu: ", who, "::run got an undefined tensor");
+  QF_REQUIRE(x.dim() >= 1 && x.size(-1) == K, "kernels/cpu: ", who, "::run input has shape ",
+             shape_str(x), ", expected [..., ", K, "] (in_features)");
+  QF_REQUIRE(x.scalar_type() == at::kFloat, "kernels/cpu: ", who, "::run input dtype ",
+             x.scalar_type(), ", expected float32");
+  QF_REQUIRE(x.device().is_cpu(), "kernels/cpu: ", who, "::run input must be on the CPU");
+  Rows r;
+  r.x = x.contiguous();
+  r.m = K > 0 ? r.x.numel() / K : 0;
+  std::vector<int64_t> out_shape(x.sizes().begin(), x.sizes().end());
+  out_shape.back() = N;
+  r.y = at::empty(out_shape, x.options().memory_format(at::MemoryFormat::Contiguous));
+  return r;
+}
+
+int64_t tensor_bytes(const at::Tensor& t) {
+  return t.defined() ? static_cast<int64_t>(t.numel() * t.element_size()) : 0;
+}
+
+const float* data_or_null(const at::Tensor& t) {
+  return t.defined() ? t.data_ptr<float>() : nullptr;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+PackedLinearS8::PackedLinearS8(const at::Tensor& weight, const at::Tensor& w_scale,
+                               const at::Tensor& bias, const PackOptions& options) {
+  QF_REQUIRE(weight.defined() && weight.dim() == 2 && weight.scalar_type() == at::kChar,
+             "kernels/cpu: PackedLinearS8 weight must be int8 [N, K], got ",
+             weight.defined() ? shape_str(weight) : "undefined");
+  n_ = weight.size(0);
+  k_ = weight.size(1);
+  QF_REQUIRE(n_ > 0 && k_ > 0, "kernels/cpu: PackedLinearS8 weight is empty ", shape_str(weight));
+  QF_REQUIRE(w_scale.defined() && w_scale.numel() == n_, "kernels/cpu: PackedLinearS8 w_scale has ",
+             w_scale.defined() ? shape_str(w_scale) : "undefined", ", expected [", n_, "]");
+  const at::Tensor w = weight.contiguous();
+  const int64_t np = round_up(n_, kS8BlockN), kp = round_up(k_, kS8BlockK);
+  packed_ = at::empty({np * kp}, at::kChar);
+  colsum_ = at::empty({np}, at::kInt);
+  pack_s8_n16k4_reference(w.data_ptr<int8_t>(), n_, k_, packed_.data_ptr<int8_t>(),
+                          colsum_.data_ptr<int32_t>());
+  w_scale_ = w_scale.to(at::kFloat).reshape({n_}).contiguous().clone();
+  bias_ = checked_bias(bias, n_, "PackedLinearS8");
+  if (!options.onednn) {
+    onednn_status_ = "not requested (PackOptions::onednn = false)";
+  } else {
+    onednn_ = detail::onednn_pack_s8(w.data_ptr<int8_t>(), n_, k_, &onednn_status_);
+  }
+}
+
+S8N16K4View PackedLinearS8::view() const {
+  S8N16K4View v;
+  v.data = packed_.data_ptr<int8_t>();
+  v.colsum = colsum_.data_ptr<int32_t>();
+  v.n = n_;
+  v.k = k_;
+  v.kp = round_up(k_, kS8BlockK);
+  return v;
+}
+
+int64_t PackedLinearS8::bytes() const {
+  return tensor_bytes(packed_) + tensor_bytes(colsum_) + tensor_bytes(w_scale_) +
+         tensor_bytes(bias_) + (onednn_ ? detail::onednn_bytes(*onednn_) : 0);
+}
+
+at::Tensor PackedLinearS8::weight() const {
+  QF_REQUIRE(packed_.defined(), "kernels/cpu: PackedLinearS8 is empty");
+  at::Tensor w = at::empty({n_, k_}, at::kChar);
+  unpack_s8_n16k4_reference(packed_.data_ptr<int8_t>(), n_, k_, w.data_ptr<int8_t>());
+  return w;
+}
+
+void PackedLinearS8::run(const float* x, int64_t M, float* y, RunInfo* info,
+                         ActScale act_scale) const {
+  QF_REQUIRE(packed_.defined(), "kernels/cpu: PackedLinearS8::run on an empty (default) object");
+  QF_REQUIRE(M >= 0, "kernels/cpu: PackedLinearS8::run got M=", M);
+  if (M == 0) {
+    if (info != nullptr) *info = RunInfo{"none (M=0)", ""};
+    return;
+  }
+  QF_REQUIRE(x != nullptr && y != nullptr, "kernels/cpu: PackedLinearS8::run got a null pointer");
+  std::vector<int8_t> q(static_cast<size_t>(M * k_));
+  std::vector<float> a_scale(static_cast<size_t>(M));
+  quantize_rows_s8(x, M, k_, act_scale, q.data(), k_, a_scale.data());
+
+  RunInfo local;
+  RunInfo& ri = info != nullptr ? *info : local;
+  ri = RunInfo{};
+  if (M >= kOneDnnMinM) {
+    std::string why;
+    constexpr const char* kOneDnn = "gemm_s8s8s32_onednn";
+    if (onednn_ == nullptr) {
+      ri.skip(kOneDnn, onednn_status_);
+    } else if (!isa_usable(Isa::kAvx512Vnni, &why)) {
+      // oneDNN's pre-VNNI int8 path uses VPMADDUBSW and may saturate: not exact, so not used.
+      ri.skip(kOneDnn, why);
+    } else {
+      std::vector<int32_t> acc(static_cast<size_t>(M * n_));
+      detail::onednn_gemm_s8s8s32(*onednn_, q.data(), M, acc.data());
+      dequantize_s32_f32(acc.data(), a_scale.data(), w_scale_.data_ptr<float>(),
+                                 data_or_null(bias_), y, M, n_);
+      ri.kernel = kOneDnn;
+      return;
+    }
+  }
+  RunInfo inner;
+  gemv_s8s8f32(q.data(), M, a_scale.data(), view(), w_scale_.data_ptr<float>(), data_or_null(bias_),
+               y, &inner);
+  ri.kernel = inner.kernel;
+  if (!inner.fallback.empty()) ri.fallback += (ri.fallback.empty() ? "" : "; ") + inner.fallback;
+}
+
+at::Tensor PackedLinearS8::run(const at::Tensor& x, RunInfo* info, ActScale act_scale) const {
+  Rows r = flatten_rows(x, k_, n_, "PackedLinearS8");
+  run(r.x.data_ptr<float>(), r.m, r.y.data_ptr<float>(), info, act_scale);
+  return r.y;
+}
+
+// ---------------------------------------------------------------------------------------------
+PackedLinearS4::PackedLinearS4(const at::Tensor& weight, const at::Tensor& w_scale,
+                               const at::Tensor& w_zero, int64_t group_size, const at::Tensor& bias,
+                               QType qtype) {
+  QF_REQUIRE(qtype.is_integer() && qtype.bits == 4, "kernels/cpu: PackedLinearS4 needs a 4-bit "
+             "integer qtype (qint4 or quint4), got ", qtype.name);
+  QF_REQUIRE(weight.defined() && weight.dim() == 2 && weight.scalar_type() == at::kChar,
+             "kernels/cpu: PackedLinearS4 weight must be int8 [N, K] holding ", qtype.name,
+             " values, got ", weight.defined() ? shape_str(weight) : "undefined");
+  n_ = weight.size(0);
+  k_ = weight.size(1);
+  QF_REQUIRE(n_ > 0 && k_ > 0, "kernels/cpu: PackedLinearS4 weight is empty ", shape_str(weight));
+  QF_REQUIRE(group_size > 0, "kernels/cpu: PackedLinearS4 group_size must be positive, got ",
+             group_size);
+  group_size_ = std::min(group_size, k_);
+  groups_ = num_groups(k_, group_size_);
+  qtype_ = qtype;
+  QF_REQUIRE(w_scale.defined() && w_scale.numel() == n_ * groups_ &&
+                 (w_scale.dim() == 2 ? w_scale.size(0) == n_ : groups_ == 1),
+             "kernels/cpu: PackedLinearS4 w_scale has shape ",
+             w_scale.defined() ? shape_str(w_scale) : "undefined", ", expected [", n_, ", ",
+             groups_, "] (K=", k_, ", group_size=", group_size, ")");
+  if (w_zero.defined()) {
+    QF_REQUIRE(w_zero.numel() == n_ * groups_, "kernels/cpu: PackedLinearS4 w_zero has shape ",
+               shape_str(w_zero), ", expected [", n_, ", ", groups_, "]");
+  }
+  const at::Tensor w = weight.contiguous();
+  const int64_t np = round_up(n_, kS4BlockN), kp = round_up(k_, kS4BlockK);
+  packed_ = at::empty({np * kp / 2}, at::kByte);
+  pack_s4_n16k8_reference(w.data_ptr<int8_t>(), n_, k_, static_cast<int>(qtype.quant_min),
+                          packed_.data_ptr<uint8_t>());
+  const at::Tensor s = w_scale.to(at::kFloat).contiguous();
+  const at::Tensor z = w_zero.defined() ? w_zero.to(at::kInt).contiguous() : at::Tensor();
+  scales_ = at::empty({np * groups_}, at::kFloat);
+  zeros_ = at::empty({np * groups_}, at::kChar);
+  pack_s4_group_meta(s.data_ptr<float>(), z.defined() ? z.data_ptr<int32_t>() : nullptr, n_,
+                     groups_, static_cast<int>(qtype.quant_min), scales_.data_ptr<float>(),
+                     zeros_.data_ptr<int8_t>());
+  bias_ = checked_bias(bias, n_, "PackedLinearS4");
+}
+
+S4N16K8View PackedLinearS4::view() const {
+  S4N16K8View v;
+  v.data = packed_.data_ptr<uint8_t>();
+  v.scales = scales_.data_ptr<float>();
+  v.zeros = zeros_.data_ptr<int8_t>();
+  v.n = n_;
+  v.k = k_;
+  v.kp = round_up(k_, kS4BlockK);
+  v.group_size = group_size_;
+  v.groups = groups_;
+  return v;
+}
+
+int64_t PackedLinearS4::bytes() const {
+  return tensor_bytes(packed_) + tensor_bytes(scales_) + tensor_bytes(zeros_) + tensor_bytes(bias_);
+}
+
+at::Tensor PackedLinearS4::weight() const {
+  QF_REQUIRE(packed_.defined(), "kernels/cpu: PackedLinearS4 is empty");
+  at::Tensor w = at::empty({n_, k_}, at::kChar);
+  unpack_s4_n16k8_reference(packed_.data_ptr<uint8_t>(), n_, k_,
+                            static_cast<int>(qtype_.quant_min), w.data_ptr<int8_t>());
+  return w;
+}
+
+void PackedLinearS4::run(const float* x, int64_t M, float* y, RunInfo* info,
+                         ActScale act_scale) const {
+  QF_REQUIRE(packed_.defined(), "kernels/cpu: PackedLinearS4::run on an empty (default) object");
+  QF_REQUIRE(M >= 0, "kernels/cpu: PackedLinearS4::run got M=", M);
+  if (M == 0) {
+    if (info != nullptr) *info = RunInfo{"none (M=0)", ""};
+    return;
+  }
+  QF_REQUIRE(x != nullptr && y != nullptr, "kernels/cpu: PackedLinearS4::run got a null pointer");
+  std::vector<int8_t> q(static_cast<size_t>(M * k_));
+  std::vector<float> a_scale(static_cast<size_t>(M));
+  quantize_rows_s8(x, M, k_, act_scale, q.data(), k_, a_scale.data());
+  gemv_s8s4f32(q.data(), M, a_scale.data(), view(), data_or_null(bias_), y, info);
+}
+
+at::Tensor PackedLinearS4::run(const at::Tensor& x, RunInfo* info, ActScale act_scale) const {
+  Rows r = flatten_rows(x, k_, n_, "PackedLinearS4");
+  run(r.x.data_ptr<float>(), r.m, r.y.data_ptr<float>(), info, act_scale);
+  return r.y;
+}
+
+}  // namespace qforge::kernels

@@ -1,0 +1,102 @@
+// Frozen Linear layers: weights packed once (at freeze) for the fast kernels, then run() many
+// times. run() quantizes the float activations dynamically to int8 (quantize_rows_s8), picks the
+// fastest usable kernel, and reports in RunInfo which kernel ran and why faster ones were skipped.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <memory>
+
+#include "framework/core/qtype.h"
+#include "kernels/cpu/packed_layout.h"
+#include "kernels/cpu/reference.h"
+#include "kernels/cpu/run_info.h"
+
+namespace qforge::kernels {
+
+namespace detail {
+class OneDnnS8Weights;
+}
+
+struct PackOptions {
+  // Also keep a copy of the int8 weights in oneDNN's preferred blocked format for the large-M
+  // path (M >= kOneDnnMinM). Costs N*K more bytes; without it large M uses the GEMV kernels.
+  bool onednn = true;
+};
+
+// Smallest M that goes to oneDNN's matmul (below it the n16k4 GEMV kernels are faster).
+inline constexpr int64_t kOneDnnMinM = 32;
+
+// int8 Linear: y = dequant(quant(x) . W^T) + bias, W int8 [N, K] with per-channel scale [N]
+// (symmetric, zero point 0). Results equal quantize_rows_s8_reference + gemm_s8s8s32_reference +
+// dequantize_s32_f32_reference bit for bit, whatever kernel runs.
+class PackedLinearS8 {
+ public:
+  PackedLinearS8() = default;
+  // weight: int8 [N, K]; w_scale: float [N]; bias: float [N] or undefined.
+  PackedLinearS8(const at::Tensor& weight, const at::Tensor& w_scale, const at::Tensor& bias = {},
+                 const PackOptions& options = {});
+
+  // x: float [..., K] -> float [..., N].
+  at::Tensor run(const at::Tensor& x, RunInfo* info = nullptr,
+                 ActScale act_scale = ActScale::kPerRow) const;
+  // x: dense float [M, K]; y: dense float [M, N].
+  void run(const float* x, int64_t M, float* y, RunInfo* info = nullptr,
+           ActScale act_scale = ActScale::kPerRow) const;
+
+  int64_t in_features() const { return k_; }
+  int64_t out_features() const { return n_; }
+  // Bytes of every buffer held: packed weights, column sums, scales, bias, oneDNN copy.
+  int64_t bytes() const;
+  bool has_onednn() const { return onednn_ != nullptr; }
+  // Why the oneDNN copy is absent (empty when present).
+  const std::string& onednn_status() const { return onednn_status_; }
+
+  at::Tensor weight() const;  // unpacked int8 [N, K]
+  const at::Tensor& w_scale() const { return w_scale_; }
+  const at::Tensor& bias() const { return bias_; }
+  S8N16K4View view() const;
+
+ private:
+  int64_t n_ = 0, k_ = 0;
+  at::Tensor packed_, colsum_, w_scale_, bias_;
+  std::shared_ptr<const detail::OneDnnS8Weights> onednn_;
+  std::string onednn_status_;
+};
+
+// int4 Linear: y = dequant(quant(x) . (W - z)^T) + bias with per-group scales and optional zero
+// points (gemm_s8s4f32_reference semantics, bit for bit). W holds grid values of `qtype` (qint4:
+// [-8, 7], quint4: [0, 15]) one per int8 element; groups of group_size along K (group_size >= K
+// is per-channel).
+class PackedLinearS4 {
+ public:
+  PackedLinearS4() = default;
+  // weight: int8 [N, K]; w_scale: float [N, G] (or [N] when G == 1); w_zero: integer [N, G] in
+  // the qtype's grid, or undefined for zero points 0.
+  PackedLinearS4(const at::Tensor& weight, const at::Tensor& w_scale, const at::Tensor& w_zero,
+                 int64_t group_size, const at::Tensor& bias = {}, QType qtype = qint4);
+
+  at::Tensor run(const at::Tensor& x, RunInfo* info = nullptr,
+                 ActScale act_scale = ActScale::kPerRow) const;
+  void run(const float* x, int64_t M, float* y, RunInfo* info = nullptr,
+           ActScale act_scale = ActScale::kPerRow) const;
+
+  int64_t in_features() const { return k_; }
+  int64_t out_features() const { return n_; }
+  int64_t group_size() const { return group_size_; }
+  int64_t groups() const { return groups_; }
+  QType qtype() const { return qtype_; }
+  int64_t bytes() const;
+
+  at::Tensor weight() const;  // unpacked grid values, int8 [N, K]
+  const at::Tensor& bias() const { return bias_; }
+  S4N16K8View view() const;
+
+ private:
+  int64_t n_ = 0, k_ = 0, group_size_ = 0, groups_ = 0;
+  QType qtype_ = qint4;
+  at::Tensor packed_, scales_, zeros_, bias_;
+};
+
+}  // namespace qforge::kernels

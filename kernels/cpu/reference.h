@@ -1,0 +1,80 @@
+// Scalar reference kernels: they DEFINE the results of every CPU/oneDNN/CUDA kernel in qforge and
+// are the oracles of tests/kernels. Plain loops, no SIMD, explicit float operation order (fmaf
+// where docs/kernels.md says so). All matrices are dense row-major; W is [N, K] like torch Linear.
+#pragma once
+
+#include <cstdint>
+
+namespace qforge::kernels {
+
+// Granularity of the dynamic (run-time) activation scale.
+enum class ActScale { kPerRow, kPerTensor };
+
+// Largest magnitude of a dynamically quantized activation: symmetric int8 grid [-127, 127]
+// (never -128, so AVX2's sign trick and the +128 offset of VNNI are both exact).
+inline constexpr int kActQMax = 127;
+
+// Dynamic symmetric int8 quantization of activations x[M, K] (ldx = K).
+//   amax  = max |x| over the row (kPerRow) or the whole matrix (kPerTensor)
+//   scale = amax > 0 ? amax / 127.0f : 1.0f       (float division)
+//   inv   = 1.0f / scale
+//   q     = clamp(nearbyint(x * inv), -127, 127)   (float product, round half to even)
+// q is written to q[m * ldq + k]; columns [K, ldq) are set to 0. a_scale[m] receives scale.
+// Throws qforge::Error when x holds NaN or Inf.
+void quantize_rows_s8_reference(const float* x, int64_t M, int64_t K, ActScale mode, int8_t* q,
+                                int64_t ldq, float* a_scale);
+
+// C[m, n] = sum_k A[m, k] * W[n, k], exact int32 (sequential k).
+void gemm_s8s8s32_reference(const int8_t* A, const int8_t* W, int32_t* C, int64_t M, int64_t N,
+                            int64_t K);
+
+// C[m, n] = sum_k (A[m, k] - a_zero_point) * W[n, k], exact int32.
+void gemm_u8s8s32_reference(const uint8_t* A, int32_t a_zero_point, const int8_t* W, int32_t* C,
+                            int64_t M, int64_t N, int64_t K);
+
+// Dequantizing epilogue of the int8 GEMM:
+//   y[m, n] = fmaf(float(acc[m, n]) * w_scale[n], a_scale[m], bias ? bias[n] : 0.0f)
+// float(acc) rounds to nearest even; the product is rounded once, then one fused multiply-add.
+// Per-tensor activation scale: pass a_scale with M equal entries.
+void dequantize_s32_f32_reference(const int32_t* acc, const float* a_scale, const float* w_scale,
+                                  const float* bias, float* y, int64_t M, int64_t N);
+
+// Number of weight groups along K: ceil(K / group_size).
+int64_t num_groups(int64_t K, int64_t group_size);
+
+// int8 activations x int4 weights with per-group scales (and optional zero points), float out.
+// W holds the int4 grid values one per byte ([-8, 7] for qint4, [0, 15] for quint4); groups are
+// [g * group_size, min(K, (g + 1) * group_size)). w_scale and w_zero are [N, G], G = num_groups.
+//   acc_g  = sum_{k in g} A[m, k] * (W[n, k] - z[n, g])            exact int32 (z = 0 if null)
+//   t      = 0; for g = 0..G-1: t = fmaf(float(acc_g), w_scale[n, g], t)
+//   y[m,n] = fmaf(t, a_scale[m], bias ? bias[n] : 0.0f)
+// With G == 1 this equals dequantize_s32_f32_reference of the per-channel int8 case.
+void gemm_s8s4f32_reference(const int8_t* A, const float* a_scale, const int8_t* W,
+                            const float* w_scale, const int32_t* w_zero, int64_t group_size,
+                            const float* bias, float* y, int64_t M, int64_t N, int64_t K);
+
+// Weight-only int8 linear with float activations (no activation quantization):
+//   t = 0; for k: t = fmaf(x[m, k], float(W[n, k]), t)      (sequential k)
+//   y[m, n] = t * w_scale[n] + (bias ? bias[n] : 0.0f)        (product rounded, then added)
+void linear_f32_s8_reference(const float* x, const int8_t* W, const float* w_scale,
+                             const float* bias, float* y, int64_t M, int64_t N, int64_t K);
+
+// Weight-only int4 linear with float activations, per-group scales and optional zero points:
+//   t = 0; for g: { s = 0; for k in g: s = fmaf(x[m, k], float(W[n, k] - z[n, g]), s);
+//                   t = fmaf(s, w_scale[n, g], t) }
+//   y[m, n] = t + (bias ? bias[n] : 0.0f)
+void linear_f32_s4_reference(const float* x, const int8_t* W, const float* w_scale,
+                             const int32_t* w_zero, int64_t group_size, const float* bias, float* y,
+                             int64_t M, int64_t N, int64_t K);
+
+// Dense sub-byte packing, low bits first: value i lives in byte i / per_byte at bit
+// (i % per_byte) * bits. Values are stored as two's complement bit fields (value & mask).
+// Bytes needed: ceil(n / 2) for 4-bit, ceil(n / 4) for 2-bit; unused high fields are 0.
+void pack_s4_reference(const int8_t* values, int64_t n, uint8_t* packed);    // values in [-8, 7]
+void unpack_s4_reference(const uint8_t* packed, int64_t n, int8_t* values);  // sign-extends
+void pack_u4_reference(const int8_t* values, int64_t n, uint8_t* packed);    // values in [0, 15]
+void unpack_u4_reference(const uint8_t* packed, int64_t n, int8_t* values);  // zero-extends
+void pack_s2_reference(const int8_t* values, int64_t n, uint8_t* packed);    // values in [-2, 1]
+void unpack_s2_reference(const uint8_t* packed, int64_t n, int8_t* values);  // sign-extends
+
+}  // namespace qforge::kernels

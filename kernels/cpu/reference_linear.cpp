@@ -1,0 +1,42 @@
+// Reference weight-only linears: float activations times dequantized int8 / int4 weights.
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/cpu/reference.h"
+
+namespace qforge::kernels {
+
+void linear_f32_s8_reference(const float* x, const int8_t* W, const float* w_scale,
+                             const float* bias, float* y, int64_t M, int64_t N, int64_t K) {
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t n = 0; n < N; ++n) {
+      float t = 0.0f;
+      for (int64_t k = 0; k < K; ++k) t = std::fma(x[m * K + k], static_cast<float>(W[n * K + k]), t);
+      const float scaled = t * w_scale[n];
+      y[m * N + n] = scaled + (bias != nullptr ? bias[n] : 0.0f);
+    }
+  }
+}
+
+void linear_f32_s4_reference(const float* x, const int8_t* W, const float* w_scale,
+                             const int32_t* w_zero, int64_t group_size, const float* bias, float* y,
+                             int64_t M, int64_t N, int64_t K) {
+  const int64_t G = num_groups(K, group_size);
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t n = 0; n < N; ++n) {
+      float t = 0.0f;
+      for (int64_t g = 0; g < G; ++g) {
+        const int32_t z = w_zero != nullptr ? w_zero[n * G + g] : 0;
+        const int64_t k_end = std::min(K, (g + 1) * group_size);
+        float s = 0.0f;
+        for (int64_t k = g * group_size; k < k_end; ++k) {
+          s = std::fma(x[m * K + k], static_cast<float>(int32_t{W[n * K + k]} - z), s);
+        }
+        t = std::fma(s, w_scale[n * G + g], t);
+      }
+      y[m * N + n] = t + (bias != nullptr ? bias[n] : 0.0f);
+    }
+  }
+}
+
+}  // namespace qforge::kernels

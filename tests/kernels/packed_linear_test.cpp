@@ -1,0 +1,178 @@
+// PackedLinearS8 / PackedLinearS4: whole-layer results equal the reference chain bit for bit on
+// every path (GEMV kernels, oneDNN), the chosen kernel is reported, bad input throws.
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+
+#include <vector>
+
+#include "framework/core/error.h"
+#include "kernels/cpu/packed_linear.h"
+#include "kernels/cpu/reference.h"
+#include "kernel_test_util.h"
+
+using namespace qforge::kernels;
+using namespace qforge::kernels::testing;
+
+namespace {
+
+at::Tensor s8_tensor(const std::vector<int8_t>& v, int64_t rows, int64_t cols) {
+  return at::from_blob(const_cast<int8_t*>(v.data()), {rows, cols}, at::kChar).clone();
+}
+at::Tensor f32_tensor(const std::vector<float>& v, std::vector<int64_t> shape) {
+  return at::from_blob(const_cast<float*>(v.data()), shape, at::kFloat).clone();
+}
+
+// quantize_rows_s8 -> gemm_s8s8s32 -> dequantize, all reference.
+std::vector<float> reference_s8(const std::vector<float>& x, const std::vector<int8_t>& W,
+                                const std::vector<float>& ws, const float* bias, int64_t M,
+                                int64_t N, int64_t K, ActScale mode) {
+  std::vector<int8_t> q(M * K);
+  std::vector<float> as(M), y(M * N);
+  std::vector<int32_t> acc(M * N);
+  quantize_rows_s8_reference(x.data(), M, K, mode, q.data(), K, as.data());
+  gemm_s8s8s32_reference(q.data(), W.data(), acc.data(), M, N, K);
+  dequantize_s32_f32_reference(acc.data(), as.data(), ws.data(), bias, y.data(), M, N);
+  return y;
+}
+
+}  // namespace
+
+TEST(PackedLinearS8, EveryPathMatchesReferenceChainExactly) {
+  const std::vector<std::tuple<int64_t, int64_t, int64_t>> shapes{
+      {1, 1, 1}, {2, 17, 33}, {7, 64, 100}, {16, 33, 4099}, {31, 40, 70},
+      {32, 48, 64}, {33, 17, 129}, {128, 65, 257}};
+  for (Isa isa : usable_isas()) {
+    ScopedMaxIsa cap(isa);
+    for (auto [M, N, K] : shapes) {
+      for (ActScale mode : {ActScale::kPerRow, ActScale::kPerTensor}) {
+        const uint32_t seed = static_cast<uint32_t>(M * 100 + N * 10 + K);
+        const auto x = random_f32(M * K, -2.0f, 2.0f, seed);
+        const auto W = random_s8(N * K, -128, 127, seed + 1);
+        const auto ws = random_f32(N, 0.001f, 0.05f, seed + 2);
+        const auto b = random_f32(N, -0.5f, 0.5f, seed + 3);
+        const PackedLinearS8 layer(s8_tensor(W, N, K), f32_tensor(ws, {N}), f32_tensor(b, {N}));
+        RunInfo info;
+        const at::Tensor y = layer.run(f32_tensor(x, {M, K}), &info, mode);
+        const auto y_ref = reference_s8(x, W, ws, b.data(), M, N, K, mode);
+        ASSERT_TRUE(bitwise_equal(y.data_ptr<float>(), y_ref.data(), y_ref.size()))
+            << info.kernel << " M=" << M << " N=" << N << " K=" << K;
+        if (M >= kOneDnnMinM && isa == Isa::kAvx512Vnni && layer.has_onednn()) {
+          EXPECT_EQ(info.kernel, "gemm_s8s8s32_onednn");
+        }
+        if (isa == Isa::kReference) {
+          EXPECT_EQ(info.kernel, "reference");
+          EXPECT_FALSE(info.fallback.empty());
+        }
+      }
+    }
+  }
+}
+
+TEST(PackedLinearS8, OneDnnIsUsedForLargeMAndReportedOtherwise) {
+  if (!isa_usable(Isa::kAvx512Vnni)) GTEST_SKIP() << "oneDNN path needs AVX-512 VNNI";
+  const int64_t M = 64, N = 32, K = 48;
+  const auto W = random_s8(N * K, -128, 127, 1);
+  const auto ws = random_f32(N, 0.01f, 0.02f, 2);
+  const PackedLinearS8 with(s8_tensor(W, N, K), f32_tensor(ws, {N}));
+  ASSERT_TRUE(with.has_onednn()) << with.onednn_status();
+  const PackedLinearS8 without(s8_tensor(W, N, K), f32_tensor(ws, {N}), {}, PackOptions{false});
+  const at::Tensor x = at::randn({M, K});
+  RunInfo a, b;
+  const at::Tensor ya = with.run(x, &a), yb = without.run(x, &b);
+  EXPECT_EQ(a.kernel, "gemm_s8s8s32_onednn");
+  EXPECT_TRUE(a.fallback.empty()) << a.fallback;
+  EXPECT_EQ(b.kernel, "gemv_u8s8s32_n16k4_avx512vnni");
+  EXPECT_NE(b.fallback.find("PackOptions::onednn"), std::string::npos) << b.fallback;
+  EXPECT_TRUE(at::equal(ya, yb));
+  EXPECT_GT(with.bytes(), without.bytes());
+}
+
+TEST(PackedLinearS8, KeepsLeadingDimensionsAndRoundTripsWeight) {
+  const auto W = random_s8(24 * 10, -128, 127, 3);
+  const PackedLinearS8 layer(s8_tensor(W, 24, 10), at::full({24}, 0.1f));
+  const at::Tensor y = layer.run(at::randn({2, 3, 10}));
+  EXPECT_EQ(y.sizes(), (std::vector<int64_t>{2, 3, 24}));
+  EXPECT_TRUE(at::equal(layer.weight(), s8_tensor(W, 24, 10)));
+  EXPECT_EQ(layer.in_features(), 10);
+  EXPECT_EQ(layer.out_features(), 24);
+  EXPECT_GE(layer.bytes(), 24 * 12 + 24 * 4);
+}
+
+TEST(PackedLinearS8, BadInputThrows) {
+  const PackedLinearS8 layer(at::zeros({8, 16}, at::kChar), at::ones({8}));
+  EXPECT_THROW(layer.run(at::randn({2, 15})), qforge::Error);               // K mismatch
+  EXPECT_THROW(layer.run(at::randn({2, 16}).to(at::kDouble)), qforge::Error);  // dtype
+  EXPECT_THROW(layer.run(at::Tensor()), qforge::Error);                     // undefined
+  EXPECT_THROW(layer.run(nullptr, 2, nullptr), qforge::Error);               // null
+  EXPECT_THROW(PackedLinearS8(at::zeros({8, 16}, at::kChar), at::ones({7})), qforge::Error);
+  EXPECT_THROW(PackedLinearS8(at::zeros({8, 16}), at::ones({8})), qforge::Error);  // not int8
+  EXPECT_THROW(PackedLinearS8(at::zeros({0, 16}, at::kChar), at::ones({0})), qforge::Error);
+  EXPECT_THROW(PackedLinearS8(at::zeros({8, 16}, at::kChar), at::ones({8}), at::ones({9})),
+               qforge::Error);
+  EXPECT_THROW(PackedLinearS8().run(at::randn({1, 16})), qforge::Error);
+  at::Tensor x = at::randn({1, 16});
+  x[0][3] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_THROW(layer.run(x), qforge::Error);
+  EXPECT_EQ(layer.run(at::randn({0, 16})).sizes(), (std::vector<int64_t>{0, 8}));
+}
+
+TEST(PackedLinearS4, EveryPathMatchesReferenceChainExactly) {
+  const std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t>> shapes{
+      {1, 1, 8, 8}, {1, 17, 33, 16}, {3, 64, 100, 32}, {16, 33, 4099, 128}, {7, 5, 12, 12},
+      {40, 20, 64, 64}};
+  for (Isa isa : usable_isas()) {
+    ScopedMaxIsa cap(isa);
+    for (auto [M, N, K, g] : shapes) {
+      for (const qforge::QType& qt : {qforge::qint4, qforge::quint4}) {
+        const uint32_t seed = static_cast<uint32_t>(M * 100 + N * 10 + K + g);
+        const int64_t G = num_groups(K, g);
+        const auto x = random_f32(M * K, -2.0f, 2.0f, seed);
+        const auto W = random_s8(N * K, qt.quant_min, qt.quant_max, seed + 1);
+        const auto ws = random_f32(N * G, 0.001f, 0.05f, seed + 2);
+        const auto z8 = random_s8(N * G, qt.quant_min, qt.quant_max, seed + 3);
+        const std::vector<int32_t> z(z8.begin(), z8.end());
+        const bool use_zero = qt.quant_min == 0;
+        const PackedLinearS4 layer(
+            s8_tensor(W, N, K), f32_tensor(ws, {N, G}),
+            use_zero ? at::from_blob(const_cast<int32_t*>(z.data()), {N, G}, at::kInt).clone()
+                     : at::Tensor(),
+            g, {}, qt);
+        RunInfo info;
+        const at::Tensor y = layer.run(f32_tensor(x, {M, K}), &info);
+
+        std::vector<int8_t> q(M * K);
+        std::vector<float> as(M), y_ref(M * N);
+        quantize_rows_s8_reference(x.data(), M, K, ActScale::kPerRow, q.data(), K, as.data());
+        gemm_s8s4f32_reference(q.data(), as.data(), W.data(), ws.data(),
+                               use_zero ? z.data() : nullptr, g, nullptr, y_ref.data(), M, N, K);
+        ASSERT_TRUE(bitwise_equal(y.data_ptr<float>(), y_ref.data(), y_ref.size()))
+            << info.kernel << " M=" << M << " N=" << N << " K=" << K << " g=" << g << " " << qt.name;
+        EXPECT_TRUE(at::equal(layer.weight(), s8_tensor(W, N, K)));
+      }
+    }
+  }
+}
+
+TEST(PackedLinearS4, StorageIsHalfAByteAWeightPlusGroupMetadata) {
+  const int64_t N = 64, K = 256, g = 32;
+  const PackedLinearS4 layer(at::zeros({N, K}, at::kChar), at::ones({N, K / g}), {}, g);
+  EXPECT_EQ(layer.bytes(), N * K / 2 + N * (K / g) * (4 + 1));
+  EXPECT_EQ(layer.groups(), K / g);
+}
+
+TEST(PackedLinearS4, BadInputThrows) {
+  EXPECT_THROW(PackedLinearS4(at::full({4, 8}, 8, at::kChar), at::ones({4, 1}), {}, 8),
+               qforge::Error);  // 8 is outside qint4
+  EXPECT_THROW(PackedLinearS4(at::zeros({4, 8}, at::kChar), at::ones({4, 2}), {}, 8),
+               qforge::Error);  // scale shape vs groups
+  EXPECT_THROW(PackedLinearS4(at::zeros({4, 8}, at::kChar), at::ones({4, 1}), {}, 0),
+               qforge::Error);  // group size
+  EXPECT_THROW(PackedLinearS4(at::zeros({4, 8}, at::kChar), at::ones({4, 1}),
+                              at::full({4, 1}, 9, at::kInt), 8),
+               qforge::Error);  // zero point outside the grid
+  EXPECT_THROW(PackedLinearS4(at::zeros({4, 8}, at::kChar), at::ones({4, 1}), {}, 8, {}, qforge::qint8),
+               qforge::Error);
+  const PackedLinearS4 layer(at::zeros({4, 8}, at::kChar), at::ones({4}), {}, 8);
+  EXPECT_THROW(layer.run(at::randn({3, 9})), qforge::Error);
+}
