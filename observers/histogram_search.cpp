@@ -1,0 +1,387 @@
+// Range searches on a histogram (l2 / entropy / percentile / mse); see histogram_search.h.
+#include "observers/histogram_search.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "framework/core/error.h"
+
+namespace qforge {
+
+namespace {
+// PyTorch's search granularity in _non_linear_param_search.
+constexpr double kL2StepSize = 1e-5;
+
+// Python's float floor division as torch.div(a, b, rounding_mode='floor') computes it.
+float div_floor(float a, float b) {
+  if (b == 0.0f) return a / b;
+  const float mod = std::fmod(a, b);
+  float div = (a - mod) / b;
+  if ((mod != 0.0f) && ((b < 0.0f) != (mod < 0.0f))) div -= 1.0f;
+  if (div == 0.0f) return std::copysign(0.0f, a / b);
+  float floordiv = std::floor(div);
+  if (div - floordiv > 0.5f) floordiv += 1.0f;
+  return floordiv;
+}
+
+at::Tensor counts_tensor(const Histogram& h) {
+  at::Tensor t = at::empty({h.bins()}, at::kFloat);
+  std::copy(h.counts().begin(), h.counts().end(), t.data_ptr<float>());
+  return t;
+}
+
+// Fraction of the mass the percentile/quantile lookups treat as "everything".
+double quantile_position(const std::vector<double>& counts, double lo_edge, double width, double q) {
+  double total = 0.0;
+  for (double c : counts) total += c;
+  const double target = q * total;
+  double cum = 0.0;
+  for (size_t b = 0; b < counts.size(); ++b) {
+    if (counts[b] > 0.0 && cum + counts[b] >= target) {
+      // Linear interpolation inside the bin: the CDF is piecewise linear under uniform density.
+      const double frac = std::clamp((target - cum) / counts[b], 0.0, 1.0);
+      return lo_edge + (static_cast<double>(b) + frac) * width;
+    }
+    cum += counts[b];
+  }
+  return lo_edge + static_cast<double>(counts.size()) * width;
+}
+}  // namespace
+
+double l2_quantization_error(const Histogram& h, int64_t start_bin, int64_t end_bin, int64_t dst_nbins) {
+  const int64_t bins = h.bins();
+  // Python floats (double) where PyTorch uses .item(); float32 where it uses tensors.
+  const double bin_width = (static_cast<double>(h.max()) - static_cast<double>(h.min())) / bins;
+  const double dst_bin_width = bin_width * static_cast<double>(end_bin - start_bin + 1) / dst_nbins;
+  if (dst_bin_width == 0.0) return 0.0;
+  const float bw = static_cast<float>(bin_width), dbw = static_cast<float>(dst_bin_width);
+  const float half = static_cast<float>(dst_bin_width / 2), neg_half = static_cast<float>(-dst_bin_width / 2);
+  const float last_dst = static_cast<float>(dst_nbins - 1);
+  const float mid_norm = (half * half * half - neg_half * neg_half * neg_half) / 3.0f;
+  at::Tensor norm_t = at::empty({bins}, at::kFloat);
+  float* norm = norm_t.data_ptr<float>();
+  const float* counts = h.counts().data();
+  for (int64_t i = 0; i < bins; ++i) {
+    const float begin = static_cast<float>(i - start_bin) * bw;
+    const float end = begin + bw;
+    const float dst_begin = std::clamp(div_floor(begin, dbw), 0.0f, last_dst);
+    const float dst_begin_center = (dst_begin + 0.5f) * dbw;
+    const float dst_end = std::clamp(div_floor(end, dbw), 0.0f, last_dst);
+    const float density = counts[i] / bw;
+    const float db = begin - dst_begin_center;
+    const float de = 1.0f * half;
+    float n = 0.0f + density * ((de * de * de - db * db * db) / 3.0f);
+    n = n + (dst_end - dst_begin - 1.0f) * (density * mid_norm);
+    const float dst_end_center = dst_end * dbw + half;
+    const float de3 = end - dst_end_center;
+    n = n + density * ((de3 * de3 * de3 - neg_half * neg_half * neg_half) / 3.0f);
+    norm[i] = n;
+  }
+  return static_cast<double>(at::sum(norm_t).item<float>());
+}
+
+double l2_quantization_error_reference(const Histogram& h, int64_t next_start_bin, int64_t next_end_bin,
+                                       int64_t dst_nbins) {
+  const int64_t bins = h.bins();
+  const at::Tensor histogram = counts_tensor(h);
+  const double bin_width = (static_cast<double>(h.max()) - static_cast<double>(h.min())) / bins;
+  const double dst_bin_width = bin_width * static_cast<double>(next_end_bin - next_start_bin + 1) / dst_nbins;
+  if (dst_bin_width == 0.0) return 0.0;
+  auto get_norm = [](const at::Tensor& delta_begin, const at::Tensor& delta_end, const at::Tensor& density) {
+    const at::Tensor norm =
+        (delta_end * delta_end * delta_end - delta_begin * delta_begin * delta_begin) / 3;
+    return density * norm;
+  };
+  const at::Tensor src_bin = at::arange(bins, at::kLong);
+  const at::Tensor src_bin_begin = (src_bin - next_start_bin) * bin_width;
+  const at::Tensor src_bin_end = src_bin_begin + bin_width;
+  const at::Tensor dst_bin_of_begin =
+      at::clamp(at::div(src_bin_begin, dst_bin_width, "floor"), 0, dst_nbins - 1);
+  const at::Tensor dst_bin_of_begin_center = (dst_bin_of_begin + 0.5) * dst_bin_width;
+  const at::Tensor dst_bin_of_end = at::clamp(at::div(src_bin_end, dst_bin_width, "floor"), 0, dst_nbins - 1);
+  const at::Tensor density = histogram / bin_width;
+  at::Tensor norm = at::zeros({bins}, at::kFloat);
+  at::Tensor delta_begin = src_bin_begin - dst_bin_of_begin_center;
+  const double delta_end = dst_bin_width / 2;
+  norm += get_norm(delta_begin, at::ones({bins}, at::kFloat) * delta_end, density);
+  norm += (dst_bin_of_end - dst_bin_of_begin - 1) *
+          get_norm(at::scalar_tensor(-dst_bin_width / 2, at::kFloat),
+                   at::scalar_tensor(dst_bin_width / 2, at::kFloat), density);
+  const at::Tensor dst_bin_of_end_center = dst_bin_of_end * dst_bin_width + dst_bin_width / 2;
+  const at::Tensor delta_end2 = src_bin_end - dst_bin_of_end_center;
+  norm += get_norm(at::scalar_tensor(-dst_bin_width / 2, at::kFloat), delta_end2, density);
+  return static_cast<double>(norm.sum().item<float>());
+}
+
+std::pair<float, float> l2_range(const Histogram& h, int64_t dst_nbins) {
+  QF_CHECK(!h.empty());
+  const int64_t bins = h.bins();
+  const float mn = h.min(), mx = h.max();
+  if (mn == mx) return {mn, mx};  // PyTorch gets the same after a search that cannot move
+  const float bin_width = (mx - mn) / static_cast<float>(bins);
+  const double total = static_cast<double>(at::sum(counts_tensor(h)).item<float>());
+  // torch.cumsum of float32 accumulates in double on CPU and stores float32.
+  std::vector<float> csum(static_cast<size_t>(bins));
+  double run = 0.0;
+  for (int64_t i = 0; i < bins; ++i) csum[i] = static_cast<float>(run += h.counts()[i]);
+
+  double alpha = 0.0, beta = 1.0, norm_min = std::numeric_limits<double>::infinity();
+  int64_t start_bin = 0, end_bin = bins - 1;
+  while (alpha < beta) {
+    const double next_alpha = alpha + kL2StepSize, next_beta = beta - kL2StepSize;
+    // PyTorch compares a float32 tensor with a Python float: the threshold is rounded to float.
+    const float alpha_mass = static_cast<float>(next_alpha * total);
+    const float beta_mass = static_cast<float>(next_beta * total);
+    // PyTorch walks l up / r down one bin at a time; csum is sorted, so bisect to the same bins.
+    const int64_t l =
+        std::lower_bound(csum.begin() + start_bin, csum.begin() + end_bin, alpha_mass) - csum.begin();
+    const int64_t r =
+        std::upper_bound(csum.begin() + start_bin + 1, csum.begin() + end_bin + 1, beta_mass) -
+        csum.begin() - 1;
+    int64_t next_start_bin = start_bin, next_end_bin = end_bin;
+    if ((l - start_bin) > (end_bin - r)) {
+      next_start_bin = l;
+      alpha = next_alpha;
+    } else {
+      next_end_bin = r;
+      beta = next_beta;
+    }
+    if (next_start_bin == start_bin && next_end_bin == end_bin) continue;
+    const double norm = l2_quantization_error(h, next_start_bin, next_end_bin, dst_nbins);
+    if (norm > norm_min) break;
+    norm_min = norm;
+    start_bin = next_start_bin;
+    end_bin = next_end_bin;
+  }
+  const float new_min = mn + bin_width * static_cast<float>(start_bin);
+  const float new_max = mn + bin_width * static_cast<float>(end_bin + 1);
+  return {new_min, new_max};
+}
+
+std::vector<double> abs_histogram(const Histogram& h, double* abs_max_out) {
+  const int64_t bins = h.bins();
+  const auto [lo, hi] = h.edges();
+  const double amax = std::max(std::fabs(static_cast<double>(h.min())), std::fabs(static_cast<double>(h.max())));
+  *abs_max_out = amax;
+  std::vector<double> out(static_cast<size_t>(bins), 0.0);
+  if (amax == 0.0) {
+    out[0] = h.total();
+    return out;
+  }
+  const double w = (static_cast<double>(hi) - lo) / bins, aw = amax / bins;
+  // Adds mass c spread uniformly over |x| in [a, b] (0 <= a <= b).
+  auto spread = [&](double a, double b, double c) {
+    if (c == 0.0) return;
+    const double fa = a / aw, fb = b / aw;
+    const int64_t first = std::clamp<int64_t>(static_cast<int64_t>(std::floor(fa)), 0, bins - 1);
+    const int64_t last = std::clamp<int64_t>(static_cast<int64_t>(std::ceil(fb)) - 1, 0, bins - 1);
+    if (first >= last || fb <= fa) {
+      out[first] += c;
+      return;
+    }
+    for (int64_t k = first; k <= last; ++k) {
+      const double s = std::max(fa, static_cast<double>(k)), e = std::min(fb, static_cast<double>(k + 1));
+      if (e > s) out[k] += c * (e - s) / (fb - fa);
+    }
+  };
+  for (int64_t j = 0; j < bins; ++j) {
+    const double c = h.counts()[j];
+    if (c == 0.0) continue;
+    const double a = lo + j * w, b = lo + (j + 1) * w;
+    if (a >= 0.0) {
+      spread(std::min(a, amax), std::min(b, amax), c);
+    } else if (b <= 0.0) {
+      spread(std::min(-b, amax), std::min(-a, amax), c);
+    } else {
+      // The bin straddles zero: split its mass by length between the two sides.
+      spread(0.0, std::min(-a, amax), c * (-a) / (b - a));
+      spread(0.0, std::min(b, amax), c * b / (b - a));
+    }
+  }
+  return out;
+}
+
+std::pair<float, float> entropy_range(const Histogram& h, int64_t levels) {
+  QF_CHECK(!h.empty() && levels >= 2);
+  if (h.min() == h.max()) return {h.min(), h.max()};
+  double amax = 0.0;
+  std::vector<double> hist = abs_histogram(h, &amax);
+  const int64_t bins = static_cast<int64_t>(hist.size());
+  if (levels >= bins) return {h.min(), h.max()};
+  // As TensorRT/pytorch-quantization: the zero bin (often exact zeros after ReLU) takes its
+  // neighbour's count so it does not dominate the distribution.
+  hist[0] = hist[1];
+  std::vector<double> suffix(static_cast<size_t>(bins + 1), 0.0);
+  for (int64_t k = bins - 1; k >= 0; --k) suffix[k] = suffix[k + 1] + hist[k];
+  std::vector<double> p(static_cast<size_t>(bins)), q(static_cast<size_t>(bins));
+  std::vector<double> qsum(static_cast<size_t>(levels)), qnonzero(static_cast<size_t>(levels));
+  double best = std::numeric_limits<double>::infinity();
+  int64_t best_i = bins;
+  for (int64_t i = levels; i <= bins; ++i) {
+    // P: the first i bins with everything beyond folded into the last one (the clipped mass).
+    double p_total = 0.0;
+    for (int64_t k = 0; k < i; ++k) p[k] = hist[k];
+    p[i - 1] += suffix[i];
+    for (int64_t k = 0; k < i; ++k) p_total += p[k];
+    // Q: the first i bins merged into `levels` groups, each group's mass spread over its
+    // non-empty bins.
+    std::fill(qsum.begin(), qsum.end(), 0.0);
+    std::fill(qnonzero.begin(), qnonzero.end(), 0.0);
+    for (int64_t k = 0; k < i; ++k) {
+      const int64_t g = k * levels / i;
+      if (hist[k] != 0.0) {
+        qsum[g] += hist[k];
+        qnonzero[g] += 1.0;
+      }
+    }
+    double q_total = 0.0;
+    for (int64_t k = 0; k < i; ++k) {
+      const int64_t g = k * levels / i;
+      q[k] = hist[k] != 0.0 ? qsum[g] / qnonzero[g] : 0.0;
+      q_total += q[k];
+    }
+    if (p_total <= 0.0 || q_total <= 0.0) continue;
+    double kl = 0.0;
+    for (int64_t k = 0; k < i; ++k) {
+      if (p[k] == 0.0) continue;
+      if (q[k] == 0.0) {
+        kl = std::numeric_limits<double>::infinity();
+        break;
+      }
+      const double pk = p[k] / p_total, qk = q[k] / q_total;
+      kl += pk * std::log(pk / qk);
+    }
+    // Ties go to the larger threshold, as pytorch-quantization's "last argmin".
+    if (kl <= best) {
+      best = kl;
+      best_i = i;
+    }
+  }
+  const float t = static_cast<float>(amax * static_cast<double>(best_i) / static_cast<double>(bins));
+  return {std::max(h.min(), -t), std::min(h.max(), t)};
+}
+
+std::pair<float, float> percentile_range(const Histogram& h, double percentile, bool symmetric) {
+  QF_REQUIRE(percentile > 0.0 && percentile <= 100.0, "histogram observer: percentile must be in (0, 100], got ",
+             percentile);
+  QF_CHECK(!h.empty());
+  if (h.min() == h.max()) return {h.min(), h.max()};
+  const double q = percentile / 100.0;
+  if (symmetric) {
+    double amax = 0.0;
+    const std::vector<double> hist = abs_histogram(h, &amax);
+    const double t = std::min(amax, quantile_position(hist, 0.0, amax / static_cast<double>(hist.size()), q));
+    const float tf = static_cast<float>(t);
+    return {std::max(h.min(), -tf), std::min(h.max(), tf)};
+  }
+  const auto [lo, hi] = h.edges();
+  const std::vector<double> hist(h.counts().begin(), h.counts().end());
+  const double w = (static_cast<double>(hi) - lo) / static_cast<double>(hist.size());
+  const float a = static_cast<float>(quantile_position(hist, lo, w, 1.0 - q));
+  const float b = static_cast<float>(quantile_position(hist, lo, w, q));
+  return {std::clamp(a, h.min(), h.max()), std::clamp(b, h.min(), h.max())};
+}
+
+std::pair<float, float> mse_range(const Histogram& h, const QSpec& spec) {
+  QF_CHECK(!h.empty());
+  if (h.min() == h.max()) return {h.min(), h.max()};
+  const int64_t bins = h.bins();
+  const auto [lo_edge, hi_edge] = h.edges();
+  const double w = (static_cast<double>(hi_edge) - lo_edge) / bins;
+  std::vector<double> center(static_cast<size_t>(bins)), n(static_cast<size_t>(bins));
+  for (int64_t k = 0; k < bins; ++k) {
+    center[k] = lo_edge + (static_cast<double>(k) + 0.5) * w;
+    n[k] = h.counts()[k];
+  }
+  const QType& qt = spec.qtype;
+  const double steps = qt.is_integer() ? static_cast<double>(spec.quant_max() - spec.quant_min()) : 0.0;
+  if (spec.symmetric || qt.is_float()) {
+    // Clip at +-t for t on a grid of `bins` thresholds up to max|x|.
+    const double amax = std::max(std::fabs(static_cast<double>(h.min())), std::fabs(static_cast<double>(h.max())));
+    double best = std::numeric_limits<double>::infinity(), best_t = amax;
+    const double mantissa_step = qt.is_float() ? std::ldexp(1.0, -qt.mantissa_bits) : 0.0;
+    const double min_normal = qt.is_float() ? std::ldexp(1.0, 1 - qt.exponent_bias) : 0.0;
+    for (int64_t i = 1; i <= bins; ++i) {
+      const double t = amax * static_cast<double>(i) / static_cast<double>(bins);
+      const double step = qt.is_integer() ? 2.0 * t / steps : 0.0;
+      double err = 0.0;
+      for (int64_t k = 0; k < bins; ++k) {
+        if (n[k] == 0.0) continue;
+        const double a = std::fabs(center[k]);
+        if (a > t) {
+          err += n[k] * (a - t) * (a - t);
+        } else if (qt.is_integer()) {
+          err += n[k] * step * step / 12.0;  // uniform rounding noise of a grid step
+        } else {
+          // Float8 rounding noise is relative: one mantissa step of the value (or of the
+          // smallest normal once scaled, for subnormals).
+          const double ulp = std::max(a, min_normal * t / qt.max_finite) * mantissa_step;
+          err += n[k] * ulp * ulp / 12.0;
+        }
+      }
+      if (err < best) {
+        best = err;
+        best_t = t;
+      }
+    }
+    const float tf = static_cast<float>(best_t);
+    return {std::max(h.min(), -tf), std::min(h.max(), tf)};
+  }
+  // Affine: clip at bin edges e_i <= 0 <= e_j (the grid always contains zero), scoring each
+  // pair with prefix sums of n, n*c, n*c^2 in O(1).
+  std::vector<double> p0(static_cast<size_t>(bins + 1), 0.0), p1(p0), p2(p0);
+  for (int64_t k = 0; k < bins; ++k) {
+    p0[k + 1] = p0[k] + n[k];
+    p1[k + 1] = p1[k] + n[k] * center[k];
+    p2[k + 1] = p2[k] + n[k] * center[k] * center[k];
+  }
+  auto edge = [&](int64_t i) { return lo_edge + static_cast<double>(i) * w; };
+  double best = std::numeric_limits<double>::infinity();
+  int64_t best_i = 0, best_j = bins;
+  for (int64_t i = 0; i < bins; ++i) {
+    const double lo = edge(i);
+    if (i > 0 && lo > 0.0) break;
+    const double below = std::max(0.0, p2[i] - 2.0 * lo * p1[i] + lo * lo * p0[i]);
+    for (int64_t j = bins; j > i; --j) {
+      const double hi = edge(j);
+      if (j < bins && hi < 0.0) break;
+      const double above = std::max(
+          0.0, (p2[bins] - p2[j]) - 2.0 * hi * (p1[bins] - p1[j]) + hi * hi * (p0[bins] - p0[j]));
+      const double step = (std::max(hi, 0.0) - std::min(lo, 0.0)) / steps;
+      const double err = below + above + (p0[j] - p0[i]) * step * step / 12.0;
+      if (err < best) {
+        best = err;
+        best_i = i;
+        best_j = j;
+      }
+    }
+  }
+  const float a = static_cast<float>(edge(best_i)), b = static_cast<float>(edge(best_j));
+  return {std::clamp(a, h.min(), h.max()), std::clamp(b, h.min(), h.max())};
+}
+
+std::pair<float, float> histogram_range(const Histogram& h, const QSpec& spec, HistogramMethod method,
+                                        double percentile) {
+  QF_CHECK(!h.empty());
+  switch (method) {
+    case HistogramMethod::kL2:
+      // PyTorch: dst_nbins = 2 ** torch.iinfo(dtype).bits, whatever reduce_range says.
+      return l2_range(h, int64_t{1} << spec.qtype.bits);
+    case HistogramMethod::kEntropy: {
+      // 2^(bits-1) levels on |x| (128 for int8); an unsigned grid over one-sided data uses all.
+      const bool one_sided = !spec.qtype.is_signed && h.min() >= 0.0f;
+      return entropy_range(h, int64_t{1} << (spec.qtype.bits - (one_sided ? 0 : 1)));
+    }
+    case HistogramMethod::kPercentile:
+      return percentile_range(h, percentile, spec.symmetric || spec.qtype.is_float());
+    case HistogramMethod::kMse:
+      return mse_range(h, spec);
+  }
+  return {h.min(), h.max()};
+}
+
+}  // namespace qforge
