@@ -1,5 +1,5 @@
-// Dynamic activation quantization with run-time kernel choice; results are bit-identical to
-// quantize_rows_s8_reference (see reference.h for the exact formula).
+// Dynamic activation quantization with run-time kernel choice (quantize_rows_s8_avx512 ->
+// reference); bit-identical to quantize_rows_s8_reference (formula in reference.h).
 #pragma once
 
 #include <cstdint>
@@ -11,5 +11,11 @@ namespace qforge::kernels {
 
 void quantize_rows_s8(const float* x, int64_t M, int64_t K, ActScale mode, int8_t* q, int64_t ldq,
                       float* a_scale, RunInfo* info = nullptr);
+
+namespace detail {
+// AVX-512 pieces (quantize_rows_s8_avx512.cpp). row_amax returns false on NaN / Inf.
+bool row_amax_avx512(const float* x, int64_t K, float* amax);
+void quantize_row_avx512(const float* x, int64_t K, float inv, int8_t* q, int64_t ldq);
+}  // namespace detail
 
 }  // namespace qforge::kernels
