@@ -4,6 +4,8 @@
 
 #include <oneapi/dnnl/dnnl.hpp>
 
+#include <map>
+#include <mutex>
 #include <vector>
 
 #include "framework/core/error.h"
@@ -12,21 +14,39 @@ namespace qforge::kernels::detail {
 
 using dnnl::memory;
 
+namespace {
+
+// oneDNN's fast (brgemm) matmul needs M at creation time; the weight format it prefers does not
+// depend on M, so it is queried once with this M and every later primitive is created for the
+// actual M with that fixed weight format.
+constexpr int64_t kNominalM = 256;
+// Primitives kept per distinct M (cleared when exceeded; creation costs about a millisecond).
+constexpr size_t kMaxCachedPrimitives = 64;
+
+struct Primitive {
+  dnnl::matmul::primitive_desc pd;
+  dnnl::matmul matmul;
+};
+
+}  // namespace
+
 class OneDnnS8Weights {
  public:
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
-  dnnl::matmul::primitive_desc pd;
-  dnnl::matmul matmul;
-  memory weights;  // packed, in pd.weights_desc()
+  memory::desc weights_md;
+  memory weights;  // packed, in weights_md
   int64_t n = 0, k = 0;
+  std::string impl;  // implementation chosen for kNominalM
+  mutable std::mutex mutex;
+  mutable std::map<int64_t, std::shared_ptr<const Primitive>> primitives;  // by M
 };
 
 namespace {
 
-dnnl::matmul::primitive_desc make_pd(const dnnl::engine& engine, int64_t N, int64_t K) {
-  const memory::desc src({DNNL_RUNTIME_DIM_VAL, K}, memory::data_type::s8, memory::format_tag::ab);
-  const memory::desc wei({K, N}, memory::data_type::s8, memory::format_tag::any);
-  const memory::desc dst({DNNL_RUNTIME_DIM_VAL, N}, memory::data_type::s32, memory::format_tag::ab);
+dnnl::matmul::primitive_desc make_pd(const dnnl::engine& engine, int64_t M, int64_t N, int64_t K,
+                                     const memory::desc& wei) {
+  const memory::desc src({M, K}, memory::data_type::s8, memory::format_tag::ab);
+  const memory::desc dst({M, N}, memory::data_type::s32, memory::format_tag::ab);
   dnnl::primitive_attr attr;
   // User scratchpad: each run() brings its own, so concurrent runs of one primitive are safe.
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
@@ -43,9 +63,11 @@ std::shared_ptr<const OneDnnS8Weights> onednn_pack_s8(const int8_t* W, int64_t N
                                                      std::string* status) {
   auto w = std::make_shared<OneDnnS8Weights>();
   try {
-    w->pd = make_pd(w->engine, N, K);
-    w->matmul = dnnl::matmul(w->pd);
-    w->weights = memory(w->pd.weights_desc(), w->engine);
+    const memory::desc any({K, N}, memory::data_type::s8, memory::format_tag::any);
+    const dnnl::matmul::primitive_desc pd = make_pd(w->engine, kNominalM, N, K, any);
+    w->impl = pd.impl_info_str();
+    w->weights_md = pd.weights_desc();
+    w->weights = memory(w->weights_md, w->engine);
     // W is [N, K] row-major, i.e. the K x N matrix oneDNN wants in format "ba".
     memory user({{K, N}, memory::data_type::s8, memory::format_tag::ba}, w->engine,
                 const_cast<int8_t*>(W));
@@ -62,16 +84,31 @@ std::shared_ptr<const OneDnnS8Weights> onednn_pack_s8(const int8_t* W, int64_t N
   return w;
 }
 
+namespace {
+std::shared_ptr<const Primitive> primitive_for(const OneDnnS8Weights& w, int64_t M) {
+  std::lock_guard<std::mutex> lock(w.mutex);
+  auto it = w.primitives.find(M);
+  if (it != w.primitives.end()) return it->second;
+  if (w.primitives.size() >= kMaxCachedPrimitives) w.primitives.clear();
+  auto p = std::make_shared<Primitive>();
+  p->pd = make_pd(w.engine, M, w.n, w.k, w.weights_md);
+  p->matmul = dnnl::matmul(p->pd);
+  w.primitives.emplace(M, p);
+  return p;
+}
+}  // namespace
+
 void onednn_gemm_s8s8s32(const OneDnnS8Weights& w, const int8_t* A, int64_t M, int32_t* C) {
   QF_CHECK(M > 0 && A != nullptr && C != nullptr);
+  const std::shared_ptr<const Primitive> prim = primitive_for(w, M);
   dnnl::stream stream(w.engine);
   memory src({{M, w.k}, memory::data_type::s8, memory::format_tag::ab}, w.engine,
              const_cast<int8_t*>(A));
   memory dst({{M, w.n}, memory::data_type::s32, memory::format_tag::ab}, w.engine, C);
-  const memory::desc scratch_md = w.pd.scratchpad_desc();
+  const memory::desc scratch_md = prim->pd.scratchpad_desc();
   std::vector<uint8_t> scratch_bytes(scratch_md.get_size());
   memory scratch(scratch_md, w.engine, scratch_bytes.data());
-  w.matmul.execute(stream, {{DNNL_ARG_SRC, src},
+  prim->matmul.execute(stream, {{DNNL_ARG_SRC, src},
                             {DNNL_ARG_WEIGHTS, w.weights},
                             {DNNL_ARG_DST, dst},
                             {DNNL_ARG_SCRATCHPAD, scratch}});
@@ -79,9 +116,9 @@ void onednn_gemm_s8s8s32(const OneDnnS8Weights& w, const int8_t* A, int64_t M, i
 }
 
 int64_t onednn_bytes(const OneDnnS8Weights& w) {
-  return static_cast<int64_t>(w.pd.weights_desc().get_size());
+  return static_cast<int64_t>(w.weights_md.get_size());
 }
 
-std::string onednn_impl(const OneDnnS8Weights& w) { return w.pd.impl_info_str(); }
+std::string onednn_impl(const OneDnnS8Weights& w) { return w.impl; }
 
 }  // namespace qforge::kernels::detail

@@ -1,7 +1,8 @@
 // Large-M int8 GEMM through oneDNN's matmul: C[M, N] = A[M, K] . W^T, s8 x s8 -> exact s32.
 // The weights are reordered once into the blocked format oneDNN prefers (format_tag::any); the
-// primitive is created once with a run-time M. The dequantizing epilogue stays qforge's, so
-// results equal the reference bit for bit (on VNNI/AMX hardware, where oneDNN does not saturate).
+// primitive is created per distinct M (cached) with that fixed weight format. The dequantizing
+// epilogue stays qforge's, so results equal the reference bit for bit (on VNNI / AMX hardware,
+// where oneDNN does not saturate).
 #pragma once
 
 #include <cstdint>

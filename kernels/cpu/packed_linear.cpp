@@ -84,6 +84,9 @@ PackedLinearS8::PackedLinearS8(const at::Tensor& weight, const at::Tensor& w_sca
     onednn_status_ = "not requested (PackOptions::onednn = false)";
   } else {
     onednn_ = detail::onednn_pack_s8(w.data_ptr<int8_t>(), n_, k_, &onednn_status_);
+    if (onednn_ != nullptr && detail::onednn_impl(*onednn_).find("amx") != std::string::npos) {
+      onednn_min_m_ = kOneDnnMinMAmx;
+    }
   }
 }
 
@@ -125,7 +128,7 @@ void PackedLinearS8::run(const float* x, int64_t M, float* y, RunInfo* info,
   RunInfo local;
   RunInfo& ri = info != nullptr ? *info : local;
   ri = RunInfo{};
-  if (M >= kOneDnnMinM) {
+  if (M >= onednn_min_m_) {
     std::string why;
     constexpr const char* kOneDnn = "gemm_s8s8s32_onednn";
     if (onednn_ == nullptr) {

@@ -25,7 +25,9 @@ struct PackOptions {
   bool onednn = true;
 };
 
-// Smallest M that goes to oneDNN's matmul (below it the n16k4 GEMV kernels are faster).
+// Smallest M that goes to oneDNN's matmul; below it the n16k4 GEMV kernels are faster
+// (measured crossover, docs/kernels.md): 8 when oneDNN runs on AMX tiles, 32 otherwise.
+inline constexpr int64_t kOneDnnMinMAmx = 8;
 inline constexpr int64_t kOneDnnMinM = 32;
 
 // int8 Linear: y = dequant(quant(x) . W^T) + bias, W int8 [N, K] with per-channel scale [N]
@@ -50,6 +52,8 @@ class PackedLinearS8 {
   // Bytes of every buffer held: packed weights, column sums, scales, bias, oneDNN copy.
   int64_t bytes() const;
   bool has_onednn() const { return onednn_ != nullptr; }
+  // M from which run() prefers oneDNN (kOneDnnMinMAmx or kOneDnnMinM).
+  int64_t onednn_min_m() const { return onednn_min_m_; }
   // Why the oneDNN copy is absent (empty when present).
   const std::string& onednn_status() const { return onednn_status_; }
 
@@ -63,6 +67,7 @@ class PackedLinearS8 {
   at::Tensor packed_, colsum_, w_scale_, bias_;
   std::shared_ptr<const detail::OneDnnS8Weights> onednn_;
   std::string onednn_status_;
+  int64_t onednn_min_m_ = kOneDnnMinM;
 };
 
 // int4 Linear: y = dequant(quant(x) . (W - z)^T) + bias with per-group scales and optional zero

@@ -57,7 +57,7 @@ TEST(PackedLinearS8, EveryPathMatchesReferenceChainExactly) {
         const auto y_ref = reference_s8(x, W, ws, b.data(), M, N, K, mode);
         ASSERT_TRUE(bitwise_equal(y.data_ptr<float>(), y_ref.data(), y_ref.size()))
             << info.kernel << " M=" << M << " N=" << N << " K=" << K;
-        if (M >= kOneDnnMinM && isa == Isa::kAvx512Vnni && layer.has_onednn()) {
+        if (M >= layer.onednn_min_m() && isa == Isa::kAvx512Vnni && layer.has_onednn()) {
           EXPECT_EQ(info.kernel, "gemm_s8s8s32_onednn");
         }
         if (isa == Isa::kReference) {
