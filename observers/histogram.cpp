@@ -34,7 +34,7 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void bin_indices(
     const float v = x[i];
     const bool in = (v >= lo) & (v <= hi);
     // Selecting before the conversion keeps NaN/out-of-range values out of the int cast.
-    const float p = in ? (v - lo) * nbins / width : 0.0f;
+    const float p = in ? (v - lo) / width * nbins : 0.0f;
     int32_t b = static_cast<int32_t>(p);
     b = b > last ? last : b;  // v == hi lands in the last bin, as torch.histc
     idx[i] = in ? b : trash;
@@ -55,7 +55,7 @@ void count_block(const int32_t* idx, int64_t n, uint32_t* sub, int64_t stride) {
 // torch.histc bin of one value on [lo, hi] (lo < hi), or -1 when skipped.
 int64_t histc_bin(float v, float lo, float hi, int64_t bins) {
   if (!(v >= lo && v <= hi)) return -1;
-  int64_t pos = static_cast<int64_t>((v - lo) * static_cast<float>(bins) / (hi - lo));
+  int64_t pos = static_cast<int64_t>((v - lo) / (hi - lo) * static_cast<float>(bins));
   if (pos == bins) pos -= 1;
   return pos;
 }
@@ -74,7 +74,8 @@ void histc_reference(const float* x, int64_t n, float lo, float hi, int64_t bins
   for (int64_t i = 0; i < n; ++i) {
     const float v = x[i];
     if (!(v >= lo && v <= hi)) continue;  // skips out-of-range values, NaN and inf
-    int64_t pos = static_cast<int64_t>((v - lo) * static_cast<float>(bins) / (hi - lo));
+    // Divide, then multiply: PyTorch 1.13's order (2.x multiplies first; see docs/observers.md).
+    int64_t pos = static_cast<int64_t>((v - lo) / (hi - lo) * static_cast<float>(bins));
     if (pos == bins) pos -= 1;  // the last bin includes its right edge
     counts[pos] += 1.0f;
   }

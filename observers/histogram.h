@@ -16,9 +16,10 @@ namespace qforge {
 // Outer bin edges torch.histc uses for [min, max]: a degenerate range is widened by 1 each side.
 std::pair<float, float> histc_edges(float min, float max);
 
-// torch.histc(x, bins, lo, hi) on CPU: value v in [lo, hi] goes to bin
-// trunc((v - lo) * bins / (hi - lo)) computed in float32, the last bin also holding v == hi;
-// values outside [lo, hi], NaN and inf are skipped. Writes `bins` counts to `counts`.
+// torch.histc(x, bins, lo, hi) on CPU (PyTorch 1.13): value v in [lo, hi] goes to bin
+// trunc((v - lo) / (hi - lo) * bins) computed in float32, the last bin also holding v == hi;
+// values outside [lo, hi], NaN and inf are skipped (1.13's histc puts NaN in bin 0, a bug).
+// Writes `bins` counts to `counts`.
 // The reference: one scalar loop, the definition of the result.
 void histc_reference(const float* x, int64_t n, float lo, float hi, int64_t bins, float* counts);
 // Same counts, vectorised and parallel (at::parallel_for over chunks, per-thread counters).

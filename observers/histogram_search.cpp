@@ -28,6 +28,14 @@ float div_floor(float a, float b) {
   return floordiv;
 }
 
+// [-t, t] within [min, max]; data entirely beyond t on one side collapses to the point t,
+// which still gives the symmetric grid of half-width t.
+std::pair<float, float> symmetric_clip(const Histogram& h, float t) {
+  const float hi = std::min(h.max(), t), lo = std::max(h.min(), -t);
+  if (lo > hi) return h.min() > 0.0f ? std::pair<float, float>{t, t} : std::pair<float, float>{-t, -t};
+  return {lo, hi};
+}
+
 at::Tensor counts_tensor(const Histogram& h) {
   at::Tensor t = at::empty({h.bins()}, at::kFloat);
   std::copy(h.counts().begin(), h.counts().end(), t.data_ptr<float>());
@@ -261,8 +269,7 @@ std::pair<float, float> entropy_range(const Histogram& h, int64_t levels) {
       best_i = i;
     }
   }
-  const float t = static_cast<float>(amax * static_cast<double>(best_i) / static_cast<double>(bins));
-  return {std::max(h.min(), -t), std::min(h.max(), t)};
+  return symmetric_clip(h, static_cast<float>(amax * static_cast<double>(best_i) / static_cast<double>(bins)));
 }
 
 std::pair<float, float> percentile_range(const Histogram& h, double percentile, bool symmetric) {
@@ -275,8 +282,7 @@ std::pair<float, float> percentile_range(const Histogram& h, double percentile, 
     double amax = 0.0;
     const std::vector<double> hist = abs_histogram(h, &amax);
     const double t = std::min(amax, quantile_position(hist, 0.0, amax / static_cast<double>(hist.size()), q));
-    const float tf = static_cast<float>(t);
-    return {std::max(h.min(), -tf), std::min(h.max(), tf)};
+    return symmetric_clip(h, static_cast<float>(t));
   }
   const auto [lo, hi] = h.edges();
   const std::vector<double> hist(h.counts().begin(), h.counts().end());
@@ -286,81 +292,135 @@ std::pair<float, float> percentile_range(const Histogram& h, double percentile, 
   return {std::clamp(a, h.min(), h.max()), std::clamp(b, h.min(), h.max())};
 }
 
+namespace {
+// Rounds of coordinate descent (best max for the current min, then best min for that max) in
+// the affine mse search; two already land on a fixed point in practice.
+constexpr int kMseAffineRounds = 3;
+
+// The grid calculate_qparams builds for [lo, hi] under an integer spec, in double.
+struct Grid {
+  double scale;
+  double zero_point;
+  double qmin, qmax;
+};
+Grid integer_grid(double lo, double hi, const QSpec& spec) {
+  const double qmin = static_cast<double>(spec.quant_min()), qmax = static_cast<double>(spec.quant_max());
+  const double lo_neg = std::min(lo, 0.0), hi_pos = std::max(hi, 0.0);
+  Grid g{0.0, 0.0, qmin, qmax};
+  if (spec.symmetric) {
+    g.scale = std::max(std::max(-lo_neg, hi_pos) / ((qmax - qmin) / 2.0), static_cast<double>(kScaleEps));
+    if (!spec.qtype.is_signed) {
+      g.zero_point = (spec.qtype == quint8 && !spec.custom_range()) ? 128.0 : std::floor((qmin + qmax) / 2.0);
+    }
+  } else {
+    g.scale = std::max((hi_pos - lo_neg) / (qmax - qmin), static_cast<double>(kScaleEps));
+    g.zero_point = std::clamp(qmin - std::nearbyint(lo_neg / g.scale), qmin, qmax);
+  }
+  return g;
+}
+
+double cube(double x) { return x * x * x; }
+
+// Integral of (x - Q(x))^2 over [a, b], Q rounding to the grid and clamping to its ends.
+double bin_sq_error(double a, double b, const Grid& g) {
+  const double gmin = (g.qmin - g.zero_point) * g.scale, gmax = (g.qmax - g.zero_point) * g.scale;
+  double total = 0.0;
+  if (a < gmin) {
+    const double x2 = std::min(b, gmin);
+    total += (cube(x2 - gmin) - cube(a - gmin)) / 3.0;
+    a = x2;
+  }
+  if (b > gmax) {
+    const double x1 = std::max(a, gmax);
+    total += (cube(b - gmax) - cube(x1 - gmax)) / 3.0;
+    b = x1;
+  }
+  if (!(a < b)) return total;
+  // Grid cells [(q - 1/2) s, (q + 1/2) s] relative to the zero point, walked by integer index.
+  const double qa = std::clamp(std::floor(a / g.scale + 0.5), g.qmin - g.zero_point, g.qmax - g.zero_point);
+  const double qb = std::clamp(std::floor(b / g.scale + 0.5), g.qmin - g.zero_point, g.qmax - g.zero_point);
+  for (double q = qa; q <= qb; q += 1.0) {
+    const double center = q * g.scale;
+    const double x1 = std::max(a, (q - 0.5) * g.scale), x2 = std::min(b, (q + 0.5) * g.scale);
+    if (x2 > x1) total += (cube(x2 - center) - cube(x1 - center)) / 3.0;
+  }
+  return total;
+}
+
+// Expected squared quantization error of the histogram's data (uniform within each bin) on
+// the grid chosen for [lo, hi].
+double expected_sq_error(const Histogram& h, double lo, double hi, const QSpec& spec) {
+  const auto [elo, ehi] = h.edges();
+  const double w = (static_cast<double>(ehi) - elo) / static_cast<double>(h.bins());
+  const std::vector<float>& counts = h.counts();
+  double err = 0.0;
+  if (spec.qtype.is_integer()) {
+    const Grid g = integer_grid(lo, hi, spec);
+    for (int64_t k = 0; k < h.bins(); ++k) {
+      if (counts[k] == 0.0f) continue;
+      const double a = elo + static_cast<double>(k) * w;
+      err += counts[k] / w * bin_sq_error(a, a + w, g);
+    }
+    return err;
+  }
+  // Float8: clipping at +-t plus relative rounding noise of one mantissa step (never below the
+  // smallest normal's step once scaled).
+  const double t = std::max(-std::min(lo, 0.0), std::max(hi, 0.0));
+  const double step = std::ldexp(1.0, -spec.qtype.mantissa_bits);
+  const double floor_mag = std::ldexp(1.0, 1 - spec.qtype.exponent_bias) * t / spec.qtype.max_finite;
+  for (int64_t k = 0; k < h.bins(); ++k) {
+    if (counts[k] == 0.0f) continue;
+    const double a = elo + static_cast<double>(k) * w, b = a + w;
+    double clip = 0.0;
+    if (b > t) clip += (cube(b - t) - cube(std::max(a, t) - t)) / 3.0;
+    if (a < -t) clip += (cube(std::min(b, -t) + t) - cube(a + t)) / 3.0;
+    const double ia = std::clamp(a, -t, t), ib = std::clamp(b, -t, t);
+    const double inside_sq = (cube(ib) - cube(ia)) / 3.0;  // integral of x^2 inside [-t, t]
+    const double noise = (inside_sq + floor_mag * floor_mag * (ib - ia)) * step * step / 12.0;
+    err += counts[k] / w * (clip + noise);
+  }
+  return err;
+}
+}  // namespace
+
 std::pair<float, float> mse_range(const Histogram& h, const QSpec& spec) {
   QF_CHECK(!h.empty());
   if (h.min() == h.max()) return {h.min(), h.max()};
   const int64_t bins = h.bins();
-  const auto [lo_edge, hi_edge] = h.edges();
-  const double w = (static_cast<double>(hi_edge) - lo_edge) / bins;
-  std::vector<double> center(static_cast<size_t>(bins)), n(static_cast<size_t>(bins));
-  for (int64_t k = 0; k < bins; ++k) {
-    center[k] = lo_edge + (static_cast<double>(k) + 0.5) * w;
-    n[k] = h.counts()[k];
-  }
-  const QType& qt = spec.qtype;
-  const double steps = qt.is_integer() ? static_cast<double>(spec.quant_max() - spec.quant_min()) : 0.0;
-  if (spec.symmetric || qt.is_float()) {
-    // Clip at +-t for t on a grid of `bins` thresholds up to max|x|.
-    const double amax = std::max(std::fabs(static_cast<double>(h.min())), std::fabs(static_cast<double>(h.max())));
+  const double mn = h.min(), mx = h.max();
+  if (spec.symmetric || spec.qtype.is_float()) {
+    // Clip at +-t for t on `bins` steps up to max|x|; the range is then [-t, t] within [min, max].
+    const double amax = std::max(std::fabs(mn), std::fabs(mx));
     double best = std::numeric_limits<double>::infinity(), best_t = amax;
-    const double mantissa_step = qt.is_float() ? std::ldexp(1.0, -qt.mantissa_bits) : 0.0;
-    const double min_normal = qt.is_float() ? std::ldexp(1.0, 1 - qt.exponent_bias) : 0.0;
-    for (int64_t i = 1; i <= bins; ++i) {
+    for (int64_t i = bins; i >= 1; --i) {
       const double t = amax * static_cast<double>(i) / static_cast<double>(bins);
-      const double step = qt.is_integer() ? 2.0 * t / steps : 0.0;
-      double err = 0.0;
-      for (int64_t k = 0; k < bins; ++k) {
-        if (n[k] == 0.0) continue;
-        const double a = std::fabs(center[k]);
-        if (a > t) {
-          err += n[k] * (a - t) * (a - t);
-        } else if (qt.is_integer()) {
-          err += n[k] * step * step / 12.0;  // uniform rounding noise of a grid step
-        } else {
-          // Float8 rounding noise is relative: one mantissa step of the value (or of the
-          // smallest normal once scaled, for subnormals).
-          const double ulp = std::max(a, min_normal * t / qt.max_finite) * mantissa_step;
-          err += n[k] * ulp * ulp / 12.0;
-        }
-      }
+      const double err = expected_sq_error(h, std::max(mn, -t), std::min(mx, t), spec);
       if (err < best) {
         best = err;
         best_t = t;
       }
     }
-    const float tf = static_cast<float>(best_t);
-    return {std::max(h.min(), -tf), std::min(h.max(), tf)};
+    return symmetric_clip(h, static_cast<float>(best_t));
   }
-  // Affine: clip at bin edges e_i <= 0 <= e_j (the grid always contains zero), scoring each
-  // pair with prefix sums of n, n*c, n*c^2 in O(1).
-  std::vector<double> p0(static_cast<size_t>(bins + 1), 0.0), p1(p0), p2(p0);
-  for (int64_t k = 0; k < bins; ++k) {
-    p0[k + 1] = p0[k] + n[k];
-    p1[k + 1] = p1[k] + n[k] * center[k];
-    p2[k + 1] = p2[k] + n[k] * center[k] * center[k];
-  }
-  auto edge = [&](int64_t i) { return lo_edge + static_cast<double>(i) * w; };
-  double best = std::numeric_limits<double>::infinity();
-  int64_t best_i = 0, best_j = bins;
-  for (int64_t i = 0; i < bins; ++i) {
-    const double lo = edge(i);
-    if (i > 0 && lo > 0.0) break;
-    const double below = std::max(0.0, p2[i] - 2.0 * lo * p1[i] + lo * lo * p0[i]);
-    for (int64_t j = bins; j > i; --j) {
-      const double hi = edge(j);
-      if (j < bins && hi < 0.0) break;
-      const double above = std::max(
-          0.0, (p2[bins] - p2[j]) - 2.0 * hi * (p1[bins] - p1[j]) + hi * hi * (p0[bins] - p0[j]));
-      const double step = (std::max(hi, 0.0) - std::min(lo, 0.0)) / steps;
-      const double err = below + above + (p0[j] - p0[i]) * step * step / 12.0;
-      if (err < best) {
-        best = err;
-        best_i = i;
-        best_j = j;
-      }
+  // Affine: lo on `bins` steps in [min, 0], hi on `bins` steps in [0, max], by coordinate
+  // descent from the min/max range.
+  auto lo_at = [&](int64_t i) { return std::min(mn, 0.0) * static_cast<double>(i) / static_cast<double>(bins); };
+  auto hi_at = [&](int64_t j) { return std::max(mx, 0.0) * static_cast<double>(j) / static_cast<double>(bins); };
+  int64_t bi = bins, bj = bins;
+  double best = expected_sq_error(h, mn, mx, spec);
+  for (int round = 0; round < kMseAffineRounds; ++round) {
+    const int64_t prev_i = bi, prev_j = bj;
+    for (int64_t j = bins; j >= 1; --j) {
+      const double err = expected_sq_error(h, std::max(mn, lo_at(bi)), std::min(mx, hi_at(j)), spec);
+      if (err < best) best = err, bj = j;
     }
+    for (int64_t i = bins; i >= 1; --i) {
+      const double err = expected_sq_error(h, std::max(mn, lo_at(i)), std::min(mx, hi_at(bj)), spec);
+      if (err < best) best = err, bi = i;
+    }
+    if (bi == prev_i && bj == prev_j) break;
   }
-  const float a = static_cast<float>(edge(best_i)), b = static_cast<float>(edge(best_j));
+  const float a = static_cast<float>(std::max(mn, lo_at(bi))), b = static_cast<float>(std::min(mx, hi_at(bj)));
   return {std::clamp(a, h.min(), h.max()), std::clamp(b, h.min(), h.max())};
 }
 

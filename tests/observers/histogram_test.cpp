@@ -1,0 +1,128 @@
+// Histogram core: fast binning against the scalar reference and torch.histc, the l2 error
+// against its ATen reference twin, range growth edge cases.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "framework/core/error.h"
+#include "observers/histogram.h"
+#include "observers/histogram_search.h"
+#include "tests/observers/observer_test_util.h"
+
+using namespace qforge;
+
+namespace {
+std::vector<float> bin_fast(const at::Tensor& x, float lo, float hi, int64_t bins) {
+  std::vector<float> c(static_cast<size_t>(bins));
+  histc_fast(x.data_ptr<float>(), x.numel(), lo, hi, bins, c.data());
+  return c;
+}
+std::vector<float> bin_reference(const at::Tensor& x, float lo, float hi, int64_t bins) {
+  std::vector<float> c(static_cast<size_t>(bins));
+  histc_reference(x.data_ptr<float>(), x.numel(), lo, hi, bins, c.data());
+  return c;
+}
+std::vector<float> to_vector(const at::Tensor& t) {
+  const at::Tensor c = t.contiguous();
+  return std::vector<float>(c.data_ptr<float>(), c.data_ptr<float>() + c.numel());
+}
+}  // namespace
+
+TEST(HistcFast, BitIdenticalToReferenceOverShapeSweep) {
+  for (int64_t n : obs_testing::sweep_sizes()) {
+    const at::Tensor x = obs_testing::randn({n}, static_cast<uint64_t>(n) + 100);
+    const float lo = x.min().item<float>(), hi = x.max().item<float>();
+    if (lo == hi) continue;
+    EXPECT_EQ(bin_fast(x, lo, hi, kHistogramBins), bin_reference(x, lo, hi, kHistogramBins)) << n;
+    // A narrower range: values outside are skipped by both.
+    EXPECT_EQ(bin_fast(x, lo * 0.5f, hi * 0.5f, 64), bin_reference(x, lo * 0.5f, hi * 0.5f, 64)) << n;
+  }
+}
+
+namespace {
+// PyTorch 1.13's CPU histc divides by the width before multiplying by the bin count; 2.x
+// multiplies first (pytorch/pytorch#87832). 0.28999996 on [-1, 2] with 100 bins tells them apart.
+bool torch_histc_divides_first() {
+  const at::Tensor probe = at::tensor({0.28999996f});
+  return at::histc(probe, 100, -1.0f, 2.0f).argmax().item<int64_t>() == 42;
+}
+}  // namespace
+
+TEST(HistcFast, BitIdenticalToTorchHistc) {
+  if (!torch_histc_divides_first()) GTEST_SKIP() << "this LibTorch's histc uses PyTorch 2.x's bin rule";
+  for (int64_t n : {1000, 4097, 300000}) {
+    for (float scale : {1.0f, 1e-3f, 1e4f}) {
+      const at::Tensor x = obs_testing::randn({n}, static_cast<uint64_t>(n)) * scale + 0.3f;
+      const float lo = x.min().item<float>(), hi = x.max().item<float>();
+      EXPECT_EQ(bin_fast(x, lo, hi, kHistogramBins), to_vector(at::histc(x, kHistogramBins, lo, hi)))
+          << n << " " << scale;
+      EXPECT_EQ(bin_fast(x, -1.0f, 2.0f, 100), to_vector(at::histc(x, 100, -1.0f, 2.0f))) << n;
+    }
+  }
+}
+
+TEST(HistcFast, EdgeValuesFollowTorchHistcAndNanInfAreSkipped) {
+  std::vector<float> v = {0.0f, 1.0f, 0.5f, std::nextafter(1.0f, 0.0f), std::nextafter(0.0f, 1.0f),
+                          INFINITY, -INFINITY, -0.0f, 2.0f, -1e-30f};
+  for (int i = 0; i < 100; ++i) v.push_back(static_cast<float>(i) / 99.0f);  // many exact edges
+  const at::Tensor x = at::tensor(v);
+  EXPECT_EQ(bin_fast(x, 0.0f, 1.0f, 7), bin_reference(x, 0.0f, 1.0f, 7));
+  if (torch_histc_divides_first()) {
+    EXPECT_EQ(bin_fast(x, 0.0f, 1.0f, 7), to_vector(at::histc(x, 7, 0.0f, 1.0f)));
+    EXPECT_EQ(bin_fast(x, 0.0f, 1.0f, kHistogramBins), to_vector(at::histc(x, kHistogramBins, 0.0f, 1.0f)));
+  }
+  // NaN is skipped (PyTorch 1.13's histc counts it in bin 0 through an index overflow).
+  const at::Tensor with_nan = at::cat({x, at::full({5}, NAN)});
+  EXPECT_EQ(bin_fast(with_nan, 0.0f, 1.0f, 7), bin_fast(x, 0.0f, 1.0f, 7));
+  EXPECT_EQ(bin_reference(with_nan, 0.0f, 1.0f, 7), bin_fast(x, 0.0f, 1.0f, 7));
+}
+
+TEST(HistcFast, SameCountsWithOneOrManyThreads) {
+  const at::Tensor x = obs_testing::randn({1 << 20}, 9);
+  const int threads = at::get_num_threads();
+  const auto many = bin_fast(x, -3.0f, 3.0f, kHistogramBins);
+  at::set_num_threads(1);
+  const auto one = bin_fast(x, -3.0f, 3.0f, kHistogramBins);
+  at::set_num_threads(threads);
+  EXPECT_EQ(one, many);
+  EXPECT_EQ(one, bin_reference(x, -3.0f, 3.0f, kHistogramBins));
+}
+
+TEST(Histogram, L2ErrorMatchesItsAtenReferenceTwinBitExact) {
+  for (uint64_t seed : {1, 2, 3}) {
+    Histogram h;
+    const at::Tensor x = seed == 3 ? obs_testing::heavy_tailed(5000, seed) : obs_testing::randn({5000}, seed) * 2.0f;
+    h.update(x.data_ptr<float>(), x.numel(), x.min().item<float>(), x.max().item<float>());
+    for (auto [s, e] : {std::pair<int64_t, int64_t>{0, 2047}, {10, 2000}, {500, 1500}, {1000, 1001}, {7, 7}}) {
+      for (int64_t dst : {256, 16}) {
+        EXPECT_EQ(l2_quantization_error(h, s, e, dst), l2_quantization_error_reference(h, s, e, dst))
+            << "seed " << seed << " bins [" << s << ", " << e << "] dst " << dst;
+      }
+    }
+  }
+}
+
+TEST(Histogram, GrowsOverOrdersOfMagnitudeWithoutMaterialisingTheFineGrid) {
+  Histogram h;
+  const at::Tensor a = obs_testing::randn({1000}, 4) * 1e-3f, b = obs_testing::randn({1000}, 5) * 1e3f;
+  h.update(a.data_ptr<float>(), a.numel(), a.min().item<float>(), a.max().item<float>());
+  h.update(b.data_ptr<float>(), b.numel(), b.min().item<float>(), b.max().item<float>());
+  EXPECT_NEAR(h.total(), 2000.0, 1e-3);
+  EXPECT_LE(h.min(), b.min().item<float>());
+  EXPECT_GE(h.max(), b.max().item<float>());
+}
+
+TEST(Histogram, ConstantBatchesAccumulateAsAPointMass) {
+  Histogram h;
+  const at::Tensor c = at::full({10}, 0.75f);
+  h.update(c.data_ptr<float>(), 10, 0.75f, 0.75f);
+  h.update(c.data_ptr<float>(), 10, 0.75f, 0.75f);
+  EXPECT_EQ(h.total(), 20.0);  // PyTorch would keep only the last batch
+  const at::Tensor x = at::tensor({-1.0f, 2.0f});
+  h.update(x.data_ptr<float>(), 2, -1.0f, 2.0f);
+  EXPECT_EQ(h.total(), 22.0);
+  EXPECT_EQ(h.min(), -1.0f);
+  EXPECT_EQ(h.max(), 2.0f);
+}
