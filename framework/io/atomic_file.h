@@ -1,0 +1,37 @@
+// Crash-safe replacement of a file: write everything to a temporary file in the same directory,
+// fsync it, rename it over the target and fsync the directory. A process killed at any point
+// leaves either the old file or the new one at the target path, never a mix; the temporary file
+// of a killed writer stays behind as ".<name>.tmp-<pid>-<n>" and is never read.
+#pragma once
+
+#include <string>
+
+namespace qforge::io {
+
+class AtomicFile {
+ public:
+  // Chooses a fresh temporary path next to `target`; nothing is created yet.
+  explicit AtomicFile(std::string target);
+  // Removes the temporary file unless commit() succeeded.
+  ~AtomicFile();
+  AtomicFile(const AtomicFile&) = delete;
+  AtomicFile& operator=(const AtomicFile&) = delete;
+
+  // Where the writer must put the new content (closed before commit()).
+  const std::string& temp_path() const { return temp_; }
+  const std::string& target_path() const { return target_; }
+
+  // fsync(temp), rename(temp, target), fsync(directory). Throws qforge::Error naming the paths
+  // and errno text on failure; the target is then unchanged.
+  void commit();
+
+ private:
+  std::string target_;
+  std::string temp_;
+  bool committed_ = false;
+};
+
+// fsync of an existing file or directory; throws qforge::Error naming `path`.
+void fsync_path(const std::string& path, bool directory);
+
+}  // namespace qforge::io

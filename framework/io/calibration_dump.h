@@ -1,0 +1,54 @@
+// Calibration dumps: the observers' statistics and the qparams they give, per module path and
+// quantization point ("encoder.layer.3" / "weight", "input", ...), written after calibration and
+// loaded later to skip it, or merged across data shards and runs with the observers' own merge.
+// HDF5 layout (docs/formats.md):
+//   /                      format="qforge.calibration", format_version=1, qforge_version
+//   /<module>/<point>/     observer kind + options and the QSpec as attributes
+//       state/<name>       observer state tensors (min, max, histogram, count, nonfinite_count)
+//       qparams/scale      float32, qparams/zero_point int32 (absent when the observer saw nothing)
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "framework/core/qparams.h"
+#include "observers/observer.h"
+
+namespace qforge::io {
+
+// One quantization point's calibration.
+struct CalibrationEntry {
+  std::string observer_kind;  // Observer::kind()
+  ObserverOptions options;    // as the observer was made
+  QSpec spec;                 // the grid the qparams are for
+  std::map<std::string, at::Tensor> state;  // Observer::state()
+  QParams qparams;            // undefined when the observer saw no finite value
+
+  // A fresh observer of this kind and options holding `state`.
+  std::unique_ptr<Observer> make_observer() const;
+};
+
+// module path -> quantization point -> entry.
+using CalibrationDump = std::map<std::string, std::map<std::string, CalibrationEntry>>;
+
+// Snapshot of `observer` (state copied) with the qparams it gives for `spec`, when it has data.
+CalibrationEntry make_calibration_entry(const Observer& observer, const ObserverOptions& options,
+                                        const QSpec& spec);
+
+// Writes `dump` crash-safely (temporary file + fsync + rename).
+void save_calibration_dump(const std::string& path, const CalibrationDump& dump);
+
+// Reads a dump. Throws qforge::Error naming the file and group for foreign, truncated,
+// corrupted or newer-version files, and for states the observer kind rejects.
+CalibrationDump load_calibration_dump(const std::string& path);
+
+// Merges dumps (from data shards or separate runs): for every (module, point), the observers are
+// restored and folded together with Observer::merge and the qparams recomputed. Entries present in
+// only some dumps are merged over those. Throws when two dumps disagree on kind, options or spec.
+CalibrationDump merge_calibration_dumps(const std::vector<CalibrationDump>& dumps);
+
+}  // namespace qforge::io

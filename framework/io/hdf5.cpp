@@ -1,0 +1,608 @@
+// HDF5 wrappers: the only file in qforge that calls the HDF5 C API.
+#include "framework/io/hdf5.h"
+
+#include <ATen/ATen.h>
+#include <hdf5.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <mutex>
+#include <sstream>
+#include <type_traits>
+
+#include "framework/core/error.h"
+
+namespace qforge::io::h5 {
+
+static_assert(std::is_same_v<hid_t, int64_t>, "qforge needs HDF5 >= 1.10 (64-bit hid_t)");
+
+namespace {
+
+// Non-empty datasets are split into chunks of at most this many bytes (Fletcher-32 per chunk).
+constexpr int64_t kMaxChunkBytes = int64_t{1} << 20;
+constexpr const char* kTorchDtypeAttr = "torch_dtype";
+
+// HDF5 may be built without thread safety; one lock serialises every call qforge makes.
+std::recursive_mutex& hdf5_mutex() {
+  static std::recursive_mutex m;
+  return m;
+}
+
+// Holds the lock and silences HDF5's automatic error printing (a per-thread setting in
+// thread-safe builds, so it is done once per thread).
+struct Lock {
+  std::lock_guard<std::recursive_mutex> guard{hdf5_mutex()};
+  Lock() {
+    thread_local bool silenced = false;
+    if (!silenced) {
+      H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+      silenced = true;
+    }
+  }
+};
+
+herr_t collect_error(unsigned n, const H5E_error2_t* e, void* data) {
+  auto* out = static_cast<std::vector<std::string>*>(data);
+  if (e->desc && *e->desc) out->emplace_back(e->desc);
+  return 0;
+}
+
+// HDF5's own messages from the current error stack (innermost last), then clears it.
+std::string hdf5_detail() {
+  std::vector<std::string> msgs;
+  H5Ewalk2(H5E_DEFAULT, H5E_WALK_DOWNWARD, collect_error, &msgs);
+  H5Eclear2(H5E_DEFAULT);
+  if (msgs.empty()) return {};
+  // The innermost message says what actually went wrong ("truncated file: eof = ...").
+  std::string s = msgs.back();
+  if (msgs.size() > 1 && msgs.front() != s) s = msgs.front() + ": " + s;
+  return " (HDF5: " + s + ")";
+}
+
+[[noreturn]] void fail(const std::string& where, const std::string& what) {
+  throw Error("framework/io: " + where + ": " + what + hdf5_detail());
+}
+
+// Checks an HDF5 return value (negative means failure).
+template <typename T>
+T check(T r, const std::string& where, const std::string& what) {
+  if (r < 0) fail(where, what);
+  return r;
+}
+
+std::string shape_string(const std::vector<int64_t>& s) {
+  std::ostringstream os;
+  os << "[";
+  for (size_t i = 0; i < s.size(); ++i) os << (i ? ", " : "") << s[i];
+  os << "]";
+  return os.str();
+}
+
+void require_name(const std::string& name, const std::string& where) {
+  QF_REQUIRE(!name.empty() && name != "." && name.find('/') == std::string::npos,
+             "framework/io: ", where, ": invalid object name '", name,
+             "' (must be non-empty, not '.', without '/')");
+}
+
+Id make_float16_type() {
+  Id t(H5Tcopy(H5T_IEEE_F32LE));
+  // IEEE binary16: sign bit 15, exponent at bit 10 (5 bits), mantissa at bit 0 (10 bits).
+  if (!t.valid() || H5Tset_fields(t.get(), 15, 10, 5, 0, 10) < 0 || H5Tset_size(t.get(), 2) < 0 ||
+      H5Tset_ebias(t.get(), 15) < 0) {
+    fail("float16 type", "cannot build the IEEE half type");
+  }
+  return t;
+}
+
+// File (little-endian, fixed) type for a stored dtype; the memory type is the native twin.
+Id file_type(at::ScalarType st) {
+  switch (st) {
+    case at::kFloat: return Id(H5Tcopy(H5T_IEEE_F32LE));
+    case at::kDouble: return Id(H5Tcopy(H5T_IEEE_F64LE));
+    case at::kHalf: return make_float16_type();
+    case at::kChar: return Id(H5Tcopy(H5T_STD_I8LE));
+    case at::kByte: return Id(H5Tcopy(H5T_STD_U8LE));
+    case at::kShort: return Id(H5Tcopy(H5T_STD_I16LE));
+    case at::kInt: return Id(H5Tcopy(H5T_STD_I32LE));
+    case at::kLong: return Id(H5Tcopy(H5T_STD_I64LE));
+    default: break;
+  }
+  throw Error(detail::str_cat("framework/io: no HDF5 type for dtype ", st));
+}
+
+Id memory_type(at::ScalarType st) {
+  switch (st) {
+    case at::kFloat: return Id(H5Tcopy(H5T_NATIVE_FLOAT));
+    case at::kDouble: return Id(H5Tcopy(H5T_NATIVE_DOUBLE));
+    case at::kHalf: return make_float16_type();
+    case at::kChar: return Id(H5Tcopy(H5T_NATIVE_INT8));
+    case at::kByte: return Id(H5Tcopy(H5T_NATIVE_UINT8));
+    case at::kShort: return Id(H5Tcopy(H5T_NATIVE_INT16));
+    case at::kInt: return Id(H5Tcopy(H5T_NATIVE_INT32));
+    case at::kLong: return Id(H5Tcopy(H5T_NATIVE_INT64));
+    default: break;
+  }
+  throw Error(detail::str_cat("framework/io: no HDF5 type for dtype ", st));
+}
+
+// The at:: dtype a stored HDF5 type reads into, or throws naming the dataset.
+at::ScalarType dtype_of(hid_t type, const std::string& where) {
+  const H5T_class_t cls = H5Tget_class(type);
+  const size_t size = H5Tget_size(type);
+  if (cls == H5T_FLOAT) {
+    if (size == 2) return at::kHalf;
+    if (size == 4) return at::kFloat;
+    if (size == 8) return at::kDouble;
+  } else if (cls == H5T_INTEGER) {
+    const bool is_signed = H5Tget_sign(type) == H5T_SGN_2;
+    if (size == 1) return is_signed ? at::kChar : at::kByte;
+    if (size == 2 && is_signed) return at::kShort;
+    if (size == 4 && is_signed) return at::kInt;
+    if (size == 8 && is_signed) return at::kLong;
+    // Unsigned wider integers are read into the next signed type when they fit.
+    if (size == 2) return at::kInt;
+    if (size == 4) return at::kLong;
+  } else if (cls == H5T_ENUM && size == 1) {
+    return at::kByte;  // h5py's bool (an 8-bit enum {FALSE, TRUE})
+  }
+  fail(where, detail::str_cat("unsupported element type (HDF5 class ", static_cast<int>(cls),
+                              ", ", size, " bytes)"));
+}
+
+std::vector<int64_t> dataspace_dims(hid_t space, const std::string& where) {
+  const int rank = check(H5Sget_simple_extent_ndims(space), where, "cannot read the dataspace rank");
+  std::vector<hsize_t> dims(rank);
+  if (rank > 0) check(H5Sget_simple_extent_dims(space, dims.data(), nullptr), where, "cannot read dims");
+  return std::vector<int64_t>(dims.begin(), dims.end());
+}
+
+Id simple_space(const std::vector<int64_t>& shape) {
+  if (shape.empty()) return Id(H5Screate(H5S_SCALAR));
+  std::vector<hsize_t> dims(shape.begin(), shape.end());
+  return Id(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr));
+}
+
+Id string_type() {
+  Id t(H5Tcopy(H5T_C_S1));
+  H5Tset_size(t.get(), H5T_VARIABLE);
+  H5Tset_cset(t.get(), H5T_CSET_UTF8);
+  return t;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Id
+
+Id& Id::operator=(Id&& o) noexcept {
+  if (this != &o) {
+    reset();
+    id_ = o.id_;
+    o.id_ = -1;
+  }
+  return *this;
+}
+
+void Id::reset() {
+  if (id_ < 0) return;
+  Lock lock;
+  switch (H5Iget_type(id_)) {
+    case H5I_FILE: H5Fclose(id_); break;
+    case H5I_GROUP: H5Gclose(id_); break;
+    case H5I_DATASET: H5Dclose(id_); break;
+    case H5I_DATASPACE: H5Sclose(id_); break;
+    case H5I_DATATYPE: H5Tclose(id_); break;
+    case H5I_ATTR: H5Aclose(id_); break;
+    case H5I_GENPROP_LST: H5Pclose(id_); break;
+    default: H5Idec_ref(id_); break;
+  }
+  H5Eclear2(H5E_DEFAULT);
+  id_ = -1;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Object: attributes
+
+std::string Object::where() const {
+  const H5I_type_t t = id_.valid() ? H5Iget_type(id_.get()) : H5I_BADID;
+  return (file_path_ ? *file_path_ : std::string("?")) + ": " +
+         (t == H5I_DATASET ? "dataset '" : "group '") + path_ + "'";
+}
+
+std::string Object::child_path(const std::string& name) const {
+  return path_ == "/" ? "/" + name : path_ + "/" + name;
+}
+
+bool Object::has_attr(const std::string& name) const {
+  Lock lock;
+  return check(H5Aexists(id_.get(), name.c_str()), where(), "cannot query attribute '" + name + "'") > 0;
+}
+
+std::vector<std::string> Object::attr_names() const {
+  Lock lock;
+  H5O_info_t oinfo;
+  check(H5Oget_info2(id_.get(), &oinfo, H5O_INFO_NUM_ATTRS), where(), "cannot read object info");
+  std::vector<std::string> names;
+  for (hsize_t i = 0; i < oinfo.num_attrs; ++i) {
+    const ssize_t n = check(H5Aget_name_by_idx(id_.get(), ".", H5_INDEX_NAME, H5_ITER_INC, i, nullptr,
+                                               0, H5P_DEFAULT),
+                            where(), "cannot list attributes");
+    std::string s(static_cast<size_t>(n), '\0');
+    H5Aget_name_by_idx(id_.get(), ".", H5_INDEX_NAME, H5_ITER_INC, i, s.data(), s.size() + 1,
+                       H5P_DEFAULT);
+    names.push_back(std::move(s));
+  }
+  return names;
+}
+
+namespace {
+// Creates (replacing) attribute `name` with `type` and `space` and writes `buf` of `mem_type`.
+void write_attr(hid_t obj, const std::string& where, const std::string& name, hid_t type, hid_t space,
+                hid_t mem_type, const void* buf) {
+  if (check(H5Aexists(obj, name.c_str()), where, "cannot query attribute '" + name + "'") > 0) {
+    check(H5Adelete(obj, name.c_str()), where, "cannot replace attribute '" + name + "'");
+  }
+  Id attr(H5Acreate2(obj, name.c_str(), type, space, H5P_DEFAULT, H5P_DEFAULT));
+  if (!attr.valid()) fail(where, "cannot create attribute '" + name + "'");
+  check(H5Awrite(attr.get(), mem_type, buf), where, "cannot write attribute '" + name + "'");
+}
+
+Id open_attr(hid_t obj, const std::string& where, const std::string& name) {
+  if (H5Aexists(obj, name.c_str()) <= 0) fail(where, "missing attribute '" + name + "'");
+  Id attr(H5Aopen(obj, name.c_str(), H5P_DEFAULT));
+  if (!attr.valid()) fail(where, "cannot open attribute '" + name + "'");
+  return attr;
+}
+}  // namespace
+
+void Object::set_attr(const std::string& name, const std::string& value) const {
+  Lock lock;
+  Id type = string_type();
+  Id space(H5Screate(H5S_SCALAR));
+  const char* p = value.c_str();
+  write_attr(id_.get(), where(), name, type.get(), space.get(), type.get(), &p);
+}
+
+void Object::set_attr(const std::string& name, int64_t value) const {
+  Lock lock;
+  Id space(H5Screate(H5S_SCALAR));
+  write_attr(id_.get(), where(), name, H5T_STD_I64LE, space.get(), H5T_NATIVE_INT64, &value);
+}
+
+void Object::set_attr(const std::string& name, double value) const {
+  Lock lock;
+  Id space(H5Screate(H5S_SCALAR));
+  write_attr(id_.get(), where(), name, H5T_IEEE_F64LE, space.get(), H5T_NATIVE_DOUBLE, &value);
+}
+
+void Object::set_attr(const std::string& name, const std::vector<int64_t>& value) const {
+  Lock lock;
+  const hsize_t n = value.size();
+  // An empty list (the shape of a 0-dim tensor) is a null dataspace: no elements at all.
+  Id space(n == 0 ? H5Screate(H5S_NULL) : H5Screate_simple(1, &n, nullptr));
+  write_attr(id_.get(), where(), name, H5T_STD_I64LE, space.get(), H5T_NATIVE_INT64, value.data());
+}
+
+std::string Object::attr_string(const std::string& name) const {
+  Lock lock;
+  Id attr = open_attr(id_.get(), where(), name);
+  Id type(H5Aget_type(attr.get()));
+  if (H5Tget_class(type.get()) != H5T_STRING) {
+    fail(where(), "attribute '" + name + "' is not a string");
+  }
+  Id space(H5Aget_space(attr.get()));
+  if (H5Sget_simple_extent_npoints(space.get()) != 1) {
+    fail(where(), "attribute '" + name + "' is not a single string");
+  }
+  if (H5Tis_variable_str(type.get()) > 0) {
+    Id mem = string_type();
+    char* p = nullptr;
+    check(H5Aread(attr.get(), mem.get(), &p), where(), "cannot read attribute '" + name + "'");
+    std::string s = p ? p : "";
+    H5free_memory(p);
+    return s;
+  }
+  // Fixed-length strings (as some other writers produce): read the bytes, stop at the first NUL.
+  const size_t size = H5Tget_size(type.get());
+  std::string s(size, '\0');
+  check(H5Aread(attr.get(), type.get(), s.data()), where(), "cannot read attribute '" + name + "'");
+  s.resize(std::strlen(s.c_str()));
+  return s;
+}
+
+int64_t Object::attr_int(const std::string& name) const {
+  Lock lock;
+  Id attr = open_attr(id_.get(), where(), name);
+  Id type(H5Aget_type(attr.get()));
+  Id space(H5Aget_space(attr.get()));
+  if (H5Tget_class(type.get()) != H5T_INTEGER || H5Sget_simple_extent_npoints(space.get()) != 1) {
+    fail(where(), "attribute '" + name + "' is not a single integer");
+  }
+  int64_t v = 0;
+  check(H5Aread(attr.get(), H5T_NATIVE_INT64, &v), where(), "cannot read attribute '" + name + "'");
+  return v;
+}
+
+double Object::attr_double(const std::string& name) const {
+  Lock lock;
+  Id attr = open_attr(id_.get(), where(), name);
+  Id type(H5Aget_type(attr.get()));
+  Id space(H5Aget_space(attr.get()));
+  const H5T_class_t cls = H5Tget_class(type.get());
+  if ((cls != H5T_FLOAT && cls != H5T_INTEGER) || H5Sget_simple_extent_npoints(space.get()) != 1) {
+    fail(where(), "attribute '" + name + "' is not a single number");
+  }
+  double v = 0;
+  check(H5Aread(attr.get(), H5T_NATIVE_DOUBLE, &v), where(), "cannot read attribute '" + name + "'");
+  return v;
+}
+
+std::vector<int64_t> Object::attr_ints(const std::string& name) const {
+  Lock lock;
+  Id attr = open_attr(id_.get(), where(), name);
+  Id type(H5Aget_type(attr.get()));
+  Id space(H5Aget_space(attr.get()));
+  if (H5Tget_class(type.get()) != H5T_INTEGER) {
+    fail(where(), "attribute '" + name + "' is not an integer array");
+  }
+  if (H5Sget_simple_extent_type(space.get()) == H5S_NULL) return {};
+  const hssize_t n = H5Sget_simple_extent_npoints(space.get());
+  std::vector<int64_t> v(static_cast<size_t>(std::max<hssize_t>(n, 0)));
+  if (!v.empty()) {
+    check(H5Aread(attr.get(), H5T_NATIVE_INT64, v.data()), where(), "cannot read attribute '" + name + "'");
+  }
+  return v;
+}
+
+std::string Object::attr_to_string(const std::string& name) const {
+  Lock lock;
+  Id attr = open_attr(id_.get(), where(), name);
+  Id type(H5Aget_type(attr.get()));
+  Id space(H5Aget_space(attr.get()));
+  const H5T_class_t cls = H5Tget_class(type.get());
+  const bool scalar = H5Sget_simple_extent_type(space.get()) == H5S_SCALAR;
+  if (cls == H5T_STRING) return "\"" + attr_string(name) + "\"";
+  if (cls == H5T_INTEGER) {
+    if (scalar) return std::to_string(attr_int(name));
+    return shape_string(attr_ints(name));
+  }
+  if (cls == H5T_FLOAT && scalar) {
+    std::ostringstream os;
+    os.precision(9);
+    os << attr_double(name);
+    return os.str();
+  }
+  return "<unsupported attribute type>";
+}
+
+// ---------------------------------------------------------------------------------------------
+// Dataset
+
+namespace {
+at::ScalarType logical_dtype(const std::string& torch_dtype, const std::string& where) {
+  if (torch_dtype == "bool") return at::kBool;
+  if (torch_dtype == "bfloat16") return at::kBFloat16;
+  fail(where, "unknown torch_dtype '" + torch_dtype + "'");
+}
+}  // namespace
+
+DatasetInfo Dataset::info() const {
+  Lock lock;
+  DatasetInfo inf = stored_info();
+  if (has_attr(kTorchDtypeAttr)) inf.dtype = logical_dtype(attr_string(kTorchDtypeAttr), where());
+  return inf;
+}
+
+DatasetInfo Dataset::stored_info() const {
+  Lock lock;
+  DatasetInfo info;
+  Id space(H5Dget_space(id_.get()));
+  if (!space.valid()) fail(where(), "cannot read the dataspace");
+  info.shape = dataspace_dims(space.get(), where());
+  Id type(H5Dget_type(id_.get()));
+  if (!type.valid()) fail(where(), "cannot read the element type");
+  info.dtype = dtype_of(type.get(), where());
+  return info;
+}
+
+at::Tensor Dataset::read() const {
+  Lock lock;
+  const DatasetInfo inf = stored_info();
+  at::Tensor t = at::empty(inf.shape, at::TensorOptions().dtype(inf.dtype));
+  if (t.numel() > 0) {
+    Id mem = memory_type(inf.dtype);
+    check(H5Dread(id_.get(), mem.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, t.data_ptr()), where(),
+          "cannot read data (truncated or corrupted file?)");
+  }
+  if (has_attr(kTorchDtypeAttr)) {
+    const at::ScalarType d = logical_dtype(attr_string(kTorchDtypeAttr), where());
+    return d == at::kBool ? t.ne(0) : t.to(d);
+  }
+  return t;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Group
+
+ObjectType Group::child_type(const std::string& name) const {
+  Lock lock;
+  require_name(name, where());
+  const htri_t exists = H5Lexists(id_.get(), name.c_str(), H5P_DEFAULT);
+  check(exists, where(), "cannot look up '" + name + "'");
+  if (exists == 0) return ObjectType::kNone;
+  H5O_info_t oinfo;
+  check(H5Oget_info_by_name2(id_.get(), name.c_str(), &oinfo, H5O_INFO_BASIC, H5P_DEFAULT), where(),
+        "cannot read object info of '" + name + "'");
+  if (oinfo.type == H5O_TYPE_GROUP) return ObjectType::kGroup;
+  if (oinfo.type == H5O_TYPE_DATASET) return ObjectType::kDataset;
+  return ObjectType::kOther;
+}
+
+namespace {
+herr_t collect_link(hid_t, const char* name, const H5L_info_t*, void* data) {
+  static_cast<std::vector<std::string>*>(data)->emplace_back(name);
+  return 0;
+}
+}  // namespace
+
+std::vector<std::string> Group::children() const {
+  Lock lock;
+  std::vector<std::string> names;
+  hsize_t idx = 0;
+  check(H5Literate(id_.get(), H5_INDEX_NAME, H5_ITER_INC, &idx, collect_link, &names), where(),
+        "cannot list children");
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+Group Group::create_group(const std::string& name) const {
+  Lock lock;
+  require_name(name, where());
+  Id gcpl(H5Pcreate(H5P_GROUP_CREATE));
+  // No timestamps: the same content gives the same bytes (fixtures, diffs).
+  H5Pset_obj_track_times(gcpl.get(), false);
+  Id g(H5Gcreate2(id_.get(), name.c_str(), H5P_DEFAULT, gcpl.get(), H5P_DEFAULT));
+  if (!g.valid()) fail(where(), "cannot create group '" + name + "'");
+  return Group(std::move(g), child_path(name), file_path_);
+}
+
+Group Group::open_group(const std::string& name) const {
+  Lock lock;
+  const ObjectType t = child_type(name);
+  if (t == ObjectType::kNone) fail(where(), "missing group '" + child_path(name) + "'");
+  if (t != ObjectType::kGroup) fail(where(), "'" + child_path(name) + "' is not a group");
+  Id g(H5Gopen2(id_.get(), name.c_str(), H5P_DEFAULT));
+  if (!g.valid()) fail(where(), "cannot open group '" + child_path(name) + "'");
+  return Group(std::move(g), child_path(name), file_path_);
+}
+
+Dataset Group::open_dataset(const std::string& name) const {
+  Lock lock;
+  const ObjectType t = child_type(name);
+  if (t == ObjectType::kNone) fail(where(), "missing dataset '" + child_path(name) + "'");
+  if (t != ObjectType::kDataset) fail(where(), "'" + child_path(name) + "' is not a dataset");
+  Id d(H5Dopen2(id_.get(), name.c_str(), H5P_DEFAULT));
+  if (!d.valid()) fail(where(), "cannot open dataset '" + child_path(name) + "'");
+  return Dataset(std::move(d), child_path(name), file_path_);
+}
+
+Dataset Group::write_tensor(const std::string& name, const at::Tensor& tensor) const {
+  QF_REQUIRE(tensor.defined(), "framework/io: ", where(), ": undefined tensor for dataset '",
+             child_path(name), "'");
+  at::Tensor t = tensor.detach().cpu();
+  std::string torch_dtype;
+  if (t.scalar_type() == at::kBool) {
+    torch_dtype = "bool";
+    t = t.to(at::kByte);
+  } else if (t.scalar_type() == at::kBFloat16) {
+    torch_dtype = "bfloat16";
+    t = t.to(at::kFloat);  // exact: every bfloat16 is a float32
+  }
+  t = t.contiguous();
+  Lock lock;
+  require_name(name, where());
+  const std::vector<int64_t> shape(t.sizes().begin(), t.sizes().end());
+  Id ftype = file_type(t.scalar_type());
+  Id mtype = memory_type(t.scalar_type());
+  Id space = simple_space(shape);
+  Id dcpl(H5Pcreate(H5P_DATASET_CREATE));
+  H5Pset_obj_track_times(dcpl.get(), false);
+  if (!shape.empty() && t.numel() > 0) {
+    // Chunks of whole trailing rows, halving the leading dimensions until a chunk is small.
+    std::vector<hsize_t> chunk(shape.begin(), shape.end());
+    auto chunk_bytes = [&] {
+      int64_t b = t.element_size();
+      for (hsize_t c : chunk) b *= static_cast<int64_t>(c);
+      return b;
+    };
+    for (size_t d = 0; d < chunk.size() && chunk_bytes() > kMaxChunkBytes; ++d) {
+      while (chunk[d] > 1 && chunk_bytes() > kMaxChunkBytes) chunk[d] = (chunk[d] + 1) / 2;
+    }
+    check(H5Pset_chunk(dcpl.get(), static_cast<int>(chunk.size()), chunk.data()), where(),
+          "cannot set chunking for '" + name + "'");
+    check(H5Pset_fletcher32(dcpl.get()), where(), "cannot enable Fletcher-32 for '" + name + "'");
+  }
+  Id d(H5Dcreate2(id_.get(), name.c_str(), ftype.get(), space.get(), H5P_DEFAULT, dcpl.get(),
+                  H5P_DEFAULT));
+  if (!d.valid()) fail(where(), "cannot create dataset '" + child_path(name) + "'");
+  if (t.numel() > 0) {
+    check(H5Dwrite(d.get(), mtype.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, t.data_ptr()), where(),
+          "cannot write dataset '" + child_path(name) + "'");
+  }
+  Dataset ds(std::move(d), child_path(name), file_path_);
+  if (!torch_dtype.empty()) ds.set_attr(kTorchDtypeAttr, torch_dtype);
+  return ds;
+}
+
+void Group::visit(const std::function<void(const std::string&, ObjectType, int)>& fn) const {
+  std::function<void(const Group&, const std::string&, int)> walk = [&](const Group& g,
+                                                                        const std::string& prefix,
+                                                                        int depth) {
+    for (const std::string& name : g.children()) {
+      const std::string rel = prefix.empty() ? name : prefix + "/" + name;
+      const ObjectType t = g.child_type(name);
+      fn(rel, t, depth);
+      if (t == ObjectType::kGroup) walk(g.open_group(name), rel, depth + 1);
+    }
+  };
+  walk(*this, "", 0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// File
+
+File File::create(const std::string& path) {
+  Lock lock;
+  File f;
+  f.path_ = std::make_shared<const std::string>(path);
+  Id fapl(H5Pcreate(H5P_FILE_ACCESS));
+  // v1.8 object formats: checksummed superblock and object headers, readable by HDF5 >= 1.8.
+  check(H5Pset_libver_bounds(fapl.get(), H5F_LIBVER_V18, H5F_LIBVER_V18), path, "cannot set format bounds");
+  f.id_ = Id(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()));
+  if (!f.id_.valid()) fail(path, "cannot create HDF5 file");
+  return f;
+}
+
+File File::open(const std::string& path) {
+  Lock lock;
+  {
+    std::ifstream probe(path, std::ios::binary);
+    QF_REQUIRE(probe.good(), "framework/io: ", path, ": cannot open file (missing or unreadable)");
+  }
+  QF_REQUIRE(is_hdf5_file(path), "framework/io: ", path,
+             ": not an HDF5 file (no HDF5 signature at the start)");
+  File f;
+  f.path_ = std::make_shared<const std::string>(path);
+  f.id_ = Id(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
+  if (!f.id_.valid()) fail(path, "cannot open HDF5 file (truncated or corrupted?)");
+  return f;
+}
+
+File::~File() {
+  if (id_.valid()) id_.reset();
+}
+
+Group File::root() const {
+  Lock lock;
+  QF_REQUIRE(id_.valid(), "framework/io: file is closed");
+  Id g(H5Gopen2(id_.get(), "/", H5P_DEFAULT));
+  if (!g.valid()) fail(*path_, "cannot open the root group");
+  return Group(std::move(g), "/", path_);
+}
+
+void File::close() {
+  if (!id_.valid()) return;
+  Lock lock;
+  check(H5Fflush(id_.get(), H5F_SCOPE_GLOBAL), *path_, "cannot flush");
+  // Ownership moves to H5Fclose, whose failure must be reported, not swallowed by Id::reset.
+  check(H5Fclose(id_.release()), *path_, "cannot close");
+}
+
+bool is_hdf5_file(const std::string& path) {
+  Lock lock;
+  return H5Fis_hdf5(path.c_str()) > 0;
+}
+
+}  // namespace qforge::io::h5
