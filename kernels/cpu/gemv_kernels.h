@@ -50,4 +50,12 @@ void gemv_s8s8s32_n16k4_avx2(const GemvS8Args& args, int64_t nb_begin, int64_t n
 void gemv_s8s4f32_n16k8_avx512vnni(const GemvS4Args& args, int64_t nb_begin, int64_t nb_end);
 void gemv_s8s4f32_n16k8_avx2(const GemvS4Args& args, int64_t nb_begin, int64_t nb_end);
 
+// Larger-M variant: unpacks up to kS4PanelBlocks column blocks at a time into `panel`
+// (kS4PanelBlocks * w.kp * 16 bytes, 64-byte aligned, one per thread) and reuses them across
+// all rows.
+inline constexpr int64_t kS4PanelBlocks = 4;
+using GemmS4Fn = void (*)(const GemvS4Args&, int64_t nb_begin, int64_t nb_end, uint8_t* panel);
+void gemm_s8s4f32_n16k8_avx512vnni(const GemvS4Args& args, int64_t nb_begin, int64_t nb_end,
+                                   uint8_t* panel);
+
 }  // namespace qforge::kernels::detail

@@ -1,6 +1,9 @@
 // Dispatcher of the small-M int8 x int4 kernels (ordered list ending at the reference).
 #include "kernels/cpu/gemv_s4.h"
 
+#include <ATen/ATen.h>
+
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -16,15 +19,33 @@ namespace qforge::kernels {
 namespace {
 
 constexpr int kU4Max = 15;
+// From this M on, unpacking each weight panel once (gemm_*) beats unpacking per row tile.
+constexpr int64_t kS4PanelMinM = 4;
 
-void run_fast(detail::GemvS4Fn fn, const int8_t* A, int64_t M, const float* a_scale,
-              const S4N16K8View& w, const float* bias, float* y) {
+void run_panel(detail::GemmS4Fn fn, const detail::GemvS4Args& args) {
+  const int64_t nblocks = round_up(args.w.n, kS4BlockN) / kS4BlockN;
+  const int64_t panel_bytes = detail::kS4PanelBlocks * args.w.kp * kS4BlockN;
+  detail::parallel_over_blocks(nblocks, kS4BlockN * args.w.kp * args.m, [&](int64_t b, int64_t e) {
+    // c10's CPU allocator aligns to 64 bytes, as the kernel's aligned loads need.
+    at::Tensor panel = at::empty({panel_bytes}, at::kByte);
+    fn(args, b, e, panel.data_ptr<uint8_t>());
+  });
+}
+
+// Exactly one of fn / panel_fn is set.
+void run_fast(detail::GemvS4Fn fn, detail::GemmS4Fn panel_fn, const int8_t* A, int64_t M,
+              const float* a_scale, const S4N16K8View& w, const float* bias, float* y) {
   const int64_t K = w.k, kp = w.kp, G = w.groups;
   std::vector<int8_t> padded(static_cast<size_t>(M * kp), 0);
   std::vector<int32_t> group_sum(static_cast<size_t>(M * G), 0);
   for (int64_t m = 0; m < M; ++m) {
     std::memcpy(padded.data() + m * kp, A + m * K, static_cast<size_t>(K));
-    for (int64_t k = 0; k < K; ++k) group_sum[m * G + k / w.group_size] += A[m * K + k];
+    for (int64_t g = 0; g < G; ++g) {
+      int32_t sum = 0;
+      const int64_t k_end = std::min(K, (g + 1) * w.group_size);
+      for (int64_t k = g * w.group_size; k < k_end; ++k) sum += A[m * K + k];
+      group_sum[m * G + g] = sum;
+    }
   }
   detail::GemvS4Args args;
   args.a = padded.data();
@@ -36,6 +57,10 @@ void run_fast(detail::GemvS4Fn fn, const int8_t* A, int64_t M, const float* a_sc
   args.bias = bias;
   args.y = y;
   args.ldy = w.n;
+  if (panel_fn != nullptr) {
+    run_panel(panel_fn, args);
+    return;
+  }
   const int64_t nblocks = round_up(w.n, kS4BlockN) / kS4BlockN;
   detail::parallel_over_blocks(nblocks, kS4BlockN * kp * M,
                                [&](int64_t b, int64_t e) { fn(args, b, e); });
@@ -100,15 +125,21 @@ void gemv_s8s4f32(const int8_t* A, int64_t M, const float* a_scale, const S4N16K
       "group_size=" + std::to_string(w.group_size) + " not a multiple of 8";
   std::string why;
 
+  constexpr const char* kVnniPanel = "gemm_s8s4f32_n16k8_avx512vnni";
   constexpr const char* kVnni = "gemv_s8s4f32_n16k8_avx512vnni";
   if (!isa_usable(Isa::kAvx512Vnni, &why)) {
-    ri.skip(kVnni, why);
+    ri.skip(M >= kS4PanelMinM ? kVnniPanel : kVnni, why);
   } else if (!groups_fit) {
-    ri.skip(kVnni, group_reason);
+    ri.skip(M >= kS4PanelMinM ? kVnniPanel : kVnni, group_reason);
   } else {
 #ifdef QFORGE_KERNELS_AVX512VNNI
-    ri.kernel = kVnni;
-    if (M > 0) run_fast(detail::gemv_s8s4f32_n16k8_avx512vnni, A, M, a_scale, w, bias, y);
+    if (M >= kS4PanelMinM) {
+      ri.kernel = kVnniPanel;
+      run_fast(nullptr, detail::gemm_s8s4f32_n16k8_avx512vnni, A, M, a_scale, w, bias, y);
+    } else {
+      ri.kernel = kVnni;
+      if (M > 0) run_fast(detail::gemv_s8s4f32_n16k8_avx512vnni, nullptr, A, M, a_scale, w, bias, y);
+    }
     return;
 #endif
   }
@@ -121,7 +152,7 @@ void gemv_s8s4f32(const int8_t* A, int64_t M, const float* a_scale, const S4N16K
   } else {
 #ifdef QFORGE_KERNELS_AVX2
     ri.kernel = kAvx2;
-    if (M > 0) run_fast(detail::gemv_s8s4f32_n16k8_avx2, A, M, a_scale, w, bias, y);
+    if (M > 0) run_fast(detail::gemv_s8s4f32_n16k8_avx2, nullptr, A, M, a_scale, w, bias, y);
     return;
 #endif
   }

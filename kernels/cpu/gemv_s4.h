@@ -1,5 +1,6 @@
 // Small-M int8-activation x int4-weight GEMM with per-group scales over the n16k8 layout,
-// chosen at run time from gemv_s8s4f32_n16k8_avx512vnni -> gemv_s8s4f32_n16k8_avx2 -> reference.
+// chosen at run time from gemm_s8s4f32_n16k8_avx512vnni (M >= 4) or gemv_s8s4f32_n16k8_avx512vnni
+// (M < 4) -> gemv_s8s4f32_n16k8_avx2 -> reference.
 #pragma once
 
 #include <cstdint>

@@ -10,6 +10,8 @@
 
 #include "kernels/cpu/gemv_kernels.h"
 
+// "#pragma GCC unroll" on the register-tile loops: without it GCC 12 unrolls them too late and
+// keeps the accumulators in memory.
 namespace qforge::kernels::detail {
 
 namespace {
@@ -37,28 +39,34 @@ void tile(const GemvS4Args& args, int64_t m0, int64_t nb) {
   const int64_t blocks_per_group = w.group_size / kS4BlockK;
   const uint8_t* wp = w.data + nb * kblocks * kS4BlockBytes;
   const int8_t* ap[MR];
+  #pragma GCC unroll 16
   for (int r = 0; r < MR; ++r) ap[r] = args.a + (m0 + r) * args.lda;
   const __m256i nibble = _mm256_set1_epi8(kNibbleMask);
   const __m256i ones = _mm256_set1_epi16(1);
 
   __m256 t[MR][2];
+  #pragma GCC unroll 16
   for (int r = 0; r < MR; ++r) t[r][0] = t[r][1] = _mm256_setzero_ps();
 
   for (int64_t g = 0; g < w.groups; ++g) {
     __m256i acc[MR][2];
+    #pragma GCC unroll 16
     for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
     const int64_t kb_end = (g + 1) * blocks_per_group < kblocks ? (g + 1) * blocks_per_group : kblocks;
     for (int64_t kb = g * blocks_per_group; kb < kb_end; ++kb) {
       __m256i a_lo[MR], a_hi[MR];
+      #pragma GCC unroll 16
       for (int r = 0; r < MR; ++r) {
         a_lo[r] = _mm256_set1_epi32(load_u32(ap[r] + kb * kS4BlockK));
         a_hi[r] = _mm256_set1_epi32(load_u32(ap[r] + kb * kS4BlockK + kS8BlockK));
       }
+      #pragma GCC unroll 16
       for (int h = 0; h < 2; ++h) {
         const __m256i v = _mm256_loadu_si256(
             reinterpret_cast<const __m256i*>(wp + kb * kS4BlockBytes + h * 32));
         const __m256i lo = _mm256_and_si256(v, nibble);
         const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, kS4NibbleBits), nibble);
+        #pragma GCC unroll 16
         for (int r = 0; r < MR; ++r) {
           const __m256i p16 = _mm256_add_epi16(_mm256_maddubs_epi16(lo, a_lo[r]),
                                                _mm256_maddubs_epi16(hi, a_hi[r]));
@@ -66,11 +74,13 @@ void tile(const GemvS4Args& args, int64_t m0, int64_t nb) {
         }
       }
     }
+    #pragma GCC unroll 16
     for (int h = 0; h < 2; ++h) {
       const int64_t meta = (nb * w.groups + g) * kS4BlockN + h * kHalf;
       const __m256i z = _mm256_cvtepi8_epi32(
           _mm_loadl_epi64(reinterpret_cast<const __m128i*>(w.zeros + meta)));
       const __m256 s = _mm256_loadu_ps(w.scales + meta);
+      #pragma GCC unroll 16
       for (int r = 0; r < MR; ++r) {
         const __m256i corr =
             _mm256_mullo_epi32(z, _mm256_set1_epi32(args.a_group_sum[(m0 + r) * w.groups + g]));
@@ -80,11 +90,13 @@ void tile(const GemvS4Args& args, int64_t m0, int64_t nb) {
     }
   }
 
+  #pragma GCC unroll 16
   for (int h = 0; h < 2; ++h) {
     const int64_t n0 = nb * kS4BlockN + h * kHalf;
     const __m256i mask = lane_mask(w.n - n0);
     const __m256 b =
         args.bias != nullptr ? _mm256_maskload_ps(args.bias + n0, mask) : _mm256_setzero_ps();
+    #pragma GCC unroll 16
     for (int r = 0; r < MR; ++r) {
       const __m256 y = _mm256_fmadd_ps(t[r][h], _mm256_set1_ps(args.a_scale[m0 + r]), b);
       _mm256_maskstore_ps(args.y + (m0 + r) * args.ldy + n0, mask, y);

@@ -9,7 +9,10 @@
 #include <cstring>
 
 #include "kernels/cpu/gemv_kernels.h"
+#include "kernels/cpu/s4_tile_epilogue_avx512.h"
 
+// "#pragma GCC unroll" on the register-tile loops: without it GCC 12 unrolls them too late and
+// keeps the accumulators in memory.
 namespace qforge::kernels::detail {
 
 namespace {
@@ -23,71 +26,59 @@ inline int32_t load_u32(const void* p) {
   return v;
 }
 
-inline __mmask16 column_mask(int64_t n0, int64_t n) {
-  const int64_t valid = n - n0;
-  return valid >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << valid) - 1);
-}
-
 template <int MR, int NR>
 void tile(const GemvS4Args& args, int64_t m0, int64_t nb0) {
   const S4N16K8View& w = args.w;
   const int64_t kblocks = w.kp / kS4BlockK;
   const int64_t blocks_per_group = w.group_size / kS4BlockK;
   const uint8_t* wp[NR];
+  #pragma GCC unroll 16
   for (int c = 0; c < NR; ++c) wp[c] = w.data + (nb0 + c) * kblocks * kS4BlockBytes;
   const int8_t* ap[MR];
+  #pragma GCC unroll 16
   for (int r = 0; r < MR; ++r) ap[r] = args.a + (m0 + r) * args.lda;
   const __m512i nibble = _mm512_set1_epi8(kNibbleMask);
 
-  __m512 t[MR][NR];
-  for (int r = 0; r < MR; ++r)
-    for (int c = 0; c < NR; ++c) t[r][c] = _mm512_setzero_ps();
+  alignas(64) float t[MR][NR][kS4BlockN];
+  std::memset(t, 0, sizeof(t));
+  alignas(64) int32_t sums[MR][NR][kS4BlockN];
 
   for (int64_t g = 0; g < w.groups; ++g) {
     __m512i lo_acc[MR][NR], hi_acc[MR][NR];  // two chains halve the VPDPBUSD dependency
+    #pragma GCC unroll 16
     for (int r = 0; r < MR; ++r)
+      #pragma GCC unroll 16
       for (int c = 0; c < NR; ++c) lo_acc[r][c] = hi_acc[r][c] = _mm512_setzero_si512();
-    const int64_t kb_end = (g + 1) * blocks_per_group < kblocks ? (g + 1) * blocks_per_group : kblocks;
+    const int64_t kb_end =
+        (g + 1) * blocks_per_group < kblocks ? (g + 1) * blocks_per_group : kblocks;
     for (int64_t kb = g * blocks_per_group; kb < kb_end; ++kb) {
       __m512i a_lo[MR], a_hi[MR];
+      #pragma GCC unroll 16
       for (int r = 0; r < MR; ++r) {
         a_lo[r] = _mm512_set1_epi32(load_u32(ap[r] + kb * kS4BlockK));
         a_hi[r] = _mm512_set1_epi32(load_u32(ap[r] + kb * kS4BlockK + kS8BlockK));
       }
+      #pragma GCC unroll 16
       for (int c = 0; c < NR; ++c) {
         const __m512i v = _mm512_loadu_si512(wp[c] + kb * kS4BlockBytes);
         const __m512i lo = _mm512_and_si512(v, nibble);
         const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, kS4NibbleBits), nibble);
+        #pragma GCC unroll 16
         for (int r = 0; r < MR; ++r) {
           lo_acc[r][c] = _mm512_dpbusd_epi32(lo_acc[r][c], lo, a_lo[r]);
           hi_acc[r][c] = _mm512_dpbusd_epi32(hi_acc[r][c], hi, a_hi[r]);
         }
       }
     }
-    for (int c = 0; c < NR; ++c) {
-      const int64_t meta = ((nb0 + c) * w.groups + g) * kS4BlockN;
-      const __m512i z = _mm512_cvtepi8_epi32(
-          _mm_loadu_si128(reinterpret_cast<const __m128i*>(w.zeros + meta)));
-      const __m512 s = _mm512_loadu_ps(w.scales + meta);
-      for (int r = 0; r < MR; ++r) {
-        const __m512i corr =
-            _mm512_mullo_epi32(z, _mm512_set1_epi32(args.a_group_sum[(m0 + r) * w.groups + g]));
-        const __m512i acc = _mm512_sub_epi32(_mm512_add_epi32(lo_acc[r][c], hi_acc[r][c]), corr);
-        t[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), s, t[r][c]);
+    #pragma GCC unroll 16
+    for (int r = 0; r < MR; ++r)
+      #pragma GCC unroll 16
+      for (int c = 0; c < NR; ++c) {
+        _mm512_store_si512(sums[r][c], _mm512_add_epi32(lo_acc[r][c], hi_acc[r][c]));
       }
-    }
+    s4_fold_group<MR, NR>(args, m0, nb0, g, sums, t);
   }
-
-  for (int c = 0; c < NR; ++c) {
-    const int64_t n0 = (nb0 + c) * kS4BlockN;
-    const __mmask16 mask = column_mask(n0, w.n);
-    const __m512 b =
-        args.bias != nullptr ? _mm512_maskz_loadu_ps(mask, args.bias + n0) : _mm512_setzero_ps();
-    for (int r = 0; r < MR; ++r) {
-      const __m512 y = _mm512_fmadd_ps(t[r][c], _mm512_set1_ps(args.a_scale[m0 + r]), b);
-      _mm512_mask_storeu_ps(args.y + (m0 + r) * args.ldy + n0, mask, y);
-    }
-  }
+  s4_finish_tile<MR, NR>(args, m0, nb0, t);
 }
 
 using TileFn = void (*)(const GemvS4Args&, int64_t, int64_t);

@@ -10,6 +10,8 @@
 
 #include "kernels/cpu/gemv_kernels.h"
 
+// "#pragma GCC unroll" on the register-tile loops: without it GCC 12 unrolls them too late and
+// keeps the accumulators in memory.
 namespace qforge::kernels::detail {
 
 namespace {
@@ -42,22 +44,30 @@ void tile(const GemvS8Args& args, int64_t m0, int64_t nb0) {
   const S8N16K4View& w = args.w;
   const int64_t kblocks = w.kp / kS8BlockK;
   const int8_t* wp[NR];
+  #pragma GCC unroll 16
   for (int c = 0; c < NR; ++c) wp[c] = w.data + (nb0 + c) * kblocks * kS8BlockBytes;
   const int8_t* ap[MR];
+  #pragma GCC unroll 16
   for (int r = 0; r < MR; ++r) ap[r] = args.a_s8 + (m0 + r) * args.lda;
   const __m256i ones = _mm256_set1_epi16(1);
 
   __m256i acc[MR][NR][2];
+  #pragma GCC unroll 16
   for (int r = 0; r < MR; ++r)
+    #pragma GCC unroll 16
     for (int c = 0; c < NR; ++c) acc[r][c][0] = acc[r][c][1] = _mm256_setzero_si256();
 
   for (int64_t kb = 0; kb < kblocks; ++kb) {
     __m256i av[MR];
+    #pragma GCC unroll 16
     for (int r = 0; r < MR; ++r) av[r] = _mm256_set1_epi32(load_u32(ap[r] + kb * kS8BlockK));
+    #pragma GCC unroll 16
     for (int c = 0; c < NR; ++c) {
       const int8_t* block = wp[c] + kb * kS8BlockBytes;
+      #pragma GCC unroll 16
       for (int h = 0; h < 2; ++h) {
         const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + h * 32));
+        #pragma GCC unroll 16
         for (int r = 0; r < MR; ++r) {
           acc[r][c][h] = _mm256_add_epi32(acc[r][c][h], dot4(av[r], wv, ones));
         }
@@ -65,11 +75,14 @@ void tile(const GemvS8Args& args, int64_t m0, int64_t nb0) {
     }
   }
 
+  #pragma GCC unroll 16
   for (int c = 0; c < NR; ++c) {
+    #pragma GCC unroll 16
     for (int h = 0; h < 2; ++h) {
       const int64_t n0 = (nb0 + c) * kS8BlockN + h * kHalf;
       const __m256i mask = lane_mask(w.n - n0);
       if (args.c != nullptr) {
+        #pragma GCC unroll 16
         for (int r = 0; r < MR; ++r) {
           _mm256_maskstore_epi32(args.c + (m0 + r) * args.ldc + n0, mask, acc[r][c][h]);
         }
@@ -78,6 +91,7 @@ void tile(const GemvS8Args& args, int64_t m0, int64_t nb0) {
       const __m256 ws = _mm256_maskload_ps(args.w_scale + n0, mask);
       const __m256 b =
           args.bias != nullptr ? _mm256_maskload_ps(args.bias + n0, mask) : _mm256_setzero_ps();
+      #pragma GCC unroll 16
       for (int r = 0; r < MR; ++r) {
         const __m256 f = _mm256_cvtepi32_ps(acc[r][c][h]);
         const __m256 y =

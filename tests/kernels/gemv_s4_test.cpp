@@ -63,7 +63,9 @@ std::string check_case(const Case& c, Isa isa) {
   return info.kernel;
 }
 
-void sweep_at(Isa isa, const char* expected) {
+// `expected(M)`: the kernel name the dispatcher must pick for M rows.
+template <typename Expected>
+void sweep_at(Isa isa, Expected expected) {
   for (int64_t M : sweep_rows()) {
     for (int64_t N : sweep_sizes()) {
       for (int64_t K : sweep_sizes()) {
@@ -71,7 +73,7 @@ void sweep_at(Isa isa, const char* expected) {
           if (g % 8 != 0) continue;
           const bool zp = (N + K) % 2 == 0;
           const int qmin = zp ? 0 : -8;
-          ASSERT_EQ(check_case({M, N, K, g, qmin, zp}, isa), expected);
+          ASSERT_EQ(check_case({M, N, K, g, qmin, zp}, isa), expected(M));
         }
       }
       for (int64_t g : {int64_t{32}, int64_t{128}, kDeepK}) {
@@ -85,12 +87,25 @@ void sweep_at(Isa isa, const char* expected) {
 
 TEST(GemvS4, Avx512VnniMatchesReferenceExactly) {
   if (!isa_usable(Isa::kAvx512Vnni)) GTEST_SKIP() << "no AVX-512 VNNI here";
-  sweep_at(Isa::kAvx512Vnni, "gemv_s8s4f32_n16k8_avx512vnni");
+  sweep_at(Isa::kAvx512Vnni, [](int64_t M) {
+    return M >= 4 ? "gemm_s8s4f32_n16k8_avx512vnni" : "gemv_s8s4f32_n16k8_avx512vnni";
+  });
 }
 
 TEST(GemvS4, Avx2MatchesReferenceExactly) {
   if (!isa_usable(Isa::kAvx2)) GTEST_SKIP() << "no AVX2 here";
-  sweep_at(Isa::kAvx2, "gemv_s8s4f32_n16k8_avx2");
+  sweep_at(Isa::kAvx2, [](int64_t) { return "gemv_s8s4f32_n16k8_avx2"; });
+}
+
+TEST(GemvS4, LargeMPanelKernelMatchesReferenceExactly) {
+  if (!isa_usable(Isa::kAvx512Vnni)) GTEST_SKIP() << "no AVX-512 VNNI here";
+  for (int64_t M : {4, 5, 33, 130}) {
+    for (auto [N, K, g] : {std::tuple<int64_t, int64_t, int64_t>{65, 264, 32}, {16, 64, 64},
+                           {100, 1000, 128}, {1, 8, 8}}) {
+      EXPECT_EQ(check_case({M, N, K, g, 0, true}, Isa::kAvx512Vnni), "gemm_s8s4f32_n16k8_avx512vnni");
+      check_case({M, N, K, g, -8, false}, Isa::kAvx512Vnni);
+    }
+  }
 }
 
 TEST(GemvS4, CappedToReferenceRunsReference) {

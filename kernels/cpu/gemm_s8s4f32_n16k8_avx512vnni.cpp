@@ -1,0 +1,119 @@
+// Larger-M int8 x int4 GEMM on AVX-512 VNNI (same results as gemv_s8s4f32_n16k8_avx512vnni and
+// gemm_s8s4f32_reference, bit for bit). Unpacking nibbles once per column panel instead of once
+// per row tile: up to 4 column blocks are expanded into an n16k4 int8 scratch panel (it stays in
+// L2), then 4-row x 4-block register tiles run VPDPBUSD on it with 16 int32 accumulators; the
+// per-group float accumulators live in an L1 buffer. Compiled with the AVX-512 VNNI flags.
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "kernels/cpu/gemv_kernels.h"
+#include "kernels/cpu/s4_tile_epilogue_avx512.h"
+
+// "#pragma GCC unroll" on the register-tile loops: without it GCC 12 unrolls them too late and
+// keeps the accumulators in memory.
+namespace qforge::kernels::detail {
+
+namespace {
+
+constexpr int kMaxRows = 4;
+constexpr int kNibbleMask = 0x0F;
+
+inline int32_t load_u32(const void* p) {
+  int32_t v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+// Expands n16k8 blocks of column blocks [nb, nb + nr) into n16k4 blocks of codes (u8 in [0,15]):
+// the low nibbles of n16k8 block kb are n16k4 block 2kb, the high nibbles block 2kb + 1.
+void unpack_panel(const S4N16K8View& w, int64_t nb, int nr, uint8_t* panel) {
+  const int64_t kblocks = w.kp / kS4BlockK;
+  const __m512i nibble = _mm512_set1_epi8(kNibbleMask);
+  #pragma GCC unroll 16
+  for (int c = 0; c < nr; ++c) {
+    const uint8_t* src = w.data + (nb + c) * kblocks * kS4BlockBytes;
+    uint8_t* dst = panel + c * kblocks * 2 * kS8BlockBytes;
+    for (int64_t kb = 0; kb < kblocks; ++kb) {
+      const __m512i v = _mm512_loadu_si512(src + kb * kS4BlockBytes);
+      _mm512_storeu_si512(dst + (2 * kb) * kS8BlockBytes, _mm512_and_si512(v, nibble));
+      _mm512_storeu_si512(dst + (2 * kb + 1) * kS8BlockBytes,
+                          _mm512_and_si512(_mm512_srli_epi16(v, kS4NibbleBits), nibble));
+    }
+  }
+}
+
+template <int MR, int NR>
+void tile(const GemvS4Args& args, int64_t m0, int64_t nb0, const uint8_t* panel) {
+  const S4N16K8View& w = args.w;
+  const int64_t k4blocks = w.kp / kS8BlockK;  // n16k4 blocks per column block in the panel
+  const int64_t k4_per_group = w.group_size / kS8BlockK;
+  const uint8_t* wp[NR];
+  #pragma GCC unroll 16
+  for (int c = 0; c < NR; ++c) wp[c] = panel + c * k4blocks * kS8BlockBytes;
+  const int8_t* ap[MR];
+  #pragma GCC unroll 16
+  for (int r = 0; r < MR; ++r) ap[r] = args.a + (m0 + r) * args.lda;
+
+  alignas(64) float t[MR][NR][kS4BlockN];
+  std::memset(t, 0, sizeof(t));
+  alignas(64) int32_t sums[MR][NR][kS4BlockN];
+
+  for (int64_t g = 0; g < w.groups; ++g) {
+    __m512i acc[MR][NR];
+    #pragma GCC unroll 16
+    for (int r = 0; r < MR; ++r)
+      #pragma GCC unroll 16
+      for (int c = 0; c < NR; ++c) acc[r][c] = _mm512_setzero_si512();
+    const int64_t end = (g + 1) * k4_per_group < k4blocks ? (g + 1) * k4_per_group : k4blocks;
+    for (int64_t kb = g * k4_per_group; kb < end; ++kb) {
+      __m512i av[MR];
+      #pragma GCC unroll 16
+      for (int r = 0; r < MR; ++r) av[r] = _mm512_set1_epi32(load_u32(ap[r] + kb * kS8BlockK));
+      #pragma GCC unroll 16
+      for (int c = 0; c < NR; ++c) {
+        const __m512i wv = _mm512_load_si512(wp[c] + kb * kS8BlockBytes);
+        #pragma GCC unroll 16
+        for (int r = 0; r < MR; ++r) acc[r][c] = _mm512_dpbusd_epi32(acc[r][c], wv, av[r]);
+      }
+    }
+    #pragma GCC unroll 16
+    for (int r = 0; r < MR; ++r)
+      #pragma GCC unroll 16
+      for (int c = 0; c < NR; ++c) _mm512_store_si512(sums[r][c], acc[r][c]);
+    s4_fold_group<MR, NR>(args, m0, nb0, g, sums, t);
+  }
+  s4_finish_tile<MR, NR>(args, m0, nb0, t);
+}
+
+using TileFn = void (*)(const GemvS4Args&, int64_t, int64_t, const uint8_t*);
+
+template <int MR>
+constexpr TileFn tile_for_blocks(int nr) {
+  return nr == 1 ? tile<MR, 1> : nr == 2 ? tile<MR, 2> : nr == 3 ? tile<MR, 3> : tile<MR, 4>;
+}
+
+TileFn select_tile(int mr, int nr) {
+  switch (mr) {
+    case 1: return tile_for_blocks<1>(nr);
+    case 2: return tile_for_blocks<2>(nr);
+    case 3: return tile_for_blocks<3>(nr);
+    default: return tile_for_blocks<4>(nr);
+  }
+}
+
+}  // namespace
+
+void gemm_s8s4f32_n16k8_avx512vnni(const GemvS4Args& args, int64_t nb_begin, int64_t nb_end,
+                                   uint8_t* panel) {
+  for (int64_t nb = nb_begin; nb < nb_end; nb += kS4PanelBlocks) {
+    const int nr = static_cast<int>(nb_end - nb < kS4PanelBlocks ? nb_end - nb : kS4PanelBlocks);
+    unpack_panel(args.w, nb, nr, panel);
+    for (int64_t m0 = 0; m0 < args.m; m0 += kMaxRows) {
+      const int mr = static_cast<int>(args.m - m0 < kMaxRows ? args.m - m0 : kMaxRows);
+      select_tile(mr, nr)(args, m0, nb, panel);
+    }
+  }
+}
+
+}  // namespace qforge::kernels::detail
