@@ -39,6 +39,39 @@ inline __m256i dot4(__m256i a, __m256i w, __m256i ones) {
   return _mm256_madd_epi16(prod16, ones);
 }
 
+// Out of line on purpose: inlined, the branchy epilogue makes GCC 12 spill the accumulators
+// inside the k loop.
+template <int MR, int NR>
+__attribute__((noinline)) void finish_tile(const GemvS8Args& args, int64_t m0, int64_t nb0,
+                                           const int32_t (*sums)[NR][2][kHalf]) {
+  const S8N16K4View& w = args.w;
+  #pragma GCC unroll 16
+  for (int c = 0; c < NR; ++c) {
+    #pragma GCC unroll 16
+    for (int h = 0; h < 2; ++h) {
+      const int64_t n0 = (nb0 + c) * kS8BlockN + h * kHalf;
+      const __m256i mask = lane_mask(w.n - n0);
+      if (args.c != nullptr) {
+        #pragma GCC unroll 16
+        for (int r = 0; r < MR; ++r) {
+          _mm256_maskstore_epi32(args.c + (m0 + r) * args.ldc + n0, mask, _mm256_load_si256(reinterpret_cast<const __m256i*>(sums[r][c][h])));
+        }
+        continue;
+      }
+      const __m256 ws = _mm256_maskload_ps(args.w_scale + n0, mask);
+      const __m256 b =
+          args.bias != nullptr ? _mm256_maskload_ps(args.bias + n0, mask) : _mm256_setzero_ps();
+      #pragma GCC unroll 16
+      for (int r = 0; r < MR; ++r) {
+        const __m256 f = _mm256_cvtepi32_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(sums[r][c][h])));
+        const __m256 y =
+            _mm256_fmadd_ps(_mm256_mul_ps(f, ws), _mm256_set1_ps(args.a_scale[m0 + r]), b);
+        _mm256_maskstore_ps(args.y + (m0 + r) * args.ldy + n0, mask, y);
+      }
+    }
+  }
+}
+
 template <int MR, int NR>
 void tile(const GemvS8Args& args, int64_t m0, int64_t nb0) {
   const S8N16K4View& w = args.w;
@@ -75,31 +108,16 @@ void tile(const GemvS8Args& args, int64_t m0, int64_t nb0) {
     }
   }
 
+  alignas(32) int32_t sums[MR][NR][2][kHalf];
   #pragma GCC unroll 16
-  for (int c = 0; c < NR; ++c) {
+  for (int r = 0; r < MR; ++r)
     #pragma GCC unroll 16
-    for (int h = 0; h < 2; ++h) {
-      const int64_t n0 = (nb0 + c) * kS8BlockN + h * kHalf;
-      const __m256i mask = lane_mask(w.n - n0);
-      if (args.c != nullptr) {
-        #pragma GCC unroll 16
-        for (int r = 0; r < MR; ++r) {
-          _mm256_maskstore_epi32(args.c + (m0 + r) * args.ldc + n0, mask, acc[r][c][h]);
-        }
-        continue;
-      }
-      const __m256 ws = _mm256_maskload_ps(args.w_scale + n0, mask);
-      const __m256 b =
-          args.bias != nullptr ? _mm256_maskload_ps(args.bias + n0, mask) : _mm256_setzero_ps();
+    for (int c = 0; c < NR; ++c)
       #pragma GCC unroll 16
-      for (int r = 0; r < MR; ++r) {
-        const __m256 f = _mm256_cvtepi32_ps(acc[r][c][h]);
-        const __m256 y =
-            _mm256_fmadd_ps(_mm256_mul_ps(f, ws), _mm256_set1_ps(args.a_scale[m0 + r]), b);
-        _mm256_maskstore_ps(args.y + (m0 + r) * args.ldy + n0, mask, y);
+      for (int h = 0; h < 2; ++h) {
+        _mm256_store_si256(reinterpret_cast<__m256i*>(sums[r][c][h]), acc[r][c][h]);
       }
-    }
-  }
+  finish_tile<MR, NR>(args, m0, nb0, sums);
 }
 
 using TileFn = void (*)(const GemvS8Args&, int64_t, int64_t);
