@@ -41,6 +41,60 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void bin_indices(
   }
 }
 
+// Lanes of the running finite min/max and non-finite count, one per vector element.
+constexpr int kLanes = 16;
+
+struct LaneStats {
+  float min[kLanes];
+  float max[kLanes];
+  int64_t nonfinite[kLanes];
+  LaneStats() {
+    std::fill(min, min + kLanes, kInf);
+    std::fill(max, max + kLanes, -kInf);
+    std::fill(nonfinite, nonfinite + kLanes, int64_t{0});
+  }
+  static constexpr float kInf = std::numeric_limits<float>::infinity();
+};
+
+// Lane-wise finite min/max and non-finite count of a block (kept in vector registers; the
+// block is then binned while still in L1, so statistics and binning cost one memory pass).
+__attribute__((target_clones("avx512f", "avx2", "default"))) void block_stats(
+    const float* __restrict x, int64_t n, LaneStats& stats) {
+  float mn[kLanes], mx[kLanes];
+  int32_t nf[kLanes];
+  for (int l = 0; l < kLanes; ++l) {
+    mn[l] = stats.min[l];
+    mx[l] = stats.max[l];
+    nf[l] = 0;
+  }
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int l = 0; l < kLanes; ++l) {
+      const float v = x[i + l];
+      const bool finite = std::fabs(v) <= std::numeric_limits<float>::max();  // false for NaN, inf
+      const float vmin = finite ? v : mn[l], vmax = finite ? v : mx[l];
+      mn[l] = vmin < mn[l] ? vmin : mn[l];
+      mx[l] = vmax > mx[l] ? vmax : mx[l];
+      nf[l] += finite ? 0 : 1;
+    }
+  }
+  for (; i < n; ++i) {
+    const float v = x[i];
+    const bool finite = std::fabs(v) <= std::numeric_limits<float>::max();
+    if (finite) {
+      mn[0] = std::min(mn[0], v);
+      mx[0] = std::max(mx[0], v);
+    } else {
+      ++nf[0];
+    }
+  }
+  for (int l = 0; l < kLanes; ++l) {
+    stats.min[l] = mn[l];
+    stats.max[l] = mx[l];
+    stats.nonfinite[l] += nf[l];
+  }
+}
+
 void count_block(const int32_t* idx, int64_t n, uint32_t* sub, int64_t stride) {
   int64_t i = 0;
   for (; i + kSubHistograms <= n; i += kSubHistograms) {
@@ -81,16 +135,22 @@ void histc_reference(const float* x, int64_t n, float lo, float hi, int64_t bins
   }
 }
 
-void histc_fast(const float* x, int64_t n, float lo, float hi, int64_t bins, float* counts) {
-  QF_CHECK(bins > 0 && bins < std::numeric_limits<int32_t>::max() && lo < hi);
+namespace {
+// The parallel driver of the fast path: per-task counters (and lane statistics), summed at the
+// end. `counts` may be null (statistics only); `stats` may be null (binning only).
+void histc_driver(const float* x, int64_t n, float lo, float hi, int64_t bins, float* counts,
+                  FiniteStats* stats) {
+  const bool bin = counts != nullptr;
+  QF_CHECK(!bin || (bins > 0 && bins < std::numeric_limits<int32_t>::max() && lo < hi));
   const int64_t stride = bins + 1;  // one extra "trash" counter for skipped values
   const int threads = std::max(1, at::get_num_threads());
-  std::vector<int64_t> totals(static_cast<size_t>(threads * bins), 0);
+  std::vector<int64_t> totals(bin ? static_cast<size_t>(threads * bins) : 0, 0);
+  std::vector<LaneStats> lane_stats(static_cast<size_t>(threads));
   at::parallel_for(0, n, kBinGrain, [&](int64_t begin, int64_t end) {
     const int tid = std::min(at::get_thread_num(), threads - 1);
-    std::vector<uint32_t> sub(static_cast<size_t>(kSubHistograms * stride), 0);
+    std::vector<uint32_t> sub(bin ? static_cast<size_t>(kSubHistograms * stride) : 0, 0);
     alignas(64) int32_t idx[kBinBlock];
-    int64_t* total = totals.data() + tid * bins;
+    int64_t* total = bin ? totals.data() + tid * bins : nullptr;
     auto flush = [&] {
       for (int64_t b = 0; b < bins; ++b) {
         int64_t s = 0;
@@ -102,8 +162,11 @@ void histc_fast(const float* x, int64_t n, float lo, float hi, int64_t bins, flo
     int64_t pending = 0;
     for (int64_t i = begin; i < end; i += kBinBlock) {
       const int64_t m = std::min(kBinBlock, end - i);
-      bin_indices(x + i, m, lo, hi, static_cast<float>(bins), static_cast<int32_t>(bins - 1),
-                  static_cast<int32_t>(bins), idx);
+      const float nbins = static_cast<float>(bins);
+      const auto last = static_cast<int32_t>(bins - 1), trash = static_cast<int32_t>(bins);
+      if (stats != nullptr) block_stats(x + i, m, lane_stats[tid]);
+      if (!bin) continue;
+      bin_indices(x + i, m, lo, hi, nbins, last, trash, idx);
       count_block(idx, m, sub.data(), stride);
       pending += m;
       if (pending >= kFlushEvery) {
@@ -111,13 +174,43 @@ void histc_fast(const float* x, int64_t n, float lo, float hi, int64_t bins, flo
         pending = 0;
       }
     }
-    flush();
+    if (bin) flush();
   });
-  for (int64_t b = 0; b < bins; ++b) {
-    int64_t s = 0;
-    for (int t = 0; t < threads; ++t) s += totals[t * bins + b];
-    counts[b] = static_cast<float>(s);
+  if (bin) {
+    for (int64_t b = 0; b < bins; ++b) {
+      int64_t s = 0;
+      for (int t = 0; t < threads; ++t) s += totals[t * bins + b];
+      counts[b] = static_cast<float>(s);
+    }
   }
+  if (stats != nullptr) {
+    *stats = FiniteStats{};
+    for (const LaneStats& ls : lane_stats) {
+      for (int l = 0; l < kLanes; ++l) {
+        stats->min = std::min(stats->min, ls.min[l]);
+        stats->max = std::max(stats->max, ls.max[l]);
+        stats->nonfinite += ls.nonfinite[l];
+      }
+    }
+  }
+}
+}  // namespace
+
+void histc_fast(const float* x, int64_t n, float lo, float hi, int64_t bins, float* counts) {
+  histc_driver(x, n, lo, hi, bins, counts, nullptr);
+}
+
+FiniteStats finite_stats(const float* x, int64_t n) {
+  FiniteStats s;
+  histc_driver(x, n, 0.0f, 1.0f, 0, nullptr, &s);
+  return s;
+}
+
+FiniteStats histc_fast_with_stats(const float* x, int64_t n, float lo, float hi, int64_t bins,
+                                  float* counts) {
+  FiniteStats s;
+  histc_driver(x, n, lo, hi, bins, counts, &s);
+  return s;
 }
 
 Histogram::Histogram(int64_t bins, int64_t upsample_rate)
@@ -210,6 +303,33 @@ void Histogram::combine_histograms(std::vector<float>& out, const std::vector<fl
     const double shifted = b == 0 ? 0.0 : static_cast<double>(static_cast<float>(integral[b - 1]));
     out[b] = out[b] + static_cast<float>((integral[b] - shifted) / static_cast<double>(u));
   }
+}
+
+bool Histogram::update_if_in_range(const float* x, int64_t n, FiniteStats* stats) {
+  if (empty() || min_ == max_) {
+    *stats = finite_stats(x, n);
+    return false;
+  }
+  // In range, PyTorch's update keeps [min, max] and adds the new counts; check that
+  // _adjust_min_max indeed leaves the range alone (it does unless the bin width underflows).
+  float cmin = min_, cmax = max_;
+  int64_t downsample_rate = 0, start_idx = 0;
+  adjust_min_max(cmin, cmax, downsample_rate, start_idx);
+  if (cmin != min_ || cmax != max_) {
+    *stats = finite_stats(x, n);
+    return false;
+  }
+  std::vector<float> fresh(static_cast<size_t>(bins_));
+  *stats = histc_fast_with_stats(x, n, min_, max_, bins_, fresh.data());
+  if (!(stats->min >= min_ && stats->max <= max_)) return false;  // range grows: caller re-bins
+  for (int64_t b = 0; b < bins_; ++b) counts_[b] = fresh[b] + counts_[b];
+  return true;
+}
+
+void Histogram::observe(const float* x, int64_t n, int64_t* nonfinite) {
+  FiniteStats stats;
+  if (!update_if_in_range(x, n, &stats) && stats.min <= stats.max) update(x, n, stats.min, stats.max);
+  *nonfinite = stats.nonfinite;
 }
 
 void Histogram::update(const float* x, int64_t n, float xmin, float xmax) {

@@ -25,6 +25,17 @@ void histc_reference(const float* x, int64_t n, float lo, float hi, int64_t bins
 // Same counts, vectorised and parallel (at::parallel_for over chunks, per-thread counters).
 void histc_fast(const float* x, int64_t n, float lo, float hi, int64_t bins, float* counts);
 
+// Finite minimum / maximum of some values (+inf / -inf when none) and how many were not finite.
+struct FiniteStats {
+  float min = __builtin_inff();
+  float max = -__builtin_inff();
+  int64_t nonfinite = 0;
+};
+// The same statistics from the fast path's vectorised, parallel kernel.
+FiniteStats finite_stats(const float* x, int64_t n);
+// histc_fast and finite_stats in one pass over the data.
+FiniteStats histc_fast_with_stats(const float* x, int64_t n, float lo, float hi, int64_t bins, float* counts);
+
 class Histogram {
  public:
   explicit Histogram(int64_t bins = kHistogramBins, int64_t upsample_rate = kHistogramUpsampleRate);
@@ -32,6 +43,13 @@ class Histogram {
   // Adds `n` values whose finite minimum / maximum are `xmin` / `xmax` (non-finite values are
   // skipped by the binning rule). PyTorch's HistogramObserver.forward on the finite values.
   void update(const float* x, int64_t n, float xmin, float xmax);
+  // Adds `n` raw values (NaN/inf skipped, their number written to *nonfinite). When the values
+  // fall inside the current range this is a single fused pass (statistics + binning), otherwise
+  // a statistics pass followed by update(). Same result as update() either way.
+  void observe(const float* x, int64_t n, int64_t* nonfinite);
+  // The single-pass case of observe(): bins on the current range and keeps the counts only if
+  // every finite value was inside it. Always fills *stats; returns whether the counts were added.
+  bool update_if_in_range(const float* x, int64_t n, FiniteStats* stats);
   // Adds another histogram: the range grows as update() would for data spanning other's range,
   // and other's counts are re-binned onto the new grid assuming uniform density within a bin.
   void merge(const Histogram& other);

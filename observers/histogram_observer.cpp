@@ -31,11 +31,9 @@ std::unique_ptr<Observer> HistogramObserver::clone() const {
 }
 
 int64_t HistogramObserver::observe(const at::Tensor& x) {
-  const detail::FiniteMinMax mm = detail::finite_aminmax(x);
-  const float mn = mm.min.item<float>(), mx = mm.max.item<float>();
-  if (!std::isfinite(mn)) return mm.nonfinite;  // only NaN/inf: nothing to bin
-  histogram_.update(x.data_ptr<float>(), x.numel(), mn, mx);
-  return mm.nonfinite;
+  int64_t nonfinite = 0;
+  histogram_.observe(x.data_ptr<float>(), x.numel(), &nonfinite);
+  return nonfinite;
 }
 
 std::pair<at::Tensor, at::Tensor> HistogramObserver::range(const QSpec& spec) const {

@@ -32,20 +32,17 @@ int64_t PerChannelHistogramObserver::observe(const at::Tensor& x) {
              " observer: input of shape ", x.sizes(), " has ", channels, " channels along ch_axis ",
              ch_axis_, " but earlier inputs had ", histograms_.size());
   const at::Tensor y = x.movedim(axis, 0).reshape({channels, -1}).contiguous();
-  const detail::FiniteMinMax mm = detail::finite_aminmax_rows(y);
-  const at::Tensor mn = mm.min.contiguous(), mx = mm.max.contiguous();
   if (histograms_.empty()) histograms_.assign(static_cast<size_t>(channels), Histogram(bins_, upsample_rate_));
   const int64_t row = y.size(1);
   const float* data = y.data_ptr<float>();
-  const float* mins = mn.data_ptr<float>();
-  const float* maxs = mx.data_ptr<float>();
+  std::vector<int64_t> nonfinite(static_cast<size_t>(channels), 0);
   // One channel per task; the binning inside runs serially in a parallel region.
   at::parallel_for(0, channels, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t c = begin; c < end; ++c) {
-      if (std::isfinite(mins[c])) histograms_[c].update(data + c * row, row, mins[c], maxs[c]);
-    }
+    for (int64_t c = begin; c < end; ++c) histograms_[c].observe(data + c * row, row, &nonfinite[c]);
   });
-  return mm.nonfinite;
+  int64_t total = 0;
+  for (int64_t v : nonfinite) total += v;
+  return total;
 }
 
 std::pair<at::Tensor, at::Tensor> PerChannelHistogramObserver::range(const QSpec& spec) const {

@@ -126,3 +126,36 @@ TEST(Histogram, ConstantBatchesAccumulateAsAPointMass) {
   EXPECT_EQ(h.min(), -1.0f);
   EXPECT_EQ(h.max(), 2.0f);
 }
+
+TEST(FiniteStats, MatchesAminmaxOfFiniteValuesOverShapeSweep) {
+  for (int64_t n : obs_testing::sweep_sizes()) {
+    at::Tensor x = obs_testing::randn({n}, static_cast<uint64_t>(n) + 300);
+    if (n > 3) {
+      x[1] = NAN;
+      x[n - 1] = INFINITY;
+      x[n / 2] = -INFINITY;
+    }
+    const FiniteStats s = finite_stats(x.data_ptr<float>(), n);
+    const at::Tensor finite = x.masked_select(at::isfinite(x));
+    EXPECT_EQ(s.nonfinite, n - finite.numel()) << n;
+    EXPECT_EQ(s.min, finite.min().item<float>()) << n;
+    EXPECT_EQ(s.max, finite.max().item<float>()) << n;
+  }
+  const at::Tensor nan_only = at::full({33}, NAN);
+  const FiniteStats s = finite_stats(nan_only.data_ptr<float>(), 33);
+  EXPECT_EQ(s.nonfinite, 33);
+  EXPECT_GT(s.min, s.max);  // +inf / -inf: nothing finite
+}
+
+TEST(Histogram, FusedInRangePassEqualsStatisticsThenUpdate) {
+  const at::Tensor a = obs_testing::randn({5000}, 61) * 2.0f, b = obs_testing::randn({3000}, 62);
+  Histogram fused, two_pass;
+  int64_t nonfinite = 0;
+  fused.observe(a.data_ptr<float>(), a.numel(), &nonfinite);
+  fused.observe(b.data_ptr<float>(), b.numel(), &nonfinite);  // inside the range: one pass
+  two_pass.update(a.data_ptr<float>(), a.numel(), a.min().item<float>(), a.max().item<float>());
+  two_pass.update(b.data_ptr<float>(), b.numel(), b.min().item<float>(), b.max().item<float>());
+  EXPECT_EQ(fused.counts(), two_pass.counts());
+  EXPECT_EQ(fused.min(), two_pass.min());
+  EXPECT_EQ(fused.max(), two_pass.max());
+}
