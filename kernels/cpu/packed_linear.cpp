@@ -70,6 +70,8 @@ PackedLinearS8::PackedLinearS8(const at::Tensor& weight, const at::Tensor& w_sca
   n_ = weight.size(0);
   k_ = weight.size(1);
   QF_REQUIRE(n_ > 0 && k_ > 0, "kernels/cpu: PackedLinearS8 weight is empty ", shape_str(weight));
+  QF_REQUIRE(k_ <= kMaxInFeaturesS8, "kernels/cpu: PackedLinearS8 in_features K=", k_,
+             " exceeds ", kMaxInFeaturesS8, " (the int32 accumulator could overflow)");
   QF_REQUIRE(w_scale.defined() && w_scale.numel() == n_, "kernels/cpu: PackedLinearS8 w_scale has ",
              w_scale.defined() ? shape_str(w_scale) : "undefined", ", expected [", n_, "]");
   const at::Tensor w = weight.contiguous();

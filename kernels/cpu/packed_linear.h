@@ -25,6 +25,9 @@ struct PackOptions {
   bool onednn = true;
 };
 
+// Largest K of PackedLinearS8: |sum_k a * w| <= 127 * 128 * K must fit int32.
+inline constexpr int64_t kMaxInFeaturesS8 = (int64_t{1} << 31) / (127 * 128);
+
 // Smallest M that goes to oneDNN's matmul; below it the n16k4 GEMV kernels are faster
 // (measured crossover, docs/kernels.md): 8 when oneDNN runs on AMX tiles, 32 otherwise.
 inline constexpr int64_t kOneDnnMinMAmx = 8;

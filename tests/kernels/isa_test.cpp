@@ -1,5 +1,7 @@
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+
 #include "framework/core/error.h"
 #include "kernels/cpu/isa.h"
 
@@ -32,8 +34,15 @@ TEST(Isa, CapMakesHigherLevelsUnusableAndRestores) {
   EXPECT_EQ(max_isa(), before);
 }
 
-TEST(Isa, ThisMachineRunsTheVnniKernels) {
+TEST(Isa, VnniKernelsAreCompiledInWhenTheCpuHasThem) {
   // The development and CI machines have AVX-512 VNNI; if not, the fallback tests still run.
   if (cpu_isa() != Isa::kAvx512Vnni) GTEST_SKIP() << "CPU level " << isa_name(cpu_isa());
-  EXPECT_TRUE(isa_usable(Isa::kAvx512Vnni));
+  EXPECT_TRUE(isa_compiled(Isa::kAvx512Vnni));
+  EXPECT_TRUE(isa_compiled(Isa::kAvx2));
+}
+
+TEST(Isa, EnvironmentCapIsTheInitialCap) {
+  const char* env = std::getenv("QFORGE_MAX_ISA");
+  if (env == nullptr || *env == '\0') GTEST_SKIP() << "QFORGE_MAX_ISA not set";
+  EXPECT_EQ(max_isa(), isa_from_name(env));
 }
