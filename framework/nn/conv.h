@@ -1,0 +1,47 @@
+// qforge::nn::Conv1d / Conv2d: LibTorch's convolutions (same options, names, initialisation and
+// float forward) with weight and input quantizers. After freeze() the weight lives in packed
+// integer storage and is dequantized per call (qforge has no integer convolution kernel yet;
+// the report says so).
+#pragma once
+
+#include <torch/nn/modules/conv.h>
+
+#include "framework/nn/frozen_weight.h"
+#include "framework/nn/quantizable.h"
+
+namespace qforge::nn {
+
+// Shared freeze/forward logic of the convolutions.
+class ConvQuantState : public QuantizableLayer {
+ public:
+  void check_scheme(const LayerScheme& scheme) const override;
+
+ protected:
+  void freeze_conv(at::Tensor& weight, torch::OrderedDict<std::string, at::Tensor>& params);
+  int64_t frozen_storage_bytes() const override { return fweight_.defined() ? fweight_.bytes() : 0; }
+  FrozenWeight fweight_;
+};
+
+class Conv1dImpl : public torch::nn::Conv1dImpl, public ConvQuantState {
+ public:
+  using torch::nn::Conv1dImpl::Conv1dImpl;
+  at::Tensor forward(const at::Tensor& x);
+  const char* layer_type() const override { return "Conv1d"; }
+  torch::nn::Module& module() override { return *this; }
+  const torch::nn::Module& module() const override { return *this; }
+  void freeze() override { freeze_conv(weight, parameters_); }
+};
+TORCH_MODULE(Conv1d);
+
+class Conv2dImpl : public torch::nn::Conv2dImpl, public ConvQuantState {
+ public:
+  using torch::nn::Conv2dImpl::Conv2dImpl;
+  at::Tensor forward(const at::Tensor& x);
+  const char* layer_type() const override { return "Conv2d"; }
+  torch::nn::Module& module() override { return *this; }
+  const torch::nn::Module& module() const override { return *this; }
+  void freeze() override { freeze_conv(weight, parameters_); }
+};
+TORCH_MODULE(Conv2d);
+
+}  // namespace qforge::nn

@@ -1,0 +1,66 @@
+// Embedding: fake-quant table for PTQ/QAT; frozen lookups gather packed rows then dequantize.
+#include "framework/nn/embedding.h"
+
+#include <ATen/ATen.h>
+
+#include "framework/core/error.h"
+
+namespace qforge::nn {
+
+void EmbeddingImpl::check_scheme(const LayerScheme& scheme) const {
+  QuantizableLayer::check_scheme(scheme);
+  QF_REQUIRE(scheme.activations == ActivationMode::kNone, path_,
+             " (Embedding): inputs are indices; activation quantization does not apply");
+  if (scheme.weights) {
+    const QSpec& s = scheme.weights->spec;
+    QF_REQUIRE(s.granularity != Granularity::kPerChannel || s.axis == 0, path_,
+               " (Embedding): per-channel scales are per row (axis 0), got axis ", s.axis);
+    QF_REQUIRE(s.granularity != Granularity::kPerGroup || options.embedding_dim() % s.group_size == 0, path_,
+               " (Embedding): embedding_dim ", options.embedding_dim(), " is not a multiple of group_size ",
+               s.group_size);
+  }
+}
+
+at::Tensor EmbeddingImpl::forward(const at::Tensor& indices) {
+  if (frozen_) {
+    const QSpec& s = fweight_.qp.spec;
+    const bool row_wise = s.granularity != Granularity::kPerTensor && s.qtype.is_integer() &&
+                          s.qtype.bits == 8 && s.qtype != quint8;
+    if (row_wise) {
+      // Gather int8 rows and their scales, dequantize only those.
+      const at::Tensor flat = indices.reshape({-1});
+      const at::Tensor codes = fweight_.storage.reshape(fweight_.shape).index_select(0, flat);
+      QParams rows = fweight_.qp;
+      rows.scale = fweight_.qp.scale.index_select(0, flat);
+      rows.zero_point = fweight_.qp.zero_point.index_select(0, flat);
+      std::vector<int64_t> shape(indices.sizes().begin(), indices.sizes().end());
+      shape.push_back(options.embedding_dim());
+      return dequantize_int(codes, rows).reshape(shape);
+    }
+    ScopedTensorSwap swap(weight, fweight_.dequantize());
+    return torch::nn::EmbeddingImpl::forward(indices);
+  }
+  if (!quantized()) return torch::nn::EmbeddingImpl::forward(indices);
+  ScopedTensorSwap swap(weight, quantize_weight(weight));
+  return torch::nn::EmbeddingImpl::forward(indices);
+}
+
+void EmbeddingImpl::freeze() {
+  if (frozen_) return;
+  QF_REQUIRE(weight_q_, path_, " (Embedding): freeze() needs quantized weights");
+  fweight_ = freeze_weight(weight, weight_q_->qparams(weight));
+  parameters_.erase("weight");
+  weight = at::Tensor();
+  weight_q_->clear_cache();
+  frozen_ = true;
+  const QSpec& s = fweight_.qp.spec;
+  if (s.granularity != Granularity::kPerTensor && s.qtype.is_integer() && s.qtype.bits == 8 && s.qtype != quint8) {
+    kernel_ = "gather_s8+dequantize_rows";
+  } else {
+    kernel_ = "dequantize+embedding";
+    fallback_ = detail::str_cat("row gather is implemented for int8 per-row/per-group tables; ", s.to_string(),
+                                " dequantizes the table per call");
+  }
+}
+
+}  // namespace qforge::nn

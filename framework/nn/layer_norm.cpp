@@ -1,0 +1,27 @@
+// LayerNorm with an output quantizer.
+#include "framework/nn/layer_norm.h"
+
+#include "framework/core/error.h"
+
+namespace qforge::nn {
+
+void LayerNormImpl::check_scheme(const LayerScheme& scheme) const {
+  QuantizableLayer::check_scheme(scheme);
+  QF_REQUIRE(scheme.activations != ActivationMode::kDynamicPerToken, path_,
+             " (LayerNorm): the output quantizer is static; dynamic per-token quantization belongs to the next Linear");
+}
+
+at::Tensor LayerNormImpl::forward(const at::Tensor& x) {
+  const at::Tensor y = torch::nn::LayerNormImpl::forward(x);
+  return input_q_ ? input_q_->forward(y) : y;
+}
+
+void LayerNormImpl::freeze() {
+  if (frozen_) return;
+  QF_REQUIRE(uncalibrated().empty(), path_, " (LayerNorm): static output quantizer was never calibrated");
+  frozen_ = true;
+  kernel_ = "layer_norm_f32+fake_quant";
+  fallback_ = input_q_ ? "no fused integer LayerNorm: output is quantize-dequantized in float" : "";
+}
+
+}  // namespace qforge::nn

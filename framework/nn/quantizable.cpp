@@ -1,0 +1,105 @@
+// Shared quantizer plumbing of the qforge layers.
+#include "framework/nn/quantizable.h"
+
+#include <ATen/ATen.h>
+
+#include "framework/core/error.h"
+
+namespace qforge {
+
+void QuantizableLayer::check_scheme(const LayerScheme& scheme) const {
+  if (scheme.weights) {
+    QF_REQUIRE(has_weight(), path_, " (", layer_type(), "): has no weight to quantize");
+  }
+  if (scheme.activations == ActivationMode::kDynamicPerToken) {
+    QF_REQUIRE(scheme.activation.spec.qtype == qint8, path_, " (", layer_type(),
+               "): dynamic per-token activations are int8 (qint8), got ", scheme.activation.spec.qtype.name);
+  }
+}
+
+void QuantizableLayer::require_not_frozen(const char* what) const {
+  QF_REQUIRE(!frozen_, path_, " (", layer_type(), "): cannot ", what, " a frozen layer");
+}
+
+void QuantizableLayer::attach(const std::string& path, const LayerScheme& scheme) {
+  require_not_frozen("re-quantize");
+  path_ = path;
+  check_scheme(scheme);
+  auto& m = module();
+  detach();
+  scheme_ = scheme;
+  if (scheme.weights) {
+    weight_q_ = Quantizer(QuantizerImpl::Role::kWeight, *scheme.weights, ActivationMode::kNone,
+                          path + ".weight");
+    m.register_module("weight_quantizer", weight_q_);
+  }
+  if (scheme.activations != ActivationMode::kNone) {
+    input_q_ = Quantizer(QuantizerImpl::Role::kActivation, scheme.activation, scheme.activations,
+                         path + "." + (std::string(activation_quantizer_name()) == "input_quantizer" ? "input" : "output"));
+    m.register_module(activation_quantizer_name(), input_q_);
+  }
+  // A new quantizer starts in the module's current mode.
+  if (weight_q_) weight_q_->train(m.is_training());
+  if (input_q_) input_q_->train(m.is_training());
+  on_attach();
+  kernel_ = "fake_quant";
+  fallback_.clear();
+}
+
+std::vector<Quantizer> QuantizableLayer::quantizers() const {
+  std::vector<Quantizer> out;
+  if (weight_q_) out.push_back(weight_q_);
+  if (input_q_) out.push_back(input_q_);
+  return out;
+}
+
+void QuantizableLayer::detach() {
+  require_not_frozen("detach");
+  auto& m = module();
+  for (const char* name : {"weight_quantizer", "input_quantizer", "output_quantizer", "other_quantizer"}) {
+    const auto children = m.named_children();
+    if (children.contains(name)) m.unregister_module(name);
+  }
+  on_detach();
+  weight_q_ = Quantizer(nullptr);
+  input_q_ = Quantizer(nullptr);
+  scheme_ = LayerScheme{};
+  kernel_ = "float";
+}
+
+std::vector<std::string> QuantizableLayer::uncalibrated() const {
+  std::vector<std::string> out;
+  for (Quantizer q : quantizers())
+    if (q->role() == QuantizerImpl::Role::kActivation && q->mode() == ActivationMode::kStatic &&
+        !q->calibrated() && !q->config().lsq)
+      out.push_back(q->path());
+  return out;
+}
+
+LayerReport QuantizableLayer::report() const {
+  LayerReport r;
+  r.name = path_;
+  r.type = layer_type();
+  r.weights = scheme_.weights ? scheme_.weights->spec.to_string() + (scheme_.weights->lsq ? " lsq" : "") : "float";
+  if (scheme_.activations == ActivationMode::kNone) {
+    r.activations = "float";
+  } else {
+    r.activations = std::string(to_string(scheme_.activations)) + " " + scheme_.activation.spec.to_string();
+    if (scheme_.activations == ActivationMode::kStatic)
+      r.activations += scheme_.activation.lsq ? " (lsq)" : " (" + scheme_.activation.observer + ")";
+  }
+  r.kernel = kernel_;
+  r.fallback_reason = fallback_;
+  r.bytes = storage_bytes();
+  return r;
+}
+
+int64_t QuantizableLayer::storage_bytes() const {
+  int64_t bytes = frozen_storage_bytes();
+  // qforge layers are leaves: recursing adds exactly their quantizers' scale/zero_point.
+  for (const auto& p : module().named_parameters(/*recurse=*/true)) bytes += p.value().nbytes();
+  for (const auto& b : module().named_buffers(/*recurse=*/true)) bytes += b.value().nbytes();
+  return bytes;
+}
+
+}  // namespace qforge

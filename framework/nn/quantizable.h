@@ -1,0 +1,105 @@
+// QuantizableLayer: what every qforge layer adds to its LibTorch twin: quantizers for its weight
+// and input (or output), the scheme it was given, freezing into packed integer storage, and the
+// report line saying which kernel it runs and why it fell back.
+#pragma once
+
+#include <torch/nn/module.h>
+
+#include <optional>
+#include <string>
+
+#include "framework/quantizer.h"
+
+namespace qforge {
+
+// What one layer is asked to do (resolved from a Scheme and its per-layer rules).
+struct LayerScheme {
+  std::optional<QuantizerConfig> weights;  // nullopt: float weights
+  ActivationMode activations = ActivationMode::kNone;
+  QuantizerConfig activation;              // for kStatic / kDynamicPerToken
+};
+
+// One line of describe(): how a layer was quantized and what runs it.
+struct LayerReport {
+  std::string name;
+  std::string type;
+  std::string weights;      // e.g. "qint8 per_channel(axis=0) symmetric" or "float"
+  std::string activations;  // e.g. "static qint8 per_tensor symmetric (histogram)" or "float"
+  std::string kernel;       // e.g. "gemv_u8s8s32_n16k4_avx512vnni", "fake_quant", "float"
+  std::string fallback_reason;
+  int64_t bytes = 0;        // parameter / packed storage bytes of this layer
+};
+
+class QuantizableLayer {
+ public:
+  virtual ~QuantizableLayer() = default;
+
+  virtual const char* layer_type() const = 0;
+  virtual torch::nn::Module& module() = 0;
+  virtual const torch::nn::Module& module() const = 0;
+
+  // Throws qforge::Error (naming the layer) for combinations this layer cannot run.
+  virtual void check_scheme(const LayerScheme& scheme) const;
+  // Creates the quantizers (replacing earlier ones) and registers them as submodules.
+  void attach(const std::string& path, const LayerScheme& scheme);
+  // Back to float: removes the quantizers (not allowed once frozen).
+  void detach();
+
+  // Packs the weights into integer storage, releases the float weight and switches forward to
+  // the integer kernels. Throws (leaving the layer unchanged) when something is missing.
+  virtual void freeze() = 0;
+  // Names of quantizers that must be calibrated before freeze() and are not.
+  virtual std::vector<std::string> uncalibrated() const;
+  // Every quantizer of the layer (for Calibration and QAT switches).
+  virtual std::vector<Quantizer> quantizers() const;
+
+  bool quantized() const { return weight_q_ || input_q_; }
+  bool frozen() const { return frozen_; }
+  const LayerScheme& scheme() const { return scheme_; }
+  const std::string& path() const { return path_; }
+  Quantizer weight_quantizer() const { return weight_q_; }
+  Quantizer input_quantizer() const { return input_q_; }
+
+  virtual LayerReport report() const;
+  // Bytes of this layer's own parameters, buffers and packed storage (not its children's).
+  virtual int64_t storage_bytes() const;
+
+ protected:
+  at::Tensor quantize_input(const at::Tensor& x) { return input_q_ ? input_q_->forward(x) : x; }
+  at::Tensor quantize_weight(const at::Tensor& w) { return weight_q_ ? weight_q_->forward(w) : w; }
+  void require_not_frozen(const char* what) const;
+  // Where the input quantizer lives: "input_quantizer" (or "output_quantizer" for LayerNorm).
+  virtual const char* activation_quantizer_name() const { return "input_quantizer"; }
+  virtual bool has_weight() const { return true; }
+  // Called at the end of attach() / detach() for layers with extra quantizers.
+  virtual void on_attach() {}
+  virtual void on_detach() {}
+  // Extra bytes held by frozen storage (kernel objects) outside registered tensors.
+  virtual int64_t frozen_storage_bytes() const { return 0; }
+
+  LayerScheme scheme_;
+  Quantizer weight_q_{nullptr};
+  Quantizer input_q_{nullptr};
+  std::string path_;
+  bool frozen_ = false;
+  std::string kernel_ = "float";
+  std::string fallback_;
+};
+
+// Temporarily replaces a module's tensor member (its weight) so the LibTorch base forward runs
+// unchanged on the fake-quantized tensor; restores it on scope exit.
+class ScopedTensorSwap {
+ public:
+  ScopedTensorSwap(at::Tensor& slot, at::Tensor replacement) : slot_(slot), saved_(slot) {
+    slot_ = std::move(replacement);
+  }
+  ~ScopedTensorSwap() { slot_ = saved_; }
+  ScopedTensorSwap(const ScopedTensorSwap&) = delete;
+  ScopedTensorSwap& operator=(const ScopedTensorSwap&) = delete;
+
+ private:
+  at::Tensor& slot_;
+  at::Tensor saved_;
+};
+
+}  // namespace qforge

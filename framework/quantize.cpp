@@ -1,0 +1,213 @@
+// quantize / Calibration / QAT / freeze / model_size / describe over a module tree.
+#include "framework/quantize.h"
+
+#include <torch/nn/modules/batchnorm.h>
+
+#include <cstdio>
+#include <iomanip>
+#include <sstream>
+
+#include "framework/core/error.h"
+
+namespace qforge {
+
+namespace {
+
+template <class Fn>
+void for_each_layer(torch::nn::Module& model, Fn&& fn) {
+  for (const auto& item : model.named_modules()) {
+    if (auto* layer = dynamic_cast<QuantizableLayer*>(item.value().get())) fn(item.key(), *layer);
+  }
+}
+
+template <class Fn>
+void for_each_layer(const torch::nn::Module& model, Fn&& fn) {
+  for (const auto& item : model.named_modules()) {
+    if (const auto* layer = dynamic_cast<const QuantizableLayer*>(item.value().get())) fn(item.key(), *layer);
+  }
+}
+
+std::string display_name(const std::string& path) { return path.empty() ? "(root)" : path; }
+
+}  // namespace
+
+QuantizeReport quantize(torch::nn::Module& model, const Scheme& scheme) {
+  QuantizeReport report;
+  std::vector<bool> rule_used(scheme.rules.size(), false);
+  // Resolve everything first so a bad combination changes nothing.
+  std::vector<std::pair<QuantizableLayer*, QuantizeReport::Entry>> plan;
+  for_each_layer(model, [&](const std::string& path, QuantizableLayer& layer) {
+    int rule = -1;
+    std::string note;
+    const std::optional<LayerScheme> ls = scheme.resolve(path, layer, &rule, &note);
+    if (rule >= 0) rule_used[rule] = true;
+    if (!note.empty()) report.warnings.push_back(display_name(path) + ": " + note);
+    if (!ls) {
+      report.kept_float.push_back(display_name(path));
+      return;
+    }
+    layer.check_scheme(*ls);
+    plan.push_back({&layer, QuantizeReport::Entry{path, layer.layer_type(), *ls, rule, note}});
+  });
+  for (size_t i = 0; i < scheme.rules.size(); ++i)
+    if (!rule_used[i])
+      report.warnings.push_back("rule " + std::to_string(i) + " (pattern '" + scheme.rules[i].pattern +
+                                "') matched no layer");
+  for (auto& [layer, entry] : plan) {
+    layer->attach(entry.path, entry.scheme);
+    report.quantized.push_back(std::move(entry));
+  }
+  for (const std::string& w : report.warnings) std::fprintf(stderr, "qforge: warning: %s\n", w.c_str());
+  return report;
+}
+
+Calibration::Calibration(torch::nn::Module& model) {
+  for_each_layer(model, [&](const std::string&, QuantizableLayer& layer) {
+    for (Quantizer q : layer.quantizers()) {
+      if (q->role() != QuantizerImpl::Role::kActivation || q->mode() != ActivationMode::kStatic) continue;
+      q->set_observing(true);
+      q->set_fake_quant(false);
+      quantizers_.push_back(q);
+    }
+  });
+}
+
+void Calibration::finish() {
+  if (done_) return;
+  done_ = true;
+  std::vector<std::string> empty;
+  for (Quantizer q : quantizers_) {
+    q->set_observing(false);
+    q->set_fake_quant(true);
+    if (q->config().lsq && !q->observer()) continue;
+    if (q->observer() && q->observer()->has_data()) {
+      q->compute_qparams();
+    } else {
+      empty.push_back(q->path());
+    }
+  }
+  if (!empty.empty()) {
+    std::string names;
+    for (const auto& n : empty) names += (names.empty() ? "" : ", ") + n;
+    throw Error("Calibration: these quantizers saw no finite data (was the model run inside the guard?): " + names);
+  }
+}
+
+Calibration::~Calibration() {
+  try {
+    finish();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "qforge: %s\n", e.what());
+  }
+}
+
+QatController::QatController(torch::nn::Module& model, QatOptions options) : model_(model), options_(options) {}
+
+void QatController::begin_epoch() {
+  model_.train();
+  for_each_layer(model_, [&](const std::string&, QuantizableLayer& layer) {
+    for (Quantizer q : layer.quantizers())
+      if (q->role() == QuantizerImpl::Role::kActivation) q->set_observing(true);
+  });
+  apply();
+}
+
+void QatController::step() {
+  ++steps_;
+  apply();
+}
+
+void QatController::apply() {
+  const bool freeze_obs = options_.freeze_observers_after >= 0 && steps_ >= options_.freeze_observers_after;
+  const bool freeze_bn = options_.freeze_bn_after >= 0 && steps_ >= options_.freeze_bn_after;
+  if (freeze_obs) {
+    for_each_layer(model_, [&](const std::string&, QuantizableLayer& layer) {
+      for (Quantizer q : layer.quantizers()) q->freeze_observer();
+    });
+  }
+  if (freeze_bn) {
+    for (const auto& m : model_.modules()) {
+      if (dynamic_cast<torch::nn::BatchNorm1dImpl*>(m.get()) || dynamic_cast<torch::nn::BatchNorm2dImpl*>(m.get()))
+        m->eval();
+    }
+  }
+}
+
+void freeze(torch::nn::Module& model) {
+  std::vector<QuantizableLayer*> layers;
+  std::vector<std::string> missing;
+  for_each_layer(model, [&](const std::string& path, QuantizableLayer& layer) {
+    if (!layer.quantized() || layer.frozen()) return;
+    for (const std::string& n : layer.uncalibrated()) missing.push_back(n);
+    layers.push_back(&layer);
+  });
+  if (!missing.empty()) {
+    std::string names;
+    for (const auto& n : missing) names += (names.empty() ? "" : ", ") + n;
+    throw Error("freeze: static activations were never calibrated (run forward passes inside qforge::Calibration "
+                "or load a calibration dump): " + names);
+  }
+  for (QuantizableLayer* layer : layers) layer->freeze();
+}
+
+ModelSize model_size(const torch::nn::Module& model) {
+  ModelSize out;
+  for (const auto& item : model.named_modules()) {
+    const torch::nn::Module& m = *item.value();
+    if (dynamic_cast<const QuantizerImpl*>(&m)) continue;  // counted with their layer
+    ModelSize::Layer l;
+    l.name = display_name(item.key());
+    if (const auto* layer = dynamic_cast<const QuantizableLayer*>(&m)) {
+      l.bytes = layer->storage_bytes();
+      l.kind = layer->frozen() ? "frozen" : (layer->quantized() ? "fake_quant" : "float");
+    } else {
+      for (const auto& p : m.named_parameters(/*recurse=*/false)) l.bytes += p.value().nbytes();
+      for (const auto& b : m.named_buffers(/*recurse=*/false)) l.bytes += b.value().nbytes();
+      l.kind = "float";
+    }
+    if (l.bytes == 0) continue;
+    (l.kind == "frozen" ? out.quantized_bytes : out.float_bytes) += l.bytes;
+    out.total_bytes += l.bytes;
+    out.layers.push_back(std::move(l));
+  }
+  return out;
+}
+
+int64_t estimate_memory(int64_t num_params, const QType& qtype, int64_t group_size, int64_t channels, bool affine) {
+  QF_REQUIRE(num_params >= 0, "estimate_memory: negative parameter count");
+  const int64_t data = (num_params * qtype.bits + 7) / 8;
+  int64_t scales = 0;
+  if (group_size > 0) scales = (num_params + group_size - 1) / group_size;
+  else if (channels > 0) scales = channels;
+  else scales = 1;
+  return data + scales * (4 + (affine ? 1 : 0));
+}
+
+std::vector<LayerReport> layer_reports(const torch::nn::Module& model) {
+  std::vector<LayerReport> out;
+  for_each_layer(model, [&](const std::string& path, const QuantizableLayer& layer) {
+    LayerReport r = layer.report();
+    r.name = display_name(path);
+    out.push_back(std::move(r));
+  });
+  return out;
+}
+
+std::string describe(const torch::nn::Module& model) {
+  const auto reports = layer_reports(model);
+  std::ostringstream os;
+  os << std::left << std::setw(32) << "layer" << std::setw(10) << "type" << std::setw(40) << "weights"
+     << std::setw(44) << "activations" << std::setw(34) << "kernel" << std::right << std::setw(12) << "bytes"
+     << "  fallback\n";
+  for (const LayerReport& r : reports) {
+    os << std::left << std::setw(32) << r.name << std::setw(10) << r.type << std::setw(40) << r.weights
+       << std::setw(44) << r.activations << std::setw(34) << r.kernel << std::right << std::setw(12) << r.bytes
+       << "  " << (r.fallback_reason.empty() ? "-" : r.fallback_reason) << "\n";
+  }
+  const ModelSize size = model_size(model);
+  os << "total " << size.total_bytes << " bytes (" << size.quantized_bytes << " frozen, " << size.float_bytes
+     << " float)\n";
+  return os.str();
+}
+
+}  // namespace qforge

@@ -1,0 +1,111 @@
+// The public API, quanto-style:
+//   qforge::quantize(model, qforge::qint8);           // attach quantizers to every qforge layer
+//   { qforge::Calibration calib(*model); run(data); } // static activations: observe, then scales
+//   qforge::freeze(*model);                           // packed integer weights, integer kernels
+// plus QAT switches, model_size / estimate_memory and describe().
+#pragma once
+
+#include <torch/nn/module.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "framework/scheme.h"
+
+namespace qforge {
+
+struct QuantizeReport {
+  struct Entry {
+    std::string path;
+    std::string type;
+    LayerScheme scheme;
+    int rule = -1;      // index of the rule that matched, -1 for the scheme's defaults
+    std::string note;   // adjustments made for this layer (e.g. group size fell back)
+  };
+  std::vector<Entry> quantized;
+  std::vector<std::string> kept_float;  // qforge layers a keep-float rule (or the scheme) left alone
+  std::vector<std::string> warnings;    // rules that matched nothing, adjustments
+};
+
+// Walks named_modules(), attaches quantizers to every qforge layer the scheme selects (replacing
+// earlier ones: quantizing twice replaces the scheme). Warnings go to the report and to stderr.
+QuantizeReport quantize(torch::nn::Module& model, const Scheme& scheme);
+template <class Holder, class = decltype(std::declval<Holder>().ptr())>
+QuantizeReport quantize(Holder& model, const Scheme& scheme) {
+  return quantize(*model.ptr(), scheme);
+}
+
+// RAII calibration (quanto's `with Calibration()`): while alive, forward passes feed the static
+// activation observers (no fake-quant of activations, no gradients); finish() or destruction
+// turns observations into scales. finish() throws naming quantizers that saw no data; the
+// destructor prints that instead.
+class Calibration {
+ public:
+  explicit Calibration(torch::nn::Module& model);
+  template <class Holder, class = decltype(std::declval<Holder>().ptr())>
+  explicit Calibration(Holder& model) : Calibration(*model.ptr()) {}
+  ~Calibration();
+  Calibration(const Calibration&) = delete;
+  Calibration& operator=(const Calibration&) = delete;
+  void finish();
+
+ private:
+  std::vector<Quantizer> quantizers_;
+  at::NoGradGuard no_grad_;
+  bool done_ = false;
+};
+
+// QAT bookkeeping: call step() once per optimizer step. After `freeze_observers_after` steps the
+// activation observers stop updating (their last qparams stay); after `freeze_bn_after` steps
+// BatchNorm layers are kept in eval mode (running statistics fixed). -1 never freezes.
+struct QatOptions {
+  int64_t freeze_observers_after = -1;
+  int64_t freeze_bn_after = -1;
+};
+class QatController {
+ public:
+  QatController(torch::nn::Module& model, QatOptions options);
+  // Puts the model in training mode with observers updating (unless frozen).
+  void begin_epoch();
+  void step();
+  int64_t steps() const { return steps_; }
+
+ private:
+  void apply();
+  torch::nn::Module& model_;
+  QatOptions options_;
+  int64_t steps_ = 0;
+};
+
+// Packs every quantized layer. Checks first, changes nothing on error: static activations never
+// calibrated are listed by name in the error.
+void freeze(torch::nn::Module& model);
+template <class Holder, class = decltype(std::declval<Holder>().ptr())>
+void freeze(Holder& model) {
+  freeze(*model.ptr());
+}
+
+struct ModelSize {
+  struct Layer {
+    std::string name;
+    std::string kind;  // "float", "fake_quant", "frozen"
+    int64_t bytes = 0;
+  };
+  std::vector<Layer> layers;  // every module that owns tensors
+  int64_t total_bytes = 0;
+  int64_t float_bytes = 0;      // float parameters and buffers
+  int64_t quantized_bytes = 0;  // packed weights, scales and zero points of frozen layers
+};
+ModelSize model_size(const torch::nn::Module& model);
+
+// Bytes to store num_params weights of `qtype` (packed), plus float32 scales (and one byte of zero
+// point per scale when affine) for per-group (group_size > 0) or per-channel (channels > 0).
+int64_t estimate_memory(int64_t num_params, const QType& qtype, int64_t group_size = 0,
+                        int64_t channels = 0, bool affine = false);
+
+// The per-layer table: name, type, weights, activations, kernel, fallback reason, bytes.
+std::vector<LayerReport> layer_reports(const torch::nn::Module& model);
+std::string describe(const torch::nn::Module& model);
+
+}  // namespace qforge

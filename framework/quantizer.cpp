@@ -1,0 +1,271 @@
+// Quantizer: observer + qparams + fake-quant of one quantization point.
+#include "framework/quantizer.h"
+
+#include <ATen/ATen.h>
+
+#include "fake_quant/fake_quantize.h"
+#include "fake_quant/lsq.h"
+#include "framework/core/error.h"
+
+namespace qforge {
+
+const char* to_string(ActivationMode m) {
+  switch (m) {
+    case ActivationMode::kNone: return "none";
+    case ActivationMode::kStatic: return "static";
+    case ActivationMode::kDynamicPerToken: return "dynamic_per_token";
+  }
+  return "?";
+}
+
+ActivationMode activation_mode_from_name(const std::string& name) {
+  if (name == "none" || name == "float") return ActivationMode::kNone;
+  if (name == "static") return ActivationMode::kStatic;
+  if (name == "dynamic_per_token" || name == "dynamic") return ActivationMode::kDynamicPerToken;
+  const std::string hint = closest_match(name, {"none", "static", "dynamic_per_token"});
+  throw Error(detail::str_cat("unknown activation mode '", name, "'",
+                              hint.empty() ? std::string() : " (did you mean '" + hint + "'?)"));
+}
+
+at::Tensor broadcast_qparam(const at::Tensor& t, const at::Tensor& x, const QSpec& spec) {
+  switch (spec.granularity) {
+    case Granularity::kPerTensor: return t.reshape({});
+    case Granularity::kPerChannel: {
+      const int64_t axis = spec.axis < 0 ? spec.axis + x.dim() : spec.axis;
+      std::vector<int64_t> shape(x.dim(), 1);
+      shape[axis] = x.size(axis);
+      return t.reshape(shape);
+    }
+    case Granularity::kPerGroup: {
+      // x [..., K] is viewed as [..., G, g]; the qparam [..., G] becomes [..., G, 1].
+      std::vector<int64_t> shape(t.sizes().begin(), t.sizes().end());
+      shape.push_back(1);
+      return t.reshape(shape);
+    }
+  }
+  return t;
+}
+
+namespace {
+at::Tensor grouped(const at::Tensor& x, const QSpec& spec) {
+  if (spec.granularity != Granularity::kPerGroup) return x;
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end() - 1);
+  shape.push_back(x.size(-1) / spec.group_size);
+  shape.push_back(spec.group_size);
+  return x.reshape(shape);
+}
+}  // namespace
+
+at::Tensor quantize_to_int8(const at::Tensor& x_in, const QParams& qp) {
+  QF_REQUIRE(qp.spec.qtype.is_integer() && qp.spec.qtype.bits <= 8,
+             "quantize_to_int8: needs an integer grid of at most 8 bits, got ", qp.spec.qtype.name);
+  QF_REQUIRE(qp.spec.qtype != quint8, "quantize_to_int8: quint8 values do not fit int8; use qint8");
+  const at::Tensor x = grouped(x_in.to(at::kFloat), qp.spec);
+  const at::Tensor s = broadcast_qparam(qp.scale.to(at::kFloat), x_in, qp.spec);
+  const at::Tensor z = broadcast_qparam(qp.zero_point.to(at::kFloat), x_in, qp.spec);
+  // Same operations as the fake-quant kernels: float reciprocal, product, rint, + z, clamp.
+  const at::Tensor q = at::clamp(at::round(x * at::reciprocal(s)) + z, qp.spec.quant_min(), qp.spec.quant_max());
+  return q.to(at::kChar).reshape(x_in.sizes());
+}
+
+at::Tensor dequantize_int(const at::Tensor& q, const QParams& qp) {
+  const at::Tensor g = grouped(q.to(at::kFloat), qp.spec);
+  const at::Tensor s = broadcast_qparam(qp.scale.to(at::kFloat), q, qp.spec);
+  const at::Tensor z = broadcast_qparam(qp.zero_point.to(at::kFloat), q, qp.spec);
+  return ((g - z) * s).reshape(q.sizes());
+}
+
+QuantizerImpl::QuantizerImpl(Role role, QuantizerConfig config, ActivationMode mode, std::string path)
+    : role_(role), config_(std::move(config)), mode_(mode), path_(std::move(path)) {
+  config_.spec.validate();
+  if (role_ == Role::kActivation && mode_ == ActivationMode::kStatic && !config_.lsq)
+    observer_ = make_observer(config_.observer, config_.observer_options);
+  if (config_.lsq) {
+    QF_REQUIRE(config_.spec.qtype.is_integer(), path_, ": LSQ needs an integer grid, got ", config_.spec.qtype.name);
+    QF_REQUIRE(role_ == Role::kWeight || config_.spec.granularity == Granularity::kPerTensor, path_,
+               ": LSQ activations are per-tensor");
+    // Learnable qparams are registered once their shape is known (first forward).
+  } else {
+    scale_ = register_buffer("scale", at::ones({}, at::kFloat));
+    zero_point_ = register_buffer("zero_point", at::zeros({}, at::kInt));
+  }
+}
+
+QParams QuantizerImpl::dynamic_qparams(const at::Tensor& x2d) {
+  // The kernels' dynamic activation formula: scale = amax / 127 (1 when the row is all zero),
+  // grid [-127, 127] (kernels/cpu/reference.h quantize_rows_s8_reference).
+  QSpec spec;
+  spec.qtype = qint8;
+  spec.symmetric = true;
+  spec.narrow_range = true;
+  spec.granularity = Granularity::kPerChannel;
+  spec.axis = 0;
+  const at::Tensor amax = x2d.detach().to(at::kFloat).abs().amax(1);
+  const at::Tensor scale = at::where(amax > 0, amax / 127.0f, at::ones_like(amax));
+  return QParams{spec, scale, at::zeros(amax.sizes(), at::kInt)};
+}
+
+void QuantizerImpl::init_lsq(const at::Tensor& x) {
+  const QSpec& spec = config_.spec;
+  at::Tensor s, z;
+  if (role_ == Role::kActivation && calibrated_) {
+    s = scale_.detach().reshape({1}).clone();
+    z = zero_point_.detach().to(at::kFloat).reshape({1}).clone();
+  } else if (role_ == Role::kActivation) {
+    // LSQ's initial step; zero at the bottom of unsigned grids (non-negative activations).
+    s = lsq_init_scale(x, spec.quant_max());
+    z = at::full({1}, spec.qtype.is_signed ? 0.0f : static_cast<float>(spec.quant_min()));
+  } else {
+    // Weights start from their min/max qparams, which LSQ then refines.
+    const QParams qp = weight_minmax_qparams(x);
+    s = qp.scale.to(at::kFloat).clone();
+    z = qp.zero_point.to(at::kFloat).clone();
+    if (s.dim() == 0) {
+      s = s.reshape({1});
+      z = z.reshape({1});
+    }
+  }
+  // Under LSQ the same names hold learnable parameters instead of buffers.
+  scale_ = register_parameter("scale", s.clamp_min(kScaleEps));
+  zero_point_ = register_parameter("zero_point", z, /*requires_grad=*/!spec.symmetric);
+  lsq_initialised_ = true;
+}
+
+at::Tensor QuantizerImpl::lsq_forward(const at::Tensor& x) {
+  if (!lsq_initialised_) init_lsq(x);
+  const QSpec& spec = config_.spec;
+  // Keep the step positive, as PyTorch's _LearnableFakeQuantize clamps scale.data.
+  { at::NoGradGuard g; scale_.clamp_min_(kScaleEps); }
+  const int64_t qmin = spec.quant_min(), qmax = spec.quant_max();
+  if (spec.granularity == Granularity::kPerTensor) {
+    const double gf = lsq_grad_factor(x.numel(), qmax);
+    return fake_quantize_learnable_per_tensor_affine(x, scale_.reshape({1}), zero_point_.reshape({1}), qmin, qmax, gf);
+  }
+  if (spec.granularity == Granularity::kPerChannel) {
+    const int64_t axis = spec.axis < 0 ? spec.axis + x.dim() : spec.axis;
+    const double gf = lsq_grad_factor(x.numel() / x.size(axis), qmax);
+    return fake_quantize_learnable_per_channel_affine(x, scale_.reshape({-1}), zero_point_.reshape({-1}), axis,
+                                                      qmin, qmax, gf);
+  }
+  // Per-group: rows of group_size elements are the channels.
+  const at::Tensor rows = x.reshape({-1, spec.group_size});
+  const double gf = lsq_grad_factor(spec.group_size, qmax);
+  return fake_quantize_learnable_per_channel_affine(rows, scale_.reshape({-1}), zero_point_.reshape({-1}), 0, qmin,
+                                                    qmax, gf)
+      .reshape(x.sizes());
+}
+
+QParams QuantizerImpl::qparams(const at::Tensor& weight) const {
+  const QSpec& spec = config_.spec;
+  if (config_.lsq) {
+    QF_REQUIRE(lsq_initialised_, path_, ": LSQ qparams are set by the first forward pass");
+    at::Tensor s = scale_.detach().to(at::kFloat).clone(), z;
+    if (role_ == Role::kWeight && spec.granularity == Granularity::kPerTensor) s = s.reshape({});
+    if (spec.granularity == Granularity::kPerChannel) s = s.reshape({-1});
+    const at::Tensor zf = zero_point_.detach().to(at::kFloat);
+    z = at::clamp(at::round(zf), spec.quant_min(), spec.quant_max()).to(at::kInt).reshape(s.sizes());
+    if (role_ == Role::kActivation) {
+      s = s.reshape({});
+      z = z.reshape({});
+    }
+    return QParams{spec, s, z};
+  }
+  if (role_ == Role::kWeight) return weight_minmax_qparams(weight);
+  QF_REQUIRE(mode_ == ActivationMode::kStatic, path_, ": dynamic activations have per-call qparams");
+  QF_REQUIRE(calibrated_, path_,
+             ": the static activation quantizer was never calibrated; run forward passes inside "
+             "qforge::Calibration (or load a calibration dump) first");
+  return QParams{spec, scale_.detach(), zero_point_.detach()};
+}
+
+QParams QuantizerImpl::weight_minmax_qparams(const at::Tensor& weight) const {
+  const QSpec& spec = config_.spec;
+  {
+    QF_REQUIRE(weight.defined(), path_, ": weight qparams need the weight");
+    const at::Tensor w = weight.detach().to(at::kFloat);
+    at::Tensor mn, mx;
+    switch (spec.granularity) {
+      case Granularity::kPerTensor: mn = w.min(); mx = w.max(); break;
+      case Granularity::kPerChannel: {
+        const int64_t axis = spec.axis < 0 ? spec.axis + w.dim() : spec.axis;
+        const at::Tensor rows = w.movedim(axis, 0).reshape({w.size(axis), -1});
+        mn = std::get<0>(rows.min(1));
+        mx = std::get<0>(rows.max(1));
+        break;
+      }
+      case Granularity::kPerGroup: {
+        const at::Tensor g = grouped(w, spec);
+        mn = std::get<0>(g.min(-1));
+        mx = std::get<0>(g.max(-1));
+        break;
+      }
+    }
+    QF_REQUIRE(at::isfinite(mn).all().item<bool>() && at::isfinite(mx).all().item<bool>(), path_,
+               ": weight holds NaN or inf; cannot quantize it");
+    return calculate_qparams(mn, mx, spec);
+  }
+}
+
+void QuantizerImpl::compute_qparams() {
+  QF_REQUIRE(observer_, path_, ": no observer to compute qparams from");
+  QF_REQUIRE(observer_->has_data(), path_, ": the observer saw no finite values during calibration");
+  set_qparams(observer_->qparams(config_.spec));
+}
+
+void QuantizerImpl::set_qparams(const QParams& qp) {
+  QF_REQUIRE(!config_.lsq || !lsq_initialised_, path_, ": set_qparams on an LSQ quantizer that already trains");
+  const at::Tensor s = qp.scale.to(at::kFloat).reshape({});
+  const at::Tensor z = qp.zero_point.to(at::kInt).reshape({});
+  if (config_.lsq) {
+    // LSQ starts from these values at its first forward pass.
+    scale_ = register_buffer("scale", s.clone());
+    zero_point_ = register_buffer("zero_point", z.clone());
+  } else {
+    scale_.set_data(s.clone());
+    zero_point_.set_data(z.clone());
+  }
+  calibrated_ = true;
+}
+
+at::Tensor QuantizerImpl::weight_forward(const at::Tensor& w) {
+  if (!fake_quant_) return w;
+  if (config_.lsq && is_training()) return lsq_forward(w);
+  if (config_.lsq && lsq_initialised_) return fake_quantize(w, qparams());
+  if (config_.lsq) return lsq_forward(w);
+  // In eval the fake-quantized weight is reused until the weight changes.
+  const bool no_grad = !w.requires_grad() || !at::GradMode::is_enabled();
+  if (!is_training() && no_grad) {
+    if (cached_wq_.defined() && cached_w_.is_same(w) && cached_version_ == static_cast<int64_t>(w._version()))
+      return cached_wq_;
+    cached_wq_ = fake_quantize(w.detach(), qparams(w));
+    cached_w_ = w;
+    cached_version_ = static_cast<int64_t>(w._version());
+    return cached_wq_;
+  }
+  return fake_quantize(w, qparams(w));
+}
+
+at::Tensor QuantizerImpl::activation_forward(const at::Tensor& x) {
+  if (mode_ == ActivationMode::kNone) return x;
+  if (mode_ == ActivationMode::kDynamicPerToken) {
+    if (!fake_quant_ || x.numel() == 0) return x;
+    const at::Tensor x2d = x.reshape({-1, x.size(-1)});
+    return fake_quantize(x2d, dynamic_qparams(x2d)).reshape(x.sizes());
+  }
+  const bool update = observer_ && observing_ && !observer_frozen_;
+  if (update) observer_->update(x.detach());
+  if (!fake_quant_) return x;
+  if (config_.lsq) {
+    if (is_training() || lsq_initialised_) return lsq_forward(x);
+  }
+  // While QAT observes, min/max observers give fresh qparams every step (PyTorch FakeQuantize);
+  // histogram observers keep their calibrated qparams (a search per step would dominate).
+  if (update && is_training() && observer_->kind().find("histogram") == std::string::npos) compute_qparams();
+  return fake_quantize(x, qparams());
+}
+
+at::Tensor QuantizerImpl::forward(const at::Tensor& x) {
+  return role_ == Role::kWeight ? weight_forward(x) : activation_forward(x);
+}
+
+}  // namespace qforge

@@ -1,0 +1,111 @@
+// Quantizer: one quantization point of a layer (its weight, or its input activation). It owns the
+// observer, the qparams the observer produced (buffers "scale" and "zero_point", or learnable
+// parameters of the same names under LSQ) and the fake-quant step of PTQ evaluation and QAT.
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+
+#include <memory>
+#include <string>
+
+#include "framework/core/qparams.h"
+#include "observers/observer.h"
+
+namespace qforge {
+
+// How a layer's input activations are quantized.
+enum class ActivationMode : uint8_t {
+  kNone,             // float activations (weight-only quantization)
+  kStatic,           // scale calibrated once from data (observer), fixed at inference
+  kDynamicPerToken,  // symmetric int8 scale per row computed on every call (amax / 127)
+};
+const char* to_string(ActivationMode m);
+ActivationMode activation_mode_from_name(const std::string& name);
+
+// How one point is quantized: grid, granularity, observer, learnable or not.
+struct QuantizerConfig {
+  QSpec spec;
+  std::string observer = "minmax";  // static activations only; weights use their own min/max
+  ObserverOptions observer_options;
+  bool lsq = false;                 // learnable scale (and zero point when affine)
+};
+
+class QuantizerImpl : public torch::nn::Module {
+ public:
+  enum class Role : uint8_t { kWeight, kActivation };
+
+  QuantizerImpl(Role role, QuantizerConfig config, ActivationMode mode, std::string path);
+
+  // Weight: fake-quantized weight (STE or LSQ). Activation: observes and/or fake-quantizes
+  // according to the flags below; returns x unchanged while only observing.
+  at::Tensor forward(const at::Tensor& x);
+
+  // QParams in force: static activations after calibration, LSQ parameters, or the weight's
+  // (`weight` is required for non-learnable weight quantizers).
+  QParams qparams(const at::Tensor& weight = {}) const;
+  // Per-row symmetric int8 qparams of kDynamicPerToken for x viewed as [rows, K].
+  static QParams dynamic_qparams(const at::Tensor& x2d);
+
+  // Calibration: observe without fake-quantizing. QAT/eval: fake-quantize; observe while training
+  // unless the observer is frozen.
+  void set_observing(bool on) { observing_ = on; }
+  void set_fake_quant(bool on) { fake_quant_ = on; }
+  void freeze_observer() { observer_frozen_ = true; }
+  bool observing() const { return observing_; }
+  bool observer_frozen() const { return observer_frozen_; }
+
+  // Observer → "scale"/"zero_point" buffers. Throws when the observer saw nothing.
+  void compute_qparams();
+  // Sets the static qparams directly (loading a calibration dump or checkpoint).
+  void set_qparams(const QParams& qp);
+  bool calibrated() const { return calibrated_; }
+  // Drops the eval-mode cache (and so its reference to the float weight).
+  void clear_cache() {
+    cached_w_ = at::Tensor();
+    cached_wq_ = at::Tensor();
+    cached_version_ = -1;
+  }
+
+  Role role() const { return role_; }
+  ActivationMode mode() const { return mode_; }
+  const QuantizerConfig& config() const { return config_; }
+  const std::string& path() const { return path_; }
+  Observer* observer() { return observer_.get(); }
+  const Observer* observer() const { return observer_.get(); }
+
+ private:
+  at::Tensor weight_forward(const at::Tensor& w);
+  QParams weight_minmax_qparams(const at::Tensor& w) const;
+  at::Tensor activation_forward(const at::Tensor& x);
+  at::Tensor lsq_forward(const at::Tensor& x);
+  void init_lsq(const at::Tensor& x);
+
+  Role role_;
+  QuantizerConfig config_;
+  ActivationMode mode_;
+  std::string path_;
+  std::unique_ptr<Observer> observer_;
+  at::Tensor scale_, zero_point_;  // buffers, or parameters under LSQ
+  bool observing_ = false;
+  bool fake_quant_ = true;
+  bool observer_frozen_ = false;
+  bool calibrated_ = false;
+  bool lsq_initialised_ = false;
+  // Eval-mode cache of the fake-quantized weight, keyed on the weight's storage and version.
+  at::Tensor cached_w_, cached_wq_;
+  int64_t cached_version_ = -1;
+};
+
+TORCH_MODULE(Quantizer);
+
+// Reshapes a per-channel / per-group qparam tensor so it broadcasts against x.
+at::Tensor broadcast_qparam(const at::Tensor& t, const at::Tensor& x, const QSpec& spec);
+
+// Integer grid values q = clamp(rint(x * (1/s)) + z, qmin, qmax) as int8 (integer grids up to 8
+// bits), the same values fake_quantize dequantizes: (q - z) * s == fake_quantize(x).
+at::Tensor quantize_to_int8(const at::Tensor& x, const QParams& qp);
+// (q - z) * s for integer values q (any integer dtype).
+at::Tensor dequantize_int(const at::Tensor& q, const QParams& qp);
+
+}  // namespace qforge

@@ -1,0 +1,117 @@
+// Scheme resolution per layer.
+#include "framework/scheme.h"
+
+#include <fnmatch.h>
+
+#include <sstream>
+
+#include "framework/core/error.h"
+#include "framework/nn/conv.h"
+#include "framework/nn/embedding.h"
+#include "framework/nn/linear.h"
+
+namespace qforge {
+
+// Default group size of sub-8-bit weights (quanto's and GPTQ's usual choice).
+constexpr int64_t kDefaultGroupSize = 128;
+
+Scheme::Scheme(QType weight_qtype) : weights(weight_qtype) {
+  if (weight_qtype.is_integer() && weight_qtype.bits < 8) {
+    weight_granularity = Granularity::kPerGroup;
+    group_size = kDefaultGroupSize;
+  }
+  if (weight_qtype.is_float()) weight_granularity = Granularity::kPerChannel;
+}
+
+bool pattern_matches(const std::string& pattern, const std::string& path) {
+  return fnmatch(pattern.c_str(), path.c_str(), 0) == 0;
+}
+
+namespace {
+// Size of the dimension per-group quantization splits (Linear in_features, Embedding dim).
+int64_t grouped_dim(const QuantizableLayer& layer) {
+  if (const auto* l = dynamic_cast<const nn::LinearImpl*>(&layer)) return l->options.in_features();
+  if (const auto* e = dynamic_cast<const nn::EmbeddingImpl*>(&layer)) return e->options.embedding_dim();
+  return -1;
+}
+}  // namespace
+
+std::optional<LayerScheme> Scheme::resolve(const std::string& path, const QuantizableLayer& layer,
+                                           int* matched_rule, std::string* note) const {
+  std::optional<QType> w = weights;
+  Granularity wg = weight_granularity;
+  int64_t gs = group_size;
+  ActivationMode act = activations;
+  *matched_rule = -1;
+  for (size_t i = 0; i < rules.size(); ++i) {
+    const LayerRule& r = rules[i];
+    if (!pattern_matches(r.pattern, path)) continue;
+    *matched_rule = static_cast<int>(i);
+    if (r.keep_float) return std::nullopt;
+    if (r.weights) w = r.weights;
+    if (r.weight_granularity) wg = *r.weight_granularity;
+    if (r.group_size) gs = *r.group_size;
+    if (r.activations) act = *r.activations;
+    break;
+  }
+  const std::string type = layer.layer_type();
+  const bool weightless = type == "LayerNorm" || type == "MatMul";
+  if (type == "Embedding") act = ActivationMode::kNone;
+  if ((type == "Conv1d" || type == "Conv2d") && act == ActivationMode::kDynamicPerToken) {
+    act = ActivationMode::kStatic;
+    *note = "dynamic per-token activations do not apply to convolutions; using static";
+  }
+  if (type == "LayerNorm" && act == ActivationMode::kDynamicPerToken) act = ActivationMode::kNone;
+  if (weightless && act == ActivationMode::kNone) return std::nullopt;
+
+  LayerScheme ls;
+  if (w && !weightless) {
+    QuantizerConfig c;
+    c.spec.qtype = *w;
+    c.spec.symmetric = weight_symmetric || w->is_float();
+    c.spec.granularity = wg;
+    c.spec.axis = 0;
+    c.lsq = weight_lsq;
+    if (wg == Granularity::kPerGroup) {
+      const int64_t dim = grouped_dim(layer);
+      if (dim < 0 || gs <= 0 || dim % gs != 0) {
+        *note = dim < 0 ? type + " weights are quantized per channel (groups apply to Linear/Embedding)"
+                        : detail::str_cat("dimension ", dim, " is not a multiple of group_size ", gs,
+                                          "; using per_channel");
+        c.spec.granularity = Granularity::kPerChannel;
+      } else {
+        c.spec.group_size = gs;
+      }
+    }
+    ls.weights = c;
+  }
+  ls.activations = act;
+  if (act != ActivationMode::kNone) {
+    QuantizerConfig a;
+    a.spec.qtype = act == ActivationMode::kDynamicPerToken ? qint8 : activation_qtype;
+    a.spec.symmetric = act == ActivationMode::kDynamicPerToken || activation_symmetric || activation_qtype.is_float();
+    a.spec.narrow_range = a.spec.symmetric && a.spec.qtype == qint8;
+    a.observer = observer;
+    a.observer_options = observer_options;
+    a.lsq = activation_lsq && act == ActivationMode::kStatic;
+    ls.activation = a;
+  }
+  if (!ls.weights && ls.activations == ActivationMode::kNone) return std::nullopt;
+  return ls;
+}
+
+std::string Scheme::to_string() const {
+  std::ostringstream os;
+  os << "weights=" << (weights ? weights->name : "float");
+  if (weights) {
+    os << " " << qforge::to_string(weight_granularity);
+    if (weight_granularity == Granularity::kPerGroup) os << "(" << group_size << ")";
+    if (weight_lsq) os << " lsq";
+  }
+  os << " activations=" << qforge::to_string(activations);
+  if (activations == ActivationMode::kStatic) os << " " << activation_qtype.name << " observer=" << observer;
+  if (!rules.empty()) os << " rules=" << rules.size();
+  return os.str();
+}
+
+}  // namespace qforge

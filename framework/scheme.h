@@ -1,0 +1,54 @@
+// Scheme: what quantize() applies to a model: weight and activation grids, granularity,
+// observer, LSQ, and ordered per-layer rules (shell-style patterns on module paths, first match
+// wins, with an explicit keep-float rule).
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "framework/nn/quantizable.h"
+
+namespace qforge {
+
+struct LayerRule {
+  std::string pattern;  // fnmatch-style on the module path: "encoder.layer.*.attention.*"
+  bool keep_float = false;
+  std::optional<QType> weights;
+  std::optional<Granularity> weight_granularity;
+  std::optional<int64_t> group_size;
+  std::optional<ActivationMode> activations;
+};
+
+struct Scheme {
+  // Weights: nullopt keeps them float.
+  std::optional<QType> weights = qint8;
+  Granularity weight_granularity = Granularity::kPerChannel;
+  int64_t group_size = 0;
+  bool weight_symmetric = true;
+  bool weight_lsq = false;
+  // Activations (inputs of Linear/Conv/MatMul, output of LayerNorm).
+  ActivationMode activations = ActivationMode::kNone;
+  QType activation_qtype = qint8;
+  // Symmetric int8 activations use the narrow grid [-127, 127], which the int8 kernels need.
+  bool activation_symmetric = true;
+  std::string observer = "histogram";
+  ObserverOptions observer_options;
+  bool activation_lsq = false;
+  std::vector<LayerRule> rules;
+
+  Scheme() = default;
+  // quantize(model, qint8): int8 per-channel symmetric weights, float activations. 4-bit and
+  // 2-bit weights default to groups of 128 along the input dimension.
+  Scheme(QType weight_qtype);  // NOLINT: implicit on purpose, as quanto's quantize(model, qint8)
+
+  // The scheme for the layer at `path` (nullopt: keep float), or the first rule that matched it.
+  std::optional<LayerScheme> resolve(const std::string& path, const QuantizableLayer& layer,
+                                     int* matched_rule, std::string* note) const;
+  std::string to_string() const;
+};
+
+// Shell-style match: '*' any run (including '.'), '?' one character, [abc] a class.
+bool pattern_matches(const std::string& pattern, const std::string& path);
+
+}  // namespace qforge

@@ -1,0 +1,342 @@
+// qforge layers before quantize() are their LibTorch twins, bit for bit; after quantize() they
+// fake-quantize; after freeze() they match fake-quant and hold packed weights only.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/conv.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/modules/normalization.h>
+
+#include "fake_quant/fake_quantize.h"
+#include "framework/core/error.h"
+#include "framework/nn/conv.h"
+#include "framework/nn/embedding.h"
+#include "framework/nn/layer_norm.h"
+#include "framework/nn/linear.h"
+#include "framework/nn/matmul.h"
+#include "framework/quantize.h"
+
+using namespace qforge;
+
+namespace {
+
+// Relative error measured against the output's scale.
+double rel_error(const at::Tensor& a, const at::Tensor& b) {
+  const double denom = std::max(b.abs().max().item<double>(), 1e-12);
+  return (a - b).abs().max().item<double>() / denom;
+}
+
+struct TwoLinear : torch::nn::Module {
+  TwoLinear(int64_t in, int64_t hidden, int64_t out)
+      : fc1(register_module("fc1", nn::Linear(in, hidden))), fc2(register_module("fc2", nn::Linear(hidden, out))) {}
+  at::Tensor forward(const at::Tensor& x) { return fc2(at::relu(fc1(x))); }
+  nn::Linear fc1, fc2;
+};
+
+}  // namespace
+
+TEST(Layers, FloatForwardAndParametersEqualLibTorchBitForBit) {
+  at::manual_seed(1);
+  nn::Linear q(17, 9);
+  at::manual_seed(1);
+  torch::nn::Linear t(17, 9);
+  EXPECT_TRUE(at::equal(q->weight, t->weight));  // same initialisation
+  EXPECT_TRUE(at::equal(q->bias, t->bias));
+  const at::Tensor x = at::randn({4, 17});
+  EXPECT_TRUE(at::equal(q(x), t(x)));
+  EXPECT_EQ(q->named_parameters().keys(), t->named_parameters().keys());
+
+  at::manual_seed(2);
+  nn::Conv2d qc(torch::nn::Conv2dOptions(3, 8, 3).padding(1).stride(2));
+  at::manual_seed(2);
+  torch::nn::Conv2d tc(torch::nn::Conv2dOptions(3, 8, 3).padding(1).stride(2));
+  const at::Tensor img = at::randn({2, 3, 9, 9});
+  EXPECT_TRUE(at::equal(qc(img), tc(img)));
+
+  at::manual_seed(3);
+  nn::Conv1d q1(torch::nn::Conv1dOptions(4, 6, 5).padding_mode(torch::kReflect).padding(2));
+  at::manual_seed(3);
+  torch::nn::Conv1d t1(torch::nn::Conv1dOptions(4, 6, 5).padding_mode(torch::kReflect).padding(2));
+  const at::Tensor seq = at::randn({2, 4, 11});
+  EXPECT_TRUE(at::equal(q1(seq), t1(seq)));
+
+  at::manual_seed(4);
+  nn::Embedding qe(50, 8);
+  at::manual_seed(4);
+  torch::nn::Embedding te(50, 8);
+  const at::Tensor idx = at::randint(0, 50, {3, 5});
+  EXPECT_TRUE(at::equal(qe(idx), te(idx)));
+
+  nn::LayerNorm qn(torch::nn::LayerNormOptions({8}));
+  torch::nn::LayerNorm tn(torch::nn::LayerNormOptions({8}));
+  const at::Tensor h = at::randn({3, 8});
+  EXPECT_TRUE(at::equal(qn(h), tn(h)));
+}
+
+TEST(Layers, LoadsAPlainLibTorchStateDict) {
+  torch::nn::Linear t(6, 3);
+  nn::Linear q(6, 3);
+  torch::NoGradGuard g;
+  for (const auto& p : t->named_parameters()) q->named_parameters()[p.key()].copy_(p.value());
+  const at::Tensor x = at::randn({2, 6});
+  EXPECT_TRUE(at::equal(q(x), t(x)));
+}
+
+TEST(Quantize, Int8WeightsFakeQuantizeWithPerChannelScales) {
+  at::manual_seed(5);
+  auto model = std::make_shared<TwoLinear>(32, 64, 10);
+  const at::Tensor x = at::randn({8, 32});
+  const at::Tensor y_float = model->forward(x);
+  const QuantizeReport rep = quantize(*model, qint8);
+  ASSERT_EQ(rep.quantized.size(), 2u);
+  const at::Tensor y_q = model->forward(x);
+  EXPECT_FALSE(at::equal(y_q, y_float));
+  EXPECT_LT(rel_error(y_q, y_float), 0.05);
+  // The fake-quantized weight is exactly fake_quantize(w, per-channel min/max qparams).
+  const QParams qp = model->fc1->weight_quantizer()->qparams(model->fc1->weight);
+  EXPECT_EQ(qp.scale.sizes(), (std::vector<int64_t>{64}));
+  const at::Tensor expected = at::linear(x, fake_quantize(model->fc1->weight, qp), model->fc1->bias);
+  EXPECT_TRUE(at::equal(model->fc1(x), expected));
+  // State lives in buffers with plain names.
+  const auto buffers = model->named_buffers();
+  EXPECT_TRUE(buffers.contains("fc1.input_quantizer.scale") || buffers.contains("fc1.weight_quantizer.scale"));
+}
+
+TEST(Quantize, RulesFirstMatchWinsKeepFloatAndUnmatchedPatternsWarn) {
+  auto model = std::make_shared<TwoLinear>(16, 16, 4);
+  Scheme s(qint8);
+  s.rules.push_back(LayerRule{"fc2", /*keep_float=*/true});
+  s.rules.push_back(LayerRule{"fc*", false, qint4});
+  s.rules.push_back(LayerRule{"decoder.*", true});
+  const QuantizeReport rep = quantize(*model, s);
+  ASSERT_EQ(rep.quantized.size(), 1u);
+  EXPECT_EQ(rep.quantized[0].path, "fc1");
+  EXPECT_EQ(rep.quantized[0].scheme.weights->spec.qtype, qint4);
+  EXPECT_FALSE(model->fc2->quantized());
+  ASSERT_EQ(rep.warnings.size(), 1u);
+  EXPECT_NE(rep.warnings[0].find("decoder.*"), std::string::npos);
+  // Quantizing again replaces the scheme.
+  quantize(*model, qint8);
+  EXPECT_EQ(model->fc1->scheme().weights->spec.qtype, qint8);
+  EXPECT_TRUE(model->fc2->quantized());
+}
+
+TEST(Calibration, StaticActivationsGetScalesOnExitAndFreezeNeedsThem) {
+  at::manual_seed(6);
+  auto model = std::make_shared<TwoLinear>(16, 32, 4);
+  Scheme s(qint8);
+  s.activations = ActivationMode::kStatic;
+  s.observer = "minmax";
+  quantize(*model, s);
+  model->eval();
+  try {
+    freeze(*model);
+    FAIL() << "freeze before calibration must throw";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("fc1.input"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("fc2.input"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(model->fc1->frozen());  // nothing changed
+  const at::Tensor x = at::randn({64, 16});
+  {
+    Calibration calib(*model);
+    model->forward(x);
+  }
+  ASSERT_TRUE(model->fc1->input_quantizer()->calibrated());
+  const QParams a = model->fc1->input_quantizer()->qparams();
+  const float amax = x.abs().max().item<float>();
+  EXPECT_FLOAT_EQ(a.scale.item<float>(), amax / 127.0f);  // symmetric narrow int8
+  EXPECT_NO_THROW(freeze(*model));
+}
+
+// Frozen forward equals fake-quant forward for every qtype, granularity and activation mode.
+TEST(Freeze, FrozenLinearMatchesFakeQuantForEveryScheme) {
+  struct Case {
+    QType w;
+    Granularity g;
+    int64_t group;
+    ActivationMode act;
+    bool exact;  // same float ops (dequantize + at::linear) vs integer accumulation
+  };
+  const std::vector<Case> cases{
+      {qint8, Granularity::kPerChannel, 0, ActivationMode::kDynamicPerToken, false},
+      {qint8, Granularity::kPerTensor, 0, ActivationMode::kDynamicPerToken, false},
+      {qint8, Granularity::kPerChannel, 0, ActivationMode::kStatic, false},
+      {qint4, Granularity::kPerGroup, 32, ActivationMode::kDynamicPerToken, false},
+      {qint4, Granularity::kPerChannel, 0, ActivationMode::kStatic, false},
+      {qint4, Granularity::kPerGroup, 32, ActivationMode::kStatic, false},
+      {qint8, Granularity::kPerChannel, 0, ActivationMode::kNone, true},
+      {qint4, Granularity::kPerGroup, 32, ActivationMode::kNone, true},
+      {qint2, Granularity::kPerGroup, 32, ActivationMode::kNone, true},
+      {qfloat8_e4m3fn, Granularity::kPerChannel, 0, ActivationMode::kNone, true},
+      {quint8, Granularity::kPerChannel, 0, ActivationMode::kNone, true},
+  };
+  for (const int64_t M : {1, 3, 16}) {
+    for (const Case& c : cases) {
+      at::manual_seed(7);
+      nn::Linear lin(64, 48);
+      lin->eval();
+      Scheme s(c.w);
+      s.weight_granularity = c.g;
+      s.group_size = c.group;
+      s.weight_symmetric = c.w != quint8;
+      s.activations = c.act;
+      s.observer = "minmax";
+      quantize(lin, s);
+      const at::Tensor x = at::randn({M, 64});
+      if (c.act == ActivationMode::kStatic) {
+        Calibration calib(lin);
+        lin(at::randn({32, 64}));
+      }
+      at::Tensor y_fq;
+      {
+        at::NoGradGuard g;
+        y_fq = lin(x);
+      }
+      freeze(lin);
+      const at::Tensor y = lin(x);
+      const std::string what = std::string(c.w.name) + " " + to_string(c.g) + " " + to_string(c.act) + " M=" +
+                               std::to_string(M) + " kernel " + lin->report().kernel;
+      if (c.exact) {
+        EXPECT_TRUE(at::equal(y, y_fq)) << what << ": " << rel_error(y, y_fq);
+      } else {
+        EXPECT_LE(rel_error(y, y_fq), 1e-5) << what;
+      }
+      EXPECT_TRUE(lin->frozen());
+      EXPECT_FALSE(lin->named_parameters().contains("weight")) << what;
+      EXPECT_FALSE(lin->weight.defined()) << what;
+    }
+  }
+}
+
+TEST(Freeze, ModelSizeShrinksAtLeastFourfoldForInt8AndSevenAndHalfForInt4) {
+  struct Net : torch::nn::Module {
+    Net() {
+      for (int i = 0; i < 3; ++i) layers.push_back(register_module("l" + std::to_string(i), nn::Linear(512, 512)));
+    }
+    std::vector<nn::Linear> layers;
+  };
+  auto net8 = std::make_shared<Net>();
+  const int64_t float_bytes = model_size(*net8).total_bytes;
+  Scheme s8(qint8);
+  s8.activations = ActivationMode::kDynamicPerToken;
+  quantize(*net8, s8);
+  freeze(*net8);
+  const int64_t int8_bytes = model_size(*net8).total_bytes;
+  EXPECT_GE(static_cast<double>(float_bytes) / int8_bytes, 3.9) << float_bytes << " / " << int8_bytes;
+
+  auto net4 = std::make_shared<Net>();
+  Scheme s4(qint4);  // groups of 128 by default
+  s4.activations = ActivationMode::kDynamicPerToken;
+  quantize(*net4, s4);
+  freeze(*net4);
+  const int64_t int4_bytes = model_size(*net4).total_bytes;
+  EXPECT_GE(static_cast<double>(float_bytes) / int4_bytes, 7.5) << float_bytes << " / " << int4_bytes;
+  EXPECT_NE(describe(*net4).find("qint4"), std::string::npos);
+}
+
+TEST(Freeze, FloatWeightMemoryIsReleased) {
+  nn::Linear lin(256, 256);
+  c10::weak_intrusive_ptr<c10::StorageImpl> weak(lin->weight.storage().getWeakStorageImpl());
+  quantize(lin, qint8);
+  lin->eval();
+  {
+    at::NoGradGuard g;
+    lin(at::randn({2, 256}));  // fills the eval cache, which must not keep the weight alive
+  }
+  ASSERT_FALSE(weak.expired());
+  freeze(lin);
+  EXPECT_FALSE(lin->weight.defined());
+  EXPECT_TRUE(weak.expired()) << "the float weight's storage is still referenced after freeze";
+}
+
+TEST(Freeze, EmbeddingConvLayerNormMatMulFreezeAndReportFallbacks) {
+  at::manual_seed(8);
+  nn::Embedding emb(100, 64);
+  nn::Conv2d conv(torch::nn::Conv2dOptions(3, 4, 3));
+  quantize(emb, qint8);
+  quantize(conv, qint8);
+  const at::Tensor idx = at::randint(0, 100, {4, 7});
+  const at::Tensor img = at::randn({1, 3, 8, 8});
+  at::Tensor e_fq, c_fq;
+  {
+    at::NoGradGuard g;
+    emb->eval();
+    conv->eval();
+    e_fq = emb(idx);
+    c_fq = conv(img);
+  }
+  freeze(emb);
+  freeze(conv);
+  EXPECT_TRUE(at::equal(emb(idx), e_fq));
+  EXPECT_TRUE(at::equal(conv(img), c_fq));
+  EXPECT_EQ(emb->report().kernel, "gather_s8+dequantize_rows");
+  EXPECT_NE(conv->report().fallback_reason.find("no integer convolution kernel"), std::string::npos);
+
+  nn::MatMul mm;
+  Scheme s;
+  s.weights = std::nullopt;
+  s.activations = ActivationMode::kDynamicPerToken;
+  quantize(mm, s);
+  const at::Tensor q = at::randn({2, 5, 8}), k = at::randn({2, 8, 5});
+  const at::Tensor scores = mm(q, k);
+  EXPECT_LT(rel_error(scores, at::matmul(q, k)), 0.05);
+  EXPECT_FALSE(at::equal(scores, at::matmul(q, k)));
+}
+
+TEST(Quantize, UnsupportedCombinationsAreClearErrors) {
+  nn::Embedding emb(10, 8);
+  Scheme s(qint8);
+  s.activations = ActivationMode::kStatic;
+  s.rules.push_back(LayerRule{"*", false});
+  // Embedding inputs are indices: the scheme resolver leaves activations off for it.
+  EXPECT_NO_THROW(quantize(emb, s));
+  LayerScheme bad;
+  bad.activations = ActivationMode::kStatic;
+  try {
+    emb->attach("emb", bad);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("indices"), std::string::npos) << e.what();
+  }
+  nn::Linear lin(10, 4);
+  Scheme g(qint4);
+  g.group_size = 3;  // 10 % 3 != 0: falls back to per-channel with a warning
+  const QuantizeReport rep = quantize(lin, g);
+  ASSERT_FALSE(rep.warnings.empty());
+  EXPECT_EQ(lin->scheme().weights->spec.granularity, Granularity::kPerChannel);
+}
+
+TEST(Qat, StraightThroughTrainingReducesLossAndKeepsFloatLatentWeights) {
+  at::manual_seed(9);
+  nn::Linear lin(8, 1);
+  const at::Tensor x = at::randn({256, 8});
+  const at::Tensor w_true = at::randn({1, 8});
+  const at::Tensor y = at::matmul(x, w_true.t());
+  Scheme s(qint4);
+  s.weight_granularity = Granularity::kPerChannel;
+  s.weight_lsq = true;
+  quantize(lin, s);
+  QatController qat(*lin.ptr(), QatOptions{});
+  qat.begin_epoch();
+  std::vector<at::Tensor> params;
+  for (const auto& p : lin->parameters()) params.push_back(p);
+  double first = 0, last = 0;
+  for (int step = 0; step < 200; ++step) {
+    for (auto& p : lin->parameters()) p.mutable_grad() = at::Tensor();
+    const at::Tensor loss = (lin(x) - y).pow(2).mean();
+    loss.backward();
+    {
+      at::NoGradGuard g;
+      for (auto& p : lin->parameters())
+        if (p.grad().defined()) p.sub_(p.grad() * 0.05);
+    }
+    qat.step();
+    if (step == 0) first = loss.item<double>();
+    last = loss.item<double>();
+  }
+  EXPECT_LT(last, first * 0.2) << first << " -> " << last;
+  EXPECT_EQ(lin->weight.scalar_type(), at::kFloat);
+  EXPECT_TRUE(lin->named_parameters().contains("weight_quantizer.scale"));  // LSQ step is learnable
+}
