@@ -164,6 +164,14 @@ Id simple_space(const std::vector<int64_t>& shape) {
   return Id(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr));
 }
 
+// Links and attributes stay in the (checksummed) object header instead of moving to the
+// unchecksummed fractal heap of "dense" storage once a group has more than 8 of them.
+constexpr unsigned kMaxCompact = 65535;
+void set_compact_storage(hid_t plist, const std::string& where) {
+  check(H5Pset_link_phase_change(plist, kMaxCompact, kMaxCompact - 1), where, "cannot keep links compact");
+  check(H5Pset_attr_phase_change(plist, kMaxCompact, kMaxCompact - 1), where, "cannot keep attributes compact");
+}
+
 Id string_type() {
   Id t(H5Tcopy(H5T_C_S1));
   H5Tset_size(t.get(), H5T_VARIABLE);
@@ -259,10 +267,14 @@ Id open_attr(hid_t obj, const std::string& where, const std::string& name) {
 
 void Object::set_attr(const std::string& name, const std::string& value) const {
   Lock lock;
-  Id type = string_type();
+  // Fixed-length (not variable-length) strings live inside the checksummed object header; a
+  // variable-length string would sit in the unchecksummed global heap.
+  Id type(H5Tcopy(H5T_C_S1));
+  H5Tset_size(type.get(), value.size() + 1);
+  H5Tset_strpad(type.get(), H5T_STR_NULLTERM);
+  H5Tset_cset(type.get(), H5T_CSET_UTF8);
   Id space(H5Screate(H5S_SCALAR));
-  const char* p = value.c_str();
-  write_attr(id_.get(), where(), name, type.get(), space.get(), type.get(), &p);
+  write_attr(id_.get(), where(), name, type.get(), space.get(), type.get(), value.c_str());
 }
 
 void Object::set_attr(const std::string& name, int64_t value) const {
@@ -282,7 +294,9 @@ void Object::set_attr(const std::string& name, const std::vector<int64_t>& value
   const hsize_t n = value.size();
   // An empty list (the shape of a 0-dim tensor) is a null dataspace: no elements at all.
   Id space(n == 0 ? H5Screate(H5S_NULL) : H5Screate_simple(1, &n, nullptr));
-  write_attr(id_.get(), where(), name, H5T_STD_I64LE, space.get(), H5T_NATIVE_INT64, value.data());
+  const int64_t none = 0;  // HDF5 wants a buffer even for zero elements
+  write_attr(id_.get(), where(), name, H5T_STD_I64LE, space.get(), H5T_NATIVE_INT64,
+             value.empty() ? &none : value.data());
 }
 
 std::string Object::attr_string(const std::string& name) const {
@@ -304,9 +318,9 @@ std::string Object::attr_string(const std::string& name) const {
     H5free_memory(p);
     return s;
   }
-  // Fixed-length strings (as some other writers produce): read the bytes, stop at the first NUL.
+  // Fixed-length strings: read the bytes, stop at the first NUL.
   const size_t size = H5Tget_size(type.get());
-  std::string s(size, '\0');
+  std::string s(size + 1, '\0');
   check(H5Aread(attr.get(), type.get(), s.data()), where(), "cannot read attribute '" + name + "'");
   s.resize(std::strlen(s.c_str()));
   return s;
@@ -463,6 +477,7 @@ Group Group::create_group(const std::string& name) const {
   Id gcpl(H5Pcreate(H5P_GROUP_CREATE));
   // No timestamps: the same content gives the same bytes (fixtures, diffs).
   H5Pset_obj_track_times(gcpl.get(), false);
+  set_compact_storage(gcpl.get(), where());
   Id g(H5Gcreate2(id_.get(), name.c_str(), H5P_DEFAULT, gcpl.get(), H5P_DEFAULT));
   if (!g.valid()) fail(where(), "cannot create group '" + name + "'");
   return Group(std::move(g), child_path(name), file_path_);
@@ -509,6 +524,8 @@ Dataset Group::write_tensor(const std::string& name, const at::Tensor& tensor) c
   Id space = simple_space(shape);
   Id dcpl(H5Pcreate(H5P_DATASET_CREATE));
   H5Pset_obj_track_times(dcpl.get(), false);
+  check(H5Pset_attr_phase_change(dcpl.get(), kMaxCompact, kMaxCompact - 1), where(),
+        "cannot keep attributes compact");
   if (!shape.empty() && t.numel() > 0) {
     // Chunks of whole trailing rows, halving the leading dimensions until a chunk is small.
     std::vector<hsize_t> chunk(shape.begin(), shape.end());
@@ -558,9 +575,13 @@ File File::create(const std::string& path) {
   File f;
   f.path_ = std::make_shared<const std::string>(path);
   Id fapl(H5Pcreate(H5P_FILE_ACCESS));
-  // v1.8 object formats: checksummed superblock and object headers, readable by HDF5 >= 1.8.
-  check(H5Pset_libver_bounds(fapl.get(), H5F_LIBVER_V18, H5F_LIBVER_V18), path, "cannot set format bounds");
-  f.id_ = Id(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()));
+  // HDF5 1.10 formats: every metadata block (superblock, object headers, chunk indexes) carries a
+  // checksum, so corruption is reported instead of misread. Readable by HDF5 >= 1.10.
+  check(H5Pset_libver_bounds(fapl.get(), H5F_LIBVER_V110, H5F_LIBVER_V110), path, "cannot set format bounds");
+  Id fcpl(H5Pcreate(H5P_FILE_CREATE));
+  H5Pset_obj_track_times(fcpl.get(), false);
+  set_compact_storage(fcpl.get(), path);  // the root group's links and attributes
+  f.id_ = Id(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, fcpl.get(), fapl.get()));
   if (!f.id_.valid()) fail(path, "cannot create HDF5 file");
   return f;
 }

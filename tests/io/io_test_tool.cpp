@@ -1,0 +1,50 @@
+// Helper for tests/io: writes the committed format fixtures, and runs an endless save loop that
+// checkpoint_test kills with SIGKILL in the middle of a save.
+//   io_test_tool make-fixtures DIR      -> DIR/checkpoint_v1.h5, DIR/calibration_v1.h5
+//   io_test_tool save-loop PATH ELEMS   -> saves step 1, 2, ... forever; prints "S<step>\n" before
+//                                          and "E<step>\n" after each save (flushed)
+#include <ATen/ATen.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "framework/io/checkpoint.h"
+#include "tests/io/io_fixtures.h"
+
+using namespace qforge::io;
+
+int main(int argc, char** argv) {
+  const std::string mode = argc > 1 ? argv[1] : "";
+  try {
+    if (mode == "make-fixtures" && argc == 3) {
+      const std::string dir = argv[2];
+      save_checkpoint(dir + "/checkpoint_v1.h5", testing::checkpoint_v1());
+      save_calibration_dump(dir + "/calibration_v1.h5", testing::calibration_v1());
+      return 0;
+    }
+    if (mode == "save-loop" && argc == 4) {
+      at::set_num_threads(1);
+      const std::string path = argv[2];
+      const int64_t elems = std::atoll(argv[3]);
+      for (int64_t step = 1;; ++step) {
+        // Every tensor holds `step`, so a reader can tell a consistent file from a torn one.
+        CheckpointData d;
+        d.step = step;
+        d.parameters["big.weight"] = at::full({elems}, static_cast<float>(step));
+        d.parameters["small.bias"] = at::full({7}, static_cast<float>(step));
+        d.buffers["counter"] = at::scalar_tensor(step, at::kLong);
+        std::printf("S%lld\n", static_cast<long long>(step));
+        std::fflush(stdout);
+        save_checkpoint(path, d);
+        std::printf("E%lld\n", static_cast<long long>(step));
+        std::fflush(stdout);
+      }
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "io_test_tool: %s\n", e.what());
+    return 1;
+  }
+  std::fprintf(stderr, "usage: io_test_tool make-fixtures DIR | save-loop PATH ELEMS\n");
+  return 2;
+}
