@@ -58,4 +58,27 @@ using GemmS4Fn = void (*)(const GemvS4Args&, int64_t nb_begin, int64_t nb_end, u
 void gemm_s8s4f32_n16k8_avx512vnni(const GemvS4Args& args, int64_t nb_begin, int64_t nb_end,
                                    uint8_t* panel);
 
+// Weight-only: float activations x packed int8 / int4 weights (linear_f32_s8_reference /
+// linear_f32_s4_reference semantics, bit for bit: one column per lane, k in order). Rows of x are
+// padded to w.kp with 0.0f. For int4, w.group_size % 8 == 0.
+struct GemvF32S8Args {
+  const float* x = nullptr;
+  int64_t m = 0, ldx = 0;
+  S8N16K4View w;
+  const float* w_scale = nullptr;  // [N]
+  const float* bias = nullptr;     // [N] or nullptr
+  float* y = nullptr;
+  int64_t ldy = 0;
+};
+struct GemvF32S4Args {
+  const float* x = nullptr;
+  int64_t m = 0, ldx = 0;
+  S4N16K8View w;
+  const float* bias = nullptr;
+  float* y = nullptr;
+  int64_t ldy = 0;
+};
+void gemv_f32s8f32_n16k4_avx512(const GemvF32S8Args& args, int64_t nb_begin, int64_t nb_end);
+void gemv_f32s4f32_n16k8_avx512(const GemvF32S4Args& args, int64_t nb_begin, int64_t nb_end);
+
 }  // namespace qforge::kernels::detail

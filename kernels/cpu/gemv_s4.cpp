@@ -73,13 +73,7 @@ void run_reference(const int8_t* A, int64_t M, const float* a_scale, const S4N16
   unpack_s4_n16k8_reference(w.data, N, w.k, 0, codes.data());
   std::vector<float> scale(static_cast<size_t>(N * G));
   std::vector<int32_t> zero(static_cast<size_t>(N * G));
-  for (int64_t n = 0; n < N; ++n) {
-    for (int64_t g = 0; g < G; ++g) {
-      const int64_t meta = ((n / kS4BlockN) * G + g) * kS4BlockN + n % kS4BlockN;
-      scale[n * G + g] = w.scales[meta];
-      zero[n * G + g] = w.zeros[meta];
-    }
-  }
+  unpack_s4_group_meta(w.scales, w.zeros, N, G, scale.data(), zero.data());
   gemm_s8s4f32_reference(A, a_scale, codes.data(), scale.data(), zero.data(), w.group_size, bias,
                          y, M, N, w.k);
 }
@@ -102,6 +96,17 @@ void pack_s4_group_meta(const float* w_scale, const int32_t* w_zero, int64_t N, 
                  code + qmin, " outside the weight grid [", qmin, ", ", qmin + kU4Max, "]");
       scales[meta] = w_scale[n * G + g];
       zeros[meta] = static_cast<int8_t>(code);
+    }
+  }
+}
+
+void unpack_s4_group_meta(const float* scales, const int8_t* zeros, int64_t N, int64_t G,
+                          float* w_scale, int32_t* zero_codes) {
+  for (int64_t n = 0; n < N; ++n) {
+    for (int64_t g = 0; g < G; ++g) {
+      const int64_t meta = ((n / kS4BlockN) * G + g) * kS4BlockN + n % kS4BlockN;
+      w_scale[n * G + g] = scales[meta];
+      zero_codes[n * G + g] = zeros[meta];
     }
   }
 }

@@ -22,4 +22,8 @@ void gemv_s8s4f32(const int8_t* A, int64_t M, const float* a_scale, const S4N16K
 void pack_s4_group_meta(const float* w_scale, const int32_t* w_zero, int64_t N, int64_t G,
                         int qmin, float* scales, int8_t* zeros);
 
+// Inverse of pack_s4_group_meta: plain [N, G] scales and zero-point codes (z - qmin).
+void unpack_s4_group_meta(const float* scales, const int8_t* zeros, int64_t N, int64_t G,
+                          float* w_scale, int32_t* zero_codes);
+
 }  // namespace qforge::kernels

@@ -10,6 +10,7 @@
 #include "kernels/cpu/gemv_s4.h"
 #include "kernels/cpu/gemv_s8.h"
 #include "kernels/cpu/isa.h"
+#include "kernels/cpu/linear_weight_only.h"
 #include "kernels/cpu/quantize_rows_s8.h"
 
 namespace qforge::kernels {
@@ -160,6 +161,14 @@ at::Tensor PackedLinearS8::run(const at::Tensor& x, RunInfo* info, ActScale act_
   return r.y;
 }
 
+at::Tensor PackedLinearS8::run_weight_only(const at::Tensor& x, RunInfo* info) const {
+  QF_REQUIRE(packed_.defined(), "kernels/cpu: PackedLinearS8::run_weight_only on an empty object");
+  Rows r = flatten_rows(x, k_, n_, "PackedLinearS8");
+  linear_f32s8f32(r.x.data_ptr<float>(), r.m, view(), w_scale_.data_ptr<float>(),
+                  data_or_null(bias_), r.y.data_ptr<float>(), info);
+  return r.y;
+}
+
 // ---------------------------------------------------------------------------------------------
 PackedLinearS4::PackedLinearS4(const at::Tensor& weight, const at::Tensor& w_scale,
                                const at::Tensor& w_zero, int64_t group_size, const at::Tensor& bias,
@@ -244,6 +253,14 @@ void PackedLinearS4::run(const float* x, int64_t M, float* y, RunInfo* info,
 at::Tensor PackedLinearS4::run(const at::Tensor& x, RunInfo* info, ActScale act_scale) const {
   Rows r = flatten_rows(x, k_, n_, "PackedLinearS4");
   run(r.x.data_ptr<float>(), r.m, r.y.data_ptr<float>(), info, act_scale);
+  return r.y;
+}
+
+at::Tensor PackedLinearS4::run_weight_only(const at::Tensor& x, RunInfo* info) const {
+  QF_REQUIRE(packed_.defined(), "kernels/cpu: PackedLinearS4::run_weight_only on an empty object");
+  Rows r = flatten_rows(x, k_, n_, "PackedLinearS4");
+  linear_f32s4f32(r.x.data_ptr<float>(), r.m, view(), data_or_null(bias_), r.y.data_ptr<float>(),
+                  info);
   return r.y;
 }
 

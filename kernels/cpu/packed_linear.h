@@ -50,6 +50,10 @@ class PackedLinearS8 {
   void run(const float* x, int64_t M, float* y, RunInfo* info = nullptr,
            ActScale act_scale = ActScale::kPerRow) const;
 
+  // Weight-only: float activations, no activation quantization (linear_f32_s8_reference, bit
+  // for bit). Slower than run() but without activation rounding error.
+  at::Tensor run_weight_only(const at::Tensor& x, RunInfo* info = nullptr) const;
+
   int64_t in_features() const { return k_; }
   int64_t out_features() const { return n_; }
   // Bytes of every buffer held: packed weights, column sums, scales, bias, oneDNN copy.
@@ -89,6 +93,10 @@ class PackedLinearS4 {
                  ActScale act_scale = ActScale::kPerRow) const;
   void run(const float* x, int64_t M, float* y, RunInfo* info = nullptr,
            ActScale act_scale = ActScale::kPerRow) const;
+
+  // Weight-only: float activations, no activation quantization (linear_f32_s4_reference, bit
+  // for bit).
+  at::Tensor run_weight_only(const at::Tensor& x, RunInfo* info = nullptr) const;
 
   int64_t in_features() const { return k_; }
   int64_t out_features() const { return n_; }

@@ -1,0 +1,144 @@
+// Weight-only int4 linear on AVX-512: float activations times n16k8 int4 codes, per-group scales.
+// One output column per lane and k in order, so every lane performs exactly the operations of
+// linear_f32_s4_reference: s = fmaf(x, float(u - z'), s) per k (u - z' = W - z exactly), then
+// t = fmaf(s, scale, t) per group and y = t + bias. Compiled with -mavx512f -mavx512bw (and VL/DQ).
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "kernels/cpu/gemv_kernels.h"
+
+// "#pragma GCC unroll" on the register-tile loops: without it GCC 12 unrolls them too late and
+// keeps the accumulators in memory.
+namespace qforge::kernels::detail {
+
+namespace {
+
+constexpr int kMaxRows = 4;
+constexpr int kMaxBlocks = 2;  // MR x NR x 2 (s and t) <= 16 zmm accumulators
+constexpr int kNibbleMask = 0x0F;
+constexpr int kByteMask = 0xFF;
+
+inline __mmask16 column_mask(int64_t n0, int64_t n) {
+  const int64_t valid = n - n0;
+  return valid >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << valid) - 1);
+}
+
+// Out of line so the k loop keeps its accumulators in registers (see gemv_u8s8s32 kernel).
+template <int MR, int NR>
+__attribute__((noinline)) void finish_tile(const GemvF32S4Args& args, int64_t m0, int64_t nb0,
+                                           const float (*t)[NR][kS4BlockN]) {
+  for (int c = 0; c < NR; ++c) {
+    const int64_t n0 = (nb0 + c) * kS4BlockN;
+    const __mmask16 mask = column_mask(n0, args.w.n);
+    const __m512 b =
+        args.bias != nullptr ? _mm512_maskz_loadu_ps(mask, args.bias + n0) : _mm512_setzero_ps();
+    for (int r = 0; r < MR; ++r) {
+      _mm512_mask_storeu_ps(args.y + (m0 + r) * args.ldy + n0, mask,
+                            _mm512_add_ps(_mm512_load_ps(t[r][c]), b));
+    }
+  }
+}
+
+template <int MR, int NR>
+void tile(const GemvF32S4Args& args, int64_t m0, int64_t nb0) {
+  const S4N16K8View& w = args.w;
+  const int64_t kblocks = w.kp / kS4BlockK;
+  const int64_t blocks_per_group = w.group_size / kS4BlockK;
+  const uint8_t* wp[NR];
+  #pragma GCC unroll 16
+  for (int c = 0; c < NR; ++c) wp[c] = w.data + (nb0 + c) * kblocks * kS4BlockBytes;
+  const float* xp[MR];
+  #pragma GCC unroll 16
+  for (int r = 0; r < MR; ++r) xp[r] = args.x + (m0 + r) * args.ldx;
+  const __m512i nibble = _mm512_set1_epi8(kNibbleMask);
+  const __m512i byte = _mm512_set1_epi32(kByteMask);
+
+  __m512 t[MR][NR];
+  #pragma GCC unroll 16
+  for (int r = 0; r < MR; ++r)
+    #pragma GCC unroll 16
+    for (int c = 0; c < NR; ++c) t[r][c] = _mm512_setzero_ps();
+
+  for (int64_t g = 0; g < w.groups; ++g) {
+    __m512 z[NR], scale[NR];
+    #pragma GCC unroll 16
+    for (int c = 0; c < NR; ++c) {
+      const int64_t meta = ((nb0 + c) * w.groups + g) * kS4BlockN;
+      z[c] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(w.zeros + meta))));
+      scale[c] = _mm512_loadu_ps(w.scales + meta);
+    }
+    __m512 s[MR][NR];
+    #pragma GCC unroll 16
+    for (int r = 0; r < MR; ++r)
+      #pragma GCC unroll 16
+      for (int c = 0; c < NR; ++c) s[r][c] = _mm512_setzero_ps();
+    const int64_t kb_end =
+        (g + 1) * blocks_per_group < kblocks ? (g + 1) * blocks_per_group : kblocks;
+    for (int64_t kb = g * blocks_per_group; kb < kb_end; ++kb) {
+      __m512i half[NR][2];
+      #pragma GCC unroll 16
+      for (int c = 0; c < NR; ++c) {
+        const __m512i v = _mm512_loadu_si512(wp[c] + kb * kS4BlockBytes);
+        half[c][0] = _mm512_and_si512(v, nibble);                                   // k 0..3
+        half[c][1] = _mm512_and_si512(_mm512_srli_epi16(v, kS4NibbleBits), nibble);  // k 4..7
+      }
+      #pragma GCC unroll 16
+      for (int h = 0; h < 2; ++h) {
+        #pragma GCC unroll 16
+        for (int i = 0; i < 4; ++i) {
+          const int64_t k = kb * kS4BlockK + h * 4 + i;
+          __m512 wf[NR];
+          #pragma GCC unroll 16
+          for (int c = 0; c < NR; ++c) {
+            const __m512i u = _mm512_and_si512(_mm512_srli_epi32(half[c][h], 8 * i), byte);
+            wf[c] = _mm512_sub_ps(_mm512_cvtepi32_ps(u), z[c]);  // exact: small integers
+          }
+          #pragma GCC unroll 16
+          for (int r = 0; r < MR; ++r) {
+            const __m512 xv = _mm512_set1_ps(xp[r][k]);
+            #pragma GCC unroll 16
+            for (int c = 0; c < NR; ++c) s[r][c] = _mm512_fmadd_ps(xv, wf[c], s[r][c]);
+          }
+        }
+      }
+    }
+    #pragma GCC unroll 16
+    for (int r = 0; r < MR; ++r)
+      #pragma GCC unroll 16
+      for (int c = 0; c < NR; ++c) t[r][c] = _mm512_fmadd_ps(s[r][c], scale[c], t[r][c]);
+  }
+
+  alignas(64) float out[MR][NR][kS4BlockN];
+  #pragma GCC unroll 16
+  for (int r = 0; r < MR; ++r)
+    #pragma GCC unroll 16
+    for (int c = 0; c < NR; ++c) _mm512_store_ps(out[r][c], t[r][c]);
+  finish_tile<MR, NR>(args, m0, nb0, out);
+}
+
+using TileFn = void (*)(const GemvF32S4Args&, int64_t, int64_t);
+
+TileFn select_tile(int mr, int nr) {
+  switch (mr) {
+    case 1: return nr == 1 ? tile<1, 1> : tile<1, 2>;
+    case 2: return nr == 1 ? tile<2, 1> : tile<2, 2>;
+    case 3: return nr == 1 ? tile<3, 1> : tile<3, 2>;
+    default: return nr == 1 ? tile<4, 1> : tile<4, 2>;
+  }
+}
+
+}  // namespace
+
+void gemv_f32s4f32_n16k8_avx512(const GemvF32S4Args& args, int64_t nb_begin, int64_t nb_end) {
+  for (int64_t nb = nb_begin; nb < nb_end; nb += kMaxBlocks) {
+    const int nr = static_cast<int>(nb_end - nb < kMaxBlocks ? nb_end - nb : kMaxBlocks);
+    for (int64_t m0 = 0; m0 < args.m; m0 += kMaxRows) {
+      const int mr = static_cast<int>(args.m - m0 < kMaxRows ? args.m - m0 : kMaxRows);
+      select_tile(mr, nr)(args, m0, nb);
+    }
+  }
+}
+
+}  // namespace qforge::kernels::detail

@@ -1,0 +1,109 @@
+// Weight-only int8 linear on AVX-512: float activations times n16k4 int8 weights. One output
+// column per lane and k in order, so each lane performs exactly linear_f32_s8_reference's
+// operations: t = fmaf(x, float(w), t) per k, then y = t * w_scale + bias (two roundings).
+// Compiled with -mavx512f -mavx512bw (and VL/DQ).
+#include <immintrin.h>
+
+#include "kernels/cpu/gemv_kernels.h"
+
+// "#pragma GCC unroll" on the register-tile loops: without it GCC 12 unrolls them too late and
+// keeps the accumulators in memory.
+namespace qforge::kernels::detail {
+
+namespace {
+
+constexpr int kMaxRows = 4;
+constexpr int kMaxBlocks = 2;
+
+inline __mmask16 column_mask(int64_t n0, int64_t n) {
+  const int64_t valid = n - n0;
+  return valid >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << valid) - 1);
+}
+
+template <int MR, int NR>
+__attribute__((noinline)) void finish_tile(const GemvF32S8Args& args, int64_t m0, int64_t nb0,
+                                           const float (*t)[NR][kS8BlockN]) {
+  for (int c = 0; c < NR; ++c) {
+    const int64_t n0 = (nb0 + c) * kS8BlockN;
+    const __mmask16 mask = column_mask(n0, args.w.n);
+    const __m512 ws = _mm512_maskz_loadu_ps(mask, args.w_scale + n0);
+    const __m512 b =
+        args.bias != nullptr ? _mm512_maskz_loadu_ps(mask, args.bias + n0) : _mm512_setzero_ps();
+    for (int r = 0; r < MR; ++r) {
+      const __m512 y = _mm512_add_ps(_mm512_mul_ps(_mm512_load_ps(t[r][c]), ws), b);
+      _mm512_mask_storeu_ps(args.y + (m0 + r) * args.ldy + n0, mask, y);
+    }
+  }
+}
+
+template <int MR, int NR>
+void tile(const GemvF32S8Args& args, int64_t m0, int64_t nb0) {
+  const S8N16K4View& w = args.w;
+  const int64_t kblocks = w.kp / kS8BlockK;
+  const int8_t* wp[NR];
+  #pragma GCC unroll 16
+  for (int c = 0; c < NR; ++c) wp[c] = w.data + (nb0 + c) * kblocks * kS8BlockBytes;
+  const float* xp[MR];
+  #pragma GCC unroll 16
+  for (int r = 0; r < MR; ++r) xp[r] = args.x + (m0 + r) * args.ldx;
+
+  __m512 t[MR][NR];
+  #pragma GCC unroll 16
+  for (int r = 0; r < MR; ++r)
+    #pragma GCC unroll 16
+    for (int c = 0; c < NR; ++c) t[r][c] = _mm512_setzero_ps();
+
+  for (int64_t kb = 0; kb < kblocks; ++kb) {
+    __m512i v[NR];
+    #pragma GCC unroll 16
+    for (int c = 0; c < NR; ++c) v[c] = _mm512_loadu_si512(wp[c] + kb * kS8BlockBytes);
+    #pragma GCC unroll 16
+    for (int i = 0; i < 4; ++i) {
+      __m512 wf[NR];
+      #pragma GCC unroll 16
+      for (int c = 0; c < NR; ++c) {
+        // Byte i of each lane, sign-extended: shift it to the top, then arithmetic shift down.
+        const __m512i b = _mm512_srai_epi32(_mm512_slli_epi32(v[c], 24 - 8 * i), 24);
+        wf[c] = _mm512_cvtepi32_ps(b);
+      }
+      #pragma GCC unroll 16
+      for (int r = 0; r < MR; ++r) {
+        const __m512 xv = _mm512_set1_ps(xp[r][kb * kS8BlockK + i]);
+        #pragma GCC unroll 16
+        for (int c = 0; c < NR; ++c) t[r][c] = _mm512_fmadd_ps(xv, wf[c], t[r][c]);
+      }
+    }
+  }
+
+  alignas(64) float out[MR][NR][kS8BlockN];
+  #pragma GCC unroll 16
+  for (int r = 0; r < MR; ++r)
+    #pragma GCC unroll 16
+    for (int c = 0; c < NR; ++c) _mm512_store_ps(out[r][c], t[r][c]);
+  finish_tile<MR, NR>(args, m0, nb0, out);
+}
+
+using TileFn = void (*)(const GemvF32S8Args&, int64_t, int64_t);
+
+TileFn select_tile(int mr, int nr) {
+  switch (mr) {
+    case 1: return nr == 1 ? tile<1, 1> : tile<1, 2>;
+    case 2: return nr == 1 ? tile<2, 1> : tile<2, 2>;
+    case 3: return nr == 1 ? tile<3, 1> : tile<3, 2>;
+    default: return nr == 1 ? tile<4, 1> : tile<4, 2>;
+  }
+}
+
+}  // namespace
+
+void gemv_f32s8f32_n16k4_avx512(const GemvF32S8Args& args, int64_t nb_begin, int64_t nb_end) {
+  for (int64_t nb = nb_begin; nb < nb_end; nb += kMaxBlocks) {
+    const int nr = static_cast<int>(nb_end - nb < kMaxBlocks ? nb_end - nb : kMaxBlocks);
+    for (int64_t m0 = 0; m0 < args.m; m0 += kMaxRows) {
+      const int mr = static_cast<int>(args.m - m0 < kMaxRows ? args.m - m0 : kMaxRows);
+      select_tile(mr, nr)(args, m0, nb);
+    }
+  }
+}
+
+}  // namespace qforge::kernels::detail
