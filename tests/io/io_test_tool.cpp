@@ -1,6 +1,8 @@
 // Helper for tests/io: writes the committed format fixtures, and runs an endless save loop that
 // checkpoint_test kills with SIGKILL in the middle of a save.
 //   io_test_tool make-fixtures DIR      -> DIR/checkpoint_v1.h5, DIR/calibration_v1.h5
+//   io_test_tool dequantize CKPT OUT    -> OUT holds every parameter of CKPT as float32, quantized
+//                                          ones dequantized by qforge (the h5py example's oracle)
 //   io_test_tool save-loop PATH ELEMS   -> saves step 1, 2, ... forever; prints "S<step>\n" before
 //                                          and "E<step>\n" after each save (flushed)
 #include <ATen/ATen.h>
@@ -10,6 +12,7 @@
 #include <string>
 
 #include "framework/io/checkpoint.h"
+#include "framework/io/hdf5.h"
 #include "tests/io/io_fixtures.h"
 
 using namespace qforge::io;
@@ -21,6 +24,15 @@ int main(int argc, char** argv) {
       const std::string dir = argv[2];
       save_checkpoint(dir + "/checkpoint_v1.h5", testing::checkpoint_v1());
       save_calibration_dump(dir + "/calibration_v1.h5", testing::calibration_v1());
+      return 0;
+    }
+    if (mode == "dequantize" && argc == 4) {
+      const CheckpointReader r(argv[2]);
+      h5::File out = h5::File::create(argv[3]);
+      for (const EntryInfo& e : r.entries(ReadOptions::parameters_only())) {
+        out.root().write_tensor(e.key, r.read_tensor(e.key, Section::kParameters, true).to(at::kFloat));
+      }
+      out.close();
       return 0;
     }
     if (mode == "save-loop" && argc == 4) {
@@ -45,6 +57,6 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "io_test_tool: %s\n", e.what());
     return 1;
   }
-  std::fprintf(stderr, "usage: io_test_tool make-fixtures DIR | save-loop PATH ELEMS\n");
+  std::fprintf(stderr, "usage: io_test_tool make-fixtures DIR | dequantize CKPT OUT | save-loop PATH ELEMS\n");
   return 2;
 }
