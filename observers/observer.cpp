@@ -45,8 +45,9 @@ void Observer::update(const at::Tensor& x) {
              " observer: update() needs a floating-point tensor, got dtype ", x.scalar_type(),
              " with shape ", x.sizes());
   if (x.numel() == 0) return;
-  // Statistics are float32, as PyTorch observers' buffers; detach so no autograd tape is kept.
-  const at::Tensor xf = x.detach().to(at::kFloat).contiguous();
+  // Statistics are float32 on the CPU, as PyTorch observers' buffers; detach so no autograd
+  // tape is kept.
+  const at::Tensor xf = x.detach().to(at::kCPU, at::kFloat).contiguous();
   const int64_t nonfinite = observe(xf);
   QF_CHECK(nonfinite >= 0 && nonfinite <= xf.numel());
   nonfinite_count_ += nonfinite;
