@@ -197,11 +197,11 @@ std::string describe(const torch::nn::Module& model) {
   const auto reports = layer_reports(model);
   std::ostringstream os;
   os << std::left << std::setw(32) << "layer" << std::setw(10) << "type" << std::setw(40) << "weights"
-     << std::setw(44) << "activations" << std::setw(34) << "kernel" << std::right << std::setw(12) << "bytes"
+     << std::setw(62) << "activations" << std::setw(34) << "kernel" << std::right << std::setw(12) << "bytes"
      << "  fallback\n";
   for (const LayerReport& r : reports) {
     os << std::left << std::setw(32) << r.name << std::setw(10) << r.type << std::setw(40) << r.weights
-       << std::setw(44) << r.activations << std::setw(34) << r.kernel << std::right << std::setw(12) << r.bytes
+       << std::setw(62) << r.activations << std::setw(34) << r.kernel << std::right << std::setw(12) << r.bytes
        << "  " << (r.fallback_reason.empty() ? "-" : r.fallback_reason) << "\n";
   }
   const ModelSize size = model_size(model);

@@ -1,0 +1,26 @@
+// Progress reporting: a redrawn bar on a terminal, plain log lines (every 10%) otherwise.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+
+namespace qforge {
+
+class Progress {
+ public:
+  Progress(std::string label, int64_t total);
+  ~Progress();
+  // Advances by n and redraws (terminal) or logs at each new 10% step (pipes, CI).
+  void update(int64_t n = 1, const std::string& status = "");
+  void finish(const std::string& status = "");
+
+ private:
+  std::string label_;
+  int64_t total_, done_ = 0;
+  int last_decile_ = -1;
+  bool tty_, finished_ = false;
+  std::chrono::steady_clock::time_point start_, last_draw_;
+};
+
+}  // namespace qforge
