@@ -1,0 +1,310 @@
+// qdump: inspect, merge and compare qforge's HDF5 files (calibration dumps and checkpoints; any
+// HDF5 file for show and diff).
+//   qdump show FILE [PATH]        tree below PATH with attributes and summary statistics
+//   qdump merge A B ... -o OUT    merge calibration dumps through the observers' merge
+//   qdump diff A B [--atol X]     structural and numeric differences; exit 1 when they differ
+#include <ATen/ATen.h>
+
+#include <CLI/CLI.hpp>
+
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "framework/core/error.h"
+#include "framework/io/calibration_dump.h"
+#include "framework/io/hdf5.h"
+#include "framework/io/quantized_tensor.h"
+
+namespace qforge::io {
+namespace {
+
+std::string shape_string(at::IntArrayRef s) {
+  std::ostringstream os;
+  os << "[";
+  for (size_t i = 0; i < s.size(); ++i) os << (i ? ", " : "") << s[i];
+  os << "]";
+  return os.str();
+}
+
+std::string dtype_name(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return "float32";
+    case at::kDouble: return "float64";
+    case at::kHalf: return "float16";
+    case at::kBFloat16: return "bfloat16";
+    case at::kBool: return "bool";
+    case at::kChar: return "int8";
+    case at::kByte: return "uint8";
+    case at::kShort: return "int16";
+    case at::kInt: return "int32";
+    case at::kLong: return "int64";
+    default: return c10::toString(t);
+  }
+}
+
+std::string fmt(double v) {
+  std::ostringstream os;
+  os.precision(6);
+  os << v;
+  return os.str();
+}
+
+// "min .. max mean std", plus NaN/inf counts, for a tensor of any dtype.
+std::string summary(const at::Tensor& t) {
+  if (t.numel() == 0) return "empty";
+  if (t.scalar_type() == at::kBool) return std::to_string(t.sum().item<int64_t>()) + " true";
+  const at::Tensor d = t.to(at::kDouble).reshape({-1});
+  const at::Tensor finite = d.masked_select(at::isfinite(d));
+  std::ostringstream os;
+  if (finite.numel() > 0) {
+    os << "min " << fmt(finite.min().item<double>()) << " max " << fmt(finite.max().item<double>())
+       << " mean " << fmt(finite.mean().item<double>());
+    if (finite.numel() > 1) os << " std " << fmt(finite.std().item<double>());
+  }
+  const int64_t nan = at::isnan(d).sum().item<int64_t>();
+  const int64_t inf = at::isinf(d).sum().item<int64_t>();
+  if (nan) os << " nan " << nan;
+  if (inf) os << " inf " << inf;
+  return os.str();
+}
+
+void print_attrs(const h5::Object& o, const std::string& indent) {
+  for (const std::string& a : o.attr_names()) {
+    std::string v = o.attr_to_string(a);
+    if (v.size() > 120) v = v.substr(0, 117) + "...";
+    for (char& c : v) if (c == '\n') c = ' ';
+    std::printf("%s@%s = %s\n", indent.c_str(), a.c_str(), v.c_str());
+  }
+}
+
+void show_dataset(const h5::Dataset& ds, const std::string& name, const std::string& indent) {
+  const h5::DatasetInfo info = ds.info();
+  std::printf("%s%s  %s %s  %s\n", indent.c_str(), name.c_str(), dtype_name(info.dtype).c_str(),
+              shape_string(info.shape).c_str(), summary(ds.read()).c_str());
+}
+
+// A checkpoint's quantized group: one line with what it dequantizes to.
+void show_quantized(const h5::Group& g, const std::string& indent) {
+  QuantizedTensor q;
+  q.qtype = qtype_from_name(g.attr_string("qtype"));
+  q.granularity = granularity_from_name(g.attr_string("granularity"));
+  q.axis = g.attr_int("axis");
+  q.group_size = g.attr_int("group_size");
+  q.shape = g.attr_ints("shape");
+  q.data = g.read_tensor("data");
+  q.scale = g.read_tensor("scale");
+  q.zero_point = g.read_tensor("zero_point");
+  std::printf("%s= dequantized %s  %s\n", indent.c_str(), shape_string(q.shape).c_str(),
+              summary(dequantize(q)).c_str());
+}
+
+void show_group(const h5::Group& g, const std::string& indent) {
+  print_attrs(g, indent);
+  const bool quantized = g.has_attr("encoding") && g.attr_string("encoding") == "quantized";
+  for (const std::string& name : g.children()) {
+    switch (g.child_type(name)) {
+      case h5::ObjectType::kGroup: {
+        std::printf("%s%s/\n", indent.c_str(), name.c_str());
+        show_group(g.open_group(name), indent + "  ");
+        break;
+      }
+      case h5::ObjectType::kDataset: {
+        const h5::Dataset ds = g.open_dataset(name);
+        show_dataset(ds, name, indent);
+        print_attrs(ds, indent + "  ");
+        break;
+      }
+      default: std::printf("%s%s  (other object)\n", indent.c_str(), name.c_str());
+    }
+  }
+  if (quantized) show_quantized(g, indent);
+}
+
+std::vector<std::string> split_path(const std::string& path) {
+  std::vector<std::string> parts;
+  std::stringstream ss(path);
+  for (std::string p; std::getline(ss, p, '/');) {
+    if (!p.empty()) parts.push_back(p);
+  }
+  return parts;
+}
+
+int show(const std::string& file, const std::string& path) {
+  const h5::File f = h5::File::open(file);
+  h5::Group g = f.root();
+  const std::vector<std::string> parts = split_path(path);
+  for (size_t i = 0; i < parts.size(); ++i) {
+    if (i + 1 == parts.size() && g.child_type(parts[i]) == h5::ObjectType::kDataset) {
+      const h5::Dataset ds = g.open_dataset(parts[i]);
+      show_dataset(ds, ds.path(), "");
+      print_attrs(ds, "  ");
+      return 0;
+    }
+    g = g.open_group(parts[i]);
+  }
+  std::printf("%s: %s\n", file.c_str(), g.path().c_str());
+  show_group(g, "  ");
+  return 0;
+}
+
+int merge(const std::vector<std::string>& inputs, const std::string& out) {
+  std::vector<CalibrationDump> dumps;
+  for (const std::string& in : inputs) dumps.push_back(load_calibration_dump(in));
+  const CalibrationDump merged = merge_calibration_dumps(dumps);
+  save_calibration_dump(out, merged);
+  size_t points = 0;
+  for (const auto& [m, p] : merged) points += p.size();
+  std::printf("merged %zu dumps: %zu modules, %zu quantization points -> %s\n", dumps.size(),
+              merged.size(), points, out.c_str());
+  return 0;
+}
+
+// Every object below `g`: relative path -> type.
+std::map<std::string, h5::ObjectType> objects(const h5::Group& g) {
+  std::map<std::string, h5::ObjectType> m;
+  m["/"] = h5::ObjectType::kGroup;
+  g.visit([&](const std::string& p, h5::ObjectType t, int) { m["/" + p] = t; });
+  return m;
+}
+
+template <typename Fn>
+void with_object(const h5::Group& root, const std::string& path, Fn&& fn) {
+  const std::vector<std::string> parts = split_path(path);
+  if (parts.empty()) {
+    fn(static_cast<const h5::Object&>(root), nullptr);
+    return;
+  }
+  std::vector<h5::Group> chain;
+  chain.reserve(parts.size());  // no reallocation: `g` points into it
+  const h5::Group* g = &root;
+  for (size_t i = 0; i + 1 < parts.size(); ++i) {
+    chain.push_back(g->open_group(parts[i]));
+    g = &chain.back();
+  }
+  if (g->child_type(parts.back()) == h5::ObjectType::kDataset) {
+    const h5::Dataset ds = g->open_dataset(parts.back());
+    fn(static_cast<const h5::Object&>(ds), &ds);
+  } else {
+    const h5::Group leaf = g->open_group(parts.back());
+    fn(static_cast<const h5::Object&>(leaf), nullptr);
+  }
+}
+
+int diff(const std::string& a_path, const std::string& b_path, double atol) {
+  const h5::File fa = h5::File::open(a_path), fb = h5::File::open(b_path);
+  const h5::Group ra = fa.root(), rb = fb.root();
+  const auto a = objects(ra), b = objects(rb);
+  int differences = 0;
+  for (const auto& [p, t] : a) {
+    if (!b.count(p)) {
+      std::printf("- %s (only in %s)\n", p.c_str(), a_path.c_str());
+      ++differences;
+    }
+  }
+  for (const auto& [p, t] : b) {
+    if (!a.count(p)) {
+      std::printf("+ %s (only in %s)\n", p.c_str(), b_path.c_str());
+      ++differences;
+    }
+  }
+  for (const auto& [p, t] : a) {
+    auto it = b.find(p);
+    if (it == b.end()) continue;
+    if (it->second != t) {
+      std::printf("~ %s: a group in one file, a dataset in the other\n", p.c_str());
+      ++differences;
+      continue;
+    }
+    // Attributes, then data.
+    std::map<std::string, std::string> attrs_a, attrs_b;
+    at::Tensor ta, tb;
+    with_object(ra, p, [&](const h5::Object& o, const h5::Dataset* ds) {
+      for (const std::string& n : o.attr_names()) attrs_a[n] = o.attr_to_string(n);
+      if (ds) ta = ds->read();
+    });
+    with_object(rb, p, [&](const h5::Object& o, const h5::Dataset* ds) {
+      for (const std::string& n : o.attr_names()) attrs_b[n] = o.attr_to_string(n);
+      if (ds) tb = ds->read();
+    });
+    for (const auto& [n, v] : attrs_a) {
+      auto jt = attrs_b.find(n);
+      if (jt == attrs_b.end()) {
+        std::printf("~ %s @%s: only in %s (%s)\n", p.c_str(), n.c_str(), a_path.c_str(), v.c_str());
+        ++differences;
+      } else if (jt->second != v && n != "qforge_version") {
+        std::printf("~ %s @%s: %s vs %s\n", p.c_str(), n.c_str(), v.c_str(), jt->second.c_str());
+        ++differences;
+      }
+    }
+    for (const auto& [n, v] : attrs_b) {
+      if (!attrs_a.count(n)) {
+        std::printf("~ %s @%s: only in %s (%s)\n", p.c_str(), n.c_str(), b_path.c_str(), v.c_str());
+        ++differences;
+      }
+    }
+    if (!ta.defined()) continue;
+    if (ta.scalar_type() != tb.scalar_type() || ta.sizes() != tb.sizes()) {
+      std::printf("~ %s: %s %s vs %s %s\n", p.c_str(), dtype_name(ta.scalar_type()).c_str(),
+                  shape_string(ta.sizes()).c_str(), dtype_name(tb.scalar_type()).c_str(),
+                  shape_string(tb.sizes()).c_str());
+      ++differences;
+      continue;
+    }
+    if (ta.numel() == 0) continue;
+    const at::Tensor da = ta.to(at::kDouble), db = tb.to(at::kDouble);
+    // NaN equals NaN here: a dump that saw the same NaNs is the same dump.
+    const at::Tensor both_nan = at::logical_and(at::isnan(da), at::isnan(db));
+    const at::Tensor delta = at::where(both_nan, at::zeros_like(da), (da - db).abs());
+    const at::Tensor differs = at::logical_or(delta.gt(atol), delta.isnan());
+    const int64_t n = differs.sum().item<int64_t>();
+    if (n > 0) {
+      std::printf("~ %s: %lld of %lld elements differ, max |a-b| %s\n", p.c_str(),
+                  static_cast<long long>(n), static_cast<long long>(ta.numel()),
+                  fmt(delta.masked_select(differs).max().item<double>()).c_str());
+      ++differences;
+    }
+  }
+  if (differences == 0) std::printf("no differences\n");
+  return differences == 0 ? 0 : 1;
+}
+
+}  // namespace
+}  // namespace qforge::io
+
+int main(int argc, char** argv) {
+  CLI::App app{"qdump: inspect, merge and compare qforge HDF5 dumps and checkpoints"};
+  app.require_subcommand(1);
+
+  std::string show_file, show_path = "/";
+  CLI::App* show = app.add_subcommand("show", "print the tree below PATH with attributes and statistics");
+  show->add_option("file", show_file, "HDF5 file")->required();
+  show->add_option("path", show_path, "group or dataset inside the file (default /)");
+
+  std::vector<std::string> merge_inputs;
+  std::string merge_out;
+  CLI::App* merge = app.add_subcommand("merge", "merge calibration dumps (observers' merge)");
+  merge->add_option("inputs", merge_inputs, "calibration dumps")->required()->expected(1, -1);
+  merge->add_option("-o,--output", merge_out, "merged dump to write")->required();
+
+  std::string diff_a, diff_b;
+  double atol = 0.0;
+  CLI::App* diff = app.add_subcommand("diff", "compare two files; exit status 1 when they differ");
+  diff->add_option("a", diff_a)->required();
+  diff->add_option("b", diff_b)->required();
+  diff->add_option("--atol", atol, "ignore numeric differences up to this absolute value");
+
+  CLI11_PARSE(app, argc, argv);
+  try {
+    if (show->parsed()) return qforge::io::show(show_file, show_path);
+    if (merge->parsed()) return qforge::io::merge(merge_inputs, merge_out);
+    if (diff->parsed()) return qforge::io::diff(diff_a, diff_b, atol);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "qdump: %s\n", e.what());
+    return 2;
+  }
+  return 0;
+}
