@@ -6,6 +6,7 @@
 #include <ATen/Parallel.h>
 
 #include <CLI/CLI.hpp>
+#include <dlfcn.h>
 #include <malloc.h>
 
 #include <algorithm>
@@ -35,6 +36,13 @@ double median_ms(const std::function<void()>& fn, int reps) {
   }
   std::sort(ms.begin(), ms.end());
   return ms[ms.size() / 2];
+}
+
+// ATen's thread setting does not reach a pthreads OpenBLAS; the fp32 baseline must use the same
+// number of threads as everything else in the row.
+void set_blas_threads(int t) {
+  using Fn = void (*)(int);
+  if (auto fn = reinterpret_cast<Fn>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"))) fn(t);
 }
 
 }  // namespace
@@ -78,6 +86,7 @@ int main(int argc, char** argv) {
   if (!json) std::printf("%-28s %-22s %-9s %3s %10s %9s %8s\n", "bench", "shape", "impl", "thr", "ms", "GB/s", "x torch");
   for (int t : threads) {
     at::set_num_threads(t);
+    set_blas_threads(t);
     for (const Bench& b : registry()) {
       if (!filter.empty() && b.name.find(filter) == std::string::npos) continue;
       for (const Case& c : b.make_cases()) {
