@@ -20,15 +20,19 @@ void ConvQuantState::check_scheme(const LayerScheme& scheme) const {
              "): dynamic per-token activations are for Linear; use static activations for convolutions");
 }
 
-void ConvQuantState::freeze_conv(at::Tensor& weight, torch::OrderedDict<std::string, at::Tensor>& params) {
-  if (frozen_) return;
-  QF_REQUIRE(quantized(), path_, " (", layer_type(), "): freeze() needs quantize() first");
-  QF_REQUIRE(uncalibrated().empty(), path_, " (", layer_type(), "): static activations were never calibrated");
-  QF_REQUIRE(weight_q_, path_, " (", layer_type(), "): freezing needs quantized weights");
-  fweight_ = freeze_weight(weight, weight_q_->qparams(weight));
-  params.erase("weight");
+void ConvQuantState::install_conv(FrozenWeight fw, at::Tensor& weight,
+                                  torch::OrderedDict<std::string, at::Tensor>& params) {
+  QF_REQUIRE(!frozen_, path_, " (", layer_type(), "): already frozen");
+  QF_REQUIRE(fw.defined() && scheme_.weights, path_, " (", layer_type(),
+             "): install_frozen needs the saved scheme attached and a packed weight");
+  if (weight.defined()) {
+    QF_REQUIRE(at::IntArrayRef(fw.shape) == weight.sizes(), path_, " (", layer_type(), "): frozen weight has shape ",
+               at::IntArrayRef(fw.shape), ", layer expects ", weight.sizes());
+  }
+  fweight_ = std::move(fw);
+  if (params.contains("weight")) params.erase("weight");
   weight = at::Tensor();
-  weight_q_->clear_cache();
+  if (weight_q_) weight_q_->clear_cache();
   frozen_ = true;
   kernel_ = "dequantize+at::conv";
   fallback_ = "no integer convolution kernel: the packed weight is dequantized per call";

@@ -17,8 +17,9 @@ class ConvQuantState : public QuantizableLayer {
   void check_scheme(const LayerScheme& scheme) const override;
 
  protected:
-  void freeze_conv(at::Tensor& weight, torch::OrderedDict<std::string, at::Tensor>& params);
+  void install_conv(FrozenWeight fw, at::Tensor& weight, torch::OrderedDict<std::string, at::Tensor>& params);
   int64_t frozen_storage_bytes() const override { return fweight_.defined() ? fweight_.bytes() : 0; }
+  FrozenWeight frozen_weight() const override { return fweight_; }
   FrozenWeight fweight_;
 };
 
@@ -29,7 +30,14 @@ class Conv1dImpl : public torch::nn::Conv1dImpl, public ConvQuantState {
   const char* layer_type() const override { return "Conv1d"; }
   torch::nn::Module& module() override { return *this; }
   const torch::nn::Module& module() const override { return *this; }
-  void freeze() override { freeze_conv(weight, parameters_); }
+  void install_frozen(FrozenWeight fw) override { install_conv(std::move(fw), weight, parameters_); }
+  FrozenWeight frozen_weight() const override { return ConvQuantState::frozen_weight(); }
+  at::Tensor frozen_bias() const override { return options.bias() ? bias : at::Tensor(); }
+
+ protected:
+  at::Tensor float_weight() const override { return weight; }
+
+ public:
 };
 TORCH_MODULE(Conv1d);
 
@@ -40,7 +48,14 @@ class Conv2dImpl : public torch::nn::Conv2dImpl, public ConvQuantState {
   const char* layer_type() const override { return "Conv2d"; }
   torch::nn::Module& module() override { return *this; }
   const torch::nn::Module& module() const override { return *this; }
-  void freeze() override { freeze_conv(weight, parameters_); }
+  void install_frozen(FrozenWeight fw) override { install_conv(std::move(fw), weight, parameters_); }
+  FrozenWeight frozen_weight() const override { return ConvQuantState::frozen_weight(); }
+  at::Tensor frozen_bias() const override { return options.bias() ? bias : at::Tensor(); }
+
+ protected:
+  at::Tensor float_weight() const override { return weight; }
+
+ public:
 };
 TORCH_MODULE(Conv2d);
 

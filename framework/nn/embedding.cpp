@@ -45,13 +45,16 @@ at::Tensor EmbeddingImpl::forward(const at::Tensor& indices) {
   return torch::nn::EmbeddingImpl::forward(indices);
 }
 
-void EmbeddingImpl::freeze() {
-  if (frozen_) return;
-  QF_REQUIRE(weight_q_, path_, " (Embedding): freeze() needs quantized weights");
-  fweight_ = freeze_weight(weight, weight_q_->qparams(weight));
-  parameters_.erase("weight");
+void EmbeddingImpl::install_frozen(FrozenWeight fw) {
+  QF_REQUIRE(!frozen_, path_, " (Embedding): already frozen");
+  QF_REQUIRE(fw.defined() && scheme_.weights, path_, " (Embedding): install_frozen needs the saved scheme attached");
+  QF_REQUIRE(fw.shape == std::vector<int64_t>({options.num_embeddings(), options.embedding_dim()}), path_,
+             " (Embedding): frozen table has shape ", at::IntArrayRef(fw.shape), ", layer expects [",
+             options.num_embeddings(), ", ", options.embedding_dim(), "]");
+  fweight_ = std::move(fw);
+  if (parameters_.contains("weight")) parameters_.erase("weight");
   weight = at::Tensor();
-  weight_q_->clear_cache();
+  if (weight_q_) weight_q_->clear_cache();
   frozen_ = true;
   const QSpec& s = fweight_.qp.spec;
   if (s.granularity != Granularity::kPerTensor && s.qtype.is_integer() && s.qtype.bits == 8 && s.qtype != quint8) {

@@ -18,10 +18,11 @@ class EmbeddingImpl : public torch::nn::EmbeddingImpl, public QuantizableLayer {
   torch::nn::Module& module() override { return *this; }
   const torch::nn::Module& module() const override { return *this; }
   void check_scheme(const LayerScheme& scheme) const override;
-  void freeze() override;
-  const FrozenWeight& frozen_weight() const { return fweight_; }
+  void install_frozen(FrozenWeight fw) override;
+  FrozenWeight frozen_weight() const override { return fweight_; }
 
  protected:
+  at::Tensor float_weight() const override { return weight; }
   int64_t frozen_storage_bytes() const override { return fweight_.defined() ? fweight_.bytes() : 0; }
 
  private:

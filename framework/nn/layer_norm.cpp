@@ -16,8 +16,8 @@ at::Tensor LayerNormImpl::forward(const at::Tensor& x) {
   return input_q_ ? input_q_->forward(y) : y;
 }
 
-void LayerNormImpl::freeze() {
-  if (frozen_) return;
+void LayerNormImpl::install_frozen(FrozenWeight) {
+  QF_REQUIRE(!frozen_, path_, " (LayerNorm): already frozen");
   QF_REQUIRE(uncalibrated().empty(), path_, " (LayerNorm): static output quantizer was never calibrated");
   frozen_ = true;
   kernel_ = "layer_norm_f32+fake_quant";

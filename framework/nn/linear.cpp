@@ -52,14 +52,13 @@ bool static_act_fits_kernels(const LayerScheme& s, std::string* why) {
 
 }  // namespace
 
-void LinearImpl::freeze() {
-  if (frozen_) return;
-  QF_REQUIRE(quantized(), path_, " (Linear): freeze() needs quantize() first");
-  const auto missing = uncalibrated();
-  QF_REQUIRE(missing.empty(), path_, " (Linear): static activations were never calibrated");
-  QF_REQUIRE(weight_q_, path_, " (Linear): freezing needs quantized weights (activation-only schemes stay fake-quant)");
-  const QParams qp = weight_q_->qparams(weight);
-  FrozenWeight fw = freeze_weight(weight, qp);
+void LinearImpl::install_frozen(FrozenWeight fw) {
+  QF_REQUIRE(!frozen_, path_, " (Linear): already frozen");
+  QF_REQUIRE(fw.defined() && scheme_.weights, path_, " (Linear): install_frozen needs the saved scheme attached and a packed weight");
+  const QParams qp = fw.qp;
+  QF_REQUIRE(fw.shape == std::vector<int64_t>({options.out_features(), options.in_features()}), path_,
+             " (Linear): frozen weight has shape ", at::IntArrayRef(fw.shape), ", layer expects [",
+             options.out_features(), ", ", options.in_features(), "]");
   const QSpec& ws = qp.spec;
   const ActivationMode act = scheme_.activations;
 
@@ -80,7 +79,7 @@ void LinearImpl::freeze() {
   }
 
   const int64_t N = options.out_features(), K = options.in_features();
-  const at::Tensor b = options.bias() ? bias.detach().to(at::kFloat).contiguous() : at::Tensor();
+  const at::Tensor b = options.bias() && bias.defined() ? bias.detach().to(at::kFloat).contiguous() : at::Tensor();
   if (kind == Path::kS8Dynamic || kind == Path::kS8Static) {
     const at::Tensor scale_n = qp.scale.to(at::kFloat).expand({N}).contiguous();
     // One packed copy only (1 byte per weight); large M runs the GEMV kernels in row blocks.
@@ -101,9 +100,9 @@ void LinearImpl::freeze() {
   fweight_ = std::move(fw);
   path_kind_ = kind;
   // Release the float weight: the packed storage is the only copy from here on.
-  parameters_.erase("weight");
+  if (parameters_.contains("weight")) parameters_.erase("weight");
   weight = at::Tensor();
-  weight_q_->clear_cache();
+  if (weight_q_) weight_q_->clear_cache();
   if ((s8_ || s4_) && options.bias()) {
     // The kernel object holds the bias too; keep one copy.
     parameters_.erase("bias");
@@ -114,6 +113,20 @@ void LinearImpl::freeze() {
   kernel_ = "dequantize+at::linear";
   // Record the kernel (and any fallback) a decode-sized call picks; later calls update it.
   if (kind != Path::kDequant) frozen_forward(at::zeros({1, K}));
+}
+
+FrozenWeight LinearImpl::frozen_weight() const {
+  if (!frozen_) return {};
+  FrozenWeight fw = fweight_;
+  if (s8_) fw.storage = pack_codes(s8_->weight(), fw.qp.spec.qtype);
+  if (s4_) fw.storage = pack_codes(s4_->weight(), fw.qp.spec.qtype);
+  return fw;
+}
+
+at::Tensor LinearImpl::frozen_bias() const {
+  if (s8_) return s8_->bias();
+  if (s4_) return s4_->bias();
+  return options.bias() ? bias : at::Tensor();
 }
 
 int64_t LinearImpl::frozen_storage_bytes() const {

@@ -26,12 +26,13 @@ class LinearImpl : public torch::nn::LinearImpl, public QuantizableLayer {
   torch::nn::Module& module() override { return *this; }
   const torch::nn::Module& module() const override { return *this; }
   void check_scheme(const LayerScheme& scheme) const override;
-  void freeze() override;
-
-  const FrozenWeight& frozen_weight() const { return fweight_; }
+  void install_frozen(FrozenWeight weight) override;
+  FrozenWeight frozen_weight() const override;
+  at::Tensor frozen_bias() const override;
 
  protected:
   int64_t frozen_storage_bytes() const override;
+  at::Tensor float_weight() const override { return weight; }
 
  private:
   at::Tensor frozen_forward(const at::Tensor& x);

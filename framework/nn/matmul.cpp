@@ -32,8 +32,8 @@ at::Tensor MatMulImpl::forward(const at::Tensor& a, const at::Tensor& b) {
   return at::matmul(input_q_->forward(a), other_q_->forward(b));
 }
 
-void MatMulImpl::freeze() {
-  if (frozen_) return;
+void MatMulImpl::install_frozen(FrozenWeight) {
+  QF_REQUIRE(!frozen_, path_, " (MatMul): already frozen");
   QF_REQUIRE(uncalibrated().empty(), path_, " (MatMul): static operand quantizers were never calibrated");
   frozen_ = true;
   kernel_ = input_q_ ? "fake_quant+at::matmul" : "at::matmul";

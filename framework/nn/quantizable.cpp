@@ -46,6 +46,20 @@ void QuantizableLayer::attach(const std::string& path, const LayerScheme& scheme
   fallback_.clear();
 }
 
+void QuantizableLayer::freeze() {
+  if (frozen_) return;
+  QF_REQUIRE(quantized(), path_, " (", layer_type(), "): freeze() needs quantize() first");
+  QF_REQUIRE(uncalibrated().empty(), path_, " (", layer_type(), "): static activations were never calibrated");
+  FrozenWeight fw;
+  if (has_weight()) {
+    QF_REQUIRE(weight_q_, path_, " (", layer_type(),
+               "): freezing needs quantized weights (activation-only schemes stay fake-quant)");
+    const at::Tensor w = float_weight();
+    fw = freeze_weight(w, weight_q_->qparams(w));
+  }
+  install_frozen(std::move(fw));
+}
+
 std::vector<Quantizer> QuantizableLayer::quantizers() const {
   std::vector<Quantizer> out;
   if (weight_q_) out.push_back(weight_q_);

@@ -8,6 +8,7 @@
 #include <optional>
 #include <string>
 
+#include "framework/nn/frozen_weight.h"
 #include "framework/quantizer.h"
 
 namespace qforge {
@@ -47,7 +48,14 @@ class QuantizableLayer {
 
   // Packs the weights into integer storage, releases the float weight and switches forward to
   // the integer kernels. Throws (leaving the layer unchanged) when something is missing.
-  virtual void freeze() = 0;
+  void freeze();
+  // Frozen state without the float weight: the packed weight (undefined FrozenWeight for
+  // weightless layers). install_frozen() rebuilds a frozen layer from it (checkpoint loading);
+  // the layer must be attached with the saved scheme and calibrated first.
+  virtual FrozenWeight frozen_weight() const { return {}; }
+  virtual void install_frozen(FrozenWeight weight) = 0;
+  // Bias of a frozen layer, wherever its kernel keeps it (undefined when none).
+  virtual at::Tensor frozen_bias() const { return {}; }
   // Names of quantizers that must be calibrated before freeze() and are not.
   virtual std::vector<std::string> uncalibrated() const;
   // Every quantizer of the layer (for Calibration and QAT switches).
@@ -71,6 +79,8 @@ class QuantizableLayer {
   // Where the input quantizer lives: "input_quantizer" (or "output_quantizer" for LayerNorm).
   virtual const char* activation_quantizer_name() const { return "input_quantizer"; }
   virtual bool has_weight() const { return true; }
+  // The weight freeze() packs (undefined for weightless layers).
+  virtual at::Tensor float_weight() const { return {}; }
   // Called at the end of attach() / detach() for layers with extra quantizers.
   virtual void on_attach() {}
   virtual void on_detach() {}

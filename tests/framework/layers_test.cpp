@@ -340,3 +340,33 @@ TEST(Qat, StraightThroughTrainingReducesLossAndKeepsFloatLatentWeights) {
   EXPECT_EQ(lin->weight.scalar_type(), at::kFloat);
   EXPECT_TRUE(lin->named_parameters().contains("weight_quantizer.scale"));  // LSQ step is learnable
 }
+
+TEST(Freeze, FrozenStateRebuildsAFreshLayerWithoutItsFloatWeight) {
+  at::manual_seed(10);
+  for (const QType& qt : {qint8, qint4, qint2}) {
+    nn::Linear a(64, 32);
+    Scheme s(qt);
+    s.group_size = 32;
+    s.activations = qt == qint2 ? ActivationMode::kNone : ActivationMode::kStatic;
+    s.observer = "minmax";
+    quantize(a, s);
+    if (s.activations == ActivationMode::kStatic) {
+      Calibration c(a);
+      a(at::randn({16, 64}));
+    }
+    freeze(a);
+    const at::Tensor x = at::randn({3, 64});
+    const at::Tensor y = a(x);
+
+    nn::Linear b(64, 32);  // fresh float layer, different random weights
+    b->attach("b", a->scheme());
+    if (s.activations == ActivationMode::kStatic) b->input_quantizer()->set_qparams(a->input_quantizer()->qparams());
+    {
+      at::NoGradGuard g;
+      b->bias.copy_(a->frozen_bias());
+    }
+    b->install_frozen(a->frozen_weight());
+    EXPECT_TRUE(at::equal(b(x), y)) << qt.name;
+    EXPECT_EQ(b->report().kernel, a->report().kernel) << qt.name;
+  }
+}
