@@ -33,8 +33,9 @@ void run_panel(detail::GemmS4Fn fn, const detail::GemvS4Args& args) {
 }
 
 // Exactly one of fn / panel_fn is set.
-void run_fast(detail::GemvS4Fn fn, detail::GemmS4Fn panel_fn, const int8_t* A, int64_t M,
-              const float* a_scale, const S4N16K8View& w, const float* bias, float* y) {
+[[maybe_unused]] void run_fast(detail::GemvS4Fn fn, detail::GemmS4Fn panel_fn, const int8_t* A,
+                               int64_t M, const float* a_scale, const S4N16K8View& w,
+                               const float* bias, float* y) {
   const int64_t K = w.k, kp = w.kp, G = w.groups;
   std::vector<int8_t> padded(static_cast<size_t>(M * kp), 0);
   std::vector<int32_t> group_sum(static_cast<size_t>(M * G), 0);

@@ -39,7 +39,7 @@ void check_view(const S8N16K4View& w, int64_t M, const void* A, const void* out)
   QF_REQUIRE(M == 0 || (A != nullptr && out != nullptr), "kernels/cpu: gemv_s8 got a null pointer");
 }
 
-void run_fast(detail::GemvS8Fn fn, const Problem& p, bool wants_u8) {
+[[maybe_unused]] void run_fast(detail::GemvS8Fn fn, const Problem& p, bool wants_u8) {
   const S8N16K4View& w = *p.w;
   const int64_t K = w.k, kp = w.kp;
   // Padded copy of A (kp columns): kernels read whole 4-byte k groups.

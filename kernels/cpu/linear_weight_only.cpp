@@ -17,7 +17,8 @@ namespace qforge::kernels {
 namespace {
 
 // x rows padded with 0.0f to kp (kernels read whole k blocks).
-std::vector<float> padded_rows(const float* x, int64_t M, int64_t K, int64_t kp) {
+[[maybe_unused]] std::vector<float> padded_rows(const float* x, int64_t M, int64_t K,
+                                                int64_t kp) {
   std::vector<float> out(static_cast<size_t>(M * kp), 0.0f);
   for (int64_t m = 0; m < M; ++m) {
     std::memcpy(out.data() + m * kp, x + m * K, static_cast<size_t>(K) * sizeof(float));
