@@ -116,7 +116,8 @@ void dispatch(const Problem& p, bool a_in_127, RunInfo* info) {
     ri.skip(kAvx2, why);
   } else if (p.a_u8 != nullptr) {
     ri.skip(kAvx2, "u8 activations with a zero point need VPDPBUSD");
-  } else if (!a_in_127 && std::find(p.a_s8, p.a_s8 + p.m * p.w->k, int8_t{-128}) != p.a_s8 + p.m * p.w->k) {
+  } else if (!a_in_127 && std::find(p.a_s8, p.a_s8 + p.m * p.w->k, int8_t{-128}) !=
+                               p.a_s8 + p.m * p.w->k) {
     ri.skip(kAvx2, "A contains -128 (the VPMADDUBSW sign trick needs [-127, 127])");
   } else {
 #ifdef QFORGE_KERNELS_AVX2

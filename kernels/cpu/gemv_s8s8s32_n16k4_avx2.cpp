@@ -54,7 +54,8 @@ __attribute__((noinline)) void finish_tile(const GemvS8Args& args, int64_t m0, i
       if (args.c != nullptr) {
         #pragma GCC unroll 16
         for (int r = 0; r < MR; ++r) {
-          _mm256_maskstore_epi32(args.c + (m0 + r) * args.ldc + n0, mask, _mm256_load_si256(reinterpret_cast<const __m256i*>(sums[r][c][h])));
+          const __m256i acc = _mm256_load_si256(reinterpret_cast<const __m256i*>(sums[r][c][h]));
+          _mm256_maskstore_epi32(args.c + (m0 + r) * args.ldc + n0, mask, acc);
         }
         continue;
       }
@@ -63,7 +64,8 @@ __attribute__((noinline)) void finish_tile(const GemvS8Args& args, int64_t m0, i
           args.bias != nullptr ? _mm256_maskload_ps(args.bias + n0, mask) : _mm256_setzero_ps();
       #pragma GCC unroll 16
       for (int r = 0; r < MR; ++r) {
-        const __m256 f = _mm256_cvtepi32_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(sums[r][c][h])));
+        const __m256i acc = _mm256_load_si256(reinterpret_cast<const __m256i*>(sums[r][c][h]));
+        const __m256 f = _mm256_cvtepi32_ps(acc);
         const __m256 y =
             _mm256_fmadd_ps(_mm256_mul_ps(f, ws), _mm256_set1_ps(args.a_scale[m0 + r]), b);
         _mm256_maskstore_ps(args.y + (m0 + r) * args.ldy + n0, mask, y);
