@@ -20,7 +20,7 @@ void gemv_u8s8s32(const uint8_t* A, int32_t a_zero_point, int64_t M, const S8N16
                   int32_t* C, RunInfo* info = nullptr);
 
 // Fused: int32 GEMM then dequantize_s32_f32_reference's epilogue, bit-exact with
-// gemm_s8s8s32_reference + dequantize_s32_f32_reference. A must lie in [-127, 127].
+// gemm_s8s8s32_reference + dequantize_s32_f32_reference (A holding -128 skips the AVX2 kernel).
 void gemv_s8s8f32(const int8_t* A, int64_t M, const float* a_scale, const S8N16K4View& w,
                   const float* w_scale, const float* bias, float* y, RunInfo* info = nullptr);
 
