@@ -137,7 +137,9 @@ TEST(GemvU8, EveryKernelMatchesReferenceWithZeroPoint) {
             RunInfo info;
             gemv_u8s8s32(A.data(), zp, M, p.view, out.data(), &info);
             ASSERT_TRUE(exact_equal(out, ref)) << info.kernel << " zp=" << zp;
-            if (isa < Isa::kAvx512Vnni) EXPECT_EQ(info.kernel, "reference");
+            if (isa < Isa::kAvx512Vnni) {
+              EXPECT_EQ(info.kernel, "reference");
+            }
           }
         }
       }
