@@ -1,0 +1,88 @@
+// Small conv-BN-ReLU CNN and conv+BN folding.
+#include "framework/models/cnn.h"
+
+#include <ATen/ATen.h>
+
+#include "framework/core/error.h"
+
+namespace qforge::models {
+
+nn::Conv2d fold_conv_bn(const nn::Conv2d& conv, const torch::nn::BatchNorm2d& bn) {
+  QF_REQUIRE(!conv->quantized(), "models/cnn: fold BatchNorm before quantize(): conv '", conv->path(),
+             "' already has quantizers");
+  const auto& bo = bn->options;
+  QF_REQUIRE(bo.num_features() == conv->options.out_channels(), "models/cnn: BatchNorm2d has ", bo.num_features(),
+             " features, conv has ", conv->options.out_channels(), " output channels");
+  QF_REQUIRE(bo.track_running_stats(), "models/cnn: folding needs BatchNorm running statistics");
+  const auto& co = conv->options;
+  nn::Conv2d folded(torch::nn::Conv2dOptions(co.in_channels(), co.out_channels(), co.kernel_size())
+                        .stride(co.stride())
+                        .padding(co.padding())
+                        .dilation(co.dilation())
+                        .groups(co.groups())
+                        .padding_mode(co.padding_mode())
+                        .bias(true));
+  at::NoGradGuard no_grad;
+  const at::Tensor inv_std = at::rsqrt(bn->running_var + bo.eps());
+  const at::Tensor gamma = bo.affine() ? bn->weight : at::ones_like(inv_std);
+  const at::Tensor beta = bo.affine() ? bn->bias : at::zeros_like(inv_std);
+  const at::Tensor scale = gamma * inv_std;
+  const at::Tensor b = conv->bias.defined() ? conv->bias : at::zeros_like(scale);
+  std::vector<int64_t> bshape(conv->weight.dim(), 1);
+  bshape[0] = -1;
+  folded->weight.copy_(conv->weight * scale.reshape(bshape));
+  folded->bias.copy_((b - bn->running_mean) * scale + beta);
+  folded->to(conv->weight.device());
+  return folded;
+}
+
+ConvBnReluImpl::ConvBnReluImpl(int64_t in, int64_t out) : in_channels(in), out_channels(out) { reset(); }
+
+void ConvBnReluImpl::reset() {
+  conv = register_module("conv", nn::Conv2d(torch::nn::Conv2dOptions(in_channels, out_channels, 3).padding(1).bias(false)));
+  bn = register_module("bn", torch::nn::BatchNorm2d(out_channels));
+}
+
+at::Tensor ConvBnReluImpl::forward(const at::Tensor& x) {
+  at::Tensor h = conv->forward(x);
+  if (bn) h = bn->forward(h);
+  return at::relu(h);
+}
+
+void ConvBnReluImpl::fold_batch_norm() {
+  if (!bn) return;
+  conv = replace_module("conv", fold_conv_bn(conv, bn));
+  unregister_module("bn");
+  bn = nullptr;
+}
+
+SmallCnnImpl::SmallCnnImpl(SmallCnnOptions opts) : options(std::move(opts)) { reset(); }
+
+void SmallCnnImpl::reset() {
+  QF_REQUIRE(!options.channels.empty(), "models/cnn: need at least one conv block");
+  blocks = register_module("blocks", torch::nn::ModuleList());
+  int64_t c = options.in_channels, size = options.image_size;
+  for (int64_t out : options.channels) {
+    blocks->push_back(ConvBnRelu(c, out));
+    c = out;
+    size /= 2;
+  }
+  QF_REQUIRE(size >= 1, "models/cnn: ", options.channels.size(), " pooling steps shrink a ", options.image_size,
+             "-pixel image to nothing");
+  fc1 = register_module("fc1", nn::Linear(c * size * size, options.hidden));
+  fc2 = register_module("fc2", nn::Linear(options.hidden, options.num_classes));
+  dropout = register_module("dropout", torch::nn::Dropout(options.dropout));
+}
+
+at::Tensor SmallCnnImpl::forward(const at::Tensor& x) {
+  at::Tensor h = x;
+  for (const auto& b : *blocks) h = at::max_pool2d(b->as<ConvBnReluImpl>()->forward(h), {2, 2});
+  h = at::relu(fc1->forward(h.flatten(1)));
+  return fc2->forward(dropout->forward(h));
+}
+
+void SmallCnnImpl::fold_batch_norm() {
+  for (const auto& b : *blocks) b->as<ConvBnReluImpl>()->fold_batch_norm();
+}
+
+}  // namespace qforge::models

@@ -1,0 +1,240 @@
+// GPT-2 decoder with HF names (see gpt2.h).
+#include "framework/models/gpt2.h"
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
+
+#include "framework/core/error.h"
+#include "framework/io/safetensors.h"
+#include "framework/models/bert.h"  // apply_activation
+
+namespace qforge::models {
+namespace {
+
+template <typename T>
+void get_field(const nlohmann::json& j, const char* name, T& out) {
+  if (!j.contains(name) || j[name].is_null()) return;
+  try {
+    out = j[name].get<T>();
+  } catch (const nlohmann::json::exception&) {
+    throw Error(detail::str_cat("models/gpt2: config field '", name, "' has the wrong type: ", j[name].dump()));
+  }
+}
+
+// HF Conv1D projections: stored [in, out] in checkpoints.
+bool is_conv1d_weight(const std::string& key) {
+  for (const char* s : {".attn.c_attn.weight", ".attn.c_proj.weight", ".mlp.c_fc.weight", ".mlp.c_proj.weight"}) {
+    const std::string suffix(s);
+    if (key.size() > suffix.size() && key.compare(key.size() - suffix.size(), suffix.size(), suffix) == 0) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+Gpt2Config Gpt2Config::from_json(const nlohmann::json& j) {
+  QF_REQUIRE(j.is_object(), "models/gpt2: config is not a JSON object");
+  Gpt2Config c;
+  get_field(j, "vocab_size", c.vocab_size);
+  get_field(j, "n_positions", c.n_positions);
+  get_field(j, "n_embd", c.n_embd);
+  get_field(j, "n_layer", c.n_layer);
+  get_field(j, "n_head", c.n_head);
+  get_field(j, "n_inner", c.n_inner);
+  get_field(j, "activation_function", c.activation_function);
+  get_field(j, "resid_pdrop", c.resid_pdrop);
+  get_field(j, "embd_pdrop", c.embd_pdrop);
+  get_field(j, "attn_pdrop", c.attn_pdrop);
+  get_field(j, "layer_norm_epsilon", c.layer_norm_epsilon);
+  get_field(j, "initializer_range", c.initializer_range);
+  for (const char* unsupported : {"scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn", "add_cross_attention"})
+    QF_REQUIRE(!j.contains(unsupported) || !j[unsupported].is_boolean() || !j[unsupported].get<bool>(),
+               "models/gpt2: config option '", unsupported, "' is not supported");
+  QF_REQUIRE(!j.contains("scale_attn_weights") || j["scale_attn_weights"] == true,
+             "models/gpt2: scale_attn_weights=false is not supported");
+  for (auto [v, name] : {std::pair{c.vocab_size, "vocab_size"}, {c.n_positions, "n_positions"}, {c.n_embd, "n_embd"},
+                         {c.n_layer, "n_layer"}, {c.n_head, "n_head"}})
+    QF_REQUIRE(v > 0, "models/gpt2: config field '", name, "' must be > 0, got ", v);
+  QF_REQUIRE(c.n_embd % c.n_head == 0, "models/gpt2: n_embd ", c.n_embd, " is not a multiple of n_head ", c.n_head);
+  apply_activation(c.activation_function, at::zeros({1}));
+  return c;
+}
+
+Gpt2Config Gpt2Config::from_file(const std::string& path) {
+  std::ifstream f(path);
+  QF_REQUIRE(f, "models/gpt2: cannot open config ", path);
+  try {
+    return from_json(nlohmann::json::parse(f));
+  } catch (const nlohmann::json::parse_error& e) {
+    throw Error(detail::str_cat("models/gpt2: ", path, " is not valid JSON: ", e.what()));
+  }
+}
+
+nlohmann::json Gpt2Config::to_json() const {
+  nlohmann::json j = {{"model_type", "gpt2"},
+                      {"architectures", {"GPT2LMHeadModel"}},
+                      {"vocab_size", vocab_size},
+                      {"n_positions", n_positions},
+                      {"n_ctx", n_positions},
+                      {"n_embd", n_embd},
+                      {"n_layer", n_layer},
+                      {"n_head", n_head},
+                      {"activation_function", activation_function},
+                      {"resid_pdrop", resid_pdrop},
+                      {"embd_pdrop", embd_pdrop},
+                      {"attn_pdrop", attn_pdrop},
+                      {"layer_norm_epsilon", layer_norm_epsilon},
+                      {"initializer_range", initializer_range},
+                      {"tie_word_embeddings", true}};
+  j["n_inner"] = n_inner > 0 ? nlohmann::json(n_inner) : nlohmann::json(nullptr);
+  return j;
+}
+
+Gpt2AttentionImpl::Gpt2AttentionImpl(const Gpt2Config& c) : config(c) { reset(); }
+
+void Gpt2AttentionImpl::reset() {
+  c_attn = register_module("c_attn", nn::Linear(config.n_embd, 3 * config.n_embd));
+  c_proj = register_module("c_proj", nn::Linear(config.n_embd, config.n_embd));
+  qk_matmul = register_module("qk_matmul", nn::MatMul());
+  av_matmul = register_module("av_matmul", nn::MatMul());
+  attn_dropout = register_module("attn_dropout", torch::nn::Dropout(config.attn_pdrop));
+  resid_dropout = register_module("resid_dropout", torch::nn::Dropout(config.resid_pdrop));
+}
+
+at::Tensor Gpt2AttentionImpl::forward(const at::Tensor& x) {
+  const int64_t B = x.size(0), T = x.size(1), H = config.n_head, D = config.n_embd / H;
+  const auto qkv = c_attn->forward(x).split(config.n_embd, -1);
+  auto heads = [&](const at::Tensor& t) { return t.view({B, T, H, D}).permute({0, 2, 1, 3}); };
+  const at::Tensor q = heads(qkv[0]), k = heads(qkv[1]), v = heads(qkv[2]);
+  at::Tensor w = qk_matmul->forward(q, k.transpose(-1, -2)) / std::sqrt(static_cast<double>(D));
+  // HF masks future positions with finfo(float32).min (not -inf, so fully masked rows stay finite).
+  const at::Tensor causal = at::ones({T, T}, x.options().dtype(at::kBool)).tril();
+  w = at::where(causal, w, at::full({}, std::numeric_limits<float>::lowest(), w.options()));
+  const at::Tensor p = attn_dropout->forward(at::softmax(w, -1));
+  const at::Tensor ctx = av_matmul->forward(p, v).permute({0, 2, 1, 3}).reshape({B, T, H * D});
+  return resid_dropout->forward(c_proj->forward(ctx));
+}
+
+Gpt2MlpImpl::Gpt2MlpImpl(const Gpt2Config& c) : config(c) { reset(); }
+
+void Gpt2MlpImpl::reset() {
+  c_fc = register_module("c_fc", nn::Linear(config.n_embd, config.inner()));
+  c_proj = register_module("c_proj", nn::Linear(config.inner(), config.n_embd));
+  dropout = register_module("dropout", torch::nn::Dropout(config.resid_pdrop));
+}
+
+at::Tensor Gpt2MlpImpl::forward(const at::Tensor& x) {
+  return dropout->forward(c_proj->forward(apply_activation(config.activation_function, c_fc->forward(x))));
+}
+
+Gpt2BlockImpl::Gpt2BlockImpl(const Gpt2Config& c) : config(c) { reset(); }
+
+void Gpt2BlockImpl::reset() {
+  auto ln = [&] { return nn::LayerNorm(torch::nn::LayerNormOptions({config.n_embd}).eps(config.layer_norm_epsilon)); };
+  ln_1 = register_module("ln_1", ln());
+  attn = register_module("attn", Gpt2Attention(config));
+  ln_2 = register_module("ln_2", ln());
+  mlp = register_module("mlp", Gpt2Mlp(config));
+}
+
+at::Tensor Gpt2BlockImpl::forward(const at::Tensor& x) {
+  const at::Tensor h = x + attn->forward(ln_1->forward(x));
+  return h + mlp->forward(ln_2->forward(h));
+}
+
+Gpt2ModelImpl::Gpt2ModelImpl(const Gpt2Config& c) : config(c) { reset(); }
+
+void Gpt2ModelImpl::reset() {
+  wte = register_module("wte", nn::Embedding(config.vocab_size, config.n_embd));
+  wpe = register_module("wpe", nn::Embedding(config.n_positions, config.n_embd));
+  drop = register_module("drop", torch::nn::Dropout(config.embd_pdrop));
+  h = register_module("h", torch::nn::ModuleList());
+  for (int64_t i = 0; i < config.n_layer; ++i) h->push_back(Gpt2Block(config));
+  ln_f = register_module("ln_f", nn::LayerNorm(torch::nn::LayerNormOptions({config.n_embd}).eps(config.layer_norm_epsilon)));
+}
+
+at::Tensor Gpt2ModelImpl::forward(const at::Tensor& ids) {
+  QF_REQUIRE(ids.dim() == 2, "models/gpt2: input_ids must be [batch, seq], got ", ids.sizes());
+  const int64_t T = ids.size(1);
+  QF_REQUIRE(T <= config.n_positions, "models/gpt2: sequence length ", T, " exceeds n_positions ", config.n_positions);
+  const at::Tensor pos = at::arange(T, ids.options().dtype(at::kLong)).unsqueeze(0);
+  at::Tensor x = drop->forward(wte->forward(ids) + wpe->forward(pos));
+  for (const auto& b : *h) x = b->as<Gpt2BlockImpl>()->forward(x);
+  return ln_f->forward(x);
+}
+
+Gpt2LMHeadModelImpl::Gpt2LMHeadModelImpl(const Gpt2Config& c) : config(c) { reset(); }
+
+void Gpt2LMHeadModelImpl::reset() {
+  transformer = register_module("transformer", Gpt2Model(config));
+  init_weights();
+}
+
+void Gpt2LMHeadModelImpl::init_weights() {
+  at::NoGradGuard no_grad;
+  for (auto& item : named_modules("", /*include_self=*/false)) {
+    auto& m = item.value();
+    if (auto* lin = m->as<nn::LinearImpl>()) {
+      const bool c_proj = item.key().size() >= 6 && item.key().compare(item.key().size() - 6, 6, "c_proj") == 0;
+      lin->weight.normal_(0.0, c_proj ? config.initializer_range / std::sqrt(2.0 * config.n_layer)
+                                       : config.initializer_range);
+      lin->bias.zero_();
+    } else if (auto* emb = m->as<nn::EmbeddingImpl>()) {
+      emb->weight.normal_(0.0, config.initializer_range);
+    } else if (auto* ln = m->as<nn::LayerNormImpl>()) {
+      ln->weight.fill_(1.0);
+      ln->bias.zero_();
+    }
+  }
+}
+
+at::Tensor Gpt2LMHeadModelImpl::forward(const at::Tensor& ids) {
+  return at::linear(transformer->forward(ids), transformer->wte->weight);
+}
+
+void load_hf_gpt2(Gpt2LMHeadModel& model, StateDict state, const std::string& source) {
+  StateDict converted;
+  for (auto& [k, v] : state) {
+    // Checkpoints saved from GPT2Model (no LM head) lack the "transformer." prefix.
+    const std::string key = k.rfind("transformer.", 0) == 0 || k.rfind("lm_head.", 0) == 0 ? k : "transformer." + k;
+    converted[key] = is_conv1d_weight(key) && v.dim() == 2 ? v.t().contiguous() : v;
+  }
+  if (auto it = converted.find("lm_head.weight"); it != converted.end()) {
+    auto wte = converted.find("transformer.wte.weight");
+    QF_REQUIRE(wte != converted.end() && wte->second.sizes() == it->second.sizes() && at::equal(wte->second, it->second),
+               "models/gpt2: ", source, " has an lm_head.weight that differs from transformer.wte.weight; qforge's "
+               "GPT-2 ties them and cannot load an untied head");
+    converted.erase(it);
+  }
+  LoadStateOptions opts;
+  opts.ignore_suffixes = {".attn.bias", ".attn.masked_bias"};
+  opts.source = "models/gpt2: " + source;
+  load_model_state(*model, converted, opts);
+}
+
+StateDict hf_gpt2_state(const Gpt2LMHeadModel& model) {
+  StateDict out;
+  for (const auto& [k, v] : model_state(*model))
+    out[k] = is_conv1d_weight(k) ? v.detach().t().contiguous() : v.detach().contiguous();
+  return out;
+}
+
+Gpt2LMHeadModel load_gpt2_lm_head_model(const std::string& dir) {
+  Gpt2LMHeadModel model(Gpt2Config::from_file(dir + "/config.json"));
+  const std::string weights = dir + "/model.safetensors";
+  load_hf_gpt2(model, io::read_safetensors(weights).tensors, weights);
+  return model;
+}
+
+void save_hf_gpt2(const Gpt2LMHeadModel& model, const std::string& dir) {
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/config.json") << model->config.to_json().dump(2) << "\n";
+  io::write_safetensors(dir + "/model.safetensors", hf_gpt2_state(model), {{"format", "pt"}});
+}
+
+}  // namespace qforge::models

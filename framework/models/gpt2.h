@@ -1,0 +1,112 @@
+// GPT-2 decoder of qforge layers with Hugging Face GPT2LMHeadModel's parameter names:
+//   transformer.wte, transformer.wpe, transformer.h.N.ln_1, transformer.h.N.attn.c_attn,
+//   transformer.h.N.attn.c_proj, transformer.h.N.ln_2, transformer.h.N.mlp.c_fc,
+//   transformer.h.N.mlp.c_proj, transformer.ln_f; lm_head is tied to wte (no parameter of its own).
+// HF keeps these projections in its Conv1D with weight [in, out]; qforge Linear holds [out, in], so
+// load_hf_gpt2 / save_hf_gpt2 transpose them. Causal self-attention goes through qforge::nn::MatMul.
+#pragma once
+
+#include <torch/nn/cloneable.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/dropout.h>
+#include <torch/nn/pimpl.h>
+
+#include <nlohmann/json_fwd.hpp>
+#include <string>
+
+#include "framework/models/state_dict.h"
+#include "framework/nn/embedding.h"
+#include "framework/nn/layer_norm.h"
+#include "framework/nn/linear.h"
+#include "framework/nn/matmul.h"
+
+namespace qforge::models {
+
+struct Gpt2Config {
+  int64_t vocab_size = 50257;
+  int64_t n_positions = 1024;
+  int64_t n_embd = 768;
+  int64_t n_layer = 12;
+  int64_t n_head = 12;
+  int64_t n_inner = 0;  // 0 (JSON null) = 4 * n_embd
+  std::string activation_function = "gelu_new";
+  double resid_pdrop = 0.1, embd_pdrop = 0.1, attn_pdrop = 0.1;
+  double layer_norm_epsilon = 1e-5;
+  double initializer_range = 0.02;
+
+  int64_t inner() const { return n_inner > 0 ? n_inner : 4 * n_embd; }
+  static Gpt2Config from_json(const nlohmann::json& j);
+  static Gpt2Config from_file(const std::string& path);
+  nlohmann::json to_json() const;
+};
+
+class Gpt2AttentionImpl : public torch::nn::Cloneable<Gpt2AttentionImpl> {
+ public:
+  explicit Gpt2AttentionImpl(const Gpt2Config& c);
+  void reset() override;
+  at::Tensor forward(const at::Tensor& x);  // causal; x [B, T, n_embd]
+  Gpt2Config config;
+  nn::Linear c_attn{nullptr}, c_proj{nullptr};
+  nn::MatMul qk_matmul{nullptr}, av_matmul{nullptr};
+  torch::nn::Dropout attn_dropout{nullptr}, resid_dropout{nullptr};
+};
+TORCH_MODULE(Gpt2Attention);
+
+class Gpt2MlpImpl : public torch::nn::Cloneable<Gpt2MlpImpl> {
+ public:
+  explicit Gpt2MlpImpl(const Gpt2Config& c);
+  void reset() override;
+  at::Tensor forward(const at::Tensor& x);
+  Gpt2Config config;
+  nn::Linear c_fc{nullptr}, c_proj{nullptr};
+  torch::nn::Dropout dropout{nullptr};
+};
+TORCH_MODULE(Gpt2Mlp);
+
+class Gpt2BlockImpl : public torch::nn::Cloneable<Gpt2BlockImpl> {
+ public:
+  explicit Gpt2BlockImpl(const Gpt2Config& c);
+  void reset() override;
+  at::Tensor forward(const at::Tensor& x);
+  Gpt2Config config;
+  nn::LayerNorm ln_1{nullptr}, ln_2{nullptr};
+  Gpt2Attention attn{nullptr};
+  Gpt2Mlp mlp{nullptr};
+};
+TORCH_MODULE(Gpt2Block);
+
+class Gpt2ModelImpl : public torch::nn::Cloneable<Gpt2ModelImpl> {
+ public:
+  explicit Gpt2ModelImpl(const Gpt2Config& c);
+  void reset() override;
+  at::Tensor forward(const at::Tensor& input_ids);  // last hidden state [B, T, n_embd]
+  Gpt2Config config;
+  nn::Embedding wte{nullptr}, wpe{nullptr};
+  torch::nn::Dropout drop{nullptr};
+  torch::nn::ModuleList h{nullptr};
+  nn::LayerNorm ln_f{nullptr};
+};
+TORCH_MODULE(Gpt2Model);
+
+class Gpt2LMHeadModelImpl : public torch::nn::Cloneable<Gpt2LMHeadModelImpl> {
+ public:
+  explicit Gpt2LMHeadModelImpl(const Gpt2Config& c);
+  void reset() override;
+  // Logits [B, T, vocab_size]; the head is the tied token embedding (float, not quantized).
+  at::Tensor forward(const at::Tensor& input_ids);
+  // HF's init: N(0, 0.02) weights, zero biases, c_proj weights N(0, 0.02 / sqrt(2 * n_layer)).
+  void init_weights();
+  Gpt2Config config;
+  Gpt2Model transformer{nullptr};
+};
+TORCH_MODULE(Gpt2LMHeadModel);
+
+// HF import: transposes Conv1D weights ([in, out] -> [out, in]); ignores "attn.bias"/"attn.masked_bias"
+// buffers and a tied "lm_head.weight" (checked equal to wte); other mismatches are errors.
+void load_hf_gpt2(Gpt2LMHeadModel& model, StateDict state, const std::string& source = "checkpoint");
+// HF names and layouts (Conv1D weights transposed back to [in, out]).
+StateDict hf_gpt2_state(const Gpt2LMHeadModel& model);
+Gpt2LMHeadModel load_gpt2_lm_head_model(const std::string& dir);  // config.json + model.safetensors
+void save_hf_gpt2(const Gpt2LMHeadModel& model, const std::string& dir);
+
+}  // namespace qforge::models

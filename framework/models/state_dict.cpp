@@ -1,0 +1,87 @@
+// Strict named-state import/export for qforge models.
+#include "framework/models/state_dict.h"
+
+#include <ATen/ATen.h>
+
+#include <set>
+#include <sstream>
+
+#include "framework/core/error.h"
+
+namespace qforge::models {
+namespace {
+
+bool is_quantizer_state(const std::string& name) {
+  std::stringstream ss(name);
+  std::string part;
+  while (std::getline(ss, part, '.')) {
+    constexpr const char* kSuffix = "_quantizer";
+    if (part.size() >= 10 && part.compare(part.size() - 10, 10, kSuffix) == 0) return true;
+  }
+  return false;
+}
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+std::string list(const std::vector<std::string>& v, size_t max_items = 20) {
+  std::string out;
+  for (size_t i = 0; i < v.size() && i < max_items; ++i) out += (i ? ", " : "") + v[i];
+  if (v.size() > max_items) out += ", ... (" + std::to_string(v.size() - max_items) + " more)";
+  return out;
+}
+
+}  // namespace
+
+StateDict model_state(const torch::nn::Module& model) {
+  StateDict out;
+  for (const auto& p : model.named_parameters(/*recurse=*/true))
+    if (p.value().defined() && !is_quantizer_state(p.key())) out[p.key()] = p.value();
+  for (const auto& b : model.named_buffers(/*recurse=*/true))
+    if (b.value().defined() && !is_quantizer_state(b.key())) out[b.key()] = b.value();
+  return out;
+}
+
+void load_model_state(torch::nn::Module& model, const StateDict& state, const LoadStateOptions& options) {
+  StateDict target = model_state(model);
+  std::vector<std::string> unknown, missing, mismatched;
+  std::set<std::string> seen;
+  for (const auto& [key, t] : state) {
+    bool ignored = false;
+    for (const auto& s : options.ignore_suffixes) ignored |= ends_with(key, s);
+    if (ignored) continue;
+    auto it = target.find(key);
+    if (it == target.end()) {
+      unknown.push_back(key);
+      continue;
+    }
+    seen.insert(key);
+    if (!t.sizes().equals(it->second.sizes())) {
+      std::ostringstream os;
+      os << key << " (checkpoint " << t.sizes() << ", model " << it->second.sizes() << ")";
+      mismatched.push_back(os.str());
+    }
+  }
+  for (const auto& [key, t] : target) {
+    if (seen.count(key)) continue;
+    bool allowed = false;
+    for (const auto& a : options.allow_missing) allowed |= ends_with(key, a);
+    if (!allowed) missing.push_back(key);
+  }
+  if (!unknown.empty() || !missing.empty() || !mismatched.empty()) {
+    std::ostringstream os;
+    os << "models: " << options.source << " does not match the model:";
+    if (!unknown.empty()) os << "\n  unknown keys (" << unknown.size() << "): " << list(unknown);
+    if (!missing.empty()) os << "\n  missing keys (" << missing.size() << "): " << list(missing);
+    if (!mismatched.empty()) os << "\n  shape mismatches (" << mismatched.size() << "): " << list(mismatched);
+    throw Error(os.str());
+  }
+  at::NoGradGuard no_grad;
+  for (const auto& key : seen) {
+    at::Tensor dst = target.at(key);
+    dst.copy_(state.at(key).to(dst.scalar_type()));
+  }
+}
+
+}  // namespace qforge::models

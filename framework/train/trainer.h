@@ -1,0 +1,64 @@
+// Training and evaluation loops for qforge models: AdamW (no decay on 1-D parameters), cosine
+// schedule with warmup, gradient clipping, seeded shuffling and dropout, qforge::Progress bars.
+// Works for classifiers (logits [B, C], target [B]) and language models (logits [B, T, V],
+// target [B, T]); metrics are accuracy and per-token perplexity.
+#pragma once
+
+#include <torch/nn/module.h>
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "framework/train/batches.h"
+
+namespace qforge::train {
+
+// Runs the model on a batch and returns logits.
+using ForwardFn = std::function<at::Tensor(const Batch&)>;
+
+struct TrainOptions {
+  int64_t epochs = 1;
+  int64_t batch_size = 64;
+  double lr = 1e-3;
+  double weight_decay = 0.01;
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
+  double warmup_fraction = 0.05;  // of all steps
+  double min_lr_fraction = 0.0;
+  double grad_clip = 1.0;         // max global L2 norm; <= 0 disables
+  uint64_t seed = 0;
+  int64_t max_steps = 0;          // > 0: stop (and end the schedule) after this many steps
+  double time_budget_s = 0;       // > 0: stop after this much wall time (schedule unchanged)
+  bool progress = true;
+  std::string label = "train";
+};
+
+struct Metrics {
+  double loss = 0;        // mean cross-entropy per predicted token / example (nats)
+  double accuracy = 0;    // top-1
+  double perplexity = 0;  // exp(loss)
+  int64_t examples = 0, tokens = 0;
+  at::Tensor confusion;   // classifiers: int64 [C, C], row = true class, column = prediction
+};
+
+struct TrainResult {
+  std::vector<double> epoch_loss;     // mean training loss per (possibly partial) epoch
+  std::vector<Metrics> validation;    // per epoch, when a validation source was given
+  std::vector<double> step_loss;      // every step
+  int64_t steps = 0;
+  double seconds = 0;
+  bool stopped_early = false;         // by max_steps or time_budget_s
+};
+
+TrainResult fit(torch::nn::Module& model, const BatchSource& train_data, const ForwardFn& forward,
+                const TrainOptions& options, const BatchSource* validation = nullptr);
+
+// Evaluates in eval mode (restoring the previous mode) without gradients, in index order.
+Metrics evaluate(torch::nn::Module& model, const BatchSource& data, const ForwardFn& forward,
+                 int64_t batch_size = 256, const std::string& label = "eval", bool progress = true);
+
+// Confusion matrix as text: one row per true class with the counts, then per-class accuracy.
+std::string format_confusion(const at::Tensor& confusion, const std::vector<std::string>& names);
+
+}  // namespace qforge::train
