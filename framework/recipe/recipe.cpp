@@ -1,0 +1,591 @@
+// Recipe loading: includes, overrides, schema validation, typed extraction.
+#include "framework/recipe/recipe.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <cmath>
+#include <filesystem>
+#include <limits>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "framework/recipe/sha256.h"
+#include "observers/observer.h"
+
+namespace qforge {
+
+std::string RecipeIssue::to_string() const {
+  std::ostringstream os;
+  os << file;
+  if (line > 0) os << ":" << line << ":" << column;
+  os << ": ";
+  if (!key.empty()) os << key << ": ";
+  os << message;
+  return os.str();
+}
+
+namespace {
+
+std::string join_issues(const std::vector<RecipeIssue>& issues) {
+  std::ostringstream os;
+  os << "invalid recipe (" << issues.size() << (issues.size() == 1 ? " problem" : " problems") << "):";
+  for (const auto& i : issues) os << "\n  " << i.to_string();
+  return os.str();
+}
+
+}  // namespace
+
+RecipeError::RecipeError(std::vector<RecipeIssue> issues) : Error(join_issues(issues)), issues_(std::move(issues)) {}
+
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+enum class T { kMap, kFreeMap, kList, kString, kInt, kFloat, kBool, kEnum };
+
+struct Field {
+  std::string name;
+  T type;
+  std::string doc;
+  std::vector<std::string> choices;
+  double min = -kInf, max = kInf;
+  std::vector<Field> children;
+};
+
+Field leaf(std::string name, T type, std::string doc, double min = -kInf, double max = kInf) {
+  return Field{std::move(name), type, std::move(doc), {}, min, max, {}};
+}
+Field choice(std::string name, std::vector<std::string> choices, std::string doc) {
+  return Field{std::move(name), T::kEnum, std::move(doc), std::move(choices), -kInf, kInf, {}};
+}
+Field map(std::string name, std::string doc, std::vector<Field> children) {
+  return Field{std::move(name), T::kMap, std::move(doc), {}, -kInf, kInf, std::move(children)};
+}
+
+const std::vector<std::string> kQTypes{"qint8", "quint8", "qint4", "quint4", "qint2", "qfloat8_e4m3fn", "qfloat8_e5m2"};
+const std::vector<std::string> kGranularities{"per_tensor", "per_channel", "per_group"};
+
+const Field& schema() {
+  static const Field root = map("", "recipe", {
+      Field{"include", T::kList, "preset files merged first, in order (paths relative to this file)", {}, -kInf, kInf,
+            {leaf("*", T::kString, "path")}},
+      leaf("seed", T::kInt, "random seed for data splits, initialisation and shuffling", 0, 1e18),
+      map("model", "the network", {
+          choice("arch", {"mlp", "cnn", "bert", "gpt2"}, "architecture"),
+          Field{"config", T::kFreeMap, "architecture config (HF config.json keys for bert and gpt2)", {}, -kInf, kInf, {}},
+          leaf("config_file", T::kString, "HF-style config.json to read the config from"),
+          leaf("checkpoint", T::kString, "float checkpoint: loaded when it exists, written after float training"),
+          leaf("safetensors", T::kString, "HF safetensors weights to import instead of training"),
+      }),
+      map("data", "dataset and batching", {
+          choice("dataset", {"fashion_mnist", "langid", "fortunes"}, "dataset (from Debian packages)"),
+          leaf("batch_size", T::kInt, "training batch size", 1, 65536),
+          leaf("eval_batch_size", T::kInt, "evaluation batch size", 1, 65536),
+          leaf("validation_size", T::kInt, "examples held out from training for validation", 0, 1e9),
+          leaf("max_train_examples", T::kInt, "cap on training examples (0: all)", 0, 1e12),
+          leaf("max_eval_examples", T::kInt, "cap on evaluation examples (0: all)", 0, 1e12),
+          leaf("seq_len", T::kInt, "sequence length of language-model examples", 2, 65536),
+          leaf("examples_per_language", T::kInt, "langid phrases per language (0: dataset default)", 0, 1e9),
+      }),
+      map("train", "float training (when no checkpoint is given)", {
+          leaf("epochs", T::kInt, "epochs", 0, 10000),
+          leaf("lr", T::kFloat, "peak learning rate (AdamW)", 0, 10),
+          leaf("weight_decay", T::kFloat, "AdamW weight decay", 0, 10),
+          leaf("warmup_steps", T::kInt, "linear warm-up steps before the cosine schedule", 0, 1e9),
+          leaf("grad_clip", T::kFloat, "gradient norm clip (0: off)", 0, 1e9),
+          leaf("max_steps", T::kInt, "stop after this many steps (0: no limit)", 0, 1e12),
+      }),
+      map("quantize", "what to quantize and how", {
+          map("weights", "weight quantization", {
+              choice("qtype", [] { auto v = kQTypes; v.push_back("none"); return v; }(), "weight grid (none: float)"),
+              choice("granularity", kGranularities, "scale granularity"),
+              leaf("group_size", T::kInt, "elements per group along the input dimension (per_group)", 1, 1e9),
+              leaf("symmetric", T::kBool, "zero point 0"),
+              leaf("lsq", T::kBool, "learnable step size (LSQ) during QAT"),
+          }),
+          map("activations", "input activation quantization", {
+              choice("mode", {"none", "static", "dynamic_per_token"}, "none, static (calibrated) or dynamic per token"),
+              choice("qtype", kQTypes, "activation grid"),
+              leaf("symmetric", T::kBool, "symmetric activations (int8: narrow range [-127, 127])"),
+              choice("observer", {"minmax", "moving_average_minmax", "histogram"}, "static activation observer"),
+              choice("method", {"l2", "entropy", "percentile", "mse"}, "histogram range search"),
+              leaf("percentile", T::kFloat, "percentile of the percentile method", 0, 100),
+              leaf("averaging_constant", T::kFloat, "moving-average constant", 0, 1),
+              leaf("lsq", T::kBool, "learnable activation step (LSQ) during QAT"),
+          }),
+          Field{"rules", T::kList, "ordered per-layer rules; the first whose pattern matches wins", {}, -kInf, kInf,
+                {map("*", "rule", {
+                    leaf("pattern", T::kString, "shell-style pattern on module paths"),
+                    leaf("keep_float", T::kBool, "leave matching layers in float"),
+                    choice("weights", kQTypes, "weight grid for matching layers"),
+                    choice("granularity", kGranularities, "weight granularity for matching layers"),
+                    leaf("group_size", T::kInt, "group size for matching layers", 1, 1e9),
+                    choice("activations", {"none", "static", "dynamic_per_token"}, "activation mode for matching layers"),
+                })}},
+      }),
+      map("calibrate", "calibration of static activations", {
+          leaf("batches", T::kInt, "training batches fed through the model under Calibration", 1, 1e9),
+      }),
+      map("qat", "quantization-aware training after calibration", {
+          leaf("epochs", T::kInt, "QAT epochs (0: skip)", 0, 10000),
+          leaf("lr", T::kFloat, "QAT learning rate", 0, 10),
+          leaf("lsq", T::kBool, "learnable step sizes for weights and activations"),
+          leaf("freeze_observers_after", T::kInt, "stop observer updates after this many steps (-1: never)", -1, 1e12),
+          leaf("freeze_bn_after", T::kInt, "fix BatchNorm statistics after this many steps (-1: never)", -1, 1e12),
+          leaf("max_steps", T::kInt, "stop after this many steps (0: no limit)", 0, 1e12),
+      }),
+      Field{"search", T::kFreeMap, "mixed-precision search (reserved; must be empty until it lands)", {}, -kInf, kInf, {}},
+      map("freeze", "packing into integer kernels", {
+          leaf("enabled", T::kBool, "freeze after PTQ/QAT and evaluate the integer model"),
+          choice("backend", {"cpu"}, "kernel backend"),
+      }),
+      map("export", "files written to the output directory", {
+          leaf("checkpoint", T::kBool, "quantized model checkpoint (HDF5)"),
+          leaf("calibration_dump", T::kBool, "calibration dump (HDF5)"),
+          leaf("report", T::kBool, "report.json and report.md"),
+          leaf("safetensors", T::kBool, "frozen model as safetensors"),
+      }),
+  });
+  return root;
+}
+
+std::string dotted(const std::string& prefix, const std::string& key) { return prefix.empty() ? key : prefix + "." + key; }
+
+struct Ctx {
+  std::vector<RecipeIssue> issues;
+  void add(const std::string& file, const YAML::Mark& m, const std::string& key, const std::string& msg) {
+    issues.push_back(RecipeIssue{file, m.is_null() ? 0 : m.line + 1, m.is_null() ? 0 : m.column + 1, key, msg});
+  }
+};
+
+std::string closest(const std::string& key, const std::vector<std::string>& candidates) {
+  std::string best;
+  size_t best_d = std::max<size_t>(3, key.size() / 2) + 1;
+  for (const auto& c : candidates) {
+    // Levenshtein distance, as closest_match computes it.
+    std::vector<size_t> prev(c.size() + 1), cur(c.size() + 1);
+    for (size_t j = 0; j <= c.size(); ++j) prev[j] = j;
+    for (size_t i = 1; i <= key.size(); ++i) {
+      cur[0] = i;
+      for (size_t j = 1; j <= c.size(); ++j)
+        cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (key[i - 1] == c[j - 1] ? 0 : 1)});
+      std::swap(prev, cur);
+    }
+    if (prev[c.size()] < best_d) {
+      best_d = prev[c.size()];
+      best = c;
+    }
+  }
+  return best;
+}
+
+std::string hint(const std::string& key, const std::vector<std::string>& candidates) {
+  const std::string c = closest(key, candidates);
+  return c.empty() ? "" : " (did you mean '" + c + "'?)";
+}
+
+const char* type_name(T t) {
+  switch (t) {
+    case T::kMap: case T::kFreeMap: return "a mapping";
+    case T::kList: return "a list";
+    case T::kString: return "a string";
+    case T::kInt: return "an integer";
+    case T::kFloat: return "a number";
+    case T::kBool: return "true or false";
+    case T::kEnum: return "one of the listed values";
+  }
+  return "?";
+}
+
+// Checks `node` against `field`, recursively; reports into ctx.
+void validate(const YAML::Node& node, const Field& field, const std::string& path, const std::string& file, Ctx& ctx) {
+  const YAML::Mark mark = node.Mark();
+  switch (field.type) {
+    case T::kFreeMap:
+      if (!node.IsNull() && !node.IsMap()) ctx.add(file, mark, path, std::string("must be ") + type_name(field.type));
+      return;
+    case T::kMap: {
+      if (node.IsNull()) return;
+      if (!node.IsMap()) {
+        ctx.add(file, mark, path, "must be a mapping of keys");
+        return;
+      }
+      std::vector<std::string> names;
+      for (const Field& c : field.children) names.push_back(c.name);
+      for (const auto& kv : node) {
+        const std::string key = kv.first.Scalar();
+        const auto it = std::find_if(field.children.begin(), field.children.end(),
+                                     [&](const Field& c) { return c.name == key; });
+        if (it == field.children.end()) {
+          ctx.add(file, kv.first.Mark(), dotted(path, key), "unknown key" + hint(key, names));
+          continue;
+        }
+        validate(kv.second, *it, dotted(path, key), file, ctx);
+      }
+      return;
+    }
+    case T::kList:
+      if (!node.IsSequence()) {
+        ctx.add(file, mark, path, "must be a list");
+        return;
+      }
+      for (size_t i = 0; i < node.size(); ++i)
+        validate(node[i], field.children[0], path + "[" + std::to_string(i) + "]", file, ctx);
+      return;
+    default: break;
+  }
+  if (!node.IsScalar()) {
+    ctx.add(file, mark, path, std::string("must be ") + type_name(field.type));
+    return;
+  }
+  const std::string v = node.Scalar();
+  try {
+    if (field.type == T::kInt) {
+      const auto x = node.as<int64_t>();
+      if (x < field.min || x > field.max)
+        ctx.add(file, mark, path, "value " + v + " is out of range [" + std::to_string(static_cast<int64_t>(field.min)) +
+                                      ", " + std::to_string(static_cast<int64_t>(field.max)) + "]");
+    } else if (field.type == T::kFloat) {
+      const auto x = node.as<double>();
+      if (!std::isfinite(x) || x < field.min || x > field.max) {
+        std::ostringstream os;
+        os << "value " << v << " is out of range [" << field.min << ", " << field.max << "]";
+        ctx.add(file, mark, path, os.str());
+      }
+    } else if (field.type == T::kBool) {
+      node.as<bool>();
+    } else if (field.type == T::kEnum) {
+      if (std::find(field.choices.begin(), field.choices.end(), v) == field.choices.end()) {
+        std::string all;
+        for (const auto& c : field.choices) all += (all.empty() ? "" : ", ") + c;
+        ctx.add(file, mark, path, "'" + v + "' is not valid" + hint(v, field.choices) + "; valid: " + all);
+      }
+    }
+  } catch (const YAML::Exception&) {
+    ctx.add(file, mark, path, "'" + v + "' is not " + type_name(field.type));
+  }
+}
+
+// Where each leaf of the merged tree came from, for semantic errors.
+struct Origin {
+  std::string file;
+  YAML::Mark mark;
+};
+using Origins = std::map<std::string, Origin>;
+
+void record_origins(const YAML::Node& node, const std::string& path, const std::string& file, Origins& origins) {
+  origins[path] = Origin{file, node.Mark()};
+  if (node.IsMap())
+    for (const auto& kv : node) record_origins(kv.second, dotted(path, kv.first.Scalar()), file, origins);
+}
+
+// base <- overlay, maps merged key by key, everything else replaced.
+void deep_merge(YAML::Node base, const YAML::Node& overlay) {
+  for (const auto& kv : overlay) {
+    const std::string key = kv.first.Scalar();
+    if (base[key] && base[key].IsMap() && kv.second.IsMap()) {
+      deep_merge(base[key], kv.second);
+    } else {
+      base[key] = YAML::Clone(kv.second);
+    }
+  }
+}
+
+YAML::Node resolve_file(const std::filesystem::path& path, std::vector<std::string>& stack, Origins& origins, Ctx& ctx) {
+  const std::string file = path.string();
+  YAML::Node node;
+  if (!std::filesystem::exists(path)) {
+    ctx.add(file, YAML::Mark::null_mark(), "", "file not found");
+    return YAML::Node(YAML::NodeType::Map);
+  }
+  try {
+    node = YAML::LoadFile(file);
+  } catch (const YAML::ParserException& e) {
+    ctx.add(file, e.mark, "", "YAML syntax error: " + e.msg);
+    return YAML::Node(YAML::NodeType::Map);
+  }
+  if (node.IsNull()) return YAML::Node(YAML::NodeType::Map);
+  if (!node.IsMap()) {
+    ctx.add(file, node.Mark(), "", "a recipe must be a mapping of sections");
+    return YAML::Node(YAML::NodeType::Map);
+  }
+  validate(node, schema(), "", file, ctx);
+  YAML::Node merged(YAML::NodeType::Map);
+  if (node["include"] && node["include"].IsSequence()) {
+    stack.push_back(std::filesystem::weakly_canonical(path).string());
+    for (const auto& inc : node["include"]) {
+      if (!inc.IsScalar()) continue;
+      const std::filesystem::path inc_path = path.parent_path() / inc.Scalar();
+      const std::string canon = std::filesystem::weakly_canonical(inc_path).string();
+      if (std::find(stack.begin(), stack.end(), canon) != stack.end()) {
+        ctx.add(file, inc.Mark(), "include", "include cycle through '" + inc.Scalar() + "'");
+        continue;
+      }
+      if (!std::filesystem::exists(inc_path)) {
+        ctx.add(file, inc.Mark(), "include", "included file '" + inc_path.string() + "' not found");
+        continue;
+      }
+      deep_merge(merged, resolve_file(inc_path, stack, origins, ctx));
+    }
+    stack.pop_back();
+  }
+  YAML::Node own(YAML::NodeType::Map);
+  for (const auto& kv : node)
+    if (kv.first.Scalar() != "include") own[kv.first.Scalar()] = kv.second;
+  for (const auto& kv : own) record_origins(kv.second, kv.first.Scalar(), file, origins);
+  deep_merge(merged, own);
+  return merged;
+}
+
+const Field* find_field(const std::vector<std::string>& parts, std::string* bad, std::vector<std::string>* siblings) {
+  const Field* f = &schema();
+  for (const std::string& p : parts) {
+    if (f->type == T::kFreeMap) return f;
+    const Field* next = nullptr;
+    siblings->clear();
+    for (const Field& c : f->children) {
+      siblings->push_back(c.name);
+      if (c.name == p) next = &c;
+    }
+    if (!next || f->type != T::kMap) {
+      *bad = p;
+      return nullptr;
+    }
+    f = next;
+  }
+  return f;
+}
+
+void apply_override(YAML::Node root, const std::string& text, Origins& origins, Ctx& ctx) {
+  const auto eq = text.find('=');
+  if (eq == std::string::npos || eq == 0) {
+    ctx.add("--set", YAML::Mark::null_mark(), text, "expected key.path=value");
+    return;
+  }
+  const std::string key = text.substr(0, eq), value = text.substr(eq + 1);
+  std::vector<std::string> parts;
+  std::stringstream ss(key);
+  for (std::string p; std::getline(ss, p, '.');) parts.push_back(p);
+  std::string bad;
+  std::vector<std::string> siblings;
+  const Field* f = find_field(parts, &bad, &siblings);
+  if (!f) {
+    ctx.add("--set", YAML::Mark::null_mark(), key, "unknown key '" + bad + "'" + hint(bad, siblings));
+    return;
+  }
+  YAML::Node v;
+  try {
+    v = YAML::Load(value);
+  } catch (const YAML::Exception& e) {
+    ctx.add("--set", YAML::Mark::null_mark(), key, "value is not valid YAML: " + e.msg);
+    return;
+  }
+  const size_t before = ctx.issues.size();
+  validate(v, *f, key, "--set", ctx);
+  for (size_t i = before; i < ctx.issues.size(); ++i) ctx.issues[i].line = ctx.issues[i].column = 0;
+  YAML::Node cur = root;
+  for (size_t i = 0; i + 1 < parts.size(); ++i) {
+    if (!cur[parts[i]] || !cur[parts[i]].IsMap()) cur[parts[i]] = YAML::Node(YAML::NodeType::Map);
+    cur.reset(cur[parts[i]]);
+  }
+  cur[parts.back()] = v;
+  origins[key] = Origin{"--set", YAML::Mark::null_mark()};
+}
+
+nlohmann::json to_json(const YAML::Node& n) {
+  if (n.IsMap()) {
+    nlohmann::json j = nlohmann::json::object();
+    for (const auto& kv : n) j[kv.first.Scalar()] = to_json(kv.second);
+    return j;
+  }
+  if (n.IsSequence()) {
+    nlohmann::json j = nlohmann::json::array();
+    for (const auto& e : n) j.push_back(to_json(e));
+    return j;
+  }
+  if (n.IsNull()) return nullptr;
+  const std::string s = n.Scalar();
+  if (n.Tag() == "!") return s;  // quoted
+  try {
+    size_t used = 0;
+    const long long i = std::stoll(s, &used);
+    if (used == s.size()) return i;
+  } catch (...) {
+  }
+  try {
+    size_t used = 0;
+    const double d = std::stod(s, &used);
+    if (used == s.size()) return d;
+  } catch (...) {
+  }
+  if (s == "true") return true;
+  if (s == "false") return false;
+  return s;
+}
+
+template <class V>
+void get(const YAML::Node& n, const char* key, V& out) {
+  if (n && n[key] && !n[key].IsNull()) out = n[key].as<V>();
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, std::string>> recipe_keys() {
+  std::vector<std::pair<std::string, std::string>> out;
+  std::function<void(const Field&, const std::string&)> walk = [&](const Field& f, const std::string& path) {
+    for (const Field& c : f.children) {
+      const std::string p = c.name == "*" ? path + "[]" : dotted(path, c.name);
+      out.emplace_back(p, c.doc);
+      if (c.type == T::kMap || c.type == T::kList) walk(c, p);
+    }
+  };
+  walk(schema(), "");
+  return out;
+}
+
+Recipe load_recipe(const std::string& path, const std::vector<std::string>& overrides) {
+  Ctx ctx;
+  Origins origins;
+  std::vector<std::string> stack;
+  YAML::Node tree = resolve_file(path, stack, origins, ctx);
+  for (const std::string& o : overrides) apply_override(tree, o, origins, ctx);
+  if (!ctx.issues.empty()) throw RecipeError(ctx.issues);
+
+  auto at = [&](const std::string& key) {
+    auto it = origins.find(key);
+    return it == origins.end() ? Origin{path, YAML::Mark::null_mark()} : it->second;
+  };
+  auto problem = [&](const std::string& key, const std::string& msg) {
+    const Origin o = at(key);
+    ctx.add(o.file, o.mark, key, msg);
+  };
+
+  Recipe r;
+  r.path = path;
+  get(tree, "seed", r.seed);
+  const YAML::Node m = tree["model"];
+  get(m, "arch", r.model.arch);
+  get(m, "config_file", r.model.config_file);
+  get(m, "checkpoint", r.model.checkpoint);
+  get(m, "safetensors", r.model.safetensors);
+  if (m && m["config"]) r.model.config = to_json(m["config"]);
+  const YAML::Node d = tree["data"];
+  get(d, "dataset", r.data.dataset);
+  get(d, "batch_size", r.data.batch_size);
+  get(d, "eval_batch_size", r.data.eval_batch_size);
+  get(d, "validation_size", r.data.validation_size);
+  get(d, "max_train_examples", r.data.max_train_examples);
+  get(d, "max_eval_examples", r.data.max_eval_examples);
+  get(d, "seq_len", r.data.seq_len);
+  get(d, "examples_per_language", r.data.examples_per_language);
+  const YAML::Node t = tree["train"];
+  get(t, "epochs", r.train.epochs);
+  get(t, "lr", r.train.lr);
+  get(t, "weight_decay", r.train.weight_decay);
+  get(t, "warmup_steps", r.train.warmup_steps);
+  get(t, "grad_clip", r.train.grad_clip);
+  get(t, "max_steps", r.train.max_steps);
+
+  if (r.model.arch.empty()) problem("model.arch", "is required (mlp, cnn, bert or gpt2)");
+  if (r.data.dataset.empty()) problem("data.dataset", "is required (fashion_mnist, langid or fortunes)");
+  static const std::map<std::string, std::string> kDatasetOf{
+      {"mlp", "fashion_mnist"}, {"cnn", "fashion_mnist"}, {"bert", "langid"}, {"gpt2", "fortunes"}};
+  if (!r.model.arch.empty() && !r.data.dataset.empty() && kDatasetOf.at(r.model.arch) != r.data.dataset)
+    problem("data.dataset", "model.arch '" + r.model.arch + "' is trained on '" + kDatasetOf.at(r.model.arch) +
+                                "', not '" + r.data.dataset + "'");
+
+  const YAML::Node q = tree["quantize"];
+  r.quantize = q && q.IsMap();
+  if (r.quantize) {
+    Scheme& s = r.scheme;
+    s = Scheme{};
+    const YAML::Node w = q["weights"];
+    std::string wq = "qint8", wg, aq = "qint8", mode = "none", observer = "histogram", method = "l2";
+    get(w, "qtype", wq);
+    if (wq == "none") {
+      s.weights = std::nullopt;
+    } else {
+      s = Scheme(qtype_from_name(wq));
+    }
+    get(w, "granularity", wg);
+    if (!wg.empty()) s.weight_granularity = granularity_from_name(wg);
+    get(w, "group_size", s.group_size);
+    get(w, "symmetric", s.weight_symmetric);
+    get(w, "lsq", s.weight_lsq);
+    if (s.weight_granularity == Granularity::kPerGroup && s.group_size <= 0)
+      problem("quantize.weights.group_size", "per_group granularity needs group_size > 0");
+    const YAML::Node a = q["activations"];
+    get(a, "mode", mode);
+    get(a, "qtype", aq);
+    get(a, "symmetric", s.activation_symmetric);
+    get(a, "observer", observer);
+    get(a, "method", method);
+    get(a, "percentile", s.observer_options.percentile);
+    get(a, "averaging_constant", s.observer_options.averaging_constant);
+    get(a, "lsq", s.activation_lsq);
+    s.activations = activation_mode_from_name(mode);
+    s.activation_qtype = qtype_from_name(aq);
+    s.observer = observer;
+    s.observer_options.method = histogram_method_from_name(method);
+    if (s.activations == ActivationMode::kDynamicPerToken && s.activation_qtype != qint8)
+      problem("quantize.activations.qtype", "dynamic per-token activations are qint8, not " + aq);
+    if (s.activation_qtype.is_integer() && s.activation_qtype.bits < 8 && s.activations != ActivationMode::kNone) {
+      bool freeze_on = true;
+      get(tree["freeze"], "enabled", freeze_on);
+      if (freeze_on)
+        problem("quantize.activations.qtype", aq + " activations have no integer kernel to freeze into; use qint8 "
+                                              "or set freeze.enabled: false to evaluate them fake-quantized");
+    }
+    if (q["rules"] && q["rules"].IsSequence()) {
+      for (size_t i = 0; i < q["rules"].size(); ++i) {
+        const YAML::Node rn = q["rules"][i];
+        LayerRule rule;
+        get(rn, "pattern", rule.pattern);
+        if (rule.pattern.empty()) {
+          const std::string key = "quantize.rules[" + std::to_string(i) + "].pattern";
+          ctx.add(at("quantize").file, rn.Mark(), key, "every rule needs a pattern");
+        }
+        get(rn, "keep_float", rule.keep_float);
+        std::string v;
+        if (rn["weights"]) rule.weights = qtype_from_name(rn["weights"].as<std::string>());
+        if (rn["granularity"]) rule.weight_granularity = granularity_from_name(rn["granularity"].as<std::string>());
+        if (rn["group_size"]) rule.group_size = rn["group_size"].as<int64_t>();
+        if (rn["activations"]) rule.activations = activation_mode_from_name(rn["activations"].as<std::string>());
+        s.rules.push_back(rule);
+      }
+    }
+  }
+  get(tree["calibrate"], "batches", r.calibrate.batches);
+  const YAML::Node qa = tree["qat"];
+  get(qa, "epochs", r.qat.epochs);
+  get(qa, "lr", r.qat.lr);
+  get(qa, "lsq", r.qat.lsq);
+  get(qa, "freeze_observers_after", r.qat.freeze_observers_after);
+  get(qa, "freeze_bn_after", r.qat.freeze_bn_after);
+  get(qa, "max_steps", r.qat.max_steps);
+  if (r.qat.lsq) {
+    r.scheme.weight_lsq = true;
+    r.scheme.activation_lsq = true;
+  }
+  if (r.qat.epochs > 0 && !r.quantize) problem("qat.epochs", "QAT needs a quantize section");
+  if (tree["search"] && tree["search"].IsMap() && tree["search"].size() > 0)
+    problem("search", "the mixed-precision search is reserved in the schema but not implemented yet; remove it");
+  get(tree["freeze"], "enabled", r.freeze.enabled);
+  get(tree["freeze"], "backend", r.freeze.backend);
+  if (r.freeze.enabled && !r.quantize && tree["freeze"]) problem("freeze.enabled", "freezing needs a quantize section");
+  const YAML::Node e = tree["export"];
+  get(e, "checkpoint", r.export_.checkpoint);
+  get(e, "calibration_dump", r.export_.calibration_dump);
+  get(e, "report", r.export_.report);
+  get(e, "safetensors", r.export_.safetensors);
+
+  if (!ctx.issues.empty()) throw RecipeError(ctx.issues);
+  YAML::Emitter out;
+  out << tree;
+  r.resolved_yaml = std::string(out.c_str()) + "\n";
+  r.sha256 = sha256_hex(r.resolved_yaml);
+  return r;
+}
+
+}  // namespace qforge

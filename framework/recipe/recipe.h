@@ -1,0 +1,106 @@
+// Recipes: the YAML files `qtrain --recipe` runs. Loading resolves `include:` presets (later keys
+// override), applies `--set key.path=value` overrides, validates everything against the schema
+// before any work starts (all problems at once, each with file, line, column, key and the closest
+// valid key), and yields a typed Recipe plus the resolved YAML and its SHA-256. docs/recipes.md
+// documents every key.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "framework/core/error.h"
+#include "framework/scheme.h"
+
+namespace qforge {
+
+struct RecipeIssue {
+  std::string file;  // "--set" for command-line overrides
+  int line = 0;      // 1-based; 0 when unknown
+  int column = 0;
+  std::string key;   // dotted path, e.g. "quantize.weights.group_size"
+  std::string message;
+  std::string to_string() const;  // "file:line:column: key: message"
+};
+
+// Every problem found in a recipe; what() lists them all, one per line.
+class RecipeError : public Error {
+ public:
+  explicit RecipeError(std::vector<RecipeIssue> issues);
+  const std::vector<RecipeIssue>& issues() const { return issues_; }
+
+ private:
+  std::vector<RecipeIssue> issues_;
+};
+
+struct Recipe {
+  std::string path;
+  std::string resolved_yaml;  // after includes and overrides, includes removed
+  std::string sha256;         // of resolved_yaml
+  uint64_t seed = 0;
+
+  struct Model {
+    std::string arch;            // mlp | cnn | bert | gpt2
+    nlohmann::json config;       // architecture config (HF config.json keys for bert/gpt2)
+    std::string config_file;     // HF-style config.json, merged under `config`
+    std::string checkpoint;      // float checkpoint: loaded when present, written after training
+    std::string safetensors;     // HF safetensors file to import instead of training
+  } model;
+
+  struct Data {
+    std::string dataset;         // fashion_mnist | langid | fortunes
+    int64_t batch_size = 64;
+    int64_t eval_batch_size = 256;
+    int64_t validation_size = 5000;
+    int64_t max_train_examples = 0;  // 0: all
+    int64_t max_eval_examples = 0;   // 0: all
+    int64_t seq_len = 128;           // language models
+    int64_t examples_per_language = 0;  // langid: 0 = dataset default
+  } data;
+
+  struct Train {
+    int64_t epochs = 1;
+    double lr = 1e-3;
+    double weight_decay = 0.01;
+    int64_t warmup_steps = 0;
+    double grad_clip = 1.0;
+    int64_t max_steps = 0;  // 0: no limit
+  } train;
+
+  bool quantize = false;  // a `quantize` section is present
+  Scheme scheme;
+
+  struct Calibrate {
+    int64_t batches = 16;
+  } calibrate;
+
+  struct Qat {
+    int64_t epochs = 0;
+    double lr = 1e-4;
+    bool lsq = false;
+    int64_t freeze_observers_after = -1;
+    int64_t freeze_bn_after = -1;
+    int64_t max_steps = 0;
+  } qat;
+
+  struct Freeze {
+    bool enabled = true;
+    std::string backend = "cpu";
+  } freeze;
+
+  struct Export {
+    bool checkpoint = true;
+    bool calibration_dump = true;
+    bool report = true;
+    bool safetensors = false;
+  } export_;
+};
+
+// Loads, resolves and validates `path`. overrides are "key.path=value" (value parsed as YAML).
+// Throws RecipeError listing every problem.
+Recipe load_recipe(const std::string& path, const std::vector<std::string>& overrides = {});
+
+// Every valid dotted key path of the schema with its one-line documentation (for docs/tests).
+std::vector<std::pair<std::string, std::string>> recipe_keys();
+
+}  // namespace qforge

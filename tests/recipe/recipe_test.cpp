@@ -1,0 +1,184 @@
+// Recipe schema: every error path reports file, line, column, key and a hint, all at once;
+// includes and --set overrides resolve in order; shipped recipes validate.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "framework/recipe/recipe.h"
+#include "framework/recipe/sha256.h"
+
+using namespace qforge;
+namespace fs = std::filesystem;
+
+namespace {
+
+class TempDir {
+ public:
+  TempDir() : path_(fs::temp_directory_path() / ("qforge_recipe_" + std::to_string(::getpid()) + "_" + std::to_string(counter_++))) {
+    fs::create_directories(path_);
+  }
+  ~TempDir() { fs::remove_all(path_); }
+  std::string write(const std::string& name, const std::string& text) const {
+    const fs::path p = path_ / name;
+    fs::create_directories(p.parent_path());
+    std::ofstream(p) << text;
+    return p.string();
+  }
+
+ private:
+  static inline int counter_ = 0;
+  fs::path path_;
+};
+
+std::vector<RecipeIssue> issues_of(const std::string& path, const std::vector<std::string>& overrides = {}) {
+  try {
+    load_recipe(path, overrides);
+  } catch (const RecipeError& e) {
+    return e.issues();
+  }
+  return {};
+}
+
+const char* kMinimal = "model: {arch: mlp}\ndata: {dataset: fashion_mnist}\n";
+
+}  // namespace
+
+TEST(Sha256, MatchesFipsVectors) {
+  EXPECT_EQ(sha256_hex("abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  EXPECT_EQ(sha256_hex(""), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  EXPECT_EQ(sha256_hex(std::string(1000, 'a')).substr(0, 16), "41edece42d63e8d9");
+}
+
+TEST(Recipe, ShippedRecipesValidate) {
+  for (const char* name : {"bert_int8.yaml", "fmnist_cnn_int8.yaml", "fmnist_cnn_w4a8_qat.yaml", "gpt2_w4_weight_only.yaml"}) {
+    const std::string path = std::string(QFORGE_SOURCE_DIR) + "/recipes/" + name;
+    try {
+      const Recipe r = load_recipe(path);
+      EXPECT_TRUE(r.quantize) << name;
+      EXPECT_EQ(r.sha256.size(), 64u);
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << name << ": " << e.what();
+    }
+  }
+  const Recipe bert = load_recipe(std::string(QFORGE_SOURCE_DIR) + "/recipes/bert_int8.yaml");
+  EXPECT_EQ(bert.model.arch, "bert");
+  EXPECT_EQ(bert.model.config["hidden_size"], 128);
+  EXPECT_EQ(bert.scheme.activations, ActivationMode::kStatic);
+  EXPECT_EQ(bert.scheme.observer, "histogram");
+  ASSERT_EQ(bert.scheme.rules.size(), 1u);
+  EXPECT_TRUE(bert.scheme.rules[0].keep_float);
+  EXPECT_EQ(bert.qat.epochs, 1);
+}
+
+TEST(Recipe, UnknownKeyReportsFileLineColumnAndClosestKey) {
+  TempDir dir;
+  const std::string p = dir.write("r.yaml", std::string(kMinimal) + "quantize:\n  weights:\n    qtype: qint4\n    grup_size: 32\n");
+  const auto issues = issues_of(p);
+  ASSERT_EQ(issues.size(), 1u);
+  EXPECT_EQ(issues[0].file, p);
+  EXPECT_EQ(issues[0].line, 6);
+  EXPECT_EQ(issues[0].column, 5);
+  EXPECT_EQ(issues[0].key, "quantize.weights.grup_size");
+  EXPECT_NE(issues[0].message.find("did you mean 'group_size'"), std::string::npos) << issues[0].message;
+}
+
+TEST(Recipe, AllProblemsAreReportedAtOnce) {
+  TempDir dir;
+  const std::string p = dir.write("r.yaml",
+                                  "model: {arch: bert, chekpoint: x}\n"
+                                  "data: {dataset: langid, batch_size: 0}\n"
+                                  "train: {epochs: many, lr: -1}\n"
+                                  "quantize:\n  weights: {qtype: qint9}\n  activations: {mode: statik}\n");
+  const auto issues = issues_of(p);
+  ASSERT_EQ(issues.size(), 6u);
+  std::string all;
+  for (const auto& i : issues) all += i.to_string() + "\n";
+  EXPECT_NE(all.find("model.chekpoint: unknown key (did you mean 'checkpoint'?)"), std::string::npos) << all;
+  EXPECT_NE(all.find("data.batch_size: value 0 is out of range"), std::string::npos) << all;
+  EXPECT_NE(all.find("train.epochs: 'many' is not an integer"), std::string::npos) << all;
+  EXPECT_NE(all.find("train.lr: value -1 is out of range"), std::string::npos) << all;
+  EXPECT_NE(all.find("'qint9' is not valid (did you mean 'qint8'?)"), std::string::npos) << all;
+  EXPECT_NE(all.find("'statik' is not valid (did you mean 'static'?)"), std::string::npos) << all;
+}
+
+TEST(Recipe, ContradictionsAndMissingKeysAreErrors) {
+  TempDir dir;
+  auto first = [&](const std::string& text) {
+    const auto issues = issues_of(dir.write("c.yaml", text));
+    return issues.empty() ? std::string() : issues[0].to_string();
+  };
+  EXPECT_NE(first(std::string(kMinimal) + "quantize: {activations: {mode: static, qtype: qint4}}\n").find("no integer kernel"),
+            std::string::npos);
+  EXPECT_EQ(first(std::string(kMinimal) + "quantize: {activations: {mode: static, qtype: qint4}}\nfreeze: {enabled: false}\n"), "");
+  EXPECT_NE(first("model: {arch: bert}\ndata: {dataset: fashion_mnist}\n").find("is trained on 'langid'"), std::string::npos);
+  EXPECT_NE(first("data: {dataset: fashion_mnist}\n").find("model.arch: is required"), std::string::npos);
+  EXPECT_NE(first(std::string(kMinimal) + "qat: {epochs: 1}\n").find("QAT needs a quantize section"), std::string::npos);
+  EXPECT_NE(first(std::string(kMinimal) + "quantize: {weights: {granularity: per_group}}\n").find("group_size > 0"),
+            std::string::npos);
+  EXPECT_NE(first(std::string(kMinimal) + "search: {budget_mb: 3}\n").find("reserved"), std::string::npos);
+  EXPECT_NE(first(std::string(kMinimal) + "quantize: {rules: [{keep_float: true}]}\n").find("needs a pattern"),
+            std::string::npos);
+  const std::string syntax = first("model: {arch: mlp\n");
+  EXPECT_NE(syntax.find("YAML syntax error"), std::string::npos) << syntax;
+}
+
+TEST(Recipe, IncludesMergeInOrderAndTheIncludingFileWins) {
+  TempDir dir;
+  dir.write("configs/a.yaml", "seed: 1\ntrain: {epochs: 5, lr: 0.5}\n");
+  dir.write("configs/b.yaml", "seed: 2\ntrain: {lr: 0.25}\n");
+  const std::string p = dir.write("r.yaml", "include: [configs/a.yaml, configs/b.yaml]\n" + std::string(kMinimal) +
+                                                "train: {weight_decay: 0.5}\n");
+  const Recipe r = load_recipe(p);
+  EXPECT_EQ(r.seed, 2u);
+  EXPECT_EQ(r.train.epochs, 5);
+  EXPECT_DOUBLE_EQ(r.train.lr, 0.25);
+  EXPECT_DOUBLE_EQ(r.train.weight_decay, 0.5);
+  EXPECT_EQ(r.resolved_yaml.find("include"), std::string::npos);
+
+  dir.write("loop1.yaml", "include: [loop2.yaml]\n");
+  dir.write("loop2.yaml", "include: [loop1.yaml]\n");
+  const auto issues = issues_of(dir.write("top.yaml", "include: [loop1.yaml]\n" + std::string(kMinimal)));
+  ASSERT_FALSE(issues.empty());
+  EXPECT_NE(issues[0].message.find("include cycle"), std::string::npos);
+  const auto missing = issues_of(dir.write("m.yaml", "include: [nope.yaml]\n" + std::string(kMinimal)));
+  ASSERT_EQ(missing.size(), 1u);
+  EXPECT_NE(missing[0].message.find("not found"), std::string::npos);
+}
+
+TEST(Recipe, SetOverridesApplyAndAreValidated) {
+  TempDir dir;
+  const std::string p = dir.write("r.yaml", kMinimal);
+  const Recipe r = load_recipe(p, {"train.epochs=7", "quantize.weights.qtype=qint4", "quantize.weights.group_size=16"});
+  EXPECT_EQ(r.train.epochs, 7);
+  ASSERT_TRUE(r.scheme.weights.has_value());
+  EXPECT_EQ(*r.scheme.weights, qint4);
+  EXPECT_EQ(r.scheme.group_size, 16);
+  const auto bad = issues_of(p, {"train.epoch=3", "data.batch_size=-2", "nonsense"});
+  ASSERT_EQ(bad.size(), 3u);
+  EXPECT_EQ(bad[0].file, "--set");
+  EXPECT_NE(bad[0].message.find("did you mean 'epochs'"), std::string::npos) << bad[0].message;
+  EXPECT_NE(bad[1].message.find("out of range"), std::string::npos);
+  EXPECT_NE(bad[2].message.find("key.path=value"), std::string::npos);
+}
+
+TEST(Recipe, ResolvedRecipeMatchesTheGoldenFileAndItsHash) {
+  const std::string dir = std::string(QFORGE_SOURCE_DIR) + "/tests/recipe";
+  const Recipe r = load_recipe(std::string(QFORGE_SOURCE_DIR) + "/recipes/bert_int8.yaml", {"train.epochs=1"});
+  if (std::getenv("QFORGE_UPDATE_GOLDEN")) std::ofstream(dir + "/bert_int8.resolved.yaml") << r.resolved_yaml;
+  std::ifstream in(dir + "/bert_int8.resolved.yaml");
+  ASSERT_TRUE(in) << "golden file missing";
+  const std::string golden((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(r.resolved_yaml, golden) << "after an intended change: QFORGE_UPDATE_GOLDEN=1 recipe_test";
+  EXPECT_EQ(r.sha256, sha256_hex(golden));
+}
+
+TEST(Recipe, EveryDocumentedKeyIsInTheSchema) {
+  const auto keys = recipe_keys();
+  auto has = [&](const std::string& k) {
+    return std::any_of(keys.begin(), keys.end(), [&](const auto& kv) { return kv.first == k; });
+  };
+  for (const char* k : {"model.arch", "data.dataset", "quantize.weights.group_size", "quantize.activations.method",
+                        "quantize.rules[].pattern", "qat.freeze_bn_after", "export.calibration_dump", "search"})
+    EXPECT_TRUE(has(k)) << k;
+}
