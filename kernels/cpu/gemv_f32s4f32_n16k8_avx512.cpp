@@ -67,7 +67,9 @@ void tile(const GemvF32S4Args& args, int64_t m0, int64_t nb0) {
       const int64_t meta = ((nb0 + c) * w.groups + g) * kS4BlockN;
       z[c] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
           _mm_loadu_si128(reinterpret_cast<const __m128i*>(w.zeros + meta))));
-      scale[c] = _mm512_loadu_ps(w.scales + meta);
+      // fp16 -> fp32 is exact (VCVTPH2PS), so the fold multiplies by the reference's scale.
+      scale[c] = _mm512_cvtph_ps(
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.scales + meta)));
     }
     __m512 s[MR][NR];
     #pragma GCC unroll 16

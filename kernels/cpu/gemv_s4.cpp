@@ -3,8 +3,14 @@
 
 #include <ATen/ATen.h>
 
+#include <c10/util/Half.h>
+
 #include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <iomanip>
+#include <limits>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -21,6 +27,23 @@ namespace {
 constexpr int kU4Max = 15;
 // From this M on, unpacking each weight panel once (gemm_*) beats unpacking per row tile.
 constexpr int64_t kS4PanelMinM = 4;
+
+// float -> fp16 bits when x converts exactly (finite, float(half(x)) == x), else false.
+bool fp16_bits_exact(float x, Fp16Bits* bits) {
+  const c10::Half h(x);
+  *bits = h.x;
+  return std::isfinite(x) && static_cast<float>(h) == x;
+}
+
+float fp16_bits_to_float(Fp16Bits bits) {
+  return static_cast<float>(c10::Half(bits, c10::Half::from_bits()));
+}
+
+std::string exact_str(float x) {
+  std::ostringstream os;
+  os << std::setprecision(std::numeric_limits<float>::max_digits10) << x;
+  return os.str();
+}
 
 void run_panel(detail::GemmS4Fn fn, const detail::GemvS4Args& args) {
   const int64_t nblocks = round_up(args.w.n, kS4BlockN) / kS4BlockN;
@@ -82,31 +105,37 @@ void run_reference(const int8_t* A, int64_t M, const float* a_scale, const S4N16
 }  // namespace
 
 void pack_s4_group_meta(const float* w_scale, const int32_t* w_zero, int64_t N, int64_t G,
-                        int qmin, float* scales, int8_t* zeros) {
+                        int qmin, Fp16Bits* scales, int8_t* zeros) {
   const int64_t np = round_up(N, kS4BlockN);
   for (int64_t n = 0; n < np; ++n) {
     for (int64_t g = 0; g < G; ++g) {
       const int64_t meta = ((n / kS4BlockN) * G + g) * kS4BlockN + n % kS4BlockN;
       if (n >= N) {
-        scales[meta] = 0.0f;
+        scales[meta] = 0;
         zeros[meta] = 0;
         continue;
       }
       const int32_t code = (w_zero != nullptr ? w_zero[n * G + g] : 0) - qmin;
       QF_REQUIRE(code >= 0 && code <= kU4Max, "kernels/cpu: int4 zero point [", n, ", ", g, "] = ",
                  code + qmin, " outside the weight grid [", qmin, ", ", qmin + kU4Max, "]");
-      scales[meta] = w_scale[n * G + g];
+      const float s = w_scale[n * G + g];
+      // Stored as fp16 (4.1875 instead of 4.25 bits per weight at group 128); only exact values,
+      // so every kernel's result stays the one of the float scale the caller passed.
+      QF_REQUIRE(fp16_bits_exact(s, &scales[meta]), "kernels/cpu: int4 group scale w_scale[", n,
+                 ", ", g, "] = ", exact_str(s), " is not exactly representable as IEEE float16 "
+                 "(nearest: ", exact_str(fp16_bits_to_float(scales[meta])), "); PackedLinearS4 "
+                 "stores group scales as fp16, round them to float16 before quantizing");
       zeros[meta] = static_cast<int8_t>(code);
     }
   }
 }
 
-void unpack_s4_group_meta(const float* scales, const int8_t* zeros, int64_t N, int64_t G,
+void unpack_s4_group_meta(const Fp16Bits* scales, const int8_t* zeros, int64_t N, int64_t G,
                           float* w_scale, int32_t* zero_codes) {
   for (int64_t n = 0; n < N; ++n) {
     for (int64_t g = 0; g < G; ++g) {
       const int64_t meta = ((n / kS4BlockN) * G + g) * kS4BlockN + n % kS4BlockN;
-      w_scale[n * G + g] = scales[meta];
+      w_scale[n * G + g] = fp16_bits_to_float(scales[meta]);
       zero_codes[n * G + g] = zeros[meta];
     }
   }

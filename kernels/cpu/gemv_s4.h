@@ -16,14 +16,15 @@ namespace qforge::kernels {
 void gemv_s8s4f32(const int8_t* A, int64_t M, const float* a_scale, const S4N16K8View& w,
                   const float* bias, float* y, RunInfo* info = nullptr);
 
-// Blocked per-group metadata of S4N16K8View from plain [N, G] arrays: scales (0 in padding)
-// and zero-point codes z - qmin (w_zero == nullptr means z = 0). Each output has
-// round_up(N, 16) * G entries.
+// Blocked per-group metadata of S4N16K8View from plain [N, G] arrays: scales as fp16 bits (0 in
+// padding) and zero-point codes z - qmin (w_zero == nullptr means z = 0). Each output has
+// round_up(N, 16) * G entries. Throws qforge::Error naming the first [n, g] whose scale is not
+// finite and exactly representable as IEEE float16, or whose zero point is off the grid.
 void pack_s4_group_meta(const float* w_scale, const int32_t* w_zero, int64_t N, int64_t G,
-                        int qmin, float* scales, int8_t* zeros);
+                        int qmin, Fp16Bits* scales, int8_t* zeros);
 
-// Inverse of pack_s4_group_meta: plain [N, G] scales and zero-point codes (z - qmin).
-void unpack_s4_group_meta(const float* scales, const int8_t* zeros, int64_t N, int64_t G,
+// Inverse of pack_s4_group_meta: plain [N, G] float scales (exact) and zero-point codes.
+void unpack_s4_group_meta(const Fp16Bits* scales, const int8_t* zeros, int64_t N, int64_t G,
                           float* w_scale, int32_t* zero_codes);
 
 }  // namespace qforge::kernels

@@ -3,7 +3,7 @@
 // VPMADDUBSW(u, a) with codes u in [0, 15] and |a| <= 127: a pair is at most 2 * 15 * 127 =
 // 3810, and the low-nibble plus high-nibble pair sums (4 products) at most 7620, far below the
 // int16 saturation at 32767; VPMADDWD with ones then widens to int32 exactly.
-// Compiled with -mavx2 -mfma.
+// Group scales are fp16 (F16C's VCVTPH2PS widens them). Compiled with -mavx2 -mfma -mf16c.
 #include <immintrin.h>
 
 #include <cstring>
@@ -79,7 +79,9 @@ void tile(const GemvS4Args& args, int64_t m0, int64_t nb) {
       const int64_t meta = (nb * w.groups + g) * kS4BlockN + h * kHalf;
       const __m256i z = _mm256_cvtepi8_epi32(
           _mm_loadl_epi64(reinterpret_cast<const __m128i*>(w.zeros + meta)));
-      const __m256 s = _mm256_loadu_ps(w.scales + meta);
+      // fp16 -> fp32 is exact (VCVTPH2PS, F16C): the same float the reference multiplies by.
+      const __m256 s =
+          _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.scales + meta)));
       #pragma GCC unroll 16
       for (int r = 0; r < MR; ++r) {
         const __m256i corr =

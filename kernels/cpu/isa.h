@@ -10,7 +10,7 @@ namespace qforge::kernels {
 // Ordered: a level implies every level below it (avx512vnni => avx512 => avx2 => reference).
 enum class Isa : int {
   kReference = 0,  // scalar C++, always available
-  kAvx2 = 1,       // AVX2 + FMA
+  kAvx2 = 1,       // AVX2 + FMA + F16C
   kAvx512 = 2,     // AVX-512 F/BW/VL/DQ
   kAvx512Vnni = 3, // AVX-512 + VNNI (VPDPBUSD)
 };

@@ -33,6 +33,19 @@ static_assert(kS4BlockN * kS4BlockK * kS4NibbleBits / 8 == kS4BlockBytes, "n16k8
 static_assert(kS4BlockBytes == 512 / 8, "an n16k8 block is exactly one zmm register");
 static_assert(kS4BlockK == 2 * kS8BlockK, "one n16k8 block unpacks into two n16k4 blocks");
 
+// Per-group metadata of n16k8, blocked like the weights: [Np / 16][G][16] entries each.
+// Scales are IEEE binary16 bit patterns (the packer accepts only fp16-exact float scales, so
+// converting back with VCVTPH2PS gives the original float exactly); zero points are int8 codes.
+// 4 + (16 + 8) / 128 = 4.1875 bits per weight at group size 128 (fp32 scales: 4.25).
+using Fp16Bits = uint16_t;
+inline constexpr int64_t kS4ScaleBytes = 2;  // one fp16 scale per column and group
+inline constexpr int64_t kS4ZeroBytes = 1;   // one zero-point code per column and group
+inline constexpr int64_t kS4GroupMetaBytes = kS4ScaleBytes + kS4ZeroBytes;
+static_assert(sizeof(Fp16Bits) == kS4ScaleBytes, "group scales are stored as IEEE float16");
+static_assert(kS4BlockN * kS4ScaleBytes * 8 == 256,
+              "16 fp16 scales of one column block are one ymm, widened by one VCVTPH2PS to a zmm");
+static_assert(sizeof(int8_t) == kS4ZeroBytes, "zero-point codes are int8");
+
 // Alignment of every packed buffer (one cache line, the unit of aligned zmm loads).
 inline constexpr int64_t kPackedAlignment = 64;
 
@@ -45,7 +58,7 @@ struct S8N16K4View {
 
 struct S4N16K8View {
   const uint8_t* data = nullptr;   // round_up(N, 16) * Kp / 2 bytes
-  const float* scales = nullptr;   // [N / 16 blocks][G][16] (0 for padding)
+  const Fp16Bits* scales = nullptr; // [N / 16 blocks][G][16] fp16 bits (0 for padding)
   const int8_t* zeros = nullptr;   // [N / 16 blocks][G][16]: z - qmin, the zero point as a code
   int64_t n = 0, k = 0, kp = 0;    // kp = round_up(K, 8)
   int64_t group_size = 0, groups = 0;

@@ -56,6 +56,11 @@ int64_t tensor_bytes(const at::Tensor& t) {
   return t.defined() ? static_cast<int64_t>(t.numel() * t.element_size()) : 0;
 }
 
+Fp16Bits* scale_bits(const at::Tensor& t) {
+  static_assert(sizeof(int16_t) == sizeof(Fp16Bits), "int16 tensor holds the fp16 bits");
+  return reinterpret_cast<Fp16Bits*>(t.data_ptr<int16_t>());
+}
+
 const float* data_or_null(const at::Tensor& t) {
   return t.defined() ? t.data_ptr<float>() : nullptr;
 }
@@ -202,10 +207,11 @@ PackedLinearS4::PackedLinearS4(const at::Tensor& weight, const at::Tensor& w_sca
                           packed_.data_ptr<uint8_t>());
   const at::Tensor s = w_scale.to(at::kFloat).contiguous();
   const at::Tensor z = w_zero.defined() ? w_zero.to(at::kInt).contiguous() : at::Tensor();
-  scales_ = at::empty({np * groups_}, at::kFloat);
+  // fp16 bit patterns (ATen 1.13 has no uint16 dtype; int16 has the same size and alignment).
+  scales_ = at::empty({np * groups_}, at::kShort);
   zeros_ = at::empty({np * groups_}, at::kChar);
   pack_s4_group_meta(s.data_ptr<float>(), z.defined() ? z.data_ptr<int32_t>() : nullptr, n_,
-                     groups_, static_cast<int>(qtype.quant_min), scales_.data_ptr<float>(),
+                     groups_, static_cast<int>(qtype.quant_min), scale_bits(scales_),
                      zeros_.data_ptr<int8_t>());
   bias_ = checked_bias(bias, n_, "PackedLinearS4");
 }
@@ -213,7 +219,7 @@ PackedLinearS4::PackedLinearS4(const at::Tensor& weight, const at::Tensor& w_sca
 S4N16K8View PackedLinearS4::view() const {
   S4N16K8View v;
   v.data = packed_.data_ptr<uint8_t>();
-  v.scales = scales_.data_ptr<float>();
+  v.scales = scale_bits(scales_);
   v.zeros = zeros_.data_ptr<int8_t>();
   v.n = n_;
   v.k = k_;

@@ -84,8 +84,9 @@ class PackedLinearS8 {
 class PackedLinearS4 {
  public:
   PackedLinearS4() = default;
-  // weight: int8 [N, K]; w_scale: float [N, G] (or [N] when G == 1); w_zero: integer [N, G] in
-  // the qtype's grid, or undefined for zero points 0.
+  // weight: int8 [N, K]; w_scale: float [N, G] (or [N] when G == 1), every value finite and
+  // exactly representable as IEEE float16 (stored as fp16; qforge::Error names the first [n, g]
+  // that is not); w_zero: integer [N, G] in the qtype's grid, or undefined for zero points 0.
   PackedLinearS4(const at::Tensor& weight, const at::Tensor& w_scale, const at::Tensor& w_zero,
                  int64_t group_size, const at::Tensor& bias = {}, QType qtype = qint4);
 
@@ -103,6 +104,8 @@ class PackedLinearS4 {
   int64_t group_size() const { return group_size_; }
   int64_t groups() const { return groups_; }
   QType qtype() const { return qtype_; }
+  // Bytes of every buffer held: Np * Kp / 2 packed codes, Np * G * (2 fp16 scale + 1 zero code),
+  // bias.
   int64_t bytes() const;
 
   at::Tensor weight() const;  // unpacked grid values, int8 [N, K]

@@ -25,7 +25,9 @@ __attribute__((noinline)) void s4_fold_group(const GemvS4Args& args, int64_t m0,
     const int64_t meta = ((nb0 + c) * w.groups + g) * kS4BlockN;
     const __m512i z =
         _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.zeros + meta)));
-    const __m512 s = _mm512_loadu_ps(w.scales + meta);
+    // fp16 -> fp32 is exact (VCVTPH2PS, AVX-512F): the same float the reference multiplies by.
+    const __m512 s =
+        _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.scales + meta)));
     for (int r = 0; r < MR; ++r) {
       const __m512i corr =
           _mm512_mullo_epi32(z, _mm512_set1_epi32(args.a_group_sum[(m0 + r) * w.groups + g]));

@@ -17,11 +17,12 @@ struct Case {
   int64_t M, N, K, group_size;
   int qmin;
   bool zero_points;
+  float scale_lo = 0.001f, scale_hi = 0.2f;
 };
 
 struct Packed {
   std::vector<uint8_t> data;
-  std::vector<float> scales;
+  std::vector<Fp16Bits> scales;
   std::vector<int8_t> zeros;
   S4N16K8View view;
 };
@@ -34,7 +35,7 @@ std::string check_case(const Case& c, Isa isa) {
   const auto A = random_s8(c.M * c.K, -127, 127, seed);
   const auto W = random_s8(c.N * c.K, c.qmin, c.qmin + 15, seed + 1);
   const auto a_scale = random_f32(c.M, 0.001f, 0.05f, seed + 2);
-  const auto w_scale = random_f32(c.N * G, 0.001f, 0.2f, seed + 3);
+  const auto w_scale = random_f16_exact(c.N * G, c.scale_lo, c.scale_hi, seed + 3);
   const auto bias = random_f32(c.N, -1.0f, 1.0f, seed + 4);
   std::vector<int32_t> zero(c.N * G, 0);
   if (c.zero_points) {
@@ -121,7 +122,7 @@ TEST(GemvS4, GroupSizeNotMultipleOf8FallsBackToReferenceWithReason) {
   const std::vector<int8_t> A(12, 1);
   const float a_scale = 1.0f;
   std::vector<uint8_t> data(16 * 16 / 2);
-  std::vector<float> scales(16);
+  std::vector<Fp16Bits> scales(16);
   std::vector<int8_t> zeros(16);
   std::vector<float> y(1);
   const S4N16K8View v{data.data(), scales.data(), zeros.data(), 1, 12, 16, 12, 1};
@@ -135,7 +136,7 @@ TEST(GemvS4, GroupSizeNotMultipleOf8FallsBackToReferenceWithReason) {
 
 TEST(GemvS4, InconsistentViewThrows) {
   std::vector<uint8_t> data(64);
-  std::vector<float> scales(16);
+  std::vector<Fp16Bits> scales(16);
   std::vector<int8_t> zeros(16);
   const std::vector<int8_t> A(8);
   const float a_scale = 1.0f;
@@ -144,4 +145,38 @@ TEST(GemvS4, InconsistentViewThrows) {
   EXPECT_THROW(gemv_s8s4f32(A.data(), 1, &a_scale, wrong_groups, nullptr, y.data()), qforge::Error);
   const S4N16K8View ok{data.data(), scales.data(), zeros.data(), 1, 8, 8, 8, 1};
   EXPECT_THROW(gemv_s8s4f32(nullptr, 1, &a_scale, ok, nullptr, y.data()), qforge::Error);
+}
+
+TEST(GemvS4, Fp16SubnormalScalesStayExactOnEveryKernel) {
+  // fp16 subnormals (< 2^-14) widen to normal floats: VCVTPH2PS must not flush them.
+  for (Isa isa : usable_isas()) {
+    for (int64_t M : {1, 5}) {
+      check_case({M, 33, 64, 32, -8, false, 1e-7f, 6e-5f}, isa);
+      check_case({M, 33, 64, 32, 0, true, 1e-7f, 6e-5f}, isa);
+    }
+  }
+}
+
+TEST(PackS4GroupMeta, StoresFp16AndUnpacksTheSameFloats) {
+  const int64_t N = 19, G = 3, np = round_up(N, 16);
+  const auto w_scale = random_f16_exact(N * G, -1.0f, 1.0f, 7);
+  std::vector<Fp16Bits> scales(np * G, 0xFFFF);
+  std::vector<int8_t> zeros(np * G, -1);
+  pack_s4_group_meta(w_scale.data(), nullptr, N, G, -8, scales.data(), zeros.data());
+  EXPECT_EQ(scales[(1 * G + 0) * 16 + 0], static_cast<Fp16Bits>(c10::Half(w_scale[16 * G]).x));
+  EXPECT_EQ(scales[(1 * G + 2) * 16 + 15], 0);  // padding column
+  std::vector<float> back(N * G);
+  std::vector<int32_t> codes(N * G);
+  unpack_s4_group_meta(scales.data(), zeros.data(), N, G, back.data(), codes.data());
+  EXPECT_TRUE(bitwise_equal(back.data(), w_scale.data(), back.size()));
+  EXPECT_TRUE(exact_equal(codes, std::vector<int32_t>(N * G, 8)));
+
+  std::vector<float> bad = w_scale;
+  bad[5 * G + 1] = 0.3f;
+  try {
+    pack_s4_group_meta(bad.data(), nullptr, N, G, -8, scales.data(), zeros.data());
+    ADD_FAILURE() << "0.3f is not an fp16 value";
+  } catch (const qforge::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("w_scale[5, 1]"), std::string::npos) << e.what();
+  }
 }

@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include <c10/util/Half.h>
+
 #include <cstdint>
 #include <cstring>
 #include <random>
@@ -26,6 +28,14 @@ inline std::vector<float> random_f32(size_t n, float lo, float hi, uint32_t seed
   std::uniform_real_distribution<float> d(lo, hi);
   std::vector<float> v(n);
   for (auto& x : v) x = d(rng);
+  return v;
+}
+
+// Uniform floats rounded through float16 (as at::kHalf rounds): int4 group scales must be
+// fp16-exact, since PackedLinearS4 stores them as IEEE float16.
+inline std::vector<float> random_f16_exact(size_t n, float lo, float hi, uint32_t seed) {
+  std::vector<float> v = random_f32(n, lo, hi, seed);
+  for (auto& x : v) x = static_cast<float>(c10::Half(x));
   return v;
 }
 

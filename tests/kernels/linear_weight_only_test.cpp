@@ -42,13 +42,13 @@ std::string check_s4(int64_t M, int64_t N, int64_t K, int64_t g, int qmin, bool 
   const int64_t G = num_groups(K, g);
   const auto x = random_f32(M * K, -2.0f, 2.0f, seed);
   const auto W = random_s8(N * K, qmin, qmin + 15, seed + 1);
-  const auto ws = random_f32(N * G, 0.001f, 0.1f, seed + 2);
+  const auto ws = random_f16_exact(N * G, 0.001f, 0.1f, seed + 2);
   const auto b = random_f32(N, -1.0f, 1.0f, seed + 3);
   const auto z8 = random_s8(N * G, qmin, qmin + 15, seed + 4);
   const std::vector<int32_t> z(z8.begin(), z8.end());
   const int64_t np = round_up(N, 16), kp = round_up(K, 8);
   std::vector<uint8_t> packed(np * kp / 2);
-  std::vector<float> scales(np * G);
+  std::vector<Fp16Bits> scales(np * G);
   std::vector<int8_t> zeros(np * G);
   pack_s4_n16k8_reference(W.data(), N, K, qmin, packed.data());
   pack_s4_group_meta(ws.data(), zp ? z.data() : nullptr, N, G, qmin, scales.data(), zeros.data());
@@ -104,7 +104,7 @@ TEST(LinearF32S4, GroupSizeNotMultipleOf8FallsBackToReference) {
 TEST(PackedLinearS4, RunWeightOnlyMatchesReferenceAndDequantizedFloatLinear) {
   const int64_t M = 3, N = 40, K = 96, g = 32, G = K / g;
   const at::Tensor w = at::randint(-8, 8, {N, K}).to(at::kChar);
-  const at::Tensor s = at::rand({N, G}) * 0.1 + 0.01;
+  const at::Tensor s = (at::rand({N, G}) * 0.1 + 0.01).to(at::kHalf).to(at::kFloat);
   const at::Tensor b = at::randn({N});
   const PackedLinearS4 layer(w, s, {}, g, b);
   const at::Tensor x = at::randn({M, K});

@@ -4,6 +4,9 @@
 
 #include <ATen/ATen.h>
 
+#include <cmath>
+#include <limits>
+#include <string>
 #include <vector>
 
 #include "framework/core/error.h"
@@ -129,7 +132,7 @@ TEST(PackedLinearS4, EveryPathMatchesReferenceChainExactly) {
         const int64_t G = num_groups(K, g);
         const auto x = random_f32(M * K, -2.0f, 2.0f, seed);
         const auto W = random_s8(N * K, qt.quant_min, qt.quant_max, seed + 1);
-        const auto ws = random_f32(N * G, 0.001f, 0.05f, seed + 2);
+        const auto ws = random_f16_exact(N * G, 0.001f, 0.05f, seed + 2);
         const auto z8 = random_s8(N * G, qt.quant_min, qt.quant_max, seed + 3);
         const std::vector<int32_t> z(z8.begin(), z8.end());
         const bool use_zero = qt.quant_min == 0;
@@ -157,8 +160,42 @@ TEST(PackedLinearS4, EveryPathMatchesReferenceChainExactly) {
 TEST(PackedLinearS4, StorageIsHalfAByteAWeightPlusGroupMetadata) {
   const int64_t N = 64, K = 256, g = 32;
   const PackedLinearS4 layer(at::zeros({N, K}, at::kChar), at::ones({N, K / g}), {}, g);
-  EXPECT_EQ(layer.bytes(), N * K / 2 + N * (K / g) * (4 + 1));
+  EXPECT_EQ(layer.bytes(), N * K / 2 + N * (K / g) * (2 + 1));  // fp16 scale + int8 zero code
   EXPECT_EQ(layer.groups(), K / g);
+}
+
+TEST(PackedLinearS4, Int4Group128With4096SquareIsAtMost4Point2BitsPerWeight) {
+  const int64_t N = 4096, K = 4096, g = 128;
+  const at::Tensor scale = at::full({N, K / g}, 0.01f).to(at::kHalf).to(at::kFloat);
+  const PackedLinearS4 layer(at::zeros({N, K}, at::kChar), scale, {}, g, at::zeros({N}));
+  const double bits_per_weight = 8.0 * static_cast<double>(layer.bytes()) / (N * K);
+  EXPECT_LE(bits_per_weight, 4.2) << layer.bytes() << " bytes";
+  EXPECT_GE(32.0 / bits_per_weight, 7.5) << "fp32 / int4 size ratio";
+  EXPECT_EQ(layer.bytes(), N * K / 2 + N * (K / g) * 3 + 4 * N);
+}
+
+TEST(PackedLinearS4, ScaleNotExactInFloat16ThrowsNamingTheGroup) {
+  const at::Tensor w = at::zeros({20, 16}, at::kChar);
+  at::Tensor s = at::full({20, 2}, 0.125f);
+  PackedLinearS4(w, s, {}, 8);  // 1/8 is exact in fp16
+  s[17][1] = 0.1f;              // fp16 rounds it to 0.0999755859375
+  try {
+    PackedLinearS4(w, s, {}, 8);
+    ADD_FAILURE() << "0.1f is not an fp16 value";
+  } catch (const qforge::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("w_scale[17, 1]"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("float16"), std::string::npos) << e.what();
+  }
+  for (float bad : {std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN(),
+                    65520.0f /* rounds to fp16 inf */, 1e-8f /* under the fp16 subnormals */}) {
+    s = at::full({20, 2}, 0.125f);
+    s[0][0] = bad;
+    EXPECT_THROW(PackedLinearS4(w, s, {}, 8), qforge::Error) << bad;
+  }
+  // fp16 subnormals and negative values are exact, hence accepted.
+  s = at::full({20, 2}, std::ldexp(1.0f, -24));
+  s[3][0] = -2.5f;
+  PackedLinearS4(w, s, {}, 8);
 }
 
 TEST(PackedLinearS4, BadInputThrows) {
