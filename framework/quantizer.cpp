@@ -46,6 +46,17 @@ at::Tensor broadcast_qparam(const at::Tensor& t, const at::Tensor& x, const QSpe
   return t;
 }
 
+at::Tensor round_scale_up_to_half(const at::Tensor& scale) {
+  const at::Tensor s = scale.to(at::kFloat);
+  QF_REQUIRE(at::logical_and(at::isfinite(s), s > 0).all().item<bool>() && s.max().item<float>() <= 65504.0f,
+             "round_scale_up_to_half: scales must be positive and at most 65504 (float16's largest value)");
+  at::Tensor h = s.to(at::kHalf);
+  // Positive halves are ordered like their bit patterns: +1 is the next value up.
+  const at::Tensor below = h.to(at::kFloat) < s;
+  h = at::where(below, (h.view(at::kShort) + 1).view(at::kHalf), h);
+  return h.to(at::kFloat);
+}
+
 namespace {
 at::Tensor grouped(const at::Tensor& x, const QSpec& spec) {
   if (spec.granularity != Granularity::kPerGroup) return x;
@@ -202,7 +213,9 @@ QParams QuantizerImpl::weight_minmax_qparams(const at::Tensor& weight) const {
     }
     QF_REQUIRE(at::isfinite(mn).all().item<bool>() && at::isfinite(mx).all().item<bool>(), path_,
                ": weight holds NaN or inf; cannot quantize it");
-    return calculate_qparams(mn, mx, spec);
+    QParams qp = calculate_qparams(mn, mx, spec);
+    if (spec.qtype.is_integer() && spec.qtype.bits == 4) qp.scale = round_scale_up_to_half(qp.scale);
+    return qp;
   }
 }
 

@@ -99,6 +99,11 @@ class QuantizerImpl : public torch::nn::Module {
 
 TORCH_MODULE(Quantizer);
 
+// Rounds positive float32 scales up to the nearest IEEE float16 value. 4-bit weight scales are
+// stored as float16 in the packed int4 layout; rounding up (never down) keeps every value inside
+// the grid.
+at::Tensor round_scale_up_to_half(const at::Tensor& scale);
+
 // Reshapes a per-channel / per-group qparam tensor so it broadcasts against x.
 at::Tensor broadcast_qparam(const at::Tensor& t, const at::Tensor& x, const QSpec& spec);
 

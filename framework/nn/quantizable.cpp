@@ -55,7 +55,10 @@ void QuantizableLayer::freeze() {
     QF_REQUIRE(weight_q_, path_, " (", layer_type(),
                "): freezing needs quantized weights (activation-only schemes stay fake-quant)");
     const at::Tensor w = float_weight();
-    fw = freeze_weight(w, weight_q_->qparams(w));
+    QParams qp = weight_q_->qparams(w);
+    // Learned (LSQ) 4-bit scales are rounded up to float16 here, as min/max scales already are.
+    if (qp.spec.qtype.is_integer() && qp.spec.qtype.bits == 4) qp.scale = round_scale_up_to_half(qp.scale);
+    fw = freeze_weight(w, qp);
   }
   install_frozen(std::move(fw));
 }

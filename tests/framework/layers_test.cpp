@@ -370,3 +370,15 @@ TEST(Freeze, FrozenStateRebuildsAFreshLayerWithoutItsFloatWeight) {
     EXPECT_EQ(b->report().kernel, a->report().kernel) << qt.name;
   }
 }
+
+TEST(Quantizer, FourBitScalesRoundUpToTheNextFloat16) {
+  const at::Tensor s = at::tensor({0.1f, 0.5f, 1e-3f, 3.0e4f, 1.1920929e-07f});
+  const at::Tensor h = round_scale_up_to_half(s);
+  EXPECT_TRUE(at::equal(h, h.to(at::kHalf).to(at::kFloat)));  // exactly representable
+  EXPECT_TRUE(at::ge(h, s).all().item<bool>());               // never smaller
+  EXPECT_EQ(h[1].item<float>(), 0.5f);                        // exact values stay
+  // The next float16 below would be smaller than the scale.
+  const at::Tensor below = (h.to(at::kHalf).view(at::kShort) - 1).view(at::kHalf).to(at::kFloat);
+  EXPECT_TRUE(at::lt(below, s).all().item<bool>());
+  EXPECT_THROW(round_scale_up_to_half(at::tensor({1e6f})), Error);
+}
