@@ -70,7 +70,7 @@ SafetensorsFile parse_safetensors(const std::vector<uint8_t>& bytes, const std::
   for (size_t i = 0; i < kLengthBytes; ++i) header_len |= uint64_t{bytes[i]} << (8 * i);
   QF_REQUIRE(header_len <= kMaxHeaderBytes, where, " declares a ", header_len,
              "-byte header (limit 100 MB): not a safetensors file");
-  QF_REQUIRE(header_len <= bytes.size() - kLengthBytes, where, " is truncated: the header declares ", header_len,
+  QF_REQUIRE(header_len <= bytes.size() - kLengthBytes, where, " is truncated or not a safetensors file: the header declares ", header_len,
              " bytes but only ", bytes.size() - kLengthBytes, " follow the length field");
   QF_REQUIRE(header_len >= 2 && bytes[kLengthBytes] == '{', where,
              " does not start with a JSON object header: not a safetensors file");

@@ -1,0 +1,237 @@
+// framework/models: forward passes against PyTorch golden logits (tests/golden/gen_models.py),
+// HF parameter names, HF checkpoint import/export and its errors, conv+BN folding.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "framework/core/error.h"
+#include "framework/io/safetensors.h"
+#include "framework/models/bert.h"
+#include "framework/models/cnn.h"
+#include "framework/models/gpt2.h"
+#include "framework/models/mlp.h"
+#include "framework/quantize.h"
+#include "tests/golden/golden.h"
+
+namespace qforge::models {
+namespace {
+
+using golden::describe_mismatch;
+using golden::golden_tensor;
+constexpr double kTol = 1e-5;
+
+const nlohmann::json& goldens() {
+  static const nlohmann::json j = golden::load_golden("models.json");
+  return j;
+}
+
+StateDict golden_weights(const std::string& name) {
+  return io::read_safetensors(std::string(QFORGE_GOLDEN_DIR) + "/models_" + name + ".safetensors").tensors;
+}
+
+void expect_close(const at::Tensor& actual, const at::Tensor& expected, const char* what) {
+  ASSERT_EQ(actual.sizes(), expected.sizes()) << what;
+  EXPECT_TRUE(at::allclose(actual, expected, kTol, kTol)) << what << ": " << describe_mismatch(actual, expected);
+}
+
+std::string temp_dir(const std::string& name) {
+  auto p = std::filesystem::temp_directory_path() / ("qforge_models_test_" + name);
+  std::filesystem::remove_all(p);
+  return p.string();
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Bert, ForwardMatchesPyTorchGolden) {
+  const auto& g = goldens()["bert"];
+  BertForSequenceClassification model(BertConfig::from_json(g["config"]));
+  EXPECT_EQ(model->config.num_labels, 3) << "num_labels comes from id2label";
+  load_hf_bert(*model, golden_weights("bert"), "models_bert.safetensors");
+  model->eval();
+  at::NoGradGuard ng;
+  const at::Tensor ids = golden_tensor(g["input_ids"]), mask = golden_tensor(g["attention_mask"]),
+                   tt = golden_tensor(g["token_type_ids"]);
+  const BertOutputs out = model->bert->forward(ids, mask, tt);
+  expect_close(out.last_hidden_state, golden_tensor(g["last_hidden_state"]), "last_hidden_state");
+  expect_close(out.pooler_output, golden_tensor(g["pooler_output"]), "pooler_output");
+  expect_close(model->forward(ids, mask, tt), golden_tensor(g["logits"]), "logits");
+}
+
+TEST(Bert, ParameterNamesAreHuggingFaces) {
+  BertConfig c;
+  c.vocab_size = 30, c.hidden_size = 8, c.num_hidden_layers = 1, c.num_attention_heads = 2, c.intermediate_size = 16;
+  BertModel m(c);
+  const StateDict s = model_state(*m);
+  for (const char* k : {"embeddings.word_embeddings.weight", "embeddings.position_embeddings.weight",
+                        "embeddings.token_type_embeddings.weight", "embeddings.LayerNorm.weight",
+                        "encoder.layer.0.attention.self.query.weight", "encoder.layer.0.attention.self.key.bias",
+                        "encoder.layer.0.attention.self.value.weight", "encoder.layer.0.attention.output.dense.weight",
+                        "encoder.layer.0.attention.output.LayerNorm.weight", "encoder.layer.0.intermediate.dense.weight",
+                        "encoder.layer.0.output.dense.weight", "encoder.layer.0.output.LayerNorm.bias",
+                        "pooler.dense.weight"})
+    EXPECT_TRUE(s.count(k)) << k;
+  EXPECT_EQ(s.size(), 5u + 16u + 2u) << "no parameters beyond HF's BertModel";
+  EXPECT_TRUE(model_state(*BertForSequenceClassification(c)).count("classifier.weight"));
+}
+
+TEST(Bert, AttentionMatMulsAreQuantizable) {
+  BertConfig c;
+  c.vocab_size = 30, c.hidden_size = 8, c.num_hidden_layers = 2, c.num_attention_heads = 2, c.intermediate_size = 16;
+  BertForSequenceClassification m(c);
+  int matmuls = 0;
+  for (const auto& item : m->named_modules())
+    if (item.value()->as<nn::MatMulImpl>()) ++matmuls;
+  EXPECT_EQ(matmuls, 4) << "QK^T and attention x V per layer";
+}
+
+TEST(Gpt2, ForwardMatchesPyTorchGoldenFromAnHfCheckpoint) {
+  const auto& g = goldens()["gpt2"];
+  Gpt2LMHeadModel model(Gpt2Config::from_json(g["config"]));
+  // The file holds HF's [in, out] Conv1D weights, a tied lm_head.weight and attn.bias buffers.
+  const StateDict w = golden_weights("gpt2");
+  ASSERT_EQ(w.at("transformer.h.0.attn.c_attn.weight").sizes(), at::IntArrayRef({16, 48}));
+  ASSERT_TRUE(w.count("lm_head.weight"));
+  load_hf_gpt2(model, w, "models_gpt2.safetensors");
+  EXPECT_EQ(model->transformer->h->ptr(0)->as<Gpt2BlockImpl>()->attn->c_attn->weight.sizes(),
+            at::IntArrayRef({48, 16}));
+  model->eval();
+  at::NoGradGuard ng;
+  expect_close(model->forward(golden_tensor(g["input_ids"])), golden_tensor(g["logits"]), "logits");
+}
+
+TEST(Gpt2, IsCausal) {
+  Gpt2Config c;
+  c.vocab_size = 20, c.n_positions = 8, c.n_embd = 8, c.n_layer = 1, c.n_head = 2;
+  Gpt2LMHeadModel m(c);
+  m->eval();
+  at::NoGradGuard ng;
+  at::Tensor a = at::randint(0, 20, {1, 6}, at::kLong), b = a.clone();
+  b[0][5] = (a[0][5].item<int64_t>() + 1) % 20;
+  const at::Tensor la = m->forward(a), lb = m->forward(b);
+  EXPECT_TRUE(at::allclose(la.narrow(1, 0, 5), lb.narrow(1, 0, 5))) << "earlier positions must not see the future";
+  EXPECT_FALSE(at::allclose(la.narrow(1, 5, 1), lb.narrow(1, 5, 1)));
+}
+
+TEST(Mlp, ForwardMatchesPyTorchGolden) {
+  const auto& g = goldens()["mlp"];
+  Mlp m(MlpOptions{784, g["hidden"].get<std::vector<int64_t>>(), 10});
+  load_model_state(*m, golden_weights("mlp"));
+  m->eval();
+  at::NoGradGuard ng;
+  expect_close(m->forward(golden_tensor(g["input"])), golden_tensor(g["logits"]), "logits");
+}
+
+TEST(SmallCnn, ForwardAndBatchNormFoldingMatchPyTorchGolden) {
+  const auto& g = goldens()["cnn"];
+  SmallCnnOptions o;
+  o.channels = g["channels"].get<std::vector<int64_t>>();
+  o.hidden = g["hidden"].get<int64_t>();
+  SmallCnn m(o);
+  LoadStateOptions lo;
+  lo.allow_missing = {"num_batches_tracked"};
+  load_model_state(*m, golden_weights("cnn"), lo);
+  m->eval();
+  at::NoGradGuard ng;
+  const at::Tensor x = golden_tensor(g["input"]), want = golden_tensor(g["logits"]);
+  expect_close(m->forward(x), want, "logits");
+  m->fold_batch_norm();
+  const StateDict s = model_state(*m);
+  EXPECT_FALSE(s.count("blocks.0.bn.weight"));
+  EXPECT_TRUE(s.count("blocks.0.conv.bias"));
+  expect_close(m->forward(x), want, "logits after folding");
+}
+
+TEST(SmallCnn, FoldingAfterQuantizeIsAnError) {
+  SmallCnn m(SmallCnnOptions{});
+  m->eval();
+  quantize(*m, Scheme(qint8));
+  EXPECT_NE(error_of([&] { m->fold_batch_norm(); }).find("fold BatchNorm before quantize()"), std::string::npos);
+}
+
+TEST(HfImport, BertSavedAndLoadedThroughConfigAndSafetensors) {
+  BertConfig c;
+  c.vocab_size = 30, c.hidden_size = 8, c.num_hidden_layers = 2, c.num_attention_heads = 2, c.intermediate_size = 16,
+  c.num_labels = 4;
+  BertForSequenceClassification a(c);
+  const std::string dir = temp_dir("bert");
+  save_hf_bert(a, dir);
+  BertForSequenceClassification b = load_bert_for_sequence_classification(dir);
+  EXPECT_EQ(b->config.num_labels, 4);
+  a->eval(), b->eval();
+  const at::Tensor ids = at::randint(1, 30, {3, 5}, at::kLong);
+  EXPECT_TRUE(at::equal(a->forward(ids), b->forward(ids)));
+  std::filesystem::remove_all(dir);
+}
+
+TEST(HfImport, Gpt2ExportTransposesConv1DAndImportRestoresIt) {
+  Gpt2Config c;
+  c.vocab_size = 20, c.n_positions = 8, c.n_embd = 8, c.n_layer = 1, c.n_head = 2;
+  Gpt2LMHeadModel a(c);
+  const std::string dir = temp_dir("gpt2");
+  save_hf_gpt2(a, dir);
+  const auto file = io::read_safetensors(dir + "/model.safetensors");
+  EXPECT_EQ(file.tensors.at("transformer.h.0.mlp.c_fc.weight").sizes(), at::IntArrayRef({8, 32})) << "HF [in, out]";
+  Gpt2LMHeadModel b = load_gpt2_lm_head_model(dir);
+  a->eval(), b->eval();
+  const at::Tensor ids = at::randint(0, 20, {2, 6}, at::kLong);
+  EXPECT_TRUE(at::equal(a->forward(ids), b->forward(ids)));
+  std::filesystem::remove_all(dir);
+}
+
+TEST(HfImport, UnknownMissingAndMisshapenKeysAreListed) {
+  BertConfig c;
+  c.vocab_size = 30, c.hidden_size = 8, c.num_hidden_layers = 1, c.num_attention_heads = 2, c.intermediate_size = 16;
+  BertForSequenceClassification m(c);
+  StateDict s;
+  for (const auto& [k, v] : model_state(*m)) s[k] = v.clone();
+  s.erase("bert.pooler.dense.bias");
+  s["bert.encoder.layer.7.output.dense.weight"] = at::zeros({8, 16});
+  s["classifier.weight"] = at::zeros({3, 8});
+  s["bert.embeddings.position_ids"] = at::arange(512).unsqueeze(0);  // HF buffer: ignored
+  const std::string msg = error_of([&] { load_hf_bert(*m, s, "ckpt.safetensors"); });
+  EXPECT_NE(msg.find("ckpt.safetensors"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("unknown keys (1): bert.encoder.layer.7.output.dense.weight"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("missing keys (1): bert.pooler.dense.bias"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("classifier.weight (checkpoint [3, 8], model [2, 8])"), std::string::npos) << msg;
+  EXPECT_EQ(msg.find("position_ids"), std::string::npos) << msg;
+}
+
+TEST(HfImport, LegacyGammaBetaNamesAndHalfPrecisionLoad) {
+  BertConfig c;
+  c.vocab_size = 30, c.hidden_size = 8, c.num_hidden_layers = 1, c.num_attention_heads = 2, c.intermediate_size = 16;
+  BertModel a(c), b(c);
+  std::map<std::string, at::Tensor> s;
+  for (const auto& [k, v] : model_state(*a)) {
+    std::string key = k;
+    if (key.size() > 16 && key.compare(key.size() - 16, 16, "LayerNorm.weight") == 0) key = key.substr(0, key.size() - 6) + "gamma";
+    s[key] = v.to(at::kHalf);
+  }
+  const std::string dir = temp_dir("legacy");
+  std::filesystem::create_directories(dir);
+  io::write_safetensors(dir + "/w.safetensors", s);
+  load_hf_bert(*b, io::read_safetensors(dir + "/w.safetensors").tensors);
+  EXPECT_TRUE(at::equal(b->embeddings->LayerNorm->weight, a->embeddings->LayerNorm->weight.to(at::kHalf).to(at::kFloat)));
+  std::filesystem::remove_all(dir);
+}
+
+TEST(HfImport, BadConfigsAreClearErrors) {
+  EXPECT_NE(error_of([] { BertConfig::from_json({{"hidden_size", 10}, {"num_attention_heads", 3}}); }).find("multiple"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { BertConfig::from_json({{"hidden_act", "swish"}}); }).find("unsupported activation"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { Gpt2Config::from_json({{"n_layer", "two"}}); }).find("'n_layer' has the wrong type"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { BertConfig::from_file("/nonexistent/config.json"); }).find("/nonexistent/config.json"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace qforge::models
