@@ -1,0 +1,1139 @@
+// Model checkpoints: qforge layers' schemes, qparams, LSQ parameters and frozen weights on top of
+// the checkpoint layout; transactional loads; optimizer state; safetensors export.
+#include "framework/io/model_io.h"
+
+#include <ATen/ATen.h>
+#include <nlohmann/json.hpp>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
+
+#include <cstdio>
+#include <memory>
+#include <set>
+#include <sstream>
+#include <type_traits>
+
+#include "framework/core/error.h"
+#include "framework/io/atomic_file.h"
+#include "framework/io/checkpoint.h"
+#include "framework/io/format.h"
+#include "framework/io/hdf5.h"
+#include "framework/nn/quantizable.h"
+
+namespace qforge::io {
+
+namespace {
+
+using detail::str_cat;
+
+// ---------------------------------------------------------------------------------------------
+// Keys and layers
+
+std::string join(const std::string& module, const std::string& name) {
+  return module.empty() ? name : module + "." + name;
+}
+
+std::pair<std::string, std::string> split_key(const std::string& key) {
+  const size_t dot = key.rfind('.');
+  if (dot == std::string::npos) return {"", key};
+  return {key.substr(0, dot), key.substr(dot + 1)};
+}
+
+const char* section_group(Section s) {
+  switch (s) {
+    case Section::kParameters: return "parameters";
+    case Section::kBuffers: return "buffers";
+    case Section::kOptimizer: return "optimizer";
+  }
+  return "?";
+}
+
+template <class M>
+std::vector<std::pair<std::string, QuantizableLayer*>> layers_of(M& model) {
+  std::vector<std::pair<std::string, QuantizableLayer*>> out;
+  // include_self=false: the root may live on the stack (no shared_ptr to hand out).
+  auto* root = const_cast<torch::nn::Module*>(static_cast<const torch::nn::Module*>(&model));
+  if (auto* layer = dynamic_cast<QuantizableLayer*>(root)) out.emplace_back(std::string(), layer);
+  for (const auto& item : model.named_modules("", /*include_self=*/false)) {
+    auto* m = const_cast<torch::nn::Module*>(item.value().get());
+    if (auto* layer = dynamic_cast<QuantizableLayer*>(m)) out.emplace_back(item.key(), layer);
+  }
+  return out;
+}
+
+std::map<std::string, at::Tensor> to_map(const torch::OrderedDict<std::string, at::Tensor>& d) {
+  std::map<std::string, at::Tensor> out;
+  for (const auto& item : d) out.emplace(item.key(), item.value());
+  return out;
+}
+
+// "input" for the quantizer at "<layer>.input".
+std::string point_of(const std::string& layer_path, const Quantizer& q) {
+  const std::string& p = q->path();
+  if (!layer_path.empty() && p.size() > layer_path.size() && p.compare(0, layer_path.size(), layer_path) == 0 &&
+      p[layer_path.size()] == '.')
+    return p.substr(layer_path.size() + 1);
+  const size_t dot = p.rfind('.');
+  return dot == std::string::npos ? p : p.substr(dot + 1);
+}
+
+std::string child_of(const std::string& point) { return point + "_quantizer"; }
+
+bool lsq_initialised(const QuantizerImpl& q) {
+  return q.config().lsq && q.named_parameters(/*recurse=*/false).contains("scale");
+}
+
+// ---------------------------------------------------------------------------------------------
+// /model: each quantized layer's scheme (docs/formats.md, "Model group")
+
+constexpr const char* kModelGroup = "model";
+constexpr int64_t kModelFormatVersion = 1;
+// HDF5 has no name for the root module's path "".
+constexpr const char* kRootLayerName = "__root__";
+
+struct PointMeta {
+  QuantizerImpl::Role role = QuantizerImpl::Role::kWeight;
+  QuantizerConfig config;
+  bool calibrated = false;
+};
+
+struct LayerMeta {
+  std::string type;
+  bool frozen = false;
+  LayerScheme scheme;
+  std::map<std::string, PointMeta> points;  // "weight", "input", "output", "other"
+  at::Tensor float8_scale, float8_zero_point;  // frozen float8 weights
+};
+
+struct ModelMeta {
+  std::map<std::string, LayerMeta> layers;  // module path -> layer
+};
+
+bool same_spec(const QSpec& a, const QSpec& b) {
+  return a.qtype == b.qtype && a.granularity == b.granularity && a.axis == b.axis &&
+         a.group_size == b.group_size && a.symmetric == b.symmetric && a.narrow_range == b.narrow_range &&
+         a.reduce_range == b.reduce_range;
+}
+
+void write_config(const h5::Group& g, const QuantizerConfig& c) {
+  g.set_attr("observer_kind", c.observer);
+  g.set_attr("averaging_constant", c.observer_options.averaging_constant);
+  g.set_attr("ch_axis", c.observer_options.ch_axis);
+  g.set_attr("observer_group_size", c.observer_options.group_size);
+  g.set_attr("method", to_string(c.observer_options.method));
+  g.set_attr("percentile", c.observer_options.percentile);
+  g.set_attr("bins", c.observer_options.bins);
+  g.set_attr("upsample_rate", c.observer_options.upsample_rate);
+  g.set_attr("qtype", c.spec.qtype.name);
+  g.set_attr("bits", c.spec.qtype.bits);
+  g.set_attr("granularity", to_string(c.spec.granularity));
+  g.set_attr("axis", c.spec.axis);
+  g.set_attr("group_size", c.spec.group_size);
+  g.set_attr("symmetric", c.spec.symmetric);
+  g.set_attr("narrow_range", c.spec.narrow_range);
+  g.set_attr("reduce_range", c.spec.reduce_range);
+  if (c.spec.qtype.is_integer()) {
+    g.set_attr("quant_min", c.spec.quant_min());
+    g.set_attr("quant_max", c.spec.quant_max());
+  }
+  g.set_attr("lsq", c.lsq);
+}
+
+QuantizerConfig read_config(const h5::Group& g) {
+  QuantizerConfig c;
+  c.observer = g.attr_string("observer_kind");
+  c.observer_options.averaging_constant = g.attr_double("averaging_constant");
+  c.observer_options.ch_axis = g.attr_int("ch_axis");
+  c.observer_options.group_size = g.attr_int("observer_group_size");
+  c.observer_options.method = histogram_method_from_name(g.attr_string("method"));
+  c.observer_options.percentile = g.attr_double("percentile");
+  c.observer_options.bins = g.attr_int("bins");
+  c.observer_options.upsample_rate = g.attr_int("upsample_rate");
+  c.spec.qtype = qtype_from_name(g.attr_string("qtype"));
+  QF_REQUIRE(g.attr_int("bits") == c.spec.qtype.bits, "attribute bits ", g.attr_int("bits"),
+             " disagrees with qtype ", c.spec.qtype.name);
+  c.spec.granularity = granularity_from_name(g.attr_string("granularity"));
+  c.spec.axis = g.attr_int("axis");
+  c.spec.group_size = g.attr_int("group_size");
+  c.spec.symmetric = g.attr_int("symmetric") != 0;
+  c.spec.narrow_range = g.attr_int("narrow_range") != 0;
+  c.spec.reduce_range = g.attr_int("reduce_range") != 0;
+  c.spec.validate();
+  c.lsq = g.attr_int("lsq") != 0;
+  return c;
+}
+
+void write_model_meta(const h5::Group& root, const ModelMeta& meta) {
+  const h5::Group mg = root.create_group(kModelGroup);
+  mg.set_attr("model_format_version", kModelFormatVersion);
+  for (const auto& [path, m] : meta.layers) {
+    const h5::Group lg = mg.create_group(path.empty() ? kRootLayerName : path);
+    lg.set_attr("layer_type", m.type);
+    lg.set_attr("frozen", m.frozen);
+    lg.set_attr("weights", m.scheme.weights ? "quantized" : "float");
+    lg.set_attr("activations", to_string(m.scheme.activations));
+    for (const auto& [point, p] : m.points) {
+      const h5::Group pg = lg.create_group(point);
+      pg.set_attr("role", p.role == QuantizerImpl::Role::kWeight ? "weight" : "activation");
+      pg.set_attr("calibrated", p.calibrated);
+      write_config(pg, p.config);
+    }
+    if (m.float8_scale.defined()) {
+      lg.write_tensor("float8_scale", m.float8_scale);
+      lg.write_tensor("float8_zero_point", m.float8_zero_point);
+    }
+  }
+}
+
+ModelMeta read_model_meta(const std::string& path) {
+  ModelMeta meta;
+  const h5::File f = h5::File::open(path);
+  const h5::Group root = f.root();
+  if (!root.has(kModelGroup)) return meta;  // a plain checkpoint: every layer float
+  const h5::Group mg = root.open_group(kModelGroup);
+  const int64_t version = mg.attr_int("model_format_version");
+  QF_REQUIRE(version >= 1 && version <= kModelFormatVersion, "framework/io: ", path,
+             ": group '/model' has model_format_version ", version, "; this qforge reads up to ",
+             kModelFormatVersion);
+  for (const std::string& name : mg.children()) {
+    const h5::Group lg = mg.open_group(name);
+    LayerMeta m;
+    try {
+      m.type = lg.attr_string("layer_type");
+      m.frozen = lg.attr_int("frozen") != 0;
+      m.scheme.activations = activation_mode_from_name(lg.attr_string("activations"));
+      const bool quantized_weights = lg.attr_string("weights") == "quantized";
+      for (const std::string& point : lg.children()) {
+        if (lg.child_type(point) != h5::ObjectType::kGroup) continue;
+        const h5::Group pg = lg.open_group(point);
+        PointMeta p;
+        const std::string role = pg.attr_string("role");
+        QF_REQUIRE(role == "weight" || role == "activation", "point '", point, "' has role '", role, "'");
+        p.role = role == "weight" ? QuantizerImpl::Role::kWeight : QuantizerImpl::Role::kActivation;
+        p.calibrated = pg.attr_int("calibrated") != 0;
+        p.config = read_config(pg);
+        if (p.role == QuantizerImpl::Role::kWeight) m.scheme.weights = p.config;
+        else m.scheme.activation = p.config;
+        m.points[point] = std::move(p);
+      }
+      QF_REQUIRE(quantized_weights == m.scheme.weights.has_value(), "attribute weights disagrees with its points");
+      if (lg.has("float8_scale")) {
+        m.float8_scale = lg.read_tensor("float8_scale");
+        m.float8_zero_point = lg.read_tensor("float8_zero_point");
+      }
+    } catch (const Error& err) {
+      const std::string msg = err.what();
+      if (msg.find(path) != std::string::npos) throw;
+      throw Error("framework/io: " + path + ": group '/model/" + name + "': " + msg);
+    }
+    meta.layers[name == kRootLayerName ? "" : name] = std::move(m);
+  }
+  return meta;
+}
+
+// ---------------------------------------------------------------------------------------------
+// FrozenWeight <-> QuantizedTensor (same packing; 8-bit codes get their original shape back)
+
+QuantizedTensor to_quantized_tensor(const FrozenWeight& fw, const std::string& who) {
+  QF_REQUIRE(fw.storage.defined(), who, ": frozen weight has no packed storage");
+  QuantizedTensor q;
+  const QSpec& s = fw.qp.spec;
+  q.qtype = s.qtype;
+  q.granularity = s.granularity;
+  q.axis = s.granularity == Granularity::kPerChannel && s.axis < 0 ? s.axis + static_cast<int64_t>(fw.shape.size())
+                                                                     : s.axis;
+  if (s.granularity != Granularity::kPerChannel) q.axis = 0;
+  q.group_size = s.granularity == Granularity::kPerGroup ? s.group_size : 0;
+  q.shape = fw.shape;
+  q.scale = fw.qp.scale.detach().cpu().to(at::kFloat).contiguous().clone();
+  q.zero_point = fw.qp.zero_point.detach().cpu().to(at::kInt).contiguous().clone();
+  const at::Tensor st = fw.storage.detach().cpu().contiguous();
+  if (s.qtype.bits == 8) {
+    q.data = st.to(s.qtype.is_signed ? at::kChar : at::kByte).reshape(fw.shape).clone();
+  } else {
+    q.data = st.to(at::kByte).reshape({-1}).clone();
+  }
+  q.validate(who);
+  return q;
+}
+
+// ---------------------------------------------------------------------------------------------
+// What a model save writes
+
+struct ModelFileData {
+  CheckpointData data;
+  ModelMeta meta;
+};
+
+template <class Map>
+typename Map::key_type state_key(const Map&, const at::Tensor& p) {
+  using K = typename Map::key_type;
+  if constexpr (std::is_same_v<K, std::string>) {
+    std::ostringstream os;  // c10::guts::to_string of the TensorImpl pointer, as the optimizers key it
+    os << p.unsafeGetTensorImpl();
+    return os.str();
+  } else {
+    return p.unsafeGetTensorImpl();
+  }
+}
+
+std::map<const c10::TensorImpl*, std::string> parameter_names(const torch::nn::Module& model) {
+  std::map<const c10::TensorImpl*, std::string> names;
+  for (const auto& p : model.named_parameters(true)) names.emplace(p.value().unsafeGetTensorImpl(), p.key());
+  return names;
+}
+
+const char* optimizer_kind(const torch::optim::Optimizer& o) {
+  if (dynamic_cast<const torch::optim::AdamW*>(&o)) return "adamw";
+  if (dynamic_cast<const torch::optim::Adam*>(&o)) return "adam";
+  if (dynamic_cast<const torch::optim::SGD*>(&o)) return "sgd";
+  return nullptr;
+}
+
+// Flat optimizer state keyed by parameter name: "state.<param>.exp_avg", "param_groups.<i>.lr".
+void save_optimizer(const torch::optim::Optimizer& o, const torch::nn::Module& model, CheckpointData& d) {
+  const char* kind = optimizer_kind(o);
+  QF_REQUIRE(kind, "framework/io: save_model: optimizer state of this optimizer type cannot be saved "
+             "(Adam, AdamW and SGD are supported)");
+  d.optimizer_kind = kind;
+  const auto names = parameter_names(model);
+  const auto& state = o.state();
+  for (size_t gi = 0; gi < o.param_groups().size(); ++gi) {
+    const auto& group = o.param_groups()[gi];
+    d.optimizer["param_groups." + std::to_string(gi) + ".lr"] =
+        at::scalar_tensor(group.options().get_lr(), at::kDouble);
+    for (const at::Tensor& p : group.params()) {
+      auto nit = names.find(p.unsafeGetTensorImpl());
+      QF_REQUIRE(nit != names.end(), "framework/io: save_model: the optimizer holds a parameter of shape ",
+                 p.sizes(), " that is not in the model");
+      auto sit = state.find(state_key(state, p));
+      if (sit == state.end()) continue;  // never stepped
+      const std::string k = "state." + nit->second + ".";
+      auto put = [&](const char* name, const at::Tensor& t) {
+        if (t.defined()) d.optimizer[k + name] = t.detach();
+      };
+      if (std::string(kind) == "sgd") {
+        put("momentum_buffer", static_cast<const torch::optim::SGDParamState&>(*sit->second).momentum_buffer());
+      } else if (std::string(kind) == "adam") {
+        const auto& s = static_cast<const torch::optim::AdamParamState&>(*sit->second);
+        d.optimizer[k + "step"] = at::scalar_tensor(static_cast<int64_t>(s.step()), at::kLong);
+        put("exp_avg", s.exp_avg());
+        put("exp_avg_sq", s.exp_avg_sq());
+        put("max_exp_avg_sq", s.max_exp_avg_sq());
+      } else {
+        const auto& s = static_cast<const torch::optim::AdamWParamState&>(*sit->second);
+        d.optimizer[k + "step"] = at::scalar_tensor(static_cast<int64_t>(s.step()), at::kLong);
+        put("exp_avg", s.exp_avg());
+        put("exp_avg_sq", s.exp_avg_sq());
+        put("max_exp_avg_sq", s.max_exp_avg_sq());
+      }
+    }
+  }
+}
+
+ModelFileData collect(const torch::nn::Module& model, const SaveOptions& options) {
+  ModelFileData f;
+  CheckpointData& d = f.data;
+  d.step = options.step;
+  d.recipe = options.recipe;
+  d.parameters = to_map(model.named_parameters(true));
+  d.buffers = to_map(model.named_buffers(true));
+  for (const auto& [path, layer] : layers_of(model)) {
+    if (!layer->quantized()) continue;
+    LayerMeta m;
+    m.type = layer->layer_type();
+    m.frozen = layer->frozen();
+    m.scheme = layer->scheme();
+    for (const Quantizer& q : layer->quantizers()) {
+      PointMeta p;
+      p.role = q->role();
+      p.config = q->config();
+      p.calibrated = q->calibrated();
+      m.points[point_of(path, q)] = p;
+    }
+    if (m.frozen) {
+      const FrozenWeight fw = layer->frozen_weight();
+      const std::string wkey = join(path, "weight");
+      if (fw.defined()) {
+        d.parameters.erase(wkey);
+        const std::string who = "framework/io: save_model: layer '" + path + "'";
+        if (fw.qp.spec.qtype.is_float()) {
+          // float8 codes: a uint8 dataset of the weight's shape; scale in the layer's /model group.
+          QF_REQUIRE(fw.storage.defined(), who, ": frozen weight has no packed storage");
+          d.parameters[wkey] = fw.storage.detach().cpu().to(at::kByte).reshape(fw.shape);
+          m.float8_scale = fw.qp.scale.detach().cpu().to(at::kFloat).contiguous();
+          m.float8_zero_point = fw.qp.zero_point.detach().cpu().to(at::kInt).contiguous();
+        } else {
+          d.quantized[wkey] = to_quantized_tensor(fw, who);
+        }
+      }
+      const at::Tensor bias = layer->frozen_bias();
+      const std::string bkey = join(path, "bias");
+      if (bias.defined() && !d.parameters.count(bkey)) d.parameters[bkey] = bias.detach();
+    }
+    f.meta.layers[path] = std::move(m);
+  }
+  if (options.optimizer) save_optimizer(*options.optimizer, model, d);
+  return f;
+}
+
+ModelFileData snapshot_model(const ModelFileData& f) {
+  ModelFileData s;
+  s.data = snapshot(f.data);
+  s.meta = f.meta;
+  for (auto& [path, m] : s.meta.layers) {
+    if (m.float8_scale.defined()) m.float8_scale = m.float8_scale.clone();
+    if (m.float8_zero_point.defined()) m.float8_zero_point = m.float8_zero_point.clone();
+  }
+  return s;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The checkpoint layout (docs/formats.md), written here too because /model goes in the same file.
+
+constexpr const char* kEncodingAttr = "encoding";
+constexpr const char* kEncodingQuantized = "quantized";
+
+void write_quantized(const h5::Group& parent, const std::string& name, const QuantizedTensor& q) {
+  const h5::Group g = parent.create_group(name);
+  g.set_attr(kEncodingAttr, kEncodingQuantized);
+  g.set_attr("qtype", q.qtype.name);
+  g.set_attr("bits", q.qtype.bits);
+  g.set_attr("signed", q.qtype.is_signed);
+  g.set_attr("quant_min", q.qtype.quant_min);
+  g.set_attr("quant_max", q.qtype.quant_max);
+  g.set_attr("granularity", to_string(q.granularity));
+  g.set_attr("axis", q.axis);
+  g.set_attr("group_size", q.group_size);
+  g.set_attr("shape", q.shape);
+  g.set_attr("packing", q.packing());
+  g.write_tensor("data", q.data);
+  g.write_tensor("scale", q.scale);
+  g.write_tensor("zero_point", q.zero_point);
+}
+
+void write_section(const h5::Group& root, Section s, const std::map<std::string, at::Tensor>& tensors,
+                   const std::map<std::string, QuantizedTensor>* quantized) {
+  const h5::Group sg = root.create_group(section_group(s));
+  if (s == Section::kOptimizer) {
+    for (const auto& [key, t] : tensors) sg.write_tensor(key, t);
+    return;
+  }
+  std::map<std::string, h5::Group> modules;
+  auto parent_of = [&](const std::string& key) -> const h5::Group& {
+    const std::string module = split_key(key).first;
+    if (module.empty()) return sg;
+    auto it = modules.find(module);
+    if (it == modules.end()) it = modules.emplace(module, sg.create_group(module)).first;
+    return it->second;
+  };
+  for (const auto& [key, t] : tensors) {
+    QF_REQUIRE(t.defined(), "framework/io: save_model: ", to_string(s), " '", key, "' is undefined");
+    parent_of(key).write_tensor(split_key(key).second, t);
+  }
+  if (quantized) {
+    for (const auto& [key, q] : *quantized) write_quantized(parent_of(key), split_key(key).second, q);
+  }
+}
+
+void write_model_file(const std::string& path, const ModelFileData& f) {
+  for (const auto& [key, q] : f.data.quantized) {
+    QF_REQUIRE(!f.data.parameters.count(key), "framework/io: save_model: '", key,
+               "' is both a float and a quantized parameter");
+  }
+  AtomicFile out(path);
+  {
+    h5::File file = h5::File::create(out.temp_path());
+    const h5::Group root = file.root();
+    write_format(root, kCheckpointFormat, kCheckpointFormatVersion);
+    root.set_attr("step", f.data.step);
+    root.set_attr("recipe", f.data.recipe);
+    root.set_attr("optimizer_kind", f.data.optimizer_kind);
+    write_section(root, Section::kParameters, f.data.parameters, &f.data.quantized);
+    write_section(root, Section::kBuffers, f.data.buffers, nullptr);
+    write_section(root, Section::kOptimizer, f.data.optimizer, nullptr);
+    write_model_meta(root, f.meta);
+    file.close();
+  }
+  out.commit();
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Saving
+
+void save_model(const torch::nn::Module& model, const std::string& path, const SaveOptions& options) {
+  at::NoGradGuard no_grad;
+  write_model_file(path, collect(model, options));
+}
+
+ModelSaveHandle& ModelSaveHandle::operator=(ModelSaveHandle&& o) {
+  if (this != &o) {
+    if (future_.valid()) wait();
+    future_ = std::move(o.future_);
+    path_ = std::move(o.path_);
+  }
+  return *this;
+}
+
+ModelSaveHandle::~ModelSaveHandle() {
+  if (!future_.valid()) return;
+  try {
+    future_.get();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "qforge: background model save to '%s' failed (never waited on): %s\n", path_.c_str(),
+                 e.what());
+  }
+}
+
+void ModelSaveHandle::wait() {
+  if (future_.valid()) future_.get();
+}
+
+bool ModelSaveHandle::done() const {
+  return !future_.valid() || future_.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
+}
+
+ModelSaveHandle save_model_async(const torch::nn::Module& model, const std::string& path,
+                                 const SaveOptions& options) {
+  at::NoGradGuard no_grad;
+  ModelFileData snap = snapshot_model(collect(model, options));  // copies before returning
+  ModelSaveHandle h;
+  h.path_ = path;
+  h.future_ = std::async(std::launch::async,
+                         [path, snap = std::move(snap)] { write_model_file(path, snap); });
+  return h;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Loading
+
+namespace {
+
+struct Staged {
+  at::Tensor target;
+  at::Tensor value;
+};
+
+struct PointPlan {
+  std::string point;
+  QuantizerImpl::Role role = QuantizerImpl::Role::kWeight;
+  QuantizerConfig config;
+  QParams qparams;  // static qparams to set (calibrated activations)
+  bool init_lsq = false;
+  std::vector<int64_t> init_shape;  // input shape for the LSQ initialisation pass
+  std::map<std::string, at::Tensor> values;  // tensor name inside the quantizer -> value
+};
+
+struct LayerPlan {
+  std::string path;
+  QuantizableLayer* layer = nullptr;
+  const LayerMeta* meta = nullptr;
+  bool attach = false;
+  bool freeze = false;
+  FrozenWeight frozen;
+  std::vector<PointPlan> points;
+};
+
+bool same_config(const QuantizerConfig& a, const QuantizerConfig& b) {
+  const ObserverOptions &x = a.observer_options, &y = b.observer_options;
+  return same_spec(a.spec, b.spec) && a.lsq == b.lsq && a.observer == b.observer &&
+         x.averaging_constant == y.averaging_constant && x.ch_axis == y.ch_axis && x.group_size == y.group_size &&
+         x.method == y.method && x.percentile == y.percentile && x.bins == y.bins &&
+         x.upsample_rate == y.upsample_rate;
+}
+
+bool same_scheme(const LayerScheme& a, const LayerScheme& b) {
+  if (a.weights.has_value() != b.weights.has_value()) return false;
+  if (a.weights && !same_config(*a.weights, *b.weights)) return false;
+  if (a.activations != b.activations) return false;
+  return a.activations == ActivationMode::kNone || same_config(a.activation, b.activation);
+}
+
+std::string scheme_string(const LayerScheme& s) {
+  std::string out = "weights " + (s.weights ? s.weights->spec.to_string() + (s.weights->lsq ? " lsq" : "") : "float");
+  out += ", activations ";
+  out += to_string(s.activations);
+  if (s.activations != ActivationMode::kNone) out += " " + s.activation.spec.to_string();
+  return out;
+}
+
+class Loader {
+ public:
+  Loader(torch::nn::Module& model, const std::string& path, const LoadModelOptions& o)
+      : model_(model), reader_(path), opts_(o) {
+    meta_ = read_model_meta(path);
+  }
+
+  LoadReport run() {
+    plan();
+    apply();
+    report_.step = reader_.step();
+    report_.recipe = reader_.recipe();
+    return report_;
+  }
+
+ private:
+  std::string file() const { return reader_.path(); }
+  std::string where(Section s, const std::string& key) const {
+    if (reader_.contains(key, s)) return "framework/io: " + file() + ": dataset '" + reader_.info(key, s).dataset_path + "'";
+    const auto [module, leaf] = split_key(key);
+    return "framework/io: " + file() + ": dataset '/" + section_group(s) + "/" + (module.empty() ? "" : module + "/") +
+           leaf + "'";
+  }
+  std::string layer_where(const std::string& path) const {
+    return "framework/io: " + file() + ": layer '" + (path.empty() ? "(root)" : path) + "'";
+  }
+
+  // True when the file has `key`; otherwise throws (strict) or records it as missing.
+  bool require(Section s, const std::string& key) {
+    consumed_.insert({s, key});
+    if (reader_.contains(key, s)) return true;
+    if (opts_.strict) reader_.info(key, s);  // throws "no parameter 'k' (missing dataset '...')"
+    report_.missing_keys.push_back(key);
+    return false;
+  }
+
+  // A float entry read and checked against `target` (shape; dtype: floats convert).
+  at::Tensor read_like(Section s, const std::string& key, const at::Tensor& target, bool dequant) {
+    const EntryInfo& e = reader_.info(key, s);
+    QF_REQUIRE(e.shape == target.sizes().vec(), where(s, key), " has shape ", at::IntArrayRef(e.shape),
+               ", model expects ", target.sizes());
+    QF_REQUIRE(!e.quantized || dequant, where(s, key), " is quantized (", e.qtype,
+               "); the model has a float tensor there (load with dequantize=true, or into a model whose layer "
+               "is quantized as saved)");
+    at::Tensor v = reader_.read_tensor(key, s, dequant);
+    const bool both_float = at::isFloatingType(v.scalar_type()) && at::isFloatingType(target.scalar_type());
+    QF_REQUIRE(both_float || v.scalar_type() == target.scalar_type(), where(s, key), " has dtype ", v.scalar_type(),
+               ", model expects ", target.scalar_type());
+    return v;
+  }
+
+  void stage_plain(Section s, const std::string& key, const at::Tensor& target) {
+    if (!require(s, key)) return;
+    staged_.push_back({target, read_like(s, key, target, opts_.dequantize)});
+  }
+
+  bool selected(const std::string& key) const { return key_matches_prefix(key, opts_.prefix); }
+
+  void plan() {
+    const auto params = to_map(model_.named_parameters(true));
+    const auto buffers = to_map(model_.named_buffers(true));
+    std::set<std::string> layer_keys;
+    for (const auto& [path, layer] : layers_of(model_)) {
+      for (const auto& p : layer->module().named_parameters(true)) layer_keys.insert(join(path, p.key()));
+      for (const auto& b : layer->module().named_buffers(true)) layer_keys.insert(join(path, b.key()));
+      const bool chosen = opts_.prefix.empty() || (!path.empty() && selected(path));
+      if (!chosen) continue;
+      plan_layer(path, *layer);
+    }
+    // Tensors of other modules.
+    for (const auto& [key, t] : params)
+      if (!layer_keys.count(key) && selected(key)) stage_plain(Section::kParameters, key, t);
+    if (!opts_.parameters_only)
+      for (const auto& [key, t] : buffers)
+        if (!layer_keys.count(key) && selected(key)) stage_plain(Section::kBuffers, key, t);
+    // Layers the file describes but the model lacks.
+    std::set<std::string> model_layers;
+    for (const auto& [path, layer] : layers_of(model_)) model_layers.insert(path);
+    for (const auto& [path, m] : meta_.layers) {
+      if (model_layers.count(path) || !(opts_.prefix.empty() || (!path.empty() && selected(path)))) continue;
+      QF_REQUIRE(!opts_.strict, layer_where(path), " (", m.type, ", ", scheme_string(m.scheme),
+                 ") has no qforge layer at that path in the model (strict load)");
+    }
+    // File entries nobody asked for.
+    ReadOptions ro;
+    ro.prefix = opts_.prefix;
+    ro.buffers = !opts_.parameters_only;
+    ro.optimizer = false;
+    for (const EntryInfo& e : reader_.entries(ro)) {
+      if (consumed_.count({e.section, e.key})) continue;
+      QF_REQUIRE(!opts_.strict, "framework/io: ", file(), ": dataset '", e.dataset_path, "': the checkpoint's ",
+                 to_string(e.section), " '", e.key, "' has no counterpart in the model (strict load)");
+      report_.unexpected_keys.push_back(e.key);
+    }
+    if (opts_.optimizer && !opts_.parameters_only) plan_optimizer();
+  }
+
+  // The layer's own tensors (weight, bias, ...), not its quantizers'.
+  static std::vector<std::pair<std::string, at::Tensor>> own(const torch::nn::Module& m, bool buffers) {
+    std::vector<std::pair<std::string, at::Tensor>> out;
+    const auto d = buffers ? m.named_buffers(false) : m.named_parameters(false);
+    for (const auto& item : d) out.emplace_back(item.key(), item.value());
+    return out;
+  }
+
+  void consume_quantizer_entries(const std::string& path) {
+    for (const auto& q : {"weight_quantizer", "input_quantizer", "output_quantizer", "other_quantizer"}) {
+      ReadOptions ro;
+      ro.prefix = join(path, q);
+      for (const EntryInfo& e : reader_.entries(ro)) consumed_.insert({e.section, e.key});
+    }
+  }
+
+  FrozenWeight build_frozen(const std::string& path, const LayerMeta& m, const at::Tensor& target) {
+    const std::string key = join(path, "weight");
+    const QSpec& spec = m.scheme.weights->spec;
+    const std::string w = where(Section::kParameters, key);
+    const EntryInfo& e = reader_.info(key, Section::kParameters);
+    QF_REQUIRE(e.shape == target.sizes().vec(), w, " has shape ", at::IntArrayRef(e.shape), ", model expects ",
+               target.sizes());
+    FrozenWeight fw;
+    fw.shape = e.shape;
+    at::Tensor scale, zero_point;
+    if (spec.qtype.is_float()) {
+      QF_REQUIRE(!e.quantized, w, " is ", e.qtype, ", the layer's scheme says ", spec.qtype.name);
+      const at::Tensor codes = reader_.read_tensor(key, Section::kParameters);
+      QF_REQUIRE(codes.scalar_type() == at::kByte, w, ": ", spec.qtype.name, " codes must be uint8, got ",
+                 codes.scalar_type());
+      fw.storage = codes.contiguous().reshape({-1});
+      scale = m.float8_scale;
+      zero_point = m.float8_zero_point;
+      QF_REQUIRE(scale.defined() && zero_point.defined(), layer_where(path),
+                 ": float8 weight without scale / zero_point in /model");
+    } else {
+      QF_REQUIRE(e.quantized, w, " is a float tensor, the layer's scheme says ", spec.qtype.name,
+                 " (frozen)");
+      QF_REQUIRE(e.qtype == spec.qtype.name, w, " is ", e.qtype, ", the layer's scheme says ", spec.qtype.name);
+      const QuantizedTensor q = reader_.read_quantized(key, Section::kParameters);
+      const int64_t axis = spec.axis < 0 ? spec.axis + static_cast<int64_t>(q.shape.size()) : spec.axis;
+      QF_REQUIRE(q.granularity == spec.granularity &&
+                     (spec.granularity != Granularity::kPerChannel || q.axis == axis) &&
+                     (spec.granularity != Granularity::kPerGroup || q.group_size == spec.group_size),
+                 w, " is ", to_string(q.granularity), " (axis ", q.axis, ", group_size ", q.group_size,
+                 "), the layer's scheme says ", spec.to_string());
+      fw.storage = spec.qtype.bits == 8 ? q.data.reshape({-1}).contiguous() : q.data;
+      scale = q.scale;
+      zero_point = q.zero_point;
+    }
+    try {
+      fw.qp = make_qparams(spec, scale, zero_point);
+      (void)fw.dequantize();  // builds the weight once: any inconsistency fails here, not after changes
+    } catch (const Error& err) {
+      throw Error(w + ": " + err.what());
+    }
+    return fw;
+  }
+
+  // Scratch quantizer of the saved point with the file's tensors: the expected names, shapes and
+  // dtypes, and (for dequantize) the fake-quant it computes.
+  Quantizer build_point(const std::string& path, const std::string& point, const PointMeta& pm,
+                        ActivationMode mode, const std::vector<int64_t>& weight_shape, PointPlan& plan,
+                        const Quantizer& existing) {
+    plan.point = point;
+    plan.role = pm.role;
+    plan.config = pm.config;
+    const std::string qprefix = join(path, child_of(point));
+    Quantizer q{nullptr};
+    try {
+      q = Quantizer(pm.role, pm.config, pm.role == QuantizerImpl::Role::kWeight ? ActivationMode::kNone : mode,
+                    join(path, point));
+    } catch (const Error& err) {
+      throw Error(layer_where(path) + ": point '" + point + "': " + err.what());
+    }
+    at::NoGradGuard no_grad;
+    const std::string skey = join(qprefix, "scale"), zkey = join(qprefix, "zero_point");
+    if (pm.role == QuantizerImpl::Role::kActivation && mode == ActivationMode::kStatic && pm.calibrated &&
+        reader_.contains(skey, Section::kBuffers)) {
+      QF_REQUIRE(reader_.contains(zkey, Section::kBuffers), where(Section::kBuffers, zkey),
+                 ": missing (the layer's scale is there)");
+      const at::Tensor s = reader_.read_tensor(skey, Section::kBuffers);
+      const at::Tensor z = reader_.read_tensor(zkey, Section::kBuffers);
+      try {
+        plan.qparams = make_qparams(pm.config.spec, s.to(at::kFloat), z.to(at::kInt));
+      } catch (const Error& err) {
+        throw Error(where(Section::kBuffers, skey) + ": " + err.what());
+      }
+      q->set_qparams(plan.qparams);
+    }
+    if (pm.config.lsq && reader_.contains(skey, Section::kParameters)) {
+      plan.init_lsq = true;
+      plan.init_shape = pm.role == QuantizerImpl::Role::kWeight ? weight_shape : std::vector<int64_t>{1};
+      QF_REQUIRE(!plan.init_shape.empty() || pm.role != QuantizerImpl::Role::kWeight, layer_where(path),
+                 ": LSQ weight quantizer without a weight");
+      q->train(true);
+      q->forward(at::zeros(plan.init_shape));
+      q->train(false);
+    }
+    // The scratch quantizer's tensors are what the file must hold for this point; an existing
+    // quantizer (same scheme) must not hold more.
+    std::set<std::string> names;
+    for (bool buffers : {false, true}) {
+      const Section s = buffers ? Section::kBuffers : Section::kParameters;
+      for (const auto& [name, t] : own(*q, buffers)) {
+        names.insert(std::string(buffers ? "b:" : "p:") + name);
+        const std::string key = join(qprefix, name);
+        if (!require(s, key)) continue;
+        at::Tensor v = read_like(s, key, t, false);
+        plan.values[std::string(buffers ? "b:" : "p:") + name] = v;
+        t.copy_(v);
+      }
+    }
+    if (existing) {
+      for (bool buffers : {false, true}) {
+        for (const auto& [name, t] : own(*existing, buffers)) {
+          const std::string tag = std::string(buffers ? "b:" : "p:") + name;
+          if (names.count(tag)) continue;
+          const std::string key = join(qprefix, name);
+          QF_REQUIRE(!opts_.strict, where(buffers ? Section::kBuffers : Section::kParameters, key),
+                     ": missing; the model's quantizer holds '", key, "' (LSQ state the checkpoint lacks)");
+          report_.missing_keys.push_back(key);
+        }
+      }
+    }
+    consume_quantizer_entries(path);
+    return q;
+  }
+
+  void plan_layer(const std::string& path, QuantizableLayer& layer) {
+    auto mit = meta_.layers.find(path);
+    const LayerMeta* m = mit == meta_.layers.end() ? nullptr : &mit->second;
+    const bool saved_quantized = m && (m->scheme.weights || m->scheme.activations != ActivationMode::kNone);
+    torch::nn::Module& mod = layer.module();
+    QF_REQUIRE(!layer.frozen(), layer_where(path),
+               ": the model's layer is frozen; load into a freshly built (float) model or one in fake-quant state");
+    if (saved_quantized && layer.layer_type() != m->type) {
+      throw Error(str_cat(layer_where(path), " is a ", m->type, " in the checkpoint, a ", layer.layer_type(),
+                          " in the model"));
+    }
+    if (opts_.dequantize) {
+      QF_REQUIRE(!layer.quantized(), layer_where(path),
+                 ": dequantize=true loads into float layers; the model's layer is quantized (",
+                 scheme_string(layer.scheme()), ")");
+      for (bool buffers : {false, true}) {
+        if (buffers && opts_.parameters_only) continue;
+        const Section s = buffers ? Section::kBuffers : Section::kParameters;
+        for (const auto& [name, t] : own(mod, buffers)) {
+          const std::string key = join(path, name);
+          if (buffers || !saved_quantized || name != "weight" || !m->scheme.weights) {
+            stage_plain(s, key, t);
+            continue;
+          }
+          if (!require(s, key)) continue;
+          at::Tensor v;
+          if (m->frozen) {
+            v = build_frozen(path, *m, t).dequantize();
+          } else {
+            // The fake-quantized weight, as the saved fake-quant layer computes it in eval.
+            const at::Tensor w = read_like(s, key, t, false).to(at::kFloat);
+            PointPlan pp;
+            Quantizer q = build_point(path, "weight", m->points.at("weight"), ActivationMode::kNone,
+                                      t.sizes().vec(), pp, Quantizer(nullptr));
+            q->eval();
+            at::NoGradGuard g;
+            v = q->forward(w).detach().clone();
+          }
+          staged_.push_back({t, v});
+        }
+      }
+      consume_quantizer_entries(path);
+      return;
+    }
+    if (!saved_quantized) {
+      QF_REQUIRE(!layer.quantized(), layer_where(path), " is float in the checkpoint, quantized in the model (",
+                 scheme_string(layer.scheme()), ")");
+      for (bool buffers : {false, true}) {
+        if (buffers && opts_.parameters_only) continue;
+        for (const auto& [name, t] : own(mod, buffers))
+          stage_plain(buffers ? Section::kBuffers : Section::kParameters, join(path, name), t);
+      }
+      return;
+    }
+    LayerPlan lp;
+    lp.path = path;
+    lp.layer = &layer;
+    lp.meta = m;
+    lp.freeze = m->frozen;
+    if (layer.quantized()) {
+      QF_REQUIRE(same_scheme(layer.scheme(), m->scheme), layer_where(path), " is quantized as ",
+                 scheme_string(m->scheme), " in the checkpoint, as ", scheme_string(layer.scheme()),
+                 " in the model");
+    } else {
+      lp.attach = true;
+      try {
+        layer.check_scheme(m->scheme);
+      } catch (const Error& err) {
+        throw Error(layer_where(path) + ": the saved scheme does not fit the model's layer: " + err.what());
+      }
+    }
+    std::vector<int64_t> weight_shape;
+    for (bool buffers : {false, true}) {
+      if (buffers && opts_.parameters_only) continue;
+      const Section s = buffers ? Section::kBuffers : Section::kParameters;
+      for (const auto& [name, t] : own(mod, buffers)) {
+        const std::string key = join(path, name);
+        if (!buffers && name == "weight") weight_shape = t.sizes().vec();
+        if (!buffers && name == "weight" && lp.freeze && m->scheme.weights) {
+          if (require(s, key)) lp.frozen = build_frozen(path, *m, t);
+          continue;
+        }
+        stage_plain(s, key, t);
+      }
+    }
+    if (lp.freeze && m->scheme.weights && !lp.frozen.defined()) {
+      // Non-strict load without the packed weight: nothing to freeze from.
+      throw Error(layer_where(path) + ": frozen in the checkpoint but its packed weight is missing");
+    }
+    std::map<std::string, Quantizer> existing;
+    for (const Quantizer& q : layer.quantizers()) existing.emplace(point_of(path, q), q);
+    for (const auto& [point, pm] : m->points) {
+      auto eit = existing.find(point);
+      QF_REQUIRE(lp.attach || eit != existing.end(), layer_where(path), ": the model's layer has no quantizer '",
+                 point, "'");
+      PointPlan pp;
+      build_point(path, point, pm, m->scheme.activations, weight_shape, pp,
+                  eit == existing.end() ? Quantizer(nullptr) : eit->second);
+      lp.points.push_back(std::move(pp));
+    }
+    plans_.push_back(std::move(lp));
+  }
+
+  // ---- optimizer ----
+  struct OptStaged {
+    at::Tensor param;
+    std::map<std::string, at::Tensor> values;
+  };
+
+  void plan_optimizer() {
+    torch::optim::Optimizer& o = *opts_.optimizer;
+    const char* kind = optimizer_kind(o);
+    QF_REQUIRE(kind, "framework/io: load_model: optimizer state of this optimizer type cannot be restored "
+               "(Adam, AdamW and SGD are supported)");
+    QF_REQUIRE(reader_.optimizer_kind() == kind, "framework/io: ", file(), ": optimizer state is '",
+               reader_.optimizer_kind(), "', the optimizer given is '", kind, "'");
+    const auto names = parameter_names(model_);
+    for (size_t gi = 0; gi < o.param_groups().size(); ++gi) {
+      const std::string lr_key = "param_groups." + std::to_string(gi) + ".lr";
+      if (reader_.contains(lr_key, Section::kOptimizer))
+        lrs_.emplace_back(gi, reader_.read_tensor(lr_key, Section::kOptimizer).item<double>());
+      for (const at::Tensor& p : o.param_groups()[gi].params()) {
+        auto nit = names.find(p.unsafeGetTensorImpl());
+        QF_REQUIRE(nit != names.end(), "framework/io: load_model: the optimizer holds a parameter of shape ",
+                   p.sizes(), " that is not in the model");
+        if (!selected(nit->second)) continue;
+        OptStaged st;
+        st.param = p;
+        for (const char* name : {"step", "exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer"}) {
+          const std::string key = "state." + nit->second + "." + name;
+          if (!reader_.contains(key, Section::kOptimizer)) continue;
+          at::Tensor v = reader_.read_tensor(key, Section::kOptimizer);
+          if (std::string(name) != "step") {
+            QF_REQUIRE(v.sizes() == p.sizes(), where(Section::kOptimizer, key), " has shape ", v.sizes(),
+                       ", parameter '", nit->second, "' has ", p.sizes());
+            v = v.to(p.scalar_type());
+          }
+          st.values[name] = v;
+        }
+        if (!st.values.empty()) opt_staged_.push_back(std::move(st));
+      }
+    }
+  }
+
+  void apply_optimizer() {
+    torch::optim::Optimizer& o = *opts_.optimizer;
+    const std::string kind = optimizer_kind(o);
+    auto& state = o.state();
+    for (const auto& [gi, lr] : lrs_) o.param_groups()[gi].options().set_lr(lr);
+    for (OptStaged& st : opt_staged_) {
+      auto get = [&](const char* n) {
+        auto it = st.values.find(n);
+        return it == st.values.end() ? at::Tensor() : it->second;
+      };
+      std::unique_ptr<torch::optim::OptimizerParamState> ps;
+      if (kind == "sgd") {
+        auto s = std::make_unique<torch::optim::SGDParamState>();
+        s->momentum_buffer(get("momentum_buffer"));
+        ps = std::move(s);
+      } else if (kind == "adam") {
+        auto s = std::make_unique<torch::optim::AdamParamState>();
+        if (get("step").defined()) s->step(get("step").item<int64_t>());
+        s->exp_avg(get("exp_avg"));
+        s->exp_avg_sq(get("exp_avg_sq"));
+        s->max_exp_avg_sq(get("max_exp_avg_sq"));
+        ps = std::move(s);
+      } else {
+        auto s = std::make_unique<torch::optim::AdamWParamState>();
+        if (get("step").defined()) s->step(get("step").item<int64_t>());
+        s->exp_avg(get("exp_avg"));
+        s->exp_avg_sq(get("exp_avg_sq"));
+        s->max_exp_avg_sq(get("max_exp_avg_sq"));
+        ps = std::move(s);
+      }
+      state[state_key(state, st.param)] = std::move(ps);
+    }
+  }
+
+  // ---- mutation: everything above passed ----
+  void apply() {
+    at::NoGradGuard no_grad;
+    for (LayerPlan& lp : plans_) {
+      if (lp.attach) {
+        lp.layer->attach(lp.path, lp.meta->scheme);
+        report_.quantized_layers.push_back(lp.path);
+      }
+      const auto children = lp.layer->module().named_children();
+      for (PointPlan& pp : lp.points) {
+        const std::string child = child_of(pp.point);
+        QF_CHECK(children.contains(child), "quantizer '", child, "' of layer '", lp.path, "' after attach");
+        auto q = std::dynamic_pointer_cast<QuantizerImpl>(children[child]);
+        QF_CHECK(q, "child '", child, "' is not a Quantizer");
+        if (pp.qparams.defined() && !lsq_initialised(*q)) q->set_qparams(pp.qparams);
+        if (pp.init_lsq && !lsq_initialised(*q)) {
+          const bool was = q->is_training();
+          q->train(true);
+          q->forward(at::zeros(pp.init_shape));
+          q->train(was);
+        }
+        for (const auto& [tag, v] : pp.values) {
+          const std::string name = tag.substr(2);
+          const bool buffer = tag[0] == 'b';
+          const auto d = buffer ? q->named_buffers(false) : q->named_parameters(false);
+          QF_CHECK(d.contains(name), "tensor '", name, "' of quantizer '", child, "'");
+          d[name].copy_(v);
+        }
+      }
+    }
+    for (Staged& s : staged_) s.target.copy_(s.value);
+    for (LayerPlan& lp : plans_) {
+      if (!lp.freeze) continue;
+      lp.layer->install_frozen(std::move(lp.frozen));
+      report_.frozen_layers.push_back(lp.path);
+    }
+    if (opts_.optimizer && !opts_.parameters_only) apply_optimizer();
+  }
+
+  torch::nn::Module& model_;
+  CheckpointReader reader_;
+  LoadModelOptions opts_;
+  ModelMeta meta_;
+  std::set<std::pair<Section, std::string>> consumed_;
+  std::vector<Staged> staged_;
+  std::vector<LayerPlan> plans_;
+  std::vector<std::pair<size_t, double>> lrs_;
+  std::vector<OptStaged> opt_staged_;
+  LoadReport report_;
+};
+
+}  // namespace
+
+LoadReport load_model(torch::nn::Module& model, const std::string& path, const LoadModelOptions& options) {
+  Loader loader(model, path, options);
+  return loader.run();
+}
+
+// ---------------------------------------------------------------------------------------------
+// safetensors export
+
+namespace {
+
+const char* safetensors_dtype(at::ScalarType t) {
+  switch (t) {
+    case at::kDouble: return "F64";
+    case at::kFloat: return "F32";
+    case at::kHalf: return "F16";
+    case at::kBFloat16: return "BF16";
+    case at::kLong: return "I64";
+    case at::kInt: return "I32";
+    case at::kShort: return "I16";
+    case at::kChar: return "I8";
+    case at::kByte: return "U8";
+    case at::kBool: return "BOOL";
+    default: return nullptr;
+  }
+}
+
+// Minimal writer: 8-byte little-endian header length, JSON header (8-byte aligned, space padded),
+// raw little-endian data in key order. Crash-safe through AtomicFile.
+void write_safetensors_file(const std::string& path, const std::map<std::string, at::Tensor>& tensors,
+                            const std::map<std::string, std::string>& metadata) {
+  static_assert(sizeof(uint64_t) == 8, "header length is 8 bytes");
+  nlohmann::json header = nlohmann::json::object();
+  std::vector<at::Tensor> data;
+  uint64_t offset = 0;
+  for (const auto& [key, t0] : tensors) {
+    const at::Tensor t = t0.detach().cpu().contiguous();
+    const char* dtype = safetensors_dtype(t.scalar_type());
+    QF_REQUIRE(dtype, "framework/io: export_safetensors: '", key, "' has dtype ", t.scalar_type(),
+               " which safetensors cannot hold");
+    const uint64_t bytes = static_cast<uint64_t>(t.nbytes());
+    header[key] = {{"dtype", dtype}, {"shape", t.sizes().vec()}, {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+    data.push_back(t);
+  }
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  std::string text = header.dump();
+  while ((text.size() + 8) % 8 != 0) text.push_back(' ');
+  AtomicFile out(path);
+  {
+    std::FILE* f = std::fopen(out.temp_path().c_str(), "wb");
+    QF_REQUIRE(f, "framework/io: export_safetensors: cannot create '", out.temp_path(), "'");
+    std::unique_ptr<std::FILE, int (*)(std::FILE*)> guard(f, &std::fclose);
+    uint8_t len[8];
+    const uint64_t n = text.size();
+    for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(n >> (8 * i));
+    bool ok = std::fwrite(len, 1, 8, f) == 8 && std::fwrite(text.data(), 1, n, f) == n;
+    // Tensor bytes as they lie in memory: x86-64 and aarch64 hosts are little-endian.
+    for (const at::Tensor& t : data)
+      ok = ok && std::fwrite(t.data_ptr(), 1, t.nbytes(), f) == static_cast<size_t>(t.nbytes());
+    ok = ok && std::fflush(f) == 0;
+    QF_REQUIRE(ok, "framework/io: export_safetensors: writing '", out.temp_path(), "' failed");
+  }
+  out.commit();
+}
+
+}  // namespace
+
+void export_safetensors(const torch::nn::Module& model, const std::string& path) {
+  at::NoGradGuard no_grad;
+  const ModelFileData f = collect(model, SaveOptions{});
+  std::map<std::string, at::Tensor> tensors;
+  nlohmann::json described = nlohmann::json::object();
+  for (const auto& [key, t] : f.data.parameters) tensors[key] = t;
+  for (const auto& [key, t] : f.data.buffers) {
+    QF_REQUIRE(!tensors.count(key), "framework/io: export_safetensors: '", key, "' is a parameter and a buffer");
+    tensors[key] = t;
+  }
+  auto add_quantized = [&](const std::string& key, const at::Tensor& codes, const at::Tensor& scale,
+                           const at::Tensor& zero_point, const QSpec& spec, const std::vector<int64_t>& shape,
+                           const char* packing) {
+    for (const std::string& k : {key + ".scale", key + ".zero_point"})
+      QF_REQUIRE(!tensors.count(k), "framework/io: export_safetensors: '", k, "' clashes with a model tensor");
+    tensors[key] = codes;
+    tensors[key + ".scale"] = scale;
+    tensors[key + ".zero_point"] = zero_point;
+    described[key] = {{"qtype", spec.qtype.name},
+                      {"bits", spec.qtype.bits},
+                      {"granularity", to_string(spec.granularity)},
+                      {"axis", spec.axis},
+                      {"group_size", spec.granularity == Granularity::kPerGroup ? spec.group_size : 0},
+                      {"symmetric", spec.symmetric},
+                      {"packing", packing},
+                      {"shape", shape},
+                      {"dequantize", spec.qtype.is_float() ? "float(fp8_decode(code)) * scale"
+                                                           : "float32(q - zero_point) * scale"}};
+  };
+  for (const auto& [key, q] : f.data.quantized) {
+    QSpec spec;
+    const auto& m = f.meta.layers.at(split_key(key).first);
+    spec = m.scheme.weights->spec;
+    spec.axis = q.axis;
+    add_quantized(key, q.data, q.scale, q.zero_point, spec, q.shape, q.packing());
+  }
+  for (const auto& [path, m] : f.meta.layers) {
+    if (!m.float8_scale.defined()) continue;
+    const std::string key = join(path, "weight");
+    const at::Tensor codes = tensors.at(key);
+    tensors.erase(key);
+    add_quantized(key, codes, m.float8_scale, m.float8_zero_point, m.scheme.weights->spec, codes.sizes().vec(),
+                  "ocp_fp8_bytes");
+  }
+  std::map<std::string, std::string> metadata;
+  metadata["format"] = "qforge.quantized";
+  metadata["qforge.quantized"] = described.dump();
+  metadata["qforge_version"] = qforge_version();
+  write_safetensors_file(path, tensors, metadata);
+}
+
+}  // namespace qforge::io
