@@ -8,6 +8,7 @@
 #include <torch/nn/module.h>
 #include <torch/optim/adam.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -555,4 +556,69 @@ TEST(ModelIo, SafetensorsExportOfAFrozenModelParsesBack) {
   const at::Tensor data = io::CheckpointReader(ck).read_quantized("fc2.weight").data;
   ASSERT_EQ(static_cast<int64_t>(b1 - b0), data.numel());
   EXPECT_EQ(std::memcmp(bytes.data() + 8 + n + b0, data.data_ptr(), b1 - b0), 0);
+}
+
+// tests/fixtures/model_v1.h5: a frozen Net (emb qint4 groups of 16, fc1 qint8 with static
+// activations, fc2 qint2 groups of 16 weight-only) written by this qforge. Every later qforge must
+// load it. QFORGE_WRITE_MODEL_FIXTURE=<path> writes it (once: never regenerate a committed fixture).
+namespace {
+std::shared_ptr<Net> fixture_model() {
+  at::manual_seed(2024);
+  auto m = std::make_shared<Net>();
+  Scheme s(qint8);
+  s.activations = ActivationMode::kStatic;
+  s.observer = "minmax";
+  s.rules.push_back({"emb", false, qint4, Granularity::kPerGroup, 16, {}});
+  s.rules.push_back({"fc2", false, qint2, Granularity::kPerGroup, 16, ActivationMode::kNone});
+  quantize(*m, s);
+  calibrate(*m);
+  freeze(*m);
+  m->counter.fill_(3);
+  return m;
+}
+}  // namespace
+
+TEST(ModelIoFixture, V1LoadsIntoAFreshModelAndSavesBackBitForBit) {
+  const char* out = std::getenv("QFORGE_WRITE_MODEL_FIXTURE");
+  if (out && *out) {
+    io::save_model(*fixture_model(), out, io::SaveOptions{nullptr, 7, "fixture: model_v1"});
+    GTEST_SKIP() << "wrote " << out;
+  }
+  const std::string fixture = std::string(QFORGE_FIXTURES_DIR) + "/model_v1.h5";
+  auto m = std::make_shared<Net>();
+  const io::LoadReport r = io::load_model(*m, fixture);
+  EXPECT_EQ(r.step, 7);
+  EXPECT_EQ(r.frozen_layers.size(), 3u);
+  EXPECT_EQ(m->fc2->scheme().weights->spec.qtype, qint2);
+  EXPECT_TRUE(m->fc1->input_quantizer()->calibrated());
+  EXPECT_TRUE(at::equal(m->counter, at::full({2}, 3, at::kLong)));
+  // Saved again, every dataset is the fixture's.
+  TempDir dir;
+  const std::string again = dir.file("again.h5");
+  io::save_model(*m, again, io::SaveOptions{nullptr, 7, "fixture: model_v1"});
+  const io::CheckpointReader fa(fixture), fb(again);
+  const auto ea = fa.entries(), eb = fb.entries();
+  ASSERT_EQ(ea.size(), eb.size());
+  for (const io::EntryInfo& e : ea) {
+    if (e.quantized) {
+      const io::QuantizedTensor qa = fa.read_quantized(e.key, e.section), qb = fb.read_quantized(e.key, e.section);
+      EXPECT_TRUE(same_tensor(qa.data, qb.data) && same_tensor(qa.scale, qb.scale) &&
+                  same_tensor(qa.zero_point, qb.zero_point))
+          << e.key;
+    } else {
+      EXPECT_TRUE(same_tensor(fa.read_tensor(e.key, e.section), fb.read_tensor(e.key, e.section))) << e.key;
+    }
+  }
+  // The rebuilt model computes what the dequantized weights say (fc2 is weight-only).
+  auto d = std::make_shared<Net>();
+  io::LoadModelOptions o;
+  o.dequantize = true;
+  io::load_model(*d, fixture, o);
+  EXPECT_TRUE(at::equal(d->fc2->weight, fa.read_tensor("fc2.weight", io::Section::kParameters, true)));
+  const at::Tensor h = at::randn({3, 64});
+  EXPECT_TRUE(at::equal(d->fc2(h), m->fc2(h)));
+  // Today's save of the same model is the same file content (tensors) as the fixture.
+  const std::string fresh = dir.file("fresh.h5");
+  io::save_model(*fixture_model(), fresh, io::SaveOptions{nullptr, 7, "fixture: model_v1"});
+  EXPECT_EQ(io::CheckpointReader(fresh).entries().size(), ea.size());
 }
