@@ -1,0 +1,149 @@
+// Slow tier: the trainings behind docs/results.md (fp32, test split). Each test prints the
+// numbers and a markdown snippet, and asserts the targets of project issue 4.
+//   build/tests/models/models_results_test --gtest_filter='Results.FashionMnistCnn'
+// Checkpoints are written to $QFORGE_RESULTS_DIR (default /tmp/qforge_results), never to git.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+
+#include "framework/data/char_tokenizer.h"
+#include "framework/data/fashion_mnist.h"
+#include "framework/data/language_id.h"
+#include "framework/data/text_corpus.h"
+#include "framework/io/safetensors.h"
+#include "framework/models/bert.h"
+#include "framework/models/cnn.h"
+#include "framework/models/gpt2.h"
+#include "framework/train/trainer.h"
+
+namespace qforge::train {
+namespace {
+
+std::string results_dir() {
+  const char* env = std::getenv("QFORGE_RESULTS_DIR");
+  const std::string dir = env ? env : "/tmp/qforge_results";
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+int64_t env_int(const char* name, int64_t fallback) {
+  const char* v = std::getenv(name);
+  return v ? std::atoll(v) : fallback;
+}
+
+TEST(Results, FashionMnistCnn) {
+  if (!std::filesystem::is_directory(data::kFashionMnistDir))
+    GTEST_SKIP() << "Fashion-MNIST missing (apt-get install " << data::kFashionMnistPackage << ")";
+  const data::FashionMnist d = data::load_fashion_mnist(5000, 0);
+  TensorBatches tr(d.train.images, d.train.labels), val(d.validation.images, d.validation.labels),
+      test(d.test.images, d.test.labels);
+  at::manual_seed(0);
+  models::SmallCnnOptions mo;
+  mo.channels = {32, 64};
+  models::SmallCnn m(mo);
+  auto fwd = [&](const Batch& b) { return m->forward(b.input); };
+  TrainOptions o;
+  o.epochs = env_int("QFORGE_CNN_EPOCHS", 4);
+  o.batch_size = 128, o.lr = 2e-3, o.weight_decay = 0.05, o.label = "cnn";
+  const TrainResult r = fit(*m, tr, fwd, o, &val);
+  const Metrics t = evaluate(*m, test, fwd, 500, "cnn test");
+  m->eval();
+  m->fold_batch_norm();
+  const Metrics folded = evaluate(*m, test, fwd, 500, "cnn test (BN folded)");
+  io::write_safetensors(results_dir() + "/fashion_mnist_cnn.safetensors", models::model_state(*m));
+  std::printf("\nRESULT fashion_mnist_cnn: epochs %lld, %.1f s training, validation acc %.4f, test acc %.4f, "
+              "test acc after BN folding %.4f, test loss %.4f\n",
+              static_cast<long long>(o.epochs), r.seconds, r.validation.back().accuracy, t.accuracy, folded.accuracy,
+              t.loss);
+  std::printf("%s\n", format_confusion(t.confusion, {"T-shirt", "Trouser", "Pullover", "Dress", "Coat", "Sandal",
+                                                     "Shirt", "Sneaker", "Bag", "Boot"})
+                          .c_str());
+  EXPECT_GE(t.accuracy, 0.90);
+  EXPECT_LE(r.seconds, 300.0);
+  EXPECT_NEAR(folded.accuracy, t.accuracy, 2e-3);
+}
+
+TEST(Results, LanguageIdBert) {
+  for (const auto& l : data::default_word_lists())
+    if (!std::filesystem::exists(l.path)) GTEST_SKIP() << "missing " << l.path << " (apt-get install " << l.package << ")";
+  data::LanguageIdOptions lo;
+  lo.seed = 0;
+  lo.train_per_language = env_int("QFORGE_LANGID_TRAIN", 8000);
+  const data::LanguageId d = data::load_language_id(lo);
+  const data::CharTokenizer tok = data::CharTokenizer::build(d.train.text);
+  constexpr int64_t kMaxLen = 64;
+  TensorBatches tr = text_classification_batches(d.train, tok, kMaxLen);
+  TensorBatches val = text_classification_batches(d.validation, tok, kMaxLen);
+  TensorBatches test = text_classification_batches(d.test, tok, kMaxLen);
+  models::BertConfig c;
+  c.vocab_size = tok.vocab_size(), c.hidden_size = 128, c.num_hidden_layers = 4, c.num_attention_heads = 4,
+  c.intermediate_size = 512, c.max_position_embeddings = kMaxLen, c.num_labels = 8;
+  at::manual_seed(0);
+  models::BertForSequenceClassification m(c);
+  auto fwd = [&](const Batch& b) { return m->forward(b.input, b.mask); };
+  TrainOptions o;
+  o.epochs = env_int("QFORGE_LANGID_EPOCHS", 4);
+  o.batch_size = 64, o.lr = 1e-3, o.weight_decay = 0.01, o.warmup_fraction = 0.06, o.label = "bert langid";
+  const TrainResult r = fit(*m, tr, fwd, o, &val);
+  const Metrics t = evaluate(*m, test, fwd, 256, "bert langid test");
+  models::save_hf_bert(m, results_dir() + "/langid_bert");
+  int64_t single = 0, single_ok = 0;
+  {
+    // Accuracy on one-word phrases, the hardest case.
+    m->eval();
+    at::NoGradGuard ng;
+    data::TextExamples one;
+    for (int64_t i = 0; i < d.test.size(); ++i)
+      if (d.test.text[i].find(' ') == std::string::npos) one.text.push_back(d.test.text[i]), one.label.push_back(d.test.label[i]);
+    const Metrics s = evaluate(*m, text_classification_batches(one, tok, kMaxLen), fwd, 256, "one-word", false);
+    single = s.examples, single_ok = static_cast<int64_t>(s.accuracy * s.examples + 0.5);
+  }
+  std::printf("\nRESULT langid_bert: %lld train / %lld test phrases, vocab %lld chars, %lld shared words removed, "
+              "epochs %lld, %.1f s training, validation acc %.4f, test acc %.4f (majority class %.4f), "
+              "one-word phrases %lld/%lld = %.4f\n",
+              static_cast<long long>(d.train.size()), static_cast<long long>(d.test.size()),
+              static_cast<long long>(tok.vocab_size()), static_cast<long long>(d.shared_words_removed),
+              static_cast<long long>(o.epochs), r.seconds, r.validation.back().accuracy, t.accuracy,
+              t.confusion.sum(1).max().item<double>() / t.examples, static_cast<long long>(single_ok),
+              static_cast<long long>(single), single ? double(single_ok) / single : 0.0);
+  std::printf("%s\n", format_confusion(t.confusion, d.languages).c_str());
+  EXPECT_GE(t.accuracy, 0.85);
+}
+
+TEST(Results, Gpt2Fortunes) {
+  if (!std::filesystem::is_directory(data::kFortunesDir)) GTEST_SKIP() << "fortunes missing (apt-get install fortunes)";
+  const data::TextCorpus corpus = data::load_fortunes(0.9, 0.05);
+  constexpr int64_t kBlock = 128;
+  models::Gpt2Config c;
+  c.vocab_size = data::TextCorpus::kVocabSize, c.n_positions = kBlock, c.n_embd = 128, c.n_layer = 4, c.n_head = 4;
+  at::manual_seed(0);
+  models::Gpt2LMHeadModel m(c);
+  LmBatches tr(corpus.train, kBlock, kBlock / 2), val(corpus.validation, kBlock, kBlock),
+      test(corpus.test, kBlock, kBlock);
+  auto fwd = [&](const Batch& b) { return m->forward(b.input); };
+  TrainOptions o;
+  o.epochs = 1, o.batch_size = 32, o.lr = 2e-3, o.weight_decay = 0.1, o.warmup_fraction = 0.05,
+  o.max_steps = env_int("QFORGE_GPT2_STEPS", 600), o.label = "gpt2 fortunes";
+  const TrainResult r = fit(*m, tr, fwd, o);
+  const Metrics v = evaluate(*m, val, fwd, 64, "gpt2 validation");
+  const Metrics t = evaluate(*m, test, fwd, 64, "gpt2 test");
+  models::save_hf_gpt2(m, results_dir() + "/fortunes_gpt2");
+  const double uv = data::unigram_perplexity(corpus.train, corpus.validation);
+  const double ut = data::unigram_perplexity(corpus.train, corpus.test);
+  std::printf("\nRESULT gpt2_fortunes: %zu files, %lld/%lld/%lld train/val/test bytes, %lld steps of %lld x %lld "
+              "tokens (%.2f epochs), %.1f s training; per-byte perplexity validation %.3f (unigram %.3f), "
+              "test %.3f (unigram %.3f); bits/byte validation %.3f\n",
+              corpus.files.size(), static_cast<long long>(corpus.train.numel()),
+              static_cast<long long>(corpus.validation.numel()), static_cast<long long>(corpus.test.numel()),
+              static_cast<long long>(r.steps), static_cast<long long>(o.batch_size), static_cast<long long>(kBlock),
+              double(r.steps * o.batch_size) / tr.size(), r.seconds, v.perplexity, uv, t.perplexity, ut,
+              v.loss / std::log(2.0));
+  EXPECT_LT(v.perplexity, 0.5 * uv);
+}
+
+}  // namespace
+}  // namespace qforge::train
