@@ -757,31 +757,39 @@ class Loader {
       q->forward(at::zeros(plan.init_shape));
       q->train(false);
     }
-    // The scratch quantizer's tensors are what the file must hold for this point; an existing
-    // quantizer (same scheme) must not hold more.
+    // The tensors the loaded quantizer will hold: the scratch quantizer's, or those of an existing
+    // LSQ quantizer that already trains (left as it is apart from the copies). An existing
+    // quantizer that would hold more than the file gives is missing state.
+    const bool keep_existing = existing && lsq_initialised(*existing);
+    const torch::nn::Module& ref = keep_existing ? static_cast<const torch::nn::Module&>(*existing)
+                                                 : static_cast<const torch::nn::Module&>(*q);
     std::set<std::string> names;
     for (bool buffers : {false, true}) {
       const Section s = buffers ? Section::kBuffers : Section::kParameters;
-      for (const auto& [name, t] : own(*q, buffers)) {
+      for (const auto& [name, t] : own(ref, buffers)) {
         names.insert(std::string(buffers ? "b:" : "p:") + name);
         const std::string key = join(qprefix, name);
         if (!require(s, key)) continue;
         at::Tensor v = read_like(s, key, t, false);
         plan.values[std::string(buffers ? "b:" : "p:") + name] = v;
-        t.copy_(v);
+        if (!keep_existing) t.copy_(v);
       }
     }
-    if (existing) {
+    if (existing && !keep_existing) {
       for (bool buffers : {false, true}) {
         for (const auto& [name, t] : own(*existing, buffers)) {
           const std::string tag = std::string(buffers ? "b:" : "p:") + name;
           if (names.count(tag)) continue;
           const std::string key = join(qprefix, name);
           QF_REQUIRE(!opts_.strict, where(buffers ? Section::kBuffers : Section::kParameters, key),
-                     ": missing; the model's quantizer holds '", key, "' (LSQ state the checkpoint lacks)");
+                     ": missing; the model's quantizer holds '", key, "' (state the checkpoint lacks)");
           report_.missing_keys.push_back(key);
         }
       }
+    }
+    if (keep_existing && pm.config.lsq && !reader_.contains(skey, Section::kParameters)) {
+      QF_REQUIRE(!opts_.strict, where(Section::kParameters, skey),
+                 ": missing; the model's LSQ quantizer already trains but the checkpoint has no learned scale");
     }
     consume_quantizer_entries(path);
     return q;

@@ -174,11 +174,14 @@ TEST(ModelIo, FrozenConvModelRebuildsBitForBit) {
 }
 
 TEST(ModelIo, FakeQuantRoundTripKeepsLsqParametersAndCalibratedQparams) {
+  for (bool activation_lsq : {false, true}) {
+  SCOPED_TRACE(activation_lsq ? "LSQ activations too" : "LSQ weights");
   TempDir dir;
   at::manual_seed(3);
   Scheme s(qint4);
   s.group_size = 16;
   s.weight_lsq = true;
+  s.activation_lsq = activation_lsq;
   s.activations = ActivationMode::kStatic;
   s.observer = "minmax";
   auto a_ptr = std::make_shared<Net>();
@@ -212,7 +215,7 @@ TEST(ModelIo, FakeQuantRoundTripKeepsLsqParametersAndCalibratedQparams) {
   EXPECT_TRUE(r.quantized_layers.empty());
   EXPECT_TRUE(at::equal(b.forward(x), y));
   EXPECT_TRUE(at::equal(b.named_parameters()["fc2.weight_quantizer.scale"], a.named_parameters()["fc2.weight_quantizer.scale"]));
-  EXPECT_TRUE(b.fc1->input_quantizer()->calibrated());
+  EXPECT_EQ(b.fc1->input_quantizer()->calibrated(), a.fc1->input_quantizer()->calibrated());
 
   // (b) fresh float model: the saved schemes are attached.
   auto c_ptr = std::make_shared<Net>();
@@ -226,6 +229,7 @@ TEST(ModelIo, FakeQuantRoundTripKeepsLsqParametersAndCalibratedQparams) {
   freeze(a);
   freeze(c);
   EXPECT_TRUE(at::equal(c.forward(x), a.forward(x)));
+  }
 }
 
 TEST(ModelIo, DequantizedLoadMatchesTheFakeQuantModel) {
