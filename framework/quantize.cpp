@@ -195,15 +195,27 @@ std::vector<LayerReport> layer_reports(const torch::nn::Module& model) {
 
 std::string describe(const torch::nn::Module& model) {
   const auto reports = layer_reports(model);
-  std::ostringstream os;
-  os << std::left << std::setw(32) << "layer" << std::setw(10) << "type" << std::setw(40) << "weights"
-     << std::setw(62) << "activations" << std::setw(34) << "kernel" << std::right << std::setw(12) << "bytes"
-     << "  fallback\n";
+  // Columns as wide as their widest cell.
+  size_t w_name = 5, w_type = 4, w_weights = 7, w_act = 11, w_kernel = 6;
   for (const LayerReport& r : reports) {
-    os << std::left << std::setw(32) << r.name << std::setw(10) << r.type << std::setw(40) << r.weights
-       << std::setw(62) << r.activations << std::setw(34) << r.kernel << std::right << std::setw(12) << r.bytes
-       << "  " << (r.fallback_reason.empty() ? "-" : r.fallback_reason) << "\n";
+    w_name = std::max(w_name, r.name.size());
+    w_type = std::max(w_type, r.type.size());
+    w_weights = std::max(w_weights, r.weights.size());
+    w_act = std::max(w_act, r.activations.size());
+    w_kernel = std::max(w_kernel, r.kernel.size());
   }
+  std::ostringstream os;
+  auto row = [&](const std::string& name, const std::string& type, const std::string& weights, const std::string& act,
+                 const std::string& kernel, const std::string& bytes, const std::string& fallback) {
+    os << std::left << std::setw(static_cast<int>(w_name + 2)) << name << std::setw(static_cast<int>(w_type + 2)) << type
+       << std::setw(static_cast<int>(w_weights + 2)) << weights << std::setw(static_cast<int>(w_act + 2)) << act
+       << std::setw(static_cast<int>(w_kernel + 2)) << kernel << std::right << std::setw(10) << bytes << "  "
+       << fallback << "\n";
+  };
+  row("layer", "type", "weights", "activations", "kernel", "bytes", "fallback");
+  for (const LayerReport& r : reports)
+    row(r.name, r.type, r.weights, r.activations, r.kernel, std::to_string(r.bytes),
+        r.fallback_reason.empty() ? "-" : r.fallback_reason);
   const ModelSize size = model_size(model);
   os << "total " << size.total_bytes << " bytes (" << size.quantized_bytes << " frozen, " << size.float_bytes
      << " float)\n";

@@ -121,7 +121,7 @@ TrainResult fit(torch::nn::Module& model, const BatchSource& data, const Forward
     double loss_sum = 0;
     int64_t epoch_steps = 0;
     for (int64_t s = 0; s < n; s += o.batch_size) {
-      if ((o.max_steps > 0 && r.steps >= o.max_steps) ||
+      if ((o.max_steps > 0 && r.steps >= o.max_steps) || (o.cancel && o.cancel->load()) ||
           (o.time_budget_s > 0 && std::chrono::duration<double>(Clock::now() - t0).count() > o.time_budget_s)) {
         r.stopped_early = true;
         break;
@@ -140,6 +140,7 @@ TrainResult fit(torch::nn::Module& model, const BatchSource& data, const Forward
       loss_sum += l;
       ++epoch_steps;
       ++r.steps;
+      if (o.on_step) o.on_step(r.steps);
       if (bar) bar->update(1, "loss " + fmt("%.4f", loss_sum / epoch_steps) + " lr " + fmt("%.2e", lr));
     }
     if (epoch_steps == 0) break;

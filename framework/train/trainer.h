@@ -7,6 +7,7 @@
 #include <torch/nn/module.h>
 
 #include <cstdint>
+#include <atomic>
 #include <functional>
 #include <string>
 #include <vector>
@@ -32,6 +33,10 @@ struct TrainOptions {
   double time_budget_s = 0;       // > 0: stop after this much wall time (schedule unchanged)
   bool progress = true;
   std::string label = "train";
+  // Called after every optimizer step with the number of steps done (QAT bookkeeping).
+  std::function<void(int64_t)> on_step;
+  // When it becomes true, training stops after the current step (Ctrl-C in qtrain).
+  const std::atomic<bool>* cancel = nullptr;
 };
 
 struct Metrics {

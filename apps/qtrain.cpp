@@ -1,0 +1,92 @@
+// qtrain: runs a YAML recipe end to end: float model, calibration and PTQ, QAT, freeze, export.
+//   qtrain --recipe recipes/bert_int8.yaml [--out DIR] [--set key.path=value ...] [--dry-run]
+//          [--stages float,calibrate,ptq,qat,freeze,export] [--print-resolved]
+// Exit codes: 0 success, 2 invalid recipe or arguments, 1 failure during a stage (named), 130
+// interrupted (Ctrl-C) after writing what was complete.
+#include <csignal>
+#include <cstdio>
+
+#include <CLI/CLI.hpp>
+
+#include "framework/recipe/pipeline.h"
+
+namespace {
+
+std::atomic<bool> g_interrupted{false};
+
+extern "C" void on_sigint(int) {
+  // First Ctrl-C: finish the current stage, write the report, stop. Second: default action.
+  if (g_interrupted.exchange(true)) std::signal(SIGINT, SIG_DFL);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"qtrain: quantization recipes from float model to frozen integer model"};
+  std::string recipe_path, out_dir, stages_arg;
+  std::vector<std::string> overrides;
+  bool dry_run = false, print_resolved = false;
+  app.add_option("--recipe", recipe_path, "recipe YAML file")->required();
+  app.add_option("--out", out_dir, "output directory (default runs/<recipe name>)");
+  app.add_option("--set", overrides, "override a key: key.path=value (repeatable)");
+  app.add_flag("--dry-run", dry_run, "validate and print the plan without touching data");
+  app.add_flag("--print-resolved", print_resolved, "print the resolved recipe and exit");
+  app.add_option("--stages", stages_arg, "comma-separated subset of float,calibrate,ptq,qat,freeze,export");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int rc = app.exit(e);
+    return rc == 0 ? 0 : 2;
+  }
+  qforge::PipelineOptions opt;
+  if (!stages_arg.empty()) {
+    std::stringstream ss(stages_arg);
+    for (std::string s; std::getline(ss, s, ',');) {
+      const auto& all = qforge::pipeline_stages();
+      if (std::find(all.begin(), all.end(), s) == all.end()) {
+        std::fprintf(stderr, "qtrain: unknown stage '%s' (valid: float, calibrate, ptq, qat, freeze, export)\n", s.c_str());
+        return 2;
+      }
+      opt.stages.push_back(s);
+    }
+  }
+  qforge::Recipe recipe;
+  try {
+    recipe = qforge::load_recipe(recipe_path, overrides);
+  } catch (const qforge::RecipeError& e) {
+    std::fprintf(stderr, "qtrain: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "qtrain: invalid recipe: %s\n", e.what());
+    return 2;
+  }
+  if (print_resolved) {
+    std::printf("%s", recipe.resolved_yaml.c_str());
+    return 0;
+  }
+  opt.out_dir = out_dir.empty() ? "runs/" + std::filesystem::path(recipe_path).stem().string() : out_dir;
+  opt.dry_run = dry_run;
+  opt.interrupted = &g_interrupted;
+  std::signal(SIGINT, on_sigint);
+  try {
+    const qforge::PipelineResult res = qforge::run_pipeline(recipe, opt);
+    if (dry_run) return 0;
+    std::printf("qtrain: report written to %s\n", res.report_path.c_str());
+    for (const auto& [stage, metrics] : res.metrics) {
+      std::printf("  %-8s", stage.c_str());
+      for (const auto& [k, v] : metrics) std::printf(" %s=%.4f", k.c_str(), v);
+      std::printf("\n");
+    }
+    if (res.interrupted) {
+      std::fprintf(stderr, "qtrain: interrupted; stages completed before the interrupt are in the report\n");
+      return 130;
+    }
+  } catch (const qforge::StageError& e) {
+    std::fprintf(stderr, "qtrain: %s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "qtrain: failed: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

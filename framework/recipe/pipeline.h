@@ -1,0 +1,44 @@
+// The qtrain pipeline: runs a validated Recipe stage by stage (float → calibrate/ptq → qat →
+// freeze → export), evaluating after each, and writes report.json / report.md, the resolved
+// recipe and the exported files into the output directory.
+#pragma once
+
+#include <atomic>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "framework/recipe/recipe.h"
+
+namespace qforge {
+
+struct PipelineOptions {
+  std::string out_dir = "runs/qtrain";
+  std::vector<std::string> stages;  // empty: every stage the recipe asks for
+  bool dry_run = false;             // validate, build the model, print the plan; no data
+  const std::atomic<bool>* interrupted = nullptr;  // set by a SIGINT handler
+};
+
+// A stage failed: the message names it. (Invalid recipes throw RecipeError before any stage.)
+class StageError : public Error {
+ public:
+  StageError(std::string stage, const std::string& what) : Error("stage '" + stage + "' failed: " + what), stage_(std::move(stage)) {}
+  const std::string& stage() const { return stage_; }
+
+ private:
+  std::string stage_;
+};
+
+struct PipelineResult {
+  std::map<std::string, std::map<std::string, double>> metrics;  // stage -> metric -> value
+  std::vector<std::string> completed;
+  bool interrupted = false;
+  std::string report_path;
+};
+
+// Names of the stages in order.
+const std::vector<std::string>& pipeline_stages();
+
+PipelineResult run_pipeline(const Recipe& recipe, const PipelineOptions& options);
+
+}  // namespace qforge
