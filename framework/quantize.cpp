@@ -79,7 +79,6 @@ void Calibration::finish() {
   for (Quantizer q : quantizers_) {
     q->set_observing(false);
     q->set_fake_quant(true);
-    if (q->config().lsq && !q->observer()) continue;
     if (q->observer() && q->observer()->has_data()) {
       q->compute_qparams();
     } else {

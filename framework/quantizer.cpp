@@ -89,7 +89,8 @@ at::Tensor dequantize_int(const at::Tensor& q, const QParams& qp) {
 QuantizerImpl::QuantizerImpl(Role role, QuantizerConfig config, ActivationMode mode, std::string path)
     : role_(role), config_(std::move(config)), mode_(mode), path_(std::move(path)) {
   config_.spec.validate();
-  if (role_ == Role::kActivation && mode_ == ActivationMode::kStatic && !config_.lsq)
+  // LSQ activations calibrate too: their learnable step starts from the calibrated scale.
+  if (role_ == Role::kActivation && mode_ == ActivationMode::kStatic)
     observer_ = make_observer(config_.observer, config_.observer_options);
   if (config_.lsq) {
     QF_REQUIRE(config_.spec.qtype.is_integer(), path_, ": LSQ needs an integer grid, got ", config_.spec.qtype.name);
@@ -168,8 +169,7 @@ at::Tensor QuantizerImpl::lsq_forward(const at::Tensor& x) {
 
 QParams QuantizerImpl::qparams(const at::Tensor& weight) const {
   const QSpec& spec = config_.spec;
-  if (config_.lsq) {
-    QF_REQUIRE(lsq_initialised_, path_, ": LSQ qparams are set by the first forward pass");
+  if (config_.lsq && lsq_initialised_) {
     at::Tensor s = scale_.detach().to(at::kFloat).clone(), z;
     if (role_ == Role::kWeight && spec.granularity == Granularity::kPerTensor) s = s.reshape({});
     if (spec.granularity == Granularity::kPerChannel) s = s.reshape({-1});
@@ -179,6 +179,8 @@ QParams QuantizerImpl::qparams(const at::Tensor& weight) const {
       s = s.reshape({});
       z = z.reshape({});
     }
+    // Evaluation and freeze use the float16 step the packed int4 layout stores.
+    if (role_ == Role::kWeight && spec.qtype.is_integer() && spec.qtype.bits == 4) s = round_scale_up_to_half(s);
     return QParams{spec, s, z};
   }
   if (role_ == Role::kWeight) return weight_minmax_qparams(weight);
@@ -230,9 +232,10 @@ void QuantizerImpl::set_qparams(const QParams& qp) {
   const at::Tensor s = qp.scale.to(at::kFloat).reshape({});
   const at::Tensor z = qp.zero_point.to(at::kInt).reshape({});
   if (config_.lsq) {
-    // LSQ starts from these values at its first forward pass.
-    scale_ = register_buffer("scale", s.clone());
-    zero_point_ = register_buffer("zero_point", z.clone());
+    // LSQ starts from these values at its first training step, when "scale" and "zero_point"
+    // become learnable parameters; until then they are plain members.
+    scale_ = s.clone();
+    zero_point_ = z.clone();
   } else {
     scale_.set_data(s.clone());
     zero_point_.set_data(z.clone());
@@ -244,7 +247,6 @@ at::Tensor QuantizerImpl::weight_forward(const at::Tensor& w) {
   if (!fake_quant_) return w;
   if (config_.lsq && is_training()) return lsq_forward(w);
   if (config_.lsq && lsq_initialised_) return fake_quantize(w, qparams());
-  if (config_.lsq) return lsq_forward(w);
   // In eval the fake-quantized weight is reused until the weight changes.
   const bool no_grad = !w.requires_grad() || !at::GradMode::is_enabled();
   if (!is_training() && no_grad) {
@@ -268,9 +270,9 @@ at::Tensor QuantizerImpl::activation_forward(const at::Tensor& x) {
   const bool update = observer_ && observing_ && !observer_frozen_;
   if (update) observer_->update(x.detach());
   if (!fake_quant_) return x;
-  if (config_.lsq) {
-    if (is_training() || lsq_initialised_) return lsq_forward(x);
-  }
+  // LSQ trains from its first training step on; before that (PTQ evaluation) the calibrated
+  // static qparams apply.
+  if (config_.lsq && (is_training() || lsq_initialised_)) return lsq_forward(x);
   // While QAT observes, min/max observers give fresh qparams every step (PyTorch FakeQuantize);
   // histogram observers keep their calibrated qparams (a search per step would dominate).
   if (update && is_training() && observer_->kind().find("histogram") == std::string::npos) compute_qparams();

@@ -59,7 +59,10 @@ class QuantizerImpl : public torch::nn::Module {
   void compute_qparams();
   // Sets the static qparams directly (loading a calibration dump or checkpoint).
   void set_qparams(const QParams& qp);
-  bool calibrated() const { return calibrated_; }
+  // Has usable static qparams: calibrated, loaded, or learned by LSQ.
+  bool calibrated() const { return calibrated_ || lsq_initialised_; }
+  // True once LSQ turned scale / zero_point into learnable parameters.
+  bool lsq_initialised() const { return lsq_initialised_; }
   // Drops the eval-mode cache (and so its reference to the float weight).
   void clear_cache() {
     cached_w_ = at::Tensor();

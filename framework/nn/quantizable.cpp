@@ -88,7 +88,7 @@ std::vector<std::string> QuantizableLayer::uncalibrated() const {
   std::vector<std::string> out;
   for (Quantizer q : quantizers())
     if (q->role() == QuantizerImpl::Role::kActivation && q->mode() == ActivationMode::kStatic &&
-        !q->calibrated() && !q->config().lsq)
+        !q->calibrated() && !q->lsq_initialised())
       out.push_back(q->path());
   return out;
 }

@@ -1,0 +1,132 @@
+// qtrain as a user runs it: every shipped recipe end to end on small data (exit code, report keys,
+// numbers in range), --dry-run, and the exit codes of invalid recipes and failing stages.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct QtrainRun {
+  int code;
+  std::string output;
+};
+
+QtrainRun qtrain(const std::string& args) {
+  const std::string cmd = std::string("cd ") + QFORGE_SOURCE_DIR + " && " + QTRAIN_BIN + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+  const int status = pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+std::string out_dir(const std::string& name) {
+  const fs::path d = fs::temp_directory_path() / ("qforge_qtrain_" + std::to_string(::getpid()) + "_" + name);
+  fs::remove_all(d);
+  return d.string();
+}
+
+nlohmann::json report(const std::string& dir) {
+  std::ifstream in(dir + "/report.json");
+  return nlohmann::json::parse(in);
+}
+
+// Shrinks a recipe to seconds: few examples, one epoch, a few QAT steps.
+std::string small(const std::string& dir) {
+  return " --out " + dir + " --set model.checkpoint=" + dir + "/fp32.h5 --set data.max_train_examples=1024" +
+         " --set data.max_eval_examples=256 --set train.epochs=1 --set calibrate.batches=2 --set qat.max_steps=8";
+}
+
+void expect_full_report(const nlohmann::json& r, const std::string& metric, bool qat) {
+  EXPECT_EQ(r["metric"], metric);
+  EXPECT_EQ(r["recipe_sha256"].get<std::string>().size(), 64u);
+  for (const char* stage : {"float", "ptq", "frozen"}) ASSERT_TRUE(r["metrics"].contains(stage)) << stage;
+  if (qat) EXPECT_TRUE(r["metrics"].contains("qat"));
+  EXPECT_GT(r["size_bytes"]["float"].get<int64_t>(), r["size_bytes"]["frozen"].get<int64_t>());
+  ASSERT_FALSE(r["layers"].empty());
+  for (const auto& l : r["layers"])
+    for (const char* k : {"name", "weights", "activations", "kernel", "fallback_reason"}) EXPECT_TRUE(l.contains(k)) << k;
+  for (const char* k : {"float", "calibrate", "ptq", "freeze", "export"}) EXPECT_TRUE(r["timings_s"].contains(k)) << k;
+  if (metric == "accuracy") {
+    for (const auto& [stage, m] : r["metrics"].items()) {
+      EXPECT_GE(m["accuracy"].get<double>(), 0.0);
+      EXPECT_LE(m["accuracy"].get<double>(), 1.0);
+    }
+  } else {
+    for (const auto& [stage, m] : r["metrics"].items()) {
+      EXPECT_GT(m["perplexity"].get<double>(), 1.0);
+      EXPECT_LT(m["perplexity"].get<double>(), 256.0);  // below a uniform byte model
+    }
+  }
+}
+
+}  // namespace
+
+TEST(Qtrain, BertInt8RecipeRunsEndToEndAndExportsEverything) {
+  const std::string dir = out_dir("bert");
+  const QtrainRun run = qtrain("--recipe recipes/bert_int8.yaml" + small(dir) + " --set data.seq_len=24");
+  ASSERT_EQ(run.code, 0) << run.output;
+  const auto r = report(dir);
+  expect_full_report(r, "accuracy", true);
+  EXPECT_NEAR(r["metrics"]["frozen"]["accuracy"].get<double>(), r["metrics"]["qat"]["accuracy"].get<double>(), 0.01);
+  for (const char* f : {"report.md", "recipe.resolved.yaml", "model.h5", "calibration.h5", "fp32.h5"})
+    EXPECT_TRUE(fs::exists(dir + "/" + f)) << f;
+  // A second run loads the float checkpoint instead of training.
+  const QtrainRun again = qtrain("--recipe recipes/bert_int8.yaml" + small(dir) + " --set data.seq_len=24 --stages float");
+  ASSERT_EQ(again.code, 0) << again.output;
+  EXPECT_NE(report(dir)["notes"].dump().find("loaded from"), std::string::npos);
+  fs::remove_all(dir);
+}
+
+TEST(Qtrain, FashionMnistCnnRecipesRun) {
+  for (const char* recipe : {"recipes/fmnist_cnn_int8.yaml", "recipes/fmnist_cnn_w4a8_qat.yaml"}) {
+    const std::string dir = out_dir("cnn");
+    const QtrainRun run = qtrain(std::string("--recipe ") + recipe + small(dir));
+    ASSERT_EQ(run.code, 0) << recipe << "\n" << run.output;
+    expect_full_report(report(dir), "accuracy", std::string(recipe).find("qat") != std::string::npos);
+    fs::remove_all(dir);
+  }
+}
+
+TEST(Qtrain, Gpt2WeightOnlyRecipeReportsPerplexity) {
+  const std::string dir = out_dir("gpt2");
+  const QtrainRun run = qtrain("--recipe recipes/gpt2_w4_weight_only.yaml" + small(dir) + " --set data.seq_len=32");
+  ASSERT_EQ(run.code, 0) << run.output;
+  const auto r = report(dir);
+  expect_full_report(r, "perplexity", false);
+  EXPECT_TRUE(r["baselines"].contains("unigram_perplexity"));
+  fs::remove_all(dir);
+}
+
+TEST(Qtrain, DryRunPrintsThePlanWithoutData) {
+  const QtrainRun run = qtrain("--recipe recipes/bert_int8.yaml --dry-run");
+  ASSERT_EQ(run.code, 0) << run.output;
+  EXPECT_NE(run.output.find("stages: float calibrate ptq qat freeze export"), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("bert.encoder.layer.0.attention.self.query"), std::string::npos);
+  EXPECT_NE(run.output.find("classifier"), std::string::npos);
+  EXPECT_EQ(run.output.find("stage data"), std::string::npos);  // no data touched
+}
+
+TEST(Qtrain, ExitCodesSeparateBadRecipesFromFailedStages) {
+  const QtrainRun bad_key = qtrain("--recipe recipes/bert_int8.yaml --set train.epoch=2 --dry-run");
+  EXPECT_EQ(bad_key.code, 2);
+  EXPECT_NE(bad_key.output.find("did you mean 'epochs'"), std::string::npos) << bad_key.output;
+  EXPECT_EQ(qtrain("--recipe recipes/none.yaml").code, 2);
+  EXPECT_EQ(qtrain("--recipe recipes/bert_int8.yaml --stages float,bake").code, 2);
+  EXPECT_EQ(qtrain("").code, 2);
+
+  const std::string dir = out_dir("fail");
+  fs::create_directories(dir);
+  std::ofstream(dir + "/fp32.h5") << "not an hdf5 file";
+  const QtrainRun failed = qtrain("--recipe recipes/fmnist_cnn_int8.yaml" + small(dir));
+  EXPECT_EQ(failed.code, 1) << failed.output;
+  EXPECT_NE(failed.output.find("stage 'float' failed"), std::string::npos) << failed.output;
+  fs::remove_all(dir);
+}
