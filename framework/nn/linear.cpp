@@ -10,6 +10,9 @@
 
 namespace qforge::nn {
 
+// Largest M the weight-only GEMV kernels serve; above it unpack + float GEMM is faster.
+constexpr int64_t kWeightOnlyMaxM = 16;
+
 at::Tensor LinearImpl::forward(const at::Tensor& x) {
   if (frozen_) return frozen_forward(x);
   if (!quantized()) return torch::nn::LinearImpl::forward(x);
@@ -65,8 +68,13 @@ void LinearImpl::install_frozen(FrozenWeight fw) {
   Path kind = Path::kDequant;
   std::string why;
   const bool per_row_scales = ws.granularity != Granularity::kPerChannel || ws.axis == 0 || ws.axis == -2;
-  if (act == ActivationMode::kNone) {
-    why = "float activations: weight-only path dequantizes the packed weight per call";
+  const bool s8_weights = ws.qtype == qint8 && ws.symmetric && per_row_scales &&
+                          ws.granularity != Granularity::kPerGroup && all_zero(qp.zero_point);
+  const bool s4_weights = (ws.qtype == qint4 || ws.qtype == quint4) && per_row_scales;
+  if (act == ActivationMode::kNone && (s8_weights || s4_weights)) {
+    kind = s8_weights ? Path::kS8WeightOnly : Path::kS4WeightOnly;
+  } else if (act == ActivationMode::kNone) {
+    why = detail::str_cat("no weight-only kernel for ", ws.to_string(), " weights: dequantized per call");
   } else if (act == ActivationMode::kStatic && !static_act_fits_kernels(scheme_, &why)) {
     // why set
   } else if (ws.qtype == qint8 && ws.symmetric && per_row_scales && ws.granularity != Granularity::kPerGroup &&
@@ -80,14 +88,14 @@ void LinearImpl::install_frozen(FrozenWeight fw) {
 
   const int64_t N = options.out_features(), K = options.in_features();
   const at::Tensor b = options.bias() && bias.defined() ? bias.detach().to(at::kFloat).contiguous() : at::Tensor();
-  if (kind == Path::kS8Dynamic || kind == Path::kS8Static) {
+  if (kind == Path::kS8Dynamic || kind == Path::kS8Static || kind == Path::kS8WeightOnly) {
     const at::Tensor scale_n = qp.scale.to(at::kFloat).expand({N}).contiguous();
     // One packed copy only (1 byte per weight); large M runs the GEMV kernels in row blocks.
     kernels::PackOptions opts;
     opts.onednn = false;
     s8_ = std::make_shared<kernels::PackedLinearS8>(fw.int_values(), scale_n, b, opts);
     fw.storage = at::Tensor();
-  } else if (kind == Path::kS4Dynamic || kind == Path::kS4Static) {
+  } else if (kind == Path::kS4Dynamic || kind == Path::kS4Static || kind == Path::kS4WeightOnly) {
     const int64_t g = ws.granularity == Granularity::kPerGroup ? ws.group_size : K;
     const at::Tensor scale_ng = qp.scale.to(at::kFloat).reshape({N, -1}).expand({N, K / g}).contiguous();
     at::Tensor zero_ng;
@@ -145,6 +153,23 @@ at::Tensor LinearImpl::frozen_forward(const at::Tensor& x_in) {
   }
   const at::Tensor x = x_in.to(at::kFloat).reshape({-1, K}).contiguous();
   const int64_t M = x.size(0);
+  std::vector<int64_t> out_shape(x_in.sizes().begin(), x_in.sizes().end());
+  out_shape.back() = N;
+  if (path_kind_ == Path::kS8WeightOnly || path_kind_ == Path::kS4WeightOnly) {
+    if (M > kWeightOnlyMaxM) {
+      // Large M: unpack once per call and let the float GEMM amortise it over the rows.
+      kernel_ = "unpack+at::linear";
+      fallback_ = detail::str_cat("M=", M, " > ", kWeightOnlyMaxM, ": the weight-only GEMV kernels are for small M");
+      return at::linear(x, fweight_.defined() && fweight_.storage.defined() ? fweight_.dequantize()
+                                                                           : dequantize_int(s8_ ? s8_->weight() : s4_->weight(), fweight_.qp),
+                        s8_ ? s8_->bias() : s4_->bias()).reshape(out_shape);
+    }
+    kernels::RunInfo info;
+    at::Tensor y = s8_ ? s8_->run_weight_only(x, &info) : s4_->run_weight_only(x, &info);
+    kernel_ = info.kernel;
+    fallback_ = info.fallback;
+    return y.reshape(out_shape);
+  }
   at::Tensor y = at::empty({M, N}, at::kFloat);
   kernels::RunInfo info;
   switch (path_kind_) {
@@ -167,7 +192,9 @@ at::Tensor LinearImpl::frozen_forward(const at::Tensor& x_in) {
       }
       break;
     }
-    case Path::kDequant: break;
+    case Path::kDequant:
+    case Path::kS8WeightOnly:
+    case Path::kS4WeightOnly: break;
   }
   kernel_ = info.kernel;
   fallback_ = info.fallback;

@@ -37,7 +37,7 @@ class LinearImpl : public torch::nn::LinearImpl, public QuantizableLayer {
  private:
   at::Tensor frozen_forward(const at::Tensor& x);
 
-  enum class Path : uint8_t { kDequant, kS8Dynamic, kS8Static, kS4Dynamic, kS4Static };
+  enum class Path : uint8_t { kDequant, kS8Dynamic, kS8Static, kS4Dynamic, kS4Static, kS8WeightOnly, kS4WeightOnly };
   Path path_kind_ = Path::kDequant;
   FrozenWeight fweight_;
   std::shared_ptr<kernels::PackedLinearS8> s8_;

@@ -166,13 +166,13 @@ TEST(Freeze, FrozenLinearMatchesFakeQuantForEveryScheme) {
       {qint4, Granularity::kPerGroup, 32, ActivationMode::kDynamicPerToken, false},
       {qint4, Granularity::kPerChannel, 0, ActivationMode::kStatic, false},
       {qint4, Granularity::kPerGroup, 32, ActivationMode::kStatic, false},
-      {qint8, Granularity::kPerChannel, 0, ActivationMode::kNone, true},
-      {qint4, Granularity::kPerGroup, 32, ActivationMode::kNone, true},
+      {qint8, Granularity::kPerChannel, 0, ActivationMode::kNone, false},
+      {qint4, Granularity::kPerGroup, 32, ActivationMode::kNone, false},
       {qint2, Granularity::kPerGroup, 32, ActivationMode::kNone, true},
       {qfloat8_e4m3fn, Granularity::kPerChannel, 0, ActivationMode::kNone, true},
       {quint8, Granularity::kPerChannel, 0, ActivationMode::kNone, true},
   };
-  for (const int64_t M : {1, 3, 16}) {
+  for (const int64_t M : {1, 3, 16, 40}) {
     for (const Case& c : cases) {
       at::manual_seed(7);
       nn::Linear lin(64, 48);
