@@ -2,6 +2,7 @@
 // fake-quantize; after freeze() they match fake-quant and hold packed weights only.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
+#include <torch/nn/modules/batchnorm.h>
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/conv.h>
 #include <torch/nn/modules/embedding.h>
@@ -381,4 +382,43 @@ TEST(Quantizer, FourBitScalesRoundUpToTheNextFloat16) {
   const at::Tensor below = (h.to(at::kHalf).view(at::kShort) - 1).view(at::kHalf).to(at::kFloat);
   EXPECT_TRUE(at::lt(below, s).all().item<bool>());
   EXPECT_THROW(round_scale_up_to_half(at::tensor({1e6f})), Error);
+}
+
+TEST(Qat, ObserversAndBatchNormFreezeAfterTheConfiguredSteps) {
+  struct Net : torch::nn::Module {
+    Net() : fc(register_module("fc", nn::Linear(4, 4))), bn(register_module("bn", torch::nn::BatchNorm1d(4))) {}
+    at::Tensor forward(const at::Tensor& x) { return bn(fc(x)); }
+    nn::Linear fc;
+    torch::nn::BatchNorm1d bn;
+  };
+  auto net = std::make_shared<Net>();
+  Scheme s(qint8);
+  s.activations = ActivationMode::kStatic;
+  s.observer = "moving_average_minmax";
+  quantize(*net, s);
+  {
+    Calibration c(*net);
+    net->forward(at::randn({8, 4}));
+  }
+  QatController qat(*net, QatOptions{/*freeze_observers_after=*/2, /*freeze_bn_after=*/3});
+  qat.begin_epoch();
+  std::vector<float> scales;
+  for (int step = 0; step < 5; ++step) {
+    net->forward(at::randn({8, 4}) * (step + 1));  // growing range moves the moving average
+    qat.step();
+    scales.push_back(net->fc->input_quantizer()->qparams().scale.item<float>());
+  }
+  EXPECT_NE(scales[0], scales[1]);  // observing
+  EXPECT_EQ(scales[2], scales[3]);  // frozen after 2 steps
+  EXPECT_EQ(scales[3], scales[4]);
+  EXPECT_FALSE(net->bn->is_training());
+  EXPECT_TRUE(net->fc->is_training());
+}
+
+TEST(ModelSize, EstimateMemoryCountsPackedBitsAndScales) {
+  EXPECT_EQ(estimate_memory(1000, qint8, 0, 10), 1000 + 10 * 4);
+  EXPECT_EQ(estimate_memory(1024, qint4, 128), 512 + 8 * 4);
+  EXPECT_EQ(estimate_memory(1024, qint4, 128, 0, /*affine=*/true), 512 + 8 * 5);
+  EXPECT_EQ(estimate_memory(10, qint2), 3 + 4);
+  EXPECT_EQ(estimate_memory(7, qfloat8_e4m3fn), 7 + 4);
 }
