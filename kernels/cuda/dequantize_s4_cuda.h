@@ -1,0 +1,20 @@
+// CUDA dequantization of frozen int4 weights (dense row-major nibbles, low nibble first, as
+// pack_s4_reference / pack_u4_reference) to float [N, K]:
+//   w[n, k] = float(q[n, k] - z[n, g]) * s[n, g]       g = k / group_size
+// evaluated by dequantize_s4_at (unpack_s4_math.h). Compiled here, never executed (no GPU).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace qforge::cuda {
+
+// packed: ceil(N * K / 2) bytes; is_signed: qint4 (sign-extend) or quint4 (zero-extend);
+// scale [N, G] fp16-exact floats, zero [N, G] int32 or null, G = ceil(K / group_size);
+// w [N, K] float. Device pointers, stream-ordered.
+void dequantize_s4_cuda(const uint8_t* packed, int64_t N, int64_t K, bool is_signed,
+                        const float* scale, const int32_t* zero, int64_t group_size, float* w,
+                        cudaStream_t stream);
+
+}  // namespace qforge::cuda

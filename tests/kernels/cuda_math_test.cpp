@@ -1,0 +1,246 @@
+// The host/device formulas of kernels/cuda, compiled by the host C++ compiler and checked bit for
+// bit against the CPU reference kernels that define the results (kernels/cpu/reference.h), plus
+// the pure-host cuBLASLt shape rules. No GPU is needed (none exists here): the CUDA kernels
+// evaluate exactly these functions per element, so this is the test of their arithmetic.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "kernel_test_util.h"
+#include "kernels/cpu/reference.h"
+#include "kernels/cuda/cublaslt_int8_rules.h"
+#include "kernels/cuda/epilogue_math.h"
+#include "kernels/cuda/quantize_rows_s8_math.h"
+#include "kernels/cuda/unpack_s4_math.h"
+
+namespace qforge::cuda {
+namespace {
+
+using kernels::testing::random_f16_exact;
+using kernels::testing::random_f32;
+using kernels::testing::random_s8;
+using kernels::testing::sweep_rows;
+using kernels::testing::sweep_sizes;
+
+bool same_bits(float a, float b) { return std::memcmp(&a, &b, sizeof a) == 0; }
+
+std::vector<int32_t> random_s32(size_t n, int32_t lo, int32_t hi, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int32_t> d(lo, hi);
+  std::vector<int32_t> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+// ---- dequantizing epilogue ----
+
+void expect_epilogue_matches(int64_t M, int64_t N, int32_t acc_range, bool with_bias, uint32_t seed) {
+  const auto acc = random_s32(M * N, -acc_range, acc_range, seed);
+  const auto a_scale = random_f32(M, 1e-4f, 0.05f, seed + 1);
+  const auto w_scale = random_f32(N, 1e-4f, 0.05f, seed + 2);
+  const auto bias = random_f32(N, -2.0f, 2.0f, seed + 3);
+  std::vector<float> ref(M * N);
+  kernels::dequantize_s32_f32_reference(acc.data(), a_scale.data(), w_scale.data(),
+                                        with_bias ? bias.data() : nullptr, ref.data(), M, N);
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t n = 0; n < N; ++n) {
+      const float y = dequantize_s32_f32_value(acc[m * N + n], a_scale[m], w_scale[n],
+                                               with_bias ? bias[n] : 0.0f);
+      ASSERT_TRUE(same_bits(y, ref[m * N + n]))
+          << "M=" << M << " N=" << N << " [" << m << ", " << n << "] " << y << " vs " << ref[m * N + n];
+    }
+  }
+}
+
+TEST(CudaEpilogueMath, MatchesDequantizeReferenceBitForBitOverShapeSweep) {
+  uint32_t seed = 1;
+  for (int64_t M : sweep_rows())
+    for (int64_t N : sweep_sizes())
+      for (bool bias : {false, true}) expect_epilogue_matches(M, N, 127 * 127 * 4096, bias, seed++);
+}
+
+TEST(CudaEpilogueMath, MatchesReferenceForAccumulatorsAboveTwoToThe24) {
+  // float(acc) rounds there; host and device must round the same way (to nearest even).
+  expect_epilogue_matches(7, 65, std::numeric_limits<int32_t>::max(), true, 99);
+}
+
+TEST(CudaEpilogueMath, ZeroAccumulatorGivesBias) {
+  EXPECT_EQ(dequantize_s32_f32_value(0, 0.5f, 0.25f, 1.5f), 1.5f);
+}
+
+// ---- dynamic activation quantization ----
+
+// What quantize_rows_s8_cuda computes, written with the shared functions on the host.
+void quantize_rows_with_shared_math(const std::vector<float>& x, int64_t M, int64_t K,
+                                    kernels::ActScale mode, int64_t ldq, std::vector<int8_t>* q,
+                                    std::vector<float>* a_scale) {
+  std::vector<float> amax(M, 0.0f);
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t k = 0; k < K; ++k) amax[m] = std::fmax(amax[m], std::fabs(x[m * K + k]));
+  if (mode == kernels::ActScale::kPerTensor) {
+    float all = 0.0f;
+    for (float a : amax) all = std::fmax(all, a);
+    for (float& a : amax) a = all;
+  }
+  q->assign(M * ldq, int8_t{99});
+  a_scale->assign(M, 0.0f);
+  for (int64_t m = 0; m < M; ++m) {
+    const float scale = act_scale_from_amax(amax[m]);
+    const float inv = act_inv_scale(scale);
+    (*a_scale)[m] = scale;
+    for (int64_t k = 0; k < ldq; ++k) (*q)[m * ldq + k] = k < K ? quantize_act_s8(x[m * K + k], inv) : 0;
+  }
+}
+
+void expect_quantize_matches(const std::vector<float>& x, int64_t M, int64_t K, int64_t ldq,
+                             kernels::ActScale mode) {
+  std::vector<int8_t> q_ref(M * ldq), q;
+  std::vector<float> s_ref(M), s;
+  kernels::quantize_rows_s8_reference(x.data(), M, K, mode, q_ref.data(), ldq, s_ref.data());
+  quantize_rows_with_shared_math(x, M, K, mode, ldq, &q, &s);
+  for (int64_t m = 0; m < M; ++m) ASSERT_TRUE(same_bits(s[m], s_ref[m])) << "M=" << M << " K=" << K << " row " << m;
+  ASSERT_EQ(q, q_ref) << "M=" << M << " K=" << K << " ldq=" << ldq;
+}
+
+TEST(CudaQuantizeRowsMath, MatchesQuantizeRowsReferenceBitForBitPerRowAndPerTensor) {
+  uint32_t seed = 11;
+  for (auto mode : {kernels::ActScale::kPerRow, kernels::ActScale::kPerTensor}) {
+    for (int64_t M : sweep_rows()) {
+      for (int64_t K : sweep_sizes()) {
+        const auto x = random_f32(M * K, -3.0f, 3.0f, seed++);
+        expect_quantize_matches(x, M, K, K, mode);
+        expect_quantize_matches(x, M, K, K + 5, mode);  // padded rows get q = 0
+      }
+    }
+  }
+}
+
+TEST(CudaQuantizeRowsMath, TiesRoundHalfToEvenAndZeroRowsGetScaleOne) {
+  // Row 0: amax 127 gives scale 1, so x = 0.5, 1.5, 2.5, -2.5 land on ties.
+  const std::vector<float> x{127.0f, 0.5f, 1.5f, 2.5f, -2.5f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+  expect_quantize_matches(x, 2, 5, 5, kernels::ActScale::kPerRow);
+  EXPECT_EQ(quantize_act_s8(2.5f, 1.0f), 2);
+  EXPECT_EQ(quantize_act_s8(-2.5f, 1.0f), -2);
+  EXPECT_EQ(act_scale_from_amax(0.0f), 1.0f);
+}
+
+TEST(CudaQuantizeRowsMath, NeverProducesMinus128) {
+  EXPECT_EQ(quantize_act_s8(-1e30f, 1.0f), -127);
+  EXPECT_EQ(quantize_act_s8(1e30f, 1.0f), 127);
+}
+
+TEST(CudaQuantizeRowsMath, MatchesReferenceOnDeepK) {
+  const int64_t K = kernels::testing::kDeepK;
+  expect_quantize_matches(random_f32(3 * K, -100.0f, 100.0f, 5), 3, K, K, kernels::ActScale::kPerRow);
+}
+
+// ---- int4 weight dequantization ----
+
+void expect_s4_matches(int64_t N, int64_t K, int64_t group_size, bool is_signed, bool with_zero,
+                       uint32_t seed) {
+  const int qmin = is_signed ? -8 : 0, qmax = is_signed ? 7 : 15;
+  const auto values = random_s8(N * K, qmin, qmax, seed);
+  std::vector<uint8_t> packed((N * K + 1) / 2 + 1, 0xAB);  // one guard byte past the end
+  if (is_signed) {
+    kernels::pack_s4_reference(values.data(), N * K, packed.data());
+  } else {
+    kernels::pack_u4_reference(values.data(), N * K, packed.data());
+  }
+  std::vector<int8_t> unpacked(N * K);
+  if (is_signed) {
+    kernels::unpack_s4_reference(packed.data(), N * K, unpacked.data());
+  } else {
+    kernels::unpack_u4_reference(packed.data(), N * K, unpacked.data());
+  }
+  const int64_t G = kernels::num_groups(K, group_size);
+  const auto scale = random_f16_exact(N * G, 1e-3f, 0.2f, seed + 1);
+  const auto zero8 = random_s8(N * G, qmin, qmax, seed + 2);
+  const std::vector<int32_t> zero(zero8.begin(), zero8.end());
+  for (int64_t n = 0; n < N; ++n) {
+    for (int64_t k = 0; k < K; ++k) {
+      const int64_t g = k / group_size;
+      ASSERT_EQ(s4_value_at(packed.data(), n * K + k, is_signed), unpacked[n * K + k]);
+      const int32_t z = with_zero ? zero[n * G + g] : 0;
+      const float expect = static_cast<float>(unpacked[n * K + k] - z) * scale[n * G + g];
+      const float got = dequantize_s4_at(packed.data(), n, k, K, is_signed, scale.data(),
+                                         with_zero ? zero.data() : nullptr, group_size, G);
+      ASSERT_TRUE(same_bits(got, expect)) << "N=" << N << " K=" << K << " g=" << group_size << " ["
+                                          << n << ", " << k << "] " << got << " vs " << expect;
+    }
+  }
+}
+
+TEST(CudaUnpackS4Math, MatchesUnpackReferenceAndFormulaOverShapesGroupsAndSigns) {
+  uint32_t seed = 21;
+  for (int64_t N : {1, 2, 3, 7, 16}) {
+    for (int64_t K : sweep_sizes()) {  // odd K: rows straddle bytes
+      for (int64_t gs : {int64_t{1}, int64_t{8}, int64_t{32}, K}) {
+        for (bool is_signed : {true, false})
+          for (bool zero : {false, true}) expect_s4_matches(N, K, gs, is_signed, zero, seed++);
+      }
+    }
+  }
+}
+
+TEST(CudaUnpackS4Math, LowNibbleFirst) {
+  const uint8_t packed[] = {0xF1};  // docs/kernels.md §3.1: 0xF1 = [1, -1]
+  EXPECT_EQ(s4_value_at(packed, 0, true), 1);
+  EXPECT_EQ(s4_value_at(packed, 1, true), -1);
+  EXPECT_EQ(s4_value_at(packed, 1, false), 15);
+  EXPECT_EQ(dequantize_s4_value(-1, 3, 0.5f), -2.0f);
+}
+
+// ---- cuBLASLt int8 shape rules ----
+
+TEST(CublasLtInt8Rules, AcceptsMultiplesOfFourWithAnyM) {
+  std::string why = "stale";
+  for (int64_t M : {1, 3, 16, 17}) EXPECT_TRUE(cublaslt_int8_supported(M, 64, 128, 128, 128, 64, &why)) << why;
+  EXPECT_EQ(why, "");
+  EXPECT_TRUE(cublaslt_int8_supported(5, 4, 4, 4, 4, 4, nullptr));
+  EXPECT_TRUE(cublaslt_int8_supported(2, 8, 12, 16, 20, 12, nullptr));  // padded strides
+}
+
+TEST(CublasLtInt8Rules, RejectsEachRuleWithItsReason) {
+  struct Case {
+    int64_t M, N, K, lda, ldb, ldc;
+    const char* why;
+  };
+  const Case cases[] = {
+      {0, 8, 8, 8, 8, 8, "empty problem M=0 N=8 K=8"},
+      {2, 8, 0, 0, 0, 8, "empty problem M=2 N=8 K=0"},
+      {2, 8, 8, 4, 8, 8, "lda=4 < K=8"},
+      {2, 8, 8, 8, 4, 8, "ldb=4 < K=8"},
+      {2, 8, 8, 8, 8, 4, "ldc=4 < N=8"},
+      {2, 6, 8, 8, 8, 8, "N=6 not a multiple of 4 (cuBLASLt IMMA m)"},
+      {2, 8, 10, 12, 12, 8, "K=10 not a multiple of 4 (cuBLASLt IMMA k)"},
+      {2, 8, 8, 10, 8, 8, "lda=10 not a multiple of 4"},
+      {2, 8, 8, 8, 9, 8, "ldb=9 not a multiple of 4"},
+      {2, 8, 8, 8, 8, 10, "ldc=10 not a multiple of 4"},
+  };
+  for (const Case& c : cases) {
+    std::string why;
+    EXPECT_FALSE(cublaslt_int8_supported(c.M, c.N, c.K, c.lda, c.ldb, c.ldc, &why));
+    EXPECT_EQ(why, c.why);
+    EXPECT_FALSE(cublaslt_int8_supported(c.M, c.N, c.K, c.lda, c.ldb, c.ldc, nullptr));
+  }
+}
+
+TEST(CublasLtInt8Rules, PointersMustBeFourByteAligned) {
+  alignas(16) int8_t buf[64] = {};
+  std::string why;
+  EXPECT_TRUE(cublaslt_int8_pointers_supported(buf, buf + 16, buf + 32, &why));
+  EXPECT_FALSE(cublaslt_int8_pointers_supported(buf + 1, buf, buf, &why));
+  EXPECT_EQ(why, "A pointer not 4-byte aligned");
+  EXPECT_FALSE(cublaslt_int8_pointers_supported(buf, buf + 2, buf, &why));
+  EXPECT_EQ(why, "W pointer not 4-byte aligned");
+  EXPECT_FALSE(cublaslt_int8_pointers_supported(buf, buf, buf + 3, &why));
+  EXPECT_EQ(why, "C pointer not 4-byte aligned");
+}
+
+}  // namespace
+}  // namespace qforge::cuda
