@@ -299,6 +299,11 @@ YAML::Node resolve_file(const std::filesystem::path& path, std::vector<std::stri
     ctx.add(file, YAML::Mark::null_mark(), "", "file not found");
     return YAML::Node(YAML::NodeType::Map);
   }
+  // Directories and devices (/dev/zero) are not recipes.
+  if (!std::filesystem::is_regular_file(path)) {
+    ctx.add(file, YAML::Mark::null_mark(), "", "not a regular file");
+    return YAML::Node(YAML::NodeType::Map);
+  }
   try {
     node = YAML::LoadFile(file);
   } catch (const YAML::ParserException& e) {
@@ -324,6 +329,10 @@ YAML::Node resolve_file(const std::filesystem::path& path, std::vector<std::stri
       }
       if (!std::filesystem::exists(inc_path)) {
         ctx.add(file, inc.Mark(), "include", "included file '" + inc_path.string() + "' not found");
+        continue;
+      }
+      if (!std::filesystem::is_regular_file(inc_path)) {
+        ctx.add(file, inc.Mark(), "include", "included path '" + inc_path.string() + "' is not a regular file");
         continue;
       }
       deep_merge(merged, resolve_file(inc_path, stack, origins, ctx));

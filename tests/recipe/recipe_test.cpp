@@ -144,6 +144,12 @@ TEST(Recipe, IncludesMergeInOrderAndTheIncludingFileWins) {
   const auto missing = issues_of(dir.write("m.yaml", "include: [nope.yaml]\n" + std::string(kMinimal)));
   ASSERT_EQ(missing.size(), 1u);
   EXPECT_NE(missing[0].message.find("not found"), std::string::npos);
+  // Found by fuzzing: a directory (or a device) named in include must not reach the YAML parser.
+  const auto directory = issues_of(dir.write("d.yaml", "include: [configs]\n" + std::string(kMinimal)));
+  ASSERT_EQ(directory.size(), 1u);
+  EXPECT_NE(directory[0].message.find("not a regular file"), std::string::npos);
+  const auto device = issues_of(dir.write("z.yaml", "include: [/dev/zero]\n" + std::string(kMinimal)));
+  ASSERT_EQ(device.size(), 1u);
 }
 
 TEST(Recipe, SetOverridesApplyAndAreValidated) {
