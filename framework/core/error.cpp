@@ -34,9 +34,13 @@ size_t edit_distance(const std::string& a, const std::string& b) {
 }  // namespace
 
 std::string closest_match(const std::string& key, const std::initializer_list<const char*>& candidates) {
+  return closest_match(key, std::vector<std::string>(candidates.begin(), candidates.end()));
+}
+
+std::string closest_match(const std::string& key, const std::vector<std::string>& candidates) {
   std::string best;
   size_t best_d = std::max<size_t>(3, key.size() / 2) + 1;  // farther than this is no hint
-  for (const char* c : candidates) {
+  for (const std::string& c : candidates) {
     const size_t d = edit_distance(key, c);
     if (d < best_d) {
       best_d = d;

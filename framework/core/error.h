@@ -4,6 +4,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace qforge {
 
@@ -26,6 +27,7 @@ std::string str_cat(const Args&... args) {
 
 // Levenshtein-closest candidate to `key` (for "did you mean" hints); empty when none is close.
 std::string closest_match(const std::string& key, const std::initializer_list<const char*>& candidates);
+std::string closest_match(const std::string& key, const std::vector<std::string>& candidates);
 
 }  // namespace qforge
 

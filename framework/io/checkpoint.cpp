@@ -173,7 +173,10 @@ CheckpointData snapshot(const CheckpointData& data) {
   return s;
 }
 
-void save_checkpoint(const std::string& path, const CheckpointData& data) {
+void save_checkpoint(const std::string& path, const CheckpointData& data) { save_checkpoint(path, data, nullptr); }
+
+void save_checkpoint(const std::string& path, const CheckpointData& data,
+                     const std::function<void(const h5::Group& root)>& extra) {
   validate(data);
   AtomicFile out(path);
   {
@@ -186,6 +189,7 @@ void save_checkpoint(const std::string& path, const CheckpointData& data) {
     write_section(root, Section::kParameters, data.parameters, &data.quantized);
     write_section(root, Section::kBuffers, data.buffers, nullptr);
     write_section(root, Section::kOptimizer, data.optimizer, nullptr);
+    if (extra) extra(root);
     f.close();
   }
   out.commit();

@@ -14,6 +14,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <functional>
 #include <future>
 #include <map>
 #include <memory>
@@ -41,6 +42,14 @@ CheckpointData snapshot(const CheckpointData& data);
 // intact. Throws qforge::Error naming the entry on bad input (e.g. a key in both parameters and
 // quantized, an invalid QuantizedTensor); the old file is then untouched.
 void save_checkpoint(const std::string& path, const CheckpointData& data);
+
+namespace h5 {
+class Group;
+}
+// The same, plus `extra(root)` writing further groups into the file before it is committed
+// (model_io's /model group), so the whole file is still one crash-safe write.
+void save_checkpoint(const std::string& path, const CheckpointData& data,
+                     const std::function<void(const h5::Group& root)>& extra);
 
 // A background save. wait() blocks until the file is committed and rethrows the writer's error.
 // The destructor waits too (reporting an unobserved error on stderr, never throwing).

@@ -389,74 +389,13 @@ ModelFileData snapshot_model(const ModelFileData& f) {
   return s;
 }
 
-// ---------------------------------------------------------------------------------------------
-// The checkpoint layout (docs/formats.md), written here too because /model goes in the same file.
-
-constexpr const char* kEncodingAttr = "encoding";
-constexpr const char* kEncodingQuantized = "quantized";
-
-void write_quantized(const h5::Group& parent, const std::string& name, const QuantizedTensor& q) {
-  const h5::Group g = parent.create_group(name);
-  g.set_attr(kEncodingAttr, kEncodingQuantized);
-  g.set_attr("qtype", q.qtype.name);
-  g.set_attr("bits", q.qtype.bits);
-  g.set_attr("signed", q.qtype.is_signed);
-  g.set_attr("quant_min", q.qtype.quant_min);
-  g.set_attr("quant_max", q.qtype.quant_max);
-  g.set_attr("granularity", to_string(q.granularity));
-  g.set_attr("axis", q.axis);
-  g.set_attr("group_size", q.group_size);
-  g.set_attr("shape", q.shape);
-  g.set_attr("packing", q.packing());
-  g.write_tensor("data", q.data);
-  g.write_tensor("scale", q.scale);
-  g.write_tensor("zero_point", q.zero_point);
-}
-
-void write_section(const h5::Group& root, Section s, const std::map<std::string, at::Tensor>& tensors,
-                   const std::map<std::string, QuantizedTensor>* quantized) {
-  const h5::Group sg = root.create_group(section_group(s));
-  if (s == Section::kOptimizer) {
-    for (const auto& [key, t] : tensors) sg.write_tensor(key, t);
-    return;
-  }
-  std::map<std::string, h5::Group> modules;
-  auto parent_of = [&](const std::string& key) -> const h5::Group& {
-    const std::string module = split_key(key).first;
-    if (module.empty()) return sg;
-    auto it = modules.find(module);
-    if (it == modules.end()) it = modules.emplace(module, sg.create_group(module)).first;
-    return it->second;
-  };
-  for (const auto& [key, t] : tensors) {
-    QF_REQUIRE(t.defined(), "framework/io: save_model: ", to_string(s), " '", key, "' is undefined");
-    parent_of(key).write_tensor(split_key(key).second, t);
-  }
-  if (quantized) {
-    for (const auto& [key, q] : *quantized) write_quantized(parent_of(key), split_key(key).second, q);
-  }
-}
-
 void write_model_file(const std::string& path, const ModelFileData& f) {
   for (const auto& [key, q] : f.data.quantized) {
     QF_REQUIRE(!f.data.parameters.count(key), "framework/io: save_model: '", key,
                "' is both a float and a quantized parameter");
   }
-  AtomicFile out(path);
-  {
-    h5::File file = h5::File::create(out.temp_path());
-    const h5::Group root = file.root();
-    write_format(root, kCheckpointFormat, kCheckpointFormatVersion);
-    root.set_attr("step", f.data.step);
-    root.set_attr("recipe", f.data.recipe);
-    root.set_attr("optimizer_kind", f.data.optimizer_kind);
-    write_section(root, Section::kParameters, f.data.parameters, &f.data.quantized);
-    write_section(root, Section::kBuffers, f.data.buffers, nullptr);
-    write_section(root, Section::kOptimizer, f.data.optimizer, nullptr);
-    write_model_meta(root, f.meta);
-    file.close();
-  }
-  out.commit();
+  // The checkpoint layout of checkpoint.cpp, plus the /model group in the same atomic write.
+  save_checkpoint(path, f.data, [&](const h5::Group& root) { write_model_meta(root, f.meta); });
 }
 
 }  // namespace

@@ -159,29 +159,8 @@ struct Ctx {
   }
 };
 
-std::string closest(const std::string& key, const std::vector<std::string>& candidates) {
-  std::string best;
-  size_t best_d = std::max<size_t>(3, key.size() / 2) + 1;
-  for (const auto& c : candidates) {
-    // Levenshtein distance, as closest_match computes it.
-    std::vector<size_t> prev(c.size() + 1), cur(c.size() + 1);
-    for (size_t j = 0; j <= c.size(); ++j) prev[j] = j;
-    for (size_t i = 1; i <= key.size(); ++i) {
-      cur[0] = i;
-      for (size_t j = 1; j <= c.size(); ++j)
-        cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (key[i - 1] == c[j - 1] ? 0 : 1)});
-      std::swap(prev, cur);
-    }
-    if (prev[c.size()] < best_d) {
-      best_d = prev[c.size()];
-      best = c;
-    }
-  }
-  return best;
-}
-
 std::string hint(const std::string& key, const std::vector<std::string>& candidates) {
-  const std::string c = closest(key, candidates);
+  const std::string c = closest_match(key, candidates);
   return c.empty() ? "" : " (did you mean '" + c + "'?)";
 }
 
@@ -579,7 +558,7 @@ Recipe load_recipe(const std::string& path, const std::vector<std::string>& over
   }
   if (r.qat.epochs > 0 && !r.quantize) problem("qat.epochs", "QAT needs a quantize section");
   if (tree["search"] && tree["search"].IsMap() && tree["search"].size() > 0)
-    problem("search", "the mixed-precision search is reserved in the schema but not implemented yet; remove it");
+    problem("search", "the mixed-precision search is reserved in the schema and does not exist yet; remove the section");
   get(tree["freeze"], "enabled", r.freeze.enabled);
   get(tree["freeze"], "backend", r.freeze.backend);
   if (r.freeze.enabled && !r.quantize && tree["freeze"]) problem("freeze.enabled", "freezing needs a quantize section");
