@@ -1,5 +1,6 @@
 // Calibration dumps: HDF5 write/read and merge through the observers.
 #include "framework/io/calibration_dump.h"
+#include "framework/io/quantizer_attrs.h"
 
 #include <ATen/ATen.h>
 
@@ -13,27 +14,7 @@ namespace qforge::io {
 namespace {
 
 void write_entry(const h5::Group& g, const CalibrationEntry& e) {
-  g.set_attr("observer_kind", e.observer_kind);
-  g.set_attr("averaging_constant", e.options.averaging_constant);
-  g.set_attr("ch_axis", e.options.ch_axis);
-  g.set_attr("observer_group_size", e.options.group_size);
-  g.set_attr("method", to_string(e.options.method));
-  g.set_attr("percentile", e.options.percentile);
-  g.set_attr("bins", e.options.bins);
-  g.set_attr("upsample_rate", e.options.upsample_rate);
-  g.set_attr("qtype", e.spec.qtype.name);
-  g.set_attr("bits", e.spec.qtype.bits);
-  g.set_attr("granularity", to_string(e.spec.granularity));
-  g.set_attr("axis", e.spec.axis);
-  g.set_attr("group_size", e.spec.group_size);
-  g.set_attr("symmetric", e.spec.symmetric);
-  g.set_attr("narrow_range", e.spec.narrow_range);
-  g.set_attr("reduce_range", e.spec.reduce_range);
-  if (e.spec.qtype.is_integer()) {
-    // Informational: the integer range the qparams were computed for.
-    g.set_attr("quant_min", e.spec.quant_min());
-    g.set_attr("quant_max", e.spec.quant_max());
-  }
+  write_quantizer_attrs(g, e.observer_kind, e.options, e.spec);
   const h5::Group state = g.create_group("state");
   for (const auto& [name, t] : e.state) state.write_tensor(name, t);
   if (e.qparams.defined()) {
@@ -47,22 +28,7 @@ CalibrationEntry read_entry(const h5::Group& g) {
   CalibrationEntry e;
   const std::string where = g.file_path() + ": group '" + g.path() + "'";
   try {
-    e.observer_kind = g.attr_string("observer_kind");
-    e.options.averaging_constant = g.attr_double("averaging_constant");
-    e.options.ch_axis = g.attr_int("ch_axis");
-    e.options.group_size = g.attr_int("observer_group_size");
-    e.options.method = histogram_method_from_name(g.attr_string("method"));
-    e.options.percentile = g.attr_double("percentile");
-    e.options.bins = g.attr_int("bins");
-    e.options.upsample_rate = g.attr_int("upsample_rate");
-    e.spec.qtype = qtype_from_name(g.attr_string("qtype"));
-    e.spec.granularity = granularity_from_name(g.attr_string("granularity"));
-    e.spec.axis = g.attr_int("axis");
-    e.spec.group_size = g.attr_int("group_size");
-    e.spec.symmetric = g.attr_int("symmetric") != 0;
-    e.spec.narrow_range = g.attr_int("narrow_range") != 0;
-    e.spec.reduce_range = g.attr_int("reduce_range") != 0;
-    e.spec.validate();
+    read_quantizer_attrs(g, &e.observer_kind, &e.options, &e.spec);
     const h5::Group state = g.open_group("state");
     for (const std::string& name : state.children()) e.state[name] = state.read_tensor(name);
     // Validates the state against its kind (names, dtypes, shapes) before anyone relies on it.
@@ -78,18 +44,6 @@ CalibrationEntry read_entry(const h5::Group& g) {
     throw Error("framework/io: " + where + ": " + msg);
   }
   return e;
-}
-
-bool same_options(const ObserverOptions& a, const ObserverOptions& b) {
-  return a.averaging_constant == b.averaging_constant && a.ch_axis == b.ch_axis &&
-         a.group_size == b.group_size && a.method == b.method && a.percentile == b.percentile &&
-         a.bins == b.bins && a.upsample_rate == b.upsample_rate;
-}
-
-bool same_spec(const QSpec& a, const QSpec& b) {
-  return a.qtype == b.qtype && a.granularity == b.granularity && a.axis == b.axis &&
-         a.group_size == b.group_size && a.symmetric == b.symmetric &&
-         a.narrow_range == b.narrow_range && a.reduce_range == b.reduce_range;
 }
 
 }  // namespace

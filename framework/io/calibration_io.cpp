@@ -1,5 +1,6 @@
 // Calibration dumps from and into the quantizers of a model.
 #include "framework/io/calibration_io.h"
+#include "framework/io/quantizer_attrs.h"
 
 #include <ATen/ATen.h>
 
@@ -26,18 +27,6 @@ std::string point_of(const std::string& layer_path, const Quantizer& q) {
     return p.substr(layer_path.size() + 1);
   const size_t dot = p.rfind('.');
   return dot == std::string::npos ? p : p.substr(dot + 1);
-}
-
-bool same_spec(const QSpec& a, const QSpec& b) {
-  return a.qtype == b.qtype && a.granularity == b.granularity && a.axis == b.axis &&
-         a.group_size == b.group_size && a.symmetric == b.symmetric && a.narrow_range == b.narrow_range &&
-         a.reduce_range == b.reduce_range;
-}
-
-bool same_options(const ObserverOptions& a, const ObserverOptions& b) {
-  return a.averaging_constant == b.averaging_constant && a.ch_axis == b.ch_axis && a.group_size == b.group_size &&
-         a.method == b.method && a.percentile == b.percentile && a.bins == b.bins &&
-         a.upsample_rate == b.upsample_rate;
 }
 
 std::map<std::string, QuantizableLayer*> layers_of(const torch::nn::Module& model) {

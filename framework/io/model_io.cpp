@@ -19,6 +19,7 @@
 #include "framework/io/checkpoint.h"
 #include "framework/io/format.h"
 #include "framework/io/hdf5.h"
+#include "framework/io/quantizer_attrs.h"
 #include "framework/nn/quantizable.h"
 
 namespace qforge::io {
@@ -110,56 +111,14 @@ struct ModelMeta {
   std::map<std::string, LayerMeta> layers;  // module path -> layer
 };
 
-bool same_spec(const QSpec& a, const QSpec& b) {
-  return a.qtype == b.qtype && a.granularity == b.granularity && a.axis == b.axis &&
-         a.group_size == b.group_size && a.symmetric == b.symmetric && a.narrow_range == b.narrow_range &&
-         a.reduce_range == b.reduce_range;
-}
-
 void write_config(const h5::Group& g, const QuantizerConfig& c) {
-  g.set_attr("observer_kind", c.observer);
-  g.set_attr("averaging_constant", c.observer_options.averaging_constant);
-  g.set_attr("ch_axis", c.observer_options.ch_axis);
-  g.set_attr("observer_group_size", c.observer_options.group_size);
-  g.set_attr("method", to_string(c.observer_options.method));
-  g.set_attr("percentile", c.observer_options.percentile);
-  g.set_attr("bins", c.observer_options.bins);
-  g.set_attr("upsample_rate", c.observer_options.upsample_rate);
-  g.set_attr("qtype", c.spec.qtype.name);
-  g.set_attr("bits", c.spec.qtype.bits);
-  g.set_attr("granularity", to_string(c.spec.granularity));
-  g.set_attr("axis", c.spec.axis);
-  g.set_attr("group_size", c.spec.group_size);
-  g.set_attr("symmetric", c.spec.symmetric);
-  g.set_attr("narrow_range", c.spec.narrow_range);
-  g.set_attr("reduce_range", c.spec.reduce_range);
-  if (c.spec.qtype.is_integer()) {
-    g.set_attr("quant_min", c.spec.quant_min());
-    g.set_attr("quant_max", c.spec.quant_max());
-  }
+  write_quantizer_attrs(g, c.observer, c.observer_options, c.spec);
   g.set_attr("lsq", c.lsq);
 }
 
 QuantizerConfig read_config(const h5::Group& g) {
   QuantizerConfig c;
-  c.observer = g.attr_string("observer_kind");
-  c.observer_options.averaging_constant = g.attr_double("averaging_constant");
-  c.observer_options.ch_axis = g.attr_int("ch_axis");
-  c.observer_options.group_size = g.attr_int("observer_group_size");
-  c.observer_options.method = histogram_method_from_name(g.attr_string("method"));
-  c.observer_options.percentile = g.attr_double("percentile");
-  c.observer_options.bins = g.attr_int("bins");
-  c.observer_options.upsample_rate = g.attr_int("upsample_rate");
-  c.spec.qtype = qtype_from_name(g.attr_string("qtype"));
-  QF_REQUIRE(g.attr_int("bits") == c.spec.qtype.bits, "attribute bits ", g.attr_int("bits"),
-             " disagrees with qtype ", c.spec.qtype.name);
-  c.spec.granularity = granularity_from_name(g.attr_string("granularity"));
-  c.spec.axis = g.attr_int("axis");
-  c.spec.group_size = g.attr_int("group_size");
-  c.spec.symmetric = g.attr_int("symmetric") != 0;
-  c.spec.narrow_range = g.attr_int("narrow_range") != 0;
-  c.spec.reduce_range = g.attr_int("reduce_range") != 0;
-  c.spec.validate();
+  read_quantizer_attrs(g, &c.observer, &c.observer_options, &c.spec);
   c.lsq = g.attr_int("lsq") != 0;
   return c;
 }

@@ -1,0 +1,64 @@
+// Quantization-point attributes, written and read in one place.
+#include "framework/io/quantizer_attrs.h"
+
+#include "framework/core/error.h"
+
+namespace qforge::io {
+
+void write_quantizer_attrs(const h5::Group& g, const std::string& observer_kind, const ObserverOptions& options,
+                           const QSpec& spec) {
+  g.set_attr("observer_kind", observer_kind);
+  g.set_attr("averaging_constant", options.averaging_constant);
+  g.set_attr("ch_axis", options.ch_axis);
+  g.set_attr("observer_group_size", options.group_size);
+  g.set_attr("method", to_string(options.method));
+  g.set_attr("percentile", options.percentile);
+  g.set_attr("bins", options.bins);
+  g.set_attr("upsample_rate", options.upsample_rate);
+  g.set_attr("qtype", spec.qtype.name);
+  g.set_attr("bits", spec.qtype.bits);
+  g.set_attr("granularity", to_string(spec.granularity));
+  g.set_attr("axis", spec.axis);
+  g.set_attr("group_size", spec.group_size);
+  g.set_attr("symmetric", spec.symmetric);
+  g.set_attr("narrow_range", spec.narrow_range);
+  g.set_attr("reduce_range", spec.reduce_range);
+  if (spec.qtype.is_integer()) {
+    // Informational: the integer range the qparams were computed for.
+    g.set_attr("quant_min", spec.quant_min());
+    g.set_attr("quant_max", spec.quant_max());
+  }
+}
+
+void read_quantizer_attrs(const h5::Group& g, std::string* observer_kind, ObserverOptions* options, QSpec* spec) {
+  *observer_kind = g.attr_string("observer_kind");
+  options->averaging_constant = g.attr_double("averaging_constant");
+  options->ch_axis = g.attr_int("ch_axis");
+  options->group_size = g.attr_int("observer_group_size");
+  options->method = histogram_method_from_name(g.attr_string("method"));
+  options->percentile = g.attr_double("percentile");
+  options->bins = g.attr_int("bins");
+  options->upsample_rate = g.attr_int("upsample_rate");
+  spec->qtype = qtype_from_name(g.attr_string("qtype"));
+  QF_REQUIRE(g.attr_int("bits") == spec->qtype.bits, "attribute bits ", g.attr_int("bits"), " disagrees with qtype ",
+             spec->qtype.name);
+  spec->granularity = granularity_from_name(g.attr_string("granularity"));
+  spec->axis = g.attr_int("axis");
+  spec->group_size = g.attr_int("group_size");
+  spec->symmetric = g.attr_int("symmetric") != 0;
+  spec->narrow_range = g.attr_int("narrow_range") != 0;
+  spec->reduce_range = g.attr_int("reduce_range") != 0;
+  spec->validate();
+}
+
+bool same_spec(const QSpec& a, const QSpec& b) {
+  return a.qtype == b.qtype && a.granularity == b.granularity && a.axis == b.axis && a.group_size == b.group_size &&
+         a.symmetric == b.symmetric && a.narrow_range == b.narrow_range && a.reduce_range == b.reduce_range;
+}
+
+bool same_options(const ObserverOptions& a, const ObserverOptions& b) {
+  return a.averaging_constant == b.averaging_constant && a.ch_axis == b.ch_axis && a.group_size == b.group_size &&
+         a.method == b.method && a.percentile == b.percentile && a.bins == b.bins && a.upsample_rate == b.upsample_rate;
+}
+
+}  // namespace qforge::io

@@ -1,0 +1,21 @@
+// HDF5 attributes of one quantization point (observer kind and options, QSpec), shared by
+// calibration dumps and model checkpoints so both spell them the same way (docs/formats.md).
+#pragma once
+
+#include <string>
+
+#include "framework/core/qparams.h"
+#include "framework/io/hdf5.h"
+#include "observers/observer.h"
+
+namespace qforge::io {
+
+void write_quantizer_attrs(const h5::Group& g, const std::string& observer_kind, const ObserverOptions& options,
+                           const QSpec& spec);
+// Reads and validates them (the qtype must agree with the stored bits); throws qforge::Error.
+void read_quantizer_attrs(const h5::Group& g, std::string* observer_kind, ObserverOptions* options, QSpec* spec);
+
+bool same_spec(const QSpec& a, const QSpec& b);
+bool same_options(const ObserverOptions& a, const ObserverOptions& b);
+
+}  // namespace qforge::io
