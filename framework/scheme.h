@@ -14,10 +14,10 @@ namespace qforge {
 struct LayerRule {
   std::string pattern;  // fnmatch-style on the module path: "encoder.layer.*.attention.*"
   bool keep_float = false;
-  std::optional<QType> weights;
-  std::optional<Granularity> weight_granularity;
-  std::optional<int64_t> group_size;
-  std::optional<ActivationMode> activations;
+  std::optional<QType> weights{};
+  std::optional<Granularity> weight_granularity{};
+  std::optional<int64_t> group_size{};
+  std::optional<ActivationMode> activations{};
 };
 
 struct Scheme {

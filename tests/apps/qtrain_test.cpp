@@ -48,7 +48,9 @@ void expect_full_report(const nlohmann::json& r, const std::string& metric, bool
   EXPECT_EQ(r["metric"], metric);
   EXPECT_EQ(r["recipe_sha256"].get<std::string>().size(), 64u);
   for (const char* stage : {"float", "ptq", "frozen"}) ASSERT_TRUE(r["metrics"].contains(stage)) << stage;
-  if (qat) EXPECT_TRUE(r["metrics"].contains("qat"));
+  if (qat) {
+    EXPECT_TRUE(r["metrics"].contains("qat"));
+  }
   EXPECT_GT(r["size_bytes"]["float"].get<int64_t>(), r["size_bytes"]["frozen"].get<int64_t>());
   ASSERT_FALSE(r["layers"].empty());
   for (const auto& l : r["layers"])
