@@ -86,7 +86,7 @@ TEST(Results, LanguageIdBert) {
   models::BertForSequenceClassification m(c);
   auto fwd = [&](const Batch& b) { return m->forward(b.input, b.mask); };
   TrainOptions o;
-  o.epochs = env_int("QFORGE_LANGID_EPOCHS", 4);
+  o.epochs = env_int("QFORGE_LANGID_EPOCHS", 5);
   o.batch_size = 64, o.lr = 1e-3, o.weight_decay = 0.01, o.warmup_fraction = 0.06, o.label = "bert langid";
   const TrainResult r = fit(*m, tr, fwd, o, &val);
   const Metrics t = evaluate(*m, test, fwd, 256, "bert langid test");
