@@ -74,15 +74,7 @@ BertConfig BertConfig::from_json(const nlohmann::json& j) {
   return c;
 }
 
-BertConfig BertConfig::from_file(const std::string& path) {
-  std::ifstream f(path);
-  QF_REQUIRE(f, "models/bert: cannot open config ", path);
-  try {
-    return from_json(nlohmann::json::parse(f));
-  } catch (const nlohmann::json::parse_error& e) {
-    throw Error(detail::str_cat("models/bert: ", path, " is not valid JSON: ", e.what()));
-  }
-}
+BertConfig BertConfig::from_file(const std::string& path) { return from_json(read_config_json(path, "models/bert")); }
 
 nlohmann::json BertConfig::to_json() const {
   nlohmann::json j = {{"model_type", "bert"},

@@ -65,15 +65,7 @@ Gpt2Config Gpt2Config::from_json(const nlohmann::json& j) {
   return c;
 }
 
-Gpt2Config Gpt2Config::from_file(const std::string& path) {
-  std::ifstream f(path);
-  QF_REQUIRE(f, "models/gpt2: cannot open config ", path);
-  try {
-    return from_json(nlohmann::json::parse(f));
-  } catch (const nlohmann::json::parse_error& e) {
-    throw Error(detail::str_cat("models/gpt2: ", path, " is not valid JSON: ", e.what()));
-  }
-}
+Gpt2Config Gpt2Config::from_file(const std::string& path) { return from_json(read_config_json(path, "models/gpt2")); }
 
 nlohmann::json Gpt2Config::to_json() const {
   nlohmann::json j = {{"model_type", "gpt2"},

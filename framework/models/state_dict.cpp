@@ -1,6 +1,8 @@
 // Strict named-state import/export for qforge models.
 #include "framework/models/state_dict.h"
 
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <ATen/ATen.h>
 
 #include <set>
@@ -9,6 +11,16 @@
 #include "framework/core/error.h"
 
 namespace qforge::models {
+
+nlohmann::json read_config_json(const std::string& path, const std::string& who) {
+  std::ifstream f(path);
+  QF_REQUIRE(f, who, ": cannot open config ", path);
+  try {
+    return nlohmann::json::parse(f);
+  } catch (const nlohmann::json::parse_error& e) {
+    throw Error(detail::str_cat(who, ": ", path, " is not valid JSON: ", e.what()));
+  }
+}
 namespace {
 
 bool is_quantizer_state(const std::string& name) {

@@ -6,6 +6,7 @@
 #include <torch/nn/module.h>
 
 #include <functional>
+#include <nlohmann/json_fwd.hpp>
 #include <map>
 #include <string>
 #include <vector>
@@ -17,6 +18,9 @@ using StateDict = std::map<std::string, at::Tensor>;
 // Parameters and buffers by dotted name, skipping quantizer submodules ("*_quantizer.*") and
 // undefined tensors. The tensors alias the model's own.
 StateDict model_state(const torch::nn::Module& model);
+
+// Parses an HF-style config.json; errors name `who` (e.g. "models/bert") and the path.
+nlohmann::json read_config_json(const std::string& path, const std::string& who);
 
 struct LoadStateOptions {
   // Checkpoint keys ending in one of these are ignored (e.g. HF's "position_ids" buffers).
