@@ -11,11 +11,10 @@
 namespace qforge::bench {
 namespace {
 
-constexpr int64_t kN = int64_t{1} << 24;  // 16M floats = 64 MiB
 constexpr int64_t kRows = 4096;           // per-channel: [4096, 4096], axis 0
 
 const at::Tensor& input() {
-  static const at::Tensor x = at::randn({kN}) * 2.0;
+  static const at::Tensor x = at::randn({kStreamElements}) * 2.0;
   return x;
 }
 
@@ -25,9 +24,9 @@ QParams per_tensor() {
 }
 
 const Register kMemcpy(0, "memcpy", [] {
-  auto src = std::make_shared<std::vector<char>>(kN * 4, 1);
-  auto dst = std::make_shared<std::vector<char>>(kN * 4, 0);
-  return std::vector<Case>{{"64MiB", 2.0 * kN * 4, {{"limit", [src, dst] {
+  auto src = std::make_shared<std::vector<char>>(kStreamElements * 4, 1);
+  auto dst = std::make_shared<std::vector<char>>(kStreamElements * 4, 0);
+  return std::vector<Case>{{"64MiB", 2.0 * kStreamElements * 4, {{"limit", [src, dst] {
                                                       std::memcpy(dst->data(), src->data(), src->size());
                                                     }}}}};
 });
@@ -35,19 +34,19 @@ const Register kMemcpy(0, "memcpy", [] {
 const Register kForward(10, "fake_quant_per_tensor_fwd", [] {
   const at::Tensor x = input();
   const QParams qp = per_tensor();
-  return std::vector<Case>{{"16M", 2.0 * kN * 4,
+  return std::vector<Case>{{"16M", 2.0 * kStreamElements * 4,
                             {{"libtorch", [x] { at::fake_quantize_per_tensor_affine(x, 0.02, 3, -128, 127); }},
                              {"qforge", [x, qp] { fake_quantize_forward(x, qp); }}}}};
 });
 
 const Register kPerChannel(11, "fake_quant_per_channel_fwd", [] {
-  const at::Tensor x = input().reshape({kRows, kN / kRows});
+  const at::Tensor x = input().reshape({kRows, kStreamElements / kRows});
   const at::Tensor scale = at::rand({kRows}) * 0.02 + 0.01;
   const at::Tensor zp = at::randint(-10, 10, {kRows}, at::kInt);
   QSpec s;
   s.granularity = Granularity::kPerChannel;
   const QParams qp = make_qparams(s, scale, zp);
-  return std::vector<Case>{{"4096x4096/axis0", 2.0 * kN * 4,
+  return std::vector<Case>{{"4096x4096/axis0", 2.0 * kStreamElements * 4,
                             {{"libtorch", [=] { at::fake_quantize_per_channel_affine(x, scale, zp, 0, -128, 127); }},
                              {"qforge", [=] { fake_quantize_forward(x, qp); }}}}};
 });
@@ -55,10 +54,10 @@ const Register kPerChannel(11, "fake_quant_per_channel_fwd", [] {
 // Autograd forward + backward with x requiring grad, the QAT training step's cost.
 const Register kForwardBackward(12, "fake_quant_per_tensor_fwd_bwd", [] {
   const at::Tensor x0 = input();
-  const at::Tensor dy = at::randn({kN});
+  const at::Tensor dy = at::randn({kStreamElements});
   const QParams qp = per_tensor();
   // x, dy read; y, dx written (the mask traffic is each implementation's own business).
-  return std::vector<Case>{{"16M", 4.0 * kN * 4,
+  return std::vector<Case>{{"16M", 4.0 * kStreamElements * 4,
                             {{"libtorch", [=] {
                                 at::Tensor x = x0.detach().set_requires_grad(true);
                                 at::fake_quantize_per_tensor_affine(x, 0.02, 3, -128, 127).backward(dy);
@@ -71,9 +70,9 @@ const Register kForwardBackward(12, "fake_quant_per_tensor_fwd_bwd", [] {
 
 const Register kLsq(13, "lsq_per_tensor_fwd_bwd", [] {
   const at::Tensor x0 = input();
-  const at::Tensor dy = at::randn({kN});
-  const double gf = lsq_grad_factor(kN, 127);
-  return std::vector<Case>{{"16M", 4.0 * kN * 4,
+  const at::Tensor dy = at::randn({kStreamElements});
+  const double gf = lsq_grad_factor(kStreamElements, 127);
+  return std::vector<Case>{{"16M", 4.0 * kStreamElements * 4,
                             {{"libtorch", [=] {
                                 at::Tensor x = x0.detach().set_requires_grad(true);
                                 at::Tensor s = at::full({1}, 0.02f).set_requires_grad(true);

@@ -9,14 +9,12 @@
 namespace qforge::bench {
 namespace {
 
-constexpr int64_t kN = int64_t{1} << 24;
-
 const Register kHistogram(20, "histogram_observer_update", [] {
-  const at::Tensor x = at::randn({kN});
+  const at::Tensor x = at::randn({kStreamElements});
   const double lo = x.min().item<double>(), hi = x.max().item<double>();
   auto obs = std::make_shared<HistogramObserver>();
   obs->update(x);
-  return std::vector<Case>{{"16M/2048bins", 1.0 * kN * 4,
+  return std::vector<Case>{{"16M/2048bins", 1.0 * kStreamElements * 4,
                             {{"libtorch", [=] { at::histc(x, kHistogramBins, lo, hi); }},
                              {"qforge", [=] { obs->update(x); }}}}};
 });

@@ -3,6 +3,7 @@
 // comes first in each case so the ratio column can be printed.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
@@ -27,6 +28,10 @@ struct Bench {
 };
 
 std::vector<Bench>& registry();
+
+// Elements of the streaming benches (fake-quant, observers): 16M floats = 64 MiB, well past the
+// last-level cache, so every figure is the DRAM regime.
+constexpr int64_t kStreamElements = int64_t{1} << 24;
 
 // Registers a bench at static-initialisation time.
 struct Register {

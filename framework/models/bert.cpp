@@ -11,20 +11,11 @@
 #include <nlohmann/json.hpp>
 
 #include "framework/core/error.h"
+#include "framework/models/config_field.h"
 #include "framework/io/safetensors.h"
 
 namespace qforge::models {
 namespace {
-
-template <typename T>
-void get_field(const nlohmann::json& j, const char* name, T& out) {
-  if (!j.contains(name) || j[name].is_null()) return;
-  try {
-    out = j[name].get<T>();
-  } catch (const nlohmann::json::exception& e) {
-    throw Error(detail::str_cat("models: config field '", name, "' has the wrong type: ", j[name].dump()));
-  }
-}
 
 void require_positive(int64_t v, const char* name) {
   QF_REQUIRE(v > 0, "models: config field '", name, "' must be > 0, got ", v);
@@ -42,21 +33,21 @@ at::Tensor apply_activation(const std::string& act, const at::Tensor& x) {
 BertConfig BertConfig::from_json(const nlohmann::json& j) {
   QF_REQUIRE(j.is_object(), "models/bert: config is not a JSON object");
   BertConfig c;
-  get_field(j, "vocab_size", c.vocab_size);
-  get_field(j, "hidden_size", c.hidden_size);
-  get_field(j, "num_hidden_layers", c.num_hidden_layers);
-  get_field(j, "num_attention_heads", c.num_attention_heads);
-  get_field(j, "intermediate_size", c.intermediate_size);
-  get_field(j, "hidden_act", c.hidden_act);
-  get_field(j, "hidden_dropout_prob", c.hidden_dropout_prob);
-  get_field(j, "attention_probs_dropout_prob", c.attention_probs_dropout_prob);
-  get_field(j, "max_position_embeddings", c.max_position_embeddings);
-  get_field(j, "type_vocab_size", c.type_vocab_size);
-  get_field(j, "layer_norm_eps", c.layer_norm_eps);
-  get_field(j, "initializer_range", c.initializer_range);
-  get_field(j, "pad_token_id", c.pad_token_id);
+  get_config_field(j, "models/bert", "vocab_size", c.vocab_size);
+  get_config_field(j, "models/bert", "hidden_size", c.hidden_size);
+  get_config_field(j, "models/bert", "num_hidden_layers", c.num_hidden_layers);
+  get_config_field(j, "models/bert", "num_attention_heads", c.num_attention_heads);
+  get_config_field(j, "models/bert", "intermediate_size", c.intermediate_size);
+  get_config_field(j, "models/bert", "hidden_act", c.hidden_act);
+  get_config_field(j, "models/bert", "hidden_dropout_prob", c.hidden_dropout_prob);
+  get_config_field(j, "models/bert", "attention_probs_dropout_prob", c.attention_probs_dropout_prob);
+  get_config_field(j, "models/bert", "max_position_embeddings", c.max_position_embeddings);
+  get_config_field(j, "models/bert", "type_vocab_size", c.type_vocab_size);
+  get_config_field(j, "models/bert", "layer_norm_eps", c.layer_norm_eps);
+  get_config_field(j, "models/bert", "initializer_range", c.initializer_range);
+  get_config_field(j, "models/bert", "pad_token_id", c.pad_token_id);
   if (j.contains("id2label") && j["id2label"].is_object()) c.num_labels = static_cast<int64_t>(j["id2label"].size());
-  get_field(j, "num_labels", c.num_labels);
+  get_config_field(j, "models/bert", "num_labels", c.num_labels);
   if (j.contains("position_embedding_type"))
     QF_REQUIRE(j["position_embedding_type"] == "absolute", "models/bert: only absolute position embeddings are supported, config has ",
                j["position_embedding_type"].dump());

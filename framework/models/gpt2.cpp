@@ -10,21 +10,12 @@
 #include <nlohmann/json.hpp>
 
 #include "framework/core/error.h"
+#include "framework/models/config_field.h"
 #include "framework/io/safetensors.h"
 #include "framework/models/bert.h"  // apply_activation
 
 namespace qforge::models {
 namespace {
-
-template <typename T>
-void get_field(const nlohmann::json& j, const char* name, T& out) {
-  if (!j.contains(name) || j[name].is_null()) return;
-  try {
-    out = j[name].get<T>();
-  } catch (const nlohmann::json::exception&) {
-    throw Error(detail::str_cat("models/gpt2: config field '", name, "' has the wrong type: ", j[name].dump()));
-  }
-}
 
 // HF Conv1D projections: stored [in, out] in checkpoints.
 bool is_conv1d_weight(const std::string& key) {
@@ -40,18 +31,18 @@ bool is_conv1d_weight(const std::string& key) {
 Gpt2Config Gpt2Config::from_json(const nlohmann::json& j) {
   QF_REQUIRE(j.is_object(), "models/gpt2: config is not a JSON object");
   Gpt2Config c;
-  get_field(j, "vocab_size", c.vocab_size);
-  get_field(j, "n_positions", c.n_positions);
-  get_field(j, "n_embd", c.n_embd);
-  get_field(j, "n_layer", c.n_layer);
-  get_field(j, "n_head", c.n_head);
-  get_field(j, "n_inner", c.n_inner);
-  get_field(j, "activation_function", c.activation_function);
-  get_field(j, "resid_pdrop", c.resid_pdrop);
-  get_field(j, "embd_pdrop", c.embd_pdrop);
-  get_field(j, "attn_pdrop", c.attn_pdrop);
-  get_field(j, "layer_norm_epsilon", c.layer_norm_epsilon);
-  get_field(j, "initializer_range", c.initializer_range);
+  get_config_field(j, "models/gpt2", "vocab_size", c.vocab_size);
+  get_config_field(j, "models/gpt2", "n_positions", c.n_positions);
+  get_config_field(j, "models/gpt2", "n_embd", c.n_embd);
+  get_config_field(j, "models/gpt2", "n_layer", c.n_layer);
+  get_config_field(j, "models/gpt2", "n_head", c.n_head);
+  get_config_field(j, "models/gpt2", "n_inner", c.n_inner);
+  get_config_field(j, "models/gpt2", "activation_function", c.activation_function);
+  get_config_field(j, "models/gpt2", "resid_pdrop", c.resid_pdrop);
+  get_config_field(j, "models/gpt2", "embd_pdrop", c.embd_pdrop);
+  get_config_field(j, "models/gpt2", "attn_pdrop", c.attn_pdrop);
+  get_config_field(j, "models/gpt2", "layer_norm_epsilon", c.layer_norm_epsilon);
+  get_config_field(j, "models/gpt2", "initializer_range", c.initializer_range);
   for (const char* unsupported : {"scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn", "add_cross_attention"})
     QF_REQUIRE(!j.contains(unsupported) || !j[unsupported].is_boolean() || !j[unsupported].get<bool>(),
                "models/gpt2: config option '", unsupported, "' is not supported");

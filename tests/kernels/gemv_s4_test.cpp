@@ -20,7 +20,7 @@ struct Case {
   float scale_lo = 0.001f, scale_hi = 0.2f;
 };
 
-struct Packed {
+struct PackedS4Weights {
   std::vector<uint8_t> data;
   std::vector<Fp16Bits> scales;
   std::vector<int8_t> zeros;
@@ -42,7 +42,7 @@ std::string check_case(const Case& c, Isa isa) {
     const auto z = random_s8(c.N * G, c.qmin, c.qmin + 15, seed + 5);
     zero.assign(z.begin(), z.end());
   }
-  Packed p;
+  PackedS4Weights p;
   const int64_t np = round_up(c.N, 16), kp = round_up(c.K, 8);
   p.data.resize(np * kp / 2);
   p.scales.resize(np * G);

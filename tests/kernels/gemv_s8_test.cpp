@@ -13,14 +13,14 @@ using namespace qforge::kernels::testing;
 
 namespace {
 
-struct Packed {
+struct PackedS8Weights {
   std::vector<int8_t> data;
   std::vector<int32_t> colsum;
   S8N16K4View view;
 };
 
-Packed pack(const std::vector<int8_t>& W, int64_t N, int64_t K) {
-  Packed p;
+PackedS8Weights pack(const std::vector<int8_t>& W, int64_t N, int64_t K) {
+  PackedS8Weights p;
   p.data.resize(round_up(N, 16) * round_up(K, 4));
   p.colsum.resize(round_up(N, 16));
   pack_s8_n16k4_reference(W.data(), N, K, p.data.data(), p.colsum.data());
@@ -50,7 +50,7 @@ void sweep_at(Isa isa) {
       const uint32_t seed = static_cast<uint32_t>(M * 1000003 + N * 1009 + K);
       const auto A = random_s8(M * K, -127, 127, seed);
       const auto W = random_s8(N * K, -128, 127, seed + 1);  // -128 in weights must work
-      const Packed p = pack(W, N, K);
+      const PackedS8Weights p = pack(W, N, K);
       std::vector<int32_t> ref(M * N), out(M * N, 12345);
       gemm_s8s8s32_reference(A.data(), W.data(), ref.data(), M, N, K);
       RunInfo info;
@@ -94,7 +94,7 @@ TEST(GemvS8, ExtremeValuesDoNotSaturate) {
     std::vector<int8_t> A(M * K), W(N * K, -128);
     for (int64_t i = 0; i < M * K; ++i) A[i] = (i % 3 == 0) ? -127 : 127;
     for (int64_t i = 0; i < N * K; i += 5) W[i] = 127;
-    const Packed p = pack(W, N, K);
+    const PackedS8Weights p = pack(W, N, K);
     std::vector<int32_t> ref(M * N), out(M * N);
     gemm_s8s8s32_reference(A.data(), W.data(), ref.data(), M, N, K);
     RunInfo info;
@@ -110,7 +110,7 @@ TEST(GemvS8, ActivationMinus128SkipsAvx2WithReason) {
   auto A = random_s8(M * K, -127, 127, 5);
   A[4] = -128;
   const auto W = random_s8(N * K, -128, 127, 6);
-  const Packed p = pack(W, N, K);
+  const PackedS8Weights p = pack(W, N, K);
   std::vector<int32_t> ref(M * N), out(M * N);
   gemm_s8s8s32_reference(A.data(), W.data(), ref.data(), M, N, K);
   RunInfo info;
@@ -130,7 +130,7 @@ TEST(GemvU8, EveryKernelMatchesReferenceWithZeroPoint) {
           const auto a8 = random_s8(M * K, -128, 127, seed);
           std::vector<uint8_t> A(a8.begin(), a8.end());
           const auto W = random_s8(N * K, -128, 127, seed + 1);
-          const Packed p = pack(W, N, K);
+          const PackedS8Weights p = pack(W, N, K);
           for (int32_t zp : {0, 3, 128, 255}) {
             std::vector<int32_t> ref(M * N), out(M * N);
             gemm_u8s8s32_reference(A.data(), zp, W.data(), ref.data(), M, N, K);
@@ -149,7 +149,7 @@ TEST(GemvU8, EveryKernelMatchesReferenceWithZeroPoint) {
 
 TEST(GemvS8, EmptyOrNullInputThrows) {
   const auto W = random_s8(16 * 8, -128, 127, 1);
-  const Packed p = pack(W, 16, 8);
+  const PackedS8Weights p = pack(W, 16, 8);
   std::vector<int32_t> C(16);
   EXPECT_THROW(gemv_s8s8s32(nullptr, 1, p.view, C.data()), qforge::Error);
   S8N16K4View empty;
