@@ -7,25 +7,9 @@
 #include <cstdint>
 #include <cstring>
 
-#if defined(__CUDACC__)
-#define QF_HOST_DEVICE __host__ __device__ __forceinline__
-#else
-#define QF_HOST_DEVICE inline
-#endif
+#include "framework/core/host_device.h"
 
 namespace qforge::fq {
-
-// The three libm calls the formulas need, spelled for host and device. rintf and nearbyint both
-// round half to even.
-#if defined(__CUDA_ARCH__)
-__device__ __forceinline__ float qf_rint(float v) { return rintf(v); }
-__device__ __forceinline__ float qf_fabs(float v) { return fabsf(v); }
-__device__ __forceinline__ float qf_ldexp(float v, int e) { return ldexpf(v, e); }
-#else
-inline float qf_rint(float v) { return std::nearbyint(v); }
-inline float qf_fabs(float v) { return std::fabs(v); }
-inline float qf_ldexp(float v, int e) { return std::ldexp(v, e); }
-#endif
 
 // Affine integer grid for one scale: PyTorch multiplies by a float32 reciprocal, never divides,
 // so inv_scale is 1.0f / scale computed in float.
@@ -43,7 +27,7 @@ QF_HOST_DEVICE AffineGrid make_grid(float scale, float zero_point, float qmin, f
 
 // q = rint(x / s) + z (half to even, as std::nearbyint in the default rounding mode).
 QF_HOST_DEVICE float quantize_unclamped(float x, const AffineGrid& g) {
-  return qf_rint(x * g.inv_scale) + g.zero_point;
+  return qf_nearbyint(x * g.inv_scale) + g.zero_point;
 }
 
 // Clamp written as max-then-min with the NaN operand first, so NaN maps to quant_min as in
@@ -101,7 +85,7 @@ QF_HOST_DEVICE float round_to_float8(float v, const Float8Format& f) {
   const int qexp = e - f.mantissa_bits;  // always a normal float32 exponent
   const float quantum = bits_to_float(static_cast<uint32_t>(qexp + 127) << 23);
   const float inv_quantum = bits_to_float(static_cast<uint32_t>(127 - qexp) << 23);
-  const float r = qf_rint(v * inv_quantum) * quantum;
+  const float r = qf_nearbyint(v * inv_quantum) * quantum;
   return r > f.max_finite ? f.max_finite : (r < -f.max_finite ? -f.max_finite : r);
 }
 

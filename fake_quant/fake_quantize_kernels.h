@@ -63,10 +63,8 @@ const FakeQuantKernels* avx512_kernels();
 const FakeQuantKernels* avx2_kernels();
 const FakeQuantKernels& reference_kernels();
 
-// The fastest set this CPU runs, capped by set_max_isa() / the QFORGE_MAX_ISA environment variable
-// ("reference", "avx2", "avx512").
+// The fastest set this CPU runs, capped by qforge::set_max_isa() / the QFORGE_MAX_ISA environment
+// variable (framework/core/isa.h; avx512vnni counts as avx512 here).
 const FakeQuantKernels& active_kernels();
-// Caps the ISA (tests use it to exercise every path); returns the set now active.
-const FakeQuantKernels& set_max_isa(const std::string& isa);
 
 }  // namespace qforge::fq

@@ -1,71 +1,7 @@
-// Run-time CPU feature detection and the ISA cap used by every kernel dispatcher.
+// The ISA levels compiled into qforge_kernels_cpu (the CPU check and cap: framework/core/isa).
 #include "kernels/cpu/isa.h"
 
-#include <atomic>
-#include <cstdlib>
-
-#include "framework/core/error.h"
-
 namespace qforge::kernels {
-
-namespace {
-
-Isa detect_cpu_isa() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_cpu_init();
-  // F16C belongs to the AVX2 level: the int4 kernels convert their fp16 group scales with it.
-  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                    __builtin_cpu_supports("f16c");
-  const bool avx512 = avx2 && __builtin_cpu_supports("avx512f") &&
-                      __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-                      __builtin_cpu_supports("avx512dq");
-  const bool vnni = avx512 && __builtin_cpu_supports("avx512vnni");
-  if (vnni) return Isa::kAvx512Vnni;
-  if (avx512) return Isa::kAvx512;
-  if (avx2) return Isa::kAvx2;
-#endif
-  return Isa::kReference;
-}
-
-Isa initial_cap() {
-  const char* env = std::getenv("QFORGE_MAX_ISA");
-  if (env == nullptr || *env == '\0') return Isa::kAvx512Vnni;
-  return isa_from_name(env);
-}
-
-std::atomic<int>& cap_storage() {
-  static std::atomic<int> cap{static_cast<int>(initial_cap())};
-  return cap;
-}
-
-}  // namespace
-
-const char* isa_name(Isa isa) {
-  switch (isa) {
-    case Isa::kReference: return "reference";
-    case Isa::kAvx2: return "avx2";
-    case Isa::kAvx512: return "avx512";
-    case Isa::kAvx512Vnni: return "avx512vnni";
-  }
-  return "unknown";
-}
-
-Isa isa_from_name(std::string_view name) {
-  for (Isa isa : {Isa::kReference, Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Vnni}) {
-    if (name == isa_name(isa)) return isa;
-  }
-  const std::string hint =
-      closest_match(std::string(name), {"reference", "avx2", "avx512", "avx512vnni"});
-  QF_REQUIRE(false, "kernels/cpu: unknown ISA '", name, "' (QFORGE_MAX_ISA / set_max_isa)",
-             hint.empty() ? std::string() : "; did you mean '" + hint + "'?",
-             " Valid: reference, avx2, avx512, avx512vnni");
-  return Isa::kReference;
-}
-
-Isa cpu_isa() {
-  static const Isa detected = detect_cpu_isa();
-  return detected;
-}
 
 bool isa_compiled(Isa isa) {
   switch (isa) {
@@ -92,24 +28,12 @@ bool isa_compiled(Isa isa) {
   return false;
 }
 
-void set_max_isa(Isa isa) { cap_storage().store(static_cast<int>(isa)); }
-void set_max_isa(std::string_view name) { set_max_isa(isa_from_name(name)); }
-Isa max_isa() { return static_cast<Isa>(cap_storage().load()); }
-
 bool isa_usable(Isa isa, std::string* why) {
-  auto fail = [&](std::string reason) {
-    if (why != nullptr) *why = std::move(reason);
+  if (!isa_compiled(isa)) {
+    if (why != nullptr) *why = std::string(isa_name(isa)) + " not compiled in";
     return false;
-  };
-  if (!isa_compiled(isa)) return fail(std::string(isa_name(isa)) + " not compiled in");
-  if (static_cast<int>(cpu_isa()) < static_cast<int>(isa)) {
-    return fail(std::string(isa_name(isa)) + " not supported by this CPU");
   }
-  if (static_cast<int>(max_isa()) < static_cast<int>(isa)) {
-    return fail(std::string(isa_name(isa)) + " capped by set_max_isa(\"" + isa_name(max_isa()) +
-                "\")");
-  }
-  return true;
+  return isa_allowed(isa, why);
 }
 
 }  // namespace qforge::kernels

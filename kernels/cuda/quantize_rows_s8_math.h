@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-#include "kernels/cuda/host_device.h"
+#include "framework/core/host_device.h"
 
 namespace qforge::cuda {
 

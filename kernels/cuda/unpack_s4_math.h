@@ -8,7 +8,7 @@
 
 #include <cstdint>
 
-#include "kernels/cuda/host_device.h"
+#include "framework/core/host_device.h"
 
 namespace qforge::cuda {
 

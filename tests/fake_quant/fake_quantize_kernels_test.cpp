@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "fake_quant/fake_quantize_kernels.h"
+#include "framework/core/isa.h"
 #include "framework/core/error.h"
 
 using namespace qforge::fq;
@@ -111,8 +112,15 @@ TEST(FakeQuantKernels, MaskGradAndLsqMatchReference) {
   }
 }
 
-TEST(FakeQuantKernels, SetMaxIsaCapsTheChoice) {
-  EXPECT_STREQ(set_max_isa("reference").isa, "reference");
-  EXPECT_STRNE(set_max_isa("avx512").isa, "");
-  EXPECT_THROW(set_max_isa("sse9"), qforge::Error);
+TEST(FakeQuantKernels, TheOneIsaCapCapsTheChoice) {
+  {
+    qforge::ScopedMaxIsa cap(qforge::Isa::kReference);
+    EXPECT_STREQ(active_kernels().isa, "reference");
+  }
+  {
+    qforge::ScopedMaxIsa cap(qforge::Isa::kAvx2);
+    const bool avx2 = avx2_kernels() != nullptr && qforge::cpu_isa() >= qforge::Isa::kAvx2;
+    EXPECT_STREQ(active_kernels().isa, avx2 ? "avx2" : "reference");
+  }
+  EXPECT_THROW(qforge::set_max_isa("sse9"), qforge::Error);
 }

@@ -1,4 +1,4 @@
-// Fuzz build only, force-included into kernels/cpu/isa.cpp when clang < 15 builds it: clang 14's
+// Fuzz build only, force-included into framework/core/isa.cpp when clang < 15 builds it: clang 14's
 // __builtin_cpu_supports rejects "f16c" at compile time, so that one feature is read from CPUID
 // here; the others go to the builtin as before (same run-time ISA choice as the g++ build).
 #pragma once

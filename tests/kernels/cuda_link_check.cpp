@@ -10,7 +10,7 @@
 #include "kernels/cuda/dequantize_s32_f32_cuda.h"
 #include "kernels/cuda/dequantize_s4_cuda.h"
 #include "kernels/cuda/device_buffer.h"
-#include "kernels/cuda/fake_quantize_cuda.h"
+#include "fake_quant/cuda/fake_quantize_cuda.h"
 #include "kernels/cuda/gemm_s8s8s32_cuda.h"
 #include "kernels/cuda/quantize_rows_s8_cuda.h"
 

@@ -1,5 +1,5 @@
 // CUDA fake-quant kernels: grid-stride loops over the shared scalar formulas.
-#include "kernels/cuda/fake_quantize_cuda.h"
+#include "fake_quant/cuda/fake_quantize_cuda.h"
 
 namespace qforge::cuda {
 namespace {
