@@ -9,6 +9,8 @@
 #include <dlfcn.h>
 #include <malloc.h>
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -96,8 +98,9 @@ int main(int argc, char** argv) {
           ms_by_impl[impl.name] = ms;
           const double gbps = c.bytes > 0 ? c.bytes / (ms * 1e6) : 0.0;
           if (json) {
-            std::printf("{\"bench\": \"%s\", \"impl\": \"%s\", \"shape\": \"%s\", \"threads\": %d, \"ms\": %.4f, \"GBps\": %.3f}\n",
-                        b.name.c_str(), impl.name.c_str(), c.shape.c_str(), t, ms, gbps);
+            const nlohmann::json row = {{"bench", b.name}, {"impl", impl.name}, {"shape", c.shape},
+                                        {"threads", t},    {"ms", ms},          {"GBps", gbps}};
+            std::printf("%s\n", row.dump().c_str());
           } else {
             const auto torch_ms = ms_by_impl.find("libtorch");
             char ratio[32] = "";

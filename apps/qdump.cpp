@@ -16,8 +16,9 @@
 
 #include "framework/core/error.h"
 #include "framework/io/calibration_dump.h"
+#include "framework/io/checkpoint.h"
 #include "framework/io/hdf5.h"
-#include "framework/io/quantized_tensor.h"
+#include "framework/quantized_tensor.h"
 
 namespace qforge::io {
 namespace {
@@ -89,17 +90,9 @@ void show_dataset(const h5::Dataset& ds, const std::string& name, const std::str
 
 // A checkpoint's quantized group: one line with what it dequantizes to.
 void show_quantized(const h5::Group& g, const std::string& indent) {
-  QuantizedTensor q;
-  q.qtype = qtype_from_name(g.attr_string("qtype"));
-  q.granularity = granularity_from_name(g.attr_string("granularity"));
-  q.axis = g.attr_int("axis");
-  q.group_size = g.attr_int("group_size");
-  q.shape = g.attr_ints("shape");
-  q.data = g.read_tensor("data");
-  q.scale = g.read_tensor("scale");
-  q.zero_point = g.read_tensor("zero_point");
+  const QuantizedTensor q = io::read_quantized_group(g, "qdump");
   std::printf("%s= dequantized %s  %s\n", indent.c_str(), shape_string(q.shape).c_str(),
-              summary(dequantize(q)).c_str());
+              summary(q.dequantize()).c_str());
 }
 
 void show_group(const h5::Group& g, const std::string& indent) {

@@ -13,20 +13,6 @@ namespace qforge {
 
 namespace {
 
-template <class Fn>
-void for_each_layer(torch::nn::Module& model, Fn&& fn) {
-  for (const auto& item : model.named_modules()) {
-    if (auto* layer = dynamic_cast<QuantizableLayer*>(item.value().get())) fn(item.key(), *layer);
-  }
-}
-
-template <class Fn>
-void for_each_layer(const torch::nn::Module& model, Fn&& fn) {
-  for (const auto& item : model.named_modules()) {
-    if (const auto* layer = dynamic_cast<const QuantizableLayer*>(item.value().get())) fn(item.key(), *layer);
-  }
-}
-
 std::string display_name(const std::string& path) { return path.empty() ? "(root)" : path; }
 
 }  // namespace
@@ -36,7 +22,7 @@ QuantizeReport quantize(torch::nn::Module& model, const Scheme& scheme) {
   std::vector<bool> rule_used(scheme.rules.size(), false);
   // Resolve everything first so a bad combination changes nothing.
   std::vector<std::pair<QuantizableLayer*, QuantizeReport::Entry>> plan;
-  for_each_layer(model, [&](const std::string& path, QuantizableLayer& layer) {
+  for_each_quantizable(model, [&](const std::string& path, QuantizableLayer& layer) {
     int rule = -1;
     std::string note;
     const std::optional<LayerScheme> ls = scheme.resolve(path, layer, &rule, &note);
@@ -62,7 +48,7 @@ QuantizeReport quantize(torch::nn::Module& model, const Scheme& scheme) {
 }
 
 Calibration::Calibration(torch::nn::Module& model) {
-  for_each_layer(model, [&](const std::string&, QuantizableLayer& layer) {
+  for_each_quantizable(model, [&](const std::string&, QuantizableLayer& layer) {
     for (Quantizer q : layer.quantizers()) {
       if (q->role() != QuantizerImpl::Role::kActivation || q->mode() != ActivationMode::kStatic) continue;
       q->set_observing(true);
@@ -104,7 +90,7 @@ QatController::QatController(torch::nn::Module& model, QatOptions options) : mod
 
 void QatController::begin_epoch() {
   model_.train();
-  for_each_layer(model_, [&](const std::string&, QuantizableLayer& layer) {
+  for_each_quantizable(model_, [&](const std::string&, QuantizableLayer& layer) {
     for (Quantizer q : layer.quantizers())
       if (q->role() == QuantizerImpl::Role::kActivation) q->set_observing(true);
   });
@@ -120,7 +106,7 @@ void QatController::apply() {
   const bool freeze_obs = options_.freeze_observers_after >= 0 && steps_ >= options_.freeze_observers_after;
   const bool freeze_bn = options_.freeze_bn_after >= 0 && steps_ >= options_.freeze_bn_after;
   if (freeze_obs) {
-    for_each_layer(model_, [&](const std::string&, QuantizableLayer& layer) {
+    for_each_quantizable(model_, [&](const std::string&, QuantizableLayer& layer) {
       for (Quantizer q : layer.quantizers()) q->freeze_observer();
     });
   }
@@ -135,7 +121,7 @@ void QatController::apply() {
 void freeze(torch::nn::Module& model) {
   std::vector<QuantizableLayer*> layers;
   std::vector<std::string> missing;
-  for_each_layer(model, [&](const std::string& path, QuantizableLayer& layer) {
+  for_each_quantizable(model, [&](const std::string& path, QuantizableLayer& layer) {
     if (!layer.quantized() || layer.frozen()) return;
     for (const std::string& n : layer.uncalibrated()) missing.push_back(n);
     layers.push_back(&layer);
@@ -184,7 +170,7 @@ int64_t estimate_memory(int64_t num_params, const QType& qtype, int64_t group_si
 
 std::vector<LayerReport> layer_reports(const torch::nn::Module& model) {
   std::vector<LayerReport> out;
-  for_each_layer(model, [&](const std::string& path, const QuantizableLayer& layer) {
+  for_each_quantizable(model, [&](const std::string& path, const QuantizableLayer& layer) {
     LayerReport r = layer.report();
     r.name = display_name(path);
     out.push_back(std::move(r));

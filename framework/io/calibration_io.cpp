@@ -19,25 +19,9 @@ using detail::str_cat;
 std::string dump_name(const std::string& path) { return path.empty() ? kRootModuleName : path; }
 std::string model_path(const std::string& name) { return name == kRootModuleName ? "" : name; }
 
-// "input" for the quantizer at "<layer>.input".
-std::string point_of(const std::string& layer_path, const Quantizer& q) {
-  const std::string& p = q->path();
-  if (!layer_path.empty() && p.size() > layer_path.size() && p.compare(0, layer_path.size(), layer_path) == 0 &&
-      p[layer_path.size()] == '.')
-    return p.substr(layer_path.size() + 1);
-  const size_t dot = p.rfind('.');
-  return dot == std::string::npos ? p : p.substr(dot + 1);
-}
-
 std::map<std::string, QuantizableLayer*> layers_of(const torch::nn::Module& model) {
   std::map<std::string, QuantizableLayer*> out;
-  // include_self=false: the root may live on the stack (no shared_ptr to hand out).
-  auto* root = const_cast<torch::nn::Module*>(static_cast<const torch::nn::Module*>(&model));
-  if (auto* layer = dynamic_cast<QuantizableLayer*>(root)) out.emplace(std::string(), layer);
-  for (const auto& item : model.named_modules("", /*include_self=*/false)) {
-    auto* m = const_cast<torch::nn::Module*>(item.value().get());
-    if (auto* layer = dynamic_cast<QuantizableLayer*>(m)) out.emplace(item.key(), layer);
-  }
+  for (const auto& [path, layer] : quantizable_layers(model)) out.emplace(path, layer);
   return out;
 }
 
@@ -73,12 +57,12 @@ CalibrationDump calibration_dump(const torch::nn::Module& model) {
   for (const auto& [path, layer] : layers_of(model)) {
     if (!layer->quantized()) continue;
     for (const Quantizer& q : layer->quantizers()) {
-      const std::string point = point_of(path, q);
+      const std::string point = quantization_point(path, q);
       const std::string who = "framework/io: save_calibration: '" + q->path() + "'";
       if (q->role() == QuantizerImpl::Role::kWeight) {
         at::Tensor w;
         if (layer->frozen()) {
-          const FrozenWeight fw = layer->frozen_weight();
+          const QuantizedTensor fw = layer->frozen_weight();
           if (fw.defined()) w = fw.dequantize();
         } else {
           const auto params = layer->module().named_parameters(false);
@@ -119,7 +103,7 @@ void apply_calibration(torch::nn::Module& model, const CalibrationDump& dump, co
                " is not quantized (quantize() it with the scheme the dump was made for first)");
     QF_REQUIRE(!layer.frozen(), where, ": the model's layer is frozen; calibration cannot change it");
     std::map<std::string, Quantizer> quantizers;
-    for (const Quantizer& q : layer.quantizers()) quantizers.emplace(point_of(path, q), q);
+    for (const Quantizer& q : layer.quantizers()) quantizers.emplace(quantization_point(path, q), q);
     for (const auto& [point, e] : points) {
       const std::string pw = where + ", point '" + point + "'";
       auto qit = quantizers.find(point);

@@ -31,13 +31,6 @@ const char* group_name(Section s) {
   return "?";
 }
 
-// "a.b.c" -> module "a.b", leaf "c"; "c" -> module "", leaf "c".
-std::pair<std::string, std::string> split_key(const std::string& key) {
-  const size_t dot = key.rfind('.');
-  if (dot == std::string::npos) return {"", key};
-  return {key.substr(0, dot), key.substr(dot + 1)};
-}
-
 std::string dataset_path(Section s, const std::string& module, const std::string& leaf) {
   return std::string("/") + group_name(s) + "/" + (module.empty() ? "" : module + "/") + leaf;
 }
@@ -51,16 +44,17 @@ void require_key(const std::string& key, Section s) {
 }
 
 void write_quantized(const h5::Group& parent, const std::string& name, const QuantizedTensor& q) {
+  const QType& qt = q.qtype();
   const h5::Group g = parent.create_group(name);
   g.set_attr(kEncodingAttr, kEncodingQuantized);
-  g.set_attr("qtype", q.qtype.name);
-  g.set_attr("bits", q.qtype.bits);
-  g.set_attr("signed", q.qtype.is_signed);
-  g.set_attr("quant_min", q.qtype.quant_min);
-  g.set_attr("quant_max", q.qtype.quant_max);
-  g.set_attr("granularity", to_string(q.granularity));
-  g.set_attr("axis", q.axis);
-  g.set_attr("group_size", q.group_size);
+  g.set_attr("qtype", qt.name);
+  g.set_attr("bits", qt.bits);
+  g.set_attr("signed", qt.is_signed);
+  g.set_attr("quant_min", qt.quant_min);
+  g.set_attr("quant_max", qt.quant_max);
+  g.set_attr("granularity", to_string(q.spec.granularity));
+  g.set_attr("axis", q.spec.axis);
+  g.set_attr("group_size", q.spec.group_size);
   g.set_attr("shape", q.shape);
   g.set_attr("packing", q.packing());
   g.write_tensor("data", q.data);
@@ -125,11 +119,25 @@ void validate(const CheckpointData& d) {
     require_key(key, Section::kParameters);
     QF_REQUIRE(!d.parameters.count(key), "framework/io: checkpoint: '", key,
                "' is both a float and a quantized parameter");
-    q.validate("framework/io: checkpoint: quantized parameter '" + key + "'");
+    const std::string who = "framework/io: checkpoint: quantized parameter '" + key + "'";
+    QF_REQUIRE(q.qtype().is_integer(), who, ": qtype ", q.qtype().name,
+               " cannot be stored as packed integers (float8 weights are stored as uint8 codes)");
+    q.validate(who);
   }
 }
 
 }  // namespace
+
+std::pair<std::string, std::string> split_key(const std::string& key) {
+  const size_t dot = key.rfind('.');
+  if (dot == std::string::npos) return {"", key};
+  return {key.substr(0, dot), key.substr(dot + 1)};
+}
+
+std::string dataset_path(Section s, const std::string& key) {
+  const auto [module, leaf] = split_key(key);
+  return dataset_path(s, module, leaf);
+}
 
 const char* to_string(Section s) {
   switch (s) {
@@ -315,27 +323,8 @@ struct CheckpointReader::Impl {
     const h5::Group g = parent(e).open_group(e.leaf);
     const std::string enc = g.attr_string(kEncodingAttr);
     QF_REQUIRE(enc == kEncodingQuantized, where(e), ": unknown encoding '", enc, "'");
-    QuantizedTensor q;
-    try {
-      q.qtype = qtype_from_name(g.attr_string("qtype"));
-      q.granularity = granularity_from_name(g.attr_string("granularity"));
-    } catch (const Error& err) {
-      if (std::string(err.what()).find(file.path()) != std::string::npos) throw;
-      throw Error(where(e) + ": " + err.what());
-    }
-    QF_REQUIRE(g.attr_int("bits") == q.qtype.bits, where(e), ": attribute bits ",
-               g.attr_int("bits"), " disagrees with qtype ", q.qtype.name);
-    const std::string packing = g.attr_string("packing");
-    q.axis = g.attr_int("axis");
-    q.group_size = g.attr_int("group_size");
-    q.shape = g.attr_ints("shape");
-    QF_REQUIRE(packing == q.packing(), where(e), ": packing '", packing, "' is not valid for ",
-               q.qtype.name, " (expected '", q.packing(), "')");
-    q.data = g.read_tensor("data");
-    q.scale = g.read_tensor("scale");
-    q.zero_point = g.read_tensor("zero_point");
+    const QuantizedTensor q = read_quantized_group(g, where(e));
     reads += 3;
-    q.validate(where(e));
     return q;
   }
 
@@ -343,7 +332,7 @@ struct CheckpointReader::Impl {
     if (e.info.quantized) {
       QF_REQUIRE(dequant, where(e), ": is quantized (", e.info.qtype,
                  "); read it with read_quantized or ask for dequantization");
-      return dequantize(read_quantized(e));
+      return read_quantized(e).dequantize();
     }
     at::Tensor t = parent(e).read_tensor(e.leaf);
     ++reads;
@@ -373,6 +362,31 @@ const std::string& CheckpointReader::qforge_version() const { return impl_->qfor
 int64_t CheckpointReader::step() const { return impl_->step; }
 const std::string& CheckpointReader::recipe() const { return impl_->recipe; }
 const std::string& CheckpointReader::optimizer_kind() const { return impl_->optimizer_kind; }
+QuantizedTensor read_quantized_group(const h5::Group& g, const std::string& where) {
+  QuantizedTensor q;
+  try {
+    q.spec.qtype = qtype_from_name(g.attr_string("qtype"));
+    q.spec.granularity = granularity_from_name(g.attr_string("granularity"));
+  } catch (const Error& err) {
+    if (std::string(err.what()).find(where) != std::string::npos) throw;
+    throw Error(where + ": " + err.what());
+  }
+  QF_REQUIRE(q.spec.qtype.is_integer(), where, ": qtype ", q.spec.qtype.name, " is not an integer grid");
+  QF_REQUIRE(g.attr_int("bits") == q.spec.qtype.bits, where, ": attribute bits ", g.attr_int("bits"),
+             " disagrees with qtype ", q.spec.qtype.name);
+  const std::string packing = g.attr_string("packing");
+  q.spec.axis = g.attr_int("axis");
+  q.spec.group_size = g.attr_int("group_size");
+  q.shape = g.attr_ints("shape");
+  QF_REQUIRE(packing == q.packing(), where, ": packing '", packing, "' is not valid for ", q.spec.qtype.name,
+             " (expected '", q.packing(), "')");
+  q.data = g.read_tensor("data");
+  q.scale = g.read_tensor("scale");
+  q.zero_point = g.read_tensor("zero_point");
+  q.validate(where);
+  return q;
+}
+
 int64_t CheckpointReader::datasets_read() const { return impl_->reads; }
 
 namespace {

@@ -19,9 +19,10 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
-#include "framework/io/quantized_tensor.h"
+#include "framework/quantized_tensor.h"
 
 namespace qforge::io {
 
@@ -51,6 +52,10 @@ class Group;
 void save_checkpoint(const std::string& path, const CheckpointData& data,
                      const std::function<void(const h5::Group& root)>& extra);
 
+// One quantized entry (a group with encoding "quantized", docs/formats.md): read and validated,
+// errors prefixed with `where`. The one reader of that layout (CheckpointReader and qdump use it).
+QuantizedTensor read_quantized_group(const h5::Group& g, const std::string& where);
+
 // A background save. wait() blocks until the file is committed and rethrows the writer's error.
 // The destructor waits too (reporting an unobserved error on stderr, never throwing).
 class SaveHandle {
@@ -76,6 +81,11 @@ SaveHandle save_checkpoint_async(const std::string& path, const CheckpointData& 
 
 enum class Section { kParameters, kBuffers, kOptimizer };
 const char* to_string(Section s);
+
+// "a.b.c" -> module "a.b", leaf "c"; "c" -> module "", leaf "c".
+std::pair<std::string, std::string> split_key(const std::string& key);
+// The HDF5 dataset path of `key` in section `s`: "/parameters/a.b/c" (docs/formats.md).
+std::string dataset_path(Section s, const std::string& key);
 
 struct ReadOptions {
   // Only keys equal to `prefix` or below it ("encoder.layer.3" selects "encoder.layer.3.weight",

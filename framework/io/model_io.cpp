@@ -1,6 +1,7 @@
 // Model checkpoints: qforge layers' schemes, qparams, LSQ parameters and frozen weights on top of
 // the checkpoint layout; transactional loads; optimizer state; safetensors export.
 #include "framework/io/model_io.h"
+#include "framework/io/safetensors.h"
 
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
@@ -15,7 +16,6 @@
 #include <type_traits>
 
 #include "framework/core/error.h"
-#include "framework/io/atomic_file.h"
 #include "framework/io/checkpoint.h"
 #include "framework/io/format.h"
 #include "framework/io/hdf5.h"
@@ -35,48 +35,10 @@ std::string join(const std::string& module, const std::string& name) {
   return module.empty() ? name : module + "." + name;
 }
 
-std::pair<std::string, std::string> split_key(const std::string& key) {
-  const size_t dot = key.rfind('.');
-  if (dot == std::string::npos) return {"", key};
-  return {key.substr(0, dot), key.substr(dot + 1)};
-}
-
-const char* section_group(Section s) {
-  switch (s) {
-    case Section::kParameters: return "parameters";
-    case Section::kBuffers: return "buffers";
-    case Section::kOptimizer: return "optimizer";
-  }
-  return "?";
-}
-
-template <class M>
-std::vector<std::pair<std::string, QuantizableLayer*>> layers_of(M& model) {
-  std::vector<std::pair<std::string, QuantizableLayer*>> out;
-  // include_self=false: the root may live on the stack (no shared_ptr to hand out).
-  auto* root = const_cast<torch::nn::Module*>(static_cast<const torch::nn::Module*>(&model));
-  if (auto* layer = dynamic_cast<QuantizableLayer*>(root)) out.emplace_back(std::string(), layer);
-  for (const auto& item : model.named_modules("", /*include_self=*/false)) {
-    auto* m = const_cast<torch::nn::Module*>(item.value().get());
-    if (auto* layer = dynamic_cast<QuantizableLayer*>(m)) out.emplace_back(item.key(), layer);
-  }
-  return out;
-}
-
 std::map<std::string, at::Tensor> to_map(const torch::OrderedDict<std::string, at::Tensor>& d) {
   std::map<std::string, at::Tensor> out;
   for (const auto& item : d) out.emplace(item.key(), item.value());
   return out;
-}
-
-// "input" for the quantizer at "<layer>.input".
-std::string point_of(const std::string& layer_path, const Quantizer& q) {
-  const std::string& p = q->path();
-  if (!layer_path.empty() && p.size() > layer_path.size() && p.compare(0, layer_path.size(), layer_path) == 0 &&
-      p[layer_path.size()] == '.')
-    return p.substr(layer_path.size() + 1);
-  const size_t dot = p.rfind('.');
-  return dot == std::string::npos ? p : p.substr(dot + 1);
 }
 
 std::string child_of(const std::string& point) { return point + "_quantizer"; }
@@ -192,27 +154,14 @@ ModelMeta read_model_meta(const std::string& path) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// FrozenWeight <-> QuantizedTensor (same packing; 8-bit codes get their original shape back)
+// A frozen layer's weight as a checkpoint entry: the same type, detached CPU copies, validated.
 
-QuantizedTensor to_quantized_tensor(const FrozenWeight& fw, const std::string& who) {
-  QF_REQUIRE(fw.storage.defined(), who, ": frozen weight has no packed storage");
-  QuantizedTensor q;
-  const QSpec& s = fw.qp.spec;
-  q.qtype = s.qtype;
-  q.granularity = s.granularity;
-  q.axis = s.granularity == Granularity::kPerChannel && s.axis < 0 ? s.axis + static_cast<int64_t>(fw.shape.size())
-                                                                     : s.axis;
-  if (s.granularity != Granularity::kPerChannel) q.axis = 0;
-  q.group_size = s.granularity == Granularity::kPerGroup ? s.group_size : 0;
-  q.shape = fw.shape;
-  q.scale = fw.qp.scale.detach().cpu().to(at::kFloat).contiguous().clone();
-  q.zero_point = fw.qp.zero_point.detach().cpu().to(at::kInt).contiguous().clone();
-  const at::Tensor st = fw.storage.detach().cpu().contiguous();
-  if (s.qtype.bits == 8) {
-    q.data = st.to(s.qtype.is_signed ? at::kChar : at::kByte).reshape(fw.shape).clone();
-  } else {
-    q.data = st.to(at::kByte).reshape({-1}).clone();
-  }
+QuantizedTensor stored_copy(const QuantizedTensor& fw, const std::string& who) {
+  QF_REQUIRE(fw.data.defined(), who, ": frozen weight has no packed storage");
+  QuantizedTensor q = fw;
+  q.data = fw.data.detach().cpu().contiguous().clone();
+  q.scale = fw.scale.detach().cpu().to(at::kFloat).contiguous().clone();
+  q.zero_point = fw.zero_point.detach().cpu().to(at::kInt).contiguous().clone();
   q.validate(who);
   return q;
 }
@@ -298,7 +247,7 @@ ModelFileData collect(const torch::nn::Module& model, const SaveOptions& options
   d.recipe = options.recipe;
   d.parameters = to_map(model.named_parameters(true));
   d.buffers = to_map(model.named_buffers(true));
-  for (const auto& [path, layer] : layers_of(model)) {
+  for (const auto& [path, layer] : quantizable_layers(model)) {
     if (!layer->quantized()) continue;
     LayerMeta m;
     m.type = layer->layer_type();
@@ -309,22 +258,22 @@ ModelFileData collect(const torch::nn::Module& model, const SaveOptions& options
       p.role = q->role();
       p.config = q->config();
       p.calibrated = q->calibrated();
-      m.points[point_of(path, q)] = p;
+      m.points[quantization_point(path, q)] = p;
     }
     if (m.frozen) {
-      const FrozenWeight fw = layer->frozen_weight();
+      const QuantizedTensor fw = layer->frozen_weight();
       const std::string wkey = join(path, "weight");
       if (fw.defined()) {
         d.parameters.erase(wkey);
         const std::string who = "framework/io: save_model: layer '" + path + "'";
-        if (fw.qp.spec.qtype.is_float()) {
+        if (fw.spec.qtype.is_float()) {
           // float8 codes: a uint8 dataset of the weight's shape; scale in the layer's /model group.
-          QF_REQUIRE(fw.storage.defined(), who, ": frozen weight has no packed storage");
-          d.parameters[wkey] = fw.storage.detach().cpu().to(at::kByte).reshape(fw.shape);
-          m.float8_scale = fw.qp.scale.detach().cpu().to(at::kFloat).contiguous();
-          m.float8_zero_point = fw.qp.zero_point.detach().cpu().to(at::kInt).contiguous();
+          QF_REQUIRE(fw.data.defined(), who, ": frozen weight has no packed storage");
+          d.parameters[wkey] = fw.data.detach().cpu().to(at::kByte).reshape(fw.shape);
+          m.float8_scale = fw.scale.detach().cpu().to(at::kFloat).contiguous();
+          m.float8_zero_point = fw.zero_point.detach().cpu().to(at::kInt).contiguous();
         } else {
-          d.quantized[wkey] = to_quantized_tensor(fw, who);
+          d.quantized[wkey] = stored_copy(fw, who);
         }
       }
       const at::Tensor bias = layer->frozen_bias();
@@ -431,7 +380,7 @@ struct LayerPlan {
   const LayerMeta* meta = nullptr;
   bool attach = false;
   bool freeze = false;
-  FrozenWeight frozen;
+  QuantizedTensor frozen;
   std::vector<PointPlan> points;
 };
 
@@ -477,9 +426,7 @@ class Loader {
   std::string file() const { return reader_.path(); }
   std::string where(Section s, const std::string& key) const {
     if (reader_.contains(key, s)) return "framework/io: " + file() + ": dataset '" + reader_.info(key, s).dataset_path + "'";
-    const auto [module, leaf] = split_key(key);
-    return "framework/io: " + file() + ": dataset '/" + section_group(s) + "/" + (module.empty() ? "" : module + "/") +
-           leaf + "'";
+    return "framework/io: " + file() + ": dataset '" + dataset_path(s, key) + "'";
   }
   std::string layer_where(const std::string& path) const {
     return "framework/io: " + file() + ": layer '" + (path.empty() ? "(root)" : path) + "'";
@@ -520,7 +467,7 @@ class Loader {
     const auto params = to_map(model_.named_parameters(true));
     const auto buffers = to_map(model_.named_buffers(true));
     std::set<std::string> layer_keys;
-    for (const auto& [path, layer] : layers_of(model_)) {
+    for (const auto& [path, layer] : quantizable_layers(model_)) {
       for (const auto& p : layer->module().named_parameters(true)) layer_keys.insert(join(path, p.key()));
       for (const auto& b : layer->module().named_buffers(true)) layer_keys.insert(join(path, b.key()));
       const bool chosen = opts_.prefix.empty() || (!path.empty() && selected(path));
@@ -535,7 +482,7 @@ class Loader {
         if (!layer_keys.count(key) && selected(key)) stage_plain(Section::kBuffers, key, t);
     // Layers the file describes but the model lacks.
     std::set<std::string> model_layers;
-    for (const auto& [path, layer] : layers_of(model_)) model_layers.insert(path);
+    for (const auto& [path, layer] : quantizable_layers(model_)) model_layers.insert(path);
     for (const auto& [path, m] : meta_.layers) {
       if (model_layers.count(path) || !(opts_.prefix.empty() || (!path.empty() && selected(path)))) continue;
       QF_REQUIRE(!opts_.strict, layer_where(path), " (", m.type, ", ", scheme_string(m.scheme),
@@ -571,14 +518,14 @@ class Loader {
     }
   }
 
-  FrozenWeight build_frozen(const std::string& path, const LayerMeta& m, const at::Tensor& target) {
+  QuantizedTensor build_frozen(const std::string& path, const LayerMeta& m, const at::Tensor& target) {
     const std::string key = join(path, "weight");
     const QSpec& spec = m.scheme.weights->spec;
     const std::string w = where(Section::kParameters, key);
     const EntryInfo& e = reader_.info(key, Section::kParameters);
     QF_REQUIRE(e.shape == target.sizes().vec(), w, " has shape ", at::IntArrayRef(e.shape), ", model expects ",
                target.sizes());
-    FrozenWeight fw;
+    QuantizedTensor fw;
     fw.shape = e.shape;
     at::Tensor scale, zero_point;
     if (spec.qtype.is_float()) {
@@ -586,7 +533,7 @@ class Loader {
       const at::Tensor codes = reader_.read_tensor(key, Section::kParameters);
       QF_REQUIRE(codes.scalar_type() == at::kByte, w, ": ", spec.qtype.name, " codes must be uint8, got ",
                  codes.scalar_type());
-      fw.storage = codes.contiguous().reshape({-1});
+      fw.data = codes.contiguous().reshape(e.shape);
       scale = m.float8_scale;
       zero_point = m.float8_zero_point;
       QF_REQUIRE(scale.defined() && zero_point.defined(), layer_where(path),
@@ -597,17 +544,17 @@ class Loader {
       QF_REQUIRE(e.qtype == spec.qtype.name, w, " is ", e.qtype, ", the layer's scheme says ", spec.qtype.name);
       const QuantizedTensor q = reader_.read_quantized(key, Section::kParameters);
       const int64_t axis = spec.axis < 0 ? spec.axis + static_cast<int64_t>(q.shape.size()) : spec.axis;
-      QF_REQUIRE(q.granularity == spec.granularity &&
-                     (spec.granularity != Granularity::kPerChannel || q.axis == axis) &&
-                     (spec.granularity != Granularity::kPerGroup || q.group_size == spec.group_size),
-                 w, " is ", to_string(q.granularity), " (axis ", q.axis, ", group_size ", q.group_size,
+      QF_REQUIRE(q.spec.granularity == spec.granularity &&
+                     (spec.granularity != Granularity::kPerChannel || q.spec.axis == axis) &&
+                     (spec.granularity != Granularity::kPerGroup || q.spec.group_size == spec.group_size),
+                 w, " is ", to_string(q.spec.granularity), " (axis ", q.spec.axis, ", group_size ", q.spec.group_size,
                  "), the layer's scheme says ", spec.to_string());
-      fw.storage = spec.qtype.bits == 8 ? q.data.reshape({-1}).contiguous() : q.data;
+      fw.data = q.data;
       scale = q.scale;
       zero_point = q.zero_point;
     }
     try {
-      fw.qp = make_qparams(spec, scale, zero_point);
+      fw = make_quantized(make_qparams(spec, scale, zero_point), e.shape, fw.data);
       (void)fw.dequantize();  // builds the weight once: any inconsistency fails here, not after changes
     } catch (const Error& err) {
       throw Error(w + ": " + err.what());
@@ -783,7 +730,7 @@ class Loader {
       throw Error(layer_where(path) + ": frozen in the checkpoint but its packed weight is missing");
     }
     std::map<std::string, Quantizer> existing;
-    for (const Quantizer& q : layer.quantizers()) existing.emplace(point_of(path, q), q);
+    for (const Quantizer& q : layer.quantizers()) existing.emplace(quantization_point(path, q), q);
     for (const auto& [point, pm] : m->points) {
       auto eit = existing.find(point);
       QF_REQUIRE(lp.attach || eit != existing.end(), layer_where(path), ": the model's layer has no quantizer '",
@@ -930,66 +877,7 @@ LoadReport load_model(torch::nn::Module& model, const std::string& path, const L
 }
 
 // ---------------------------------------------------------------------------------------------
-// safetensors export
-
-namespace {
-
-const char* safetensors_dtype(at::ScalarType t) {
-  switch (t) {
-    case at::kDouble: return "F64";
-    case at::kFloat: return "F32";
-    case at::kHalf: return "F16";
-    case at::kBFloat16: return "BF16";
-    case at::kLong: return "I64";
-    case at::kInt: return "I32";
-    case at::kShort: return "I16";
-    case at::kChar: return "I8";
-    case at::kByte: return "U8";
-    case at::kBool: return "BOOL";
-    default: return nullptr;
-  }
-}
-
-// Minimal writer: 8-byte little-endian header length, JSON header (8-byte aligned, space padded),
-// raw little-endian data in key order. Crash-safe through AtomicFile.
-void write_safetensors_file(const std::string& path, const std::map<std::string, at::Tensor>& tensors,
-                            const std::map<std::string, std::string>& metadata) {
-  static_assert(sizeof(uint64_t) == 8, "header length is 8 bytes");
-  nlohmann::json header = nlohmann::json::object();
-  std::vector<at::Tensor> data;
-  uint64_t offset = 0;
-  for (const auto& [key, t0] : tensors) {
-    const at::Tensor t = t0.detach().cpu().contiguous();
-    const char* dtype = safetensors_dtype(t.scalar_type());
-    QF_REQUIRE(dtype, "framework/io: export_safetensors: '", key, "' has dtype ", t.scalar_type(),
-               " which safetensors cannot hold");
-    const uint64_t bytes = static_cast<uint64_t>(t.nbytes());
-    header[key] = {{"dtype", dtype}, {"shape", t.sizes().vec()}, {"data_offsets", {offset, offset + bytes}}};
-    offset += bytes;
-    data.push_back(t);
-  }
-  if (!metadata.empty()) header["__metadata__"] = metadata;
-  std::string text = header.dump();
-  while ((text.size() + 8) % 8 != 0) text.push_back(' ');
-  AtomicFile out(path);
-  {
-    std::FILE* f = std::fopen(out.temp_path().c_str(), "wb");
-    QF_REQUIRE(f, "framework/io: export_safetensors: cannot create '", out.temp_path(), "'");
-    std::unique_ptr<std::FILE, int (*)(std::FILE*)> guard(f, &std::fclose);
-    uint8_t len[8];
-    const uint64_t n = text.size();
-    for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(n >> (8 * i));
-    bool ok = std::fwrite(len, 1, 8, f) == 8 && std::fwrite(text.data(), 1, n, f) == n;
-    // Tensor bytes as they lie in memory: x86-64 and aarch64 hosts are little-endian.
-    for (const at::Tensor& t : data)
-      ok = ok && std::fwrite(t.data_ptr(), 1, t.nbytes(), f) == static_cast<size_t>(t.nbytes());
-    ok = ok && std::fflush(f) == 0;
-    QF_REQUIRE(ok, "framework/io: export_safetensors: writing '", out.temp_path(), "' failed");
-  }
-  out.commit();
-}
-
-}  // namespace
+// safetensors export (written by io::write_safetensors, crash-safe)
 
 void export_safetensors(const torch::nn::Module& model, const std::string& path) {
   at::NoGradGuard no_grad;
@@ -1024,7 +912,7 @@ void export_safetensors(const torch::nn::Module& model, const std::string& path)
     QSpec spec;
     const auto& m = f.meta.layers.at(split_key(key).first);
     spec = m.scheme.weights->spec;
-    spec.axis = q.axis;
+    spec.axis = q.spec.axis;
     add_quantized(key, q.data, q.scale, q.zero_point, spec, q.shape, q.packing());
   }
   for (const auto& [path, m] : f.meta.layers) {
@@ -1039,7 +927,7 @@ void export_safetensors(const torch::nn::Module& model, const std::string& path)
   metadata["format"] = "qforge.quantized";
   metadata["qforge.quantized"] = described.dump();
   metadata["qforge_version"] = qforge_version();
-  write_safetensors_file(path, tensors, metadata);
+  write_safetensors(path, tensors, metadata);
 }
 
 }  // namespace qforge::io

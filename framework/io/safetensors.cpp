@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "framework/core/error.h"
+#include "framework/io/atomic_file.h"
 
 namespace qforge::io {
 namespace {
@@ -202,20 +203,15 @@ std::vector<uint8_t> serialize_safetensors(const std::map<std::string, at::Tenso
 void write_safetensors(const std::string& path, const std::map<std::string, at::Tensor>& tensors,
                        const std::map<std::string, std::string>& metadata) {
   const std::vector<uint8_t> bytes = serialize_safetensors(tensors, metadata);
-  const std::string tmp = path + ".tmp";
+  AtomicFile out(path);
   {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    QF_REQUIRE(f, "safetensors: cannot create ", tmp);
-    f.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
-    f.flush();
-    QF_REQUIRE(f.good(), "safetensors: error writing ", tmp);
+    std::FILE* f = std::fopen(out.temp_path().c_str(), "wb");
+    QF_REQUIRE(f, "safetensors: cannot create '", out.temp_path(), "' for ", path);
+    std::unique_ptr<std::FILE, int (*)(std::FILE*)> guard(f, &std::fclose);
+    const bool ok = std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size() && std::fflush(f) == 0;
+    QF_REQUIRE(ok, "safetensors: writing '", out.temp_path(), "' failed");
   }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) {
-    std::filesystem::remove(tmp);
-    throw Error(detail::str_cat("safetensors: cannot rename ", tmp, " to ", path, ": ", ec.message()));
-  }
+  out.commit();
 }
 
 }  // namespace qforge::io

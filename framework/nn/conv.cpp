@@ -20,7 +20,7 @@ void ConvQuantState::check_scheme(const LayerScheme& scheme) const {
              "): dynamic per-token activations are for Linear; use static activations for convolutions");
 }
 
-void ConvQuantState::install_conv(FrozenWeight fw, at::Tensor& weight,
+void ConvQuantState::install_conv(QuantizedTensor fw, at::Tensor& weight,
                                   torch::OrderedDict<std::string, at::Tensor>& params) {
   QF_REQUIRE(!frozen_, path_, " (", layer_type(), "): already frozen");
   QF_REQUIRE(fw.defined() && scheme_.weights, path_, " (", layer_type(),

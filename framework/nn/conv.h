@@ -6,7 +6,7 @@
 
 #include <torch/nn/modules/conv.h>
 
-#include "framework/nn/frozen_weight.h"
+#include "framework/quantized_tensor.h"
 #include "framework/nn/quantizable.h"
 
 namespace qforge::nn {
@@ -17,10 +17,10 @@ class ConvQuantState : public QuantizableLayer {
   void check_scheme(const LayerScheme& scheme) const override;
 
  protected:
-  void install_conv(FrozenWeight fw, at::Tensor& weight, torch::OrderedDict<std::string, at::Tensor>& params);
+  void install_conv(QuantizedTensor fw, at::Tensor& weight, torch::OrderedDict<std::string, at::Tensor>& params);
   int64_t frozen_storage_bytes() const override { return fweight_.defined() ? fweight_.bytes() : 0; }
-  FrozenWeight frozen_weight() const override { return fweight_; }
-  FrozenWeight fweight_;
+  QuantizedTensor frozen_weight() const override { return fweight_; }
+  QuantizedTensor fweight_;
 };
 
 class Conv1dImpl : public torch::nn::Conv1dImpl, public ConvQuantState {
@@ -30,8 +30,8 @@ class Conv1dImpl : public torch::nn::Conv1dImpl, public ConvQuantState {
   const char* layer_type() const override { return "Conv1d"; }
   torch::nn::Module& module() override { return *this; }
   const torch::nn::Module& module() const override { return *this; }
-  void install_frozen(FrozenWeight fw) override { install_conv(std::move(fw), weight, parameters_); }
-  FrozenWeight frozen_weight() const override { return ConvQuantState::frozen_weight(); }
+  void install_frozen(QuantizedTensor fw) override { install_conv(std::move(fw), weight, parameters_); }
+  QuantizedTensor frozen_weight() const override { return ConvQuantState::frozen_weight(); }
   at::Tensor frozen_bias() const override { return options.bias() ? bias : at::Tensor(); }
 
  protected:
@@ -48,8 +48,8 @@ class Conv2dImpl : public torch::nn::Conv2dImpl, public ConvQuantState {
   const char* layer_type() const override { return "Conv2d"; }
   torch::nn::Module& module() override { return *this; }
   const torch::nn::Module& module() const override { return *this; }
-  void install_frozen(FrozenWeight fw) override { install_conv(std::move(fw), weight, parameters_); }
-  FrozenWeight frozen_weight() const override { return ConvQuantState::frozen_weight(); }
+  void install_frozen(QuantizedTensor fw) override { install_conv(std::move(fw), weight, parameters_); }
+  QuantizedTensor frozen_weight() const override { return ConvQuantState::frozen_weight(); }
   at::Tensor frozen_bias() const override { return options.bias() ? bias : at::Tensor(); }
 
  protected:

@@ -23,16 +23,16 @@ void EmbeddingImpl::check_scheme(const LayerScheme& scheme) const {
 
 at::Tensor EmbeddingImpl::forward(const at::Tensor& indices) {
   if (frozen_) {
-    const QSpec& s = fweight_.qp.spec;
+    const QSpec& s = fweight_.spec;
     const bool row_wise = s.granularity != Granularity::kPerTensor && s.qtype.is_integer() &&
                           s.qtype.bits == 8 && s.qtype != quint8;
     if (row_wise) {
       // Gather int8 rows and their scales, dequantize only those.
       const at::Tensor flat = indices.reshape({-1});
-      const at::Tensor codes = fweight_.storage.reshape(fweight_.shape).index_select(0, flat);
-      QParams rows = fweight_.qp;
-      rows.scale = fweight_.qp.scale.index_select(0, flat);
-      rows.zero_point = fweight_.qp.zero_point.index_select(0, flat);
+      const at::Tensor codes = fweight_.data.reshape(fweight_.shape).index_select(0, flat);
+      QParams rows = fweight_.qparams();
+      rows.scale = fweight_.scale.index_select(0, flat);
+      rows.zero_point = fweight_.zero_point.index_select(0, flat);
       std::vector<int64_t> shape(indices.sizes().begin(), indices.sizes().end());
       shape.push_back(options.embedding_dim());
       return dequantize_int(codes, rows).reshape(shape);
@@ -45,7 +45,7 @@ at::Tensor EmbeddingImpl::forward(const at::Tensor& indices) {
   return torch::nn::EmbeddingImpl::forward(indices);
 }
 
-void EmbeddingImpl::install_frozen(FrozenWeight fw) {
+void EmbeddingImpl::install_frozen(QuantizedTensor fw) {
   QF_REQUIRE(!frozen_, path_, " (Embedding): already frozen");
   QF_REQUIRE(fw.defined() && scheme_.weights, path_, " (Embedding): install_frozen needs the saved scheme attached");
   QF_REQUIRE(fw.shape == std::vector<int64_t>({options.num_embeddings(), options.embedding_dim()}), path_,
@@ -56,7 +56,7 @@ void EmbeddingImpl::install_frozen(FrozenWeight fw) {
   weight = at::Tensor();
   if (weight_q_) weight_q_->clear_cache();
   frozen_ = true;
-  const QSpec& s = fweight_.qp.spec;
+  const QSpec& s = fweight_.spec;
   if (s.granularity != Granularity::kPerTensor && s.qtype.is_integer() && s.qtype.bits == 8 && s.qtype != quint8) {
     kernel_ = "gather_s8+dequantize_rows";
   } else {

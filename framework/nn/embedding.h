@@ -4,7 +4,7 @@
 
 #include <torch/nn/modules/embedding.h>
 
-#include "framework/nn/frozen_weight.h"
+#include "framework/quantized_tensor.h"
 #include "framework/nn/quantizable.h"
 
 namespace qforge::nn {
@@ -18,15 +18,15 @@ class EmbeddingImpl : public torch::nn::EmbeddingImpl, public QuantizableLayer {
   torch::nn::Module& module() override { return *this; }
   const torch::nn::Module& module() const override { return *this; }
   void check_scheme(const LayerScheme& scheme) const override;
-  void install_frozen(FrozenWeight fw) override;
-  FrozenWeight frozen_weight() const override { return fweight_; }
+  void install_frozen(QuantizedTensor fw) override;
+  QuantizedTensor frozen_weight() const override { return fweight_; }
 
  protected:
   at::Tensor float_weight() const override { return weight; }
   int64_t frozen_storage_bytes() const override { return fweight_.defined() ? fweight_.bytes() : 0; }
 
  private:
-  FrozenWeight fweight_;
+  QuantizedTensor fweight_;
 };
 TORCH_MODULE(Embedding);
 

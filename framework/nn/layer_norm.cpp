@@ -16,7 +16,7 @@ at::Tensor LayerNormImpl::forward(const at::Tensor& x) {
   return input_q_ ? input_q_->forward(y) : y;
 }
 
-void LayerNormImpl::install_frozen(FrozenWeight) {
+void LayerNormImpl::install_frozen(QuantizedTensor) {
   QF_REQUIRE(!frozen_, path_, " (LayerNorm): already frozen");
   QF_REQUIRE(uncalibrated().empty(), path_, " (LayerNorm): static output quantizer was never calibrated");
   frozen_ = true;

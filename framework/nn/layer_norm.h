@@ -17,7 +17,7 @@ class LayerNormImpl : public torch::nn::LayerNormImpl, public QuantizableLayer {
   torch::nn::Module& module() override { return *this; }
   const torch::nn::Module& module() const override { return *this; }
   void check_scheme(const LayerScheme& scheme) const override;
-  void install_frozen(FrozenWeight weight) override;
+  void install_frozen(QuantizedTensor weight) override;
 
  protected:
   const char* activation_quantizer_name() const override { return "output_quantizer"; }

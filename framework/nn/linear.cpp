@@ -55,10 +55,10 @@ bool static_act_fits_kernels(const LayerScheme& s, std::string* why) {
 
 }  // namespace
 
-void LinearImpl::install_frozen(FrozenWeight fw) {
+void LinearImpl::install_frozen(QuantizedTensor fw) {
   QF_REQUIRE(!frozen_, path_, " (Linear): already frozen");
   QF_REQUIRE(fw.defined() && scheme_.weights, path_, " (Linear): install_frozen needs the saved scheme attached and a packed weight");
-  const QParams qp = fw.qp;
+  const QParams qp = fw.qparams();
   QF_REQUIRE(fw.shape == std::vector<int64_t>({options.out_features(), options.in_features()}), path_,
              " (Linear): frozen weight has shape ", at::IntArrayRef(fw.shape), ", layer expects [",
              options.out_features(), ", ", options.in_features(), "]");
@@ -94,14 +94,14 @@ void LinearImpl::install_frozen(FrozenWeight fw) {
     kernels::PackOptions opts;
     opts.onednn = false;
     s8_ = std::make_shared<kernels::PackedLinearS8>(fw.int_values(), scale_n, b, opts);
-    fw.storage = at::Tensor();
+    fw.data = at::Tensor();
   } else if (kind == Path::kS4Dynamic || kind == Path::kS4Static || kind == Path::kS4WeightOnly) {
     const int64_t g = ws.granularity == Granularity::kPerGroup ? ws.group_size : K;
     const at::Tensor scale_ng = qp.scale.to(at::kFloat).reshape({N, -1}).expand({N, K / g}).contiguous();
     at::Tensor zero_ng;
     if (!all_zero(qp.zero_point)) zero_ng = qp.zero_point.to(at::kInt).reshape({N, -1}).expand({N, K / g}).contiguous();
     s4_ = std::make_shared<kernels::PackedLinearS4>(fw.int_values(), scale_ng, zero_ng, g, b, ws.qtype);
-    fw.storage = at::Tensor();
+    fw.data = at::Tensor();
   }
   if (kind == Path::kS8Static || kind == Path::kS4Static) static_act_scale_ = input_q_->qparams().scale.item<float>();
 
@@ -123,11 +123,11 @@ void LinearImpl::install_frozen(FrozenWeight fw) {
   if (kind != Path::kDequant) frozen_forward(at::zeros({1, K}));
 }
 
-FrozenWeight LinearImpl::frozen_weight() const {
+QuantizedTensor LinearImpl::frozen_weight() const {
   if (!frozen_) return {};
-  FrozenWeight fw = fweight_;
-  if (s8_) fw.storage = pack_codes(s8_->weight(), fw.qp.spec.qtype);
-  if (s4_) fw.storage = pack_codes(s4_->weight(), fw.qp.spec.qtype);
+  QuantizedTensor fw = fweight_;
+  if (s8_) fw.data = pack_quantized(s8_->weight(), fw.qparams()).data;
+  if (s4_) fw.data = pack_quantized(s4_->weight(), fw.qparams()).data;
   return fw;
 }
 
@@ -138,7 +138,7 @@ at::Tensor LinearImpl::frozen_bias() const {
 }
 
 int64_t LinearImpl::frozen_storage_bytes() const {
-  // Kernel objects hold the codes, scales and bias; otherwise the packed FrozenWeight does.
+  // Kernel objects hold the codes, scales and bias; otherwise the packed QuantizedTensor does.
   if (s8_) return s8_->bytes();
   if (s4_) return s4_->bytes();
   int64_t bytes = fweight_.defined() ? fweight_.bytes() : 0;
@@ -160,8 +160,8 @@ at::Tensor LinearImpl::frozen_forward(const at::Tensor& x_in) {
       // Large M: unpack once per call and let the float GEMM amortise it over the rows.
       kernel_ = "unpack+at::linear";
       fallback_ = detail::str_cat("M=", M, " > ", kWeightOnlyMaxM, ": the weight-only GEMV kernels are for small M");
-      return at::linear(x, fweight_.defined() && fweight_.storage.defined() ? fweight_.dequantize()
-                                                                           : dequantize_int(s8_ ? s8_->weight() : s4_->weight(), fweight_.qp),
+      return at::linear(x, fweight_.defined() && fweight_.data.defined() ? fweight_.dequantize()
+                                                                           : dequantize_int(s8_ ? s8_->weight() : s4_->weight(), fweight_.qparams()),
                         s8_ ? s8_->bias() : s4_->bias()).reshape(out_shape);
     }
     kernels::RunInfo info;

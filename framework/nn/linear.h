@@ -6,7 +6,7 @@
 
 #include <memory>
 
-#include "framework/nn/frozen_weight.h"
+#include "framework/quantized_tensor.h"
 #include "framework/nn/quantizable.h"
 
 namespace qforge::kernels {
@@ -26,8 +26,8 @@ class LinearImpl : public torch::nn::LinearImpl, public QuantizableLayer {
   torch::nn::Module& module() override { return *this; }
   const torch::nn::Module& module() const override { return *this; }
   void check_scheme(const LayerScheme& scheme) const override;
-  void install_frozen(FrozenWeight weight) override;
-  FrozenWeight frozen_weight() const override;
+  void install_frozen(QuantizedTensor weight) override;
+  QuantizedTensor frozen_weight() const override;
   at::Tensor frozen_bias() const override;
 
  protected:
@@ -39,7 +39,7 @@ class LinearImpl : public torch::nn::LinearImpl, public QuantizableLayer {
 
   enum class Path : uint8_t { kDequant, kS8Dynamic, kS8Static, kS4Dynamic, kS4Static, kS8WeightOnly, kS4WeightOnly };
   Path path_kind_ = Path::kDequant;
-  FrozenWeight fweight_;
+  QuantizedTensor fweight_;
   std::shared_ptr<kernels::PackedLinearS8> s8_;
   std::shared_ptr<kernels::PackedLinearS4> s4_;
   float static_act_scale_ = 1.0f;

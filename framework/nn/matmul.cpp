@@ -32,7 +32,7 @@ at::Tensor MatMulImpl::forward(const at::Tensor& a, const at::Tensor& b) {
   return at::matmul(input_q_->forward(a), other_q_->forward(b));
 }
 
-void MatMulImpl::install_frozen(FrozenWeight) {
+void MatMulImpl::install_frozen(QuantizedTensor) {
   QF_REQUIRE(!frozen_, path_, " (MatMul): already frozen");
   QF_REQUIRE(uncalibrated().empty(), path_, " (MatMul): static operand quantizers were never calibrated");
   frozen_ = true;

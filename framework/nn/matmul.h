@@ -19,7 +19,7 @@ class MatMulImpl : public torch::nn::Cloneable<MatMulImpl>, public QuantizableLa
   torch::nn::Module& module() override { return *this; }
   const torch::nn::Module& module() const override { return *this; }
   void check_scheme(const LayerScheme& scheme) const override;
-  void install_frozen(FrozenWeight weight) override;
+  void install_frozen(QuantizedTensor weight) override;
   std::vector<Quantizer> quantizers() const override;
 
  protected:

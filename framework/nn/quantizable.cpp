@@ -50,7 +50,7 @@ void QuantizableLayer::freeze() {
   if (frozen_) return;
   QF_REQUIRE(quantized(), path_, " (", layer_type(), "): freeze() needs quantize() first");
   QF_REQUIRE(uncalibrated().empty(), path_, " (", layer_type(), "): static activations were never calibrated");
-  FrozenWeight fw;
+  QuantizedTensor fw;
   if (has_weight()) {
     QF_REQUIRE(weight_q_, path_, " (", layer_type(),
                "): freezing needs quantized weights (activation-only schemes stay fake-quant)");
@@ -58,7 +58,7 @@ void QuantizableLayer::freeze() {
     QParams qp = weight_q_->qparams(w);
     // Learned (LSQ) 4-bit scales are rounded up to float16 here, as min/max scales already are.
     if (qp.spec.qtype.is_integer() && qp.spec.qtype.bits == 4) qp.scale = round_scale_up_to_half(qp.scale);
-    fw = freeze_weight(w, qp);
+    fw = quantize_tensor(w, qp);
   }
   install_frozen(std::move(fw));
 }
@@ -117,6 +117,27 @@ int64_t QuantizableLayer::storage_bytes() const {
   for (const auto& p : module().named_parameters(/*recurse=*/true)) bytes += p.value().nbytes();
   for (const auto& b : module().named_buffers(/*recurse=*/true)) bytes += b.value().nbytes();
   return bytes;
+}
+
+std::vector<std::pair<std::string, QuantizableLayer*>> quantizable_layers(const torch::nn::Module& model) {
+  std::vector<std::pair<std::string, QuantizableLayer*>> out;
+  // include_self=false: the root may live on the stack (no shared_ptr to hand out).
+  auto* root = const_cast<torch::nn::Module*>(&model);
+  if (auto* layer = dynamic_cast<QuantizableLayer*>(root)) out.emplace_back(std::string(), layer);
+  for (const auto& item : model.named_modules("", /*include_self=*/false)) {
+    auto* m = const_cast<torch::nn::Module*>(item.value().get());
+    if (auto* layer = dynamic_cast<QuantizableLayer*>(m)) out.emplace_back(item.key(), layer);
+  }
+  return out;
+}
+
+std::string quantization_point(const std::string& layer_path, const Quantizer& q) {
+  const std::string& p = q->path();
+  if (!layer_path.empty() && p.size() > layer_path.size() && p.compare(0, layer_path.size(), layer_path) == 0 &&
+      p[layer_path.size()] == '.')
+    return p.substr(layer_path.size() + 1);
+  const size_t dot = p.rfind('.');
+  return dot == std::string::npos ? p : p.substr(dot + 1);
 }
 
 }  // namespace qforge

@@ -7,8 +7,10 @@
 
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
-#include "framework/nn/frozen_weight.h"
+#include "framework/quantized_tensor.h"
 #include "framework/quantizer.h"
 
 namespace qforge {
@@ -49,11 +51,11 @@ class QuantizableLayer {
   // Packs the weights into integer storage, releases the float weight and switches forward to
   // the integer kernels. Throws (leaving the layer unchanged) when something is missing.
   void freeze();
-  // Frozen state without the float weight: the packed weight (undefined FrozenWeight for
+  // Frozen state without the float weight: the packed weight (undefined QuantizedTensor for
   // weightless layers). install_frozen() rebuilds a frozen layer from it (checkpoint loading);
   // the layer must be attached with the saved scheme and calibrated first.
-  virtual FrozenWeight frozen_weight() const { return {}; }
-  virtual void install_frozen(FrozenWeight weight) = 0;
+  virtual QuantizedTensor frozen_weight() const { return {}; }
+  virtual void install_frozen(QuantizedTensor weight) = 0;
   // Bias of a frozen layer, wherever its kernel keeps it (undefined when none).
   virtual at::Tensor frozen_bias() const { return {}; }
   // Names of quantizers that must be calibrated before freeze() and are not.
@@ -95,6 +97,25 @@ class QuantizableLayer {
   std::string kernel_ = "float";
   std::string fallback_;
 };
+
+// The qforge layers of `model` by module path, in named_modules() order, the root (path "") first
+// when it is one. The one module walk: quantize, freeze, describe, calibration dumps, checkpoints
+// and the search all go through it. Works for a root that lives on the stack.
+std::vector<std::pair<std::string, QuantizableLayer*>> quantizable_layers(const torch::nn::Module& model);
+
+// Calls fn(path, layer) for every qforge layer, as quantizable_layers() lists them.
+template <class Fn>
+void for_each_quantizable(torch::nn::Module& model, Fn&& fn) {
+  for (const auto& [path, layer] : quantizable_layers(model)) fn(path, *layer);
+}
+template <class Fn>
+void for_each_quantizable(const torch::nn::Module& model, Fn&& fn) {
+  for (const auto& [path, layer] : quantizable_layers(model)) fn(path, static_cast<const QuantizableLayer&>(*layer));
+}
+
+// The point name of a layer's quantizer: "input" for the quantizer at "<layer path>.input"
+// (the names calibration dumps and checkpoints use).
+std::string quantization_point(const std::string& layer_path, const Quantizer& q);
 
 // Temporarily replaces a module's tensor member (its weight) so the LibTorch base forward runs
 // unchanged on the fake-quantized tensor; restores it on scope exit.

@@ -25,11 +25,11 @@ using testing::same_tensor;
 using testing::TempDir;
 
 void expect_same_quantized(const QuantizedTensor& a, const QuantizedTensor& b, const std::string& k) {
-  EXPECT_EQ(a.qtype, b.qtype) << k;
-  EXPECT_STREQ(a.qtype.name, b.qtype.name) << k;
-  EXPECT_EQ(a.granularity, b.granularity) << k;
-  EXPECT_EQ(a.axis, b.axis) << k;
-  EXPECT_EQ(a.group_size, b.group_size) << k;
+  EXPECT_EQ(a.spec.qtype, b.spec.qtype) << k;
+  EXPECT_STREQ(a.spec.qtype.name, b.spec.qtype.name) << k;
+  EXPECT_EQ(a.spec.granularity, b.spec.granularity) << k;
+  EXPECT_EQ(a.spec.axis, b.spec.axis) << k;
+  EXPECT_EQ(a.spec.group_size, b.spec.group_size) << k;
   EXPECT_EQ(a.shape, b.shape) << k;
   EXPECT_TRUE(same_tensor(a.data, b.data)) << k;
   EXPECT_TRUE(same_tensor(a.scale, b.scale)) << k;
@@ -96,9 +96,9 @@ TEST(Checkpoint, QuantizedEntriesOfEveryQtypeAndGranularityRoundTrip) {
   const CheckpointData back = r.read();
   expect_same_checkpoint(d, back);
   for (const auto& [k, q] : d.quantized) {
-    EXPECT_TRUE(same_tensor(r.read_tensor(k, Section::kParameters, /*dequantize=*/true), dequantize(q))) << k;
+    EXPECT_TRUE(same_tensor(r.read_tensor(k, Section::kParameters, /*dequantize=*/true), q.dequantize())) << k;
     EXPECT_TRUE(r.info(k).quantized);
-    EXPECT_EQ(r.info(k).qtype, q.qtype.name);
+    EXPECT_EQ(r.info(k).qtype, q.spec.qtype.name);
   }
 }
 
@@ -207,7 +207,7 @@ TEST(Checkpoint, LoadIntoFillsAFreshModel) {
   deq.dequantize = true;
   deq.buffers = false;
   r.load_into(qtargets, {}, deq);
-  EXPECT_TRUE(same_tensor(qtargets["enc.layer.1.q4.weight"], dequantize(d.quantized.at("enc.layer.1.q4.weight"))));
+  EXPECT_TRUE(same_tensor(qtargets["enc.layer.1.q4.weight"], d.quantized.at("enc.layer.1.q4.weight").dequantize()));
 }
 
 TEST(Checkpoint, FailedLoadNamesTheDatasetAndLeavesTheModelUnchanged) {

@@ -36,15 +36,15 @@ TEST(Fixtures, CheckpointV1LoadsBitForBit) {
   ASSERT_EQ(d.quantized.size(), expected.quantized.size());
   for (const auto& [k, q] : expected.quantized) {
     const QuantizedTensor& got = d.quantized.at(k);
-    EXPECT_EQ(got.qtype, q.qtype) << k;
-    EXPECT_EQ(got.granularity, q.granularity) << k;
-    EXPECT_EQ(got.axis, q.axis) << k;
-    EXPECT_EQ(got.group_size, q.group_size) << k;
+    EXPECT_EQ(got.spec.qtype, q.spec.qtype) << k;
+    EXPECT_EQ(got.spec.granularity, q.spec.granularity) << k;
+    EXPECT_EQ(got.spec.axis, q.spec.axis) << k;
+    EXPECT_EQ(got.spec.group_size, q.spec.group_size) << k;
     EXPECT_EQ(got.shape, q.shape) << k;
     EXPECT_TRUE(same_tensor(got.data, q.data)) << k;
     EXPECT_TRUE(same_tensor(got.scale, q.scale)) << k;
     EXPECT_TRUE(same_tensor(got.zero_point, q.zero_point)) << k;
-    EXPECT_TRUE(same_tensor(dequantize(got), dequantize(q))) << k;
+    EXPECT_TRUE(same_tensor(got.dequantize(), q.dequantize())) << k;
   }
 }
 

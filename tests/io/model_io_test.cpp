@@ -605,7 +605,7 @@ TEST(ModelIoFixture, V1LoadsIntoAFreshModelAndSavesBackBitForBit) {
   ASSERT_EQ(ea.size(), eb.size());
   for (const io::EntryInfo& e : ea) {
     if (e.quantized) {
-      const io::QuantizedTensor qa = fa.read_quantized(e.key, e.section), qb = fb.read_quantized(e.key, e.section);
+      const QuantizedTensor qa = fa.read_quantized(e.key, e.section), qb = fb.read_quantized(e.key, e.section);
       EXPECT_TRUE(same_tensor(qa.data, qb.data) && same_tensor(qa.scale, qb.scale) &&
                   same_tensor(qa.zero_point, qb.zero_point))
           << e.key;

@@ -1,6 +1,6 @@
 // QuantizedTensor: packing matches the kernels' layout, values and dequantization round-trip for
 // every integer qtype and granularity.
-#include "framework/io/quantized_tensor.h"
+#include "framework/quantized_tensor.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -45,7 +45,7 @@ TEST(QuantizedTensor, ValuesRoundTripForEveryQtypeAndGranularity) {
     const at::Tensor v = testing::int_pattern(c.shape, c.qtype.quant_min, c.qtype.quant_max);
     const QParams qp = testing::fixture_qparams(c.qtype, c.granularity, c.axis, c.group_size, c.shape);
     const QuantizedTensor q = pack_quantized(v, qp);
-    EXPECT_TRUE(at::equal(unpack_values(q).to(at::kInt), v)) << describe(c);
+    EXPECT_TRUE(at::equal(q.int_values().to(at::kInt), v)) << describe(c);
     // float = (q - zero_point) * scale, computed independently with explicit broadcasting.
     at::Tensor s = qp.scale, z = qp.zero_point;
     if (c.granularity == Granularity::kPerChannel) {
@@ -58,7 +58,7 @@ TEST(QuantizedTensor, ValuesRoundTripForEveryQtypeAndGranularity) {
       z = z.repeat_interleave(c.group_size, -1);
     }
     const at::Tensor expected = (v - z).to(at::kFloat) * s;
-    EXPECT_TRUE(at::equal(dequantize(q), expected)) << describe(c);
+    EXPECT_TRUE(at::equal(q.dequantize(), expected)) << describe(c);
   }
 }
 
@@ -81,7 +81,7 @@ TEST(QuantizedTensor, QuantizeRoundsHalfToEvenAndClamps) {
   spec.qtype = qint8;
   const QParams qp = make_qparams(spec, at::scalar_tensor(0.5f), at::scalar_tensor(0, at::kInt));
   const QuantizedTensor q = quantize_tensor(at::tensor({0.25f, 0.75f, -0.25f, 1000.0f, -1000.0f}), qp);
-  EXPECT_TRUE(at::equal(unpack_values(q), at::tensor({0, 2, 0, 127, -128}, at::kChar)));
+  EXPECT_TRUE(at::equal(q.int_values(), at::tensor({0, 2, 0, 127, -128}, at::kChar)));
 }
 
 TEST(QuantizedTensor, RejectsOutOfRangeValuesAndFloat8) {

@@ -1,0 +1,189 @@
+// QuantizedTensor: quantization, packing, unpacking and dequantization.
+#include "framework/quantized_tensor.h"
+
+#include <ATen/ATen.h>
+
+#include "fake_quant/fake_quant_math.h"
+#include "framework/core/error.h"
+#include "framework/quantizer.h"
+#include "kernels/cpu/reference.h"
+
+namespace qforge {
+
+namespace {
+
+const fq::Float8Format& float8_format(const QType& q) { return q == qfloat8_e5m2 ? fq::kE5M2 : fq::kE4M3; }
+
+int64_t product(const std::vector<int64_t>& s) {
+  int64_t n = 1;
+  for (int64_t d : s) n *= d;
+  return n;
+}
+
+int64_t packed_bytes(const QType& qt, int64_t n) {
+  const int64_t per_byte = 8 / qt.bits;
+  return (n + per_byte - 1) / per_byte;
+}
+
+bool packable(const QType& qt) {
+  return qt.is_float() || (qt.is_integer() && (qt.bits == 8 || qt.bits == 4 || (qt.bits == 2 && qt.is_signed)));
+}
+
+// The stored form of a spec: non-negative per-channel axis, 0 otherwise; group_size only per-group.
+QSpec stored_spec(QSpec s, int64_t dim) {
+  if (s.granularity == Granularity::kPerChannel) {
+    if (s.axis < 0) s.axis += dim;
+  } else {
+    s.axis = 0;
+  }
+  if (s.granularity != Granularity::kPerGroup) s.group_size = 0;
+  return s;
+}
+
+QuantizedTensor with_qparams(const QParams& qp, std::vector<int64_t> shape) {
+  QuantizedTensor q;
+  q.spec = stored_spec(qp.spec, static_cast<int64_t>(shape.size()));
+  q.shape = std::move(shape);
+  q.scale = qp.scale.detach().cpu().to(at::kFloat).contiguous().clone();
+  q.zero_point = qp.zero_point.detach().cpu().to(at::kInt).contiguous().clone();
+  return q;
+}
+
+// Row-major int8 values -> the packed data of `qt` (kernels/cpu reference packing for sub-byte).
+at::Tensor pack_values(const at::Tensor& values, const QType& qt) {
+  if (qt.bits == 8) return values.to(qt.is_signed ? at::kChar : at::kByte).contiguous().clone();
+  const at::Tensor v8 = values.to(at::kChar).contiguous();
+  const int64_t n = v8.numel();
+  at::Tensor packed = at::zeros({packed_bytes(qt, n)}, at::kByte);
+  const int8_t* src = v8.data_ptr<int8_t>();
+  uint8_t* dst = packed.data_ptr<uint8_t>();
+  if (qt.bits == 4 && qt.is_signed) kernels::pack_s4_reference(src, n, dst);
+  else if (qt.bits == 4) kernels::pack_u4_reference(src, n, dst);
+  else kernels::pack_s2_reference(src, n, dst);
+  return packed;
+}
+
+}  // namespace
+
+int64_t QuantizedTensor::numel() const { return product(shape); }
+
+int64_t QuantizedTensor::bytes() const {
+  return (data.defined() ? data.nbytes() : 0) + (scale.defined() ? scale.nbytes() : 0) +
+         (zero_point.defined() ? zero_point.nbytes() : 0);
+}
+
+void QuantizedTensor::validate(const std::string& who) const {
+  const QType& qt = spec.qtype;
+  QF_REQUIRE(packable(qt), who, ": qtype ", qt.name, " has no packed storage");
+  std::vector<int64_t> expected_qp;
+  try {
+    expected_qp = qparams_shape(spec, shape);
+  } catch (const Error& e) {
+    throw Error(who + ": " + e.what());
+  }
+  QF_REQUIRE(scale.defined() && scale.scalar_type() == at::kFloat && scale.sizes().vec() == expected_qp,
+             who, ": scale must be float32 of shape ", at::IntArrayRef(expected_qp), " for ",
+             to_string(spec.granularity), " of shape ", at::IntArrayRef(shape), ", got ",
+             scale.defined() ? detail::str_cat(scale.scalar_type(), " ", scale.sizes()) : "none");
+  QF_REQUIRE(zero_point.defined() && zero_point.scalar_type() == at::kInt &&
+                 zero_point.sizes().vec() == expected_qp,
+             who, ": zero_point must be int32 of shape ", at::IntArrayRef(expected_qp), ", got ",
+             zero_point.defined() ? detail::str_cat(zero_point.scalar_type(), " ", zero_point.sizes())
+                                  : "none");
+  QF_REQUIRE(data.defined(), who, ": no data");
+  if (qt.bits == 8) {
+    const at::ScalarType want = qt.is_integer() && qt.is_signed ? at::kChar : at::kByte;
+    QF_REQUIRE(data.scalar_type() == want && data.sizes().vec() == shape, who, ": ", qt.name,
+               " data must be ", want, " of shape ", at::IntArrayRef(shape), ", got ",
+               data.scalar_type(), " ", data.sizes());
+  } else {
+    const int64_t bytes = packed_bytes(qt, numel());
+    QF_REQUIRE(data.scalar_type() == at::kByte && data.dim() == 1 && data.size(0) == bytes, who,
+               ": ", qt.name, " data of shape ", at::IntArrayRef(shape), " must be 1-d uint8 of ",
+               bytes, " bytes (", kPackingLowBitsFirst, "), got ", data.scalar_type(), " ",
+               data.sizes());
+  }
+}
+
+at::Tensor QuantizedTensor::int_values() const {
+  QF_REQUIRE(data.defined(), "QuantizedTensor: the codes are held by a kernel object");
+  QF_REQUIRE(spec.qtype.is_integer(), "QuantizedTensor: ", spec.qtype.name, " codes have no integer values");
+  if (spec.qtype.bits == 8) return data.reshape(shape);
+  at::Tensor out = at::empty(shape, at::kChar);
+  const at::Tensor packed = data.contiguous();
+  const uint8_t* src = packed.data_ptr<uint8_t>();
+  int8_t* dst = out.data_ptr<int8_t>();
+  if (spec.qtype.bits == 4 && spec.qtype.is_signed) kernels::unpack_s4_reference(src, out.numel(), dst);
+  else if (spec.qtype.bits == 4) kernels::unpack_u4_reference(src, out.numel(), dst);
+  else if (spec.qtype.bits == 2 && spec.qtype.is_signed) kernels::unpack_s2_reference(src, out.numel(), dst);
+  else throw Error(detail::str_cat("QuantizedTensor: no packing for ", spec.qtype.name));
+  return out;
+}
+
+at::Tensor QuantizedTensor::dequantize() const {
+  if (spec.qtype.is_float()) {
+    QF_REQUIRE(data.defined(), "QuantizedTensor: the codes are held by a kernel object");
+    const fq::Float8Format& fmt = float8_format(spec.qtype);
+    const at::Tensor codes = data.contiguous();
+    at::Tensor v = at::empty({codes.numel()}, at::kFloat);
+    const uint8_t* pc = codes.data_ptr<uint8_t>();
+    float* pv = v.data_ptr<float>();
+    for (int64_t i = 0; i < codes.numel(); ++i) pv[i] = fq::decode_float8(pc[i], fmt);
+    v = v.reshape(shape);
+    return v * broadcast_qparam(scale.to(at::kFloat), v, spec);
+  }
+  return dequantize_int(int_values(), qparams());
+}
+
+QuantizedTensor quantize_tensor(const at::Tensor& w_in, const QParams& qp) {
+  QF_REQUIRE(w_in.defined() && at::isFloatingType(w_in.scalar_type()),
+             "quantize_tensor: needs a floating-point tensor");
+  QF_REQUIRE(packable(qp.spec.qtype), "quantize_tensor: qtype ", qp.spec.qtype.name, " has no packed storage");
+  const at::Tensor w = w_in.detach().cpu().to(at::kFloat).contiguous();
+  QuantizedTensor q = with_qparams(qp, w.sizes().vec());
+  if (qp.spec.qtype.is_float()) {
+    // fp8 codes of round_to_float8(w / s): decode(code) * s reproduces fake_quantize.
+    const at::Tensor v = (w / broadcast_qparam(q.scale, w, qp.spec)).contiguous();
+    q.data = at::empty(w.sizes(), at::kByte);
+    const fq::Float8Format& fmt = float8_format(qp.spec.qtype);
+    const float* pv = v.data_ptr<float>();
+    uint8_t* out = q.data.data_ptr<uint8_t>();
+    for (int64_t i = 0; i < w.numel(); ++i) out[i] = fq::encode_float8(fq::round_to_float8(pv[i], fmt), fmt);
+  } else if (qp.spec.qtype == quint8) {
+    // quint8 values do not fit int8: the same formula, kept in uint8.
+    const at::Tensor s = broadcast_qparam(q.scale, w, qp.spec);
+    const at::Tensor z = broadcast_qparam(q.zero_point.to(at::kFloat), w, qp.spec);
+    q.data = at::clamp(at::round(w * at::reciprocal(s)) + z, 0, 255).to(at::kByte).contiguous();
+  } else {
+    q.data = pack_values(quantize_to_int8(w, qp), qp.spec.qtype);
+  }
+  return q;
+}
+
+QuantizedTensor pack_quantized(const at::Tensor& values, const QParams& qp) {
+  const QType qt = qp.spec.qtype;
+  QF_REQUIRE(qt.is_integer() && packable(qt), "pack_quantized: qtype ", qt.name,
+             " cannot be stored as packed integers");
+  QF_REQUIRE(values.defined() && !at::isFloatingType(values.scalar_type()) && values.scalar_type() != at::kBool,
+             "pack_quantized: needs integer values, got ",
+             values.defined() ? detail::str_cat(values.scalar_type()) : "an undefined tensor");
+  const at::Tensor v = values.detach().cpu().to(at::kInt).contiguous();
+  if (v.numel() > 0) {
+    const int64_t lo = v.min().item<int64_t>(), hi = v.max().item<int64_t>();
+    QF_REQUIRE(lo >= qt.quant_min && hi <= qt.quant_max, "pack_quantized: values in [", lo, ", ", hi,
+               "] do not fit ", qt.name, " [", qt.quant_min, ", ", qt.quant_max, "]");
+  }
+  QuantizedTensor q = with_qparams(qp, v.sizes().vec());
+  q.data = pack_values(v, qt);
+  q.validate("pack_quantized");
+  return q;
+}
+
+QuantizedTensor make_quantized(const QParams& qp, std::vector<int64_t> shape, at::Tensor data) {
+  QuantizedTensor q = with_qparams(qp, std::move(shape));
+  q.data = std::move(data);
+  q.validate("make_quantized");
+  return q;
+}
+
+}  // namespace qforge
