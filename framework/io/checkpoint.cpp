@@ -220,7 +220,7 @@ SaveHandle::~SaveHandle() {
   try {
     future_.get();
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "qforge: background checkpoint save to '%s' failed (never waited on): %s\n",
+    std::fprintf(stderr, "qforge: background save to '%s' failed (never waited on): %s\n",
                  path_.c_str(), e.what());
   }
 }
@@ -236,11 +236,8 @@ bool SaveHandle::done() const {
 
 SaveHandle save_checkpoint_async(const std::string& path, const CheckpointData& data) {
   validate(data);  // bad input fails here, in the caller's thread
-  SaveHandle h;
-  h.path_ = path;
-  h.future_ = std::async(std::launch::async,
-                         [path, snap = snapshot(data)] { save_checkpoint(path, snap); });
-  return h;
+  return SaveHandle(std::async(std::launch::async, [path, snap = snapshot(data)] { save_checkpoint(path, snap); }),
+                    path);
 }
 
 // ---------------------------------------------------------------------------------------------

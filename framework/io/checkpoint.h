@@ -61,6 +61,8 @@ QuantizedTensor read_quantized_group(const h5::Group& g, const std::string& wher
 class SaveHandle {
  public:
   SaveHandle() = default;
+  // A save running as `future`, writing `path` (used in the report of an unobserved error).
+  SaveHandle(std::future<void> future, std::string path) : future_(std::move(future)), path_(std::move(path)) {}
   SaveHandle(SaveHandle&&) = default;
   SaveHandle& operator=(SaveHandle&&);
   ~SaveHandle();
@@ -70,7 +72,6 @@ class SaveHandle {
   bool valid() const { return future_.valid(); }
 
  private:
-  friend SaveHandle save_checkpoint_async(const std::string&, const CheckpointData&);
   std::future<void> future_;
   std::string path_;
 };

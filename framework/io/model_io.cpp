@@ -316,42 +316,12 @@ void save_model(const torch::nn::Module& model, const std::string& path, const S
   write_model_file(path, collect(model, options));
 }
 
-ModelSaveHandle& ModelSaveHandle::operator=(ModelSaveHandle&& o) {
-  if (this != &o) {
-    if (future_.valid()) wait();
-    future_ = std::move(o.future_);
-    path_ = std::move(o.path_);
-  }
-  return *this;
-}
-
-ModelSaveHandle::~ModelSaveHandle() {
-  if (!future_.valid()) return;
-  try {
-    future_.get();
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "qforge: background model save to '%s' failed (never waited on): %s\n", path_.c_str(),
-                 e.what());
-  }
-}
-
-void ModelSaveHandle::wait() {
-  if (future_.valid()) future_.get();
-}
-
-bool ModelSaveHandle::done() const {
-  return !future_.valid() || future_.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
-}
-
 ModelSaveHandle save_model_async(const torch::nn::Module& model, const std::string& path,
                                  const SaveOptions& options) {
   at::NoGradGuard no_grad;
   ModelFileData snap = snapshot_model(collect(model, options));  // copies before returning
-  ModelSaveHandle h;
-  h.path_ = path;
-  h.future_ = std::async(std::launch::async,
-                         [path, snap = std::move(snap)] { write_model_file(path, snap); });
-  return h;
+  return SaveHandle(std::async(std::launch::async, [path, snap = std::move(snap)] { write_model_file(path, snap); }),
+                    path);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "framework/io/checkpoint.h"
+
 namespace qforge::io {
 
 struct SaveOptions {
@@ -55,22 +57,8 @@ void save_model(const torch::nn::Module& model, const std::string& path, const S
 
 // A background model save: wait() blocks until the file is committed and rethrows the writer's
 // error; the destructor waits too (printing an unobserved error, never throwing).
-class ModelSaveHandle {
- public:
-  ModelSaveHandle() = default;
-  ModelSaveHandle(ModelSaveHandle&&) = default;
-  ModelSaveHandle& operator=(ModelSaveHandle&&);
-  ~ModelSaveHandle();
-
-  void wait();
-  bool done() const;
-  bool valid() const { return future_.valid(); }
-
- private:
-  friend ModelSaveHandle save_model_async(const torch::nn::Module&, const std::string&, const SaveOptions&);
-  std::future<void> future_;
-  std::string path_;
-};
+// The background save of a model is a checkpoint save: the same handle.
+using ModelSaveHandle = SaveHandle;
 
 // Snapshots every tensor of the model (and optimizer) before returning, then writes on a
 // background thread: training may continue at once.
