@@ -20,6 +20,13 @@ void ConvQuantState::check_scheme(const LayerScheme& scheme) const {
              "): dynamic per-token activations are for Linear; use static activations for convolutions");
 }
 
+KernelPlan ConvQuantState::plan() const {
+  KernelPlan p;
+  p.kernel = "dequantize+at::conv";
+  p.fallback = "no integer convolution kernel: the packed weight is dequantized per call";
+  return p;
+}
+
 void ConvQuantState::install_conv(QuantizedTensor fw, at::Tensor& weight,
                                   torch::OrderedDict<std::string, at::Tensor>& params) {
   QF_REQUIRE(!frozen_, path_, " (", layer_type(), "): already frozen");
@@ -33,9 +40,7 @@ void ConvQuantState::install_conv(QuantizedTensor fw, at::Tensor& weight,
   if (params.contains("weight")) params.erase("weight");
   weight = at::Tensor();
   if (weight_q_) weight_q_->clear_cache();
-  frozen_ = true;
-  kernel_ = "dequantize+at::conv";
-  fallback_ = "no integer convolution kernel: the packed weight is dequantized per call";
+  mark_frozen();
 }
 
 at::Tensor Conv1dImpl::forward(const at::Tensor& x) {

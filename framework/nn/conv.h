@@ -15,6 +15,7 @@ namespace qforge::nn {
 class ConvQuantState : public QuantizableLayer {
  public:
   void check_scheme(const LayerScheme& scheme) const override;
+  KernelPlan plan() const override;
 
  protected:
   void install_conv(QuantizedTensor fw, at::Tensor& weight, torch::OrderedDict<std::string, at::Tensor>& params);
@@ -23,9 +24,21 @@ class ConvQuantState : public QuantizableLayer {
   QuantizedTensor fweight_;
 };
 
-class Conv1dImpl : public torch::nn::Conv1dImpl, public ConvQuantState {
+class Conv1dImpl : public virtual torch::nn::Module, private torch::nn::Conv1dImpl, public ConvQuantState {
  public:
+  // Private base: a torch::nn::Conv1dImpl& cannot bind to this layer, so the base class's
+  // non-virtual forward can never run (in float) in its place. Module stays a public base.
   using torch::nn::Conv1dImpl::Conv1dImpl;
+  using torch::nn::Conv1dImpl::options;
+  using torch::nn::Conv1dImpl::weight;
+  using torch::nn::Conv1dImpl::bias;
+  using torch::nn::Conv1dImpl::reset;
+  using torch::nn::Conv1dImpl::reset_parameters;
+  using torch::nn::Conv1dImpl::pretty_print;
+  // Cloning would copy only the LibTorch twin (a float layer): refused with a clear error.
+  std::shared_ptr<torch::nn::Module> clone(const c10::optional<c10::Device>& = c10::nullopt) const override {
+    refuse_clone();
+  }
   at::Tensor forward(const at::Tensor& x);
   const char* layer_type() const override { return "Conv1d"; }
   torch::nn::Module& module() override { return *this; }
@@ -41,9 +54,21 @@ class Conv1dImpl : public torch::nn::Conv1dImpl, public ConvQuantState {
 };
 TORCH_MODULE(Conv1d);
 
-class Conv2dImpl : public torch::nn::Conv2dImpl, public ConvQuantState {
+class Conv2dImpl : public virtual torch::nn::Module, private torch::nn::Conv2dImpl, public ConvQuantState {
  public:
+  // Private base: a torch::nn::Conv2dImpl& cannot bind to this layer, so the base class's
+  // non-virtual forward can never run (in float) in its place. Module stays a public base.
   using torch::nn::Conv2dImpl::Conv2dImpl;
+  using torch::nn::Conv2dImpl::options;
+  using torch::nn::Conv2dImpl::weight;
+  using torch::nn::Conv2dImpl::bias;
+  using torch::nn::Conv2dImpl::reset;
+  using torch::nn::Conv2dImpl::reset_parameters;
+  using torch::nn::Conv2dImpl::pretty_print;
+  // Cloning would copy only the LibTorch twin (a float layer): refused with a clear error.
+  std::shared_ptr<torch::nn::Module> clone(const c10::optional<c10::Device>& = c10::nullopt) const override {
+    refuse_clone();
+  }
   at::Tensor forward(const at::Tensor& x);
   const char* layer_type() const override { return "Conv2d"; }
   torch::nn::Module& module() override { return *this; }

@@ -7,6 +7,13 @@
 
 namespace qforge::nn {
 
+namespace {
+// Rows of int8 tables with per-row (or per-group) scales are gathered before dequantizing.
+bool row_gather(const QSpec& s) {
+  return s.granularity != Granularity::kPerTensor && s.qtype.is_integer() && s.qtype.bits == 8 && s.qtype != quint8;
+}
+}  // namespace
+
 void EmbeddingImpl::check_scheme(const LayerScheme& scheme) const {
   QuantizableLayer::check_scheme(scheme);
   QF_REQUIRE(scheme.activations == ActivationMode::kNone, path_,
@@ -23,10 +30,7 @@ void EmbeddingImpl::check_scheme(const LayerScheme& scheme) const {
 
 at::Tensor EmbeddingImpl::forward(const at::Tensor& indices) {
   if (frozen_) {
-    const QSpec& s = fweight_.spec;
-    const bool row_wise = s.granularity != Granularity::kPerTensor && s.qtype.is_integer() &&
-                          s.qtype.bits == 8 && s.qtype != quint8;
-    if (row_wise) {
+    if (row_gather(fweight_.spec)) {
       // Gather int8 rows and their scales, dequantize only those.
       const at::Tensor flat = indices.reshape({-1});
       const at::Tensor codes = fweight_.data.reshape(fweight_.shape).index_select(0, flat);
@@ -55,15 +59,20 @@ void EmbeddingImpl::install_frozen(QuantizedTensor fw) {
   if (parameters_.contains("weight")) parameters_.erase("weight");
   weight = at::Tensor();
   if (weight_q_) weight_q_->clear_cache();
-  frozen_ = true;
-  const QSpec& s = fweight_.spec;
-  if (s.granularity != Granularity::kPerTensor && s.qtype.is_integer() && s.qtype.bits == 8 && s.qtype != quint8) {
-    kernel_ = "gather_s8+dequantize_rows";
+  mark_frozen();
+}
+
+KernelPlan EmbeddingImpl::plan() const {
+  KernelPlan p;
+  const QSpec s = scheme_.weights ? scheme_.weights->spec : QSpec{};
+  if (row_gather(s)) {
+    p.kernel = "gather_s8+dequantize_rows";
   } else {
-    kernel_ = "dequantize+embedding";
-    fallback_ = detail::str_cat("row gather is implemented for int8 per-row/per-group tables; ", s.to_string(),
-                                " dequantizes the table per call");
+    p.kernel = "dequantize+embedding";
+    p.fallback = detail::str_cat("row gather is implemented for int8 per-row/per-group tables; ", s.to_string(),
+                                 " dequantizes the table per call");
   }
+  return p;
 }
 
 }  // namespace qforge::nn

@@ -9,9 +9,20 @@
 
 namespace qforge::nn {
 
-class EmbeddingImpl : public torch::nn::EmbeddingImpl, public QuantizableLayer {
+class EmbeddingImpl : public virtual torch::nn::Module, private torch::nn::EmbeddingImpl, public QuantizableLayer {
  public:
+  // Private base: a torch::nn::EmbeddingImpl& cannot bind to this layer, so the base class's
+  // non-virtual forward can never run (in float) in its place. Module stays a public base.
   using torch::nn::EmbeddingImpl::EmbeddingImpl;
+  using torch::nn::EmbeddingImpl::options;
+  using torch::nn::EmbeddingImpl::weight;
+  using torch::nn::EmbeddingImpl::reset;
+  using torch::nn::EmbeddingImpl::reset_parameters;
+  using torch::nn::EmbeddingImpl::pretty_print;
+  // Cloning would copy only the LibTorch twin (a float layer): refused with a clear error.
+  std::shared_ptr<torch::nn::Module> clone(const c10::optional<c10::Device>& = c10::nullopt) const override {
+    refuse_clone();
+  }
   at::Tensor forward(const at::Tensor& indices);
 
   const char* layer_type() const override { return "Embedding"; }
@@ -19,6 +30,7 @@ class EmbeddingImpl : public torch::nn::EmbeddingImpl, public QuantizableLayer {
   const torch::nn::Module& module() const override { return *this; }
   void check_scheme(const LayerScheme& scheme) const override;
   void install_frozen(QuantizedTensor fw) override;
+  KernelPlan plan() const override;
   QuantizedTensor frozen_weight() const override { return fweight_; }
 
  protected:

@@ -19,9 +19,15 @@ at::Tensor LayerNormImpl::forward(const at::Tensor& x) {
 void LayerNormImpl::install_frozen(QuantizedTensor) {
   QF_REQUIRE(!frozen_, path_, " (LayerNorm): already frozen");
   QF_REQUIRE(uncalibrated().empty(), path_, " (LayerNorm): static output quantizer was never calibrated");
-  frozen_ = true;
-  kernel_ = "layer_norm_f32+fake_quant";
-  fallback_ = input_q_ ? "no fused integer LayerNorm: output is quantize-dequantized in float" : "";
+  mark_frozen();
+}
+
+KernelPlan LayerNormImpl::plan() const {
+  KernelPlan p;
+  const bool quantized_output = scheme_.activations != ActivationMode::kNone;
+  p.kernel = quantized_output ? "layer_norm_f32+fake_quant" : "layer_norm_f32";
+  if (quantized_output) p.fallback = "no fused integer LayerNorm: output is quantize-dequantized in float";
+  return p;
 }
 
 }  // namespace qforge::nn

@@ -8,9 +8,21 @@
 
 namespace qforge::nn {
 
-class LayerNormImpl : public torch::nn::LayerNormImpl, public QuantizableLayer {
+class LayerNormImpl : public virtual torch::nn::Module, private torch::nn::LayerNormImpl, public QuantizableLayer {
  public:
+  // Private base: a torch::nn::LayerNormImpl& cannot bind to this layer, so the base class's
+  // non-virtual forward can never run (in float) in its place. Module stays a public base.
   using torch::nn::LayerNormImpl::LayerNormImpl;
+  using torch::nn::LayerNormImpl::options;
+  using torch::nn::LayerNormImpl::weight;
+  using torch::nn::LayerNormImpl::bias;
+  using torch::nn::LayerNormImpl::reset;
+  using torch::nn::LayerNormImpl::reset_parameters;
+  using torch::nn::LayerNormImpl::pretty_print;
+  // Cloning would copy only the LibTorch twin (a float layer): refused with a clear error.
+  std::shared_ptr<torch::nn::Module> clone(const c10::optional<c10::Device>& = c10::nullopt) const override {
+    refuse_clone();
+  }
   at::Tensor forward(const at::Tensor& x);
 
   const char* layer_type() const override { return "LayerNorm"; }
@@ -18,6 +30,7 @@ class LayerNormImpl : public torch::nn::LayerNormImpl, public QuantizableLayer {
   const torch::nn::Module& module() const override { return *this; }
   void check_scheme(const LayerScheme& scheme) const override;
   void install_frozen(QuantizedTensor weight) override;
+  KernelPlan plan() const override;
 
  protected:
   const char* activation_quantizer_name() const override { return "output_quantizer"; }

@@ -16,9 +16,21 @@ class PackedLinearS4;
 
 namespace qforge::nn {
 
-class LinearImpl : public torch::nn::LinearImpl, public QuantizableLayer {
+class LinearImpl : public virtual torch::nn::Module, private torch::nn::LinearImpl, public QuantizableLayer {
  public:
+  // Private base: a torch::nn::LinearImpl& cannot bind to this layer, so the base class's
+  // non-virtual forward can never run (in float) in its place. Module stays a public base.
   using torch::nn::LinearImpl::LinearImpl;
+  using torch::nn::LinearImpl::options;
+  using torch::nn::LinearImpl::weight;
+  using torch::nn::LinearImpl::bias;
+  using torch::nn::LinearImpl::reset;
+  using torch::nn::LinearImpl::reset_parameters;
+  using torch::nn::LinearImpl::pretty_print;
+  // Cloning would copy only the LibTorch twin (a float layer): refused with a clear error.
+  std::shared_ptr<torch::nn::Module> clone(const c10::optional<c10::Device>& = c10::nullopt) const override {
+    refuse_clone();
+  }
 
   at::Tensor forward(const at::Tensor& x);
 
@@ -27,6 +39,7 @@ class LinearImpl : public torch::nn::LinearImpl, public QuantizableLayer {
   const torch::nn::Module& module() const override { return *this; }
   void check_scheme(const LayerScheme& scheme) const override;
   void install_frozen(QuantizedTensor weight) override;
+  KernelPlan plan() const override;
   QuantizedTensor frozen_weight() const override;
   at::Tensor frozen_bias() const override;
 
@@ -37,8 +50,7 @@ class LinearImpl : public torch::nn::LinearImpl, public QuantizableLayer {
  private:
   at::Tensor frozen_forward(const at::Tensor& x);
 
-  enum class Path : uint8_t { kDequant, kS8Dynamic, kS8Static, kS4Dynamic, kS4Static, kS8WeightOnly, kS4WeightOnly };
-  Path path_kind_ = Path::kDequant;
+  LinearPath path_kind_ = LinearPath::kDequant;
   QuantizedTensor fweight_;
   std::shared_ptr<kernels::PackedLinearS8> s8_;
   std::shared_ptr<kernels::PackedLinearS4> s4_;

@@ -35,9 +35,15 @@ at::Tensor MatMulImpl::forward(const at::Tensor& a, const at::Tensor& b) {
 void MatMulImpl::install_frozen(QuantizedTensor) {
   QF_REQUIRE(!frozen_, path_, " (MatMul): already frozen");
   QF_REQUIRE(uncalibrated().empty(), path_, " (MatMul): static operand quantizers were never calibrated");
-  frozen_ = true;
-  kernel_ = input_q_ ? "fake_quant+at::matmul" : "at::matmul";
-  fallback_ = input_q_ ? "no int8 batched matmul kernel: operands are quantize-dequantized in float" : "";
+  mark_frozen();
+}
+
+KernelPlan MatMulImpl::plan() const {
+  KernelPlan p;
+  const bool quantized_output = scheme_.activations != ActivationMode::kNone;
+  p.kernel = quantized_output ? "fake_quant+at::matmul" : "at::matmul";
+  if (quantized_output) p.fallback = "no int8 batched matmul kernel: operands are quantize-dequantized in float";
+  return p;
 }
 
 }  // namespace qforge::nn

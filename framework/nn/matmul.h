@@ -20,6 +20,7 @@ class MatMulImpl : public torch::nn::Cloneable<MatMulImpl>, public QuantizableLa
   const torch::nn::Module& module() const override { return *this; }
   void check_scheme(const LayerScheme& scheme) const override;
   void install_frozen(QuantizedTensor weight) override;
+  KernelPlan plan() const override;
   std::vector<Quantizer> quantizers() const override;
 
  protected:

@@ -93,7 +93,7 @@ std::vector<std::string> QuantizableLayer::uncalibrated() const {
   return out;
 }
 
-LayerReport QuantizableLayer::report() const {
+LayerReport QuantizableLayer::report(bool planned) const {
   LayerReport r;
   r.name = path_;
   r.type = layer_type();
@@ -105,8 +105,14 @@ LayerReport QuantizableLayer::report() const {
     if (scheme_.activations == ActivationMode::kStatic)
       r.activations += scheme_.activation.lsq ? " (lsq)" : " (" + scheme_.activation.observer + ")";
   }
-  r.kernel = kernel_;
-  r.fallback_reason = fallback_;
+  if (planned && quantized() && !frozen_) {
+    const KernelPlan p = plan();
+    r.kernel = p.kernel;
+    r.fallback_reason = p.fallback;
+  } else {
+    r.kernel = kernel_;
+    r.fallback_reason = fallback_;
+  }
   r.bytes = storage_bytes();
   return r;
 }
@@ -117,6 +123,20 @@ int64_t QuantizableLayer::storage_bytes() const {
   for (const auto& p : module().named_parameters(/*recurse=*/true)) bytes += p.value().nbytes();
   for (const auto& b : module().named_buffers(/*recurse=*/true)) bytes += b.value().nbytes();
   return bytes;
+}
+
+void QuantizableLayer::mark_frozen() {
+  frozen_ = true;
+  const KernelPlan p = plan();
+  kernel_ = p.kernel;
+  fallback_ = p.fallback;
+}
+
+void QuantizableLayer::refuse_clone() const {
+  throw Error(detail::str_cat(path_.empty() ? std::string("(root)") : path_, " (", layer_type(),
+                              "): clone() is not supported for qforge layers (it would copy the LibTorch "
+                              "base without quantizers); build a new model and load a checkpoint "
+                              "(io::save_model / io::load_model)"));
 }
 
 std::vector<std::pair<std::string, QuantizableLayer*>> quantizable_layers(const torch::nn::Module& model) {

@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "framework/kernel_plan.h"
 #include "framework/quantized_tensor.h"
 #include "framework/quantizer.h"
 
@@ -56,6 +57,9 @@ class QuantizableLayer {
   // the layer must be attached with the saved scheme and calibrated first.
   virtual QuantizedTensor frozen_weight() const { return {}; }
   virtual void install_frozen(QuantizedTensor weight) = 0;
+  // What freeze() makes this layer run on this machine, from its scheme and shapes alone (no
+  // calibration, no weights needed): the kernel plan. freeze() stores it in kernel/fallback.
+  virtual KernelPlan plan() const = 0;
   // Bias of a frozen layer, wherever its kernel keeps it (undefined when none).
   virtual at::Tensor frozen_bias() const { return {}; }
   // Names of quantizers that must be calibrated before freeze() and are not.
@@ -70,7 +74,9 @@ class QuantizableLayer {
   Quantizer weight_quantizer() const { return weight_q_; }
   Quantizer input_quantizer() const { return input_q_; }
 
-  virtual LayerReport report() const;
+  // The describe() line. planned: kernel and fallback from plan() instead of the current state
+  // (the dry run's view of a model not frozen yet).
+  virtual LayerReport report(bool planned = false) const;
   // Bytes of this layer's own parameters, buffers and packed storage (not its children's).
   virtual int64_t storage_bytes() const;
 
@@ -78,6 +84,10 @@ class QuantizableLayer {
   at::Tensor quantize_input(const at::Tensor& x) { return input_q_ ? input_q_->forward(x) : x; }
   at::Tensor quantize_weight(const at::Tensor& w) { return weight_q_ ? weight_q_->forward(w) : w; }
   void require_not_frozen(const char* what) const;
+  // The end of every install_frozen(): frozen from here on, kernel and fallback from plan().
+  void mark_frozen();
+  // Throws qforge::Error: a clone would hold the LibTorch twin only, without quantizers.
+  [[noreturn]] void refuse_clone() const;
   // Where the input quantizer lives: "input_quantizer" (or "output_quantizer" for LayerNorm).
   virtual const char* activation_quantizer_name() const { return "input_quantizer"; }
   virtual bool has_weight() const { return true; }

@@ -9,6 +9,8 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/modules/normalization.h>
 
+#include <type_traits>
+
 #include "fake_quant/fake_quantize.h"
 #include "framework/core/error.h"
 #include "framework/nn/conv.h"
@@ -421,4 +423,36 @@ TEST(ModelSize, EstimateMemoryCountsPackedBitsAndScales) {
   EXPECT_EQ(estimate_memory(1024, qint4, 128, 0, /*affine=*/true), 512 + 8 * 5);
   EXPECT_EQ(estimate_memory(10, qint2), 3 + 4);
   EXPECT_EQ(estimate_memory(7, qfloat8_e4m3fn), 7 + 4);
+}
+
+// The LibTorch twins' forward is not virtual: were a qforge layer convertible to a reference of its
+// twin, a call through that reference would silently run in float. The twin is a private base.
+static_assert(!std::is_convertible_v<nn::LinearImpl*, torch::nn::LinearImpl*>);
+static_assert(!std::is_convertible_v<nn::Conv1dImpl*, torch::nn::Conv1dImpl*>);
+static_assert(!std::is_convertible_v<nn::Conv2dImpl*, torch::nn::Conv2dImpl*>);
+static_assert(!std::is_convertible_v<nn::EmbeddingImpl*, torch::nn::EmbeddingImpl*>);
+static_assert(!std::is_convertible_v<nn::LayerNormImpl*, torch::nn::LayerNormImpl*>);
+static_assert(std::is_convertible_v<nn::LinearImpl*, torch::nn::Module*>);
+
+TEST(Layers, TwinBaseIsPrivateYetModuleWalksAndHoldersWork) {
+  // Through Module (the only public LibTorch base) the walk still finds the layer and its
+  // quantized forward runs.
+  torch::nn::Sequential seq(nn::Linear(8, 4));
+  quantize(*seq.ptr(), Scheme(qint8));
+  const auto layers = quantizable_layers(*seq.ptr());
+  ASSERT_EQ(layers.size(), 1u);
+  EXPECT_EQ(layers[0].first, "0");
+  const at::Tensor x = at::randn({2, 8});
+  auto lin = seq->ptr<nn::LinearImpl>(0);
+  const at::Tensor fq = lin->forward(x);
+  const at::Tensor fl = at::linear(x, lin->weight, lin->bias);
+  EXPECT_FALSE(at::equal(fq, fl));  // int8 fake-quant differs from float
+  EXPECT_TRUE(at::equal(seq->forward(x), fq));
+  // A clone would be the float twin without quantizers: refused, naming the layer.
+  try {
+    seq->clone();
+    FAIL() << "clone of a qforge layer succeeded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("0 (Linear): clone() is not supported"), std::string::npos) << e.what();
+  }
 }
