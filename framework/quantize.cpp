@@ -168,18 +168,18 @@ int64_t estimate_memory(int64_t num_params, const QType& qtype, int64_t group_si
   return data + scales * (4 + (affine ? 1 : 0));
 }
 
-std::vector<LayerReport> layer_reports(const torch::nn::Module& model) {
+std::vector<LayerReport> layer_reports(const torch::nn::Module& model, bool planned) {
   std::vector<LayerReport> out;
   for_each_quantizable(model, [&](const std::string& path, const QuantizableLayer& layer) {
-    LayerReport r = layer.report();
+    LayerReport r = layer.report(planned);
     r.name = display_name(path);
     out.push_back(std::move(r));
   });
   return out;
 }
 
-std::string describe(const torch::nn::Module& model) {
-  const auto reports = layer_reports(model);
+std::string describe(const torch::nn::Module& model, bool planned) {
+  const auto reports = layer_reports(model, planned);
   // Columns as wide as their widest cell.
   size_t w_name = 5, w_type = 4, w_weights = 7, w_act = 11, w_kernel = 6;
   for (const LayerReport& r : reports) {

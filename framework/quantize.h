@@ -105,7 +105,9 @@ int64_t estimate_memory(int64_t num_params, const QType& qtype, int64_t group_si
                         int64_t channels = 0, bool affine = false);
 
 // The per-layer table: name, type, weights, activations, kernel, fallback reason, bytes.
-std::vector<LayerReport> layer_reports(const torch::nn::Module& model);
-std::string describe(const torch::nn::Module& model);
+// planned: the kernel and fallback each quantized layer's freeze() will use on this machine (its
+// kernel plan), without calibrating or freezing anything; frozen layers show their stored plan.
+std::vector<LayerReport> layer_reports(const torch::nn::Module& model, bool planned = false);
+std::string describe(const torch::nn::Module& model, bool planned = false);
 
 }  // namespace qforge

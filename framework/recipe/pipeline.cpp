@@ -233,17 +233,9 @@ PipelineResult run_pipeline(const Recipe& r, const PipelineOptions& opt) {
     if (!r.quantize) return {};
     if (t.before_quantize) t.before_quantize();
     const QuantizeReport rep = quantize(*t.model, r.scheme);
-    // Stand-in activation scales let the plan show the kernel each layer would run.
-    for (const auto& item : t.model->named_modules()) {
-      if (auto* layer = dynamic_cast<QuantizableLayer*>(item.value().get())) {
-        for (Quantizer q : layer->quantizers())
-          if (q->role() == QuantizerImpl::Role::kActivation && q->mode() == ActivationMode::kStatic && !q->config().lsq)
-            q->set_qparams(QParams{q->config().spec, at::full({}, 0.05f), at::zeros({}, at::kInt)});
-      }
-    }
-    if (r.freeze.enabled) freeze(*t.model);
-    std::printf("\nplan (%zu quantized layers, %zu kept float):\n%s", rep.quantized.size(), rep.kept_float.size(),
-                describe(*t.model).c_str());
+    // Each layer's kernel plan: what freeze() will run on this machine (nothing is calibrated).
+    std::printf("\nplan (%zu quantized layers, %zu kept float; kernels as freeze will choose them on this machine):\n%s",
+                rep.quantized.size(), rep.kept_float.size(), describe(*t.model, /*planned=*/r.freeze.enabled).c_str());
     for (const auto& w : rep.warnings) std::printf("warning: %s\n", w.c_str());
     return {};
   }

@@ -1,0 +1,95 @@
+// plan_linear: the seven paths of a frozen Linear and the kernel each runs at decode size.
+#include "framework/kernel_plan.h"
+
+#include "framework/core/error.h"
+#include "kernels/cpu/kernel_choice.h"
+
+namespace qforge {
+
+namespace {
+
+// Static activations can feed the int8 kernels when they are symmetric per-tensor qint8 within
+// [-127, 127] (the AVX2 kernel's VPMADDUBSW sign trick).
+bool static_act_fits_kernels(const QSpec& a, std::string* why) {
+  if (!(a.qtype == qint8 && a.granularity == Granularity::kPerTensor)) {
+    *why = "static activations are not per-tensor qint8";
+    return false;
+  }
+  if (!a.symmetric) {
+    *why = "affine static activations (zero point) have no integer kernel";
+    return false;
+  }
+  if (a.quant_min() < -127) {
+    *why = "static activation grid includes -128 (use narrow_range for the integer kernels)";
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+const char* to_string(LinearPath path) {
+  switch (path) {
+    case LinearPath::kDequant: return "dequantize";
+    case LinearPath::kS8Dynamic: return "s8_dynamic";
+    case LinearPath::kS8Static: return "s8_static";
+    case LinearPath::kS4Dynamic: return "s4_dynamic";
+    case LinearPath::kS4Static: return "s4_static";
+    case LinearPath::kS8WeightOnly: return "s8_weight_only";
+    case LinearPath::kS4WeightOnly: return "s4_weight_only";
+  }
+  return "?";
+}
+
+KernelPlan plan_linear(const std::optional<QSpec>& weights, ActivationMode act, const QSpec& activation,
+                       int64_t in_features, Isa isa) {
+  KernelPlan plan;
+  plan.kernel = "dequantize+at::linear";
+  if (!weights) {
+    plan.kernel = "at::linear";
+    plan.fallback = "float weights";
+    return plan;
+  }
+  const QSpec& ws = *weights;
+  // Per-row scales: per-tensor, per-group, or per-channel along the output features.
+  const bool per_row_scales = ws.granularity != Granularity::kPerChannel || ws.axis == 0 || ws.axis == -2;
+  // Symmetric signed int8 has zero points 0 by construction.
+  const bool s8_weights =
+      ws.qtype == qint8 && ws.symmetric && per_row_scales && ws.granularity != Granularity::kPerGroup;
+  const bool s4_weights = (ws.qtype == qint4 || ws.qtype == quint4) && per_row_scales;
+  std::string why;
+  if (act == ActivationMode::kNone && (s8_weights || s4_weights)) {
+    plan.path = s8_weights ? LinearPath::kS8WeightOnly : LinearPath::kS4WeightOnly;
+  } else if (act == ActivationMode::kNone) {
+    plan.fallback = detail::str_cat("no weight-only kernel for ", ws.to_string(), " weights: dequantized per call");
+    return plan;
+  } else if (act == ActivationMode::kStatic && !static_act_fits_kernels(activation, &why)) {
+    plan.fallback = why;
+    return plan;
+  } else if (s8_weights) {
+    plan.path = act == ActivationMode::kStatic ? LinearPath::kS8Static : LinearPath::kS8Dynamic;
+  } else if (s4_weights) {
+    plan.path = act == ActivationMode::kStatic ? LinearPath::kS4Static : LinearPath::kS4Dynamic;
+  } else {
+    plan.fallback = detail::str_cat("no integer kernel for ", ws.to_string(), " weights");
+    return plan;
+  }
+  const int64_t group = ws.granularity == Granularity::kPerGroup ? std::min(ws.group_size, in_features) : in_features;
+  kernels::LinearOp op = kernels::LinearOp::kS8S8;
+  switch (plan.path) {
+    case LinearPath::kS8Dynamic:
+    case LinearPath::kS8Static: op = kernels::LinearOp::kS8S8; break;
+    case LinearPath::kS4Dynamic:
+    case LinearPath::kS4Static: op = kernels::LinearOp::kS8S4; break;
+    case LinearPath::kS8WeightOnly: op = kernels::LinearOp::kF32S8; break;
+    case LinearPath::kS4WeightOnly: op = kernels::LinearOp::kF32S4; break;
+    case LinearPath::kDequant: break;
+  }
+  const bool s4 = op == kernels::LinearOp::kS8S4 || op == kernels::LinearOp::kF32S4;
+  const kernels::RunInfo ri = kernels::choose_decode_kernel(op, isa, s4 ? group : 0);
+  plan.kernel = ri.kernel;
+  plan.fallback = ri.fallback;
+  return plan;
+}
+
+}  // namespace qforge

@@ -1,0 +1,41 @@
+// Kernel plan: what a frozen layer runs and why it falls back, decided from what the layer is
+// asked to do (its scheme), its shape and the machine's ISA level. Every layer's plan() is a pure
+// function of those; freeze() stores the plan once, and describe(), the dry run and the forward
+// read it. The decode-size kernel choice of each op comes from kernels/cpu/kernel_choice.h. A
+// device backend (CUDA) adds its ops here beside the CPU default.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "framework/core/isa.h"
+#include "framework/quantizer.h"
+
+namespace qforge {
+
+// How a frozen Linear computes (docs/kernels.md, "Frozen Linear").
+enum class LinearPath : uint8_t {
+  kDequant,       // dequantize the weight per call, at::linear
+  kS8Dynamic,     // int8 weights x per-token dynamic int8 activations
+  kS8Static,      // int8 weights x static int8 activations
+  kS4Dynamic,     // 4-bit weights x per-token dynamic int8 activations
+  kS4Static,      // 4-bit weights x static int8 activations
+  kS8WeightOnly,  // int8 weights, float activations
+  kS4WeightOnly,  // 4-bit weights, float activations
+};
+const char* to_string(LinearPath path);
+
+struct KernelPlan {
+  LinearPath path = LinearPath::kDequant;  // Linear layers only
+  std::string kernel;                      // what a decode-sized call runs
+  std::string fallback;                    // why that is not the first choice ("" when it is)
+};
+
+// The plan of a frozen Linear with `in_features` inputs, weights `weights` (nullopt: float
+// weights, which freeze() refuses) and activations `activations` (`activation` is their spec for
+// the static and dynamic modes), at ISA level `isa`.
+KernelPlan plan_linear(const std::optional<QSpec>& weights, ActivationMode activations, const QSpec& activation,
+                       int64_t in_features, Isa isa = usable_isa());
+
+}  // namespace qforge

@@ -1,0 +1,28 @@
+// The static part of the packed-linear dispatchers' ordered kernel lists: which kernel a
+// decode-sized call (M = 1) runs at a given ISA level, and which candidates were skipped and why.
+// It depends only on the op, the level and the group size, never on data, so freeze() can plan a
+// layer once and describe() and the dry run can show the plan without running anything. The
+// dispatchers decide the same thing at run time; tests/kernels check that both agree at every level.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/cpu/isa.h"
+#include "kernels/cpu/run_info.h"
+
+namespace qforge::kernels {
+
+enum class LinearOp : uint8_t {
+  kS8S8,   // int8 activations x int8 weights (gemv_s8s8f32; PackedLinearS8::run)
+  kS8S4,   // int8 activations x 4-bit weights (gemv_s8s4f32; PackedLinearS4::run)
+  kF32S8,  // float activations x int8 weights (linear_f32s8f32, weight-only)
+  kF32S4,  // float activations x 4-bit weights (linear_f32s4f32, weight-only)
+};
+
+const char* to_string(LinearOp op);
+
+// The kernel the dispatcher of `op` runs for M = 1 when `usable` is the highest usable level (a
+// level also needs to be compiled in). `group_size` matters for the 4-bit ops (0 for the others).
+RunInfo choose_decode_kernel(LinearOp op, Isa usable, int64_t group_size = 0);
+
+}  // namespace qforge::kernels
