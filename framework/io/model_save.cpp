@@ -1,0 +1,87 @@
+// Saving qforge models: the HDF5 model checkpoint (sync and background) and the safetensors export.
+#include <ATen/ATen.h>
+#include <nlohmann/json.hpp>
+
+#include <future>
+
+#include "framework/core/error.h"
+#include "framework/io/format.h"
+#include "framework/io/model_file.h"
+#include "framework/io/model_io.h"
+#include "framework/io/safetensors.h"
+
+namespace qforge::io {
+
+using namespace model_file;
+
+// ---------------------------------------------------------------------------------------------
+// Saving
+
+void save_model(const torch::nn::Module& model, const std::string& path, const SaveOptions& options) {
+  at::NoGradGuard no_grad;
+  write_model_file(path, collect(model, options));
+}
+
+ModelSaveHandle save_model_async(const torch::nn::Module& model, const std::string& path,
+                                 const SaveOptions& options) {
+  at::NoGradGuard no_grad;
+  ModelFileData snap = snapshot_model(collect(model, options));  // copies before returning
+  return SaveHandle(std::async(std::launch::async, [path, snap = std::move(snap)] { write_model_file(path, snap); }),
+                    path);
+}
+
+// ---------------------------------------------------------------------------------------------
+// safetensors export (written by io::write_safetensors, crash-safe)
+
+void export_safetensors(const torch::nn::Module& model, const std::string& path) {
+  at::NoGradGuard no_grad;
+  const ModelFileData f = collect(model, SaveOptions{});
+  std::map<std::string, at::Tensor> tensors;
+  nlohmann::json described = nlohmann::json::object();
+  for (const auto& [key, t] : f.data.parameters) tensors[key] = t;
+  for (const auto& [key, t] : f.data.buffers) {
+    QF_REQUIRE(!tensors.count(key), "framework/io: export_safetensors: '", key, "' is a parameter and a buffer");
+    tensors[key] = t;
+  }
+  auto add_quantized = [&](const std::string& key, const at::Tensor& codes, const at::Tensor& scale,
+                           const at::Tensor& zero_point, const QSpec& spec, const std::vector<int64_t>& shape,
+                           const char* packing) {
+    for (const std::string& k : {key + ".scale", key + ".zero_point"})
+      QF_REQUIRE(!tensors.count(k), "framework/io: export_safetensors: '", k, "' clashes with a model tensor");
+    tensors[key] = codes;
+    tensors[key + ".scale"] = scale;
+    tensors[key + ".zero_point"] = zero_point;
+    described[key] = {{"qtype", spec.qtype.name},
+                      {"bits", spec.qtype.bits},
+                      {"granularity", to_string(spec.granularity)},
+                      {"axis", spec.axis},
+                      {"group_size", spec.granularity == Granularity::kPerGroup ? spec.group_size : 0},
+                      {"symmetric", spec.symmetric},
+                      {"packing", packing},
+                      {"shape", shape},
+                      {"dequantize", spec.qtype.is_float() ? "float(fp8_decode(code)) * scale"
+                                                           : "float32(q - zero_point) * scale"}};
+  };
+  for (const auto& [key, q] : f.data.quantized) {
+    QSpec spec;
+    const auto& m = f.meta.layers.at(split_key(key).first);
+    spec = m.scheme.weights->spec;
+    spec.axis = q.spec.axis;
+    add_quantized(key, q.data, q.scale, q.zero_point, spec, q.shape, q.packing());
+  }
+  for (const auto& [path, m] : f.meta.layers) {
+    if (!m.float8_scale.defined()) continue;
+    const std::string key = join(path, "weight");
+    const at::Tensor codes = tensors.at(key);
+    tensors.erase(key);
+    add_quantized(key, codes, m.float8_scale, m.float8_zero_point, m.scheme.weights->spec, codes.sizes().vec(),
+                  "ocp_fp8_bytes");
+  }
+  std::map<std::string, std::string> metadata;
+  metadata["format"] = "qforge.quantized";
+  metadata["qforge.quantized"] = described.dump();
+  metadata["qforge_version"] = qforge_version();
+  write_safetensors(path, tensors, metadata);
+}
+
+}  // namespace qforge::io
