@@ -1,5 +1,7 @@
 // qtrain's stages over the reference models and datasets.
 #include "framework/recipe/pipeline.h"
+#include "framework/recipe/report.h"
+#include "framework/recipe/tasks.h"
 
 #include <ATen/ATen.h>
 
@@ -7,21 +9,12 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <iomanip>
 #include <memory>
 #include <sstream>
 
-#include "framework/data/char_tokenizer.h"
-#include "framework/data/fashion_mnist.h"
-#include "framework/data/language_id.h"
-#include "framework/data/text_corpus.h"
 #include "framework/io/calibration_io.h"
 #include "framework/io/checkpoint.h"
 #include "framework/io/model_io.h"
-#include "framework/models/bert.h"
-#include "framework/models/cnn.h"
-#include "framework/models/gpt2.h"
-#include "framework/models/mlp.h"
 #include "framework/models/state_dict.h"
 #include "framework/quantize.h"
 #include "framework/train/batches.h"
@@ -38,133 +31,11 @@ const std::vector<std::string>& pipeline_stages() {
 
 namespace {
 
-// The first n examples of a source (quick runs and CI).
-class Prefix : public train::BatchSource {
- public:
-  Prefix(std::shared_ptr<train::BatchSource> base, int64_t n) : base_(std::move(base)), n_(n) {}
-  int64_t size() const override { return n_ > 0 ? std::min(n_, base_->size()) : base_->size(); }
-  train::Batch get(const at::Tensor& indices) const override { return base_->get(indices); }
-
- private:
-  std::shared_ptr<train::BatchSource> base_;
-  int64_t n_;
-};
-
-// A model, its data and how to call it.
-struct Task {
-  std::shared_ptr<torch::nn::Module> model;
-  std::shared_ptr<train::BatchSource> train, validation, test;
-  train::ForwardFn forward;
-  std::string metric;  // "accuracy" or "perplexity"
-  std::vector<std::string> class_names;
-  std::function<void()> before_quantize;  // e.g. fold BatchNorm into the convolutions
-  std::map<std::string, double> baselines;
-};
-
-std::shared_ptr<train::BatchSource> capped(std::shared_ptr<train::BatchSource> s, int64_t n) {
-  return n > 0 ? std::make_shared<Prefix>(std::move(s), n) : s;
-}
-
-Task make_task(const Recipe& r, bool with_data) {
-  Task t;
-  const auto& d = r.data;
-  if (r.model.arch == "mlp" || r.model.arch == "cnn") {
-    if (r.model.arch == "mlp") {
-      auto m = models::Mlp(models::MlpOptions{});
-      t.model = m.ptr();
-      t.forward = [m](const train::Batch& b) mutable { return m->forward(b.input); };
-    } else {
-      auto m = models::SmallCnn(models::SmallCnnOptions{});
-      t.model = m.ptr();
-      t.forward = [m](const train::Batch& b) mutable { return m->forward(b.input); };
-      t.before_quantize = [m]() mutable { m->fold_batch_norm(); };
-    }
-    t.metric = "accuracy";
-    for (int64_t c = 0; c < 10; ++c) t.class_names.push_back(data::fashion_mnist_class_name(c));
-    if (with_data) {
-      const data::FashionMnist fm = data::load_fashion_mnist(d.validation_size, r.seed);
-      t.train = capped(std::make_shared<train::TensorBatches>(fm.train.images, fm.train.labels), d.max_train_examples);
-      t.validation = capped(std::make_shared<train::TensorBatches>(fm.validation.images, fm.validation.labels),
-                            d.max_eval_examples);
-      t.test = capped(std::make_shared<train::TensorBatches>(fm.test.images, fm.test.labels), d.max_eval_examples);
-      t.baselines["majority_class_accuracy"] = at::bincount(fm.test.labels).max().item<double>() / fm.test.size();
-    }
-    return t;
-  }
-  if (r.model.arch == "bert") {
-    models::BertConfig c = r.model.config_file.empty() ? models::BertConfig{} : models::BertConfig::from_file(r.model.config_file);
-    if (!r.model.config.is_null()) {
-      nlohmann::json merged = c.to_json();
-      merged.update(r.model.config);
-      c = models::BertConfig::from_json(merged);
-    }
-    c.max_position_embeddings = std::max(c.max_position_embeddings, d.seq_len);
-    data::LanguageId lid;
-    data::CharTokenizer tok;
-    if (with_data) {
-      data::LanguageIdOptions o;
-      o.seed = r.seed;
-      if (d.examples_per_language > 0) o.train_per_language = d.examples_per_language;
-      lid = data::load_language_id(o);
-      tok = data::CharTokenizer::build(lid.train.text);
-      c.vocab_size = tok.vocab_size();
-      c.num_labels = static_cast<int64_t>(lid.languages.size());
-      t.class_names = lid.languages;
-    } else {
-      c.num_labels = 8;
-      c.vocab_size = std::min<int64_t>(c.vocab_size, 256);
-    }
-    auto m = models::BertForSequenceClassification(c);
-    t.model = m.ptr();
-    t.forward = [m](const train::Batch& b) mutable { return m->forward(b.input, b.mask); };
-    t.metric = "accuracy";
-    if (with_data) {
-      t.train = capped(std::make_shared<train::TensorBatches>(train::text_classification_batches(lid.train, tok, d.seq_len)),
-                       d.max_train_examples);
-      t.validation = capped(
-          std::make_shared<train::TensorBatches>(train::text_classification_batches(lid.validation, tok, d.seq_len)),
-          d.max_eval_examples);
-      t.test = capped(std::make_shared<train::TensorBatches>(train::text_classification_batches(lid.test, tok, d.seq_len)),
-                      d.max_eval_examples);
-      const at::Tensor labels = at::tensor(lid.test.label, at::kLong);
-      t.baselines["majority_class_accuracy"] = at::bincount(labels).max().item<double>() / labels.numel();
-    }
-    return t;
-  }
-  // gpt2
-  models::Gpt2Config c = r.model.config_file.empty() ? models::Gpt2Config{} : models::Gpt2Config::from_file(r.model.config_file);
-  if (!r.model.config.is_null()) {
-    nlohmann::json merged = c.to_json();
-    merged.update(r.model.config);
-    c = models::Gpt2Config::from_json(merged);
-  }
-  c.vocab_size = data::TextCorpus::kVocabSize;
-  c.n_positions = std::max(c.n_positions, d.seq_len);
-  auto m = models::Gpt2LMHeadModel(c);
-  t.model = m.ptr();
-  t.forward = [m](const train::Batch& b) mutable { return m->forward(b.input); };
-  t.metric = "perplexity";
-  if (with_data) {
-    const data::TextCorpus corpus = data::load_fortunes();
-    t.train = capped(std::make_shared<train::LmBatches>(corpus.train, d.seq_len, d.seq_len), d.max_train_examples);
-    t.validation = capped(std::make_shared<train::LmBatches>(corpus.validation, d.seq_len, d.seq_len), d.max_eval_examples);
-    t.test = capped(std::make_shared<train::LmBatches>(corpus.test, d.seq_len, d.seq_len), d.max_eval_examples);
-    t.baselines["unigram_perplexity"] = data::unigram_perplexity(corpus.train, corpus.test);
-  }
-  return t;
-}
-
 std::map<std::string, double> metric_map(const train::Metrics& m, const std::string& metric) {
   std::map<std::string, double> out{{"loss", m.loss}};
   if (metric == "accuracy") out["accuracy"] = m.accuracy;
   else out["perplexity"] = m.perplexity;
   return out;
-}
-
-std::string fmt(double v, int prec = 4) {
-  std::ostringstream os;
-  os << std::fixed << std::setprecision(prec) << v;
-  return os.str();
 }
 
 void save_float_checkpoint(torch::nn::Module& model, const std::string& path, const std::string& recipe_yaml) {
@@ -249,33 +120,7 @@ PipelineResult run_pipeline(const Recipe& r, const PipelineOptions& opt) {
   auto write_report = [&]() {
     report["completed_stages"] = result.completed;
     report["interrupted"] = result.interrupted;
-    const fs::path json_path = fs::path(opt.out_dir) / "report.json";
-    std::ofstream(json_path) << report.dump(2) << "\n";
-    result.report_path = json_path.string();
-    std::ostringstream md;
-    md << "# qtrain report\n\nrecipe `" << r.path << "` (sha256 `" << r.sha256 << "`)\n\n| stage | ";
-    const std::string metric = report.value("metric", std::string("metric"));
-    md << metric << " | loss |\n|---|---|---|\n";
-    for (const char* stage : {"float", "ptq", "qat", "frozen"}) {
-      if (!report["metrics"].contains(stage)) continue;
-      const auto& m = report["metrics"][stage];
-      md << "| " << stage << " | " << fmt(m.value(metric, 0.0)) << " | " << fmt(m.value("loss", 0.0)) << " |\n";
-    }
-    if (report["size_bytes"].contains("float"))
-      md << "\nsize: " << report["size_bytes"]["float"].get<int64_t>() << " bytes float"
-         << (report["size_bytes"].contains("frozen")
-                 ? ", " + std::to_string(report["size_bytes"]["frozen"].get<int64_t>()) + " bytes frozen"
-                 : std::string())
-         << "\n";
-    if (report.contains("layers")) {
-      md << "\n| layer | type | weights | activations | kernel | fallback |\n|---|---|---|---|---|---|\n";
-      for (const auto& l : report["layers"])
-        md << "| " << l["name"].get<std::string>() << " | " << l["type"].get<std::string>() << " | "
-           << l["weights"].get<std::string>() << " | " << l["activations"].get<std::string>() << " | "
-           << l["kernel"].get<std::string>() << " | " << l["fallback_reason"].get<std::string>() << " |\n";
-    }
-    for (const auto& n : report["notes"]) md << "\n- " << n.get<std::string>();
-    std::ofstream(fs::path(opt.out_dir) / "report.md") << md.str() << "\n";
+    result.report_path = write_report_files(report, r, opt.out_dir);
   };
   auto run_stage = [&](const std::string& name, const std::function<void()>& body) {
     if (interrupted()) {
@@ -321,7 +166,8 @@ PipelineResult run_pipeline(const Recipe& r, const PipelineOptions& opt) {
       load_float_checkpoint(*t.model, ckpt);
       report["notes"].push_back("float weights loaded from " + ckpt);
     } else if (!r.model.safetensors.empty()) {
-      throw Error("model.safetensors import runs through the HF loaders (models::load_hf_*); use model.checkpoint here");
+      t.import_safetensors(r.model.safetensors);
+      report["notes"].push_back("float weights imported from " + r.model.safetensors);
     } else {
       const auto o = train_options(r, *t.train, r.train.epochs, r.train.lr, r.train.max_steps, "float", opt.interrupted);
       train::fit(*t.model, *t.train, t.forward, o);

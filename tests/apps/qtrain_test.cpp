@@ -8,6 +8,10 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "framework/io/safetensors.h"
+#include "framework/models/cnn.h"
+#include "framework/models/state_dict.h"
+
 namespace fs = std::filesystem;
 
 namespace {
@@ -130,5 +134,32 @@ TEST(Qtrain, ExitCodesSeparateBadRecipesFromFailedStages) {
   const QtrainRun failed = qtrain("--recipe recipes/fmnist_cnn_int8.yaml" + small(dir));
   EXPECT_EQ(failed.code, 1) << failed.output;
   EXPECT_NE(failed.output.find("stage 'float' failed"), std::string::npos) << failed.output;
+  fs::remove_all(dir);
+}
+
+TEST(Qtrain, ModelSafetensorsImportsFloatWeightsInsteadOfTraining) {
+  const std::string dir = out_dir("safetensors");
+  fs::create_directories(dir);
+  // The float CNN's own state, as qforge names it, written as safetensors.
+  at::manual_seed(11);
+  qforge::models::SmallCnn cnn(qforge::models::SmallCnnOptions{});
+  qforge::io::write_safetensors(dir + "/cnn.safetensors", qforge::models::model_state(*cnn));
+  const std::string args = " --out " + dir + " --set data.max_train_examples=512 --set data.max_eval_examples=256" +
+                           " --set calibrate.batches=1 --set model.safetensors=" + dir + "/cnn.safetensors";
+  const QtrainRun ok = qtrain("--recipe recipes/fmnist_cnn_int8.yaml" + args);
+  ASSERT_EQ(ok.code, 0) << ok.output;
+  const nlohmann::json r = report(dir);
+  bool imported = false;
+  for (const auto& n : r["notes"]) imported |= n.get<std::string>().find("float weights imported from") == 0;
+  EXPECT_TRUE(imported) << r["notes"].dump();
+  EXPECT_EQ(ok.output.find("float epoch"), std::string::npos) << "the float stage trained";
+
+  // A file of another model fails the float stage, naming what does not fit.
+  qforge::io::write_safetensors(dir + "/other.safetensors", {{"encoder.weight", at::zeros({4, 4})}});
+  const QtrainRun bad = qtrain("--recipe recipes/fmnist_cnn_int8.yaml --out " + dir +
+                               " --set data.max_train_examples=512 --set model.safetensors=" + dir + "/other.safetensors");
+  EXPECT_EQ(bad.code, 1) << bad.output;
+  EXPECT_NE(bad.output.find("stage 'float' failed"), std::string::npos) << bad.output;
+  EXPECT_NE(bad.output.find("encoder.weight"), std::string::npos) << bad.output;
   fs::remove_all(dir);
 }

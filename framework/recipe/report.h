@@ -1,0 +1,16 @@
+// qtrain's report: report.json (the stages' results as the pipeline records them) and report.md
+// rendered from it (metrics per stage, sizes, the per-layer table, notes).
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <string>
+
+#include "framework/recipe/recipe.h"
+
+namespace qforge {
+
+// Writes <out_dir>/report.json and <out_dir>/report.md; returns the path of report.json.
+std::string write_report_files(const nlohmann::json& report, const Recipe& recipe, const std::string& out_dir);
+
+}  // namespace qforge

@@ -1,0 +1,40 @@
+// The tasks qtrain runs: one per architecture (a model, its data, how to call it, its metric),
+// built by a small registry keyed by the recipe's model.arch.
+#pragma once
+
+#include <torch/nn/module.h>
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "framework/recipe/recipe.h"
+#include "framework/train/batches.h"
+#include "framework/train/trainer.h"
+
+namespace qforge {
+
+// A model, its data and how to call it.
+struct Task {
+  std::shared_ptr<torch::nn::Module> model;
+  std::shared_ptr<train::BatchSource> train, validation, test;
+  train::ForwardFn forward;
+  std::string metric;  // "accuracy" or "perplexity"
+  std::vector<std::string> class_names;
+  std::function<void()> before_quantize;  // e.g. fold BatchNorm into the convolutions
+  std::map<std::string, double> baselines;
+  // Loads float weights from a safetensors file (model.safetensors in the recipe): HF names for
+  // BERT and GPT-2, qforge's own names for the MLP and CNN. Shape mismatches are listed.
+  std::function<void(const std::string& path)> import_safetensors;
+};
+
+// Builds the task of r.model.arch; with_data = false builds the model only (the dry run).
+// Throws qforge::Error naming the architectures it knows.
+Task make_task(const Recipe& r, bool with_data);
+
+// The architectures make_task knows, in registry order.
+std::vector<std::string> task_architectures();
+
+}  // namespace qforge
