@@ -5,27 +5,25 @@
 
 #include "fake_quant/fake_quantize.h"
 #include "fake_quant/lsq.h"
+#include "framework/core/enum_names.h"
 #include "framework/core/error.h"
 
 namespace qforge {
 
-const char* to_string(ActivationMode m) {
-  switch (m) {
-    case ActivationMode::kNone: return "none";
-    case ActivationMode::kStatic: return "static";
-    case ActivationMode::kDynamicPerToken: return "dynamic_per_token";
-  }
-  return "?";
-}
+namespace {
+constexpr NamedValue<ActivationMode> kActivationModeNames[] = {
+    {ActivationMode::kNone, "none"},
+    {ActivationMode::kStatic, "static"},
+    {ActivationMode::kDynamicPerToken, "dynamic_per_token"},
+    {ActivationMode::kNone, "float", true},
+    {ActivationMode::kDynamicPerToken, "dynamic", true}};
+}  // namespace
 
+const char* to_string(ActivationMode m) { return name_of(kActivationModeNames, m); }
 ActivationMode activation_mode_from_name(const std::string& name) {
-  if (name == "none" || name == "float") return ActivationMode::kNone;
-  if (name == "static") return ActivationMode::kStatic;
-  if (name == "dynamic_per_token" || name == "dynamic") return ActivationMode::kDynamicPerToken;
-  const std::string hint = closest_match(name, {"none", "static", "dynamic_per_token"});
-  throw Error(detail::str_cat("unknown activation mode '", name, "'",
-                              hint.empty() ? std::string() : " (did you mean '" + hint + "'?)"));
+  return value_of(kActivationModeNames, name, "activation mode");
 }
+std::vector<std::string> activation_mode_names() { return names_of(kActivationModeNames); }
 
 at::Tensor broadcast_qparam(const at::Tensor& t, const at::Tensor& x, const QSpec& spec) {
   switch (spec.granularity) {

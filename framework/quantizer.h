@@ -8,6 +8,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "framework/core/qparams.h"
 #include "observers/observer.h"
@@ -22,6 +23,7 @@ enum class ActivationMode : uint8_t {
 };
 const char* to_string(ActivationMode m);
 ActivationMode activation_mode_from_name(const std::string& name);
+std::vector<std::string> activation_mode_names();  // "none", "static", "dynamic_per_token"
 
 // How one point is quantized: grid, granularity, observer, learnable or not.
 struct QuantizerConfig {

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <set>
 
+#include "framework/core/enum_names.h"
 #include "framework/core/error.h"
 #include "observers/histogram_observer.h"
 #include "observers/minmax_observer.h"
@@ -18,26 +19,20 @@
 
 namespace qforge {
 
-const char* to_string(HistogramMethod m) {
-  switch (m) {
-    case HistogramMethod::kL2: return "l2";
-    case HistogramMethod::kEntropy: return "entropy";
-    case HistogramMethod::kPercentile: return "percentile";
-    case HistogramMethod::kMse: return "mse";
-  }
-  return "?";
-}
+namespace {
+constexpr NamedValue<HistogramMethod> kHistogramMethodNames[] = {
+    {HistogramMethod::kL2, "l2"},
+    {HistogramMethod::kEntropy, "entropy"},
+    {HistogramMethod::kPercentile, "percentile"},
+    {HistogramMethod::kMse, "mse"},
+    {HistogramMethod::kEntropy, "kl", true}};
+}  // namespace
 
+const char* to_string(HistogramMethod m) { return name_of(kHistogramMethodNames, m); }
 HistogramMethod histogram_method_from_name(const std::string& name) {
-  if (name == "l2") return HistogramMethod::kL2;
-  if (name == "entropy" || name == "kl") return HistogramMethod::kEntropy;
-  if (name == "percentile") return HistogramMethod::kPercentile;
-  if (name == "mse") return HistogramMethod::kMse;
-  const std::string hint = closest_match(name, {"l2", "entropy", "percentile", "mse"});
-  throw Error(detail::str_cat("observers: unknown histogram method '", name, "'",
-                              hint.empty() ? std::string() : " (did you mean '" + hint + "'?)",
-                              "; valid: l2, entropy, percentile, mse"));
+  return value_of(kHistogramMethodNames, name, "histogram method", "observers: ");
 }
+std::vector<std::string> histogram_method_names() { return names_of(kHistogramMethodNames); }
 
 void Observer::update(const at::Tensor& x) {
   QF_REQUIRE(x.defined(), kind(), " observer: update() got an undefined tensor");

@@ -36,6 +36,7 @@ enum class HistogramMethod : uint8_t {
 };
 
 const char* to_string(HistogramMethod m);
+std::vector<std::string> histogram_method_names();  // "l2", "entropy", "percentile", "mse"
 // "l2", "entropy", "percentile", "mse"; throws qforge::Error with a closest-match hint otherwise.
 HistogramMethod histogram_method_from_name(const std::string& name);
 

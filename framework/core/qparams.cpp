@@ -5,27 +5,21 @@
 
 #include <sstream>
 
+#include "framework/core/enum_names.h"
 #include "framework/core/error.h"
 
 namespace qforge {
 
-const char* to_string(Granularity g) {
-  switch (g) {
-    case Granularity::kPerTensor: return "per_tensor";
-    case Granularity::kPerChannel: return "per_channel";
-    case Granularity::kPerGroup: return "per_group";
-  }
-  return "?";
-}
+namespace {
+constexpr NamedValue<Granularity> kGranularityNames[] = {
+    {Granularity::kPerTensor, "per_tensor"},     {Granularity::kPerChannel, "per_channel"},
+    {Granularity::kPerGroup, "per_group"},       {Granularity::kPerTensor, "tensor", true},
+    {Granularity::kPerChannel, "channel", true}, {Granularity::kPerGroup, "group", true}};
+}  // namespace
 
-Granularity granularity_from_name(const std::string& name) {
-  if (name == "per_tensor" || name == "tensor") return Granularity::kPerTensor;
-  if (name == "per_channel" || name == "channel") return Granularity::kPerChannel;
-  if (name == "per_group" || name == "group") return Granularity::kPerGroup;
-  const std::string hint = closest_match(name, {"per_tensor", "per_channel", "per_group"});
-  throw Error(detail::str_cat("unknown granularity '", name, "'",
-                              hint.empty() ? std::string() : " (did you mean '" + hint + "'?)"));
-}
+const char* to_string(Granularity g) { return name_of(kGranularityNames, g); }
+Granularity granularity_from_name(const std::string& name) { return value_of(kGranularityNames, name, "granularity"); }
+std::vector<std::string> granularity_names() { return names_of(kGranularityNames); }
 
 int64_t QSpec::quant_min() const {
   if (qtype.is_float()) return 0;

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "framework/core/qtype.h"
 
@@ -16,6 +17,7 @@ enum class Granularity : uint8_t { kPerTensor, kPerChannel, kPerGroup };
 
 const char* to_string(Granularity g);
 Granularity granularity_from_name(const std::string& name);
+std::vector<std::string> granularity_names();  // "per_tensor", "per_channel", "per_group"
 
 // Smallest scale any formula returns: torch.finfo(torch.float32).eps, as PyTorch's observers use.
 inline constexpr float kScaleEps = 1.1920928955078125e-07f;

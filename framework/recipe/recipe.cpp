@@ -63,8 +63,19 @@ Field map(std::string name, std::string doc, std::vector<Field> children) {
   return Field{std::move(name), T::kMap, std::move(doc), {}, -kInf, kInf, std::move(children)};
 }
 
-const std::vector<std::string> kQTypes{"qint8", "quint8", "qint4", "quint4", "qint2", "qfloat8_e4m3fn", "qfloat8_e5m2"};
-const std::vector<std::string> kGranularities{"per_tensor", "per_channel", "per_group"};
+// Choices come from each enum's one name table (framework/core, observers).
+std::vector<std::string> qtype_names() {
+  std::vector<std::string> out;
+  for (const QType& q : all_qtypes()) out.emplace_back(q.name);
+  return out;
+}
+// Per-tensor observers for static activations (the per-channel kinds serve weights).
+std::vector<std::string> activation_observer_kinds() {
+  std::vector<std::string> out;
+  for (const std::string& k : observer_kinds())
+    if (k.find("per_channel") == std::string::npos) out.push_back(k);
+  return out;
+}
 
 const Field& schema() {
   static const Field root = map("", "recipe", {
@@ -98,18 +109,18 @@ const Field& schema() {
       }),
       map("quantize", "what to quantize and how", {
           map("weights", "weight quantization", {
-              choice("qtype", [] { auto v = kQTypes; v.push_back("none"); return v; }(), "weight grid (none: float)"),
-              choice("granularity", kGranularities, "scale granularity"),
+              choice("qtype", [] { auto v = qtype_names(); v.push_back("none"); return v; }(), "weight grid (none: float)"),
+              choice("granularity", granularity_names(), "scale granularity"),
               leaf("group_size", T::kInt, "elements per group along the input dimension (per_group)", 1, 1e9),
               leaf("symmetric", T::kBool, "zero point 0"),
               leaf("lsq", T::kBool, "learnable step size (LSQ) during QAT"),
           }),
           map("activations", "input activation quantization", {
-              choice("mode", {"none", "static", "dynamic_per_token"}, "none, static (calibrated) or dynamic per token"),
-              choice("qtype", kQTypes, "activation grid"),
+              choice("mode", activation_mode_names(), "none, static (calibrated) or dynamic per token"),
+              choice("qtype", qtype_names(), "activation grid"),
               leaf("symmetric", T::kBool, "symmetric activations (int8: narrow range [-127, 127])"),
-              choice("observer", {"minmax", "moving_average_minmax", "histogram"}, "static activation observer"),
-              choice("method", {"l2", "entropy", "percentile", "mse"}, "histogram range search"),
+              choice("observer", activation_observer_kinds(), "static activation observer"),
+              choice("method", histogram_method_names(), "histogram range search"),
               leaf("percentile", T::kFloat, "percentile of the percentile method", 0, 100),
               leaf("averaging_constant", T::kFloat, "moving-average constant", 0, 1),
               leaf("lsq", T::kBool, "learnable activation step (LSQ) during QAT"),
@@ -118,10 +129,10 @@ const Field& schema() {
                 {map("*", "rule", {
                     leaf("pattern", T::kString, "shell-style pattern on module paths"),
                     leaf("keep_float", T::kBool, "leave matching layers in float"),
-                    choice("weights", kQTypes, "weight grid for matching layers"),
-                    choice("granularity", kGranularities, "weight granularity for matching layers"),
+                    choice("weights", qtype_names(), "weight grid for matching layers"),
+                    choice("granularity", granularity_names(), "weight granularity for matching layers"),
                     leaf("group_size", T::kInt, "group size for matching layers", 1, 1e9),
-                    choice("activations", {"none", "static", "dynamic_per_token"}, "activation mode for matching layers"),
+                    choice("activations", activation_mode_names(), "activation mode for matching layers"),
                 })}},
       }),
       map("calibrate", "calibration of static activations", {
