@@ -51,16 +51,31 @@ struct Field {
   std::vector<std::string> choices;
   double min = -kInf, max = kInf;
   std::vector<Field> children;
+  // Bound leaves write their value into the Recipe (bind()); others are read by load_recipe.
+  std::function<void(const YAML::Node&, Recipe&)> set;
 };
 
 Field leaf(std::string name, T type, std::string doc, double min = -kInf, double max = kInf) {
-  return Field{std::move(name), type, std::move(doc), {}, min, max, {}};
+  return Field{std::move(name), type, std::move(doc), {}, min, max, {}, {}};
 }
 Field choice(std::string name, std::vector<std::string> choices, std::string doc) {
-  return Field{std::move(name), T::kEnum, std::move(doc), std::move(choices), -kInf, kInf, {}};
+  return Field{std::move(name), T::kEnum, std::move(doc), std::move(choices), -kInf, kInf, {}, {}};
 }
 Field map(std::string name, std::string doc, std::vector<Field> children) {
-  return Field{std::move(name), T::kMap, std::move(doc), {}, -kInf, kInf, std::move(children)};
+  return Field{std::move(name), T::kMap, std::move(doc), {}, -kInf, kInf, std::move(children), {}};
+}
+
+// A leaf bound to a Recipe member: its key is written once, here; its default is the member's
+// initializer in recipe.h; load_recipe sets every bound leaf the resolved tree holds.
+template <class Section, class V>
+Field bind(Field f, Section Recipe::*section, V Section::*member) {
+  f.set = [section, member](const YAML::Node& n, Recipe& r) { (r.*section).*member = n.as<V>(); };
+  return f;
+}
+template <class V>
+Field bind(Field f, V Recipe::*member) {
+  f.set = [member](const YAML::Node& n, Recipe& r) { r.*member = n.as<V>(); };
+  return f;
 }
 
 // Choices come from each enum's one name table (framework/core, observers).
@@ -81,31 +96,31 @@ const Field& schema() {
   static const Field root = map("", "recipe", {
       Field{"include", T::kList, "preset files merged first, in order (paths relative to this file)", {}, -kInf, kInf,
             {leaf("*", T::kString, "path")}},
-      leaf("seed", T::kInt, "random seed for data splits, initialisation and shuffling", 0, 1e18),
+      bind(leaf("seed", T::kInt, "random seed for data splits, initialisation and shuffling", 0, 1e18), &Recipe::seed),
       map("model", "the network", {
-          choice("arch", {"mlp", "cnn", "bert", "gpt2"}, "architecture"),
+          bind(choice("arch", {"mlp", "cnn", "bert", "gpt2"}, "architecture"), &Recipe::model, &Recipe::Model::arch),
           Field{"config", T::kFreeMap, "architecture config (HF config.json keys for bert and gpt2)", {}, -kInf, kInf, {}},
-          leaf("config_file", T::kString, "HF-style config.json to read the config from"),
-          leaf("checkpoint", T::kString, "float checkpoint: loaded when it exists, written after float training"),
-          leaf("safetensors", T::kString, "HF safetensors weights to import instead of training"),
+          bind(leaf("config_file", T::kString, "HF-style config.json to read the config from"), &Recipe::model, &Recipe::Model::config_file),
+          bind(leaf("checkpoint", T::kString, "float checkpoint: loaded when it exists, written after float training"), &Recipe::model, &Recipe::Model::checkpoint),
+          bind(leaf("safetensors", T::kString, "float weights to import instead of training (HF names for bert/gpt2)"), &Recipe::model, &Recipe::Model::safetensors),
       }),
       map("data", "dataset and batching", {
-          choice("dataset", {"fashion_mnist", "langid", "fortunes"}, "dataset (from Debian packages)"),
-          leaf("batch_size", T::kInt, "training batch size", 1, 65536),
-          leaf("eval_batch_size", T::kInt, "evaluation batch size", 1, 65536),
-          leaf("validation_size", T::kInt, "examples held out from training for validation", 0, 1e9),
-          leaf("max_train_examples", T::kInt, "cap on training examples (0: all)", 0, 1e12),
-          leaf("max_eval_examples", T::kInt, "cap on evaluation examples (0: all)", 0, 1e12),
-          leaf("seq_len", T::kInt, "sequence length of language-model examples", 2, 65536),
-          leaf("examples_per_language", T::kInt, "langid phrases per language (0: dataset default)", 0, 1e9),
+          bind(choice("dataset", {"fashion_mnist", "langid", "fortunes"}, "dataset (from Debian packages)"), &Recipe::data, &Recipe::Data::dataset),
+          bind(leaf("batch_size", T::kInt, "training batch size", 1, 65536), &Recipe::data, &Recipe::Data::batch_size),
+          bind(leaf("eval_batch_size", T::kInt, "evaluation batch size", 1, 65536), &Recipe::data, &Recipe::Data::eval_batch_size),
+          bind(leaf("validation_size", T::kInt, "examples held out from training for validation", 0, 1e9), &Recipe::data, &Recipe::Data::validation_size),
+          bind(leaf("max_train_examples", T::kInt, "cap on training examples (0: all)", 0, 1e12), &Recipe::data, &Recipe::Data::max_train_examples),
+          bind(leaf("max_eval_examples", T::kInt, "cap on evaluation examples (0: all)", 0, 1e12), &Recipe::data, &Recipe::Data::max_eval_examples),
+          bind(leaf("seq_len", T::kInt, "sequence length of language-model examples", 2, 65536), &Recipe::data, &Recipe::Data::seq_len),
+          bind(leaf("examples_per_language", T::kInt, "langid phrases per language (0: dataset default)", 0, 1e9), &Recipe::data, &Recipe::Data::examples_per_language),
       }),
       map("train", "float training (when no checkpoint is given)", {
-          leaf("epochs", T::kInt, "epochs", 0, 10000),
-          leaf("lr", T::kFloat, "peak learning rate (AdamW)", 0, 10),
-          leaf("weight_decay", T::kFloat, "AdamW weight decay", 0, 10),
-          leaf("warmup_steps", T::kInt, "linear warm-up steps before the cosine schedule", 0, 1e9),
-          leaf("grad_clip", T::kFloat, "gradient norm clip (0: off)", 0, 1e9),
-          leaf("max_steps", T::kInt, "stop after this many steps (0: no limit)", 0, 1e12),
+          bind(leaf("epochs", T::kInt, "epochs", 0, 10000), &Recipe::train, &Recipe::Train::epochs),
+          bind(leaf("lr", T::kFloat, "peak learning rate (AdamW)", 0, 10), &Recipe::train, &Recipe::Train::lr),
+          bind(leaf("weight_decay", T::kFloat, "AdamW weight decay", 0, 10), &Recipe::train, &Recipe::Train::weight_decay),
+          bind(leaf("warmup_steps", T::kInt, "linear warm-up steps before the cosine schedule", 0, 1e9), &Recipe::train, &Recipe::Train::warmup_steps),
+          bind(leaf("grad_clip", T::kFloat, "gradient norm clip (0: off)", 0, 1e9), &Recipe::train, &Recipe::Train::grad_clip),
+          bind(leaf("max_steps", T::kInt, "stop after this many steps (0: no limit)", 0, 1e12), &Recipe::train, &Recipe::Train::max_steps),
       }),
       map("quantize", "what to quantize and how", {
           map("weights", "weight quantization", {
@@ -136,26 +151,26 @@ const Field& schema() {
                 })}},
       }),
       map("calibrate", "calibration of static activations", {
-          leaf("batches", T::kInt, "training batches fed through the model under Calibration", 1, 1e9),
+          bind(leaf("batches", T::kInt, "training batches fed through the model under Calibration", 1, 1e9), &Recipe::calibrate, &Recipe::Calibrate::batches),
       }),
       map("qat", "quantization-aware training after calibration", {
-          leaf("epochs", T::kInt, "QAT epochs (0: skip)", 0, 10000),
-          leaf("lr", T::kFloat, "QAT learning rate", 0, 10),
-          leaf("lsq", T::kBool, "learnable step sizes for weights and activations"),
-          leaf("freeze_observers_after", T::kInt, "stop observer updates after this many steps (-1: never)", -1, 1e12),
-          leaf("freeze_bn_after", T::kInt, "fix BatchNorm statistics after this many steps (-1: never)", -1, 1e12),
-          leaf("max_steps", T::kInt, "stop after this many steps (0: no limit)", 0, 1e12),
+          bind(leaf("epochs", T::kInt, "QAT epochs (0: skip)", 0, 10000), &Recipe::qat, &Recipe::Qat::epochs),
+          bind(leaf("lr", T::kFloat, "QAT learning rate", 0, 10), &Recipe::qat, &Recipe::Qat::lr),
+          bind(leaf("lsq", T::kBool, "learnable step sizes for weights and activations"), &Recipe::qat, &Recipe::Qat::lsq),
+          bind(leaf("freeze_observers_after", T::kInt, "stop observer updates after this many steps (-1: never)", -1, 1e12), &Recipe::qat, &Recipe::Qat::freeze_observers_after),
+          bind(leaf("freeze_bn_after", T::kInt, "fix BatchNorm statistics after this many steps (-1: never)", -1, 1e12), &Recipe::qat, &Recipe::Qat::freeze_bn_after),
+          bind(leaf("max_steps", T::kInt, "stop after this many steps (0: no limit)", 0, 1e12), &Recipe::qat, &Recipe::Qat::max_steps),
       }),
       Field{"search", T::kFreeMap, "mixed-precision search (reserved; must be empty until it lands)", {}, -kInf, kInf, {}},
       map("freeze", "packing into integer kernels", {
-          leaf("enabled", T::kBool, "freeze after PTQ/QAT and evaluate the integer model"),
-          choice("backend", {"cpu"}, "kernel backend"),
+          bind(leaf("enabled", T::kBool, "freeze after PTQ/QAT and evaluate the integer model"), &Recipe::freeze, &Recipe::Freeze::enabled),
+          bind(choice("backend", {"cpu"}, "kernel backend"), &Recipe::freeze, &Recipe::Freeze::backend),
       }),
       map("export", "files written to the output directory", {
-          leaf("checkpoint", T::kBool, "quantized model checkpoint (HDF5)"),
-          leaf("calibration_dump", T::kBool, "calibration dump (HDF5)"),
-          leaf("report", T::kBool, "report.json and report.md"),
-          leaf("safetensors", T::kBool, "frozen model as safetensors"),
+          bind(leaf("checkpoint", T::kBool, "quantized model checkpoint (HDF5)"), &Recipe::export_, &Recipe::Export::checkpoint),
+          bind(leaf("calibration_dump", T::kBool, "calibration dump (HDF5)"), &Recipe::export_, &Recipe::Export::calibration_dump),
+          bind(leaf("report", T::kBool, "report.json and report.md"), &Recipe::export_, &Recipe::Export::report),
+          bind(leaf("safetensors", T::kBool, "frozen model as safetensors"), &Recipe::export_, &Recipe::Export::safetensors),
       }),
   });
   return root;
@@ -428,6 +443,18 @@ void get(const YAML::Node& n, const char* key, V& out) {
   if (n && n[key] && !n[key].IsNull()) out = n[key].as<V>();
 }
 
+// Sets every bound leaf of `f` that `n` holds (the tree is validated already).
+void apply_bound(const Field& f, const YAML::Node& n, Recipe& r) {
+  if (!n || !n.IsMap()) return;
+  for (const Field& c : f.children) {
+    if (c.name == "*") continue;
+    const YAML::Node v = n[c.name];
+    if (!v || v.IsNull()) continue;
+    if (c.set) c.set(v, r);
+    else if (c.type == T::kMap) apply_bound(c, v, r);
+  }
+}
+
 }  // namespace
 
 std::vector<std::pair<std::string, std::string>> recipe_keys() {
@@ -462,29 +489,9 @@ Recipe load_recipe(const std::string& path, const std::vector<std::string>& over
 
   Recipe r;
   r.path = path;
-  get(tree, "seed", r.seed);
-  const YAML::Node m = tree["model"];
-  get(m, "arch", r.model.arch);
-  get(m, "config_file", r.model.config_file);
-  get(m, "checkpoint", r.model.checkpoint);
-  get(m, "safetensors", r.model.safetensors);
-  if (m && m["config"]) r.model.config = to_json(m["config"]);
-  const YAML::Node d = tree["data"];
-  get(d, "dataset", r.data.dataset);
-  get(d, "batch_size", r.data.batch_size);
-  get(d, "eval_batch_size", r.data.eval_batch_size);
-  get(d, "validation_size", r.data.validation_size);
-  get(d, "max_train_examples", r.data.max_train_examples);
-  get(d, "max_eval_examples", r.data.max_eval_examples);
-  get(d, "seq_len", r.data.seq_len);
-  get(d, "examples_per_language", r.data.examples_per_language);
-  const YAML::Node t = tree["train"];
-  get(t, "epochs", r.train.epochs);
-  get(t, "lr", r.train.lr);
-  get(t, "weight_decay", r.train.weight_decay);
-  get(t, "warmup_steps", r.train.warmup_steps);
-  get(t, "grad_clip", r.train.grad_clip);
-  get(t, "max_steps", r.train.max_steps);
+  apply_bound(schema(), tree, r);
+  const YAML::Node model_node = tree["model"];
+  if (model_node && model_node["config"]) r.model.config = to_json(model_node["config"]);
 
   if (r.model.arch.empty()) problem("model.arch", "is required (mlp, cnn, bert or gpt2)");
   if (r.data.dataset.empty()) problem("data.dataset", "is required (fashion_mnist, langid or fortunes)");
@@ -555,14 +562,6 @@ Recipe load_recipe(const std::string& path, const std::vector<std::string>& over
       }
     }
   }
-  get(tree["calibrate"], "batches", r.calibrate.batches);
-  const YAML::Node qa = tree["qat"];
-  get(qa, "epochs", r.qat.epochs);
-  get(qa, "lr", r.qat.lr);
-  get(qa, "lsq", r.qat.lsq);
-  get(qa, "freeze_observers_after", r.qat.freeze_observers_after);
-  get(qa, "freeze_bn_after", r.qat.freeze_bn_after);
-  get(qa, "max_steps", r.qat.max_steps);
   if (r.qat.lsq) {
     r.scheme.weight_lsq = true;
     r.scheme.activation_lsq = true;
@@ -570,14 +569,7 @@ Recipe load_recipe(const std::string& path, const std::vector<std::string>& over
   if (r.qat.epochs > 0 && !r.quantize) problem("qat.epochs", "QAT needs a quantize section");
   if (tree["search"] && tree["search"].IsMap() && tree["search"].size() > 0)
     problem("search", "the mixed-precision search is reserved in the schema and does not exist yet; remove the section");
-  get(tree["freeze"], "enabled", r.freeze.enabled);
-  get(tree["freeze"], "backend", r.freeze.backend);
   if (r.freeze.enabled && !r.quantize && tree["freeze"]) problem("freeze.enabled", "freezing needs a quantize section");
-  const YAML::Node e = tree["export"];
-  get(e, "checkpoint", r.export_.checkpoint);
-  get(e, "calibration_dump", r.export_.calibration_dump);
-  get(e, "report", r.export_.report);
-  get(e, "safetensors", r.export_.safetensors);
 
   if (!ctx.issues.empty()) throw RecipeError(ctx.issues);
   YAML::Emitter out;

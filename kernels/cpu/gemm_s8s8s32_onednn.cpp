@@ -23,12 +23,14 @@ constexpr int64_t kNominalM = 256;
 // Primitives kept per distinct M (cleared when exceeded; creation costs about a millisecond).
 constexpr size_t kMaxCachedPrimitives = 64;
 
-struct Primitive {
+}  // namespace
+
+// Named (not anonymous) so OneDnnS8Weights may hold it in a unity build without
+// -Wsubobject-linkage.
+struct OneDnnPrimitive {
   dnnl::matmul::primitive_desc pd;
   dnnl::matmul matmul;
 };
-
-}  // namespace
 
 class OneDnnS8Weights {
  public:
@@ -38,7 +40,7 @@ class OneDnnS8Weights {
   int64_t n = 0, k = 0;
   std::string impl;  // implementation chosen for kNominalM
   mutable std::mutex mutex;
-  mutable std::map<int64_t, std::shared_ptr<const Primitive>> primitives;  // by M
+  mutable std::map<int64_t, std::shared_ptr<const OneDnnPrimitive>> primitives;  // by M
 };
 
 namespace {
@@ -85,12 +87,12 @@ std::shared_ptr<const OneDnnS8Weights> onednn_pack_s8(const int8_t* W, int64_t N
 }
 
 namespace {
-std::shared_ptr<const Primitive> primitive_for(const OneDnnS8Weights& w, int64_t M) {
+std::shared_ptr<const OneDnnPrimitive> primitive_for(const OneDnnS8Weights& w, int64_t M) {
   std::lock_guard<std::mutex> lock(w.mutex);
   auto it = w.primitives.find(M);
   if (it != w.primitives.end()) return it->second;
   if (w.primitives.size() >= kMaxCachedPrimitives) w.primitives.clear();
-  auto p = std::make_shared<Primitive>();
+  auto p = std::make_shared<OneDnnPrimitive>();
   p->pd = make_pd(w.engine, M, w.n, w.k, w.weights_md);
   p->matmul = dnnl::matmul(p->pd);
   w.primitives.emplace(M, p);
@@ -100,7 +102,7 @@ std::shared_ptr<const Primitive> primitive_for(const OneDnnS8Weights& w, int64_t
 
 void onednn_gemm_s8s8s32(const OneDnnS8Weights& w, const int8_t* A, int64_t M, int32_t* C) {
   QF_CHECK(M > 0 && A != nullptr && C != nullptr);
-  const std::shared_ptr<const Primitive> prim = primitive_for(w, M);
+  const std::shared_ptr<const OneDnnPrimitive> prim = primitive_for(w, M);
   dnnl::stream stream(w.engine);
   memory src({{M, w.k}, memory::data_type::s8, memory::format_tag::ab}, w.engine,
              const_cast<int8_t*>(A));

@@ -188,3 +188,31 @@ TEST(Recipe, EveryDocumentedKeyIsInTheSchema) {
                         "quantize.rules[].pattern", "qat.freeze_bn_after", "export.calibration_dump", "search"})
     EXPECT_TRUE(has(k)) << k;
 }
+
+TEST(Recipe, EveryBoundKeyReachesTheRecipeAndAbsentKeysKeepTheirDefaults) {
+  const std::string path = std::string(QFORGE_SOURCE_DIR) + "/recipes/fmnist_cnn_int8.yaml";
+  const Recipe defaults = load_recipe(path);
+  const Recipe r = load_recipe(path, {"seed=9", "model.checkpoint=x.h5", "model.safetensors=w.safetensors",
+                                      "data.batch_size=7", "data.examples_per_language=3", "train.lr=0.5",
+                                      "train.grad_clip=0", "calibrate.batches=5", "qat.freeze_bn_after=3",
+                                      "qat.lr=0.25", "freeze.enabled=false", "export.safetensors=true",
+                                      "export.report=false"});
+  EXPECT_EQ(r.seed, 9u);
+  EXPECT_EQ(r.model.checkpoint, "x.h5");
+  EXPECT_EQ(r.model.safetensors, "w.safetensors");
+  EXPECT_EQ(r.data.batch_size, 7);
+  EXPECT_EQ(r.data.examples_per_language, 3);
+  EXPECT_EQ(r.train.lr, 0.5);
+  EXPECT_EQ(r.train.grad_clip, 0.0);
+  EXPECT_EQ(r.calibrate.batches, 5);
+  EXPECT_EQ(r.qat.freeze_bn_after, 3);
+  EXPECT_EQ(r.qat.lr, 0.25);
+  EXPECT_FALSE(r.freeze.enabled);
+  EXPECT_TRUE(r.export_.safetensors);
+  EXPECT_FALSE(r.export_.report);
+  // Untouched keys: the recipe's values, or recipe.h's defaults where the recipe is silent.
+  EXPECT_EQ(r.data.eval_batch_size, defaults.data.eval_batch_size);
+  EXPECT_EQ(r.qat.freeze_observers_after, defaults.qat.freeze_observers_after);
+  const Recipe::Data data_defaults;
+  EXPECT_EQ(data_defaults.seq_len, defaults.data.seq_len);  // the cnn recipe says nothing of seq_len
+}
