@@ -41,6 +41,7 @@ class Conv1dImpl : public virtual torch::nn::Module, private torch::nn::Conv1dIm
   }
   at::Tensor forward(const at::Tensor& x);
   const char* layer_type() const override { return "Conv1d"; }
+  std::shared_ptr<QuantizableLayer> float_copy() const override;
   torch::nn::Module& module() override { return *this; }
   const torch::nn::Module& module() const override { return *this; }
   void install_frozen(QuantizedTensor fw) override { install_conv(std::move(fw), weight, parameters_); }
@@ -71,6 +72,7 @@ class Conv2dImpl : public virtual torch::nn::Module, private torch::nn::Conv2dIm
   }
   at::Tensor forward(const at::Tensor& x);
   const char* layer_type() const override { return "Conv2d"; }
+  std::shared_ptr<QuantizableLayer> float_copy() const override;
   torch::nn::Module& module() override { return *this; }
   const torch::nn::Module& module() const override { return *this; }
   void install_frozen(QuantizedTensor fw) override { install_conv(std::move(fw), weight, parameters_); }

@@ -62,6 +62,14 @@ void EmbeddingImpl::install_frozen(QuantizedTensor fw) {
   mark_frozen();
 }
 
+std::shared_ptr<QuantizableLayer> EmbeddingImpl::float_copy() const {
+  require_not_frozen("float_copy");
+  RngStateGuard rng;
+  auto c = std::make_shared<EmbeddingImpl>(options);
+  copy_float_parameters(c->weight, weight);
+  return c;
+}
+
 KernelPlan EmbeddingImpl::plan() const {
   KernelPlan p;
   const QSpec s = scheme_.weights ? scheme_.weights->spec : QSpec{};

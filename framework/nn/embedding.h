@@ -31,6 +31,7 @@ class EmbeddingImpl : public virtual torch::nn::Module, private torch::nn::Embed
   void check_scheme(const LayerScheme& scheme) const override;
   void install_frozen(QuantizedTensor fw) override;
   KernelPlan plan() const override;
+  std::shared_ptr<QuantizableLayer> float_copy() const override;
   QuantizedTensor frozen_weight() const override { return fweight_; }
 
  protected:

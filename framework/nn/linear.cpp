@@ -37,6 +37,14 @@ bool all_zero(const at::Tensor& t) { return at::eq(t, 0).all().item<bool>(); }
 
 }  // namespace
 
+std::shared_ptr<QuantizableLayer> LinearImpl::float_copy() const {
+  require_not_frozen("float_copy");
+  RngStateGuard rng;
+  auto c = std::make_shared<LinearImpl>(options);
+  copy_float_parameters(c->weight, weight, &c->bias, &bias);
+  return c;
+}
+
 KernelPlan LinearImpl::plan() const {
   return plan_linear(scheme_.weights ? std::optional<QSpec>(scheme_.weights->spec) : std::nullopt,
                      scheme_.activations, scheme_.activation.spec, options.in_features());

@@ -40,6 +40,7 @@ class LinearImpl : public virtual torch::nn::Module, private torch::nn::LinearIm
   void check_scheme(const LayerScheme& scheme) const override;
   void install_frozen(QuantizedTensor weight) override;
   KernelPlan plan() const override;
+  std::shared_ptr<QuantizableLayer> float_copy() const override;
   QuantizedTensor frozen_weight() const override;
   at::Tensor frozen_bias() const override;
 

@@ -1,6 +1,8 @@
 // Shared quantizer plumbing of the qforge layers.
 #include "framework/nn/quantizable.h"
 
+#include <ATen/CPUGeneratorImpl.h>
+
 #include <ATen/ATen.h>
 
 #include "framework/core/error.h"
@@ -123,6 +125,26 @@ int64_t QuantizableLayer::storage_bytes() const {
   for (const auto& p : module().named_parameters(/*recurse=*/true)) bytes += p.value().nbytes();
   for (const auto& b : module().named_buffers(/*recurse=*/true)) bytes += b.value().nbytes();
   return bytes;
+}
+
+RngStateGuard::RngStateGuard() : state_(at::detail::getDefaultCPUGenerator().get_state()) {}
+RngStateGuard::~RngStateGuard() {
+  at::Generator gen = at::detail::getDefaultCPUGenerator();  // shares the default generator
+  gen.set_state(state_);
+}
+
+namespace {
+// Copies `from` into a parameter of a fresh layer (same shape by construction).
+void copy_param(at::Tensor& to, const at::Tensor& from) {
+  if (!to.defined() || !from.defined()) return;
+  at::NoGradGuard no_grad;
+  to.copy_(from);
+}
+}  // namespace
+
+void copy_float_parameters(at::Tensor& w_to, const at::Tensor& w_from, at::Tensor* b_to, const at::Tensor* b_from) {
+  copy_param(w_to, w_from);
+  if (b_to != nullptr && b_from != nullptr) copy_param(*b_to, *b_from);
 }
 
 void QuantizableLayer::mark_frozen() {

@@ -62,6 +62,11 @@ class QuantizableLayer {
   virtual KernelPlan plan() const = 0;
   // Bias of a frozen layer, wherever its kernel keeps it (undefined when none).
   virtual at::Tensor frozen_bias() const { return {}; }
+  // A new float layer of the same type and options holding copies of this layer's float
+  // parameters (nullptr for layers without weights). The search quantizes and freezes such
+  // copies to price each candidate with the code freeze() and model_size() run. The default
+  // random generator is left as it was (construction initialises, then is overwritten).
+  virtual std::shared_ptr<QuantizableLayer> float_copy() const { return nullptr; }
   // Names of quantizers that must be calibrated before freeze() and are not.
   virtual std::vector<std::string> uncalibrated() const;
   // Every quantizer of the layer (for Calibration and QAT switches).
@@ -126,6 +131,22 @@ void for_each_quantizable(const torch::nn::Module& model, Fn&& fn) {
 // The point name of a layer's quantizer: "input" for the quantizer at "<layer path>.input"
 // (the names calibration dumps and checkpoints use).
 std::string quantization_point(const std::string& layer_path, const Quantizer& q);
+
+// weight (and bias, when both are given) copied into a fresh layer's parameters without autograd.
+void copy_float_parameters(at::Tensor& w_to, const at::Tensor& w_from, at::Tensor* b_to = nullptr,
+                           const at::Tensor* b_from = nullptr);
+
+// Keeps the default CPU random generator's state across a scope (layer construction draws from it).
+class RngStateGuard {
+ public:
+  RngStateGuard();
+  ~RngStateGuard();
+  RngStateGuard(const RngStateGuard&) = delete;
+  RngStateGuard& operator=(const RngStateGuard&) = delete;
+
+ private:
+  at::Tensor state_;
+};
 
 // Temporarily replaces a module's tensor member (its weight) so the LibTorch base forward runs
 // unchanged on the fake-quantized tensor; restores it on scope exit.

@@ -16,6 +16,15 @@
 #include "framework/train/lr_schedule.h"
 
 namespace qforge::train {
+
+at::Tensor cross_entropy(const at::Tensor& logits, const at::Tensor& target) {
+  const int64_t V = logits.size(-1);
+  const at::Tensor flat = logits.reshape({-1, V});
+  const at::Tensor t = target.reshape({-1});
+  QF_REQUIRE(flat.size(0) == t.size(0), "train: logits ", logits.sizes(), " do not match targets ", target.sizes());
+  return at::cross_entropy_loss(flat, t);
+}
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -26,13 +35,12 @@ struct Accum {
   at::Tensor confusion;
 };
 
-// Loss summed over predictions, plus accuracy / confusion bookkeeping.
+// Loss over predictions, plus accuracy / confusion bookkeeping.
 at::Tensor loss_and_count(const at::Tensor& logits, const at::Tensor& target, Accum* acc) {
   const int64_t V = logits.size(-1);
   const at::Tensor flat = logits.reshape({-1, V});
   const at::Tensor t = target.reshape({-1});
-  QF_REQUIRE(flat.size(0) == t.size(0), "train: logits ", logits.sizes(), " do not match targets ", target.sizes());
-  const at::Tensor loss = at::cross_entropy_loss(flat, t);
+  const at::Tensor loss = cross_entropy(logits, target);
   if (acc) {
     at::NoGradGuard g;
     const at::Tensor pred = flat.argmax(-1);

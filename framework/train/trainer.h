@@ -56,6 +56,10 @@ struct TrainResult {
   bool stopped_early = false;         // by max_steps or time_budget_s
 };
 
+// The loss fit() minimises and evaluate() reports: mean cross-entropy over every prediction
+// (classification logits [B, C] against [B], language modelling [B, T, V] against [B, T]).
+at::Tensor cross_entropy(const at::Tensor& logits, const at::Tensor& target);
+
 TrainResult fit(torch::nn::Module& model, const BatchSource& train_data, const ForwardFn& forward,
                 const TrainOptions& options, const BatchSource* validation = nullptr);
 

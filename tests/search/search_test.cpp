@@ -1,0 +1,173 @@
+// The search end to end on a small MLP of qforge layers: exact predicted bytes (the frozen model
+// measures the same), budgets met, constraints and ties honoured, more budget never predicts
+// more error, both sensitivity methods, and the rules reproduce the chosen schemes.
+#include "framework/search/search.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <torch/optim/adam.h>
+
+#include "framework/core/error.h"
+#include "framework/nn/linear.h"
+#include "framework/quantize.h"
+
+namespace qforge::search {
+namespace {
+
+struct Mlp : torch::nn::Module {
+  Mlp()
+      : fc1(register_module("fc1", nn::Linear(32, 64))),
+        fc2(register_module("fc2", nn::Linear(64, 64))),
+        fc3(register_module("fc3", nn::Linear(64, 64))),
+        head(register_module("head", nn::Linear(64, 4))) {}
+  at::Tensor forward(const at::Tensor& x) {
+    return head(at::relu(fc3(at::relu(fc2(at::relu(fc1(x)))))));
+  }
+  nn::Linear fc1, fc2, fc3, head;
+};
+
+struct Fixture {
+  std::shared_ptr<Mlp> model;
+  std::vector<at::Tensor> x, y;
+  std::function<at::Tensor(int64_t)> loss;
+};
+
+// A small MLP trained for a few hundred steps on a learnable task (labels from a random linear
+// teacher), so quantizing its weights costs loss.
+Fixture make_fixture() {
+  at::manual_seed(0);
+  Fixture f;
+  f.model = std::make_shared<Mlp>();
+  const at::Tensor teacher = at::randn({32, 4});
+  for (int b = 0; b < 2; ++b) {
+    f.x.push_back(at::randn({64, 32}));
+    f.y.push_back(at::matmul(f.x.back(), teacher).argmax(1));
+  }
+  torch::optim::Adam opt(f.model->parameters(), torch::optim::AdamOptions(1e-2));
+  for (int step = 0; step < 200; ++step) {
+    opt.zero_grad();
+    at::cross_entropy_loss(f.model->forward(f.x[step % 2]), f.y[step % 2]).backward();
+    opt.step();
+  }
+  f.model->eval();
+  f.loss = [m = f.model, x = f.x, y = f.y](int64_t b) { return at::cross_entropy_loss(m->forward(x[b]), y[b]); };
+  return f;
+}
+
+std::vector<Candidate> candidates() {
+  return {Candidate{qint8, Granularity::kPerChannel, 0}, Candidate{qint4, Granularity::kPerGroup, 16},
+          Candidate{qint2, Granularity::kPerGroup, 16}, Candidate{std::nullopt}};
+}
+
+SearchOptions options(double size_ratio, Method m = Method::kHessian) {
+  SearchOptions o;
+  o.method = m;
+  o.candidates = candidates();
+  o.budget.size_ratio = size_ratio;
+  o.hutchinson.max_probes = 32;
+  return o;
+}
+
+TEST(Search, PredictedBytesAreTheFrozenModelsBytesAndTheBudgetHolds) {
+  Fixture f = make_fixture();
+  const Scheme base(qint8);  // weight-only
+  const SearchResult r = search(*f.model, base, 2, f.loss, options(0.35));
+  EXPECT_LE(static_cast<double>(r.bytes), 0.35 * r.float_bytes);
+  quantize(*f.model, apply(base, r));
+  freeze(*f.model);
+  EXPECT_EQ(model_size(*f.model).total_bytes, r.bytes);
+}
+
+TEST(Search, MoreBudgetNeverPredictsMoreErrorAndTheFrontIsMonotone) {
+  Fixture f = make_fixture();
+  const Scheme base(qint8);
+  double last = std::numeric_limits<double>::infinity();
+  for (double ratio : {0.24, 0.3, 0.45, 1.2}) {
+    const SearchResult r = search(*f.model, base, 2, f.loss, options(ratio));
+    EXPECT_LE(r.predicted, last + 1e-12) << ratio;
+    last = r.predicted;
+    ASSERT_GE(r.pareto.size(), 2u);
+    for (size_t i = 1; i < r.pareto.size(); ++i) {
+      EXPECT_GT(r.pareto[i].bytes, r.pareto[i - 1].bytes);
+      EXPECT_LT(r.pareto[i].predicted, r.pareto[i - 1].predicted);
+    }
+  }
+  // The whole float model fits a ratio above 1: nothing is quantized, nothing is predicted lost.
+  EXPECT_EQ(last, 0.0);
+}
+
+TEST(Search, MinBitsAndTiesAreHonoured) {
+  Fixture f = make_fixture();
+  SearchOptions o = options(0.3);
+  o.min_bits = {{"fc1", 8}, {"head", 8}};
+  o.ties = {{"fc2", "fc3"}};
+  const SearchResult r = search(*f.model, Scheme(qint8), 2, f.loss, o);
+  std::map<std::string, std::string> chosen;
+  for (const LayerChoice& l : r.layers) chosen[l.path] = l.candidates[l.chosen].candidate;
+  for (const char* p : {"fc1", "head"}) {
+    EXPECT_TRUE(chosen[p] == "qint8 per_channel" || chosen[p] == "float") << p << ": " << chosen[p];
+  }
+  EXPECT_EQ(chosen["fc2"], chosen["fc3"]);
+}
+
+TEST(Search, InfeasibleBudgetNamesTheSmallestReachableSize) {
+  Fixture f = make_fixture();
+  try {
+    search(*f.model, Scheme(qint8), 2, f.loss, options(0.01));
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot be met: the smallest reachable is"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Search, LossMethodRanksTwoBitsAboveEightBitsOnEveryLayer) {
+  Fixture f = make_fixture();
+  const SearchResult r = search(*f.model, Scheme(qint8), 2, f.loss, options(0.3, Method::kLoss));
+  for (const LayerChoice& l : r.layers) {
+    double s8 = 0, s2 = 0;
+    for (const CandidateCost& c : l.candidates) {
+      if (c.candidate == "qint8 per_channel") s8 = c.sensitivity;
+      if (c.candidate == "qint2 per_group(16)") s2 = c.sensitivity;
+    }
+    EXPECT_GT(s2, s8) << l.path;
+  }
+  // The model is back in float afterwards (the loss method attaches one layer at a time).
+  for (const auto& [path, layer] : quantizable_layers(*f.model)) EXPECT_FALSE(layer->quantized()) << path;
+}
+
+TEST(Search, RulesReproduceTheChosenSchemesBitForBit) {
+  Fixture f = make_fixture();
+  const Scheme base(qint8);
+  const SearchResult r = search(*f.model, base, 2, f.loss, options(0.3));
+  quantize(*f.model, apply(base, r));
+  for (const LayerChoice& l : r.layers) {
+    const std::string& want = l.candidates[l.chosen].candidate;
+    const QuantizableLayer* layer = nullptr;
+    for (const auto& [path, q] : quantizable_layers(*f.model))
+      if (path == l.path) layer = q;
+    ASSERT_NE(layer, nullptr);
+    if (want == "float") {
+      EXPECT_FALSE(layer->quantized()) << l.path;
+    } else {
+      ASSERT_TRUE(layer->scheme().weights) << l.path;
+      const QSpec& s = layer->scheme().weights->spec;
+      const std::string got = std::string(s.qtype.name) + " " + to_string(s.granularity) +
+                              (s.granularity == Granularity::kPerGroup ? "(" + std::to_string(s.group_size) + ")" : "");
+      EXPECT_EQ(got, want) << l.path;
+    }
+  }
+}
+
+TEST(Search, RejectsQuantizedModelsAndBadBudgets) {
+  Fixture f = make_fixture();
+  SearchOptions none = options(0.3);
+  none.budget = Budget{};
+  EXPECT_THROW(search(*f.model, Scheme(qint8), 2, f.loss, none), Error);
+  SearchOptions negative = options(-1.0);
+  EXPECT_THROW(search(*f.model, Scheme(qint8), 2, f.loss, negative), Error);
+  quantize(*f.model, Scheme(qint8));
+  EXPECT_THROW(search(*f.model, Scheme(qint8), 2, f.loss, options(0.3)), Error);
+}
+
+}  // namespace
+}  // namespace qforge::search
