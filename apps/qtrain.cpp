@@ -1,6 +1,6 @@
 // qtrain: runs a YAML recipe end to end: float model, calibration and PTQ, QAT, freeze, export.
 //   qtrain --recipe recipes/bert_int8.yaml [--out DIR] [--set key.path=value ...] [--dry-run]
-//          [--stages float,calibrate,ptq,qat,freeze,export] [--print-resolved]
+//          [--stages float,search,calibrate,ptq,qat,freeze,export] [--print-resolved]
 // Exit codes: 0 success, 2 invalid recipe or arguments, 1 failure during a stage (named), 130
 // interrupted (Ctrl-C) after writing what was complete.
 #include <csignal>
@@ -31,7 +31,7 @@ int main(int argc, char** argv) {
   app.add_option("--set", overrides, "override a key: key.path=value (repeatable)");
   app.add_flag("--dry-run", dry_run, "validate and print the plan without touching data");
   app.add_flag("--print-resolved", print_resolved, "print the resolved recipe and exit");
-  app.add_option("--stages", stages_arg, "comma-separated subset of float,calibrate,ptq,qat,freeze,export");
+  app.add_option("--stages", stages_arg, "comma-separated subset of float,search,calibrate,ptq,qat,freeze,export");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

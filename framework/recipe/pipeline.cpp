@@ -2,6 +2,7 @@
 #include "framework/recipe/pipeline.h"
 #include "framework/recipe/report.h"
 #include "framework/recipe/tasks.h"
+#include "framework/search/search.h"
 
 #include <ATen/ATen.h>
 
@@ -25,7 +26,7 @@ namespace qforge {
 namespace fs = std::filesystem;
 
 const std::vector<std::string>& pipeline_stages() {
-  static const std::vector<std::string> kStages{"float", "calibrate", "ptq", "qat", "freeze", "export"};
+  static const std::vector<std::string> kStages{"float", "search", "calibrate", "ptq", "qat", "freeze", "export"};
   return kStages;
 }
 
@@ -72,6 +73,50 @@ train::TrainOptions train_options(const Recipe& r, const train::BatchSource& dat
   return o;
 }
 
+search::SearchOptions search_options(const Recipe& r) {
+  search::SearchOptions o;
+  o.method = search::method_from_name(r.search.method);
+  for (const std::string& name : r.search.candidates) {
+    search::Candidate c;
+    if (name != "float") {
+      c.qtype = qtype_from_name(name);
+      // 8-bit grids per output channel; 4- and 2-bit grids per group, as the integer kernels take them.
+      if (c.qtype->bits < 8 && c.qtype->is_integer()) {
+        c.granularity = Granularity::kPerGroup;
+        c.group_size = r.search.group_size;
+      }
+    }
+    o.candidates.push_back(c);
+  }
+  if (r.search.size_mb > 0) o.budget.size_mb = r.search.size_mb;
+  if (r.search.size_ratio > 0) o.budget.size_ratio = r.search.size_ratio;
+  if (r.search.avg_bits > 0) o.budget.avg_bits = r.search.avg_bits;
+  for (const auto& [pattern, bits] : r.search.min_bits) o.min_bits.push_back({pattern, static_cast<int>(bits)});
+  o.ties = r.search.ties;
+  o.hutchinson.max_probes = r.search.probes;
+  o.hutchinson.min_probes = std::min<int64_t>(8, r.search.probes);
+  o.hutchinson.rel_tol = r.search.tolerance;
+  o.hutchinson.seed = r.seed;
+  return o;
+}
+
+nlohmann::json search_json(const search::SearchResult& sr) {
+  nlohmann::json layers = nlohmann::json::array();
+  for (const search::LayerChoice& l : sr.layers) {
+    const search::CandidateCost& c = l.candidates[l.chosen];
+    nlohmann::json options = nlohmann::json::array();
+    for (const search::CandidateCost& o : l.candidates)
+      options.push_back({{"qtype", o.candidate}, {"bytes", o.bytes}, {"sensitivity", o.sensitivity}});
+    layers.push_back({{"path", l.path}, {"type", l.type}, {"qtype", c.candidate}, {"bytes", c.bytes},
+                      {"sensitivity", c.sensitivity}, {"hessian_trace", l.hessian_trace}, {"candidates", options}});
+  }
+  nlohmann::json pareto = nlohmann::json::array();
+  for (const search::ParetoPoint& p : sr.pareto) pareto.push_back({{"bytes", p.bytes}, {"predicted", p.predicted}});
+  return {{"method", search::to_string(sr.method)}, {"budget", sr.budget.to_string()}, {"bytes", sr.bytes},
+          {"float_bytes", sr.float_bytes}, {"predicted", sr.predicted}, {"seconds", sr.seconds},
+          {"hutchinson_probes", sr.hutchinson_probes}, {"layers", layers}, {"pareto", pareto}};
+}
+
 nlohmann::json layers_json(const torch::nn::Module& model) {
   nlohmann::json layers = nlohmann::json::array();
   for (const LayerReport& l : layer_reports(model)) {
@@ -97,12 +142,22 @@ PipelineResult run_pipeline(const Recipe& r, const PipelineOptions& opt) {
     std::printf("model %s, dataset %s, stages:", r.model.arch.c_str(), r.data.dataset.c_str());
     for (const auto& s : pipeline_stages()) {
       const bool applies = s == "float" || s == "export" || (r.quantize && (s == "calibrate" || s == "ptq")) ||
+                           (s == "search" && r.search.enabled) ||
                            (s == "qat" && r.qat.epochs > 0) || (s == "freeze" && r.quantize && r.freeze.enabled);
       if (applies && wanted(s)) std::printf(" %s", s.c_str());
     }
     std::printf("\n");
     if (!r.quantize) return {};
     if (t.before_quantize) t.before_quantize();
+    if (r.search.enabled) {
+      const search::SearchOptions so = search_options(r);
+      std::string cands;
+      for (const auto& c : so.candidates) cands += (cands.empty() ? "" : ", ") + c.name();
+      std::printf("search: %s sensitivities on %lld calibration batches, budget %s, candidates %s;\n"
+                  "the plan below is the scheme before the search assigns per-layer widths\n",
+                  search::to_string(so.method), static_cast<long long>(r.search.batches), so.budget.to_string().c_str(),
+                  cands.c_str());
+    }
     const QuantizeReport rep = quantize(*t.model, r.scheme);
     // Each layer's kernel plan: what freeze() will run on this machine (nothing is calibrated).
     std::printf("\nplan (%zu quantized layers, %zu kept float; kernels as freeze will choose them on this machine):\n%s",
@@ -188,12 +243,41 @@ PipelineResult run_pipeline(const Recipe& r, const PipelineOptions& opt) {
     return result;
   }
 
+  Scheme scheme = r.scheme;  // with the search's per-layer rules once it has run
+  bool folded = false;
+  auto before_quantize = [&] {
+    if (t.before_quantize && !folded) t.before_quantize();
+    folded = true;
+  };
+  if (r.search.enabled && wanted("search")) {
+    run_stage("search", [&] {
+      before_quantize();  // the search prices the layers freeze will see (BatchNorm folded)
+      t.model->eval();
+      const int64_t bs = r.data.batch_size;
+      const int64_t batches = std::max<int64_t>(1, std::min(r.search.batches, t.train->size() / bs));
+      auto loss_of_batch = [&](int64_t b) {
+        const at::Tensor idx = at::arange(b * bs, std::min(t.train->size(), (b + 1) * bs), at::kLong);
+        const train::Batch batch = t.train->get(idx);
+        return train::cross_entropy(t.forward(batch), batch.target);
+      };
+      const search::SearchResult sr = search::search(*t.model, r.scheme, batches, loss_of_batch, search_options(r));
+      scheme = search::apply(r.scheme, sr);
+      report["search"] = search_json(sr);
+      const fs::path searched = fs::path(opt.out_dir) / "recipe.searched.yaml";
+      std::ofstream(searched) << "# " << r.path << " with the search's choice as explicit rules (no search section)\n"
+                              << resolved_with_rules(r, sr.rules);
+      report["exported"]["searched_recipe"] = searched.string();
+      std::fprintf(stderr, "qtrain: search chose %s for %zu layers: predicted %lld bytes (float %lld) in %.1fs\n",
+                   search::to_string(sr.method), sr.layers.size(), static_cast<long long>(sr.bytes),
+                   static_cast<long long>(sr.float_bytes), sr.seconds);
+    });
+  }
   if (wanted("calibrate") || wanted("ptq")) {
     run_stage("calibrate", [&] {
-      if (t.before_quantize) t.before_quantize();
-      const QuantizeReport q = quantize(*t.model, r.scheme);
+      before_quantize();
+      const QuantizeReport q = quantize(*t.model, scheme);
       for (const auto& w : q.warnings) report["notes"].push_back("quantize: " + w);
-      if (r.scheme.activations == ActivationMode::kStatic) {
+      if (scheme.activations == ActivationMode::kStatic) {
         t.model->eval();
         Calibration calib(*t.model);
         const int64_t n = std::min(t.train->size(), r.calibrate.batches * r.data.batch_size);

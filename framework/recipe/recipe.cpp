@@ -95,11 +95,11 @@ std::vector<std::string> activation_observer_kinds() {
 const Field& schema() {
   static const Field root = map("", "recipe", {
       Field{"include", T::kList, "preset files merged first, in order (paths relative to this file)", {}, -kInf, kInf,
-            {leaf("*", T::kString, "path")}},
+            {leaf("*", T::kString, "path")}, {}},
       bind(leaf("seed", T::kInt, "random seed for data splits, initialisation and shuffling", 0, 1e18), &Recipe::seed),
       map("model", "the network", {
           bind(choice("arch", {"mlp", "cnn", "bert", "gpt2"}, "architecture"), &Recipe::model, &Recipe::Model::arch),
-          Field{"config", T::kFreeMap, "architecture config (HF config.json keys for bert and gpt2)", {}, -kInf, kInf, {}},
+          Field{"config", T::kFreeMap, "architecture config (HF config.json keys for bert and gpt2)", {}, -kInf, kInf, {}, {}},
           bind(leaf("config_file", T::kString, "HF-style config.json to read the config from"), &Recipe::model, &Recipe::Model::config_file),
           bind(leaf("checkpoint", T::kString, "float checkpoint: loaded when it exists, written after float training"), &Recipe::model, &Recipe::Model::checkpoint),
           bind(leaf("safetensors", T::kString, "float weights to import instead of training (HF names for bert/gpt2)"), &Recipe::model, &Recipe::Model::safetensors),
@@ -148,7 +148,7 @@ const Field& schema() {
                     choice("granularity", granularity_names(), "weight granularity for matching layers"),
                     leaf("group_size", T::kInt, "group size for matching layers", 1, 1e9),
                     choice("activations", activation_mode_names(), "activation mode for matching layers"),
-                })}},
+                })}, {}},
       }),
       map("calibrate", "calibration of static activations", {
           bind(leaf("batches", T::kInt, "training batches fed through the model under Calibration", 1, 1e9), &Recipe::calibrate, &Recipe::Calibrate::batches),
@@ -161,7 +161,27 @@ const Field& schema() {
           bind(leaf("freeze_bn_after", T::kInt, "fix BatchNorm statistics after this many steps (-1: never)", -1, 1e12), &Recipe::qat, &Recipe::Qat::freeze_bn_after),
           bind(leaf("max_steps", T::kInt, "stop after this many steps (0: no limit)", 0, 1e12), &Recipe::qat, &Recipe::Qat::max_steps),
       }),
-      Field{"search", T::kFreeMap, "mixed-precision search (reserved; must be empty until it lands)", {}, -kInf, kInf, {}},
+      map("search", "mixed-precision search: per-layer weight widths under a budget (before calibration)", {
+          bind(choice("method", {"hessian", "loss"}, "sensitivity: Hessian trace x weight perturbation, or measured loss increase"),
+               &Recipe::search, &Recipe::Search::method),
+          Field{"candidates", T::kList, "weight grids each layer may take", {}, -kInf, kInf,
+                {choice("*", [] { auto v = qtype_names(); v.push_back("float"); return v; }(), "qtype or float")}, {}},
+          bind(leaf("group_size", T::kInt, "group size of the 4- and 2-bit candidates (per_group)", 1, 1e9),
+               &Recipe::search, &Recipe::Search::group_size),
+          map("budget", "exactly one of", {
+              bind(leaf("size_mb", T::kFloat, "model size after freeze, MB (1e6 bytes)", 1e-9, 1e9), &Recipe::search, &Recipe::Search::size_mb),
+              bind(leaf("size_ratio", T::kFloat, "model size after freeze / float model size", 1e-9, 1e3), &Recipe::search, &Recipe::Search::size_ratio),
+              bind(leaf("avg_bits", T::kFloat, "mean weight bits over the searched layers", 1e-9, 32), &Recipe::search, &Recipe::Search::avg_bits),
+          }),
+          bind(leaf("batches", T::kInt, "calibration batches the sensitivities are measured on", 1, 1e6), &Recipe::search, &Recipe::Search::batches),
+          bind(leaf("probes", T::kInt, "hessian: Hutchinson probe limit per batch", 2, 1e6), &Recipe::search, &Recipe::Search::probes),
+          bind(leaf("tolerance", T::kFloat, "hessian: relative standard error to stop probing at", 1e-6, 1), &Recipe::search, &Recipe::Search::tolerance),
+          Field{"min_bits", T::kList, "layers matching pattern keep at least bits (float counts as 32)", {}, -kInf, kInf,
+                {map("*", "constraint", {leaf("pattern", T::kString, "shell-style pattern on module paths"),
+                                         leaf("bits", T::kInt, "least bits", 1, 32)})}, {}},
+          Field{"ties", T::kList, "groups of patterns whose layers share one width (e.g. q/k/v)", {}, -kInf, kInf,
+                {Field{"*", T::kList, "patterns", {}, -kInf, kInf, {leaf("*", T::kString, "pattern")}, {}}}, {}},
+      }),
       map("freeze", "packing into integer kernels", {
           bind(leaf("enabled", T::kBool, "freeze after PTQ/QAT and evaluate the integer model"), &Recipe::freeze, &Recipe::Freeze::enabled),
           bind(choice("backend", {"cpu"}, "kernel backend"), &Recipe::freeze, &Recipe::Freeze::backend),
@@ -457,6 +477,29 @@ void apply_bound(const Field& f, const YAML::Node& n, Recipe& r) {
 
 }  // namespace
 
+std::string resolved_with_rules(const Recipe& recipe, const std::vector<LayerRule>& rules) {
+  YAML::Node tree = YAML::Load(recipe.resolved_yaml);
+  tree.remove("search");
+  YAML::Node q = tree["quantize"];
+  YAML::Node all(YAML::NodeType::Sequence);
+  for (const LayerRule& r : rules) {
+    YAML::Node n(YAML::NodeType::Map);
+    n["pattern"] = r.pattern;
+    if (r.keep_float) n["keep_float"] = true;
+    if (r.weights) n["weights"] = std::string(r.weights->name);
+    if (r.weight_granularity) n["granularity"] = std::string(to_string(*r.weight_granularity));
+    if (r.group_size) n["group_size"] = *r.group_size;
+    if (r.activations) n["activations"] = std::string(to_string(*r.activations));
+    all.push_back(n);
+  }
+  if (q["rules"])
+    for (const auto& n : q["rules"]) all.push_back(n);
+  q["rules"] = all;
+  YAML::Emitter out;
+  out << tree;
+  return std::string(out.c_str()) + "\n";
+}
+
 std::vector<std::pair<std::string, std::string>> recipe_keys() {
   std::vector<std::pair<std::string, std::string>> out;
   std::function<void(const Field&, const std::string&)> walk = [&](const Field& f, const std::string& path) {
@@ -567,8 +610,26 @@ Recipe load_recipe(const std::string& path, const std::vector<std::string>& over
     r.scheme.activation_lsq = true;
   }
   if (r.qat.epochs > 0 && !r.quantize) problem("qat.epochs", "QAT needs a quantize section");
-  if (tree["search"] && tree["search"].IsMap() && tree["search"].size() > 0)
-    problem("search", "the mixed-precision search is reserved in the schema and does not exist yet; remove the section");
+  const YAML::Node sn = tree["search"];
+  r.search.enabled = sn && sn.IsMap() && sn.size() > 0;
+  if (r.search.enabled) {
+    Recipe::Search& se = r.search;
+    if (sn["candidates"])
+      for (const auto& c : sn["candidates"]) se.candidates.push_back(c.as<std::string>());
+    if (se.candidates.size() < 2) problem("search.candidates", "needs at least two candidates to choose between");
+    const int budgets = (se.size_mb > 0) + (se.size_ratio > 0) + (se.avg_bits > 0);
+    if (budgets != 1) problem("search.budget", "give exactly one of size_mb, size_ratio, avg_bits (got " + std::to_string(budgets) + ")");
+    if (sn["min_bits"])
+      for (const auto& m : sn["min_bits"]) se.min_bits.emplace_back(m["pattern"].as<std::string>(""), m["bits"].as<int64_t>(8));
+    if (sn["ties"])
+      for (const auto& t : sn["ties"]) {
+        std::vector<std::string> patterns;
+        for (const auto& p : t) patterns.push_back(p.as<std::string>());
+        se.ties.push_back(patterns);
+      }
+    if (!r.quantize) problem("search", "the search chooses weight widths for a quantize section; add one");
+    else if (!r.scheme.weights) problem("search", "quantize.weights.qtype is none: there are no weights to search");
+  }
   if (r.freeze.enabled && !r.quantize && tree["freeze"]) problem("freeze.enabled", "freezing needs a quantize section");
 
   if (!ctx.issues.empty()) throw RecipeError(ctx.issues);

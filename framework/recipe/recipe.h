@@ -83,6 +83,19 @@ struct Recipe {
     int64_t max_steps = 0;
   } qat;
 
+  struct Search {
+    bool enabled = false;             // a non-empty `search` section
+    std::string method = "hessian";   // hessian | loss
+    std::vector<std::string> candidates;  // qtype names and "float"
+    int64_t group_size = 128;         // 4- and 2-bit candidates are per_group of this size
+    double size_mb = 0, size_ratio = 0, avg_bits = 0;  // the budget: exactly one is set
+    int64_t batches = 4;              // calibration batches the sensitivities are measured on
+    int64_t probes = 64;              // hessian: Hutchinson probe limit per batch
+    double tolerance = 0.05;          // hessian: stop when standard error / trace is below it
+    std::vector<std::pair<std::string, int64_t>> min_bits;  // pattern, bits
+    std::vector<std::vector<std::string>> ties;             // patterns sharing one width
+  } search;
+
   struct Freeze {
     bool enabled = true;
     std::string backend = "cpu";
@@ -99,6 +112,10 @@ struct Recipe {
 // Loads, resolves and validates `path`. overrides are "key.path=value" (value parsed as YAML).
 // Throws RecipeError listing every problem.
 Recipe load_recipe(const std::string& path, const std::vector<std::string>& overrides = {});
+
+// The resolved recipe with the `search` section removed and `rules` placed before the recipe's
+// own quantize.rules: running it reproduces the searched model without searching.
+std::string resolved_with_rules(const Recipe& recipe, const std::vector<LayerRule>& rules);
 
 // Every valid dotted key path of the schema with its one-line documentation (for docs/tests).
 std::vector<std::pair<std::string, std::string>> recipe_keys();

@@ -163,3 +163,38 @@ TEST(Qtrain, ModelSafetensorsImportsFloatWeightsInsteadOfTraining) {
   EXPECT_NE(bad.output.find("encoder.weight"), std::string::npos) << bad.output;
   fs::remove_all(dir);
 }
+
+TEST(Qtrain, MixedPrecisionSearchRunsBetweenFloatAndCalibrationAndItsRecipeReproducesTheModel) {
+  const std::string dir = out_dir("search");
+  const std::string args = small(dir) + " --set search.batches=1 --set search.probes=4 --set calibrate.batches=1";
+  const QtrainRun run = qtrain("--recipe recipes/fmnist_cnn_mixed.yaml" + args);
+  ASSERT_EQ(run.code, 0) << run.output;
+  const nlohmann::json r = report(dir);
+  ASSERT_TRUE(r.contains("search")) << r.dump(2);
+  const auto& s = r["search"];
+  EXPECT_EQ(s["method"], "hessian");
+  EXPECT_EQ(s["budget"], "size_mb: 0.23664");
+  EXPECT_LE(s["bytes"].get<double>(), 0.23664e6);
+  EXPECT_GT(s["seconds"].get<double>(), 0.0);
+  ASSERT_EQ(s["layers"].size(), 4u);  // two convolutions, two Linear layers
+  for (const auto& l : s["layers"])
+    for (const char* k : {"path", "qtype", "bytes", "sensitivity"}) EXPECT_TRUE(l.contains(k)) << k;
+  ASSERT_GE(s["pareto"].size(), 2u);
+  // The searched recipe runs without searching and builds the same per-layer schemes.
+  const std::string searched = r["exported"]["searched_recipe"];
+  const std::string dir2 = out_dir("searched");
+  const QtrainRun again = qtrain("--recipe " + searched + " --out " + dir2 + " --set model.checkpoint=" + dir +
+                                 "/fp32.h5 --set data.max_eval_examples=256 --set calibrate.batches=1");
+  ASSERT_EQ(again.code, 0) << again.output;
+  const nlohmann::json r2 = report(dir2);
+  EXPECT_FALSE(r2.contains("search"));
+  ASSERT_EQ(r2["layers"].size(), r["layers"].size());
+  for (size_t i = 0; i < r["layers"].size(); ++i) {
+    EXPECT_EQ(r2["layers"][i]["name"], r["layers"][i]["name"]);
+    EXPECT_EQ(r2["layers"][i]["weights"], r["layers"][i]["weights"]);
+    EXPECT_EQ(r2["layers"][i]["bytes"], r["layers"][i]["bytes"]);
+  }
+  EXPECT_EQ(r2["size_bytes"]["frozen"], r["size_bytes"]["frozen"]);
+  fs::remove_all(dir);
+  fs::remove_all(dir2);
+}

@@ -116,7 +116,6 @@ TEST(Recipe, ContradictionsAndMissingKeysAreErrors) {
   EXPECT_NE(first(std::string(kMinimal) + "qat: {epochs: 1}\n").find("QAT needs a quantize section"), std::string::npos);
   EXPECT_NE(first(std::string(kMinimal) + "quantize: {weights: {granularity: per_group}}\n").find("group_size > 0"),
             std::string::npos);
-  EXPECT_NE(first(std::string(kMinimal) + "search: {budget_mb: 3}\n").find("reserved"), std::string::npos);
   EXPECT_NE(first(std::string(kMinimal) + "quantize: {rules: [{keep_float: true}]}\n").find("needs a pattern"),
             std::string::npos);
   const std::string syntax = first("model: {arch: mlp\n");
@@ -215,4 +214,43 @@ TEST(Recipe, EveryBoundKeyReachesTheRecipeAndAbsentKeysKeepTheirDefaults) {
   EXPECT_EQ(r.qat.freeze_observers_after, defaults.qat.freeze_observers_after);
   const Recipe::Data data_defaults;
   EXPECT_EQ(data_defaults.seq_len, defaults.data.seq_len);  // the cnn recipe says nothing of seq_len
+}
+
+TEST(Recipe, BadSearchSectionsAreErrorsWithFileLineColumn) {
+  TempDir dir;
+  const std::string q = std::string(kMinimal) + "quantize: {weights: {qtype: qint8}}\n";
+  auto all = [&](const std::string& text) {
+    std::string out;
+    for (const auto& i : issues_of(dir.write("s.yaml", text))) out += i.to_string() + "\n";
+    return out;
+  };
+  // Unknown method, with the closest valid one, at the line and column of the value.
+  std::string e = all(q + "search:\n  method: hesian\n  candidates: [qint8, qint4]\n  budget: {size_mb: 1}\n");
+  EXPECT_NE(e.find("s.yaml:5:11: search.method: 'hesian' is not valid (did you mean 'hessian'?)"), std::string::npos) << e;
+  // Negative budget: out of range.
+  e = all(q + "search:\n  candidates: [qint8, qint4]\n  budget: {size_mb: -2}\n");
+  EXPECT_NE(e.find("search.budget.size_mb: value -2 is out of range"), std::string::npos) << e;
+  // Two budgets at once, and no budget.
+  e = all(q + "search:\n  candidates: [qint8, qint4]\n  budget: {size_mb: 1, avg_bits: 4}\n");
+  EXPECT_NE(e.find("search.budget: give exactly one of size_mb, size_ratio, avg_bits (got 2)"), std::string::npos) << e;
+  // A candidate that is no grid.
+  e = all(q + "search:\n  candidates: [qint8, qint3]\n  budget: {avg_bits: 4}\n");
+  EXPECT_NE(e.find("search.candidates[1]: 'qint3' is not valid"), std::string::npos) << e;
+  // One candidate leaves nothing to choose; a search without a quantize section has no weights.
+  e = all(q + "search:\n  candidates: [qint8]\n  budget: {avg_bits: 4}\n");
+  EXPECT_NE(e.find("search.candidates: needs at least two candidates"), std::string::npos) << e;
+  e = all(std::string(kMinimal) + "search:\n  candidates: [qint8, float]\n  budget: {avg_bits: 4}\n");
+  EXPECT_NE(e.find("add one"), std::string::npos) << e;
+  // A valid section loads, with its constraints and ties.
+  const Recipe r = load_recipe(dir.write("ok.yaml", q + "search:\n  method: loss\n  candidates: [qint8, qint4, float]\n"
+                                                        "  budget: {size_ratio: 0.3}\n  min_bits: [{pattern: fc1, bits: 8}]\n"
+                                                        "  ties: [[fc2, fc3]]\n"));
+  EXPECT_TRUE(r.search.enabled);
+  EXPECT_EQ(r.search.method, "loss");
+  EXPECT_EQ(r.search.candidates, (std::vector<std::string>{"qint8", "qint4", "float"}));
+  EXPECT_EQ(r.search.size_ratio, 0.3);
+  ASSERT_EQ(r.search.min_bits.size(), 1u);
+  EXPECT_EQ(r.search.min_bits[0].second, 8);
+  ASSERT_EQ(r.search.ties.size(), 1u);
+  EXPECT_EQ(r.search.ties[0], (std::vector<std::string>{"fc2", "fc3"}));
 }
