@@ -130,7 +130,7 @@ at::Tensor QuantizedTensor::dequantize() const {
     float* pv = v.data_ptr<float>();
     for (int64_t i = 0; i < codes.numel(); ++i) pv[i] = fq::decode_float8(pc[i], fmt);
     v = v.reshape(shape);
-    return v * broadcast_qparam(scale.to(at::kFloat), v, spec);
+    return (grouped(v, spec) * broadcast_qparam(scale.to(at::kFloat), v, spec)).reshape(shape);
   }
   return dequantize_int(int_values(), qparams());
 }
@@ -143,7 +143,7 @@ QuantizedTensor quantize_tensor(const at::Tensor& w_in, const QParams& qp) {
   QuantizedTensor q = with_qparams(qp, w.sizes().vec());
   if (qp.spec.qtype.is_float()) {
     // fp8 codes of round_to_float8(w / s): decode(code) * s reproduces fake_quantize.
-    const at::Tensor v = (w / broadcast_qparam(q.scale, w, qp.spec)).contiguous();
+    const at::Tensor v = (grouped(w, qp.spec) / broadcast_qparam(q.scale, w, qp.spec)).reshape(w.sizes()).contiguous();
     q.data = at::empty(w.sizes(), at::kByte);
     const fq::Float8Format& fmt = float8_format(qp.spec.qtype);
     const float* pv = v.data_ptr<float>();
@@ -151,9 +151,13 @@ QuantizedTensor quantize_tensor(const at::Tensor& w_in, const QParams& qp) {
     for (int64_t i = 0; i < w.numel(); ++i) out[i] = fq::encode_float8(fq::round_to_float8(pv[i], fmt), fmt);
   } else if (qp.spec.qtype == quint8) {
     // quint8 values do not fit int8: the same formula, kept in uint8.
+    const at::Tensor g = grouped(w, qp.spec);
     const at::Tensor s = broadcast_qparam(q.scale, w, qp.spec);
     const at::Tensor z = broadcast_qparam(q.zero_point.to(at::kFloat), w, qp.spec);
-    q.data = at::clamp(at::round(w * at::reciprocal(s)) + z, 0, 255).to(at::kByte).contiguous();
+    q.data = at::clamp(at::round(g * at::reciprocal(s)) + z, qp.spec.quant_min(), qp.spec.quant_max())
+                 .to(at::kByte)
+                 .reshape(w.sizes())
+                 .contiguous();
   } else {
     q.data = pack_values(quantize_to_int8(w, qp), qp.spec.qtype);
   }

@@ -55,7 +55,6 @@ at::Tensor round_scale_up_to_half(const at::Tensor& scale) {
   return h.to(at::kFloat);
 }
 
-namespace {
 at::Tensor grouped(const at::Tensor& x, const QSpec& spec) {
   if (spec.granularity != Granularity::kPerGroup) return x;
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end() - 1);
@@ -63,7 +62,6 @@ at::Tensor grouped(const at::Tensor& x, const QSpec& spec) {
   shape.push_back(spec.group_size);
   return x.reshape(shape);
 }
-}  // namespace
 
 at::Tensor quantize_to_int8(const at::Tensor& x_in, const QParams& qp) {
   QF_REQUIRE(qp.spec.qtype.is_integer() && qp.spec.qtype.bits <= 8,

@@ -111,6 +111,9 @@ at::Tensor round_scale_up_to_half(const at::Tensor& scale);
 
 // Reshapes a per-channel / per-group qparam tensor so it broadcasts against x.
 at::Tensor broadcast_qparam(const at::Tensor& t, const at::Tensor& x, const QSpec& spec);
+// x [..., K] viewed as [..., K / group_size, group_size] for per-group specs (x itself otherwise):
+// the shape broadcast_qparam's per-group qparams apply to.
+at::Tensor grouped(const at::Tensor& x, const QSpec& spec);
 
 // Integer grid values q = clamp(rint(x * (1/s)) + z, qmin, qmax) as int8 (integer grids up to 8
 // bits), the same values fake_quantize dequantizes: (q - z) * s == fake_quantize(x).

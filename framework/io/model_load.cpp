@@ -222,6 +222,10 @@ class Loader {
     }
     try {
       fw = make_quantized(make_qparams(spec, scale, zero_point), e.shape, fw.data);
+      // Checked here, before anything changes: the int8 kernels take symmetric weights only.
+      QF_REQUIRE(!(spec.symmetric && spec.qtype.is_integer() && spec.qtype.is_signed) ||
+                     at::eq(fw.zero_point, 0).all().item<bool>(),
+                 "symmetric ", spec.qtype.name, " weights with nonzero zero points");
       (void)fw.dequantize();  // builds the weight once: any inconsistency fails here, not after changes
     } catch (const Error& err) {
       throw Error(w + ": " + err.what());

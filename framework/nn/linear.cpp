@@ -75,9 +75,12 @@ void LinearImpl::install_frozen(QuantizedTensor fw) {
     fw.data = at::Tensor();
   } else if (kind == LinearPath::kS4Dynamic || kind == LinearPath::kS4Static || kind == LinearPath::kS4WeightOnly) {
     const int64_t g = ws.granularity == Granularity::kPerGroup ? ws.group_size : K;
-    const at::Tensor scale_ng = qp.scale.to(at::kFloat).reshape({N, -1}).expand({N, K / g}).contiguous();
+    // Per-tensor qparams are one value for every row; per-channel and per-group have N rows.
+    const int64_t rows = qp.scale.numel() == 1 ? 1 : N;
+    const at::Tensor scale_ng = qp.scale.to(at::kFloat).reshape({rows, -1}).expand({N, K / g}).contiguous();
     at::Tensor zero_ng;
-    if (!all_zero(qp.zero_point)) zero_ng = qp.zero_point.to(at::kInt).reshape({N, -1}).expand({N, K / g}).contiguous();
+    if (!all_zero(qp.zero_point))
+      zero_ng = qp.zero_point.to(at::kInt).reshape({rows, -1}).expand({N, K / g}).contiguous();
     s4_ = std::make_shared<kernels::PackedLinearS4>(fw.int_values(), scale_ng, zero_ng, g, b, ws.qtype);
     fw.data = at::Tensor();
   }

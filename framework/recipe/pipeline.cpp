@@ -249,6 +249,9 @@ PipelineResult run_pipeline(const Recipe& r, const PipelineOptions& opt) {
     if (t.before_quantize && !folded) t.before_quantize();
     folded = true;
   };
+  std::string recipe_text = r.resolved_yaml;  // what the checkpoint records (the searched recipe once it ran)
+  if (r.search.enabled && !wanted("search") && (wanted("calibrate") || wanted("ptq")))
+    report["notes"].push_back("search skipped by --stages: the recipe's scheme without per-layer widths was used");
   if (r.search.enabled && wanted("search")) {
     run_stage("search", [&] {
       before_quantize();  // the search prices the layers freeze will see (BatchNorm folded)
@@ -264,8 +267,9 @@ PipelineResult run_pipeline(const Recipe& r, const PipelineOptions& opt) {
       scheme = search::apply(r.scheme, sr);
       report["search"] = search_json(sr);
       const fs::path searched = fs::path(opt.out_dir) / "recipe.searched.yaml";
+      recipe_text = resolved_with_rules(r, sr.rules);
       std::ofstream(searched) << "# " << r.path << " with the search's choice as explicit rules (no search section)\n"
-                              << resolved_with_rules(r, sr.rules);
+                              << recipe_text;
       report["exported"]["searched_recipe"] = searched.string();
       std::fprintf(stderr, "qtrain: search chose %s for %zu layers: predicted %lld bytes (float %lld) in %.1fs\n",
                    search::to_string(sr.method), sr.layers.size(), static_cast<long long>(sr.bytes),
@@ -320,7 +324,7 @@ PipelineResult run_pipeline(const Recipe& r, const PipelineOptions& opt) {
       }
       if (r.export_.checkpoint) {
         io::SaveOptions so;
-        so.recipe = r.resolved_yaml;
+        so.recipe = recipe_text;
         io::save_model(*t.model, (dir / "model.h5").string(), so);
         report["exported"]["checkpoint"] = (dir / "model.h5").string();
       }

@@ -620,7 +620,14 @@ Recipe load_recipe(const std::string& path, const std::vector<std::string>& over
     const int budgets = (se.size_mb > 0) + (se.size_ratio > 0) + (se.avg_bits > 0);
     if (budgets != 1) problem("search.budget", "give exactly one of size_mb, size_ratio, avg_bits (got " + std::to_string(budgets) + ")");
     if (sn["min_bits"])
-      for (const auto& m : sn["min_bits"]) se.min_bits.emplace_back(m["pattern"].as<std::string>(""), m["bits"].as<int64_t>(8));
+      for (size_t i = 0; i < sn["min_bits"].size(); ++i) {
+        const YAML::Node m = sn["min_bits"][i];
+        if (!m["pattern"] || !m["bits"]) {
+          ctx.add(at("search").file, m.Mark(), "search.min_bits[" + std::to_string(i) + "]", "needs a pattern and bits");
+          continue;
+        }
+        se.min_bits.emplace_back(m["pattern"].as<std::string>(), m["bits"].as<int64_t>());
+      }
     if (sn["ties"])
       for (const auto& t : sn["ties"]) {
         std::vector<std::string> patterns;

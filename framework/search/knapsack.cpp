@@ -133,9 +133,11 @@ Assignment reconstruct(const Frontier& f, int index) {
   return a;
 }
 
+// Integral costs (bytes, bits) print as integers; others with up to 6 significant digits.
 std::string format_cost(double v) {
   std::ostringstream os;
-  os << v;
+  if (std::abs(v) < 9e15 && v == std::floor(v)) os << static_cast<int64_t>(v);
+  else os << v;
   return os.str();
 }
 

@@ -22,10 +22,21 @@ namespace {
 
 constexpr NamedValue<Method> kMethodNames[] = {{Method::kHessian, "hessian"}, {Method::kLoss, "loss"}};
 
-// The rule that gives `path` candidate `c` (exact path as the pattern).
-LayerRule rule_for(const std::string& path, const Candidate& c) {
+// The rule that gives `path` candidate `c`: the recipe's own first rule for the path (so its
+// other settings, e.g. activations, still apply) with the exact path as pattern and the
+// candidate's weights.
+LayerRule rule_for(const Scheme& base, const std::string& path, const Candidate& c) {
   LayerRule r;
+  for (const LayerRule& b : base.rules)
+    if (pattern_matches(b.pattern, path)) {
+      r = b;
+      break;
+    }
   r.pattern = path;
+  r.keep_float = false;
+  r.weights.reset();
+  r.weight_granularity.reset();
+  r.group_size.reset();
   if (!c.qtype) {
     r.keep_float = true;
     return r;
@@ -40,9 +51,15 @@ LayerRule rule_for(const std::string& path, const Candidate& c) {
 std::optional<LayerScheme> scheme_with(const Scheme& base, const std::string& path, const QuantizableLayer& layer,
                                        const Candidate& c, std::string* note) {
   Scheme s = base;
-  s.rules.insert(s.rules.begin(), rule_for(path, c));
+  s.rules.insert(s.rules.begin(), rule_for(base, path, c));
   int rule = -1;
   return s.resolve(path, layer, &rule, note);
+}
+
+at::Tensor float_weight_of(const QuantizableLayer& layer) {
+  const auto params = layer.module().named_parameters(/*recurse=*/false);
+  QF_CHECK(params.contains("weight"));
+  return params["weight"];
 }
 
 // The layer's bytes after freeze(), measured on a quantized and frozen float copy. Static
@@ -52,18 +69,21 @@ int64_t frozen_bytes(const QuantizableLayer& layer, const std::string& path, con
   QF_CHECK(copy != nullptr);
   if (!ls) return copy->storage_bytes();
   copy->attach(path, *ls);
+  if (ls->weights && ls->weights->lsq) {
+    // LSQ creates its learnable per-channel (per-group) step on the first training forward;
+    // after QAT those parameters are part of the frozen layer's bytes.
+    Quantizer wq = copy->weight_quantizer();
+    wq->train();
+    at::NoGradGuard no_grad;
+    wq->forward(float_weight_of(*copy));
+    wq->eval();
+  }
   for (Quantizer q : copy->quantizers()) {
     if (q->role() == QuantizerImpl::Role::kActivation && q->mode() == ActivationMode::kStatic)
       q->set_qparams(QParams{q->config().spec, at::ones({}, at::kFloat), at::zeros({}, at::kInt)});
   }
   copy->freeze();
   return copy->storage_bytes();
-}
-
-at::Tensor float_weight_of(const QuantizableLayer& layer) {
-  const auto params = layer.module().named_parameters(/*recurse=*/false);
-  QF_CHECK(params.contains("weight"));
-  return params["weight"];
 }
 
 // ‖Q_c(W) − W‖² with the fake-quantization freeze() packs (min/max qparams of the candidate).
@@ -136,7 +156,8 @@ SearchResult search(torch::nn::Module& model, const Scheme& base, int64_t batche
     int rule = -1;
     std::string note;
     const std::optional<LayerScheme> ls = base.resolve(path, *layer, &rule, &note);
-    if (!ls || !ls->weights || !layer->float_copy()) continue;  // the scheme leaves its weights float
+    // Layers whose weights the scheme leaves float are not searched.
+    if (!ls || !ls->weights || !layer->module().named_parameters(false).contains("weight")) continue;
     Searched s{path, layer, {}, {}, layer->storage_bytes()};
     for (size_t c = 0; c < o.candidates.size(); ++c) {
       const Candidate& cand = o.candidates[c];
@@ -187,7 +208,9 @@ SearchResult search(torch::nn::Module& model, const Scheme& base, int64_t batche
       for (size_t i = 0; i < layers.size(); ++i) trace[i] += e.trace[i] / batches;
     }
     for (size_t i = 0; i < layers.size(); ++i) {
-      avg_trace[i] = trace[i] / params[i].numel();
+      // A negative estimate is noise around zero curvature: it counts as 0, never as a reward
+      // for more perturbation.
+      avg_trace[i] = std::max(0.0, trace[i]) / params[i].numel();
       for (size_t c = 0; c < layers[i].cands.size(); ++c) {
         const auto& ls = layers[i].schemes[c];
         sens[i].push_back(ls ? avg_trace[i] * perturbation(params[i], layers[i].path, *ls) : 0.0);
@@ -211,10 +234,12 @@ SearchResult search(torch::nn::Module& model, const Scheme& base, int64_t batche
         LayerScheme weight_only;
         weight_only.weights = ls->weights;
         weight_only.weights->lsq = false;
+        struct Detach {
+          QuantizableLayer* layer;
+          ~Detach() { layer->detach(); }
+        } back_to_float{layers[i].layer};
         layers[i].layer->attach(layers[i].path, weight_only);
-        const double l = mean_loss();
-        layers[i].layer->detach();
-        sens[i].push_back(l - base_loss);
+        sens[i].push_back(mean_loss() - base_loss);
       }
     }
   }
@@ -289,13 +314,19 @@ SearchResult search(torch::nn::Module& model, const Scheme& base, int64_t batche
   if (o.budget.size_mb) {
     budget_value = *o.budget.size_mb * 1e6 - static_cast<double>(rest_bytes);
     budget_name = "size budget " + format_bytes(*o.budget.size_mb * 1e6) + " less the unsearched layers' " +
-                  format_bytes(static_cast<double>(rest_bytes)) + ":";
+                  format_bytes(static_cast<double>(rest_bytes)) + " leaves bytes";
   } else if (o.budget.size_ratio) {
     budget_value = *o.budget.size_ratio * static_cast<double>(res.float_bytes) - static_cast<double>(rest_bytes);
-    budget_name = "size_ratio budget (bytes of the searched layers)";
+    std::ostringstream os;
+    os << "size_ratio budget " << *o.budget.size_ratio << " (" << format_bytes(*o.budget.size_ratio * res.float_bytes)
+       << ") less the unsearched layers' " << format_bytes(static_cast<double>(rest_bytes)) << " leaves bytes";
+    budget_name = os.str();
   } else {
     budget_value = *o.budget.avg_bits * weight_elements;
-    budget_name = "avg_bits budget (weight bits of the searched layers)";
+    std::ostringstream os;
+    os << "avg_bits budget " << *o.budget.avg_bits << " over " << static_cast<int64_t>(weight_elements)
+       << " weights leaves bits";
+    budget_name = os.str();
   }
   // One cost dimension is priced: bytes for size budgets, weight bits for avg_bits.
   const size_t dim = bits_budget ? 1 : 0;
@@ -321,7 +352,7 @@ SearchResult search(torch::nn::Module& model, const Scheme& base, int64_t batche
   for (const Assignment& p : pareto_front(by_bytes, {std::numeric_limits<double>::infinity()}))
     res.pareto.push_back(ParetoPoint{rest_bytes + static_cast<int64_t>(std::llround(p.costs[0])), p.value});
   for (size_t i = 0; i < res.layers.size(); ++i)
-    res.rules.push_back(rule_for(layers[i].path, layers[i].cands[res.layers[i].chosen]));
+    res.rules.push_back(rule_for(base, layers[i].path, layers[i].cands[res.layers[i].chosen]));
   res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return res;
 }

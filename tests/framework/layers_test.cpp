@@ -173,7 +173,10 @@ TEST(Freeze, FrozenLinearMatchesFakeQuantForEveryScheme) {
       {qint4, Granularity::kPerGroup, 32, ActivationMode::kNone, false},
       {qint2, Granularity::kPerGroup, 32, ActivationMode::kNone, true},
       {qfloat8_e4m3fn, Granularity::kPerChannel, 0, ActivationMode::kNone, true},
+      {qfloat8_e4m3fn, Granularity::kPerGroup, 16, ActivationMode::kNone, true},
       {quint8, Granularity::kPerChannel, 0, ActivationMode::kNone, true},
+      {qint4, Granularity::kPerTensor, 0, ActivationMode::kNone, false},
+      {qint4, Granularity::kPerTensor, 0, ActivationMode::kDynamicPerToken, false},
   };
   for (const int64_t M : {1, 3, 16, 40}) {
     for (const Case& c : cases) {

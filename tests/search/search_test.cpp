@@ -110,6 +110,20 @@ TEST(Search, MinBitsAndTiesAreHonoured) {
   EXPECT_EQ(chosen["fc2"], chosen["fc3"]);
 }
 
+TEST(Search, TheRecipesOwnRuleForALayerKeepsItsOtherSettings) {
+  Fixture f = make_fixture();
+  Scheme base(qint8);
+  base.activations = ActivationMode::kDynamicPerToken;
+  LayerRule head;
+  head.pattern = "head";
+  head.activations = ActivationMode::kNone;
+  base.rules.push_back(head);
+  const SearchResult r = search(*f.model, base, 2, f.loss, options(0.3));
+  quantize(*f.model, apply(base, r));
+  EXPECT_EQ(f.model->head->scheme().activations, ActivationMode::kNone);
+  EXPECT_EQ(f.model->fc2->scheme().activations, ActivationMode::kDynamicPerToken);
+}
+
 TEST(Search, InfeasibleBudgetNamesTheSmallestReachableSize) {
   Fixture f = make_fixture();
   try {
