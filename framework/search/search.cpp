@@ -149,6 +149,7 @@ SearchResult search(torch::nn::Module& model, const Scheme& base, int64_t batche
     int64_t float_bytes;
   };
   std::vector<Searched> layers;
+  int64_t unsearched_quantizer_bytes = 0;
   std::vector<bool> candidate_used(o.candidates.size(), false);
   std::vector<std::string> refusals;
   for (const auto& [path, layer] : quantizable_layers(model)) {
@@ -156,8 +157,20 @@ SearchResult search(torch::nn::Module& model, const Scheme& base, int64_t batche
     int rule = -1;
     std::string note;
     const std::optional<LayerScheme> ls = base.resolve(path, *layer, &rule, &note);
-    // Layers whose weights the scheme leaves float are not searched.
-    if (!ls || !ls->weights || !layer->module().named_parameters(false).contains("weight")) continue;
+    // Layers whose weights the scheme leaves float are not searched; the quantizers the scheme
+    // gives them still count (measured attached, then detached).
+    if (!ls || !ls->weights || !layer->module().named_parameters(false).contains("weight")) {
+      if (ls) {
+        const int64_t float_bytes = layer->storage_bytes();
+        struct Detach {
+          QuantizableLayer* layer;
+          ~Detach() { layer->detach(); }
+        } back_to_float{layer};
+        layer->attach(path, *ls);
+        unsearched_quantizer_bytes += layer->storage_bytes() - float_bytes;
+      }
+      continue;
+    }
     Searched s{path, layer, {}, {}, layer->storage_bytes()};
     for (size_t c = 0; c < o.candidates.size(); ++c) {
       const Candidate& cand = o.candidates[c];
@@ -271,8 +284,9 @@ SearchResult search(torch::nn::Module& model, const Scheme& base, int64_t batche
     }
     res.layers.push_back(std::move(lc));
   }
-  // Layers outside the search count at their float size (a few quantizer bytes differ after freeze).
-  const int64_t rest_bytes = res.float_bytes - searched_float_bytes;
+  // Everything outside the searched layers: float tensors, plus the quantizers the scheme gives
+  // the unsearched layers (e.g. LayerNorm outputs, MatMul operands).
+  const int64_t rest_bytes = res.float_bytes - searched_float_bytes + unsearched_quantizer_bytes;
   std::vector<Group> groups;
   std::vector<std::vector<size_t>> members;  // group -> layer indices
   std::map<int, size_t> group_of_tie;

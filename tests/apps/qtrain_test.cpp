@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "framework/io/safetensors.h"
@@ -200,4 +201,24 @@ TEST(Qtrain, MixedPrecisionSearchRunsBetweenFloatAndCalibrationAndItsRecipeRepro
   EXPECT_EQ(r2["size_bytes"]["frozen"], r["size_bytes"]["frozen"]);
   fs::remove_all(dir);
   fs::remove_all(dir2);
+}
+
+TEST(Qtrain, BertMixedRecipeTiesQueryKeyValueAndLeavesTheFloatClassifierOut) {
+  const std::string dir = out_dir("bert_mixed");
+  const QtrainRun run = qtrain("--recipe recipes/bert_mixed.yaml" + small(dir) +
+                               " --set data.seq_len=24 --set search.batches=1 --set search.probes=4"
+                               " --set 'search.budget={size_ratio: 0.5}'");
+  ASSERT_EQ(run.code, 0) << run.output;
+  const nlohmann::json r = report(dir);
+  ASSERT_TRUE(r.contains("search"));
+  std::map<std::string, std::string> chosen;
+  for (const auto& l : r["search"]["layers"]) chosen[l["path"]] = l["qtype"];
+  EXPECT_EQ(chosen.count("classifier"), 0u);
+  ASSERT_TRUE(chosen.count("bert.encoder.layer.0.attention.self.query"));
+  for (const std::string block : {"bert.encoder.layer.0.attention.self.", "bert.encoder.layer.1.attention.self."}) {
+    EXPECT_EQ(chosen[block + "query"], chosen[block + "key"]) << block;
+    EXPECT_EQ(chosen[block + "query"], chosen[block + "value"]) << block;
+  }
+  EXPECT_LE(r["search"]["bytes"].get<double>(), 0.5 * r["search"]["float_bytes"].get<double>());
+  fs::remove_all(dir);
 }

@@ -8,6 +8,7 @@
 #include <torch/optim/adam.h>
 
 #include "framework/core/error.h"
+#include "framework/nn/layer_norm.h"
 #include "framework/nn/linear.h"
 #include "framework/quantize.h"
 
@@ -76,6 +77,38 @@ TEST(Search, PredictedBytesAreTheFrozenModelsBytesAndTheBudgetHolds) {
   quantize(*f.model, apply(base, r));
   freeze(*f.model);
   EXPECT_EQ(model_size(*f.model).total_bytes, r.bytes);
+}
+
+// With static activations the unsearched LayerNorm's output quantizer counts too.
+struct NormedMlp : torch::nn::Module {
+  NormedMlp()
+      : fc1(register_module("fc1", nn::Linear(32, 64))),
+        norm(register_module("norm", nn::LayerNorm(torch::nn::LayerNormOptions({64})))),
+        head(register_module("head", nn::Linear(64, 4))) {}
+  at::Tensor forward(const at::Tensor& x) { return head(norm(at::relu(fc1(x)))); }
+  nn::Linear fc1;
+  nn::LayerNorm norm;
+  nn::Linear head;
+};
+
+TEST(Search, PredictedBytesIncludeTheUnsearchedLayersQuantizers) {
+  at::manual_seed(2);
+  auto model = std::make_shared<NormedMlp>();
+  model->eval();
+  const at::Tensor x = at::randn({64, 32});
+  const at::Tensor y = at::randint(0, 4, {64}, at::kLong);
+  Scheme base(qint8);
+  base.activations = ActivationMode::kStatic;
+  base.observer = "minmax";
+  const SearchResult r = search(*model, base, 1, [&](int64_t) { return at::cross_entropy_loss(model->forward(x), y); },
+                                options(0.6));
+  quantize(*model, apply(base, r));
+  {
+    Calibration calib(*model);
+    model->forward(x);
+  }
+  freeze(*model);
+  EXPECT_EQ(model_size(*model).total_bytes, r.bytes);
 }
 
 TEST(Search, MoreBudgetNeverPredictsMoreErrorAndTheFrontIsMonotone) {
