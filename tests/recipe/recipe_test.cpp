@@ -52,7 +52,7 @@ TEST(Sha256, MatchesFipsVectors) {
 
 TEST(Recipe, ShippedRecipesValidate) {
   for (const char* name : {"bert_int8.yaml", "bert_mixed.yaml", "fmnist_cnn_int8.yaml", "fmnist_cnn_mixed.yaml",
-                           "fmnist_cnn_w4a8_qat.yaml", "gpt2_w4_weight_only.yaml"}) {
+                           "fmnist_cnn_w4a8_qat.yaml", "gpt2_mixed.yaml", "gpt2_w4_weight_only.yaml"}) {
     const std::string path = std::string(QFORGE_SOURCE_DIR) + "/recipes/" + name;
     try {
       const Recipe r = load_recipe(path);
