@@ -37,6 +37,17 @@ std::shared_ptr<train::BatchSource> capped(std::shared_ptr<train::BatchSource> s
   return n > 0 ? std::make_shared<Prefix>(std::move(s), n) : s;
 }
 
+// The architecture config: model.config_file (HF config.json) if given, else the defaults, with
+// the recipe's model.config keys merged over it.
+template <class Config>
+Config model_config(const Recipe& r) {
+  Config c = r.model.config_file.empty() ? Config{} : Config::from_file(r.model.config_file);
+  if (r.model.config.is_null()) return c;
+  nlohmann::json merged = c.to_json();
+  merged.update(r.model.config);
+  return Config::from_json(merged);
+}
+
 // Fashion-MNIST classifiers: the MLP and the CNN (whose BatchNorm folds before quantization).
 Task make_image_task(const Recipe& r, bool with_data) {
   Task t;
@@ -73,12 +84,7 @@ Task make_image_task(const Recipe& r, bool with_data) {
 Task make_bert_task(const Recipe& r, bool with_data) {
   Task t;
   const auto& d = r.data;
-  models::BertConfig c = r.model.config_file.empty() ? models::BertConfig{} : models::BertConfig::from_file(r.model.config_file);
-  if (!r.model.config.is_null()) {
-    nlohmann::json merged = c.to_json();
-    merged.update(r.model.config);
-    c = models::BertConfig::from_json(merged);
-  }
+  models::BertConfig c = model_config<models::BertConfig>(r);
   c.max_position_embeddings = std::max(c.max_position_embeddings, d.seq_len);
   data::LanguageId lid;
   data::CharTokenizer tok;
@@ -120,12 +126,7 @@ Task make_bert_task(const Recipe& r, bool with_data) {
 Task make_gpt2_task(const Recipe& r, bool with_data) {
   Task t;
   const auto& d = r.data;
-  models::Gpt2Config c = r.model.config_file.empty() ? models::Gpt2Config{} : models::Gpt2Config::from_file(r.model.config_file);
-  if (!r.model.config.is_null()) {
-    nlohmann::json merged = c.to_json();
-    merged.update(r.model.config);
-    c = models::Gpt2Config::from_json(merged);
-  }
+  models::Gpt2Config c = model_config<models::Gpt2Config>(r);
   c.vocab_size = data::TextCorpus::kVocabSize;
   c.n_positions = std::max(c.n_positions, d.seq_len);
   auto m = models::Gpt2LMHeadModel(c);

@@ -47,6 +47,21 @@ LayerRule rule_for(const Scheme& base, const std::string& path, const Candidate&
   return r;
 }
 
+// Quantizers attached for a measurement, removed again on scope exit (also when it throws), so
+// the model stays float.
+class ScopedAttach {
+ public:
+  ScopedAttach(QuantizableLayer& layer, const std::string& path, const LayerScheme& scheme) : layer_(layer) {
+    layer_.attach(path, scheme);
+  }
+  ~ScopedAttach() { layer_.detach(); }
+  ScopedAttach(const ScopedAttach&) = delete;
+  ScopedAttach& operator=(const ScopedAttach&) = delete;
+
+ private:
+  QuantizableLayer& layer_;
+};
+
 // What the layer is asked to do under `base` with candidate `c` in force for it.
 std::optional<LayerScheme> scheme_with(const Scheme& base, const std::string& path, const QuantizableLayer& layer,
                                        const Candidate& c, std::string* note) {
@@ -162,11 +177,7 @@ SearchResult search(torch::nn::Module& model, const Scheme& base, int64_t batche
     if (!ls || !ls->weights || !layer->module().named_parameters(false).contains("weight")) {
       if (ls) {
         const int64_t float_bytes = layer->storage_bytes();
-        struct Detach {
-          QuantizableLayer* layer;
-          ~Detach() { layer->detach(); }
-        } back_to_float{layer};
-        layer->attach(path, *ls);
+        const ScopedAttach attached(*layer, path, *ls);
         unsearched_quantizer_bytes += layer->storage_bytes() - float_bytes;
       }
       continue;
@@ -247,11 +258,7 @@ SearchResult search(torch::nn::Module& model, const Scheme& base, int64_t batche
         LayerScheme weight_only;
         weight_only.weights = ls->weights;
         weight_only.weights->lsq = false;
-        struct Detach {
-          QuantizableLayer* layer;
-          ~Detach() { layer->detach(); }
-        } back_to_float{layers[i].layer};
-        layers[i].layer->attach(layers[i].path, weight_only);
+        const ScopedAttach attached(*layers[i].layer, layers[i].path, weight_only);
         sens[i].push_back(mean_loss() - base_loss);
       }
     }
