@@ -44,7 +44,9 @@ int main(int argc, char** argv) {
     for (std::string s; std::getline(ss, s, ',');) {
       const auto& all = qforge::pipeline_stages();
       if (std::find(all.begin(), all.end(), s) == all.end()) {
-        std::fprintf(stderr, "qtrain: unknown stage '%s' (valid: float, calibrate, ptq, qat, freeze, export)\n", s.c_str());
+        std::string valid;
+        for (const auto& v : all) valid += (valid.empty() ? "" : ", ") + v;
+        std::fprintf(stderr, "qtrain: unknown stage '%s' (valid: %s)\n", s.c_str(), valid.c_str());
         return 2;
       }
       opt.stages.push_back(s);
@@ -81,6 +83,10 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "qtrain: interrupted; stages completed before the interrupt are in the report\n");
       return 130;
     }
+  } catch (const qforge::RecipeError& e) {
+    // Found once the model exists (e.g. a search candidate no layer can take).
+    std::fprintf(stderr, "qtrain: %s\n", e.what());
+    return 2;
   } catch (const qforge::StageError& e) {
     std::fprintf(stderr, "qtrain: %s\n", e.what());
     return 1;

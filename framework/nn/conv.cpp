@@ -78,6 +78,7 @@ std::shared_ptr<QuantizableLayer> Conv2dImpl::float_copy() const {
 }
 
 at::Tensor Conv1dImpl::forward(const at::Tensor& x) {
+  note_input(x);
   if (frozen_) {
     ScopedTensorSwap swap(weight, fweight_.dequantize());
     return torch::nn::Conv1dImpl::forward(quantize_input(x));
@@ -88,6 +89,7 @@ at::Tensor Conv1dImpl::forward(const at::Tensor& x) {
 }
 
 at::Tensor Conv2dImpl::forward(const at::Tensor& x) {
+  note_input(x);
   if (frozen_) {
     ScopedTensorSwap swap(weight, fweight_.dequantize());
     return torch::nn::Conv2dImpl::forward(quantize_input(x));

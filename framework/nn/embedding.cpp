@@ -29,6 +29,7 @@ void EmbeddingImpl::check_scheme(const LayerScheme& scheme) const {
 }
 
 at::Tensor EmbeddingImpl::forward(const at::Tensor& indices) {
+  note_input(indices);
   if (frozen_) {
     if (row_gather(fweight_.spec)) {
       // Gather int8 rows and their scales, dequantize only those.

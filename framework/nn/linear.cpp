@@ -14,6 +14,7 @@ namespace qforge::nn {
 constexpr int64_t kWeightOnlyMaxM = 16;
 
 at::Tensor LinearImpl::forward(const at::Tensor& x) {
+  note_input(x);
   if (frozen_) return frozen_forward(x);
   if (!quantized()) return torch::nn::LinearImpl::forward(x);
   ScopedTensorSwap swap(weight, quantize_weight(weight));

@@ -85,8 +85,21 @@ class QuantizableLayer {
   // Bytes of this layer's own parameters, buffers and packed storage (not its children's).
   virtual int64_t storage_bytes() const;
 
+  // While on, every forward records its input's shape and dtype (the search reads them to time
+  // each candidate's frozen kernel at the shape the layer really sees). Off by default.
+  void record_inputs(bool on) { recording_ = on; }
+  struct InputRecord {
+    std::vector<int64_t> shape;  // empty: no forward recorded
+    at::ScalarType dtype = at::kFloat;
+  };
+  const InputRecord& recorded_input() const { return recorded_; }
+
  protected:
   at::Tensor quantize_input(const at::Tensor& x) { return input_q_ ? input_q_->forward(x) : x; }
+  // First thing of every forward of a layer with weights (see record_inputs).
+  void note_input(const at::Tensor& x) {
+    if (recording_) recorded_ = InputRecord{x.sizes().vec(), x.scalar_type()};
+  }
   at::Tensor quantize_weight(const at::Tensor& w) { return weight_q_ ? weight_q_->forward(w) : w; }
   void require_not_frozen(const char* what) const;
   // The end of every install_frozen(): frozen from here on, kernel and fallback from plan().
@@ -111,6 +124,8 @@ class QuantizableLayer {
   bool frozen_ = false;
   std::string kernel_ = "float";
   std::string fallback_;
+  bool recording_ = false;
+  InputRecord recorded_;
 };
 
 // The qforge layers of `model` by module path, in named_modules() order, the root (path "") first

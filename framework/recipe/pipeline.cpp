@@ -80,8 +80,9 @@ search::SearchOptions search_options(const Recipe& r) {
     search::Candidate c;
     if (name != "float") {
       c.qtype = qtype_from_name(name);
-      // 8-bit grids per output channel; 4- and 2-bit grids per group, as the integer kernels take them.
-      if (c.qtype->bits < 8 && c.qtype->is_integer()) {
+      // 8-bit grids per output channel; 4- and 2-bit grids per group (per output channel when
+      // group_size is 0), as the integer kernels take them.
+      if (c.qtype->bits < 8 && c.qtype->is_integer() && r.search.group_size > 0) {
         c.granularity = Granularity::kPerGroup;
         c.group_size = r.search.group_size;
       }
@@ -91,6 +92,10 @@ search::SearchOptions search_options(const Recipe& r) {
   if (r.search.size_mb > 0) o.budget.size_mb = r.search.size_mb;
   if (r.search.size_ratio > 0) o.budget.size_ratio = r.search.size_ratio;
   if (r.search.avg_bits > 0) o.budget.avg_bits = r.search.avg_bits;
+  if (r.search.latency_ms > 0) o.budget.latency_ms = r.search.latency_ms;
+  o.latency.cache_path = r.search.latency_cache == "off"  ? std::string()
+                         : r.search.latency_cache.empty() ? search::default_latency_cache_path()
+                                                          : r.search.latency_cache;
   for (const auto& [pattern, bits] : r.search.min_bits) o.min_bits.push_back({pattern, static_cast<int>(bits)});
   o.ties = r.search.ties;
   o.hutchinson.max_probes = r.search.probes;
@@ -100,21 +105,68 @@ search::SearchOptions search_options(const Recipe& r) {
   return o;
 }
 
-nlohmann::json search_json(const search::SearchResult& sr) {
+// `metric`: the name of ParetoPoint::accuracy in the report (accuracy or perplexity).
+nlohmann::json search_json(const search::SearchResult& sr, const std::string& metric) {
   nlohmann::json layers = nlohmann::json::array();
   for (const search::LayerChoice& l : sr.layers) {
     const search::CandidateCost& c = l.candidates[l.chosen];
     nlohmann::json options = nlohmann::json::array();
     for (const search::CandidateCost& o : l.candidates)
-      options.push_back({{"qtype", o.candidate}, {"bytes", o.bytes}, {"sensitivity", o.sensitivity}});
+      options.push_back({{"qtype", o.candidate}, {"bytes", o.bytes}, {"sensitivity", o.sensitivity},
+                         {"latency_ms", o.latency_ms}, {"kernel", o.kernel}});
     layers.push_back({{"path", l.path}, {"type", l.type}, {"qtype", c.candidate}, {"bytes", c.bytes},
-                      {"sensitivity", c.sensitivity}, {"hessian_trace", l.hessian_trace}, {"candidates", options}});
+                      {"sensitivity", c.sensitivity}, {"latency_ms", c.latency_ms}, {"kernel", c.kernel},
+                      {"input_shape", l.input_shape}, {"hessian_trace", l.hessian_trace}, {"candidates", options}});
   }
   nlohmann::json pareto = nlohmann::json::array();
-  for (const search::ParetoPoint& p : sr.pareto) pareto.push_back({{"bytes", p.bytes}, {"predicted", p.predicted}});
+  for (const search::ParetoPoint& p : sr.pareto) {
+    nlohmann::json j = {{"bytes", p.bytes}, {"latency_ms", p.latency_ms}, {"predicted", p.predicted}};
+    if (p.accuracy) j[metric] = *p.accuracy;
+    pareto.push_back(j);
+  }
   return {{"method", search::to_string(sr.method)}, {"budget", sr.budget.to_string()}, {"bytes", sr.bytes},
-          {"float_bytes", sr.float_bytes}, {"predicted", sr.predicted}, {"seconds", sr.seconds},
-          {"hutchinson_probes", sr.hutchinson_probes}, {"layers", layers}, {"pareto", pareto}};
+          {"float_bytes", sr.float_bytes}, {"latency_ms", sr.latency_ms}, {"float_latency_ms", sr.float_latency_ms},
+          {"latency_regime", "frozen layer forward, last-level cache evicted before each call, median of 7"},
+          {"cpu", sr.cpu}, {"threads", at::get_num_threads()}, {"latency_measured", sr.latency_measured},
+          {"latency_cached", sr.latency_cached}, {"predicted", sr.predicted}, {"seconds", sr.seconds},
+          {"hutchinson_probes", sr.hutchinson_probes}, {"layers", layers}, {"pareto_axis", sr.pareto_axis},
+          {"pareto", pareto}, {"skipped", sr.skipped}};
+}
+
+// The search's own checks, before anything is measured; a candidate no layer can take is a
+// recipe error at the candidate's line.
+void check_search_recipe(torch::nn::Module& model, const Recipe& r, const search::SearchOptions& so) {
+  try {
+    search::check_search(model, r.scheme, so);
+  } catch (const search::SearchError& e) {
+    const int c = e.candidate();
+    if (c < 0 || c >= static_cast<int>(r.search.candidate_sites.size())) throw;
+    RecipeIssue issue = r.search.candidate_sites[static_cast<size_t>(c)];
+    issue.message = e.what();
+    throw RecipeError({issue});
+  }
+}
+
+// Removes every quantizer: the float model again (not for frozen models).
+void detach_all(torch::nn::Module& model) {
+  for_each_quantizable(model, [](const std::string&, QuantizableLayer& l) {
+    if (l.quantized()) l.detach();
+  });
+}
+
+// Up to `k` indices into a front of `n` points, spread evenly over it (both ends included).
+std::vector<size_t> spread(size_t n, int64_t k) {
+  std::vector<size_t> out;
+  if (n == 0 || k <= 0) return out;
+  if (static_cast<size_t>(k) >= n) {
+    for (size_t i = 0; i < n; ++i) out.push_back(i);
+    return out;
+  }
+  for (int64_t j = 0; j < k; ++j) {
+    const size_t i = k == 1 ? n - 1 : static_cast<size_t>(std::llround(static_cast<double>(j) * (n - 1) / (k - 1)));
+    if (out.empty() || out.back() != i) out.push_back(i);
+  }
+  return out;
 }
 
 nlohmann::json layers_json(const torch::nn::Module& model) {
@@ -157,6 +209,7 @@ PipelineResult run_pipeline(const Recipe& r, const PipelineOptions& opt) {
                   "the plan below is the scheme before the search assigns per-layer widths\n",
                   search::to_string(so.method), static_cast<long long>(r.search.batches), so.budget.to_string().c_str(),
                   cands.c_str());
+      check_search_recipe(*t.model, r, so);
     }
     const QuantizeReport rep = quantize(*t.model, r.scheme);
     // Each layer's kernel plan: what freeze() will run on this machine (nothing is calibrated).
@@ -252,10 +305,24 @@ PipelineResult run_pipeline(const Recipe& r, const PipelineOptions& opt) {
   std::string recipe_text = r.resolved_yaml;  // what the checkpoint records (the searched recipe once it ran)
   if (r.search.enabled && !wanted("search") && (wanted("calibrate") || wanted("ptq")))
     report["notes"].push_back("search skipped by --stages: the recipe's scheme without per-layer widths was used");
+  // Calibrates the quantized model on the recipe's calibration batches (static activations only).
+  auto calibrate = [&](const Scheme& sc) {
+    if (sc.activations != ActivationMode::kStatic) return;
+    t.model->eval();
+    Calibration calib(*t.model);
+    const int64_t n = std::min(t.train->size(), r.calibrate.batches * r.data.batch_size);
+    for (int64_t b = 0; b < n; b += r.data.batch_size) {
+      const at::Tensor idx = at::arange(b, std::min(n, b + r.data.batch_size), at::kLong);
+      t.forward(t.train->get(idx));
+    }
+    calib.finish();
+  };
   if (r.search.enabled && wanted("search")) {
     run_stage("search", [&] {
       before_quantize();  // the search prices the layers freeze will see (BatchNorm folded)
       t.model->eval();
+      const search::SearchOptions so = search_options(r);
+      check_search_recipe(*t.model, r, so);
       const int64_t bs = r.data.batch_size;
       const int64_t batches = std::max<int64_t>(1, std::min(r.search.batches, t.train->size() / bs));
       auto loss_of_batch = [&](int64_t b) {
@@ -263,17 +330,36 @@ PipelineResult run_pipeline(const Recipe& r, const PipelineOptions& opt) {
         const train::Batch batch = t.train->get(idx);
         return train::cross_entropy(t.forward(batch), batch.target);
       };
-      const search::SearchResult sr = search::search(*t.model, r.scheme, batches, loss_of_batch, search_options(r));
+      search::SearchResult sr = search::search(*t.model, r.scheme, batches, loss_of_batch, so);
       scheme = search::apply(r.scheme, sr);
-      report["search"] = search_json(sr);
+      std::fprintf(stderr,
+                   "qtrain: search chose %s for %zu layers: predicted %lld bytes (float %lld), %.3f ms of "
+                   "layer kernels (float %.3f; %lld timed, %lld from the cache) in %.1fs\n",
+                   search::to_string(sr.method), sr.layers.size(), static_cast<long long>(sr.bytes),
+                   static_cast<long long>(sr.float_bytes), sr.latency_ms, sr.float_latency_ms,
+                   static_cast<long long>(sr.latency_measured), static_cast<long long>(sr.latency_cached), sr.seconds);
+      // Measured accuracy along the front: each point PTQ-calibrated and evaluated fake-quantized
+      // on the test split, then the model is float again.
+      for (size_t i : spread(sr.pareto.size(), r.search.evaluate_front)) {
+        if (interrupted()) break;
+        search::ParetoPoint& p = sr.pareto[i];
+        const Scheme ps = search::apply(r.scheme, p.rules);
+        quantize(*t.model, ps);
+        calibrate(ps);
+        const train::Metrics m = train::evaluate(*t.model, *t.test, t.forward, eval_bs, "front eval");
+        detach_all(*t.model);
+        p.accuracy = t.metric == "accuracy" ? m.accuracy : m.perplexity;
+        std::fprintf(stderr, "qtrain: front point %zu/%zu: %lld bytes, predicted %.4g, %s %.4f\n", i + 1,
+                     sr.pareto.size(), static_cast<long long>(p.bytes), p.predicted, t.metric.c_str(), *p.accuracy);
+      }
+      report["search"] = search_json(sr, t.metric);
+      if (r.search.evaluate_front > 0)
+        report["search"]["pareto_metric"] = t.metric + " of PTQ fake-quant on the test split";
       const fs::path searched = fs::path(opt.out_dir) / "recipe.searched.yaml";
       recipe_text = resolved_with_rules(r, sr.rules);
       std::ofstream(searched) << "# " << r.path << " with the search's choice as explicit rules (no search section)\n"
                               << recipe_text;
       report["exported"]["searched_recipe"] = searched.string();
-      std::fprintf(stderr, "qtrain: search chose %s for %zu layers: predicted %lld bytes (float %lld) in %.1fs\n",
-                   search::to_string(sr.method), sr.layers.size(), static_cast<long long>(sr.bytes),
-                   static_cast<long long>(sr.float_bytes), sr.seconds);
     });
   }
   if (wanted("calibrate") || wanted("ptq")) {
@@ -281,16 +367,7 @@ PipelineResult run_pipeline(const Recipe& r, const PipelineOptions& opt) {
       before_quantize();
       const QuantizeReport q = quantize(*t.model, scheme);
       for (const auto& w : q.warnings) report["notes"].push_back("quantize: " + w);
-      if (scheme.activations == ActivationMode::kStatic) {
-        t.model->eval();
-        Calibration calib(*t.model);
-        const int64_t n = std::min(t.train->size(), r.calibrate.batches * r.data.batch_size);
-        for (int64_t b = 0; b < n; b += r.data.batch_size) {
-          const at::Tensor idx = at::arange(b, std::min(n, b + r.data.batch_size), at::kLong);
-          t.forward(t.train->get(idx));
-        }
-        calib.finish();
-      }
+      calibrate(scheme);
     });
     run_stage("ptq", [&] { record("ptq", train::evaluate(*t.model, *t.test, t.forward, eval_bs, "ptq eval"), t); });
   }

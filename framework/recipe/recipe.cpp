@@ -166,13 +166,18 @@ const Field& schema() {
                &Recipe::search, &Recipe::Search::method),
           Field{"candidates", T::kList, "weight grids each layer may take", {}, -kInf, kInf,
                 {choice("*", [] { auto v = qtype_names(); v.push_back("float"); return v; }(), "qtype or float")}, {}},
-          bind(leaf("group_size", T::kInt, "group size of the 4- and 2-bit candidates (per_group)", 1, 1e9),
+          bind(leaf("group_size", T::kInt, "group size of the 4- and 2-bit candidates (per_group; 0: per_channel)", 0, 1e9),
                &Recipe::search, &Recipe::Search::group_size),
-          map("budget", "exactly one of", {
+          map("budget", "one or more of (all hold at once; not both size_mb and size_ratio)", {
               bind(leaf("size_mb", T::kFloat, "model size after freeze, MB (1e6 bytes)", 1e-9, 1e9), &Recipe::search, &Recipe::Search::size_mb),
               bind(leaf("size_ratio", T::kFloat, "model size after freeze / float model size", 1e-9, 1e3), &Recipe::search, &Recipe::Search::size_ratio),
               bind(leaf("avg_bits", T::kFloat, "mean weight bits over the searched layers", 1e-9, 32), &Recipe::search, &Recipe::Search::avg_bits),
+              bind(leaf("latency_ms", T::kFloat, "summed frozen latency of the Linear/Conv/Embedding layers, ms, measured on this machine", 1e-9, 1e9), &Recipe::search, &Recipe::Search::latency_ms),
           }),
+          bind(leaf("latency_cache", T::kString, "file of measured latencies (default: ~/.cache/qforge/latency.json; off: none)"),
+               &Recipe::search, &Recipe::Search::latency_cache),
+          bind(leaf("evaluate_front", T::kInt, "measure the accuracy of this many Pareto points (PTQ, fake-quant)", 0, 100),
+               &Recipe::search, &Recipe::Search::evaluate_front),
           bind(leaf("batches", T::kInt, "calibration batches the sensitivities are measured on", 1, 1e6), &Recipe::search, &Recipe::Search::batches),
           bind(leaf("probes", T::kInt, "hessian: Hutchinson probe limit per batch", 2, 1e6), &Recipe::search, &Recipe::Search::probes),
           bind(leaf("tolerance", T::kFloat, "hessian: relative standard error to stop probing at", 1e-6, 1), &Recipe::search, &Recipe::Search::tolerance),
@@ -303,6 +308,9 @@ void record_origins(const YAML::Node& node, const std::string& path, const std::
   origins[path] = Origin{file, node.Mark()};
   if (node.IsMap())
     for (const auto& kv : node) record_origins(kv.second, dotted(path, kv.first.Scalar()), file, origins);
+  if (node.IsSequence())
+    for (size_t i = 0; i < node.size(); ++i)
+      record_origins(node[i], path + "[" + std::to_string(i) + "]", file, origins);
 }
 
 // base <- overlay, maps merged key by key, everything else replaced.
@@ -522,8 +530,14 @@ Recipe load_recipe(const std::string& path, const std::vector<std::string>& over
   if (!ctx.issues.empty()) throw RecipeError(ctx.issues);
 
   auto at = [&](const std::string& key) {
-    auto it = origins.find(key);
-    return it == origins.end() ? Origin{path, YAML::Mark::null_mark()} : it->second;
+    // A list element set by --set as a whole list: the list's origin.
+    for (std::string k = key;;) {
+      if (auto it = origins.find(k); it != origins.end()) return it->second;
+      const size_t bracket = k.rfind('[');
+      if (bracket == std::string::npos || k.back() != ']') break;
+      k.erase(bracket);
+    }
+    return Origin{path, YAML::Mark::null_mark()};
   };
   auto problem = [&](const std::string& key, const std::string& msg) {
     const Origin o = at(key);
@@ -615,10 +629,18 @@ Recipe load_recipe(const std::string& path, const std::vector<std::string>& over
   if (r.search.enabled) {
     Recipe::Search& se = r.search;
     if (sn["candidates"])
-      for (const auto& c : sn["candidates"]) se.candidates.push_back(c.as<std::string>());
+      for (size_t i = 0; i < sn["candidates"].size(); ++i) {
+        const YAML::Node c = sn["candidates"][i];
+        se.candidates.push_back(c.as<std::string>());
+        const std::string key = "search.candidates[" + std::to_string(i) + "]";
+        const Origin o = at(key);
+        se.candidate_sites.push_back(RecipeIssue{o.file, o.mark.is_null() ? 0 : o.mark.line + 1,
+                                                 o.mark.is_null() ? 0 : o.mark.column + 1, key, ""});
+      }
     if (se.candidates.size() < 2) problem("search.candidates", "needs at least two candidates to choose between");
-    const int budgets = (se.size_mb > 0) + (se.size_ratio > 0) + (se.avg_bits > 0);
-    if (budgets != 1) problem("search.budget", "give exactly one of size_mb, size_ratio, avg_bits (got " + std::to_string(budgets) + ")");
+    const int budgets = (se.size_mb > 0) + (se.size_ratio > 0) + (se.avg_bits > 0) + (se.latency_ms > 0);
+    if (budgets == 0) problem("search.budget", "give one or more of size_mb, size_ratio, avg_bits, latency_ms");
+    if (se.size_mb > 0 && se.size_ratio > 0) problem("search.budget", "give size_mb or size_ratio, not both");
     if (sn["min_bits"])
       for (size_t i = 0; i < sn["min_bits"].size(); ++i) {
         const YAML::Node m = sn["min_bits"][i];

@@ -87,13 +87,17 @@ struct Recipe {
     bool enabled = false;             // a non-empty `search` section
     std::string method = "hessian";   // hessian | loss
     std::vector<std::string> candidates;  // qtype names and "float"
-    int64_t group_size = 128;         // 4- and 2-bit candidates are per_group of this size
-    double size_mb = 0, size_ratio = 0, avg_bits = 0;  // the budget: exactly one is set
+    int64_t group_size = 128;         // 4- and 2-bit candidates are per_group of this size (0: per_channel)
+    // The budgets (0: not given): one or more, not both size_mb and size_ratio.
+    double size_mb = 0, size_ratio = 0, avg_bits = 0, latency_ms = 0;
+    std::string latency_cache;        // measured-latency cache file; empty: the per-user default, "off": none
+    int64_t evaluate_front = 0;       // Pareto points whose accuracy qtrain measures (PTQ, fake-quant)
     int64_t batches = 4;              // calibration batches the sensitivities are measured on
     int64_t probes = 64;              // hessian: Hutchinson probe limit per batch
     double tolerance = 0.05;          // hessian: stop when standard error / trace is below it
     std::vector<std::pair<std::string, int64_t>> min_bits;  // pattern, bits
     std::vector<std::vector<std::string>> ties;             // patterns sharing one width
+    std::vector<RecipeIssue> candidate_sites;               // where each candidate is written (no message)
   } search;
 
   struct Freeze {

@@ -45,6 +45,29 @@ std::string write_report_files(const nlohmann::json& report, const Recipe& r, co
          << l["weights"].get<std::string>() << " | " << l["activations"].get<std::string>() << " | "
          << l["kernel"].get<std::string>() << " | " << l["fallback_reason"].get<std::string>() << " |\n";
   }
+  if (report.contains("search")) {
+    const auto& se = report.at("search");
+    md << "\n## Search\n\n" << se.at("method").get<std::string>() << " sensitivities, budget `"
+       << se.at("budget").get<std::string>() << "`: predicted " << se.at("bytes").get<int64_t>() << " bytes (float "
+       << se.at("float_bytes").get<int64_t>() << "), " << fmt(se.at("latency_ms").get<double>(), 3)
+       << " ms of layer kernels (float " << fmt(se.at("float_latency_ms").get<double>(), 3) << " ms; "
+       << se.at("latency_regime").get<std::string>() << ", on " << se.at("cpu").get<std::string>() << ", "
+       << se.at("threads").get<int>() << " threads), search " << fmt(se.at("seconds").get<double>(), 1) << " s.\n\n"
+       << "| layer | chosen | bytes | latency ms | sensitivity | kernel | input |\n|---|---|---|---|---|---|---|\n";
+    for (const auto& l : se.at("layers")) {
+      std::string shape;
+      for (const auto& d : l.at("input_shape")) shape += (shape.empty() ? "" : "x") + std::to_string(d.get<int64_t>());
+      md << "| " << l.at("path").get<std::string>() << " | " << l.at("qtype").get<std::string>() << " | "
+         << l.at("bytes").get<int64_t>() << " | " << fmt(l.at("latency_ms").get<double>(), 4) << " | "
+         << l.at("sensitivity").get<double>() << " | " << l.at("kernel").get<std::string>() << " | " << shape << " |\n";
+    }
+    md << "\nPareto front (" << se.at("pareto").size() << " points, by " << se.at("pareto_axis").get<std::string>()
+       << "):\n\n| bytes | latency ms | predicted | " << metric << " |\n|---|---|---|---|\n";
+    for (const auto& p : se.at("pareto"))
+      md << "| " << p.at("bytes").get<int64_t>() << " | " << fmt(p.at("latency_ms").get<double>(), 4) << " | "
+         << p.at("predicted").get<double>() << " | "
+         << (p.contains(metric) ? fmt(p.at(metric).get<double>()) : std::string("not measured")) << " |\n";
+  }
   for (const auto& n : report.at("notes")) md << "\n- " << n.get<std::string>();
   std::ofstream(fs::path(out_dir) / "report.md") << md.str() << "\n";
   return json_path.string();

@@ -77,28 +77,52 @@ at::Tensor float_weight_of(const QuantizableLayer& layer) {
   return params["weight"];
 }
 
-// The layer's bytes after freeze(), measured on a quantized and frozen float copy. Static
-// activation quantizers of the copy get scale 1 (bytes and kernels do not depend on the value).
-int64_t frozen_bytes(const QuantizableLayer& layer, const std::string& path, const std::optional<LayerScheme>& ls) {
+// What one candidate costs a layer: its bytes after freeze() and its frozen forward's latency,
+// both measured on a quantized and frozen float copy (the code freeze() and model_size() run).
+// Static activation quantizers of the copy get scale 1 (bytes and kernels do not depend on it).
+struct Priced {
+  int64_t bytes = 0;
+  double latency_ms = 0;
+  std::string kernel;
+};
+
+Priced price(const QuantizableLayer& layer, const std::string& path, const std::optional<LayerScheme>& ls,
+             const std::string& candidate, const at::Tensor& input, LatencyCache& cache, const LatencyOptions& lo,
+             int64_t* measured) {
   std::shared_ptr<QuantizableLayer> copy = layer.float_copy();
   QF_CHECK(copy != nullptr);
-  if (!ls) return copy->storage_bytes();
-  copy->attach(path, *ls);
-  if (ls->weights && ls->weights->lsq) {
-    // LSQ creates its learnable per-channel (per-group) step on the first training forward;
-    // after QAT those parameters are part of the frozen layer's bytes.
-    Quantizer wq = copy->weight_quantizer();
-    wq->train();
-    at::NoGradGuard no_grad;
-    wq->forward(float_weight_of(*copy));
-    wq->eval();
+  const std::vector<int64_t> weight_shape = float_weight_of(*copy).sizes().vec();
+  if (ls) {
+    copy->attach(path, *ls);
+    if (ls->weights && ls->weights->lsq) {
+      // LSQ creates its learnable per-channel (per-group) step on the first training forward;
+      // after QAT those parameters are part of the frozen layer's bytes.
+      Quantizer wq = copy->weight_quantizer();
+      wq->train();
+      at::NoGradGuard no_grad;
+      wq->forward(float_weight_of(*copy));
+      wq->eval();
+    }
+    for (Quantizer q : copy->quantizers()) {
+      if (q->role() == QuantizerImpl::Role::kActivation && q->mode() == ActivationMode::kStatic)
+        q->set_qparams(QParams{q->config().spec, at::ones({}, at::kFloat), at::zeros({}, at::kInt)});
+    }
+    copy->freeze();
   }
-  for (Quantizer q : copy->quantizers()) {
-    if (q->role() == QuantizerImpl::Role::kActivation && q->mode() == ActivationMode::kStatic)
-      q->set_qparams(QParams{q->config().spec, at::ones({}, at::kFloat), at::zeros({}, at::kInt)});
+  Priced p;
+  p.bytes = copy->storage_bytes();
+  p.kernel = copy->report().kernel;
+  if (!input.defined()) return p;  // the model's forward never reached the layer
+  const QuantizableLayer::InputRecord rec{input.sizes().vec(), input.scalar_type()};
+  const std::string key = latency_key(*copy, weight_shape, rec, candidate);
+  if (const auto hit = cache.find(key)) {
+    p.latency_ms = *hit;
+    return p;
   }
-  copy->freeze();
-  return copy->storage_bytes();
+  p.latency_ms = time_forward_ms(*copy, input, lo);
+  cache.put(key, p.latency_ms);
+  ++*measured;
+  return p;
 }
 
 // ‖Q_c(W) − W‖² with the fake-quantization freeze() packs (min/max qparams of the candidate).
@@ -134,52 +158,60 @@ std::vector<std::string> method_names() { return names_of(kMethodNames); }
 
 std::string Budget::to_string() const {
   std::ostringstream os;
-  if (size_mb) os << "size_mb: " << *size_mb;
-  else if (size_ratio) os << "size_ratio: " << *size_ratio;
-  else if (avg_bits) os << "avg_bits: " << *avg_bits;
+  auto add = [&](const char* name, const std::optional<double>& v) {
+    if (!v) return;
+    if (os.tellp() > 0) os << ", ";
+    os << name << ": " << *v;
+  };
+  add("size_mb", size_mb);
+  add("size_ratio", size_ratio);
+  add("avg_bits", avg_bits);
+  add("latency_ms", latency_ms);
   return os.str();
 }
 
-SearchResult search(torch::nn::Module& model, const Scheme& base, int64_t batches,
-                    const std::function<at::Tensor(int64_t)>& loss_of_batch, const SearchOptions& o) {
-  const auto t0 = std::chrono::steady_clock::now();
-  const int n_budgets = o.budget.size_mb.has_value() + o.budget.size_ratio.has_value() + o.budget.avg_bits.has_value();
-  QF_REQUIRE(n_budgets == 1, "search: give exactly one budget (size_mb, size_ratio or avg_bits), got ", n_budgets);
-  for (double b : {o.budget.size_mb.value_or(1), o.budget.size_ratio.value_or(1), o.budget.avg_bits.value_or(1)})
-    QF_REQUIRE(std::isfinite(b) && b > 0, "search: the budget must be positive, got ", b);
-  QF_REQUIRE(!o.candidates.empty(), "search: no candidates");
-  QF_REQUIRE(batches > 0, "search: sensitivities need at least one calibration batch");
+namespace {
 
-  SearchResult res;
-  res.method = o.method;
-  res.budget = o.budget;
-  res.float_bytes = model_size(model).total_bytes;
+struct Searched {
+  std::string path;
+  QuantizableLayer* layer;
+  std::vector<Candidate> cands;
+  std::vector<std::optional<LayerScheme>> schemes;
+  int64_t float_bytes;
+};
 
-  // 1. Layers, their allowed candidates and exact costs.
-  struct Searched {
-    std::string path;
-    QuantizableLayer* layer;
-    std::vector<Candidate> cands;
-    std::vector<std::optional<LayerScheme>> schemes;
-    int64_t float_bytes;
-  };
+struct Collected {
   std::vector<Searched> layers;
-  int64_t unsearched_quantizer_bytes = 0;
+  std::vector<std::pair<std::string, QuantizableLayer*>> fixed;  // quantizable, not searched
+  std::vector<std::string> skipped;  // "<candidate> on <path>: why"
+};
+
+void check_options(const SearchOptions& o, int64_t batches) {
+  const Budget& b = o.budget;
+  if (!b.size_mb && !b.size_ratio && !b.avg_bits && !b.latency_ms)
+    throw SearchError("search: give a budget: size_mb or size_ratio, avg_bits, latency_ms (one or more)");
+  if (b.size_mb && b.size_ratio) throw SearchError("search: give size_mb or size_ratio, not both");
+  for (const auto& v : {b.size_mb, b.size_ratio, b.avg_bits, b.latency_ms})
+    if (v && !(std::isfinite(*v) && *v > 0))
+      throw SearchError("search: budgets must be positive and finite, got " + std::to_string(*v));
+  if (o.candidates.empty()) throw SearchError("search: no candidates");
+  if (batches <= 0) throw SearchError("search: sensitivities need at least one calibration batch");
+}
+
+// Step 1: the searched layers and the candidates each may take.
+Collected collect(torch::nn::Module& model, const Scheme& base, const SearchOptions& o) {
+  Collected out;
   std::vector<bool> candidate_used(o.candidates.size(), false);
   std::vector<std::string> refusals;
   for (const auto& [path, layer] : quantizable_layers(model)) {
-    QF_REQUIRE(!layer->quantized(), "search: '", path, "' is quantized already; the search starts from the float model");
+    if (layer->quantized())
+      throw SearchError("search: '" + path + "' is quantized already; the search starts from the float model");
     int rule = -1;
     std::string note;
     const std::optional<LayerScheme> ls = base.resolve(path, *layer, &rule, &note);
-    // Layers whose weights the scheme leaves float are not searched; the quantizers the scheme
-    // gives them still count (measured attached, then detached).
+    // Layers whose weights the scheme leaves float are not searched.
     if (!ls || !ls->weights || !layer->module().named_parameters(false).contains("weight")) {
-      if (ls) {
-        const int64_t float_bytes = layer->storage_bytes();
-        const ScopedAttach attached(*layer, path, *ls);
-        unsearched_quantizer_bytes += layer->storage_bytes() - float_bytes;
-      }
+      out.fixed.emplace_back(path, layer);
       continue;
     }
     Searched s{path, layer, {}, {}, layer->storage_bytes()};
@@ -191,11 +223,19 @@ SearchResult search(torch::nn::Module& model, const Scheme& base, int64_t batche
       if (!allowed) continue;
       std::string cnote;
       const std::optional<LayerScheme> cls = scheme_with(base, path, *layer, cand, &cnote);
+      if (cls && cand.qtype && cls->weights && cls->weights->spec.granularity != cand.granularity) {
+        // The scheme would quietly give this layer another grid (e.g. per_channel for a group
+        // size that does not divide it): the candidate is not what it says here.
+        refusals.push_back(cand.name() + " on " + path + ": " + cnote);
+        out.skipped.push_back(refusals.back());
+        continue;
+      }
       if (cls) {
         try {
           layer->check_scheme(*cls);
         } catch (const Error& e) {
           refusals.push_back(cand.name() + " on " + path + ": " + e.what());
+          out.skipped.push_back(refusals.back());
           continue;
         }
       }
@@ -203,17 +243,93 @@ SearchResult search(torch::nn::Module& model, const Scheme& base, int64_t batche
       s.cands.push_back(cand);
       s.schemes.push_back(cls);
     }
-    QF_REQUIRE(!s.cands.empty(), "search: '", path, "' can take none of the candidates (min_bits or its shape)");
-    layers.push_back(std::move(s));
+    if (s.cands.empty())
+      throw SearchError("search: '" + path + "' can take none of the candidates (min_bits or its shape)");
+    out.layers.push_back(std::move(s));
   }
-  QF_REQUIRE(!layers.empty(), "search: the scheme quantizes no layer's weights; nothing to search");
+  if (out.layers.empty()) throw SearchError("search: the scheme quantizes no layer's weights; nothing to search");
   for (size_t c = 0; c < o.candidates.size(); ++c) {
     if (candidate_used[c]) continue;
     std::string why;
     for (const std::string& r : refusals)
       if (r.rfind(o.candidates[c].name() + " on ", 0) == 0) why = r;
-    QF_REQUIRE(false, "search: candidate '", o.candidates[c].name(), "' fits no searched layer",
-               why.empty() ? std::string() : " (e.g. " + why + ")");
+    throw SearchError("candidate '" + o.candidates[c].name() + "' fits no searched layer" +
+                          (why.empty() ? std::string(" (min_bits excludes it everywhere)") : " (e.g. " + why + ")"),
+                      static_cast<int>(c));
+  }
+  return out;
+}
+
+// The knapsack's cost axes.
+enum Axis : size_t { kBytes = 0, kBits = 1, kLatency = 2 };
+
+}  // namespace
+
+void check_search(torch::nn::Module& model, const Scheme& base, const SearchOptions& o) {
+  check_options(o, 1);
+  collect(model, base, o);
+}
+
+SearchResult search(torch::nn::Module& model, const Scheme& base, int64_t batches,
+                    const std::function<at::Tensor(int64_t)>& loss_of_batch, const SearchOptions& o) {
+  const auto t0 = std::chrono::steady_clock::now();
+  check_options(o, batches);
+
+  SearchResult res;
+  res.method = o.method;
+  res.budget = o.budget;
+  res.float_bytes = model_size(model).total_bytes;
+  res.cpu = cpu_model_name();
+
+  // 1. Layers and their allowed candidates.
+  Collected col = collect(model, base, o);
+  std::vector<Searched>& layers = col.layers;
+  res.skipped = col.skipped;
+
+  // The input each layer with weights sees on calibration batch 0 (shapes for the latencies).
+  std::map<const QuantizableLayer*, at::Tensor> inputs;
+  {
+    at::NoGradGuard no_grad;
+    for (const auto& [path, layer] : quantizable_layers(model)) layer->record_inputs(true);
+    try {
+      loss_of_batch(0);
+    } catch (...) {
+      for (const auto& [path, layer] : quantizable_layers(model)) layer->record_inputs(false);
+      throw;
+    }
+    for (const auto& [path, layer] : quantizable_layers(model)) {
+      layer->record_inputs(false);
+      const auto& rec = layer->recorded_input();
+      if (rec.shape.empty() || !layer->module().named_parameters(false).contains("weight")) continue;
+      inputs[layer] = synthetic_input(rec, float_weight_of(*layer).size(0));
+    }
+  }
+  auto input_of = [&](const QuantizableLayer* l) {
+    const auto it = inputs.find(l);
+    return it == inputs.end() ? at::Tensor() : it->second;
+  };
+  LatencyCache cache(o.latency.cache_path);
+
+  // Layers not searched: their fixed quantizers count in bytes (measured attached, then
+  // detached), their frozen kernels in latency.
+  int64_t unsearched_quantizer_bytes = 0;
+  double rest_latency_ms = 0, rest_float_latency_ms = 0;
+  for (const auto& [path, layer] : col.fixed) {
+    int rule = -1;
+    std::string note;
+    const std::optional<LayerScheme> ls = base.resolve(path, *layer, &rule, &note);
+    if (ls) {
+      const int64_t float_bytes = layer->storage_bytes();
+      const ScopedAttach attached(*layer, path, *ls);
+      unsearched_quantizer_bytes += layer->storage_bytes() - float_bytes;
+    }
+    const at::Tensor x = input_of(layer);
+    if (!x.defined() || !timeable(*layer)) continue;
+    const Priced fixed = price(*layer, path, ls, ls ? "fixed" : "float", x, cache, o.latency, &res.latency_measured);
+    rest_latency_ms += fixed.latency_ms;
+    rest_float_latency_ms +=
+        ls ? price(*layer, path, std::nullopt, "float", x, cache, o.latency, &res.latency_measured).latency_ms
+           : fixed.latency_ms;
   }
 
   // 2. Sensitivities.
@@ -264,14 +380,13 @@ SearchResult search(torch::nn::Module& model, const Scheme& base, int64_t batche
     }
   }
 
-  // 3. Costs, the knapsack groups (ties merged) and the budget.
+  // 3. Costs (bytes, bits, latency), the knapsack groups (ties merged) and the budgets.
   double weight_elements = 0;
   std::map<std::string, int> tie_of;  // layer path -> tie index
   for (size_t t = 0; t < o.ties.size(); ++t)
     for (const Searched& s : layers)
       for (const std::string& p : o.ties[t])
         if (pattern_matches(p, s.path) && !tie_of.count(s.path)) tie_of[s.path] = static_cast<int>(t);
-  const bool bits_budget = o.budget.avg_bits.has_value();
   int64_t searched_float_bytes = 0;
   for (size_t i = 0; i < layers.size(); ++i) {
     LayerChoice lc;
@@ -279,18 +394,30 @@ SearchResult search(torch::nn::Module& model, const Scheme& base, int64_t batche
     lc.type = layers[i].layer->layer_type();
     lc.weight_elements = float_weight_of(*layers[i].layer).numel();
     lc.hessian_trace = avg_trace[i];
+    const at::Tensor x = input_of(layers[i].layer);
+    if (x.defined()) lc.input_shape = x.sizes().vec();
     weight_elements += static_cast<double>(lc.weight_elements);
     searched_float_bytes += layers[i].float_bytes;
+    const Priced as_float =
+        price(*layers[i].layer, layers[i].path, std::nullopt, "float", x, cache, o.latency, &res.latency_measured);
+    res.float_latency_ms += as_float.latency_ms;
     for (size_t c = 0; c < layers[i].cands.size(); ++c) {
       CandidateCost cc;
       cc.candidate = layers[i].cands[c].name();
-      cc.bytes = frozen_bytes(*layers[i].layer, layers[i].path, layers[i].schemes[c]);
+      const Priced p = layers[i].schemes[c] ? price(*layers[i].layer, layers[i].path, layers[i].schemes[c],
+                                                    cc.candidate, x, cache, o.latency, &res.latency_measured)
+                                              : as_float;
+      cc.bytes = p.bytes;
+      cc.latency_ms = p.latency_ms;
+      cc.kernel = p.kernel;
       cc.bits = static_cast<double>(layers[i].cands[c].bits()) * static_cast<double>(lc.weight_elements);
       cc.sensitivity = sens[i][c];
       lc.candidates.push_back(cc);
     }
     res.layers.push_back(std::move(lc));
   }
+  res.latency_cached = cache.hits();
+  cache.save();
   // Everything outside the searched layers: float tensors, plus the quantizers the scheme gives
   // the unsearched layers (e.g. LayerNorm outputs, MatMul operands).
   const int64_t rest_bytes = res.float_bytes - searched_float_bytes + unsearched_quantizer_bytes;
@@ -311,7 +438,7 @@ SearchResult search(torch::nn::Module& model, const Scheme& base, int64_t batche
     // A tie group's choices: the candidates every member may take, costs and values summed.
     const LayerChoice& first = res.layers[members[g][0]];
     for (const CandidateCost& cc : first.candidates) {
-      Choice ch{cc.candidate, {0.0, 0.0}, 0.0};
+      Choice ch{cc.candidate, {0.0, 0.0, 0.0}, 0.0};
       bool everywhere = true;
       for (size_t i : members[g]) {
         const auto& cs = res.layers[i].candidates;
@@ -320,8 +447,9 @@ SearchResult search(torch::nn::Module& model, const Scheme& base, int64_t batche
           everywhere = false;
           break;
         }
-        ch.costs[0] += static_cast<double>(it->bytes);
-        ch.costs[1] += it->bits;
+        ch.costs[kBytes] += static_cast<double>(it->bytes);
+        ch.costs[kBits] += it->bits;
+        ch.costs[kLatency] += it->latency_ms;
         ch.value += it->sensitivity;
       }
       if (everywhere) groups[g].choices.push_back(ch);
@@ -330,31 +458,55 @@ SearchResult search(torch::nn::Module& model, const Scheme& base, int64_t batche
       for (size_t k = 1; k < members[g].size(); ++k) groups[g].name += "+" + res.layers[members[g][k]].path;
     }
   }
-  double budget_value = 0;
-  std::string budget_name;
+  // The budgets given, each as (axis, limit on the searched layers' sum, name for messages).
+  std::vector<size_t> axes;
+  std::vector<double> limits;
+  std::vector<std::string> names;
   if (o.budget.size_mb) {
-    budget_value = *o.budget.size_mb * 1e6 - static_cast<double>(rest_bytes);
-    budget_name = "size budget " + format_bytes(*o.budget.size_mb * 1e6) + " less the unsearched layers' " +
-                  format_bytes(static_cast<double>(rest_bytes)) + " leaves bytes";
+    axes.push_back(kBytes);
+    limits.push_back(*o.budget.size_mb * 1e6 - static_cast<double>(rest_bytes));
+    names.push_back("size budget " + format_bytes(*o.budget.size_mb * 1e6) + " less the unsearched layers' " +
+                    format_bytes(static_cast<double>(rest_bytes)) + " leaves bytes");
   } else if (o.budget.size_ratio) {
-    budget_value = *o.budget.size_ratio * static_cast<double>(res.float_bytes) - static_cast<double>(rest_bytes);
+    axes.push_back(kBytes);
+    limits.push_back(*o.budget.size_ratio * static_cast<double>(res.float_bytes) - static_cast<double>(rest_bytes));
     std::ostringstream os;
     os << "size_ratio budget " << *o.budget.size_ratio << " (" << format_bytes(*o.budget.size_ratio * res.float_bytes)
        << ") less the unsearched layers' " << format_bytes(static_cast<double>(rest_bytes)) << " leaves bytes";
-    budget_name = os.str();
-  } else {
-    budget_value = *o.budget.avg_bits * weight_elements;
+    names.push_back(os.str());
+  }
+  if (o.budget.avg_bits) {
+    axes.push_back(kBits);
+    limits.push_back(*o.budget.avg_bits * weight_elements);
     std::ostringstream os;
     os << "avg_bits budget " << *o.budget.avg_bits << " over " << static_cast<int64_t>(weight_elements)
        << " weights leaves bits";
-    budget_name = os.str();
+    names.push_back(os.str());
   }
-  // One cost dimension is priced: bytes for size budgets, weight bits for avg_bits.
-  const size_t dim = bits_budget ? 1 : 0;
-  std::vector<Group> priced = groups;
-  for (Group& g : priced)
-    for (Choice& c : g.choices) c.costs = {c.costs[dim]};
-  const Assignment a = solve_knapsack(priced, {budget_value}, {budget_name});
+  if (o.budget.latency_ms) {
+    axes.push_back(kLatency);
+    limits.push_back(*o.budget.latency_ms - rest_latency_ms);
+    std::ostringstream os;
+    os << "latency budget " << *o.budget.latency_ms << " ms less the unsearched layers' " << rest_latency_ms
+       << " ms (measured on " << res.cpu << ") leaves ms";
+    names.push_back(os.str());
+  }
+  auto project = [&](const std::vector<size_t>& keep) {
+    std::vector<Group> out = groups;
+    for (Group& g : out)
+      for (Choice& c : g.choices) {
+        std::vector<double> costs;
+        for (size_t a : keep) costs.push_back(c.costs[a]);
+        c.costs = costs;
+      }
+    return out;
+  };
+  Assignment a;
+  try {
+    a = solve_knapsack(project(axes), limits, names);
+  } catch (const Error& e) {
+    throw SearchError(e.what());
+  }
   for (size_t g = 0; g < groups.size(); ++g) {
     const std::string& name = groups[g].choices[a.picks[g]].name;
     for (size_t i : members[g]) {
@@ -365,22 +517,45 @@ SearchResult search(torch::nn::Module& model, const Scheme& base, int64_t batche
   }
   res.predicted = a.value;
   res.bytes = rest_bytes;
-  for (const LayerChoice& lc : res.layers) res.bytes += lc.candidates[lc.chosen].bytes;
-  // Budget (bytes) vs predicted sensitivity over every budget.
-  std::vector<Group> by_bytes = groups;
-  for (Group& g : by_bytes)
-    for (Choice& c : g.choices) c.costs = {c.costs[0]};
-  for (const Assignment& p : pareto_front(by_bytes, {std::numeric_limits<double>::infinity()}))
-    res.pareto.push_back(ParetoPoint{rest_bytes + static_cast<int64_t>(std::llround(p.costs[0])), p.value});
-  for (size_t i = 0; i < res.layers.size(); ++i)
-    res.rules.push_back(rule_for(base, layers[i].path, layers[i].cands[res.layers[i].chosen]));
+  res.latency_ms = rest_latency_ms;
+  res.float_latency_ms += rest_float_latency_ms;
+  for (const LayerChoice& lc : res.layers) {
+    res.bytes += lc.candidates[lc.chosen].bytes;
+    res.latency_ms += lc.candidates[lc.chosen].latency_ms;
+  }
+  auto rules_of = [&](const std::vector<int>& picks) {
+    std::vector<LayerRule> rules(layers.size());
+    for (size_t g = 0; g < groups.size(); ++g)
+      for (size_t i : members[g]) {
+        const std::string& name = groups[g].choices[picks[g]].name;
+        for (const Candidate& c : layers[i].cands)
+          if (c.name() == name) rules[i] = rule_for(base, layers[i].path, c);
+      }
+    return rules;
+  };
+  res.rules = rules_of(a.picks);
+  // The front: the first budget's axis (bytes unless only bits or latency are budgeted) against
+  // predicted sensitivity, over every budget on that axis.
+  const size_t front_axis = axes.front() == kBits && axes.size() == 1 ? kBytes : axes.front();
+  res.pareto_axis = front_axis == kLatency ? "latency_ms" : "bytes";
+  for (const Assignment& p : pareto_front(project({front_axis}), {std::numeric_limits<double>::infinity()})) {
+    ParetoPoint point{rest_bytes, rest_latency_ms, p.value, rules_of(p.picks), std::nullopt};
+    for (size_t g = 0; g < groups.size(); ++g) {
+      const Choice& c = groups[g].choices[p.picks[g]];
+      point.bytes += static_cast<int64_t>(std::llround(c.costs[kBytes]));
+      point.latency_ms += c.costs[kLatency];
+    }
+    res.pareto.push_back(std::move(point));
+  }
   res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return res;
 }
 
-Scheme apply(const Scheme& base, const SearchResult& result) {
+Scheme apply(const Scheme& base, const SearchResult& result) { return apply(base, result.rules); }
+
+Scheme apply(const Scheme& base, const std::vector<LayerRule>& rules) {
   Scheme s = base;
-  s.rules.insert(s.rules.begin(), result.rules.begin(), result.rules.end());
+  s.rules.insert(s.rules.begin(), rules.begin(), rules.end());
   return s;
 }
 

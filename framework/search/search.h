@@ -1,4 +1,4 @@
-// Mixed-precision search: per-layer weight widths chosen under a size budget.
+// Mixed-precision search: per-layer weight widths chosen under size, bits and latency budgets.
 //
 //  1. Candidates per layer: the recipe's list (qint8, qint4 per_group(128), qint2, float, ...)
 //     less those a layer cannot take (its check_scheme) or a min_bits constraint forbids.
@@ -8,9 +8,12 @@
 //     with Q_c the weight fake-quantization freeze() will pack (min/max qparams of the candidate).
 //  3. Cost of each layer and candidate, exact: the layer's bytes as model_size() counts them
 //     after freeze(), measured by quantizing and freezing a float copy of the layer; and its
-//     weight bits (bits × elements, float = 32) for avg_bits budgets.
+//     weight bits (bits × elements, float = 32) for avg_bits budgets; and its latency, the
+//     frozen copy's forward timed on this machine at the input shape the layer saw on
+//     calibration batch 0, last-level cache evicted before each call (latency.h, cached per
+//     machine).
 //  4. The multiple-choice knapsack (knapsack.h) picks one candidate per layer (per tie group)
-//     minimising the summed sensitivity under the budget.
+//     minimising the summed sensitivity under every budget given.
 //  5. The picks come back as explicit LayerRules, placed before the scheme's own rules, so a
 //     rerun reproduces the model without searching.
 #pragma once
@@ -22,8 +25,10 @@
 #include <string>
 #include <vector>
 
+#include "framework/core/error.h"
 #include "framework/scheme.h"
 #include "framework/search/hessian.h"
+#include "framework/search/latency.h"
 
 namespace qforge::search {
 
@@ -40,12 +45,24 @@ const char* to_string(Method m);
 Method method_from_name(const std::string& name);
 std::vector<std::string> method_names();
 
-// One budget; exactly one field is set.
+// The budgets; at least one is set, at most one of size_mb and size_ratio. All given hold at once.
 struct Budget {
   std::optional<double> size_mb;     // total model bytes after freeze / 1e6
   std::optional<double> size_ratio;  // total bytes after freeze / float model bytes
   std::optional<double> avg_bits;    // mean weight bits over the searched layers
-  std::string to_string() const;     // "size_mb: 1.5"
+  std::optional<double> latency_ms;  // summed measured latency of the qforge layers with weights
+  std::string to_string() const;     // "size_mb: 1.5, latency_ms: 2"
+};
+
+// A budget's field or a candidate the search cannot use; `candidate` is the index into
+// SearchOptions::candidates when the problem is one candidate (qtrain points at the recipe line).
+class SearchError : public Error {
+ public:
+  SearchError(const std::string& what, int candidate = -1) : Error(what), candidate_(candidate) {}
+  int candidate() const { return candidate_; }
+
+ private:
+  int candidate_;
 };
 
 struct MinBits {
@@ -60,6 +77,7 @@ struct SearchOptions {
   std::vector<MinBits> min_bits;
   std::vector<std::vector<std::string>> ties;  // each: patterns whose layers share one width
   HutchinsonOptions hutchinson;
+  LatencyOptions latency;
 };
 
 struct CandidateCost {
@@ -67,6 +85,8 @@ struct CandidateCost {
   int64_t bytes = 0;        // the layer after freeze, as model_size counts it
   double bits = 0;          // weight bits: bits × elements
   double sensitivity = 0;
+  double latency_ms = 0;    // measured frozen forward at the layer's input shape
+  std::string kernel;       // what the frozen layer runs ("float" for float)
 };
 
 struct LayerChoice {
@@ -76,11 +96,15 @@ struct LayerChoice {
   std::vector<CandidateCost> candidates;  // the ones this layer may take
   int chosen = -1;                        // index into candidates
   double hessian_trace = 0;               // average trace Tr(H)/n (hessian method)
+  std::vector<int64_t> input_shape;       // what the latency was measured at
 };
 
 struct ParetoPoint {
   int64_t bytes = 0;
-  double predicted = 0;  // total sensitivity
+  double latency_ms = 0;
+  double predicted = 0;             // total sensitivity
+  std::vector<LayerRule> rules;     // the assignment, as the chosen one's rules
+  std::optional<double> accuracy;   // measured by the caller (qtrain evaluates a few points)
 };
 
 struct SearchResult {
@@ -89,22 +113,35 @@ struct SearchResult {
   std::vector<LayerChoice> layers;
   int64_t bytes = 0;              // predicted total bytes of the frozen model
   int64_t float_bytes = 0;        // the float model's bytes
+  double latency_ms = 0;          // predicted: summed latency of the qforge layers with weights
+  double float_latency_ms = 0;    // the same layers all float
+  std::string pareto_axis;        // "bytes" or "latency_ms": the front's cost axis
+  std::string cpu;                // where the latencies were measured
+  int64_t latency_measured = 0;   // kernels timed now
+  int64_t latency_cached = 0;     // read from the cache file
   double predicted = 0;           // total sensitivity of the choice
   double seconds = 0;             // sensitivities + costs + solve
   int64_t hutchinson_probes = 0;  // per batch, the largest (hessian)
   std::vector<ParetoPoint> pareto;
   std::vector<LayerRule> rules;   // one explicit rule per searched layer, in model order
+  std::vector<std::string> skipped;  // candidates a layer cannot take: "<candidate> on <path>: why"
 };
 
 // `model` must be float (not quantized). `base` gives everything but the searched weights: the
 // activation mode and grid, symmetry, observer, and which layers are searched at all (those it
 // quantizes). `loss_of_batch(i)` returns the loss of calibration batch i (0 <= i < batches) with
-// a graph that supports double backward. Throws qforge::Error for budgets no choice meets (naming
-// the smallest reachable), candidates no layer can take, and bad options.
+// a graph that supports double backward (only batch 0 is run for the latency shapes by the loss
+// method's callers too). Throws SearchError for budgets no choice meets (naming the smallest
+// reachable), candidates no layer can take, and bad options.
 SearchResult search(torch::nn::Module& model, const Scheme& base, int64_t batches,
                     const std::function<at::Tensor(int64_t)>& loss_of_batch, const SearchOptions& options);
 
+// The checks search() makes before any measurement (budgets, candidates each layer may take, a
+// candidate no layer can take): throws SearchError. For dry runs.
+void check_search(torch::nn::Module& model, const Scheme& base, const SearchOptions& options);
+
 // The base scheme with the search's rules placed before its own.
 Scheme apply(const Scheme& base, const SearchResult& result);
+Scheme apply(const Scheme& base, const std::vector<LayerRule>& rules);
 
 }  // namespace qforge::search

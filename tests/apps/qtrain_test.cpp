@@ -170,12 +170,34 @@ TEST(Qtrain, ModelSafetensorsImportsFloatWeightsInsteadOfTraining) {
 
 TEST(Qtrain, MixedPrecisionSearchRunsBetweenFloatAndCalibrationAndItsRecipeReproducesTheModel) {
   const std::string dir = out_dir("search");
-  const std::string args = small(dir) + " --set search.batches=1 --set search.probes=4 --set calibrate.batches=1";
+  const std::string cache = dir + "/latency.json";
+  const std::string args = small(dir) + " --set search.batches=1 --set search.probes=4 --set calibrate.batches=1" +
+                           " --set search.evaluate_front=3 --set search.latency_cache=" + cache;
   const QtrainRun run = qtrain("--recipe recipes/fmnist_cnn_mixed.yaml" + args);
   ASSERT_EQ(run.code, 0) << run.output;
   const nlohmann::json r = report(dir);
   ASSERT_TRUE(r.contains("search")) << r.dump(2);
   const auto& s = r["search"];
+  // Every layer timed at the shape it saw (batch of the recipe, NCHW for the convolutions), the
+  // timings kept in the cache file, three points of the front measured.
+  EXPECT_TRUE(fs::exists(cache));
+  EXPECT_GT(s["latency_measured"].get<int>(), 0);
+  EXPECT_EQ(s["layers"][0]["input_shape"].size(), 4u);
+  for (const auto& l : s["layers"]) {
+    EXPECT_GT(l["latency_ms"].get<double>(), 0.0) << l["path"];
+    EXPECT_FALSE(l["kernel"].get<std::string>().empty());
+  }
+  int measured = 0;
+  for (const auto& p : s["pareto"])
+    if (p.contains("accuracy")) {
+      ++measured;
+      EXPECT_GT(p["accuracy"].get<double>(), 0.1);  // above chance on 10 classes
+    }
+  EXPECT_EQ(measured, 3);
+  std::ifstream md(dir + "/report.md");
+  const std::string md_text((std::istreambuf_iterator<char>(md)), std::istreambuf_iterator<char>());
+  EXPECT_NE(md_text.find("## Search"), std::string::npos) << md_text;
+  EXPECT_NE(md_text.find("| fc1 | "), std::string::npos) << md_text;
   EXPECT_EQ(s["method"], "hessian");
   EXPECT_EQ(s["budget"], "size_mb: 0.234617");
   EXPECT_LE(s["bytes"].get<double>(), 0.234617e6);
@@ -199,8 +221,25 @@ TEST(Qtrain, MixedPrecisionSearchRunsBetweenFloatAndCalibrationAndItsRecipeRepro
     EXPECT_EQ(r2["layers"][i]["bytes"], r["layers"][i]["bytes"]);
   }
   EXPECT_EQ(r2["size_bytes"]["frozen"], r["size_bytes"]["frozen"]);
+
+  // A second search on this machine times nothing: every latency comes from the cache file.
+  const std::string dir3 = out_dir("search_cached");
+  const QtrainRun cached = qtrain("--recipe recipes/fmnist_cnn_mixed.yaml" + small(dir3) + " --set model.checkpoint=" +
+                                  dir + "/fp32.h5 --set search.batches=1 --set search.probes=4 --set calibrate.batches=1" +
+                                  " --set search.latency_cache=" + cache + " --set 'search.budget={size_mb: 0.3}'");
+  ASSERT_EQ(cached.code, 0) << cached.output;
+  EXPECT_EQ(report(dir3)["search"]["latency_measured"].get<int>(), 0);
+
+  // A candidate no layer can take is a recipe error at the candidate's line and column.
+  const QtrainRun bad = qtrain("--recipe recipes/fmnist_cnn_mixed.yaml --dry-run --set search.group_size=100");
+  EXPECT_EQ(bad.code, 2) << bad.output;
+  EXPECT_NE(bad.output.find("recipes/fmnist_cnn_mixed.yaml:13:23: search.candidates[1]: candidate 'qint4 per_group(100)' "
+                            "fits no searched layer"),
+            std::string::npos)
+      << bad.output;
   fs::remove_all(dir);
   fs::remove_all(dir2);
+  fs::remove_all(dir3);
 }
 
 TEST(Qtrain, BertMixedRecipeTiesQueryKeyValueAndLeavesTheFloatClassifierOut) {

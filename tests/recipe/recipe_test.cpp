@@ -231,9 +231,13 @@ TEST(Recipe, BadSearchSectionsAreErrorsWithFileLineColumn) {
   // Negative budget: out of range.
   e = all(q + "search:\n  candidates: [qint8, qint4]\n  budget: {size_mb: -2}\n");
   EXPECT_NE(e.find("search.budget.size_mb: value -2 is out of range"), std::string::npos) << e;
-  // Two budgets at once, and no budget.
-  e = all(q + "search:\n  candidates: [qint8, qint4]\n  budget: {size_mb: 1, avg_bits: 4}\n");
-  EXPECT_NE(e.find("search.budget: give exactly one of size_mb, size_ratio, avg_bits (got 2)"), std::string::npos) << e;
+  // Two size budgets at once, and no budget.
+  e = all(q + "search:\n  candidates: [qint8, qint4]\n  budget: {size_mb: 1, size_ratio: 0.5}\n");
+  EXPECT_NE(e.find("search.budget: give size_mb or size_ratio, not both"), std::string::npos) << e;
+  e = all(q + "search:\n  candidates: [qint8, qint4]\n  budget: {}\n");
+  EXPECT_NE(e.find("give one or more of size_mb, size_ratio, avg_bits, latency_ms"), std::string::npos) << e;
+  e = all(q + "search:\n  candidates: [qint8, qint4]\n  budget: {latency_ms: 0}\n");
+  EXPECT_NE(e.find("search.budget.latency_ms: value 0 is out of range"), std::string::npos) << e;
   // A candidate that is no grid.
   e = all(q + "search:\n  candidates: [qint8, qint3]\n  budget: {avg_bits: 4}\n");
   EXPECT_NE(e.find("search.candidates[1]: 'qint3' is not valid"), std::string::npos) << e;
@@ -254,4 +258,14 @@ TEST(Recipe, BadSearchSectionsAreErrorsWithFileLineColumn) {
   EXPECT_EQ(r.search.min_bits[0].second, 8);
   ASSERT_EQ(r.search.ties.size(), 1u);
   EXPECT_EQ(r.search.ties[0], (std::vector<std::string>{"fc2", "fc3"}));
+  // Several budgets hold at once; each candidate's place is kept for errors found later.
+  const Recipe r2 = load_recipe(dir.write("two.yaml", q + "search:\n  candidates: [qint8, qint4]\n"
+                                                          "  budget: {size_mb: 1.5, latency_ms: 2, avg_bits: 6}\n"));
+  EXPECT_EQ(r2.search.size_mb, 1.5);
+  EXPECT_EQ(r2.search.latency_ms, 2);
+  EXPECT_EQ(r2.search.avg_bits, 6);
+  ASSERT_EQ(r2.search.candidate_sites.size(), 2u);
+  EXPECT_EQ(r2.search.candidate_sites[1].key, "search.candidates[1]");
+  EXPECT_EQ(r2.search.candidate_sites[1].line, 5);
+  EXPECT_EQ(r2.search.candidate_sites[1].column, 23);
 }

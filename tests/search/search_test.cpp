@@ -5,6 +5,10 @@
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
 #include <torch/optim/adam.h>
 
 #include "framework/core/error.h"
@@ -214,6 +218,131 @@ TEST(Search, RejectsQuantizedModelsAndBadBudgets) {
   EXPECT_THROW(search(*f.model, Scheme(qint8), 2, f.loss, negative), Error);
   quantize(*f.model, Scheme(qint8));
   EXPECT_THROW(search(*f.model, Scheme(qint8), 2, f.loss, options(0.3)), Error);
+}
+
+// A fresh temporary file path, removed at scope exit.
+struct TempPath {
+  std::string path = (std::filesystem::temp_directory_path() /
+                      ("qforge_latency_" + std::to_string(::getpid()) + "_" + std::to_string(counter()++) + ".json"))
+                         .string();
+  ~TempPath() { std::filesystem::remove(path); }
+  static int& counter() {
+    static int n = 0;
+    return n;
+  }
+};
+
+TEST(Search, LayersAreTimedAtTheShapeTheySeeAndTheLatencyBudgetHolds) {
+  Fixture f = make_fixture();
+  const TempPath cache;
+  SearchOptions o = options(0.0);
+  o.budget = Budget{};
+  o.latency.cache_path = cache.path;
+  o.latency.repeats = 3;
+  // First a generous budget: every layer measured, nothing from the (absent) cache file.
+  o.budget.latency_ms = 1e6;
+  const SearchResult loose = search(*f.model, Scheme(qint8), 2, f.loss, o);
+  EXPECT_GT(loose.latency_measured, 0);  // (fc2 and fc3 share shapes: one timing serves both)
+  EXPECT_EQ(loose.pareto_axis, "latency_ms");
+  ASSERT_EQ(loose.layers.size(), 4u);
+  EXPECT_EQ(loose.layers[0].input_shape, (std::vector<int64_t>{64, 32}));  // batch 0 of the fixture
+  EXPECT_EQ(loose.layers[3].input_shape, (std::vector<int64_t>{64, 64}));
+  double fastest = 0, slowest = 0;
+  for (const LayerChoice& l : loose.layers) {
+    double lo = 1e30, hi = 0;
+    for (const CandidateCost& c : l.candidates) {
+      EXPECT_GT(c.latency_ms, 0) << l.path << " " << c.candidate;
+      EXPECT_FALSE(c.kernel.empty());
+      lo = std::min(lo, c.latency_ms);
+      hi = std::max(hi, c.latency_ms);
+    }
+    fastest += lo;
+    slowest += hi;
+  }
+  // A budget between the fastest and the slowest choice binds, and holds.
+  o.budget.latency_ms = fastest + 0.25 * (slowest - fastest);
+  const SearchResult r = search(*f.model, Scheme(qint8), 2, f.loss, o);
+  EXPECT_EQ(r.latency_measured, 0);  // all from the cache file the first search wrote
+  EXPECT_GT(r.latency_cached, 0);
+  double total = 0;
+  for (size_t i = 0; i < r.layers.size(); ++i) {
+    const CandidateCost& c = r.layers[i].candidates[r.layers[i].chosen];
+    total += c.latency_ms;
+    // Cached figures are the measured ones.
+    EXPECT_DOUBLE_EQ(c.latency_ms, loose.layers[i].candidates[r.layers[i].chosen].latency_ms);
+  }
+  EXPECT_LE(total, *o.budget.latency_ms + 1e-12);
+  EXPECT_NEAR(r.latency_ms, total, 1e-9);  // the MLP has no unsearched layer with weights
+  EXPECT_GE(r.predicted, loose.predicted);
+  // Size and latency together: both hold. The latency budget is the one the size-only choice
+  // needs, so the pair is feasible whatever this machine's timings are.
+  SearchOptions size_only = o;
+  size_only.budget = Budget{};
+  size_only.budget.size_ratio = 0.4;
+  const SearchResult by_size = search(*f.model, Scheme(qint8), 2, f.loss, size_only);
+  o.budget.size_ratio = 0.4;
+  o.budget.latency_ms = by_size.latency_ms * (1 + 1e-9);
+  const SearchResult both = search(*f.model, Scheme(qint8), 2, f.loss, o);
+  EXPECT_NEAR(both.predicted, by_size.predicted, 1e-12 + 1e-9 * by_size.predicted);
+  EXPECT_LE(static_cast<double>(both.bytes), 0.4 * both.float_bytes);
+  EXPECT_LE(both.latency_ms, *o.budget.latency_ms + 1e-12);
+  EXPECT_EQ(both.pareto_axis, "bytes");
+  EXPECT_EQ(both.budget.to_string().rfind("size_ratio: 0.4, latency_ms: ", 0), 0u) << both.budget.to_string();
+}
+
+TEST(Search, ACandidateNoLayerCanTakeNamesItsIndex) {
+  Fixture f = make_fixture();
+  SearchOptions o = options(0.5);
+  o.candidates.push_back(Candidate{qint4, Granularity::kPerGroup, 48});  // 32 and 64 in_features: no fit
+  try {
+    check_search(*f.model, Scheme(qint8), o);
+    FAIL() << "expected a SearchError";
+  } catch (const SearchError& e) {
+    EXPECT_EQ(e.candidate(), 4);
+    EXPECT_NE(std::string(e.what()).find("qint4 per_group(48)' fits no searched layer"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("not a multiple of group_size 48"), std::string::npos) << e.what();
+  }
+}
+
+TEST(LatencyCache, RoundTripsAndRefusesForeignFiles) {
+  const TempPath p;
+  {
+    LatencyCache c(p.path);
+    EXPECT_FALSE(c.find("k").has_value());
+    c.put("k", 0.25);
+    c.save();
+  }
+  LatencyCache again(p.path);
+  ASSERT_TRUE(again.find("k").has_value());
+  EXPECT_DOUBLE_EQ(*again.find("k"), 0.25);
+  EXPECT_EQ(again.hits(), 2);
+  std::ofstream(p.path) << "{\"entries\": {}}";
+  EXPECT_THROW(LatencyCache{p.path}, Error);
+  std::ofstream(p.path) << "not json";
+  try {
+    LatencyCache bad(p.path);
+    FAIL() << "expected an Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(p.path), std::string::npos) << e.what();
+  }
+  // The file the refusal names is left as it was.
+  std::ifstream in(p.path);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(text, "not json");
+}
+
+TEST(Latency, ColdTimingIsPositiveAndKeysNameTheMachine) {
+  Fixture f = make_fixture();
+  const QuantizableLayer::InputRecord rec{{8, 32}, at::kFloat};
+  const at::Tensor x = synthetic_input(rec, 0);
+  EXPECT_EQ(x.sizes().vec(), rec.shape);
+  EXPECT_GT(time_forward_ms(*f.model->fc1, x, LatencyOptions{}), 0.0);
+  const std::string key = latency_key(*f.model->fc1, {64, 32}, rec, "float");
+  EXPECT_NE(key.find(cpu_model_name()), std::string::npos);
+  EXPECT_NE(key.find("x[8,32]:Float"), std::string::npos) << key;
+  const at::Tensor idx = synthetic_input({{5}, at::kLong}, 7);
+  EXPECT_LT(idx.max().item<int64_t>(), 7);
+  EXPECT_GE(idx.min().item<int64_t>(), 0);
 }
 
 }  // namespace
