@@ -65,14 +65,25 @@ CalibrationEntry make_calibration_entry(const Observer& observer, const Observer
   return e;
 }
 
-void save_calibration_dump(const std::string& path, const CalibrationDump& dump) {
+void save_calibration_dump(const std::string& path, const CalibrationDump& dump, const SearchSensitivities* search) {
   AtomicFile out(path);
   {
     h5::File f = h5::File::create(out.temp_path());
     const h5::Group root = f.root();
     write_format(root, kCalibrationFormat, kCalibrationFormatVersion);
+    if (search) {
+      const h5::Group sg = root.create_group(kSearchGroup);
+      sg.set_attr("key", search->key);
+      for (const auto& [layer, values] : search->values) {
+        const h5::Group lg = sg.create_group(layer);
+        const auto t = search->traces.find(layer);
+        lg.set_attr("hessian_trace", t == search->traces.end() ? 0.0 : t->second);
+        for (const auto& [candidate, v] : values) lg.set_attr("s:" + candidate, v);
+      }
+    }
     for (const auto& [module, points] : dump) {
       QF_REQUIRE(!module.empty(), "framework/io: calibration dump: empty module path");
+      QF_REQUIRE(module != kSearchGroup, "framework/io: calibration dump: module path '", module, "' is reserved");
       const h5::Group mg = root.create_group(module);
       for (const auto& [point, entry] : points) write_entry(mg.create_group(point), entry);
     }
@@ -87,10 +98,29 @@ CalibrationDump load_calibration_dump(const std::string& path) {
   check_format(root, kCalibrationFormat, kCalibrationFormatVersion);
   CalibrationDump dump;
   for (const std::string& module : root.children()) {
+    if (module == kSearchGroup) continue;
     const h5::Group mg = root.open_group(module);
     for (const std::string& point : mg.children()) dump[module][point] = read_entry(mg.open_group(point));
   }
   return dump;
+}
+
+std::optional<SearchSensitivities> load_search_sensitivities(const std::string& path) {
+  const h5::File f = h5::File::open(path);
+  const h5::Group root = f.root();
+  check_format(root, kCalibrationFormat, kCalibrationFormatVersion);
+  if (!root.has(kSearchGroup)) return std::nullopt;
+  const h5::Group sg = root.open_group(kSearchGroup);
+  SearchSensitivities s;
+  s.key = sg.attr_string("key");
+  for (const std::string& layer : sg.children()) {
+    const h5::Group lg = sg.open_group(layer);
+    s.traces[layer] = lg.attr_double("hessian_trace");
+    auto& values = s.values[layer];
+    for (const std::string& a : lg.attr_names())
+      if (a.rfind("s:", 0) == 0) values[a.substr(2)] = lg.attr_double(a);
+  }
+  return s;
 }
 
 CalibrationDump merge_calibration_dumps(const std::vector<CalibrationDump>& dumps) {

@@ -6,12 +6,15 @@
 //   /<module>/<point>/     observer kind + options and the QSpec as attributes
 //       state/<name>       observer state tensors (min, max, histogram, count, nonfinite_count)
 //       qparams/scale      float32, qparams/zero_point int32 (absent when the observer saw nothing)
+//   /__search__/           optional: the mixed-precision search's sensitivities, attribute key
+//       <layer path>/      attributes hessian_trace and "s:<candidate>" (float64 sensitivity)
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -39,8 +42,22 @@ using CalibrationDump = std::map<std::string, std::map<std::string, CalibrationE
 CalibrationEntry make_calibration_entry(const Observer& observer, const ObserverOptions& options,
                                         const QSpec& spec);
 
-// Writes `dump` crash-safely (temporary file + fsync + rename).
-void save_calibration_dump(const std::string& path, const CalibrationDump& dump);
+// What a mixed-precision search measured, kept in the dump so that a second search with another
+// budget recomputes nothing. `key` names what the numbers depend on (method, its settings, the
+// weights and the calibration data); a reader compares it before reusing anything.
+struct SearchSensitivities {
+  std::string key;
+  std::map<std::string, double> traces;                          // layer path -> Tr(H)/n
+  std::map<std::string, std::map<std::string, double>> values;   // layer path -> candidate -> sensitivity
+};
+inline constexpr const char* kSearchGroup = "__search__";
+
+// Writes `dump` (and `search`, when given) crash-safely (temporary file + fsync + rename).
+void save_calibration_dump(const std::string& path, const CalibrationDump& dump,
+                           const SearchSensitivities* search = nullptr);
+// The search's sensitivities of a dump; nullopt when it has none. Throws like
+// load_calibration_dump for files that are not calibration dumps.
+std::optional<SearchSensitivities> load_search_sensitivities(const std::string& path);
 
 // Reads a dump. Throws qforge::Error naming the file and group for foreign, truncated,
 // corrupted or newer-version files, and for states the observer kind rejects.

@@ -22,7 +22,10 @@ inline constexpr const char* kRootModuleName = "__root__";
 //    dequantized packed weight once frozen) and the weight's qparams (learned ones under LSQ).
 // Dynamic and LSQ activation quantizers have no observer and are left out.
 CalibrationDump calibration_dump(const torch::nn::Module& model);
-void save_calibration(const torch::nn::Module& model, const std::string& path);
+// `search`: the mixed-precision search's sensitivities to keep in the same file (see
+// calibration_dump.h), or nullptr.
+void save_calibration(const torch::nn::Module& model, const std::string& path,
+                      const SearchSensitivities* search = nullptr);
 
 // Loads every static activation point of `dump` into the model: the observer takes the saved
 // state (so calibration can continue) and the quantizer the saved qparams. Weight points are

@@ -121,6 +121,7 @@ nlohmann::json search_json(const search::SearchResult& sr, const std::string& me
   nlohmann::json pareto = nlohmann::json::array();
   for (const search::ParetoPoint& p : sr.pareto) {
     nlohmann::json j = {{"bytes", p.bytes}, {"latency_ms", p.latency_ms}, {"predicted", p.predicted}};
+    if (p.bytes == sr.bytes && std::abs(p.predicted - sr.predicted) <= 1e-12 * (1 + sr.predicted)) j["chosen"] = true;
     if (p.accuracy) j[metric] = *p.accuracy;
     pareto.push_back(j);
   }
@@ -152,6 +153,17 @@ void detach_all(torch::nn::Module& model) {
   for_each_quantizable(model, [](const std::string&, QuantizableLayer& l) {
     if (l.quantized()) l.detach();
   });
+}
+
+constexpr const char* kModelLatencyRegime =
+    "whole-model forward on 1 test example, last-level cache evicted before each call, median of 7";
+
+// The model's forward latency as kModelLatencyRegime says (no autograd, eval mode).
+double model_latency_ms(const Task& t) {
+  at::NoGradGuard no_grad;
+  t.model->eval();
+  const train::Batch one = t.test->get(at::zeros({1}, at::kLong));
+  return search::time_ms([&] { t.forward(one); }, search::LatencyOptions{});
 }
 
 // Up to `k` indices into a front of `n` points, spread evenly over it (both ends included).
@@ -224,6 +236,7 @@ PipelineResult run_pipeline(const Recipe& r, const PipelineOptions& opt) {
   std::ofstream(fs::path(opt.out_dir) / "recipe.resolved.yaml") << "# sha256: " << r.sha256 << "\n" << r.resolved_yaml;
   nlohmann::json report = {{"recipe", r.path}, {"recipe_sha256", r.sha256}, {"metrics", nlohmann::json::object()},
                            {"timings_s", nlohmann::json::object()}, {"size_bytes", nlohmann::json::object()},
+                           {"latency_ms", {{"regime", kModelLatencyRegime}}},
                            {"exported", nlohmann::json::object()}, {"notes", nlohmann::json::array()}};
   auto write_report = [&]() {
     report["completed_stages"] = result.completed;
@@ -290,6 +303,7 @@ PipelineResult run_pipeline(const Recipe& r, const PipelineOptions& opt) {
     if (m.confusion.defined() && !t.class_names.empty())
       report["float_confusion"] = train::format_confusion(m.confusion, t.class_names);
     report["size_bytes"]["float"] = model_size(*t.model).total_bytes;
+    report["latency_ms"]["float"] = model_latency_ms(t);
   });
   if (!r.quantize) {
     write_report();
@@ -302,6 +316,7 @@ PipelineResult run_pipeline(const Recipe& r, const PipelineOptions& opt) {
     if (t.before_quantize && !folded) t.before_quantize();
     folded = true;
   };
+  std::optional<io::SearchSensitivities> search_record;  // kept in the calibration dump
   std::string recipe_text = r.resolved_yaml;  // what the checkpoint records (the searched recipe once it ran)
   if (r.search.enabled && !wanted("search") && (wanted("calibrate") || wanted("ptq")))
     report["notes"].push_back("search skipped by --stages: the recipe's scheme without per-layer widths was used");
@@ -330,7 +345,22 @@ PipelineResult run_pipeline(const Recipe& r, const PipelineOptions& opt) {
         const train::Batch batch = t.train->get(idx);
         return train::cross_entropy(t.forward(batch), batch.target);
       };
-      search::SearchResult sr = search::search(*t.model, r.scheme, batches, loss_of_batch, so);
+      std::optional<io::SearchSensitivities> stored;
+      search::SearchOptions with_reuse = so;
+      if (!r.search.sensitivities_from.empty()) {
+        if (fs::exists(r.search.sensitivities_from)) {
+          stored = io::load_search_sensitivities(r.search.sensitivities_from);
+          if (!stored) report["notes"].push_back("search: " + r.search.sensitivities_from + " holds no sensitivities; measured");
+        } else {
+          report["notes"].push_back("search: " + r.search.sensitivities_from + " does not exist (yet); measured");
+        }
+        if (stored) with_reuse.reuse = &*stored;
+      }
+      search::SearchResult sr = search::search(*t.model, r.scheme, batches, loss_of_batch, with_reuse);
+      search_record = sr.sensitivities;
+      if (stored && !sr.reused) report["notes"].push_back("search: " + sr.reuse_note + "; measured");
+      std::fprintf(stderr, "qtrain: search sensitivities %s\n",
+                   sr.reused ? ("reused from " + r.search.sensitivities_from).c_str() : "measured");
       scheme = search::apply(r.scheme, sr);
       std::fprintf(stderr,
                    "qtrain: search chose %s for %zu layers: predicted %lld bytes (float %lld), %.3f ms of "
@@ -340,7 +370,16 @@ PipelineResult run_pipeline(const Recipe& r, const PipelineOptions& opt) {
                    static_cast<long long>(sr.latency_measured), static_cast<long long>(sr.latency_cached), sr.seconds);
       // Measured accuracy along the front: each point PTQ-calibrated and evaluated fake-quantized
       // on the test split, then the model is float again.
-      for (size_t i : spread(sr.pareto.size(), r.search.evaluate_front)) {
+      std::vector<size_t> points = spread(sr.pareto.size(), r.search.evaluate_front);
+      if (!points.empty())
+        for (size_t i = 0; i < sr.pareto.size(); ++i)
+          if (sr.pareto[i].bytes == sr.bytes && std::abs(sr.pareto[i].predicted - sr.predicted) <= 1e-12 * (1 + sr.predicted) &&
+              std::find(points.begin(), points.end(), i) == points.end()) {
+            points.push_back(i);  // the chosen point too, when the front holds it
+            std::sort(points.begin(), points.end());
+            break;
+          }
+      for (size_t i : points) {
         if (interrupted()) break;
         search::ParetoPoint& p = sr.pareto[i];
         const Scheme ps = search::apply(r.scheme, p.rules);
@@ -353,6 +392,7 @@ PipelineResult run_pipeline(const Recipe& r, const PipelineOptions& opt) {
                      sr.pareto.size(), static_cast<long long>(p.bytes), p.predicted, t.metric.c_str(), *p.accuracy);
       }
       report["search"] = search_json(sr, t.metric);
+      report["search"]["sensitivities"] = sr.reused ? "reused from " + r.search.sensitivities_from : "measured";
       if (r.search.evaluate_front > 0)
         report["search"]["pareto_metric"] = t.metric + " of PTQ fake-quant on the test split";
       const fs::path searched = fs::path(opt.out_dir) / "recipe.searched.yaml";
@@ -387,16 +427,18 @@ PipelineResult run_pipeline(const Recipe& r, const PipelineOptions& opt) {
       freeze(*t.model);
       record("frozen", train::evaluate(*t.model, *t.test, t.forward, eval_bs, "frozen eval"), t);
       report["size_bytes"]["frozen"] = model_size(*t.model).total_bytes;
+      report["latency_ms"]["frozen"] = model_latency_ms(t);
     });
   }
   report["layers"] = layers_json(*t.model);
   if (wanted("export")) {
     run_stage("export", [&] {
       const fs::path dir(opt.out_dir);
-      if (r.export_.calibration_dump && r.scheme.activations == ActivationMode::kStatic) {
+      if (r.export_.calibration_dump && (r.scheme.activations == ActivationMode::kStatic || search_record)) {
         // Written from the model's quantizers (observer state and qparams); after QAT/freeze the
-        // observers still hold their calibration statistics.
-        io::save_calibration(*t.model, (dir / "calibration.h5").string());
+        // observers still hold their calibration statistics. The search's sensitivities go in
+        // the same file (search.sensitivities_from reads them back).
+        io::save_calibration(*t.model, (dir / "calibration.h5").string(), search_record ? &*search_record : nullptr);
         report["exported"]["calibration_dump"] = (dir / "calibration.h5").string();
       }
       if (r.export_.checkpoint) {

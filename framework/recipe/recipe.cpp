@@ -176,6 +176,8 @@ const Field& schema() {
           }),
           bind(leaf("latency_cache", T::kString, "file of measured latencies (default: ~/.cache/qforge/latency.json; off: none)"),
                &Recipe::search, &Recipe::Search::latency_cache),
+          bind(leaf("sensitivities_from", T::kString, "calibration dump of an earlier search: reuse its sensitivities when they match"),
+               &Recipe::search, &Recipe::Search::sensitivities_from),
           bind(leaf("evaluate_front", T::kInt, "measure the accuracy of this many Pareto points (PTQ, fake-quant)", 0, 100),
                &Recipe::search, &Recipe::Search::evaluate_front),
           bind(leaf("batches", T::kInt, "calibration batches the sensitivities are measured on", 1, 1e6), &Recipe::search, &Recipe::Search::batches),

@@ -92,6 +92,7 @@ struct Recipe {
     double size_mb = 0, size_ratio = 0, avg_bits = 0, latency_ms = 0;
     std::string latency_cache;        // measured-latency cache file; empty: the per-user default, "off": none
     int64_t evaluate_front = 0;       // Pareto points whose accuracy qtrain measures (PTQ, fake-quant)
+    std::string sensitivities_from;   // calibration dump of an earlier search whose sensitivities to reuse
     int64_t batches = 4;              // calibration batches the sensitivities are measured on
     int64_t probes = 64;              // hessian: Hutchinson probe limit per batch
     double tolerance = 0.05;          // hessian: stop when standard error / trace is below it

@@ -38,6 +38,12 @@ std::string write_report_files(const nlohmann::json& report, const Recipe& r, co
                ? ", " + std::to_string(report.at("size_bytes")["frozen"].get<int64_t>()) + " bytes frozen"
                : std::string())
        << "\n";
+  if (report.contains("latency_ms") && report.at("latency_ms").contains("float")) {
+    const auto& l = report.at("latency_ms");
+    md << "latency: " << fmt(l.at("float").get<double>(), 3) << " ms float"
+       << (l.contains("frozen") ? ", " + fmt(l.at("frozen").get<double>(), 3) + " ms frozen" : std::string()) << " ("
+       << l.at("regime").get<std::string>() << ")\n";
+  }
   if (report.contains("layers")) {
     md << "\n| layer | type | weights | activations | kernel | fallback |\n|---|---|---|---|---|---|\n";
     for (const auto& l : report.at("layers"))
@@ -64,7 +70,7 @@ std::string write_report_files(const nlohmann::json& report, const Recipe& r, co
     md << "\nPareto front (" << se.at("pareto").size() << " points, by " << se.at("pareto_axis").get<std::string>()
        << "):\n\n| bytes | latency ms | predicted | " << metric << " |\n|---|---|---|---|\n";
     for (const auto& p : se.at("pareto"))
-      md << "| " << p.at("bytes").get<int64_t>() << " | " << fmt(p.at("latency_ms").get<double>(), 4) << " | "
+      md << "| " << p.at("bytes").get<int64_t>() << (p.value("chosen", false) ? " (chosen)" : "") << " | " << fmt(p.at("latency_ms").get<double>(), 4) << " | "
          << p.at("predicted").get<double>() << " | "
          << (p.contains(metric) ? fmt(p.at(metric).get<double>()) : std::string("not measured")) << " |\n";
   }

@@ -192,21 +192,24 @@ at::Tensor synthetic_input(const QuantizableLayer::InputRecord& input, int64_t i
   return at::randn(input.shape, at::TensorOptions().dtype(input.dtype));
 }
 
-double time_forward_ms(QuantizableLayer& layer, const at::Tensor& input, const LatencyOptions& o) {
+double time_ms(const std::function<void()>& fn, const LatencyOptions& o) {
   QF_REQUIRE(o.repeats >= 1, "latency: repeats must be at least 1, got ", o.repeats);
-  at::NoGradGuard no_grad;
-  layer.module().eval();
-  forward_of(layer, input);  // warm-up: lazy packing, allocator, thread pool
+  fn();  // warm-up: lazy packing, allocator, thread pool
   std::vector<double> ms;
   for (int r = 0; r < o.repeats; ++r) {
     if (o.cold) evict_caches();
     const auto t0 = std::chrono::steady_clock::now();
-    const at::Tensor y = forward_of(layer, input);
+    fn();
     ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-    QF_CHECK(y.defined());
   }
   std::nth_element(ms.begin(), ms.begin() + ms.size() / 2, ms.end());
   return ms[ms.size() / 2];
+}
+
+double time_forward_ms(QuantizableLayer& layer, const at::Tensor& input, const LatencyOptions& o) {
+  at::NoGradGuard no_grad;
+  layer.module().eval();
+  return time_ms([&] { QF_CHECK(forward_of(layer, input).defined()); }, o);
 }
 
 }  // namespace qforge::search

@@ -8,6 +8,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -62,6 +63,10 @@ at::Tensor synthetic_input(const QuantizableLayer::InputRecord& input, int64_t i
 
 // Whether time_forward_ms can run the layer (Linear, Conv1d/2d, Embedding: one input).
 bool timeable(const QuantizableLayer& layer);
+
+// Median wall time (ms) of `fn` over options.repeats calls after one warm-up call; with `cold`,
+// each timed call follows an eviction of the last-level cache.
+double time_ms(const std::function<void()>& fn, const LatencyOptions& options);
 
 // Median wall time (ms) of layer.module() forward on `input`, without autograd, after one
 // warm-up call; with `cold`, each timed call follows an eviction of the last-level cache.

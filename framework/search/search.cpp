@@ -260,6 +260,26 @@ Collected collect(torch::nn::Module& model, const Scheme& base, const SearchOpti
   return out;
 }
 
+// What the sensitivities depend on: method and its settings, the base scheme (symmetry, grids),
+// the searched weights (FNV-1a of their bytes) and the calibration data (batch 0's float loss).
+std::string sensitivity_key(const std::vector<Searched>& layers, const Scheme& base, int64_t batches, double loss0,
+                            const SearchOptions& o) {
+  uint64_t h = 1469598103934665603ull;
+  for (const Searched& s : layers) {
+    const at::Tensor w = float_weight_of(*s.layer).detach().to(at::kFloat).contiguous();
+    const auto* p = static_cast<const unsigned char*>(w.data_ptr());
+    for (int64_t i = 0; i < w.numel() * 4; ++i) h = (h ^ p[i]) * 1099511628211ull;
+  }
+  std::ostringstream os;
+  os.precision(17);
+  os << to_string(o.method) << "|batches=" << batches << "|loss0=" << loss0 << "|scheme=" << base.to_string()
+     << "|weights=" << std::hex << h << std::dec;
+  if (o.method == Method::kHessian)
+    os << "|probes=" << o.hutchinson.min_probes << ".." << o.hutchinson.max_probes << "|tol=" << o.hutchinson.rel_tol
+       << "|seed=" << o.hutchinson.seed;
+  return os.str();
+}
+
 // The knapsack's cost axes.
 enum Axis : size_t { kBytes = 0, kBits = 1, kLatency = 2 };
 
@@ -288,11 +308,12 @@ SearchResult search(torch::nn::Module& model, const Scheme& base, int64_t batche
 
   // The input each layer with weights sees on calibration batch 0 (shapes for the latencies).
   std::map<const QuantizableLayer*, at::Tensor> inputs;
+  double loss0 = 0;
   {
     at::NoGradGuard no_grad;
     for (const auto& [path, layer] : quantizable_layers(model)) layer->record_inputs(true);
     try {
-      loss_of_batch(0);
+      loss0 = loss_of_batch(0).item<double>();
     } catch (...) {
       for (const auto& [path, layer] : quantizable_layers(model)) layer->record_inputs(false);
       throw;
@@ -332,10 +353,43 @@ SearchResult search(torch::nn::Module& model, const Scheme& base, int64_t batche
            : fixed.latency_ms;
   }
 
-  // 2. Sensitivities.
+  // 2. Sensitivities, unless an earlier search's match.
   std::vector<std::vector<double>> sens(layers.size());
   std::vector<double> avg_trace(layers.size(), 0.0);
-  if (o.method == Method::kHessian) {
+  res.sensitivities.key = sensitivity_key(layers, base, batches, loss0, o);
+  if (o.reuse) {
+    if (o.reuse->key != res.sensitivities.key) {
+      res.reuse_note = "the stored sensitivities are for other settings, weights or data (key " + o.reuse->key + ")";
+    } else {
+      res.reused = true;
+      for (size_t i = 0; i < layers.size() && res.reused; ++i) {
+        const auto lv = o.reuse->values.find(layers[i].path);
+        const auto lt = o.reuse->traces.find(layers[i].path);
+        if (lv == o.reuse->values.end() || lt == o.reuse->traces.end()) {
+          res.reuse_note = "the stored sensitivities have no entry for " + layers[i].path;
+          res.reused = false;
+          break;
+        }
+        avg_trace[i] = lt->second;
+        for (const Candidate& c : layers[i].cands) {
+          const auto v = lv->second.find(c.name());
+          if (v == lv->second.end()) {
+            res.reuse_note = "the stored sensitivities have no entry for " + c.name() + " on " + layers[i].path;
+            res.reused = false;
+            break;
+          }
+          sens[i].push_back(v->second);
+        }
+      }
+      if (!res.reused) {
+        for (auto& v : sens) v.clear();
+        std::fill(avg_trace.begin(), avg_trace.end(), 0.0);
+      }
+    }
+  }
+  if (res.reused) {
+    // measured earlier: nothing to do
+  } else if (o.method == Method::kHessian) {
     at::AutoGradMode grad_on(true);  // double backward, whatever the caller's mode
     std::vector<at::Tensor> params;
     for (const Searched& s : layers) params.push_back(float_weight_of(*s.layer));
@@ -414,6 +468,8 @@ SearchResult search(torch::nn::Module& model, const Scheme& base, int64_t batche
       cc.sensitivity = sens[i][c];
       lc.candidates.push_back(cc);
     }
+    res.sensitivities.traces[lc.path] = lc.hessian_trace;
+    for (const CandidateCost& cc : lc.candidates) res.sensitivities.values[lc.path][cc.candidate] = cc.sensitivity;
     res.layers.push_back(std::move(lc));
   }
   res.latency_cached = cache.hits();

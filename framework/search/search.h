@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "framework/core/error.h"
+#include "framework/io/calibration_dump.h"
 #include "framework/scheme.h"
 #include "framework/search/hessian.h"
 #include "framework/search/latency.h"
@@ -78,6 +79,9 @@ struct SearchOptions {
   std::vector<std::vector<std::string>> ties;  // each: patterns whose layers share one width
   HutchinsonOptions hutchinson;
   LatencyOptions latency;
+  // Sensitivities of an earlier search (from a calibration dump): used instead of measuring when
+  // their key matches this search's (same method and settings, weights, calibration batches).
+  const io::SearchSensitivities* reuse = nullptr;
 };
 
 struct CandidateCost {
@@ -125,6 +129,9 @@ struct SearchResult {
   std::vector<ParetoPoint> pareto;
   std::vector<LayerRule> rules;   // one explicit rule per searched layer, in model order
   std::vector<std::string> skipped;  // candidates a layer cannot take: "<candidate> on <path>: why"
+  io::SearchSensitivities sensitivities;  // what was measured (or reused), for the calibration dump
+  bool reused = false;                    // sensitivities came from SearchOptions::reuse
+  std::string reuse_note;                 // why a given `reuse` was not used (empty when it was)
 };
 
 // `model` must be float (not quantized). `base` gives everything but the searched weights: the

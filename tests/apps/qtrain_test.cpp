@@ -187,13 +187,21 @@ TEST(Qtrain, MixedPrecisionSearchRunsBetweenFloatAndCalibrationAndItsRecipeRepro
     EXPECT_GT(l["latency_ms"].get<double>(), 0.0) << l["path"];
     EXPECT_FALSE(l["kernel"].get<std::string>().empty());
   }
-  int measured = 0;
-  for (const auto& p : s["pareto"])
+  int measured = 0, chosen = 0;
+  for (const auto& p : s["pareto"]) {
     if (p.contains("accuracy")) {
       ++measured;
       EXPECT_GT(p["accuracy"].get<double>(), 0.1);  // above chance on 10 classes
     }
-  EXPECT_EQ(measured, 3);
+    if (p.value("chosen", false)) {
+      ++chosen;
+      EXPECT_TRUE(p.contains("accuracy"));  // the chosen point is always among the measured
+      EXPECT_EQ(p["bytes"], s["bytes"]);
+    }
+  }
+  EXPECT_EQ(chosen, 1);
+  EXPECT_GE(measured, 3);  // both ends, the middle and the chosen point (when it is none of them)
+  EXPECT_LE(measured, 4);
   std::ifstream md(dir + "/report.md");
   const std::string md_text((std::istreambuf_iterator<char>(md)), std::istreambuf_iterator<char>());
   EXPECT_NE(md_text.find("## Search"), std::string::npos) << md_text;
@@ -226,14 +234,20 @@ TEST(Qtrain, MixedPrecisionSearchRunsBetweenFloatAndCalibrationAndItsRecipeRepro
   const std::string dir3 = out_dir("search_cached");
   const QtrainRun cached = qtrain("--recipe recipes/fmnist_cnn_mixed.yaml" + small(dir3) + " --set model.checkpoint=" +
                                   dir + "/fp32.h5 --set search.batches=1 --set search.probes=4 --set calibrate.batches=1" +
-                                  " --set search.latency_cache=" + cache + " --set 'search.budget={size_mb: 0.3}'");
+                                  " --set search.latency_cache=" + cache + " --set 'search.budget={size_mb: 0.3}'" +
+                                  " --set search.sensitivities_from=" + dir + "/calibration.h5");
   ASSERT_EQ(cached.code, 0) << cached.output;
-  EXPECT_EQ(report(dir3)["search"]["latency_measured"].get<int>(), 0);
+  const nlohmann::json r3 = report(dir3);
+  EXPECT_EQ(r3["search"]["latency_measured"].get<int>(), 0);
+  // ... and no sensitivity: the first run's calibration dump holds them.
+  EXPECT_EQ(r3["search"]["sensitivities"], "reused from " + dir + "/calibration.h5") << r3["notes"].dump();
+  for (size_t i = 0; i < s["layers"].size(); ++i)
+    EXPECT_EQ(r3["search"]["layers"][i]["hessian_trace"], s["layers"][i]["hessian_trace"]);
 
   // A candidate no layer can take is a recipe error at the candidate's line and column.
   const QtrainRun bad = qtrain("--recipe recipes/fmnist_cnn_mixed.yaml --dry-run --set search.group_size=100");
   EXPECT_EQ(bad.code, 2) << bad.output;
-  EXPECT_NE(bad.output.find("recipes/fmnist_cnn_mixed.yaml:13:23: search.candidates[1]: candidate 'qint4 per_group(100)' "
+  EXPECT_NE(bad.output.find("recipes/fmnist_cnn_mixed.yaml:14:23: search.candidates[1]: candidate 'qint4 per_group(100)' "
                             "fits no searched layer"),
             std::string::npos)
       << bad.output;

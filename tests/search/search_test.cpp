@@ -12,6 +12,7 @@
 #include <torch/optim/adam.h>
 
 #include "framework/core/error.h"
+#include "framework/io/calibration_dump.h"
 #include "framework/nn/layer_norm.h"
 #include "framework/nn/linear.h"
 #include "framework/quantize.h"
@@ -302,6 +303,38 @@ TEST(Search, ACandidateNoLayerCanTakeNamesItsIndex) {
     EXPECT_NE(std::string(e.what()).find("qint4 per_group(48)' fits no searched layer"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("not a multiple of group_size 48"), std::string::npos) << e.what();
   }
+}
+
+TEST(Search, AnotherBudgetReusesStoredSensitivitiesAndChangedWeightsMeasureAgain) {
+  Fixture f = make_fixture();
+  const SearchResult first = search(*f.model, Scheme(qint8), 2, f.loss, options(0.5));
+  EXPECT_FALSE(first.reused);
+  ASSERT_EQ(first.sensitivities.values.size(), 4u);
+  // Through a calibration dump file, as qtrain keeps them.
+  const TempPath file;
+  io::save_calibration_dump(file.path, {}, &first.sensitivities);
+  const std::optional<io::SearchSensitivities> stored = io::load_search_sensitivities(file.path);
+  ASSERT_TRUE(stored.has_value());
+  EXPECT_EQ(stored->key, first.sensitivities.key);
+  EXPECT_TRUE(io::load_calibration_dump(file.path).empty());  // not mistaken for a module
+  SearchOptions o = options(0.3);
+  o.reuse = &*stored;
+  const SearchResult second = search(*f.model, Scheme(qint8), 2, f.loss, o);
+  EXPECT_TRUE(second.reused) << second.reuse_note;
+  for (size_t i = 0; i < first.layers.size(); ++i)
+    for (size_t c = 0; c < first.layers[i].candidates.size(); ++c)
+      EXPECT_EQ(second.layers[i].candidates[c].sensitivity, first.layers[i].candidates[c].sensitivity);
+  // Other probes, or other weights: measured again, and the report says why.
+  SearchOptions probes = o;
+  probes.hutchinson.max_probes = 16;
+  const SearchResult other = search(*f.model, Scheme(qint8), 2, f.loss, probes);
+  EXPECT_FALSE(other.reused);
+  EXPECT_NE(other.reuse_note.find("other settings"), std::string::npos) << other.reuse_note;
+  {
+    at::NoGradGuard no_grad;
+    f.model->fc2->weight.mul_(1.01);
+  }
+  EXPECT_FALSE(search(*f.model, Scheme(qint8), 2, f.loss, o).reused);
 }
 
 TEST(LatencyCache, RoundTripsAndRefusesForeignFiles) {
