@@ -66,6 +66,12 @@ int main(int argc, char** argv) {
     std::printf("%s", recipe.resolved_yaml.c_str());
     return 0;
   }
+  try {
+    qforge::check_stages(recipe, opt.stages);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "qtrain: %s\n", e.what());
+    return 2;
+  }
   opt.out_dir = out_dir.empty() ? "runs/" + std::filesystem::path(recipe_path).stem().string() : out_dir;
   opt.dry_run = dry_run;
   opt.interrupted = &g_interrupted;
@@ -74,9 +80,9 @@ int main(int argc, char** argv) {
     const qforge::PipelineResult res = qforge::run_pipeline(recipe, opt);
     if (dry_run) return 0;
     std::printf("qtrain: report written to %s\n", res.report_path.c_str());
-    for (const auto& [stage, metrics] : res.metrics) {
+    for (const std::string& stage : qforge::metric_stages_in_order(res.metrics)) {
       std::printf("  %-8s", stage.c_str());
-      for (const auto& [k, v] : metrics) std::printf(" %s=%.4f", k.c_str(), v);
+      for (const auto& [k, v] : res.metrics.at(stage)) std::printf(" %s=%.4f", k.c_str(), v);
       std::printf("\n");
     }
     if (res.interrupted) {

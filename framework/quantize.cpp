@@ -3,8 +3,10 @@
 
 #include <torch/nn/modules/batchnorm.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <iomanip>
+#include <map>
 #include <sstream>
 
 #include "framework/core/error.h"
@@ -35,6 +37,16 @@ QuantizeReport quantize(torch::nn::Module& model, const Scheme& scheme) {
     layer.check_scheme(*ls);
     plan.push_back({&layer, QuantizeReport::Entry{path, layer.layer_type(), *ls, rule, note}});
   });
+  const std::vector<PlainLayer> plain = plain_libtorch_layers(model);
+  if (scheme.strict && !plain.empty()) {
+    std::string all;
+    for (const PlainLayer& p : plain) all += "\n  " + display_name(p.path) + ": " + p.reason();
+    throw Error("quantize (strict): " + std::to_string(plain.size()) + " LibTorch layer(s) cannot be quantized:" + all);
+  }
+  for (const PlainLayer& p : plain) {
+    report.warnings.push_back(display_name(p.path) + ": " + p.reason());
+    report.kept_float.push_back(display_name(p.path));
+  }
   for (size_t i = 0; i < scheme.rules.size(); ++i)
     if (!rule_used[i])
       report.warnings.push_back("rule " + std::to_string(i) + " (pattern '" + scheme.rules[i].pattern +
@@ -137,11 +149,14 @@ void freeze(torch::nn::Module& model) {
 
 ModelSize model_size(const torch::nn::Module& model) {
   ModelSize out;
-  for (const auto& item : model.named_modules()) {
-    const torch::nn::Module& m = *item.value();
+  // The root first, then named_modules() without it: the root may live on the stack.
+  std::vector<std::pair<std::string, const torch::nn::Module*>> modules{{std::string(), &model}};
+  for (const auto& item : model.named_modules("", /*include_self=*/false)) modules.emplace_back(item.key(), item.value().get());
+  for (const auto& [path, module] : modules) {
+    const torch::nn::Module& m = *module;
     if (dynamic_cast<const QuantizerImpl*>(&m)) continue;  // counted with their layer
     ModelSize::Layer l;
-    l.name = display_name(item.key());
+    l.name = display_name(path);
     if (const auto* layer = dynamic_cast<const QuantizableLayer*>(&m)) {
       l.bytes = layer->storage_bytes();
       l.kind = layer->frozen() ? "frozen" : (layer->quantized() ? "fake_quant" : "float");
@@ -169,12 +184,33 @@ int64_t estimate_memory(int64_t num_params, const QType& qtype, int64_t group_si
 }
 
 std::vector<LayerReport> layer_reports(const torch::nn::Module& model, bool planned) {
-  std::vector<LayerReport> out;
+  std::vector<std::pair<std::string, LayerReport>> rows;  // (path, report)
   for_each_quantizable(model, [&](const std::string& path, const QuantizableLayer& layer) {
     LayerReport r = layer.report(planned);
     r.name = display_name(path);
-    out.push_back(std::move(r));
+    rows.emplace_back(path, std::move(r));
   });
+  const std::vector<PlainLayer> plain = plain_libtorch_layers(model);
+  if (!plain.empty()) {
+    // LibTorch layers stay float; listed where they sit in the model.
+    for (const PlainLayer& p : plain) {
+      LayerReport r;
+      r.name = display_name(p.path);
+      r.type = "torch::nn::" + p.type;
+      r.weights = r.activations = r.kernel = "float";
+      r.fallback_reason = p.reason();
+      for (const auto& t : model.named_modules("", false))
+        if (t.key() == p.path)
+          for (const auto& param : t.value()->named_parameters(/*recurse=*/false)) r.bytes += param.value().nbytes();
+      rows.emplace_back(p.path, std::move(r));
+    }
+    std::map<std::string, size_t> order{{std::string(), 0}};
+    for (const auto& item : model.named_modules("", /*include_self=*/false)) order.emplace(item.key(), order.size());
+    std::stable_sort(rows.begin(), rows.end(),
+                     [&](const auto& a, const auto& b) { return order.at(a.first) < order.at(b.first); });
+  }
+  std::vector<LayerReport> out;
+  for (auto& [path, r] : rows) out.push_back(std::move(r));
   return out;
 }
 

@@ -109,5 +109,13 @@ int64_t estimate_memory(int64_t num_params, const QType& qtype, int64_t group_si
 // kernel plan), without calibrating or freezing anything; frozen layers show their stored plan.
 std::vector<LayerReport> layer_reports(const torch::nn::Module& model, bool planned = false);
 std::string describe(const torch::nn::Module& model, bool planned = false);
+template <class Holder, class = decltype(std::declval<Holder>().ptr())>
+std::vector<LayerReport> layer_reports(const Holder& model, bool planned = false) {
+  return layer_reports(*model.ptr(), planned);
+}
+template <class Holder, class = decltype(std::declval<Holder>().ptr())>
+std::string describe(const Holder& model, bool planned = false) {
+  return describe(*model.ptr(), planned);
+}
 
 }  // namespace qforge

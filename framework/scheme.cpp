@@ -97,6 +97,7 @@ std::optional<LayerScheme> Scheme::resolve(const std::string& path, const Quanti
     ls.activation = a;
   }
   if (!ls.weights && ls.activations == ActivationMode::kNone) return std::nullopt;
+  ls.note = *note;
   return ls;
 }
 

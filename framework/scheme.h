@@ -36,6 +36,9 @@ struct Scheme {
   ObserverOptions observer_options;
   bool activation_lsq = false;
   std::vector<LayerRule> rules;
+  // quantize() refuses models holding LibTorch layers that have a qforge twin (plain
+  // torch::nn::Linear, ...), instead of warning and leaving them float.
+  bool strict = false;
 
   Scheme() = default;
   // quantize(model, qint8): int8 per-channel symmetric weights, float activations. 4-bit and

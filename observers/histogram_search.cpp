@@ -368,9 +368,9 @@ double bin_sq_error(double a, double b, const Grid& g) {
   return total;
 }
 
-// Expected squared quantization error of the histogram's data (uniform within each bin) on
-// the grid chosen for [lo, hi].
-double expected_sq_error(const Histogram& h, double lo, double hi, const QSpec& spec) {
+}  // namespace
+
+double histogram_expected_sq_error(const Histogram& h, double lo, double hi, const QSpec& spec) {
   const auto [elo, ehi] = h.edges();
   const double w = (static_cast<double>(ehi) - elo) / static_cast<double>(h.bins());
   const std::vector<float>& counts = h.counts();
@@ -401,6 +401,25 @@ double expected_sq_error(const Histogram& h, double lo, double hi, const QSpec& 
     err += counts[k] / w * (clip + noise);
   }
   return err;
+}
+
+double histogram_second_moment(const Histogram& h) {
+  QF_CHECK(!h.empty());
+  const auto [elo, ehi] = h.edges();
+  const double w = (static_cast<double>(ehi) - elo) / static_cast<double>(h.bins());
+  const std::vector<float>& counts = h.counts();
+  double m = 0.0;
+  for (int64_t k = 0; k < h.bins(); ++k) {
+    if (counts[k] == 0.0f) continue;
+    const double a = elo + static_cast<double>(k) * w;
+    m += counts[k] / w * (cube(a + w) - cube(a)) / 3.0;
+  }
+  return m;
+}
+
+namespace {
+double expected_sq_error(const Histogram& h, double lo, double hi, const QSpec& spec) {
+  return histogram_expected_sq_error(h, lo, hi, spec);
 }
 }  // namespace
 

@@ -38,6 +38,14 @@ std::pair<float, float> percentile_range(const Histogram& h, double percentile, 
 // histogram for `spec`'s grid.
 std::pair<float, float> mse_range(const Histogram& h, const QSpec& spec);
 
+// Expected squared quantization error, summed over the histogram's data (uniform density within
+// each bin), on the grid `spec` gives the range [lo, hi]: clipping error outside the grid's range
+// plus rounding error inside it, integrated exactly per bin (float8: clipping plus a relative
+// rounding noise of one mantissa step). Divide by total() for the mean.
+double histogram_expected_sq_error(const Histogram& h, double lo, double hi, const QSpec& spec);
+// Sum of x^2 over the histogram's data (uniform density within each bin).
+double histogram_second_moment(const Histogram& h);
+
 // The |x| histogram over [0, max(|min|, |max|)] with h.bins() bins, folded from h assuming
 // uniform density within each bin.
 std::vector<double> abs_histogram(const Histogram& h, double* abs_max);

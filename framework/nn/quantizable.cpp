@@ -1,6 +1,11 @@
 // Shared quantizer plumbing of the qforge layers.
 #include "framework/nn/quantizable.h"
 
+#include <torch/nn/modules/conv.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/modules/normalization.h>
+
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <ATen/ATen.h>
@@ -102,6 +107,10 @@ LayerReport QuantizableLayer::report(bool planned) const {
   r.weights = scheme_.weights ? scheme_.weights->spec.to_string() + (scheme_.weights->lsq ? " lsq" : "") : "float";
   if (scheme_.activations == ActivationMode::kNone) {
     r.activations = "float";
+  } else if (scheme_.activations == ActivationMode::kDynamicPerToken) {
+    // One scale per token (row), computed per call: the spec's granularity field does not apply.
+    r.activations = std::string("dynamic ") + scheme_.activation.spec.qtype.name + " per_token" +
+                    (scheme_.activation.spec.symmetric ? " symmetric" : " asymmetric");
   } else {
     r.activations = std::string(to_string(scheme_.activations)) + " " + scheme_.activation.spec.to_string();
     if (scheme_.activations == ActivationMode::kStatic)
@@ -115,6 +124,8 @@ LayerReport QuantizableLayer::report(bool planned) const {
     r.kernel = kernel_;
     r.fallback_reason = fallback_;
   }
+  if (!scheme_.note.empty())
+    r.fallback_reason = "scheme: " + scheme_.note + (r.fallback_reason.empty() ? "" : "; " + r.fallback_reason);
   r.bytes = storage_bytes();
   return r;
 }
@@ -171,6 +182,34 @@ std::vector<std::pair<std::string, QuantizableLayer*>> quantizable_layers(const 
     if (auto* layer = dynamic_cast<QuantizableLayer*>(m)) out.emplace_back(item.key(), layer);
   }
   return out;
+}
+
+namespace {
+
+// The LibTorch layer types that have a qforge twin, by the twin's name.
+const char* plain_type(const torch::nn::Module& m) {
+  if (dynamic_cast<const QuantizableLayer*>(&m)) return nullptr;  // qforge layers derive from them privately
+  if (dynamic_cast<const torch::nn::LinearImpl*>(&m)) return "Linear";
+  if (dynamic_cast<const torch::nn::Conv1dImpl*>(&m)) return "Conv1d";
+  if (dynamic_cast<const torch::nn::Conv2dImpl*>(&m)) return "Conv2d";
+  if (dynamic_cast<const torch::nn::EmbeddingImpl*>(&m)) return "Embedding";
+  if (dynamic_cast<const torch::nn::LayerNormImpl*>(&m)) return "LayerNorm";
+  return nullptr;
+}
+
+}  // namespace
+
+std::vector<PlainLayer> plain_libtorch_layers(const torch::nn::Module& model) {
+  std::vector<PlainLayer> out;
+  if (const char* t = plain_type(model)) out.push_back({std::string(), t});
+  for (const auto& item : model.named_modules("", /*include_self=*/false))
+    if (const char* t = plain_type(*item.value())) out.push_back({item.key(), t});
+  return out;
+}
+
+std::string PlainLayer::reason() const {
+  return std::string("torch::nn::") + type + " is a LibTorch layer, not a qforge layer: it stays float (use qforge::nn::" +
+         type + ")";
 }
 
 std::string quantization_point(const std::string& layer_path, const Quantizer& q) {

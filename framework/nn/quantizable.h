@@ -21,6 +21,7 @@ struct LayerScheme {
   std::optional<QuantizerConfig> weights;  // nullopt: float weights
   ActivationMode activations = ActivationMode::kNone;
   QuantizerConfig activation;              // for kStatic / kDynamicPerToken
+  std::string note;  // where the layer got other than the scheme asked (e.g. per_channel for a group size that does not divide it)
 };
 
 // One line of describe(): how a layer was quantized and what runs it.
@@ -132,6 +133,17 @@ class QuantizableLayer {
 // when it is one. The one module walk: quantize, freeze, describe, calibration dumps, checkpoints
 // and the search all go through it. Works for a root that lives on the stack.
 std::vector<std::pair<std::string, QuantizableLayer*>> quantizable_layers(const torch::nn::Module& model);
+
+// LibTorch layers with a qforge twin (torch::nn::Linear, Conv1d/2d, Embedding, LayerNorm) found
+// in `model`, in named_modules() order. They cannot be swapped in place (LibTorch calls typed
+// members statically), so quantize() warns about each (or refuses, Scheme::strict) and
+// describe() lists them as float with reason().
+struct PlainLayer {
+  std::string path;
+  std::string type;  // "Linear", "Conv2d", ...
+  std::string reason() const;
+};
+std::vector<PlainLayer> plain_libtorch_layers(const torch::nn::Module& model);
 
 // Calls fn(path, layer) for every qforge layer, as quantizable_layers() lists them.
 template <class Fn>

@@ -30,6 +30,27 @@ const std::vector<std::string>& pipeline_stages() {
   return kStages;
 }
 
+void check_stages(const Recipe& r, const std::vector<std::string>& stages) {
+  if (stages.empty() || !r.quantize) return;
+  auto has = [&](const char* s) { return std::find(stages.begin(), stages.end(), s) != stages.end(); };
+  const bool quantizes = has("calibrate") || has("ptq");
+  for (const char* s : {"qat", "freeze"}) {
+    const bool applies = std::string(s) == "qat" ? r.qat.epochs > 0 : r.freeze.enabled;
+    if (applies && has(s) && !quantizes)
+      throw Error(std::string("--stages: '") + s + "' needs the model quantized and calibrated, which 'calibrate' does; "
+                  "add calibrate (and ptq to evaluate it), or leave --stages out");
+  }
+}
+
+std::vector<std::string> metric_stages_in_order(const std::map<std::string, std::map<std::string, double>>& metrics) {
+  std::vector<std::string> out;
+  for (const char* s : {"float", "ptq", "qat", "frozen"})
+    if (metrics.count(s)) out.push_back(s);
+  for (const auto& [s, m] : metrics)
+    if (std::find(out.begin(), out.end(), s) == out.end()) out.push_back(s);
+  return out;
+}
+
 namespace {
 
 std::map<std::string, double> metric_map(const train::Metrics& m, const std::string& metric) {
@@ -87,7 +108,15 @@ search::SearchOptions search_options(const Recipe& r) {
         c.group_size = r.search.group_size;
       }
     }
-    o.candidates.push_back(c);
+    if (!c.qtype || r.search.activations.empty()) {
+      o.candidates.push_back(c);
+      continue;
+    }
+    // Each weight grid with each activation choice (float weights keep the layer float).
+    for (const std::string& a : r.search.activations) {
+      c.activations = a == "float" ? ActivationMode::kNone : ActivationMode::kStatic;
+      o.candidates.push_back(c);
+    }
   }
   if (r.search.size_mb > 0) o.budget.size_mb = r.search.size_mb;
   if (r.search.size_ratio > 0) o.budget.size_ratio = r.search.size_ratio;
@@ -116,7 +145,8 @@ nlohmann::json search_json(const search::SearchResult& sr, const std::string& me
                          {"latency_ms", o.latency_ms}, {"kernel", o.kernel}});
     layers.push_back({{"path", l.path}, {"type", l.type}, {"qtype", c.candidate}, {"bytes", c.bytes},
                       {"sensitivity", c.sensitivity}, {"latency_ms", c.latency_ms}, {"kernel", c.kernel},
-                      {"input_shape", l.input_shape}, {"hessian_trace", l.hessian_trace}, {"candidates", options}});
+                      {"input_shape", l.input_shape}, {"hessian_trace", l.hessian_trace},
+                      {"activation_error", l.activation_error}, {"candidates", options}});
   }
   nlohmann::json pareto = nlohmann::json::array();
   for (const search::ParetoPoint& p : sr.pareto) {
@@ -156,14 +186,16 @@ void detach_all(torch::nn::Module& model) {
 }
 
 constexpr const char* kModelLatencyRegime =
-    "whole-model forward on 1 test example, last-level cache evicted before each call, median of 7";
+    "whole-model forward on 1 test example, last-level cache evicted before each call, median of 21";
 
 // The model's forward latency as kModelLatencyRegime says (no autograd, eval mode).
 double model_latency_ms(const Task& t) {
   at::NoGradGuard no_grad;
   t.model->eval();
   const train::Batch one = t.test->get(at::zeros({1}, at::kLong));
-  return search::time_ms([&] { t.forward(one); }, search::LatencyOptions{});
+  search::LatencyOptions o;
+  o.repeats = 21;
+  return search::time_ms([&] { t.forward(one); }, o);
 }
 
 // Up to `k` indices into a front of `n` points, spread evenly over it (both ends included).
@@ -225,12 +257,15 @@ PipelineResult run_pipeline(const Recipe& r, const PipelineOptions& opt) {
     }
     const QuantizeReport rep = quantize(*t.model, r.scheme);
     // Each layer's kernel plan: what freeze() will run on this machine (nothing is calibrated).
-    std::printf("\nplan (%zu quantized layers, %zu kept float; kernels as freeze will choose them on this machine):\n%s",
-                rep.quantized.size(), rep.kept_float.size(), describe(*t.model, /*planned=*/r.freeze.enabled).c_str());
+    const bool freezes = r.freeze.enabled && wanted("freeze");
+    std::printf("\nplan (%zu quantized layers, %zu kept float; %s):\n%s", rep.quantized.size(), rep.kept_float.size(),
+                freezes ? "kernels as freeze will choose them on this machine" : "fake-quant, not frozen",
+                describe(*t.model, /*planned=*/freezes).c_str());
     for (const auto& w : rep.warnings) std::printf("warning: %s\n", w.c_str());
     return {};
   }
 
+  check_stages(r, opt.stages);
   PipelineResult result;
   fs::create_directories(opt.out_dir);
   std::ofstream(fs::path(opt.out_dir) / "recipe.resolved.yaml") << "# sha256: " << r.sha256 << "\n" << r.resolved_yaml;
@@ -345,8 +380,18 @@ PipelineResult run_pipeline(const Recipe& r, const PipelineOptions& opt) {
         const train::Batch batch = t.train->get(idx);
         return train::cross_entropy(t.forward(batch), batch.target);
       };
+      // The histogram method reads the base scheme's calibration histograms: one calibration
+      // pass, then the model is float again for the search.
+      io::CalibrationDump base_calibration;
+      if (so.method == search::Method::kHistogram) {
+        quantize(*t.model, r.scheme);
+        calibrate(r.scheme);
+        base_calibration = io::calibration_dump(*t.model);
+        detach_all(*t.model);
+      }
       std::optional<io::SearchSensitivities> stored;
       search::SearchOptions with_reuse = so;
+      if (so.method == search::Method::kHistogram) with_reuse.calibration = &base_calibration;
       if (!r.search.sensitivities_from.empty()) {
         if (fs::exists(r.search.sensitivities_from)) {
           stored = io::load_search_sensitivities(r.search.sensitivities_from);

@@ -39,6 +39,13 @@ struct PipelineResult {
 // Names of the stages in order.
 const std::vector<std::string>& pipeline_stages();
 
+// Throws qforge::Error when `stages` (a --stages subset) asks for a stage whose prerequisite it
+// leaves out: qat and freeze work on the model quantized and calibrated by calibrate (or ptq).
+void check_stages(const Recipe& recipe, const std::vector<std::string>& stages);
+
+// The stages of `metrics` that ran, in pipeline order (float, ptq, qat, frozen).
+std::vector<std::string> metric_stages_in_order(const std::map<std::string, std::map<std::string, double>>& metrics);
+
 PipelineResult run_pipeline(const Recipe& recipe, const PipelineOptions& options);
 
 }  // namespace qforge

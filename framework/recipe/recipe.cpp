@@ -1,5 +1,6 @@
 // Recipe loading: includes, overrides, schema validation, typed extraction.
 #include "framework/recipe/recipe.h"
+#include "framework/search/search.h"
 
 #include <yaml-cpp/yaml.h>
 
@@ -162,8 +163,12 @@ const Field& schema() {
           bind(leaf("max_steps", T::kInt, "stop after this many steps (0: no limit)", 0, 1e12), &Recipe::qat, &Recipe::Qat::max_steps),
       }),
       map("search", "mixed-precision search: per-layer weight widths under a budget (before calibration)", {
-          bind(choice("method", {"hessian", "loss"}, "sensitivity: Hessian trace x weight perturbation, or measured loss increase"),
+          bind(choice("method", search::method_names(),
+                      "sensitivity: Hessian trace x weight perturbation, measured loss increase, or relative weight + "
+                      "input error from the calibration histograms"),
                &Recipe::search, &Recipe::Search::method),
+          Field{"activations", T::kList, "histogram method: activation choices each layer may take (the scheme's static qtype, float)",
+                {}, -kInf, kInf, {choice("*", [] { auto v = qtype_names(); v.push_back("float"); return v; }(), "qtype or float")}, {}},
           Field{"candidates", T::kList, "weight grids each layer may take", {}, -kInf, kInf,
                 {choice("*", [] { auto v = qtype_names(); v.push_back("float"); return v; }(), "qtype or float")}, {}},
           bind(leaf("group_size", T::kInt, "group size of the 4- and 2-bit candidates (per_group; 0: per_channel)", 0, 1e9),
@@ -434,7 +439,10 @@ void apply_override(YAML::Node root, const std::string& text, Origins& origins, 
     cur.reset(cur[parts[i]]);
   }
   cur[parts.back()] = v;
-  origins[key] = Origin{"--set", YAML::Mark::null_mark()};
+  // Problems found later in this value (or below it) blame the argument itself.
+  Origins inside;
+  record_origins(v, key, "--set " + text, inside);
+  for (auto& [k, o] : inside) origins[k] = Origin{o.file, YAML::Mark::null_mark()};
 }
 
 nlohmann::json to_json(const YAML::Node& n) {
@@ -579,7 +587,9 @@ Recipe load_recipe(const std::string& path, const std::vector<std::string>& over
     get(w, "symmetric", s.weight_symmetric);
     get(w, "lsq", s.weight_lsq);
     if (s.weight_granularity == Granularity::kPerGroup && s.group_size <= 0)
-      problem("quantize.weights.group_size", "per_group granularity needs group_size > 0");
+      // Blame where group_size was written, else where per_group was asked for (maybe a --set).
+      problem(origins.count("quantize.weights.group_size") ? "quantize.weights.group_size" : "quantize.weights.granularity",
+              "per_group granularity needs quantize.weights.group_size > 0");
     const YAML::Node a = q["activations"];
     get(a, "mode", mode);
     get(a, "qtype", aq);
@@ -640,6 +650,23 @@ Recipe load_recipe(const std::string& path, const std::vector<std::string>& over
                                                  o.mark.is_null() ? 0 : o.mark.column + 1, key, ""});
       }
     if (se.candidates.size() < 2) problem("search.candidates", "needs at least two candidates to choose between");
+    if (sn["activations"])
+      for (const auto& a : sn["activations"]) se.activations.push_back(a.as<std::string>());
+    if (!se.activations.empty()) {
+      if (se.method != "histogram")
+        problem("search.activations", "activation widths are searched by the histogram method only (search.method: histogram)");
+      if (r.scheme.activations != ActivationMode::kStatic)
+        problem("search.activations", "activation choices need static activations in the scheme (quantize.activations.mode: static)");
+      for (size_t i = 0; i < se.activations.size(); ++i)
+        if (se.activations[i] != "float" && se.activations[i] != r.scheme.activation_qtype.name)
+          problem("search.activations[" + std::to_string(i) + "]",
+                  "'" + se.activations[i] + "' is not the scheme's activation grid (" + r.scheme.activation_qtype.name +
+                      "); the choices are that grid and float");
+    }
+    if (se.method == "histogram" && r.quantize && r.scheme.activations == ActivationMode::kStatic &&
+        r.scheme.observer != "histogram")
+      problem("search.method", "the histogram method reads histogram observers; quantize.activations.observer is " +
+                                   r.scheme.observer);
     const int budgets = (se.size_mb > 0) + (se.size_ratio > 0) + (se.avg_bits > 0) + (se.latency_ms > 0);
     if (budgets == 0) problem("search.budget", "give one or more of size_mb, size_ratio, avg_bits, latency_ms");
     if (se.size_mb > 0 && se.size_ratio > 0) problem("search.budget", "give size_mb or size_ratio, not both");

@@ -85,7 +85,8 @@ struct Recipe {
 
   struct Search {
     bool enabled = false;             // a non-empty `search` section
-    std::string method = "hessian";   // hessian | loss
+    std::string method = "hessian";   // hessian | loss | histogram
+    std::vector<std::string> activations;  // histogram: activation choices per layer (the scheme's qtype, "float")
     std::vector<std::string> candidates;  // qtype names and "float"
     int64_t group_size = 128;         // 4- and 2-bit candidates are per_group of this size (0: per_channel)
     // The budgets (0: not given): one or more, not both size_mb and size_ratio.

@@ -15,12 +15,15 @@
 #include "framework/core/error.h"
 #include "framework/quantize.h"
 #include "framework/search/knapsack.h"
+#include "observers/histogram_observer.h"
+#include "observers/histogram_search.h"
 
 namespace qforge::search {
 
 namespace {
 
-constexpr NamedValue<Method> kMethodNames[] = {{Method::kHessian, "hessian"}, {Method::kLoss, "loss"}};
+constexpr NamedValue<Method> kMethodNames[] = {
+    {Method::kHessian, "hessian"}, {Method::kLoss, "loss"}, {Method::kHistogram, "histogram"}};
 
 // The rule that gives `path` candidate `c`: the recipe's own first rule for the path (so its
 // other settings, e.g. activations, still apply) with the exact path as pattern and the
@@ -44,6 +47,7 @@ LayerRule rule_for(const Scheme& base, const std::string& path, const Candidate&
   r.weights = *c.qtype;
   r.weight_granularity = c.granularity;
   if (c.granularity == Granularity::kPerGroup) r.group_size = c.group_size;
+  if (c.activations) r.activations = *c.activations;
   return r;
 }
 
@@ -136,6 +140,35 @@ double perturbation(const at::Tensor& w, const std::string& path, const LayerSch
   return (q->forward(wf) - wf).pow(2).sum().item<double>();
 }
 
+// The calibration histogram of `path`'s input under the base scheme (histogram method).
+const Histogram& input_histogram(const io::CalibrationDump& calibration, const std::string& path,
+                                 std::map<std::string, std::unique_ptr<Observer>>& observers) {
+  auto& slot = observers[path];
+  if (!slot) {
+    const auto m = calibration.find(path);
+    if (m == calibration.end() || !m->second.count("input"))
+      throw SearchError("search: the histogram method found no calibrated input of '" + path +
+                        "' (the base scheme must quantize its activations statically)");
+    const io::CalibrationEntry& e = m->second.at("input");
+    if (e.observer_kind != "histogram")
+      throw SearchError("search: the histogram method needs histogram observers; '" + path + "' input has '" +
+                        e.observer_kind + "' (quantize.activations.observer: histogram)");
+    slot = e.make_observer();
+  }
+  const auto* h = dynamic_cast<const HistogramObserver*>(slot.get());
+  QF_CHECK(h != nullptr);
+  if (h->histogram().empty()) throw SearchError("search: the input histogram of '" + path + "' saw no finite value");
+  return h->histogram();
+}
+
+// E[(Q(x) − x)²] / E[x²] of the input for `spec`, with the range the observer picks for it.
+double activation_nsr(const Observer& observer, const Histogram& h, const QSpec& spec) {
+  const double energy = histogram_second_moment(h);
+  if (!(energy > 0)) return 0.0;
+  const auto [lo, hi] = observer.range(spec);
+  return histogram_expected_sq_error(h, lo.item<float>(), hi.item<float>(), spec) / energy;
+}
+
 std::string format_bytes(double b) {
   std::ostringstream os;
   os.precision(6);
@@ -149,6 +182,7 @@ std::string Candidate::name() const {
   if (!qtype) return "float";
   std::string n = std::string(qtype->name) + " " + qforge::to_string(granularity);
   if (granularity == Granularity::kPerGroup) n += "(" + std::to_string(group_size) + ")";
+  if (activations) n += *activations == ActivationMode::kNone ? " / a:float" : " / a:static";
   return n;
 }
 
@@ -186,7 +220,9 @@ struct Collected {
   std::vector<std::string> skipped;  // "<candidate> on <path>: why"
 };
 
-void check_options(const SearchOptions& o, int64_t batches) {
+// `measuring`: the options search() measures with (the histogram method then needs the
+// calibration); check_search() checks the rest before any calibration exists.
+void check_options(const SearchOptions& o, int64_t batches, bool measuring = true) {
   const Budget& b = o.budget;
   if (!b.size_mb && !b.size_ratio && !b.avg_bits && !b.latency_ms)
     throw SearchError("search: give a budget: size_mb or size_ratio, avg_bits, latency_ms (one or more)");
@@ -195,6 +231,12 @@ void check_options(const SearchOptions& o, int64_t batches) {
     if (v && !(std::isfinite(*v) && *v > 0))
       throw SearchError("search: budgets must be positive and finite, got " + std::to_string(*v));
   if (o.candidates.empty()) throw SearchError("search: no candidates");
+  for (const Candidate& c : o.candidates)
+    if (c.activations && o.method != Method::kHistogram)
+      throw SearchError("search: activations are searched by the histogram method only (candidate '" + c.name() +
+                        "'); hessian and loss price the weights");
+  if (measuring && o.method == Method::kHistogram && !o.calibration)
+    throw SearchError("search: the histogram method reads the calibration histograms: calibrate the base scheme first");
   if (batches <= 0) throw SearchError("search: sensitivities need at least one calibration batch");
 }
 
@@ -274,6 +316,18 @@ std::string sensitivity_key(const std::vector<Searched>& layers, const Scheme& b
   os.precision(17);
   os << to_string(o.method) << "|batches=" << batches << "|loss0=" << loss0 << "|scheme=" << base.to_string()
      << "|weights=" << std::hex << h << std::dec;
+  if (o.method == Method::kHistogram && o.calibration) {
+    // The histograms: each input point's count and range.
+    double total = 0, lo = 0, hi = 0;
+    for (const auto& [path, points] : *o.calibration)
+      for (const auto& [point, e] : points)
+        for (const auto& [name, t] : e.state) {
+          if (name == "count" || name == "histogram") total += t.to(at::kDouble).sum().item<double>();
+          if (name == "min") lo += t.to(at::kDouble).sum().item<double>();
+          if (name == "max") hi += t.to(at::kDouble).sum().item<double>();
+        }
+    os << "|calibration=" << total << "," << lo << "," << hi;
+  }
   if (o.method == Method::kHessian)
     os << "|probes=" << o.hutchinson.min_probes << ".." << o.hutchinson.max_probes << "|tol=" << o.hutchinson.rel_tol
        << "|seed=" << o.hutchinson.seed;
@@ -286,7 +340,7 @@ enum Axis : size_t { kBytes = 0, kBits = 1, kLatency = 2 };
 }  // namespace
 
 void check_search(torch::nn::Module& model, const Scheme& base, const SearchOptions& o) {
-  check_options(o, 1);
+  check_options(o, 1, /*measuring=*/false);
   collect(model, base, o);
 }
 
@@ -410,6 +464,23 @@ SearchResult search(torch::nn::Module& model, const Scheme& base, int64_t batche
         sens[i].push_back(ls ? avg_trace[i] * perturbation(params[i], layers[i].path, *ls) : 0.0);
       }
     }
+  } else if (o.method == Method::kHistogram) {
+    at::NoGradGuard no_grad;
+    std::map<std::string, std::unique_ptr<Observer>> observers;
+    for (size_t i = 0; i < layers.size(); ++i) {
+      const at::Tensor w = float_weight_of(*layers[i].layer).detach().to(at::kFloat);
+      const double w_energy = std::max(w.pow(2).sum().item<double>(), std::numeric_limits<double>::min());
+      for (size_t c = 0; c < layers[i].cands.size(); ++c) {
+        const auto& ls = layers[i].schemes[c];
+        double v = 0.0;
+        if (ls && ls->weights) v += perturbation(w, layers[i].path, *ls) / w_energy;
+        if (ls && ls->activations == ActivationMode::kStatic) {
+          const Histogram& h = input_histogram(*o.calibration, layers[i].path, observers);
+          v += activation_nsr(*observers[layers[i].path], h, ls->activation.spec);
+        }
+        sens[i].push_back(v);
+      }
+    }
   } else {
     at::NoGradGuard no_grad;
     auto mean_loss = [&] {
@@ -450,6 +521,22 @@ SearchResult search(torch::nn::Module& model, const Scheme& base, int64_t batche
     lc.hessian_trace = avg_trace[i];
     const at::Tensor x = input_of(layers[i].layer);
     if (x.defined()) lc.input_shape = x.sizes().vec();
+    if (o.method == Method::kHistogram && o.calibration) {
+      // The input's error at every integer width, from the one histogram.
+      const auto m = o.calibration->find(lc.path);
+      if (m != o.calibration->end() && m->second.count("input") && m->second.at("input").observer_kind == "histogram") {
+        const io::CalibrationEntry& e = m->second.at("input");
+        const std::unique_ptr<Observer> obs = e.make_observer();
+        const Histogram& h = dynamic_cast<const HistogramObserver&>(*obs).histogram();
+        if (!h.empty())
+          for (const QType& q : {qint8, qint4, qint2}) {
+            QSpec spec = e.spec;
+            spec.qtype = q;
+            spec.narrow_range = spec.narrow_range && q == qint8;
+            lc.activation_error[q.name] = activation_nsr(*obs, h, spec);
+          }
+      }
+    }
     weight_elements += static_cast<double>(lc.weight_elements);
     searched_float_bytes += layers[i].float_bytes;
     const Priced as_float =

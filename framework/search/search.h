@@ -5,6 +5,9 @@
 //  2. Sensitivity of each layer and candidate, on the float model and calibration batches:
 //       hessian: Ω = (Tr(H_W) / n) · ‖Q_c(W) − W‖²  (HAWQ-V2), Tr(H_W) by Hutchinson's estimator
 //       loss:    L(model with only this layer's weights quantized by c) − L(float model)
+//       histogram: ‖Q_c(W) − W‖² / ‖W‖² + E[(Q_a(x) − x)²] / E[x²], the weight's and the input's
+//                relative quantization error, the latter read off the calibration histogram
+//                (no forward or backward pass beyond calibration); activations searchable
 //     with Q_c the weight fake-quantization freeze() will pack (min/max qparams of the candidate).
 //  3. Cost of each layer and candidate, exact: the layer's bytes as model_size() counts them
 //     after freeze(), measured by quantizing and freezing a float copy of the layer; and its
@@ -21,6 +24,7 @@
 #include <torch/nn/module.h>
 
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -34,14 +38,17 @@
 namespace qforge::search {
 
 struct Candidate {
-  std::optional<QType> qtype;  // nullopt: float weights
+  std::optional<QType> qtype;  // nullopt: float weights (and activations: the layer is kept float)
   Granularity granularity = Granularity::kPerChannel;
   int64_t group_size = 0;      // per_group only
-  std::string name() const;    // "qint4 per_group(128)", "qint8 per_channel", "float"
+  // Searched activations: unset keeps the scheme's mode; kStatic the scheme's static grid;
+  // kNone float activations (a weight-only kernel). Histogram method only.
+  std::optional<ActivationMode> activations;
+  std::string name() const;    // "qint4 per_group(128)", "qint8 per_channel / a:float", "float"
   int bits() const { return qtype ? qtype->bits : 32; }
 };
 
-enum class Method { kHessian, kLoss };
+enum class Method { kHessian, kLoss, kHistogram };
 const char* to_string(Method m);
 Method method_from_name(const std::string& name);
 std::vector<std::string> method_names();
@@ -79,6 +86,9 @@ struct SearchOptions {
   std::vector<std::vector<std::string>> ties;  // each: patterns whose layers share one width
   HutchinsonOptions hutchinson;
   LatencyOptions latency;
+  // The base scheme's calibration (io::calibration_dump of the model quantized with `base` and
+  // calibrated): the histogram method reads each layer's input histogram from it.
+  const io::CalibrationDump* calibration = nullptr;
   // Sensitivities of an earlier search (from a calibration dump): used instead of measuring when
   // their key matches this search's (same method and settings, weights, calibration batches).
   const io::SearchSensitivities* reuse = nullptr;
@@ -101,6 +111,9 @@ struct LayerChoice {
   int chosen = -1;                        // index into candidates
   double hessian_trace = 0;               // average trace Tr(H)/n (hessian method)
   std::vector<int64_t> input_shape;       // what the latency was measured at
+  // histogram method: E[(Q(x) − x)²] / E[x²] of the layer's input for each integer grid width,
+  // read off its calibration histogram with the range the observer picks for that width.
+  std::map<std::string, double> activation_error;
 };
 
 struct ParetoPoint {

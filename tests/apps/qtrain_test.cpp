@@ -83,6 +83,11 @@ TEST(Qtrain, BertInt8RecipeRunsEndToEndAndExportsEverything) {
   const auto r = report(dir);
   expect_full_report(r, "accuracy", true);
   EXPECT_NEAR(r["metrics"]["frozen"]["accuracy"].get<double>(), r["metrics"]["qat"]["accuracy"].get<double>(), 0.01);
+  // The summary lists the stages in pipeline order.
+  const size_t at_float = run.output.find("  float "), at_ptq = run.output.find("  ptq "),
+               at_qat = run.output.find("  qat "), at_frozen = run.output.find("  frozen ");
+  ASSERT_NE(at_frozen, std::string::npos) << run.output;
+  EXPECT_TRUE(at_float < at_ptq && at_ptq < at_qat && at_qat < at_frozen) << run.output;
   for (const char* f : {"report.md", "recipe.resolved.yaml", "model.h5", "calibration.h5", "fp32.h5"})
     EXPECT_TRUE(fs::exists(dir + "/" + f)) << f;
   // A second run loads the float checkpoint instead of training.
@@ -119,6 +124,12 @@ TEST(Qtrain, DryRunPrintsThePlanWithoutData) {
   EXPECT_NE(run.output.find("bert.encoder.layer.0.attention.self.query"), std::string::npos);
   EXPECT_NE(run.output.find("classifier"), std::string::npos);
   EXPECT_EQ(run.output.find("stage data"), std::string::npos);  // no data touched
+  EXPECT_NE(run.output.find("kernels as freeze will choose them"), std::string::npos);
+  // Stages without freeze plan fake-quant, not kernels.
+  const QtrainRun no_freeze = qtrain("--recipe recipes/bert_int8.yaml --dry-run --stages float,calibrate,ptq,qat");
+  ASSERT_EQ(no_freeze.code, 0) << no_freeze.output;
+  EXPECT_NE(no_freeze.output.find("stages: float calibrate ptq qat\n"), std::string::npos) << no_freeze.output;
+  EXPECT_NE(no_freeze.output.find("fake-quant, not frozen"), std::string::npos) << no_freeze.output;
 }
 
 TEST(Qtrain, ExitCodesSeparateBadRecipesFromFailedStages) {
@@ -127,6 +138,14 @@ TEST(Qtrain, ExitCodesSeparateBadRecipesFromFailedStages) {
   EXPECT_NE(bad_key.output.find("did you mean 'epochs'"), std::string::npos) << bad_key.output;
   EXPECT_EQ(qtrain("--recipe recipes/none.yaml").code, 2);
   EXPECT_EQ(qtrain("--recipe recipes/bert_int8.yaml --stages float,bake").code, 2);
+  // freeze (or qat) without the calibrate stage that quantizes the model: a usage error up
+  // front, not a "frozen" row equal to float.
+  const std::string lone_dir = out_dir("lone_freeze");
+  const QtrainRun lone_freeze = qtrain("--recipe recipes/fmnist_cnn_int8.yaml --stages float,freeze --out " + lone_dir);
+  EXPECT_EQ(lone_freeze.code, 2) << lone_freeze.output;
+  EXPECT_NE(lone_freeze.output.find("'freeze' needs the model quantized and calibrated"), std::string::npos)
+      << lone_freeze.output;
+  EXPECT_FALSE(fs::exists(lone_dir + "/report.json"));
   EXPECT_EQ(qtrain("").code, 2);
 
   const std::string dir = out_dir("fail");
@@ -243,6 +262,21 @@ TEST(Qtrain, MixedPrecisionSearchRunsBetweenFloatAndCalibrationAndItsRecipeRepro
   EXPECT_EQ(r3["search"]["sensitivities"], "reused from " + dir + "/calibration.h5") << r3["notes"].dump();
   for (size_t i = 0; i < s["layers"].size(); ++i)
     EXPECT_EQ(r3["search"]["layers"][i]["hessian_trace"], s["layers"][i]["hessian_trace"]);
+
+  // The histogram method: one calibration pass of the base scheme, input errors per width in the
+  // report, activations chosen per layer.
+  const std::string dir4 = out_dir("search_histogram");
+  const QtrainRun hist = qtrain("--recipe recipes/fmnist_cnn_mixed.yaml" + small(dir4) + " --set model.checkpoint=" + dir +
+                                "/fp32.h5 --set calibrate.batches=1 --set search.method=histogram" +
+                                " --set 'search.activations=[qint8, float]' --set search.latency_cache=" + cache);
+  ASSERT_EQ(hist.code, 0) << hist.output;
+  const nlohmann::json r4 = report(dir4);
+  EXPECT_EQ(r4["search"]["method"], "histogram");
+  for (const auto& l : r4["search"]["layers"]) {
+    EXPECT_EQ(l["activation_error"].size(), 3u) << l["path"];
+    EXPECT_EQ(l["candidates"].size(), 7u) << l["path"];  // 3 grids x {static, float} inputs + float
+  }
+  fs::remove_all(dir4);
 
   // A candidate no layer can take is a recipe error at the candidate's line and column.
   const QtrainRun bad = qtrain("--recipe recipes/fmnist_cnn_mixed.yaml --dry-run --set search.group_size=100");

@@ -240,6 +240,59 @@ TEST(Freeze, ModelSizeShrinksAtLeastFourfoldForInt8AndSevenAndHalfForInt4) {
   const int64_t int4_bytes = model_size(*net4).total_bytes;
   EXPECT_GE(static_cast<double>(float_bytes) / int4_bytes, 7.5) << float_bytes << " / " << int4_bytes;
   EXPECT_NE(describe(*net4).find("qint4"), std::string::npos);
+  // Per-token activations are labelled per token, not with the spec's unused per_tensor.
+  const std::string d = describe(*net8);
+  EXPECT_NE(d.find("dynamic qint8 per_token symmetric"), std::string::npos) << d;
+  EXPECT_EQ(d.find("per_tensor"), std::string::npos) << d;
+}
+
+TEST(Quantize, PlainLibTorchLayersAreNamedNotSkippedSilently) {
+  struct Net : torch::nn::Module {
+    Net()
+        : a(register_module("a", nn::Linear(8, 8))),
+          b(register_module("b", torch::nn::Linear(8, 8))),
+          c(register_module("c", nn::Linear(8, 4))) {}
+    nn::Linear a;
+    torch::nn::Linear b;
+    nn::Linear c;
+  };
+  // strict: refused, nothing attached.
+  Net strict_net;
+  Scheme strict(qint8);
+  strict.strict = true;
+  try {
+    quantize(strict_net, strict);
+    ADD_FAILURE() << "expected an Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("b: torch::nn::Linear is a LibTorch layer"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(strict_net.a->quantized());
+  // Default: a warning naming it, and describe() lists it float, in model order, with the reason.
+  Net net;
+  const QuantizeReport rep = quantize(net, qint8);
+  ASSERT_EQ(rep.warnings.size(), 1u);
+  EXPECT_EQ(rep.warnings[0], "b: torch::nn::Linear is a LibTorch layer, not a qforge layer: it stays float "
+                             "(use qforge::nn::Linear)");
+  const std::vector<LayerReport> rows = layer_reports(net);
+  ASSERT_EQ(rows.size(), 3u);
+  EXPECT_EQ(rows[0].name, "a");
+  EXPECT_EQ(rows[1].name, "b");
+  EXPECT_EQ(rows[1].type, "torch::nn::Linear");
+  EXPECT_EQ(rows[1].weights, "float");
+  EXPECT_EQ(rows[1].bytes, (8 * 8 + 8) * 4);
+  EXPECT_EQ(rows[2].name, "c");
+  EXPECT_NE(describe(net).find("use qforge::nn::Linear"), std::string::npos);
+}
+
+TEST(Describe, AGroupSizeThatDoesNotDivideIsRecordedBesideTheLayer) {
+  nn::Linear lin(64, 8);
+  Scheme s(qint4);  // groups of 128: 64 input features take none
+  const QuantizeReport rep = quantize(lin, s);
+  ASSERT_EQ(rep.warnings.size(), 1u);
+  const std::string d = describe(lin);
+  EXPECT_NE(d.find("qint4 per_channel"), std::string::npos) << d;
+  EXPECT_NE(d.find("scheme: dimension 64 is not a multiple of group_size 128; using per_channel"), std::string::npos) << d;
+  EXPECT_EQ(layer_reports(lin)[0].fallback_reason.rfind("scheme: ", 0), 0u);
 }
 
 TEST(Freeze, FloatWeightMemoryIsReleased) {

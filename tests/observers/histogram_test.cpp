@@ -159,3 +159,39 @@ TEST(Histogram, FusedInRangePassEqualsStatisticsThenUpdate) {
   EXPECT_EQ(fused.min(), two_pass.min());
   EXPECT_EQ(fused.max(), two_pass.max());
 }
+
+namespace qforge {
+namespace {
+
+// Uniform data on [-1, 1] and a symmetric 8-bit grid over it: no clipping, so the expected error
+// is the rounding noise Δ²/12 per element (Δ = 2/254 on the narrow grid), and E[x²] = 1/3. The
+// empirical error of the data itself agrees too.
+TEST(HistogramError, ExpectedErrorOfUniformDataIsTheRoundingNoise) {
+  at::manual_seed(3);
+  const at::Tensor x = at::rand({1 << 20}) * 2 - 1;
+  Histogram h;
+  int64_t nonfinite = 0;
+  h.observe(x.data_ptr<float>(), x.numel(), &nonfinite);
+  QSpec spec;
+  spec.qtype = qint8;
+  spec.symmetric = true;
+  spec.narrow_range = true;
+  const double n = h.total();
+  const double delta = 2.0 / 254.0;
+  const double mse = histogram_expected_sq_error(h, h.min(), h.max(), spec) / n;
+  EXPECT_NEAR(mse, delta * delta / 12.0, 0.03 * delta * delta / 12.0);
+  EXPECT_NEAR(histogram_second_moment(h) / n, 1.0 / 3.0, 0.003);
+  // The measured error of rounding the data on that grid.
+  const double scale = std::max(std::fabs(h.min()), std::fabs(h.max())) / 127.0;
+  const double measured = (at::clamp(at::round(x / scale), -127, 127) * scale - x).pow(2).mean().item<double>();
+  EXPECT_NEAR(mse, measured, 0.03 * measured);
+  // Fewer bits, more error; clipping half the range adds the tails' error.
+  QSpec four = spec;
+  four.qtype = qint4;
+  four.narrow_range = false;
+  EXPECT_GT(histogram_expected_sq_error(h, h.min(), h.max(), four), 100 * mse * n);
+  EXPECT_GT(histogram_expected_sq_error(h, -0.5, 0.5, spec), 10 * mse * n);
+}
+
+}  // namespace
+}  // namespace qforge

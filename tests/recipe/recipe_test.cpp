@@ -238,6 +238,16 @@ TEST(Recipe, BadSearchSectionsAreErrorsWithFileLineColumn) {
   EXPECT_NE(e.find("give one or more of size_mb, size_ratio, avg_bits, latency_ms"), std::string::npos) << e;
   e = all(q + "search:\n  candidates: [qint8, qint4]\n  budget: {latency_ms: 0}\n");
   EXPECT_NE(e.find("search.budget.latency_ms: value 0 is out of range"), std::string::npos) << e;
+  // Activation choices: histogram method, static activations, the scheme's grid or float.
+  e = all(q + "search:\n  candidates: [qint8, qint4]\n  activations: [qint8, float]\n  budget: {size_mb: 1}\n");
+  EXPECT_NE(e.find("search.activations: activation widths are searched by the histogram method only"), std::string::npos) << e;
+  EXPECT_NE(e.find("need static activations in the scheme"), std::string::npos) << e;
+  e = all(std::string(kMinimal) + "quantize: {weights: {qtype: qint8}, activations: {mode: static}}\n" +
+          "search:\n  method: histogram\n  candidates: [qint8, qint4]\n  activations: [qint4, float]\n  budget: {size_mb: 1}\n");
+  EXPECT_NE(e.find("search.activations[0]: 'qint4' is not the scheme's activation grid (qint8)"), std::string::npos) << e;
+  e = all(std::string(kMinimal) + "quantize: {weights: {qtype: qint8}, activations: {mode: static, observer: minmax}}\n" +
+          "search:\n  method: histogram\n  candidates: [qint8, qint4]\n  budget: {size_mb: 1}\n");
+  EXPECT_NE(e.find("the histogram method reads histogram observers"), std::string::npos) << e;
   // A candidate that is no grid.
   e = all(q + "search:\n  candidates: [qint8, qint3]\n  budget: {avg_bits: 4}\n");
   EXPECT_NE(e.find("search.candidates[1]: 'qint3' is not valid"), std::string::npos) << e;
@@ -268,4 +278,21 @@ TEST(Recipe, BadSearchSectionsAreErrorsWithFileLineColumn) {
   EXPECT_EQ(r2.search.candidate_sites[1].key, "search.candidates[1]");
   EXPECT_EQ(r2.search.candidate_sites[1].line, 5);
   EXPECT_EQ(r2.search.candidate_sites[1].column, 23);
+}
+
+TEST(Recipe, ProblemsCausedByASetAreBlamedOnTheArgument) {
+  TempDir dir;
+  const std::string path = dir.write("w.yaml", std::string(kMinimal) + "quantize: {weights: {qtype: qint8}}\n");
+  const auto issues = issues_of(path, {"quantize.weights.granularity=per_group"});
+  ASSERT_EQ(issues.size(), 1u);
+  EXPECT_EQ(issues[0].file, "--set quantize.weights.granularity=per_group");
+  EXPECT_EQ(issues[0].key, "quantize.weights.granularity");
+  EXPECT_NE(issues[0].message.find("needs quantize.weights.group_size > 0"), std::string::npos) << issues[0].message;
+  // Written in the file, the group size is blamed at its line.
+  const std::string file = dir.write("g.yaml", std::string(kMinimal) +
+                                                   "quantize:\n  weights: {qtype: qint4, granularity: per_group, group_size: 0}\n");
+  const auto in_file = issues_of(file);
+  ASSERT_FALSE(in_file.empty());
+  EXPECT_EQ(in_file[0].file, file);
+  EXPECT_GT(in_file[0].line, 0);
 }

@@ -13,6 +13,7 @@
 
 #include "framework/core/error.h"
 #include "framework/io/calibration_dump.h"
+#include "framework/io/calibration_io.h"
 #include "framework/nn/layer_norm.h"
 #include "framework/nn/linear.h"
 #include "framework/quantize.h"
@@ -335,6 +336,78 @@ TEST(Search, AnotherBudgetReusesStoredSensitivitiesAndChangedWeightsMeasureAgain
     f.model->fc2->weight.mul_(1.01);
   }
   EXPECT_FALSE(search(*f.model, Scheme(qint8), 2, f.loss, o).reused);
+}
+
+TEST(Search, HistogramMethodReadsTheCalibrationAndSearchesActivations) {
+  Fixture f = make_fixture();
+  Scheme base(qint8);
+  base.activations = ActivationMode::kStatic;  // histogram observers by default
+  // The base scheme's calibration, as qtrain's search stage makes it; then float again.
+  quantize(*f.model, base);
+  {
+    Calibration calib(*f.model);
+    for (const at::Tensor& x : f.x) f.model->forward(x);
+    calib.finish();
+  }
+  const io::CalibrationDump calibration = io::calibration_dump(*f.model);
+  for_each_quantizable(*f.model, [](const std::string&, QuantizableLayer& l) { l.detach(); });
+
+  SearchOptions o = options(0.5, Method::kHistogram);
+  EXPECT_THROW(search(*f.model, base, 2, f.loss, o), SearchError);  // no calibration given
+  o.calibration = &calibration;
+  std::vector<Candidate> cands;
+  for (Candidate c : candidates()) {
+    if (!c.qtype) {
+      cands.push_back(c);
+      continue;
+    }
+    for (ActivationMode a : {ActivationMode::kStatic, ActivationMode::kNone}) {
+      c.activations = a;
+      cands.push_back(c);
+    }
+  }
+  o.candidates = cands;
+  const SearchResult r = search(*f.model, base, 2, f.loss, o);
+  for (const LayerChoice& l : r.layers) {
+    // One histogram, every width: fewer bits, more error.
+    ASSERT_EQ(l.activation_error.size(), 3u) << l.path;
+    EXPECT_LT(l.activation_error.at("qint8"), l.activation_error.at("qint4")) << l.path;
+    EXPECT_LT(l.activation_error.at("qint4"), l.activation_error.at("qint2")) << l.path;
+    // Same weights, float inputs: exactly the weight's share, which the static input adds to.
+    std::map<std::string, double> by_name;
+    for (const CandidateCost& c : l.candidates) by_name[c.candidate] = c.sensitivity;
+    const double w_only = by_name.at("qint8 per_channel / a:float");
+    EXPECT_GT(w_only, 0);
+    EXPECT_NEAR(by_name.at("qint8 per_channel / a:static") - w_only, l.activation_error.at("qint8"),
+                1e-9 + 1e-6 * w_only);
+    EXPECT_EQ(by_name.at("float"), 0.0);
+  }
+  EXPECT_LE(static_cast<double>(r.bytes), 0.5 * r.float_bytes);
+  // Activation choices belong to the histogram method only.
+  SearchOptions hessian = o;
+  hessian.method = Method::kHessian;
+  try {
+    search(*f.model, base, 2, f.loss, hessian);
+    ADD_FAILURE() << "expected a SearchError";
+  } catch (const SearchError& e) {
+    EXPECT_NE(std::string(e.what()).find("histogram method only"), std::string::npos) << e.what();
+  }
+  // The rules carry the activation choice: a rerun builds the same layers.
+  quantize(*f.model, apply(base, r));
+  for (size_t i = 0; i < r.layers.size(); ++i) {
+    const LayerChoice& l = r.layers[i];
+    const std::string& chosen = l.candidates[l.chosen].candidate;
+    QuantizableLayer* layer = nullptr;
+    for (const auto& [path, ql] : quantizable_layers(*f.model))
+      if (path == l.path) layer = ql;
+    ASSERT_NE(layer, nullptr);
+    if (chosen == "float") {
+      EXPECT_FALSE(layer->quantized()) << l.path;
+    } else {
+      const bool static_in = chosen.find("a:static") != std::string::npos;
+      EXPECT_EQ(layer->scheme().activations, static_in ? ActivationMode::kStatic : ActivationMode::kNone) << l.path;
+    }
+  }
 }
 
 TEST(LatencyCache, RoundTripsAndRefusesForeignFiles) {
