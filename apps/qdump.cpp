@@ -126,18 +126,38 @@ std::vector<std::string> split_path(const std::string& path) {
   return parts;
 }
 
+// Resolves `path` below the root: HDF5 names separated by '/', or the dotted module path users
+// see in describe() ("fc1.input", "blocks.0.conv.weight_quantizer"), whose groups may themselves
+// contain dots ("blocks.0.conv"): at each level the longest child name that is the path or a
+// prefix of it ending at '.' or '/' is taken.
 int show(const std::string& file, const std::string& path) {
   const h5::File f = h5::File::open(file);
   h5::Group g = f.root();
-  const std::vector<std::string> parts = split_path(path);
-  for (size_t i = 0; i < parts.size(); ++i) {
-    if (i + 1 == parts.size() && g.child_type(parts[i]) == h5::ObjectType::kDataset) {
-      const h5::Dataset ds = g.open_dataset(parts[i]);
+  std::string rest = path;
+  while (!rest.empty() && rest.front() == '/') rest.erase(0, 1);
+  while (!rest.empty()) {
+    std::string best;
+    for (const std::string& c : g.children())
+      if ((rest == c || (rest.size() > c.size() && rest.compare(0, c.size(), c) == 0 &&
+                         (rest[c.size()] == '.' || rest[c.size()] == '/'))) &&
+          c.size() > best.size())
+        best = c;
+    if (best.empty()) {
+      std::string children;
+      for (const std::string& c : g.children()) children += (children.empty() ? "" : ", ") + c;
+      throw qforge::Error("qdump show: " + file + " has no '" + rest + "' under " + g.path() +
+                          (children.empty() ? std::string(" (it is empty)") : " (children: " + children + ")"));
+    }
+    rest.erase(0, best.size());
+    while (!rest.empty() && (rest.front() == '.' || rest.front() == '/')) rest.erase(0, 1);
+    if (g.child_type(best) == h5::ObjectType::kDataset) {
+      if (!rest.empty()) throw qforge::Error("qdump show: " + g.path() + "/" + best + " is a dataset; nothing below it");
+      const h5::Dataset ds = g.open_dataset(best);
       show_dataset(ds, ds.path(), "");
       print_attrs(ds, "  ");
       return 0;
     }
-    g = g.open_group(parts[i]);
+    g = g.open_group(best);
   }
   std::printf("%s: %s\n", file.c_str(), g.path().c_str());
   show_group(g, "  ");

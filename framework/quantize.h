@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "framework/module_like.h"
 #include "framework/scheme.h"
 
 namespace qforge {
@@ -31,9 +32,9 @@ struct QuantizeReport {
 // Walks named_modules(), attaches quantizers to every qforge layer the scheme selects (replacing
 // earlier ones: quantizing twice replaces the scheme). Warnings go to the report and to stderr.
 QuantizeReport quantize(torch::nn::Module& model, const Scheme& scheme);
-template <class Holder, class = decltype(std::declval<Holder>().ptr())>
+template <class Holder, class = ModuleLike<Holder>>
 QuantizeReport quantize(Holder& model, const Scheme& scheme) {
-  return quantize(*model.ptr(), scheme);
+  return quantize(detail::module_of(model), scheme);
 }
 
 // RAII calibration (quanto's `with Calibration()`): while alive, forward passes feed the static
@@ -43,8 +44,8 @@ QuantizeReport quantize(Holder& model, const Scheme& scheme) {
 class Calibration {
  public:
   explicit Calibration(torch::nn::Module& model);
-  template <class Holder, class = decltype(std::declval<Holder>().ptr())>
-  explicit Calibration(Holder& model) : Calibration(*model.ptr()) {}
+  template <class Holder, class = ModuleLike<Holder>>
+  explicit Calibration(Holder& model) : Calibration(detail::module_of(model)) {}
   ~Calibration();
   Calibration(const Calibration&) = delete;
   Calibration& operator=(const Calibration&) = delete;
@@ -81,9 +82,9 @@ class QatController {
 // Packs every quantized layer. Checks first, changes nothing on error: static activations never
 // calibrated are listed by name in the error.
 void freeze(torch::nn::Module& model);
-template <class Holder, class = decltype(std::declval<Holder>().ptr())>
+template <class Holder, class = ModuleLike<Holder>>
 void freeze(Holder& model) {
-  freeze(*model.ptr());
+  freeze(detail::module_of(model));
 }
 
 struct ModelSize {
@@ -98,6 +99,10 @@ struct ModelSize {
   int64_t quantized_bytes = 0;  // packed weights, scales and zero points of frozen layers
 };
 ModelSize model_size(const torch::nn::Module& model);
+template <class Holder, class = ModuleLike<Holder>>
+ModelSize model_size(const Holder& model) {
+  return model_size(detail::module_of(model));
+}
 
 // Bytes to store num_params weights of `qtype` (packed), plus float32 scales (and one byte of zero
 // point per scale when affine) for per-group (group_size > 0) or per-channel (channels > 0).
@@ -109,13 +114,13 @@ int64_t estimate_memory(int64_t num_params, const QType& qtype, int64_t group_si
 // kernel plan), without calibrating or freezing anything; frozen layers show their stored plan.
 std::vector<LayerReport> layer_reports(const torch::nn::Module& model, bool planned = false);
 std::string describe(const torch::nn::Module& model, bool planned = false);
-template <class Holder, class = decltype(std::declval<Holder>().ptr())>
+template <class Holder, class = ModuleLike<Holder>>
 std::vector<LayerReport> layer_reports(const Holder& model, bool planned = false) {
-  return layer_reports(*model.ptr(), planned);
+  return layer_reports(detail::module_of(model), planned);
 }
-template <class Holder, class = decltype(std::declval<Holder>().ptr())>
+template <class Holder, class = ModuleLike<Holder>>
 std::string describe(const Holder& model, bool planned = false) {
-  return describe(*model.ptr(), planned);
+  return describe(detail::module_of(model), planned);
 }
 
 }  // namespace qforge

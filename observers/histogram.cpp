@@ -238,9 +238,18 @@ void Histogram::assign(float min, float max, std::vector<float> counts) {
   const bool empty_pair = min == kEmptyMin && max == kEmptyMax;
   QF_REQUIRE(empty_pair || (std::isfinite(min) && std::isfinite(max) && min <= max),
              "histogram: range [", min, ", ", max, "] is neither finite nor the empty (+inf, -inf) pair");
+  // Re-binning onto a wider range (PyTorch's _combine_histograms) takes differences of a float32
+  // cumulative sum, so a histogram of tens of millions of values carries counts slightly below
+  // zero (about -1 for 2.6e7 values); they are kept, as PyTorch keeps them. Anything beyond that
+  // rounding (16 float32 epsilons of the positive counts' sum) is not a histogram.
+  double positive = 0.0;
   for (float c : counts) {
-    QF_REQUIRE(std::isfinite(c) && c >= 0.0f, "histogram: counts must be finite and >= 0, got ", c);
+    QF_REQUIRE(std::isfinite(c), "histogram: counts must be finite, got ", c);
+    if (c > 0) positive += c;
   }
+  const double tolerance = 16.0 * std::numeric_limits<float>::epsilon() * positive;
+  for (float c : counts)
+    QF_REQUIRE(c >= -tolerance, "histogram: counts must be >= 0 (up to float32 rounding, -", tolerance, "), got ", c);
   min_ = min;
   max_ = max;
   counts_ = std::move(counts);

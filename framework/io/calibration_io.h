@@ -8,6 +8,7 @@
 
 #include <string>
 
+#include "framework/module_like.h"
 #include "framework/io/calibration_dump.h"
 
 namespace qforge::io {
@@ -36,13 +37,13 @@ void save_calibration(const torch::nn::Module& model, const std::string& path,
 void apply_calibration(torch::nn::Module& model, const CalibrationDump& dump, const std::string& source = "dump");
 void load_calibration(torch::nn::Module& model, const std::string& path);
 
-template <class Holder, class = decltype(std::declval<Holder>().ptr())>
+template <class Holder, class = ModuleLike<Holder>>
 void save_calibration(const Holder& model, const std::string& path) {
-  save_calibration(*model.ptr(), path);
+  save_calibration(detail::module_of(model), path);
 }
-template <class Holder, class = decltype(std::declval<Holder>().ptr())>
+template <class Holder, class = ModuleLike<Holder>>
 void load_calibration(Holder& model, const std::string& path) {
-  load_calibration(*model.ptr(), path);
+  load_calibration(detail::module_of(model), path);
 }
 
 }  // namespace qforge::io

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "framework/module_like.h"
 #include "framework/io/checkpoint.h"
 
 namespace qforge::io {
@@ -80,21 +81,21 @@ LoadReport load_model(torch::nn::Module& model, const std::string& path, const L
 void export_safetensors(const torch::nn::Module& model, const std::string& path);
 
 // ModuleHolder conveniences (nn::Linear, user TORCH_MODULEs).
-template <class Holder, class = decltype(std::declval<Holder>().ptr())>
+template <class Holder, class = ModuleLike<Holder>>
 void save_model(const Holder& model, const std::string& path, const SaveOptions& options = {}) {
-  save_model(*model.ptr(), path, options);
+  save_model(detail::module_of(model), path, options);
 }
-template <class Holder, class = decltype(std::declval<Holder>().ptr())>
+template <class Holder, class = ModuleLike<Holder>>
 ModelSaveHandle save_model_async(const Holder& model, const std::string& path, const SaveOptions& options = {}) {
-  return save_model_async(*model.ptr(), path, options);
+  return save_model_async(detail::module_of(model), path, options);
 }
-template <class Holder, class = decltype(std::declval<Holder>().ptr())>
+template <class Holder, class = ModuleLike<Holder>>
 LoadReport load_model(Holder& model, const std::string& path, const LoadModelOptions& options = {}) {
-  return load_model(*model.ptr(), path, options);
+  return load_model(detail::module_of(model), path, options);
 }
-template <class Holder, class = decltype(std::declval<Holder>().ptr())>
+template <class Holder, class = ModuleLike<Holder>>
 void export_safetensors(const Holder& model, const std::string& path) {
-  export_safetensors(*model.ptr(), path);
+  export_safetensors(detail::module_of(model), path);
 }
 
 }  // namespace qforge::io

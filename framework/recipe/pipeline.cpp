@@ -313,6 +313,7 @@ PipelineResult run_pipeline(const Recipe& r, const PipelineOptions& opt) {
   Task t;
   if (!run_stage("data", [&] { t = make_task(r, /*with_data=*/true); })) return result;
   report["metric"] = t.metric;
+  report["eval_examples"] = t.test->size();
   report["baselines"] = t.baselines;
   const int64_t eval_bs = r.data.eval_batch_size;
 
@@ -486,6 +487,14 @@ PipelineResult run_pipeline(const Recipe& r, const PipelineOptions& opt) {
         io::save_calibration(*t.model, (dir / "calibration.h5").string(), search_record ? &*search_record : nullptr);
         report["exported"]["calibration_dump"] = (dir / "calibration.h5").string();
       }
+      nlohmann::json not_exported = nlohmann::json::object();
+      if (!report["exported"].contains("calibration_dump"))
+        not_exported["calibration.h5"] = r.export_.calibration_dump
+                                             ? "no static activations were calibrated and no search ran (nothing to dump)"
+                                             : "export.calibration_dump is false";
+      if (!r.export_.checkpoint) not_exported["model.h5"] = "export.checkpoint is false";
+      if (!r.export_.safetensors) not_exported["model.safetensors"] = "export.safetensors is false";
+      report["not_exported"] = not_exported;
       if (r.export_.checkpoint) {
         io::SaveOptions so;
         so.recipe = recipe_text;

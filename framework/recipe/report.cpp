@@ -26,18 +26,30 @@ std::string write_report_files(const nlohmann::json& report, const Recipe& r, co
   std::ostringstream md;
   md << "# qtrain report\n\nrecipe `" << r.path << "` (sha256 `" << r.sha256 << "`)\n\n| stage | ";
   const std::string metric = report.value("metric", std::string("metric"));
-  md << metric << " | loss |\n|---|---|---|\n";
+  md << metric << " | loss | stage wall s |\n|---|---|---|---|\n";
+  const auto& timings = report.at("timings_s");
   for (const char* stage : {"float", "ptq", "qat", "frozen"}) {
     if (!report.at("metrics").contains(stage)) continue;
     const auto& m = report.at("metrics")[stage];
-    md << "| " << stage << " | " << fmt(m.value(metric, 0.0)) << " | " << fmt(m.value("loss", 0.0)) << " |\n";
+    const std::string timed = std::string(stage) == "frozen" ? "freeze" : stage;
+    md << "| " << stage << " | " << fmt(m.value(metric, 0.0)) << " | " << fmt(m.value("loss", 0.0)) << " | "
+       << (timings.contains(timed) ? fmt(timings.at(timed).get<double>(), 1) : std::string("-")) << " |\n";
   }
-  if (report.at("size_bytes").contains("float"))
-    md << "\nsize: " << report.at("size_bytes")["float"].get<int64_t>() << " bytes float"
-       << (report.at("size_bytes").contains("frozen")
-               ? ", " + std::to_string(report.at("size_bytes")["frozen"].get<int64_t>()) + " bytes frozen"
-               : std::string())
-       << "\n";
+  if (report.contains("eval_examples"))
+    md << "\nevaluated on " << report.at("eval_examples").get<int64_t>() << " test examples\n";
+  md << "\nwall time per stage:";
+  for (const char* stage : {"data", "float", "search", "calibrate", "ptq", "qat", "freeze", "export"})
+    if (timings.contains(stage)) md << " " << stage << " " << fmt(timings.at(stage).get<double>(), 1) << " s;";
+  md << "\n";
+  if (report.at("size_bytes").contains("float")) {
+    const auto& sz = report.at("size_bytes");
+    md << "\nsize: " << sz["float"].get<int64_t>() << " bytes float";
+    if (sz.contains("frozen"))
+      md << ", " << sz["frozen"].get<int64_t>() << " bytes frozen (compression "
+         << fmt(static_cast<double>(sz["float"].get<int64_t>()) / static_cast<double>(sz["frozen"].get<int64_t>()), 2)
+         << "x)";
+    md << "\n";
+  }
   if (report.contains("latency_ms") && report.at("latency_ms").contains("float")) {
     const auto& l = report.at("latency_ms");
     md << "latency: " << fmt(l.at("float").get<double>(), 3) << " ms float"
@@ -45,11 +57,12 @@ std::string write_report_files(const nlohmann::json& report, const Recipe& r, co
        << l.at("regime").get<std::string>() << ")\n";
   }
   if (report.contains("layers")) {
-    md << "\n| layer | type | weights | activations | kernel | fallback |\n|---|---|---|---|---|---|\n";
+    md << "\n| layer | type | weights | activations | kernel | bytes | fallback |\n|---|---|---|---|---|---|---|\n";
     for (const auto& l : report.at("layers"))
       md << "| " << l["name"].get<std::string>() << " | " << l["type"].get<std::string>() << " | "
          << l["weights"].get<std::string>() << " | " << l["activations"].get<std::string>() << " | "
-         << l["kernel"].get<std::string>() << " | " << l["fallback_reason"].get<std::string>() << " |\n";
+         << l["kernel"].get<std::string>() << " | " << l["bytes"].get<int64_t>() << " | "
+         << l["fallback_reason"].get<std::string>() << " |\n";
   }
   if (report.contains("search")) {
     const auto& se = report.at("search");
@@ -73,6 +86,11 @@ std::string write_report_files(const nlohmann::json& report, const Recipe& r, co
       md << "| " << p.at("bytes").get<int64_t>() << (p.value("chosen", false) ? " (chosen)" : "") << " | " << fmt(p.at("latency_ms").get<double>(), 4) << " | "
          << p.at("predicted").get<double>() << " | "
          << (p.contains(metric) ? fmt(p.at(metric).get<double>()) : std::string("not measured")) << " |\n";
+  }
+  if (report.contains("not_exported") && !report.at("not_exported").empty()) {
+    md << "\nnot written:";
+    for (const auto& [file, why] : report.at("not_exported").items()) md << "\n- " << file << ": " << why.get<std::string>();
+    md << "\n";
   }
   for (const auto& n : report.at("notes")) md << "\n- " << n.get<std::string>();
   std::ofstream(fs::path(out_dir) / "report.md") << md.str() << "\n";

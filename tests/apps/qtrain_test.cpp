@@ -114,6 +114,19 @@ TEST(Qtrain, Gpt2WeightOnlyRecipeReportsPerplexity) {
   const auto r = report(dir);
   expect_full_report(r, "perplexity", false);
   EXPECT_TRUE(r["baselines"].contains("unigram_perplexity"));
+  // report.md: stage times, compression, the evaluation set, per-layer bytes, and why a file
+  // was not written (a weight-only run has no calibration to dump).
+  std::ifstream md(dir + "/report.md");
+  const std::string text((std::istreambuf_iterator<char>(md)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("wall time per stage: data "), std::string::npos) << text;
+  EXPECT_NE(text.find("x)"), std::string::npos) << text;
+  EXPECT_NE(text.find("(compression "), std::string::npos) << text;
+  EXPECT_NE(text.find("evaluated on " + std::to_string(r["eval_examples"].get<int64_t>()) + " test examples"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("| kernel | bytes | fallback |"), std::string::npos) << text;
+  EXPECT_NE(text.find("- calibration.h5: no static activations were calibrated"), std::string::npos) << text;
+  EXPECT_FALSE(fs::exists(dir + "/calibration.h5"));
   fs::remove_all(dir);
 }
 

@@ -284,6 +284,28 @@ TEST(Quantize, PlainLibTorchLayersAreNamedNotSkippedSilently) {
   EXPECT_NE(describe(net).find("use qforge::nn::Linear"), std::string::npos);
 }
 
+TEST(Api, TakesSharedPtrsHoldersAndReferencesAlike) {
+  struct Net : torch::nn::Module {
+    Net() : fc(register_module("fc", nn::Linear(16, 4))) {}
+    at::Tensor forward(const at::Tensor& x) { return fc(x); }
+    nn::Linear fc;
+  };
+  auto model = std::make_shared<Net>();  // the usual LibTorch style
+  Scheme s(qint8);
+  s.activations = ActivationMode::kStatic;
+  EXPECT_EQ(quantize(model, s).quantized.size(), 1u);
+  {
+    Calibration calib(model);
+    model->forward(at::randn({8, 16}));
+  }
+  freeze(model);
+  EXPECT_NE(describe(model).find("fc"), std::string::npos);
+  EXPECT_EQ(layer_reports(model).size(), 1u);
+  EXPECT_EQ(model_size(model).total_bytes, model_size(*model).total_bytes);
+  // A holder and a reference reach the same layer.
+  EXPECT_EQ(describe(model->fc), describe(*model->fc));
+}
+
 TEST(Describe, AGroupSizeThatDoesNotDivideIsRecordedBesideTheLayer) {
   nn::Linear lin(64, 8);
   Scheme s(qint4);  // groups of 128: 64 input features take none
