@@ -272,6 +272,13 @@ Collected collect(torch::nn::Module& model, const Scheme& base, const SearchOpti
         out.skipped.push_back(refusals.back());
         continue;
       }
+      if (cls && cand.activations && cls->activations != *cand.activations) {
+        // e.g. static inputs for an Embedding (its input is indices): not what the name says.
+        refusals.push_back(cand.name() + " on " + path + ": the layer takes " + qforge::to_string(cls->activations) +
+                           " activations here");
+        out.skipped.push_back(refusals.back());
+        continue;
+      }
       if (cls) {
         try {
           layer->check_scheme(*cls);

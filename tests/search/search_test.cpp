@@ -14,6 +14,7 @@
 #include "framework/core/error.h"
 #include "framework/io/calibration_dump.h"
 #include "framework/io/calibration_io.h"
+#include "framework/nn/embedding.h"
 #include "framework/nn/layer_norm.h"
 #include "framework/nn/linear.h"
 #include "framework/quantize.h"
@@ -408,6 +409,41 @@ TEST(Search, HistogramMethodReadsTheCalibrationAndSearchesActivations) {
       EXPECT_EQ(layer->scheme().activations, static_in ? ActivationMode::kStatic : ActivationMode::kNone) << l.path;
     }
   }
+}
+
+TEST(Search, AnActivationChoiceALayerCannotTakeIsSkippedNotMislabelled) {
+  struct Net : torch::nn::Module {
+    Net() : emb(register_module("emb", nn::Embedding(10, 16))), fc(register_module("fc", nn::Linear(16, 4))) {}
+    at::Tensor forward(const at::Tensor& i) { return fc(emb(i)); }
+    nn::Embedding emb;
+    nn::Linear fc;
+  };
+  at::manual_seed(1);
+  auto net = std::make_shared<Net>();
+  const at::Tensor idx = at::randint(0, 10, {32}, at::kLong), y = at::randint(0, 4, {32}, at::kLong);
+  Scheme base(qint8);
+  base.activations = ActivationMode::kStatic;
+  quantize(net, base);
+  {
+    Calibration calib(net);
+    net->forward(idx);
+  }
+  const io::CalibrationDump calibration = io::calibration_dump(*net);
+  for_each_quantizable(*net, [](const std::string&, QuantizableLayer& l) { l.detach(); });
+  SearchOptions o;
+  o.method = Method::kHistogram;
+  o.calibration = &calibration;
+  for (ActivationMode a : {ActivationMode::kStatic, ActivationMode::kNone})
+    o.candidates.push_back(Candidate{qint8, Granularity::kPerChannel, 0, a});
+  o.budget.size_ratio = 1.0;
+  const SearchResult r = search(*net, base, 1, [&](int64_t) { return at::cross_entropy_loss(net->forward(idx), y); }, o);
+  ASSERT_EQ(r.layers.size(), 2u);
+  EXPECT_EQ(r.layers[0].path, "emb");
+  ASSERT_EQ(r.layers[0].candidates.size(), 1u);  // indices take no static quantizer
+  EXPECT_EQ(r.layers[0].candidates[0].candidate, "qint8 per_channel / a:float");
+  EXPECT_EQ(r.layers[1].candidates.size(), 2u);
+  ASSERT_EQ(r.skipped.size(), 1u);
+  EXPECT_EQ(r.skipped[0].rfind("qint8 per_channel / a:static on emb: ", 0), 0u) << r.skipped[0];
 }
 
 TEST(LatencyCache, RoundTripsAndRefusesForeignFiles) {
