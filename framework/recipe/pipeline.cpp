@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -60,20 +61,68 @@ std::map<std::string, double> metric_map(const train::Metrics& m, const std::str
   return out;
 }
 
-void save_float_checkpoint(torch::nn::Module& model, const std::string& path, const std::string& recipe_yaml) {
+// Everything that decides the float weights: architecture and config, data, training, seed
+// (effective values, defaults included). A float checkpoint records it on its first line.
+constexpr const char* kProvenancePrefix = "# qforge float provenance: ";
+
+nlohmann::json float_provenance(const Recipe& r) {
+  return {{"model.arch", r.model.arch},
+          {"model.config", r.model.config},
+          {"data.dataset", r.data.dataset},
+          {"data.batch_size", r.data.batch_size},
+          {"data.validation_size", r.data.validation_size},
+          {"data.max_train_examples", r.data.max_train_examples},
+          {"data.seq_len", r.data.seq_len},
+          {"data.examples_per_language", r.data.examples_per_language},
+          {"train.epochs", r.train.epochs},
+          {"train.lr", r.train.lr},
+          {"train.weight_decay", r.train.weight_decay},
+          {"train.warmup_steps", r.train.warmup_steps},
+          {"train.grad_clip", r.train.grad_clip},
+          {"train.max_steps", r.train.max_steps},
+          {"seed", r.seed}};
+}
+
+void save_float_checkpoint(torch::nn::Module& model, const std::string& path, const Recipe& r) {
   io::CheckpointData data;
   for (const auto& [k, v] : models::model_state(model)) data.parameters[k] = v;
-  data.recipe = recipe_yaml;
+  data.recipe = kProvenancePrefix + float_provenance(r).dump() + "\n" + r.resolved_yaml;
   fs::create_directories(fs::path(path).parent_path().empty() ? fs::path(".") : fs::path(path).parent_path());
   io::save_checkpoint(path, data);
 }
 
-void load_float_checkpoint(torch::nn::Module& model, const std::string& path) {
+// Loads the float weights after checking the checkpoint was trained as this recipe would train
+// them. Returns the report note; throws naming every setting that differs.
+std::string load_float_checkpoint(torch::nn::Module& model, const std::string& path, const Recipe& r) {
   const io::CheckpointReader reader(path);
+  std::string note = "float weights loaded from " + path;
+  const std::string& text = reader.recipe();
+  if (text.rfind(kProvenancePrefix, 0) != 0) {
+    note += " (written without a provenance record: not checked against this recipe's model, data and training)";
+  } else {
+    const size_t eol = text.find('\n');
+    nlohmann::json saved;
+    try {
+      saved = nlohmann::json::parse(text.substr(std::strlen(kProvenancePrefix), eol - std::strlen(kProvenancePrefix)));
+    } catch (const std::exception& e) {
+      throw Error("model.checkpoint " + path + ": unreadable provenance record (" + e.what() + ")");
+    }
+    const nlohmann::json want = float_provenance(r);
+    std::string diffs;
+    for (const auto& [k, v] : want.items())
+      if (!saved.contains(k) || saved[k] != v)
+        diffs += "\n  " + k + ": checkpoint " + (saved.contains(k) ? saved[k].dump() : std::string("(absent)")) +
+                 ", this recipe " + v.dump();
+    if (!diffs.empty())
+      throw Error("model.checkpoint " + path + " holds float weights trained differently from what this recipe "
+                  "would train:" + diffs + "\ndelete it to retrain, or point model.checkpoint at another file");
+    note += " (model, data and training settings match)";
+  }
   const io::CheckpointData data = reader.read(io::ReadOptions::parameters_only());
   models::LoadStateOptions o;
   o.source = path;
   models::load_model_state(model, data.parameters, o);
+  return note;
 }
 
 train::TrainOptions train_options(const Recipe& r, const train::BatchSource& data, int64_t epochs, double lr,
@@ -320,8 +369,7 @@ PipelineResult run_pipeline(const Recipe& r, const PipelineOptions& opt) {
   run_stage("float", [&] {
     const std::string ckpt = r.model.checkpoint;
     if (!ckpt.empty() && fs::exists(ckpt)) {
-      load_float_checkpoint(*t.model, ckpt);
-      report["notes"].push_back("float weights loaded from " + ckpt);
+      report["notes"].push_back(load_float_checkpoint(*t.model, ckpt, r));
     } else if (!r.model.safetensors.empty()) {
       t.import_safetensors(r.model.safetensors);
       report["notes"].push_back("float weights imported from " + r.model.safetensors);
@@ -330,7 +378,7 @@ PipelineResult run_pipeline(const Recipe& r, const PipelineOptions& opt) {
       train::fit(*t.model, *t.train, t.forward, o);
       if (interrupted()) return;  // a half-trained model is neither saved nor evaluated
       if (!ckpt.empty()) {
-        save_float_checkpoint(*t.model, ckpt, r.resolved_yaml);
+        save_float_checkpoint(*t.model, ckpt, r);
         report["notes"].push_back("float weights trained and saved to " + ckpt);
       }
     }

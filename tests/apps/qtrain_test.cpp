@@ -94,6 +94,12 @@ TEST(Qtrain, BertInt8RecipeRunsEndToEndAndExportsEverything) {
   const QtrainRun again = qtrain("--recipe recipes/bert_int8.yaml" + small(dir) + " --set data.seq_len=24 --stages float");
   ASSERT_EQ(again.code, 0) << again.output;
   EXPECT_NE(report(dir)["notes"].dump().find("loaded from"), std::string::npos);
+  EXPECT_NE(report(dir)["notes"].dump().find("settings match"), std::string::npos);
+  // A checkpoint trained otherwise is never loaded silently: the run names what differs.
+  const QtrainRun other = qtrain("--recipe recipes/bert_int8.yaml" + small(dir) +
+                                 " --set data.seq_len=24 --set train.epochs=2 --stages float");
+  EXPECT_EQ(other.code, 1) << other.output;
+  EXPECT_NE(other.output.find("train.epochs: checkpoint 1, this recipe 2"), std::string::npos) << other.output;
   fs::remove_all(dir);
 }
 
@@ -143,6 +149,19 @@ TEST(Qtrain, DryRunPrintsThePlanWithoutData) {
   ASSERT_EQ(no_freeze.code, 0) << no_freeze.output;
   EXPECT_NE(no_freeze.output.find("stages: float calibrate ptq qat\n"), std::string::npos) << no_freeze.output;
   EXPECT_NE(no_freeze.output.find("fake-quant, not frozen"), std::string::npos) << no_freeze.output;
+}
+
+TEST(Qtrain, EveryShippedRecipeDryRunsWithoutData) {
+  int n = 0;
+  for (const auto& e : fs::directory_iterator("recipes")) {
+    if (e.path().extension() != ".yaml") continue;
+    ++n;
+    const QtrainRun run = qtrain("--recipe " + e.path().string() + " --dry-run");
+    EXPECT_EQ(run.code, 0) << e.path() << "\n" << run.output;
+    EXPECT_NE(run.output.find("plan ("), std::string::npos) << e.path() << "\n" << run.output;
+    EXPECT_EQ(run.output.find("stage data"), std::string::npos) << e.path();
+  }
+  EXPECT_GE(n, 7);
 }
 
 TEST(Qtrain, ExitCodesSeparateBadRecipesFromFailedStages) {
