@@ -1,6 +1,8 @@
 // AtomicFile: temp file + fsync + rename + directory fsync.
 #include "framework/io/atomic_file.h"
 
+#include <fstream>
+
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -59,6 +61,17 @@ void AtomicFile::commit() {
   committed_ = true;
   // The rename itself is durable only once the directory entry is on disk.
   fsync_path(directory_of(target_), true);
+}
+
+void write_text_atomically(const std::string& path, const std::string& text) {
+  AtomicFile file(path);
+  {
+    std::ofstream out(file.temp_path(), std::ios::binary);
+    out << text;
+    out.flush();
+    QF_REQUIRE(out.good(), "cannot write ", path, " (temporary file ", file.temp_path(), ")");
+  }
+  file.commit();
 }
 
 }  // namespace qforge::io

@@ -34,4 +34,8 @@ class AtomicFile {
 // fsync of an existing file or directory; throws qforge::Error naming `path`.
 void fsync_path(const std::string& path, bool directory);
 
+// Replaces `path` with `text` through an AtomicFile: readers see the old or the new file whole.
+// Throws qforge::Error naming the path when it cannot be written (the old file is then kept).
+void write_text_atomically(const std::string& path, const std::string& text);
+
 }  // namespace qforge::io

@@ -14,6 +14,7 @@
 #include <memory>
 #include <sstream>
 
+#include "framework/io/atomic_file.h"
 #include "framework/io/calibration_io.h"
 #include "framework/io/checkpoint.h"
 #include "framework/io/model_io.h"
@@ -317,7 +318,8 @@ PipelineResult run_pipeline(const Recipe& r, const PipelineOptions& opt) {
   check_stages(r, opt.stages);
   PipelineResult result;
   fs::create_directories(opt.out_dir);
-  std::ofstream(fs::path(opt.out_dir) / "recipe.resolved.yaml") << "# sha256: " << r.sha256 << "\n" << r.resolved_yaml;
+  io::write_text_atomically((fs::path(opt.out_dir) / "recipe.resolved.yaml").string(),
+                            "# sha256: " + r.sha256 + "\n" + r.resolved_yaml);
   nlohmann::json report = {{"recipe", r.path}, {"recipe_sha256", r.sha256}, {"metrics", nlohmann::json::object()},
                            {"timings_s", nlohmann::json::object()}, {"size_bytes", nlohmann::json::object()},
                            {"latency_ms", {{"regime", kModelLatencyRegime}}},
@@ -409,7 +411,9 @@ PipelineResult run_pipeline(const Recipe& r, const PipelineOptions& opt) {
     if (sc.activations != ActivationMode::kStatic) return;
     t.model->eval();
     Calibration calib(*t.model);
-    const int64_t n = std::min(t.train->size(), r.calibrate.batches * r.data.batch_size);
+    const int64_t wanted_n = r.calibrate.samples > 0 ? r.calibrate.samples : r.calibrate.batches * r.data.batch_size;
+    const int64_t n = std::min(t.train->size(), wanted_n);
+    report["calibration_examples"] = n;
     for (int64_t b = 0; b < n; b += r.data.batch_size) {
       const at::Tensor idx = at::arange(b, std::min(n, b + r.data.batch_size), at::kLong);
       t.forward(t.train->get(idx));
@@ -491,8 +495,9 @@ PipelineResult run_pipeline(const Recipe& r, const PipelineOptions& opt) {
         report["search"]["pareto_metric"] = t.metric + " of PTQ fake-quant on the test split";
       const fs::path searched = fs::path(opt.out_dir) / "recipe.searched.yaml";
       recipe_text = resolved_with_rules(r, sr.rules);
-      std::ofstream(searched) << "# " << r.path << " with the search's choice as explicit rules (no search section)\n"
-                              << recipe_text;
+      io::write_text_atomically(searched.string(), "# " + r.path +
+                                                       " with the search's choice as explicit rules (no search section)\n" +
+                                                       recipe_text);
       report["exported"]["searched_recipe"] = searched.string();
     });
   }
@@ -518,7 +523,10 @@ PipelineResult run_pipeline(const Recipe& r, const PipelineOptions& opt) {
   }
   if (r.freeze.enabled && wanted("freeze")) {
     run_stage("freeze", [&] {
+      const auto f0 = std::chrono::steady_clock::now();
       freeze(*t.model);
+      // The stage's time includes the frozen evaluation; packing alone is reported beside it.
+      report["timings_s"]["freeze_pack"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - f0).count();
       record("frozen", train::evaluate(*t.model, *t.test, t.forward, eval_bs, "frozen eval"), t);
       report["size_bytes"]["frozen"] = model_size(*t.model).total_bytes;
       report["latency_ms"]["frozen"] = model_latency_ms(t);

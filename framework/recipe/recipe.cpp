@@ -153,6 +153,8 @@ const Field& schema() {
       }),
       map("calibrate", "calibration of static activations", {
           bind(leaf("batches", T::kInt, "training batches fed through the model under Calibration", 1, 1e9), &Recipe::calibrate, &Recipe::Calibrate::batches),
+          bind(leaf("samples", T::kInt, "training examples to calibrate on (0: use batches); as INC's calibration_sampling_size, NNCF's subset_size", 0, 1e12),
+               &Recipe::calibrate, &Recipe::Calibrate::samples),
       }),
       map("qat", "quantization-aware training after calibration", {
           bind(leaf("epochs", T::kInt, "QAT epochs (0: skip)", 0, 10000), &Recipe::qat, &Recipe::Qat::epochs),

@@ -72,6 +72,7 @@ struct Recipe {
 
   struct Calibrate {
     int64_t batches = 16;
+    int64_t samples = 0;  // > 0: calibrate on this many training examples instead of `batches` batches
   } calibrate;
 
   struct Qat {

@@ -1,6 +1,8 @@
 // Rendering of qtrain's report.json / report.md.
 #include "framework/recipe/report.h"
 
+#include "framework/io/atomic_file.h"
+
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
@@ -22,7 +24,7 @@ std::string fmt(double v, int prec = 4) {
 
 std::string write_report_files(const nlohmann::json& report, const Recipe& r, const std::string& out_dir) {
   const fs::path json_path = fs::path(out_dir) / "report.json";
-  std::ofstream(json_path) << report.dump(2) << "\n";
+  io::write_text_atomically(json_path.string(), report.dump(2) + "\n");
   std::ostringstream md;
   md << "# qtrain report\n\nrecipe `" << r.path << "` (sha256 `" << r.sha256 << "`)\n\n| stage | ";
   const std::string metric = report.value("metric", std::string("metric"));
@@ -38,7 +40,7 @@ std::string write_report_files(const nlohmann::json& report, const Recipe& r, co
   if (report.contains("eval_examples"))
     md << "\nevaluated on " << report.at("eval_examples").get<int64_t>() << " test examples\n";
   md << "\nwall time per stage:";
-  for (const char* stage : {"data", "float", "search", "calibrate", "ptq", "qat", "freeze", "export"})
+  for (const char* stage : {"data", "float", "search", "calibrate", "ptq", "qat", "freeze", "freeze_pack", "export"})
     if (timings.contains(stage)) md << " " << stage << " " << fmt(timings.at(stage).get<double>(), 1) << " s;";
   md << "\n";
   if (report.at("size_bytes").contains("float")) {
@@ -93,7 +95,7 @@ std::string write_report_files(const nlohmann::json& report, const Recipe& r, co
     md << "\n";
   }
   for (const auto& n : report.at("notes")) md << "\n- " << n.get<std::string>();
-  std::ofstream(fs::path(out_dir) / "report.md") << md.str() << "\n";
+  io::write_text_atomically((fs::path(out_dir) / "report.md").string(), md.str() + "\n");
   return json_path.string();
 }
 

@@ -166,14 +166,8 @@ void LatencyCache::save() const {
   if (path_.empty() || !dirty_) return;
   const fs::path dir = fs::path(path_).parent_path();
   if (!dir.empty()) fs::create_directories(dir);
-  nlohmann::json j = {{"format", kCacheFormat}, {"version", kCacheVersion}, {"entries", entries_}};
-  io::AtomicFile file(path_);
-  {
-    std::ofstream out(file.temp_path());
-    out << j.dump(1) << "\n";
-    QF_REQUIRE(out.good(), "latency cache: cannot write ", file.temp_path());
-  }
-  file.commit();
+  const nlohmann::json j = {{"format", kCacheFormat}, {"version", kCacheVersion}, {"entries", entries_}};
+  io::write_text_atomically(path_, j.dump(1) + "\n");
 }
 
 std::string latency_key(const QuantizableLayer& layer, const std::vector<int64_t>& weight_shape,

@@ -109,8 +109,17 @@ TEST(Qtrain, FashionMnistCnnRecipesRun) {
     const QtrainRun run = qtrain(std::string("--recipe ") + recipe + small(dir));
     ASSERT_EQ(run.code, 0) << recipe << "\n" << run.output;
     expect_full_report(report(dir), "accuracy", std::string(recipe).find("qat") != std::string::npos);
+    // calibrate.batches=2 of 128 examples; packing alone is timed beside the freeze stage.
+    EXPECT_EQ(report(dir)["calibration_examples"], 256);
+    EXPECT_TRUE(report(dir)["timings_s"].contains("freeze_pack"));
     fs::remove_all(dir);
   }
+  // calibrate.samples counts examples instead of batches.
+  const std::string dir = out_dir("cnn_samples");
+  const QtrainRun run = qtrain("--recipe recipes/fmnist_cnn_int8.yaml" + small(dir) + " --set calibrate.samples=300");
+  ASSERT_EQ(run.code, 0) << run.output;
+  EXPECT_EQ(report(dir)["calibration_examples"], 300);
+  fs::remove_all(dir);
 }
 
 TEST(Qtrain, Gpt2WeightOnlyRecipeReportsPerplexity) {
@@ -153,10 +162,10 @@ TEST(Qtrain, DryRunPrintsThePlanWithoutData) {
 
 TEST(Qtrain, EveryShippedRecipeDryRunsWithoutData) {
   int n = 0;
-  for (const auto& e : fs::directory_iterator("recipes")) {
+  for (const auto& e : fs::directory_iterator(fs::path(QFORGE_SOURCE_DIR) / "recipes")) {
     if (e.path().extension() != ".yaml") continue;
     ++n;
-    const QtrainRun run = qtrain("--recipe " + e.path().string() + " --dry-run");
+    const QtrainRun run = qtrain("--recipe recipes/" + e.path().filename().string() + " --dry-run");
     EXPECT_EQ(run.code, 0) << e.path() << "\n" << run.output;
     EXPECT_NE(run.output.find("plan ("), std::string::npos) << e.path() << "\n" << run.output;
     EXPECT_EQ(run.output.find("stage data"), std::string::npos) << e.path();

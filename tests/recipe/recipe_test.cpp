@@ -194,7 +194,7 @@ TEST(Recipe, EveryBoundKeyReachesTheRecipeAndAbsentKeysKeepTheirDefaults) {
   const Recipe defaults = load_recipe(path);
   const Recipe r = load_recipe(path, {"seed=9", "model.checkpoint=x.h5", "model.safetensors=w.safetensors",
                                       "data.batch_size=7", "data.examples_per_language=3", "train.lr=0.5",
-                                      "train.grad_clip=0", "calibrate.batches=5", "qat.freeze_bn_after=3",
+                                      "train.grad_clip=0", "calibrate.batches=5", "calibrate.samples=300", "qat.freeze_bn_after=3",
                                       "qat.lr=0.25", "freeze.enabled=false", "export.safetensors=true",
                                       "export.report=false"});
   EXPECT_EQ(r.seed, 9u);
@@ -205,6 +205,8 @@ TEST(Recipe, EveryBoundKeyReachesTheRecipeAndAbsentKeysKeepTheirDefaults) {
   EXPECT_EQ(r.train.lr, 0.5);
   EXPECT_EQ(r.train.grad_clip, 0.0);
   EXPECT_EQ(r.calibrate.batches, 5);
+  EXPECT_EQ(r.calibrate.samples, 300);
+  EXPECT_EQ(defaults.calibrate.samples, 0);
   EXPECT_EQ(r.qat.freeze_bn_after, 3);
   EXPECT_EQ(r.qat.lr, 0.25);
   EXPECT_FALSE(r.freeze.enabled);
