@@ -314,7 +314,15 @@ int main(int argc, char** argv) {
   try {
     if (show->parsed()) return qforge::io::show(show_file, show_path);
     if (merge->parsed()) return qforge::io::merge(merge_inputs, merge_out);
-    if (diff->parsed()) return qforge::io::diff(diff_a, diff_b, atol);
+    if (diff->parsed()) {
+      if (!(std::isfinite(atol) && atol >= 0)) {
+        // NaN would compare false everywhere ("no differences"), a negative one would call
+        // identical files different.
+        std::fprintf(stderr, "qdump diff: --atol must be a finite number >= 0, got %g\n", atol);
+        return 2;
+      }
+      return qforge::io::diff(diff_a, diff_b, atol);
+    }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "qdump: %s\n", e.what());
     return 2;

@@ -117,7 +117,7 @@ const Field& schema() {
       }),
       map("train", "float training (when no checkpoint is given)", {
           bind(leaf("epochs", T::kInt, "epochs", 0, 10000), &Recipe::train, &Recipe::Train::epochs),
-          bind(leaf("lr", T::kFloat, "peak learning rate (AdamW)", 0, 10), &Recipe::train, &Recipe::Train::lr),
+          bind(leaf("lr", T::kFloat, "peak learning rate (AdamW)", 1e-12, 10), &Recipe::train, &Recipe::Train::lr),
           bind(leaf("weight_decay", T::kFloat, "AdamW weight decay", 0, 10), &Recipe::train, &Recipe::Train::weight_decay),
           bind(leaf("warmup_steps", T::kInt, "linear warm-up steps before the cosine schedule", 0, 1e9), &Recipe::train, &Recipe::Train::warmup_steps),
           bind(leaf("grad_clip", T::kFloat, "gradient norm clip (0: off)", 0, 1e9), &Recipe::train, &Recipe::Train::grad_clip),
@@ -137,8 +137,8 @@ const Field& schema() {
               leaf("symmetric", T::kBool, "symmetric activations (int8: narrow range [-127, 127])"),
               choice("observer", activation_observer_kinds(), "static activation observer"),
               choice("method", histogram_method_names(), "histogram range search"),
-              leaf("percentile", T::kFloat, "percentile of the percentile method", 0, 100),
-              leaf("averaging_constant", T::kFloat, "moving-average constant", 0, 1),
+              leaf("percentile", T::kFloat, "percentile of the percentile method (> 0)", 1e-9, 100),
+              leaf("averaging_constant", T::kFloat, "moving-average constant (> 0)", 1e-9, 1),
               leaf("lsq", T::kBool, "learnable activation step (LSQ) during QAT"),
           }),
           Field{"rules", T::kList, "ordered per-layer rules; the first whose pattern matches wins", {}, -kInf, kInf,
@@ -158,7 +158,7 @@ const Field& schema() {
       }),
       map("qat", "quantization-aware training after calibration", {
           bind(leaf("epochs", T::kInt, "QAT epochs (0: skip)", 0, 10000), &Recipe::qat, &Recipe::Qat::epochs),
-          bind(leaf("lr", T::kFloat, "QAT learning rate", 0, 10), &Recipe::qat, &Recipe::Qat::lr),
+          bind(leaf("lr", T::kFloat, "QAT learning rate", 1e-12, 10), &Recipe::qat, &Recipe::Qat::lr),
           bind(leaf("lsq", T::kBool, "learnable step sizes for weights and activations"), &Recipe::qat, &Recipe::Qat::lsq),
           bind(leaf("freeze_observers_after", T::kInt, "stop observer updates after this many steps (-1: never)", -1, 1e12), &Recipe::qat, &Recipe::Qat::freeze_observers_after),
           bind(leaf("freeze_bn_after", T::kInt, "fix BatchNorm statistics after this many steps (-1: never)", -1, 1e12), &Recipe::qat, &Recipe::Qat::freeze_bn_after),
@@ -252,8 +252,15 @@ void validate(const YAML::Node& node, const Field& field, const std::string& pat
       }
       std::vector<std::string> names;
       for (const Field& c : field.children) names.push_back(c.name);
+      std::map<std::string, YAML::Mark> seen;
       for (const auto& kv : node) {
         const std::string key = kv.first.Scalar();
+        if (const auto [first, fresh] = seen.emplace(key, kv.first.Mark()); !fresh) {
+          // yaml-cpp would keep the first, PyYAML the last: neither is what the author meant.
+          ctx.add(file, kv.first.Mark(), dotted(path, key),
+                  "duplicate key (first at line " + std::to_string(first->second.line + 1) + ")");
+          continue;
+        }
         const auto it = std::find_if(field.children.begin(), field.children.end(),
                                      [&](const Field& c) { return c.name == key; });
         if (it == field.children.end()) {
@@ -638,6 +645,11 @@ Recipe load_recipe(const std::string& path, const std::vector<std::string>& over
     r.scheme.activation_lsq = true;
   }
   if (r.qat.epochs > 0 && !r.quantize) problem("qat.epochs", "QAT needs a quantize section");
+  if (r.train.epochs == 0 && r.model.safetensors.empty() &&
+      (r.model.checkpoint.empty() || !std::filesystem::exists(r.model.checkpoint)))
+    problem("train.epochs", "0 epochs and no float weights to load (model.checkpoint " +
+                                (r.model.checkpoint.empty() ? std::string("is not set") : "'" + r.model.checkpoint + "' does not exist") +
+                                ", no model.safetensors): nothing would train the model");
   const YAML::Node sn = tree["search"];
   r.search.enabled = sn && sn.IsMap() && sn.size() > 0;
   if (r.search.enabled) {

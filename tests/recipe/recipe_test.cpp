@@ -298,3 +298,28 @@ TEST(Recipe, ProblemsCausedByASetAreBlamedOnTheArgument) {
   EXPECT_EQ(in_file[0].file, file);
   EXPECT_GT(in_file[0].line, 0);
 }
+
+TEST(Recipe, DuplicateKeysZeroRatesAndUntrainableModelsAreRejectedUpFront) {
+  TempDir dir;
+  auto all = [&](const std::string& text) {
+    std::string out;
+    for (const auto& i : issues_of(dir.write("r.yaml", text))) out += i.to_string() + "\n";
+    return out;
+  };
+  // A duplicate key: yaml-cpp keeps the first, PyYAML the last; neither is taken.
+  std::string e = all(std::string(kMinimal) + "train: {epochs: 2}\ntrain: {epochs: 3}\n");
+  EXPECT_NE(e.find("r.yaml:4:1: train: duplicate key (first at line 3)"), std::string::npos) << e;
+  e = all(std::string(kMinimal) + "train:\n  lr: 0.1\n  lr: 0.2\n");
+  EXPECT_NE(e.find("train.lr: duplicate key (first at line 4)"), std::string::npos) << e;
+  // Zero learning rates, percentile and averaging constant.
+  e = all(std::string(kMinimal) + "train: {lr: 0}\nqat: {lr: 0}\n");
+  EXPECT_NE(e.find("train.lr: value 0 is out of range"), std::string::npos) << e;
+  EXPECT_NE(e.find("qat.lr: value 0 is out of range"), std::string::npos) << e;
+  e = all(std::string(kMinimal) + "quantize: {activations: {mode: static, percentile: 0, averaging_constant: 0}}\n");
+  EXPECT_NE(e.find("quantize.activations.percentile: value 0 is out of range"), std::string::npos) << e;
+  EXPECT_NE(e.find("quantize.activations.averaging_constant: value 0 is out of range"), std::string::npos) << e;
+  // No epochs and nothing to load: the float model would be untrained.
+  e = all("model: {arch: mlp, checkpoint: /nonexistent/qforge_absent.h5}\ndata: {dataset: fashion_mnist}\n"
+          "train: {epochs: 0}\n");
+  EXPECT_NE(e.find("train.epochs: 0 epochs and no float weights to load"), std::string::npos) << e;
+}
