@@ -5,6 +5,7 @@
 #include "framework/search/search.h"
 
 #include <ATen/ATen.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
@@ -316,6 +317,24 @@ PipelineResult run_pipeline(const Recipe& r, const PipelineOptions& opt) {
   }
 
   check_stages(r, opt.stages);
+  // Every file this run will write is checked before the first stage: a path that cannot be
+  // written is found now, not after the float epochs.
+  auto probe_writable = [](const fs::path& dir, const std::string& what) {
+    std::error_code ec;
+    fs::create_directories(dir.empty() ? fs::path(".") : dir, ec);
+    const fs::path probe = (dir.empty() ? fs::path(".") : dir) / (".qtrain-write-probe-" + std::to_string(::getpid()));
+    try {
+      io::write_text_atomically(probe.string(), "");
+    } catch (const std::exception& e) {
+      throw Error(what + ": cannot write into " + (dir.empty() ? std::string(".") : dir.string()) + " (" +
+                  (ec ? ec.message() : std::string(e.what())) + ")");
+    }
+    fs::remove(probe, ec);
+  };
+  probe_writable(fs::path(opt.out_dir), "--out");
+  const bool trains_float = (opt.stages.empty() || std::find(opt.stages.begin(), opt.stages.end(), "float") != opt.stages.end()) &&
+                            r.model.safetensors.empty() && !r.model.checkpoint.empty() && !fs::exists(r.model.checkpoint);
+  if (trains_float) probe_writable(fs::path(r.model.checkpoint).parent_path(), "model.checkpoint " + r.model.checkpoint);
   PipelineResult result;
   fs::create_directories(opt.out_dir);
   io::write_text_atomically((fs::path(opt.out_dir) / "recipe.resolved.yaml").string(),

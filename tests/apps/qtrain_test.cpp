@@ -189,6 +189,19 @@ TEST(Qtrain, ExitCodesSeparateBadRecipesFromFailedStages) {
   EXPECT_FALSE(fs::exists(lone_dir + "/report.json"));
   EXPECT_EQ(qtrain("").code, 2);
 
+  // Unwritable outputs are found before the first stage, not after training.
+  const QtrainRun no_ckpt = qtrain("--recipe recipes/fmnist_cnn_int8.yaml --out " + out_dir("probe") +
+                                   " --set model.checkpoint=/proc/qforge/fp32.h5");
+  EXPECT_EQ(no_ckpt.code, 1) << no_ckpt.output;
+  EXPECT_NE(no_ckpt.output.find("model.checkpoint /proc/qforge/fp32.h5: cannot write into /proc/qforge"),
+            std::string::npos)
+      << no_ckpt.output;
+  EXPECT_EQ(no_ckpt.output.find("stage float"), std::string::npos) << no_ckpt.output;
+  const QtrainRun no_out = qtrain("--recipe recipes/fmnist_cnn_int8.yaml --out /proc/qforge_out");
+  EXPECT_EQ(no_out.code, 1) << no_out.output;
+  EXPECT_NE(no_out.output.find("--out: cannot write into /proc/qforge_out"), std::string::npos) << no_out.output;
+  fs::remove_all(out_dir("probe"));
+
   const std::string dir = out_dir("fail");
   fs::create_directories(dir);
   std::ofstream(dir + "/fp32.h5") << "not an hdf5 file";
