@@ -4,12 +4,15 @@
 #include <fstream>
 
 #include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <cstdlib>
+#include <filesystem>
 
 #include "framework/core/error.h"
 
@@ -72,6 +75,28 @@ void write_text_atomically(const std::string& path, const std::string& text) {
     QF_REQUIRE(out.good(), "cannot write ", path, " (temporary file ", file.temp_path(), ")");
   }
   file.commit();
+}
+
+std::vector<std::string> remove_stale_temporaries(const std::string& dir) {
+  std::vector<std::string> removed;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.empty() || name[0] != '.') continue;
+    const size_t tmp = name.rfind(".tmp-");
+    if (tmp == std::string::npos) continue;
+    // ".tmp-<pid>-<n>": digits, a dash, digits.
+    const std::string tail = name.substr(tmp + 5);
+    const size_t dash = tail.find('-');
+    if (dash == std::string::npos || dash == 0 || dash + 1 == tail.size() ||
+        tail.find_first_not_of("0123456789-") != std::string::npos || tail.find('-', dash + 1) != std::string::npos)
+      continue;
+    const long pid = std::strtol(tail.substr(0, dash).c_str(), nullptr, 10);
+    if (pid <= 0) continue;
+    if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;  // alive (or not ours to judge)
+    if (std::filesystem::remove(e.path(), ec)) removed.push_back(name);
+  }
+  return removed;
 }
 
 }  // namespace qforge::io

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 namespace qforge::io {
 
@@ -33,6 +34,10 @@ class AtomicFile {
 
 // fsync of an existing file or directory; throws qforge::Error naming `path`.
 void fsync_path(const std::string& path, bool directory);
+
+// Removes the temporary files killed writers left in `dir` (".<name>.tmp-<pid>-<n>" of a process
+// that no longer runs) and returns their names. Files of live writers are left alone.
+std::vector<std::string> remove_stale_temporaries(const std::string& dir);
 
 // Replaces `path` with `text` through an AtomicFile: readers see the old or the new file whole.
 // Throws qforge::Error naming the path when it cannot be written (the old file is then kept).

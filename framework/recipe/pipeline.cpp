@@ -337,12 +337,31 @@ PipelineResult run_pipeline(const Recipe& r, const PipelineOptions& opt) {
   if (trains_float) probe_writable(fs::path(r.model.checkpoint).parent_path(), "model.checkpoint " + r.model.checkpoint);
   PipelineResult result;
   fs::create_directories(opt.out_dir);
+  // No reader may pair files of two runs: the previous run's outputs go before this run writes
+  // anything (a run stopped midway leaves only its own files), and so do temporaries of killed
+  // writers.
+  std::vector<std::string> cleared;
+  for (const char* name : {"report.json", "report.md", "recipe.resolved.yaml", "recipe.searched.yaml", "model.h5",
+                           "calibration.h5", "model.safetensors"}) {
+    const fs::path p = fs::path(opt.out_dir) / name;
+    std::error_code ec;
+    if (!fs::exists(p) || fs::equivalent(p, r.model.checkpoint, ec) ||
+        (!r.search.sensitivities_from.empty() && fs::equivalent(p, r.search.sensitivities_from, ec)))
+      continue;
+    if (fs::remove(p, ec)) cleared.push_back(name);
+  }
+  for (const std::string& t : io::remove_stale_temporaries(opt.out_dir)) cleared.push_back(t);
   io::write_text_atomically((fs::path(opt.out_dir) / "recipe.resolved.yaml").string(),
                             "# sha256: " + r.sha256 + "\n" + r.resolved_yaml);
   nlohmann::json report = {{"recipe", r.path}, {"recipe_sha256", r.sha256}, {"metrics", nlohmann::json::object()},
                            {"timings_s", nlohmann::json::object()}, {"size_bytes", nlohmann::json::object()},
                            {"latency_ms", {{"regime", kModelLatencyRegime}}},
                            {"exported", nlohmann::json::object()}, {"notes", nlohmann::json::array()}};
+  if (!cleared.empty()) {
+    std::string list;
+    for (const std::string& c : cleared) list += (list.empty() ? "" : ", ") + c;
+    report["notes"].push_back("removed from " + opt.out_dir + " before this run: " + list);
+  }
   auto write_report = [&]() {
     report["completed_stages"] = result.completed;
     report["interrupted"] = result.interrupted;

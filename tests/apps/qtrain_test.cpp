@@ -2,6 +2,7 @@
 // numbers in range), --dry-run, and the exit codes of invalid recipes and failing stages.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -95,6 +96,24 @@ TEST(Qtrain, BertInt8RecipeRunsEndToEndAndExportsEverything) {
   ASSERT_EQ(again.code, 0) << again.output;
   EXPECT_NE(report(dir)["notes"].dump().find("loaded from"), std::string::npos);
   EXPECT_NE(report(dir)["notes"].dump().find("settings match"), std::string::npos);
+  // A new run in the same directory first removes the previous run's outputs and the
+  // temporaries of killed writers (a dead pid's), so no reader pairs files of two runs.
+  const pid_t dead = fork();
+  if (dead == 0) _exit(0);
+  waitpid(dead, nullptr, 0);
+  const std::string stale = dir + "/.model.h5.tmp-" + std::to_string(dead) + "-0";
+  std::ofstream(stale) << "half";
+  const std::string live = dir + "/.model.h5.tmp-" + std::to_string(::getpid()) + "-0";
+  std::ofstream(live) << "being written";
+  std::ofstream(dir + "/model.h5") << "a previous run's model";
+  const QtrainRun third = qtrain("--recipe recipes/bert_int8.yaml" + small(dir) + " --set data.seq_len=24 --stages float");
+  ASSERT_EQ(third.code, 0) << third.output;
+  EXPECT_FALSE(fs::exists(dir + "/model.h5"));  // this run does not export: the old model is gone
+  EXPECT_FALSE(fs::exists(stale));
+  EXPECT_TRUE(fs::exists(live));
+  EXPECT_TRUE(fs::exists(dir + "/fp32.h5"));  // the float checkpoint is not an output to clear
+  EXPECT_NE(report(dir)["notes"].dump().find("model.h5"), std::string::npos) << report(dir)["notes"].dump();
+  fs::remove(live);
   // A checkpoint trained otherwise is never loaded silently: the run names what differs.
   const QtrainRun other = qtrain("--recipe recipes/bert_int8.yaml" + small(dir) +
                                  " --set data.seq_len=24 --set train.epochs=2 --stages float");
