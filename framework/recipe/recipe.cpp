@@ -341,7 +341,34 @@ void deep_merge(YAML::Node base, const YAML::Node& overlay) {
   }
 }
 
-YAML::Node resolve_file(const std::filesystem::path& path, std::vector<std::string>& stack, Origins& origins, Ctx& ctx) {
+// Limits that keep a hostile recipe from taking minutes or gigabytes: a recipe file is text of
+// a few kilobytes, its tree (aliases expanded) a few hundred nodes, its includes a handful.
+constexpr std::uintmax_t kMaxRecipeBytes = 1 << 20;
+constexpr int64_t kMaxRecipeNodes = 100000;
+constexpr size_t kMaxIncludeDepth = 16;
+constexpr int kMaxIncludes = 256;
+
+// Counts nodes with aliases expanded (as every later walk sees them), stopping at the budget:
+// false once it is spent, after at most `budget` visits however deep the alias nesting.
+bool within_node_budget(const YAML::Node& n, int64_t& budget) {
+  if (--budget < 0) return false;
+  if (n.IsMap()) {
+    for (const auto& kv : n)
+      if (!within_node_budget(kv.first, budget) || !within_node_budget(kv.second, budget)) return false;
+  } else if (n.IsSequence()) {
+    for (const auto& c : n)
+      if (!within_node_budget(c, budget)) return false;
+  }
+  return true;
+}
+
+struct IncludeState {
+  std::map<std::string, YAML::Node> resolved;  // canonical path -> merged tree: each file resolved once
+  int includes = 0;
+};
+
+YAML::Node resolve_file(const std::filesystem::path& path, std::vector<std::string>& stack, Origins& origins, Ctx& ctx,
+                        IncludeState& state) {
   const std::string file = path.string();
   YAML::Node node;
   if (!std::filesystem::exists(path)) {
@@ -353,10 +380,24 @@ YAML::Node resolve_file(const std::filesystem::path& path, std::vector<std::stri
     ctx.add(file, YAML::Mark::null_mark(), "", "not a regular file");
     return YAML::Node(YAML::NodeType::Map);
   }
+  {
+    std::error_code ec;
+    const std::uintmax_t bytes = std::filesystem::file_size(path, ec);
+    if (!ec && bytes > kMaxRecipeBytes) {
+      ctx.add(file, YAML::Mark::null_mark(), "",
+              "file of " + std::to_string(bytes) + " bytes; recipes are at most " + std::to_string(kMaxRecipeBytes) + " bytes");
+      return YAML::Node(YAML::NodeType::Map);
+    }
+  }
   try {
     node = YAML::LoadFile(file);
   } catch (const YAML::ParserException& e) {
     ctx.add(file, e.mark, "", "YAML syntax error: " + e.msg);
+    return YAML::Node(YAML::NodeType::Map);
+  }
+  if (int64_t budget = kMaxRecipeNodes; !within_node_budget(node, budget)) {
+    ctx.add(file, YAML::Mark::null_mark(), "",
+            "more than " + std::to_string(kMaxRecipeNodes) + " YAML nodes once aliases are expanded; not a recipe");
     return YAML::Node(YAML::NodeType::Map);
   }
   if (node.IsNull()) return YAML::Node(YAML::NodeType::Map);
@@ -376,6 +417,16 @@ YAML::Node resolve_file(const std::filesystem::path& path, std::vector<std::stri
         ctx.add(file, inc.Mark(), "include", "include cycle through '" + inc.Scalar() + "'");
         continue;
       }
+      if (stack.size() >= kMaxIncludeDepth || ++state.includes > kMaxIncludes) {
+        ctx.add(file, inc.Mark(), "include",
+                "includes nest deeper than " + std::to_string(kMaxIncludeDepth) + " or number more than " +
+                    std::to_string(kMaxIncludes));
+        break;
+      }
+      if (const auto done = state.resolved.find(canon); done != state.resolved.end()) {
+        deep_merge(merged, done->second);  // resolved once, merged wherever it is included
+        continue;
+      }
       if (!std::filesystem::exists(inc_path)) {
         ctx.add(file, inc.Mark(), "include", "included file '" + inc_path.string() + "' not found");
         continue;
@@ -384,7 +435,9 @@ YAML::Node resolve_file(const std::filesystem::path& path, std::vector<std::stri
         ctx.add(file, inc.Mark(), "include", "included path '" + inc_path.string() + "' is not a regular file");
         continue;
       }
-      deep_merge(merged, resolve_file(inc_path, stack, origins, ctx));
+      const YAML::Node resolved = resolve_file(inc_path, stack, origins, ctx, state);
+      state.resolved[canon] = resolved;
+      deep_merge(merged, resolved);
     }
     stack.pop_back();
   }
@@ -544,7 +597,8 @@ Recipe load_recipe(const std::string& path, const std::vector<std::string>& over
   Ctx ctx;
   Origins origins;
   std::vector<std::string> stack;
-  YAML::Node tree = resolve_file(path, stack, origins, ctx);
+  IncludeState include_state;
+  YAML::Node tree = resolve_file(path, stack, origins, ctx, include_state);
   for (const std::string& o : overrides) apply_override(tree, o, origins, ctx);
   if (!ctx.issues.empty()) throw RecipeError(ctx.issues);
 

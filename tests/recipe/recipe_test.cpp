@@ -2,6 +2,8 @@
 // includes and --set overrides resolve in order; shipped recipes validate.
 #include <gtest/gtest.h>
 
+#include <chrono>
+
 #include <filesystem>
 #include <fstream>
 
@@ -322,4 +324,34 @@ TEST(Recipe, DuplicateKeysZeroRatesAndUntrainableModelsAreRejectedUpFront) {
   e = all("model: {arch: mlp, checkpoint: /nonexistent/qforge_absent.h5}\ndata: {dataset: fashion_mnist}\n"
           "train: {epochs: 0}\n");
   EXPECT_NE(e.find("train.epochs: 0 epochs and no float weights to load"), std::string::npos) << e;
+}
+
+TEST(Recipe, HostileRecipesAreRefusedInMilliseconds) {
+  TempDir dir;
+  const auto t0 = std::chrono::steady_clock::now();
+  // "Billion laughs": nine levels of ten aliases each, under a free-form key.
+  std::string bomb = std::string(kMinimal) + "model_bomb:\n  a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n";
+  for (int i = 1; i < 9; ++i) {
+    bomb += "  a" + std::to_string(i) + ": &a" + std::to_string(i) + " [";
+    for (int k = 0; k < 10; ++k) bomb += std::string(k ? ", " : "") + "*a" + std::to_string(i - 1);
+    bomb += "]\n";
+  }
+  std::vector<RecipeIssue> issues = issues_of(dir.write("bomb.yaml", bomb));
+  ASSERT_FALSE(issues.empty());
+  EXPECT_NE(issues[0].message.find("YAML nodes once aliases are expanded"), std::string::npos) << issues[0].message;
+  // Includes that fan out, 24 levels of two: each file is resolved once, and the depth is capped.
+  for (int d = 0; d < 24; ++d) {
+    const std::string next = d == 23 ? "" : "include: [l" + std::to_string(d + 1) + ".yaml, l" + std::to_string(d + 1) + ".yaml]\n";
+    dir.write("l" + std::to_string(d) + ".yaml", next + "seed: " + std::to_string(d) + "\n");
+  }
+  issues = issues_of(dir.write("fan.yaml", std::string(kMinimal) + "include: [l0.yaml, l0.yaml]\n"));
+  ASSERT_FALSE(issues.empty());
+  bool capped = false;
+  for (const auto& i : issues) capped |= i.message.find("includes nest deeper than 16") != std::string::npos;
+  EXPECT_TRUE(capped);
+  // A file far larger than any recipe.
+  issues = issues_of(dir.write("big.yaml", std::string(kMinimal) + "# " + std::string(2 << 20, 'x') + "\n"));
+  ASSERT_FALSE(issues.empty());
+  EXPECT_NE(issues[0].message.find("recipes are at most 1048576 bytes"), std::string::npos) << issues[0].message;
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 5.0);
 }
