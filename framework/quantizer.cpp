@@ -264,7 +264,13 @@ at::Tensor QuantizerImpl::activation_forward(const at::Tensor& x) {
     return fake_quantize(x2d, dynamic_qparams(x2d)).reshape(x.sizes());
   }
   const bool update = observer_ && observing_ && !observer_frozen_;
-  if (update) observer_->update(x.detach());
+  if (update) {
+    try {
+      observer_->update(x.detach());
+    } catch (const Error& e) {
+      throw Error(path_ + " (" + observer_->kind() + " observer): " + e.what());
+    }
+  }
   if (!fake_quant_) return x;
   // LSQ trains from its first training step on; before that (PTQ evaluation) the calibrated
   // static qparams apply.

@@ -117,8 +117,17 @@ int64_t histc_bin(float v, float lo, float hi, int64_t bins) {
 
 std::pair<float, float> histc_edges(float min, float max) {
   // torch.histc widens a degenerate range by 1 in double, then linspace rounds to float.
-  if (min == max) return {static_cast<float>(static_cast<double>(min) - 1.0),
-                          static_cast<float>(static_cast<double>(max) + 1.0)};
+  if (min == max) {
+    float lo = static_cast<float>(static_cast<double>(min) - 1.0);
+    float hi = static_cast<float>(static_cast<double>(max) + 1.0);
+    // Above 2^24 the widening by 1 rounds away in float (a constant 3e7 would give an empty
+    // range): widen by one float step instead, staying finite.
+    if (!(lo < hi)) {
+      lo = std::nextafter(min, -std::numeric_limits<float>::max());
+      hi = std::nextafter(max, std::numeric_limits<float>::max());
+    }
+    return {lo, hi};
+  }
   return {min, max};
 }
 
@@ -343,6 +352,10 @@ void Histogram::observe(const float* x, int64_t n, int64_t* nonfinite) {
 
 void Histogram::update(const float* x, int64_t n, float xmin, float xmax) {
   QF_CHECK(std::isfinite(xmin) && std::isfinite(xmax) && xmin <= xmax, xmin, " ", xmax);
+  // Bin positions are (x - lo) / (hi - lo): a range wider than float can hold has no bins.
+  const float lo_all = empty() ? xmin : std::min(min_, xmin), hi_all = empty() ? xmax : std::max(max_, xmax);
+  QF_REQUIRE(std::isfinite(hi_all - lo_all), "histogram: values span [", lo_all, ", ", hi_all,
+             "], wider than float32 can represent (the width overflows); no integer grid covers them");
   std::vector<float> fresh;
   if (empty()) {
     const auto [lo, hi] = histc_edges(xmin, xmax);

@@ -123,6 +123,10 @@ QParams calculate_qparams(const at::Tensor& min_val_in, const at::Tensor& max_va
     qp.zero_point = at::full(min_val.sizes(), zp, min_val.options().dtype(at::kInt));
   } else {
     qp.scale = at::maximum((max_pos - min_neg) / static_cast<double>(qmax - qmin), eps);
+    // max − min of ±3e38 overflows to inf: no grid covers it (PyTorch returns an inf scale).
+    QF_REQUIRE(at::isfinite(qp.scale).all().item<bool>(), "calculate_qparams: the range [",
+               min_neg.min().item<float>(), ", ", max_pos.max().item<float>(),
+               "] is wider than float32 can represent (its width overflows); no integer grid covers it");
     // torch.round is half-to-even, so zero points match PyTorch's observers.
     qp.zero_point =
         at::clamp(qmin - at::round(min_neg / qp.scale).to(at::kInt), qmin, qmax).to(at::kInt);

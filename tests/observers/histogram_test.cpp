@@ -8,6 +8,7 @@
 
 #include "framework/core/error.h"
 #include "observers/histogram.h"
+#include "observers/histogram_observer.h"
 #include "observers/histogram_search.h"
 #include "tests/observers/observer_test_util.h"
 
@@ -212,6 +213,36 @@ TEST(Histogram, StatesWithCumsumRoundingBelowZeroLoadAndRealNegativesDoNot) {
   EXPECT_THROW(h.assign(0.0f, 1.0f, small), Error);
   small[1] = std::numeric_limits<float>::quiet_NaN();
   EXPECT_THROW(h.assign(0.0f, 1.0f, small), Error);
+}
+
+}  // namespace
+}  // namespace qforge
+
+namespace qforge {
+namespace {
+
+// Hostile ranges: a constant above 2^24 (min − 1 rounds back to min in float) and values spanning
+// ±2e38 (the width overflows) are clear errors or handled, never an abort or a segfault; a
+// min/max affine range of ±3e38 is an error, not an inf scale.
+TEST(HistogramRange, HugeConstantsAndOverflowingWidthsNeverAbort) {
+  HistogramObserver obs;
+  obs.update(at::full({64}, 3e7f));
+  QSpec spec;
+  spec.qtype = qint8;
+  spec.symmetric = true;
+  spec.narrow_range = true;
+  EXPECT_NO_THROW(obs.qparams(spec));
+  HistogramObserver wide;
+  try {
+    wide.update(at::tensor({-2e38f, 2e38f}));
+    ADD_FAILURE() << "expected an Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("wider than float32 can represent"), std::string::npos) << e.what();
+  }
+  QSpec affine = spec;
+  affine.symmetric = false;
+  affine.narrow_range = false;
+  EXPECT_THROW(calculate_qparams(at::scalar_tensor(-3e38f), at::scalar_tensor(3e38f), affine), Error);
 }
 
 }  // namespace
