@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdio>
 #include <map>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -95,14 +96,21 @@ void show_quantized(const h5::Group& g, const std::string& indent) {
               summary(q.dequantize()).c_str());
 }
 
-void show_group(const h5::Group& g, const std::string& indent) {
+// `seen`: object addresses already shown, so a hard-link cycle (or a group linked twice) is
+// printed once.
+void show_group(const h5::Group& g, const std::string& indent, std::set<uint64_t>& seen) {
   print_attrs(g, indent);
   const bool quantized = g.has_attr("encoding") && g.attr_string("encoding") == "quantized";
   for (const std::string& name : g.children()) {
     switch (g.child_type(name)) {
       case h5::ObjectType::kGroup: {
+        const h5::Group child = g.open_group(name);
+        if (!seen.insert(child.address()).second) {
+          std::printf("%s%s/  (hard link to a group shown above; not repeated)\n", indent.c_str(), name.c_str());
+          break;
+        }
         std::printf("%s%s/\n", indent.c_str(), name.c_str());
-        show_group(g.open_group(name), indent + "  ");
+        show_group(child, indent + "  ", seen);
         break;
       }
       case h5::ObjectType::kDataset: {
@@ -160,7 +168,8 @@ int show(const std::string& file, const std::string& path) {
     g = g.open_group(best);
   }
   std::printf("%s: %s\n", file.c_str(), g.path().c_str());
-  show_group(g, "  ");
+  std::set<uint64_t> seen{g.address()};
+  show_group(g, "  ", seen);
   return 0;
 }
 

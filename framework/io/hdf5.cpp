@@ -9,6 +9,7 @@
 #include <cstring>
 #include <fstream>
 #include <mutex>
+#include <set>
 #include <sstream>
 #include <type_traits>
 
@@ -221,6 +222,13 @@ std::string Object::where() const {
 
 std::string Object::child_path(const std::string& name) const {
   return path_ == "/" ? "/" + name : path_ + "/" + name;
+}
+
+uint64_t Object::address() const {
+  Lock lock;
+  H5O_info_t oinfo;
+  check(H5Oget_info2(id_.get(), &oinfo, H5O_INFO_BASIC), where(), "cannot read object info");
+  return static_cast<uint64_t>(oinfo.addr);
 }
 
 bool Object::has_attr(const std::string& name) const {
@@ -483,6 +491,13 @@ Group Group::create_group(const std::string& name) const {
   return Group(std::move(g), child_path(name), file_path_);
 }
 
+void Group::link_hard(const std::string& name, const Object& target) const {
+  Lock lock;
+  require_name(name, where());
+  check(H5Lcreate_hard(target.id_.get(), ".", id_.get(), name.c_str(), H5P_DEFAULT, H5P_DEFAULT), where(),
+        "cannot link '" + name + "' to " + target.path());
+}
+
 Group Group::open_group(const std::string& name) const {
   Lock lock;
   const ObjectType t = child_type(name);
@@ -554,6 +569,7 @@ Dataset Group::write_tensor(const std::string& name, const at::Tensor& tensor) c
 }
 
 void Group::visit(const std::function<void(const std::string&, ObjectType, int)>& fn) const {
+  std::set<uint64_t> seen{address()};
   std::function<void(const Group&, const std::string&, int)> walk = [&](const Group& g,
                                                                         const std::string& prefix,
                                                                         int depth) {
@@ -561,7 +577,9 @@ void Group::visit(const std::function<void(const std::string&, ObjectType, int)>
       const std::string rel = prefix.empty() ? name : prefix + "/" + name;
       const ObjectType t = g.child_type(name);
       fn(rel, t, depth);
-      if (t == ObjectType::kGroup) walk(g.open_group(name), rel, depth + 1);
+      if (t != ObjectType::kGroup) continue;
+      const Group child = g.open_group(name);
+      if (seen.insert(child.address()).second) walk(child, rel, depth + 1);
     }
   };
   walk(*this, "", 0);

@@ -52,11 +52,16 @@ struct DatasetInfo {
 
 // Something that carries attributes: a group or a dataset.
 class Object {
+  friend class Group;  // link_hard() needs its target's identifier
+
  public:
   // Full path inside the file ("/parameters/fc1/weight") and the file's path, for messages.
   const std::string& path() const { return path_; }
   const std::string& file_path() const { return *file_path_; }
   bool valid() const { return id_.valid(); }
+  // The object header's address in the file: equal for every hard link to one object (walks use
+  // it to visit each object once, so a link cycle cannot recurse forever).
+  uint64_t address() const;
 
   bool has_attr(const std::string& name) const;
   std::vector<std::string> attr_names() const;
@@ -115,6 +120,9 @@ class Group : public Object {
   std::vector<std::string> children() const;
 
   Group create_group(const std::string& name) const;
+  // A second hard link `name` in this group to `target` (same file). Files qforge writes never
+  // hold one; tests make them to check that readers and walks survive link cycles.
+  void link_hard(const std::string& name, const Object& target) const;
   Group open_group(const std::string& name) const;
   Dataset open_dataset(const std::string& name) const;
 
@@ -126,7 +134,8 @@ class Group : public Object {
   at::Tensor read_tensor(const std::string& name) const { return open_dataset(name).read(); }
 
   // Depth-first walk below this group, children in name order: callback(path relative to this
-  // group, type, depth).
+  // group, type, depth). A group reached again through another hard link is reported but not
+  // descended into again.
   void visit(const std::function<void(const std::string&, ObjectType, int)>& fn) const;
 
  private:

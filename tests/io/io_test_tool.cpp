@@ -35,6 +35,16 @@ int main(int argc, char** argv) {
       out.close();
       return 0;
     }
+    if (mode == "make-link-cycle" && argc == 3) {
+      // /a/b/loop is a hard link back to /a: a cycle a naive walk recurses into forever.
+      h5::File f = h5::File::create(argv[2]);
+      const h5::Group a = f.root().create_group("a");
+      const h5::Group b = a.create_group("b");
+      b.write_tensor("x", at::arange(4, at::kFloat));
+      b.link_hard("loop", a);
+      f.close();
+      return 0;
+    }
     if (mode == "save-loop" && argc == 4) {
       at::set_num_threads(1);
       const std::string path = argv[2];
@@ -57,6 +67,6 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "io_test_tool: %s\n", e.what());
     return 1;
   }
-  std::fprintf(stderr, "usage: io_test_tool make-fixtures DIR | dequantize CKPT OUT | save-loop PATH ELEMS\n");
+  std::fprintf(stderr, "usage: io_test_tool make-fixtures DIR | dequantize CKPT OUT | make-link-cycle OUT | save-loop PATH ELEMS\n");
   return 2;
 }
