@@ -64,9 +64,14 @@ void Observer::merge(const Observer& other) {
     return;
   }
   check_compatible(other);
+  int64_t count = 0, nonfinite = 0;
+  QF_REQUIRE(!__builtin_add_overflow(count_, other.count_, &count) &&
+                 !__builtin_add_overflow(nonfinite_count_, other.nonfinite_count_, &nonfinite),
+             "observers: merged counts overflow int64 (", count_, " + ", other.count_, ", nonfinite ",
+             nonfinite_count_, " + ", other.nonfinite_count_, ")");
   merge_from(other);
-  count_ += other.count_;
-  nonfinite_count_ += other.nonfinite_count_;
+  count_ = count;
+  nonfinite_count_ = nonfinite;
 }
 
 std::map<std::string, at::Tensor> Observer::state() const {

@@ -154,7 +154,14 @@ CalibrationDump merge_calibration_dumps(const std::vector<CalibrationDump>& dump
   CalibrationDump out;
   for (auto& [key, value] : acc) {
     auto& [entry, observer] = value;
-    out[key.first][key.second] = make_calibration_entry(*observer, entry.options, entry.spec);
+    CalibrationEntry merged = make_calibration_entry(*observer, entry.options, entry.spec);
+    // Never hand back a dump its own loader refuses (e.g. histogram counts that overflowed to inf).
+    try {
+      merged.make_observer();
+    } catch (const Error& e) {
+      throw Error("framework/io: merged calibration of " + key.first + "/" + key.second + " would not load: " + e.what());
+    }
+    out[key.first][key.second] = std::move(merged);
   }
   return out;
 }

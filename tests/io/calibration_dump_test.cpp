@@ -4,6 +4,8 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <limits>
+
 #include "framework/core/error.h"
 #include "framework/io/format.h"
 #include "framework/io/hdf5.h"
@@ -154,6 +156,33 @@ TEST(CalibrationDump, MergeRejectsDisagreeingDumps) {
   b = calibrate(1);
   b["fc1"]["input"] = b["fc2"]["input"];  // histogram vs minmax
   EXPECT_THROW(merge_calibration_dumps({a, b}), Error);
+}
+
+TEST(CalibrationDump, MergesThatOverflowAreRefusedBeforeAnythingIsWritten) {
+  TempDir dir;
+  CalibrationDump dump = calibrate(0);
+  // Counts near the top of int64 (a dump merged with itself many times over).
+  for (auto& [module, pts] : dump)
+    for (auto& [point, e] : pts) e.state["count"] = at::scalar_tensor(std::numeric_limits<int64_t>::max() / 2 + 1, at::kLong);
+  save_calibration_dump(dir.file("big.h5"), dump);
+  const CalibrationDump big = load_calibration_dump(dir.file("big.h5"));
+  try {
+    merge_calibration_dumps({big, big});
+    FAIL() << "expected an Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("overflow int64"), std::string::npos) << e.what();
+  }
+  // Histogram counts that would sum to inf: the merged state would not load, so no merge.
+  CalibrationDump hist;
+  for (const auto& [module, pts] : calibrate(0))
+    for (const auto& [point, e] : pts)
+      if (e.observer_kind == "histogram") {
+        CalibrationEntry h = e;
+        h.state["histogram"] = at::full_like(h.state.at("histogram"), 3e38f);
+        hist[module][point] = h;
+      }
+  ASSERT_FALSE(hist.empty());
+  EXPECT_THROW(merge_calibration_dumps({hist, hist}), Error);
 }
 
 TEST(CalibrationDump, ObserverThatSawNothingHasNoQparams) {
