@@ -449,10 +449,17 @@ YAML::Node resolve_file(const std::filesystem::path& path, std::vector<std::stri
   return merged;
 }
 
-const Field* find_field(const std::vector<std::string>& parts, std::string* bad, std::vector<std::string>* siblings) {
+// The field at `parts`; a path below a free-form map (model.config.hidden_size) gives that map
+// with *below_free set, since anything may sit below it.
+const Field* find_field(const std::vector<std::string>& parts, std::string* bad, std::vector<std::string>* siblings,
+                        bool* below_free) {
   const Field* f = &schema();
+  *below_free = false;
   for (const std::string& p : parts) {
-    if (f->type == T::kFreeMap) return f;
+    if (f->type == T::kFreeMap) {
+      *below_free = true;
+      return f;
+    }
     const Field* next = nullptr;
     siblings->clear();
     for (const Field& c : f->children) {
@@ -480,7 +487,15 @@ void apply_override(YAML::Node root, const std::string& text, Origins& origins, 
   for (std::string p; std::getline(ss, p, '.');) parts.push_back(p);
   std::string bad;
   std::vector<std::string> siblings;
-  const Field* f = find_field(parts, &bad, &siblings);
+  bool below_free = false;
+  if (!parts.empty() && parts[0] == "include") {
+    // Includes are resolved from the files before overrides apply: a --set include would be
+    // written into the resolved recipe without having been merged.
+    ctx.add("--set " + text, YAML::Mark::null_mark(), key, "include cannot be set from the command line; "
+                                                           "add it to the recipe file");
+    return;
+  }
+  const Field* f = find_field(parts, &bad, &siblings, &below_free);
   if (!f) {
     ctx.add("--set", YAML::Mark::null_mark(), key, "unknown key '" + bad + "'" + hint(bad, siblings));
     return;
@@ -493,7 +508,7 @@ void apply_override(YAML::Node root, const std::string& text, Origins& origins, 
     return;
   }
   const size_t before = ctx.issues.size();
-  validate(v, *f, key, "--set", ctx);
+  if (!below_free) validate(v, *f, key, "--set", ctx);
   for (size_t i = before; i < ctx.issues.size(); ++i) ctx.issues[i].line = ctx.issues[i].column = 0;
   YAML::Node cur = root;
   for (size_t i = 0; i + 1 < parts.size(); ++i) {

@@ -355,3 +355,13 @@ TEST(Recipe, HostileRecipesAreRefusedInMilliseconds) {
   EXPECT_NE(issues[0].message.find("recipes are at most 1048576 bytes"), std::string::npos) << issues[0].message;
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 5.0);
 }
+
+TEST(Recipe, SetReachesFreeFormConfigKeysAndRefusesIncludes) {
+  const std::string path = std::string(QFORGE_SOURCE_DIR) + "/recipes/bert_int8.yaml";
+  const Recipe r = load_recipe(path, {"model.config.hidden_size=64"});
+  EXPECT_EQ(r.model.config.at("hidden_size"), 64);
+  const auto issues = issues_of(path, {"include=[x.yaml]"});
+  ASSERT_EQ(issues.size(), 1u);
+  EXPECT_EQ(issues[0].file, "--set include=[x.yaml]");
+  EXPECT_NE(issues[0].message.find("include cannot be set from the command line"), std::string::npos);
+}
