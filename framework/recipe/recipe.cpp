@@ -772,6 +772,13 @@ Recipe load_recipe(const std::string& path, const std::vector<std::string>& over
     else if (!r.scheme.weights) problem("search", "quantize.weights.qtype is none: there are no weights to search");
   }
   if (r.freeze.enabled && !r.quantize && tree["freeze"]) problem("freeze.enabled", "freezing needs a quantize section");
+  // freeze() packs weights; a scheme without quantized weights fails there, after training.
+  bool any_weights = r.quantize && r.scheme.weights.has_value();
+  for (const LayerRule& rule : r.scheme.rules) any_weights |= rule.weights.has_value() && !rule.keep_float;
+  if (r.freeze.enabled && r.quantize && !any_weights)
+    problem(origins.count("quantize.weights.qtype") ? "quantize.weights.qtype" : "freeze.enabled",
+            "freezing packs quantized weights, and quantize.weights.qtype is none (no rule quantizes any): set a "
+            "weight qtype or freeze.enabled: false to evaluate activation-only quantization fake-quantized");
 
   if (!ctx.issues.empty()) throw RecipeError(ctx.issues);
   YAML::Emitter out;

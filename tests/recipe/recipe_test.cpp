@@ -365,3 +365,16 @@ TEST(Recipe, SetReachesFreeFormConfigKeysAndRefusesIncludes) {
   EXPECT_EQ(issues[0].file, "--set include=[x.yaml]");
   EXPECT_NE(issues[0].message.find("include cannot be set from the command line"), std::string::npos);
 }
+
+TEST(Recipe, FreezingWithoutQuantizedWeightsIsRejectedUpFront) {
+  TempDir dir;
+  const std::string path = dir.write("n.yaml", std::string(kMinimal) +
+                                                   "quantize: {weights: {qtype: none}, activations: {mode: static}}\n");
+  const auto issues = issues_of(path);
+  ASSERT_EQ(issues.size(), 1u);
+  EXPECT_EQ(issues[0].key, "quantize.weights.qtype");
+  EXPECT_GT(issues[0].line, 0);
+  EXPECT_NE(issues[0].message.find("freezing packs quantized weights"), std::string::npos) << issues[0].message;
+  // Not freezing: activation-only fake-quant is fine.
+  EXPECT_TRUE(issues_of(path, {"freeze.enabled=false"}).empty());
+}
