@@ -199,9 +199,7 @@ std::vector<LayerReport> layer_reports(const torch::nn::Module& model, bool plan
       r.type = "torch::nn::" + p.type;
       r.weights = r.activations = r.kernel = "float";
       r.fallback_reason = p.reason();
-      for (const auto& t : model.named_modules("", false))
-        if (t.key() == p.path)
-          for (const auto& param : t.value()->named_parameters(/*recurse=*/false)) r.bytes += param.value().nbytes();
+      for (const auto& param : p.module->named_parameters(/*recurse=*/false)) r.bytes += param.value().nbytes();
       rows.emplace_back(p.path, std::move(r));
     }
     std::map<std::string, size_t> order{{std::string(), 0}};

@@ -470,20 +470,17 @@ class Loader {
         auto s = std::make_unique<torch::optim::SGDParamState>();
         s->momentum_buffer(get("momentum_buffer"));
         ps = std::move(s);
-      } else if (kind == "adam") {
-        auto s = std::make_unique<torch::optim::AdamParamState>();
-        if (get("step").defined()) s->step(get("step").item<int64_t>());
-        s->exp_avg(get("exp_avg"));
-        s->exp_avg_sq(get("exp_avg_sq"));
-        s->max_exp_avg_sq(get("max_exp_avg_sq"));
-        ps = std::move(s);
       } else {
-        auto s = std::make_unique<torch::optim::AdamWParamState>();
-        if (get("step").defined()) s->step(get("step").item<int64_t>());
-        s->exp_avg(get("exp_avg"));
-        s->exp_avg_sq(get("exp_avg_sq"));
-        s->max_exp_avg_sq(get("max_exp_avg_sq"));
-        ps = std::move(s);
+        // Adam and AdamW keep the same moments under two state types.
+        auto fill = [&](auto s) {
+          if (get("step").defined()) s->step(get("step").item<int64_t>());
+          s->exp_avg(get("exp_avg"));
+          s->exp_avg_sq(get("exp_avg_sq"));
+          s->max_exp_avg_sq(get("max_exp_avg_sq"));
+          ps = std::move(s);
+        };
+        if (kind == "adam") fill(std::make_unique<torch::optim::AdamParamState>());
+        else fill(std::make_unique<torch::optim::AdamWParamState>());
       }
       state[state_key(state, st.param)] = std::move(ps);
     }

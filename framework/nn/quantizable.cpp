@@ -201,9 +201,9 @@ const char* plain_type(const torch::nn::Module& m) {
 
 std::vector<PlainLayer> plain_libtorch_layers(const torch::nn::Module& model) {
   std::vector<PlainLayer> out;
-  if (const char* t = plain_type(model)) out.push_back({std::string(), t});
+  if (const char* t = plain_type(model)) out.push_back({std::string(), t, &model});
   for (const auto& item : model.named_modules("", /*include_self=*/false))
-    if (const char* t = plain_type(*item.value())) out.push_back({item.key(), t});
+    if (const char* t = plain_type(*item.value())) out.push_back({item.key(), t, item.value().get()});
   return out;
 }
 

@@ -141,6 +141,7 @@ std::vector<std::pair<std::string, QuantizableLayer*>> quantizable_layers(const 
 struct PlainLayer {
   std::string path;
   std::string type;  // "Linear", "Conv2d", ...
+  const torch::nn::Module* module = nullptr;
   std::string reason() const;
 };
 std::vector<PlainLayer> plain_libtorch_layers(const torch::nn::Module& model);

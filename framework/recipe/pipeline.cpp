@@ -202,7 +202,7 @@ nlohmann::json search_json(const search::SearchResult& sr, const std::string& me
   nlohmann::json pareto = nlohmann::json::array();
   for (const search::ParetoPoint& p : sr.pareto) {
     nlohmann::json j = {{"bytes", p.bytes}, {"latency_ms", p.latency_ms}, {"predicted", p.predicted}};
-    if (p.bytes == sr.bytes && std::abs(p.predicted - sr.predicted) <= 1e-12 * (1 + sr.predicted)) j["chosen"] = true;
+    if (p.chosen) j["chosen"] = true;
     if (p.accuracy) j[metric] = *p.accuracy;
     pareto.push_back(j);
   }
@@ -509,11 +509,9 @@ PipelineResult run_pipeline(const Recipe& r, const PipelineOptions& opt) {
       std::vector<size_t> points = spread(sr.pareto.size(), r.search.evaluate_front);
       if (!points.empty())
         for (size_t i = 0; i < sr.pareto.size(); ++i)
-          if (sr.pareto[i].bytes == sr.bytes && std::abs(sr.pareto[i].predicted - sr.predicted) <= 1e-12 * (1 + sr.predicted) &&
-              std::find(points.begin(), points.end(), i) == points.end()) {
+          if (sr.pareto[i].chosen && std::find(points.begin(), points.end(), i) == points.end()) {
             points.push_back(i);  // the chosen point too, when the front holds it
             std::sort(points.begin(), points.end());
-            break;
           }
       for (size_t i : points) {
         if (interrupted()) break;

@@ -140,25 +140,35 @@ double perturbation(const at::Tensor& w, const std::string& path, const LayerSch
   return (q->forward(wf) - wf).pow(2).sum().item<double>();
 }
 
-// The calibration histogram of `path`'s input under the base scheme (histogram method).
-const Histogram& input_histogram(const io::CalibrationDump& calibration, const std::string& path,
-                                 std::map<std::string, std::unique_ptr<Observer>>& observers) {
+using HistogramObservers = std::map<std::string, std::unique_ptr<Observer>>;
+
+// The histogram observer of `path`'s input in the base scheme's calibration, restored once and
+// kept in `observers`; nullptr when the dump has no histogram input point for it.
+const HistogramObserver* input_observer(const io::CalibrationDump& calibration, const std::string& path,
+                                        HistogramObservers& observers) {
   auto& slot = observers[path];
   if (!slot) {
     const auto m = calibration.find(path);
-    if (m == calibration.end() || !m->second.count("input"))
-      throw SearchError("search: the histogram method found no calibrated input of '" + path +
-                        "' (the base scheme must quantize its activations statically)");
-    const io::CalibrationEntry& e = m->second.at("input");
-    if (e.observer_kind != "histogram")
-      throw SearchError("search: the histogram method needs histogram observers; '" + path + "' input has '" +
-                        e.observer_kind + "' (quantize.activations.observer: histogram)");
-    slot = e.make_observer();
+    if (m == calibration.end() || !m->second.count("input") || m->second.at("input").observer_kind != "histogram")
+      return nullptr;
+    slot = m->second.at("input").make_observer();
   }
-  const auto* h = dynamic_cast<const HistogramObserver*>(slot.get());
-  QF_CHECK(h != nullptr);
-  if (h->histogram().empty()) throw SearchError("search: the input histogram of '" + path + "' saw no finite value");
-  return h->histogram();
+  return dynamic_cast<const HistogramObserver*>(slot.get());
+}
+
+// The same, for a layer whose input the method must price: every way it can be missing is an error.
+const HistogramObserver& required_input_observer(const io::CalibrationDump& calibration, const std::string& path,
+                                                 HistogramObservers& observers) {
+  if (const HistogramObserver* h = input_observer(calibration, path, observers)) {
+    if (h->histogram().empty()) throw SearchError("search: the input histogram of '" + path + "' saw no finite value");
+    return *h;
+  }
+  const auto m = calibration.find(path);
+  if (m == calibration.end() || !m->second.count("input"))
+    throw SearchError("search: the histogram method found no calibrated input of '" + path +
+                      "' (the base scheme must quantize its activations statically)");
+  throw SearchError("search: the histogram method needs histogram observers; '" + path + "' input has '" +
+                    m->second.at("input").observer_kind + "' (quantize.activations.observer: histogram)");
 }
 
 // E[(Q(x) − x)²] / E[x²] of the input for `spec`, with the range the observer picks for it.
@@ -414,6 +424,7 @@ SearchResult search(torch::nn::Module& model, const Scheme& base, int64_t batche
            : fixed.latency_ms;
   }
 
+  HistogramObservers observers;  // histogram method: input observers restored from the calibration once
   // 2. Sensitivities, unless an earlier search's match.
   std::vector<std::vector<double>> sens(layers.size());
   std::vector<double> avg_trace(layers.size(), 0.0);
@@ -473,7 +484,6 @@ SearchResult search(torch::nn::Module& model, const Scheme& base, int64_t batche
     }
   } else if (o.method == Method::kHistogram) {
     at::NoGradGuard no_grad;
-    std::map<std::string, std::unique_ptr<Observer>> observers;
     for (size_t i = 0; i < layers.size(); ++i) {
       const at::Tensor w = float_weight_of(*layers[i].layer).detach().to(at::kFloat);
       const double w_energy = std::max(w.pow(2).sum().item<double>(), std::numeric_limits<double>::min());
@@ -482,8 +492,8 @@ SearchResult search(torch::nn::Module& model, const Scheme& base, int64_t batche
         double v = 0.0;
         if (ls && ls->weights) v += perturbation(w, layers[i].path, *ls) / w_energy;
         if (ls && ls->activations == ActivationMode::kStatic) {
-          const Histogram& h = input_histogram(*o.calibration, layers[i].path, observers);
-          v += activation_nsr(*observers[layers[i].path], h, ls->activation.spec);
+          const HistogramObserver& obs = required_input_observer(*o.calibration, layers[i].path, observers);
+          v += activation_nsr(obs, obs.histogram(), ls->activation.spec);
         }
         sens[i].push_back(v);
       }
@@ -530,19 +540,14 @@ SearchResult search(torch::nn::Module& model, const Scheme& base, int64_t batche
     if (x.defined()) lc.input_shape = x.sizes().vec();
     if (o.method == Method::kHistogram && o.calibration) {
       // The input's error at every integer width, from the one histogram.
-      const auto m = o.calibration->find(lc.path);
-      if (m != o.calibration->end() && m->second.count("input") && m->second.at("input").observer_kind == "histogram") {
-        const io::CalibrationEntry& e = m->second.at("input");
-        const std::unique_ptr<Observer> obs = e.make_observer();
-        const Histogram& h = dynamic_cast<const HistogramObserver&>(*obs).histogram();
-        if (!h.empty())
-          for (const QType& q : {qint8, qint4, qint2}) {
-            QSpec spec = e.spec;
-            spec.qtype = q;
-            spec.narrow_range = spec.narrow_range && q == qint8;
-            lc.activation_error[q.name] = activation_nsr(*obs, h, spec);
-          }
-      }
+      const HistogramObserver* obs = input_observer(*o.calibration, lc.path, observers);
+      if (obs && !obs->histogram().empty())
+        for (const QType& q : {qint8, qint4, qint2}) {
+          QSpec spec = o.calibration->at(lc.path).at("input").spec;
+          spec.qtype = q;
+          spec.narrow_range = spec.narrow_range && q == qint8;
+          lc.activation_error[q.name] = activation_nsr(*obs, obs->histogram(), spec);
+        }
     }
     weight_elements += static_cast<double>(lc.weight_elements);
     searched_float_bytes += layers[i].float_bytes;
@@ -689,7 +694,7 @@ SearchResult search(torch::nn::Module& model, const Scheme& base, int64_t batche
   const size_t front_axis = axes.front() == kBits && axes.size() == 1 ? kBytes : axes.front();
   res.pareto_axis = front_axis == kLatency ? "latency_ms" : "bytes";
   for (const Assignment& p : pareto_front(project({front_axis}), {std::numeric_limits<double>::infinity()})) {
-    ParetoPoint point{rest_bytes, rest_latency_ms, p.value, rules_of(p.picks), std::nullopt};
+    ParetoPoint point{rest_bytes, rest_latency_ms, p.value, rules_of(p.picks), std::nullopt, p.picks == a.picks};
     for (size_t g = 0; g < groups.size(); ++g) {
       const Choice& c = groups[g].choices[p.picks[g]];
       point.bytes += static_cast<int64_t>(std::llround(c.costs[kBytes]));

@@ -122,6 +122,7 @@ struct ParetoPoint {
   double predicted = 0;             // total sensitivity
   std::vector<LayerRule> rules;     // the assignment, as the chosen one's rules
   std::optional<double> accuracy;   // measured by the caller (qtrain evaluates a few points)
+  bool chosen = false;              // the assignment the search picked
 };
 
 struct SearchResult {
