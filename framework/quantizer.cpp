@@ -187,34 +187,36 @@ QParams QuantizerImpl::qparams(const at::Tensor& weight) const {
   return QParams{spec, scale_.detach(), zero_point_.detach()};
 }
 
-QParams QuantizerImpl::weight_minmax_qparams(const at::Tensor& weight) const {
-  const QSpec& spec = config_.spec;
-  {
-    QF_REQUIRE(weight.defined(), path_, ": weight qparams need the weight");
-    const at::Tensor w = weight.detach().to(at::kFloat);
-    at::Tensor mn, mx;
-    switch (spec.granularity) {
-      case Granularity::kPerTensor: mn = w.min(); mx = w.max(); break;
-      case Granularity::kPerChannel: {
-        const int64_t axis = spec.axis < 0 ? spec.axis + w.dim() : spec.axis;
-        const at::Tensor rows = w.movedim(axis, 0).reshape({w.size(axis), -1});
-        mn = std::get<0>(rows.min(1));
-        mx = std::get<0>(rows.max(1));
-        break;
-      }
-      case Granularity::kPerGroup: {
-        const at::Tensor g = grouped(w, spec);
-        mn = std::get<0>(g.min(-1));
-        mx = std::get<0>(g.max(-1));
-        break;
-      }
+QParams weight_minmax_qparams(const at::Tensor& weight, const QSpec& spec, const std::string& who) {
+  QF_REQUIRE(weight.defined(), who, ": weight qparams need the weight");
+  const at::Tensor w = weight.detach().to(at::kFloat);
+  at::Tensor mn, mx;
+  switch (spec.granularity) {
+    case Granularity::kPerTensor: mn = w.min(); mx = w.max(); break;
+    case Granularity::kPerChannel: {
+      const int64_t axis = spec.axis < 0 ? spec.axis + w.dim() : spec.axis;
+      const at::Tensor rows = w.movedim(axis, 0).reshape({w.size(axis), -1});
+      mn = std::get<0>(rows.min(1));
+      mx = std::get<0>(rows.max(1));
+      break;
     }
-    QF_REQUIRE(at::isfinite(mn).all().item<bool>() && at::isfinite(mx).all().item<bool>(), path_,
-               ": weight holds NaN or inf; cannot quantize it");
-    QParams qp = calculate_qparams(mn, mx, spec);
-    if (spec.qtype.is_integer() && spec.qtype.bits == 4) qp.scale = round_scale_up_to_half(qp.scale);
-    return qp;
+    case Granularity::kPerGroup: {
+      const at::Tensor g = grouped(w, spec);
+      mn = std::get<0>(g.min(-1));
+      mx = std::get<0>(g.max(-1));
+      break;
+    }
   }
+  QF_REQUIRE(at::isfinite(mn).all().item<bool>() && at::isfinite(mx).all().item<bool>(), who,
+             ": weight holds NaN or inf; cannot quantize it");
+  QParams qp = calculate_qparams(mn, mx, spec);
+  if (spec.qtype.is_integer() && spec.qtype.bits == 4) qp.scale = round_scale_up_to_half(qp.scale);
+  return qp;
+}
+
+QParams QuantizerImpl::weight_minmax_qparams(const at::Tensor& weight) const {
+  if (calibrated_) return QParams{config_.spec, scale_.detach(), zero_point_.detach()};  // a fixed grid
+  return qforge::weight_minmax_qparams(weight, config_.spec, path_);
 }
 
 void QuantizerImpl::compute_qparams() {
@@ -225,8 +227,14 @@ void QuantizerImpl::compute_qparams() {
 
 void QuantizerImpl::set_qparams(const QParams& qp) {
   QF_REQUIRE(!config_.lsq || !lsq_initialised_, path_, ": set_qparams on an LSQ quantizer that already trains");
-  const at::Tensor s = qp.scale.to(at::kFloat).reshape({});
-  const at::Tensor z = qp.zero_point.to(at::kInt).reshape({});
+  // Activations hold one scale; a weight's fixed grid keeps its per-channel / per-group shape.
+  const bool weight = role_ == Role::kWeight;
+  if (weight) {
+    QF_REQUIRE(same_spec(qp.spec, config_.spec), path_, ": set_qparams with ", qp.spec.to_string(),
+               " on a weight quantized as ", config_.spec.to_string());
+  }
+  const at::Tensor s = weight ? qp.scale.to(at::kFloat).contiguous() : qp.scale.to(at::kFloat).reshape({});
+  const at::Tensor z = weight ? qp.zero_point.to(at::kInt).contiguous() : qp.zero_point.to(at::kInt).reshape({});
   if (config_.lsq) {
     // LSQ starts from these values at its first training step, when "scale" and "zero_point"
     // become learnable parameters; until then they are plain members.
@@ -237,6 +245,7 @@ void QuantizerImpl::set_qparams(const QParams& qp) {
     zero_point_.set_data(z.clone());
   }
   calibrated_ = true;
+  clear_cache();  // a weight's cached fake-quant followed the old grid
 }
 
 at::Tensor QuantizerImpl::weight_forward(const at::Tensor& w) {

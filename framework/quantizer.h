@@ -55,13 +55,17 @@ class QuantizerImpl : public torch::nn::Module {
   void set_fake_quant(bool on) { fake_quant_ = on; }
   void freeze_observer() { observer_frozen_ = true; }
   bool observing() const { return observing_; }
+  bool fake_quant() const { return fake_quant_; }
   bool observer_frozen() const { return observer_frozen_; }
 
   // Observer → "scale"/"zero_point" buffers. Throws when the observer saw nothing.
   void compute_qparams();
-  // Sets the static qparams directly (loading a calibration dump or checkpoint).
+  // Sets the static qparams directly (loading a calibration dump or checkpoint). On a weight
+  // quantizer it fixes the weight's grid (per-channel / per-group shapes kept): qparams() stops
+  // following the weight's min/max. The PTQ solvers (GPTQ, AdaRound) fix the grid they rounded
+  // onto, so the solved weight fake-quantizes and freezes to exactly the codes they chose.
   void set_qparams(const QParams& qp);
-  // Has usable static qparams: calibrated, loaded, or learned by LSQ.
+  // Has usable static qparams: calibrated, loaded, or learned by LSQ (weights: a fixed grid).
   bool calibrated() const { return calibrated_ || lsq_initialised_; }
   // True once LSQ turned scale / zero_point into learnable parameters.
   bool lsq_initialised() const { return lsq_initialised_; }
@@ -108,6 +112,10 @@ TORCH_MODULE(Quantizer);
 // stored as float16 in the packed int4 layout; rounding up (never down) keeps every value inside
 // the grid.
 at::Tensor round_scale_up_to_half(const at::Tensor& scale);
+
+// A weight's min/max qparams under `spec`, as a non-learnable weight quantizer computes them
+// (4-bit scales rounded up to float16). `who` names the weight in errors.
+QParams weight_minmax_qparams(const at::Tensor& weight, const QSpec& spec, const std::string& who);
 
 // Reshapes a per-channel / per-group qparam tensor so it broadcasts against x.
 at::Tensor broadcast_qparam(const at::Tensor& t, const at::Tensor& x, const QSpec& spec);

@@ -152,4 +152,29 @@ QParams make_qparams(const QSpec& spec, const at::Tensor& scale, const at::Tenso
   return QParams{spec, s, z};
 }
 
+std::vector<int64_t> qparam_shape(const QSpec& spec, const std::vector<int64_t>& shape) {
+  switch (spec.granularity) {
+    case Granularity::kPerTensor: return {};
+    case Granularity::kPerChannel: {
+      const int64_t axis = spec.axis < 0 ? spec.axis + static_cast<int64_t>(shape.size()) : spec.axis;
+      QF_REQUIRE(axis >= 0 && axis < static_cast<int64_t>(shape.size()), "qparam_shape: axis ", spec.axis,
+                 " outside a tensor of ", shape.size(), " dimensions");
+      return {shape[static_cast<size_t>(axis)]};
+    }
+    case Granularity::kPerGroup: {
+      QF_REQUIRE(!shape.empty() && spec.group_size > 0 && shape.back() % spec.group_size == 0,
+                 "qparam_shape: the last dimension is not a multiple of group_size ", spec.group_size);
+      std::vector<int64_t> out = shape;
+      out.back() /= spec.group_size;
+      return out;
+    }
+  }
+  return {};
+}
+
+bool same_spec(const QSpec& a, const QSpec& b) {
+  return a.qtype == b.qtype && a.granularity == b.granularity && a.axis == b.axis && a.group_size == b.group_size &&
+         a.symmetric == b.symmetric && a.narrow_range == b.narrow_range && a.reduce_range == b.reduce_range;
+}
+
 }  // namespace qforge

@@ -56,6 +56,13 @@ struct QParams {
 // either is not finite (an observer that saw nothing, or only NaN/inf).
 QParams calculate_qparams(const at::Tensor& min_val, const at::Tensor& max_val, const QSpec& spec);
 
+// The shape of scale / zero_point for a tensor of `shape` under spec: [] per tensor, [C] per
+// channel, `shape` with the last dimension divided by group_size per group.
+std::vector<int64_t> qparam_shape(const QSpec& spec, const std::vector<int64_t>& shape);
+
+// Every field equal (same grid, granularity, axis, group size and range).
+bool same_spec(const QSpec& a, const QSpec& b);
+
 // QParams from explicit values, checked for shape and range.
 QParams make_qparams(const QSpec& spec, const at::Tensor& scale, const at::Tensor& zero_point);
 

@@ -139,6 +139,7 @@ class Loader {
       for (const auto& b : layer->module().named_buffers(true)) layer_keys.insert(join(path, b.key()));
       const bool chosen = opts_.prefix.empty() || (!path.empty() && selected(path));
       if (!chosen) continue;
+      plan_optional_buffers(path, *layer);
       plan_layer(path, *layer);
     }
     // Tensors of other modules.
@@ -251,14 +252,21 @@ class Loader {
     }
     at::NoGradGuard no_grad;
     const std::string skey = join(qprefix, "scale"), zkey = join(qprefix, "zero_point");
-    if (pm.role == QuantizerImpl::Role::kActivation && mode == ActivationMode::kStatic && pm.calibrated &&
-        reader_.contains(skey, Section::kBuffers)) {
+    // Calibrated static activations, and weights whose grid a PTQ solver fixed.
+    const bool fixed = pm.role == QuantizerImpl::Role::kWeight || mode == ActivationMode::kStatic;
+    if (fixed && pm.calibrated && !pm.config.lsq && reader_.contains(skey, Section::kBuffers)) {
       QF_REQUIRE(reader_.contains(zkey, Section::kBuffers), where(Section::kBuffers, zkey),
                  ": missing (the layer's scale is there)");
       const at::Tensor s = reader_.read_tensor(skey, Section::kBuffers);
       const at::Tensor z = reader_.read_tensor(zkey, Section::kBuffers);
       try {
         plan.qparams = make_qparams(pm.config.spec, s.to(at::kFloat), z.to(at::kInt));
+        if (pm.role == QuantizerImpl::Role::kWeight) {
+          const std::vector<int64_t> want = qparam_shape(pm.config.spec, weight_shape);
+          QF_REQUIRE(s.sizes().vec() == want, "a fixed weight grid of shape ", s.sizes(), " for a weight of shape ",
+                     at::IntArrayRef(weight_shape), " quantized ", pm.config.spec.to_string(), " (expected ",
+                     at::IntArrayRef(want), ")");
+        }
       } catch (const Error& err) {
         throw Error(where(Section::kBuffers, skey) + ": " + err.what());
       }
@@ -309,6 +317,25 @@ class Loader {
     }
     consume_quantizer_entries(path);
     return q;
+  }
+
+  // Buffers the file holds that the model's layer creates only when set (SmoothQuant's
+  // pre_quant_scale): created in apply(); those the layer has already load like any buffer.
+  void plan_optional_buffers(const std::string& path, QuantizableLayer& layer) {
+    if (opts_.parameters_only) return;
+    const auto have = layer.module().named_buffers(false);
+    for (const std::string& name : layer.optional_buffers()) {
+      const std::string key = join(path, name);
+      if (have.contains(name) || !reader_.contains(key, Section::kBuffers)) continue;
+      consumed_.insert({Section::kBuffers, key});
+      const at::Tensor v = reader_.read_tensor(key, Section::kBuffers);
+      try {
+        layer.check_optional_buffer(name, v);
+      } catch (const Error& err) {
+        throw Error(where(Section::kBuffers, key) + ": " + err.what());
+      }
+      created_.push_back({&layer, name, v});
+    }
   }
 
   void plan_layer(const std::string& path, QuantizableLayer& layer) {
@@ -516,6 +543,7 @@ class Loader {
         }
       }
     }
+    for (Created& c : created_) c.layer->set_optional_buffer(c.name, c.value);
     for (Staged& s : staged_) s.target.copy_(s.value);
     for (LayerPlan& lp : plans_) {
       if (!lp.freeze) continue;
@@ -531,6 +559,12 @@ class Loader {
   ModelMeta meta_;
   std::set<std::pair<Section, std::string>> consumed_;
   std::vector<Staged> staged_;
+  struct Created {
+    QuantizableLayer* layer;
+    std::string name;
+    at::Tensor value;
+  };
+  std::vector<Created> created_;
   std::vector<LayerPlan> plans_;
   std::vector<std::pair<size_t, double>> lrs_;
   std::vector<OptStaged> opt_staged_;

@@ -51,11 +51,6 @@ void read_quantizer_attrs(const h5::Group& g, std::string* observer_kind, Observ
   spec->validate();
 }
 
-bool same_spec(const QSpec& a, const QSpec& b) {
-  return a.qtype == b.qtype && a.granularity == b.granularity && a.axis == b.axis && a.group_size == b.group_size &&
-         a.symmetric == b.symmetric && a.narrow_range == b.narrow_range && a.reduce_range == b.reduce_range;
-}
-
 bool same_options(const ObserverOptions& a, const ObserverOptions& b) {
   return a.averaging_constant == b.averaging_constant && a.ch_axis == b.ch_axis && a.group_size == b.group_size &&
          a.method == b.method && a.percentile == b.percentile && a.bins == b.bins && a.upsample_rate == b.upsample_rate;

@@ -15,7 +15,7 @@ void write_quantizer_attrs(const h5::Group& g, const std::string& observer_kind,
 // Reads and validates them (the qtype must agree with the stored bits); throws qforge::Error.
 void read_quantizer_attrs(const h5::Group& g, std::string* observer_kind, ObserverOptions* options, QSpec* spec);
 
-bool same_spec(const QSpec& a, const QSpec& b);
+using qforge::same_spec;  // framework/core/qparams.h
 bool same_options(const ObserverOptions& a, const ObserverOptions& b);
 
 }  // namespace qforge::io

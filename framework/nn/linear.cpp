@@ -13,7 +13,8 @@ namespace qforge::nn {
 // Largest M the weight-only GEMV kernels serve; above it unpack + float GEMM is faster.
 constexpr int64_t kWeightOnlyMaxM = 16;
 
-at::Tensor LinearImpl::forward(const at::Tensor& x) {
+at::Tensor LinearImpl::forward(const at::Tensor& x_in) {
+  const at::Tensor x = pre_quant_scale_.defined() ? x_in * pre_quant_scale_ : x_in;
   note_input(x);
   if (frozen_) return frozen_forward(x);
   if (!quantized()) return torch::nn::LinearImpl::forward(x);
@@ -43,7 +44,28 @@ std::shared_ptr<QuantizableLayer> LinearImpl::float_copy() const {
   RngStateGuard rng;
   auto c = std::make_shared<LinearImpl>(options);
   copy_float_parameters(c->weight, weight, &c->bias, &bias);
+  if (pre_quant_scale_.defined()) c->set_pre_quant_scale(pre_quant_scale_.clone());
   return c;
+}
+
+void LinearImpl::check_optional_buffer(const std::string& name, const at::Tensor& v) const {
+  QF_REQUIRE(name == "pre_quant_scale", path_, " (Linear): has no optional buffer '", name, "'");
+  QF_REQUIRE(v.defined() && v.dim() == 1 && v.size(0) == options.in_features() && at::isFloatingType(v.scalar_type()),
+             path_, " (Linear): pre_quant_scale must be a float vector of in_features = ", options.in_features(),
+             " values, got ", v.defined() ? v.sizes() : at::IntArrayRef{});
+  QF_REQUIRE(at::isfinite(v).all().item<bool>() && (v > 0).all().item<bool>(), path_,
+             " (Linear): pre_quant_scale must be finite and positive");
+}
+
+void LinearImpl::set_optional_buffer(const std::string& name, const at::Tensor& v) {
+  check_optional_buffer(name, v);
+  const at::Tensor value = v.detach().to(at::kFloat).contiguous().clone();
+  if (pre_quant_scale_.defined()) {
+    at::NoGradGuard g;
+    pre_quant_scale_.set_data(value);
+  } else {
+    pre_quant_scale_ = register_buffer("pre_quant_scale", value);
+  }
 }
 
 KernelPlan LinearImpl::plan() const {

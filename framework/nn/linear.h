@@ -44,6 +44,15 @@ class LinearImpl : public virtual torch::nn::Module, private torch::nn::LinearIm
   QuantizedTensor frozen_weight() const override;
   at::Tensor frozen_bias() const override;
 
+  // SmoothQuant's per-input-feature factor (ModelOpt's pre_quant_scale): once set, forward
+  // multiplies its input by it first, in every state (float, fake-quant, frozen), so the layer
+  // computes (x * pre_quant_scale) Wᵀ + b. Registered as the buffer "pre_quant_scale" [in_features].
+  void set_pre_quant_scale(const at::Tensor& scale) { set_optional_buffer("pre_quant_scale", scale); }
+  const at::Tensor& pre_quant_scale() const { return pre_quant_scale_; }
+  std::vector<std::string> optional_buffers() const override { return {"pre_quant_scale"}; }
+  void check_optional_buffer(const std::string& name, const at::Tensor& value) const override;
+  void set_optional_buffer(const std::string& name, const at::Tensor& value) override;
+
  protected:
   int64_t frozen_storage_bytes() const override;
   at::Tensor float_weight() const override { return weight; }
@@ -56,6 +65,7 @@ class LinearImpl : public virtual torch::nn::Module, private torch::nn::LinearIm
   std::shared_ptr<kernels::PackedLinearS8> s8_;
   std::shared_ptr<kernels::PackedLinearS4> s4_;
   float static_act_scale_ = 1.0f;
+  at::Tensor pre_quant_scale_;
 };
 
 TORCH_MODULE(Linear);

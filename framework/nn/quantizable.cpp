@@ -91,6 +91,14 @@ void QuantizableLayer::detach() {
   kernel_ = "float";
 }
 
+void QuantizableLayer::check_optional_buffer(const std::string& name, const at::Tensor&) const {
+  throw Error(path_ + " (" + layer_type() + "): has no optional buffer '" + name + "'");
+}
+
+void QuantizableLayer::set_optional_buffer(const std::string& name, const at::Tensor& value) {
+  check_optional_buffer(name, value);
+}
+
 std::vector<std::string> QuantizableLayer::uncalibrated() const {
   std::vector<std::string> out;
   for (Quantizer q : quantizers())

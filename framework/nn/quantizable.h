@@ -5,6 +5,7 @@
 
 #include <torch/nn/module.h>
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <utility>
@@ -68,6 +69,12 @@ class QuantizableLayer {
   // copies to price each candidate with the code freeze() and model_size() run. The default
   // random generator is left as it was (construction initialises, then is overwritten).
   virtual std::shared_ptr<QuantizableLayer> float_copy() const { return nullptr; }
+  // Buffers a layer registers only once a transform sets them (Linear: SmoothQuant's
+  // "pre_quant_scale"). Loading a checkpoint that holds one creates it: check_optional_buffer()
+  // validates before anything changes, set_optional_buffer() registers or replaces it.
+  virtual std::vector<std::string> optional_buffers() const { return {}; }
+  virtual void check_optional_buffer(const std::string& name, const at::Tensor& value) const;
+  virtual void set_optional_buffer(const std::string& name, const at::Tensor& value);
   // Names of quantizers that must be calibrated before freeze() and are not.
   virtual std::vector<std::string> uncalibrated() const;
   // Every quantizer of the layer (for Calibration and QAT switches).
@@ -95,11 +102,18 @@ class QuantizableLayer {
   };
   const InputRecord& recorded_input() const { return recorded_; }
 
+  // A callback every forward of a layer with weights calls first, with the input its weight
+  // multiplies (after Linear's pre_quant_scale, before the input quantizer): the PTQ solvers
+  // capture layer inputs with it. It may throw to end the model's forward early. Empty: none.
+  using InputTap = std::function<void(QuantizableLayer&, const at::Tensor&)>;
+  void set_input_tap(InputTap tap) { tap_ = std::move(tap); }
+
  protected:
   at::Tensor quantize_input(const at::Tensor& x) { return input_q_ ? input_q_->forward(x) : x; }
   // First thing of every forward of a layer with weights (see record_inputs).
   void note_input(const at::Tensor& x) {
     if (recording_) recorded_ = InputRecord{x.sizes().vec(), x.scalar_type()};
+    if (tap_) tap_(*this, x);
   }
   at::Tensor quantize_weight(const at::Tensor& w) { return weight_q_ ? weight_q_->forward(w) : w; }
   void require_not_frozen(const char* what) const;
@@ -127,6 +141,7 @@ class QuantizableLayer {
   std::string fallback_;
   bool recording_ = false;
   InputRecord recorded_;
+  InputTap tap_;
 };
 
 // The qforge layers of `model` by module path, in named_modules() order, the root (path "") first

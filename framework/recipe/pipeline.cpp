@@ -3,6 +3,7 @@
 #include "framework/recipe/report.h"
 #include "framework/recipe/tasks.h"
 #include "framework/search/search.h"
+#include "framework/ptq/ptq.h"
 
 #include <ATen/ATen.h>
 #include <unistd.h>
@@ -29,16 +30,23 @@ namespace qforge {
 namespace fs = std::filesystem;
 
 const std::vector<std::string>& pipeline_stages() {
-  static const std::vector<std::string> kStages{"float", "search", "calibrate", "ptq", "qat", "freeze", "export"};
+  static const std::vector<std::string> kStages{"float", "search", "calibrate", "solve", "ptq", "qat", "freeze", "export"};
   return kStages;
+}
+
+bool solves(const Recipe& r) {
+  if (!r.quantize || !r.ptq.enabled) return false;
+  bool any = r.ptq.method != "rtn" || r.ptq.bias_correction;
+  for (const auto& [pattern, m] : r.ptq.rules) any |= m != "rtn";
+  return any;
 }
 
 void check_stages(const Recipe& r, const std::vector<std::string>& stages) {
   if (stages.empty() || !r.quantize) return;
   auto has = [&](const char* s) { return std::find(stages.begin(), stages.end(), s) != stages.end(); };
   const bool quantizes = has("calibrate") || has("ptq");
-  for (const char* s : {"qat", "freeze"}) {
-    const bool applies = std::string(s) == "qat" ? r.qat.epochs > 0 : r.freeze.enabled;
+  for (const char* s : {"solve", "qat", "freeze"}) {
+    const bool applies = std::string(s) == "qat" ? r.qat.epochs > 0 : std::string(s) == "solve" ? solves(r) : r.freeze.enabled;
     if (applies && has(s) && !quantizes)
       throw Error(std::string("--stages: '") + s + "' needs the model quantized and calibrated, which 'calibrate' does; "
                   "add calibrate (and ptq to evaluate it), or leave --stages out");
@@ -185,6 +193,60 @@ search::SearchOptions search_options(const Recipe& r) {
   return o;
 }
 
+ptq::SolveOptions solve_options(const Recipe& r) {
+  ptq::SolveOptions o;
+  o.rounding = ptq::rounding_from_name(r.ptq.method);
+  for (const auto& [pattern, m] : r.ptq.rules) o.rules.push_back({pattern, ptq::rounding_from_name(m)});
+  o.bias_correction = r.ptq.bias_correction;
+  o.gptq.damp = r.ptq.damp;
+  o.gptq.block_size = r.ptq.block_size;
+  o.gptq.act_order = r.ptq.act_order;
+  o.adaround.iterations = r.ptq.iterations;
+  o.adaround.lr = r.ptq.lr;
+  o.adaround.reg_weight = r.ptq.reg_weight;
+  o.adaround.batch_rows = r.ptq.batch_rows;
+  o.adaround.seed = r.seed;
+  o.sample_rows = r.ptq.sample_rows;
+  o.seed = r.seed;
+  return o;
+}
+
+// An error about the recipe entry `index` of `sites` (a search candidate, a ptq rule) as a recipe
+// error at that entry's file:line:column; rethrows the current exception when there is none.
+[[noreturn]] void throw_at_site(const std::vector<RecipeIssue>& sites, int index, const char* what) {
+  if (index < 0 || index >= static_cast<int>(sites.size())) throw;
+  RecipeIssue issue = sites[static_cast<size_t>(index)];
+  issue.message = what;
+  throw RecipeError({issue});
+}
+
+// The solver plan's checks; a rule naming a method no matching layer can take is a recipe error
+// at the rule's line.
+std::vector<ptq::LayerSolve> check_solve_recipe(const torch::nn::Module& model, const Recipe& r) {
+  try {
+    return ptq::plan_solve(model, solve_options(r));
+  } catch (const ptq::SolveError& e) {
+    throw_at_site(r.ptq.rule_sites, e.rule(), e.what());
+  }
+}
+
+nlohmann::json solve_json(const ptq::SolveReport& sr) {
+  nlohmann::json layers = nlohmann::json::array();
+  for (const ptq::LayerSolve& l : sr.layers) {
+    nlohmann::json j = {{"path", l.path}, {"type", l.type}, {"method", l.method}, {"note", l.note}};
+    if (l.rows > 0) {
+      j["error_before"] = l.error_before;
+      j["error_after"] = l.error_after;
+      j["rows"] = l.rows;
+      j["seconds"] = l.seconds;
+    }
+    layers.push_back(j);
+  }
+  return {{"layers", layers}, {"passes", sr.passes}, {"seconds", sr.seconds},
+          {"error", "relative output MSE of the layer on its calibration inputs, ||y_q - y_f||^2 / ||y_f||^2; "
+                    "before: round-to-nearest weights, after: the method's"}};
+}
+
 // `metric`: the name of ParetoPoint::accuracy in the report (accuracy or perplexity).
 nlohmann::json search_json(const search::SearchResult& sr, const std::string& metric) {
   nlohmann::json layers = nlohmann::json::array();
@@ -221,11 +283,7 @@ void check_search_recipe(torch::nn::Module& model, const Recipe& r, const search
   try {
     search::check_search(model, r.scheme, so);
   } catch (const search::SearchError& e) {
-    const int c = e.candidate();
-    if (c < 0 || c >= static_cast<int>(r.search.candidate_sites.size())) throw;
-    RecipeIssue issue = r.search.candidate_sites[static_cast<size_t>(c)];
-    issue.message = e.what();
-    throw RecipeError({issue});
+    throw_at_site(r.search.candidate_sites, e.candidate(), e.what());
   }
 }
 
@@ -289,7 +347,7 @@ PipelineResult run_pipeline(const Recipe& r, const PipelineOptions& opt) {
     std::printf("model %s, dataset %s, stages:", r.model.arch.c_str(), r.data.dataset.c_str());
     for (const auto& s : pipeline_stages()) {
       const bool applies = s == "float" || s == "export" || (r.quantize && (s == "calibrate" || s == "ptq")) ||
-                           (s == "search" && r.search.enabled) ||
+                           (s == "search" && r.search.enabled) || (s == "solve" && solves(r)) ||
                            (s == "qat" && r.qat.epochs > 0) || (s == "freeze" && r.quantize && r.freeze.enabled);
       if (applies && wanted(s)) std::printf(" %s", s.c_str());
     }
@@ -313,6 +371,13 @@ PipelineResult run_pipeline(const Recipe& r, const PipelineOptions& opt) {
                 freezes ? "kernels as freeze will choose them on this machine" : "fake-quant, not frozen",
                 describe(*t.model, /*planned=*/freezes).c_str());
     for (const auto& w : rep.warnings) std::printf("warning: %s\n", w.c_str());
+    if (r.ptq.enabled) {
+      std::printf("\nptq:%s%s\n", r.ptq.equalize ? " cross-layer equalisation before quantize;" : "",
+                  r.ptq.smoothquant ? (" SmoothQuant (alpha " + std::to_string(r.ptq.alpha) + ") before calibration;").c_str() : "");
+      for (const ptq::LayerSolve& l : check_solve_recipe(*t.model, r))
+        std::printf("  %-40s %-10s %s%s\n", l.path.c_str(), l.type.c_str(), l.method.c_str(),
+                    l.note.empty() ? "" : ("  (" + l.note + ")").c_str());
+    }
     return {};
   }
 
@@ -445,19 +510,23 @@ PipelineResult run_pipeline(const Recipe& r, const PipelineOptions& opt) {
   if (r.search.enabled && !wanted("search") && (wanted("calibrate") || wanted("ptq")))
     report["notes"].push_back("search skipped by --stages: the recipe's scheme without per-layer widths was used");
   // Calibrates the quantized model on the recipe's calibration batches (static activations only).
+  // The calibration examples: the first n training examples, in batches of data.batch_size.
+  const int64_t calib_n = std::min(t.train->size(), r.calibrate.samples > 0 ? r.calibrate.samples
+                                                                           : r.calibrate.batches * r.data.batch_size);
+  const int64_t calib_batches = (calib_n + r.data.batch_size - 1) / r.data.batch_size;
+  auto calibration_batch = [&](int64_t b) {
+    const at::Tensor idx = at::arange(b * r.data.batch_size, std::min(calib_n, (b + 1) * r.data.batch_size), at::kLong);
+    return t.forward(t.train->get(idx));
+  };
   auto calibrate = [&](const Scheme& sc) {
     if (sc.activations != ActivationMode::kStatic) return;
     t.model->eval();
     Calibration calib(*t.model);
-    const int64_t wanted_n = r.calibrate.samples > 0 ? r.calibrate.samples : r.calibrate.batches * r.data.batch_size;
-    const int64_t n = std::min(t.train->size(), wanted_n);
-    report["calibration_examples"] = n;
-    for (int64_t b = 0; b < n; b += r.data.batch_size) {
-      const at::Tensor idx = at::arange(b, std::min(n, b + r.data.batch_size), at::kLong);
-      t.forward(t.train->get(idx));
-    }
+    report["calibration_examples"] = calib_n;
+    for (int64_t b = 0; b < calib_batches; ++b) calibration_batch(b);
     calib.finish();
   };
+  const int64_t solve_batches = r.ptq.batches > 0 ? std::min(r.ptq.batches, calib_batches) : calib_batches;
   if (r.search.enabled && wanted("search")) {
     run_stage("search", [&] {
       before_quantize();  // the search prices the layers freeze will see (BatchNorm folded)
@@ -540,10 +609,54 @@ PipelineResult run_pipeline(const Recipe& r, const PipelineOptions& opt) {
   if (wanted("calibrate") || wanted("ptq")) {
     run_stage("calibrate", [&] {
       before_quantize();
+      t.model->eval();
+      if (r.ptq.enabled && r.ptq.equalize) {
+        const ptq::EqualizeReport er = ptq::equalize(*t.model, calibration_batch);
+        nlohmann::json pairs = nlohmann::json::array();
+        int applied = 0;
+        for (const ptq::EqualizedPair& p : er.pairs) {
+          applied += p.applied;
+          pairs.push_back({{"first", p.first}, {"second", p.second}, {"applied", p.applied}, {"reason", p.reason},
+                           {"range_spread_before", p.range_spread_before}, {"range_spread_after", p.range_spread_after}});
+        }
+        report["ptq"]["equalize"] = {{"pairs", pairs}, {"seconds", er.seconds}};
+        report["timings_s"]["equalize"] = er.seconds;
+        std::fprintf(stderr, "qtrain: cross-layer equalisation: %d of %zu layer pairs equalised in %.1fs\n", applied,
+                     er.pairs.size(), er.seconds);
+      }
       const QuantizeReport q = quantize(*t.model, scheme);
       for (const auto& w : q.warnings) report["notes"].push_back("quantize: " + w);
+      if (solves(r)) check_solve_recipe(*t.model, r);  // before the calibration pass, not after it
+      if (r.ptq.enabled && r.ptq.smoothquant) {
+        const ptq::SmoothReport sr = ptq::smooth_quant(*t.model, solve_batches, calibration_batch, {r.ptq.alpha});
+        nlohmann::json layers = nlohmann::json::array();
+        for (const ptq::SmoothLayer& l : sr.layers)
+          layers.push_back({{"path", l.path}, {"max_factor", l.max_factor}, {"min_factor", l.min_factor},
+                            {"act_range_before", l.act_range_before}, {"act_range_after", l.act_range_after}});
+        report["ptq"]["smoothquant"] = {{"alpha", r.ptq.alpha}, {"layers", layers}, {"skipped", sr.skipped},
+                                        {"float_output_change", sr.output_change}, {"seconds", sr.seconds}};
+        report["timings_s"]["smoothquant"] = sr.seconds;
+        std::fprintf(stderr, "qtrain: SmoothQuant (alpha %.2f): %zu layers smoothed, float output moved %.2g, %.1fs\n",
+                     r.ptq.alpha, sr.layers.size(), sr.output_change, sr.seconds);
+      }
       calibrate(scheme);
     });
+    if (solves(r) && wanted("solve")) {
+      run_stage("solve", [&] {
+        const ptq::SolveReport sr = ptq::solve(*t.model, solve_batches, calibration_batch, solve_options(r));
+        report["ptq"]["solve"] = solve_json(sr);
+        report["ptq"]["solve"]["method"] = r.ptq.method;
+        report["ptq"]["solve"]["bias_correction"] = r.ptq.bias_correction;
+        report["ptq"]["solve"]["batches"] = solve_batches;
+        int64_t solved = 0;
+        for (const ptq::LayerSolve& l : sr.layers) solved += l.rows > 0;
+        std::fprintf(stderr, "qtrain: solve: %lld layers (%s%s) in %lld passes, %.1fs\n", static_cast<long long>(solved),
+                     r.ptq.method.c_str(), r.ptq.bias_correction ? " + bias correction" : "",
+                     static_cast<long long>(sr.passes), sr.seconds);
+      });
+    } else if (solves(r)) {
+      report["notes"].push_back("ptq solve skipped by --stages: weights are round-to-nearest");
+    }
     run_stage("ptq", [&] { record("ptq", train::evaluate(*t.model, *t.test, t.forward, eval_bs, "ptq eval"), t); });
   }
   if (r.qat.epochs > 0 && wanted("qat")) {

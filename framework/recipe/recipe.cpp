@@ -1,6 +1,7 @@
 // Recipe loading: includes, overrides, schema validation, typed extraction.
 #include "framework/recipe/recipe.h"
 #include "framework/search/search.h"
+#include "framework/ptq/ptq.h"
 
 #include <yaml-cpp/yaml.h>
 
@@ -91,6 +92,13 @@ std::vector<std::string> activation_observer_kinds() {
   for (const std::string& k : observer_kinds())
     if (k.find("per_channel") == std::string::npos) out.push_back(k);
   return out;
+}
+
+// The scheme or one of its rules quantizes weights.
+bool any_weights_quantized(const Scheme& s) {
+  bool any = s.weights.has_value();
+  for (const LayerRule& rule : s.rules) any |= rule.weights.has_value() && !rule.keep_float;
+  return any;
 }
 
 const Field& schema() {
@@ -195,6 +203,36 @@ const Field& schema() {
                                          leaf("bits", T::kInt, "least bits", 1, 32)})}, {}},
           Field{"ties", T::kList, "groups of patterns whose layers share one width (e.g. q/k/v)", {}, -kInf, kInf,
                 {Field{"*", T::kList, "patterns", {}, -kInf, kInf, {leaf("*", T::kString, "pattern")}, {}}}, {}},
+      }),
+      map("ptq", "PTQ solvers: better than round-to-nearest without training (after calibration, before QAT)", {
+          bind(choice("method", ptq::rounding_names(), "weight rounding: round-to-nearest, GPTQ or AdaRound"),
+               &Recipe::ptq, &Recipe::Ptq::method),
+          bind(leaf("bias_correction", T::kBool, "fold each layer's mean output error into its bias"),
+               &Recipe::ptq, &Recipe::Ptq::bias_correction),
+          bind(leaf("equalize", T::kBool, "cross-layer equalisation of consecutive layers around ReLU (float model, before quantize)"),
+               &Recipe::ptq, &Recipe::Ptq::equalize),
+          bind(leaf("smoothquant", T::kBool, "SmoothQuant: move activation outliers into the weights of Linear layers with quantized inputs"),
+               &Recipe::ptq, &Recipe::Ptq::smoothquant),
+          bind(leaf("alpha", T::kFloat, "SmoothQuant migration strength s = max|X|^alpha / max|W|^(1-alpha), in [0, 1]", 0, 1),
+               &Recipe::ptq, &Recipe::Ptq::alpha),
+          bind(leaf("batches", T::kInt, "calibration batches the solvers run on (0: calibrate.batches)", 0, 1e9),
+               &Recipe::ptq, &Recipe::Ptq::batches),
+          bind(leaf("sample_rows", T::kInt, "input rows kept per layer for AdaRound, bias correction and the error report", 1, 1e9),
+               &Recipe::ptq, &Recipe::Ptq::sample_rows),
+          map("gptq", "GPTQ options", {
+              bind(leaf("damp", T::kFloat, "damping: damp x mean(diag H) added to H's diagonal (> 0)", 1e-12, 1e6), &Recipe::ptq, &Recipe::Ptq::damp),
+              bind(leaf("block_size", T::kInt, "columns updated together", 1, 1e9), &Recipe::ptq, &Recipe::Ptq::block_size),
+              bind(leaf("act_order", T::kBool, "quantize columns in order of decreasing Hessian diagonal"), &Recipe::ptq, &Recipe::Ptq::act_order),
+          }),
+          map("adaround", "AdaRound options", {
+              bind(leaf("iterations", T::kInt, "Adam steps per layer", 1, 1e9), &Recipe::ptq, &Recipe::Ptq::iterations),
+              bind(leaf("lr", T::kFloat, "Adam step size", 1e-12, 10), &Recipe::ptq, &Recipe::Ptq::lr),
+              bind(leaf("reg_weight", T::kFloat, "weight of the rounding regulariser", 0, 1e6), &Recipe::ptq, &Recipe::Ptq::reg_weight),
+              bind(leaf("batch_rows", T::kInt, "input rows per step", 1, 1e9), &Recipe::ptq, &Recipe::Ptq::batch_rows),
+          }),
+          Field{"rules", T::kList, "per-layer rounding; the first whose pattern matches wins", {}, -kInf, kInf,
+                {map("*", "rule", {leaf("pattern", T::kString, "shell-style pattern on module paths"),
+                                   choice("method", ptq::rounding_names(), "rounding of matching layers")})}, {}},
       }),
       map("freeze", "packing into integer kernels", {
           bind(leaf("enabled", T::kBool, "freeze after PTQ/QAT and evaluate the integer model"), &Recipe::freeze, &Recipe::Freeze::enabled),
@@ -719,6 +757,11 @@ Recipe load_recipe(const std::string& path, const std::vector<std::string>& over
     problem("train.epochs", "0 epochs and no float weights to load (model.checkpoint " +
                                 (r.model.checkpoint.empty() ? std::string("is not set") : "'" + r.model.checkpoint + "' does not exist") +
                                 ", no model.safetensors): nothing would train the model");
+  // Where a key is written, for errors found after validation (by the search or the solvers).
+  auto site = [&](const std::string& key) {
+    const Origin o = at(key);
+    return RecipeIssue{o.file, o.mark.is_null() ? 0 : o.mark.line + 1, o.mark.is_null() ? 0 : o.mark.column + 1, key, ""};
+  };
   const YAML::Node sn = tree["search"];
   r.search.enabled = sn && sn.IsMap() && sn.size() > 0;
   if (r.search.enabled) {
@@ -727,10 +770,7 @@ Recipe load_recipe(const std::string& path, const std::vector<std::string>& over
       for (size_t i = 0; i < sn["candidates"].size(); ++i) {
         const YAML::Node c = sn["candidates"][i];
         se.candidates.push_back(c.as<std::string>());
-        const std::string key = "search.candidates[" + std::to_string(i) + "]";
-        const Origin o = at(key);
-        se.candidate_sites.push_back(RecipeIssue{o.file, o.mark.is_null() ? 0 : o.mark.line + 1,
-                                                 o.mark.is_null() ? 0 : o.mark.column + 1, key, ""});
+        se.candidate_sites.push_back(site("search.candidates[" + std::to_string(i) + "]"));
       }
     if (se.candidates.size() < 2) problem("search.candidates", "needs at least two candidates to choose between");
     if (sn["activations"])
@@ -771,10 +811,38 @@ Recipe load_recipe(const std::string& path, const std::vector<std::string>& over
     if (!r.quantize) problem("search", "the search chooses weight widths for a quantize section; add one");
     else if (!r.scheme.weights) problem("search", "quantize.weights.qtype is none: there are no weights to search");
   }
+  const YAML::Node pn = tree["ptq"];
+  r.ptq.enabled = pn && pn.IsMap() && pn.size() > 0;
+  if (r.ptq.enabled) {
+    Recipe::Ptq& p = r.ptq;
+    if (pn["rules"])
+      for (size_t i = 0; i < pn["rules"].size(); ++i) {
+        const YAML::Node rn = pn["rules"][i];
+        const std::string key = "ptq.rules[" + std::to_string(i) + "]";
+        if (!rn["pattern"] || !rn["method"]) {
+          ctx.add(at("ptq").file, rn.Mark(), key, "every rule needs a pattern and a method");
+          continue;
+        }
+        p.rules.emplace_back(rn["pattern"].as<std::string>(), rn["method"].as<std::string>());
+        p.rule_sites.push_back(site(key));
+      }
+    if (!r.quantize) {
+      problem("ptq", "the PTQ solvers work on a quantized model; add a quantize section");
+    } else {
+      bool rounds = p.method != "rtn";
+      for (const auto& [pattern, m] : p.rules) rounds |= m != "rtn";
+      if (rounds && !any_weights_quantized(r.scheme))
+        problem("ptq.method", "GPTQ and AdaRound round quantized weights, and quantize.weights.qtype is none");
+      bool any_acts = r.scheme.activations != ActivationMode::kNone;
+      for (const LayerRule& rule : r.scheme.rules) any_acts |= rule.activations && *rule.activations != ActivationMode::kNone;
+      if (p.smoothquant && !any_acts)
+        problem("ptq.smoothquant", "SmoothQuant eases the quantization of input activations, and the scheme keeps them "
+                                   "float (quantize.activations.mode: none)");
+    }
+  }
   if (r.freeze.enabled && !r.quantize && tree["freeze"]) problem("freeze.enabled", "freezing needs a quantize section");
   // freeze() packs weights; a scheme without quantized weights fails there, after training.
-  bool any_weights = r.quantize && r.scheme.weights.has_value();
-  for (const LayerRule& rule : r.scheme.rules) any_weights |= rule.weights.has_value() && !rule.keep_float;
+  const bool any_weights = r.quantize && any_weights_quantized(r.scheme);
   if (r.freeze.enabled && r.quantize && !any_weights)
     problem(origins.count("quantize.weights.qtype") ? "quantize.weights.qtype" : "freeze.enabled",
             "freezing packs quantized weights, and quantize.weights.qtype is none (no rule quantizes any): set a "

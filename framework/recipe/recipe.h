@@ -103,6 +103,28 @@ struct Recipe {
     std::vector<RecipeIssue> candidate_sites;               // where each candidate is written (no message)
   } search;
 
+  // PTQ solvers (framework/ptq/ptq.h): equalisation and smoothing before calibration, GPTQ /
+  // AdaRound rounding and bias correction after it (the solve stage).
+  struct Ptq {
+    bool enabled = false;             // a non-empty `ptq` section
+    std::string method = "rtn";       // rtn | gptq | adaround: weight rounding of layers no rule matches
+    bool bias_correction = false;
+    bool equalize = false;            // cross-layer equalisation of the float model
+    bool smoothquant = false;
+    double alpha = 0.5;               // SmoothQuant migration strength
+    int64_t batches = 0;              // calibration batches the solvers run on (0: calibrate's)
+    int64_t sample_rows = 4096;       // input rows kept per layer
+    double damp = 0.01;               // gptq
+    int64_t block_size = 128;
+    bool act_order = false;
+    int64_t iterations = 1000;        // adaround
+    double lr = 1e-2;
+    double reg_weight = 0.01;
+    int64_t batch_rows = 256;
+    std::vector<std::pair<std::string, std::string>> rules;  // pattern, method
+    std::vector<RecipeIssue> rule_sites;                      // where each rule is written (no message)
+  } ptq;
+
   struct Freeze {
     bool enabled = true;
     std::string backend = "cpu";

@@ -40,7 +40,8 @@ std::string write_report_files(const nlohmann::json& report, const Recipe& r, co
   if (report.contains("eval_examples"))
     md << "\nevaluated on " << report.at("eval_examples").get<int64_t>() << " test examples\n";
   md << "\nwall time per stage:";
-  for (const char* stage : {"data", "float", "search", "calibrate", "ptq", "qat", "freeze", "freeze_pack", "export"})
+  for (const char* stage : {"data", "float", "search", "calibrate", "equalize", "smoothquant", "solve", "ptq", "qat", "freeze",
+                            "freeze_pack", "export"})
     if (timings.contains(stage)) md << " " << stage << " " << fmt(timings.at(stage).get<double>(), 1) << " s;";
   md << "\n";
   if (report.at("size_bytes").contains("float")) {
@@ -88,6 +89,48 @@ std::string write_report_files(const nlohmann::json& report, const Recipe& r, co
       md << "| " << p.at("bytes").get<int64_t>() << (p.value("chosen", false) ? " (chosen)" : "") << " | " << fmt(p.at("latency_ms").get<double>(), 4) << " | "
          << p.at("predicted").get<double>() << " | "
          << (p.contains(metric) ? fmt(p.at(metric).get<double>()) : std::string("not measured")) << " |\n";
+  }
+  if (report.contains("ptq")) {
+    const auto& p = report.at("ptq");
+    md << "\n## PTQ solvers\n";
+    if (p.contains("equalize")) {
+      md << "\nCross-layer equalisation (" << fmt(p.at("equalize").at("seconds").get<double>(), 1)
+         << " s):\n\n| first | second | applied | range spread before | after | why not |\n|---|---|---|---|---|---|\n";
+      for (const auto& e : p.at("equalize").at("pairs"))
+        md << "| " << e.at("first").get<std::string>() << " | " << e.at("second").get<std::string>() << " | "
+           << (e.at("applied").get<bool>() ? "yes" : "no") << " | " << fmt(e.at("range_spread_before").get<double>(), 1)
+           << " | " << fmt(e.at("range_spread_after").get<double>(), 1) << " | " << e.at("reason").get<std::string>()
+           << " |\n";
+    }
+    if (p.contains("smoothquant")) {
+      const auto& sq = p.at("smoothquant");
+      md << "\nSmoothQuant, alpha " << fmt(sq.at("alpha").get<double>(), 2) << " (float output moved by "
+         << sq.at("float_output_change").get<double>() << ", " << fmt(sq.at("seconds").get<double>(), 1)
+         << " s):\n\n| layer | max input before | after | factors |\n|---|---|---|---|\n";
+      for (const auto& l : sq.at("layers"))
+        md << "| " << l.at("path").get<std::string>() << " | " << fmt(l.at("act_range_before").get<double>(), 3) << " | "
+           << fmt(l.at("act_range_after").get<double>(), 3) << " | " << fmt(l.at("min_factor").get<double>(), 3) << " .. "
+           << fmt(l.at("max_factor").get<double>(), 3) << " |\n";
+      for (const auto& sk : sq.at("skipped")) md << "- not smoothed: " << sk.get<std::string>() << "\n";
+    }
+    if (p.contains("solve")) {
+      const auto& so = p.at("solve");
+      md << "\nWeight rounding `" << so.at("method").get<std::string>() << "`"
+         << (so.at("bias_correction").get<bool>() ? " with bias correction" : "") << ": "
+         << so.at("passes").get<int64_t>() << " calibration passes, " << fmt(so.at("seconds").get<double>(), 1)
+         << " s. Error: " << so.at("error").get<std::string>()
+         << ".\n\n| layer | type | method | error before | error after | rows | s | note |\n|---|---|---|---|---|---|---|---|\n";
+      for (const auto& l : so.at("layers")) {
+        const bool measured = l.contains("rows");
+        md << "| " << l.at("path").get<std::string>() << " | " << l.at("type").get<std::string>() << " | "
+           << l.at("method").get<std::string>() << " | "
+           << (measured ? fmt(l.at("error_before").get<double>(), 6) : std::string("-")) << " | "
+           << (measured ? fmt(l.at("error_after").get<double>(), 6) : std::string("-")) << " | "
+           << (measured ? std::to_string(l.at("rows").get<int64_t>()) : std::string("-")) << " | "
+           << (measured ? fmt(l.at("seconds").get<double>(), 2) : std::string("-")) << " | "
+           << l.at("note").get<std::string>() << " |\n";
+      }
+    }
   }
   if (report.contains("not_exported") && !report.at("not_exported").empty()) {
     md << "\nnot written:";

@@ -50,10 +50,11 @@ const std::map<std::string, std::set<std::string>>& allowed() {
     m["framework/train"] = with({"framework/api", "framework/data"});
     m["framework/models"] = with({"framework/api", "framework/io"});
     m["framework/search"] = with({"framework/api", "framework/io"});
+    m["framework/ptq"] = with({"framework/api"});
     m["framework/recipe"] = with({"framework/api", "framework/data", "framework/io", "framework/train",
-                                  "framework/models", "framework/search"});
+                                  "framework/models", "framework/search", "framework/ptq"});
     m["apps"] = with({"framework/api", "framework/data", "framework/io", "framework/train",
-                      "framework/models", "framework/search", "framework/recipe"});
+                      "framework/models", "framework/search", "framework/ptq", "framework/recipe"});
     return m;
   }();
   return kAllowed;

@@ -221,6 +221,33 @@ TEST(Recipe, EveryBoundKeyReachesTheRecipeAndAbsentKeysKeepTheirDefaults) {
   EXPECT_EQ(data_defaults.seq_len, defaults.data.seq_len);  // the cnn recipe says nothing of seq_len
 }
 
+TEST(Recipe, PtqSectionIsValidatedWithFileLineColumn) {
+  TempDir dir;
+  const std::string q = std::string(kMinimal) + "quantize: {weights: {qtype: qint4, granularity: per_channel}}\n";
+  auto all = [&](const std::string& text) {
+    std::string out;
+    for (const auto& i : issues_of(dir.write("p.yaml", text))) out += i.to_string() + "\n";
+    return out;
+  };
+  std::string e = all(q + "ptq:\n  method: gtpq\n");
+  EXPECT_NE(e.find("p.yaml:5:11: ptq.method: 'gtpq' is not valid (did you mean 'gptq'?)"), std::string::npos) << e;
+  e = all(q + "ptq: {smoothquant: true, alpha: 1.5}\n");
+  EXPECT_NE(e.find("ptq.alpha: value 1.5 is out of range"), std::string::npos) << e;
+  e = all(q + "ptq: {smoothquant: true}\n");
+  EXPECT_NE(e.find("ptq.smoothquant: SmoothQuant eases the quantization of input activations"), std::string::npos) << e;
+  e = all(q + "ptq: {method: gptq, gptq: {damp: 0}}\n");
+  EXPECT_NE(e.find("ptq.gptq.damp: value 0 is out of range"), std::string::npos) << e;
+  e = all(std::string(kMinimal) + "ptq: {method: gptq}\n");
+  EXPECT_NE(e.find("ptq: the PTQ solvers work on a quantized model"), std::string::npos) << e;
+  e = all(q + "ptq:\n  rules:\n    - {pattern: fc1}\n");
+  EXPECT_NE(e.find("ptq.rules[0]: every rule needs a pattern and a method"), std::string::npos) << e;
+  const Recipe r = load_recipe(dir.write("ok.yaml", q + "ptq:\n  method: adaround\n  rules:\n    - {pattern: fc3, method: rtn}\n"));
+  EXPECT_TRUE(r.ptq.enabled);
+  EXPECT_EQ(r.ptq.method, "adaround");
+  ASSERT_EQ(r.ptq.rule_sites.size(), 1u);
+  EXPECT_EQ(r.ptq.rule_sites[0].line, 7);
+}
+
 TEST(Recipe, BadSearchSectionsAreErrorsWithFileLineColumn) {
   TempDir dir;
   const std::string q = std::string(kMinimal) + "quantize: {weights: {qtype: qint8}}\n";

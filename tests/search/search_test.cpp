@@ -63,8 +63,8 @@ Fixture make_fixture() {
 }
 
 std::vector<Candidate> candidates() {
-  return {Candidate{qint8, Granularity::kPerChannel, 0}, Candidate{qint4, Granularity::kPerGroup, 16},
-          Candidate{qint2, Granularity::kPerGroup, 16}, Candidate{std::nullopt}};
+  return {Candidate{qint8, Granularity::kPerChannel, 0, std::nullopt}, Candidate{qint4, Granularity::kPerGroup, 16, std::nullopt},
+          Candidate{qint2, Granularity::kPerGroup, 16, std::nullopt}, Candidate{std::nullopt, Granularity::kPerChannel, 0, std::nullopt}};
 }
 
 SearchOptions options(double size_ratio, Method m = Method::kHessian) {
@@ -296,7 +296,7 @@ TEST(Search, LayersAreTimedAtTheShapeTheySeeAndTheLatencyBudgetHolds) {
 TEST(Search, ACandidateNoLayerCanTakeNamesItsIndex) {
   Fixture f = make_fixture();
   SearchOptions o = options(0.5);
-  o.candidates.push_back(Candidate{qint4, Granularity::kPerGroup, 48});  // 32 and 64 in_features: no fit
+  o.candidates.push_back(Candidate{qint4, Granularity::kPerGroup, 48, std::nullopt});  // 32 and 64 in_features: no fit
   try {
     check_search(*f.model, Scheme(qint8), o);
     FAIL() << "expected a SearchError";

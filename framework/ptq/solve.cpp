@@ -1,0 +1,277 @@
+// solve(): the layer-by-layer driver of GPTQ, AdaRound and bias correction over a model's
+// Linear / Conv1d / Conv2d layers, with inputs captured through the layers' input taps.
+#include "framework/ptq/ptq.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cmath>
+#include <map>
+#include <optional>
+#include <set>
+
+#include "fake_quant/fake_quantize.h"
+#include "framework/core/enum_names.h"
+#include "framework/nn/conv.h"
+#include "framework/nn/linear.h"
+#include "framework/progress.h"
+#include "framework/ptq/layer_access.h"
+#include "framework/scheme.h"
+
+namespace qforge::ptq {
+
+namespace {
+
+constexpr NamedValue<Rounding> kRoundingNames[] = {
+    {Rounding::kNearest, "rtn"}, {Rounding::kGptq, "gptq"}, {Rounding::kAdaRound, "adaround"},
+    {Rounding::kNearest, "nearest", true}};
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Thrown by an input tap to end a capture pass's forward once its layers have their inputs; not a
+// std::exception, so nothing between the tap and the pass catches it by accident.
+struct StopForward {};
+
+// What one capture pass gathers for one layer.
+struct Capture {
+  at::Tensor h;  // Σ x xᵀ over every row (GPTQ)
+  int64_t n = 0;
+  std::vector<at::Tensor> xf, xq;  // sampled rows: float input, input as the weight multiplies it
+};
+
+// Solves one layer from its captured inputs: rounding, bias correction, errors before / after.
+void solve_layer(QuantizableLayer& layer, const Capture& c, const SolveOptions& o, LayerSolve& ls) {
+  const LayerAccess acc = access(layer);
+  Quantizer wq = layer.weight_quantizer();
+  const QSpec spec = wq->config().spec;
+  const at::Tensor W = acc.w2d().detach().to(at::kFloat).clone();
+  const at::Tensor xf = at::cat(c.xf, 0), xq = at::cat(c.xq, 0);
+  ls.rows = xf.size(0);
+  const at::Tensor b0 = acc.bias.defined() ? acc.bias.detach().to(at::kFloat).clone() : at::zeros({W.size(0)});
+  const at::Tensor yf = at::matmul(xf, W.t()) + b0;
+  // Round-to-nearest as the weight quantizer computes it (a grid fixed earlier stays).
+  const QParams rtn = wq->qparams(acc.weight);
+  const QParams rtn2d{spec, rtn.scale, rtn.zero_point};
+  const at::Tensor w_rtn = fake_quantize(W.reshape(acc.weight.sizes()), rtn).reshape(W.sizes());
+  ls.error_before = relative_mse(at::matmul(xq, w_rtn.t()) + b0, yf);
+
+  at::Tensor w_new = w_rtn;
+  QParams grid = rtn;
+  std::string note;
+  if (ls.method.rfind("gptq", 0) == 0) {
+    QF_REQUIRE(c.n > 0, "no input rows were captured");
+    const GptqResult r = gptq(W, (c.h / static_cast<double>(c.n)).to(at::kFloat), spec, o.gptq);
+    w_new = r.weight;
+    grid = QParams{spec, r.qparams.scale.reshape(rtn.scale.sizes()), r.qparams.zero_point.reshape(rtn.scale.sizes())};
+    if (r.damp != o.gptq.damp) note = "damping raised to " + std::to_string(r.damp) + " (H not positive definite)";
+  } else if (ls.method.rfind("adaround", 0) == 0) {
+    const AdaRoundResult r = adaround(W, rtn2d, xq, at::matmul(xf, W.t()), o.adaround);
+    w_new = r.weight;
+    char buf[96];
+    std::snprintf(buf, sizeof buf, "%.1f%% of rounding variables binary, %.1f%% rounded up", 100 * r.binary_fraction,
+                  100 * r.rounded_up);
+    note = buf;
+  }
+  at::Tensor b_new = b0;
+  if (ls.method.find("bias_correction") != std::string::npos) {
+    // E[y_q − y_f] over the rows, folded into the bias.
+    const at::Tensor shift = (at::matmul(xq, w_new.t()) + b0 - yf).mean(0);
+    b_new = b0 - shift;
+    at::NoGradGuard g;
+    acc.bias.copy_(b_new.to(acc.bias.scalar_type()));
+  }
+  if (ls.method.rfind("rtn", 0) != 0) {
+    // The solved codes become the weight, on a fixed grid (fake-quant and freeze reproduce them).
+    acc.set_w2d(w_new);
+    wq->set_qparams(grid);
+  }
+  ls.error_after = relative_mse(at::matmul(xq, w_new.t()) + b_new, yf);
+  if (!note.empty()) ls.note = ls.note.empty() ? note : ls.note + "; " + note;
+}
+
+// The rule (or -1: the default) that decides a layer's rounding.
+int matching_rule(const SolveOptions& o, const std::string& path) {
+  for (size_t i = 0; i < o.rules.size(); ++i)
+    if (pattern_matches(o.rules[i].pattern, path)) return static_cast<int>(i);
+  return -1;
+}
+
+}  // namespace
+
+const char* to_string(Rounding r) { return name_of(kRoundingNames, r); }
+Rounding rounding_from_name(const std::string& name) { return value_of(kRoundingNames, name, "PTQ rounding method"); }
+std::vector<std::string> rounding_names() { return names_of(kRoundingNames); }
+
+double relative_mse(const at::Tensor& yq, const at::Tensor& yf) {
+  const double num = (yq.to(at::kDouble) - yf.to(at::kDouble)).pow(2).sum().item<double>();
+  const double den = yf.to(at::kDouble).pow(2).sum().item<double>();
+  if (den == 0) return num == 0 ? 0.0 : INFINITY;
+  return num / den;
+}
+
+std::vector<LayerSolve> plan_solve(const torch::nn::Module& model, const SolveOptions& o) {
+  std::vector<LayerSolve> out;
+  std::set<int> rules_used_on_unfit;
+  std::map<int, std::string> unfit_reason;
+  std::set<int> rules_fit;
+  for (const auto& [path, layer] : quantizable_layers(model)) {
+    if (!layer->quantized() || !layer->scheme().weights) continue;
+    LayerSolve ls;
+    ls.path = path;
+    ls.type = layer->layer_type();
+    const int rule = matching_rule(o, path);
+    const Rounding r = rule >= 0 ? o.rules[static_cast<size_t>(rule)].rounding : o.rounding;
+    std::string why = solvable(path, *layer);
+    if (why.empty() && r == Rounding::kAdaRound && !layer->scheme().weights->spec.qtype.is_integer())
+      why = "AdaRound rounds onto integer grids, the weights are " + std::string(layer->scheme().weights->spec.qtype.name);
+    if (why.empty() && layer->frozen()) why = "frozen";
+    if (why.empty() && layer->scheme().weights->lsq && layer->weight_quantizer()->lsq_initialised())
+      why = "its LSQ weight scale already trains";
+    if (r == Rounding::kNearest || !why.empty()) {
+      ls.method = "rtn";
+      if (r != Rounding::kNearest) {
+        ls.note = std::string(to_string(r)) + " does not apply: " + why;
+        if (rule >= 0) unfit_reason.emplace(rule, path + " (" + ls.type + "): " + ls.note);
+      }
+    } else {
+      ls.method = to_string(r);
+      if (rule >= 0) rules_fit.insert(rule);
+    }
+    if (o.bias_correction && why.empty()) {
+      const auto params = layer->module().named_parameters(false);
+      if (params.contains("bias") && params["bias"].defined()) ls.method += "+bias_correction";
+      else if (ls.note.empty()) ls.note = "no bias to correct";
+    }
+    out.push_back(std::move(ls));
+  }
+  // A rule naming a method for layers none of which can take it is a mistake in the recipe.
+  for (const auto& [rule, reason] : unfit_reason)
+    if (!rules_fit.count(rule))
+      throw SolveError(rule, "ptq rule '" + o.rules[static_cast<size_t>(rule)].pattern + "' asks for " +
+                                 to_string(o.rules[static_cast<size_t>(rule)].rounding) +
+                                 " on layers that cannot take it: " + reason);
+  return out;
+}
+
+SolveReport solve(torch::nn::Module& model, int64_t batches, const RunBatch& run, const SolveOptions& o) {
+  QF_REQUIRE(batches > 0, "ptq::solve: needs at least one calibration batch");
+  QF_REQUIRE(o.sample_rows > 0, "ptq::solve: sample_rows must be > 0, got ", o.sample_rows);
+  const auto t0 = std::chrono::steady_clock::now();
+  SolveReport report;
+  const std::vector<LayerSolve> plan = plan_solve(model, o);
+  at::NoGradGuard no_grad;
+  const bool was_training = model.is_training();
+  model.eval();
+
+  std::map<std::string, QuantizableLayer*> by_path;
+  for (const auto& [path, layer] : quantizable_layers(model)) by_path[path] = layer;
+  // The layers with work to do, and what each gets.
+  std::map<QuantizableLayer*, LayerSolve> pending;
+  for (const LayerSolve& ls : plan) {
+    if (ls.method == "rtn") {
+      report.layers.push_back(ls);  // round-to-nearest, nothing to solve
+      continue;
+    }
+    pending.emplace(by_path.at(ls.path), ls);
+  }
+  const size_t rtn_layers = report.layers.size();
+  Progress progress("ptq solve", static_cast<int64_t>(pending.size()));
+  at::Generator gen = at::detail::createCPUGenerator(o.seed);
+  const int64_t rows_per_batch = (o.sample_rows + batches - 1) / batches;
+
+  while (!pending.empty()) {
+    QuantizableLayer* target = nullptr;
+    const c10::TensorImpl* target_input = nullptr;
+    bool seen = false;
+    int64_t batch = 0;
+    std::vector<QuantizableLayer*> group;  // the target and the layers reading the same tensor
+    std::map<QuantizableLayer*, Capture> captures;
+    auto capture = [&](QuantizableLayer& layer, const at::Tensor& x) {
+      const LayerAccess acc = access(layer);
+      Capture& c = captures[&layer];
+      const at::Tensor xf = acc.rows(x.detach());
+      Quantizer iq = layer.input_quantizer();
+      const at::Tensor xq = iq ? acc.rows(iq->forward(x.detach())) : xf;
+      if (pending.at(&layer).method.rfind("gptq", 0) == 0) {
+        const at::Tensor x64 = xq.to(at::kDouble);
+        const at::Tensor h = at::matmul(x64.t(), x64);
+        c.h = c.h.defined() ? c.h + h : h;
+      }
+      c.n += xq.size(0);
+      const int64_t keep = std::min<int64_t>(rows_per_batch, xf.size(0));
+      const at::Tensor idx = at::randperm(xf.size(0), gen, at::TensorOptions().dtype(at::kLong)).slice(0, 0, keep);
+      c.xf.push_back(xf.index_select(0, idx).to(at::kFloat));
+      c.xq.push_back(xq.index_select(0, idx).to(at::kFloat));
+    };
+    auto tap = [&](QuantizableLayer& layer, const at::Tensor& x) {
+      const bool is_pending = pending.count(&layer) > 0;
+      if (!target && is_pending) target = &layer;
+      if (&layer == target) {
+        seen = true;
+        target_input = x.unsafeGetTensorImpl();
+        if (batch == 0) group.push_back(&layer);
+        capture(layer, x);
+        return;
+      }
+      if (!seen) return;
+      const bool sibling = x.unsafeGetTensorImpl() == target_input;
+      const bool in_group = std::find(group.begin(), group.end(), &layer) != group.end();
+      if (sibling && (in_group || (batch == 0 && is_pending))) {
+        if (!in_group) group.push_back(&layer);
+        capture(layer, x);
+        return;
+      }
+      throw StopForward{};
+    };
+    for (const auto& [path, layer] : quantizable_layers(model)) layer->set_input_tap(tap);
+    try {
+      for (batch = 0; batch < batches; ++batch) {
+        seen = false;
+        try {
+          run(batch);
+        } catch (const StopForward&) {
+        }
+      }
+    } catch (...) {
+      for (const auto& [path, layer] : quantizable_layers(model)) layer->set_input_tap(nullptr);
+      throw;
+    }
+    for (const auto& [path, layer] : quantizable_layers(model)) layer->set_input_tap(nullptr);
+    ++report.passes;
+    if (!target) {
+      // The calibration forward never reaches them.
+      for (auto& [layer, ls] : pending) {
+        ls.method = "rtn";
+        ls.note = "not reached by the model's forward on the calibration batches; kept round-to-nearest";
+        report.layers.push_back(ls);
+      }
+      break;
+    }
+    for (QuantizableLayer* layer : group) {
+      LayerSolve ls = pending.at(layer);
+      pending.erase(layer);
+      const auto l0 = std::chrono::steady_clock::now();
+      try {
+        solve_layer(*layer, captures.at(layer), o, ls);
+      } catch (const Error& e) {
+        throw Error("ptq solve: " + ls.path + " (" + ls.type + "): " + e.what());
+      }
+      ls.seconds = seconds_since(l0);
+      report.layers.push_back(ls);
+      progress.update(1, ls.path);
+    }
+  }
+  progress.finish();
+  // Solved layers in forward order after the round-to-nearest ones.
+  std::rotate(report.layers.begin(), report.layers.begin() + static_cast<std::ptrdiff_t>(rtn_layers),
+              report.layers.end());
+  model.train(was_training);
+  report.seconds = seconds_since(t0);
+  return report;
+}
+
+}  // namespace qforge::ptq

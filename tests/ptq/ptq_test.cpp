@@ -1,0 +1,448 @@
+// PTQ solvers: GPTQ against its unblocked float64 reference, AdaRound converging to a binary
+// rounding, SmoothQuant and cross-layer equalisation leaving the float model unchanged, each
+// method lowering output error against round-to-nearest on layers with outliers, solved models
+// freezing and reloading to the same outputs, and bad options refused.
+#include "framework/ptq/ptq.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "fake_quant/fake_quantize.h"
+#include "framework/io/model_io.h"
+#include "framework/nn/conv.h"
+#include "framework/nn/embedding.h"
+#include "framework/nn/linear.h"
+#include "framework/ptq/float_view.h"
+#include "framework/quantize.h"
+#include "framework/quantizer.h"
+
+namespace qforge::ptq {
+namespace {
+
+namespace fs = std::filesystem;
+
+double rel_error(const at::Tensor& a, const at::Tensor& b) {
+  return ((a - b).norm() / b.norm().clamp_min(1e-30)).item<double>();
+}
+
+// Inputs with a few outlier channels (as transformer activations have) and correlated columns.
+at::Tensor outlier_inputs(int64_t rows, int64_t k, uint64_t seed) {
+  at::manual_seed(seed);
+  // Low-rank structure plus noise: correlated input features, as real activations have.
+  at::Tensor x = at::matmul(at::randn({rows, 8}), at::randn({8, k})) + 0.3 * at::randn({rows, k});
+  x.select(1, 3).mul_(20);
+  x.select(1, k / 2).mul_(12);
+  return x;
+}
+
+QSpec int_spec(QType q, Granularity g, int64_t group = 0) {
+  QSpec s;
+  s.qtype = q;
+  s.granularity = g;
+  s.axis = 0;
+  s.group_size = group;
+  s.symmetric = true;
+  return s;
+}
+
+at::Tensor hessian_of(const at::Tensor& x) { return 2 * at::matmul(x.t(), x) / static_cast<double>(x.size(0)); }
+
+TEST(Gptq, BlockedFloat32MatchesUnblockedFloat64Reference) {
+  at::manual_seed(1);
+  const at::Tensor w = at::randn({12, 64});
+  const at::Tensor x = outlier_inputs(512, 64, 2);
+  const at::Tensor h = hessian_of(x);
+  for (const QSpec& spec : {int_spec(qint4, Granularity::kPerChannel), int_spec(qint4, Granularity::kPerGroup, 16),
+                            int_spec(qint8, Granularity::kPerTensor), int_spec(qint2, Granularity::kPerGroup, 32)}) {
+    for (bool act_order : {false, true}) {
+      GptqOptions o;
+      o.block_size = 8;  // groups of 16 and 32 straddle blocks: the look-ahead path runs
+      o.act_order = act_order;
+      const GptqResult ref = gptq_reference(w, h, spec, o);
+      const GptqResult fast = gptq(w, h, spec, o);
+      const std::string what = spec.to_string() + (act_order ? " act_order" : "");
+      // Same grid and the same codes (a float32 / float64 tie may flip a rare code by one step).
+      EXPECT_TRUE(at::allclose(fast.qparams.scale, ref.qparams.scale, 1e-4, 1e-7)) << what;
+      const at::Tensor step = broadcast_qparam(ref.qparams.scale, w, spec);
+      const at::Tensor codes_diff = (grouped(fast.weight, spec) - grouped(ref.weight, spec)).abs() / step;
+      EXPECT_GE((codes_diff < 0.01).to(at::kFloat).mean().item<double>(), 0.99) << what;
+      EXPECT_LE(codes_diff.max().item<double>(), 1.01) << what;
+      // The result lies on its grid: fake_quantize leaves it unchanged.
+      EXPECT_TRUE(at::allclose(fake_quantize(fast.weight, fast.qparams), fast.weight, 0, 1e-6)) << what;
+    }
+  }
+}
+
+TEST(Gptq, ResultDoesNotDependOnBlockSize) {
+  at::manual_seed(3);
+  const at::Tensor w = at::randn({8, 48});
+  const at::Tensor h = hessian_of(outlier_inputs(256, 48, 4));
+  const QSpec spec = int_spec(qint4, Granularity::kPerGroup, 16);
+  GptqOptions a, b;
+  a.block_size = 1;
+  b.block_size = 128;
+  const GptqResult ra = gptq(w, h, spec, a), rb = gptq(w, h, spec, b);
+  EXPECT_LE(rel_error(ra.weight, rb.weight), 1e-3);
+}
+
+TEST(Gptq, LowersLayerOutputErrorAgainstRoundToNearest) {
+  at::manual_seed(5);
+  const at::Tensor w = at::randn({32, 128}) * 0.1;
+  const at::Tensor x = outlier_inputs(1024, 128, 6);
+  for (const QSpec& spec : {int_spec(qint4, Granularity::kPerChannel), int_spec(qint4, Granularity::kPerGroup, 32),
+                            int_spec(qint2, Granularity::kPerGroup, 32)}) {
+    const QParams rtn_qp = weight_minmax_qparams(w, spec, "w");
+    const at::Tensor w_rtn = fake_quantize(w, rtn_qp);
+    const GptqResult r = gptq(w, hessian_of(x), spec, GptqOptions{});
+    const at::Tensor y = at::matmul(x, w.t());
+    const double e_rtn = relative_mse(at::matmul(x, w_rtn.t()), y), e_gptq = relative_mse(at::matmul(x, r.weight.t()), y);
+    EXPECT_LT(e_gptq, 0.7 * e_rtn) << spec.to_string() << ": rtn " << e_rtn << ", gptq " << e_gptq;
+  }
+}
+
+TEST(Gptq, BadInputsAndOptionsAreErrors) {
+  const at::Tensor w = at::randn({4, 8}), h = at::eye(8);
+  const QSpec spec = int_spec(qint4, Granularity::kPerChannel);
+  GptqOptions o;
+  o.damp = 0;
+  EXPECT_THROW(gptq(w, h, spec, o), Error);
+  EXPECT_THROW(gptq(w, at::eye(7), spec, GptqOptions{}), Error);
+  at::Tensor bad = w.clone();
+  bad[0][0] = NAN;
+  EXPECT_THROW(gptq(bad, h, spec, GptqOptions{}), Error);
+  EXPECT_THROW(gptq(w, h, int_spec(qint4, Granularity::kPerGroup, 3), GptqOptions{}), Error);
+  // A singular H (dead inputs) is handled: those columns are zero, the rest solve.
+  at::Tensor hs = h.clone();
+  hs[2][2] = 0;
+  const GptqResult r = gptq(w, hs, spec, GptqOptions{});
+  EXPECT_TRUE(at::equal(r.weight.select(1, 2), at::zeros({4})));
+}
+
+TEST(AdaRound, RoundingConvergesToABinaryMaskAndBeatsNearest) {
+  at::manual_seed(8);
+  const at::Tensor w = at::randn({16, 64}) * 0.1;
+  const at::Tensor x = outlier_inputs(2048, 64, 9);
+  const QSpec spec = int_spec(qint4, Granularity::kPerChannel);
+  const QParams qp = weight_minmax_qparams(w, spec, "w");
+  AdaRoundOptions o;
+  o.iterations = 2500;
+  const AdaRoundResult r = adaround(w, qp, x, at::matmul(x, w.t()), o);
+  EXPECT_GE(r.binary_fraction, 0.97);
+  // Every weight moved to the grid point just below or just above it.
+  const at::Tensor scaled = w / qp.scale.unsqueeze(1), chosen = r.weight / qp.scale.unsqueeze(1);
+  EXPECT_TRUE(at::logical_or((chosen - at::floor(scaled)).abs() < 1e-3, (chosen - at::ceil(scaled)).abs() < 1e-3)
+                  .all()
+                  .item<bool>());
+  const at::Tensor y = at::matmul(x, w.t());
+  EXPECT_LT(relative_mse(at::matmul(x, r.weight.t()), y), relative_mse(at::matmul(x, fake_quantize(w, qp).t()), y));
+}
+
+TEST(AdaRound, Float8GridsAndBadShapesAreErrors) {
+  const at::Tensor w = at::randn({4, 8});
+  QSpec f8 = int_spec(qfloat8_e4m3fn, Granularity::kPerChannel);
+  f8.symmetric = true;
+  const QParams qp{f8, at::ones({4}), at::zeros({4}, at::kInt)};
+  EXPECT_THROW(adaround(w, qp, at::randn({10, 8}), at::randn({10, 4}), AdaRoundOptions{}), Error);
+  const QSpec s4 = int_spec(qint4, Granularity::kPerChannel);
+  const QParams q4 = weight_minmax_qparams(w, s4, "w");
+  EXPECT_THROW(adaround(w, q4, at::randn({10, 7}), at::randn({10, 4}), AdaRoundOptions{}), Error);
+}
+
+// A model of every layer kind the solvers take, plus an Embedding they leave alone.
+struct Net : torch::nn::Module {
+  Net()
+      : conv1(register_module("conv1", nn::Conv2d(torch::nn::Conv2dOptions(2, 8, 3).padding(1)))),
+        conv2(register_module("conv2", nn::Conv2d(torch::nn::Conv2dOptions(8, 8, 3).stride(2)))),
+        fc1(register_module("fc1", nn::Linear(8 * 3 * 3, 32))),
+        fc2(register_module("fc2", nn::Linear(32, 32))),
+        fc3(register_module("fc3", nn::Linear(32, 5))) {}
+  at::Tensor forward(const at::Tensor& x) {
+    at::Tensor h = at::relu(conv2(at::relu(conv1(x))));
+    h = at::relu(fc1(h.flatten(1)));
+    return fc3(at::relu(fc2(h)));
+  }
+  nn::Conv2d conv1, conv2;
+  nn::Linear fc1, fc2, fc3;
+};
+
+Scheme w4a8() {
+  Scheme s(qint4);
+  s.weight_granularity = Granularity::kPerChannel;
+  s.activations = ActivationMode::kStatic;
+  s.observer = "minmax";
+  return s;
+}
+
+TEST(Solve, GptqAndBiasCorrectionLowerEveryLayersErrorAndFreezeReproducesThem) {
+  at::manual_seed(11);
+  auto net = std::make_shared<Net>();
+  net->eval();
+  const std::vector<at::Tensor> batches{at::randn({16, 2, 7, 7}), at::randn({16, 2, 7, 7}), at::randn({16, 2, 7, 7})};
+  const at::Tensor test = at::randn({8, 2, 7, 7});
+  at::Tensor y_float;
+  {
+    at::NoGradGuard g;
+    y_float = net->forward(test);
+  }
+  quantize(net, w4a8());
+  {
+    Calibration calib(net);
+    for (const auto& b : batches) net->forward(b);
+  }
+  at::Tensor y_rtn;
+  {
+    at::NoGradGuard g;
+    y_rtn = net->forward(test);
+  }
+  SolveOptions o;
+  o.rounding = Rounding::kGptq;
+  o.bias_correction = true;
+  const SolveReport rep = solve(*net, 3, [&](int64_t b) { return net->forward(batches[static_cast<size_t>(b)]); }, o);
+  ASSERT_EQ(rep.layers.size(), 5u);
+  EXPECT_EQ(rep.layers[0].path, "conv1");  // forward order
+  EXPECT_EQ(rep.layers[4].path, "fc3");
+  for (const LayerSolve& l : rep.layers) {
+    EXPECT_EQ(l.method, "gptq+bias_correction") << l.path;
+    EXPECT_GT(l.rows, 0) << l.path;
+    EXPECT_LT(l.error_after, l.error_before) << l.path;
+  }
+  at::Tensor y_solved;
+  {
+    at::NoGradGuard g;
+    y_solved = net->forward(test);
+  }
+  EXPECT_LT(rel_error(y_solved, y_float), rel_error(y_rtn, y_float));
+  // The checkpoint of the solved fake-quant model loads into a fresh model with the same outputs.
+  const fs::path file = fs::temp_directory_path() / ("qforge_ptq_" + std::to_string(::getpid()) + ".h5");
+  io::save_model(net, file.string());
+  auto fresh = std::make_shared<Net>();
+  fresh->eval();
+  io::load_model(fresh, file.string());
+  fs::remove(file);
+  {
+    at::NoGradGuard g;
+    EXPECT_TRUE(at::allclose(fresh->forward(test), y_solved, 1e-5, 1e-6));
+  }
+  // Frozen: the integer codes GPTQ chose.
+  freeze(net);
+  {
+    at::NoGradGuard g;
+    EXPECT_LE(rel_error(net->forward(test), y_solved), 1e-5);
+  }
+}
+
+TEST(Solve, AdaRoundOnAModelAndRulesPerLayer) {
+  at::manual_seed(12);
+  auto net = std::make_shared<Net>();
+  net->eval();
+  const std::vector<at::Tensor> batches{at::randn({32, 2, 7, 7}), at::randn({32, 2, 7, 7})};
+  Scheme s = w4a8();
+  s.activations = ActivationMode::kNone;
+  quantize(net, s);
+  SolveOptions o;
+  o.rounding = Rounding::kAdaRound;
+  o.adaround.iterations = 300;
+  o.rules = {{"fc3", Rounding::kNearest}, {"conv*", Rounding::kGptq}};
+  const SolveReport rep = solve(*net, 2, [&](int64_t b) { return net->forward(batches[static_cast<size_t>(b)]); }, o);
+  std::map<std::string, std::string> method;
+  for (const LayerSolve& l : rep.layers) method[l.path] = l.method;
+  EXPECT_EQ(method["conv1"], "gptq");
+  EXPECT_EQ(method["conv2"], "gptq");
+  EXPECT_EQ(method["fc1"], "adaround");
+  EXPECT_EQ(method["fc3"], "rtn");
+  for (const LayerSolve& l : rep.layers) {
+    if (l.method == "adaround") {
+      EXPECT_LE(l.error_after, l.error_before * 1.05) << l.path << " " << l.note;
+    }
+  }
+}
+
+struct WithEmbedding : torch::nn::Module {
+  WithEmbedding() : emb(register_module("emb", nn::Embedding(10, 16))), fc(register_module("fc", nn::Linear(16, 4))) {}
+  at::Tensor forward(const at::Tensor& ids) { return fc(emb(ids)); }
+  nn::Embedding emb;
+  nn::Linear fc;
+};
+
+TEST(Solve, AMethodOnLayersThatCannotTakeItIsAnErrorNamingTheRule) {
+  auto m = std::make_shared<WithEmbedding>();
+  Scheme s(qint4);
+  s.weight_granularity = Granularity::kPerChannel;
+  quantize(m, s);
+  SolveOptions o;
+  o.rules = {{"fc", Rounding::kGptq}, {"emb", Rounding::kGptq}};
+  try {
+    plan_solve(*m, o);
+    FAIL() << "expected a SolveError";
+  } catch (const SolveError& e) {
+    EXPECT_EQ(e.rule(), 1);
+    EXPECT_NE(std::string(e.what()).find("Embedding"), std::string::npos) << e.what();
+  }
+  // The default method skips such layers with a note instead.
+  o.rules.clear();
+  o.rounding = Rounding::kGptq;
+  const auto plan = plan_solve(*m, o);
+  ASSERT_EQ(plan.size(), 2u);
+  EXPECT_EQ(plan[0].method, "rtn");
+  EXPECT_NE(plan[0].note.find("Embedding"), std::string::npos);
+  EXPECT_EQ(plan[1].method, "gptq");
+}
+
+struct Mlp : torch::nn::Module {
+  explicit Mlp(bool gelu)
+      : fc1(register_module("fc1", nn::Linear(24, 32))), fc2(register_module("fc2", nn::Linear(32, 32))),
+        fc3(register_module("fc3", nn::Linear(32, 6))), gelu_(gelu) {}
+  at::Tensor forward(const at::Tensor& x) {
+    auto act = [&](const at::Tensor& t) { return gelu_ ? at::gelu(t) : at::relu(t); };
+    return fc3(act(fc2(act(fc1(x)))));
+  }
+  nn::Linear fc1, fc2, fc3;
+  bool gelu_;
+};
+
+TEST(SmoothQuant, LeavesTheFloatModelUnchangedAndLowersW8A8Error) {
+  at::manual_seed(13);
+  auto build = [] {
+    at::manual_seed(14);
+    auto m = std::make_shared<Mlp>(false);
+    m->eval();
+    return m;
+  };
+  // Two channels a hundred times larger than the rest: per-tensor int8 inputs lose the others.
+  auto inputs = [](int64_t rows, uint64_t seed) {
+    at::manual_seed(seed);
+    at::Tensor x = at::randn({rows, 24});
+    x.select(1, 3).mul_(100);
+    x.select(1, 17).mul_(60);
+    return x;
+  };
+  const at::Tensor calib = inputs(256, 15), test = inputs(64, 16);
+  Scheme s(qint8);
+  s.activations = ActivationMode::kStatic;
+  s.observer = "minmax";
+  auto error_of = [&](bool smooth, SmoothReport* rep) {
+    auto m = build();
+    at::Tensor y_float;
+    {
+      at::NoGradGuard g;
+      y_float = m->forward(test);
+    }
+    quantize(m, s);
+    if (smooth) {
+      *rep = smooth_quant(*m, 1, [&](int64_t) { return m->forward(calib); }, SmoothQuantOptions{0.5});
+      FloatView fv(*m);
+      at::NoGradGuard g;
+      EXPECT_LE(rel_error(m->forward(test), y_float), 1e-5);
+    }
+    {
+      Calibration c(m);
+      m->forward(calib);
+    }
+    at::NoGradGuard g;
+    return rel_error(m->forward(test), y_float);
+  };
+  SmoothReport rep;
+  const double plain = error_of(false, nullptr), smoothed = error_of(true, &rep);
+  ASSERT_EQ(rep.layers.size(), 3u);
+  EXPECT_LT(rep.layers[0].act_range_after, rep.layers[0].act_range_before);
+  EXPECT_LT(smoothed, plain) << "plain " << plain << ", smoothed " << smoothed;
+  SmoothReport unused;
+  EXPECT_THROW(smooth_quant(*build(), 1, [](int64_t) { return at::Tensor(); }, SmoothQuantOptions{1.5}), Error);
+  (void)unused;
+}
+
+TEST(SmoothQuant, PreQuantScaleTravelsThroughCheckpointsIntoAFreshModel) {
+  auto m = std::make_shared<Mlp>(false);
+  m->eval();
+  Scheme s(qint8);
+  s.activations = ActivationMode::kDynamicPerToken;
+  quantize(m, s);
+  const at::Tensor x = outlier_inputs(32, 24, 17);
+  smooth_quant(*m, 1, [&](int64_t) { return m->forward(x); }, SmoothQuantOptions{0.8});
+  ASSERT_TRUE(m->fc1->pre_quant_scale().defined());
+  const fs::path file = fs::temp_directory_path() / ("qforge_sq_" + std::to_string(::getpid()) + ".h5");
+  io::save_model(m, file.string());
+  auto fresh = std::make_shared<Mlp>(false);
+  fresh->eval();
+  io::load_model(fresh, file.string());
+  fs::remove(file);
+  ASSERT_TRUE(fresh->fc1->pre_quant_scale().defined());
+  at::NoGradGuard g;
+  EXPECT_TRUE(at::allclose(fresh->forward(x), m->forward(x), 1e-5, 1e-6));
+  freeze(m);
+  EXPECT_LE(rel_error(m->forward(x), fresh->forward(x)), 1e-5);
+  EXPECT_THROW(fresh->fc1->set_pre_quant_scale(at::zeros({24})), Error);
+  EXPECT_THROW(fresh->fc1->set_pre_quant_scale(at::ones({23})), Error);
+}
+
+// fc1's output channels with ranges that differ by orders of magnitude (what per-tensor grids
+// suffer from) and fc2 undoing it: the same function as a balanced network, as BatchNorm folding
+// leaves one.
+void imbalance(Mlp& m) {
+  at::NoGradGuard g;
+  const at::Tensor d = at::logspace(-2, 1, 32);
+  m.fc1->weight.mul_(d.unsqueeze(1));
+  m.fc1->bias.mul_(d);
+  m.fc2->weight.div_(d.unsqueeze(0));
+}
+
+TEST(Equalize, LeavesTheFloatModelUnchangedAroundReluAndUndoesGelu) {
+  for (bool gelu : {false, true}) {
+    at::manual_seed(18);
+    auto m = std::make_shared<Mlp>(gelu);
+    m->eval();
+    imbalance(*m);
+    const at::Tensor x = at::randn({64, 24});
+    at::Tensor y0;
+    {
+      at::NoGradGuard g;
+      y0 = m->forward(x);
+    }
+    const EqualizeReport rep = equalize(*m, [&](int64_t) { return m->forward(x); });
+    ASSERT_EQ(rep.pairs.size(), 2u);
+    at::NoGradGuard g;
+    EXPECT_LE(rel_error(m->forward(x), y0), 1e-5) << (gelu ? "gelu" : "relu");
+    if (gelu) {
+      EXPECT_FALSE(rep.pairs[0].applied);
+      EXPECT_NE(rep.pairs[0].reason.find("positively homogeneous"), std::string::npos) << rep.pairs[0].reason;
+    } else {
+      EXPECT_TRUE(rep.pairs[0].applied) << rep.pairs[0].reason;
+      EXPECT_LT(rep.pairs[0].range_spread_after, rep.pairs[0].range_spread_before);
+    }
+  }
+}
+
+TEST(Equalize, LowersPerTensorInt4ErrorAndBiasCorrectionLowersItFurther) {
+  auto run = [](bool cle, bool bc) {
+    at::manual_seed(19);
+    auto m = std::make_shared<Mlp>(false);
+    m->eval();
+    imbalance(*m);
+    const at::Tensor x = at::randn({256, 24});
+    at::Tensor y0;
+    {
+      at::NoGradGuard g;
+      y0 = m->forward(x);
+    }
+    if (cle) equalize(*m, [&](int64_t) { return m->forward(x); });
+    Scheme s(qint4);
+    s.weight_granularity = Granularity::kPerTensor;
+    quantize(m, s);
+    if (bc) {
+      SolveOptions o;
+      o.bias_correction = true;
+      solve(*m, 1, [&](int64_t) { return m->forward(x); }, o);
+    }
+    at::NoGradGuard g;
+    return rel_error(m->forward(x), y0);
+  };
+  const double plain = run(false, false), cle = run(true, false), both = run(true, true);
+  EXPECT_LT(cle, 0.7 * plain) << plain << " " << cle;
+  EXPECT_LE(both, cle) << cle << " " << both;
+}
+
+}  // namespace
+}  // namespace qforge::ptq
