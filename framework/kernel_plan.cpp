@@ -56,7 +56,7 @@ KernelPlan plan_linear(const std::optional<QSpec>& weights, ActivationMode act, 
   // Symmetric signed int8 has zero points 0 by construction.
   const bool s8_weights =
       ws.qtype == qint8 && ws.symmetric && per_row_scales && ws.granularity != Granularity::kPerGroup;
-  const bool s4_weights = (ws.qtype == qint4 || ws.qtype == quint4) && per_row_scales;
+  const bool s4_weights = nibble_packed(ws.qtype) && per_row_scales;
   std::string why;
   if (act == ActivationMode::kNone && (s8_weights || s4_weights)) {
     plan.path = s8_weights ? LinearPath::kS8WeightOnly : LinearPath::kS4WeightOnly;

@@ -21,12 +21,12 @@ int64_t product(const std::vector<int64_t>& s) {
 }
 
 int64_t packed_bytes(const QType& qt, int64_t n) {
-  const int64_t per_byte = 8 / qt.bits;
+  const int64_t per_byte = nibble_packed(qt) ? 2 : 8 / qt.bits;
   return (n + per_byte - 1) / per_byte;
 }
 
 bool packable(const QType& qt) {
-  return qt.is_float() || (qt.is_integer() && (qt.bits == 8 || qt.bits == 4 || (qt.bits == 2 && qt.is_signed)));
+  return qt.is_float() || (qt.is_integer() && (qt.bits == 8 || nibble_packed(qt) || (qt.bits == 2 && qt.is_signed)));
 }
 
 // The stored form of a spec: non-negative per-channel axis, 0 otherwise; group_size only per-group.
@@ -57,8 +57,8 @@ at::Tensor pack_values(const at::Tensor& values, const QType& qt) {
   at::Tensor packed = at::zeros({packed_bytes(qt, n)}, at::kByte);
   const int8_t* src = v8.data_ptr<int8_t>();
   uint8_t* dst = packed.data_ptr<uint8_t>();
-  if (qt.bits == 4 && qt.is_signed) kernels::pack_s4_reference(src, n, dst);
-  else if (qt.bits == 4) kernels::pack_u4_reference(src, n, dst);
+  if (nibble_packed(qt) && qt.is_signed) kernels::pack_s4_reference(src, n, dst);
+  else if (nibble_packed(qt)) kernels::pack_u4_reference(src, n, dst);
   else kernels::pack_s2_reference(src, n, dst);
   return packed;
 }
@@ -113,8 +113,8 @@ at::Tensor QuantizedTensor::int_values() const {
   const at::Tensor packed = data.contiguous();
   const uint8_t* src = packed.data_ptr<uint8_t>();
   int8_t* dst = out.data_ptr<int8_t>();
-  if (spec.qtype.bits == 4 && spec.qtype.is_signed) kernels::unpack_s4_reference(src, out.numel(), dst);
-  else if (spec.qtype.bits == 4) kernels::unpack_u4_reference(src, out.numel(), dst);
+  if (nibble_packed(spec.qtype) && spec.qtype.is_signed) kernels::unpack_s4_reference(src, out.numel(), dst);
+  else if (nibble_packed(spec.qtype)) kernels::unpack_u4_reference(src, out.numel(), dst);
   else if (spec.qtype.bits == 2 && spec.qtype.is_signed) kernels::unpack_s2_reference(src, out.numel(), dst);
   else throw Error(detail::str_cat("QuantizedTensor: no packing for ", spec.qtype.name));
   return out;

@@ -176,7 +176,7 @@ QParams QuantizerImpl::qparams(const at::Tensor& weight) const {
       z = z.reshape({});
     }
     // Evaluation and freeze use the float16 step the packed int4 layout stores.
-    if (role_ == Role::kWeight && spec.qtype.is_integer() && spec.qtype.bits == 4) s = round_scale_up_to_half(s);
+    if (role_ == Role::kWeight && nibble_packed(spec.qtype)) s = round_scale_up_to_half(s);
     return QParams{spec, s, z};
   }
   if (role_ == Role::kWeight) return weight_minmax_qparams(weight);
@@ -210,7 +210,7 @@ QParams weight_minmax_qparams(const at::Tensor& weight, const QSpec& spec, const
   QF_REQUIRE(at::isfinite(mn).all().item<bool>() && at::isfinite(mx).all().item<bool>(), who,
              ": weight holds NaN or inf; cannot quantize it");
   QParams qp = calculate_qparams(mn, mx, spec);
-  if (spec.qtype.is_integer() && spec.qtype.bits == 4) qp.scale = round_scale_up_to_half(qp.scale);
+  if (nibble_packed(spec.qtype)) qp.scale = round_scale_up_to_half(qp.scale);
   return qp;
 }
 

@@ -108,8 +108,8 @@ class QuantizerImpl : public torch::nn::Module {
 
 TORCH_MODULE(Quantizer);
 
-// Rounds positive float32 scales up to the nearest IEEE float16 value. 4-bit weight scales are
-// stored as float16 in the packed int4 layout; rounding up (never down) keeps every value inside
+// Rounds positive float32 scales up to the nearest IEEE float16 value. Scales of nibble-packed
+// weights (qint4, quint4, qint3) are stored as float16 in the packed int4 layout; rounding up (never down) keeps every value inside
 // the grid.
 at::Tensor round_scale_up_to_half(const at::Tensor& scale);
 

@@ -64,6 +64,8 @@ def dequantize(group):
     a = group.attrs
     shape = tuple(int(d) for d in a["shape"])
     bits = int(a["bits"])
+    if bits == 3:
+        bits = 4  # qint3 is stored in 4-bit fields, exactly as qint4 (docs/formats.md)
     signed = bool(int(a["signed"]))
     packing = text(a["packing"])
     expected_packing = "none" if bits == 8 else "row_major_low_bits_first"

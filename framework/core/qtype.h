@@ -39,10 +39,18 @@ inline constexpr QType qint8{"qint8", 8, true, QKind::kInteger, -128, 127, 0, 0,
 inline constexpr QType quint8{"quint8", 8, false, QKind::kInteger, 0, 255, 0, 0, 0, 0.0};
 inline constexpr QType qint4{"qint4", 4, true, QKind::kInteger, -8, 7, 0, 0, 0, 0.0};
 inline constexpr QType quint4{"quint4", 4, false, QKind::kInteger, 0, 15, 0, 0, 0, 0.0};
+// qint3 has no 3-bit packing: it is stored and computed like qint4 (nibbles, the int4 kernels).
+inline constexpr QType qint3{"qint3", 3, true, QKind::kInteger, -4, 3, 0, 0, 0, 0.0};
 inline constexpr QType qint2{"qint2", 2, true, QKind::kInteger, -2, 1, 0, 0, 0, 0.0};
 // OCP FP8: e4m3fn has no infinities and one NaN pattern, max 448; e5m2 is IEEE-like, max 57344.
 inline constexpr QType qfloat8_e4m3fn{"qfloat8_e4m3fn", 8, true, QKind::kFloat8, 0, 0, 4, 3, 7, 448.0};
 inline constexpr QType qfloat8_e5m2{"qfloat8_e5m2", 8, true, QKind::kFloat8, 0, 0, 5, 2, 15, 57344.0};
+
+// Integer grids stored two codes per byte (4-bit nibbles) and run by the int4 kernels, whose
+// packed layout keeps float16 scales: qint4, quint4 and qint3.
+constexpr bool nibble_packed(const QType& q) {
+  return q.kind == QKind::kInteger && (q.bits == 4 || (q.bits == 3 && q.is_signed));
+}
 
 // All qtypes, in the order documentation lists them.
 const std::vector<QType>& all_qtypes();

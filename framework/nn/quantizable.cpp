@@ -64,7 +64,7 @@ void QuantizableLayer::freeze() {
     const at::Tensor w = float_weight();
     QParams qp = weight_q_->qparams(w);
     // Learned (LSQ) 4-bit scales are rounded up to float16 here, as min/max scales already are.
-    if (qp.spec.qtype.is_integer() && qp.spec.qtype.bits == 4) qp.scale = round_scale_up_to_half(qp.scale);
+    if (nibble_packed(qp.spec.qtype)) qp.scale = round_scale_up_to_half(qp.scale);
     fw = quantize_tensor(w, qp);
   }
   install_frozen(std::move(fw));

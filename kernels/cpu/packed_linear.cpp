@@ -178,8 +178,8 @@ at::Tensor PackedLinearS8::run_weight_only(const at::Tensor& x, RunInfo* info) c
 PackedLinearS4::PackedLinearS4(const at::Tensor& weight, const at::Tensor& w_scale,
                                const at::Tensor& w_zero, int64_t group_size, const at::Tensor& bias,
                                QType qtype) {
-  QF_REQUIRE(qtype.is_integer() && qtype.bits == 4, "kernels/cpu: PackedLinearS4 needs a 4-bit "
-             "integer qtype (qint4 or quint4), got ", qtype.name);
+  QF_REQUIRE(nibble_packed(qtype), "kernels/cpu: PackedLinearS4 needs a nibble-packed integer qtype "
+             "(qint4, quint4 or qint3), got ", qtype.name);
   QF_REQUIRE(weight.defined() && weight.dim() == 2 && weight.scalar_type() == at::kChar,
              "kernels/cpu: PackedLinearS4 weight must be int8 [N, K] holding ", qtype.name,
              " values, got ", weight.defined() ? shape_str(weight) : "undefined");

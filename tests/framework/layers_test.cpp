@@ -172,6 +172,8 @@ TEST(Freeze, FrozenLinearMatchesFakeQuantForEveryScheme) {
       {qint8, Granularity::kPerChannel, 0, ActivationMode::kNone, false},
       {qint4, Granularity::kPerGroup, 32, ActivationMode::kNone, false},
       {qint2, Granularity::kPerGroup, 32, ActivationMode::kNone, true},
+      {qint3, Granularity::kPerGroup, 32, ActivationMode::kNone, false},
+      {qint3, Granularity::kPerChannel, 0, ActivationMode::kStatic, false},
       {qfloat8_e4m3fn, Granularity::kPerChannel, 0, ActivationMode::kNone, true},
       {qfloat8_e4m3fn, Granularity::kPerGroup, 16, ActivationMode::kNone, true},
       {quint8, Granularity::kPerChannel, 0, ActivationMode::kNone, true},

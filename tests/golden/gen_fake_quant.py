@@ -7,7 +7,7 @@ from golden_util import data_kinds, tensor_json, write
 torch.manual_seed(7)
 gen = torch.Generator().manual_seed(7)
 
-GRIDS = {"qint8": (-128, 127), "quint8": (0, 255), "qint4": (-8, 7), "quint4": (0, 15), "qint2": (-2, 1)}
+GRIDS = {"qint8": (-128, 127), "quint8": (0, 255), "qint4": (-8, 7), "quint4": (0, 15), "qint3": (-4, 3), "qint2": (-2, 1)}
 
 
 def ties(scale, n=64):

@@ -280,8 +280,8 @@ TEST(Recipe, BadSearchSectionsAreErrorsWithFileLineColumn) {
           "search:\n  method: histogram\n  candidates: [qint8, qint4]\n  budget: {size_mb: 1}\n");
   EXPECT_NE(e.find("the histogram method reads histogram observers"), std::string::npos) << e;
   // A candidate that is no grid.
-  e = all(q + "search:\n  candidates: [qint8, qint3]\n  budget: {avg_bits: 4}\n");
-  EXPECT_NE(e.find("search.candidates[1]: 'qint3' is not valid"), std::string::npos) << e;
+  e = all(q + "search:\n  candidates: [qint8, qint5]\n  budget: {avg_bits: 4}\n");
+  EXPECT_NE(e.find("search.candidates[1]: 'qint5' is not valid"), std::string::npos) << e;
   // One candidate leaves nothing to choose; a search without a quantize section has no weights.
   e = all(q + "search:\n  candidates: [qint8]\n  budget: {avg_bits: 4}\n");
   EXPECT_NE(e.find("search.candidates: needs at least two candidates"), std::string::npos) << e;
