@@ -41,6 +41,9 @@ struct LoadModelOptions {
   // When set (and not parameters_only), its state is restored from the file's; its parameters are
   // matched to the file by the model's parameter names.
   torch::optim::Optimizer* optimizer = nullptr;
+  // Load NaN / inf parameters and buffers (and negative BatchNorm variances) instead of refusing
+  // them. Quantizer state is checked by its own rules either way.
+  bool allow_non_finite = false;
 };
 
 struct LoadReport {

@@ -125,7 +125,16 @@ class Loader {
 
   void stage_plain(Section s, const std::string& key, const at::Tensor& target) {
     if (!require(s, key)) return;
-    staged_.push_back({target, read_like(s, key, target, opts_.dequantize)});
+    at::Tensor v = read_like(s, key, target, opts_.dequantize);
+    if (!opts_.allow_non_finite && at::isFloatingType(v.scalar_type())) {
+      const int64_t bad = v.numel() - at::isfinite(v).sum().item<int64_t>();
+      QF_REQUIRE(bad == 0, where(s, key), " holds ", bad, " NaN/inf values (LoadModelOptions::allow_non_finite loads them)");
+      if (key.size() >= 11 && key.compare(key.size() - 11, 11, "running_var") == 0) {
+        const int64_t negative = at::lt(v, 0).sum().item<int64_t>();
+        QF_REQUIRE(negative == 0, where(s, key), " holds ", negative, " negative variances");
+      }
+    }
+    staged_.push_back({target, std::move(v)});
   }
 
   bool selected(const std::string& key) const { return key_matches_prefix(key, opts_.prefix); }

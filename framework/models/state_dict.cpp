@@ -57,7 +57,7 @@ StateDict model_state(const torch::nn::Module& model) {
 
 void load_model_state(torch::nn::Module& model, const StateDict& state, const LoadStateOptions& options) {
   StateDict target = model_state(model);
-  std::vector<std::string> unknown, missing, mismatched;
+  std::vector<std::string> unknown, missing, mismatched, dtypes, values;
   std::set<std::string> seen;
   for (const auto& [key, t] : state) {
     bool ignored = false;
@@ -74,6 +74,20 @@ void load_model_state(torch::nn::Module& model, const StateDict& state, const Lo
       os << key << " (checkpoint " << t.sizes() << ", model " << it->second.sizes() << ")";
       mismatched.push_back(os.str());
     }
+    // Floats convert among float widths only: integers or booleans stored for float weights
+    // would be truncated values, not weights.
+    const bool want_float = at::isFloatingType(it->second.scalar_type());
+    if (want_float != at::isFloatingType(t.scalar_type()) || (t.scalar_type() == at::kBool) != (it->second.scalar_type() == at::kBool)) {
+      std::ostringstream os;
+      os << key << " (checkpoint " << t.scalar_type() << ", model " << it->second.scalar_type() << ")";
+      dtypes.push_back(os.str());
+    } else if (want_float && !options.allow_non_finite) {
+      const int64_t bad = t.numel() - at::isfinite(t).sum().item<int64_t>();
+      const bool variance = ends_with(key, "running_var");
+      const int64_t negative = variance ? at::lt(t, 0).sum().item<int64_t>() : 0;
+      if (bad > 0) values.push_back(key + " (" + std::to_string(bad) + " NaN/inf values)");
+      if (negative > 0) values.push_back(key + " (" + std::to_string(negative) + " negative variances)");
+    }
   }
   for (const auto& [key, t] : target) {
     if (seen.count(key)) continue;
@@ -81,12 +95,15 @@ void load_model_state(torch::nn::Module& model, const StateDict& state, const Lo
     for (const auto& a : options.allow_missing) allowed |= ends_with(key, a);
     if (!allowed) missing.push_back(key);
   }
-  if (!unknown.empty() || !missing.empty() || !mismatched.empty()) {
+  if (!unknown.empty() || !missing.empty() || !mismatched.empty() || !dtypes.empty() || !values.empty()) {
     std::ostringstream os;
     os << "models: " << options.source << " does not match the model:";
     if (!unknown.empty()) os << "\n  unknown keys (" << unknown.size() << "): " << list(unknown);
     if (!missing.empty()) os << "\n  missing keys (" << missing.size() << "): " << list(missing);
     if (!mismatched.empty()) os << "\n  shape mismatches (" << mismatched.size() << "): " << list(mismatched);
+    if (!dtypes.empty()) os << "\n  dtype mismatches (" << dtypes.size() << "): " << list(dtypes);
+    if (!values.empty())
+      os << "\n  invalid values (" << values.size() << "; LoadStateOptions::allow_non_finite loads them): " << list(values);
     throw Error(os.str());
   }
   at::NoGradGuard no_grad;

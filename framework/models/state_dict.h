@@ -30,6 +30,8 @@ struct LoadStateOptions {
   std::vector<std::string> allow_missing;
   // Label for error messages, e.g. "models/bert: checkpoint.safetensors".
   std::string source = "checkpoint";
+  // Load NaN / inf values and negative BatchNorm variances instead of refusing them.
+  bool allow_non_finite = false;
 };
 
 // Copies `state` into `model` (under NoGradGuard, converting dtype). Throws qforge::Error listing

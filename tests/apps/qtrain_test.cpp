@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -162,6 +163,51 @@ TEST(Qtrain, Gpt2WeightOnlyRecipeReportsPerplexity) {
   EXPECT_NE(text.find("- calibration.h5: no static activations were calibrated"), std::string::npos) << text;
   EXPECT_FALSE(fs::exists(dir + "/calibration.h5"));
   fs::remove_all(dir);
+}
+
+TEST(Qtrain, PtqSolversRunBetweenCalibrationAndEvaluationAndFreezeKeepsTheirCodes) {
+  const std::string dir = out_dir("ptq_cnn");
+  const QtrainRun run = qtrain("--recipe recipes/fmnist_cnn_int8.yaml" + small(dir) +
+                               " --set quantize.weights.qtype=qint4 --set ptq.equalize=true --set ptq.method=gptq"
+                               " --set ptq.bias_correction=true");
+  ASSERT_EQ(run.code, 0) << run.output;
+  EXPECT_NE(run.output.find("qtrain: stage solve"), std::string::npos) << run.output;
+  const auto r = report(dir);
+  ASSERT_TRUE(r.contains("ptq")) << r.dump(2);
+  int applied = 0;
+  for (const auto& p : r["ptq"]["equalize"]["pairs"]) applied += p["applied"].get<bool>();
+  EXPECT_GE(applied, 1) << r["ptq"]["equalize"].dump(2);
+  const auto& layers = r["ptq"]["solve"]["layers"];
+  ASSERT_FALSE(layers.empty());
+  for (const auto& l : layers) {
+    EXPECT_EQ(l["method"], "gptq+bias_correction") << l.dump();
+    EXPECT_LE(l["error_after"].get<double>(), l["error_before"].get<double>()) << l.dump();
+  }
+  EXPECT_TRUE(r["timings_s"].contains("solve"));
+  EXPECT_TRUE(r["timings_s"].contains("equalize"));
+  // The frozen integer model runs GPTQ's codes: the same accuracy as the fake-quant model (one
+  // borderline example of 256 may differ).
+  EXPECT_LE(std::abs(r["metrics"]["frozen"]["accuracy"].get<double>() - r["metrics"]["ptq"]["accuracy"].get<double>()),
+            1.5 / 256);
+  std::ifstream md(dir + "/report.md");
+  const std::string text((std::istreambuf_iterator<char>(md)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("## PTQ solvers"), std::string::npos) << text;
+  EXPECT_NE(text.find("| error before | error after |"), std::string::npos) << text;
+  fs::remove_all(dir);
+  // SmoothQuant on BERT's W8A8 Linear layers leaves the float model's output where it was.
+  const std::string bdir = out_dir("ptq_bert");
+  const QtrainRun brun = qtrain("--recipe recipes/bert_int8.yaml" + small(bdir) +
+                                " --set qat.epochs=0 --set freeze.enabled=false --set ptq.smoothquant=true");
+  ASSERT_EQ(brun.code, 0) << brun.output;
+  const auto br = report(bdir);
+  EXPECT_FALSE(br["ptq"]["smoothquant"]["layers"].empty());
+  EXPECT_LT(br["ptq"]["smoothquant"]["float_output_change"].get<double>(), 1e-4);
+  fs::remove_all(bdir);
+  // A rule asking GPTQ of an Embedding only is a recipe error naming the rule.
+  const QtrainRun bad = qtrain("--recipe recipes/gpt2_w4_gptq.yaml --dry-run --set 'ptq.rules=[{pattern: transformer.wpe, method: gptq}]'");
+  EXPECT_EQ(bad.code, 2) << bad.output;
+  EXPECT_NE(bad.output.find("ptq.rules[0]"), std::string::npos) << bad.output;
+  EXPECT_NE(bad.output.find("Embedding"), std::string::npos) << bad.output;
 }
 
 TEST(Qtrain, DryRunPrintsThePlanWithoutData) {

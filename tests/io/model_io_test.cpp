@@ -4,6 +4,8 @@
 // and the safetensors export.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
+
+#include <cmath>
 #include <nlohmann/json.hpp>
 #include <torch/nn/module.h>
 #include <torch/optim/adam.h>
@@ -115,6 +117,33 @@ void calibrate(Net& m) {
 }
 
 }  // namespace
+
+TEST(ModelIo, NonFiniteParametersAreRefusedNamingTheTensorUnlessAllowed) {
+  TempDir dir;
+  auto a = std::make_shared<Net>();
+  {
+    at::NoGradGuard g;
+    a->fc1->bias[3] = NAN;
+    a->fc2->weight[0][1] = INFINITY;
+  }
+  const std::string path = dir.file("nan.h5");
+  io::save_model(a, path);
+  auto b = std::make_shared<Net>();
+  const State before = state_of(*b);
+  try {
+    io::load_model(b, path);
+    FAIL() << "NaN parameters loaded";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("fc1"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("NaN/inf"), std::string::npos) << msg;
+  }
+  expect_same_state(before, state_of(*b));  // nothing changed
+  io::LoadModelOptions o;
+  o.allow_non_finite = true;
+  io::load_model(b, path, o);
+  EXPECT_TRUE(std::isnan(b->fc1->bias[3].item<float>()));
+}
 
 TEST(ModelIo, FrozenModelRebuildsInAFreshFloatModelBitForBit) {
   TempDir dir;

@@ -204,6 +204,38 @@ TEST(HfImport, UnknownMissingAndMisshapenKeysAreListed) {
   EXPECT_EQ(msg.find("position_ids"), std::string::npos) << msg;
 }
 
+TEST(HfImport, IntegerWeightsNanValuesAndNegativeVariancesAreRefused) {
+  SmallCnn m(SmallCnnOptions{});
+  const StateDict good = model_state(*m);
+  StateDict s;
+  for (const auto& [k, v] : good) s[k] = v.clone();
+  const std::string w = s.begin()->first;  // some float parameter
+  std::string var, weight;
+  for (const auto& [k, v] : s) {
+    if (k.size() > 11 && k.substr(k.size() - 11) == "running_var") var = k;
+    if (weight.empty() && k.find("weight") != std::string::npos && at::isFloatingType(v.scalar_type())) weight = k;
+  }
+  ASSERT_FALSE(var.empty());
+  s[weight] = s[weight].to(at::kInt);
+  s[var] = -s[var];
+  std::string bias;
+  for (const auto& [k, v] : s)
+    if (k.find("bias") != std::string::npos) bias = k;
+  s[bias] = s[bias].clone().fill_(NAN);
+  const StateDict before = [&] {
+    StateDict c;
+    for (const auto& [k, v] : model_state(*m)) c[k] = v.clone();
+    return c;
+  }();
+  const std::string msg = error_of([&] { load_model_state(*m, s); });
+  EXPECT_NE(msg.find("dtype mismatches (1): " + weight + " (checkpoint Int, model Float)"), std::string::npos) << msg;
+  EXPECT_NE(msg.find(var + " ("), std::string::npos) << msg;
+  EXPECT_NE(msg.find("negative variances"), std::string::npos) << msg;
+  EXPECT_NE(msg.find(bias + " ("), std::string::npos) << msg;
+  for (const auto& [k, v] : model_state(*m)) EXPECT_TRUE(at::equal(v, before.at(k))) << k;  // untouched
+  (void)w;
+}
+
 TEST(HfImport, LegacyGammaBetaNamesAndHalfPrecisionLoad) {
   BertConfig c;
   c.vocab_size = 30, c.hidden_size = 8, c.num_hidden_layers = 1, c.num_attention_heads = 2, c.intermediate_size = 16;

@@ -258,6 +258,11 @@ TEST(Solve, AdaRoundOnAModelAndRulesPerLayer) {
       EXPECT_LE(l.error_after, l.error_before * 1.05) << l.path << " " << l.note;
     }
   }
+  // Frozen equals fake-quant with the rounding AdaRound chose.
+  at::NoGradGuard g;
+  const at::Tensor y_fq = net->forward(batches[0]);
+  freeze(net);
+  EXPECT_LE(rel_error(net->forward(batches[0]), y_fq), 1e-5);
 }
 
 struct WithEmbedding : torch::nn::Module {
