@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <map>
 
 #include "framework/core/error.h"
 #include "framework/ptq/float_view.h"
@@ -48,7 +49,9 @@ EqualizeReport equalize(torch::nn::Module& model, const RunBatch& run, int64_t i
   FloatView float_view(model);
   // The weighted layers in the order the forward runs them.
   std::vector<QuantizableLayer*> order;
+  std::map<const QuantizableLayer*, std::string> path_of;  // a float layer's own path() is empty until attached
   for (const auto& [path, layer] : quantizable_layers(model)) {
+    path_of[layer] = path;
     if (!solvable(path, *layer).empty()) continue;
     QF_REQUIRE(!layer->frozen() && !(layer->quantized() && layer->weight_quantizer() &&
                                      layer->weight_quantizer()->calibrated()),
@@ -73,8 +76,8 @@ EqualizeReport equalize(torch::nn::Module& model, const RunBatch& run, int64_t i
   for (size_t i = 0; i + 1 < order.size(); ++i) {
     const LayerAccess a = access(*order[i]), b = access(*order[i + 1]);
     EqualizedPair p;
-    p.first = order[i]->path();
-    p.second = order[i + 1]->path();
+    p.first = path_of.at(order[i]);
+    p.second = path_of.at(order[i + 1]);
     if (a.weight.size(0) != b.weight.size(1)) {
       p.reason = "channel counts differ (" + std::to_string(a.weight.size(0)) + " outputs, " +
                  std::to_string(b.weight.size(1)) + " inputs)";

@@ -98,9 +98,11 @@ std::string write_report_files(const nlohmann::json& report, const Recipe& r, co
          << " s):\n\n| first | second | applied | range spread before | after | why not |\n|---|---|---|---|---|---|\n";
       for (const auto& e : p.at("equalize").at("pairs"))
         md << "| " << e.at("first").get<std::string>() << " | " << e.at("second").get<std::string>() << " | "
-           << (e.at("applied").get<bool>() ? "yes" : "no") << " | " << fmt(e.at("range_spread_before").get<double>(), 1)
-           << " | " << fmt(e.at("range_spread_after").get<double>(), 1) << " | " << e.at("reason").get<std::string>()
-           << " |\n";
+           << (e.at("applied").get<bool>() ? "yes" : "no") << " | "
+           << (e.at("applied").get<bool>() ? fmt(e.at("range_spread_before").get<double>(), 1) + " | " +
+                                                 fmt(e.at("range_spread_after").get<double>(), 1)
+                                           : std::string("- | -"))
+           << " | " << e.at("reason").get<std::string>() << " |\n";
     }
     if (p.contains("smoothquant")) {
       const auto& sq = p.at("smoothquant");

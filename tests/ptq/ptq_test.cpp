@@ -408,6 +408,8 @@ TEST(Equalize, LeavesTheFloatModelUnchangedAroundReluAndUndoesGelu) {
     }
     const EqualizeReport rep = equalize(*m, [&](int64_t) { return m->forward(x); });
     ASSERT_EQ(rep.pairs.size(), 2u);
+    EXPECT_EQ(rep.pairs[0].first, "fc1");
+    EXPECT_EQ(rep.pairs[0].second, "fc2");
     at::NoGradGuard g;
     EXPECT_LE(rel_error(m->forward(x), y0), 1e-5) << (gelu ? "gelu" : "relu");
     if (gelu) {
