@@ -214,6 +214,10 @@ ModelFileData collect(const torch::nn::Module& model, const SaveOptions& options
       p.config = q->config();
       p.calibrated = q->calibrated();
       m.points[quantization_point(path, q)] = p;
+      // A weight quantizer's scale / zero_point buffers hold something only once its grid is
+      // fixed (calibrated); otherwise the grid follows the weight and they are not written.
+      if (p.role == QuantizerImpl::Role::kWeight && !p.calibrated)
+        for (const char* b : {"scale", "zero_point"}) d.buffers.erase(join(join(path, child_of("weight")), b));
     }
     if (m.frozen) {
       const QuantizedTensor fw = layer->frozen_weight();

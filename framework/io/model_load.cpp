@@ -301,6 +301,10 @@ class Loader {
       const Section s = buffers ? Section::kBuffers : Section::kParameters;
       for (const auto& [name, t] : own(ref, buffers)) {
         names.insert(std::string(buffers ? "b:" : "p:") + name);
+        // Written only for a fixed weight grid (model_file.cpp collect); files of older versions
+        // may hold them anyway (consumed below, never read).
+        if (buffers && pm.role == QuantizerImpl::Role::kWeight && !pm.calibrated && (name == "scale" || name == "zero_point"))
+          continue;
         const std::string key = join(qprefix, name);
         if (!require(s, key)) continue;
         at::Tensor v = read_like(s, key, t, false);

@@ -6,6 +6,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <limits>
 #include <map>
@@ -53,8 +54,12 @@ struct Field {
   std::vector<std::string> choices;
   double min = -kInf, max = kInf;
   std::vector<Field> children;
-  // Bound leaves write their value into the Recipe (bind()); others are read by load_recipe.
-  std::function<void(const YAML::Node&, Recipe&)> set;
+  // Bound leaves write their value into the Recipe (bind()) and read it back (the resolved recipe
+  // writes every effective value, defaults included); others are read by load_recipe.
+  struct Binding {
+    std::function<void(const YAML::Node&, Recipe&)> set;
+    std::function<YAML::Node(const Recipe&)> get;
+  } bound;
 };
 
 Field leaf(std::string name, T type, std::string doc, double min = -kInf, double max = kInf) {
@@ -67,16 +72,31 @@ Field map(std::string name, std::string doc, std::vector<Field> children) {
   return Field{std::move(name), T::kMap, std::move(doc), {}, -kInf, kInf, std::move(children), {}};
 }
 
+// A value as the resolved recipe writes it; doubles with 15 significant digits, so defaults read
+// as written in recipe.h (99.99, not 99.989999999999995) and parse back to the same double.
+template <class V>
+YAML::Node to_node(const V& v) {
+  if constexpr (std::is_floating_point_v<V>) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.15g", static_cast<double>(v));
+    return YAML::Node(std::string(buf));
+  } else {
+    return YAML::Node(v);
+  }
+}
+
 // A leaf bound to a Recipe member: its key is written once, here; its default is the member's
 // initializer in recipe.h; load_recipe sets every bound leaf the resolved tree holds.
 template <class Section, class V>
 Field bind(Field f, Section Recipe::*section, V Section::*member) {
-  f.set = [section, member](const YAML::Node& n, Recipe& r) { (r.*section).*member = n.as<V>(); };
+  f.bound.set = [section, member](const YAML::Node& n, Recipe& r) { (r.*section).*member = n.as<V>(); };
+  f.bound.get = [section, member](const Recipe& r) { return to_node((r.*section).*member); };
   return f;
 }
 template <class V>
 Field bind(Field f, V Recipe::*member) {
-  f.set = [member](const YAML::Node& n, Recipe& r) { r.*member = n.as<V>(); };
+  f.bound.set = [member](const YAML::Node& n, Recipe& r) { r.*member = n.as<V>(); };
+  f.bound.get = [member](const Recipe& r) { return to_node(r.*member); };
   return f;
 }
 
@@ -603,8 +623,38 @@ void apply_bound(const Field& f, const YAML::Node& n, Recipe& r) {
     if (c.name == "*") continue;
     const YAML::Node v = n[c.name];
     if (!v || v.IsNull()) continue;
-    if (c.set) c.set(v, r);
+    if (c.bound.set) c.bound.set(v, r);
     else if (c.type == T::kMap) apply_bound(c, v, r);
+  }
+}
+
+// Writes the effective value of every bound leaf of `f` that `n` lacks, so the resolved recipe does
+// not depend on this version's defaults. Skipped: empty strings (an unset path) and values a
+// leaf's range refuses (0 for "not given" budgets), which mean "absent" rather than a value.
+void fill_defaults(const Field& f, YAML::Node n, const Recipe& r) {
+  for (const Field& c : f.children) {
+    if (c.name == "*") continue;
+    if (c.type == T::kMap) {
+      YAML::Node child = n[c.name];
+      if (!child) {
+        YAML::Node fresh(YAML::NodeType::Map);
+        fill_defaults(c, fresh, r);
+        if (fresh.size() > 0) n[c.name] = fresh;
+      } else if (child.IsMap()) {
+        fill_defaults(c, child, r);
+      }
+      continue;
+    }
+    if (!c.bound.get || (n[c.name] && !n[c.name].IsNull())) continue;
+    const YAML::Node v = c.bound.get(r);
+    if (c.type == T::kString && v.as<std::string>().empty()) continue;
+    if (c.type == T::kInt || c.type == T::kFloat) {
+      const double d = v.as<double>();
+      if (d < c.min || d > c.max) continue;
+    }
+    if (c.type == T::kEnum && std::find(c.choices.begin(), c.choices.end(), v.as<std::string>()) == c.choices.end())
+      continue;
+    n[c.name] = v;
   }
 }
 
@@ -849,6 +899,43 @@ Recipe load_recipe(const std::string& path, const std::vector<std::string>& over
             "weight qtype or freeze.enabled: false to evaluate activation-only quantization fake-quantized");
 
   if (!ctx.issues.empty()) throw RecipeError(ctx.issues);
+  // Every effective value in the resolved recipe. Sections whose presence means something (search,
+  // ptq: "run it"; freeze without quantize: an error) are filled only where the recipe has them.
+  for (const Field& section : schema().children) {
+    const bool conditional = section.name == "search" || section.name == "ptq" ||
+                             (!r.quantize && (section.name == "freeze" || section.name == "qat"));
+    if (section.name == "include" || section.name == "quantize" || (conditional && !tree[section.name])) continue;
+    if (section.type != T::kMap) {
+      if (section.bound.get && !tree[section.name]) tree[section.name] = section.bound.get(r);
+      continue;
+    }
+    if (!tree[section.name]) tree[section.name] = YAML::Node(YAML::NodeType::Map);
+    fill_defaults(section, tree[section.name], r);
+  }
+  if (r.quantize) {
+    // The scheme's effective grids and observer (quantize's leaves are read into the Scheme).
+    const Scheme& s = r.scheme;
+    YAML::Node qn = tree["quantize"];
+    auto put = [](YAML::Node m, const char* key, const YAML::Node& v) {
+      if (!m[key] || m[key].IsNull()) m[key] = v;
+    };
+    for (const char* part : {"weights", "activations"})
+      if (!qn[part]) qn[part] = YAML::Node(YAML::NodeType::Map);
+    YAML::Node wn = qn["weights"], an = qn["activations"];
+    put(wn, "qtype", YAML::Node(std::string(s.weights ? s.weights->name : "none")));
+    put(wn, "granularity", YAML::Node(std::string(to_string(s.weight_granularity))));
+    if (s.weight_granularity == Granularity::kPerGroup) put(wn, "group_size", YAML::Node(s.group_size));
+    put(wn, "symmetric", YAML::Node(s.weight_symmetric));
+    put(wn, "lsq", YAML::Node(s.weight_lsq));
+    put(an, "mode", YAML::Node(std::string(to_string(s.activations))));
+    put(an, "qtype", YAML::Node(std::string(s.activation_qtype.name)));
+    put(an, "symmetric", YAML::Node(s.activation_symmetric));
+    put(an, "observer", YAML::Node(s.observer));
+    put(an, "method", YAML::Node(std::string(to_string(s.observer_options.method))));
+    put(an, "percentile", to_node(s.observer_options.percentile));
+    put(an, "averaging_constant", to_node(s.observer_options.averaging_constant));
+    put(an, "lsq", YAML::Node(s.activation_lsq));
+  }
   YAML::Emitter out;
   out << tree;
   r.resolved_yaml = std::string(out.c_str()) + "\n";

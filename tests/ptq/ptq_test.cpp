@@ -103,6 +103,20 @@ TEST(Gptq, LowersLayerOutputErrorAgainstRoundToNearest) {
   }
 }
 
+TEST(Gptq, Float8GridsAndPerTensorInt8SolveOntoTheirGrids) {
+  at::manual_seed(21);
+  const at::Tensor w = at::randn({16, 64}) * 0.1;
+  const at::Tensor x = outlier_inputs(512, 64, 22);
+  QSpec f8 = int_spec(qfloat8_e4m3fn, Granularity::kPerChannel);
+  for (const QSpec& spec : {f8, int_spec(qint8, Granularity::kPerTensor)}) {
+    const GptqResult r = gptq(w, hessian_of(x), spec, GptqOptions{});
+    EXPECT_TRUE(at::equal(fake_quantize(r.weight, r.qparams), r.weight)) << spec.to_string();
+    const at::Tensor y = at::matmul(x, w.t());
+    const at::Tensor w_rtn = fake_quantize(w, weight_minmax_qparams(w, spec, "w"));
+    EXPECT_LT(relative_mse(at::matmul(x, r.weight.t()), y), relative_mse(at::matmul(x, w_rtn.t()), y)) << spec.to_string();
+  }
+}
+
 TEST(Gptq, BadInputsAndOptionsAreErrors) {
   const at::Tensor w = at::randn({4, 8}), h = at::eye(8);
   const QSpec spec = int_spec(qint4, Granularity::kPerChannel);

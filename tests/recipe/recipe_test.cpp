@@ -53,13 +53,20 @@ TEST(Sha256, MatchesFipsVectors) {
 }
 
 TEST(Recipe, ShippedRecipesValidate) {
-  for (const char* name : {"bert_int8.yaml", "bert_mixed.yaml", "fmnist_cnn_int8.yaml", "fmnist_cnn_mixed.yaml",
-                           "fmnist_cnn_w4a8_qat.yaml", "gpt2_mixed.yaml", "gpt2_w4_weight_only.yaml"}) {
-    const std::string path = std::string(QFORGE_SOURCE_DIR) + "/recipes/" + name;
+  TempDir dir;
+  for (const auto& entry : fs::directory_iterator(std::string(QFORGE_SOURCE_DIR) + "/recipes")) {
+    const std::string path = entry.path().string(), name = entry.path().filename().string();
     try {
       const Recipe r = load_recipe(path);
       EXPECT_TRUE(r.quantize) << name;
       EXPECT_EQ(r.sha256.size(), 64u);
+      // The resolved recipe holds every effective value (no version's defaults needed) and
+      // resolves to itself.
+      for (const char* key : {"seed:", "batch_size:", "eval_batch_size:", "warmup_steps:", "grad_clip:", "batches:",
+                              "freeze_observers_after:", "calibration_dump:", "safetensors:", "backend:"})
+        EXPECT_NE(r.resolved_yaml.find(key), std::string::npos) << name << " lacks " << key << "\n" << r.resolved_yaml;
+      const Recipe again = load_recipe(dir.write(name, r.resolved_yaml));
+      EXPECT_EQ(again.resolved_yaml, r.resolved_yaml) << name;
     } catch (const std::exception& e) {
       ADD_FAILURE() << name << ": " << e.what();
     }
