@@ -154,6 +154,15 @@ const std::vector<std::string>& observer_kinds() {
   return kinds;
 }
 
+ObserverOptionUse observer_option_use(const std::string& kind, const ObserverOptions& options) {
+  ObserverOptionUse u;
+  u.averaging_constant = kind.find("moving_average") != std::string::npos;
+  u.channel = kind.find("per_channel") != std::string::npos;
+  u.histogram = kind.find("histogram") != std::string::npos;
+  u.percentile = u.histogram && options.method == HistogramMethod::kPercentile;
+  return u;
+}
+
 std::unique_ptr<Observer> make_observer(const std::string& kind_in, const ObserverOptions& options) {
   std::string kind = kind_in;
   for (const KindEntry& k : kKinds) {

@@ -51,6 +51,15 @@ struct ObserverOptions {
   int64_t upsample_rate = kHistogramUpsampleRate;         // histogram kinds
 };
 
+// Which ObserverOptions fields an observer kind reads (files write and compare only those).
+struct ObserverOptionUse {
+  bool averaging_constant = false;  // moving-average kinds
+  bool channel = false;             // per-channel kinds: ch_axis, group_size
+  bool histogram = false;           // histogram kinds: method, bins, upsample_rate
+  bool percentile = false;          // histogram kinds with method percentile
+};
+ObserverOptionUse observer_option_use(const std::string& kind, const ObserverOptions& options);
+
 class Observer {
  public:
   virtual ~Observer() = default;

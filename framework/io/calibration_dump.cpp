@@ -17,10 +17,26 @@ void write_entry(const h5::Group& g, const CalibrationEntry& e) {
   write_quantizer_attrs(g, e.observer_kind, e.options, e.spec);
   const h5::Group state = g.create_group("state");
   for (const auto& [name, t] : e.state) state.write_tensor(name, t);
+  // Derived, for readers (never read back): a histogram's bin edges, min + i (max - min) / bins,
+  // beside the state group (which holds exactly the observer's state).
+  const auto mn = e.state.find("min"), mx = e.state.find("max"), h = e.state.find("histogram");
+  if (mn != e.state.end() && mx != e.state.end() && h != e.state.end()) {
+    const int64_t bins = h->second.size(-1);
+    const at::Tensor lo = mn->second.to(at::kDouble).unsqueeze(-1), hi = mx->second.to(at::kDouble).unsqueeze(-1);
+    const at::Tensor i = at::arange(bins + 1, at::kDouble);
+    g.write_tensor("bin_edges", (lo + (hi - lo) * i / static_cast<double>(bins)).to(at::kFloat));
+  }
   if (e.qparams.defined()) {
     const h5::Group qp = g.create_group("qparams");
     qp.write_tensor("scale", e.qparams.scale.to(at::kFloat));
     qp.write_tensor("zero_point", e.qparams.zero_point.to(at::kInt));
+    // Derived, for readers: the range the grid covers (values outside it clip).
+    const QSpec& sp = e.qparams.spec;
+    const at::Tensor s = e.qparams.scale.to(at::kDouble), z = e.qparams.zero_point.to(at::kDouble);
+    const double top = sp.qtype.is_float() ? sp.qtype.max_finite : static_cast<double>(sp.quant_max());
+    const double bottom = sp.qtype.is_float() ? -sp.qtype.max_finite : static_cast<double>(sp.quant_min());
+    qp.write_tensor("clip_min", ((bottom - z) * s).to(at::kFloat));
+    qp.write_tensor("clip_max", ((top - z) * s).to(at::kFloat));
   }
 }
 
@@ -139,7 +155,7 @@ CalibrationDump merge_calibration_dumps(const std::vector<CalibrationDump>& dump
         const CalibrationEntry& first = it->second.first;
         QF_REQUIRE(first.observer_kind == e.observer_kind, where, ": observer kind ",
                    first.observer_kind, " differs from ", e.observer_kind, " in dump ", i);
-        QF_REQUIRE(same_options(first.options, e.options), where,
+        QF_REQUIRE(same_options(first.options, e.options, e.observer_kind), where,
                    ": observer options differ in dump ", i);
         QF_REQUIRE(same_spec(first.spec, e.spec), where, ": spec ", first.spec.to_string(),
                    " differs from ", e.spec.to_string(), " in dump ", i);

@@ -118,7 +118,7 @@ void apply_calibration(torch::nn::Module& model, const CalibrationDump& dump, co
                  ": the model's LSQ quantizer already trains its qparams");
       Observer* obs = q->observer();
       if (obs) {
-        QF_REQUIRE(obs->kind() == e.observer_kind && same_options(q->config().observer_options, e.options), pw,
+        QF_REQUIRE(obs->kind() == e.observer_kind && same_options(q->config().observer_options, e.options, e.observer_kind), pw,
                    ": dump has observer '", e.observer_kind, "', the model's quantizer uses '", obs->kind(),
                    "' (or other options)");
         try {

@@ -10,8 +10,9 @@ namespace qforge::io {
 inline constexpr const char* kCheckpointFormat = "qforge.checkpoint";
 inline constexpr const char* kCalibrationFormat = "qforge.calibration";
 // Bump when a layout changes; readers keep accepting every older version (tests/fixtures/).
-inline constexpr int64_t kCheckpointFormatVersion = 1;
-inline constexpr int64_t kCalibrationFormatVersion = 1;
+inline constexpr int64_t kCheckpointFormatVersion = 1;  // its /model group has its own version (model_file.cpp)
+// Version 2: observer attributes only for the kinds that read them (version 1 wrote all).
+inline constexpr int64_t kCalibrationFormatVersion = 2;
 
 // The qforge version (CMake project version) recorded in files.
 const char* qforge_version();

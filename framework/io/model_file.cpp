@@ -39,7 +39,7 @@ bool lsq_initialised(const QuantizerImpl& q) {
 // /model: each quantized layer's scheme (docs/formats.md, "Model group")
 
 constexpr const char* kModelGroup = "model";
-constexpr int64_t kModelFormatVersion = 1;
+constexpr int64_t kModelFormatVersion = 2;  // 2: observer attributes per kind
 // HDF5 has no name for the root module's path "".
 constexpr const char* kRootLayerName = "__root__";
 

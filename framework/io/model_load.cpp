@@ -52,11 +52,8 @@ struct LayerPlan {
 };
 
 bool same_config(const QuantizerConfig& a, const QuantizerConfig& b) {
-  const ObserverOptions &x = a.observer_options, &y = b.observer_options;
   return same_spec(a.spec, b.spec) && a.lsq == b.lsq && a.observer == b.observer &&
-         x.averaging_constant == y.averaging_constant && x.ch_axis == y.ch_axis && x.group_size == y.group_size &&
-         x.method == y.method && x.percentile == y.percentile && x.bins == y.bins &&
-         x.upsample_rate == y.upsample_rate;
+         same_options(a.observer_options, b.observer_options, a.observer);
 }
 
 bool same_scheme(const LayerScheme& a, const LayerScheme& b) {

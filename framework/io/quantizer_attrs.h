@@ -16,6 +16,7 @@ void write_quantizer_attrs(const h5::Group& g, const std::string& observer_kind,
 void read_quantizer_attrs(const h5::Group& g, std::string* observer_kind, ObserverOptions* options, QSpec* spec);
 
 using qforge::same_spec;  // framework/core/qparams.h
-bool same_options(const ObserverOptions& a, const ObserverOptions& b);
+// The options observer `kind` reads are equal (the others do not matter).
+bool same_options(const ObserverOptions& a, const ObserverOptions& b, const std::string& kind);
 
 }  // namespace qforge::io

@@ -195,6 +195,35 @@ TEST(CalibrationDump, ObserverThatSawNothingHasNoQparams) {
   EXPECT_EQ(h5::File::open(dir.file("c.h5")).root().open_group("m").open_group("input").has("qparams"), false);
 }
 
+TEST(CalibrationDump, PointsCarryOnlyTheirKindsOptionsPlusBinEdgesAndClipRange) {
+  TempDir dir;
+  CalibrationDump dump;
+  QSpec s8;
+  s8.symmetric = true;
+  auto hist = make_observer("histogram");
+  hist->update(at::linspace(-3, 5, 1000));
+  auto mm = make_observer("minmax");
+  mm->update(at::linspace(-1, 2, 100));
+  dump["m"]["input"] = make_calibration_entry(*hist, {}, s8);
+  dump["m"]["other"] = make_calibration_entry(*mm, {}, s8);
+  save_calibration_dump(dir.file("c.h5"), dump);
+  const h5::Group m = h5::File::open(dir.file("c.h5")).root().open_group("m");
+  const h5::Group h = m.open_group("input"), n = m.open_group("other");
+  EXPECT_TRUE(h.has_attr("bins") && h.has_attr("method"));
+  EXPECT_FALSE(h.has_attr("averaging_constant") || h.has_attr("percentile") || h.has_attr("ch_axis"));
+  EXPECT_FALSE(n.has_attr("bins") || n.has_attr("method") || n.has_attr("averaging_constant"));
+  const at::Tensor edges = h.read_tensor("bin_edges");
+  ASSERT_EQ(edges.numel(), ObserverOptions{}.bins + 1);
+  EXPECT_FLOAT_EQ(edges[0].item<float>(), -3.0f);
+  EXPECT_FLOAT_EQ(edges[-1].item<float>(), 5.0f);
+  const h5::Group qp = n.open_group("qparams");
+  const float s = qp.read_tensor("scale").item<float>();
+  EXPECT_FLOAT_EQ(qp.read_tensor("clip_max").item<float>(), 127 * s);
+  EXPECT_FLOAT_EQ(qp.read_tensor("clip_min").item<float>(), -128 * s);
+  // The derived datasets are not state: the dump reads back to the same observers.
+  expect_same_dump(dump, load_calibration_dump(dir.file("c.h5")));
+}
+
 TEST(CalibrationDump, ForeignNewerAndTruncatedFilesGiveClearErrors) {
   TempDir dir;
   auto expect_error = [](const std::string& path, const std::string& needle) {
