@@ -125,7 +125,7 @@ void QuantizerImpl::init_lsq(const at::Tensor& x) {
     z = at::full({1}, spec.qtype.is_signed ? 0.0f : static_cast<float>(spec.quant_min()));
   } else {
     // Weights start from their min/max qparams, which LSQ then refines.
-    const QParams qp = weight_minmax_qparams(x);
+    const QParams qp = weight_grid(x);
     s = qp.scale.to(at::kFloat).clone();
     z = qp.zero_point.to(at::kFloat).clone();
     if (s.dim() == 0) {
@@ -179,7 +179,7 @@ QParams QuantizerImpl::qparams(const at::Tensor& weight) const {
     if (role_ == Role::kWeight && nibble_packed(spec.qtype)) s = round_scale_up_to_half(s);
     return QParams{spec, s, z};
   }
-  if (role_ == Role::kWeight) return weight_minmax_qparams(weight);
+  if (role_ == Role::kWeight) return weight_grid(weight);
   QF_REQUIRE(mode_ == ActivationMode::kStatic, path_, ": dynamic activations have per-call qparams");
   QF_REQUIRE(calibrated_, path_,
              ": the static activation quantizer was never calibrated; run forward passes inside "
@@ -214,7 +214,7 @@ QParams weight_minmax_qparams(const at::Tensor& weight, const QSpec& spec, const
   return qp;
 }
 
-QParams QuantizerImpl::weight_minmax_qparams(const at::Tensor& weight) const {
+QParams QuantizerImpl::weight_grid(const at::Tensor& weight) const {
   if (calibrated_) return QParams{config_.spec, scale_.detach(), zero_point_.detach()};  // a fixed grid
   return qforge::weight_minmax_qparams(weight, config_.spec, path_);
 }

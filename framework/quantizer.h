@@ -85,7 +85,7 @@ class QuantizerImpl : public torch::nn::Module {
 
  private:
   at::Tensor weight_forward(const at::Tensor& w);
-  QParams weight_minmax_qparams(const at::Tensor& w) const;
+  QParams weight_grid(const at::Tensor& w) const;  // the fixed grid once set, else the weight's min/max
   at::Tensor activation_forward(const at::Tensor& x);
   at::Tensor lsq_forward(const at::Tensor& x);
   void init_lsq(const at::Tensor& x);

@@ -48,7 +48,7 @@ EqualizeReport equalize(torch::nn::Module& model, const RunBatch& run, int64_t i
   model.eval();
   FloatView float_view(model);
   // The weighted layers in the order the forward runs them.
-  std::vector<QuantizableLayer*> order;
+  std::vector<QuantizableLayer*> order, weighted;
   std::map<const QuantizableLayer*, std::string> path_of;  // a float layer's own path() is empty until attached
   for (const auto& [path, layer] : quantizable_layers(model)) {
     path_of[layer] = path;
@@ -56,23 +56,17 @@ EqualizeReport equalize(torch::nn::Module& model, const RunBatch& run, int64_t i
     QF_REQUIRE(!layer->frozen() && !(layer->quantized() && layer->weight_quantizer() &&
                                      layer->weight_quantizer()->calibrated()),
                "equalize: ", path, " is frozen or has a fixed weight grid; equalise the float model before quantize()");
-    layer->set_input_tap([&order](QuantizableLayer& l, const at::Tensor&) {
-      if (std::find(order.begin(), order.end(), &l) == order.end()) order.push_back(&l);
-    });
+    weighted.push_back(layer);
   }
   at::Tensor y0;
-  try {
+  {
+    // The weighted layers in the order the forward runs them.
+    const ScopedInputTaps taps(weighted, [&order](QuantizableLayer& l, const at::Tensor&) {
+      if (std::find(order.begin(), order.end(), &l) == order.end()) order.push_back(&l);
+    });
     y0 = run(0).detach().clone();
-  } catch (...) {
-    for (const auto& [path, layer] : quantizable_layers(model)) layer->set_input_tap(nullptr);
-    throw;
   }
-  for (const auto& [path, layer] : quantizable_layers(model)) layer->set_input_tap(nullptr);
-  const double y0_norm = y0.to(at::kDouble).norm().item<double>();
-  auto change = [&] {
-    const double d = (run(0).to(at::kDouble) - y0.to(at::kDouble)).norm().item<double>();
-    return y0_norm == 0 ? d : d / y0_norm;
-  };
+  auto change = [&] { return relative_change(run(0), y0); };
   for (size_t i = 0; i + 1 < order.size(); ++i) {
     const LayerAccess a = access(*order[i]), b = access(*order[i + 1]);
     EqualizedPair p;

@@ -1,5 +1,6 @@
 // LayerAccess: Linear / Conv1d / Conv2d as [N, K] weights and [rows, K] inputs.
 #include "framework/ptq/layer_access.h"
+#include "framework/ptq/float_view.h"
 
 #include <ATen/ATen.h>
 
@@ -88,11 +89,18 @@ void LayerAccess::set_w2d(const at::Tensor& w) const {
 
 }  // namespace qforge::ptq
 
-// ---- FloatView (framework/ptq/float_view.h) ----
-
-#include "framework/ptq/float_view.h"
-
 namespace qforge::ptq {
+
+ScopedInputTaps::ScopedInputTaps(std::vector<QuantizableLayer*> layers, const QuantizableLayer::InputTap& tap)
+    : layers_(std::move(layers)) {
+  for (QuantizableLayer* l : layers_) l->set_input_tap(tap);
+}
+
+ScopedInputTaps::~ScopedInputTaps() {
+  for (QuantizableLayer* l : layers_) l->set_input_tap(nullptr);
+}
+
+// ---- FloatView (framework/ptq/float_view.h) ----
 
 FloatView::FloatView(const torch::nn::Module& model) {
   for (const auto& [path, layer] : quantizable_layers(model))

@@ -35,4 +35,17 @@ std::string solvable(const std::string& path, const QuantizableLayer& layer);
 // The view of a layer solvable() accepts (throws qforge::Error otherwise).
 LayerAccess access(QuantizableLayer& layer);
 
+// Sets `tap` as the input tap of `layers` for its lifetime and removes them on exit, exceptions
+// included (a tap capturing a solver's locals must not outlive them).
+class ScopedInputTaps {
+ public:
+  ScopedInputTaps(std::vector<QuantizableLayer*> layers, const QuantizableLayer::InputTap& tap);
+  ~ScopedInputTaps();
+  ScopedInputTaps(const ScopedInputTaps&) = delete;
+  ScopedInputTaps& operator=(const ScopedInputTaps&) = delete;
+
+ private:
+  std::vector<QuantizableLayer*> layers_;
+};
+
 }  // namespace qforge::ptq

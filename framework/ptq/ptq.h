@@ -89,6 +89,8 @@ SolveReport solve(torch::nn::Module& model, int64_t batches, const RunBatch& run
 
 // Output error of one layer: ‖y_q − y_f‖² / ‖y_f‖² over rows (0 when y_f is all zero and y_q too).
 double relative_mse(const at::Tensor& y_quantized, const at::Tensor& y_float);
+// How far a transform moved a model's output: ‖y − y0‖ / ‖y0‖ (‖y − y0‖ when y0 is all zero).
+double relative_change(const at::Tensor& y, const at::Tensor& y0);
 
 // ---- SmoothQuant ----
 

@@ -8,6 +8,7 @@
 #include "framework/core/error.h"
 #include "framework/nn/linear.h"
 #include "framework/ptq/float_view.h"
+#include "framework/ptq/layer_access.h"
 #include "framework/ptq/ptq.h"
 
 namespace qforge::ptq {
@@ -19,12 +20,6 @@ constexpr double kMinFactor = 1e-5;
 constexpr double kMinRange = 1e-5;
 // Largest relative change of the float model's output the transform may cause (float rounding).
 constexpr double kSmoothTolerance = 1e-4;
-
-double relative_change(const at::Tensor& a, const at::Tensor& b) {
-  const double den = b.to(at::kDouble).norm().item<double>();
-  const double num = (a.to(at::kDouble) - b.to(at::kDouble)).norm().item<double>();
-  return den == 0 ? num : num / den;
-}
 }  // namespace
 
 SmoothReport smooth_quant(torch::nn::Module& model, int64_t batches, const RunBatch& run,
@@ -57,23 +52,20 @@ SmoothReport smooth_quant(torch::nn::Module& model, int64_t batches, const RunBa
   FloatView float_view(model);
   // Per-channel max |x| of every target's input over the calibration batches.
   std::map<QuantizableLayer*, at::Tensor> amax;
-  for (auto& [path, lin] : targets)
-    lin->set_input_tap([&amax](QuantizableLayer& l, const at::Tensor& x) {
+  at::Tensor y0;
+  {
+    std::vector<QuantizableLayer*> tapped;
+    for (auto& [path, lin] : targets) tapped.push_back(lin);
+    const ScopedInputTaps taps(tapped, [&amax](QuantizableLayer& l, const at::Tensor& x) {
       const at::Tensor a = x.detach().abs().reshape({-1, x.size(-1)}).amax(0).to(at::kFloat);
       at::Tensor& m = amax[&l];
       m = m.defined() ? at::maximum(m, a) : a;
     });
-  at::Tensor y0;
-  try {
     for (int64_t b = 0; b < batches; ++b) {
       at::Tensor y = run(b);
       if (b == 0) y0 = y.detach().clone();
     }
-  } catch (...) {
-    for (auto& [path, lin] : targets) lin->set_input_tap(nullptr);
-    throw;
   }
-  for (auto& [path, lin] : targets) lin->set_input_tap(nullptr);
   QF_REQUIRE(y0.defined(), "smooth_quant: the calibration forward returned no output");
   struct Undo {
     nn::LinearImpl* lin;

@@ -14,8 +14,6 @@
 
 #include "fake_quant/fake_quantize.h"
 #include "framework/core/enum_names.h"
-#include "framework/nn/conv.h"
-#include "framework/nn/linear.h"
 #include "framework/progress.h"
 #include "framework/ptq/layer_access.h"
 #include "framework/scheme.h"
@@ -38,6 +36,7 @@ struct StopForward {};
 
 // What one capture pass gathers for one layer.
 struct Capture {
+  std::optional<LayerAccess> access;  // the layer's [N, K] view, taken at its first capture
   at::Tensor h;  // Σ x xᵀ over every row (GPTQ)
   int64_t n = 0;
   std::vector<at::Tensor> xf, xq;  // sampled rows: float input, input as the weight multiplies it
@@ -45,7 +44,7 @@ struct Capture {
 
 // Solves one layer from its captured inputs: rounding, bias correction, errors before / after.
 void solve_layer(QuantizableLayer& layer, const Capture& c, const SolveOptions& o, LayerSolve& ls) {
-  const LayerAccess acc = access(layer);
+  const LayerAccess& acc = *c.access;
   Quantizer wq = layer.weight_quantizer();
   const QSpec spec = wq->config().spec;
   const at::Tensor W = acc.w2d().detach().to(at::kFloat).clone();
@@ -55,7 +54,6 @@ void solve_layer(QuantizableLayer& layer, const Capture& c, const SolveOptions& 
   const at::Tensor yf = at::matmul(xf, W.t()) + b0;
   // Round-to-nearest as the weight quantizer computes it (a grid fixed earlier stays).
   const QParams rtn = wq->qparams(acc.weight);
-  const QParams rtn2d{spec, rtn.scale, rtn.zero_point};
   const at::Tensor w_rtn = fake_quantize(W.reshape(acc.weight.sizes()), rtn).reshape(W.sizes());
   ls.error_before = relative_mse(at::matmul(xq, w_rtn.t()) + b0, yf);
 
@@ -69,7 +67,7 @@ void solve_layer(QuantizableLayer& layer, const Capture& c, const SolveOptions& 
     grid = QParams{spec, r.qparams.scale.reshape(rtn.scale.sizes()), r.qparams.zero_point.reshape(rtn.scale.sizes())};
     if (r.damp != o.gptq.damp) note = "damping raised to " + std::to_string(r.damp) + " (H not positive definite)";
   } else if (ls.method.rfind("adaround", 0) == 0) {
-    const AdaRoundResult r = adaround(W, rtn2d, xq, at::matmul(xf, W.t()), o.adaround);
+    const AdaRoundResult r = adaround(W, rtn, xq, at::matmul(xf, W.t()), o.adaround);
     w_new = r.weight;
     char buf[96];
     std::snprintf(buf, sizeof buf, "%.1f%% of rounding variables binary, %.1f%% rounded up", 100 * r.binary_fraction,
@@ -113,9 +111,14 @@ double relative_mse(const at::Tensor& yq, const at::Tensor& yf) {
   return num / den;
 }
 
+double relative_change(const at::Tensor& y, const at::Tensor& y0) {
+  const double den = y0.to(at::kDouble).norm().item<double>();
+  const double num = (y.to(at::kDouble) - y0.to(at::kDouble)).norm().item<double>();
+  return den == 0 ? num : num / den;
+}
+
 std::vector<LayerSolve> plan_solve(const torch::nn::Module& model, const SolveOptions& o) {
   std::vector<LayerSolve> out;
-  std::set<int> rules_used_on_unfit;
   std::map<int, std::string> unfit_reason;
   std::set<int> rules_fit;
   for (const auto& [path, layer] : quantizable_layers(model)) {
@@ -168,7 +171,11 @@ SolveReport solve(torch::nn::Module& model, int64_t batches, const RunBatch& run
   model.eval();
 
   std::map<std::string, QuantizableLayer*> by_path;
-  for (const auto& [path, layer] : quantizable_layers(model)) by_path[path] = layer;
+  std::vector<QuantizableLayer*> all_layers;  // every layer's tap can end a capture pass
+  for (const auto& [path, layer] : quantizable_layers(model)) {
+    by_path[path] = layer;
+    all_layers.push_back(layer);
+  }
   // The layers with work to do, and what each gets.
   std::map<QuantizableLayer*, LayerSolve> pending;
   for (const LayerSolve& ls : plan) {
@@ -191,8 +198,9 @@ SolveReport solve(torch::nn::Module& model, int64_t batches, const RunBatch& run
     std::vector<QuantizableLayer*> group;  // the target and the layers reading the same tensor
     std::map<QuantizableLayer*, Capture> captures;
     auto capture = [&](QuantizableLayer& layer, const at::Tensor& x) {
-      const LayerAccess acc = access(layer);
       Capture& c = captures[&layer];
+      if (!c.access) c.access = access(layer);
+      const LayerAccess& acc = *c.access;
       const at::Tensor xf = acc.rows(x.detach());
       Quantizer iq = layer.input_quantizer();
       const at::Tensor xq = iq ? acc.rows(iq->forward(x.detach())) : xf;
@@ -227,8 +235,8 @@ SolveReport solve(torch::nn::Module& model, int64_t batches, const RunBatch& run
       }
       throw StopForward{};
     };
-    for (const auto& [path, layer] : quantizable_layers(model)) layer->set_input_tap(tap);
-    try {
+    {
+      const ScopedInputTaps taps(all_layers, tap);
       for (batch = 0; batch < batches; ++batch) {
         seen = false;
         try {
@@ -236,11 +244,7 @@ SolveReport solve(torch::nn::Module& model, int64_t batches, const RunBatch& run
         } catch (const StopForward&) {
         }
       }
-    } catch (...) {
-      for (const auto& [path, layer] : quantizable_layers(model)) layer->set_input_tap(nullptr);
-      throw;
     }
-    for (const auto& [path, layer] : quantizable_layers(model)) layer->set_input_tap(nullptr);
     ++report.passes;
     if (!target) {
       // The calibration forward never reaches them.
