@@ -85,6 +85,7 @@ int main(int argc, char** argv) {
       for (const auto& [k, v] : res.metrics.at(stage)) std::printf(" %s=%.4f", k.c_str(), v);
       std::printf("\n");
     }
+    std::printf("%s", res.headline.c_str());
     if (res.interrupted) {
       std::fprintf(stderr, "qtrain: interrupted; stages completed before the interrupt are in the report\n");
       return 130;

@@ -14,6 +14,8 @@ namespace {
 
 const fq::Float8Format& float8_format(const QType& q) { return q == qfloat8_e5m2 ? fq::kE5M2 : fq::kE4M3; }
 
+constexpr int64_t kMaxElements = int64_t{1} << 48;
+
 int64_t product(const std::vector<int64_t>& s) {
   int64_t n = 1;
   for (int64_t d : s) n *= d;
@@ -75,6 +77,15 @@ int64_t QuantizedTensor::bytes() const {
 void QuantizedTensor::validate(const std::string& who) const {
   const QType& qt = spec.qtype;
   QF_REQUIRE(packable(qt), who, ": qtype ", qt.name, " has no packed storage");
+  // A shape read from a file: every dimension non-negative and an element count that cannot
+  // overflow (a wrapped count could match a short packed length).
+  int64_t count = 1;
+  for (int64_t d : shape) {
+    QF_REQUIRE(d >= 0, who, ": shape ", at::IntArrayRef(shape), " has a negative dimension");
+    QF_REQUIRE(d == 0 || count <= kMaxElements / d, who, ": shape ", at::IntArrayRef(shape),
+               " has more than 2^48 elements");
+    count *= d;
+  }
   std::vector<int64_t> expected_qp;
   try {
     expected_qp = qparams_shape(spec, shape);
@@ -90,6 +101,12 @@ void QuantizedTensor::validate(const std::string& who) const {
              who, ": zero_point must be int32 of shape ", at::IntArrayRef(expected_qp), ", got ",
              zero_point.defined() ? detail::str_cat(zero_point.scalar_type(), " ", zero_point.sizes())
                                   : "none");
+  // Values, as make_qparams requires them: a file can hold any bits.
+  try {
+    (void)make_qparams(spec, scale, zero_point);
+  } catch (const Error& e) {
+    throw Error(who + ": " + e.what());
+  }
   QF_REQUIRE(data.defined(), who, ": no data");
   if (qt.bits == 8) {
     const at::ScalarType want = qt.is_integer() && qt.is_signed ? at::kChar : at::kByte;

@@ -226,6 +226,11 @@ Histogram::Histogram(int64_t bins, int64_t upsample_rate)
     : bins_(bins), upsample_rate_(upsample_rate) {
   QF_REQUIRE(bins >= 2, "histogram: bins must be >= 2, got ", bins);
   QF_REQUIRE(upsample_rate >= 1, "histogram: upsample_rate must be >= 1, got ", upsample_rate);
+  // Caps (far above PyTorch's 2048 bins x 128): a file or recipe declaring more is refused before
+  // anything is allocated, and bins * upsample_rate stays far from int64 overflow.
+  QF_REQUIRE(bins <= kMaxHistogramBins, "histogram: bins must be <= ", kMaxHistogramBins, ", got ", bins);
+  QF_REQUIRE(upsample_rate <= kMaxHistogramUpsampleRate, "histogram: upsample_rate must be <= ",
+             kMaxHistogramUpsampleRate, ", got ", upsample_rate);
   counts_.assign(static_cast<size_t>(bins_), 0.0f);
 }
 

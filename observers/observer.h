@@ -22,6 +22,8 @@ namespace qforge {
 inline constexpr int64_t kHistogramBins = 2048;
 // Upsampling factor used when a histogram is re-binned onto a wider range (PyTorch's default).
 inline constexpr int64_t kHistogramUpsampleRate = 128;
+inline constexpr int64_t kMaxHistogramBins = int64_t{1} << 20;
+inline constexpr int64_t kMaxHistogramUpsampleRate = int64_t{1} << 16;
 // MovingAverage*MinMaxObserver's default averaging_constant, as in PyTorch.
 inline constexpr double kDefaultAveragingConstant = 0.01;
 // Default percentile of the `percentile` histogram method.

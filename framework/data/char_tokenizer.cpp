@@ -64,24 +64,36 @@ std::string encode_utf8(const std::u32string& s) {
   return out;
 }
 
-CharTokenizer CharTokenizer::build(const std::vector<std::string>& texts) {
-  std::set<char32_t> seen;
-  for (const auto& t : texts)
-    for (char32_t c : decode_utf8_or_latin1(t)) seen.insert(c);
+CharTokenizer CharTokenizer::build(const std::vector<std::string>& texts, int64_t ngram) {
+  QF_REQUIRE(ngram >= 1 && ngram <= 3, "data: character n-grams of 1, 2 or 3 characters, got ", ngram);
   CharTokenizer tok;
-  for (char32_t c : seen) {
-    tok.ids_[c] = kNumSpecial + static_cast<int64_t>(tok.chars_.size());
-    tok.chars_.push_back(c);
+  tok.ngram_ = ngram;
+  std::set<std::u32string> seen;
+  for (const auto& t : texts) {
+    const std::u32string s = tok.padded(t);
+    for (size_t i = 0; i + static_cast<size_t>(ngram) <= s.size(); ++i) seen.insert(s.substr(i, static_cast<size_t>(ngram)));
+  }
+  for (const std::u32string& g : seen) {
+    tok.ids_[g] = kNumSpecial + static_cast<int64_t>(tok.grams_.size());
+    tok.grams_.push_back(g);
   }
   return tok;
+}
+
+std::u32string CharTokenizer::padded(const std::string& text) const {
+  std::u32string s = decode_utf8_or_latin1(text);
+  if (ngram_ > 1) s = U" " + s + U" ";
+  return s;
 }
 
 std::vector<int64_t> CharTokenizer::encode(const std::string& text, int64_t max_len) const {
   QF_REQUIRE(max_len >= 1, "data: max_len must be >= 1, got ", max_len);
   std::vector<int64_t> ids{kCls};
-  for (char32_t c : decode_utf8_or_latin1(text)) {
+  const std::u32string s = padded(text);
+  const auto n = static_cast<size_t>(ngram_);
+  for (size_t i = 0; i + n <= s.size(); ++i) {
     if (static_cast<int64_t>(ids.size()) >= max_len) break;
-    auto it = ids_.find(c);
+    auto it = ids_.find(s.substr(i, n));
     ids.push_back(it == ids_.end() ? kUnk : it->second);
   }
   return ids;
@@ -106,8 +118,17 @@ TokenBatch CharTokenizer::encode_batch(const std::vector<std::string>& texts, in
 
 std::string CharTokenizer::decode(const std::vector<int64_t>& ids) const {
   std::u32string s;
-  for (int64_t id : ids)
-    if (id >= kNumSpecial && id < vocab_size()) s.push_back(chars_[id - kNumSpecial]);
+  bool first = true;
+  for (int64_t id : ids) {
+    if (id < kNumSpecial || id >= vocab_size()) continue;
+    const std::u32string& g = grams_[static_cast<size_t>(id - kNumSpecial)];
+    s += first ? g : g.substr(g.size() - 1);  // consecutive n-grams overlap by n - 1 characters
+    first = false;
+  }
+  if (ngram_ > 1) {
+    if (!s.empty() && s.front() == U' ') s.erase(0, 1);
+    if (!s.empty() && s.back() == U' ') s.pop_back();
+  }
   return encode_utf8(s);
 }
 

@@ -99,4 +99,32 @@ std::vector<std::string> remove_stale_temporaries(const std::string& dir) {
   return removed;
 }
 
+std::string fallback_path(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::path dir = fs::temp_directory_path(ec);
+  if (ec) dir = "/tmp";
+  dir /= "qforge-fallback-" + std::to_string(::getpid());
+  fs::create_directories(dir, ec);
+  const fs::path name = fs::path(path).filename();
+  return (dir / (name.empty() ? fs::path("output") : name)).string();
+}
+
+std::string write_with_fallback(const std::string& path, const std::function<void(const std::string&)>& write,
+                                std::string* reason) {
+  try {
+    write(path);
+    return path;
+  } catch (const std::exception& first) {
+    const std::string alt = fallback_path(path);
+    try {
+      write(alt);
+    } catch (const std::exception& second) {
+      throw Error(std::string(first.what()) + "; the fallback " + alt + " failed too: " + second.what());
+    }
+    if (reason) *reason = first.what();
+    return alt;
+  }
+}
+
 }  // namespace qforge::io

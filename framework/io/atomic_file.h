@@ -4,6 +4,7 @@
 // of a killed writer stays behind as ".<name>.tmp-<pid>-<n>" and is never read.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -42,5 +43,16 @@ std::vector<std::string> remove_stale_temporaries(const std::string& dir);
 // Replaces `path` with `text` through an AtomicFile: readers see the old or the new file whole.
 // Throws qforge::Error naming the path when it cannot be written (the old file is then kept).
 void write_text_atomically(const std::string& path, const std::string& text);
+
+// Where a write that failed late in a run goes instead: `<tmp>/qforge-fallback-<pid>/<name>`
+// (the directory is created). Used so that hours of work are not lost to a full disk or a
+// directory that became unwritable after the run's start-up checks.
+std::string fallback_path(const std::string& path);
+
+// Calls write(path); when it throws, calls write(fallback_path(path)) and returns that path with
+// `*reason` set to the first failure's message. Throws qforge::Error naming both failures when
+// the fallback fails too. Returns `path` when the first write succeeds.
+std::string write_with_fallback(const std::string& path, const std::function<void(const std::string&)>& write,
+                                std::string* reason);
 
 }  // namespace qforge::io

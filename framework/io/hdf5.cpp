@@ -429,9 +429,47 @@ DatasetInfo Dataset::stored_info() const {
   return info;
 }
 
+namespace {
+// Declared sizes are checked against what the file stores before anything is allocated: an
+// element count that overflows, or a shape far larger than the dataset's storage (a few bytes on
+// disk declaring gigabytes, read back as fill values), is refused. Compression filters may
+// legitimately expand data (deflate at most ~1032:1); small datasets are always read.
+constexpr uint64_t kAlwaysReadableBytes = uint64_t{1} << 20;
+constexpr uint64_t kMaxCompressionRatio = 1100;
+
+void check_declared_size(hid_t dataset, const DatasetInfo& inf, const std::string& where) {
+  uint64_t count = 1;
+  for (int64_t d : inf.shape) {
+    if (d < 0 || (d > 0 && count > (uint64_t{1} << 48) / static_cast<uint64_t>(d)))
+      fail(where, "declares shape " + shape_string(inf.shape) + ": more than 2^48 elements");
+    count *= static_cast<uint64_t>(d);
+  }
+  const uint64_t bytes = count * static_cast<uint64_t>(c10::elementSize(inf.dtype));
+  if (bytes <= kAlwaysReadableBytes) return;
+  const uint64_t stored = H5Dget_storage_size(dataset);
+  Id dcpl(H5Dget_create_plist(dataset));
+  bool compressed = false;
+  const int nfilters = dcpl.valid() ? H5Pget_nfilters(dcpl.get()) : 0;
+  for (int i = 0; i < nfilters; ++i) {
+    unsigned flags = 0;
+    size_t nelmts = 0;
+    unsigned int cd_values[1];
+    const H5Z_filter_t f = H5Pget_filter2(dcpl.get(), static_cast<unsigned>(i), &flags, &nelmts, cd_values, 0,
+                                          nullptr, nullptr);
+    if (f != H5Z_FILTER_FLETCHER32) compressed = true;
+  }
+  const uint64_t limit = compressed ? stored * kMaxCompressionRatio : stored;
+  if (bytes > limit)
+    fail(where, detail::str_cat("declares shape ", shape_string(inf.shape), " (", bytes, " bytes) but the file stores ",
+                                stored, " bytes for it", compressed ? " (compressed)" : "",
+                                ": truncated or corrupted file"));
+}
+}  // namespace
+
 at::Tensor Dataset::read() const {
   Lock lock;
   const DatasetInfo inf = stored_info();
+  check_declared_size(id_.get(), inf, where());
   at::Tensor t = at::empty(inf.shape, at::TensorOptions().dtype(inf.dtype));
   if (t.numel() > 0) {
     Id mem = memory_type(inf.dtype);

@@ -88,9 +88,13 @@ SafetensorsFile parse_safetensors(const std::vector<uint8_t>& bytes, const std::
   const uint64_t data_len = bytes.size() - kLengthBytes - header_len;
 
   SafetensorsFile out;
+  // Every entry is checked, and the entries must tile the data section, before anything is
+  // allocated: overlapping entries could otherwise declare many times the file's size.
   struct Span {
     uint64_t begin, end;
     std::string key;
+    std::vector<int64_t> shape;
+    at::ScalarType type;
   };
   std::vector<Span> spans;
   for (const auto& [key, entry] : header.items()) {
@@ -132,13 +136,7 @@ SafetensorsFile parse_safetensors(const std::vector<uint8_t>& bytes, const std::
     const uint64_t expect = numel * static_cast<uint64_t>(dt->bytes);
     QF_REQUIRE(end - begin == expect, t, " spans ", end - begin, " bytes; dtype ", dname, " and shape ",
                shape_str(shape), " need ", expect);
-    spans.push_back({begin, end, key});
-
-    at::Tensor x = at::empty(shape, at::TensorOptions().dtype(dt->type));
-    if (expect) std::memcpy(x.data_ptr(), data + begin, expect);
-    if (options.to_float32 && (dt->type == at::kHalf || dt->type == at::kBFloat16 || dt->type == at::kDouble))
-      x = x.to(at::kFloat);
-    out.tensors.emplace(key, std::move(x));
+    spans.push_back({begin, end, key, std::move(shape), dt->type});
   }
   // Tensors must tile the data section exactly: no overlaps, no gaps, nothing left over.
   std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) {
@@ -152,6 +150,13 @@ SafetensorsFile parse_safetensors(const std::vector<uint8_t>& bytes, const std::
     pos = s.end;
   }
   QF_REQUIRE(pos == data_len, where, ": ", data_len - pos, " trailing bytes after the last tensor");
+  for (const Span& s : spans) {
+    at::Tensor x = at::empty(s.shape, at::TensorOptions().dtype(s.type));
+    if (s.end > s.begin) std::memcpy(x.data_ptr(), data + s.begin, s.end - s.begin);
+    if (options.to_float32 && (s.type == at::kHalf || s.type == at::kBFloat16 || s.type == at::kDouble))
+      x = x.to(at::kFloat);
+    out.tensors.emplace(s.key, std::move(x));
+  }
   return out;
 }
 

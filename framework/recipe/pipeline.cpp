@@ -84,6 +84,7 @@ nlohmann::json float_provenance(const Recipe& r) {
           {"data.max_train_examples", r.data.max_train_examples},
           {"data.seq_len", r.data.seq_len},
           {"data.examples_per_language", r.data.examples_per_language},
+          {"data.tokens", r.data.tokens},
           {"train.epochs", r.train.epochs},
           {"train.lr", r.train.lr},
           {"train.weight_decay", r.train.weight_decay},
@@ -119,6 +120,11 @@ std::string load_float_checkpoint(torch::nn::Module& model, const std::string& p
     }
     const nlohmann::json want = float_provenance(r);
     std::string diffs;
+    // Settings added after a checkpoint was written count as their value at the time.
+    const std::map<std::string, nlohmann::json> added_later = {{"data.tokens", "chars"}};
+    for (const auto& [k, v] : want.items()) {
+      if (!saved.contains(k) && added_later.count(k)) saved[k] = added_later.at(k);
+    }
     for (const auto& [k, v] : want.items())
       if (!saved.contains(k) || saved[k] != v)
         diffs += "\n  " + k + ": checkpoint " + (saved.contains(k) ? saved[k].dump() : std::string("(absent)")) +
@@ -335,6 +341,7 @@ nlohmann::json layers_json(const torch::nn::Module& model) {
 }  // namespace
 
 PipelineResult run_pipeline(const Recipe& r, const PipelineOptions& opt) {
+  const auto run_start = std::chrono::steady_clock::now();
   auto wanted = [&](const std::string& stage) {
     return opt.stages.empty() || std::find(opt.stages.begin(), opt.stages.end(), stage) != opt.stages.end();
   };
@@ -427,10 +434,30 @@ PipelineResult run_pipeline(const Recipe& r, const PipelineOptions& opt) {
     for (const std::string& c : cleared) list += (list.empty() ? "" : ", ") + c;
     report["notes"].push_back("removed from " + opt.out_dir + " before this run: " + list);
   }
+  // A write that fails after the start-up checks (a full disk, a directory made read-only) goes to
+  // a fallback path instead of losing the run's work; stderr and the report's notes say where.
+  auto save = [&](const std::string& path, const std::function<void(const std::string&)>& write) {
+    std::string reason;
+    const std::string written = io::write_with_fallback(path, write, &reason);
+    if (written != path) {
+      const std::string note = "could not write " + path + " (" + reason + "); saved to " + written + " instead";
+      auto& notes = report["notes"];
+      if (std::find(notes.begin(), notes.end(), note) == notes.end()) {
+        std::fprintf(stderr, "qtrain: %s\n", note.c_str());
+        notes.push_back(note);
+      }
+    }
+    return written;
+  };
   auto write_report = [&]() {
     report["completed_stages"] = result.completed;
     report["interrupted"] = result.interrupted;
-    result.report_path = write_report_files(report, r, opt.out_dir);
+    report["timings_s"]["total"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count();
+    result.headline = headline_text(report);
+    save(opt.out_dir, [&](const std::string& dir) {
+      fs::create_directories(dir);
+      result.report_path = write_report_files(report, r, dir);
+    });
   };
   auto run_stage = [&](const std::string& name, const std::function<void()>& body) {
     if (interrupted()) {
@@ -483,8 +510,8 @@ PipelineResult run_pipeline(const Recipe& r, const PipelineOptions& opt) {
       train::fit(*t.model, *t.train, t.forward, o);
       if (interrupted()) return;  // a half-trained model is neither saved nor evaluated
       if (!ckpt.empty()) {
-        save_float_checkpoint(*t.model, ckpt, r);
-        report["notes"].push_back("float weights trained and saved to " + ckpt);
+        const std::string written = save(ckpt, [&](const std::string& p) { save_float_checkpoint(*t.model, p, r); });
+        report["notes"].push_back("float weights trained and saved to " + written);
       }
     }
     const train::Metrics m = train::evaluate(*t.model, *t.test, t.forward, eval_bs, "float eval");
@@ -600,10 +627,10 @@ PipelineResult run_pipeline(const Recipe& r, const PipelineOptions& opt) {
         report["search"]["pareto_metric"] = t.metric + " of PTQ fake-quant on the test split";
       const fs::path searched = fs::path(opt.out_dir) / "recipe.searched.yaml";
       recipe_text = resolved_with_rules(r, sr.rules);
-      io::write_text_atomically(searched.string(), "# " + r.path +
-                                                       " with the search's choice as explicit rules (no search section)\n" +
-                                                       recipe_text);
-      report["exported"]["searched_recipe"] = searched.string();
+      report["exported"]["searched_recipe"] = save(searched.string(), [&](const std::string& p) {
+        io::write_text_atomically(
+            p, "# " + r.path + " with the search's choice as explicit rules (no search section)\n" + recipe_text);
+      });
     });
   }
   if (wanted("calibrate") || wanted("ptq")) {
@@ -689,8 +716,9 @@ PipelineResult run_pipeline(const Recipe& r, const PipelineOptions& opt) {
         // Written from the model's quantizers (observer state and qparams); after QAT/freeze the
         // observers still hold their calibration statistics. The search's sensitivities go in
         // the same file (search.sensitivities_from reads them back).
-        io::save_calibration(*t.model, (dir / "calibration.h5").string(), search_record ? &*search_record : nullptr);
-        report["exported"]["calibration_dump"] = (dir / "calibration.h5").string();
+        report["exported"]["calibration_dump"] = save((dir / "calibration.h5").string(), [&](const std::string& p) {
+          io::save_calibration(*t.model, p, search_record ? &*search_record : nullptr);
+        });
       }
       nlohmann::json not_exported = nlohmann::json::object();
       if (!report["exported"].contains("calibration_dump"))
@@ -703,13 +731,13 @@ PipelineResult run_pipeline(const Recipe& r, const PipelineOptions& opt) {
       if (r.export_.checkpoint) {
         io::SaveOptions so;
         so.recipe = recipe_text;
-        io::save_model(*t.model, (dir / "model.h5").string(), so);
-        report["exported"]["checkpoint"] = (dir / "model.h5").string();
+        report["exported"]["checkpoint"] =
+            save((dir / "model.h5").string(), [&](const std::string& p) { io::save_model(*t.model, p, so); });
       }
-      if (r.export_.safetensors) {
-        io::export_safetensors(*t.model, (dir / "model.safetensors").string());
-        report["exported"]["safetensors"] = (dir / "model.safetensors").string();
-      }
+      if (r.export_.safetensors)
+        report["exported"]["safetensors"] = save((dir / "model.safetensors").string(), [&](const std::string& p) {
+          io::export_safetensors(*t.model, p);
+        });
     });
   }
   write_report();

@@ -34,6 +34,7 @@ struct PipelineResult {
   std::vector<std::string> completed;
   bool interrupted = false;
   std::string report_path;
+  std::string headline;  // headline_text(report): qtrain's last lines
 };
 
 // Names of the stages in order.

@@ -142,6 +142,7 @@ const Field& schema() {
           bind(leaf("max_eval_examples", T::kInt, "cap on evaluation examples (0: all)", 0, 1e12), &Recipe::data, &Recipe::Data::max_eval_examples),
           bind(leaf("seq_len", T::kInt, "sequence length of language-model examples", 2, 65536), &Recipe::data, &Recipe::Data::seq_len),
           bind(leaf("examples_per_language", T::kInt, "langid phrases per language (0: dataset default)", 0, 1e9), &Recipe::data, &Recipe::Data::examples_per_language),
+          bind(choice("tokens", {"chars", "bigrams", "trigrams"}, "langid tokens: characters, or overlapping character n-grams with a word-boundary space at each end"), &Recipe::data, &Recipe::Data::tokens),
       }),
       map("train", "float training (when no checkpoint is given)", {
           bind(leaf("epochs", T::kInt, "epochs", 0, 10000), &Recipe::train, &Recipe::Train::epochs),
@@ -733,6 +734,8 @@ Recipe load_recipe(const std::string& path, const std::vector<std::string>& over
   if (!r.model.arch.empty() && !r.data.dataset.empty() && kDatasetOf.at(r.model.arch) != r.data.dataset)
     problem("data.dataset", "model.arch '" + r.model.arch + "' is trained on '" + kDatasetOf.at(r.model.arch) +
                                 "', not '" + r.data.dataset + "'");
+  if (r.data.tokens != "chars" && r.data.dataset != "langid")
+    problem("data.tokens", "applies to the langid dataset only (this recipe's dataset is '" + r.data.dataset + "')");
 
   const YAML::Node q = tree["quantize"];
   r.quantize = q && q.IsMap();

@@ -56,6 +56,7 @@ struct Recipe {
     int64_t max_eval_examples = 0;   // 0: all
     int64_t seq_len = 128;           // language models
     int64_t examples_per_language = 0;  // langid: 0 = dataset default
+    std::string tokens = "chars";       // langid: chars | bigrams | trigrams
   } data;
 
   struct Train {

@@ -41,7 +41,7 @@ std::string write_report_files(const nlohmann::json& report, const Recipe& r, co
     md << "\nevaluated on " << report.at("eval_examples").get<int64_t>() << " test examples\n";
   md << "\nwall time per stage:";
   for (const char* stage : {"data", "float", "search", "calibrate", "equalize", "smoothquant", "solve", "ptq", "qat", "freeze",
-                            "freeze_pack", "export"})
+                            "freeze_pack", "export", "total"})
     if (timings.contains(stage)) md << " " << stage << " " << fmt(timings.at(stage).get<double>(), 1) << " s;";
   md << "\n";
   if (report.at("size_bytes").contains("float")) {
@@ -142,6 +142,42 @@ std::string write_report_files(const nlohmann::json& report, const Recipe& r, co
   for (const auto& n : report.at("notes")) md << "\n- " << n.get<std::string>();
   io::write_text_atomically((fs::path(out_dir) / "report.md").string(), md.str() + "\n");
   return json_path.string();
+}
+
+std::string headline_text(const nlohmann::json& report) {
+  if (!report.contains("metrics") || !report.at("metrics").contains("float")) return {};
+  const std::string metric = report.value("metric", std::string("accuracy"));
+  const bool percent = metric == "accuracy";
+  auto value = [&](const std::string& stage) { return report.at("metrics").at(stage).value(metric, 0.0); };
+  auto shown = [&](double v) { return percent ? fmt(100.0 * v, 2) + " %" : fmt(v, 3); };
+  std::string quantized;
+  for (const char* stage : {"frozen", "qat", "ptq"})
+    if (report.at("metrics").contains(stage)) {
+      quantized = stage;
+      break;
+    }
+  std::ostringstream os;
+  os << "qtrain: " << metric << ": float " << shown(value("float"));
+  if (quantized.empty()) {
+    os << " (no quantized stage ran)";
+  } else {
+    const double d = value(quantized) - value("float");
+    os << "  ->  " << quantized << (quantized == "frozen" ? " (integer kernels) " : " (fake-quant) ") << shown(value(quantized))
+       << " (" << (d >= 0 ? "+" : "") << (percent ? fmt(100.0 * d, 2) + " point" : fmt(d, 3)) << ")";
+  }
+  os << "\n";
+  const auto& sz = report.value("size_bytes", nlohmann::json::object());
+  os << "qtrain: ";
+  if (sz.contains("float") && sz.contains("frozen")) {
+    const double f = sz.at("float").get<double>(), q = sz.at("frozen").get<double>();
+    os << "size " << sz.at("float").get<int64_t>() << " -> " << sz.at("frozen").get<int64_t>() << " bytes ("
+       << fmt(f / q, 2) << "x smaller); ";
+  }
+  const auto& t = report.value("timings_s", nlohmann::json::object());
+  if (t.contains("total")) os << "whole run " << fmt(t.at("total").get<double>(), 0) << " s";
+  if (t.contains("float")) os << " (float stage " << fmt(t.at("float").get<double>(), 0) << " s)";
+  os << "\n";
+  return os.str();
 }
 
 }  // namespace qforge

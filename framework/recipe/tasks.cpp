@@ -93,7 +93,8 @@ Task make_bert_task(const Recipe& r, bool with_data) {
     o.seed = r.seed;
     if (d.examples_per_language > 0) o.train_per_language = d.examples_per_language;
     lid = data::load_language_id(o);
-    tok = data::CharTokenizer::build(lid.train.text);
+    const int64_t ngram = d.tokens == "trigrams" ? 3 : d.tokens == "bigrams" ? 2 : 1;
+    tok = data::CharTokenizer::build(lid.train.text, ngram);
     c.vocab_size = tok.vocab_size();
     c.num_labels = static_cast<int64_t>(lid.languages.size());
     t.class_names = lid.languages;

@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -90,6 +91,14 @@ TEST(Qtrain, BertInt8RecipeRunsEndToEndAndExportsEverything) {
                at_qat = run.output.find("  qat "), at_frozen = run.output.find("  frozen ");
   ASSERT_NE(at_frozen, std::string::npos) << run.output;
   EXPECT_TRUE(at_float < at_ptq && at_ptq < at_qat && at_qat < at_frozen) << run.output;
+  // The headline closes the output: float beside frozen, the size ratio, the wall time.
+  const size_t headline = run.output.rfind("qtrain: accuracy: float ");
+  ASSERT_NE(headline, std::string::npos) << run.output;
+  const std::string last = run.output.substr(headline);
+  EXPECT_NE(last.find("->  frozen (integer kernels) "), std::string::npos) << last;
+  EXPECT_NE(last.find("x smaller); whole run "), std::string::npos) << last;
+  EXPECT_EQ(std::count(last.begin(), last.end(), '\n'), 2) << last;
+  EXPECT_GT(r["timings_s"]["total"].get<double>(), r["timings_s"]["float"].get<double>());
   for (const char* f : {"report.md", "recipe.resolved.yaml", "model.h5", "calibration.h5", "fp32.h5"})
     EXPECT_TRUE(fs::exists(dir + "/" + f)) << f;
   // A second run loads the float checkpoint instead of training.
@@ -97,6 +106,7 @@ TEST(Qtrain, BertInt8RecipeRunsEndToEndAndExportsEverything) {
   ASSERT_EQ(again.code, 0) << again.output;
   EXPECT_NE(report(dir)["notes"].dump().find("loaded from"), std::string::npos);
   EXPECT_NE(report(dir)["notes"].dump().find("settings match"), std::string::npos);
+  EXPECT_NE(again.output.find("(no quantized stage ran)"), std::string::npos) << again.output;
   // A new run in the same directory first removes the previous run's outputs and the
   // temporaries of killed writers (a dead pid's), so no reader pairs files of two runs.
   const pid_t dead = fork();
@@ -120,6 +130,12 @@ TEST(Qtrain, BertInt8RecipeRunsEndToEndAndExportsEverything) {
                                  " --set data.seq_len=24 --set train.epochs=2 --stages float");
   EXPECT_EQ(other.code, 1) << other.output;
   EXPECT_NE(other.output.find("train.epochs: checkpoint 1, this recipe 2"), std::string::npos) << other.output;
+  // The tokens are part of what produced the weights (the demo's are bigrams).
+  const QtrainRun chars = qtrain("--recipe recipes/bert_int8.yaml" + small(dir) +
+                                 " --set data.seq_len=24 --set data.tokens=chars --stages float");
+  EXPECT_EQ(chars.code, 1) << chars.output;
+  EXPECT_NE(chars.output.find("data.tokens: checkpoint \"bigrams\", this recipe \"chars\""), std::string::npos)
+      << chars.output;
   fs::remove_all(dir);
 }
 

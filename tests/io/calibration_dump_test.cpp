@@ -256,6 +256,16 @@ TEST(CalibrationDump, ForeignNewerAndTruncatedFilesGiveClearErrors) {
   bad["fc1"]["weight"].state.erase("max");
   save_calibration_dump(dir.file("bad.h5"), bad);
   expect_error(dir.file("bad.h5"), "group '/fc1/weight'");
+  // A histogram point declaring 2^30 bins over its small stored histogram: refused before the
+  // observer allocates 4 GiB of counts.
+  CalibrationDump huge = calibrate(0);
+  bool declared = false;
+  for (auto& [module, pts] : huge)
+    for (auto& [point, e] : pts)
+      if (e.observer_kind == "histogram") e.options.bins = int64_t{1} << 30, declared = true;
+  ASSERT_TRUE(declared);
+  save_calibration_dump(dir.file("huge_bins.h5"), huge);
+  expect_error(dir.file("huge_bins.h5"), "bins must be <= 1048576, got 1073741824");
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "framework/core/error.h"
+#include "framework/io/atomic_file.h"
 #include "framework/io/format.h"
 #include "framework/io/hdf5.h"
 #include "tests/io/io_fixtures.h"
@@ -467,6 +468,33 @@ TEST(Checkpoint, ForeignAndNewerFilesGiveClearErrors) {
   testing::write_bytes(dir.file("junk.h5"), std::vector<char>(1000, 'x'));
   EXPECT_NE(error_of([&] { CheckpointReader r(dir.file("junk.h5")); }).find("not an HDF5 file"),
             std::string::npos);
+}
+
+TEST(Checkpoint, AWriteThatFailsLateGoesToTheFallbackPathAndSaysWhy) {
+  TempDir dir;
+  const std::string target = dir.file("gone/model.h5");  // its directory does not exist
+  std::string reason;
+  const std::string written = write_with_fallback(
+      target, [](const std::string& p) { save_checkpoint(p, testing::checkpoint_v1()); }, &reason);
+  EXPECT_NE(written, target);
+  EXPECT_EQ(written, fallback_path(target));
+  EXPECT_NE(written.find("qforge-fallback-"), std::string::npos) << written;
+  EXPECT_NE(reason.find(dir.file("gone/")), std::string::npos) << reason;
+  // The fallback holds the whole checkpoint.
+  const CheckpointData back = CheckpointReader(written).read();
+  EXPECT_TRUE(at::equal(back.parameters.at("fc1.weight"), testing::checkpoint_v1().parameters.at("fc1.weight")));
+  std::filesystem::remove(written);
+  // A write that succeeds stays where it was asked to go; one that fails twice names both.
+  EXPECT_EQ(write_with_fallback(dir.file("ok.h5"), [](const std::string& p) { save_checkpoint(p, testing::checkpoint_v1()); },
+                                &reason),
+            dir.file("ok.h5"));
+  try {
+    write_with_fallback(target, [](const std::string& p) -> void { throw Error("cannot write " + p); }, &reason);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("the fallback " + fallback_path(target) + " failed too"), std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace

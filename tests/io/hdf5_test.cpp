@@ -4,6 +4,8 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+
 #include "framework/core/error.h"
 #include "tests/io/io_fixtures.h"
 #include "tests/io/io_test_util.h"
@@ -104,6 +106,21 @@ TEST(Hdf5, ErrorsNameTheFileAndObjectPath) {
   }
   EXPECT_THROW(g.create_group("a/b"), Error);
   EXPECT_THROW(f.root().open_group("missing"), Error);
+}
+
+TEST(Hdf5, DeclaredSizesBeyondTheStoredBytesAreRefusedBeforeAllocating) {
+  TempDir dir;
+  const std::string path = dir.file("sparse.h5");
+  ASSERT_EQ(std::system((std::string(QFORGE_IO_TEST_TOOL) + " make-sparse-dataset " + path).c_str()), 0);
+  const h5::File f = h5::File::open(path);
+  try {
+    f.root().read_tensor("x");
+    FAIL() << "a 1 GiB dataset stored in no bytes was read";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("declares shape [268435456] (1073741824 bytes) but the file stores 0 bytes"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(Hdf5, OpeningMissingOrNonHdf5FilesThrowsClearly) {

@@ -3,6 +3,7 @@
 //   io_test_tool make-fixtures DIR      -> DIR/checkpoint_v1.h5, DIR/calibration_v1.h5
 //   io_test_tool dequantize CKPT OUT    -> OUT holds every parameter of CKPT as float32, quantized
 //                                          ones dequantized by qforge (the h5py example's oracle)
+//   io_test_tool make-sparse-dataset OUT -> OUT: /x declares 2^28 float32 but stores nothing
 //   io_test_tool save-loop PATH ELEMS   -> saves step 1, 2, ... forever; prints "S<step>\n" before
 //                                          and "E<step>\n" after each save (flushed)
 #include <ATen/ATen.h>
@@ -10,6 +11,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+
+#include <hdf5.h>
 
 #include "framework/io/checkpoint.h"
 #include "framework/io/hdf5.h"
@@ -45,6 +48,19 @@ int main(int argc, char** argv) {
       f.close();
       return 0;
     }
+    if (mode == "make-sparse-dataset" && argc == 3) {
+      // /x declares 2^28 float32 (1 GiB) in chunks that were never written: a file of a few KiB
+      // whose reader would allocate the whole declared size and fill it with fill values.
+      const hid_t file = H5Fcreate(argv[2], H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+      const hsize_t dims[1] = {hsize_t{1} << 28}, chunk[1] = {hsize_t{1} << 16};
+      const hid_t space = H5Screate_simple(1, dims, nullptr);
+      const hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+      H5Pset_chunk(dcpl, 1, chunk);
+      const hid_t d = H5Dcreate2(file, "x", H5T_IEEE_F32LE, space, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+      const bool ok = file >= 0 && space >= 0 && dcpl >= 0 && d >= 0;
+      H5Dclose(d), H5Pclose(dcpl), H5Sclose(space), H5Fclose(file);
+      return ok ? 0 : 1;
+    }
     if (mode == "save-loop" && argc == 4) {
       at::set_num_threads(1);
       const std::string path = argv[2];
@@ -67,6 +83,6 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "io_test_tool: %s\n", e.what());
     return 1;
   }
-  std::fprintf(stderr, "usage: io_test_tool make-fixtures DIR | dequantize CKPT OUT | make-link-cycle OUT | save-loop PATH ELEMS\n");
+  std::fprintf(stderr, "usage: io_test_tool make-fixtures DIR | dequantize CKPT OUT | make-link-cycle OUT | make-sparse-dataset OUT | save-loop PATH ELEMS\n");
   return 2;
 }

@@ -106,5 +106,32 @@ TEST(QuantizedTensor, ValidateNamesTheProblem) {
   }
 }
 
+TEST(QuantizedTensor, ValidateRefusesBadScalesZeroPointsAndOverflowingShapes) {
+  auto expect_error = [](const QuantizedTensor& q, const std::string& needle) {
+    try {
+      q.validate("ckpt 'w'");
+      FAIL() << "expected an error containing " << needle;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("ckpt 'w': " + needle), std::string::npos) << e.what();
+    }
+  };
+  const QuantizedTensor good = testing::fixture_quantized(qint8, Granularity::kPerChannel, 0, 0, {4, 16});
+  good.validate("ckpt 'w'");
+  for (float bad : {NAN, 0.0f, -0.5f, INFINITY}) {
+    QuantizedTensor q = good;
+    q.scale = good.scale.clone();
+    q.scale[1] = bad;
+    expect_error(q, "make_qparams: scale must be finite and > 0");
+  }
+  QuantizedTensor z = good;
+  z.zero_point = good.zero_point.clone();
+  z.zero_point[2] = 300;
+  expect_error(z, "make_qparams: zero_point outside [-128, 127]");
+  // 2^32 x 2^32 elements wrap to 0 in int64 arithmetic: the packed length would then "match".
+  QuantizedTensor big = testing::fixture_quantized(qint4, Granularity::kPerTensor, 0, 0, {2});
+  big.shape = {int64_t{1} << 32, int64_t{1} << 32};
+  expect_error(big, "shape [4294967296, 4294967296] has more than 2^48 elements");
+}
+
 }  // namespace
 }  // namespace qforge::io

@@ -128,6 +128,28 @@ TEST(CharTokenizer, EncodesCodePointsWithClsPaddingAndUnk) {
   EXPECT_EQ(b.input_ids[0][3].item<int64_t>(), CharTokenizer::kPad);
 }
 
+TEST(CharTokenizer, BigramsAreOverlappingWithWordBoundarySpaces) {
+  // " ab " -> " a", "ab", "b "; " bé " -> " b", "bé", "é " (code points, not bytes).
+  const CharTokenizer tok = CharTokenizer::build({"ab", "b\xC3\xA9"}, 2);
+  EXPECT_EQ(tok.ngram(), 2);
+  EXPECT_EQ(tok.vocab_size(), CharTokenizer::kNumSpecial + 6);
+  const auto ids = tok.encode("ab", 10);
+  ASSERT_EQ(ids.size(), 4u);  // [CLS] + c + 3 - n
+  EXPECT_EQ(ids[0], CharTokenizer::kCls);
+  for (size_t i = 1; i < ids.size(); ++i) EXPECT_GE(ids[i], CharTokenizer::kNumSpecial);
+  EXPECT_EQ(tok.decode(ids), "ab");
+  EXPECT_EQ(tok.decode(tok.encode("b\xC3\xA9", 10)), "b\xC3\xA9");
+  // " ba ": " b" is known, "ba" and "a " were never seen.
+  const auto unk = tok.encode("ba", 10);
+  ASSERT_EQ(unk.size(), 4u);
+  EXPECT_EQ(unk[2], CharTokenizer::kUnk);
+  EXPECT_NE(unk[1], CharTokenizer::kUnk);
+  EXPECT_EQ(unk[3], CharTokenizer::kUnk);
+  EXPECT_EQ(tok.encode("abababab", 3).size(), 3u);
+  EXPECT_EQ(CharTokenizer::build({"abc"}, 3).vocab_size(), CharTokenizer::kNumSpecial + 3);  // " ab" "abc" "bc "
+  EXPECT_THROW(CharTokenizer::build({"ab"}, 4), Error);
+}
+
 TEST(CharTokenizer, InvalidUtf8DecodesAsLatin1) {
   EXPECT_EQ(decode_utf8_or_latin1("f\xF6r"), std::u32string(U"f\u00F6r"));
   EXPECT_EQ(encode_utf8(decode_utf8_or_latin1("f\xF6r")), "f\xC3\xB6r");

@@ -4,6 +4,8 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <sys/resource.h>
+
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -114,6 +116,23 @@ TEST(Safetensors, InconsistentHeadersAreErrors) {
   expect_error(make_file(R"({"x":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}})", 4), "bad dimension");
   expect_error(make_file(R"({"x":{"dtype":"F32","shape":[1],"data_offsets":[4,0]}})", 4), "begin > end");
   expect_error(make_file(R"({"__metadata__":{"k":1}})", 0), "not a string");
+}
+
+TEST(Safetensors, OverlappingEntriesAreRefusedBeforeAnythingIsAllocated) {
+  // 2 000 entries over the same 1 MiB: 2 GiB of tensors from a 1 MiB file if entries were
+  // allocated while the header is read. The process's peak memory must not move by that much.
+  const size_t mib = size_t{1} << 20;
+  std::string header = "{";
+  for (int i = 0; i < 2000; ++i)
+    header += (i ? ",\"t" : "\"t") + std::to_string(i) + R"(":{"dtype":"U8","shape":[1048576],"data_offsets":[0,1048576]})";
+  header += "}";
+  const std::vector<uint8_t> bytes = make_file(header, mib);
+  rusage before{};
+  getrusage(RUSAGE_SELF, &before);
+  expect_error(bytes, "overlaps");
+  rusage after{};
+  getrusage(RUSAGE_SELF, &after);
+  EXPECT_LT(after.ru_maxrss - before.ru_maxrss, 256 * 1024) << "peak resident KiB grew while rejecting the file";
 }
 
 TEST(Safetensors, MissingFileNamesThePath) {
