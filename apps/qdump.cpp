@@ -3,6 +3,7 @@
 //   qdump show FILE [PATH]        tree below PATH with attributes and summary statistics
 //   qdump merge A B ... -o OUT    merge calibration dumps through the observers' merge
 //   qdump diff A B [--atol X]     structural and numeric differences; exit 1 when they differ
+//   qdump errors DUMP [--top N]   the numeric suite's per-layer errors of a run, worst first
 #include <ATen/ATen.h>
 
 #include <CLI/CLI.hpp>
@@ -10,6 +11,7 @@
 #include <cmath>
 #include <cstdio>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <string>
@@ -294,6 +296,44 @@ int diff(const std::string& a_path, const std::string& b_path, double atol) {
   return differences == 0 ? 0 : 1;
 }
 
+// The numeric suite's table (qtrain keeps it in RUN/calibration.h5), worst first.
+int errors(const std::string& file, int64_t top) {
+  const std::optional<LayerErrorTable> t = load_layer_errors(file);
+  if (!t) {
+    std::fprintf(stderr, "qdump errors: %s has no per-layer errors (written by qtrain runs that quantized a model)\n",
+                 file.c_str());
+    return 1;
+  }
+  auto value = [](const LayerErrorRecord& l, const char* name) {
+    const auto it = l.values.find(name);
+    return it == l.values.end() ? std::nan("") : it->second;
+  };
+  auto db = [](double v) -> std::string {
+    if (std::isnan(v)) return "-";
+    if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.1f", v);
+    return buf;
+  };
+  std::printf("%s: per-layer error over %lld calibration batches, worst first (SQNR dB; own = float inputs,\n"
+              "accumulated = the quantized model's inputs)\n",
+              file.c_str(), static_cast<long long>(t->batches));
+  std::printf("%-40s %-10s %8s %8s %8s %9s %9s  %s\n", "layer", "type", "weight", "own", "accum", "clipped%",
+              "nonfinite", "note");
+  int64_t shown = 0;
+  for (const LayerErrorRecord& l : t->layers) {
+    if (top > 0 && shown++ >= top) break;
+    const double clipped = value(l, "clipped_fraction");
+    char clip[32] = "-";
+    if (!std::isnan(clipped)) std::snprintf(clip, sizeof clip, "%.3f", 100.0 * clipped);
+    std::printf("%-40s %-10s %8s %8s %8s %9s %9lld  %s\n", l.path.empty() ? "(root)" : l.path.c_str(), l.type.c_str(),
+                db(value(l, "weight_sqnr_db")).c_str(), db(value(l, "own_sqnr_db")).c_str(),
+                db(value(l, "accumulated_sqnr_db")).c_str(), clip,
+                static_cast<long long>(value(l, "nonfinite_inputs")), l.note.c_str());
+  }
+  return 0;
+}
+
 }  // namespace
 }  // namespace qforge::io
 
@@ -319,10 +359,17 @@ int main(int argc, char** argv) {
   diff->add_option("b", diff_b)->required();
   diff->add_option("--atol", atol, "ignore numeric differences up to this absolute value");
 
+  std::string errors_file;
+  int64_t errors_top = 0;
+  CLI::App* errors = app.add_subcommand("errors", "the numeric suite's per-layer errors of a run's calibration dump, worst first");
+  errors->add_option("file", errors_file, "calibration dump (RUN/calibration.h5)")->required();
+  errors->add_option("--top", errors_top, "show only the N worst layers (0: all)")->check(CLI::NonNegativeNumber);
+
   CLI11_PARSE(app, argc, argv);
   try {
     if (show->parsed()) return qforge::io::show(show_file, show_path);
     if (merge->parsed()) return qforge::io::merge(merge_inputs, merge_out);
+    if (errors->parsed()) return qforge::io::errors(errors_file, errors_top);
     if (diff->parsed()) {
       if (!(std::isfinite(atol) && atol >= 0)) {
         // NaN would compare false everywhere ("no differences"), a negative one would call

@@ -4,6 +4,8 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
+
 #include "framework/core/error.h"
 #include "framework/io/atomic_file.h"
 #include "framework/io/format.h"
@@ -12,6 +14,9 @@
 namespace qforge::io {
 
 namespace {
+
+// The layer-errors group of a model's root layer (module path ""), which cannot name a group.
+constexpr const char* kRootLayerName = "__root__";
 
 void write_entry(const h5::Group& g, const CalibrationEntry& e) {
   write_quantizer_attrs(g, e.observer_kind, e.options, e.spec);
@@ -81,7 +86,8 @@ CalibrationEntry make_calibration_entry(const Observer& observer, const Observer
   return e;
 }
 
-void save_calibration_dump(const std::string& path, const CalibrationDump& dump, const SearchSensitivities* search) {
+void save_calibration_dump(const std::string& path, const CalibrationDump& dump, const SearchSensitivities* search,
+                           const LayerErrorTable* errors) {
   AtomicFile out(path);
   {
     h5::File f = h5::File::create(out.temp_path());
@@ -97,9 +103,22 @@ void save_calibration_dump(const std::string& path, const CalibrationDump& dump,
         for (const auto& [candidate, v] : values) lg.set_attr("s:" + candidate, v);
       }
     }
+    if (errors) {
+      const h5::Group eg = root.create_group(kLayerErrorsGroup);
+      eg.set_attr("batches", errors->batches);
+      for (size_t rank = 0; rank < errors->layers.size(); ++rank) {
+        const LayerErrorRecord& l = errors->layers[rank];
+        const h5::Group lg = eg.create_group(l.path.empty() ? kRootLayerName : l.path);
+        lg.set_attr("rank", static_cast<int64_t>(rank));
+        lg.set_attr("type", l.type);
+        lg.set_attr("note", l.note);
+        for (const auto& [name, v] : l.values) lg.set_attr(name, v);
+      }
+    }
     for (const auto& [module, points] : dump) {
       QF_REQUIRE(!module.empty(), "framework/io: calibration dump: empty module path");
-      QF_REQUIRE(module != kSearchGroup, "framework/io: calibration dump: module path '", module, "' is reserved");
+      QF_REQUIRE(module != kSearchGroup && module != kLayerErrorsGroup, "framework/io: calibration dump: module path '",
+                 module, "' is reserved");
       const h5::Group mg = root.create_group(module);
       for (const auto& [point, entry] : points) write_entry(mg.create_group(point), entry);
     }
@@ -114,29 +133,58 @@ CalibrationDump load_calibration_dump(const std::string& path) {
   check_format(root, kCalibrationFormat, kCalibrationFormatVersion);
   CalibrationDump dump;
   for (const std::string& module : root.children()) {
-    if (module == kSearchGroup) continue;
+    if (module == kSearchGroup || module == kLayerErrorsGroup) continue;
     const h5::Group mg = root.open_group(module);
     for (const std::string& point : mg.children()) dump[module][point] = read_entry(mg.open_group(point));
   }
   return dump;
 }
 
-std::optional<SearchSensitivities> load_search_sensitivities(const std::string& path) {
+// One of the dump's optional groups (kSearchGroup, kLayerErrorsGroup) read by `read`; nullopt
+// when the dump has none. The file is checked as load_calibration_dump checks it.
+template <class T, class Read>
+std::optional<T> read_optional_group(const std::string& path, const char* group, Read&& read) {
   const h5::File f = h5::File::open(path);
   const h5::Group root = f.root();
   check_format(root, kCalibrationFormat, kCalibrationFormatVersion);
-  if (!root.has(kSearchGroup)) return std::nullopt;
-  const h5::Group sg = root.open_group(kSearchGroup);
-  SearchSensitivities s;
-  s.key = sg.attr_string("key");
-  for (const std::string& layer : sg.children()) {
-    const h5::Group lg = sg.open_group(layer);
-    s.traces[layer] = lg.attr_double("hessian_trace");
-    auto& values = s.values[layer];
-    for (const std::string& a : lg.attr_names())
-      if (a.rfind("s:", 0) == 0) values[a.substr(2)] = lg.attr_double(a);
-  }
-  return s;
+  if (!root.has(group)) return std::nullopt;
+  return read(root.open_group(group));
+}
+
+std::optional<SearchSensitivities> load_search_sensitivities(const std::string& path) {
+  return read_optional_group<SearchSensitivities>(path, kSearchGroup, [](const h5::Group& sg) {
+    SearchSensitivities s;
+    s.key = sg.attr_string("key");
+    for (const std::string& layer : sg.children()) {
+      const h5::Group lg = sg.open_group(layer);
+      s.traces[layer] = lg.attr_double("hessian_trace");
+      auto& values = s.values[layer];
+      for (const std::string& a : lg.attr_names())
+        if (a.rfind("s:", 0) == 0) values[a.substr(2)] = lg.attr_double(a);
+    }
+    return s;
+  });
+}
+
+std::optional<LayerErrorTable> load_layer_errors(const std::string& path) {
+  return read_optional_group<LayerErrorTable>(path, kLayerErrorsGroup, [](const h5::Group& eg) {
+    LayerErrorTable t;
+    t.batches = eg.attr_int("batches");
+    std::vector<std::pair<int64_t, LayerErrorRecord>> ranked;
+    for (const std::string& layer : eg.children()) {
+      const h5::Group lg = eg.open_group(layer);
+      LayerErrorRecord r;
+      r.path = layer == std::string(kRootLayerName) ? "" : layer;
+      r.type = lg.attr_string("type");
+      r.note = lg.attr_string("note");
+      for (const std::string& a : lg.attr_names())
+        if (a != "rank" && a != "type" && a != "note") r.values[a] = lg.attr_double(a);
+      ranked.emplace_back(lg.attr_int("rank"), std::move(r));
+    }
+    std::stable_sort(ranked.begin(), ranked.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    for (auto& [rank, r] : ranked) t.layers.push_back(std::move(r));
+    return t;
+  });
 }
 
 CalibrationDump merge_calibration_dumps(const std::vector<CalibrationDump>& dumps) {

@@ -52,9 +52,25 @@ struct SearchSensitivities {
 };
 inline constexpr const char* kSearchGroup = "__search__";
 
-// Writes `dump` (and `search`, when given) crash-safely (temporary file + fsync + rename).
+// The numeric suite's per-layer errors (framework/ptq/numeric_suite.h), kept in the dump so that
+// `qdump errors` can list them: values by name (weight_sqnr_db, own_sqnr_db, own_relative_mse,
+// accumulated_sqnr_db, accumulated_relative_mse, clipped_fraction, nonfinite_inputs, rows; NaN:
+// not measured, +inf: exact), layers worst first.
+struct LayerErrorRecord {
+  std::string path, type, note;
+  std::map<std::string, double> values;
+};
+struct LayerErrorTable {
+  int64_t batches = 0;
+  std::vector<LayerErrorRecord> layers;  // worst first
+};
+inline constexpr const char* kLayerErrorsGroup = "__layer_errors__";
+
+// Writes `dump` (and `search`, `errors`, when given) crash-safely (temporary file + fsync + rename).
 void save_calibration_dump(const std::string& path, const CalibrationDump& dump,
-                           const SearchSensitivities* search = nullptr);
+                           const SearchSensitivities* search = nullptr, const LayerErrorTable* errors = nullptr);
+// The numeric suite's table of a dump; nullopt when it has none.
+std::optional<LayerErrorTable> load_layer_errors(const std::string& path);
 // The search's sensitivities of a dump; nullopt when it has none. Throws like
 // load_calibration_dump for files that are not calibration dumps.
 std::optional<SearchSensitivities> load_search_sensitivities(const std::string& path);

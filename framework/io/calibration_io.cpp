@@ -86,8 +86,9 @@ CalibrationDump calibration_dump(const torch::nn::Module& model) {
   return dump;
 }
 
-void save_calibration(const torch::nn::Module& model, const std::string& path, const SearchSensitivities* search) {
-  save_calibration_dump(path, calibration_dump(model), search);
+void save_calibration(const torch::nn::Module& model, const std::string& path, const SearchSensitivities* search,
+                      const LayerErrorTable* errors) {
+  save_calibration_dump(path, calibration_dump(model), search, errors);
 }
 
 void apply_calibration(torch::nn::Module& model, const CalibrationDump& dump, const std::string& source) {

@@ -3,12 +3,15 @@
 #include "framework/recipe/report.h"
 #include "framework/recipe/tasks.h"
 #include "framework/search/search.h"
+#include "framework/ptq/numeric_suite.h"
 #include "framework/ptq/ptq.h"
 
 #include <ATen/ATen.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -234,6 +237,92 @@ std::vector<ptq::LayerSolve> check_solve_recipe(const torch::nn::Module& model, 
   } catch (const ptq::SolveError& e) {
     throw_at_site(r.ptq.rule_sites, e.rule(), e.what());
   }
+}
+
+// The static activation points as report.html draws them: the observer's range, its histogram
+// (merged down to at most kHistogramPlotBins bins) when it keeps one, the clip range the qparams
+// cover and the grid step.
+constexpr int64_t kHistogramPlotBins = 128;
+nlohmann::json activation_ranges_json(const io::CalibrationDump& dump) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& [module, points] : dump)
+    for (const auto& [point, e] : points) {
+      if (point == "weight" || !e.qparams.scale.defined() || e.qparams.scale.numel() != 1) continue;
+      const double s = e.qparams.scale.item<double>(), z = e.qparams.zero_point.item<double>();
+      const QType& qt = e.spec.qtype;
+      nlohmann::json j = {{"path", module}, {"point", point}, {"observer", e.observer_kind}, {"qtype", qt.name},
+                          {"scale", s}, {"zero_point", z},
+                          {"clip_min", qt.is_float() ? -qt.max_finite * s : (e.spec.quant_min() - z) * s},
+                          {"clip_max", qt.is_float() ? qt.max_finite * s : (e.spec.quant_max() - z) * s}};
+      const auto mn = e.state.find("min"), mx = e.state.find("max"), h = e.state.find("histogram");
+      if (mn != e.state.end() && mx != e.state.end() && mn->second.numel() == 1) {
+        j["min"] = mn->second.item<double>();
+        j["max"] = mx->second.item<double>();
+      }
+      if (h != e.state.end() && h->second.dim() == 1 && j.contains("min")) {
+        const int64_t bins = h->second.size(0), merge = std::max<int64_t>(1, (bins + kHistogramPlotBins - 1) / kHistogramPlotBins);
+        const at::Tensor counts = h->second.to(at::kDouble);
+        const double lo = j["min"].get<double>(), width = (j["max"].get<double>() - lo) / static_cast<double>(bins);
+        nlohmann::json hist = nlohmann::json::array();
+        for (int64_t b = 0; b < bins; b += merge) {
+          const int64_t end = std::min(bins, b + merge);
+          hist.push_back({{"x0", lo + width * static_cast<double>(b)}, {"x1", lo + width * static_cast<double>(end)},
+                          {"count", counts.slice(0, b, end).sum().item<double>()}});
+        }
+        j["histogram"] = hist;
+      }
+      out.push_back(j);
+    }
+  return out;
+}
+
+// A training run's loss per step for the report's curves: at most kCurvePoints points, each the
+// mean of its span of steps ({"step": last step of the span, "loss": mean}).
+constexpr int64_t kCurvePoints = 400;
+nlohmann::json loss_curve(const train::TrainResult& tr) {
+  nlohmann::json pts = nlohmann::json::array();
+  const auto n = static_cast<int64_t>(tr.step_loss.size());
+  const int64_t span = std::max<int64_t>(1, (n + kCurvePoints - 1) / kCurvePoints);
+  for (int64_t i = 0; i < n; i += span) {
+    const int64_t end = std::min(n, i + span);
+    double sum = 0;
+    for (int64_t j = i; j < end; ++j) sum += tr.step_loss[static_cast<size_t>(j)];
+    pts.push_back({{"step", end}, {"loss", sum / static_cast<double>(end - i)}});
+  }
+  return pts;
+}
+
+// Calibration batches the numeric suite runs (twice: float, then quantized).
+constexpr int64_t kLayerErrorBatches = 4;
+
+// SQNR values: a number, "inf" when exact, null when not measured (the note says why).
+nlohmann::json layer_errors_json(const std::vector<ptq::LayerError>& errors, int64_t batches) {
+  auto num = [](double v) -> nlohmann::json {
+    if (std::isnan(v)) return nullptr;
+    if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+    return v;
+  };
+  nlohmann::json layers = nlohmann::json::array();
+  for (const ptq::LayerError& e : errors)
+    layers.push_back({{"path", e.path}, {"type", e.type}, {"weight_sqnr_db", num(e.weight_sqnr_db)},
+                      {"own_sqnr_db", num(e.own_sqnr_db)}, {"own_relative_mse", num(e.own_relative_mse)},
+                      {"accumulated_sqnr_db", num(e.accumulated_sqnr_db)},
+                      {"accumulated_relative_mse", num(e.accumulated_relative_mse)},
+                      {"clipped_fraction", num(e.clipped_fraction)}, {"nonfinite_inputs", e.nonfinite_inputs},
+                      {"rows", e.rows}, {"note", e.note}});
+  return {{"batches", batches}, {"order", "worst first"}, {"layers", layers}};
+}
+
+io::LayerErrorTable layer_error_table(const std::vector<ptq::LayerError>& errors, int64_t batches) {
+  io::LayerErrorTable t;
+  t.batches = batches;
+  for (const ptq::LayerError& e : errors)
+    t.layers.push_back({e.path, e.type, e.note,
+                        {{"weight_sqnr_db", e.weight_sqnr_db}, {"own_sqnr_db", e.own_sqnr_db},
+                         {"own_relative_mse", e.own_relative_mse}, {"accumulated_sqnr_db", e.accumulated_sqnr_db},
+                         {"accumulated_relative_mse", e.accumulated_relative_mse}, {"clipped_fraction", e.clipped_fraction},
+                         {"nonfinite_inputs", static_cast<double>(e.nonfinite_inputs)}, {"rows", static_cast<double>(e.rows)}}});
+  return t;
 }
 
 nlohmann::json solve_json(const ptq::SolveReport& sr) {
@@ -507,7 +596,7 @@ PipelineResult run_pipeline(const Recipe& r, const PipelineOptions& opt) {
       report["notes"].push_back("float weights imported from " + r.model.safetensors);
     } else {
       const auto o = train_options(r, *t.train, r.train.epochs, r.train.lr, r.train.max_steps, "float", opt.interrupted);
-      train::fit(*t.model, *t.train, t.forward, o);
+      report["loss_curves"]["float"] = loss_curve(train::fit(*t.model, *t.train, t.forward, o));
       if (interrupted()) return;  // a half-trained model is neither saved nor evaluated
       if (!ckpt.empty()) {
         const std::string written = save(ckpt, [&](const std::string& p) { save_float_checkpoint(*t.model, p, r); });
@@ -533,6 +622,7 @@ PipelineResult run_pipeline(const Recipe& r, const PipelineOptions& opt) {
     folded = true;
   };
   std::optional<io::SearchSensitivities> search_record;  // kept in the calibration dump
+  std::optional<io::LayerErrorTable> error_record;       // likewise
   std::string recipe_text = r.resolved_yaml;  // what the checkpoint records (the searched recipe once it ran)
   if (r.search.enabled && !wanted("search") && (wanted("calibrate") || wanted("ptq")))
     report["notes"].push_back("search skipped by --stages: the recipe's scheme without per-layer widths was used");
@@ -692,9 +782,25 @@ PipelineResult run_pipeline(const Recipe& r, const PipelineOptions& opt) {
       qat.begin_epoch();
       auto o = train_options(r, *t.train, r.qat.epochs, r.qat.lr, r.qat.max_steps, "qat", opt.interrupted);
       o.on_step = [&qat](int64_t) { qat.step(); };
-      train::fit(*t.model, *t.train, t.forward, o);
+      report["loss_curves"]["qat"] = loss_curve(train::fit(*t.model, *t.train, t.forward, o));
       if (interrupted()) return;
       record("qat", train::evaluate(*t.model, *t.test, t.forward, eval_bs, "qat eval"), t);
+    });
+  }
+  // The numeric suite on the fake-quant model as freeze will pack it (after QAT when it ran).
+  auto completed = [&](const char* stage) {
+    return std::find(result.completed.begin(), result.completed.end(), stage) != result.completed.end();
+  };
+  if (completed("ptq") || completed("qat")) {
+    run_stage("layer_errors", [&] {
+      bool any = false;
+      for_each_quantizable(*t.model, [&](const std::string&, QuantizableLayer& l) { any = any || (l.quantized() && !l.frozen()); });
+      if (!any) return;
+      const int64_t batches = std::min<int64_t>(calib_batches, kLayerErrorBatches);
+      const std::vector<ptq::LayerError> errors = ptq::worst_first(ptq::layer_errors(*t.model, batches, calibration_batch));
+      report["layer_errors"] = layer_errors_json(errors, batches);
+      error_record = layer_error_table(errors, batches);
+      report["activations"] = activation_ranges_json(io::calibration_dump(*t.model));
     });
   }
   if (r.freeze.enabled && wanted("freeze")) {
@@ -712,18 +818,18 @@ PipelineResult run_pipeline(const Recipe& r, const PipelineOptions& opt) {
   if (wanted("export")) {
     run_stage("export", [&] {
       const fs::path dir(opt.out_dir);
-      if (r.export_.calibration_dump && (r.scheme.activations == ActivationMode::kStatic || search_record)) {
+      if (r.export_.calibration_dump && (r.scheme.activations == ActivationMode::kStatic || search_record || error_record)) {
         // Written from the model's quantizers (observer state and qparams); after QAT/freeze the
         // observers still hold their calibration statistics. The search's sensitivities go in
         // the same file (search.sensitivities_from reads them back).
         report["exported"]["calibration_dump"] = save((dir / "calibration.h5").string(), [&](const std::string& p) {
-          io::save_calibration(*t.model, p, search_record ? &*search_record : nullptr);
+          io::save_calibration(*t.model, p, search_record ? &*search_record : nullptr, error_record ? &*error_record : nullptr);
         });
       }
       nlohmann::json not_exported = nlohmann::json::object();
       if (!report["exported"].contains("calibration_dump"))
         not_exported["calibration.h5"] = r.export_.calibration_dump
-                                             ? "no static activations were calibrated and no search ran (nothing to dump)"
+                                             ? "no static activations were calibrated, no search and no numeric suite ran (nothing to dump)"
                                              : "export.calibration_dump is false";
       if (!r.export_.checkpoint) not_exported["model.h5"] = "export.checkpoint is false";
       if (!r.export_.safetensors) not_exported["model.safetensors"] = "export.safetensors is false";

@@ -40,7 +40,7 @@ std::string write_report_files(const nlohmann::json& report, const Recipe& r, co
   if (report.contains("eval_examples"))
     md << "\nevaluated on " << report.at("eval_examples").get<int64_t>() << " test examples\n";
   md << "\nwall time per stage:";
-  for (const char* stage : {"data", "float", "search", "calibrate", "equalize", "smoothquant", "solve", "ptq", "qat", "freeze",
+  for (const char* stage : {"data", "float", "search", "calibrate", "equalize", "smoothquant", "solve", "ptq", "qat", "layer_errors", "freeze",
                             "freeze_pack", "export", "total"})
     if (timings.contains(stage)) md << " " << stage << " " << fmt(timings.at(stage).get<double>(), 1) << " s;";
   md << "\n";
@@ -66,6 +66,23 @@ std::string write_report_files(const nlohmann::json& report, const Recipe& r, co
          << l["weights"].get<std::string>() << " | " << l["activations"].get<std::string>() << " | "
          << l["kernel"].get<std::string>() << " | " << l["bytes"].get<int64_t>() << " | "
          << l["fallback_reason"].get<std::string>() << " |\n";
+  }
+  if (report.contains("layer_errors")) {
+    // Worst first, as the pipeline stores them; "inf": exact, "-": not measured (see note).
+    auto db = [](const nlohmann::json& v) {
+      return v.is_number() ? fmt(v.get<double>(), 1) : v.is_string() ? v.get<std::string>() : std::string("-");
+    };
+    const auto& le = report.at("layer_errors");
+    md << "\n## Per-layer error (numeric suite, worst first)\n\nSQNR in dB of each layer's output against the float "
+          "layer: own = float inputs, accumulated = the inputs the quantized model feeds it; "
+       << le.at("batches").get<int64_t>() << " calibration batches.\n\n"
+       << "| layer | type | weight SQNR | own SQNR | accumulated SQNR | clipped inputs | non-finite inputs | note |\n"
+          "|---|---|---|---|---|---|---|---|\n";
+    for (const auto& l : le.at("layers"))
+      md << "| " << l.at("path").get<std::string>() << " | " << l.at("type").get<std::string>() << " | "
+         << db(l.at("weight_sqnr_db")) << " | " << db(l.at("own_sqnr_db")) << " | " << db(l.at("accumulated_sqnr_db"))
+         << " | " << (l.at("clipped_fraction").is_number() ? fmt(100.0 * l.at("clipped_fraction").get<double>(), 3) + " %" : "-")
+         << " | " << l.at("nonfinite_inputs").get<int64_t>() << " | " << l.at("note").get<std::string>() << " |\n";
   }
   if (report.contains("search")) {
     const auto& se = report.at("search");
@@ -141,6 +158,8 @@ std::string write_report_files(const nlohmann::json& report, const Recipe& r, co
   }
   for (const auto& n : report.at("notes")) md << "\n- " << n.get<std::string>();
   io::write_text_atomically((fs::path(out_dir) / "report.md").string(), md.str() + "\n");
+  io::write_text_atomically((fs::path(out_dir) / "report.html").string(),
+                            render_report_html(report, r.path, r.sha256, r.resolved_yaml));
   return json_path.string();
 }
 

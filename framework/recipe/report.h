@@ -10,8 +10,17 @@
 
 namespace qforge {
 
-// Writes <out_dir>/report.json and <out_dir>/report.md; returns the path of report.json.
+// Writes <out_dir>/report.json, report.md and report.html; returns the path of report.json.
 std::string write_report_files(const nlohmann::json& report, const Recipe& recipe, const std::string& out_dir);
+
+// report.html: one self-contained page (the plotting library inlined, no network, no other file):
+// the summary (metrics per stage, sizes, timings, headline), the per-layer table with the numeric
+// suite's SQNR, and Vega-Lite plots of per-layer SQNR, each activation histogram with its clip
+// range and grid, the loss curves, and the search's bit allocation and Pareto front; a section
+// with nothing to draw says why. Then the resolved recipe. Plots report their drawing in the page:
+// window.qforgePlots {total, drawn, failed} and <body data-plots="done" | "failed">.
+std::string render_report_html(const nlohmann::json& report, const std::string& recipe_path,
+                               const std::string& recipe_sha256, const std::string& resolved_yaml);
 
 // The run in two lines, for the end of qtrain's output: the metric of the float model beside the
 // last quantized stage that ran (frozen when it did), the size ratio, and the wall time of the

@@ -86,6 +86,35 @@ TEST(Qtrain, BertInt8RecipeRunsEndToEndAndExportsEverything) {
   const auto r = report(dir);
   expect_full_report(r, "accuracy", true);
   EXPECT_NEAR(r["metrics"]["frozen"]["accuracy"].get<double>(), r["metrics"]["qat"]["accuracy"].get<double>(), 0.01);
+  // The numeric suite ran before freeze: every quantized Linear measured, worst first.
+  ASSERT_TRUE(r.contains("layer_errors")) << r.dump();
+  const auto& le = r["layer_errors"]["layers"];
+  ASSERT_FALSE(le.empty());
+  int64_t measured = 0;
+  double previous = -1e300;
+  for (const auto& l : le) {
+    if (!l["accumulated_sqnr_db"].is_number()) continue;
+    ++measured;
+    EXPECT_GE(l["accumulated_sqnr_db"].get<double>(), previous) << l.dump();
+    previous = l["accumulated_sqnr_db"].get<double>();
+    EXPECT_GT(l["rows"].get<int64_t>(), 0);
+  }
+  EXPECT_GE(measured, 12) << le.dump();  // 2 layers x (q, k, v, attention output, FFN in, out) at least
+  std::ifstream md(dir + "/report.md");
+  const std::string md_text((std::istreambuf_iterator<char>(md)), std::istreambuf_iterator<char>());
+  EXPECT_NE(md_text.find("## Per-layer error (numeric suite, worst first)"), std::string::npos);
+  // The calibration dump keeps the table; qdump errors lists it in the same order.
+  {
+    FILE* p = popen((std::string(QDUMP_BIN) + " errors " + dir + "/calibration.h5 --top 3 2>&1").c_str(), "r");
+    std::string out;
+    char buf[4096];
+    while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+    ASSERT_EQ(pclose(p), 0) << out;
+    EXPECT_NE(out.find("worst first"), std::string::npos) << out;
+    const std::string worst = le[0]["path"].get<std::string>();
+    EXPECT_NE(out.find(worst), std::string::npos) << out;
+    EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 2 + 1 + 3) << out;  // title (2 lines), header, 3 layers
+  }
   // The summary lists the stages in pipeline order.
   const size_t at_float = run.output.find("  float "), at_ptq = run.output.find("  ptq "),
                at_qat = run.output.find("  qat "), at_frozen = run.output.find("  frozen ");
@@ -166,7 +195,7 @@ TEST(Qtrain, Gpt2WeightOnlyRecipeReportsPerplexity) {
   expect_full_report(r, "perplexity", false);
   EXPECT_TRUE(r["baselines"].contains("unigram_perplexity"));
   // report.md: stage times, compression, the evaluation set, per-layer bytes, and why a file
-  // was not written (a weight-only run has no calibration to dump).
+  // was not written.
   std::ifstream md(dir + "/report.md");
   const std::string text((std::istreambuf_iterator<char>(md)), std::istreambuf_iterator<char>());
   EXPECT_NE(text.find("wall time per stage: data "), std::string::npos) << text;
@@ -176,8 +205,20 @@ TEST(Qtrain, Gpt2WeightOnlyRecipeReportsPerplexity) {
             std::string::npos)
       << text;
   EXPECT_NE(text.find("| kernel | bytes | fallback |"), std::string::npos) << text;
-  EXPECT_NE(text.find("- calibration.h5: no static activations were calibrated"), std::string::npos) << text;
-  EXPECT_FALSE(fs::exists(dir + "/calibration.h5"));
+  EXPECT_NE(text.find("- model.safetensors: export.safetensors is false"), std::string::npos) << text;
+  // No activation is calibrated, yet the dump keeps the weights' points and the numeric suite.
+  EXPECT_TRUE(fs::exists(dir + "/calibration.h5"));
+  ASSERT_TRUE(r.contains("layer_errors"));
+  EXPECT_TRUE(r["activations"].empty());
+  // report.html renders with its empty sections stated.
+  std::ifstream html_in(dir + "/report.html");
+  const std::string html((std::istreambuf_iterator<char>(html_in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(html.find("no static activations were calibrated (weight-only or dynamic activations): no ranges to draw"),
+            std::string::npos);
+  EXPECT_NE(html.find("no mixed-precision search in this run"), std::string::npos);
+  EXPECT_NE(html.find("id=\"plot-sqnr\""), std::string::npos);
+  EXPECT_NE(html.find("id=\"plot-loss\""), std::string::npos);
+  EXPECT_EQ(html.find("</script>\n</body>"), html.size() - std::string("</script>\n</body>\n</html>\n").size());
   fs::remove_all(dir);
 }
 

@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <limits>
 
 #include "framework/core/error.h"
@@ -183,6 +184,32 @@ TEST(CalibrationDump, MergesThatOverflowAreRefusedBeforeAnythingIsWritten) {
       }
   ASSERT_FALSE(hist.empty());
   EXPECT_THROW(merge_calibration_dumps({hist, hist}), Error);
+}
+
+TEST(CalibrationDump, LayerErrorsRoundTripInTheirOrderAndStayOutOfThePoints) {
+  TempDir dir;
+  LayerErrorTable t;
+  t.batches = 4;
+  t.layers.push_back({"fc2", "Linear", "", {{"accumulated_sqnr_db", 12.5}, {"clipped_fraction", 0.25}}});
+  t.layers.push_back({"", "Linear", "", {{"own_sqnr_db", std::numeric_limits<double>::infinity()}}});  // the root layer
+  t.layers.push_back({"emb", "Embedding", "no inputs: output errors not measured",
+                      {{"weight_sqnr_db", 40.0}, {"own_sqnr_db", std::nan("")}}});
+  const CalibrationDump dump = calibrate(0);
+  save_calibration_dump(dir.file("e.h5"), dump, nullptr, &t);
+  const std::optional<LayerErrorTable> back = load_layer_errors(dir.file("e.h5"));
+  ASSERT_TRUE(back.has_value());
+  EXPECT_EQ(back->batches, 4);
+  ASSERT_EQ(back->layers.size(), 3u);
+  EXPECT_EQ(back->layers[0].path, "fc2");  // worst first, as written (not by name)
+  EXPECT_EQ(back->layers[1].path, "");
+  EXPECT_EQ(back->layers[2].path, "emb");
+  EXPECT_EQ(back->layers[0].values.at("accumulated_sqnr_db"), 12.5);
+  EXPECT_TRUE(std::isinf(back->layers[1].values.at("own_sqnr_db")));
+  EXPECT_TRUE(std::isnan(back->layers[2].values.at("own_sqnr_db")));
+  EXPECT_EQ(back->layers[2].note, "no inputs: output errors not measured");
+  EXPECT_EQ(load_calibration_dump(dir.file("e.h5")).size(), dump.size());  // not read as a module
+  save_calibration_dump(dir.file("none.h5"), dump);
+  EXPECT_FALSE(load_layer_errors(dir.file("none.h5")).has_value());
 }
 
 TEST(CalibrationDump, ObserverThatSawNothingHasNoQparams) {

@@ -16,6 +16,7 @@
 #include "framework/nn/embedding.h"
 #include "framework/nn/linear.h"
 #include "framework/ptq/float_view.h"
+#include "framework/ptq/numeric_suite.h"
 #include "framework/quantize.h"
 #include "framework/quantizer.h"
 
@@ -463,6 +464,73 @@ TEST(Equalize, LowersPerTensorInt4ErrorAndBiasCorrectionLowersItFurther) {
   const double plain = run(false, false), cle = run(true, false), both = run(true, true);
   EXPECT_LT(cle, 0.7 * plain) << plain << " " << cle;
   EXPECT_LE(both, cle) << cle << " " << both;
+}
+
+TEST(NumericSuite, PerLayerErrorsMatchTheirFormulasAndLeaveTheModelAsItWas) {
+  at::manual_seed(21);
+  auto net = std::make_shared<Net>();
+  net->eval();
+  const std::vector<at::Tensor> batches{at::randn({16, 2, 7, 7}), at::randn({16, 2, 7, 7})};
+  Scheme s(qint8);
+  s.weight_granularity = Granularity::kPerChannel;
+  s.activations = ActivationMode::kStatic;
+  s.observer = "minmax";
+  quantize(net, s);
+  {
+    Calibration calib(net);
+    for (const auto& b : batches) net->forward(b);
+  }
+  const QParams fc3_in = net->fc3->input_quantizer()->qparams();
+  auto run = [&](int64_t b) { return net->forward(batches[static_cast<size_t>(b)]); };
+  const std::vector<LayerError> errors = layer_errors(*net, 2, run);
+  ASSERT_EQ(errors.size(), 5u);
+  EXPECT_EQ(errors[0].path, "conv1");  // module order
+  EXPECT_EQ(errors[4].path, "fc3");
+  for (const LayerError& e : errors) {
+    EXPECT_TRUE(e.note.empty()) << e.path << ": " << e.note;
+    EXPECT_GT(e.rows, 0) << e.path;
+    EXPECT_GT(e.weight_sqnr_db, 30.0) << e.path;  // int8 per-channel weights
+    EXPECT_TRUE(std::isfinite(e.own_sqnr_db) && std::isfinite(e.accumulated_sqnr_db)) << e.path;
+    // Min/max calibrated on these very batches with float upstream layers: quantized upstream
+    // layers may push a few inputs past the range, the model input (conv1) never.
+    EXPECT_LT(e.clipped_fraction, 0.01) << e.path;
+    EXPECT_EQ(e.nonfinite_inputs, 0) << e.path;
+  }
+  // conv1 reads the model input: its accumulated error is its own error, nothing clips.
+  EXPECT_EQ(errors[0].clipped_fraction, 0.0);
+  EXPECT_EQ(errors[0].accumulated_sqnr_db, errors[0].own_sqnr_db);
+  // fc3 from the formulas, independently: its float input, then Qin(x) · Q(W)ᵀ + b against x · Wᵀ + b.
+  at::Tensor x;
+  {
+    at::NoGradGuard g;
+    FloatView fv(*net);
+    std::vector<at::Tensor> xs;
+    for (const auto& b : batches) {
+      at::Tensor h = at::relu(net->conv2(at::relu(net->conv1(b))));
+      xs.push_back(at::relu(net->fc2(at::relu(net->fc1(h.flatten(1))))));
+    }
+    x = at::cat(xs);
+  }
+  const at::Tensor w = net->fc3->weight.detach(), bias = net->fc3->bias.detach();
+  const at::Tensor wq = fake_quantize(w, weight_minmax_qparams(w, net->fc3->weight_quantizer()->config().spec, "fc3"));
+  const at::Tensor y_f = at::addmm(bias, x, w.t()), y_q = at::addmm(bias, fake_quantize(x, fc3_in), wq.t());
+  const double expect_db = 10 * std::log10(y_f.to(at::kDouble).pow(2).sum().item<double>() /
+                                           (y_q - y_f).to(at::kDouble).pow(2).sum().item<double>());
+  EXPECT_NEAR(errors[4].own_sqnr_db, expect_db, 1e-6);
+  EXPECT_NEAR(errors[4].own_relative_mse, relative_mse(y_q, y_f), 1e-12);
+  EXPECT_NEAR(errors[4].weight_sqnr_db, sqnr_db(w, wq), 1e-9);
+  // Nothing moved: the calibrated range, the observers' mode.
+  EXPECT_TRUE(at::equal(net->fc3->input_quantizer()->qparams().scale, fc3_in.scale));
+  EXPECT_FALSE(net->fc3->input_quantizer()->observing());
+  // Inputs three times wider than calibration: clipping is counted; worst first sorts by SQNR.
+  const std::vector<LayerError> wide =
+      worst_first(layer_errors(*net, 2, [&](int64_t b) { return net->forward(3 * batches[static_cast<size_t>(b)]); }));
+  for (size_t i = 1; i < wide.size(); ++i) EXPECT_LE(wide[i - 1].accumulated_sqnr_db, wide[i].accumulated_sqnr_db);
+  for (const LayerError& e : wide)
+    if (e.path == "conv1") EXPECT_GT(e.clipped_fraction, 0.0);
+  EXPECT_EQ(sqnr_db(w, w), std::numeric_limits<double>::infinity());
+  freeze(net);
+  EXPECT_THROW(layer_errors(*net, 1, run), Error);
 }
 
 }  // namespace
