@@ -5,7 +5,14 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/native/quantized/PackedParams.h>
 
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "apps/qbench_registry.h"
 #include "framework/nn/linear.h"
@@ -72,6 +79,62 @@ std::vector<Case> cases(bool int4, bool vs_libtorch_int8) {
   }
   return out;
 }
+
+// ---- The decode regime: GEMVs over a stack of distinct weight matrices far larger than the
+// last-level cache, one GEMV per matrix in turn, as a model of many layers decodes a token. ----
+
+// The last-level cache the OS reports (sysconf), or QFORGE_LLC_BYTES; 32 MiB when neither says.
+int64_t llc_bytes() {
+  if (const char* e = std::getenv("QFORGE_LLC_BYTES")) return std::atoll(e);
+  const long v = sysconf(_SC_LEVEL3_CACHE_SIZE);
+  return v > 0 ? v : int64_t{32} << 20;
+}
+
+int64_t physical_memory_bytes() { return static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE); }
+
+constexpr int64_t kColdK = 4096, kColdN = 4096;
+
+// Matrices in the stack: enough for the int8 weights to cover 4x the last-level cache (at least
+// 24), fewer when the fp32 twin stack would take more than a quarter of physical memory.
+int64_t cold_layers() {
+  const int64_t int8_matrix = kColdK * kColdN, fp32_matrix = 4 * kColdK * kColdN;
+  const int64_t want = std::max<int64_t>(24, (4 * llc_bytes() + int8_matrix - 1) / int8_matrix);
+  const int64_t fit = std::max<int64_t>(1, physical_memory_bytes() / 4 / fp32_matrix);
+  return std::min(want, fit);
+}
+
+std::vector<Case> cold_cases(bool int4) {
+  const int64_t layers = cold_layers();
+  at::manual_seed(0);
+  const at::Tensor x = at::randn({1, kColdK});
+  std::vector<at::Tensor> w32;
+  std::vector<std::shared_ptr<nn::LinearImpl>> frozen;
+  int64_t qbytes = 0;
+  for (int64_t l = 0; l < layers; ++l) {
+    w32.push_back(at::randn({kColdN, kColdK}) * 0.02);
+    frozen.push_back(frozen_linear(w32.back(), at::zeros({kColdN}), int4 ? qint4 : qint8));
+    qbytes += frozen.back()->storage_bytes();
+  }
+  // The limit: a memcpy moving the qforge weights' bytes (half read, half written) through DRAM.
+  auto src = std::make_shared<std::vector<char>>(static_cast<size_t>(qbytes / 2), 1);
+  auto dst = std::make_shared<std::vector<char>>(static_cast<size_t>(qbytes / 2), 0);
+  const std::string shape = std::to_string(layers) + "x" + std::to_string(kColdN) + "x" + std::to_string(kColdK) + " (" +
+                            std::to_string(qbytes >> 20) + " MiB, " +
+                            std::to_string(static_cast<double>(qbytes) / static_cast<double>(llc_bytes())).substr(0, 4) +
+                            "x LLC)";
+  Case c{shape, static_cast<double>(qbytes), {}};
+  c.impls.push_back({"libtorch", [x, w32] {
+                       for (const at::Tensor& w : w32) at::linear(x, w);
+                     }});
+  c.impls.push_back({"qforge", [x, frozen] {
+                       for (const auto& lin : frozen) lin->forward(x);
+                     }});
+  c.impls.push_back({"limit", [src, dst] { std::memcpy(dst->data(), src->data(), src->size()); }});
+  return {c};
+}
+
+const Register kColdW8(28, "gemv_cold_w8", [] { return cold_cases(false); });
+const Register kColdW4(29, "gemv_cold_w4", [] { return cold_cases(true); });
 
 const Register kInt8VsFp32(30, "linear_w8a8dyn_vs_fp32", [] { return cases(false, false); });
 const Register kInt8VsTorchInt8(31, "linear_w8a8dyn_vs_torch_int8", [] { return cases(false, true); });
