@@ -114,8 +114,14 @@ std::vector<LayerError> layer_errors(torch::nn::Module& model, int64_t batches, 
   if (captures.empty()) return out;
 
   const int64_t per_batch = std::max<int64_t>(1, options.sample_rows / batches);
-  const bool was_training = model.is_training();
-  model.eval();
+  // Eval mode for the passes and the comparisons (a quantizer in training mode could initialise
+  // LSQ parameters or follow a moving range); the caller's mode comes back on every exit.
+  struct EvalMode {
+    torch::nn::Module& m;
+    bool was_training;
+    explicit EvalMode(torch::nn::Module& model) : m(model), was_training(model.is_training()) { m.eval(); }
+    ~EvalMode() { m.train(was_training); }
+  } eval_mode(model);
   at::NoGradGuard no_grad;
   bool quantized_pass = false;
   const QuantizableLayer::InputTap tap = [&](QuantizableLayer& l, const at::Tensor& x) {
@@ -133,7 +139,7 @@ std::vector<LayerError> layer_errors(torch::nn::Module& model, int64_t batches, 
       c.seen += xf.numel();
     }
   };
-  try {
+  {
     ScopedInputTaps taps(tapped, tap);
     {
       FloatView fv(model);
@@ -142,12 +148,9 @@ std::vector<LayerError> layer_errors(torch::nn::Module& model, int64_t batches, 
     quantized_pass = true;
     ObserversOff no_observing(model);
     for (int64_t b = 0; b < batches; ++b) run(b);
-  } catch (...) {
-    model.train(was_training);
-    throw;
   }
-  model.train(was_training);
 
+  ObserversOff no_observing(model);
   for (LayerError& e : out) {
     auto it = std::find_if(index.begin(), index.end(), [&](const auto& kv) { return kv.first->path() == e.path; });
     if (it == index.end()) continue;
@@ -161,7 +164,6 @@ std::vector<LayerError> layer_errors(torch::nn::Module& model, int64_t batches, 
     const at::Tensor w = c.access.w2d().detach();
     const at::Tensor wq = layer.weight_quantizer()->forward(c.access.weight).detach().reshape({w.size(0), -1});
     Quantizer in = layer.input_quantizer();
-    ObserversOff no_observing(model);
     auto qin = [&](const at::Tensor& x) { return in ? in->forward(x) : x; };
     auto affine = [&](const at::Tensor& x, const at::Tensor& weight) {
       return c.access.bias.defined() ? at::addmm(c.access.bias.detach(), x, weight.t()) : at::mm(x, weight.t());

@@ -529,6 +529,12 @@ TEST(NumericSuite, PerLayerErrorsMatchTheirFormulasAndLeaveTheModelAsItWas) {
   for (const LayerError& e : wide)
     if (e.path == "conv1") EXPECT_GT(e.clipped_fraction, 0.0);
   EXPECT_EQ(sqnr_db(w, w), std::numeric_limits<double>::infinity());
+  // The caller's mode comes back (the passes run in eval mode).
+  net->train();
+  const std::vector<LayerError> again = layer_errors(*net, 2, run);
+  EXPECT_TRUE(net->is_training());
+  EXPECT_EQ(again[4].own_sqnr_db, errors[4].own_sqnr_db);
+  net->eval();
   freeze(net);
   EXPECT_THROW(layer_errors(*net, 1, run), Error);
 }
