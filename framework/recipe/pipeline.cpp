@@ -24,6 +24,7 @@
 #include "framework/io/checkpoint.h"
 #include "framework/io/model_io.h"
 #include "framework/models/state_dict.h"
+#include "framework/onnx/export.h"
 #include "framework/quantize.h"
 #include "framework/train/batches.h"
 #include "framework/train/trainer.h"
@@ -429,6 +430,18 @@ nlohmann::json layers_json(const torch::nn::Module& model) {
 
 }  // namespace
 
+namespace {
+
+// export.onnx's requirements, checked before the stages that take time: libonnx in the build, a
+// frozen model, and (given a quantized model) a QDQ form for every layer's scheme.
+void check_onnx_recipe(const Recipe& r, const torch::nn::Module* model) {
+  onnx_export::require_available();
+  QF_REQUIRE(!r.quantize || r.freeze.enabled, r.path, ": export.onnx writes the frozen model; set freeze.enabled: true");
+  if (model) onnx_export::check_exportable(*model);
+}
+
+}  // namespace
+
 PipelineResult run_pipeline(const Recipe& r, const PipelineOptions& opt) {
   const auto run_start = std::chrono::steady_clock::now();
   auto wanted = [&](const std::string& stage) {
@@ -467,6 +480,10 @@ PipelineResult run_pipeline(const Recipe& r, const PipelineOptions& opt) {
                 freezes ? "kernels as freeze will choose them on this machine" : "fake-quant, not frozen",
                 describe(*t.model, /*planned=*/freezes).c_str());
     for (const auto& w : rep.warnings) std::printf("warning: %s\n", w.c_str());
+    if (r.export_.onnx) {
+      check_onnx_recipe(r, t.model.get());
+      std::printf("onnx: the frozen model is exportable as QDQ (opset 17)\n");
+    }
     if (r.ptq.enabled) {
       std::printf("\nptq:%s%s\n", r.ptq.equalize ? " cross-layer equalisation before quantize;" : "",
                   r.ptq.smoothquant ? (" SmoothQuant (alpha " + std::to_string(r.ptq.alpha) + ") before calibration;").c_str() : "");
@@ -478,6 +495,18 @@ PipelineResult run_pipeline(const Recipe& r, const PipelineOptions& opt) {
   }
 
   check_stages(r, opt.stages);
+  if (r.export_.onnx && wanted("export")) {
+    // The recipe's scheme on a model built without data (as the dry run does): a layer with no QDQ
+    // form fails here, before the float stage trains anything. The search may still change
+    // per-layer widths; the check after quantize() covers those.
+    check_onnx_recipe(r, nullptr);
+    if (r.quantize) {
+      Task probe = make_task(r, /*with_data=*/false);
+      if (probe.before_quantize) probe.before_quantize();
+      quantize(*probe.model, r.scheme);
+      check_onnx_recipe(r, probe.model.get());
+    }
+  }
   // Every file this run will write is checked before the first stage: a path that cannot be
   // written is found now, not after the float epochs.
   auto probe_writable = [](const fs::path& dir, const std::string& what) {
@@ -503,7 +532,7 @@ PipelineResult run_pipeline(const Recipe& r, const PipelineOptions& opt) {
   // writers.
   std::vector<std::string> cleared;
   for (const char* name : {"report.json", "report.md", "recipe.resolved.yaml", "recipe.searched.yaml", "model.h5",
-                           "calibration.h5", "model.safetensors"}) {
+                           "calibration.h5", "model.safetensors", "model.onnx"}) {
     const fs::path p = fs::path(opt.out_dir) / name;
     std::error_code ec;
     if (!fs::exists(p) || fs::equivalent(p, r.model.checkpoint, ec) ||
@@ -743,6 +772,8 @@ PipelineResult run_pipeline(const Recipe& r, const PipelineOptions& opt) {
       }
       const QuantizeReport q = quantize(*t.model, scheme);
       for (const auto& w : q.warnings) report["notes"].push_back("quantize: " + w);
+      // A scheme (or searched width) with no QDQ form fails here, not after training.
+      if (r.export_.onnx && wanted("export")) check_onnx_recipe(r, t.model.get());
       if (solves(r)) check_solve_recipe(*t.model, r);  // before the calibration pass, not after it
       if (r.ptq.enabled && r.ptq.smoothquant) {
         const ptq::SmoothReport sr = ptq::smooth_quant(*t.model, solve_batches, calibration_batch, {r.ptq.alpha});
@@ -833,6 +864,7 @@ PipelineResult run_pipeline(const Recipe& r, const PipelineOptions& opt) {
                                              : "export.calibration_dump is false";
       if (!r.export_.checkpoint) not_exported["model.h5"] = "export.checkpoint is false";
       if (!r.export_.safetensors) not_exported["model.safetensors"] = "export.safetensors is false";
+      if (!r.export_.onnx) not_exported["model.onnx"] = "export.onnx is false";
       report["not_exported"] = not_exported;
       if (r.export_.checkpoint) {
         io::SaveOptions so;
@@ -844,6 +876,21 @@ PipelineResult run_pipeline(const Recipe& r, const PipelineOptions& opt) {
         report["exported"]["safetensors"] = save((dir / "model.safetensors").string(), [&](const std::string& p) {
           io::export_safetensors(*t.model, p);
         });
+      if (r.export_.onnx) {
+        onnx_export::ExportInfo info;
+        report["exported"]["onnx"] = save((dir / "model.onnx").string(), [&](const std::string& p) {
+          info = onnx_export::export_onnx(*t.model, p);
+        });
+        nlohmann::json layers = nlohmann::json::array();
+        for (const auto& l : info.layers) layers.push_back({{"name", l.name}, {"type", l.type}, {"form", l.form}});
+        report["onnx"] = {{"model_type", info.model_type}, {"opset", info.opset}, {"inputs", info.inputs},
+                          {"outputs", info.outputs}, {"nodes", info.nodes}, {"quantize_linear", info.quantize_linear},
+                          {"dequantize_linear", info.dequantize_linear}, {"file_bytes", info.file_bytes}, {"layers", layers}};
+        std::fprintf(stderr, "qtrain: model.onnx: %s, opset %lld, %lld nodes (%lld QuantizeLinear, %lld DequantizeLinear), %.2f MB\n",
+                     info.model_type.c_str(), static_cast<long long>(info.opset), static_cast<long long>(info.nodes),
+                     static_cast<long long>(info.quantize_linear), static_cast<long long>(info.dequantize_linear),
+                     info.file_bytes / 1e6);
+      }
     });
   }
   write_report();

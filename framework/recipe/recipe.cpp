@@ -264,6 +264,7 @@ const Field& schema() {
           bind(leaf("calibration_dump", T::kBool, "calibration dump (HDF5)"), &Recipe::export_, &Recipe::Export::calibration_dump),
           bind(leaf("report", T::kBool, "report.json and report.md"), &Recipe::export_, &Recipe::Export::report),
           bind(leaf("safetensors", T::kBool, "frozen model as safetensors"), &Recipe::export_, &Recipe::Export::safetensors),
+          bind(leaf("onnx", T::kBool, "frozen model as ONNX with QuantizeLinear/DequantizeLinear (model.onnx)"), &Recipe::export_, &Recipe::Export::onnx),
       }),
   });
   return root;

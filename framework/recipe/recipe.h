@@ -136,6 +136,7 @@ struct Recipe {
     bool calibration_dump = true;
     bool report = true;
     bool safetensors = false;
+    bool onnx = false;
   } export_;
 };
 

@@ -187,6 +187,30 @@ TEST(Qtrain, FashionMnistCnnRecipesRun) {
   fs::remove_all(dir);
 }
 
+TEST(Qtrain, ExportOnnxWritesModelOnnxAndSchemesWithoutQdqFormFailBeforeTraining) {
+  const std::string dir = out_dir("cnn_onnx");
+  const QtrainRun run = qtrain("--recipe recipes/fmnist_cnn_int8.yaml" + small(dir) + " --set export.onnx=true");
+  ASSERT_EQ(run.code, 0) << run.output;
+  EXPECT_TRUE(fs::exists(dir + "/model.onnx"));
+  const nlohmann::json rep = report(dir);
+  EXPECT_EQ(rep["exported"]["onnx"], dir + "/model.onnx");
+  EXPECT_EQ(rep["onnx"]["opset"], 17);
+  EXPECT_EQ(rep["onnx"]["model_type"], "SmallCnn");
+  EXPECT_GT(rep["onnx"]["quantize_linear"].get<int>(), 0);
+  EXPECT_EQ(rep["onnx"]["layers"].size(), rep["layers"].size());
+  EXPECT_NE(run.output.find("model.onnx: SmallCnn, opset 17"), std::string::npos) << run.output;
+  fs::remove_all(dir);
+
+  // 4-bit weights have no QDQ form at opset 17: the run stops before the float stage trains.
+  const std::string bad_dir = out_dir("gpt2_onnx");
+  const QtrainRun bad = qtrain("--recipe recipes/gpt2_w4_weight_only.yaml" + small(bad_dir) + " --set export.onnx=true");
+  EXPECT_NE(bad.code, 0);
+  EXPECT_NE(bad.output.find("transformer.h.0.attn.c_attn (Linear)"), std::string::npos) << bad.output;
+  EXPECT_NE(bad.output.find("INT4"), std::string::npos) << bad.output;
+  EXPECT_FALSE(fs::exists(bad_dir + "/fp32.h5")) << "the float stage ran";
+  fs::remove_all(bad_dir);
+}
+
 TEST(Qtrain, Gpt2WeightOnlyRecipeReportsPerplexity) {
   const std::string dir = out_dir("gpt2");
   const QtrainRun run = qtrain("--recipe recipes/gpt2_w4_weight_only.yaml" + small(dir) + " --set data.seq_len=32");

@@ -12,6 +12,7 @@
 #include "framework/models/gpt2.h"
 #include "framework/models/mlp.h"
 #include "framework/quantize.h"
+#include "tests/error_of.h"
 #include "tests/golden/golden.h"
 
 namespace qforge::models {
@@ -41,14 +42,7 @@ std::string temp_dir(const std::string& name) {
   return p.string();
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using qforge::testing::error_of;
 
 TEST(Bert, ForwardMatchesPyTorchGolden) {
   const auto& g = goldens()["bert"];

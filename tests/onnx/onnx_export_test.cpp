@@ -1,0 +1,180 @@
+// ONNX QDQ export: the exported scales and codes equal the checkpoint's bit for bit, the graph
+// passes libonnx's checker inside export_onnx, and unsupported layers, models and states are
+// clear errors that leave an existing file untouched. ONNX Runtime and python3-onnx run the
+// exported models in onnx_consumers (tests/onnx/onnx_consumers_test.sh).
+#include <gtest/gtest.h>
+#include <onnx/onnx_pb.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include "framework/core/error.h"
+#include "framework/io/model_io.h"
+#include "framework/nn/quantizable.h"
+#include "framework/onnx/export.h"
+#include "tests/error_of.h"
+#include "tests/onnx/onnx_fixtures.h"
+
+namespace fs = std::filesystem;
+using namespace qforge;
+using onnx_testing::Fixture;
+using qforge::testing::error_of;
+
+namespace {
+
+fs::path temp_dir(const std::string& name) {
+  const fs::path d = fs::temp_directory_path() / ("qforge_onnx_test_" + std::to_string(::getpid())) / name;
+  fs::create_directories(d);
+  return d;
+}
+
+onnx::ModelProto read_model(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  onnx::ModelProto m;
+  EXPECT_TRUE(m.ParseFromIstream(&f)) << p;
+  return m;
+}
+
+std::map<std::string, const onnx::TensorProto*> initializers(const onnx::ModelProto& m) {
+  std::map<std::string, const onnx::TensorProto*> out;
+  for (const auto& t : m.graph().initializer()) out[t.name()] = &t;
+  return out;
+}
+
+// Bytes of `t` (contiguous) equal the initializer's raw data, and its shape the initializer's dims.
+void expect_same_bytes(const onnx::TensorProto* init, const at::Tensor& t_in, const std::string& what) {
+  ASSERT_NE(init, nullptr) << what << " is not an initializer";
+  const at::Tensor t = t_in.contiguous();
+  ASSERT_EQ(init->dims_size(), t.dim()) << what;
+  for (int64_t i = 0; i < t.dim(); ++i) EXPECT_EQ(init->dims(static_cast<int>(i)), t.size(i)) << what;
+  ASSERT_EQ(init->raw_data().size(), static_cast<size_t>(t.numel() * t.element_size())) << what;
+  EXPECT_EQ(std::memcmp(init->raw_data().data(), t.data_ptr(), init->raw_data().size()), 0) << what << " differs";
+}
+
+}  // namespace
+
+// Each model exported from a fresh model that loaded the checkpoint: every weight's scales, zero
+// points and codes, and every static activation scale, are the checkpoint's bytes.
+TEST(OnnxExport, ScalesAndCodesEqualTheCheckpointBitForBit) {
+  const fs::path dir = temp_dir("bits");
+  for (auto make : {onnx_testing::cnn_fixture, onnx_testing::mlp_fixture, onnx_testing::bert_fixture, onnx_testing::gpt2_fixture}) {
+    at::manual_seed(0);
+    Fixture f = make(true);
+    const std::string ckpt = (dir / (f.name + ".h5")).string();
+    io::save_model(*f.model, ckpt);
+    at::manual_seed(1);
+    Fixture fresh = make(false);
+    io::load_model(*fresh.model, ckpt);
+    const fs::path path = dir / (f.name + ".onnx");
+    const onnx_export::ExportInfo info = onnx_export::export_onnx(*fresh.model, path.string());
+    EXPECT_EQ(info.opset, 17);
+    EXPECT_GT(info.dequantize_linear, 0) << f.name;
+    EXPECT_EQ(info.file_bytes, static_cast<int64_t>(fs::file_size(path)));
+    const onnx::ModelProto m = read_model(path);
+    EXPECT_EQ(m.opset_import(0).version(), 17);
+    const auto inits = initializers(m);
+    int weights = 0, activations = 0;
+    for (const auto& [name, layer] : quantizable_layers(*fresh.model)) {
+      const QuantizedTensor w = layer->frozen_weight();
+      if (w.defined()) {
+        ++weights;
+        expect_same_bytes(inits.at(name + ".weight_scale"), w.scale.to(at::kFloat), name + " scale");
+        const bool is_linear = std::string(layer->layer_type()) == "Linear";
+        const at::Tensor codes = is_linear ? w.int_values().t().contiguous() : w.int_values();
+        expect_same_bytes(inits.at(name + ".weight_codes"), codes, name + " codes");
+        expect_same_bytes(inits.at(name + ".weight_zero_point"),
+                          w.zero_point.to(w.spec.qtype.is_signed ? at::kChar : at::kByte), name + " zero point");
+      }
+      const Quantizer q = layer->input_quantizer();
+      if (q && q->mode() == ActivationMode::kStatic) {
+        ++activations;
+        const std::string who = name + (std::string(layer->layer_type()) == "LayerNorm" ? "/output" : "/input");
+        ASSERT_TRUE(inits.count(who + "/scale")) << who;
+        expect_same_bytes(inits.at(who + "/scale"), q->qparams().scale.to(at::kFloat).reshape({}), who + " scale");
+      }
+    }
+    EXPECT_GT(weights, 0) << f.name;
+    if (f.name != "gpt2") EXPECT_GT(activations, 0) << f.name;
+    // Every layer is listed with how it was written.
+    EXPECT_EQ(info.layers.size(), quantizable_layers(*fresh.model).size()) << f.name;
+  }
+}
+
+TEST(OnnxExport, FloatModelsExportWithoutQdq) {
+  const fs::path dir = temp_dir("float");
+  at::manual_seed(0);
+  Fixture f = onnx_testing::bert_fixture(false);
+  const onnx_export::ExportInfo info = onnx_export::export_onnx(*f.model, (dir / "bert.onnx").string());
+  EXPECT_EQ(info.quantize_linear, 0);
+  EXPECT_EQ(info.dequantize_linear, 0);
+  EXPECT_EQ(info.inputs, (std::vector<std::string>{"input_ids", "attention_mask"}));
+}
+
+TEST(OnnxExport, LayersWithoutQdqFormAreErrorsNamingTheLayer) {
+  at::manual_seed(0);
+  {
+    Fixture f = onnx_testing::gpt2_fixture(false);
+    Scheme s(qint4);  // per-group 4-bit weights
+    s.rules.push_back(LayerRule{"transformer.wte", true});
+    quantize(*f.model, s);
+    const std::string e = error_of([&] { onnx_export::check_exportable(*f.model); });
+    EXPECT_NE(e.find("transformer.h.0.attn.c_attn (Linear)"), std::string::npos) << e;
+    EXPECT_NE(e.find("INT4"), std::string::npos) << e;
+  }
+  {
+    Fixture f = onnx_testing::mlp_fixture(false);
+    Scheme s(qint8);
+    s.weight_granularity = Granularity::kPerGroup;
+    s.group_size = 16;
+    quantize(*f.model, s);
+    const std::string e = error_of([&] { onnx_export::check_exportable(*f.model); });
+    EXPECT_NE(e.find("fc1 (Linear)"), std::string::npos) << e;
+    EXPECT_NE(e.find("per-group"), std::string::npos) << e;
+  }
+  {
+    Fixture f = onnx_testing::mlp_fixture(false);
+    Scheme s(qfloat8_e4m3fn);
+    quantize(*f.model, s);
+    const std::string e = error_of([&] { onnx_export::check_exportable(*f.model); });
+    EXPECT_NE(e.find("float8"), std::string::npos) << e;
+  }
+}
+
+TEST(OnnxExport, UnfrozenAndUnknownModelsAreErrors) {
+  const fs::path dir = temp_dir("errors");
+  at::manual_seed(0);
+  Fixture f = onnx_testing::mlp_fixture(false);
+  quantize(*f.model, Scheme(qint8));
+  std::string e = error_of([&] { onnx_export::export_onnx(*f.model, (dir / "m.onnx").string()); });
+  EXPECT_NE(e.find("not frozen"), std::string::npos) << e;
+  EXPECT_FALSE(fs::exists(dir / "m.onnx"));
+
+  struct Custom : torch::nn::Module {
+    Custom() { fc = register_module("fc", nn::Linear(4, 4)); }
+    nn::Linear fc{nullptr};
+  } custom;
+  e = error_of([&] { onnx_export::export_onnx(custom, (dir / "c.onnx").string()); });
+  EXPECT_NE(e.find("no ONNX graph for model type"), std::string::npos) << e;
+  EXPECT_NE(e.find("BertForSequenceClassification"), std::string::npos) << e;
+}
+
+TEST(OnnxExport, FailedExportKeepsThePreviousFile) {
+  const fs::path dir = temp_dir("keep");
+  const fs::path path = dir / "model.onnx";
+  { std::ofstream(path) << "previous"; }
+  at::manual_seed(0);
+  Fixture f = onnx_testing::mlp_fixture(false);
+  quantize(*f.model, Scheme(qint8));  // not frozen: the export fails
+  EXPECT_THROW(onnx_export::export_onnx(*f.model, path.string()), Error);
+  std::ifstream in(path);
+  std::string text;
+  std::getline(in, text);
+  EXPECT_EQ(text, "previous");
+  // A directory that does not exist is an error naming the path.
+  Fixture g = onnx_testing::mlp_fixture(true);
+  const std::string bad = (dir / "missing" / "model.onnx").string();
+  const std::string e = error_of([&] { onnx_export::export_onnx(*g.model, bad); });
+  EXPECT_NE(e.find(bad), std::string::npos) << e;
+}
