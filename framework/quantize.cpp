@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "framework/core/error.h"
+#include "framework/nn/rpq.h"
 
 namespace qforge {
 
@@ -160,13 +161,16 @@ ModelSize model_size(const torch::nn::Module& model) {
     if (const auto* layer = dynamic_cast<const QuantizableLayer*>(&m)) {
       l.bytes = layer->storage_bytes();
       l.kind = layer->frozen() ? "frozen" : (layer->quantized() ? "fake_quant" : "float");
+    } else if (const auto* rpq = dynamic_cast<const nn::RPQLayer*>(&m)) {
+      l.bytes = rpq->storage_bytes();
+      l.kind = "rpq";
     } else {
       for (const auto& p : m.named_parameters(/*recurse=*/false)) l.bytes += p.value().nbytes();
       for (const auto& b : m.named_buffers(/*recurse=*/false)) l.bytes += b.value().nbytes();
       l.kind = "float";
     }
     if (l.bytes == 0) continue;
-    (l.kind == "frozen" ? out.quantized_bytes : out.float_bytes) += l.bytes;
+    (l.kind == "frozen" || l.kind == "rpq" ? out.quantized_bytes : out.float_bytes) += l.bytes;
     out.total_bytes += l.bytes;
     out.layers.push_back(std::move(l));
   }

@@ -90,13 +90,13 @@ void freeze(Holder& model) {
 struct ModelSize {
   struct Layer {
     std::string name;
-    std::string kind;  // "float", "fake_quant", "frozen"
+    std::string kind;  // "float", "fake_quant", "frozen", "rpq" (codebooks + uint8 indices + bias)
     int64_t bytes = 0;
   };
   std::vector<Layer> layers;  // every module that owns tensors
   int64_t total_bytes = 0;
   int64_t float_bytes = 0;      // float parameters and buffers
-  int64_t quantized_bytes = 0;  // packed weights, scales and zero points of frozen layers
+  int64_t quantized_bytes = 0;  // packed weights, scales and zero points of frozen layers; RPQ layers' codebooks and indices
 };
 ModelSize model_size(const torch::nn::Module& model);
 template <class Holder, class = ModuleLike<Holder>>

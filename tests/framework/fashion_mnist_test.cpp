@@ -8,6 +8,7 @@
 
 #include "framework/core/error.h"
 #include "framework/data/fashion_mnist.h"
+#include "tests/error_of.h"
 
 using namespace qforge;
 
@@ -23,16 +24,9 @@ void write_gz(const std::string& path, const std::vector<uint8_t>& bytes) {
   gzclose(f);
 }
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
 }  // namespace
+
+using qforge::testing::error_of;
 
 TEST(FashionMnist, ReadsTheDebianPackageFiles) {
   if (!std::filesystem::is_directory(data::kFashionMnistDir))

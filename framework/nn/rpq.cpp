@@ -1,0 +1,314 @@
+// RPQ layers: weights generated from shared codebooks and uint8 indices (framework/nn/rpq.h).
+#include "framework/nn/rpq.h"
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+
+#include "framework/core/error.h"
+
+namespace qforge::nn {
+
+at::Tensor rpq_expand(const at::Tensor& codebooks, const at::Tensor& indices) {
+  const int64_t H = codebooks.size(0), K = codebooks.size(1), D = codebooks.size(2), C = indices.size(1);
+  // Row h * K + indices[h, c] of the codebooks viewed [H * K, D] is sub-vector (h, c).
+  const at::Tensor flat = (indices.to(at::kLong) + at::arange(H, at::kLong).mul_(K).unsqueeze(1)).reshape({-1});
+  const at::Tensor sub = codebooks.reshape({H * K, D}).index_select(0, flat).view({H, C, D});
+  return sub.permute({0, 2, 1}).reshape({H * D, C});  // [(h d), c]
+}
+
+// ---- shared state ---------------------------------------------------------------------------
+
+void RPQLayer::init_rpq(torch::nn::Module& m, int64_t split, int64_t columns, int64_t num_codebooks, const char* what) {
+  QF_REQUIRE(num_codebooks >= 1, layer_type(), ": num_codebooks must be at least 1, got ", num_codebooks);
+  QF_REQUIRE(split % num_codebooks == 0, layer_type(), ": ", what, " = ", split,
+             " is not divisible by num_codebooks = ", num_codebooks, " (each codebook holds sub-vectors of ",
+             what, " / num_codebooks values)");
+  QF_REQUIRE(columns >= 1, layer_type(), ": the weight has no columns");
+  H_ = num_codebooks;
+  S_ = split;
+  C_ = columns;
+  D_ = split / num_codebooks;
+  codebooks_ = m.register_parameter("codebooks", at::empty({H_, kRpqCodebookSize, D_}, at::kFloat));
+  indices_ = m.register_buffer("indices", at::randint(kRpqCodebookSize, {H_, C_}, at::kByte));
+}
+
+void RPQLayer::init_codebooks_uniform(double bound) {
+  at::NoGradGuard g;
+  codebooks_.uniform_(-bound, bound);
+}
+
+int64_t RPQLayer::storage_bytes() const {
+  return codebooks_.nbytes() + indices_.nbytes() + (bias_.defined() ? bias_.nbytes() : 0);
+}
+
+int64_t RPQLayer::dense_weight_bytes() const { return S_ * C_ * static_cast<int64_t>(sizeof(float)); }
+
+std::string RPQLayer::kernel(int64_t) const { return "rpq_expand+dense"; }
+
+void RPQLayer::set_rpq_state(const at::Tensor& codebooks, const at::Tensor& indices, const at::Tensor& bias) {
+  QF_REQUIRE(codebooks.sizes() == codebooks_.sizes(), layer_type(), ": codebooks of shape ", codebooks.sizes(),
+             ", layer holds ", codebooks_.sizes());
+  QF_REQUIRE(indices.sizes() == indices_.sizes() && indices.scalar_type() == at::kByte, layer_type(),
+             ": indices must be uint8 of shape ", indices_.sizes(), ", got ", indices.scalar_type(), " ", indices.sizes());
+  QF_REQUIRE(!bias.defined() || (bias_.defined() && bias.sizes() == bias_.sizes()), layer_type(),
+             ": bias does not match the layer's");
+  at::NoGradGuard g;
+  codebooks_.copy_(codebooks);
+  indices_.copy_(indices);
+  if (bias.defined()) bias_.copy_(bias);
+}
+
+// ---- Linear ---------------------------------------------------------------------------------
+
+RPQLinearImpl::RPQLinearImpl(const torch::nn::LinearOptions& o, int64_t num_codebooks)
+    : options(o), num_codebooks_option(num_codebooks) {
+  reset();
+}
+
+void RPQLinearImpl::reset() {
+  init_rpq(*this, options.out_features(), options.in_features(), num_codebooks_option, "out_features");
+  // torch::nn::Linear's kaiming_uniform(a = sqrt(5)): U(-1/sqrt(in), 1/sqrt(in)), bias likewise.
+  const double bound = 1.0 / std::sqrt(static_cast<double>(options.in_features()));
+  init_codebooks_uniform(bound);
+  bias_ = options.bias() ? register_parameter("bias", at::empty({options.out_features()}).uniform_(-bound, bound)) : at::Tensor();
+}
+
+at::Tensor RPQLinearImpl::weight() const { return expanded(); }
+
+std::string RPQLinearImpl::kernel(int64_t rows) const {
+  return rows <= kLutMaxRows ? "rpq_lut" : "rpq_expand+at::linear";
+}
+
+at::Tensor RPQLinearImpl::forward(const at::Tensor& x_in) {
+  QF_REQUIRE(x_in.dim() >= 1 && x_in.size(-1) == C_, "RPQLinear: input has ", x_in.dim() ? x_in.size(-1) : 0,
+             " features, expected ", C_);
+  const at::Tensor x = x_in.reshape({-1, C_});
+  const int64_t M = x.size(0);
+  if (M > kLutMaxRows) return at::linear(x_in, weight(), bias_);
+  // y[m, h * D + d] = sum_c x[m, c] * codebooks[h, indices[h, c], d]
+  //                 = sum_k (sum_{c : indices[h, c] = k} x[m, c]) * codebooks[h, k, d]
+  // The inner sums are a scatter-add of x into H x 256 bins; the outer one a [256, D] product.
+  const at::Tensor flat = (indices_.to(at::kLong) + at::arange(H_, at::kLong).mul_(kRpqCodebookSize).unsqueeze(1)).reshape({-1});
+  const at::Tensor bins = at::zeros({M, H_ * kRpqCodebookSize}, x.options()).index_add(1, flat, x.repeat({1, H_}));
+  at::Tensor y = at::bmm(bins.view({M, H_, kRpqCodebookSize}).transpose(0, 1), codebooks_)  // [H, M, D]
+                     .transpose(0, 1)
+                     .reshape({M, S_});
+  if (bias_.defined()) y = y + bias_;
+  std::vector<int64_t> shape(x_in.sizes().begin(), x_in.sizes().end());
+  shape.back() = S_;
+  return y.view(shape);
+}
+
+// ---- Embedding ------------------------------------------------------------------------------
+
+RPQEmbeddingImpl::RPQEmbeddingImpl(const torch::nn::EmbeddingOptions& o, int64_t num_codebooks)
+    : options(o), num_codebooks_option(num_codebooks) {
+  reset();
+}
+
+void RPQEmbeddingImpl::reset() {
+  QF_REQUIRE(!options.max_norm(), "RPQEmbedding: max_norm would renormalise shared sub-vectors; not supported");
+  QF_REQUIRE(!options.sparse(), "RPQEmbedding: sparse gradients are not supported (codebooks are dense)");
+  init_rpq(*this, options.embedding_dim(), options.num_embeddings(), num_codebooks_option, "embedding_dim");
+  at::NoGradGuard g;
+  codebooks_.normal_();  // torch::nn::Embedding's N(0, 1)
+}
+
+at::Tensor RPQEmbeddingImpl::weight() const { return expanded().t(); }
+
+at::Tensor RPQEmbeddingImpl::forward(const at::Tensor& ids) {
+  QF_REQUIRE(!at::isFloatingType(ids.scalar_type()), "RPQEmbedding: indices must be integers, got ", ids.scalar_type());
+  const at::Tensor flat = ids.reshape({-1}).to(at::kLong);
+  if (flat.numel() > 0) {
+    const int64_t lo = flat.min().item<int64_t>(), hi = flat.max().item<int64_t>();
+    QF_REQUIRE(lo >= 0 && hi < C_, "RPQEmbedding: index ", lo < 0 ? lo : hi, " is out of range [0, ", C_, ")");
+  }
+  const int64_t n = flat.numel();
+  // Sub-vector (h, row) is row h * 256 + indices[h, row] of the codebooks viewed [H * 256, D].
+  const at::Tensor codes = indices_.index_select(1, flat).to(at::kLong) +
+                           at::arange(H_, at::kLong).mul_(kRpqCodebookSize).unsqueeze(1);  // [H, n]
+  at::Tensor rows = codebooks_.reshape({H_ * kRpqCodebookSize, D_})
+                        .index_select(0, codes.reshape({-1}))
+                        .view({H_, n, D_})
+                        .transpose(0, 1)
+                        .reshape({n, S_});
+  if (options.padding_idx()) {
+    int64_t pad = *options.padding_idx();
+    if (pad < 0) pad += C_;
+    rows = at::where((flat == pad).unsqueeze(1), rows.detach(), rows);
+  }
+  std::vector<int64_t> shape(ids.sizes().begin(), ids.sizes().end());
+  shape.push_back(S_);
+  return rows.view(shape);
+}
+
+// ---- convolutions ---------------------------------------------------------------------------
+
+namespace {
+
+template <size_t N>
+int64_t rpq_elems(const torch::ExpandingArray<N>& a) {
+  int64_t p = 1;
+  for (size_t i = 0; i < N; ++i) p *= (*a)[i];
+  return p;
+}
+
+template <size_t N>
+std::vector<int64_t> rpq_dims(const torch::ExpandingArray<N>& a) {
+  return std::vector<int64_t>(a->begin(), a->end());
+}
+
+// Explicit padding sizes: ConvTranspose options hold them; Conv options hold a variant that may
+// also be 'same' / 'valid' (nullptr then).
+template <size_t N>
+const torch::ExpandingArray<N>* rpq_padding(const torch::ExpandingArray<N>& p) {
+  return &p;
+}
+template <size_t N, class Variant>
+const torch::ExpandingArray<N>* rpq_padding(const Variant& p) {
+  return c10::get_if<torch::ExpandingArray<N>>(&p);
+}
+
+}  // namespace
+
+template <size_t Dims, bool Transposed>
+RPQConvImpl<Dims, Transposed>::RPQConvImpl(Options o, int64_t num_codebooks)
+    : options(std::move(o)), num_codebooks_option(num_codebooks) {
+  reset();
+}
+
+template <size_t Dims, bool Transposed>
+const char* RPQConvImpl<Dims, Transposed>::layer_type() const {
+  static const char* names[2][3] = {{"RPQConv1d", "RPQConv2d", "RPQConv3d"},
+                                    {"RPQConvTranspose1d", "RPQConvTranspose2d", "RPQConvTranspose3d"}};
+  return names[Transposed ? 1 : 0][Dims - 1];
+}
+
+template <size_t Dims, bool Transposed>
+void RPQConvImpl<Dims, Transposed>::reset() {
+  const int64_t in = options.in_channels(), out = options.out_channels(), g = options.groups();
+  QF_REQUIRE(g >= 1 && in % g == 0 && out % g == 0, layer_type(), ": in_channels ", in, " and out_channels ", out,
+             " must be divisible by groups ", g);
+  QF_REQUIRE(c10::get_if<torch::enumtype::kZeros>(&options.padding_mode()), layer_type(),
+             ": only zero padding is supported");
+  const int64_t k = rpq_elems<Dims>(options.kernel_size());
+  int64_t fan_in;
+  if constexpr (Transposed) {
+    // Weight [in, out / g, k...]; split along out / g.
+    init_rpq(*this, out / g, in * k, num_codebooks_option, "out_channels / groups");
+    fan_in = (out / g) * k;  // torch's fan-in of a [in, out / g, k...] tensor
+  } else {
+    init_rpq(*this, out, (in / g) * k, num_codebooks_option, "out_channels");
+    fan_in = (in / g) * k;
+  }
+  const double bound = 1.0 / std::sqrt(static_cast<double>(fan_in));
+  init_codebooks_uniform(bound);
+  bias_ = options.bias() ? this->register_parameter("bias", at::empty({out}).uniform_(-bound, bound)) : at::Tensor();
+}
+
+template <size_t Dims, bool Transposed>
+at::Tensor RPQConvImpl<Dims, Transposed>::weight() const {
+  const std::vector<int64_t> k = rpq_dims<Dims>(options.kernel_size());
+  const int64_t in = options.in_channels(), out = options.out_channels(), g = options.groups();
+  if constexpr (Transposed) {
+    std::vector<int64_t> shape{out / g, in};
+    shape.insert(shape.end(), k.begin(), k.end());
+    return expanded().view(shape).transpose(0, 1).contiguous();  // [in, out / g, k...]
+  } else {
+    std::vector<int64_t> shape{out, in / g};
+    shape.insert(shape.end(), k.begin(), k.end());
+    return expanded().view(shape);
+  }
+}
+
+template <size_t Dims, bool Transposed>
+at::Tensor RPQConvImpl<Dims, Transposed>::split_of(const at::Tensor& w) const {
+  if constexpr (Transposed) return w.transpose(0, 1).reshape({S_, C_});
+  return w.reshape({S_, C_});
+}
+
+template <size_t Dims, bool Transposed>
+at::Tensor RPQConvImpl<Dims, Transposed>::forward(const at::Tensor& x) {
+  const auto* pad = rpq_padding<Dims>(options.padding());
+  QF_REQUIRE(pad, layer_type(), ": padding must be explicit sizes ('same'/'valid' are not supported)");
+  const at::Tensor w = weight();
+  const auto stride = rpq_dims<Dims>(options.stride()), padding = rpq_dims<Dims>(*pad), dilation = rpq_dims<Dims>(options.dilation());
+  if constexpr (Transposed) {
+    const auto out_pad = rpq_dims<Dims>(options.output_padding());
+    if constexpr (Dims == 1) return at::conv_transpose1d(x, w, bias_, stride, padding, out_pad, options.groups(), dilation);
+    if constexpr (Dims == 2) return at::conv_transpose2d(x, w, bias_, stride, padding, out_pad, options.groups(), dilation);
+    if constexpr (Dims == 3) return at::conv_transpose3d(x, w, bias_, stride, padding, out_pad, options.groups(), dilation);
+  } else {
+    if constexpr (Dims == 1) return at::conv1d(x, w, bias_, stride, padding, dilation, options.groups());
+    if constexpr (Dims == 2) return at::conv2d(x, w, bias_, stride, padding, dilation, options.groups());
+    if constexpr (Dims == 3) return at::conv3d(x, w, bias_, stride, padding, dilation, options.groups());
+  }
+}
+
+template class RPQConvImpl<1, false>;
+template class RPQConvImpl<2, false>;
+template class RPQConvImpl<3, false>;
+template class RPQConvImpl<1, true>;
+template class RPQConvImpl<2, true>;
+template class RPQConvImpl<3, true>;
+
+// ---- Bilinear -------------------------------------------------------------------------------
+
+RPQBilinearImpl::RPQBilinearImpl(const torch::nn::BilinearOptions& o, int64_t num_codebooks)
+    : options(o), num_codebooks_option(num_codebooks) {
+  reset();
+}
+
+void RPQBilinearImpl::reset() {
+  init_rpq(*this, options.out_features(), options.in1_features() * options.in2_features(), num_codebooks_option,
+           "out_features");
+  // torch::nn::Bilinear: U(-1/sqrt(in1), 1/sqrt(in1)) for weight and bias.
+  const double bound = 1.0 / std::sqrt(static_cast<double>(options.in1_features()));
+  init_codebooks_uniform(bound);
+  bias_ = options.bias() ? register_parameter("bias", at::empty({options.out_features()}).uniform_(-bound, bound)) : at::Tensor();
+}
+
+at::Tensor RPQBilinearImpl::weight() const {
+  return expanded().view({options.out_features(), options.in1_features(), options.in2_features()});
+}
+
+at::Tensor RPQBilinearImpl::forward(const at::Tensor& x1, const at::Tensor& x2) {
+  return at::bilinear(x1, x2, weight(), bias_);
+}
+
+// ---- conversion -----------------------------------------------------------------------------
+
+RPQConversion rpq_convert(const at::Tensor& w_split_in, int64_t H, const KMeansOptions& options) {
+  QF_REQUIRE(w_split_in.defined() && w_split_in.dim() == 2, "rpq_convert: the weight must be [S, C]");
+  const at::Tensor w = w_split_in.detach().to(at::kFloat).contiguous();
+  const int64_t S = w.size(0), C = w.size(1);
+  QF_REQUIRE(H >= 1 && S % H == 0, "rpq_convert: ", S, " rows are not divisible by num_codebooks = ", H);
+  const int64_t D = S / H;
+  RPQConversion r;
+  r.codebooks = at::empty({H, kRpqCodebookSize, D}, at::kFloat);
+  r.indices = at::empty({H, C}, at::kByte);
+  for (int64_t h = 0; h < H; ++h) {
+    KMeansOptions o = options;
+    o.seed = options.seed + static_cast<uint64_t>(h);
+    const KMeansResult km = kmeans(w.narrow(0, h * D, D).t(), kRpqCodebookSize, o);  // C points of D values
+    r.codebooks[h].copy_(km.centroids);
+    r.indices[h].copy_(km.assignment.to(at::kByte));
+  }
+  const at::Tensor err = rpq_expand(r.codebooks, r.indices) - w;
+  const double norm = w.pow(2).sum().item<double>();
+  r.relative_error = norm > 0 ? err.pow(2).sum().item<double>() / norm : 0.0;
+  return r;
+}
+
+void rpq_load_from_float(RPQLayer& layer, const at::Tensor& weight, const at::Tensor& bias, const KMeansOptions& options,
+                         double* relative_error) {
+  const at::Tensor dense = layer.weight();
+  QF_REQUIRE(weight.defined() && weight.sizes() == dense.sizes(), layer.layer_type(), ": float weight of shape ",
+             weight.defined() ? weight.sizes() : at::IntArrayRef{}, " does not fit the layer's ", dense.sizes());
+  const RPQConversion c = rpq_convert(layer.split_of(weight), layer.num_codebooks(), options);
+  layer.set_rpq_state(c.codebooks, c.indices, bias);
+  if (relative_error) *relative_error = c.relative_error;
+}
+
+}  // namespace qforge::nn

@@ -1,0 +1,174 @@
+// Reverse product quantization (RPQ) layers: the weight is generated just in time from
+// `num_codebooks` shared codebooks of 256 sub-vectors and uint8 indices (docs/rpq.md).
+//
+// One split dimension S of the weight (the output features / channels) is cut into
+// H = num_codebooks blocks of D = S / H; the other dimensions flatten to C columns. Then
+//   W_split[h * D + d, c] = codebooks[h, indices[h, c], d]     codebooks [H, 256, D] (parameter)
+//                                                             indices   [H, C] uint8 (buffer)
+// so a layer stores H * 256 * D floats + H * C bytes instead of S * C floats. Codebooks train
+// (they are parameters); indices are fixed buffers. The expanded weight is built inside forward
+// and never kept, so gradient checkpointing recomputes it instead of storing it.
+//
+// Layers (drop-in for their torch::nn twins: same options, forward and initial weight
+// distribution, plus num_codebooks): RPQLinear, RPQEmbedding, RPQConv1d/2d/3d,
+// RPQConvTranspose1d/2d/3d, RPQBilinear. S must be divisible by num_codebooks (clear error
+// otherwise): out_features (Linear, Bilinear), out_channels (Conv), out_channels / groups
+// (ConvTranspose), embedding_dim (Embedding: a row is H sub-vectors, gathered directly).
+#pragma once
+
+#include <torch/nn/cloneable.h>
+#include <torch/nn/options/conv.h>
+#include <torch/nn/options/embedding.h>
+#include <torch/nn/options/linear.h>
+#include <torch/nn/pimpl.h>
+
+#include <memory>
+#include <string>
+
+#include "framework/kmeans.h"
+
+namespace qforge::nn {
+
+// Sub-vectors per codebook (uint8 indices).
+constexpr int64_t kRpqCodebookSize = 256;
+
+// Expands codebooks [H, 256, D] and indices [H, C] into the split-first weight [H * D, C].
+at::Tensor rpq_expand(const at::Tensor& codebooks, const at::Tensor& indices);
+
+// State and bookkeeping every RPQ layer shares.
+class RPQLayer {
+ public:
+  virtual ~RPQLayer() = default;
+  virtual const char* layer_type() const = 0;
+  // The expanded weight in the twin's layout (a new tensor each call, differentiable).
+  virtual at::Tensor weight() const = 0;
+  int64_t num_codebooks() const { return H_; }
+  int64_t codebook_dim() const { return D_; }
+  const at::Tensor& codebooks() const { return codebooks_; }
+  const at::Tensor& indices() const { return indices_; }
+  // Bytes held: codebooks (float32), indices (uint8) and bias.
+  int64_t storage_bytes() const;
+  // Bytes the twin's float32 weight would take.
+  int64_t dense_weight_bytes() const;
+  // The twin-layout weight `w` viewed split-first [S, C] (what the codebooks reconstruct).
+  virtual at::Tensor split_of(const at::Tensor& w) const = 0;
+  // Sets codebooks, indices and (when the layer has one) bias; shapes must match.
+  void set_rpq_state(const at::Tensor& codebooks, const at::Tensor& indices, const at::Tensor& bias);
+  // What forward runs for an input of `rows` rows (Linear: "rpq_lut" or "rpq_expand+at::linear"),
+  // and why when it expands.
+  virtual std::string kernel(int64_t rows) const;
+
+ protected:
+  // Registers codebooks [H, 256, S / H] and random indices [H, C] on `m`; throws unless
+  // S % H == 0 (`what` names S in the message).
+  void init_rpq(torch::nn::Module& m, int64_t split, int64_t columns, int64_t num_codebooks, const char* what);
+  // Draws the codebooks uniformly in [-bound, bound] (the twin's kaiming-uniform bound).
+  void init_codebooks_uniform(double bound);
+  // The split-first weight [S, C].
+  at::Tensor expanded() const { return rpq_expand(codebooks_, indices_); }
+
+  int64_t H_ = 0, D_ = 0, S_ = 0, C_ = 0;
+  at::Tensor codebooks_, indices_, bias_;
+};
+
+class RPQLinearImpl : public torch::nn::Cloneable<RPQLinearImpl>, public RPQLayer {
+ public:
+  RPQLinearImpl(int64_t in_features, int64_t out_features, int64_t num_codebooks)
+      : RPQLinearImpl(torch::nn::LinearOptions(in_features, out_features), num_codebooks) {}
+  RPQLinearImpl(const torch::nn::LinearOptions& options, int64_t num_codebooks);
+  void reset() override;
+  // Up to kLutMaxRows rows: per-codebook sums of x over the columns that pick each sub-vector,
+  // times the codebook (no weight is built); more rows: the expanded weight and at::linear.
+  at::Tensor forward(const at::Tensor& x);
+  at::Tensor weight() const override;
+  at::Tensor split_of(const at::Tensor& w) const override { return w.reshape({S_, C_}); }
+  const char* layer_type() const override { return "RPQLinear"; }
+  std::string kernel(int64_t rows) const override;
+  const at::Tensor& bias() const { return bias_; }
+  static constexpr int64_t kLutMaxRows = 16;
+  torch::nn::LinearOptions options;
+  int64_t num_codebooks_option;
+};
+TORCH_MODULE(RPQLinear);
+
+class RPQEmbeddingImpl : public torch::nn::Cloneable<RPQEmbeddingImpl>, public RPQLayer {
+ public:
+  RPQEmbeddingImpl(int64_t num_embeddings, int64_t embedding_dim, int64_t num_codebooks)
+      : RPQEmbeddingImpl(torch::nn::EmbeddingOptions(num_embeddings, embedding_dim), num_codebooks) {}
+  RPQEmbeddingImpl(const torch::nn::EmbeddingOptions& options, int64_t num_codebooks);
+  void reset() override;
+  // Gathers each looked-up row's H sub-vectors from the codebooks (never the whole table).
+  // padding_idx rows pass no gradient, as in torch::nn::Embedding (they are not zero: their
+  // sub-vectors are shared).
+  at::Tensor forward(const at::Tensor& ids);
+  at::Tensor weight() const override;
+  at::Tensor split_of(const at::Tensor& w) const override { return w.t(); }
+  const char* layer_type() const override { return "RPQEmbedding"; }
+  std::string kernel(int64_t) const override { return "rpq_gather_rows"; }
+  torch::nn::EmbeddingOptions options;
+  int64_t num_codebooks_option;
+};
+TORCH_MODULE(RPQEmbedding);
+
+// Convolutions of D spatial dimensions; Transposed selects ConvTranspose.
+template <size_t Dims, bool Transposed>
+class RPQConvImpl : public torch::nn::Cloneable<RPQConvImpl<Dims, Transposed>>, public RPQLayer {
+ public:
+  using Options = std::conditional_t<Transposed, torch::nn::ConvTransposeOptions<Dims>, torch::nn::ConvOptions<Dims>>;
+  RPQConvImpl(Options options, int64_t num_codebooks);
+  void reset() override;
+  at::Tensor forward(const at::Tensor& x);
+  at::Tensor weight() const override;
+  at::Tensor split_of(const at::Tensor& w) const override;
+  const char* layer_type() const override;
+  const at::Tensor& bias() const { return bias_; }
+  Options options;
+  int64_t num_codebooks_option;
+};
+using RPQConv1dImpl = RPQConvImpl<1, false>;
+using RPQConv2dImpl = RPQConvImpl<2, false>;
+using RPQConv3dImpl = RPQConvImpl<3, false>;
+using RPQConvTranspose1dImpl = RPQConvImpl<1, true>;
+using RPQConvTranspose2dImpl = RPQConvImpl<2, true>;
+using RPQConvTranspose3dImpl = RPQConvImpl<3, true>;
+TORCH_MODULE(RPQConv1d);
+TORCH_MODULE(RPQConv2d);
+TORCH_MODULE(RPQConv3d);
+TORCH_MODULE(RPQConvTranspose1d);
+TORCH_MODULE(RPQConvTranspose2d);
+TORCH_MODULE(RPQConvTranspose3d);
+
+class RPQBilinearImpl : public torch::nn::Cloneable<RPQBilinearImpl>, public RPQLayer {
+ public:
+  RPQBilinearImpl(const torch::nn::BilinearOptions& options, int64_t num_codebooks);
+  void reset() override;
+  at::Tensor forward(const at::Tensor& x1, const at::Tensor& x2);
+  at::Tensor weight() const override;
+  at::Tensor split_of(const at::Tensor& w) const override { return w.reshape({S_, C_}); }
+  const char* layer_type() const override { return "RPQBilinear"; }
+  const at::Tensor& bias() const { return bias_; }
+  torch::nn::BilinearOptions options;
+  int64_t num_codebooks_option;
+};
+TORCH_MODULE(RPQBilinear);
+
+// ---- conversion from float weights -----------------------------------------------------------
+
+struct RPQConversion {
+  at::Tensor codebooks;  // [H, 256, D]
+  at::Tensor indices;    // [H, C] uint8
+  // |W - W_rpq|^2 / |W|^2 over the whole weight.
+  double relative_error = 0.0;
+};
+
+// k-means (256 centroids) on the C sub-vectors of each of the H blocks of the split-first weight
+// `w_split` [S, C]. Deterministic for a given options.seed.
+RPQConversion rpq_convert(const at::Tensor& w_split, int64_t num_codebooks, const KMeansOptions& options = {});
+
+// Converts a float layer: the RPQ layer of the same options whose expanded weight is the k-means
+// reconstruction of `weight` (in the twin's layout) and whose bias is `bias`; returns the relative
+// error in `*relative_error`.
+void rpq_load_from_float(RPQLayer& layer, const at::Tensor& weight, const at::Tensor& bias,
+                         const KMeansOptions& options = {}, double* relative_error = nullptr);
+
+}  // namespace qforge::nn
