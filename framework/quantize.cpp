@@ -194,8 +194,25 @@ std::vector<LayerReport> layer_reports(const torch::nn::Module& model, bool plan
     r.name = display_name(path);
     rows.emplace_back(path, std::move(r));
   });
+  // RPQ layers: their own weight format, listed with the kernel a decode-sized call runs.
+  bool extra = false;
+  for (const auto& item : model.named_modules("", /*include_self=*/false)) {
+    const auto* rpq = dynamic_cast<const nn::RPQLayer*>(item.value().get());
+    if (!rpq) continue;
+    LayerReport r;
+    r.name = display_name(item.key());
+    r.type = rpq->layer_type();
+    r.weights = detail::str_cat("rpq ", rpq->num_codebooks(), " codebooks x ", nn::kRpqCodebookSize, " x ",
+                                rpq->codebook_dim(), " (uint8 indices)");
+    r.activations = "float";
+    r.kernel = rpq->kernel(1);
+    if (r.kernel.rfind("rpq_expand", 0) == 0) r.fallback_reason = "the weight is expanded from the codebooks per call";
+    r.bytes = rpq->storage_bytes();
+    rows.emplace_back(item.key(), std::move(r));
+    extra = true;
+  }
   const std::vector<PlainLayer> plain = plain_libtorch_layers(model);
-  if (!plain.empty()) {
+  if (!plain.empty() || extra) {
     // LibTorch layers stay float; listed where they sit in the model.
     for (const PlainLayer& p : plain) {
       LayerReport r;

@@ -311,4 +311,45 @@ void rpq_load_from_float(RPQLayer& layer, const at::Tensor& weight, const at::Te
   if (relative_error) *relative_error = c.relative_error;
 }
 
+RPQRefineReport rpq_refine_codebooks(RPQLinearImpl& layer, const at::Tensor& weight_in, const at::Tensor& inputs,
+                                     double damp) {
+  const at::Tensor w = weight_in.detach().to(at::kDouble);
+  QF_REQUIRE(weight_in.defined() && w.sizes() == at::IntArrayRef({layer.options.out_features(), layer.options.in_features()}),
+             "RPQLinear: refine needs the float weight [out, in]");
+  QF_REQUIRE(inputs.defined() && inputs.dim() == 2 && inputs.size(1) == layer.options.in_features() && inputs.size(0) > 0,
+             "RPQLinear: refine needs calibration inputs [N, ", layer.options.in_features(), "]");
+  const at::Tensor x = inputs.detach().to(at::kDouble);
+  QF_REQUIRE(at::isfinite(x).all().item<bool>(), "RPQLinear: calibration inputs hold NaN or inf");
+  QF_REQUIRE(damp >= 0.0, "RPQLinear: damp must be non-negative");
+  const at::Tensor G = x.t().matmul(x);  // [C, C]
+  auto output_error = [&] {
+    const at::Tensor diff = w - layer.weight().detach().to(at::kDouble);
+    const double ref = (x.matmul(w.t())).pow(2).sum().item<double>();
+    return ref > 0 ? x.matmul(diff.t()).pow(2).sum().item<double>() / ref : 0.0;
+  };
+  RPQRefineReport r;
+  r.output_error_before = output_error();
+  const int64_t H = layer.num_codebooks(), D = layer.codebook_dim(), C = layer.options.in_features();
+  at::Tensor codebooks = layer.codebooks().detach().clone();
+  for (int64_t h = 0; h < H; ++h) {
+    const at::Tensor idx = layer.indices()[h].to(at::kLong);
+    const at::Tensor AtG = at::zeros({kRpqCodebookSize, C}, at::kDouble).index_add_(0, idx, G);              // Aᵀ G
+    at::Tensor AtGA = at::zeros({kRpqCodebookSize, kRpqCodebookSize}, at::kDouble).index_add_(1, idx, AtG);  // Aᵀ G A
+    const at::Tensor rhs = AtG.matmul(w.narrow(0, h * D, D).t());                                            // [256, D]
+    const at::Tensor used = at::zeros({kRpqCodebookSize}, at::kBool).index_fill_(0, idx, true);
+    const at::Tensor diag = AtGA.diagonal();
+    const double mean_diag = diag.masked_select(used).mean().item<double>();
+    // Codes no column picks keep their sub-vector: their rows are decoupled (identity rows).
+    AtGA += at::diag(at::where(used, at::full({kRpqCodebookSize}, damp * mean_diag, at::kDouble),
+                               at::ones({kRpqCodebookSize}, at::kDouble)));
+    // The ridge pulls toward the current sub-vector (not toward zero).
+    const at::Tensor keep = codebooks[h].to(at::kDouble);
+    const at::Tensor b = at::where(used.unsqueeze(1), rhs + damp * mean_diag * keep, keep);
+    codebooks[h].copy_(at::linalg_solve(AtGA, b).to(at::kFloat));
+  }
+  layer.set_rpq_state(codebooks, layer.indices(), at::Tensor());
+  r.output_error_after = output_error();
+  return r;
+}
+
 }  // namespace qforge::nn

@@ -171,4 +171,19 @@ RPQConversion rpq_convert(const at::Tensor& w_split, int64_t num_codebooks, cons
 void rpq_load_from_float(RPQLayer& layer, const at::Tensor& weight, const at::Tensor& bias,
                          const KMeansOptions& options = {}, double* relative_error = nullptr);
 
+// Data-aware codebooks for an RPQLinear: with its indices fixed, the codebooks that minimise the
+// layer's output error on calibration inputs X [N, in] against the float `weight` [out, in]:
+//   min over codebooks of |X (weight - W_rpq)ᵀ|²  (bias unchanged).
+// W_rpq is linear in the codebooks, so each codebook h solves one damped least-squares system
+//   (Aₕᵀ G Aₕ + λ I) Vₕ = Aₕᵀ G Wₕᵀ + λ Vₕ⁰,   G = XᵀX, Aₕ the [in, 256] one-hot of
+// indices[h], Wₕ the block's D rows, Vₕ⁰ the current codebook, λ = damp · mean diagonal of the
+// used codes (float64); codes no column picks keep their sub-vector. With G = I and damp = 0 this
+// is each code's mean sub-vector (the k-means centroids of the current assignment).
+struct RPQRefineReport {
+  double output_error_before = 0.0;  // |X (W - W_rpq)ᵀ|² / |X Wᵀ|², before and after
+  double output_error_after = 0.0;
+};
+RPQRefineReport rpq_refine_codebooks(RPQLinearImpl& layer, const at::Tensor& weight, const at::Tensor& inputs,
+                                     double damp = 1e-4);
+
 }  // namespace qforge::nn

@@ -128,8 +128,11 @@ TEST(Qtrain, BertInt8RecipeRunsEndToEndAndExportsEverything) {
   EXPECT_NE(last.find("x smaller); whole run "), std::string::npos) << last;
   EXPECT_EQ(std::count(last.begin(), last.end(), '\n'), 2) << last;
   EXPECT_GT(r["timings_s"]["total"].get<double>(), r["timings_s"]["float"].get<double>());
-  for (const char* f : {"report.md", "recipe.resolved.yaml", "model.h5", "calibration.h5", "fp32.h5"})
+  for (const char* f : {"report.md", "recipe.resolved.yaml", "model.h5", "calibration.h5", "fp32.h5", "model.onnx"})
     EXPECT_TRUE(fs::exists(dir + "/" + f)) << f;
+  // The recipe exports ONNX: every quantized layer written in QDQ form, the classifier in float.
+  EXPECT_EQ(r["onnx"]["model_type"], "BertForSequenceClassification");
+  EXPECT_GT(r["onnx"]["dequantize_linear"].get<int>(), 12);
   // A second run loads the float checkpoint instead of training.
   const QtrainRun again = qtrain("--recipe recipes/bert_int8.yaml" + small(dir) + " --set data.seq_len=24 --stages float");
   ASSERT_EQ(again.code, 0) << again.output;

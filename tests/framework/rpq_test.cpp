@@ -222,6 +222,40 @@ TEST(RPQ, ConversionErrorFallsAsCodebooksAreAdded) {
   EXPECT_TRUE(at::equal(small->weight(), d2->weight));
 }
 
+TEST(RPQ, CalibrationRefinementLowersTheOutputError) {
+  at::manual_seed(0);
+  torch::nn::Linear dense(512, 32);
+  nn::RPQLinear l(512, 32, 4);
+  nn::rpq_load_from_float(*l, dense->weight, dense->bias);
+  // With X = I the least-squares codebooks are the means of each code's sub-vectors.
+  {
+    nn::RPQLinear m(512, 32, 4);
+    m->set_rpq_state(l->codebooks(), l->indices(), dense->bias);
+    const nn::RPQRefineReport r = nn::rpq_refine_codebooks(*m, dense->weight, at::eye(512), 0.0);
+    EXPECT_LE(r.output_error_after, r.output_error_before + 1e-9);
+    const at::Tensor split = dense->weight.detach().reshape({4, 8, 512});  // [h, d, c]
+    for (int64_t h = 0; h < 4; ++h) {
+      const at::Tensor idx = m->indices()[h].to(at::kLong);
+      for (int64_t k : {0, 17, 255}) {
+        const at::Tensor cols = at::nonzero(idx == k).flatten();
+        if (cols.numel() == 0) continue;
+        expect_close(m->codebooks()[h][k], split[h].index_select(1, cols).mean(1), "mean of code " + std::to_string(k), 1e-4, 1e-5);
+      }
+    }
+  }
+  // Correlated inputs with uneven scales: the output error on them falls.
+  const at::Tensor x = at::randn({2048, 512}).matmul(at::randn({512, 512}) * 0.1 + at::eye(512)) * at::linspace(0.1, 3.0, 512);
+  const nn::RPQRefineReport r = nn::rpq_refine_codebooks(*l, dense->weight, x);
+  std::printf("RPQLinear 32x512, 4 codebooks: output error on calibration inputs %.4f -> %.4f\n", r.output_error_before,
+              r.output_error_after);
+  EXPECT_LT(r.output_error_after, 0.8 * r.output_error_before);
+  const at::Tensor y_ref = at::linear(x, dense->weight, dense->bias);
+  const double measured = (l->forward(x) - y_ref).pow(2).sum().item<double>() / (y_ref - dense->bias).pow(2).sum().item<double>();
+  EXPECT_NEAR(measured, r.output_error_after, 1e-3);
+  EXPECT_NE(error_of([&] { nn::rpq_refine_codebooks(*l, dense->weight, at::randn({4, 100})); }).find("[N, 512]"),
+            std::string::npos);
+}
+
 namespace {
 struct RpqNet : torch::nn::Module {
   RpqNet() {
@@ -258,4 +292,17 @@ TEST(RPQ, CheckpointRoundTripIntoAFreshModelAndModelSizeCountsExactly) {
   EXPECT_EQ(s.total_bytes, want);
   EXPECT_EQ(s.quantized_bytes, want);
   for (const auto& l : s.layers) EXPECT_EQ(l.kind, "rpq") << l.name;
+
+  // describe() lists each RPQ layer with its format, decode-size kernel and bytes.
+  const std::vector<LayerReport> rows = layer_reports(a);
+  ASSERT_EQ(rows.size(), 3u);
+  EXPECT_EQ(rows[1].name, "fc");
+  EXPECT_EQ(rows[1].type, "RPQLinear");
+  EXPECT_EQ(rows[1].weights, "rpq 3 codebooks x 256 x 4 (uint8 indices)");
+  EXPECT_EQ(rows[1].kernel, "rpq_lut");
+  EXPECT_EQ(rows[1].fallback_reason, "");
+  EXPECT_EQ(rows[2].kernel, "rpq_expand+dense");
+  EXPECT_NE(rows[2].fallback_reason.find("expanded"), std::string::npos);
+  EXPECT_EQ(rows[0].kernel, "rpq_gather_rows");
+  EXPECT_EQ(rows[1].bytes, 3 * 256 * 4 * 4 + 3 * 16 + 12 * 4);
 }

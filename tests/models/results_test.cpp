@@ -18,6 +18,8 @@
 #include "framework/models/bert.h"
 #include "framework/models/cnn.h"
 #include "framework/models/gpt2.h"
+#include "framework/nn/rpq.h"
+#include "framework/quantize.h"
 #include "framework/train/trainer.h"
 
 namespace qforge::train {
@@ -65,6 +67,92 @@ TEST(Results, FashionMnistCnn) {
   EXPECT_GE(t.accuracy, 0.90);
   EXPECT_LE(r.seconds, 300.0);
   EXPECT_NEAR(folded.accuracy, t.accuracy, 2e-3);
+}
+
+// SmallCnn whose fc1 (64*7*7 -> 128, 80 % of the weights) is an RPQLinear: the convolutions and
+// fc2 are the float model's own modules.
+struct RpqFc1Cnn : torch::nn::Module {
+  RpqFc1Cnn(models::SmallCnn base_model, int64_t num_codebooks) : base(std::move(base_model)) {
+    register_module("base", base);
+    base->unregister_module("fc1");
+    fc1 = register_module("fc1", nn::RPQLinear(base->fc1->options.in_features(), base->fc1->options.out_features(),
+                                               num_codebooks));
+  }
+  // The input of fc1.
+  at::Tensor features(const at::Tensor& x) {
+    at::Tensor h = x;
+    for (const auto& b : *base->blocks) h = at::max_pool2d(b->as<models::ConvBnReluImpl>()->forward(h), {2, 2});
+    return h.flatten(1);
+  }
+  at::Tensor forward(const at::Tensor& x) {
+    const at::Tensor h = at::relu(fc1->forward(features(x)));
+    return base->fc2->forward(base->dropout->forward(h));
+  }
+  models::SmallCnn base{nullptr};
+  nn::RPQLinear fc1{nullptr};
+};
+
+// docs/rpq.md, "Results": fc1 converted from the trained float CNN by k-means (then a one-epoch
+// fine-tune of the whole model), against the same architecture trained with RPQ from scratch.
+TEST(Results, FashionMnistCnnRpq) {
+  if (!std::filesystem::is_directory(data::kFashionMnistDir))
+    GTEST_SKIP() << "Fashion-MNIST missing (apt-get install " << data::kFashionMnistPackage << ")";
+  const data::FashionMnist d = data::load_fashion_mnist(5000, 0);
+  TensorBatches tr(d.train.images, d.train.labels), val(d.validation.images, d.validation.labels),
+      test(d.test.images, d.test.labels);
+  const int64_t H = env_int("QFORGE_RPQ_CODEBOOKS", 16);
+  TrainOptions o;
+  o.epochs = env_int("QFORGE_CNN_EPOCHS", 4);
+  o.batch_size = 128, o.lr = 2e-3, o.weight_decay = 0.05, o.label = "cnn";
+  models::SmallCnnOptions mo;
+  mo.channels = {32, 64};
+
+  at::manual_seed(0);
+  models::SmallCnn m(mo);
+  auto fwd = [&](const Batch& b) { return m->forward(b.input); };
+  fit(*m, tr, fwd, o, &val);
+  const Metrics fl = evaluate(*m, test, fwd, 500, "float test");
+  const int64_t float_bytes = model_size(*m).total_bytes;
+  const at::Tensor w = m->fc1->weight.detach().clone(), b = m->fc1->bias.detach().clone();
+
+  RpqFc1Cnn conv(m, H);
+  double rel_err = -1;
+  nn::rpq_load_from_float(*conv.fc1, w, b, {}, &rel_err);
+  auto cfwd = [&](const Batch& bt) { return conv.forward(bt.input); };
+  const Metrics converted = evaluate(conv, test, cfwd, 500, "rpq converted test");
+  // Calibration only: fc1's codebooks re-solved for its output on 4096 training images.
+  at::Tensor calib;
+  {
+    at::NoGradGuard g;
+    conv.eval();
+    calib = conv.features(d.train.images.narrow(0, 0, 4096));
+  }
+  const nn::RPQRefineReport refine = nn::rpq_refine_codebooks(*conv.fc1, w, calib);
+  const Metrics refined = evaluate(conv, test, cfwd, 500, "rpq converted + calibration refine test");
+  TrainOptions ft = o;
+  ft.epochs = 1, ft.lr = 5e-4, ft.label = "rpq fine-tune";
+  fit(conv, tr, cfwd, ft, &val);
+  const Metrics tuned = evaluate(conv, test, cfwd, 500, "rpq converted + 1 epoch test");
+  const int64_t rpq_bytes = model_size(conv).total_bytes;
+
+  at::manual_seed(0);
+  RpqFc1Cnn scratch(models::SmallCnn(mo), H);
+  auto sfwd = [&](const Batch& bt) { return scratch.forward(bt.input); };
+  TrainOptions so = o;
+  so.label = "rpq from scratch";
+  const TrainResult sr = fit(scratch, tr, sfwd, so, &val);
+  const Metrics trained = evaluate(scratch, test, sfwd, 500, "rpq trained test");
+
+  std::printf("\nRESULT fashion_mnist_cnn_rpq: fc1 with %lld codebooks; float test acc %.4f (%lld bytes); "
+              "converted (relative weight error %.4f) %.4f, + calibration refine (fc1 output error %.4f -> %.4f) %.4f, "
+              "+ 1 epoch fine-tune %.4f; trained from scratch "
+              "(%lld epochs, %.1f s) %.4f; RPQ model %lld bytes (%.1f %% of float)\n",
+              static_cast<long long>(H), fl.accuracy, static_cast<long long>(float_bytes), rel_err, converted.accuracy,
+              refine.output_error_before, refine.output_error_after, refined.accuracy, tuned.accuracy, static_cast<long long>(so.epochs), sr.seconds, trained.accuracy,
+              static_cast<long long>(rpq_bytes), 100.0 * rpq_bytes / float_bytes);
+  EXPECT_GE(tuned.accuracy, fl.accuracy - 0.02);
+  EXPECT_LT(refine.output_error_after, refine.output_error_before);
+  EXPECT_LT(rpq_bytes, float_bytes / 2);
 }
 
 TEST(Results, LanguageIdBert) {
