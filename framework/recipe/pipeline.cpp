@@ -436,7 +436,7 @@ namespace {
 // frozen model, and (given a quantized model) a QDQ form for every layer's scheme.
 void check_onnx_recipe(const Recipe& r, const torch::nn::Module* model) {
   onnx_export::require_available();
-  QF_REQUIRE(!r.quantize || r.freeze.enabled, r.path, ": export.onnx writes the frozen model; set freeze.enabled: true");
+  QF_REQUIRE(!r.quantize || r.freeze.enabled, r.path, ": export.onnx writes the frozen model; set freeze.enabled: true (or export.onnx: false)");
   if (model) onnx_export::check_exportable(*model);
 }
 
