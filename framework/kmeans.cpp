@@ -18,6 +18,7 @@ at::Tensor nearest_centroid(const at::Tensor& points, const at::Tensor& centroid
 
 KMeansResult kmeans(const at::Tensor& points_in, int64_t k, const KMeansOptions& options) {
   QF_REQUIRE(k >= 1, "kmeans: k must be at least 1, got ", k);
+  QF_REQUIRE(options.iterations >= 1, "kmeans: iterations must be at least 1, got ", options.iterations);
   QF_REQUIRE(points_in.defined() && points_in.dim() == 2 && points_in.size(0) > 0 && points_in.size(1) > 0,
              "kmeans: points must be a non-empty [N, D] matrix, got ",
              points_in.defined() ? points_in.sizes() : at::IntArrayRef{});

@@ -22,6 +22,8 @@ class MatMulImpl : public torch::nn::Cloneable<MatMulImpl>, public QuantizableLa
   void install_frozen(QuantizedTensor weight) override;
   KernelPlan plan() const override;
   std::vector<Quantizer> quantizers() const override;
+  // The second operand's quantizer (null unless quantized with an activation scheme).
+  Quantizer other_quantizer() const { return other_q_; }
 
  protected:
   bool has_weight() const override { return false; }

@@ -10,9 +10,14 @@
 namespace qforge::nn {
 
 at::Tensor rpq_expand(const at::Tensor& codebooks, const at::Tensor& indices) {
+  QF_REQUIRE(codebooks.defined() && codebooks.dim() == 3 && at::isFloatingType(codebooks.scalar_type()),
+             "rpq_expand: codebooks must be a float [H, 256, D] tensor");
+  QF_REQUIRE(indices.defined() && indices.dim() == 2 && indices.scalar_type() == at::kByte &&
+                 indices.size(0) == codebooks.size(0),
+             "rpq_expand: indices must be uint8 [H, C] with the codebooks' H = ", codebooks.size(0));
   const int64_t H = codebooks.size(0), K = codebooks.size(1), D = codebooks.size(2), C = indices.size(1);
   // Row h * K + indices[h, c] of the codebooks viewed [H * K, D] is sub-vector (h, c).
-  const at::Tensor flat = (indices.to(at::kLong) + at::arange(H, at::kLong).mul_(K).unsqueeze(1)).reshape({-1});
+  const at::Tensor flat = (indices.to(at::kLong) + at::arange(H, indices.options().dtype(at::kLong)).mul_(K).unsqueeze(1)).reshape({-1});
   const at::Tensor sub = codebooks.reshape({H * K, D}).index_select(0, flat).view({H, C, D});
   return sub.permute({0, 2, 1}).reshape({H * D, C});  // [(h d), c]
 }
@@ -53,6 +58,9 @@ void RPQLayer::set_rpq_state(const at::Tensor& codebooks, const at::Tensor& indi
              ": indices must be uint8 of shape ", indices_.sizes(), ", got ", indices.scalar_type(), " ", indices.sizes());
   QF_REQUIRE(!bias.defined() || (bias_.defined() && bias.sizes() == bias_.sizes()), layer_type(),
              ": bias does not match the layer's");
+  QF_REQUIRE(at::isFloatingType(codebooks.scalar_type()) && at::isfinite(codebooks).all().item<bool>(), layer_type(),
+             ": codebooks must be finite floats");
+  QF_REQUIRE(!bias.defined() || at::isfinite(bias).all().item<bool>(), layer_type(), ": bias holds NaN or inf");
   at::NoGradGuard g;
   codebooks_.copy_(codebooks);
   indices_.copy_(indices);
@@ -89,7 +97,7 @@ at::Tensor RPQLinearImpl::forward(const at::Tensor& x_in) {
   // y[m, h * D + d] = sum_c x[m, c] * codebooks[h, indices[h, c], d]
   //                 = sum_k (sum_{c : indices[h, c] = k} x[m, c]) * codebooks[h, k, d]
   // The inner sums are a scatter-add of x into H x 256 bins; the outer one a [256, D] product.
-  const at::Tensor flat = (indices_.to(at::kLong) + at::arange(H_, at::kLong).mul_(kRpqCodebookSize).unsqueeze(1)).reshape({-1});
+  const at::Tensor flat = (indices_.to(at::kLong) + at::arange(H_, indices_.options().dtype(at::kLong)).mul_(kRpqCodebookSize).unsqueeze(1)).reshape({-1});
   const at::Tensor bins = at::zeros({M, H_ * kRpqCodebookSize}, x.options()).index_add(1, flat, x.repeat({1, H_}));
   at::Tensor y = at::bmm(bins.view({M, H_, kRpqCodebookSize}).transpose(0, 1), codebooks_)  // [H, M, D]
                      .transpose(0, 1)
@@ -127,7 +135,7 @@ at::Tensor RPQEmbeddingImpl::forward(const at::Tensor& ids) {
   const int64_t n = flat.numel();
   // Sub-vector (h, row) is row h * 256 + indices[h, row] of the codebooks viewed [H * 256, D].
   const at::Tensor codes = indices_.index_select(1, flat).to(at::kLong) +
-                           at::arange(H_, at::kLong).mul_(kRpqCodebookSize).unsqueeze(1);  // [H, n]
+                           at::arange(H_, indices_.options().dtype(at::kLong)).mul_(kRpqCodebookSize).unsqueeze(1);  // [H, n]
   at::Tensor rows = codebooks_.reshape({H_ * kRpqCodebookSize, D_})
                         .index_select(0, codes.reshape({-1}))
                         .view({H_, n, D_})
@@ -192,6 +200,8 @@ void RPQConvImpl<Dims, Transposed>::reset() {
              " must be divisible by groups ", g);
   QF_REQUIRE(c10::get_if<torch::enumtype::kZeros>(&options.padding_mode()), layer_type(),
              ": only zero padding is supported");
+  QF_REQUIRE(rpq_padding<Dims>(options.padding()), layer_type(),
+             ": padding must be explicit sizes ('same'/'valid' are not supported)");
   const int64_t k = rpq_elems<Dims>(options.kernel_size());
   int64_t fan_in;
   if constexpr (Transposed) {
@@ -274,6 +284,9 @@ at::Tensor RPQBilinearImpl::weight() const {
 }
 
 at::Tensor RPQBilinearImpl::forward(const at::Tensor& x1, const at::Tensor& x2) {
+  QF_REQUIRE(x1.dim() >= 1 && x2.dim() >= 1 && x1.size(-1) == options.in1_features() &&
+                 x2.size(-1) == options.in2_features(),
+             "RPQBilinear: inputs must end in ", options.in1_features(), " and ", options.in2_features(), " features");
   return at::bilinear(x1, x2, weight(), bias_);
 }
 
@@ -306,6 +319,9 @@ void rpq_load_from_float(RPQLayer& layer, const at::Tensor& weight, const at::Te
   const at::Tensor dense = layer.weight();
   QF_REQUIRE(weight.defined() && weight.sizes() == dense.sizes(), layer.layer_type(), ": float weight of shape ",
              weight.defined() ? weight.sizes() : at::IntArrayRef{}, " does not fit the layer's ", dense.sizes());
+  QF_REQUIRE(bias.defined() == layer.has_bias(), layer.layer_type(), ": the float layer ",
+             bias.defined() ? "has a bias and the RPQ layer has none" : "has no bias and the RPQ layer has one",
+             " (construct the RPQ layer with the same bias option)");
   const RPQConversion c = rpq_convert(layer.split_of(weight), layer.num_codebooks(), options);
   layer.set_rpq_state(c.codebooks, c.indices, bias);
   if (relative_error) *relative_error = c.relative_error;
@@ -320,7 +336,7 @@ RPQRefineReport rpq_refine_codebooks(RPQLinearImpl& layer, const at::Tensor& wei
              "RPQLinear: refine needs calibration inputs [N, ", layer.options.in_features(), "]");
   const at::Tensor x = inputs.detach().to(at::kDouble);
   QF_REQUIRE(at::isfinite(x).all().item<bool>(), "RPQLinear: calibration inputs hold NaN or inf");
-  QF_REQUIRE(damp >= 0.0, "RPQLinear: damp must be non-negative");
+  QF_REQUIRE(damp > 0.0 && std::isfinite(damp), "RPQLinear: damp must be a positive number, got ", damp);
   const at::Tensor G = x.t().matmul(x);  // [C, C]
   auto output_error = [&] {
     const at::Tensor diff = w - layer.weight().detach().to(at::kDouble);
@@ -333,19 +349,26 @@ RPQRefineReport rpq_refine_codebooks(RPQLinearImpl& layer, const at::Tensor& wei
   at::Tensor codebooks = layer.codebooks().detach().clone();
   for (int64_t h = 0; h < H; ++h) {
     const at::Tensor idx = layer.indices()[h].to(at::kLong);
-    const at::Tensor AtG = at::zeros({kRpqCodebookSize, C}, at::kDouble).index_add_(0, idx, G);              // Aᵀ G
-    at::Tensor AtGA = at::zeros({kRpqCodebookSize, kRpqCodebookSize}, at::kDouble).index_add_(1, idx, AtG);  // Aᵀ G A
+    const at::Tensor AtG = at::zeros({kRpqCodebookSize, C}, G.options()).index_add_(0, idx, G);              // Aᵀ G
+    at::Tensor AtGA = at::zeros({kRpqCodebookSize, kRpqCodebookSize}, G.options()).index_add_(1, idx, AtG);  // Aᵀ G A
     const at::Tensor rhs = AtG.matmul(w.narrow(0, h * D, D).t());                                            // [256, D]
     const at::Tensor used = at::zeros({kRpqCodebookSize}, at::kBool).index_fill_(0, idx, true);
     const at::Tensor diag = AtGA.diagonal();
     const double mean_diag = diag.masked_select(used).mean().item<double>();
+    QF_REQUIRE(mean_diag > 0.0, "RPQLinear: the calibration inputs are zero on every column codebook ", h,
+               " reads; nothing to refine against");
     // Codes no column picks keep their sub-vector: their rows are decoupled (identity rows).
     AtGA += at::diag(at::where(used, at::full({kRpqCodebookSize}, damp * mean_diag, at::kDouble),
                                at::ones({kRpqCodebookSize}, at::kDouble)));
     // The ridge pulls toward the current sub-vector (not toward zero).
     const at::Tensor keep = codebooks[h].to(at::kDouble);
     const at::Tensor b = at::where(used.unsqueeze(1), rhs + damp * mean_diag * keep, keep);
-    codebooks[h].copy_(at::linalg_solve(AtGA, b).to(at::kFloat));
+    try {
+      codebooks[h].copy_(at::linalg_solve(AtGA, b).to(at::kFloat));
+    } catch (const c10::Error& e) {
+      throw Error(detail::str_cat("RPQLinear: refining codebook ", h, " failed (", e.what_without_backtrace(),
+                                  "); raise damp"));
+    }
   }
   layer.set_rpq_state(codebooks, layer.indices(), at::Tensor());
   r.output_error_after = output_error();

@@ -46,6 +46,7 @@ class RPQLayer {
   int64_t codebook_dim() const { return D_; }
   const at::Tensor& codebooks() const { return codebooks_; }
   const at::Tensor& indices() const { return indices_; }
+  bool has_bias() const { return bias_.defined(); }
   // Bytes held: codebooks (float32), indices (uint8) and bias.
   int64_t storage_bytes() const;
   // Bytes the twin's float32 weight would take.
@@ -184,6 +185,6 @@ struct RPQRefineReport {
   double output_error_after = 0.0;
 };
 RPQRefineReport rpq_refine_codebooks(RPQLinearImpl& layer, const at::Tensor& weight, const at::Tensor& inputs,
-                                     double damp = 1e-4);
+                                     double damp = 1e-4);  // > 0
 
 }  // namespace qforge::nn

@@ -39,6 +39,8 @@ void check_exportable(const torch::nn::Module& model) {
   }
   QF_REQUIRE(n == 0, "onnx export: ", n, n == 1 ? " layer has" : " layers have", " no QDQ form at opset ", kOpset, ":",
              problems);
+  const std::string model_level = model_problems(model);
+  QF_REQUIRE(model_level.empty(), "onnx export: the ", model_type(model), " graph cannot be written:", model_level);
 }
 
 ExportInfo export_onnx(const torch::nn::Module& model, const std::string& path) {

@@ -148,6 +148,15 @@ onnx::ModelProto Graph::finish() { return std::move(model_); }
 // ---- layers ---------------------------------------------------------------------------------
 
 std::string qdq_problem(const QuantizableLayer& l) {
+  if (const auto* c = dynamic_cast<const nn::Conv2dImpl*>(&l)) {
+    if (!c10::get_if<torch::ExpandingArray<2>>(&c->options.padding()))
+      return "'same'/'valid' padding is not written; use explicit padding sizes";
+    if (!c10::get_if<torch::enumtype::kZeros>(&c->options.padding_mode())) return "only zero padding has an ONNX Conv form";
+  }
+  if (const auto* e = dynamic_cast<const nn::EmbeddingImpl*>(&l)) {
+    if (e->options.max_norm()) return "max_norm renormalises rows on lookup; not written";
+  }
+  if (dynamic_cast<const nn::Conv1dImpl*>(&l)) return "Conv1d has no ONNX graph here (no shipped model uses it)";
   const LayerScheme& s = l.scheme();
   if (!l.quantized()) return "";
   if (s.weights) {
@@ -354,15 +363,11 @@ std::string LayerWriter::matmul(const nn::MatMulImpl& l, const std::string& a, c
   check_usable(l);
   const std::string base = name(l);
   LayerForm f{name(l), l.layer_type(), "MatMul"};
-  const std::vector<Quantizer> qs = l.quantizers();
-  std::string qa = a, qb = b;
-  if (qs.size() == 2) {
-    std::string fa, fb;
-    qa = activation_qdq(qs[0], a, base + "/input", &fa);
-    qb = activation_qdq(qs[1], b, base + "/other", &fb);
-    if (!fa.empty()) f.form += "; " + fa;
-    if (!fb.empty()) f.form += "; " + fb;
-  }
+  std::string fa, fb;
+  const std::string qa = activation_qdq(l.input_quantizer(), a, base + "/input", &fa);
+  const std::string qb = activation_qdq(l.other_quantizer(), b, base + "/other", &fb);
+  if (!fa.empty()) f.form += "; " + fa;
+  if (!fb.empty()) f.form += "; " + fb;
   forms_.push_back(f);
   return g_.node("MatMul", {qa, qb}, base + "/matmul");
 }

@@ -103,6 +103,8 @@ struct ModelGraph {
   std::vector<std::string> inputs, outputs;
 };
 bool write_model_graph(const torch::nn::Module& model, Graph& g, LayerWriter& w, ModelGraph* out);
+// Model-level reasons the graph cannot be written ("" when none), one "\n  ..." line each.
+std::string model_problems(const torch::nn::Module& model);
 // The type name write_model_graph writes `model` as, or nullptr when it has no graph.
 const char* model_type(const torch::nn::Module& model);
 // The model types write_model_graph knows, for error messages.

@@ -169,6 +169,32 @@ void gpt2(const models::Gpt2LMHeadModelImpl& m, Graph& g, LayerWriter& w, ModelG
 
 }  // namespace
 
+std::string model_problems(const torch::nn::Module& model) {
+  std::string out;
+  auto activation_ok = [](const std::string& a) {
+    return a == "gelu" || a == "gelu_new" || a == "gelu_pytorch_tanh" || a == "relu";
+  };
+  if (const auto* m = dynamic_cast<const models::SmallCnnImpl*>(&model)) {
+    for (size_t i = 0; i < m->blocks->size(); ++i) {
+      const auto* b = m->blocks->ptr(i)->as<models::ConvBnReluImpl>();
+      if (b->bn && !b->bn->options.affine())
+        out += "\n  blocks." + std::to_string(i) + ".bn: a BatchNorm without affine parameters is not written";
+    }
+  } else if (const auto* m = dynamic_cast<const models::BertForSequenceClassificationImpl*>(&model)) {
+    if (!activation_ok(m->config.hidden_act)) out += "\n  hidden_act '" + m->config.hidden_act + "' has no ONNX form here";
+  } else if (const auto* m = dynamic_cast<const models::Gpt2LMHeadModelImpl*>(&model)) {
+    if (!activation_ok(m->config.activation_function))
+      out += "\n  activation_function '" + m->config.activation_function + "' has no ONNX form here";
+    // The tied head multiplies by wte's float weight, which freeze releases once wte is quantized:
+    // the frozen C++ model cannot run its head then, and a graph that read the dequantized table
+    // would compute what qforge never does.
+    if (m->transformer->wte->quantized())
+      out += "\n  transformer.wte (Embedding): quantized, but the tied LM head reads its float weight; keep it "
+             "float (rule {pattern: transformer.wte, keep_float: true}, as the gpt2 recipes do)";
+  }
+  return out;
+}
+
 const char* model_type(const torch::nn::Module& model) {
   if (dynamic_cast<const models::SmallCnnImpl*>(&model)) return "SmallCnn";
   if (dynamic_cast<const models::MlpImpl*>(&model)) return "Mlp";

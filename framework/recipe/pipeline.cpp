@@ -501,6 +501,9 @@ PipelineResult run_pipeline(const Recipe& r, const PipelineOptions& opt) {
     // per-layer widths; the check after quantize() covers those.
     check_onnx_recipe(r, nullptr);
     if (r.quantize) {
+      // The probe's construction draws from the default generator; the run's float model must
+      // start from the same weights with or without export.onnx.
+      RngStateGuard rng;
       Task probe = make_task(r, /*with_data=*/false);
       if (probe.before_quantize) probe.before_quantize();
       quantize(*probe.model, r.scheme);

@@ -231,7 +231,7 @@ TEST(RPQ, CalibrationRefinementLowersTheOutputError) {
   {
     nn::RPQLinear m(512, 32, 4);
     m->set_rpq_state(l->codebooks(), l->indices(), dense->bias);
-    const nn::RPQRefineReport r = nn::rpq_refine_codebooks(*m, dense->weight, at::eye(512), 0.0);
+    const nn::RPQRefineReport r = nn::rpq_refine_codebooks(*m, dense->weight, at::eye(512), 1e-12);
     EXPECT_LE(r.output_error_after, r.output_error_before + 1e-9);
     const at::Tensor split = dense->weight.detach().reshape({4, 8, 512});  // [h, d, c]
     for (int64_t h = 0; h < 4; ++h) {
@@ -253,6 +253,13 @@ TEST(RPQ, CalibrationRefinementLowersTheOutputError) {
   const double measured = (l->forward(x) - y_ref).pow(2).sum().item<double>() / (y_ref - dense->bias).pow(2).sum().item<double>();
   EXPECT_NEAR(measured, r.output_error_after, 1e-3);
   EXPECT_NE(error_of([&] { nn::rpq_refine_codebooks(*l, dense->weight, at::randn({4, 100})); }).find("[N, 512]"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { nn::rpq_refine_codebooks(*l, dense->weight, x, 0.0); }).find("positive"), std::string::npos);
+  EXPECT_NE(error_of([&] { nn::rpq_refine_codebooks(*l, dense->weight, at::zeros({8, 512})); }).find("zero"),
+            std::string::npos);
+  // A float layer without bias does not fill an RPQ layer with one (its random bias would stay).
+  torch::nn::Linear nobias(torch::nn::LinearOptions(512, 32).bias(false));
+  EXPECT_NE(error_of([&] { nn::rpq_load_from_float(*l, nobias->weight, at::Tensor()); }).find("has no bias"),
             std::string::npos);
 }
 

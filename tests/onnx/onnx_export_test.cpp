@@ -134,6 +134,13 @@ TEST(OnnxExport, LayersWithoutQdqFormAreErrorsNamingTheLayer) {
     EXPECT_NE(e.find("per-group"), std::string::npos) << e;
   }
   {
+    // GPT-2's tied head reads wte's float weight: a quantized wte is refused at the model level.
+    Fixture f = onnx_testing::gpt2_fixture(false);
+    quantize(*f.model, Scheme(qint8));
+    const std::string e = error_of([&] { onnx_export::check_exportable(*f.model); });
+    EXPECT_NE(e.find("transformer.wte (Embedding): quantized, but the tied LM head"), std::string::npos) << e;
+  }
+  {
     Fixture f = onnx_testing::mlp_fixture(false);
     Scheme s(qfloat8_e4m3fn);
     quantize(*f.model, s);
@@ -172,6 +179,15 @@ TEST(OnnxExport, FailedExportKeepsThePreviousFile) {
   std::string text;
   std::getline(in, text);
   EXPECT_EQ(text, "previous");
+  // A write that fails after the temporary file is complete (the target is a directory, so the
+  // final rename fails): an error naming the path, the directory untouched, no temporary left.
+  const fs::path taken = dir / "taken.onnx";
+  fs::create_directories(taken / "inside");
+  Fixture h = onnx_testing::mlp_fixture(true);
+  EXPECT_THROW(onnx_export::export_onnx(*h.model, taken.string()), Error);
+  EXPECT_TRUE(fs::is_directory(taken / "inside"));
+  for (const auto& entry : fs::directory_iterator(dir))
+    EXPECT_EQ(entry.path().filename().string().find(".tmp-"), std::string::npos) << entry.path();
   // A directory that does not exist is an error naming the path.
   Fixture g = onnx_testing::mlp_fixture(true);
   const std::string bad = (dir / "missing" / "model.onnx").string();
