@@ -9,6 +9,7 @@
 #include "framework/io/model_file.h"
 #include "framework/io/model_io.h"
 #include "framework/io/safetensors.h"
+#include "framework/nn/rpq.h"
 
 namespace qforge::io {
 
@@ -77,9 +78,25 @@ void export_safetensors(const torch::nn::Module& model, const std::string& path)
     add_quantized(key, codes, m.float8_scale, m.float8_zero_point, m.scheme.weights->spec, codes.sizes().vec(),
                   "ocp_fp8_bytes");
   }
+  // RPQ layers (docs/rpq.md): their tensors as they are, plus how to expand them.
+  nlohmann::json rpq = nlohmann::json::object();
+  for (const auto& item : model.named_modules("", /*include_self=*/false)) {
+    const auto* l = dynamic_cast<const nn::RPQLayer*>(item.value().get());
+    if (!l) continue;
+    rpq[item.key()] = {{"layer_type", l->layer_type()},
+                       {"num_codebooks", l->num_codebooks()},
+                       {"codebook_size", nn::kRpqCodebookSize},
+                       {"codebook_dim", l->codebook_dim()},
+                       {"weight_shape", l->weight().sizes().vec()},
+                       {"codebooks", join(item.key(), "codebooks")},
+                       {"indices", join(item.key(), "indices")},
+                       {"expand", "W_split[h * codebook_dim + d, c] = codebooks[h, indices[h, c], d]; the twin's "
+                                  "layout from W_split as docs/rpq.md lists per layer_type"}};
+  }
   std::map<std::string, std::string> metadata;
   metadata["format"] = "qforge.quantized";
   metadata["qforge.quantized"] = described.dump();
+  if (!rpq.empty()) metadata["qforge.rpq"] = rpq.dump();
   metadata["qforge_version"] = qforge_version();
   write_safetensors(path, tensors, metadata);
 }

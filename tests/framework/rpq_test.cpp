@@ -7,11 +7,13 @@
 #include <torch/nn/modules/embedding.h>
 #include <torch/nn/modules/linear.h>
 
-#include <filesystem>
 #include <cstdio>
+#include <filesystem>
 #include <functional>
+#include <nlohmann/json.hpp>
 
 #include "framework/io/model_io.h"
+#include "framework/io/safetensors.h"
 #include "framework/kmeans.h"
 #include "framework/nn/rpq.h"
 #include "framework/quantize.h"
@@ -291,6 +293,17 @@ TEST(RPQ, CheckpointRoundTripIntoAFreshModelAndModelSizeCountsExactly) {
   EXPECT_TRUE(at::equal(a.conv->forward(img), b.conv->forward(img)));
   EXPECT_TRUE(at::equal(a.emb->indices(), b.emb->indices()));
   std::filesystem::remove(path);
+  // safetensors: the tensors as they are, and how to expand them in the metadata.
+  const std::string st = path + ".safetensors";
+  io::export_safetensors(a, st);
+  const io::SafetensorsFile f = io::read_safetensors(st);
+  EXPECT_TRUE(at::equal(f.tensors.at("fc.codebooks"), a.fc->codebooks()));
+  EXPECT_TRUE(at::equal(f.tensors.at("fc.indices"), a.fc->indices()));
+  const nlohmann::json meta = nlohmann::json::parse(f.metadata.at("qforge.rpq"));
+  EXPECT_EQ(meta["fc"]["num_codebooks"], 3);
+  EXPECT_EQ(meta["conv"]["weight_shape"], nlohmann::json::array({4, 1, 3, 3}));
+  EXPECT_EQ(meta["emb"]["layer_type"], "RPQEmbedding");
+  std::filesystem::remove(st);
 
   const ModelSize s = model_size(a);
   // emb: 4 x 256 x 4 floats + 4 x 40 bytes; fc: 3 x 256 x 4 floats + 3 x 16 bytes + 12 bias floats;
