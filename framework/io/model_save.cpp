@@ -87,7 +87,7 @@ void export_safetensors(const torch::nn::Module& model, const std::string& path)
                        {"num_codebooks", l->num_codebooks()},
                        {"codebook_size", nn::kRpqCodebookSize},
                        {"codebook_dim", l->codebook_dim()},
-                       {"weight_shape", l->weight().sizes().vec()},
+                       {"weight_shape", l->weight_shape()},
                        {"codebooks", join(item.key(), "codebooks")},
                        {"indices", join(item.key(), "indices")},
                        {"expand", "W_split[h * codebook_dim + d, c] = codebooks[h, indices[h, c], d]; the twin's "

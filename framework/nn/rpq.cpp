@@ -15,11 +15,16 @@ at::Tensor rpq_expand(const at::Tensor& codebooks, const at::Tensor& indices) {
   QF_REQUIRE(indices.defined() && indices.dim() == 2 && indices.scalar_type() == at::kByte &&
                  indices.size(0) == codebooks.size(0),
              "rpq_expand: indices must be uint8 [H, C] with the codebooks' H = ", codebooks.size(0));
+  QF_REQUIRE(codebooks.size(1) == kRpqCodebookSize, "rpq_expand: codebooks hold ", codebooks.size(1),
+             " sub-vectors each, expected ", kRpqCodebookSize);
   const int64_t H = codebooks.size(0), K = codebooks.size(1), D = codebooks.size(2), C = indices.size(1);
-  // Row h * K + indices[h, c] of the codebooks viewed [H * K, D] is sub-vector (h, c).
-  const at::Tensor flat = (indices.to(at::kLong) + at::arange(H, indices.options().dtype(at::kLong)).mul_(K).unsqueeze(1)).reshape({-1});
-  const at::Tensor sub = codebooks.reshape({H * K, D}).index_select(0, flat).view({H, C, D});
+  const at::Tensor sub = codebooks.reshape({H * K, D}).index_select(0, rpq_codebook_rows(indices).reshape({-1})).view({H, C, D});
   return sub.permute({0, 2, 1}).reshape({H * D, C});  // [(h d), c]
+}
+
+at::Tensor rpq_codebook_rows(const at::Tensor& indices) {
+  const at::Tensor offsets = at::arange(indices.size(0), indices.options().dtype(at::kLong)).mul_(kRpqCodebookSize);
+  return indices.to(at::kLong) + offsets.unsqueeze(1);
 }
 
 // ---- shared state ---------------------------------------------------------------------------
@@ -97,7 +102,7 @@ at::Tensor RPQLinearImpl::forward(const at::Tensor& x_in) {
   // y[m, h * D + d] = sum_c x[m, c] * codebooks[h, indices[h, c], d]
   //                 = sum_k (sum_{c : indices[h, c] = k} x[m, c]) * codebooks[h, k, d]
   // The inner sums are a scatter-add of x into H x 256 bins; the outer one a [256, D] product.
-  const at::Tensor flat = (indices_.to(at::kLong) + at::arange(H_, indices_.options().dtype(at::kLong)).mul_(kRpqCodebookSize).unsqueeze(1)).reshape({-1});
+  const at::Tensor flat = rpq_codebook_rows(indices_).reshape({-1});
   const at::Tensor bins = at::zeros({M, H_ * kRpqCodebookSize}, x.options()).index_add(1, flat, x.repeat({1, H_}));
   at::Tensor y = at::bmm(bins.view({M, H_, kRpqCodebookSize}).transpose(0, 1), codebooks_)  // [H, M, D]
                      .transpose(0, 1)
@@ -133,9 +138,7 @@ at::Tensor RPQEmbeddingImpl::forward(const at::Tensor& ids) {
     QF_REQUIRE(lo >= 0 && hi < C_, "RPQEmbedding: index ", lo < 0 ? lo : hi, " is out of range [0, ", C_, ")");
   }
   const int64_t n = flat.numel();
-  // Sub-vector (h, row) is row h * 256 + indices[h, row] of the codebooks viewed [H * 256, D].
-  const at::Tensor codes = indices_.index_select(1, flat).to(at::kLong) +
-                           at::arange(H_, indices_.options().dtype(at::kLong)).mul_(kRpqCodebookSize).unsqueeze(1);  // [H, n]
+  const at::Tensor codes = rpq_codebook_rows(indices_.index_select(1, flat));  // [H, n]
   at::Tensor rows = codebooks_.reshape({H_ * kRpqCodebookSize, D_})
                         .index_select(0, codes.reshape({-1}))
                         .view({H_, n, D_})
@@ -218,18 +221,22 @@ void RPQConvImpl<Dims, Transposed>::reset() {
 }
 
 template <size_t Dims, bool Transposed>
-at::Tensor RPQConvImpl<Dims, Transposed>::weight() const {
-  const std::vector<int64_t> k = rpq_dims<Dims>(options.kernel_size());
+std::vector<int64_t> RPQConvImpl<Dims, Transposed>::weight_shape() const {
   const int64_t in = options.in_channels(), out = options.out_channels(), g = options.groups();
+  std::vector<int64_t> shape = Transposed ? std::vector<int64_t>{in, out / g} : std::vector<int64_t>{out, in / g};
+  const std::vector<int64_t> k = rpq_dims<Dims>(options.kernel_size());
+  shape.insert(shape.end(), k.begin(), k.end());
+  return shape;
+}
+
+template <size_t Dims, bool Transposed>
+at::Tensor RPQConvImpl<Dims, Transposed>::weight() const {
+  std::vector<int64_t> shape = weight_shape();
   if constexpr (Transposed) {
-    std::vector<int64_t> shape{out / g, in};
-    shape.insert(shape.end(), k.begin(), k.end());
-    return expanded().view(shape).transpose(0, 1).contiguous();  // [in, out / g, k...]
-  } else {
-    std::vector<int64_t> shape{out, in / g};
-    shape.insert(shape.end(), k.begin(), k.end());
-    return expanded().view(shape);
+    std::swap(shape[0], shape[1]);  // split-first [out / g, in, k...], then back to [in, out / g, k...]
+    return expanded().view(shape).transpose(0, 1).contiguous();
   }
+  return expanded().view(shape);
 }
 
 template <size_t Dims, bool Transposed>
@@ -279,9 +286,7 @@ void RPQBilinearImpl::reset() {
   bias_ = options.bias() ? register_parameter("bias", at::empty({options.out_features()}).uniform_(-bound, bound)) : at::Tensor();
 }
 
-at::Tensor RPQBilinearImpl::weight() const {
-  return expanded().view({options.out_features(), options.in1_features(), options.in2_features()});
-}
+at::Tensor RPQBilinearImpl::weight() const { return expanded().view(weight_shape()); }
 
 at::Tensor RPQBilinearImpl::forward(const at::Tensor& x1, const at::Tensor& x2) {
   QF_REQUIRE(x1.dim() >= 1 && x2.dim() >= 1 && x1.size(-1) == options.in1_features() &&
@@ -316,9 +321,9 @@ RPQConversion rpq_convert(const at::Tensor& w_split_in, int64_t H, const KMeansO
 
 void rpq_load_from_float(RPQLayer& layer, const at::Tensor& weight, const at::Tensor& bias, const KMeansOptions& options,
                          double* relative_error) {
-  const at::Tensor dense = layer.weight();
-  QF_REQUIRE(weight.defined() && weight.sizes() == dense.sizes(), layer.layer_type(), ": float weight of shape ",
-             weight.defined() ? weight.sizes() : at::IntArrayRef{}, " does not fit the layer's ", dense.sizes());
+  const std::vector<int64_t> shape = layer.weight_shape();
+  QF_REQUIRE(weight.defined() && weight.sizes() == at::IntArrayRef(shape), layer.layer_type(), ": float weight of shape ",
+             weight.defined() ? weight.sizes() : at::IntArrayRef{}, " does not fit the layer's ", at::IntArrayRef(shape));
   QF_REQUIRE(bias.defined() == layer.has_bias(), layer.layer_type(), ": the float layer ",
              bias.defined() ? "has a bias and the RPQ layer has none" : "has no bias and the RPQ layer has one",
              " (construct the RPQ layer with the same bias option)");
@@ -338,9 +343,9 @@ RPQRefineReport rpq_refine_codebooks(RPQLinearImpl& layer, const at::Tensor& wei
   QF_REQUIRE(at::isfinite(x).all().item<bool>(), "RPQLinear: calibration inputs hold NaN or inf");
   QF_REQUIRE(damp > 0.0 && std::isfinite(damp), "RPQLinear: damp must be a positive number, got ", damp);
   const at::Tensor G = x.t().matmul(x);  // [C, C]
+  const double ref = x.matmul(w.t()).pow(2).sum().item<double>();
   auto output_error = [&] {
     const at::Tensor diff = w - layer.weight().detach().to(at::kDouble);
-    const double ref = (x.matmul(w.t())).pow(2).sum().item<double>();
     return ref > 0 ? x.matmul(diff.t()).pow(2).sum().item<double>() / ref : 0.0;
   };
   RPQRefineReport r;

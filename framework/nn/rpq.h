@@ -34,6 +34,8 @@ constexpr int64_t kRpqCodebookSize = 256;
 
 // Expands codebooks [H, 256, D] and indices [H, C] into the split-first weight [H * D, C].
 at::Tensor rpq_expand(const at::Tensor& codebooks, const at::Tensor& indices);
+// Row h * 256 + indices[h, c] of the codebooks viewed [H * 256, D]: sub-vector (h, c), as int64 [H, C].
+at::Tensor rpq_codebook_rows(const at::Tensor& indices);
 
 // State and bookkeeping every RPQ layer shares.
 class RPQLayer {
@@ -42,6 +44,8 @@ class RPQLayer {
   virtual const char* layer_type() const = 0;
   // The expanded weight in the twin's layout (a new tensor each call, differentiable).
   virtual at::Tensor weight() const = 0;
+  // The twin's weight shape (without expanding anything).
+  virtual std::vector<int64_t> weight_shape() const = 0;
   int64_t num_codebooks() const { return H_; }
   int64_t codebook_dim() const { return D_; }
   const at::Tensor& codebooks() const { return codebooks_; }
@@ -83,6 +87,7 @@ class RPQLinearImpl : public torch::nn::Cloneable<RPQLinearImpl>, public RPQLaye
   at::Tensor forward(const at::Tensor& x);
   at::Tensor weight() const override;
   at::Tensor split_of(const at::Tensor& w) const override { return w.reshape({S_, C_}); }
+  std::vector<int64_t> weight_shape() const override { return {S_, C_}; }
   const char* layer_type() const override { return "RPQLinear"; }
   std::string kernel(int64_t rows) const override;
   const at::Tensor& bias() const { return bias_; }
@@ -104,6 +109,7 @@ class RPQEmbeddingImpl : public torch::nn::Cloneable<RPQEmbeddingImpl>, public R
   at::Tensor forward(const at::Tensor& ids);
   at::Tensor weight() const override;
   at::Tensor split_of(const at::Tensor& w) const override { return w.t(); }
+  std::vector<int64_t> weight_shape() const override { return {C_, S_}; }
   const char* layer_type() const override { return "RPQEmbedding"; }
   std::string kernel(int64_t) const override { return "rpq_gather_rows"; }
   torch::nn::EmbeddingOptions options;
@@ -121,6 +127,7 @@ class RPQConvImpl : public torch::nn::Cloneable<RPQConvImpl<Dims, Transposed>>, 
   at::Tensor forward(const at::Tensor& x);
   at::Tensor weight() const override;
   at::Tensor split_of(const at::Tensor& w) const override;
+  std::vector<int64_t> weight_shape() const override;
   const char* layer_type() const override;
   const at::Tensor& bias() const { return bias_; }
   Options options;
@@ -146,6 +153,9 @@ class RPQBilinearImpl : public torch::nn::Cloneable<RPQBilinearImpl>, public RPQ
   at::Tensor forward(const at::Tensor& x1, const at::Tensor& x2);
   at::Tensor weight() const override;
   at::Tensor split_of(const at::Tensor& w) const override { return w.reshape({S_, C_}); }
+  std::vector<int64_t> weight_shape() const override {
+    return {options.out_features(), options.in1_features(), options.in2_features()};
+  }
   const char* layer_type() const override { return "RPQBilinear"; }
   const at::Tensor& bias() const { return bias_; }
   torch::nn::BilinearOptions options;

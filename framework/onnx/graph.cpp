@@ -299,10 +299,8 @@ std::string LayerWriter::conv2d(const nn::Conv2dImpl& l, const std::string& x_in
   check_usable(l);
   const std::string base = name(l);
   const auto& o = l.options;
-  const auto* pad = c10::get_if<torch::ExpandingArray<2>>(&o.padding());
-  QF_REQUIRE(pad, "onnx export: ", base, " (Conv2d): 'valid'/'same' padding modes are not written; use explicit padding");
-  QF_REQUIRE(c10::get_if<torch::enumtype::kZeros>(&o.padding_mode()), "onnx export: ", base,
-             " (Conv2d): only zero padding has an ONNX Conv form");
+  const auto* pad = c10::get_if<torch::ExpandingArray<2>>(&o.padding());  // qdq_problem refused the others
+  QF_CHECK(pad);
   LayerForm f{name(l), l.layer_type(), ""};
   std::string aform;
   const std::string x = activation_qdq(l.input_quantizer(), x_in, base + "/input", &aform);
@@ -328,7 +326,6 @@ std::string LayerWriter::embedding_table(const nn::EmbeddingImpl& l) {
   auto it = tables_.find(&l);
   if (it != tables_.end()) return it->second;
   check_usable(l);
-  QF_REQUIRE(!l.options.max_norm(), "onnx export: ", name(l), " (Embedding): max_norm renormalises rows on lookup; not written");
   LayerForm f{name(l), l.layer_type(), ""};
   const std::string t = weight(l, l.weight, /*transpose=*/false, &f.form);
   forms_.push_back(f);

@@ -37,12 +37,21 @@ int64_t env_int(const char* name, int64_t fallback) {
   return v ? std::atoll(v) : fallback;
 }
 
+// Fashion-MNIST with 5000 validation images, and its three splits as batch sources.
+struct FashionMnistSplits {
+  data::FashionMnist d = data::load_fashion_mnist(5000, 0);
+  TensorBatches tr{d.train.images, d.train.labels}, val{d.validation.images, d.validation.labels},
+      test{d.test.images, d.test.labels};
+};
+
+#define QFORGE_REQUIRE_FASHION_MNIST()                                                                    \
+  if (!std::filesystem::is_directory(data::kFashionMnistDir))                                             \
+  GTEST_SKIP() << "Fashion-MNIST missing (apt-get install " << data::kFashionMnistPackage << ")"
+
 TEST(Results, FashionMnistCnn) {
-  if (!std::filesystem::is_directory(data::kFashionMnistDir))
-    GTEST_SKIP() << "Fashion-MNIST missing (apt-get install " << data::kFashionMnistPackage << ")";
-  const data::FashionMnist d = data::load_fashion_mnist(5000, 0);
-  TensorBatches tr(d.train.images, d.train.labels), val(d.validation.images, d.validation.labels),
-      test(d.test.images, d.test.labels);
+  QFORGE_REQUIRE_FASHION_MNIST();
+  const FashionMnistSplits splits;
+  const TensorBatches &tr = splits.tr, &val = splits.val, &test = splits.test;
   at::manual_seed(0);
   models::SmallCnnOptions mo;
   mo.channels = {32, 64};
@@ -95,11 +104,10 @@ struct RpqFc1Cnn : torch::nn::Module {
 // docs/rpq.md, "Results": fc1 converted from the trained float CNN by k-means (then a one-epoch
 // fine-tune of the whole model), against the same architecture trained with RPQ from scratch.
 TEST(Results, FashionMnistCnnRpq) {
-  if (!std::filesystem::is_directory(data::kFashionMnistDir))
-    GTEST_SKIP() << "Fashion-MNIST missing (apt-get install " << data::kFashionMnistPackage << ")";
-  const data::FashionMnist d = data::load_fashion_mnist(5000, 0);
-  TensorBatches tr(d.train.images, d.train.labels), val(d.validation.images, d.validation.labels),
-      test(d.test.images, d.test.labels);
+  QFORGE_REQUIRE_FASHION_MNIST();
+  const FashionMnistSplits splits;
+  const data::FashionMnist& d = splits.d;
+  const TensorBatches &tr = splits.tr, &val = splits.val, &test = splits.test;
   const int64_t H = env_int("QFORGE_RPQ_CODEBOOKS", 16);
   TrainOptions o;
   o.epochs = env_int("QFORGE_CNN_EPOCHS", 4);
