@@ -5,6 +5,7 @@
 #include <ATen/Parallel.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include "fake_quant/cuda/fake_quantize_op.h"
 #include "fake_quant/fake_quantize_kernels.h"
 #include "framework/core/error.h"
 
@@ -49,8 +50,9 @@ RunLayout layout_for(const at::Tensor& x, const QParams& qp) {
       L.C = n / spec.group_size;
       break;
   }
-  const at::Tensor s = qp.scale.to(at::kFloat).contiguous().flatten();
-  const at::Tensor z = qp.zero_point.to(at::kFloat).contiguous().flatten();
+  // The grids are read on the host (validated here for every device).
+  const at::Tensor s = qp.scale.to(at::kCPU, at::kFloat).contiguous().flatten();
+  const at::Tensor z = qp.zero_point.to(at::kCPU, at::kFloat).contiguous().flatten();
   L.scale.assign(s.data_ptr<float>(), s.data_ptr<float>() + s.numel());
   L.zero_point.assign(z.data_ptr<float>(), z.data_ptr<float>() + z.numel());
   L.inv_scale.resize(L.scale.size());
@@ -104,13 +106,28 @@ void check_input(const at::Tensor& x) {
   QF_REQUIRE(x.defined(), "fake_quantize: input is undefined");
   QF_REQUIRE(x.is_floating_point(), "fake_quantize: input must be a floating tensor, got ",
              x.scalar_type());
-  QF_REQUIRE(x.device().is_cpu(), "fake_quantize: the CPU kernels need a CPU tensor, got ", x.device());
+  QF_REQUIRE(x.is_cpu() || x.is_cuda(), "fake_quantize: kernels exist for CPU and CUDA tensors, got one on ",
+             x.device());
+}
+
+// The CUDA override's description of the same call (fake_quant/cuda/fake_quantize_op.h).
+fq::DeviceFakeQuant device_call(const RunLayout& L, const QSpec& spec) {
+  fq::DeviceFakeQuant op;
+  op.C = L.C;
+  op.inner = L.inner;
+  op.scale = L.scale;
+  op.zero_point = L.zero_point;
+  op.quant_min = static_cast<float>(spec.quant_min());
+  op.quant_max = static_cast<float>(spec.quant_max());
+  if (spec.qtype.is_float()) op.float8 = spec.qtype == qfloat8_e5m2 ? &fq::kE5M2 : &fq::kE4M3;
+  return op;
 }
 
 std::tuple<at::Tensor, at::Tensor> forward_impl(const at::Tensor& x_in, const QParams& qp, bool want_mask) {
   check_input(x_in);
   const at::Tensor x = x_in.to(at::kFloat).contiguous();
   const RunLayout L = layout_for(x, qp);
+  if (x.is_cuda()) return fq::cuda_fake_quantize(x, device_call(L, qp.spec), want_mask);
   at::Tensor y = at::empty_like(x, at::MemoryFormat::Contiguous);
   at::Tensor mask = want_mask ? at::empty(x.sizes(), x.options().dtype(at::kBool)) : at::Tensor();
   if (x.numel() > 0)
@@ -148,6 +165,7 @@ at::Tensor fake_quantize_backward(const at::Tensor& dy_in, const at::Tensor& mas
              " differs from mask shape ", mask.sizes());
   const at::Tensor dy = dy_in.to(at::kFloat).contiguous();
   const at::Tensor m = mask.to(at::kBool).contiguous();
+  if (dy.is_cuda()) return fq::cuda_mask_grad(dy, m);
   at::Tensor dx = at::empty_like(dy, at::MemoryFormat::Contiguous);
   const auto& k = fq::active_kernels();
   const float* pdy = dy.data_ptr<float>();

@@ -34,6 +34,12 @@ void check_learnable_inputs(const char* op, const at::Tensor& x, const at::Tenso
 // dX, and dScale / dZeroPoint per channel, for x viewed as [C, inner] (channel-major).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> lsq_backward_rows(const at::Tensor& x, const at::Tensor& dy,
                                                                  const std::vector<fq::LsqGrid>& grids) {
+  if (!x.is_cpu()) {
+    // No CUDA LSQ kernel yet: the CPU kernels compute the backward on host copies, and the
+    // gradients go back to the input's device (correct, not fast; docs/kernels.md, "CUDA").
+    auto [dx, ds, dz] = lsq_backward_rows(x.cpu(), dy.cpu(), grids);
+    return {dx.to(x.device()), ds.to(x.device()), dz.to(x.device())};
+  }
   const int64_t C = static_cast<int64_t>(grids.size());
   const int64_t inner = x.numel() / C;
   at::Tensor dx = at::empty_like(x);
@@ -133,8 +139,8 @@ struct LearnablePerChannel : public torch::autograd::Function<LearnablePerChanne
     const float qmax = static_cast<float>(ctx->saved_data["qmax"].toInt());
     const float gf = static_cast<float>(ctx->saved_data["gf"].toDouble());
     const at::Tensor x = saved[0].to(at::kFloat);
-    const at::Tensor s = saved[1].to(at::kFloat).contiguous();
-    const at::Tensor zr = saved[2].contiguous();
+    const at::Tensor s = saved[1].to(at::kCPU, at::kFloat).contiguous();
+    const at::Tensor zr = saved[2].to(at::kCPU).contiguous();
     const int64_t C = s.numel();
     std::vector<fq::LsqGrid> grids(static_cast<size_t>(C));
     for (int64_t c = 0; c < C; ++c) {

@@ -3,6 +3,7 @@
 
 #include "framework/core/error.h"
 #include "kernels/cpu/kernel_choice.h"
+#include "kernels/cuda/cublaslt_int8_rules.h"
 
 namespace qforge {
 
@@ -89,6 +90,42 @@ KernelPlan plan_linear(const std::optional<QSpec>& weights, ActivationMode act, 
   const kernels::RunInfo ri = kernels::choose_decode_kernel(op, isa, s4 ? group : 0);
   plan.kernel = ri.kernel;
   plan.fallback = ri.fallback;
+  return plan;
+}
+
+KernelPlan plan_linear_cuda(const std::optional<QSpec>& weights, ActivationMode act, const QSpec& activation,
+                            int64_t in_features, int64_t out_features) {
+  KernelPlan plan = plan_linear(weights, act, activation, in_features, Isa::kReference);
+  switch (plan.path) {
+    case LinearPath::kS8Dynamic:
+    case LinearPath::kS8Static: {
+      // A decode-sized call (M = 1; M is free for cuBLASLt) with dense rows: lda = ldb = K, ldc = N.
+      std::string why;
+      if (cuda::cublaslt_int8_supported(1, out_features, in_features, in_features, in_features, out_features, &why)) {
+        plan.kernel = "gemm_s8s8s32_cublaslt";
+        plan.fallback.clear();
+      } else {
+        plan.kernel = "gemm_s8s8s32_cuda";
+        plan.fallback = "gemm_s8s8s32_cublaslt: " + why;
+      }
+      break;
+    }
+    case LinearPath::kS4Dynamic:
+    case LinearPath::kS4Static:
+    case LinearPath::kS4WeightOnly:
+      plan.kernel = "dequantize_s4_cuda+at::linear";
+      plan.fallback = "no int4 GEMM on CUDA: the int4 weight is dequantized to float per call (dequantize_s4_cuda), "
+                      "then at::linear";
+      break;
+    case LinearPath::kS8WeightOnly:
+      plan.kernel = "dequantize+at::linear";
+      plan.fallback = "no weight-only int8 GEMM on CUDA: the int8 weight is dequantized per call, then at::linear";
+      break;
+    case LinearPath::kDequant:
+      if (!weights) break;  // float weights: at::linear
+      plan.fallback += " (on CUDA: the dequantized float weight stays on the device)";
+      break;
+  }
   return plan;
 }
 

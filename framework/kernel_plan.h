@@ -1,8 +1,8 @@
 // Kernel plan: what a frozen layer runs and why it falls back, decided from what the layer is
 // asked to do (its scheme), its shape and the machine's ISA level. Every layer's plan() is a pure
 // function of those; freeze() stores the plan once, and describe(), the dry run and the forward
-// read it. The decode-size kernel choice of each op comes from kernels/cpu/kernel_choice.h. A
-// device backend (CUDA) adds its ops here beside the CPU default.
+// read it. The decode-size kernel choice of each op comes from kernels/cpu/kernel_choice.h; on a
+// CUDA device plan_linear_cuda() says what the GPU runs (kernels/cuda/cublaslt_int8_rules.h).
 #pragma once
 
 #include <cstdint>
@@ -37,5 +37,12 @@ struct KernelPlan {
 // the static and dynamic modes), at ISA level `isa`.
 KernelPlan plan_linear(const std::optional<QSpec>& weights, ActivationMode activations, const QSpec& activation,
                        int64_t in_features, Isa isa = usable_isa());
+
+// The plan of the same frozen Linear on a CUDA device (out_features: cuBLASLt's shape rules need
+// it). The path (what freeze() packs) is the CPU plan's; kernel and fallback say what the GPU
+// runs: the int8 paths the cuBLASLt IMMA GEMM (or its CUDA fallback, with the rule that failed),
+// everything else a float weight (dequantized per call) through at::linear, with the reason.
+KernelPlan plan_linear_cuda(const std::optional<QSpec>& weights, ActivationMode activations, const QSpec& activation,
+                            int64_t in_features, int64_t out_features);
 
 }  // namespace qforge

@@ -108,7 +108,9 @@ QParams QuantizerImpl::dynamic_qparams(const at::Tensor& x2d) {
   spec.narrow_range = true;
   spec.granularity = Granularity::kPerChannel;
   spec.axis = 0;
-  const at::Tensor amax = x2d.detach().to(at::kFloat).abs().amax(1);
+  // Divided on the CPU: LibTorch's CUDA division by a scalar multiplies by its reciprocal, which
+  // can be one ulp off (framework/core/qparams.cpp); the fake-quant kernels read qparams on the host.
+  const at::Tensor amax = x2d.detach().to(at::kFloat).abs().amax(1).to(at::kCPU);
   const at::Tensor scale = at::where(amax > 0, amax / 127.0f, at::ones_like(amax));
   return QParams{spec, scale, at::zeros(amax.sizes(), at::kInt)};
 }

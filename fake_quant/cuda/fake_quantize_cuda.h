@@ -1,7 +1,7 @@
 // CUDA twins of the fake-quant CPU kernels. They evaluate the same scalar formulas
 // (fake_quant/fake_quant_math.h), which the CPU test suite checks against PyTorch golden vectors.
-// Built when CMake finds a CUDA compiler. No GPU exists on the development and CI machines, so
-// this code is compiled and linked there but never executed.
+// Built when CMake finds a CUDA compiler; CI compiles and links it, scripts/gpu-check runs it on a
+// GPU (tests/cuda/cuda_kernels_test, bit for bit against the CPU reference kernels).
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -83,8 +83,23 @@ std::vector<int64_t> qparams_shape(const QSpec& spec, at::IntArrayRef sizes) {
   return {};
 }
 
-QParams calculate_qparams(const at::Tensor& min_val_in, const at::Tensor& max_val_in,
-                          const QSpec& spec) {
+namespace {
+QParams calculate_qparams_cpu(const at::Tensor& min_val_in, const at::Tensor& max_val_in, const QSpec& spec);
+}  // namespace
+
+// The arithmetic runs on the CPU for every device: LibTorch's CUDA division by a scalar multiplies
+// by its reciprocal (one ulp off true division), which would give a GPU model other scales than
+// the same model on the CPU. The results go back to the inputs' device.
+QParams calculate_qparams(const at::Tensor& min_val_in, const at::Tensor& max_val_in, const QSpec& spec) {
+  if (min_val_in.is_cpu() && max_val_in.is_cpu()) return calculate_qparams_cpu(min_val_in, max_val_in, spec);
+  QParams qp = calculate_qparams_cpu(min_val_in.to(at::kCPU), max_val_in.to(at::kCPU), spec);
+  qp.scale = qp.scale.to(min_val_in.device());
+  qp.zero_point = qp.zero_point.to(min_val_in.device());
+  return qp;
+}
+
+namespace {
+QParams calculate_qparams_cpu(const at::Tensor& min_val_in, const at::Tensor& max_val_in, const QSpec& spec) {
   spec.validate();
   QF_REQUIRE(min_val_in.sizes() == max_val_in.sizes(), "calculate_qparams: min shape ",
              min_val_in.sizes(), " differs from max shape ", max_val_in.sizes());
@@ -133,6 +148,7 @@ QParams calculate_qparams(const at::Tensor& min_val_in, const at::Tensor& max_va
   }
   return qp;
 }
+}  // namespace
 
 QParams make_qparams(const QSpec& spec, const at::Tensor& scale, const at::Tensor& zero_point) {
   spec.validate();

@@ -80,7 +80,8 @@ std::shared_ptr<QuantizableLayer> Conv2dImpl::float_copy() const {
 at::Tensor Conv1dImpl::forward(const at::Tensor& x) {
   note_input(x);
   if (frozen_) {
-    ScopedTensorSwap swap(weight, fweight_.dequantize());
+    // Frozen codes stay on the CPU; on another device the dequantized weight is copied there.
+    ScopedTensorSwap swap(weight, fweight_.dequantize().to(x.device()));
     return torch::nn::Conv1dImpl::forward(quantize_input(x));
   }
   if (!quantized()) return torch::nn::Conv1dImpl::forward(x);
@@ -91,7 +92,8 @@ at::Tensor Conv1dImpl::forward(const at::Tensor& x) {
 at::Tensor Conv2dImpl::forward(const at::Tensor& x) {
   note_input(x);
   if (frozen_) {
-    ScopedTensorSwap swap(weight, fweight_.dequantize());
+    // Frozen codes stay on the CPU; on another device the dequantized weight is copied there.
+    ScopedTensorSwap swap(weight, fweight_.dequantize().to(x.device()));
     return torch::nn::Conv2dImpl::forward(quantize_input(x));
   }
   if (!quantized()) return torch::nn::Conv2dImpl::forward(x);

@@ -8,6 +8,7 @@
 
 #include "framework/quantized_tensor.h"
 #include "framework/nn/quantizable.h"
+#include "framework/nn/twin.h"
 
 namespace qforge::nn {
 
@@ -24,7 +25,7 @@ class ConvQuantState : public QuantizableLayer {
   QuantizedTensor fweight_;
 };
 
-class Conv1dImpl : public virtual torch::nn::Module, private torch::nn::Conv1dImpl, public ConvQuantState {
+class Conv1dImpl : QFORGE_TWIN_BASE(torch::nn::Conv1dImpl), public ConvQuantState {
  public:
   // Private base: a torch::nn::Conv1dImpl& cannot bind to this layer, so the base class's
   // non-virtual forward can never run (in float) in its place. Module stays a public base.
@@ -55,7 +56,7 @@ class Conv1dImpl : public virtual torch::nn::Module, private torch::nn::Conv1dIm
 };
 TORCH_MODULE(Conv1d);
 
-class Conv2dImpl : public virtual torch::nn::Module, private torch::nn::Conv2dImpl, public ConvQuantState {
+class Conv2dImpl : QFORGE_TWIN_BASE(torch::nn::Conv2dImpl), public ConvQuantState {
  public:
   // Private base: a torch::nn::Conv2dImpl& cannot bind to this layer, so the base class's
   // non-virtual forward can never run (in float) in its place. Module stays a public base.

@@ -33,16 +33,17 @@ at::Tensor EmbeddingImpl::forward(const at::Tensor& indices) {
   if (frozen_) {
     if (row_gather(fweight_.spec)) {
       // Gather int8 rows and their scales, dequantize only those.
-      const at::Tensor flat = indices.reshape({-1});
+      // The frozen table stays on the CPU; rows gathered for indices on another device go there.
+      const at::Tensor flat = indices.reshape({-1}).to(at::kCPU);
       const at::Tensor codes = fweight_.data.reshape(fweight_.shape).index_select(0, flat);
       QParams rows = fweight_.qparams();
       rows.scale = fweight_.scale.index_select(0, flat);
       rows.zero_point = fweight_.zero_point.index_select(0, flat);
       std::vector<int64_t> shape(indices.sizes().begin(), indices.sizes().end());
       shape.push_back(options.embedding_dim());
-      return dequantize_int(codes, rows).reshape(shape);
+      return dequantize_int(codes, rows).reshape(shape).to(indices.device());
     }
-    ScopedTensorSwap swap(weight, fweight_.dequantize());
+    ScopedTensorSwap swap(weight, fweight_.dequantize().to(indices.device()));
     return torch::nn::EmbeddingImpl::forward(indices);
   }
   if (!quantized()) return torch::nn::EmbeddingImpl::forward(indices);

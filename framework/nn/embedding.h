@@ -6,10 +6,11 @@
 
 #include "framework/quantized_tensor.h"
 #include "framework/nn/quantizable.h"
+#include "framework/nn/twin.h"
 
 namespace qforge::nn {
 
-class EmbeddingImpl : public virtual torch::nn::Module, private torch::nn::EmbeddingImpl, public QuantizableLayer {
+class EmbeddingImpl : QFORGE_TWIN_BASE(torch::nn::EmbeddingImpl), public QuantizableLayer {
  public:
   // Private base: a torch::nn::EmbeddingImpl& cannot bind to this layer, so the base class's
   // non-virtual forward can never run (in float) in its place. Module stays a public base.

@@ -5,10 +5,11 @@
 #include <torch/nn/modules/normalization.h>
 
 #include "framework/nn/quantizable.h"
+#include "framework/nn/twin.h"
 
 namespace qforge::nn {
 
-class LayerNormImpl : public virtual torch::nn::Module, private torch::nn::LayerNormImpl, public QuantizableLayer {
+class LayerNormImpl : QFORGE_TWIN_BASE(torch::nn::LayerNormImpl), public QuantizableLayer {
  public:
   // Private base: a torch::nn::LayerNormImpl& cannot bind to this layer, so the base class's
   // non-virtual forward can never run (in float) in its place. Module stays a public base.

@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 
 #include "framework/core/error.h"
+#include "framework/cuda/linear_cuda.h"
 #include "kernels/cpu/gemv_s4.h"
 #include "kernels/cpu/gemv_s8.h"
 #include "kernels/cpu/packed_linear.h"
@@ -68,9 +69,84 @@ void LinearImpl::set_optional_buffer(const std::string& name, const at::Tensor& 
   }
 }
 
+at::Device LinearImpl::compute_device() const {
+  if (frozen_ || !weight.defined()) return device_;
+  return weight.device();
+}
+
 KernelPlan LinearImpl::plan() const {
-  return plan_linear(scheme_.weights ? std::optional<QSpec>(scheme_.weights->spec) : std::nullopt,
-                     scheme_.activations, scheme_.activation.spec, options.in_features());
+  const std::optional<QSpec> ws = scheme_.weights ? std::optional<QSpec>(scheme_.weights->spec) : std::nullopt;
+  if (compute_device().is_cuda())
+    return plan_linear_cuda(ws, scheme_.activations, scheme_.activation.spec, options.in_features(),
+                            options.out_features());
+  return plan_linear(ws, scheme_.activations, scheme_.activation.spec, options.in_features());
+}
+
+namespace {
+// Per-group scales and zero points of a 4-bit weight as [N, K / g] (per-tensor qparams repeat one
+// value for every row); zero points undefined when all are 0.
+std::pair<at::Tensor, at::Tensor> s4_group_params(const QParams& qp, int64_t N, int64_t K, int64_t g) {
+  const int64_t rows = qp.scale.numel() == 1 ? 1 : N;
+  const at::Tensor scale_ng = qp.scale.to(at::kCPU, at::kFloat).reshape({rows, -1}).expand({N, K / g}).contiguous();
+  at::Tensor zero_ng;
+  if (!at::eq(qp.zero_point, 0).all().item<bool>())
+    zero_ng = qp.zero_point.to(at::kCPU, at::kInt).reshape({rows, -1}).expand({N, K / g}).contiguous();
+  return {scale_ng, zero_ng};
+}
+
+int64_t s4_group_size(const QSpec& ws, int64_t K) { return ws.granularity == Granularity::kPerGroup ? ws.group_size : K; }
+}  // namespace
+
+void LinearImpl::to(torch::Device device, torch::Dtype dtype, bool non_blocking) {
+  check_frozen_device(device);
+  torch::nn::Module::to(device, dtype, non_blocking);
+  place_frozen(device);
+}
+
+void LinearImpl::to(torch::Device device, bool non_blocking) {
+  check_frozen_device(device);
+  torch::nn::Module::to(device, non_blocking);
+  place_frozen(device);
+}
+
+void LinearImpl::check_frozen_device(const at::Device& device) const {
+  if (!frozen_) return;
+  QF_REQUIRE(device.is_cpu() || device.is_cuda(), path_, " (Linear): frozen kernels exist for CPU and CUDA, not ",
+             device);
+  QF_REQUIRE(device.is_cpu() || cuda_ops::built(), path_, " (Linear): cannot move the frozen layer to ", device, ": ",
+             cuda_ops::unavailable_reason());
+}
+
+void LinearImpl::place_frozen(const at::Device& device) {
+  if (!frozen_) {
+    device_ = device;
+    return;
+  }
+  check_frozen_device(device);
+  for (at::Tensor* t : {&dev_codes_, &dev_w_scale_, &dev_bias_, &dev_packed_, &dev_group_scale_, &dev_group_zero_,
+                        &dev_float_weight_})
+    *t = at::Tensor();
+  device_ = device;
+  if (device.is_cuda()) {
+    const int64_t N = options.out_features(), K = options.in_features();
+    if (s8_) {
+      dev_codes_ = s8_->weight().to(device);
+      dev_w_scale_ = s8_->w_scale().to(at::kFloat).contiguous().to(device);
+      if (s8_->bias().defined()) dev_bias_ = s8_->bias().to(device);
+    } else if (s4_) {
+      const QParams qp = fweight_.qparams();
+      dev_packed_ = pack_quantized(s4_->weight(), qp).data.to(device);
+      auto [scale_ng, zero_ng] = s4_group_params(qp, N, K, s4_group_size(qp.spec, K));
+      dev_group_scale_ = scale_ng.to(device);
+      if (zero_ng.defined()) dev_group_zero_ = zero_ng.to(device);
+      if (s4_->bias().defined()) dev_bias_ = s4_->bias().to(device);
+    } else {
+      dev_float_weight_ = fweight_.dequantize().to(device);
+    }
+  }
+  const KernelPlan p = plan();
+  kernel_ = p.kernel;
+  fallback_ = p.fallback;
 }
 
 void LinearImpl::install_frozen(QuantizedTensor fw) {
@@ -97,13 +173,8 @@ void LinearImpl::install_frozen(QuantizedTensor fw) {
     s8_ = std::make_shared<kernels::PackedLinearS8>(fw.int_values(), scale_n, b, opts);
     fw.data = at::Tensor();
   } else if (kind == LinearPath::kS4Dynamic || kind == LinearPath::kS4Static || kind == LinearPath::kS4WeightOnly) {
-    const int64_t g = ws.granularity == Granularity::kPerGroup ? ws.group_size : K;
-    // Per-tensor qparams are one value for every row; per-channel and per-group have N rows.
-    const int64_t rows = qp.scale.numel() == 1 ? 1 : N;
-    const at::Tensor scale_ng = qp.scale.to(at::kFloat).reshape({rows, -1}).expand({N, K / g}).contiguous();
-    at::Tensor zero_ng;
-    if (!all_zero(qp.zero_point))
-      zero_ng = qp.zero_point.to(at::kInt).reshape({rows, -1}).expand({N, K / g}).contiguous();
+    const int64_t g = s4_group_size(ws, K);
+    auto [scale_ng, zero_ng] = s4_group_params(qp, N, K, g);
     s4_ = std::make_shared<kernels::PackedLinearS4>(fw.int_values(), scale_ng, zero_ng, g, b, ws.qtype);
     fw.data = at::Tensor();
   }
@@ -145,9 +216,44 @@ int64_t LinearImpl::frozen_storage_bytes() const {
   return bytes;
 }
 
+at::Tensor LinearImpl::frozen_forward_cuda(const at::Tensor& x_in) {
+  const int64_t K = options.in_features(), N = options.out_features();
+  QF_REQUIRE(x_in.device() == device_, path_, " (Linear): input on ", x_in.device(), " but the frozen weight is on ",
+             device_, " (move the model with ->to(device))");
+  std::vector<int64_t> out_shape(x_in.sizes().begin(), x_in.sizes().end());
+  out_shape.back() = N;
+  kernels::RunInfo info;
+  switch (path_kind_) {
+    case LinearPath::kS8Dynamic:
+      return cuda_ops::linear_s8(x_in.to(at::kFloat).reshape({-1, K}).contiguous(), at::Tensor(), 0.0f, dev_codes_,
+                                 dev_w_scale_, dev_bias_, &info)
+          .reshape(out_shape);
+    case LinearPath::kS8Static: {
+      // The fake-quant formula of the static input quantizer, as int8 codes (ATen on the device).
+      const at::Tensor q = quantize_to_int8(x_in.to(at::kFloat).reshape({-1, K}), input_q_->qparams()).contiguous();
+      return cuda_ops::linear_s8(at::Tensor(), q, static_act_scale_, dev_codes_, dev_w_scale_, dev_bias_, &info)
+          .reshape(out_shape);
+    }
+    case LinearPath::kS4Dynamic:
+    case LinearPath::kS4Static:
+    case LinearPath::kS4WeightOnly: {
+      const QSpec& ws = fweight_.spec;
+      const at::Tensor w = cuda_ops::dequantize_s4(dev_packed_, N, K, ws.qtype.is_signed, dev_group_scale_,
+                                                   dev_group_zero_, s4_group_size(ws, K));
+      return at::linear(quantize_input(x_in).to(at::kFloat), w, dev_bias_);
+    }
+    case LinearPath::kS8WeightOnly:
+      return at::linear(x_in.to(at::kFloat), dev_codes_.to(at::kFloat) * dev_w_scale_.unsqueeze(1), dev_bias_);
+    case LinearPath::kDequant:
+      break;
+  }
+  return at::linear(quantize_input(x_in), dev_float_weight_, options.bias() ? bias : at::Tensor());
+}
+
 at::Tensor LinearImpl::frozen_forward(const at::Tensor& x_in) {
   const int64_t K = options.in_features(), N = options.out_features();
   QF_REQUIRE(x_in.size(-1) == K, path_, " (Linear): input has ", x_in.size(-1), " features, expected ", K);
+  if (!x_in.is_cpu() || !device_.is_cpu()) return frozen_forward_cuda(x_in);
   if (path_kind_ == LinearPath::kDequant) {
     return at::linear(quantize_input(x_in), fweight_.dequantize(), options.bias() ? bias : at::Tensor());
   }

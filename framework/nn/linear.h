@@ -8,6 +8,7 @@
 
 #include "framework/quantized_tensor.h"
 #include "framework/nn/quantizable.h"
+#include "framework/nn/twin.h"
 
 namespace qforge::kernels {
 class PackedLinearS8;
@@ -16,7 +17,7 @@ class PackedLinearS4;
 
 namespace qforge::nn {
 
-class LinearImpl : public virtual torch::nn::Module, private torch::nn::LinearImpl, public QuantizableLayer {
+class LinearImpl : QFORGE_TWIN_BASE(torch::nn::LinearImpl), public QuantizableLayer {
  public:
   // Private base: a torch::nn::LinearImpl& cannot bind to this layer, so the base class's
   // non-virtual forward can never run (in float) in its place. Module stays a public base.
@@ -44,6 +45,14 @@ class LinearImpl : public virtual torch::nn::Module, private torch::nn::LinearIm
   QuantizedTensor frozen_weight() const override;
   at::Tensor frozen_bias() const override;
 
+  // Moving a frozen layer to a CUDA device uploads its frozen weight there (the int8 codes and
+  // scales for the cuBLASLt path, the packed int4 codes for the dequantize path); its forward
+  // then runs the CUDA kernels and describe() shows the CUDA plan (plan_linear_cuda). Back on the
+  // CPU, the device copies are dropped. A build without CUDA kernels refuses with the reason.
+  using torch::nn::Module::to;
+  void to(torch::Device device, torch::Dtype dtype, bool non_blocking = false) override;
+  void to(torch::Device device, bool non_blocking = false) override;
+
   // SmoothQuant's per-input-feature factor (ModelOpt's pre_quant_scale): once set, forward
   // multiplies its input by it first, in every state (float, fake-quant, frozen), so the layer
   // computes (x * pre_quant_scale) Wᵀ + b. Registered as the buffer "pre_quant_scale" [in_features].
@@ -59,6 +68,13 @@ class LinearImpl : public virtual torch::nn::Module, private torch::nn::LinearIm
 
  private:
   at::Tensor frozen_forward(const at::Tensor& x);
+  at::Tensor frozen_forward_cuda(const at::Tensor& x);
+  // Where the frozen weight lives: the float weight's device before freeze(), then device_.
+  at::Device compute_device() const;
+  // Throws (before anything moves) when a frozen layer cannot run on `device`.
+  void check_frozen_device(const at::Device& device) const;
+  // Uploads (CUDA) or drops (CPU) the device copies of a frozen layer; refreshes the plan.
+  void place_frozen(const at::Device& device);
 
   LinearPath path_kind_ = LinearPath::kDequant;
   QuantizedTensor fweight_;
@@ -66,6 +82,11 @@ class LinearImpl : public virtual torch::nn::Module, private torch::nn::LinearIm
   std::shared_ptr<kernels::PackedLinearS4> s4_;
   float static_act_scale_ = 1.0f;
   at::Tensor pre_quant_scale_;
+  // Frozen copies on a CUDA device (undefined on the CPU): int8 codes [N, K], per-row scales [N]
+  // and bias for the int8 paths; packed int4 codes with [N, G] scales / zero points for the int4
+  // paths; the dequantized float weight for the dequantize path.
+  at::Device device_{at::kCPU};
+  at::Tensor dev_codes_, dev_w_scale_, dev_bias_, dev_packed_, dev_group_scale_, dev_group_zero_, dev_float_weight_;
 };
 
 TORCH_MODULE(Linear);

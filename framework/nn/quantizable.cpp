@@ -58,16 +58,24 @@ void QuantizableLayer::freeze() {
   QF_REQUIRE(quantized(), path_, " (", layer_type(), "): freeze() needs quantize() first");
   QF_REQUIRE(uncalibrated().empty(), path_, " (", layer_type(), "): static activations were never calibrated");
   QuantizedTensor fw;
+  at::Device device = at::kCPU;
   if (has_weight()) {
     QF_REQUIRE(weight_q_, path_, " (", layer_type(),
                "): freezing needs quantized weights (activation-only schemes stay fake-quant)");
     const at::Tensor w = float_weight();
+    device = w.device();
     QParams qp = weight_q_->qparams(w);
+    // Packing happens on the CPU, whatever device the layer is on.
+    qp.scale = qp.scale.to(at::kCPU);
+    qp.zero_point = qp.zero_point.to(at::kCPU);
     // Learned (LSQ) 4-bit scales are rounded up to float16 here, as min/max scales already are.
     if (nibble_packed(qp.spec.qtype)) qp.scale = round_scale_up_to_half(qp.scale);
-    fw = quantize_tensor(w, qp);
+    fw = quantize_tensor(w.to(at::kCPU), qp);
   }
   install_frozen(std::move(fw));
+  // A layer frozen on a GPU goes back there: its to() places the frozen storage (Linear uploads
+  // the codes its CUDA kernels read).
+  if (!device.is_cpu()) module().to(device);
 }
 
 std::vector<Quantizer> QuantizableLayer::quantizers() const {

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "framework/core/error.h"
+#include "framework/nn/twin.h"
 
 namespace qforge::nn {
 
@@ -178,7 +179,7 @@ const torch::ExpandingArray<N>* rpq_padding(const torch::ExpandingArray<N>& p) {
 }
 template <size_t N, class Variant>
 const torch::ExpandingArray<N>* rpq_padding(const Variant& p) {
-  return c10::get_if<torch::ExpandingArray<N>>(&p);
+  return nn::variant_if<torch::ExpandingArray<N>>(&p);
 }
 
 }  // namespace
@@ -201,7 +202,7 @@ void RPQConvImpl<Dims, Transposed>::reset() {
   const int64_t in = options.in_channels(), out = options.out_channels(), g = options.groups();
   QF_REQUIRE(g >= 1 && in % g == 0 && out % g == 0, layer_type(), ": in_channels ", in, " and out_channels ", out,
              " must be divisible by groups ", g);
-  QF_REQUIRE(c10::get_if<torch::enumtype::kZeros>(&options.padding_mode()), layer_type(),
+  QF_REQUIRE(nn::variant_if<torch::enumtype::kZeros>(&options.padding_mode()), layer_type(),
              ": only zero padding is supported");
   QF_REQUIRE(rpq_padding<Dims>(options.padding()), layer_type(),
              ": padding must be explicit sizes ('same'/'valid' are not supported)");

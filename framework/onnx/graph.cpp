@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "framework/core/error.h"
+#include "framework/nn/twin.h"
 
 namespace qforge::onnx_export {
 
@@ -149,9 +150,9 @@ onnx::ModelProto Graph::finish() { return std::move(model_); }
 
 std::string qdq_problem(const QuantizableLayer& l) {
   if (const auto* c = dynamic_cast<const nn::Conv2dImpl*>(&l)) {
-    if (!c10::get_if<torch::ExpandingArray<2>>(&c->options.padding()))
+    if (!nn::variant_if<torch::ExpandingArray<2>>(&c->options.padding()))
       return "'same'/'valid' padding is not written; use explicit padding sizes";
-    if (!c10::get_if<torch::enumtype::kZeros>(&c->options.padding_mode())) return "only zero padding has an ONNX Conv form";
+    if (!nn::variant_if<torch::enumtype::kZeros>(&c->options.padding_mode())) return "only zero padding has an ONNX Conv form";
   }
   if (const auto* e = dynamic_cast<const nn::EmbeddingImpl*>(&l)) {
     if (e->options.max_norm()) return "max_norm renormalises rows on lookup; not written";
@@ -299,7 +300,7 @@ std::string LayerWriter::conv2d(const nn::Conv2dImpl& l, const std::string& x_in
   check_usable(l);
   const std::string base = name(l);
   const auto& o = l.options;
-  const auto* pad = c10::get_if<torch::ExpandingArray<2>>(&o.padding());  // qdq_problem refused the others
+  const auto* pad = nn::variant_if<torch::ExpandingArray<2>>(&o.padding());  // qdq_problem refused the others
   QF_CHECK(pad);
   LayerForm f{name(l), l.layer_type(), ""};
   std::string aform;

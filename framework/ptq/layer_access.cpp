@@ -15,8 +15,8 @@ namespace {
 template <size_t D, class Options>
 std::string conv_unfit(const Options& o) {
   if (o.groups() != 1) return "grouped convolution (groups = " + std::to_string(o.groups()) + ")";
-  if (!c10::get_if<torch::enumtype::kZeros>(&o.padding_mode())) return "padding mode other than zeros";
-  if (!c10::get_if<torch::ExpandingArray<D>>(&o.padding()) && !c10::get_if<torch::enumtype::kValid>(&o.padding()))
+  if (!nn::variant_if<torch::enumtype::kZeros>(&o.padding_mode())) return "padding mode other than zeros";
+  if (!nn::variant_if<torch::ExpandingArray<D>>(&o.padding()) && !nn::variant_if<torch::enumtype::kValid>(&o.padding()))
     return "padding 'same'";
   return "";
 }
@@ -27,7 +27,7 @@ void conv_geometry(const Options& o, LayerAccess& a) {
   a.kernel = vec(o.kernel_size());
   a.stride = vec(o.stride());
   a.dilation = vec(o.dilation());
-  if (const auto* p = c10::get_if<torch::ExpandingArray<D>>(&o.padding())) a.padding = vec(*p);
+  if (const auto* p = nn::variant_if<torch::ExpandingArray<D>>(&o.padding())) a.padding = vec(*p);
   else a.padding = std::vector<int64_t>(D, 0);
   if constexpr (D == 1) {
     // Conv1d runs as a 2-D convolution of height 1.

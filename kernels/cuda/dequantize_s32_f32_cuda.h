@@ -1,6 +1,6 @@
 // CUDA dequantizing epilogue of the int8 GEMM, the twin of dequantize_s32_f32_reference:
 //   y[m, n] = fmaf(float(acc[m, n]) * w_scale[n], a_scale[m], bias ? bias[n] : 0)
-// evaluated by dequantize_s32_f32_value (epilogue_math.h). Compiled here, never executed (no GPU).
+// evaluated by dequantize_s32_f32_value (epilogue_math.h). Tested on a GPU by tests/cuda/cuda_kernels_test.
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -1,7 +1,7 @@
 // CUDA dequantization of frozen int4 weights (dense row-major nibbles, low nibble first, as
 // pack_s4_reference / pack_u4_reference) to float [N, K]:
 //   w[n, k] = float(q[n, k] - z[n, g]) * s[n, g]       g = k / group_size
-// evaluated by dequantize_s4_at (unpack_s4_math.h). Compiled here, never executed (no GPU).
+// evaluated by dequantize_s4_at (unpack_s4_math.h). Tested on a GPU by tests/cuda/cuda_kernels_test.
 #pragma once
 
 #include <cuda_runtime_api.h>

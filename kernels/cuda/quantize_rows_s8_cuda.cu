@@ -61,6 +61,30 @@ __global__ void quantize_kernel(const float* x, int64_t K, int8_t* q, int64_t ld
   if (threadIdx.x == 0) a_scale[m] = scale;
 }
 
+// Per row in one pass of launches: amax (recording the first non-finite index), then the row's
+// codes and scale, one block per row (the second read of the row hits the L1 / L2).
+__global__ void quantize_rows_per_row_kernel(const float* x, int64_t K, int8_t* q, int64_t ldq, float* a_scale,
+                                             unsigned long long* first_nonfinite) {
+  __shared__ float shared[kThreads];
+  const int64_t m = blockIdx.x;
+  const float* row = x + m * K;
+  float a = 0.0f;
+  for (int64_t k = threadIdx.x; k < K; k += kThreads) {
+    const float v = row[k];
+    if (!isfinite(v)) {
+      if (first_nonfinite != nullptr) atomicMin(first_nonfinite, static_cast<unsigned long long>(m * K + k));
+    } else {
+      a = fmaxf(a, fabsf(v));
+    }
+  }
+  a = block_max(a, shared);
+  const float scale = act_scale_from_amax(a);
+  const float inv = act_inv_scale(scale);
+  for (int64_t k = threadIdx.x; k < ldq; k += kThreads)
+    q[m * ldq + k] = k < K ? quantize_act_s8(row[k], inv) : int8_t{0};
+  if (threadIdx.x == 0) a_scale[m] = scale;
+}
+
 }  // namespace
 
 void quantize_rows_s8_cuda(const float* x, int64_t M, int64_t K, kernels::ActScale mode, int8_t* q,
@@ -71,6 +95,11 @@ void quantize_rows_s8_cuda(const float* x, int64_t M, int64_t K, kernels::ActSca
   QF_REQUIRE(M <= kMaxGridX, "kernels/cuda: quantize_rows_s8_cuda: M=", M, " rows exceed the grid limit");
   if (M == 0) return;
   const auto grid = static_cast<unsigned>(M);
+  if (mode == kernels::ActScale::kPerRow) {
+    quantize_rows_per_row_kernel<<<grid, kThreads, 0, stream>>>(x, K, q, ldq, a_scale, first_nonfinite);
+    check_cuda(cudaGetLastError(), "quantize_rows_s8_cuda launch");
+    return;
+  }
   row_amax_kernel<<<grid, kThreads, 0, stream>>>(x, K, a_scale, first_nonfinite);
   if (mode == kernels::ActScale::kPerTensor) tensor_amax_kernel<<<1, kThreads, 0, stream>>>(a_scale, M);
   quantize_kernel<<<grid, kThreads, 0, stream>>>(x, K, q, ldq, a_scale);

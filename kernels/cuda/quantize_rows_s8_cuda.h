@@ -1,5 +1,5 @@
 // CUDA dynamic int8 activation quantization, the twin of quantize_rows_s8_reference: one block
-// per row, the formulas of quantize_rows_s8_math.h. Compiled here, never executed (no GPU).
+// per row, the formulas of quantize_rows_s8_math.h. Tested on a GPU by tests/cuda/cuda_kernels_test.
 #pragma once
 
 #include <cuda_runtime_api.h>

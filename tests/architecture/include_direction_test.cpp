@@ -14,8 +14,9 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// The layer a repository path belongs to: "framework/core", "framework/api" (framework/*.h|cpp
-// and framework/nn/, which the public API and the layers share), "framework/io", ..., or the
+// The layer a repository path belongs to: "framework/core", "framework/api" (framework/*.h|cpp,
+// framework/nn/ and framework/cuda/, which the public API and the layers share: the layers run
+// their CUDA paths through framework/cuda), "framework/io", ..., or the
 // top-level folder.
 std::string layer_of(const std::string& path) {
   const size_t slash = path.find('/');
@@ -26,7 +27,7 @@ std::string layer_of(const std::string& path) {
   const size_t next = rest.find('/');
   if (next == std::string::npos) return "framework/api";
   const std::string sub = rest.substr(0, next);
-  if (sub == "nn") return "framework/api";
+  if (sub == "nn" || sub == "cuda") return "framework/api";
   return "framework/" + sub;
 }
 
@@ -105,6 +106,7 @@ TEST(Architecture, LayerOfNamesTheLayer) {
   EXPECT_EQ(layer_of("framework/core/qtype.h"), "framework/core");
   EXPECT_EQ(layer_of("framework/quantize.h"), "framework/api");
   EXPECT_EQ(layer_of("framework/nn/linear.h"), "framework/api");
+  EXPECT_EQ(layer_of("framework/cuda/linear_cuda.h"), "framework/api");
   EXPECT_EQ(layer_of("framework/io/checkpoint.h"), "framework/io");
   EXPECT_EQ(layer_of("kernels/cpu/isa.h"), "kernels");
   EXPECT_EQ(allowed().at("kernels").count("fake_quant"), 0u);

@@ -1,0 +1,325 @@
+// qbench_gpu: qforge's CUDA kernels beside the GPU's own ceilings, in one run.
+//   - int8 GEMM (GemmS8S8S32Cuda: cuBLASLt IMMA, as a frozen Linear calls it) beside cuBLASLt's
+//     fp16 and bf16 GEMMs on the same shapes (BERT-base's Linear shapes at several M, and 4096^3),
+//     and the whole int8 Linear chain (quantize rows + GEMM + epilogue);
+//   - fake-quant kernels' GB/s beside a device-to-device cudaMemcpy's.
+// Regime: every timed call reads a different copy of its operands, rotating through at least
+// 256 MiB, so weights do not sit in the L2 between calls (a model's weights between tokens).
+// Times are CUDA-event medians over repetitions after a warm-up. Needs only the CUDA toolkit.
+//   qbench_gpu [--quick] [--json FILE]
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "fake_quant/cuda/fake_quantize_cuda.h"
+#include "kernels/cuda/cublaslt_handles.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/dequantize_s32_f32_cuda.h"
+#include "kernels/cuda/device_buffer.h"
+#include "kernels/cuda/gemm_s8s8s32_cuda.h"
+#include "kernels/cuda/quantize_rows_s8_cuda.h"
+
+namespace {
+
+using namespace qforge::cuda;
+
+constexpr size_t kRotateBytes = size_t{256} << 20;  // several times any L2 (H100: 50 MB)
+
+struct Timer {
+  cudaEvent_t a = nullptr, b = nullptr;
+  Timer() {
+    check_cuda(cudaEventCreate(&a), "cudaEventCreate");
+    check_cuda(cudaEventCreate(&b), "cudaEventCreate");
+  }
+  ~Timer() {
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+  }
+  // Median over `reps` of the time of `calls` calls of fn(i) (i = 0..calls-1), per call, in ms.
+  double median_ms(int reps, int calls, const std::function<void(int)>& fn) {
+    for (int i = 0; i < calls; ++i) fn(i);  // warm-up: module load, handles, heuristics
+    check_cuda(cudaDeviceSynchronize(), "warm-up");
+    std::vector<double> t;
+    for (int r = 0; r < reps; ++r) {
+      check_cuda(cudaEventRecord(a), "cudaEventRecord");
+      for (int i = 0; i < calls; ++i) fn(i);
+      check_cuda(cudaEventRecord(b), "cudaEventRecord");
+      check_cuda(cudaEventSynchronize(b), "cudaEventSynchronize");
+      float ms = 0;
+      check_cuda(cudaEventElapsedTime(&ms, a, b), "cudaEventElapsedTime");
+      t.push_back(ms / calls);
+    }
+    check_cuda(cudaGetLastError(), "kernels");
+    std::sort(t.begin(), t.end());
+    return t[t.size() / 2];
+  }
+};
+
+// Random bytes on the device (a host pattern uploaded once, then replicated).
+template <class T>
+void fill_random(DeviceBuffer<T>& d, uint32_t seed, const std::function<T(std::mt19937&)>& gen) {
+  const size_t n = d.size();
+  const size_t chunk = std::min<size_t>(n, size_t{1} << 22);
+  std::mt19937 rng(seed);
+  std::vector<T> h(chunk);
+  for (auto& v : h) v = gen(rng);
+  for (size_t off = 0; off < n; off += chunk) {
+    const size_t c = std::min(chunk, n - off);
+    check_cuda(cudaMemcpy(d.get() + off, h.data(), c * sizeof(T), cudaMemcpyHostToDevice), "cudaMemcpy");
+  }
+}
+
+int8_t rand_s8(std::mt19937& r) { return static_cast<int8_t>(static_cast<int>(r() % 255) - 127); }
+float rand_f(std::mt19937& r) { return std::uniform_real_distribution<float>(-2.0f, 2.0f)(r); }
+
+struct Row {
+  std::string bench, shape, impl;
+  double ms = 0, rate = 0;  // rate: TFLOP/s (TOP/s for int8) or GB/s
+  std::string unit;
+  double vs = 0;  // ratio to the row's baseline (fp16 GEMM, memcpy), 0 when none
+};
+std::vector<Row> g_rows;
+
+void print_row(const Row& r) {
+  std::printf("%-18s %-22s %-30s %9.4f %9.1f %-7s", r.bench.c_str(), r.shape.c_str(), r.impl.c_str(), r.ms, r.rate,
+              r.unit.c_str());
+  if (r.vs > 0) std::printf(" x%.2f", r.vs);
+  std::printf("\n");
+  std::fflush(stdout);
+  g_rows.push_back(r);
+}
+
+// A cuBLASLt float GEMM in the same TN form as the int8 one: C[M, N] = A[M, K] W[N, K]^T,
+// row-major, fp32 accumulation and scale, output in the input type. Algorithm chosen once.
+class FloatGemm {
+ public:
+  FloatGemm(cublasLtHandle_t h, cudaDataType_t type, int64_t M, int64_t N, int64_t K, size_t workspace)
+      : h_(h), desc_(CUBLAS_COMPUTE_32F, CUDA_R_32F), w_(type, K, N, K), a_(type, K, M, K), c_(type, N, M, N) {
+    desc_.set(CUBLASLT_MATMUL_DESC_TRANSA, cublasOperation_t{CUBLAS_OP_T});
+    desc_.set(CUBLASLT_MATMUL_DESC_TRANSB, cublasOperation_t{CUBLAS_OP_N});
+    LtMatmulPreference pref;
+    pref.set(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, uint64_t{workspace});
+    int found = 0;
+    check_cublas(cublasLtMatmulAlgoGetHeuristic(h_, desc_.get(), w_.get(), a_.get(), c_.get(), c_.get(), pref.get(), 1,
+                                                &heur_, &found),
+                 "cublasLtMatmulAlgoGetHeuristic");
+    if (found == 0) throw qforge::Error("no cuBLASLt algorithm for the float GEMM");
+  }
+  void run(const void* A, const void* W, void* C, void* ws, size_t ws_bytes) {
+    const float alpha = 1.0f, beta = 0.0f;
+    check_cublas(cublasLtMatmul(h_, desc_.get(), &alpha, W, w_.get(), A, a_.get(), &beta, C, c_.get(), C, c_.get(),
+                                &heur_.algo, ws, ws_bytes, nullptr),
+                 "cublasLtMatmul");
+  }
+
+ private:
+  cublasLtHandle_t h_;
+  LtMatmulDesc desc_;
+  LtMatrixLayout w_, a_, c_;
+  cublasLtMatmulHeuristicResult_t heur_{};
+};
+
+struct Shape {
+  int64_t M, N, K;
+  const char* note;
+};
+
+int copies_for(size_t bytes_per_set) {
+  return static_cast<int>(std::clamp<size_t>((kRotateBytes + bytes_per_set - 1) / bytes_per_set, 1, 64));
+}
+
+void bench_gemm(const Shape& s, int reps, Timer& timer, cublasLtHandle_t lt, bool chain) {
+  const std::string shape = std::to_string(s.M) + "x" + std::to_string(s.N) + "x" + std::to_string(s.K);
+  const double flops = 2.0 * static_cast<double>(s.M) * s.N * s.K;
+  constexpr size_t kWs = size_t{32} << 20;
+  DeviceBuffer<unsigned char> ws(kWs);
+
+  // fp16 and bf16 baselines.
+  double fp16_ms = 0;
+  for (const cudaDataType_t type : {CUDA_R_16F, CUDA_R_16BF}) {
+    const size_t set = static_cast<size_t>((s.M * s.K + s.N * s.K + s.M * s.N) * 2);
+    const int R = copies_for(set);
+    DeviceBuffer<uint16_t> A(s.M * s.K * R), W(s.N * s.K * R), C(s.M * s.N * R);
+    // Random values in [-2, 2) for either type (their bit patterns as 16-bit words).
+    const auto gen16 = [type](std::mt19937& r) {
+      const float f = rand_f(r);
+      uint16_t b;
+      if (type == CUDA_R_16F) {
+        const __half h = __float2half(f);
+        std::memcpy(&b, &h, 2);
+      } else {
+        const __nv_bfloat16 h = __float2bfloat16(f);
+        std::memcpy(&b, &h, 2);
+      }
+      return b;
+    };
+    fill_random<uint16_t>(A, 1, gen16);
+    fill_random<uint16_t>(W, 2, gen16);
+    FloatGemm g(lt, type, s.M, s.N, s.K, kWs);
+    const double ms = timer.median_ms(reps, R, [&](int i) {
+      g.run(A.get() + i * s.M * s.K, W.get() + i * s.N * s.K, C.get() + i * s.M * s.N, ws.get(), kWs);
+    });
+    if (type == CUDA_R_16F) fp16_ms = ms;
+    print_row({"gemm", shape, type == CUDA_R_16F ? "cublasLt fp16" : "cublasLt bf16", ms, flops / ms / 1e9, "TFLOP/s",
+               fp16_ms / ms});
+  }
+
+  // int8 through qforge's dispatcher (cuBLASLt IMMA).
+  const size_t set8 = static_cast<size_t>(s.M * s.K + s.N * s.K + s.M * s.N * 4);
+  const int R = copies_for(set8);
+  DeviceBuffer<int8_t> A(s.M * s.K * R), W(s.N * s.K * R);
+  DeviceBuffer<int32_t> C(s.M * s.N * R);
+  fill_random<int8_t>(A, 2, rand_s8);
+  fill_random<int8_t>(W, 3, rand_s8);
+  GemmS8S8S32Cuda gemm;
+  qforge::kernels::RunInfo info;
+  const double ms8 = timer.median_ms(reps, R, [&](int i) {
+    gemm.run(A.get() + i * s.M * s.K, s.K, W.get() + i * s.N * s.K, s.K, C.get() + i * s.M * s.N, s.N, s.M, s.N, s.K,
+             nullptr, &info);
+  });
+  print_row({"gemm", shape, "qforge int8 (" + info.kernel + ")", ms8, flops / ms8 / 1e9, "TOP/s", fp16_ms / ms8});
+
+  if (!chain) return;
+  // The frozen s8-dynamic Linear: float x -> quantize rows -> int8 GEMM -> epilogue -> float y.
+  DeviceBuffer<float> X(s.M * s.K * R), Y(s.M * s.N), a_scale(s.M), w_scale(s.N), bias(s.N);
+  DeviceBuffer<int8_t> Q(s.M * s.K);
+  DeviceBuffer<int32_t> acc(s.M * s.N);
+  fill_random<float>(X, 4, rand_f);
+  fill_random<float>(w_scale, 5, [](std::mt19937& r) { return 0.001f + 0.01f * std::uniform_real_distribution<float>()(r); });
+  fill_random<float>(bias, 6, rand_f);
+  const double msc = timer.median_ms(reps, R, [&](int i) {
+    quantize_rows_s8_cuda(X.get() + i * s.M * s.K, s.M, s.K, qforge::kernels::ActScale::kPerRow, Q.get(), s.K,
+                          a_scale.get(), nullptr, nullptr);
+    gemm.run(Q.get(), s.K, W.get() + i * s.N * s.K, s.K, acc.get(), s.N, s.M, s.N, s.K, nullptr, &info);
+    dequantize_s32_f32_cuda(acc.get(), s.N, a_scale.get(), w_scale.get(), bias.get(), Y.get(), s.M, s.N, nullptr);
+  });
+  print_row({"linear_s8_dynamic", shape, "qforge quantize+int8+epilogue", msc, flops / msc / 1e9, "TOP/s", fp16_ms / msc});
+}
+
+void bench_fake_quant(int64_t n, int reps, Timer& timer) {
+  const std::string shape = std::to_string(n >> 20) + "Mi floats";
+  DeviceBuffer<float> x(n), y(n);
+  DeviceBuffer<bool> mask(n);
+  fill_random<float>(x, 7, rand_f);
+  const double copy_ms = timer.median_ms(reps, 1, [&](int) {
+    check_cuda(cudaMemcpyAsync(y.get(), x.get(), x.bytes(), cudaMemcpyDeviceToDevice, nullptr), "cudaMemcpyAsync");
+  });
+  const double copy_bytes = 2.0 * static_cast<double>(x.bytes());
+  const double copy_gbs = copy_bytes / copy_ms / 1e6;
+  print_row({"memcpy_d2d", shape, "cudaMemcpyAsync", copy_ms, copy_gbs, "GB/s", 0});
+  const qforge::fq::AffineGrid g = qforge::fq::make_grid(0.0173f, 0.0f, -128.0f, 127.0f);
+  auto row = [&](const char* bench, const char* impl, double bytes, const std::function<void()>& fn) {
+    const double ms = timer.median_ms(reps, 1, [&](int) { fn(); });
+    const double gbs = bytes / ms / 1e6;
+    print_row({bench, shape, impl, ms, gbs, "GB/s", gbs / copy_gbs});
+  };
+  const double f = static_cast<double>(n) * sizeof(float);
+  row("fq_per_tensor", "forward (x -> y)", 2 * f, [&] {
+    check_cuda(fake_quantize_per_tensor(x.get(), y.get(), nullptr, n, g, nullptr), "fq");
+  });
+  row("fq_per_tensor", "forward + STE mask", 2 * f + n, [&] {
+    check_cuda(fake_quantize_per_tensor(x.get(), y.get(), mask.get(), n, g, nullptr), "fq");
+  });
+  const int64_t C = 4096;
+  DeviceBuffer<float> scale(C), zp(C);
+  fill_random<float>(scale, 8, [](std::mt19937& r) { return 0.001f + 0.05f * std::uniform_real_distribution<float>()(r); });
+  check_cuda(cudaMemset(zp.get(), 0, zp.bytes()), "cudaMemset");
+  row("fq_per_channel", "forward + STE mask (C=4096)", 2 * f + n, [&] {
+    check_cuda(fake_quantize_per_channel(x.get(), y.get(), mask.get(), n, C, n / C, scale.get(), zp.get(), -128.0f,
+                                         127.0f, nullptr),
+               "fq");
+  });
+  row("fq_float8_e4m3", "forward + STE mask", 2 * f + n, [&] {
+    check_cuda(fake_quantize_float8(x.get(), y.get(), mask.get(), n, 1, n, scale.get(), qforge::fq::kE4M3, nullptr),
+               "fq");
+  });
+  row("fq_backward", "dx = mask ? dy : 0", 2 * f + n, [&] {
+    check_cuda(fake_quantize_backward(x.get(), mask.get(), y.get(), n, nullptr), "fq");
+  });
+}
+
+void write_json(const char* path, const cudaDeviceProp& p) {
+  FILE* f = std::fopen(path, "w");
+  if (f == nullptr) throw qforge::Error(std::string("qbench_gpu: cannot write ") + path);
+  std::fprintf(f, "{\"device\": \"%s\", \"sm\": \"%d.%d\", \"multiprocessors\": %d, \"l2_bytes\": %d, \"rows\": [\n",
+               p.name, p.major, p.minor, p.multiProcessorCount, p.l2CacheSize);
+  for (size_t i = 0; i < g_rows.size(); ++i) {
+    const Row& r = g_rows[i];
+    std::fprintf(f, "  {\"bench\": \"%s\", \"shape\": \"%s\", \"impl\": \"%s\", \"ms\": %.6f, \"rate\": %.3f, "
+                    "\"unit\": \"%s\", \"vs_baseline\": %.4f}%s\n",
+                 r.bench.c_str(), r.shape.c_str(), r.impl.c_str(), r.ms, r.rate, r.unit.c_str(), r.vs,
+                 i + 1 < g_rows.size() ? "," : "");
+  }
+  std::fprintf(f, "]}\n");
+  if (std::fclose(f) != 0) throw qforge::Error(std::string("qbench_gpu: cannot write ") + path);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool quick = false;
+  const char* json = nullptr;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--quick") == 0) {
+      quick = true;
+    } else if (std::strcmp(argv[i], "--json") == 0 && i + 1 < argc) {
+      json = argv[++i];
+    } else {
+      std::fprintf(stderr, "usage: qbench_gpu [--quick] [--json FILE]\n");
+      return 2;
+    }
+  }
+  try {
+    int dev = 0;
+    check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
+    cudaDeviceProp p{};
+    check_cuda(cudaGetDeviceProperties(&p, dev), "cudaGetDeviceProperties");
+    std::printf("qbench_gpu on %s (sm_%d%d, %d SMs, L2 %d MB); operands rotate through %zu MiB per timed call set\n",
+                p.name, p.major, p.minor, p.multiProcessorCount, p.l2CacheSize >> 20, kRotateBytes >> 20);
+    std::printf("%-18s %-22s %-30s %9s %9s %-7s %s\n", "bench", "shape MxNxK", "impl", "ms", "rate", "unit",
+                "x fp16 / x memcpy");
+    Timer timer;
+    const int reps = quick ? 5 : 21;
+    bench_fake_quant(quick ? (int64_t{1} << 24) : (int64_t{1} << 28), reps, timer);
+    LtHandle lt;
+    std::vector<Shape> shapes;
+    for (const int64_t M : {int64_t{1}, int64_t{16}, int64_t{128}, int64_t{2048}}) {
+      shapes.push_back({M, 768, 768, "BERT attention projections"});
+      shapes.push_back({M, 3072, 768, "BERT FFN up"});
+      shapes.push_back({M, 768, 3072, "BERT FFN down"});
+    }
+    shapes.push_back({4096, 4096, 4096, "square"});
+    if (quick) shapes = {{16, 768, 768, ""}, {4096, 4096, 4096, ""}};
+    for (const Shape& s : shapes) bench_gemm(s, reps, timer, lt.get(), /*chain=*/s.M <= 2048 && s.N != 4096);
+    {
+      // The fallback kernel at 4096^3: what a shape cuBLASLt refuses costs.
+      const Shape s{4096, 4096, 4096, ""};
+      DeviceBuffer<int8_t> A(s.M * s.K), W(s.N * s.K);
+      DeviceBuffer<int32_t> C(s.M * s.N);
+      fill_random<int8_t>(A, 2, rand_s8);
+      fill_random<int8_t>(W, 3, rand_s8);
+      GemmS8S8S32Cuda gemm;
+      gemm.set_use_cublaslt(false);
+      const double ms = timer.median_ms(quick ? 3 : 5, 1, [&](int) {
+        gemm.run(A.get(), s.K, W.get(), s.K, C.get(), s.N, s.M, s.N, s.K, nullptr);
+      });
+      print_row({"gemm", "4096x4096x4096", "qforge int8 (gemm_s8s8s32_cuda)", ms, 2.0 * 4096 * 4096 * 4096 / ms / 1e9,
+                 "TOP/s", 0});
+    }
+    if (json != nullptr) write_json(json, p);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "qbench_gpu: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

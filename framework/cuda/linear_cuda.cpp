@@ -1,0 +1,94 @@
+// Frozen layers on CUDA (see linear_cuda.h): the int8 Linear chain and the int4 dequantization.
+#include "framework/cuda/linear_cuda.h"
+
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <map>
+#include <memory>
+
+#include "framework/core/error.h"
+#include "kernels/cuda/dequantize_s32_f32_cuda.h"
+#include "kernels/cuda/dequantize_s4_cuda.h"
+#include "kernels/cuda/gemm_s8s8s32_cuda.h"
+#include "kernels/cuda/quantize_rows_s8_cuda.h"
+
+namespace qforge::cuda_ops {
+namespace {
+
+// One cuBLASLt handle and workspace per device and thread (GemmS8S8S32Cuda is not thread-safe).
+const cuda::GemmS8S8S32Cuda& gemm_for(int device) {
+  thread_local std::map<int, std::unique_ptr<cuda::GemmS8S8S32Cuda>> gemms;
+  auto& g = gemms[device];
+  if (!g) g = std::make_unique<cuda::GemmS8S8S32Cuda>();  // the caller's guard selects the device
+  return *g;
+}
+
+void require_on(const at::Tensor& t, const at::Tensor& x, const char* what, at::ScalarType dtype) {
+  QF_REQUIRE(t.device() == x.device() && t.scalar_type() == dtype && t.is_contiguous(), "CUDA Linear: ", what,
+             " must be a contiguous ", dtype, " tensor on ", x.device(), ", got ", t.scalar_type(), " on ", t.device());
+}
+
+}  // namespace
+
+bool built() { return true; }
+
+std::string unavailable_reason() { return ""; }
+
+at::Tensor linear_s8(const at::Tensor& x, const at::Tensor& codes, float static_scale, const at::Tensor& weight,
+                     const at::Tensor& w_scale, const at::Tensor& bias, kernels::RunInfo* info) {
+  const at::Tensor& in = codes.defined() ? codes : x;
+  QF_REQUIRE(in.is_cuda() && in.dim() == 2, "CUDA Linear: input must be a 2-D CUDA tensor, got ", in.sizes(), " on ",
+             in.device());
+  const int64_t M = in.size(0), K = in.size(1), N = weight.size(0);
+  require_on(weight, in, "weight", at::kChar);
+  require_on(w_scale, in, "w_scale", at::kFloat);
+  QF_REQUIRE(weight.size(1) == K && w_scale.numel() == N, "CUDA Linear: weight ", weight.sizes(), " and w_scale ",
+             w_scale.sizes(), " do not fit input ", in.sizes());
+  if (bias.defined()) require_on(bias, in, "bias", at::kFloat);
+  const c10::cuda::CUDAGuard guard(in.device());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(in.device().index()).stream();
+  const at::TensorOptions opts = in.options();
+  at::Tensor y = at::empty({M, N}, opts.dtype(at::kFloat));
+  if (M == 0 || N == 0) return y;
+  at::Tensor q, a_scale;
+  if (codes.defined()) {
+    require_on(codes, in, "activation codes", at::kChar);
+    q = codes;
+    a_scale = at::full({M}, static_scale, opts.dtype(at::kFloat));
+  } else {
+    require_on(x, in, "input", at::kFloat);
+    q = at::empty({M, K}, opts.dtype(at::kChar));
+    a_scale = at::empty({M}, opts.dtype(at::kFloat));
+    at::Tensor bad = at::full({1}, -1, opts.dtype(at::kLong));  // all bits set: kNoNonFinite
+    auto* first_bad = reinterpret_cast<unsigned long long*>(bad.data_ptr<int64_t>());
+    cuda::quantize_rows_s8_cuda(x.data_ptr<float>(), M, K, kernels::ActScale::kPerRow, q.data_ptr<int8_t>(), K,
+                                a_scale.data_ptr<float>(), first_bad, stream);
+    cuda::throw_if_nonfinite(first_bad, K, stream);
+  }
+  at::Tensor acc = at::empty({M, N}, opts.dtype(at::kInt));
+  gemm_for(in.device().index())
+      .run(q.data_ptr<int8_t>(), K, weight.data_ptr<int8_t>(), K, acc.data_ptr<int32_t>(), N, M, N, K, stream, info);
+  cuda::dequantize_s32_f32_cuda(acc.data_ptr<int32_t>(), N, a_scale.data_ptr<float>(), w_scale.data_ptr<float>(),
+                                bias.defined() ? bias.data_ptr<float>() : nullptr, y.data_ptr<float>(), M, N, stream);
+  return y;
+}
+
+at::Tensor dequantize_s4(const at::Tensor& packed, int64_t N, int64_t K, bool is_signed, const at::Tensor& scale,
+                         const at::Tensor& zero, int64_t group_size) {
+  QF_REQUIRE(packed.is_cuda() && packed.scalar_type() == at::kByte && packed.numel() == (N * K + 1) / 2,
+             "CUDA int4 dequantize: packed codes must be ", (N * K + 1) / 2, " uint8 on a CUDA device, got ",
+             packed.numel(), " ", packed.scalar_type(), " on ", packed.device());
+  require_on(scale, packed, "int4 scales", at::kFloat);
+  if (zero.defined()) require_on(zero, packed, "int4 zero points", at::kInt);
+  const c10::cuda::CUDAGuard guard(packed.device());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(packed.device().index()).stream();
+  at::Tensor w = at::empty({N, K}, packed.options().dtype(at::kFloat));
+  if (N * K == 0) return w;
+  cuda::dequantize_s4_cuda(packed.data_ptr<uint8_t>(), N, K, is_signed, scale.data_ptr<float>(),
+                           zero.defined() ? zero.data_ptr<int32_t>() : nullptr, group_size, w.data_ptr<float>(), stream);
+  return w;
+}
+
+}  // namespace qforge::cuda_ops

@@ -1,0 +1,37 @@
+// The CUDA execution of frozen layers: LibTorch tensors in, the kernels of kernels/cuda on the
+// tensors' device and LibTorch's current stream. The layers (framework/nn/linear.cpp) are the
+// dispatch point: CPU tensors run kernels/cpu, CUDA tensors come here. Defined by
+// framework/cuda/linear_cuda.cpp when qforge is built against a CUDA-enabled LibTorch (CMake:
+// QFORGE_TORCH_CUDA), otherwise by framework/cuda/no_cuda.cpp, whose functions throw saying so.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <string>
+
+#include "kernels/cpu/run_info.h"
+
+namespace qforge::cuda_ops {
+
+// True when this build runs frozen layers on CUDA devices.
+bool built();
+
+// The error a frozen layer gives for a CUDA device this build cannot run ("" when it can).
+std::string unavailable_reason();
+
+// y [M, N] float = dequantize_s32_f32(gemm_s8s8s32(q, W), a_scale, w_scale, bias) on x's device:
+//   dynamic (codes undefined): q and a_scale from x [M, K] float by quantize_rows_s8 per row;
+//   static (codes int8 [M, K] given): a_scale = static_scale for every row.
+// W int8 [N, K] row-major, w_scale float [N], bias float [N] or undefined, all on that device.
+// The GEMM is cuBLASLt IMMA or the CUDA fallback (info says which and why). Non-finite inputs of
+// the dynamic path throw (the check synchronizes the stream).
+at::Tensor linear_s8(const at::Tensor& x, const at::Tensor& codes, float static_scale, const at::Tensor& weight,
+                     const at::Tensor& w_scale, const at::Tensor& bias, kernels::RunInfo* info);
+
+// Frozen int4 codes (dense row-major nibbles, as pack_s4_reference) to float [N, K] on the
+// device: w = (q - zero) * scale per group; zero may be undefined. scale / zero are [N, G].
+at::Tensor dequantize_s4(const at::Tensor& packed, int64_t N, int64_t K, bool is_signed, const at::Tensor& scale,
+                         const at::Tensor& zero, int64_t group_size);
+
+}  // namespace qforge::cuda_ops

@@ -1,0 +1,26 @@
+// Frozen layers on CUDA in a build without a CUDA-enabled LibTorch: every call says what to
+// rebuild against (see linear_cuda.h).
+#include <ATen/ATen.h>
+
+#include "framework/core/error.h"
+#include "framework/cuda/linear_cuda.h"
+
+namespace qforge::cuda_ops {
+
+bool built() { return false; }
+
+std::string unavailable_reason() {
+  return "this qforge build has no CUDA kernels (it was built against a LibTorch without CUDA); rebuild against a "
+         "CUDA-enabled LibTorch (docs/kernels.md, \"CUDA\") or keep the model on the CPU";
+}
+
+at::Tensor linear_s8(const at::Tensor&, const at::Tensor&, float, const at::Tensor&, const at::Tensor&,
+                     const at::Tensor&, kernels::RunInfo*) {
+  throw Error("CUDA Linear: " + unavailable_reason());
+}
+
+at::Tensor dequantize_s4(const at::Tensor&, int64_t, int64_t, bool, const at::Tensor&, const at::Tensor&, int64_t) {
+  throw Error("CUDA int4 dequantize: " + unavailable_reason());
+}
+
+}  // namespace qforge::cuda_ops

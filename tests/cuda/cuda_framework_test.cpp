@@ -1,0 +1,379 @@
+// cuda_framework_test: qforge's own API on CUDA tensors, against the same calls on the CPU.
+// fake_quantize (every granularity, float8, the STE gradient), the learnable (LSQ) ops, a QAT
+// step of a model of qforge layers, and a frozen model moved to the GPU (describe() plans, the
+// forward's kernels and results). Needs a CUDA-enabled LibTorch and a GPU: labelled "gpu", run by
+// scripts/gpu-check; built everywhere so it keeps compiling against every LibTorch.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <string>
+
+#include "fake_quant/cuda/fake_quantize_op.h"
+#include "fake_quant/fake_quantize.h"
+#include "fake_quant/lsq.h"
+#include "framework/core/error.h"
+#include "framework/core/qparams.h"
+#include "framework/nn/conv.h"
+#include "framework/nn/linear.h"
+#include "framework/quantize.h"
+
+namespace qforge {
+namespace {
+
+class CudaApi : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(fq::cuda_fake_quantize_built())
+        << "this qforge build has no CUDA override (built against a LibTorch without CUDA)";
+    ASSERT_TRUE(torch::cuda::is_available()) << "no CUDA device visible to LibTorch";
+  }
+  const at::Device cuda{at::kCUDA, 0};
+};
+
+// Bitwise equality of two float tensors (NaN payloads included), whatever their devices.
+::testing::AssertionResult bit_equal(const at::Tensor& got, const at::Tensor& want) {
+  const at::Tensor g = got.detach().to(at::kCPU).contiguous(), w = want.detach().to(at::kCPU).contiguous();
+  if (g.sizes() != w.sizes() || g.scalar_type() != w.scalar_type())
+    return ::testing::AssertionFailure() << "shape/dtype " << g.sizes() << " " << g.scalar_type() << " vs "
+                                         << w.sizes() << " " << w.scalar_type();
+  if (g.scalar_type() == at::kBool) {
+    if (!at::equal(g, w)) return ::testing::AssertionFailure() << "bool tensors differ";
+    return ::testing::AssertionSuccess();
+  }
+  // A NaN matches any NaN (payloads are not part of the formulas; see cuda_kernels_test).
+  const at::Tensor gi = g.view(at::kInt), wi = w.view(at::kInt);
+  const at::Tensor diff = at::logical_and(at::ne(gi, wi), at::logical_not(at::logical_and(g.isnan(), w.isnan())));
+  const int64_t n = diff.sum().item<int64_t>();
+  if (n == 0) return ::testing::AssertionSuccess();
+  const int64_t first = diff.flatten().nonzero()[0][0].item<int64_t>();
+  return ::testing::AssertionFailure() << n << " of " << g.numel() << " elements differ; first at " << first
+                                       << ": GPU " << g.flatten()[first].item<float>() << " vs CPU "
+                                       << w.flatten()[first].item<float>();
+}
+
+QParams qparams_for(const at::Tensor& x, const QSpec& spec) {
+  at::Tensor lo, hi;
+  switch (spec.granularity) {
+    case Granularity::kPerTensor:
+      lo = x.min();
+      hi = x.max();
+      break;
+    case Granularity::kPerChannel: {
+      const at::Tensor m = x.movedim(spec.axis, 0).reshape({x.size(spec.axis), -1});
+      lo = std::get<0>(m.min(1));
+      hi = std::get<0>(m.max(1));
+      break;
+    }
+    case Granularity::kPerGroup: {
+      std::vector<int64_t> shape = x.sizes().vec();
+      shape.back() /= spec.group_size;
+      shape.push_back(spec.group_size);
+      const at::Tensor g = x.reshape(shape);
+      lo = std::get<0>(g.min(-1));
+      hi = std::get<0>(g.max(-1));
+      break;
+    }
+  }
+  return calculate_qparams(lo.cpu(), hi.cpu(), spec);
+}
+
+TEST_F(CudaApi, FakeQuantizeMatchesCpuBitForBit) {
+  torch::manual_seed(1);
+  const at::Tensor x = at::randn({64, 96, 33}) * 3;
+  struct Case {
+    const char* name;
+    QSpec spec;
+  };
+  std::vector<Case> cases;
+  {
+    QSpec s;
+    s.qtype = qint8;
+    cases.push_back({"per_tensor qint8 affine", s});
+    s.symmetric = true;
+    s.qtype = qint4;
+    cases.push_back({"per_tensor qint4 symmetric", s});
+    QSpec c;
+    c.qtype = quint8;
+    c.granularity = Granularity::kPerChannel;
+    c.axis = 1;
+    cases.push_back({"per_channel(axis=1) quint8", c});
+    c.axis = 2;
+    cases.push_back({"per_channel(axis=2) quint8 (channels last)", c});
+    QSpec g;
+    g.qtype = qint4;
+    g.granularity = Granularity::kPerGroup;
+    g.group_size = 11;
+    g.symmetric = true;
+    cases.push_back({"per_group(11) qint4", g});
+    QSpec f;
+    f.qtype = qfloat8_e4m3fn;
+    f.symmetric = true;
+    cases.push_back({"float8 e4m3 per_tensor", f});
+    f.qtype = qfloat8_e5m2;
+    f.granularity = Granularity::kPerChannel;
+    f.axis = 0;
+    cases.push_back({"float8 e5m2 per_channel", f});
+  }
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const QParams qp = qparams_for(x, c.spec);
+    const auto [y_cpu, m_cpu] = fake_quantize_cachemask(x, qp);
+    const auto [y_gpu, m_gpu] = fake_quantize_cachemask(x.to(cuda), qp);
+    EXPECT_TRUE(y_gpu.is_cuda());
+    EXPECT_TRUE(bit_equal(y_gpu, y_cpu));
+    EXPECT_TRUE(bit_equal(m_gpu, m_cpu));
+    // qparams on the GPU too, as a model moved with ->to(cuda) has them.
+    QParams qg = qp;
+    qg.scale = qp.scale.to(cuda);
+    qg.zero_point = qp.zero_point.to(cuda);
+    EXPECT_TRUE(bit_equal(fake_quantize_forward(x.to(cuda), qg), y_cpu));
+  }
+}
+
+TEST_F(CudaApi, StraightThroughGradientMatchesCpu) {
+  torch::manual_seed(2);
+  const at::Tensor x0 = at::randn({128, 300}) * 2;
+  const at::Tensor dy = at::randn({128, 300});
+  const at::Tensor scale = at::rand({128}) * 0.02 + 0.005;
+  const at::Tensor zp = at::randint(-20, 20, {128}, at::kInt);
+  at::Tensor xc = x0.clone().requires_grad_(true);
+  at::Tensor xg = x0.to(cuda).requires_grad_(true);
+  qforge::fake_quantize_per_channel_affine(xc, scale, zp, 0, -128, 127).backward(dy);
+  qforge::fake_quantize_per_channel_affine(xg, scale.to(cuda), zp.to(cuda), 0, -128, 127).backward(dy.to(cuda));
+  ASSERT_TRUE(xg.grad().defined());
+  EXPECT_TRUE(xg.grad().is_cuda());
+  EXPECT_TRUE(bit_equal(xg.grad(), xc.grad()));
+  // Half-precision inputs come back in their dtype, on the device.
+  const at::Tensor h = qforge::fake_quantize_per_tensor_affine(x0.to(cuda).to(at::kHalf), 0.05, 3, -128, 127);
+  EXPECT_EQ(h.scalar_type(), at::kHalf);
+  EXPECT_TRUE(h.is_cuda());
+}
+
+// Output, then the gradients of (x, scale, zero_point) after backward of dy, equal bit for bit.
+void expect_same_learnable(const at::Tensor& y_cpu, const at::Tensor& y_gpu, const at::Tensor& dy,
+                           const std::vector<at::Tensor>& leaves_cpu, const std::vector<at::Tensor>& leaves_gpu) {
+  EXPECT_TRUE(bit_equal(y_gpu, y_cpu));
+  y_cpu.backward(dy);
+  y_gpu.backward(dy.to(y_gpu.device()));
+  for (size_t i = 0; i < leaves_cpu.size(); ++i) EXPECT_TRUE(bit_equal(leaves_gpu[i].grad(), leaves_cpu[i].grad())) << "leaf " << i;
+}
+
+TEST_F(CudaApi, LearnableFakeQuantizeMatchesCpu) {
+  torch::manual_seed(3);
+  const at::Tensor x0 = at::randn({32, 64});
+  const at::Tensor dy = at::randn({32, 64});
+  const double gf = lsq_grad_factor(x0.numel(), 127);
+  // Per tensor.
+  {
+    at::Tensor xc = x0.clone().requires_grad_(true), sc = at::full({1}, 0.03).requires_grad_(true),
+               zc = at::full({1}, 1.3).requires_grad_(true);
+    at::Tensor xg = x0.to(cuda).requires_grad_(true), sg = at::full({1}, 0.03, at::TensorOptions(cuda)).requires_grad_(true),
+               zg = at::full({1}, 1.3, at::TensorOptions(cuda)).requires_grad_(true);
+    expect_same_learnable(fake_quantize_learnable_per_tensor_affine(xc, sc, zc, -128, 127, gf),
+                          fake_quantize_learnable_per_tensor_affine(xg, sg, zg, -128, 127, gf), dy, {xc, sc, zc},
+                          {xg, sg, zg});
+  }
+  // Per channel.
+  {
+    const at::Tensor s0 = at::rand({32}) * 0.05 + 0.01, z0 = at::randn({32}) * 3;
+    at::Tensor xc = x0.clone().requires_grad_(true), sc = s0.clone().requires_grad_(true),
+               zc = z0.clone().requires_grad_(true);
+    at::Tensor xg = x0.to(cuda).requires_grad_(true), sg = s0.to(cuda).requires_grad_(true),
+               zg = z0.to(cuda).requires_grad_(true);
+    expect_same_learnable(fake_quantize_learnable_per_channel_affine(xc, sc, zc, 0, -128, 127, gf),
+                          fake_quantize_learnable_per_channel_affine(xg, sg, zg, 0, -128, 127, gf), dy, {xc, sc, zc},
+                          {xg, sg, zg});
+  }
+}
+
+TEST_F(CudaApi, BadQParamsAreRefusedOnTheGpuToo) {
+  const at::Tensor x = at::randn({4, 8}, at::TensorOptions(cuda));
+  EXPECT_THROW(qforge::fake_quantize_per_channel_affine(x, at::full({4}, -1.0f, at::TensorOptions(cuda)),
+                                                at::zeros({4}, at::TensorOptions(cuda).dtype(at::kInt)), 0, -128, 127),
+               Error);
+  EXPECT_THROW(qforge::fake_quantize_per_channel_affine(x, at::full({3}, 0.1f), at::zeros({3}, at::kInt), 0, -128, 127),
+               Error);
+}
+
+// ---- frozen layers on the GPU ----
+
+// ||got - want|| / ||want|| (both moved to the CPU, float64).
+double rel_error(const at::Tensor& got, const at::Tensor& want) {
+  const at::Tensor g = got.detach().to(at::kCPU, at::kDouble), w = want.detach().to(at::kCPU, at::kDouble);
+  return (g - w).norm().item<double>() / std::max(w.norm().item<double>(), 1e-30);
+}
+
+struct FrozenPair {
+  nn::Linear cpu{nullptr}, gpu{nullptr};
+};
+
+// Two identical layers (same seed), quantized with `scheme`, calibrated on the same data when the
+// activations are static, frozen on the CPU; the second is then moved to the GPU.
+FrozenPair frozen_pair(int64_t in, int64_t out, const Scheme& scheme, const at::Tensor& calib, const at::Device& dev) {
+  FrozenPair p;
+  for (nn::Linear* l : {&p.cpu, &p.gpu}) {
+    torch::manual_seed(7);
+    *l = nn::Linear(in, out);
+    quantize(*l, scheme);
+    if (scheme.activations == ActivationMode::kStatic) {
+      Calibration c(*l);
+      (*l)->forward(calib);
+    }
+    freeze(*l);
+  }
+  p.gpu->to(dev);
+  return p;
+}
+
+TEST_F(CudaApi, FrozenInt8LinearRunsCublasLtBitForBit) {
+  torch::manual_seed(11);
+  const at::Tensor x = at::randn({37, 768}) * 2;
+  for (const ActivationMode act : {ActivationMode::kDynamicPerToken, ActivationMode::kStatic}) {
+    SCOPED_TRACE(to_string(act));
+    Scheme scheme(qint8);
+    scheme.activations = act;
+    scheme.observer = "minmax";
+    FrozenPair p = frozen_pair(768, 3072, scheme, x, cuda);
+    EXPECT_EQ(p.gpu->report().kernel, "gemm_s8s8s32_cublaslt");
+    EXPECT_EQ(p.gpu->report().fallback_reason, "");
+    const at::Tensor want = p.cpu->forward(x);
+    const at::Tensor got = p.gpu->forward(x.to(cuda));
+    EXPECT_TRUE(got.is_cuda());
+    EXPECT_TRUE(bit_equal(got, want));
+    // A 3-D input (batch, tokens, features) keeps its leading shape.
+    const at::Tensor x3 = x.reshape({1, 37, 768});
+    EXPECT_EQ(p.gpu->forward(x3.to(cuda)).sizes(), at::IntArrayRef({1, 37, 3072}));
+    // Back on the CPU, the CPU kernels again.
+    p.gpu->to(torch::kCPU);
+    EXPECT_NE(p.gpu->report().kernel, "gemm_s8s8s32_cublaslt");
+    EXPECT_TRUE(bit_equal(p.gpu->forward(x), want));
+  }
+}
+
+TEST_F(CudaApi, FrozenInt8LinearFallsBackWhereCublasLtCannotRun) {
+  torch::manual_seed(12);
+  const at::Tensor x = at::randn({5, 768});
+  Scheme scheme(qint8);
+  scheme.activations = ActivationMode::kDynamicPerToken;
+  FrozenPair p = frozen_pair(768, 1001, scheme, x, cuda);
+  EXPECT_EQ(p.gpu->report().kernel, "gemm_s8s8s32_cuda");
+  EXPECT_EQ(p.gpu->report().fallback_reason, "gemm_s8s8s32_cublaslt: N=1001 not a multiple of 4 (cuBLASLt IMMA m)");
+  EXPECT_TRUE(bit_equal(p.gpu->forward(x.to(cuda)), p.cpu->forward(x)));
+  // describe() of the model says the same.
+  EXPECT_NE(describe(*p.gpu).find("gemm_s8s8s32_cuda"), std::string::npos) << describe(*p.gpu);
+}
+
+TEST_F(CudaApi, FrozenInt4AndWeightOnlyLinearDequantizeOnTheGpu) {
+  torch::manual_seed(13);
+  const at::Tensor x = at::randn({9, 512});
+  struct Case {
+    const char* name;
+    Scheme scheme;
+    const char* kernel;
+  };
+  Scheme w4(qint4);  // groups of 128
+  w4.activations = ActivationMode::kDynamicPerToken;
+  Scheme w4_only(qint4);
+  Scheme w8_only(qint8);
+  for (const Case& c : {Case{"int4 dynamic", w4, "dequantize_s4_cuda+at::linear"},
+                        Case{"int4 weight-only", w4_only, "dequantize_s4_cuda+at::linear"},
+                        Case{"int8 weight-only", w8_only, "dequantize+at::linear"}}) {
+    SCOPED_TRACE(c.name);
+    FrozenPair p = frozen_pair(512, 256, c.scheme, x, cuda);
+    EXPECT_EQ(p.gpu->report().kernel, c.kernel);
+    EXPECT_NE(p.gpu->report().fallback_reason, "");
+    // Same quantized weights and activation codes; only float summation order differs.
+    EXPECT_LT(rel_error(p.gpu->forward(x.to(cuda)), p.cpu->forward(x)), 1e-5);
+  }
+}
+
+TEST_F(CudaApi, FreezingOnTheGpuKeepsTheModelThere) {
+  torch::manual_seed(14);
+  const at::Tensor x = at::randn({16, 256});
+  Scheme scheme(qint8);
+  scheme.activations = ActivationMode::kStatic;
+  scheme.observer = "minmax";
+  torch::manual_seed(7);
+  nn::Linear cpu(256, 128);
+  torch::manual_seed(7);
+  nn::Linear gpu(256, 128);
+  gpu->to(cuda);
+  quantize(cpu, scheme);
+  quantize(gpu, scheme);
+  {
+    Calibration c(cpu);
+    cpu->forward(x);
+  }
+  {
+    Calibration c(gpu);
+    gpu->forward(x.to(cuda));
+  }
+  freeze(cpu);
+  freeze(gpu);
+  EXPECT_EQ(gpu->report().kernel, "gemm_s8s8s32_cublaslt");
+  EXPECT_TRUE(bit_equal(gpu->forward(x.to(cuda)), cpu->forward(x)));
+  // The input must be where the frozen weight is.
+  EXPECT_THROW(gpu->forward(x), Error);
+}
+
+TEST_F(CudaApi, QatStepOnTheGpuMatchesTheCpu) {
+  torch::manual_seed(15);
+  const at::Tensor x = at::randn({32, 64}), target = at::randn({32, 16});
+  Scheme scheme(qint8);
+  scheme.activations = ActivationMode::kStatic;
+  scheme.observer = "minmax";
+  std::vector<at::Tensor> weights;
+  std::vector<std::vector<at::Tensor>> outputs(2), grads(2);
+  int run = 0;
+  for (const at::Device dev : {at::Device(at::kCPU), cuda}) {
+    torch::manual_seed(7);
+    nn::Linear lin(64, 16);
+    lin->to(dev);
+    quantize(lin, scheme);
+    {
+      Calibration c(lin);
+      lin->forward(x.to(dev));
+    }
+    torch::optim::SGD opt(lin->parameters(), torch::optim::SGDOptions(0.1));
+    QatController qat(*lin, QatOptions{});
+    qat.begin_epoch();
+    for (int step = 0; step < 3; ++step) {
+      opt.zero_grad();
+      const at::Tensor y = lin->forward(x.to(dev));
+      const at::Tensor loss = at::mse_loss(y, target.to(dev));
+      loss.backward();
+      outputs[run].push_back(y.detach().cpu());
+      grads[run].push_back(lin->weight.grad().detach().cpu());
+      opt.step();
+      qat.step();
+    }
+    weights.push_back(lin->weight.detach().cpu());
+    ++run;
+  }
+  // The fake-quant forward and STE backward are bit-exact; the float GEMMs around them differ by
+  // summation order, which can move a value across a rounding boundary now and then.
+  for (size_t i = 0; i < outputs[0].size(); ++i) {
+    EXPECT_LT(rel_error(outputs[1][i], outputs[0][i]), 1e-5) << "forward of step " << i;
+    EXPECT_LT(rel_error(grads[1][i], grads[0][i]), 1e-4) << "weight gradient of step " << i;
+  }
+  EXPECT_LT(rel_error(weights[1], weights[0]), 1e-5);
+}
+
+TEST_F(CudaApi, FrozenConvRunsOnTheGpuThroughItsDequantizedWeight) {
+  torch::manual_seed(16);
+  const at::Tensor x = at::randn({2, 3, 16, 16});
+  std::vector<at::Tensor> outs;
+  for (const at::Device dev : {at::Device(at::kCPU), cuda}) {
+    torch::manual_seed(7);
+    nn::Conv2d conv(torch::nn::Conv2dOptions(3, 8, 3).padding(1));
+    quantize(conv, Scheme(qint8));
+    freeze(conv);
+    conv->to(dev);
+    outs.push_back(conv->forward(x.to(dev)));
+  }
+  EXPECT_TRUE(outs[1].is_cuda());
+  EXPECT_LT(rel_error(outs[1], outs[0]), 1e-5);
+}
+
+}  // namespace
+}  // namespace qforge

@@ -1,0 +1,546 @@
+// cuda_kernels_test: every CUDA kernel of kernels/cuda and fake_quant/cuda on a real GPU against
+// the CPU reference kernels that define its result (kernels/cpu/reference.h,
+// fake_quant/fake_quantize_kernels.h), bit for bit. Outputs are poisoned before each run and
+// every element is compared, so an unwritten element fails. No LibTorch: this builds in the
+// CUDA-only configuration too (scripts/gpu-check). Without a GPU every test fails at set-up
+// (it is labelled "gpu" and only scripts/gpu-check runs it).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "fake_quant/cuda/fake_quantize_cuda.h"
+#include "fake_quant/fake_quantize_kernels.h"
+#include "framework/core/error.h"
+#include "kernels/cpu/reference.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/dequantize_s32_f32_cuda.h"
+#include "kernels/cuda/dequantize_s4_cuda.h"
+#include "kernels/cuda/device_buffer.h"
+#include "kernels/cuda/gemm_s8s8s32_cuda.h"
+#include "kernels/cuda/quantize_rows_s8_cuda.h"
+#include "kernels/cuda/unpack_s4_math.h"
+
+namespace qforge::cuda {
+namespace {
+
+using kernels::ActScale;
+using kernels::RunInfo;
+
+// ---- host <-> device helpers ----
+
+template <class T>
+DeviceBuffer<T> upload(const std::vector<T>& h) {
+  DeviceBuffer<T> d(h.size());
+  if (!h.empty()) check_cuda(cudaMemcpy(d.get(), h.data(), d.bytes(), cudaMemcpyHostToDevice), "cudaMemcpy H2D");
+  return d;
+}
+
+template <class T>
+std::vector<T> download(const DeviceBuffer<T>& d) {
+  std::vector<T> h(d.size());
+  check_cuda(cudaDeviceSynchronize(), "kernel");
+  if (!h.empty()) check_cuda(cudaMemcpy(h.data(), d.get(), d.bytes(), cudaMemcpyDeviceToHost), "cudaMemcpy D2H");
+  return h;
+}
+
+// Bools as bytes (std::vector<bool> has no contiguous storage); poisoned bytes stay visible.
+std::vector<uint8_t> download_mask(const DeviceBuffer<bool>& d) {
+  std::vector<uint8_t> h(d.size());
+  check_cuda(cudaDeviceSynchronize(), "kernel");
+  if (!h.empty()) check_cuda(cudaMemcpy(h.data(), d.get(), d.size(), cudaMemcpyDeviceToHost), "cudaMemcpy D2H");
+  return h;
+}
+
+// Fills device memory with a byte pattern (0xFF: NaN floats, -1 ints, true bools) so an element
+// a kernel does not write differs from any reference value.
+template <class T>
+void poison(DeviceBuffer<T>& d, int byte = 0xFF) {
+  if (d.size() > 0) check_cuda(cudaMemset(d.get(), byte, d.bytes()), "cudaMemset");
+}
+
+uint32_t bits(float f) {
+  uint32_t b;
+  std::memcpy(&b, &f, sizeof b);
+  return b;
+}
+
+// Equal bit patterns; a NaN matches any NaN (the formulas keep NaN a NaN, but the payload and
+// sign of a NaN are not part of them: the GPU's arithmetic returns the canonical NaN, x86 the
+// operand's).
+::testing::AssertionResult same_floats(const std::vector<float>& got, const std::vector<float>& want) {
+  if (got.size() != want.size())
+    return ::testing::AssertionFailure() << "size " << got.size() << " vs " << want.size();
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (std::isnan(got[i]) && std::isnan(want[i])) continue;
+    if (bits(got[i]) != bits(want[i]))
+      return ::testing::AssertionFailure() << "element " << i << ": GPU " << got[i] << " vs reference " << want[i];
+  }
+  return ::testing::AssertionSuccess();
+}
+
+template <class T>
+::testing::AssertionResult same_values(const std::vector<T>& got, const std::vector<T>& want) {
+  if (got.size() != want.size())
+    return ::testing::AssertionFailure() << "size " << got.size() << " vs " << want.size();
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (got[i] != want[i])
+      return ::testing::AssertionFailure() << "element " << i << ": GPU " << +got[i] << " vs reference " << +want[i];
+  }
+  return ::testing::AssertionSuccess();
+}
+
+// Random floats spread over [-range, range], with exact grid ties (k + 0.5) * scale, zeros,
+// values far outside the grid and, when asked, NaN / +-Inf.
+std::vector<float> random_floats(int64_t n, float range, uint32_t seed, float tie_scale = 0.0f,
+                                 bool nonfinite = false) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-range, range);
+  std::uniform_int_distribution<int> pick(0, 31);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (auto& x : v) {
+    const int p = pick(rng);
+    if (p == 0 && tie_scale > 0.0f) {
+      x = (std::floor(u(rng) / tie_scale) + 0.5f) * tie_scale;
+    } else if (p == 1) {
+      x = 0.0f;
+    } else if (p == 2) {
+      x = u(rng) * 1000.0f;
+    } else if (p == 3 && nonfinite) {
+      const float specials[] = {NAN, INFINITY, -INFINITY};
+      x = specials[rng() % 3];
+    } else {
+      x = u(rng);
+    }
+  }
+  return v;
+}
+
+std::vector<int8_t> random_s8(int64_t n, uint32_t seed, int lo = -128, int hi = 127) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int> u(lo, hi);
+  std::vector<int8_t> v(static_cast<size_t>(n));
+  for (auto& x : v) x = static_cast<int8_t>(u(rng));
+  return v;
+}
+
+class Gpu : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    int count = 0;
+    const cudaError_t e = cudaGetDeviceCount(&count);
+    ASSERT_TRUE(e == cudaSuccess && count > 0)
+        << "cuda_kernels_test needs a CUDA GPU (" << cudaGetErrorString(e) << "); scripts/gpu-check runs it on one";
+  }
+};
+
+// ---- fake quantization ----
+
+struct GridCase {
+  const char* name;
+  float scale, zero_point, qmin, qmax;
+};
+const GridCase kGrids[] = {
+    {"qint8 symmetric", 0.0173f, 0.0f, -128.0f, 127.0f},
+    {"quint8 affine", 0.0291f, 131.0f, 0.0f, 255.0f},
+    {"qint4 symmetric", 0.21f, 0.0f, -8.0f, 7.0f},
+    {"qint2", 0.7f, 0.0f, -2.0f, 1.0f},
+};
+
+TEST_F(Gpu, FakeQuantizePerTensorMatchesReference) {
+  for (const int64_t n : {int64_t{1}, int64_t{257}, int64_t{1} << 20, (int64_t{1} << 20) + 13}) {
+    for (const GridCase& c : kGrids) {
+      SCOPED_TRACE(std::string(c.name) + " n=" + std::to_string(n));
+      const fq::AffineGrid g = fq::make_grid(c.scale, c.zero_point, c.qmin, c.qmax);
+      const std::vector<float> x = random_floats(n, 4.0f, 11u + static_cast<uint32_t>(n), c.scale, true);
+      std::vector<float> want(x.size());
+      std::unique_ptr<bool[]> want_mask(new bool[x.size()]);
+      fq::affine_run_reference(x.data(), want.data(), want_mask.get(), n, g);
+
+      auto dx = upload(x);
+      DeviceBuffer<float> dy(x.size());
+      DeviceBuffer<bool> dmask(x.size());
+      poison(dy);
+      poison(dmask, 0x02);  // neither true (1) nor false (0)
+      check_cuda(fake_quantize_per_tensor(dx.get(), dy.get(), dmask.get(), n, g, nullptr), "fake_quantize_per_tensor");
+      EXPECT_TRUE(same_floats(download(dy), want));
+      const auto mask = download_mask(dmask);
+      for (int64_t i = 0; i < n; ++i)
+        ASSERT_EQ(static_cast<int>(mask[i]), static_cast<int>(want_mask[i])) << "mask element " << i;
+
+      // Without a mask (inference): same values.
+      poison(dy);
+      check_cuda(fake_quantize_per_tensor(dx.get(), dy.get(), nullptr, n, g, nullptr), "fake_quantize_per_tensor");
+      EXPECT_TRUE(same_floats(download(dy), want));
+      // Pointers off the 16-byte grid take the one-element path.
+      if (n > 1) {
+        poison(dy);
+        check_cuda(fake_quantize_per_tensor(dx.get() + 1, dy.get() + 1, dmask.get() + 1, n - 1, g, nullptr),
+                   "fake_quantize_per_tensor");
+        const auto off = download(dy);
+        EXPECT_TRUE(same_floats(std::vector<float>(off.begin() + 1, off.end()), std::vector<float>(want.begin() + 1, want.end())));
+      }
+    }
+  }
+}
+
+TEST_F(Gpu, FakeQuantizePerChannelMatchesReference) {
+  struct Layout {
+    int64_t outer, C, inner;
+  };
+  // [C, K] weights (axis 0), NCHW activations (axis 1), channels last (inner 1), per-group runs.
+  for (const Layout L : {Layout{1, 768, 3072}, Layout{8, 64, 49}, Layout{4096, 96, 1}, Layout{1, 4096, 32}}) {
+    SCOPED_TRACE("outer=" + std::to_string(L.outer) + " C=" + std::to_string(L.C) + " inner=" + std::to_string(L.inner));
+    const int64_t n = L.outer * L.C * L.inner;
+    std::mt19937 rng(static_cast<uint32_t>(n));
+    std::uniform_real_distribution<float> us(0.001f, 0.05f);
+    std::uniform_int_distribution<int> uz(0, 255);
+    std::vector<float> scale(L.C), zp(L.C);
+    for (int64_t c = 0; c < L.C; ++c) {
+      scale[c] = us(rng);
+      zp[c] = static_cast<float>(uz(rng));
+    }
+    const std::vector<float> x = random_floats(n, 3.0f, 5u, 0.01f, true);
+    std::vector<float> want(x.size());
+    std::unique_ptr<bool[]> want_mask(new bool[x.size()]);
+    for (int64_t o = 0; o < L.outer; ++o) {
+      for (int64_t c = 0; c < L.C; ++c) {
+        const int64_t b = (o * L.C + c) * L.inner;
+        fq::affine_run_reference(x.data() + b, want.data() + b, want_mask.get() + b, L.inner,
+                                 fq::make_grid(scale[c], zp[c], 0.0f, 255.0f));
+      }
+    }
+    auto dx = upload(x), dscale = upload(scale), dzp = upload(zp);
+    DeviceBuffer<float> dy(x.size());
+    DeviceBuffer<bool> dmask(x.size());
+    poison(dy);
+    poison(dmask, 0x02);
+    check_cuda(fake_quantize_per_channel(dx.get(), dy.get(), dmask.get(), n, L.C, L.inner, dscale.get(),
+                                         dzp.get(), 0.0f, 255.0f, nullptr),
+               "fake_quantize_per_channel");
+    EXPECT_TRUE(same_floats(download(dy), want));
+    const auto mask = download_mask(dmask);
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(static_cast<int>(mask[i]), static_cast<int>(want_mask[i])) << i;
+  }
+  // Bad layouts are refused, not launched.
+  EXPECT_EQ(fake_quantize_per_channel(nullptr, nullptr, nullptr, 8, 0, 1, nullptr, nullptr, 0, 255, nullptr),
+            cudaErrorInvalidValue);
+}
+
+TEST_F(Gpu, FakeQuantizeFloat8MatchesReference) {
+  struct F8Case {
+    fq::Float8Format f;
+    int64_t C, inner;
+  };
+  for (const F8Case fc : {F8Case{fq::kE4M3, 16, 4099}, F8Case{fq::kE5M2, 16, 4099}, F8Case{fq::kE4M3, 8, 1024}}) {
+    const fq::Float8Format f = fc.f;
+    SCOPED_TRACE(std::to_string(f.max_finite) + " inner=" + std::to_string(fc.inner));
+    const int64_t C = fc.C, inner = fc.inner, n = C * inner;
+    std::vector<float> scale(C);
+    for (int64_t c = 0; c < C; ++c) scale[c] = 0.002f * static_cast<float>(c + 1);
+    const std::vector<float> x = random_floats(n, 2.0f, 77u, 0.0f, true);
+    std::vector<float> want(x.size());
+    std::unique_ptr<bool[]> want_mask(new bool[x.size()]);
+    for (int64_t c = 0; c < C; ++c)
+      fq::float8_run_reference(x.data() + c * inner, want.data() + c * inner, want_mask.get() + c * inner, inner,
+                               scale[c], f);
+    auto dx = upload(x), dscale = upload(scale);
+    DeviceBuffer<float> dy(x.size());
+    DeviceBuffer<bool> dmask(x.size());
+    poison(dy);
+    poison(dmask, 0x02);
+    check_cuda(fake_quantize_float8(dx.get(), dy.get(), dmask.get(), n, C, inner, dscale.get(), f, nullptr),
+               "fake_quantize_float8");
+    EXPECT_TRUE(same_floats(download(dy), want));
+    const auto mask = download_mask(dmask);
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(static_cast<int>(mask[i]), static_cast<int>(want_mask[i])) << i;
+  }
+}
+
+TEST_F(Gpu, FakeQuantizeBackwardMatchesReference) {
+  const int64_t n = (int64_t{1} << 20) + 7;
+  const std::vector<float> dy = random_floats(n, 1.0f, 3u);
+  std::mt19937 rng(9);
+  std::unique_ptr<bool[]> mask(new bool[n]);
+  std::vector<uint8_t> mask_bytes(n);
+  for (int64_t i = 0; i < n; ++i) mask_bytes[i] = (rng() & 1u) != 0u;
+  for (int64_t i = 0; i < n; ++i) mask[i] = mask_bytes[i] != 0;
+  std::vector<float> want(n);
+  fq::mask_grad_reference(dy.data(), mask.get(), want.data(), n);
+  auto ddy = upload(dy);
+  DeviceBuffer<bool> dmask(n);
+  check_cuda(cudaMemcpy(dmask.get(), mask.get(), n, cudaMemcpyHostToDevice), "cudaMemcpy");
+  DeviceBuffer<float> ddx(n);
+  poison(ddx);
+  check_cuda(fake_quantize_backward(ddy.get(), dmask.get(), ddx.get(), n, nullptr), "fake_quantize_backward");
+  EXPECT_TRUE(same_floats(download(ddx), want));
+}
+
+// ---- dynamic int8 activation quantization ----
+
+TEST_F(Gpu, QuantizeRowsMatchesReference) {
+  struct Shape {
+    int64_t M, K, ldq;
+  };
+  for (const Shape s : {Shape{1, 768, 768}, Shape{37, 3072, 3076}, Shape{512, 1000, 1000}, Shape{3, 1, 4}}) {
+    for (const ActScale mode : {ActScale::kPerRow, ActScale::kPerTensor}) {
+      SCOPED_TRACE("M=" + std::to_string(s.M) + " K=" + std::to_string(s.K) + " ldq=" + std::to_string(s.ldq) +
+                   (mode == ActScale::kPerRow ? " per_row" : " per_tensor"));
+      std::vector<float> x = random_floats(s.M * s.K, 6.0f, static_cast<uint32_t>(s.M * 31 + s.K));
+      if (s.M > 2) std::fill(x.begin() + s.K, x.begin() + 2 * s.K, 0.0f);  // an all-zero row: scale 1
+      std::vector<int8_t> want_q(s.M * s.ldq);
+      std::vector<float> want_scale(s.M);
+      kernels::quantize_rows_s8_reference(x.data(), s.M, s.K, mode, want_q.data(), s.ldq, want_scale.data());
+      auto dx = upload(x);
+      DeviceBuffer<int8_t> dq(want_q.size());
+      DeviceBuffer<float> dscale(s.M);
+      DeviceBuffer<unsigned long long> dbad(1);
+      poison(dq, 0x55);
+      poison(dscale);
+      poison(dbad);  // 0xFF..: kNoNonFinite
+      quantize_rows_s8_cuda(dx.get(), s.M, s.K, mode, dq.get(), s.ldq, dscale.get(), dbad.get(), nullptr);
+      EXPECT_NO_THROW(throw_if_nonfinite(dbad.get(), s.K, nullptr));
+      EXPECT_TRUE(same_values(download(dq), want_q));
+      EXPECT_TRUE(same_floats(download(dscale), want_scale));
+    }
+  }
+}
+
+TEST_F(Gpu, QuantizeRowsReportsFirstNonFiniteLikeTheReference) {
+  const int64_t M = 64, K = 300;
+  std::vector<float> x = random_floats(M * K, 2.0f, 21u);
+  x[17 * K + 250] = INFINITY;
+  x[40 * K + 3] = NAN;
+  x[17 * K + 260] = NAN;
+  std::string want;
+  std::vector<int8_t> q(M * K);
+  std::vector<float> s(M);
+  try {
+    kernels::quantize_rows_s8_reference(x.data(), M, K, ActScale::kPerRow, q.data(), K, s.data());
+  } catch (const Error& e) {
+    want = e.what();
+  }
+  ASSERT_FALSE(want.empty()) << "the reference must refuse non-finite input";
+  auto dx = upload(x);
+  DeviceBuffer<int8_t> dq(M * K);
+  DeviceBuffer<float> dscale(M);
+  DeviceBuffer<unsigned long long> dbad(1);
+  poison(dbad);
+  quantize_rows_s8_cuda(dx.get(), M, K, ActScale::kPerRow, dq.get(), K, dscale.get(), dbad.get(), nullptr);
+  try {
+    throw_if_nonfinite(dbad.get(), K, nullptr);
+    ADD_FAILURE() << "no error for non-finite input";
+  } catch (const Error& e) {
+    // Same place as the reference names (the GPU message cannot carry the value).
+    const std::string where = "activation row 17 column 250 is not finite";
+    EXPECT_NE(want.find("activation row 17 column 250 is not finite"), std::string::npos) << want;
+    EXPECT_NE(std::string(e.what()).find(where), std::string::npos) << e.what();
+  }
+}
+
+// ---- int8 GEMM: cuBLASLt and its fallback ----
+
+struct GemmCase {
+  int64_t M, N, K, lda, ldw, ldc;
+  const char* kernel;  // expected RunInfo::kernel
+  const char* reason;  // substring of RunInfo::fallback ("" when cuBLASLt runs)
+};
+
+void run_gemm_case(const GemmS8S8S32Cuda& gemm, const GemmCase& c, uint32_t seed) {
+  SCOPED_TRACE("M=" + std::to_string(c.M) + " N=" + std::to_string(c.N) + " K=" + std::to_string(c.K) +
+               " lda=" + std::to_string(c.lda) + " ldw=" + std::to_string(c.ldw) + " ldc=" + std::to_string(c.ldc));
+  // Strided operands: fill the padding too, so a kernel reading it gets a wrong sum.
+  const std::vector<int8_t> A = random_s8(c.M * c.lda, seed), W = random_s8(c.N * c.ldw, seed + 1);
+  std::vector<int8_t> Ad(c.M * c.K), Wd(c.N * c.K);
+  for (int64_t m = 0; m < c.M; ++m) std::copy_n(A.begin() + m * c.lda, c.K, Ad.begin() + m * c.K);
+  for (int64_t n = 0; n < c.N; ++n) std::copy_n(W.begin() + n * c.ldw, c.K, Wd.begin() + n * c.K);
+  std::vector<int32_t> want(c.M * c.N);
+  kernels::gemm_s8s8s32_reference(Ad.data(), Wd.data(), want.data(), c.M, c.N, c.K);
+
+  auto dA = upload(A), dW = upload(W);
+  DeviceBuffer<int32_t> dC(c.M * c.ldc);
+  poison(dC, 0x7B);
+  RunInfo info;
+  gemm.run(dA.get(), c.lda, dW.get(), c.ldw, dC.get(), c.ldc, c.M, c.N, c.K, nullptr, &info);
+  EXPECT_EQ(info.kernel, c.kernel) << info.fallback;
+  if (c.reason[0] == '\0') {
+    EXPECT_EQ(info.fallback, "");
+  } else {
+    EXPECT_NE(info.fallback.find(c.reason), std::string::npos) << info.fallback;
+  }
+  const std::vector<int32_t> C = download(dC);
+  std::vector<int32_t> got(c.M * c.N);
+  for (int64_t m = 0; m < c.M; ++m) std::copy_n(C.begin() + m * c.ldc, c.N, got.begin() + m * c.N);
+  EXPECT_TRUE(same_values(got, want));
+  // Padding columns of C stay untouched.
+  for (int64_t m = 0; m < c.M; ++m)
+    for (int64_t n = c.N; n < c.ldc; ++n) ASSERT_EQ(C[m * c.ldc + n], 0x7B7B7B7B) << "C padding written at " << m;
+}
+
+TEST_F(Gpu, GemmMeetsAndBreaksTheImmaRules) {
+  GemmS8S8S32Cuda gemm;
+  const GemmCase cases[] = {
+      // cuBLASLt IMMA: N and K multiples of 4, leading dimensions too; M free.
+      {1, 768, 768, 768, 768, 768, "gemm_s8s8s32_cublaslt", ""},
+      {7, 3072, 768, 768, 768, 3072, "gemm_s8s8s32_cublaslt", ""},
+      {128, 768, 3072, 3072, 3072, 768, "gemm_s8s8s32_cublaslt", ""},
+      {33, 256, 512, 516, 520, 260, "gemm_s8s8s32_cublaslt", ""},  // padded rows, multiples of 4
+      // Each rule broken once: the fallback runs and says why.
+      {8, 6, 64, 64, 64, 6, "gemm_s8s8s32_cuda", "N=6 not a multiple of 4"},
+      {8, 64, 10, 10, 10, 64, "gemm_s8s8s32_cuda", "K=10 not a multiple of 4"},
+      {8, 64, 64, 66, 64, 64, "gemm_s8s8s32_cuda", "lda=66 not a multiple of 4"},
+      {8, 64, 64, 64, 70, 64, "gemm_s8s8s32_cuda", "ldb=70 not a multiple of 4"},
+      {8, 64, 64, 64, 64, 65, "gemm_s8s8s32_cuda", "ldc=65 not a multiple of 4"},
+      {50, 1001, 999, 999, 999, 1001, "gemm_s8s8s32_cuda", "N=1001 not a multiple of 4"},
+  };
+  uint32_t seed = 100;
+  for (const GemmCase& c : cases) run_gemm_case(gemm, c, seed += 2);
+}
+
+TEST_F(Gpu, GemmFallbackForcedMatchesReferenceAtLargeShape) {
+  GemmS8S8S32Cuda gemm;
+  gemm.set_use_cublaslt(false);
+  run_gemm_case(gemm, {256, 1024, 2048, 2048, 2048, 1024, "gemm_s8s8s32_cuda", "disabled by set_use_cublaslt(false)"}, 7);
+}
+
+TEST_F(Gpu, GemmMisalignedPointerFallsBack) {
+  const int64_t M = 4, N = 8, K = 16;
+  const std::vector<int8_t> A = random_s8(M * K + 1, 1), W = random_s8(N * K, 2);
+  std::vector<int32_t> want(M * N);
+  kernels::gemm_s8s8s32_reference(A.data() + 1, W.data(), want.data(), M, N, K);
+  auto dA = upload(A), dW = upload(W);
+  DeviceBuffer<int32_t> dC(M * N);
+  poison(dC);
+  GemmS8S8S32Cuda gemm;
+  RunInfo info;
+  gemm.run(dA.get() + 1, K, dW.get(), K, dC.get(), N, M, N, K, nullptr, &info);
+  EXPECT_EQ(info.kernel, "gemm_s8s8s32_cuda");
+  EXPECT_NE(info.fallback.find("A pointer not 4-byte aligned"), std::string::npos) << info.fallback;
+  EXPECT_TRUE(same_values(download(dC), want));
+}
+
+TEST_F(Gpu, GemmRefusesBadStrides) {
+  GemmS8S8S32Cuda gemm;
+  EXPECT_THROW(gemm.run(nullptr, 4, nullptr, 8, nullptr, 8, 2, 8, 8, nullptr), Error);  // lda < K
+}
+
+// ---- the dequantizing epilogue and the whole int8 linear chain ----
+
+TEST_F(Gpu, EpilogueMatchesReference) {
+  const int64_t M = 300, N = 1000, ldacc = 1004;
+  std::mt19937 rng(4);
+  std::uniform_int_distribution<int32_t> uacc(-2000000, 2000000);
+  std::uniform_real_distribution<float> us(1e-4f, 0.05f), ub(-1.0f, 1.0f);
+  std::vector<int32_t> acc(M * ldacc);
+  for (auto& a : acc) a = uacc(rng);
+  std::vector<float> a_scale(M), w_scale(N), bias(N);
+  for (auto& v : a_scale) v = us(rng);
+  for (auto& v : w_scale) v = us(rng);
+  for (auto& v : bias) v = ub(rng);
+  std::vector<int32_t> dense(M * N);
+  for (int64_t m = 0; m < M; ++m) std::copy_n(acc.begin() + m * ldacc, N, dense.begin() + m * N);
+  auto dacc = upload(acc);
+  auto da = upload(a_scale), dw = upload(w_scale), db = upload(bias);
+  for (const bool with_bias : {true, false}) {
+    SCOPED_TRACE(with_bias ? "bias" : "no bias");
+    std::vector<float> want(M * N);
+    kernels::dequantize_s32_f32_reference(dense.data(), a_scale.data(), w_scale.data(),
+                                          with_bias ? bias.data() : nullptr, want.data(), M, N);
+    DeviceBuffer<float> dy(M * N);
+    poison(dy);
+    dequantize_s32_f32_cuda(dacc.get(), ldacc, da.get(), dw.get(), with_bias ? db.get() : nullptr, dy.get(), M, N,
+                            nullptr);
+    EXPECT_TRUE(same_floats(download(dy), want));
+  }
+}
+
+TEST_F(Gpu, Int8LinearChainMatchesReference) {
+  // quantize rows -> GEMM (cuBLASLt) -> epilogue, as a frozen s8 dynamic Linear runs it.
+  const int64_t M = 64, N = 768, K = 3072;
+  const std::vector<float> x = random_floats(M * K, 3.0f, 8u);
+  const std::vector<int8_t> W = random_s8(N * K, 9u, -127, 127);
+  std::vector<float> w_scale(N), bias(N);
+  std::mt19937 rng(10);
+  std::uniform_real_distribution<float> us(1e-3f, 2e-2f), ub(-0.5f, 0.5f);
+  for (auto& v : w_scale) v = us(rng);
+  for (auto& v : bias) v = ub(rng);
+  std::vector<int8_t> q(M * K);
+  std::vector<float> a_scale(M), want(M * N);
+  std::vector<int32_t> acc(M * N);
+  kernels::quantize_rows_s8_reference(x.data(), M, K, ActScale::kPerRow, q.data(), K, a_scale.data());
+  kernels::gemm_s8s8s32_reference(q.data(), W.data(), acc.data(), M, N, K);
+  kernels::dequantize_s32_f32_reference(acc.data(), a_scale.data(), w_scale.data(), bias.data(), want.data(), M, N);
+
+  auto dx = upload(x), dws = upload(w_scale), db = upload(bias);
+  auto dW = upload(W);
+  DeviceBuffer<int8_t> dq(M * K);
+  DeviceBuffer<float> da(M), dy(M * N);
+  DeviceBuffer<int32_t> dacc(M * N);
+  DeviceBuffer<unsigned long long> dbad(1);
+  poison(dbad);
+  poison(dy);
+  GemmS8S8S32Cuda gemm;
+  RunInfo info;
+  quantize_rows_s8_cuda(dx.get(), M, K, ActScale::kPerRow, dq.get(), K, da.get(), dbad.get(), nullptr);
+  throw_if_nonfinite(dbad.get(), K, nullptr);
+  gemm.run(dq.get(), K, dW.get(), K, dacc.get(), N, M, N, K, nullptr, &info);
+  dequantize_s32_f32_cuda(dacc.get(), N, da.get(), dws.get(), db.get(), dy.get(), M, N, nullptr);
+  EXPECT_EQ(info.kernel, "gemm_s8s8s32_cublaslt") << info.fallback;
+  EXPECT_TRUE(same_floats(download(dy), want));
+}
+
+// ---- int4 weight dequantization ----
+
+TEST_F(Gpu, DequantizeS4MatchesUnpackReference) {
+  struct Case {
+    int64_t N, K, group;
+    bool is_signed, zeros;
+  };
+  for (const Case c : {Case{768, 768, 128, true, false}, Case{33, 77, 32, true, true}, Case{64, 4096, 64, false, true},
+                       Case{5, 9, 9, false, false}}) {
+    SCOPED_TRACE("N=" + std::to_string(c.N) + " K=" + std::to_string(c.K) + " group=" + std::to_string(c.group) +
+                 (c.is_signed ? " qint4" : " quint4") + (c.zeros ? " zero points" : ""));
+    const int64_t n = c.N * c.K, G = kernels::num_groups(c.K, c.group);
+    const std::vector<int8_t> values = c.is_signed ? random_s8(n, 12u, -8, 7) : random_s8(n, 12u, 0, 15);
+    std::vector<uint8_t> packed((n + 1) / 2);
+    if (c.is_signed) {
+      kernels::pack_s4_reference(values.data(), n, packed.data());
+    } else {
+      kernels::pack_u4_reference(values.data(), n, packed.data());
+    }
+    std::vector<int8_t> unpacked(n);
+    if (c.is_signed) {
+      kernels::unpack_s4_reference(packed.data(), n, unpacked.data());
+    } else {
+      kernels::unpack_u4_reference(packed.data(), n, unpacked.data());
+    }
+    ASSERT_EQ(unpacked, values);
+    std::mt19937 rng(13);
+    std::uniform_real_distribution<float> us(1e-3f, 0.1f);
+    std::uniform_int_distribution<int32_t> uz(0, 15);
+    std::vector<float> scale(c.N * G);
+    std::vector<int32_t> zero(c.N * G);
+    for (auto& s : scale) s = static_cast<float>(static_cast<_Float16>(us(rng)));  // fp16-exact, as frozen
+    for (auto& z : zero) z = uz(rng);
+    std::vector<float> want(n);
+    for (int64_t i = 0; i < c.N; ++i)
+      for (int64_t k = 0; k < c.K; ++k) {
+        const int64_t gi = i * G + k / c.group;
+        want[i * c.K + k] = static_cast<float>(unpacked[i * c.K + k] - (c.zeros ? zero[gi] : 0)) * scale[gi];
+      }
+    auto dp = upload(packed);
+    auto ds = upload(scale);
+    auto dz = upload(zero);
+    DeviceBuffer<float> dw(n);
+    poison(dw);
+    dequantize_s4_cuda(dp.get(), c.N, c.K, c.is_signed, ds.get(), c.zeros ? dz.get() : nullptr, c.group, dw.get(),
+                       nullptr);
+    EXPECT_TRUE(same_floats(download(dw), want));
+  }
+}
+
+}  // namespace
+}  // namespace qforge::cuda

@@ -1,0 +1,97 @@
+// Kernel plans on a CUDA device, decided on the host (no GPU needed): which frozen Linear runs
+// the cuBLASLt int8 GEMM, which falls back and why; and a frozen layer refusing a device this
+// build has no kernels for, unchanged.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "framework/cuda/linear_cuda.h"
+#include "framework/kernel_plan.h"
+#include "framework/nn/linear.h"
+#include "framework/quantize.h"
+
+namespace qforge {
+namespace {
+
+QSpec int8_per_channel() {
+  QSpec s;
+  s.qtype = qint8;
+  s.granularity = Granularity::kPerChannel;
+  s.symmetric = true;
+  return s;
+}
+
+QSpec dynamic_act() {
+  QSpec s;
+  s.qtype = qint8;
+  s.symmetric = true;
+  s.narrow_range = true;
+  return s;
+}
+
+TEST(KernelPlanCuda, Int8LinearRunsCublasLtWhereTheImmaRulesHold) {
+  const KernelPlan p = plan_linear_cuda(int8_per_channel(), ActivationMode::kDynamicPerToken, dynamic_act(), 768, 3072);
+  EXPECT_EQ(p.path, LinearPath::kS8Dynamic);
+  EXPECT_EQ(p.kernel, "gemm_s8s8s32_cublaslt");
+  EXPECT_EQ(p.fallback, "");
+  const KernelPlan st = plan_linear_cuda(int8_per_channel(), ActivationMode::kStatic, dynamic_act(), 3072, 768);
+  EXPECT_EQ(st.path, LinearPath::kS8Static);
+  EXPECT_EQ(st.kernel, "gemm_s8s8s32_cublaslt");
+}
+
+TEST(KernelPlanCuda, BrokenImmaRuleFallsBackWithTheRule) {
+  const KernelPlan n = plan_linear_cuda(int8_per_channel(), ActivationMode::kDynamicPerToken, dynamic_act(), 768, 1001);
+  EXPECT_EQ(n.path, LinearPath::kS8Dynamic);
+  EXPECT_EQ(n.kernel, "gemm_s8s8s32_cuda");
+  EXPECT_EQ(n.fallback, "gemm_s8s8s32_cublaslt: N=1001 not a multiple of 4 (cuBLASLt IMMA m)");
+  const KernelPlan k = plan_linear_cuda(int8_per_channel(), ActivationMode::kDynamicPerToken, dynamic_act(), 10, 64);
+  EXPECT_EQ(k.fallback, "gemm_s8s8s32_cublaslt: K=10 not a multiple of 4 (cuBLASLt IMMA k)");
+}
+
+TEST(KernelPlanCuda, OtherPathsSayWhatTheGpuRunsInstead) {
+  QSpec w4;
+  w4.qtype = qint4;
+  w4.granularity = Granularity::kPerGroup;
+  w4.group_size = 128;
+  w4.symmetric = true;
+  const KernelPlan s4 = plan_linear_cuda(w4, ActivationMode::kDynamicPerToken, dynamic_act(), 768, 768);
+  EXPECT_EQ(s4.path, LinearPath::kS4Dynamic);
+  EXPECT_EQ(s4.kernel, "dequantize_s4_cuda+at::linear");
+  EXPECT_NE(s4.fallback.find("no int4 GEMM on CUDA"), std::string::npos) << s4.fallback;
+  const KernelPlan wo = plan_linear_cuda(int8_per_channel(), ActivationMode::kNone, dynamic_act(), 768, 768);
+  EXPECT_EQ(wo.path, LinearPath::kS8WeightOnly);
+  EXPECT_EQ(wo.kernel, "dequantize+at::linear");
+  EXPECT_NE(wo.fallback.find("no weight-only int8 GEMM on CUDA"), std::string::npos) << wo.fallback;
+  QSpec affine = dynamic_act();
+  affine.symmetric = false;
+  const KernelPlan af = plan_linear_cuda(int8_per_channel(), ActivationMode::kStatic, affine, 768, 768);
+  EXPECT_EQ(af.path, LinearPath::kDequant);
+  EXPECT_EQ(af.kernel, "dequantize+at::linear");
+  EXPECT_EQ(af.fallback, "affine static activations (zero point) have no integer kernel (on CUDA: the dequantized "
+                         "float weight stays on the device)");
+  const KernelPlan fl = plan_linear_cuda(std::nullopt, ActivationMode::kNone, dynamic_act(), 768, 768);
+  EXPECT_EQ(fl.kernel, "at::linear");
+  EXPECT_EQ(fl.fallback, "float weights");
+}
+
+TEST(KernelPlanCuda, FrozenLayerRefusesADeviceWithoutKernelsAndStaysUsable) {
+  if (cuda_ops::built()) GTEST_SKIP() << "this build has CUDA kernels (tests/cuda covers it on a GPU)";
+  torch::manual_seed(0);
+  nn::Linear lin(16, 8);
+  Scheme scheme(qint8);
+  scheme.activations = ActivationMode::kDynamicPerToken;
+  quantize(lin, scheme);
+  freeze(lin);
+  const at::Tensor x = at::randn({3, 16});
+  const at::Tensor before = lin->forward(x);
+  try {
+    lin->to(torch::Device(torch::kCUDA, 0));
+    ADD_FAILURE() << "moving a frozen layer to CUDA in a build without CUDA kernels must throw";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("rebuild against a CUDA-enabled LibTorch"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(at::equal(lin->forward(x), before));
+  EXPECT_EQ(lin->report().kernel, plan_linear(int8_per_channel(), ActivationMode::kDynamicPerToken, dynamic_act(), 16).kernel);
+}
+
+}  // namespace
+}  // namespace qforge
