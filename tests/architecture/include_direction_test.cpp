@@ -52,6 +52,7 @@ const std::map<std::string, std::set<std::string>>& allowed() {
     m["framework/models"] = with({"framework/api", "framework/io"});
     m["framework/search"] = with({"framework/api", "framework/io"});
     m["framework/ptq"] = with({"framework/api"});
+    m["framework/dist"] = with({"framework/api"});
     m["framework/onnx"] = with({"framework/api", "framework/io", "framework/models"});
     m["framework/recipe"] = with({"framework/api", "framework/data", "framework/io", "framework/train",
                                   "framework/models", "framework/search", "framework/ptq", "framework/onnx"});

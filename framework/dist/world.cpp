@@ -1,0 +1,192 @@
+// World: c10d's ProcessGroupGloo over a TCPStore (see world.h).
+#include "framework/dist/world.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <numeric>
+
+#include "framework/core/error.h"
+
+namespace qforge::dist {
+
+struct World::Impl {
+  c10::intrusive_ptr<c10d::Store> store;
+  c10::intrusive_ptr<c10d::ProcessGroupGloo> pg;
+};
+
+World::World() = default;
+World::~World() = default;
+World::World(World&&) noexcept = default;
+World& World::operator=(World&&) noexcept = default;
+
+namespace {
+
+int env_int(const char* name, int lo, int hi, int fallback, bool required) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') {
+    QF_REQUIRE(!required, "dist: environment variable ", name, " is not set (torchrun sets RANK, WORLD_SIZE, "
+               "MASTER_ADDR and MASTER_PORT)");
+    return fallback;
+  }
+  char* end = nullptr;
+  const long x = std::strtol(v, &end, 10);
+  QF_REQUIRE(end != v && *end == '\0' && x >= lo && x <= hi, "dist: environment variable ", name, "='", v,
+             "' is not an integer in [", lo, ", ", hi, "]");
+  return static_cast<int>(x);
+}
+
+c10d::ReduceOp to_c10d(Reduce op) {
+  switch (op) {
+    case Reduce::kSum: return c10d::ReduceOp::SUM;
+    case Reduce::kMin: return c10d::ReduceOp::MIN;
+    case Reduce::kMax: return c10d::ReduceOp::MAX;
+  }
+  return c10d::ReduceOp::SUM;
+}
+
+}  // namespace
+
+std::string World::prefix() const { return detail::str_cat("rank ", rank_, "/", size_); }
+
+World World::from_env(const WorldOptions& options) {
+  const int size = env_int("WORLD_SIZE", 1, 1 << 20, 1, false);
+  if (size == 1) return World();
+  const int rank = env_int("RANK", 0, size - 1, 0, true);
+  const char* addr = std::getenv("MASTER_ADDR");
+  QF_REQUIRE(addr != nullptr && *addr != '\0', "dist: environment variable MASTER_ADDR is not set (WORLD_SIZE=", size,
+             ")");
+  const int port = env_int("MASTER_PORT", 1, 65535, 0, true);
+  return connect(rank, size, addr, port, options);
+}
+
+World World::connect(int rank, int size, const std::string& addr, int port, const WorldOptions& options) {
+  QF_REQUIRE(size >= 1 && rank >= 0 && rank < size, "dist: rank ", rank, " is not in [0, ", size, ")");
+  QF_REQUIRE(port >= 1 && port <= 65535, "dist: port ", port, " is not in [1, 65535]");
+  World w;
+  w.rank_ = rank;
+  w.size_ = size;
+  if (size == 1) return w;
+  w.impl_ = std::make_unique<Impl>();
+  try {
+    c10d::TCPStoreOptions so;
+    so.port = static_cast<std::uint16_t>(port);
+    so.isServer = rank == 0;
+    so.numWorkers = static_cast<std::size_t>(size);
+    so.waitWorkers = false;
+    so.timeout = options.timeout;
+    w.impl_->store = c10::make_intrusive<c10d::TCPStore>(addr, so);
+    auto po = c10d::ProcessGroupGloo::Options::create(options.timeout);
+    const bool loopback = addr == "127.0.0.1" || addr == "localhost";
+    po->devices.push_back(loopback ? c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1")
+                                   : c10d::ProcessGroupGloo::createDefaultDevice());
+    po->threads = 1;
+    w.impl_->pg = c10::make_intrusive<c10d::ProcessGroupGloo>(w.impl_->store, rank, size, po);
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw Error(detail::str_cat("dist: rank ", rank, "/", size, " could not join the group at ", addr, ":", port,
+                                " within ", options.timeout.count(), " ms: ", e.what()));
+  }
+  return w;
+}
+
+namespace {
+template <class Fn>
+void run_collective(const World& w, const char* what, Fn&& fn) {
+  try {
+    fn();
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    // Gloo reports a dead peer or the timeout as an exception; keep its first line.
+    std::string msg = e.what();
+    const size_t nl = msg.find('\n');
+    if (nl != std::string::npos) msg.resize(nl);
+    throw Error(detail::str_cat("dist: ", w.prefix(), ": ", what, " failed (another rank died, hung or left): ",
+                                msg));
+  }
+}
+}  // namespace
+
+void World::all_reduce(at::Tensor& t, Reduce op) const {
+  QF_REQUIRE(t.is_cpu() && t.is_contiguous(), "dist: all_reduce needs a contiguous CPU tensor");
+  if (single()) return;
+  run_collective(*this, "all_reduce", [&] {
+    std::vector<at::Tensor> ts{t};
+    c10d::AllreduceOptions o;
+    o.reduceOp = to_c10d(op);
+    impl_->pg->allreduce(ts, o)->wait();
+  });
+}
+
+std::vector<std::vector<uint8_t>> World::all_gather_bytes(const std::vector<uint8_t>& mine) const {
+  if (single()) return {mine};
+  // Sizes first, then every rank's bytes padded to the largest.
+  at::Tensor n = at::full({1}, static_cast<int64_t>(mine.size()), at::kLong);
+  std::vector<at::Tensor> sizes(static_cast<size_t>(size_));
+  for (auto& s : sizes) s = at::empty({1}, at::kLong);
+  run_collective(*this, "all_gather (sizes)", [&] {
+    std::vector<std::vector<at::Tensor>> out{sizes};
+    std::vector<at::Tensor> in{n};
+    impl_->pg->allgather(out, in)->wait();
+    sizes = out[0];
+  });
+  int64_t longest = 0;
+  for (const auto& s : sizes) longest = std::max(longest, s.item<int64_t>());
+  at::Tensor buf = at::zeros({std::max<int64_t>(longest, 1)}, at::kByte);
+  if (!mine.empty()) std::memcpy(buf.data_ptr<uint8_t>(), mine.data(), mine.size());
+  std::vector<at::Tensor> parts(static_cast<size_t>(size_));
+  for (auto& p : parts) p = at::empty_like(buf);
+  run_collective(*this, "all_gather", [&] {
+    std::vector<std::vector<at::Tensor>> out{parts};
+    std::vector<at::Tensor> in{buf};
+    impl_->pg->allgather(out, in)->wait();
+    parts = out[0];
+  });
+  std::vector<std::vector<uint8_t>> result(static_cast<size_t>(size_));
+  for (int r = 0; r < size_; ++r) {
+    const auto* p = parts[r].data_ptr<uint8_t>();
+    result[r].assign(p, p + sizes[r].item<int64_t>());
+  }
+  return result;
+}
+
+void World::broadcast(at::Tensor& t, int root) const {
+  QF_REQUIRE(t.is_cpu() && t.is_contiguous(), "dist: broadcast needs a contiguous CPU tensor");
+  QF_REQUIRE(root >= 0 && root < size_, "dist: broadcast root ", root, " is not in [0, ", size_, ")");
+  if (single()) return;
+  run_collective(*this, "broadcast", [&] {
+    std::vector<at::Tensor> ts{t};
+    c10d::BroadcastOptions o;
+    o.rootRank = root;
+    impl_->pg->broadcast(ts, o)->wait();
+  });
+}
+
+void World::barrier() const {
+  if (single()) return;
+  run_collective(*this, "barrier", [&] { impl_->pg->barrier()->wait(); });
+}
+
+std::vector<int64_t> shard_indices(int64_t n, int rank, int size, int64_t seed) {
+  QF_REQUIRE(n >= 0 && size >= 1 && rank >= 0 && rank < size, "dist: shard_indices(n=", n, ", rank=", rank,
+             ", size=", size, ") is not a valid shard");
+  std::vector<int64_t> order(static_cast<size_t>(n));
+  std::iota(order.begin(), order.end(), int64_t{0});
+  if (seed >= 0 && n > 1) {
+    at::Generator g = at::detail::createCPUGenerator(static_cast<uint64_t>(seed));
+    const at::Tensor perm = at::randperm(n, g, at::TensorOptions().dtype(at::kLong));
+    std::memcpy(order.data(), perm.data_ptr<int64_t>(), sizeof(int64_t) * static_cast<size_t>(n));
+  }
+  const int64_t per_rank = n / size;
+  std::vector<int64_t> mine(static_cast<size_t>(per_rank));
+  for (int64_t i = 0; i < per_rank; ++i) mine[i] = order[static_cast<size_t>(i * size + rank)];
+  return mine;
+}
+
+}  // namespace qforge::dist

@@ -1,0 +1,65 @@
+// A process group for data-parallel calibration and QAT on PyTorch's c10d: Gloo over a TCPStore,
+// configured from the environment torchrun sets (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), or
+// a single process when that environment is absent. Every collective throws qforge::Error naming
+// this rank, the operation and the cause (a peer that died, or the timeout passing) instead of
+// hanging. CPU tensors (Gloo).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace qforge::dist {
+
+struct WorldOptions {
+  // How long any rendezvous or collective waits for the other ranks before failing.
+  std::chrono::milliseconds timeout{std::chrono::seconds(300)};
+};
+
+enum class Reduce : uint8_t { kSum, kMin, kMax };
+
+class World {
+ public:
+  // One process, no communication (every collective returns its input).
+  World();
+  ~World();
+  World(World&&) noexcept;
+  World& operator=(World&&) noexcept;
+
+  // From torchrun's environment; a single-process world when WORLD_SIZE is unset or 1. Bad or
+  // missing variables (WORLD_SIZE=2 without RANK, a port out of range) throw naming the variable.
+  static World from_env(const WorldOptions& options = {});
+  // Rank `rank` of `size` meeting at addr:port (rank 0 serves the TCPStore there).
+  static World connect(int rank, int size, const std::string& addr, int port, const WorldOptions& options = {});
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  bool single() const { return size_ == 1; }
+  // "rank 1/2" for log lines.
+  std::string prefix() const;
+
+  // In place over all ranks (float, double, int32 or int64 CPU tensors, contiguous).
+  void all_reduce(at::Tensor& t, Reduce op) const;
+  // Every rank's bytes, in rank order (sizes may differ between ranks).
+  std::vector<std::vector<uint8_t>> all_gather_bytes(const std::vector<uint8_t>& mine) const;
+  // t from `root` on every rank (same shape and dtype everywhere).
+  void broadcast(at::Tensor& t, int root) const;
+  void barrier() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  int rank_ = 0, size_ = 1;
+};
+
+// The examples of rank `rank` out of `size`: a permutation of [0, n) drawn from `seed` (the same
+// on every rank; seed < 0 keeps the order), then every size-th element starting at `rank`, cut
+// to floor(n / size) so every rank runs the same number of steps. Disjoint across ranks; the
+// last n % size examples of the permutation are left out (at most size - 1).
+std::vector<int64_t> shard_indices(int64_t n, int rank, int size, int64_t seed = -1);
+
+}  // namespace qforge::dist

@@ -1,0 +1,255 @@
+// Data-parallel calibration and QAT over c10d: two and three ranks as threads of this process,
+// each with its own TCPStore client and Gloo process group on 127.0.0.1 (a free port per test).
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <exception>
+#include <functional>
+#include <set>
+#include <thread>
+
+#include "framework/core/error.h"
+#include "framework/dist/sync.h"
+#include "framework/dist/world.h"
+#include "framework/nn/linear.h"
+#include "framework/quantize.h"
+
+namespace qforge::dist {
+namespace {
+
+// A port the kernel just handed out on 127.0.0.1 (closed again; the store binds it next).
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = 0;
+  socklen_t len = sizeof a;
+  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0)
+    throw std::runtime_error("no free port");
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+// Runs body(world) on `size` ranks (threads); rethrows the first rank's exception.
+void run_ranks(int size, const std::function<void(World&)>& body,
+               std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
+  const int port = free_port();
+  std::vector<std::exception_ptr> errors(static_cast<size_t>(size));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < size; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        WorldOptions o;
+        o.timeout = timeout;
+        World w = World::connect(r, size, "127.0.0.1", port, o);
+        body(w);
+      } catch (...) {
+        errors[r] = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+}
+
+TEST(Dist, ShardsAreDisjointEqualAndSeedDeterministic) {
+  for (const int size : {1, 2, 3}) {
+    std::set<int64_t> seen;
+    for (int r = 0; r < size; ++r) {
+      const auto s = shard_indices(100, r, size, 7);
+      EXPECT_EQ(static_cast<int64_t>(s.size()), 100 / size);
+      EXPECT_EQ(s, shard_indices(100, r, size, 7));  // same seed, same shard
+      for (const int64_t i : s) EXPECT_TRUE(seen.insert(i).second) << "index " << i << " in two shards";
+    }
+    EXPECT_EQ(static_cast<int64_t>(seen.size()), (100 / size) * size);
+  }
+  EXPECT_EQ(shard_indices(5, 1, 2), (std::vector<int64_t>{1, 3}));  // no seed: strided order
+  EXPECT_NE(shard_indices(100, 0, 2, 1), shard_indices(100, 0, 2, 2));
+  EXPECT_THROW(shard_indices(10, 2, 2), Error);
+}
+
+TEST(Dist, CollectivesOnThreeRanks) {
+  run_ranks(3, [](World& w) {
+    at::Tensor t = at::full({4}, static_cast<float>(w.rank() + 1));
+    w.all_reduce(t, Reduce::kSum);
+    EXPECT_TRUE(at::equal(t, at::full({4}, 6.0f)));
+    at::Tensor m = at::full({1}, static_cast<int64_t>(w.rank()), at::kLong);
+    w.all_reduce(m, Reduce::kMax);
+    EXPECT_EQ(m.item<int64_t>(), 2);
+    const auto all = w.all_gather_bytes(std::vector<uint8_t>(static_cast<size_t>(w.rank()), uint8_t(w.rank())));
+    ASSERT_EQ(all.size(), 3u);
+    for (int r = 0; r < 3; ++r) EXPECT_EQ(all[r], std::vector<uint8_t>(static_cast<size_t>(r), uint8_t(r)));
+    at::Tensor b = w.rank() == 1 ? at::arange(5, at::kFloat) : at::zeros({5});
+    w.broadcast(b, 1);
+    EXPECT_TRUE(at::equal(b, at::arange(5, at::kFloat)));
+    w.barrier();
+  });
+}
+
+Scheme static_scheme(const std::string& observer) {
+  Scheme s(qint8);
+  s.activations = ActivationMode::kStatic;
+  s.observer = observer;
+  return s;
+}
+
+// The input quantizer's scale and zero point after calibrating on `batches`.
+std::pair<at::Tensor, at::Tensor> calibrate(const std::vector<at::Tensor>& batches, const std::string& observer,
+                                            const World* w) {
+  torch::manual_seed(3);
+  nn::Linear lin(16, 8);
+  quantize(lin, static_scheme(observer));
+  Calibration c(lin);
+  for (const auto& b : batches) lin->forward(b);
+  if (w != nullptr) EXPECT_EQ(sync_observers(*lin, *w), 1);
+  c.finish();
+  const QParams qp = lin->input_quantizer()->qparams();
+  return {qp.scale.clone(), qp.zero_point.clone()};
+}
+
+TEST(Dist, MinMaxCalibrationOverRanksEqualsOneProcessBitForBit) {
+  torch::manual_seed(4);
+  std::vector<at::Tensor> data;
+  for (int i = 0; i < 12; ++i) data.push_back(at::randn({4, 16}) * (1 + i % 5));
+  const auto [s1, z1] = calibrate(data, "minmax", nullptr);
+  for (const int size : {2, 3}) {
+    SCOPED_TRACE(size);
+    run_ranks(size, [&](World& w) {
+      std::vector<at::Tensor> mine;
+      for (const int64_t i : shard_indices(static_cast<int64_t>(data.size()), w.rank(), w.size(), 11))
+        mine.push_back(data[static_cast<size_t>(i)]);
+      const auto [s, z] = calibrate(mine, "minmax", &w);
+      EXPECT_TRUE(at::equal(s, s1)) << w.prefix() << ": " << s << " vs " << s1;
+      EXPECT_TRUE(at::equal(z, z1));
+    });
+  }
+}
+
+TEST(Dist, HistogramCalibrationGivesEveryRankTheSameQParams) {
+  torch::manual_seed(5);
+  std::vector<at::Tensor> data;
+  for (int i = 0; i < 6; ++i) data.push_back(at::randn({32, 16}) * (1 + i));
+  std::vector<std::vector<float>> scales(2);
+  run_ranks(2, [&](World& w) {
+    std::vector<at::Tensor> mine;
+    for (const int64_t i : shard_indices(6, w.rank(), 2)) mine.push_back(data[static_cast<size_t>(i)]);
+    scales[w.rank()] = {calibrate(mine, "histogram", &w).first.item<float>()};
+  });
+  EXPECT_EQ(scales[0], scales[1]);
+}
+
+TEST(Dist, AveragedGradientsEqualTheWholeBatchGradient) {
+  torch::manual_seed(6);
+  const at::Tensor x = at::randn({12, 16}), target = at::randn({12, 8});
+  auto make = [] {
+    torch::manual_seed(9);
+    nn::Linear lin(16, 8);
+    Scheme s(qint8);  // QAT on int8 weights
+    s.weight_lsq = true;
+    quantize(lin, s);
+    return lin;
+  };
+  nn::Linear one = make();
+  at::mse_loss(one->forward(x), target).backward();
+  std::vector<at::Tensor> want;
+  // A parameter the loss does not reach has no gradient; average_gradients gives it zeros.
+  for (const auto& p : one->parameters()) want.push_back(p.grad().defined() ? p.grad().clone() : at::zeros_like(p));
+  for (const int size : {2, 3}) {
+    SCOPED_TRACE(size);
+    run_ranks(size, [&](World& w) {
+      nn::Linear lin = make();
+      // LSQ scales are created by the first forward; every rank must hold the same ones.
+      const auto idx = shard_indices(12, w.rank(), w.size());
+      const at::Tensor ix = at::tensor(idx, at::kLong);
+      at::mse_loss(lin->forward(x.index_select(0, ix)), target.index_select(0, ix)).backward();
+      check_replicas(*lin, w, "before the step");
+      average_gradients(*lin, w, /*bucket_bytes=*/256);  // several buckets
+      const auto params = lin->parameters();
+      ASSERT_EQ(params.size(), want.size());
+      for (size_t i = 0; i < params.size(); ++i) {
+        const at::Tensor g = params[i].grad().defined() ? params[i].grad() : at::zeros_like(params[i]);
+        EXPECT_LT((g - want[i]).abs().max().item<float>(), 1e-6f) << w.prefix() << " parameter " << i;
+      }
+    });
+  }
+}
+
+TEST(Dist, DivergedReplicasAreNamed) {
+  EXPECT_THROW(
+      {
+        try {
+          run_ranks(3, [](World& w) {
+            torch::manual_seed(w.rank() == 2 ? 1 : 0);  // rank 2 initialises differently
+            nn::Linear lin(4, 4);
+            check_replicas(*lin, w, "at start");
+          });
+        } catch (const Error& e) {
+          EXPECT_NE(std::string(e.what()).find("rank(s) 2 hold other values than rank 0"), std::string::npos) << e.what();
+          throw;
+        }
+      },
+      Error);
+}
+
+TEST(Dist, AMissingRankFailsWithinTheTimeout) {
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    WorldOptions o;
+    o.timeout = std::chrono::milliseconds(1500);
+    World w = World::connect(0, 2, "127.0.0.1", free_port(), o);  // rank 1 never comes
+    ADD_FAILURE() << "joined a group whose other rank never came";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 0/2 could not join"), std::string::npos) << e.what();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
+}
+
+TEST(Dist, ARankThatLeavesStopsTheOthersWithAnError) {
+  try {
+    run_ranks(
+        2,
+        [](World& w) {
+          if (w.rank() == 1) return;  // leaves: its process group is destroyed
+          at::Tensor t = at::ones({8});
+          for (int i = 0; i < 50; ++i) w.all_reduce(t, Reduce::kSum);
+        },
+        std::chrono::milliseconds(2000));
+    ADD_FAILURE() << "all_reduce with a rank gone did not fail";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 0/2: all_reduce failed"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Dist, SingleProcessFromAnEmptyEnvironment) {
+  ::unsetenv("WORLD_SIZE");
+  const World w = World::from_env();
+  EXPECT_TRUE(w.single());
+  EXPECT_EQ(w.rank(), 0);
+  ::setenv("WORLD_SIZE", "2", 1);
+  ::unsetenv("RANK");
+  EXPECT_THROW(World::from_env(), Error);
+  ::setenv("RANK", "0", 1);
+  ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+  ::setenv("MASTER_PORT", "99999", 1);
+  try {
+    World::from_env();
+    ADD_FAILURE() << "a port out of range was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("MASTER_PORT='99999'"), std::string::npos) << e.what();
+  }
+  ::unsetenv("WORLD_SIZE");
+  ::unsetenv("RANK");
+  ::unsetenv("MASTER_ADDR");
+  ::unsetenv("MASTER_PORT");
+}
+
+}  // namespace
+}  // namespace qforge::dist
