@@ -101,6 +101,18 @@ void average_gradients(torch::nn::Module& model, const World& world, int64_t buc
   }
 }
 
+void broadcast_buffers(torch::nn::Module& model, const World& world, int root) {
+  if (world.single()) return;
+  for (auto& b : model.named_buffers(/*recurse=*/true)) {
+    at::Tensor& t = b.value();
+    if (!t.defined()) continue;
+    QF_REQUIRE(t.is_cpu(), "dist: buffer ", b.key(), " is on ", t.device(), "; Gloo broadcasts CPU tensors");
+    at::Tensor c = t.contiguous();
+    world.broadcast(c, root);
+    if (!c.is_same(t)) t.copy_(c);
+  }
+}
+
 uint64_t replica_hash(const torch::nn::Module& model) {
   uint64_t h = 1469598103934665603ULL;
   auto add = [&](const std::string& name, const at::Tensor& t) {

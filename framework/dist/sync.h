@@ -25,6 +25,11 @@ int64_t sync_observers(torch::nn::Module& model, const World& world);
 // the gradient of the whole batch.
 void average_gradients(torch::nn::Module& model, const World& world, int64_t bucket_bytes = int64_t{25} << 20);
 
+// Every buffer (BatchNorm running statistics, quantizer scales, ...) from `root` to every rank,
+// as DDP's broadcast_buffers does: call after steps that update buffers from local data (BatchNorm
+// in training mode), at least before check_replicas and before saving.
+void broadcast_buffers(torch::nn::Module& model, const World& world, int root = 0);
+
 // Every rank must hold the same parameters and buffers (at start, after each epoch): compares a
 // 64-bit hash of their names and bytes across ranks; throws qforge::Error naming the ranks that
 // differ from rank 0 and `when`.

@@ -2,6 +2,7 @@
 #include "framework/dist/world.h"
 
 #include <ATen/ATen.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
@@ -61,10 +62,15 @@ World World::from_env(const WorldOptions& options) {
   QF_REQUIRE(addr != nullptr && *addr != '\0', "dist: environment variable MASTER_ADDR is not set (WORLD_SIZE=", size,
              ")");
   const int port = env_int("MASTER_PORT", 1, 65535, 0, true);
-  return connect(rank, size, addr, port, options);
+  // Under torchrun the elastic agent already serves a TCPStore on MASTER_PORT (and says so);
+  // every rank is then its client.
+  const char* agent_store = std::getenv("TORCHELASTIC_USE_AGENT_STORE");
+  const bool serve = agent_store == nullptr || std::string(agent_store) != "True";
+  return connect(rank, size, addr, port, options, serve);
 }
 
-World World::connect(int rank, int size, const std::string& addr, int port, const WorldOptions& options) {
+World World::connect(int rank, int size, const std::string& addr, int port, const WorldOptions& options,
+                     bool rank0_serves) {
   QF_REQUIRE(size >= 1 && rank >= 0 && rank < size, "dist: rank ", rank, " is not in [0, ", size, ")");
   QF_REQUIRE(port >= 1 && port <= 65535, "dist: port ", port, " is not in [1, 65535]");
   World w;
@@ -75,11 +81,12 @@ World World::connect(int rank, int size, const std::string& addr, int port, cons
   try {
     c10d::TCPStoreOptions so;
     so.port = static_cast<std::uint16_t>(port);
-    so.isServer = rank == 0;
+    so.isServer = rank == 0 && rank0_serves;
     so.numWorkers = static_cast<std::size_t>(size);
     so.waitWorkers = false;
     so.timeout = options.timeout;
-    w.impl_->store = c10::make_intrusive<c10d::TCPStore>(addr, so);
+    // qforge's keys under their own prefix (the agent's store holds torchrun's too).
+    w.impl_->store = c10::make_intrusive<c10d::PrefixStore>("qforge", c10::make_intrusive<c10d::TCPStore>(addr, so));
     auto po = c10d::ProcessGroupGloo::Options::create(options.timeout);
     const bool loopback = addr == "127.0.0.1" || addr == "localhost";
     po->devices.push_back(loopback ? c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1")
@@ -89,8 +96,11 @@ World World::connect(int rank, int size, const std::string& addr, int port, cons
   } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {
+    std::string msg = e.what();
+    const size_t nl = msg.find('\n');
+    if (nl != std::string::npos) msg.resize(nl);
     throw Error(detail::str_cat("dist: rank ", rank, "/", size, " could not join the group at ", addr, ":", port,
-                                " within ", options.timeout.count(), " ms: ", e.what()));
+                                " (timeout ", options.timeout.count(), " ms): ", msg));
   }
   return w;
 }

@@ -100,6 +100,8 @@ TrainResult fit(torch::nn::Module& model, const BatchSource& data, const Forward
                 const BatchSource* validation) {
   QF_REQUIRE(o.epochs > 0 && o.batch_size > 0 && o.lr > 0, "train: epochs, batch_size and lr must be > 0");
   QF_REQUIRE(data.size() > 0, "train: empty training data");
+  QF_REQUIRE(o.world_size >= 1 && o.rank >= 0 && o.rank < o.world_size, "train: rank ", o.rank,
+             " is not in [0, world_size ", o.world_size, ")");
   at::manual_seed(o.seed);  // dropout masks
   std::vector<at::Tensor> decay, no_decay;
   for (const auto& p : model.parameters())
@@ -114,7 +116,11 @@ TrainResult fit(torch::nn::Module& model, const BatchSource& data, const Forward
   torch::optim::AdamW opt(std::move(groups), base);
 
   const int64_t n = data.size();
-  const int64_t steps_per_epoch = (n + o.batch_size - 1) / o.batch_size;
+  const int64_t global_batch = o.batch_size * o.world_size;
+  QF_REQUIRE(o.world_size == 1 || n >= global_batch, "train: ", n, " examples make no global batch of ",
+             global_batch, " (batch_size ", o.batch_size, " x ", o.world_size, " ranks)");
+  const int64_t steps_per_epoch = o.world_size == 1 ? (n + o.batch_size - 1) / o.batch_size : n / global_batch;
+  const bool show = o.progress && o.rank == 0;
   int64_t total = steps_per_epoch * o.epochs;
   if (o.max_steps > 0) total = std::min(total, o.max_steps);
   CosineSchedule sched{o.lr, static_cast<int64_t>(std::llround(o.warmup_fraction * total)), total, o.min_lr_fraction};
@@ -125,10 +131,10 @@ TrainResult fit(torch::nn::Module& model, const BatchSource& data, const Forward
     model.train();
     const at::Tensor perm = at::randperm(n, at::detail::createCPUGenerator(o.seed * 1000003 + epoch), at::kLong);
     std::unique_ptr<Progress> bar =
-        o.progress ? std::make_unique<Progress>(o.label + " epoch " + std::to_string(epoch + 1), steps_per_epoch) : nullptr;
+        show ? std::make_unique<Progress>(o.label + " epoch " + std::to_string(epoch + 1), steps_per_epoch) : nullptr;
     double loss_sum = 0;
     int64_t epoch_steps = 0;
-    for (int64_t s = 0; s < n; s += o.batch_size) {
+    for (int64_t step = 0; step < steps_per_epoch; ++step) {
       if ((o.max_steps > 0 && r.steps >= o.max_steps) || (o.cancel && o.cancel->load()) ||
           (o.time_budget_s > 0 && std::chrono::duration<double>(Clock::now() - t0).count() > o.time_budget_s)) {
         r.stopped_early = true;
@@ -136,10 +142,12 @@ TrainResult fit(torch::nn::Module& model, const BatchSource& data, const Forward
       }
       const double lr = sched.lr(r.steps);
       for (auto& g : opt.param_groups()) static_cast<torch::optim::AdamWOptions&>(g.options()).lr(lr);
-      const Batch b = data.get(perm.narrow(0, s, std::min(o.batch_size, n - s)));
+      const int64_t begin = step * global_batch + o.rank * o.batch_size;
+      const Batch b = data.get(perm.narrow(0, begin, std::min(o.batch_size, n - begin)));
       opt.zero_grad();
       const at::Tensor loss = loss_and_count(forward(b), b.target, nullptr);
       loss.backward();
+      if (o.after_backward) o.after_backward(model);
       if (o.grad_clip > 0) torch::nn::utils::clip_grad_norm_(model.parameters(), o.grad_clip);
       opt.step();
       const double l = loss.item<double>();
@@ -154,7 +162,7 @@ TrainResult fit(torch::nn::Module& model, const BatchSource& data, const Forward
     if (epoch_steps == 0) break;
     r.epoch_loss.push_back(loss_sum / epoch_steps);
     if (bar) bar->finish("loss " + fmt("%.4f", r.epoch_loss.back()));
-    if (validation) r.validation.push_back(evaluate(model, *validation, forward, 256, o.label + " validation", o.progress));
+    if (validation) r.validation.push_back(evaluate(model, *validation, forward, 256, o.label + " validation", show));
   }
   r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   return r;

@@ -37,6 +37,15 @@ struct TrainOptions {
   std::function<void(int64_t)> on_step;
   // When it becomes true, training stops after the current step (Ctrl-C in qtrain).
   const std::atomic<bool>* cancel = nullptr;
+  // Data parallelism (framework/dist, docs/distributed.md): this process is rank `rank` of
+  // `world_size`. Every rank draws the same permutation; a step covers a global batch of
+  // batch_size * world_size examples, rank r taking [r * batch_size, (r + 1) * batch_size) of it;
+  // the trailing partial global batch is dropped so every rank runs the same steps.
+  // after_backward (dist::average_gradients) runs between backward and gradient clipping, so the
+  // step is that of one process on the global batch. Progress bars on rank 0 only.
+  int rank = 0;
+  int world_size = 1;
+  std::function<void(torch::nn::Module&)> after_backward;
 };
 
 struct Metrics {

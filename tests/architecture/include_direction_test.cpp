@@ -57,7 +57,8 @@ const std::map<std::string, std::set<std::string>>& allowed() {
     m["framework/recipe"] = with({"framework/api", "framework/data", "framework/io", "framework/train",
                                   "framework/models", "framework/search", "framework/ptq", "framework/onnx"});
     m["apps"] = with({"framework/api", "framework/data", "framework/io", "framework/train",
-                      "framework/models", "framework/search", "framework/ptq", "framework/onnx", "framework/recipe"});
+                      "framework/models", "framework/search", "framework/ptq", "framework/onnx", "framework/recipe",
+                      "framework/dist"});
     return m;
   }();
   return kAllowed;
