@@ -4,6 +4,8 @@
 // Exit codes: 0 success, 2 invalid recipe or arguments, 1 failure during a stage (named), 130
 // interrupted (Ctrl-C) after writing what was complete.
 #include <csignal>
+#include <cstdlib>
+#include <filesystem>
 #include <cstdio>
 
 #include <CLI/CLI.hpp>
@@ -76,8 +78,41 @@ int main(int argc, char** argv) {
   opt.dry_run = dry_run;
   opt.interrupted = &g_interrupted;
   std::signal(SIGINT, on_sigint);
+  // Under torchrun (WORLD_SIZE > 1) every process is one rank of a data-parallel run; rank 0 owns
+  // the output directory and the terminal, the other ranks write into a private temporary
+  // directory (removed at the end) and print only their errors, prefixed with their rank.
+  qforge::dist::World world;
+  std::string private_dir;
+  try {
+    if (!dry_run) world = qforge::dist::World::from_env();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "qtrain: %s\n", e.what());
+    return 2;
+  }
+  const std::string who = world.single() ? "qtrain" : "qtrain (" + world.prefix() + ")";
+  if (!world.single()) {
+    opt.world = &world;
+    if (world.rank() != 0) {
+      char tmpl[] = "/tmp/qtrain-rank-XXXXXX";
+      if (::mkdtemp(tmpl) == nullptr) {
+        std::fprintf(stderr, "%s: cannot create a private output directory in /tmp\n", who.c_str());
+        return 1;
+      }
+      private_dir = tmpl;
+      opt.out_dir = private_dir;
+      if (std::freopen("/dev/null", "w", stdout) == nullptr) std::fprintf(stderr, "%s: stdout stays open\n", who.c_str());
+    }
+  }
+  struct RemoveDir {
+    std::string dir;
+    ~RemoveDir() {
+      std::error_code ec;
+      if (!dir.empty()) std::filesystem::remove_all(dir, ec);
+    }
+  } remove_private{private_dir};
   try {
     const qforge::PipelineResult res = qforge::run_pipeline(recipe, opt);
+    world.barrier();  // rank 0 has written every output
     if (dry_run) return 0;
     std::printf("qtrain: report written to %s\n", res.report_path.c_str());
     for (const std::string& stage : qforge::metric_stages_in_order(res.metrics)) {
@@ -92,13 +127,13 @@ int main(int argc, char** argv) {
     }
   } catch (const qforge::RecipeError& e) {
     // Found once the model exists (e.g. a search candidate no layer can take).
-    std::fprintf(stderr, "qtrain: %s\n", e.what());
+    std::fprintf(stderr, "%s: %s\n", who.c_str(), e.what());
     return 2;
   } catch (const qforge::StageError& e) {
-    std::fprintf(stderr, "qtrain: %s\n", e.what());
+    std::fprintf(stderr, "%s: %s\n", who.c_str(), e.what());
     return 1;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "qtrain: failed: %s\n", e.what());
+    std::fprintf(stderr, "%s: failed: %s\n", who.c_str(), e.what());
     return 1;
   }
   return 0;

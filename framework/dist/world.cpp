@@ -54,7 +54,10 @@ c10d::ReduceOp to_c10d(Reduce op) {
 
 std::string World::prefix() const { return detail::str_cat("rank ", rank_, "/", size_); }
 
-World World::from_env(const WorldOptions& options) {
+World World::from_env(const WorldOptions& options_in) {
+  WorldOptions options = options_in;
+  const int timeout_s = env_int("QFORGE_DIST_TIMEOUT_S", 1, 86400, 0, false);
+  if (timeout_s > 0) options.timeout = std::chrono::seconds(timeout_s);
   const int size = env_int("WORLD_SIZE", 1, 1 << 20, 1, false);
   if (size == 1) return World();
   const int rank = env_int("RANK", 0, size - 1, 0, true);

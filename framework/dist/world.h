@@ -32,6 +32,7 @@ class World {
 
   // From torchrun's environment; a single-process world when WORLD_SIZE is unset or 1. Bad or
   // missing variables (WORLD_SIZE=2 without RANK, a port out of range) throw naming the variable.
+  // QFORGE_DIST_TIMEOUT_S, when set, replaces options.timeout.
   static World from_env(const WorldOptions& options = {});
   // Rank `rank` of `size` meeting at addr:port. rank0_serves: rank 0 serves the TCPStore there
   // (false: one exists already, as torchrun's agent serves it: TORCHELASTIC_USE_AGENT_STORE).

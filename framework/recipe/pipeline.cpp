@@ -19,6 +19,7 @@
 #include <memory>
 #include <sstream>
 
+#include "framework/dist/sync.h"
 #include "framework/io/atomic_file.h"
 #include "framework/io/calibration_io.h"
 #include "framework/io/checkpoint.h"
@@ -495,6 +496,26 @@ PipelineResult run_pipeline(const Recipe& r, const PipelineOptions& opt) {
   }
 
   check_stages(r, opt.stages);
+  const dist::World one_process;
+  const dist::World& world = opt.world != nullptr ? *opt.world : one_process;
+  QF_REQUIRE(world.single() || r.data.batch_size % world.size() == 0, r.path, ": data.batch_size ",
+             r.data.batch_size, " does not split over ", world.size(),
+             " ranks (each rank takes batch_size / world_size examples of every step)");
+  // Float training and QAT on every rank: each rank's slice of the recipe's batch, gradients
+  // averaged, then rank 0's buffers (BatchNorm statistics, activation scales) broadcast and the
+  // replicas compared.
+  auto data_parallel = [&](train::TrainOptions& o) {
+    if (world.single()) return;
+    o.batch_size = r.data.batch_size / world.size();
+    o.rank = world.rank();
+    o.world_size = world.size();
+    o.after_backward = [&world](torch::nn::Module& m) { dist::average_gradients(m, world); };
+  };
+  auto settle_replicas = [&](torch::nn::Module& m, const std::string& when) {
+    if (world.single()) return;
+    dist::broadcast_buffers(m, world);
+    dist::check_replicas(m, world, when);
+  };
   if (r.export_.onnx && wanted("export")) {
     // The recipe's scheme on a model built without data (as the dry run does): a layer with no QDQ
     // form fails here, before the float stage trains anything. The search may still change
@@ -615,6 +636,7 @@ PipelineResult run_pipeline(const Recipe& r, const PipelineOptions& opt) {
   Task t;
   if (!run_stage("data", [&] { t = make_task(r, /*with_data=*/true); })) return result;
   report["metric"] = t.metric;
+  report["distributed"] = {{"world_size", world.size()}, {"backend", world.single() ? "none" : "gloo"}};
   report["eval_examples"] = t.test->size();
   report["baselines"] = t.baselines;
   const int64_t eval_bs = r.data.eval_batch_size;
@@ -627,10 +649,12 @@ PipelineResult run_pipeline(const Recipe& r, const PipelineOptions& opt) {
       t.import_safetensors(r.model.safetensors);
       report["notes"].push_back("float weights imported from " + r.model.safetensors);
     } else {
-      const auto o = train_options(r, *t.train, r.train.epochs, r.train.lr, r.train.max_steps, "float", opt.interrupted);
+      auto o = train_options(r, *t.train, r.train.epochs, r.train.lr, r.train.max_steps, "float", opt.interrupted);
+      data_parallel(o);
       report["loss_curves"]["float"] = loss_curve(train::fit(*t.model, *t.train, t.forward, o));
       if (interrupted()) return;  // a half-trained model is neither saved nor evaluated
-      if (!ckpt.empty()) {
+      settle_replicas(*t.model, "after float training");
+      if (!ckpt.empty() && world.rank() == 0) {
         const std::string written = save(ckpt, [&](const std::string& p) { save_float_checkpoint(*t.model, p, r); });
         report["notes"].push_back("float weights trained and saved to " + written);
       }
@@ -672,7 +696,9 @@ PipelineResult run_pipeline(const Recipe& r, const PipelineOptions& opt) {
     t.model->eval();
     Calibration calib(*t.model);
     report["calibration_examples"] = calib_n;
-    for (int64_t b = 0; b < calib_batches; ++b) calibration_batch(b);
+    // Several ranks: batch b on rank b % world_size, then every observer merged over the ranks.
+    for (int64_t b = world.rank(); b < calib_batches; b += world.size()) calibration_batch(b);
+    dist::sync_observers(*t.model, world);
     calib.finish();
   };
   const int64_t solve_batches = r.ptq.batches > 0 ? std::min(r.ptq.batches, calib_batches) : calib_batches;
@@ -816,8 +842,10 @@ PipelineResult run_pipeline(const Recipe& r, const PipelineOptions& opt) {
       qat.begin_epoch();
       auto o = train_options(r, *t.train, r.qat.epochs, r.qat.lr, r.qat.max_steps, "qat", opt.interrupted);
       o.on_step = [&qat](int64_t) { qat.step(); };
+      data_parallel(o);
       report["loss_curves"]["qat"] = loss_curve(train::fit(*t.model, *t.train, t.forward, o));
       if (interrupted()) return;
+      settle_replicas(*t.model, "after QAT");
       record("qat", train::evaluate(*t.model, *t.test, t.forward, eval_bs, "qat eval"), t);
     });
   }

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "framework/dist/world.h"
 #include "framework/recipe/recipe.h"
 
 namespace qforge {
@@ -17,6 +18,11 @@ struct PipelineOptions {
   std::vector<std::string> stages;  // empty: every stage the recipe asks for
   bool dry_run = false;             // validate, build the model, print the plan; no data
   const std::atomic<bool>* interrupted = nullptr;  // set by a SIGINT handler
+  // Data parallelism (docs/distributed.md): this process's rank in a c10d group, or null (one
+  // process). Float training and QAT split each global batch of data.batch_size examples over the
+  // ranks and average gradients; calibration batches are dealt round-robin and the observers
+  // merged; evaluation runs whole on every rank. Only rank 0's out_dir is the run's.
+  const dist::World* world = nullptr;
 };
 
 // A stage failed: the message names it. (Invalid recipes throw RecipeError before any stage.)

@@ -55,7 +55,8 @@ const std::map<std::string, std::set<std::string>>& allowed() {
     m["framework/dist"] = with({"framework/api"});
     m["framework/onnx"] = with({"framework/api", "framework/io", "framework/models"});
     m["framework/recipe"] = with({"framework/api", "framework/data", "framework/io", "framework/train",
-                                  "framework/models", "framework/search", "framework/ptq", "framework/onnx"});
+                                  "framework/models", "framework/search", "framework/ptq", "framework/onnx",
+                                  "framework/dist"});
     m["apps"] = with({"framework/api", "framework/data", "framework/io", "framework/train",
                       "framework/models", "framework/search", "framework/ptq", "framework/onnx", "framework/recipe",
                       "framework/dist"});
