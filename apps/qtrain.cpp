@@ -3,6 +3,7 @@
 //          [--stages float,search,calibrate,ptq,qat,freeze,export] [--print-resolved]
 // Exit codes: 0 success, 2 invalid recipe or arguments, 1 failure during a stage (named), 130
 // interrupted (Ctrl-C) after writing what was complete.
+#include <chrono>
 #include <csignal>
 #include <cstdlib>
 #include <filesystem>
@@ -84,7 +85,9 @@ int main(int argc, char** argv) {
   qforge::dist::World world;
   std::string private_dir;
   try {
-    if (!dry_run) world = qforge::dist::World::from_env();
+    qforge::dist::WorldOptions wo;  // QFORGE_DIST_TIMEOUT_S overrides the recipe's timeout
+    wo.timeout = std::chrono::seconds(recipe.distributed.timeout_s);
+    if (!dry_run) world = qforge::dist::World::from_env(wo);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "qtrain: %s\n", e.what());
     return 2;

@@ -165,6 +165,8 @@ at::Tensor fake_quantize_backward(const at::Tensor& dy_in, const at::Tensor& mas
              " differs from mask shape ", mask.sizes());
   const at::Tensor dy = dy_in.to(at::kFloat).contiguous();
   const at::Tensor m = mask.to(at::kBool).contiguous();
+  QF_REQUIRE(m.device() == dy.device(), "fake_quantize_backward: gradient on ", dy.device(), " but mask on ",
+             m.device());
   if (dy.is_cuda()) return fq::cuda_mask_grad(dy, m);
   at::Tensor dx = at::empty_like(dy, at::MemoryFormat::Contiguous);
   const auto& k = fq::active_kernels();

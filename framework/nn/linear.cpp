@@ -144,6 +144,9 @@ void LinearImpl::place_frozen(const at::Device& device) {
       dev_float_weight_ = fweight_.dequantize().to(device);
     }
   }
+  // The device the copies landed on (torch::kCUDA without an index means the current one).
+  for (const at::Tensor* t : {&dev_codes_, &dev_packed_, &dev_float_weight_})
+    if (t->defined()) device_ = t->device();
   const KernelPlan p = plan();
   kernel_ = p.kernel;
   fallback_ = p.fallback;
@@ -164,7 +167,9 @@ void LinearImpl::install_frozen(QuantizedTensor fw) {
              " (Linear): symmetric int8 weights must have zero points 0 (the file or scheme disagrees)");
 
   const int64_t N = options.out_features(), K = options.in_features();
-  const at::Tensor b = options.bias() && bias.defined() ? bias.detach().to(at::kFloat).contiguous() : at::Tensor();
+  // The CPU kernel objects hold host copies, wherever the layer lives (a layer frozen on a GPU).
+  const at::Tensor b =
+      options.bias() && bias.defined() ? bias.detach().to(at::kCPU, at::kFloat).contiguous() : at::Tensor();
   if (s8) {
     const at::Tensor scale_n = qp.scale.to(at::kFloat).expand({N}).contiguous();
     // One packed copy only (1 byte per weight); large M runs the GEMV kernels in row blocks.
@@ -192,6 +197,8 @@ void LinearImpl::install_frozen(QuantizedTensor fw) {
     bias = at::Tensor();
   }
   mark_frozen();
+  // A layer already on a GPU (a checkpoint loaded into a model moved there) gets its device copies.
+  if (!device_.is_cpu()) place_frozen(device_);
 }
 
 QuantizedTensor LinearImpl::frozen_weight() const {

@@ -259,6 +259,12 @@ const Field& schema() {
           bind(leaf("enabled", T::kBool, "freeze after PTQ/QAT and evaluate the integer model"), &Recipe::freeze, &Recipe::Freeze::enabled),
           bind(choice("backend", {"cpu"}, "kernel backend"), &Recipe::freeze, &Recipe::Freeze::backend),
       }),
+      map("distributed", "data-parallel runs under torchrun (one process: ignored)", {
+          bind(choice("backend", {"gloo"}, "c10d backend (Gloo on the CPU; NCCL needs a CUDA LibTorch)"),
+               &Recipe::distributed, &Recipe::Distributed::backend),
+          bind(leaf("timeout_s", T::kInt, "seconds a rank waits for the others before failing", 1, 86400),
+               &Recipe::distributed, &Recipe::Distributed::timeout_s),
+      }),
       map("export", "files written to the output directory", {
           bind(leaf("checkpoint", T::kBool, "quantized model checkpoint (HDF5)"), &Recipe::export_, &Recipe::Export::checkpoint),
           bind(leaf("calibration_dump", T::kBool, "calibration dump (HDF5)"), &Recipe::export_, &Recipe::Export::calibration_dump),

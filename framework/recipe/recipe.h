@@ -131,6 +131,12 @@ struct Recipe {
     std::string backend = "cpu";
   } freeze;
 
+  // Data-parallel runs under torchrun (docs/distributed.md); ignored in one process.
+  struct Distributed {
+    std::string backend = "gloo";
+    int64_t timeout_s = 300;  // rendezvous and every collective
+  } distributed;
+
   struct Export {
     bool checkpoint = true;
     bool calibration_dump = true;

@@ -314,6 +314,26 @@ TEST_F(CudaApi, FreezingOnTheGpuKeepsTheModelThere) {
   EXPECT_TRUE(bit_equal(gpu->forward(x.to(cuda)), cpu->forward(x)));
   // The input must be where the frozen weight is.
   EXPECT_THROW(gpu->forward(x), Error);
+  // Back on the CPU the CPU kernels run (the bias they hold is a host copy).
+  gpu->to(torch::kCPU);
+  EXPECT_TRUE(bit_equal(gpu->forward(x), cpu->forward(x)));
+}
+
+TEST_F(CudaApi, ToCudaWithoutAnIndexAndCheckpointLoadsWork) {
+  torch::manual_seed(17);
+  const at::Tensor x = at::randn({4, 256});
+  Scheme scheme(qint8);
+  scheme.activations = ActivationMode::kDynamicPerToken;
+  FrozenPair p = frozen_pair(256, 128, scheme, x, at::Device(at::kCUDA));  // torch::kCUDA, no index
+  EXPECT_TRUE(bit_equal(p.gpu->forward(x.to(cuda)), p.cpu->forward(x)));
+  // A frozen weight installed into a layer already on the GPU (what checkpoint loading does).
+  torch::manual_seed(7);
+  nn::Linear fresh(256, 128);
+  fresh->to(cuda);
+  quantize(fresh, scheme);
+  fresh->install_frozen(p.cpu->frozen_weight());
+  EXPECT_EQ(fresh->report().kernel, "gemm_s8s8s32_cublaslt");
+  EXPECT_TRUE(bit_equal(fresh->forward(x.to(cuda)), p.cpu->forward(x)));
 }
 
 TEST_F(CudaApi, QatStepOnTheGpuMatchesTheCpu) {

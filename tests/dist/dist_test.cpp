@@ -10,6 +10,7 @@
 #include <chrono>
 #include <exception>
 #include <functional>
+#include <mutex>
 #include <set>
 #include <thread>
 
@@ -22,6 +23,10 @@
 
 namespace qforge::dist {
 namespace {
+
+// Ranks are threads here, and LibTorch's default generator is one per process: a rank seeding it
+// and building its model holds this lock, so every rank gets the same initial weights.
+std::mutex g_init_mutex;
 
 // A port the kernel just handed out on 127.0.0.1 (closed again; the store binds it next).
 int free_port() {
@@ -105,9 +110,11 @@ Scheme static_scheme(const std::string& observer) {
 // The input quantizer's scale and zero point after calibrating on `batches`.
 std::pair<at::Tensor, at::Tensor> calibrate(const std::vector<at::Tensor>& batches, const std::string& observer,
                                             const World* w) {
+  std::unique_lock<std::mutex> lock(g_init_mutex);
   torch::manual_seed(3);
   nn::Linear lin(16, 8);
   quantize(lin, static_scheme(observer));
+  lock.unlock();
   Calibration c(lin);
   for (const auto& b : batches) lin->forward(b);
   if (w != nullptr) EXPECT_EQ(sync_observers(*lin, *w), 1);
@@ -151,6 +158,7 @@ TEST(Dist, AveragedGradientsEqualTheWholeBatchGradient) {
   torch::manual_seed(6);
   const at::Tensor x = at::randn({12, 16}), target = at::randn({12, 8});
   auto make = [] {
+    const std::lock_guard<std::mutex> lock(g_init_mutex);
     torch::manual_seed(9);
     nn::Linear lin(16, 8);
     Scheme s(qint8);  // QAT on int8 weights
@@ -187,6 +195,7 @@ TEST(Dist, DataParallelFitEqualsOneProcessOnTheGlobalBatch) {
   torch::manual_seed(8);
   const train::TensorBatches data(at::randn({48, 16}), at::randint(0, 4, {48}, at::kLong));
   auto make = [] {
+    const std::lock_guard<std::mutex> lock(g_init_mutex);
     torch::manual_seed(10);
     torch::nn::Sequential seq(nn::Linear(16, 32), torch::nn::ReLU(), nn::Linear(32, 4));
     quantize(seq, Scheme(qint8));  // QAT: fake-quant int8 weights
@@ -233,8 +242,10 @@ TEST(Dist, DivergedReplicasAreNamed) {
       {
         try {
           run_ranks(3, [](World& w) {
+            std::unique_lock<std::mutex> lock(g_init_mutex);
             torch::manual_seed(w.rank() == 2 ? 1 : 0);  // rank 2 initialises differently
             nn::Linear lin(4, 4);
+            lock.unlock();
             check_replicas(*lin, w, "at start");
           });
         } catch (const Error& e) {
@@ -263,6 +274,7 @@ TEST(Dist, ARankThatLeavesStopsTheOthersWithAnError) {
     run_ranks(
         2,
         [](World& w) {
+          w.barrier();                // both joined
           if (w.rank() == 1) return;  // leaves: its process group is destroyed
           at::Tensor t = at::ones({8});
           for (int i = 0; i < 50; ++i) w.all_reduce(t, Reduce::kSum);
