@@ -50,6 +50,22 @@ c10d::ReduceOp to_c10d(Reduce op) {
   return c10d::ReduceOp::SUM;
 }
 
+// Runs fn; c10d and Gloo report a dead peer, a refused port or the timeout as exceptions: those
+// become a qforge::Error with `context` and the exception's first line.
+template <class Fn>
+void rethrow_as_error(const std::string& context, Fn&& fn) {
+  try {
+    fn();
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    std::string msg = e.what();
+    const size_t nl = msg.find('\n');
+    if (nl != std::string::npos) msg.resize(nl);
+    throw Error(context + msg);
+  }
+}
+
 }  // namespace
 
 std::string World::prefix() const { return detail::str_cat("rank ", rank_, "/", size_); }
@@ -81,7 +97,9 @@ World World::connect(int rank, int size, const std::string& addr, int port, cons
   w.size_ = size;
   if (size == 1) return w;
   w.impl_ = std::make_unique<Impl>();
-  try {
+  const std::string context = detail::str_cat("dist: rank ", rank, "/", size, " could not join the group at ", addr,
+                                              ":", port, " (timeout ", options.timeout.count(), " ms): ");
+  rethrow_as_error(context, [&] {
     c10d::TCPStoreOptions so;
     so.port = static_cast<std::uint16_t>(port);
     so.isServer = rank == 0 && rank0_serves;
@@ -96,33 +114,15 @@ World World::connect(int rank, int size, const std::string& addr, int port, cons
                                    : c10d::ProcessGroupGloo::createDefaultDevice());
     po->threads = 1;
     w.impl_->pg = c10::make_intrusive<c10d::ProcessGroupGloo>(w.impl_->store, rank, size, po);
-  } catch (const Error&) {
-    throw;
-  } catch (const std::exception& e) {
-    std::string msg = e.what();
-    const size_t nl = msg.find('\n');
-    if (nl != std::string::npos) msg.resize(nl);
-    throw Error(detail::str_cat("dist: rank ", rank, "/", size, " could not join the group at ", addr, ":", port,
-                                " (timeout ", options.timeout.count(), " ms): ", msg));
-  }
+  });
   return w;
 }
 
 namespace {
 template <class Fn>
 void run_collective(const World& w, const char* what, Fn&& fn) {
-  try {
-    fn();
-  } catch (const Error&) {
-    throw;
-  } catch (const std::exception& e) {
-    // Gloo reports a dead peer or the timeout as an exception; keep its first line.
-    std::string msg = e.what();
-    const size_t nl = msg.find('\n');
-    if (nl != std::string::npos) msg.resize(nl);
-    throw Error(detail::str_cat("dist: ", w.prefix(), ": ", what, " failed (another rank died, hung or left): ",
-                                msg));
-  }
+  rethrow_as_error(detail::str_cat("dist: ", w.prefix(), ": ", what, " failed (another rank died, hung or left): "),
+                   std::forward<Fn>(fn));
 }
 }  // namespace
 
