@@ -131,12 +131,15 @@ int main(int argc, char** argv) {
   } catch (const qforge::RecipeError& e) {
     // Found once the model exists (e.g. a search candidate no layer can take).
     std::fprintf(stderr, "%s: %s\n", who.c_str(), e.what());
+    world.report_failure(e.what());  // the other ranks' errors name this rank and why
     return 2;
   } catch (const qforge::StageError& e) {
     std::fprintf(stderr, "%s: %s\n", who.c_str(), e.what());
+    world.report_failure(e.what());
     return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s: failed: %s\n", who.c_str(), e.what());
+    world.report_failure(e.what());
     return 1;
   }
   return 0;

@@ -4,8 +4,12 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/jit/serialization/pickle.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstring>
+#include <exception>
 #include <map>
+#include <sstream>
 
 #include "framework/core/error.h"
 #include "framework/nn/quantizable.h"
@@ -101,6 +105,117 @@ void average_gradients(torch::nn::Module& model, const World& world, int64_t buc
   }
 }
 
+struct GradientAverager::Bucket {
+  at::Tensor flat;               // the gradients of its parameters, concatenated
+  std::vector<size_t> params;    // indices into params_
+  std::vector<bool> seen;        // per entry of params: backward delivered it this step
+  size_t pending = 0;            // entries not delivered yet
+  std::function<void()> wait;    // set once started
+};
+
+GradientAverager::GradientAverager(torch::nn::Module& model, const World& world, int64_t bucket_bytes)
+    : world_(world) {
+  QF_REQUIRE(bucket_bytes > 0, "dist: GradientAverager needs bucket_bytes > 0");
+  for (const at::Tensor& p : model.parameters(/*recurse=*/true)) {
+    if (!p.requires_grad()) continue;
+    QF_REQUIRE(p.is_cpu(), "dist: gradients are averaged over Gloo, which needs CPU parameters; got one on ",
+               p.device());
+    params_.push_back(p);
+  }
+  where_.resize(params_.size());
+  // Reverse registration order, consecutive parameters of one dtype up to bucket_bytes each.
+  size_t i = params_.size();
+  while (i > 0) {
+    auto b = std::make_unique<Bucket>();
+    const at::ScalarType dtype = params_[i - 1].scalar_type();
+    int64_t numel = 0, bytes = 0;
+    while (i > 0 && params_[i - 1].scalar_type() == dtype &&
+           (b->params.empty() || bytes + static_cast<int64_t>(params_[i - 1].nbytes()) <= bucket_bytes)) {
+      --i;
+      where_[i] = {buckets_.size(), numel};
+      b->params.push_back(i);
+      numel += params_[i].numel();
+      bytes += static_cast<int64_t>(params_[i].nbytes());
+    }
+    b->flat = at::zeros({numel}, params_[b->params.front()].options().requires_grad(false));
+    b->seen.assign(b->params.size(), false);
+    b->pending = b->params.size();
+    buckets_.push_back(std::move(b));
+  }
+  if (world_.single()) return;
+  for (size_t k = 0; k < params_.size(); ++k)
+    hooks_.push_back(params_[k].register_hook([this, k](const at::Tensor& grad) { ready(k, grad); }));
+}
+
+GradientAverager::~GradientAverager() {
+  for (size_t k = 0; k < hooks_.size(); ++k) params_[k].remove_hook(hooks_[k]);
+}
+
+void GradientAverager::ready(size_t param, const at::Tensor& grad) {
+  const auto [b, offset] = where_[param];
+  Bucket& bucket = *buckets_[b];
+  if (bucket.wait) return;  // already started (a second backward in one step is not averaged)
+  const size_t entry = static_cast<size_t>(
+      std::find(bucket.params.begin(), bucket.params.end(), param) - bucket.params.begin());
+  bucket.flat.narrow(0, offset, params_[param].numel()).copy_(grad.reshape({-1}));
+  if (!bucket.seen[entry]) {
+    bucket.seen[entry] = true;
+    --bucket.pending;
+  }
+  launch_ready();
+}
+
+void GradientAverager::launch_ready() {
+  while (next_launch_ < buckets_.size() && buckets_[next_launch_]->pending == 0) {
+    Bucket& b = *buckets_[next_launch_++];
+    b.wait = world_.all_reduce_async(b.flat, Reduce::kSum);
+  }
+}
+
+void GradientAverager::finish() {
+  if (world_.single()) return;
+  last_overlapped_ = static_cast<int64_t>(next_launch_);
+  // Parameters backward did not reach: zeros, so every rank reduces the same buckets.
+  for (auto& b : buckets_) {
+    for (size_t e = 0; e < b->params.size(); ++e) {
+      if (b->seen[e]) continue;
+      const size_t k = b->params[e];
+      b->flat.narrow(0, where_[k].second, params_[k].numel()).zero_();
+      b->seen[e] = true;
+    }
+    b->pending = 0;
+  }
+  launch_ready();
+  const auto t0 = std::chrono::steady_clock::now();
+  const double inv = 1.0 / world_.size();
+  std::exception_ptr failed;
+  for (auto& b : buckets_) {
+    try {
+      b->wait();
+    } catch (...) {
+      failed = std::current_exception();  // the group is broken: the other buckets are dropped
+      break;
+    }
+  }
+  last_wait_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  // Ready for the next step whatever happened.
+  next_launch_ = 0;
+  for (auto& b : buckets_) {
+    b->wait = nullptr;
+    b->seen.assign(b->params.size(), false);
+    b->pending = b->params.size();
+  }
+  if (failed) std::rethrow_exception(failed);
+  for (auto& b : buckets_) {
+    b->flat.mul_(inv);
+    for (size_t k : b->params) {
+      at::Tensor p = params_[k];
+      if (!p.grad().defined()) p.mutable_grad() = at::zeros_like(p);
+      p.mutable_grad().copy_(b->flat.narrow(0, where_[k].second, p.numel()).view_as(p));
+    }
+  }
+}
+
 void broadcast_buffers(torch::nn::Module& model, const World& world, int root) {
   if (world.single()) return;
   for (auto& b : model.named_buffers(/*recurse=*/true)) {
@@ -111,6 +226,37 @@ void broadcast_buffers(torch::nn::Module& model, const World& world, int root) {
     world.broadcast(c, root);
     if (!c.is_same(t)) t.copy_(c);
   }
+}
+
+namespace {
+// Where two values differ: the whole values when short and on one line, else the first line
+// that differs in each (with its number).
+std::string first_difference(const std::string& a, const std::string& b, int rank) {
+  if (a.find('\n') == std::string::npos && b.find('\n') == std::string::npos && a.size() + b.size() < 400)
+    return detail::str_cat("rank 0 has ", a, "; rank ", rank, " has ", b);
+  std::istringstream sa(a), sb(b);
+  std::string la, lb;
+  for (int line = 1;; ++line) {
+    const bool ga = static_cast<bool>(std::getline(sa, la)), gb = static_cast<bool>(std::getline(sb, lb));
+    if (!ga) la = "(end)";
+    if (!gb) lb = "(end)";
+    if (la != lb || (!ga && !gb))
+      return detail::str_cat("line ", line, ": rank 0 has '", la, "'; rank ", rank, " has '", lb, "'");
+  }
+}
+}  // namespace
+
+void check_agreement(const World& world, const std::string& what, const std::string& value) {
+  if (world.single()) return;
+  const auto all = world.all_gather_bytes(std::vector<uint8_t>(value.begin(), value.end()));
+  const std::string v0(all[0].begin(), all[0].end());
+  std::string differ;
+  for (size_t r = 1; r < all.size(); ++r) {
+    const std::string vr(all[r].begin(), all[r].end());
+    if (vr != v0) differ += (differ.empty() ? "" : "; ") + first_difference(v0, vr, static_cast<int>(r));
+  }
+  QF_REQUIRE(differ.empty(), "dist: ", world.prefix(), ": ", what, " differs between ranks: ", differ,
+             " (every rank must run the same program, recipe, overrides and files)");
 }
 
 uint64_t replica_hash(const torch::nn::Module& model) {

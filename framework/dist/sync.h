@@ -5,6 +5,9 @@
 #include <torch/nn/module.h>
 
 #include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
 #include <string>
 
 #include "framework/dist/world.h"
@@ -25,6 +28,42 @@ int64_t sync_observers(torch::nn::Module& model, const World& world);
 // the gradient of the whole batch.
 void average_gradients(torch::nn::Module& model, const World& world, int64_t bucket_bytes = int64_t{25} << 20);
 
+// average_gradients overlapped with backward, as DDP's reducer does it: hooks on the parameters
+// copy each gradient into its bucket as backward produces it, and a full bucket starts its
+// all-reduce at once (on Gloo's thread) while backward goes on, buckets strictly in order so every
+// rank issues the same collectives. Buckets of at most bucket_bytes hold the parameters in reverse
+// registration order (roughly the order backward produces them). finish(), after backward, starts
+// what is left (a parameter backward did not reach takes part as zeros), waits, and writes the
+// means into the gradients: the same values as average_gradients. One backward per step (the
+// hooks see that backward's gradient, not an accumulated one). The hooks go with the object.
+class GradientAverager {
+ public:
+  GradientAverager(torch::nn::Module& model, const World& world, int64_t bucket_bytes = int64_t{25} << 20);
+  ~GradientAverager();
+  GradientAverager(const GradientAverager&) = delete;
+  GradientAverager& operator=(const GradientAverager&) = delete;
+
+  void finish();
+  // Of the last finish(): seconds spent waiting for all-reduces after backward (the part the
+  // overlap did not hide) and buckets already started during backward.
+  double last_wait_s() const { return last_wait_s_; }
+  int64_t last_overlapped_buckets() const { return last_overlapped_; }
+
+ private:
+  struct Bucket;
+  void ready(size_t param, const at::Tensor& grad);
+  void launch_ready();
+
+  const World& world_;
+  std::vector<at::Tensor> params_;
+  std::vector<unsigned> hooks_;
+  std::vector<std::pair<size_t, int64_t>> where_;  // param -> (bucket, offset)
+  std::vector<std::unique_ptr<Bucket>> buckets_;
+  size_t next_launch_ = 0;
+  double last_wait_s_ = 0;
+  int64_t last_overlapped_ = 0;
+};
+
 // Every buffer (BatchNorm running statistics, quantizer scales, ...) from `root` to every rank,
 // as DDP's broadcast_buffers does: call after steps that update buffers from local data (BatchNorm
 // in training mode), at least before check_replicas and before saving.
@@ -34,6 +73,11 @@ void broadcast_buffers(torch::nn::Module& model, const World& world, int root = 
 // 64-bit hash of their names and bytes across ranks; throws qforge::Error naming the ranks that
 // differ from rank 0 and `when`.
 void check_replicas(const torch::nn::Module& model, const World& world, const std::string& when);
+
+// Every rank must run with the same `value` of `what` (the recipe's sha256, the stages, the float
+// checkpoint's bytes): gathers it from every rank and throws qforge::Error naming the ranks whose
+// value differs from rank 0's, with both values, on every rank alike.
+void check_agreement(const World& world, const std::string& what, const std::string& value);
 
 // The 64-bit FNV-1a hash check_replicas compares (names, dtypes, shapes and bytes of every
 // parameter and buffer, in registration order).

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <numeric>
+#include <thread>
 
 #include "framework/core/error.h"
 
@@ -118,23 +119,89 @@ World World::connect(int rank, int size, const std::string& addr, int port, cons
   return w;
 }
 
-namespace {
-template <class Fn>
-void run_collective(const World& w, const char* what, Fn&& fn) {
-  rethrow_as_error(detail::str_cat("dist: ", w.prefix(), ": ", what, " failed (another rank died, hung or left): "),
-                   std::forward<Fn>(fn));
+// A failed collective: this rank says so under "down/<rank>", then gives the others a moment to
+// say the same; a rank that stopped on its own error left it under "error/<rank>"
+// (report_failure); the ranks that said neither died, hang or left without a word. With rank 0 serving the store, its
+// death takes the store along, which names it too.
+std::string World::diagnose() const noexcept {
+  if (!impl_ || !impl_->store) return {};
+  try {
+    impl_->store->set(detail::str_cat("down/", rank_), std::vector<uint8_t>{1});
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+    std::string stopped, silent;
+    for (;;) {
+      stopped.clear();
+      silent.clear();
+      for (int r = 0; r < size_; ++r) {
+        if (r == rank_) continue;
+        const std::string err = detail::str_cat("error/", r);
+        if (impl_->store->check({err})) {
+          const std::vector<uint8_t> why = impl_->store->get(err);
+          stopped += detail::str_cat(stopped.empty() ? "" : "; ", "rank ", r, " stopped: ",
+                                     std::string(why.begin(), why.end()));
+        } else if (!impl_->store->check({detail::str_cat("down/", r)})) {
+          silent += detail::str_cat(silent.empty() ? "" : ", ", r);
+        }
+      }
+      if (silent.empty() || std::chrono::steady_clock::now() > deadline) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    std::string out = stopped;
+    if (!silent.empty())
+      out += detail::str_cat(out.empty() ? "" : "; ", "rank(s) ", silent, " did not answer (died, hung or left)");
+    return out;
+  } catch (const std::exception&) {
+    return rank_ == 0 ? std::string() : "rank 0 is gone (it served the group's store: died or left)";
+  }
 }
-}  // namespace
+
+void World::report_failure(const std::string& why) const noexcept {
+  if (!impl_ || !impl_->store) return;
+  try {
+    std::string first = why.substr(0, why.find('\n'));
+    if (first.size() > 400) first = first.substr(0, 400) + "...";
+    impl_->store->set(detail::str_cat("error/", rank_), std::vector<uint8_t>(first.begin(), first.end()));
+  } catch (const std::exception&) {
+    // the store is gone as well: nothing to tell
+  }
+}
+
+template <class Fn>
+void World::run_collective(const char* what, Fn&& fn) const {
+  try {
+    fn();
+  } catch (const std::exception& e) {
+    std::string msg = e.what();
+    const size_t nl = msg.find('\n');
+    if (nl != std::string::npos) msg.resize(nl);
+    const std::string who = diagnose();
+    throw Error(detail::str_cat("dist: ", prefix(), ": ", what, " failed (",
+                                who.empty() ? std::string("another rank died, hung or left") : who, "): ", msg));
+  }
+}
 
 void World::all_reduce(at::Tensor& t, Reduce op) const {
   QF_REQUIRE(t.is_cpu() && t.is_contiguous(), "dist: all_reduce needs a contiguous CPU tensor");
   if (single()) return;
-  run_collective(*this, "all_reduce", [&] {
+  run_collective("all_reduce", [&] {
     std::vector<at::Tensor> ts{t};
     c10d::AllreduceOptions o;
     o.reduceOp = to_c10d(op);
     impl_->pg->allreduce(ts, o)->wait();
   });
+}
+
+std::function<void()> World::all_reduce_async(at::Tensor& t, Reduce op) const {
+  QF_REQUIRE(t.is_cpu() && t.is_contiguous(), "dist: all_reduce needs a contiguous CPU tensor");
+  if (single()) return [] {};
+  c10::intrusive_ptr<c10d::Work> work;
+  run_collective("all_reduce", [&] {
+    std::vector<at::Tensor> ts{t};
+    c10d::AllreduceOptions o;
+    o.reduceOp = to_c10d(op);
+    work = impl_->pg->allreduce(ts, o);
+  });
+  return [this, work] { run_collective("all_reduce", [&] { work->wait(); }); };
 }
 
 std::vector<std::vector<uint8_t>> World::all_gather_bytes(const std::vector<uint8_t>& mine) const {
@@ -143,7 +210,7 @@ std::vector<std::vector<uint8_t>> World::all_gather_bytes(const std::vector<uint
   at::Tensor n = at::full({1}, static_cast<int64_t>(mine.size()), at::kLong);
   std::vector<at::Tensor> sizes(static_cast<size_t>(size_));
   for (auto& s : sizes) s = at::empty({1}, at::kLong);
-  run_collective(*this, "all_gather (sizes)", [&] {
+  run_collective("all_gather (sizes)", [&] {
     std::vector<std::vector<at::Tensor>> out{sizes};
     std::vector<at::Tensor> in{n};
     impl_->pg->allgather(out, in)->wait();
@@ -155,7 +222,7 @@ std::vector<std::vector<uint8_t>> World::all_gather_bytes(const std::vector<uint
   if (!mine.empty()) std::memcpy(buf.data_ptr<uint8_t>(), mine.data(), mine.size());
   std::vector<at::Tensor> parts(static_cast<size_t>(size_));
   for (auto& p : parts) p = at::empty_like(buf);
-  run_collective(*this, "all_gather", [&] {
+  run_collective("all_gather", [&] {
     std::vector<std::vector<at::Tensor>> out{parts};
     std::vector<at::Tensor> in{buf};
     impl_->pg->allgather(out, in)->wait();
@@ -173,7 +240,7 @@ void World::broadcast(at::Tensor& t, int root) const {
   QF_REQUIRE(t.is_cpu() && t.is_contiguous(), "dist: broadcast needs a contiguous CPU tensor");
   QF_REQUIRE(root >= 0 && root < size_, "dist: broadcast root ", root, " is not in [0, ", size_, ")");
   if (single()) return;
-  run_collective(*this, "broadcast", [&] {
+  run_collective("broadcast", [&] {
     std::vector<at::Tensor> ts{t};
     c10d::BroadcastOptions o;
     o.rootRank = root;
@@ -183,7 +250,7 @@ void World::broadcast(at::Tensor& t, int root) const {
 
 void World::barrier() const {
   if (single()) return;
-  run_collective(*this, "barrier", [&] { impl_->pg->barrier()->wait(); });
+  run_collective("barrier", [&] { impl_->pg->barrier()->wait(); });
 }
 
 std::vector<int64_t> shard_indices(int64_t n, int rank, int size, int64_t seed) {

@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -47,13 +48,28 @@ class World {
 
   // In place over all ranks (float, double, int32 or int64 CPU tensors, contiguous).
   void all_reduce(at::Tensor& t, Reduce op) const;
+  // Starts an all-reduce of t (as all_reduce) and returns at once; the returned wait() blocks
+  // until t holds the result, throwing as all_reduce does. t must stay alive and untouched until
+  // then. Every rank must start its collectives in the same order.
+  std::function<void()> all_reduce_async(at::Tensor& t, Reduce op) const;
   // Every rank's bytes, in rank order (sizes may differ between ranks).
   std::vector<std::vector<uint8_t>> all_gather_bytes(const std::vector<uint8_t>& mine) const;
   // t from `root` on every rank (same shape and dtype everywhere).
   void broadcast(at::Tensor& t, int root) const;
   void barrier() const;
 
+  // Best effort, never throws: leaves `why` where the other ranks look when their collective
+  // fails (qtrain calls it before a rank exits on an error), so their error names this rank and
+  // its cause instead of only "a peer left".
+  void report_failure(const std::string& why) const noexcept;
+
  private:
+  // After a failed collective: which ranks stopped (with the cause they reported) and which did
+  // not answer (died or hung). Never throws.
+  std::string diagnose() const noexcept;
+  template <class Fn>
+  void run_collective(const char* what, Fn&& fn) const;
+
   struct Impl;
   std::unique_ptr<Impl> impl_;
   int rank_ = 0, size_ = 1;

@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 
 #include "framework/core/error.h"
+#include "framework/nn/batch_norm.h"
 
 namespace qforge::models {
 
@@ -45,7 +46,7 @@ void ConvBnReluImpl::reset() {
 
 at::Tensor ConvBnReluImpl::forward(const at::Tensor& x) {
   at::Tensor h = conv->forward(x);
-  if (bn) h = bn->forward(h);
+  if (bn) h = nn::batch_norm(*bn, h);  // synchronised over ranks inside a SyncBatchNormScope
   return at::relu(h);
 }
 

@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <sstream>
 
 #include "framework/dist/sync.h"
@@ -25,8 +26,10 @@
 #include "framework/io/checkpoint.h"
 #include "framework/io/model_io.h"
 #include "framework/models/state_dict.h"
+#include "framework/nn/batch_norm.h"
 #include "framework/onnx/export.h"
 #include "framework/quantize.h"
+#include "framework/recipe/sha256.h"
 #include "framework/train/batches.h"
 #include "framework/train/trainer.h"
 
@@ -502,19 +505,49 @@ PipelineResult run_pipeline(const Recipe& r, const PipelineOptions& opt) {
              r.data.batch_size, " does not split over ", world.size(),
              " ranks (each rank takes batch_size / world_size examples of every step)");
   // Float training and QAT on every rank: each rank's slice of the recipe's batch, gradients
-  // averaged, then rank 0's buffers (BatchNorm statistics, activation scales) broadcast and the
-  // replicas compared.
-  auto data_parallel = [&](train::TrainOptions& o) {
-    if (world.single()) return;
-    o.batch_size = r.data.batch_size / world.size();
-    o.rank = world.rank();
-    o.world_size = world.size();
-    o.after_backward = [&world](torch::nn::Module& m) { dist::average_gradients(m, world); };
-  };
+  // averaged in buckets overlapping backward (dist::GradientAverager), replicas compared before
+  // training and after every epoch, where rank 0's buffers (BatchNorm statistics, activation
+  // scales) are broadcast first.
   auto settle_replicas = [&](torch::nn::Module& m, const std::string& when) {
     if (world.single()) return;
     dist::broadcast_buffers(m, world);
     dist::check_replicas(m, world, when);
+  };
+  auto data_parallel = [&](train::TrainOptions& o, torch::nn::Module& model) {
+    if (world.single()) return;
+    o.batch_size = r.data.batch_size / world.size();
+    o.rank = world.rank();
+    o.world_size = world.size();
+    dist::check_replicas(model, world, "before " + o.label + " training");
+    auto averager = std::make_shared<dist::GradientAverager>(model, world);
+    o.after_backward = [averager](torch::nn::Module&) { averager->finish(); };
+    o.after_epoch = [&settle_replicas, label = o.label](torch::nn::Module& m, int64_t epoch) {
+      settle_replicas(m, "after " + label + " epoch " + std::to_string(epoch));
+    };
+  };
+  if (!world.single()) {
+    // Every rank must run the same recipe (overrides included), the same stages and, when the float
+    // stage loads one, the same checkpoint bytes: a mismatch is refused here, on every rank.
+    dist::check_agreement(world, "the resolved recipe (with its --set overrides)", r.resolved_yaml);
+    std::string stages;
+    for (const std::string& s : opt.stages) stages += (stages.empty() ? "" : ",") + s;
+    dist::check_agreement(world, "--stages", stages.empty() ? "(all)" : stages);
+    std::string ckpt = "(none)";
+    if (!r.model.checkpoint.empty() && fs::exists(r.model.checkpoint)) {
+      std::ifstream in(r.model.checkpoint, std::ios::binary);
+      ckpt = "sha256 " + sha256_hex(std::string(std::istreambuf_iterator<char>(in), {}));
+    }
+    dist::check_agreement(world, "the float checkpoint " + r.model.checkpoint, ckpt);
+  }
+  // Evaluation batches dealt over the ranks, the metrics added up (train::EvalSplit).
+  train::EvalSplit eval_split;
+  if (!world.single()) {
+    eval_split.rank = world.rank();
+    eval_split.world_size = world.size();
+    eval_split.all_reduce_sum = [&world](at::Tensor& t) { world.all_reduce(t, dist::Reduce::kSum); };
+  }
+  auto evaluate = [&](Task& t, const std::string& label) {
+    return train::evaluate(*t.model, *t.test, t.forward, r.data.eval_batch_size, label, true, eval_split);
   };
   if (r.export_.onnx && wanted("export")) {
     // The recipe's scheme on a model built without data (as the dry run does): a layer with no QDQ
@@ -636,10 +669,11 @@ PipelineResult run_pipeline(const Recipe& r, const PipelineOptions& opt) {
   Task t;
   if (!run_stage("data", [&] { t = make_task(r, /*with_data=*/true); })) return result;
   report["metric"] = t.metric;
-  report["distributed"] = {{"world_size", world.size()}, {"backend", world.single() ? "none" : "gloo"}};
+  report["distributed"] = {{"world_size", world.size()},
+                           {"backend", world.single() ? "none" : r.distributed.backend},
+                           {"sync_batchnorm", !world.single() && r.distributed.sync_batchnorm}};
   report["eval_examples"] = t.test->size();
   report["baselines"] = t.baselines;
-  const int64_t eval_bs = r.data.eval_batch_size;
 
   run_stage("float", [&] {
     const std::string ckpt = r.model.checkpoint;
@@ -650,16 +684,22 @@ PipelineResult run_pipeline(const Recipe& r, const PipelineOptions& opt) {
       report["notes"].push_back("float weights imported from " + r.model.safetensors);
     } else {
       auto o = train_options(r, *t.train, r.train.epochs, r.train.lr, r.train.max_steps, "float", opt.interrupted);
-      data_parallel(o);
+      data_parallel(o, *t.model);
+      // SyncBatchNorm when the recipe asks: BatchNorm statistics over every rank's batch.
+      std::optional<nn::SyncBatchNormScope> sync_bn;
+      if (!world.single() && r.distributed.sync_batchnorm)
+        sync_bn.emplace([&world](at::Tensor& x) { world.all_reduce(x, dist::Reduce::kSum); });
       report["loss_curves"]["float"] = loss_curve(train::fit(*t.model, *t.train, t.forward, o));
+      sync_bn.reset();
       if (interrupted()) return;  // a half-trained model is neither saved nor evaluated
       settle_replicas(*t.model, "after float training");
       if (!ckpt.empty() && world.rank() == 0) {
         const std::string written = save(ckpt, [&](const std::string& p) { save_float_checkpoint(*t.model, p, r); });
         report["notes"].push_back("float weights trained and saved to " + written);
       }
+      world.barrier();  // the other ranks wait until rank 0's checkpoint is complete
     }
-    const train::Metrics m = train::evaluate(*t.model, *t.test, t.forward, eval_bs, "float eval");
+    const train::Metrics m = evaluate(t, "float eval");
     record("float", m, t);
     if (m.confusion.defined() && !t.class_names.empty())
       report["float_confusion"] = train::format_confusion(m.confusion, t.class_names);
@@ -763,7 +803,7 @@ PipelineResult run_pipeline(const Recipe& r, const PipelineOptions& opt) {
         const Scheme ps = search::apply(r.scheme, p.rules);
         quantize(*t.model, ps);
         calibrate(ps);
-        const train::Metrics m = train::evaluate(*t.model, *t.test, t.forward, eval_bs, "front eval");
+        const train::Metrics m = evaluate(t, "front eval");
         detach_all(*t.model);
         p.accuracy = t.metric == "accuracy" ? m.accuracy : m.perplexity;
         std::fprintf(stderr, "qtrain: front point %zu/%zu: %lld bytes, predicted %.4g, %s %.4f\n", i + 1,
@@ -834,7 +874,7 @@ PipelineResult run_pipeline(const Recipe& r, const PipelineOptions& opt) {
     } else if (solves(r)) {
       report["notes"].push_back("ptq solve skipped by --stages: weights are round-to-nearest");
     }
-    run_stage("ptq", [&] { record("ptq", train::evaluate(*t.model, *t.test, t.forward, eval_bs, "ptq eval"), t); });
+    run_stage("ptq", [&] { record("ptq", evaluate(t, "ptq eval"), t); });
   }
   if (r.qat.epochs > 0 && wanted("qat")) {
     run_stage("qat", [&] {
@@ -842,11 +882,11 @@ PipelineResult run_pipeline(const Recipe& r, const PipelineOptions& opt) {
       qat.begin_epoch();
       auto o = train_options(r, *t.train, r.qat.epochs, r.qat.lr, r.qat.max_steps, "qat", opt.interrupted);
       o.on_step = [&qat](int64_t) { qat.step(); };
-      data_parallel(o);
+      data_parallel(o, *t.model);
       report["loss_curves"]["qat"] = loss_curve(train::fit(*t.model, *t.train, t.forward, o));
       if (interrupted()) return;
       settle_replicas(*t.model, "after QAT");
-      record("qat", train::evaluate(*t.model, *t.test, t.forward, eval_bs, "qat eval"), t);
+      record("qat", evaluate(t, "qat eval"), t);
     });
   }
   // The numeric suite on the fake-quant model as freeze will pack it (after QAT when it ran).
@@ -871,7 +911,7 @@ PipelineResult run_pipeline(const Recipe& r, const PipelineOptions& opt) {
       freeze(*t.model);
       // The stage's time includes the frozen evaluation; packing alone is reported beside it.
       report["timings_s"]["freeze_pack"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - f0).count();
-      record("frozen", train::evaluate(*t.model, *t.test, t.forward, eval_bs, "frozen eval"), t);
+      record("frozen", evaluate(t, "frozen eval"), t);
       report["size_bytes"]["frozen"] = model_size(*t.model).total_bytes;
       report["latency_ms"]["frozen"] = model_latency_ms(t);
     });

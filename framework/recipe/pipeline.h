@@ -19,9 +19,10 @@ struct PipelineOptions {
   bool dry_run = false;             // validate, build the model, print the plan; no data
   const std::atomic<bool>* interrupted = nullptr;  // set by a SIGINT handler
   // Data parallelism (docs/distributed.md): this process's rank in a c10d group, or null (one
-  // process). Float training and QAT split each global batch of data.batch_size examples over the
-  // ranks and average gradients; calibration batches are dealt round-robin and the observers
-  // merged; evaluation runs whole on every rank. Only rank 0's out_dir is the run's.
+  // process). Every rank must run the same recipe, stages and float checkpoint (checked first).
+  // Float training and QAT split each global batch of data.batch_size examples over the ranks and
+  // average gradients; calibration and evaluation batches are dealt round-robin, the observers
+  // merged and the metrics added up. Only rank 0's out_dir is the run's.
   const dist::World* world = nullptr;
 };
 

@@ -264,6 +264,8 @@ const Field& schema() {
                &Recipe::distributed, &Recipe::Distributed::backend),
           bind(leaf("timeout_s", T::kInt, "seconds a rank waits for the others before failing", 1, 86400),
                &Recipe::distributed, &Recipe::Distributed::timeout_s),
+          bind(leaf("sync_batchnorm", T::kBool, "BatchNorm statistics over all ranks' batches in float training (SyncBatchNorm)"),
+               &Recipe::distributed, &Recipe::Distributed::sync_batchnorm),
       }),
       map("export", "files written to the output directory", {
           bind(leaf("checkpoint", T::kBool, "quantized model checkpoint (HDF5)"), &Recipe::export_, &Recipe::Export::checkpoint),

@@ -135,6 +135,10 @@ struct Recipe {
   struct Distributed {
     std::string backend = "gloo";
     int64_t timeout_s = 300;  // rendezvous and every collective
+    // BatchNorm in float training: batch statistics over every rank's batch (nn::batch_norm's
+    // SyncBatchNorm); false: each rank normalises by its own batch and rank 0's running
+    // statistics are broadcast after training (DDP's default).
+    bool sync_batchnorm = false;
   } distributed;
 
   struct Export {

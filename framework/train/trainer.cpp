@@ -76,19 +76,47 @@ std::string fmt(const char* f, double v) {
 }  // namespace
 
 Metrics evaluate(torch::nn::Module& model, const BatchSource& data, const ForwardFn& forward, int64_t batch_size,
-                 const std::string& label, bool progress) {
+                 const std::string& label, bool progress, const EvalSplit& split) {
   QF_REQUIRE(batch_size > 0, "train: batch_size must be > 0");
+  QF_REQUIRE(split.world_size >= 1 && split.rank >= 0 && split.rank < split.world_size, "train: evaluation rank ",
+             split.rank, " is not in [0, world_size ", split.world_size, ")");
+  QF_REQUIRE(split.world_size == 1 || split.all_reduce_sum, "train: evaluation over ", split.world_size,
+             " ranks needs all_reduce_sum");
   const bool was_training = model.is_training();
   model.eval();
   at::NoGradGuard no_grad;
   Accum acc;
   const int64_t n = data.size();
-  const int64_t steps = (n + batch_size - 1) / batch_size;
-  std::unique_ptr<Progress> bar = progress ? std::make_unique<Progress>(label, steps) : nullptr;
-  for (int64_t s = 0; s < n; s += batch_size) {
-    const Batch b = data.get(at::arange(s, std::min(n, s + batch_size), at::kLong));
-    loss_and_count(forward(b), b.target, &acc);
+  const int64_t batches = (n + batch_size - 1) / batch_size;
+  const int64_t mine = batches / split.world_size + (split.rank < batches % split.world_size ? 1 : 0);
+  std::unique_ptr<Progress> bar = progress && split.rank == 0 ? std::make_unique<Progress>(label, mine) : nullptr;
+  for (int64_t b = split.rank; b < batches; b += split.world_size) {
+    const int64_t s = b * batch_size;
+    const Batch batch = data.get(at::arange(s, std::min(n, s + batch_size), at::kLong));
+    loss_and_count(forward(batch), batch.target, &acc);
     if (bar) bar->update(1);
+  }
+  if (split.world_size > 1) {
+    // A rank without batches has no confusion matrix yet: its size travels with the sums.
+    const int64_t classes = acc.confusion.defined() ? acc.confusion.size(0) : 0;
+    at::Tensor sums = at::tensor({acc.loss_sum, static_cast<double>(acc.correct), static_cast<double>(acc.count),
+                                  static_cast<double>(acc.examples), static_cast<double>(classes)},
+                                 at::kDouble);
+    at::Tensor has = at::tensor({static_cast<int64_t>(classes > 0)}, at::kLong);
+    split.all_reduce_sum(sums);
+    split.all_reduce_sum(has);
+    const auto* v = sums.data_ptr<double>();
+    acc.loss_sum = v[0];
+    acc.correct = static_cast<int64_t>(std::llround(v[1]));
+    acc.count = static_cast<int64_t>(std::llround(v[2]));
+    acc.examples = static_cast<int64_t>(std::llround(v[3]));
+    const int64_t ranks_with = has.item<int64_t>();
+    if (ranks_with > 0) {
+      const int64_t V = std::llround(v[4] / static_cast<double>(ranks_with));
+      if (!acc.confusion.defined()) acc.confusion = at::zeros({V, V}, at::kLong);
+      QF_REQUIRE(acc.confusion.size(0) == V, "train: evaluation ranks disagree on the number of classes");
+      split.all_reduce_sum(acc.confusion);
+    }
   }
   Metrics m = to_metrics(acc);
   if (bar) bar->finish("loss " + fmt("%.4f", m.loss) + " acc " + fmt("%.4f", m.accuracy));
@@ -162,6 +190,7 @@ TrainResult fit(torch::nn::Module& model, const BatchSource& data, const Forward
     if (epoch_steps == 0) break;
     r.epoch_loss.push_back(loss_sum / epoch_steps);
     if (bar) bar->finish("loss " + fmt("%.4f", r.epoch_loss.back()));
+    if (o.after_epoch) o.after_epoch(model, epoch + 1);
     if (validation) r.validation.push_back(evaluate(model, *validation, forward, 256, o.label + " validation", show));
   }
   r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();

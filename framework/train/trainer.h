@@ -46,6 +46,9 @@ struct TrainOptions {
   int rank = 0;
   int world_size = 1;
   std::function<void(torch::nn::Module&)> after_backward;
+  // Called after every epoch that ran at least one step, with its number (1-based), before the
+  // validation pass: data-parallel runs settle buffers and compare replicas there.
+  std::function<void(torch::nn::Module&, int64_t)> after_epoch;
 };
 
 struct Metrics {
@@ -72,9 +75,23 @@ at::Tensor cross_entropy(const at::Tensor& logits, const at::Tensor& target);
 TrainResult fit(torch::nn::Module& model, const BatchSource& train_data, const ForwardFn& forward,
                 const TrainOptions& options, const BatchSource* validation = nullptr);
 
+// Evaluation split over data-parallel ranks: the batches of batch_size examples (in index order,
+// as one process cuts them) are dealt round-robin, batch b to rank b % world_size, and the sums
+// behind the metrics (loss, correct predictions, counts, confusion matrix) are added over the
+// ranks with all_reduce_sum (dist::World::all_reduce with Reduce::kSum), so every rank returns
+// the metrics of one process evaluating everything: counts exactly, the loss up to the order of
+// a floating-point sum. world_size 1: no communication.
+struct EvalSplit {
+  int rank = 0;
+  int world_size = 1;
+  std::function<void(at::Tensor&)> all_reduce_sum;  // in place, over all ranks; float64 and int64
+};
+
 // Evaluates in eval mode (restoring the previous mode) without gradients, in index order.
+// Progress bar on rank 0 only.
 Metrics evaluate(torch::nn::Module& model, const BatchSource& data, const ForwardFn& forward,
-                 int64_t batch_size = 256, const std::string& label = "eval", bool progress = true);
+                 int64_t batch_size = 256, const std::string& label = "eval", bool progress = true,
+                 const EvalSplit& split = {});
 
 // Confusion matrix as text: one row per true class with the counts, then per-class accuracy.
 std::string format_confusion(const at::Tensor& confusion, const std::vector<std::string>& names);

@@ -17,6 +17,7 @@
 #include "framework/core/error.h"
 #include "framework/dist/sync.h"
 #include "framework/dist/world.h"
+#include "framework/nn/batch_norm.h"
 #include "framework/nn/linear.h"
 #include "framework/quantize.h"
 #include "framework/train/trainer.h"
@@ -187,7 +188,143 @@ TEST(Dist, AveragedGradientsEqualTheWholeBatchGradient) {
         const at::Tensor g = params[i].grad().defined() ? params[i].grad() : at::zeros_like(params[i]);
         EXPECT_LT((g - want[i]).abs().max().item<float>(), 1e-6f) << w.prefix() << " parameter " << i;
       }
+      // The same through hooks during backward, three steps with one averager (it resets).
+      GradientAverager overlap(*lin, w, /*bucket_bytes=*/256);
+      for (int step = 0; step < 3; ++step) {
+        for (auto& p : lin->parameters())
+          if (p.grad().defined()) p.mutable_grad().zero_();
+        at::mse_loss(lin->forward(x.index_select(0, ix)), target.index_select(0, ix)).backward();
+        overlap.finish();
+        for (size_t i = 0; i < params.size(); ++i) {
+          const at::Tensor g = params[i].grad().defined() ? params[i].grad() : at::zeros_like(params[i]);
+          EXPECT_LT((g - want[i]).abs().max().item<float>(), 1e-6f) << w.prefix() << " step " << step << " parameter " << i;
+        }
+      }
+      // With buckets of 256 bytes the weight's gradient (512 bytes) is a bucket of its own; the
+      // ones backward produces before the unreached parameter's bucket started during backward.
+      EXPECT_GE(overlap.last_overlapped_buckets(), 1) << w.prefix();
     });
+  }
+}
+
+TEST(Dist, EvaluationOverRanksEqualsOneProcess) {
+  auto make = [] {
+    const std::lock_guard<std::mutex> lock(g_init_mutex);
+    torch::manual_seed(12);
+    return nn::Linear(6, 5);
+  };
+  nn::Linear lin = make();
+  for (const int64_t n : {103, 15}) {  // 11 batches over 3 ranks; 2 batches (rank 2 has none)
+    SCOPED_TRACE(n);
+    const train::TensorBatches data(at::randn({n, 6}), at::randint(0, 5, {n}, at::kLong));
+    const train::Metrics one =
+        train::evaluate(*lin, data, [&](const train::Batch& b) { return lin->forward(b.input); }, 10, "eval", false);
+    for (const int size : {2, 3}) {
+      run_ranks(size, [&](World& w) {
+        nn::Linear mine = make();
+        const auto forward = [&](const train::Batch& b) { return mine->forward(b.input); };
+        train::EvalSplit split;
+        split.rank = w.rank();
+        split.world_size = w.size();
+        split.all_reduce_sum = [&w](at::Tensor& t) { w.all_reduce(t, Reduce::kSum); };
+        const train::Metrics m = train::evaluate(*mine, data, forward, 10, "eval", false, split);
+        EXPECT_EQ(m.examples, one.examples) << w.prefix();
+        EXPECT_EQ(m.tokens, one.tokens);
+        EXPECT_EQ(m.accuracy, one.accuracy);
+        EXPECT_NEAR(m.loss, one.loss, 1e-12);
+        ASSERT_TRUE(m.confusion.defined());
+        EXPECT_TRUE(m.confusion.equal(one.confusion)) << w.prefix();
+      });
+    }
+  }
+}
+
+TEST(Dist, SyncBatchNormEqualsOneProcessOnTheConcatenatedBatch) {
+  torch::manual_seed(14);
+  const at::Tensor x = at::randn({8, 3, 4, 4}) * 2 + 1, weight = at::randn({8, 3, 4, 4});
+  auto make = [] {
+    torch::nn::BatchNorm2d bn(3);
+    torch::NoGradGuard g;
+    bn->weight.copy_(at::tensor({0.5f, 1.5f, -1.0f}));
+    bn->bias.copy_(at::tensor({0.1f, -0.2f, 0.3f}));
+    return bn;
+  };
+  // One process: the whole batch, loss = mean(y * weight).
+  torch::nn::BatchNorm2d one = make();
+  const at::Tensor x1 = x.clone().requires_grad_(true);
+  const at::Tensor y1 = one->forward(x1);
+  (y1 * weight).mean().backward();
+  for (const int size : {2, 4}) {
+    SCOPED_TRACE(size);
+    run_ranks(size, [&](World& w) {
+      torch::nn::BatchNorm2d bn = make();
+      const int64_t per = 8 / w.size();
+      const at::Tensor xr = x.narrow(0, w.rank() * per, per).clone().requires_grad_(true);
+      nn::SyncBatchNormScope scope([&w](at::Tensor& t) { w.all_reduce(t, Reduce::kSum); });
+      const at::Tensor y = nn::batch_norm(*bn, xr);
+      (y * weight.narrow(0, w.rank() * per, per)).mean().backward();
+      average_gradients(*bn, w);
+      EXPECT_LT((y - y1.narrow(0, w.rank() * per, per)).abs().max().item<float>(), 1e-5f) << w.prefix();
+      // Each rank's mean loss is size x its share of the whole batch's: so is its input gradient.
+      const at::Tensor want = x1.grad().narrow(0, w.rank() * per, per) * static_cast<float>(w.size());
+      EXPECT_LT((xr.grad() - want).abs().max().item<float>(), 1e-5f) << w.prefix();
+      EXPECT_LT((bn->weight.grad() - one->weight.grad()).abs().max().item<float>(), 1e-5f);
+      EXPECT_LT((bn->bias.grad() - one->bias.grad()).abs().max().item<float>(), 1e-5f);
+      EXPECT_LT((bn->running_mean - one->running_mean).abs().max().item<float>(), 1e-5f);
+      EXPECT_LT((bn->running_var - one->running_var).abs().max().item<float>(), 1e-5f);
+      EXPECT_EQ(bn->num_batches_tracked.item<int64_t>(), 1);
+      // In eval mode, or outside a scope, it is the module's own forward.
+      bn->eval();
+      EXPECT_TRUE(nn::batch_norm(*bn, xr.detach()).equal(bn->forward(xr.detach())));
+    });
+  }
+  torch::nn::BatchNorm2d lone = make();
+  EXPECT_TRUE(nn::batch_norm(*lone, x).equal(make()->forward(x)));
+}
+
+TEST(Dist, DisagreementIsNamedOnEveryRank) {
+  std::vector<std::string> errors(3);
+  run_ranks(3, [&](World& w) {
+    check_agreement(w, "the recipe", "abc");  // all agree
+    try {
+      check_agreement(w, "the recipe", w.rank() == 2 ? "xyz" : "abc");
+    } catch (const Error& e) {
+      errors[w.rank()] = e.what();
+    }
+  });
+  for (const std::string& e : errors)
+    EXPECT_NE(e.find("the recipe differs between ranks: rank 0 has abc; rank 2 has xyz"), std::string::npos) << e;
+  // Long values: the first line that differs.
+  run_ranks(2, [&](World& w) {
+    try {
+      check_agreement(w, "the recipe", w.rank() == 1 ? "seed: 0\nlr: 0.003\nend\n" : "seed: 0\nlr: 0.002\nend\n");
+      ADD_FAILURE() << "different recipes agreed";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("line 2: rank 0 has 'lr: 0.002'; rank 1 has 'lr: 0.003'"), std::string::npos)
+          << e.what();
+    }
+  });
+}
+
+TEST(Dist, AFailedRankIsNamedWithItsError) {
+  try {
+    run_ranks(
+        3,
+        [](World& w) {
+          w.barrier();
+          if (w.rank() == 1) {
+            w.report_failure("stage 'float' failed: out of memory\nsecond line");
+            return;
+          }
+          at::Tensor t = at::ones({8});
+          for (int i = 0; i < 50; ++i) w.all_reduce(t, Reduce::kSum);
+        },
+        std::chrono::milliseconds(3000));
+    ADD_FAILURE() << "all_reduce with a failed rank did not fail";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("rank 1 stopped: stage 'float' failed: out of memory"), std::string::npos) << msg;
+    EXPECT_EQ(msg.find("second line"), std::string::npos) << msg;
   }
 }
 
@@ -213,11 +350,16 @@ TEST(Dist, DataParallelFitEqualsOneProcessOnTheGlobalBatch) {
     SCOPED_TRACE(size);
     run_ranks(size, [&](World& w) {
       torch::nn::Sequential m = make();
+      // fit() seeds the default generator (dropout): no rank may start before all are built.
+      w.barrier();
+      check_replicas(*m, w, "before training");
       train::TrainOptions d = o;
       d.batch_size = 12 / w.size();  // the same global batch of 12
       d.rank = w.rank();
       d.world_size = w.size();
-      d.after_backward = [&](torch::nn::Module& mod) { average_gradients(mod, w); };
+      // 2 ranks: average_gradients after backward; 3: the averager overlapping backward.
+      auto overlap = w.size() == 3 ? std::make_shared<GradientAverager>(*m, w) : nullptr;
+      d.after_backward = [&](torch::nn::Module& mod) { overlap ? overlap->finish() : average_gradients(mod, w); };
       const train::TrainResult r = train::fit(*m, data, [&](const train::Batch& b) { return m->forward(b.input); }, d);
       EXPECT_EQ(r.steps, r1.steps);
       check_replicas(*m, w, "after training");
@@ -282,7 +424,8 @@ TEST(Dist, ARankThatLeavesStopsTheOthersWithAnError) {
         std::chrono::milliseconds(2000));
     ADD_FAILURE() << "all_reduce with a rank gone did not fail";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("rank 0/2: all_reduce failed"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("rank 0/2: all_reduce failed (rank(s) 1 did not answer"), std::string::npos)
+        << e.what();
   }
 }
 

@@ -3,6 +3,11 @@
 # recipe with min/max calibration, from the float checkpoint of a one-process run:
 #   - the calibration dump equals the one-process run's bit for bit (same thread count),
 #   - report.json records world_size 2, rank 1 leaves no files behind,
+#   - float training over 2 ranks (SyncBatchNorm) writes the checkpoint once; a second 2-rank run
+#     resumes from it on every rank and evaluates the same float accuracy,
+#   - ranks with different recipes are refused on every rank, naming the rank,
+#   - a rank killed during float training stops the other with an error naming it; no
+#     checkpoint (partial or not) appears,
 #   - a rank whose peer never comes fails within QFORGE_DIST_TIMEOUT_S, naming itself.
 set -euo pipefail
 QTRAIN=$1
@@ -31,6 +36,63 @@ diff_out=$("$QDUMP" diff "$work/one/calibration.h5" "$work/two/calibration.h5" 2
 grep -q '"world_size": 2' "$work/two/report.json" || { echo "report.json lacks world_size 2"; exit 1; }
 after=$(ls /tmp | grep -c '^qtrain-rank-' || true)
 [ "$after" -le "$before" ] || { echo "rank 1 left its private directory in /tmp"; exit 1; }
+# Runs qtrain as ranks 0 and 1 in the background; pids in $pids, logs $work/$1.rank{0,1}.log.
+launch() {
+  local name=$1; shift
+  local p
+  p=$(/usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])' 2>/dev/null ||
+      echo $((20000 + RANDOM % 20000)))
+  pids=()
+  for r in 0 1; do
+    local extra=()
+    [ "$r" = 1 ] && [ -n "${RANK1_EXTRA:-}" ] && extra=($RANK1_EXTRA)
+    WORLD_SIZE=2 RANK=$r MASTER_ADDR=127.0.0.1 MASTER_PORT=$p QFORGE_DIST_TIMEOUT_S=${TIMEOUT_S:-120} \
+      "$QTRAIN" --recipe recipes/fmnist_cnn_int8.yaml --out "$work/$name" "$@" "${extra[@]}" > "$work/$name.rank$r.log" 2>&1 &
+    pids+=($!)
+  done
+}
+float_line() { grep -E '^  float ' "$1" || { echo "no float metrics in $1:"; cat "$1"; exit 1; }; }
+
+# Float training over 2 ranks with SyncBatchNorm: rank 0 writes the checkpoint; then a second
+# 2-rank run resumes from it on both ranks.
+dp=(--set data.max_train_examples=1024 --set data.max_eval_examples=256 --set train.epochs=1 --set calibrate.batches=2
+    --set distributed.sync_batchnorm=true --set model.checkpoint="$work/dp.h5")
+launch dptrain "${dp[@]}"
+for i in 0 1; do wait "${pids[$i]}" || { echo "dptrain rank $i failed:"; cat "$work/dptrain.rank$i.log"; exit 1; }; done
+[ -f "$work/dp.h5" ] || { echo "no float checkpoint after 2-rank training"; exit 1; }
+grep -q '"sync_batchnorm": true' "$work/dptrain/report.json" || { echo "report.json lacks sync_batchnorm"; exit 1; }
+sum_before=$(sha256sum "$work/dp.h5")
+launch dpresume "${dp[@]}"
+for i in 0 1; do wait "${pids[$i]}" || { echo "dpresume rank $i failed:"; cat "$work/dpresume.rank$i.log"; exit 1; }; done
+grep -q "float weights loaded from $work/dp.h5" "$work/dpresume/report.json" ||
+  { echo "the resumed run did not load the checkpoint:"; cat "$work/dpresume/report.json"; exit 1; }
+[ "$(float_line "$work/dptrain.rank0.log")" = "$(float_line "$work/dpresume.rank0.log")" ] ||
+  { echo "resumed float metrics differ:"; float_line "$work/dptrain.rank0.log"; float_line "$work/dpresume.rank0.log"; exit 1; }
+[ "$(sha256sum "$work/dp.h5")" = "$sum_before" ] || { echo "the resumed run rewrote the checkpoint"; exit 1; }
+
+# Different recipes on the two ranks: refused on both, naming rank 1.
+RANK1_EXTRA="--set train.lr=0.003" launch mismatch "${dp[@]}"
+for i in 0 1; do
+  if wait "${pids[$i]}"; then echo "rank $i ran with a mismatched recipe"; exit 1; fi
+  grep "the resolved recipe (with its --set overrides) differs between ranks: line [0-9]*: rank 0 has 'train: {.*lr: 0.002.*}'; rank 1 has 'train: {.*lr: 0.003.*}'" \
+    "$work/mismatch.rank$i.log" || { echo "rank $i: no clear mismatch error:"; cat "$work/mismatch.rank$i.log"; exit 1; }
+done
+
+# Rank 1 killed during float training: rank 0 stops naming it; no checkpoint appears.
+long=(--set data.max_train_examples=1024 --set data.max_eval_examples=256 --set train.epochs=200
+      --set model.checkpoint="$work/killed.h5")
+TIMEOUT_S=30 launch killed "${long[@]}"
+for _ in $(seq 1 600); do grep -q "stage float" "$work/killed.rank0.log" && break; sleep 0.1; done
+sleep 1
+kill -9 "${pids[1]}"
+start=$(date +%s)
+if wait "${pids[0]}"; then echo "rank 0 finished although rank 1 was killed"; exit 1; fi
+wait "${pids[1]}" 2>/dev/null || true
+grep "rank(s) 1 did not answer" "$work/killed.rank0.log" || { echo "rank 0 did not name rank 1:"; cat "$work/killed.rank0.log"; exit 1; }
+[ $(( $(date +%s) - start )) -lt 40 ] || { echo "rank 0 took too long to stop"; exit 1; }
+[ ! -e "$work/killed.h5" ] || { echo "a checkpoint appeared although training failed"; exit 1; }
+if ls -a "$work" | grep -q '^\.killed\.h5\.tmp'; then echo "a temporary checkpoint was left behind"; ls -a "$work"; exit 1; fi
+
 # A lone rank: the group never forms; a clear error within the timeout, not a hang.
 start=$(date +%s)
 if WORLD_SIZE=2 RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port QFORGE_DIST_TIMEOUT_S=3 \
@@ -39,4 +101,4 @@ if WORLD_SIZE=2 RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port QFORGE_DIST_TIMEO
 fi
 grep -q "rank 0/2 could not join" "$work/lone.log" || { echo "no clear error:"; cat "$work/lone.log"; exit 1; }
 [ $(( $(date +%s) - start )) -lt 60 ] || { echo "took too long"; exit 1; }
-echo "qtrain over 2 ranks: calibration bit-identical to one process; lone rank refused"
+echo "qtrain over 2 ranks: calibration bit-identical to one process; resumed from the 2-rank checkpoint; mismatch refused; killed rank named; lone rank refused"
