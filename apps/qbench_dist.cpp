@@ -42,6 +42,8 @@ int main(int argc, char** argv) {
   app.add_option("--threads", threads, "intra-op threads per process")->check(CLI::PositiveNumber);
   app.add_flag("--json", json, "one JSON line instead of the table");
   app.add_flag("--overlap", overlap, "all-reduce buckets during backward (GradientAverager)");
+  double bucket_mib = 25;
+  app.add_option("--bucket-mib", bucket_mib, "gradient bucket size in MiB")->check(CLI::PositiveNumber);
   CLI11_PARSE(app, argc, argv);
   try {
     at::set_num_threads(threads);
@@ -61,7 +63,8 @@ int main(int argc, char** argv) {
     qforge::dist::broadcast_buffers(*model, world);  // BatchNorm statistics of rank 0's batches
     qforge::dist::check_replicas(*model, world, "at start");
     std::unique_ptr<qforge::dist::GradientAverager> averager;
-    if (overlap) averager = std::make_unique<qforge::dist::GradientAverager>(*model, world);
+    const auto bucket_bytes = static_cast<int64_t>(bucket_mib * (1 << 20));
+    if (overlap) averager = std::make_unique<qforge::dist::GradientAverager>(*model, world, bucket_bytes);
     torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
     model->train();
     double reduce_s = 0;
@@ -80,7 +83,7 @@ int main(int argc, char** argv) {
       if (averager)
         averager->finish();
       else
-        qforge::dist::average_gradients(*model, world);
+        qforge::dist::average_gradients(*model, world, bucket_bytes);
       reduce_s += seconds_since(r0);
       opt.step();
     }
@@ -94,9 +97,9 @@ int main(int argc, char** argv) {
       const double examples = static_cast<double>(steps * batch * world.size());
       if (json) {
         std::printf("{\"bench\": \"qat_dp_cnn\", \"world_size\": %d, \"threads\": %d, \"batch_per_rank\": %lld, "
-                    "\"overlap\": %s, \"steps\": %lld, \"seconds\": %.4f, \"examples_per_s\": %.1f, \"steps_per_s\": %.3f, "
+                    "\"overlap\": %s, \"bucket_mib\": %.3g, \"steps\": %lld, \"seconds\": %.4f, \"examples_per_s\": %.1f, \"steps_per_s\": %.3f, "
                     "\"allreduce_ms_per_step\": %.3f}\n",
-                    world.size(), threads, static_cast<long long>(batch), overlap ? "true" : "false",
+                    world.size(), threads, static_cast<long long>(batch), overlap ? "true" : "false", bucket_mib,
                     static_cast<long long>(steps), total,
                     examples / total, steps / total, 1e3 * red.item<double>() / steps);
       } else {

@@ -9,6 +9,8 @@
 #include <filesystem>
 #include <cstdio>
 
+#include <unistd.h>
+
 #include <CLI/CLI.hpp>
 
 #include "framework/recipe/pipeline.h"
@@ -93,6 +95,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::string who = world.single() ? "qtrain" : "qtrain (" + world.prefix() + ")";
+  FILE* errors = stderr;  // where this rank's errors go
   if (!world.single()) {
     opt.world = &world;
     if (world.rank() != 0) {
@@ -103,7 +106,15 @@ int main(int argc, char** argv) {
       }
       private_dir = tmpl;
       opt.out_dir = private_dir;
-      if (std::freopen("/dev/null", "w", stdout) == nullptr) std::fprintf(stderr, "%s: stdout stays open\n", who.c_str());
+      // Progress bars, stage lines and notes are rank 0's; this rank keeps a stream for its
+      // errors (prefixed with its rank) and sends the rest of its output to /dev/null.
+      const int err_fd = ::dup(STDERR_FILENO);
+      if (err_fd >= 0) errors = ::fdopen(err_fd, "w");
+      if (errors == nullptr) errors = stderr;
+      std::setvbuf(errors, nullptr, _IONBF, 0);
+      if (std::freopen("/dev/null", "w", stdout) == nullptr) std::fprintf(errors, "%s: stdout stays open\n", who.c_str());
+      if (errors != stderr && std::freopen("/dev/null", "w", stderr) == nullptr)
+        std::fprintf(errors, "%s: stderr stays open\n", who.c_str());
     }
   }
   struct RemoveDir {
@@ -125,20 +136,20 @@ int main(int argc, char** argv) {
     }
     std::printf("%s", res.headline.c_str());
     if (res.interrupted) {
-      std::fprintf(stderr, "qtrain: interrupted; stages completed before the interrupt are in the report\n");
+      std::fprintf(errors, "%s: interrupted; stages completed before the interrupt are in the report\n", who.c_str());
       return 130;
     }
   } catch (const qforge::RecipeError& e) {
     // Found once the model exists (e.g. a search candidate no layer can take).
-    std::fprintf(stderr, "%s: %s\n", who.c_str(), e.what());
+    std::fprintf(errors, "%s: %s\n", who.c_str(), e.what());
     world.report_failure(e.what());  // the other ranks' errors name this rank and why
     return 2;
   } catch (const qforge::StageError& e) {
-    std::fprintf(stderr, "%s: %s\n", who.c_str(), e.what());
+    std::fprintf(errors, "%s: %s\n", who.c_str(), e.what());
     world.report_failure(e.what());
     return 1;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "%s: failed: %s\n", who.c_str(), e.what());
+    std::fprintf(errors, "%s: failed: %s\n", who.c_str(), e.what());
     world.report_failure(e.what());
     return 1;
   }

@@ -129,8 +129,10 @@ GradientAverager::GradientAverager(torch::nn::Module& model, const World& world,
     auto b = std::make_unique<Bucket>();
     const at::ScalarType dtype = params_[i - 1].scalar_type();
     int64_t numel = 0, bytes = 0;
+    // The first bucket is small (1 MiB at most, as DDP's), so an all-reduce starts early in backward.
+    const int64_t cap = buckets_.empty() ? std::min<int64_t>(bucket_bytes, int64_t{1} << 20) : bucket_bytes;
     while (i > 0 && params_[i - 1].scalar_type() == dtype &&
-           (b->params.empty() || bytes + static_cast<int64_t>(params_[i - 1].nbytes()) <= bucket_bytes)) {
+           (b->params.empty() || bytes + static_cast<int64_t>(params_[i - 1].nbytes()) <= cap)) {
       --i;
       where_[i] = {buckets_.size(), numel};
       b->params.push_back(i);

@@ -31,8 +31,9 @@ void average_gradients(torch::nn::Module& model, const World& world, int64_t buc
 // average_gradients overlapped with backward, as DDP's reducer does it: hooks on the parameters
 // copy each gradient into its bucket as backward produces it, and a full bucket starts its
 // all-reduce at once (on Gloo's thread) while backward goes on, buckets strictly in order so every
-// rank issues the same collectives. Buckets of at most bucket_bytes hold the parameters in reverse
-// registration order (roughly the order backward produces them). finish(), after backward, starts
+// rank issues the same collectives. Buckets of at most bucket_bytes (the first at most 1 MiB, as
+// DDP's, so that one starts early) hold the parameters in reverse registration order (roughly the
+// order backward produces them). finish(), after backward, starts
 // what is left (a parameter backward did not reach takes part as zeros), waits, and writes the
 // means into the gradients: the same values as average_gradients. One backward per step (the
 // hooks see that backward's gradient, not an accumulated one). The hooks go with the object.

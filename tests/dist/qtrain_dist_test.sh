@@ -60,6 +60,8 @@ dp=(--set data.max_train_examples=1024 --set data.max_eval_examples=256 --set tr
 launch dptrain "${dp[@]}"
 for i in 0 1; do wait "${pids[$i]}" || { echo "dptrain rank $i failed:"; cat "$work/dptrain.rank$i.log"; exit 1; }; done
 [ -f "$work/dp.h5" ] || { echo "no float checkpoint after 2-rank training"; exit 1; }
+# Progress, stage lines and notes are rank 0's; rank 1 prints only errors (none here).
+[ ! -s "$work/dptrain.rank1.log" ] || { echo "rank 1 printed more than errors:"; head "$work/dptrain.rank1.log"; exit 1; }
 grep -q '"sync_batchnorm": true' "$work/dptrain/report.json" || { echo "report.json lacks sync_batchnorm"; exit 1; }
 sum_before=$(sha256sum "$work/dp.h5")
 launch dpresume "${dp[@]}"
