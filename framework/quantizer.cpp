@@ -7,6 +7,7 @@
 #include "fake_quant/lsq.h"
 #include "framework/core/enum_names.h"
 #include "framework/core/error.h"
+#include "kernels/cpu/quantize_rows_s8.h"
 
 namespace qforge {
 
@@ -67,6 +68,18 @@ at::Tensor quantize_to_int8(const at::Tensor& x_in, const QParams& qp) {
   QF_REQUIRE(qp.spec.qtype.is_integer() && qp.spec.qtype.bits <= 8,
              "quantize_to_int8: needs an integer grid of at most 8 bits, got ", qp.spec.qtype.name);
   QF_REQUIRE(qp.spec.qtype != quint8, "quantize_to_int8: quint8 values do not fit int8; use qint8");
+  if (x_in.is_cpu() && qp.spec.granularity == Granularity::kPerTensor && qp.scale.numel() == 1 &&
+      qp.zero_point.numel() == 1 && qp.zero_point.item<double>() == 0.0) {
+    // Per-tensor, zero point 0 (the static inputs of the integer kernels): one pass of
+    // kernels::quantize_static_s8, the same formula with inv = 1.0f / s (what at::reciprocal
+    // computes) and the + 0 dropped. Output is contiguous in x's logical shape.
+    const at::Tensor x = x_in.to(at::kFloat).contiguous();
+    at::Tensor q = at::empty(x.sizes(), at::TensorOptions(at::kChar));
+    kernels::quantize_static_s8(x.data_ptr<float>(), x.numel(), 1.0f / qp.scale.to(at::kFloat).item<float>(),
+                                static_cast<int>(qp.spec.quant_min()), static_cast<int>(qp.spec.quant_max()),
+                                q.data_ptr<int8_t>());
+    return q;
+  }
   const at::Tensor x = grouped(x_in.to(at::kFloat), qp.spec);
   const at::Tensor s = broadcast_qparam(qp.scale.to(at::kFloat), x_in, qp.spec);
   const at::Tensor z = broadcast_qparam(qp.zero_point.to(at::kFloat), x_in, qp.spec);

@@ -124,7 +124,9 @@ at::Tensor broadcast_qparam(const at::Tensor& t, const at::Tensor& x, const QSpe
 at::Tensor grouped(const at::Tensor& x, const QSpec& spec);
 
 // Integer grid values q = clamp(rint(x * (1/s)) + z, qmin, qmax) as int8 (integer grids up to 8
-// bits), the same values fake_quantize dequantizes: (q - z) * s == fake_quantize(x).
+// bits), the same values fake_quantize dequantizes: (q - z) * s == fake_quantize(x). Per-tensor
+// with z = 0 on the CPU it runs kernels::quantize_static_s8 (one pass, threaded, bit-identical)
+// and throws qforge::Error on NaN / Inf; otherwise ATen ops.
 at::Tensor quantize_to_int8(const at::Tensor& x, const QParams& qp);
 // (q - z) * s for integer values q (any integer dtype).
 at::Tensor dequantize_int(const at::Tensor& q, const QParams& qp);

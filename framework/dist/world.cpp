@@ -6,7 +6,10 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <signal.h>
+
 #include <algorithm>
+#include <csignal>
 #include <cstdlib>
 #include <cstring>
 #include <numeric>
@@ -97,6 +100,11 @@ World World::connect(int rank, int size, const std::string& addr, int port, cons
   w.rank_ = rank;
   w.size_ = size;
   if (size == 1) return w;
+  // A peer that died leaves its sockets closed; a write to one raises SIGPIPE, which by default
+  // kills this process before Gloo can report the error (and diagnose() name the rank). Ignore it
+  // as Python (and so PyTorch's Gloo) does, unless the program installed its own handler.
+  struct sigaction old_action {};
+  if (sigaction(SIGPIPE, nullptr, &old_action) == 0 && old_action.sa_handler == SIG_DFL) std::signal(SIGPIPE, SIG_IGN);
   w.impl_ = std::make_unique<Impl>();
   const std::string context = detail::str_cat("dist: rank ", rank, "/", size, " could not join the group at ", addr,
                                               ":", port, " (timeout ", options.timeout.count(), " ms): ");

@@ -37,6 +37,8 @@ class World {
   static World from_env(const WorldOptions& options = {});
   // Rank `rank` of `size` meeting at addr:port. rank0_serves: rank 0 serves the TCPStore there
   // (false: one exists already, as torchrun's agent serves it: TORCHELASTIC_USE_AGENT_STORE).
+  // With size > 1 it sets SIGPIPE to ignored when it has the default action (as Python does), so
+  // a write to a dead peer's socket fails as an error naming that rank instead of killing this one.
   static World connect(int rank, int size, const std::string& addr, int port, const WorldOptions& options = {},
                        bool rank0_serves = true);
 

@@ -1,14 +1,24 @@
 // qforge::nn::Conv1d / Conv2d: LibTorch's convolutions (same options, names, initialisation and
-// float forward) with weight and input quantizers. After freeze() the weight lives in packed
-// integer storage and is dequantized per call (qforge has no integer convolution kernel yet;
-// the report says so).
+// float forward) with weight and input quantizers. After freeze(), int8 or int4 weights with
+// static symmetric int8 activations run the integer convolution (kernels/cpu/conv_s8.h: the input
+// quantized to int8 codes, channels-last im2col, the Linear GEMM kernels, bias in the epilogue);
+// other schemes (weight-only, grouped, non-zero padding modes, 'same' padding) keep the weight
+// packed and dequantize it per call, and describe() says why.
 #pragma once
 
 #include <torch/nn/modules/conv.h>
 
+#include <array>
+#include <memory>
+
 #include "framework/quantized_tensor.h"
 #include "framework/nn/quantizable.h"
 #include "framework/nn/twin.h"
+
+namespace qforge::kernels {
+class PackedLinearS8;
+class PackedLinearS4;
+}  // namespace qforge::kernels
 
 namespace qforge::nn {
 
@@ -17,12 +27,31 @@ class ConvQuantState : public QuantizableLayer {
  public:
   void check_scheme(const LayerScheme& scheme) const override;
   KernelPlan plan() const override;
+  // What the integer path needs of a convolution's options, as 2-D (Conv1d: height 1).
+  struct ConvShape {
+    int64_t in_channels = 0, out_channels = 0, groups = 1;
+    std::array<int64_t, 2> kernel{1, 1}, stride{1, 1}, dilation{1, 1}, padding{0, 0};
+    bool explicit_padding = true;  // false: padding 'same' (sizes decided per input)
+    bool zeros_padding = true;     // padding_mode zeros
+  };
 
  protected:
+  virtual ConvShape conv_shape() const = 0;
   void install_conv(QuantizedTensor fw, at::Tensor& weight, torch::OrderedDict<std::string, at::Tensor>& params);
-  int64_t frozen_storage_bytes() const override { return fweight_.defined() ? fweight_.bytes() : 0; }
-  QuantizedTensor frozen_weight() const override { return fweight_; }
-  QuantizedTensor fweight_;
+  // The integer convolution of a frozen layer on the CPU: x [B, C, H, W] (Conv1d passes [B, C, 1, L]);
+  // relu: at::relu of the result, in the kernel's epilogue. The result has the NCHW shape in
+  // channels-last memory (the GEMM's rows), which the next integer conv reads without a copy.
+  at::Tensor integer_forward(const at::Tensor& x, const at::Tensor& bias, bool relu) const;
+  // True when freeze() packed the weight for the integer kernels.
+  bool integer_kernel() const { return s8_ != nullptr || s4_ != nullptr; }
+  // The frozen weight as codes (rebuilt from the kernel's packed copy when there is one).
+  at::Tensor dequantized_frozen_weight() const;
+  int64_t frozen_storage_bytes() const override;
+  QuantizedTensor frozen_weight() const override;
+  QuantizedTensor fweight_;  // scheme and scales; its codes are released when a kernel object holds them
+  std::shared_ptr<kernels::PackedLinearS8> s8_;
+  std::shared_ptr<kernels::PackedLinearS4> s4_;
+  float static_act_scale_ = 0;
 };
 
 class Conv1dImpl : QFORGE_TWIN_BASE(torch::nn::Conv1dImpl), public ConvQuantState {
@@ -41,6 +70,8 @@ class Conv1dImpl : QFORGE_TWIN_BASE(torch::nn::Conv1dImpl), public ConvQuantStat
     refuse_clone();
   }
   at::Tensor forward(const at::Tensor& x);
+  // at::relu(forward(x)); after freeze on the integer kernel the ReLU runs in its epilogue.
+  at::Tensor forward_relu(const at::Tensor& x);
   const char* layer_type() const override { return "Conv1d"; }
   std::shared_ptr<QuantizableLayer> float_copy() const override;
   torch::nn::Module& module() override { return *this; }
@@ -51,8 +82,10 @@ class Conv1dImpl : QFORGE_TWIN_BASE(torch::nn::Conv1dImpl), public ConvQuantStat
 
  protected:
   at::Tensor float_weight() const override { return weight; }
+  ConvShape conv_shape() const override;
 
- public:
+ private:
+  at::Tensor frozen_integer(const at::Tensor& x, bool relu);
 };
 TORCH_MODULE(Conv1d);
 
@@ -72,6 +105,8 @@ class Conv2dImpl : QFORGE_TWIN_BASE(torch::nn::Conv2dImpl), public ConvQuantStat
     refuse_clone();
   }
   at::Tensor forward(const at::Tensor& x);
+  // at::relu(forward(x)); after freeze on the integer kernel the ReLU runs in its epilogue.
+  at::Tensor forward_relu(const at::Tensor& x);
   const char* layer_type() const override { return "Conv2d"; }
   std::shared_ptr<QuantizableLayer> float_copy() const override;
   torch::nn::Module& module() override { return *this; }
@@ -82,8 +117,10 @@ class Conv2dImpl : QFORGE_TWIN_BASE(torch::nn::Conv2dImpl), public ConvQuantStat
 
  protected:
   at::Tensor float_weight() const override { return weight; }
+  ConvShape conv_shape() const override;
 
- public:
+ private:
+  at::Tensor frozen_integer(const at::Tensor& x, bool relu);
 };
 TORCH_MODULE(Conv2d);
 

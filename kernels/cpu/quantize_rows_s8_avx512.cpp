@@ -1,6 +1,7 @@
-// AVX-512 dynamic activation quantization, bit-identical to quantize_rows_s8_reference:
+// AVX-512 activation quantization. Dynamic: bit-identical to quantize_rows_s8_reference:
 // the same float amax, scale = amax / 127, inv = 1 / scale (scalar), product x * inv, VCVTPS2DQ
 // under the default MXCSR mode (round half to even, as nearbyint), clamp to [-127, 127].
+// Static (quantize_clamp_avx512): bit-identical to quantize_static_s8_reference.
 // Compiled with -mavx512f -mavx512bw -mavx512vl -mavx512dq.
 #include <immintrin.h>
 
@@ -44,6 +45,22 @@ void quantize_row_avx512(const float* x, int64_t K, float inv, int8_t* q, int64_
     _mm512_mask_cvtepi32_storeu_epi8(q + k, mask, r);
   }
   if (ldq > K) std::memset(q + K, 0, static_cast<size_t>(ldq - K));
+}
+
+bool quantize_clamp_avx512(const float* x, int64_t n, float inv, int qmin, int qmax, int8_t* q) {
+  const __m512 vinv = _mm512_set1_ps(inv);
+  const __m512 lo = _mm512_set1_ps(static_cast<float>(qmin)), hi = _mm512_set1_ps(static_cast<float>(qmax));
+  __m512i nonfinite = _mm512_setzero_si512();
+  for (int64_t k = 0; k < n; k += kLanes) {
+    const __mmask16 mask = tail_mask(n - k);
+    const __m512 v = _mm512_maskz_loadu_ps(mask, x + k);
+    nonfinite = _mm512_or_si512(nonfinite, _mm512_castps_si512(_mm512_sub_ps(v, v)));
+    // Clamping before rounding equals the reference's clamp after it (the bounds are integers,
+    // rounding is monotonic) and keeps VCVTPS2DQ in range (it returns INT_MIN beyond 2^31).
+    const __m512 c = _mm512_min_ps(_mm512_max_ps(_mm512_mul_ps(v, vinv), lo), hi);
+    _mm512_mask_cvtepi32_storeu_epi8(q + k, mask, _mm512_cvtps_epi32(c));
+  }
+  return _mm512_test_epi32_mask(nonfinite, nonfinite) == 0;
 }
 
 }  // namespace qforge::kernels::detail

@@ -24,6 +24,13 @@ inline constexpr int kActQMax = 127;
 void quantize_rows_s8_reference(const float* x, int64_t M, int64_t K, ActScale mode, int8_t* q,
                                 int64_t ldq, float* a_scale);
 
+// Static symmetric int8 quantization with a calibrated scale (the fake-quant formula of a
+// per-tensor symmetric input quantizer, zero point 0, as int8 codes):
+//   q = clamp(nearbyint(x * inv), qmin, qmax)   (float product, round half to even)
+// with inv = 1.0f / scale (at::reciprocal), -128 <= qmin <= qmax <= 127. Throws qforge::Error
+// naming the first element that is NaN or Inf.
+void quantize_static_s8_reference(const float* x, int64_t count, float inv, int qmin, int qmax, int8_t* q);
+
 // C[m, n] = sum_k A[m, k] * W[n, k], exact int32 (sequential k).
 void gemm_s8s8s32_reference(const int8_t* A, const int8_t* W, int32_t* C, int64_t M, int64_t N,
                             int64_t K);

@@ -44,4 +44,15 @@ void quantize_rows_s8_reference(const float* x, int64_t M, int64_t K, ActScale m
   }
 }
 
+void quantize_static_s8_reference(const float* x, int64_t count, float inv, int qmin, int qmax, int8_t* q) {
+  QF_REQUIRE(count >= 0 && -128 <= qmin && qmin <= qmax && qmax <= 127, "kernels/cpu: quantize_static_s8 got count=",
+             count, " grid [", qmin, ", ", qmax, "]");
+  for (int64_t i = 0; i < count; ++i) {
+    QF_REQUIRE(std::isfinite(x[i]), "kernels/cpu: activation element ", i, " is not finite (", x[i],
+               "); static int8 quantization needs finite inputs");
+    const float r = std::nearbyint(x[i] * inv);
+    q[i] = static_cast<int8_t>(std::min(std::max(r, static_cast<float>(qmin)), static_cast<float>(qmax)));
+  }
+}
+
 }  // namespace qforge::kernels

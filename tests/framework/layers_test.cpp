@@ -9,6 +9,8 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/modules/normalization.h>
 
+#include <cmath>
+#include <functional>
 #include <type_traits>
 
 #include "fake_quant/fake_quantize.h"
@@ -36,6 +38,21 @@ struct TwoLinear : torch::nn::Module {
   at::Tensor forward(const at::Tensor& x) { return fc2(at::relu(fc1(x))); }
   nn::Linear fc1, fc2;
 };
+
+// A Conv2d quantized W8A8 (min/max static activations), calibrated on calib_x and frozen.
+nn::Conv2d frozen_w8a8_conv2d(const torch::nn::Conv2dOptions& options, const at::Tensor& calib_x) {
+  nn::Conv2d c(options);
+  Scheme s(qint8);
+  s.activations = ActivationMode::kStatic;
+  s.observer = "minmax";
+  quantize(c, s);
+  {
+    Calibration calib(c);
+    c(calib_x);
+  }
+  freeze(c);
+  return c;
+}
 
 }  // namespace
 
@@ -355,7 +372,7 @@ TEST(Freeze, EmbeddingConvLayerNormMatMulFreezeAndReportFallbacks) {
   EXPECT_TRUE(at::equal(emb(idx), e_fq));
   EXPECT_TRUE(at::equal(conv(img), c_fq));
   EXPECT_EQ(emb->report().kernel, "gather_s8+dequantize_rows");
-  EXPECT_NE(conv->report().fallback_reason.find("no integer convolution kernel"), std::string::npos);
+  EXPECT_NE(conv->report().fallback_reason.find("no weight-only integer convolution kernel"), std::string::npos);
 
   nn::MatMul mm;
   Scheme s;
@@ -422,6 +439,92 @@ TEST(Qat, StraightThroughTrainingReducesLossAndKeepsFloatLatentWeights) {
   EXPECT_LT(last, first * 0.2) << first << " -> " << last;
   EXPECT_EQ(lin->weight.scalar_type(), at::kFloat);
   EXPECT_TRUE(lin->named_parameters().contains("weight_quantizer.scale"));  // LSQ step is learnable
+}
+
+TEST(Freeze, FrozenConvRunsTheIntegerKernelAndMatchesFakeQuant) {
+  // W8A8 and W4A8 (signed and unsigned int4), Conv2d with stride/padding/dilation and Conv1d:
+  // frozen == fake-quant within the tolerance of the Linear test above, ReLU fused, no fallback.
+  for (const QType& qt : {qint8, qint4, quint4}) {
+    for (bool one_d : {false, true}) {
+      at::manual_seed(21);
+      std::shared_ptr<QuantizableLayer> layer;
+      std::function<at::Tensor(const at::Tensor&)> run, run_relu;
+      at::Tensor x, calib_x;
+      if (one_d) {
+        nn::Conv1d c(torch::nn::Conv1dOptions(6, 10, 5).padding(2).stride(2));
+        layer = c.ptr();
+        run = [p = c.ptr()](const at::Tensor& t) { return p->forward(t); };
+        run_relu = [p = c.ptr()](const at::Tensor& t) { return p->forward_relu(t); };
+        x = at::randn({3, 6, 33});
+        calib_x = at::randn({8, 6, 33});
+      } else {
+        nn::Conv2d c(torch::nn::Conv2dOptions(5, 12, {3, 2}).padding({1, 2}).dilation({2, 1}));
+        layer = c.ptr();
+        run = [p = c.ptr()](const at::Tensor& t) { return p->forward(t); };
+        run_relu = [p = c.ptr()](const at::Tensor& t) { return p->forward_relu(t); };
+        x = at::randn({2, 5, 9, 7});
+        calib_x = at::randn({8, 5, 9, 7});
+      }
+      Scheme s(qt);
+      s.weight_granularity = Granularity::kPerChannel;  // conv weights are per channel
+      s.weight_symmetric = qt != quint4;
+      s.activations = ActivationMode::kStatic;
+      s.observer = "minmax";
+      torch::nn::Module& m = layer->module();
+      m.eval();
+      quantize(m, s);
+      {
+        Calibration calib(m);
+        at::NoGradGuard g;
+        run(calib_x);
+      }
+      at::Tensor y_fq;
+      {
+        at::NoGradGuard g;
+        y_fq = run(x);
+      }
+      freeze(m);
+      const std::string what = std::string(qt.name) + (one_d ? " Conv1d" : " Conv2d") + " kernel " +
+                               layer->report().kernel + " fallback '" + layer->report().fallback_reason + "'";
+      EXPECT_EQ(layer->report().kernel.rfind("im2col_s8+", 0), 0u) << what;
+      EXPECT_TRUE(layer->report().fallback_reason.empty()) << what;
+      const at::Tensor y = run(x);
+      ASSERT_EQ(y.sizes(), y_fq.sizes()) << what;
+      EXPECT_LE(rel_error(y, y_fq), 1e-5) << what;
+      EXPECT_TRUE(at::equal(run_relu(x), at::relu(y))) << what;
+      // Conv2d leaves channels-last memory (the GEMM's rows); Conv1d a contiguous tensor.
+      EXPECT_TRUE(one_d ? y.is_contiguous() : y.is_contiguous(at::MemoryFormat::ChannelsLast)) << what;
+      // Unbatched input and a channels-last input give the same values.
+      EXPECT_TRUE(at::equal(run(x[0]), y[0])) << what;
+      if (!one_d) EXPECT_TRUE(at::equal(run(x.contiguous(at::MemoryFormat::ChannelsLast)), y)) << what;
+      // The frozen weight rebuilt from the packed copy re-installs into a fresh layer.
+      const QuantizedTensor fw = layer->frozen_weight();
+      EXPECT_TRUE(at::equal(fw.dequantize(), layer->frozen_weight().dequantize())) << what;
+      EXPECT_EQ(fw.shape, (one_d ? std::vector<int64_t>{10, 6, 5} : std::vector<int64_t>{12, 5, 3, 2})) << what;
+    }
+  }
+  // NaN input is a clear error, not garbage codes.
+  nn::Conv2d c = frozen_w8a8_conv2d(torch::nn::Conv2dOptions(2, 3, 3), at::randn({2, 2, 5, 5}));
+  at::Tensor bad = at::randn({1, 2, 5, 5});
+  bad[0][1][2][3] = std::nan("");
+  EXPECT_THROW(c(bad), Error);
+}
+
+TEST(Freeze, FrozenConvStateRebuildsAFreshLayer) {
+  at::manual_seed(22);
+  nn::Conv2d a = frozen_w8a8_conv2d(torch::nn::Conv2dOptions(4, 6, 3).padding(1), at::randn({4, 4, 8, 8}));
+  const at::Tensor x = at::randn({2, 4, 8, 8});
+  const at::Tensor y = a(x);
+  nn::Conv2d b(torch::nn::Conv2dOptions(4, 6, 3).padding(1));
+  b->attach("b", a->scheme());
+  b->input_quantizer()->set_qparams(a->input_quantizer()->qparams());
+  {
+    at::NoGradGuard g;
+    b->bias.copy_(a->frozen_bias());
+  }
+  b->install_frozen(a->frozen_weight());
+  EXPECT_TRUE(at::equal(b(x), y));
+  EXPECT_EQ(b->report().kernel, a->report().kernel);
 }
 
 TEST(Freeze, FrozenStateRebuildsAFreshLayerWithoutItsFloatWeight) {

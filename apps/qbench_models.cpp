@@ -1,0 +1,169 @@
+// qbench cases for whole models, as users run them:
+//   model_cnn_b1, model_cnn_b128     the Fashion-MNIST CNN (SmallCnn), one image / 128 images
+//   model_bert_b1, model_bert_b8     BERT-base shapes (12 layers, hidden 768, 12 heads, FFN 3072,
+//                                    sequence 128, random weights), 1 / 8 sequences
+//   qat_step_cnn, qat_step_bert      one training step (forward, cross-entropy, backward, SGD)
+// impl "libtorch": the float model (qforge's float layers run LibTorch's own ops: at::linear,
+// at::conv2d, at::matmul); impl "qforge": the same model frozen to int8 (W8A8: int8 per-channel
+// weights, int8 static activations calibrated by min/max on random inputs; the CNN's BatchNorm
+// folded first), or for qat_step the QAT step of the model quantized that way (fake-quant
+// forward, straight-through backward). Linear and conv layers run integer kernels (conv through
+// im2col + the s8 GEMM, ReLU fused); layers without one (attention's batched matmuls today) run
+// their documented fallback; describe() lists them. No LibTorch
+// dynamic-int8 row: LibTorch's C++ API has no quantize_dynamic for a module tree.
+// Regime: BERT-base's weights (436 MB float, 110 MB int8) exceed the last-level cache, so every
+// forward reads them from DRAM; the CNN's (1.7 MB float) stay in cache between calls.
+#include <ATen/ATen.h>
+#include <torch/optim/sgd.h>
+
+#include <memory>
+#include <vector>
+
+#include "apps/qbench_registry.h"
+#include "framework/models/bert.h"
+#include "framework/models/cnn.h"
+#include "framework/quantize.h"
+
+namespace qforge::bench {
+namespace {
+
+Scheme w8a8() {
+  Scheme s(qint8);
+  s.activations = ActivationMode::kStatic;
+  s.observer = "minmax";
+  return s;
+}
+
+models::BertConfig bert_base(int64_t layers) {
+  models::BertConfig c;  // BERT-base defaults: hidden 768, 12 heads, FFN 3072
+  c.num_hidden_layers = layers;
+  c.hidden_dropout_prob = 0;
+  c.attention_probs_dropout_prob = 0;
+  return c;
+}
+
+constexpr int64_t kSeq = 128;
+
+// Float and frozen twins of the same random CNN.
+std::vector<Case> cnn_cases(int64_t batch) {
+  torch::manual_seed(0);
+  auto fp = std::make_shared<models::SmallCnn>();
+  (*fp)->eval();
+  torch::manual_seed(0);
+  auto q = std::make_shared<models::SmallCnn>();
+  (*q)->eval();
+  (*q)->fold_batch_norm();
+  quantize(*q, w8a8());
+  {
+    Calibration calib(*q);
+    at::NoGradGuard g;
+    for (int i = 0; i < 4; ++i) (*q)->forward(at::randn({32, 1, 28, 28}));
+  }
+  freeze(*q);
+  auto x = std::make_shared<at::Tensor>(at::randn({batch, 1, 28, 28}));
+  Case c{"b" + std::to_string(batch) + "_1x28x28", 0, {}};
+  c.impls.push_back({"libtorch", [fp, x] {
+    at::NoGradGuard g;
+    (*fp)->forward(*x);
+  }});
+  c.impls.push_back({"qforge", [q, x] {
+    at::NoGradGuard g;
+    (*q)->forward(*x);
+  }});
+  return {c};
+}
+
+std::vector<Case> bert_cases(int64_t batch) {
+  const models::BertConfig cfg = bert_base(12);
+  torch::manual_seed(0);
+  auto fp = std::make_shared<models::BertForSequenceClassification>(cfg);
+  (*fp)->eval();
+  torch::manual_seed(0);
+  auto q = std::make_shared<models::BertForSequenceClassification>(cfg);
+  (*q)->eval();
+  quantize(*q, w8a8());
+  {
+    Calibration calib(*q);
+    at::NoGradGuard g;
+    (*q)->forward(at::randint(1, cfg.vocab_size, {2, kSeq}, at::kLong));
+  }
+  freeze(*q);
+  auto ids = std::make_shared<at::Tensor>(at::randint(1, cfg.vocab_size, {batch, kSeq}, at::kLong));
+  Case c{"L12_H768_b" + std::to_string(batch) + "_s128", 0, {}};
+  c.impls.push_back({"libtorch", [fp, ids] {
+    at::NoGradGuard g;
+    (*fp)->forward(*ids);
+  }});
+  c.impls.push_back({"qforge", [q, ids] {
+    at::NoGradGuard g;
+    (*q)->forward(*ids);
+  }});
+  return {c};
+}
+
+// One SGD step of `model` on (x, y) through `forward`.
+template <class M, class Fwd>
+std::function<void()> train_step(std::shared_ptr<M> model, Fwd forward, at::Tensor target) {
+  auto opt = std::make_shared<torch::optim::SGD>((*model)->parameters(), torch::optim::SGDOptions(1e-4));
+  return [model, forward, target, opt] {
+    opt->zero_grad();
+    at::cross_entropy_loss(forward(), target).backward();
+    opt->step();
+  };
+}
+
+std::vector<Case> qat_cnn_cases() {
+  constexpr int64_t kBatch = 64;
+  torch::manual_seed(0);
+  auto fp = std::make_shared<models::SmallCnn>();
+  torch::manual_seed(0);
+  auto q = std::make_shared<models::SmallCnn>();
+  (*q)->fold_batch_norm();
+  quantize(*q, w8a8());
+  {
+    Calibration calib(*q);
+    at::NoGradGuard g;
+    for (int i = 0; i < 4; ++i) (*q)->forward(at::randn({32, 1, 28, 28}));
+  }
+  (*fp)->train();
+  (*q)->train();
+  const at::Tensor x = at::randn({kBatch, 1, 28, 28}), y = at::randint(0, 10, {kBatch}, at::kLong);
+  Case c{"b64_1x28x28", 0, {}};
+  c.impls.push_back({"libtorch", train_step(fp, [fp, x] { return (*fp)->forward(x); }, y)});
+  c.impls.push_back({"qforge", train_step(q, [q, x] { return (*q)->forward(x); }, y)});
+  return {c};
+}
+
+std::vector<Case> qat_bert_cases() {
+  constexpr int64_t kBatch = 8, kLayers = 4;
+  const models::BertConfig cfg = bert_base(kLayers);
+  torch::manual_seed(0);
+  auto fp = std::make_shared<models::BertForSequenceClassification>(cfg);
+  torch::manual_seed(0);
+  auto q = std::make_shared<models::BertForSequenceClassification>(cfg);
+  quantize(*q, w8a8());
+  {
+    Calibration calib(*q);
+    at::NoGradGuard g;
+    (*q)->eval();
+    (*q)->forward(at::randint(1, cfg.vocab_size, {2, kSeq}, at::kLong));
+  }
+  (*fp)->train();
+  (*q)->train();
+  const at::Tensor ids = at::randint(1, cfg.vocab_size, {kBatch, kSeq}, at::kLong);
+  const at::Tensor y = at::randint(0, cfg.num_labels, {kBatch}, at::kLong);
+  Case c{"L4_H768_b8_s128", 0, {}};
+  c.impls.push_back({"libtorch", train_step(fp, [fp, ids] { return (*fp)->forward(ids); }, y)});
+  c.impls.push_back({"qforge", train_step(q, [q, ids] { return (*q)->forward(ids); }, y)});
+  return {c};
+}
+
+const Register kCnnB1(70, "model_cnn_b1", [] { return cnn_cases(1); });
+const Register kCnnB128(71, "model_cnn_b128", [] { return cnn_cases(128); });
+const Register kBertB1(72, "model_bert_b1", [] { return bert_cases(1); });
+const Register kBertB8(73, "model_bert_b8", [] { return bert_cases(8); });
+const Register kQatCnn(74, "qat_step_cnn", qat_cnn_cases);
+const Register kQatBert(75, "qat_step_bert", qat_bert_cases);
+
+}  // namespace
+}  // namespace qforge::bench

@@ -1,0 +1,176 @@
+// Integer convolution: the direct reference, channels-last im2col, and the chunked fast path
+// over the Linear GEMM kernels.
+#include "kernels/cpu/conv_s8.h"
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "framework/core/error.h"
+#include "kernels/cpu/gemv_s4.h"
+#include "kernels/cpu/gemv_s8.h"
+
+namespace qforge::kernels {
+
+void check_conv_geometry(const ConvGeometry& g) {
+  QF_REQUIRE(g.batch >= 0 && g.in_channels > 0 && g.in_h > 0 && g.in_w > 0 && g.out_channels > 0 &&
+                 g.kernel_h > 0 && g.kernel_w > 0 && g.stride_h > 0 && g.stride_w > 0 && g.dilation_h > 0 &&
+                 g.dilation_w > 0 && g.pad_h >= 0 && g.pad_w >= 0,
+             "kernels/cpu: convolution geometry has a non-positive size (batch ", g.batch, ", C ", g.in_channels,
+             ", H ", g.in_h, ", W ", g.in_w, ", N ", g.out_channels, ", kernel ", g.kernel_h, "x", g.kernel_w,
+             ", stride ", g.stride_h, "x", g.stride_w, ", dilation ", g.dilation_h, "x", g.dilation_w,
+             ") or negative padding");
+  QF_REQUIRE(g.out_h() >= 1 && g.out_w() >= 1, "kernels/cpu: convolution input ", g.in_h, "x", g.in_w,
+             " (padded by ", g.pad_h, "x", g.pad_w, ") is smaller than the dilated kernel");
+}
+
+void conv2d_s8_reference(const int8_t* x, float a_scale, const int8_t* W, const float* w_scale,
+                         const int32_t* w_zero, const float* bias, const ConvGeometry& g, float* y,
+                         bool relu) {
+  check_conv_geometry(g);
+  const int64_t C = g.in_channels, H = g.in_h, Wd = g.in_w, N = g.out_channels;
+  const int64_t OH = g.out_h(), OW = g.out_w(), KH = g.kernel_h, KW = g.kernel_w;
+  for (int64_t b = 0; b < g.batch; ++b) {
+    for (int64_t n = 0; n < N; ++n) {
+      const int32_t z = w_zero != nullptr ? w_zero[n] : 0;
+      for (int64_t oh = 0; oh < OH; ++oh) {
+        for (int64_t ow = 0; ow < OW; ++ow) {
+          int32_t acc = 0;
+          for (int64_t c = 0; c < C; ++c) {
+            for (int64_t i = 0; i < KH; ++i) {
+              const int64_t ih = oh * g.stride_h - g.pad_h + i * g.dilation_h;
+              if (ih < 0 || ih >= H) continue;
+              for (int64_t j = 0; j < KW; ++j) {
+                const int64_t iw = ow * g.stride_w - g.pad_w + j * g.dilation_w;
+                if (iw < 0 || iw >= Wd) continue;
+                const int32_t a = x[((b * C + c) * H + ih) * Wd + iw];
+                const int32_t w = W[((n * C + c) * KH + i) * KW + j];
+                acc += a * (w - z);
+              }
+            }
+          }
+          const float t = static_cast<float>(acc) * w_scale[n];
+          const float v = std::fmaf(t, a_scale, bias != nullptr ? bias[n] : 0.0f);
+          y[((b * N + n) * OH + oh) * OW + ow] = relu && v < 0.0f ? 0.0f : v;
+        }
+      }
+    }
+  }
+}
+
+void im2col_nhwc_s8(const int8_t* x, const ConvGeometry& g, int64_t row_begin, int64_t row_end, int8_t* cols,
+                    int64_t ldc) {
+  const int64_t C = g.in_channels, H = g.in_h, Wd = g.in_w;
+  const int64_t OH = g.out_h(), OW = g.out_w(), KH = g.kernel_h, KW = g.kernel_w;
+  const int64_t K = C * KH * KW;
+  if (ldc == 0) ldc = K;
+  QF_REQUIRE(ldc >= K, "kernels/cpu: im2col_nhwc_s8 row stride ", ldc, " < K ", K);
+  const size_t tap = static_cast<size_t>(C);
+  for (int64_t r = row_begin; r < row_end; ++r) {
+    const int64_t b = r / (OH * OW), p = r % (OH * OW), oh = p / OW, ow = p % OW;
+    int8_t* dst = cols + (r - row_begin) * ldc;
+    if (ldc > K) std::memset(dst + K, 0, static_cast<size_t>(ldc - K));
+    const int64_t iw0 = ow * g.stride_w - g.pad_w;
+    const bool row_inside = iw0 >= 0 && iw0 + (KW - 1) * g.dilation_w < Wd;
+    for (int64_t i = 0; i < KH; ++i, dst += KW * C) {
+      const int64_t ih = oh * g.stride_h - g.pad_h + i * g.dilation_h;
+      if (ih < 0 || ih >= H) {
+        std::memset(dst, 0, tap * static_cast<size_t>(KW));
+        continue;
+      }
+      const int8_t* src_row = x + (b * H + ih) * Wd * C;
+      if (row_inside && g.dilation_w == 1) {
+        // The kw taps are adjacent pixels: kw * C contiguous bytes.
+        std::memcpy(dst, src_row + iw0 * C, tap * static_cast<size_t>(KW));
+        continue;
+      }
+      for (int64_t j = 0; j < KW; ++j) {
+        const int64_t iw = iw0 + j * g.dilation_w;
+        if (iw < 0 || iw >= Wd) {
+          std::memset(dst + j * C, 0, tap);
+        } else {
+          std::memcpy(dst + j * C, src_row + iw * C, tap);
+        }
+      }
+    }
+  }
+}
+
+namespace {
+
+// Rows of one chunk: the im2col slice stays within about 256 KiB (L2), at least 64 rows.
+int64_t chunk_rows(int64_t K) { return std::max<int64_t>(64, (int64_t{256} << 10) / std::max<int64_t>(1, K)); }
+
+// im2col + gemm(chunk) (+ ReLU) for every chunk, chunks spread over the intra-op threads.
+// K: the packed weight's row length (the geometry's K, or more: zero columns).
+template <class Gemm>
+void conv_chunks(const int8_t* x_nhwc, float a_scale, const ConvGeometry& g, int64_t N, int64_t K, float* y,
+                 bool relu, RunInfo* info, const Gemm& gemm) {
+  check_conv_geometry(g);
+  const int64_t M = g.gemm_m(), P = g.out_h() * g.out_w();
+  const int64_t rows = chunk_rows(K);
+  const int64_t chunks = (M + rows - 1) / rows;
+  RunInfo first;
+  bool have_first = false;
+  std::mutex info_mutex;
+  at::parallel_for(0, chunks, 1, [&](int64_t c0, int64_t c1) {
+    std::vector<int8_t> cols(static_cast<size_t>(rows * K));
+    const std::vector<float> scale(static_cast<size_t>(rows), a_scale);
+    for (int64_t c = c0; c < c1; ++c) {
+      const int64_t r0 = c * rows, r1 = std::min(M, r0 + rows);
+      im2col_nhwc_s8(x_nhwc, g, r0, r1, cols.data(), K);
+      RunInfo ri;
+      // Row r of the GEMM is output pixel r: [M, N] row-major is y in channels-last order.
+      float* out = y + r0 * N;
+      gemm(cols.data(), r1 - r0, scale.data(), out, &ri);
+      if (relu) {
+        // The chunk is still in cache; v < 0 ? 0 : v keeps NaN as the reference does.
+        for (int64_t i = 0, n = (r1 - r0) * N; i < n; ++i) out[i] = out[i] < 0.0f ? 0.0f : out[i];
+      }
+      std::lock_guard<std::mutex> lock(info_mutex);
+      if (!have_first) {
+        first = ri;
+        have_first = true;
+      }
+    }
+  });
+  if (info != nullptr) {
+    *info = first;
+    info->kernel = "im2col_s8+" + (have_first ? first.kernel : std::string("none (empty batch)"));
+  }
+}
+
+// The packed weight is [N, K'] with K' = C * kh * kw, or (round_up_to) K rounded up with zero
+// columns.
+void check_weight(int64_t n, int64_t k, const ConvGeometry& g, int64_t round_up_to) {
+  const int64_t K = g.gemm_k();
+  QF_REQUIRE(n == g.out_channels && (k == K || k == round_up(K, round_up_to)), "kernels/cpu: convolution packed weight is [",
+             n, ", ", k, "], the geometry needs [", g.out_channels, ", ", K, "] (C * kh * kw",
+             round_up_to > 1 ? ", or K rounded up to a multiple of " + std::to_string(round_up_to) : std::string(),
+             ")");
+}
+
+}  // namespace
+
+void conv2d_s8s8f32(const int8_t* x_nhwc, float a_scale, const S8N16K4View& w, const float* w_scale,
+                    const float* bias, const ConvGeometry& g, float* y, bool relu, RunInfo* info) {
+  check_weight(w.n, w.k, g, 1);
+  conv_chunks(x_nhwc, a_scale, g, w.n, w.k, y, relu, info, [&](const int8_t* a, int64_t m, const float* s, float* out, RunInfo* ri) {
+    gemv_s8s8f32(a, m, s, w, w_scale, bias, out, ri);
+  });
+}
+
+void conv2d_s8s4f32(const int8_t* x_nhwc, float a_scale, const S4N16K8View& w, const float* bias,
+                    const ConvGeometry& g, float* y, bool relu, RunInfo* info) {
+  check_weight(w.n, w.k, g, kS4BlockK);
+  conv_chunks(x_nhwc, a_scale, g, w.n, w.k, y, relu, info, [&](const int8_t* a, int64_t m, const float* s, float* out, RunInfo* ri) {
+    gemv_s8s4f32(a, m, s, w, bias, out, ri);
+  });
+}
+
+}  // namespace qforge::kernels

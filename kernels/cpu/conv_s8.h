@@ -1,0 +1,65 @@
+// Integer 2-D convolution (Conv1d is the H = 1 case): int8 activations (static per-tensor scale,
+// zero point 0) x int8 or int4 weights with per-channel scales, int32 accumulation, float out
+// with the bias in the epilogue. The fast path quantizes nothing itself: it takes the int8 codes
+// in channels-last order (NHWC), gathers each output pixel's receptive field into a row
+// (im2col_nhwc_s8, row = (i, j, c) so every tap is C contiguous bytes) and runs the Linear GEMM
+// kernels (gemv_s8s8f32 / gemv_s8s4f32) over row chunks spread across ATen's intra-op threads,
+// writing float channels last (NHWC: the GEMM's [pixels, N] rows, no transpose). conv2d_s8_reference (direct loops) defines the results; the fast path
+// equals it bit for bit (docs/kernels.md, "Integer convolution").
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/cpu/packed_layout.h"
+#include "kernels/cpu/run_info.h"
+
+namespace qforge::kernels {
+
+// Shape of one convolution; padding is zeros (code 0, the symmetric grid's zero), groups = 1.
+struct ConvGeometry {
+  int64_t batch = 0, in_channels = 0, in_h = 0, in_w = 0;
+  int64_t out_channels = 0, kernel_h = 0, kernel_w = 0;
+  int64_t stride_h = 1, stride_w = 1, pad_h = 0, pad_w = 0, dilation_h = 1, dilation_w = 1;
+
+  int64_t out_h() const { return (in_h + 2 * pad_h - dilation_h * (kernel_h - 1) - 1) / stride_h + 1; }
+  int64_t out_w() const { return (in_w + 2 * pad_w - dilation_w * (kernel_w - 1) - 1) / stride_w + 1; }
+  // GEMM view: M output pixels, K = C * kh * kw taps per pixel, N output channels.
+  int64_t gemm_m() const { return batch * out_h() * out_w(); }
+  int64_t gemm_k() const { return in_channels * kernel_h * kernel_w; }
+};
+
+// Throws qforge::Error unless every size is positive (batch may be 0), padding non-negative and
+// the output at least 1 x 1.
+void check_conv_geometry(const ConvGeometry& g);
+
+// Direct convolution, the definition of the results. x: int8 NCHW codes; W: int8 [N, C, kh, kw]
+// grid values; w_scale [N]; w_zero [N] zero points or nullptr (0); bias [N] or nullptr.
+//   acc[b, n, oh, ow] = sum_{c, i, j} x[b, c, oh*sh - ph + i*dh, ow*sw - pw + j*dw] * (W[n, c, i, j] - z[n])
+//                       (taps outside the input are 0; exact int32)
+//   v                 = fmaf(float(acc) * w_scale[n], a_scale, bias ? bias[n] : 0.0f)
+//   y[b, n, oh, ow]   = relu ? (v < 0 ? 0 : v) : v      (NaN stays NaN, as at::relu)
+// (dequantize_s32_f32_reference's epilogue, which gemm_s8s4f32_reference with one group equals).
+void conv2d_s8_reference(const int8_t* x, float a_scale, const int8_t* W, const float* w_scale,
+                         const int32_t* w_zero, const float* bias, const ConvGeometry& g, float* y,
+                         bool relu = false);
+
+// Rows [row_begin, row_end) of the im2col matrix of channels-last codes x [B, H, W, C]: row
+// r = (b * OH + oh) * OW + ow holds the kh * kw taps in (i, j) order, each C bytes (0 outside
+// the input). cols is [row_end - row_begin, ldc] (ldc 0: K; columns [K, ldc) are set to 0).
+void im2col_nhwc_s8(const int8_t* x_nhwc, const ConvGeometry& g, int64_t row_begin, int64_t row_end, int8_t* cols,
+                    int64_t ldc = 0);
+
+// The fast convolutions. x_nhwc: codes in [-127, 127], channels last; the packed weight holds
+// W permuted to [N, kh, kw, C] (so its K order matches im2col_nhwc_s8's rows); y: float NHWC
+// [B, OH, OW, N] (the reference's NCHW values, channels last).
+// info receives the GEMM kernel that ran (prefixed "im2col_s8+"). The int4 weight may be packed
+// with K rounded up to a multiple of 8 (zero columns; its one group is then the whole padded row),
+// so the VNNI kernels, which need groups of 8, run for any C * kh * kw. relu: the reference's ReLU
+// in the epilogue (applied to each row chunk right after its GEMM, while it is in cache).
+void conv2d_s8s8f32(const int8_t* x_nhwc, float a_scale, const S8N16K4View& w, const float* w_scale,
+                    const float* bias, const ConvGeometry& g, float* y, bool relu = false,
+                    RunInfo* info = nullptr);
+void conv2d_s8s4f32(const int8_t* x_nhwc, float a_scale, const S4N16K8View& w, const float* bias,
+                    const ConvGeometry& g, float* y, bool relu = false, RunInfo* info = nullptr);
+
+}  // namespace qforge::kernels

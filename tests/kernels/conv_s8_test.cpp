@@ -1,0 +1,251 @@
+// Integer convolution: the direct reference against at::conv2d on the integer values, the fast
+// im2col paths (int8 and int4 weights, every usable ISA) equal to the reference bit for bit,
+// geometry errors; static activation quantization (quantize_static_s8) against its reference.
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "framework/core/error.h"
+#include "kernels/cpu/conv_s8.h"
+#include "kernels/cpu/packed_linear.h"
+#include "kernels/cpu/quantize_rows_s8.h"
+#include "kernel_test_util.h"
+
+using namespace qforge::kernels;
+using namespace qforge::kernels::testing;
+
+namespace {
+
+ConvGeometry geometry(int64_t B, int64_t C, int64_t H, int64_t W, int64_t N, int64_t kh, int64_t kw, int64_t s = 1,
+                      int64_t p = 0, int64_t d = 1) {
+  ConvGeometry g;
+  g.batch = B;
+  g.in_channels = C;
+  g.in_h = H;
+  g.in_w = W;
+  g.out_channels = N;
+  g.kernel_h = kh;
+  g.kernel_w = kw;
+  g.stride_h = g.stride_w = s;
+  g.pad_h = g.pad_w = p;
+  g.dilation_h = g.dilation_w = d;
+  return g;
+}
+
+at::Tensor from_s8(const std::vector<int8_t>& v, at::IntArrayRef shape) {
+  return at::from_blob(const_cast<int8_t*>(v.data()), shape, at::kChar).clone();
+}
+
+// Inputs of one case: NCHW codes, [N, C, kh, kw] weight values, scales, bias.
+struct ConvCase {
+  ConvGeometry g;
+  std::vector<int8_t> x, w;
+  std::vector<float> w_scale, bias;
+  float a_scale = 0.02f;
+};
+
+ConvCase make_case(const ConvGeometry& g, int wlo, int whi, uint32_t seed) {
+  ConvCase c;
+  c.g = g;
+  c.x = random_s8(g.batch * g.in_channels * g.in_h * g.in_w, -127, 127, seed);
+  c.w = random_s8(g.out_channels * g.gemm_k(), wlo, whi, seed + 1);
+  c.w_scale = random_f16_exact(g.out_channels, 0.001f, 0.05f, seed + 2);  // fp16-exact for int4
+  c.bias = random_f32(g.out_channels, -2.0f, 2.0f, seed + 3);
+  return c;
+}
+
+std::vector<float> run_reference(const ConvCase& c, const int32_t* zero, bool relu) {
+  const ConvGeometry& g = c.g;
+  std::vector<float> y(g.batch * g.out_channels * g.out_h() * g.out_w());
+  conv2d_s8_reference(c.x.data(), c.a_scale, c.w.data(), c.w_scale.data(), zero, c.bias.data(), g, y.data(), relu);
+  return y;
+}
+
+// x NCHW -> NHWC codes; W [N, C, kh, kw] -> [N, kh, kw, C] (padded to Kp columns with zeros).
+at::Tensor nhwc(const ConvCase& c) {
+  return from_s8(c.x, {c.g.batch, c.g.in_channels, c.g.in_h, c.g.in_w}).permute({0, 2, 3, 1}).contiguous();
+}
+at::Tensor weight_rows(const ConvCase& c, int64_t Kp) {
+  const ConvGeometry& g = c.g;
+  at::Tensor w = from_s8(c.w, {g.out_channels, g.in_channels, g.kernel_h, g.kernel_w})
+                     .permute({0, 2, 3, 1})
+                     .reshape({g.out_channels, g.gemm_k()});
+  if (Kp > g.gemm_k()) w = at::constant_pad_nd(w, {0, Kp - g.gemm_k()}, 0);
+  return w.contiguous();
+}
+// The fast path's NHWC result as NCHW floats.
+std::vector<float> to_nchw(const at::Tensor& y_nhwc) {
+  const at::Tensor t = y_nhwc.permute({0, 3, 1, 2}).contiguous();
+  return std::vector<float>(t.data_ptr<float>(), t.data_ptr<float>() + t.numel());
+}
+
+const std::vector<ConvGeometry>& geometries() {
+  static const std::vector<ConvGeometry> gs{
+      geometry(2, 1, 28, 28, 32, 3, 3, 1, 1),      // the CNN's first layer (K = 9)
+      geometry(3, 32, 14, 14, 64, 3, 3, 1, 1),     // its second (K = 288)
+      geometry(1, 5, 9, 11, 7, 3, 2, 2, 1),        // odd sizes, stride 2, rectangular kernel
+      geometry(2, 3, 10, 10, 17, 3, 3, 1, 2, 2),   // dilation with padding
+      geometry(1, 16, 1, 40, 33, 1, 5, 1, 2),      // Conv1d as H = 1
+      geometry(4, 8, 6, 6, 16, 1, 1),              // 1x1 (K = C, a plain GEMM)
+      geometry(1, 4, 3, 3, 5, 3, 3, 1, 4),         // padding larger than the input
+  };
+  return gs;
+}
+
+}  // namespace
+
+TEST(ConvS8, ReferenceEqualsConv2dOnIntegerValues) {
+  // With integer-valued float tensors at::conv2d is exact below 2^24, so acc must equal it.
+  for (const ConvGeometry& g : geometries()) {
+    const ConvCase c = make_case(g, -127, 127, 11);
+    const at::Tensor acc = at::conv2d(from_s8(c.x, {g.batch, g.in_channels, g.in_h, g.in_w}).to(at::kDouble),
+                                      from_s8(c.w, {g.out_channels, g.in_channels, g.kernel_h, g.kernel_w}).to(at::kDouble),
+                                      {}, {g.stride_h, g.stride_w}, {g.pad_h, g.pad_w}, {g.dilation_h, g.dilation_w});
+    std::vector<float> ones(g.out_channels, 1.0f);
+    std::vector<float> y(acc.numel());
+    conv2d_s8_reference(c.x.data(), 1.0f, c.w.data(), ones.data(), nullptr, nullptr, g, y.data());
+    const at::Tensor got = at::from_blob(y.data(), acc.sizes(), at::kFloat).to(at::kDouble);
+    EXPECT_TRUE(at::equal(got, acc)) << "geometry C=" << g.in_channels << " N=" << g.out_channels;
+  }
+}
+
+TEST(ConvS8, ReferenceEpilogueIsFmaWithBiasThenRelu) {
+  const ConvGeometry g = geometry(1, 1, 1, 1, 2, 1, 1);
+  const std::vector<int8_t> x{3}, w{-5, 7};
+  const std::vector<float> ws{0.25f, 0.5f}, bias{1.0f, -20.0f};
+  std::vector<float> y(2);
+  conv2d_s8_reference(x.data(), 0.5f, w.data(), ws.data(), nullptr, bias.data(), g, y.data(), false);
+  EXPECT_EQ(y[0], std::fmaf(-15.0f * 0.25f, 0.5f, 1.0f));
+  EXPECT_EQ(y[1], std::fmaf(21.0f * 0.5f, 0.5f, -20.0f));
+  conv2d_s8_reference(x.data(), 0.5f, w.data(), ws.data(), nullptr, bias.data(), g, y.data(), true);
+  EXPECT_EQ(y[0], 0.0f);  // -0.875 -> 0
+  EXPECT_EQ(y[1], 0.0f);  // -14.75 -> 0
+}
+
+TEST(ConvS8, Int8FastPathEqualsReferenceBitForBit) {
+  for (Isa isa : usable_isas()) {
+    ScopedMaxIsa cap(isa);
+    uint32_t seed = 100;
+    for (const ConvGeometry& g : geometries()) {
+      const ConvCase c = make_case(g, -127, 127, seed += 10);
+      PackOptions opts;
+      opts.onednn = false;
+      const PackedLinearS8 packed(weight_rows(c, g.gemm_k()),
+                                  at::from_blob(const_cast<float*>(c.w_scale.data()), {g.out_channels}, at::kFloat).clone(),
+                                  at::Tensor(), opts);
+      const at::Tensor x = nhwc(c);
+      for (bool relu : {false, true}) {
+        at::Tensor y = at::full({g.batch, g.out_h(), g.out_w(), g.out_channels}, 12345.0f);
+        RunInfo info;
+        conv2d_s8s8f32(x.data_ptr<int8_t>(), c.a_scale, packed.view(), packed.w_scale().data_ptr<float>(),
+                       c.bias.data(), g, y.data_ptr<float>(), relu, &info);
+        const std::vector<float> want = run_reference(c, nullptr, relu), got = to_nchw(y);
+        EXPECT_TRUE(bitwise_equal(got.data(), want.data(), want.size()))
+            << isa_name(isa) << " " << info.kernel << " C=" << g.in_channels << " N=" << g.out_channels
+            << " relu=" << relu;
+        EXPECT_EQ(info.kernel.rfind("im2col_s8+", 0), 0u) << info.kernel;
+      }
+    }
+  }
+}
+
+TEST(ConvS8, Int4FastPathEqualsReferenceBitForBitWithZeroPointsAndPaddedK) {
+  for (Isa isa : usable_isas()) {
+    ScopedMaxIsa cap(isa);
+    uint32_t seed = 500;
+    for (const ConvGeometry& g : geometries()) {
+      for (bool unsigned_grid : {false, true}) {
+        const ConvCase c = make_case(g, unsigned_grid ? 0 : -8, unsigned_grid ? 15 : 7, seed += 10);
+        const int64_t N = g.out_channels, Kp = round_up(g.gemm_k(), kS4BlockK);
+        std::vector<int32_t> zero(N);
+        at::Tensor zero_t;
+        if (unsigned_grid) {
+          const auto z = random_s8(N, 0, 15, seed + 7);
+          for (int64_t n = 0; n < N; ++n) zero[n] = z[n];
+          zero_t = at::from_blob(zero.data(), {N, 1}, at::kInt).clone();
+        }
+        const PackedLinearS4 packed(weight_rows(c, Kp),
+                                    at::from_blob(const_cast<float*>(c.w_scale.data()), {N, 1}, at::kFloat).clone(),
+                                    zero_t, Kp, at::Tensor(), unsigned_grid ? qforge::quint4 : qforge::qint4);
+        const at::Tensor x = nhwc(c);
+        for (bool relu : {false, true}) {
+          at::Tensor y = at::full({g.batch, g.out_h(), g.out_w(), N}, 12345.0f);
+          RunInfo info;
+          conv2d_s8s4f32(x.data_ptr<int8_t>(), c.a_scale, packed.view(), c.bias.data(), g, y.data_ptr<float>(), relu,
+                         &info);
+          const std::vector<float> want = run_reference(c, unsigned_grid ? zero.data() : nullptr, relu),
+                                   got = to_nchw(y);
+          EXPECT_TRUE(bitwise_equal(got.data(), want.data(), want.size()))
+              << isa_name(isa) << " " << info.kernel << " C=" << g.in_channels << " N=" << N
+              << " unsigned=" << unsigned_grid << " relu=" << relu;
+        }
+      }
+    }
+  }
+}
+
+TEST(ConvS8, EmptyBatchRunsNothing) {
+  const ConvGeometry g = geometry(0, 3, 8, 8, 4, 3, 3);
+  const ConvCase c = make_case(geometry(1, 3, 8, 8, 4, 3, 3), -127, 127, 7);
+  const PackedLinearS8 packed(weight_rows(c, g.gemm_k()), at::ones({4}), at::Tensor());
+  RunInfo info;
+  conv2d_s8s8f32(nullptr, 1.0f, packed.view(), packed.w_scale().data_ptr<float>(), nullptr, g, nullptr, false, &info);
+  EXPECT_NE(info.kernel.find("empty batch"), std::string::npos) << info.kernel;
+}
+
+TEST(ConvS8, BadGeometryOrWeightIsRefused) {
+  const ConvCase c = make_case(geometry(1, 3, 8, 8, 4, 3, 3), -127, 127, 7);
+  const PackedLinearS8 packed(weight_rows(c, 27), at::ones({4}), at::Tensor());
+  std::vector<float> y(4 * 64);
+  const at::Tensor x = nhwc(c);
+  // Kernel larger than the input.
+  EXPECT_THROW(conv2d_s8s8f32(x.data_ptr<int8_t>(), 1.0f, packed.view(), packed.w_scale().data_ptr<float>(), nullptr,
+                              geometry(1, 3, 2, 2, 4, 3, 3), y.data()),
+               qforge::Error);
+  // Weight packed for another channel count.
+  EXPECT_THROW(conv2d_s8s8f32(x.data_ptr<int8_t>(), 1.0f, packed.view(), packed.w_scale().data_ptr<float>(), nullptr,
+                              geometry(1, 2, 8, 8, 4, 3, 3), y.data()),
+               qforge::Error);
+  // Zero stride, negative padding.
+  EXPECT_THROW(check_conv_geometry(geometry(1, 3, 8, 8, 4, 3, 3, 0)), qforge::Error);
+  EXPECT_THROW(check_conv_geometry(geometry(1, 3, 8, 8, 4, 3, 3, 1, -1)), qforge::Error);
+}
+
+TEST(QuantizeStaticS8, ReferenceRoundsHalfToEvenAndClampsToTheGrid) {
+  const std::vector<float> x{0.5f, 1.5f, 2.5f, -0.5f, -2.5f, 1000.0f, -1000.0f, 3e9f, -3e9f};
+  std::vector<int8_t> q(x.size());
+  quantize_static_s8_reference(x.data(), static_cast<int64_t>(x.size()), 1.0f, -127, 127, q.data());
+  EXPECT_EQ(q, (std::vector<int8_t>{0, 2, 2, 0, -2, 127, -127, 127, -127}));
+  quantize_static_s8_reference(x.data(), static_cast<int64_t>(x.size()), 1.0f, -5, 3, q.data());
+  EXPECT_EQ(q, (std::vector<int8_t>{0, 2, 2, 0, -2, 3, -5, 3, -5}));
+}
+
+TEST(QuantizeStaticS8, EveryKernelMatchesReferenceAndRefusesNonFinite) {
+  for (Isa isa : usable_isas()) {
+    ScopedMaxIsa cap(isa);
+    for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{15}, int64_t{17}, int64_t{1000}, int64_t{100003}}) {
+      std::vector<float> x = random_f32(n, -40.0f, 40.0f, static_cast<uint32_t>(n + 3));
+      if (n > 20) x[7] = 1e12f, x[9] = -1e12f;  // beyond int32 after scaling
+      std::vector<int8_t> want(n, 1), got(n, 2);
+      quantize_static_s8_reference(x.data(), n, 1.0f / 0.3f, -127, 127, want.data());
+      RunInfo info;
+      quantize_static_s8(x.data(), n, 1.0f / 0.3f, -127, 127, got.data(), &info);
+      EXPECT_TRUE(exact_equal(got, want)) << isa_name(isa) << " n=" << n << " " << info.kernel;
+    }
+    for (float bad : {std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::infinity()}) {
+      std::vector<float> x(50000, 1.0f);
+      x[40000] = bad;
+      std::vector<int8_t> q(x.size());
+      try {
+        quantize_static_s8(x.data(), static_cast<int64_t>(x.size()), 1.0f, -127, 127, q.data());
+        ADD_FAILURE() << "no error for " << bad << " on " << isa_name(isa);
+      } catch (const qforge::Error& e) {
+        EXPECT_NE(std::string(e.what()).find("element 40000"), std::string::npos) << e.what();
+      }
+    }
+  }
+}
