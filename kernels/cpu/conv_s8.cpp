@@ -104,7 +104,13 @@ void im2col_nhwc_s8(const int8_t* x, const ConvGeometry& g, int64_t row_begin, i
 namespace {
 
 // Rows of one chunk: the im2col slice stays within about 256 KiB (L2), at least 64 rows.
-int64_t chunk_rows(int64_t K) { return std::max<int64_t>(64, (int64_t{256} << 10) / std::max<int64_t>(1, K)); }
+// Rows per chunk: about 256 KiB of im2col bytes (in L2 with its output), yet at least 4 chunks
+// per intra-op thread when M allows, so threads finish together; never below 64 rows.
+int64_t chunk_rows(int64_t K, int64_t M) {
+  const int64_t by_cache = (int64_t{256} << 10) / std::max<int64_t>(1, K);
+  const int64_t by_threads = (M + 4 * at::get_num_threads() - 1) / (4 * at::get_num_threads());
+  return std::max<int64_t>(64, std::min(by_cache, by_threads));
+}
 
 // im2col + gemm(chunk) (+ ReLU) for every chunk, chunks spread over the intra-op threads.
 // K: the packed weight's row length (the geometry's K, or more: zero columns).
@@ -112,8 +118,8 @@ template <class Gemm>
 void conv_chunks(const int8_t* x_nhwc, float a_scale, const ConvGeometry& g, int64_t N, int64_t K, float* y,
                  bool relu, RunInfo* info, const Gemm& gemm) {
   check_conv_geometry(g);
-  const int64_t M = g.gemm_m(), P = g.out_h() * g.out_w();
-  const int64_t rows = chunk_rows(K);
+  const int64_t M = g.gemm_m();
+  const int64_t rows = chunk_rows(K, M);
   const int64_t chunks = (M + rows - 1) / rows;
   RunInfo first;
   bool have_first = false;

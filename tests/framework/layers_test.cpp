@@ -496,7 +496,9 @@ TEST(Freeze, FrozenConvRunsTheIntegerKernelAndMatchesFakeQuant) {
       EXPECT_TRUE(one_d ? y.is_contiguous() : y.is_contiguous(at::MemoryFormat::ChannelsLast)) << what;
       // Unbatched input and a channels-last input give the same values.
       EXPECT_TRUE(at::equal(run(x[0]), y[0])) << what;
-      if (!one_d) EXPECT_TRUE(at::equal(run(x.contiguous(at::MemoryFormat::ChannelsLast)), y)) << what;
+      if (!one_d) {
+        EXPECT_TRUE(at::equal(run(x.contiguous(at::MemoryFormat::ChannelsLast)), y)) << what;
+      }
       // The frozen weight rebuilt from the packed copy re-installs into a fresh layer.
       const QuantizedTensor fw = layer->frozen_weight();
       EXPECT_TRUE(at::equal(fw.dequantize(), layer->frozen_weight().dequantize())) << what;

@@ -526,8 +526,11 @@ TEST(NumericSuite, PerLayerErrorsMatchTheirFormulasAndLeaveTheModelAsItWas) {
   const std::vector<LayerError> wide =
       worst_first(layer_errors(*net, 2, [&](int64_t b) { return net->forward(3 * batches[static_cast<size_t>(b)]); }));
   for (size_t i = 1; i < wide.size(); ++i) EXPECT_LE(wide[i - 1].accumulated_sqnr_db, wide[i].accumulated_sqnr_db);
-  for (const LayerError& e : wide)
-    if (e.path == "conv1") EXPECT_GT(e.clipped_fraction, 0.0);
+  for (const LayerError& e : wide) {
+    if (e.path == "conv1") {
+      EXPECT_GT(e.clipped_fraction, 0.0);
+    }
+  }
   EXPECT_EQ(sqnr_db(w, w), std::numeric_limits<double>::infinity());
   // The caller's mode comes back (the passes run in eval mode).
   net->train();
