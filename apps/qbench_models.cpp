@@ -44,61 +44,62 @@ models::BertConfig bert_base(int64_t layers) {
 
 constexpr int64_t kSeq = 128;
 
-// Float and frozen twins of the same random CNN.
-std::vector<Case> cnn_cases(int64_t batch) {
-  torch::manual_seed(0);
-  auto fp = std::make_shared<models::SmallCnn>();
-  (*fp)->eval();
+// The SmallCnn of seed 0 quantized W8A8 (BatchNorm folded first), calibrated on random images.
+std::shared_ptr<models::SmallCnn> calibrated_w8a8_cnn() {
   torch::manual_seed(0);
   auto q = std::make_shared<models::SmallCnn>();
   (*q)->eval();
   (*q)->fold_batch_norm();
   quantize(*q, w8a8());
-  {
-    Calibration calib(*q);
-    at::NoGradGuard g;
-    for (int i = 0; i < 4; ++i) (*q)->forward(at::randn({32, 1, 28, 28}));
-  }
-  freeze(*q);
-  auto x = std::make_shared<at::Tensor>(at::randn({batch, 1, 28, 28}));
-  Case c{"b" + std::to_string(batch) + "_1x28x28", 0, {}};
-  c.impls.push_back({"libtorch", [fp, x] {
-    at::NoGradGuard g;
-    (*fp)->forward(*x);
-  }});
-  c.impls.push_back({"qforge", [q, x] {
-    at::NoGradGuard g;
-    (*q)->forward(*x);
-  }});
-  return {c};
+  Calibration calib(*q);
+  at::NoGradGuard g;
+  for (int i = 0; i < 4; ++i) (*q)->forward(at::randn({32, 1, 28, 28}));
+  return q;
 }
 
-std::vector<Case> bert_cases(int64_t batch) {
-  const models::BertConfig cfg = bert_base(12);
-  torch::manual_seed(0);
-  auto fp = std::make_shared<models::BertForSequenceClassification>(cfg);
-  (*fp)->eval();
+// The BERT of seed 0 quantized W8A8, calibrated on two random sequences.
+std::shared_ptr<models::BertForSequenceClassification> calibrated_w8a8_bert(const models::BertConfig& cfg) {
   torch::manual_seed(0);
   auto q = std::make_shared<models::BertForSequenceClassification>(cfg);
   (*q)->eval();
   quantize(*q, w8a8());
-  {
-    Calibration calib(*q);
-    at::NoGradGuard g;
-    (*q)->forward(at::randint(1, cfg.vocab_size, {2, kSeq}, at::kLong));
-  }
+  Calibration calib(*q);
+  at::NoGradGuard g;
+  (*q)->forward(at::randint(1, cfg.vocab_size, {2, kSeq}, at::kLong));
+  return q;
+}
+
+// Eval-mode forward of the float model (seed 0, as the quantized one) beside the frozen one.
+template <class M>
+std::vector<Case> frozen_vs_float(const std::string& shape, std::shared_ptr<M> fp, std::shared_ptr<M> q, at::Tensor x) {
+  (*fp)->eval();
   freeze(*q);
-  auto ids = std::make_shared<at::Tensor>(at::randint(1, cfg.vocab_size, {batch, kSeq}, at::kLong));
-  Case c{"L12_H768_b" + std::to_string(batch) + "_s128", 0, {}};
-  c.impls.push_back({"libtorch", [fp, ids] {
+  Case c{shape, 0, {}};
+  c.impls.push_back({"libtorch", [fp, x] {
     at::NoGradGuard g;
-    (*fp)->forward(*ids);
+    (*fp)->forward(x);
   }});
-  c.impls.push_back({"qforge", [q, ids] {
+  c.impls.push_back({"qforge", [q, x] {
     at::NoGradGuard g;
-    (*q)->forward(*ids);
+    (*q)->forward(x);
   }});
   return {c};
+}
+
+std::vector<Case> cnn_cases(int64_t batch) {
+  auto q = calibrated_w8a8_cnn();
+  torch::manual_seed(0);
+  auto fp = std::make_shared<models::SmallCnn>();  // before the input draws from the generator
+  return frozen_vs_float("b" + std::to_string(batch) + "_1x28x28", fp, q, at::randn({batch, 1, 28, 28}));
+}
+
+std::vector<Case> bert_cases(int64_t batch) {
+  const models::BertConfig cfg = bert_base(12);
+  auto q = calibrated_w8a8_bert(cfg);
+  torch::manual_seed(0);
+  auto fp = std::make_shared<models::BertForSequenceClassification>(cfg);
+  return frozen_vs_float("L12_H768_b" + std::to_string(batch) + "_s128", fp, q,
+                         at::randint(1, cfg.vocab_size, {batch, kSeq}, at::kLong));
 }
 
 // One SGD step of `model` on (x, y) through `forward`.
@@ -114,17 +115,9 @@ std::function<void()> train_step(std::shared_ptr<M> model, Fwd forward, at::Tens
 
 std::vector<Case> qat_cnn_cases() {
   constexpr int64_t kBatch = 64;
+  auto q = calibrated_w8a8_cnn();
   torch::manual_seed(0);
   auto fp = std::make_shared<models::SmallCnn>();
-  torch::manual_seed(0);
-  auto q = std::make_shared<models::SmallCnn>();
-  (*q)->fold_batch_norm();
-  quantize(*q, w8a8());
-  {
-    Calibration calib(*q);
-    at::NoGradGuard g;
-    for (int i = 0; i < 4; ++i) (*q)->forward(at::randn({32, 1, 28, 28}));
-  }
   (*fp)->train();
   (*q)->train();
   const at::Tensor x = at::randn({kBatch, 1, 28, 28}), y = at::randint(0, 10, {kBatch}, at::kLong);
@@ -137,17 +130,9 @@ std::vector<Case> qat_cnn_cases() {
 std::vector<Case> qat_bert_cases() {
   constexpr int64_t kBatch = 8, kLayers = 4;
   const models::BertConfig cfg = bert_base(kLayers);
+  auto q = calibrated_w8a8_bert(cfg);
   torch::manual_seed(0);
   auto fp = std::make_shared<models::BertForSequenceClassification>(cfg);
-  torch::manual_seed(0);
-  auto q = std::make_shared<models::BertForSequenceClassification>(cfg);
-  quantize(*q, w8a8());
-  {
-    Calibration calib(*q);
-    at::NoGradGuard g;
-    (*q)->eval();
-    (*q)->forward(at::randint(1, cfg.vocab_size, {2, kSeq}, at::kLong));
-  }
   (*fp)->train();
   (*q)->train();
   const at::Tensor ids = at::randint(1, cfg.vocab_size, {kBatch, kSeq}, at::kLong);

@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <mutex>
 #include <string>
 #include <vector>
 
@@ -103,7 +102,6 @@ void im2col_nhwc_s8(const int8_t* x, const ConvGeometry& g, int64_t row_begin, i
 
 namespace {
 
-// Rows of one chunk: the im2col slice stays within about 256 KiB (L2), at least 64 rows.
 // Rows per chunk: about 256 KiB of im2col bytes (in L2 with its output), yet at least 4 chunks
 // per intra-op thread when M allows, so threads finish together; never below 64 rows.
 int64_t chunk_rows(int64_t K, int64_t M) {
@@ -121,9 +119,7 @@ void conv_chunks(const int8_t* x_nhwc, float a_scale, const ConvGeometry& g, int
   const int64_t M = g.gemm_m();
   const int64_t rows = chunk_rows(K, M);
   const int64_t chunks = (M + rows - 1) / rows;
-  RunInfo first;
-  bool have_first = false;
-  std::mutex info_mutex;
+  RunInfo first;  // chunk 0's: every chunk runs the same kernel chain on the same weight
   at::parallel_for(0, chunks, 1, [&](int64_t c0, int64_t c1) {
     std::vector<int8_t> cols(static_cast<size_t>(rows * K));
     const std::vector<float> scale(static_cast<size_t>(rows), a_scale);
@@ -138,16 +134,12 @@ void conv_chunks(const int8_t* x_nhwc, float a_scale, const ConvGeometry& g, int
         // The chunk is still in cache; v < 0 ? 0 : v keeps NaN as the reference does.
         for (int64_t i = 0, n = (r1 - r0) * N; i < n; ++i) out[i] = out[i] < 0.0f ? 0.0f : out[i];
       }
-      std::lock_guard<std::mutex> lock(info_mutex);
-      if (!have_first) {
-        first = ri;
-        have_first = true;
-      }
+      if (c == 0) first = std::move(ri);
     }
   });
   if (info != nullptr) {
     *info = first;
-    info->kernel = "im2col_s8+" + (have_first ? first.kernel : std::string("none (empty batch)"));
+    info->kernel = "im2col_s8+" + (chunks > 0 ? first.kernel : std::string("none (empty batch)"));
   }
 }
 
