@@ -140,5 +140,65 @@ const Register kInt8VsFp32(30, "linear_w8a8dyn_vs_fp32", [] { return cases(false
 const Register kInt8VsTorchInt8(31, "linear_w8a8dyn_vs_torch_int8", [] { return cases(false, true); });
 const Register kInt4VsFp32(32, "linear_w4a8dyn_g128_vs_fp32", [] { return cases(true, false); });
 
+// ---- k-means (codebook) weights: the look-up-table GEMV against fp32 and qforge's int4 GEMV.
+// All weight-only (float activations, M = 1): qkmeans4 per channel (16 float16 levels per row)
+// beside qint4 groups of 128 (gemv_f32s4f32), hot (one matrix, cache-resident after the first
+// call) and cold (the decode stack of gemv_cold, ≥ 4x the last-level cache). ----
+
+std::shared_ptr<nn::LinearImpl> frozen_weight_only(const at::Tensor& w, const QType& qtype) {
+  auto lin = std::make_shared<nn::LinearImpl>(torch::nn::LinearOptions(w.size(1), w.size(0)).bias(false));
+  {
+    at::NoGradGuard g;
+    lin->weight.copy_(w);
+  }
+  quantize(*lin, Scheme(qtype));  // qint4: groups of 128; qkmeans4: per channel
+  freeze(*lin);
+  return lin;
+}
+
+std::vector<Case> kmeans_cases() {
+  std::vector<Case> out;
+  at::manual_seed(0);
+  const at::Tensor x = at::randn({1, kColdK});
+  {
+    const at::Tensor w = at::randn({kColdN, kColdK}) * 0.02;
+    auto km = frozen_weight_only(w, qkmeans4);
+    auto i4 = frozen_weight_only(w, qint4);
+    Case c{"hot 1x4096x4096", 0.0, {}};
+    c.impls.push_back({"libtorch", [x, w] { at::linear(x, w); }});
+    c.impls.push_back({"qforge-int4", [x, i4] { i4->forward(x); }});
+    c.impls.push_back({"qforge", [x, km] { km->forward(x); }});
+    out.push_back(std::move(c));
+  }
+  const int64_t layers = cold_layers();
+  std::vector<at::Tensor> w32;
+  std::vector<std::shared_ptr<nn::LinearImpl>> km, i4;
+  int64_t qbytes = 0;
+  for (int64_t l = 0; l < layers; ++l) {
+    w32.push_back(at::randn({kColdN, kColdK}) * 0.02);
+    km.push_back(frozen_weight_only(w32.back(), qkmeans4));
+    i4.push_back(frozen_weight_only(w32.back(), qint4));
+    qbytes += km.back()->storage_bytes();
+  }
+  auto src = std::make_shared<std::vector<char>>(static_cast<size_t>(qbytes / 2), 1);
+  auto dst = std::make_shared<std::vector<char>>(static_cast<size_t>(qbytes / 2), 0);
+  Case c{"cold " + std::to_string(layers) + "x4096x4096 (" + std::to_string(qbytes >> 20) + " MiB k-means)",
+         static_cast<double>(qbytes), {}};
+  c.impls.push_back({"libtorch", [x, w32] {
+                       for (const at::Tensor& w : w32) at::linear(x, w);
+                     }});
+  c.impls.push_back({"qforge-int4", [x, i4] {
+                       for (const auto& lin : i4) lin->forward(x);
+                     }});
+  c.impls.push_back({"qforge", [x, km] {
+                       for (const auto& lin : km) lin->forward(x);
+                     }});
+  c.impls.push_back({"limit", [src, dst] { std::memcpy(dst->data(), src->data(), src->size()); }});
+  out.push_back(std::move(c));
+  return out;
+}
+
+const Register kKMeans4(33, "gemv_kmeans4", [] { return kmeans_cases(); });
+
 }  // namespace
 }  // namespace qforge::bench

@@ -5,6 +5,7 @@
 #include <ATen/Parallel.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include "fake_quant/codebook.h"
 #include "fake_quant/cuda/fake_quantize_op.h"
 #include "fake_quant/fake_quantize_kernels.h"
 #include "framework/core/error.h"
@@ -125,6 +126,12 @@ fq::DeviceFakeQuant device_call(const RunLayout& L, const QSpec& spec) {
 
 std::tuple<at::Tensor, at::Tensor> forward_impl(const at::Tensor& x_in, const QParams& qp, bool want_mask) {
   check_input(x_in);
+  if (qp.spec.qtype.is_codebook()) {
+    // Every value has a nearest level: the straight-through mask is all true.
+    const at::Tensor x = x_in.detach();
+    at::Tensor y = fake_quantize_codebook(x, qp).to(x.dtype());
+    return {y, want_mask ? at::ones(x.sizes(), x.options().dtype(at::kBool)) : at::Tensor()};
+  }
   const at::Tensor x = x_in.to(at::kFloat).contiguous();
   const RunLayout L = layout_for(x, qp);
   if (x.is_cuda()) return fq::cuda_fake_quantize(x, device_call(L, qp.spec), want_mask);
@@ -182,6 +189,8 @@ at::Tensor fake_quantize_backward(const at::Tensor& dy_in, const at::Tensor& mas
 
 at::Tensor fake_quantize(const at::Tensor& x, const QParams& qp) {
   check_input(x);
+  // Codebooks: ATen ops, differentiable in x (straight-through) and in a trainable codebook.
+  if (qp.spec.qtype.is_codebook()) return fake_quantize_codebook(x, qp);
   if (x.scalar_type() != at::kFloat) return fake_quantize(x.to(at::kFloat), qp).to(x.scalar_type());
   if (!(at::GradMode::is_enabled() && x.requires_grad())) return fake_quantize_forward(x, qp);
   return FakeQuantizeFunction::apply(x, qp);

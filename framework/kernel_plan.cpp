@@ -3,6 +3,7 @@
 
 #include "framework/core/error.h"
 #include "kernels/cpu/kernel_choice.h"
+#include "kernels/cpu/lut_linear.h"
 #include "kernels/cuda/cublaslt_int8_rules.h"
 
 namespace qforge {
@@ -38,6 +39,7 @@ const char* to_string(LinearPath path) {
     case LinearPath::kS4Static: return "s4_static";
     case LinearPath::kS8WeightOnly: return "s8_weight_only";
     case LinearPath::kS4WeightOnly: return "s4_weight_only";
+    case LinearPath::kLutWeightOnly: return "lut_weight_only";
   }
   return "?";
 }
@@ -59,6 +61,29 @@ KernelPlan plan_linear(const std::optional<QSpec>& weights, ActivationMode act, 
       ws.qtype == qint8 && ws.symmetric && per_row_scales && ws.granularity != Granularity::kPerGroup;
   const bool s4_weights = nibble_packed(ws.qtype) && per_row_scales;
   std::string why;
+  if (ws.qtype.is_codebook()) {
+    // One codebook per output row (or per group of a row, or one shared by all rows).
+    const int64_t group = ws.granularity == Granularity::kPerGroup ? ws.group_size : in_features;
+    if (!per_row_scales) {
+      plan.fallback = "codebooks along an axis other than the output features have no look-up-table kernel: "
+                      "dequantized per call";
+      return plan;
+    }
+    if (!kernels::PackedLinearLut::supports(ws.qtype.bits, in_features, group, &why)) {
+      plan.fallback = why + ": dequantized per call";
+      return plan;
+    }
+    plan.path = LinearPath::kLutWeightOnly;
+    const kernels::RunInfo ri = kernels::choose_decode_kernel(kernels::LinearOp::kF32Lut, isa);
+    plan.kernel = ri.kernel;
+    plan.fallback = ri.fallback;
+    if (act != ActivationMode::kNone) {
+      plan.fallback += detail::str_cat(plan.fallback.empty() ? "" : "; ", to_string(act),
+                                       " activations are fake-quantized in float (the look-up-table kernel takes "
+                                       "float inputs)");
+    }
+    return plan;
+  }
   if (act == ActivationMode::kNone && (s8_weights || s4_weights)) {
     plan.path = s8_weights ? LinearPath::kS8WeightOnly : LinearPath::kS4WeightOnly;
   } else if (act == ActivationMode::kNone) {
@@ -84,6 +109,7 @@ KernelPlan plan_linear(const std::optional<QSpec>& weights, ActivationMode act, 
     case LinearPath::kS4Static: op = kernels::LinearOp::kS8S4; break;
     case LinearPath::kS8WeightOnly: op = kernels::LinearOp::kF32S8; break;
     case LinearPath::kS4WeightOnly: op = kernels::LinearOp::kF32S4; break;
+    case LinearPath::kLutWeightOnly:
     case LinearPath::kDequant: break;
   }
   const bool s4 = op == kernels::LinearOp::kS8S4 || op == kernels::LinearOp::kF32S4;
@@ -120,6 +146,11 @@ KernelPlan plan_linear_cuda(const std::optional<QSpec>& weights, ActivationMode 
     case LinearPath::kS8WeightOnly:
       plan.kernel = "dequantize+at::linear";
       plan.fallback = "no weight-only int8 GEMM on CUDA: the int8 weight is dequantized per call, then at::linear";
+      break;
+    case LinearPath::kLutWeightOnly:
+      plan.kernel = "dequantize+at::linear";
+      plan.fallback = "no look-up-table kernel on CUDA: the codebook weight is dequantized once to a float weight on "
+                      "the device, then at::linear";
       break;
     case LinearPath::kDequant:
       if (!weights) break;  // float weights: at::linear

@@ -23,6 +23,7 @@ enum class LinearPath : uint8_t {
   kS4Static,      // 4-bit weights x static int8 activations
   kS8WeightOnly,  // int8 weights, float activations
   kS4WeightOnly,  // 4-bit weights, float activations
+  kLutWeightOnly, // codebook (k-means) weights through the look-up-table kernel, float activations
 };
 const char* to_string(LinearPath path);
 

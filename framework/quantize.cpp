@@ -179,11 +179,15 @@ ModelSize model_size(const torch::nn::Module& model) {
 
 int64_t estimate_memory(int64_t num_params, const QType& qtype, int64_t group_size, int64_t channels, bool affine) {
   QF_REQUIRE(num_params >= 0, "estimate_memory: negative parameter count");
-  const int64_t data = (num_params * qtype.bits + 7) / 8;
+  // Codebook grids store their indices as nibbles (qkmeans4/3) or 2-bit fields (qkmeans2).
+  const int64_t bits = qtype.is_codebook() ? codebook_storage_bits(qtype) : qtype.bits;
+  const int64_t data = (num_params * bits + 7) / 8;
   int64_t scales = 0;
   if (group_size > 0) scales = (num_params + group_size - 1) / group_size;
   else if (channels > 0) scales = channels;
   else scales = 1;
+  // A codebook holds 2^bits float16 levels where an integer grid holds one float32 scale.
+  if (qtype.is_codebook()) return data + scales * qtype.levels() * 2;
   return data + scales * (4 + (affine ? 1 : 0));
 }
 

@@ -3,6 +3,7 @@
 
 #include <ATen/ATen.h>
 
+#include "fake_quant/codebook.h"
 #include "fake_quant/fake_quant_math.h"
 #include "framework/core/error.h"
 #include "framework/quantizer.h"
@@ -22,13 +23,31 @@ int64_t product(const std::vector<int64_t>& s) {
   return n;
 }
 
+// Bits one stored code takes in the packed data.
+int storage_bits(const QType& qt) {
+  if (qt.is_codebook()) return codebook_storage_bits(qt);
+  return nibble_packed(qt) ? 4 : qt.bits;
+}
+
 int64_t packed_bytes(const QType& qt, int64_t n) {
-  const int64_t per_byte = nibble_packed(qt) ? 2 : 8 / qt.bits;
+  const int64_t per_byte = 8 / storage_bits(qt);
   return (n + per_byte - 1) / per_byte;
 }
 
 bool packable(const QType& qt) {
-  return qt.is_float() || (qt.is_integer() && (qt.bits == 8 || nibble_packed(qt) || (qt.bits == 2 && qt.is_signed)));
+  return qt.is_float() || qt.is_codebook() ||
+         (qt.is_integer() && (qt.bits == 8 || nibble_packed(qt) || (qt.bits == 2 && qt.is_signed)));
+}
+
+// Codebook indices (0 <= v < 2^bits) as `bits`-wide fields, low bits first; bits 4 or 2.
+void pack_indices(const uint8_t* v, int64_t n, int bits, uint8_t* out) {
+  const int per_byte = 8 / bits;
+  for (int64_t i = 0; i < n; ++i) out[i / per_byte] |= static_cast<uint8_t>(v[i] << ((i % per_byte) * bits));
+}
+void unpack_indices(const uint8_t* packed, int64_t n, int bits, uint8_t* v) {
+  const int per_byte = 8 / bits;
+  const int mask = (1 << bits) - 1;
+  for (int64_t i = 0; i < n; ++i) v[i] = static_cast<uint8_t>((packed[i / per_byte] >> ((i % per_byte) * bits)) & mask);
 }
 
 // The stored form of a spec: non-negative per-channel axis, 0 otherwise; group_size only per-group.
@@ -46,6 +65,11 @@ QuantizedTensor with_qparams(const QParams& qp, std::vector<int64_t> shape) {
   QuantizedTensor q;
   q.spec = stored_spec(qp.spec, static_cast<int64_t>(shape.size()));
   q.shape = std::move(shape);
+  if (qp.spec.qtype.is_codebook()) {
+    QF_REQUIRE(qp.codebook.defined(), "QuantizedTensor: ", qp.spec.qtype.name, " QParams without a codebook");
+    q.codebook = qp.codebook.detach().cpu().to(at::kHalf).contiguous().clone();
+    return q;
+  }
   q.scale = qp.scale.detach().cpu().to(at::kFloat).contiguous().clone();
   q.zero_point = qp.zero_point.detach().cpu().to(at::kInt).contiguous().clone();
   return q;
@@ -53,6 +77,12 @@ QuantizedTensor with_qparams(const QParams& qp, std::vector<int64_t> shape) {
 
 // Row-major int8 values -> the packed data of `qt` (kernels/cpu reference packing for sub-byte).
 at::Tensor pack_values(const at::Tensor& values, const QType& qt) {
+  if (qt.is_codebook()) {
+    const at::Tensor v8 = values.to(at::kByte).contiguous();
+    at::Tensor packed = at::zeros({packed_bytes(qt, v8.numel())}, at::kByte);
+    pack_indices(v8.data_ptr<uint8_t>(), v8.numel(), storage_bits(qt), packed.data_ptr<uint8_t>());
+    return packed;
+  }
   if (qt.bits == 8) return values.to(qt.is_signed ? at::kChar : at::kByte).contiguous().clone();
   const at::Tensor v8 = values.to(at::kChar).contiguous();
   const int64_t n = v8.numel();
@@ -69,9 +99,15 @@ at::Tensor pack_values(const at::Tensor& values, const QType& qt) {
 
 int64_t QuantizedTensor::numel() const { return product(shape); }
 
+QParams QuantizedTensor::qparams() const {
+  QParams qp{spec, scale, zero_point};
+  if (codebook.defined()) qp.codebook = codebook.to(at::kFloat);
+  return qp;
+}
+
 int64_t QuantizedTensor::bytes() const {
   return (data.defined() ? data.nbytes() : 0) + (scale.defined() ? scale.nbytes() : 0) +
-         (zero_point.defined() ? zero_point.nbytes() : 0);
+         (zero_point.defined() ? zero_point.nbytes() : 0) + (codebook.defined() ? codebook.nbytes() : 0);
 }
 
 void QuantizedTensor::validate(const std::string& who) const {
@@ -92,6 +128,16 @@ void QuantizedTensor::validate(const std::string& who) const {
   } catch (const Error& e) {
     throw Error(who + ": " + e.what());
   }
+  if (qt.is_codebook()) {
+    QF_REQUIRE(!scale.defined() && !zero_point.defined(), who, ": ", qt.name, " holds a codebook, not a scale and zero point");
+    expected_qp.push_back(qt.levels());
+    QF_REQUIRE(codebook.defined() && codebook.scalar_type() == at::kHalf && codebook.sizes().vec() == expected_qp, who,
+               ": codebook must be float16 of shape ", at::IntArrayRef(expected_qp), " for ", spec.to_string(),
+               " of shape ", at::IntArrayRef(shape), ", got ",
+               codebook.defined() ? detail::str_cat(codebook.scalar_type(), " ", codebook.sizes()) : "none");
+    QF_REQUIRE(at::isfinite(codebook.to(at::kFloat)).all().item<bool>(), who, ": codebook holds NaN or inf");
+  } else {
+  QF_REQUIRE(!codebook.defined(), who, ": ", qt.name, " has no codebook");
   QF_REQUIRE(scale.defined() && scale.scalar_type() == at::kFloat && scale.sizes().vec() == expected_qp,
              who, ": scale must be float32 of shape ", at::IntArrayRef(expected_qp), " for ",
              to_string(spec.granularity), " of shape ", at::IntArrayRef(shape), ", got ",
@@ -106,6 +152,7 @@ void QuantizedTensor::validate(const std::string& who) const {
     (void)make_qparams(spec, scale, zero_point);
   } catch (const Error& e) {
     throw Error(who + ": " + e.what());
+  }
   }
   QF_REQUIRE(data.defined(), who, ": no data");
   if (qt.bits == 8) {
@@ -124,6 +171,12 @@ void QuantizedTensor::validate(const std::string& who) const {
 
 at::Tensor QuantizedTensor::int_values() const {
   QF_REQUIRE(data.defined(), "QuantizedTensor: the codes are held by a kernel object");
+  if (spec.qtype.is_codebook()) {
+    at::Tensor out = at::empty(shape, at::kByte);
+    const at::Tensor packed = data.contiguous();
+    unpack_indices(packed.data_ptr<uint8_t>(), out.numel(), storage_bits(spec.qtype), out.data_ptr<uint8_t>());
+    return out;
+  }
   QF_REQUIRE(spec.qtype.is_integer(), "QuantizedTensor: ", spec.qtype.name, " codes have no integer values");
   if (spec.qtype.bits == 8) return data.reshape(shape);
   at::Tensor out = at::empty(shape, at::kChar);
@@ -138,6 +191,7 @@ at::Tensor QuantizedTensor::int_values() const {
 }
 
 at::Tensor QuantizedTensor::dequantize() const {
+  if (spec.qtype.is_codebook()) return codebook_lookup(int_values(), qparams()).contiguous();
   if (spec.qtype.is_float()) {
     QF_REQUIRE(data.defined(), "QuantizedTensor: the codes are held by a kernel object");
     const fq::Float8Format& fmt = float8_format(spec.qtype);
@@ -158,7 +212,10 @@ QuantizedTensor quantize_tensor(const at::Tensor& w_in, const QParams& qp) {
   QF_REQUIRE(packable(qp.spec.qtype), "quantize_tensor: qtype ", qp.spec.qtype.name, " has no packed storage");
   const at::Tensor w = w_in.detach().cpu().to(at::kFloat).contiguous();
   QuantizedTensor q = with_qparams(qp, w.sizes().vec());
-  if (qp.spec.qtype.is_float()) {
+  if (qp.spec.qtype.is_codebook()) {
+    // Indices of the nearest float16 level (the levels the tensor stores).
+    q.data = pack_values(codebook_assign(w, q.qparams()), qp.spec.qtype);
+  } else if (qp.spec.qtype.is_float()) {
     // fp8 codes of round_to_float8(w / s): decode(code) * s reproduces fake_quantize.
     const at::Tensor v = (grouped(w, qp.spec) / broadcast_qparam(q.scale, w, qp.spec)).reshape(w.sizes()).contiguous();
     q.data = at::empty(w.sizes(), at::kByte);
@@ -183,7 +240,7 @@ QuantizedTensor quantize_tensor(const at::Tensor& w_in, const QParams& qp) {
 
 QuantizedTensor pack_quantized(const at::Tensor& values, const QParams& qp) {
   const QType qt = qp.spec.qtype;
-  QF_REQUIRE(qt.is_integer() && packable(qt), "pack_quantized: qtype ", qt.name,
+  QF_REQUIRE((qt.is_integer() || qt.is_codebook()) && packable(qt), "pack_quantized: qtype ", qt.name,
              " cannot be stored as packed integers");
   QF_REQUIRE(values.defined() && !at::isFloatingType(values.scalar_type()) && values.scalar_type() != at::kBool,
              "pack_quantized: needs integer values, got ",

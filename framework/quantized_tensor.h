@@ -7,7 +7,9 @@
 //
 // with scale/zero_point broadcast per tensor, per channel along spec.axis, or per group of
 // spec.group_size consecutive elements along the last dimension. Layout: docs/formats.md.
-// Codebook layouts (k-means, RPQ) are future layouts of this type, not types beside it.
+//   float = codebook[..., code]                         (codebook grids: qkmeans4/3/2)
+// Codebook grids store b-bit level indices (nibbles for 4 and 3 bits, 2-bit fields for 2) and the
+// float16 levels, [qparam shape..., 2^bits]; they have no scale or zero point.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -38,17 +40,19 @@ struct QuantizedTensor {
                                // kernel object holds the only copy (frozen Linear)
   at::Tensor scale;            // float32, the QParams shape
   at::Tensor zero_point;       // int32, the QParams shape
+  at::Tensor codebook;         // codebook grids only: float16, codebook_shape (undefined otherwise)
 
-  bool defined() const { return scale.defined(); }
+  bool defined() const { return scale.defined() || codebook.defined(); }
   const QType& qtype() const { return spec.qtype; }
-  QParams qparams() const { return QParams{spec, scale, zero_point}; }
+  QParams qparams() const;
   const char* packing() const { return spec.qtype.bits < 8 ? kPackingLowBitsFirst : kPackingNone; }
   int64_t numel() const;
-  // Bytes of data + scale + zero_point (what model_size counts for a frozen weight).
+  // Bytes of data + scale + zero_point + codebook (what model_size counts for a frozen weight).
   int64_t bytes() const;
   // Throws qforge::Error (prefixed with `who`) unless dtypes, shapes and packed size agree.
   void validate(const std::string& who) const;
-  // The integer values with the original shape: uint8 for quint8, int8 otherwise (integer grids).
+  // The integer values with the original shape: uint8 for quint8 and codebook indices, int8
+  // otherwise (integer and codebook grids).
   at::Tensor int_values() const;
   // The float tensor the codes stand for, float32 of the original shape; equals fake_quantize of
   // the tensor quantize_tensor() was given, bit for bit.
@@ -56,12 +60,13 @@ struct QuantizedTensor {
 };
 
 // Quantizes float `w` under `qp` (any qtype): q = clamp(rint(w * (1 / scale)) + zero_point, qmin,
-// qmax) for integer grids, fp8 codes of round_to_float8(w / scale) for float8 grids, then packs.
+// qmax) for integer grids, fp8 codes of round_to_float8(w / scale) for float8 grids, the nearest
+// level's index (codebook_assign) for codebook grids, then packs.
 // dequantize() of the result equals fake_quantize(w, qp) bit for bit.
 QuantizedTensor quantize_tensor(const at::Tensor& w, const QParams& qp);
 
 // Packs integer `values` (any integer dtype, every value inside qp.spec.qtype's range) with the
-// scale and zero point of `qp`. Integer grids only.
+// scale and zero point (or codebook) of `qp`. Integer and codebook grids.
 QuantizedTensor pack_quantized(const at::Tensor& values, const QParams& qp);
 
 // Assembles a QuantizedTensor from its parts (a checkpoint's datasets, a kernel's codes): the spec

@@ -7,6 +7,7 @@
 #include "fake_quant/lsq.h"
 #include "framework/core/enum_names.h"
 #include "framework/core/error.h"
+#include "framework/kmeans.h"
 #include "kernels/cpu/quantize_rows_s8.h"
 
 namespace qforge {
@@ -101,7 +102,14 @@ QuantizerImpl::QuantizerImpl(Role role, QuantizerConfig config, ActivationMode m
   // LSQ activations calibrate too: their learnable step starts from the calibrated scale.
   if (role_ == Role::kActivation && mode_ == ActivationMode::kStatic)
     observer_ = make_observer(config_.observer, config_.observer_options);
-  if (config_.lsq) {
+  if (config_.spec.qtype.is_codebook()) {
+    QF_REQUIRE(role_ == Role::kWeight, path_, ": ", config_.spec.qtype.name,
+               " is a codebook qtype, for weights only (activations take qint8 or float8 grids)");
+    QF_REQUIRE(!config_.lsq, path_, ": LSQ learns a scale; ", config_.spec.qtype.name,
+               " weights learn their codebook levels instead (drop lsq)");
+    // Empty until k-means fits it; trainable in QAT (straight-through in the weight).
+    codebook_ = register_parameter("codebook", at::empty({0}, at::kFloat));
+  } else if (config_.lsq) {
     QF_REQUIRE(config_.spec.qtype.is_integer(), path_, ": LSQ needs an integer grid, got ", config_.spec.qtype.name);
     QF_REQUIRE(role_ == Role::kWeight || config_.spec.granularity == Granularity::kPerTensor, path_,
                ": LSQ activations are per-tensor");
@@ -194,6 +202,14 @@ QParams QuantizerImpl::qparams(const at::Tensor& weight) const {
     if (role_ == Role::kWeight && nibble_packed(spec.qtype)) s = round_scale_up_to_half(s);
     return QParams{spec, s, z};
   }
+  if (role_ == Role::kWeight && spec.qtype.is_codebook()) {
+    // Evaluation and freeze use the float16 levels the packed format stores (round to nearest).
+    if (codebook_.numel() > 0) return QParams{spec, {}, {}, codebook_.detach().to(at::kHalf).to(at::kFloat)};
+    QF_REQUIRE(weight.defined(), path_, ": codebook qparams need the weight (k-means on it)");
+    QuantizerImpl fitter(role_, config_, mode_, path_);
+    fitter.fit_codebook(weight);
+    return fitter.qparams();
+  }
   if (role_ == Role::kWeight) return weight_grid(weight);
   QF_REQUIRE(mode_ == ActivationMode::kStatic, path_, ": dynamic activations have per-call qparams");
   QF_REQUIRE(calibrated_, path_,
@@ -240,7 +256,70 @@ void QuantizerImpl::compute_qparams() {
   set_qparams(observer_->qparams(config_.spec));
 }
 
+namespace {
+// w (or an importance of w's shape) as the rows k-means clusters: one row per codebook.
+at::Tensor codebook_rows(const at::Tensor& w, const QSpec& spec) {
+  switch (spec.granularity) {
+    case Granularity::kPerTensor: return w.reshape({1, -1});
+    case Granularity::kPerChannel: {
+      const int64_t axis = spec.axis < 0 ? spec.axis + w.dim() : spec.axis;
+      return w.movedim(axis, 0).reshape({w.size(axis), -1});
+    }
+    case Granularity::kPerGroup: return w.reshape({-1, spec.group_size});
+  }
+  return w;
+}
+}  // namespace
+
+void QuantizerImpl::fit_codebook(const at::Tensor& w_in, const at::Tensor& importance) {
+  const QSpec& spec = config_.spec;
+  QF_REQUIRE(spec.qtype.is_codebook(), path_, ": fit_codebook on a ", spec.qtype.name, " quantizer");
+  QF_REQUIRE(w_in.defined() && w_in.dim() >= 1 && w_in.numel() > 0, path_, ": fit_codebook needs a non-empty weight");
+  const at::Tensor w = w_in.detach().to(at::kCPU, at::kFloat).contiguous();
+  QF_REQUIRE(at::isfinite(w).all().item<bool>(), path_, ": weight holds NaN or inf; cannot fit its codebook");
+  const std::vector<int64_t> shape = codebook_shape(spec, w.sizes());
+  at::Tensor imp;
+  if (importance.defined()) {
+    const int64_t per_channel = w.numel() / w.size(0);
+    QF_REQUIRE(importance.numel() == per_channel, path_, ": codebook importance has ", importance.numel(),
+               " values; one output channel of the weight ", w.sizes(), " has ", per_channel);
+    std::vector<int64_t> one(w.sizes().begin(), w.sizes().end());
+    one[0] = 1;
+    imp = codebook_rows(importance.detach().to(at::kCPU, at::kFloat).reshape(one).expand(w.sizes()).contiguous(), spec);
+    // Rows whose inputs never carried energy fall back to equal weights.
+    const at::Tensor dead = imp.sum(1, true) <= 0;
+    imp = at::where(dead, at::ones_like(imp), imp);
+  }
+  KMeansOptions opts;
+  opts.iterations = 50;
+  const at::Tensor levels = kmeans_1d(codebook_rows(w, spec), spec.qtype.levels(), imp, opts);
+  at::Tensor half = levels.to(at::kHalf).to(at::kFloat);
+  QF_REQUIRE(at::isfinite(half).all().item<bool>(), path_, ": a codebook level exceeds float16's range (65504)");
+  set_codebook(half.reshape(shape));
+}
+
+void QuantizerImpl::set_codebook(const at::Tensor& levels) {
+  QF_REQUIRE(config_.spec.qtype.is_codebook(), path_, ": set_codebook on a ", config_.spec.qtype.name, " quantizer");
+  const at::Tensor c = levels.detach().to(at::kCPU, at::kFloat).contiguous();
+  QF_REQUIRE(c.dim() >= 1 && c.size(-1) == config_.spec.qtype.levels(), path_, ": a ", config_.spec.qtype.name,
+             " codebook has ", config_.spec.qtype.levels(), " levels per row, got shape ", c.sizes());
+  QF_REQUIRE(at::isfinite(c).all().item<bool>() && at::equal(c.to(at::kHalf).to(at::kFloat), c), path_,
+             ": codebook levels must be finite float16 values");
+  {
+    at::NoGradGuard g;
+    codebook_.set_data(c.to(codebook_.device()).clone());
+  }
+  calibrated_ = true;
+  clear_cache();
+}
+
 void QuantizerImpl::set_qparams(const QParams& qp) {
+  if (config_.spec.qtype.is_codebook()) {
+    QF_REQUIRE(same_spec(qp.spec, config_.spec) && qp.codebook.defined(), path_, ": set_qparams with ",
+               qp.spec.to_string(), " on a weight quantized as ", config_.spec.to_string());
+    set_codebook(qp.codebook);
+    return;
+  }
   QF_REQUIRE(!config_.lsq || !lsq_initialised_, path_, ": set_qparams on an LSQ quantizer that already trains");
   // Activations hold one scale; a weight's fixed grid keeps its per-channel / per-group shape.
   const bool weight = role_ == Role::kWeight;
@@ -265,13 +344,23 @@ void QuantizerImpl::set_qparams(const QParams& qp) {
 
 at::Tensor QuantizerImpl::weight_forward(const at::Tensor& w) {
   if (!fake_quant_) return w;
+  if (config_.spec.qtype.is_codebook()) {
+    // The first fake-quantized forward fits the codebook (k-means on the weight); training then
+    // learns the float levels, evaluation uses their float16 values.
+    if (codebook_.numel() == 0) fit_codebook(w);
+    if (is_training()) return fake_quantize(w, QParams{config_.spec, {}, {}, codebook_.to(w.device())});
+  }
   if (config_.lsq && is_training()) return lsq_forward(w);
   if (config_.lsq && lsq_initialised_) return fake_quantize(w, qparams());
   // In eval the fake-quantized weight is reused until the weight changes.
   const bool no_grad = !w.requires_grad() || !at::GradMode::is_enabled();
   if (!is_training() && no_grad) {
-    if (cached_wq_.defined() && cached_w_.is_same(w) && cached_version_ == static_cast<int64_t>(w._version()))
+    // Codebook levels train too: their version is part of the key.
+    const int64_t cb_version = codebook_.defined() ? static_cast<int64_t>(codebook_._version()) : 0;
+    if (cached_wq_.defined() && cached_w_.is_same(w) && cached_version_ == static_cast<int64_t>(w._version()) &&
+        cached_cb_version_ == cb_version)
       return cached_wq_;
+    cached_cb_version_ = cb_version;
     cached_wq_ = fake_quantize(w.detach(), qparams(w));
     cached_w_ = w;
     cached_version_ = static_cast<int64_t>(w._version());

@@ -65,6 +65,17 @@ class QuantizerImpl : public torch::nn::Module {
   // following the weight's min/max. The PTQ solvers (GPTQ, AdaRound) fix the grid they rounded
   // onto, so the solved weight fake-quantizes and freezes to exactly the codes they chose.
   void set_qparams(const QParams& qp);
+  // Codebook weights (qkmeans4/3/2): k-means on `w` (kmeans_1d, levels rounded to float16) fixes
+  // the codebook, the learnable parameter "codebook" (codebook_shape). `importance` weighs each
+  // weight element in the k-means objective: the inputs' energy E[x_k^2] per input feature (the
+  // diagonal of the layer's Hessian XᵀX / N), shaped as one output channel of w (w.sizes()[1:],
+  // or [in_features] for Linear); undefined: every element counts 1. Not for other qtypes.
+  void fit_codebook(const at::Tensor& w, const at::Tensor& importance = {});
+  // Sets the codebook directly (a checkpoint's): float values of codebook_shape, float16-exact.
+  void set_codebook(const at::Tensor& levels);
+  // The learnable codebook parameter (empty until fitted or set). Codebook qtypes only.
+  const at::Tensor& codebook() const { return codebook_; }
+
   // Has usable static qparams: calibrated, loaded, or learned by LSQ (weights: a fixed grid).
   bool calibrated() const { return calibrated_ || lsq_initialised_; }
   // True once LSQ turned scale / zero_point into learnable parameters.
@@ -96,6 +107,7 @@ class QuantizerImpl : public torch::nn::Module {
   std::string path_;
   std::unique_ptr<Observer> observer_;
   at::Tensor scale_, zero_point_;  // buffers, or parameters under LSQ
+  at::Tensor codebook_;            // parameter of codebook qtypes (their levels)
   bool observing_ = false;
   bool fake_quant_ = true;
   bool observer_frozen_ = false;
@@ -104,6 +116,7 @@ class QuantizerImpl : public torch::nn::Module {
   // Eval-mode cache of the fake-quantized weight, keyed on the weight's storage and version.
   at::Tensor cached_w_, cached_wq_;
   int64_t cached_version_ = -1;
+  int64_t cached_cb_version_ = -1;
 };
 
 TORCH_MODULE(Quantizer);

@@ -68,10 +68,12 @@ std::optional<LayerScheme> Scheme::resolve(const std::string& path, const Quanti
   if (w && !weightless) {
     QuantizerConfig c;
     c.spec.qtype = *w;
-    c.spec.symmetric = weight_symmetric || w->is_float();
+    // Codebook levels have no zero point: the symmetric flag does not apply.
+    c.spec.symmetric = !w->is_codebook() && (weight_symmetric || w->is_float());
     c.spec.granularity = wg;
     c.spec.axis = 0;
-    c.lsq = weight_lsq;
+    c.lsq = weight_lsq && !w->is_codebook();
+    if (weight_lsq && w->is_codebook()) *note = "LSQ does not apply to codebook weights; their levels train instead";
     if (wg == Granularity::kPerGroup) {
       const int64_t dim = grouped_dim(layer);
       if (dim < 0 || gs <= 0 || dim % gs != 0) {

@@ -45,6 +45,8 @@ void QSpec::validate() const {
              "QSpec: group_size ", group_size, " is only meaningful with per_group granularity");
   QF_REQUIRE(!qtype.is_float() || (!narrow_range && !reduce_range),
              "QSpec: narrow_range/reduce_range do not apply to float8 qtype ", qtype.name);
+  QF_REQUIRE(!qtype.is_codebook() || (!narrow_range && !reduce_range),
+             "QSpec: narrow_range/reduce_range do not apply to codebook qtype ", qtype.name);
   QF_REQUIRE(qtype.is_float() || quant_min() < quant_max(), "QSpec: empty quantization range [",
              quant_min(), ", ", quant_max(), "] for ", qtype.name);
 }
@@ -54,6 +56,7 @@ std::string QSpec::to_string() const {
   os << qtype.name << " " << qforge::to_string(granularity);
   if (granularity == Granularity::kPerChannel) os << "(axis=" << axis << ")";
   if (granularity == Granularity::kPerGroup) os << "(group_size=" << group_size << ")";
+  if (qtype.is_codebook()) return os.str();  // levels, no zero point
   os << (symmetric || qtype.is_float() ? " symmetric" : " affine");
   if (narrow_range) os << " narrow_range";
   if (reduce_range) os << " reduce_range";
@@ -101,6 +104,8 @@ QParams calculate_qparams(const at::Tensor& min_val_in, const at::Tensor& max_va
 namespace {
 QParams calculate_qparams_cpu(const at::Tensor& min_val_in, const at::Tensor& max_val_in, const QSpec& spec) {
   spec.validate();
+  QF_REQUIRE(!spec.qtype.is_codebook(), "calculate_qparams: ", spec.qtype.name,
+             " levels come from k-means on the weights, not from a min/max (codebook qtypes are for weights)");
   QF_REQUIRE(min_val_in.sizes() == max_val_in.sizes(), "calculate_qparams: min shape ",
              min_val_in.sizes(), " differs from max shape ", max_val_in.sizes());
   const at::Tensor min_val = min_val_in.to(at::kFloat);
@@ -152,6 +157,8 @@ QParams calculate_qparams_cpu(const at::Tensor& min_val_in, const at::Tensor& ma
 
 QParams make_qparams(const QSpec& spec, const at::Tensor& scale, const at::Tensor& zero_point) {
   spec.validate();
+  QF_REQUIRE(!spec.qtype.is_codebook(), "make_qparams: ", spec.qtype.name,
+             " has a codebook, not a scale and zero point (make_codebook_qparams)");
   QF_REQUIRE(scale.sizes() == zero_point.sizes(), "make_qparams: scale shape ", scale.sizes(),
              " differs from zero_point shape ", zero_point.sizes());
   const at::Tensor s = scale.to(at::kFloat).contiguous();
@@ -186,6 +193,33 @@ std::vector<int64_t> qparam_shape(const QSpec& spec, const std::vector<int64_t>&
     }
   }
   return {};
+}
+
+std::vector<int64_t> codebook_shape(const QSpec& spec, at::IntArrayRef sizes) {
+  QF_REQUIRE(spec.qtype.is_codebook(), "codebook_shape: ", spec.qtype.name, " is not a codebook qtype");
+  std::vector<int64_t> out = qparams_shape(spec, sizes);
+  out.push_back(spec.qtype.levels());
+  return out;
+}
+
+QParams make_codebook_qparams(const QSpec& spec, const at::Tensor& codebook, at::IntArrayRef sizes) {
+  spec.validate();
+  QF_REQUIRE(spec.qtype.is_codebook(), "make_codebook_qparams: ", spec.qtype.name, " is not a codebook qtype");
+  const std::vector<int64_t> want = codebook_shape(spec, sizes);
+  QF_REQUIRE(codebook.defined() && codebook.sizes() == at::IntArrayRef(want), "make_codebook_qparams: a ",
+             spec.to_string(), " codebook for shape ", sizes, " must have shape ", at::IntArrayRef(want), ", got ",
+             codebook.defined() ? codebook.sizes() : at::IntArrayRef{});
+  const at::Tensor c = codebook.detach().to(at::kCPU, at::kFloat).contiguous();
+  const at::Tensor bad = at::logical_or(at::logical_not(at::isfinite(c)), c.to(at::kHalf).to(at::kFloat) != c);
+  if (bad.any().item<bool>()) {
+    const int64_t i = bad.flatten().nonzero()[0][0].item<int64_t>();
+    throw Error(detail::str_cat("make_codebook_qparams: codebook entry ", i, " (flat) = ", c.flatten()[i].item<float>(),
+                                " is not a finite float16 value"));
+  }
+  QParams qp;
+  qp.spec = spec;
+  qp.codebook = c.clone();
+  return qp;
 }
 
 bool same_spec(const QSpec& a, const QSpec& b) {

@@ -44,12 +44,17 @@ struct QSpec {
 
 // Scale and zero point. Per-tensor: 0-dim tensors. Per-channel: shape [C]. Per-group: the input's
 // shape with the last dimension divided by group_size. scale is float32, zero_point int32.
+// Codebook qtypes (qkmeans*) have no scale or zero point: `codebook` holds the levels instead,
+// float32 of the qparam shape plus one last dimension of 2^bits entries (codebook_shape), and
+//   float = codebook[..., code]
+// with code the index of the nearest level (docs/numerics.md, "k-means weights").
 struct QParams {
   QSpec spec;
   at::Tensor scale;
   at::Tensor zero_point;
+  at::Tensor codebook{};  // codebook qtypes only
 
-  bool defined() const { return scale.defined(); }
+  bool defined() const { return scale.defined() || codebook.defined(); }
 };
 
 // min/max (float32, shape as the QParams shape) to QParams. Throws when min > max anywhere or
@@ -59,6 +64,15 @@ QParams calculate_qparams(const at::Tensor& min_val, const at::Tensor& max_val, 
 // The shape of scale / zero_point for a tensor of `shape` under spec: [] per tensor, [C] per
 // channel, `shape` with the last dimension divided by group_size per group.
 std::vector<int64_t> qparam_shape(const QSpec& spec, const std::vector<int64_t>& shape);
+
+// The shape of a codebook for a tensor of `shape` under a codebook spec: the qparam shape plus
+// the 2^bits levels ([C, L] per channel, [..., G, L] per group, [L] per tensor).
+std::vector<int64_t> codebook_shape(const QSpec& spec, at::IntArrayRef sizes);
+
+// Codebook QParams from explicit levels: float32 of codebook_shape, every value finite and
+// exactly representable in float16 (how files and frozen layers store them). Errors name the
+// first offending entry.
+QParams make_codebook_qparams(const QSpec& spec, const at::Tensor& codebook, at::IntArrayRef sizes);
 
 // Every field equal (same grid, granularity, axis, group size and range).
 bool same_spec(const QSpec& a, const QSpec& b);

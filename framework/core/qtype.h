@@ -9,7 +9,9 @@
 
 namespace qforge {
 
-enum class QKind : uint8_t { kInteger, kFloat8 };
+// kCodebook: values are indices into per-channel (or per-group) float16 codebooks learned by
+// k-means (non-uniform grids); quant_min / quant_max are the index range [0, 2^bits - 1].
+enum class QKind : uint8_t { kInteger, kFloat8, kCodebook };
 
 struct QType {
   const char* name;
@@ -27,6 +29,7 @@ struct QType {
 
   constexpr bool is_float() const { return kind == QKind::kFloat8; }
   constexpr bool is_integer() const { return kind == QKind::kInteger; }
+  constexpr bool is_codebook() const { return kind == QKind::kCodebook; }
   constexpr int64_t levels() const { return quant_max - quant_min + 1; }
   friend constexpr bool operator==(const QType& a, const QType& b) {
     return a.bits == b.bits && a.is_signed == b.is_signed && a.kind == b.kind &&
@@ -45,12 +48,20 @@ inline constexpr QType qint2{"qint2", 2, true, QKind::kInteger, -2, 1, 0, 0, 0, 
 // OCP FP8: e4m3fn has no infinities and one NaN pattern, max 448; e5m2 is IEEE-like, max 57344.
 inline constexpr QType qfloat8_e4m3fn{"qfloat8_e4m3fn", 8, true, QKind::kFloat8, 0, 0, 4, 3, 7, 448.0};
 inline constexpr QType qfloat8_e5m2{"qfloat8_e5m2", 8, true, QKind::kFloat8, 0, 0, 5, 2, 15, 57344.0};
+// k-means (non-uniform) weights: 2^bits float16 centroids per channel (or group), b-bit indices.
+// Stored as nibbles (4 and 3 bits) or 2-bit fields; run by the look-up-table kernels after freeze.
+inline constexpr QType qkmeans4{"qkmeans4", 4, false, QKind::kCodebook, 0, 15, 0, 0, 0, 0.0};
+inline constexpr QType qkmeans3{"qkmeans3", 3, false, QKind::kCodebook, 0, 7, 0, 0, 0, 0.0};
+inline constexpr QType qkmeans2{"qkmeans2", 2, false, QKind::kCodebook, 0, 3, 0, 0, 0, 0.0};
 
 // Integer grids stored two codes per byte (4-bit nibbles) and run by the int4 kernels, whose
 // packed layout keeps float16 scales: qint4, quint4 and qint3.
 constexpr bool nibble_packed(const QType& q) {
   return q.kind == QKind::kInteger && (q.bits == 4 || (q.bits == 3 && q.is_signed));
 }
+
+// Bits per stored code of a codebook qtype: 4 (nibbles) for qkmeans4 and qkmeans3, 2 for qkmeans2.
+constexpr int codebook_storage_bits(const QType& q) { return q.bits == 2 ? 2 : 4; }
 
 // All qtypes, in the order documentation lists them.
 const std::vector<QType>& all_qtypes();

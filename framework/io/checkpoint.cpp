@@ -58,6 +58,10 @@ void write_quantized(const h5::Group& parent, const std::string& name, const Qua
   g.set_attr("shape", q.shape);
   g.set_attr("packing", q.packing());
   g.write_tensor("data", q.data);
+  if (qt.is_codebook()) {
+    g.write_tensor("codebook", q.codebook);  // float16 levels; no scale or zero point
+    return;
+  }
   g.write_tensor("scale", q.scale);
   g.write_tensor("zero_point", q.zero_point);
 }
@@ -120,7 +124,7 @@ void validate(const CheckpointData& d) {
     QF_REQUIRE(!d.parameters.count(key), "framework/io: checkpoint: '", key,
                "' is both a float and a quantized parameter");
     const std::string who = "framework/io: checkpoint: quantized parameter '" + key + "'";
-    QF_REQUIRE(q.qtype().is_integer(), who, ": qtype ", q.qtype().name,
+    QF_REQUIRE(q.qtype().is_integer() || q.qtype().is_codebook(), who, ": qtype ", q.qtype().name,
                " cannot be stored as packed integers (float8 weights are stored as uint8 codes)");
     q.validate(who);
   }
@@ -173,6 +177,7 @@ CheckpointData snapshot(const CheckpointData& data) {
     c.data = copy(q.data);
     c.scale = copy(q.scale);
     c.zero_point = copy(q.zero_point);
+    c.codebook = copy(q.codebook);
     s.quantized.emplace(k, std::move(c));
   }
   s.optimizer_kind = data.optimizer_kind;
@@ -368,7 +373,8 @@ QuantizedTensor read_quantized_group(const h5::Group& g, const std::string& wher
     if (std::string(err.what()).find(where) != std::string::npos) throw;
     throw Error(where + ": " + err.what());
   }
-  QF_REQUIRE(q.spec.qtype.is_integer(), where, ": qtype ", q.spec.qtype.name, " is not an integer grid");
+  QF_REQUIRE(q.spec.qtype.is_integer() || q.spec.qtype.is_codebook(), where, ": qtype ", q.spec.qtype.name,
+             " is not an integer or codebook grid");
   QF_REQUIRE(g.attr_int("bits") == q.spec.qtype.bits, where, ": attribute bits ", g.attr_int("bits"),
              " disagrees with qtype ", q.spec.qtype.name);
   const std::string packing = g.attr_string("packing");
@@ -378,8 +384,12 @@ QuantizedTensor read_quantized_group(const h5::Group& g, const std::string& wher
   QF_REQUIRE(packing == q.packing(), where, ": packing '", packing, "' is not valid for ", q.spec.qtype.name,
              " (expected '", q.packing(), "')");
   q.data = g.read_tensor("data");
-  q.scale = g.read_tensor("scale");
-  q.zero_point = g.read_tensor("zero_point");
+  if (q.spec.qtype.is_codebook()) {
+    q.codebook = g.read_tensor("codebook");
+  } else {
+    q.scale = g.read_tensor("scale");
+    q.zero_point = g.read_tensor("zero_point");
+  }
   q.validate(where);
   return q;
 }

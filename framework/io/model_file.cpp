@@ -130,8 +130,12 @@ QuantizedTensor stored_copy(const QuantizedTensor& fw, const std::string& who) {
   QF_REQUIRE(fw.data.defined(), who, ": frozen weight has no packed storage");
   QuantizedTensor q = fw;
   q.data = fw.data.detach().cpu().contiguous().clone();
-  q.scale = fw.scale.detach().cpu().to(at::kFloat).contiguous().clone();
-  q.zero_point = fw.zero_point.detach().cpu().to(at::kInt).contiguous().clone();
+  if (fw.codebook.defined()) {
+    q.codebook = fw.codebook.detach().cpu().to(at::kHalf).contiguous().clone();
+  } else {
+    q.scale = fw.scale.detach().cpu().to(at::kFloat).contiguous().clone();
+    q.zero_point = fw.zero_point.detach().cpu().to(at::kInt).contiguous().clone();
+  }
   q.validate(who);
   return q;
 }
@@ -216,8 +220,11 @@ ModelFileData collect(const torch::nn::Module& model, const SaveOptions& options
       m.points[quantization_point(path, q)] = p;
       // A weight quantizer's scale / zero_point buffers hold something only once its grid is
       // fixed (calibrated); otherwise the grid follows the weight and they are not written.
-      if (p.role == QuantizerImpl::Role::kWeight && !p.calibrated)
+      if (p.role == QuantizerImpl::Role::kWeight && !p.calibrated) {
         for (const char* b : {"scale", "zero_point"}) d.buffers.erase(join(join(path, child_of("weight")), b));
+        // Likewise a codebook before k-means fitted it (an empty parameter).
+        d.parameters.erase(join(join(path, child_of("weight")), "codebook"));
+      }
     }
     if (m.frozen) {
       const QuantizedTensor fw = layer->frozen_weight();

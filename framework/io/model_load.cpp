@@ -226,6 +226,15 @@ class Loader {
       fw.data = q.data;
       scale = q.scale;
       zero_point = q.zero_point;
+      if (spec.qtype.is_codebook()) {
+        try {
+          fw = make_quantized(make_codebook_qparams(spec, q.codebook.to(at::kFloat), e.shape), e.shape, fw.data);
+          (void)fw.dequantize();
+        } catch (const Error& err) {
+          throw Error(w + ": " + err.what());
+        }
+        return fw;
+      }
     }
     try {
       fw = make_quantized(make_qparams(spec, scale, zero_point), e.shape, fw.data);
@@ -278,6 +287,18 @@ class Loader {
       }
       q->set_qparams(plan.qparams);
     }
+    // A fitted codebook: its levels fix the scratch quantizer's parameter shape before the copy below.
+    const std::string ckey = join(qprefix, "codebook");
+    if (pm.config.spec.qtype.is_codebook() && reader_.contains(ckey, Section::kParameters)) {
+      const at::Tensor c = reader_.read_tensor(ckey, Section::kParameters);
+      try {
+        QF_REQUIRE(!weight_shape.empty(), "a codebook without a weight");
+        plan.qparams = make_codebook_qparams(pm.config.spec, c.to(at::kFloat), weight_shape);
+      } catch (const Error& err) {
+        throw Error(where(Section::kParameters, ckey) + ": " + err.what());
+      }
+      q->set_codebook(plan.qparams.codebook);
+    }
     if (pm.config.lsq && reader_.contains(skey, Section::kParameters)) {
       plan.init_lsq = true;
       plan.init_shape = pm.role == QuantizerImpl::Role::kWeight ? weight_shape : std::vector<int64_t>{1};
@@ -302,6 +323,7 @@ class Loader {
         // may hold them anyway (consumed below, never read).
         if (buffers && pm.role == QuantizerImpl::Role::kWeight && !pm.calibrated && (name == "scale" || name == "zero_point"))
           continue;
+        if (!buffers && name == "codebook" && !pm.calibrated) continue;  // not fitted: not written
         const std::string key = join(qprefix, name);
         if (!require(s, key)) continue;
         at::Tensor v = read_like(s, key, t, false);

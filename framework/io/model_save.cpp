@@ -68,6 +68,23 @@ void export_safetensors(const torch::nn::Module& model, const std::string& path)
     const auto& m = f.meta.layers.at(split_key(key).first);
     spec = m.scheme.weights->spec;
     spec.axis = q.spec.axis;
+    if (spec.qtype.is_codebook()) {
+      // Level indices and their float16 levels: no scale or zero point.
+      QF_REQUIRE(!tensors.count(key + ".codebook"), "framework/io: export_safetensors: '", key,
+                 ".codebook' clashes with a model tensor");
+      tensors[key] = q.data;
+      tensors[key + ".codebook"] = q.codebook;
+      described[key] = {{"qtype", spec.qtype.name},
+                        {"bits", spec.qtype.bits},
+                        {"storage_bits", codebook_storage_bits(spec.qtype)},
+                        {"granularity", to_string(spec.granularity)},
+                        {"axis", spec.axis},
+                        {"group_size", spec.granularity == Granularity::kPerGroup ? spec.group_size : 0},
+                        {"packing", q.packing()},
+                        {"shape", q.shape},
+                        {"dequantize", "float32(codebook[..., code])"}};
+      continue;
+    }
     add_quantized(key, q.data, q.scale, q.zero_point, spec, q.shape, q.packing());
   }
   for (const auto& [path, m] : f.meta.layers) {

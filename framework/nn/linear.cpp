@@ -3,10 +3,12 @@
 
 #include <ATen/ATen.h>
 
+#include "fake_quant/codebook.h"
 #include "framework/core/error.h"
 #include "framework/cuda/linear_cuda.h"
 #include "kernels/cpu/gemv_s4.h"
 #include "kernels/cpu/gemv_s8.h"
+#include "kernels/cpu/lut_linear.h"
 #include "kernels/cpu/packed_linear.h"
 
 namespace qforge::nn {
@@ -141,7 +143,8 @@ void LinearImpl::place_frozen(const at::Device& device) {
       if (zero_ng.defined()) dev_group_zero_ = zero_ng.to(device);
       if (s4_->bias().defined()) dev_bias_ = s4_->bias().to(device);
     } else {
-      dev_float_weight_ = fweight_.dequantize().to(device);
+      dev_float_weight_ = (lut_ ? frozen_weight() : fweight_).dequantize().to(device);
+      if (lut_ && lut_->bias().defined()) dev_bias_ = lut_->bias().to(device);
     }
   }
   // The device the copies landed on (torch::kCUDA without an index means the current one).
@@ -182,6 +185,13 @@ void LinearImpl::install_frozen(QuantizedTensor fw) {
     auto [scale_ng, zero_ng] = s4_group_params(qp, N, K, g);
     s4_ = std::make_shared<kernels::PackedLinearS4>(fw.int_values(), scale_ng, zero_ng, g, b, ws.qtype);
     fw.data = at::Tensor();
+  } else if (kind == LinearPath::kLutWeightOnly) {
+    // Codebooks as [N, G, L] float: per-tensor and per-channel ones are one group per row.
+    const int64_t g = ws.granularity == Granularity::kPerGroup ? ws.group_size : K;
+    const int64_t L = ws.qtype.levels();
+    const at::Tensor levels = qp.codebook.to(at::kCPU, at::kFloat).reshape({-1, K / g, L}).expand({N, K / g, L}).contiguous();
+    lut_ = std::make_shared<kernels::PackedLinearLut>(fw.int_values(), levels, g, ws.qtype.bits, b);
+    fw.data = at::Tensor();
   }
   if (kind == LinearPath::kS8Static || kind == LinearPath::kS4Static) static_act_scale_ = input_q_->qparams().scale.item<float>();
 
@@ -191,7 +201,7 @@ void LinearImpl::install_frozen(QuantizedTensor fw) {
   if (parameters_.contains("weight")) parameters_.erase("weight");
   weight = at::Tensor();
   if (weight_q_) weight_q_->clear_cache();
-  if ((s8_ || s4_) && options.bias()) {
+  if ((s8_ || s4_ || lut_) && options.bias()) {
     // The kernel object holds the bias too; keep one copy.
     parameters_.erase("bias");
     bias = at::Tensor();
@@ -206,12 +216,14 @@ QuantizedTensor LinearImpl::frozen_weight() const {
   QuantizedTensor fw = fweight_;
   if (s8_) fw.data = pack_quantized(s8_->weight(), fw.qparams()).data;
   if (s4_) fw.data = pack_quantized(s4_->weight(), fw.qparams()).data;
+  if (lut_) fw.data = pack_quantized(lut_->indices(), fw.qparams()).data;
   return fw;
 }
 
 at::Tensor LinearImpl::frozen_bias() const {
   if (s8_) return s8_->bias();
   if (s4_) return s4_->bias();
+  if (lut_) return lut_->bias();
   return options.bias() ? bias : at::Tensor();
 }
 
@@ -219,6 +231,9 @@ int64_t LinearImpl::frozen_storage_bytes() const {
   // Kernel objects hold the codes, scales and bias; otherwise the packed QuantizedTensor does.
   if (s8_) return s8_->bytes();
   if (s4_) return s4_->bytes();
+  // The kernel's packed indices, its float32 16-entry tables and the bias; the float16 codebook
+  // the frozen weight keeps for frozen_weight() besides.
+  if (lut_) return lut_->bytes() + fweight_.codebook.nbytes();
   int64_t bytes = fweight_.defined() ? fweight_.bytes() : 0;
   return bytes;
 }
@@ -251,6 +266,8 @@ at::Tensor LinearImpl::frozen_forward_cuda(const at::Tensor& x_in) {
     }
     case LinearPath::kS8WeightOnly:
       return at::linear(x_in.to(at::kFloat), dev_codes_.to(at::kFloat) * dev_w_scale_.unsqueeze(1), dev_bias_);
+    case LinearPath::kLutWeightOnly:
+      return at::linear(quantize_input(x_in).to(at::kFloat), dev_float_weight_, dev_bias_);
     case LinearPath::kDequant:
       break;
   }
@@ -268,6 +285,15 @@ at::Tensor LinearImpl::frozen_forward(const at::Tensor& x_in) {
   const int64_t M = x.size(0);
   std::vector<int64_t> out_shape(x_in.sizes().begin(), x_in.sizes().end());
   out_shape.back() = N;
+  if (path_kind_ == LinearPath::kLutWeightOnly) {
+    // Static / dynamic activations: their fake-quant values, in float, as the kernel's input.
+    const at::Tensor xq = quantize_input(x).to(at::kFloat).contiguous();
+    if (M > kWeightOnlyMaxM) {
+      // Large M: expand the codebook weight once per call and let the float GEMM amortise it.
+      return at::linear(xq, codebook_lookup(lut_->indices(), fweight_.qparams()), lut_->bias()).reshape(out_shape);
+    }
+    return lut_->run(xq).reshape(out_shape);
+  }
   if (path_kind_ == LinearPath::kS8WeightOnly || path_kind_ == LinearPath::kS4WeightOnly) {
     if (M > kWeightOnlyMaxM) {
       // Large M: unpack once per call and let the float GEMM amortise it over the rows.
@@ -301,7 +327,8 @@ at::Tensor LinearImpl::frozen_forward(const at::Tensor& x_in) {
     }
     case LinearPath::kDequant:
     case LinearPath::kS8WeightOnly:
-    case LinearPath::kS4WeightOnly: break;
+    case LinearPath::kS4WeightOnly:
+    case LinearPath::kLutWeightOnly: break;
   }
   std::vector<int64_t> shape(x_in.sizes().begin(), x_in.sizes().end());
   shape.back() = N;

@@ -13,6 +13,7 @@
 namespace qforge::kernels {
 class PackedLinearS8;
 class PackedLinearS4;
+class PackedLinearLut;
 }  // namespace qforge::kernels
 
 namespace qforge::nn {
@@ -80,6 +81,7 @@ class LinearImpl : QFORGE_TWIN_BASE(torch::nn::LinearImpl), public QuantizableLa
   QuantizedTensor fweight_;
   std::shared_ptr<kernels::PackedLinearS8> s8_;
   std::shared_ptr<kernels::PackedLinearS4> s4_;
+  std::shared_ptr<kernels::PackedLinearLut> lut_;
   float static_act_scale_ = 1.0f;
   at::Tensor pre_quant_scale_;
   // Frozen copies on a CUDA device (undefined on the CPU): int8 codes [N, K], per-row scales [N]

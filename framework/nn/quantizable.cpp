@@ -66,10 +66,14 @@ void QuantizableLayer::freeze() {
     device = w.device();
     QParams qp = weight_q_->qparams(w);
     // Packing happens on the CPU, whatever device the layer is on.
-    qp.scale = qp.scale.to(at::kCPU);
-    qp.zero_point = qp.zero_point.to(at::kCPU);
-    // Learned (LSQ) 4-bit scales are rounded up to float16 here, as min/max scales already are.
-    if (nibble_packed(qp.spec.qtype)) qp.scale = round_scale_up_to_half(qp.scale);
+    if (qp.codebook.defined()) {
+      qp.codebook = qp.codebook.to(at::kCPU);
+    } else {
+      qp.scale = qp.scale.to(at::kCPU);
+      qp.zero_point = qp.zero_point.to(at::kCPU);
+      // Learned (LSQ) 4-bit scales are rounded up to float16 here, as min/max scales already are.
+      if (nibble_packed(qp.spec.qtype)) qp.scale = round_scale_up_to_half(qp.scale);
+    }
     fw = quantize_tensor(w.to(at::kCPU), qp);
   }
   install_frozen(std::move(fw));

@@ -28,9 +28,12 @@ namespace qforge::ptq {
 // solvers call it with autograd off and the model in eval mode.
 using RunBatch = std::function<at::Tensor(int64_t b)>;
 
-enum class Rounding : uint8_t { kNearest, kGptq, kAdaRound };
+// kKMeans: codebook (qkmeans*) weights only: the codebook is refit by k-means weighted by the
+// diagonal of the layer's input Hessian, H_kk = mean over rows of x_k^2 (the energy of input
+// feature k), so the levels follow the weights that move the output most.
+enum class Rounding : uint8_t { kNearest, kGptq, kAdaRound, kKMeans };
 const char* to_string(Rounding r);
-Rounding rounding_from_name(const std::string& name);  // "rtn" | "gptq" | "adaround"
+Rounding rounding_from_name(const std::string& name);  // "rtn" | "gptq" | "adaround" | "kmeans"
 std::vector<std::string> rounding_names();
 
 struct SolveRule {

@@ -24,7 +24,7 @@ namespace {
 
 constexpr NamedValue<Rounding> kRoundingNames[] = {
     {Rounding::kNearest, "rtn"}, {Rounding::kGptq, "gptq"}, {Rounding::kAdaRound, "adaround"},
-    {Rounding::kNearest, "nearest", true}};
+    {Rounding::kKMeans, "kmeans"}, {Rounding::kNearest, "nearest", true}};
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -66,6 +66,13 @@ void solve_layer(QuantizableLayer& layer, const Capture& c, const SolveOptions& 
     w_new = r.weight;
     grid = QParams{spec, r.qparams.scale.reshape(rtn.scale.sizes()), r.qparams.zero_point.reshape(rtn.scale.sizes())};
     if (r.damp != o.gptq.damp) note = "damping raised to " + std::to_string(r.damp) + " (H not positive definite)";
+  } else if (ls.method.rfind("kmeans", 0) == 0) {
+    // Refit the levels with each weight column weighted by its input's energy (diag H).
+    QF_REQUIRE(c.n > 0, "no input rows were captured");
+    const at::Tensor energy = (c.h.diagonal() / static_cast<double>(c.n)).to(at::kFloat);
+    wq->fit_codebook(acc.weight, energy);
+    grid = wq->qparams(acc.weight);
+    w_new = fake_quantize(W.reshape(acc.weight.sizes()), grid).reshape(W.sizes());
   } else if (ls.method.rfind("adaround", 0) == 0) {
     const AdaRoundResult r = adaround(W, rtn, xq, at::matmul(xf, W.t()), o.adaround);
     w_new = r.weight;
@@ -82,8 +89,9 @@ void solve_layer(QuantizableLayer& layer, const Capture& c, const SolveOptions& 
     at::NoGradGuard g;
     acc.bias.copy_(b_new.to(acc.bias.scalar_type()));
   }
-  if (ls.method.rfind("rtn", 0) != 0) {
+  if (ls.method.rfind("rtn", 0) != 0 && ls.method.rfind("kmeans", 0) != 0) {
     // The solved codes become the weight, on a fixed grid (fake-quant and freeze reproduce them).
+    // (k-means keeps the float weight: its fitted codebook is the grid, nearest-level rounding.)
     acc.set_w2d(w_new);
     wq->set_qparams(grid);
   }
@@ -129,8 +137,13 @@ std::vector<LayerSolve> plan_solve(const torch::nn::Module& model, const SolveOp
     const int rule = matching_rule(o, path);
     const Rounding r = rule >= 0 ? o.rules[static_cast<size_t>(rule)].rounding : o.rounding;
     std::string why = solvable(path, *layer);
-    if (why.empty() && r == Rounding::kAdaRound && !layer->scheme().weights->spec.qtype.is_integer())
-      why = "AdaRound rounds onto integer grids, the weights are " + std::string(layer->scheme().weights->spec.qtype.name);
+    const QType wqt = layer->scheme().weights->spec.qtype;
+    if (why.empty() && r == Rounding::kAdaRound && !wqt.is_integer())
+      why = "AdaRound rounds onto integer grids, the weights are " + std::string(wqt.name);
+    if (why.empty() && r == Rounding::kGptq && wqt.is_codebook())
+      why = "GPTQ rounds onto uniform grids; codebook weights take kmeans";
+    if (why.empty() && r == Rounding::kKMeans && !wqt.is_codebook())
+      why = "kmeans refits codebooks; the weights are " + std::string(wqt.name) + " (a uniform grid)";
     if (why.empty() && layer->frozen()) why = "frozen";
     if (why.empty() && layer->scheme().weights->lsq && layer->weight_quantizer()->lsq_initialised())
       why = "its LSQ weight scale already trains";
@@ -204,7 +217,8 @@ SolveReport solve(torch::nn::Module& model, int64_t batches, const RunBatch& run
       const at::Tensor xf = acc.rows(x.detach());
       Quantizer iq = layer.input_quantizer();
       const at::Tensor xq = iq ? acc.rows(iq->forward(x.detach())) : xf;
-      if (pending.at(&layer).method.rfind("gptq", 0) == 0) {
+      const std::string& m = pending.at(&layer).method;
+      if (m.rfind("gptq", 0) == 0 || m.rfind("kmeans", 0) == 0) {
         const at::Tensor x64 = xq.to(at::kDouble);
         const at::Tensor h = at::matmul(x64.t(), x64);
         c.h = c.h.defined() ? c.h + h : h;

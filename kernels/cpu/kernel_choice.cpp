@@ -1,5 +1,5 @@
 // Decode-size kernel choice of the packed-linear dispatchers (gemv_s8.cpp, gemv_s4.cpp,
-// linear_weight_only.cpp), without data.
+// linear_weight_only.cpp, lut_linear.cpp), without data.
 #include "kernels/cpu/kernel_choice.h"
 
 #include <string>
@@ -31,6 +31,7 @@ const char* to_string(LinearOp op) {
     case LinearOp::kS8S4: return "s8s4";
     case LinearOp::kF32S8: return "f32s8";
     case LinearOp::kF32S4: return "f32s4";
+    case LinearOp::kF32Lut: return "f32lut";
   }
   return "?";
 }
@@ -44,7 +45,7 @@ RunInfo choose_decode_kernel(LinearOp op, Isa usable, int64_t group_size) {
     Isa isa;
     bool needs_groups_of_8;
   };
-  auto pick = [&](std::initializer_list<Candidate> list) {
+  auto pick = [&](std::initializer_list<Candidate> list, const char* reference = "reference") {
     const bool groups_fit = group_size % kS4BlockK == 0;
     for (const Candidate& c : list) {
       if (!level_ok(c.isa, usable, &why)) {
@@ -56,7 +57,7 @@ RunInfo choose_decode_kernel(LinearOp op, Isa usable, int64_t group_size) {
         return;
       }
     }
-    ri.kernel = "reference";
+    ri.kernel = reference;
   };
   switch (op) {
     case LinearOp::kS8S8:
@@ -69,6 +70,10 @@ RunInfo choose_decode_kernel(LinearOp op, Isa usable, int64_t group_size) {
       break;
     case LinearOp::kF32S8: pick({{"gemv_f32s8f32_n16k4_avx512", Isa::kAvx512, false}}); break;
     case LinearOp::kF32S4: pick({{"gemv_f32s4f32_n16k8_avx512", Isa::kAvx512, true}}); break;
+    case LinearOp::kF32Lut:
+      pick({{"gemv_f32lut_avx512", Isa::kAvx512, false}, {"gemv_f32lut_avx2", Isa::kAvx2, false}},
+           "linear_f32lut_reference");
+      break;
   }
   return ri;
 }

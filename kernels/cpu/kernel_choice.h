@@ -17,6 +17,7 @@ enum class LinearOp : uint8_t {
   kS8S4,   // int8 activations x 4-bit weights (gemv_s8s4f32; PackedLinearS4::run)
   kF32S8,  // float activations x int8 weights (linear_f32s8f32, weight-only)
   kF32S4,  // float activations x 4-bit weights (linear_f32s4f32, weight-only)
+  kF32Lut, // float activations x codebook weights (PackedLinearLut::run, weight-only)
 };
 
 const char* to_string(LinearOp op);

@@ -74,6 +74,22 @@ void linear_f32_s4_reference(const float* x, const int8_t* W, const float* w_sca
                              const int32_t* w_zero, int64_t group_size, const float* bias, float* y,
                              int64_t M, int64_t N, int64_t K);
 
+// Weight-only codebook (look-up-table, k-means) linear with float activations. idx [N, K] uint8,
+// each < L = 2^bits (bits 2, 3 or 4); codebook [N, G, L] with G = K / group_size;
+// W[n, k] = codebook[n, k / group_size, idx[n, k]]. With s = 4 stored bits (bits 3, 4) or 2
+// (bits 2), P = 8 / s planes, block B = 16 * P and Kp = K rounded up to B (x and idx are 0 beyond
+// K, whose group is the last one):
+//   acc[a][l] = 0                                          (a < P, l < 16)
+//   for block b, plane a, lane l:  k = b*B + a*16 + l;  acc[a][l] = fmaf(x[m, k], W[n, k], acc[a][l])
+//   t[l] = acc[0][l]; for a = 1 .. P-1: t[l] = t[l] + acc[a][l]
+//   for w = 8, 4, 2, 1: for l < w: t[l] = t[l] + t[l + w]
+//   y[m, n] = bias ? t[0] + bias[n] : t[0]
+// (the lanes and planes of the VPERMPS kernels, kernels/cpu/lut_linear.h). Throws qforge::Error
+// for bits outside {2, 3, 4}, a group_size that does not divide K, or an index >= L.
+void linear_f32_lut_reference(const float* x, int64_t M, const uint8_t* idx, const float* codebook,
+                              int64_t N, int64_t K, int64_t group_size, int bits, const float* bias,
+                              float* y);
+
 // Dense sub-byte packing, low bits first: value i lives in byte i / per_byte at bit
 // (i % per_byte) * bits. Values are stored as two's complement bit fields (value & mask).
 // Bytes needed: ceil(n / 2) for 4-bit, ceil(n / 4) for 2-bit; unused high fields are 0.

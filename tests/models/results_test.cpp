@@ -18,6 +18,8 @@
 #include "framework/models/bert.h"
 #include "framework/models/cnn.h"
 #include "framework/models/gpt2.h"
+#include "framework/models/state_dict.h"
+#include "framework/ptq/ptq.h"
 #include "framework/nn/rpq.h"
 #include "framework/quantize.h"
 #include "framework/train/trainer.h"
@@ -161,6 +163,83 @@ TEST(Results, FashionMnistCnnRpq) {
   EXPECT_GE(tuned.accuracy, fl.accuracy - 0.02);
   EXPECT_LT(refine.output_error_after, refine.output_error_before);
   EXPECT_LT(rpq_bytes, float_bytes / 2);
+}
+
+// docs/results.md, "k-means weights": the trained float CNN (BatchNorm folded) with every weight
+// quantized per output channel, weight-only, on uniform grids (qint4, qint2) and on k-means
+// codebooks (qkmeans4/3/2): PTQ (round to nearest / nearest level), PTQ with the codebooks refit
+// by k-means weighted by the inputs' energy (ptq::solve kmeans, 8 calibration batches), and one
+// epoch of QAT from the PTQ model (uniform: straight-through; k-means: levels trained too).
+TEST(Results, FashionMnistCnnKMeans) {
+  QFORGE_REQUIRE_FASHION_MNIST();
+  const FashionMnistSplits splits;
+  const TensorBatches &tr = splits.tr, &val = splits.val, &test = splits.test;
+  models::SmallCnnOptions mo;
+  mo.channels = {32, 64};
+  TrainOptions o;
+  o.epochs = env_int("QFORGE_CNN_EPOCHS", 4);
+  o.batch_size = 128, o.lr = 2e-3, o.weight_decay = 0.05, o.label = "cnn";
+  at::manual_seed(0);
+  models::SmallCnn base(mo);
+  auto bfwd = [&](const Batch& b) { return base->forward(b.input); };
+  fit(*base, tr, bfwd, o, &val);
+  base->eval();
+  base->fold_batch_norm();
+  const Metrics fl = evaluate(*base, test, bfwd, 500, "float test");
+  const models::StateDict state = models::model_state(*base);
+  const int64_t float_bytes = model_size(*base).total_bytes;
+
+  struct Row {
+    QType qt;
+    double ptq = 0, ptq_weighted = -1, qat = 0;
+    int64_t bytes = 0;
+  };
+  std::vector<Row> rows{{qint4}, {qkmeans4}, {qkmeans3}, {qint2}, {qkmeans2}};
+  for (Row& row : rows) {
+    // A fresh copy of the trained, folded model.
+    auto fresh = [&] {
+      at::manual_seed(1);
+      models::SmallCnn m(mo);
+      m->eval();
+      m->fold_batch_norm();
+      models::load_model_state(*m, state);
+      Scheme s(row.qt);
+      s.weight_granularity = Granularity::kPerChannel;
+      s.group_size = 0;
+      quantize(*m, s);
+      return m;
+    };
+    models::SmallCnn m = fresh();
+    auto fwd = [&](const Batch& b) { return m->forward(b.input); };
+    const std::string name = row.qt.name;
+    row.ptq = evaluate(*m, test, fwd, 500, name + " PTQ test").accuracy;
+    if (row.qt.is_codebook()) {
+      models::SmallCnn w = fresh();
+      ptq::SolveOptions so;
+      so.rounding = ptq::Rounding::kKMeans;
+      const int64_t batches = 8;
+      ptq::solve(*w, batches, [&](int64_t b) { return w->forward(tr.get(at::arange(b * 128, (b + 1) * 128, at::kLong)).input); }, so);
+      auto wfwd = [&](const Batch& b) { return w->forward(b.input); };
+      row.ptq_weighted = evaluate(*w, test, wfwd, 500, name + " PTQ (energy-weighted k-means) test").accuracy;
+    }
+    TrainOptions q = o;
+    q.epochs = 1, q.lr = 5e-4, q.weight_decay = 0.0, q.label = name + " QAT";
+    fit(*m, tr, fwd, q, &val);
+    row.qat = evaluate(*m, test, fwd, 500, name + " QAT test").accuracy;
+    m->eval();
+    freeze(*m);
+    row.bytes = model_size(*m).total_bytes;
+  }
+  std::printf("\nRESULT fashion_mnist_cnn_kmeans: float test acc %.4f (%lld bytes), weights per channel, weight-only\n"
+              "| weights | PTQ | PTQ, energy-weighted k-means | QAT 1 epoch | bytes frozen |\n|---|---|---|---|---|\n",
+              fl.accuracy, static_cast<long long>(float_bytes));
+  for (const Row& r : rows)
+    std::printf("| %s | %.2f %% | %s | %.2f %% | %lld |\n", r.qt.name, 100 * r.ptq,
+                r.ptq_weighted < 0 ? "" : (std::to_string(100 * r.ptq_weighted).substr(0, 5) + " %").c_str(),
+                100 * r.qat, static_cast<long long>(r.bytes));
+  const Row &u4 = rows[0], &k3 = rows[2], &u2 = rows[3], &k2 = rows[4];
+  EXPECT_GE(k3.ptq, u4.ptq - 0.01);  // k-means 3-bit PTQ within 1 point of uniform int4 PTQ
+  EXPECT_GE(k2.ptq, u2.ptq + 0.05);  // k-means 2-bit beats uniform int2 by at least 5 points
 }
 
 TEST(Results, LanguageIdBert) {

@@ -249,6 +249,41 @@ TEST(Solve, GptqAndBiasCorrectionLowerEveryLayersErrorAndFreezeReproducesThem) {
   }
 }
 
+TEST(Solve, KMeansWeightedByInputEnergyLowersOutputErrorOfCodebookWeights) {
+  // A Linear whose inputs have outlier channels: the energy-weighted codebook spends its levels on
+  // the columns that move the output, the unweighted one on the weights' own spread.
+  at::manual_seed(4);
+  nn::Linear lin(64, 32);
+  lin->eval();
+  const at::Tensor x = outlier_inputs(512, 64, 5);
+  at::Tensor y_float;
+  {
+    at::NoGradGuard g;
+    y_float = lin(x);
+  }
+  quantize(lin, Scheme(qkmeans2));
+  SolveOptions o;
+  o.rounding = Rounding::kKMeans;
+  const SolveReport rep = solve(*lin, 1, [&](int64_t) { return lin(x); }, o);
+  ASSERT_EQ(rep.layers.size(), 1u);
+  EXPECT_EQ(rep.layers[0].method, "kmeans");
+  EXPECT_LT(rep.layers[0].error_after, 0.8 * rep.layers[0].error_before);
+  // The float weight stays; fake-quant and the frozen layer use the refit codebook.
+  at::Tensor y_solved;
+  {
+    at::NoGradGuard g;
+    y_solved = lin(x);
+  }
+  freeze(lin);
+  EXPECT_LE(rel_error(lin(x), y_solved), 1e-5);
+  // GPTQ does not apply to codebook weights, kmeans not to uniform grids: a rule naming either is an error.
+  nn::Linear u(64, 32);
+  quantize(u, Scheme(qint4));
+  SolveOptions bad;
+  bad.rules.push_back({"*", Rounding::kKMeans});
+  EXPECT_THROW(plan_solve(*u, bad), SolveError);
+}
+
 TEST(Solve, AdaRoundOnAModelAndRulesPerLayer) {
   at::manual_seed(12);
   auto net = std::make_shared<Net>();
