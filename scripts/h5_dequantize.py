@@ -6,6 +6,7 @@ The layout and the formula are in docs/formats.md:
     float = (q - zero_point) * scale        (float32, scale/zero_point broadcast per tensor,
                                              per channel along `axis`, or per group of
                                              `group_size` elements along the last dimension)
+    float = codebook[..., q]                 (k-means qtypes: float16 levels per channel/group)
 
 Usage:
     h5_dequantize.py CHECKPOINT                 list every parameter/buffer with shape and range
@@ -60,10 +61,34 @@ def broadcast(p, granularity, axis, group_size, shape):
     raise ValueError(f"unknown granularity {granularity!r}")
 
 
+def dequantize_codebook(group, shape, bits):
+    """k-means qtypes (qkmeans4/3/2): unsigned level indices (4-bit fields, 2-bit for qkmeans2) and
+    float16 levels `codebook` of the scale shape plus 2^bits: float = codebook[..., code]."""
+    a = group.attrs
+    n = int(np.prod(shape, dtype=np.int64))
+    q = unpack(group["data"][()].reshape(-1), 2 if bits == 2 else 4, False, n).reshape(shape)
+    cb = group["codebook"][()].astype(np.float32)
+    levels = cb.shape[-1]
+    granularity = text(a["granularity"])
+    if granularity == "per_tensor":
+        return cb.reshape(levels)[q]
+    if granularity == "per_channel":
+        axis = int(a["axis"])
+        moved = np.moveaxis(q, axis, 0)
+        w = np.take_along_axis(cb.reshape(shape[axis], levels), moved.reshape(shape[axis], -1), axis=1)
+        return np.moveaxis(w.reshape(moved.shape), 0, axis)
+    if granularity == "per_group":
+        g = int(a["group_size"])
+        return np.take_along_axis(cb.reshape(-1, levels), q.reshape(-1, g), axis=1).reshape(shape)
+    raise ValueError(f"unknown granularity {granularity!r}")
+
+
 def dequantize(group):
     a = group.attrs
     shape = tuple(int(d) for d in a["shape"])
     bits = int(a["bits"])
+    if text(a["qtype"]).startswith("qkmeans"):
+        return dequantize_codebook(group, shape, bits)
     if bits == 3:
         bits = 4  # qint3 is stored in 4-bit fields, exactly as qint4 (docs/formats.md)
     signed = bool(int(a["signed"]))

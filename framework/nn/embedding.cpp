@@ -3,6 +3,8 @@
 
 #include <ATen/ATen.h>
 
+#include <vector>
+
 #include "framework/core/error.h"
 
 namespace qforge::nn {
@@ -11,6 +13,34 @@ namespace {
 // Rows of int8 tables with per-row (or per-group) scales are gathered before dequantizing.
 bool row_gather(const QSpec& s) {
   return s.granularity != Granularity::kPerTensor && s.qtype.is_integer() && s.qtype.bits == 8 && s.qtype != quint8;
+}
+
+// Codebook tables whose rows start on a byte (dim a multiple of the codes per byte) gather the
+// looked-up rows' packed indices and levels only.
+bool codebook_gather(const QSpec& s, int64_t dim) {
+  return s.qtype.is_codebook() && dim % (8 / codebook_storage_bits(s.qtype)) == 0;
+}
+
+// codebook[row, ..., code] for the rows `flat` of a frozen codebook table: [rows, dim] float.
+at::Tensor gather_codebook_rows(const QuantizedTensor& fw, const at::Tensor& flat) {
+  const int64_t num = fw.shape[0], dim = fw.shape[1];
+  const int sb = codebook_storage_bits(fw.spec.qtype), per = 8 / sb;
+  const at::Tensor bytes = fw.data.reshape({num, dim / per}).index_select(0, flat).to(at::kInt);
+  std::vector<at::Tensor> fields;
+  for (int a = 0; a < per; ++a) fields.push_back(at::bitwise_and(at::__rshift__(bytes, a * sb), (1 << sb) - 1));
+  const int64_t n = flat.numel();
+  const at::Tensor codes = at::stack(fields, -1).reshape({n, dim}).to(at::kLong);
+  const at::Tensor cb = fw.codebook.to(at::kFloat);
+  const int64_t L = fw.spec.qtype.levels();
+  switch (fw.spec.granularity) {
+    case Granularity::kPerTensor: return cb.reshape({L}).index_select(0, codes.reshape({-1})).reshape({n, dim});
+    case Granularity::kPerChannel: return cb.index_select(0, flat).gather(1, codes);
+    case Granularity::kPerGroup: {
+      const int64_t g = fw.spec.group_size;
+      return cb.index_select(0, flat).gather(2, codes.reshape({n, dim / g, g})).reshape({n, dim});
+    }
+  }
+  return {};
 }
 }  // namespace
 
@@ -31,6 +61,12 @@ void EmbeddingImpl::check_scheme(const LayerScheme& scheme) const {
 at::Tensor EmbeddingImpl::forward(const at::Tensor& indices) {
   note_input(indices);
   if (frozen_) {
+    if (codebook_gather(fweight_.spec, options.embedding_dim())) {
+      const at::Tensor flat = indices.reshape({-1}).to(at::kCPU, at::kLong);
+      std::vector<int64_t> shape(indices.sizes().begin(), indices.sizes().end());
+      shape.push_back(options.embedding_dim());
+      return gather_codebook_rows(fweight_, flat).reshape(shape).to(indices.device());
+    }
     if (row_gather(fweight_.spec)) {
       // Gather int8 rows and their scales, dequantize only those.
       // The frozen table stays on the CPU; rows gathered for indices on another device go there.
@@ -77,6 +113,8 @@ KernelPlan EmbeddingImpl::plan() const {
   const QSpec s = scheme_.weights ? scheme_.weights->spec : QSpec{};
   if (row_gather(s)) {
     p.kernel = "gather_s8+dequantize_rows";
+  } else if (codebook_gather(s, options.embedding_dim())) {
+    p.kernel = "gather_codebook_rows";
   } else {
     p.kernel = "dequantize+embedding";
     p.fallback = detail::str_cat("row gather is implemented for int8 per-row/per-group tables; ", s.to_string(),

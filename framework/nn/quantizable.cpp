@@ -64,6 +64,9 @@ void QuantizableLayer::freeze() {
                "): freezing needs quantized weights (activation-only schemes stay fake-quant)");
     const at::Tensor w = float_weight();
     device = w.device();
+    // A codebook no forward fitted yet is fitted now and kept (its quantizer then holds the levels
+    // the packed weight uses, as after any fake-quant forward).
+    if (weight_q_->config().spec.qtype.is_codebook() && !weight_q_->calibrated()) weight_q_->fit_codebook(w);
     QParams qp = weight_q_->qparams(w);
     // Packing happens on the CPU, whatever device the layer is on.
     if (qp.codebook.defined()) {

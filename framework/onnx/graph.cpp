@@ -165,6 +165,9 @@ std::string qdq_problem(const QuantizableLayer& l) {
     if (w.qtype.is_float())
       return detail::str_cat(w.qtype.name, " weights: float8 needs opset 19; this build's libonnx 1.12 writes opset ",
                              kOpset);
+    if (w.qtype.is_codebook())
+      return detail::str_cat(w.qtype.name, " weights: ONNX's DequantizeLinear has no codebook (look-up) form; "
+                                           "export safetensors (indices + float16 levels) instead");
     if (w.qtype.bits < 8)
       return detail::str_cat(w.qtype.name, " weights: ", w.qtype.bits,
                              "-bit codes need ONNX's INT4 type (opset 21, onnx >= 1.16); this build's libonnx 1.12 "

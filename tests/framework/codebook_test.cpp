@@ -13,8 +13,10 @@
 #include "fake_quant/fake_quantize.h"
 #include "framework/core/error.h"
 #include "framework/io/model_io.h"
+#include "framework/io/safetensors.h"
 #include "framework/kmeans.h"
 #include "framework/nn/conv.h"
+#include "framework/nn/embedding.h"
 #include "framework/nn/linear.h"
 #include "framework/quantize.h"
 #include "tests/error_of.h"
@@ -248,6 +250,35 @@ TEST(Codebook, FrozenLinearRunsTheLookUpTableKernelAndMatchesFakeQuant) {
   }
 }
 
+TEST(Codebook, EmbeddingGathersRowsAndConvFallsBackSayingWhy) {
+  for (const Granularity g : {Granularity::kPerChannel, Granularity::kPerGroup, Granularity::kPerTensor}) {
+    for (const QType& qt : {qkmeans4, qkmeans2}) {
+      at::manual_seed(8);
+      nn::Embedding emb(50, 32);
+      Scheme s(qt);
+      s.weight_granularity = g;
+      s.group_size = g == Granularity::kPerGroup ? 16 : 0;
+      quantize(emb, s);
+      const at::Tensor ids = at::randint(0, 50, {3, 7}, at::kLong);
+      const at::Tensor y_fq = emb(ids).detach();
+      freeze(emb);
+      EXPECT_EQ(emb->report().kernel, "gather_codebook_rows");
+      EXPECT_TRUE(at::equal(emb(ids), y_fq)) << qt.name << " " << to_string(g);
+    }
+  }
+  // Convolutions have no look-up-table kernel: the codebook weight is dequantized per call, and
+  // describe() says so; the frozen output still equals fake-quant.
+  at::manual_seed(8);
+  nn::Conv2d conv(torch::nn::Conv2dOptions(3, 8, 3).padding(1));
+  quantize(conv, Scheme(qkmeans3));
+  const at::Tensor x = at::randn({2, 3, 6, 6});
+  const at::Tensor y_fq = conv(x).detach();
+  freeze(conv);
+  EXPECT_EQ(conv->report().kernel, "dequantize+at::conv");
+  EXPECT_FALSE(conv->report().fallback_reason.empty());
+  EXPECT_LE(codebook_rel_error(conv(x), y_fq), 1e-5);
+}
+
 TEST(Codebook, QatTrainsTheLevelsAndLowersTheLoss) {
   at::manual_seed(2);
   nn::Linear lin(32, 8);
@@ -303,6 +334,25 @@ TEST(Codebook, CheckpointsLoadIntoAFreshModelFrozenOrFitted) {
     EXPECT_LE(codebook_rel_error(b(x).detach(), y_a), 1e-5);
     fs::remove(path);
   }
+}
+
+TEST(Codebook, SafetensorsExportHoldsIndicesAndFloat16Levels) {
+  at::manual_seed(4);
+  nn::Linear lin(64, 8);
+  quantize(lin, Scheme(qkmeans2));
+  freeze(lin);
+  const std::string path = ::testing::TempDir() + "/codebook.safetensors";
+  io::export_safetensors(lin, path);
+  io::SafetensorsReadOptions ro;
+  ro.to_float32 = false;
+  const io::SafetensorsFile f = io::read_safetensors(path, ro);
+  std::filesystem::remove(path);
+  ASSERT_TRUE(f.tensors.count("weight") && f.tensors.count("weight.codebook"));
+  EXPECT_EQ(f.tensors.at("weight").numel(), 64 * 8 / 4);  // 2-bit fields
+  EXPECT_EQ(f.tensors.at("weight.codebook").scalar_type(), at::kHalf);
+  EXPECT_TRUE(at::equal(f.tensors.at("weight.codebook"), lin->frozen_weight().codebook));
+  EXPECT_EQ(f.tensors.count("weight.scale"), 0u);
+  EXPECT_NE(f.metadata.at("qforge.quantized").find("codebook[..., code]"), std::string::npos);
 }
 
 TEST(Codebook, ModelSizeCountsIndicesAndLevels) {

@@ -16,6 +16,7 @@
 
 #include "framework/io/checkpoint.h"
 #include "framework/io/hdf5.h"
+#include "framework/quantized_tensor.h"
 #include "tests/io/io_fixtures.h"
 
 using namespace qforge::io;
@@ -27,6 +28,35 @@ int main(int argc, char** argv) {
       const std::string dir = argv[2];
       save_checkpoint(dir + "/checkpoint_v1.h5", testing::checkpoint_v1());
       save_calibration_dump(dir + "/calibration_v1.h5", testing::calibration_v1());
+      return 0;
+    }
+    if (mode == "make-codebook-checkpoint" && argc == 3) {
+      // k-means weights of every granularity and width (docs/formats.md), for the h5py reader.
+      at::manual_seed(0);
+      CheckpointData d;
+      const struct {
+        const char* key;
+        qforge::QType qt;
+        qforge::Granularity g;
+        int64_t axis, group;
+        std::vector<int64_t> shape;
+      } cases[] = {{"fc.weight", qforge::qkmeans4, qforge::Granularity::kPerChannel, 0, 0, {6, 10}},
+                   {"conv.weight", qforge::qkmeans3, qforge::Granularity::kPerChannel, 1, 0, {4, 3, 3, 3}},
+                   {"emb.weight", qforge::qkmeans2, qforge::Granularity::kPerGroup, 0, 8, {5, 16}},
+                   {"head.weight", qforge::qkmeans4, qforge::Granularity::kPerTensor, 0, 0, {3, 7}}};
+      for (const auto& c : cases) {
+        qforge::QSpec spec;
+        spec.qtype = c.qt;
+        spec.granularity = c.g;
+        spec.axis = c.axis;
+        spec.group_size = c.group;
+        const at::Tensor w = at::randn(c.shape);
+        std::vector<int64_t> cb_shape = qforge::codebook_shape(spec, w.sizes());
+        // Levels: sorted float16 values spread over the weight's range.
+        const at::Tensor levels = std::get<0>(at::randn(cb_shape).sort(-1)).to(at::kHalf).to(at::kFloat);
+        d.quantized[c.key] = qforge::quantize_tensor(w, qforge::make_codebook_qparams(spec, levels, w.sizes()));
+      }
+      save_checkpoint(argv[2], d);
       return 0;
     }
     if (mode == "dequantize" && argc == 4) {

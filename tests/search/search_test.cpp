@@ -86,6 +86,24 @@ TEST(Search, PredictedBytesAreTheFrozenModelsBytesAndTheBudgetHolds) {
   EXPECT_EQ(model_size(*f.model).total_bytes, r.bytes);
 }
 
+TEST(Search, CodebookCandidatesArePricedExactly) {
+  // k-means candidates only (on this small MLP their float32 look-up tables outweigh int8's
+  // scales, so a mixed list would rarely pick them): every layer takes one, and the predicted
+  // bytes are the frozen model's.
+  Fixture f = make_fixture();
+  const Scheme base(qint8);
+  SearchOptions o = options(0.5);
+  o.candidates = {Candidate{qkmeans4, Granularity::kPerChannel, 0, std::nullopt},
+                  Candidate{qkmeans2, Granularity::kPerChannel, 0, std::nullopt}};
+  const SearchResult r = search(*f.model, base, 2, f.loss, o);
+  EXPECT_LE(static_cast<double>(r.bytes), 0.5 * r.float_bytes);
+  for (const LayerChoice& l : r.layers)
+    EXPECT_NE(l.candidates[static_cast<size_t>(l.chosen)].candidate.find("qkmeans"), std::string::npos) << l.path;
+  quantize(*f.model, apply(base, r));
+  freeze(*f.model);
+  EXPECT_EQ(model_size(*f.model).total_bytes, r.bytes);
+}
+
 // With static activations the unsearched LayerNorm's output quantizer counts too.
 struct NormedMlp : torch::nn::Module {
   NormedMlp()
