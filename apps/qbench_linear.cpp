@@ -5,6 +5,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/native/quantized/PackedParams.h>
 
+#include <malloc.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -141,18 +142,26 @@ const Register kInt8VsTorchInt8(31, "linear_w8a8dyn_vs_torch_int8", [] { return 
 const Register kInt4VsFp32(32, "linear_w4a8dyn_g128_vs_fp32", [] { return cases(true, false); });
 
 // ---- k-means (codebook) weights: the look-up-table GEMV against fp32 and qforge's int4 GEMV.
-// All weight-only (float activations, M = 1): qkmeans4 per channel (16 float16 levels per row)
-// beside qint4 groups of 128 (gemv_f32s4f32), hot (one matrix, cache-resident after the first
-// call) and cold (the decode stack of gemv_cold, ≥ 4x the last-level cache). ----
+// M = 1: qkmeans4 per channel (16 float16 levels per row, float activations) beside qint4 groups
+// of 128 weight-only (qforge-int4, gemv_f32s4f32, the same float activations) and with dynamic
+// int8 activations (qforge-int4a8, the VNNI kernel of gemv_cold_w4, hot case only); hot (one
+// matrix, cache-resident after the first call) and cold (the gemv_cold stack, capped to what three
+// copies of it leave room for in memory). ----
 
-std::shared_ptr<nn::LinearImpl> frozen_weight_only(const at::Tensor& w, const QType& qtype) {
+std::shared_ptr<nn::LinearImpl> frozen_weight_only(const at::Tensor& w, const QType& qtype,
+                                                   ActivationMode act = ActivationMode::kNone) {
   auto lin = std::make_shared<nn::LinearImpl>(torch::nn::LinearOptions(w.size(1), w.size(0)).bias(false));
   {
     at::NoGradGuard g;
     lin->weight.copy_(w);
   }
-  quantize(*lin, Scheme(qtype));  // qint4: groups of 128; qkmeans4: per channel
+  Scheme s(qtype);  // qint4: groups of 128; qkmeans4: per channel
+  s.activations = act;
+  quantize(*lin, s);
   freeze(*lin);
+  // The float copy and freeze()'s temporaries are freed; give their pages back so a stack of
+  // layers holds only what the layers keep.
+  malloc_trim(0);
   return lin;
 }
 
@@ -164,13 +173,16 @@ std::vector<Case> kmeans_cases() {
     const at::Tensor w = at::randn({kColdN, kColdK}) * 0.02;
     auto km = frozen_weight_only(w, qkmeans4);
     auto i4 = frozen_weight_only(w, qint4);
+    auto i4a8 = frozen_weight_only(w, qint4, ActivationMode::kDynamicPerToken);
     Case c{"hot 1x4096x4096", 0.0, {}};
     c.impls.push_back({"libtorch", [x, w] { at::linear(x, w); }});
     c.impls.push_back({"qforge-int4", [x, i4] { i4->forward(x); }});
+    c.impls.push_back({"qforge-int4a8", [x, i4a8] { i4a8->forward(x); }});
     c.impls.push_back({"qforge", [x, km] { km->forward(x); }});
     out.push_back(std::move(c));
   }
-  const int64_t layers = cold_layers();
+  // The gemv_cold stack, capped to what three copies (fp32, int4, k-means) leave room for.
+  const int64_t layers = std::min<int64_t>(cold_layers(), physical_memory_bytes() / 8 / (4 * kColdK * kColdN));
   std::vector<at::Tensor> w32;
   std::vector<std::shared_ptr<nn::LinearImpl>> km, i4;
   int64_t qbytes = 0;
@@ -182,7 +194,8 @@ std::vector<Case> kmeans_cases() {
   }
   auto src = std::make_shared<std::vector<char>>(static_cast<size_t>(qbytes / 2), 1);
   auto dst = std::make_shared<std::vector<char>>(static_cast<size_t>(qbytes / 2), 0);
-  Case c{"cold " + std::to_string(layers) + "x4096x4096 (" + std::to_string(qbytes >> 20) + " MiB k-means)",
+  Case c{"cold " + std::to_string(layers) + "x4096x4096 (" + std::to_string(qbytes >> 20) + " MiB k-means, " +
+             std::to_string(static_cast<double>(qbytes) / static_cast<double>(llc_bytes())).substr(0, 4) + "x LLC)",
          static_cast<double>(qbytes), {}};
   c.impls.push_back({"libtorch", [x, w32] {
                        for (const at::Tensor& w : w32) at::linear(x, w);

@@ -22,6 +22,7 @@
 #include "apps/qbench_registry.h"
 #include "framework/models/bert.h"
 #include "framework/models/cnn.h"
+#include "framework/models/gpt2.h"
 #include "framework/quantize.h"
 
 namespace qforge::bench {
@@ -143,12 +144,74 @@ std::vector<Case> qat_bert_cases() {
   return {c};
 }
 
+// ---- GPT-2 small decoding token by token: 12 layers, hidden 768, 12 heads, vocabulary 50257
+// (random weights, seed 0). Each run feeds 32 tokens one at a time (greedy: each step's argmax is
+// the next input) after a 16-token prompt already in the KV cache. "libtorch": the float model,
+// its LM head tied to the token embedding (at::linear on the [50257, 768] table). "qforge": the
+// same weights with the head untied (untie_lm_head(): same logits), frozen weight-only: every
+// Linear of the blocks and the head int8 per channel (w8) or int4 in groups of 128 (w4) on the
+// weight-only GEMV kernels; both embeddings int8 per row (row gather; an int4 table would be
+// dequantized whole per call). LayerNorms stay float. Regime: DRAM (float 498 MB of weights). ----
+
+constexpr int64_t kPrompt = 16, kDecode = 32;
+
+models::Gpt2Config gpt2_small() {
+  models::Gpt2Config c;  // GPT-2 small: 50257 tokens, 1024 positions, 768, 12 layers, 12 heads
+  c.resid_pdrop = c.embd_pdrop = c.attn_pdrop = 0;
+  return c;
+}
+
+// Greedy decoding of kDecode tokens after `prompt`, whose cache is `prefilled`.
+std::function<void()> decode(std::shared_ptr<models::Gpt2LMHeadModel> m, models::Gpt2KvCache prefilled,
+                             at::Tensor first) {
+  return [m, prefilled, first] {
+    at::NoGradGuard g;
+    models::Gpt2KvCache cache = prefilled;  // the cached tensors are never written in place
+    at::Tensor next = first;
+    for (int64_t t = 0; t < kDecode; ++t) next = (*m)->forward(next, &cache).select(1, 0).argmax(-1, true);
+  };
+}
+
+std::vector<Case> gpt2_decode_cases(const QType& qtype) {
+  const models::Gpt2Config cfg = gpt2_small();
+  torch::manual_seed(0);
+  auto fp = std::make_shared<models::Gpt2LMHeadModel>(cfg);
+  (*fp)->eval();
+  torch::manual_seed(1);
+  auto q = std::make_shared<models::Gpt2LMHeadModel>(cfg);
+  (*q)->eval();
+  models::load_model_state(**q, models::model_state(**fp));
+  (*q)->untie_lm_head();
+  Scheme s(qtype);  // weight-only; qint4: groups of 128
+  LayerRule embeddings;
+  embeddings.pattern = "transformer.w?e";
+  embeddings.weights = qint8;
+  embeddings.weight_granularity = Granularity::kPerChannel;
+  s.rules.push_back(embeddings);
+  quantize(*q, s);
+  freeze(*q);
+  const at::Tensor prompt = at::randint(0, cfg.vocab_size, {1, kPrompt}, at::kLong);
+  models::Gpt2KvCache fp_cache, q_cache;
+  at::Tensor fp_first, q_first;
+  {
+    at::NoGradGuard g;
+    fp_first = (*fp)->forward(prompt, &fp_cache).select(1, kPrompt - 1).argmax(-1, true);
+    q_first = (*q)->forward(prompt, &q_cache).select(1, kPrompt - 1).argmax(-1, true);
+  }
+  Case c{"L12_H768_prompt16_decode32_tokens", 0, {}};
+  c.impls.push_back({"libtorch", decode(fp, fp_cache, fp_first)});
+  c.impls.push_back({"qforge", decode(q, q_cache, q_first)});
+  return {c};
+}
+
 const Register kCnnB1(70, "model_cnn_b1", [] { return cnn_cases(1); });
 const Register kCnnB128(71, "model_cnn_b128", [] { return cnn_cases(128); });
 const Register kBertB1(72, "model_bert_b1", [] { return bert_cases(1); });
 const Register kBertB8(73, "model_bert_b8", [] { return bert_cases(8); });
 const Register kQatCnn(74, "qat_step_cnn", qat_cnn_cases);
 const Register kQatBert(75, "qat_step_bert", qat_bert_cases);
+const Register kGpt2W8(76, "model_gpt2_decode_w8", [] { return gpt2_decode_cases(qint8); });
+const Register kGpt2W4(77, "model_gpt2_decode_w4", [] { return gpt2_decode_cases(qint4); });
 
 }  // namespace
 }  // namespace qforge::bench

@@ -31,7 +31,14 @@ void write_entry(const h5::Group& g, const CalibrationEntry& e) {
     const at::Tensor i = at::arange(bins + 1, at::kDouble);
     g.write_tensor("bin_edges", (lo + (hi - lo) * i / static_cast<double>(bins)).to(at::kFloat));
   }
-  if (e.qparams.defined()) {
+  if (e.qparams.codebook.defined()) {
+    // Codebook weights: the float16 levels; the range they cover is their min / max.
+    const h5::Group qp = g.create_group("qparams");
+    const at::Tensor cb = e.qparams.codebook.to(at::kFloat);
+    qp.write_tensor("codebook", cb.to(at::kHalf));
+    qp.write_tensor("clip_min", std::get<0>(cb.min(-1)));
+    qp.write_tensor("clip_max", std::get<0>(cb.max(-1)));
+  } else if (e.qparams.defined()) {
     const h5::Group qp = g.create_group("qparams");
     qp.write_tensor("scale", e.qparams.scale.to(at::kFloat));
     qp.write_tensor("zero_point", e.qparams.zero_point.to(at::kInt));
@@ -56,7 +63,15 @@ CalibrationEntry read_entry(const h5::Group& g) {
     e.make_observer();
     if (g.has("qparams")) {
       const h5::Group qp = g.open_group("qparams");
-      e.qparams = make_qparams(e.spec, qp.read_tensor("scale"), qp.read_tensor("zero_point"));
+      if (e.spec.qtype.is_codebook()) {
+        const at::Tensor cb = qp.read_tensor("codebook").to(at::kFloat);
+        QF_REQUIRE(cb.dim() >= 1 && cb.size(-1) == e.spec.qtype.levels() && at::isfinite(cb).all().item<bool>(),
+                   "a ", e.spec.qtype.name, " codebook must hold ", e.spec.qtype.levels(),
+                   " finite levels per row, got shape ", cb.sizes());
+        e.qparams = QParams{e.spec, {}, {}, cb};
+      } else {
+        e.qparams = make_qparams(e.spec, qp.read_tensor("scale"), qp.read_tensor("zero_point"));
+      }
     }
   } catch (const Error& err) {
     const std::string msg = err.what();

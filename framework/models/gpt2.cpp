@@ -43,6 +43,7 @@ Gpt2Config Gpt2Config::from_json(const nlohmann::json& j) {
   get_config_field(j, "models/gpt2", "attn_pdrop", c.attn_pdrop);
   get_config_field(j, "models/gpt2", "layer_norm_epsilon", c.layer_norm_epsilon);
   get_config_field(j, "models/gpt2", "initializer_range", c.initializer_range);
+  get_config_field(j, "models/gpt2", "tie_word_embeddings", c.tie_word_embeddings);
   for (const char* unsupported : {"scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn", "add_cross_attention"})
     QF_REQUIRE(!j.contains(unsupported) || !j[unsupported].is_boolean() || !j[unsupported].get<bool>(),
                "models/gpt2: config option '", unsupported, "' is not supported");
@@ -73,7 +74,7 @@ nlohmann::json Gpt2Config::to_json() const {
                       {"attn_pdrop", attn_pdrop},
                       {"layer_norm_epsilon", layer_norm_epsilon},
                       {"initializer_range", initializer_range},
-                      {"tie_word_embeddings", true}};
+                      {"tie_word_embeddings", tie_word_embeddings}};
   j["n_inner"] = n_inner > 0 ? nlohmann::json(n_inner) : nlohmann::json(nullptr);
   return j;
 }
@@ -89,14 +90,29 @@ void Gpt2AttentionImpl::reset() {
   resid_dropout = register_module("resid_dropout", torch::nn::Dropout(config.resid_pdrop));
 }
 
-at::Tensor Gpt2AttentionImpl::forward(const at::Tensor& x) {
+at::Tensor Gpt2AttentionImpl::forward(const at::Tensor& x, at::Tensor* past_k, at::Tensor* past_v) {
   const int64_t B = x.size(0), T = x.size(1), H = config.n_head, D = config.n_embd / H;
+  QF_REQUIRE((past_k == nullptr) == (past_v == nullptr), "models/gpt2: attention cache needs keys and values");
   const auto qkv = c_attn->forward(x).split(config.n_embd, -1);
   auto heads = [&](const at::Tensor& t) { return t.view({B, T, H, D}).permute({0, 2, 1, 3}); };
-  const at::Tensor q = heads(qkv[0]), k = heads(qkv[1]), v = heads(qkv[2]);
+  const at::Tensor q = heads(qkv[0]);
+  at::Tensor k = heads(qkv[1]), v = heads(qkv[2]);
+  int64_t past = 0;
+  if (past_k != nullptr) {
+    if (past_k->defined()) {
+      QF_REQUIRE(past_k->size(0) == B && past_v->defined() && past_v->sizes() == past_k->sizes(),
+                 "models/gpt2: cached keys ", past_k->sizes(), " do not match a batch of ", B);
+      past = past_k->size(2);
+      k = at::cat({*past_k, k}, 2);
+      v = at::cat({*past_v, v}, 2);
+    }
+    *past_k = k;
+    *past_v = v;
+  }
   at::Tensor w = qk_matmul->forward(q, k.transpose(-1, -2)) / std::sqrt(static_cast<double>(D));
   // HF masks future positions with finfo(float32).min (not -inf, so fully masked rows stay finite).
-  const at::Tensor causal = at::ones({T, T}, x.options().dtype(at::kBool)).tril();
+  // Query i sits at position past + i and sees keys 0 .. past + i.
+  const at::Tensor causal = at::ones({T, past + T}, x.options().dtype(at::kBool)).tril(past);
   w = at::where(causal, w, at::full({}, std::numeric_limits<float>::lowest(), w.options()));
   const at::Tensor p = attn_dropout->forward(at::softmax(w, -1));
   const at::Tensor ctx = av_matmul->forward(p, v).permute({0, 2, 1, 3}).reshape({B, T, H * D});
@@ -125,8 +141,8 @@ void Gpt2BlockImpl::reset() {
   mlp = register_module("mlp", Gpt2Mlp(config));
 }
 
-at::Tensor Gpt2BlockImpl::forward(const at::Tensor& x) {
-  const at::Tensor h = x + attn->forward(ln_1->forward(x));
+at::Tensor Gpt2BlockImpl::forward(const at::Tensor& x, at::Tensor* past_k, at::Tensor* past_v) {
+  const at::Tensor h = x + attn->forward(ln_1->forward(x), past_k, past_v);
   return h + mlp->forward(ln_2->forward(h));
 }
 
@@ -141,13 +157,26 @@ void Gpt2ModelImpl::reset() {
   ln_f = register_module("ln_f", nn::LayerNorm(torch::nn::LayerNormOptions({config.n_embd}).eps(config.layer_norm_epsilon)));
 }
 
-at::Tensor Gpt2ModelImpl::forward(const at::Tensor& ids) {
+at::Tensor Gpt2ModelImpl::forward(const at::Tensor& ids, Gpt2KvCache* cache) {
   QF_REQUIRE(ids.dim() == 2, "models/gpt2: input_ids must be [batch, seq], got ", ids.sizes());
   const int64_t T = ids.size(1);
-  QF_REQUIRE(T <= config.n_positions, "models/gpt2: sequence length ", T, " exceeds n_positions ", config.n_positions);
-  const at::Tensor pos = at::arange(T, ids.options().dtype(at::kLong)).unsqueeze(0);
+  const int64_t past = cache ? cache->length() : 0;
+  QF_REQUIRE(past + T <= config.n_positions, "models/gpt2: sequence length ", past + T,
+             past ? " (cached positions included)" : "", " exceeds n_positions ", config.n_positions);
+  if (cache) {
+    QF_REQUIRE(cache->keys.empty() || static_cast<int64_t>(cache->keys.size()) == config.n_layer,
+               "models/gpt2: the cache holds ", cache->keys.size(), " layers, the model has ", config.n_layer);
+    cache->keys.resize(static_cast<size_t>(config.n_layer));
+    cache->values.resize(static_cast<size_t>(config.n_layer));
+  }
+  const at::Tensor pos = at::arange(past, past + T, ids.options().dtype(at::kLong)).unsqueeze(0);
   at::Tensor x = drop->forward(wte->forward(ids) + wpe->forward(pos));
-  for (const auto& b : *h) x = b->as<Gpt2BlockImpl>()->forward(x);
+  size_t layer = 0;
+  for (const auto& b : *h) {
+    x = b->as<Gpt2BlockImpl>()->forward(x, cache ? &cache->keys[layer] : nullptr,
+                                        cache ? &cache->values[layer] : nullptr);
+    ++layer;
+  }
   return ln_f->forward(x);
 }
 
@@ -155,7 +184,29 @@ Gpt2LMHeadModelImpl::Gpt2LMHeadModelImpl(const Gpt2Config& c) : config(c) { rese
 
 void Gpt2LMHeadModelImpl::reset() {
   transformer = register_module("transformer", Gpt2Model(config));
+  if (!config.tie_word_embeddings)
+    lm_head = register_module("lm_head", nn::Linear(torch::nn::LinearOptions(config.n_embd, config.vocab_size).bias(false)));
   init_weights();
+}
+
+void Gpt2LMHeadModelImpl::untie_lm_head() {
+  QF_REQUIRE(config.tie_word_embeddings && !lm_head, "models/gpt2: the LM head is already untied");
+  const nn::EmbeddingImpl& wte = *transformer->wte;
+  QF_REQUIRE(!wte.quantized() && wte.weight.defined(), "models/gpt2: untie_lm_head() before quantize(): the head "
+             "copies the token embedding's float table");
+  at::Tensor table;
+  {
+    at::NoGradGuard g;
+    table = wte.weight.detach().clone();
+  }
+  nn::Linear head(torch::nn::LinearOptions(config.n_embd, config.vocab_size).bias(false));
+  {
+    at::NoGradGuard g;
+    head->weight.copy_(table);
+  }
+  head->to(table.device());
+  lm_head = register_module("lm_head", head);
+  config.tie_word_embeddings = false;
 }
 
 void Gpt2LMHeadModelImpl::init_weights() {
@@ -166,7 +217,7 @@ void Gpt2LMHeadModelImpl::init_weights() {
       const bool c_proj = item.key().size() >= 6 && item.key().compare(item.key().size() - 6, 6, "c_proj") == 0;
       lin->weight.normal_(0.0, c_proj ? config.initializer_range / std::sqrt(2.0 * config.n_layer)
                                        : config.initializer_range);
-      lin->bias.zero_();
+      if (lin->bias.defined()) lin->bias.zero_();
     } else if (auto* emb = m->as<nn::EmbeddingImpl>()) {
       emb->weight.normal_(0.0, config.initializer_range);
     } else if (auto* ln = m->as<nn::LayerNormImpl>()) {
@@ -176,8 +227,12 @@ void Gpt2LMHeadModelImpl::init_weights() {
   }
 }
 
-at::Tensor Gpt2LMHeadModelImpl::forward(const at::Tensor& ids) {
-  return at::linear(transformer->forward(ids), transformer->wte->weight);
+at::Tensor Gpt2LMHeadModelImpl::forward(const at::Tensor& ids, Gpt2KvCache* cache) {
+  const at::Tensor h = transformer->forward(ids, cache);
+  if (lm_head) return lm_head->forward(h);
+  QF_REQUIRE(transformer->wte->weight.defined(), "models/gpt2: the LM head is tied to transformer.wte, whose float "
+             "table is gone (frozen); keep transformer.wte float, or untie_lm_head() before quantize()");
+  return at::linear(h, transformer->wte->weight);
 }
 
 void load_hf_gpt2(Gpt2LMHeadModel& model, StateDict state, const std::string& source) {
@@ -187,7 +242,7 @@ void load_hf_gpt2(Gpt2LMHeadModel& model, StateDict state, const std::string& so
     const std::string key = k.rfind("transformer.", 0) == 0 || k.rfind("lm_head.", 0) == 0 ? k : "transformer." + k;
     converted[key] = is_conv1d_weight(key) && v.dim() == 2 ? v.t().contiguous() : v;
   }
-  if (auto it = converted.find("lm_head.weight"); it != converted.end()) {
+  if (auto it = converted.find("lm_head.weight"); it != converted.end() && model->config.tie_word_embeddings) {
     auto wte = converted.find("transformer.wte.weight");
     QF_REQUIRE(wte != converted.end() && wte->second.sizes() == it->second.sizes() && at::equal(wte->second, it->second),
                "models/gpt2: ", source, " has an lm_head.weight that differs from transformer.wte.weight; qforge's "

@@ -13,6 +13,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 #include <string>
+#include <vector>
 
 #include "framework/models/state_dict.h"
 #include "framework/nn/embedding.h"
@@ -33,6 +34,9 @@ struct Gpt2Config {
   double resid_pdrop = 0.1, embd_pdrop = 0.1, attn_pdrop = 0.1;
   double layer_norm_epsilon = 1e-5;
   double initializer_range = 0.02;
+  // HF's tie_word_embeddings: true (GPT-2's own) computes the logits with the token embedding's
+  // table; false gives the model its own `lm_head` Linear, which quantize() treats like any other.
+  bool tie_word_embeddings = true;
 
   int64_t inner() const { return n_inner > 0 ? n_inner : 4 * n_embd; }
   static Gpt2Config from_json(const nlohmann::json& j);
@@ -40,11 +44,23 @@ struct Gpt2Config {
   nlohmann::json to_json() const;
 };
 
+// Keys and values of the positions a GPT-2 has already seen, one pair per layer, for
+// token-by-token decoding: each forward with a cache attends to the cached positions plus its own,
+// then appends its keys and values. Tensors are [B, n_head, T_past, head_dim].
+struct Gpt2KvCache {
+  std::vector<at::Tensor> keys, values;
+  int64_t length() const { return keys.empty() || !keys[0].defined() ? 0 : keys[0].size(2); }
+  void clear() { keys.clear(), values.clear(); }
+};
+
 class Gpt2AttentionImpl : public torch::nn::Cloneable<Gpt2AttentionImpl> {
  public:
   explicit Gpt2AttentionImpl(const Gpt2Config& c);
   void reset() override;
-  at::Tensor forward(const at::Tensor& x);  // causal; x [B, T, n_embd]
+  // Causal; x [B, T, n_embd]. With past_k / past_v (both or neither): x holds the positions after
+  // the T_past cached ones, which every query sees besides its own causal prefix; the cache then
+  // holds all T_past + T positions.
+  at::Tensor forward(const at::Tensor& x, at::Tensor* past_k = nullptr, at::Tensor* past_v = nullptr);
   Gpt2Config config;
   nn::Linear c_attn{nullptr}, c_proj{nullptr};
   nn::MatMul qk_matmul{nullptr}, av_matmul{nullptr};
@@ -67,7 +83,7 @@ class Gpt2BlockImpl : public torch::nn::Cloneable<Gpt2BlockImpl> {
  public:
   explicit Gpt2BlockImpl(const Gpt2Config& c);
   void reset() override;
-  at::Tensor forward(const at::Tensor& x);
+  at::Tensor forward(const at::Tensor& x, at::Tensor* past_k = nullptr, at::Tensor* past_v = nullptr);
   Gpt2Config config;
   nn::LayerNorm ln_1{nullptr}, ln_2{nullptr};
   Gpt2Attention attn{nullptr};
@@ -79,7 +95,9 @@ class Gpt2ModelImpl : public torch::nn::Cloneable<Gpt2ModelImpl> {
  public:
   explicit Gpt2ModelImpl(const Gpt2Config& c);
   void reset() override;
-  at::Tensor forward(const at::Tensor& input_ids);  // last hidden state [B, T, n_embd]
+  // Last hidden state [B, T, n_embd]. With a cache: input_ids are the positions after the
+  // cache's (T_past + T <= n_positions) and the cache grows by T.
+  at::Tensor forward(const at::Tensor& input_ids, Gpt2KvCache* cache = nullptr);
   Gpt2Config config;
   nn::Embedding wte{nullptr}, wpe{nullptr};
   torch::nn::Dropout drop{nullptr};
@@ -92,12 +110,22 @@ class Gpt2LMHeadModelImpl : public torch::nn::Cloneable<Gpt2LMHeadModelImpl> {
  public:
   explicit Gpt2LMHeadModelImpl(const Gpt2Config& c);
   void reset() override;
-  // Logits [B, T, vocab_size]; the head is the tied token embedding (float, not quantized).
-  at::Tensor forward(const at::Tensor& input_ids);
+  // Logits [B, T, vocab_size]; the head is the tied token embedding's table (float: not a layer of
+  // its own), or `lm_head` once untied.
+  // Incremental decoding: forward(prompt, &cache), then forward(next_token [B, 1], &cache) per
+  // token; each step's logits equal those of the full sequence's forward at that position (up to
+  // float rounding: the products run at other shapes).
+  at::Tensor forward(const at::Tensor& input_ids, Gpt2KvCache* cache = nullptr);
   // HF's init: N(0, 0.02) weights, zero biases, c_proj weights N(0, 0.02 / sqrt(2 * n_layer)).
   void init_weights();
+  // Gives a tied model its own LM head: `lm_head`, a bias-free Linear holding a copy of the token
+  // embedding's table (config.tie_word_embeddings becomes false). The logits stay bit for bit the
+  // same; the head can then be quantized (and frozen) apart from the embedding, which a decoder
+  // reading the whole [vocab, n_embd] table for every token wants. Before quantize() only.
+  void untie_lm_head();
   Gpt2Config config;
   Gpt2Model transformer{nullptr};
+  nn::Linear lm_head{nullptr};  // untied models only
 };
 TORCH_MODULE(Gpt2LMHeadModel);
 

@@ -12,6 +12,8 @@
 #include "fake_quant/codebook.h"
 #include "fake_quant/fake_quantize.h"
 #include "framework/core/error.h"
+#include "framework/io/calibration_dump.h"
+#include "framework/io/calibration_io.h"
 #include "framework/io/model_io.h"
 #include "framework/io/safetensors.h"
 #include "framework/kmeans.h"
@@ -353,6 +355,32 @@ TEST(Codebook, SafetensorsExportHoldsIndicesAndFloat16Levels) {
   EXPECT_TRUE(at::equal(f.tensors.at("weight.codebook"), lin->frozen_weight().codebook));
   EXPECT_EQ(f.tensors.count("weight.scale"), 0u);
   EXPECT_NE(f.metadata.at("qforge.quantized").find("codebook[..., code]"), std::string::npos);
+}
+
+TEST(Codebook, CalibrationDumpsWriteTheLevelsAndLoadIntoAFreshModel) {
+  at::manual_seed(6);
+  nn::Linear a(32, 8);
+  Scheme s(qkmeans3);
+  s.activations = ActivationMode::kStatic;
+  s.observer = "minmax";
+  quantize(a, s);
+  {
+    Calibration calib(a);
+    a(at::randn({16, 32}));
+  }
+  const std::string path = ::testing::TempDir() + "/codebook_calibration.h5";
+  io::save_calibration(a, path);
+  const io::CalibrationDump dump = io::load_calibration_dump(path);
+  std::filesystem::remove(path);
+  bool found = false;
+  for (const auto& [module, points] : dump)
+    for (const auto& [point, e] : points)
+      if (point == "weight") {
+        found = true;
+        EXPECT_TRUE(e.qparams.codebook.defined());
+        EXPECT_EQ(e.qparams.codebook.size(-1), 8);
+      }
+  EXPECT_TRUE(found);
 }
 
 TEST(Codebook, ModelSizeCountsIndicesAndLevels) {

@@ -114,6 +114,65 @@ TEST(Gpt2, IsCausal) {
   EXPECT_FALSE(at::allclose(la.narrow(1, 5, 1), lb.narrow(1, 5, 1)));
 }
 
+TEST(Gpt2, IncrementalDecodingWithAKvCacheMatchesTheFullForward) {
+  Gpt2Config c;
+  c.vocab_size = 30, c.n_positions = 16, c.n_embd = 16, c.n_layer = 2, c.n_head = 4;
+  at::manual_seed(3);
+  Gpt2LMHeadModel m(c);
+  m->eval();
+  at::NoGradGuard ng;
+  const at::Tensor ids = at::randint(0, 30, {2, 10}, at::kLong);
+  const at::Tensor full = m->forward(ids);
+  // Prompt of 6, then 4 tokens one at a time.
+  Gpt2KvCache cache;
+  const at::Tensor prefill = m->forward(ids.narrow(1, 0, 6), &cache);
+  EXPECT_TRUE(at::allclose(prefill, full.narrow(1, 0, 6), 1e-5, 1e-6));
+  EXPECT_EQ(cache.length(), 6);
+  for (int64_t t = 6; t < 10; ++t) {
+    const at::Tensor step = m->forward(ids.narrow(1, t, 1), &cache);
+    EXPECT_TRUE(at::allclose(step, full.narrow(1, t, 1), 1e-5, 1e-6)) << "position " << t;
+  }
+  EXPECT_EQ(cache.length(), 10);
+  EXPECT_EQ(cache.keys[0].sizes(), at::IntArrayRef({2, 4, 10, 4}));
+  // Past n_positions is an error naming the cached positions.
+  EXPECT_NE(error_of([&] { m->forward(at::zeros({2, 7}, at::kLong), &cache); }).find("cached positions"),
+            std::string::npos);
+}
+
+TEST(Gpt2, UntiedHeadKeepsTheLogitsQuantizesApartAndRoundTripsThroughHfFiles) {
+  Gpt2Config c;
+  c.vocab_size = 40, c.n_positions = 8, c.n_embd = 32, c.n_layer = 1, c.n_head = 2;
+  at::manual_seed(5);
+  Gpt2LMHeadModel m(c);
+  m->eval();
+  at::NoGradGuard ng;
+  const at::Tensor ids = at::randint(0, 40, {2, 5}, at::kLong);
+  const at::Tensor tied = m->forward(ids);
+  m->untie_lm_head();
+  EXPECT_FALSE(m->config.tie_word_embeddings);
+  EXPECT_TRUE(at::equal(m->forward(ids), tied));
+  EXPECT_NE(error_of([&] { m->untie_lm_head(); }).find("already untied"), std::string::npos);
+  // HF files: config says untied, lm_head.weight is loaded as the head's own.
+  const std::string dir = ::testing::TempDir() + "/gpt2_untied";
+  save_hf_gpt2(m, dir);
+  Gpt2LMHeadModel back = load_gpt2_lm_head_model(dir);
+  std::filesystem::remove_all(dir);
+  back->eval();
+  ASSERT_TRUE(back->lm_head);
+  EXPECT_TRUE(at::equal(back->forward(ids), tied));
+  // Quantized and frozen apart: the head int4, the embedding int8 (row gather).
+  quantize(*m, Scheme(qint4));
+  freeze(*m);
+  EXPECT_NE(m->lm_head->report().kernel.find("f32s4f32"), std::string::npos) << m->lm_head->report().kernel;
+  const at::Tensor q = m->forward(ids);
+  EXPECT_LT((q - tied).abs().max().item<double>(), 0.1 * tied.abs().max().item<double>());
+  // A tied model whose embedding was frozen says why its head cannot run.
+  Gpt2LMHeadModel t(c);
+  quantize(*t, Scheme(qint8));
+  freeze(*t);
+  EXPECT_NE(error_of([&] { t->forward(ids); }).find("untie_lm_head"), std::string::npos);
+}
+
 TEST(Mlp, ForwardMatchesPyTorchGolden) {
   const auto& g = goldens()["mlp"];
   Mlp m(MlpOptions{784, g["hidden"].get<std::vector<int64_t>>(), 10});
