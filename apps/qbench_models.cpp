@@ -3,6 +3,8 @@
 //   model_bert_b1, model_bert_b8     BERT-base shapes (12 layers, hidden 768, 12 heads, FFN 3072,
 //                                    sequence 128, random weights), 1 / 8 sequences
 //   qat_step_cnn, qat_step_bert      one training step (forward, cross-entropy, backward, SGD)
+//   model_gpt2_decode_w8, _w4        GPT-2 small decoding 32 tokens one at a time (KV cache),
+//                                    frozen weight-only int8 / int4 (details above gpt2_small())
 // impl "libtorch": the float model (qforge's float layers run LibTorch's own ops: at::linear,
 // at::conv2d, at::matmul); impl "qforge": the same model frozen to int8 (W8A8: int8 per-channel
 // weights, int8 static activations calibrated by min/max on random inputs; the CNN's BatchNorm
