@@ -1,0 +1,166 @@
+// qbench_memory: resident memory of a model float and frozen, measured (issue 18). Each case runs
+// in its own forked process, so one case's pages and allocator state never count in another's:
+//   model     RSS after building the model (frozen: after quantize, calibration and freeze, the
+//             float weights released and freed pages returned with malloc_trim), minus the
+//             process's RSS before building it
+//   build     peak RSS while building (a frozen model holds its float weights until freeze)
+//   inference peak RSS during one forward (BERT) or 32 decoded tokens (GPT-2), the peak counter
+//             reset after the build (/proc/self/clear_refs), minus the RSS before building
+//   qbench_memory [--json]
+#include <ATen/ATen.h>
+#include <malloc.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "framework/models/bert.h"
+#include "framework/models/gpt2.h"
+#include "framework/quantize.h"
+
+namespace {
+
+using namespace qforge;
+
+// A field of /proc/self/status in KiB ("VmRSS", "VmHWM").
+int64_t status_kib(const char* field) {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  const std::string key = std::string(field) + ":";
+  while (std::getline(f, line))
+    if (line.rfind(key, 0) == 0) return std::atoll(line.c_str() + key.size());
+  return -1;
+}
+
+void reset_peak() { std::ofstream("/proc/self/clear_refs") << "5"; }
+
+struct Measured {
+  int64_t model_kib = 0, build_peak_kib = 0, inference_peak_kib = 0;
+};
+
+// Runs build() then infer() in a child process and reads back what it measured.
+Measured measure(const std::function<std::function<void()>()>& build) {
+  int fd[2];
+  if (pipe(fd) != 0) std::perror("pipe");
+  const pid_t pid = fork();
+  if (pid == 0) {
+    close(fd[0]);
+    at::set_num_threads(1);
+    malloc_trim(0);
+    const int64_t base = status_kib("VmRSS");
+    reset_peak();
+    std::function<void()> infer = build();
+    Measured m;
+    m.build_peak_kib = status_kib("VmHWM") - base;
+    malloc_trim(0);
+    m.model_kib = status_kib("VmRSS") - base;
+    reset_peak();
+    infer();
+    m.inference_peak_kib = status_kib("VmHWM") - base;
+    if (write(fd[1], &m, sizeof m) != static_cast<ssize_t>(sizeof m)) _exit(1);
+    _exit(0);
+  }
+  close(fd[1]);
+  Measured m;
+  const bool ok = read(fd[0], &m, sizeof m) == static_cast<ssize_t>(sizeof m);
+  close(fd[0]);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  if (!ok || !WIFEXITED(status) || WEXITSTATUS(status) != 0) std::fprintf(stderr, "qbench_memory: a case failed\n");
+  return m;
+}
+
+models::BertConfig bert_base() {
+  models::BertConfig c;  // hidden 768, 12 layers, 12 heads, FFN 3072
+  c.hidden_dropout_prob = 0;
+  c.attention_probs_dropout_prob = 0;
+  return c;
+}
+
+// BERT-base, one sequence of 128 tokens; frozen = W8A8 static (min/max on one random sequence).
+std::function<void()> bert(bool frozen) {
+  const models::BertConfig cfg = bert_base();
+  torch::manual_seed(0);
+  auto m = std::make_shared<models::BertForSequenceClassification>(cfg);
+  (*m)->eval();
+  const at::Tensor ids = at::randint(1, cfg.vocab_size, {1, 128}, at::kLong);
+  if (frozen) {
+    Scheme s(qint8);
+    s.activations = ActivationMode::kStatic;
+    s.observer = "minmax";
+    quantize(*m, s);
+    {
+      Calibration calib(*m);
+      at::NoGradGuard g;
+      (*m)->forward(ids);
+    }
+    freeze(*m);
+  }
+  return [m, ids] {
+    at::NoGradGuard g;
+    (*m)->forward(ids);
+  };
+}
+
+// GPT-2 small decoding 32 tokens after a 16-token prompt; frozen = weight-only int4 (groups of
+// 128) with the LM head untied and quantized, embeddings int8 per row (qbench model_gpt2_decode_w4).
+std::function<void()> gpt2(bool frozen) {
+  models::Gpt2Config cfg;
+  cfg.resid_pdrop = cfg.embd_pdrop = cfg.attn_pdrop = 0;
+  torch::manual_seed(0);
+  auto m = std::make_shared<models::Gpt2LMHeadModel>(cfg);
+  (*m)->eval();
+  if (frozen) {
+    (*m)->untie_lm_head();
+    Scheme s(qint4);
+    LayerRule emb;
+    emb.pattern = "transformer.w?e";
+    emb.weights = qint8;
+    emb.weight_granularity = Granularity::kPerChannel;
+    s.rules.push_back(emb);
+    quantize(*m, s);
+    freeze(*m);
+  }
+  const at::Tensor prompt = at::randint(0, cfg.vocab_size, {1, 16}, at::kLong);
+  return [m, prompt] {
+    at::NoGradGuard g;
+    models::Gpt2KvCache cache;
+    at::Tensor next = (*m)->forward(prompt, &cache).select(1, 15).argmax(-1, true);
+    for (int t = 0; t < 32; ++t) next = (*m)->forward(next, &cache).select(1, 0).argmax(-1, true);
+  };
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const bool json = argc > 1 && std::strcmp(argv[1], "--json") == 0;
+  struct Row {
+    const char* model;
+    const char* state;
+    std::function<std::function<void()>()> build;
+  };
+  const std::vector<Row> rows{{"bert_base_b1_s128", "float", [] { return bert(false); }},
+                              {"bert_base_b1_s128", "frozen_w8a8", [] { return bert(true); }},
+                              {"gpt2_small_decode32", "float", [] { return gpt2(false); }},
+                              {"gpt2_small_decode32", "frozen_w4", [] { return gpt2(true); }}};
+  if (!json) std::printf("%-22s %-12s %12s %12s %14s\n", "model", "state", "model MiB", "build peak", "inference peak");
+  for (const Row& r : rows) {
+    const Measured m = measure(r.build);
+    if (json) {
+      std::printf("{\"bench\":\"memory\",\"model\":\"%s\",\"state\":\"%s\",\"model_kib\":%lld,\"build_peak_kib\":%lld,"
+                  "\"inference_peak_kib\":%lld}\n",
+                  r.model, r.state, static_cast<long long>(m.model_kib), static_cast<long long>(m.build_peak_kib),
+                  static_cast<long long>(m.inference_peak_kib));
+    } else {
+      std::printf("%-22s %-12s %12.1f %12.1f %14.1f\n", r.model, r.state, m.model_kib / 1024.0,
+                  m.build_peak_kib / 1024.0, m.inference_peak_kib / 1024.0);
+    }
+    std::fflush(stdout);
+  }
+  return 0;
+}
