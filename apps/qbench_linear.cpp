@@ -32,15 +32,18 @@ std::string shape_name(const Shape& s) {
   return std::to_string(s.M) + "x" + std::to_string(s.K) + "x" + std::to_string(s.N);
 }
 
-std::shared_ptr<nn::LinearImpl> frozen_linear(const at::Tensor& w, const at::Tensor& b, const QType& qtype) {
-  auto lin = std::make_shared<nn::LinearImpl>(w.size(1), w.size(0));
+// A frozen Linear holding w (and b, when defined) under the default scheme of `qtype` (qint4:
+// groups of 128; qkmeans4: per channel) with activations `act`.
+std::shared_ptr<nn::LinearImpl> frozen_linear(const at::Tensor& w, const at::Tensor& b, const QType& qtype,
+                                              ActivationMode act = ActivationMode::kDynamicPerToken) {
+  auto lin = std::make_shared<nn::LinearImpl>(torch::nn::LinearOptions(w.size(1), w.size(0)).bias(b.defined()));
   {
     at::NoGradGuard g;
     lin->weight.copy_(w);
-    lin->bias.copy_(b);
+    if (b.defined()) lin->bias.copy_(b);
   }
   Scheme s(qtype);
-  s.activations = ActivationMode::kDynamicPerToken;
+  s.activations = act;
   quantize(*lin, s);
   freeze(*lin);
   malloc_trim(0);  // freed float copies and packing buffers go back to the OS between layers
@@ -161,21 +164,8 @@ const Register kInt4VsFp32(32, "linear_w4a8dyn_g128_vs_fp32", [] { return cases(
 // matrix, cache-resident after the first call) and cold (the gemv_cold stack, capped to what three
 // copies of it leave room for in memory). ----
 
-std::shared_ptr<nn::LinearImpl> frozen_weight_only(const at::Tensor& w, const QType& qtype,
-                                                   ActivationMode act = ActivationMode::kNone) {
-  auto lin = std::make_shared<nn::LinearImpl>(torch::nn::LinearOptions(w.size(1), w.size(0)).bias(false));
-  {
-    at::NoGradGuard g;
-    lin->weight.copy_(w);
-  }
-  Scheme s(qtype);  // qint4: groups of 128; qkmeans4: per channel
-  s.activations = act;
-  quantize(*lin, s);
-  freeze(*lin);
-  // The float copy and freeze()'s temporaries are freed; give their pages back so a stack of
-  // layers holds only what the layers keep.
-  malloc_trim(0);
-  return lin;
+std::shared_ptr<nn::LinearImpl> frozen_weight_only(const at::Tensor& w, const QType& qtype) {
+  return frozen_linear(w, at::Tensor(), qtype, ActivationMode::kNone);
 }
 
 std::vector<Case> kmeans_cases() {
@@ -186,7 +176,7 @@ std::vector<Case> kmeans_cases() {
     const at::Tensor w = at::randn({kColdN, kColdK}) * 0.02;
     auto km = frozen_weight_only(w, qkmeans4);
     auto i4 = frozen_weight_only(w, qint4);
-    auto i4a8 = frozen_weight_only(w, qint4, ActivationMode::kDynamicPerToken);
+    auto i4a8 = frozen_linear(w, at::Tensor(), qint4);
     Case c{"hot 1x4096x4096", 0.0, {}};
     c.impls.push_back({"libtorch", [x, w] { at::linear(x, w); }});
     c.impls.push_back({"qforge-int4", [x, i4] { i4->forward(x); }});

@@ -19,9 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "framework/models/bert.h"
-#include "framework/models/gpt2.h"
-#include "framework/quantize.h"
+#include "apps/qbench_models.h"
 
 namespace {
 
@@ -75,16 +73,9 @@ Measured measure(const std::function<std::function<void()>()>& build) {
   return m;
 }
 
-models::BertConfig bert_base() {
-  models::BertConfig c;  // hidden 768, 12 layers, 12 heads, FFN 3072
-  c.hidden_dropout_prob = 0;
-  c.attention_probs_dropout_prob = 0;
-  return c;
-}
-
 // BERT-base, one sequence of 128 tokens; frozen = W8A8 static (min/max on one random sequence).
 std::function<void()> bert(bool frozen) {
-  const models::BertConfig cfg = bert_base();
+  const models::BertConfig cfg = bench::bert_base();
   torch::manual_seed(0);
   auto m = std::make_shared<models::BertForSequenceClassification>(cfg);
   (*m)->eval();
@@ -110,22 +101,11 @@ std::function<void()> bert(bool frozen) {
 // GPT-2 small decoding 32 tokens after a 16-token prompt; frozen = weight-only int4 (groups of
 // 128) with the LM head untied and quantized, embeddings int8 per row (qbench model_gpt2_decode_w4).
 std::function<void()> gpt2(bool frozen) {
-  models::Gpt2Config cfg;
-  cfg.resid_pdrop = cfg.embd_pdrop = cfg.attn_pdrop = 0;
+  const models::Gpt2Config cfg = bench::gpt2_small();
   torch::manual_seed(0);
   auto m = std::make_shared<models::Gpt2LMHeadModel>(cfg);
   (*m)->eval();
-  if (frozen) {
-    (*m)->untie_lm_head();
-    Scheme s(qint4);
-    LayerRule emb;
-    emb.pattern = "transformer.w?e";
-    emb.weights = qint8;
-    emb.weight_granularity = Granularity::kPerChannel;
-    s.rules.push_back(emb);
-    quantize(*m, s);
-    freeze(*m);
-  }
+  if (frozen) bench::freeze_for_decode(*m, qint4);
   const at::Tensor prompt = at::randint(0, cfg.vocab_size, {1, 16}, at::kLong);
   return [m, prompt] {
     at::NoGradGuard g;

@@ -4,7 +4,7 @@
 //                                    sequence 128, random weights), 1 / 8 sequences
 //   qat_step_cnn, qat_step_bert      one training step (forward, cross-entropy, backward, SGD)
 //   model_gpt2_decode_w8, _w4        GPT-2 small decoding 32 tokens one at a time (KV cache),
-//                                    frozen weight-only int8 / int4 (details above gpt2_small())
+//                                    frozen weight-only int8 / int4 (freeze_for_decode, apps/qbench_models.h)
 // impl "libtorch": the float model (qforge's float layers run LibTorch's own ops: at::linear,
 // at::conv2d, at::matmul); impl "qforge": the same model frozen to int8 (W8A8: int8 per-channel
 // weights, int8 static activations calibrated by min/max on random inputs; the CNN's BatchNorm
@@ -21,11 +21,9 @@
 #include <memory>
 #include <vector>
 
+#include "apps/qbench_models.h"
 #include "apps/qbench_registry.h"
-#include "framework/models/bert.h"
 #include "framework/models/cnn.h"
-#include "framework/models/gpt2.h"
-#include "framework/quantize.h"
 
 namespace qforge::bench {
 namespace {
@@ -35,14 +33,6 @@ Scheme w8a8() {
   s.activations = ActivationMode::kStatic;
   s.observer = "minmax";
   return s;
-}
-
-models::BertConfig bert_base(int64_t layers) {
-  models::BertConfig c;  // BERT-base defaults: hidden 768, 12 heads, FFN 3072
-  c.num_hidden_layers = layers;
-  c.hidden_dropout_prob = 0;
-  c.attention_probs_dropout_prob = 0;
-  return c;
 }
 
 constexpr int64_t kSeq = 128;
@@ -157,12 +147,6 @@ std::vector<Case> qat_bert_cases() {
 
 constexpr int64_t kPrompt = 16, kDecode = 32;
 
-models::Gpt2Config gpt2_small() {
-  models::Gpt2Config c;  // GPT-2 small: 50257 tokens, 1024 positions, 768, 12 layers, 12 heads
-  c.resid_pdrop = c.embd_pdrop = c.attn_pdrop = 0;
-  return c;
-}
-
 // Greedy decoding of kDecode tokens after `prompt`, whose cache is `prefilled`.
 std::function<void()> decode(std::shared_ptr<models::Gpt2LMHeadModel> m, models::Gpt2KvCache prefilled,
                              at::Tensor first) {
@@ -183,15 +167,7 @@ std::vector<Case> gpt2_decode_cases(const QType& qtype) {
   auto q = std::make_shared<models::Gpt2LMHeadModel>(cfg);
   (*q)->eval();
   models::load_model_state(**q, models::model_state(**fp));
-  (*q)->untie_lm_head();
-  Scheme s(qtype);  // weight-only; qint4: groups of 128
-  LayerRule embeddings;
-  embeddings.pattern = "transformer.w?e";
-  embeddings.weights = qint8;
-  embeddings.weight_granularity = Granularity::kPerChannel;
-  s.rules.push_back(embeddings);
-  quantize(*q, s);
-  freeze(*q);
+  freeze_for_decode(*q, qtype);
   const at::Tensor prompt = at::randint(0, cfg.vocab_size, {1, kPrompt}, at::kLong);
   models::Gpt2KvCache fp_cache, q_cache;
   at::Tensor fp_first, q_first;

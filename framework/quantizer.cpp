@@ -206,9 +206,7 @@ QParams QuantizerImpl::qparams(const at::Tensor& weight) const {
     // Evaluation and freeze use the float16 levels the packed format stores (round to nearest).
     if (codebook_.numel() > 0) return QParams{spec, {}, {}, codebook_.detach().to(at::kHalf).to(at::kFloat)};
     QF_REQUIRE(weight.defined(), path_, ": codebook qparams need the weight (k-means on it)");
-    QuantizerImpl fitter(role_, config_, mode_, path_);
-    fitter.fit_codebook(weight);
-    return fitter.qparams();
+    return QParams{spec, {}, {}, codebook_levels(weight, {}, spec, path_)};
   }
   if (role_ == Role::kWeight) return weight_grid(weight);
   QF_REQUIRE(mode_ == ActivationMode::kStatic, path_, ": dynamic activations have per-call qparams");
@@ -271,17 +269,17 @@ at::Tensor codebook_rows(const at::Tensor& w, const QSpec& spec) {
 }
 }  // namespace
 
-void QuantizerImpl::fit_codebook(const at::Tensor& w_in, const at::Tensor& importance) {
-  const QSpec& spec = config_.spec;
-  QF_REQUIRE(spec.qtype.is_codebook(), path_, ": fit_codebook on a ", spec.qtype.name, " quantizer");
-  QF_REQUIRE(w_in.defined() && w_in.dim() >= 1 && w_in.numel() > 0, path_, ": fit_codebook needs a non-empty weight");
+at::Tensor codebook_levels(const at::Tensor& w_in, const at::Tensor& importance, const QSpec& spec,
+                           const std::string& who) {
+  QF_REQUIRE(spec.qtype.is_codebook(), who, ": codebook levels for a ", spec.qtype.name, " weight");
+  QF_REQUIRE(w_in.defined() && w_in.dim() >= 1 && w_in.numel() > 0, who, ": fit_codebook needs a non-empty weight");
   const at::Tensor w = w_in.detach().to(at::kCPU, at::kFloat).contiguous();
-  QF_REQUIRE(at::isfinite(w).all().item<bool>(), path_, ": weight holds NaN or inf; cannot fit its codebook");
+  QF_REQUIRE(at::isfinite(w).all().item<bool>(), who, ": weight holds NaN or inf; cannot fit its codebook");
   const std::vector<int64_t> shape = codebook_shape(spec, w.sizes());
   at::Tensor imp;
   if (importance.defined()) {
     const int64_t per_channel = w.numel() / w.size(0);
-    QF_REQUIRE(importance.numel() == per_channel, path_, ": codebook importance has ", importance.numel(),
+    QF_REQUIRE(importance.numel() == per_channel, who, ": codebook importance has ", importance.numel(),
                " values; one output channel of the weight ", w.sizes(), " has ", per_channel);
     std::vector<int64_t> one(w.sizes().begin(), w.sizes().end());
     one[0] = 1;
@@ -293,9 +291,13 @@ void QuantizerImpl::fit_codebook(const at::Tensor& w_in, const at::Tensor& impor
   KMeansOptions opts;
   opts.iterations = 50;
   const at::Tensor levels = kmeans_1d(codebook_rows(w, spec), spec.qtype.levels(), imp, opts);
-  at::Tensor half = levels.to(at::kHalf).to(at::kFloat);
-  QF_REQUIRE(at::isfinite(half).all().item<bool>(), path_, ": a codebook level exceeds float16's range (65504)");
-  set_codebook(half.reshape(shape));
+  const at::Tensor half = levels.to(at::kHalf).to(at::kFloat);
+  QF_REQUIRE(at::isfinite(half).all().item<bool>(), who, ": a codebook level exceeds float16's range (65504)");
+  return half.reshape(shape);
+}
+
+void QuantizerImpl::fit_codebook(const at::Tensor& w, const at::Tensor& importance) {
+  set_codebook(codebook_levels(w, importance, config_.spec, path_));
 }
 
 void QuantizerImpl::set_codebook(const at::Tensor& levels) {

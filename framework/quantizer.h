@@ -121,6 +121,11 @@ class QuantizerImpl : public torch::nn::Module {
 
 TORCH_MODULE(Quantizer);
 
+// The float16 levels k-means fits to a codebook weight `w` under `spec` (what
+// Quantizer::fit_codebook sets), codebook_shape; `importance` as there. `who` names the weight.
+at::Tensor codebook_levels(const at::Tensor& w, const at::Tensor& importance, const QSpec& spec,
+                           const std::string& who);
+
 // Rounds positive float32 scales up to the nearest IEEE float16 value. Scales of nibble-packed
 // weights (qint4, quint4, qint3) are stored as float16 in the packed int4 layout; rounding up (never down) keeps every value inside
 // the grid.

@@ -1,0 +1,42 @@
+// The reference models as qbench and qbench_memory build them: BERT-base and GPT-2 small shapes
+// without dropout, and GPT-2 prepared for decoding frozen (model_gpt2_decode_*).
+#pragma once
+
+#include "framework/models/bert.h"
+#include "framework/models/gpt2.h"
+#include "framework/quantize.h"
+
+namespace qforge::bench {
+
+// BERT-base: hidden 768, 12 heads, FFN 3072, `layers` layers, no dropout.
+inline models::BertConfig bert_base(int64_t layers = 12) {
+  models::BertConfig c;
+  c.num_hidden_layers = layers;
+  c.hidden_dropout_prob = 0;
+  c.attention_probs_dropout_prob = 0;
+  return c;
+}
+
+// GPT-2 small: 50257 tokens, 1024 positions, 768, 12 layers, 12 heads, no dropout.
+inline models::Gpt2Config gpt2_small() {
+  models::Gpt2Config c;
+  c.resid_pdrop = c.embd_pdrop = c.attn_pdrop = 0;
+  return c;
+}
+
+// The decode model of model_gpt2_decode_*: the LM head untied (same logits) and every Linear,
+// head included, frozen weight-only under `qtype`'s default scheme (qint4: groups of 128); both
+// embeddings int8 per row (row gather; an int4 table would be dequantized whole per call).
+inline void freeze_for_decode(models::Gpt2LMHeadModel& m, const QType& qtype) {
+  m->untie_lm_head();
+  Scheme s(qtype);
+  LayerRule embeddings;
+  embeddings.pattern = "transformer.w?e";
+  embeddings.weights = qint8;
+  embeddings.weight_granularity = Granularity::kPerChannel;
+  s.rules.push_back(embeddings);
+  quantize(*m, s);
+  freeze(*m);
+}
+
+}  // namespace qforge::bench
