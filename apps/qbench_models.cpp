@@ -10,8 +10,8 @@
 // weights, int8 static activations calibrated by min/max on random inputs; the CNN's BatchNorm
 // folded first), or for qat_step the QAT step of the model quantized that way (fake-quant
 // forward, straight-through backward). Linear and conv layers run integer kernels (conv through
-// im2col + the s8 GEMM, ReLU fused); layers without one (attention's batched matmuls today) run
-// their documented fallback; describe() lists them. No LibTorch
+// im2col + the s8 GEMM, ReLU fused), attention's Q.K^T and P.V the batched int8 product
+// (bmm_s8s8f32); describe() lists what each layer runs. No LibTorch
 // dynamic-int8 row: LibTorch's C++ API has no quantize_dynamic for a module tree.
 // Regime: BERT-base's weights (436 MB float, 110 MB int8) exceed the last-level cache, so every
 // forward reads them from DRAM; the CNN's (1.7 MB float) stay in cache between calls.

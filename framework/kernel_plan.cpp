@@ -119,6 +119,25 @@ KernelPlan plan_linear(const std::optional<QSpec>& weights, ActivationMode act, 
   return plan;
 }
 
+KernelPlan plan_matmul(ActivationMode act, const QSpec& activation, Isa isa) {
+  KernelPlan plan;
+  if (act == ActivationMode::kNone) {
+    plan.kernel = "at::matmul";
+    return plan;
+  }
+  plan.kernel = "fake_quant+at::matmul";
+  std::string why;
+  if (act == ActivationMode::kStatic && !static_act_fits_kernels(activation, &why)) {
+    plan.fallback = why + ": operands are quantize-dequantized in float";
+    return plan;
+  }
+  plan.path = act == ActivationMode::kStatic ? LinearPath::kS8Static : LinearPath::kS8Dynamic;
+  const kernels::RunInfo ri = kernels::choose_decode_kernel(kernels::LinearOp::kS8S8, isa);
+  plan.kernel = "bmm_s8s8f32+" + ri.kernel;
+  plan.fallback = ri.fallback;
+  return plan;
+}
+
 KernelPlan plan_linear_cuda(const std::optional<QSpec>& weights, ActivationMode act, const QSpec& activation,
                             int64_t in_features, int64_t out_features) {
   KernelPlan plan = plan_linear(weights, act, activation, in_features, Isa::kReference);

@@ -28,7 +28,7 @@ enum class LinearPath : uint8_t {
 const char* to_string(LinearPath path);
 
 struct KernelPlan {
-  LinearPath path = LinearPath::kDequant;  // Linear layers only
+  LinearPath path = LinearPath::kDequant;  // the integer path of Linear, Conv and MatMul layers
   std::string kernel;                      // what a decode-sized call runs
   std::string fallback;                    // why that is not the first choice ("" when it is)
 };
@@ -45,5 +45,12 @@ KernelPlan plan_linear(const std::optional<QSpec>& weights, ActivationMode activ
 // everything else a float weight (dequantized per call) through at::linear, with the reason.
 KernelPlan plan_linear_cuda(const std::optional<QSpec>& weights, ActivationMode activations, const QSpec& activation,
                             int64_t in_features, int64_t out_features);
+
+// The plan of a frozen MatMul (two activations, attention's Q.K^T and P.V) whose operands are
+// quantized `activations` with spec `activation`: kS8Static / kS8Dynamic run bmm_s8s8f32 on CPU
+// tensors (static: per-tensor symmetric int8 scales; dynamic: the first operand per row, the
+// second per column, the contracted dimension being the one each scale spans), kDequant
+// fake-quantizes both operands and runs at::matmul in float, with the reason.
+KernelPlan plan_matmul(ActivationMode activations, const QSpec& activation, Isa isa = usable_isa());
 
 }  // namespace qforge

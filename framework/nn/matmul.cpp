@@ -2,8 +2,13 @@
 #include "framework/nn/matmul.h"
 
 #include <ATen/ATen.h>
+#include <ATen/ExpandUtils.h>
+
+#include <vector>
 
 #include "framework/core/error.h"
+#include "kernels/cpu/gemv_s8.h"
+#include "kernels/cpu/quantize_rows_s8.h"
 
 namespace qforge::nn {
 
@@ -26,24 +31,76 @@ std::vector<Quantizer> MatMulImpl::quantizers() const {
   return out;
 }
 
+at::Tensor MatMulImpl::quantize_other(const at::Tensor& b) {
+  // Dynamic scales of the second operand: one per column (rows of b^T).
+  if (other_q_->mode() == ActivationMode::kDynamicPerToken && b.dim() >= 2)
+    return other_q_->forward(b.transpose(-1, -2)).transpose(-1, -2);
+  return other_q_->forward(b);
+}
+
 at::Tensor MatMulImpl::forward(const at::Tensor& a, const at::Tensor& b) {
   if (!input_q_) return at::matmul(a, b);
-  // Per-token dynamic scales are along the last dimension of each operand as given.
-  return at::matmul(input_q_->forward(a), other_q_->forward(b));
+  if (frozen_ && path_kind_ != LinearPath::kDequant && a.is_cpu() && b.is_cpu() && a.dim() >= 2 && b.dim() >= 2 &&
+      a.scalar_type() == at::kFloat && b.scalar_type() == at::kFloat)
+    return integer_forward(a, b);
+  return at::matmul(input_q_->forward(a), quantize_other(b));
+}
+
+at::Tensor MatMulImpl::integer_forward(const at::Tensor& a, const at::Tensor& b) const {
+  const int64_t M = a.size(-2), K = a.size(-1), N = b.size(-1);
+  QF_REQUIRE(b.size(-2) == K, path_, " (MatMul): operands ", a.sizes(), " and ", b.sizes(),
+             " cannot be multiplied (contracted sizes ", K, " and ", b.size(-2), ")");
+  const std::vector<int64_t> batch_shape =
+      at::infer_size(a.sizes().slice(0, a.dim() - 2), b.sizes().slice(0, b.dim() - 2));
+  std::vector<int64_t> a_shape = batch_shape, b_shape = batch_shape, out_shape = batch_shape;
+  a_shape.insert(a_shape.end(), {M, K});
+  b_shape.insert(b_shape.end(), {K, N});
+  out_shape.insert(out_shape.end(), {M, N});
+  int64_t batch = 1;
+  for (int64_t d : batch_shape) batch *= d;
+  at::Tensor y = at::empty(out_shape, at::kFloat);
+  if (y.numel() == 0) return y;
+  const at::Tensor a3 = a.expand(a_shape).reshape({batch * M, K}).contiguous();
+  // The second operand as rows of b^T, the layout the kernel packs from.
+  const at::Tensor bt = b.expand(b_shape).transpose(-1, -2).reshape({batch * N, K}).contiguous();
+  at::Tensor qa, qbt, a_scale, b_scale;
+  int64_t a_stride = 0, b_stride = 0;
+  if (path_kind_ == LinearPath::kS8Dynamic) {
+    qa = at::empty({batch * M, K}, at::kChar);
+    qbt = at::empty({batch * N, K}, at::kChar);
+    a_scale = at::empty({batch * M}, at::kFloat);
+    b_scale = at::empty({batch * N}, at::kFloat);
+    if (K > 0) {
+      kernels::quantize_rows_s8(a3.data_ptr<float>(), batch * M, K, kernels::ActScale::kPerRow, qa.data_ptr<int8_t>(),
+                                K, a_scale.data_ptr<float>());
+      kernels::quantize_rows_s8(bt.data_ptr<float>(), batch * N, K, kernels::ActScale::kPerRow,
+                                qbt.data_ptr<int8_t>(), K, b_scale.data_ptr<float>());
+    }
+    a_stride = M;
+    b_stride = N;
+  } else {
+    // The fake-quant formula of each static per-tensor quantizer, as int8 codes.
+    qa = quantize_to_int8(a3, input_q_->qparams());
+    qbt = quantize_to_int8(bt, other_q_->qparams());
+    a_scale = at::full({M}, static_a_scale_, at::kFloat);
+    b_scale = at::full({N}, static_b_scale_, at::kFloat);
+  }
+  kernels::bmm_s8s8f32(qa.data_ptr<int8_t>(), qbt.data_ptr<int8_t>(), batch, M, N, K, a_scale.data_ptr<float>(),
+                       a_stride, b_scale.data_ptr<float>(), b_stride, y.data_ptr<float>());
+  return y;
 }
 
 void MatMulImpl::install_frozen(QuantizedTensor) {
   QF_REQUIRE(!frozen_, path_, " (MatMul): already frozen");
   QF_REQUIRE(uncalibrated().empty(), path_, " (MatMul): static operand quantizers were never calibrated");
+  path_kind_ = plan().path;
+  if (path_kind_ == LinearPath::kS8Static) {
+    static_a_scale_ = input_q_->qparams().scale.to(at::kFloat).item<float>();
+    static_b_scale_ = other_q_->qparams().scale.to(at::kFloat).item<float>();
+  }
   mark_frozen();
 }
 
-KernelPlan MatMulImpl::plan() const {
-  KernelPlan p;
-  const bool quantized_output = scheme_.activations != ActivationMode::kNone;
-  p.kernel = quantized_output ? "fake_quant+at::matmul" : "at::matmul";
-  if (quantized_output) p.fallback = "no int8 batched matmul kernel: operands are quantize-dequantized in float";
-  return p;
-}
+KernelPlan MatMulImpl::plan() const { return plan_matmul(scheme_.activations, scheme_.activation.spec); }
 
 }  // namespace qforge::nn

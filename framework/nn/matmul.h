@@ -1,5 +1,12 @@
 // qforge::nn::MatMul: a quantizable activation x activation product (attention scores Q·K^T and
 // attention x values). Both operands get a quantizer ("input_quantizer", "other_quantizer").
+// Dynamic per-token scales run along the contracted dimension of each operand: one per row of the
+// first ([..., M, K]), one per column of the second ([..., K, N]; for Q.K^T that is one per key
+// token, for P.V one per value channel), so after freeze the int8 product is exact in int32 and
+// both scales apply in the epilogue. Static scales are per tensor.
+// After freeze, float32 CPU operands of at least two dimensions (batch dimensions broadcast)
+// run kernels::bmm_s8s8f32 when plan_matmul() allows it; anything else keeps the fake-quant
+// forward (quantize-dequantize both operands, at::matmul in float).
 #pragma once
 
 #include <torch/nn/cloneable.h>
@@ -31,7 +38,12 @@ class MatMulImpl : public torch::nn::Cloneable<MatMulImpl>, public QuantizableLa
   void on_detach() override { other_q_ = Quantizer(nullptr); }
 
  private:
+  at::Tensor quantize_other(const at::Tensor& b);
+  at::Tensor integer_forward(const at::Tensor& a, const at::Tensor& b) const;
+
   Quantizer other_q_{nullptr};
+  LinearPath path_kind_ = LinearPath::kDequant;  // set by install_frozen
+  float static_a_scale_ = 0, static_b_scale_ = 0;
 };
 TORCH_MODULE(MatMul);
 

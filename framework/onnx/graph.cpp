@@ -360,13 +360,27 @@ std::string LayerWriter::layer_norm(const nn::LayerNormImpl& l, const std::strin
   return out;
 }
 
-std::string LayerWriter::matmul(const nn::MatMulImpl& l, const std::string& a, const std::string& b) {
+std::string LayerWriter::matmul(const nn::MatMulImpl& l, const std::string& a, const std::string& b, int64_t rank) {
   check_usable(l);
+  QF_REQUIRE(rank >= 2, "onnx export: ", name(l), ": MatMul operands of rank ", rank, " (at least 2 expected)");
   const std::string base = name(l);
   LayerForm f{name(l), l.layer_type(), "MatMul"};
   std::string fa, fb;
   const std::string qa = activation_qdq(l.input_quantizer(), a, base + "/input", &fa);
-  const std::string qb = activation_qdq(l.other_quantizer(), b, base + "/other", &fb);
+  std::string qb;
+  const Quantizer& oq = l.other_quantizer();
+  if (oq && oq->mode() == ActivationMode::kDynamicPerToken && oq->fake_quant()) {
+    // nn::MatMul: the second operand's dynamic scales are one per column (rows of b^T).
+    std::vector<int64_t> perm(static_cast<size_t>(rank));
+    for (int64_t i = 0; i < rank; ++i) perm[static_cast<size_t>(i)] = i;
+    std::swap(perm[static_cast<size_t>(rank - 2)], perm[static_cast<size_t>(rank - 1)]);
+    const std::string bt = g_.node("Transpose", {b}, base + "/other_columns", {{"perm", perm}});
+    qb = g_.node("Transpose", {activation_qdq(oq, bt, base + "/other", &fb)}, base + "/other_restore",
+                 {{"perm", perm}});
+    fb += " (per column)";
+  } else {
+    qb = activation_qdq(oq, b, base + "/other", &fb);
+  }
   if (!fa.empty()) f.form += "; " + fa;
   if (!fb.empty()) f.form += "; " + fb;
   forms_.push_back(f);

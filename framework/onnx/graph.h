@@ -72,7 +72,9 @@ class LayerWriter {
   // The embedding table as a float value [V, D] (dequantized once when frozen; reused).
   std::string embedding_table(const nn::EmbeddingImpl& l);
   std::string layer_norm(const nn::LayerNormImpl& l, const std::string& x);
-  std::string matmul(const nn::MatMulImpl& l, const std::string& a, const std::string& b);
+  // a [..., M, K] x b [..., K, N], both of rank `rank` (the second operand's dynamic per-token
+  // scales are per column: it is transposed around its QDQ).
+  std::string matmul(const nn::MatMulImpl& l, const std::string& a, const std::string& b, int64_t rank);
   // The activation of BERT / GPT-2 configs ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu").
   std::string activation(const std::string& act, const std::string& x);
 

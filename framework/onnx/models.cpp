@@ -104,11 +104,11 @@ void bert(const models::BertForSequenceClassificationImpl& m, Graph& g, LayerWri
     const std::string q = heads(g, w.linear(*sa.query, h), H, D, {0, 2, 1, 3}, p + "/q");
     const std::string kT = heads(g, w.linear(*sa.key, h), H, D, {0, 2, 3, 1}, p + "/k");
     const std::string v = heads(g, w.linear(*sa.value, h), H, D, {0, 2, 1, 3}, p + "/v");
-    std::string scores = g.node("Div", {w.matmul(*sa.qk_matmul, q, kT), g.scalar_f32(static_cast<float>(std::sqrt(static_cast<double>(D))))},
+    std::string scores = g.node("Div", {w.matmul(*sa.qk_matmul, q, kT, 4), g.scalar_f32(static_cast<float>(std::sqrt(static_cast<double>(D))))},
                                 p + "/scores");
     scores = g.node("Add", {scores, additive}, p + "/masked_scores");
     const std::string probs = g.node("Softmax", {scores}, p + "/probs", {{"axis", int64_t{-1}}});
-    const std::string ctx = merge_heads(g, w.matmul(*sa.av_matmul, probs, v), c.hidden_size, p + "/ctx");
+    const std::string ctx = merge_heads(g, w.matmul(*sa.av_matmul, probs, v, 4), c.hidden_size, p + "/ctx");
     const auto& ao = *layer->attention->output;
     const std::string a = w.layer_norm(*ao.LayerNorm, g.node("Add", {w.linear(*ao.dense, ctx), h}, p + "/attention_residual"));
     const std::string inter = w.activation(c.hidden_act, w.linear(*layer->intermediate->dense, a));
@@ -149,11 +149,11 @@ void gpt2(const models::Gpt2LMHeadModelImpl& m, Graph& g, LayerWriter& w, ModelG
     const std::string q = heads(g, parts[0], H, D, {0, 2, 1, 3}, p + "/q");
     const std::string kT = heads(g, parts[1], H, D, {0, 2, 3, 1}, p + "/k");
     const std::string v = heads(g, parts[2], H, D, {0, 2, 1, 3}, p + "/v");
-    std::string scores = g.node("Div", {w.matmul(*at_.qk_matmul, q, kT), g.scalar_f32(static_cast<float>(std::sqrt(static_cast<double>(D))))},
+    std::string scores = g.node("Div", {w.matmul(*at_.qk_matmul, q, kT, 4), g.scalar_f32(static_cast<float>(std::sqrt(static_cast<double>(D))))},
                                 p + "/scores");
     scores = g.node("Where", {causal, scores, g.scalar_f32(lowest())}, p + "/causal_scores");
     const std::string probs = g.node("Softmax", {scores}, p + "/probs", {{"axis", int64_t{-1}}});
-    const std::string ctx = merge_heads(g, w.matmul(*at_.av_matmul, probs, v), E, p + "/ctx");
+    const std::string ctx = merge_heads(g, w.matmul(*at_.av_matmul, probs, v, 4), E, p + "/ctx");
     const std::string hres = g.node("Add", {x, w.linear(*at_.c_proj, ctx)}, p + "/attention_residual");
     const auto& mlp = *b->mlp;
     const std::string f = w.linear(*mlp.c_proj, w.activation(c.activation_function, w.linear(*mlp.c_fc, w.layer_norm(*b->ln_2, hres))));

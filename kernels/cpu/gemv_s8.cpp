@@ -171,4 +171,53 @@ void gemv_s8s8f32(const int8_t* A, int64_t M, const float* a_scale, const S8N16K
   dispatch(p, false, info);
 }
 
+void bmm_s8s8f32(const int8_t* A, const int8_t* Bt, int64_t batch, int64_t M, int64_t N, int64_t K,
+                 const float* a_scale, int64_t a_scale_stride, const float* b_scale, int64_t b_scale_stride,
+                 float* y, RunInfo* info) {
+  QF_REQUIRE(batch >= 0 && M >= 0 && N >= 0 && K >= 0, "kernels/cpu: bmm_s8s8f32 got batch=", batch, " M=", M,
+             " N=", N, " K=", K);
+  QF_REQUIRE(K <= (int64_t{1} << 31) / (128 * 128), "kernels/cpu: bmm_s8s8f32: K=", K,
+             " could overflow the int32 accumulator");
+  QF_REQUIRE(a_scale_stride >= 0 && b_scale_stride >= 0, "kernels/cpu: bmm_s8s8f32 got a negative scale stride");
+  if (batch == 0 || M == 0 || N == 0) {
+    if (info != nullptr) *info = RunInfo{};
+    return;
+  }
+  if (K == 0) {
+    // Empty sums: fmaf(0 * b_scale, a_scale, 0) is 0 for the finite scales the quantizers give.
+    std::fill(y, y + batch * M * N, 0.0f);
+    if (info != nullptr) *info = RunInfo{"empty K", ""};
+    return;
+  }
+  QF_REQUIRE(A != nullptr && Bt != nullptr && y != nullptr && a_scale != nullptr && b_scale != nullptr,
+             "kernels/cpu: bmm_s8s8f32 got a null pointer");
+  const int64_t np = round_up(N, kS8BlockN), kp = round_up(K, kS8BlockK);
+  auto slice = [&](int64_t b, std::vector<int8_t>& packed, std::vector<int32_t>& colsum, RunInfo* ri) {
+    packed.resize(static_cast<size_t>(np * kp));
+    colsum.resize(static_cast<size_t>(np));
+    pack_s8_n16k4_reference(Bt + b * N * K, N, K, packed.data(), colsum.data());
+    S8N16K4View w;
+    w.data = packed.data();
+    w.colsum = colsum.data();
+    w.n = N;
+    w.k = K;
+    w.kp = kp;
+    gemv_s8s8f32(A + b * M * K, M, a_scale + b * a_scale_stride, w, b_scale + b * b_scale_stride, nullptr,
+                 y + b * M * N, ri);
+  };
+  if (batch >= at::get_num_threads() && batch > 1) {
+    at::parallel_for(0, batch, 1, [&](int64_t begin, int64_t end) {
+      std::vector<int8_t> packed;
+      std::vector<int32_t> colsum;
+      RunInfo local;
+      for (int64_t b = begin; b < end; ++b) slice(b, packed, colsum, b == 0 ? info : &local);
+    });
+  } else {
+    std::vector<int8_t> packed;
+    std::vector<int32_t> colsum;
+    RunInfo local;
+    for (int64_t b = 0; b < batch; ++b) slice(b, packed, colsum, b == 0 ? info : &local);
+  }
+}
+
 }  // namespace qforge::kernels

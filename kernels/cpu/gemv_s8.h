@@ -24,4 +24,18 @@ void gemv_u8s8s32(const uint8_t* A, int32_t a_zero_point, int64_t M, const S8N16
 void gemv_s8s8f32(const int8_t* A, int64_t M, const float* a_scale, const S8N16K4View& w,
                   const float* w_scale, const float* bias, float* y, RunInfo* info = nullptr);
 
+// Batched products of two int8 activations (attention's Q.K^T and P.V), dequantized:
+//   y[b, m, n] = fmaf(float(sum_k A[b, m, k] * Bt[b, n, k]) * b_scale[b * b_scale_stride + n],
+//                     a_scale[b * a_scale_stride + m], 0.0f)
+// A int8 [batch, M, K] and Bt int8 [batch, N, K] (the second operand transposed: its columns as
+// rows), y float [batch, M, N], all dense; a stride of 0 shares one [M] (or [N]) scale vector
+// between slices. Each slice equals gemm_s8s8s32_reference + dequantize_s32_f32_reference (no
+// bias) bit for bit: Bt is packed to n16k4 per slice (pack_s8_n16k4_reference) and runs
+// gemv_s8s8f32's kernel list. Slices are spread over ATen's intra-op threads when there are at
+// least as many slices as threads, else each slice splits its columns. `info` gets slice 0's
+// choice.
+void bmm_s8s8f32(const int8_t* A, const int8_t* Bt, int64_t batch, int64_t M, int64_t N, int64_t K,
+                 const float* a_scale, int64_t a_scale_stride, const float* b_scale, int64_t b_scale_stride,
+                 float* y, RunInfo* info = nullptr);
+
 }  // namespace qforge::kernels

@@ -644,3 +644,103 @@ TEST(Layers, TwinBaseIsPrivateYetModuleWalksAndHoldersWork) {
     EXPECT_NE(std::string(e.what()).find("0 (Linear): clone() is not supported"), std::string::npos) << e.what();
   }
 }
+
+TEST(Freeze, FrozenMatMulRunsTheIntegerKernelAndMatchesFakeQuant) {
+  // Attention-shaped operands: a [B, H, M, K] x b [B, H, K, N], and a shared b [K, N] whose batch
+  // dimensions broadcast. Static (per-tensor, min/max) and dynamic (a per row, b per column).
+  for (ActivationMode mode : {ActivationMode::kStatic, ActivationMode::kDynamicPerToken}) {
+    for (bool shared_b : {false, true}) {
+      at::manual_seed(31);
+      nn::MatMul mm;
+      Scheme s;
+      s.weights = std::nullopt;
+      s.activations = mode;
+      s.observer = "minmax";
+      quantize(mm, s);
+      const at::Tensor a = at::randn({2, 3, 7, 20});
+      const at::Tensor b = shared_b ? at::randn({20, 9}) : at::randn({2, 3, 20, 9});
+      if (mode == ActivationMode::kStatic) {
+        Calibration calib(mm);
+        at::NoGradGuard g;
+        mm(a * 1.1, b * 1.1);
+      }
+      at::Tensor y_fq;
+      {
+        at::NoGradGuard g;
+        y_fq = mm(a, b);
+      }
+      freeze(mm);
+      const std::string what = std::string(to_string(mode)) + (shared_b ? " shared b" : "") + " kernel " +
+                               mm->report().kernel + " fallback '" + mm->report().fallback_reason + "'";
+      EXPECT_EQ(mm->report().kernel.rfind("bmm_s8s8f32+", 0), 0u) << what;
+      EXPECT_TRUE(mm->report().fallback_reason.empty()) << what;
+      const at::Tensor y = mm(a, b);
+      ASSERT_EQ(y.sizes(), y_fq.sizes()) << what;
+      EXPECT_LE(rel_error(y, y_fq), 1e-5) << what;
+
+      // Bit for bit: the exact int32 product of the codes, then (acc * s_b) * s_a in float.
+      at::Tensor qa, qb, sa, sb;
+      const at::Tensor bb = b.expand({2, 3, 20, 9});
+      if (mode == ActivationMode::kStatic) {
+        const QParams pa = mm->input_quantizer()->qparams(), pb = mm->other_quantizer()->qparams();
+        qa = quantize_to_int8(a, pa);
+        qb = quantize_to_int8(bb, pb);
+        sa = pa.scale.to(at::kFloat).reshape({});
+        sb = pb.scale.to(at::kFloat).reshape({});
+      } else {
+        const at::Tensor amax_a = a.abs().amax(-1, true), amax_b = bb.abs().amax(-2, true);
+        sa = at::where(amax_a > 0, amax_a / 127.0f, at::ones_like(amax_a));
+        sb = at::where(amax_b > 0, amax_b / 127.0f, at::ones_like(amax_b));
+        qa = at::clamp(at::round(a * at::reciprocal(sa)), -127, 127).to(at::kChar);
+        qb = at::clamp(at::round(bb * at::reciprocal(sb)), -127, 127).to(at::kChar);
+      }
+      const at::Tensor acc = at::matmul(qa.to(at::kDouble), qb.to(at::kDouble)).to(at::kFloat);  // exact
+      EXPECT_TRUE(at::equal(y, acc * sb * sa)) << what;
+    }
+  }
+}
+
+TEST(Freeze, MatMulDynamicScalesRunAlongTheContractedDimension) {
+  // One key token a thousand times louder than the rest: per-column scales of K^T keep the other
+  // tokens' scores accurate (per-row scales over the token axis would flatten them to 0).
+  at::manual_seed(32);
+  nn::MatMul mm;
+  Scheme s;
+  s.weights = std::nullopt;
+  s.activations = ActivationMode::kDynamicPerToken;
+  quantize(mm, s);
+  const at::Tensor q = at::randn({1, 4, 16});
+  at::Tensor k_t = at::randn({1, 16, 8});
+  k_t.select(2, 0).mul_(1000);
+  at::NoGradGuard g;
+  const at::Tensor ref = at::matmul(q, k_t);
+  const at::Tensor quiet = at::arange(1, 8);
+  EXPECT_LT(rel_error(mm(q, k_t).index_select(2, quiet), ref.index_select(2, quiet)), 0.05);
+  freeze(mm);
+  EXPECT_LT(rel_error(mm(q, k_t).index_select(2, quiet), ref.index_select(2, quiet)), 0.05);
+}
+
+TEST(Freeze, MatMulWithAffineStaticOperandsReportsItsFallback) {
+  nn::MatMul mm;
+  Scheme s;
+  s.weights = std::nullopt;
+  s.activations = ActivationMode::kStatic;
+  s.activation_symmetric = false;
+  quantize(mm, s);
+  const at::Tensor a = at::randn({2, 5, 8}), b = at::randn({2, 8, 3});
+  {
+    Calibration calib(mm);
+    at::NoGradGuard g;
+    mm(a, b);
+  }
+  at::Tensor y_fq;
+  {
+    at::NoGradGuard g;
+    y_fq = mm(a, b);
+  }
+  freeze(mm);
+  EXPECT_EQ(mm->report().kernel, "fake_quant+at::matmul");
+  EXPECT_NE(mm->report().fallback_reason.find("affine static activations"), std::string::npos)
+      << mm->report().fallback_reason;
+  EXPECT_TRUE(at::equal(mm(a, b), y_fq));
+}

@@ -1,4 +1,5 @@
 // Small-M int8 GEMM kernels over the n16k4 layout: every kernel equals the reference exactly.
+#include <ATen/Parallel.h>
 #include <gtest/gtest.h>
 
 #include <vector>
@@ -158,4 +159,54 @@ TEST(GemvS8, EmptyOrNullInputThrows) {
   S8N16K4View bad = p.view;
   bad.kp = 9;
   EXPECT_THROW(gemv_s8s8s32(A.data(), 1, bad, C.data()), qforge::Error);
+}
+
+// Batched activation x activation products (MatMul after freeze): every slice equals
+// gemm_s8s8s32_reference + dequantize_s32_f32_reference, at every ISA level and thread count,
+// with per-row / per-column scales (stride M / N) and shared per-tensor ones (stride 0).
+TEST(BmmS8, EverySliceMatchesReferenceExactly) {
+  struct Case { int64_t batch, M, N, K; bool shared_scales; };
+  const std::vector<Case> cases = {{1, 1, 1, 1, false},  {3, 5, 17, 9, false},   {12, 16, 16, 64, true},
+                                   {7, 33, 64, 31, false}, {2, 128, 130, 64, true}, {5, 2, 3, kDeepK, false}};
+  const int threads_before = at::get_num_threads();
+  for (int threads : {1, 2}) {
+    at::set_num_threads(threads);
+    for (Isa isa : usable_isas()) {
+      ScopedMaxIsa cap(isa);
+      for (const Case& c : cases) {
+        const uint32_t seed = static_cast<uint32_t>(c.batch * 7919 + c.M * 1009 + c.N * 101 + c.K);
+        const auto A = random_s8(c.batch * c.M * c.K, -127, 127, seed);  // the quantizers' grid
+        const auto Bt = random_s8(c.batch * c.N * c.K, -128, 127, seed + 1);
+        const int64_t sa = c.shared_scales ? 0 : c.M, sb = c.shared_scales ? 0 : c.N;
+        const auto a_scale = random_f32(c.shared_scales ? c.M : c.batch * c.M, 0.001f, 0.1f, seed + 2);
+        const auto b_scale = random_f32(c.shared_scales ? c.N : c.batch * c.N, 0.001f, 0.1f, seed + 3);
+        std::vector<float> y(c.batch * c.M * c.N, -1.0f), y_ref(y.size());
+        std::vector<int32_t> acc(c.M * c.N);
+        for (int64_t b = 0; b < c.batch; ++b) {
+          gemm_s8s8s32_reference(A.data() + b * c.M * c.K, Bt.data() + b * c.N * c.K, acc.data(), c.M, c.N, c.K);
+          dequantize_s32_f32_reference(acc.data(), a_scale.data() + b * sa, b_scale.data() + b * sb, nullptr,
+                                       y_ref.data() + b * c.M * c.N, c.M, c.N);
+        }
+        RunInfo info;
+        bmm_s8s8f32(A.data(), Bt.data(), c.batch, c.M, c.N, c.K, a_scale.data(), sa, b_scale.data(), sb, y.data(),
+                    &info);
+        EXPECT_EQ(info.kernel, expected_kernel(isa));
+        ASSERT_TRUE(bitwise_equal(y.data(), y_ref.data(), y.size()))
+            << info.kernel << " threads=" << threads << " batch=" << c.batch << " M=" << c.M << " N=" << c.N
+            << " K=" << c.K;
+      }
+    }
+  }
+  at::set_num_threads(threads_before);
+}
+
+TEST(BmmS8, BadArgumentsAreClearErrors) {
+  std::vector<int8_t> A(4), B(4);
+  std::vector<float> s(2, 1.0f), y(4);
+  EXPECT_THROW(bmm_s8s8f32(A.data(), B.data(), 1, 2, 2, -1, s.data(), 0, s.data(), 0, y.data()), qforge::Error);
+  EXPECT_THROW(bmm_s8s8f32(A.data(), B.data(), 1, 2, 2, 200000, s.data(), 0, s.data(), 0, y.data()),
+               qforge::Error);
+  EXPECT_THROW(bmm_s8s8f32(A.data(), nullptr, 1, 2, 2, 2, s.data(), 0, s.data(), 0, y.data()), qforge::Error);
+  // Nothing to compute: no pointer is read.
+  EXPECT_NO_THROW(bmm_s8s8f32(nullptr, nullptr, 0, 2, 2, 2, nullptr, 0, nullptr, 0, nullptr));
 }
