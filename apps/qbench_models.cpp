@@ -1,4 +1,5 @@
 // qbench cases for whole models, as users run them:
+//   conv_s8_cnn                      one SmallCnn convolution: fp32, qforge int8, oneDNN int8 (conv_cases)
 //   model_cnn_b1, model_cnn_b128     the Fashion-MNIST CNN (SmallCnn), one image / 128 images
 //   model_bert_b1, model_bert_b8     BERT-base shapes (12 layers, hidden 768, 12 heads, FFN 3072,
 //                                    sequence 128, random weights), 1 / 8 sequences
@@ -18,12 +19,19 @@
 #include <ATen/ATen.h>
 #include <torch/optim/sgd.h>
 
+#include <cstdio>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "apps/qbench_models.h"
 #include "apps/qbench_registry.h"
+#include "framework/core/error.h"
 #include "framework/models/cnn.h"
+#include "kernels/cpu/conv_s8.h"
+#include "kernels/cpu/dequantize_s32_f32.h"
+#include "kernels/cpu/gemm_s8s8s32_onednn.h"
+#include "kernels/cpu/packed_linear.h"
 
 namespace qforge::bench {
 namespace {
@@ -93,6 +101,74 @@ std::vector<Case> bert_cases(int64_t batch) {
   auto fp = std::make_shared<models::BertForSequenceClassification>(cfg);
   return frozen_vs_float("L12_H768_b" + std::to_string(batch) + "_s128", fp, q,
                          at::randint(1, cfg.vocab_size, {batch, kSeq}, at::kLong));
+}
+
+// One convolution of the SmallCnn at its real shape, three ways on the same data: LibTorch's
+// fp32 at::conv2d (oneDNN / its own, NCHW float input), qforge's im2col convolution
+// (im2col_nhwc_s8 + the int8 GEMM chain, kernels::conv2d_s8s8f32) and oneDNN's int8
+// convolution (kernels::conv2d_s8s8f32_onednn: s8 x s8 -> s32 channels-last, then qforge's
+// dequantize_s32_f32 epilogue, so both int8 rows compute the same float values; what a frozen
+// int8 Conv2d runs on AVX-512 VNNI). Both int8 rows start from int8 channels-last codes
+// (input quantization excluded) and write float NHWC. The oneDNN row is checked against qforge's
+// bit for bit before timing.
+std::vector<Case> conv_cases() {
+  struct Shape {
+    const char* name;
+    int64_t batch, c, hw, n;
+  };
+  std::vector<Case> out;
+  for (const Shape& sh : {Shape{"conv1_b128_1x28x28_to32", 128, 1, 28, 32}, Shape{"conv2_b1_32x14x14_to64", 1, 32, 14, 64},
+                          Shape{"conv2_b128_32x14x14_to64", 128, 32, 14, 64}}) {
+    kernels::ConvGeometry g;
+    g.batch = sh.batch;
+    g.in_channels = sh.c;
+    g.in_h = g.in_w = sh.hw;
+    g.out_channels = sh.n;
+    g.kernel_h = g.kernel_w = 3;
+    g.pad_h = g.pad_w = 1;
+    const int64_t M = g.gemm_m(), N = g.out_channels, K = g.gemm_k();
+    torch::manual_seed(0);
+    const at::Tensor x_float = at::randn({g.batch, g.in_channels, g.in_h, g.in_w});
+    const at::Tensor w_float = at::randn({N, g.in_channels, 3, 3}) * 0.1;
+    const at::Tensor x_nhwc = at::randint(-127, 128, {g.batch, g.in_h, g.in_w, g.in_channels}, at::kChar);
+    const at::Tensor w_codes = at::randint(-127, 128, {N, g.in_channels, 3, 3}, at::kChar);
+    const at::Tensor w_scale = at::rand({N}) * 0.01 + 0.001, a_scale = at::full({1}, 0.02f);
+    kernels::PackOptions no_onednn;
+    no_onednn.onednn = false;
+    auto packed = std::make_shared<kernels::PackedLinearS8>(w_codes.permute({0, 2, 3, 1}).reshape({N, K}).contiguous(),
+                                                            w_scale, at::Tensor(), no_onednn);
+    std::string status;
+    std::shared_ptr<const kernels::detail::OneDnnConvS8> dnn =
+        kernels::detail::onednn_conv_s8(w_codes.data_ptr<int8_t>(), g, &status);
+    const at::Tensor y_q = at::empty({M, N}), y_d = at::empty({M, N});
+    const float sa = a_scale[0].item<float>();
+    auto run_qforge = [packed, g, x_nhwc, y_q, sa] {
+      kernels::conv2d_s8s8f32(x_nhwc.data_ptr<int8_t>(), sa, packed->view(), packed->w_scale().data_ptr<float>(),
+                              nullptr, g, y_q.data_ptr<float>());
+    };
+    auto run_onednn = [dnn, g, x_nhwc, w_scale, y_d, sa] {
+      QF_REQUIRE(kernels::conv2d_s8s8f32_onednn(*dnn, x_nhwc.data_ptr<int8_t>(), sa, w_scale.data_ptr<float>(), nullptr,
+                                                g, y_d.data_ptr<float>()),
+                 "qbench conv_s8_cnn: oneDNN has no primitive for this input size");
+    };
+    Case c{sh.name, 0, {}};
+    c.impls.push_back({"libtorch", [x_float, w_float] {
+      at::NoGradGuard ng;
+      at::conv2d(x_float, w_float, {}, 1, 1);
+    }});
+    c.impls.push_back({"qforge", run_qforge});
+    if (dnn != nullptr) {
+      run_qforge();
+      run_onednn();
+      QF_REQUIRE(at::equal(y_q, y_d), "qbench conv_s8_cnn: oneDNN's int8 convolution disagrees with qforge's on ",
+                 sh.name);
+      c.impls.push_back({"onednn-int8", run_onednn});
+    } else {
+      std::fprintf(stderr, "conv_s8_cnn %s: no oneDNN row: %s\n", sh.name, status.c_str());
+    }
+    out.push_back(c);
+  }
+  return out;
 }
 
 // One SGD step of `model` on (x, y) through `forward`.
@@ -182,6 +258,7 @@ std::vector<Case> gpt2_decode_cases(const QType& qtype) {
   return {c};
 }
 
+const Register kConvCnn(69, "conv_s8_cnn", conv_cases);
 const Register kCnnB1(70, "model_cnn_b1", [] { return cnn_cases(1); });
 const Register kCnnB128(71, "model_cnn_b128", [] { return cnn_cases(128); });
 const Register kBertB1(72, "model_bert_b1", [] { return bert_cases(1); });

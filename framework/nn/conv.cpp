@@ -4,8 +4,11 @@
 
 #include <ATen/ATen.h>
 
+#include <cstring>
+
 #include "framework/core/error.h"
 #include "kernels/cpu/conv_s8.h"
+#include "kernels/cpu/gemm_s8s8s32_onednn.h"
 #include "kernels/cpu/packed_linear.h"
 
 namespace qforge::nn {
@@ -22,6 +25,19 @@ void ConvQuantState::check_scheme(const LayerScheme& scheme) const {
   QF_REQUIRE(scheme.activations != ActivationMode::kDynamicPerToken, path_, " (", layer_type(),
              "): dynamic per-token activations are for Linear; use static activations for convolutions");
 }
+
+namespace {
+// int8 weights on AVX-512 VNNI: oneDNN's int8 convolution (exact int32 sums, qforge's epilogue)
+// from kOneDnnConvMinRows output pixels (batch x OH x OW) on, where it beats im2col + GEMM at
+// the SmallCnn's shapes (qbench conv_s8_cnn, model_cnn_b128); below, its per-call set-up costs
+// more than it saves (model_cnn_b1), so im2col runs.
+constexpr const char* kOneDnnConvSuffix = " | conv_s8s8s32_onednn+dequantize_s32_f32 from 4096 output pixels";
+constexpr int64_t kOneDnnConvMinRows = 4096;
+bool wants_onednn(const KernelPlan& p) {
+  return p.kernel.size() > std::strlen(kOneDnnConvSuffix) &&
+         p.kernel.compare(p.kernel.size() - std::strlen(kOneDnnConvSuffix), std::string::npos, kOneDnnConvSuffix) == 0;
+}
+}  // namespace
 
 KernelPlan ConvQuantState::plan() const {
   KernelPlan p;
@@ -71,6 +87,7 @@ KernelPlan ConvQuantState::plan() const {
   if (gemm == "gemv_s8s4f32_n16k8_avx512vnni") gemm = "gemm_s8s4f32_n16k8_avx512vnni";
   p.kernel = "im2col_s8+" + gemm;
   p.fallback = lp.fallback;
+  if (p.path == LinearPath::kS8Static && usable_isa() >= Isa::kAvx512Vnni) p.kernel += kOneDnnConvSuffix;
   return p;
 }
 
@@ -86,6 +103,8 @@ void ConvQuantState::install_conv(QuantizedTensor fw, at::Tensor& weight,
   const KernelPlan p = plan();
   std::shared_ptr<kernels::PackedLinearS8> s8;
   std::shared_ptr<kernels::PackedLinearS4> s4;
+  std::shared_ptr<const kernels::detail::OneDnnConvS8> onednn;
+  std::string onednn_status;
   float act_scale = 0;
   if (p.path == LinearPath::kS8Static || p.path == LinearPath::kS4Static) {
     const QParams qp = fw.qparams();
@@ -106,6 +125,31 @@ void ConvQuantState::install_conv(QuantizedTensor fw, at::Tensor& weight,
       kernels::PackOptions opts;
       opts.onednn = false;
       s8 = std::make_shared<kernels::PackedLinearS8>(codes, scale_n.reshape({N}), at::Tensor(), opts);
+      if (wants_onednn(p)) {
+        // Reordered for a nominal input (batch 32, 16x16 or the dilated kernel's extent); other
+        // input sizes get their own primitive with the same weight format.
+        kernels::ConvGeometry nominal;
+        nominal.batch = 32;
+        nominal.in_channels = C;
+        nominal.out_channels = N;
+        nominal.kernel_h = KH;
+        nominal.kernel_w = KW;
+        nominal.stride_h = s.stride[0];
+        nominal.stride_w = s.stride[1];
+        nominal.pad_h = s.padding[0];
+        nominal.pad_w = s.padding[1];
+        nominal.dilation_h = s.dilation[0];
+        nominal.dilation_w = s.dilation[1];
+        nominal.in_h = std::max<int64_t>(16, s.dilation[0] * (KH - 1) + 1);
+        nominal.in_w = std::max<int64_t>(16, s.dilation[1] * (KW - 1) + 1);
+        const at::Tensor oihw = fw.int_values().reshape({N, C, KH, KW}).to(at::kChar).contiguous();
+        onednn_status = "";
+        onednn = kernels::detail::onednn_conv_s8(oihw.data_ptr<int8_t>(), nominal, &onednn_status);
+        if (onednn != nullptr && kernels::detail::onednn_impl(*onednn).rfind("ref", 0) == 0) {
+          onednn_status = "oneDNN offers only its reference implementation (" + kernels::detail::onednn_impl(*onednn) + ")";
+          onednn = nullptr;
+        }
+      }
     } else {
       const int64_t Kp = kernels::round_up(K, kernels::kS4BlockK);
       at::Tensor zero_n;
@@ -120,6 +164,7 @@ void ConvQuantState::install_conv(QuantizedTensor fw, at::Tensor& weight,
   }
   s8_ = std::move(s8);
   s4_ = std::move(s4);
+  onednn_ = std::move(onednn);
   static_act_scale_ = act_scale;
   if (s8_ || s4_) fw.data = at::Tensor();  // the kernel object holds the codes; frozen_weight() rebuilds them
   fweight_ = std::move(fw);
@@ -127,6 +172,13 @@ void ConvQuantState::install_conv(QuantizedTensor fw, at::Tensor& weight,
   weight = at::Tensor();
   if (weight_q_) weight_q_->clear_cache();
   mark_frozen();
+  if (wants_onednn(p) && onednn_ == nullptr) {
+    // The plan wanted oneDNN's convolution for large inputs but it could not be built here:
+    // im2col at every size, with the reason.
+    kernel_ = p.kernel.substr(0, p.kernel.size() - std::strlen(kOneDnnConvSuffix));
+    fallback_ = detail::str_cat(p.fallback, p.fallback.empty() ? "" : "; ", "conv_s8s8s32_onednn: ",
+                                onednn_status.empty() ? "unavailable" : onednn_status);
+  }
 }
 
 at::Tensor ConvQuantState::integer_forward(const at::Tensor& x, const at::Tensor& bias, bool relu) const {
@@ -156,8 +208,13 @@ at::Tensor ConvQuantState::integer_forward(const at::Tensor& x, const at::Tensor
   const at::Tensor b = bias.defined() ? bias.detach().to(at::kCPU, at::kFloat).contiguous() : at::Tensor();
   const float* bp = b.defined() ? b.data_ptr<float>() : nullptr;
   if (s8_) {
-    kernels::conv2d_s8s8f32(q.data_ptr<int8_t>(), static_act_scale_, s8_->view(), s8_->w_scale().data_ptr<float>(), bp,
-                            g, y.data_ptr<float>(), relu);
+    // oneDNN when it has a primitive for this input size, else im2col: the same values.
+    if (onednn_ == nullptr || g.gemm_m() < kOneDnnConvMinRows ||
+        !kernels::conv2d_s8s8f32_onednn(*onednn_, q.data_ptr<int8_t>(), static_act_scale_,
+                                        s8_->w_scale().data_ptr<float>(), bp, g, y.data_ptr<float>(), relu)) {
+      kernels::conv2d_s8s8f32(q.data_ptr<int8_t>(), static_act_scale_, s8_->view(), s8_->w_scale().data_ptr<float>(),
+                              bp, g, y.data_ptr<float>(), relu);
+    }
   } else {
     kernels::conv2d_s8s4f32(q.data_ptr<int8_t>(), static_act_scale_, s4_->view(), bp, g, y.data_ptr<float>(), relu);
   }
@@ -184,7 +241,7 @@ QuantizedTensor ConvQuantState::frozen_weight() const {
 at::Tensor ConvQuantState::dequantized_frozen_weight() const { return frozen_weight().dequantize(); }
 
 int64_t ConvQuantState::frozen_storage_bytes() const {
-  if (s8_) return s8_->bytes();
+  if (s8_) return s8_->bytes() + (onednn_ ? kernels::detail::onednn_bytes(*onednn_) : 0);
   if (s4_) return s4_->bytes();
   return fweight_.defined() ? fweight_.bytes() : 0;
 }

@@ -18,6 +18,9 @@
 namespace qforge::kernels {
 class PackedLinearS8;
 class PackedLinearS4;
+namespace detail {
+class OneDnnConvS8;
+}
 }  // namespace qforge::kernels
 
 namespace qforge::nn {
@@ -51,6 +54,9 @@ class ConvQuantState : public QuantizableLayer {
   QuantizedTensor fweight_;  // scheme and scales; its codes are released when a kernel object holds them
   std::shared_ptr<kernels::PackedLinearS8> s8_;
   std::shared_ptr<kernels::PackedLinearS4> s4_;
+  // oneDNN's int8 convolution of the same int8 weights (plan "conv_s8s8s32_onednn+..."); input
+  // sizes it has no primitive for run the im2col path on s8_ (same values).
+  std::shared_ptr<const kernels::detail::OneDnnConvS8> onednn_;
   float static_act_scale_ = 0;
 };
 

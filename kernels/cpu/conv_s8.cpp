@@ -7,10 +7,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "framework/core/error.h"
+#include "kernels/cpu/dequantize_s32_f32.h"
+#include "kernels/cpu/gemm_s8s8s32_onednn.h"
 #include "kernels/cpu/gemv_s4.h"
 #include "kernels/cpu/gemv_s8.h"
 
@@ -169,6 +172,39 @@ void conv2d_s8s4f32(const int8_t* x_nhwc, float a_scale, const S4N16K8View& w, c
   conv_chunks(x_nhwc, a_scale, g, w.n, w.k, y, relu, info, [&](const int8_t* a, int64_t m, const float* s, float* out, RunInfo* ri) {
     gemv_s8s4f32(a, m, s, w, bias, out, ri);
   });
+}
+
+bool conv2d_s8s8f32_onednn(const detail::OneDnnConvS8& w, const int8_t* x_nhwc, float a_scale, const float* w_scale,
+                           const float* bias, const ConvGeometry& g, float* y, bool relu, RunInfo* info) {
+  check_conv_geometry(g);
+  RunInfo local;
+  RunInfo& ri = info != nullptr ? *info : local;
+  ri = RunInfo{};
+  const int64_t M = g.gemm_m(), N = g.out_channels;
+  if (M == 0) {
+    ri.kernel = "conv_s8s8s32_onednn";
+    return true;
+  }
+  // Uninitialised: oneDNN writes every element.
+  const std::unique_ptr<int32_t[]> acc(new int32_t[static_cast<size_t>(M * N)]);
+  std::string why;
+  if (!detail::onednn_conv_s8s8s32(w, g, x_nhwc, acc.get(), &why)) {
+    ri.skip("conv_s8s8s32_onednn", why);
+    return false;
+  }
+  const std::vector<float> a(static_cast<size_t>(M), a_scale);
+  RunInfo epilogue;
+  dequantize_s32_f32(acc.get(), a.data(), w_scale, bias, y, M, N, &epilogue);
+  if (relu) {
+    at::parallel_for(0, M * N, int64_t{1} << 16, [&](int64_t b, int64_t e) {
+      // Unconditional store: a select the compiler vectorises (a branch per element mispredicts
+      // on half the outputs). NaN stays NaN, as at::relu.
+      for (int64_t i = b; i < e; ++i) y[i] = y[i] < 0.0f ? 0.0f : y[i];
+    });
+  }
+  ri.kernel = "conv_s8s8s32_onednn+" + epilogue.kernel;
+  ri.fallback = epilogue.fallback;
+  return true;
 }
 
 }  // namespace qforge::kernels

@@ -62,4 +62,16 @@ void conv2d_s8s8f32(const int8_t* x_nhwc, float a_scale, const S8N16K4View& w, c
 void conv2d_s8s4f32(const int8_t* x_nhwc, float a_scale, const S4N16K8View& w, const float* bias,
                     const ConvGeometry& g, float* y, bool relu = false, RunInfo* info = nullptr);
 
+namespace detail {
+class OneDnnConvS8;  // gemm_s8s8s32_onednn.h
+}
+// oneDNN's int8 convolution (exact int32 sums, detail::onednn_conv_s8s8s32) followed by
+// dequantize_s32_f32's epilogue and the ReLU: conv2d_s8_reference (w_zero 0) bit for bit, the same
+// values as conv2d_s8s8f32. info->kernel is "conv_s8s8s32_onednn+<epilogue kernel>". Returns false,
+// writing nothing, when oneDNN has no primitive for this input size (info->fallback says why);
+// the caller then runs conv2d_s8s8f32.
+bool conv2d_s8s8f32_onednn(const detail::OneDnnConvS8& w, const int8_t* x_nhwc, float a_scale, const float* w_scale,
+                           const float* bias, const ConvGeometry& g, float* y, bool relu = false,
+                           RunInfo* info = nullptr);
+
 }  // namespace qforge::kernels

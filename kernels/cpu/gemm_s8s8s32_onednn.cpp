@@ -4,6 +4,7 @@
 
 #include <oneapi/dnnl/dnnl.hpp>
 
+#include <array>
 #include <map>
 #include <mutex>
 #include <vector>
@@ -122,5 +123,124 @@ int64_t onednn_bytes(const OneDnnS8Weights& w) {
 }
 
 std::string onednn_impl(const OneDnnS8Weights& w) { return w.impl; }
+
+struct OneDnnConvPrimitive {
+  dnnl::convolution_forward::primitive_desc pd;
+  dnnl::convolution_forward conv;
+};
+
+class OneDnnConvS8 {
+ public:
+  dnnl::engine engine{dnnl::engine::kind::cpu, 0};
+  memory::desc weights_md;
+  memory weights;  // reordered once, in weights_md
+  ConvGeometry nominal;
+  std::string impl;  // implementation chosen for the nominal geometry
+  mutable std::mutex mutex;
+  // Primitives by (batch, in_h, in_w) (cleared when exceeded); nullptr: oneDNN has none for that
+  // input size with these weights.
+  mutable std::map<std::array<int64_t, 3>, std::shared_ptr<const OneDnnConvPrimitive>> primitives;
+};
+
+namespace {
+
+dnnl::convolution_forward::primitive_desc make_conv_pd(const dnnl::engine& engine, const ConvGeometry& g,
+                                                       const memory::desc& wei) {
+  using tag = memory::format_tag;
+  using dt = memory::data_type;
+  const memory::desc src({g.batch, g.in_channels, g.in_h, g.in_w}, dt::s8, tag::nhwc);
+  const memory::desc dst({g.batch, g.out_channels, g.out_h(), g.out_w()}, dt::s32, tag::nhwc);
+  const memory::dims strides{g.stride_h, g.stride_w}, pads{g.pad_h, g.pad_w};
+  const memory::dims dilates{g.dilation_h - 1, g.dilation_w - 1};  // oneDNN counts the gaps
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+#if DNNL_VERSION_MAJOR >= 3
+  return dnnl::convolution_forward::primitive_desc(engine, dnnl::prop_kind::forward_inference,
+                                                   dnnl::algorithm::convolution_direct, src, wei, dst, strides, dilates,
+                                                   pads, pads, attr);
+#else
+  return dnnl::convolution_forward::primitive_desc(
+      dnnl::convolution_forward::desc(dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct, src, wei,
+                                      dst, strides, dilates, pads, pads),
+      attr, engine);
+#endif
+}
+
+bool same_filter(const ConvGeometry& a, const ConvGeometry& b) {
+  return a.in_channels == b.in_channels && a.out_channels == b.out_channels && a.kernel_h == b.kernel_h &&
+         a.kernel_w == b.kernel_w && a.stride_h == b.stride_h && a.stride_w == b.stride_w && a.pad_h == b.pad_h &&
+         a.pad_w == b.pad_w && a.dilation_h == b.dilation_h && a.dilation_w == b.dilation_w;
+}
+
+}  // namespace
+
+std::shared_ptr<const OneDnnConvS8> onednn_conv_s8(const int8_t* W, const ConvGeometry& nominal, std::string* status) {
+  check_conv_geometry(nominal);
+  auto c = std::make_shared<OneDnnConvS8>();
+  c->nominal = nominal;
+  try {
+    const memory::dims wei_dims{nominal.out_channels, nominal.in_channels, nominal.kernel_h, nominal.kernel_w};
+    const memory::desc any(wei_dims, memory::data_type::s8, memory::format_tag::any);
+    const dnnl::convolution_forward::primitive_desc pd = make_conv_pd(c->engine, nominal, any);
+    c->impl = pd.impl_info_str();
+    c->weights_md = pd.weights_desc();
+    c->weights = memory(c->weights_md, c->engine);
+    memory user({wei_dims, memory::data_type::s8, memory::format_tag::oihw}, c->engine, const_cast<int8_t*>(W));
+    dnnl::stream stream(c->engine);
+    dnnl::reorder(user, c->weights).execute(stream, user, c->weights);
+    stream.wait();
+  } catch (const dnnl::error& e) {
+    if (status != nullptr) *status = std::string("oneDNN int8 convolution unavailable: ") + e.what();
+    return nullptr;
+  }
+  if (status != nullptr) status->clear();
+  return c;
+}
+
+bool onednn_conv_s8s8s32(const OneDnnConvS8& c, const ConvGeometry& g, const int8_t* x_nhwc, int32_t* y_nhwc,
+                         std::string* why) {
+  QF_REQUIRE(same_filter(g, c.nominal), "kernels/cpu: onednn_conv_s8s8s32: geometry differs from the packed filter's");
+  QF_CHECK(x_nhwc != nullptr && y_nhwc != nullptr);
+  std::shared_ptr<const OneDnnConvPrimitive> prim;
+  {
+    std::lock_guard<std::mutex> lock(c.mutex);
+    const std::array<int64_t, 3> key{g.batch, g.in_h, g.in_w};
+    auto it = c.primitives.find(key);
+    if (it != c.primitives.end()) {
+      prim = it->second;
+    } else {
+      if (c.primitives.size() >= kMaxCachedPrimitives) c.primitives.clear();
+      try {
+        auto p = std::make_shared<OneDnnConvPrimitive>();
+        p->pd = make_conv_pd(c.engine, g, c.weights_md);
+        p->conv = dnnl::convolution_forward(p->pd);
+        prim = p;
+      } catch (const dnnl::error& e) {
+        if (why != nullptr) *why = std::string("oneDNN has no primitive for this input size: ") + e.what();
+      }
+      c.primitives.emplace(key, prim);
+    }
+  }
+  if (prim == nullptr) {
+    if (why != nullptr && why->empty()) *why = "oneDNN has no primitive for this input size";
+    return false;
+  }
+  dnnl::stream stream(c.engine);
+  memory src(prim->pd.src_desc(), c.engine, const_cast<int8_t*>(x_nhwc));
+  memory dst(prim->pd.dst_desc(), c.engine, y_nhwc);
+  const memory::desc scratch_md = prim->pd.scratchpad_desc();
+  std::vector<uint8_t> scratch_bytes(scratch_md.get_size());
+  memory scratch(scratch_md, c.engine, scratch_bytes.data());
+  prim->conv.execute(stream, {{DNNL_ARG_SRC, src},
+                              {DNNL_ARG_WEIGHTS, c.weights},
+                              {DNNL_ARG_DST, dst},
+                              {DNNL_ARG_SCRATCHPAD, scratch}});
+  stream.wait();
+  return true;
+}
+
+std::string onednn_impl(const OneDnnConvS8& c) { return c.impl; }
+
+int64_t onednn_bytes(const OneDnnConvS8& c) { return static_cast<int64_t>(c.weights_md.get_size()); }
 
 }  // namespace qforge::kernels::detail

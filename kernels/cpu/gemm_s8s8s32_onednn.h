@@ -9,6 +9,8 @@
 #include <memory>
 #include <string>
 
+#include "kernels/cpu/conv_s8.h"
+
 namespace qforge::kernels::detail {
 
 class OneDnnS8Weights;  // oneDNN engine, primitive and packed weight memory (RAII, .cpp)
@@ -26,5 +28,20 @@ int64_t onednn_bytes(const OneDnnS8Weights& w);
 
 // oneDNN's implementation name for the primitive (e.g. "brg:avx512_core_amx_int8").
 std::string onednn_impl(const OneDnnS8Weights& w);
+
+// oneDNN's int8 convolution (groups 1, zero padding) over int8 channels-last codes: weights W
+// int8 [N, C, kh, kw] reordered once into the format oneDNN prefers for the `nominal` geometry;
+// primitives are created per input size (batch, H, W; cached) with that fixed weight format.
+// Output: exact int32 channels-last [B, OH, OW, N], the sums conv2d_s8_reference takes before its
+// epilogue (w_zero 0). onednn_conv_s8 returns nullptr and sets *status when oneDNN cannot.
+class OneDnnConvS8;
+std::shared_ptr<const OneDnnConvS8> onednn_conv_s8(const int8_t* W, const ConvGeometry& nominal, std::string* status);
+// g: the packed filter's geometry with any batch / input size. Returns false (nothing written,
+// *why says so) when oneDNN has no primitive for that input size with the packed weights.
+// Thread-safe (user-managed scratchpad per call).
+bool onednn_conv_s8s8s32(const OneDnnConvS8& conv, const ConvGeometry& g, const int8_t* x_nhwc, int32_t* y_nhwc,
+                         std::string* why = nullptr);
+std::string onednn_impl(const OneDnnConvS8& conv);  // for the nominal geometry, e.g. "brgconv:avx512_core_vnni"
+int64_t onednn_bytes(const OneDnnConvS8& conv);     // bytes of the reordered weights
 
 }  // namespace qforge::kernels::detail

@@ -487,6 +487,24 @@ TEST(Freeze, FrozenConvRunsTheIntegerKernelAndMatchesFakeQuant) {
       const std::string what = std::string(qt.name) + (one_d ? " Conv1d" : " Conv2d") + " kernel " +
                                layer->report().kernel + " fallback '" + layer->report().fallback_reason + "'";
       EXPECT_EQ(layer->report().kernel.rfind("im2col_s8+", 0), 0u) << what;
+      // int8 weights on AVX-512 VNNI: oneDNN's int8 convolution from 4096 output pixels on.
+      const bool onednn = qt == qint8 && usable_isa() >= Isa::kAvx512Vnni;
+      EXPECT_EQ(layer->report().kernel.find("| conv_s8s8s32_onednn+") != std::string::npos, onednn) << what;
+      if (onednn) {
+        // A batch with >= 4096 output pixels runs oneDNN: the same values as the im2col path.
+        const at::Tensor big = one_d ? at::randn({128, 6, 70}) : at::randn({16, 5, 20, 18});
+        at::Tensor y_big_fq;
+        {
+          // The fake-quant forward of the same frozen weights: the frozen layer's float copy.
+          at::NoGradGuard g;
+          const at::Tensor w = layer->frozen_weight().dequantize();
+          const at::Tensor xq = fake_quantize(big, layer->input_quantizer()->qparams());
+          const at::Tensor b = layer->module().named_parameters()["bias"];
+          y_big_fq = one_d ? at::conv1d(xq, w, b, 2, 2) : at::conv2d(xq, w, b, 1, {1, 2}, {2, 1});
+        }
+        const at::Tensor y_big = run(big);
+        EXPECT_LE(rel_error(y_big, y_big_fq), 1e-5) << what << " (large input)";
+      }
       EXPECT_TRUE(layer->report().fallback_reason.empty()) << what;
       const at::Tensor y = run(x);
       ASSERT_EQ(y.sizes(), y_fq.sizes()) << what;

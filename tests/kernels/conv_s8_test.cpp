@@ -11,6 +11,7 @@
 
 #include "framework/core/error.h"
 #include "kernels/cpu/conv_s8.h"
+#include "kernels/cpu/gemm_s8s8s32_onednn.h"
 #include "kernels/cpu/packed_linear.h"
 #include "kernels/cpu/quantize_rows_s8.h"
 #include "kernel_test_util.h"
@@ -151,6 +152,54 @@ TEST(ConvS8, Int8FastPathEqualsReferenceBitForBit) {
       }
     }
   }
+}
+
+TEST(ConvS8, OneDnnPathEqualsReferenceBitForBit) {
+  // oneDNN's int8 convolution (exact int32) + qforge's epilogue: the reference's values, for the
+  // packed geometry and for other batch / input sizes (their own primitives, same weights).
+  // Exact int32 needs hardware on which oneDNN does not saturate (VNNI), as frozen Conv2d requires.
+  if (!isa_usable(Isa::kAvx512Vnni)) GTEST_SKIP() << "no AVX-512 VNNI here (frozen convolutions use im2col)";
+  uint32_t seed = 300;
+  for (const ConvGeometry& g : geometries()) {
+    ConvCase c = make_case(g, -127, 127, seed += 10);
+    std::string status;
+    const auto w = qforge::kernels::detail::onednn_conv_s8(c.w.data(), g, &status);
+    ASSERT_NE(w, nullptr) << status;
+    for (int64_t batch : {g.batch, g.batch + 3}) {
+      for (int64_t grow : {0, 5}) {
+        ConvGeometry h = g;
+        h.batch = batch;
+        h.in_h = g.in_h == 1 ? 1 : g.in_h + grow;  // Conv1d keeps H = 1
+        h.in_w = g.in_w + grow;
+        ConvCase d = make_case(h, -127, 127, seed + 1);
+        d.w = c.w;
+        d.w_scale = c.w_scale;
+        d.bias = c.bias;
+        const at::Tensor x = nhwc(d);
+        for (bool relu : {false, true}) {
+          at::Tensor y = at::full({h.batch, h.out_h(), h.out_w(), h.out_channels}, 12345.0f);
+          RunInfo info;
+          ASSERT_TRUE(conv2d_s8s8f32_onednn(*w, x.data_ptr<int8_t>(), d.a_scale, d.w_scale.data(), d.bias.data(), h,
+                                            y.data_ptr<float>(), relu, &info))
+              << info.fallback;
+          const std::vector<float> want = run_reference(d, nullptr, relu), got = to_nchw(y);
+          EXPECT_TRUE(bitwise_equal(got.data(), want.data(), want.size()))
+              << info.kernel << " (" << qforge::kernels::detail::onednn_impl(*w) << ") C=" << h.in_channels << " N=" << h.out_channels
+              << " B=" << h.batch << " H=" << h.in_h << " relu=" << relu;
+          EXPECT_EQ(info.kernel.rfind("conv_s8s8s32_onednn+", 0), 0u) << info.kernel;
+        }
+      }
+    }
+  }
+  // A geometry other than the packed filter's is a clear error.
+  const ConvGeometry g = geometries()[0];
+  const ConvCase c = make_case(g, -127, 127, 1);
+  const auto w = qforge::kernels::detail::onednn_conv_s8(c.w.data(), g, nullptr);
+  ASSERT_NE(w, nullptr);
+  ConvGeometry other = g;
+  other.stride_h = 2;
+  std::vector<int32_t> acc(other.gemm_m() * other.out_channels);
+  EXPECT_THROW(qforge::kernels::detail::onednn_conv_s8s8s32(*w, other, c.x.data(), acc.data()), qforge::Error);
 }
 
 TEST(ConvS8, Int4FastPathEqualsReferenceBitForBitWithZeroPointsAndPaddedK) {
