@@ -33,6 +33,24 @@ namespace {
 // more than it saves (model_cnn_b1), so im2col runs.
 constexpr const char* kOneDnnConvSuffix = " | conv_s8s8s32_onednn+dequantize_s32_f32 from 4096 output pixels";
 constexpr int64_t kOneDnnConvMinRows = 4096;
+// The kernels' geometry of a convolution of this shape on a [batch, C, in_h, in_w] input.
+kernels::ConvGeometry conv_geometry(const ConvQuantState::ConvShape& s, int64_t batch, int64_t in_h, int64_t in_w) {
+  kernels::ConvGeometry g;
+  g.batch = batch;
+  g.in_channels = s.in_channels;
+  g.in_h = in_h;
+  g.in_w = in_w;
+  g.out_channels = s.out_channels;
+  g.kernel_h = s.kernel[0];
+  g.kernel_w = s.kernel[1];
+  g.stride_h = s.stride[0];
+  g.stride_w = s.stride[1];
+  g.pad_h = s.padding[0];
+  g.pad_w = s.padding[1];
+  g.dilation_h = s.dilation[0];
+  g.dilation_w = s.dilation[1];
+  return g;
+}
 bool wants_onednn(const KernelPlan& p) {
   return p.kernel.size() > std::strlen(kOneDnnConvSuffix) &&
          p.kernel.compare(p.kernel.size() - std::strlen(kOneDnnConvSuffix), std::string::npos, kOneDnnConvSuffix) == 0;
@@ -128,20 +146,8 @@ void ConvQuantState::install_conv(QuantizedTensor fw, at::Tensor& weight,
       if (wants_onednn(p)) {
         // Reordered for a nominal input (batch 32, 16x16 or the dilated kernel's extent); other
         // input sizes get their own primitive with the same weight format.
-        kernels::ConvGeometry nominal;
-        nominal.batch = 32;
-        nominal.in_channels = C;
-        nominal.out_channels = N;
-        nominal.kernel_h = KH;
-        nominal.kernel_w = KW;
-        nominal.stride_h = s.stride[0];
-        nominal.stride_w = s.stride[1];
-        nominal.pad_h = s.padding[0];
-        nominal.pad_w = s.padding[1];
-        nominal.dilation_h = s.dilation[0];
-        nominal.dilation_w = s.dilation[1];
-        nominal.in_h = std::max<int64_t>(16, s.dilation[0] * (KH - 1) + 1);
-        nominal.in_w = std::max<int64_t>(16, s.dilation[1] * (KW - 1) + 1);
+        const kernels::ConvGeometry nominal = conv_geometry(s, 32, std::max<int64_t>(16, s.dilation[0] * (KH - 1) + 1),
+                                                            std::max<int64_t>(16, s.dilation[1] * (KW - 1) + 1));
         const at::Tensor oihw = fw.int_values().reshape({N, C, KH, KW}).to(at::kChar).contiguous();
         onednn_status = "";
         onednn = kernels::detail::onednn_conv_s8(oihw.data_ptr<int8_t>(), nominal, &onednn_status);
@@ -185,20 +191,7 @@ at::Tensor ConvQuantState::integer_forward(const at::Tensor& x, const at::Tensor
   const ConvShape s = conv_shape();
   QF_REQUIRE(x.dim() == 4 && x.size(1) == s.in_channels, path_, " (", layer_type(), "): input has shape ", x.sizes(),
              ", expected [batch, ", s.in_channels, ", ...]");
-  kernels::ConvGeometry g;
-  g.batch = x.size(0);
-  g.in_channels = s.in_channels;
-  g.in_h = x.size(2);
-  g.in_w = x.size(3);
-  g.out_channels = s.out_channels;
-  g.kernel_h = s.kernel[0];
-  g.kernel_w = s.kernel[1];
-  g.stride_h = s.stride[0];
-  g.stride_w = s.stride[1];
-  g.pad_h = s.padding[0];
-  g.pad_w = s.padding[1];
-  g.dilation_h = s.dilation[0];
-  g.dilation_w = s.dilation[1];
+  const kernels::ConvGeometry g = conv_geometry(s, x.size(0), x.size(2), x.size(3));
   QF_REQUIRE(g.in_h > 0 && g.in_w > 0 && g.out_h() >= 1 && g.out_w() >= 1, path_, " (", layer_type(),
              "): input of shape ", x.sizes(), " is smaller than the (dilated, padded) kernel");
   // The fake-quant formula of the static input quantizer, as int8 codes, channels last (no copy
