@@ -6,6 +6,8 @@
 //   build     peak RSS while building (a frozen model holds its float weights until freeze)
 //   inference peak RSS during one forward (BERT) or 32 decoded tokens (GPT-2), the peak counter
 //             reset after the build (/proc/self/clear_refs), minus the RSS before building
+// The frozen builds also report the peak and the resident memory at the end of each stage (built
+// float, quantize, calibration, freeze), so the build peak can be attributed.
 //   qbench_memory [--json]
 #include <ATen/ATen.h>
 #include <malloc.h>
@@ -37,9 +39,28 @@ int64_t status_kib(const char* field) {
 
 void reset_peak() { std::ofstream("/proc/self/clear_refs") << "5"; }
 
+constexpr int kMaxStages = 6;
+
 struct Measured {
   int64_t model_kib = 0, build_peak_kib = 0, inference_peak_kib = 0;
+  int stages = 0;
+  char stage_name[kMaxStages][16] = {};
+  int64_t stage_peak_kib[kMaxStages] = {}, stage_rss_kib[kMaxStages] = {};
 };
+
+// The child's record of its build stages (each process has its own copy).
+Measured* g_current = nullptr;
+int64_t g_base_kib = 0;
+
+// Ends a build stage: the peak so far and the resident memory now, relative to the base.
+void stage(const char* name) {
+  if (g_current == nullptr || g_current->stages >= kMaxStages) return;
+  Measured& m = *g_current;
+  std::snprintf(m.stage_name[m.stages], sizeof m.stage_name[m.stages], "%s", name);
+  m.stage_peak_kib[m.stages] = status_kib("VmHWM") - g_base_kib;
+  m.stage_rss_kib[m.stages] = status_kib("VmRSS") - g_base_kib;
+  ++m.stages;
+}
 
 // Runs build() then infer() in a child process and reads back what it measured.
 Measured measure(const std::function<std::function<void()>()>& build) {
@@ -52,8 +73,11 @@ Measured measure(const std::function<std::function<void()>()>& build) {
     malloc_trim(0);
     const int64_t base = status_kib("VmRSS");
     reset_peak();
-    std::function<void()> infer = build();
     Measured m;
+    g_current = &m;
+    g_base_kib = base;
+    std::function<void()> infer = build();
+    g_current = nullptr;
     m.build_peak_kib = status_kib("VmHWM") - base;
     malloc_trim(0);
     m.model_kib = status_kib("VmRSS") - base;
@@ -81,16 +105,20 @@ std::function<void()> bert(bool frozen) {
   (*m)->eval();
   const at::Tensor ids = at::randint(1, cfg.vocab_size, {1, 128}, at::kLong);
   if (frozen) {
+    stage("float");
     Scheme s(qint8);
     s.activations = ActivationMode::kStatic;
     s.observer = "minmax";
     quantize(*m, s);
+    stage("quantize");
     {
       Calibration calib(*m);
       at::NoGradGuard g;
       (*m)->forward(ids);
     }
+    stage("calibrate");
     freeze(*m);
+    stage("freeze");
   }
   return [m, ids] {
     at::NoGradGuard g;
@@ -105,7 +133,11 @@ std::function<void()> gpt2(bool frozen) {
   torch::manual_seed(0);
   auto m = std::make_shared<models::Gpt2LMHeadModel>(cfg);
   (*m)->eval();
-  if (frozen) bench::freeze_for_decode(*m, qint4);
+  if (frozen) {
+    stage("float");
+    bench::freeze_for_decode(*m, qint4);  // untie the head, quantize, freeze (no calibration)
+    stage("freeze");
+  }
   const at::Tensor prompt = at::randint(0, cfg.vocab_size, {1, 16}, at::kLong);
   return [m, prompt] {
     at::NoGradGuard g;
@@ -139,6 +171,9 @@ int main(int argc, char** argv) {
     } else {
       std::printf("%-22s %-12s %12.1f %12.1f %14.1f\n", r.model, r.state, m.model_kib / 1024.0,
                   m.build_peak_kib / 1024.0, m.inference_peak_kib / 1024.0);
+      for (int i = 0; i < m.stages; ++i)
+        std::printf("    after %-10s peak %8.1f MiB, resident %8.1f MiB\n", m.stage_name[i],
+                    m.stage_peak_kib[i] / 1024.0, m.stage_rss_kib[i] / 1024.0);
     }
     std::fflush(stdout);
   }

@@ -145,6 +145,11 @@ void freeze(torch::nn::Module& model) {
     throw Error("freeze: static activations were never calibrated (run forward passes inside qforge::Calibration "
                 "or load a calibration dump): " + names);
   }
+  // Fake-quant weight caches (a float copy of every weight once a forward ran) are about to be
+  // replaced by packed storage: drop them all first, so freezing peaks at the float model plus
+  // one layer's packing, not at twice the float model.
+  for (QuantizableLayer* layer : layers)
+    if (layer->weight_quantizer()) layer->weight_quantizer()->clear_cache();
   for (QuantizableLayer* layer : layers) layer->freeze();
 }
 

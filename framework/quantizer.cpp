@@ -84,8 +84,10 @@ at::Tensor quantize_to_int8(const at::Tensor& x_in, const QParams& qp) {
   const at::Tensor x = grouped(x_in.to(at::kFloat), qp.spec);
   const at::Tensor s = broadcast_qparam(qp.scale.to(at::kFloat), x_in, qp.spec);
   const at::Tensor z = broadcast_qparam(qp.zero_point.to(at::kFloat), x_in, qp.spec);
-  // Same operations as the fake-quant kernels: float reciprocal, product, rint, + z, clamp.
-  const at::Tensor q = at::clamp(at::round(x * at::reciprocal(s)) + z, qp.spec.quant_min(), qp.spec.quant_max());
+  // Same operations as the fake-quant kernels: float reciprocal, product, rint, + z, clamp; in
+  // place on one float temporary (an embedding table's worth, not four).
+  at::Tensor q = x * at::reciprocal(s);
+  q.round_().add_(z).clamp_(qp.spec.quant_min(), qp.spec.quant_max());
   return q.to(at::kChar).reshape(x_in.sizes());
 }
 
