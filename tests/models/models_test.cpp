@@ -318,5 +318,84 @@ TEST(HfImport, BadConfigsAreClearErrors) {
             std::string::npos);
 }
 
+// Issue 18's target: after freeze, every Linear, convolution, attention product and embedding of
+// the reference models runs an integer kernel (describe() lists no fake-quant or dequantize-per-call
+// path for them), BERT and the CNN W8A8 static, GPT-2 weight-only int4 for decoding. On AVX-512
+// VNNI hardware the plans are also the first choice (no fallback reason at all).
+void expect_integer_kernels(torch::nn::Module& m, const char* model, int expected_layers) {
+  int checked = 0;
+  for (const LayerReport& r : layer_reports(m)) {
+    const bool integer_type = r.type == "Linear" || r.type == "Conv1d" || r.type == "Conv2d" || r.type == "MatMul" ||
+                              r.type == "Embedding";
+    if (!integer_type || (r.weights == "float" && r.activations == "float")) continue;
+    ++checked;
+    const std::string what = std::string(model) + " " + r.name + " (" + r.type + "): kernel '" + r.kernel +
+                             "', fallback '" + r.fallback_reason + "'";
+    EXPECT_EQ(r.kernel.find("fake_quant"), std::string::npos) << what;
+    EXPECT_NE(r.kernel.rfind("dequantize+", 0), 0u) << what;
+    EXPECT_NE(r.kernel.rfind("at::", 0), 0u) << what;
+    if (usable_isa() >= Isa::kAvx512Vnni) EXPECT_EQ(r.fallback_reason, "") << what;
+  }
+  EXPECT_EQ(checked, expected_layers) << model;
+}
+
+TEST(ReferenceModels, EveryLayerRunsAnIntegerKernelAfterFreeze) {
+  Scheme w8a8(qint8);
+  w8a8.activations = ActivationMode::kStatic;
+  w8a8.observer = "minmax";
+  at::NoGradGuard ng;
+  {
+    BertConfig c;
+    c.vocab_size = 50, c.hidden_size = 32, c.num_hidden_layers = 2, c.num_attention_heads = 2, c.intermediate_size = 64;
+    c.hidden_dropout_prob = c.attention_probs_dropout_prob = 0;
+    torch::manual_seed(0);
+    BertForSequenceClassification m(c);
+    m->eval();
+    quantize(m, w8a8);
+    {
+      Calibration calib(m);
+      m->forward(at::randint(1, c.vocab_size, {2, 12}, at::kLong));
+    }
+    freeze(m);
+    // Per layer: Q, K, V, output, FFN in and out (6 Linear) + 2 MatMul; pooler + classifier; the
+    // word, position and token-type embeddings.
+    expect_integer_kernels(*m, "BERT", 2 * 8 + 2 + 3);
+    const at::Tensor logits = m->forward(at::randint(1, c.vocab_size, {2, 12}, at::kLong));
+    EXPECT_TRUE(at::isfinite(logits).all().item<bool>());
+  }
+  {
+    torch::manual_seed(0);
+    SmallCnn m;
+    m->eval();
+    m->fold_batch_norm();
+    quantize(m, w8a8);
+    {
+      Calibration calib(m);
+      m->forward(at::randn({8, 1, 28, 28}));
+    }
+    freeze(m);
+    expect_integer_kernels(*m, "SmallCnn", 4);  // 2 convolutions, 2 Linear
+  }
+  {
+    Gpt2Config c;
+    c.vocab_size = 64, c.n_positions = 32, c.n_embd = 128, c.n_layer = 2, c.n_head = 2;  // K = 128: one int4 group
+    c.resid_pdrop = c.embd_pdrop = c.attn_pdrop = 0;
+    torch::manual_seed(0);
+    Gpt2LMHeadModel m(c);
+    m->eval();
+    m->untie_lm_head();
+    Scheme w4(qint4);
+    LayerRule emb;
+    emb.pattern = "transformer.w?e";
+    emb.weights = qint8;
+    emb.weight_granularity = Granularity::kPerChannel;
+    w4.rules.push_back(emb);
+    quantize(m, w4);
+    freeze(m);
+    // Per block: c_attn, c_proj, c_fc, mlp c_proj; both embeddings; the untied head.
+    expect_integer_kernels(*m, "GPT-2", 2 * 4 + 2 + 1);
+  }
+}
+
 }  // namespace
 }  // namespace qforge::models
