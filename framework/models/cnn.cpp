@@ -91,7 +91,18 @@ at::Tensor max_pool_2x2(const at::Tensor& x) {
 
 at::Tensor SmallCnnImpl::forward(const at::Tensor& x) {
   at::Tensor h = x;
-  for (const auto& b : *blocks) h = max_pool_2x2(b->as<ConvBnReluImpl>()->forward(h));
+  for (size_t i = 0; i < blocks->size(); ++i) {
+    auto& b = *blocks->ptr(i)->as<ConvBnReluImpl>();
+    auto* next = i + 1 < blocks->size() ? blocks->ptr(i + 1)->as<ConvBnReluImpl>() : nullptr;
+    // Static-activation chain: a frozen integer block hands the next one int8 codes of its input
+    // quantizer, requantized in the epilogue. Max pooling commutes with the monotone quantization,
+    // so the codes equal the next block's quantization of the float path, bit for bit.
+    if (next != nullptr && !b.bn && !next->bn && h.is_cpu() && b.conv->integer_frozen() && next->conv->takes_codes()) {
+      h = max_pool_2x2(b.conv->forward_relu_codes(h, *next->conv));
+    } else {
+      h = max_pool_2x2(b.forward(h));
+    }
+  }
   h = at::relu(fc1->forward(h.flatten(1)));
   return fc2->forward(dropout->forward(h));
 }

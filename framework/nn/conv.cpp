@@ -187,7 +187,8 @@ void ConvQuantState::install_conv(QuantizedTensor fw, at::Tensor& weight,
   }
 }
 
-at::Tensor ConvQuantState::integer_forward(const at::Tensor& x, const at::Tensor& bias, bool relu) const {
+at::Tensor ConvQuantState::integer_forward(const at::Tensor& x, const at::Tensor& bias, bool relu,
+                                           const QParams* requant) const {
   const ConvShape s = conv_shape();
   QF_REQUIRE(x.dim() == 4 && x.size(1) == s.in_channels, path_, " (", layer_type(), "): input has shape ", x.sizes(),
              ", expected [batch, ", s.in_channels, ", ...]");
@@ -196,10 +197,32 @@ at::Tensor ConvQuantState::integer_forward(const at::Tensor& x, const at::Tensor
              "): input of shape ", x.sizes(), " is smaller than the (dilated, padded) kernel");
   // The fake-quant formula of the static input quantizer, as int8 codes, channels last (no copy
   // of the float input when it is channels last already, as the previous integer conv leaves it).
-  const at::Tensor q = quantize_to_int8(x.to(at::kFloat).permute({0, 2, 3, 1}), input_q_->qparams());
-  at::Tensor y = at::empty({g.batch, g.out_h(), g.out_w(), g.out_channels}, at::kFloat);
+  // int8 input: codes of this quantizer already (a requantized output), channels last.
+  const at::Tensor q = x.scalar_type() == at::kChar
+                           ? x.permute({0, 2, 3, 1}).contiguous()
+                           : quantize_to_int8(x.to(at::kFloat).permute({0, 2, 3, 1}), input_q_->qparams());
   const at::Tensor b = bias.defined() ? bias.detach().to(at::kCPU, at::kFloat).contiguous() : at::Tensor();
   const float* bp = b.defined() ? b.data_ptr<float>() : nullptr;
+  if (requant != nullptr) {
+    at::Tensor codes = at::empty({g.batch, g.out_h(), g.out_w(), g.out_channels}, at::kChar);
+    kernels::RequantOut out;
+    out.q = codes.data_ptr<int8_t>();
+    out.inv = 1.0f / requant->scale.to(at::kFloat).item<float>();  // quantize_to_int8's reciprocal
+    out.qmin = static_cast<int>(requant->spec.quant_min());
+    out.qmax = static_cast<int>(requant->spec.quant_max());
+    if (s8_) {
+      if (onednn_ == nullptr || g.gemm_m() < kOneDnnConvMinRows ||
+          !kernels::conv2d_s8s8s8_onednn(*onednn_, q.data_ptr<int8_t>(), static_act_scale_,
+                                         s8_->w_scale().data_ptr<float>(), bp, g, out, relu)) {
+        kernels::conv2d_s8s8s8(q.data_ptr<int8_t>(), static_act_scale_, s8_->view(), s8_->w_scale().data_ptr<float>(),
+                               bp, g, out, relu);
+      }
+    } else {
+      kernels::conv2d_s8s4s8(q.data_ptr<int8_t>(), static_act_scale_, s4_->view(), bp, g, out, relu);
+    }
+    return codes.permute({0, 3, 1, 2});
+  }
+  at::Tensor y = at::empty({g.batch, g.out_h(), g.out_w(), g.out_channels}, at::kFloat);
   if (s8_) {
     // oneDNN when it has a primitive for this input size, else im2col: the same values.
     if (onednn_ == nullptr || g.gemm_m() < kOneDnnConvMinRows ||
@@ -333,6 +356,7 @@ at::Tensor Conv1dImpl::frozen_integer(const at::Tensor& x, bool relu) {
 }
 
 at::Tensor Conv2dImpl::forward(const at::Tensor& x) {
+  if (x.scalar_type() == at::kChar) return frozen_integer(x, false);  // codes (static-activation chains)
   note_input(x);
   if (frozen_) {
     if (integer_kernel() && x.is_cpu()) return frozen_integer(x, false);
@@ -346,6 +370,7 @@ at::Tensor Conv2dImpl::forward(const at::Tensor& x) {
 }
 
 at::Tensor Conv2dImpl::forward_relu(const at::Tensor& x) {
+  if (x.scalar_type() == at::kChar) return frozen_integer(x, true);
   if (frozen_ && integer_kernel() && x.is_cpu()) {
     note_input(x);
     return frozen_integer(x, true);
@@ -353,11 +378,28 @@ at::Tensor Conv2dImpl::forward_relu(const at::Tensor& x) {
   return at::relu(forward(x));
 }
 
-at::Tensor Conv2dImpl::frozen_integer(const at::Tensor& x, bool relu) {
+bool Conv2dImpl::takes_codes() const {
+  return frozen_ && integer_kernel() && scheme_.activations == ActivationMode::kStatic && !input_watched();
+}
+
+at::Tensor Conv2dImpl::forward_relu_codes(const at::Tensor& x, const Conv2dImpl& next) {
+  QF_REQUIRE(frozen_ && integer_kernel() && x.is_cpu(), path_,
+             " (Conv2d): forward_relu_codes needs a layer frozen on the integer path and a CPU input");
+  QF_REQUIRE(next.takes_codes(), path_, " (Conv2d): forward_relu_codes: ", next.path_,
+             " does not take int8 codes (not frozen on the integer path with static activations, or its inputs are "
+             "watched)");
+  if (x.scalar_type() != at::kChar) note_input(x);
+  const QParams out = next.input_q_->qparams();
+  return frozen_integer(x, true, &out);
+}
+
+at::Tensor Conv2dImpl::frozen_integer(const at::Tensor& x, bool relu, const QParams* requant) {
   QF_REQUIRE(x.dim() == 3 || x.dim() == 4, path_, " (Conv2d): input has shape ", x.sizes(),
              ", expected [batch, channels, height, width]");
+  QF_REQUIRE(x.scalar_type() != at::kChar || (takes_codes() && x.is_cpu()), path_,
+             " (Conv2d): int8 input codes need a layer frozen on the integer path with static activations, on the CPU");
   const bool unbatched = x.dim() == 3;
-  const at::Tensor y = integer_forward(unbatched ? x.unsqueeze(0) : x, bias, relu);
+  const at::Tensor y = integer_forward(unbatched ? x.unsqueeze(0) : x, bias, relu, requant);
   return unbatched ? y.squeeze(0) : y;
 }
 

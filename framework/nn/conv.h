@@ -44,7 +44,11 @@ class ConvQuantState : public QuantizableLayer {
   // The integer convolution of a frozen layer on the CPU: x [B, C, H, W] (Conv1d passes [B, C, 1, L]);
   // relu: at::relu of the result, in the kernel's epilogue. The result has the NCHW shape in
   // channels-last memory (the GEMM's rows), which the next integer conv reads without a copy.
-  at::Tensor integer_forward(const at::Tensor& x, const at::Tensor& bias, bool relu) const;
+  // x may also be int8 codes of this layer's static input quantizer (a previous layer's
+  // requantized output); with requant the result is int8 codes of that (static per-tensor
+  // symmetric int8) quantizer, requantized in the epilogue, in the same shape and memory order.
+  at::Tensor integer_forward(const at::Tensor& x, const at::Tensor& bias, bool relu,
+                             const QParams* requant = nullptr) const;
   // True when freeze() packed the weight for the integer kernels.
   bool integer_kernel() const { return s8_ != nullptr || s4_ != nullptr; }
   // The frozen weight as codes (rebuilt from the kernel's packed copy when there is one).
@@ -110,9 +114,21 @@ class Conv2dImpl : QFORGE_TWIN_BASE(torch::nn::Conv2dImpl), public ConvQuantStat
   std::shared_ptr<torch::nn::Module> clone(const c10::optional<c10::Device>& = c10::nullopt) const override {
     refuse_clone();
   }
+  // After freeze on the integer path with static activations, x may also be int8 codes of this
+  // layer's input quantizer (see forward_relu_codes).
   at::Tensor forward(const at::Tensor& x);
   // at::relu(forward(x)); after freeze on the integer kernel the ReLU runs in its epilogue.
   at::Tensor forward_relu(const at::Tensor& x);
+  // Static-activation chains. takes_codes(): frozen on the integer path (static int8 inputs) and
+  // nothing watching its inputs, so forward / forward_relu accept int8 codes of its input
+  // quantizer in place of floats. forward_relu_codes(x, next): at::relu(forward(x)) as the int8
+  // codes next's input quantizer makes of it (next.takes_codes()), requantized chunk by chunk in
+  // the epilogue with no float output; NCHW shape, channels-last memory. Code for code what next
+  // would compute from forward_relu(x) (kernels::conv2d_s8s8s8 and its tests); x is float or this
+  // layer's own input codes.
+  bool takes_codes() const;
+  bool integer_frozen() const { return frozen_ && integer_kernel(); }
+  at::Tensor forward_relu_codes(const at::Tensor& x, const Conv2dImpl& next);
   const char* layer_type() const override { return "Conv2d"; }
   std::shared_ptr<QuantizableLayer> float_copy() const override;
   torch::nn::Module& module() override { return *this; }
@@ -126,7 +142,7 @@ class Conv2dImpl : QFORGE_TWIN_BASE(torch::nn::Conv2dImpl), public ConvQuantStat
   ConvShape conv_shape() const override;
 
  private:
-  at::Tensor frozen_integer(const at::Tensor& x, bool relu);
+  at::Tensor frozen_integer(const at::Tensor& x, bool relu, const QParams* requant = nullptr);
 };
 TORCH_MODULE(Conv2d);
 

@@ -111,6 +111,8 @@ class QuantizableLayer {
  protected:
   at::Tensor quantize_input(const at::Tensor& x) { return input_q_ ? input_q_->forward(x) : x; }
   // First thing of every forward of a layer with weights (see record_inputs).
+  // True while something watches this layer's inputs (recording or a tap).
+  bool input_watched() const { return recording_ || static_cast<bool>(tap_); }
   void note_input(const at::Tensor& x) {
     if (recording_) recorded_ = InputRecord{x.sizes().vec(), x.scalar_type()};
     if (tap_) tap_(*this, x);

@@ -16,6 +16,7 @@
 #include "kernels/cpu/gemm_s8s8s32_onednn.h"
 #include "kernels/cpu/gemv_s4.h"
 #include "kernels/cpu/gemv_s8.h"
+#include "kernels/cpu/quantize_rows_s8.h"
 
 namespace qforge::kernels {
 
@@ -115,9 +116,10 @@ int64_t chunk_rows(int64_t K, int64_t M) {
 
 // im2col + gemm(chunk) (+ ReLU) for every chunk, chunks spread over the intra-op threads.
 // K: the packed weight's row length (the geometry's K, or more: zero columns).
+// With rq: each chunk's float rows go to a per-thread buffer and leave as rq's int8 codes.
 template <class Gemm>
 void conv_chunks(const int8_t* x_nhwc, float a_scale, const ConvGeometry& g, int64_t N, int64_t K, float* y,
-                 bool relu, RunInfo* info, const Gemm& gemm) {
+                 bool relu, RunInfo* info, const Gemm& gemm, const RequantOut* rq = nullptr) {
   check_conv_geometry(g);
   const int64_t M = g.gemm_m();
   const int64_t rows = chunk_rows(K, M);
@@ -126,17 +128,19 @@ void conv_chunks(const int8_t* x_nhwc, float a_scale, const ConvGeometry& g, int
   at::parallel_for(0, chunks, 1, [&](int64_t c0, int64_t c1) {
     std::vector<int8_t> cols(static_cast<size_t>(rows * K));
     const std::vector<float> scale(static_cast<size_t>(rows), a_scale);
+    std::vector<float> buf(rq != nullptr ? static_cast<size_t>(rows * N) : 0);
     for (int64_t c = c0; c < c1; ++c) {
       const int64_t r0 = c * rows, r1 = std::min(M, r0 + rows);
       im2col_nhwc_s8(x_nhwc, g, r0, r1, cols.data(), K);
       RunInfo ri;
       // Row r of the GEMM is output pixel r: [M, N] row-major is y in channels-last order.
-      float* out = y + r0 * N;
+      float* out = rq != nullptr ? buf.data() : y + r0 * N;
       gemm(cols.data(), r1 - r0, scale.data(), out, &ri);
       if (relu) {
         // The chunk is still in cache; v < 0 ? 0 : v keeps NaN as the reference does.
         for (int64_t i = 0, n = (r1 - r0) * N; i < n; ++i) out[i] = out[i] < 0.0f ? 0.0f : out[i];
       }
+      if (rq != nullptr) quantize_static_s8(out, (r1 - r0) * N, rq->inv, rq->qmin, rq->qmax, rq->q + r0 * N);
       if (c == 0) first = std::move(ri);
     }
   });
@@ -174,9 +178,43 @@ void conv2d_s8s4f32(const int8_t* x_nhwc, float a_scale, const S4N16K8View& w, c
   });
 }
 
-bool conv2d_s8s8f32_onednn(const detail::OneDnnConvS8& w, const int8_t* x_nhwc, float a_scale, const float* w_scale,
-                           const float* bias, const ConvGeometry& g, float* y, bool relu, RunInfo* info) {
+namespace {
+void check_requant(const RequantOut& rq) {
+  QF_REQUIRE(rq.q != nullptr && -128 <= rq.qmin && rq.qmin <= rq.qmax && rq.qmax <= 127 && std::isfinite(rq.inv) &&
+                 rq.inv > 0.0f,
+             "kernels/cpu: requantized convolution output needs codes, a finite positive 1/scale and a grid within "
+             "int8, got [", rq.qmin, ", ", rq.qmax, "] and 1/scale ", rq.inv);
+}
+}  // namespace
+
+void conv2d_s8s8s8(const int8_t* x_nhwc, float a_scale, const S8N16K4View& w, const float* w_scale, const float* bias,
+                   const ConvGeometry& g, const RequantOut& out, bool relu, RunInfo* info) {
+  check_weight(w.n, w.k, g, 1);
+  check_requant(out);
+  conv_chunks(x_nhwc, a_scale, g, w.n, w.k, nullptr, relu, info,
+              [&](const int8_t* a, int64_t m, const float* s, float* o, RunInfo* ri) {
+                gemv_s8s8f32(a, m, s, w, w_scale, bias, o, ri);
+              },
+              &out);
+}
+
+void conv2d_s8s4s8(const int8_t* x_nhwc, float a_scale, const S4N16K8View& w, const float* bias,
+                   const ConvGeometry& g, const RequantOut& out, bool relu, RunInfo* info) {
+  check_weight(w.n, w.k, g, kS4BlockK);
+  check_requant(out);
+  conv_chunks(x_nhwc, a_scale, g, w.n, w.k, nullptr, relu, info,
+              [&](const int8_t* a, int64_t m, const float* s, float* o, RunInfo* ri) {
+                gemv_s8s4f32(a, m, s, w, bias, o, ri);
+              },
+              &out);
+}
+
+namespace {
+// oneDNN's s32 sums, then per chunk of rows: the epilogue, the ReLU and, with rq, the codes.
+bool onednn_conv(const detail::OneDnnConvS8& w, const int8_t* x_nhwc, float a_scale, const float* w_scale,
+                 const float* bias, const ConvGeometry& g, float* y, const RequantOut* rq, bool relu, RunInfo* info) {
   check_conv_geometry(g);
+  if (rq != nullptr) check_requant(*rq);
   RunInfo local;
   RunInfo& ri = info != nullptr ? *info : local;
   ri = RunInfo{};
@@ -192,19 +230,37 @@ bool conv2d_s8s8f32_onednn(const detail::OneDnnConvS8& w, const int8_t* x_nhwc, 
     ri.skip("conv_s8s8s32_onednn", why);
     return false;
   }
-  const std::vector<float> a(static_cast<size_t>(M), a_scale);
+  constexpr int64_t kRows = 256;
+  const std::vector<float> a(static_cast<size_t>(kRows), a_scale);
   RunInfo epilogue;
-  dequantize_s32_f32(acc.get(), a.data(), w_scale, bias, y, M, N, &epilogue);
-  if (relu) {
-    at::parallel_for(0, M * N, int64_t{1} << 16, [&](int64_t b, int64_t e) {
-      // Unconditional store: a select the compiler vectorises (a branch per element mispredicts
-      // on half the outputs). NaN stays NaN, as at::relu.
-      for (int64_t i = b; i < e; ++i) y[i] = y[i] < 0.0f ? 0.0f : y[i];
-    });
-  }
+  at::parallel_for(0, (M + kRows - 1) / kRows, 1, [&](int64_t c0, int64_t c1) {
+    std::vector<float> buf(rq != nullptr ? static_cast<size_t>(kRows * N) : 0);
+    for (int64_t c = c0; c < c1; ++c) {
+      const int64_t r0 = c * kRows, rows = std::min(M, r0 + kRows) - r0;
+      float* out = rq != nullptr ? buf.data() : y + r0 * N;
+      RunInfo e;
+      dequantize_s32_f32(acc.get() + r0 * N, a.data(), w_scale, bias, out, rows, N, &e);
+      // Unconditional store: a select the compiler vectorises. NaN stays NaN, as at::relu.
+      if (relu)
+        for (int64_t i = 0; i < rows * N; ++i) out[i] = out[i] < 0.0f ? 0.0f : out[i];
+      if (rq != nullptr) quantize_static_s8(out, rows * N, rq->inv, rq->qmin, rq->qmax, rq->q + r0 * N);
+      if (c == 0) epilogue = std::move(e);
+    }
+  });
   ri.kernel = "conv_s8s8s32_onednn+" + epilogue.kernel;
   ri.fallback = epilogue.fallback;
   return true;
+}
+}  // namespace
+
+bool conv2d_s8s8f32_onednn(const detail::OneDnnConvS8& w, const int8_t* x_nhwc, float a_scale, const float* w_scale,
+                           const float* bias, const ConvGeometry& g, float* y, bool relu, RunInfo* info) {
+  return onednn_conv(w, x_nhwc, a_scale, w_scale, bias, g, y, nullptr, relu, info);
+}
+
+bool conv2d_s8s8s8_onednn(const detail::OneDnnConvS8& w, const int8_t* x_nhwc, float a_scale, const float* w_scale,
+                          const float* bias, const ConvGeometry& g, const RequantOut& out, bool relu, RunInfo* info) {
+  return onednn_conv(w, x_nhwc, a_scale, w_scale, bias, g, nullptr, &out, relu, info);
 }
 
 }  // namespace qforge::kernels

@@ -62,6 +62,21 @@ void conv2d_s8s8f32(const int8_t* x_nhwc, float a_scale, const S8N16K4View& w, c
 void conv2d_s8s4f32(const int8_t* x_nhwc, float a_scale, const S4N16K8View& w, const float* bias,
                     const ConvGeometry& g, float* y, bool relu = false, RunInfo* info = nullptr);
 
+// Requantized output (static-activation chains): int8 codes for the next layer's static
+// per-tensor symmetric input quantizer instead of floats, q = clamp(nearbyint(y * inv), qmin,
+// qmax) of the float result y (ReLU included), inv = 1.0f / the next scale:
+// quantize_static_s8_reference over the float path's output, bit for bit. Each chunk of rows is
+// requantized while in cache; no float output is written. q is channels last, like y.
+struct RequantOut {
+  int8_t* q = nullptr;
+  float inv = 0.0f;
+  int qmin = -127, qmax = 127;
+};
+void conv2d_s8s8s8(const int8_t* x_nhwc, float a_scale, const S8N16K4View& w, const float* w_scale, const float* bias,
+                   const ConvGeometry& g, const RequantOut& out, bool relu = false, RunInfo* info = nullptr);
+void conv2d_s8s4s8(const int8_t* x_nhwc, float a_scale, const S4N16K8View& w, const float* bias,
+                   const ConvGeometry& g, const RequantOut& out, bool relu = false, RunInfo* info = nullptr);
+
 namespace detail {
 class OneDnnConvS8;  // gemm_s8s8s32_onednn.h
 }
@@ -73,5 +88,9 @@ class OneDnnConvS8;  // gemm_s8s8s32_onednn.h
 bool conv2d_s8s8f32_onednn(const detail::OneDnnConvS8& w, const int8_t* x_nhwc, float a_scale, const float* w_scale,
                            const float* bias, const ConvGeometry& g, float* y, bool relu = false,
                            RunInfo* info = nullptr);
+
+bool conv2d_s8s8s8_onednn(const detail::OneDnnConvS8& w, const int8_t* x_nhwc, float a_scale, const float* w_scale,
+                          const float* bias, const ConvGeometry& g, const RequantOut& out, bool relu = false,
+                          RunInfo* info = nullptr);
 
 }  // namespace qforge::kernels

@@ -202,6 +202,62 @@ TEST(ConvS8, OneDnnPathEqualsReferenceBitForBit) {
   EXPECT_THROW(qforge::kernels::detail::onednn_conv_s8s8s32(*w, other, c.x.data(), acc.data()), qforge::Error);
 }
 
+TEST(ConvS8, RequantizedOutputEqualsQuantizedReferenceBitForBit) {
+  // Static-activation chains: codes for the next layer straight from the epilogue equal
+  // quantize_static_s8_reference over the float reference, for im2col (int8 and int4 weights) and
+  // oneDNN, with and without ReLU, on a narrow and a full-range grid.
+  uint32_t seed = 700;
+  for (const ConvGeometry& g : geometries()) {
+    const ConvCase c = make_case(g, -8, 7, seed += 10);  // int4-range values serve both weights
+    const int64_t N = g.out_channels, Kp = round_up(g.gemm_k(), kS4BlockK);
+    PackOptions opts;
+    opts.onednn = false;
+    const at::Tensor w_scale = at::from_blob(const_cast<float*>(c.w_scale.data()), {N}, at::kFloat).clone();
+    const PackedLinearS8 s8(weight_rows(c, g.gemm_k()), w_scale, at::Tensor(), opts);
+    const PackedLinearS4 s4(weight_rows(c, Kp), w_scale, at::Tensor(), Kp, at::Tensor(), qforge::qint4);
+    const auto dnn = isa_usable(Isa::kAvx512Vnni) ? qforge::kernels::detail::onednn_conv_s8(c.w.data(), g, nullptr)
+                                                  : nullptr;
+    const at::Tensor x = nhwc(c);
+    for (bool relu : {false, true}) {
+      for (int qmin : {-127, -128}) {
+        const std::vector<float> y = run_reference(c, nullptr, relu);
+        const float inv = 1.0f / 0.05f;
+        std::vector<int8_t> want(y.size());
+        quantize_static_s8_reference(y.data(), static_cast<int64_t>(y.size()), inv, qmin, 127, want.data());
+        RequantOut out;
+        out.inv = inv;
+        out.qmin = qmin;
+        for (int path = 0; path < 3; ++path) {
+          if (path == 2 && dnn == nullptr) continue;
+          at::Tensor q = at::full({g.batch, g.out_h(), g.out_w(), N}, 99, at::kChar);
+          out.q = q.data_ptr<int8_t>();
+          RunInfo info;
+          if (path == 0) {
+            conv2d_s8s8s8(x.data_ptr<int8_t>(), c.a_scale, s8.view(), s8.w_scale().data_ptr<float>(), c.bias.data(), g,
+                          out, relu, &info);
+          } else if (path == 1) {
+            conv2d_s8s4s8(x.data_ptr<int8_t>(), c.a_scale, s4.view(), c.bias.data(), g, out, relu, &info);
+          } else {
+            ASSERT_TRUE(conv2d_s8s8s8_onednn(*dnn, x.data_ptr<int8_t>(), c.a_scale, c.w_scale.data(), c.bias.data(),
+                                             g, out, relu, &info));
+          }
+          const at::Tensor got = q.permute({0, 3, 1, 2}).contiguous();
+          EXPECT_TRUE(std::equal(want.begin(), want.end(), got.data_ptr<int8_t>()))
+              << info.kernel << " path " << path << " C=" << g.in_channels << " N=" << N << " relu=" << relu
+              << " qmin=" << qmin;
+        }
+      }
+    }
+  }
+  RequantOut bad;  // no output buffer
+  const ConvGeometry g = geometries()[0];
+  const ConvCase c = make_case(g, -127, 127, 1);
+  const PackedLinearS8 s8(weight_rows(c, g.gemm_k()), at::ones({g.out_channels}), at::Tensor(), PackOptions{false});
+  EXPECT_THROW(conv2d_s8s8s8(nhwc(c).data_ptr<int8_t>(), 1.0f, s8.view(), s8.w_scale().data_ptr<float>(), nullptr, g,
+                             bad),
+               qforge::Error);
+}
+
 TEST(ConvS8, Int4FastPathEqualsReferenceBitForBitWithZeroPointsAndPaddedK) {
   for (Isa isa : usable_isas()) {
     ScopedMaxIsa cap(isa);

@@ -397,5 +397,44 @@ TEST(ReferenceModels, EveryLayerRunsAnIntegerKernelAfterFreeze) {
   }
 }
 
+TEST(SmallCnn, FrozenBlocksChainInt8CodesWithTheFloatPathsValues) {
+  // Issue 18's static-activation chain: block 1 hands block 2 int8 codes requantized in its
+  // epilogue (no float output, no separate quantization pass); the logits equal those of the
+  // same frozen layers run with floats between the blocks, bit for bit, on the im2col path
+  // (batch 2) and oneDNN's (batch 32: at least 4096 output pixels in both convolutions).
+  Scheme w8a8(qint8);
+  w8a8.activations = ActivationMode::kStatic;
+  w8a8.observer = "minmax";
+  at::NoGradGuard ng;
+  torch::manual_seed(3);
+  SmallCnn m;
+  m->eval();
+  m->fold_batch_norm();
+  quantize(m, w8a8);
+  {
+    Calibration calib(m);
+    m->forward(at::randn({16, 1, 28, 28}));
+  }
+  freeze(m);
+  auto& c0 = *m->blocks->ptr(0)->as<ConvBnReluImpl>()->conv;
+  auto& c1 = *m->blocks->ptr(1)->as<ConvBnReluImpl>()->conv;
+  ASSERT_TRUE(c1.takes_codes());
+  for (int64_t batch : {2, 32}) {
+    const at::Tensor x = at::randn({batch, 1, 28, 28});
+    const at::Tensor codes = c0.forward_relu_codes(x, c1);
+    EXPECT_EQ(codes.scalar_type(), at::kChar);
+    EXPECT_TRUE(at::equal(codes, quantize_to_int8(c0.forward_relu(x), c1.input_quantizer()->qparams())))
+        << "batch " << batch;
+    at::Tensor h = x;
+    for (const auto& b : *m->blocks) h = at::max_pool2d(b->as<ConvBnReluImpl>()->conv->forward_relu(h), {2, 2});
+    const at::Tensor unchained = m->fc2->forward(at::relu(m->fc1->forward(h.flatten(1))));
+    EXPECT_TRUE(at::equal(m->forward(x), unchained)) << "batch " << batch;
+  }
+  // Codes into a layer that does not take them are refused with the reason.
+  nn::Conv2d plain(torch::nn::Conv2dOptions(32, 4, 3));
+  EXPECT_NE(qforge::testing::error_of([&] { plain->forward(at::zeros({1, 32, 5, 5}, at::kChar)); }).find("int8 input codes"),
+            std::string::npos);
+}
+
 }  // namespace
 }  // namespace qforge::models
