@@ -39,17 +39,6 @@ bool packable(const QType& qt) {
          (qt.is_integer() && (qt.bits == 8 || nibble_packed(qt) || (qt.bits == 2 && qt.is_signed)));
 }
 
-// Codebook indices (0 <= v < 2^bits) as `bits`-wide fields, low bits first; bits 4 or 2.
-void pack_indices(const uint8_t* v, int64_t n, int bits, uint8_t* out) {
-  const int per_byte = 8 / bits;
-  for (int64_t i = 0; i < n; ++i) out[i / per_byte] |= static_cast<uint8_t>(v[i] << ((i % per_byte) * bits));
-}
-void unpack_indices(const uint8_t* packed, int64_t n, int bits, uint8_t* v) {
-  const int per_byte = 8 / bits;
-  const int mask = (1 << bits) - 1;
-  for (int64_t i = 0; i < n; ++i) v[i] = static_cast<uint8_t>((packed[i / per_byte] >> ((i % per_byte) * bits)) & mask);
-}
-
 // The stored form of a spec: non-negative per-channel axis, 0 otherwise; group_size only per-group.
 QSpec stored_spec(QSpec s, int64_t dim) {
   if (s.granularity == Granularity::kPerChannel) {
@@ -77,19 +66,16 @@ QuantizedTensor with_qparams(const QParams& qp, std::vector<int64_t> shape) {
 
 // Row-major int8 values -> the packed data of `qt` (kernels/cpu reference packing for sub-byte).
 at::Tensor pack_values(const at::Tensor& values, const QType& qt) {
-  if (qt.is_codebook()) {
-    const at::Tensor v8 = values.to(at::kByte).contiguous();
-    at::Tensor packed = at::zeros({packed_bytes(qt, v8.numel())}, at::kByte);
-    pack_indices(v8.data_ptr<uint8_t>(), v8.numel(), storage_bits(qt), packed.data_ptr<uint8_t>());
-    return packed;
-  }
-  if (qt.bits == 8) return values.to(qt.is_signed ? at::kChar : at::kByte).contiguous().clone();
+  if (qt.bits == 8 && !qt.is_codebook()) return values.to(qt.is_signed ? at::kChar : at::kByte).contiguous().clone();
   const at::Tensor v8 = values.to(at::kChar).contiguous();
   const int64_t n = v8.numel();
   at::Tensor packed = at::zeros({packed_bytes(qt, n)}, at::kByte);
   const int8_t* src = v8.data_ptr<int8_t>();
   uint8_t* dst = packed.data_ptr<uint8_t>();
-  if (nibble_packed(qt) && qt.is_signed) kernels::pack_s4_reference(src, n, dst);
+  // Codebook indices are unsigned fields of codebook_storage_bits (4 or 2).
+  if (qt.is_codebook() && storage_bits(qt) == 2) kernels::pack_u2_reference(src, n, dst);
+  else if (qt.is_codebook()) kernels::pack_u4_reference(src, n, dst);
+  else if (nibble_packed(qt) && qt.is_signed) kernels::pack_s4_reference(src, n, dst);
   else if (nibble_packed(qt)) kernels::pack_u4_reference(src, n, dst);
   else kernels::pack_s2_reference(src, n, dst);
   return packed;
@@ -137,22 +123,22 @@ void QuantizedTensor::validate(const std::string& who) const {
                codebook.defined() ? detail::str_cat(codebook.scalar_type(), " ", codebook.sizes()) : "none");
     QF_REQUIRE(at::isfinite(codebook.to(at::kFloat)).all().item<bool>(), who, ": codebook holds NaN or inf");
   } else {
-  QF_REQUIRE(!codebook.defined(), who, ": ", qt.name, " has no codebook");
-  QF_REQUIRE(scale.defined() && scale.scalar_type() == at::kFloat && scale.sizes().vec() == expected_qp,
-             who, ": scale must be float32 of shape ", at::IntArrayRef(expected_qp), " for ",
-             to_string(spec.granularity), " of shape ", at::IntArrayRef(shape), ", got ",
-             scale.defined() ? detail::str_cat(scale.scalar_type(), " ", scale.sizes()) : "none");
-  QF_REQUIRE(zero_point.defined() && zero_point.scalar_type() == at::kInt &&
-                 zero_point.sizes().vec() == expected_qp,
-             who, ": zero_point must be int32 of shape ", at::IntArrayRef(expected_qp), ", got ",
-             zero_point.defined() ? detail::str_cat(zero_point.scalar_type(), " ", zero_point.sizes())
-                                  : "none");
-  // Values, as make_qparams requires them: a file can hold any bits.
-  try {
-    (void)make_qparams(spec, scale, zero_point);
-  } catch (const Error& e) {
-    throw Error(who + ": " + e.what());
-  }
+    QF_REQUIRE(!codebook.defined(), who, ": ", qt.name, " has no codebook");
+    QF_REQUIRE(scale.defined() && scale.scalar_type() == at::kFloat && scale.sizes().vec() == expected_qp,
+               who, ": scale must be float32 of shape ", at::IntArrayRef(expected_qp), " for ",
+               to_string(spec.granularity), " of shape ", at::IntArrayRef(shape), ", got ",
+               scale.defined() ? detail::str_cat(scale.scalar_type(), " ", scale.sizes()) : "none");
+    QF_REQUIRE(zero_point.defined() && zero_point.scalar_type() == at::kInt &&
+                   zero_point.sizes().vec() == expected_qp,
+               who, ": zero_point must be int32 of shape ", at::IntArrayRef(expected_qp), ", got ",
+               zero_point.defined() ? detail::str_cat(zero_point.scalar_type(), " ", zero_point.sizes())
+                                    : "none");
+    // Values, as make_qparams requires them: a file can hold any bits.
+    try {
+      (void)make_qparams(spec, scale, zero_point);
+    } catch (const Error& e) {
+      throw Error(who + ": " + e.what());
+    }
   }
   QF_REQUIRE(data.defined(), who, ": no data");
   if (qt.bits == 8) {
@@ -172,10 +158,11 @@ void QuantizedTensor::validate(const std::string& who) const {
 at::Tensor QuantizedTensor::int_values() const {
   QF_REQUIRE(data.defined(), "QuantizedTensor: the codes are held by a kernel object");
   if (spec.qtype.is_codebook()) {
-    at::Tensor out = at::empty(shape, at::kByte);
+    at::Tensor out = at::empty(shape, at::kChar);
     const at::Tensor packed = data.contiguous();
-    unpack_indices(packed.data_ptr<uint8_t>(), out.numel(), storage_bits(spec.qtype), out.data_ptr<uint8_t>());
-    return out;
+    if (storage_bits(spec.qtype) == 2) kernels::unpack_u2_reference(packed.data_ptr<uint8_t>(), out.numel(), out.data_ptr<int8_t>());
+    else kernels::unpack_u4_reference(packed.data_ptr<uint8_t>(), out.numel(), out.data_ptr<int8_t>());
+    return out.to(at::kByte);
   }
   QF_REQUIRE(spec.qtype.is_integer(), "QuantizedTensor: ", spec.qtype.name, " codes have no integer values");
   if (spec.qtype.bits == 8) return data.reshape(shape);

@@ -4,8 +4,6 @@
 
 #include <ATen/ATen.h>
 
-#include <cstring>
-
 #include "framework/core/error.h"
 #include "kernels/cpu/conv_s8.h"
 #include "kernels/cpu/gemm_s8s8s32_onednn.h"
@@ -31,8 +29,11 @@ namespace {
 // from kOneDnnConvMinRows output pixels (batch x OH x OW) on, where it beats im2col + GEMM at
 // the SmallCnn's shapes (qbench conv_s8_cnn, model_cnn_b128); below, its per-call set-up costs
 // more than it saves (model_cnn_b1), so im2col runs.
-constexpr const char* kOneDnnConvSuffix = " | conv_s8s8s32_onednn+dequantize_s32_f32 from 4096 output pixels";
 constexpr int64_t kOneDnnConvMinRows = 4096;
+// What plan() appends to the im2col kernel when oneDNN serves the large inputs.
+std::string onednn_suffix() {
+  return detail::str_cat(" | conv_s8s8s32_onednn+dequantize_s32_f32 from ", kOneDnnConvMinRows, " output pixels");
+}
 // The kernels' geometry of a convolution of this shape on a [batch, C, in_h, in_w] input.
 kernels::ConvGeometry conv_geometry(const ConvQuantState::ConvShape& s, int64_t batch, int64_t in_h, int64_t in_w) {
   kernels::ConvGeometry g;
@@ -51,10 +52,8 @@ kernels::ConvGeometry conv_geometry(const ConvQuantState::ConvShape& s, int64_t 
   g.dilation_w = s.dilation[1];
   return g;
 }
-bool wants_onednn(const KernelPlan& p) {
-  return p.kernel.size() > std::strlen(kOneDnnConvSuffix) &&
-         p.kernel.compare(p.kernel.size() - std::strlen(kOneDnnConvSuffix), std::string::npos, kOneDnnConvSuffix) == 0;
-}
+// int8 weights with static int8 activations on AVX-512 VNNI: oneDNN's convolution is planned.
+bool onednn_planned(const KernelPlan& p) { return p.path == LinearPath::kS8Static && usable_isa() >= Isa::kAvx512Vnni; }
 }  // namespace
 
 KernelPlan ConvQuantState::plan() const {
@@ -105,7 +104,7 @@ KernelPlan ConvQuantState::plan() const {
   if (gemm == "gemv_s8s4f32_n16k8_avx512vnni") gemm = "gemm_s8s4f32_n16k8_avx512vnni";
   p.kernel = "im2col_s8+" + gemm;
   p.fallback = lp.fallback;
-  if (p.path == LinearPath::kS8Static && usable_isa() >= Isa::kAvx512Vnni) p.kernel += kOneDnnConvSuffix;
+  if (onednn_planned(p)) p.kernel += onednn_suffix();
   return p;
 }
 
@@ -143,13 +142,12 @@ void ConvQuantState::install_conv(QuantizedTensor fw, at::Tensor& weight,
       kernels::PackOptions opts;
       opts.onednn = false;
       s8 = std::make_shared<kernels::PackedLinearS8>(codes, scale_n.reshape({N}), at::Tensor(), opts);
-      if (wants_onednn(p)) {
+      if (onednn_planned(p)) {
         // Reordered for a nominal input (batch 32, 16x16 or the dilated kernel's extent); other
         // input sizes get their own primitive with the same weight format.
         const kernels::ConvGeometry nominal = conv_geometry(s, 32, std::max<int64_t>(16, s.dilation[0] * (KH - 1) + 1),
                                                             std::max<int64_t>(16, s.dilation[1] * (KW - 1) + 1));
         const at::Tensor oihw = fw.int_values().reshape({N, C, KH, KW}).to(at::kChar).contiguous();
-        onednn_status = "";
         onednn = kernels::detail::onednn_conv_s8(oihw.data_ptr<int8_t>(), nominal, &onednn_status);
         if (onednn != nullptr && kernels::detail::onednn_impl(*onednn).rfind("ref", 0) == 0) {
           onednn_status = "oneDNN offers only its reference implementation (" + kernels::detail::onednn_impl(*onednn) + ")";
@@ -178,10 +176,10 @@ void ConvQuantState::install_conv(QuantizedTensor fw, at::Tensor& weight,
   weight = at::Tensor();
   if (weight_q_) weight_q_->clear_cache();
   mark_frozen();
-  if (wants_onednn(p) && onednn_ == nullptr) {
+  if (onednn_planned(p) && onednn_ == nullptr) {
     // The plan wanted oneDNN's convolution for large inputs but it could not be built here:
     // im2col at every size, with the reason.
-    kernel_ = p.kernel.substr(0, p.kernel.size() - std::strlen(kOneDnnConvSuffix));
+    kernel_ = p.kernel.substr(0, p.kernel.size() - onednn_suffix().size());
     fallback_ = detail::str_cat(p.fallback, p.fallback.empty() ? "" : "; ", "conv_s8s8s32_onednn: ",
                                 onednn_status.empty() ? "unavailable" : onednn_status);
   }
@@ -203,6 +201,9 @@ at::Tensor ConvQuantState::integer_forward(const at::Tensor& x, const at::Tensor
                            : quantize_to_int8(x.to(at::kFloat).permute({0, 2, 3, 1}), input_q_->qparams());
   const at::Tensor b = bias.defined() ? bias.detach().to(at::kCPU, at::kFloat).contiguous() : at::Tensor();
   const float* bp = b.defined() ? b.data_ptr<float>() : nullptr;
+  // oneDNN for large inputs when it was built and has a primitive for this size, else im2col: the
+  // same values.
+  const bool try_onednn = s8_ && onednn_ != nullptr && g.gemm_m() >= kOneDnnConvMinRows;
   if (requant != nullptr) {
     at::Tensor codes = at::empty({g.batch, g.out_h(), g.out_w(), g.out_channels}, at::kChar);
     kernels::RequantOut out;
@@ -211,8 +212,7 @@ at::Tensor ConvQuantState::integer_forward(const at::Tensor& x, const at::Tensor
     out.qmin = static_cast<int>(requant->spec.quant_min());
     out.qmax = static_cast<int>(requant->spec.quant_max());
     if (s8_) {
-      if (onednn_ == nullptr || g.gemm_m() < kOneDnnConvMinRows ||
-          !kernels::conv2d_s8s8s8_onednn(*onednn_, q.data_ptr<int8_t>(), static_act_scale_,
+      if (!try_onednn || !kernels::conv2d_s8s8s8_onednn(*onednn_, q.data_ptr<int8_t>(), static_act_scale_,
                                          s8_->w_scale().data_ptr<float>(), bp, g, out, relu)) {
         kernels::conv2d_s8s8s8(q.data_ptr<int8_t>(), static_act_scale_, s8_->view(), s8_->w_scale().data_ptr<float>(),
                                bp, g, out, relu);
@@ -224,9 +224,7 @@ at::Tensor ConvQuantState::integer_forward(const at::Tensor& x, const at::Tensor
   }
   at::Tensor y = at::empty({g.batch, g.out_h(), g.out_w(), g.out_channels}, at::kFloat);
   if (s8_) {
-    // oneDNN when it has a primitive for this input size, else im2col: the same values.
-    if (onednn_ == nullptr || g.gemm_m() < kOneDnnConvMinRows ||
-        !kernels::conv2d_s8s8f32_onednn(*onednn_, q.data_ptr<int8_t>(), static_act_scale_,
+    if (!try_onednn || !kernels::conv2d_s8s8f32_onednn(*onednn_, q.data_ptr<int8_t>(), static_act_scale_,
                                         s8_->w_scale().data_ptr<float>(), bp, g, y.data_ptr<float>(), relu)) {
       kernels::conv2d_s8s8f32(q.data_ptr<int8_t>(), static_act_scale_, s8_->view(), s8_->w_scale().data_ptr<float>(),
                               bp, g, y.data_ptr<float>(), relu);

@@ -186,7 +186,7 @@ void bmm_s8s8f32(const int8_t* A, const int8_t* Bt, int64_t batch, int64_t M, in
   if (K == 0) {
     // Empty sums: fmaf(0 * b_scale, a_scale, 0) is 0 for the finite scales the quantizers give.
     std::fill(y, y + batch * M * N, 0.0f);
-    if (info != nullptr) *info = RunInfo{"empty K", ""};
+    if (info != nullptr) *info = RunInfo{"none (K = 0)", ""};
     return;
   }
   QF_REQUIRE(A != nullptr && Bt != nullptr && y != nullptr && a_scale != nullptr && b_scale != nullptr,

@@ -99,5 +99,7 @@ void pack_u4_reference(const int8_t* values, int64_t n, uint8_t* packed);    // 
 void unpack_u4_reference(const uint8_t* packed, int64_t n, int8_t* values);  // zero-extends
 void pack_s2_reference(const int8_t* values, int64_t n, uint8_t* packed);    // values in [-2, 1]
 void unpack_s2_reference(const uint8_t* packed, int64_t n, int8_t* values);  // sign-extends
+void pack_u2_reference(const int8_t* values, int64_t n, uint8_t* packed);    // values in [0, 3]
+void unpack_u2_reference(const uint8_t* packed, int64_t n, int8_t* values);  // zero-extends
 
 }  // namespace qforge::kernels

@@ -33,7 +33,7 @@ void unpack_bits(const uint8_t* packed, int64_t n, int8_t* values, int bits, boo
   }
 }
 
-constexpr int kS4Min = -8, kS4Max = 7, kU4Max = 15, kS2Min = -2, kS2Max = 1;
+constexpr int kS4Min = -8, kS4Max = 7, kU4Max = 15, kS2Min = -2, kS2Max = 1, kU2Max = 3;
 
 }  // namespace
 
@@ -54,6 +54,12 @@ void pack_s2_reference(const int8_t* values, int64_t n, uint8_t* packed) {
 }
 void unpack_s2_reference(const uint8_t* packed, int64_t n, int8_t* values) {
   unpack_bits(packed, n, values, 2, true);
+}
+void pack_u2_reference(const int8_t* values, int64_t n, uint8_t* packed) {
+  pack_bits(values, n, packed, 2, 0, kU2Max, "pack_u2");
+}
+void unpack_u2_reference(const uint8_t* packed, int64_t n, int8_t* values) {
+  unpack_bits(packed, n, values, 2, false);
 }
 
 void pack_s8_n16k4_reference(const int8_t* W, int64_t N, int64_t K, int8_t* packed,

@@ -33,6 +33,7 @@ TEST(PackS4, RoundTripsEveryLengthAndValue) {
     const auto s4 = random_s8(n, -8, 7, 1 + n);
     const auto u4 = random_s8(n, 0, 15, 2 + n);
     const auto s2 = random_s8(n, -2, 1, 3 + n);
+    const auto u2 = random_s8(n, 0, 3, 4 + n);
     std::vector<uint8_t> p((n + 1) / 2), p2((n + 3) / 4);
     std::vector<int8_t> back(n);
     pack_s4_reference(s4.data(), n, p.data());
@@ -44,6 +45,9 @@ TEST(PackS4, RoundTripsEveryLengthAndValue) {
     pack_s2_reference(s2.data(), n, p2.data());
     unpack_s2_reference(p2.data(), n, back.data());
     EXPECT_TRUE(exact_equal(back, s2)) << "s2 n=" << n;
+    pack_u2_reference(u2.data(), n, p2.data());
+    unpack_u2_reference(p2.data(), n, back.data());
+    EXPECT_TRUE(exact_equal(back, u2)) << "u2 n=" << n;
   }
 }
 
@@ -55,6 +59,8 @@ TEST(PackS4, OutOfRangeValueThrows) {
   EXPECT_THROW(pack_u4_reference(u.data(), 1, p.data()), qforge::Error);
   const std::vector<int8_t> t{2};
   EXPECT_THROW(pack_s2_reference(t.data(), 1, p.data()), qforge::Error);
+  const std::vector<int8_t> w{4};
+  EXPECT_THROW(pack_u2_reference(w.data(), 1, p.data()), qforge::Error);
 }
 
 TEST(PackS8N16K4, ByteLayoutAndColumnSums) {
