@@ -13,7 +13,7 @@
 
 #include <CLI/CLI.hpp>
 
-#include "framework/recipe/pipeline.h"
+#include "framework/pipeline/pipeline.h"
 
 namespace {
 
@@ -47,7 +47,7 @@ int main(int argc, char** argv) {
   if (!stages_arg.empty()) {
     std::stringstream ss(stages_arg);
     for (std::string s; std::getline(ss, s, ',');) {
-      const auto& all = qforge::pipeline_stages();
+      const auto& all = qforge::selectable_stages();
       if (std::find(all.begin(), all.end(), s) == all.end()) {
         std::string valid;
         for (const auto& v : all) valid += (valid.empty() ? "" : ", ") + v;

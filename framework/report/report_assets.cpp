@@ -1,9 +1,9 @@
 // The vendored Vega builds as read-only data of the binary (the assembler's .incbin; the build
 // passes QFORGE_REPORT_VENDOR_DIR and rebuilds this file when a vendored file changes).
-#include "framework/recipe/report_assets.h"
+#include "framework/report/report_assets.h"
 
 #ifndef QFORGE_REPORT_VENDOR_DIR
-#error "QFORGE_REPORT_VENDOR_DIR must name framework/recipe/vendor"
+#error "QFORGE_REPORT_VENDOR_DIR must name framework/report/vendor"
 #endif
 
 #define QFORGE_INCBIN(sym, file)                                                 \

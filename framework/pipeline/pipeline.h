@@ -1,6 +1,7 @@
-// The qtrain pipeline: runs a validated Recipe stage by stage (float → calibrate/ptq → qat →
-// freeze → export), evaluating after each, and writes report.json / report.md, the resolved
-// recipe and the exported files into the output directory.
+// The qtrain pipeline: runs a validated Recipe stage by stage (data → float → search → calibrate →
+// solve → ptq → qat → layer_errors → freeze → export; framework/pipeline/stage_registry.h),
+// evaluating after each, and writes report.json / report.md / report.html, the resolved recipe and
+// the exported files into the output directory.
 #pragma once
 
 #include <atomic>
@@ -44,8 +45,11 @@ struct PipelineResult {
   std::string headline;  // headline_text(report): qtrain's last lines
 };
 
-// Names of the stages in order.
+// Names of the stages in order, data and layer_errors included.
 const std::vector<std::string>& pipeline_stages();
+
+// The stages --stages may name, in order (data and layer_errors run whenever what they serve runs).
+const std::vector<std::string>& selectable_stages();
 
 // Throws qforge::Error when `stages` (a --stages subset) asks for a stage whose prerequisite it
 // leaves out: qat and freeze work on the model quantized and calibrated by calibrate (or ptq).

@@ -1,5 +1,5 @@
 // Rendering of qtrain's report.json / report.md.
-#include "framework/recipe/report.h"
+#include "framework/report/report_files.h"
 
 #include "framework/io/atomic_file.h"
 
@@ -20,13 +20,9 @@ std::string fmt(double v, int prec = 4) {
   return os.str();
 }
 
-}  // namespace
-
-std::string write_report_files(const nlohmann::json& report, const Recipe& r, const std::string& out_dir) {
-  const fs::path json_path = fs::path(out_dir) / "report.json";
-  io::write_text_atomically(json_path.string(), report.dump(2) + "\n");
-  std::ostringstream md;
-  md << "# qtrain report\n\nrecipe `" << r.path << "` (sha256 `" << r.sha256 << "`)\n\n| stage | ";
+// Metrics per stage, wall times, size and latency.
+void md_summary(std::ostringstream& md, const nlohmann::json& report, const std::string& recipe_path, const std::string& recipe_sha256) {
+  md << "# qtrain report\n\nrecipe `" << recipe_path << "` (sha256 `" << recipe_sha256 << "`)\n\n| stage | ";
   const std::string metric = report.value("metric", std::string("metric"));
   md << metric << " | loss | stage wall s |\n|---|---|---|---|\n";
   const auto& timings = report.at("timings_s");
@@ -59,6 +55,10 @@ std::string write_report_files(const nlohmann::json& report, const Recipe& r, co
        << (l.contains("frozen") ? ", " + fmt(l.at("frozen").get<double>(), 3) + " ms frozen" : std::string()) << " ("
        << l.at("regime").get<std::string>() << ")\n";
   }
+}
+
+// The frozen (or fake-quant) layers with kernels and bytes.
+void md_layers(std::ostringstream& md, const nlohmann::json& report) {
   if (report.contains("layers")) {
     md << "\n| layer | type | weights | activations | kernel | bytes | fallback |\n|---|---|---|---|---|---|---|\n";
     for (const auto& l : report.at("layers"))
@@ -67,6 +67,10 @@ std::string write_report_files(const nlohmann::json& report, const Recipe& r, co
          << l["kernel"].get<std::string>() << " | " << l["bytes"].get<int64_t>() << " | "
          << l["fallback_reason"].get<std::string>() << " |\n";
   }
+}
+
+// The numeric suite's table, worst first.
+void md_layer_errors(std::ostringstream& md, const nlohmann::json& report) {
   if (report.contains("layer_errors")) {
     // Worst first, as the pipeline stores them; "inf": exact, "-": not measured (see note).
     auto db = [](const nlohmann::json& v) {
@@ -84,6 +88,11 @@ std::string write_report_files(const nlohmann::json& report, const Recipe& r, co
          << " | " << (l.at("clipped_fraction").is_number() ? fmt(100.0 * l.at("clipped_fraction").get<double>(), 3) + " %" : "-")
          << " | " << l.at("nonfinite_inputs").get<int64_t>() << " | " << l.at("note").get<std::string>() << " |\n";
   }
+}
+
+// The search's choice per layer and its Pareto front.
+void md_search(std::ostringstream& md, const nlohmann::json& report) {
+  const std::string metric = report.value("metric", std::string("metric"));
   if (report.contains("search")) {
     const auto& se = report.at("search");
     md << "\n## Search\n\n" << se.at("method").get<std::string>() << " sensitivities, budget `"
@@ -107,6 +116,10 @@ std::string write_report_files(const nlohmann::json& report, const Recipe& r, co
          << p.at("predicted").get<double>() << " | "
          << (p.contains(metric) ? fmt(p.at(metric).get<double>()) : std::string("not measured")) << " |\n";
   }
+}
+
+// Equalisation, SmoothQuant and the solvers' per-layer errors.
+void md_ptq(std::ostringstream& md, const nlohmann::json& report) {
   if (report.contains("ptq")) {
     const auto& p = report.at("ptq");
     md << "\n## PTQ solvers\n";
@@ -151,12 +164,30 @@ std::string write_report_files(const nlohmann::json& report, const Recipe& r, co
       }
     }
   }
+}
+
+// Files not written and why, then the notes.
+void md_notes(std::ostringstream& md, const nlohmann::json& report) {
   if (report.contains("not_exported") && !report.at("not_exported").empty()) {
     md << "\nnot written:";
     for (const auto& [file, why] : report.at("not_exported").items()) md << "\n- " << file << ": " << why.get<std::string>();
     md << "\n";
   }
   for (const auto& n : report.at("notes")) md << "\n- " << n.get<std::string>();
+}
+
+}  // namespace
+
+std::string write_report_files(const nlohmann::json& report, const Recipe& r, const std::string& out_dir) {
+  const fs::path json_path = fs::path(out_dir) / "report.json";
+  io::write_text_atomically(json_path.string(), report.dump(2) + "\n");
+  std::ostringstream md;
+  md_summary(md, report, r.path, r.sha256);
+  md_layers(md, report);
+  md_layer_errors(md, report);
+  md_search(md, report);
+  md_ptq(md, report);
+  md_notes(md, report);
   io::write_text_atomically((fs::path(out_dir) / "report.md").string(), md.str() + "\n");
   io::write_text_atomically((fs::path(out_dir) / "report.html").string(),
                             render_report_html(report, r.path, r.sha256, r.resolved_yaml));

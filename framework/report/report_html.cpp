@@ -1,4 +1,4 @@
-// report.html: one self-contained page (report.h). Tables are rendered here; every plot is a
+// report.html: one self-contained page (report_files.h). Tables are rendered here; every plot is a
 // Vega-Lite spec built here from report.json's values and drawn in the page by the inlined
 // vega-embed. No network, no files beside the page.
 #include <ATen/ATen.h>
@@ -9,8 +9,8 @@
 #include <sstream>
 
 #include "framework/core/qtype.h"
-#include "framework/recipe/report.h"
-#include "framework/recipe/report_assets.h"
+#include "framework/report/report_files.h"
+#include "framework/report/report_assets.h"
 
 namespace qforge {
 
@@ -183,22 +183,24 @@ nlohmann::json pareto_spec(const nlohmann::json& search) {
 
 constexpr int64_t kMaxHistogramPlots = 48;
 
-}  // namespace
-
-std::string render_report_html(const nlohmann::json& report, const std::string& recipe_path, const std::string& recipe_sha256,
-                               const std::string& resolved_yaml) {
-  std::vector<Plot> plots;
+// The page being written and the plots its script draws.
+struct Page {
   std::ostringstream h;
-  auto plot_or = [&](const std::string& id, const nlohmann::json& spec, const std::string& empty) {
+  std::vector<Plot> plots;
+  // A plot's place in the page, or the sentence saying why there is nothing to draw.
+  void plot_or(const std::string& id, const nlohmann::json& spec, const std::string& empty) {
     if (spec.is_null()) {
       h << "<p class=\"empty\" id=\"" << id << "-empty\">" << esc(empty) << "</p>\n";
       return;
     }
     plots.push_back({id, spec});
     h << "<div class=\"plot\" id=\"" << id << "\"></div>\n";
-  };
-  const std::string metric = report.value("metric", std::string("metric"));
-  h << "<!doctype html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>qtrain report: " << esc(recipe_path)
+  }
+};
+
+// The document head with the inlined plotting library, the title and the headline.
+void html_head(Page& p, const nlohmann::json& report, const std::string& recipe_path, const std::string& recipe_sha256) {
+  p.h << "<!doctype html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>qtrain report: " << esc(recipe_path)
     << "</title>\n<style>\n"
        "body{font-family:system-ui,sans-serif;margin:2em;max-width:1100px;color:#222}"
        "table{border-collapse:collapse;margin:0.5em 0 1em}td,th{border:1px solid #ccc;padding:3px 8px;text-align:left;font-size:14px}"
@@ -207,78 +209,91 @@ std::string render_report_html(const nlohmann::json& report, const std::string& 
        "</style>\n";
   // Before the library: any script error or console.error ends up on <html data-errors>, where a
   // test (or a user's devtools) finds it.
-  h << "<script>(function () {\n"
+  p.h << "<script>(function () {\n"
        "  function note(m) { var d = document.documentElement; d.setAttribute('data-errors', (d.getAttribute('data-errors') || '') + m + '\\n'); }\n"
        "  window.addEventListener('error', function (e) { note('error: ' + e.message); });\n"
        "  window.addEventListener('unhandledrejection', function (e) { note('rejection: ' + e.reason); });\n"
        "  var ce = console.error; console.error = function () { note('console.error: ' + Array.prototype.join.call(arguments, ' ')); ce.apply(console, arguments); };\n"
        "})();</script>\n";
-  h << "<script>" << report_assets::vega_js() << "</script>\n";
-  h << "<script>" << report_assets::vega_lite_js() << "</script>\n";
-  h << "<script>" << report_assets::vega_embed_js() << "</script>\n";
-  h << "</head>\n<body>\n<h1>qtrain report</h1>\n<p>recipe <code>" << esc(recipe_path) << "</code>, sha256 <code>"
+  p.h << "<script>" << report_assets::vega_js() << "</script>\n";
+  p.h << "<script>" << report_assets::vega_lite_js() << "</script>\n";
+  p.h << "<script>" << report_assets::vega_embed_js() << "</script>\n";
+  p.h << "</head>\n<body>\n<h1>qtrain report</h1>\n<p>recipe <code>" << esc(recipe_path) << "</code>, sha256 <code>"
     << esc(recipe_sha256) << "</code></p>\n";
   const std::string headline = headline_text(report);
-  if (!headline.empty()) h << "<pre id=\"headline\">" << esc(headline) << "</pre>\n";
+  if (!headline.empty()) p.h << "<pre id=\"headline\">" << esc(headline) << "</pre>\n";
+}
 
+// Metrics per stage, sizes, timings.
+void html_summary(Page& p, const nlohmann::json& report) {
+  const std::string metric = report.value("metric", std::string("metric"));
   // Summary: metrics per stage, sizes, timings.
-  h << "<section id=\"summary\">\n<h2>Summary</h2>\n<table><tr><th>stage</th><th>" << esc(metric) << "</th><th>loss</th></tr>\n";
+  p.h << "<section id=\"summary\">\n<h2>Summary</h2>\n<table><tr><th>stage</th><th>" << esc(metric) << "</th><th>loss</th></tr>\n";
   for (const char* stage : {"float", "ptq", "qat", "frozen"}) {
     if (!report.contains("metrics") || !report.at("metrics").contains(stage)) continue;
     const auto& m = report.at("metrics").at(stage);
-    h << "<tr><td>" << stage << "</td><td class=\"n\">" << cell(m.value(metric, nlohmann::json()), 4) << "</td><td class=\"n\">"
+    p.h << "<tr><td>" << stage << "</td><td class=\"n\">" << cell(m.value(metric, nlohmann::json()), 4) << "</td><td class=\"n\">"
       << cell(m.value("loss", nlohmann::json()), 4) << "</td></tr>\n";
   }
-  h << "</table>\n";
+  p.h << "</table>\n";
   if (report.contains("size_bytes") && !report.at("size_bytes").empty()) {
-    h << "<table><tr><th>size</th><th>bytes</th></tr>\n";
-    for (const auto& [k, v] : report.at("size_bytes").items()) h << "<tr><td>" << esc(k) << "</td><td class=\"n\">" << cell(v, 0) << "</td></tr>\n";
-    h << "</table>\n";
+    p.h << "<table><tr><th>size</th><th>bytes</th></tr>\n";
+    for (const auto& [k, v] : report.at("size_bytes").items()) p.h << "<tr><td>" << esc(k) << "</td><td class=\"n\">" << cell(v, 0) << "</td></tr>\n";
+    p.h << "</table>\n";
   }
   if (report.contains("timings_s")) {
-    h << "<table><tr><th>step</th><th>wall s</th></tr>\n";
-    for (const auto& [k, v] : report.at("timings_s").items()) h << "<tr><td>" << esc(k) << "</td><td class=\"n\">" << cell(v, 2) << "</td></tr>\n";
-    h << "</table>\n";
+    p.h << "<table><tr><th>step</th><th>wall s</th></tr>\n";
+    for (const auto& [k, v] : report.at("timings_s").items()) p.h << "<tr><td>" << esc(k) << "</td><td class=\"n\">" << cell(v, 2) << "</td></tr>\n";
+    p.h << "</table>\n";
   }
-  h << "</section>\n";
+  p.h << "</section>\n";
+}
 
+// Per-layer table with the numeric suite's SQNR beside the plan.
+void html_layers(Page& p, const nlohmann::json& report) {
   // Per-layer table with the numeric suite's SQNR beside the plan.
   std::map<std::string, const nlohmann::json*> errors_by_path;
   if (report.contains("layer_errors"))
     for (const auto& l : report.at("layer_errors").at("layers")) errors_by_path[l.at("path").get<std::string>()] = &l;
-  h << "<section id=\"layers\">\n<h2>Layers</h2>\n";
+  p.h << "<section id=\"layers\">\n<h2>Layers</h2>\n";
   if (!report.contains("layers") || report.at("layers").empty()) {
-    h << "<p class=\"empty\">no quantizable layers in the report</p>\n";
+    p.h << "<p class=\"empty\">no quantizable layers in the report</p>\n";
   } else {
-    h << "<table><tr><th>layer</th><th>type</th><th>weights</th><th>activations</th><th>kernel</th><th>fallback</th>"
+    p.h << "<table><tr><th>layer</th><th>type</th><th>weights</th><th>activations</th><th>kernel</th><th>fallback</th>"
          "<th>bytes</th><th>own SQNR dB</th><th>accumulated SQNR dB</th></tr>\n";
     for (const auto& l : report.at("layers")) {
       const std::string name = l.at("name").get<std::string>();
       const auto e = errors_by_path.find(name);
-      h << "<tr><td>" << esc(name) << "</td><td>" << cell(l.at("type")) << "</td><td>" << cell(l.at("weights")) << "</td><td>"
+      p.h << "<tr><td>" << esc(name) << "</td><td>" << cell(l.at("type")) << "</td><td>" << cell(l.at("weights")) << "</td><td>"
         << cell(l.at("activations")) << "</td><td>" << cell(l.at("kernel")) << "</td><td>" << cell(l.at("fallback_reason"))
         << "</td><td class=\"n\">" << cell(l.at("bytes"), 0) << "</td><td class=\"n\">"
         << (e == errors_by_path.end() ? "-" : cell(e->second->at("own_sqnr_db"))) << "</td><td class=\"n\">"
         << (e == errors_by_path.end() ? "-" : cell(e->second->at("accumulated_sqnr_db"))) << "</td></tr>\n";
     }
-    h << "</table>\n";
+    p.h << "</table>\n";
   }
-  h << "</section>\n";
+  p.h << "</section>\n";
+}
 
-  h << "<section id=\"sqnr\">\n<h2>Per-layer SQNR</h2>\n";
+// The per-layer SQNR plot.
+void html_sqnr(Page& p, const nlohmann::json& report) {
+  p.h << "<section id=\"sqnr\">\n<h2>Per-layer SQNR</h2>\n";
   std::vector<std::string> exact;
   const nlohmann::json sq = report.contains("layer_errors") ? sqnr_spec(report.at("layer_errors").at("layers"), &exact) : nullptr;
-  plot_or("plot-sqnr", sq,
+  p.plot_or("plot-sqnr", sq,
           report.contains("layer_errors") ? "the numeric suite measured no finite SQNR (every compared output was exact)"
                                           : "no quantized stage ran, so no per-layer error was measured");
   if (!exact.empty()) {
-    h << "<p>exact (infinite SQNR, not drawn):";
-    for (const std::string& x : exact) h << " " << esc(x) << ";";
-    h << "</p>\n";
+    p.h << "<p>exact (infinite SQNR, not drawn):";
+    for (const std::string& x : exact) p.h << " " << esc(x) << ";";
+    p.h << "</p>\n";
   }
-  h << "</section>\n";
+  p.h << "</section>\n";
+}
 
-  h << "<section id=\"histograms\">\n<h2>Activation ranges</h2>\n";
+// Activation histograms with their clip ranges; a table where only min/max were kept.
+void html_histograms(Page& p, const nlohmann::json& report) {
+  p.h << "<section id=\"histograms\">\n<h2>Activation ranges</h2>\n";
   int64_t drawn = 0, without = 0;
   if (report.contains("activations"))
     for (const auto& a : report.at("activations")) {
@@ -287,57 +302,66 @@ std::string render_report_html(const nlohmann::json& report, const std::string& 
         continue;
       }
       if (drawn >= kMaxHistogramPlots) continue;
-      plot_or("plot-hist-" + std::to_string(drawn++), histogram_spec(a), "");
+      p.plot_or("plot-hist-" + std::to_string(drawn++), histogram_spec(a), "");
     }
   if (drawn == 0)
-    h << "<p class=\"empty\" id=\"plot-hist-empty\">"
+    p.h << "<p class=\"empty\" id=\"plot-hist-empty\">"
       << (report.contains("activations") && !report.at("activations").empty()
               ? "no activation histograms: the observers keep min/max only (ranges in the table below)"
               : "no static activations were calibrated (weight-only or dynamic activations): no ranges to draw")
       << "</p>\n";
   const int64_t hist_total = report.contains("activations") ? static_cast<int64_t>(report.at("activations").size()) - without : 0;
-  if (hist_total > drawn) h << "<p>" << hist_total - drawn << " more histograms not drawn (first " << kMaxHistogramPlots << " shown)</p>\n";
+  if (hist_total > drawn) p.h << "<p>" << hist_total - drawn << " more histograms not drawn (first " << kMaxHistogramPlots << " shown)</p>\n";
   if (without > 0) {
-    h << "<table><tr><th>point</th><th>observer</th><th>min</th><th>max</th><th>clip min</th><th>clip max</th></tr>\n";
+    p.h << "<table><tr><th>point</th><th>observer</th><th>min</th><th>max</th><th>clip min</th><th>clip max</th></tr>\n";
     for (const auto& a : report.at("activations"))
       if (!a.contains("histogram"))
-        h << "<tr><td>" << esc(a.at("path").get<std::string>() + " " + a.at("point").get<std::string>()) << "</td><td>"
+        p.h << "<tr><td>" << esc(a.at("path").get<std::string>() + " " + a.at("point").get<std::string>()) << "</td><td>"
           << cell(a.at("observer")) << "</td><td class=\"n\">" << cell(a.value("min", nlohmann::json()), 4) << "</td><td class=\"n\">"
           << cell(a.value("max", nlohmann::json()), 4) << "</td><td class=\"n\">" << cell(a.at("clip_min"), 4)
           << "</td><td class=\"n\">" << cell(a.at("clip_max"), 4) << "</td></tr>\n";
-    h << "</table>\n";
+    p.h << "</table>\n";
   }
-  h << "</section>\n";
+  p.h << "</section>\n";
+}
 
-  h << "<section id=\"loss\">\n<h2>Loss curves</h2>\n";
-  plot_or("plot-loss", report.contains("loss_curves") ? loss_spec(report.at("loss_curves")) : nlohmann::json(nullptr),
+// Loss curves of float training and QAT.
+void html_loss(Page& p, const nlohmann::json& report) {
+  p.h << "<section id=\"loss\">\n<h2>Loss curves</h2>\n";
+  p.plot_or("plot-loss", report.contains("loss_curves") ? loss_spec(report.at("loss_curves")) : nlohmann::json(nullptr),
           "no training ran in this run (float weights loaded, and no QAT)");
-  h << "</section>\n";
+  p.h << "</section>\n";
+}
 
-  h << "<section id=\"search\">\n<h2>Mixed-precision search</h2>\n";
+// The search's bit allocation and Pareto front.
+void html_search(Page& p, const nlohmann::json& report) {
+  p.h << "<section id=\"search\">\n<h2>Mixed-precision search</h2>\n";
   if (report.contains("search")) {
     const auto& se = report.at("search");
-    h << "<p>" << esc(se.value("method", std::string())) << " sensitivities, budget <code>" << esc(se.value("budget", std::string()))
+    p.h << "<p>" << esc(se.value("method", std::string())) << " sensitivities, budget <code>" << esc(se.value("budget", std::string()))
       << "</code></p>\n";
-    plot_or("plot-bits", bits_spec(se), "the search chose no layer");
-    plot_or("plot-pareto", pareto_spec(se), "the search kept no Pareto front");
+    p.plot_or("plot-bits", bits_spec(se), "the search chose no layer");
+    p.plot_or("plot-pareto", pareto_spec(se), "the search kept no Pareto front");
   } else {
-    h << "<p class=\"empty\" id=\"plot-search-empty\">no mixed-precision search in this run</p>\n";
+    p.h << "<p class=\"empty\" id=\"plot-search-empty\">no mixed-precision search in this run</p>\n";
   }
-  h << "</section>\n";
+  p.h << "</section>\n";
+}
 
+// Notes, the resolved recipe, and the script that draws the plots.
+void html_tail(Page& p, const nlohmann::json& report, const std::string& resolved_yaml) {
   if (report.contains("notes") && !report.at("notes").empty()) {
-    h << "<section id=\"notes\">\n<h2>Notes</h2>\n<ul>\n";
-    for (const auto& n : report.at("notes")) h << "<li>" << cell(n) << "</li>\n";
-    h << "</ul>\n</section>\n";
+    p.h << "<section id=\"notes\">\n<h2>Notes</h2>\n<ul>\n";
+    for (const auto& n : report.at("notes")) p.h << "<li>" << cell(n) << "</li>\n";
+    p.h << "</ul>\n</section>\n";
   }
-  h << "<section id=\"recipe\">\n<h2>Recipe (resolved)</h2>\n<pre>" << esc(resolved_yaml) << "</pre>\n</section>\n";
-  h << "<p class=\"empty\">plots drawn in the page by " << report_assets::versions() << " (inlined)</p>\n";
+  p.h << "<section id=\"recipe\">\n<h2>Recipe (resolved)</h2>\n<pre>" << esc(resolved_yaml) << "</pre>\n</section>\n";
+  p.h << "<p class=\"empty\">plots drawn in the page by " << report_assets::versions() << " (inlined)</p>\n";
 
   nlohmann::json specs = nlohmann::json::array();
-  for (const Plot& p : plots) specs.push_back({{"id", p.id}, {"spec", p.spec}});
-  h << "<script type=\"application/json\" id=\"qforge-plots\">" << script_json(specs) << "</script>\n";
-  h << "<script>\n"
+  for (const Plot& plot : p.plots) specs.push_back({{"id", plot.id}, {"spec", plot.spec}});
+  p.h << "<script type=\"application/json\" id=\"qforge-plots\">" << script_json(specs) << "</script>\n";
+  p.h << "<script>\n"
        "(function () {\n"
        "  const plots = JSON.parse(document.getElementById('qforge-plots').textContent);\n"
        "  const state = {total: plots.length, drawn: 0, failed: []};\n"
@@ -349,7 +373,22 @@ std::string render_report_html(const nlohmann::json& report, const std::string& 
        "  })).then(function () { document.body.setAttribute('data-plots', state.failed.length ? 'failed' : 'done'); });\n"
        "})();\n"
        "</script>\n</body>\n</html>\n";
-  return h.str();
+}
+
+}  // namespace
+
+std::string render_report_html(const nlohmann::json& report, const std::string& recipe_path, const std::string& recipe_sha256,
+                               const std::string& resolved_yaml) {
+  Page p;
+  html_head(p, report, recipe_path, recipe_sha256);
+  html_summary(p, report);
+  html_layers(p, report);
+  html_sqnr(p, report);
+  html_histograms(p, report);
+  html_loss(p, report);
+  html_search(p, report);
+  html_tail(p, report, resolved_yaml);
+  return p.h.str();
 }
 
 }  // namespace qforge

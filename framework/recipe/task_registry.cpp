@@ -1,5 +1,5 @@
 // The tasks qtrain runs, one factory per architecture behind a small registry.
-#include "framework/recipe/tasks.h"
+#include "framework/recipe/task.h"
 
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>

@@ -1,5 +1,5 @@
 // The plotting library report.html inlines: Vega 6.2.0, Vega-Lite 6.4.1 and vega-embed 7.1.0
-// (BSD-3-Clause; framework/recipe/vendor/, with licences and hashes), compiled into the binary so
+// (BSD-3-Clause; framework/report/vendor/, with licences and hashes), compiled into the binary so
 // every page is self-contained and qtrain reads no files at run time.
 #pragma once
 

@@ -1,0 +1,106 @@
+// run_pipeline: the dry run, or the checks and then every stage of the registry in order over
+// one RunContext.
+#include "framework/pipeline/pipeline.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cstdio>
+
+#include "framework/pipeline/recipe_checks.h"
+#include "framework/pipeline/recipe_options.h"
+#include "framework/pipeline/run_context.h"
+#include "framework/pipeline/stage_registry.h"
+#include "framework/quantize.h"
+
+namespace qforge {
+
+std::vector<std::string> metric_stages_in_order(const std::map<std::string, std::map<std::string, double>>& metrics) {
+  std::vector<std::string> out;
+  for (const char* s : {"float", "ptq", "qat", "frozen"})
+    if (metrics.count(s)) out.push_back(s);
+  for (const auto& [s, m] : metrics)
+    if (std::find(out.begin(), out.end(), s) == out.end()) out.push_back(s);
+  return out;
+}
+
+namespace {
+
+using pipeline::Stage;
+
+bool scheduled(const Stage& s, const Recipe& r, const std::vector<std::string>& stages) {
+  return s.applies(r) && s.requested(stages);
+}
+
+// What the search would do, and its checks against the model (no data is read).
+void print_search_plan(const Recipe& r, torch::nn::Module& model) {
+  const search::SearchOptions so = pipeline::search_options(r);
+  std::string cands;
+  for (const auto& c : so.candidates) cands += (cands.empty() ? "" : ", ") + c.name();
+  std::printf("search: %s sensitivities on %lld calibration batches, budget %s, candidates %s;\n"
+              "the plan below is the scheme before the search assigns per-layer widths\n",
+              search::to_string(so.method), static_cast<long long>(r.search.batches), so.budget.to_string().c_str(),
+              cands.c_str());
+  pipeline::check_search_recipe(model, r, so);
+}
+
+void print_ptq_plan(const Recipe& r, const torch::nn::Module& model) {
+  std::printf("\nptq:%s%s\n", r.ptq.equalize ? " cross-layer equalisation before quantize;" : "",
+              r.ptq.smoothquant ? (" SmoothQuant (alpha " + std::to_string(r.ptq.alpha) + ") before calibration;").c_str() : "");
+  for (const ptq::LayerSolve& l : pipeline::check_solve_recipe(model, r))
+    std::printf("  %-40s %-10s %s%s\n", l.path.c_str(), l.type.c_str(), l.method.c_str(),
+                l.note.empty() ? "" : ("  (" + l.note + ")").c_str());
+}
+
+// Validates, builds the model without data and prints the stages and each layer's kernel plan.
+void dry_run(const Recipe& r, const std::vector<std::string>& stages) {
+  Task t = make_task(r, /*with_data=*/false);
+  std::printf("recipe %s (sha256 %s)\n", r.path.c_str(), r.sha256.c_str());
+  std::printf("model %s, dataset %s, stages:", r.model.arch.c_str(), r.data.dataset.c_str());
+  for (const Stage* s : pipeline::stages())
+    if (s->selectable() && scheduled(*s, r, stages)) std::printf(" %s", s->name());
+  std::printf("\n");
+  if (!r.quantize) return;
+  if (t.before_quantize) t.before_quantize();
+  if (pipeline::search_stage().applies(r)) print_search_plan(r, *t.model);
+  const QuantizeReport rep = quantize(*t.model, r.scheme);
+  // Each layer's kernel plan: what freeze() will run on this machine (nothing is calibrated).
+  const bool freezes = scheduled(pipeline::freeze_stage(), r, stages);
+  std::printf("\nplan (%zu quantized layers, %zu kept float; %s):\n%s", rep.quantized.size(), rep.kept_float.size(),
+              freezes ? "kernels as freeze will choose them on this machine" : "fake-quant, not frozen",
+              describe(*t.model, /*planned=*/freezes).c_str());
+  for (const auto& w : rep.warnings) std::printf("warning: %s\n", w.c_str());
+  if (r.export_.onnx) {
+    pipeline::check_onnx_recipe(r, t.model.get());
+    std::printf("onnx: the frozen model is exportable as QDQ (opset 17)\n");
+  }
+  if (r.ptq.enabled) print_ptq_plan(r, *t.model);
+}
+
+}  // namespace
+
+PipelineResult run_pipeline(const Recipe& r, const PipelineOptions& opt) {
+  at::manual_seed(r.seed);
+  if (opt.dry_run) {
+    dry_run(r, opt.stages);
+    return {};
+  }
+  check_stages(r, opt.stages);
+  pipeline::RunContext ctx(r, opt);
+  ctx.check_world();
+  ctx.check_out_dir();
+  for (const Stage* s : pipeline::stages())
+    if (scheduled(*s, r, opt.stages)) s->check(ctx);
+  ctx.open_outputs();
+  for (const Stage* s : pipeline::stages()) {
+    if (!s->applies(r)) continue;
+    s->pass(ctx);
+    if (!s->requested(opt.stages) || !s->ready(ctx)) continue;
+    // Without the task nothing else can run; the report stays as the data stage left it.
+    if (!ctx.run_stage(*s) && s == &pipeline::data_stage()) return ctx.result;
+  }
+  ctx.write_report();
+  return ctx.result;
+}
+
+}  // namespace qforge

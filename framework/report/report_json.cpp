@@ -1,0 +1,167 @@
+// report.json's sections, each built from the result of the step that measured it: activation
+// ranges, loss curves, the numeric suite, the solvers, the search, the frozen layers, the ONNX file.
+#include "framework/report/report_json.h"
+
+#include <ATen/ATen.h>
+
+#include "framework/quantize.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace qforge::report {
+
+// The static activation points as report.html draws them: the observer's range, its histogram
+// (merged down to at most kHistogramPlotBins bins) when it keeps one, the clip range the qparams
+// cover and the grid step.
+constexpr int64_t kHistogramPlotBins = 128;
+nlohmann::json activation_ranges_json(const io::CalibrationDump& dump) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& [module, points] : dump)
+    for (const auto& [point, e] : points) {
+      if (point == "weight" || !e.qparams.scale.defined() || e.qparams.scale.numel() != 1) continue;
+      const double s = e.qparams.scale.item<double>(), z = e.qparams.zero_point.item<double>();
+      const QType& qt = e.spec.qtype;
+      nlohmann::json j = {{"path", module}, {"point", point}, {"observer", e.observer_kind}, {"qtype", qt.name},
+                          {"scale", s}, {"zero_point", z},
+                          {"clip_min", qt.is_float() ? -qt.max_finite * s : (e.spec.quant_min() - z) * s},
+                          {"clip_max", qt.is_float() ? qt.max_finite * s : (e.spec.quant_max() - z) * s}};
+      const auto mn = e.state.find("min"), mx = e.state.find("max"), h = e.state.find("histogram");
+      if (mn != e.state.end() && mx != e.state.end() && mn->second.numel() == 1) {
+        j["min"] = mn->second.item<double>();
+        j["max"] = mx->second.item<double>();
+      }
+      if (h != e.state.end() && h->second.dim() == 1 && j.contains("min")) {
+        const int64_t bins = h->second.size(0), merge = std::max<int64_t>(1, (bins + kHistogramPlotBins - 1) / kHistogramPlotBins);
+        const at::Tensor counts = h->second.to(at::kDouble);
+        const double lo = j["min"].get<double>(), width = (j["max"].get<double>() - lo) / static_cast<double>(bins);
+        nlohmann::json hist = nlohmann::json::array();
+        for (int64_t b = 0; b < bins; b += merge) {
+          const int64_t end = std::min(bins, b + merge);
+          hist.push_back({{"x0", lo + width * static_cast<double>(b)}, {"x1", lo + width * static_cast<double>(end)},
+                          {"count", counts.slice(0, b, end).sum().item<double>()}});
+        }
+        j["histogram"] = hist;
+      }
+      out.push_back(j);
+    }
+  return out;
+}
+
+// A training run's loss per step for the report's curves: at most kCurvePoints points, each the
+// mean of its span of steps ({"step": last step of the span, "loss": mean}).
+constexpr int64_t kCurvePoints = 400;
+nlohmann::json loss_curve(const train::TrainResult& tr) {
+  nlohmann::json pts = nlohmann::json::array();
+  const auto n = static_cast<int64_t>(tr.step_loss.size());
+  const int64_t span = std::max<int64_t>(1, (n + kCurvePoints - 1) / kCurvePoints);
+  for (int64_t i = 0; i < n; i += span) {
+    const int64_t end = std::min(n, i + span);
+    double sum = 0;
+    for (int64_t j = i; j < end; ++j) sum += tr.step_loss[static_cast<size_t>(j)];
+    pts.push_back({{"step", end}, {"loss", sum / static_cast<double>(end - i)}});
+  }
+  return pts;
+}
+
+// SQNR values: a number, "inf" when exact, null when not measured (the note says why).
+nlohmann::json layer_errors_json(const std::vector<ptq::LayerError>& errors, int64_t batches) {
+  auto num = [](double v) -> nlohmann::json {
+    if (std::isnan(v)) return nullptr;
+    if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+    return v;
+  };
+  nlohmann::json layers = nlohmann::json::array();
+  for (const ptq::LayerError& e : errors)
+    layers.push_back({{"path", e.path}, {"type", e.type}, {"weight_sqnr_db", num(e.weight_sqnr_db)},
+                      {"own_sqnr_db", num(e.own_sqnr_db)}, {"own_relative_mse", num(e.own_relative_mse)},
+                      {"accumulated_sqnr_db", num(e.accumulated_sqnr_db)},
+                      {"accumulated_relative_mse", num(e.accumulated_relative_mse)},
+                      {"clipped_fraction", num(e.clipped_fraction)}, {"nonfinite_inputs", e.nonfinite_inputs},
+                      {"rows", e.rows}, {"note", e.note}});
+  return {{"batches", batches}, {"order", "worst first"}, {"layers", layers}};
+}
+
+nlohmann::json solve_json(const ptq::SolveReport& sr) {
+  nlohmann::json layers = nlohmann::json::array();
+  for (const ptq::LayerSolve& l : sr.layers) {
+    nlohmann::json j = {{"path", l.path}, {"type", l.type}, {"method", l.method}, {"note", l.note}};
+    if (l.rows > 0) {
+      j["error_before"] = l.error_before;
+      j["error_after"] = l.error_after;
+      j["rows"] = l.rows;
+      j["seconds"] = l.seconds;
+    }
+    layers.push_back(j);
+  }
+  return {{"layers", layers}, {"passes", sr.passes}, {"seconds", sr.seconds},
+          {"error", "relative output MSE of the layer on its calibration inputs, ||y_q - y_f||^2 / ||y_f||^2; "
+                    "before: round-to-nearest weights, after: the method's"}};
+}
+
+// `metric`: the name of ParetoPoint::accuracy in the report (accuracy or perplexity).
+nlohmann::json search_json(const search::SearchResult& sr, const std::string& metric) {
+  nlohmann::json layers = nlohmann::json::array();
+  for (const search::LayerChoice& l : sr.layers) {
+    const search::CandidateCost& c = l.candidates[l.chosen];
+    nlohmann::json options = nlohmann::json::array();
+    for (const search::CandidateCost& o : l.candidates)
+      options.push_back({{"qtype", o.candidate}, {"bytes", o.bytes}, {"sensitivity", o.sensitivity},
+                         {"latency_ms", o.latency_ms}, {"kernel", o.kernel}});
+    layers.push_back({{"path", l.path}, {"type", l.type}, {"qtype", c.candidate}, {"bytes", c.bytes},
+                      {"sensitivity", c.sensitivity}, {"latency_ms", c.latency_ms}, {"kernel", c.kernel},
+                      {"input_shape", l.input_shape}, {"hessian_trace", l.hessian_trace},
+                      {"activation_error", l.activation_error}, {"candidates", options}});
+  }
+  nlohmann::json pareto = nlohmann::json::array();
+  for (const search::ParetoPoint& p : sr.pareto) {
+    nlohmann::json j = {{"bytes", p.bytes}, {"latency_ms", p.latency_ms}, {"predicted", p.predicted}};
+    if (p.chosen) j["chosen"] = true;
+    if (p.accuracy) j[metric] = *p.accuracy;
+    pareto.push_back(j);
+  }
+  return {{"method", search::to_string(sr.method)}, {"budget", sr.budget.to_string()}, {"bytes", sr.bytes},
+          {"float_bytes", sr.float_bytes}, {"latency_ms", sr.latency_ms}, {"float_latency_ms", sr.float_latency_ms},
+          {"latency_regime", "frozen layer forward, last-level cache evicted before each call, median of 7"},
+          {"cpu", sr.cpu}, {"threads", at::get_num_threads()}, {"latency_measured", sr.latency_measured},
+          {"latency_cached", sr.latency_cached}, {"predicted", sr.predicted}, {"seconds", sr.seconds},
+          {"hutchinson_probes", sr.hutchinson_probes}, {"layers", layers}, {"pareto_axis", sr.pareto_axis},
+          {"pareto", pareto}, {"skipped", sr.skipped}};
+}
+
+nlohmann::json layers_json(const torch::nn::Module& model) {
+  nlohmann::json layers = nlohmann::json::array();
+  for (const LayerReport& l : layer_reports(model)) {
+    if (l.weights == "float" && l.activations == "float") continue;
+    layers.push_back({{"name", l.name}, {"type", l.type}, {"weights", l.weights}, {"activations", l.activations},
+                      {"kernel", l.kernel}, {"fallback_reason", l.fallback_reason}, {"bytes", l.bytes}});
+  }
+  return layers;
+}
+
+nlohmann::json equalize_json(const ptq::EqualizeReport& er) {
+  nlohmann::json pairs = nlohmann::json::array();
+  for (const ptq::EqualizedPair& p : er.pairs)
+    pairs.push_back({{"first", p.first}, {"second", p.second}, {"applied", p.applied}, {"reason", p.reason},
+                     {"range_spread_before", p.range_spread_before}, {"range_spread_after", p.range_spread_after}});
+  return {{"pairs", pairs}, {"seconds", er.seconds}};
+}
+
+nlohmann::json smoothquant_json(const ptq::SmoothReport& sr, double alpha) {
+  nlohmann::json layers = nlohmann::json::array();
+  for (const ptq::SmoothLayer& l : sr.layers)
+    layers.push_back({{"path", l.path}, {"max_factor", l.max_factor}, {"min_factor", l.min_factor},
+                      {"act_range_before", l.act_range_before}, {"act_range_after", l.act_range_after}});
+  return {{"alpha", alpha}, {"layers", layers}, {"skipped", sr.skipped},
+          {"float_output_change", sr.output_change}, {"seconds", sr.seconds}};
+}
+
+nlohmann::json onnx_json(const onnx_export::ExportInfo& info) {
+  nlohmann::json layers = nlohmann::json::array();
+  for (const auto& l : info.layers) layers.push_back({{"name", l.name}, {"type", l.type}, {"form", l.form}});
+  return {{"model_type", info.model_type}, {"opset", info.opset}, {"inputs", info.inputs},
+          {"outputs", info.outputs}, {"nodes", info.nodes}, {"quantize_linear", info.quantize_linear},
+          {"dequantize_linear", info.dequantize_linear}, {"file_bytes", info.file_bytes}, {"layers", layers}};
+}
+
+}  // namespace qforge::report
