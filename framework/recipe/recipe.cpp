@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "framework/recipe/sha256.h"
+#include "framework/recipe/task.h"
 #include "observers/observer.h"
 
 namespace qforge {
@@ -114,6 +115,13 @@ std::vector<std::string> activation_observer_kinds() {
   return out;
 }
 
+// "a, b or c"
+std::string or_list(const std::vector<std::string>& names) {
+  std::string out;
+  for (size_t i = 0; i < names.size(); ++i) out += (i == 0 ? "" : i + 1 == names.size() ? " or " : ", ") + names[i];
+  return out;
+}
+
 // The scheme or one of its rules quantizes weights.
 bool any_weights_quantized(const Scheme& s) {
   bool any = s.weights.has_value();
@@ -127,14 +135,14 @@ const Field& schema() {
             {leaf("*", T::kString, "path")}, {}},
       bind(leaf("seed", T::kInt, "random seed for data splits, initialisation and shuffling", 0, 1e18), &Recipe::seed),
       map("model", "the network", {
-          bind(choice("arch", {"mlp", "cnn", "bert", "gpt2"}, "architecture"), &Recipe::model, &Recipe::Model::arch),
+          bind(choice("arch", task_architectures(), "architecture"), &Recipe::model, &Recipe::Model::arch),
           Field{"config", T::kFreeMap, "architecture config (HF config.json keys for bert and gpt2)", {}, -kInf, kInf, {}, {}},
           bind(leaf("config_file", T::kString, "HF-style config.json to read the config from"), &Recipe::model, &Recipe::Model::config_file),
           bind(leaf("checkpoint", T::kString, "float checkpoint: loaded when it exists, written after float training"), &Recipe::model, &Recipe::Model::checkpoint),
           bind(leaf("safetensors", T::kString, "float weights to import instead of training (HF names for bert/gpt2)"), &Recipe::model, &Recipe::Model::safetensors),
       }),
       map("data", "dataset and batching", {
-          bind(choice("dataset", {"fashion_mnist", "langid", "fortunes"}, "dataset (from Debian packages)"), &Recipe::data, &Recipe::Data::dataset),
+          bind(choice("dataset", task_datasets(), "dataset (from Debian packages)"), &Recipe::data, &Recipe::Data::dataset),
           bind(leaf("batch_size", T::kInt, "training batch size", 1, 65536), &Recipe::data, &Recipe::Data::batch_size),
           bind(leaf("eval_batch_size", T::kInt, "evaluation batch size", 1, 65536), &Recipe::data, &Recipe::Data::eval_batch_size),
           bind(leaf("validation_size", T::kInt, "examples held out from training for validation", 0, 1e9), &Recipe::data, &Recipe::Data::validation_size),
@@ -736,13 +744,12 @@ Recipe load_recipe(const std::string& path, const std::vector<std::string>& over
   const YAML::Node model_node = tree["model"];
   if (model_node && model_node["config"]) r.model.config = to_json(model_node["config"]);
 
-  if (r.model.arch.empty()) problem("model.arch", "is required (mlp, cnn, bert or gpt2)");
-  if (r.data.dataset.empty()) problem("data.dataset", "is required (fashion_mnist, langid or fortunes)");
-  static const std::map<std::string, std::string> kDatasetOf{
-      {"mlp", "fashion_mnist"}, {"cnn", "fashion_mnist"}, {"bert", "langid"}, {"gpt2", "fortunes"}};
-  if (!r.model.arch.empty() && !r.data.dataset.empty() && kDatasetOf.at(r.model.arch) != r.data.dataset)
-    problem("data.dataset", "model.arch '" + r.model.arch + "' is trained on '" + kDatasetOf.at(r.model.arch) +
-                                "', not '" + r.data.dataset + "'");
+  if (r.model.arch.empty()) problem("model.arch", "is required (" + or_list(task_architectures()) + ")");
+  if (r.data.dataset.empty()) problem("data.dataset", "is required (" + or_list(task_datasets()) + ")");
+  const TaskKind* task = find_task_kind(r.model.arch);
+  if (task && !r.data.dataset.empty() && task->dataset != r.data.dataset)
+    problem("data.dataset", "model.arch '" + r.model.arch + "' is trained on '" + task->dataset + "', not '" +
+                                r.data.dataset + "'");
   if (r.data.tokens != "chars" && r.data.dataset != "langid")
     problem("data.tokens", "applies to the langid dataset only (this recipe's dataset is '" + r.data.dataset + "')");
 

@@ -40,7 +40,7 @@ struct Recipe {
   uint64_t seed = 0;
 
   struct Model {
-    std::string arch;            // mlp | cnn | bert | gpt2
+    std::string arch;            // a task of the registry (framework/recipe/task.h)
     nlohmann::json config;       // architecture config (HF config.json keys for bert/gpt2)
     std::string config_file;     // HF-style config.json, merged under `config`
     std::string checkpoint;      // float checkpoint: loaded when present, written after training
@@ -48,7 +48,7 @@ struct Recipe {
   } model;
 
   struct Data {
-    std::string dataset;         // fashion_mnist | langid | fortunes
+    std::string dataset;         // the dataset of model.arch in the task registry
     int64_t batch_size = 64;
     int64_t eval_batch_size = 256;
     int64_t validation_size = 5000;

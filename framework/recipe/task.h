@@ -1,5 +1,5 @@
 // The tasks qtrain runs: one per architecture (a model, its data, how to call it, its metric),
-// built by a small registry keyed by the recipe's model.arch.
+// registered once in task_registry.cpp with the name and dataset the recipe schema offers.
 #pragma once
 
 #include <torch/nn/module.h>
@@ -30,11 +30,34 @@ struct Task {
   std::function<void(const std::string& path)> import_safetensors;
 };
 
+// An architecture qtrain runs: the recipe's model.arch, the data.dataset it is trained on, and
+// its factory (with_data = false builds the model only, for the dry run).
+struct TaskKind {
+  const char* arch;
+  const char* dataset;
+  Task (*make)(const Recipe& r, bool with_data);
+};
+
+// Every task, in registry order: the recipe schema's model.arch and data.dataset choices.
+const std::vector<TaskKind>& task_kinds();
+
+// The task of `arch`, or null.
+const TaskKind* find_task_kind(const std::string& arch);
+
 // Builds the task of r.model.arch; with_data = false builds the model only (the dry run).
 // Throws qforge::Error naming the architectures it knows.
 Task make_task(const Recipe& r, bool with_data);
 
 // The architectures make_task knows, in registry order.
 std::vector<std::string> task_architectures();
+
+// The datasets of the registered tasks, each once, in registry order.
+std::vector<std::string> task_datasets();
+
+// The tasks, one file each in framework/recipe/tasks/.
+TaskKind mlp_task();
+TaskKind cnn_task();
+TaskKind bert_task();
+TaskKind gpt2_task();
 
 }  // namespace qforge

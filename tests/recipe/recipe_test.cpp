@@ -9,6 +9,7 @@
 
 #include "framework/recipe/recipe.h"
 #include "framework/recipe/sha256.h"
+#include "framework/recipe/task.h"
 
 using namespace qforge;
 namespace fs = std::filesystem;
@@ -411,4 +412,21 @@ TEST(Recipe, FreezingWithoutQuantizedWeightsIsRejectedUpFront) {
   EXPECT_NE(issues[0].message.find("freezing packs quantized weights"), std::string::npos) << issues[0].message;
   // Not freezing: activation-only fake-quant is fine.
   EXPECT_TRUE(issues_of(path, {"freeze.enabled=false"}).empty());
+}
+
+TEST(Recipe, ArchitecturesAndDatasetsAreTheTaskRegistrys) {
+  TempDir dir;
+  for (const TaskKind& k : task_kinds()) {
+    const std::string text = std::string("model: {arch: ") + k.arch + "}\ndata: {dataset: " + k.dataset + "}\n";
+    EXPECT_TRUE(issues_of(dir.write(std::string(k.arch) + ".yaml", text)).empty()) << k.arch;
+  }
+  const std::vector<RecipeIssue> typo = issues_of(dir.write("typo.yaml", "model: {arch: bret}\ndata: {dataset: langid}\n"));
+  ASSERT_EQ(typo.size(), 1u);
+  EXPECT_EQ(typo[0].message, "'bret' is not valid (did you mean 'bert'?); valid: mlp, cnn, bert, gpt2");
+  const std::vector<RecipeIssue> missing = issues_of(dir.write("none.yaml", "train: {epochs: 1}\n"));
+  ASSERT_EQ(missing.size(), 2u);
+  EXPECT_EQ(missing[0].message, "is required (mlp, cnn, bert or gpt2)");
+  EXPECT_EQ(missing[1].message, "is required (fashion_mnist, langid or fortunes)");
+  EXPECT_EQ(find_task_kind("gpt2")->dataset, std::string("fortunes"));
+  EXPECT_EQ(find_task_kind("resnet"), nullptr);
 }

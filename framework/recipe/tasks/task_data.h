@@ -1,0 +1,28 @@
+// What the task files share: a split capped at the recipe's example limits, and an architecture
+// config from model.config_file and model.config.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <memory>
+
+#include "framework/recipe/recipe.h"
+#include "framework/train/batches.h"
+
+namespace qforge::tasks {
+
+// The first n examples of `s` (n = 0: all of them), for quick runs and CI.
+std::shared_ptr<train::BatchSource> capped(std::shared_ptr<train::BatchSource> s, int64_t n);
+
+// The architecture config: model.config_file (HF config.json) if given, else the defaults, with
+// the recipe's model.config keys merged over it.
+template <class Config>
+Config model_config(const Recipe& r) {
+  Config c = r.model.config_file.empty() ? Config{} : Config::from_file(r.model.config_file);
+  if (r.model.config.is_null()) return c;
+  nlohmann::json merged = c.to_json();
+  merged.update(r.model.config);
+  return Config::from_json(merged);
+}
+
+}  // namespace qforge::tasks
