@@ -430,3 +430,35 @@ TEST(Recipe, ArchitecturesAndDatasetsAreTheTaskRegistrys) {
   EXPECT_EQ(find_task_kind("gpt2")->dataset, std::string("fortunes"));
   EXPECT_EQ(find_task_kind("resnet"), nullptr);
 }
+
+TEST(Recipe, QuantizeSectionIsBoundAndItsEffectiveValuesAreResolved) {
+  TempDir dir;
+  const Recipe w4 = load_recipe(dir.write("w4.yaml", std::string(kMinimal) + "quantize: {weights: {qtype: qint4}}\n"));
+  ASSERT_TRUE(w4.scheme.weights.has_value());
+  EXPECT_EQ(w4.scheme.weights->name, std::string("qint4"));
+  EXPECT_EQ(w4.scheme.weight_granularity, Granularity::kPerGroup);  // the grid's defaults, as Scheme(qint4)
+  EXPECT_EQ(w4.scheme.group_size, 128);
+  EXPECT_NE(w4.resolved_yaml.find("granularity: per_group"), std::string::npos) << w4.resolved_yaml;
+  EXPECT_NE(w4.resolved_yaml.find("group_size: 128"), std::string::npos) << w4.resolved_yaml;
+  EXPECT_NE(w4.resolved_yaml.find("observer: histogram"), std::string::npos) << w4.resolved_yaml;
+  // group_size means something only per group: not written otherwise.
+  const Recipe pc = load_recipe(
+      dir.write("pc.yaml", std::string(kMinimal) + "quantize: {weights: {qtype: qint4, granularity: per_channel}}\n"));
+  EXPECT_EQ(pc.scheme.weight_granularity, Granularity::kPerChannel);
+  EXPECT_EQ(pc.resolved_yaml.find("group_size"), std::string::npos) << pc.resolved_yaml;
+  const Recipe acts = load_recipe(dir.write(
+      "a.yaml", std::string(kMinimal) + "quantize:\n  weights: {qtype: none}\n  activations: {mode: static, method: "
+                                        "percentile, percentile: 99.9}\n  rules: [{pattern: 'fc*', weights: qint8, "
+                                        "group_size: 32}]\nfreeze: {enabled: false}\n"));
+  EXPECT_FALSE(acts.scheme.weights.has_value());
+  EXPECT_EQ(acts.scheme.activations, ActivationMode::kStatic);
+  EXPECT_EQ(acts.scheme.observer_options.method, HistogramMethod::kPercentile);
+  EXPECT_DOUBLE_EQ(acts.scheme.observer_options.percentile, 99.9);
+  ASSERT_EQ(acts.scheme.rules.size(), 1u);
+  EXPECT_EQ(acts.scheme.rules[0].pattern, "fc*");
+  EXPECT_EQ(acts.scheme.rules[0].group_size, std::optional<int64_t>(32));
+  EXPECT_NE(acts.resolved_yaml.find("qtype: none"), std::string::npos) << acts.resolved_yaml;
+  // The resolved recipe loads back to the same scheme and the same resolved text.
+  const Recipe again = load_recipe(dir.write("again.yaml", acts.resolved_yaml));
+  EXPECT_EQ(again.resolved_yaml, acts.resolved_yaml);
+}
