@@ -643,6 +643,47 @@ TEST(PackedWeight, EveryLinearFormatRunsTheLayersForwardAndGivesBackItsWeight) {
   }
 }
 
+// The integer convolution formats: pack_conv of a frozen Conv2d's weight runs its forward_relu
+// bit for bit, gives the frozen weight back bit for bit, stays on the CPU and refuses CUDA.
+TEST(PackedWeight, IntegerConvolutionFormatsRunTheLayersForwardAndGiveBackTheirWeight) {
+  for (const QType& qt : {qint8, qint4}) {
+    at::manual_seed(23);
+    nn::Conv2d c(torch::nn::Conv2dOptions(5, 12, 3).padding(1));
+    c->eval();
+    Scheme s(qt);
+    s.weight_granularity = Granularity::kPerChannel;
+    s.weight_symmetric = true;
+    s.activations = ActivationMode::kStatic;
+    s.observer = "minmax";
+    quantize(c, s);
+    {
+      Calibration calib(c);
+      c(at::randn({4, 5, 8, 8}));
+    }
+    freeze(c);
+    const LinearPath path = c->plan().path;
+    ASSERT_EQ(path, qt == qint8 ? LinearPath::kS8Static : LinearPath::kS4Static) << qt.name;
+    const QuantizedTensor fw = c->frozen_weight();
+    std::string onednn_missing;
+    const nn::PackedWeightPtr packed =
+        nn::pack_conv(fw, path, nn::conv_shape_of<2>(c->options), c->input_quantizer()->qparams().scale.item<float>(),
+                      /*onednn=*/false, "c", &onednn_missing);
+    nn::FrozenInput in;
+    in.quantizer = c->input_quantizer();
+    in.layer_bias = c->frozen_bias();
+    in.relu = true;
+    const at::Tensor x = at::randn({2, 5, 8, 8});
+    EXPECT_TRUE(at::equal(packed->forward(x, in), c->forward_relu(x))) << qt.name;
+    const QuantizedTensor back = packed->weight();
+    EXPECT_TRUE(at::equal(back.data, fw.data)) << qt.name;
+    EXPECT_TRUE(at::equal(back.scale, fw.scale)) << qt.name;
+    EXPECT_FALSE(packed->bias().defined()) << qt.name;
+    EXPECT_TRUE(onednn_missing.empty()) << qt.name;
+    EXPECT_EQ(packed->to(at::kCPU).get(), packed.get()) << qt.name;
+    EXPECT_THROW(packed->to(at::Device(at::kCUDA, 0)), Error) << qt.name;
+  }
+}
+
 TEST(Quantizer, FourBitScalesRoundUpToTheNextFloat16) {
   const at::Tensor s = at::tensor({0.1f, 0.5f, 1e-3f, 3.0e4f, 1.1920929e-07f});
   const at::Tensor h = round_scale_up_to_half(s);
