@@ -1,6 +1,6 @@
 // The CUDA execution of frozen layers: LibTorch tensors in, the kernels of kernels/cuda on the
-// tensors' device and LibTorch's current stream. The layers (framework/nn/linear.cpp) are the
-// dispatch point: CPU tensors run kernels/cpu, CUDA tensors come here. Defined by
+// tensors' device and LibTorch's current stream. The CUDA forms of packed weights
+// (framework/cuda/packed_weight_cuda.h) call them; the CPU forms run kernels/cpu. Defined by
 // framework/cuda/linear_cuda.cpp when qforge is built against a CUDA-enabled LibTorch (CMake:
 // QFORGE_TORCH_CUDA), otherwise by framework/cuda/no_cuda.cpp, whose functions throw saying so.
 #pragma once

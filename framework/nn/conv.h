@@ -8,20 +8,12 @@
 
 #include <torch/nn/modules/conv.h>
 
-#include <array>
 #include <memory>
 
 #include "framework/quantized_tensor.h"
+#include "framework/nn/packed_weight.h"
 #include "framework/nn/quantizable.h"
 #include "framework/nn/twin.h"
-
-namespace qforge::kernels {
-class PackedLinearS8;
-class PackedLinearS4;
-namespace detail {
-class OneDnnConvS8;
-}
-}  // namespace qforge::kernels
 
 namespace qforge::nn {
 
@@ -30,13 +22,7 @@ class ConvQuantState : public QuantizableLayer {
  public:
   void check_scheme(const LayerScheme& scheme) const override;
   KernelPlan plan() const override;
-  // What the integer path needs of a convolution's options, as 2-D (Conv1d: height 1).
-  struct ConvShape {
-    int64_t in_channels = 0, out_channels = 0, groups = 1;
-    std::array<int64_t, 2> kernel{1, 1}, stride{1, 1}, dilation{1, 1}, padding{0, 0};
-    bool explicit_padding = true;  // false: padding 'same' (sizes decided per input)
-    bool zeros_padding = true;     // padding_mode zeros
-  };
+  using ConvShape = nn::ConvShape;
 
  protected:
   virtual ConvShape conv_shape() const = 0;
@@ -50,70 +36,69 @@ class ConvQuantState : public QuantizableLayer {
   at::Tensor integer_forward(const at::Tensor& x, const at::Tensor& bias, bool relu,
                              const QParams* requant = nullptr) const;
   // True when freeze() packed the weight for the integer kernels.
-  bool integer_kernel() const { return s8_ != nullptr || s4_ != nullptr; }
-  // The frozen weight as codes (rebuilt from the kernel's packed copy when there is one).
-  at::Tensor dequantized_frozen_weight() const;
-  int64_t frozen_storage_bytes() const override;
-  QuantizedTensor frozen_weight() const override;
-  QuantizedTensor fweight_;  // scheme and scales; its codes are released when a kernel object holds them
-  std::shared_ptr<kernels::PackedLinearS8> s8_;
-  std::shared_ptr<kernels::PackedLinearS4> s4_;
-  // oneDNN's int8 convolution of the same int8 weights (plan "conv_s8s8s32_onednn+..."); input
-  // sizes it has no primitive for run the im2col path on s8_ (same values).
-  std::shared_ptr<const kernels::detail::OneDnnConvS8> onednn_;
-  float static_act_scale_ = 0;
+  bool integer_kernel() const;
+  // The frozen weight dequantized (the non-integer path runs LibTorch's convolution on it).
+  at::Tensor dequantized_frozen_weight() const { return packed_->weight().dequantize(); }
+  int64_t frozen_storage_bytes() const override { return packed_ ? packed_->bytes() : 0; }
+  QuantizedTensor frozen_weight() const override { return packed_ ? packed_->weight() : QuantizedTensor{}; }
+  // The frozen weight: in im2col order for the integer convolution, else packed as the checkpoint
+  // stores it (null until frozen).
+  PackedWeightPtr packed_;
 };
 
-class Conv1dImpl : QFORGE_TWIN_BASE(torch::nn::Conv1dImpl), public ConvQuantState {
+// The 2-D view of a convolution's options (Conv1d: height 1); defined for D = 1 and 2.
+template <size_t D>
+ConvShape conv_shape_of(const torch::nn::detail::ConvNdOptions<D>& options);
+
+// What Conv1d and Conv2d share over their LibTorch twin (Twin, D spatial dimensions).
+template <class Twin, size_t D>
+class ConvLayerImpl : QFORGE_TWIN_BASE(Twin), public ConvQuantState {
  public:
-  // Private base: a torch::nn::Conv1dImpl& cannot bind to this layer, so the base class's
+  // Private base: a torch::nn::Conv2dImpl& cannot bind to this layer, so the base class's
   // non-virtual forward can never run (in float) in its place. Module stays a public base.
-  using torch::nn::Conv1dImpl::Conv1dImpl;
-  using torch::nn::Conv1dImpl::options;
-  using torch::nn::Conv1dImpl::weight;
-  using torch::nn::Conv1dImpl::bias;
-  using torch::nn::Conv1dImpl::reset;
-  using torch::nn::Conv1dImpl::reset_parameters;
-  using torch::nn::Conv1dImpl::pretty_print;
+  ConvLayerImpl(int64_t in_channels, int64_t out_channels, torch::ExpandingArray<D> kernel_size)
+      : Twin(in_channels, out_channels, kernel_size) {}
+  explicit ConvLayerImpl(torch::nn::ConvOptions<D> options) : Twin(std::move(options)) {}
+  using Twin::options;
+  using Twin::weight;
+  using Twin::bias;
+  using Twin::reset;
+  using Twin::reset_parameters;
+  using Twin::pretty_print;
   // Cloning would copy only the LibTorch twin (a float layer): refused with a clear error.
   std::shared_ptr<torch::nn::Module> clone(const c10::optional<c10::Device>& = c10::nullopt) const override {
     refuse_clone();
   }
+  torch::nn::Module& module() override { return *this; }
+  const torch::nn::Module& module() const override { return *this; }
+  void install_frozen(QuantizedTensor fw) override { install_conv(std::move(fw), this->weight, this->parameters_); }
+  QuantizedTensor frozen_weight() const override { return ConvQuantState::frozen_weight(); }
+  at::Tensor frozen_bias() const override { return this->options.bias() ? this->bias : at::Tensor(); }
+
+ protected:
+  at::Tensor float_weight() const override { return this->weight; }
+  ConvShape conv_shape() const override { return conv_shape_of<D>(this->options); }
+  // LibTorch's float convolution (the private twin's forward).
+  at::Tensor twin_forward(const at::Tensor& x) { return Twin::forward(x); }
+};
+
+class Conv1dImpl : public ConvLayerImpl<torch::nn::Conv1dImpl, 1> {
+ public:
+  using ConvLayerImpl::ConvLayerImpl;
   at::Tensor forward(const at::Tensor& x);
   // at::relu(forward(x)); after freeze on the integer kernel the ReLU runs in its epilogue.
   at::Tensor forward_relu(const at::Tensor& x);
   const char* layer_type() const override { return "Conv1d"; }
   std::shared_ptr<QuantizableLayer> float_copy() const override;
-  torch::nn::Module& module() override { return *this; }
-  const torch::nn::Module& module() const override { return *this; }
-  void install_frozen(QuantizedTensor fw) override { install_conv(std::move(fw), weight, parameters_); }
-  QuantizedTensor frozen_weight() const override { return ConvQuantState::frozen_weight(); }
-  at::Tensor frozen_bias() const override { return options.bias() ? bias : at::Tensor(); }
-
- protected:
-  at::Tensor float_weight() const override { return weight; }
-  ConvShape conv_shape() const override;
 
  private:
   at::Tensor frozen_integer(const at::Tensor& x, bool relu);
 };
 TORCH_MODULE(Conv1d);
 
-class Conv2dImpl : QFORGE_TWIN_BASE(torch::nn::Conv2dImpl), public ConvQuantState {
+class Conv2dImpl : public ConvLayerImpl<torch::nn::Conv2dImpl, 2> {
  public:
-  // Private base: a torch::nn::Conv2dImpl& cannot bind to this layer, so the base class's
-  // non-virtual forward can never run (in float) in its place. Module stays a public base.
-  using torch::nn::Conv2dImpl::Conv2dImpl;
-  using torch::nn::Conv2dImpl::options;
-  using torch::nn::Conv2dImpl::weight;
-  using torch::nn::Conv2dImpl::bias;
-  using torch::nn::Conv2dImpl::reset;
-  using torch::nn::Conv2dImpl::reset_parameters;
-  using torch::nn::Conv2dImpl::pretty_print;
-  // Cloning would copy only the LibTorch twin (a float layer): refused with a clear error.
-  std::shared_ptr<torch::nn::Module> clone(const c10::optional<c10::Device>& = c10::nullopt) const override {
-    refuse_clone();
-  }
+  using ConvLayerImpl::ConvLayerImpl;
   // After freeze on the integer path with static activations, x may also be int8 codes of this
   // layer's input quantizer (see forward_relu_codes).
   at::Tensor forward(const at::Tensor& x);
@@ -131,15 +116,6 @@ class Conv2dImpl : QFORGE_TWIN_BASE(torch::nn::Conv2dImpl), public ConvQuantStat
   at::Tensor forward_relu_codes(const at::Tensor& x, const Conv2dImpl& next);
   const char* layer_type() const override { return "Conv2d"; }
   std::shared_ptr<QuantizableLayer> float_copy() const override;
-  torch::nn::Module& module() override { return *this; }
-  const torch::nn::Module& module() const override { return *this; }
-  void install_frozen(QuantizedTensor fw) override { install_conv(std::move(fw), weight, parameters_); }
-  QuantizedTensor frozen_weight() const override { return ConvQuantState::frozen_weight(); }
-  at::Tensor frozen_bias() const override { return options.bias() ? bias : at::Tensor(); }
-
- protected:
-  at::Tensor float_weight() const override { return weight; }
-  ConvShape conv_shape() const override;
 
  private:
   at::Tensor frozen_integer(const at::Tensor& x, bool relu, const QParams* requant = nullptr);

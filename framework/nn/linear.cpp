@@ -3,18 +3,10 @@
 
 #include <ATen/ATen.h>
 
-#include "fake_quant/codebook.h"
 #include "framework/core/error.h"
 #include "framework/cuda/linear_cuda.h"
-#include "kernels/cpu/gemv_s4.h"
-#include "kernels/cpu/gemv_s8.h"
-#include "kernels/cpu/lut_linear.h"
-#include "kernels/cpu/packed_linear.h"
 
 namespace qforge::nn {
-
-// Largest M the weight-only GEMV kernels serve; above it unpack + float GEMM is faster.
-constexpr int64_t kWeightOnlyMaxM = 16;
 
 at::Tensor LinearImpl::forward(const at::Tensor& x_in) {
   const at::Tensor x = pre_quant_scale_.defined() ? x_in * pre_quant_scale_ : x_in;
@@ -35,12 +27,6 @@ void LinearImpl::check_scheme(const LayerScheme& scheme) const {
                " (Linear): in_features ", options.in_features(), " is not a multiple of group_size ", s.group_size);
   }
 }
-
-namespace {
-
-bool all_zero(const at::Tensor& t) { return at::eq(t, 0).all().item<bool>(); }
-
-}  // namespace
 
 std::shared_ptr<QuantizableLayer> LinearImpl::float_copy() const {
   require_not_frozen("float_copy");
@@ -72,8 +58,8 @@ void LinearImpl::set_optional_buffer(const std::string& name, const at::Tensor& 
 }
 
 at::Device LinearImpl::compute_device() const {
-  if (frozen_ || !weight.defined()) return device_;
-  return weight.device();
+  if (packed_) return packed_->device();
+  return weight.defined() ? weight.device() : device_;
 }
 
 KernelPlan LinearImpl::plan() const {
@@ -83,21 +69,6 @@ KernelPlan LinearImpl::plan() const {
                             options.out_features());
   return plan_linear(ws, scheme_.activations, scheme_.activation.spec, options.in_features());
 }
-
-namespace {
-// Per-group scales and zero points of a 4-bit weight as [N, K / g] (per-tensor qparams repeat one
-// value for every row); zero points undefined when all are 0.
-std::pair<at::Tensor, at::Tensor> s4_group_params(const QParams& qp, int64_t N, int64_t K, int64_t g) {
-  const int64_t rows = qp.scale.numel() == 1 ? 1 : N;
-  const at::Tensor scale_ng = qp.scale.to(at::kCPU, at::kFloat).reshape({rows, -1}).expand({N, K / g}).contiguous();
-  at::Tensor zero_ng;
-  if (!at::eq(qp.zero_point, 0).all().item<bool>())
-    zero_ng = qp.zero_point.to(at::kCPU, at::kInt).reshape({rows, -1}).expand({N, K / g}).contiguous();
-  return {scale_ng, zero_ng};
-}
-
-int64_t s4_group_size(const QSpec& ws, int64_t K) { return ws.granularity == Granularity::kPerGroup ? ws.group_size : K; }
-}  // namespace
 
 void LinearImpl::to(torch::Device device, torch::Dtype dtype, bool non_blocking) {
   check_frozen_device(device);
@@ -120,36 +91,10 @@ void LinearImpl::check_frozen_device(const at::Device& device) const {
 }
 
 void LinearImpl::place_frozen(const at::Device& device) {
-  if (!frozen_) {
-    device_ = device;
-    return;
-  }
-  check_frozen_device(device);
-  for (at::Tensor* t : {&dev_codes_, &dev_w_scale_, &dev_bias_, &dev_packed_, &dev_group_scale_, &dev_group_zero_,
-                        &dev_float_weight_})
-    *t = at::Tensor();
   device_ = device;
-  if (device.is_cuda()) {
-    const int64_t N = options.out_features(), K = options.in_features();
-    if (s8_) {
-      dev_codes_ = s8_->weight().to(device);
-      dev_w_scale_ = s8_->w_scale().to(at::kFloat).contiguous().to(device);
-      if (s8_->bias().defined()) dev_bias_ = s8_->bias().to(device);
-    } else if (s4_) {
-      const QParams qp = fweight_.qparams();
-      dev_packed_ = pack_quantized(s4_->weight(), qp).data.to(device);
-      auto [scale_ng, zero_ng] = s4_group_params(qp, N, K, s4_group_size(qp.spec, K));
-      dev_group_scale_ = scale_ng.to(device);
-      if (zero_ng.defined()) dev_group_zero_ = zero_ng.to(device);
-      if (s4_->bias().defined()) dev_bias_ = s4_->bias().to(device);
-    } else {
-      dev_float_weight_ = (lut_ ? frozen_weight() : fweight_).dequantize().to(device);
-      if (lut_ && lut_->bias().defined()) dev_bias_ = lut_->bias().to(device);
-    }
-  }
-  // The device the copies landed on (torch::kCUDA without an index means the current one).
-  for (const at::Tensor* t : {&dev_codes_, &dev_packed_, &dev_float_weight_})
-    if (t->defined()) device_ = t->device();
+  if (!frozen_) return;
+  check_frozen_device(device);
+  packed_ = packed_->to(device);
   const KernelPlan p = plan();
   kernel_ = p.kernel;
   fallback_ = p.fallback;
@@ -158,51 +103,22 @@ void LinearImpl::place_frozen(const at::Device& device) {
 void LinearImpl::install_frozen(QuantizedTensor fw) {
   QF_REQUIRE(!frozen_, path_, " (Linear): already frozen");
   QF_REQUIRE(fw.defined() && scheme_.weights, path_, " (Linear): install_frozen needs the saved scheme attached and a packed weight");
-  const QParams qp = fw.qparams();
   QF_REQUIRE(fw.shape == std::vector<int64_t>({options.out_features(), options.in_features()}), path_,
              " (Linear): frozen weight has shape ", at::IntArrayRef(fw.shape), ", layer expects [",
              options.out_features(), ", ", options.in_features(), "]");
-  const QSpec& ws = qp.spec;
-  const KernelPlan plan = this->plan();
-  const LinearPath kind = plan.path;
-  const bool s8 = kind == LinearPath::kS8Dynamic || kind == LinearPath::kS8Static || kind == LinearPath::kS8WeightOnly;
-  QF_REQUIRE(!s8 || all_zero(qp.zero_point), path_,
-             " (Linear): symmetric int8 weights must have zero points 0 (the file or scheme disagrees)");
-
-  const int64_t N = options.out_features(), K = options.in_features();
-  // The CPU kernel objects hold host copies, wherever the layer lives (a layer frozen on a GPU).
-  const at::Tensor b =
-      options.bias() && bias.defined() ? bias.detach().to(at::kCPU, at::kFloat).contiguous() : at::Tensor();
-  if (s8) {
-    const at::Tensor scale_n = qp.scale.to(at::kFloat).expand({N}).contiguous();
-    // One packed copy only (1 byte per weight); large M runs the GEMV kernels in row blocks.
-    kernels::PackOptions opts;
-    opts.onednn = false;
-    s8_ = std::make_shared<kernels::PackedLinearS8>(fw.int_values(), scale_n, b, opts);
-    fw.data = at::Tensor();
-  } else if (kind == LinearPath::kS4Dynamic || kind == LinearPath::kS4Static || kind == LinearPath::kS4WeightOnly) {
-    const int64_t g = s4_group_size(ws, K);
-    auto [scale_ng, zero_ng] = s4_group_params(qp, N, K, g);
-    s4_ = std::make_shared<kernels::PackedLinearS4>(fw.int_values(), scale_ng, zero_ng, g, b, ws.qtype);
-    fw.data = at::Tensor();
-  } else if (kind == LinearPath::kLutWeightOnly) {
-    // Codebooks as [N, G, L] float: per-tensor and per-channel ones are one group per row.
-    const int64_t g = ws.granularity == Granularity::kPerGroup ? ws.group_size : K;
-    const int64_t L = ws.qtype.levels();
-    const at::Tensor levels = qp.codebook.to(at::kCPU, at::kFloat).reshape({-1, K / g, L}).expand({N, K / g, L}).contiguous();
-    lut_ = std::make_shared<kernels::PackedLinearLut>(fw.int_values(), levels, g, ws.qtype.bits, b);
-    fw.data = at::Tensor();
-  }
-  if (kind == LinearPath::kS8Static || kind == LinearPath::kS4Static) static_act_scale_ = input_q_->qparams().scale.item<float>();
-
-  fweight_ = std::move(fw);
-  path_kind_ = kind;
+  const LinearPath kind = plan().path;
+  // The integer formats hold the bias (a host copy, wherever the layer lives); kDequant leaves it to the layer.
+  const bool packed_bias = kind != LinearPath::kDequant && options.bias();
+  const at::Tensor b = packed_bias && bias.defined() ? bias.detach().to(at::kCPU, at::kFloat).contiguous() : at::Tensor();
+  const bool static_act = kind == LinearPath::kS8Static || kind == LinearPath::kS4Static;
+  const float act_scale = static_act ? input_q_->qparams().scale.item<float>() : 0.0f;
+  packed_ = pack_linear(std::move(fw), kind, b, act_scale, path_ + " (Linear)");
   // Release the float weight: the packed storage is the only copy from here on.
   if (parameters_.contains("weight")) parameters_.erase("weight");
   weight = at::Tensor();
   if (weight_q_) weight_q_->clear_cache();
-  if ((s8_ || s4_ || lut_) && options.bias()) {
-    // The kernel object holds the bias too; keep one copy.
+  if (packed_bias) {
+    // The packed weight holds the bias too; keep one copy.
     parameters_.erase("bias");
     bias = at::Tensor();
   }
@@ -211,128 +127,25 @@ void LinearImpl::install_frozen(QuantizedTensor fw) {
   if (!device_.is_cpu()) place_frozen(device_);
 }
 
-QuantizedTensor LinearImpl::frozen_weight() const {
-  if (!frozen_) return {};
-  QuantizedTensor fw = fweight_;
-  if (s8_) fw.data = pack_quantized(s8_->weight(), fw.qparams()).data;
-  if (s4_) fw.data = pack_quantized(s4_->weight(), fw.qparams()).data;
-  if (lut_) fw.data = pack_quantized(lut_->indices(), fw.qparams()).data;
-  return fw;
-}
+QuantizedTensor LinearImpl::frozen_weight() const { return frozen_ ? packed_->weight() : QuantizedTensor{}; }
 
 at::Tensor LinearImpl::frozen_bias() const {
-  if (s8_) return s8_->bias();
-  if (s4_) return s4_->bias();
-  if (lut_) return lut_->bias();
+  if (packed_ && packed_->bias().defined()) return packed_->bias();
   return options.bias() ? bias : at::Tensor();
 }
 
-int64_t LinearImpl::frozen_storage_bytes() const {
-  // Kernel objects hold the codes, scales and bias; otherwise the packed QuantizedTensor does.
-  if (s8_) return s8_->bytes();
-  if (s4_) return s4_->bytes();
-  // The kernel's packed indices, its float32 16-entry tables and the bias; the float16 codebook
-  // the frozen weight keeps for frozen_weight() besides.
-  if (lut_) return lut_->bytes() + fweight_.codebook.nbytes();
-  int64_t bytes = fweight_.defined() ? fweight_.bytes() : 0;
-  return bytes;
-}
+int64_t LinearImpl::frozen_storage_bytes() const { return packed_ ? packed_->bytes() : 0; }
 
-at::Tensor LinearImpl::frozen_forward_cuda(const at::Tensor& x_in) {
-  const int64_t K = options.in_features(), N = options.out_features();
-  QF_REQUIRE(x_in.device() == device_, path_, " (Linear): input on ", x_in.device(), " but the frozen weight is on ",
-             device_, " (move the model with ->to(device))");
-  std::vector<int64_t> out_shape(x_in.sizes().begin(), x_in.sizes().end());
-  out_shape.back() = N;
-  kernels::RunInfo info;
-  switch (path_kind_) {
-    case LinearPath::kS8Dynamic:
-      return cuda_ops::linear_s8(x_in.to(at::kFloat).reshape({-1, K}).contiguous(), at::Tensor(), 0.0f, dev_codes_,
-                                 dev_w_scale_, dev_bias_, &info)
-          .reshape(out_shape);
-    case LinearPath::kS8Static: {
-      // The fake-quant formula of the static input quantizer, as int8 codes (ATen on the device).
-      const at::Tensor q = quantize_to_int8(x_in.to(at::kFloat).reshape({-1, K}), input_q_->qparams()).contiguous();
-      return cuda_ops::linear_s8(at::Tensor(), q, static_act_scale_, dev_codes_, dev_w_scale_, dev_bias_, &info)
-          .reshape(out_shape);
-    }
-    case LinearPath::kS4Dynamic:
-    case LinearPath::kS4Static:
-    case LinearPath::kS4WeightOnly: {
-      const QSpec& ws = fweight_.spec;
-      const at::Tensor w = cuda_ops::dequantize_s4(dev_packed_, N, K, ws.qtype.is_signed, dev_group_scale_,
-                                                   dev_group_zero_, s4_group_size(ws, K));
-      return at::linear(quantize_input(x_in).to(at::kFloat), w, dev_bias_);
-    }
-    case LinearPath::kS8WeightOnly:
-      return at::linear(x_in.to(at::kFloat), dev_codes_.to(at::kFloat) * dev_w_scale_.unsqueeze(1), dev_bias_);
-    case LinearPath::kLutWeightOnly:
-      return at::linear(quantize_input(x_in).to(at::kFloat), dev_float_weight_, dev_bias_);
-    case LinearPath::kDequant:
-      break;
-  }
-  return at::linear(quantize_input(x_in), dev_float_weight_, options.bias() ? bias : at::Tensor());
-}
-
-at::Tensor LinearImpl::frozen_forward(const at::Tensor& x_in) {
-  const int64_t K = options.in_features(), N = options.out_features();
-  QF_REQUIRE(x_in.size(-1) == K, path_, " (Linear): input has ", x_in.size(-1), " features, expected ", K);
-  if (!x_in.is_cpu() || !device_.is_cpu()) return frozen_forward_cuda(x_in);
-  if (path_kind_ == LinearPath::kDequant) {
-    return at::linear(quantize_input(x_in), fweight_.dequantize(), options.bias() ? bias : at::Tensor());
-  }
-  const at::Tensor x = x_in.to(at::kFloat).reshape({-1, K}).contiguous();
-  const int64_t M = x.size(0);
-  std::vector<int64_t> out_shape(x_in.sizes().begin(), x_in.sizes().end());
-  out_shape.back() = N;
-  if (path_kind_ == LinearPath::kLutWeightOnly) {
-    // Static / dynamic activations: their fake-quant values, in float, as the kernel's input.
-    const at::Tensor xq = quantize_input(x).to(at::kFloat).contiguous();
-    if (M > kWeightOnlyMaxM) {
-      // Large M: expand the codebook weight once per call and let the float GEMM amortise it.
-      return at::linear(xq, codebook_lookup(lut_->indices(), fweight_.qparams()), lut_->bias()).reshape(out_shape);
-    }
-    return lut_->run(xq).reshape(out_shape);
-  }
-  if (path_kind_ == LinearPath::kS8WeightOnly || path_kind_ == LinearPath::kS4WeightOnly) {
-    if (M > kWeightOnlyMaxM) {
-      // Large M: unpack once per call and let the float GEMM amortise it over the rows.
-      return at::linear(x, fweight_.defined() && fweight_.data.defined() ? fweight_.dequantize()
-                                                                           : dequantize_int(s8_ ? s8_->weight() : s4_->weight(), fweight_.qparams()),
-                        s8_ ? s8_->bias() : s4_->bias()).reshape(out_shape);
-    }
-    return (s8_ ? s8_->run_weight_only(x) : s4_->run_weight_only(x)).reshape(out_shape);
-  }
-  at::Tensor y = at::empty({M, N}, at::kFloat);
-  kernels::RunInfo info;
-  switch (path_kind_) {
-    case LinearPath::kS8Dynamic: s8_->run(x.data_ptr<float>(), M, y.data_ptr<float>(), &info); break;
-    case LinearPath::kS4Dynamic: s4_->run(x.data_ptr<float>(), M, y.data_ptr<float>(), &info); break;
-    case LinearPath::kS8Static:
-    case LinearPath::kS4Static: {
-      // The fake-quant formula of the static input quantizer, as int8 codes.
-      const at::Tensor q = quantize_to_int8(x, input_q_->qparams()).contiguous();
-      const at::Tensor a_scale = at::full({M}, static_act_scale_, at::kFloat);
-      if (path_kind_ == LinearPath::kS8Static) {
-        kernels::gemv_s8s8f32(q.data_ptr<int8_t>(), M, a_scale.data_ptr<float>(), s8_->view(),
-                              s8_->w_scale().data_ptr<float>(),
-                              s8_->bias().defined() ? s8_->bias().data_ptr<float>() : nullptr, y.data_ptr<float>(),
-                              &info);
-      } else {
-        kernels::gemv_s8s4f32(q.data_ptr<int8_t>(), M, a_scale.data_ptr<float>(), s4_->view(),
-                              s4_->bias().defined() ? s4_->bias().data_ptr<float>() : nullptr, y.data_ptr<float>(),
-                              &info);
-      }
-      break;
-    }
-    case LinearPath::kDequant:
-    case LinearPath::kS8WeightOnly:
-    case LinearPath::kS4WeightOnly:
-    case LinearPath::kLutWeightOnly: break;
-  }
-  std::vector<int64_t> shape(x_in.sizes().begin(), x_in.sizes().end());
-  shape.back() = N;
-  return y.reshape(shape);
+at::Tensor LinearImpl::frozen_forward(const at::Tensor& x) {
+  const int64_t K = options.in_features();
+  QF_REQUIRE(x.size(-1) == K, path_, " (Linear): input has ", x.size(-1), " features, expected ", K);
+  const at::Device device = packed_->device();
+  QF_REQUIRE((x.is_cpu() && device.is_cpu()) || x.device() == device, path_, " (Linear): input on ", x.device(),
+             " but the frozen weight is on ", device, " (move the model with ->to(device))");
+  FrozenInput in;
+  in.quantizer = input_q_;
+  in.layer_bias = options.bias() ? bias : at::Tensor();
+  return packed_->forward(x, in);
 }
 
 }  // namespace qforge::nn

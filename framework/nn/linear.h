@@ -7,14 +7,9 @@
 #include <memory>
 
 #include "framework/quantized_tensor.h"
+#include "framework/nn/packed_weight.h"
 #include "framework/nn/quantizable.h"
 #include "framework/nn/twin.h"
-
-namespace qforge::kernels {
-class PackedLinearS8;
-class PackedLinearS4;
-class PackedLinearLut;
-}  // namespace qforge::kernels
 
 namespace qforge::nn {
 
@@ -46,10 +41,10 @@ class LinearImpl : QFORGE_TWIN_BASE(torch::nn::LinearImpl), public QuantizableLa
   QuantizedTensor frozen_weight() const override;
   at::Tensor frozen_bias() const override;
 
-  // Moving a frozen layer to a CUDA device uploads its frozen weight there (the int8 codes and
-  // scales for the cuBLASLt path, the packed int4 codes for the dequantize path); its forward
-  // then runs the CUDA kernels and describe() shows the CUDA plan (plan_linear_cuda). Back on the
-  // CPU, the device copies are dropped. A build without CUDA kernels refuses with the reason.
+  // Moving a frozen layer to a CUDA device moves its packed weight there (PackedWeight::to: the
+  // int8 codes and scales for the cuBLASLt path, the packed int4 codes for the dequantize path);
+  // its forward then runs the CUDA kernels and describe() shows the CUDA plan (plan_linear_cuda).
+  // Back on the CPU, the device copies are dropped. A build without CUDA kernels refuses with the reason.
   using torch::nn::Module::to;
   void to(torch::Device device, torch::Dtype dtype, bool non_blocking = false) override;
   void to(torch::Device device, bool non_blocking = false) override;
@@ -69,26 +64,18 @@ class LinearImpl : QFORGE_TWIN_BASE(torch::nn::LinearImpl), public QuantizableLa
 
  private:
   at::Tensor frozen_forward(const at::Tensor& x);
-  at::Tensor frozen_forward_cuda(const at::Tensor& x);
-  // Where the frozen weight lives: the float weight's device before freeze(), then device_.
+  // Where the frozen weight lives: the float weight's device before freeze(), then the packed weight's.
   at::Device compute_device() const;
   // Throws (before anything moves) when a frozen layer cannot run on `device`.
   void check_frozen_device(const at::Device& device) const;
-  // Uploads (CUDA) or drops (CPU) the device copies of a frozen layer; refreshes the plan.
+  // Moves the packed weight of a frozen layer to `device`; refreshes the plan.
   void place_frozen(const at::Device& device);
 
-  LinearPath path_kind_ = LinearPath::kDequant;
-  QuantizedTensor fweight_;
-  std::shared_ptr<kernels::PackedLinearS8> s8_;
-  std::shared_ptr<kernels::PackedLinearS4> s4_;
-  std::shared_ptr<kernels::PackedLinearLut> lut_;
-  float static_act_scale_ = 1.0f;
+  // The frozen weight, packed for plan().path (null until frozen).
+  PackedWeightPtr packed_;
   at::Tensor pre_quant_scale_;
-  // Frozen copies on a CUDA device (undefined on the CPU): int8 codes [N, K], per-row scales [N]
-  // and bias for the int8 paths; packed int4 codes with [N, G] scales / zero points for the int4
-  // paths; the dequantized float weight for the dequantize path.
+  // The device the layer was last moved to (where install_frozen places a checkpoint's weight).
   at::Device device_{at::kCPU};
-  at::Tensor dev_codes_, dev_w_scale_, dev_bias_, dev_packed_, dev_group_scale_, dev_group_zero_, dev_float_weight_;
 };
 
 TORCH_MODULE(Linear);

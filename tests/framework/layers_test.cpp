@@ -20,6 +20,7 @@
 #include "framework/nn/layer_norm.h"
 #include "framework/nn/linear.h"
 #include "framework/nn/matmul.h"
+#include "framework/nn/packed_weight.h"
 #include "framework/quantize.h"
 
 using namespace qforge;
@@ -574,6 +575,112 @@ TEST(Freeze, FrozenStateRebuildsAFreshLayerWithoutItsFloatWeight) {
     b->install_frozen(a->frozen_weight());
     EXPECT_TRUE(at::equal(b(x), y)) << qt.name;
     EXPECT_EQ(b->report().kernel, a->report().kernel) << qt.name;
+  }
+}
+
+// A frozen Linear's forward is its packed weight's: packed again from frozen_weight() by
+// pack_linear, every format runs the layer's forward bit for bit, gives the frozen weight back
+// bit for bit and is already where a move to the CPU would put it.
+TEST(PackedWeight, EveryLinearFormatRunsTheLayersForwardAndGivesBackItsWeight) {
+  struct Case {
+    QType w;
+    ActivationMode act;
+    LinearPath path;
+  };
+  const std::vector<Case> cases{
+      {qint8, ActivationMode::kDynamicPerToken, LinearPath::kS8Dynamic},
+      {qint8, ActivationMode::kStatic, LinearPath::kS8Static},
+      {qint8, ActivationMode::kNone, LinearPath::kS8WeightOnly},
+      {qint4, ActivationMode::kDynamicPerToken, LinearPath::kS4Dynamic},
+      {qint4, ActivationMode::kStatic, LinearPath::kS4Static},
+      {qint4, ActivationMode::kNone, LinearPath::kS4WeightOnly},
+      {qkmeans4, ActivationMode::kNone, LinearPath::kLutWeightOnly},
+      {qfloat8_e4m3fn, ActivationMode::kNone, LinearPath::kDequant},
+  };
+  for (const Case& c : cases) {
+    at::manual_seed(31);
+    nn::Linear lin(64, 48);
+    lin->eval();
+    Scheme s(c.w);
+    s.group_size = 32;
+    s.activations = c.act;
+    s.observer = "minmax";
+    quantize(lin, s);
+    if (c.act == ActivationMode::kStatic) {
+      Calibration calib(lin);
+      lin(at::randn({32, 64}));
+    }
+    freeze(lin);
+    const std::string what = std::string(c.w.name) + " " + to_string(c.act);
+    ASSERT_EQ(lin->plan().path, c.path) << what;
+    const QuantizedTensor fw = lin->frozen_weight();
+    const bool dequant = c.path == LinearPath::kDequant;
+    const float act_scale =
+        c.act == ActivationMode::kStatic ? lin->input_quantizer()->qparams().scale.item<float>() : 0.0f;
+    const nn::PackedWeightPtr packed =
+        nn::pack_linear(fw, c.path, dequant ? at::Tensor() : lin->frozen_bias(), act_scale, "lin");
+    nn::FrozenInput in;
+    in.quantizer = lin->input_quantizer();
+    if (dequant) in.layer_bias = lin->frozen_bias();
+    for (const int64_t M : {1, 40}) {
+      const at::Tensor x = at::randn({M, 64});
+      EXPECT_TRUE(at::equal(packed->forward(x, in), lin(x))) << what << " M=" << M;
+    }
+    const QuantizedTensor back = packed->weight();
+    // Codebook grids have no scale or zero point, the others no codebook.
+    const auto same = [](const at::Tensor& a, const at::Tensor& b) {
+      return a.defined() == b.defined() && (!a.defined() || at::equal(a, b));
+    };
+    EXPECT_TRUE(same(back.data, fw.data)) << what;
+    EXPECT_TRUE(same(back.scale, fw.scale)) << what;
+    EXPECT_TRUE(same(back.zero_point, fw.zero_point)) << what;
+    EXPECT_TRUE(same(back.codebook, fw.codebook)) << what;
+    EXPECT_EQ(packed->bias().defined(), !dequant) << what;
+    EXPECT_EQ(packed->path(), c.path) << what;
+    EXPECT_TRUE(packed->device().is_cpu()) << what;
+    EXPECT_EQ(packed->to(at::kCPU).get(), packed.get()) << what;
+    EXPECT_GT(packed->bytes(), 0) << what;
+  }
+}
+
+// The integer convolution formats: pack_conv of a frozen Conv2d's weight runs its forward_relu
+// bit for bit, gives the frozen weight back bit for bit, stays on the CPU and refuses CUDA.
+TEST(PackedWeight, IntegerConvolutionFormatsRunTheLayersForwardAndGiveBackTheirWeight) {
+  for (const QType& qt : {qint8, qint4}) {
+    at::manual_seed(23);
+    nn::Conv2d c(torch::nn::Conv2dOptions(5, 12, 3).padding(1));
+    c->eval();
+    Scheme s(qt);
+    s.weight_granularity = Granularity::kPerChannel;
+    s.weight_symmetric = true;
+    s.activations = ActivationMode::kStatic;
+    s.observer = "minmax";
+    quantize(c, s);
+    {
+      Calibration calib(c);
+      c(at::randn({4, 5, 8, 8}));
+    }
+    freeze(c);
+    const LinearPath path = c->plan().path;
+    ASSERT_EQ(path, qt == qint8 ? LinearPath::kS8Static : LinearPath::kS4Static) << qt.name;
+    const QuantizedTensor fw = c->frozen_weight();
+    std::string onednn_missing;
+    const nn::PackedWeightPtr packed =
+        nn::pack_conv(fw, path, nn::conv_shape_of<2>(c->options), c->input_quantizer()->qparams().scale.item<float>(),
+                      /*onednn=*/false, "c", &onednn_missing);
+    nn::FrozenInput in;
+    in.quantizer = c->input_quantizer();
+    in.layer_bias = c->frozen_bias();
+    in.relu = true;
+    const at::Tensor x = at::randn({2, 5, 8, 8});
+    EXPECT_TRUE(at::equal(packed->forward(x, in), c->forward_relu(x))) << qt.name;
+    const QuantizedTensor back = packed->weight();
+    EXPECT_TRUE(at::equal(back.data, fw.data)) << qt.name;
+    EXPECT_TRUE(at::equal(back.scale, fw.scale)) << qt.name;
+    EXPECT_FALSE(packed->bias().defined()) << qt.name;
+    EXPECT_TRUE(onednn_missing.empty()) << qt.name;
+    EXPECT_EQ(packed->to(at::kCPU).get(), packed.get()) << qt.name;
+    EXPECT_THROW(packed->to(at::Device(at::kCUDA, 0)), Error) << qt.name;
   }
 }
 

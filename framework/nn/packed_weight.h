@@ -1,0 +1,90 @@
+// PackedWeight: the one interface a frozen Linear or convolution holds its weight behind (torchao's
+// Layout classes, quanto's per-backend ops). freeze() packs the QuantizedTensor once for the
+// layer's plan (int8, int4, look-up table, dequantize-per-call; convolutions in im2col order) and
+// the layer forwards through it; device moves are the packed weight's to(device) (the CUDA form in
+// framework/cuda/packed_weight_cuda.h keeps its CPU original for checkpoints and the way back).
+// docs/architecture.md, "Packed weights: one interface", says how to add a format.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "framework/kernel_plan.h"
+#include "framework/quantized_tensor.h"
+#include "framework/quantizer.h"
+
+namespace qforge::nn {
+
+// What a frozen forward takes from its layer besides the input.
+struct FrozenInput {
+  Quantizer quantizer{nullptr};      // the layer's input quantizer (null: float activations)
+  at::Tensor layer_bias;             // the bias the layer keeps itself (used when the packed weight holds none)
+  bool relu = false;                 // convolutions: at::relu in the kernel's epilogue
+  const QParams* requant = nullptr;  // convolutions: emit int8 codes of this static quantizer instead of floats
+};
+
+class PackedWeight;
+using PackedWeightPtr = std::shared_ptr<const PackedWeight>;
+
+class PackedWeight : public std::enable_shared_from_this<PackedWeight> {
+ public:
+  virtual ~PackedWeight() = default;
+  // The integer path it was packed for (the layer's plan().path).
+  virtual LinearPath path() const = 0;
+  virtual at::Device device() const = 0;
+  // The frozen forward for the layer's activation mode. Linear: x [..., K] -> [..., N].
+  // Convolutions: x [B, C, H, W] float or int8 codes of the input quantizer -> [B, N, OH, OW]
+  // (channels-last memory; int8 codes when in.requant is given).
+  virtual at::Tensor forward(const at::Tensor& x, const FrozenInput& in) const = 0;
+  // The frozen weight in the layer's layout with its qparams (checkpoints, exports, describe).
+  virtual QuantizedTensor weight() const = 0;
+  // The bias the packed weight holds (undefined: the layer keeps its own, or there is none).
+  virtual at::Tensor bias() const = 0;
+  // Bytes of what it holds (model_size, describe).
+  virtual int64_t bytes() const = 0;
+  // The static input quantizer's scale it was packed with (static paths; 0 otherwise).
+  virtual float static_input_scale() const { return 0.0f; }
+  // This weight on `device`: itself when it is there already; throws qforge::Error when the
+  // format has no kernels there.
+  virtual PackedWeightPtr to(const at::Device& device) const = 0;
+};
+
+// Packs a frozen Linear weight `fw` [N, K] for `path` on the CPU. bias: float [N] on the CPU, or
+// undefined (kDequant never takes it: the layer keeps its own). static_scale: the input quantizer's
+// scale, for the static paths. `who` prefixes errors (the layer's path and type).
+PackedWeightPtr pack_linear(QuantizedTensor fw, LinearPath path, const at::Tensor& bias, float static_scale,
+                            const std::string& who);
+
+// What the integer convolution needs of a convolution's options, as 2-D (Conv1d: height 1).
+struct ConvShape {
+  int64_t in_channels = 0, out_channels = 0, groups = 1;
+  std::array<int64_t, 2> kernel{1, 1}, stride{1, 1}, dilation{1, 1}, padding{0, 0};
+  bool explicit_padding = true;  // false: padding 'same' (sizes decided per input)
+  bool zeros_padding = true;     // padding_mode zeros
+};
+
+// int8 weights on AVX-512 VNNI: oneDNN's int8 convolution (exact int32 sums, qforge's epilogue)
+// from kOneDnnConvMinRows output pixels (batch x OH x OW) on, where it beats im2col + GEMM at
+// the SmallCnn's shapes (qbench conv_s8_cnn, model_cnn_b128); below, its per-call set-up costs
+// more than it saves (model_cnn_b1), so im2col runs.
+constexpr int64_t kOneDnnConvMinRows = 4096;
+
+// Packs a frozen convolution weight `fw` [N, C, kh(, kw)] of shape `s` for the integer
+// convolution (`path` kS8Static or kS4Static; any other path keeps it packed and dequantizes per
+// call). onednn: also build oneDNN's int8 convolution (int8 weights); *onednn_missing says why it
+// could not be built when it was asked for (left unchanged otherwise).
+PackedWeightPtr pack_conv(QuantizedTensor fw, LinearPath path, const ConvShape& s, float static_scale, bool onednn,
+                          const std::string& who, std::string* onednn_missing);
+
+// Per-group scales and zero points of a 4-bit weight as [N, K / g] (per-tensor qparams repeat one
+// value for every row); zero points undefined when all are 0.
+std::pair<at::Tensor, at::Tensor> int4_group_params(const QParams& qp, int64_t N, int64_t K, int64_t g);
+// The group size of 4-bit weights along K (K itself unless per-group).
+int64_t int4_group_size(const QSpec& ws, int64_t K);
+
+}  // namespace qforge::nn

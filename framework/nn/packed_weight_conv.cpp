@@ -1,0 +1,207 @@
+// The integer convolution formats of PackedWeight: int8 or int4 weights permuted to [N, kh, kw, C]
+// for channels-last im2col and packed as the Linear kernels' weights (kernels/cpu/conv_s8.h), int8
+// also as oneDNN's int8 convolution for large inputs. Static int8 activations only.
+#include <ATen/ATen.h>
+
+#include <algorithm>
+
+#include "framework/core/error.h"
+#include "framework/nn/packed_weight_cpu.h"
+#include "kernels/cpu/conv_s8.h"
+#include "kernels/cpu/gemm_s8s8s32_onednn.h"
+#include "kernels/cpu/packed_linear.h"
+
+namespace qforge::nn {
+namespace {
+
+using kernels::detail::OneDnnConvS8;
+
+// The kernels' geometry of a convolution of this shape on a [batch, C, in_h, in_w] input.
+kernels::ConvGeometry conv_geometry(const ConvShape& s, int64_t batch, int64_t in_h, int64_t in_w) {
+  kernels::ConvGeometry g;
+  g.batch = batch;
+  g.in_channels = s.in_channels;
+  g.in_h = in_h;
+  g.in_w = in_w;
+  g.out_channels = s.out_channels;
+  g.kernel_h = s.kernel[0];
+  g.kernel_w = s.kernel[1];
+  g.stride_h = s.stride[0];
+  g.stride_w = s.stride[1];
+  g.pad_h = s.padding[0];
+  g.pad_w = s.padding[1];
+  g.dilation_h = s.dilation[0];
+  g.dilation_w = s.dilation[1];
+  return g;
+}
+
+// One convolution call: the input codes (channels last), its scale, bias, geometry and epilogue.
+struct ConvCall {
+  const int8_t* q;
+  float a_scale;
+  const float* bias;
+  kernels::ConvGeometry g;
+  bool relu;
+};
+
+// oneDNN for large inputs when it was built and has a primitive for this size, else im2col: the
+// same values.
+void run_conv(const kernels::PackedLinearS8& w, const OneDnnConvS8* onednn, const ConvCall& c, float* y) {
+  const float* ws = w.w_scale().data_ptr<float>();
+  if (onednn == nullptr || c.g.gemm_m() < kOneDnnConvMinRows ||
+      !kernels::conv2d_s8s8f32_onednn(*onednn, c.q, c.a_scale, ws, c.bias, c.g, y, c.relu))
+    kernels::conv2d_s8s8f32(c.q, c.a_scale, w.view(), ws, c.bias, c.g, y, c.relu);
+}
+void run_conv(const kernels::PackedLinearS8& w, const OneDnnConvS8* onednn, const ConvCall& c,
+              const kernels::RequantOut& out) {
+  const float* ws = w.w_scale().data_ptr<float>();
+  if (onednn == nullptr || c.g.gemm_m() < kOneDnnConvMinRows ||
+      !kernels::conv2d_s8s8s8_onednn(*onednn, c.q, c.a_scale, ws, c.bias, c.g, out, c.relu))
+    kernels::conv2d_s8s8s8(c.q, c.a_scale, w.view(), ws, c.bias, c.g, out, c.relu);
+}
+void run_conv(const kernels::PackedLinearS4& w, const OneDnnConvS8*, const ConvCall& c, float* y) {
+  kernels::conv2d_s8s4f32(c.q, c.a_scale, w.view(), c.bias, c.g, y, c.relu);
+}
+void run_conv(const kernels::PackedLinearS4& w, const OneDnnConvS8*, const ConvCall& c,
+              const kernels::RequantOut& out) {
+  kernels::conv2d_s8s4s8(c.q, c.a_scale, w.view(), c.bias, c.g, out, c.relu);
+}
+
+int64_t onednn_bytes(const OneDnnConvS8* onednn) { return onednn ? kernels::detail::onednn_bytes(*onednn) : 0; }
+
+// Kernel = kernels::PackedLinearS8 (with oneDNN's convolution when built) or PackedLinearS4; the
+// layer keeps the bias (FrozenInput::layer_bias), meta the spec and qparams.
+template <class Kernel>
+class PackedConvInt final : public CpuPackedWeight {
+ public:
+  PackedConvInt(std::shared_ptr<const Kernel> kernel, std::shared_ptr<const OneDnnConvS8> onednn, QuantizedTensor meta,
+                LinearPath path, const ConvShape& shape, float static_scale, std::string who)
+      : kernel_(std::move(kernel)), onednn_(std::move(onednn)), meta_(std::move(meta)), path_(path), shape_(shape),
+        static_scale_(static_scale), who_(std::move(who)) {
+    meta_.data = at::Tensor();
+  }
+  LinearPath path() const override { return path_; }
+  at::Tensor forward(const at::Tensor& x, const FrozenInput& in) const override;
+  QuantizedTensor weight() const override;
+  at::Tensor bias() const override { return {}; }
+  int64_t bytes() const override { return kernel_->bytes() + onednn_bytes(onednn_.get()); }
+  float static_input_scale() const override { return static_scale_; }
+  PackedWeightPtr to(const at::Device& device) const override {
+    QF_REQUIRE(device.is_cpu(), who_, ": frozen integer convolutions run on the CPU, not ", device);
+    return shared_from_this();
+  }
+
+ private:
+  std::shared_ptr<const Kernel> kernel_;
+  std::shared_ptr<const OneDnnConvS8> onednn_;
+  QuantizedTensor meta_;
+  LinearPath path_;
+  ConvShape shape_;
+  float static_scale_;
+  std::string who_;
+};
+
+template <class Kernel>
+at::Tensor PackedConvInt<Kernel>::forward(const at::Tensor& x, const FrozenInput& in) const {
+  const ConvShape& s = shape_;
+  QF_REQUIRE(x.dim() == 4 && x.size(1) == s.in_channels, who_, ": input has shape ", x.sizes(), ", expected [batch, ",
+             s.in_channels, ", ...]");
+  const kernels::ConvGeometry g = conv_geometry(s, x.size(0), x.size(2), x.size(3));
+  QF_REQUIRE(g.in_h > 0 && g.in_w > 0 && g.out_h() >= 1 && g.out_w() >= 1, who_, ": input of shape ", x.sizes(),
+             " is smaller than the (dilated, padded) kernel");
+  // The fake-quant formula of the static input quantizer, as int8 codes, channels last (no copy
+  // of the float input when it is channels last already, as the previous integer conv leaves it).
+  // int8 input: codes of this quantizer already (a requantized output), channels last.
+  const at::Tensor q = x.scalar_type() == at::kChar
+                           ? x.permute({0, 2, 3, 1}).contiguous()
+                           : quantize_to_int8(x.to(at::kFloat).permute({0, 2, 3, 1}), in.quantizer->qparams());
+  const at::Tensor b =
+      in.layer_bias.defined() ? in.layer_bias.detach().to(at::kCPU, at::kFloat).contiguous() : at::Tensor();
+  const ConvCall call{q.data_ptr<int8_t>(), static_scale_, b.defined() ? b.data_ptr<float>() : nullptr, g, in.relu};
+  if (in.requant != nullptr) {
+    at::Tensor codes = at::empty({g.batch, g.out_h(), g.out_w(), g.out_channels}, at::kChar);
+    kernels::RequantOut out;
+    out.q = codes.data_ptr<int8_t>();
+    out.inv = 1.0f / in.requant->scale.to(at::kFloat).item<float>();  // quantize_to_int8's reciprocal
+    out.qmin = static_cast<int>(in.requant->spec.quant_min());
+    out.qmax = static_cast<int>(in.requant->spec.quant_max());
+    run_conv(*kernel_, onednn_.get(), call, out);
+    return codes.permute({0, 3, 1, 2});
+  }
+  at::Tensor y = at::empty({g.batch, g.out_h(), g.out_w(), g.out_channels}, at::kFloat);
+  run_conv(*kernel_, onednn_.get(), call, y.data_ptr<float>());
+  // NCHW shape, channels-last memory (as LibTorch's quantized conv returns it).
+  return y.permute({0, 3, 1, 2});
+}
+
+template <class Kernel>
+QuantizedTensor PackedConvInt<Kernel>::weight() const {
+  const int64_t N = shape_.out_channels, C = shape_.in_channels, KH = shape_.kernel[0], KW = shape_.kernel[1];
+  const at::Tensor packed = kernel_->weight();  // [N, K or Kp] in (i, j, c) order
+  const at::Tensor codes = packed.narrow(1, 0, C * KH * KW)
+                               .reshape({N, KH, KW, C})
+                               .permute({0, 3, 1, 2})
+                               .reshape(at::IntArrayRef(meta_.shape))
+                               .contiguous();
+  QuantizedTensor fw = meta_;
+  fw.data = pack_quantized(codes, fw.qparams()).data;
+  return fw;
+}
+
+// oneDNN's int8 convolution of the oihw codes, reordered for a nominal input (batch 32, 16x16 or
+// the dilated kernel's extent; other input sizes get their own primitive with the same weight
+// format); null with *status when oneDNN cannot or offers only its reference implementation.
+std::shared_ptr<const OneDnnConvS8> onednn_conv(const at::Tensor& oihw, const ConvShape& s, std::string* status) {
+  const int64_t KH = s.kernel[0], KW = s.kernel[1];
+  const kernels::ConvGeometry nominal = conv_geometry(s, 32, std::max<int64_t>(16, s.dilation[0] * (KH - 1) + 1),
+                                                      std::max<int64_t>(16, s.dilation[1] * (KW - 1) + 1));
+  auto conv = kernels::detail::onednn_conv_s8(oihw.data_ptr<int8_t>(), nominal, status);
+  if (conv != nullptr && kernels::detail::onednn_impl(*conv).rfind("ref", 0) == 0) {
+    *status = "oneDNN offers only its reference implementation (" + kernels::detail::onednn_impl(*conv) + ")";
+    conv = nullptr;
+  }
+  return conv;
+}
+
+}  // namespace
+
+PackedWeightPtr pack_conv(QuantizedTensor fw, LinearPath path, const ConvShape& s, float static_scale, bool onednn,
+                          const std::string& who, std::string* onednn_missing) {
+  if (path != LinearPath::kS8Static && path != LinearPath::kS4Static) return pack_dequantize(std::move(fw));
+  const QParams qp = fw.qparams();
+  const int64_t N = s.out_channels, C = s.in_channels, KH = s.kernel[0], KW = s.kernel[1], K = C * KH * KW;
+  QF_REQUIRE(!fw.shape.empty() && fw.shape[0] == N && fw.numel() == N * K, who, ": frozen weight has shape ",
+             at::IntArrayRef(fw.shape), ", expected ", N, " x ", C, " x kernel ", KH, "x", KW);
+  // [N, C, kh, kw] -> [N, kh, kw, C]: the K order of the channels-last im2col rows.
+  const at::Tensor codes =
+      fw.int_values().reshape({N, C, KH, KW}).permute({0, 2, 3, 1}).reshape({N, K}).to(at::kChar).contiguous();
+  const int64_t rows = qp.scale.numel() == 1 ? 1 : N;
+  const at::Tensor scale_n = qp.scale.to(at::kCPU, at::kFloat).reshape({rows, 1}).expand({N, 1}).contiguous();
+  if (path == LinearPath::kS8Static) {
+    QF_REQUIRE(at::eq(qp.zero_point, 0).all().item<bool>(), who,
+               ": symmetric int8 weights must have zero points 0 (the file or scheme disagrees)");
+    kernels::PackOptions opts;
+    opts.onednn = false;
+    auto kernel = std::make_shared<const kernels::PackedLinearS8>(codes, scale_n.reshape({N}), at::Tensor(), opts);
+    std::shared_ptr<const OneDnnConvS8> conv;
+    if (onednn) {
+      std::string status;
+      conv = onednn_conv(fw.int_values().reshape({N, C, KH, KW}).to(at::kChar).contiguous(), s, &status);
+      if (conv == nullptr && onednn_missing != nullptr) *onednn_missing = status.empty() ? "unavailable" : status;
+    }
+    return std::make_shared<PackedConvInt<kernels::PackedLinearS8>>(std::move(kernel), std::move(conv), std::move(fw),
+                                                                    path, s, static_scale, who);
+  }
+  const int64_t Kp = kernels::round_up(K, kernels::kS4BlockK);
+  at::Tensor zero_n;
+  if (!at::eq(qp.zero_point, 0).all().item<bool>())
+    zero_n = qp.zero_point.to(at::kCPU, at::kInt).reshape({rows, 1}).expand({N, 1}).contiguous();
+  // Zero columns up to Kp: the matching im2col columns are 0 too, so they add nothing (and 0 lies
+  // on every 4-bit grid).
+  const at::Tensor padded = Kp == K ? codes : at::constant_pad_nd(codes, {0, Kp - K}, 0).contiguous();
+  auto kernel = std::make_shared<const kernels::PackedLinearS4>(padded, scale_n, zero_n, Kp, at::Tensor(), qp.spec.qtype);
+  return std::make_shared<PackedConvInt<kernels::PackedLinearS4>>(std::move(kernel), nullptr, std::move(fw), path, s,
+                                                                  static_scale, who);
+}
+
+}  // namespace qforge::nn

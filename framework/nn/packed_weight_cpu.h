@@ -1,0 +1,40 @@
+// The CPU formats of PackedWeight (framework/nn/packed_weight.h): their common base and their
+// constructors, which pack_linear() / pack_conv() pick from. Internal to framework/nn.
+#pragma once
+
+#include "framework/core/error.h"
+#include "framework/nn/packed_weight.h"
+
+namespace qforge::nn {
+
+// Largest M the weight-only GEMV and look-up-table kernels serve; above it unpack + float GEMM is
+// faster (each format's weight_only_large_m).
+constexpr int64_t kWeightOnlyMaxM = 16;
+
+// The input quantizer's fake-quant forward of x (x itself for float activations).
+inline at::Tensor fake_quantize_input(const FrozenInput& in, const at::Tensor& x) {
+  return in.quantizer ? in.quantizer.ptr()->forward(x) : x;
+}
+
+// The Linear formats have no convolution epilogue (ReLU, requantized output).
+inline void check_linear_call(const FrozenInput& in) {
+  QF_CHECK(!in.relu && in.requant == nullptr, "a Linear packed weight was given a convolution epilogue");
+}
+
+// A packed weight whose kernels run on the CPU: to(kCUDA) makes its CUDA form
+// (framework/cuda/packed_weight_cuda.h), which keeps this one for the way back.
+class CpuPackedWeight : public PackedWeight {
+ public:
+  at::Device device() const override { return at::kCPU; }
+  PackedWeightPtr to(const at::Device& device) const override;
+};
+
+// Linear formats, packed from the frozen weight fw [N, K] and the CPU bias (undefined: none).
+PackedWeightPtr pack_linear_s8(QuantizedTensor fw, LinearPath path, const at::Tensor& bias, float static_scale);
+PackedWeightPtr pack_linear_s4(QuantizedTensor fw, LinearPath path, const at::Tensor& bias, float static_scale);
+PackedWeightPtr pack_linear_lut(QuantizedTensor fw, const at::Tensor& bias);
+// Any layer's weight kept packed as a QuantizedTensor and dequantized per call; its forward is the
+// Linear product with the layer's bias (convolutions run LibTorch's own on weight().dequantize()).
+PackedWeightPtr pack_dequantize(QuantizedTensor fw);
+
+}  // namespace qforge::nn

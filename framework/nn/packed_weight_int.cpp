@@ -1,0 +1,109 @@
+// The int8 and int4 Linear formats of PackedWeight: kernels::PackedLinearS8 / S4 run the dynamic,
+// static and weight-only paths (kernels/cpu/gemv_s8.h, gemv_s4.h).
+#include <ATen/ATen.h>
+
+#include <vector>
+
+#include "framework/nn/packed_weight_cpu.h"
+#include "kernels/cpu/gemv_s4.h"
+#include "kernels/cpu/gemv_s8.h"
+#include "kernels/cpu/packed_linear.h"
+
+namespace qforge::nn {
+namespace {
+
+const float* bias_ptr(const at::Tensor& b) { return b.defined() ? b.data_ptr<float>() : nullptr; }
+
+// The static-activation product of int8 codes q [M, K] with scale a_scale [M] per row.
+void run_static(const kernels::PackedLinearS8& w, const int8_t* q, int64_t M, const float* a_scale, float* y,
+                kernels::RunInfo* info) {
+  kernels::gemv_s8s8f32(q, M, a_scale, w.view(), w.w_scale().data_ptr<float>(), bias_ptr(w.bias()), y, info);
+}
+void run_static(const kernels::PackedLinearS4& w, const int8_t* q, int64_t M, const float* a_scale, float* y,
+                kernels::RunInfo* info) {
+  kernels::gemv_s8s4f32(q, M, a_scale, w.view(), bias_ptr(w.bias()), y, info);
+}
+
+bool weight_only(LinearPath p) { return p == LinearPath::kS8WeightOnly || p == LinearPath::kS4WeightOnly; }
+bool static_act(LinearPath p) { return p == LinearPath::kS8Static || p == LinearPath::kS4Static; }
+
+// int8 (Kernel = kernels::PackedLinearS8) or int4 (kernels::PackedLinearS4) weights in the
+// kernels' packed layout; meta keeps the spec and qparams, its codes released.
+template <class Kernel>
+class PackedIntLinear final : public CpuPackedWeight {
+ public:
+  PackedIntLinear(std::shared_ptr<const Kernel> kernel, QuantizedTensor meta, LinearPath path, float static_scale)
+      : kernel_(std::move(kernel)), meta_(std::move(meta)), path_(path), static_scale_(static_scale) {
+    meta_.data = at::Tensor();
+  }
+  LinearPath path() const override { return path_; }
+  at::Tensor forward(const at::Tensor& x_in, const FrozenInput& in) const override;
+  QuantizedTensor weight() const override {
+    QuantizedTensor fw = meta_;
+    fw.data = pack_quantized(kernel_->weight(), fw.qparams()).data;
+    return fw;
+  }
+  at::Tensor bias() const override { return kernel_->bias(); }
+  int64_t bytes() const override { return kernel_->bytes(); }
+  float static_input_scale() const override { return static_scale_; }
+
+ private:
+  // Large M: unpack once per call and let the float GEMM amortise it over the rows.
+  at::Tensor weight_only_large_m(const at::Tensor& x) const {
+    return at::linear(x, dequantize_int(kernel_->weight(), meta_.qparams()), kernel_->bias());
+  }
+
+  std::shared_ptr<const Kernel> kernel_;
+  QuantizedTensor meta_;
+  LinearPath path_;
+  float static_scale_;
+};
+
+template <class Kernel>
+at::Tensor PackedIntLinear<Kernel>::forward(const at::Tensor& x_in, const FrozenInput& in) const {
+  check_linear_call(in);
+  const int64_t K = kernel_->in_features(), N = kernel_->out_features();
+  const at::Tensor x = x_in.to(at::kFloat).reshape({-1, K}).contiguous();
+  const int64_t M = x.size(0);
+  std::vector<int64_t> out_shape(x_in.sizes().begin(), x_in.sizes().end());
+  out_shape.back() = N;
+  if (weight_only(path_))
+    return (M > kWeightOnlyMaxM ? weight_only_large_m(x) : kernel_->run_weight_only(x)).reshape(out_shape);
+  at::Tensor y = at::empty({M, N}, at::kFloat);
+  kernels::RunInfo info;
+  if (static_act(path_)) {
+    // The fake-quant formula of the static input quantizer, as int8 codes.
+    const at::Tensor q = quantize_to_int8(x, in.quantizer->qparams()).contiguous();
+    const at::Tensor a_scale = at::full({M}, static_scale_, at::kFloat);
+    run_static(*kernel_, q.data_ptr<int8_t>(), M, a_scale.data_ptr<float>(), y.data_ptr<float>(), &info);
+  } else {
+    kernel_->run(x.data_ptr<float>(), M, y.data_ptr<float>(), &info);
+  }
+  return y.reshape(out_shape);
+}
+
+}  // namespace
+
+PackedWeightPtr pack_linear_s8(QuantizedTensor fw, LinearPath path, const at::Tensor& bias, float static_scale) {
+  const int64_t N = fw.shape.at(0);
+  const at::Tensor scale_n = fw.scale.to(at::kFloat).expand({N}).contiguous();
+  // One packed copy only (1 byte per weight); large M runs the GEMV kernels in row blocks.
+  kernels::PackOptions opts;
+  opts.onednn = false;
+  auto kernel = std::make_shared<const kernels::PackedLinearS8>(fw.int_values(), scale_n, bias, opts);
+  return std::make_shared<PackedIntLinear<kernels::PackedLinearS8>>(std::move(kernel), std::move(fw), path,
+                                                                    static_scale);
+}
+
+PackedWeightPtr pack_linear_s4(QuantizedTensor fw, LinearPath path, const at::Tensor& bias, float static_scale) {
+  const int64_t N = fw.shape.at(0), K = fw.shape.at(1);
+  const QParams qp = fw.qparams();
+  const int64_t g = int4_group_size(qp.spec, K);
+  auto [scale_ng, zero_ng] = int4_group_params(qp, N, K, g);
+  auto kernel =
+      std::make_shared<const kernels::PackedLinearS4>(fw.int_values(), scale_ng, zero_ng, g, bias, qp.spec.qtype);
+  return std::make_shared<PackedIntLinear<kernels::PackedLinearS4>>(std::move(kernel), std::move(fw), path,
+                                                                    static_scale);
+}
+
+}  // namespace qforge::nn
