@@ -15,14 +15,6 @@
 #include "framework/io/safetensors.h"
 
 namespace qforge::models {
-namespace {
-
-void require_positive(int64_t v, const char* name) {
-  QF_REQUIRE(v > 0, "models: config field '", name, "' must be > 0, got ", v);
-}
-
-}  // namespace
-
 at::Tensor apply_activation(const std::string& act, const at::Tensor& x) {
   if (act == "gelu") return at::gelu(x);
   if (act == "gelu_new" || act == "gelu_pytorch_tanh") return at::gelu(x, "tanh");
@@ -31,36 +23,16 @@ at::Tensor apply_activation(const std::string& act, const at::Tensor& x) {
 }
 
 BertConfig BertConfig::from_json(const nlohmann::json& j) {
-  QF_REQUIRE(j.is_object(), "models/bert: config is not a JSON object");
-  BertConfig c;
-  get_config_field(j, "models/bert", "vocab_size", c.vocab_size);
-  get_config_field(j, "models/bert", "hidden_size", c.hidden_size);
-  get_config_field(j, "models/bert", "num_hidden_layers", c.num_hidden_layers);
-  get_config_field(j, "models/bert", "num_attention_heads", c.num_attention_heads);
-  get_config_field(j, "models/bert", "intermediate_size", c.intermediate_size);
-  get_config_field(j, "models/bert", "hidden_act", c.hidden_act);
-  get_config_field(j, "models/bert", "hidden_dropout_prob", c.hidden_dropout_prob);
-  get_config_field(j, "models/bert", "attention_probs_dropout_prob", c.attention_probs_dropout_prob);
-  get_config_field(j, "models/bert", "max_position_embeddings", c.max_position_embeddings);
-  get_config_field(j, "models/bert", "type_vocab_size", c.type_vocab_size);
-  get_config_field(j, "models/bert", "layer_norm_eps", c.layer_norm_eps);
-  get_config_field(j, "models/bert", "initializer_range", c.initializer_range);
-  get_config_field(j, "models/bert", "pad_token_id", c.pad_token_id);
+  constexpr const char* kWho = "models/bert";
+  BertConfig c = read_config<BertConfig>(j, kWho);
   if (j.contains("id2label") && j["id2label"].is_object()) c.num_labels = static_cast<int64_t>(j["id2label"].size());
-  get_config_field(j, "models/bert", "num_labels", c.num_labels);
+  get_config_field(j, kWho, "num_labels", c.num_labels);
   if (j.contains("position_embedding_type"))
     QF_REQUIRE(j["position_embedding_type"] == "absolute", "models/bert: only absolute position embeddings are supported, config has ",
                j["position_embedding_type"].dump());
-  require_positive(c.vocab_size, "vocab_size");
-  require_positive(c.hidden_size, "hidden_size");
-  require_positive(c.num_hidden_layers, "num_hidden_layers");
-  require_positive(c.num_attention_heads, "num_attention_heads");
-  require_positive(c.intermediate_size, "intermediate_size");
-  require_positive(c.max_position_embeddings, "max_position_embeddings");
-  require_positive(c.type_vocab_size, "type_vocab_size");
-  require_positive(c.num_labels, "num_labels");
-  QF_REQUIRE(c.hidden_size % c.num_attention_heads == 0, "models/bert: hidden_size ", c.hidden_size,
-             " is not a multiple of num_attention_heads ", c.num_attention_heads);
+  require_positive_fields(c, kWho);
+  QF_REQUIRE(c.num_labels > 0, kWho, ": config field 'num_labels' must be > 0, got ", c.num_labels);
+  require_heads_divide(kWho, "hidden_size", c.hidden_size, "num_attention_heads", c.num_attention_heads);
   apply_activation(c.hidden_act, at::zeros({1}));  // validates the name
   return c;
 }
@@ -68,22 +40,8 @@ BertConfig BertConfig::from_json(const nlohmann::json& j) {
 BertConfig BertConfig::from_file(const std::string& path) { return from_json(read_config_json(path, "models/bert")); }
 
 nlohmann::json BertConfig::to_json() const {
-  nlohmann::json j = {{"model_type", "bert"},
-                      {"architectures", {"BertForSequenceClassification"}},
-                      {"vocab_size", vocab_size},
-                      {"hidden_size", hidden_size},
-                      {"num_hidden_layers", num_hidden_layers},
-                      {"num_attention_heads", num_attention_heads},
-                      {"intermediate_size", intermediate_size},
-                      {"hidden_act", hidden_act},
-                      {"hidden_dropout_prob", hidden_dropout_prob},
-                      {"attention_probs_dropout_prob", attention_probs_dropout_prob},
-                      {"max_position_embeddings", max_position_embeddings},
-                      {"type_vocab_size", type_vocab_size},
-                      {"layer_norm_eps", layer_norm_eps},
-                      {"initializer_range", initializer_range},
-                      {"pad_token_id", pad_token_id},
-                      {"position_embedding_type", "absolute"}};
+  nlohmann::json j = config_json(*this, "bert", "BertForSequenceClassification");
+  j["position_embedding_type"] = "absolute";
   nlohmann::json id2label = nlohmann::json::object(), label2id = nlohmann::json::object();
   for (int64_t i = 0; i < num_labels; ++i) {
     id2label[std::to_string(i)] = "LABEL_" + std::to_string(i);

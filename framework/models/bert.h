@@ -15,6 +15,7 @@
 #include <nlohmann/json_fwd.hpp>
 #include <string>
 
+#include "framework/models/field_rule.h"
 #include "framework/models/state_dict.h"
 #include "framework/nn/embedding.h"
 #include "framework/nn/layer_norm.h"
@@ -38,12 +39,30 @@ struct BertConfig {
   double layer_norm_eps = 1e-12;
   double initializer_range = 0.02;
   int64_t pad_token_id = 0;
-  int64_t num_labels = 2;  // from "num_labels" or the size of "id2label"
+  int64_t num_labels = 2;  // from "num_labels" or the size of "id2label"; written as id2label/label2id
 
   // Parses an HF config.json object; unknown fields are ignored, bad values are errors.
   static BertConfig from_json(const nlohmann::json& j);
   static BertConfig from_file(const std::string& path);
   nlohmann::json to_json() const;
+
+  // The fields read and written as they are (config_field.h), in reading order.
+  template <typename Self, typename Visit>
+  static void fields(Self& c, Visit&& visit) {
+    visit("vocab_size", c.vocab_size, FieldRule::kPositive);
+    visit("hidden_size", c.hidden_size, FieldRule::kPositive);
+    visit("num_hidden_layers", c.num_hidden_layers, FieldRule::kPositive);
+    visit("num_attention_heads", c.num_attention_heads, FieldRule::kPositive);
+    visit("intermediate_size", c.intermediate_size, FieldRule::kPositive);
+    visit("hidden_act", c.hidden_act, FieldRule::kAny);
+    visit("hidden_dropout_prob", c.hidden_dropout_prob, FieldRule::kAny);
+    visit("attention_probs_dropout_prob", c.attention_probs_dropout_prob, FieldRule::kAny);
+    visit("max_position_embeddings", c.max_position_embeddings, FieldRule::kPositive);
+    visit("type_vocab_size", c.type_vocab_size, FieldRule::kPositive);
+    visit("layer_norm_eps", c.layer_norm_eps, FieldRule::kAny);
+    visit("initializer_range", c.initializer_range, FieldRule::kAny);
+    visit("pad_token_id", c.pad_token_id, FieldRule::kAny);
+  }
 };
 
 at::Tensor apply_activation(const std::string& act, const at::Tensor& x);

@@ -29,30 +29,15 @@ bool is_conv1d_weight(const std::string& key) {
 }  // namespace
 
 Gpt2Config Gpt2Config::from_json(const nlohmann::json& j) {
-  QF_REQUIRE(j.is_object(), "models/gpt2: config is not a JSON object");
-  Gpt2Config c;
-  get_config_field(j, "models/gpt2", "vocab_size", c.vocab_size);
-  get_config_field(j, "models/gpt2", "n_positions", c.n_positions);
-  get_config_field(j, "models/gpt2", "n_embd", c.n_embd);
-  get_config_field(j, "models/gpt2", "n_layer", c.n_layer);
-  get_config_field(j, "models/gpt2", "n_head", c.n_head);
-  get_config_field(j, "models/gpt2", "n_inner", c.n_inner);
-  get_config_field(j, "models/gpt2", "activation_function", c.activation_function);
-  get_config_field(j, "models/gpt2", "resid_pdrop", c.resid_pdrop);
-  get_config_field(j, "models/gpt2", "embd_pdrop", c.embd_pdrop);
-  get_config_field(j, "models/gpt2", "attn_pdrop", c.attn_pdrop);
-  get_config_field(j, "models/gpt2", "layer_norm_epsilon", c.layer_norm_epsilon);
-  get_config_field(j, "models/gpt2", "initializer_range", c.initializer_range);
-  get_config_field(j, "models/gpt2", "tie_word_embeddings", c.tie_word_embeddings);
+  constexpr const char* kWho = "models/gpt2";
+  Gpt2Config c = read_config<Gpt2Config>(j, kWho);
   for (const char* unsupported : {"scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn", "add_cross_attention"})
     QF_REQUIRE(!j.contains(unsupported) || !j[unsupported].is_boolean() || !j[unsupported].get<bool>(),
                "models/gpt2: config option '", unsupported, "' is not supported");
   QF_REQUIRE(!j.contains("scale_attn_weights") || j["scale_attn_weights"] == true,
              "models/gpt2: scale_attn_weights=false is not supported");
-  for (auto [v, name] : {std::pair{c.vocab_size, "vocab_size"}, {c.n_positions, "n_positions"}, {c.n_embd, "n_embd"},
-                         {c.n_layer, "n_layer"}, {c.n_head, "n_head"}})
-    QF_REQUIRE(v > 0, "models/gpt2: config field '", name, "' must be > 0, got ", v);
-  QF_REQUIRE(c.n_embd % c.n_head == 0, "models/gpt2: n_embd ", c.n_embd, " is not a multiple of n_head ", c.n_head);
+  require_positive_fields(c, kWho);
+  require_heads_divide(kWho, "n_embd", c.n_embd, "n_head", c.n_head);
   apply_activation(c.activation_function, at::zeros({1}));
   return c;
 }
@@ -60,22 +45,8 @@ Gpt2Config Gpt2Config::from_json(const nlohmann::json& j) {
 Gpt2Config Gpt2Config::from_file(const std::string& path) { return from_json(read_config_json(path, "models/gpt2")); }
 
 nlohmann::json Gpt2Config::to_json() const {
-  nlohmann::json j = {{"model_type", "gpt2"},
-                      {"architectures", {"GPT2LMHeadModel"}},
-                      {"vocab_size", vocab_size},
-                      {"n_positions", n_positions},
-                      {"n_ctx", n_positions},
-                      {"n_embd", n_embd},
-                      {"n_layer", n_layer},
-                      {"n_head", n_head},
-                      {"activation_function", activation_function},
-                      {"resid_pdrop", resid_pdrop},
-                      {"embd_pdrop", embd_pdrop},
-                      {"attn_pdrop", attn_pdrop},
-                      {"layer_norm_epsilon", layer_norm_epsilon},
-                      {"initializer_range", initializer_range},
-                      {"tie_word_embeddings", tie_word_embeddings}};
-  j["n_inner"] = n_inner > 0 ? nlohmann::json(n_inner) : nlohmann::json(nullptr);
+  nlohmann::json j = config_json(*this, "gpt2", "GPT2LMHeadModel");
+  j["n_ctx"] = n_positions;
   return j;
 }
 

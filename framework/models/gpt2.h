@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "framework/models/field_rule.h"
 #include "framework/models/state_dict.h"
 #include "framework/nn/embedding.h"
 #include "framework/nn/layer_norm.h"
@@ -41,7 +42,25 @@ struct Gpt2Config {
   int64_t inner() const { return n_inner > 0 ? n_inner : 4 * n_embd; }
   static Gpt2Config from_json(const nlohmann::json& j);
   static Gpt2Config from_file(const std::string& path);
-  nlohmann::json to_json() const;
+  nlohmann::json to_json() const;  // with n_ctx = n_positions, as HF writes it
+
+  // The fields read and written (config_field.h), in reading order.
+  template <typename Self, typename Visit>
+  static void fields(Self& c, Visit&& visit) {
+    visit("vocab_size", c.vocab_size, FieldRule::kPositive);
+    visit("n_positions", c.n_positions, FieldRule::kPositive);
+    visit("n_embd", c.n_embd, FieldRule::kPositive);
+    visit("n_layer", c.n_layer, FieldRule::kPositive);
+    visit("n_head", c.n_head, FieldRule::kPositive);
+    visit("n_inner", c.n_inner, FieldRule::kZeroIsNull);
+    visit("activation_function", c.activation_function, FieldRule::kAny);
+    visit("resid_pdrop", c.resid_pdrop, FieldRule::kAny);
+    visit("embd_pdrop", c.embd_pdrop, FieldRule::kAny);
+    visit("attn_pdrop", c.attn_pdrop, FieldRule::kAny);
+    visit("layer_norm_epsilon", c.layer_norm_epsilon, FieldRule::kAny);
+    visit("initializer_range", c.initializer_range, FieldRule::kAny);
+    visit("tie_word_embeddings", c.tie_word_embeddings, FieldRule::kAny);
+  }
 };
 
 // Keys and values of the positions a GPT-2 has already seen, one pair per layer, for

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <nlohmann/json.hpp>
 
 #include "framework/core/error.h"
 #include "framework/io/safetensors.h"
@@ -315,6 +316,34 @@ TEST(HfImport, BadConfigsAreClearErrors) {
   EXPECT_NE(error_of([] { Gpt2Config::from_json({{"n_layer", "two"}}); }).find("'n_layer' has the wrong type"),
             std::string::npos);
   EXPECT_NE(error_of([] { BertConfig::from_file("/nonexistent/config.json"); }).find("/nonexistent/config.json"),
+            std::string::npos);
+}
+
+TEST(HfImport, ConfigsRoundTripEveryFieldThroughJson) {
+  BertConfig b;
+  b.vocab_size = 31, b.hidden_size = 12, b.num_hidden_layers = 3, b.num_attention_heads = 3, b.intermediate_size = 20,
+  b.hidden_act = "relu", b.hidden_dropout_prob = 0.25, b.attention_probs_dropout_prob = 0.125,
+  b.max_position_embeddings = 40, b.type_vocab_size = 3, b.layer_norm_eps = 1e-6, b.initializer_range = 0.5,
+  b.pad_token_id = 1, b.num_labels = 5;
+  const nlohmann::json bj = b.to_json();
+  EXPECT_EQ(bj["id2label"].size(), 5u);
+  EXPECT_EQ(bj["position_embedding_type"], "absolute");
+  EXPECT_EQ(BertConfig::from_json(bj).to_json(), bj);
+  Gpt2Config g;
+  g.vocab_size = 21, g.n_positions = 9, g.n_embd = 12, g.n_layer = 2, g.n_head = 3, g.n_inner = 0,
+  g.activation_function = "gelu", g.resid_pdrop = 0.25, g.embd_pdrop = 0.125, g.attn_pdrop = 0.5,
+  g.layer_norm_epsilon = 1e-6, g.initializer_range = 0.5, g.tie_word_embeddings = false;
+  nlohmann::json gj = g.to_json();
+  EXPECT_TRUE(gj["n_inner"].is_null()) << "0 means 4 * n_embd, written as HF's null";
+  EXPECT_EQ(gj["n_ctx"], 9);
+  EXPECT_EQ(Gpt2Config::from_json(gj).to_json(), gj);
+  g.n_inner = 7;
+  gj = g.to_json();
+  EXPECT_EQ(gj["n_inner"], 7);
+  EXPECT_EQ(Gpt2Config::from_json(gj).inner(), 7);
+  EXPECT_NE(error_of([] { BertConfig::from_json({{"num_labels", 0}}); }).find("'num_labels' must be > 0"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { Gpt2Config::from_json({{"n_head", 0}}); }).find("models/gpt2: config field 'n_head' must be > 0"),
             std::string::npos);
 }
 

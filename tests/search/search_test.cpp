@@ -2,6 +2,7 @@
 // measures the same), budgets met, constraints and ties honoured, more budget never predicts
 // more error, both sensitivity methods, and the rules reproduce the chosen schemes.
 #include "framework/search/search.h"
+#include "framework/search/sensitivity.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -239,6 +240,17 @@ TEST(Search, RejectsQuantizedModelsAndBadBudgets) {
   EXPECT_THROW(search(*f.model, Scheme(qint8), 2, f.loss, negative), Error);
   quantize(*f.model, Scheme(qint8));
   EXPECT_THROW(search(*f.model, Scheme(qint8), 2, f.loss, options(0.3)), Error);
+}
+
+TEST(Search, EveryMethodNameHasOneSensitivityStrategy) {
+  for (const std::string& name : method_names()) {
+    const Method m = method_from_name(name);
+    EXPECT_EQ(sensitivity_method(m).method(), m) << name;
+    EXPECT_EQ(to_string(m), name);
+    // Only the histogram method prices activations; the others reject activation candidates.
+    EXPECT_EQ(sensitivity_method(m).searches_activations(), m == Method::kHistogram) << name;
+  }
+  EXPECT_EQ(method_names().size(), 3u);
 }
 
 // A fresh temporary file path, removed at scope exit.

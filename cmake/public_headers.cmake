@@ -1,0 +1,50 @@
+# The headers `cmake --install` puts under include/qforge/, listed once here: the umbrella
+# <qforge/qforge.h> (generated from QFORGE_UMBRELLA_HEADERS), the headers of the other exported
+# libraries (qforge_io's model and calibration files, qforge_models, qforge_train, qforge_data),
+# and every tree header these include. Internal and per-ISA headers stay in the build. The test
+# public_headers_closed fails when a listed header includes one that is not listed: list the new
+# header here, or keep it out of the public one.
+set(QFORGE_UMBRELLA_HEADERS
+  framework/core/error.h
+  framework/core/qtype.h
+  framework/io/model_io.h
+  framework/nn/conv.h
+  framework/nn/embedding.h
+  framework/nn/layer_norm.h
+  framework/nn/linear.h
+  framework/nn/matmul.h
+  framework/nn/rpq.h
+  framework/quantize.h
+  framework/quantized_tensor.h
+)
+set(QFORGE_PUBLIC_HEADERS
+  ${QFORGE_UMBRELLA_HEADERS}
+  framework/core/isa.h
+  framework/core/qparams.h
+  framework/data/char_tokenizer.h
+  framework/data/fashion_mnist.h
+  framework/data/language_id.h
+  framework/data/text_corpus.h
+  framework/io/calibration_dump.h
+  framework/io/calibration_io.h
+  framework/io/checkpoint.h
+  framework/kernel_plan.h
+  framework/kmeans.h
+  framework/models/bert.h
+  framework/models/cnn.h
+  framework/models/field_rule.h
+  framework/models/gpt2.h
+  framework/models/mlp.h
+  framework/models/state_dict.h
+  framework/module_like.h
+  framework/nn/batch_norm.h
+  framework/nn/quantizable.h
+  framework/nn/twin.h
+  framework/progress.h
+  framework/quantizer.h
+  framework/scheme.h
+  framework/train/batches.h
+  framework/train/lr_schedule.h
+  framework/train/trainer.h
+  observers/observer.h
+)
