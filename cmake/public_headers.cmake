@@ -38,6 +38,7 @@ set(QFORGE_PUBLIC_HEADERS
   framework/models/state_dict.h
   framework/module_like.h
   framework/nn/batch_norm.h
+  framework/nn/packed_weight.h
   framework/nn/quantizable.h
   framework/nn/twin.h
   framework/progress.h
