@@ -21,7 +21,7 @@
 #include "framework/dist/sync.h"
 #include "framework/dist/world.h"
 #include "framework/models/cnn.h"
-#include "framework/quantize.h"
+#include "framework/api/quantize.h"
 
 namespace {
 

@@ -13,7 +13,7 @@
 
 #include "apps/qbench_registry.h"
 #include "framework/nn/linear.h"
-#include "framework/quantize.h"
+#include "framework/api/quantize.h"
 
 namespace qforge::bench {
 namespace {

@@ -4,7 +4,7 @@
 
 #include "framework/models/bert.h"
 #include "framework/models/gpt2.h"
-#include "framework/quantize.h"
+#include "framework/api/quantize.h"
 
 namespace qforge::bench {
 

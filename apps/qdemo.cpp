@@ -14,8 +14,8 @@
 
 #include "framework/data/fashion_mnist.h"
 #include "framework/nn/linear.h"
-#include "framework/progress.h"
-#include "framework/quantize.h"
+#include "framework/api/progress.h"
+#include "framework/api/quantize.h"
 
 namespace {
 

@@ -20,8 +20,8 @@
 #include "framework/core/error.h"
 #include "framework/io/calibration_dump.h"
 #include "framework/io/checkpoint.h"
-#include "framework/io/hdf5.h"
-#include "framework/quantized_tensor.h"
+#include "framework/format/hdf5.h"
+#include "framework/api/quantized_tensor.h"
 
 namespace qforge::io {
 namespace {

@@ -14,8 +14,8 @@ set(QFORGE_UMBRELLA_HEADERS
   framework/nn/linear.h
   framework/nn/matmul.h
   framework/nn/rpq.h
-  framework/quantize.h
-  framework/quantized_tensor.h
+  framework/api/quantize.h
+  framework/api/quantized_tensor.h
 )
 set(QFORGE_PUBLIC_HEADERS
   ${QFORGE_UMBRELLA_HEADERS}
@@ -28,22 +28,22 @@ set(QFORGE_PUBLIC_HEADERS
   framework/io/calibration_dump.h
   framework/io/calibration_io.h
   framework/io/checkpoint.h
-  framework/kernel_plan.h
-  framework/kmeans.h
+  framework/api/kernel_plan.h
+  framework/api/kmeans.h
   framework/models/bert.h
   framework/models/cnn.h
   framework/models/field_rule.h
   framework/models/gpt2.h
   framework/models/mlp.h
   framework/models/state_dict.h
-  framework/module_like.h
+  framework/api/module_like.h
   framework/nn/batch_norm.h
   framework/nn/packed_weight.h
   framework/nn/quantizable.h
   framework/nn/twin.h
-  framework/progress.h
-  framework/quantizer.h
-  framework/scheme.h
+  framework/api/progress.h
+  framework/api/quantizer.h
+  framework/api/scheme.h
   framework/train/batches.h
   framework/train/lr_schedule.h
   framework/train/trainer.h

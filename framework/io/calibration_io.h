@@ -8,7 +8,7 @@
 
 #include <string>
 
-#include "framework/module_like.h"
+#include "framework/api/module_like.h"
 #include "framework/io/calibration_dump.h"
 
 namespace qforge::io {

@@ -7,9 +7,9 @@
 #include <cstdio>
 
 #include "framework/core/error.h"
-#include "framework/io/atomic_file.h"
+#include "framework/format/atomic_file.h"
 #include "framework/io/format.h"
-#include "framework/io/hdf5.h"
+#include "framework/format/hdf5.h"
 
 namespace qforge::io {
 

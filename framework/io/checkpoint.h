@@ -22,7 +22,7 @@
 #include <utility>
 #include <vector>
 
-#include "framework/quantized_tensor.h"
+#include "framework/api/quantized_tensor.h"
 
 namespace qforge::io {
 

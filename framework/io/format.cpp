@@ -2,7 +2,7 @@
 #include "framework/io/format.h"
 
 #include "framework/core/error.h"
-#include "framework/io/hdf5.h"
+#include "framework/format/hdf5.h"
 
 #ifndef QFORGE_VERSION
 #define QFORGE_VERSION "unknown"

@@ -9,7 +9,7 @@
 
 #include "framework/core/error.h"
 #include "framework/io/format.h"
-#include "framework/io/hdf5.h"
+#include "framework/format/hdf5.h"
 #include "framework/io/quantizer_attrs.h"
 
 namespace qforge::io::model_file {

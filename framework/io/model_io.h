@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "framework/module_like.h"
+#include "framework/api/module_like.h"
 #include "framework/io/checkpoint.h"
 
 namespace qforge::io {

@@ -8,7 +8,7 @@
 #include "framework/io/format.h"
 #include "framework/io/model_file.h"
 #include "framework/io/model_io.h"
-#include "framework/io/safetensors.h"
+#include "framework/format/safetensors.h"
 #include "framework/nn/rpq.h"
 
 namespace qforge::io {

@@ -5,7 +5,7 @@
 #include <string>
 
 #include "framework/core/qparams.h"
-#include "framework/io/hdf5.h"
+#include "framework/format/hdf5.h"
 #include "observers/observer.h"
 
 namespace qforge::io {

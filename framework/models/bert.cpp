@@ -12,7 +12,7 @@
 
 #include "framework/core/error.h"
 #include "framework/models/config_field.h"
-#include "framework/io/safetensors.h"
+#include "framework/format/safetensors.h"
 
 namespace qforge::models {
 at::Tensor apply_activation(const std::string& act, const at::Tensor& x) {

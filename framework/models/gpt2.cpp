@@ -11,7 +11,7 @@
 
 #include "framework/core/error.h"
 #include "framework/models/config_field.h"
-#include "framework/io/safetensors.h"
+#include "framework/format/safetensors.h"
 #include "framework/models/bert.h"  // apply_activation
 
 namespace qforge::models {

@@ -4,7 +4,7 @@
 
 #include <torch/nn/modules/embedding.h>
 
-#include "framework/quantized_tensor.h"
+#include "framework/api/quantized_tensor.h"
 #include "framework/nn/quantizable.h"
 #include "framework/nn/twin.h"
 

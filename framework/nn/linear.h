@@ -6,7 +6,7 @@
 
 #include <memory>
 
-#include "framework/quantized_tensor.h"
+#include "framework/api/quantized_tensor.h"
 #include "framework/nn/packed_weight.h"
 #include "framework/nn/quantizable.h"
 #include "framework/nn/twin.h"

@@ -14,9 +14,9 @@
 #include <string>
 #include <utility>
 
-#include "framework/kernel_plan.h"
-#include "framework/quantized_tensor.h"
-#include "framework/quantizer.h"
+#include "framework/api/kernel_plan.h"
+#include "framework/api/quantized_tensor.h"
+#include "framework/api/quantizer.h"
 
 namespace qforge::nn {
 

@@ -11,9 +11,9 @@
 #include <utility>
 #include <vector>
 
-#include "framework/kernel_plan.h"
-#include "framework/quantized_tensor.h"
-#include "framework/quantizer.h"
+#include "framework/api/kernel_plan.h"
+#include "framework/api/quantized_tensor.h"
+#include "framework/api/quantizer.h"
 
 namespace qforge {
 

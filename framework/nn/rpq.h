@@ -25,7 +25,7 @@
 #include <memory>
 #include <string>
 
-#include "framework/kmeans.h"
+#include "framework/api/kmeans.h"
 
 namespace qforge::nn {
 

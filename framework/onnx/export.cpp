@@ -8,7 +8,7 @@
 #include <fstream>
 
 #include "framework/core/error.h"
-#include "framework/io/atomic_file.h"
+#include "framework/format/atomic_file.h"
 #include "framework/onnx/graph.h"
 
 namespace qforge::onnx_export {

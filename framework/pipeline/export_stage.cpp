@@ -9,7 +9,7 @@
 #include "framework/pipeline/recipe_checks.h"
 #include "framework/pipeline/run_context.h"
 #include "framework/pipeline/stage_registry.h"
-#include "framework/quantize.h"
+#include "framework/api/quantize.h"
 #include "framework/recipe/task.h"
 #include "framework/report/report_json.h"
 

@@ -3,7 +3,7 @@
 
 #include "framework/pipeline/run_context.h"
 #include "framework/pipeline/stage_registry.h"
-#include "framework/quantize.h"
+#include "framework/api/quantize.h"
 
 namespace qforge::pipeline {
 

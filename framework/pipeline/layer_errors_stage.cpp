@@ -4,7 +4,7 @@
 #include "framework/pipeline/run_context.h"
 #include "framework/pipeline/stage_registry.h"
 #include "framework/ptq/numeric_suite.h"
-#include "framework/quantize.h"
+#include "framework/api/quantize.h"
 #include "framework/report/report_json.h"
 
 namespace qforge::pipeline {

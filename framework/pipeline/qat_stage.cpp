@@ -3,7 +3,7 @@
 #include "framework/pipeline/recipe_options.h"
 #include "framework/pipeline/run_context.h"
 #include "framework/pipeline/stage_registry.h"
-#include "framework/quantize.h"
+#include "framework/api/quantize.h"
 #include "framework/report/report_json.h"
 
 namespace qforge::pipeline {

@@ -10,8 +10,8 @@
 #include <fstream>
 
 #include "framework/dist/sync.h"
-#include "framework/io/atomic_file.h"
-#include "framework/quantize.h"
+#include "framework/format/atomic_file.h"
+#include "framework/api/quantize.h"
 #include "framework/recipe/sha256.h"
 #include "framework/report/report_files.h"
 #include "framework/search/search.h"

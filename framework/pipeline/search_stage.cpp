@@ -6,13 +6,13 @@
 #include <filesystem>
 #include <optional>
 
-#include "framework/io/atomic_file.h"
+#include "framework/format/atomic_file.h"
 #include "framework/io/calibration_io.h"
 #include "framework/pipeline/recipe_checks.h"
 #include "framework/pipeline/recipe_options.h"
 #include "framework/pipeline/run_context.h"
 #include "framework/pipeline/stage_registry.h"
-#include "framework/quantize.h"
+#include "framework/api/quantize.h"
 #include "framework/report/report_json.h"
 
 namespace qforge::pipeline {

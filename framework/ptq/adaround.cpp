@@ -7,7 +7,7 @@
 #include <cmath>
 
 #include "framework/core/error.h"
-#include "framework/quantizer.h"
+#include "framework/api/quantizer.h"
 
 namespace qforge::ptq {
 

@@ -7,7 +7,7 @@
 
 #include <vector>
 
-#include "framework/quantizer.h"
+#include "framework/api/quantizer.h"
 
 namespace qforge::ptq {
 

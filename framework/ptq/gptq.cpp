@@ -9,7 +9,7 @@
 
 #include "fake_quant/fake_quantize.h"
 #include "framework/core/error.h"
-#include "framework/quantizer.h"
+#include "framework/api/quantizer.h"
 
 namespace qforge::ptq {
 

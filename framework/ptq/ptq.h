@@ -37,7 +37,7 @@ Rounding rounding_from_name(const std::string& name);  // "rtn" | "gptq" | "adar
 std::vector<std::string> rounding_names();
 
 struct SolveRule {
-  std::string pattern;  // shell-style on the module path, first match wins (framework/scheme.h)
+  std::string pattern;  // shell-style on the module path, first match wins (framework/api/scheme.h)
   Rounding rounding = Rounding::kNearest;
 };
 

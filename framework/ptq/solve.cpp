@@ -14,9 +14,9 @@
 
 #include "fake_quant/fake_quantize.h"
 #include "framework/core/enum_names.h"
-#include "framework/progress.h"
+#include "framework/api/progress.h"
 #include "framework/ptq/layer_access.h"
-#include "framework/scheme.h"
+#include "framework/api/scheme.h"
 
 namespace qforge::ptq {
 

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "framework/core/error.h"
-#include "framework/scheme.h"
+#include "framework/api/scheme.h"
 
 namespace qforge {
 

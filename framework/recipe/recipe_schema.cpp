@@ -2,7 +2,7 @@
 #include "framework/recipe/recipe_schema.h"
 
 #include "framework/ptq/ptq.h"
-#include "framework/quantizer.h"
+#include "framework/api/quantizer.h"
 #include "framework/recipe/task.h"
 #include "framework/search/search.h"
 #include "observers/observer.h"

@@ -1,7 +1,7 @@
 // Rendering of qtrain's report.json / report.md.
 #include "framework/report/report_files.h"
 
-#include "framework/io/atomic_file.h"
+#include "framework/format/atomic_file.h"
 
 #include <filesystem>
 #include <fstream>

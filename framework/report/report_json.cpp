@@ -4,7 +4,7 @@
 
 #include <ATen/ATen.h>
 
-#include "framework/quantize.h"
+#include "framework/api/quantize.h"
 
 #include <algorithm>
 #include <cmath>

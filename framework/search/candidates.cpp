@@ -3,7 +3,7 @@
 
 #include "framework/core/enum_names.h"
 #include "framework/core/error.h"
-#include "framework/quantize.h"
+#include "framework/api/quantize.h"
 
 namespace qforge::search {
 

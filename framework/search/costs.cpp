@@ -5,7 +5,7 @@
 #include <ATen/ATen.h>
 
 #include "framework/core/error.h"
-#include "framework/quantize.h"
+#include "framework/api/quantize.h"
 
 namespace qforge::search {
 

@@ -15,7 +15,7 @@
 
 #include "framework/core/error.h"
 #include "framework/core/isa.h"
-#include "framework/io/atomic_file.h"
+#include "framework/format/atomic_file.h"
 #include "framework/nn/conv.h"
 #include "framework/nn/embedding.h"
 #include "framework/nn/linear.h"

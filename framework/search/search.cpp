@@ -13,7 +13,7 @@
 
 #include "framework/core/enum_names.h"
 #include "framework/core/error.h"
-#include "framework/quantize.h"
+#include "framework/api/quantize.h"
 #include "framework/search/candidates.h"
 #include "framework/search/costs.h"
 #include "framework/search/knapsack.h"

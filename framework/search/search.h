@@ -31,7 +31,7 @@
 
 #include "framework/core/error.h"
 #include "framework/io/calibration_dump.h"
-#include "framework/scheme.h"
+#include "framework/api/scheme.h"
 #include "framework/search/hessian.h"
 #include "framework/search/latency.h"
 

@@ -12,7 +12,7 @@
 #include <sstream>
 
 #include "framework/core/error.h"
-#include "framework/progress.h"
+#include "framework/api/progress.h"
 #include "framework/train/lr_schedule.h"
 
 namespace qforge::train {

@@ -12,7 +12,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
-#include "framework/io/safetensors.h"
+#include "framework/format/safetensors.h"
 #include "framework/models/cnn.h"
 #include "framework/models/state_dict.h"
 

@@ -15,7 +15,7 @@
 #include "framework/core/qparams.h"
 #include "framework/nn/conv.h"
 #include "framework/nn/linear.h"
-#include "framework/quantize.h"
+#include "framework/api/quantize.h"
 
 namespace qforge {
 namespace {

@@ -19,7 +19,7 @@
 #include "framework/dist/world.h"
 #include "framework/nn/batch_norm.h"
 #include "framework/nn/linear.h"
-#include "framework/quantize.h"
+#include "framework/api/quantize.h"
 #include "framework/train/trainer.h"
 
 namespace qforge::dist {

@@ -15,12 +15,12 @@
 #include "framework/io/calibration_dump.h"
 #include "framework/io/calibration_io.h"
 #include "framework/io/model_io.h"
-#include "framework/io/safetensors.h"
-#include "framework/kmeans.h"
+#include "framework/format/safetensors.h"
+#include "framework/api/kmeans.h"
 #include "framework/nn/conv.h"
 #include "framework/nn/embedding.h"
 #include "framework/nn/linear.h"
-#include "framework/quantize.h"
+#include "framework/api/quantize.h"
 #include "tests/error_of.h"
 
 using namespace qforge;

@@ -5,9 +5,9 @@
 #include <torch/torch.h>
 
 #include "framework/cuda/linear_cuda.h"
-#include "framework/kernel_plan.h"
+#include "framework/api/kernel_plan.h"
 #include "framework/nn/linear.h"
-#include "framework/quantize.h"
+#include "framework/api/quantize.h"
 
 namespace qforge {
 namespace {

@@ -21,7 +21,7 @@
 #include "framework/nn/linear.h"
 #include "framework/nn/matmul.h"
 #include "framework/nn/packed_weight.h"
-#include "framework/quantize.h"
+#include "framework/api/quantize.h"
 
 using namespace qforge;
 

@@ -13,10 +13,10 @@
 #include <nlohmann/json.hpp>
 
 #include "framework/io/model_io.h"
-#include "framework/io/safetensors.h"
-#include "framework/kmeans.h"
+#include "framework/format/safetensors.h"
+#include "framework/api/kmeans.h"
 #include "framework/nn/rpq.h"
-#include "framework/quantize.h"
+#include "framework/api/quantize.h"
 #include "tests/error_of.h"
 
 using namespace qforge;

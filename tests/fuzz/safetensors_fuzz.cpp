@@ -6,7 +6,7 @@
 #include <exception>
 #include <vector>
 
-#include "framework/io/safetensors.h"
+#include "framework/format/safetensors.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace qforge;

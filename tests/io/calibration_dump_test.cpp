@@ -9,7 +9,7 @@
 
 #include "framework/core/error.h"
 #include "framework/io/format.h"
-#include "framework/io/hdf5.h"
+#include "framework/format/hdf5.h"
 #include "tests/io/io_fixtures.h"
 #include "tests/io/io_test_util.h"
 

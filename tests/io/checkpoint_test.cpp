@@ -13,9 +13,9 @@
 #include <thread>
 
 #include "framework/core/error.h"
-#include "framework/io/atomic_file.h"
+#include "framework/format/atomic_file.h"
 #include "framework/io/format.h"
-#include "framework/io/hdf5.h"
+#include "framework/format/hdf5.h"
 #include "tests/io/io_fixtures.h"
 #include "tests/io/io_test_util.h"
 

@@ -1,5 +1,5 @@
 // h5:: wrappers: every tensor dtype and shape round-trips bit for bit; attributes; clear errors.
-#include "framework/io/hdf5.h"
+#include "framework/format/hdf5.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>

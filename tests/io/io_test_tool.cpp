@@ -15,8 +15,8 @@
 #include <hdf5.h>
 
 #include "framework/io/checkpoint.h"
-#include "framework/io/hdf5.h"
-#include "framework/quantized_tensor.h"
+#include "framework/format/hdf5.h"
+#include "framework/api/quantized_tensor.h"
 #include "tests/io/io_fixtures.h"
 
 using namespace qforge::io;

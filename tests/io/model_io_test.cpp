@@ -23,7 +23,7 @@
 #include "framework/nn/conv.h"
 #include "framework/nn/embedding.h"
 #include "framework/nn/linear.h"
-#include "framework/quantize.h"
+#include "framework/api/quantize.h"
 #include "io_test_util.h"
 
 using namespace qforge;

@@ -1,6 +1,6 @@
 // QuantizedTensor: packing matches the kernels' layout, values and dequantization round-trip for
 // every integer qtype and granularity.
-#include "framework/quantized_tensor.h"
+#include "framework/api/quantized_tensor.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>

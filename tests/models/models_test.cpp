@@ -7,12 +7,12 @@
 #include <nlohmann/json.hpp>
 
 #include "framework/core/error.h"
-#include "framework/io/safetensors.h"
+#include "framework/format/safetensors.h"
 #include "framework/models/bert.h"
 #include "framework/models/cnn.h"
 #include "framework/models/gpt2.h"
 #include "framework/models/mlp.h"
-#include "framework/quantize.h"
+#include "framework/api/quantize.h"
 #include "tests/error_of.h"
 #include "tests/golden/golden.h"
 

@@ -14,14 +14,14 @@
 #include "framework/data/fashion_mnist.h"
 #include "framework/data/language_id.h"
 #include "framework/data/text_corpus.h"
-#include "framework/io/safetensors.h"
+#include "framework/format/safetensors.h"
 #include "framework/models/bert.h"
 #include "framework/models/cnn.h"
 #include "framework/models/gpt2.h"
 #include "framework/models/state_dict.h"
 #include "framework/ptq/ptq.h"
 #include "framework/nn/rpq.h"
-#include "framework/quantize.h"
+#include "framework/api/quantize.h"
 #include "framework/train/trainer.h"
 
 namespace qforge::train {

@@ -1,5 +1,5 @@
 // framework/io/safetensors: round trips and clear errors for truncated, foreign and inconsistent files.
-#include "framework/io/safetensors.h"
+#include "framework/format/safetensors.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>

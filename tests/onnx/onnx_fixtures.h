@@ -14,7 +14,7 @@
 #include "framework/models/cnn.h"
 #include "framework/models/gpt2.h"
 #include "framework/models/mlp.h"
-#include "framework/quantize.h"
+#include "framework/api/quantize.h"
 
 namespace qforge::onnx_testing {
 

@@ -17,8 +17,8 @@
 #include "framework/nn/linear.h"
 #include "framework/ptq/float_view.h"
 #include "framework/ptq/numeric_suite.h"
-#include "framework/quantize.h"
-#include "framework/quantizer.h"
+#include "framework/api/quantize.h"
+#include "framework/api/quantizer.h"
 
 namespace qforge::ptq {
 namespace {

@@ -18,7 +18,7 @@
 #include "framework/nn/embedding.h"
 #include "framework/nn/layer_norm.h"
 #include "framework/nn/linear.h"
-#include "framework/quantize.h"
+#include "framework/api/quantize.h"
 
 namespace qforge::search {
 namespace {

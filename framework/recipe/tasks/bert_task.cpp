@@ -5,7 +5,7 @@
 
 #include "framework/data/char_tokenizer.h"
 #include "framework/data/language_id.h"
-#include "framework/io/safetensors.h"
+#include "framework/format/safetensors.h"
 #include "framework/models/bert.h"
 #include "framework/recipe/task.h"
 #include "framework/recipe/tasks/task_data.h"

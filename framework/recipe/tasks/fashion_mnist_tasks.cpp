@@ -2,7 +2,7 @@
 #include <ATen/ATen.h>
 
 #include "framework/data/fashion_mnist.h"
-#include "framework/io/safetensors.h"
+#include "framework/format/safetensors.h"
 #include "framework/models/cnn.h"
 #include "framework/models/mlp.h"
 #include "framework/models/state_dict.h"

@@ -2,7 +2,7 @@
 #include <algorithm>
 
 #include "framework/data/text_corpus.h"
-#include "framework/io/safetensors.h"
+#include "framework/format/safetensors.h"
 #include "framework/models/gpt2.h"
 #include "framework/recipe/task.h"
 #include "framework/recipe/tasks/task_data.h"

@@ -1,5 +1,5 @@
 // AtomicFile: temp file + fsync + rename + directory fsync.
-#include "framework/io/atomic_file.h"
+#include "framework/format/atomic_file.h"
 
 #include <fstream>
 

@@ -10,7 +10,7 @@
 #include <string>
 
 #include "framework/core/isa.h"
-#include "framework/quantizer.h"
+#include "framework/api/quantizer.h"
 
 namespace qforge {
 

@@ -1,5 +1,5 @@
 // safetensors reader/writer (see safetensors.h for the layout).
-#include "framework/io/safetensors.h"
+#include "framework/format/safetensors.h"
 
 #include <ATen/ATen.h>
 
@@ -11,7 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "framework/core/error.h"
-#include "framework/io/atomic_file.h"
+#include "framework/format/atomic_file.h"
 
 namespace qforge::io {
 namespace {

@@ -1,5 +1,5 @@
-// k-means++ and Lloyd iterations (framework/kmeans.h).
-#include "framework/kmeans.h"
+// k-means++ and Lloyd iterations (framework/api/kmeans.h).
+#include "framework/api/kmeans.h"
 
 #include <ATen/Parallel.h>
 

@@ -1,5 +1,5 @@
 // Progress bar / log lines on stderr.
-#include "framework/progress.h"
+#include "framework/api/progress.h"
 
 #include <unistd.h>
 

@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "framework/module_like.h"
-#include "framework/scheme.h"
+#include "framework/api/module_like.h"
+#include "framework/api/scheme.h"
 
 namespace qforge {
 

@@ -1,5 +1,5 @@
 // quantize / Calibration / QAT / freeze / model_size / describe over a module tree.
-#include "framework/quantize.h"
+#include "framework/api/quantize.h"
 
 #include <torch/nn/modules/batchnorm.h>
 

@@ -1,5 +1,5 @@
 // Quantizer: observer + qparams + fake-quant of one quantization point.
-#include "framework/quantizer.h"
+#include "framework/api/quantizer.h"
 
 #include <ATen/ATen.h>
 
@@ -7,7 +7,7 @@
 #include "fake_quant/lsq.h"
 #include "framework/core/enum_names.h"
 #include "framework/core/error.h"
-#include "framework/kmeans.h"
+#include "framework/api/kmeans.h"
 #include "kernels/cpu/quantize_rows_s8.h"
 
 namespace qforge {

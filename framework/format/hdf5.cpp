@@ -1,5 +1,5 @@
 // HDF5 wrappers: the only file in qforge that calls the HDF5 C API.
-#include "framework/io/hdf5.h"
+#include "framework/format/hdf5.h"
 
 #include <ATen/ATen.h>
 #include <hdf5.h>

@@ -1,5 +1,5 @@
 // Scheme resolution per layer.
-#include "framework/scheme.h"
+#include "framework/api/scheme.h"
 
 #include <fnmatch.h>
 

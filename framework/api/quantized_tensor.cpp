@@ -1,12 +1,12 @@
 // QuantizedTensor: quantization, packing, unpacking and dequantization.
-#include "framework/quantized_tensor.h"
+#include "framework/api/quantized_tensor.h"
 
 #include <ATen/ATen.h>
 
 #include "fake_quant/codebook.h"
 #include "fake_quant/fake_quant_math.h"
 #include "framework/core/error.h"
-#include "framework/quantizer.h"
+#include "framework/api/quantizer.h"
 #include "kernels/cpu/reference.h"
 
 namespace qforge {

@@ -1,5 +1,5 @@
 // plan_linear: the seven paths of a frozen Linear and the kernel each runs at decode size.
-#include "framework/kernel_plan.h"
+#include "framework/api/kernel_plan.h"
 
 #include "framework/core/error.h"
 #include "kernels/cpu/kernel_choice.h"
