@@ -29,37 +29,33 @@ namespace {
   return out;
 }
 
-// The GEMV entries: one ISA kernel over 16-column blocks split across the threads.
-template <typename Args, void (*kKernel)(const Args&, int64_t, int64_t)>
-void run_blocks(const Args& args, int64_t n, int64_t kp, int64_t block_n) {
-  detail::parallel_over_blocks(round_up(n, block_n) / block_n, block_n * kp * args.m,
+// The GEMV entries: `args` (its op-specific fields set) completed with the padded input, the
+// weight and the output, then one ISA kernel over 16-column blocks split across the threads.
+template <typename Args, typename View, void (*kKernel)(const Args&, int64_t, int64_t)>
+[[maybe_unused]] void run_gemv(Args args, const float* x, int64_t m, const View& w, const float* bias, float* y,
+                               int64_t block_n) {
+  args.x = padded_rows(x, m, w.k, w.kp);
+  args.m = m;
+  args.ldx = w.kp;
+  args.w = w;
+  args.bias = bias;
+  args.y = y;
+  args.ldy = w.n;
+  detail::parallel_over_blocks(round_up(w.n, block_n) / block_n, block_n * w.kp * m,
                                [&](int64_t b, int64_t e) { kKernel(args, b, e); });
 }
 
 #ifdef QFORGE_KERNELS_AVX512
 void run_f32s8_avx512(const LinearF32S8Problem& p) {
   detail::GemvF32S8Args args;
-  args.x = padded_rows(p.x, p.m, p.w.k, p.w.kp);
-  args.m = p.m;
-  args.ldx = p.w.kp;
-  args.w = p.w;
   args.w_scale = p.w_scale;
-  args.bias = p.bias;
-  args.y = p.y;
-  args.ldy = p.w.n;
-  run_blocks<detail::GemvF32S8Args, detail::gemv_f32s8f32_n16k4_avx512>(args, p.w.n, p.w.kp, kS8BlockN);
+  run_gemv<detail::GemvF32S8Args, S8N16K4View, detail::gemv_f32s8f32_n16k4_avx512>(args, p.x, p.m, p.w, p.bias,
+                                                                                   p.y, kS8BlockN);
 }
 
 void run_f32s4_avx512(const LinearF32S4Problem& p) {
-  detail::GemvF32S4Args args;
-  args.x = padded_rows(p.x, p.m, p.w.k, p.w.kp);
-  args.m = p.m;
-  args.ldx = p.w.kp;
-  args.w = p.w;
-  args.bias = p.bias;
-  args.y = p.y;
-  args.ldy = p.w.n;
-  run_blocks<detail::GemvF32S4Args, detail::gemv_f32s4f32_n16k8_avx512>(args, p.w.n, p.w.kp, kS4BlockN);
+  run_gemv<detail::GemvF32S4Args, S4N16K8View, detail::gemv_f32s4f32_n16k8_avx512>({}, p.x, p.m, p.w, p.bias, p.y,
+                                                                                   kS4BlockN);
 }
 #endif
 
