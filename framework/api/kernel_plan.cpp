@@ -3,6 +3,7 @@
 
 #include "framework/core/error.h"
 #include "kernels/cpu/kernel_choice.h"
+#include "kernels/cpu/linear_weight_only.h"
 #include "kernels/cpu/lut_linear.h"
 #include "kernels/cuda/cublaslt_int8_rules.h"
 
@@ -26,6 +27,17 @@ bool static_act_fits_kernels(const QSpec& a, std::string* why) {
     return false;
   }
   return true;
+}
+
+// The kernels of `op` at decode size and, for the weight-only ops, above kWeightOnlyMaxM rows.
+void plan_kernels(kernels::LinearOp op, Isa isa, int64_t group, KernelPlan* plan) {
+  const kernels::RunInfo ri = kernels::choose_decode_kernel(op, isa, group);
+  plan->kernel = ri.kernel;
+  plan->fallback = ri.fallback;
+  if (op == kernels::LinearOp::kF32S8 || op == kernels::LinearOp::kF32S4 || op == kernels::LinearOp::kF32Lut) {
+    plan->large_m = kernels::kWeightOnlyMaxM + 1;
+    plan->large_m_kernel = kernels::choose_kernel(op, isa, plan->large_m, group).kernel;
+  }
 }
 
 }  // namespace
@@ -74,9 +86,7 @@ KernelPlan plan_linear(const std::optional<QSpec>& weights, ActivationMode act, 
       return plan;
     }
     plan.path = LinearPath::kLutWeightOnly;
-    const kernels::RunInfo ri = kernels::choose_decode_kernel(kernels::LinearOp::kF32Lut, isa);
-    plan.kernel = ri.kernel;
-    plan.fallback = ri.fallback;
+    plan_kernels(kernels::LinearOp::kF32Lut, isa, 0, &plan);
     if (act != ActivationMode::kNone) {
       plan.fallback += detail::str_cat(plan.fallback.empty() ? "" : "; ", to_string(act),
                                        " activations are fake-quantized in float (the look-up-table kernel takes "
@@ -113,9 +123,7 @@ KernelPlan plan_linear(const std::optional<QSpec>& weights, ActivationMode act, 
     case LinearPath::kDequant: break;
   }
   const bool s4 = op == kernels::LinearOp::kS8S4 || op == kernels::LinearOp::kF32S4;
-  const kernels::RunInfo ri = kernels::choose_decode_kernel(op, isa, s4 ? group : 0);
-  plan.kernel = ri.kernel;
-  plan.fallback = ri.fallback;
+  plan_kernels(op, isa, s4 ? group : 0, &plan);
   return plan;
 }
 
@@ -141,6 +149,9 @@ KernelPlan plan_matmul(ActivationMode act, const QSpec& activation, Isa isa) {
 KernelPlan plan_linear_cuda(const std::optional<QSpec>& weights, ActivationMode act, const QSpec& activation,
                             int64_t in_features, int64_t out_features) {
   KernelPlan plan = plan_linear(weights, act, activation, in_features, Isa::kReference);
+  // The GPU runs one kernel at every M.
+  plan.large_m = 0;
+  plan.large_m_kernel.clear();
   switch (plan.path) {
     case LinearPath::kS8Dynamic:
     case LinearPath::kS8Static: {

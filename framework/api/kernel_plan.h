@@ -1,7 +1,7 @@
 // Kernel plan: what a frozen layer runs and why it falls back, decided from what the layer is
 // asked to do (its scheme), its shape and the machine's ISA level. Every layer's plan() is a pure
 // function of those; freeze() stores the plan once, and describe(), the dry run and the forward
-// read it. The decode-size kernel choice of each op comes from kernels/cpu/kernel_choice.h; on a
+// read it. The kernel choice of each op comes from its kernel table (kernels/cpu/kernel_choice.h); on a
 // CUDA device plan_linear_cuda() says what the GPU runs (kernels/cuda/cublaslt_int8_rules.h).
 #pragma once
 
@@ -31,6 +31,10 @@ struct KernelPlan {
   LinearPath path = LinearPath::kDequant;  // the integer path of Linear, Conv and MatMul layers
   std::string kernel;                      // what a decode-sized call runs
   std::string fallback;                    // why that is not the first choice ("" when it is)
+  // Weight-only paths: from large_m rows on a call runs large_m_kernel instead (the weight
+  // dequantized once, then the float GEMM: kernels::kWeightOnlyMaxM); 0 when no such switch.
+  int64_t large_m = 0;
+  std::string large_m_kernel;
 };
 
 // The plan of a frozen Linear with `in_features` inputs, weights `weights` (nullopt: float

@@ -7,10 +7,6 @@
 
 namespace qforge::nn {
 
-// Largest M the weight-only GEMV and look-up-table kernels serve; above it unpack + float GEMM is
-// faster (each format's weight_only_large_m).
-constexpr int64_t kWeightOnlyMaxM = 16;
-
 // The input quantizer's fake-quant forward of x (x itself for float activations).
 inline at::Tensor fake_quantize_input(const FrozenInput& in, const at::Tensor& x) {
   return in.quantizer ? in.quantizer.ptr()->forward(x) : x;

@@ -48,10 +48,6 @@ class PackedIntLinear final : public CpuPackedWeight {
   float static_input_scale() const override { return static_scale_; }
 
  private:
-  // Large M: unpack once per call and let the float GEMM amortise it over the rows.
-  at::Tensor weight_only_large_m(const at::Tensor& x) const {
-    return at::linear(x, dequantize_int(kernel_->weight(), meta_.qparams()), kernel_->bias());
-  }
 
   std::shared_ptr<const Kernel> kernel_;
   QuantizedTensor meta_;
@@ -68,7 +64,7 @@ at::Tensor PackedIntLinear<Kernel>::forward(const at::Tensor& x_in, const Frozen
   std::vector<int64_t> out_shape(x_in.sizes().begin(), x_in.sizes().end());
   out_shape.back() = N;
   if (weight_only(path_))
-    return (M > kWeightOnlyMaxM ? weight_only_large_m(x) : kernel_->run_weight_only(x)).reshape(out_shape);
+    return kernel_->run_weight_only(x).reshape(out_shape);
   at::Tensor y = at::empty({M, N}, at::kFloat);
   kernels::RunInfo info;
   if (static_act(path_)) {

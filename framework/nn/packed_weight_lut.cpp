@@ -26,7 +26,7 @@ class PackedLutLinear final : public CpuPackedWeight {
     std::vector<int64_t> out_shape(x_in.sizes().begin(), x_in.sizes().end());
     out_shape.back() = N;
     const at::Tensor xq = fake_quantize_input(in, x).to(at::kFloat).contiguous();
-    return (x.size(0) > kWeightOnlyMaxM ? weight_only_large_m(xq) : kernel_->run(xq)).reshape(out_shape);
+    return kernel_->run(xq).reshape(out_shape);
   }
   QuantizedTensor weight() const override {
     QuantizedTensor fw = meta_;
@@ -39,11 +39,6 @@ class PackedLutLinear final : public CpuPackedWeight {
   int64_t bytes() const override { return kernel_->bytes() + meta_.codebook.nbytes(); }
 
  private:
-  // Large M: expand the codebook weight once per call and let the float GEMM amortise it.
-  at::Tensor weight_only_large_m(const at::Tensor& xq) const {
-    return at::linear(xq, codebook_lookup(kernel_->indices(), meta_.qparams()), kernel_->bias());
-  }
-
   std::shared_ptr<const kernels::PackedLinearLut> kernel_;
   QuantizedTensor meta_;
 };

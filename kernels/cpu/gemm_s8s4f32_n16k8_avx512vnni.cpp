@@ -9,6 +9,7 @@
 
 #include "kernels/cpu/gemv_kernels.h"
 #include "kernels/cpu/s4_tile_epilogue_avx512.h"
+#include "kernels/cpu/tile_driver.h"
 
 // "#pragma GCC unroll" on the register-tile loops: without it GCC 12 unrolls them too late and
 // keeps the accumulators in memory.
@@ -16,14 +17,7 @@ namespace qforge::kernels::detail {
 
 namespace {
 
-constexpr int kMaxRows = 4;
 constexpr int kNibbleMask = 0x0F;
-
-inline int32_t load_u32(const void* p) {
-  int32_t v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
-}
 
 // Expands n16k8 blocks of column blocks [nb, nb + nr) into n16k4 blocks of codes (u8 in [0,15]):
 // the low nibbles of n16k8 block kb are n16k4 block 2kb, the high nibbles block 2kb + 1.
@@ -43,77 +37,60 @@ void unpack_panel(const S4N16K8View& w, int64_t nb, int nr, uint8_t* panel) {
   }
 }
 
-template <int MR, int NR>
-void tile(const GemvS4Args& args, int64_t m0, int64_t nb0, const uint8_t* panel) {
-  const S4N16K8View& w = args.w;
-  const int64_t k4blocks = w.kp / kS8BlockK;  // n16k4 blocks per column block in the panel
-  const int64_t k4_per_group = w.group_size / kS8BlockK;
-  const uint8_t* wp[NR];
-  #pragma GCC unroll 16
-  for (int c = 0; c < NR; ++c) wp[c] = panel + c * k4blocks * kS8BlockBytes;
-  const int8_t* ap[MR];
-  #pragma GCC unroll 16
-  for (int r = 0; r < MR; ++r) ap[r] = args.a + (m0 + r) * args.lda;
+struct Kernel {
+  using Args = GemvS4Args;
+  static constexpr int kMaxRows = 4;
+  static constexpr int kMaxBlocks = static_cast<int>(kS4PanelBlocks);
 
-  alignas(64) float t[MR][NR][kS4BlockN];
-  std::memset(t, 0, sizeof(t));
-  alignas(64) int32_t sums[MR][NR][kS4BlockN];
+  template <int MR, int NR>
+  static void tile(const GemvS4Args& args, int64_t m0, int64_t nb0, const uint8_t* panel) {
+    const S4N16K8View& w = args.w;
+    const int64_t k4blocks = w.kp / kS8BlockK;  // n16k4 blocks per column block in the panel
+    const int64_t k4_per_group = w.group_size / kS8BlockK;
+    const uint8_t* wp[NR];
+    block_pointers(panel, 0, k4blocks * kS8BlockBytes, wp);
+    const int8_t* ap[MR];
+    row_pointers(args.a, m0, args.lda, ap);
 
-  for (int64_t g = 0; g < w.groups; ++g) {
-    __m512i acc[MR][NR];
-    #pragma GCC unroll 16
-    for (int r = 0; r < MR; ++r)
+    alignas(64) float t[MR][NR][kS4BlockN];
+    std::memset(t, 0, sizeof(t));
+    alignas(64) int32_t sums[MR][NR][kS4BlockN];
+
+    for (int64_t g = 0; g < w.groups; ++g) {
+      __m512i acc[MR][NR];
       #pragma GCC unroll 16
-      for (int c = 0; c < NR; ++c) acc[r][c] = _mm512_setzero_si512();
-    const int64_t end = (g + 1) * k4_per_group < k4blocks ? (g + 1) * k4_per_group : k4blocks;
-    for (int64_t kb = g * k4_per_group; kb < end; ++kb) {
-      __m512i av[MR];
-      #pragma GCC unroll 16
-      for (int r = 0; r < MR; ++r) av[r] = _mm512_set1_epi32(load_u32(ap[r] + kb * kS8BlockK));
-      #pragma GCC unroll 16
-      for (int c = 0; c < NR; ++c) {
-        const __m512i wv = _mm512_load_si512(wp[c] + kb * kS8BlockBytes);
+      for (int r = 0; r < MR; ++r)
         #pragma GCC unroll 16
-        for (int r = 0; r < MR; ++r) acc[r][c] = _mm512_dpbusd_epi32(acc[r][c], wv, av[r]);
+        for (int c = 0; c < NR; ++c) acc[r][c] = _mm512_setzero_si512();
+      const int64_t end = (g + 1) * k4_per_group < k4blocks ? (g + 1) * k4_per_group : k4blocks;
+      for (int64_t kb = g * k4_per_group; kb < end; ++kb) {
+        __m512i av[MR];
+        #pragma GCC unroll 16
+        for (int r = 0; r < MR; ++r) av[r] = _mm512_set1_epi32(load_u32(ap[r] + kb * kS8BlockK));
+        #pragma GCC unroll 16
+        for (int c = 0; c < NR; ++c) {
+          const __m512i wv = _mm512_load_si512(wp[c] + kb * kS8BlockBytes);
+          #pragma GCC unroll 16
+          for (int r = 0; r < MR; ++r) acc[r][c] = _mm512_dpbusd_epi32(acc[r][c], wv, av[r]);
+        }
       }
-    }
-    #pragma GCC unroll 16
-    for (int r = 0; r < MR; ++r)
       #pragma GCC unroll 16
-      for (int c = 0; c < NR; ++c) _mm512_store_si512(sums[r][c], acc[r][c]);
-    s4_fold_group<MR, NR>(args, m0, nb0, g, sums, t);
+      for (int r = 0; r < MR; ++r)
+        #pragma GCC unroll 16
+        for (int c = 0; c < NR; ++c) _mm512_store_si512(sums[r][c], acc[r][c]);
+      s4_fold_group<MR, NR>(args, m0, nb0, g, sums, t);
+    }
+    s4_finish_tile<MR, NR>(args, m0, nb0, t);
   }
-  s4_finish_tile<MR, NR>(args, m0, nb0, t);
-}
-
-using TileFn = void (*)(const GemvS4Args&, int64_t, int64_t, const uint8_t*);
-
-template <int MR>
-constexpr TileFn tile_for_blocks(int nr) {
-  return nr == 1 ? tile<MR, 1> : nr == 2 ? tile<MR, 2> : nr == 3 ? tile<MR, 3> : tile<MR, 4>;
-}
-
-TileFn select_tile(int mr, int nr) {
-  switch (mr) {
-    case 1: return tile_for_blocks<1>(nr);
-    case 2: return tile_for_blocks<2>(nr);
-    case 3: return tile_for_blocks<3>(nr);
-    default: return tile_for_blocks<4>(nr);
-  }
-}
+};
 
 }  // namespace
 
 void gemm_s8s4f32_n16k8_avx512vnni(const GemvS4Args& args, int64_t nb_begin, int64_t nb_end,
                                    uint8_t* panel) {
-  for (int64_t nb = nb_begin; nb < nb_end; nb += kS4PanelBlocks) {
-    const int nr = static_cast<int>(nb_end - nb < kS4PanelBlocks ? nb_end - nb : kS4PanelBlocks);
-    unpack_panel(args.w, nb, nr, panel);
-    for (int64_t m0 = 0; m0 < args.m; m0 += kMaxRows) {
-      const int mr = static_cast<int>(args.m - m0 < kMaxRows ? args.m - m0 : kMaxRows);
-      select_tile(mr, nr)(args, m0, nb, panel);
-    }
-  }
+  for_each_tile<Kernel>(
+      args, nb_begin, nb_end, Kernel::kMaxBlocks,
+      [&](int64_t nb, int nr) { unpack_panel(args.w, nb, nr, panel); }, static_cast<const uint8_t*>(panel));
 }
 
 }  // namespace qforge::kernels::detail

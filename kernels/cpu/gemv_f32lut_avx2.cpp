@@ -1,4 +1,4 @@
-// gemv_f32lut_avx2: the codebook Linear on AVX2 + FMA (kernels/cpu/lut_linear.h). A 16-entry
+// gemv_f32lut_avx2: the codebook Linear on AVX2 + FMA (kernels/cpu/lut_linear.h, layout in lut_layout.h). A 16-entry
 // table is two 8-float halves: VPERMPS looks a lane up in both (it reads the low 3 bits) and index
 // bit 3 picks one (VBLENDVPS on the sign bit of idx << 28). Each 16-lane accumulator of the
 // reference is two ymm halves doing the same fmaf sequence, then the same reduction, so results
@@ -8,7 +8,7 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "kernels/cpu/lut_linear.h"
+#include "kernels/cpu/lut_layout.h"
 
 namespace qforge::kernels::detail {
 

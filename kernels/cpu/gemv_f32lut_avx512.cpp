@@ -1,4 +1,4 @@
-// gemv_f32lut_avx512: the codebook Linear with VPERMPS table look-ups (kernels/cpu/lut_linear.h).
+// gemv_f32lut_avx512: the codebook Linear with VPERMPS table look-ups (kernels/cpu/lut_linear.h, layout in lut_layout.h).
 // A tile of R output rows x MR x rows: per weight row one 16-byte load, one zero-extension to 16
 // lanes, and per plane a shift and one VPERMPS into the row's 16-entry table; each looked-up
 // vector feeds MR fused multiply-adds, each x vector R of them. Lane l of plane a's accumulator
@@ -9,7 +9,7 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "kernels/cpu/lut_linear.h"
+#include "kernels/cpu/lut_layout.h"
 
 // "#pragma GCC unroll" on the register-tile loops keeps the accumulators in registers (GCC 12
 // otherwise unrolls them too late), as in the other AVX-512 GEMV kernels.

@@ -4,9 +4,9 @@
 // t = fmaf(s, scale, t) per group and y = t + bias. Compiled with -mavx512f -mavx512bw (and VL/DQ).
 #include <immintrin.h>
 
-#include <cstring>
-
 #include "kernels/cpu/gemv_kernels.h"
+#include "kernels/cpu/simd_avx512.h"
+#include "kernels/cpu/tile_driver.h"
 
 // "#pragma GCC unroll" on the register-tile loops: without it GCC 12 unrolls them too late and
 // keeps the accumulators in memory.
@@ -14,15 +14,8 @@ namespace qforge::kernels::detail {
 
 namespace {
 
-constexpr int kMaxRows = 4;
-constexpr int kMaxBlocks = 2;  // MR x NR x 2 (s and t) <= 16 zmm accumulators
 constexpr int kNibbleMask = 0x0F;
 constexpr int kByteMask = 0xFF;
-
-inline __mmask16 column_mask(int64_t n0, int64_t n) {
-  const int64_t valid = n - n0;
-  return valid >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << valid) - 1);
-}
 
 // Out of line so the k loop keeps its accumulators in registers (see gemv_u8s8s32 kernel).
 template <int MR, int NR>
@@ -40,107 +33,94 @@ __attribute__((noinline)) void finish_tile(const GemvF32S4Args& args, int64_t m0
   }
 }
 
-template <int MR, int NR>
-void tile(const GemvF32S4Args& args, int64_t m0, int64_t nb0) {
-  const S4N16K8View& w = args.w;
-  const int64_t kblocks = w.kp / kS4BlockK;
-  const int64_t blocks_per_group = w.group_size / kS4BlockK;
-  const uint8_t* wp[NR];
-  #pragma GCC unroll 16
-  for (int c = 0; c < NR; ++c) wp[c] = w.data + (nb0 + c) * kblocks * kS4BlockBytes;
-  const float* xp[MR];
-  #pragma GCC unroll 16
-  for (int r = 0; r < MR; ++r) xp[r] = args.x + (m0 + r) * args.ldx;
-  const __m512i nibble = _mm512_set1_epi8(kNibbleMask);
-  const __m512i byte = _mm512_set1_epi32(kByteMask);
+struct Kernel {
+  using Args = GemvF32S4Args;
+  static constexpr int kMaxRows = 4;
+  static constexpr int kMaxBlocks = 2;  // MR x NR x 2 (s and t) <= 16 zmm accumulators
 
-  __m512 t[MR][NR];
-  #pragma GCC unroll 16
-  for (int r = 0; r < MR; ++r)
-    #pragma GCC unroll 16
-    for (int c = 0; c < NR; ++c) t[r][c] = _mm512_setzero_ps();
+  template <int MR, int NR>
+  static void tile(const GemvF32S4Args& args, int64_t m0, int64_t nb0) {
+    const S4N16K8View& w = args.w;
+    const int64_t kblocks = w.kp / kS4BlockK;
+    const int64_t blocks_per_group = w.group_size / kS4BlockK;
+    const uint8_t* wp[NR];
+    block_pointers(w.data, nb0, kblocks * kS4BlockBytes, wp);
+    const float* xp[MR];
+    row_pointers(args.x, m0, args.ldx, xp);
+    const __m512i nibble = _mm512_set1_epi8(kNibbleMask);
+    const __m512i byte = _mm512_set1_epi32(kByteMask);
 
-  for (int64_t g = 0; g < w.groups; ++g) {
-    __m512 z[NR], scale[NR];
-    #pragma GCC unroll 16
-    for (int c = 0; c < NR; ++c) {
-      const int64_t meta = ((nb0 + c) * w.groups + g) * kS4BlockN;
-      z[c] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
-          _mm_loadu_si128(reinterpret_cast<const __m128i*>(w.zeros + meta))));
-      // fp16 -> fp32 is exact (VCVTPH2PS), so the fold multiplies by the reference's scale.
-      scale[c] = _mm512_cvtph_ps(
-          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.scales + meta)));
-    }
-    __m512 s[MR][NR];
+    __m512 t[MR][NR];
     #pragma GCC unroll 16
     for (int r = 0; r < MR; ++r)
       #pragma GCC unroll 16
-      for (int c = 0; c < NR; ++c) s[r][c] = _mm512_setzero_ps();
-    const int64_t kb_end =
-        (g + 1) * blocks_per_group < kblocks ? (g + 1) * blocks_per_group : kblocks;
-    for (int64_t kb = g * blocks_per_group; kb < kb_end; ++kb) {
-      __m512i half[NR][2];
+      for (int c = 0; c < NR; ++c) t[r][c] = _mm512_setzero_ps();
+
+    for (int64_t g = 0; g < w.groups; ++g) {
+      __m512 z[NR], scale[NR];
       #pragma GCC unroll 16
       for (int c = 0; c < NR; ++c) {
-        const __m512i v = _mm512_loadu_si512(wp[c] + kb * kS4BlockBytes);
-        half[c][0] = _mm512_and_si512(v, nibble);                                   // k 0..3
-        half[c][1] = _mm512_and_si512(_mm512_srli_epi16(v, kS4NibbleBits), nibble);  // k 4..7
+        const int64_t meta = ((nb0 + c) * w.groups + g) * kS4BlockN;
+        z[c] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(w.zeros + meta))));
+        // fp16 -> fp32 is exact (VCVTPH2PS), so the fold multiplies by the reference's scale.
+        scale[c] = _mm512_cvtph_ps(
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.scales + meta)));
       }
+      __m512 s[MR][NR];
       #pragma GCC unroll 16
-      for (int h = 0; h < 2; ++h) {
+      for (int r = 0; r < MR; ++r)
         #pragma GCC unroll 16
-        for (int i = 0; i < 4; ++i) {
-          const int64_t k = kb * kS4BlockK + h * 4 + i;
-          __m512 wf[NR];
+        for (int c = 0; c < NR; ++c) s[r][c] = _mm512_setzero_ps();
+      const int64_t kb_end =
+          (g + 1) * blocks_per_group < kblocks ? (g + 1) * blocks_per_group : kblocks;
+      for (int64_t kb = g * blocks_per_group; kb < kb_end; ++kb) {
+        __m512i half[NR][2];
+        #pragma GCC unroll 16
+        for (int c = 0; c < NR; ++c) {
+          const __m512i v = _mm512_loadu_si512(wp[c] + kb * kS4BlockBytes);
+          half[c][0] = _mm512_and_si512(v, nibble);                                   // k 0..3
+          half[c][1] = _mm512_and_si512(_mm512_srli_epi16(v, kS4NibbleBits), nibble);  // k 4..7
+        }
+        #pragma GCC unroll 16
+        for (int h = 0; h < 2; ++h) {
           #pragma GCC unroll 16
-          for (int c = 0; c < NR; ++c) {
-            const __m512i u = _mm512_and_si512(_mm512_srli_epi32(half[c][h], 8 * i), byte);
-            wf[c] = _mm512_sub_ps(_mm512_cvtepi32_ps(u), z[c]);  // exact: small integers
-          }
-          #pragma GCC unroll 16
-          for (int r = 0; r < MR; ++r) {
-            const __m512 xv = _mm512_set1_ps(xp[r][k]);
+          for (int i = 0; i < 4; ++i) {
+            const int64_t k = kb * kS4BlockK + h * 4 + i;
+            __m512 wf[NR];
             #pragma GCC unroll 16
-            for (int c = 0; c < NR; ++c) s[r][c] = _mm512_fmadd_ps(xv, wf[c], s[r][c]);
+            for (int c = 0; c < NR; ++c) {
+              const __m512i u = _mm512_and_si512(_mm512_srli_epi32(half[c][h], 8 * i), byte);
+              wf[c] = _mm512_sub_ps(_mm512_cvtepi32_ps(u), z[c]);  // exact: small integers
+            }
+            #pragma GCC unroll 16
+            for (int r = 0; r < MR; ++r) {
+              const __m512 xv = _mm512_set1_ps(xp[r][k]);
+              #pragma GCC unroll 16
+              for (int c = 0; c < NR; ++c) s[r][c] = _mm512_fmadd_ps(xv, wf[c], s[r][c]);
+            }
           }
         }
       }
+      #pragma GCC unroll 16
+      for (int r = 0; r < MR; ++r)
+        #pragma GCC unroll 16
+        for (int c = 0; c < NR; ++c) t[r][c] = _mm512_fmadd_ps(s[r][c], scale[c], t[r][c]);
     }
+
+    alignas(64) float out[MR][NR][kS4BlockN];
     #pragma GCC unroll 16
     for (int r = 0; r < MR; ++r)
       #pragma GCC unroll 16
-      for (int c = 0; c < NR; ++c) t[r][c] = _mm512_fmadd_ps(s[r][c], scale[c], t[r][c]);
+      for (int c = 0; c < NR; ++c) _mm512_store_ps(out[r][c], t[r][c]);
+    finish_tile<MR, NR>(args, m0, nb0, out);
   }
-
-  alignas(64) float out[MR][NR][kS4BlockN];
-  #pragma GCC unroll 16
-  for (int r = 0; r < MR; ++r)
-    #pragma GCC unroll 16
-    for (int c = 0; c < NR; ++c) _mm512_store_ps(out[r][c], t[r][c]);
-  finish_tile<MR, NR>(args, m0, nb0, out);
-}
-
-using TileFn = void (*)(const GemvF32S4Args&, int64_t, int64_t);
-
-TileFn select_tile(int mr, int nr) {
-  switch (mr) {
-    case 1: return nr == 1 ? tile<1, 1> : tile<1, 2>;
-    case 2: return nr == 1 ? tile<2, 1> : tile<2, 2>;
-    case 3: return nr == 1 ? tile<3, 1> : tile<3, 2>;
-    default: return nr == 1 ? tile<4, 1> : tile<4, 2>;
-  }
-}
+};
 
 }  // namespace
 
 void gemv_f32s4f32_n16k8_avx512(const GemvF32S4Args& args, int64_t nb_begin, int64_t nb_end) {
-  for (int64_t nb = nb_begin; nb < nb_end; nb += kMaxBlocks) {
-    const int nr = static_cast<int>(nb_end - nb < kMaxBlocks ? nb_end - nb : kMaxBlocks);
-    for (int64_t m0 = 0; m0 < args.m; m0 += kMaxRows) {
-      const int mr = static_cast<int>(args.m - m0 < kMaxRows ? args.m - m0 : kMaxRows);
-      select_tile(mr, nr)(args, m0, nb);
-    }
-  }
+  for_each_tile<Kernel>(args, nb_begin, nb_end);
 }
 
 }  // namespace qforge::kernels::detail

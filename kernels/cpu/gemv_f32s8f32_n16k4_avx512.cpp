@@ -5,6 +5,8 @@
 #include <immintrin.h>
 
 #include "kernels/cpu/gemv_kernels.h"
+#include "kernels/cpu/simd_avx512.h"
+#include "kernels/cpu/tile_driver.h"
 
 // "#pragma GCC unroll" on the register-tile loops: without it GCC 12 unrolls them too late and
 // keeps the accumulators in memory.
@@ -12,13 +14,6 @@ namespace qforge::kernels::detail {
 
 namespace {
 
-constexpr int kMaxRows = 4;
-constexpr int kMaxBlocks = 2;
-
-inline __mmask16 column_mask(int64_t n0, int64_t n) {
-  const int64_t valid = n - n0;
-  return valid >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << valid) - 1);
-}
 
 template <int MR, int NR>
 __attribute__((noinline)) void finish_tile(const GemvF32S8Args& args, int64_t m0, int64_t nb0,
@@ -36,74 +31,61 @@ __attribute__((noinline)) void finish_tile(const GemvF32S8Args& args, int64_t m0
   }
 }
 
-template <int MR, int NR>
-void tile(const GemvF32S8Args& args, int64_t m0, int64_t nb0) {
-  const S8N16K4View& w = args.w;
-  const int64_t kblocks = w.kp / kS8BlockK;
-  const int8_t* wp[NR];
-  #pragma GCC unroll 16
-  for (int c = 0; c < NR; ++c) wp[c] = w.data + (nb0 + c) * kblocks * kS8BlockBytes;
-  const float* xp[MR];
-  #pragma GCC unroll 16
-  for (int r = 0; r < MR; ++r) xp[r] = args.x + (m0 + r) * args.ldx;
+struct Kernel {
+  using Args = GemvF32S8Args;
+  static constexpr int kMaxRows = 4;
+  static constexpr int kMaxBlocks = 2;
 
-  __m512 t[MR][NR];
-  #pragma GCC unroll 16
-  for (int r = 0; r < MR; ++r)
-    #pragma GCC unroll 16
-    for (int c = 0; c < NR; ++c) t[r][c] = _mm512_setzero_ps();
+  template <int MR, int NR>
+  static void tile(const GemvF32S8Args& args, int64_t m0, int64_t nb0) {
+    const S8N16K4View& w = args.w;
+    const int64_t kblocks = w.kp / kS8BlockK;
+    const int8_t* wp[NR];
+    block_pointers(w.data, nb0, kblocks * kS8BlockBytes, wp);
+    const float* xp[MR];
+    row_pointers(args.x, m0, args.ldx, xp);
 
-  for (int64_t kb = 0; kb < kblocks; ++kb) {
-    __m512i v[NR];
+    __m512 t[MR][NR];
     #pragma GCC unroll 16
-    for (int c = 0; c < NR; ++c) v[c] = _mm512_loadu_si512(wp[c] + kb * kS8BlockBytes);
-    #pragma GCC unroll 16
-    for (int i = 0; i < 4; ++i) {
-      __m512 wf[NR];
+    for (int r = 0; r < MR; ++r)
       #pragma GCC unroll 16
-      for (int c = 0; c < NR; ++c) {
-        // Byte i of each lane, sign-extended: shift it to the top, then arithmetic shift down.
-        const __m512i b = _mm512_srai_epi32(_mm512_slli_epi32(v[c], 24 - 8 * i), 24);
-        wf[c] = _mm512_cvtepi32_ps(b);
-      }
+      for (int c = 0; c < NR; ++c) t[r][c] = _mm512_setzero_ps();
+
+    for (int64_t kb = 0; kb < kblocks; ++kb) {
+      __m512i v[NR];
       #pragma GCC unroll 16
-      for (int r = 0; r < MR; ++r) {
-        const __m512 xv = _mm512_set1_ps(xp[r][kb * kS8BlockK + i]);
+      for (int c = 0; c < NR; ++c) v[c] = _mm512_loadu_si512(wp[c] + kb * kS8BlockBytes);
+      #pragma GCC unroll 16
+      for (int i = 0; i < 4; ++i) {
+        __m512 wf[NR];
         #pragma GCC unroll 16
-        for (int c = 0; c < NR; ++c) t[r][c] = _mm512_fmadd_ps(xv, wf[c], t[r][c]);
+        for (int c = 0; c < NR; ++c) {
+          // Byte i of each lane, sign-extended: shift it to the top, then arithmetic shift down.
+          const __m512i b = _mm512_srai_epi32(_mm512_slli_epi32(v[c], 24 - 8 * i), 24);
+          wf[c] = _mm512_cvtepi32_ps(b);
+        }
+        #pragma GCC unroll 16
+        for (int r = 0; r < MR; ++r) {
+          const __m512 xv = _mm512_set1_ps(xp[r][kb * kS8BlockK + i]);
+          #pragma GCC unroll 16
+          for (int c = 0; c < NR; ++c) t[r][c] = _mm512_fmadd_ps(xv, wf[c], t[r][c]);
+        }
       }
     }
-  }
 
-  alignas(64) float out[MR][NR][kS8BlockN];
-  #pragma GCC unroll 16
-  for (int r = 0; r < MR; ++r)
+    alignas(64) float out[MR][NR][kS8BlockN];
     #pragma GCC unroll 16
-    for (int c = 0; c < NR; ++c) _mm512_store_ps(out[r][c], t[r][c]);
-  finish_tile<MR, NR>(args, m0, nb0, out);
-}
-
-using TileFn = void (*)(const GemvF32S8Args&, int64_t, int64_t);
-
-TileFn select_tile(int mr, int nr) {
-  switch (mr) {
-    case 1: return nr == 1 ? tile<1, 1> : tile<1, 2>;
-    case 2: return nr == 1 ? tile<2, 1> : tile<2, 2>;
-    case 3: return nr == 1 ? tile<3, 1> : tile<3, 2>;
-    default: return nr == 1 ? tile<4, 1> : tile<4, 2>;
+    for (int r = 0; r < MR; ++r)
+      #pragma GCC unroll 16
+      for (int c = 0; c < NR; ++c) _mm512_store_ps(out[r][c], t[r][c]);
+    finish_tile<MR, NR>(args, m0, nb0, out);
   }
-}
+};
 
 }  // namespace
 
 void gemv_f32s8f32_n16k4_avx512(const GemvF32S8Args& args, int64_t nb_begin, int64_t nb_end) {
-  for (int64_t nb = nb_begin; nb < nb_end; nb += kMaxBlocks) {
-    const int nr = static_cast<int>(nb_end - nb < kMaxBlocks ? nb_end - nb : kMaxBlocks);
-    for (int64_t m0 = 0; m0 < args.m; m0 += kMaxRows) {
-      const int mr = static_cast<int>(args.m - m0 < kMaxRows ? args.m - m0 : kMaxRows);
-      select_tile(mr, nr)(args, m0, nb);
-    }
-  }
+  for_each_tile<Kernel>(args, nb_begin, nb_end);
 }
 
 }  // namespace qforge::kernels::detail

@@ -1,7 +1,5 @@
-// Dispatcher of the small-M int8 x int4 kernels (ordered list ending at the reference).
+// Kernel table and dispatcher of the small-M int8 x int4 kernels (ordered, ending at the reference).
 #include "kernels/cpu/gemv_s4.h"
-
-#include <ATen/ATen.h>
 
 #include <c10/util/Half.h>
 
@@ -19,14 +17,13 @@
 #include "kernels/cpu/isa.h"
 #include "kernels/cpu/parallel_blocks.h"
 #include "kernels/cpu/reference.h"
+#include "kernels/cpu/workspace.h"
 
 namespace qforge::kernels {
 
 namespace {
 
 constexpr int kU4Max = 15;
-// From this M on, unpacking each weight panel once (gemm_*) beats unpacking per row tile.
-constexpr int64_t kS4PanelMinM = 4;
 
 // float -> fp16 bits when x converts exactly (finite, float(half(x)) == x), else false.
 bool fp16_bits_exact(float x, Fp16Bits* bits) {
@@ -45,62 +42,83 @@ std::string exact_str(float x) {
   return os.str();
 }
 
-void run_panel(detail::GemmS4Fn fn, const detail::GemvS4Args& args) {
-  const int64_t nblocks = round_up(args.w.n, kS4BlockN) / kS4BlockN;
-  const int64_t panel_bytes = detail::kS4PanelBlocks * args.w.kp * kS4BlockN;
-  detail::parallel_over_blocks(nblocks, kS4BlockN * args.w.kp * args.m, [&](int64_t b, int64_t e) {
-    // c10's CPU allocator aligns to 64 bytes, as the kernel's aligned loads need.
-    at::Tensor panel = at::empty({panel_bytes}, at::kByte);
-    fn(args, b, e, panel.data_ptr<uint8_t>());
-  });
-}
-
-// Exactly one of fn / panel_fn is set.
-[[maybe_unused]] void run_fast(detail::GemvS4Fn fn, detail::GemmS4Fn panel_fn, const int8_t* A,
-                               int64_t M, const float* a_scale, const S4N16K8View& w,
-                               const float* bias, float* y) {
+// The thread's scratch with A's rows padded to kp with 0, and their per-group sums.
+detail::GemvS4Args s8s4_padded_args(const GemvS4Problem& p) {
+  const S4N16K8View& w = p.w;
   const int64_t K = w.k, kp = w.kp, G = w.groups;
-  std::vector<int8_t> padded(static_cast<size_t>(M * kp), 0);
-  std::vector<int32_t> group_sum(static_cast<size_t>(M * G), 0);
-  for (int64_t m = 0; m < M; ++m) {
-    std::memcpy(padded.data() + m * kp, A + m * K, static_cast<size_t>(K));
+  int8_t* padded = detail::thread_scratch<int8_t>(detail::Scratch::kPaddedInput, p.m * kp);
+  int32_t* group_sum = detail::thread_scratch<int32_t>(detail::Scratch::kGroupSums, p.m * G);
+  for (int64_t m = 0; m < p.m; ++m) {
+    std::memcpy(padded + m * kp, p.a + m * K, static_cast<size_t>(K));
+    std::memset(padded + m * kp + K, 0, static_cast<size_t>(kp - K));
     for (int64_t g = 0; g < G; ++g) {
       int32_t sum = 0;
       const int64_t k_end = std::min(K, (g + 1) * w.group_size);
-      for (int64_t k = g * w.group_size; k < k_end; ++k) sum += A[m * K + k];
+      for (int64_t k = g * w.group_size; k < k_end; ++k) sum += p.a[m * K + k];
       group_sum[m * G + g] = sum;
     }
   }
   detail::GemvS4Args args;
-  args.a = padded.data();
-  args.m = M;
+  args.a = padded;
+  args.m = p.m;
   args.lda = kp;
-  args.a_group_sum = group_sum.data();
-  args.a_scale = a_scale;
+  args.a_group_sum = group_sum;
+  args.a_scale = p.a_scale;
   args.w = w;
-  args.bias = bias;
-  args.y = y;
+  args.bias = p.bias;
+  args.y = p.y;
   args.ldy = w.n;
-  if (panel_fn != nullptr) {
-    run_panel(panel_fn, args);
-    return;
-  }
-  const int64_t nblocks = round_up(w.n, kS4BlockN) / kS4BlockN;
-  detail::parallel_over_blocks(nblocks, kS4BlockN * kp * M,
-                               [&](int64_t b, int64_t e) { fn(args, b, e); });
+  return args;
 }
 
-void run_reference(const int8_t* A, int64_t M, const float* a_scale, const S4N16K8View& w,
-                   const float* bias, float* y) {
+template <detail::GemvS4Fn kKernel>
+[[maybe_unused]] void run_s8s4_fast(const GemvS4Problem& p) {
+  const detail::GemvS4Args args = s8s4_padded_args(p);
+  const int64_t nblocks = round_up(p.w.n, kS4BlockN) / kS4BlockN;
+  detail::parallel_over_blocks(nblocks, kS4BlockN * p.w.kp * p.m,
+                               [&](int64_t b, int64_t e) { kKernel(args, b, e); });
+}
+
+template <detail::GemmS4Fn kKernel>
+[[maybe_unused]] void run_s8s4_panel(const GemvS4Problem& p) {
+  const detail::GemvS4Args args = s8s4_padded_args(p);
+  const int64_t nblocks = round_up(p.w.n, kS4BlockN) / kS4BlockN;
+  const int64_t panel_bytes = detail::kS4PanelBlocks * p.w.kp * kS4BlockN;
+  detail::parallel_over_blocks(nblocks, kS4BlockN * p.w.kp * p.m, [&](int64_t b, int64_t e) {
+    // 64-byte aligned, as the kernel's aligned loads need; one per worker thread.
+    kKernel(args, b, e, detail::thread_scratch<uint8_t>(detail::Scratch::kPanel, panel_bytes));
+  });
+}
+
+void run_s8s4_reference(const GemvS4Problem& p) {
+  const S4N16K8View& w = p.w;
   const int64_t N = w.n, G = w.groups;
   std::vector<int8_t> codes(static_cast<size_t>(N * w.k));
   unpack_s4_n16k8_reference(w.data, N, w.k, 0, codes.data());
   std::vector<float> scale(static_cast<size_t>(N * G));
   std::vector<int32_t> zero(static_cast<size_t>(N * G));
   unpack_s4_group_meta(w.scales, w.zeros, N, G, scale.data(), zero.data());
-  gemm_s8s4f32_reference(A, a_scale, codes.data(), scale.data(), zero.data(), w.group_size, bias,
-                         y, M, N, w.k);
+  gemm_s8s4f32_reference(p.a, p.a_scale, codes.data(), scale.data(), zero.data(), w.group_size, p.bias,
+                         p.y, p.m, N, w.k);
 }
+
+bool s8s4_panel_serves(const GemvS4Problem& p) { return p.m >= kS4PanelMinM; }
+bool s8s4_rows_serve(const GemvS4Problem& p) { return p.m < kS4PanelMinM; }
+
+// The fast kernels read one group's scale per 8-value block.
+bool s8s4_groups_fit(const GemvS4Problem& p, std::string* why) {
+  if (p.w.group_size % kS4BlockK == 0) return true;
+  *why = "group_size=" + std::to_string(p.w.group_size) + " not a multiple of 8";
+  return false;
+}
+
+#ifdef QFORGE_KERNELS_AVX512VNNI
+constexpr auto kRunS8S4VnniPanel = run_s8s4_panel<detail::gemm_s8s4f32_n16k8_avx512vnni>;
+constexpr auto kRunS8S4Vnni = run_s8s4_fast<detail::gemv_s8s4f32_n16k8_avx512vnni>;
+#endif
+#ifdef QFORGE_KERNELS_AVX2
+constexpr auto kRunS8S4Avx2 = run_s8s4_fast<detail::gemv_s8s4f32_n16k8_avx2>;
+#endif
 
 }  // namespace
 
@@ -141,6 +159,17 @@ void unpack_s4_group_meta(const Fp16Bits* scales, const int8_t* zeros, int64_t N
   }
 }
 
+const KernelTable<GemvS4Problem>& gemv_s4_kernels() {
+  static const KernelTable<GemvS4Problem> table{
+      {"gemm_s8s4f32_n16k8_avx512vnni", Isa::kAvx512Vnni, s8s4_panel_serves, s8s4_groups_fit,
+       QF_KERNEL_AVX512VNNI(kRunS8S4VnniPanel)},
+      {"gemv_s8s4f32_n16k8_avx512vnni", Isa::kAvx512Vnni, s8s4_rows_serve, s8s4_groups_fit, QF_KERNEL_AVX512VNNI(kRunS8S4Vnni)},
+      {"gemv_s8s4f32_n16k8_avx2", Isa::kAvx2, nullptr, s8s4_groups_fit, QF_KERNEL_AVX2(kRunS8S4Avx2)},
+      {"reference", Isa::kReference, nullptr, nullptr, run_s8s4_reference},
+  };
+  return table;
+}
+
 void gemv_s8s4f32(const int8_t* A, int64_t M, const float* a_scale, const S4N16K8View& w,
                   const float* bias, float* y, RunInfo* info) {
   QF_REQUIRE(w.data != nullptr && w.scales != nullptr && w.zeros != nullptr,
@@ -152,48 +181,14 @@ void gemv_s8s4f32(const int8_t* A, int64_t M, const float* a_scale, const S4N16K
   QF_REQUIRE(M >= 0, "kernels/cpu: gemv_s8s4f32 got M=", M);
   QF_REQUIRE(M == 0 || (A != nullptr && a_scale != nullptr && y != nullptr),
              "kernels/cpu: gemv_s8s4f32 got a null pointer");
-  RunInfo local;
-  RunInfo& ri = info != nullptr ? *info : local;
-  ri = RunInfo{};
-  const bool groups_fit = w.group_size % kS4BlockK == 0;
-  const std::string group_reason =
-      "group_size=" + std::to_string(w.group_size) + " not a multiple of 8";
-  std::string why;
-
-  constexpr const char* kVnniPanel = "gemm_s8s4f32_n16k8_avx512vnni";
-  constexpr const char* kVnni = "gemv_s8s4f32_n16k8_avx512vnni";
-  if (!isa_usable(Isa::kAvx512Vnni, &why)) {
-    ri.skip(M >= kS4PanelMinM ? kVnniPanel : kVnni, why);
-  } else if (!groups_fit) {
-    ri.skip(M >= kS4PanelMinM ? kVnniPanel : kVnni, group_reason);
-  } else {
-#ifdef QFORGE_KERNELS_AVX512VNNI
-    if (M >= kS4PanelMinM) {
-      ri.kernel = kVnniPanel;
-      run_fast(nullptr, detail::gemm_s8s4f32_n16k8_avx512vnni, A, M, a_scale, w, bias, y);
-    } else {
-      ri.kernel = kVnni;
-      if (M > 0) run_fast(detail::gemv_s8s4f32_n16k8_avx512vnni, nullptr, A, M, a_scale, w, bias, y);
-    }
-    return;
-#endif
-  }
-
-  constexpr const char* kAvx2 = "gemv_s8s4f32_n16k8_avx2";
-  if (!isa_usable(Isa::kAvx2, &why)) {
-    ri.skip(kAvx2, why);
-  } else if (!groups_fit) {
-    ri.skip(kAvx2, group_reason);
-  } else {
-#ifdef QFORGE_KERNELS_AVX2
-    ri.kernel = kAvx2;
-    if (M > 0) run_fast(detail::gemv_s8s4f32_n16k8_avx2, nullptr, A, M, a_scale, w, bias, y);
-    return;
-#endif
-  }
-
-  ri.kernel = "reference";
-  if (M > 0) run_reference(A, M, a_scale, w, bias, y);
+  GemvS4Problem p;
+  p.a = A;
+  p.m = M;
+  p.a_scale = a_scale;
+  p.w = w;
+  p.bias = bias;
+  p.y = y;
+  run_kernel_table(gemv_s4_kernels(), p, M, info);
 }
 
 }  // namespace qforge::kernels

@@ -1,14 +1,31 @@
 // Small-M int8-activation x int4-weight GEMM with per-group scales over the n16k8 layout,
-// chosen at run time from gemm_s8s4f32_n16k8_avx512vnni (M >= 4) or gemv_s8s4f32_n16k8_avx512vnni
-// (M < 4) -> gemv_s8s4f32_n16k8_avx2 -> reference.
+// chosen at run time from its kernel table (gemv_s4_kernels()): gemm_s8s4f32_n16k8_avx512vnni
+// (M >= 4) or gemv_s8s4f32_n16k8_avx512vnni (M < 4) -> gemv_s8s4f32_n16k8_avx2 -> reference.
 #pragma once
 
 #include <cstdint>
 
+#include "kernels/cpu/kernel_table.h"
 #include "kernels/cpu/packed_layout.h"
 #include "kernels/cpu/run_info.h"
 
 namespace qforge::kernels {
+
+// From this M on, unpacking each weight panel once (gemm_*) beats unpacking per row tile.
+inline constexpr int64_t kS4PanelMinM = 4;
+
+// One call of the int8 x int4 GEMM as its kernel table sees it (a null when planning).
+struct GemvS4Problem {
+  const int8_t* a = nullptr;
+  int64_t m = 0;
+  const float* a_scale = nullptr;
+  S4N16K8View w;
+  const float* bias = nullptr;
+  float* y = nullptr;
+};
+
+// The ordered kernel table of gemv_s8s4f32.
+const KernelTable<GemvS4Problem>& gemv_s4_kernels();
 
 // y[M, N] (dense) as gemm_s8s4f32_reference with W = codes - z' (bit-exact). A is dense
 // [M, K] in [-127, 127]; a_scale [M]; bias [N] or nullptr. The fast kernels need

@@ -1,4 +1,4 @@
-// Dispatcher of the small-M int8 GEMM kernels (ordered list ending at the reference).
+// Kernel table and dispatcher of the small-M int8 GEMM kernels (ordered, ending at the reference).
 #include "kernels/cpu/gemv_s8.h"
 
 #include <algorithm>
@@ -10,25 +10,13 @@
 #include "kernels/cpu/isa.h"
 #include "kernels/cpu/parallel_blocks.h"
 #include "kernels/cpu/reference.h"
+#include "kernels/cpu/workspace.h"
 
 namespace qforge::kernels {
 
 namespace {
 
 constexpr int32_t kS8ToU8Offset = 128;  // a + 128 maps [-128, 127] onto u8 for VPDPBUSD
-
-struct Problem {
-  const int8_t* a_s8 = nullptr;
-  const uint8_t* a_u8 = nullptr;
-  int32_t a_zero_point = 0;
-  int64_t m = 0;
-  const S8N16K4View* w = nullptr;
-  int32_t* c = nullptr;
-  float* y = nullptr;
-  const float* a_scale = nullptr;
-  const float* w_scale = nullptr;
-  const float* bias = nullptr;
-};
 
 void check_view(const S8N16K4View& w, int64_t M, const void* A, const void* out) {
   QF_REQUIRE(w.data != nullptr && w.colsum != nullptr, "kernels/cpu: gemv_s8 got an empty packed weight");
@@ -39,14 +27,14 @@ void check_view(const S8N16K4View& w, int64_t M, const void* A, const void* out)
   QF_REQUIRE(M == 0 || (A != nullptr && out != nullptr), "kernels/cpu: gemv_s8 got a null pointer");
 }
 
-[[maybe_unused]] void run_fast(detail::GemvS8Fn fn, const Problem& p, bool wants_u8) {
-  const S8N16K4View& w = *p.w;
+// Copies A into the thread's scratch with rows padded to kp (kernels read whole 4-byte k groups),
+// as u8 (+128, or as given) for VPDPBUSD or as s8.
+detail::GemvS8Args s8s8_padded_args(const GemvS8Problem& p, bool wants_u8) {
+  const S8N16K4View& w = p.w;
   const int64_t K = w.k, kp = w.kp;
-  // Padded copy of A (kp columns): kernels read whole 4-byte k groups.
-  std::vector<uint8_t> padded(static_cast<size_t>(p.m * kp), 0);
-  detail::GemvS8Args args;
+  uint8_t* padded = detail::thread_scratch<uint8_t>(detail::Scratch::kPaddedInput, p.m * kp);
   for (int64_t m = 0; m < p.m; ++m) {
-    uint8_t* dst = padded.data() + m * kp;
+    uint8_t* dst = padded + m * kp;
     if (p.a_u8 != nullptr) {
       std::copy(p.a_u8 + m * K, p.a_u8 + (m + 1) * K, dst);
     } else if (wants_u8) {
@@ -54,12 +42,14 @@ void check_view(const S8N16K4View& w, int64_t M, const void* A, const void* out)
     } else {
       std::memcpy(dst, p.a_s8 + m * K, static_cast<size_t>(K));
     }
+    std::fill(dst + K, dst + kp, uint8_t{0});
   }
+  detail::GemvS8Args args;
   if (wants_u8) {
-    args.a_u8 = padded.data();
+    args.a_u8 = padded;
     args.a_zero_point = p.a_u8 != nullptr ? p.a_zero_point : kS8ToU8Offset;
   } else {
-    args.a_s8 = reinterpret_cast<const int8_t*>(padded.data());
+    args.a_s8 = reinterpret_cast<const int8_t*>(padded);
   }
   args.m = p.m;
   args.lda = kp;
@@ -71,13 +61,19 @@ void check_view(const S8N16K4View& w, int64_t M, const void* A, const void* out)
   args.a_scale = p.a_scale;
   args.w_scale = p.w_scale;
   args.bias = p.bias;
-  const int64_t nblocks = round_up(w.n, kS8BlockN) / kS8BlockN;
-  detail::parallel_over_blocks(nblocks, kS8BlockN * kp * std::max<int64_t>(1, p.m),
-                               [&](int64_t b, int64_t e) { fn(args, b, e); });
+  return args;
 }
 
-void run_reference(const Problem& p) {
-  const S8N16K4View& w = *p.w;
+template <detail::GemvS8Fn kKernel, bool kWantsU8>
+[[maybe_unused]] void run_s8s8_fast(const GemvS8Problem& p) {
+  const detail::GemvS8Args args = s8s8_padded_args(p, kWantsU8);
+  const int64_t nblocks = round_up(p.w.n, kS8BlockN) / kS8BlockN;
+  detail::parallel_over_blocks(nblocks, kS8BlockN * p.w.kp * std::max<int64_t>(1, p.m),
+                               [&](int64_t b, int64_t e) { kKernel(args, b, e); });
+}
+
+void run_s8s8_reference(const GemvS8Problem& p) {
+  const S8N16K4View& w = p.w;
   std::vector<int8_t> W(static_cast<size_t>(w.n * w.k));
   unpack_s8_n16k4_reference(w.data, w.n, w.k, W.data());
   std::vector<int32_t> acc;
@@ -94,65 +90,57 @@ void run_reference(const Problem& p) {
   if (p.y != nullptr) dequantize_s32_f32_reference(c, p.a_scale, p.w_scale, p.bias, p.y, p.m, w.n);
 }
 
-// The ordered kernel list. `a_in_127`: A is known to lie in [-127, 127].
-void dispatch(const Problem& p, bool a_in_127, RunInfo* info) {
-  RunInfo local;
-  RunInfo& ri = info != nullptr ? *info : local;
-  ri = RunInfo{};
-  std::string why;
-
-  constexpr const char* kVnni = "gemv_u8s8s32_n16k4_avx512vnni";
-  if (isa_usable(Isa::kAvx512Vnni, &why)) {
-#ifdef QFORGE_KERNELS_AVX512VNNI
-    ri.kernel = kVnni;
-    if (p.m > 0) run_fast(detail::gemv_u8s8s32_n16k4_avx512vnni, p, true);
-    return;
-#endif
+// VPMADDUBSW multiplies u8 x s8 with a sign trick that needs A in [-127, 127] and no zero point.
+bool s8s8_avx2_applies(const GemvS8Problem& p, std::string* why) {
+  if (p.a_u8 != nullptr) {
+    *why = "u8 activations with a zero point need VPDPBUSD";
+    return false;
   }
-  ri.skip(kVnni, why);
-
-  constexpr const char* kAvx2 = "gemv_s8s8s32_n16k4_avx2";
-  if (!isa_usable(Isa::kAvx2, &why)) {
-    ri.skip(kAvx2, why);
-  } else if (p.a_u8 != nullptr) {
-    ri.skip(kAvx2, "u8 activations with a zero point need VPDPBUSD");
-  } else if (!a_in_127 && std::find(p.a_s8, p.a_s8 + p.m * p.w->k, int8_t{-128}) !=
-                               p.a_s8 + p.m * p.w->k) {
-    ri.skip(kAvx2, "A contains -128 (the VPMADDUBSW sign trick needs [-127, 127])");
-  } else {
-#ifdef QFORGE_KERNELS_AVX2
-    ri.kernel = kAvx2;
-    if (p.m > 0) run_fast(detail::gemv_s8s8s32_n16k4_avx2, p, false);
-    return;
-#endif
+  if (p.a_s8 != nullptr && std::find(p.a_s8, p.a_s8 + p.m * p.w.k, int8_t{-128}) != p.a_s8 + p.m * p.w.k) {
+    *why = "A contains -128 (the VPMADDUBSW sign trick needs [-127, 127])";
+    return false;
   }
-
-  ri.kernel = "reference";
-  if (p.m > 0) run_reference(p);
+  return true;
 }
+
+#ifdef QFORGE_KERNELS_AVX512VNNI
+constexpr auto kRunS8S8Vnni = run_s8s8_fast<detail::gemv_u8s8s32_n16k4_avx512vnni, true>;
+#endif
+#ifdef QFORGE_KERNELS_AVX2
+constexpr auto kRunS8S8Avx2 = run_s8s8_fast<detail::gemv_s8s8s32_n16k4_avx2, false>;
+#endif
 
 }  // namespace
 
+const KernelTable<GemvS8Problem>& gemv_s8_kernels() {
+  static const KernelTable<GemvS8Problem> table{
+      {"gemv_u8s8s32_n16k4_avx512vnni", Isa::kAvx512Vnni, nullptr, nullptr, QF_KERNEL_AVX512VNNI(kRunS8S8Vnni)},
+      {"gemv_s8s8s32_n16k4_avx2", Isa::kAvx2, nullptr, s8s8_avx2_applies, QF_KERNEL_AVX2(kRunS8S8Avx2)},
+      {"reference", Isa::kReference, nullptr, nullptr, run_s8s8_reference},
+  };
+  return table;
+}
+
 void gemv_s8s8s32(const int8_t* A, int64_t M, const S8N16K4View& w, int32_t* C, RunInfo* info) {
   check_view(w, M, A, C);
-  Problem p;
+  GemvS8Problem p;
   p.a_s8 = A;
   p.m = M;
-  p.w = &w;
+  p.w = w;
   p.c = C;
-  dispatch(p, false, info);
+  run_kernel_table(gemv_s8_kernels(), p, M, info);
 }
 
 void gemv_u8s8s32(const uint8_t* A, int32_t a_zero_point, int64_t M, const S8N16K4View& w,
                   int32_t* C, RunInfo* info) {
   check_view(w, M, A, C);
-  Problem p;
+  GemvS8Problem p;
   p.a_u8 = A;
   p.a_zero_point = a_zero_point;
   p.m = M;
-  p.w = &w;
+  p.w = w;
   p.c = C;
-  dispatch(p, false, info);
+  run_kernel_table(gemv_s8_kernels(), p, M, info);
 }
 
 void gemv_s8s8f32(const int8_t* A, int64_t M, const float* a_scale, const S8N16K4View& w,
@@ -160,15 +148,15 @@ void gemv_s8s8f32(const int8_t* A, int64_t M, const float* a_scale, const S8N16K
   check_view(w, M, A, y);
   QF_REQUIRE(M == 0 || (a_scale != nullptr && w_scale != nullptr),
              "kernels/cpu: gemv_s8s8f32 needs a_scale and w_scale");
-  Problem p;
+  GemvS8Problem p;
   p.a_s8 = A;
   p.m = M;
-  p.w = &w;
+  p.w = w;
   p.y = y;
   p.a_scale = a_scale;
   p.w_scale = w_scale;
   p.bias = bias;
-  dispatch(p, false, info);
+  run_kernel_table(gemv_s8_kernels(), p, M, info);
 }
 
 void bmm_s8s8f32(const int8_t* A, const int8_t* Bt, int64_t batch, int64_t M, int64_t N, int64_t K,
@@ -192,31 +180,28 @@ void bmm_s8s8f32(const int8_t* A, const int8_t* Bt, int64_t batch, int64_t M, in
   QF_REQUIRE(A != nullptr && Bt != nullptr && y != nullptr && a_scale != nullptr && b_scale != nullptr,
              "kernels/cpu: bmm_s8s8f32 got a null pointer");
   const int64_t np = round_up(N, kS8BlockN), kp = round_up(K, kS8BlockK);
-  auto slice = [&](int64_t b, std::vector<int8_t>& packed, std::vector<int32_t>& colsum, RunInfo* ri) {
-    packed.resize(static_cast<size_t>(np * kp));
-    colsum.resize(static_cast<size_t>(np));
-    pack_s8_n16k4_reference(Bt + b * N * K, N, K, packed.data(), colsum.data());
+  // Bt is packed slice by slice into the running thread's scratch (each thread packs its own).
+  auto slice = [&](int64_t b, RunInfo* ri) {
+    int8_t* packed = detail::thread_scratch<int8_t>(detail::Scratch::kPackedOperand, np * kp);
+    int32_t* colsum = detail::thread_scratch<int32_t>(detail::Scratch::kPackedColumnSums, np);
+    pack_s8_n16k4_reference(Bt + b * N * K, N, K, packed, colsum);
     S8N16K4View w;
-    w.data = packed.data();
-    w.colsum = colsum.data();
+    w.data = packed;
+    w.colsum = colsum;
     w.n = N;
     w.k = K;
     w.kp = kp;
     gemv_s8s8f32(A + b * M * K, M, a_scale + b * a_scale_stride, w, b_scale + b * b_scale_stride, nullptr,
                  y + b * M * N, ri);
   };
-  if (batch >= at::get_num_threads() && batch > 1) {
-    at::parallel_for(0, batch, 1, [&](int64_t begin, int64_t end) {
-      std::vector<int8_t> packed;
-      std::vector<int32_t> colsum;
-      RunInfo local;
-      for (int64_t b = begin; b < end; ++b) slice(b, packed, colsum, b == 0 ? info : &local);
-    });
-  } else {
-    std::vector<int8_t> packed;
-    std::vector<int32_t> colsum;
+  auto slices = [&](int64_t begin, int64_t end) {
     RunInfo local;
-    for (int64_t b = 0; b < batch; ++b) slice(b, packed, colsum, b == 0 ? info : &local);
+    for (int64_t b = begin; b < end; ++b) slice(b, b == 0 ? info : &local);
+  };
+  if (batch >= at::get_num_threads() && batch > 1) {
+    at::parallel_for(0, batch, 1, slices);
+  } else {
+    slices(0, batch);  // each slice splits its columns over the threads instead
   }
 }
 

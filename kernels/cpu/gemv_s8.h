@@ -1,14 +1,34 @@
-// Small-M int8 GEMM over the n16k4 packed layout: run-time choice from the ordered list
+// Small-M int8 GEMM over the n16k4 packed layout: run-time choice from its kernel table
 //   gemv_u8s8s32_n16k4_avx512vnni -> gemv_s8s8s32_n16k4_avx2 -> reference
-// (docs/kernels.md lists the conditions). A is dense row-major [M, K]; outputs are dense [M, N].
+// (gemv_s8_kernels(); docs/kernels.md lists the conditions). A is dense row-major [M, K]; outputs
+// are dense [M, N].
 #pragma once
 
 #include <cstdint>
 
+#include "kernels/cpu/kernel_table.h"
 #include "kernels/cpu/packed_layout.h"
 #include "kernels/cpu/run_info.h"
 
 namespace qforge::kernels {
+
+// One call of the int8 GEMM as its kernel table sees it: exactly one of a_s8 / a_u8 is the
+// activation (both null when planning), and c (int32) or y (fused float epilogue) the output.
+struct GemvS8Problem {
+  const int8_t* a_s8 = nullptr;
+  const uint8_t* a_u8 = nullptr;
+  int32_t a_zero_point = 0;
+  int64_t m = 0;
+  S8N16K4View w;
+  int32_t* c = nullptr;
+  float* y = nullptr;
+  const float* a_scale = nullptr;
+  const float* w_scale = nullptr;
+  const float* bias = nullptr;
+};
+
+// The ordered kernel table of gemv_s8s8s32 / gemv_u8s8s32 / gemv_s8s8f32 (and bmm_s8s8f32).
+const KernelTable<GemvS8Problem>& gemv_s8_kernels();
 
 // C = A . W^T, exact int32 (equals gemm_s8s8s32_reference). Any int8 A is accepted; A holding
 // -128 skips the AVX2 kernel (its sign trick needs [-127, 127]).

@@ -6,9 +6,9 @@
 // Group scales are fp16 (F16C's VCVTPH2PS widens them). Compiled with -mavx2 -mfma -mf16c.
 #include <immintrin.h>
 
-#include <cstring>
-
 #include "kernels/cpu/gemv_kernels.h"
+#include "kernels/cpu/simd_avx2.h"
+#include "kernels/cpu/tile_driver.h"
 
 // "#pragma GCC unroll" on the register-tile loops: without it GCC 12 unrolls them too late and
 // keeps the accumulators in memory.
@@ -16,108 +16,93 @@ namespace qforge::kernels::detail {
 
 namespace {
 
-constexpr int kMaxRows = 2;
-constexpr int kHalf = 8;
+constexpr int kHalf = kAvx2Lanes;
 constexpr int kNibbleMask = 0x0F;
 
-inline int32_t load_u32(const void* p) {
-  int32_t v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
-}
+struct Kernel {
+  using Args = GemvS4Args;
+  static constexpr int kMaxRows = 2;
+  static constexpr int kMaxBlocks = 1;
 
-inline __m256i lane_mask(int64_t valid) {
-  const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-  const int v = static_cast<int>(valid < 0 ? 0 : (valid > kHalf ? kHalf : valid));
-  return _mm256_cmpgt_epi32(_mm256_set1_epi32(v), idx);
-}
+  template <int MR, int NR>
+  static void tile(const GemvS4Args& args, int64_t m0, int64_t nb) {
+    static_assert(NR == 1, "one 16-column block per tile");
+    const S4N16K8View& w = args.w;
+    const int64_t kblocks = w.kp / kS4BlockK;
+    const int64_t blocks_per_group = w.group_size / kS4BlockK;
+    const uint8_t* wp = w.data + nb * kblocks * kS4BlockBytes;
+    const int8_t* ap[MR];
+    row_pointers(args.a, m0, args.lda, ap);
+    const __m256i nibble = _mm256_set1_epi8(kNibbleMask);
+    const __m256i ones = _mm256_set1_epi16(1);
 
-template <int MR>
-void tile(const GemvS4Args& args, int64_t m0, int64_t nb) {
-  const S4N16K8View& w = args.w;
-  const int64_t kblocks = w.kp / kS4BlockK;
-  const int64_t blocks_per_group = w.group_size / kS4BlockK;
-  const uint8_t* wp = w.data + nb * kblocks * kS4BlockBytes;
-  const int8_t* ap[MR];
-  #pragma GCC unroll 16
-  for (int r = 0; r < MR; ++r) ap[r] = args.a + (m0 + r) * args.lda;
-  const __m256i nibble = _mm256_set1_epi8(kNibbleMask);
-  const __m256i ones = _mm256_set1_epi16(1);
-
-  __m256 t[MR][2];
-  #pragma GCC unroll 16
-  for (int r = 0; r < MR; ++r) t[r][0] = t[r][1] = _mm256_setzero_ps();
-
-  for (int64_t g = 0; g < w.groups; ++g) {
-    __m256i acc[MR][2];
+    __m256 t[MR][2];
     #pragma GCC unroll 16
-    for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
-    const int64_t kb_end = (g + 1) * blocks_per_group < kblocks ? (g + 1) * blocks_per_group : kblocks;
-    for (int64_t kb = g * blocks_per_group; kb < kb_end; ++kb) {
-      __m256i a_lo[MR], a_hi[MR];
+    for (int r = 0; r < MR; ++r) t[r][0] = t[r][1] = _mm256_setzero_ps();
+
+    for (int64_t g = 0; g < w.groups; ++g) {
+      __m256i acc[MR][2];
       #pragma GCC unroll 16
-      for (int r = 0; r < MR; ++r) {
-        a_lo[r] = _mm256_set1_epi32(load_u32(ap[r] + kb * kS4BlockK));
-        a_hi[r] = _mm256_set1_epi32(load_u32(ap[r] + kb * kS4BlockK + kS8BlockK));
+      for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
+      const int64_t kb_end = (g + 1) * blocks_per_group < kblocks ? (g + 1) * blocks_per_group : kblocks;
+      for (int64_t kb = g * blocks_per_group; kb < kb_end; ++kb) {
+        __m256i a_lo[MR], a_hi[MR];
+        #pragma GCC unroll 16
+        for (int r = 0; r < MR; ++r) {
+          a_lo[r] = _mm256_set1_epi32(load_u32(ap[r] + kb * kS4BlockK));
+          a_hi[r] = _mm256_set1_epi32(load_u32(ap[r] + kb * kS4BlockK + kS8BlockK));
+        }
+        #pragma GCC unroll 16
+        for (int h = 0; h < 2; ++h) {
+          const __m256i v = _mm256_loadu_si256(
+              reinterpret_cast<const __m256i*>(wp + kb * kS4BlockBytes + h * 32));
+          const __m256i lo = _mm256_and_si256(v, nibble);
+          const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, kS4NibbleBits), nibble);
+          #pragma GCC unroll 16
+          for (int r = 0; r < MR; ++r) {
+            const __m256i p16 = _mm256_add_epi16(_mm256_maddubs_epi16(lo, a_lo[r]),
+                                                 _mm256_maddubs_epi16(hi, a_hi[r]));
+            acc[r][h] = _mm256_add_epi32(acc[r][h], _mm256_madd_epi16(p16, ones));
+          }
+        }
       }
       #pragma GCC unroll 16
       for (int h = 0; h < 2; ++h) {
-        const __m256i v = _mm256_loadu_si256(
-            reinterpret_cast<const __m256i*>(wp + kb * kS4BlockBytes + h * 32));
-        const __m256i lo = _mm256_and_si256(v, nibble);
-        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, kS4NibbleBits), nibble);
+        const int64_t meta = (nb * w.groups + g) * kS4BlockN + h * kHalf;
+        const __m256i z = _mm256_cvtepi8_epi32(
+            _mm_loadl_epi64(reinterpret_cast<const __m128i*>(w.zeros + meta)));
+        // fp16 -> fp32 is exact (VCVTPH2PS, F16C): the same float the reference multiplies by.
+        const __m256 s =
+            _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.scales + meta)));
         #pragma GCC unroll 16
         for (int r = 0; r < MR; ++r) {
-          const __m256i p16 = _mm256_add_epi16(_mm256_maddubs_epi16(lo, a_lo[r]),
-                                               _mm256_maddubs_epi16(hi, a_hi[r]));
-          acc[r][h] = _mm256_add_epi32(acc[r][h], _mm256_madd_epi16(p16, ones));
+          const __m256i corr =
+              _mm256_mullo_epi32(z, _mm256_set1_epi32(args.a_group_sum[(m0 + r) * w.groups + g]));
+          const __m256i a = _mm256_sub_epi32(acc[r][h], corr);
+          t[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a), s, t[r][h]);
         }
       }
     }
+
     #pragma GCC unroll 16
     for (int h = 0; h < 2; ++h) {
-      const int64_t meta = (nb * w.groups + g) * kS4BlockN + h * kHalf;
-      const __m256i z = _mm256_cvtepi8_epi32(
-          _mm_loadl_epi64(reinterpret_cast<const __m128i*>(w.zeros + meta)));
-      // fp16 -> fp32 is exact (VCVTPH2PS, F16C): the same float the reference multiplies by.
-      const __m256 s =
-          _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.scales + meta)));
+      const int64_t n0 = nb * kS4BlockN + h * kHalf;
+      const __m256i mask = lane_mask(w.n - n0);
+      const __m256 b =
+          args.bias != nullptr ? _mm256_maskload_ps(args.bias + n0, mask) : _mm256_setzero_ps();
       #pragma GCC unroll 16
       for (int r = 0; r < MR; ++r) {
-        const __m256i corr =
-            _mm256_mullo_epi32(z, _mm256_set1_epi32(args.a_group_sum[(m0 + r) * w.groups + g]));
-        const __m256i a = _mm256_sub_epi32(acc[r][h], corr);
-        t[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a), s, t[r][h]);
+        const __m256 y = _mm256_fmadd_ps(t[r][h], _mm256_set1_ps(args.a_scale[m0 + r]), b);
+        _mm256_maskstore_ps(args.y + (m0 + r) * args.ldy + n0, mask, y);
       }
     }
   }
-
-  #pragma GCC unroll 16
-  for (int h = 0; h < 2; ++h) {
-    const int64_t n0 = nb * kS4BlockN + h * kHalf;
-    const __m256i mask = lane_mask(w.n - n0);
-    const __m256 b =
-        args.bias != nullptr ? _mm256_maskload_ps(args.bias + n0, mask) : _mm256_setzero_ps();
-    #pragma GCC unroll 16
-    for (int r = 0; r < MR; ++r) {
-      const __m256 y = _mm256_fmadd_ps(t[r][h], _mm256_set1_ps(args.a_scale[m0 + r]), b);
-      _mm256_maskstore_ps(args.y + (m0 + r) * args.ldy + n0, mask, y);
-    }
-  }
-}
+};
 
 }  // namespace
 
 void gemv_s8s4f32_n16k8_avx2(const GemvS4Args& args, int64_t nb_begin, int64_t nb_end) {
-  for (int64_t nb = nb_begin; nb < nb_end; ++nb) {
-    for (int64_t m0 = 0; m0 < args.m; m0 += kMaxRows) {
-      if (args.m - m0 >= 2) {
-        tile<2>(args, m0, nb);
-      } else {
-        tile<1>(args, m0, nb);
-      }
-    }
-  }
+  for_each_tile<Kernel>(args, nb_begin, nb_end);
 }
 
 }  // namespace qforge::kernels::detail

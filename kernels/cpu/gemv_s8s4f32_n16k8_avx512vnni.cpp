@@ -10,6 +10,7 @@
 
 #include "kernels/cpu/gemv_kernels.h"
 #include "kernels/cpu/s4_tile_epilogue_avx512.h"
+#include "kernels/cpu/tile_driver.h"
 
 // "#pragma GCC unroll" on the register-tile loops: without it GCC 12 unrolls them too late and
 // keeps the accumulators in memory.
@@ -17,94 +18,73 @@ namespace qforge::kernels::detail {
 
 namespace {
 
-constexpr int kMaxRows = 4;
 constexpr int kNibbleMask = 0x0F;
-
-inline int32_t load_u32(const void* p) {
-  int32_t v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
-}
-
-template <int MR, int NR>
-void tile(const GemvS4Args& args, int64_t m0, int64_t nb0) {
-  const S4N16K8View& w = args.w;
-  const int64_t kblocks = w.kp / kS4BlockK;
-  const int64_t blocks_per_group = w.group_size / kS4BlockK;
-  const uint8_t* wp[NR];
-  #pragma GCC unroll 16
-  for (int c = 0; c < NR; ++c) wp[c] = w.data + (nb0 + c) * kblocks * kS4BlockBytes;
-  const int8_t* ap[MR];
-  #pragma GCC unroll 16
-  for (int r = 0; r < MR; ++r) ap[r] = args.a + (m0 + r) * args.lda;
-  const __m512i nibble = _mm512_set1_epi8(kNibbleMask);
-
-  alignas(64) float t[MR][NR][kS4BlockN];
-  std::memset(t, 0, sizeof(t));
-  alignas(64) int32_t sums[MR][NR][kS4BlockN];
-
-  for (int64_t g = 0; g < w.groups; ++g) {
-    __m512i lo_acc[MR][NR], hi_acc[MR][NR];  // two chains halve the VPDPBUSD dependency
-    #pragma GCC unroll 16
-    for (int r = 0; r < MR; ++r)
-      #pragma GCC unroll 16
-      for (int c = 0; c < NR; ++c) lo_acc[r][c] = hi_acc[r][c] = _mm512_setzero_si512();
-    const int64_t kb_end =
-        (g + 1) * blocks_per_group < kblocks ? (g + 1) * blocks_per_group : kblocks;
-    for (int64_t kb = g * blocks_per_group; kb < kb_end; ++kb) {
-      __m512i a_lo[MR], a_hi[MR];
-      #pragma GCC unroll 16
-      for (int r = 0; r < MR; ++r) {
-        a_lo[r] = _mm512_set1_epi32(load_u32(ap[r] + kb * kS4BlockK));
-        a_hi[r] = _mm512_set1_epi32(load_u32(ap[r] + kb * kS4BlockK + kS8BlockK));
-      }
-      #pragma GCC unroll 16
-      for (int c = 0; c < NR; ++c) {
-        const __m512i v = _mm512_loadu_si512(wp[c] + kb * kS4BlockBytes);
-        const __m512i lo = _mm512_and_si512(v, nibble);
-        const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, kS4NibbleBits), nibble);
-        #pragma GCC unroll 16
-        for (int r = 0; r < MR; ++r) {
-          lo_acc[r][c] = _mm512_dpbusd_epi32(lo_acc[r][c], lo, a_lo[r]);
-          hi_acc[r][c] = _mm512_dpbusd_epi32(hi_acc[r][c], hi, a_hi[r]);
-        }
-      }
-    }
-    #pragma GCC unroll 16
-    for (int r = 0; r < MR; ++r)
-      #pragma GCC unroll 16
-      for (int c = 0; c < NR; ++c) {
-        _mm512_store_si512(sums[r][c], _mm512_add_epi32(lo_acc[r][c], hi_acc[r][c]));
-      }
-    s4_fold_group<MR, NR>(args, m0, nb0, g, sums, t);
-  }
-  s4_finish_tile<MR, NR>(args, m0, nb0, t);
-}
-
-using TileFn = void (*)(const GemvS4Args&, int64_t, int64_t);
 
 // One row: up to 4 column blocks (8 int + 4 float accumulators). Several rows: one block of
 // 16 columns (its K/2-byte panel stays in L1) times up to 4 rows.
-TileFn select_tile(int mr, int nr) {
-  switch (mr) {
-    case 1: return nr == 1 ? tile<1, 1> : nr == 2 ? tile<1, 2> : nr == 3 ? tile<1, 3> : tile<1, 4>;
-    case 2: return tile<2, 1>;
-    case 3: return tile<3, 1>;
-    default: return tile<4, 1>;
+struct Kernel {
+  using Args = GemvS4Args;
+  static constexpr int kMaxRows = 4;
+  static constexpr int kMaxBlocks = 4;
+
+  template <int MR, int NR>
+  static void tile(const GemvS4Args& args, int64_t m0, int64_t nb0) {
+    const S4N16K8View& w = args.w;
+    const int64_t kblocks = w.kp / kS4BlockK;
+    const int64_t blocks_per_group = w.group_size / kS4BlockK;
+    const uint8_t* wp[NR];
+    block_pointers(w.data, nb0, kblocks * kS4BlockBytes, wp);
+    const int8_t* ap[MR];
+    row_pointers(args.a, m0, args.lda, ap);
+    const __m512i nibble = _mm512_set1_epi8(kNibbleMask);
+
+    alignas(64) float t[MR][NR][kS4BlockN];
+    std::memset(t, 0, sizeof(t));
+    alignas(64) int32_t sums[MR][NR][kS4BlockN];
+
+    for (int64_t g = 0; g < w.groups; ++g) {
+      __m512i lo_acc[MR][NR], hi_acc[MR][NR];  // two chains halve the VPDPBUSD dependency
+      #pragma GCC unroll 16
+      for (int r = 0; r < MR; ++r)
+        #pragma GCC unroll 16
+        for (int c = 0; c < NR; ++c) lo_acc[r][c] = hi_acc[r][c] = _mm512_setzero_si512();
+      const int64_t kb_end =
+          (g + 1) * blocks_per_group < kblocks ? (g + 1) * blocks_per_group : kblocks;
+      for (int64_t kb = g * blocks_per_group; kb < kb_end; ++kb) {
+        __m512i a_lo[MR], a_hi[MR];
+        #pragma GCC unroll 16
+        for (int r = 0; r < MR; ++r) {
+          a_lo[r] = _mm512_set1_epi32(load_u32(ap[r] + kb * kS4BlockK));
+          a_hi[r] = _mm512_set1_epi32(load_u32(ap[r] + kb * kS4BlockK + kS8BlockK));
+        }
+        #pragma GCC unroll 16
+        for (int c = 0; c < NR; ++c) {
+          const __m512i v = _mm512_loadu_si512(wp[c] + kb * kS4BlockBytes);
+          const __m512i lo = _mm512_and_si512(v, nibble);
+          const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, kS4NibbleBits), nibble);
+          #pragma GCC unroll 16
+          for (int r = 0; r < MR; ++r) {
+            lo_acc[r][c] = _mm512_dpbusd_epi32(lo_acc[r][c], lo, a_lo[r]);
+            hi_acc[r][c] = _mm512_dpbusd_epi32(hi_acc[r][c], hi, a_hi[r]);
+          }
+        }
+      }
+      #pragma GCC unroll 16
+      for (int r = 0; r < MR; ++r)
+        #pragma GCC unroll 16
+        for (int c = 0; c < NR; ++c) {
+          _mm512_store_si512(sums[r][c], _mm512_add_epi32(lo_acc[r][c], hi_acc[r][c]));
+        }
+      s4_fold_group<MR, NR>(args, m0, nb0, g, sums, t);
+    }
+    s4_finish_tile<MR, NR>(args, m0, nb0, t);
   }
-}
+};
 
 }  // namespace
 
 void gemv_s8s4f32_n16k8_avx512vnni(const GemvS4Args& args, int64_t nb_begin, int64_t nb_end) {
-  const int64_t max_blocks = args.m == 1 ? 4 : 1;
-  for (int64_t nb = nb_begin; nb < nb_end; nb += max_blocks) {
-    const int nr = static_cast<int>(nb_end - nb < max_blocks ? nb_end - nb : max_blocks);
-    for (int64_t m0 = 0; m0 < args.m; m0 += kMaxRows) {
-      const int mr = static_cast<int>(args.m - m0 < kMaxRows ? args.m - m0 : kMaxRows);
-      select_tile(mr, nr)(args, m0, nb);
-    }
-  }
+  for_each_tile<Kernel>(args, nb_begin, nb_end, args.m == 1 ? Kernel::kMaxBlocks : 1, [](int64_t, int) {});
 }
 
 }  // namespace qforge::kernels::detail

@@ -6,9 +6,9 @@
 // VPMADDWD with ones then widens pairs to int32 exactly. Compiled with -mavx2 -mfma.
 #include <immintrin.h>
 
-#include <cstring>
-
 #include "kernels/cpu/gemv_kernels.h"
+#include "kernels/cpu/simd_avx2.h"
+#include "kernels/cpu/tile_driver.h"
 
 // "#pragma GCC unroll" on the register-tile loops: without it GCC 12 unrolls them too late and
 // keeps the accumulators in memory.
@@ -16,22 +16,7 @@ namespace qforge::kernels::detail {
 
 namespace {
 
-constexpr int kMaxRows = 2;    // rows per tile: MR x NR x 2 halves <= 8 ymm accumulators
-constexpr int kMaxBlocks = 2;  // 16-column blocks per tile
-constexpr int kHalf = 8;       // int32 lanes per ymm
-
-inline int32_t load_u32(const void* p) {
-  int32_t v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
-}
-
-// Lanes [0, valid) all-ones, for maskload/maskstore of a partial 8-column half.
-inline __m256i lane_mask(int64_t valid) {
-  const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-  const int v = static_cast<int>(valid < 0 ? 0 : (valid > kHalf ? kHalf : valid));
-  return _mm256_cmpgt_epi32(_mm256_set1_epi32(v), idx);
-}
+constexpr int kHalf = kAvx2Lanes;  // columns per ymm half of a 16-column block
 
 // sum over 4 k of a * w per int32 lane, exact (see file comment).
 inline __m256i dot4(__m256i a, __m256i w, __m256i ones) {
@@ -74,71 +59,62 @@ __attribute__((noinline)) void finish_tile(const GemvS8Args& args, int64_t m0, i
   }
 }
 
-template <int MR, int NR>
-void tile(const GemvS8Args& args, int64_t m0, int64_t nb0) {
-  const S8N16K4View& w = args.w;
-  const int64_t kblocks = w.kp / kS8BlockK;
-  const int8_t* wp[NR];
-  #pragma GCC unroll 16
-  for (int c = 0; c < NR; ++c) wp[c] = w.data + (nb0 + c) * kblocks * kS8BlockBytes;
-  const int8_t* ap[MR];
-  #pragma GCC unroll 16
-  for (int r = 0; r < MR; ++r) ap[r] = args.a_s8 + (m0 + r) * args.lda;
-  const __m256i ones = _mm256_set1_epi16(1);
+struct Kernel {
+  using Args = GemvS8Args;
+  static constexpr int kMaxRows = 2;    // rows per tile: MR x NR x 2 halves <= 8 ymm accumulators
+  static constexpr int kMaxBlocks = 2;  // 16-column blocks per tile
 
-  __m256i acc[MR][NR][2];
-  #pragma GCC unroll 16
-  for (int r = 0; r < MR; ++r)
-    #pragma GCC unroll 16
-    for (int c = 0; c < NR; ++c) acc[r][c][0] = acc[r][c][1] = _mm256_setzero_si256();
+  template <int MR, int NR>
+  static void tile(const GemvS8Args& args, int64_t m0, int64_t nb0) {
+    const S8N16K4View& w = args.w;
+    const int64_t kblocks = w.kp / kS8BlockK;
+    const int8_t* wp[NR];
+    block_pointers(w.data, nb0, kblocks * kS8BlockBytes, wp);
+    const int8_t* ap[MR];
+    row_pointers(args.a_s8, m0, args.lda, ap);
+    const __m256i ones = _mm256_set1_epi16(1);
 
-  for (int64_t kb = 0; kb < kblocks; ++kb) {
-    __m256i av[MR];
+    __m256i acc[MR][NR][2];
     #pragma GCC unroll 16
-    for (int r = 0; r < MR; ++r) av[r] = _mm256_set1_epi32(load_u32(ap[r] + kb * kS8BlockK));
-    #pragma GCC unroll 16
-    for (int c = 0; c < NR; ++c) {
-      const int8_t* block = wp[c] + kb * kS8BlockBytes;
+    for (int r = 0; r < MR; ++r)
       #pragma GCC unroll 16
-      for (int h = 0; h < 2; ++h) {
-        const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + h * 32));
+      for (int c = 0; c < NR; ++c) acc[r][c][0] = acc[r][c][1] = _mm256_setzero_si256();
+
+    for (int64_t kb = 0; kb < kblocks; ++kb) {
+      __m256i av[MR];
+      #pragma GCC unroll 16
+      for (int r = 0; r < MR; ++r) av[r] = _mm256_set1_epi32(load_u32(ap[r] + kb * kS8BlockK));
+      #pragma GCC unroll 16
+      for (int c = 0; c < NR; ++c) {
+        const int8_t* block = wp[c] + kb * kS8BlockBytes;
         #pragma GCC unroll 16
-        for (int r = 0; r < MR; ++r) {
-          acc[r][c][h] = _mm256_add_epi32(acc[r][c][h], dot4(av[r], wv, ones));
+        for (int h = 0; h < 2; ++h) {
+          const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + h * 32));
+          #pragma GCC unroll 16
+          for (int r = 0; r < MR; ++r) {
+            acc[r][c][h] = _mm256_add_epi32(acc[r][c][h], dot4(av[r], wv, ones));
+          }
         }
       }
     }
-  }
 
-  alignas(32) int32_t sums[MR][NR][2][kHalf];
-  #pragma GCC unroll 16
-  for (int r = 0; r < MR; ++r)
+    alignas(32) int32_t sums[MR][NR][2][kHalf];
     #pragma GCC unroll 16
-    for (int c = 0; c < NR; ++c)
+    for (int r = 0; r < MR; ++r)
       #pragma GCC unroll 16
-      for (int h = 0; h < 2; ++h) {
-        _mm256_store_si256(reinterpret_cast<__m256i*>(sums[r][c][h]), acc[r][c][h]);
-      }
-  finish_tile<MR, NR>(args, m0, nb0, sums);
-}
-
-using TileFn = void (*)(const GemvS8Args&, int64_t, int64_t);
-
-TileFn select_tile(int mr, int nr) {
-  if (mr == 1) return nr == 1 ? tile<1, 1> : tile<1, 2>;
-  return nr == 1 ? tile<2, 1> : tile<2, 2>;
-}
+      for (int c = 0; c < NR; ++c)
+        #pragma GCC unroll 16
+        for (int h = 0; h < 2; ++h) {
+          _mm256_store_si256(reinterpret_cast<__m256i*>(sums[r][c][h]), acc[r][c][h]);
+        }
+    finish_tile<MR, NR>(args, m0, nb0, sums);
+  }
+};
 
 }  // namespace
 
 void gemv_s8s8s32_n16k4_avx2(const GemvS8Args& args, int64_t nb_begin, int64_t nb_end) {
-  for (int64_t nb = nb_begin; nb < nb_end; nb += kMaxBlocks) {
-    const int nr = static_cast<int>(nb_end - nb < kMaxBlocks ? nb_end - nb : kMaxBlocks);
-    for (int64_t m0 = 0; m0 < args.m; m0 += kMaxRows) {
-      const int mr = static_cast<int>(args.m - m0 < kMaxRows ? args.m - m0 : kMaxRows);
-      select_tile(mr, nr)(args, m0, nb);
-    }
-  }
+  for_each_tile<Kernel>(args, nb_begin, nb_end);
 }
 
 }  // namespace qforge::kernels::detail

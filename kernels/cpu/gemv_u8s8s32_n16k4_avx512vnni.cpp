@@ -5,29 +5,15 @@
 // Compiled with -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni.
 #include <immintrin.h>
 
-#include <cstring>
-
 #include "kernels/cpu/gemv_kernels.h"
+#include "kernels/cpu/simd_avx512.h"
+#include "kernels/cpu/tile_driver.h"
 
 // "#pragma GCC unroll" on the register-tile loops: without it GCC 12 unrolls them too late and
 // keeps the accumulators in memory.
 namespace qforge::kernels::detail {
 
 namespace {
-
-constexpr int kMaxRows = 4;    // rows of A per register tile
-constexpr int kMaxBlocks = 4;  // 16-column blocks per register tile (MR x NR <= 16 accumulators)
-
-inline int32_t load_u32(const void* p) {
-  int32_t v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
-}
-
-inline __mmask16 column_mask(int64_t n0, int64_t n) {
-  const int64_t valid = n - n0;
-  return valid >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << valid) - 1);
-}
 
 // Out of line on purpose: inlined, this branchy epilogue makes GCC 12 shuffle the accumulator
 // array through extra moves inside the k loop (measured ~1.5x slower).
@@ -62,72 +48,52 @@ __attribute__((noinline)) void finish_tile(const GemvS8Args& args, int64_t m0, i
   }
 }
 
-template <int MR, int NR>
-void tile(const GemvS8Args& args, int64_t m0, int64_t nb0) {
-  const S8N16K4View& w = args.w;
-  const int64_t kblocks = w.kp / kS8BlockK;
-  const int8_t* wp[NR];
-  #pragma GCC unroll 16
-  for (int c = 0; c < NR; ++c) wp[c] = w.data + (nb0 + c) * kblocks * kS8BlockBytes;
-  const uint8_t* ap[MR];
-  #pragma GCC unroll 16
-  for (int r = 0; r < MR; ++r) ap[r] = args.a_u8 + (m0 + r) * args.lda;
+struct Kernel {
+  using Args = GemvS8Args;
+  static constexpr int kMaxRows = 4;    // rows of A per register tile
+  static constexpr int kMaxBlocks = 4;  // 16-column blocks per tile (MR x NR <= 16 accumulators)
 
-  __m512i acc[MR][NR];
-  #pragma GCC unroll 16
-  for (int r = 0; r < MR; ++r)
-    #pragma GCC unroll 16
-    for (int c = 0; c < NR; ++c) acc[r][c] = _mm512_setzero_si512();
+  template <int MR, int NR>
+  static void tile(const GemvS8Args& args, int64_t m0, int64_t nb0) {
+    const S8N16K4View& w = args.w;
+    const int64_t kblocks = w.kp / kS8BlockK;
+    const int8_t* wp[NR];
+    block_pointers(w.data, nb0, kblocks * kS8BlockBytes, wp);
+    const uint8_t* ap[MR];
+    row_pointers(args.a_u8, m0, args.lda, ap);
 
-  for (int64_t kb = 0; kb < kblocks; ++kb) {
-    __m512i av[MR];
+    __m512i acc[MR][NR];
     #pragma GCC unroll 16
-    for (int r = 0; r < MR; ++r) av[r] = _mm512_set1_epi32(load_u32(ap[r] + kb * kS8BlockK));
-    #pragma GCC unroll 16
-    for (int c = 0; c < NR; ++c) {
-      const __m512i wv = _mm512_loadu_si512(wp[c] + kb * kS8BlockBytes);
+    for (int r = 0; r < MR; ++r)
       #pragma GCC unroll 16
-      for (int r = 0; r < MR; ++r) acc[r][c] = _mm512_dpbusd_epi32(acc[r][c], av[r], wv);
+      for (int c = 0; c < NR; ++c) acc[r][c] = _mm512_setzero_si512();
+
+    for (int64_t kb = 0; kb < kblocks; ++kb) {
+      __m512i av[MR];
+      #pragma GCC unroll 16
+      for (int r = 0; r < MR; ++r) av[r] = _mm512_set1_epi32(load_u32(ap[r] + kb * kS8BlockK));
+      #pragma GCC unroll 16
+      for (int c = 0; c < NR; ++c) {
+        const __m512i wv = _mm512_loadu_si512(wp[c] + kb * kS8BlockBytes);
+        #pragma GCC unroll 16
+        for (int r = 0; r < MR; ++r) acc[r][c] = _mm512_dpbusd_epi32(acc[r][c], av[r], wv);
+      }
     }
-  }
 
-  alignas(64) int32_t sums[MR][NR][kS8BlockN];
-  #pragma GCC unroll 16
-  for (int r = 0; r < MR; ++r)
+    alignas(64) int32_t sums[MR][NR][kS8BlockN];
     #pragma GCC unroll 16
-    for (int c = 0; c < NR; ++c) _mm512_store_si512(sums[r][c], acc[r][c]);
+    for (int r = 0; r < MR; ++r)
+      #pragma GCC unroll 16
+      for (int c = 0; c < NR; ++c) _mm512_store_si512(sums[r][c], acc[r][c]);
 
-  finish_tile<MR, NR>(args, m0, nb0, sums);
-}
-
-using TileFn = void (*)(const GemvS8Args&, int64_t, int64_t);
-
-template <int MR>
-constexpr TileFn tile_for_blocks(int nr) {
-  return nr == 1 ? tile<MR, 1> : nr == 2 ? tile<MR, 2> : nr == 3 ? tile<MR, 3> : tile<MR, 4>;
-}
-
-TileFn select_tile(int mr, int nr) {
-  switch (mr) {
-    case 1: return tile_for_blocks<1>(nr);
-    case 2: return tile_for_blocks<2>(nr);
-    case 3: return tile_for_blocks<3>(nr);
-    default: return tile_for_blocks<4>(nr);
+    finish_tile<MR, NR>(args, m0, nb0, sums);
   }
-}
+};
 
 }  // namespace
 
 void gemv_u8s8s32_n16k4_avx512vnni(const GemvS8Args& args, int64_t nb_begin, int64_t nb_end) {
-  // Column blocks outermost: a kMaxBlocks x K weight panel stays in L2 while every row tile
-  // streams over it, so weights come from memory once.
-  for (int64_t nb = nb_begin; nb < nb_end; nb += kMaxBlocks) {
-    const int nr = static_cast<int>(nb_end - nb < kMaxBlocks ? nb_end - nb : kMaxBlocks);
-    for (int64_t m0 = 0; m0 < args.m; m0 += kMaxRows) {
-      const int mr = static_cast<int>(args.m - m0 < kMaxRows ? args.m - m0 : kMaxRows);
-      select_tile(mr, nr)(args, m0, nb);
-    }
-  }
+  for_each_tile<Kernel>(args, nb_begin, nb_end);
 }
 
 }  // namespace qforge::kernels::detail

@@ -1,26 +1,20 @@
-// Decode-size kernel choice of the packed-linear dispatchers (gemv_s8.cpp, gemv_s4.cpp,
-// linear_weight_only.cpp, lut_linear.cpp), without data.
+// Decode-size kernel choice of the packed-linear ops, read from their kernel tables without data.
 #include "kernels/cpu/kernel_choice.h"
 
-#include <string>
-
-#include "kernels/cpu/packed_layout.h"
+#include "kernels/cpu/gemv_s4.h"
+#include "kernels/cpu/gemv_s8.h"
+#include "kernels/cpu/linear_weight_only.h"
+#include "kernels/cpu/lut_linear.h"
 
 namespace qforge::kernels {
 
 namespace {
 
-// True when level `isa` is compiled in and within `usable`; otherwise *why says which.
-bool level_ok(Isa isa, Isa usable, std::string* why) {
-  if (!isa_compiled(isa)) {
-    *why = std::string(isa_name(isa)) + " not compiled in";
-    return false;
-  }
-  if (static_cast<int>(isa) > static_cast<int>(usable)) {
-    *why = std::string(isa_name(isa)) + " not usable here (highest usable level: " + isa_name(usable) + ")";
-    return false;
-  }
-  return true;
+template <typename Problem>
+RunInfo plan_table(const KernelTable<Problem>& table, const Problem& p, Isa usable) {
+  RunInfo ri;
+  select_kernel(table, p, IsaGate::up_to(usable), &ri);
+  return ri;
 }
 
 }  // namespace
@@ -36,46 +30,41 @@ const char* to_string(LinearOp op) {
   return "?";
 }
 
-RunInfo choose_decode_kernel(LinearOp op, Isa usable, int64_t group_size) {
-  RunInfo ri;
-  std::string why;
-  // Each list below is its dispatcher's, in the same order, ending at the reference twin.
-  struct Candidate {
-    const char* name;
-    Isa isa;
-    bool needs_groups_of_8;
-  };
-  auto pick = [&](std::initializer_list<Candidate> list, const char* reference = "reference") {
-    const bool groups_fit = group_size % kS4BlockK == 0;
-    for (const Candidate& c : list) {
-      if (!level_ok(c.isa, usable, &why)) {
-        ri.skip(c.name, why);
-      } else if (c.needs_groups_of_8 && !groups_fit) {
-        ri.skip(c.name, "group_size=" + std::to_string(group_size) + " not a multiple of 8");
-      } else {
-        ri.kernel = c.name;
-        return;
-      }
-    }
-    ri.kernel = reference;
-  };
+RunInfo choose_kernel(LinearOp op, Isa usable, int64_t m, int64_t group_size) {
   switch (op) {
-    case LinearOp::kS8S8:
-      pick({{"gemv_u8s8s32_n16k4_avx512vnni", Isa::kAvx512Vnni, false},
-            {"gemv_s8s8s32_n16k4_avx2", Isa::kAvx2, false}});
-      break;
-    case LinearOp::kS8S4:
-      pick({{"gemv_s8s4f32_n16k8_avx512vnni", Isa::kAvx512Vnni, true},
-            {"gemv_s8s4f32_n16k8_avx2", Isa::kAvx2, true}});
-      break;
-    case LinearOp::kF32S8: pick({{"gemv_f32s8f32_n16k4_avx512", Isa::kAvx512, false}}); break;
-    case LinearOp::kF32S4: pick({{"gemv_f32s4f32_n16k8_avx512", Isa::kAvx512, true}}); break;
-    case LinearOp::kF32Lut:
-      pick({{"gemv_f32lut_avx512", Isa::kAvx512, false}, {"gemv_f32lut_avx2", Isa::kAvx2, false}},
-           "linear_f32lut_reference");
-      break;
+    case LinearOp::kS8S8: {
+      GemvS8Problem p;
+      p.m = m;
+      return plan_table(gemv_s8_kernels(), p, usable);
+    }
+    case LinearOp::kS8S4: {
+      GemvS4Problem p;
+      p.m = m;
+      p.w.group_size = group_size;
+      return plan_table(gemv_s4_kernels(), p, usable);
+    }
+    case LinearOp::kF32S8: {
+      LinearF32S8Problem p;
+      p.m = m;
+      return plan_table(linear_f32s8_kernels(), p, usable);
+    }
+    case LinearOp::kF32S4: {
+      LinearF32S4Problem p;
+      p.m = m;
+      p.w.group_size = group_size;
+      return plan_table(linear_f32s4_kernels(), p, usable);
+    }
+    case LinearOp::kF32Lut: {
+      LutProblem p;
+      p.m = m;
+      return plan_table(lut_linear_kernels(), p, usable);
+    }
   }
-  return ri;
+  return RunInfo{};
+}
+
+RunInfo choose_decode_kernel(LinearOp op, Isa usable, int64_t group_size) {
+  return choose_kernel(op, usable, 1, group_size);
 }
 
 }  // namespace qforge::kernels

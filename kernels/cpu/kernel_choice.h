@@ -1,8 +1,8 @@
-// The static part of the packed-linear dispatchers' ordered kernel lists: which kernel a
-// decode-sized call (M = 1) runs at a given ISA level, and which candidates were skipped and why.
-// It depends only on the op, the level and the group size, never on data, so freeze() can plan a
-// layer once and describe() and the dry run can show the plan without running anything. The
-// dispatchers decide the same thing at run time; tests/kernels check that both agree at every level.
+// The static part of the packed-linear ops' kernel tables: which entry a call of M rows (M = 1:
+// decode size) runs at a given ISA level, and which entries were skipped and why. It depends only
+// on the op, the level, M and the group size, never on data, so freeze() can plan a layer once and
+// describe() and the dry run can show the plan without running anything. It walks the same table
+// the dispatchers run (kernel_table.h), so the two cannot disagree.
 #pragma once
 
 #include <cstdint>
@@ -22,8 +22,12 @@ enum class LinearOp : uint8_t {
 
 const char* to_string(LinearOp op);
 
-// The kernel the dispatcher of `op` runs for M = 1 when `usable` is the highest usable level (a
+// The kernel the dispatcher of `op` runs for M rows when `usable` is the highest usable level (a
 // level also needs to be compiled in). `group_size` matters for the 4-bit ops (0 for the others).
+// Data-dependent conditions (int8 activations holding -128) are assumed not to hold.
+RunInfo choose_kernel(LinearOp op, Isa usable, int64_t m, int64_t group_size = 0);
+
+// choose_kernel for M = 1, what a decode-sized call runs.
 RunInfo choose_decode_kernel(LinearOp op, Isa usable, int64_t group_size = 0);
 
 }  // namespace qforge::kernels

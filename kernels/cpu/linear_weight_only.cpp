@@ -1,5 +1,7 @@
-// Dispatcher of the weight-only (float activation) linears.
+// Kernel tables and dispatchers of the weight-only (float activation) linears.
 #include "kernels/cpu/linear_weight_only.h"
+
+#include <ATen/ATen.h>
 
 #include <cstring>
 #include <string>
@@ -11,22 +13,160 @@
 #include "kernels/cpu/isa.h"
 #include "kernels/cpu/parallel_blocks.h"
 #include "kernels/cpu/reference.h"
+#include "kernels/cpu/workspace.h"
 
 namespace qforge::kernels {
 
 namespace {
 
-// x rows padded with 0.0f to kp (kernels read whole k blocks).
-[[maybe_unused]] std::vector<float> padded_rows(const float* x, int64_t M, int64_t K,
-                                                int64_t kp) {
-  std::vector<float> out(static_cast<size_t>(M * kp), 0.0f);
+// x rows padded with 0.0f to kp in the thread's scratch (kernels read whole k blocks).
+[[maybe_unused]] const float* padded_rows(const float* x, int64_t M, int64_t K, int64_t kp) {
+  float* out = detail::thread_scratch<float>(detail::Scratch::kPaddedInput, M * kp);
   for (int64_t m = 0; m < M; ++m) {
-    std::memcpy(out.data() + m * kp, x + m * K, static_cast<size_t>(K) * sizeof(float));
+    std::memcpy(out + m * kp, x + m * K, static_cast<size_t>(K) * sizeof(float));
+    std::fill(out + m * kp + K, out + (m + 1) * kp, 0.0f);
   }
   return out;
 }
 
+// The GEMV entries: `args` (its op-specific fields set) completed with the padded input, the
+// weight and the output, then one ISA kernel over 16-column blocks split across the threads.
+template <typename Args, typename View, void (*kKernel)(const Args&, int64_t, int64_t)>
+[[maybe_unused]] void run_gemv(Args args, const float* x, int64_t m, const View& w, const float* bias, float* y,
+                               int64_t block_n) {
+  args.x = padded_rows(x, m, w.k, w.kp);
+  args.m = m;
+  args.ldx = w.kp;
+  args.w = w;
+  args.bias = bias;
+  args.y = y;
+  args.ldy = w.n;
+  detail::parallel_over_blocks(round_up(w.n, block_n) / block_n, block_n * w.kp * m,
+                               [&](int64_t b, int64_t e) { kKernel(args, b, e); });
+}
+
+#ifdef QFORGE_KERNELS_AVX512
+void run_f32s8_avx512(const LinearF32S8Problem& p) {
+  detail::GemvF32S8Args args;
+  args.w_scale = p.w_scale;
+  run_gemv<detail::GemvF32S8Args, S8N16K4View, detail::gemv_f32s8f32_n16k4_avx512>(args, p.x, p.m, p.w, p.bias,
+                                                                                   p.y, kS8BlockN);
+}
+
+void run_f32s4_avx512(const LinearF32S4Problem& p) {
+  run_gemv<detail::GemvF32S4Args, S4N16K8View, detail::gemv_f32s4f32_n16k8_avx512>({}, p.x, p.m, p.w, p.bias, p.y,
+                                                                                   kS4BlockN);
+}
+#endif
+
+// Int4 codes (u = W - qmin) and plain [N, G] scales and zero-point codes of a packed weight.
+struct S4Unpacked {
+  std::vector<int8_t> codes;
+  std::vector<float> scale;
+  std::vector<int32_t> zero;
+};
+
+S4Unpacked unpack_s4(const S4N16K8View& w) {
+  S4Unpacked u;
+  u.codes.resize(static_cast<size_t>(w.n * w.k));
+  unpack_s4_n16k8_reference(w.data, w.n, w.k, 0, u.codes.data());
+  u.scale.resize(static_cast<size_t>(w.n * w.groups));
+  u.zero.resize(static_cast<size_t>(w.n * w.groups));
+  unpack_s4_group_meta(w.scales, w.zeros, w.n, w.groups, u.scale.data(), u.zero.data());
+  return u;
+}
+
+void run_f32s8_reference(const LinearF32S8Problem& p) {
+  std::vector<int8_t> W(static_cast<size_t>(p.w.n * p.w.k));
+  unpack_s8_n16k4_reference(p.w.data, p.w.n, p.w.k, W.data());
+  linear_f32_s8_reference(p.x, W.data(), p.w_scale, p.bias, p.y, p.m, p.w.n, p.w.k);
+}
+
+void run_f32s4_reference(const LinearF32S4Problem& p) {
+  const S4Unpacked u = unpack_s4(p.w);
+  linear_f32_s4_reference(p.x, u.codes.data(), u.scale.data(), u.zero.data(), p.w.group_size, p.bias, p.y, p.m,
+                          p.w.n, p.w.k);
+}
+
+// W = float(q) * scale[n] (dequantize_int with zero point 0, the same float products).
+void run_f32s8_dequant_gemm(const LinearF32S8Problem& p) {
+  const int64_t N = p.w.n, K = p.w.k;
+  detail::linear_f32_dequant_gemm(p.x, p.m, K, N, p.bias, p.y, [&](float* w) {
+    std::vector<int8_t> q(static_cast<size_t>(N * K));
+    unpack_s8_n16k4_reference(p.w.data, N, K, q.data());
+    for (int64_t n = 0; n < N; ++n) {
+      for (int64_t k = 0; k < K; ++k) w[n * K + k] = static_cast<float>(q[n * K + k]) * p.w_scale[n];
+    }
+  });
+}
+
+// W = float(u - z') * scale[n, g]: (q - z) * s of dequantize_int, since u - z' = q - z exactly.
+void run_f32s4_dequant_gemm(const LinearF32S4Problem& p) {
+  const int64_t N = p.w.n, K = p.w.k, G = p.w.groups, gs = p.w.group_size;
+  detail::linear_f32_dequant_gemm(p.x, p.m, K, N, p.bias, p.y, [&](float* w) {
+    const S4Unpacked u = unpack_s4(p.w);
+    for (int64_t n = 0; n < N; ++n) {
+      for (int64_t k = 0; k < K; ++k) {
+        const int64_t g = n * G + k / gs;
+        w[n * K + k] = static_cast<float>(u.codes[n * K + k] - u.zero[g]) * u.scale[g];
+      }
+    }
+  });
+}
+
+bool f32s4_groups_fit(const LinearF32S4Problem& p, std::string* why) {
+  if (p.w.group_size % kS4BlockK == 0) return true;
+  *why = "group_size=" + std::to_string(p.w.group_size) + " not a multiple of 8";
+  return false;
+}
+
+template <typename Problem>
+bool serves_gemv(const Problem& p) {
+  return detail::weight_only_gemv_serves(p.m);
+}
+
+template <typename Problem>
+bool serves_gemm(const Problem& p) {
+  return !detail::weight_only_gemv_serves(p.m);
+}
+
 }  // namespace
+
+namespace detail {
+
+void linear_f32_dequant_gemm(const float* x, int64_t M, int64_t K, int64_t N, const float* bias, float* y,
+                             const std::function<void(float* w)>& fill_weight) {
+  // Allocated per call: this path serves large M, where the GEMM dwarfs one allocation, and a
+  // float copy of the weight is too large to keep per thread.
+  at::Tensor w = at::empty({N, K}, at::kFloat);
+  fill_weight(w.data_ptr<float>());
+  const at::Tensor xt = at::from_blob(const_cast<float*>(x), {M, K}, at::kFloat);
+  const at::Tensor b = bias != nullptr ? at::from_blob(const_cast<float*>(bias), {N}, at::kFloat) : at::Tensor();
+  const at::Tensor out = at::linear(xt, w, b).contiguous();
+  std::memcpy(y, out.data_ptr<float>(), static_cast<size_t>(M * N) * sizeof(float));
+}
+
+}  // namespace detail
+
+const KernelTable<LinearF32S8Problem>& linear_f32s8_kernels() {
+  static const KernelTable<LinearF32S8Problem> table{
+      {"gemv_f32s8f32_n16k4_avx512", Isa::kAvx512, serves_gemv<LinearF32S8Problem>, nullptr,
+       QF_KERNEL_AVX512(run_f32s8_avx512)},
+      {"reference", Isa::kReference, serves_gemv<LinearF32S8Problem>, nullptr, run_f32s8_reference},
+      {kDequantGemmKernel, Isa::kReference, serves_gemm<LinearF32S8Problem>, nullptr, run_f32s8_dequant_gemm},
+  };
+  return table;
+}
+
+const KernelTable<LinearF32S4Problem>& linear_f32s4_kernels() {
+  static const KernelTable<LinearF32S4Problem> table{
+      {"gemv_f32s4f32_n16k8_avx512", Isa::kAvx512, serves_gemv<LinearF32S4Problem>, f32s4_groups_fit,
+       QF_KERNEL_AVX512(run_f32s4_avx512)},
+      {"reference", Isa::kReference, serves_gemv<LinearF32S4Problem>, nullptr, run_f32s4_reference},
+      {kDequantGemmKernel, Isa::kReference, serves_gemm<LinearF32S4Problem>, nullptr, run_f32s4_dequant_gemm},
+  };
+  return table;
+}
 
 void linear_f32s8f32(const float* x, int64_t M, const S8N16K4View& w, const float* w_scale,
                      const float* bias, float* y, RunInfo* info) {
@@ -35,38 +175,7 @@ void linear_f32s8f32(const float* x, int64_t M, const S8N16K4View& w, const floa
              " K=", w.k, " Kp=", w.kp, ")");
   QF_REQUIRE(M >= 0 && (M == 0 || (x != nullptr && y != nullptr && w_scale != nullptr)),
              "kernels/cpu: linear_f32s8f32 got M=", M, " or a null pointer");
-  RunInfo local;
-  RunInfo& ri = info != nullptr ? *info : local;
-  ri = RunInfo{};
-  std::string why;
-  constexpr const char* kAvx512 = "gemv_f32s8f32_n16k4_avx512";
-  if (isa_usable(Isa::kAvx512, &why)) {
-#ifdef QFORGE_KERNELS_AVX512
-    ri.kernel = kAvx512;
-    if (M == 0) return;
-    const std::vector<float> xp = padded_rows(x, M, w.k, w.kp);
-    detail::GemvF32S8Args args;
-    args.x = xp.data();
-    args.m = M;
-    args.ldx = w.kp;
-    args.w = w;
-    args.w_scale = w_scale;
-    args.bias = bias;
-    args.y = y;
-    args.ldy = w.n;
-    detail::parallel_over_blocks(round_up(w.n, kS8BlockN) / kS8BlockN, kS8BlockN * w.kp * M,
-                                 [&](int64_t b, int64_t e) {
-                                   detail::gemv_f32s8f32_n16k4_avx512(args, b, e);
-                                 });
-    return;
-#endif
-  }
-  ri.skip(kAvx512, why);
-  ri.kernel = "reference";
-  if (M == 0) return;
-  std::vector<int8_t> W(static_cast<size_t>(w.n * w.k));
-  unpack_s8_n16k4_reference(w.data, w.n, w.k, W.data());
-  linear_f32_s8_reference(x, W.data(), w_scale, bias, y, M, w.n, w.k);
+  run_kernel_table(linear_f32s8_kernels(), LinearF32S8Problem{x, M, w, w_scale, bias, y}, M, info);
 }
 
 void linear_f32s4f32(const float* x, int64_t M, const S4N16K8View& w, const float* bias, float* y,
@@ -77,45 +186,7 @@ void linear_f32s4f32(const float* x, int64_t M, const S4N16K8View& w, const floa
              " K=", w.k, " group_size=", w.group_size, ")");
   QF_REQUIRE(M >= 0 && (M == 0 || (x != nullptr && y != nullptr)),
              "kernels/cpu: linear_f32s4f32 got M=", M, " or a null pointer");
-  RunInfo local;
-  RunInfo& ri = info != nullptr ? *info : local;
-  ri = RunInfo{};
-  std::string why;
-  constexpr const char* kAvx512 = "gemv_f32s4f32_n16k8_avx512";
-  if (!isa_usable(Isa::kAvx512, &why)) {
-    ri.skip(kAvx512, why);
-  } else if (w.group_size % kS4BlockK != 0) {
-    ri.skip(kAvx512, "group_size=" + std::to_string(w.group_size) + " not a multiple of 8");
-  } else {
-#ifdef QFORGE_KERNELS_AVX512
-    ri.kernel = kAvx512;
-    if (M == 0) return;
-    const std::vector<float> xp = padded_rows(x, M, w.k, w.kp);
-    detail::GemvF32S4Args args;
-    args.x = xp.data();
-    args.m = M;
-    args.ldx = w.kp;
-    args.w = w;
-    args.bias = bias;
-    args.y = y;
-    args.ldy = w.n;
-    detail::parallel_over_blocks(round_up(w.n, kS4BlockN) / kS4BlockN, kS4BlockN * w.kp * M,
-                                 [&](int64_t b, int64_t e) {
-                                   detail::gemv_f32s4f32_n16k8_avx512(args, b, e);
-                                 });
-    return;
-#endif
-  }
-  ri.kernel = "reference";
-  if (M == 0) return;
-  const int64_t N = w.n, G = w.groups;
-  std::vector<int8_t> codes(static_cast<size_t>(N * w.k));
-  unpack_s4_n16k8_reference(w.data, N, w.k, 0, codes.data());
-  std::vector<float> scale(static_cast<size_t>(N * G));
-  std::vector<int32_t> zero(static_cast<size_t>(N * G));
-  unpack_s4_group_meta(w.scales, w.zeros, N, G, scale.data(), zero.data());
-  linear_f32_s4_reference(x, codes.data(), scale.data(), zero.data(), w.group_size, bias, y, M, N,
-                          w.k);
+  run_kernel_table(linear_f32s4_kernels(), LinearF32S4Problem{x, M, w, bias, y}, M, info);
 }
 
 }  // namespace qforge::kernels

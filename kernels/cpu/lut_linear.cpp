@@ -1,6 +1,6 @@
 // Codebook (look-up-table) Linear: validation, packing into the 16-byte blocks and 16-entry tables,
-// and the dispatcher (gemv_f32lut_avx512 -> gemv_f32lut_avx2 -> linear_f32lut_reference) over
-// ATen's threads. Layout and float order: kernels/cpu/lut_linear.h.
+// and its kernel table (gemv_f32lut_avx512 -> gemv_f32lut_avx2 -> linear_f32lut_reference, then
+// linear_f32_dequant_gemm above kWeightOnlyMaxM) run over ATen's threads. Layout and float order: kernels/cpu/lut_linear.h.
 #include "kernels/cpu/lut_linear.h"
 
 #include <algorithm>
@@ -11,6 +11,7 @@
 #include "framework/core/error.h"
 #include "kernels/cpu/isa.h"
 #include "kernels/cpu/parallel_blocks.h"
+#include "kernels/cpu/workspace.h"
 
 namespace qforge::kernels {
 
@@ -20,6 +21,61 @@ int64_t round_up_to(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 
 // Reads the sizes of a possibly undefined tensor for an error message.
 at::IntArrayRef sizes_of(const at::Tensor& t) { return t.defined() ? t.sizes() : at::IntArrayRef{}; }
+
+// Runs `kKernel` over whole row blocks, each thread a contiguous range of them; every row's sum is
+// computed by one call in the same order, so the result does not depend on the thread count.
+template <void (*kKernel)(const detail::LutArgs&, int64_t, int64_t)>
+[[maybe_unused]] void run_lut_fast(const LutProblem& p) {
+  detail::LutArgs args = p.layer->kernel_args();
+  const int64_t K = p.layer->in_features(), n = args.n, kp = args.kp;
+  args.x = p.x;
+  args.ldx = K;
+  if (kp != K) {  // kernels read whole blocks: pad x rows with 0.0f
+    float* xp = detail::thread_scratch<float>(detail::Scratch::kPaddedInput, p.m * kp);
+    for (int64_t m = 0; m < p.m; ++m) {
+      std::memcpy(xp + m * kp, p.x + m * K, static_cast<size_t>(K) * sizeof(float));
+      std::fill(xp + m * kp + K, xp + (m + 1) * kp, 0.0f);
+    }
+    args.x = xp;
+    args.ldx = kp;
+  }
+  args.m = p.m;
+  args.y = p.y;
+  args.ldy = n;
+  const int64_t blocks = (n + kLutRowBlock - 1) / kLutRowBlock;
+  detail::parallel_over_blocks(blocks, kLutRowBlock * kp * p.m, [&](int64_t b, int64_t e) {
+    kKernel(args, b * kLutRowBlock, std::min(n, e * kLutRowBlock));
+  });
+}
+
+void run_lut_reference(const LutProblem& p) {
+  const PackedLinearLut& l = *p.layer;
+  const at::Tensor idx = l.indices();
+  const at::Tensor cb = l.codebook();
+  linear_f32_lut_reference(p.x, p.m, idx.data_ptr<uint8_t>(), cb.data_ptr<float>(), l.out_features(),
+                           l.in_features(), l.group_size(), l.bits(),
+                           l.bias().defined() ? l.bias().data_ptr<float>() : nullptr, p.y);
+}
+
+// W[n, k] = codebook[n, k / group_size, idx[n, k]], the levels codebook_lookup gathers.
+void run_lut_dequant_gemm(const LutProblem& p) {
+  const PackedLinearLut& l = *p.layer;
+  const int64_t N = l.out_features(), K = l.in_features(), gs = l.group_size(), G = l.groups();
+  const int64_t L = int64_t{1} << l.bits();
+  const float* bias = l.bias().defined() ? l.bias().data_ptr<float>() : nullptr;
+  detail::linear_f32_dequant_gemm(p.x, p.m, K, N, bias, p.y, [&](float* w) {
+    const at::Tensor idx = l.indices();
+    const at::Tensor cb = l.codebook();
+    const uint8_t* pi = idx.data_ptr<uint8_t>();
+    const float* pc = cb.data_ptr<float>();
+    for (int64_t n = 0; n < N; ++n) {
+      for (int64_t k = 0; k < K; ++k) w[n * K + k] = pc[(n * G + k / gs) * L + pi[n * K + k]];
+    }
+  });
+}
+
+bool lut_gemv_serves(const LutProblem& p) { return detail::weight_only_gemv_serves(p.m); }
+bool lut_gemm_serves(const LutProblem& p) { return !detail::weight_only_gemv_serves(p.m); }
 
 }  // namespace
 
@@ -132,70 +188,35 @@ at::Tensor PackedLinearLut::run(const at::Tensor& x_in, RunInfo* info) const {
   return y.reshape(shape);
 }
 
+detail::LutArgs PackedLinearLut::kernel_args() const {
+  QF_REQUIRE(packed_.defined(), "kernels/cpu: PackedLinearLut: not packed");
+  detail::LutArgs args;
+  args.packed = packed_.data_ptr<uint8_t>();
+  args.tables = tables_.data_ptr<float>();
+  args.n = n_;
+  args.kp = kp_;
+  args.groups = groups_;
+  args.group_size = group_size_;
+  args.storage_bits = lut_storage_bits(bits_);
+  args.bias = bias_.defined() ? bias_.data_ptr<float>() : nullptr;
+  return args;
+}
+
+const KernelTable<LutProblem>& lut_linear_kernels() {
+  static const KernelTable<LutProblem> table{
+      {"gemv_f32lut_avx512", Isa::kAvx512, lut_gemv_serves, nullptr, QF_KERNEL_AVX512(run_lut_fast<detail::gemv_f32lut_avx512>)},
+      {"gemv_f32lut_avx2", Isa::kAvx2, lut_gemv_serves, nullptr, QF_KERNEL_AVX2(run_lut_fast<detail::gemv_f32lut_avx2>)},
+      {"linear_f32lut_reference", Isa::kReference, lut_gemv_serves, nullptr, run_lut_reference},
+      {kDequantGemmKernel, Isa::kReference, lut_gemm_serves, nullptr, run_lut_dequant_gemm},
+  };
+  return table;
+}
+
 void PackedLinearLut::run(const float* x, int64_t M, float* y, RunInfo* info) const {
   QF_REQUIRE(packed_.defined(), "kernels/cpu: PackedLinearLut: not packed");
   QF_REQUIRE(M >= 0 && (M == 0 || (x != nullptr && y != nullptr)), "kernels/cpu: PackedLinearLut: M=", M,
              " or a null pointer");
-  RunInfo local;
-  RunInfo& ri = info != nullptr ? *info : local;
-  ri = RunInfo{};
-  // Runs `kernel` over whole row blocks, each thread a contiguous range of them; every row's sum is
-  // computed by one call in the same order, so the result does not depend on the thread count.
-  [[maybe_unused]] auto run_fast = [&](void (*kernel)(const detail::LutArgs&, int64_t, int64_t)) {
-    std::vector<float> xp;
-    detail::LutArgs args;
-    args.x = x;
-    args.ldx = k_;
-    if (kp_ != k_) {  // kernels read whole blocks: pad x rows with 0.0f
-      xp.assign(static_cast<size_t>(M * kp_), 0.0f);
-      for (int64_t m = 0; m < M; ++m) {
-        std::memcpy(xp.data() + m * kp_, x + m * k_, static_cast<size_t>(k_) * sizeof(float));
-      }
-      args.x = xp.data();
-      args.ldx = kp_;
-    }
-    args.m = M;
-    args.packed = packed_.data_ptr<uint8_t>();
-    args.tables = tables_.data_ptr<float>();
-    args.n = n_;
-    args.kp = kp_;
-    args.groups = groups_;
-    args.group_size = group_size_;
-    args.storage_bits = lut_storage_bits(bits_);
-    args.bias = bias_.defined() ? bias_.data_ptr<float>() : nullptr;
-    args.y = y;
-    args.ldy = n_;
-    const int64_t blocks = (n_ + kLutRowBlock - 1) / kLutRowBlock;
-    detail::parallel_over_blocks(blocks, kLutRowBlock * kp_ * M, [&](int64_t b, int64_t e) {
-      kernel(args, b * kLutRowBlock, std::min(n_, e * kLutRowBlock));
-    });
-  };
-  std::string why;
-  constexpr const char* kAvx512 = "gemv_f32lut_avx512";
-  constexpr const char* kAvx2 = "gemv_f32lut_avx2";
-  if (isa_usable(Isa::kAvx512, &why)) {
-#ifdef QFORGE_KERNELS_AVX512
-    ri.kernel = kAvx512;
-    if (M > 0) run_fast(&detail::gemv_f32lut_avx512);
-    return;
-#endif
-  }
-  ri.skip(kAvx512, why);
-  why.clear();
-  if (isa_usable(Isa::kAvx2, &why)) {
-#ifdef QFORGE_KERNELS_AVX2
-    ri.kernel = kAvx2;
-    if (M > 0) run_fast(&detail::gemv_f32lut_avx2);
-    return;
-#endif
-  }
-  ri.skip(kAvx2, why);
-  ri.kernel = "linear_f32lut_reference";
-  if (M == 0) return;
-  const at::Tensor idx = indices();
-  const at::Tensor cb = codebook();
-  linear_f32_lut_reference(x, M, idx.data_ptr<uint8_t>(), cb.data_ptr<float>(), n_, k_, group_size_, bits_,
-                           bias_.defined() ? bias_.data_ptr<float>() : nullptr, y);
+  run_kernel_table(lut_linear_kernels(), LutProblem{this, x, M, y}, M, info);
 }
 
 }  // namespace qforge::kernels

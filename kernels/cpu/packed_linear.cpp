@@ -12,6 +12,7 @@
 #include "kernels/cpu/isa.h"
 #include "kernels/cpu/linear_weight_only.h"
 #include "kernels/cpu/quantize_rows_s8.h"
+#include "kernels/cpu/workspace.h"
 
 namespace qforge::kernels {
 
@@ -129,9 +130,9 @@ void PackedLinearS8::run(const float* x, int64_t M, float* y, RunInfo* info,
     return;
   }
   QF_REQUIRE(x != nullptr && y != nullptr, "kernels/cpu: PackedLinearS8::run got a null pointer");
-  std::vector<int8_t> q(static_cast<size_t>(M * k_));
-  std::vector<float> a_scale(static_cast<size_t>(M));
-  quantize_rows_s8(x, M, k_, act_scale, q.data(), k_, a_scale.data());
+  int8_t* q = detail::thread_scratch<int8_t>(detail::Scratch::kActivationCodes, M * k_);
+  float* a_scale = detail::thread_scratch<float>(detail::Scratch::kActivationScales, M);
+  quantize_rows_s8(x, M, k_, act_scale, q, k_, a_scale);
 
   RunInfo local;
   RunInfo& ri = info != nullptr ? *info : local;
@@ -145,16 +146,15 @@ void PackedLinearS8::run(const float* x, int64_t M, float* y, RunInfo* info,
       // oneDNN's pre-VNNI int8 path uses VPMADDUBSW and may saturate: not exact, so not used.
       ri.skip(kOneDnn, why);
     } else {
-      std::vector<int32_t> acc(static_cast<size_t>(M * n_));
-      detail::onednn_gemm_s8s8s32(*onednn_, q.data(), M, acc.data());
-      dequantize_s32_f32(acc.data(), a_scale.data(), w_scale_.data_ptr<float>(),
-                                 data_or_null(bias_), y, M, n_);
+      int32_t* acc = detail::thread_scratch<int32_t>(detail::Scratch::kAccumulators, M * n_);
+      detail::onednn_gemm_s8s8s32(*onednn_, q, M, acc);
+      dequantize_s32_f32(acc, a_scale, w_scale_.data_ptr<float>(), data_or_null(bias_), y, M, n_);
       ri.kernel = kOneDnn;
       return;
     }
   }
   RunInfo inner;
-  gemv_s8s8f32(q.data(), M, a_scale.data(), view(), w_scale_.data_ptr<float>(), data_or_null(bias_),
+  gemv_s8s8f32(q, M, a_scale, view(), w_scale_.data_ptr<float>(), data_or_null(bias_),
                y, &inner);
   ri.kernel = inner.kernel;
   if (!inner.fallback.empty()) ri.fallback += (ri.fallback.empty() ? "" : "; ") + inner.fallback;
@@ -250,10 +250,10 @@ void PackedLinearS4::run(const float* x, int64_t M, float* y, RunInfo* info,
     return;
   }
   QF_REQUIRE(x != nullptr && y != nullptr, "kernels/cpu: PackedLinearS4::run got a null pointer");
-  std::vector<int8_t> q(static_cast<size_t>(M * k_));
-  std::vector<float> a_scale(static_cast<size_t>(M));
-  quantize_rows_s8(x, M, k_, act_scale, q.data(), k_, a_scale.data());
-  gemv_s8s4f32(q.data(), M, a_scale.data(), view(), data_or_null(bias_), y, info);
+  int8_t* q = detail::thread_scratch<int8_t>(detail::Scratch::kActivationCodes, M * k_);
+  float* a_scale = detail::thread_scratch<float>(detail::Scratch::kActivationScales, M);
+  quantize_rows_s8(x, M, k_, act_scale, q, k_, a_scale);
+  gemv_s8s4f32(q, M, a_scale, view(), data_or_null(bias_), y, info);
 }
 
 at::Tensor PackedLinearS4::run(const at::Tensor& x, RunInfo* info, ActScale act_scale) const {

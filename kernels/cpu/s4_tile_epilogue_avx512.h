@@ -6,14 +6,10 @@
 #include <immintrin.h>
 
 #include "kernels/cpu/gemv_kernels.h"
+#include "kernels/cpu/simd_avx512.h"
 
 namespace qforge::kernels::detail {
 namespace {
-
-inline __mmask16 s4_column_mask(int64_t n0, int64_t n) {
-  const int64_t valid = n - n0;
-  return valid >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << valid) - 1);
-}
 
 // t[r][c] = fma(float(sums[r][c] - z'[n, g] * sum_g(a[m0 + r])), scale[n, g], t[r][c]).
 template <int MR, int NR>
@@ -43,7 +39,7 @@ __attribute__((noinline)) void s4_finish_tile(const GemvS4Args& args, int64_t m0
                                               const float (*t)[NR][kS4BlockN]) {
   for (int c = 0; c < NR; ++c) {
     const int64_t n0 = (nb0 + c) * kS4BlockN;
-    const __mmask16 mask = s4_column_mask(n0, args.w.n);
+    const __mmask16 mask = column_mask(n0, args.w.n);
     const __m512 b =
         args.bias != nullptr ? _mm512_maskz_loadu_ps(mask, args.bias + n0) : _mm512_setzero_ps();
     for (int r = 0; r < MR; ++r) {

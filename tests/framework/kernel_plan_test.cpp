@@ -1,6 +1,6 @@
 // Kernel plans on a CUDA device, decided on the host (no GPU needed): which frozen Linear runs
-// the cuBLASLt int8 GEMM, which falls back and why; and a frozen layer refusing a device this
-// build has no kernels for, unchanged.
+// the cuBLASLt int8 GEMM, which falls back and why; a frozen layer refusing a device this build
+// has no kernels for, unchanged; and the CPU weight-only plans' large-M kernel.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -8,6 +8,7 @@
 #include "framework/api/kernel_plan.h"
 #include "framework/nn/linear.h"
 #include "framework/api/quantize.h"
+#include "kernels/cpu/linear_weight_only.h"
 
 namespace qforge {
 namespace {
@@ -91,6 +92,19 @@ TEST(KernelPlanCuda, FrozenLayerRefusesADeviceWithoutKernelsAndStaysUsable) {
   }
   EXPECT_TRUE(at::equal(lin->forward(x), before));
   EXPECT_EQ(lin->report().kernel, plan_linear(int8_per_channel(), ActivationMode::kDynamicPerToken, dynamic_act(), 16).kernel);
+}
+
+TEST(KernelPlan, WeightOnlyPathsNameTheFloatGemmAboveTheRowThreshold) {
+  const KernelPlan wo = plan_linear(int8_per_channel(), ActivationMode::kNone, dynamic_act(), 768, Isa::kAvx512Vnni);
+  EXPECT_EQ(wo.path, LinearPath::kS8WeightOnly);
+  EXPECT_EQ(wo.large_m, kernels::kWeightOnlyMaxM + 1);
+  EXPECT_EQ(wo.large_m_kernel, kernels::kDequantGemmKernel);
+  EXPECT_NE(wo.kernel, kernels::kDequantGemmKernel);
+  const KernelPlan dyn = plan_linear(int8_per_channel(), ActivationMode::kDynamicPerToken, dynamic_act(), 768);
+  EXPECT_EQ(dyn.large_m, 0);
+  EXPECT_EQ(dyn.large_m_kernel, "");
+  const KernelPlan gpu = plan_linear_cuda(int8_per_channel(), ActivationMode::kNone, dynamic_act(), 768, 768);
+  EXPECT_EQ(gpu.large_m, 0);
 }
 
 }  // namespace

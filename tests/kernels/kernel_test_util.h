@@ -59,6 +59,12 @@ inline std::vector<Isa> usable_isas() {
   return out;
 }
 
+// True when this machine can run kernels of level `isa` (compiled in, CPU support), whatever the
+// cap: tests run table entries directly with it.
+inline bool machine_has(Isa isa) {
+  return isa_compiled(isa) && static_cast<int>(cpu_isa()) >= static_cast<int>(isa);
+}
+
 // Bitwise equality of two float arrays, reporting the first difference.
 inline ::testing::AssertionResult bitwise_equal(const float* a, const float* b, size_t n) {
   for (size_t i = 0; i < n; ++i) {

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "framework/core/error.h"
@@ -212,4 +213,34 @@ TEST(PackedLinearS4, BadInputThrows) {
                qforge::Error);
   const PackedLinearS4 layer(at::zeros({4, 8}, at::kChar), at::ones({4}), {}, 8);
   EXPECT_THROW(layer.run(at::randn({3, 9})), qforge::Error);
+}
+
+// A frozen layer is const and its scratch is per thread: calls from several threads at once, of
+// different sizes, give each the result it gets alone.
+TEST(PackedLinear, ConcurrentCallsFromSeveralThreadsMatchSequentialOnes) {
+  constexpr int64_t N = 70, K = 200;
+  const at::Tensor w8 = at::randint(-127, 128, {N, K}, at::kChar);
+  const PackedLinearS8 s8(w8, at::rand({N}) * 0.01 + 0.001, at::randn({N}));
+  const at::Tensor scale = (at::rand({N, 5}) * 0.1 + 0.01).to(at::kHalf).to(at::kFloat);
+  const PackedLinearS4 s4(at::randint(-8, 8, {N, K}, at::kChar), scale, {}, 40, at::randn({N}));
+  constexpr int kThreads = 4, kCalls = 20;
+  std::vector<at::Tensor> xs;
+  for (int t = 0; t < kThreads; ++t) xs.push_back(at::randn({1 + 7 * t, K}));  // 22 rows: the float GEMM entry
+  std::vector<std::vector<at::Tensor>> expected(kThreads);
+  for (int t = 0; t < kThreads; ++t) {
+    expected[t] = {s8.run(xs[t]), s4.run(xs[t]), s8.run_weight_only(xs[t]), s4.run_weight_only(xs[t])};
+  }
+  std::vector<int> mismatches(kThreads, 0);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kCalls; ++i) {
+        const std::vector<at::Tensor> got{s8.run(xs[t]), s4.run(xs[t]), s8.run_weight_only(xs[t]),
+                                          s4.run_weight_only(xs[t])};
+        for (size_t j = 0; j < got.size(); ++j) mismatches[t] += at::equal(got[j], expected[t][j]) ? 0 : 1;
+      }
+    });
+  }
+  for (std::thread& th : threads) th.join();
+  for (int t = 0; t < kThreads; ++t) EXPECT_EQ(mismatches[t], 0) << "thread " << t;
 }

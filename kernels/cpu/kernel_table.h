@@ -1,0 +1,107 @@
+// One ordered table per kernel op: {name, ISA, predicates, function}. The op's dispatcher runs the
+// first entry whose ISA is usable and whose predicates hold; plans (kernel_choice.h) walk the same
+// table with an ISA level instead of the machine's; tests iterate it entry by entry. (ggml's
+// type_traits_cpu[], oneDNN's implementation lists.) No ATen here: ISA files may include it.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "framework/core/error.h"
+#include "kernels/cpu/isa.h"
+#include "kernels/cpu/run_info.h"
+
+// The function of an entry whose ISA files are not compiled in: never called (isa_compiled says
+// no first), so the table still lists the entry and says why it was skipped.
+#ifdef QFORGE_KERNELS_AVX2
+#define QF_KERNEL_AVX2(fn) (fn)
+#else
+#define QF_KERNEL_AVX2(fn) nullptr
+#endif
+#ifdef QFORGE_KERNELS_AVX512
+#define QF_KERNEL_AVX512(fn) (fn)
+#else
+#define QF_KERNEL_AVX512(fn) nullptr
+#endif
+#ifdef QFORGE_KERNELS_AVX512VNNI
+#define QF_KERNEL_AVX512VNNI(fn) (fn)
+#else
+#define QF_KERNEL_AVX512VNNI(fn) nullptr
+#endif
+
+namespace qforge::kernels {
+
+// Which ISA levels an entry may use: the machine's (compiled in, CPU, cap) when running, or every
+// compiled level up to a given one when planning without running.
+class IsaGate {
+ public:
+  static IsaGate machine() { return IsaGate(false, Isa::kReference); }
+  static IsaGate up_to(Isa usable) { return IsaGate(true, usable); }
+
+  bool allows(Isa isa, std::string* why) const {
+    if (!planning_) return isa_usable(isa, why);
+    if (!isa_compiled(isa)) {
+      *why = std::string(isa_name(isa)) + " not compiled in";
+      return false;
+    }
+    if (static_cast<int>(isa) > static_cast<int>(usable_)) {
+      *why = std::string(isa_name(isa)) + " not usable here (highest usable level: " + isa_name(usable_) + ")";
+      return false;
+    }
+    return true;
+  }
+
+ private:
+  IsaGate(bool planning, Isa usable) : planning_(planning), usable_(usable) {}
+  bool planning_;
+  Isa usable_;
+};
+
+// `Problem` is the op's call: shapes, scheme and (when running) the data pointers. Predicates
+// see no data when planning (pointers null) and then answer for the shape alone.
+template <typename Problem>
+struct KernelEntry {
+  const char* name;  // RunInfo::kernel, named as kernels/README.md says
+  Isa isa;
+  // Shapes the entry is for (e.g. M <= kWeightOnlyMaxM); others pass it over without a fallback
+  // reason, since a kernel made for other shapes is not a faster one skipped. nullptr: every shape.
+  bool (*serves)(const Problem& p);
+  // Conditions the kernel needs; false records the entry as skipped with *why. nullptr: none.
+  bool (*applies)(const Problem& p, std::string* why);
+  // Computes the op (the dispatcher calls it only for a non-empty problem).
+  void (*run)(const Problem& p);
+};
+
+template <typename Problem>
+using KernelTable = std::vector<KernelEntry<Problem>>;
+
+// The entry that serves `p` under `gate`, recording every skipped faster entry in *info (reset
+// first). Every table ends with entries that always apply, so one is always found.
+template <typename Problem>
+const KernelEntry<Problem>& select_kernel(const KernelTable<Problem>& table, const Problem& p, const IsaGate& gate,
+                                          RunInfo* info) {
+  *info = RunInfo{};
+  std::string why;
+  for (const KernelEntry<Problem>& e : table) {
+    if (e.serves != nullptr && !e.serves(p)) continue;
+    if (!gate.allows(e.isa, &why) || (e.applies != nullptr && !e.applies(p, &why))) {
+      info->skip(e.name, why);
+      continue;
+    }
+    info->kernel = e.name;
+    return e;
+  }
+  QF_CHECK(false, "kernels/cpu: a kernel table has no entry for this problem");
+  return table.back();
+}
+
+// Runs the table's choice for `p` on this machine; info (when given) names it.
+template <typename Problem>
+void run_kernel_table(const KernelTable<Problem>& table, const Problem& p, int64_t m, RunInfo* info) {
+  RunInfo local;
+  RunInfo& ri = info != nullptr ? *info : local;
+  const KernelEntry<Problem>& e = select_kernel(table, p, IsaGate::machine(), &ri);
+  if (m > 0) e.run(p);
+}
+
+}  // namespace qforge::kernels

@@ -1,0 +1,82 @@
+// Register-tile scaffolding of the n16k4 / n16k8 GEMV and GEMM kernels, written once: the loop
+// over column blocks and row tiles, the MR x NR tile choice, and the pointer set-up of a tile.
+// Each ISA file supplies only its tile kernel, as a type
+//
+//   struct Kernel {
+//     using Args = GemvS8Args;                       // what the tile reads and writes
+//     static constexpr int kMaxRows = 4;             // MR <= kMaxRows
+//     static constexpr int kMaxBlocks = 4;           // NR <= kMaxBlocks 16-column blocks
+//     template <int MR, int NR>
+//     static void tile(const Args&, int64_t m0, int64_t nb0, Extra...);
+//   };
+//
+// (the pattern of fake_quant/fake_quantize_simd.h; XNNPACK's *.c.in). No intrinsics and no ATen.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <cstring>
+#include <utility>
+
+namespace qforge::kernels::detail {
+
+inline int32_t load_u32(const void* p) {
+  int32_t v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+// p[c] = base + (nb0 + c) * block_stride: the first byte of each of the tile's column blocks.
+template <int NR, typename T>
+inline void block_pointers(const T* base, int64_t nb0, int64_t block_stride, const T* (&p)[NR]) {
+  #pragma GCC unroll 16
+  for (int c = 0; c < NR; ++c) p[c] = base + (nb0 + c) * block_stride;
+}
+
+// p[r] = base + (m0 + r) * ld: the tile's activation rows.
+template <int MR, typename T>
+inline void row_pointers(const T* base, int64_t m0, int64_t ld, const T* (&p)[MR]) {
+  #pragma GCC unroll 16
+  for (int r = 0; r < MR; ++r) p[r] = base + (m0 + r) * ld;
+}
+
+template <class Kernel>
+using TileFn = decltype(&Kernel::template tile<1, 1>);
+
+template <class Kernel, size_t... I>
+constexpr std::array<TileFn<Kernel>, sizeof...(I)> tile_table(std::index_sequence<I...>) {
+  return {{&Kernel::template tile<static_cast<int>(I) / Kernel::kMaxBlocks + 1,
+                                  static_cast<int>(I) % Kernel::kMaxBlocks + 1>...}};
+}
+
+// The tile<MR, NR> instance for a tile of mr rows and nr column blocks.
+template <class Kernel>
+TileFn<Kernel> select_tile(int mr, int nr) {
+  static constexpr auto kTiles =
+      tile_table<Kernel>(std::make_index_sequence<Kernel::kMaxRows * Kernel::kMaxBlocks>());
+  return kTiles[(mr - 1) * Kernel::kMaxBlocks + (nr - 1)];
+}
+
+// Column blocks [nb_begin, nb_end), all args.m rows. Column blocks outermost: a panel of up to
+// max_blocks blocks stays in cache while every row tile streams over it, so weights come from
+// memory once. prepare_panel(nb, nr) runs before each panel's row tiles (e.g. to unpack it).
+template <class Kernel, class PreparePanel, class... Extra>
+void for_each_tile(const typename Kernel::Args& args, int64_t nb_begin, int64_t nb_end, int max_blocks,
+                   const PreparePanel& prepare_panel, Extra... extra) {
+  for (int64_t nb = nb_begin; nb < nb_end; nb += max_blocks) {
+    const int nr = static_cast<int>(nb_end - nb < max_blocks ? nb_end - nb : max_blocks);
+    prepare_panel(nb, nr);
+    for (int64_t m0 = 0; m0 < args.m; m0 += Kernel::kMaxRows) {
+      const int mr = static_cast<int>(args.m - m0 < Kernel::kMaxRows ? args.m - m0 : Kernel::kMaxRows);
+      select_tile<Kernel>(mr, nr)(args, m0, nb, extra...);
+    }
+  }
+}
+
+// The common case: tiles of up to Kernel::kMaxBlocks blocks, nothing to prepare per panel.
+template <class Kernel>
+void for_each_tile(const typename Kernel::Args& args, int64_t nb_begin, int64_t nb_end) {
+  for_each_tile<Kernel>(args, nb_begin, nb_end, Kernel::kMaxBlocks, [](int64_t, int) {});
+}
+
+}  // namespace qforge::kernels::detail

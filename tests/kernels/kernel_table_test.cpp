@@ -1,0 +1,374 @@
+// The kernel tables, entry by entry. Every entry this machine can run (compiled in and supported
+// by the CPU, whatever the cap) runs directly against its op's reference, bit for bit, over the
+// shape sweep, at every M (which M an entry serves is a speed choice; its results must not depend
+// on it). The dequantize + float GEMM entry equals at::linear of the dequantized weight bit for
+// bit, as a float Linear computes it. And at every ISA cap, each dispatcher's RunInfo names the
+// entry the table gives, and the plan (choose_kernel) names the same.
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "kernel_test_util.h"
+#include "kernels/cpu/gemv_s4.h"
+#include "kernels/cpu/gemv_s8.h"
+#include "kernels/cpu/kernel_choice.h"
+#include "kernels/cpu/linear_weight_only.h"
+#include "kernels/cpu/lut_linear.h"
+#include "kernels/cpu/reference.h"
+
+namespace qforge::kernels {
+namespace {
+
+using testing::bitwise_equal;
+using testing::exact_equal;
+using testing::kDeepK;
+using testing::machine_has;
+using testing::random_f16_exact;
+using testing::random_f32;
+using testing::random_s8;
+
+bool is_dequant_gemm(const char* name) { return std::strcmp(name, kDequantGemmKernel) == 0; }
+
+// The entries of `table` this machine can run whose conditions hold for `p` (the float GEMM entry
+// aside: its oracle is at::linear, not the reference).
+template <typename Problem>
+std::vector<const KernelEntry<Problem>*> runnable(const KernelTable<Problem>& table, const Problem& p) {
+  std::vector<const KernelEntry<Problem>*> out;
+  std::string why;
+  for (const KernelEntry<Problem>& e : table) {
+    if (machine_has(e.isa) && !is_dequant_gemm(e.name) && (e.applies == nullptr || e.applies(p, &why))) {
+      out.push_back(&e);
+    }
+  }
+  return out;
+}
+
+// The name the table gives for `p` at the current cap, found without select_kernel.
+template <typename Problem>
+std::string table_choice(const KernelTable<Problem>& table, const Problem& p) {
+  std::string why;
+  for (const KernelEntry<Problem>& e : table) {
+    if (e.serves != nullptr && !e.serves(p)) continue;
+    if (isa_usable(e.isa) && (e.applies == nullptr || e.applies(p, &why))) return e.name;
+  }
+  return "";
+}
+
+const std::vector<int64_t>& table_rows() {
+  static const std::vector<int64_t> m{1, 2, 3, 4, 5, 7, 16, 17};
+  return m;
+}
+const std::vector<int64_t>& table_sizes() {
+  static const std::vector<int64_t> s{1, 3, 4, 5, 8, 15, 16, 17, 31, 33, 64, 65};
+  return s;
+}
+
+struct S8Weights {
+  std::vector<int8_t> w, data;
+  std::vector<int32_t> colsum;
+  S8N16K4View view;
+};
+
+S8Weights make_s8(int64_t N, int64_t K, uint32_t seed) {
+  S8Weights p;
+  p.w = random_s8(N * K, -128, 127, seed);
+  p.data.resize(round_up(N, 16) * round_up(K, 4));
+  p.colsum.resize(round_up(N, 16));
+  pack_s8_n16k4_reference(p.w.data(), N, K, p.data.data(), p.colsum.data());
+  p.view = {p.data.data(), p.colsum.data(), N, K, round_up(K, 4)};
+  return p;
+}
+
+struct S4Weights {
+  std::vector<int8_t> w;
+  std::vector<float> scale;
+  std::vector<int32_t> zero;
+  std::vector<uint8_t> data;
+  std::vector<Fp16Bits> scales;
+  std::vector<int8_t> zeros;
+  S4N16K8View view;
+};
+
+S4Weights make_s4(int64_t N, int64_t K, int64_t g, int qmin, uint32_t seed) {
+  const int64_t G = num_groups(K, g), np = round_up(N, 16), kp = round_up(K, 8);
+  S4Weights p;
+  p.w = random_s8(N * K, qmin, qmin + 15, seed);
+  p.scale = random_f16_exact(N * G, 0.001f, 0.2f, seed + 1);
+  const auto z = random_s8(N * G, qmin, qmin + 15, seed + 2);
+  p.zero.assign(z.begin(), z.end());
+  p.data.resize(np * kp / 2);
+  p.scales.resize(np * G);
+  p.zeros.resize(np * G);
+  pack_s4_n16k8_reference(p.w.data(), N, K, qmin, p.data.data());
+  pack_s4_group_meta(p.scale.data(), p.zero.data(), N, G, qmin, p.scales.data(), p.zeros.data());
+  p.view = {p.data.data(), p.scales.data(), p.zeros.data(), N, K, kp, g, G};
+  return p;
+}
+
+std::string shape(int64_t M, int64_t N, int64_t K) {
+  return "M=" + std::to_string(M) + " N=" + std::to_string(N) + " K=" + std::to_string(K);
+}
+
+// y = at::linear(x, W, bias) on 2-D float tensors, as a frozen float Linear computes it.
+std::vector<float> float_linear(const std::vector<float>& x, const at::Tensor& w, const float* bias, int64_t M) {
+  const int64_t N = w.size(0), K = w.size(1);
+  const at::Tensor xt = at::from_blob(const_cast<float*>(x.data()), {M, K}, at::kFloat).clone();
+  const at::Tensor b = bias != nullptr ? at::from_blob(const_cast<float*>(bias), {N}, at::kFloat).clone() : at::Tensor();
+  const at::Tensor y = at::linear(xt, w, b).contiguous();
+  return std::vector<float>(y.data_ptr<float>(), y.data_ptr<float>() + M * N);
+}
+
+TEST(KernelTable, EveryGemvS8EntryMatchesTheReferenceExactly) {
+  std::vector<std::pair<int64_t, int64_t>> nk;
+  for (int64_t N : table_sizes())
+    for (int64_t K : table_sizes()) nk.emplace_back(N, K);
+  for (int64_t N : {1, 17, 64}) nk.emplace_back(N, kDeepK);
+  for (int64_t M : table_rows()) {
+    for (auto [N, K] : nk) {
+      const uint32_t seed = static_cast<uint32_t>(M * 1000003 + N * 1009 + K);
+      const S8Weights w = make_s8(N, K, seed);
+      const auto a = random_s8(M * K, -127, 127, seed + 1);
+      const auto a_scale = random_f32(M, 0.001f, 0.1f, seed + 2);
+      const auto w_scale = random_f32(N, 0.001f, 0.1f, seed + 3);
+      const auto bias = random_f32(N, -1.0f, 1.0f, seed + 4);
+      std::vector<int32_t> c_ref(M * N), c(M * N);
+      std::vector<float> y_ref(M * N), y(M * N);
+      gemm_s8s8s32_reference(a.data(), w.w.data(), c_ref.data(), M, N, K);
+      dequantize_s32_f32_reference(c_ref.data(), a_scale.data(), w_scale.data(), bias.data(), y_ref.data(), M, N);
+      GemvS8Problem pc;
+      pc.a_s8 = a.data();
+      pc.m = M;
+      pc.w = w.view;
+      pc.c = c.data();
+      GemvS8Problem py = pc;
+      py.c = nullptr;
+      py.y = y.data();
+      py.a_scale = a_scale.data();
+      py.w_scale = w_scale.data();
+      py.bias = bias.data();
+      for (const auto* e : runnable(gemv_s8_kernels(), pc)) {
+        std::fill(c.begin(), c.end(), 12345);
+        e->run(pc);
+        ASSERT_TRUE(exact_equal(c, c_ref)) << e->name << " " << shape(M, N, K);
+        e->run(py);
+        ASSERT_TRUE(bitwise_equal(y.data(), y_ref.data(), y.size())) << e->name << " " << shape(M, N, K);
+      }
+      // u8 activations with a zero point: only the entries that take them.
+      std::vector<uint8_t> au(a.begin(), a.end());
+      GemvS8Problem pu = pc;
+      pu.a_s8 = nullptr;
+      pu.a_u8 = au.data();
+      pu.a_zero_point = 77;
+      gemm_u8s8s32_reference(au.data(), 77, w.w.data(), c_ref.data(), M, N, K);
+      for (const auto* e : runnable(gemv_s8_kernels(), pu)) {
+        e->run(pu);
+        ASSERT_TRUE(exact_equal(c, c_ref)) << e->name << " u8 " << shape(M, N, K);
+      }
+    }
+  }
+}
+
+TEST(KernelTable, EveryGemvS4EntryMatchesTheReferenceExactly) {
+  for (int64_t M : table_rows()) {
+    for (int64_t N : table_sizes()) {
+      for (int64_t K : {int64_t{8}, int64_t{16}, int64_t{24}, int64_t{64}, int64_t{264}, kDeepK}) {
+        for (int64_t g : {int64_t{8}, int64_t{32}, K, int64_t{12}}) {
+          const int qmin = (N + K + g) % 2 == 0 ? 0 : -8;
+          const uint32_t seed = static_cast<uint32_t>(M * 7 + N * 131 + K * 8191 + g);
+          const S4Weights w = make_s4(N, K, g, qmin, seed);
+          const auto a = random_s8(M * K, -127, 127, seed + 3);
+          const auto a_scale = random_f32(M, 0.001f, 0.05f, seed + 4);
+          const auto bias = random_f32(N, -1.0f, 1.0f, seed + 5);
+          std::vector<float> y_ref(M * N), y(M * N);
+          gemm_s8s4f32_reference(a.data(), a_scale.data(), w.w.data(), w.scale.data(), w.zero.data(), g, bias.data(),
+                                 y_ref.data(), M, N, K);
+          const GemvS4Problem p{a.data(), M, a_scale.data(), w.view, bias.data(), y.data()};
+          for (const auto* e : runnable(gemv_s4_kernels(), p)) {
+            e->run(p);
+            ASSERT_TRUE(bitwise_equal(y.data(), y_ref.data(), y.size())) << e->name << " " << shape(M, N, K)
+                                                                         << " g=" << g;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(KernelTable, EveryWeightOnlyEntryMatchesItsOracleExactly) {
+  for (int64_t M : {1, 3, 4, 16, 17, 40}) {
+    for (int64_t N : {1, 5, 16, 17, 33}) {
+      for (int64_t K : {int64_t{8}, int64_t{31}, int64_t{64}, kDeepK}) {
+        const uint32_t seed = static_cast<uint32_t>(M * 7 + N * 131 + K * 8191);
+        const auto x = random_f32(M * K, -2.0f, 2.0f, seed);
+        const auto bias = random_f32(N, -1.0f, 1.0f, seed + 1);
+        const S8Weights w8 = make_s8(N, K, seed + 2);
+        const auto w_scale = random_f32(N, 0.001f, 0.1f, seed + 3);
+        std::vector<float> y_ref(M * N), y(M * N);
+        linear_f32_s8_reference(x.data(), w8.w.data(), w_scale.data(), bias.data(), y_ref.data(), M, N, K);
+        const LinearF32S8Problem p8{x.data(), M, w8.view, w_scale.data(), bias.data(), y.data()};
+        for (const auto* e : runnable(linear_f32s8_kernels(), p8)) {
+          e->run(p8);
+          ASSERT_TRUE(bitwise_equal(y.data(), y_ref.data(), y.size())) << e->name << " " << shape(M, N, K);
+        }
+        if (K % 8 != 0) continue;
+        const int64_t g = K == kDeepK ? K : 8;
+        const S4Weights w4 = make_s4(N, K, g, -8, seed + 4);
+        linear_f32_s4_reference(x.data(), w4.w.data(), w4.scale.data(), w4.zero.data(), g, bias.data(), y_ref.data(),
+                                M, N, K);
+        const LinearF32S4Problem p4{x.data(), M, w4.view, bias.data(), y.data()};
+        for (const auto* e : runnable(linear_f32s4_kernels(), p4)) {
+          e->run(p4);
+          ASSERT_TRUE(bitwise_equal(y.data(), y_ref.data(), y.size())) << e->name << " " << shape(M, N, K);
+        }
+      }
+    }
+  }
+}
+
+// What a frozen float Linear computes for M > kWeightOnlyMaxM: at::linear with the weight
+// dequantized as dequantize_int does, (float(q) - float(z)) * scale.
+TEST(KernelTable, DequantGemmEntryEqualsFloatLinearOfTheDequantizedWeight) {
+  for (int64_t M : {17, 33, 100}) {
+    for (auto [N, K] : {std::pair<int64_t, int64_t>{5, 64}, {33, 96}, {64, 256}}) {
+      const uint32_t seed = static_cast<uint32_t>(M * 7 + N * 131 + K);
+      const auto x = random_f32(M * K, -2.0f, 2.0f, seed);
+      const auto bias = random_f32(N, -1.0f, 1.0f, seed + 1);
+      std::vector<float> y(M * N);
+      RunInfo info;
+
+      const S8Weights w8 = make_s8(N, K, seed + 2);
+      auto w_scale = random_f32(N, 0.001f, 0.1f, seed + 3);
+      const at::Tensor q8 = at::from_blob(const_cast<int8_t*>(w8.w.data()), {N, K}, at::kChar);
+      const at::Tensor s8 = at::from_blob(w_scale.data(), {N, 1}, at::kFloat);
+      const at::Tensor w8f = ((q8.to(at::kFloat) - at::zeros({N, 1})) * s8).contiguous();
+      linear_f32s8f32(x.data(), M, w8.view, w_scale.data(), bias.data(), y.data(), &info);
+      EXPECT_EQ(info.kernel, kDequantGemmKernel);
+      EXPECT_EQ(info.fallback, "");
+      ASSERT_TRUE(bitwise_equal(y.data(), float_linear(x, w8f, bias.data(), M).data(), y.size())) << shape(M, N, K);
+
+      const int64_t g = 32, G = K / g;
+      S4Weights w4 = make_s4(N, K, g, -8, seed + 4);
+      const at::Tensor q4 = at::from_blob(w4.w.data(), {N, G, g}, at::kChar).to(at::kFloat);
+      const at::Tensor z4 = at::from_blob(w4.zero.data(), {N, G, 1}, at::kInt).to(at::kFloat);
+      const at::Tensor s4 = at::from_blob(w4.scale.data(), {N, G, 1}, at::kFloat);
+      const at::Tensor w4f = ((q4 - z4) * s4).reshape({N, K});
+      linear_f32s4f32(x.data(), M, w4.view, nullptr, y.data(), &info);
+      EXPECT_EQ(info.kernel, kDequantGemmKernel);
+      ASSERT_TRUE(bitwise_equal(y.data(), float_linear(x, w4f, nullptr, M).data(), y.size())) << shape(M, N, K);
+
+      const at::Tensor idx = at::randint(0, 8, {N, K}).to(at::kByte);
+      const at::Tensor cb = at::randn({N, G, 8});
+      const at::Tensor b = at::from_blob(const_cast<float*>(bias.data()), {N}, at::kFloat).clone();
+      const PackedLinearLut lut(idx, cb, g, 3, b);
+      const at::Tensor wl = cb.gather(2, idx.to(at::kLong).view({N, G, g})).view({N, K}).contiguous();
+      lut.run(x.data(), M, y.data(), &info);
+      EXPECT_EQ(info.kernel, kDequantGemmKernel);
+      ASSERT_TRUE(bitwise_equal(y.data(), float_linear(x, wl, bias.data(), M).data(), y.size())) << shape(M, N, K);
+    }
+  }
+}
+
+// Each dispatcher, at every cap this machine allows: RunInfo.kernel is the entry the table gives,
+// and choose_kernel (the plan, without data, at the same level) gives the same entry.
+TEST(KernelTable, DispatchersRunTheEntryTheTableGivesAtEveryCap) {
+  constexpr int64_t N = 20, K = 96;  // K a multiple of every group size below
+  const S8Weights w8 = make_s8(N, K, 5);
+  const auto w_scale = random_f32(N, 0.01f, 0.1f, 6);
+  const PackedLinearLut lut(at::randint(0, 16, {N, K}).to(at::kByte), at::randn({N, 3, 16}), 32, 4);
+  for (Isa isa : testing::usable_isas()) {
+    ScopedMaxIsa cap(isa);
+    const Isa level = usable_isa();
+    for (int64_t M : {1, 3, 4, 16, 17}) {
+      const auto a = random_s8(M * K, -127, 127, 7);
+      const auto x = random_f32(M * K, -1.0f, 1.0f, 8);
+      const auto a_scale = random_f32(M, 0.01f, 0.1f, 9);
+      std::vector<float> y(M * N);
+      RunInfo ran;
+      gemv_s8s8f32(a.data(), M, a_scale.data(), w8.view, w_scale.data(), nullptr, y.data(), &ran);
+      EXPECT_EQ(ran.kernel, table_choice(gemv_s8_kernels(), GemvS8Problem{a.data(), nullptr, 0, M, w8.view}));
+      EXPECT_EQ(ran.kernel, choose_kernel(LinearOp::kS8S8, level, M).kernel);
+      linear_f32s8f32(x.data(), M, w8.view, w_scale.data(), nullptr, y.data(), &ran);
+      EXPECT_EQ(ran.kernel, table_choice(linear_f32s8_kernels(), LinearF32S8Problem{x.data(), M, w8.view}));
+      EXPECT_EQ(ran.kernel, choose_kernel(LinearOp::kF32S8, level, M).kernel);
+      lut.run(x.data(), M, y.data(), &ran);
+      EXPECT_EQ(ran.kernel, table_choice(lut_linear_kernels(), LutProblem{&lut, x.data(), M, y.data()}));
+      EXPECT_EQ(ran.kernel, choose_kernel(LinearOp::kF32Lut, level, M).kernel);
+      for (int64_t g : {16, 32, 12}) {  // 12: not a multiple of 8, the fast int4 kernels step aside
+        const S4Weights w4 = make_s4(N, K, g, -8, 10);
+        gemv_s8s4f32(a.data(), M, a_scale.data(), w4.view, nullptr, y.data(), &ran);
+        GemvS4Problem p4;
+        p4.m = M;
+        p4.w = w4.view;
+        EXPECT_EQ(ran.kernel, table_choice(gemv_s4_kernels(), p4)) << g;
+        EXPECT_EQ(ran.kernel, choose_kernel(LinearOp::kS8S4, level, M, g).kernel) << g;
+        linear_f32s4f32(x.data(), M, w4.view, nullptr, y.data(), &ran);
+        EXPECT_EQ(ran.kernel, table_choice(linear_f32s4_kernels(), LinearF32S4Problem{x.data(), M, w4.view}));
+        EXPECT_EQ(ran.kernel, choose_kernel(LinearOp::kF32S4, level, M, g).kernel) << g;
+      }
+    }
+  }
+}
+
+TEST(KernelTable, ActivationsHoldingMinus128SkipTheAvx2EntryWithTheReason) {
+  if (!isa_usable(Isa::kAvx2)) GTEST_SKIP() << "no AVX2 here";
+  ScopedMaxIsa cap(Isa::kAvx2);
+  const S8Weights w = make_s8(16, 8, 11);
+  std::vector<int8_t> a(8, -128);
+  std::vector<int32_t> c(16);
+  RunInfo ran;
+  gemv_s8s8s32(a.data(), 1, w.view, c.data(), &ran);
+  EXPECT_EQ(ran.kernel, "reference");
+  EXPECT_NE(ran.fallback.find("gemv_s8s8s32_n16k4_avx2: A contains -128"), std::string::npos) << ran.fallback;
+}
+
+TEST(KernelTable, EveryTableEndsWithEntriesThatAlwaysApply) {
+  auto check = [](const auto& table) {
+    ASSERT_FALSE(table.empty());
+    EXPECT_EQ(table.back().isa, Isa::kReference) << table.back().name;
+    EXPECT_EQ(table.back().applies, nullptr) << table.back().name;
+  };
+  check(gemv_s8_kernels());
+  check(gemv_s4_kernels());
+  check(linear_f32s8_kernels());
+  check(linear_f32s4_kernels());
+  check(lut_linear_kernels());
+}
+
+TEST(KernelChoice, CodebookOpEndsAtItsOwnReference) {
+  const RunInfo ref = choose_decode_kernel(LinearOp::kF32Lut, Isa::kReference);
+  EXPECT_EQ(ref.kernel, "linear_f32lut_reference");
+  EXPECT_NE(ref.fallback.find("gemv_f32lut_avx2: "), std::string::npos) << ref.fallback;
+  if (isa_compiled(Isa::kAvx2)) {
+    EXPECT_EQ(choose_decode_kernel(LinearOp::kF32Lut, Isa::kAvx2).kernel, "gemv_f32lut_avx2");
+  }
+  if (isa_compiled(Isa::kAvx512)) {
+    EXPECT_EQ(choose_decode_kernel(LinearOp::kF32Lut, Isa::kAvx512Vnni).kernel, "gemv_f32lut_avx512");
+  }
+}
+
+TEST(KernelChoice, SaysWhyEachSkippedCandidateWasSkipped) {
+  const RunInfo ref = choose_decode_kernel(LinearOp::kS8S4, Isa::kReference, 16);
+  EXPECT_EQ(ref.kernel, "reference");
+  EXPECT_NE(ref.fallback.find("gemv_s8s4f32_n16k8_avx2: "), std::string::npos) << ref.fallback;
+  const RunInfo odd = choose_decode_kernel(LinearOp::kF32S4, Isa::kAvx512Vnni, 12);
+  if (isa_compiled(Isa::kAvx512)) {
+    EXPECT_EQ(odd.kernel, "reference");
+    EXPECT_NE(odd.fallback.find("group_size=12 not a multiple of 8"), std::string::npos) << odd.fallback;
+  }
+}
+
+TEST(KernelChoice, WeightOnlyOpsAboveTheThresholdRunTheFloatGemm) {
+  for (LinearOp op : {LinearOp::kF32S8, LinearOp::kF32S4, LinearOp::kF32Lut}) {
+    EXPECT_NE(choose_kernel(op, Isa::kAvx512Vnni, kWeightOnlyMaxM).kernel, kDequantGemmKernel) << to_string(op);
+    const RunInfo large = choose_kernel(op, Isa::kAvx512Vnni, kWeightOnlyMaxM + 1, 32);
+    EXPECT_EQ(large.kernel, kDequantGemmKernel) << to_string(op);
+    EXPECT_EQ(large.fallback, "") << to_string(op);
+  }
+}
+
+}  // namespace
+}  // namespace qforge::kernels
