@@ -48,7 +48,6 @@ class PackedIntLinear final : public CpuPackedWeight {
   float static_input_scale() const override { return static_scale_; }
 
  private:
-
   std::shared_ptr<const Kernel> kernel_;
   QuantizedTensor meta_;
   LinearPath path_;
