@@ -56,7 +56,7 @@ nlohmann::json config_json(const Config& c, const char* model_type, const char* 
   nlohmann::json j = {{"model_type", model_type}, {"architectures", {architecture}}};
   Config::fields(c, [&](const char* name, const auto& member, FieldRule rule) {
     if constexpr (std::is_arithmetic_v<std::decay_t<decltype(member)>>) {
-      if (rule == FieldRule::kZeroIsNull && member == 0) {
+      if (rule == FieldRule::kNonPositiveIsNull && member <= 0) {
         j[name] = nullptr;
         return;
       }

@@ -7,7 +7,7 @@ namespace qforge::models {
 enum class FieldRule {
   kAny,
   kPositive,    // must be > 0
-  kZeroIsNull,  // 0 means "derived" and is written as JSON null (GPT-2's n_inner)
+  kNonPositiveIsNull,  // <= 0 means "derived" and is written as JSON null (GPT-2's n_inner)
 };
 
 }  // namespace qforge::models

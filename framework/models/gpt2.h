@@ -52,7 +52,7 @@ struct Gpt2Config {
     visit("n_embd", c.n_embd, FieldRule::kPositive);
     visit("n_layer", c.n_layer, FieldRule::kPositive);
     visit("n_head", c.n_head, FieldRule::kPositive);
-    visit("n_inner", c.n_inner, FieldRule::kZeroIsNull);
+    visit("n_inner", c.n_inner, FieldRule::kNonPositiveIsNull);
     visit("activation_function", c.activation_function, FieldRule::kAny);
     visit("resid_pdrop", c.resid_pdrop, FieldRule::kAny);
     visit("embd_pdrop", c.embd_pdrop, FieldRule::kAny);

@@ -110,8 +110,8 @@ void LinearImpl::install_frozen(QuantizedTensor fw) {
   // The integer formats hold the bias (a host copy, wherever the layer lives); kDequant leaves it to the layer.
   const bool packed_bias = kind != LinearPath::kDequant && options.bias();
   const at::Tensor b = packed_bias && bias.defined() ? bias.detach().to(at::kCPU, at::kFloat).contiguous() : at::Tensor();
-  const bool static_act = kind == LinearPath::kS8Static || kind == LinearPath::kS4Static;
-  const float act_scale = static_act ? input_q_->qparams().scale.item<float>() : 0.0f;
+  const bool is_static = kind == LinearPath::kS8Static || kind == LinearPath::kS4Static;
+  const float act_scale = is_static ? input_q_->qparams().scale.item<float>() : 0.0f;
   packed_ = pack_linear(std::move(fw), kind, b, act_scale, path_ + " (Linear)");
   // Release the float weight: the packed storage is the only copy from here on.
   if (parameters_.contains("weight")) parameters_.erase("weight");
@@ -139,13 +139,14 @@ int64_t LinearImpl::frozen_storage_bytes() const { return packed_ ? packed_->byt
 at::Tensor LinearImpl::frozen_forward(const at::Tensor& x) {
   const int64_t K = options.in_features();
   QF_REQUIRE(x.size(-1) == K, path_, " (Linear): input has ", x.size(-1), " features, expected ", K);
-  const at::Device device = packed_->device();
+  const PackedWeightPtr packed = packed_;  // one read: to() may replace packed_ meanwhile
+  const at::Device device = packed->device();
   QF_REQUIRE((x.is_cpu() && device.is_cpu()) || x.device() == device, path_, " (Linear): input on ", x.device(),
              " but the frozen weight is on ", device, " (move the model with ->to(device))");
   FrozenInput in;
   in.quantizer = input_q_;
   in.layer_bias = options.bias() ? bias : at::Tensor();
-  return packed_->forward(x, in);
+  return packed->forward(x, in);
 }
 
 }  // namespace qforge::nn

@@ -20,11 +20,17 @@ namespace {
 
 class PackedDequantize final : public CpuPackedWeight {
  public:
-  explicit PackedDequantize(QuantizedTensor fw) : fw_(std::move(fw)) {}
+  PackedDequantize(QuantizedTensor fw, bool linear) : fw_(std::move(fw)), linear_(linear) {}
   LinearPath path() const override { return LinearPath::kDequant; }
   at::Tensor forward(const at::Tensor& x, const FrozenInput& in) const override {
+    QF_CHECK(linear_, "a convolution's dequantize-per-call weight has no packed forward (the layer runs LibTorch's)");
     check_linear_call(in);
     return at::linear(fake_quantize_input(in, x), fw_.dequantize(), in.layer_bias);
+  }
+  // A convolution's weight stays on the CPU: the CUDA forms are Linear products.
+  PackedWeightPtr to(const at::Device& device) const override {
+    QF_REQUIRE(linear_ || device.is_cpu(), "frozen convolutions run on the CPU, not ", device);
+    return CpuPackedWeight::to(device);
   }
   QuantizedTensor weight() const override { return fw_; }
   at::Tensor bias() const override { return {}; }
@@ -32,11 +38,14 @@ class PackedDequantize final : public CpuPackedWeight {
 
  private:
   QuantizedTensor fw_;
+  bool linear_;
 };
 
 }  // namespace
 
-PackedWeightPtr pack_dequantize(QuantizedTensor fw) { return std::make_shared<PackedDequantize>(std::move(fw)); }
+PackedWeightPtr pack_dequantize(QuantizedTensor fw, bool linear) {
+  return std::make_shared<PackedDequantize>(std::move(fw), linear);
+}
 
 PackedWeightPtr pack_linear(QuantizedTensor fw, LinearPath path, const at::Tensor& bias, float static_scale,
                             const std::string& who) {
@@ -53,7 +62,7 @@ PackedWeightPtr pack_linear(QuantizedTensor fw, LinearPath path, const at::Tenso
     case LinearPath::kLutWeightOnly: return pack_linear_lut(std::move(fw), bias);
     case LinearPath::kDequant: break;
   }
-  return pack_dequantize(std::move(fw));
+  return pack_dequantize(std::move(fw), /*linear=*/true);
 }
 
 std::pair<at::Tensor, at::Tensor> int4_group_params(const QParams& qp, int64_t N, int64_t K, int64_t g) {

@@ -167,7 +167,7 @@ std::shared_ptr<const OneDnnConvS8> onednn_conv(const at::Tensor& oihw, const Co
 
 PackedWeightPtr pack_conv(QuantizedTensor fw, LinearPath path, const ConvShape& s, float static_scale, bool onednn,
                           const std::string& who, std::string* onednn_missing) {
-  if (path != LinearPath::kS8Static && path != LinearPath::kS4Static) return pack_dequantize(std::move(fw));
+  if (path != LinearPath::kS8Static && path != LinearPath::kS4Static) return pack_dequantize(std::move(fw), /*linear=*/false);
   const QParams qp = fw.qparams();
   const int64_t N = s.out_channels, C = s.in_channels, KH = s.kernel[0], KW = s.kernel[1], K = C * KH * KW;
   QF_REQUIRE(!fw.shape.empty() && fw.shape[0] == N && fw.numel() == N * K, who, ": frozen weight has shape ",

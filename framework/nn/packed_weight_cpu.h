@@ -29,8 +29,9 @@ class CpuPackedWeight : public PackedWeight {
 PackedWeightPtr pack_linear_s8(QuantizedTensor fw, LinearPath path, const at::Tensor& bias, float static_scale);
 PackedWeightPtr pack_linear_s4(QuantizedTensor fw, LinearPath path, const at::Tensor& bias, float static_scale);
 PackedWeightPtr pack_linear_lut(QuantizedTensor fw, const at::Tensor& bias);
-// Any layer's weight kept packed as a QuantizedTensor and dequantized per call; its forward is the
-// Linear product with the layer's bias (convolutions run LibTorch's own on weight().dequantize()).
-PackedWeightPtr pack_dequantize(QuantizedTensor fw);
+// Any layer's weight kept packed as a QuantizedTensor and dequantized per call; for a Linear
+// (`linear`) its forward is the product with the layer's bias; convolutions run LibTorch's own on
+// weight().dequantize(), have no packed forward and stay on the CPU.
+PackedWeightPtr pack_dequantize(QuantizedTensor fw, bool linear);
 
 }  // namespace qforge::nn

@@ -1,4 +1,4 @@
-// framework/io/safetensors: round trips and clear errors for truncated, foreign and inconsistent files.
+// framework/format/safetensors: round trips and clear errors for truncated, foreign and inconsistent files.
 #include "framework/format/safetensors.h"
 
 #include <ATen/ATen.h>
