@@ -40,7 +40,7 @@ class CalibrateStage : public Stage {
   bool applies(const Recipe& r) const override { return r.quantize; }
   // The ptq stage evaluates what calibrate makes: naming either runs both.
   bool requested(const std::vector<std::string>& stages) const override {
-    return Stage::requested(stages) || ptq_stage().Stage::requested(stages);
+    return named(stages) || ptq_stage().named(stages);
   }
 
   void run(RunContext& ctx) const override {

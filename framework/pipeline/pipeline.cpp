@@ -58,7 +58,7 @@ void dry_run(const Recipe& r, const std::vector<std::string>& stages) {
   std::printf("recipe %s (sha256 %s)\n", r.path.c_str(), r.sha256.c_str());
   std::printf("model %s, dataset %s, stages:", r.model.arch.c_str(), r.data.dataset.c_str());
   for (const Stage* s : pipeline::stages())
-    if (s->selectable() && scheduled(*s, r, stages)) std::printf(" %s", s->name());
+    if (s->selectable() && s->applies(r) && s->named(stages)) std::printf(" %s", s->name());
   std::printf("\n");
   if (!r.quantize) return;
   if (t.before_quantize) t.before_quantize();

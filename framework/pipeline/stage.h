@@ -22,8 +22,10 @@ class Stage {
   virtual bool applies(const Recipe& recipe) const = 0;
   // Whether --stages may name it; data and layer_errors run whenever what they serve runs.
   virtual bool selectable() const { return true; }
-  // Whether --stages (empty: every stage) asks for it.
-  virtual bool requested(const std::vector<std::string>& stages) const;
+  // Whether --stages is empty or names it; what the dry run lists.
+  bool named(const std::vector<std::string>& stages) const;
+  // Whether the stage runs under --stages: named, unless it runs whenever what it serves runs.
+  virtual bool requested(const std::vector<std::string>& stages) const { return named(stages); }
   // Needs the model quantized and calibrated by the calibrate stage of the same run.
   virtual bool needs_calibrated_model() const { return false; }
   // Checks before the first stage runs, so an unwritable path or an unexportable scheme fails
