@@ -29,6 +29,11 @@ void probe_writable(const std::string& dir, const std::string& what);
 class RunContext {
  public:
   RunContext(const Recipe& recipe, const PipelineOptions& options);
+  // `world` may refer to this object's own one_process_: a copy would point into the original.
+  RunContext(const RunContext&) = delete;
+  RunContext(RunContext&&) = delete;
+  RunContext& operator=(const RunContext&) = delete;
+  RunContext& operator=(RunContext&&) = delete;
 
   const Recipe& recipe;
   const PipelineOptions& options;
