@@ -51,8 +51,8 @@ class CalibrateStage : public Stage {
     const QuantizeReport q = quantize(*ctx.task.model, ctx.scheme);
     for (const auto& w : q.warnings) ctx.note("quantize: " + w);
     // A scheme (or searched width) with no QDQ form fails here, not after training.
-    if (r.export_.onnx && ctx.wanted("export")) check_onnx_recipe(r, ctx.task.model.get());
-    if (solves(r)) check_solve_recipe(*ctx.task.model, r);  // before the calibration pass, not after it
+    if (r.export_.onnx && export_stage().requested(ctx.options.stages)) check_onnx_recipe(r, ctx.task.model.get());
+    if (solve_stage().applies(r)) check_solve_recipe(*ctx.task.model, r);  // before the calibration pass, not after it
     if (r.ptq.enabled && r.ptq.smoothquant) smooth(ctx);
     ctx.calibrate(ctx.scheme);
   }

@@ -11,6 +11,7 @@ class DataStage : public Stage {
   const char* name() const override { return "data"; }
   bool applies(const Recipe&) const override { return true; }
   bool selectable() const override { return false; }
+  bool required() const override { return true; }
   bool requested(const std::vector<std::string>&) const override { return true; }
 
   void run(RunContext& ctx) const override {

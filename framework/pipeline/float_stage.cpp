@@ -52,7 +52,7 @@ class FloatStage : public Stage {
   // whose --stages leaves float out is not probed.
   void check(RunContext& ctx) const override {
     const Recipe& r = ctx.recipe;
-    if (ctx.wanted(name()) && r.model.safetensors.empty() && !r.model.checkpoint.empty() && !fs::exists(r.model.checkpoint))
+    if (ctx.wanted(*this) && r.model.safetensors.empty() && !r.model.checkpoint.empty() && !fs::exists(r.model.checkpoint))
       probe_writable(fs::path(r.model.checkpoint).parent_path().string(), "model.checkpoint " + r.model.checkpoint);
   }
 

@@ -96,8 +96,8 @@ PipelineResult run_pipeline(const Recipe& r, const PipelineOptions& opt) {
     if (!s->applies(r)) continue;
     s->pass(ctx);
     if (!s->requested(opt.stages) || !s->ready(ctx)) continue;
-    // Without the task nothing else can run; the report stays as the data stage left it.
-    if (!ctx.run_stage(*s) && s == &pipeline::data_stage()) return ctx.result;
+    // Nothing runs without a required stage (data); the report stays as that stage left it.
+    if (!ctx.run_stage(*s) && s->required()) return ctx.result;
   }
   ctx.write_report();
   return ctx.result;

@@ -52,7 +52,7 @@ class RunContext {
   std::optional<io::LayerErrorTable> error_record;       // likewise
 
   // --stages names `stage` (or is empty).
-  bool wanted(const std::string& stage) const;
+  bool wanted(const Stage& stage) const { return stage.named(options.stages); }
   bool interrupted() const;
   bool completed(const std::string& stage) const;
   void note(const std::string& text) { report["notes"].push_back(text); }

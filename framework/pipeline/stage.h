@@ -22,6 +22,8 @@ class Stage {
   virtual bool applies(const Recipe& recipe) const = 0;
   // Whether --stages may name it; data and layer_errors run whenever what they serve runs.
   virtual bool selectable() const { return true; }
+  // Whether nothing after it can run unless it completes (data: the task); the run ends there.
+  virtual bool required() const { return false; }
   // Whether --stages is empty or names it; what the dry run lists.
   bool named(const std::vector<std::string>& stages) const;
   // Whether the stage runs under --stages: named, unless it runs whenever what it serves runs.
