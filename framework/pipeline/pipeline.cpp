@@ -97,7 +97,9 @@ PipelineResult run_pipeline(const Recipe& r, const PipelineOptions& opt) {
     s->pass(ctx);
     if (!s->requested(opt.stages) || !s->ready(ctx)) continue;
     // Nothing runs without a required stage (data); the report stays as that stage left it.
-    if (!ctx.run_stage(*s) && s->required()) return ctx.result;
+    const bool completed = ctx.run_stage(*s);
+    if (!completed && s->required()) return ctx.result;
+    if (completed) s->after_report(ctx);
   }
   ctx.write_report();
   return ctx.result;

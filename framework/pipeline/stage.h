@@ -39,6 +39,9 @@ class Stage {
   // Whether what it works on exists by now (layer_errors: a quantized stage completed).
   virtual bool ready(const RunContext&) const { return true; }
   virtual void run(RunContext& ctx) const = 0;
+  // Runs once the stage completed and the report written after it: what is set here first
+  // appears in the next stage's report (data: the metric, world size and baselines).
+  virtual void after_report(RunContext&) const {}
 };
 
 }  // namespace qforge::pipeline
