@@ -40,7 +40,7 @@ class CalibrateStage : public Stage {
   bool applies(const Recipe& r) const override { return r.quantize; }
   // The ptq stage evaluates what calibrate makes: naming either runs both.
   bool requested(const std::vector<std::string>& stages) const override {
-    return Stage::requested(stages) || ptq_stage().Stage::requested(stages);
+    return named(stages) || ptq_stage().named(stages);
   }
 
   void run(RunContext& ctx) const override {
@@ -51,8 +51,8 @@ class CalibrateStage : public Stage {
     const QuantizeReport q = quantize(*ctx.task.model, ctx.scheme);
     for (const auto& w : q.warnings) ctx.note("quantize: " + w);
     // A scheme (or searched width) with no QDQ form fails here, not after training.
-    if (r.export_.onnx && ctx.wanted("export")) check_onnx_recipe(r, ctx.task.model.get());
-    if (solves(r)) check_solve_recipe(*ctx.task.model, r);  // before the calibration pass, not after it
+    if (r.export_.onnx && export_stage().requested(ctx.options.stages)) check_onnx_recipe(r, ctx.task.model.get());
+    if (solve_stage().applies(r)) check_solve_recipe(*ctx.task.model, r);  // before the calibration pass, not after it
     if (r.ptq.enabled && r.ptq.smoothquant) smooth(ctx);
     ctx.calibrate(ctx.scheme);
   }

@@ -11,10 +11,12 @@ class DataStage : public Stage {
   const char* name() const override { return "data"; }
   bool applies(const Recipe&) const override { return true; }
   bool selectable() const override { return false; }
+  bool required() const override { return true; }
   bool requested(const std::vector<std::string>&) const override { return true; }
 
-  void run(RunContext& ctx) const override {
-    ctx.task = make_task(ctx.recipe, /*with_data=*/true);
+  void run(RunContext& ctx) const override { ctx.task = make_task(ctx.recipe, /*with_data=*/true); }
+
+  void after_report(RunContext& ctx) const override {
     const Recipe& r = ctx.recipe;
     ctx.report["metric"] = ctx.task.metric;
     ctx.report["distributed"] = {{"world_size", ctx.world.size()},

@@ -45,11 +45,14 @@ class FloatStage : public Stage {
  public:
   const char* name() const override { return "float"; }
   bool applies(const Recipe&) const override { return true; }
+  // Every run needs the float weights: loaded, imported or trained whatever --stages names.
+  bool requested(const std::vector<std::string>&) const override { return true; }
 
-  // A checkpoint path that cannot be written is found now, not after the float epochs.
+  // A checkpoint path that cannot be written is found now, not after the float epochs; a run
+  // whose --stages leaves float out is not probed.
   void check(RunContext& ctx) const override {
     const Recipe& r = ctx.recipe;
-    if (r.model.safetensors.empty() && !r.model.checkpoint.empty() && !fs::exists(r.model.checkpoint))
+    if (ctx.wanted(*this) && r.model.safetensors.empty() && !r.model.checkpoint.empty() && !fs::exists(r.model.checkpoint))
       probe_writable(fs::path(r.model.checkpoint).parent_path().string(), "model.checkpoint " + r.model.checkpoint);
   }
 

@@ -58,7 +58,7 @@ void dry_run(const Recipe& r, const std::vector<std::string>& stages) {
   std::printf("recipe %s (sha256 %s)\n", r.path.c_str(), r.sha256.c_str());
   std::printf("model %s, dataset %s, stages:", r.model.arch.c_str(), r.data.dataset.c_str());
   for (const Stage* s : pipeline::stages())
-    if (s->selectable() && scheduled(*s, r, stages)) std::printf(" %s", s->name());
+    if (s->selectable() && s->applies(r) && s->named(stages)) std::printf(" %s", s->name());
   std::printf("\n");
   if (!r.quantize) return;
   if (t.before_quantize) t.before_quantize();
@@ -96,8 +96,10 @@ PipelineResult run_pipeline(const Recipe& r, const PipelineOptions& opt) {
     if (!s->applies(r)) continue;
     s->pass(ctx);
     if (!s->requested(opt.stages) || !s->ready(ctx)) continue;
-    // Without the task nothing else can run; the report stays as the data stage left it.
-    if (!ctx.run_stage(*s) && s == &pipeline::data_stage()) return ctx.result;
+    // Nothing runs without a required stage (data); the report stays as that stage left it.
+    const bool completed = ctx.run_stage(*s);
+    if (!completed && s->required()) return ctx.result;
+    if (completed) s->after_report(ctx);
   }
   ctx.write_report();
   return ctx.result;

@@ -12,7 +12,7 @@ class PtqStage : public Stage {
   bool applies(const Recipe& r) const override { return r.quantize; }
   // Evaluates what calibrate makes: naming either runs both.
   bool requested(const std::vector<std::string>& stages) const override {
-    return Stage::requested(stages) || calibrate_stage().Stage::requested(stages);
+    return named(stages) || calibrate_stage().named(stages);
   }
   void run(RunContext& ctx) const override { ctx.record("ptq", ctx.evaluate("ptq eval")); }
 };

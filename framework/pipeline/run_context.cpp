@@ -59,10 +59,6 @@ RunContext::RunContext(const Recipe& r, const PipelineOptions& opt)
   }
 }
 
-bool RunContext::wanted(const std::string& stage) const {
-  return options.stages.empty() || std::find(options.stages.begin(), options.stages.end(), stage) != options.stages.end();
-}
-
 bool RunContext::interrupted() const { return options.interrupted && options.interrupted->load(); }
 
 bool RunContext::completed(const std::string& stage) const {

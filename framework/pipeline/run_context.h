@@ -29,6 +29,11 @@ void probe_writable(const std::string& dir, const std::string& what);
 class RunContext {
  public:
   RunContext(const Recipe& recipe, const PipelineOptions& options);
+  // `world` may refer to this object's own one_process_: a copy would point into the original.
+  RunContext(const RunContext&) = delete;
+  RunContext(RunContext&&) = delete;
+  RunContext& operator=(const RunContext&) = delete;
+  RunContext& operator=(RunContext&&) = delete;
 
   const Recipe& recipe;
   const PipelineOptions& options;
@@ -47,7 +52,7 @@ class RunContext {
   std::optional<io::LayerErrorTable> error_record;       // likewise
 
   // --stages names `stage` (or is empty).
-  bool wanted(const std::string& stage) const;
+  bool wanted(const Stage& stage) const { return stage.named(options.stages); }
   bool interrupted() const;
   bool completed(const std::string& stage) const;
   void note(const std::string& text) { report["notes"].push_back(text); }

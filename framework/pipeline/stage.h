@@ -22,8 +22,12 @@ class Stage {
   virtual bool applies(const Recipe& recipe) const = 0;
   // Whether --stages may name it; data and layer_errors run whenever what they serve runs.
   virtual bool selectable() const { return true; }
-  // Whether --stages (empty: every stage) asks for it.
-  virtual bool requested(const std::vector<std::string>& stages) const;
+  // Whether nothing after it can run unless it completes (data: the task); the run ends there.
+  virtual bool required() const { return false; }
+  // Whether --stages is empty or names it; what the dry run lists.
+  bool named(const std::vector<std::string>& stages) const;
+  // Whether the stage runs under --stages: named, unless it runs whenever what it serves runs.
+  virtual bool requested(const std::vector<std::string>& stages) const { return named(stages); }
   // Needs the model quantized and calibrated by the calibrate stage of the same run.
   virtual bool needs_calibrated_model() const { return false; }
   // Checks before the first stage runs, so an unwritable path or an unexportable scheme fails
@@ -35,6 +39,9 @@ class Stage {
   // Whether what it works on exists by now (layer_errors: a quantized stage completed).
   virtual bool ready(const RunContext&) const { return true; }
   virtual void run(RunContext& ctx) const = 0;
+  // Runs once the stage completed and the report written after it: what is set here first
+  // appears in the next stage's report (data: the metric, world size and baselines).
+  virtual void after_report(RunContext&) const {}
 };
 
 }  // namespace qforge::pipeline

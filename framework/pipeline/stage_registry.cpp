@@ -9,7 +9,7 @@ namespace qforge {
 
 namespace pipeline {
 
-bool Stage::requested(const std::vector<std::string>& stages) const {
+bool Stage::named(const std::vector<std::string>& stages) const {
   return stages.empty() || std::find(stages.begin(), stages.end(), name()) != stages.end();
 }
 

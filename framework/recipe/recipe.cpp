@@ -222,6 +222,14 @@ void check_freeze(const Recipe& r, const YAML::Node& tree, const Where& w) {
               "weight qtype or freeze.enabled: false to evaluate activation-only quantization fake-quantized");
 }
 
+// `weights:` or `activations:` written empty is filled like a missing one (the scheme's effective
+// values), unlike other empty sections (search.budget, ptq.gptq), which stay empty.
+void fill_null_scheme_parts(YAML::Node quantize) {
+  if (!quantize.IsMap()) return;
+  for (const char* part : {"weights", "activations"})
+    if (quantize[part] && quantize[part].IsNull()) quantize[part] = YAML::Node(YAML::NodeType::Map);
+}
+
 // The resolved recipe: every effective value written. Sections whose presence means something
 // (search, ptq: "run it"; quantize, freeze and qat without quantize: an error or nothing) are
 // filled only where the recipe has them.
@@ -236,6 +244,7 @@ std::string resolved_yaml(const Recipe& r, YAML::Node tree) {
       continue;
     }
     if (!tree[section.name]) tree[section.name] = YAML::Node(YAML::NodeType::Map);
+    if (section.name == "quantize") fill_null_scheme_parts(tree[section.name]);
     recipe_schema::fill_defaults(section, tree[section.name], r);
   }
   YAML::Emitter out;

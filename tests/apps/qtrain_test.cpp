@@ -190,6 +190,29 @@ TEST(Qtrain, FashionMnistCnnRecipesRun) {
   fs::remove_all(dir);
 }
 
+// The float stage runs whatever --stages names: quantized stages start from the saved float
+// weights, not from a random model.
+TEST(Qtrain, StagesWithoutFloatStillLoadTheFloatCheckpoint) {
+  const std::string dir = out_dir("stages_no_float");
+  const QtrainRun first = qtrain("--recipe recipes/fmnist_cnn_int8.yaml" + small(dir) + " --stages float");
+  ASSERT_EQ(first.code, 0) << first.output;
+  ASSERT_TRUE(fs::exists(dir + "/fp32.h5"));
+  const double trained = report(dir)["metrics"]["float"]["accuracy"].get<double>();
+  const QtrainRun run = qtrain("--recipe recipes/fmnist_cnn_int8.yaml" + small(dir) + " --stages calibrate,ptq");
+  ASSERT_EQ(run.code, 0) << run.output;
+  const nlohmann::json r = report(dir);
+  EXPECT_NE(r["notes"].dump().find("loaded from"), std::string::npos) << r["notes"].dump();
+  ASSERT_TRUE(r["metrics"].contains("float")) << r["metrics"].dump();
+  EXPECT_EQ(r["metrics"]["float"]["accuracy"].get<double>(), trained);
+  EXPECT_TRUE(r["metrics"].contains("ptq"));
+  EXPECT_NE(run.output.find("stage float"), std::string::npos) << run.output;
+  // The dry run lists only the stages --stages names, as before.
+  const QtrainRun dry = qtrain("--recipe recipes/fmnist_cnn_int8.yaml --dry-run --stages ptq");
+  ASSERT_EQ(dry.code, 0) << dry.output;
+  EXPECT_NE(dry.output.find("stages: ptq\n"), std::string::npos) << dry.output;
+  fs::remove_all(dir);
+}
+
 TEST(Qtrain, ExportOnnxWritesModelOnnxAndSchemesWithoutQdqFormFailBeforeTraining) {
   const std::string dir = out_dir("cnn_onnx");
   const QtrainRun run = qtrain("--recipe recipes/fmnist_cnn_int8.yaml" + small(dir) + " --set export.onnx=true");

@@ -462,3 +462,32 @@ TEST(Recipe, QuantizeSectionIsBoundAndItsEffectiveValuesAreResolved) {
   const Recipe again = load_recipe(dir.write("again.yaml", acts.resolved_yaml));
   EXPECT_EQ(again.resolved_yaml, acts.resolved_yaml);
 }
+
+// An empty `weights:` / `activations:` resolves to the scheme's effective values, as a missing one
+// does; the text (and so the recipe's SHA-256) is the one earlier releases wrote.
+TEST(Recipe, EmptyQuantizeWeightsAndActivationsResolveToTheirEffectiveValues) {
+  TempDir dir;
+  const Recipe r = load_recipe(dir.write("null_parts.yaml",
+                                         "model: {arch: mlp}\ndata: {dataset: fashion_mnist, max_train_examples: 256}\n"
+                                         "quantize:\n  weights:\n  activations:\ntrain: {epochs: 1}\n"
+                                         "freeze: {enabled: false}\n"));
+  const std::string expected =
+      "model: {arch: mlp}\n"
+      "data: {dataset: fashion_mnist, max_train_examples: 256, batch_size: 64, eval_batch_size: 256, "
+      "validation_size: 5000, max_eval_examples: 0, seq_len: 128, examples_per_language: 0, tokens: chars}\n"
+      "quantize:\n"
+      "  weights:\n    qtype: qint8\n    granularity: per_channel\n    symmetric: true\n    lsq: false\n"
+      "  activations:\n    mode: none\n    qtype: qint8\n    symmetric: true\n    observer: histogram\n"
+      "    method: l2\n    percentile: 99.99\n    averaging_constant: 0.01\n    lsq: false\n"
+      "train: {epochs: 1, lr: 0.001, weight_decay: 0.01, warmup_steps: 0, grad_clip: 1, max_steps: 0}\n"
+      "freeze: {enabled: false, backend: cpu}\n"
+      "seed: 0\n"
+      "calibrate:\n  batches: 16\n  samples: 0\n"
+      "qat:\n  epochs: 0\n  lr: 0.0001\n  lsq: false\n  freeze_observers_after: -1\n  freeze_bn_after: -1\n"
+      "  max_steps: 0\n"
+      "distributed:\n  backend: gloo\n  timeout_s: 300\n  sync_batchnorm: false\n"
+      "export:\n  checkpoint: true\n  calibration_dump: true\n  report: true\n  safetensors: false\n"
+      "  onnx: false\n";
+  EXPECT_EQ(r.resolved_yaml, expected);
+  EXPECT_EQ(r.sha256, "77376b3485169805dd2fb35c4dd303101197ec149bb7ef5ad0451d1e87275f2a");
+}
