@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <mutex>
 #include <set>
 #include <sstream>
@@ -36,6 +37,10 @@ std::recursive_mutex& hdf5_mutex() {
 struct Lock {
   std::lock_guard<std::recursive_mutex> guard{hdf5_mutex()};
   Lock() {
+    // A file whose close failed (a full disk) stays half torn down in HDF5's tables, and HDF5's
+    // own shutdown at exit would close it again and crash: qforge closes its files itself.
+    static const bool no_atexit_cleanup = H5dont_atexit() >= 0;
+    (void)no_atexit_cleanup;
     thread_local bool silenced = false;
     if (!silenced) {
       H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
@@ -59,6 +64,7 @@ std::string hdf5_detail() {
   // The innermost message says what actually went wrong ("truncated file: eof = ...").
   std::string s = msgs.back();
   if (msgs.size() > 1 && msgs.front() != s) s = msgs.front() + ": " + s;
+  std::replace(s.begin(), s.end(), '\n', ' ');  // HDF5's write errors embed a ctime() line break
   return " (HDF5: " + s + ")";
 }
 
@@ -173,6 +179,21 @@ void set_compact_storage(hid_t plist, const std::string& where) {
   check(H5Pset_attr_phase_change(plist, kMaxCompact, kMaxCompact - 1), where, "cannot keep attributes compact");
 }
 
+// File path -> why an object of that file failed to close (a dataset's close writes its chunk
+// cache, so the data may be lost); File::close reports it instead of claiming success.
+std::map<std::string, std::string>& failed_closes() {
+  static std::map<std::string, std::string> m;
+  return m;
+}
+
+std::string name_of(hid_t id, ssize_t (*get)(hid_t, char*, size_t)) {
+  const ssize_t n = get(id, nullptr, 0);
+  if (n <= 0) return {};
+  std::string s(static_cast<size_t>(n), '\0');
+  get(id, s.data(), s.size() + 1);
+  return s;
+}
+
 Id string_type() {
   Id t(H5Tcopy(H5T_C_S1));
   H5Tset_size(t.get(), H5T_VARIABLE);
@@ -197,15 +218,24 @@ Id& Id::operator=(Id&& o) noexcept {
 void Id::reset() {
   if (id_ < 0) return;
   Lock lock;
-  switch (H5Iget_type(id_)) {
-    case H5I_FILE: H5Fclose(id_); break;
-    case H5I_GROUP: H5Gclose(id_); break;
-    case H5I_DATASET: H5Dclose(id_); break;
-    case H5I_DATASPACE: H5Sclose(id_); break;
-    case H5I_DATATYPE: H5Tclose(id_); break;
-    case H5I_ATTR: H5Aclose(id_); break;
-    case H5I_GENPROP_LST: H5Pclose(id_); break;
+  const H5I_type_t type = H5Iget_type(id_);
+  const bool in_file = type == H5I_GROUP || type == H5I_DATASET || type == H5I_ATTR;
+  const std::string file = in_file ? name_of(id_, H5Fget_name) : std::string();
+  const std::string dataset = type == H5I_DATASET ? name_of(id_, H5Iget_name) : std::string();
+  herr_t r = 0;
+  switch (type) {
+    case H5I_FILE: r = H5Fclose(id_); break;
+    case H5I_GROUP: r = H5Gclose(id_); break;
+    case H5I_DATASET: r = H5Dclose(id_); break;
+    case H5I_DATASPACE: r = H5Sclose(id_); break;
+    case H5I_DATATYPE: r = H5Tclose(id_); break;
+    case H5I_ATTR: r = H5Aclose(id_); break;
+    case H5I_GENPROP_LST: r = H5Pclose(id_); break;
     default: H5Idec_ref(id_); break;
+  }
+  if (r < 0 && !file.empty() && !failed_closes().count(file)) {
+    const std::string what = dataset.empty() ? "cannot close an object" : "cannot write dataset '" + dataset + "'";
+    failed_closes()[file] = what + " when closing it (its data is not in the file)" + hdf5_detail();
   }
   H5Eclear2(H5E_DEFAULT);
   id_ = -1;
@@ -464,12 +494,42 @@ void check_declared_size(hid_t dataset, const DatasetInfo& inf, const std::strin
                                 stored, " bytes for it", compressed ? " (compressed)" : "",
                                 ": truncated or corrupted file"));
 }
+
+// A dataset with elements but without all of its storage was never completely written (a save
+// that failed on a full disk): HDF5 would read it back as fill values, zeros that look like data.
+void check_storage_written(hid_t dataset, const DatasetInfo& inf, const std::string& where) {
+  uint64_t count = 1;
+  for (int64_t d : inf.shape) count *= static_cast<uint64_t>(d);
+  if (count == 0) return;
+  Id dcpl(H5Dget_create_plist(dataset));
+  if (!dcpl.valid()) fail(where, "cannot read the creation properties");
+  const char* unwritten = ": never completely written (a save that failed, e.g. on a full disk)";
+  const H5D_layout_t layout = H5Pget_layout(dcpl.get());
+  if (layout == H5D_CHUNKED) {
+    std::vector<hsize_t> chunk(inf.shape.size());
+    check(H5Pget_chunk(dcpl.get(), static_cast<int>(chunk.size()), chunk.data()), where, "cannot read the chunk shape");
+    uint64_t expected = 1;
+    for (size_t i = 0; i < chunk.size(); ++i)
+      expected *= (static_cast<uint64_t>(inf.shape[i]) + chunk[i] - 1) / chunk[i];
+    hsize_t stored = 0;
+    Id space(H5Dget_space(dataset));  // HDF5 1.10 does not take H5S_ALL here
+    check(H5Dget_num_chunks(dataset, space.get(), &stored), where, "cannot count the stored chunks");
+    if (stored < expected) fail(where, detail::str_cat("stores ", stored, " of its ", expected, " chunks", unwritten));
+  } else if (layout == H5D_CONTIGUOUS) {
+    Id type(H5Dget_type(dataset));
+    if (!type.valid()) fail(where, "cannot read the element type");
+    const uint64_t bytes = count * H5Tget_size(type.get());
+    const uint64_t stored = H5Dget_storage_size(dataset);
+    if (stored < bytes) fail(where, detail::str_cat("stores ", stored, " of its ", bytes, " bytes", unwritten));
+  }
+}
 }  // namespace
 
 at::Tensor Dataset::read() const {
   Lock lock;
   const DatasetInfo inf = stored_info();
   check_declared_size(id_.get(), inf, where());
+  check_storage_written(id_.get(), inf, where());
   at::Tensor t = at::empty(inf.shape, at::TensorOptions().dtype(inf.dtype));
   if (t.numel() > 0) {
     Id mem = memory_type(inf.dtype);
@@ -634,6 +694,10 @@ File File::create(const std::string& path) {
   // HDF5 1.10 formats: every metadata block (superblock, object headers, chunk indexes) carries a
   // checksum, so corruption is reported instead of misread. Readable by HDF5 >= 1.10.
   check(H5Pset_libver_bounds(fapl.get(), H5F_LIBVER_V110, H5F_LIBVER_V110), path, "cannot set format bounds");
+  // H5Fclose closes the file's open objects and the file itself at once, so close() sees every
+  // write that fails, not only the first object's.
+  check(H5Pset_fclose_degree(fapl.get(), H5F_CLOSE_STRONG), path, "cannot set the close degree");
+  failed_closes().erase(path);
   Id fcpl(H5Pcreate(H5P_FILE_CREATE));
   H5Pset_obj_track_times(fcpl.get(), false);
   set_compact_storage(fcpl.get(), path);  // the root group's links and attributes
@@ -658,7 +722,10 @@ File File::open(const std::string& path) {
 }
 
 File::~File() {
+  if (!path_) return;
+  Lock lock;
   if (id_.valid()) id_.reset();
+  failed_closes().erase(*path_);
 }
 
 Group File::root() const {
@@ -672,9 +739,18 @@ Group File::root() const {
 void File::close() {
   if (!id_.valid()) return;
   Lock lock;
-  check(H5Fflush(id_.get(), H5F_SCOPE_GLOBAL), *path_, "cannot flush");
+  // The file is closed even when the flush fails: left open, HDF5 would retry the flush later.
+  const bool flushed = H5Fflush(id_.get(), H5F_SCOPE_GLOBAL) >= 0;
+  const std::string flush_detail = flushed ? std::string() : hdf5_detail();
   // Ownership moves to H5Fclose, whose failure must be reported, not swallowed by Id::reset.
-  check(H5Fclose(id_.release()), *path_, "cannot close");
+  const bool closed = H5Fclose(id_.release()) >= 0;
+  const std::string close_detail = closed ? std::string() : hdf5_detail();
+  const auto lost = failed_closes().find(*path_);
+  const std::string lost_what = lost == failed_closes().end() ? std::string() : lost->second;
+  if (lost != failed_closes().end()) failed_closes().erase(lost);
+  if (!lost_what.empty()) throw Error("framework/io: " + *path_ + ": " + lost_what);
+  if (!flushed) throw Error("framework/io: " + *path_ + ": cannot flush" + flush_detail);
+  if (!closed) throw Error("framework/io: " + *path_ + ": cannot close" + close_detail);
 }
 
 bool is_hdf5_file(const std::string& path) {

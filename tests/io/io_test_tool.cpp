@@ -6,6 +6,11 @@
 //   io_test_tool make-sparse-dataset OUT -> OUT: /x declares 2^28 float32 but stores nothing
 //   io_test_tool save-loop PATH ELEMS   -> saves step 1, 2, ... forever; prints "S<step>\n" before
 //                                          and "E<step>\n" after each save (flushed)
+//   io_test_tool write-past-limit KIND PATH BYTES -> writes a checkpoint or calibration dump
+//                                          (KIND) to PATH while writes past BYTES fail as on a
+//                                          full disk; prints the error and exits 0 when the
+//                                          save threw, 3 when it claimed success
+//   io_test_tool unwrite-dataset FILE DATASET -> replaces DATASET by a twin never written
 #include <ATen/ATen.h>
 
 #include <cstdio>
@@ -13,6 +18,8 @@
 #include <string>
 
 #include <hdf5.h>
+#include <signal.h>
+#include <sys/resource.h>
 
 #include "framework/io/checkpoint.h"
 #include "framework/format/hdf5.h"
@@ -20,6 +27,47 @@
 #include "tests/io/io_fixtures.h"
 
 using namespace qforge::io;
+
+namespace {
+// Saves that need more than `limit` bytes: tensors small enough to sit in HDF5's chunk cache
+// until their dataset is closed, or a dump whose metadata alone outgrows the limit.
+int write_past_limit(const std::string& kind, const std::string& path, rlim_t limit) {
+  CheckpointData d;
+  for (int i = 0; i < 8; ++i) d.parameters["layer" + std::to_string(i) + ".weight"] = at::arange(65536, at::kFloat) + i;
+  CalibrationDump dump;
+  const CalibrationDump one = testing::calibration_v1();
+  for (int i = 0; i < 400; ++i) dump["m" + std::to_string(i)] = one.begin()->second;
+  // Writes past the limit fail with EFBIG instead of killing the process, as ENOSPC would.
+  ::signal(SIGXFSZ, SIG_IGN);
+  const rlimit rl{limit, limit};
+  if (::setrlimit(RLIMIT_FSIZE, &rl) != 0) return 2;
+  try {
+    if (kind == "checkpoint") save_checkpoint(path, d);
+    else if (kind == "calibration") save_calibration_dump(path, dump);
+    else return 2;
+  } catch (const std::exception& e) {
+    std::printf("%s\n", e.what());
+    return 0;
+  }
+  std::printf("<no error>\n");
+  return 3;
+}
+
+// Deletes DATASET and creates it again with the same type, shape and layout but space allocated
+// only when written, and never writes it: what a save that lost its data on a full disk leaves.
+bool unwrite_dataset(const std::string& file, const std::string& dataset) {
+  const hid_t f = H5Fopen(file.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+  const hid_t old = H5Dopen2(f, dataset.c_str(), H5P_DEFAULT);
+  const hid_t type = H5Dget_type(old), space = H5Dget_space(old), dcpl = H5Dget_create_plist(old);
+  bool ok = f >= 0 && old >= 0 && type >= 0 && space >= 0 && dcpl >= 0;
+  ok = ok && H5Dclose(old) >= 0 && H5Ldelete(f, dataset.c_str(), H5P_DEFAULT) >= 0;
+  ok = ok && H5Pset_alloc_time(dcpl, H5D_ALLOC_TIME_LATE) >= 0;
+  const hid_t d = ok ? H5Dcreate2(f, dataset.c_str(), type, space, H5P_DEFAULT, dcpl, H5P_DEFAULT) : -1;
+  ok = ok && d >= 0;
+  H5Dclose(d), H5Pclose(dcpl), H5Sclose(space), H5Tclose(type);
+  return H5Fclose(f) >= 0 && ok;
+}
+}  // namespace
 
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
@@ -91,6 +139,10 @@ int main(int argc, char** argv) {
       H5Dclose(d), H5Pclose(dcpl), H5Sclose(space), H5Fclose(file);
       return ok ? 0 : 1;
     }
+    if (mode == "write-past-limit" && argc == 5) {
+      return write_past_limit(argv[2], argv[3], static_cast<rlim_t>(std::atoll(argv[4])));
+    }
+    if (mode == "unwrite-dataset" && argc == 4) return unwrite_dataset(argv[2], argv[3]) ? 0 : 1;
     if (mode == "save-loop" && argc == 4) {
       at::set_num_threads(1);
       const std::string path = argv[2];
@@ -113,6 +165,6 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "io_test_tool: %s\n", e.what());
     return 1;
   }
-  std::fprintf(stderr, "usage: io_test_tool make-fixtures DIR | dequantize CKPT OUT | make-link-cycle OUT | make-sparse-dataset OUT | save-loop PATH ELEMS\n");
+  std::fprintf(stderr, "usage: io_test_tool make-fixtures DIR | dequantize CKPT OUT | make-link-cycle OUT | make-sparse-dataset OUT | save-loop PATH ELEMS | write-past-limit checkpoint|calibration PATH BYTES | unwrite-dataset FILE DATASET\n");
   return 2;
 }
