@@ -488,6 +488,29 @@ TEST(ModelIo, FailedLoadsLeaveTheModelExactlyAsItWas) {
   expect_untouched(a, good, {}, "frozen");
 }
 
+// A weight that never reached the file (a save that lost it on a full disk) reads as zeros in
+// HDF5: the load is refused naming the dataset, and the model keeps its values.
+TEST(ModelIo, LoadRefusesAWeightThatNeverReachedTheFile) {
+  TempDir dir;
+  at::manual_seed(9);
+  auto a_ptr = std::make_shared<Net>();
+  const std::string path = dir.file("unwritten.h5");
+  io::save_model(*a_ptr, path);
+  const std::string unwrite = std::string(QFORGE_IO_TEST_TOOL) + " unwrite-dataset " + path + " /parameters/fc2/weight";
+  ASSERT_EQ(std::system(unwrite.c_str()), 0);
+  auto b_ptr = std::make_shared<Net>();
+  const State before = state_of(*b_ptr);
+  try {
+    io::load_model(*b_ptr, path);
+    ADD_FAILURE() << "a weight without stored data was loaded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("dataset '/parameters/fc2/weight': stores 0 of its 1 chunks: never completely written"),
+              std::string::npos)
+        << e.what();
+  }
+  expect_same_state(state_of(*b_ptr), before);
+}
+
 TEST(ModelIo, CalibrationDumpSkipsCalibrationOfAFreshModel) {
   TempDir dir;
   at::manual_seed(9);
