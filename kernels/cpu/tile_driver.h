@@ -13,12 +13,14 @@
 // (the pattern of fake_quant/fake_quantize_simd.h; XNNPACK's *.c.in). No intrinsics and no ATen.
 #pragma once
 
-#include <array>
 #include <cstdint>
 #include <cstring>
 #include <utility>
 
 namespace qforge::kernels::detail {
+
+// Internal linkage: ISA files compiled with different -m flags each keep their own copy (ODR).
+namespace {
 
 inline int32_t load_u32(const void* p) {
   int32_t v;
@@ -43,8 +45,15 @@ inline void row_pointers(const T* base, int64_t m0, int64_t ld, const T* (&p)[MR
 template <class Kernel>
 using TileFn = decltype(&Kernel::template tile<1, 1>);
 
+// A plain array in this namespace, not std::array: its operator[] would be one symbol shared by
+// every ISA file's copy.
+template <class Kernel>
+struct TileTable {
+  TileFn<Kernel> fn[Kernel::kMaxRows * Kernel::kMaxBlocks];
+};
+
 template <class Kernel, size_t... I>
-constexpr std::array<TileFn<Kernel>, sizeof...(I)> tile_table(std::index_sequence<I...>) {
+constexpr TileTable<Kernel> tile_table(std::index_sequence<I...>) {
   return {{&Kernel::template tile<static_cast<int>(I) / Kernel::kMaxBlocks + 1,
                                   static_cast<int>(I) % Kernel::kMaxBlocks + 1>...}};
 }
@@ -52,9 +61,9 @@ constexpr std::array<TileFn<Kernel>, sizeof...(I)> tile_table(std::index_sequenc
 // The tile<MR, NR> instance for a tile of mr rows and nr column blocks.
 template <class Kernel>
 TileFn<Kernel> select_tile(int mr, int nr) {
-  static constexpr auto kTiles =
+  static constexpr TileTable<Kernel> kTiles =
       tile_table<Kernel>(std::make_index_sequence<Kernel::kMaxRows * Kernel::kMaxBlocks>());
-  return kTiles[(mr - 1) * Kernel::kMaxBlocks + (nr - 1)];
+  return kTiles.fn[(mr - 1) * Kernel::kMaxBlocks + (nr - 1)];
 }
 
 // Column blocks [nb_begin, nb_end), all args.m rows. Column blocks outermost: a panel of up to
@@ -79,4 +88,5 @@ void for_each_tile(const typename Kernel::Args& args, int64_t nb_begin, int64_t 
   for_each_tile<Kernel>(args, nb_begin, nb_end, Kernel::kMaxBlocks, [](int64_t, int) {});
 }
 
+}  // namespace
 }  // namespace qforge::kernels::detail
