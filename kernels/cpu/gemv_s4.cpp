@@ -32,10 +32,6 @@ bool fp16_bits_exact(float x, Fp16Bits* bits) {
   return std::isfinite(x) && static_cast<float>(h) == x;
 }
 
-float fp16_bits_to_float(Fp16Bits bits) {
-  return static_cast<float>(c10::Half(bits, c10::Half::from_bits()));
-}
-
 std::string exact_str(float x) {
   std::ostringstream os;
   os << std::setprecision(std::numeric_limits<float>::max_digits10) << x;
@@ -146,6 +142,10 @@ void pack_s4_group_meta(const float* w_scale, const int32_t* w_zero, int64_t N, 
       zeros[meta] = static_cast<int8_t>(code);
     }
   }
+}
+
+float fp16_bits_to_float(Fp16Bits bits) {
+  return static_cast<float>(c10::Half(bits, c10::Half::from_bits()));
 }
 
 void unpack_s4_group_meta(const Fp16Bits* scales, const int8_t* zeros, int64_t N, int64_t G,

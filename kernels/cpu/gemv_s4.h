@@ -40,6 +40,9 @@ void gemv_s8s4f32(const int8_t* A, int64_t M, const float* a_scale, const S4N16K
 void pack_s4_group_meta(const float* w_scale, const int32_t* w_zero, int64_t N, int64_t G,
                         int qmin, Fp16Bits* scales, int8_t* zeros);
 
+// A stored group scale as float (exact).
+float fp16_bits_to_float(Fp16Bits bits);
+
 // Inverse of pack_s4_group_meta: plain [N, G] float scales (exact) and zero-point codes.
 void unpack_s4_group_meta(const Fp16Bits* scales, const int8_t* zeros, int64_t N, int64_t G,
                           float* w_scale, int32_t* zero_codes);

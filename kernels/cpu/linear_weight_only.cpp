@@ -3,6 +3,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -88,29 +89,60 @@ void run_f32s4_reference(const LinearF32S4Problem& p) {
                           p.w.n, p.w.k);
 }
 
-// W = float(q) * scale[n] (dequantize_int with zero point 0, the same float products).
-void run_f32s8_dequant_gemm(const LinearF32S8Problem& p) {
-  const int64_t N = p.w.n, K = p.w.k;
-  detail::linear_f32_dequant_gemm(p.x, p.m, K, N, p.bias, p.y, [&](float* w) {
-    std::vector<int8_t> q(static_cast<size_t>(N * K));
-    unpack_s8_n16k4_reference(p.w.data, N, K, q.data());
-    for (int64_t n = 0; n < N; ++n) {
-      for (int64_t k = 0; k < K; ++k) w[n * K + k] = static_cast<float>(q[n * K + k]) * p.w_scale[n];
-    }
+// Float weight rows of whole 16-row column blocks, the blocks split across ATen's threads: one
+// pass over the packed bytes, each block's bytes cache-resident while its rows are written.
+template <typename F>
+void for_each_weight_row(int64_t n, int64_t row_elems, const F& fill_row) {
+  detail::parallel_over_blocks(round_up(n, kS8BlockN) / kS8BlockN, kS8BlockN * row_elems, [&](int64_t b, int64_t e) {
+    for (int64_t row = b * kS8BlockN; row < std::min(n, e * kS8BlockN); ++row) fill_row(row);
   });
 }
 
-// W = float(u - z') * scale[n, g]: (q - z) * s of dequantize_int, since u - z' = q - z exactly.
-void run_f32s4_dequant_gemm(const LinearF32S4Problem& p) {
-  const int64_t N = p.w.n, K = p.w.k, G = p.w.groups, gs = p.w.group_size;
-  detail::linear_f32_dequant_gemm(p.x, p.m, K, N, p.bias, p.y, [&](float* w) {
-    const S4Unpacked u = unpack_s4(p.w);
-    for (int64_t n = 0; n < N; ++n) {
-      for (int64_t k = 0; k < K; ++k) {
-        const int64_t g = n * G + k / gs;
-        w[n * K + k] = static_cast<float>(u.codes[n * K + k] - u.zero[g]) * u.scale[g];
+// W = float(q) * scale[n] (dequantize_int with zero point 0, the same float products).
+void run_f32s8_dequant_gemm(const LinearF32S8Problem& p) {
+  const S8N16K4View& w = p.w;
+  detail::linear_f32_dequant_gemm(p.x, p.m, w.k, w.n, p.bias, p.y, [&](float* out) {
+    for_each_weight_row(w.n, w.kp, [&](int64_t n) {
+      // Row n's 4 bytes in each 64-byte block of its column block (packed_layout.h).
+      const int8_t* q = w.data + (n / kS8BlockN) * w.kp * kS8BlockN + (n % kS8BlockN) * kS8BlockK;
+      const float s = p.w_scale[n];
+      float* row = out + n * w.k;
+      int64_t k = 0;
+      for (; k + kS8BlockK <= w.k; k += kS8BlockK, q += kS8BlockBytes) {
+        for (int64_t i = 0; i < kS8BlockK; ++i) row[k + i] = static_cast<float>(q[i]) * s;
       }
-    }
+      for (int64_t i = 0; k + i < w.k; ++i) row[k + i] = static_cast<float>(q[i]) * s;
+    });
+  });
+}
+
+// W = (float(u) - float(z')) * scale[n, g]: (q - z) * s of dequantize_int, since u - z' = q - z
+// and both differences are exact in float.
+void run_f32s4_dequant_gemm(const LinearF32S4Problem& p) {
+  const S4N16K8View& w = p.w;
+  constexpr int64_t kHalf = kS4BlockK / 2;  // k values per nibble plane of a block
+  detail::linear_f32_dequant_gemm(p.x, p.m, w.k, w.n, p.bias, p.y, [&](float* out) {
+    for_each_weight_row(w.n, w.kp, [&](int64_t n) {
+      const int64_t nb = n / kS4BlockN, j = n % kS4BlockN;
+      const uint8_t* q = w.data + nb * w.kp / kS4BlockK * kS4BlockBytes + j * kHalf;
+      float* row = out + n * w.k;
+      // float(u) first (branch-free over whole blocks), then each group's (u - z') * s in place.
+      int64_t k = 0;
+      for (; k + kS4BlockK <= w.k; k += kS4BlockK, q += kS4BlockBytes) {
+        for (int64_t i = 0; i < kHalf; ++i) {
+          row[k + i] = static_cast<float>(q[i] & 0x0F);
+          row[k + kHalf + i] = static_cast<float>(q[i] >> kS4NibbleBits);
+        }
+      }
+      for (int64_t i = 0; k + i < w.k; ++i) {
+        row[k + i] = static_cast<float>(i < kHalf ? (q[i] & 0x0F) : (q[i - kHalf] >> kS4NibbleBits));
+      }
+      for (int64_t g = 0; g < w.groups; ++g) {
+        const int64_t meta = (nb * w.groups + g) * kS4BlockN + j;
+        const float s = fp16_bits_to_float(w.scales[meta]), z = static_cast<float>(w.zeros[meta]);
+        for (k = g * w.group_size; k < std::min(w.k, (g + 1) * w.group_size); ++k) row[k] = (row[k] - z) * s;
+      }
+    });
   });
 }
 
