@@ -38,15 +38,12 @@ std::string exact_str(float x) {
   return os.str();
 }
 
-// The thread's scratch with A's rows padded to kp with 0, and their per-group sums.
-detail::GemvS4Args s8s4_padded_args(const GemvS4Problem& p) {
+// `padded` (p.m rows of w.kp) with A's rows padded with 0, and `group_sum` their per-group sums.
+detail::GemvS4Args s8s4_padded_args(const GemvS4Problem& p, int8_t* padded, int32_t* group_sum) {
   const S4N16K8View& w = p.w;
   const int64_t K = w.k, kp = w.kp, G = w.groups;
-  int8_t* padded = detail::thread_scratch<int8_t>(detail::Scratch::kPaddedInput, p.m * kp);
-  int32_t* group_sum = detail::thread_scratch<int32_t>(detail::Scratch::kGroupSums, p.m * G);
+  detail::pad_rows(padded, p.a, p.m, K, kp);
   for (int64_t m = 0; m < p.m; ++m) {
-    std::memcpy(padded + m * kp, p.a + m * K, static_cast<size_t>(K));
-    std::memset(padded + m * kp + K, 0, static_cast<size_t>(kp - K));
     for (int64_t g = 0; g < G; ++g) {
       int32_t sum = 0;
       const int64_t k_end = std::min(K, (g + 1) * w.group_size);
@@ -69,7 +66,9 @@ detail::GemvS4Args s8s4_padded_args(const GemvS4Problem& p) {
 
 template <detail::GemvS4Fn kKernel>
 [[maybe_unused]] void run_s8s4_fast(const GemvS4Problem& p) {
-  const detail::GemvS4Args args = s8s4_padded_args(p);
+  const detail::ScratchArray<int8_t> padded(detail::Scratch::kPaddedInput, p.m * p.w.kp);
+  const detail::ScratchArray<int32_t> group_sum(detail::Scratch::kGroupSums, p.m * p.w.groups);
+  const detail::GemvS4Args args = s8s4_padded_args(p, padded.data(), group_sum.data());
   const int64_t nblocks = round_up(p.w.n, kS4BlockN) / kS4BlockN;
   detail::parallel_over_blocks(nblocks, kS4BlockN * p.w.kp * p.m,
                                [&](int64_t b, int64_t e) { kKernel(args, b, e); });
@@ -77,12 +76,15 @@ template <detail::GemvS4Fn kKernel>
 
 template <detail::GemmS4Fn kKernel>
 [[maybe_unused]] void run_s8s4_panel(const GemvS4Problem& p) {
-  const detail::GemvS4Args args = s8s4_padded_args(p);
+  const detail::ScratchArray<int8_t> padded(detail::Scratch::kPaddedInput, p.m * p.w.kp);
+  const detail::ScratchArray<int32_t> group_sum(detail::Scratch::kGroupSums, p.m * p.w.groups);
+  const detail::GemvS4Args args = s8s4_padded_args(p, padded.data(), group_sum.data());
   const int64_t nblocks = round_up(p.w.n, kS4BlockN) / kS4BlockN;
   const int64_t panel_bytes = detail::kS4PanelBlocks * p.w.kp * kS4BlockN;
   detail::parallel_over_blocks(nblocks, kS4BlockN * p.w.kp * p.m, [&](int64_t b, int64_t e) {
     // 64-byte aligned, as the kernel's aligned loads need; one per worker thread.
-    kKernel(args, b, e, detail::thread_scratch<uint8_t>(detail::Scratch::kPanel, panel_bytes));
+    const detail::ScratchArray<uint8_t> panel(detail::Scratch::kPanel, panel_bytes);
+    kKernel(args, b, e, panel.data());
   });
 }
 

@@ -20,22 +20,14 @@ namespace qforge::kernels {
 
 namespace {
 
-// x rows padded with 0.0f to kp in the thread's scratch (kernels read whole k blocks).
-[[maybe_unused]] const float* padded_rows(const float* x, int64_t M, int64_t K, int64_t kp) {
-  float* out = detail::thread_scratch<float>(detail::Scratch::kPaddedInput, M * kp);
-  for (int64_t m = 0; m < M; ++m) {
-    std::memcpy(out + m * kp, x + m * K, static_cast<size_t>(K) * sizeof(float));
-    std::fill(out + m * kp + K, out + (m + 1) * kp, 0.0f);
-  }
-  return out;
-}
-
 // The GEMV entries: `args` (its op-specific fields set) completed with the padded input, the
 // weight and the output, then one ISA kernel over 16-column blocks split across the threads.
 template <typename Args, typename View, void (*kKernel)(const Args&, int64_t, int64_t)>
 [[maybe_unused]] void run_gemv(Args args, const float* x, int64_t m, const View& w, const float* bias, float* y,
                                int64_t block_n) {
-  args.x = padded_rows(x, m, w.k, w.kp);
+  const detail::ScratchArray<float> padded(detail::Scratch::kPaddedInput, m * w.kp);
+  detail::pad_rows(padded.data(), x, m, w.k, w.kp);
+  args.x = padded.data();
   args.m = m;
   args.ldx = w.kp;
   args.w = w;

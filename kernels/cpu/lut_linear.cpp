@@ -30,13 +30,11 @@ template <void (*kKernel)(const detail::LutArgs&, int64_t, int64_t)>
   const int64_t K = p.layer->in_features(), n = args.n, kp = args.kp;
   args.x = p.x;
   args.ldx = K;
-  if (kp != K) {  // kernels read whole blocks: pad x rows with 0.0f
-    float* xp = detail::thread_scratch<float>(detail::Scratch::kPaddedInput, p.m * kp);
-    for (int64_t m = 0; m < p.m; ++m) {
-      std::memcpy(xp + m * kp, p.x + m * K, static_cast<size_t>(K) * sizeof(float));
-      std::fill(xp + m * kp + K, xp + (m + 1) * kp, 0.0f);
-    }
-    args.x = xp;
+  // Kernels read whole blocks: x rows padded with 0.0f when K is not a whole number of them.
+  const detail::ScratchArray<float> padded(detail::Scratch::kPaddedInput, kp != K ? p.m * kp : 0);
+  if (kp != K) {
+    detail::pad_rows(padded.data(), p.x, p.m, K, kp);
+    args.x = padded.data();
     args.ldx = kp;
   }
   args.m = p.m;

@@ -130,8 +130,10 @@ void PackedLinearS8::run(const float* x, int64_t M, float* y, RunInfo* info,
     return;
   }
   QF_REQUIRE(x != nullptr && y != nullptr, "kernels/cpu: PackedLinearS8::run got a null pointer");
-  int8_t* q = detail::thread_scratch<int8_t>(detail::Scratch::kActivationCodes, M * k_);
-  float* a_scale = detail::thread_scratch<float>(detail::Scratch::kActivationScales, M);
+  const detail::ScratchArray<int8_t> codes(detail::Scratch::kActivationCodes, M * k_);
+  const detail::ScratchArray<float> scales(detail::Scratch::kActivationScales, M);
+  int8_t* q = codes.data();
+  float* a_scale = scales.data();
   quantize_rows_s8(x, M, k_, act_scale, q, k_, a_scale);
 
   RunInfo local;
@@ -146,9 +148,9 @@ void PackedLinearS8::run(const float* x, int64_t M, float* y, RunInfo* info,
       // oneDNN's pre-VNNI int8 path uses VPMADDUBSW and may saturate: not exact, so not used.
       ri.skip(kOneDnn, why);
     } else {
-      int32_t* acc = detail::thread_scratch<int32_t>(detail::Scratch::kAccumulators, M * n_);
-      detail::onednn_gemm_s8s8s32(*onednn_, q, M, acc);
-      dequantize_s32_f32(acc, a_scale, w_scale_.data_ptr<float>(), data_or_null(bias_), y, M, n_);
+      const detail::ScratchArray<int32_t> acc(detail::Scratch::kAccumulators, M * n_);
+      detail::onednn_gemm_s8s8s32(*onednn_, q, M, acc.data());
+      dequantize_s32_f32(acc.data(), a_scale, w_scale_.data_ptr<float>(), data_or_null(bias_), y, M, n_);
       ri.kernel = kOneDnn;
       return;
     }
@@ -250,8 +252,10 @@ void PackedLinearS4::run(const float* x, int64_t M, float* y, RunInfo* info,
     return;
   }
   QF_REQUIRE(x != nullptr && y != nullptr, "kernels/cpu: PackedLinearS4::run got a null pointer");
-  int8_t* q = detail::thread_scratch<int8_t>(detail::Scratch::kActivationCodes, M * k_);
-  float* a_scale = detail::thread_scratch<float>(detail::Scratch::kActivationScales, M);
+  const detail::ScratchArray<int8_t> codes(detail::Scratch::kActivationCodes, M * k_);
+  const detail::ScratchArray<float> scales(detail::Scratch::kActivationScales, M);
+  int8_t* q = codes.data();
+  float* a_scale = scales.data();
   quantize_rows_s8(x, M, k_, act_scale, q, k_, a_scale);
   gemv_s8s4f32(q, M, a_scale, view(), data_or_null(bias_), y, info);
 }
