@@ -6,6 +6,8 @@
 #include <vector>
 
 #include "framework/core/error.h"
+#include "kernels/cpu/dequantize_s32_f32.h"
+#include "kernels/cpu/gemm_s8s8s32_onednn.h"
 #include "kernels/cpu/gemv_kernels.h"
 #include "kernels/cpu/isa.h"
 #include "kernels/cpu/parallel_blocks.h"
@@ -101,6 +103,26 @@ bool s8s8_avx2_applies(const GemvS8Problem& p, std::string* why) {
   return true;
 }
 
+bool onednn_serves(const GemvS8Problem& p) { return p.onednn_min_m > 0 && p.m >= p.onednn_min_m; }
+
+// The copy first, so a layer packed without one says so whatever the ISA. oneDNN's pre-VNNI int8
+// path uses VPMADDUBSW and may saturate: not exact, so not used. (Plans set no copy, so the machine
+// check here never answers for a planned level.)
+bool onednn_applies(const GemvS8Problem& p, std::string* why) {
+  if (p.onednn == nullptr) {
+    *why = p.onednn_status != nullptr ? *p.onednn_status : "no oneDNN copy of the weight";
+    return false;
+  }
+  return isa_usable(Isa::kAvx512Vnni, why);
+}
+
+void run_onednn(const GemvS8Problem& p) {
+  const detail::ScratchArray<int32_t> acc(detail::Scratch::kAccumulators, p.c == nullptr ? p.m * p.w.n : 0);
+  int32_t* c = p.c != nullptr ? p.c : acc.data();
+  detail::onednn_gemm_s8s8s32(*p.onednn, p.a_s8, p.m, c);
+  if (p.y != nullptr) dequantize_s32_f32(c, p.a_scale, p.w_scale, p.bias, p.y, p.m, p.w.n);
+}
+
 #ifdef QFORGE_KERNELS_AVX512VNNI
 constexpr auto kRunS8S8Vnni = run_s8s8_fast<detail::gemv_u8s8s32_n16k4_avx512vnni, true>;
 #endif
@@ -112,6 +134,8 @@ constexpr auto kRunS8S8Avx2 = run_s8s8_fast<detail::gemv_s8s8s32_n16k4_avx2, fal
 
 const KernelTable<GemvS8Problem>& gemv_s8_kernels() {
   static const KernelTable<GemvS8Problem> table{
+      // ISA checked in onednn_applies, after the copy (see there).
+      {"gemm_s8s8s32_onednn", Isa::kReference, onednn_serves, onednn_applies, run_onednn},
       {"gemv_u8s8s32_n16k4_avx512vnni", Isa::kAvx512Vnni, nullptr, nullptr, QF_KERNEL_AVX512VNNI(kRunS8S8Vnni)},
       {"gemv_s8s8s32_n16k4_avx2", Isa::kAvx2, nullptr, s8s8_avx2_applies, QF_KERNEL_AVX2(kRunS8S8Avx2)},
       {"reference", Isa::kReference, nullptr, nullptr, run_s8s8_reference},

@@ -5,7 +5,6 @@
 #include <vector>
 
 #include "framework/core/error.h"
-#include "kernels/cpu/dequantize_s32_f32.h"
 #include "kernels/cpu/gemm_s8s8s32_onednn.h"
 #include "kernels/cpu/gemv_s4.h"
 #include "kernels/cpu/gemv_s8.h"
@@ -136,30 +135,18 @@ void PackedLinearS8::run(const float* x, int64_t M, float* y, RunInfo* info,
   float* a_scale = scales.data();
   quantize_rows_s8(x, M, k_, act_scale, q, k_, a_scale);
 
-  RunInfo local;
-  RunInfo& ri = info != nullptr ? *info : local;
-  ri = RunInfo{};
-  if (M >= onednn_min_m_) {
-    std::string why;
-    constexpr const char* kOneDnn = "gemm_s8s8s32_onednn";
-    if (onednn_ == nullptr) {
-      ri.skip(kOneDnn, onednn_status_);
-    } else if (!isa_usable(Isa::kAvx512Vnni, &why)) {
-      // oneDNN's pre-VNNI int8 path uses VPMADDUBSW and may saturate: not exact, so not used.
-      ri.skip(kOneDnn, why);
-    } else {
-      const detail::ScratchArray<int32_t> acc(detail::Scratch::kAccumulators, M * n_);
-      detail::onednn_gemm_s8s8s32(*onednn_, q, M, acc.data());
-      dequantize_s32_f32(acc.data(), a_scale, w_scale_.data_ptr<float>(), data_or_null(bias_), y, M, n_);
-      ri.kernel = kOneDnn;
-      return;
-    }
-  }
-  RunInfo inner;
-  gemv_s8s8f32(q, M, a_scale, view(), w_scale_.data_ptr<float>(), data_or_null(bias_),
-               y, &inner);
-  ri.kernel = inner.kernel;
-  if (!inner.fallback.empty()) ri.fallback += (ri.fallback.empty() ? "" : "; ") + inner.fallback;
+  GemvS8Problem p;
+  p.a_s8 = q;
+  p.m = M;
+  p.w = view();
+  p.y = y;
+  p.a_scale = a_scale;
+  p.w_scale = w_scale_.data_ptr<float>();
+  p.bias = data_or_null(bias_);
+  p.onednn = onednn_.get();
+  p.onednn_status = &onednn_status_;
+  p.onednn_min_m = onednn_min_m_;
+  run_kernel_table(gemv_s8_kernels(), p, M, info);
 }
 
 at::Tensor PackedLinearS8::run(const at::Tensor& x, RunInfo* info, ActScale act_scale) const {
