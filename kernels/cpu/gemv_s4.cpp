@@ -89,15 +89,9 @@ template <detail::GemmS4Fn kKernel>
 }
 
 void run_s8s4_reference(const GemvS4Problem& p) {
-  const S4N16K8View& w = p.w;
-  const int64_t N = w.n, G = w.groups;
-  std::vector<int8_t> codes(static_cast<size_t>(N * w.k));
-  unpack_s4_n16k8_reference(w.data, N, w.k, 0, codes.data());
-  std::vector<float> scale(static_cast<size_t>(N * G));
-  std::vector<int32_t> zero(static_cast<size_t>(N * G));
-  unpack_s4_group_meta(w.scales, w.zeros, N, G, scale.data(), zero.data());
-  gemm_s8s4f32_reference(p.a, p.a_scale, codes.data(), scale.data(), zero.data(), w.group_size, p.bias,
-                         p.y, p.m, N, w.k);
+  const S4Unpacked u = unpack_s4(p.w);
+  gemm_s8s4f32_reference(p.a, p.a_scale, u.codes.data(), u.scale.data(), u.zero.data(), p.w.group_size, p.bias,
+                         p.y, p.m, p.w.n, p.w.k);
 }
 
 bool s8s4_panel_serves(const GemvS4Problem& p) { return p.m >= kS4PanelMinM; }
@@ -144,6 +138,16 @@ void pack_s4_group_meta(const float* w_scale, const int32_t* w_zero, int64_t N, 
       zeros[meta] = static_cast<int8_t>(code);
     }
   }
+}
+
+S4Unpacked unpack_s4(const S4N16K8View& w) {
+  S4Unpacked u;
+  u.codes.resize(static_cast<size_t>(w.n * w.k));
+  unpack_s4_n16k8_reference(w.data, w.n, w.k, 0, u.codes.data());
+  u.scale.resize(static_cast<size_t>(w.n * w.groups));
+  u.zero.resize(static_cast<size_t>(w.n * w.groups));
+  unpack_s4_group_meta(w.scales, w.zeros, w.n, w.groups, u.scale.data(), u.zero.data());
+  return u;
 }
 
 float fp16_bits_to_float(Fp16Bits bits) {

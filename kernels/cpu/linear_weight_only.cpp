@@ -20,54 +20,38 @@ namespace qforge::kernels {
 
 namespace {
 
-// The GEMV entries: `args` (its op-specific fields set) completed with the padded input, the
-// weight and the output, then one ISA kernel over 16-column blocks split across the threads.
-template <typename Args, typename View, void (*kKernel)(const Args&, int64_t, int64_t)>
-[[maybe_unused]] void run_gemv(Args args, const float* x, int64_t m, const View& w, const float* bias, float* y,
-                               int64_t block_n) {
-  const detail::ScratchArray<float> padded(detail::Scratch::kPaddedInput, m * w.kp);
-  detail::pad_rows(padded.data(), x, m, w.k, w.kp);
+// The op-specific fields of a GEMV kernel's arguments (int4 scales travel in the view).
+[[maybe_unused]] void set_op_fields(detail::GemvF32S8Args* args, const LinearF32S8Problem& p) {
+  args->w_scale = p.w_scale;
+}
+[[maybe_unused]] void set_op_fields(detail::GemvF32S4Args*, const LinearF32S4Problem&) {}
+
+// The GEMV entries: the kernel's arguments from the problem and the padded input, then one ISA
+// kernel over 16-column blocks split across the threads.
+template <typename Args, typename Problem, void (*kKernel)(const Args&, int64_t, int64_t), int64_t kBlockN>
+[[maybe_unused]] void run_gemv(const Problem& p) {
+  const auto& w = p.w;
+  const detail::ScratchArray<float> padded(detail::Scratch::kPaddedInput, p.m * w.kp);
+  detail::pad_rows(padded.data(), p.x, p.m, w.k, w.kp);
+  Args args;
+  set_op_fields(&args, p);
   args.x = padded.data();
-  args.m = m;
+  args.m = p.m;
   args.ldx = w.kp;
   args.w = w;
-  args.bias = bias;
-  args.y = y;
+  args.bias = p.bias;
+  args.y = p.y;
   args.ldy = w.n;
-  detail::parallel_over_blocks(round_up(w.n, block_n) / block_n, block_n * w.kp * m,
+  detail::parallel_over_blocks(round_up(w.n, kBlockN) / kBlockN, kBlockN * w.kp * p.m,
                                [&](int64_t b, int64_t e) { kKernel(args, b, e); });
 }
 
 #ifdef QFORGE_KERNELS_AVX512
-void run_f32s8_avx512(const LinearF32S8Problem& p) {
-  detail::GemvF32S8Args args;
-  args.w_scale = p.w_scale;
-  run_gemv<detail::GemvF32S8Args, S8N16K4View, detail::gemv_f32s8f32_n16k4_avx512>(args, p.x, p.m, p.w, p.bias,
-                                                                                   p.y, kS8BlockN);
-}
-
-void run_f32s4_avx512(const LinearF32S4Problem& p) {
-  run_gemv<detail::GemvF32S4Args, S4N16K8View, detail::gemv_f32s4f32_n16k8_avx512>({}, p.x, p.m, p.w, p.bias, p.y,
-                                                                                   kS4BlockN);
-}
+constexpr auto kRunF32S8Avx512 =
+    run_gemv<detail::GemvF32S8Args, LinearF32S8Problem, detail::gemv_f32s8f32_n16k4_avx512, kS8BlockN>;
+constexpr auto kRunF32S4Avx512 =
+    run_gemv<detail::GemvF32S4Args, LinearF32S4Problem, detail::gemv_f32s4f32_n16k8_avx512, kS4BlockN>;
 #endif
-
-// Int4 codes (u = W - qmin) and plain [N, G] scales and zero-point codes of a packed weight.
-struct S4Unpacked {
-  std::vector<int8_t> codes;
-  std::vector<float> scale;
-  std::vector<int32_t> zero;
-};
-
-S4Unpacked unpack_s4(const S4N16K8View& w) {
-  S4Unpacked u;
-  u.codes.resize(static_cast<size_t>(w.n * w.k));
-  unpack_s4_n16k8_reference(w.data, w.n, w.k, 0, u.codes.data());
-  u.scale.resize(static_cast<size_t>(w.n * w.groups));
-  u.zero.resize(static_cast<size_t>(w.n * w.groups));
-  unpack_s4_group_meta(w.scales, w.zeros, w.n, w.groups, u.scale.data(), u.zero.data());
-  return u;
-}
 
 void run_f32s8_reference(const LinearF32S8Problem& p) {
   std::vector<int8_t> W(static_cast<size_t>(p.w.n * p.w.k));
@@ -175,7 +159,7 @@ void linear_f32_dequant_gemm(const float* x, int64_t M, int64_t K, int64_t N, co
 const KernelTable<LinearF32S8Problem>& linear_f32s8_kernels() {
   static const KernelTable<LinearF32S8Problem> table{
       {"gemv_f32s8f32_n16k4_avx512", Isa::kAvx512, serves_gemv<LinearF32S8Problem>, nullptr,
-       QF_KERNEL_AVX512(run_f32s8_avx512)},
+       QF_KERNEL_AVX512(kRunF32S8Avx512)},
       {"reference", Isa::kReference, serves_gemv<LinearF32S8Problem>, nullptr, run_f32s8_reference},
       {kDequantGemmKernel, Isa::kReference, serves_gemm<LinearF32S8Problem>, nullptr, run_f32s8_dequant_gemm},
   };
@@ -185,7 +169,7 @@ const KernelTable<LinearF32S8Problem>& linear_f32s8_kernels() {
 const KernelTable<LinearF32S4Problem>& linear_f32s4_kernels() {
   static const KernelTable<LinearF32S4Problem> table{
       {"gemv_f32s4f32_n16k8_avx512", Isa::kAvx512, serves_gemv<LinearF32S4Problem>, f32s4_groups_fit,
-       QF_KERNEL_AVX512(run_f32s4_avx512)},
+       QF_KERNEL_AVX512(kRunF32S4Avx512)},
       {"reference", Isa::kReference, serves_gemv<LinearF32S4Problem>, nullptr, run_f32s4_reference},
       {kDequantGemmKernel, Isa::kReference, serves_gemm<LinearF32S4Problem>, nullptr, run_f32s4_dequant_gemm},
   };

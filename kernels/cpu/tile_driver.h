@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <utility>
 
 namespace qforge::kernels::detail {
@@ -52,10 +53,36 @@ struct TileTable {
   TileFn<Kernel> fn[Kernel::kMaxRows * Kernel::kMaxBlocks];
 };
 
+// A kernel may declare `static constexpr bool tile_used(int mr, int nr)` when its driver reaches
+// only some MR x NR shapes; the others are not instantiated (compile time, and no spilling
+// tile<4, 4> that never runs).
+template <class Kernel, typename = void>
+struct DeclaresUsedTiles : std::false_type {};
+template <class Kernel>
+struct DeclaresUsedTiles<Kernel, std::void_t<decltype(Kernel::tile_used(1, 1))>> : std::true_type {};
+
+template <class Kernel>
+constexpr bool uses_tile(int mr, int nr) {
+  if constexpr (DeclaresUsedTiles<Kernel>::value) {
+    return Kernel::tile_used(mr, nr);
+  } else {
+    return true;
+  }
+}
+
+template <class Kernel, int MR, int NR>
+constexpr TileFn<Kernel> tile_or_null() {
+  if constexpr (!uses_tile<Kernel>(MR, NR)) {
+    return nullptr;
+  } else {
+    return &Kernel::template tile<MR, NR>;
+  }
+}
+
 template <class Kernel, size_t... I>
 constexpr TileTable<Kernel> tile_table(std::index_sequence<I...>) {
-  return {{&Kernel::template tile<static_cast<int>(I) / Kernel::kMaxBlocks + 1,
-                                  static_cast<int>(I) % Kernel::kMaxBlocks + 1>...}};
+  return {{tile_or_null<Kernel, static_cast<int>(I) / Kernel::kMaxBlocks + 1,
+                        static_cast<int>(I) % Kernel::kMaxBlocks + 1>()...}};
 }
 
 // The tile<MR, NR> instance for a tile of mr rows and nr column blocks.
