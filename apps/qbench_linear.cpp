@@ -19,6 +19,7 @@
 #include "apps/qbench_registry.h"
 #include "framework/nn/linear.h"
 #include "framework/api/quantize.h"
+#include "kernels/cpu/packed_linear.h"
 
 namespace qforge::bench {
 namespace {
@@ -215,6 +216,46 @@ std::vector<Case> kmeans_cases() {
   out.push_back(std::move(c));
   return out;
 }
+
+// ---- Weight-only int8 (per channel) and int4 (groups of 128) at M = 64, above kWeightOnlyMaxM:
+// the kernels' dequantize + GEMM entry (run_weight_only) beside the same weight dequantized with
+// ATen ops (those of dequantize_int, from the int8 codes) + at::linear, the frozen Linear's path
+// at this M. ----
+std::vector<Case> weight_only_gemm_cases() {
+  constexpr int64_t kM = 64, kGroup = 128;
+  at::manual_seed(0);
+  const at::Tensor x = at::randn({kM, kColdK});
+  const at::Tensor b = at::randn({kColdN}) * 0.1;
+  std::vector<Case> out;
+  {
+    const at::Tensor q = at::randint(-127, 128, {kColdN, kColdK}).to(at::kChar);
+    const at::Tensor s = at::rand({kColdN}) * 0.01 + 0.001;
+    auto packed = std::make_shared<kernels::PackedLinearS8>(q, s, b);
+    Case c{"int8 64x4096x4096", 0.0, {}};
+    const at::Tensor z = at::zeros({kColdN, 1});
+    c.impls.push_back({"libtorch", [x, q, s, z, b] { at::linear(x, (q.to(at::kFloat) - z) * s.unsqueeze(1), b); }});
+    c.impls.push_back({"qforge", [x, packed] { packed->run_weight_only(x); }});
+    out.push_back(std::move(c));
+  }
+  {
+    const int64_t G = kColdK / kGroup;
+    const at::Tensor q = at::randint(-8, 8, {kColdN, kColdK}).to(at::kChar);
+    // fp16-exact scales, as PackedLinearS4 stores them.
+    const at::Tensor s = (at::rand({kColdN, G}) * 0.01 + 0.001).to(at::kHalf).to(at::kFloat);
+    const at::Tensor z = at::randint(-8, 8, {kColdN, G}).to(at::kInt);
+    auto packed = std::make_shared<kernels::PackedLinearS4>(q, s, z, kGroup, b);
+    Case c{"int4 g128 64x4096x4096", 0.0, {}};
+    c.impls.push_back({"libtorch", [x, q, s, z, b, G] {
+                         const at::Tensor g = q.to(at::kFloat).reshape({kColdN, G, kGroup});
+                         at::linear(x, ((g - z.unsqueeze(2)) * s.unsqueeze(2)).reshape({kColdN, kColdK}), b);
+                       }});
+    c.impls.push_back({"qforge", [x, packed] { packed->run_weight_only(x); }});
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
+const Register kWeightOnlyGemm(34, "linear_weight_only_m64", [] { return weight_only_gemm_cases(); });
 
 const Register kKMeans4(33, "gemv_kmeans4", [] { return kmeans_cases(); });
 

@@ -5,7 +5,6 @@
 // equal linear_f32_lut_reference bit for bit. Compiled with -mavx2 -mfma.
 #include <immintrin.h>
 
-#include <algorithm>
 #include <cstdint>
 
 #include "kernels/cpu/lut_layout.h"
@@ -65,7 +64,8 @@ void tile(const LutArgs& a, int64_t n0, int64_t m) {
       prefetch(a.tables,
                ((n0 + kLutRowBlock + r) * a.groups + g) * kLutEntries * static_cast<int64_t>(sizeof(float)));
     }
-    const int64_t b1 = std::min(nb, b0 + blocks_per_group);
+    // Not std::min: its instance would be one symbol shared by files built with other -m flags.
+    const int64_t b1 = nb < b0 + blocks_per_group ? nb : b0 + blocks_per_group;
     for (int64_t b = b0; b < b1; ++b) {
       if (b % kBlocksPerLine == 0) {
         #pragma GCC unroll 8

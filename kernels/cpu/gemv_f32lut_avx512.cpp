@@ -6,7 +6,6 @@
 // result is bit for bit the reference's. Compiled with -mavx512f (and BW/VL/DQ).
 #include <immintrin.h>
 
-#include <algorithm>
 #include <cstdint>
 
 #include "kernels/cpu/lut_layout.h"
@@ -67,7 +66,8 @@ void tile(const LutArgs& a, int64_t n0, int64_t m0) {
     for (int r = 0; r < R; ++r) {
       prefetch(a.tables, ((n0 + R + r) * a.groups + g) * kLutEntries * static_cast<int64_t>(sizeof(float)));
     }
-    const int64_t b1 = std::min(nb, b0 + blocks_per_group);
+    // Not std::min: its instance would be one symbol shared by files built with other -m flags.
+    const int64_t b1 = nb < b0 + blocks_per_group ? nb : b0 + blocks_per_group;
     for (int64_t b = b0; b < b1; ++b) {
       if (b % kBlocksPerLine == 0) {
         #pragma GCC unroll 8

@@ -32,25 +32,18 @@ bool fp16_bits_exact(float x, Fp16Bits* bits) {
   return std::isfinite(x) && static_cast<float>(h) == x;
 }
 
-float fp16_bits_to_float(Fp16Bits bits) {
-  return static_cast<float>(c10::Half(bits, c10::Half::from_bits()));
-}
-
 std::string exact_str(float x) {
   std::ostringstream os;
   os << std::setprecision(std::numeric_limits<float>::max_digits10) << x;
   return os.str();
 }
 
-// The thread's scratch with A's rows padded to kp with 0, and their per-group sums.
-detail::GemvS4Args s8s4_padded_args(const GemvS4Problem& p) {
+// `padded` (p.m rows of w.kp) with A's rows padded with 0, and `group_sum` their per-group sums.
+detail::GemvS4Args s8s4_padded_args(const GemvS4Problem& p, int8_t* padded, int32_t* group_sum) {
   const S4N16K8View& w = p.w;
   const int64_t K = w.k, kp = w.kp, G = w.groups;
-  int8_t* padded = detail::thread_scratch<int8_t>(detail::Scratch::kPaddedInput, p.m * kp);
-  int32_t* group_sum = detail::thread_scratch<int32_t>(detail::Scratch::kGroupSums, p.m * G);
+  detail::pad_rows(padded, p.a, p.m, K, kp);
   for (int64_t m = 0; m < p.m; ++m) {
-    std::memcpy(padded + m * kp, p.a + m * K, static_cast<size_t>(K));
-    std::memset(padded + m * kp + K, 0, static_cast<size_t>(kp - K));
     for (int64_t g = 0; g < G; ++g) {
       int32_t sum = 0;
       const int64_t k_end = std::min(K, (g + 1) * w.group_size);
@@ -73,7 +66,9 @@ detail::GemvS4Args s8s4_padded_args(const GemvS4Problem& p) {
 
 template <detail::GemvS4Fn kKernel>
 [[maybe_unused]] void run_s8s4_fast(const GemvS4Problem& p) {
-  const detail::GemvS4Args args = s8s4_padded_args(p);
+  const detail::ScratchArray<int8_t> padded(detail::Scratch::kPaddedInput, p.m * p.w.kp);
+  const detail::ScratchArray<int32_t> group_sum(detail::Scratch::kGroupSums, p.m * p.w.groups);
+  const detail::GemvS4Args args = s8s4_padded_args(p, padded.data(), group_sum.data());
   const int64_t nblocks = round_up(p.w.n, kS4BlockN) / kS4BlockN;
   detail::parallel_over_blocks(nblocks, kS4BlockN * p.w.kp * p.m,
                                [&](int64_t b, int64_t e) { kKernel(args, b, e); });
@@ -81,25 +76,22 @@ template <detail::GemvS4Fn kKernel>
 
 template <detail::GemmS4Fn kKernel>
 [[maybe_unused]] void run_s8s4_panel(const GemvS4Problem& p) {
-  const detail::GemvS4Args args = s8s4_padded_args(p);
+  const detail::ScratchArray<int8_t> padded(detail::Scratch::kPaddedInput, p.m * p.w.kp);
+  const detail::ScratchArray<int32_t> group_sum(detail::Scratch::kGroupSums, p.m * p.w.groups);
+  const detail::GemvS4Args args = s8s4_padded_args(p, padded.data(), group_sum.data());
   const int64_t nblocks = round_up(p.w.n, kS4BlockN) / kS4BlockN;
   const int64_t panel_bytes = detail::kS4PanelBlocks * p.w.kp * kS4BlockN;
   detail::parallel_over_blocks(nblocks, kS4BlockN * p.w.kp * p.m, [&](int64_t b, int64_t e) {
     // 64-byte aligned, as the kernel's aligned loads need; one per worker thread.
-    kKernel(args, b, e, detail::thread_scratch<uint8_t>(detail::Scratch::kPanel, panel_bytes));
+    const detail::ScratchArray<uint8_t> panel(detail::Scratch::kPanel, panel_bytes);
+    kKernel(args, b, e, panel.data());
   });
 }
 
 void run_s8s4_reference(const GemvS4Problem& p) {
-  const S4N16K8View& w = p.w;
-  const int64_t N = w.n, G = w.groups;
-  std::vector<int8_t> codes(static_cast<size_t>(N * w.k));
-  unpack_s4_n16k8_reference(w.data, N, w.k, 0, codes.data());
-  std::vector<float> scale(static_cast<size_t>(N * G));
-  std::vector<int32_t> zero(static_cast<size_t>(N * G));
-  unpack_s4_group_meta(w.scales, w.zeros, N, G, scale.data(), zero.data());
-  gemm_s8s4f32_reference(p.a, p.a_scale, codes.data(), scale.data(), zero.data(), w.group_size, p.bias,
-                         p.y, p.m, N, w.k);
+  const S4Unpacked u = unpack_s4(p.w);
+  gemm_s8s4f32_reference(p.a, p.a_scale, u.codes.data(), u.scale.data(), u.zero.data(), p.w.group_size, p.bias,
+                         p.y, p.m, p.w.n, p.w.k);
 }
 
 bool s8s4_panel_serves(const GemvS4Problem& p) { return p.m >= kS4PanelMinM; }
@@ -146,6 +138,20 @@ void pack_s4_group_meta(const float* w_scale, const int32_t* w_zero, int64_t N, 
       zeros[meta] = static_cast<int8_t>(code);
     }
   }
+}
+
+S4Unpacked unpack_s4(const S4N16K8View& w) {
+  S4Unpacked u;
+  u.codes.resize(static_cast<size_t>(w.n * w.k));
+  unpack_s4_n16k8_reference(w.data, w.n, w.k, 0, u.codes.data());
+  u.scale.resize(static_cast<size_t>(w.n * w.groups));
+  u.zero.resize(static_cast<size_t>(w.n * w.groups));
+  unpack_s4_group_meta(w.scales, w.zeros, w.n, w.groups, u.scale.data(), u.zero.data());
+  return u;
+}
+
+float fp16_bits_to_float(Fp16Bits bits) {
+  return static_cast<float>(c10::Half(bits, c10::Half::from_bits()));
 }
 
 void unpack_s4_group_meta(const Fp16Bits* scales, const int8_t* zeros, int64_t N, int64_t G,

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "kernels/cpu/kernel_table.h"
 #include "kernels/cpu/packed_layout.h"
@@ -39,6 +40,18 @@ void gemv_s8s4f32(const int8_t* A, int64_t M, const float* a_scale, const S4N16K
 // finite and exactly representable as IEEE float16, or whose zero point is off the grid.
 void pack_s4_group_meta(const float* w_scale, const int32_t* w_zero, int64_t N, int64_t G,
                         int qmin, Fp16Bits* scales, int8_t* zeros);
+
+// Int4 codes (u = W - qmin) and plain [N, G] scales and zero-point codes of a packed weight, for
+// the reference runners.
+struct S4Unpacked {
+  std::vector<int8_t> codes;  // [N, K]
+  std::vector<float> scale;   // [N, G]
+  std::vector<int32_t> zero;  // [N, G]
+};
+S4Unpacked unpack_s4(const S4N16K8View& w);
+
+// A stored group scale as float (exact).
+float fp16_bits_to_float(Fp16Bits bits);
 
 // Inverse of pack_s4_group_meta: plain [N, G] float scales (exact) and zero-point codes.
 void unpack_s4_group_meta(const Fp16Bits* scales, const int8_t* zeros, int64_t N, int64_t G,

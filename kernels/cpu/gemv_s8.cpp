@@ -6,6 +6,8 @@
 #include <vector>
 
 #include "framework/core/error.h"
+#include "kernels/cpu/dequantize_s32_f32.h"
+#include "kernels/cpu/gemm_s8s8s32_onednn.h"
 #include "kernels/cpu/gemv_kernels.h"
 #include "kernels/cpu/isa.h"
 #include "kernels/cpu/parallel_blocks.h"
@@ -27,14 +29,12 @@ void check_view(const S8N16K4View& w, int64_t M, const void* A, const void* out)
   QF_REQUIRE(M == 0 || (A != nullptr && out != nullptr), "kernels/cpu: gemv_s8 got a null pointer");
 }
 
-// Copies A into the thread's scratch with rows padded to kp (kernels read whole 4-byte k groups),
-// as u8 (+128, or as given) for VPDPBUSD or as s8.
-detail::GemvS8Args s8s8_padded_args(const GemvS8Problem& p, bool wants_u8) {
+// Copies A into `padded` (p.m rows of w.kp) with rows padded with 0 (kernels read whole 4-byte k
+// groups), as u8 (+128, or as given) for VPDPBUSD or as s8.
+detail::GemvS8Args s8s8_padded_args(const GemvS8Problem& p, bool wants_u8, uint8_t* padded) {
   const S8N16K4View& w = p.w;
   const int64_t K = w.k, kp = w.kp;
-  uint8_t* padded = detail::thread_scratch<uint8_t>(detail::Scratch::kPaddedInput, p.m * kp);
-  for (int64_t m = 0; m < p.m; ++m) {
-    uint8_t* dst = padded + m * kp;
+  detail::pad_rows(padded, p.m, K, kp, [&](int64_t m, uint8_t* dst) {
     if (p.a_u8 != nullptr) {
       std::copy(p.a_u8 + m * K, p.a_u8 + (m + 1) * K, dst);
     } else if (wants_u8) {
@@ -42,8 +42,7 @@ detail::GemvS8Args s8s8_padded_args(const GemvS8Problem& p, bool wants_u8) {
     } else {
       std::memcpy(dst, p.a_s8 + m * K, static_cast<size_t>(K));
     }
-    std::fill(dst + K, dst + kp, uint8_t{0});
-  }
+  });
   detail::GemvS8Args args;
   if (wants_u8) {
     args.a_u8 = padded;
@@ -66,7 +65,8 @@ detail::GemvS8Args s8s8_padded_args(const GemvS8Problem& p, bool wants_u8) {
 
 template <detail::GemvS8Fn kKernel, bool kWantsU8>
 [[maybe_unused]] void run_s8s8_fast(const GemvS8Problem& p) {
-  const detail::GemvS8Args args = s8s8_padded_args(p, kWantsU8);
+  const detail::ScratchArray<uint8_t> padded(detail::Scratch::kPaddedInput, p.m * p.w.kp);
+  const detail::GemvS8Args args = s8s8_padded_args(p, kWantsU8, padded.data());
   const int64_t nblocks = round_up(p.w.n, kS8BlockN) / kS8BlockN;
   detail::parallel_over_blocks(nblocks, kS8BlockN * p.w.kp * std::max<int64_t>(1, p.m),
                                [&](int64_t b, int64_t e) { kKernel(args, b, e); });
@@ -103,6 +103,26 @@ bool s8s8_avx2_applies(const GemvS8Problem& p, std::string* why) {
   return true;
 }
 
+bool onednn_serves(const GemvS8Problem& p) { return p.onednn_min_m > 0 && p.m >= p.onednn_min_m; }
+
+// The copy first, so a layer packed without one says so whatever the ISA. oneDNN's pre-VNNI int8
+// path uses VPMADDUBSW and may saturate: not exact, so not used. (Plans set no copy, so the machine
+// check here never answers for a planned level.)
+bool onednn_applies(const GemvS8Problem& p, std::string* why) {
+  if (p.onednn == nullptr) {
+    *why = p.onednn_status != nullptr ? *p.onednn_status : "no oneDNN copy of the weight";
+    return false;
+  }
+  return isa_usable(Isa::kAvx512Vnni, why);
+}
+
+void run_onednn(const GemvS8Problem& p) {
+  const detail::ScratchArray<int32_t> acc(detail::Scratch::kAccumulators, p.c == nullptr ? p.m * p.w.n : 0);
+  int32_t* c = p.c != nullptr ? p.c : acc.data();
+  detail::onednn_gemm_s8s8s32(*p.onednn, p.a_s8, p.m, c);
+  if (p.y != nullptr) dequantize_s32_f32(c, p.a_scale, p.w_scale, p.bias, p.y, p.m, p.w.n);
+}
+
 #ifdef QFORGE_KERNELS_AVX512VNNI
 constexpr auto kRunS8S8Vnni = run_s8s8_fast<detail::gemv_u8s8s32_n16k4_avx512vnni, true>;
 #endif
@@ -114,6 +134,8 @@ constexpr auto kRunS8S8Avx2 = run_s8s8_fast<detail::gemv_s8s8s32_n16k4_avx2, fal
 
 const KernelTable<GemvS8Problem>& gemv_s8_kernels() {
   static const KernelTable<GemvS8Problem> table{
+      // ISA checked in onednn_applies, after the copy (see there).
+      {"gemm_s8s8s32_onednn", Isa::kReference, onednn_serves, onednn_applies, run_onednn},
       {"gemv_u8s8s32_n16k4_avx512vnni", Isa::kAvx512Vnni, nullptr, nullptr, QF_KERNEL_AVX512VNNI(kRunS8S8Vnni)},
       {"gemv_s8s8s32_n16k4_avx2", Isa::kAvx2, nullptr, s8s8_avx2_applies, QF_KERNEL_AVX2(kRunS8S8Avx2)},
       {"reference", Isa::kReference, nullptr, nullptr, run_s8s8_reference},
@@ -182,12 +204,12 @@ void bmm_s8s8f32(const int8_t* A, const int8_t* Bt, int64_t batch, int64_t M, in
   const int64_t np = round_up(N, kS8BlockN), kp = round_up(K, kS8BlockK);
   // Bt is packed slice by slice into the running thread's scratch (each thread packs its own).
   auto slice = [&](int64_t b, RunInfo* ri) {
-    int8_t* packed = detail::thread_scratch<int8_t>(detail::Scratch::kPackedOperand, np * kp);
-    int32_t* colsum = detail::thread_scratch<int32_t>(detail::Scratch::kPackedColumnSums, np);
-    pack_s8_n16k4_reference(Bt + b * N * K, N, K, packed, colsum);
+    const detail::ScratchArray<int8_t> packed(detail::Scratch::kPackedOperand, np * kp);
+    const detail::ScratchArray<int32_t> colsum(detail::Scratch::kPackedColumnSums, np);
+    pack_s8_n16k4_reference(Bt + b * N * K, N, K, packed.data(), colsum.data());
     S8N16K4View w;
-    w.data = packed;
-    w.colsum = colsum;
+    w.data = packed.data();
+    w.colsum = colsum.data();
     w.n = N;
     w.k = K;
     w.kp = kp;

@@ -1,16 +1,22 @@
 // Small-M int8 GEMM over the n16k4 packed layout: run-time choice from its kernel table
+//   [gemm_s8s8s32_onednn, large M of a PackedLinearS8 holding a oneDNN copy] ->
 //   gemv_u8s8s32_n16k4_avx512vnni -> gemv_s8s8s32_n16k4_avx2 -> reference
 // (gemv_s8_kernels(); docs/kernels.md lists the conditions). A is dense row-major [M, K]; outputs
 // are dense [M, N].
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "kernels/cpu/kernel_table.h"
 #include "kernels/cpu/packed_layout.h"
 #include "kernels/cpu/run_info.h"
 
 namespace qforge::kernels {
+
+namespace detail {
+class OneDnnS8Weights;
+}  // namespace detail
 
 // One call of the int8 GEMM as its kernel table sees it: exactly one of a_s8 / a_u8 is the
 // activation (both null when planning), and c (int32) or y (fused float epilogue) the output.
@@ -25,6 +31,11 @@ struct GemvS8Problem {
   const float* a_scale = nullptr;
   const float* w_scale = nullptr;
   const float* bias = nullptr;
+  // PackedLinearS8::run only: its oneDNN copy of the weight (null when it holds none, and
+  // *onednn_status says why), for M >= onednn_min_m (0: never, as for every other caller).
+  const detail::OneDnnS8Weights* onednn = nullptr;
+  const std::string* onednn_status = nullptr;
+  int64_t onednn_min_m = 0;
 };
 
 // The ordered kernel table of gemv_s8s8s32 / gemv_u8s8s32 / gemv_s8s8f32 (and bmm_s8s8f32).

@@ -26,6 +26,8 @@ struct Kernel {
   using Args = GemvS4Args;
   static constexpr int kMaxRows = 4;
   static constexpr int kMaxBlocks = 4;
+  // The driver below: one row takes up to 4 blocks, several rows one block.
+  static constexpr bool tile_used(int mr, int nr) { return mr == 1 || nr == 1; }
 
   template <int MR, int NR>
   static void tile(const GemvS4Args& args, int64_t m0, int64_t nb0) {

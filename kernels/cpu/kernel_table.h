@@ -76,19 +76,20 @@ template <typename Problem>
 using KernelTable = std::vector<KernelEntry<Problem>>;
 
 // The entry that serves `p` under `gate`, recording every skipped faster entry in *info (reset
-// first). Every table ends with entries that always apply, so one is always found.
+// first; nullptr: no record, so a warm call with nothing skipped builds no string). Every table
+// ends with entries that always apply, so one is always found.
 template <typename Problem>
 const KernelEntry<Problem>& select_kernel(const KernelTable<Problem>& table, const Problem& p, const IsaGate& gate,
                                           RunInfo* info) {
-  *info = RunInfo{};
+  if (info != nullptr) *info = RunInfo{};
   std::string why;
   for (const KernelEntry<Problem>& e : table) {
     if (e.serves != nullptr && !e.serves(p)) continue;
     if (!gate.allows(e.isa, &why) || (e.applies != nullptr && !e.applies(p, &why))) {
-      info->skip(e.name, why);
+      if (info != nullptr) info->skip(e.name, why);
       continue;
     }
-    info->kernel = e.name;
+    if (info != nullptr) info->kernel = e.name;
     return e;
   }
   QF_CHECK(false, "kernels/cpu: a kernel table has no entry for this problem");
@@ -98,9 +99,7 @@ const KernelEntry<Problem>& select_kernel(const KernelTable<Problem>& table, con
 // Runs the table's choice for `p` on this machine; info (when given) names it.
 template <typename Problem>
 void run_kernel_table(const KernelTable<Problem>& table, const Problem& p, int64_t m, RunInfo* info) {
-  RunInfo local;
-  RunInfo& ri = info != nullptr ? *info : local;
-  const KernelEntry<Problem>& e = select_kernel(table, p, IsaGate::machine(), &ri);
+  const KernelEntry<Problem>& e = select_kernel(table, p, IsaGate::machine(), info);
   if (m > 0) e.run(p);
 }
 

@@ -3,6 +3,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -19,62 +20,38 @@ namespace qforge::kernels {
 
 namespace {
 
-// x rows padded with 0.0f to kp in the thread's scratch (kernels read whole k blocks).
-[[maybe_unused]] const float* padded_rows(const float* x, int64_t M, int64_t K, int64_t kp) {
-  float* out = detail::thread_scratch<float>(detail::Scratch::kPaddedInput, M * kp);
-  for (int64_t m = 0; m < M; ++m) {
-    std::memcpy(out + m * kp, x + m * K, static_cast<size_t>(K) * sizeof(float));
-    std::fill(out + m * kp + K, out + (m + 1) * kp, 0.0f);
-  }
-  return out;
+// The op-specific fields of a GEMV kernel's arguments (int4 scales travel in the view).
+[[maybe_unused]] void set_op_fields(detail::GemvF32S8Args* args, const LinearF32S8Problem& p) {
+  args->w_scale = p.w_scale;
 }
+[[maybe_unused]] void set_op_fields(detail::GemvF32S4Args*, const LinearF32S4Problem&) {}
 
-// The GEMV entries: `args` (its op-specific fields set) completed with the padded input, the
-// weight and the output, then one ISA kernel over 16-column blocks split across the threads.
-template <typename Args, typename View, void (*kKernel)(const Args&, int64_t, int64_t)>
-[[maybe_unused]] void run_gemv(Args args, const float* x, int64_t m, const View& w, const float* bias, float* y,
-                               int64_t block_n) {
-  args.x = padded_rows(x, m, w.k, w.kp);
-  args.m = m;
+// The GEMV entries: the kernel's arguments from the problem and the padded input, then one ISA
+// kernel over 16-column blocks split across the threads.
+template <typename Args, typename Problem, void (*kKernel)(const Args&, int64_t, int64_t), int64_t kBlockN>
+[[maybe_unused]] void run_gemv(const Problem& p) {
+  const auto& w = p.w;
+  const detail::ScratchArray<float> padded(detail::Scratch::kPaddedInput, p.m * w.kp);
+  detail::pad_rows(padded.data(), p.x, p.m, w.k, w.kp);
+  Args args;
+  set_op_fields(&args, p);
+  args.x = padded.data();
+  args.m = p.m;
   args.ldx = w.kp;
   args.w = w;
-  args.bias = bias;
-  args.y = y;
+  args.bias = p.bias;
+  args.y = p.y;
   args.ldy = w.n;
-  detail::parallel_over_blocks(round_up(w.n, block_n) / block_n, block_n * w.kp * m,
+  detail::parallel_over_blocks(round_up(w.n, kBlockN) / kBlockN, kBlockN * w.kp * p.m,
                                [&](int64_t b, int64_t e) { kKernel(args, b, e); });
 }
 
 #ifdef QFORGE_KERNELS_AVX512
-void run_f32s8_avx512(const LinearF32S8Problem& p) {
-  detail::GemvF32S8Args args;
-  args.w_scale = p.w_scale;
-  run_gemv<detail::GemvF32S8Args, S8N16K4View, detail::gemv_f32s8f32_n16k4_avx512>(args, p.x, p.m, p.w, p.bias,
-                                                                                   p.y, kS8BlockN);
-}
-
-void run_f32s4_avx512(const LinearF32S4Problem& p) {
-  run_gemv<detail::GemvF32S4Args, S4N16K8View, detail::gemv_f32s4f32_n16k8_avx512>({}, p.x, p.m, p.w, p.bias, p.y,
-                                                                                   kS4BlockN);
-}
+constexpr auto kRunF32S8Avx512 =
+    run_gemv<detail::GemvF32S8Args, LinearF32S8Problem, detail::gemv_f32s8f32_n16k4_avx512, kS8BlockN>;
+constexpr auto kRunF32S4Avx512 =
+    run_gemv<detail::GemvF32S4Args, LinearF32S4Problem, detail::gemv_f32s4f32_n16k8_avx512, kS4BlockN>;
 #endif
-
-// Int4 codes (u = W - qmin) and plain [N, G] scales and zero-point codes of a packed weight.
-struct S4Unpacked {
-  std::vector<int8_t> codes;
-  std::vector<float> scale;
-  std::vector<int32_t> zero;
-};
-
-S4Unpacked unpack_s4(const S4N16K8View& w) {
-  S4Unpacked u;
-  u.codes.resize(static_cast<size_t>(w.n * w.k));
-  unpack_s4_n16k8_reference(w.data, w.n, w.k, 0, u.codes.data());
-  u.scale.resize(static_cast<size_t>(w.n * w.groups));
-  u.zero.resize(static_cast<size_t>(w.n * w.groups));
-  unpack_s4_group_meta(w.scales, w.zeros, w.n, w.groups, u.scale.data(), u.zero.data());
-  return u;
-}
 
 void run_f32s8_reference(const LinearF32S8Problem& p) {
   std::vector<int8_t> W(static_cast<size_t>(p.w.n * p.w.k));
@@ -88,29 +65,60 @@ void run_f32s4_reference(const LinearF32S4Problem& p) {
                           p.w.n, p.w.k);
 }
 
-// W = float(q) * scale[n] (dequantize_int with zero point 0, the same float products).
-void run_f32s8_dequant_gemm(const LinearF32S8Problem& p) {
-  const int64_t N = p.w.n, K = p.w.k;
-  detail::linear_f32_dequant_gemm(p.x, p.m, K, N, p.bias, p.y, [&](float* w) {
-    std::vector<int8_t> q(static_cast<size_t>(N * K));
-    unpack_s8_n16k4_reference(p.w.data, N, K, q.data());
-    for (int64_t n = 0; n < N; ++n) {
-      for (int64_t k = 0; k < K; ++k) w[n * K + k] = static_cast<float>(q[n * K + k]) * p.w_scale[n];
-    }
+// Float weight rows of whole 16-row column blocks, the blocks split across ATen's threads: one
+// pass over the packed bytes, each block's bytes cache-resident while its rows are written.
+template <typename F>
+void for_each_weight_row(int64_t n, int64_t row_elems, const F& fill_row) {
+  detail::parallel_over_blocks(round_up(n, kS8BlockN) / kS8BlockN, kS8BlockN * row_elems, [&](int64_t b, int64_t e) {
+    for (int64_t row = b * kS8BlockN; row < std::min(n, e * kS8BlockN); ++row) fill_row(row);
   });
 }
 
-// W = float(u - z') * scale[n, g]: (q - z) * s of dequantize_int, since u - z' = q - z exactly.
-void run_f32s4_dequant_gemm(const LinearF32S4Problem& p) {
-  const int64_t N = p.w.n, K = p.w.k, G = p.w.groups, gs = p.w.group_size;
-  detail::linear_f32_dequant_gemm(p.x, p.m, K, N, p.bias, p.y, [&](float* w) {
-    const S4Unpacked u = unpack_s4(p.w);
-    for (int64_t n = 0; n < N; ++n) {
-      for (int64_t k = 0; k < K; ++k) {
-        const int64_t g = n * G + k / gs;
-        w[n * K + k] = static_cast<float>(u.codes[n * K + k] - u.zero[g]) * u.scale[g];
+// W = float(q) * scale[n] (dequantize_int with zero point 0, the same float products).
+void run_f32s8_dequant_gemm(const LinearF32S8Problem& p) {
+  const S8N16K4View& w = p.w;
+  detail::linear_f32_dequant_gemm(p.x, p.m, w.k, w.n, p.bias, p.y, [&](float* out) {
+    for_each_weight_row(w.n, w.kp, [&](int64_t n) {
+      // Row n's 4 bytes in each 64-byte block of its column block (packed_layout.h).
+      const int8_t* q = w.data + (n / kS8BlockN) * w.kp * kS8BlockN + (n % kS8BlockN) * kS8BlockK;
+      const float s = p.w_scale[n];
+      float* row = out + n * w.k;
+      int64_t k = 0;
+      for (; k + kS8BlockK <= w.k; k += kS8BlockK, q += kS8BlockBytes) {
+        for (int64_t i = 0; i < kS8BlockK; ++i) row[k + i] = static_cast<float>(q[i]) * s;
       }
-    }
+      for (int64_t i = 0; k + i < w.k; ++i) row[k + i] = static_cast<float>(q[i]) * s;
+    });
+  });
+}
+
+// W = (float(u) - float(z')) * scale[n, g]: (q - z) * s of dequantize_int, since u - z' = q - z
+// and both differences are exact in float.
+void run_f32s4_dequant_gemm(const LinearF32S4Problem& p) {
+  const S4N16K8View& w = p.w;
+  constexpr int64_t kHalf = kS4BlockK / 2;  // k values per nibble plane of a block
+  detail::linear_f32_dequant_gemm(p.x, p.m, w.k, w.n, p.bias, p.y, [&](float* out) {
+    for_each_weight_row(w.n, w.kp, [&](int64_t n) {
+      const int64_t nb = n / kS4BlockN, j = n % kS4BlockN;
+      const uint8_t* q = w.data + nb * w.kp / kS4BlockK * kS4BlockBytes + j * kHalf;
+      float* row = out + n * w.k;
+      // float(u) first (branch-free over whole blocks), then each group's (u - z') * s in place.
+      int64_t k = 0;
+      for (; k + kS4BlockK <= w.k; k += kS4BlockK, q += kS4BlockBytes) {
+        for (int64_t i = 0; i < kHalf; ++i) {
+          row[k + i] = static_cast<float>(q[i] & 0x0F);
+          row[k + kHalf + i] = static_cast<float>(q[i] >> kS4NibbleBits);
+        }
+      }
+      for (int64_t i = 0; k + i < w.k; ++i) {
+        row[k + i] = static_cast<float>(i < kHalf ? (q[i] & 0x0F) : (q[i - kHalf] >> kS4NibbleBits));
+      }
+      for (int64_t g = 0; g < w.groups; ++g) {
+        const int64_t meta = (nb * w.groups + g) * kS4BlockN + j;
+        const float s = fp16_bits_to_float(w.scales[meta]), z = static_cast<float>(w.zeros[meta]);
+        for (k = g * w.group_size; k < std::min(w.k, (g + 1) * w.group_size); ++k) row[k] = (row[k] - z) * s;
+      }
+    });
   });
 }
 
@@ -151,7 +159,7 @@ void linear_f32_dequant_gemm(const float* x, int64_t M, int64_t K, int64_t N, co
 const KernelTable<LinearF32S8Problem>& linear_f32s8_kernels() {
   static const KernelTable<LinearF32S8Problem> table{
       {"gemv_f32s8f32_n16k4_avx512", Isa::kAvx512, serves_gemv<LinearF32S8Problem>, nullptr,
-       QF_KERNEL_AVX512(run_f32s8_avx512)},
+       QF_KERNEL_AVX512(kRunF32S8Avx512)},
       {"reference", Isa::kReference, serves_gemv<LinearF32S8Problem>, nullptr, run_f32s8_reference},
       {kDequantGemmKernel, Isa::kReference, serves_gemm<LinearF32S8Problem>, nullptr, run_f32s8_dequant_gemm},
   };
@@ -161,7 +169,7 @@ const KernelTable<LinearF32S8Problem>& linear_f32s8_kernels() {
 const KernelTable<LinearF32S4Problem>& linear_f32s4_kernels() {
   static const KernelTable<LinearF32S4Problem> table{
       {"gemv_f32s4f32_n16k8_avx512", Isa::kAvx512, serves_gemv<LinearF32S4Problem>, f32s4_groups_fit,
-       QF_KERNEL_AVX512(run_f32s4_avx512)},
+       QF_KERNEL_AVX512(kRunF32S4Avx512)},
       {"reference", Isa::kReference, serves_gemv<LinearF32S4Problem>, nullptr, run_f32s4_reference},
       {kDequantGemmKernel, Isa::kReference, serves_gemm<LinearF32S4Problem>, nullptr, run_f32s4_dequant_gemm},
   };

@@ -30,13 +30,11 @@ template <void (*kKernel)(const detail::LutArgs&, int64_t, int64_t)>
   const int64_t K = p.layer->in_features(), n = args.n, kp = args.kp;
   args.x = p.x;
   args.ldx = K;
-  if (kp != K) {  // kernels read whole blocks: pad x rows with 0.0f
-    float* xp = detail::thread_scratch<float>(detail::Scratch::kPaddedInput, p.m * kp);
-    for (int64_t m = 0; m < p.m; ++m) {
-      std::memcpy(xp + m * kp, p.x + m * K, static_cast<size_t>(K) * sizeof(float));
-      std::fill(xp + m * kp + K, xp + (m + 1) * kp, 0.0f);
-    }
-    args.x = xp;
+  // Kernels read whole blocks: x rows padded with 0.0f when K is not a whole number of them.
+  const detail::ScratchArray<float> padded(detail::Scratch::kPaddedInput, kp != K ? p.m * kp : 0);
+  if (kp != K) {
+    detail::pad_rows(padded.data(), p.x, p.m, K, kp);
+    args.x = padded.data();
     args.ldx = kp;
   }
   args.m = p.m;
@@ -57,20 +55,25 @@ void run_lut_reference(const LutProblem& p) {
                            l.bias().defined() ? l.bias().data_ptr<float>() : nullptr, p.y);
 }
 
-// W[n, k] = codebook[n, k / group_size, idx[n, k]], the levels codebook_lookup gathers.
+// W[n, k] = codebook[n, k / group_size, idx[n, k]], the levels codebook_lookup gathers: read
+// from the packed indices and the tables (entry idx < 2^bits is the level), rows split across
+// ATen's threads.
 void run_lut_dequant_gemm(const LutProblem& p) {
-  const PackedLinearLut& l = *p.layer;
-  const int64_t N = l.out_features(), K = l.in_features(), gs = l.group_size(), G = l.groups();
-  const int64_t L = int64_t{1} << l.bits();
-  const float* bias = l.bias().defined() ? l.bias().data_ptr<float>() : nullptr;
-  detail::linear_f32_dequant_gemm(p.x, p.m, K, N, bias, p.y, [&](float* w) {
-    const at::Tensor idx = l.indices();
-    const at::Tensor cb = l.codebook();
-    const uint8_t* pi = idx.data_ptr<uint8_t>();
-    const float* pc = cb.data_ptr<float>();
-    for (int64_t n = 0; n < N; ++n) {
-      for (int64_t k = 0; k < K; ++k) w[n * K + k] = pc[(n * G + k / gs) * L + pi[n * K + k]];
-    }
+  const detail::LutArgs a = p.layer->kernel_args();
+  const int64_t K = p.layer->in_features(), B = lut_block(a.storage_bits);
+  const int64_t row_bytes = a.kp / B * kLutBlockBytes;
+  const int mask = (1 << a.storage_bits) - 1;
+  detail::linear_f32_dequant_gemm(p.x, p.m, K, a.n, a.bias, p.y, [&](float* w) {
+    detail::parallel_over_blocks(a.n, K, [&](int64_t n0, int64_t n1) {
+      for (int64_t n = n0; n < n1; ++n) {
+        const uint8_t* packed = a.packed + n * row_bytes;
+        for (int64_t k = 0; k < K; ++k) {
+          const int64_t b = k / B, plane = k % B / kLutEntries, j = k % kLutEntries;
+          const int idx = (packed[b * kLutBlockBytes + j] >> (plane * a.storage_bits)) & mask;
+          w[n * K + k] = a.tables[(n * a.groups + k / a.group_size) * kLutEntries + idx];
+        }
+      }
+    });
   });
 }
 

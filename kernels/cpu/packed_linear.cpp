@@ -5,7 +5,6 @@
 #include <vector>
 
 #include "framework/core/error.h"
-#include "kernels/cpu/dequantize_s32_f32.h"
 #include "kernels/cpu/gemm_s8s8s32_onednn.h"
 #include "kernels/cpu/gemv_s4.h"
 #include "kernels/cpu/gemv_s8.h"
@@ -130,34 +129,24 @@ void PackedLinearS8::run(const float* x, int64_t M, float* y, RunInfo* info,
     return;
   }
   QF_REQUIRE(x != nullptr && y != nullptr, "kernels/cpu: PackedLinearS8::run got a null pointer");
-  int8_t* q = detail::thread_scratch<int8_t>(detail::Scratch::kActivationCodes, M * k_);
-  float* a_scale = detail::thread_scratch<float>(detail::Scratch::kActivationScales, M);
+  const detail::ScratchArray<int8_t> codes(detail::Scratch::kActivationCodes, M * k_);
+  const detail::ScratchArray<float> scales(detail::Scratch::kActivationScales, M);
+  int8_t* q = codes.data();
+  float* a_scale = scales.data();
   quantize_rows_s8(x, M, k_, act_scale, q, k_, a_scale);
 
-  RunInfo local;
-  RunInfo& ri = info != nullptr ? *info : local;
-  ri = RunInfo{};
-  if (M >= onednn_min_m_) {
-    std::string why;
-    constexpr const char* kOneDnn = "gemm_s8s8s32_onednn";
-    if (onednn_ == nullptr) {
-      ri.skip(kOneDnn, onednn_status_);
-    } else if (!isa_usable(Isa::kAvx512Vnni, &why)) {
-      // oneDNN's pre-VNNI int8 path uses VPMADDUBSW and may saturate: not exact, so not used.
-      ri.skip(kOneDnn, why);
-    } else {
-      int32_t* acc = detail::thread_scratch<int32_t>(detail::Scratch::kAccumulators, M * n_);
-      detail::onednn_gemm_s8s8s32(*onednn_, q, M, acc);
-      dequantize_s32_f32(acc, a_scale, w_scale_.data_ptr<float>(), data_or_null(bias_), y, M, n_);
-      ri.kernel = kOneDnn;
-      return;
-    }
-  }
-  RunInfo inner;
-  gemv_s8s8f32(q, M, a_scale, view(), w_scale_.data_ptr<float>(), data_or_null(bias_),
-               y, &inner);
-  ri.kernel = inner.kernel;
-  if (!inner.fallback.empty()) ri.fallback += (ri.fallback.empty() ? "" : "; ") + inner.fallback;
+  GemvS8Problem p;
+  p.a_s8 = q;
+  p.m = M;
+  p.w = view();
+  p.y = y;
+  p.a_scale = a_scale;
+  p.w_scale = w_scale_.data_ptr<float>();
+  p.bias = data_or_null(bias_);
+  p.onednn = onednn_.get();
+  p.onednn_status = &onednn_status_;
+  p.onednn_min_m = onednn_min_m_;
+  run_kernel_table(gemv_s8_kernels(), p, M, info);
 }
 
 at::Tensor PackedLinearS8::run(const at::Tensor& x, RunInfo* info, ActScale act_scale) const {
@@ -250,8 +239,10 @@ void PackedLinearS4::run(const float* x, int64_t M, float* y, RunInfo* info,
     return;
   }
   QF_REQUIRE(x != nullptr && y != nullptr, "kernels/cpu: PackedLinearS4::run got a null pointer");
-  int8_t* q = detail::thread_scratch<int8_t>(detail::Scratch::kActivationCodes, M * k_);
-  float* a_scale = detail::thread_scratch<float>(detail::Scratch::kActivationScales, M);
+  const detail::ScratchArray<int8_t> codes(detail::Scratch::kActivationCodes, M * k_);
+  const detail::ScratchArray<float> scales(detail::Scratch::kActivationScales, M);
+  int8_t* q = codes.data();
+  float* a_scale = scales.data();
   quantize_rows_s8(x, M, k_, act_scale, q, k_, a_scale);
   gemv_s8s4f32(q, M, a_scale, view(), data_or_null(bias_), y, info);
 }

@@ -7,6 +7,9 @@
 
 namespace qforge::kernels::detail {
 
+// Internal linkage: ISA files compiled with different -m flags each keep their own copy (ODR).
+namespace {
+
 inline constexpr int kAvx2Lanes = 8;  // int32 / float lanes per ymm
 
 // Lanes [0, valid) all-ones, for maskload/maskstore of a partial 8-column half.
@@ -16,4 +19,5 @@ inline __m256i lane_mask(int64_t valid) {
   return _mm256_cmpgt_epi32(_mm256_set1_epi32(v), idx);
 }
 
+}  // namespace
 }  // namespace qforge::kernels::detail

@@ -13,12 +13,15 @@
 // (the pattern of fake_quant/fake_quantize_simd.h; XNNPACK's *.c.in). No intrinsics and no ATen.
 #pragma once
 
-#include <array>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <utility>
 
 namespace qforge::kernels::detail {
+
+// Internal linkage: ISA files compiled with different -m flags each keep their own copy (ODR).
+namespace {
 
 inline int32_t load_u32(const void* p) {
   int32_t v;
@@ -43,18 +46,51 @@ inline void row_pointers(const T* base, int64_t m0, int64_t ld, const T* (&p)[MR
 template <class Kernel>
 using TileFn = decltype(&Kernel::template tile<1, 1>);
 
+// A plain array in this namespace, not std::array: its operator[] would be one symbol shared by
+// every ISA file's copy.
+template <class Kernel>
+struct TileTable {
+  TileFn<Kernel> fn[Kernel::kMaxRows * Kernel::kMaxBlocks];
+};
+
+// A kernel may declare `static constexpr bool tile_used(int mr, int nr)` when its driver reaches
+// only some MR x NR shapes; the others are not instantiated (compile time, and no spilling
+// tile<4, 4> that never runs).
+template <class Kernel, typename = void>
+struct DeclaresUsedTiles : std::false_type {};
+template <class Kernel>
+struct DeclaresUsedTiles<Kernel, std::void_t<decltype(Kernel::tile_used(1, 1))>> : std::true_type {};
+
+template <class Kernel>
+constexpr bool uses_tile(int mr, int nr) {
+  if constexpr (DeclaresUsedTiles<Kernel>::value) {
+    return Kernel::tile_used(mr, nr);
+  } else {
+    return true;
+  }
+}
+
+template <class Kernel, int MR, int NR>
+constexpr TileFn<Kernel> tile_or_null() {
+  if constexpr (!uses_tile<Kernel>(MR, NR)) {
+    return nullptr;
+  } else {
+    return &Kernel::template tile<MR, NR>;
+  }
+}
+
 template <class Kernel, size_t... I>
-constexpr std::array<TileFn<Kernel>, sizeof...(I)> tile_table(std::index_sequence<I...>) {
-  return {{&Kernel::template tile<static_cast<int>(I) / Kernel::kMaxBlocks + 1,
-                                  static_cast<int>(I) % Kernel::kMaxBlocks + 1>...}};
+constexpr TileTable<Kernel> tile_table(std::index_sequence<I...>) {
+  return {{tile_or_null<Kernel, static_cast<int>(I) / Kernel::kMaxBlocks + 1,
+                        static_cast<int>(I) % Kernel::kMaxBlocks + 1>()...}};
 }
 
 // The tile<MR, NR> instance for a tile of mr rows and nr column blocks.
 template <class Kernel>
 TileFn<Kernel> select_tile(int mr, int nr) {
-  static constexpr auto kTiles =
+  static constexpr TileTable<Kernel> kTiles =
       tile_table<Kernel>(std::make_index_sequence<Kernel::kMaxRows * Kernel::kMaxBlocks>());
-  return kTiles[(mr - 1) * Kernel::kMaxBlocks + (nr - 1)];
+  return kTiles.fn[(mr - 1) * Kernel::kMaxBlocks + (nr - 1)];
 }
 
 // Column blocks [nb_begin, nb_end), all args.m rows. Column blocks outermost: a panel of up to
@@ -79,4 +115,5 @@ void for_each_tile(const typename Kernel::Args& args, int64_t nb_begin, int64_t 
   for_each_tile<Kernel>(args, nb_begin, nb_end, Kernel::kMaxBlocks, [](int64_t, int) {});
 }
 
+}  // namespace
 }  // namespace qforge::kernels::detail

@@ -2,8 +2,6 @@
 #include "kernels/cpu/workspace.h"
 
 #include <array>
-#include <cstdlib>
-#include <memory>
 #include <new>
 
 #include "kernels/cpu/packed_layout.h"
@@ -12,25 +10,31 @@ namespace qforge::kernels::detail {
 
 namespace {
 
-struct FreeDeleter {
-  void operator()(void* p) const { std::free(p); }
-};
-
 struct Buffer {
-  std::unique_ptr<void, FreeDeleter> data;
+  std::unique_ptr<void, ScratchFree> data;
   size_t bytes = 0;
 };
 
+// aligned_alloc needs a non-zero multiple of the alignment.
+size_t aligned_size(size_t bytes) {
+  return static_cast<size_t>(round_up(static_cast<int64_t>(bytes > 0 ? bytes : 1), kPackedAlignment));
+}
+
 }  // namespace
 
-void* thread_scratch(Scratch slot, size_t bytes) {
+void* allocate_scratch(size_t bytes) {
+  void* p = std::aligned_alloc(static_cast<size_t>(kPackedAlignment), aligned_size(bytes));
+  if (p == nullptr) throw std::bad_alloc();
+  return p;
+}
+
+void* retained_scratch(Scratch slot, size_t bytes) {
+  if (bytes > kWorkspaceRetainBytes) return nullptr;
   thread_local std::array<Buffer, static_cast<size_t>(Scratch::kCount)> buffers;
   Buffer& b = buffers[static_cast<size_t>(slot)];
   if (b.bytes < bytes || b.data == nullptr) {
-    const size_t size = static_cast<size_t>(round_up(static_cast<int64_t>(bytes > 0 ? bytes : 1), kPackedAlignment));
-    b.data.reset(std::aligned_alloc(static_cast<size_t>(kPackedAlignment), size));
-    if (b.data == nullptr) throw std::bad_alloc();
-    b.bytes = size;
+    b.data.reset(allocate_scratch(bytes));
+    b.bytes = aligned_size(bytes);
   }
   return b.data.get();
 }

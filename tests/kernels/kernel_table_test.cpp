@@ -19,6 +19,7 @@
 #include "kernels/cpu/linear_weight_only.h"
 #include "kernels/cpu/lut_linear.h"
 #include "kernels/cpu/reference.h"
+#include "kernels/cpu/workspace.h"
 
 namespace qforge::kernels {
 namespace {
@@ -368,6 +369,23 @@ TEST(KernelChoice, WeightOnlyOpsAboveTheThresholdRunTheFloatGemm) {
     EXPECT_EQ(large.kernel, kDequantGemmKernel) << to_string(op);
     EXPECT_EQ(large.fallback, "") << to_string(op);
   }
+}
+
+// Decode-sized scratch is the thread's retained buffer (no allocation once warm); larger
+// requests get a buffer of their own, so a thread never keeps more than the cap per slot.
+TEST(Workspace, RetainsBuffersUpToTheCapOnly) {
+  using detail::Scratch;
+  using detail::ScratchArray;
+  const float* first = ScratchArray<float>(Scratch::kPaddedInput, 1024).data();
+  EXPECT_EQ(ScratchArray<float>(Scratch::kPaddedInput, 512).data(), first);
+  EXPECT_EQ(detail::retained_scratch(Scratch::kPaddedInput, detail::kWorkspaceRetainBytes + 1), nullptr);
+  {
+    const ScratchArray<uint8_t> big(Scratch::kPaddedInput, static_cast<int64_t>(detail::kWorkspaceRetainBytes) + 1);
+    EXPECT_NE(static_cast<const void*>(big.data()), static_cast<const void*>(first));
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(big.data()) % kPackedAlignment, 0u);
+    big.data()[detail::kWorkspaceRetainBytes] = 1;  // the whole request is usable
+  }
+  EXPECT_EQ(ScratchArray<float>(Scratch::kPaddedInput, 1024).data(), first);
 }
 
 }  // namespace
