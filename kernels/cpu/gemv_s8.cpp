@@ -34,13 +34,18 @@ void check_view(const S8N16K4View& w, int64_t M, const void* A, const void* out)
 detail::GemvS8Args s8s8_padded_args(const GemvS8Problem& p, bool wants_u8, uint8_t* padded) {
   const S8N16K4View& w = p.w;
   const int64_t K = w.k, kp = w.kp;
-  detail::pad_rows(padded, p.m, K, kp, [&](int64_t m, uint8_t* dst) {
-    if (p.a_u8 != nullptr) {
-      std::copy(p.a_u8 + m * K, p.a_u8 + (m + 1) * K, dst);
+  // Sources and K as locals: read through the captured problem, every byte store could alias
+  // them and the +128 loop would not vectorise (measured 2.5x slower at M = 128).
+  const uint8_t* const a_u8 = p.a_u8;
+  const int8_t* const a_s8 = p.a_s8;
+  detail::pad_rows(padded, p.m, K, kp, [a_u8, a_s8, K, wants_u8](int64_t m, uint8_t* __restrict dst) {
+    if (a_u8 != nullptr) {
+      std::memcpy(dst, a_u8 + m * K, static_cast<size_t>(K));
     } else if (wants_u8) {
-      for (int64_t k = 0; k < K; ++k) dst[k] = static_cast<uint8_t>(p.a_s8[m * K + k] + kS8ToU8Offset);
+      const int8_t* __restrict src = a_s8 + m * K;
+      for (int64_t k = 0; k < K; ++k) dst[k] = static_cast<uint8_t>(src[k] + kS8ToU8Offset);
     } else {
-      std::memcpy(dst, p.a_s8 + m * K, static_cast<size_t>(K));
+      std::memcpy(dst, a_s8 + m * K, static_cast<size_t>(K));
     }
   });
   detail::GemvS8Args args;
