@@ -59,15 +59,19 @@ std::string shape_str(const std::vector<int64_t>& s) {
   return out + "]";
 }
 
-}  // namespace
+// One tensor entry of the header, checked against the data section before anything is allocated.
+struct Span {
+  uint64_t begin, end;
+  std::string key;
+  std::vector<int64_t> shape;
+  at::ScalarType type;
+};
 
-SafetensorsFile parse_safetensors(const std::vector<uint8_t>& bytes, const std::string& source,
-                                  const SafetensorsReadOptions& options) {
-  QF_CHECK(host_is_little_endian(), "safetensors: big-endian hosts are not supported");
-  const std::string where = "safetensors: " + source;
+// The header's JSON object, after the length field is checked against the file.
+nlohmann::json parse_header(const std::vector<uint8_t>& bytes, const std::string& where, uint64_t& header_len) {
   QF_REQUIRE(bytes.size() >= kLengthBytes, where, " is truncated: ", bytes.size(),
              " bytes, fewer than the 8-byte header length");
-  uint64_t header_len = 0;
+  header_len = 0;
   for (size_t i = 0; i < kLengthBytes; ++i) header_len |= uint64_t{bytes[i]} << (8 * i);
   QF_REQUIRE(header_len <= kMaxHeaderBytes, where, " declares a ", header_len,
              "-byte header (limit 100 MB): not a safetensors file");
@@ -83,62 +87,60 @@ SafetensorsFile parse_safetensors(const std::vector<uint8_t>& bytes, const std::
     throw Error(where + " has a header that is not valid JSON: " + e.what());
   }
   QF_REQUIRE(header.is_object(), where, " header is not a JSON object");
+  return header;
+}
 
-  const uint8_t* data = bytes.data() + kLengthBytes + header_len;
-  const uint64_t data_len = bytes.size() - kLengthBytes - header_len;
-
-  SafetensorsFile out;
-  // Every entry is checked, and the entries must tile the data section, before anything is
-  // allocated: overlapping entries could otherwise declare many times the file's size.
-  struct Span {
-    uint64_t begin, end;
-    std::string key;
-    std::vector<int64_t> shape;
-    at::ScalarType type;
-  };
-  std::vector<Span> spans;
-  for (const auto& [key, entry] : header.items()) {
-    if (key == "__metadata__") {
-      QF_REQUIRE(entry.is_object(), where, ": __metadata__ must be an object of strings");
-      for (const auto& [mk, mv] : entry.items()) {
-        QF_REQUIRE(mv.is_string(), where, ": __metadata__ value '", mk, "' is not a string");
-        out.metadata[mk] = mv.get<std::string>();
-      }
-      continue;
-    }
-    const std::string t = where + ": tensor '" + key + "'";
-    QF_REQUIRE(entry.is_object() && entry.contains("dtype") && entry.contains("shape") &&
-                   entry.contains("data_offsets"),
-               t, " needs dtype, shape and data_offsets");
-    QF_REQUIRE(entry["dtype"].is_string(), t, " has a non-string dtype");
-    const std::string dname = entry["dtype"].get<std::string>();
-    const DtypeInfo* dt = dtype_by_name(dname);
-    QF_REQUIRE(dt, t, " has unsupported dtype '", dname, "' (supported: F64 F32 F16 BF16 I64 I32 I16 I8 U8 BOOL)");
-    QF_REQUIRE(entry["shape"].is_array(), t, " has a non-array shape");
-    std::vector<int64_t> shape;
-    uint64_t numel = 1;
-    for (const auto& d : entry["shape"]) {
-      QF_REQUIRE(d.is_number_unsigned() || (d.is_number_integer() && d.get<int64_t>() >= 0), t,
-                 " has a bad dimension ", d.dump());
-      const uint64_t v = d.get<uint64_t>();
-      QF_REQUIRE(v < (uint64_t{1} << 40) && (v == 0 || numel <= (uint64_t{1} << 40) / v), t,
-                 " has an implausibly large shape");
-      shape.push_back(static_cast<int64_t>(v));
-      numel *= v;
-    }
-    const auto& offs = entry["data_offsets"];
-    QF_REQUIRE(offs.is_array() && offs.size() == 2 && offs[0].is_number_unsigned() && offs[1].is_number_unsigned(),
-               t, " data_offsets must be two non-negative integers");
-    const uint64_t begin = offs[0].get<uint64_t>(), end = offs[1].get<uint64_t>();
-    QF_REQUIRE(begin <= end, t, " has data_offsets [", begin, ", ", end, "] with begin > end");
-    QF_REQUIRE(end <= data_len, t, " ends at byte ", end, " but the data section holds ", data_len,
-               " bytes (file truncated?)");
-    const uint64_t expect = numel * static_cast<uint64_t>(dt->bytes);
-    QF_REQUIRE(end - begin == expect, t, " spans ", end - begin, " bytes; dtype ", dname, " and shape ",
-               shape_str(shape), " need ", expect);
-    spans.push_back({begin, end, key, std::move(shape), dt->type});
+void read_metadata(const nlohmann::json& entry, const std::string& where, std::map<std::string, std::string>& metadata) {
+  QF_REQUIRE(entry.is_object(), where, ": __metadata__ must be an object of strings");
+  for (const auto& [mk, mv] : entry.items()) {
+    QF_REQUIRE(mv.is_string(), where, ": __metadata__ value '", mk, "' is not a string");
+    metadata[mk] = mv.get<std::string>();
   }
-  // Tensors must tile the data section exactly: no overlaps, no gaps, nothing left over.
+}
+
+// A shape of non-negative dimensions whose element count stays far below 2^64 bytes.
+std::vector<int64_t> parse_shape(const nlohmann::json& dims, const std::string& t, uint64_t& numel) {
+  std::vector<int64_t> shape;
+  numel = 1;
+  for (const auto& d : dims) {
+    QF_REQUIRE(d.is_number_unsigned() || (d.is_number_integer() && d.get<int64_t>() >= 0), t,
+               " has a bad dimension ", d.dump());
+    const uint64_t v = d.get<uint64_t>();
+    QF_REQUIRE(v < (uint64_t{1} << 40) && (v == 0 || numel <= (uint64_t{1} << 40) / v), t,
+               " has an implausibly large shape");
+    shape.push_back(static_cast<int64_t>(v));
+    numel *= v;
+  }
+  return shape;
+}
+
+Span parse_entry(const std::string& key, const nlohmann::json& entry, const std::string& where, uint64_t data_len) {
+  const std::string t = where + ": tensor '" + key + "'";
+  QF_REQUIRE(entry.is_object() && entry.contains("dtype") && entry.contains("shape") &&
+                 entry.contains("data_offsets"),
+             t, " needs dtype, shape and data_offsets");
+  QF_REQUIRE(entry["dtype"].is_string(), t, " has a non-string dtype");
+  const std::string dname = entry["dtype"].get<std::string>();
+  const DtypeInfo* dt = dtype_by_name(dname);
+  QF_REQUIRE(dt, t, " has unsupported dtype '", dname, "' (supported: F64 F32 F16 BF16 I64 I32 I16 I8 U8 BOOL)");
+  QF_REQUIRE(entry["shape"].is_array(), t, " has a non-array shape");
+  uint64_t numel = 1;
+  std::vector<int64_t> shape = parse_shape(entry["shape"], t, numel);
+  const auto& offs = entry["data_offsets"];
+  QF_REQUIRE(offs.is_array() && offs.size() == 2 && offs[0].is_number_unsigned() && offs[1].is_number_unsigned(),
+             t, " data_offsets must be two non-negative integers");
+  const uint64_t begin = offs[0].get<uint64_t>(), end = offs[1].get<uint64_t>();
+  QF_REQUIRE(begin <= end, t, " has data_offsets [", begin, ", ", end, "] with begin > end");
+  QF_REQUIRE(end <= data_len, t, " ends at byte ", end, " but the data section holds ", data_len,
+             " bytes (file truncated?)");
+  const uint64_t expect = numel * static_cast<uint64_t>(dt->bytes);
+  QF_REQUIRE(end - begin == expect, t, " spans ", end - begin, " bytes; dtype ", dname, " and shape ",
+             shape_str(shape), " need ", expect);
+  return {begin, end, key, std::move(shape), dt->type};
+}
+
+// Tensors must tile the data section exactly: no overlaps, no gaps, nothing left over.
+void check_tiling(std::vector<Span>& spans, const std::string& where, uint64_t data_len) {
   std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) {
     return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
   });
@@ -150,6 +152,31 @@ SafetensorsFile parse_safetensors(const std::vector<uint8_t>& bytes, const std::
     pos = s.end;
   }
   QF_REQUIRE(pos == data_len, where, ": ", data_len - pos, " trailing bytes after the last tensor");
+}
+
+}  // namespace
+
+SafetensorsFile parse_safetensors(const std::vector<uint8_t>& bytes, const std::string& source,
+                                  const SafetensorsReadOptions& options) {
+  QF_CHECK(host_is_little_endian(), "safetensors: big-endian hosts are not supported");
+  const std::string where = "safetensors: " + source;
+  uint64_t header_len = 0;
+  const nlohmann::json header = parse_header(bytes, where, header_len);
+  const uint8_t* data = bytes.data() + kLengthBytes + header_len;
+  const uint64_t data_len = bytes.size() - kLengthBytes - header_len;
+
+  SafetensorsFile out;
+  // Every entry is checked, and the entries must tile the data section, before anything is
+  // allocated: overlapping entries could otherwise declare many times the file's size.
+  std::vector<Span> spans;
+  for (const auto& [key, entry] : header.items()) {
+    if (key == "__metadata__") {
+      read_metadata(entry, where, out.metadata);
+      continue;
+    }
+    spans.push_back(parse_entry(key, entry, where, data_len));
+  }
+  check_tiling(spans, where, data_len);
   for (const Span& s : spans) {
     at::Tensor x = at::empty(s.shape, at::TensorOptions().dtype(s.type));
     if (s.end > s.begin) std::memcpy(x.data_ptr(), data + s.begin, s.end - s.begin);

@@ -34,19 +34,24 @@ ModelSaveHandle save_model_async(const torch::nn::Module& model, const std::stri
 // ---------------------------------------------------------------------------------------------
 // safetensors export (written by io::write_safetensors, crash-safe)
 
-void export_safetensors(const torch::nn::Module& model, const std::string& path) {
-  at::NoGradGuard no_grad;
-  const ModelFileData f = collect(model, SaveOptions{});
+namespace {
+
+// The tensors of a safetensors export and the description of its quantized ones.
+struct SafetensorsExport {
   std::map<std::string, at::Tensor> tensors;
   nlohmann::json described = nlohmann::json::object();
-  for (const auto& [key, t] : f.data.parameters) tensors[key] = t;
-  for (const auto& [key, t] : f.data.buffers) {
-    QF_REQUIRE(!tensors.count(key), "framework/io: export_safetensors: '", key, "' is a parameter and a buffer");
-    tensors[key] = t;
+
+  void add_plain(const ModelFileData& f) {
+    for (const auto& [key, t] : f.data.parameters) tensors[key] = t;
+    for (const auto& [key, t] : f.data.buffers) {
+      QF_REQUIRE(!tensors.count(key), "framework/io: export_safetensors: '", key, "' is a parameter and a buffer");
+      tensors[key] = t;
+    }
   }
-  auto add_quantized = [&](const std::string& key, const at::Tensor& codes, const at::Tensor& scale,
-                           const at::Tensor& zero_point, const QSpec& spec, const std::vector<int64_t>& shape,
-                           const char* packing) {
+
+  void add_quantized(const std::string& key, const at::Tensor& codes, const at::Tensor& scale,
+                     const at::Tensor& zero_point, const QSpec& spec, const std::vector<int64_t>& shape,
+                     const char* packing) {
     for (const std::string& k : {key + ".scale", key + ".zero_point"})
       QF_REQUIRE(!tensors.count(k), "framework/io: export_safetensors: '", k, "' clashes with a model tensor");
     tensors[key] = codes;
@@ -62,40 +67,54 @@ void export_safetensors(const torch::nn::Module& model, const std::string& path)
                       {"shape", shape},
                       {"dequantize", spec.qtype.is_float() ? "float(fp8_decode(code)) * scale"
                                                            : "float32(q - zero_point) * scale"}};
-  };
-  for (const auto& [key, q] : f.data.quantized) {
-    QSpec spec;
-    const auto& m = f.meta.layers.at(split_key(key).first);
-    spec = m.scheme.weights->spec;
-    spec.axis = q.spec.axis;
-    if (spec.qtype.is_codebook()) {
-      // Level indices and their float16 levels: no scale or zero point.
-      QF_REQUIRE(!tensors.count(key + ".codebook"), "framework/io: export_safetensors: '", key,
-                 ".codebook' clashes with a model tensor");
-      tensors[key] = q.data;
-      tensors[key + ".codebook"] = q.codebook;
-      described[key] = {{"qtype", spec.qtype.name},
-                        {"bits", spec.qtype.bits},
-                        {"storage_bits", codebook_storage_bits(spec.qtype)},
-                        {"granularity", to_string(spec.granularity)},
-                        {"axis", spec.axis},
-                        {"group_size", spec.granularity == Granularity::kPerGroup ? spec.group_size : 0},
-                        {"packing", q.packing()},
-                        {"shape", q.shape},
-                        {"dequantize", "float32(codebook[..., code])"}};
-      continue;
+  }
+
+  // Level indices and their float16 levels: no scale or zero point.
+  void add_codebook(const std::string& key, const QuantizedTensor& q, const QSpec& spec) {
+    QF_REQUIRE(!tensors.count(key + ".codebook"), "framework/io: export_safetensors: '", key,
+               ".codebook' clashes with a model tensor");
+    tensors[key] = q.data;
+    tensors[key + ".codebook"] = q.codebook;
+    described[key] = {{"qtype", spec.qtype.name},
+                      {"bits", spec.qtype.bits},
+                      {"storage_bits", codebook_storage_bits(spec.qtype)},
+                      {"granularity", to_string(spec.granularity)},
+                      {"axis", spec.axis},
+                      {"group_size", spec.granularity == Granularity::kPerGroup ? spec.group_size : 0},
+                      {"packing", q.packing()},
+                      {"shape", q.shape},
+                      {"dequantize", "float32(codebook[..., code])"}};
+  }
+
+  void add_quantized_weights(const ModelFileData& f) {
+    for (const auto& [key, q] : f.data.quantized) {
+      QSpec spec;
+      const auto& m = f.meta.layers.at(split_key(key).first);
+      spec = m.scheme.weights->spec;
+      spec.axis = q.spec.axis;
+      if (spec.qtype.is_codebook()) {
+        add_codebook(key, q, spec);
+        continue;
+      }
+      add_quantized(key, q.data, q.scale, q.zero_point, spec, q.shape, q.packing());
     }
-    add_quantized(key, q.data, q.scale, q.zero_point, spec, q.shape, q.packing());
   }
-  for (const auto& [path, m] : f.meta.layers) {
-    if (!m.float8_scale.defined()) continue;
-    const std::string key = join(path, "weight");
-    const at::Tensor codes = tensors.at(key);
-    tensors.erase(key);
-    add_quantized(key, codes, m.float8_scale, m.float8_zero_point, m.scheme.weights->spec, codes.sizes().vec(),
-                  "ocp_fp8_bytes");
+
+  // Float8-simulated weights are written as their codes with the layer's float8 scale.
+  void add_float8_weights(const ModelFileData& f) {
+    for (const auto& [path, m] : f.meta.layers) {
+      if (!m.float8_scale.defined()) continue;
+      const std::string key = join(path, "weight");
+      const at::Tensor codes = tensors.at(key);
+      tensors.erase(key);
+      add_quantized(key, codes, m.float8_scale, m.float8_zero_point, m.scheme.weights->spec, codes.sizes().vec(),
+                    "ocp_fp8_bytes");
+    }
   }
-  // RPQ layers (docs/rpq.md): their tensors as they are, plus how to expand them.
+};
+
+// RPQ layers (docs/rpq.md): their tensors as they are, plus how to expand them.
+nlohmann::json rpq_layers(const torch::nn::Module& model) {
   nlohmann::json rpq = nlohmann::json::object();
   for (const auto& item : model.named_modules("", /*include_self=*/false)) {
     const auto* l = dynamic_cast<const nn::RPQLayer*>(item.value().get());
@@ -110,12 +129,25 @@ void export_safetensors(const torch::nn::Module& model, const std::string& path)
                        {"expand", "W_split[h * codebook_dim + d, c] = codebooks[h, indices[h, c], d]; the twin's "
                                   "layout from W_split as docs/rpq.md lists per layer_type"}};
   }
+  return rpq;
+}
+
+}  // namespace
+
+void export_safetensors(const torch::nn::Module& model, const std::string& path) {
+  at::NoGradGuard no_grad;
+  const ModelFileData f = collect(model, SaveOptions{});
+  SafetensorsExport out;
+  out.add_plain(f);
+  out.add_quantized_weights(f);
+  out.add_float8_weights(f);
+  const nlohmann::json rpq = rpq_layers(model);
   std::map<std::string, std::string> metadata;
   metadata["format"] = "qforge.quantized";
-  metadata["qforge.quantized"] = described.dump();
+  metadata["qforge.quantized"] = out.described.dump();
   if (!rpq.empty()) metadata["qforge.rpq"] = rpq.dump();
   metadata["qforge_version"] = qforge_version();
-  write_safetensors(path, tensors, metadata);
+  write_safetensors(path, out.tensors, metadata);
 }
 
 }  // namespace qforge::io

@@ -58,24 +58,47 @@ at::Tensor own_weight_parameter(QuantizableLayer& layer) {
   return {};
 }
 
-}  // namespace
+// Eval mode for the passes and the comparisons (a quantizer in training mode could initialise
+// LSQ parameters or follow a moving range); the caller's mode comes back on every exit.
+class EvalMode {
+ public:
+  explicit EvalMode(torch::nn::Module& model) : m_(model), was_training_(model.is_training()) { m_.eval(); }
+  ~EvalMode() { m_.train(was_training_); }
+  EvalMode(const EvalMode&) = delete;
+  EvalMode& operator=(const EvalMode&) = delete;
 
-double sqnr_db(const at::Tensor& reference, const at::Tensor& y) {
-  const at::Tensor r = reference.to(at::kDouble), d = y.to(at::kDouble) - r;
-  const double signal = r.pow(2).sum().item<double>(), noise = d.pow(2).sum().item<double>();
-  if (noise == 0) return std::numeric_limits<double>::infinity();
-  if (signal == 0) return -std::numeric_limits<double>::infinity();
-  return 10.0 * std::log10(signal / noise);
-}
+ private:
+  torch::nn::Module& m_;
+  bool was_training_;
+};
 
-std::vector<LayerError> layer_errors(torch::nn::Module& model, int64_t batches, const RunBatch& run,
-                                     const NumericSuiteOptions& options) {
-  QF_REQUIRE(batches >= 1, "numeric suite: batches must be >= 1, got ", batches);
-  QF_REQUIRE(options.sample_rows >= 1, "numeric suite: sample_rows must be >= 1, got ", options.sample_rows);
+// The suite's entries in module order and the layers whose outputs it measures.
+struct SuitePlan {
   std::vector<LayerError> out;
   std::map<QuantizableLayer*, size_t> index;  // layer -> its entry and capture
   std::vector<LayerSample> captures;
   std::vector<QuantizableLayer*> tapped;
+};
+
+// A layer's capture, with the range its static input quantizer clips to.
+LayerSample new_sample(QuantizableLayer& layer) {
+  LayerSample c;
+  c.access = access(layer);
+  const Quantizer in = layer.input_quantizer();
+  if (in && in->mode() == ActivationMode::kStatic) {
+    const QParams qp = in->qparams();
+    const double s = qp.scale.item<double>(), z = qp.zero_point.item<double>();
+    const QType& qt = qp.spec.qtype;
+    c.lo = qt.is_float() ? -qt.max_finite * s : (qp.spec.quant_min() - z) * s;
+    c.hi = qt.is_float() ? qt.max_finite * s : (qp.spec.quant_max() - z) * s;
+    c.clip_range = true;
+  }
+  return c;
+}
+
+// An entry per quantized layer with its weight SQNR; a capture for each layer whose outputs can be measured.
+SuitePlan plan_suite(const torch::nn::Module& model) {
+  SuitePlan plan;
   for (const auto& [path, layer] : quantizable_layers(model)) {
     if (!layer->quantized()) continue;
     QF_REQUIRE(!layer->frozen(), "numeric suite: ", path, " is frozen (run it before freeze, on the fake-quant model)");
@@ -94,38 +117,21 @@ std::vector<LayerError> layer_errors(torch::nn::Module& model, int64_t batches, 
       e.note = !why.empty() ? why : "weights not quantized";
       e.note += ": output errors not measured";
     } else {
-      LayerSample c;
-      c.access = access(*layer);
-      const Quantizer in = layer->input_quantizer();
-      if (in && in->mode() == ActivationMode::kStatic) {
-        const QParams qp = in->qparams();
-        const double s = qp.scale.item<double>(), z = qp.zero_point.item<double>();
-        const QType& qt = qp.spec.qtype;
-        c.lo = qt.is_float() ? -qt.max_finite * s : (qp.spec.quant_min() - z) * s;
-        c.hi = qt.is_float() ? qt.max_finite * s : (qp.spec.quant_max() - z) * s;
-        c.clip_range = true;
-      }
-      index[layer] = captures.size();
-      captures.push_back(std::move(c));
-      tapped.push_back(layer);
+      plan.index[layer] = plan.captures.size();
+      plan.captures.push_back(new_sample(*layer));
+      plan.tapped.push_back(layer);
     }
-    out.push_back(std::move(e));
+    plan.out.push_back(std::move(e));
   }
-  if (captures.empty()) return out;
+  return plan;
+}
 
-  const int64_t per_batch = std::max<int64_t>(1, options.sample_rows / batches);
-  // Eval mode for the passes and the comparisons (a quantizer in training mode could initialise
-  // LSQ parameters or follow a moving range); the caller's mode comes back on every exit.
-  struct EvalMode {
-    torch::nn::Module& m;
-    bool was_training;
-    explicit EvalMode(torch::nn::Module& model) : m(model), was_training(model.is_training()) { m.eval(); }
-    ~EvalMode() { m.train(was_training); }
-  } eval_mode(model);
-  at::NoGradGuard no_grad;
+// The float pass then the quantized pass, each keeping per_batch rows of every tapped layer's input.
+void capture_passes(torch::nn::Module& model, int64_t batches, const RunBatch& run, int64_t per_batch,
+                    SuitePlan& plan) {
   bool quantized_pass = false;
   const QuantizableLayer::InputTap tap = [&](QuantizableLayer& l, const at::Tensor& x) {
-    LayerSample& c = captures[index.at(&l)];
+    LayerSample& c = plan.captures[plan.index.at(&l)];
     const at::Tensor kept = evenly_kept_rows(c.access.rows(x.detach()), per_batch);
     if (!quantized_pass) {
       c.float_rows.push_back(kept);
@@ -139,45 +145,70 @@ std::vector<LayerError> layer_errors(torch::nn::Module& model, int64_t batches, 
       c.seen += xf.numel();
     }
   };
+  ScopedInputTaps taps(plan.tapped, tap);
   {
-    ScopedInputTaps taps(tapped, tap);
-    {
-      FloatView fv(model);
-      for (int64_t b = 0; b < batches; ++b) run(b);
-    }
-    quantized_pass = true;
-    ObserversOff no_observing(model);
+    FloatView fv(model);
     for (int64_t b = 0; b < batches; ++b) run(b);
   }
+  quantized_pass = true;
+  ObserversOff no_observing(model);
+  for (int64_t b = 0; b < batches; ++b) run(b);
+}
+
+// The layer's own and accumulated output errors from the captured float and quantized inputs.
+void measure_outputs(QuantizableLayer& layer, LayerSample& c, LayerError& e) {
+  if (c.float_rows.empty() || c.quant_rows.size() != c.float_rows.size()) {
+    e.note = "the batches never reached this layer: output errors not measured";
+    return;
+  }
+  const at::Tensor xf = at::cat(c.float_rows), xq = at::cat(c.quant_rows);
+  const at::Tensor w = c.access.w2d().detach();
+  const at::Tensor wq = layer.weight_quantizer()->forward(c.access.weight).detach().reshape({w.size(0), -1});
+  Quantizer in = layer.input_quantizer();
+  auto qin = [&](const at::Tensor& x) { return in ? in->forward(x) : x; };
+  auto affine = [&](const at::Tensor& x, const at::Tensor& weight) {
+    return c.access.bias.defined() ? at::addmm(c.access.bias.detach(), x, weight.t()) : at::mm(x, weight.t());
+  };
+  const at::Tensor y_f = affine(xf, w), y_own = affine(qin(xf), wq), y_acc = affine(qin(xq), wq);
+  e.rows = xf.size(0);
+  e.own_sqnr_db = sqnr_db(y_f, y_own);
+  e.own_relative_mse = relative_mse(y_own, y_f);
+  e.accumulated_sqnr_db = sqnr_db(y_f, y_acc);
+  e.accumulated_relative_mse = relative_mse(y_acc, y_f);
+  if (c.clip_range && c.seen > 0) e.clipped_fraction = static_cast<double>(c.clipped) / static_cast<double>(c.seen);
+  e.nonfinite_inputs = c.nonfinite;
+}
+
+}  // namespace
+
+double sqnr_db(const at::Tensor& reference, const at::Tensor& y) {
+  const at::Tensor r = reference.to(at::kDouble), d = y.to(at::kDouble) - r;
+  const double signal = r.pow(2).sum().item<double>(), noise = d.pow(2).sum().item<double>();
+  if (noise == 0) return std::numeric_limits<double>::infinity();
+  if (signal == 0) return -std::numeric_limits<double>::infinity();
+  return 10.0 * std::log10(signal / noise);
+}
+
+std::vector<LayerError> layer_errors(torch::nn::Module& model, int64_t batches, const RunBatch& run,
+                                     const NumericSuiteOptions& options) {
+  QF_REQUIRE(batches >= 1, "numeric suite: batches must be >= 1, got ", batches);
+  QF_REQUIRE(options.sample_rows >= 1, "numeric suite: sample_rows must be >= 1, got ", options.sample_rows);
+  SuitePlan plan = plan_suite(model);
+  if (plan.captures.empty()) return std::move(plan.out);
+
+  const int64_t per_batch = std::max<int64_t>(1, options.sample_rows / batches);
+  const EvalMode eval_mode(model);
+  at::NoGradGuard no_grad;
+  capture_passes(model, batches, run, per_batch, plan);
 
   ObserversOff no_observing(model);
-  for (LayerError& e : out) {
-    auto it = std::find_if(index.begin(), index.end(), [&](const auto& kv) { return kv.first->path() == e.path; });
-    if (it == index.end()) continue;
-    QuantizableLayer& layer = *it->first;
-    LayerSample& c = captures[it->second];
-    if (c.float_rows.empty() || c.quant_rows.size() != c.float_rows.size()) {
-      e.note = "the batches never reached this layer: output errors not measured";
-      continue;
-    }
-    const at::Tensor xf = at::cat(c.float_rows), xq = at::cat(c.quant_rows);
-    const at::Tensor w = c.access.w2d().detach();
-    const at::Tensor wq = layer.weight_quantizer()->forward(c.access.weight).detach().reshape({w.size(0), -1});
-    Quantizer in = layer.input_quantizer();
-    auto qin = [&](const at::Tensor& x) { return in ? in->forward(x) : x; };
-    auto affine = [&](const at::Tensor& x, const at::Tensor& weight) {
-      return c.access.bias.defined() ? at::addmm(c.access.bias.detach(), x, weight.t()) : at::mm(x, weight.t());
-    };
-    const at::Tensor y_f = affine(xf, w), y_own = affine(qin(xf), wq), y_acc = affine(qin(xq), wq);
-    e.rows = xf.size(0);
-    e.own_sqnr_db = sqnr_db(y_f, y_own);
-    e.own_relative_mse = relative_mse(y_own, y_f);
-    e.accumulated_sqnr_db = sqnr_db(y_f, y_acc);
-    e.accumulated_relative_mse = relative_mse(y_acc, y_f);
-    if (c.clip_range && c.seen > 0) e.clipped_fraction = static_cast<double>(c.clipped) / static_cast<double>(c.seen);
-    e.nonfinite_inputs = c.nonfinite;
+  for (LayerError& e : plan.out) {
+    auto it = std::find_if(plan.index.begin(), plan.index.end(),
+                           [&](const auto& kv) { return kv.first->path() == e.path; });
+    if (it == plan.index.end()) continue;
+    measure_outputs(*it->first, plan.captures[it->second], e);
   }
-  return out;
+  return std::move(plan.out);
 }
 
 std::vector<LayerError> worst_first(std::vector<LayerError> errors) {

@@ -173,6 +173,127 @@ std::vector<LayerSolve> plan_solve(const torch::nn::Module& model, const SolveOp
   return out;
 }
 
+namespace {
+
+// One forward sweep over the calibration batches that captures the inputs of the first pending
+// layer the forward reaches (the target) and of the pending layers reading the same tensor.
+class CapturePass {
+ public:
+  CapturePass(const std::map<QuantizableLayer*, LayerSolve>& pending, int64_t rows_per_batch, at::Generator& gen)
+      : pending_(pending), rows_per_batch_(rows_per_batch), gen_(gen) {}
+
+  void run(const std::vector<QuantizableLayer*>& all_layers, int64_t batches, const RunBatch& run_batch) {
+    const ScopedInputTaps taps(all_layers, [this](QuantizableLayer& layer, const at::Tensor& x) { tap(layer, x); });
+    for (batch_ = 0; batch_ < batches; ++batch_) {
+      seen_ = false;
+      try {
+        run_batch(batch_);
+      } catch (const StopForward&) {
+      }
+    }
+  }
+
+  bool reached() const { return target_ != nullptr; }
+  const std::vector<QuantizableLayer*>& group() const { return group_; }
+  const Capture& capture_of(QuantizableLayer* layer) const { return captures_.at(layer); }
+
+ private:
+  void capture(QuantizableLayer& layer, const at::Tensor& x) {
+    Capture& c = captures_[&layer];
+    if (!c.access) c.access = access(layer);
+    const LayerAccess& acc = *c.access;
+    const at::Tensor xf = acc.rows(x.detach());
+    Quantizer iq = layer.input_quantizer();
+    const at::Tensor xq = iq ? acc.rows(iq->forward(x.detach())) : xf;
+    const std::string& m = pending_.at(&layer).method;
+    if (m.rfind("gptq", 0) == 0 || m.rfind("kmeans", 0) == 0) {
+      const at::Tensor x64 = xq.to(at::kDouble);
+      const at::Tensor h = at::matmul(x64.t(), x64);
+      c.h = c.h.defined() ? c.h + h : h;
+    }
+    c.n += xq.size(0);
+    const int64_t keep = std::min<int64_t>(rows_per_batch_, xf.size(0));
+    const at::Tensor idx = at::randperm(xf.size(0), gen_, at::TensorOptions().dtype(at::kLong)).slice(0, 0, keep);
+    c.xf.push_back(xf.index_select(0, idx).to(at::kFloat));
+    c.xq.push_back(xq.index_select(0, idx).to(at::kFloat));
+  }
+
+  void tap(QuantizableLayer& layer, const at::Tensor& x) {
+    const bool is_pending = pending_.count(&layer) > 0;
+    if (!target_ && is_pending) target_ = &layer;
+    if (&layer == target_) {
+      seen_ = true;
+      target_input_ = x.unsafeGetTensorImpl();
+      if (batch_ == 0) group_.push_back(&layer);
+      capture(layer, x);
+      return;
+    }
+    if (!seen_) return;
+    const bool sibling = x.unsafeGetTensorImpl() == target_input_;
+    const bool in_group = std::find(group_.begin(), group_.end(), &layer) != group_.end();
+    if (sibling && (in_group || (batch_ == 0 && is_pending))) {
+      if (!in_group) group_.push_back(&layer);
+      capture(layer, x);
+      return;
+    }
+    throw StopForward{};
+  }
+
+  const std::map<QuantizableLayer*, LayerSolve>& pending_;
+  const int64_t rows_per_batch_;
+  at::Generator& gen_;
+  QuantizableLayer* target_ = nullptr;
+  const c10::TensorImpl* target_input_ = nullptr;
+  bool seen_ = false;
+  int64_t batch_ = 0;
+  std::vector<QuantizableLayer*> group_;  // the target and the layers reading the same tensor
+  std::map<QuantizableLayer*, Capture> captures_;
+};
+
+// The layers with work to do, and what each gets; round-to-nearest ones go straight to the report.
+std::map<QuantizableLayer*, LayerSolve> pending_layers(const std::vector<LayerSolve>& plan,
+                                                       const std::map<std::string, QuantizableLayer*>& by_path,
+                                                       SolveReport& report) {
+  std::map<QuantizableLayer*, LayerSolve> pending;
+  for (const LayerSolve& ls : plan) {
+    if (ls.method == "rtn") {
+      report.layers.push_back(ls);  // round-to-nearest, nothing to solve
+      continue;
+    }
+    pending.emplace(by_path.at(ls.path), ls);
+  }
+  return pending;
+}
+
+// Solves the layers one capture pass gathered, each leaving the pending set.
+void solve_group(const CapturePass& pass, std::map<QuantizableLayer*, LayerSolve>& pending, const SolveOptions& o,
+                 SolveReport& report, Progress& progress) {
+  for (QuantizableLayer* layer : pass.group()) {
+    LayerSolve ls = pending.at(layer);
+    pending.erase(layer);
+    const auto l0 = std::chrono::steady_clock::now();
+    try {
+      solve_layer(*layer, pass.capture_of(layer), o, ls);
+    } catch (const Error& e) {
+      throw Error("ptq solve: " + ls.path + " (" + ls.type + "): " + e.what());
+    }
+    ls.seconds = seconds_since(l0);
+    report.layers.push_back(ls);
+    progress.update(1, ls.path);
+  }
+}
+
+// The calibration forward never reaches them.
+void keep_unreached(std::map<QuantizableLayer*, LayerSolve>& pending, SolveReport& report) {
+  for (auto& [layer, ls] : pending) {
+    ls.method = "rtn";
+    ls.note = "not reached by the model's forward on the calibration batches; kept round-to-nearest";
+    report.layers.push_back(ls);
+  }
+}
+
+}  // namespace
+
 SolveReport solve(torch::nn::Module& model, int64_t batches, const RunBatch& run, const SolveOptions& o) {
   QF_REQUIRE(batches > 0, "ptq::solve: needs at least one calibration batch");
   QF_REQUIRE(o.sample_rows > 0, "ptq::solve: sample_rows must be > 0, got ", o.sample_rows);
@@ -189,99 +310,21 @@ SolveReport solve(torch::nn::Module& model, int64_t batches, const RunBatch& run
     by_path[path] = layer;
     all_layers.push_back(layer);
   }
-  // The layers with work to do, and what each gets.
-  std::map<QuantizableLayer*, LayerSolve> pending;
-  for (const LayerSolve& ls : plan) {
-    if (ls.method == "rtn") {
-      report.layers.push_back(ls);  // round-to-nearest, nothing to solve
-      continue;
-    }
-    pending.emplace(by_path.at(ls.path), ls);
-  }
+  std::map<QuantizableLayer*, LayerSolve> pending = pending_layers(plan, by_path, report);
   const size_t rtn_layers = report.layers.size();
   Progress progress("ptq solve", static_cast<int64_t>(pending.size()));
   at::Generator gen = at::detail::createCPUGenerator(o.seed);
   const int64_t rows_per_batch = (o.sample_rows + batches - 1) / batches;
 
   while (!pending.empty()) {
-    QuantizableLayer* target = nullptr;
-    const c10::TensorImpl* target_input = nullptr;
-    bool seen = false;
-    int64_t batch = 0;
-    std::vector<QuantizableLayer*> group;  // the target and the layers reading the same tensor
-    std::map<QuantizableLayer*, Capture> captures;
-    auto capture = [&](QuantizableLayer& layer, const at::Tensor& x) {
-      Capture& c = captures[&layer];
-      if (!c.access) c.access = access(layer);
-      const LayerAccess& acc = *c.access;
-      const at::Tensor xf = acc.rows(x.detach());
-      Quantizer iq = layer.input_quantizer();
-      const at::Tensor xq = iq ? acc.rows(iq->forward(x.detach())) : xf;
-      const std::string& m = pending.at(&layer).method;
-      if (m.rfind("gptq", 0) == 0 || m.rfind("kmeans", 0) == 0) {
-        const at::Tensor x64 = xq.to(at::kDouble);
-        const at::Tensor h = at::matmul(x64.t(), x64);
-        c.h = c.h.defined() ? c.h + h : h;
-      }
-      c.n += xq.size(0);
-      const int64_t keep = std::min<int64_t>(rows_per_batch, xf.size(0));
-      const at::Tensor idx = at::randperm(xf.size(0), gen, at::TensorOptions().dtype(at::kLong)).slice(0, 0, keep);
-      c.xf.push_back(xf.index_select(0, idx).to(at::kFloat));
-      c.xq.push_back(xq.index_select(0, idx).to(at::kFloat));
-    };
-    auto tap = [&](QuantizableLayer& layer, const at::Tensor& x) {
-      const bool is_pending = pending.count(&layer) > 0;
-      if (!target && is_pending) target = &layer;
-      if (&layer == target) {
-        seen = true;
-        target_input = x.unsafeGetTensorImpl();
-        if (batch == 0) group.push_back(&layer);
-        capture(layer, x);
-        return;
-      }
-      if (!seen) return;
-      const bool sibling = x.unsafeGetTensorImpl() == target_input;
-      const bool in_group = std::find(group.begin(), group.end(), &layer) != group.end();
-      if (sibling && (in_group || (batch == 0 && is_pending))) {
-        if (!in_group) group.push_back(&layer);
-        capture(layer, x);
-        return;
-      }
-      throw StopForward{};
-    };
-    {
-      const ScopedInputTaps taps(all_layers, tap);
-      for (batch = 0; batch < batches; ++batch) {
-        seen = false;
-        try {
-          run(batch);
-        } catch (const StopForward&) {
-        }
-      }
-    }
+    CapturePass pass(pending, rows_per_batch, gen);
+    pass.run(all_layers, batches, run);
     ++report.passes;
-    if (!target) {
-      // The calibration forward never reaches them.
-      for (auto& [layer, ls] : pending) {
-        ls.method = "rtn";
-        ls.note = "not reached by the model's forward on the calibration batches; kept round-to-nearest";
-        report.layers.push_back(ls);
-      }
+    if (!pass.reached()) {
+      keep_unreached(pending, report);
       break;
     }
-    for (QuantizableLayer* layer : group) {
-      LayerSolve ls = pending.at(layer);
-      pending.erase(layer);
-      const auto l0 = std::chrono::steady_clock::now();
-      try {
-        solve_layer(*layer, captures.at(layer), o, ls);
-      } catch (const Error& e) {
-        throw Error("ptq solve: " + ls.path + " (" + ls.type + "): " + e.what());
-      }
-      ls.seconds = seconds_since(l0);
-      report.layers.push_back(ls);
-      progress.update(1, ls.path);
-    }
+    solve_group(pass, pending, o, report, progress);
   }
   progress.finish();
   // Solved layers in forward order after the round-to-nearest ones.
