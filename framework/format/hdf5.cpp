@@ -19,6 +19,7 @@
 namespace qforge::io::h5 {
 
 static_assert(std::is_same_v<hid_t, int64_t>, "qforge needs HDF5 >= 1.10 (64-bit hid_t)");
+static_assert(H5_VERSION_GE(1, 10, 5), "qforge needs HDF5 >= 1.10.5 (H5Dget_num_chunks)");
 
 namespace {
 
@@ -37,10 +38,6 @@ std::recursive_mutex& hdf5_mutex() {
 struct Lock {
   std::lock_guard<std::recursive_mutex> guard{hdf5_mutex()};
   Lock() {
-    // A file whose close failed (a full disk) stays half torn down in HDF5's tables, and HDF5's
-    // own shutdown at exit would close it again and crash: qforge closes its files itself.
-    static const bool no_atexit_cleanup = H5dont_atexit() >= 0;
-    (void)no_atexit_cleanup;
     thread_local bool silenced = false;
     if (!silenced) {
       H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
@@ -48,6 +45,15 @@ struct Lock {
     }
   }
 };
+
+// A file whose close failed (a full disk) stays half torn down in HDF5's tables, and HDF5's own
+// shutdown at exit would close it again and crash: qforge closes its files itself. H5dont_atexit
+// only works before HDF5 initialises, hence at static initialisation, before any HDF5 call.
+[[maybe_unused]] const bool kNoAtexitCleanup = [] {
+  const bool ok = H5dont_atexit() >= 0;
+  if (!ok) std::fprintf(stderr, "qforge: warning: cannot turn off HDF5's clean-up at exit\n");
+  return ok;
+}();
 
 herr_t collect_error(unsigned n, const H5E_error2_t* e, void* data) {
   auto* out = static_cast<std::vector<std::string>*>(data);
@@ -194,6 +200,53 @@ std::string name_of(hid_t id, ssize_t (*get)(hid_t, char*, size_t)) {
   return s;
 }
 
+// Closes `id` with the H5*close call of its type. A group, dataset or attribute that fails to
+// close is recorded in failed_closes() (a dataset's close writes its chunk cache). An id that is
+// no longer registered (File::close closed it already) is left alone.
+void close_object(hid_t id) {
+  const H5I_type_t type = H5Iget_type(id);
+  if (type == H5I_BADID) return;
+  const bool in_file = type == H5I_GROUP || type == H5I_DATASET || type == H5I_ATTR;
+  const std::string file = in_file ? name_of(id, H5Fget_name) : std::string();
+  const std::string dataset = type == H5I_DATASET ? name_of(id, H5Iget_name) : std::string();
+  herr_t r = 0;
+  switch (type) {
+    case H5I_FILE: r = H5Fclose(id); break;
+    case H5I_GROUP: r = H5Gclose(id); break;
+    case H5I_DATASET: r = H5Dclose(id); break;
+    case H5I_DATASPACE: r = H5Sclose(id); break;
+    case H5I_DATATYPE: r = H5Tclose(id); break;
+    case H5I_ATTR: r = H5Aclose(id); break;
+    case H5I_GENPROP_LST: r = H5Pclose(id); break;
+    default: H5Idec_ref(id); break;
+  }
+  if (r < 0 && !file.empty() && !failed_closes().count(file)) {
+    const std::string what = dataset.empty() ? "cannot close an object" : "cannot write dataset '" + dataset + "'";
+    failed_closes()[file] = what + " when closing it (its data is not in the file)" + hdf5_detail();
+  }
+}
+
+// Closes the datasets, groups and attributes of a strongly closed `file` still open, each by its
+// own close call: H5Fclose would leave a child whose close failed registered, and the Id still
+// owning it would then touch freed memory. Files opened for reading close weakly (their open
+// objects keep them open) and are left alone.
+void close_open_objects(hid_t file) {
+  H5F_close_degree_t degree = H5F_CLOSE_DEFAULT;
+  {
+    Id fapl(H5Fget_access_plist(file));
+    if (!fapl.valid() || H5Pget_fclose_degree(fapl.get(), &degree) < 0) degree = H5F_CLOSE_DEFAULT;
+  }
+  H5Eclear2(H5E_DEFAULT);
+  if (degree != H5F_CLOSE_STRONG) return;
+  const unsigned types = H5F_OBJ_LOCAL | H5F_OBJ_DATASET | H5F_OBJ_GROUP | H5F_OBJ_ATTR;
+  const ssize_t n = H5Fget_obj_count(file, types);
+  if (n <= 0) return;
+  std::vector<hid_t> ids(static_cast<size_t>(n));
+  const ssize_t got = H5Fget_obj_ids(file, types, ids.size(), ids.data());
+  for (ssize_t i = 0; i < got; ++i) close_object(ids[static_cast<size_t>(i)]);
+  H5Eclear2(H5E_DEFAULT);
+}
+
 Id string_type() {
   Id t(H5Tcopy(H5T_C_S1));
   H5Tset_size(t.get(), H5T_VARIABLE);
@@ -218,25 +271,7 @@ Id& Id::operator=(Id&& o) noexcept {
 void Id::reset() {
   if (id_ < 0) return;
   Lock lock;
-  const H5I_type_t type = H5Iget_type(id_);
-  const bool in_file = type == H5I_GROUP || type == H5I_DATASET || type == H5I_ATTR;
-  const std::string file = in_file ? name_of(id_, H5Fget_name) : std::string();
-  const std::string dataset = type == H5I_DATASET ? name_of(id_, H5Iget_name) : std::string();
-  herr_t r = 0;
-  switch (type) {
-    case H5I_FILE: r = H5Fclose(id_); break;
-    case H5I_GROUP: r = H5Gclose(id_); break;
-    case H5I_DATASET: r = H5Dclose(id_); break;
-    case H5I_DATASPACE: r = H5Sclose(id_); break;
-    case H5I_DATATYPE: r = H5Tclose(id_); break;
-    case H5I_ATTR: r = H5Aclose(id_); break;
-    case H5I_GENPROP_LST: r = H5Pclose(id_); break;
-    default: H5Idec_ref(id_); break;
-  }
-  if (r < 0 && !file.empty() && !failed_closes().count(file)) {
-    const std::string what = dataset.empty() ? "cannot close an object" : "cannot write dataset '" + dataset + "'";
-    failed_closes()[file] = what + " when closing it (its data is not in the file)" + hdf5_detail();
-  }
+  close_object(id_);
   H5Eclear2(H5E_DEFAULT);
   id_ = -1;
 }
@@ -498,6 +533,11 @@ void check_declared_size(hid_t dataset, const DatasetInfo& inf, const std::strin
 // A dataset with elements but without all of its storage was never completely written (a save
 // that failed on a full disk): HDF5 would read it back as fill values, zeros that look like data.
 void check_storage_written(hid_t dataset, const DatasetInfo& inf, const std::string& where) {
+  // A null dataspace has no shape and no elements (its rank 0 would otherwise read as a scalar).
+  Id file_space(H5Dget_space(dataset));
+  if (!file_space.valid()) fail(where, "cannot read the dataspace");
+  if (H5Sget_simple_extent_type(file_space.get()) == H5S_NULL)
+    fail(where, "has no stored data (never written, or created without data)");
   uint64_t count = 1;
   for (int64_t d : inf.shape) count *= static_cast<uint64_t>(d);
   if (count == 0) return;
@@ -512,8 +552,8 @@ void check_storage_written(hid_t dataset, const DatasetInfo& inf, const std::str
     for (size_t i = 0; i < chunk.size(); ++i)
       expected *= (static_cast<uint64_t>(inf.shape[i]) + chunk[i] - 1) / chunk[i];
     hsize_t stored = 0;
-    Id space(H5Dget_space(dataset));  // HDF5 1.10 does not take H5S_ALL here
-    check(H5Dget_num_chunks(dataset, space.get(), &stored), where, "cannot count the stored chunks");
+    // HDF5 >= 1.10.5; 1.10 does not take H5S_ALL for the space.
+    check(H5Dget_num_chunks(dataset, file_space.get(), &stored), where, "cannot count the stored chunks");
     if (stored < expected) fail(where, detail::str_cat("stores ", stored, " of its ", expected, " chunks", unwritten));
   } else if (layout == H5D_CONTIGUOUS) {
     Id type(H5Dget_type(dataset));
@@ -724,7 +764,10 @@ File File::open(const std::string& path) {
 File::~File() {
   if (!path_) return;
   Lock lock;
-  if (id_.valid()) id_.reset();
+  if (id_.valid()) {
+    close_open_objects(id_.get());
+    id_.reset();
+  }
   failed_closes().erase(*path_);
 }
 
@@ -742,6 +785,7 @@ void File::close() {
   // The file is closed even when the flush fails: left open, HDF5 would retry the flush later.
   const bool flushed = H5Fflush(id_.get(), H5F_SCOPE_GLOBAL) >= 0;
   const std::string flush_detail = flushed ? std::string() : hdf5_detail();
+  close_open_objects(id_.get());
   // Ownership moves to H5Fclose, whose failure must be reported, not swallowed by Id::reset.
   const bool closed = H5Fclose(id_.release()) >= 0;
   const std::string close_detail = closed ? std::string() : hdf5_detail();
