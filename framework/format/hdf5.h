@@ -1,6 +1,6 @@
 // HDF5 access for qforge's dumps and checkpoints: RAII owners of HDF5 identifiers and the few
 // operations the file formats need (groups, tensor datasets, scalar/string/array attributes,
-// listing). The HDF5 C API stays inside hdf5.cpp; every failure becomes a qforge::Error naming
+// listing). The HDF5 C API stays inside hdf5*.cpp; every failure becomes a qforge::Error naming
 // the file and the object path, with HDF5's own innermost message appended. HDF5's automatic
 // error printing is silenced. Calls are serialised by one process-wide lock, so a background
 // save (checkpoint.h) may run while other threads read.

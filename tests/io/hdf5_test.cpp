@@ -123,6 +123,38 @@ TEST(Hdf5, DeclaredSizesBeyondTheStoredBytesAreRefusedBeforeAllocating) {
   }
 }
 
+TEST(Hdf5, NullDataspaceDatasetsAreRefusedAsHavingNoData) {
+  TempDir dir;
+  const std::string path = dir.file("null.h5");
+  ASSERT_EQ(std::system((std::string(QFORGE_IO_TEST_TOOL) + " make-null-dataset " + path).c_str()), 0);
+  const h5::File f = h5::File::open(path);
+  try {
+    f.root().read_tensor("x");
+    FAIL() << "a dataset with a null dataspace was read";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("dataset '/x': has no stored data (never written, or created without data)"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(Hdf5, CloseClosesObjectsStillOpenAndTheirOwnersThenDoNothing) {
+  TempDir dir;
+  const std::string path = dir.file("open.h5");
+  {
+    h5::File f = h5::File::create(path);
+    const h5::Group g = f.root().create_group("g");
+    const h5::Dataset d = g.write_tensor("x", at::arange(6, at::kFloat));
+    d.set_attr("n", int64_t{6});
+    f.close();
+    EXPECT_FALSE(f.is_open());
+  }  // d and g go out of scope holding identifiers that File::close already closed
+  const h5::File f = h5::File::open(path);
+  const h5::Dataset d = f.root().open_group("g").open_dataset("x");
+  EXPECT_TRUE(same_tensor(d.read(), at::arange(6, at::kFloat)));
+  EXPECT_EQ(d.attr_int("n"), 6);
+}
+
 TEST(Hdf5, OpeningMissingOrNonHdf5FilesThrowsClearly) {
   TempDir dir;
   EXPECT_THROW(h5::File::open(dir.file("nope.h5")), Error);

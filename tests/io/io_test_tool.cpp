@@ -6,10 +6,13 @@
 //   io_test_tool make-sparse-dataset OUT -> OUT: /x declares 2^28 float32 but stores nothing
 //   io_test_tool save-loop PATH ELEMS   -> saves step 1, 2, ... forever; prints "S<step>\n" before
 //                                          and "E<step>\n" after each save (flushed)
-//   io_test_tool write-past-limit KIND PATH BYTES -> writes a checkpoint or calibration dump
-//                                          (KIND) to PATH while writes past BYTES fail as on a
-//                                          full disk; prints the error and exits 0 when the
-//                                          save threw, 3 when it claimed success
+//   io_test_tool make-null-dataset OUT  -> OUT: /x is float32 with a null dataspace (no elements)
+//   io_test_tool write-past-limit KIND PATH BYTES AGAIN -> writes a checkpoint or calibration
+//                                          dump (KIND) to PATH while writes past BYTES fail as on
+//                                          a full disk and prints the error; then lifts the limit,
+//                                          saves to AGAIN and reads it back. Exits 0 when the
+//                                          first save threw and the second one reads back, 3 when
+//                                          the first claimed success, 4 when AGAIN reads back wrong
 //   io_test_tool unwrite-dataset FILE DATASET -> replaces DATASET by a twin never written
 #include <ATen/ATen.h>
 
@@ -30,27 +33,44 @@ using namespace qforge::io;
 
 namespace {
 // Saves that need more than `limit` bytes: tensors small enough to sit in HDF5's chunk cache
-// until their dataset is closed, or a dump whose metadata alone outgrows the limit.
-int write_past_limit(const std::string& kind, const std::string& path, rlim_t limit) {
+// until their dataset is closed, or a dump whose metadata alone outgrows the limit. After the
+// failed save the limit is lifted and the same data is saved to `again` and read back, as
+// io::write_with_fallback does in the same process right after the failed close.
+int write_past_limit(const std::string& kind, const std::string& path, rlim_t limit, const std::string& again) {
   CheckpointData d;
   for (int i = 0; i < 8; ++i) d.parameters["layer" + std::to_string(i) + ".weight"] = at::arange(65536, at::kFloat) + i;
   CalibrationDump dump;
   const CalibrationDump one = testing::calibration_v1();
   for (int i = 0; i < 400; ++i) dump["m" + std::to_string(i)] = one.begin()->second;
-  // Writes past the limit fail with EFBIG instead of killing the process, as ENOSPC would.
+  const auto save = [&](const std::string& to) {
+    if (kind == "checkpoint") save_checkpoint(to, d);
+    else save_calibration_dump(to, dump);
+  };
+  if (kind != "checkpoint" && kind != "calibration") return 2;
+  // Writes past the limit fail with EFBIG instead of killing the process, as ENOSPC would. Only
+  // the soft limit is lowered, so that it can be lifted again.
   ::signal(SIGXFSZ, SIG_IGN);
-  const rlimit rl{limit, limit};
+  rlimit rl{limit, RLIM_INFINITY};
   if (::setrlimit(RLIMIT_FSIZE, &rl) != 0) return 2;
   try {
-    if (kind == "checkpoint") save_checkpoint(path, d);
-    else if (kind == "calibration") save_calibration_dump(path, dump);
-    else return 2;
+    save(path);
+    std::printf("<no error>\n");
+    return 3;
   } catch (const std::exception& e) {
     std::printf("%s\n", e.what());
-    return 0;
   }
-  std::printf("<no error>\n");
-  return 3;
+  rl.rlim_cur = RLIM_INFINITY;
+  if (::setrlimit(RLIMIT_FSIZE, &rl) != 0) return 2;
+  save(again);
+  bool same = true;
+  if (kind == "checkpoint") {
+    const CheckpointReader r(again);
+    for (const auto& [key, t] : d.parameters) same = same && at::equal(r.read_tensor(key), t);
+  } else {
+    same = load_calibration_dump(again).size() == dump.size();
+  }
+  std::printf(same ? "saved again and read back: %s\n" : "saved again, read back different: %s\n", again.c_str());
+  return same ? 0 : 4;
 }
 
 // Deletes DATASET and creates it again with the same type, shape and layout but space allocated
@@ -139,8 +159,17 @@ int main(int argc, char** argv) {
       H5Dclose(d), H5Pclose(dcpl), H5Sclose(space), H5Fclose(file);
       return ok ? 0 : 1;
     }
-    if (mode == "write-past-limit" && argc == 5) {
-      return write_past_limit(argv[2], argv[3], static_cast<rlim_t>(std::atoll(argv[4])));
+    if (mode == "make-null-dataset" && argc == 3) {
+      // /x is a float32 dataset with a null dataspace: no shape and no elements.
+      const hid_t file = H5Fcreate(argv[2], H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+      const hid_t space = H5Screate(H5S_NULL);
+      const hid_t d = H5Dcreate2(file, "x", H5T_IEEE_F32LE, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+      const bool ok = file >= 0 && space >= 0 && d >= 0;
+      H5Dclose(d), H5Sclose(space);
+      return H5Fclose(file) >= 0 && ok ? 0 : 1;
+    }
+    if (mode == "write-past-limit" && argc == 6) {
+      return write_past_limit(argv[2], argv[3], static_cast<rlim_t>(std::atoll(argv[4])), argv[5]);
     }
     if (mode == "unwrite-dataset" && argc == 4) return unwrite_dataset(argv[2], argv[3]) ? 0 : 1;
     if (mode == "save-loop" && argc == 4) {
@@ -165,6 +194,6 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "io_test_tool: %s\n", e.what());
     return 1;
   }
-  std::fprintf(stderr, "usage: io_test_tool make-fixtures DIR | dequantize CKPT OUT | make-link-cycle OUT | make-sparse-dataset OUT | save-loop PATH ELEMS | write-past-limit checkpoint|calibration PATH BYTES | unwrite-dataset FILE DATASET\n");
+  std::fprintf(stderr, "usage: io_test_tool make-fixtures DIR | dequantize CKPT OUT | make-link-cycle OUT | make-sparse-dataset OUT | make-null-dataset OUT | save-loop PATH ELEMS | write-past-limit checkpoint|calibration PATH BYTES AGAIN | unwrite-dataset FILE DATASET\n");
   return 2;
 }
