@@ -53,8 +53,7 @@ PackedWeightPtr pack_linear(QuantizedTensor fw, LinearPath path, const at::Tenso
     case LinearPath::kS8Dynamic:
     case LinearPath::kS8Static:
     case LinearPath::kS8WeightOnly:
-      QF_REQUIRE(at::eq(fw.zero_point, 0).all().item<bool>(), who,
-                 ": symmetric int8 weights must have zero points 0 (the file or scheme disagrees)");
+      require_symmetric_s8(fw.zero_point, who);
       return pack_linear_s8(std::move(fw), path, bias, static_scale);
     case LinearPath::kS4Dynamic:
     case LinearPath::kS4Static:
@@ -63,6 +62,18 @@ PackedWeightPtr pack_linear(QuantizedTensor fw, LinearPath path, const at::Tenso
     case LinearPath::kDequant: break;
   }
   return pack_dequantize(std::move(fw), /*linear=*/true);
+}
+
+void require_symmetric_s8(const at::Tensor& zero_point, const std::string& who) {
+  QF_REQUIRE(at::eq(zero_point, 0).all().item<bool>(), who,
+             ": symmetric int8 weights must have zero points 0 (the file or scheme disagrees)");
+}
+
+std::shared_ptr<const kernels::PackedLinearS8> pack_s8_kernel(const at::Tensor& codes, const at::Tensor& scale_n,
+                                                              const at::Tensor& bias) {
+  kernels::PackOptions opts;
+  opts.onednn = false;
+  return std::make_shared<const kernels::PackedLinearS8>(codes, scale_n, bias, opts);
 }
 
 std::pair<at::Tensor, at::Tensor> int4_group_params(const QParams& qp, int64_t N, int64_t K, int64_t g) {

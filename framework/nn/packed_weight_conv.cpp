@@ -175,14 +175,11 @@ PackedWeightPtr pack_conv(QuantizedTensor fw, LinearPath path, const ConvShape& 
   // [N, C, kh, kw] -> [N, kh, kw, C]: the K order of the channels-last im2col rows.
   const at::Tensor codes =
       fw.int_values().reshape({N, C, KH, KW}).permute({0, 2, 3, 1}).reshape({N, K}).to(at::kChar).contiguous();
-  const int64_t rows = qp.scale.numel() == 1 ? 1 : N;
-  const at::Tensor scale_n = qp.scale.to(at::kCPU, at::kFloat).reshape({rows, 1}).expand({N, 1}).contiguous();
+  // One group along K: per-channel (or per-tensor) scales and zero points as [N, 1].
+  auto [scale_n, zero_n] = int4_group_params(qp, N, K, K);
   if (path == LinearPath::kS8Static) {
-    QF_REQUIRE(at::eq(qp.zero_point, 0).all().item<bool>(), who,
-               ": symmetric int8 weights must have zero points 0 (the file or scheme disagrees)");
-    kernels::PackOptions opts;
-    opts.onednn = false;
-    auto kernel = std::make_shared<const kernels::PackedLinearS8>(codes, scale_n.reshape({N}), at::Tensor(), opts);
+    require_symmetric_s8(qp.zero_point, who);
+    auto kernel = pack_s8_kernel(codes, scale_n.reshape({N}), at::Tensor());
     std::shared_ptr<const OneDnnConvS8> conv;
     if (onednn) {
       std::string status;
@@ -193,9 +190,6 @@ PackedWeightPtr pack_conv(QuantizedTensor fw, LinearPath path, const ConvShape& 
                                                                     path, s, static_scale, who);
   }
   const int64_t Kp = kernels::round_up(K, kernels::kS4BlockK);
-  at::Tensor zero_n;
-  if (!at::eq(qp.zero_point, 0).all().item<bool>())
-    zero_n = qp.zero_point.to(at::kCPU, at::kInt).reshape({rows, 1}).expand({N, 1}).contiguous();
   // Zero columns up to Kp: the matching im2col columns are 0 too, so they add nothing (and 0 lies
   // on every 4-bit grid).
   const at::Tensor padded = Kp == K ? codes : at::constant_pad_nd(codes, {0, Kp - K}, 0).contiguous();

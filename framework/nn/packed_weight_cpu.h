@@ -4,6 +4,7 @@
 
 #include "framework/core/error.h"
 #include "framework/nn/packed_weight.h"
+#include "kernels/cpu/packed_linear.h"
 
 namespace qforge::nn {
 
@@ -24,6 +25,13 @@ class CpuPackedWeight : public PackedWeight {
   at::Device device() const override { return at::kCPU; }
   PackedWeightPtr to(const at::Device& device) const override;
 };
+
+// Symmetric int8 weights (Linear and convolution) must have zero points 0.
+void require_symmetric_s8(const at::Tensor& zero_point, const std::string& who);
+// The int8 kernel object of a Linear or convolution: one packed copy (1 byte per weight), no
+// oneDNN copy; large M runs the GEMV kernels in row blocks.
+std::shared_ptr<const kernels::PackedLinearS8> pack_s8_kernel(const at::Tensor& codes, const at::Tensor& scale_n,
+                                                              const at::Tensor& bias);
 
 // Linear formats, packed from the frozen weight fw [N, K] and the CPU bias (undefined: none).
 PackedWeightPtr pack_linear_s8(QuantizedTensor fw, LinearPath path, const at::Tensor& bias, float static_scale);

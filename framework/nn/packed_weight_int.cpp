@@ -82,10 +82,7 @@ at::Tensor PackedIntLinear<Kernel>::forward(const at::Tensor& x_in, const Frozen
 PackedWeightPtr pack_linear_s8(QuantizedTensor fw, LinearPath path, const at::Tensor& bias, float static_scale) {
   const int64_t N = fw.shape.at(0);
   const at::Tensor scale_n = fw.scale.to(at::kFloat).expand({N}).contiguous();
-  // One packed copy only (1 byte per weight); large M runs the GEMV kernels in row blocks.
-  kernels::PackOptions opts;
-  opts.onednn = false;
-  auto kernel = std::make_shared<const kernels::PackedLinearS8>(fw.int_values(), scale_n, bias, opts);
+  auto kernel = pack_s8_kernel(fw.int_values(), scale_n, bias);
   return std::make_shared<PackedIntLinear<kernels::PackedLinearS8>>(std::move(kernel), std::move(fw), path,
                                                                     static_scale);
 }
