@@ -2,6 +2,8 @@
 //   - int8 GEMM (GemmS8S8S32Cuda: cuBLASLt IMMA, as a frozen Linear calls it) beside cuBLASLt's
 //     fp16 and bf16 GEMMs on the same shapes (BERT-base's Linear shapes at several M, and 4096^3),
 //     and the whole int8 Linear chain (quantize rows + GEMM + epilogue);
+//   - the int4 weight-only GEMV (gemv_f32s4_cuda, g128, float activations) beside cuBLASLt's fp16
+//     GEMM at decode sizes (M = 1, 4, 16) on 4096x4096 and Llama-3-8B's FFN shapes;
 //   - fake-quant kernels' GB/s beside a device-to-device cudaMemcpy's.
 // Regime: every timed call reads a different copy of its operands, rotating through at least
 // 256 MiB, so weights do not sit in the L2 between calls (a model's weights between tokens).
@@ -27,6 +29,7 @@
 #include "kernels/cuda/dequantize_s32_f32_cuda.h"
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/gemm_s8s8s32_cuda.h"
+#include "kernels/cuda/gemv_f32s4_cuda.h"
 #include "kernels/cuda/quantize_rows_s8_cuda.h"
 
 namespace {
@@ -138,37 +141,42 @@ int copies_for(size_t bytes_per_set) {
   return static_cast<int>(std::clamp<size_t>((kRotateBytes + bytes_per_set - 1) / bytes_per_set, 1, 64));
 }
 
+// A cuBLASLt fp16 or bf16 GEMM on rotating operands (random values in [-2, 2)): its ms.
+double float_gemm_ms(const Shape& s, cudaDataType_t type, int reps, Timer& timer, cublasLtHandle_t lt) {
+  constexpr size_t kWs = size_t{32} << 20;
+  DeviceBuffer<unsigned char> ws(kWs);
+  const size_t set = static_cast<size_t>((s.M * s.K + s.N * s.K + s.M * s.N) * 2);
+  const int R = copies_for(set);
+  DeviceBuffer<uint16_t> A(s.M * s.K * R), W(s.N * s.K * R), C(s.M * s.N * R);
+  // Their bit patterns as 16-bit words.
+  const auto gen16 = [type](std::mt19937& r) {
+    const float f = rand_f(r);
+    uint16_t b;
+    if (type == CUDA_R_16F) {
+      const __half h = __float2half(f);
+      std::memcpy(&b, &h, 2);
+    } else {
+      const __nv_bfloat16 h = __float2bfloat16(f);
+      std::memcpy(&b, &h, 2);
+    }
+    return b;
+  };
+  fill_random<uint16_t>(A, 1, gen16);
+  fill_random<uint16_t>(W, 2, gen16);
+  FloatGemm g(lt, type, s.M, s.N, s.K, kWs);
+  return timer.median_ms(reps, R, [&](int i) {
+    g.run(A.get() + i * s.M * s.K, W.get() + i * s.N * s.K, C.get() + i * s.M * s.N, ws.get(), kWs);
+  });
+}
+
 void bench_gemm(const Shape& s, int reps, Timer& timer, cublasLtHandle_t lt, bool chain) {
   const std::string shape = std::to_string(s.M) + "x" + std::to_string(s.N) + "x" + std::to_string(s.K);
   const double flops = 2.0 * static_cast<double>(s.M) * s.N * s.K;
-  constexpr size_t kWs = size_t{32} << 20;
-  DeviceBuffer<unsigned char> ws(kWs);
 
   // fp16 and bf16 baselines.
   double fp16_ms = 0;
   for (const cudaDataType_t type : {CUDA_R_16F, CUDA_R_16BF}) {
-    const size_t set = static_cast<size_t>((s.M * s.K + s.N * s.K + s.M * s.N) * 2);
-    const int R = copies_for(set);
-    DeviceBuffer<uint16_t> A(s.M * s.K * R), W(s.N * s.K * R), C(s.M * s.N * R);
-    // Random values in [-2, 2) for either type (their bit patterns as 16-bit words).
-    const auto gen16 = [type](std::mt19937& r) {
-      const float f = rand_f(r);
-      uint16_t b;
-      if (type == CUDA_R_16F) {
-        const __half h = __float2half(f);
-        std::memcpy(&b, &h, 2);
-      } else {
-        const __nv_bfloat16 h = __float2bfloat16(f);
-        std::memcpy(&b, &h, 2);
-      }
-      return b;
-    };
-    fill_random<uint16_t>(A, 1, gen16);
-    fill_random<uint16_t>(W, 2, gen16);
-    FloatGemm g(lt, type, s.M, s.N, s.K, kWs);
-    const double ms = timer.median_ms(reps, R, [&](int i) {
-      g.run(A.get() + i * s.M * s.K, W.get() + i * s.N * s.K, C.get() + i * s.M * s.N, ws.get(), kWs);
-    });
+    const double ms = float_gemm_ms(s, type, reps, timer, lt);
     if (type == CUDA_R_16F) fp16_ms = ms;
     print_row({"gemm", shape, type == CUDA_R_16F ? "cublasLt fp16" : "cublasLt bf16", ms, flops / ms / 1e9, "TFLOP/s",
                fp16_ms / ms});
@@ -204,6 +212,32 @@ void bench_gemm(const Shape& s, int reps, Timer& timer, cublasLtHandle_t lt, boo
     dequantize_s32_f32_cuda(acc.get(), s.N, a_scale.get(), w_scale.get(), bias.get(), Y.get(), s.M, s.N, nullptr);
   });
   print_row({"linear_s8_dynamic", shape, "qforge quantize+int8+epilogue", msc, flops / msc / 1e9, "TOP/s", fp16_ms / msc});
+}
+
+// The int4 weight-only GEMV (group 128, signed codes, float x and y) beside the fp16 GEMM.
+void bench_s4_gemv(const Shape& s, int reps, Timer& timer, cublasLtHandle_t lt) {
+  const std::string shape = std::to_string(s.M) + "x" + std::to_string(s.N) + "x" + std::to_string(s.K);
+  const double flops = 2.0 * static_cast<double>(s.M) * s.N * s.K;
+  const double fp16_ms = float_gemm_ms(s, CUDA_R_16F, reps, timer, lt);
+  print_row({"gemv_s4_g128", shape, "cublasLt fp16", fp16_ms, flops / fp16_ms / 1e9, "TFLOP/s", 1.0});
+  constexpr int64_t kGroup = 128;
+  const int64_t G = (s.K + kGroup - 1) / kGroup;
+  const size_t set = static_cast<size_t>(s.N * s.K / 2 + s.N * G * 4 + s.M * s.K * 4);
+  const int R = copies_for(set);
+  DeviceBuffer<uint8_t> P(s.N * s.K / 2 * R);
+  DeviceBuffer<float> S(s.N * G * R), X(s.M * s.K * R), Y(s.M * s.N), B(s.N);
+  fill_random<uint8_t>(P, 9, [](std::mt19937& r) { return static_cast<uint8_t>(r()); });
+  fill_random<float>(S, 10, [](std::mt19937& r) { return 0.001f + 0.01f * std::uniform_real_distribution<float>()(r); });
+  fill_random<float>(X, 11, rand_f);
+  fill_random<float>(B, 12, rand_f);
+  const double ms = timer.median_ms(reps, R, [&](int i) {
+    gemv_f32s4_cuda(X.get() + i * s.M * s.K, s.M, P.get() + i * s.N * s.K / 2, s.N, s.K, true, S.get() + i * s.N * G,
+                    nullptr, kGroup, B.get(), Y.get(), nullptr);
+  });
+  // GB/s of the weight (codes + scales) alone: what bounds a decode step.
+  const double weight_bytes = static_cast<double>(s.N) * s.K / 2 + static_cast<double>(s.N) * G * 4;
+  print_row({"gemv_s4_g128", shape, "qforge int4 (gemv_f32s4_cuda)", ms, weight_bytes / ms / 1e6, "GB/s w",
+             fp16_ms / ms});
 }
 
 void bench_fake_quant(int64_t n, int reps, Timer& timer) {
@@ -301,6 +335,14 @@ int main(int argc, char** argv) {
     shapes.push_back({4096, 4096, 4096, "square"});
     if (quick) shapes = {{16, 768, 768, ""}, {4096, 4096, 4096, ""}};
     for (const Shape& s : shapes) bench_gemm(s, reps, timer, lt.get(), /*chain=*/s.M <= 2048 && s.N != 4096);
+    std::vector<Shape> gemv;
+    for (const int64_t M : {int64_t{1}, int64_t{4}, int64_t{16}}) {
+      gemv.push_back({M, 4096, 4096, "square"});
+      gemv.push_back({M, 14336, 4096, "Llama-3-8B FFN up / gate"});
+      gemv.push_back({M, 4096, 14336, "Llama-3-8B FFN down"});
+    }
+    if (quick) gemv = {{1, 4096, 4096, ""}, {16, 14336, 4096, ""}};
+    for (const Shape& s : gemv) bench_s4_gemv(s, reps, timer, lt.get());
     {
       // The fallback kernel at 4096^3: what a shape cuBLASLt refuses costs.
       const Shape s{4096, 4096, 4096, ""};

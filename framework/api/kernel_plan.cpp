@@ -6,6 +6,7 @@
 #include "kernels/cpu/linear_weight_only.h"
 #include "kernels/cpu/lut_linear.h"
 #include "kernels/cuda/cublaslt_int8_rules.h"
+#include "kernels/cuda/gemv_s4_rules.h"
 
 namespace qforge {
 
@@ -168,11 +169,22 @@ KernelPlan plan_linear_cuda(const std::optional<QSpec>& weights, ActivationMode 
     }
     case LinearPath::kS4Dynamic:
     case LinearPath::kS4Static:
-    case LinearPath::kS4WeightOnly:
-      plan.kernel = "dequantize_s4_cuda+at::linear";
-      plan.fallback = "no int4 GEMM on CUDA: the int4 weight is dequantized to float per call (dequantize_s4_cuda), "
-                      "then at::linear";
+    case LinearPath::kS4WeightOnly: {
+      // Decode-sized calls (M <= 16) read the packed codes once; larger M dequantize per call.
+      std::string why;
+      const int64_t group = weights->granularity == Granularity::kPerGroup ? weights->group_size : in_features;
+      if (cuda::gemv_f32s4_supported(1, in_features, group, &why)) {
+        plan.kernel = "gemv_f32s4_cuda";
+        plan.fallback.clear();
+        plan.large_m = cuda::kGemvS4MaxM + 1;
+        plan.large_m_kernel = "dequantize_s4_cuda+at::linear";
+      } else {
+        plan.kernel = "dequantize_s4_cuda+at::linear";
+        plan.fallback = "gemv_f32s4_cuda: " + why + ": the int4 weight is dequantized to float per call "
+                        "(dequantize_s4_cuda), then at::linear";
+      }
       break;
+    }
     case LinearPath::kS8WeightOnly:
       plan.kernel = "dequantize+at::linear";
       plan.fallback = "no weight-only int8 GEMM on CUDA: the int8 weight is dequantized per call, then at::linear";

@@ -1,4 +1,5 @@
-// Frozen layers on CUDA (see linear_cuda.h): the int8 Linear chain and the int4 dequantization.
+// Frozen layers on CUDA (see linear_cuda.h): the int8 Linear chain, the int4 GEMV and the int4
+// dequantization.
 #include "framework/cuda/linear_cuda.h"
 
 #include <ATen/ATen.h>
@@ -12,6 +13,8 @@
 #include "kernels/cuda/dequantize_s32_f32_cuda.h"
 #include "kernels/cuda/dequantize_s4_cuda.h"
 #include "kernels/cuda/gemm_s8s8s32_cuda.h"
+#include "kernels/cuda/gemv_f32s4_cuda.h"
+#include "kernels/cuda/gemv_s4_rules.h"
 #include "kernels/cuda/quantize_rows_s8_cuda.h"
 
 namespace qforge::cuda_ops {
@@ -89,6 +92,32 @@ at::Tensor dequantize_s4(const at::Tensor& packed, int64_t N, int64_t K, bool is
   cuda::dequantize_s4_cuda(packed.data_ptr<uint8_t>(), N, K, is_signed, scale.data_ptr<float>(),
                            zero.defined() ? zero.data_ptr<int32_t>() : nullptr, group_size, w.data_ptr<float>(), stream);
   return w;
+}
+
+at::Tensor linear_s4(const at::Tensor& x, const at::Tensor& packed, int64_t N, int64_t K, bool is_signed,
+                     const at::Tensor& scale, const at::Tensor& zero, int64_t group_size, const at::Tensor& bias,
+                     kernels::RunInfo* info) {
+  QF_REQUIRE(x.is_cuda() && x.dim() == 2 && x.size(1) == K, "CUDA int4 Linear: input must be a 2-D CUDA tensor [M, ",
+             K, "], got ", x.sizes(), " on ", x.device());
+  require_on(x, packed, "input", at::kFloat);
+  if (bias.defined()) require_on(bias, packed, "bias", at::kFloat);
+  const int64_t M = x.size(0);
+  std::string why;
+  if (cuda::gemv_f32s4_supported(M, K, group_size, &why) &&
+      cuda::gemv_f32s4_pointers_supported(x.data_ptr(), packed.data_ptr(), &why)) {
+    require_on(scale, packed, "int4 scales", at::kFloat);
+    if (zero.defined()) require_on(zero, packed, "int4 zero points", at::kInt);
+    const c10::cuda::CUDAGuard guard(x.device());
+    const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(x.device().index()).stream();
+    at::Tensor y = at::empty({M, N}, x.options());
+    cuda::gemv_f32s4_cuda(x.data_ptr<float>(), M, packed.data_ptr<uint8_t>(), N, K, is_signed, scale.data_ptr<float>(),
+                          zero.defined() ? zero.data_ptr<int32_t>() : nullptr, group_size,
+                          bias.defined() ? bias.data_ptr<float>() : nullptr, y.data_ptr<float>(), stream);
+    if (info != nullptr) *info = {"gemv_f32s4_cuda", ""};
+    return y;
+  }
+  if (info != nullptr) *info = {"dequantize_s4_cuda+at::linear", "gemv_f32s4_cuda: " + why};
+  return at::linear(x, dequantize_s4(packed, N, K, is_signed, scale, zero, group_size), bias);
 }
 
 }  // namespace qforge::cuda_ops

@@ -23,4 +23,9 @@ at::Tensor dequantize_s4(const at::Tensor&, int64_t, int64_t, bool, const at::Te
   throw Error("CUDA int4 dequantize: " + unavailable_reason());
 }
 
+at::Tensor linear_s4(const at::Tensor&, const at::Tensor&, int64_t, int64_t, bool, const at::Tensor&, const at::Tensor&,
+                     int64_t, const at::Tensor&, kernels::RunInfo*) {
+  throw Error("CUDA int4 Linear: " + unavailable_reason());
+}
+
 }  // namespace qforge::cuda_ops

@@ -1,5 +1,6 @@
 // The CUDA forms of frozen Linear weights (see packed_weight_cuda.h): the int8 chain through
-// cuda_ops::linear_s8, int4 dequantized per call by cuda_ops::dequantize_s4, and a float weight.
+// cuda_ops::linear_s8, int4 through cuda_ops::linear_s4 (the GEMV for decode-sized inputs,
+// dequantized per call otherwise), and a float weight.
 #include "framework/cuda/packed_weight_cuda.h"
 
 #include <ATen/ATen.h>
@@ -68,7 +69,7 @@ class CudaInt8Linear final : public CudaPackedWeight {
   at::Tensor codes_, w_scale_;
 };
 
-// 4-bit weights: the packed codes with [N, G] scales / zero points, dequantized per call.
+// 4-bit weights: the packed codes with [N, G] scales / zero points.
 class CudaInt4Linear final : public CudaPackedWeight {
  public:
   CudaInt4Linear(PackedWeightPtr host, const at::Device& device) : CudaPackedWeight(std::move(host)) {
@@ -85,10 +86,14 @@ class CudaInt4Linear final : public CudaPackedWeight {
     upload_bias(device);
     device_ = packed_.device();
   }
-  at::Tensor forward(const at::Tensor& x, const FrozenInput& in) const override {
-    const at::Tensor w =
-        cuda_ops::dequantize_s4(packed_, N_, K_, is_signed_, group_scale_, group_zero_, group_size_);
-    return at::linear(fake_quantize_input(in, x).to(at::kFloat), w, bias_);
+  // Decode-sized inputs run the int4 GEMV on the packed codes; others dequantize per call.
+  at::Tensor forward(const at::Tensor& x_in, const FrozenInput& in) const override {
+    std::vector<int64_t> out_shape(x_in.sizes().begin(), x_in.sizes().end());
+    out_shape.back() = N_;
+    const at::Tensor x = fake_quantize_input(in, x_in).to(at::kFloat).reshape({-1, K_}).contiguous();
+    kernels::RunInfo info;
+    return cuda_ops::linear_s4(x, packed_, N_, K_, is_signed_, group_scale_, group_zero_, group_size_, bias_, &info)
+        .reshape(out_shape);
   }
 
  private:

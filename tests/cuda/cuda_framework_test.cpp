@@ -263,27 +263,34 @@ TEST_F(CudaApi, FrozenInt8LinearFallsBackWhereCublasLtCannotRun) {
   EXPECT_NE(describe(*p.gpu).find("gemm_s8s8s32_cuda"), std::string::npos) << describe(*p.gpu);
 }
 
-TEST_F(CudaApi, FrozenInt4AndWeightOnlyLinearDequantizeOnTheGpu) {
+TEST_F(CudaApi, FrozenInt4AndWeightOnlyLinearOnTheGpu) {
   torch::manual_seed(13);
-  const at::Tensor x = at::randn({9, 512});
   struct Case {
     const char* name;
     Scheme scheme;
     const char* kernel;
+    bool fallback;
   };
   Scheme w4(qint4);  // groups of 128
   w4.activations = ActivationMode::kDynamicPerToken;
   Scheme w4_only(qint4);
   Scheme w8_only(qint8);
-  for (const Case& c : {Case{"int4 dynamic", w4, "dequantize_s4_cuda+at::linear"},
-                        Case{"int4 weight-only", w4_only, "dequantize_s4_cuda+at::linear"},
-                        Case{"int8 weight-only", w8_only, "dequantize+at::linear"}}) {
+  for (const Case& c : {Case{"int4 dynamic", w4, "gemv_f32s4_cuda", false},
+                        Case{"int4 weight-only", w4_only, "gemv_f32s4_cuda", false},
+                        Case{"int8 weight-only", w8_only, "dequantize+at::linear", true}}) {
     SCOPED_TRACE(c.name);
+    // M = 1 and 9 run the int4 GEMV, M = 40 dequantizes per call (plan: large_m = 17).
+    const at::Tensor x = at::randn({9, 512});
     FrozenPair p = frozen_pair(512, 256, c.scheme, x, cuda);
     EXPECT_EQ(p.gpu->report().kernel, c.kernel);
-    EXPECT_NE(p.gpu->report().fallback_reason, "");
+    EXPECT_EQ(p.gpu->report().fallback_reason != "", c.fallback) << p.gpu->report().fallback_reason;
     // Same quantized weights and activation codes; only float summation order differs.
-    EXPECT_LT(rel_error(p.gpu->forward(x.to(cuda)), p.cpu->forward(x)), 1e-5);
+    for (const int64_t M : {1, 9, 40}) {
+      const at::Tensor xm = at::randn({M, 512});
+      EXPECT_LT(rel_error(p.gpu->forward(xm.to(cuda)), p.cpu->forward(xm)), 1e-5) << "M=" << M;
+    }
+    // A 3-D decode step [batch 2, 1 token, features] keeps its shape.
+    EXPECT_EQ(p.gpu->forward(at::randn({2, 1, 512}).to(cuda)).sizes(), at::IntArrayRef({2, 1, 256}));
   }
 }
 

@@ -20,6 +20,8 @@
 #include "kernels/cuda/dequantize_s32_f32_cuda.h"
 #include "kernels/cuda/dequantize_s4_cuda.h"
 #include "kernels/cuda/device_buffer.h"
+#include "kernels/cuda/gemv_f32s4_cuda.h"
+#include "kernels/cuda/gemv_s4_rules.h"
 #include "kernels/cuda/gemm_s8s8s32_cuda.h"
 #include "kernels/cuda/quantize_rows_s8_cuda.h"
 #include "kernels/cuda/unpack_s4_math.h"
@@ -539,6 +541,116 @@ TEST_F(Gpu, DequantizeS4MatchesUnpackReference) {
     dequantize_s4_cuda(dp.get(), c.N, c.K, c.is_signed, ds.get(), c.zeros ? dz.get() : nullptr, c.group, dw.get(),
                        nullptr);
     EXPECT_TRUE(same_floats(download(dw), want));
+  }
+}
+
+// ---- int4 weight-only GEMV ----
+
+// A random int4 weight in the CPU packing with fp16-exact group scales and optional zero points.
+struct S4Weight {
+  int64_t N, K, group, G;
+  bool is_signed;
+  std::vector<int8_t> values;
+  std::vector<uint8_t> packed;
+  std::vector<float> scale;
+  std::vector<int32_t> zero;  // empty: none
+  float w(int64_t n, int64_t k) const {
+    const int64_t gi = n * G + k / group;
+    return static_cast<float>(values[n * K + k] - (zero.empty() ? 0 : zero[gi])) * scale[gi];
+  }
+};
+
+S4Weight random_s4_weight(int64_t N, int64_t K, int64_t group, bool is_signed, bool zeros, uint32_t seed) {
+  S4Weight w{N, K, group, kernels::num_groups(K, group), is_signed, {}, {}, {}, {}};
+  w.values = is_signed ? random_s8(N * K, seed, -8, 7) : random_s8(N * K, seed, 0, 15);
+  w.packed.resize((N * K + 1) / 2);
+  if (is_signed) {
+    kernels::pack_s4_reference(w.values.data(), N * K, w.packed.data());
+  } else {
+    kernels::pack_u4_reference(w.values.data(), N * K, w.packed.data());
+  }
+  std::mt19937 rng(seed + 1);
+  std::uniform_real_distribution<float> us(1e-3f, 0.1f);
+  w.scale.resize(N * w.G);
+  for (auto& s : w.scale) s = static_cast<float>(static_cast<_Float16>(us(rng)));  // fp16-exact, as frozen
+  if (zeros) {
+    std::uniform_int_distribution<int32_t> uz(is_signed ? -8 : 0, is_signed ? 7 : 15);
+    w.zero.resize(N * w.G);
+    for (auto& z : w.zero) z = uz(rng);
+  }
+  return w;
+}
+
+// The bound of gemv_f32s4_cuda.h against the exact value (double sums of the exact products),
+// and the CPU reference (linear_f32_s4_reference) within twice the bound.
+TEST_F(Gpu, GemvS4MatchesReferenceWithinItsBound) {
+  struct Case {
+    int64_t M, N, K, group;
+    bool is_signed, zeros, bias;
+  };
+  for (const Case c : {Case{1, 768, 768, 128, true, false, true}, Case{1, 33, 4096, 128, true, true, false},
+                       Case{2, 64, 4096, 64, false, true, true}, Case{3, 17, 104, 8, true, false, true},
+                       Case{5, 130, 1024, 1024, true, false, false}, Case{8, 96, 2048, 32, false, false, true},
+                       Case{11, 40, 512, 128, true, true, true}, Case{16, 4100, 256, 128, true, false, true},
+                       // 16- and 8-byte loads with K tails past the block's step, zero points.
+                       Case{1, 7, 4128, 32, true, true, true}, Case{4, 9, 48, 16, false, true, false},
+                       Case{3, 50, 2080, 32, false, true, true}, Case{2, 5, 96, 96, true, false, true}}) {
+    SCOPED_TRACE("M=" + std::to_string(c.M) + " N=" + std::to_string(c.N) + " K=" + std::to_string(c.K) +
+                 " group=" + std::to_string(c.group) + (c.is_signed ? " qint4" : " quint4") +
+                 (c.zeros ? " zero points" : "") + (c.bias ? " bias" : ""));
+    const S4Weight w = random_s4_weight(c.N, c.K, c.group, c.is_signed, c.zeros, 21u);
+    const std::vector<float> x = random_floats(c.M * c.K, 2.0f, 22u);
+    const std::vector<float> bias = c.bias ? random_floats(c.N, 1.0f, 23u) : std::vector<float>();
+    std::vector<float> cpu(c.M * c.N);
+    kernels::linear_f32_s4_reference(x.data(), w.values.data(), w.scale.data(), c.zeros ? w.zero.data() : nullptr,
+                                     c.group, c.bias ? bias.data() : nullptr, cpu.data(), c.M, c.N, c.K);
+    auto dx = upload(x);
+    auto dp = upload(w.packed);
+    auto ds = upload(w.scale);
+    auto dz = upload(w.zero);
+    auto db = upload(bias);
+    DeviceBuffer<float> dy(c.M * c.N);
+    poison(dy);
+    gemv_f32s4_cuda(dx.get(), c.M, dp.get(), c.N, c.K, c.is_signed, ds.get(), c.zeros ? dz.get() : nullptr, c.group,
+                    c.bias ? db.get() : nullptr, dy.get(), nullptr);
+    const std::vector<float> got = download(dy);
+    const double gamma = static_cast<double>(c.K / 8 + 64) * std::ldexp(1.0, -24);
+    int bad = 0;
+    for (int64_t m = 0; m < c.M; ++m)
+      for (int64_t n = 0; n < c.N; ++n) {
+        double exact = c.bias ? bias[n] : 0.0, mag = c.bias ? std::fabs(bias[n]) : 0.0;
+        for (int64_t k = 0; k < c.K; ++k) {
+          const double p = static_cast<double>(x[m * c.K + k]) * w.w(n, k);
+          exact += p;
+          mag += std::fabs(p);
+        }
+        const double g = got[m * c.N + n];
+        if (!(std::fabs(g - exact) <= gamma * mag) || !(std::fabs(g - cpu[m * c.N + n]) <= 2 * gamma * mag)) {
+          if (++bad <= 5)
+            ADD_FAILURE() << "y[" << m << ", " << n << "] = " << g << ", exact " << exact << ", CPU reference "
+                          << cpu[m * c.N + n] << ", bound " << gamma * mag;
+        }
+      }
+    EXPECT_EQ(bad, 0);
+  }
+}
+
+TEST_F(Gpu, GemvS4RefusesWhatItsRulesRefuse) {
+  std::string why;
+  EXPECT_FALSE(gemv_f32s4_supported(17, 64, 32, &why));
+  EXPECT_NE(why.find("M=17"), std::string::npos) << why;
+  EXPECT_FALSE(gemv_f32s4_supported(1, 76, 32, &why));
+  EXPECT_NE(why.find("K=76"), std::string::npos) << why;
+  EXPECT_FALSE(gemv_f32s4_supported(1, 64, 12, &why));
+  EXPECT_NE(why.find("group_size=12"), std::string::npos) << why;
+  DeviceBuffer<float> x(64 + 1), y(4);
+  DeviceBuffer<uint8_t> p(128);
+  DeviceBuffer<float> s(4);
+  try {
+    gemv_f32s4_cuda(x.get() + 1, 1, p.get(), 4, 64, true, s.get(), nullptr, 64, nullptr, y.get(), nullptr);
+    ADD_FAILURE() << "a misaligned x was accepted";
+  } catch (const qforge::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("16-byte"), std::string::npos) << e.what();
   }
 }
 

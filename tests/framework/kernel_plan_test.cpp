@@ -56,8 +56,17 @@ TEST(KernelPlanCuda, OtherPathsSayWhatTheGpuRunsInstead) {
   w4.symmetric = true;
   const KernelPlan s4 = plan_linear_cuda(w4, ActivationMode::kDynamicPerToken, dynamic_act(), 768, 768);
   EXPECT_EQ(s4.path, LinearPath::kS4Dynamic);
-  EXPECT_EQ(s4.kernel, "dequantize_s4_cuda+at::linear");
-  EXPECT_NE(s4.fallback.find("no int4 GEMM on CUDA"), std::string::npos) << s4.fallback;
+  EXPECT_EQ(s4.kernel, "gemv_f32s4_cuda");
+  EXPECT_EQ(s4.fallback, "");
+  EXPECT_EQ(s4.large_m, 17);
+  EXPECT_EQ(s4.large_m_kernel, "dequantize_s4_cuda+at::linear");
+  // A K the GEMV cannot take (not a multiple of 8) dequantizes at every M, and says why.
+  QSpec odd = w4;
+  odd.group_size = 12;
+  const KernelPlan s4odd = plan_linear_cuda(odd, ActivationMode::kNone, dynamic_act(), 36, 768);
+  EXPECT_EQ(s4odd.kernel, "dequantize_s4_cuda+at::linear");
+  EXPECT_NE(s4odd.fallback.find("gemv_f32s4_cuda: K=36 not a positive multiple of 8"), std::string::npos)
+      << s4odd.fallback;
   const KernelPlan wo = plan_linear_cuda(int8_per_channel(), ActivationMode::kNone, dynamic_act(), 768, 768);
   EXPECT_EQ(wo.path, LinearPath::kS8WeightOnly);
   EXPECT_EQ(wo.kernel, "dequantize+at::linear");

@@ -1,0 +1,50 @@
+// When the int4 weight-only GEMV (gemv_f32s4_cuda) serves a call; pure host code (no CUDA
+// headers) so the CPU test suite and plan_linear_cuda() read the same rules the launcher checks.
+// The kernel reads each weight row as 32-bit words of eight nibbles and the activations as
+// float4, and keeps one accumulator per (row of x, weight row) in registers:
+//   - 1 <= M <= kGemvS4MaxM (decode-sized calls; larger M dequantize once and run a GEMM);
+//   - K a multiple of 8 (a row starts on a word: row n begins at nibble n * K);
+//   - group_size a multiple of 8 (a word never straddles two scale groups);
+//   - x 16-byte aligned, packed codes 4-byte aligned.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace qforge::cuda {
+
+constexpr int64_t kGemvS4MaxM = 16;
+constexpr int64_t kGemvS4KMultiple = 8;
+constexpr uintptr_t kGemvS4XAlignment = 16;
+constexpr uintptr_t kGemvS4CodeAlignment = 4;
+
+// True when the shape meets the rules above; otherwise false with the first failing rule in *why.
+inline bool gemv_f32s4_supported(int64_t M, int64_t K, int64_t group_size, std::string* why) {
+  auto fail = [why](std::string reason) {
+    if (why != nullptr) *why = std::move(reason);
+    return false;
+  };
+  const auto s = [](int64_t v) { return std::to_string(v); };
+  if (M < 1 || M > kGemvS4MaxM) return fail("M=" + s(M) + " outside 1.." + s(kGemvS4MaxM));
+  if (K <= 0 || K % kGemvS4KMultiple != 0) return fail("K=" + s(K) + " not a positive multiple of 8");
+  if (group_size <= 0 || group_size % kGemvS4KMultiple != 0)
+    return fail("group_size=" + s(group_size) + " not a multiple of 8");
+  if (why != nullptr) why->clear();
+  return true;
+}
+
+// True when x is 16-byte and the codes 4-byte aligned; otherwise false with the reason.
+inline bool gemv_f32s4_pointers_supported(const void* x, const void* packed, std::string* why) {
+  if (reinterpret_cast<uintptr_t>(x) % kGemvS4XAlignment != 0) {
+    if (why != nullptr) *why = "x pointer not 16-byte aligned";
+    return false;
+  }
+  if (reinterpret_cast<uintptr_t>(packed) % kGemvS4CodeAlignment != 0) {
+    if (why != nullptr) *why = "packed codes pointer not 4-byte aligned";
+    return false;
+  }
+  if (why != nullptr) why->clear();
+  return true;
+}
+
+}  // namespace qforge::cuda
