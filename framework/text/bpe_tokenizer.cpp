@@ -1,7 +1,6 @@
 #include "framework/text/bpe_tokenizer.h"
 
 #include "framework/core/error.h"
-#include "framework/text/byte_level.h"
 #include "framework/text/utf8.h"
 
 #include <nlohmann/json.hpp>
@@ -81,13 +80,6 @@ void parse_post_processor(const json& p, const std::string& key, const std::stri
                               " is not supported (qforge reads ByteLevel, TemplateProcessing and Sequence)"));
 }
 
-bool parse_decoder(const json& d, const std::string& where) {
-  if (d.is_null()) return false;
-  QF_REQUIRE(d.contains("type") && d["type"] == "ByteLevel", where, ": decoder.type ",
-             d.contains("type") ? d["type"].dump() : "(none)", " is not supported (qforge reads ByteLevel and null)");
-  return true;
-}
-
 void refuse_unsupported_sections(const json& j, const std::string& where) {
   QF_REQUIRE(j.is_object(), where, ": a tokenizer.json must hold a JSON object");
   for (const auto& [key, value] : j.items())
@@ -102,7 +94,7 @@ void refuse_unsupported_sections(const json& j, const std::string& where) {
 
 BpeTokenizer::BpeTokenizer(BpeModel model, PreTokenizer pre_tokenizer, AddedTokens added)
     : model_(std::move(model)), pre_tokenizer_(std::move(pre_tokenizer)), added_(std::move(added)) {
-  byte_level_decoder_ = pre_tokenizer_.is_byte_level();
+  if (pre_tokenizer_.is_byte_level()) decoder_ = Decoder::byte_level();
 }
 
 BpeTokenizer BpeTokenizer::load(const std::string& path) { return parse(read_text_file(path), path); }
@@ -120,7 +112,7 @@ BpeTokenizer BpeTokenizer::parse(const std::string& json_text, const std::string
   t.normalizer_ = Normalizer::parse(j.contains("normalizer") ? j["normalizer"] : json(), source);
   t.pre_tokenizer_ = PreTokenizer::parse(j.contains("pre_tokenizer") ? j["pre_tokenizer"] : json(), source);
   t.added_ = AddedTokens::parse(j.contains("added_tokens") ? j["added_tokens"] : json(), source);
-  t.byte_level_decoder_ = parse_decoder(j.contains("decoder") ? j["decoder"] : json(), source);
+  t.decoder_ = Decoder::parse(j.contains("decoder") ? j["decoder"] : json(), source);
   parse_post_processor(j.contains("post_processor") ? j["post_processor"] : json(), "post_processor", source,
                        t.prefix_ids_, t.suffix_ids_);
   return t;
@@ -154,22 +146,17 @@ const std::string* BpeTokenizer::token_of(int64_t id) const {
 }
 
 std::string BpeTokenizer::decode(const std::vector<int64_t>& ids, bool skip_special_tokens) const {
-  std::string bytes;
-  bool first = true;
+  std::vector<std::string> tokens;
+  tokens.reserve(ids.size());
   for (size_t i = 0; i < ids.size(); ++i) {
     const std::string* token = token_of(ids[i]);
     QF_REQUIRE(token != nullptr, "framework/text: decode: ids[", i, "] = ", ids[i], " is not in the vocabulary (",
                vocab_size(), " ids)");
     const AddedToken* added = added_.find(ids[i]);
     if (skip_special_tokens && added && added->special) continue;
-    if (byte_level_decoder_) {
-      bytes += byte_level_decode_token(*token);
-    } else {
-      bytes += (first ? "" : " ") + *token;
-    }
-    first = false;
+    tokens.push_back(*token);
   }
-  return byte_level_decoder_ ? utf8_lossy(bytes) : bytes;
+  return decoder_.decode(std::move(tokens));
 }
 
 int64_t BpeTokenizer::vocab_size() const {

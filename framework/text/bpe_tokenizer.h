@@ -6,6 +6,7 @@
 
 #include "framework/text/added_tokens.h"
 #include "framework/text/bpe_model.h"
+#include "framework/text/decoder.h"
 #include "framework/text/normalizer.h"
 #include "framework/text/pre_tokenizer.h"
 #include "framework/text/tokenizer.h"
@@ -44,7 +45,7 @@ class BpeTokenizer : public Tokenizer {
   Normalizer normalizer_;
   PreTokenizer pre_tokenizer_;
   AddedTokens added_;
-  bool byte_level_decoder_ = false;  // else HF's default: tokens joined by spaces
+  Decoder decoder_;
   std::vector<int64_t> prefix_ids_, suffix_ids_;  // TemplateProcessing's "single" around the text
 };
 

@@ -59,6 +59,65 @@ def isolated(pattern, text):
     return out
 
 
+def flatten(section, key):
+    if section is None:
+        return []
+    if section["type"] == "Sequence":
+        return [s for part in section[key] for s in flatten(part, key)]
+    return [section]
+
+
+def byte_of(token):
+    if len(token) == 6 and token.startswith("<0x") and token.endswith(">"):
+        try:
+            return int(token[3:5], 16)
+        except ValueError:
+            return None
+    return None
+
+
+def decode_step(d, tokens):
+    kind = d["type"]
+    if kind == "ByteLevel":
+        data = b"".join(bytes(CHAR_BYTE[c] for c in t) if all(c in CHAR_BYTE for c in t) else t.encode("utf-8")
+                        for t in tokens)
+        return [data.decode("utf-8", "replace")]
+    if kind == "Replace":
+        return [t.replace(d["pattern"]["String"], d["content"]) for t in tokens]
+    if kind == "Fuse":
+        return ["".join(tokens)]
+    if kind == "Strip":
+        out = []
+        for t in tokens:
+            start = 0
+            while start < min(d["start"], len(t)) and t[start] == d["content"]:
+                start += 1
+            stop = len(t)
+            while len(t) - stop < d["stop"] and stop > start and t[stop - 1] == d["content"]:
+                stop -= 1
+            out.append(t[start:stop])
+        return out
+    if kind == "ByteFallback":
+        out, run = [], []
+        def flush():
+            if run:
+                try:
+                    out.append(bytes(run).decode("utf-8"))
+                except UnicodeDecodeError:
+                    out.append("\ufffd" * len(run))
+                run.clear()
+        for t in tokens:
+            b = byte_of(t)
+            if b is None:
+                flush()
+                out.append(t)
+            else:
+                run.append(b)
+        flush()
+        return out
+    raise ValueError("unsupported decoder " + kind)
+
+
 def flatten_steps(pre):
     if pre is None:
         return []
@@ -88,11 +147,12 @@ class Reference:
             self.ranks[pair] = rank
         self.ignore_merges = model.get("ignore_merges", False)
         self.added = tj.get("added_tokens") or []
-        norm = tj.get("normalizer")
-        assert norm is None or norm["type"] in ("NFC", "NFD", "NFKC", "NFKD")
-        self.form = norm["type"] if norm else None
+        self.normalizers = flatten(tj.get("normalizer"), "normalizers")
+        self.decoders = flatten(tj.get("decoder"), "decoders")
+        self.byte_fallback = model.get("byte_fallback", False)
+        self.unk = model.get("unk_token")
+        self.fuse_unk = model.get("fuse_unk", False)
         self.steps = flatten_steps(tj.get("pre_tokenizer"))
-        self.byte_level = any(kind == "bytelevel" for kind, _, _ in self.steps)
         self.prefix, self.suffix = [], []
         self._template(tj.get("post_processor"))
 
@@ -133,6 +193,39 @@ class Reference:
                 out.append((None, text[start:]))
         return out
 
+    def normalize(self, text):
+        for n in self.normalizers:
+            if n["type"] in ("NFC", "NFD", "NFKC", "NFKD"):
+                text = unicodedata.normalize(n["type"], text)
+            elif n["type"] == "Prepend":
+                text = n["prepend"] + text if text else text
+            elif n["type"] == "Replace":
+                text = text.replace(n["pattern"]["String"], n["content"])
+            else:
+                raise ValueError("unsupported normalizer " + n["type"])
+        return text
+
+    def symbols(self, piece):
+        """Characters of the piece as vocabulary entries: byte fallback, then <unk>, else dropped.
+        A pending <unk> is written when the next known character (or the end) comes, so byte
+        tokens met meanwhile precede it, as in HF's BPE."""
+        out, pending = [], None
+        for ch in piece:
+            if ch in self.vocab:
+                if pending:
+                    out.append(pending)
+                    pending = None
+                out.append(ch)
+            elif self.byte_fallback and all(f"<0x{b:02X}>" in self.vocab for b in ch.encode("utf-8")):
+                out.extend(f"<0x{b:02X}>" for b in ch.encode("utf-8"))
+            elif self.unk is not None:
+                if pending and not self.fuse_unk:
+                    out.append(pending)
+                pending = self.unk
+        if pending:
+            out.append(pending)
+        return out
+
     def pre_tokenize(self, text):
         pieces = [text]
         for kind, pattern, prefix in self.steps:
@@ -149,7 +242,7 @@ class Reference:
     def bpe(self, piece):
         if self.ignore_merges and piece in self.vocab:
             return [self.vocab[piece]]
-        word = list(piece)
+        word = self.symbols(piece)
         while len(word) > 1:
             pairs = [(word[i], word[i + 1]) for i in range(len(word) - 1)]
             best = min(pairs, key=lambda p: self.ranks.get(p, float("inf")))
@@ -164,12 +257,11 @@ class Reference:
                     merged.append(word[i])
                     i += 1
             word = merged
-        return [self.vocab[s] for s in word if s in self.vocab]
+        return [self.vocab[s] for s in word]
 
     def encode(self, text, add_special=True):
         segments = self.split_added([(None, text)], False)
-        if self.form:
-            segments = [(t, s if t is not None else unicodedata.normalize(self.form, s)) for t, s in segments]
+        segments = [(t, s if t is not None else self.normalize(s)) for t, s in segments]
         segments = self.split_added(segments, True)
         ids = list(self.prefix) if add_special else []
         for tid, seg in segments:
@@ -182,19 +274,18 @@ class Reference:
 
     def decode(self, ids, skip_special):
         added = {t["id"]: t for t in self.added}
-        data = b""
+        tokens = []
         for i in ids:
             if i in added:
-                if skip_special and added[i]["special"]:
-                    continue
-                tok = added[i]["content"]
+                if not (skip_special and added[i]["special"]):
+                    tokens.append(added[i]["content"])
             else:
-                tok = self.inverse[i]
-            if self.byte_level and all(c in CHAR_BYTE for c in tok):
-                data += bytes(CHAR_BYTE[c] for c in tok)
-            else:
-                data += tok.encode("utf-8")
-        return data.decode("utf-8", "replace")
+                tokens.append(self.inverse[i])
+        if not self.decoders:
+            return " ".join(tokens)
+        for d in self.decoders:
+            tokens = decode_step(d, tokens)
+        return "".join(tokens)
 
 
 def main():

@@ -45,6 +45,19 @@ TEST(BpeFixtures, Gpt2LayoutMatchesReference) { expect_fixture_matches_reference
 TEST(BpeFixtures, Llama3LayoutMatchesReference) { expect_fixture_matches_reference("llama3_bpe"); }
 TEST(BpeFixtures, Qwen2LayoutMatchesReference) { expect_fixture_matches_reference("qwen2_bpe"); }
 
+TEST(BpeFixtures, Llama2JsonFormMatchesReference) { expect_fixture_matches_reference("llama2_bpe"); }
+
+TEST(BpeFixtures, Llama2JsonFormGivesSentencePiecesIds) {
+  // llama2_bpe.json is sentencepiece_bpe.model converted as transformers converts Llama-2's; its
+  // ids must be python3-sentencepiece's (BOS first) and its text SentencePiece's once <s> is skipped.
+  const BpeTokenizer tok = BpeTokenizer::load(kFixtures + "/llama2_bpe.json");
+  for (const json& c : read_json(kFixtures + "/sentencepiece_bpe_expected.json")) {
+    const auto ids = tok.encode(c["text"].get<std::string>());
+    EXPECT_EQ(ids, c["ids"].get<std::vector<int64_t>>()) << c["text"];
+    EXPECT_EQ(tok.decode(ids, true), c["decoded"].get<std::string>()) << c["text"];
+  }
+}
+
 TEST(BpeFixtures, Qwen2NormalizesToNfcBeforeSplitting) {
   const BpeTokenizer tok = BpeTokenizer::load(kFixtures + "/qwen2_bpe.json");
   // "e" + U+0301 (combining acute) and the precomposed U+00E9 are one text after NFC.
