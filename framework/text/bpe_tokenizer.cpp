@@ -128,13 +128,14 @@ std::vector<int64_t> BpeTokenizer::encode(const std::string& text, bool add_spec
   segments = added_.split(std::move(segments), true);
   std::vector<int64_t> ids;
   if (add_special_tokens) ids = prefix_ids_;
-  for (const Segment& s : segments) {
+  for (size_t i = 0; i < segments.size(); ++i) {
+    const Segment& s = segments[i];
     if (s.id) {
       ids.push_back(*s.id);
       continue;
     }
     if (s.text.empty()) continue;
-    for (const std::string& piece : pre_tokenizer_.pre_tokenize(s.text)) model_.tokenize(piece, ids);
+    for (const std::string& piece : pre_tokenizer_.pre_tokenize(s.text, i == 0)) model_.tokenize(piece, ids);
   }
   if (add_special_tokens) ids.insert(ids.end(), suffix_ids_.begin(), suffix_ids_.end());
   return ids;

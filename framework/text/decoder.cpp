@@ -107,9 +107,17 @@ void Decoder::add_step(const json& step, const std::string& key, const std::stri
                where, ": ", key, ".content must be a character");
     steps_.push_back({Kind::kStrip, "", step["content"].get<std::string>(), count_field(step, "start", key, where),
                       count_field(step, "stop", key, where)});
+  } else if (type == "Metaspace") {
+    QF_REQUIRE(step.contains("replacement") && step["replacement"].is_string() &&
+                   !step["replacement"].get<std::string>().empty(),
+               where, ": ", key, ".replacement must be a character");
+    // Prefixed unless the scheme is "never" (or add_prefix_space false in files before tokenizers 0.19).
+    const bool prefixed = step.contains("prepend_scheme") ? step["prepend_scheme"] != "never"
+                                                          : !step.contains("add_prefix_space") || step["add_prefix_space"] == true;
+    steps_.push_back({Kind::kMetaspace, step["replacement"].get<std::string>(), prefixed ? "prefixed" : "", 0, 0});
   } else {
     throw Error(detail::str_cat(where, ": ", key, ".type ", step.is_object() && step.contains("type") ? step["type"].dump() : "(none)",
-                                " is not supported (qforge reads ByteLevel, Replace, ByteFallback, Fuse, Strip, Sequence and null)"));
+                                " is not supported (qforge reads ByteLevel, Replace, ByteFallback, Fuse, Strip, Metaspace, Sequence and null)"));
   }
 }
 
@@ -134,6 +142,10 @@ std::string Decoder::decode(std::vector<std::string> tokens) const {
       tokens = {step.kind == Kind::kByteLevel ? utf8_lossy(all) : all};
     } else if (step.kind == Kind::kByteFallback) {
       tokens = byte_fallback(tokens);
+    } else if (step.kind == Kind::kMetaspace) {
+      // HF drops every replacement of the first token when prefixed, and spaces all others.
+      for (size_t i = 0; i < tokens.size(); ++i)
+        tokens[i] = replace_all(tokens[i], step.pattern, i == 0 && !step.content.empty() ? "" : " ");
     } else {
       for (std::string& t : tokens)
         t = step.kind == Kind::kReplace ? replace_all(t, step.pattern, step.content)

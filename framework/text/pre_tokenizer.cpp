@@ -67,11 +67,52 @@ void PreTokenizer::add_step(const json& step, const std::string& key, const std:
     QF_REQUIRE(pattern.size() == 1 && (regex || literal), where, ": ", key,
                ".pattern must be {\"Regex\": \"...\"} or {\"String\": \"...\"}");
     s.regex.emplace(pattern[regex ? "Regex" : "String"].get<std::string>(), literal, where + ": " + key + ".pattern");
+  } else if (type == "Metaspace") {
+    s = metaspace_step(step, key, where);
   } else {
     throw Error(detail::str_cat(where, ": ", key, ".type ", step["type"].dump(),
-                                " is not supported (qforge reads ByteLevel, Split and Sequence pre-tokenizers)"));
+                                " is not supported (qforge reads ByteLevel, Split, Metaspace and Sequence pre-tokenizers)"));
   }
   steps_.push_back(std::move(s));
+}
+
+PreTokenizer::Step PreTokenizer::metaspace_step(const json& step, const std::string& key, const std::string& where) {
+  require_keys(step, {"type", "replacement", "str_rep", "add_prefix_space", "prepend_scheme", "split"}, key, where);
+  Step s;
+  QF_REQUIRE(step.contains("replacement") && step["replacement"].is_string() &&
+                 !step["replacement"].get<std::string>().empty(),
+             where, ": ", key, ".replacement must be a character");
+  s.replacement = step["replacement"].get<std::string>();
+  s.split = bool_field(step, "split", true, key, where);
+  // tokenizers < 0.19 wrote add_prefix_space; later files prepend_scheme.
+  s.prepend = bool_field(step, "add_prefix_space", true, key, where) ? Prepend::kAlways : Prepend::kNever;
+  if (step.contains("prepend_scheme")) {
+    const json& scheme = step["prepend_scheme"];
+    QF_REQUIRE(scheme == "always" || scheme == "first" || scheme == "never", where, ": ", key,
+               ".prepend_scheme must be \"always\", \"first\" or \"never\" (found ", scheme.dump(), ")");
+    s.prepend = scheme == "always" ? Prepend::kAlways : scheme == "first" ? Prepend::kFirst : Prepend::kNever;
+  }
+  return s;
+}
+
+// Spaces become the replacement, the prefix is added where the scheme says, and with `split` the
+// piece is cut before every replacement (HF's MergedWithNext).
+void PreTokenizer::metaspace(const Step& step, std::string piece, bool first, std::vector<std::string>& out) {
+  const std::string& r = step.replacement;
+  std::string text;
+  for (const char c : piece) text += c == ' ' ? r : std::string(1, c);
+  const bool prepend = step.prepend == Prepend::kAlways || (step.prepend == Prepend::kFirst && first);
+  if (prepend && text.compare(0, r.size(), r) != 0) text = r + text;
+  if (!step.split) {
+    if (!text.empty()) out.push_back(std::move(text));
+    return;
+  }
+  size_t begin = 0;
+  for (size_t at = text.find(r, 1); at != std::string::npos; at = text.find(r, at + r.size())) {
+    if (at > begin) out.push_back(text.substr(begin, at - begin));
+    begin = at;
+  }
+  if (begin < text.size()) out.push_back(text.substr(begin));
 }
 
 PreTokenizer PreTokenizer::parse(const json& pre_tokenizer, const std::string& where) {
@@ -86,11 +127,16 @@ bool PreTokenizer::is_byte_level() const {
   return false;
 }
 
-std::vector<std::string> PreTokenizer::pre_tokenize(const std::string& segment) const {
+std::vector<std::string> PreTokenizer::pre_tokenize(const std::string& segment, bool at_start) const {
   std::vector<std::string> pieces{segment};
   for (const Step& step : steps_) {
     std::vector<std::string> out;
-    for (std::string& piece : pieces) {
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      std::string& piece = pieces[i];
+      if (!step.replacement.empty()) {
+        metaspace(step, std::move(piece), at_start && i == 0, out);
+        continue;
+      }
       // HF prepends the space to every segment between added tokens, not only the first.
       if (step.add_prefix_space && (piece.empty() || piece[0] != ' ')) piece.insert(piece.begin(), ' ');
       if (step.regex) {

@@ -56,7 +56,11 @@ std::vector<ByteRange> RegexSplitter::split_isolated(const std::string& text) co
   const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
   size_t gap_begin = 0, start = 0;
   while (start <= text.size()) {
-    const int rc = pcre2_match(code_->code, subject, text.size(), start, PCRE2_NO_UTF_CHECK, match.data, nullptr);
+    int rc = pcre2_match(code_->code, subject, text.size(), start, PCRE2_NO_UTF_CHECK, match.data, nullptr);
+    // The JIT's fixed stack can overflow on very long runs; the interpreter's heap frames do not.
+    if (rc == PCRE2_ERROR_JIT_STACKLIMIT)
+      rc = pcre2_match(code_->code, subject, text.size(), start, PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT, match.data,
+                       nullptr);
     if (rc == PCRE2_ERROR_NOMATCH) break;
     QF_REQUIRE(rc >= 0, "framework/text: regex match failed: ", pcre2_message(rc), " (pattern ", pattern_, ")");
     const PCRE2_SIZE* ovector = pcre2_get_ovector_pointer(match.data);

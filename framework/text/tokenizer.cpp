@@ -29,7 +29,7 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path) {
   try {
     return load_file(json);
   } catch (const Error& e) {
-    // Some Mistral folders carry a tokenizer.json form qforge refuses (Metaspace) beside the model.
+    // A folder may carry a tokenizer.json form qforge refuses beside the model it reads.
     if (!has_model) throw;
     try {
       return load_file(model);

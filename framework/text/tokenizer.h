@@ -31,8 +31,7 @@ class Tokenizer {
 
 // `path`: a tokenizer.json, a SentencePiece .model, or a folder holding either: its tokenizer.json
 // (preferred, as transformers' fast tokenizers do), or its tokenizer.model when there is no
-// tokenizer.json or qforge refuses it (newer Mistral folders' Metaspace form). Errors name the
-// path and what was expected.
+// tokenizer.json or qforge refuses it. Errors name the path and what was expected.
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path);
 
 }  // namespace qforge::text

@@ -84,6 +84,9 @@ def decode_step(d, tokens):
         return [data.decode("utf-8", "replace")]
     if kind == "Replace":
         return [t.replace(d["pattern"]["String"], d["content"]) for t in tokens]
+    if kind == "Metaspace":
+        prefixed = d.get("prepend_scheme", "always" if d.get("add_prefix_space", True) else "never") != "never"
+        return [t.replace(d["replacement"], "" if i == 0 and prefixed else " ") for i, t in enumerate(tokens)]
     if kind == "Fuse":
         return ["".join(tokens)]
     if kind == "Strip":
@@ -131,6 +134,9 @@ def flatten_steps(pre):
         pat = pre["pattern"]
         compiled = regex.compile(pat["Regex"]) if "Regex" in pat else regex.compile(regex.escape(pat["String"]))
         return [("split", compiled, False)]
+    if pre["type"] == "Metaspace":
+        scheme = pre.get("prepend_scheme", "always" if pre.get("add_prefix_space", True) else "never")
+        return [("metaspace", (pre["replacement"], pre.get("split", True)), scheme)]
     raise ValueError("unsupported pre-tokenizer " + pre["type"])
 
 
@@ -226,11 +232,22 @@ class Reference:
             out.append(pending)
         return out
 
-    def pre_tokenize(self, text):
+    def pre_tokenize(self, text, at_start):
         pieces = [text]
         for kind, pattern, prefix in self.steps:
             nxt = []
-            for p in pieces:
+            for index, p in enumerate(pieces):
+                if kind == "metaspace":
+                    rep, split = pattern
+                    p = p.replace(" ", rep)
+                    if (prefix == "always" or (prefix == "first" and at_start and index == 0)) and not p.startswith(rep):
+                        p = rep + p
+                    if not split:
+                        nxt.extend([p] if p else [])
+                        continue
+                    cuts = [i for i in range(1, len(p)) if p[i] == rep]  # a new piece before each replacement
+                    nxt.extend(p[a:b] for a, b in zip([0] + cuts, cuts + [len(p)]) if b > a)
+                    continue
                 if prefix and not p.startswith(" "):
                     p = " " + p
                 nxt.extend(isolated(pattern, p) if pattern is not None else [p])
@@ -264,11 +281,11 @@ class Reference:
         segments = [(t, s if t is not None else self.normalize(s)) for t, s in segments]
         segments = self.split_added(segments, True)
         ids = list(self.prefix) if add_special else []
-        for tid, seg in segments:
+        for index, (tid, seg) in enumerate(segments):
             if tid is not None:
                 ids.append(tid)
-            else:
-                for piece in self.pre_tokenize(seg):
+            elif seg:
+                for piece in self.pre_tokenize(seg, index == 0):
                     ids.extend(self.bpe(piece))
         return ids + (self.suffix if add_special else [])
 

@@ -56,7 +56,13 @@ TEST(BpeRefusal, ForeignSectionsNameTheirKey) {
                  j["pre_tokenizer"] = {{"type", "Split"}, {"pattern", {{"Regex", "(?<bad"}}}, {"behavior", "Isolated"}};
                }),
                "pre_tokenizer.pattern");
+  expect_names(refusal([](json& j) {
+                 j["pre_tokenizer"] = {{"type", "Metaspace"}, {"replacement", "_"}, {"prepend_scheme", "sometimes"}};
+               }),
+               "pre_tokenizer.prepend_scheme");
   expect_names(refusal([](json& j) { j["decoder"] = {{"type", "WordPiece"}}; }), "decoder.type");
+  expect_names(refusal([](json& j) { j["decoder"] = {{"type", "Sequence"}, {"decoders", {{{"type", "CTC"}}}}}; }),
+               "decoder.decoders[0].type");
   expect_names(refusal([](json& j) { j["post_processor"] = {{"type", "RobertaProcessing"}}; }), "post_processor.type");
   expect_names(refusal([](json& j) { j["truncation"] = {{"max_length", 8}}; }), "truncation");
   expect_names(refusal([](json& j) { j["added_tokens"][0]["single_word"] = true; }), "added_tokens[0].single_word");

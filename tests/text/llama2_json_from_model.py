@@ -5,7 +5,10 @@ piece into two pieces ordered by the merged piece's score, byte fallback, fused 
 Prepend / Replace normalizer and the Replace / ByteFallback / Fuse / Strip decoder, <s> added by
 the template. Reads the model with python3-sentencepiece.
 
-Usage: llama2_json_from_model.py MODEL OUT_JSON
+With --metaspace, the form transformers writes for legacy=False tokenizers: no normalizer and a
+Metaspace pre-tokenizer that prefixes "▁" only at the start of the text.
+
+Usage: llama2_json_from_model.py MODEL OUT_JSON [--metaspace]
 """
 import json
 import sys
@@ -44,6 +47,10 @@ def main():
                   "end_of_word_suffix": None, "fuse_unk": True, "byte_fallback": True, "ignore_merges": False,
                   "vocab": vocab, "merges": [f"{a} {b}" for a, b, _ in scored]},
     }
+    if "--metaspace" in sys.argv:
+        tokenizer["normalizer"] = None
+        tokenizer["pre_tokenizer"] = {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "first",
+                                      "split": False}
     with open(sys.argv[2], "w", encoding="utf-8") as f:
         json.dump(tokenizer, f, ensure_ascii=False, indent=1)
         f.write("\n")

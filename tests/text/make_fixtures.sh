@@ -34,8 +34,9 @@ head -n 4000 /usr/share/dict/american-english >> "$tmp/words"
 cp "$tmp/sp.model" $out/sentencepiece_bpe.model
 # The same model in Llama-2's tokenizer.json form (transformers' LlamaConverter rules).
 /usr/bin/python3 tests/text/llama2_json_from_model.py $out/sentencepiece_bpe.model $out/llama2_bpe.json
+/usr/bin/python3 tests/text/llama2_json_from_model.py $out/sentencepiece_bpe.model $out/llama2_metaspace.json --metaspace
 
-for name in gpt2_bpe llama3_bpe qwen2_bpe llama2_bpe; do
+for name in gpt2_bpe llama3_bpe qwen2_bpe llama2_bpe llama2_metaspace; do
   /usr/bin/python3 tests/text/bpe_reference.py expected $out/$name.json $out/hard_strings.json $out/${name}_expected.json
 done
 /usr/bin/python3 tests/text/sentencepiece_reference.py $out/sentencepiece_bpe.model $out/hard_strings.json \
