@@ -47,6 +47,7 @@ const std::map<std::string, std::set<std::string>>& allowed() {
     m["kernels"] = {"framework/core"};
     m["framework/data"] = {"framework/core"};
     m["framework/format"] = {"framework/core"};
+    m["framework/text"] = {"framework/core", "framework/format"};
     m["framework/api"] = lower;
     m["framework/io"] = with({"framework/api", "framework/format"});
     m["framework/train"] = with({"framework/api", "framework/data"});
