@@ -9,6 +9,7 @@ set(QFORGE_UMBRELLA_HEADERS
   framework/core/qtype.h
   framework/io/model_io.h
   framework/nn/conv.h
+  framework/nn/convert.h
   framework/nn/embedding.h
   framework/nn/layer_norm.h
   framework/nn/linear.h
@@ -38,6 +39,7 @@ set(QFORGE_PUBLIC_HEADERS
   framework/models/state_dict.h
   framework/api/module_like.h
   framework/nn/batch_norm.h
+  framework/nn/conv_bn_fold.h
   framework/nn/packed_weight.h
   framework/nn/quantizable.h
   framework/nn/twin.h
