@@ -10,6 +10,8 @@
 #include <sstream>
 
 #include "framework/core/error.h"
+#include "framework/nn/conv.h"
+#include "framework/nn/convert.h"
 #include "framework/nn/rpq.h"
 
 namespace qforge {
@@ -17,6 +19,55 @@ namespace qforge {
 namespace {
 
 std::string display_name(const std::string& path) { return path.empty() ? "(root)" : path; }
+
+// The error quantize() gives for plain LibTorch layers: each with where it sits and its way out.
+std::string float_layers_error(const torch::nn::Module& model, const std::vector<PlainLayer>& plain) {
+  const nn::ConvertReport plan = nn::convert_plan(model);
+  std::map<std::string, std::string> hint;
+  for (const auto& e : plan.converted) hint[e.path] = "inside a Sequential: qforge::nn::convert(model) replaces it";
+  for (const auto& e : plan.kept) hint[e.path] = e.note;
+  std::string all;
+  for (const PlainLayer& p : plain) {
+    const auto h = hint.find(p.path);
+    all += "\n  " + display_name(p.path) + " (torch::nn::" + p.type + "): " +
+           (h != hint.end() ? h->second : "use qforge::nn::" + p.type);
+  }
+  return "quantize: " + std::to_string(plain.size()) +
+         " LibTorch layer(s) have no quantizers and would stay float while the model looks quantized:" + all +
+         "\nWays out: (1) qforge layers: declare qforge::nn::Linear, Conv1d, Conv2d, Embedding, LayerNorm (same options, "
+         "parameter names and float forward as their torch::nn twins), or run qforge::nn::convert(model) to replace "
+         "the layers inside Sequentials; (2) TorchScript: script or trace the model in PyTorch and bring the file "
+         "(README, \"Your own model\"). Scheme::allow_float_layers = true keeps them float with a warning instead.";
+}
+
+// A torch::nn::BatchNorm2d registered right after a qforge Conv2d (a Sequential's next item, or the
+// next member of a module). The conv quantizes; the BatchNorm stays a float op after it unless folded.
+struct BatchNormAfterConv {
+  std::string path;
+  const torch::nn::Module* bn;
+  const nn::Conv2dImpl* conv;
+};
+std::vector<BatchNormAfterConv> batch_norms_after_convs(const torch::nn::Module& model) {
+  std::vector<BatchNormAfterConv> out;
+  std::vector<std::pair<std::string, const torch::nn::Module*>> modules{{std::string(), &model}};
+  for (const auto& item : model.named_modules("", /*include_self=*/false)) modules.emplace_back(item.key(), item.value().get());
+  for (const auto& [path, m] : modules) {
+    const auto children = m->named_children();
+    for (size_t i = 0; i + 1 < children.size(); ++i) {
+      const auto* conv = dynamic_cast<const nn::Conv2dImpl*>(children[i].value().get());
+      const torch::nn::Module* bn = children[i + 1].value().get();
+      if (conv && dynamic_cast<const torch::nn::BatchNorm2dImpl*>(bn))
+        out.push_back({path.empty() ? children[i + 1].key() : path + "." + children[i + 1].key(), bn, conv});
+    }
+  }
+  return out;
+}
+
+std::string batch_norm_reason(const std::string& conv_path) {
+  return "torch::nn::BatchNorm2d after the quantized Conv2d '" + conv_path +
+         "' stays a float op: fold it into the conv before quantize() (qforge::nn::fold_conv_bn; qforge::nn::convert "
+         "folds Sequential pairs in eval mode) so freeze() runs one integer convolution";
+}
 
 }  // namespace
 
@@ -39,11 +90,7 @@ QuantizeReport quantize(torch::nn::Module& model, const Scheme& scheme) {
     plan.push_back({&layer, QuantizeReport::Entry{path, layer.layer_type(), *ls, rule, note}});
   });
   const std::vector<PlainLayer> plain = plain_libtorch_layers(model);
-  if (scheme.strict && !plain.empty()) {
-    std::string all;
-    for (const PlainLayer& p : plain) all += "\n  " + display_name(p.path) + ": " + p.reason();
-    throw Error("quantize (strict): " + std::to_string(plain.size()) + " LibTorch layer(s) cannot be quantized:" + all);
-  }
+  if (!scheme.allow_float_layers && !plain.empty()) throw Error(float_layers_error(model, plain));
   for (const PlainLayer& p : plain) {
     report.warnings.push_back(display_name(p.path) + ": " + p.reason());
     report.kept_float.push_back(display_name(p.path));
@@ -52,11 +99,16 @@ QuantizeReport quantize(torch::nn::Module& model, const Scheme& scheme) {
     if (!rule_used[i])
       report.warnings.push_back("rule " + std::to_string(i) + " (pattern '" + scheme.rules[i].pattern +
                                 "') matched no layer");
+  for (const BatchNormAfterConv& b : batch_norms_after_convs(model)) {
+    const auto it = std::find_if(plan.begin(), plan.end(), [&](const auto& p) { return p.first == b.conv; });
+    if (it != plan.end()) report.notes.push_back(b.path + ": " + batch_norm_reason(display_name(it->second.path)));
+  }
   for (auto& [layer, entry] : plan) {
     layer->attach(entry.path, entry.scheme);
     report.quantized.push_back(std::move(entry));
   }
   for (const std::string& w : report.warnings) std::fprintf(stderr, "qforge: warning: %s\n", w.c_str());
+  for (const std::string& n : report.notes) std::fprintf(stderr, "qforge: note: %s\n", n.c_str());
   return report;
 }
 
@@ -134,11 +186,19 @@ void QatController::apply() {
 void freeze(torch::nn::Module& model) {
   std::vector<QuantizableLayer*> layers;
   std::vector<std::string> missing;
+  bool any_quantized = false;
   for_each_quantizable(model, [&](const std::string& path, QuantizableLayer& layer) {
+    any_quantized |= layer.quantized();
     if (!layer.quantized() || layer.frozen()) return;
     for (const std::string& n : layer.uncalibrated()) missing.push_back(n);
     layers.push_back(&layer);
   });
+  if (!any_quantized) {
+    const size_t plain = plain_libtorch_layers(model).size();
+    throw Error("freeze: nothing to freeze: no layer of the model is quantized (run qforge::quantize first" +
+                (plain ? "; its " + std::to_string(plain) + " LibTorch layer(s) have no quantizers, see qforge::nn::convert" : std::string()) +
+                ")");
+  }
   if (!missing.empty()) {
     std::string names;
     for (const auto& n : missing) names += (names.empty() ? "" : ", ") + n;
@@ -218,6 +278,18 @@ std::vector<LayerReport> layer_reports(const torch::nn::Module& model, bool plan
     if (r.kernel.rfind("rpq_expand", 0) == 0) r.fallback_reason = "the weight is expanded from the codebooks per call";
     r.bytes = rpq->storage_bytes();
     rows.emplace_back(item.key(), std::move(r));
+    extra = true;
+  }
+  for (const BatchNormAfterConv& b : batch_norms_after_convs(model)) {
+    if (!b.conv->quantized()) continue;
+    LayerReport r;
+    r.name = b.path;
+    r.type = "torch::nn::BatchNorm2d";
+    r.weights = r.activations = r.kernel = "float";
+    r.fallback_reason = batch_norm_reason(display_name(b.conv->path()));
+    for (const auto& t : b.bn->named_parameters(/*recurse=*/false)) r.bytes += t.value().nbytes();
+    for (const auto& t : b.bn->named_buffers(/*recurse=*/false)) r.bytes += t.value().nbytes();
+    rows.emplace_back(b.path, std::move(r));
     extra = true;
   }
   const std::vector<PlainLayer> plain = plain_libtorch_layers(model);

@@ -27,10 +27,15 @@ struct QuantizeReport {
   std::vector<Entry> quantized;
   std::vector<std::string> kept_float;  // qforge layers a keep-float rule (or the scheme) left alone
   std::vector<std::string> warnings;    // rules that matched nothing, adjustments
+  // Float ops worth knowing about: a torch::nn::BatchNorm2d after a quantized Conv2d (fold it).
+  std::vector<std::string> notes;
 };
 
 // Walks named_modules(), attaches quantizers to every qforge layer the scheme selects (replacing
-// earlier ones: quantizing twice replaces the scheme). Warnings go to the report and to stderr.
+// earlier ones: quantizing twice replaces the scheme). Warnings and notes go to the report and to
+// stderr. A model holding plain LibTorch layers with a qforge twin (torch::nn::Linear, Conv1d,
+// Conv2d, Embedding, LayerNorm) is refused with one error listing each (path, type, the way out),
+// nothing attached; Scheme::allow_float_layers keeps them float with a warning each instead.
 QuantizeReport quantize(torch::nn::Module& model, const Scheme& scheme);
 template <class Holder, class = ModuleLike<Holder>>
 QuantizeReport quantize(Holder& model, const Scheme& scheme) {
@@ -80,7 +85,8 @@ class QatController {
 };
 
 // Packs every quantized layer. Checks first, changes nothing on error: static activations never
-// calibrated are listed by name in the error.
+// calibrated are listed by name in the error; a model with no quantized layer at all is an error
+// (nothing would shrink). Freezing a model already frozen does nothing.
 void freeze(torch::nn::Module& model);
 template <class Holder, class = ModuleLike<Holder>>
 void freeze(Holder& model) {

@@ -402,4 +402,10 @@ at::Tensor QuantizerImpl::forward(const at::Tensor& x) {
   return role_ == Role::kWeight ? weight_forward(x) : activation_forward(x);
 }
 
+void QuantizerImpl::save(torch::serialize::OutputArchive&) const {
+  throw Error("torch::save: '" + path_ + "' is a qforge quantizer, which LibTorch's archive cannot hold (the model "
+              "would load back float, or not at all once frozen): save quantized and frozen models with "
+              "qforge::io::save_model(model, path) and load them with qforge::io::load_model");
+}
+
 }  // namespace qforge

@@ -91,6 +91,11 @@ class QuantizerImpl : public torch::nn::Module {
   ActivationMode mode() const { return mode_; }
   const QuantizerConfig& config() const { return config_; }
   const std::string& path() const { return path_; }
+
+  // torch::save reaches every submodule through Module::save, and LibTorch's archive would keep
+  // only the float tensors (a calibrated model loads back float, a frozen one not at all): it
+  // throws instead, naming qforge::io::save_model, before anything is written.
+  void save(torch::serialize::OutputArchive& archive) const override;
   Observer* observer() { return observer_.get(); }
   const Observer* observer() const { return observer_.get(); }
 

@@ -36,9 +36,10 @@ struct Scheme {
   ObserverOptions observer_options;
   bool activation_lsq = false;
   std::vector<LayerRule> rules;
-  // quantize() refuses models holding LibTorch layers that have a qforge twin (plain
-  // torch::nn::Linear, ...), instead of warning and leaving them float.
-  bool strict = false;
+  // quantize() refuses a model holding LibTorch layers that have a qforge twin (plain
+  // torch::nn::Linear, Conv1d/2d, Embedding, LayerNorm), listing every one: they would stay
+  // float while the model looks quantized. true keeps them float with a warning each instead.
+  bool allow_float_layers = false;
 
   Scheme() = default;
   // quantize(model, qint8): int8 per-channel symmetric weights, float activations. 4-bit and

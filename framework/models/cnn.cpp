@@ -5,37 +5,9 @@
 
 #include "framework/core/error.h"
 #include "framework/nn/batch_norm.h"
+#include "framework/nn/conv_bn_fold.h"
 
 namespace qforge::models {
-
-nn::Conv2d fold_conv_bn(const nn::Conv2d& conv, const torch::nn::BatchNorm2d& bn) {
-  QF_REQUIRE(!conv->quantized(), "models/cnn: fold BatchNorm before quantize(): conv '", conv->path(),
-             "' already has quantizers");
-  const auto& bo = bn->options;
-  QF_REQUIRE(bo.num_features() == conv->options.out_channels(), "models/cnn: BatchNorm2d has ", bo.num_features(),
-             " features, conv has ", conv->options.out_channels(), " output channels");
-  QF_REQUIRE(bo.track_running_stats(), "models/cnn: folding needs BatchNorm running statistics");
-  const auto& co = conv->options;
-  nn::Conv2d folded(torch::nn::Conv2dOptions(co.in_channels(), co.out_channels(), co.kernel_size())
-                        .stride(co.stride())
-                        .padding(co.padding())
-                        .dilation(co.dilation())
-                        .groups(co.groups())
-                        .padding_mode(co.padding_mode())
-                        .bias(true));
-  at::NoGradGuard no_grad;
-  const at::Tensor inv_std = at::rsqrt(bn->running_var + bo.eps());
-  const at::Tensor gamma = bo.affine() ? bn->weight : at::ones_like(inv_std);
-  const at::Tensor beta = bo.affine() ? bn->bias : at::zeros_like(inv_std);
-  const at::Tensor scale = gamma * inv_std;
-  const at::Tensor b = conv->bias.defined() ? conv->bias : at::zeros_like(scale);
-  std::vector<int64_t> bshape(conv->weight.dim(), 1);
-  bshape[0] = -1;
-  folded->weight.copy_(conv->weight * scale.reshape(bshape));
-  folded->bias.copy_((b - bn->running_mean) * scale + beta);
-  folded->to(conv->weight.device());
-  return folded;
-}
 
 ConvBnReluImpl::ConvBnReluImpl(int64_t in, int64_t out) : in_channels(in), out_channels(out) { reset(); }
 
@@ -53,7 +25,7 @@ at::Tensor ConvBnReluImpl::forward(const at::Tensor& x) {
 
 void ConvBnReluImpl::fold_batch_norm() {
   if (!bn) return;
-  conv = replace_module("conv", fold_conv_bn(conv, bn));
+  conv = replace_module("conv", nn::fold_conv_bn(conv, bn));
   unregister_module("bn");
   bn = nullptr;
 }

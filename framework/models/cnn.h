@@ -1,5 +1,5 @@
 // A small CNN for 28x28 grey images (Fashion-MNIST) made of conv-BN-ReLU blocks of qforge
-// Conv2d, and conv+BN folding for QAT / freeze.
+// Conv2d, folded for freeze by nn::fold_conv_bn (framework/nn/conv_bn_fold.h).
 //   blocks.i: ConvBnRelu (conv 3x3 pad 1 -> BatchNorm2d -> ReLU), 2x2 max-pool after each block
 //   fc1 (qforge Linear) -> ReLU -> dropout -> fc2 (qforge Linear) -> logits
 // Parameter names: blocks.0.conv.weight, blocks.0.bn.{weight,bias,running_mean,running_var}, fc1.*, fc2.*
@@ -18,17 +18,12 @@
 
 namespace qforge::models {
 
-// Returns a new qforge Conv2d (with bias) computing conv followed by `bn` in eval mode:
-// w' = w * gamma / sqrt(var + eps) per output channel, b' = (b - mean) * gamma / sqrt(var + eps) + beta.
-// Throws if `conv` is already quantized (fold first, then quantize) or shapes disagree.
-nn::Conv2d fold_conv_bn(const nn::Conv2d& conv, const torch::nn::BatchNorm2d& bn);
-
 class ConvBnReluImpl : public torch::nn::Cloneable<ConvBnReluImpl> {
  public:
   ConvBnReluImpl(int64_t in_channels, int64_t out_channels);
   void reset() override;
   at::Tensor forward(const at::Tensor& x);
-  // Replaces conv by its BN-folded twin and removes bn (forward is then conv -> ReLU).
+  // Replaces conv by nn::fold_conv_bn(conv, bn) and removes bn (forward is then conv -> ReLU).
   void fold_batch_norm();
   bool folded() const { return !bn; }
 

@@ -127,26 +127,12 @@ at::Tensor ConvQuantState::integer_forward(const at::Tensor& x, const at::Tensor
   return packed_->forward(x, in);
 }
 
-namespace {
-// ConvOptions<D> from the ConvNdOptions<D> a convolution keeps.
-template <size_t D>
-torch::nn::ConvOptions<D> conv_options(const torch::nn::detail::ConvNdOptions<D>& o) {
-  return torch::nn::ConvOptions<D>(o.in_channels(), o.out_channels(), o.kernel_size())
-      .stride(o.stride())
-      .padding(o.padding())
-      .dilation(o.dilation())
-      .groups(o.groups())
-      .bias(o.bias())
-      .padding_mode(o.padding_mode());
-}
-}  // namespace
-
 // A fresh convolution of the same type and options holding copies of the float parameters.
 template <class Impl, size_t D>
 std::shared_ptr<QuantizableLayer> conv_float_copy(const torch::nn::detail::ConvNdOptions<D>& options,
                                                   const at::Tensor& weight, const at::Tensor& bias) {
   RngStateGuard rng;
-  auto c = std::make_shared<Impl>(conv_options<D>(options));
+  auto c = std::make_shared<Impl>(conv_options_of<D>(options));
   copy_float_parameters(c->weight, weight, &c->bias, &bias);
   return c;
 }

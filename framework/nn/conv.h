@@ -50,6 +50,19 @@ class ConvQuantState : public QuantizableLayer {
 template <size_t D>
 ConvShape conv_shape_of(const torch::nn::detail::ConvNdOptions<D>& options);
 
+// The construction options of a convolution from the options it keeps (LibTorch's Conv1d/2d and
+// the qforge twins alike): a copy, a converted or a folded layer gets the same geometry.
+template <size_t D>
+torch::nn::ConvOptions<D> conv_options_of(const torch::nn::detail::ConvNdOptions<D>& o) {
+  return torch::nn::ConvOptions<D>(o.in_channels(), o.out_channels(), o.kernel_size())
+      .stride(o.stride())
+      .padding(o.padding())
+      .dilation(o.dilation())
+      .groups(o.groups())
+      .bias(o.bias())
+      .padding_mode(o.padding_mode());
+}
+
 // What Conv1d and Conv2d share over their LibTorch twin (Twin, D spatial dimensions).
 template <class Twin, size_t D>
 class ConvLayerImpl : QFORGE_TWIN_BASE(Twin), public ConvQuantState {

@@ -152,9 +152,9 @@ class QuantizableLayer {
 std::vector<std::pair<std::string, QuantizableLayer*>> quantizable_layers(const torch::nn::Module& model);
 
 // LibTorch layers with a qforge twin (torch::nn::Linear, Conv1d/2d, Embedding, LayerNorm) found
-// in `model`, in named_modules() order. They cannot be swapped in place (LibTorch calls typed
-// members statically), so quantize() warns about each (or refuses, Scheme::strict) and
-// describe() lists them as float with reason().
+// in `model`, in named_modules() order. Members cannot be swapped in place (LibTorch calls typed
+// members statically; nn::convert swaps those inside Sequentials), so quantize() refuses them
+// (or warns with reason(), Scheme::allow_float_layers) and describe() lists them as float.
 struct PlainLayer {
   std::string path;
   std::string type;  // "Linear", "Conv2d", ...

@@ -276,20 +276,20 @@ TEST(Quantize, PlainLibTorchLayersAreNamedNotSkippedSilently) {
     torch::nn::Linear b;
     nn::Linear c;
   };
-  // strict: refused, nothing attached.
+  // Default: refused, naming it, nothing attached.
   Net strict_net;
-  Scheme strict(qint8);
-  strict.strict = true;
   try {
-    quantize(strict_net, strict);
+    quantize(strict_net, qint8);
     ADD_FAILURE() << "expected an Error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("b: torch::nn::Linear is a LibTorch layer"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("b (torch::nn::Linear): a member of"), std::string::npos) << e.what();
   }
   EXPECT_FALSE(strict_net.a->quantized());
-  // Default: a warning naming it, and describe() lists it float, in model order, with the reason.
+  // allow_float_layers: a warning naming it, and describe() lists it float, in model order, with the reason.
   Net net;
-  const QuantizeReport rep = quantize(net, qint8);
+  Scheme allow(qint8);
+  allow.allow_float_layers = true;
+  const QuantizeReport rep = quantize(net, allow);
   ASSERT_EQ(rep.warnings.size(), 1u);
   EXPECT_EQ(rep.warnings[0], "b: torch::nn::Linear is a LibTorch layer, not a qforge layer: it stays float "
                              "(use qforge::nn::Linear)");
