@@ -366,22 +366,27 @@ int main(int argc, char** argv) {
   errors->add_option("--top", errors_top, "show only the N worst layers (0: all)")->check(CLI::NonNegativeNumber);
 
   CLI11_PARSE(app, argc, argv);
+  if (diff->parsed() && !(std::isfinite(atol) && atol >= 0)) {
+    // NaN would compare false everywhere ("no differences"), a negative one would call identical
+    // files different.
+    std::fprintf(stderr, "qdump diff: --atol must be a finite number >= 0, got %g\n", atol);
+    return 2;
+  }
+  std::string files = show_file + errors_file;
+  for (const std::string& f : merge_inputs) files += (files.empty() ? "" : ", ") + f;
+  if (diff->parsed()) files = diff_a + ", " + diff_b;
   try {
-    if (show->parsed()) return qforge::io::show(show_file, show_path);
-    if (merge->parsed()) return qforge::io::merge(merge_inputs, merge_out);
-    if (errors->parsed()) return qforge::io::errors(errors_file, errors_top);
-    if (diff->parsed()) {
-      if (!(std::isfinite(atol) && atol >= 0)) {
-        // NaN would compare false everywhere ("no differences"), a negative one would call
-        // identical files different.
-        std::fprintf(stderr, "qdump diff: --atol must be a finite number >= 0, got %g\n", atol);
-        return 2;
-      }
-      return qforge::io::diff(diff_a, diff_b, atol);
-    }
+    // qdump reads files from anywhere: a crash of the HDF5 library on a crafted one ends a child
+    // process and is reported here as an error (docs/formats.md).
+    return qforge::io::h5::run_isolated(files, [&] {
+      if (show->parsed()) return qforge::io::show(show_file, show_path);
+      if (merge->parsed()) return qforge::io::merge(merge_inputs, merge_out);
+      if (errors->parsed()) return qforge::io::errors(errors_file, errors_top);
+      if (diff->parsed()) return qforge::io::diff(diff_a, diff_b, atol);
+      return 0;
+    });
   } catch (const std::exception& e) {
     std::fprintf(stderr, "qdump: %s\n", e.what());
     return 2;
   }
-  return 0;
 }

@@ -7,6 +7,7 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <signal.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <csignal>
@@ -52,6 +53,20 @@ c10d::ReduceOp to_c10d(Reduce op) {
     case Reduce::kMax: return c10d::ReduceOp::MAX;
   }
   return c10d::ReduceOp::SUM;
+}
+
+// Every rank keeps a Gloo connection to each other rank, and the rank serving the store one more
+// per rank: a group larger than this process may open would fail only after the store has
+// accepted its connections one by one (minutes, whatever the timeout), so it is refused at once.
+void require_open_file_room(int rank, int size, bool serves) {
+  struct rlimit lim {};
+  if (::getrlimit(RLIMIT_NOFILE, &lim) != 0 || lim.rlim_cur == RLIM_INFINITY) return;
+  constexpr int64_t kOtherFiles = 64;  // the process's own files, libraries, the store client
+  const int64_t needed = int64_t{size} - 1 + (serves ? int64_t{size} : 0) + kOtherFiles;
+  QF_REQUIRE(needed <= static_cast<int64_t>(lim.rlim_cur), "dist: rank ", rank, " of WORLD_SIZE=", size,
+             " would need about ", needed, " open files (a connection to every other rank",
+             serves ? ", and the store's to every rank" : "", ") but may open ", static_cast<int64_t>(lim.rlim_cur),
+             " (ulimit -n): use fewer ranks or raise the limit");
 }
 
 // Runs fn; c10d and Gloo report a dead peer, a refused port or the timeout as exceptions: those
@@ -100,6 +115,7 @@ World World::connect(int rank, int size, const std::string& addr, int port, cons
   w.rank_ = rank;
   w.size_ = size;
   if (size == 1) return w;
+  require_open_file_room(rank, size, rank == 0 && rank0_serves);
   // A peer that died leaves its sockets closed; a write to one raises SIGPIPE, which by default
   // kills this process before Gloo can report the error (and diagnose() name the rank). Ignore it
   // as Python (and so PyTorch's Gloo) does, unless the program installed its own handler.

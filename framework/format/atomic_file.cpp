@@ -4,6 +4,7 @@
 #include <fstream>
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -13,6 +14,7 @@
 #include <cstring>
 #include <cstdlib>
 #include <filesystem>
+#include <mutex>
 
 #include "framework/core/error.h"
 
@@ -99,15 +101,48 @@ std::vector<std::string> remove_stale_temporaries(const std::string& dir) {
   return removed;
 }
 
+namespace {
+
+// Refuses a fallback directory that is not this user's private directory: one another user
+// could read, plant files in or point elsewhere (a symbolic link).
+void require_private_dir(const std::string& dir) {
+  struct stat st {};
+  QF_REQUIRE(::lstat(dir.c_str(), &st) == 0, "framework/io: fallback directory ", dir, ": ", std::strerror(errno));
+  QF_REQUIRE(!S_ISLNK(st.st_mode), "framework/io: fallback directory ", dir, " is a symbolic link: refused");
+  QF_REQUIRE(S_ISDIR(st.st_mode), "framework/io: fallback directory ", dir, " is not a directory: refused");
+  QF_REQUIRE(st.st_uid == ::geteuid(), "framework/io: fallback directory ", dir, " belongs to uid ", st.st_uid,
+             ", not to this user (uid ", ::geteuid(), "): refused");
+  char mode[8];
+  std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 0777));
+  QF_REQUIRE((st.st_mode & 077) == 0, "framework/io: fallback directory ", dir, " has mode ", mode,
+             " (others may enter it), not 0700: refused");
+}
+
+}  // namespace
+
+std::string fallback_dir() {
+  static std::mutex m;
+  static std::string dir;  // one per process, made on first use
+  std::lock_guard<std::mutex> lock(m);
+  struct stat st {};
+  if (!dir.empty() && ::lstat(dir.c_str(), &st) != 0 && errno == ENOENT) dir.clear();  // a cleaner removed it
+  if (dir.empty()) {
+    std::error_code ec;
+    std::filesystem::path tmp = std::filesystem::temp_directory_path(ec);
+    if (ec) tmp = "/tmp";
+    // mkdtemp: a name no one can guess in advance, created by this call with mode 0700.
+    std::string tmpl = (tmp / "qforge-fallback-XXXXXX").string();
+    QF_REQUIRE(::mkdtemp(tmpl.data()) != nullptr, "framework/io: cannot create a fallback directory in ", tmp.string(),
+               ": ", std::strerror(errno));
+    dir = tmpl;
+  }
+  require_private_dir(dir);
+  return dir;
+}
+
 std::string fallback_path(const std::string& path) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  fs::path dir = fs::temp_directory_path(ec);
-  if (ec) dir = "/tmp";
-  dir /= "qforge-fallback-" + std::to_string(::getpid());
-  fs::create_directories(dir, ec);
-  const fs::path name = fs::path(path).filename();
-  return (dir / (name.empty() ? fs::path("output") : name)).string();
+  const std::filesystem::path name = std::filesystem::path(path).filename();
+  return (std::filesystem::path(fallback_dir()) / (name.empty() ? std::filesystem::path("output") : name)).string();
 }
 
 std::string write_with_fallback(const std::string& path, const std::function<void(const std::string&)>& write,
@@ -116,11 +151,13 @@ std::string write_with_fallback(const std::string& path, const std::function<voi
     write(path);
     return path;
   } catch (const std::exception& first) {
-    const std::string alt = fallback_path(path);
+    std::string alt;
     try {
+      alt = fallback_path(path);  // throws when no private fallback directory can be had
       write(alt);
     } catch (const std::exception& second) {
-      throw Error(std::string(first.what()) + "; the fallback " + alt + " failed too: " + second.what());
+      throw Error(std::string(first.what()) + "; the fallback " + (alt.empty() ? std::string("directory") : alt) +
+                  " failed too: " + second.what());
     }
     if (reason) *reason = first.what();
     return alt;

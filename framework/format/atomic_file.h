@@ -44,9 +44,15 @@ std::vector<std::string> remove_stale_temporaries(const std::string& dir);
 // Throws qforge::Error naming the path when it cannot be written (the old file is then kept).
 void write_text_atomically(const std::string& path, const std::string& text);
 
-// Where a write that failed late in a run goes instead: `<tmp>/qforge-fallback-<pid>/<name>`
-// (the directory is created). Used so that hours of work are not lost to a full disk or a
-// directory that became unwritable after the run's start-up checks.
+// This process's fallback directory `<tmp>/qforge-fallback-XXXXXX`: made by mkdtemp (mode 0700,
+// a name no one can plant in advance) on first use and again if it was removed. Throws
+// qforge::Error naming it when it is no longer a directory of this user closed to others (a
+// symbolic link, another owner, a wider mode).
+std::string fallback_dir();
+
+// Where a write that failed late in a run goes instead: `<fallback_dir()>/<name>`. Used so that
+// hours of work are not lost to a full disk or a directory that became unwritable after the
+// run's start-up checks.
 std::string fallback_path(const std::string& path);
 
 // Calls write(path); when it throws, calls write(fallback_path(path)) and returns that path with

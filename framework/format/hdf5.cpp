@@ -17,6 +17,7 @@
 #include <type_traits>
 
 #include "framework/core/error.h"
+#include "framework/format/input_file.h"
 
 namespace qforge::io::h5 {
 
@@ -289,13 +290,13 @@ File File::create(const std::string& path) {
 }
 
 File File::open(const std::string& path) {
+  require_regular_file(path, "framework/io: HDF5 file");
   Lock lock;
   {
     std::ifstream probe(path, std::ios::binary);
     QF_REQUIRE(probe.good(), "framework/io: ", path, ": cannot open file (missing or unreadable)");
   }
-  QF_REQUIRE(is_hdf5_file(path), "framework/io: ", path,
-             ": not an HDF5 file (no HDF5 signature at the start)");
+  check_layout(path);
   File f;
   f.path_ = std::make_shared<const std::string>(path);
   f.id_ = Id(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));

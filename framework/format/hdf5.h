@@ -147,8 +147,10 @@ class File {
  public:
   // Creates (truncating) a file for writing.
   static File create(const std::string& path);
-  // Opens an existing file read-only; throws naming the path when it is missing, truncated or not
-  // HDF5.
+  // Opens an existing file read-only; throws naming the path when it is missing, not a regular
+  // file, truncated or not HDF5, or when its layout is not one qforge writes (checked before HDF5
+  // parses it: superblock version 2 or 3 with a valid checksum, 8-byte offsets and lengths, base
+  // address 0, a version 2 root object header).
   static File open(const std::string& path);
 
   File() = default;
@@ -169,5 +171,12 @@ class File {
 
 // True when `path` starts with the HDF5 signature (cheap check before opening).
 bool is_hdf5_file(const std::string& path);
+
+// Runs `fn` (a reader of a file from elsewhere, `what` naming it) in a forked child process and
+// returns its result. The HDF5 library trusts the files it parses: a crafted one can crash it.
+// In the child such a crash ends the child only, and becomes a qforge::Error here naming `what`
+// and the signal; an exception `fn` throws comes back as a qforge::Error with its message. Called
+// inside such a child, runs `fn` directly.
+int run_isolated(const std::string& what, const std::function<int()>& fn);
 
 }  // namespace qforge::io::h5

@@ -47,6 +47,10 @@ Id simple_space(const std::vector<int64_t>& shape);
 void set_compact_storage(hid_t plist, const std::string& where);
 Id string_type();
 
+// Refuses (qforge::Error naming `path`) a file whose superblock or root object header is not
+// of the layout qforge writes, reading the bytes itself before HDF5 sees the file.
+void check_layout(const std::string& path);
+
 // Checks an HDF5 return value (negative means failure).
 template <typename T>
 T check(T r, const std::string& where, const std::string& what) {

@@ -12,6 +12,7 @@
 
 #include "framework/core/error.h"
 #include "framework/format/atomic_file.h"
+#include "framework/format/input_file.h"
 
 namespace qforge::io {
 namespace {
@@ -188,6 +189,7 @@ SafetensorsFile parse_safetensors(const std::vector<uint8_t>& bytes, const std::
 }
 
 SafetensorsFile read_safetensors(const std::string& path, const SafetensorsReadOptions& options) {
+  require_regular_file(path, "safetensors: file");
   std::ifstream f(path, std::ios::binary);
   QF_REQUIRE(f, "safetensors: cannot open ", path);
   f.seekg(0, std::ios::end);

@@ -11,6 +11,7 @@
 
 #include "framework/dist/sync.h"
 #include "framework/format/atomic_file.h"
+#include "framework/format/input_file.h"
 #include "framework/api/quantize.h"
 #include "framework/recipe/sha256.h"
 #include "framework/report/report_files.h"
@@ -28,10 +29,6 @@ std::map<std::string, double> metric_map(const train::Metrics& m, const std::str
   else out["perplexity"] = m.perplexity;
   return out;
 }
-
-// The outputs of a run: a previous run's copies go before this run writes anything.
-constexpr const char* kRunOutputs[] = {"report.json", "report.md", "recipe.resolved.yaml", "recipe.searched.yaml",
-                                       "model.h5", "calibration.h5", "model.safetensors", "model.onnx"};
 
 }  // namespace
 
@@ -78,35 +75,32 @@ void RunContext::check_world() const {
   dist::check_agreement(world, "--stages", stages.empty() ? "(all)" : stages);
   std::string ckpt = "(none)";
   if (!r.model.checkpoint.empty() && fs::exists(r.model.checkpoint)) {
+    io::require_regular_file(r.model.checkpoint, "model.checkpoint");
     std::ifstream in(r.model.checkpoint, std::ios::binary);
     ckpt = "sha256 " + sha256_hex(std::string(std::istreambuf_iterator<char>(in), {}));
   }
   dist::check_agreement(world, "the float checkpoint " + r.model.checkpoint, ckpt);
 }
 
-void RunContext::check_out_dir() const { probe_writable(options.out_dir, "--out"); }
+void RunContext::check_out_dir() {
+  probe_writable(options.out_dir, "--out");
+  lock_ = std::make_unique<RunLock>(options.out_dir);
+  check_run_inputs(recipe, options.out_dir);
+}
 
 void RunContext::open_outputs() {
   const std::string& out = options.out_dir;
   fs::create_directories(out);
   // No reader may pair files of two runs (a run stopped midway leaves only its own files), and
-  // temporaries of killed writers go too.
-  std::vector<std::string> cleared;
-  for (const char* name : kRunOutputs) {
-    const fs::path p = fs::path(out) / name;
-    std::error_code ec;
-    if (!fs::exists(p) || fs::equivalent(p, recipe.model.checkpoint, ec) ||
-        (!recipe.search.sensitivities_from.empty() && fs::equivalent(p, recipe.search.sensitivities_from, ec)))
-      continue;
-    if (fs::remove(p, ec)) cleared.push_back(name);
-  }
-  for (const std::string& t : io::remove_stale_temporaries(out)) cleared.push_back(t);
+  // temporaries of killed writers go too; the recipe's inputs stay.
+  const std::vector<std::string> cleared = clear_run_outputs(recipe, out);
   io::write_text_atomically((fs::path(out) / "recipe.resolved.yaml").string(),
                             "# sha256: " + recipe.sha256 + "\n" + recipe.resolved_yaml);
   report = {{"recipe", recipe.path}, {"recipe_sha256", recipe.sha256}, {"metrics", nlohmann::json::object()},
             {"timings_s", nlohmann::json::object()}, {"size_bytes", nlohmann::json::object()},
             {"latency_ms", {{"regime", kModelLatencyRegime}}},
             {"exported", nlohmann::json::object()}, {"notes", nlohmann::json::array()}};
+  if (lock_ && !lock_->note().empty()) note(lock_->note());
   if (!cleared.empty()) {
     std::string list;
     for (const std::string& c : cleared) list += (list.empty() ? "" : ", ") + c;

@@ -8,11 +8,13 @@
 
 #include <chrono>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 
 #include "framework/io/calibration_dump.h"
 #include "framework/pipeline/pipeline.h"
+#include "framework/pipeline/run_directory.h"
 #include "framework/pipeline/stage.h"
 #include "framework/recipe/task.h"
 #include "framework/train/trainer.h"
@@ -59,9 +61,12 @@ class RunContext {
 
   // Every rank runs the same recipe, stages and float checkpoint; refused on every rank otherwise.
   void check_world() const;
-  // Fails unless --out can be written into (before the first stage, not after training).
-  void check_out_dir() const;
-  // Removes the previous run's outputs and writes recipe.resolved.yaml; the report starts here.
+  // Fails unless --out can be written into (before the first stage, not after training) and no
+  // other run holds it; takes its lock for this run; checks the recipe's inputs against the
+  // run's outputs (run_directory.h).
+  void check_out_dir();
+  // Removes the previous run's outputs (not the recipe's inputs) and writes recipe.resolved.yaml;
+  // the report starts here.
   void open_outputs();
 
   // Writes `path` through `write`; a failed write goes to a fallback path that stderr and the
@@ -96,6 +101,7 @@ class RunContext {
   void settle_replicas(torch::nn::Module& model, const std::string& when);
 
  private:
+  std::unique_ptr<RunLock> lock_;
   train::EvalSplit eval_split_;
   bool folded_ = false;
   std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();

@@ -10,6 +10,9 @@
 
 namespace qforge {
 
+// The files write_report_files writes into the output directory.
+inline constexpr const char* kReportFileNames[] = {"report.json", "report.md", "report.html"};
+
 // Writes <out_dir>/report.json, report.md and report.html; returns the path of report.json.
 std::string write_report_files(const nlohmann::json& report, const Recipe& recipe, const std::string& out_dir);
 

@@ -16,6 +16,7 @@
 #include "framework/core/error.h"
 #include "framework/core/isa.h"
 #include "framework/format/atomic_file.h"
+#include "framework/format/input_file.h"
 #include "framework/nn/conv.h"
 #include "framework/nn/embedding.h"
 #include "framework/nn/linear.h"
@@ -126,6 +127,7 @@ std::string default_latency_cache_path() {
 
 LatencyCache::LatencyCache(std::string path) : path_(std::move(path)) {
   if (path_.empty() || !fs::exists(path_)) return;
+  io::require_regular_file(path_, "latency cache");
   std::ifstream in(path_);
   nlohmann::json j;
   try {

@@ -429,6 +429,22 @@ TEST(Dist, ARankThatLeavesStopsTheOthersWithAnError) {
   }
 }
 
+// Issue 39 item 21: WORLD_SIZE=1048576 took minutes to fail with "Too many open files" whatever
+// the timeout; a group larger than the open-file limit allows is refused before any connection.
+TEST(Dist, Issue39Item21HugeWorldSizeIsRefusedAtOnce) {
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    WorldOptions o;
+    o.timeout = std::chrono::milliseconds(1500);
+    World w = World::connect(0, 1 << 20, "127.0.0.1", free_port(), o);
+    ADD_FAILURE() << "a group of 2^20 ranks was joined";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("WORLD_SIZE=1048576 would need about"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("(ulimit -n)"), std::string::npos) << e.what();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(2));
+}
+
 TEST(Dist, SingleProcessFromAnEmptyEnvironment) {
   ::unsetenv("WORLD_SIZE");
   const World w = World::from_env();

@@ -89,6 +89,16 @@ bool unwrite_dataset(const std::string& file, const std::string& dataset) {
 }
 }  // namespace
 
+// A file in the HDF5 1.10 formats qforge writes (h5::File::open refuses the earliest ones), for
+// hostile contents that must reach qforge's own checks.
+static hid_t create_v110(const char* path) {
+  const hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
+  H5Pset_libver_bounds(fapl, H5F_LIBVER_V110, H5F_LIBVER_V110);
+  const hid_t file = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
+  H5Pclose(fapl);
+  return file;
+}
+
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
   try {
@@ -149,7 +159,7 @@ int main(int argc, char** argv) {
     if (mode == "make-sparse-dataset" && argc == 3) {
       // /x declares 2^28 float32 (1 GiB) in chunks that were never written: a file of a few KiB
       // whose reader would allocate the whole declared size and fill it with fill values.
-      const hid_t file = H5Fcreate(argv[2], H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+      const hid_t file = create_v110(argv[2]);
       const hsize_t dims[1] = {hsize_t{1} << 28}, chunk[1] = {hsize_t{1} << 16};
       const hid_t space = H5Screate_simple(1, dims, nullptr);
       const hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
@@ -161,7 +171,7 @@ int main(int argc, char** argv) {
     }
     if (mode == "make-null-dataset" && argc == 3) {
       // /x is a float32 dataset with a null dataspace: no shape and no elements.
-      const hid_t file = H5Fcreate(argv[2], H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+      const hid_t file = create_v110(argv[2]);
       const hid_t space = H5Screate(H5S_NULL);
       const hid_t d = H5Dcreate2(file, "x", H5T_IEEE_F32LE, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
       const bool ok = file >= 0 && space >= 0 && d >= 0;

@@ -1,0 +1,184 @@
+// What a file from elsewhere reaches of the HDF5 library: the layout check File::open makes
+// before HDF5 parses anything, and run_isolated for readers of untrusted files (docs/formats.md,
+// "Trusted and untrusted inputs").
+#include "framework/format/hdf5.h"
+#include "framework/format/hdf5_internal.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <new>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "framework/core/error.h"
+
+namespace qforge::io::h5 {
+
+namespace {
+
+uint32_t rot(uint32_t x, int k) { return (x << k) | (x >> (32 - k)); }
+
+// Bob Jenkins' lookup3 hashlittle, byte by byte: the checksum of every HDF5 1.8+ metadata block.
+uint32_t lookup3(const uint8_t* k, size_t length) {
+  uint32_t a = 0xdeadbeef + static_cast<uint32_t>(length), b = a, c = a;
+  auto word = [](const uint8_t* p, size_t n) {
+    uint32_t w = 0;
+    for (size_t i = 0; i < n && i < 4; ++i) w |= static_cast<uint32_t>(p[i]) << (8 * i);
+    return w;
+  };
+  for (; length > 12; length -= 12, k += 12) {
+    a += word(k, 4), b += word(k + 4, 4), c += word(k + 8, 4);
+    a -= c, a ^= rot(c, 4), c += b;
+    b -= a, b ^= rot(a, 6), a += c;
+    c -= b, c ^= rot(b, 8), b += a;
+    a -= c, a ^= rot(c, 16), c += b;
+    b -= a, b ^= rot(a, 19), a += c;
+    c -= b, c ^= rot(b, 4), b += a;
+  }
+  if (length == 0) return c;
+  a += word(k, length), b += length > 4 ? word(k + 4, length - 4) : 0, c += length > 8 ? word(k + 8, length - 8) : 0;
+  c ^= b, c -= rot(b, 14);
+  a ^= c, a -= rot(c, 11);
+  b ^= a, b -= rot(a, 25);
+  c ^= b, c -= rot(b, 16);
+  a ^= c, a -= rot(c, 4);
+  b ^= a, b -= rot(a, 14);
+  c ^= b, c -= rot(b, 24);
+  return c;
+}
+
+uint64_t le64(const uint8_t* p) {
+  uint64_t v = 0;
+  for (int i = 7; i >= 0; --i) v = (v << 8) | p[i];
+  return v;
+}
+
+const char* signal_name(int sig) {
+  switch (sig) {
+    case SIGSEGV: return "SIGSEGV";
+    case SIGBUS: return "SIGBUS";
+    case SIGABRT: return "SIGABRT";
+    case SIGFPE: return "SIGFPE";
+    case SIGILL: return "SIGILL";
+    case SIGKILL: return "SIGKILL";
+    default: return "a signal";
+  }
+}
+
+bool g_in_isolated_child = false;
+
+}  // namespace
+
+namespace internal {
+
+void check_layout(const std::string& path) {
+  // Superblock version 2/3 with 8-byte offsets and lengths: signature, version, sizes, flags,
+  // base, extension, end-of-file and root addresses, checksum.
+  constexpr size_t kSuperblockBytes = 12 + 4 * 8 + 4;
+  uint8_t sb[kSuperblockBytes] = {};
+  std::ifstream in(path, std::ios::binary);
+  in.read(reinterpret_cast<char*>(sb), sizeof sb);
+  const size_t got = static_cast<size_t>(in.gcount());
+  static const uint8_t kSignature[8] = {0x89, 'H', 'D', 'F', '\r', '\n', 0x1a, '\n'};
+  QF_REQUIRE(got >= 8 && std::memcmp(sb, kSignature, 8) == 0, "framework/io: ", path,
+             ": not an HDF5 file (no HDF5 signature at the start)");
+  const std::string refused = "framework/io: " + path + ": ";
+  const std::string why = " qforge reads only the HDF5 1.10 formats it writes, whose metadata carry checksums"
+                          " (docs/formats.md); refused before the HDF5 library parses it";
+  QF_REQUIRE(got >= 9, refused, "truncated HDF5 superblock");
+  QF_REQUIRE(sb[8] == 2 || sb[8] == 3, refused, "HDF5 superblock version ", int{sb[8]},
+             sb[8] < 2 ? " (HDF5's earliest file format, without metadata checksums: h5py's default)" : "", ";", why);
+  QF_REQUIRE(got == kSuperblockBytes, refused, "truncated HDF5 superblock");
+  QF_REQUIRE(sb[9] == 8 && sb[10] == 8, refused, "HDF5 offsets of ", int{sb[9]}, " and lengths of ", int{sb[10]},
+             " bytes, qforge writes 8;", why);
+  uint32_t stored = 0;
+  for (int i = 3; i >= 0; --i) stored = (stored << 8) | sb[kSuperblockBytes - 4 + i];
+  QF_REQUIRE(lookup3(sb, kSuperblockBytes - 4) == stored, refused,
+             "HDF5 superblock checksum mismatch (a corrupted or crafted file)");
+  const uint64_t base = le64(sb + 12), root = le64(sb + 36);
+  QF_REQUIRE(base == 0, refused, "HDF5 base address ", base, ", qforge writes 0;", why);
+  // The root group's object header must be a version 2 header ("OHDR", checksummed).
+  uint8_t oh[5] = {};
+  in.seekg(static_cast<std::streamoff>(root));
+  in.read(reinterpret_cast<char*>(oh), sizeof oh);
+  QF_REQUIRE(in.gcount() == 5, refused, "the root group's object header at ", root,
+             " lies past the end of the file (truncated or corrupted)");
+  QF_REQUIRE(std::memcmp(oh, "OHDR", 4) == 0 && oh[4] == 2, refused,
+             "the root group's object header is not a version 2 (checksummed) header;", why);
+}
+
+}  // namespace internal
+
+int run_isolated(const std::string& what, const std::function<int()>& fn) {
+  if (g_in_isolated_child) return fn();
+  int pipe_fds[2];
+  QF_REQUIRE(::pipe2(pipe_fds, O_CLOEXEC) == 0, "framework/io: cannot create a pipe: ", std::strerror(errno));
+  std::fflush(nullptr);  // buffered output is the parent's, not printed twice
+  pid_t pid = -1;
+  {
+    // No other thread is inside HDF5 while forking; the child gets a fresh lock, its own.
+    std::lock_guard<std::recursive_mutex> hold(internal::hdf5_mutex());
+    pid = ::fork();
+    if (pid == 0) {
+      new (&internal::hdf5_mutex()) std::recursive_mutex();
+      g_in_isolated_child = true;
+      ::close(pipe_fds[0]);
+      const struct rlimit no_core {0, 0};
+      ::setrlimit(RLIMIT_CORE, &no_core);
+#ifdef _OPENMP
+      omp_set_num_threads(1);  // the parent's OpenMP threads do not exist here: ATen runs inline
+#endif
+      std::string reply;
+      try {
+        reply = "R" + std::to_string(fn());
+      } catch (const std::exception& e) {
+        reply = std::string("E") + e.what();
+      } catch (...) {
+        reply = "Eunknown exception";
+      }
+      std::fflush(nullptr);
+      for (size_t off = 0; off < reply.size();) {
+        const ssize_t n = ::write(pipe_fds[1], reply.data() + off, reply.size() - off);
+        if (n <= 0) break;
+        off += static_cast<size_t>(n);
+      }
+      ::_exit(0);
+    }
+  }
+  const int fork_errno = errno;
+  ::close(pipe_fds[1]);
+  if (pid < 0) ::close(pipe_fds[0]);
+  QF_REQUIRE(pid > 0, "framework/io: cannot fork to read ", what, ": ", std::strerror(fork_errno));
+  std::string reply;
+  char buf[4096];
+  for (ssize_t n; (n = ::read(pipe_fds[0], buf, sizeof buf)) != 0;) {
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) break;
+    reply.append(buf, static_cast<size_t>(n));
+  }
+  ::close(pipe_fds[0]);
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 0 && !reply.empty()) {
+    if (reply[0] == 'E') throw Error(reply.substr(1));
+    return std::atoi(reply.c_str() + 1);
+  }
+  const int sig = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
+  const std::string how = sig ? detail::str_cat("was killed by ", signal_name(sig), " (signal ", sig, ")")
+                              : detail::str_cat("stopped with exit status ", WEXITSTATUS(status), " without a result");
+  throw Error("framework/io: reading " + what + " crashed the HDF5 library (the reading process " + how +
+              "): a corrupted or crafted file; refused");
+}
+
+}  // namespace qforge::io::h5

@@ -1,0 +1,166 @@
+// The run directory of issue 39: inputs inside --out (item 13), two runs into one --out (items 6
+// and 15) and the previous run's reports (item 16).
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "framework/pipeline/pipeline.h"
+#include "framework/pipeline/run_directory.h"
+#include "framework/recipe/recipe.h"
+#include "tests/error_of.h"
+
+using namespace qforge;
+using qforge::testing::error_of;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct TempOut {
+  fs::path dir;
+  TempOut() {
+    std::string tmpl = (fs::temp_directory_path() / "qforge_run_dir_test_XXXXXX").string();
+    dir = ::mkdtemp(tmpl.data());
+  }
+  ~TempOut() {
+    std::error_code ec;
+    fs::remove_all(dir, ec);
+  }
+  std::string file(const std::string& name) const { return (dir / name).string(); }
+};
+
+void write(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
+
+std::string read(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+Recipe cnn(const std::vector<std::string>& overrides) {
+  return load_recipe(std::string(QFORGE_SOURCE_DIR) + "/recipes/fmnist_cnn_int8.yaml", overrides);
+}
+
+// Runs the pipeline with the interrupt already requested: the checks, the lock and the clean-up
+// run, then the data stage stops at once (no data is read, nothing is trained).
+std::string run_interrupted(const Recipe& r, const std::string& out) {
+  static const std::atomic<bool> stop{true};
+  PipelineOptions o;
+  o.out_dir = out;
+  o.interrupted = &stop;
+  return error_of([&] { run_pipeline(r, o); });
+}
+
+pid_t dead_pid() {
+  const pid_t p = ::fork();
+  if (p == 0) ::_exit(0);
+  ::waitpid(p, nullptr, 0);
+  return p;
+}
+
+}  // namespace
+
+// Item 13: model.safetensors inside --out was deleted by the clean-up before it was read, and a
+// float checkpoint at OUT/model.h5 was overwritten by the export.
+TEST(RunDirectory, Issue39Item13InputsInsideOutAreNeverClearedOrOverwritten) {
+  TempOut out;
+  const std::string weights = out.file("model.safetensors");
+  write(weights, "input weights");
+  write(out.file("report.json"), "previous run");
+  const Recipe keep = cnn({"model.checkpoint=" + out.file("fp32.h5"), "model.safetensors=" + weights});
+  EXPECT_EQ(error_of([&] { pipeline::check_run_inputs(keep, out.dir.string()); }), "");
+  const std::vector<std::string> cleared = pipeline::clear_run_outputs(keep, out.dir.string());
+  EXPECT_EQ(read(weights), "input weights");
+  EXPECT_EQ(cleared, std::vector<std::string>{"report.json"});
+  // An input the run would write over is an error before the first stage; nothing is touched.
+  write(out.file("report.json"), "previous run");
+  const Recipe clash = cnn({"model.checkpoint=" + out.file("fp32.h5"), "model.safetensors=" + weights,
+                            "export.safetensors=true"});
+  std::string e = run_interrupted(clash, out.dir.string());
+  EXPECT_NE(e.find("model.safetensors " + weights + " is also model.safetensors, which this run writes into --out"),
+            std::string::npos) << e;
+  EXPECT_EQ(read(weights), "input weights");
+  EXPECT_EQ(read(out.file("report.json")), "previous run");
+  // The float checkpoint at OUT/model.h5 would be replaced by the quantized export.
+  write(out.file("model.h5"), "float weights");
+  e = run_interrupted(cnn({"model.checkpoint=" + out.file("model.h5")}), out.dir.string());
+  EXPECT_NE(e.find("model.checkpoint " + out.file("model.h5") + " is also model.h5"), std::string::npos) << e;
+  EXPECT_EQ(read(out.file("model.h5")), "float weights");
+  // Without the export it is an input like any other: kept.
+  EXPECT_EQ(run_interrupted(cnn({"model.checkpoint=" + out.file("model.h5"), "export.checkpoint=false"}),
+                            out.dir.string()),
+            "");
+  EXPECT_EQ(read(out.file("model.h5")), "float weights");
+  // The same file under another spelling (a symbolic link) is the same input.
+  fs::create_directory_symlink(out.dir, out.file("alias"));
+  e = run_interrupted(cnn({"model.checkpoint=" + out.file("alias/model.h5")}), out.dir.string());
+  EXPECT_NE(e.find("is also model.h5"), std::string::npos) << e;
+}
+
+// Items 6 and 15: two runs into one --out at once mixed their files (one crashed); the second is
+// now refused naming the first's pid, and a lock left by a killed run is taken over, said so.
+TEST(RunDirectory, Issue39Items6And15SecondRunIntoOneOutIsRefused) {
+  TempOut out;
+  int ready[2], release[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  ASSERT_EQ(::pipe(release), 0);
+  const pid_t holder = ::fork();
+  if (holder == 0) {
+    int code = 0;
+    try {
+      pipeline::RunLock lock(out.dir.string());
+      (void)!::write(ready[1], "x", 1);
+      char c;
+      (void)!::read(release[0], &c, 1);
+    } catch (...) {
+      code = 1;
+    }
+    ::_exit(code);
+  }
+  char c;
+  ASSERT_EQ(::read(ready[0], &c, 1), 1);
+  const std::string held = "is in use by another qtrain run (pid " + std::to_string(holder) + ", lock file ";
+  std::string e = error_of([&] { pipeline::RunLock second(out.dir.string()); });
+  EXPECT_NE(e.find(held), std::string::npos) << e;
+  write(out.file("report.json"), "the other run's report");
+  e = run_interrupted(cnn({"model.checkpoint=" + out.file("fp32.h5")}), out.dir.string());
+  EXPECT_NE(e.find(held), std::string::npos) << e;
+  EXPECT_EQ(read(out.file("report.json")), "the other run's report");  // nothing of the holder's touched
+  ASSERT_EQ(::write(release[1], "x", 1), 1);
+  int status = 0;
+  ::waitpid(holder, &status, 0);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  EXPECT_FALSE(fs::exists(out.file(pipeline::RunLock::kFileName)));  // released and removed
+  {
+    pipeline::RunLock mine(out.dir.string());
+    EXPECT_EQ(mine.note(), "");
+    EXPECT_EQ(read(mine.path()), std::to_string(::getpid()) + "\n");
+  }
+  // A run killed with SIGKILL leaves its lock file: the next run takes it over and says so.
+  const pid_t dead = dead_pid();
+  write(out.file(pipeline::RunLock::kFileName), std::to_string(dead) + "\n");
+  pipeline::RunLock taken(out.dir.string());
+  EXPECT_NE(taken.note().find("left by pid " + std::to_string(dead) + " (which no longer runs"), std::string::npos)
+      << taken.note();
+  for (int fd : {ready[0], ready[1], release[0], release[1]}) ::close(fd);
+}
+
+// Item 16: report.html (and the other reports) of a previous run survived a run stopped before
+// its first report; every output of a previous run is now cleared at the start.
+TEST(RunDirectory, Issue39Item16PreviousReportsAreClearedAtTheStart) {
+  TempOut out;
+  for (const std::string& name : pipeline::run_output_names()) write(out.file(name), "previous run");
+  EXPECT_EQ(run_interrupted(cnn({"model.checkpoint=" + out.file("fp32.h5")}), out.dir.string()), "");
+  for (const char* name : {"report.json", "report.md", "report.html", "recipe.searched.yaml", "model.h5",
+                           "calibration.h5", "model.safetensors", "model.onnx"})
+    EXPECT_FALSE(fs::exists(out.file(name))) << name;
+  EXPECT_NE(read(out.file("recipe.resolved.yaml")), "previous run");  // this run's
+  EXPECT_FALSE(fs::exists(out.file(pipeline::RunLock::kFileName)));
+}
