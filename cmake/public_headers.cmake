@@ -38,6 +38,8 @@ set(QFORGE_PUBLIC_HEADERS
   framework/models/hf_folder.h
   framework/models/kv_cache.h
   framework/models/llama.h
+  framework/models/generation.h
+  framework/models/perplexity.h
   framework/models/mlp.h
   framework/models/state_dict.h
   framework/api/module_like.h
