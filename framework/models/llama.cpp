@@ -68,6 +68,12 @@ void validate_llama_config(const LlamaConfig& c, const nlohmann::json& j) {
              " is not a multiple of num_key_value_heads ", c.kv_heads());
   QF_REQUIRE(c.head_size() % 2 == 0, kLlama, ": head_dim ", c.head_size(), " is odd; RoPE rotates pairs");
   QF_REQUIRE(c.rms_norm_eps >= 0, kLlama, ": config field 'rms_norm_eps' must be >= 0, got ", c.rms_norm_eps);
+  QF_REQUIRE(c.layer_types.empty() || static_cast<int64_t>(c.layer_types.size()) == c.num_hidden_layers, kLlama,
+             ": config field 'layer_types' lists ", c.layer_types.size(), " layers, the model has ", c.num_hidden_layers);
+  for (const std::string& t : c.layer_types)
+    QF_REQUIRE(t == "full_attention" || (t == "sliding_attention" && c.sliding_window > 0), kLlama,
+               ": config field 'layer_types' holds '", t, "'; supported: full_attention, and sliding_attention with a "
+               "sliding_window");
   QF_REQUIRE(c.attention_dropout == 0.0, kLlama, ": config field 'attention_dropout' is ", c.attention_dropout,
              "; only 0 is supported");
   try {
@@ -117,9 +123,10 @@ nlohmann::json LlamaRopeScaling::to_json() const {
   return j;
 }
 
-int64_t LlamaConfig::attention_window() const {
-  if (model_type == "qwen2" && !use_sliding_window) return 0;
-  return sliding_window;
+int64_t LlamaConfig::attention_window(int64_t layer) const {
+  if (!layer_types.empty()) return layer_types[static_cast<size_t>(layer)] == "sliding_attention" ? sliding_window : 0;
+  if (model_type == "qwen2") return use_sliding_window && layer >= max_window_layers ? sliding_window : 0;
+  return model_type == "mistral" ? sliding_window : 0;
 }
 
 const char* LlamaConfig::architecture() const {
@@ -131,6 +138,7 @@ const char* LlamaConfig::architecture() const {
 LlamaConfig LlamaConfig::from_json(const nlohmann::json& j) {
   LlamaConfig c = read_config<LlamaConfig>(j, kLlama);
   if (j.contains("rope_scaling")) c.rope_scaling = LlamaRopeScaling::from_json(j["rope_scaling"]);
+  get_config_field(j, kLlama, "layer_types", c.layer_types);
   validate_llama_config(c, j);
   return c;
 }
@@ -140,10 +148,11 @@ LlamaConfig LlamaConfig::from_file(const std::string& path) { return from_json(r
 nlohmann::json LlamaConfig::to_json() const {
   nlohmann::json j = config_json(*this, model_type.c_str(), architecture());
   j["rope_scaling"] = rope_scaling.to_json();
+  if (!layer_types.empty()) j["layer_types"] = layer_types;
   return j;
 }
 
-LlamaAttentionImpl::LlamaAttentionImpl(const LlamaConfig& c) : config(c) { reset(); }
+LlamaAttentionImpl::LlamaAttentionImpl(const LlamaConfig& c, int64_t layer_) : config(c), layer(layer_) { reset(); }
 
 void LlamaAttentionImpl::reset() {
   const int64_t h = config.hidden_size, q = config.num_attention_heads * config.head_size(),
@@ -182,10 +191,13 @@ at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x, const RopeTables& ro
   // key/value head stack their rows, so each product is the one HF's repeated heads compute.
   const at::Tensor qg = q.reshape({B, KV, rep * T, D});
   at::Tensor w = qk_matmul->forward(qg, k.transpose(-1, -2)).view({B, H, T, S}) * std::pow(static_cast<double>(D), -0.5);
-  // Query i sits at position past + i and sees keys 0 .. past + i; masked scores take float32's
-  // lowest value, as HF's mask does, so no row is all -inf.
-  const at::Tensor causal = at::ones({T, S}, x.options().dtype(at::kBool)).tril(past);
-  w = at::where(causal, w, at::full({}, std::numeric_limits<float>::lowest(), w.options()));
+  // Query i sits at position past + i and sees keys 0 .. past + i (the last `window` of them with a
+  // sliding window); masked scores take float32's lowest value, as HF's mask does, so no row is all -inf.
+  const at::Tensor ones = at::ones({T, S}, x.options().dtype(at::kBool));
+  at::Tensor visible = ones.tril(past);
+  if (const int64_t window = config.attention_window(layer); window > 0)
+    visible = visible.logical_and(ones.triu(past - window + 1));
+  w = at::where(visible, w, at::full({}, std::numeric_limits<float>::lowest(), w.options()));
   const at::Tensor p = at::softmax(w, -1, at::kFloat).to(v.scalar_type());
   const at::Tensor ctx = av_matmul->forward(p.view({B, KV, rep * T, S}), v).view({B, H, T, D});
   return o_proj->forward(ctx.transpose(1, 2).reshape({B, T, H * D}));
@@ -206,10 +218,12 @@ at::Tensor LlamaMlpImpl::forward(const at::Tensor& x) {
   return down_proj->forward(mlp_activation(config.hidden_act, gate_proj->forward(x)) * up_proj->forward(x));
 }
 
-LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaConfig& c) : config(c) { reset(); }
+LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaConfig& c, int64_t layer_) : config(c), layer(layer_) {
+  reset();
+}
 
 void LlamaDecoderLayerImpl::reset() {
-  self_attn = register_module("self_attn", LlamaAttention(config));
+  self_attn = register_module("self_attn", LlamaAttention(config, layer));
   mlp = register_module("mlp", LlamaMlp(config));
   input_layernorm = register_module("input_layernorm", nn::RMSNorm(config.hidden_size, config.rms_norm_eps));
   post_attention_layernorm =
@@ -227,7 +241,7 @@ LlamaModelImpl::LlamaModelImpl(const LlamaConfig& c) : config(c) { reset(); }
 void LlamaModelImpl::reset() {
   embed_tokens = register_module("embed_tokens", nn::Embedding(config.vocab_size, config.hidden_size));
   layers = register_module("layers", torch::nn::ModuleList());
-  for (int64_t i = 0; i < config.num_hidden_layers; ++i) layers->push_back(LlamaDecoderLayer(config));
+  for (int64_t i = 0; i < config.num_hidden_layers; ++i) layers->push_back(LlamaDecoderLayer(config, i));
   norm = register_module("norm", nn::RMSNorm(config.hidden_size, config.rms_norm_eps));
   inv_freq = rope_inv_freq(config);
 }
@@ -241,10 +255,7 @@ RopeTables LlamaModelImpl::rope(int64_t past, int64_t T, const at::Device& devic
 
 at::Tensor LlamaModelImpl::forward(const at::Tensor& ids, KvCache* cache) {
   QF_REQUIRE(ids.dim() == 2, kLlama, ": input_ids must be [batch, seq], got ", ids.sizes());
-  const int64_t T = ids.size(1), past = cache ? cache->length() : 0, window = config.attention_window();
-  QF_REQUIRE(window <= 0 || past + T <= window, kLlama, ": sequence length ", past + T,
-             past ? " (cached positions included)" : "", " exceeds sliding_window ", window,
-             "; sliding-window attention beyond the window is not implemented");
+  const int64_t T = ids.size(1), past = cache ? cache->length() : 0;
   if (cache) {
     QF_REQUIRE(cache->keys.empty() || static_cast<int64_t>(cache->keys.size()) == config.num_hidden_layers, kLlama,
                ": the cache holds ", cache->keys.size(), " layers, the model has ", config.num_hidden_layers);

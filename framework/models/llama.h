@@ -7,8 +7,9 @@
 // (num_key_value_heads < num_attention_heads: each key/value head serves
 // num_attention_heads / num_key_value_heads consecutive query heads), tied or untied head.
 // Qwen2 has q/k/v biases; Llama's attention_bias puts biases on q/k/v/o and mlp_bias on the MLP.
-// Sliding-window attention (Mistral, Qwen2 with use_sliding_window) equals full causal attention
-// while a sequence fits the window; longer sequences are refused, naming sliding_window.
+// Sliding-window attention (Mistral; Qwen2 with use_sliding_window, on the layers from
+// max_window_layers on; any layer config.layer_types marks "sliding_attention"): position q sees
+// keys k with q - sliding_window < k <= q, as transformers' masking_utils.
 // Attention products go through qforge::nn::MatMul, so every quantization path applies.
 #pragma once
 
@@ -18,6 +19,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 #include <string>
+#include <vector>
 
 #include "framework/models/field_rule.h"
 #include "framework/models/kv_cache.h"
@@ -61,15 +63,18 @@ struct LlamaConfig {
   bool attention_bias = false, mlp_bias = false;
   bool tie_word_embeddings = false;
   int64_t sliding_window = 0;       // 0 (JSON null): none
-  bool use_sliding_window = false;  // Qwen2 applies sliding_window only when this is true
+  bool use_sliding_window = false;  // Qwen2 applies sliding_window only when this is true,
+  int64_t max_window_layers = 28;   // and then to layers max_window_layers and up
+  // HF's per-layer "full_attention" / "sliding_attention" list (newer configs); empty: derived as above.
+  std::vector<std::string> layer_types;
   LlamaRopeScaling rope_scaling;
 
   int64_t kv_heads() const { return num_key_value_heads > 0 ? num_key_value_heads : num_attention_heads; }
   int64_t head_size() const { return head_dim > 0 ? head_dim : hidden_size / num_attention_heads; }
   bool qkv_bias() const { return attention_bias || model_type == "qwen2"; }
   bool o_bias() const { return attention_bias && model_type != "qwen2"; }
-  // The attention window sequences must fit (0: none).
-  int64_t attention_window() const;
+  // The sliding window of layer `layer` (0: full causal attention).
+  int64_t attention_window(int64_t layer) const;
   const char* architecture() const;  // "LlamaForCausalLM", ...
   static LlamaConfig from_json(const nlohmann::json& j);
   static LlamaConfig from_file(const std::string& path);
@@ -97,6 +102,7 @@ struct LlamaConfig {
     visit("tie_word_embeddings", c.tie_word_embeddings, FieldRule::kAny);
     visit("sliding_window", c.sliding_window, FieldRule::kNonPositiveIsNull);
     visit("use_sliding_window", c.use_sliding_window, FieldRule::kAny);
+    visit("max_window_layers", c.max_window_layers, FieldRule::kAny);
   }
 };
 
@@ -107,13 +113,14 @@ struct RopeTables {
 
 class LlamaAttentionImpl : public torch::nn::Cloneable<LlamaAttentionImpl> {
  public:
-  explicit LlamaAttentionImpl(const LlamaConfig& c);
+  LlamaAttentionImpl(const LlamaConfig& c, int64_t layer);
   void reset() override;
   // Causal; x [B, T, hidden_size]. With past_k / past_v (both or neither): x holds the positions
   // after the cached ones; the cache then holds all of them (keys after RoPE, [B, kv_heads, S, D]).
   at::Tensor forward(const at::Tensor& x, const RopeTables& rope, at::Tensor* past_k = nullptr,
                      at::Tensor* past_v = nullptr);
   LlamaConfig config;
+  int64_t layer = 0;
   nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
   nn::MatMul qk_matmul{nullptr}, av_matmul{nullptr};
 };
@@ -131,11 +138,12 @@ TORCH_MODULE(LlamaMlp);
 
 class LlamaDecoderLayerImpl : public torch::nn::Cloneable<LlamaDecoderLayerImpl> {
  public:
-  explicit LlamaDecoderLayerImpl(const LlamaConfig& c);
+  LlamaDecoderLayerImpl(const LlamaConfig& c, int64_t layer);
   void reset() override;
   at::Tensor forward(const at::Tensor& x, const RopeTables& rope, at::Tensor* past_k = nullptr,
                      at::Tensor* past_v = nullptr);
   LlamaConfig config;
+  int64_t layer = 0;
   LlamaAttention self_attn{nullptr};
   LlamaMlp mlp{nullptr};
   nn::RMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};

@@ -3,7 +3,8 @@
 
 Written from the facts of Hugging Face's LlamaForCausalLM / MistralForCausalLM / Qwen2ForCausalLM
 (RMSNorm in float32, rotate-half RoPE with the "linear" and "llama3" rope_scaling kinds,
-grouped-query attention by repeating key/value heads, an additive float32-min causal mask,
+grouped-query attention by repeating key/value heads, an additive float32-min causal mask (with
+a sliding window: position q sees keys k with q - window < k <= q),
 softmax in float32, SwiGLU MLP, tied or untied head). It does not import transformers.
 
   llama_reference.py --write DIR   builds the tiny random models below as HF folders under DIR
@@ -28,7 +29,8 @@ DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "I
 NAMES = {v: k for k, v in DTYPES.items()}
 
 # Tiny configurations: every kind of RoPE scaling, GQA and MHA, biases, tied and untied heads,
-# an explicit head_dim, and the three stored dtypes (one of them sharded).
+# an explicit head_dim, sliding windows shorter than the sequence (Mistral on every layer, Qwen2
+# on the second), and the three stored dtypes (one of them sharded).
 CASES = {
     "llama3_gqa_tied_bf16_sharded": dict(
         config=dict(model_type="llama", vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -43,16 +45,16 @@ CASES = {
                     rope_theta=10000.0, tie_word_embeddings=False, attention_bias=True, mlp_bias=True,
                     hidden_act="silu", rope_scaling=None),
         dtype=torch.float32, shards=1),
-    "qwen2_gqa_tied_f16": dict(
+    "qwen2_gqa_tied_window_f16": dict(
         config=dict(model_type="qwen2", vocab_size=80, hidden_size=32, intermediate_size=56, num_hidden_layers=2,
                     num_attention_heads=4, num_key_value_heads=1, max_position_embeddings=128, rms_norm_eps=1e-6,
-                    rope_theta=1000000.0, tie_word_embeddings=True, use_sliding_window=False,
-                    sliding_window=4096, hidden_act="silu"),
+                    rope_theta=1000000.0, tie_word_embeddings=True, use_sliding_window=True,
+                    sliding_window=4, max_window_layers=1, hidden_act="silu"),
         dtype=torch.float16, shards=1),
-    "mistral_head_dim_linear_rope_untied_f32": dict(
+    "mistral_window_head_dim_linear_rope_untied_f32": dict(
         config=dict(model_type="mistral", vocab_size=72, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                     num_attention_heads=4, num_key_value_heads=2, head_dim=12, max_position_embeddings=128,
-                    rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=False, sliding_window=64,
+                    rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=False, sliding_window=3,
                     hidden_act="silu", rope_scaling=dict(rope_type="linear", factor=2.0)),
         dtype=torch.float32, shards=1),
 }
@@ -154,7 +156,17 @@ def linear(w, name, x):
     return torch.nn.functional.linear(x, w[name + ".weight"], w.get(name + ".bias"))
 
 
-def attention(c, w, p, x, cos, sin, cache):
+def layer_window(c, i):
+    """The sliding window of layer i (None: full causal attention)."""
+    if c.get("layer_types"):
+        return c["sliding_window"] if c["layer_types"][i] == "sliding_attention" else None
+    if c["model_type"] == "qwen2":
+        on = c.get("use_sliding_window") and i >= c.get("max_window_layers", 28)
+        return c.get("sliding_window") if on else None
+    return c.get("sliding_window") if c["model_type"] == "mistral" else None
+
+
+def attention(c, w, p, x, cos, sin, cache, window):
     B, T, _ = x.shape
     H, KV, D = c["num_attention_heads"], kv_heads(c), head_dim(c)
     q = linear(w, p + "q_proj", x).view(B, T, H, D).transpose(1, 2)
@@ -171,7 +183,10 @@ def attention(c, w, p, x, cos, sin, cache):
     k_all = k.repeat_interleave(H // KV, dim=1)
     v_all = v.repeat_interleave(H // KV, dim=1)
     scores = torch.matmul(q, k_all.transpose(2, 3)) * D ** -0.5
-    visible = torch.ones(T, S, dtype=torch.bool).tril(S - T)
+    q_pos, k_pos = torch.arange(S - T, S)[:, None], torch.arange(S)[None, :]
+    visible = k_pos <= q_pos
+    if window:
+        visible &= k_pos > q_pos - window
     scores = scores + torch.zeros(T, S).masked_fill(~visible, torch.finfo(torch.float32).min)
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
     out = torch.matmul(probs, v_all).transpose(1, 2).reshape(B, T, H * D)
@@ -187,7 +202,8 @@ def forward(c, w, ids, cache=None, past=0):
     x = w["model.embed_tokens.weight"][ids]
     for i in range(c["num_hidden_layers"]):
         p = f"model.layers.{i}."
-        x = x + attention(c, w, p + "self_attn.", rms_norm(x, w[p + "input_layernorm.weight"], eps), cos, sin, cache)
+        x = x + attention(c, w, p + "self_attn.", rms_norm(x, w[p + "input_layernorm.weight"], eps), cos, sin, cache,
+                          layer_window(c, i))
         h = rms_norm(x, w[p + "post_attention_layernorm.weight"], eps)
         gate = torch.nn.functional.silu(linear(w, p + "mlp.gate_proj", h))
         x = x + linear(w, p + "mlp.down_proj", gate * linear(w, p + "mlp.up_proj", h))

@@ -20,8 +20,8 @@ namespace {
 using qforge::testing::error_of;
 namespace fs = std::filesystem;
 
-const char* const kFixtures[] = {"llama3_gqa_tied_bf16_sharded", "llama2_biases_untied_f32", "qwen2_gqa_tied_f16",
-                                 "mistral_head_dim_linear_rope_untied_f32"};
+const char* const kFixtures[] = {"llama3_gqa_tied_bf16_sharded", "llama2_biases_untied_f32",
+                                 "qwen2_gqa_tied_window_f16", "mistral_window_head_dim_linear_rope_untied_f32"};
 constexpr int64_t kPrompt = 6;  // llama_reference.py's PROMPT
 
 std::string fixture(const std::string& name) { return std::string(QFORGE_LLAMA_FIXTURES) + "/" + name; }
@@ -74,14 +74,15 @@ TEST(Llama, FixturesCoverGqaBiasesTiedHeadsRopeScalingAndStoredDtypes) {
   EXPECT_TRUE(fs::exists(fixture(kFixtures[0]) + "/model.safetensors.index.json"));
   const LlamaConfig qwen = LlamaConfig::from_file(fixture(kFixtures[2]) + "/config.json");
   EXPECT_TRUE(qwen.qkv_bias() && !qwen.o_bias());
-  EXPECT_EQ(qwen.attention_window(), 0) << "use_sliding_window=false";
+  EXPECT_EQ(qwen.attention_window(0), 0) << "below max_window_layers";
+  EXPECT_EQ(qwen.attention_window(1), 4);
   LlamaForCausalLM q = load_llama_for_causal_lm(fixture(kFixtures[2]));
   const auto& attn = *q->model->layers->ptr(0)->as<LlamaDecoderLayerImpl>()->self_attn;
   EXPECT_TRUE(attn.q_proj->bias.defined() && !attn.o_proj->bias.defined());
   const LlamaConfig mistral = LlamaConfig::from_file(fixture(kFixtures[3]) + "/config.json");
   EXPECT_EQ(mistral.head_size(), 12);
   EXPECT_EQ(mistral.rope_scaling.rope_type, "linear");
-  EXPECT_EQ(mistral.attention_window(), 64);
+  EXPECT_EQ(mistral.attention_window(0), 3) << "the window is shorter than the fixtures' 10 tokens";
 }
 
 TEST(Llama, HfParameterNames) {
@@ -143,20 +144,43 @@ TEST(Llama, RefusedConfigsNameTheKey) {
   EXPECT_EQ(refusal("pretraining_tp", 2), "") << "pretraining_tp only splits HF's products; the result is the same";
 }
 
-TEST(Llama, SlidingWindowRefusesSequencesLongerThanTheWindow) {
+// RoPE makes attention depend on relative positions only, so with one layer and a window of W
+// each position's logits are those of the W tokens ending there, run alone.
+TEST(Llama, SlidingWindowSeesOnlyTheLastWindowOfKeys) {
   LlamaConfig c = tiny_config();
-  c.model_type = "mistral";
-  c.sliding_window = 8;
+  c.model_type = "mistral", c.num_hidden_layers = 1, c.sliding_window = 3;
+  at::manual_seed(4);
   LlamaForCausalLM m(c);
+  m->eval();
   at::NoGradGuard ng;
-  KvCache cache;
-  m->forward(at::zeros({1, 6}, at::kLong), &cache);
-  m->forward(at::zeros({1, 2}, at::kLong), &cache);
-  EXPECT_NE(error_of([&] { m->forward(at::zeros({1, 1}, at::kLong), &cache); }).find("exceeds sliding_window 8"),
+  const at::Tensor ids = at::randint(0, c.vocab_size, {2, 9}, at::kLong);
+  const at::Tensor full = m->forward(ids);
+  for (int64_t t = 2; t < 9; ++t) {
+    const at::Tensor alone = m->forward(ids.narrow(1, t - 2, 3)).narrow(1, 2, 1);
+    EXPECT_LT(relative_error(full.narrow(1, t, 1), alone), 1e-5) << "position " << t;
+  }
+  c.sliding_window = 0;
+  LlamaForCausalLM unwindowed(c);
+  {
+    const StateDict from = model_state(*m);
+    load_hf_llama(unwindowed, from, "the windowed model");
+  }
+  EXPECT_GT(relative_error(unwindowed->forward(ids), full), 1e-3) << "the window changes the logits";
+  // Qwen2 windows only with use_sliding_window, from max_window_layers on; layer_types overrides.
+  c.model_type = "qwen2", c.sliding_window = 3, c.num_hidden_layers = 2, c.max_window_layers = 1;
+  EXPECT_EQ(c.attention_window(1), 0);
+  c.use_sliding_window = true;
+  EXPECT_EQ(c.attention_window(0), 0);
+  EXPECT_EQ(c.attention_window(1), 3);
+  nlohmann::json j = c.to_json();
+  j["layer_types"] = {"sliding_attention", "full_attention"};
+  const LlamaConfig typed = LlamaConfig::from_json(j);
+  EXPECT_EQ(typed.attention_window(0), 3);
+  EXPECT_EQ(typed.attention_window(1), 0);
+  EXPECT_EQ(LlamaConfig::from_json(typed.to_json()).layer_types, typed.layer_types);
+  j["layer_types"] = {"chunked_attention", "full_attention"};
+  EXPECT_NE(error_of([&] { LlamaConfig::from_json(j); }).find("'layer_types' holds 'chunked_attention'"),
             std::string::npos);
-  c.model_type = "qwen2";  // Qwen2 applies the window only with use_sliding_window
-  LlamaForCausalLM q(c);
-  EXPECT_EQ(q->forward(at::zeros({1, 12}, at::kLong)).size(1), 12);
 }
 
 TEST(Llama, UntiedHeadKeepsTheLogits) {
