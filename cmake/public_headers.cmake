@@ -14,6 +14,7 @@ set(QFORGE_UMBRELLA_HEADERS
   framework/nn/layer_norm.h
   framework/nn/linear.h
   framework/nn/matmul.h
+  framework/nn/rms_norm.h
   framework/nn/rpq.h
   framework/api/quantize.h
   framework/api/quantized_tensor.h
@@ -35,11 +36,17 @@ set(QFORGE_PUBLIC_HEADERS
   framework/models/cnn.h
   framework/models/field_rule.h
   framework/models/gpt2.h
+  framework/models/hf_folder.h
+  framework/models/kv_cache.h
+  framework/models/llama.h
+  framework/models/generation.h
+  framework/models/perplexity.h
   framework/models/mlp.h
   framework/models/state_dict.h
   framework/api/module_like.h
   framework/nn/batch_norm.h
   framework/nn/conv_bn_fold.h
+  framework/nn/norm_layer.h
   framework/nn/packed_weight.h
   framework/nn/quantizable.h
   framework/nn/twin.h

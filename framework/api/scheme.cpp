@@ -55,13 +55,14 @@ std::optional<LayerScheme> Scheme::resolve(const std::string& path, const Quanti
     break;
   }
   const std::string type = layer.layer_type();
-  const bool weightless = type == "LayerNorm" || type == "MatMul";
+  const bool norm = type == "LayerNorm" || type == "RMSNorm";
+  const bool weightless = norm || type == "MatMul";
   if (type == "Embedding") act = ActivationMode::kNone;
   if ((type == "Conv1d" || type == "Conv2d") && act == ActivationMode::kDynamicPerToken) {
     act = ActivationMode::kStatic;
     *note = "dynamic per-token activations do not apply to convolutions; using static";
   }
-  if (type == "LayerNorm" && act == ActivationMode::kDynamicPerToken) act = ActivationMode::kNone;
+  if (norm && act == ActivationMode::kDynamicPerToken) act = ActivationMode::kNone;
   if (weightless && act == ActivationMode::kNone) return std::nullopt;
 
   LayerScheme ls;

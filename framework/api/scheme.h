@@ -27,7 +27,7 @@ struct Scheme {
   int64_t group_size = 0;
   bool weight_symmetric = true;
   bool weight_lsq = false;
-  // Activations (inputs of Linear/Conv/MatMul, output of LayerNorm).
+  // Activations (inputs of Linear/Conv/MatMul, output of LayerNorm / RMSNorm).
   ActivationMode activations = ActivationMode::kNone;
   QType activation_qtype = qint8;
   // Symmetric int8 activations use the narrow grid [-127, 127], which the int8 kernels need.

@@ -5,13 +5,12 @@
 #include <torch/nn/init.h>
 
 #include <cmath>
-#include <filesystem>
-#include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
 
 #include "framework/core/error.h"
 #include "framework/models/config_field.h"
+#include "framework/models/hf_folder.h"
 #include "framework/format/safetensors.h"
 
 namespace qforge::models {
@@ -255,17 +254,13 @@ void load_hf_bert(torch::nn::Module& model, StateDict state, const std::string& 
 BertForSequenceClassification load_bert_for_sequence_classification(const std::string& dir) {
   const BertConfig config = BertConfig::from_file(dir + "/config.json");
   BertForSequenceClassification model(config);
-  const std::string weights = dir + "/model.safetensors";
-  load_hf_bert(*model, io::read_safetensors(weights).tensors, weights);
+  const HfWeights weights = read_hf_weights(dir);
+  load_hf_bert(*model, weights.tensors, weights.source);
   return model;
 }
 
 void save_hf_bert(const BertForSequenceClassification& model, const std::string& dir) {
-  std::filesystem::create_directories(dir);
-  std::ofstream(dir + "/config.json") << model->config.to_json().dump(2) << "\n";
-  StateDict state;
-  for (const auto& [k, v] : model_state(*model)) state[k] = v.detach().contiguous();
-  io::write_safetensors(dir + "/model.safetensors", state, {{"format", "pt"}});
+  write_hf_folder(dir, model->config.to_json(), model_state(*model));
 }
 
 }  // namespace qforge::models

@@ -4,13 +4,13 @@
 #include <ATen/ATen.h>
 
 #include <cmath>
-#include <filesystem>
-#include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
 
 #include "framework/core/error.h"
 #include "framework/models/config_field.h"
+#include "framework/models/hf_folder.h"
+#include "framework/models/hf_lm_head.h"
 #include "framework/format/safetensors.h"
 #include "framework/models/bert.h"  // apply_activation
 
@@ -162,21 +162,7 @@ void Gpt2LMHeadModelImpl::reset() {
 
 void Gpt2LMHeadModelImpl::untie_lm_head() {
   QF_REQUIRE(config.tie_word_embeddings && !lm_head, "models/gpt2: the LM head is already untied");
-  const nn::EmbeddingImpl& wte = *transformer->wte;
-  QF_REQUIRE(!wte.quantized() && wte.weight.defined(), "models/gpt2: untie_lm_head() before quantize(): the head "
-             "copies the token embedding's float table");
-  at::Tensor table;
-  {
-    at::NoGradGuard g;
-    table = wte.weight.detach().clone();
-  }
-  nn::Linear head(torch::nn::LinearOptions(config.n_embd, config.vocab_size).bias(false));
-  {
-    at::NoGradGuard g;
-    head->weight.copy_(table);
-  }
-  head->to(table.device());
-  lm_head = register_module("lm_head", head);
+  lm_head = register_module("lm_head", untied_lm_head(*transformer->wte, "models/gpt2"));
   config.tie_word_embeddings = false;
 }
 
@@ -199,11 +185,7 @@ void Gpt2LMHeadModelImpl::init_weights() {
 }
 
 at::Tensor Gpt2LMHeadModelImpl::forward(const at::Tensor& ids, Gpt2KvCache* cache) {
-  const at::Tensor h = transformer->forward(ids, cache);
-  if (lm_head) return lm_head->forward(h);
-  QF_REQUIRE(transformer->wte->weight.defined(), "models/gpt2: the LM head is tied to transformer.wte, whose float "
-             "table is gone (frozen); keep transformer.wte float, or untie_lm_head() before quantize()");
-  return at::linear(h, transformer->wte->weight);
+  return lm_head_logits(transformer->forward(ids, cache), lm_head, *transformer->wte, "models/gpt2", "transformer.wte");
 }
 
 void load_hf_gpt2(Gpt2LMHeadModel& model, StateDict state, const std::string& source) {
@@ -213,13 +195,7 @@ void load_hf_gpt2(Gpt2LMHeadModel& model, StateDict state, const std::string& so
     const std::string key = k.rfind("transformer.", 0) == 0 || k.rfind("lm_head.", 0) == 0 ? k : "transformer." + k;
     converted[key] = is_conv1d_weight(key) && v.dim() == 2 ? v.t().contiguous() : v;
   }
-  if (auto it = converted.find("lm_head.weight"); it != converted.end() && model->config.tie_word_embeddings) {
-    auto wte = converted.find("transformer.wte.weight");
-    QF_REQUIRE(wte != converted.end() && wte->second.sizes() == it->second.sizes() && at::equal(wte->second, it->second),
-               "models/gpt2: ", source, " has an lm_head.weight that differs from transformer.wte.weight; qforge's "
-               "GPT-2 ties them and cannot load an untied head");
-    converted.erase(it);
-  }
+  if (model->config.tie_word_embeddings) drop_tied_lm_head(converted, "transformer.wte.weight", "models/gpt2", source);
   LoadStateOptions opts;
   opts.ignore_suffixes = {".attn.bias", ".attn.masked_bias"};
   opts.source = "models/gpt2: " + source;
@@ -235,15 +211,13 @@ StateDict hf_gpt2_state(const Gpt2LMHeadModel& model) {
 
 Gpt2LMHeadModel load_gpt2_lm_head_model(const std::string& dir) {
   Gpt2LMHeadModel model(Gpt2Config::from_file(dir + "/config.json"));
-  const std::string weights = dir + "/model.safetensors";
-  load_hf_gpt2(model, io::read_safetensors(weights).tensors, weights);
+  HfWeights weights = read_hf_weights(dir);
+  load_hf_gpt2(model, std::move(weights.tensors), weights.source);
   return model;
 }
 
 void save_hf_gpt2(const Gpt2LMHeadModel& model, const std::string& dir) {
-  std::filesystem::create_directories(dir);
-  std::ofstream(dir + "/config.json") << model->config.to_json().dump(2) << "\n";
-  io::write_safetensors(dir + "/model.safetensors", hf_gpt2_state(model), {{"format", "pt"}});
+  write_hf_folder(dir, model->config.to_json(), hf_gpt2_state(model));
 }
 
 }  // namespace qforge::models

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "framework/models/field_rule.h"
+#include "framework/models/kv_cache.h"
 #include "framework/models/state_dict.h"
 #include "framework/nn/embedding.h"
 #include "framework/nn/layer_norm.h"
@@ -63,14 +64,8 @@ struct Gpt2Config {
   }
 };
 
-// Keys and values of the positions a GPT-2 has already seen, one pair per layer, for
-// token-by-token decoding: each forward with a cache attends to the cached positions plus its own,
-// then appends its keys and values. Tensors are [B, n_head, T_past, head_dim].
-struct Gpt2KvCache {
-  std::vector<at::Tensor> keys, values;
-  int64_t length() const { return keys.empty() || !keys[0].defined() ? 0 : keys[0].size(2); }
-  void clear() { keys.clear(), values.clear(); }
-};
+// The GPT-2 cache's tensors are [B, n_head, T_past, head_dim].
+using Gpt2KvCache = KvCache;
 
 class Gpt2AttentionImpl : public torch::nn::Cloneable<Gpt2AttentionImpl> {
  public:
@@ -153,7 +148,7 @@ TORCH_MODULE(Gpt2LMHeadModel);
 void load_hf_gpt2(Gpt2LMHeadModel& model, StateDict state, const std::string& source = "checkpoint");
 // HF names and layouts (Conv1D weights transposed back to [in, out]).
 StateDict hf_gpt2_state(const Gpt2LMHeadModel& model);
-Gpt2LMHeadModel load_gpt2_lm_head_model(const std::string& dir);  // config.json + model.safetensors
+Gpt2LMHeadModel load_gpt2_lm_head_model(const std::string& dir);  // config.json + weights (hf_folder.h)
 void save_hf_gpt2(const Gpt2LMHeadModel& model, const std::string& dir);
 
 }  // namespace qforge::models

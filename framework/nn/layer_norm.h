@@ -4,12 +4,12 @@
 
 #include <torch/nn/modules/normalization.h>
 
-#include "framework/nn/quantizable.h"
+#include "framework/nn/norm_layer.h"
 #include "framework/nn/twin.h"
 
 namespace qforge::nn {
 
-class LayerNormImpl : QFORGE_TWIN_BASE(torch::nn::LayerNormImpl), public QuantizableLayer {
+class LayerNormImpl : QFORGE_TWIN_BASE(torch::nn::LayerNormImpl), public NormLayer {
  public:
   // Private base: a torch::nn::LayerNormImpl& cannot bind to this layer, so the base class's
   // non-virtual forward can never run (in float) in its place. Module stays a public base.
@@ -29,13 +29,9 @@ class LayerNormImpl : QFORGE_TWIN_BASE(torch::nn::LayerNormImpl), public Quantiz
   const char* layer_type() const override { return "LayerNorm"; }
   torch::nn::Module& module() override { return *this; }
   const torch::nn::Module& module() const override { return *this; }
-  void check_scheme(const LayerScheme& scheme) const override;
-  void install_frozen(QuantizedTensor weight) override;
-  KernelPlan plan() const override;
 
  protected:
-  const char* activation_quantizer_name() const override { return "output_quantizer"; }
-  bool has_weight() const override { return false; }
+  const char* float_kernel() const override { return "layer_norm_f32"; }
 };
 TORCH_MODULE(LayerNorm);
 

@@ -59,5 +59,6 @@ TaskKind mlp_task();
 TaskKind cnn_task();
 TaskKind bert_task();
 TaskKind gpt2_task();
+TaskKind llama_task();
 
 }  // namespace qforge

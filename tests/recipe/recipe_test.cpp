@@ -422,10 +422,10 @@ TEST(Recipe, ArchitecturesAndDatasetsAreTheTaskRegistrys) {
   }
   const std::vector<RecipeIssue> typo = issues_of(dir.write("typo.yaml", "model: {arch: bret}\ndata: {dataset: langid}\n"));
   ASSERT_EQ(typo.size(), 1u);
-  EXPECT_EQ(typo[0].message, "'bret' is not valid (did you mean 'bert'?); valid: mlp, cnn, bert, gpt2");
+  EXPECT_EQ(typo[0].message, "'bret' is not valid (did you mean 'bert'?); valid: mlp, cnn, bert, gpt2, llama");
   const std::vector<RecipeIssue> missing = issues_of(dir.write("none.yaml", "train: {epochs: 1}\n"));
   ASSERT_EQ(missing.size(), 2u);
-  EXPECT_EQ(missing[0].message, "is required (mlp, cnn, bert or gpt2)");
+  EXPECT_EQ(missing[0].message, "is required (mlp, cnn, bert, gpt2 or llama)");
   EXPECT_EQ(missing[1].message, "is required (fashion_mnist, langid or fortunes)");
   EXPECT_EQ(find_task_kind("gpt2")->dataset, std::string("fortunes"));
   EXPECT_EQ(find_task_kind("resnet"), nullptr);

@@ -24,14 +24,7 @@ Task make_gpt2_task(const Recipe& r, bool with_data) {
     models::load_hf_gpt2(m, io::read_safetensors(path).tensors, path);
   };
   t.metric = "perplexity";
-  if (with_data) {
-    const data::TextCorpus corpus = data::load_fortunes();
-    t.train = tasks::capped(std::make_shared<train::LmBatches>(corpus.train, d.seq_len, d.seq_len), d.max_train_examples);
-    t.validation =
-        tasks::capped(std::make_shared<train::LmBatches>(corpus.validation, d.seq_len, d.seq_len), d.max_eval_examples);
-    t.test = tasks::capped(std::make_shared<train::LmBatches>(corpus.test, d.seq_len, d.seq_len), d.max_eval_examples);
-    t.baselines["unigram_perplexity"] = data::unigram_perplexity(corpus.train, corpus.test);
-  }
+  if (with_data) tasks::attach_fortunes(t, r);
   return t;
 }
 

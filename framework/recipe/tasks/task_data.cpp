@@ -5,6 +5,8 @@
 
 #include <algorithm>
 
+#include "framework/data/text_corpus.h"
+
 namespace qforge::tasks {
 
 namespace {
@@ -25,6 +27,15 @@ class Prefix : public train::BatchSource {
 
 std::shared_ptr<train::BatchSource> capped(std::shared_ptr<train::BatchSource> s, int64_t n) {
   return n > 0 ? std::make_shared<Prefix>(std::move(s), n) : s;
+}
+
+void attach_fortunes(Task& t, const Recipe& r) {
+  const auto& d = r.data;
+  const data::TextCorpus corpus = data::load_fortunes();
+  t.train = capped(std::make_shared<train::LmBatches>(corpus.train, d.seq_len, d.seq_len), d.max_train_examples);
+  t.validation = capped(std::make_shared<train::LmBatches>(corpus.validation, d.seq_len, d.seq_len), d.max_eval_examples);
+  t.test = capped(std::make_shared<train::LmBatches>(corpus.test, d.seq_len, d.seq_len), d.max_eval_examples);
+  t.baselines["unigram_perplexity"] = data::unigram_perplexity(corpus.train, corpus.test);
 }
 
 }  // namespace qforge::tasks

@@ -1,5 +1,5 @@
-// What the task files share: a split capped at the recipe's example limits, and an architecture
-// config from model.config_file and model.config.
+// What the task files share: a split capped at the recipe's example limits, the fortunes LM splits,
+// and an architecture config from model.config_file and model.config.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -7,12 +7,17 @@
 #include <memory>
 
 #include "framework/recipe/recipe.h"
+#include "framework/recipe/task.h"
 #include "framework/train/batches.h"
 
 namespace qforge::tasks {
 
 // The first n examples of `s` (n = 0: all of them), for quick runs and CI.
 std::shared_ptr<train::BatchSource> capped(std::shared_ptr<train::BatchSource> s, int64_t n);
+
+// The fortunes corpus as byte-level language-model splits (windows of data.seq_len) and its
+// unigram baseline, for the causal LM tasks (GPT-2, Llama).
+void attach_fortunes(Task& t, const Recipe& r);
 
 // The architecture config: model.config_file (HF config.json) if given, else the defaults, with
 // the recipe's model.config keys merged over it.

@@ -1,0 +1,330 @@
+// Llama / Mistral / Qwen2 decoders with HF names (see llama.h).
+#include "framework/models/llama.h"
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <limits>
+#include <nlohmann/json.hpp>
+
+#include "framework/core/error.h"
+#include "framework/models/bert.h"  // apply_activation
+#include "framework/models/config_field.h"
+#include "framework/models/hf_folder.h"
+#include "framework/models/hf_lm_head.h"
+
+namespace qforge::models {
+namespace {
+
+constexpr const char* kLlama = "models/llama";
+
+at::Tensor mlp_activation(const std::string& name, const at::Tensor& x) {
+  return name == "silu" ? at::silu(x) : apply_activation(name, x);
+}
+
+// HF's rotate_half: (x1, x2) -> (-x2, x1) over the two halves of the last dimension.
+at::Tensor rotate_half(const at::Tensor& x) {
+  const int64_t half = x.size(-1) / 2;
+  return at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+}
+
+at::Tensor apply_rope(const at::Tensor& x, const RopeTables& rope) { return x * rope.cos + rotate_half(x) * rope.sin; }
+
+// Llama 3.1's frequency rescaling (llama.h), in float32 as HF computes it.
+at::Tensor llama3_inv_freq(const at::Tensor& inv_freq, const LlamaRopeScaling& s) {
+  const double old_len = static_cast<double>(s.original_max_position_embeddings);
+  const double low_freq_wavelen = old_len / s.low_freq_factor, high_freq_wavelen = old_len / s.high_freq_factor;
+  const at::Tensor wavelen = 2 * M_PI / inv_freq;
+  const at::Tensor scaled = at::where(wavelen > low_freq_wavelen, inv_freq / s.factor, inv_freq);
+  const at::Tensor smooth = (old_len / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+  const at::Tensor smoothed = (1 - smooth) * scaled / s.factor + smooth * scaled;
+  const at::Tensor medium = at::logical_not(wavelen < high_freq_wavelen).logical_and(
+      at::logical_not(wavelen > low_freq_wavelen));
+  return at::where(medium, smoothed, scaled);
+}
+
+at::Tensor rope_inv_freq(const LlamaConfig& c) {
+  const int64_t d = c.head_size();
+  const at::Tensor exponents = at::arange(0, d, 2, at::kLong).to(at::kFloat) / static_cast<double>(d);
+  const at::Tensor inv_freq = 1.0 / at::pow(c.rope_theta, exponents);
+  if (c.rope_scaling.rope_type == "linear") return inv_freq / c.rope_scaling.factor;
+  if (c.rope_scaling.rope_type == "llama3") return llama3_inv_freq(inv_freq, c.rope_scaling);
+  return inv_freq;
+}
+
+double json_number(const nlohmann::json& j, const char* key, double fallback) {
+  if (!j.contains(key) || j[key].is_null()) return fallback;
+  QF_REQUIRE(j[key].is_number(), kLlama, ": config field 'rope_scaling.", key, "' must be a number, got ", j[key].dump());
+  return j[key].get<double>();
+}
+
+void validate_llama_config(const LlamaConfig& c, const nlohmann::json& j) {
+  QF_REQUIRE(c.model_type == "llama" || c.model_type == "mistral" || c.model_type == "qwen2", kLlama,
+             ": config field 'model_type' is '", c.model_type, "'; supported: llama, mistral, qwen2");
+  require_positive_fields(c, kLlama);
+  QF_REQUIRE(c.head_dim > 0 || c.hidden_size % c.num_attention_heads == 0, kLlama, ": hidden_size ", c.hidden_size,
+             " is not a multiple of num_attention_heads ", c.num_attention_heads, " (and head_dim is not given)");
+  QF_REQUIRE(c.num_attention_heads % c.kv_heads() == 0, kLlama, ": num_attention_heads ", c.num_attention_heads,
+             " is not a multiple of num_key_value_heads ", c.kv_heads());
+  QF_REQUIRE(c.head_size() % 2 == 0, kLlama, ": head_dim ", c.head_size(), " is odd; RoPE rotates pairs");
+  QF_REQUIRE(c.rms_norm_eps >= 0, kLlama, ": config field 'rms_norm_eps' must be >= 0, got ", c.rms_norm_eps);
+  QF_REQUIRE(c.layer_types.empty() || static_cast<int64_t>(c.layer_types.size()) == c.num_hidden_layers, kLlama,
+             ": config field 'layer_types' lists ", c.layer_types.size(), " layers, the model has ", c.num_hidden_layers);
+  for (const std::string& t : c.layer_types)
+    QF_REQUIRE(t == "full_attention" || (t == "sliding_attention" && c.sliding_window > 0), kLlama,
+               ": config field 'layer_types' holds '", t, "'; supported: full_attention, and sliding_attention with a "
+               "sliding_window");
+  QF_REQUIRE(c.attention_dropout == 0.0, kLlama, ": config field 'attention_dropout' is ", c.attention_dropout,
+             "; only 0 is supported");
+  try {
+    mlp_activation(c.hidden_act, at::zeros({1}));
+  } catch (const Error&) {
+    throw Error(detail::str_cat(kLlama, ": config field 'hidden_act' is '", c.hidden_act,
+                                "'; supported: silu, gelu, gelu_new, gelu_pytorch_tanh, relu"));
+  }
+  if (j.contains("partial_rotary_factor") && !j["partial_rotary_factor"].is_null())
+    QF_REQUIRE(j["partial_rotary_factor"] == 1 || j["partial_rotary_factor"] == 1.0, kLlama,
+               ": config field 'partial_rotary_factor' is not supported (RoPE rotates the whole head)");
+}
+
+}  // namespace
+
+LlamaRopeScaling LlamaRopeScaling::from_json(const nlohmann::json& j) {
+  LlamaRopeScaling s;
+  if (j.is_null()) return s;
+  QF_REQUIRE(j.is_object(), kLlama, ": config field 'rope_scaling' must be an object or null, got ", j.dump());
+  // Older configs name the kind "type".
+  const char* kind_key = j.contains("rope_type") ? "rope_type" : "type";
+  QF_REQUIRE(j.contains(kind_key) && j[kind_key].is_string(), kLlama, ": config field 'rope_scaling' has no rope_type");
+  s.rope_type = j[kind_key].get<std::string>();
+  QF_REQUIRE(s.rope_type == "default" || s.rope_type == "linear" || s.rope_type == "llama3", kLlama,
+             ": config field 'rope_scaling.", kind_key, "' is '", s.rope_type, "'; supported: default, linear, llama3");
+  s.factor = json_number(j, "factor", 1.0);
+  s.low_freq_factor = json_number(j, "low_freq_factor", s.low_freq_factor);
+  s.high_freq_factor = json_number(j, "high_freq_factor", s.high_freq_factor);
+  s.original_max_position_embeddings = static_cast<int64_t>(
+      json_number(j, "original_max_position_embeddings", static_cast<double>(s.original_max_position_embeddings)));
+  QF_REQUIRE(s.factor > 0, kLlama, ": config field 'rope_scaling.factor' must be > 0, got ", s.factor);
+  if (s.rope_type == "llama3")
+    QF_REQUIRE(s.high_freq_factor > s.low_freq_factor && s.low_freq_factor > 0 && s.original_max_position_embeddings > 0,
+               kLlama, ": config field 'rope_scaling' (llama3) needs high_freq_factor > low_freq_factor > 0 and "
+               "original_max_position_embeddings > 0, got ", j.dump());
+  return s;
+}
+
+nlohmann::json LlamaRopeScaling::to_json() const {
+  if (rope_type == "default") return nullptr;
+  nlohmann::json j = {{"rope_type", rope_type}, {"factor", factor}};
+  if (rope_type == "llama3") {
+    j["low_freq_factor"] = low_freq_factor;
+    j["high_freq_factor"] = high_freq_factor;
+    j["original_max_position_embeddings"] = original_max_position_embeddings;
+  }
+  return j;
+}
+
+int64_t LlamaConfig::attention_window(int64_t layer) const {
+  if (!layer_types.empty()) return layer_types[static_cast<size_t>(layer)] == "sliding_attention" ? sliding_window : 0;
+  if (model_type == "qwen2") return use_sliding_window && layer >= max_window_layers ? sliding_window : 0;
+  return model_type == "mistral" ? sliding_window : 0;
+}
+
+const char* LlamaConfig::architecture() const {
+  if (model_type == "mistral") return "MistralForCausalLM";
+  if (model_type == "qwen2") return "Qwen2ForCausalLM";
+  return "LlamaForCausalLM";
+}
+
+LlamaConfig LlamaConfig::from_json(const nlohmann::json& j) {
+  LlamaConfig c = read_config<LlamaConfig>(j, kLlama);
+  if (j.contains("rope_scaling")) c.rope_scaling = LlamaRopeScaling::from_json(j["rope_scaling"]);
+  get_config_field(j, kLlama, "layer_types", c.layer_types);
+  validate_llama_config(c, j);
+  return c;
+}
+
+LlamaConfig LlamaConfig::from_file(const std::string& path) { return from_json(read_config_json(path, kLlama)); }
+
+nlohmann::json LlamaConfig::to_json() const {
+  nlohmann::json j = config_json(*this, model_type.c_str(), architecture());
+  j["rope_scaling"] = rope_scaling.to_json();
+  if (!layer_types.empty()) j["layer_types"] = layer_types;
+  return j;
+}
+
+LlamaAttentionImpl::LlamaAttentionImpl(const LlamaConfig& c, int64_t layer_) : config(c), layer(layer_) { reset(); }
+
+void LlamaAttentionImpl::reset() {
+  const int64_t h = config.hidden_size, q = config.num_attention_heads * config.head_size(),
+                kv = config.kv_heads() * config.head_size();
+  auto linear = [](int64_t in, int64_t out, bool bias) {
+    return nn::Linear(torch::nn::LinearOptions(in, out).bias(bias));
+  };
+  q_proj = register_module("q_proj", linear(h, q, config.qkv_bias()));
+  k_proj = register_module("k_proj", linear(h, kv, config.qkv_bias()));
+  v_proj = register_module("v_proj", linear(h, kv, config.qkv_bias()));
+  o_proj = register_module("o_proj", linear(q, h, config.o_bias()));
+  qk_matmul = register_module("qk_matmul", nn::MatMul());
+  av_matmul = register_module("av_matmul", nn::MatMul());
+}
+
+at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x, const RopeTables& rope, at::Tensor* past_k,
+                                       at::Tensor* past_v) {
+  const int64_t B = x.size(0), T = x.size(1), H = config.num_attention_heads, KV = config.kv_heads(),
+                D = config.head_size(), rep = H / KV;
+  QF_REQUIRE((past_k == nullptr) == (past_v == nullptr), kLlama, ": attention cache needs keys and values");
+  auto heads = [&](const at::Tensor& t, int64_t n) { return t.view({B, T, n, D}).transpose(1, 2); };
+  const at::Tensor q = apply_rope(heads(q_proj->forward(x), H), rope);
+  at::Tensor k = apply_rope(heads(k_proj->forward(x), KV), rope), v = heads(v_proj->forward(x), KV);
+  if (past_k != nullptr) {
+    if (past_k->defined()) {
+      QF_REQUIRE(past_k->size(0) == B && past_v->defined() && past_v->sizes() == past_k->sizes(), kLlama,
+                 ": cached keys ", past_k->sizes(), " do not match a batch of ", B);
+      k = at::cat({*past_k, k}, 2);
+      v = at::cat({*past_v, v}, 2);
+    }
+    *past_k = k;
+    *past_v = v;
+  }
+  const int64_t S = k.size(2), past = S - T;
+  // Grouped-query attention without repeating keys and values: the `rep` query heads sharing a
+  // key/value head stack their rows, so each product is the one HF's repeated heads compute.
+  const at::Tensor qg = q.reshape({B, KV, rep * T, D});
+  at::Tensor w = qk_matmul->forward(qg, k.transpose(-1, -2)).view({B, H, T, S}) * std::pow(static_cast<double>(D), -0.5);
+  // Query i sits at position past + i and sees keys 0 .. past + i (the last `window` of them with a
+  // sliding window); masked scores take float32's lowest value, as HF's mask does, so no row is all -inf.
+  const at::Tensor ones = at::ones({T, S}, x.options().dtype(at::kBool));
+  at::Tensor visible = ones.tril(past);
+  if (const int64_t window = config.attention_window(layer); window > 0)
+    visible = visible.logical_and(ones.triu(past - window + 1));
+  w = at::where(visible, w, at::full({}, std::numeric_limits<float>::lowest(), w.options()));
+  const at::Tensor p = at::softmax(w, -1, at::kFloat).to(v.scalar_type());
+  const at::Tensor ctx = av_matmul->forward(p.view({B, KV, rep * T, S}), v).view({B, H, T, D});
+  return o_proj->forward(ctx.transpose(1, 2).reshape({B, T, H * D}));
+}
+
+LlamaMlpImpl::LlamaMlpImpl(const LlamaConfig& c) : config(c) { reset(); }
+
+void LlamaMlpImpl::reset() {
+  auto linear = [&](int64_t in, int64_t out) {
+    return nn::Linear(torch::nn::LinearOptions(in, out).bias(config.mlp_bias));
+  };
+  gate_proj = register_module("gate_proj", linear(config.hidden_size, config.intermediate_size));
+  up_proj = register_module("up_proj", linear(config.hidden_size, config.intermediate_size));
+  down_proj = register_module("down_proj", linear(config.intermediate_size, config.hidden_size));
+}
+
+at::Tensor LlamaMlpImpl::forward(const at::Tensor& x) {
+  return down_proj->forward(mlp_activation(config.hidden_act, gate_proj->forward(x)) * up_proj->forward(x));
+}
+
+LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaConfig& c, int64_t layer_) : config(c), layer(layer_) {
+  reset();
+}
+
+void LlamaDecoderLayerImpl::reset() {
+  self_attn = register_module("self_attn", LlamaAttention(config, layer));
+  mlp = register_module("mlp", LlamaMlp(config));
+  input_layernorm = register_module("input_layernorm", nn::RMSNorm(config.hidden_size, config.rms_norm_eps));
+  post_attention_layernorm =
+      register_module("post_attention_layernorm", nn::RMSNorm(config.hidden_size, config.rms_norm_eps));
+}
+
+at::Tensor LlamaDecoderLayerImpl::forward(const at::Tensor& x, const RopeTables& rope, at::Tensor* past_k,
+                                          at::Tensor* past_v) {
+  const at::Tensor h = x + self_attn->forward(input_layernorm->forward(x), rope, past_k, past_v);
+  return h + mlp->forward(post_attention_layernorm->forward(h));
+}
+
+LlamaModelImpl::LlamaModelImpl(const LlamaConfig& c) : config(c) { reset(); }
+
+void LlamaModelImpl::reset() {
+  embed_tokens = register_module("embed_tokens", nn::Embedding(config.vocab_size, config.hidden_size));
+  layers = register_module("layers", torch::nn::ModuleList());
+  for (int64_t i = 0; i < config.num_hidden_layers; ++i) layers->push_back(LlamaDecoderLayer(config, i));
+  norm = register_module("norm", nn::RMSNorm(config.hidden_size, config.rms_norm_eps));
+  inv_freq = rope_inv_freq(config);
+}
+
+RopeTables LlamaModelImpl::rope(int64_t past, int64_t T, const at::Device& device) const {
+  const at::Tensor pos = at::arange(past, past + T, at::TensorOptions().dtype(at::kLong)).to(at::kFloat);
+  const at::Tensor freqs = pos.unsqueeze(1) * inv_freq.unsqueeze(0);  // [T, head_dim / 2]
+  const at::Tensor emb = at::cat({freqs, freqs}, -1);
+  return {emb.cos().to(device), emb.sin().to(device)};
+}
+
+at::Tensor LlamaModelImpl::forward(const at::Tensor& ids, KvCache* cache) {
+  QF_REQUIRE(ids.dim() == 2, kLlama, ": input_ids must be [batch, seq], got ", ids.sizes());
+  const int64_t T = ids.size(1), past = cache ? cache->length() : 0;
+  if (cache) {
+    QF_REQUIRE(cache->keys.empty() || static_cast<int64_t>(cache->keys.size()) == config.num_hidden_layers, kLlama,
+               ": the cache holds ", cache->keys.size(), " layers, the model has ", config.num_hidden_layers);
+    cache->keys.resize(static_cast<size_t>(config.num_hidden_layers));
+    cache->values.resize(static_cast<size_t>(config.num_hidden_layers));
+  }
+  const RopeTables tables = rope(past, T, ids.device());
+  at::Tensor x = embed_tokens->forward(ids);
+  size_t layer = 0;
+  for (const auto& l : *layers) {
+    x = l->as<LlamaDecoderLayerImpl>()->forward(x, tables, cache ? &cache->keys[layer] : nullptr,
+                                                cache ? &cache->values[layer] : nullptr);
+    ++layer;
+  }
+  return norm->forward(x);
+}
+
+LlamaForCausalLMImpl::LlamaForCausalLMImpl(const LlamaConfig& c) : config(c) { reset(); }
+
+void LlamaForCausalLMImpl::reset() {
+  model = register_module("model", LlamaModel(config));
+  if (!config.tie_word_embeddings)
+    lm_head = register_module(
+        "lm_head", nn::Linear(torch::nn::LinearOptions(config.hidden_size, config.vocab_size).bias(false)));
+  init_weights();
+}
+
+void LlamaForCausalLMImpl::init_weights() {
+  at::NoGradGuard no_grad;
+  for (auto& item : named_modules("", /*include_self=*/false)) {
+    auto& m = item.value();
+    if (auto* lin = m->as<nn::LinearImpl>()) {
+      lin->weight.normal_(0.0, config.initializer_range);
+      if (lin->bias.defined()) lin->bias.zero_();
+    } else if (auto* emb = m->as<nn::EmbeddingImpl>()) {
+      emb->weight.normal_(0.0, config.initializer_range);
+    } else if (auto* norm = m->as<nn::RMSNormImpl>()) {
+      norm->weight.fill_(1.0);
+    }
+  }
+}
+
+void LlamaForCausalLMImpl::untie_lm_head() {
+  QF_REQUIRE(config.tie_word_embeddings && !lm_head, kLlama, ": the LM head is already untied");
+  lm_head = register_module("lm_head", untied_lm_head(*model->embed_tokens, kLlama));
+  config.tie_word_embeddings = false;
+}
+
+at::Tensor LlamaForCausalLMImpl::forward(const at::Tensor& ids, KvCache* cache) {
+  return lm_head_logits(model->forward(ids, cache), lm_head, *model->embed_tokens, kLlama, "model.embed_tokens");
+}
+
+void load_hf_llama(LlamaForCausalLM& model, StateDict state, const std::string& source) {
+  if (model->config.tie_word_embeddings) drop_tied_lm_head(state, "model.embed_tokens.weight", kLlama, source);
+  LoadStateOptions opts;
+  opts.ignore_suffixes = {".rotary_emb.inv_freq"};
+  opts.source = std::string(kLlama) + ": " + source;
+  load_model_state(*model, state, opts);
+}
+
+LlamaForCausalLM load_llama_for_causal_lm(const std::string& dir) {
+  LlamaForCausalLM model(LlamaConfig::from_file(dir + "/config.json"));
+  HfWeights weights = read_hf_weights(dir);
+  load_hf_llama(model, std::move(weights.tensors), weights.source);
+  return model;
+}
+
+void save_hf_llama(const LlamaForCausalLM& model, const std::string& dir) {
+  write_hf_folder(dir, model->config.to_json(), model_state(*model));
+}
+
+}  // namespace qforge::models

@@ -1,0 +1,60 @@
+// Sliding-window perplexity (see perplexity.h).
+#include "framework/models/perplexity.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "framework/core/error.h"
+
+namespace qforge::models {
+namespace {
+
+constexpr const char* kPerplexity = "models/perplexity";
+
+// Sum of -log p(token p | tokens begin .. p-1) over p in [first, end), from one window's logits.
+double window_nll(const at::Tensor& logits, const at::Tensor& window, int64_t begin, int64_t first, int64_t end) {
+  const int64_t L = window.size(0);
+  QF_REQUIRE(logits.dim() == 3 && logits.size(0) == 1 && logits.size(1) == L, kPerplexity, ": the forward returned logits ",
+             logits.sizes(), " for ids [1, ", L, "]; expected [1, ", L, ", vocab]");
+  const int64_t vocab = logits.size(2);
+  const at::Tensor targets = window.narrow(0, first - begin, end - first);
+  QF_REQUIRE(targets.min().item<int64_t>() >= 0 && targets.max().item<int64_t>() < vocab, kPerplexity,
+             ": token ids must lie in [0, ", vocab, ")");
+  // Position p is predicted by the logits at p - 1.
+  const at::Tensor rows = logits[0].narrow(0, first - begin - 1, end - first).to(at::kDouble);
+  QF_REQUIRE(at::isfinite(rows).all().item<bool>(), kPerplexity, ": the forward returned non-finite logits in the window "
+             "starting at token ", begin);
+  return -at::log_softmax(rows, -1).gather(1, targets.unsqueeze(1)).sum().item<double>();
+}
+
+}  // namespace
+
+PerplexityResult sliding_window_perplexity(const CausalLmForward& forward, const at::Tensor& tokens,
+                                           const PerplexityOptions& o) {
+  QF_REQUIRE(o.max_length >= 2 && o.stride >= 1 && o.stride <= o.max_length, kPerplexity, ": need max_length >= 2 and "
+             "1 <= stride <= max_length, got max_length ", o.max_length, " and stride ", o.stride);
+  QF_REQUIRE(tokens.dim() == 1 && tokens.scalar_type() == at::kLong && tokens.size(0) >= 2, kPerplexity,
+             ": tokens must be a 1-D int64 tensor of at least 2 ids, got ", tokens.sizes(), " ", tokens.scalar_type());
+  const int64_t n = tokens.size(0);
+  PerplexityResult r;
+  r.max_length = o.max_length, r.stride = o.stride;
+  double nll = 0;
+  int64_t prev_end = 0;
+  at::NoGradGuard no_grad;
+  for (int64_t begin = 0; prev_end < n; begin += o.stride) {
+    const int64_t end = std::min(begin + o.max_length, n), first = std::max(prev_end, begin + 1);
+    prev_end = end;
+    if (first >= end) continue;  // nothing new to score (a last window inside the previous one)
+    const at::Tensor window = tokens.narrow(0, begin, end - begin);
+    nll += window_nll(forward(window.unsqueeze(0)), window, begin, first, end);
+    r.tokens_scored += end - first;
+    ++r.windows;
+  }
+  r.nll_per_token = nll / static_cast<double>(r.tokens_scored);
+  r.perplexity = std::exp(r.nll_per_token);
+  return r;
+}
+
+}  // namespace qforge::models

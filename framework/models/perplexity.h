@@ -1,0 +1,38 @@
+// Perplexity of a causal LM over a long token sequence, with fixed-length windows the way
+// Hugging Face's "Perplexity of fixed-length models" guide computes it: windows of max_length
+// tokens start every `stride` tokens; each window scores only the tokens the previous window did
+// not reach (the rest is context), so with stride < max_length every scored token sees at least
+// max_length - stride tokens of context. Token 0 is never scored (nothing predicts it), nor is a
+// window's first token when stride == max_length.
+//   perplexity = exp( sum over scored tokens p of -log softmax(logits[p - 1])[token p] / count )
+// Works over any forward: ids [1, L] -> logits [1, L, vocab].
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <functional>
+
+namespace qforge::models {
+
+using CausalLmForward = std::function<at::Tensor(const at::Tensor& ids)>;
+
+struct PerplexityOptions {
+  int64_t max_length = 1024;  // tokens per window, >= 2
+  int64_t stride = 512;       // 1 .. max_length
+};
+
+struct PerplexityResult {
+  double perplexity = 0;
+  double nll_per_token = 0;  // mean negative log-likelihood in nats
+  int64_t tokens_scored = 0;
+  int64_t windows = 0;
+  int64_t max_length = 0, stride = 0;  // the options used, reported with the figure
+};
+
+// tokens: 1-D int64, at least 2. Throws qforge::Error for bad options, logits of the wrong shape,
+// token ids outside the vocabulary, or non-finite logits.
+PerplexityResult sliding_window_perplexity(const CausalLmForward& forward, const at::Tensor& tokens,
+                                           const PerplexityOptions& options = {});
+
+}  // namespace qforge::models

@@ -1,0 +1,32 @@
+// qforge::nn::RMSNorm: root-mean-square normalisation over the last dimension (Llama, Mistral,
+// Qwen2), y = weight * x / sqrt(mean(x^2) + eps), computed in float32 whatever the input dtype, as
+// HF's LlamaRMSNorm does. LibTorch 1.13 has no twin for it. Like LayerNorm, its output can be
+// fake-quantized (a Q/DQ point after normalisation) and its weight stays float.
+#pragma once
+
+#include <torch/nn/cloneable.h>
+
+#include "framework/nn/norm_layer.h"
+
+namespace qforge::nn {
+
+class RMSNormImpl : public torch::nn::Cloneable<RMSNormImpl>, public NormLayer {
+ public:
+  RMSNormImpl(int64_t dim, double eps);
+  void reset() override;
+  at::Tensor forward(const at::Tensor& x);
+
+  const char* layer_type() const override { return "RMSNorm"; }
+  torch::nn::Module& module() override { return *this; }
+  const torch::nn::Module& module() const override { return *this; }
+
+  int64_t dim;
+  double eps;
+  at::Tensor weight;  // [dim], ones at construction
+
+ protected:
+  const char* float_kernel() const override { return "rms_norm_f32"; }
+};
+TORCH_MODULE(RMSNorm);
+
+}  // namespace qforge::nn

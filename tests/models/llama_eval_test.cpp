@@ -1,0 +1,110 @@
+// framework/models/perplexity and generation: the sliding-window perplexity against a case worked
+// by hand, and greedy KV-cache generation against a cache-free argmax loop on a tiny Llama.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "framework/models/generation.h"
+#include "framework/models/llama.h"
+#include "framework/models/perplexity.h"
+#include "tests/error_of.h"
+
+namespace qforge::models {
+namespace {
+
+using qforge::testing::error_of;
+
+// A 2-token "model" whose prediction depends only on the position inside the window: row j of
+// kProbs is p(next token) after window position j. Logits are log-probabilities, so the
+// log-softmax gives them back exactly.
+const double kProbs[3][2] = {{0.5, 0.5}, {0.25, 0.75}, {0.9, 0.1}};
+
+at::Tensor positional_logits(const at::Tensor& ids) {
+  const int64_t L = ids.size(1);
+  at::Tensor out = at::empty({1, L, 2}, at::kFloat);
+  for (int64_t j = 0; j < L; ++j)
+    for (int64_t v = 0; v < 2; ++v) out[0][j][v] = std::log(kProbs[j][v]);
+  return out;
+}
+
+// A float model with random weights, GQA 4/2 (or 2/1 with one layer).
+LlamaForCausalLM tiny_llama(int64_t vocab, int64_t layers, int64_t heads, uint64_t seed) {
+  LlamaConfig c;
+  c.vocab_size = vocab, c.hidden_size = 16, c.intermediate_size = 32, c.num_hidden_layers = layers;
+  c.num_attention_heads = heads, c.num_key_value_heads = heads / 2;
+  at::manual_seed(seed);
+  LlamaForCausalLM m(c);
+  m->eval();
+  return m;
+}
+
+TEST(LlamaPerplexity, SlidingWindowsScoreEachTokenOnceAsWorkedByHand) {
+  const at::Tensor tokens = at::tensor({0, 1, 1, 0, 1}, at::kLong);
+  // max_length 3, stride 2: windows [0,3) scores tokens 1,2 (window positions 0,1 predict them);
+  // [2,5) scores tokens 3,4 (predicted from positions 0,1 of that window); token 2 is context.
+  PerplexityResult r = sliding_window_perplexity(positional_logits, tokens, {3, 2});
+  EXPECT_EQ(r.windows, 2);
+  EXPECT_EQ(r.tokens_scored, 4);
+  EXPECT_NEAR(r.perplexity, std::pow(0.5 * 0.75 * 0.5 * 0.75, -1.0 / 4), 1e-6);
+  EXPECT_EQ(r.max_length, 3);
+  EXPECT_EQ(r.stride, 2);
+  // stride = max_length: [0,3) scores 1,2; [3,5) cannot score its first token 3, scores token 4
+  // from position 0.
+  r = sliding_window_perplexity(positional_logits, tokens, {3, 3});
+  EXPECT_EQ(r.tokens_scored, 3);
+  EXPECT_NEAR(r.perplexity, std::pow(0.5 * 0.75 * 0.5, -1.0 / 3), 1e-6);
+  EXPECT_NEAR(r.nll_per_token, -std::log(0.5 * 0.75 * 0.5) / 3, 1e-9);
+}
+
+TEST(LlamaPerplexity, RefusesBadOptionsLogitsAndTokens) {
+  const at::Tensor tokens = at::tensor({0, 1, 1}, at::kLong);
+  EXPECT_NE(error_of([&] { sliding_window_perplexity(positional_logits, tokens, {3, 4}); }).find("stride"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { sliding_window_perplexity(positional_logits, at::tensor({0, 5}, at::kLong), {3, 1}); })
+                .find("token ids must lie in [0, 2)"),
+            std::string::npos);
+  auto nan = [](const at::Tensor& ids) { return positional_logits(ids) * NAN; };
+  EXPECT_NE(error_of([&] { sliding_window_perplexity(nan, tokens, {3, 1}); }).find("non-finite"), std::string::npos);
+  auto flat = [](const at::Tensor& ids) { return at::zeros({ids.size(1), 2}); };
+  EXPECT_NE(error_of([&] { sliding_window_perplexity(flat, tokens, {3, 1}); }).find("expected [1, 3, vocab]"),
+            std::string::npos);
+}
+
+TEST(LlamaPerplexity, OfATinyLlamaEqualsTheMeanTokenLossOfOneWindow) {
+  LlamaForCausalLM m = tiny_llama(40, 1, 2, 7);
+  at::NoGradGuard ng;
+  const at::Tensor tokens = at::randint(0, 40, {12}, at::kLong);
+  const PerplexityResult r =
+      sliding_window_perplexity([&](const at::Tensor& ids) { return m->forward(ids); }, tokens, {12, 12});
+  const at::Tensor logits = m->forward(tokens.unsqueeze(0))[0].narrow(0, 0, 11);
+  const double loss = at::cross_entropy_loss(logits, tokens.narrow(0, 1, 11)).item<double>();
+  EXPECT_NEAR(r.nll_per_token, loss, 1e-5);
+}
+
+TEST(LlamaGeneration, GreedyWithACacheEqualsArgmaxOfTheFullForward) {
+  LlamaForCausalLM m = tiny_llama(30, 2, 4, 11);
+  at::NoGradGuard ng;
+  const at::Tensor prompt = at::randint(0, 30, {1, 5}, at::kLong);
+  const GenerationResult g =
+      greedy_generate([&](const at::Tensor& ids, KvCache* cache) { return m->forward(ids, cache); }, prompt, 6);
+  ASSERT_EQ(g.tokens.sizes(), at::IntArrayRef({1, 6}));
+  at::Tensor seq = prompt;
+  for (int64_t i = 0; i < 6; ++i) {
+    const int64_t want = m->forward(seq)[0][-1].argmax().item<int64_t>();
+    EXPECT_EQ(g.tokens[0][i].item<int64_t>(), want) << "token " << i;
+    seq = at::cat({seq, at::full({1, 1}, want, at::kLong)}, 1);
+  }
+  EXPECT_EQ(g.prompt_tokens, 5);
+  EXPECT_GT(g.prompt_seconds, 0);
+  EXPECT_GT(g.decode_tokens_per_second(), 0);
+  // Stops after eos.
+  const int64_t first = g.tokens[0][0].item<int64_t>();
+  const GenerationResult e = greedy_generate(
+      [&](const at::Tensor& ids, KvCache* cache) { return m->forward(ids, cache); }, prompt, 6, first);
+  EXPECT_EQ(e.new_tokens, 1);
+  EXPECT_NE(error_of([&] { greedy_generate({}, at::zeros({2, 3}, at::kLong), 1); }).find("[1, T]"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace qforge::models
