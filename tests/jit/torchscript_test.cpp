@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "framework/api/quantize.h"
+#include "framework/io/model_io.h"
 #include "framework/jit/scripted_model.h"
 #include "tests/error_of.h"
 
@@ -223,4 +224,23 @@ TEST(TorchScript, DamagedPickledLayersAreRefused) {
   EXPECT_NE(qforge::testing::error_of([] { qforge::jit::LayerSpec::from_ints({2, 4, 8, 1, 1}); })
                 .find("Conv2d options have 5 values, expected 13"),
             std::string::npos);
+}
+
+TEST(TorchScript, QforgeCheckpointOfAFrozenScriptedModelLoadsIntoAFreshlyLoadedOne) {
+  torch::manual_seed(3);
+  ScriptedModel m = qforge::jit::load_torchscript(fixture("cnn_traced"));
+  qforge::quantize(*m, w8a8());
+  {
+    qforge::Calibration calib(*m);
+    m->forward(input_for("cnn", 8));
+  }
+  qforge::freeze(*m);
+  TempDir tmp;
+  const std::string path = (tmp.path / "cnn.h5").string();
+  qforge::io::save_model(*m, path);
+  ScriptedModel fresh = qforge::jit::load_torchscript(fixture("cnn_traced"));
+  const qforge::io::LoadReport r = qforge::io::load_model(*fresh, path);
+  EXPECT_EQ(r.frozen_layers, layer_paths(m));
+  const at::Tensor x = input_for("cnn", 2);
+  EXPECT_TRUE(torch::equal(fresh->forward(x), m->forward(x)));
 }
