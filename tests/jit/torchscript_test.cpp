@@ -244,3 +244,27 @@ TEST(TorchScript, QforgeCheckpointOfAFrozenScriptedModelLoadsIntoAFreshlyLoadedO
   const at::Tensor x = input_for("cnn", 2);
   EXPECT_TRUE(torch::equal(fresh->forward(x), m->forward(x)));
 }
+
+TEST(TorchScript, CalibratedModelSavedBeforeFreezeLoadsBackTrainable) {
+  torch::manual_seed(4);
+  ScriptedModel m = qforge::jit::load_torchscript(fixture("mlp_traced"));
+  qforge::quantize(*m, w8a8());
+  {
+    qforge::Calibration calib(*m);
+    m->forward(input_for("mlp", 8));
+  }
+  m->eval();
+  TempDir tmp;
+  const std::string path = (tmp.path / "calibrated.pt").string();
+  m->save(path);
+  ScriptedModel loaded = qforge::jit::load_torchscript(path);
+  loaded->eval();
+  const at::Tensor x = input_for("mlp", 3);
+  torch::NoGradGuard no_grad;
+  EXPECT_TRUE(torch::equal(loaded->forward(x), m->forward(x)));
+  for (const auto& l : loaded->layers()) {
+    EXPECT_TRUE(l->layer().quantized() && !l->layer().frozen()) << l->path();
+    // Bound to the loaded TorchScript module's parameters again: training those trains the layer.
+    EXPECT_EQ(l->weight().unsafeGetTensorImpl(), script_attr(loaded, l->home()).unsafeGetTensorImpl()) << l->path();
+  }
+}
