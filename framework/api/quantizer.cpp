@@ -398,6 +398,11 @@ at::Tensor QuantizerImpl::activation_forward(const at::Tensor& x) {
   return fake_quantize(x, qparams());
 }
 
+void QuantizerImpl::train(bool on) {
+  clear_cache();
+  torch::nn::Module::train(on);
+}
+
 at::Tensor QuantizerImpl::forward(const at::Tensor& x) {
   return role_ == Role::kWeight ? weight_forward(x) : activation_forward(x);
 }

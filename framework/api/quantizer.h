@@ -80,6 +80,9 @@ class QuantizerImpl : public torch::nn::Module {
   bool calibrated() const { return calibrated_ || lsq_initialised_; }
   // True once LSQ turned scale / zero_point into learnable parameters.
   bool lsq_initialised() const { return lsq_initialised_; }
+  // Every mode switch drops the eval-mode weight cache: the weight's version counter cannot see
+  // optimizers that update through .data() (torch::optim::SGD), so training must not leave it stale.
+  void train(bool on = true) override;
   // Drops the eval-mode cache (and so its reference to the float weight).
   void clear_cache() {
     cached_w_ = at::Tensor();

@@ -55,6 +55,7 @@ const std::map<std::string, std::set<std::string>>& allowed() {
     m["framework/search"] = with({"framework/api", "framework/format", "framework/io"});
     m["framework/ptq"] = with({"framework/api"});
     m["framework/dist"] = with({"framework/api"});
+    m["framework/jit"] = with({"framework/api", "framework/format", "framework/io"});
     m["framework/onnx"] = with({"framework/api", "framework/format", "framework/io", "framework/models"});
     m["framework/recipe"] = with({"framework/api", "framework/data", "framework/format", "framework/io", "framework/train",
                                   "framework/models", "framework/search", "framework/ptq", "framework/onnx",

@@ -8,6 +8,7 @@
 #include <torch/nn/modules/embedding.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/modules/normalization.h>
+#include <torch/optim/sgd.h>
 
 #include <cmath>
 #include <functional>
@@ -440,6 +441,28 @@ TEST(Qat, StraightThroughTrainingReducesLossAndKeepsFloatLatentWeights) {
   EXPECT_LT(last, first * 0.2) << first << " -> " << last;
   EXPECT_EQ(lin->weight.scalar_type(), at::kFloat);
   EXPECT_TRUE(lin->named_parameters().contains("weight_quantizer.scale"));  // LSQ step is learnable
+}
+
+// torch::optim::SGD updates weights through .data(), which leaves their version counter alone:
+// the eval-mode fake-quant cache must still see the trained weight.
+TEST(Qat, EvalAfterAnSgdStepSeesTheTrainedWeight) {
+  at::manual_seed(10);
+  nn::Linear lin(16, 4);
+  quantize(lin, Scheme(qint8));
+  lin->eval();
+  const at::Tensor x = at::randn({3, 16});
+  {
+    at::NoGradGuard g;
+    lin(x);  // fills the cache
+  }
+  lin->train();
+  torch::optim::SGD opt(lin->parameters(), torch::optim::SGDOptions(0.5));
+  lin(x).sum().backward();
+  opt.step();
+  lin->eval();
+  at::NoGradGuard g;
+  const QParams qp = lin->weight_quantizer()->qparams(lin->weight);
+  EXPECT_TRUE(at::equal(lin(x), at::linear(x, fake_quantize(lin->weight, qp), lin->bias)));
 }
 
 TEST(Freeze, FrozenConvRunsTheIntegerKernelAndMatchesFakeQuant) {

@@ -1,0 +1,36 @@
+// The graph rewrite of the TorchScript front door: inlines a TorchScript module's forward, finds
+// every aten::linear / conv1d / conv2d call (and a trace's aten::_convolution) whose weight is a
+// module attribute, and replaces each with a qforge op taking a ScriptedLayer held as an attribute
+// of the root module. Calls that cannot be quantized stay as they are and are listed with why.
+#pragma once
+
+#include <torch/csrc/jit/api/module.h>
+
+#include <string>
+#include <vector>
+
+#include "framework/jit/scripted_layer.h"
+
+namespace qforge::jit {
+
+// A call of the graph left in float.
+struct FloatCall {
+  std::string name;    // module path of its weight ("fc", "blocks.0.proj") or of the op's value
+  std::string op;      // "aten::matmul", "aten::linear", ...
+  std::string reason;  // why it stays float
+};
+
+struct RewriteResult {
+  std::vector<c10::intrusive_ptr<ScriptedLayer>> layers;  // new qforge layers, in graph order
+  std::vector<FloatCall> kept_float;
+};
+
+// The root attributes a rewrite added earlier (a file saved after a rewrite), in attribute order.
+std::vector<c10::intrusive_ptr<ScriptedLayer>> rewritten_layers(const torch::jit::Module& module);
+
+// Rewrites module's forward in place (the graph of its "forward" method; other methods are left
+// as they are). The new layers are float and hold the module's own weight and bias tensors.
+// Throws qforge::Error when the module has no forward.
+RewriteResult rewrite_forward(torch::jit::Module& module);
+
+}  // namespace qforge::jit

@@ -1,0 +1,255 @@
+// ScriptedLayer and the qforge TorchScript library: the custom class, its pickling through a model
+// checkpoint, and the ops a rewritten graph calls.
+#include "framework/jit/scripted_layer.h"
+
+#include <torch/library.h>
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+
+#include "framework/core/error.h"
+#include "framework/io/model_io.h"
+#include "framework/nn/conv.h"
+#include "framework/nn/linear.h"
+
+namespace qforge::jit {
+
+const char* to_string(LayerKind k) {
+  switch (k) {
+    case LayerKind::kLinear: return "Linear";
+    case LayerKind::kConv1d: return "Conv1d";
+    case LayerKind::kConv2d: return "Conv2d";
+  }
+  return "?";
+}
+
+const char* op_name(LayerKind k) {
+  switch (k) {
+    case LayerKind::kLinear: return "qforge::linear";
+    case LayerKind::kConv1d: return "qforge::conv1d";
+    case LayerKind::kConv2d: return "qforge::conv2d";
+  }
+  return "?";
+}
+
+namespace {
+
+// Spatial dimensions of a kind (0 for Linear).
+size_t spatial_dims(LayerKind k) { return k == LayerKind::kConv2d ? 2 : k == LayerKind::kConv1d ? 1 : 0; }
+
+}  // namespace
+
+std::vector<int64_t> LayerSpec::to_ints() const {
+  std::vector<int64_t> v{static_cast<int64_t>(kind), in, out, groups, bias ? 1 : 0};
+  for (const auto* a : {&kernel, &stride, &padding, &dilation}) v.insert(v.end(), a->begin(), a->end());
+  return v;
+}
+
+LayerSpec LayerSpec::from_ints(const std::vector<int64_t>& v) {
+  QF_REQUIRE(!v.empty() && v[0] >= 0 && v[0] <= static_cast<int64_t>(LayerKind::kConv2d),
+             "framework/jit: pickled qforge layer has an unknown kind");
+  LayerSpec s;
+  s.kind = static_cast<LayerKind>(v[0]);
+  const size_t d = spatial_dims(s.kind);
+  QF_REQUIRE(v.size() == 5 + 4 * d, "framework/jit: pickled ", to_string(s.kind), " options have ", v.size(),
+             " values, expected ", 5 + 4 * d);
+  s.in = v[1];
+  s.out = v[2];
+  s.groups = v[3];
+  s.bias = v[4] != 0;
+  size_t at = 5;
+  for (auto* a : {&s.kernel, &s.stride, &s.padding, &s.dilation}) {
+    a->assign(v.begin() + static_cast<std::ptrdiff_t>(at), v.begin() + static_cast<std::ptrdiff_t>(at + d));
+    at += d;
+  }
+  return s;
+}
+
+namespace {
+
+// A qforge layer whose float weight and bias can be bound to tensors owned elsewhere (the
+// TorchScript module's parameters), so one optimizer step on those trains the layer.
+template <class Impl>
+class SharedLayer : public Impl {
+ public:
+  using Impl::Impl;
+  void share(const std::string& who, const at::Tensor& w, const at::Tensor& b) {
+    QF_REQUIRE(w.sizes() == this->weight.sizes(), who, ": weight has shape ", w.sizes(), ", the layer expects ",
+               this->weight.sizes());
+    this->parameters_["weight"] = w;
+    this->weight = w;
+    QF_REQUIRE(b.defined() == this->bias.defined(), who, ": bias ", b.defined() ? "given" : "missing",
+               " but the layer was built ", this->bias.defined() ? "with" : "without", " one");
+    if (!b.defined()) return;
+    QF_REQUIRE(b.sizes() == this->bias.sizes(), who, ": bias has shape ", b.sizes(), ", the layer expects ",
+               this->bias.sizes());
+    this->parameters_["bias"] = b;
+    this->bias = b;
+  }
+};
+
+template <size_t D>
+torch::nn::ConvOptions<D> conv_options(const LayerSpec& s) {
+  torch::nn::ConvOptions<D> o(s.in, s.out, torch::ExpandingArray<D>(at::IntArrayRef(s.kernel)));
+  o.stride(torch::ExpandingArray<D>(at::IntArrayRef(s.stride)))
+      .padding(torch::ExpandingArray<D>(at::IntArrayRef(s.padding)))
+      .dilation(torch::ExpandingArray<D>(at::IntArrayRef(s.dilation)))
+      .groups(s.groups)
+      .bias(s.bias);
+  return o;
+}
+
+// A float layer of `spec` (random initialisation drawn without moving the default generator),
+// bound to w / b when w is defined; *forward gets its forward.
+template <class Impl, class Options>
+std::shared_ptr<torch::nn::Module> build(Options o, const std::string& who, const at::Tensor& w, const at::Tensor& b,
+                                         std::function<at::Tensor(const at::Tensor&)>* forward) {
+  std::shared_ptr<SharedLayer<Impl>> m;
+  {
+    RngStateGuard rng;
+    m = std::make_shared<SharedLayer<Impl>>(std::move(o));
+  }
+  if (w.defined()) m->share(who, w, b);
+  Impl* raw = m.get();
+  *forward = [raw](const at::Tensor& x) { return raw->forward(x); };
+  return m;
+}
+
+std::shared_ptr<torch::nn::Module> make_layer(const LayerSpec& s, const std::string& who, const at::Tensor& w,
+                                              const at::Tensor& b, std::function<at::Tensor(const at::Tensor&)>* fwd) {
+  switch (s.kind) {
+    case LayerKind::kLinear:
+      return build<nn::LinearImpl>(torch::nn::LinearOptions(s.in, s.out).bias(s.bias), who, w, b, fwd);
+    case LayerKind::kConv1d: return build<nn::Conv1dImpl>(conv_options<1>(s), who, w, b, fwd);
+    case LayerKind::kConv2d: return build<nn::Conv2dImpl>(conv_options<2>(s), who, w, b, fwd);
+  }
+  throw Error("framework/jit: unknown layer kind");
+}
+
+// A file in the temporary directory, removed on scope exit (the pickled checkpoint's bytes pass
+// through it: model checkpoints are HDF5 files).
+class TempFile {
+ public:
+  TempFile() {
+    std::string t = (std::filesystem::temp_directory_path() / "qforge-jit-XXXXXX").string();
+    const int fd = ::mkstemp(t.data());
+    QF_REQUIRE(fd >= 0, "framework/jit: cannot create a temporary file in ", std::filesystem::temp_directory_path());
+    ::close(fd);
+    path_ = t;
+  }
+  ~TempFile() { std::remove(path_.c_str()); }
+  TempFile(const TempFile&) = delete;
+  TempFile& operator=(const TempFile&) = delete;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+}  // namespace
+
+void mount(torch::nn::Module& root, const std::string& path, std::shared_ptr<torch::nn::Module> module) {
+  QF_REQUIRE(!path.empty(), "framework/jit: a qforge layer needs a non-empty module path");
+  torch::nn::Module* at = &root;
+  size_t begin = 0;
+  for (size_t dot = path.find('.'); dot != std::string::npos; begin = dot + 1, dot = path.find('.', begin)) {
+    const std::string name = path.substr(begin, dot - begin);
+    auto children = at->named_children();
+    if (!children.contains(name)) at->register_module(name, std::make_shared<torch::nn::Module>());
+    at = at->named_children()[name].get();
+  }
+  const std::string leaf = path.substr(begin);
+  QF_REQUIRE(!at->named_children().contains(leaf), "framework/jit: two qforge layers at module path '", path, "'");
+  at->register_module(leaf, std::move(module));
+}
+
+ScriptedLayer::ScriptedLayer(std::string path, const LayerSpec& spec, TensorHome home, const at::Tensor& weight,
+                             const at::Tensor& bias)
+    : path_(std::move(path)), spec_(spec), home_(std::move(home)) {
+  std::function<at::Tensor(const at::Tensor&)> fwd;
+  module_ = make_layer(spec_, path_ + " (" + to_string(spec_.kind) + ")", weight, bias, &fwd);
+  forward_ = std::move(fwd);
+  layer_ = dynamic_cast<QuantizableLayer*>(module_.get());
+}
+
+at::Tensor ScriptedLayer::forward(const at::Tensor& x) { return forward_(x); }
+
+at::Tensor ScriptedLayer::weight() const {
+  const auto params = module_->named_parameters(/*recurse=*/false);
+  const at::Tensor* w = params.find("weight");
+  return w ? *w : at::Tensor();
+}
+
+at::Tensor ScriptedLayer::bias() const {
+  const auto params = module_->named_parameters(/*recurse=*/false);
+  const at::Tensor* b = params.find("bias");
+  return b ? *b : at::Tensor();
+}
+
+ScriptedLayer::State ScriptedLayer::state() const {
+  torch::nn::Module holder;
+  mount(holder, path_, module_);
+  TempFile file;
+  io::save_model(holder, file.path());
+  std::ifstream in(file.path(), std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  at::Tensor data = at::empty({static_cast<int64_t>(bytes.size())}, at::kByte);
+  std::memcpy(data.data_ptr(), bytes.data(), bytes.size());
+  return {{path_, home_.owner, home_.weight, home_.bias}, spec_.to_ints(), data};
+}
+
+c10::intrusive_ptr<ScriptedLayer> ScriptedLayer::from_state(State state) {
+  auto& [names, ints, data] = state;
+  QF_REQUIRE(names.size() == 4, "framework/jit: pickled qforge layer has ", names.size(), " names, expected 4");
+  QF_REQUIRE(data.defined() && data.scalar_type() == at::kByte && data.dim() == 1,
+             "framework/jit: pickled qforge layer '", names[0], "' holds no checkpoint bytes");
+  auto layer = c10::make_intrusive<ScriptedLayer>(names[0], LayerSpec::from_ints(ints),
+                                                  TensorHome{names[1], names[2], names[3]}, at::Tensor(), at::Tensor());
+  TempFile file;
+  {
+    const at::Tensor bytes = data.contiguous();
+    std::ofstream out(file.path(), std::ios::binary | std::ios::trunc);
+    out.write(static_cast<const char*>(bytes.data_ptr()), bytes.numel());
+    QF_REQUIRE(out.good(), "framework/jit: cannot write ", file.path());
+  }
+  torch::nn::Module holder;
+  mount(holder, layer->path(), layer->module());
+  io::load_model(holder, file.path());
+  return layer;
+}
+
+namespace {
+
+at::Tensor call(const at::Tensor& x, const c10::intrusive_ptr<ScriptedLayer>& l, LayerKind kind) {
+  QF_REQUIRE(l->spec().kind == kind, "framework/jit: ", op_name(kind), " called with the ", to_string(l->spec().kind),
+             " layer '", l->path(), "'");
+  return l->forward(x);
+}
+
+}  // namespace
+
+// The TorchScript library: what a saved file names (torch.classes.qforge.Layer, torch.ops.qforge.*).
+// The kernels are catch-all (composite) kernels: autograd records the ATen ops they run, so the
+// fake-quant STE and LSQ gradients flow into the TorchScript module's parameters.
+TORCH_LIBRARY(qforge, m) {
+  m.class_<ScriptedLayer>("Layer")
+      .def("path", [](const c10::intrusive_ptr<ScriptedLayer>& self) { return self->path(); })
+      .def_pickle([](const c10::intrusive_ptr<ScriptedLayer>& self) { return self->state(); },
+                  [](ScriptedLayer::State s) { return ScriptedLayer::from_state(std::move(s)); });
+  m.def("linear(Tensor x, __torch__.torch.classes.qforge.Layer layer) -> Tensor",
+        [](const at::Tensor& x, c10::intrusive_ptr<ScriptedLayer> l) { return call(x, l, LayerKind::kLinear); });
+  m.def("conv1d(Tensor x, __torch__.torch.classes.qforge.Layer layer) -> Tensor",
+        [](const at::Tensor& x, c10::intrusive_ptr<ScriptedLayer> l) { return call(x, l, LayerKind::kConv1d); });
+  m.def("conv2d(Tensor x, __torch__.torch.classes.qforge.Layer layer) -> Tensor",
+        [](const at::Tensor& x, c10::intrusive_ptr<ScriptedLayer> l) { return call(x, l, LayerKind::kConv2d); });
+}
+
+c10::ClassTypePtr scripted_layer_type() { return c10::getCustomClassType<c10::intrusive_ptr<ScriptedLayer>>(); }
+
+}  // namespace qforge::jit

@@ -1,0 +1,91 @@
+// ScriptedLayer: the TorchScript custom class torch.classes.qforge.Layer. A rewritten TorchScript
+// graph calls qforge::linear / qforge::conv1d / qforge::conv2d (registered with LibTorch's operator
+// registry) with one of these; it holds a qforge layer (framework/nn) whose quantizers, fake-quant,
+// freeze and integer kernels run the call. Pickled into a saved TorchScript file as the layer's
+// model checkpoint (framework/io), so the file runs wherever libqforge is loaded.
+#pragma once
+
+#include <torch/custom_class.h>
+#include <torch/nn/module.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "framework/nn/quantizable.h"
+
+namespace qforge::jit {
+
+enum class LayerKind : uint8_t { kLinear, kConv1d, kConv2d };
+const char* to_string(LayerKind k);  // "Linear", "Conv1d", "Conv2d"
+
+// The options of the torch.nn layer a graph call stands for (convolutions: per spatial dimension).
+struct LayerSpec {
+  LayerKind kind = LayerKind::kLinear;
+  int64_t in = 0, out = 0;  // in_features / out_features, or in_channels / out_channels
+  std::vector<int64_t> kernel, stride, padding, dilation;
+  int64_t groups = 1;
+  bool bias = false;
+
+  // Flat form for the pickled state, and back (throws qforge::Error on a malformed list).
+  std::vector<int64_t> to_ints() const;
+  static LayerSpec from_ints(const std::vector<int64_t>& v);
+};
+
+// Where the layer's float tensors live in the TorchScript module: the module path owning them and
+// the attribute names ("weight"; bias empty when the call has none).
+struct TensorHome {
+  std::string owner;
+  std::string weight;
+  std::string bias;
+};
+
+class ScriptedLayer : public torch::CustomClassHolder {
+ public:
+  // A float qforge layer of `spec` at module path `path` whose weight and bias are `weight` and
+  // `bias` themselves (the same tensors, so training the TorchScript module's parameters trains
+  // it); undefined `weight`: the layer's own freshly initialised ones.
+  ScriptedLayer(std::string path, const LayerSpec& spec, TensorHome home, const at::Tensor& weight,
+                const at::Tensor& bias);
+
+  // The qforge layer's forward: float, fake-quant, calibrating or frozen, as its state says.
+  at::Tensor forward(const at::Tensor& x);
+
+  const std::string& path() const { return path_; }
+  const LayerSpec& spec() const { return spec_; }
+  const TensorHome& home() const { return home_; }
+  // The qforge layer (a qforge::nn::LinearImpl / Conv1dImpl / Conv2dImpl).
+  const std::shared_ptr<torch::nn::Module>& module() const { return module_; }
+  QuantizableLayer& layer() const { return *layer_; }
+  // The layer's float weight and bias tensors (undefined once freeze() released them).
+  at::Tensor weight() const;
+  at::Tensor bias() const;
+
+  // Pickled state: {path, owner, weight attribute, bias attribute}, the spec, and the bytes of a
+  // model checkpoint (io::save_model) of the layer mounted at its path.
+  using State = std::tuple<std::vector<std::string>, std::vector<int64_t>, at::Tensor>;
+  State state() const;
+  static c10::intrusive_ptr<ScriptedLayer> from_state(State state);
+
+ private:
+  std::string path_;
+  LayerSpec spec_;
+  TensorHome home_;
+  std::shared_ptr<torch::nn::Module> module_;
+  QuantizableLayer* layer_ = nullptr;
+  std::function<at::Tensor(const at::Tensor&)> forward_;
+};
+
+// The TorchScript type of ScriptedLayer (registers the qforge ops and class on first use).
+c10::ClassTypePtr scripted_layer_type();
+// The op a kind's calls become: "qforge::linear", "qforge::conv1d", "qforge::conv2d".
+const char* op_name(LayerKind k);
+
+// Registers `module` in `root` at the dotted `path`, creating empty parent modules as needed
+// ("features.0": a child "features" holding "0"). Throws qforge::Error when the path is taken.
+void mount(torch::nn::Module& root, const std::string& path, std::shared_ptr<torch::nn::Module> module);
+
+}  // namespace qforge::jit

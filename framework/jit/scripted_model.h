@@ -1,0 +1,63 @@
+// ScriptedModel: a TorchScript model (torch.jit.script / torch.jit.trace, saved from PyTorch) as a
+// qforge model. Loading rewrites its forward so each Linear / Conv1d / Conv2d call runs a qforge
+// layer (graph_rewrite.h); those layers are registered here under their module paths, so the
+// public API works on it unchanged: quantize (Scheme rules by path), Calibration, QatController,
+// freeze, model_size, describe, io::save_model. save() writes TorchScript again, which runs
+// wherever libqforge (or libqforge_torchscript.so in Python) is loaded. docs/torchscript.md.
+#pragma once
+
+#include <torch/csrc/jit/api/module.h>
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+
+#include <string>
+#include <vector>
+
+#include "framework/jit/graph_rewrite.h"
+
+namespace qforge::jit {
+
+class ScriptedModelImpl : public torch::nn::Module {
+ public:
+  // Takes `script` (as torch::jit::load returns it) and rewrites its forward in place. A file
+  // saved by save() is taken as it is: its qforge layers come back quantized / frozen as saved.
+  explicit ScriptedModelImpl(torch::jit::Module script);
+
+  // The TorchScript module's forward (one tensor in, one tensor out; or any inputs).
+  at::Tensor forward(const at::Tensor& x);
+  c10::IValue forward(std::vector<c10::IValue> inputs);
+
+  // Training mode of both the qforge layers and the TorchScript module (dropout, BatchNorm).
+  void train(bool on = true) override;
+
+  // The TorchScript module's parameters (the qforge layers' float weights and biases are these
+  // same tensors) followed by qforge's own trainable ones (LSQ scales): what a QAT optimizer takes.
+  std::vector<at::Tensor> trainable_parameters();
+
+  // Saves the TorchScript module. Frozen layers' float weights are released from it first (the
+  // module's attribute becomes an empty tensor): the file holds their packed weights only.
+  void save(const std::string& path);
+
+  // qforge::describe's table plus one line per call left float, with the reason.
+  std::string describe(bool planned = false) const;
+
+  const std::vector<c10::intrusive_ptr<ScriptedLayer>>& layers() const { return layers_; }
+  const std::vector<FloatCall>& kept_float() const { return kept_float_; }
+  torch::jit::Module& script() { return script_; }
+
+ private:
+  // The TorchScript module's attribute at dotted module path `owner`, name `attr`.
+  void set_script_attr(const std::string& owner, const std::string& attr, const at::Tensor& value);
+
+  torch::jit::Module script_;
+  std::vector<c10::intrusive_ptr<ScriptedLayer>> layers_;
+  std::vector<FloatCall> kept_float_;
+};
+
+TORCH_MODULE(ScriptedModel);
+
+// torch::jit::load(path) on the CPU, then ScriptedModel. Throws qforge::Error naming the file when
+// it is missing or not TorchScript.
+ScriptedModel load_torchscript(const std::string& path);
+
+}  // namespace qforge::jit

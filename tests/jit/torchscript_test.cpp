@@ -1,0 +1,270 @@
+// The TorchScript front door: models scripted and traced in PyTorch (scripts/torchscript/
+// make_fixtures.py) are rewritten, quantized, calibrated, trained one QAT step, frozen, saved as
+// TorchScript and loaded again in C++ (the Python load is torchscript_python_test).
+#include <gtest/gtest.h>
+
+#include <torch/script.h>
+#include <torch/nn/functional/loss.h>
+#include <torch/optim/sgd.h>
+#include <torch/serialize.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "framework/api/quantize.h"
+#include "framework/io/model_io.h"
+#include "framework/jit/scripted_model.h"
+#include "tests/error_of.h"
+
+namespace fs = std::filesystem;
+using qforge::jit::ScriptedModel;
+
+namespace {
+
+std::string fixture(const std::string& name) {
+  return std::string(QFORGE_TORCHSCRIPT_FIXTURES) + "/" + name + ".pt";
+}
+
+at::Tensor input_for(const std::string& name, int64_t batch) {
+  return name.rfind("cnn", 0) == 0 ? torch::randn({batch, 1, 14, 14}) : torch::randn({batch, 32});
+}
+
+// The tensor the TorchScript module holds at `owner`.`attr`.
+at::Tensor script_attr(ScriptedModel& m, const qforge::jit::TensorHome& home) {
+  torch::jit::Module owner = m->script();
+  std::stringstream path(home.owner);
+  for (std::string name; std::getline(path, name, '.');) owner = owner.attr(name).toModule();
+  return owner.attr(home.weight).toTensor();
+}
+
+std::vector<std::string> layer_paths(const ScriptedModel& m) {
+  std::vector<std::string> out;
+  for (const auto& l : m->layers()) out.push_back(l->path());
+  return out;
+}
+
+// Static int8 activations and per-channel int8 weights: the integer kernels after freeze.
+qforge::Scheme w8a8() {
+  qforge::Scheme s(qforge::qint8);
+  s.activations = qforge::ActivationMode::kStatic;
+  s.observer = "minmax";
+  return s;
+}
+
+// A temporary directory removed at scope exit.
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    std::string t = (fs::temp_directory_path() / "qforge-jit-test-XXXXXX").string();
+    path = ::mkdtemp(t.data());
+  }
+  ~TempDir() { fs::remove_all(path); }
+};
+
+}  // namespace
+
+TEST(TorchScript, RewriteFindsEveryLinearAndConvAndListsFloatCalls) {
+  for (const char* form : {"_scripted", "_traced"}) {
+    SCOPED_TRACE(form);
+    ScriptedModel cnn = qforge::jit::load_torchscript(fixture(std::string("cnn") + form));
+    EXPECT_EQ(layer_paths(cnn), (std::vector<std::string>{"features.0", "features.2", "mix", "fc"}));
+    EXPECT_EQ(cnn->layers()[2]->spec().kind, qforge::jit::LayerKind::kConv1d);
+    EXPECT_EQ(cnn->layers()[1]->spec().stride, (std::vector<int64_t>{2, 2}));
+    EXPECT_TRUE(cnn->kept_float().empty());
+
+    ScriptedModel mlp = qforge::jit::load_torchscript(fixture(std::string("mlp") + form));
+    EXPECT_EQ(layer_paths(mlp), (std::vector<std::string>{"fc1", "fc2", "head_weight"}));
+    EXPECT_FALSE(mlp->layers()[1]->spec().bias);
+    ASSERT_EQ(mlp->kept_float().size(), 1u);
+    EXPECT_EQ(mlp->kept_float()[0].op, "aten::matmul");
+    EXPECT_EQ(mlp->kept_float()[0].name, "mix");
+    // The qforge layers are registered under their module paths: the module walk sees them.
+    EXPECT_EQ(qforge::quantizable_layers(*mlp).size(), 3u);
+    // Each qforge layer's weight is the TorchScript module's own parameter, not a copy.
+    for (ScriptedModel* m : {&cnn, &mlp})
+      for (const auto& l : (*m)->layers())
+        EXPECT_EQ(l->weight().unsafeGetTensorImpl(), script_attr(*m, l->home()).unsafeGetTensorImpl()) << l->path();
+    EXPECT_NE(mlp->describe().find("aten::matmul: no qforge op"), std::string::npos);
+  }
+}
+
+TEST(TorchScript, RewrittenFloatForwardEqualsTheOriginalBitForBit) {
+  torch::manual_seed(1);
+  for (const char* name : {"cnn_scripted", "cnn_traced", "mlp_scripted", "mlp_traced"}) {
+    SCOPED_TRACE(name);
+    torch::jit::Module original = torch::jit::load(fixture(name));
+    ScriptedModel rewritten = qforge::jit::load_torchscript(fixture(name));
+    original.eval();
+    rewritten->eval();
+    // Another batch size than the trace's example.
+    const at::Tensor x = input_for(name, 5);
+    EXPECT_TRUE(torch::equal(original.forward({x}).toTensor(), rewritten->forward(x)));
+  }
+}
+
+TEST(TorchScript, SchemeRulesByModulePathApply) {
+  ScriptedModel cnn = qforge::jit::load_torchscript(fixture("cnn_scripted"));
+  qforge::Scheme s = w8a8();
+  s.rules.push_back({"features.*", /*keep_float=*/true});
+  const qforge::QuantizeReport r = qforge::quantize(*cnn, s);
+  std::vector<std::string> quantized;
+  for (const auto& e : r.quantized) quantized.push_back(e.path);
+  EXPECT_EQ(quantized, (std::vector<std::string>{"mix", "fc"}));
+  EXPECT_FALSE(cnn->layers()[0]->layer().quantized());
+}
+
+namespace {
+
+// quantize -> calibrate -> one QAT step -> freeze; returns the frozen model's output on x.
+// *fake_quant: the output on x in eval mode just before freeze.
+at::Tensor quantize_train_freeze(ScriptedModel& m, const std::string& name, const at::Tensor& x, at::Tensor* fake_quant) {
+  qforge::quantize(*m, w8a8());
+  {
+    qforge::Calibration calib(*m);
+    for (int i = 0; i < 4; ++i) m->forward(input_for(name, 8));
+  }
+  // One SGD step over the TorchScript module's own parameters lowers the loss on its batch.
+  qforge::QatController qat(*m, {/*freeze_observers_after=*/0});
+  qat.begin_epoch();
+  const at::Tensor batch = input_for(name, 16);
+  const at::Tensor labels = torch::randint(0, 10, {16});
+  torch::optim::SGD opt(m->trainable_parameters(), torch::optim::SGDOptions(0.05));
+  torch::jit::Module owner = name.rfind("cnn", 0) == 0 ? m->script() : m->script().attr("fc1").toModule();
+  const at::Tensor script_w = name.rfind("cnn", 0) == 0 ? owner.attr("fc").toModule().attr("weight").toTensor()
+                                                        : owner.attr("weight").toTensor();
+  const at::Tensor before = script_w.detach().clone();
+  const at::Tensor loss0 = torch::nn::functional::cross_entropy(m->forward(batch), labels);
+  opt.zero_grad();
+  loss0.backward();
+  opt.step();
+  qat.step();
+  const at::Tensor loss1 = torch::nn::functional::cross_entropy(m->forward(batch), labels);
+  EXPECT_LT(loss1.item<float>(), loss0.item<float>());
+  EXPECT_FALSE(torch::equal(before, script_w));
+  m->eval();
+  {
+    torch::NoGradGuard no_grad;
+    *fake_quant = m->forward(x);
+  }
+  qforge::freeze(*m);
+  for (const auto& l : m->layers()) {
+    EXPECT_TRUE(l->layer().frozen()) << l->path();
+    EXPECT_EQ(l->layer().plan().path, qforge::LinearPath::kS8Static) << l->path();
+  }
+  return m->forward(x);
+}
+
+}  // namespace
+
+TEST(TorchScript, QuantizeCalibrateQatStepFreezeSaveAndLoadInCpp) {
+  // Where torchscript_python_test finds the frozen files and their inputs and outputs.
+  const char* out_dir = std::getenv("QFORGE_TORCHSCRIPT_OUT");
+  TempDir tmp;
+  for (const char* name : {"cnn_scripted", "cnn_traced", "mlp_scripted"}) {
+    SCOPED_TRACE(name);
+    torch::manual_seed(2);
+    ScriptedModel m = qforge::jit::load_torchscript(fixture(name));
+    const at::Tensor x = input_for(name, 3);
+    at::Tensor fake_quant;
+    const at::Tensor frozen = quantize_train_freeze(m, name, x, &fake_quant);
+    // The integer kernels compute what fake-quant computed before freeze, up to float summation order.
+    EXPECT_FALSE(torch::equal(frozen, qforge::jit::load_torchscript(fixture(name))->forward(x)));
+    EXPECT_LE((frozen - fake_quant).abs().max().item<float>(), 1e-5f * fake_quant.abs().max().item<float>());
+    const qforge::ModelSize size = qforge::model_size(*m);
+    EXPECT_GT(size.quantized_bytes, 0);
+
+    const std::string path = (tmp.path / (std::string(name) + "_frozen.pt")).string();
+    m->save(path);
+    // The float weights of frozen layers are gone from the TorchScript module.
+    for (const auto& l : m->layers()) EXPECT_EQ(script_attr(m, l->home()).numel(), 0) << l->path();
+
+    ScriptedModel loaded = qforge::jit::load_torchscript(path);
+    EXPECT_EQ(layer_paths(loaded), layer_paths(m));
+    for (const auto& l : loaded->layers()) EXPECT_TRUE(l->layer().frozen()) << l->path();
+    EXPECT_EQ(qforge::model_size(*loaded).quantized_bytes, size.quantized_bytes);
+    loaded->eval();
+    EXPECT_TRUE(torch::equal(loaded->forward(x), frozen));
+    // A plain torch::jit::load runs it too (the qforge library is linked into this binary).
+    torch::jit::Module plain = torch::jit::load(path);
+    plain.eval();
+    EXPECT_TRUE(torch::equal(plain.forward({x}).toTensor(), frozen));
+
+    if (out_dir != nullptr) {
+      fs::create_directories(out_dir);
+      fs::copy_file(path, fs::path(out_dir) / fs::path(path).filename(), fs::copy_options::overwrite_existing);
+      const std::vector<char> io = torch::pickle_save(c10::ivalue::Tuple::create({x, frozen}));
+      std::ofstream(fs::path(out_dir) / (std::string(name) + "_io.pt"), std::ios::binary).write(io.data(), io.size());
+    }
+  }
+}
+
+TEST(TorchScript, MissingOrForeignFilesAreNamed) {
+  EXPECT_NE(qforge::testing::error_of([] { qforge::jit::load_torchscript("/nonexistent/m.pt"); })
+                .find("no TorchScript file at /nonexistent/m.pt"),
+            std::string::npos);
+  TempDir tmp;
+  const std::string path = (tmp.path / "foreign.pt").string();
+  std::ofstream(path) << "not a zip archive";
+  EXPECT_NE(qforge::testing::error_of([&] { qforge::jit::load_torchscript(path); })
+                .find("foreign.pt is not a TorchScript file"),
+            std::string::npos);
+}
+
+TEST(TorchScript, DamagedPickledLayersAreRefused) {
+  qforge::jit::LayerSpec spec;
+  spec.in = 4;
+  spec.out = 2;
+  const std::string damaged = qforge::testing::error_of([&] {
+    qforge::jit::ScriptedLayer::from_state({{"fc", "", "weight", ""}, spec.to_ints(), at::zeros({64}, at::kByte)});
+  });
+  EXPECT_NE(damaged.find("qforge-jit-"), std::string::npos) << damaged;  // the checkpoint's error, naming its file
+  EXPECT_NE(qforge::testing::error_of([] { qforge::jit::LayerSpec::from_ints({2, 4, 8, 1, 1}); })
+                .find("Conv2d options have 5 values, expected 13"),
+            std::string::npos);
+}
+
+TEST(TorchScript, QforgeCheckpointOfAFrozenScriptedModelLoadsIntoAFreshlyLoadedOne) {
+  torch::manual_seed(3);
+  ScriptedModel m = qforge::jit::load_torchscript(fixture("cnn_traced"));
+  qforge::quantize(*m, w8a8());
+  {
+    qforge::Calibration calib(*m);
+    m->forward(input_for("cnn", 8));
+  }
+  qforge::freeze(*m);
+  TempDir tmp;
+  const std::string path = (tmp.path / "cnn.h5").string();
+  qforge::io::save_model(*m, path);
+  ScriptedModel fresh = qforge::jit::load_torchscript(fixture("cnn_traced"));
+  const qforge::io::LoadReport r = qforge::io::load_model(*fresh, path);
+  EXPECT_EQ(r.frozen_layers, layer_paths(m));
+  const at::Tensor x = input_for("cnn", 2);
+  EXPECT_TRUE(torch::equal(fresh->forward(x), m->forward(x)));
+}
+
+TEST(TorchScript, CalibratedModelSavedBeforeFreezeLoadsBackTrainable) {
+  torch::manual_seed(4);
+  ScriptedModel m = qforge::jit::load_torchscript(fixture("mlp_traced"));
+  qforge::quantize(*m, w8a8());
+  {
+    qforge::Calibration calib(*m);
+    m->forward(input_for("mlp", 8));
+  }
+  m->eval();
+  TempDir tmp;
+  const std::string path = (tmp.path / "calibrated.pt").string();
+  m->save(path);
+  ScriptedModel loaded = qforge::jit::load_torchscript(path);
+  loaded->eval();
+  const at::Tensor x = input_for("mlp", 3);
+  torch::NoGradGuard no_grad;
+  EXPECT_TRUE(torch::equal(loaded->forward(x), m->forward(x)));
+  for (const auto& l : loaded->layers()) {
+    EXPECT_TRUE(l->layer().quantized() && !l->layer().frozen()) << l->path();
+    // Bound to the loaded TorchScript module's parameters again: training those trains the layer.
+    EXPECT_EQ(l->weight().unsafeGetTensorImpl(), script_attr(loaded, l->home()).unsafeGetTensorImpl()) << l->path();
+  }
+}
