@@ -1,7 +1,8 @@
 // Writes the GGUF files llama.cpp runs in gguf_llamacpp (run_llamacpp.js) with what qforge computes
 // for them: for a tiny GPT-2 and a tiny Llama, float (F32 and Q8_0 by ggml's quantizer) and frozen
-// (W8 per-channel -> Q8_0, W4 g32 -> Q4_0), the prompt's greedy continuation by qforge and, for
-// every generated step, qforge's next-token probabilities. Usage: gguf_llamacpp_tool OUT_DIR
+// (W8 per-channel -> Q8_0, W4 g32 -> Q4_0), and a tied-head Llama (F32): the prompt's greedy
+// continuation by qforge and, for every generated step, qforge's next-token probabilities.
+// Usage: gguf_llamacpp_tool OUT_DIR
 #include <ATen/ATen.h>
 
 #include <fstream>
@@ -85,6 +86,10 @@ int main(int argc, char** argv) {
     nlohmann::json cases = nlohmann::json::array();
     add_cases<qm::LlamaForCausalLM>(cases, "llama", [] { return qm::tiny_gguf_llama(); }, dir);
     add_cases<qm::Gpt2LMHeadModel>(cases, "gpt2", [] { return qm::tiny_gguf_gpt2(); }, dir);
+    // A tied Llama has no `output` tensor: llama.cpp computes the logits with token_embd.
+    qm::LlamaForCausalLM tied = qm::tiny_gguf_llama(13, /*tied=*/true);
+    sharpen(*tied);
+    cases.push_back(run_case("llama_tied_f32", tied, {}, dir, "F32 of a float model with a tied head"));
     std::ofstream(dir + "/manifest.json") << nlohmann::json{{"cases", cases}}.dump(1);
   } catch (const std::exception& e) {
     std::cerr << "gguf_llamacpp_tool: " << e.what() << "\n";

@@ -19,12 +19,12 @@ inline Gpt2LMHeadModel tiny_gguf_gpt2(uint64_t seed = 11) {
   return m;
 }
 
-// Untied head, grouped-query attention 4 / 2, head_dim 16.
-inline LlamaForCausalLM tiny_gguf_llama(uint64_t seed = 12) {
+// Grouped-query attention 4 / 2, head_dim 16, untied head unless `tied`.
+inline LlamaForCausalLM tiny_gguf_llama(uint64_t seed = 12, bool tied = false) {
   LlamaConfig c;
   c.vocab_size = 256, c.hidden_size = 64, c.intermediate_size = 128, c.num_hidden_layers = 2;
   c.num_attention_heads = 4, c.num_key_value_heads = 2, c.max_position_embeddings = 128;
-  c.rms_norm_eps = 1e-5, c.tie_word_embeddings = false;
+  c.rms_norm_eps = 1e-5, c.tie_word_embeddings = tied;
   at::manual_seed(seed);
   LlamaForCausalLM m(c);
   m->init_weights();
