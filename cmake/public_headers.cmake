@@ -41,6 +41,8 @@ set(QFORGE_PUBLIC_HEADERS
   framework/models/llama.h
   framework/models/generation.h
   framework/models/perplexity.h
+  framework/models/gguf_export.h
+  framework/format/gguf.h
   framework/models/mlp.h
   framework/models/state_dict.h
   framework/api/module_like.h

@@ -1,0 +1,153 @@
+// qbench cases against llama.cpp on the same GGUF weights (issue 38):
+//   model_llama_decode_q8, _q4   a Llama of 2 layers with Llama-3.2-1B's layer shapes (hidden 2048,
+//                                FFN 8192, 32 query / 8 key-value heads, head_dim 64), a 256-byte
+//                                vocabulary, random weights (seed 0); a 16-token prompt in the
+//                                cache, then 32 tokens decoded greedily one at a time.
+// impl "qforge": the model frozen weight-only, qint8 per channel (q8) or qint4 in groups of 32
+// (q4); impl "llamacpp": that frozen model exported with export_gguf (codes kept: Q8_0 / Q4_0,
+// fp16 scales) and run by llama.cpp (node-llama-cpp 3.21.1's prebuilt CPU library, the one
+// ctest gguf_llamacpp installs into the build tree, or $QFORGE_NODE_LLAMA_CPP/node_modules), in a
+// node child process that qbench drives through a pipe ("run" -> 32 tokens -> "done"), with
+// qbench's thread count. The pipe round trip (tens of µs) is inside llama.cpp's time. Without
+// node or node-llama-cpp the llamacpp impl is left out with the reason on stderr.
+#include <ATen/ATen.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "apps/qbench_registry.h"
+#include "framework/api/quantize.h"
+#include "framework/core/error.h"
+#include "framework/models/gguf_export.h"
+#include "framework/models/llama.h"
+
+namespace qforge::bench {
+namespace {
+
+constexpr int64_t kLlamaPrompt = 16, kLlamaDecode = 32;
+
+// A node process running apps/qbench_llamacpp.js, ended (stdin closed, then waited for) on destruction.
+class LlamaCppPeer {
+ public:
+  LlamaCppPeer(const std::string& modules, const std::string& model, int threads, const std::vector<int64_t>& prompt) {
+    std::string ids;
+    for (int64_t t : prompt) ids += (ids.empty() ? "" : ",") + std::to_string(t);
+    int to_child[2], from_child[2];
+    QF_REQUIRE(pipe(to_child) == 0 && pipe(from_child) == 0, "qbench: pipe() failed");
+    pid_ = fork();
+    QF_REQUIRE(pid_ >= 0, "qbench: fork() failed");
+    if (pid_ == 0) {
+      dup2(to_child[0], 0), dup2(from_child[1], 1);
+      close(to_child[1]), close(from_child[0]);
+      const std::string thr = std::to_string(threads), n = std::to_string(kLlamaDecode);
+      execlp("node", "node", QFORGE_QBENCH_LLAMACPP_JS, modules.c_str(), model.c_str(), thr.c_str(), ids.c_str(),
+             n.c_str(), static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    close(to_child[0]), close(from_child[1]);
+    in_ = fdopen(to_child[1], "w");
+    out_ = fdopen(from_child[0], "r");
+    const std::string first = line();
+    QF_REQUIRE(first == "ready", "qbench: llama.cpp (node-llama-cpp) did not load ", model, ": ", first);
+  }
+  ~LlamaCppPeer() {
+    if (in_) std::fclose(in_);
+    if (out_) std::fclose(out_);
+    if (pid_ > 0) waitpid(pid_, nullptr, 0);
+  }
+  LlamaCppPeer(const LlamaCppPeer&) = delete;
+  LlamaCppPeer& operator=(const LlamaCppPeer&) = delete;
+
+  void run() {
+    std::fputs("run\n", in_);
+    std::fflush(in_);
+    const std::string reply = line();
+    QF_REQUIRE(reply.rfind("done", 0) == 0, "qbench: llama.cpp decode failed: ", reply);
+  }
+
+ private:
+  std::string line() {
+    char buf[4096];
+    if (!std::fgets(buf, sizeof buf, out_)) return "(node exited)";
+    std::string s(buf);
+    while (!s.empty() && (s.back() == '\n' || s.back() == '\r')) s.pop_back();
+    return s;
+  }
+  pid_t pid_ = -1;
+  std::FILE* in_ = nullptr;
+  std::FILE* out_ = nullptr;
+};
+
+// node-llama-cpp's node_modules, or why there is none.
+std::string node_llama_cpp_modules(std::string* why) {
+  const char* env = std::getenv("QFORGE_NODE_LLAMA_CPP");
+  const std::string dir = (env ? std::string(env) : std::string(QFORGE_NODE_LLAMA_CPP_DIR)) + "/node_modules";
+  if (std::filesystem::exists(dir + "/node-llama-cpp/package.json")) return dir;
+  *why = "no node-llama-cpp in " + dir + " (run ctest -R gguf_llamacpp once, or set QFORGE_NODE_LLAMA_CPP)";
+  return "";
+}
+
+models::LlamaConfig llama_1b_layers() {
+  models::LlamaConfig c;
+  c.vocab_size = 256, c.hidden_size = 2048, c.intermediate_size = 8192, c.num_hidden_layers = 2;
+  c.num_attention_heads = 32, c.num_key_value_heads = 8, c.max_position_embeddings = 256;
+  c.rms_norm_eps = 1e-5, c.rope_theta = 500000.0, c.tie_word_embeddings = false;
+  return c;
+}
+
+Scheme decode_scheme(int bits) {
+  Scheme s(bits == 8 ? qint8 : qint4);
+  if (bits == 4) s.weight_granularity = Granularity::kPerGroup, s.group_size = 32;
+  return s;
+}
+
+std::vector<Case> llama_decode_cases(int bits) {
+  torch::manual_seed(0);
+  auto m = std::make_shared<models::LlamaForCausalLM>(llama_1b_layers());
+  (*m)->init_weights();
+  (*m)->eval();
+  quantize(*m, decode_scheme(bits));
+  freeze(*m);
+  const at::Tensor prompt = at::randint(0, 256, {1, kLlamaPrompt}, at::kLong);
+  models::KvCache prefilled;
+  at::Tensor first;
+  {
+    at::NoGradGuard g;
+    first = (*m)->forward(prompt, &prefilled).select(1, kLlamaPrompt - 1).argmax(-1, true);
+  }
+  Case c{"L2_H2048_prompt16_decode32_tokens", 0, {}};
+  c.impls.push_back({"qforge", [m, prefilled, first] {
+                       at::NoGradGuard g;
+                       models::KvCache cache = prefilled;  // the cached tensors are never written in place
+                       at::Tensor next = first;
+                       for (int64_t t = 0; t < kLlamaDecode; ++t) next = (*m)->forward(next, &cache).select(1, 0).argmax(-1, true);
+                     }});
+  std::string why;
+  const std::string modules = node_llama_cpp_modules(&why);
+  if (modules.empty()) {
+    std::fprintf(stderr, "qbench: model_llama_decode_q%d: llamacpp impl left out: %s\n", bits, why.c_str());
+    return {c};
+  }
+  const std::string path = (std::filesystem::temp_directory_path() /
+                            ("qbench-llama-q" + std::to_string(bits) + "-" + std::to_string(getpid()) + ".gguf"))
+                               .string();
+  const models::GgufExportReport report = models::export_gguf(*m, path);
+  std::vector<int64_t> ids(prompt.data_ptr<int64_t>(), prompt.data_ptr<int64_t>() + kLlamaPrompt);
+  auto peer = std::make_shared<LlamaCppPeer>(modules, path, at::get_num_threads(), ids);
+  std::filesystem::remove(path);  // llama.cpp has read it
+  c.impls.push_back({"llamacpp", [peer] { peer->run(); }});
+  return {c};
+}
+
+const Register kLlamaQ8(78, "model_llama_decode_q8", [] { return llama_decode_cases(8); });
+const Register kLlamaQ4(79, "model_llama_decode_q4", [] { return llama_decode_cases(4); });
+
+}  // namespace
+}  // namespace qforge::bench

@@ -1,0 +1,174 @@
+#include "framework/format/gguf_blocks.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Half.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "framework/core/error.h"
+
+namespace qforge::io {
+namespace {
+
+uint16_t to_fp16(float x) { return c10::Half(x).x; }  // round to nearest even, as GGML_FP32_TO_FP16
+float from_fp16(uint16_t h) { return static_cast<float>(c10::Half(h, c10::Half::from_bits())); }
+
+std::vector<uint64_t> ggml_shape(const at::Tensor& t, const std::string& name) {
+  QF_REQUIRE(t.dim() >= 1 && t.dim() <= 4, "gguf: tensor '", name, "' has ", t.dim(), " dimensions (1 to 4 allowed)");
+  std::vector<uint64_t> ne;
+  for (int64_t d = t.dim() - 1; d >= 0; --d) ne.push_back(static_cast<uint64_t>(t.size(d)));
+  return ne;
+}
+
+template <typename Block>
+std::vector<uint8_t> to_bytes(const std::vector<Block>& blocks) {
+  std::vector<uint8_t> out(blocks.size() * sizeof(Block));
+  std::memcpy(out.data(), blocks.data(), out.size());
+  return out;
+}
+
+std::vector<GgmlBlockQ8_0> quantize_q8_0(const float* x, int64_t n) {
+  std::vector<GgmlBlockQ8_0> y(n / kGgmlBlock);
+  for (size_t i = 0; i < y.size(); ++i, x += kGgmlBlock) {
+    float amax = 0.0f;
+    for (int64_t j = 0; j < kGgmlBlock; ++j) amax = std::max(amax, std::fabs(x[j]));
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    y[i].d = to_fp16(d);
+    for (int64_t j = 0; j < kGgmlBlock; ++j) y[i].qs[j] = static_cast<int8_t>(std::round(x[j] * id));
+  }
+  return y;
+}
+
+std::vector<GgmlBlockQ4_0> quantize_q4_0(const float* x, int64_t n) {
+  std::vector<GgmlBlockQ4_0> y(n / kGgmlBlock);
+  constexpr int64_t half = kGgmlBlock / 2;
+  for (size_t i = 0; i < y.size(); ++i, x += kGgmlBlock) {
+    float amax = 0.0f, max = 0.0f;
+    for (int64_t j = 0; j < kGgmlBlock; ++j) {
+      if (amax < std::fabs(x[j])) amax = std::fabs(x[j]), max = x[j];
+    }
+    const float d = max / -8.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    y[i].d = to_fp16(d);
+    for (int64_t j = 0; j < half; ++j) {
+      // ggml truncates through int8_t after adding 8.5: round half up on the shifted grid.
+      const auto q0 = static_cast<uint8_t>(std::min(15, static_cast<int>(static_cast<int8_t>(x[j] * id + 8.5f))));
+      const auto q1 =
+          static_cast<uint8_t>(std::min(15, static_cast<int>(static_cast<int8_t>(x[half + j] * id + 8.5f))));
+      y[i].qs[j] = static_cast<uint8_t>(q0 | (q1 << 4));
+    }
+  }
+  return y;
+}
+
+void require_blocks(const at::Tensor& t, const std::string& name, GgmlType type) {
+  QF_REQUIRE(t.size(-1) % kGgmlBlock == 0, "gguf: tensor '", name, "' cannot be ", ggml_type_name(type), ": its rows (",
+             t.size(-1), ") are not a multiple of ", kGgmlBlock);
+}
+
+}  // namespace
+
+GgufTensor encode_gguf_tensor(const std::string& name, const at::Tensor& t, GgmlType type) {
+  GgufTensor out;
+  out.name = name, out.type = type, out.ne = ggml_shape(t, name);
+  QF_REQUIRE(at::isFloatingType(t.scalar_type()), "gguf: tensor '", name, "' is ", t.scalar_type(), ", not float");
+  const at::Tensor x = t.detach().to(at::kCPU, at::kFloat).contiguous();
+  QF_REQUIRE(at::isfinite(x).all().item<bool>(), "gguf: tensor '", name, "' holds NaN or inf");
+  const float* p = x.data_ptr<float>();
+  const int64_t n = x.numel();
+  switch (type) {
+    case GgmlType::kF32:
+      out.data.resize(n * sizeof(float));
+      std::memcpy(out.data.data(), p, out.data.size());
+      break;
+    case GgmlType::kF16: {
+      std::vector<uint16_t> h(n);
+      for (int64_t i = 0; i < n; ++i) h[i] = to_fp16(p[i]);
+      out.data = to_bytes(h);
+      break;
+    }
+    case GgmlType::kQ8_0: require_blocks(x, name, type), out.data = to_bytes(quantize_q8_0(p, n)); break;
+    case GgmlType::kQ4_0: require_blocks(x, name, type), out.data = to_bytes(quantize_q4_0(p, n)); break;
+  }
+  return out;
+}
+
+GgufTensor encode_gguf_codes(const std::string& name, const at::Tensor& codes, const at::Tensor& scales,
+                             GgmlType type) {
+  QF_REQUIRE(type == GgmlType::kQ8_0 || type == GgmlType::kQ4_0, "gguf: tensor '", name,
+             "': integer codes go to Q8_0 or Q4_0, not ", ggml_type_name(type));
+  QF_REQUIRE(codes.dim() == 2, "gguf: tensor '", name, "': codes must be [rows, K], got ", codes.sizes());
+  require_blocks(codes, name, type);
+  const int64_t rows = codes.size(0), nb = codes.size(1) / kGgmlBlock;
+  QF_REQUIRE(scales.sizes() == at::IntArrayRef({rows, nb}), "gguf: tensor '", name, "': scales must be [", rows, ", ",
+             nb, "], got ", scales.sizes());
+  const at::Tensor q = codes.to(at::kCPU, at::kInt).contiguous();
+  const at::Tensor s = scales.to(at::kCPU, at::kFloat).contiguous();
+  const int lo = type == GgmlType::kQ8_0 ? -128 : -8, hi = type == GgmlType::kQ8_0 ? 127 : 7;
+  QF_REQUIRE(q.min().item<int>() >= lo && q.max().item<int>() <= hi, "gguf: tensor '", name, "': codes outside [", lo,
+             ", ", hi, "] for ", ggml_type_name(type));
+  QF_REQUIRE(at::isfinite(s).all().item<bool>(), "gguf: tensor '", name, "': a scale is NaN or inf");
+  const int32_t* qp = q.data_ptr<int32_t>();
+  const float* sp = s.data_ptr<float>();
+  GgufTensor out;
+  out.name = name, out.type = type, out.ne = ggml_shape(codes, name);
+  if (type == GgmlType::kQ8_0) {
+    std::vector<GgmlBlockQ8_0> y(rows * nb);
+    for (int64_t b = 0; b < rows * nb; ++b) {
+      y[b].d = to_fp16(sp[b]);
+      for (int64_t j = 0; j < kGgmlBlock; ++j) y[b].qs[j] = static_cast<int8_t>(qp[b * kGgmlBlock + j]);
+    }
+    out.data = to_bytes(y);
+  } else {
+    std::vector<GgmlBlockQ4_0> y(rows * nb);
+    for (int64_t b = 0; b < rows * nb; ++b) {
+      y[b].d = to_fp16(sp[b]);
+      const int32_t* v = qp + b * kGgmlBlock;
+      for (int64_t j = 0; j < kGgmlBlock / 2; ++j)
+        y[b].qs[j] = static_cast<uint8_t>((v[j] + 8) | ((v[j + kGgmlBlock / 2] + 8) << 4));
+    }
+    out.data = to_bytes(y);
+  }
+  return out;
+}
+
+at::Tensor decode_gguf_tensor(const GgufTensor& t) {
+  const uint64_t bytes = ggml_nbytes(t.type, t.ne, "gguf: tensor '" + t.name + "'");
+  QF_REQUIRE(t.data.size() == bytes, "gguf: tensor '", t.name, "' holds ", t.data.size(), " bytes, expected ", bytes);
+  std::vector<int64_t> shape(t.ne.rbegin(), t.ne.rend());
+  at::Tensor out = at::empty(shape, at::kFloat);
+  float* y = out.data_ptr<float>();
+  const int64_t n = out.numel();
+  const uint8_t* p = t.data.data();
+  if (t.type == GgmlType::kF32) {
+    std::memcpy(y, p, n * sizeof(float));
+  } else if (t.type == GgmlType::kF16) {
+    for (int64_t i = 0; i < n; ++i) {
+      uint16_t h;
+      std::memcpy(&h, p + 2 * i, 2);
+      y[i] = from_fp16(h);
+    }
+  } else if (t.type == GgmlType::kQ8_0) {
+    for (int64_t b = 0; b < n / kGgmlBlock; ++b) {
+      GgmlBlockQ8_0 blk;
+      std::memcpy(&blk, p + b * sizeof(blk), sizeof(blk));
+      for (int64_t j = 0; j < kGgmlBlock; ++j) y[b * kGgmlBlock + j] = blk.qs[j] * from_fp16(blk.d);
+    }
+  } else {
+    for (int64_t b = 0; b < n / kGgmlBlock; ++b) {
+      GgmlBlockQ4_0 blk;
+      std::memcpy(&blk, p + b * sizeof(blk), sizeof(blk));
+      const float d = from_fp16(blk.d);
+      for (int64_t j = 0; j < kGgmlBlock / 2; ++j) {
+        y[b * kGgmlBlock + j] = static_cast<float>((blk.qs[j] & 0x0F) - 8) * d;
+        y[b * kGgmlBlock + j + kGgmlBlock / 2] = static_cast<float>((blk.qs[j] >> 4) - 8) * d;
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace qforge::io

@@ -1,0 +1,45 @@
+// ggml's tensor encodings as GGUF stores them, written from ggml's block definitions
+// (ggml-common.h) and reference quantizers (ggml-quants.c):
+//   F32, F16 (IEEE half, round to nearest even);
+//   Q8_0: blocks of 32 along a row, {fp16 d; int8 qs[32]},  x = qs[j] * d;
+//   Q4_0: blocks of 32 along a row, {fp16 d; uint8 qs[16]}, x = (nibble - 8) * d, element j in
+//         the low nibble of qs[j], element j + 16 in its high nibble.
+// Rows are the last dimension of a torch tensor (ggml's ne[0]).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "framework/format/gguf.h"
+
+namespace qforge::io {
+
+inline constexpr int64_t kGgmlBlock = 32;  // QK8_0 = QK4_0
+struct GgmlBlockQ8_0 {
+  uint16_t d;  // fp16 bits
+  int8_t qs[kGgmlBlock];
+};
+struct GgmlBlockQ4_0 {
+  uint16_t d;  // fp16 bits
+  uint8_t qs[kGgmlBlock / 2];
+};
+static_assert(sizeof(GgmlBlockQ8_0) == 2 + kGgmlBlock, "block_q8_0 is 34 bytes");
+static_assert(sizeof(GgmlBlockQ4_0) == 2 + kGgmlBlock / 2, "block_q4_0 is 18 bytes");
+
+// A float tensor (any float dtype, any device; 1-4 dims) as a GGUF tensor of `type`. Q8_0 and
+// Q4_0 run ggml's reference quantizers (quantize_row_q8_0_ref: d = amax / 127, q = round(x / d);
+// quantize_row_q4_0_ref: d = (the value of largest magnitude) / -8, q = min(15, trunc(x / d + 8.5))).
+GgufTensor encode_gguf_tensor(const std::string& name, const at::Tensor& t, GgmlType type);
+
+// Integer codes already on a symmetric grid, [rows, K] (K a multiple of 32), with one scale per
+// 32-block, `scales` [rows, K / 32]: Q8_0 takes codes in [-128, 127], Q4_0 codes in [-8, 7]. The
+// codes are kept; each scale is rounded to fp16, the only change (relative |Δ| <= 2^-11 per block).
+GgufTensor encode_gguf_codes(const std::string& name, const at::Tensor& codes, const at::Tensor& scales,
+                             GgmlType type);
+
+// The float32 values a GGUF tensor stands for, with torch's shape (ne reversed).
+at::Tensor decode_gguf_tensor(const GgufTensor& t);
+
+}  // namespace qforge::io
