@@ -135,4 +135,13 @@ TEST(ConvertPlainLayers, BatchNormAfterAQuantizedConvIsNotedInQuantizeAndDescrib
   EXPECT_EQ(rows[1].type, "torch::nn::BatchNorm2d");
   EXPECT_EQ(rows[1].bytes, (4 * 4) * 4 + 8);  // weight, bias, running mean and var; num_batches_tracked (int64)
   EXPECT_NE(describe(*net).find("after the quantized Conv2d '0'"), std::string::npos);
+  // Members registered conv then bn say nothing of the call order: no note.
+  struct Members : torch::nn::Module {
+    Members()
+        : conv(register_module("conv", nn::Conv2d(torch::nn::Conv2dOptions(1, 4, 3)))),
+          bn(register_module("bn", torch::nn::BatchNorm2d(4))) {}
+    nn::Conv2d conv;
+    torch::nn::BatchNorm2d bn;
+  } members;
+  EXPECT_TRUE(quantize(members, qint8).notes.empty());
 }
