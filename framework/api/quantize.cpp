@@ -40,8 +40,8 @@ std::string float_layers_error(const torch::nn::Module& model, const std::vector
          "(README, \"Your own model\"). Scheme::allow_float_layers = true keeps them float with a warning instead.";
 }
 
-// A torch::nn::BatchNorm2d registered right after a qforge Conv2d (a Sequential's next item, or the
-// next member of a module). The conv quantizes; the BatchNorm stays a float op after it unless folded.
+// A torch::nn::BatchNorm2d right after a qforge Conv2d in a Sequential (nn::batch_norm_after). The
+// conv quantizes; the BatchNorm stays a float op after it unless folded.
 struct BatchNormAfterConv {
   std::string path;
   const torch::nn::Module* bn;
@@ -52,12 +52,13 @@ std::vector<BatchNormAfterConv> batch_norms_after_convs(const torch::nn::Module&
   std::vector<std::pair<std::string, const torch::nn::Module*>> modules{{std::string(), &model}};
   for (const auto& item : model.named_modules("", /*include_self=*/false)) modules.emplace_back(item.key(), item.value().get());
   for (const auto& [path, m] : modules) {
-    const auto children = m->named_children();
-    for (size_t i = 0; i + 1 < children.size(); ++i) {
-      const auto* conv = dynamic_cast<const nn::Conv2dImpl*>(children[i].value().get());
-      const torch::nn::Module* bn = children[i + 1].value().get();
-      if (conv && dynamic_cast<const torch::nn::BatchNorm2dImpl*>(bn))
-        out.push_back({path.empty() ? children[i + 1].key() : path + "." + children[i + 1].key(), bn, conv});
+    const auto* seq = dynamic_cast<const torch::nn::SequentialImpl*>(m);
+    if (!seq) continue;
+    const auto children = seq->named_children();
+    for (size_t i = 0; i + 1 < std::min(children.size(), seq->size()); ++i) {
+      const auto* conv = dynamic_cast<const nn::Conv2dImpl*>(seq->ptr(i).get());
+      const torch::nn::Module* bn = nn::batch_norm_after(*seq, i);
+      if (conv && bn) out.push_back({path.empty() ? children[i + 1].key() : path + "." + children[i + 1].key(), bn, conv});
     }
   }
   return out;

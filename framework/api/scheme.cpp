@@ -15,6 +15,8 @@ namespace qforge {
 // Default group size of sub-8-bit weights (quanto's and GPTQ's usual choice).
 constexpr int64_t kDefaultGroupSize = 128;
 
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"  // initialises the ignored Scheme::strict
 Scheme::Scheme(QType weight_qtype) : weights(weight_qtype) {
   if (weight_qtype.is_integer() && weight_qtype.bits < 8) {
     weight_granularity = Granularity::kPerGroup;
@@ -22,6 +24,7 @@ Scheme::Scheme(QType weight_qtype) : weights(weight_qtype) {
   }
   if (weight_qtype.is_float()) weight_granularity = Granularity::kPerChannel;
 }
+#pragma GCC diagnostic pop
 
 bool pattern_matches(const std::string& pattern, const std::string& path) {
   return fnmatch(pattern.c_str(), path.c_str(), 0) == 0;

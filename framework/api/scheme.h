@@ -20,6 +20,9 @@ struct LayerRule {
   std::optional<ActivationMode> activations{};
 };
 
+// Scheme's own (implicit) members use the deprecated `strict` without warning; user code still does.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
 struct Scheme {
   // Weights: nullopt keeps them float.
   std::optional<QType> weights = qint8;
@@ -40,6 +43,9 @@ struct Scheme {
   // torch::nn::Linear, Conv1d/2d, Embedding, LayerNorm), listing every one: they would stay
   // float while the model looks quantized. true keeps them float with a warning each instead.
   bool allow_float_layers = false;
+  // Ignored, kept so code written for earlier releases compiles: refusing plain layers, which
+  // strict = true asked for, is the default now (allow_float_layers opts out).
+  [[deprecated("refusal is now the default; see allow_float_layers")]] bool strict = false;
 
   Scheme() = default;
   // quantize(model, qint8): int8 per-channel symmetric weights, float activations. 4-bit and
@@ -51,6 +57,7 @@ struct Scheme {
                                      int* matched_rule, std::string* note) const;
   std::string to_string() const;
 };
+#pragma GCC diagnostic pop
 
 // Shell-style match: '*' any run (including '.'), '?' one character, [abc] a class.
 bool pattern_matches(const std::string& pattern, const std::string& path);

@@ -14,9 +14,13 @@
 #include <vector>
 
 #include "framework/nn/conv.h"
+#include "framework/nn/conv_bn_fold.h"
 #include "framework/nn/linear.h"
 
 namespace qforge::models {
+
+// Kept from before the fold moved to framework/nn/conv_bn_fold.h: existing callers still compile.
+using nn::fold_conv_bn;
 
 class ConvBnReluImpl : public torch::nn::Cloneable<ConvBnReluImpl> {
  public:

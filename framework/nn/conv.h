@@ -83,6 +83,10 @@ class ConvLayerImpl : QFORGE_TWIN_BASE(Twin), public ConvQuantState {
     refuse_clone();
   }
   torch::nn::Module& module() override { return *this; }
+  void load(torch::serialize::InputArchive& archive) override {
+    refuse_torch_load_if_quantized();
+    torch::nn::Module::load(archive);
+  }
   const torch::nn::Module& module() const override { return *this; }
   void install_frozen(QuantizedTensor fw) override { install_conv(std::move(fw), this->weight, this->parameters_); }
   QuantizedTensor frozen_weight() const override { return ConvQuantState::frozen_weight(); }

@@ -26,6 +26,9 @@ Conv2d fold_conv_bn(const Conv2d& conv, const torch::nn::BatchNorm2d& bn) {
   bshape[0] = -1;
   folded->weight.copy_(conv->weight * scale.reshape(bshape));
   folded->bias.copy_((b - bn->running_mean) * scale + beta);
+  // A conv the caller froze for training stays frozen once folded.
+  folded->weight.set_requires_grad(conv->weight.requires_grad());
+  folded->bias.set_requires_grad(conv->bias.defined() ? conv->bias.requires_grad() : conv->weight.requires_grad());
   return folded;
 }
 

@@ -12,6 +12,7 @@
 
 #include <map>
 #include <memory>
+#include <set>
 #include <sstream>
 
 #include "framework/core/error.h"
@@ -51,6 +52,17 @@ std::string why_kept(const Module& parent, const std::string& type, bool root) {
          ", or bring the model as TorchScript";
 }
 
+// Why a plain layer has no faithful twin ("" when it has one).
+std::string why_no_twin(const Module& plain, const std::string& type) {
+  if (type != "Embedding") return "";
+  const auto& o = plain.as<torch::nn::EmbeddingImpl>()->options;
+  if (o.max_norm())
+    return "max_norm renormalises looked-up rows in place on every forward, which a quantized or frozen table "
+           "cannot do: it stays float";
+  if (o.sparse()) return "sparse gradients: the twin's fake-quantized table gives dense ones; it stays float";
+  return "";
+}
+
 class Planner {
  public:
   Planner(const Module& model, const ConvertOptions& options) : options_(options) {
@@ -66,6 +78,11 @@ class Planner {
 
  private:
   void visit(Module& m, const std::string& path) {
+    // A module reached by a second path (one block pushed twice into a ModuleList) is planned once.
+    if (const auto [first, fresh] = visited_.emplace(&m, path); !fresh) {
+      report_.aliases.push_back({path, m.name(), "the same module as " + shown(first->second)});
+      return;
+    }
     if (auto* seq = dynamic_cast<SequentialImpl*>(&m)) return visit_sequential(*seq, path);
     for (const auto& child : m.named_children()) {
       const std::string cpath = join(path, child.key());
@@ -84,10 +101,14 @@ class Planner {
     for (size_t i = 0; i < seq.size(); ++i) {
       const std::shared_ptr<Module> item = seq.ptr(i);
       const std::string cpath = join(path, children[i].key());
-      const auto it = plain_.find(item.get());
+      auto it = plain_.find(item.get());
       if (it != plain_.end()) {
-        steps_.push_back({&seq, i, false, it->second});
-        report_.converted.push_back({cpath, "torch::nn::" + it->second, "qforge::nn::" + it->second});
+        if (const std::string why = why_no_twin(*item, it->second); !why.empty()) {
+          report_.kept.push_back({cpath, "torch::nn::" + it->second, why});
+          it = plain_.end();
+        } else {
+          plan_twin(seq, i, cpath, it->second);
+        }
       } else if (!dynamic_cast<Conv2dImpl*>(item.get())) {
         visit(*item, cpath);
       }
@@ -96,9 +117,17 @@ class Planner {
     }
   }
 
+  // One twin per plain layer: a layer held at two places (Sequential(lin, act, lin)) stays one module.
+  void plan_twin(SequentialImpl& seq, size_t i, const std::string& path, const std::string& type) {
+    steps_.push_back({&seq, i, false, type});
+    const auto [first, fresh] = twin_path_.emplace(seq.ptr(i).get(), path);
+    report_.converted.push_back({path, "torch::nn::" + type,
+                                 "qforge::nn::" + type + (fresh ? "" : " (one twin, shared with " + first->second + ")")});
+  }
+
   // Folds (or lists as kept) a BatchNorm2d right after the conv at `i`; true when one follows.
   bool plan_fold(SequentialImpl& seq, size_t i, const std::string& conv_path, const std::string& bn_path) {
-    const auto* bn = dynamic_cast<const torch::nn::BatchNorm2dImpl*>(seq.ptr(i + 1).get());
+    const auto* bn = batch_norm_after(seq, i);
     if (!bn) return false;
     const auto* qconv = dynamic_cast<const Conv2dImpl*>(seq.ptr(i).get());
     const int64_t out_channels =
@@ -121,6 +150,8 @@ class Planner {
 
   const ConvertOptions& options_;
   std::map<const Module*, std::string> plain_;
+  std::map<const Module*, std::string> visited_;    // module -> the first path that reached it
+  std::map<const Module*, std::string> twin_path_;  // plain layer -> the first path it was converted at
 };
 
 // Copies every parameter and buffer of `from` into the same-named tensor of `to` (a fresh twin).
@@ -155,17 +186,26 @@ torch::nn::AnyModule make_twin(const Module& plain, const std::string& type) {
   if (type == "Linear") return twin<Linear>(plain, plain.as<torch::nn::LinearImpl>()->options);
   if (type == "Conv1d") return twin<Conv1d>(plain, conv_options_of<1>(plain.as<torch::nn::Conv1dImpl>()->options));
   if (type == "Conv2d") return twin<Conv2d>(plain, conv_options_of<2>(plain.as<torch::nn::Conv2dImpl>()->options));
-  if (type == "Embedding") return twin<Embedding>(plain, plain.as<torch::nn::EmbeddingImpl>()->options);
+  if (type == "Embedding") {
+    // from_pretrained's table rides in the options: the twin would hold (and re-flag) the same tensor.
+    auto options = plain.as<torch::nn::EmbeddingImpl>()->options;
+    return twin<Embedding>(plain, options._weight(at::Tensor()));
+  }
   if (type == "LayerNorm") return twin<LayerNorm>(plain, plain.as<torch::nn::LayerNormImpl>()->options);
   throw Error("convert: no qforge twin for torch::nn::" + type);
 }
 
 }  // namespace
 
+const torch::nn::BatchNorm2dImpl* batch_norm_after(const SequentialImpl& seq, size_t i) {
+  return i + 1 < seq.size() ? dynamic_cast<const torch::nn::BatchNorm2dImpl*>(seq.ptr(i + 1).get()) : nullptr;
+}
+
 std::string ConvertReport::to_string() const {
   std::ostringstream os;
   for (const Entry& e : converted) os << "converted " << shown(e.path) << ": " << e.type << " -> " << e.note << "\n";
   for (const Entry& e : kept) os << "kept " << shown(e.path) << ": " << e.type << ": " << e.note << "\n";
+  for (const Entry& e : aliases) os << "alias " << shown(e.path) << ": " << e.type << ": " << e.note << "\n";
   return os.str();
 }
 
@@ -177,11 +217,15 @@ ConvertReport convert(Module& model, const ConvertOptions& options) {
   Planner planner(model, options);
   // Build every replacement before installing any: an error leaves the model untouched.
   std::map<std::pair<SequentialImpl*, size_t>, torch::nn::AnyModule> slots;
+  std::map<const Module*, torch::nn::AnyModule> twins;  // original -> its one twin
   {
     RngStateGuard rng;  // construction draws initial weights that are overwritten
     for (const Step& s : planner.steps_) {
       if (!s.fold) {
-        slots[{s.seq, s.index}] = make_twin(*s.seq->ptr(s.index), s.type);
+        const Module* original = s.seq->ptr(s.index).get();
+        auto twin = twins.find(original);
+        if (twin == twins.end()) twin = twins.emplace(original, make_twin(*original, s.type)).first;
+        slots[{s.seq, s.index}] = twin->second;
         continue;
       }
       const auto built = slots.find({s.seq, s.index});

@@ -12,6 +12,8 @@
 #pragma once
 
 #include <torch/nn/module.h>
+#include <torch/nn/modules/batchnorm.h>
+#include <torch/nn/modules/container/sequential.h>
 
 #include <string>
 #include <vector>
@@ -34,9 +36,14 @@ struct ConvertReport {
   };
   std::vector<Entry> converted;  // replaced by a qforge twin, or folded into the preceding conv
   std::vector<Entry> kept;       // plain layers (and BatchNorms after a conv) left as they were
+  std::vector<Entry> aliases;    // a module reached again by another path: planned once, at its first
   // One line per entry: "converted body.0: torch::nn::Linear -> qforge::nn::Linear".
   std::string to_string() const;
 };
+
+// The BatchNorm2d that item i of `seq` feeds (item i + 1), or null: the conv-BN pairs convert folds
+// and quantize() notes. Only a Sequential's order is its call order (a struct's members' is not).
+const torch::nn::BatchNorm2dImpl* batch_norm_after(const torch::nn::SequentialImpl& seq, size_t i);
 
 // What convert(model, options) would do, changing nothing.
 ConvertReport convert_plan(const torch::nn::Module& model, const ConvertOptions& options = {});

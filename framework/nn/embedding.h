@@ -27,6 +27,10 @@ class EmbeddingImpl : QFORGE_TWIN_BASE(torch::nn::EmbeddingImpl), public Quantiz
   at::Tensor forward(const at::Tensor& indices);
 
   const char* layer_type() const override { return "Embedding"; }
+  void load(torch::serialize::InputArchive& archive) override {
+    refuse_torch_load_if_quantized();
+    torch::nn::Module::load(archive);
+  }
   torch::nn::Module& module() override { return *this; }
   const torch::nn::Module& module() const override { return *this; }
   void check_scheme(const LayerScheme& scheme) const override;

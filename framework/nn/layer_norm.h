@@ -27,6 +27,10 @@ class LayerNormImpl : QFORGE_TWIN_BASE(torch::nn::LayerNormImpl), public NormLay
   at::Tensor forward(const at::Tensor& x);
 
   const char* layer_type() const override { return "LayerNorm"; }
+  void load(torch::serialize::InputArchive& archive) override {
+    refuse_torch_load_if_quantized();
+    torch::nn::Module::load(archive);
+  }
   torch::nn::Module& module() override { return *this; }
   const torch::nn::Module& module() const override { return *this; }
 

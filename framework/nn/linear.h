@@ -32,6 +32,10 @@ class LinearImpl : QFORGE_TWIN_BASE(torch::nn::LinearImpl), public QuantizableLa
   at::Tensor forward(const at::Tensor& x);
 
   const char* layer_type() const override { return "Linear"; }
+  void load(torch::serialize::InputArchive& archive) override {
+    refuse_torch_load_if_quantized();
+    torch::nn::Module::load(archive);
+  }
   torch::nn::Module& module() override { return *this; }
   const torch::nn::Module& module() const override { return *this; }
   void check_scheme(const LayerScheme& scheme) const override;

@@ -23,6 +23,10 @@ class MatMulImpl : public torch::nn::Cloneable<MatMulImpl>, public QuantizableLa
   at::Tensor forward(const at::Tensor& a, const at::Tensor& b);
 
   const char* layer_type() const override { return "MatMul"; }
+  void load(torch::serialize::InputArchive& archive) override {
+    refuse_torch_load_if_quantized();
+    torch::nn::Module::load(archive);
+  }
   torch::nn::Module& module() override { return *this; }
   const torch::nn::Module& module() const override { return *this; }
   void check_scheme(const LayerScheme& scheme) const override;

@@ -195,6 +195,14 @@ void QuantizableLayer::refuse_clone() const {
                               "(io::save_model / io::load_model)"));
 }
 
+void QuantizableLayer::refuse_torch_load_if_quantized() const {
+  if (!quantized() && !frozen()) return;
+  throw Error(detail::str_cat("torch::load: ", path_.empty() ? std::string("(root)") : path_, " (", layer_type(), ") is ",
+                              frozen() ? "frozen" : "quantized",
+                              "; LibTorch's archive holds float tensors only: load quantized and frozen models with "
+                              "qforge::io::load_model (and save them with qforge::io::save_model)"));
+}
+
 std::vector<std::pair<std::string, QuantizableLayer*>> quantizable_layers(const torch::nn::Module& model) {
   std::vector<std::pair<std::string, QuantizableLayer*>> out;
   // include_self=false: the root may live on the stack (no shared_ptr to hand out).

@@ -123,6 +123,8 @@ class QuantizableLayer {
   void mark_frozen();
   // Throws qforge::Error: a clone would hold the LibTorch twin only, without quantizers.
   [[noreturn]] void refuse_clone() const;
+  // torch::load into a quantized or frozen layer: LibTorch's archive holds float tensors only.
+  void refuse_torch_load_if_quantized() const;
   // Where the input quantizer lives: "input_quantizer" (or "output_quantizer" for LayerNorm).
   virtual const char* activation_quantizer_name() const { return "input_quantizer"; }
   virtual bool has_weight() const { return true; }

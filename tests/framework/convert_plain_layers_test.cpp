@@ -91,8 +91,10 @@ TEST(ConvertPlainLayers, FreezeOfAModelWithNothingQuantizedIsAnError) {
   EXPECT_EQ(error_of([&] { freeze(net); }), "");  // freezing again does nothing
 }
 
-TEST(ConvertPlainLayers, TorchSaveOfAQuantizedOrFrozenModelNamesSaveModel) {
+TEST(ConvertPlainLayers, TorchSaveAndLoadOfAQuantizedOrFrozenModelNameSaveModelAndLoadModel) {
   auto net = std::make_shared<Net>();
+  std::stringstream float_archive;
+  torch::save(net, float_archive);
   {  // a float model of qforge layers round-trips through LibTorch's archive as its twins do
     std::stringstream buffer;
     torch::save(net, buffer);
@@ -114,8 +116,19 @@ TEST(ConvertPlainLayers, TorchSaveOfAQuantizedOrFrozenModelNamesSaveModel) {
   const std::string calibrated = error_of(save);
   EXPECT_NE(calibrated.find("torch::save: 'fc1.weight' is a qforge quantizer"), std::string::npos) << calibrated;
   EXPECT_NE(calibrated.find("qforge::io::save_model(model, path)"), std::string::npos) << calibrated;
+  // torch::load into the quantized model: refused at its first qforge layer, naming io::load_model.
+  const at::Tensor weight = net->fc1->weight.clone();
+  auto load = [&] {
+    std::stringstream in(float_archive.str());
+    torch::load(net, in);
+  };
+  const std::string into_quantized = error_of(load);
+  EXPECT_NE(into_quantized.find("torch::load: fc1 (Linear) is quantized"), std::string::npos) << into_quantized;
+  EXPECT_NE(into_quantized.find("qforge::io::load_model"), std::string::npos) << into_quantized;
+  EXPECT_TRUE(at::equal(net->fc1->weight, weight));
   freeze(*net);
   EXPECT_NE(error_of(save).find("qforge::io::save_model"), std::string::npos);
+  EXPECT_NE(error_of(load).find("torch::load: fc1 (Linear) is frozen"), std::string::npos) << error_of(load);
   // Nothing was written: the stream stays empty.
   std::stringstream out;
   EXPECT_NE(error_of([&] { torch::save(net, out); }), "");
@@ -135,4 +148,13 @@ TEST(ConvertPlainLayers, BatchNormAfterAQuantizedConvIsNotedInQuantizeAndDescrib
   EXPECT_EQ(rows[1].type, "torch::nn::BatchNorm2d");
   EXPECT_EQ(rows[1].bytes, (4 * 4) * 4 + 8);  // weight, bias, running mean and var; num_batches_tracked (int64)
   EXPECT_NE(describe(*net).find("after the quantized Conv2d '0'"), std::string::npos);
+  // Members registered conv then bn say nothing of the call order: no note.
+  struct Members : torch::nn::Module {
+    Members()
+        : conv(register_module("conv", nn::Conv2d(torch::nn::Conv2dOptions(1, 4, 3)))),
+          bn(register_module("bn", torch::nn::BatchNorm2d(4))) {}
+    nn::Conv2d conv;
+    torch::nn::BatchNorm2d bn;
+  } members;
+  EXPECT_TRUE(quantize(members, qint8).notes.empty());
 }

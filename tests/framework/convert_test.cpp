@@ -16,6 +16,7 @@
 #include <string>
 
 #include "framework/api/quantize.h"
+#include "framework/models/cnn.h"
 #include "framework/nn/conv.h"
 #include "framework/nn/conv_bn_fold.h"
 #include "framework/nn/convert.h"
@@ -226,13 +227,43 @@ TEST(Convert, FoldsBatchNormAfterConvInEvalModeOnly) {
   const at::Tensor after = net->forward(x);
   EXPECT_TRUE(at::allclose(after, before, 1e-5, 1e-5)) << (after - before).abs().max().item<double>();
 
-  // The one folding formula, checked against BatchNorm's own eval forward: fold_conv_bn.
-  torch::nn::Sequential ref = make();
-  ref->eval();
-  nn::Conv2d conv(torch::nn::Conv2dOptions(3, 8, 3));
-  const at::Tensor want = ref[1]->as<torch::nn::BatchNorm2dImpl>()->forward(conv->forward(x));
-  const torch::nn::BatchNorm2d bn(std::dynamic_pointer_cast<torch::nn::BatchNorm2dImpl>(ref->ptr(1)));
-  EXPECT_TRUE(at::allclose(nn::fold_conv_bn(conv, bn)->forward(x), want, 1e-5, 1e-5));
+}
+
+// The one folding formula, fold_conv_bn, against BatchNorm's own eval forward: statistics and affine
+// parameters away from (0, 1, 1, 0), with and without the conv's bias and BatchNorm's affine.
+TEST(Convert, FoldFormulaMatchesBatchNormWithRandomStatistics) {
+  at::manual_seed(8);
+  const at::Tensor x = at::randn({4, 3, 10, 10});
+  for (const bool conv_bias : {false, true}) {
+    for (const bool affine : {false, true}) {
+      nn::Conv2d conv(torch::nn::Conv2dOptions(3, 8, 3).bias(conv_bias));
+      torch::nn::BatchNorm2d bn(torch::nn::BatchNorm2dOptions(8).affine(affine).eps(1e-3));
+      at::NoGradGuard no_grad;
+      bn->running_mean.uniform_(-2, 2);
+      bn->running_var.uniform_(0.2, 4);
+      if (affine) {
+        bn->weight.uniform_(0.5, 2);
+        bn->bias.uniform_(-1, 1);
+      }
+      if (conv_bias) conv->bias.uniform_(-1, 1);
+      bn->eval();
+      const at::Tensor want = bn->forward(conv->forward(x));
+      const at::Tensor got = nn::fold_conv_bn(conv, bn)->forward(x);
+      EXPECT_TRUE(at::allclose(got, want, 1e-5, 1e-4))
+          << "bias " << conv_bias << " affine " << affine << ": " << (got - want).abs().max().item<double>();
+    }
+  }
+}
+
+TEST(Convert, FoldKeepsTheConvsRequiresGrad) {
+  nn::Conv2d conv(torch::nn::Conv2dOptions(2, 3, 1));
+  torch::nn::BatchNorm2d bn(3);
+  bn->eval();
+  EXPECT_TRUE(nn::fold_conv_bn(conv, bn)->weight.requires_grad());
+  for (auto& p : conv->parameters()) p.set_requires_grad(false);
+  const nn::Conv2d folded = nn::fold_conv_bn(conv, bn);
+  EXPECT_FALSE(folded->weight.requires_grad());
+  EXPECT_FALSE(folded->bias.requires_grad());
 }
 
 TEST(Convert, KeepsDtypeDeviceAndRequiresGradOfEachTensor) {
@@ -251,4 +282,90 @@ TEST(Convert, KeepsDtypeDeviceAndRequiresGradOfEachTensor) {
   // Training goes on through the twin: its bias gets the gradient.
   net->forward(x).sum().backward();
   EXPECT_TRUE(twin->bias.grad().defined());
+}
+
+TEST(Convert, ASequentialReachedByTwoPathsIsConvertedAndFoldedOnce) {
+  at::manual_seed(4);
+  torch::nn::Sequential block(torch::nn::Conv2d(torch::nn::Conv2dOptions(4, 4, 3).padding(1)),
+                              torch::nn::BatchNorm2d(4), torch::nn::ReLU());
+  {  // statistics away from (0, 1): a second fold would change the output
+    at::NoGradGuard no_grad;
+    for (int i = 0; i < 3; ++i) block->forward(at::randn({8, 4, 6, 6}) * 2 + 1);
+  }
+  torch::nn::ModuleList list;
+  list->push_back(block);
+  list->push_back(block);  // the same block twice, as `[block] * 2` in PyTorch
+  struct Twice : torch::nn::Module {
+    explicit Twice(torch::nn::ModuleList l) : blocks(register_module("blocks", std::move(l))) {}
+    torch::nn::ModuleList blocks;
+  } net(list);
+  net.eval();
+  const at::Tensor x = at::randn({2, 4, 6, 6});
+  at::NoGradGuard no_grad;
+  const at::Tensor before = block->forward(block->forward(x));
+  const nn::ConvertReport rep = nn::convert(net);
+  EXPECT_EQ(rep.converted.size(), 2u) << rep.to_string();  // the conv and its BatchNorm, once
+  ASSERT_EQ(rep.aliases.size(), 1u) << rep.to_string();
+  EXPECT_EQ(rep.aliases[0].path, "blocks.1");
+  EXPECT_EQ(rep.aliases[0].note, "the same module as blocks.0");
+  EXPECT_NE(rep.to_string().find("alias blocks.1: torch::nn::SequentialImpl: the same module as blocks.0"),
+            std::string::npos)
+      << rep.to_string();
+  ASSERT_NE(block[0]->as<nn::Conv2dImpl>(), nullptr);
+  const at::Tensor after = block->forward(block->forward(x));
+  EXPECT_TRUE(at::allclose(after, before, 1e-5, 1e-5)) << (after - before).abs().max().item<double>();
+}
+
+TEST(Convert, ALayerHeldTwiceGetsOneTwin) {
+  at::manual_seed(5);
+  torch::nn::Linear shared(8, 8);
+  torch::nn::Sequential net(shared, torch::nn::Tanh(), shared);
+  const at::Tensor x = at::randn({3, 8});
+  const at::Tensor before = net->forward(x);
+  const nn::ConvertReport rep = nn::convert(net);
+  ASSERT_EQ(rep.converted.size(), 2u) << rep.to_string();
+  EXPECT_EQ(rep.converted[0].note, "qforge::nn::Linear");
+  EXPECT_EQ(rep.converted[1].note, "qforge::nn::Linear (one twin, shared with 0)");
+  ASSERT_NE(net[0]->as<nn::LinearImpl>(), nullptr);
+  EXPECT_EQ(net->ptr(0).get(), net->ptr(2).get());
+  EXPECT_TRUE(same(net->forward(x), before));
+  // One weight and one bias, registered under both names: training updates both uses together.
+  EXPECT_TRUE(net[0]->as<nn::LinearImpl>()->weight.is_same(net->named_parameters()["2.weight"]));
+  quantize(*net, w8a8());
+  EXPECT_TRUE(net[2]->as<nn::LinearImpl>()->quantized());
+}
+
+TEST(Convert, EmbeddingsWithMaxNormOrSparseGradientsStayFloatWithTheReason) {
+  torch::nn::Sequential net(torch::nn::Embedding(torch::nn::EmbeddingOptions(20, 4).max_norm(1.0)),
+                            torch::nn::Embedding(torch::nn::EmbeddingOptions(20, 4).sparse(true)),
+                            torch::nn::Embedding(20, 4));
+  const nn::ConvertReport rep = nn::convert(net);
+  ASSERT_EQ(rep.converted.size(), 1u) << rep.to_string();
+  EXPECT_EQ(rep.converted[0].path, "2");
+  ASSERT_EQ(rep.kept.size(), 2u) << rep.to_string();
+  EXPECT_EQ(rep.kept[0].path, "0");
+  EXPECT_NE(rep.kept[0].note.find("max_norm renormalises looked-up rows"), std::string::npos) << rep.kept[0].note;
+  EXPECT_EQ(rep.kept[1].path, "1");
+  EXPECT_NE(rep.kept[1].note.find("sparse gradients"), std::string::npos) << rep.kept[1].note;
+  EXPECT_NE(net[0]->as<torch::nn::EmbeddingImpl>(), nullptr);
+  EXPECT_EQ(net[0]->as<nn::EmbeddingImpl>(), nullptr);
+  // quantize() names the reason, not "convert replaces it".
+  const std::string e = qforge::testing::error_of([&] { quantize(*net, qint8); });
+  EXPECT_NE(e.find("\n  0 (torch::nn::Embedding): max_norm renormalises"), std::string::npos) << e;
+}
+
+// Code written for earlier releases still compiles: Scheme::strict (ignored) and models::fold_conv_bn.
+TEST(Convert, EarlierPublicNamesStillCompile) {
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+  Scheme s(qint8);
+  s.strict = false;  // ignored: refusing plain layers is the default
+#pragma GCC diagnostic pop
+  torch::nn::Sequential plain(torch::nn::Linear(4, 4));
+  EXPECT_NE(qforge::testing::error_of([&] { quantize(*plain, s); }).find("have no quantizers"), std::string::npos);
+  nn::Conv2d conv(torch::nn::Conv2dOptions(2, 3, 1));
+  torch::nn::BatchNorm2d bn(3);
+  bn->eval();
+  nn::Conv2d (*old_name)(const nn::Conv2d&, const torch::nn::BatchNorm2d&) = &models::fold_conv_bn;
+  EXPECT_EQ(old_name, &nn::fold_conv_bn);
 }
