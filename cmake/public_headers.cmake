@@ -32,6 +32,7 @@ set(QFORGE_PUBLIC_HEADERS
   framework/io/checkpoint.h
   framework/api/kernel_plan.h
   framework/api/kmeans.h
+  framework/models/activation.h
   framework/models/bert.h
   framework/models/cnn.h
   framework/models/field_rule.h

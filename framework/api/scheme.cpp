@@ -9,6 +9,7 @@
 #include "framework/nn/conv.h"
 #include "framework/nn/embedding.h"
 #include "framework/nn/linear.h"
+#include "framework/nn/norm_layer.h"
 
 namespace qforge {
 
@@ -58,7 +59,7 @@ std::optional<LayerScheme> Scheme::resolve(const std::string& path, const Quanti
     break;
   }
   const std::string type = layer.layer_type();
-  const bool norm = type == "LayerNorm" || type == "RMSNorm";
+  const bool norm = dynamic_cast<const nn::NormLayer*>(&layer) != nullptr;
   const bool weightless = norm || type == "MatMul";
   if (type == "Embedding") act = ActivationMode::kNone;
   if ((type == "Conv1d" || type == "Conv2d") && act == ActivationMode::kDynamicPerToken) {

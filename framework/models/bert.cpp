@@ -9,17 +9,12 @@
 #include <nlohmann/json.hpp>
 
 #include "framework/core/error.h"
+#include "framework/models/activation.h"
 #include "framework/models/config_field.h"
 #include "framework/models/hf_folder.h"
 #include "framework/format/safetensors.h"
 
 namespace qforge::models {
-at::Tensor apply_activation(const std::string& act, const at::Tensor& x) {
-  if (act == "gelu") return at::gelu(x);
-  if (act == "gelu_new" || act == "gelu_pytorch_tanh") return at::gelu(x, "tanh");
-  if (act == "relu") return at::relu(x);
-  throw Error("models: unsupported activation '" + act + "' (gelu, gelu_new, gelu_pytorch_tanh, relu)");
-}
 
 BertConfig BertConfig::from_json(const nlohmann::json& j) {
   constexpr const char* kWho = "models/bert";

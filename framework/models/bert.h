@@ -65,8 +65,6 @@ struct BertConfig {
   }
 };
 
-at::Tensor apply_activation(const std::string& act, const at::Tensor& x);
-
 class BertEmbeddingsImpl : public torch::nn::Cloneable<BertEmbeddingsImpl> {
  public:
   explicit BertEmbeddingsImpl(const BertConfig& c);

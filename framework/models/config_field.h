@@ -24,12 +24,20 @@ void get_config_field(const nlohmann::json& j, const char* who, const char* name
   }
 }
 
-// The listed fields of `j` over the defaults; `who` ("models/bert") starts every message.
+// The listed fields of `j` over the defaults `c`; `who` ("models/bert") starts every message. A
+// null kNonPositiveIsNull field reads as 0 ("derived"), whatever its default.
 template <typename Config>
-Config read_config(const nlohmann::json& j, const char* who) {
+Config read_config(const nlohmann::json& j, const char* who, Config c = Config{}) {
   QF_REQUIRE(j.is_object(), who, ": config is not a JSON object");
-  Config c;
-  Config::fields(c, [&](const char* name, auto& member, FieldRule) { get_config_field(j, who, name, member); });
+  Config::fields(c, [&](const char* name, auto& member, FieldRule rule) {
+    if constexpr (std::is_arithmetic_v<std::decay_t<decltype(member)>>) {
+      if (rule == FieldRule::kNonPositiveIsNull && j.contains(name) && j[name].is_null()) {
+        member = 0;
+        return;
+      }
+    }
+    get_config_field(j, who, name, member);
+  });
   return c;
 }
 

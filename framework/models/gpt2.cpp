@@ -8,11 +8,11 @@
 #include <nlohmann/json.hpp>
 
 #include "framework/core/error.h"
+#include "framework/models/activation.h"
 #include "framework/models/config_field.h"
 #include "framework/models/hf_folder.h"
 #include "framework/models/hf_lm_head.h"
 #include "framework/format/safetensors.h"
-#include "framework/models/bert.h"  // apply_activation
 
 namespace qforge::models {
 namespace {

@@ -55,6 +55,7 @@ HfWeights read_sharded(const std::string& dir, const std::string& index_path) {
 
 HfWeights read_hf_weights(const std::string& dir) {
   namespace fs = std::filesystem;
+  if (fs::is_regular_file(dir)) return {io::read_safetensors(dir).tensors, dir};
   const std::string single = dir + "/model.safetensors", index = dir + "/model.safetensors.index.json";
   if (fs::exists(single)) return {io::read_safetensors(single).tensors, single};
   if (fs::exists(index)) return read_sharded(dir, index);

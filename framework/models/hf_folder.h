@@ -19,6 +19,7 @@ struct HfWeights {
 // pytorch_model.bin checkpoints are not read), and naming the tensor and shard when the index
 // and its shards disagree: a listed tensor missing from its shard, a shard tensor the index does
 // not list, a shard name that leaves the folder.
+// `dir` may also be one .safetensors file, read as it is.
 HfWeights read_hf_weights(const std::string& dir);
 
 // Writes `dir`/config.json and `dir`/model.safetensors (the tensors as given, HF names), creating

@@ -8,7 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "framework/core/error.h"
-#include "framework/models/bert.h"  // apply_activation
+#include "framework/models/activation.h"
 #include "framework/models/config_field.h"
 #include "framework/models/hf_folder.h"
 #include "framework/models/hf_lm_head.h"
@@ -17,10 +17,6 @@ namespace qforge::models {
 namespace {
 
 constexpr const char* kLlama = "models/llama";
-
-at::Tensor mlp_activation(const std::string& name, const at::Tensor& x) {
-  return name == "silu" ? at::silu(x) : apply_activation(name, x);
-}
 
 // HF's rotate_half: (x1, x2) -> (-x2, x1) over the two halves of the last dimension.
 at::Tensor rotate_half(const at::Tensor& x) {
@@ -52,64 +48,77 @@ at::Tensor rope_inv_freq(const LlamaConfig& c) {
   return inv_freq;
 }
 
-double json_number(const nlohmann::json& j, const char* key, double fallback) {
-  if (!j.contains(key) || j[key].is_null()) return fallback;
-  QF_REQUIRE(j[key].is_number(), kLlama, ": config field 'rope_scaling.", key, "' must be a number, got ", j[key].dump());
+// A number `object`.`key` that the rope kind requires (HF's rope validation refuses it missing).
+double rope_number(const nlohmann::json& j, const char* object, const char* key, const std::string& kind) {
+  QF_REQUIRE(j.contains(key) && !j[key].is_null(), kLlama, ": config field '", object, ".", key,
+             "' is missing; rope_type ", kind, " needs it");
+  QF_REQUIRE(j[key].is_number(), kLlama, ": config field '", object, ".", key, "' must be a number, got ", j[key].dump());
   return j[key].get<double>();
 }
 
-void validate_llama_config(const LlamaConfig& c, const nlohmann::json& j) {
-  QF_REQUIRE(c.model_type == "llama" || c.model_type == "mistral" || c.model_type == "qwen2", kLlama,
-             ": config field 'model_type' is '", c.model_type, "'; supported: llama, mistral, qwen2");
-  require_positive_fields(c, kLlama);
-  QF_REQUIRE(c.head_dim > 0 || c.hidden_size % c.num_attention_heads == 0, kLlama, ": hidden_size ", c.hidden_size,
-             " is not a multiple of num_attention_heads ", c.num_attention_heads, " (and head_dim is not given)");
-  QF_REQUIRE(c.num_attention_heads % c.kv_heads() == 0, kLlama, ": num_attention_heads ", c.num_attention_heads,
-             " is not a multiple of num_key_value_heads ", c.kv_heads());
-  QF_REQUIRE(c.head_size() % 2 == 0, kLlama, ": head_dim ", c.head_size(), " is odd; RoPE rotates pairs");
-  QF_REQUIRE(c.rms_norm_eps >= 0, kLlama, ": config field 'rms_norm_eps' must be >= 0, got ", c.rms_norm_eps);
-  QF_REQUIRE(c.layer_types.empty() || static_cast<int64_t>(c.layer_types.size()) == c.num_hidden_layers, kLlama,
-             ": config field 'layer_types' lists ", c.layer_types.size(), " layers, the model has ", c.num_hidden_layers);
-  for (const std::string& t : c.layer_types)
-    QF_REQUIRE(t == "full_attention" || (t == "sliding_attention" && c.sliding_window > 0), kLlama,
-               ": config field 'layer_types' holds '", t, "'; supported: full_attention, and sliding_attention with a "
-               "sliding_window");
-  QF_REQUIRE(c.attention_dropout == 0.0, kLlama, ": config field 'attention_dropout' is ", c.attention_dropout,
-             "; only 0 is supported");
-  try {
-    mlp_activation(c.hidden_act, at::zeros({1}));
-  } catch (const Error&) {
-    throw Error(detail::str_cat(kLlama, ": config field 'hidden_act' is '", c.hidden_act,
-                                "'; supported: silu, gelu, gelu_new, gelu_pytorch_tanh, relu"));
-  }
+// RoPE rotates the whole head: a partial_rotary_factor other than 1 is refused, naming where it sits.
+void require_full_rotary(const nlohmann::json& j, const std::string& where) {
   if (j.contains("partial_rotary_factor") && !j["partial_rotary_factor"].is_null())
-    QF_REQUIRE(j["partial_rotary_factor"] == 1 || j["partial_rotary_factor"] == 1.0, kLlama,
-               ": config field 'partial_rotary_factor' is not supported (RoPE rotates the whole head)");
+    QF_REQUIRE(j["partial_rotary_factor"] == 1 || j["partial_rotary_factor"] == 1.0, kLlama, ": config field '", where,
+               "partial_rotary_factor' is not supported (RoPE rotates the whole head)");
+}
+
+// transformers 5's rope_parameters over the older rope_theta / rope_scaling already in `c`.
+void read_rope_parameters(const nlohmann::json& j, LlamaConfig& c) {
+  if (!j.contains("rope_parameters") || j["rope_parameters"].is_null()) return;
+  const nlohmann::json& p = j["rope_parameters"];
+  QF_REQUIRE(p.is_object(), kLlama, ": config field 'rope_parameters' must be an object or null, got ", p.dump());
+  for (const auto& item : p.items())
+    QF_REQUIRE(!item.value().is_object(), kLlama, ": config field 'rope_parameters.", item.key(),
+               "' gives RoPE parameters per layer type; one rope_parameters object for every layer is supported");
+  const LlamaRopeScaling s = LlamaRopeScaling::from_json(p, "rope_parameters");
+  const bool has_scaling = j.contains("rope_scaling") && !j["rope_scaling"].is_null();
+  QF_REQUIRE(!has_scaling || s.to_json() == c.rope_scaling.to_json(), kLlama,
+             ": config fields 'rope_scaling' and 'rope_parameters' disagree: ", j["rope_scaling"].dump(), " vs ", p.dump());
+  c.rope_scaling = s;
+  if (p.contains("rope_theta") && !p["rope_theta"].is_null()) {
+    QF_REQUIRE(p["rope_theta"].is_number(), kLlama, ": config field 'rope_parameters.rope_theta' must be a number, got ",
+               p["rope_theta"].dump());
+    const double theta = p["rope_theta"].get<double>();
+    QF_REQUIRE(!j.contains("rope_theta") || j["rope_theta"].is_null() || j["rope_theta"] == theta, kLlama,
+               ": config fields 'rope_theta' (", j.value("rope_theta", nlohmann::json()).dump(),
+               ") and 'rope_parameters.rope_theta' (", theta, ") disagree");
+    c.rope_theta = theta;
+  }
+  require_full_rotary(p, "rope_parameters.");
 }
 
 }  // namespace
 
-LlamaRopeScaling LlamaRopeScaling::from_json(const nlohmann::json& j) {
+LlamaRopeScaling LlamaRopeScaling::from_json(const nlohmann::json& j, const char* key) {
   LlamaRopeScaling s;
   if (j.is_null()) return s;
-  QF_REQUIRE(j.is_object(), kLlama, ": config field 'rope_scaling' must be an object or null, got ", j.dump());
+  QF_REQUIRE(j.is_object(), kLlama, ": config field '", key, "' must be an object or null, got ", j.dump());
   // Older configs name the kind "type".
   const char* kind_key = j.contains("rope_type") ? "rope_type" : "type";
-  QF_REQUIRE(j.contains(kind_key) && j[kind_key].is_string(), kLlama, ": config field 'rope_scaling' has no rope_type");
+  QF_REQUIRE(j.contains(kind_key) && j[kind_key].is_string(), kLlama, ": config field '", key, "' has no rope_type");
   s.rope_type = j[kind_key].get<std::string>();
   QF_REQUIRE(s.rope_type == "default" || s.rope_type == "linear" || s.rope_type == "llama3", kLlama,
-             ": config field 'rope_scaling.", kind_key, "' is '", s.rope_type, "'; supported: default, linear, llama3");
-  s.factor = json_number(j, "factor", 1.0);
-  s.low_freq_factor = json_number(j, "low_freq_factor", s.low_freq_factor);
-  s.high_freq_factor = json_number(j, "high_freq_factor", s.high_freq_factor);
-  s.original_max_position_embeddings = static_cast<int64_t>(
-      json_number(j, "original_max_position_embeddings", static_cast<double>(s.original_max_position_embeddings)));
-  QF_REQUIRE(s.factor > 0, kLlama, ": config field 'rope_scaling.factor' must be > 0, got ", s.factor);
-  if (s.rope_type == "llama3")
-    QF_REQUIRE(s.high_freq_factor > s.low_freq_factor && s.low_freq_factor > 0 && s.original_max_position_embeddings > 0,
-               kLlama, ": config field 'rope_scaling' (llama3) needs high_freq_factor > low_freq_factor > 0 and "
-               "original_max_position_embeddings > 0, got ", j.dump());
+             ": config field '", key, ".", kind_key, "' is '", s.rope_type, "'; supported: default, linear, llama3");
+  if (s.rope_type != "default") s.factor = rope_number(j, key, "factor", s.rope_type);
+  if (s.rope_type == "llama3") {
+    s.low_freq_factor = rope_number(j, key, "low_freq_factor", s.rope_type);
+    s.high_freq_factor = rope_number(j, key, "high_freq_factor", s.rope_type);
+    s.original_max_position_embeddings =
+        static_cast<int64_t>(rope_number(j, key, "original_max_position_embeddings", s.rope_type));
+  }
+  s.validate(key);
   return s;
+}
+
+void LlamaRopeScaling::validate(const char* key) const {
+  QF_REQUIRE(rope_type == "default" || rope_type == "linear" || rope_type == "llama3", kLlama, ": config field '", key,
+             ".rope_type' is '", rope_type, "'; supported: default, linear, llama3");
+  QF_REQUIRE(factor > 0, kLlama, ": config field '", key, ".factor' must be > 0, got ", factor);
+  if (rope_type == "llama3")
+    QF_REQUIRE(high_freq_factor > low_freq_factor && low_freq_factor > 0 && original_max_position_embeddings > 0, kLlama,
+               ": config field '", key, "' (llama3) needs high_freq_factor > low_freq_factor > 0 and "
+               "original_max_position_embeddings > 0, got ", to_json().dump());
 }
 
 nlohmann::json LlamaRopeScaling::to_json() const {
@@ -124,9 +133,10 @@ nlohmann::json LlamaRopeScaling::to_json() const {
 }
 
 int64_t LlamaConfig::attention_window(int64_t layer) const {
-  if (!layer_types.empty()) return layer_types[static_cast<size_t>(layer)] == "sliding_attention" ? sliding_window : 0;
-  if (model_type == "qwen2") return use_sliding_window && layer >= max_window_layers ? sliding_window : 0;
-  return model_type == "mistral" ? sliding_window : 0;
+  if (model_type == "mistral") return sliding_window;
+  if (model_type != "qwen2" || !use_sliding_window) return 0;
+  if (!layer_types.empty()) return layer_types.at(static_cast<size_t>(layer)) == "sliding_attention" ? sliding_window : 0;
+  return layer >= max_window_layers ? sliding_window : 0;
 }
 
 const char* LlamaConfig::architecture() const {
@@ -135,11 +145,57 @@ const char* LlamaConfig::architecture() const {
   return "LlamaForCausalLM";
 }
 
+LlamaConfig LlamaConfig::defaults(const std::string& model_type) {
+  LlamaConfig c;  // LlamaConfig's defaults
+  c.model_type = model_type;
+  if (model_type == "mistral") {
+    c.intermediate_size = 14336, c.num_key_value_heads = 8, c.max_position_embeddings = 4096 * 32;
+    c.sliding_window = 4096;
+  } else if (model_type == "qwen2") {
+    c.vocab_size = 151936, c.intermediate_size = 22016, c.num_key_value_heads = 32, c.max_position_embeddings = 32768;
+    c.sliding_window = 4096, c.max_window_layers = 28;
+  }
+  return c;
+}
+
+void LlamaConfig::validate() const {
+  const LlamaConfig& c = *this;
+  QF_REQUIRE(c.model_type == "llama" || c.model_type == "mistral" || c.model_type == "qwen2", kLlama,
+             ": config field 'model_type' is '", c.model_type, "'; supported: llama, mistral, qwen2");
+  require_positive_fields(c, kLlama);
+  QF_REQUIRE(c.head_dim > 0 || c.hidden_size % c.num_attention_heads == 0, kLlama, ": hidden_size ", c.hidden_size,
+             " is not a multiple of num_attention_heads ", c.num_attention_heads, " (and head_dim is not given)");
+  QF_REQUIRE(c.num_attention_heads % c.kv_heads() == 0, kLlama, ": num_attention_heads ", c.num_attention_heads,
+             " is not a multiple of num_key_value_heads ", c.kv_heads());
+  QF_REQUIRE(c.head_size() % 2 == 0, kLlama, ": head_dim ", c.head_size(), " is odd; RoPE rotates pairs");
+  QF_REQUIRE(c.rms_norm_eps >= 0, kLlama, ": config field 'rms_norm_eps' must be >= 0, got ", c.rms_norm_eps);
+  QF_REQUIRE(c.layer_types.empty() || static_cast<int64_t>(c.layer_types.size()) == c.num_hidden_layers, kLlama,
+             ": config field 'layer_types' lists ", c.layer_types.size(), " layers, the model has ", c.num_hidden_layers);
+  for (const std::string& t : c.layer_types) {
+    QF_REQUIRE(t == "full_attention" || t == "sliding_attention", kLlama, ": config field 'layer_types' holds '", t,
+               "'; supported: full_attention, sliding_attention");
+    QF_REQUIRE(t == "full_attention" || c.model_type != "llama", kLlama,
+               ": config field 'layer_types' holds 'sliding_attention'; llama has no sliding-window attention");
+  }
+  QF_REQUIRE(c.attention_dropout == 0.0, kLlama, ": config field 'attention_dropout' is ", c.attention_dropout,
+             "; only 0 is supported");
+  QF_REQUIRE(is_activation(c.hidden_act), kLlama, ": config field 'hidden_act' is '", c.hidden_act,
+             "'; supported: ", activation_names());
+  c.rope_scaling.validate("rope_scaling");
+}
+
 LlamaConfig LlamaConfig::from_json(const nlohmann::json& j) {
-  LlamaConfig c = read_config<LlamaConfig>(j, kLlama);
+  QF_REQUIRE(j.is_object(), kLlama, ": config is not a JSON object");
+  std::string model_type = "llama";
+  get_config_field(j, kLlama, "model_type", model_type);
+  LlamaConfig c = read_config(j, kLlama, defaults(model_type));
   if (j.contains("rope_scaling")) c.rope_scaling = LlamaRopeScaling::from_json(j["rope_scaling"]);
+  read_rope_parameters(j, c);
   get_config_field(j, kLlama, "layer_types", c.layer_types);
-  validate_llama_config(c, j);
+  // Qwen2Config keeps sliding_window only with use_sliding_window.
+  if (c.model_type == "qwen2" && !c.use_sliding_window) c.sliding_window = 0;
+  require_full_rotary(j, "");
+  c.validate();
   return c;
 }
 
@@ -207,7 +263,7 @@ LlamaMlpImpl::LlamaMlpImpl(const LlamaConfig& c) : config(c) { reset(); }
 
 void LlamaMlpImpl::reset() {
   auto linear = [&](int64_t in, int64_t out) {
-    return nn::Linear(torch::nn::LinearOptions(in, out).bias(config.mlp_bias));
+    return nn::Linear(torch::nn::LinearOptions(in, out).bias(config.mlp_biases()));
   };
   gate_proj = register_module("gate_proj", linear(config.hidden_size, config.intermediate_size));
   up_proj = register_module("up_proj", linear(config.hidden_size, config.intermediate_size));
@@ -215,7 +271,7 @@ void LlamaMlpImpl::reset() {
 }
 
 at::Tensor LlamaMlpImpl::forward(const at::Tensor& x) {
-  return down_proj->forward(mlp_activation(config.hidden_act, gate_proj->forward(x)) * up_proj->forward(x));
+  return down_proj->forward(apply_activation(config.hidden_act, gate_proj->forward(x)) * up_proj->forward(x));
 }
 
 LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaConfig& c, int64_t layer_) : config(c), layer(layer_) {
@@ -236,7 +292,10 @@ at::Tensor LlamaDecoderLayerImpl::forward(const at::Tensor& x, const RopeTables&
   return h + mlp->forward(post_attention_layernorm->forward(h));
 }
 
-LlamaModelImpl::LlamaModelImpl(const LlamaConfig& c) : config(c) { reset(); }
+LlamaModelImpl::LlamaModelImpl(const LlamaConfig& c) : config(c) {
+  config.validate();
+  reset();
+}
 
 void LlamaModelImpl::reset() {
   embed_tokens = register_module("embed_tokens", nn::Embedding(config.vocab_size, config.hidden_size));

@@ -6,10 +6,12 @@
 // "linear" and "llama3"), SwiGLU MLP down(silu(gate(x)) * up(x)), grouped-query attention
 // (num_key_value_heads < num_attention_heads: each key/value head serves
 // num_attention_heads / num_key_value_heads consecutive query heads), tied or untied head.
-// Qwen2 has q/k/v biases; Llama's attention_bias puts biases on q/k/v/o and mlp_bias on the MLP.
-// Sliding-window attention (Mistral; Qwen2 with use_sliding_window, on the layers from
-// max_window_layers on; any layer config.layer_types marks "sliding_attention"): position q sees
-// keys k with q - sliding_window < k <= q, as transformers' masking_utils.
+// Qwen2 has q/k/v biases; Llama's attention_bias puts biases on q/k/v/o and mlp_bias on the MLP
+// (Mistral's and Qwen2's config classes ignore both).
+// Sliding-window attention, per HF's layer rules: Mistral on every layer when sliding_window is
+// set (layer_types ignored); Qwen2 only with use_sliding_window, on the layers layer_types marks
+// "sliding_attention" (without layer_types: from max_window_layers on); Llama never. Position q
+// sees keys k with q - sliding_window < k <= q, as transformers' masking_utils.
 // Attention products go through qforge::nn::MatMul, so every quantization path applies.
 #pragma once
 
@@ -36,13 +38,17 @@ namespace qforge::models {
 // (wavelength > original_max_position_embeddings / low_freq_factor) by factor, keeps the high
 // ones (wavelength < original_max_position_embeddings / high_freq_factor) and interpolates
 // between, as docs/llm.md writes out.
+// The keys each kind needs are required, as HF's rope validation requires them. transformers 5
+// writes the same object as `rope_parameters` (with rope_theta inside), read by from_json(j, key).
 struct LlamaRopeScaling {
   std::string rope_type = "default";
   double factor = 1.0;
   double low_freq_factor = 1.0, high_freq_factor = 4.0;
   int64_t original_max_position_embeddings = 8192;
-  static LlamaRopeScaling from_json(const nlohmann::json& j);  // null or an object
-  nlohmann::json to_json() const;                              // null for "default"
+  // null or an object; `key` ("rope_scaling" or "rope_parameters") names the field in errors.
+  static LlamaRopeScaling from_json(const nlohmann::json& j, const char* key = "rope_scaling");
+  nlohmann::json to_json() const;  // null for "default"
+  void validate(const char* key) const;
 };
 
 struct LlamaConfig {
@@ -71,11 +77,19 @@ struct LlamaConfig {
 
   int64_t kv_heads() const { return num_key_value_heads > 0 ? num_key_value_heads : num_attention_heads; }
   int64_t head_size() const { return head_dim > 0 ? head_dim : hidden_size / num_attention_heads; }
-  bool qkv_bias() const { return attention_bias || model_type == "qwen2"; }
-  bool o_bias() const { return attention_bias && model_type != "qwen2"; }
-  // The sliding window of layer `layer` (0: full causal attention).
+  bool qkv_bias() const { return model_type == "qwen2" || (model_type == "llama" && attention_bias); }
+  bool o_bias() const { return model_type == "llama" && attention_bias; }
+  bool mlp_biases() const { return model_type == "llama" && mlp_bias; }
+  // The sliding window of layer `layer` (0: full causal attention), by the rules above.
   int64_t attention_window(int64_t layer) const;
   const char* architecture() const;  // "LlamaForCausalLM", ...
+  // HF's config-class defaults for model_type (MistralConfig: num_key_value_heads 8, sliding_window
+  // 4096; Qwen2Config: num_key_value_heads 32, sliding_window 4096, ...); from_json reads over them.
+  static LlamaConfig defaults(const std::string& model_type);
+  // Every check from_json makes on the fields; the model constructors call it.
+  void validate() const;
+  // rope_theta / rope_scaling, or transformers 5's rope_parameters object (the per-layer-type
+  // nested form is refused); a config giving both forms must agree.
   static LlamaConfig from_json(const nlohmann::json& j);
   static LlamaConfig from_file(const std::string& path);
   nlohmann::json to_json() const;

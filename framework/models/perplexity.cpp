@@ -19,9 +19,10 @@ double window_nll(const at::Tensor& logits, const at::Tensor& window, int64_t be
   QF_REQUIRE(logits.dim() == 3 && logits.size(0) == 1 && logits.size(1) == L, kPerplexity, ": the forward returned logits ",
              logits.sizes(), " for ids [1, ", L, "]; expected [1, ", L, ", vocab]");
   const int64_t vocab = logits.size(2);
-  const at::Tensor targets = window.narrow(0, first - begin, end - first);
-  QF_REQUIRE(targets.min().item<int64_t>() >= 0 && targets.max().item<int64_t>() < vocab, kPerplexity,
+  // The window's context ids too: a forward need not range-check the ids it embeds.
+  QF_REQUIRE(window.min().item<int64_t>() >= 0 && window.max().item<int64_t>() < vocab, kPerplexity,
              ": token ids must lie in [0, ", vocab, ")");
+  const at::Tensor targets = window.narrow(0, first - begin, end - first);
   // Position p is predicted by the logits at p - 1.
   const at::Tensor rows = logits[0].narrow(0, first - begin - 1, end - first).to(at::kDouble);
   QF_REQUIRE(at::isfinite(rows).all().item<bool>(), kPerplexity, ": the forward returned non-finite logits in the window "

@@ -14,6 +14,10 @@ class RMSNormImpl : public torch::nn::Cloneable<RMSNormImpl>, public NormLayer {
  public:
   RMSNormImpl(int64_t dim, double eps);
   void reset() override;
+  // Cloning would copy the module without its quantizers: refused with a clear error, as LayerNorm.
+  std::shared_ptr<torch::nn::Module> clone(const c10::optional<c10::Device>& = c10::nullopt) const override {
+    refuse_clone();
+  }
   at::Tensor forward(const at::Tensor& x);
 
   const char* layer_type() const override { return "RMSNorm"; }

@@ -26,7 +26,8 @@ struct Task {
   std::function<void()> before_quantize;  // e.g. fold BatchNorm into the convolutions
   std::map<std::string, double> baselines;
   // Loads float weights from a safetensors file (model.safetensors in the recipe): HF names for
-  // BERT and GPT-2, qforge's own names for the MLP and CNN. Shape mismatches are listed.
+  // BERT, GPT-2 and Llama (these two also read an HF folder, single-file or sharded), qforge's own
+  // names for the MLP and CNN. Shape mismatches are listed.
   std::function<void(const std::string& path)> import_safetensors;
 };
 

@@ -1,9 +1,12 @@
 // framework/models/perplexity and generation: the sliding-window perplexity against a case worked
-// by hand, and greedy KV-cache generation against a cache-free argmax loop on a tiny Llama.
+// by hand and against HF's perplexity-guide loop (llama_fixtures/perplexity_reference.json, by
+// llama_reference.py), and greedy KV-cache generation against a cache-free argmax loop on a tiny Llama.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "framework/models/generation.h"
 #include "framework/models/llama.h"
@@ -64,11 +67,33 @@ TEST(LlamaPerplexity, RefusesBadOptionsLogitsAndTokens) {
   EXPECT_NE(error_of([&] { sliding_window_perplexity(positional_logits, at::tensor({0, 5}, at::kLong), {3, 1}); })
                 .find("token ids must lie in [0, 2)"),
             std::string::npos);
+  EXPECT_NE(error_of([&] { sliding_window_perplexity(positional_logits, at::tensor({7, 1, 0}, at::kLong), {3, 1}); })
+                .find("token ids must lie in [0, 2)"),
+            std::string::npos)
+      << "token 0 is only context, never a target";
   auto nan = [](const at::Tensor& ids) { return positional_logits(ids) * NAN; };
   EXPECT_NE(error_of([&] { sliding_window_perplexity(nan, tokens, {3, 1}); }).find("non-finite"), std::string::npos);
   auto flat = [](const at::Tensor& ids) { return at::zeros({ids.size(1), 2}); };
   EXPECT_NE(error_of([&] { sliding_window_perplexity(flat, tokens, {3, 1}); }).find("expected [1, 3, vocab]"),
             std::string::npos);
+}
+
+TEST(LlamaPerplexity, EqualsHfPerplexityGuideLoopOnAFixture) {
+  const std::string root = QFORGE_LLAMA_FIXTURES;
+  nlohmann::json ref;
+  std::ifstream(root + "/perplexity_reference.json") >> ref;
+  LlamaForCausalLM m = load_llama_for_causal_lm(root + "/" + ref["fixture"].get<std::string>());
+  m->eval();
+  at::NoGradGuard ng;
+  const at::Tensor tokens = at::tensor(ref["tokens"].get<std::vector<int64_t>>(), at::kLong);
+  ASSERT_EQ(ref["runs"].size(), 3u);
+  for (const auto& run : ref["runs"]) {
+    const PerplexityOptions o{run["max_length"].get<int64_t>(), run["stride"].get<int64_t>()};
+    const PerplexityResult r = sliding_window_perplexity([&](const at::Tensor& ids) { return m->forward(ids); }, tokens, o);
+    const double want = run["perplexity"].get<double>();
+    EXPECT_LT(std::abs(r.perplexity - want) / want, 1e-5) << "max_length " << o.max_length << ", stride " << o.stride;
+    EXPECT_EQ(r.tokens_scored, run["tokens_scored"].get<int64_t>());
+  }
 }
 
 TEST(LlamaPerplexity, OfATinyLlamaEqualsTheMeanTokenLossOfOneWindow) {

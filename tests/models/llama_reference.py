@@ -2,13 +2,15 @@
 """Float reference for qforge's Llama-family models (framework/models/llama.h), in plain PyTorch.
 
 Written from the facts of Hugging Face's LlamaForCausalLM / MistralForCausalLM / Qwen2ForCausalLM
-(RMSNorm in float32, rotate-half RoPE with the "linear" and "llama3" rope_scaling kinds,
+and their config classes (per-model_type defaults, transformers 5's rope_parameters, Qwen2's
+window only with use_sliding_window, Mistral's on every layer; see resolve_config) (RMSNorm in float32, rotate-half RoPE with the "linear" and "llama3" rope_scaling kinds,
 grouped-query attention by repeating key/value heads, an additive float32-min causal mask (with
 a sliding window: position q sees keys k with q - window < k <= q),
 softmax in float32, SwiGLU MLP, tied or untied head). It does not import transformers.
 
   llama_reference.py --write DIR   builds the tiny random models below as HF folders under DIR
-                                   (config.json, weights, reference_logits.safetensors)
+                                   (config.json, weights, reference_logits.safetensors) and
+                                   DIR/perplexity_reference.json (HF's perplexity-guide loop)
   llama_reference.py --check DIR   recomputes every folder's logits from its own files and
                                    compares them with the stored ones (exit 77 without torch)
 """
@@ -30,7 +32,9 @@ NAMES = {v: k for k, v in DTYPES.items()}
 
 # Tiny configurations: every kind of RoPE scaling, GQA and MHA, biases, tied and untied heads,
 # an explicit head_dim, sliding windows shorter than the sequence (Mistral on every layer, Qwen2
-# on the second), and the three stored dtypes (one of them sharded).
+# on the second), and the three stored dtypes (one of them sharded); then a transformers-5 config
+# (rope_parameters), a Mistral config leaning on MistralConfig's defaults (and an attention_bias
+# Mistral ignores), and Qwen2 layer_types marking a window that use_sliding_window turns off.
 CASES = {
     "llama3_gqa_tied_bf16_sharded": dict(
         config=dict(model_type="llama", vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -57,8 +61,41 @@ CASES = {
                     rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=False, sliding_window=3,
                     hidden_act="silu", rope_scaling=dict(rope_type="linear", factor=2.0)),
         dtype=torch.float32, shards=1),
+    "llama3_rope_parameters_tf5_f32": dict(
+        config=dict(model_type="llama", vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-5,
+                    tie_word_embeddings=False, hidden_act="silu", transformers_version="5.0.0",
+                    rope_parameters=dict(rope_type="llama3", rope_theta=500000.0, factor=8.0, low_freq_factor=1.0,
+                                         high_freq_factor=4.0, original_max_position_embeddings=64)),
+        dtype=torch.float32, shards=1),
+    "mistral_defaults_omitted_f32": dict(
+        config=dict(model_type="mistral", vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                    num_attention_heads=16, attention_bias=True),
+        dtype=torch.float32, shards=1),
+    "qwen2_layer_types_window_off_f32": dict(
+        config=dict(model_type="qwen2", vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                    num_attention_heads=4, num_key_value_heads=2, use_sliding_window=False, sliding_window=3,
+                    layer_types=["sliding_attention", "sliding_attention"], tie_word_embeddings=True),
+        dtype=torch.float32, shards=1),
 }
-BATCH, PROMPT, STEPS = 2, 6, 4
+BATCH, SEQ = 2, 10
+# Cached decoding: a 2-token prompt, a 5-token chunk after it (longer than the fixtures' windows),
+# then one token at a time.
+CHUNKS = (2, 5)
+
+# HF's config-class defaults for the keys the forward reads (LlamaConfig, MistralConfig, Qwen2Config).
+_COMMON = dict(vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+               num_attention_heads=32, num_key_value_heads=None, head_dim=None, max_position_embeddings=2048,
+               rms_norm_eps=1e-6, rope_theta=10000.0, rope_scaling=None, rope_parameters=None,
+               tie_word_embeddings=False, attention_bias=False, mlp_bias=False)
+DEFAULTS = {
+    "llama": dict(_COMMON),
+    "mistral": dict(_COMMON, intermediate_size=14336, num_key_value_heads=8, max_position_embeddings=4096 * 32,
+                    sliding_window=4096),
+    "qwen2": dict(_COMMON, vocab_size=151936, intermediate_size=22016, num_key_value_heads=32,
+                  max_position_embeddings=32768, use_sliding_window=False, sliding_window=4096, max_window_layers=28,
+                  layer_types=None),
+}
 
 
 # ---- safetensors, read and written here so the script needs nothing beyond torch ----
@@ -111,21 +148,50 @@ def read_folder_weights(folder):
 
 
 # ---- the model, as plain functions over a name -> float32 tensor map ----
+def resolve_config(raw):
+    """The configuration HF's config class makes of config.json's `raw` (explicit nulls stay None)."""
+    kind = raw.get("model_type", "llama")
+    c = dict(DEFAULTS[kind], **raw)
+    L = c["num_hidden_layers"]
+    if c["num_key_value_heads"] is None:
+        c["num_key_value_heads"] = c["num_attention_heads"]
+    if c["head_dim"] is None:
+        c["head_dim"] = c["hidden_size"] // c["num_attention_heads"]
+    # transformers 5 holds rope_theta and the scaling in rope_parameters; older configs at the top level.
+    rope = dict(c["rope_scaling"] or c["rope_parameters"] or {})
+    c["rope_theta"] = rope.get("rope_theta", c["rope_theta"])
+    c["rope"] = dict(rope, rope_type=rope.get("rope_type", rope.get("type", "default")))
+    if kind == "qwen2":
+        if not c["use_sliding_window"]:
+            c["sliding_window"] = None
+        types = c["layer_types"] or ["sliding_attention" if c["sliding_window"] is not None and i >= c["max_window_layers"]
+                                     else "full_attention" for i in range(L)]
+        c["windows"] = [c["sliding_window"] if t == "sliding_attention" else None for t in types]
+    else:  # Mistral's attention windows every layer; Llama's none
+        c["windows"] = [c.get("sliding_window") if kind == "mistral" else None] * L
+    # Mistral and Qwen2 ignore attention_bias and mlp_bias; Qwen2 always has q/k/v biases.
+    llama = kind == "llama"
+    c["qkv_bias"] = kind == "qwen2" or (llama and c["attention_bias"])
+    c["o_bias"] = llama and c["attention_bias"]
+    c["mlp_biases"] = llama and c["mlp_bias"]
+    return c
+
+
 def head_dim(c):
-    return c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
+    return c["head_dim"]
 
 
 def kv_heads(c):
-    return c.get("num_key_value_heads") or c["num_attention_heads"]
+    return c["num_key_value_heads"]
 
 
 def rope_inv_freq(c):
     d = head_dim(c)
-    inv_freq = 1.0 / (c.get("rope_theta", 10000.0) ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
-    s = c.get("rope_scaling")
-    if not s:
+    inv_freq = 1.0 / (c["rope_theta"] ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
+    s = c["rope"]
+    kind = s["rope_type"]
+    if kind == "default":
         return inv_freq
-    kind = s.get("rope_type", s.get("type"))
     if kind == "linear":
         return inv_freq / s["factor"]
     assert kind == "llama3", kind
@@ -154,16 +220,6 @@ def rotate(x, cos, sin):
 
 def linear(w, name, x):
     return torch.nn.functional.linear(x, w[name + ".weight"], w.get(name + ".bias"))
-
-
-def layer_window(c, i):
-    """The sliding window of layer i (None: full causal attention)."""
-    if c.get("layer_types"):
-        return c["sliding_window"] if c["layer_types"][i] == "sliding_attention" else None
-    if c["model_type"] == "qwen2":
-        on = c.get("use_sliding_window") and i >= c.get("max_window_layers", 28)
-        return c.get("sliding_window") if on else None
-    return c.get("sliding_window") if c["model_type"] == "mistral" else None
 
 
 def attention(c, w, p, x, cos, sin, cache, window):
@@ -203,7 +259,7 @@ def forward(c, w, ids, cache=None, past=0):
     for i in range(c["num_hidden_layers"]):
         p = f"model.layers.{i}."
         x = x + attention(c, w, p + "self_attn.", rms_norm(x, w[p + "input_layernorm.weight"], eps), cos, sin, cache,
-                          layer_window(c, i))
+                          c["windows"][i])
         h = rms_norm(x, w[p + "post_attention_layernorm.weight"], eps)
         gate = torch.nn.functional.silu(linear(w, p + "mlp.gate_proj", h))
         x = x + linear(w, p + "mlp.down_proj", gate * linear(w, p + "mlp.up_proj", h))
@@ -213,12 +269,76 @@ def forward(c, w, ids, cache=None, past=0):
 
 
 def decoded_logits(c, w, ids):
-    """The prompt's logits, then one decoding step per remaining token, with a key/value cache."""
-    cache = {}
-    rows = [forward(c, w, ids[:, :PROMPT], cache, 0)]
-    for t in range(PROMPT, ids.shape[1]):
-        rows.append(forward(c, w, ids[:, t:t + 1], cache, t))
+    """The logits of cached decoding in CHUNKS, then one token at a time."""
+    cache, rows, t = {}, [], 0
+    for n in CHUNKS + (1,) * (ids.shape[1] - sum(CHUNKS)):
+        rows.append(forward(c, w, ids[:, t:t + n], cache, t))
+        t += n
     return torch.cat(rows, dim=1)
+
+
+# The perplexity oracle: one fixture, a token sequence, windows (max_length, stride) with the
+# stride shorter than, equal to and far below the window.
+PERPLEXITY_FIXTURE, PERPLEXITY_TOKENS, PERPLEXITY_RUNS = "llama2_biases_untied_f32", 30, ((8, 3), (8, 8), (5, 1))
+
+
+def guide_perplexity(c, w, ids, max_length, stride):
+    """Perplexity as HF's perplexity guide computes it: windows of max_length every stride, the
+    context's labels set to -100, CrossEntropyLoss over the shifted labels. Each window's mean loss
+    is weighted by the labels it actually scores (the guide's `- batch_size` count is one short on
+    every window after the first)."""
+    loss_fn = torch.nn.CrossEntropyLoss(ignore_index=-100)
+    n, nll_sum, scored, prev_end = ids.shape[1], 0.0, 0, 0
+    for begin in range(0, n, stride):
+        end = min(begin + max_length, n)
+        trg_len = end - prev_end
+        input_ids = ids[:, begin:end]
+        labels = input_ids.clone()
+        labels[:, :-trg_len] = -100
+        logits = forward(c, w, input_ids)
+        shift_logits, shift_labels = logits[:, :-1, :].reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1)
+        counted = int((shift_labels != -100).sum())
+        if counted:
+            nll_sum += loss_fn(shift_logits.double(), shift_labels).item() * counted
+        scored += counted
+        prev_end = end
+        if end == n:
+            break
+    return math.exp(nll_sum / scored), scored
+
+
+def perplexity_runs(root, tokens):
+    folder = os.path.join(root, PERPLEXITY_FIXTURE)
+    with open(os.path.join(folder, "config.json")) as f:
+        c = resolve_config(json.load(f))
+    w = {k: v.float() for k, v in read_folder_weights(folder).items()}
+    ids = torch.tensor([tokens])
+    out = []
+    with torch.no_grad():
+        for max_length, stride in PERPLEXITY_RUNS:
+            ppl, scored = guide_perplexity(c, w, ids, max_length, stride)
+            out.append(dict(max_length=max_length, stride=stride, perplexity=ppl, tokens_scored=scored))
+    return out
+
+
+def write_perplexity(root):
+    c = resolve_config(CASES[PERPLEXITY_FIXTURE]["config"])
+    gen = torch.Generator().manual_seed(77)
+    tokens = torch.randint(0, c["vocab_size"], (PERPLEXITY_TOKENS,), generator=gen).tolist()
+    ref = dict(fixture=PERPLEXITY_FIXTURE, tokens=tokens, runs=perplexity_runs(root, tokens))
+    with open(os.path.join(root, "perplexity_reference.json"), "w") as f:
+        json.dump(ref, f, indent=1)
+    print("perplexity_reference.json:", [round(r["perplexity"], 4) for r in ref["runs"]])
+
+
+def check_perplexity(root):
+    with open(os.path.join(root, "perplexity_reference.json")) as f:
+        ref = json.load(f)
+    runs = perplexity_runs(root, ref["tokens"])
+    err = max(abs(a["perplexity"] - b["perplexity"]) / b["perplexity"] for a, b in zip(runs, ref["runs"]))
+    same = all(a["tokens_scored"] == b["tokens_scored"] for a, b in zip(runs, ref["runs"]))
+    print(f"perplexity_reference.json: reproduced within {err:.1e}")
+    return err < 1e-9 and same and len(runs) == len(ref["runs"])
 
 
 def relative_error(a, b):
@@ -228,8 +348,7 @@ def relative_error(a, b):
 # ---- fixtures ----
 def random_weights(c, gen):
     H, KV, D, h, f = c["num_attention_heads"], kv_heads(c), head_dim(c), c["hidden_size"], c["intermediate_size"]
-    qkv_bias = c.get("attention_bias", False) or c["model_type"] == "qwen2"
-    o_bias = c.get("attention_bias", False) and c["model_type"] != "qwen2"
+    qkv_bias, o_bias, mlp_bias = c["qkv_bias"], c["o_bias"], c["mlp_biases"]
     shapes = {"model.embed_tokens.weight": ([c["vocab_size"], h], 1.0), "model.norm.weight": ([h], None)}
     if not c.get("tie_word_embeddings"):
         shapes["lm_head.weight"] = ([c["vocab_size"], h], 0.2)
@@ -237,9 +356,8 @@ def random_weights(c, gen):
         p = f"model.layers.{i}."
         for name, out, inp, bias in [("self_attn.q_proj", H * D, h, qkv_bias), ("self_attn.k_proj", KV * D, h, qkv_bias),
                                      ("self_attn.v_proj", KV * D, h, qkv_bias), ("self_attn.o_proj", h, H * D, o_bias),
-                                     ("mlp.gate_proj", f, h, c.get("mlp_bias", False)),
-                                     ("mlp.up_proj", f, h, c.get("mlp_bias", False)),
-                                     ("mlp.down_proj", h, f, c.get("mlp_bias", False))]:
+                                     ("mlp.gate_proj", f, h, mlp_bias), ("mlp.up_proj", f, h, mlp_bias),
+                                     ("mlp.down_proj", h, f, mlp_bias)]:
             shapes[p + name + ".weight"] = ([out, inp], 0.3)
             if bias:
                 shapes[p + name + ".bias"] = ([out], 0.1)
@@ -272,16 +390,17 @@ def write_weights(folder, weights, shards):
 def write_case(root, name, case, seed):
     folder = os.path.join(root, name)
     os.makedirs(folder, exist_ok=True)
-    c = dict(case["config"], architectures=[{"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
-                                              "qwen2": "Qwen2ForCausalLM"}[case["config"]["model_type"]]])
+    raw = dict(case["config"], architectures=[{"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
+                                                "qwen2": "Qwen2ForCausalLM"}[case["config"]["model_type"]]])
     with open(os.path.join(folder, "config.json"), "w") as f:
-        json.dump(c, f, indent=2)
+        json.dump(raw, f, indent=2)
+    c = resolve_config(raw)
     gen = torch.Generator().manual_seed(seed)
     stored = {k: v.to(case["dtype"]) for k, v in random_weights(c, gen).items()}
     write_weights(folder, stored, case["shards"])
     # The reference runs on the stored values, widened to float32 as qforge reads them.
     w = {k: v.float() for k, v in stored.items()}
-    ids = torch.randint(0, c["vocab_size"], (BATCH, PROMPT + STEPS), generator=gen)
+    ids = torch.randint(0, c["vocab_size"], (BATCH, SEQ), generator=gen)
     with torch.no_grad():
         logits = forward(c, w, ids)
         err = relative_error(decoded_logits(c, w, ids), logits)
@@ -292,7 +411,7 @@ def write_case(root, name, case, seed):
 
 def check_case(folder):
     with open(os.path.join(folder, "config.json")) as f:
-        c = json.load(f)
+        c = resolve_config(json.load(f))
     w = {k: v.float() for k, v in read_folder_weights(folder).items()}
     ref = read_safetensors(os.path.join(folder, "reference_logits.safetensors"))
     with torch.no_grad():
@@ -313,8 +432,9 @@ def main():
     if args.write:
         for seed, (name, case) in enumerate(CASES.items()):
             write_case(args.write, name, case, 1000 + seed)
+        write_perplexity(args.write)
         return 0
-    ok = all([check_case(os.path.join(args.check, name)) for name in CASES])
+    ok = all([check_case(os.path.join(args.check, name)) for name in CASES] + [check_perplexity(args.check)])
     return 0 if ok else 1
 
 

@@ -20,9 +20,13 @@ namespace {
 using qforge::testing::error_of;
 namespace fs = std::filesystem;
 
-const char* const kFixtures[] = {"llama3_gqa_tied_bf16_sharded", "llama2_biases_untied_f32",
-                                 "qwen2_gqa_tied_window_f16", "mistral_window_head_dim_linear_rope_untied_f32"};
-constexpr int64_t kPrompt = 6;  // llama_reference.py's PROMPT
+const char* const kFixtures[] = {"llama3_gqa_tied_bf16_sharded",   "llama2_biases_untied_f32",
+                                 "qwen2_gqa_tied_window_f16",      "mistral_window_head_dim_linear_rope_untied_f32",
+                                 "llama3_rope_parameters_tf5_f32", "mistral_defaults_omitted_f32",
+                                 "qwen2_layer_types_window_off_f32"};
+// llama_reference.py's CHUNKS: a 2-token prompt, a 5-token chunk after the cache (longer than the
+// fixtures' windows), then one token at a time.
+constexpr int64_t kChunks[] = {2, 5};
 
 std::string fixture(const std::string& name) { return std::string(QFORGE_LLAMA_FIXTURES) + "/" + name; }
 
@@ -57,8 +61,10 @@ TEST_P(LlamaFixture, LogitsAndCachedDecodingMatchTheHfReferenceWithin1e5) {
   ASSERT_EQ(full.sizes(), want.sizes());
   EXPECT_LT(relative_error(full, want), 1e-5);
   KvCache cache;
-  std::vector<at::Tensor> steps = {m->forward(ids.narrow(1, 0, kPrompt), &cache)};
-  for (int64_t t = kPrompt; t < ids.size(1); ++t) steps.push_back(m->forward(ids.narrow(1, t, 1), &cache));
+  std::vector<at::Tensor> steps;
+  int64_t t = 0;
+  for (const int64_t n : kChunks) steps.push_back(m->forward(ids.narrow(1, t, n), &cache)), t += n;
+  for (; t < ids.size(1); ++t) steps.push_back(m->forward(ids.narrow(1, t, 1), &cache));
   EXPECT_LT(relative_error(at::cat(steps, 1), want), 1e-5);
   EXPECT_EQ(cache.length(), ids.size(1));
   EXPECT_EQ(cache.keys[0].size(1), m->config.kv_heads()) << "the cache holds key/value heads, not query heads";
@@ -256,6 +262,7 @@ TEST(RMSNorm, IsTheFormulaAndQuantizesItsOutputLikeLayerNorm) {
   EXPECT_LT((got - want).abs().max().item<double>(), 1e-6);
   EXPECT_STREQ(n->layer_type(), "RMSNorm");
   EXPECT_NE(error_of([&] { n->forward(at::zeros({2, 5})); }).find("does not end in 6"), std::string::npos);
+  EXPECT_NE(error_of([&] { n->clone(); }).find("clone() is not supported"), std::string::npos);
 }
 
 }  // namespace

@@ -311,7 +311,7 @@ TEST(HfImport, LegacyGammaBetaNamesAndHalfPrecisionLoad) {
 TEST(HfImport, BadConfigsAreClearErrors) {
   EXPECT_NE(error_of([] { BertConfig::from_json({{"hidden_size", 10}, {"num_attention_heads", 3}}); }).find("multiple"),
             std::string::npos);
-  EXPECT_NE(error_of([] { BertConfig::from_json({{"hidden_act", "swish"}}); }).find("unsupported activation"),
+  EXPECT_NE(error_of([] { BertConfig::from_json({{"hidden_act", "mish"}}); }).find("unsupported activation"),
             std::string::npos);
   EXPECT_NE(error_of([] { Gpt2Config::from_json({{"n_layer", "two"}}); }).find("'n_layer' has the wrong type"),
             std::string::npos);

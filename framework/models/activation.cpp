@@ -1,0 +1,47 @@
+// HF activation names (see activation.h).
+#include "framework/models/activation.h"
+
+#include <ATen/ATen.h>
+
+#include "framework/core/error.h"
+
+namespace qforge::models {
+namespace {
+
+struct Activation {
+  const char* name;
+  at::Tensor (*apply)(const at::Tensor&);
+};
+
+const Activation kActivations[] = {
+    {"silu", [](const at::Tensor& x) { return at::silu(x); }},
+    {"swish", [](const at::Tensor& x) { return at::silu(x); }},
+    {"gelu", [](const at::Tensor& x) { return at::gelu(x); }},
+    {"gelu_new", [](const at::Tensor& x) { return at::gelu(x, "tanh"); }},
+    {"gelu_pytorch_tanh", [](const at::Tensor& x) { return at::gelu(x, "tanh"); }},
+    {"relu", [](const at::Tensor& x) { return at::relu(x); }},
+};
+
+const Activation* find_activation(const std::string& act) {
+  for (const Activation& a : kActivations)
+    if (act == a.name) return &a;
+  return nullptr;
+}
+
+}  // namespace
+
+bool is_activation(const std::string& act) { return find_activation(act) != nullptr; }
+
+std::string activation_names() {
+  std::string names;
+  for (const Activation& a : kActivations) names += (names.empty() ? "" : ", ") + std::string(a.name);
+  return names;
+}
+
+at::Tensor apply_activation(const std::string& act, const at::Tensor& x) {
+  const Activation* a = find_activation(act);
+  QF_REQUIRE(a != nullptr, "models: unsupported activation '", act, "' (", activation_names(), ")");
+  return a->apply(x);
+}
+
+}  // namespace qforge::models
