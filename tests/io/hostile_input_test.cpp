@@ -147,5 +147,44 @@ TEST(HostileInput, Issue39Item24ACrashWhileReadingIsAnErrorNotTheEndOfTheProcess
             static_cast<int>(load_calibration_dump(fixture).size()));
 }
 
+// Only a crash signal calls the file corrupted or crafted: a child stopped by the user (or a closed
+// pipe) ends this process by the same signal, one killed by SIGKILL is named so, and a child that
+// hangs is killed after the timeout.
+TEST(HostileInput, Issue39Item24OnlyACrashOfTheReaderCallsTheFileCrafted) {
+  for (const int sig : {SIGTERM, SIGHUP, SIGINT})
+    EXPECT_EXIT(h5::run_isolated("x.h5", [sig]() -> int {
+                  std::raise(sig);
+                  return 0;
+                }),
+                ::testing::KilledBySignal(sig), "")
+        << sig;
+  const std::string killed = error_of([] {
+    h5::run_isolated("big.h5", []() -> int {
+      std::raise(SIGKILL);
+      return 0;
+    });
+  });
+  EXPECT_NE(killed.find("reading big.h5: the reading process was killed (SIGKILL: out of memory?)"), std::string::npos)
+      << killed;
+  EXPECT_EQ(killed.find("crafted"), std::string::npos) << killed;
+  const auto start = std::chrono::steady_clock::now();
+  const std::string slow = error_of([] {
+    h5::run_isolated(
+        "slow.h5",
+        []() -> int {
+          ::pause();
+          return 0;
+        },
+        std::chrono::milliseconds(300));
+  });
+  EXPECT_NE(slow.find("reading slow.h5 took longer than 0.3 s; the reading process was killed"), std::string::npos)
+      << slow;
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+  const std::string silent = error_of([] { h5::run_isolated("x.h5", []() -> int { ::_exit(3); }); });
+  EXPECT_NE(silent.find("reading x.h5: the reading process stopped with exit status 3 without a result"),
+            std::string::npos) << silent;
+  EXPECT_EQ(h5::run_isolated("x", [] { return -2147483647 - 1; }), -2147483647 - 1);
+}
+
 }  // namespace
 }  // namespace qforge::io
