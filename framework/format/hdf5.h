@@ -189,4 +189,33 @@ int run_isolated(const std::string& what, const std::function<int()>& fn,
 // (FUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION): there a crash in the library must stay a crash.
 bool reads_in_process();
 
+// What identifies a file's contents without reading them: device, inode, size, modification time.
+struct FileStamp {
+  uint64_t dev = 0, ino = 0, size = 0;
+  int64_t mtime_ns = 0;
+  bool exists = false;
+  bool operator==(const FileStamp& o) const {
+    return dev == o.dev && ino == o.ino && size == o.size && mtime_ns == o.mtime_ns && exists == o.exists;
+  }
+};
+FileStamp file_stamp(const std::string& path);
+// Throws naming `path` when its stamp is no longer `before` (read_untrusted's check).
+void require_unchanged(const std::string& path, const FileStamp& before);
+
+// `read()` of a file from elsewhere: first in run_isolated's child (a crash of the library is an
+// error), then here for the result. A file that changed between the two reads (another stamp) is
+// refused: the child vouched for other bytes. When reads_in_process(), reads once, here.
+template <class Read>
+auto read_untrusted(const std::string& path, Read&& read) {
+  if (reads_in_process()) return read();
+  const FileStamp before = file_stamp(path);
+  run_isolated(path, [&] {
+    (void)read();
+    return 0;
+  });
+  auto result = read();
+  require_unchanged(path, before);
+  return result;
+}
+
 }  // namespace qforge::io::h5

@@ -9,11 +9,13 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <csignal>
 #include <chrono>
 #include <climits>
 #include <cstdio>
@@ -87,6 +89,9 @@ bool g_in_isolated_child = false;
 namespace internal {
 
 void check_layout(const std::string& path) {
+  // Test seam (docs/formats.md): crash like a library fault on this one file, so that tests can
+  // show each untrusted reader survives it; never set outside tests.
+  if (const char* crash = std::getenv("QFORGE_TEST_CRASH_READING"); crash && path == crash) std::raise(SIGSEGV);
   // Superblock version 2/3 with 8-byte offsets and lengths: signature, version, sizes, flags,
   // base, extension, end-of-file and root addresses, checksum.
   constexpr size_t kSuperblockBytes = 12 + 4 * 8 + 4;
@@ -123,6 +128,24 @@ void check_layout(const std::string& path) {
 }
 
 }  // namespace internal
+
+FileStamp file_stamp(const std::string& path) {
+  struct stat st {};
+  FileStamp stamp;
+  if (::stat(path.c_str(), &st) != 0) return stamp;
+  stamp.exists = true;
+  stamp.dev = static_cast<uint64_t>(st.st_dev);
+  stamp.ino = static_cast<uint64_t>(st.st_ino);
+  stamp.size = static_cast<uint64_t>(st.st_size);
+  stamp.mtime_ns = static_cast<int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec;
+  return stamp;
+}
+
+void require_unchanged(const std::string& path, const FileStamp& before) {
+  QF_REQUIRE(file_stamp(path) == before, "framework/io: ", path,
+             " changed while it was read (replaced, or its size or modification time changed): refused; "
+             "read it again once nothing writes it");
+}
 
 bool reads_in_process() {
 #ifdef FUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION
