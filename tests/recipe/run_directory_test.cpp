@@ -5,8 +5,11 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -150,6 +153,31 @@ TEST(RunDirectory, Issue39Items6And15SecondRunIntoOneOutIsRefused) {
   EXPECT_NE(taken.note().find("left by pid " + std::to_string(dead) + " (which no longer runs"), std::string::npos)
       << taken.note();
   for (int fd : {ready[0], ready[1], release[0], release[1]}) ::close(fd);
+}
+
+// On a filesystem without locks (flock fails with ENOLCK) a run goes on, warning that concurrent
+// runs are not detected, instead of refusing every run.
+TEST(RunDirectory, Issue39Items6And15FilesystemWithoutLocksWarnsAndGoesOn) {
+  TempOut out;
+  pipeline::RunLock::LockFn no_locks = [](int, int) {
+    errno = ENOLCK;
+    return -1;
+  };
+  std::unique_ptr<pipeline::RunLock> lock;
+  ASSERT_NO_THROW(lock = std::make_unique<pipeline::RunLock>(out.dir.string(), no_locks));
+  EXPECT_NE(lock->note().find("concurrent runs are not detected on this filesystem (cannot lock " + lock->path() +
+                              ": " + std::strerror(ENOLCK) + ")"),
+            std::string::npos) << lock->note();
+  EXPECT_EQ(read(lock->path()), std::to_string(::getpid()) + "\n");
+  lock.reset();
+  EXPECT_FALSE(fs::exists(out.file(pipeline::RunLock::kFileName)));
+  // A lock held by another is still refused.
+  pipeline::RunLock::LockFn held = [](int, int) {
+    errno = EWOULDBLOCK;
+    return -1;
+  };
+  EXPECT_NE(error_of([&] { pipeline::RunLock second(out.dir.string(), held); }).find("is in use by another qtrain run"),
+            std::string::npos);
 }
 
 // Item 16: report.html (and the other reports) of a previous run survived a run stopped before
