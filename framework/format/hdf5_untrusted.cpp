@@ -100,14 +100,25 @@ void check_layout(const std::string& path) {
   in.read(reinterpret_cast<char*>(sb), sizeof sb);
   const size_t got = static_cast<size_t>(in.gcount());
   static const uint8_t kSignature[8] = {0x89, 'H', 'D', 'F', '\r', '\n', 0x1a, '\n'};
-  QF_REQUIRE(got >= 8 && std::memcmp(sb, kSignature, 8) == 0, "framework/io: ", path,
-             ": not an HDF5 file (no HDF5 signature at the start)");
   const std::string refused = "framework/io: " + path + ": ";
   const std::string why = " qforge reads only the HDF5 1.10 formats it writes, whose metadata carry checksums"
                           " (docs/formats.md); refused before the HDF5 library parses it";
+  if (got < 8 || std::memcmp(sb, kSignature, 8) != 0) {
+    // HDF5 also looks for its signature after a user block (512 bytes, then each power of two).
+    uint8_t sig[8] = {};
+    for (uint64_t at = 512; at <= (uint64_t{1} << 40); at *= 2) {
+      in.clear();
+      in.seekg(static_cast<std::streamoff>(at));
+      if (!in.read(reinterpret_cast<char*>(sig), sizeof sig)) break;
+      QF_REQUIRE(std::memcmp(sig, kSignature, 8) != 0, refused, "an HDF5 file with a user block of ", at,
+                 " bytes before its superblock, qforge writes none;", why);
+    }
+    throw Error(refused + "not an HDF5 file (no HDF5 signature at the start)");
+  }
   QF_REQUIRE(got >= 9, refused, "truncated HDF5 superblock");
   QF_REQUIRE(sb[8] == 2 || sb[8] == 3, refused, "HDF5 superblock version ", int{sb[8]},
-             sb[8] < 2 ? " (HDF5's earliest file format, without metadata checksums: h5py's default)" : "", ";", why);
+             sb[8] < 2 ? " (HDF5's earliest file format, without metadata checksums: h5py's default)" : "", ";", why,
+             sb[8] < 2 ? "; re-save it with h5py.File(path, 'w', libver=('v110', 'v110'))" : "");
   QF_REQUIRE(got == kSuperblockBytes, refused, "truncated HDF5 superblock");
   QF_REQUIRE(sb[9] == 8 && sb[10] == 8, refused, "HDF5 offsets of ", int{sb[9]}, " and lengths of ", int{sb[10]},
              " bytes, qforge writes 8;", why);

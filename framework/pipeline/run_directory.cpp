@@ -83,7 +83,8 @@ void check_run_inputs(const Recipe& r, const std::string& out_dir) {
   const std::vector<RunInput> inputs = run_inputs(r);
   for (const RunInput& in : inputs) {
     std::error_code ec;
-    if (fs::exists(in.path, ec)) io::require_regular_file(in.path, in.key);
+    // The recipe was read already: /dev/stdin and <(...) keep working.
+    if (in.key != "recipe" && fs::exists(in.path, ec)) io::require_regular_file(in.path, in.key);
   }
   for (const std::string& name : written_output_names(r)) {
     const std::string out = (fs::path(out_dir) / name).string();

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <filesystem>
@@ -100,6 +101,7 @@ TEST(HostileInput, Issue39Item24EarliestFormatFilesNeverReachTheHdf5Library) {
                                  error_of([&] { CheckpointReader r(file); })}) {
       EXPECT_NE(e.find(file + ": HDF5 superblock version 0 (HDF5's earliest file format"), std::string::npos) << e;
       EXPECT_NE(e.find("refused before the HDF5 library parses it"), std::string::npos) << e;
+      EXPECT_NE(e.find("re-save it with h5py.File(path, 'w', libver=('v110', 'v110'))"), std::string::npos) << e;
     }
   }
   // qforge's own files pass the same check (their superblock checksums are recomputed).
@@ -119,6 +121,16 @@ TEST(HostileInput, Issue39Item24ACorruptedSuperblockIsRefusedByItsChecksum) {
   testing::write_bytes(dir.file("small.h5"), bytes);
   e = error_of([&] { (void)h5::File::open(dir.file("small.h5")); });
   EXPECT_NE(e.find("HDF5 offsets of 4 and lengths of 8 bytes, qforge writes 8"), std::string::npos) << e;
+  // A user block (HDF5 finds the superblock at 512, 1024, ...) is named as such.
+  bytes[9] = 8;
+  std::vector<char> with_block(1024 + bytes.size(), ' ');
+  std::copy(bytes.begin(), bytes.end(), with_block.begin() + 1024);
+  testing::write_bytes(dir.file("ub.h5"), with_block);
+  e = error_of([&] { (void)h5::File::open(dir.file("ub.h5")); });
+  EXPECT_NE(e.find("ub.h5: an HDF5 file with a user block of 1024 bytes before its superblock"), std::string::npos) << e;
+  testing::write_bytes(dir.file("text.h5"), std::vector<char>(3000, 'x'));
+  e = error_of([&] { (void)h5::File::open(dir.file("text.h5")); });
+  EXPECT_NE(e.find("text.h5: not an HDF5 file (no HDF5 signature at the start)"), std::string::npos) << e;
 }
 
 // What no layout check can refuse (a crafted file with valid checksums) meets run_isolated: a

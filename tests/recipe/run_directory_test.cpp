@@ -1,6 +1,7 @@
 // The run directory of issue 39: inputs inside --out (item 13), two runs into one --out (items 6
 // and 15) and the previous run's reports (item 16).
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -177,6 +178,19 @@ TEST(RunDirectory, Issue39Items6And15FilesystemWithoutLocksWarnsAndGoesOn) {
     return -1;
   };
   EXPECT_NE(error_of([&] { pipeline::RunLock second(out.dir.string(), held); }).find("is in use by another qtrain run"),
+            std::string::npos);
+}
+
+// A recipe read from a pipe (/dev/stdin, <(...)) was read before the checks: it is not refused as
+// a non-regular input, while a FIFO as another input still is.
+TEST(RunDirectory, Issue39Item21ARecipeFromAPipeIsNotRefused) {
+  TempOut out;
+  Recipe r = cnn({});
+  r.path = out.file("recipe.fifo");
+  ASSERT_EQ(::mkfifo(r.path.c_str(), 0600), 0);
+  EXPECT_NO_THROW(pipeline::check_run_inputs(r, out.file("run")));
+  r.model.checkpoint = r.path;
+  EXPECT_NE(error_of([&] { pipeline::check_run_inputs(r, out.file("run")); }).find(" is a FIFO, not a regular file"),
             std::string::npos);
 }
 
