@@ -8,6 +8,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -174,9 +175,47 @@ bool is_hdf5_file(const std::string& path);
 
 // Runs `fn` (a reader of a file from elsewhere, `what` naming it) in a forked child process and
 // returns its result. The HDF5 library trusts the files it parses: a crafted one can crash it.
-// In the child such a crash ends the child only, and becomes a qforge::Error here naming `what`
-// and the signal; an exception `fn` throws comes back as a qforge::Error with its message. Called
-// inside such a child, runs `fn` directly.
-int run_isolated(const std::string& what, const std::function<int()>& fn);
+// In the child such a crash (SIGSEGV, SIGBUS, SIGABRT, SIGFPE, SIGILL) ends the child only, and
+// becomes a qforge::Error here naming `what` and the signal; an exception `fn` throws comes back
+// as a qforge::Error with its message. A child still running after `timeout` is killed (an
+// error); one killed by SIGKILL is reported as such (out of memory?); one ended by SIGPIPE,
+// SIGINT, SIGTERM or SIGHUP (a closed output pipe, the user) ends this process by the same
+// signal. Without memory to fork, `fn` runs here (with a note on stderr). When
+// reads_in_process(), runs `fn` directly.
+int run_isolated(const std::string& what, const std::function<int()>& fn,
+                 std::chrono::milliseconds timeout = std::chrono::minutes(10));
+
+// True inside run_isolated's child (no second child), and in fuzz builds
+// (FUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION): there a crash in the library must stay a crash.
+bool reads_in_process();
+
+// What identifies a file's contents without reading them: device, inode, size, modification time.
+struct FileStamp {
+  uint64_t dev = 0, ino = 0, size = 0;
+  int64_t mtime_ns = 0;
+  bool exists = false;
+  bool operator==(const FileStamp& o) const {
+    return dev == o.dev && ino == o.ino && size == o.size && mtime_ns == o.mtime_ns && exists == o.exists;
+  }
+};
+FileStamp file_stamp(const std::string& path);
+// Throws naming `path` when its stamp is no longer `before` (read_untrusted's check).
+void require_unchanged(const std::string& path, const FileStamp& before);
+
+// `read()` of a file from elsewhere: first in run_isolated's child (a crash of the library is an
+// error), then here for the result. A file that changed between the two reads (another stamp) is
+// refused: the child vouched for other bytes. When reads_in_process(), reads once, here.
+template <class Read>
+auto read_untrusted(const std::string& path, Read&& read) {
+  if (reads_in_process()) return read();
+  const FileStamp before = file_stamp(path);
+  run_isolated(path, [&] {
+    (void)read();
+    return 0;
+  });
+  auto result = read();
+  require_unchanged(path, before);
+  return result;
+}
 
 }  // namespace qforge::io::h5

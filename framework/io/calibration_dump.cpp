@@ -144,18 +144,6 @@ void save_calibration_dump(const std::string& path, const CalibrationDump& dump,
 
 namespace {
 
-// Dumps come from elsewhere (search.sensitivities_from, qdump, another machine's run): each is
-// read first in a child process, so that a crash of the HDF5 library on a crafted file is an
-// error here, not the end of this process (docs/formats.md, trusted and untrusted inputs).
-template <class Read>
-auto read_untrusted(const std::string& path, Read&& read) {
-  h5::run_isolated(path, [&] {
-    (void)read();
-    return 0;
-  });
-  return read();
-}
-
 CalibrationDump read_dump(const std::string& path) {
   const h5::File f = h5::File::open(path);
   const h5::Group root = f.root();
@@ -171,15 +159,17 @@ CalibrationDump read_dump(const std::string& path) {
 
 }  // namespace
 
+// Dumps come from elsewhere (search.sensitivities_from, qdump, another machine's run): a crash of
+// the HDF5 library on a crafted one is an error here (docs/formats.md, untrusted inputs).
 CalibrationDump load_calibration_dump(const std::string& path) {
-  return read_untrusted(path, [&] { return read_dump(path); });
+  return h5::read_untrusted(path, [&] { return read_dump(path); });
 }
 
 // One of the dump's optional groups (kSearchGroup, kLayerErrorsGroup) read by `read`; nullopt
 // when the dump has none. The file is checked as load_calibration_dump checks it.
 template <class T, class Read>
 std::optional<T> read_optional_group(const std::string& path, const char* group, Read&& read) {
-  return read_untrusted(path, [&]() -> std::optional<T> {
+  return h5::read_untrusted(path, [&]() -> std::optional<T> {
     const h5::File f = h5::File::open(path);
     const h5::Group root = f.root();
     check_format(root, kCalibrationFormat, kCalibrationFormatVersion);

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -82,7 +83,8 @@ void check_run_inputs(const Recipe& r, const std::string& out_dir) {
   const std::vector<RunInput> inputs = run_inputs(r);
   for (const RunInput& in : inputs) {
     std::error_code ec;
-    if (fs::exists(in.path, ec)) io::require_regular_file(in.path, in.key);
+    // The recipe was read already: /dev/stdin and <(...) keep working.
+    if (in.key != "recipe" && fs::exists(in.path, ec)) io::require_regular_file(in.path, in.key);
   }
   for (const std::string& name : written_output_names(r)) {
     const std::string out = (fs::path(out_dir) / name).string();
@@ -123,20 +125,28 @@ long read_pid(int fd) {
 
 }  // namespace
 
-RunLock::RunLock(const std::string& dir) : path_((fs::path(dir.empty() ? "." : dir) / kFileName).string()) {
+RunLock::RunLock(const std::string& dir, LockFn lock)
+    : path_((fs::path(dir.empty() ? "." : dir) / kFileName).string()) {
+  if (lock == nullptr) lock = ::flock;
   // A lock file removed by its releasing holder between our open and flock is not the lock any
   // more: retry until the file locked is the one at the path.
   for (int attempt = 0; attempt < 100; ++attempt) {
     const int fd = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
     QF_REQUIRE(fd >= 0, "--out: cannot create the lock file ", path_, ": ", std::strerror(errno));
-    if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    std::vector<std::string> notes;
+    if (lock(fd, LOCK_EX | LOCK_NB) != 0) {
       const int err = errno;
-      const long holder = read_pid(fd);
-      ::close(fd);
-      QF_REQUIRE(err != EWOULDBLOCK, "--out ", dir, " is in use by another qtrain run (pid ",
-                 holder > 0 ? std::to_string(holder) : std::string("unknown"), ", lock file ", path_,
-                 "): wait for it to finish or choose another --out");
-      throw Error("--out: cannot lock " + path_ + ": " + std::strerror(err));
+      if (err == EWOULDBLOCK) {
+        const long holder = read_pid(fd);
+        ::close(fd);
+        throw Error("--out " + dir + " is in use by another qtrain run (pid " +
+                    (holder > 0 ? std::to_string(holder) : std::string("unknown")) + ", lock file " + path_ +
+                    "): wait for it to finish or choose another --out");
+      }
+      // A filesystem without locks (some NFS or FUSE mounts) must not refuse every run.
+      notes.push_back("concurrent runs are not detected on this filesystem (cannot lock " + path_ + ": " +
+                      std::strerror(err) + ")");
+      std::fprintf(stderr, "qtrain: warning: %s\n", notes.back().c_str());
     }
     struct stat held {}, at_path {};
     if (::fstat(fd, &held) != 0 || ::stat(path_.c_str(), &at_path) != 0 || held.st_ino != at_path.st_ino ||
@@ -147,15 +157,14 @@ RunLock::RunLock(const std::string& dir) : path_((fs::path(dir.empty() ? "." : d
     const long previous = read_pid(fd);
     if (previous > 0 && previous != ::getpid()) {
       const bool alive = ::kill(static_cast<pid_t>(previous), 0) == 0 || errno == EPERM;
-      note_ = "took over the lock file " + path_ + " left by pid " + std::to_string(previous) +
-              (alive ? " (which no longer holds it)" : " (which no longer runs: a run killed before its end)");
+      notes.push_back("took over the lock file " + path_ + " left by pid " + std::to_string(previous) +
+                      (alive ? " (which no longer holds it)" : " (which no longer runs: a run killed before its end)"));
     }
     const std::string pid = std::to_string(::getpid()) + "\n";
-    if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, pid.data(), pid.size(), 0) != static_cast<ssize_t>(pid.size())) {
-      const int err = errno;
-      ::close(fd);
-      throw Error("--out: cannot write the lock file " + path_ + ": " + std::strerror(err));
-    }
+    if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, pid.data(), pid.size(), 0) != static_cast<ssize_t>(pid.size()))
+      notes.push_back("cannot write this run's pid into the lock file " + path_ + " (" + std::strerror(errno) +
+                      "): a run refused by this lock names no pid");
+    for (const std::string& n : notes) note_ += (note_.empty() ? "" : "; ") + n;
     fd_ = fd;
     return;
   }

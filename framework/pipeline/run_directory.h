@@ -40,7 +40,11 @@ std::vector<std::string> clear_run_outputs(const Recipe& r, const std::string& o
 class RunLock {
  public:
   static constexpr const char* kFileName = ".qtrain.lock";
-  explicit RunLock(const std::string& dir);
+  // `lock` stands for flock(2) (nullptr: flock itself; tests pass a failing one). A lock error
+  // other than "held by another" (a filesystem without locks) is a warning and a note, not a
+  // refusal; so is failing to write the pid.
+  using LockFn = int (*)(int fd, int operation);
+  explicit RunLock(const std::string& dir, LockFn lock = nullptr);
   ~RunLock();
   RunLock(const RunLock&) = delete;
   RunLock& operator=(const RunLock&) = delete;

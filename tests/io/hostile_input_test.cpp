@@ -5,9 +5,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <filesystem>
+#include <fstream>
 #include <string>
 
 #include "framework/core/error.h"
@@ -99,6 +101,7 @@ TEST(HostileInput, Issue39Item24EarliestFormatFilesNeverReachTheHdf5Library) {
                                  error_of([&] { CheckpointReader r(file); })}) {
       EXPECT_NE(e.find(file + ": HDF5 superblock version 0 (HDF5's earliest file format"), std::string::npos) << e;
       EXPECT_NE(e.find("refused before the HDF5 library parses it"), std::string::npos) << e;
+      EXPECT_NE(e.find("re-save it with h5py.File(path, 'w', libver=('v110', 'v110'))"), std::string::npos) << e;
     }
   }
   // qforge's own files pass the same check (their superblock checksums are recomputed).
@@ -118,6 +121,16 @@ TEST(HostileInput, Issue39Item24ACorruptedSuperblockIsRefusedByItsChecksum) {
   testing::write_bytes(dir.file("small.h5"), bytes);
   e = error_of([&] { (void)h5::File::open(dir.file("small.h5")); });
   EXPECT_NE(e.find("HDF5 offsets of 4 and lengths of 8 bytes, qforge writes 8"), std::string::npos) << e;
+  // A user block (HDF5 finds the superblock at 512, 1024, ...) is named as such.
+  bytes[9] = 8;
+  std::vector<char> with_block(1024 + bytes.size(), ' ');
+  std::copy(bytes.begin(), bytes.end(), with_block.begin() + 1024);
+  testing::write_bytes(dir.file("ub.h5"), with_block);
+  e = error_of([&] { (void)h5::File::open(dir.file("ub.h5")); });
+  EXPECT_NE(e.find("ub.h5: an HDF5 file with a user block of 1024 bytes before its superblock"), std::string::npos) << e;
+  testing::write_bytes(dir.file("text.h5"), std::vector<char>(3000, 'x'));
+  e = error_of([&] { (void)h5::File::open(dir.file("text.h5")); });
+  EXPECT_NE(e.find("text.h5: not an HDF5 file (no HDF5 signature at the start)"), std::string::npos) << e;
 }
 
 // What no layout check can refuse (a crafted file with valid checksums) meets run_isolated: a
@@ -145,6 +158,84 @@ TEST(HostileInput, Issue39Item24ACrashWhileReadingIsAnErrorNotTheEndOfTheProcess
   const std::string fixture = std::string(QFORGE_SOURCE_DIR) + "/tests/fixtures/calibration_v1.h5";
   EXPECT_EQ(h5::run_isolated(fixture, [&] { return static_cast<int>(load_calibration_dump(fixture).size()); }),
             static_cast<int>(load_calibration_dump(fixture).size()));
+}
+
+// Only a crash signal calls the file corrupted or crafted: a child stopped by the user (or a closed
+// pipe) ends this process by the same signal, one killed by SIGKILL is named so, and a child that
+// hangs is killed after the timeout.
+TEST(HostileInput, Issue39Item24OnlyACrashOfTheReaderCallsTheFileCrafted) {
+  for (const int sig : {SIGTERM, SIGHUP, SIGINT})
+    EXPECT_EXIT(h5::run_isolated("x.h5", [sig]() -> int {
+                  std::raise(sig);
+                  return 0;
+                }),
+                ::testing::KilledBySignal(sig), "")
+        << sig;
+  const std::string killed = error_of([] {
+    h5::run_isolated("big.h5", []() -> int {
+      std::raise(SIGKILL);
+      return 0;
+    });
+  });
+  EXPECT_NE(killed.find("reading big.h5: the reading process was killed (SIGKILL: out of memory?)"), std::string::npos)
+      << killed;
+  EXPECT_EQ(killed.find("crafted"), std::string::npos) << killed;
+  const auto start = std::chrono::steady_clock::now();
+  const std::string slow = error_of([] {
+    h5::run_isolated(
+        "slow.h5",
+        []() -> int {
+          ::pause();
+          return 0;
+        },
+        std::chrono::milliseconds(300));
+  });
+  EXPECT_NE(slow.find("reading slow.h5 took longer than 0.3 s; the reading process was killed"), std::string::npos)
+      << slow;
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+  const std::string silent = error_of([] { h5::run_isolated("x.h5", []() -> int { ::_exit(3); }); });
+  EXPECT_NE(silent.find("reading x.h5: the reading process stopped with exit status 3 without a result"),
+            std::string::npos) << silent;
+  EXPECT_EQ(h5::run_isolated("x", [] { return -2147483647 - 1; }), -2147483647 - 1);
+}
+
+// Every untrusted reader survives a crash of the library while it reads (QFORGE_TEST_CRASH_READING
+// makes opening that one file crash, as a libhdf5 fault would): removing the child process from
+// any of them ends this test binary instead.
+TEST(HostileInput, Issue39Item24EveryDumpReaderSurvivesACrashOfTheLibrary) {
+  TempDir dir;
+  const std::string dump = dir.file("dump.h5");
+  fs::copy_file(std::string(QFORGE_SOURCE_DIR) + "/tests/fixtures/calibration_v1.h5", dump);
+  ASSERT_EQ(::setenv("QFORGE_TEST_CRASH_READING", dump.c_str(), 1), 0);
+  for (const std::string& e : {error_of([&] { (void)load_calibration_dump(dump); }),
+                               error_of([&] { (void)load_search_sensitivities(dump); }),
+                               error_of([&] { (void)load_layer_errors(dump); })})
+    EXPECT_NE(e.find("reading " + dump + " crashed the HDF5 library (the reading process was killed by SIGSEGV"),
+              std::string::npos) << e;
+  ::unsetenv("QFORGE_TEST_CRASH_READING");
+  EXPECT_FALSE(load_calibration_dump(dump).empty());
+}
+
+// The dump is read in the child, then again here: a file that changed in between is refused (the
+// child vouched for other bytes). Inside a reading child (qdump's) it is read once.
+TEST(HostileInput, Issue39Item24ADumpChangedBetweenItsTwoReadsIsRefused) {
+  TempDir dir;
+  const std::string dump = dir.file("dump.h5");
+  fs::copy_file(std::string(QFORGE_SOURCE_DIR) + "/tests/fixtures/calibration_v1.h5", dump);
+  const pid_t parent = ::getpid();
+  const std::string e = error_of([&] {
+    (void)h5::read_untrusted(dump, [&] {
+      if (::getpid() != parent) std::ofstream(dump, std::ios::app) << 'x';  // a writer, while the child reads
+      return load_calibration_dump(dump).size();
+    });
+  });
+  EXPECT_NE(e.find(dump + " changed while it was read"), std::string::npos) << e;
+  EXPECT_EQ(h5::run_isolated("x", [&] {
+              int reads = 0;
+              (void)h5::read_untrusted(dump, [&] { return ++reads; });
+              return reads;
+            }),
+            1);
 }
 
 }  // namespace

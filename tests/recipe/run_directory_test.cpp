@@ -1,12 +1,16 @@
 // The run directory of issue 39: inputs inside --out (item 13), two runs into one --out (items 6
 // and 15) and the previous run's reports (item 16).
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -150,6 +154,44 @@ TEST(RunDirectory, Issue39Items6And15SecondRunIntoOneOutIsRefused) {
   EXPECT_NE(taken.note().find("left by pid " + std::to_string(dead) + " (which no longer runs"), std::string::npos)
       << taken.note();
   for (int fd : {ready[0], ready[1], release[0], release[1]}) ::close(fd);
+}
+
+// On a filesystem without locks (flock fails with ENOLCK) a run goes on, warning that concurrent
+// runs are not detected, instead of refusing every run.
+TEST(RunDirectory, Issue39Items6And15FilesystemWithoutLocksWarnsAndGoesOn) {
+  TempOut out;
+  pipeline::RunLock::LockFn no_locks = [](int, int) {
+    errno = ENOLCK;
+    return -1;
+  };
+  std::unique_ptr<pipeline::RunLock> lock;
+  ASSERT_NO_THROW(lock = std::make_unique<pipeline::RunLock>(out.dir.string(), no_locks));
+  EXPECT_NE(lock->note().find("concurrent runs are not detected on this filesystem (cannot lock " + lock->path() +
+                              ": " + std::strerror(ENOLCK) + ")"),
+            std::string::npos) << lock->note();
+  EXPECT_EQ(read(lock->path()), std::to_string(::getpid()) + "\n");
+  lock.reset();
+  EXPECT_FALSE(fs::exists(out.file(pipeline::RunLock::kFileName)));
+  // A lock held by another is still refused.
+  pipeline::RunLock::LockFn held = [](int, int) {
+    errno = EWOULDBLOCK;
+    return -1;
+  };
+  EXPECT_NE(error_of([&] { pipeline::RunLock second(out.dir.string(), held); }).find("is in use by another qtrain run"),
+            std::string::npos);
+}
+
+// A recipe read from a pipe (/dev/stdin, <(...)) was read before the checks: it is not refused as
+// a non-regular input, while a FIFO as another input still is.
+TEST(RunDirectory, Issue39Item21ARecipeFromAPipeIsNotRefused) {
+  TempOut out;
+  Recipe r = cnn({});
+  r.path = out.file("recipe.fifo");
+  ASSERT_EQ(::mkfifo(r.path.c_str(), 0600), 0);
+  EXPECT_NO_THROW(pipeline::check_run_inputs(r, out.file("run")));
+  r.model.checkpoint = r.path;
+  EXPECT_NE(error_of([&] { pipeline::check_run_inputs(r, out.file("run")); }).find(" is a FIFO, not a regular file"),
+            std::string::npos);
 }
 
 // Item 16: report.html (and the other reports) of a previous run survived a run stopped before
