@@ -18,8 +18,6 @@ namespace {
 
 using nlohmann::json;
 
-// Ids are 32-bit in every tokenizer format (HF uses u32); merge keys pack two of them.
-constexpr int64_t kMaxId = 0x7FFFFFFF;
 
 const std::set<std::string> kModelKeys{"type", "dropout", "unk_token", "continuing_subword_prefix",
                                        "end_of_word_suffix", "fuse_unk", "byte_fallback", "ignore_merges",
@@ -65,9 +63,10 @@ BpeModel BpeModel::build(std::unordered_map<std::string, int64_t> vocab,
                          const std::vector<std::pair<std::string, std::string>>& merges, const std::string& where) {
   BpeModel m;
   for (const auto& [token, id] : vocab) {
-    QF_REQUIRE(id >= 0 && id <= kMaxId, where, ": model.vocab[\"", token, "\"] = ", id, " is not an id in [0, ",
-               kMaxId, "]");
-    m.vocab_r_[id] = token;
+    QF_REQUIRE(id >= 0 && id <= kMaxTokenId, where, ": model.vocab[\"", token, "\"] = ", id, " is not an id in [0, ",
+               kMaxTokenId, "]");
+    const auto [at, fresh] = m.vocab_r_.emplace(id, token);
+    QF_REQUIRE(fresh, where, ": model.vocab[\"", token, "\"] and model.vocab[\"", at->second, "\"] share id ", id);
     m.max_id_ = std::max(m.max_id_, id);
   }
   m.vocab_ = std::move(vocab);
