@@ -151,6 +151,20 @@ TEST(BpeModel, LowestRankMergesFirstAndLeftmostAmongEqualRanks) {
   EXPECT_EQ(pairs.encode("aba"), (std::vector<int64_t>{2, 0}));
 }
 
+TEST(BpeModel, ContinuingSubwordPrefixIsDroppedFromMergedTokens) {
+  // HF builds merge (a, ##b) as "a" + "b": "ab", then (ab, ##c) as "abc".
+  const json vocab{{"a", 0}, {"##b", 1}, {"##c", 2}, {"ab", 3}, {"abc", 4}, {"b", 5}};
+  const json merges = json::array({"a ##b", "ab ##c"});
+  const BpeTokenizer tok = plain({{"vocab", vocab}, {"merges", merges}, {"continuing_subword_prefix", "##"}});
+  EXPECT_EQ(tok.encode("abc"), (std::vector<int64_t>{4}));
+  EXPECT_EQ(tok.encode("ab"), (std::vector<int64_t>{3}));
+  EXPECT_EQ(tok.encode("ba"), (std::vector<int64_t>{5}));  // "##a" is no token: dropped, as without unk
+  EXPECT_NE(error_of([&] {
+              plain({{"vocab", vocab}, {"merges", json::array({"a b"})}, {"continuing_subword_prefix", "##"}});
+            }).find("model.merges[0]"),
+            std::string::npos);
+}
+
 TEST(BpeModel, IgnoreMergesTakesAWholeTokenDirectly) {
   const json vocab{{"a", 0}, {"b", 1}, {"c", 2}, {"ab", 3}, {"abc", 4}};
   const json merges = json::array({"a b"});  // no merge reaches "abc"
