@@ -1,6 +1,7 @@
 #include "framework/text/added_tokens.h"
 
 #include "framework/core/error.h"
+#include "framework/text/bpe_model.h"
 #include "framework/text/utf8.h"
 
 #include <nlohmann/json.hpp>
@@ -62,6 +63,8 @@ AddedTokens AddedTokens::parse(const json& added_tokens, const std::string& wher
   if (added_tokens.is_null()) return AddedTokens();
   QF_REQUIRE(added_tokens.is_array(), where, ": added_tokens must be an array");
   std::vector<AddedToken> tokens;
+  std::unordered_map<int64_t, size_t> seen_id;
+  std::unordered_map<std::string, size_t> seen_content;
   for (size_t i = 0; i < added_tokens.size(); ++i) {
     const json& t = added_tokens[i];
     const std::string key = "added_tokens[" + std::to_string(i) + "]";
@@ -82,6 +85,12 @@ AddedTokens AddedTokens::parse(const json& added_tokens, const std::string& wher
     a.lstrip = flag(t, "lstrip", false, key, where);
     a.rstrip = flag(t, "rstrip", false, key, where);
     a.normalized = flag(t, "normalized", !a.special, key, where);
+    QF_REQUIRE(a.id <= kMaxTokenId, where, ": ", key, ".id = ", a.id, " is above the largest id ", kMaxTokenId);
+    const auto [id_at, new_id] = seen_id.emplace(a.id, i);
+    QF_REQUIRE(new_id, where, ": ", key, ".id = ", a.id, " is also added_tokens[", id_at->second, "].id");
+    const auto [content_at, new_content] = seen_content.emplace(a.content, i);
+    QF_REQUIRE(new_content, where, ": ", key, ".content \"", a.content, "\" is also added_tokens[",
+               content_at->second, "].content");
     tokens.push_back(std::move(a));
   }
   return AddedTokens(std::move(tokens));

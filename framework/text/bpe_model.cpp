@@ -18,8 +18,6 @@ namespace {
 
 using nlohmann::json;
 
-// Ids are 32-bit in every tokenizer format (HF uses u32); merge keys pack two of them.
-constexpr int64_t kMaxId = 0x7FFFFFFF;
 
 const std::set<std::string> kModelKeys{"type", "dropout", "unk_token", "continuing_subword_prefix",
                                        "end_of_word_suffix", "fuse_unk", "byte_fallback", "ignore_merges",
@@ -65,9 +63,10 @@ BpeModel BpeModel::build(std::unordered_map<std::string, int64_t> vocab,
                          const std::vector<std::pair<std::string, std::string>>& merges, const std::string& where) {
   BpeModel m;
   for (const auto& [token, id] : vocab) {
-    QF_REQUIRE(id >= 0 && id <= kMaxId, where, ": model.vocab[\"", token, "\"] = ", id, " is not an id in [0, ",
-               kMaxId, "]");
-    m.vocab_r_[id] = token;
+    QF_REQUIRE(id >= 0 && id <= kMaxTokenId, where, ": model.vocab[\"", token, "\"] = ", id, " is not an id in [0, ",
+               kMaxTokenId, "]");
+    const auto [at, fresh] = m.vocab_r_.emplace(id, token);
+    QF_REQUIRE(fresh, where, ": model.vocab[\"", token, "\"] and model.vocab[\"", at->second, "\"] share id ", id);
     m.max_id_ = std::max(m.max_id_, id);
   }
   m.vocab_ = std::move(vocab);
@@ -78,10 +77,15 @@ BpeModel BpeModel::build(std::unordered_map<std::string, int64_t> vocab,
 void BpeModel::add_merges(const std::vector<std::pair<std::string, std::string>>& merges, const std::string& where) {
   for (size_t i = 0; i < merges.size(); ++i) {
     const auto& [a, b] = merges[i];
-    const auto ia = vocab_.find(a), ib = vocab_.find(b), iab = vocab_.find(a + b);
+    // HF's merged token drops b's continuing_subword_prefix ("a" + "##b" -> "ab").
+    const std::string& prefix = continuing_subword_prefix_;
+    QF_REQUIRE(b.compare(0, prefix.size(), prefix) == 0, where, ": model.merges[", i, "] (\"", a, "\", \"", b,
+               "\"): the second token does not start with model.continuing_subword_prefix \"", prefix, "\"");
+    const std::string ab = a + b.substr(prefix.size());
+    const auto ia = vocab_.find(a), ib = vocab_.find(b), iab = vocab_.find(ab);
     QF_REQUIRE(ia != vocab_.end() && ib != vocab_.end() && iab != vocab_.end(), where, ": model.merges[", i,
                "] (\"", a, "\", \"", b, "\") names a token missing from model.vocab (\"",
-               ia == vocab_.end() ? a : ib == vocab_.end() ? b : a + b, "\")");
+               ia == vocab_.end() ? a : ib == vocab_.end() ? b : ab, "\")");
     // A repeated pair takes its last rank, as HF's merge map does.
     merges_[pair_key(ia->second, ib->second)] = {static_cast<int64_t>(i), iab->second};
   }
@@ -108,13 +112,15 @@ BpeModel BpeModel::parse(const json& model, const std::string& where) {
   std::vector<std::pair<std::string, std::string>> merges;
   merges.reserve(model["merges"].size());
   for (size_t i = 0; i < model["merges"].size(); ++i) merges.push_back(parse_merge(model["merges"][i], i, where));
-  BpeModel m = build(std::move(vocab), merges, where);
+  BpeModel m = build(std::move(vocab), {}, where);
+  // The prefix shapes the merged tokens, so it is read before the merges.
+  m.continuing_subword_prefix_ = optional_string(model, "continuing_subword_prefix", where);
+  m.add_merges(merges, where);
   const std::string unk = optional_string(model, "unk_token", where);
   if (model.contains("unk_token") && !model["unk_token"].is_null()) {
     QF_REQUIRE(m.vocab_.count(unk), where, ": model.unk_token \"", unk, "\" is not in model.vocab");
     m.unk_token_ = unk;
   }
-  m.continuing_subword_prefix_ = optional_string(model, "continuing_subword_prefix", where);
   m.end_of_word_suffix_ = optional_string(model, "end_of_word_suffix", where);
   m.fuse_unk_ = optional_bool(model, "fuse_unk", where);
   m.byte_fallback_ = optional_bool(model, "byte_fallback", where);

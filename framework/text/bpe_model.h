@@ -15,6 +15,9 @@
 
 namespace qforge::text {
 
+// Ids are 32-bit in every tokenizer format (HF uses u32); merge keys pack two of them.
+inline constexpr int64_t kMaxTokenId = 0x7FFFFFFF;
+
 class BpeModel {
  public:
   BpeModel() = default;

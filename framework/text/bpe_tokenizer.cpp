@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <functional>
 #include <set>
 #include <sstream>
 
@@ -29,8 +30,10 @@ std::string read_text_file(const std::string& path) {
 }
 
 // TemplateProcessing's ids for one special-token name, from its "special_tokens" table.
+using KnownId = std::function<bool(int64_t)>;
+
 std::vector<int64_t> template_token_ids(const json& processor, const std::string& name, const std::string& key,
-                                        const std::string& where) {
+                                        const std::string& where, const KnownId& known) {
   const json& table = processor.contains("special_tokens") ? processor["special_tokens"] : json::object();
   QF_REQUIRE(table.is_object() && table.contains(name) && table[name].contains("ids") && table[name]["ids"].is_array(),
              where, ": ", key, ".special_tokens has no ids for \"", name, "\"");
@@ -38,13 +41,15 @@ std::vector<int64_t> template_token_ids(const json& processor, const std::string
   for (const json& id : table[name]["ids"]) {
     QF_REQUIRE(id.is_number_integer() && id.get<int64_t>() >= 0, where, ": ", key, ".special_tokens[\"", name,
                "\"].ids must be non-negative integers");
+    QF_REQUIRE(known(id.get<int64_t>()), where, ": ", key, ".special_tokens[\"", name, "\"].ids holds ",
+               id.get<int64_t>(), ", which names no token of model.vocab or added_tokens");
     ids.push_back(id.get<int64_t>());
   }
   return ids;
 }
 
 // The "single" template: special tokens before and after the one sequence "A".
-void parse_template(const json& processor, const std::string& key, const std::string& where,
+void parse_template(const json& processor, const std::string& key, const std::string& where, const KnownId& known,
                     std::vector<int64_t>& prefix, std::vector<int64_t>& suffix) {
   QF_REQUIRE(processor.contains("single") && processor["single"].is_array(), where, ": ", key,
              ".single must be an array");
@@ -58,22 +63,23 @@ void parse_template(const json& processor, const std::string& key, const std::st
     QF_REQUIRE(item.contains("SpecialToken") && item["SpecialToken"].contains("id") &&
                    item["SpecialToken"]["id"].is_string(),
                where, ": ", key, ".single items must be {\"SpecialToken\": {\"id\": ...}} or {\"Sequence\": ...}");
-    const auto ids = template_token_ids(processor, item["SpecialToken"]["id"].get<std::string>(), key, where);
+    const auto ids = template_token_ids(processor, item["SpecialToken"]["id"].get<std::string>(), key, where, known);
     auto& target = seen_sequence ? suffix : prefix;
     target.insert(target.end(), ids.begin(), ids.end());
   }
   QF_REQUIRE(seen_sequence, where, ": ", key, ".single has no Sequence");
 }
 
-void parse_post_processor(const json& p, const std::string& key, const std::string& where,
+void parse_post_processor(const json& p, const std::string& key, const std::string& where, const KnownId& known,
                           std::vector<int64_t>& prefix, std::vector<int64_t>& suffix) {
   if (p.is_null()) return;
   const std::string type = p.contains("type") && p["type"].is_string() ? p["type"].get<std::string>() : "";
   if (type == "ByteLevel") return;  // it only trims offsets; ids are unchanged
-  if (type == "TemplateProcessing") return parse_template(p, key, where, prefix, suffix);
+  if (type == "TemplateProcessing") return parse_template(p, key, where, known, prefix, suffix);
   if (type == "Sequence" && p.contains("processors") && p["processors"].is_array()) {
     for (size_t i = 0; i < p["processors"].size(); ++i)
-      parse_post_processor(p["processors"][i], key + ".processors[" + std::to_string(i) + "]", where, prefix, suffix);
+      parse_post_processor(p["processors"][i], key + ".processors[" + std::to_string(i) + "]", where, known, prefix,
+                           suffix);
     return;
   }
   throw Error(detail::str_cat(where, ": ", key, ".type ", p.contains("type") ? p["type"].dump() : "(none)",
@@ -88,6 +94,22 @@ void refuse_unsupported_sections(const json& j, const std::string& where) {
     QF_REQUIRE(!j.contains(key) || j[key].is_null(), where, ": ", key,
                " must be null (qforge's tokenizers neither truncate nor pad; the caller does)");
   QF_REQUIRE(j.contains("model"), where, ": no \"model\" section");
+}
+
+// HF takes an added token's id from the model when the model has its content; qforge refuses a
+// file whose added ids disagree with model.vocab instead of silently renumbering.
+void check_added_against_model(const AddedTokens& added, const BpeModel& model, const std::string& where) {
+  const auto& tokens = added.tokens();
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    const AddedToken& a = tokens[i];
+    const std::string key = "added_tokens[" + std::to_string(i) + "]";
+    const auto model_id = model.token_to_id(a.content);
+    QF_REQUIRE(!model_id || *model_id == a.id, where, ": ", key, ".content \"", a.content, "\" is model.vocab's id ",
+               model_id.value_or(-1), ", not ", key, ".id = ", a.id);
+    const std::string* owner = model.id_to_token(a.id);
+    QF_REQUIRE(!owner || *owner == a.content, where, ": ", key, ".id = ", a.id, " belongs to model.vocab[\"",
+               owner ? *owner : "", "\"], not to \"", a.content, "\"");
+  }
 }
 
 }  // namespace
@@ -112,8 +134,10 @@ BpeTokenizer BpeTokenizer::parse(const std::string& json_text, const std::string
   t.normalizer_ = Normalizer::parse(j.contains("normalizer") ? j["normalizer"] : json(), source);
   t.pre_tokenizer_ = PreTokenizer::parse(j.contains("pre_tokenizer") ? j["pre_tokenizer"] : json(), source);
   t.added_ = AddedTokens::parse(j.contains("added_tokens") ? j["added_tokens"] : json(), source);
+  check_added_against_model(t.added_, t.model_, source);
   t.decoder_ = Decoder::parse(j.contains("decoder") ? j["decoder"] : json(), source);
-  parse_post_processor(j.contains("post_processor") ? j["post_processor"] : json(), "post_processor", source,
+  const KnownId known = [&t](int64_t id) { return t.token_of(id) != nullptr; };
+  parse_post_processor(j.contains("post_processor") ? j["post_processor"] : json(), "post_processor", source, known,
                        t.prefix_ids_, t.suffix_ids_);
   return t;
 }

@@ -22,6 +22,51 @@ struct MatchData {
   MatchData& operator=(const MatchData&) = delete;
 };
 
+// Oniguruma's (HF's) and Python regex's \s: PCRE2's UCP \s also takes U+180E, which they do not.
+constexpr const char* kSpaceSet = "\\t-\\r\\x{85}\\p{Z}";
+
+// `pattern` with \s and \S spelled as kSpaceSet classes; escapes, \Q..\E and classes are respected.
+std::string rewrite_space_classes(const std::string& pattern, const std::string& where) {
+  std::string out;
+  bool in_class = false, quoted = false;
+  for (size_t i = 0; i < pattern.size(); ++i) {
+    const char c = pattern[i];
+    const char next = i + 1 < pattern.size() ? pattern[i + 1] : '\0';
+    if (quoted) {
+      if (c == '\\' && next == 'E') quoted = false;
+      out += c;
+      continue;
+    }
+    if (c == '\\' && next == 'Q') quoted = true;
+    if (c == '\\' && (next == 's' || next == 'S')) {
+      QF_REQUIRE(!(in_class && next == 'S'), where, ": \\S inside a character class is not supported (pattern ",
+                 pattern, ")");
+      out += in_class ? kSpaceSet : next == 's' ? std::string("[") + kSpaceSet + "]" : std::string("[^") + kSpaceSet + "]";
+      ++i;
+      continue;
+    }
+    out += c;
+    if (c == '\\' && next != '\0') {
+      out += next;  // an escaped character is never a class bracket
+      ++i;
+    } else if (!in_class && c == '[') {
+      in_class = true;
+      // A ']' right after '[' or '[^' is a literal member, not the end of the class.
+      if (i + 1 < pattern.size() && pattern[i + 1] == '^') out += pattern[++i];
+      if (i + 1 < pattern.size() && pattern[i + 1] == ']') out += pattern[++i];
+    } else if (in_class && c == '[' && next == ':') {
+      const size_t close = pattern.find(":]", i + 2);  // a POSIX class such as [:alpha:]
+      if (close != std::string::npos) {
+        out.append(pattern, i + 1, close + 2 - (i + 1));
+        i = close + 1;
+      }
+    } else if (in_class && c == ']') {
+      in_class = false;
+    }
+  }
+  return out;
+}
+
 std::string pcre2_message(int code) {
   PCRE2_UCHAR buffer[kErrorBufferBytes];
   pcre2_get_error_message(code, buffer, sizeof(buffer));
@@ -40,8 +85,10 @@ RegexSplitter::RegexSplitter(const std::string& pattern, bool literal, const std
   auto code = std::make_shared<Code>();
   int error = 0;
   PCRE2_SIZE offset = 0;
-  const uint32_t options = PCRE2_UTF | PCRE2_UCP | (literal ? PCRE2_LITERAL : 0u);
-  code->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), options, &error,
+  const uint32_t options =
+      PCRE2_UTF | PCRE2_UCP | PCRE2_NEVER_BACKSLASH_C | (literal ? PCRE2_LITERAL : 0u);
+  const std::string compiled = literal ? pattern : rewrite_space_classes(pattern, where);
+  code->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(compiled.data()), compiled.size(), options, &error,
                              &offset, nullptr);
   QF_REQUIRE(code->code != nullptr, where, ": regex does not compile at offset ", offset, ": ",
              pcre2_message(error), " (pattern ", pattern, ")");

@@ -60,6 +60,12 @@ struct SentencePieceTokenizer::Impl {
 
 bool SentencePieceTokenizer::available() { return plugin(nullptr) != nullptr; }
 
+std::string SentencePieceTokenizer::unavailable_reason() {
+  std::string reason;
+  plugin(&reason);
+  return reason;
+}
+
 SentencePieceTokenizer::SentencePieceTokenizer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 SentencePieceTokenizer::~SentencePieceTokenizer() = default;
 SentencePieceTokenizer::SentencePieceTokenizer(SentencePieceTokenizer&&) noexcept = default;

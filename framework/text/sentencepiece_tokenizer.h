@@ -26,6 +26,8 @@ class SentencePieceTokenizer : public Tokenizer {
   static SentencePieceTokenizer load(const std::string& path, const SentencePieceOptions& options = {});
   // Whether this build can read SentencePiece models.
   static bool available();
+  // Why available() is false (the plugin path and dlopen's reason, or a build without it); else "".
+  static std::string unavailable_reason();
 
   ~SentencePieceTokenizer() override;
   SentencePieceTokenizer(SentencePieceTokenizer&&) noexcept;

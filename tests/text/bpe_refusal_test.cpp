@@ -78,6 +78,44 @@ TEST(BpeRefusal, InconsistentVocabularyAndMerges) {
   expect_names(refusal([](json& j) { j["added_tokens"][0]["content"] = ""; }), "added_tokens[0].content");
 }
 
+// HF renumbers added tokens silently (the model's id for known content, else the next free one);
+// qforge refuses every id the file does not state consistently, naming the key.
+TEST(BpeRefusal, HostileIdsNameTheirKey) {
+  expect_names(refusal([](json& j) { j["model"]["vocab"]["zzq"] = j["model"]["vocab"]["a"]; }), "share id 97");
+  // Content the model has, with another id.
+  expect_names(refusal([](json& j) { j["added_tokens"].push_back({{"id", 900000}, {"content", "a"}}); }),
+               "added_tokens[1].content \"a\" is model.vocab's id");
+  // An id that belongs to another model token.
+  expect_names(refusal([](json& j) {
+                 j["added_tokens"].push_back({{"id", j["model"]["vocab"]["a"]}, {"content", "<new>"}});
+               }),
+               "added_tokens[1].id");
+  expect_names(refusal([](json& j) { j["added_tokens"].push_back({{"id", 900001}, {"content", "<|endoftext|>"}}); }),
+               "is also added_tokens[0].content");
+  expect_names(refusal([](json& j) {
+                 j["added_tokens"].push_back({{"id", 900001}, {"content", "<x>"}});
+                 j["added_tokens"].push_back({{"id", 900001}, {"content", "<y>"}});
+               }),
+               "added_tokens[2].id = 900001 is also added_tokens[1].id");
+  expect_names(refusal([](json& j) { j["added_tokens"].push_back({{"id", 0x80000000LL}, {"content", "<big>"}}); }),
+               "added_tokens[1].id = 2147483648 is above");
+}
+
+TEST(BpeRefusal, TemplateIdsMustNameTokens) {
+  const auto with_template = [](int64_t id) {
+    return [id](json& j) {
+      j["post_processor"] = {{"type", "TemplateProcessing"},
+                             {"single", {{{"SpecialToken", {{"id", "X"}, {"type_id", 0}}}},
+                                         {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}},
+                             {"special_tokens", {{"X", {{"id", "X"}, {"ids", {id}}, {"tokens", {"X"}}}}}}};
+    };
+  };
+  expect_names(refusal(with_template(777777)), "post_processor.special_tokens[\"X\"].ids holds 777777");
+  json j = gpt2_fixture();
+  with_template(j["added_tokens"][0]["id"].get<int64_t>())(j);
+  EXPECT_NO_THROW(BpeTokenizer::parse(j.dump(), "edited.json"));
+}
+
 TEST(BpeRefusal, MissingTruncatedAndForeignFiles) {
   namespace fs = std::filesystem;
   EXPECT_NE(error_of([] { BpeTokenizer::load("/nonexistent/tokenizer.json"); }).find("/nonexistent/tokenizer.json"),

@@ -4,6 +4,7 @@
 // added tokens' strip flags) on hand-built files whose ids follow from the rules by hand.
 #include "framework/text/bpe_tokenizer.h"
 #include "framework/text/byte_level.h"
+#include "framework/text/regex_split.h"
 #include "framework/text/utf8.h"
 #include "tests/error_of.h"
 
@@ -150,6 +151,20 @@ TEST(BpeModel, LowestRankMergesFirstAndLeftmostAmongEqualRanks) {
   EXPECT_EQ(pairs.encode("aba"), (std::vector<int64_t>{2, 0}));
 }
 
+TEST(BpeModel, ContinuingSubwordPrefixIsDroppedFromMergedTokens) {
+  // HF builds merge (a, ##b) as "a" + "b": "ab", then (ab, ##c) as "abc".
+  const json vocab{{"a", 0}, {"##b", 1}, {"##c", 2}, {"ab", 3}, {"abc", 4}, {"b", 5}};
+  const json merges = json::array({"a ##b", "ab ##c"});
+  const BpeTokenizer tok = plain({{"vocab", vocab}, {"merges", merges}, {"continuing_subword_prefix", "##"}});
+  EXPECT_EQ(tok.encode("abc"), (std::vector<int64_t>{4}));
+  EXPECT_EQ(tok.encode("ab"), (std::vector<int64_t>{3}));
+  EXPECT_EQ(tok.encode("ba"), (std::vector<int64_t>{5}));  // "##a" is no token: dropped, as without unk
+  EXPECT_NE(error_of([&] {
+              plain({{"vocab", vocab}, {"merges", json::array({"a b"})}, {"continuing_subword_prefix", "##"}});
+            }).find("model.merges[0]"),
+            std::string::npos);
+}
+
 TEST(BpeModel, IgnoreMergesTakesAWholeTokenDirectly) {
   const json vocab{{"a", 0}, {"b", 1}, {"c", 2}, {"ab", 3}, {"abc", 4}};
   const json merges = json::array({"a b"});  // no merge reaches "abc"
@@ -199,6 +214,31 @@ TEST(BpeTokenizer, LongRunsSplitLikeShortOnes) {
     const auto b = tok.encode(" b", false);
     EXPECT_TRUE(std::search(ids.begin(), ids.end(), b.begin(), b.end()) != ids.end()) << name;
   }
+}
+
+std::vector<std::string> split_pieces(const RegexSplitter& splitter, const std::string& text) {
+  std::vector<std::string> pieces;
+  for (const auto& [b, e] : splitter.split_isolated(text)) pieces.push_back(text.substr(b, e - b));
+  return pieces;
+}
+
+TEST(BpeRegex, WhitespaceClassIsOnigurumas) {
+  // Pieces from Python's regex module (Oniguruma agrees): U+180E is not \s, U+0085 and U+2028 are.
+  const RegexSplitter gpt2(kGpt2Pattern, false, "test");
+  EXPECT_EQ(split_pieces(gpt2, "x \u180Ey"), (std::vector<std::string>{"x", " \u180E", "y"}));
+  EXPECT_EQ(split_pieces(gpt2, "a\u0085  \u0085b"), (std::vector<std::string>{"a", "\u0085  ", "\u0085", "b"}));
+  EXPECT_EQ(split_pieces(gpt2, "a \u2028\u2028 b"), (std::vector<std::string>{"a", " \u2028\u2028", " b"}));
+  // \s inside a class, escaped backslashes and \Q..\E keep their meaning.
+  EXPECT_EQ(split_pieces(RegexSplitter(R"([\s,]+)", false, "test"), "a,\u180E b"),
+            (std::vector<std::string>{"a", ",", "\u180E", " ", "b"}));
+  EXPECT_EQ(split_pieces(RegexSplitter(R"(\\s|\Q\s\E)", false, "test"), "a\\s b"),
+            (std::vector<std::string>{"a", "\\s", " b"}));
+  EXPECT_EQ(split_pieces(RegexSplitter(R"([]\s]|\S+)", false, "test"), "a]\u180E b"),
+            (std::vector<std::string>{"a]\u180E", " ", "b"}));
+  EXPECT_NE(error_of([] { RegexSplitter(R"([\S])", false, "test"); }).find("\\S inside a character class"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { RegexSplitter(R"(a\Cb)", false, "test"); }).find("regex does not compile"),
+            std::string::npos);
 }
 
 TEST(BpeTokenizer, RefusesInvalidUtf8AndUnknownIds) {
