@@ -221,9 +221,44 @@ TEST(TorchScript, DamagedPickledLayersAreRefused) {
     qforge::jit::ScriptedLayer::from_state({{"fc", "", "weight", ""}, spec.to_ints(), at::zeros({64}, at::kByte)});
   });
   EXPECT_NE(damaged.find("qforge-jit-"), std::string::npos) << damaged;  // the checkpoint's error, naming its file
-  EXPECT_NE(qforge::testing::error_of([] { qforge::jit::LayerSpec::from_ints({2, 4, 8, 1, 1}); })
-                .find("Conv2d options have 5 values, expected 13"),
+  EXPECT_NE(qforge::testing::error_of([] { qforge::jit::LayerSpec::from_ints({1, 2, 4, 8, 1, 1}); })
+                .find("Conv2d options have 6 values, expected 14"),
             std::string::npos);
+}
+
+TEST(TorchScript, CraftedLayerStatesAreRefusedBeforeTheLayerIsBuilt) {
+  using qforge::jit::LayerSpec;
+  using qforge::testing::error_of;
+  const auto refused = [](std::vector<int64_t> ints, const std::string& why) {
+    const std::string e = error_of([&] { LayerSpec::from_ints(ints); });
+    EXPECT_NE(e.find(why), std::string::npos) << e;
+  };
+  refused({1, 2, 4, 8, 0, 1, 3, 3, 1, 1, 0, 0, 1, 1}, "Conv2d has groups 0");
+  refused({1, 2, 4, 8, 3, 1, 3, 3, 1, 1, 0, 0, 1, 1}, "not divisible by groups 3");
+  refused({1, 1, 4, 8, 1, 1, 0, 1, 0, 1}, "Conv1d has kernel [0]");
+  refused({1, 1, 4, 8, 1, 1, 3, 1, -1, 1}, "padding [-1]");
+  refused({1, 0, int64_t{1} << 40, 8, 1, 1}, "must lie in [1, ");
+  refused({1, 0, int64_t{1} << 24, int64_t{1} << 24, 1, 1}, "elements");
+  refused({1, 0, 4, 2, 2, 1}, "Linear has groups 2");
+  refused({2, 0, 4, 2, 1, 1}, "written by a newer qforge (format 2");
+  refused({0, 0, 4, 2, 1, 1}, "no format version");
+  refused({1, 7, 4, 2, 1, 1}, "unknown kind");
+
+  // A spec that disagrees with its checkpoint's weight (here 2^30 floats) is refused before the
+  // layer is built; the checkpoint's own spec loads.
+  LayerSpec spec;
+  spec.in = 4;
+  spec.out = 2;
+  const auto layer = c10::make_intrusive<qforge::jit::ScriptedLayer>(
+      "fc", spec, qforge::jit::TensorHome{"", "weight", ""}, at::Tensor(), at::Tensor());
+  auto [names, ints, data] = layer->state();
+  EXPECT_EQ(ints.front(), qforge::jit::kLayerStateVersion);
+  EXPECT_NO_THROW(qforge::jit::ScriptedLayer::from_state({names, ints, data}));
+  ints[2] = int64_t{1} << 15;
+  ints[3] = int64_t{1} << 15;
+  const std::string e = error_of([&] { qforge::jit::ScriptedLayer::from_state({names, ints, data}); });
+  EXPECT_NE(e.find("declares a weight of shape [32768, 32768] but its checkpoint holds [2, 4]"), std::string::npos)
+      << e;
 }
 
 TEST(TorchScript, QforgeCheckpointOfAFrozenScriptedModelLoadsIntoAFreshlyLoadedOne) {
