@@ -288,9 +288,11 @@ c10::intrusive_ptr<ScriptedLayer> ScriptedLayer::from_state(State state) {
 
 namespace {
 
-at::Tensor call(const at::Tensor& x, const c10::intrusive_ptr<ScriptedLayer>& l, LayerKind kind) {
+at::Tensor call(const at::Tensor& x, const c10::intrusive_ptr<ScriptedLayer>& l, bool training, LayerKind kind) {
   QF_REQUIRE(l->spec().kind == kind, "framework/jit: ", op_name(kind), " called with the ", to_string(l->spec().kind),
              " layer '", l->path(), "'");
+  // The calling module's mode (its `training` attribute) rules: a loaded file's .eval() reaches the layer.
+  if (l->module()->is_training() != training) l->module()->train(training);
   return l->forward(x);
 }
 
@@ -304,12 +306,18 @@ TORCH_LIBRARY(qforge, m) {
       .def("path", [](const c10::intrusive_ptr<ScriptedLayer>& self) { return self->path(); })
       .def_pickle([](const c10::intrusive_ptr<ScriptedLayer>& self) { return self->state(); },
                   [](ScriptedLayer::State s) { return ScriptedLayer::from_state(std::move(s)); });
-  m.def("linear(Tensor x, __torch__.torch.classes.qforge.Layer layer) -> Tensor",
-        [](const at::Tensor& x, c10::intrusive_ptr<ScriptedLayer> l) { return call(x, l, LayerKind::kLinear); });
-  m.def("conv1d(Tensor x, __torch__.torch.classes.qforge.Layer layer) -> Tensor",
-        [](const at::Tensor& x, c10::intrusive_ptr<ScriptedLayer> l) { return call(x, l, LayerKind::kConv1d); });
-  m.def("conv2d(Tensor x, __torch__.torch.classes.qforge.Layer layer) -> Tensor",
-        [](const at::Tensor& x, c10::intrusive_ptr<ScriptedLayer> l) { return call(x, l, LayerKind::kConv2d); });
+  m.def("linear(Tensor x, __torch__.torch.classes.qforge.Layer layer, bool training) -> Tensor",
+        [](const at::Tensor& x, c10::intrusive_ptr<ScriptedLayer> l, bool training) {
+          return call(x, l, training, LayerKind::kLinear);
+        });
+  m.def("conv1d(Tensor x, __torch__.torch.classes.qforge.Layer layer, bool training) -> Tensor",
+        [](const at::Tensor& x, c10::intrusive_ptr<ScriptedLayer> l, bool training) {
+          return call(x, l, training, LayerKind::kConv1d);
+        });
+  m.def("conv2d(Tensor x, __torch__.torch.classes.qforge.Layer layer, bool training) -> Tensor",
+        [](const at::Tensor& x, c10::intrusive_ptr<ScriptedLayer> l, bool training) {
+          return call(x, l, training, LayerKind::kConv2d);
+        });
 }
 
 c10::ClassTypePtr scripted_layer_type() { return c10::getCustomClassType<c10::intrusive_ptr<ScriptedLayer>>(); }

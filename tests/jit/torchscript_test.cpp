@@ -303,3 +303,30 @@ TEST(TorchScript, CalibratedModelSavedBeforeFreezeLoadsBackTrainable) {
     EXPECT_EQ(l->weight().unsafeGetTensorImpl(), script_attr(loaded, l->home()).unsafeGetTensorImpl()) << l->path();
   }
 }
+
+TEST(TorchScript, TrainAndEvalOfAPlainlyLoadedFileReachTheQforgeLayers) {
+  torch::manual_seed(5);
+  ScriptedModel m = qforge::jit::load_torchscript(fixture("mlp_traced"));
+  qforge::quantize(*m, w8a8());
+  {
+    qforge::Calibration calib(*m);
+    m->forward(input_for("mlp", 8));
+  }
+  m->eval();
+  TempDir tmp;
+  const std::string path = (tmp.path / "calibrated.pt").string();
+  m->save(path);
+  // Inputs far outside the calibrated range: a layer left in training mode would observe them.
+  const at::Tensor x = 10 * input_for("mlp", 3);
+  torch::NoGradGuard no_grad;
+  const at::Tensor expected = m->forward(x);
+  torch::jit::Module plain = torch::jit::load(path);
+  plain.eval();
+  EXPECT_TRUE(torch::equal(plain.forward({x}).toTensor(), expected));
+  const auto layers = qforge::jit::rewritten_layers(plain);
+  ASSERT_FALSE(layers.empty());
+  for (const auto& l : layers) EXPECT_FALSE(l->module()->is_training()) << l->path();
+  plain.train();
+  plain.forward({x});
+  for (const auto& l : layers) EXPECT_TRUE(l->module()->is_training()) << l->path();
+}
