@@ -280,8 +280,10 @@ TEST(TorchScript, QforgeCheckpointOfAFrozenScriptedModelLoadsIntoAFreshlyLoadedO
   EXPECT_TRUE(torch::equal(fresh->forward(x), m->forward(x)));
 }
 
-TEST(TorchScript, CalibratedModelSavedBeforeFreezeLoadsBackTrainable) {
-  torch::manual_seed(4);
+namespace {
+
+// The MLP quantized w8a8, calibrated on one batch (not frozen), in eval mode, saved at `path`.
+ScriptedModel save_calibrated_mlp(const std::string& path) {
   ScriptedModel m = qforge::jit::load_torchscript(fixture("mlp_traced"));
   qforge::quantize(*m, w8a8());
   {
@@ -289,9 +291,17 @@ TEST(TorchScript, CalibratedModelSavedBeforeFreezeLoadsBackTrainable) {
     m->forward(input_for("mlp", 8));
   }
   m->eval();
+  m->save(path);
+  return m;
+}
+
+}  // namespace
+
+TEST(TorchScript, CalibratedModelSavedBeforeFreezeLoadsBackTrainable) {
+  torch::manual_seed(4);
   TempDir tmp;
   const std::string path = (tmp.path / "calibrated.pt").string();
-  m->save(path);
+  ScriptedModel m = save_calibrated_mlp(path);
   ScriptedModel loaded = qforge::jit::load_torchscript(path);
   loaded->eval();
   const at::Tensor x = input_for("mlp", 3);
@@ -306,16 +316,9 @@ TEST(TorchScript, CalibratedModelSavedBeforeFreezeLoadsBackTrainable) {
 
 TEST(TorchScript, TrainAndEvalOfAPlainlyLoadedFileReachTheQforgeLayers) {
   torch::manual_seed(5);
-  ScriptedModel m = qforge::jit::load_torchscript(fixture("mlp_traced"));
-  qforge::quantize(*m, w8a8());
-  {
-    qforge::Calibration calib(*m);
-    m->forward(input_for("mlp", 8));
-  }
-  m->eval();
   TempDir tmp;
   const std::string path = (tmp.path / "calibrated.pt").string();
-  m->save(path);
+  ScriptedModel m = save_calibrated_mlp(path);
   // Inputs far outside the calibrated range: a layer left in training mode would observe them.
   const at::Tensor x = 10 * input_for("mlp", 3);
   torch::NoGradGuard no_grad;
