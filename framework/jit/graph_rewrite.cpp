@@ -179,11 +179,12 @@ std::string free_attribute(const torch::jit::Module& module, size_t* next) {
   return name;
 }
 
-// Replaces c.node by `op(x, self.<attr>)`.
+// Replaces c.node by `op(x, self.<attr>, self.training)`: the module's train()/eval() reaches the layer.
 void replace(Graph& g, Value* self, Node* n, const std::string& attr, LayerKind kind) {
   torch::jit::WithInsertPoint guard(n);
   Value* holder = g.insertGetAttr(self, attr);
-  Node* call = g.create(c10::Symbol::fromQualString(op_name(kind)), {n->input(0), holder}, 1);
+  Value* training = g.insertGetAttr(self, "training");
+  Node* call = g.create(c10::Symbol::fromQualString(op_name(kind)), {n->input(0), holder, training}, 1);
   g.insertNode(call);
   call->output()->setType(c10::TensorType::get());
   n->output()->replaceAllUsesWith(call->output());

@@ -14,6 +14,7 @@
 #include <iterator>
 
 #include "framework/core/error.h"
+#include "framework/io/checkpoint.h"
 #include "framework/io/model_io.h"
 #include "framework/nn/conv.h"
 #include "framework/nn/linear.h"
@@ -46,28 +47,71 @@ size_t spatial_dims(LayerKind k) { return k == LayerKind::kConv2d ? 2 : k == Lay
 }  // namespace
 
 std::vector<int64_t> LayerSpec::to_ints() const {
-  std::vector<int64_t> v{static_cast<int64_t>(kind), in, out, groups, bias ? 1 : 0};
+  std::vector<int64_t> v{kLayerStateVersion, static_cast<int64_t>(kind), in, out, groups, bias ? 1 : 0};
   for (const auto* a : {&kernel, &stride, &padding, &dilation}) v.insert(v.end(), a->begin(), a->end());
   return v;
 }
 
+namespace {
+
+constexpr size_t kHeaderInts = 6;  // version, kind, in, out, groups, bias
+
+// Refuses options no torch.nn layer accepts (a crafted file must not reach a division by zero or a
+// huge allocation in the layer's constructor).
+void check_spec(const LayerSpec& s) {
+  const char* k = to_string(s.kind);
+  QF_REQUIRE(s.in >= 1 && s.out >= 1 && s.in <= kMaxLayerWidth && s.out <= kMaxLayerWidth, "framework/jit: pickled ",
+             k, " has in ", s.in, ", out ", s.out, " (each must lie in [1, ", kMaxLayerWidth, "])");
+  QF_REQUIRE(s.groups >= 1 && (s.kind != LayerKind::kLinear || s.groups == 1), "framework/jit: pickled ", k,
+             " has groups ", s.groups);
+  QF_REQUIRE(s.in % s.groups == 0 && s.out % s.groups == 0, "framework/jit: pickled ", k, " has in ", s.in, ", out ",
+             s.out, " not divisible by groups ", s.groups);
+  for (size_t i = 0; i < s.kernel.size(); ++i) {
+    QF_REQUIRE(s.kernel[i] >= 1 && s.kernel[i] <= kMaxLayerKernel && s.stride[i] >= 1 && s.dilation[i] >= 1 &&
+                   s.padding[i] >= 0 && s.stride[i] <= kMaxLayerKernel && s.dilation[i] <= kMaxLayerKernel &&
+                   s.padding[i] <= kMaxLayerKernel,
+               "framework/jit: pickled ", k, " has kernel ", at::IntArrayRef(s.kernel), ", stride ",
+               at::IntArrayRef(s.stride), ", padding ", at::IntArrayRef(s.padding), ", dilation ",
+               at::IntArrayRef(s.dilation), " (kernel, stride, dilation in [1, ", kMaxLayerKernel,
+               "], padding in [0, ", kMaxLayerKernel, "])");
+  }
+  int64_t n = 1;
+  for (const int64_t d : s.weight_shape()) {
+    QF_REQUIRE(n <= kMaxLayerWeight / d, "framework/jit: pickled ", k, " declares a weight of shape ",
+               at::IntArrayRef(s.weight_shape()), ", over ", kMaxLayerWeight, " elements");
+    n *= d;
+  }
+}
+
+}  // namespace
+
+std::vector<int64_t> LayerSpec::weight_shape() const {
+  std::vector<int64_t> shape{out, kind == LayerKind::kLinear ? in : in / groups};
+  shape.insert(shape.end(), kernel.begin(), kernel.end());
+  return shape;
+}
+
 LayerSpec LayerSpec::from_ints(const std::vector<int64_t>& v) {
-  QF_REQUIRE(!v.empty() && v[0] >= 0 && v[0] <= static_cast<int64_t>(LayerKind::kConv2d),
+  QF_REQUIRE(!v.empty() && v[0] >= 1, "framework/jit: pickled qforge layer has no format version");
+  QF_REQUIRE(v[0] <= kLayerStateVersion, "framework/jit: pickled qforge layer written by a newer qforge (format ",
+             v[0], "; this one reads up to ", kLayerStateVersion, ")");
+  QF_REQUIRE(v.size() >= 2 && v[1] >= 0 && v[1] <= static_cast<int64_t>(LayerKind::kConv2d),
              "framework/jit: pickled qforge layer has an unknown kind");
   LayerSpec s;
-  s.kind = static_cast<LayerKind>(v[0]);
+  s.kind = static_cast<LayerKind>(v[1]);
   const size_t d = spatial_dims(s.kind);
-  QF_REQUIRE(v.size() == 5 + 4 * d, "framework/jit: pickled ", to_string(s.kind), " options have ", v.size(),
-             " values, expected ", 5 + 4 * d);
-  s.in = v[1];
-  s.out = v[2];
-  s.groups = v[3];
-  s.bias = v[4] != 0;
-  size_t at = 5;
+  QF_REQUIRE(v.size() == kHeaderInts + 4 * d, "framework/jit: pickled ", to_string(s.kind), " options have ",
+             v.size(), " values, expected ", kHeaderInts + 4 * d);
+  s.in = v[2];
+  s.out = v[3];
+  s.groups = v[4];
+  s.bias = v[5] != 0;
+  size_t at = kHeaderInts;
   for (auto* a : {&s.kernel, &s.stride, &s.padding, &s.dilation}) {
     a->assign(v.begin() + static_cast<std::ptrdiff_t>(at), v.begin() + static_cast<std::ptrdiff_t>(at + d));
     at += d;
   }
+  check_spec(s);
   return s;
 }
 
@@ -204,13 +248,28 @@ ScriptedLayer::State ScriptedLayer::state() const {
   return {{path_, home_.owner, home_.weight, home_.bias}, spec_.to_ints(), data};
 }
 
+namespace {
+
+// The checkpoint must declare the weight the spec describes before the layer is built (a crafted
+// spec cannot make the constructor allocate what the file does not hold).
+void check_checkpoint_weight(const LayerSpec& spec, const std::string& path, const std::string& file) {
+  const io::CheckpointReader reader(file);
+  const std::string key = path + ".weight";
+  QF_REQUIRE(reader.contains(key), "framework/jit: pickled ", to_string(spec.kind), " '", path,
+             "' has no weight in its checkpoint");
+  QF_REQUIRE(reader.info(key).shape == spec.weight_shape(), "framework/jit: pickled ", to_string(spec.kind), " '",
+             path, "' declares a weight of shape ", at::IntArrayRef(spec.weight_shape()),
+             " but its checkpoint holds ", at::IntArrayRef(reader.info(key).shape));
+}
+
+}  // namespace
+
 c10::intrusive_ptr<ScriptedLayer> ScriptedLayer::from_state(State state) {
   auto& [names, ints, data] = state;
   QF_REQUIRE(names.size() == 4, "framework/jit: pickled qforge layer has ", names.size(), " names, expected 4");
   QF_REQUIRE(data.defined() && data.scalar_type() == at::kByte && data.dim() == 1,
              "framework/jit: pickled qforge layer '", names[0], "' holds no checkpoint bytes");
-  auto layer = c10::make_intrusive<ScriptedLayer>(names[0], LayerSpec::from_ints(ints),
-                                                  TensorHome{names[1], names[2], names[3]}, at::Tensor(), at::Tensor());
+  const LayerSpec spec = LayerSpec::from_ints(ints);
   TempFile file;
   {
     const at::Tensor bytes = data.contiguous();
@@ -218,6 +277,9 @@ c10::intrusive_ptr<ScriptedLayer> ScriptedLayer::from_state(State state) {
     out.write(static_cast<const char*>(bytes.data_ptr()), bytes.numel());
     QF_REQUIRE(out.good(), "framework/jit: cannot write ", file.path());
   }
+  check_checkpoint_weight(spec, names[0], file.path());
+  auto layer = c10::make_intrusive<ScriptedLayer>(names[0], spec, TensorHome{names[1], names[2], names[3]},
+                                                  at::Tensor(), at::Tensor());
   torch::nn::Module holder;
   mount(holder, layer->path(), layer->module());
   io::load_model(holder, file.path());
@@ -226,9 +288,11 @@ c10::intrusive_ptr<ScriptedLayer> ScriptedLayer::from_state(State state) {
 
 namespace {
 
-at::Tensor call(const at::Tensor& x, const c10::intrusive_ptr<ScriptedLayer>& l, LayerKind kind) {
+at::Tensor call(const at::Tensor& x, const c10::intrusive_ptr<ScriptedLayer>& l, bool training, LayerKind kind) {
   QF_REQUIRE(l->spec().kind == kind, "framework/jit: ", op_name(kind), " called with the ", to_string(l->spec().kind),
              " layer '", l->path(), "'");
+  // The calling module's mode (its `training` attribute) rules: a loaded file's .eval() reaches the layer.
+  if (l->module()->is_training() != training) l->module()->train(training);
   return l->forward(x);
 }
 
@@ -242,12 +306,18 @@ TORCH_LIBRARY(qforge, m) {
       .def("path", [](const c10::intrusive_ptr<ScriptedLayer>& self) { return self->path(); })
       .def_pickle([](const c10::intrusive_ptr<ScriptedLayer>& self) { return self->state(); },
                   [](ScriptedLayer::State s) { return ScriptedLayer::from_state(std::move(s)); });
-  m.def("linear(Tensor x, __torch__.torch.classes.qforge.Layer layer) -> Tensor",
-        [](const at::Tensor& x, c10::intrusive_ptr<ScriptedLayer> l) { return call(x, l, LayerKind::kLinear); });
-  m.def("conv1d(Tensor x, __torch__.torch.classes.qforge.Layer layer) -> Tensor",
-        [](const at::Tensor& x, c10::intrusive_ptr<ScriptedLayer> l) { return call(x, l, LayerKind::kConv1d); });
-  m.def("conv2d(Tensor x, __torch__.torch.classes.qforge.Layer layer) -> Tensor",
-        [](const at::Tensor& x, c10::intrusive_ptr<ScriptedLayer> l) { return call(x, l, LayerKind::kConv2d); });
+  m.def("linear(Tensor x, __torch__.torch.classes.qforge.Layer layer, bool training) -> Tensor",
+        [](const at::Tensor& x, c10::intrusive_ptr<ScriptedLayer> l, bool training) {
+          return call(x, l, training, LayerKind::kLinear);
+        });
+  m.def("conv1d(Tensor x, __torch__.torch.classes.qforge.Layer layer, bool training) -> Tensor",
+        [](const at::Tensor& x, c10::intrusive_ptr<ScriptedLayer> l, bool training) {
+          return call(x, l, training, LayerKind::kConv1d);
+        });
+  m.def("conv2d(Tensor x, __torch__.torch.classes.qforge.Layer layer, bool training) -> Tensor",
+        [](const at::Tensor& x, c10::intrusive_ptr<ScriptedLayer> l, bool training) {
+          return call(x, l, training, LayerKind::kConv2d);
+        });
 }
 
 c10::ClassTypePtr scripted_layer_type() { return c10::getCustomClassType<c10::intrusive_ptr<ScriptedLayer>>(); }

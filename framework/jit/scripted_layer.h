@@ -19,10 +19,18 @@
 
 namespace qforge::jit {
 
-enum class LayerKind : uint8_t { kLinear, kConv1d, kConv2d };
+// Persisted in saved TorchScript files: never renumber.
+enum class LayerKind : uint8_t { kLinear = 0, kConv1d = 1, kConv2d = 2 };
 const char* to_string(LayerKind k);  // "Linear", "Conv1d", "Conv2d"
 
 // The options of the torch.nn layer a graph call stands for (convolutions: per spatial dimension).
+// Format of the pickled layer state (LayerSpec::to_ints' first value); newer formats are refused.
+inline constexpr int64_t kLayerStateVersion = 1;
+// Largest in/out features or channels, kernel size and weight element count a pickled layer may declare.
+inline constexpr int64_t kMaxLayerWidth = int64_t{1} << 24;
+inline constexpr int64_t kMaxLayerKernel = int64_t{1} << 12;
+inline constexpr int64_t kMaxLayerWeight = int64_t{1} << 31;
+
 struct LayerSpec {
   LayerKind kind = LayerKind::kLinear;
   int64_t in = 0, out = 0;  // in_features / out_features, or in_channels / out_channels
@@ -30,9 +38,12 @@ struct LayerSpec {
   int64_t groups = 1;
   bool bias = false;
 
-  // Flat form for the pickled state, and back (throws qforge::Error on a malformed list).
+  // Flat form for the pickled state, kLayerStateVersion first, and back: from_ints throws
+  // qforge::Error on a malformed list, a newer format, or options no torch.nn layer accepts.
   std::vector<int64_t> to_ints() const;
   static LayerSpec from_ints(const std::vector<int64_t>& v);
+  // Shape of the torch.nn layer's weight: [out, in] or [out, in / groups, kernel...].
+  std::vector<int64_t> weight_shape() const;
 };
 
 // Where the layer's float tensors live in the TorchScript module: the module path owning them and

@@ -221,9 +221,44 @@ TEST(TorchScript, DamagedPickledLayersAreRefused) {
     qforge::jit::ScriptedLayer::from_state({{"fc", "", "weight", ""}, spec.to_ints(), at::zeros({64}, at::kByte)});
   });
   EXPECT_NE(damaged.find("qforge-jit-"), std::string::npos) << damaged;  // the checkpoint's error, naming its file
-  EXPECT_NE(qforge::testing::error_of([] { qforge::jit::LayerSpec::from_ints({2, 4, 8, 1, 1}); })
-                .find("Conv2d options have 5 values, expected 13"),
+  EXPECT_NE(qforge::testing::error_of([] { qforge::jit::LayerSpec::from_ints({1, 2, 4, 8, 1, 1}); })
+                .find("Conv2d options have 6 values, expected 14"),
             std::string::npos);
+}
+
+TEST(TorchScript, CraftedLayerStatesAreRefusedBeforeTheLayerIsBuilt) {
+  using qforge::jit::LayerSpec;
+  using qforge::testing::error_of;
+  const auto refused = [](std::vector<int64_t> ints, const std::string& why) {
+    const std::string e = error_of([&] { LayerSpec::from_ints(ints); });
+    EXPECT_NE(e.find(why), std::string::npos) << e;
+  };
+  refused({1, 2, 4, 8, 0, 1, 3, 3, 1, 1, 0, 0, 1, 1}, "Conv2d has groups 0");
+  refused({1, 2, 4, 8, 3, 1, 3, 3, 1, 1, 0, 0, 1, 1}, "not divisible by groups 3");
+  refused({1, 1, 4, 8, 1, 1, 0, 1, 0, 1}, "Conv1d has kernel [0]");
+  refused({1, 1, 4, 8, 1, 1, 3, 1, -1, 1}, "padding [-1]");
+  refused({1, 0, int64_t{1} << 40, 8, 1, 1}, "must lie in [1, ");
+  refused({1, 0, int64_t{1} << 24, int64_t{1} << 24, 1, 1}, "elements");
+  refused({1, 0, 4, 2, 2, 1}, "Linear has groups 2");
+  refused({2, 0, 4, 2, 1, 1}, "written by a newer qforge (format 2");
+  refused({0, 0, 4, 2, 1, 1}, "no format version");
+  refused({1, 7, 4, 2, 1, 1}, "unknown kind");
+
+  // A spec that disagrees with its checkpoint's weight (here 2^30 floats) is refused before the
+  // layer is built; the checkpoint's own spec loads.
+  LayerSpec spec;
+  spec.in = 4;
+  spec.out = 2;
+  const auto layer = c10::make_intrusive<qforge::jit::ScriptedLayer>(
+      "fc", spec, qforge::jit::TensorHome{"", "weight", ""}, at::Tensor(), at::Tensor());
+  auto [names, ints, data] = layer->state();
+  EXPECT_EQ(ints.front(), qforge::jit::kLayerStateVersion);
+  EXPECT_NO_THROW(qforge::jit::ScriptedLayer::from_state({names, ints, data}));
+  ints[2] = int64_t{1} << 15;
+  ints[3] = int64_t{1} << 15;
+  const std::string e = error_of([&] { qforge::jit::ScriptedLayer::from_state({names, ints, data}); });
+  EXPECT_NE(e.find("declares a weight of shape [32768, 32768] but its checkpoint holds [2, 4]"), std::string::npos)
+      << e;
 }
 
 TEST(TorchScript, QforgeCheckpointOfAFrozenScriptedModelLoadsIntoAFreshlyLoadedOne) {
@@ -245,8 +280,10 @@ TEST(TorchScript, QforgeCheckpointOfAFrozenScriptedModelLoadsIntoAFreshlyLoadedO
   EXPECT_TRUE(torch::equal(fresh->forward(x), m->forward(x)));
 }
 
-TEST(TorchScript, CalibratedModelSavedBeforeFreezeLoadsBackTrainable) {
-  torch::manual_seed(4);
+namespace {
+
+// The MLP quantized w8a8, calibrated on one batch (not frozen), in eval mode, saved at `path`.
+ScriptedModel save_calibrated_mlp(const std::string& path) {
   ScriptedModel m = qforge::jit::load_torchscript(fixture("mlp_traced"));
   qforge::quantize(*m, w8a8());
   {
@@ -254,9 +291,17 @@ TEST(TorchScript, CalibratedModelSavedBeforeFreezeLoadsBackTrainable) {
     m->forward(input_for("mlp", 8));
   }
   m->eval();
+  m->save(path);
+  return m;
+}
+
+}  // namespace
+
+TEST(TorchScript, CalibratedModelSavedBeforeFreezeLoadsBackTrainable) {
+  torch::manual_seed(4);
   TempDir tmp;
   const std::string path = (tmp.path / "calibrated.pt").string();
-  m->save(path);
+  ScriptedModel m = save_calibrated_mlp(path);
   ScriptedModel loaded = qforge::jit::load_torchscript(path);
   loaded->eval();
   const at::Tensor x = input_for("mlp", 3);
@@ -267,4 +312,24 @@ TEST(TorchScript, CalibratedModelSavedBeforeFreezeLoadsBackTrainable) {
     // Bound to the loaded TorchScript module's parameters again: training those trains the layer.
     EXPECT_EQ(l->weight().unsafeGetTensorImpl(), script_attr(loaded, l->home()).unsafeGetTensorImpl()) << l->path();
   }
+}
+
+TEST(TorchScript, TrainAndEvalOfAPlainlyLoadedFileReachTheQforgeLayers) {
+  torch::manual_seed(5);
+  TempDir tmp;
+  const std::string path = (tmp.path / "calibrated.pt").string();
+  ScriptedModel m = save_calibrated_mlp(path);
+  // Inputs far outside the calibrated range: a layer left in training mode would observe them.
+  const at::Tensor x = 10 * input_for("mlp", 3);
+  torch::NoGradGuard no_grad;
+  const at::Tensor expected = m->forward(x);
+  torch::jit::Module plain = torch::jit::load(path);
+  plain.eval();
+  EXPECT_TRUE(torch::equal(plain.forward({x}).toTensor(), expected));
+  const auto layers = qforge::jit::rewritten_layers(plain);
+  ASSERT_FALSE(layers.empty());
+  for (const auto& l : layers) EXPECT_FALSE(l->module()->is_training()) << l->path();
+  plain.train();
+  plain.forward({x});
+  for (const auto& l : layers) EXPECT_TRUE(l->module()->is_training()) << l->path();
 }
