@@ -1,11 +1,11 @@
 #include "framework/format/gguf.h"
 
 #include <cstring>
-#include <fstream>
 #include <set>
 
 #include "framework/core/error.h"
 #include "framework/format/atomic_file.h"
+#include "framework/format/input_file.h"
 
 namespace qforge::io {
 namespace {
@@ -358,15 +358,7 @@ GgufFile parse_gguf(const std::vector<uint8_t>& bytes, const std::string& source
 }
 
 GgufFile read_gguf(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  QF_REQUIRE(f, "gguf: cannot open ", path);
-  f.seekg(0, std::ios::end);
-  const auto size = static_cast<size_t>(f.tellg());
-  f.seekg(0);
-  std::vector<uint8_t> bytes(size);
-  f.read(reinterpret_cast<char*>(bytes.data()), static_cast<std::streamsize>(size));
-  QF_REQUIRE(f.good() || size == 0, "gguf: error reading ", path);
-  return parse_gguf(bytes, path);
+  return parse_gguf(read_regular_file(path, "gguf: file"), path);
 }
 
 }  // namespace qforge::io

@@ -5,6 +5,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <fstream>
 
 #include "framework/core/error.h"
 
@@ -31,6 +32,19 @@ void require_regular_file(const std::string& path, const std::string& what) {
   }
   QF_REQUIRE(S_ISREG(st.st_mode), what, " ", path, " is ", kind_of(st.st_mode),
              ", not a regular file: qforge reads inputs only from regular files");
+}
+
+std::vector<uint8_t> read_regular_file(const std::string& path, const std::string& what) {
+  require_regular_file(path, what);
+  std::ifstream f(path, std::ios::binary);
+  QF_REQUIRE(f, what, " ", path, ": cannot open");
+  f.seekg(0, std::ios::end);
+  const auto size = static_cast<size_t>(f.tellg());
+  f.seekg(0);
+  std::vector<uint8_t> bytes(size);
+  f.read(reinterpret_cast<char*>(bytes.data()), static_cast<std::streamsize>(size));
+  QF_REQUIRE(f.good() || size == 0, what, " ", path, ": error reading");
+  return bytes;
 }
 
 }  // namespace qforge::io

@@ -7,7 +7,6 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "framework/core/error.h"
@@ -189,16 +188,7 @@ SafetensorsFile parse_safetensors(const std::vector<uint8_t>& bytes, const std::
 }
 
 SafetensorsFile read_safetensors(const std::string& path, const SafetensorsReadOptions& options) {
-  require_regular_file(path, "safetensors: file");
-  std::ifstream f(path, std::ios::binary);
-  QF_REQUIRE(f, "safetensors: cannot open ", path);
-  f.seekg(0, std::ios::end);
-  const auto size = static_cast<size_t>(f.tellg());
-  f.seekg(0);
-  std::vector<uint8_t> bytes(size);
-  f.read(reinterpret_cast<char*>(bytes.data()), static_cast<std::streamsize>(size));
-  QF_REQUIRE(f.good() || size == 0, "safetensors: error reading ", path);
-  return parse_safetensors(bytes, path, options);
+  return parse_safetensors(read_regular_file(path, "safetensors: file"), path, options);
 }
 
 std::vector<uint8_t> serialize_safetensors(const std::map<std::string, at::Tensor>& tensors,

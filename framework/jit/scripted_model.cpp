@@ -12,7 +12,7 @@
 
 namespace qforge::jit {
 
-ScriptedModelImpl::ScriptedModelImpl(torch::jit::Module script) : script_(std::move(script)) {
+ScriptedModelImpl::ScriptedModelImpl(torch::jit::Module script, FreshlyLoaded) : script_(std::move(script)) {
   // A file save() wrote: its layers are attributes already; rebind the float ones to the module's
   // own parameters again, so training the TorchScript module trains them.
   layers_ = rewritten_layers(script_);
@@ -92,7 +92,7 @@ ScriptedModel load_torchscript(const std::string& path) {
     throw Error("framework/jit: " + path + " is not a TorchScript file LibTorch can load: " +
                 e.what_without_backtrace());
   }
-  return ScriptedModel(std::move(script));
+  return ScriptedModel(std::move(script), ScriptedModelImpl::FreshlyLoaded());
 }
 
 }  // namespace qforge::jit

@@ -17,11 +17,22 @@
 
 namespace qforge::jit {
 
+class ScriptedModel;
+ScriptedModel load_torchscript(const std::string& path);
+
 class ScriptedModelImpl : public torch::nn::Module {
  public:
+  // Only load_torchscript() makes one: the module must be freshly loaded, because LibTorch keeps
+  // running the graph a forward already compiled, not the rewritten one (the output would stay
+  // float while the layers report quantized).
+  class FreshlyLoaded {
+    FreshlyLoaded() = default;
+    friend ScriptedModel load_torchscript(const std::string& path);
+  };
+
   // Takes `script` (as torch::jit::load returns it) and rewrites its forward in place. A file
   // saved by save() is taken as it is: its qforge layers come back quantized / frozen as saved.
-  explicit ScriptedModelImpl(torch::jit::Module script);
+  ScriptedModelImpl(torch::jit::Module script, FreshlyLoaded);
 
   // The TorchScript module's forward (one tensor in, one tensor out; or any inputs).
   at::Tensor forward(const at::Tensor& x);

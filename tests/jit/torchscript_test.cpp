@@ -13,6 +13,7 @@
 #include <fstream>
 #include <set>
 #include <sstream>
+#include <type_traits>
 
 #include "framework/api/quantize.h"
 #include "framework/io/model_io.h"
@@ -104,6 +105,11 @@ TEST(TorchScript, RewrittenFloatForwardEqualsTheOriginalBitForBit) {
     EXPECT_TRUE(torch::equal(original.forward({x}).toTensor(), rewritten->forward(x)));
   }
 }
+
+// A module whose forward already ran would keep running its compiled float graph after the
+// rewrite, so only load_torchscript (a fresh load) can make a ScriptedModel.
+static_assert(!std::is_constructible_v<qforge::jit::ScriptedModelImpl, torch::jit::Module>);
+static_assert(!std::is_constructible_v<qforge::jit::ScriptedModelImpl::FreshlyLoaded>);
 
 TEST(TorchScript, SchemeRulesByModulePathApply) {
   ScriptedModel cnn = qforge::jit::load_torchscript(fixture("cnn_scripted"));
