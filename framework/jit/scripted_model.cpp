@@ -4,6 +4,7 @@
 #include <torch/script.h>
 
 #include <filesystem>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -41,6 +42,34 @@ c10::IValue ScriptedModelImpl::forward(std::vector<c10::IValue> inputs) { return
 void ScriptedModelImpl::train(bool on) {
   torch::nn::Module::train(on);
   script_.train(on);
+}
+
+namespace {
+
+void require_cpu_float(const std::optional<torch::Device>& device, const std::optional<torch::Dtype>& dtype) {
+  QF_REQUIRE((!device || device->is_cpu()) && (!dtype || *dtype == torch::kFloat),
+             "framework/jit: a ScriptedModel stays on the CPU in float32 for now (asked: ",
+             device ? device->str() : std::string("same device"), ", ",
+             dtype ? std::string(c10::toString(*dtype)) : std::string("same dtype"),
+             "): moving it would move the qforge layers but not the TorchScript module's other parameters "
+             "and buffers (docs/torchscript.md)");
+}
+
+}  // namespace
+
+void ScriptedModelImpl::to(torch::Device device, torch::Dtype dtype, bool non_blocking) {
+  require_cpu_float(device, dtype);
+  torch::nn::Module::to(device, dtype, non_blocking);
+}
+
+void ScriptedModelImpl::to(torch::Dtype dtype, bool non_blocking) {
+  require_cpu_float(std::nullopt, dtype);
+  torch::nn::Module::to(dtype, non_blocking);
+}
+
+void ScriptedModelImpl::to(torch::Device device, bool non_blocking) {
+  require_cpu_float(device, std::nullopt);
+  torch::nn::Module::to(device, non_blocking);
 }
 
 std::vector<at::Tensor> ScriptedModelImpl::trainable_parameters() {

@@ -41,6 +41,12 @@ class ScriptedModelImpl : public torch::nn::Module {
   // Training mode of both the qforge layers and the TorchScript module (dropout, BatchNorm).
   void train(bool on = true) override;
 
+  // Only the CPU and float32 for now: a move would reach the qforge layers but not the script's
+  // other parameters and buffers (BatchNorm, constants), leaving a mixed model. Others throw.
+  void to(torch::Device device, torch::Dtype dtype, bool non_blocking = false) override;
+  void to(torch::Dtype dtype, bool non_blocking = false) override;
+  void to(torch::Device device, bool non_blocking = false) override;
+
   // The TorchScript module's parameters (the qforge layers' float weights and biases are these
   // same tensors) followed by qforge's own trainable ones (LSQ scales): what a QAT optimizer takes.
   std::vector<at::Tensor> trainable_parameters();

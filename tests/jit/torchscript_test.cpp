@@ -111,6 +111,17 @@ TEST(TorchScript, RewrittenFloatForwardEqualsTheOriginalBitForBit) {
 static_assert(!std::is_constructible_v<qforge::jit::ScriptedModelImpl, torch::jit::Module>);
 static_assert(!std::is_constructible_v<qforge::jit::ScriptedModelImpl::FreshlyLoaded>);
 
+TEST(TorchScript, MovingAScriptedModelOffTheCpuOrFloat32IsRefused) {
+  ScriptedModel m = qforge::jit::load_torchscript(fixture("cnn_scripted"));
+  EXPECT_NE(qforge::testing::error_of([&] { m->to(torch::kDouble); }).find("stays on the CPU in float32"),
+            std::string::npos);
+  EXPECT_NE(qforge::testing::error_of([&] { m->to(torch::Device("cuda:0")); }).find("stays on the CPU"),
+            std::string::npos);
+  m->to(torch::kCPU);  // where it is: allowed
+  m->to(torch::kFloat);
+  for (const at::Tensor& p : m->parameters()) EXPECT_EQ(p.scalar_type(), at::kFloat);
+}
+
 TEST(TorchScript, SchemeRulesByModulePathApply) {
   ScriptedModel cnn = qforge::jit::load_torchscript(fixture("cnn_scripted"));
   qforge::Scheme s = w8a8();
