@@ -40,8 +40,11 @@ class LayerErrorsStage : public Stage {
     for_each_quantizable(model, [&](const std::string&, QuantizableLayer& l) { any = any || (l.quantized() && !l.frozen()); });
     if (!any) return;
     const int64_t batches = std::min<int64_t>(ctx.calibration_batches(), kLayerErrorBatches);
-    const std::vector<ptq::LayerError> errors =
-        ptq::worst_first(ptq::layer_errors(model, batches, [&ctx](int64_t b) { return ctx.calibration_batch(b); }));
+    ptq::NumericSuiteOptions suite;
+    suite.float_weights = std::move(ctx.solved_from);
+    ctx.solved_from.clear();
+    const std::vector<ptq::LayerError> errors = ptq::worst_first(
+        ptq::layer_errors(model, batches, [&ctx](int64_t b) { return ctx.calibration_batch(b); }, suite));
     ctx.report["layer_errors"] = report::layer_errors_json(errors, batches);
     ctx.error_record = layer_error_table(errors, batches);
     ctx.report["activations"] = report::activation_ranges_json(io::calibration_dump(model));

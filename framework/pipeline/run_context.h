@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -16,6 +17,7 @@
 #include "framework/pipeline/pipeline.h"
 #include "framework/pipeline/run_directory.h"
 #include "framework/pipeline/stage.h"
+#include "framework/ptq/ptq.h"
 #include "framework/recipe/task.h"
 #include "framework/train/trainer.h"
 
@@ -52,6 +54,8 @@ class RunContext {
   std::string recipe_text;   // what the checkpoint records (the searched recipe once it ran)
   std::optional<io::SearchSensitivities> search_record;  // kept in the calibration dump
   std::optional<io::LayerErrorTable> error_record;       // likewise
+  // The float weights the solve stage replaced, the numeric suite's reference (freed after it).
+  std::map<std::string, ptq::FloatWeights> solved_from;
 
   // --stages names `stage` (or is empty).
   bool wanted(const Stage& stage) const { return stage.named(options.stages); }

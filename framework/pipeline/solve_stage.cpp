@@ -24,13 +24,14 @@ class SolveStage : public Stage {
   void run(RunContext& ctx) const override {
     const Recipe& r = ctx.recipe;
     const int64_t batches = ctx.solve_batches();
-    const ptq::SolveReport sr =
+    ptq::SolveReport sr =
         ptq::solve(*ctx.task.model, batches, [&ctx](int64_t b) { return ctx.calibration_batch(b); }, solve_options(r));
     nlohmann::json& j = ctx.report["ptq"]["solve"];
     j = report::solve_json(sr);
     j["method"] = r.ptq.method;
     j["bias_correction"] = r.ptq.bias_correction;
     j["batches"] = batches;
+    ctx.solved_from = std::move(sr.replaced);
     int64_t solved = 0;
     for (const ptq::LayerSolve& l : sr.layers) solved += l.rows > 0;
     std::fprintf(stderr, "qtrain: solve: %lld layers (%s%s) in %lld passes, %.1fs\n", static_cast<long long>(solved),

@@ -97,7 +97,7 @@ LayerSample new_sample(QuantizableLayer& layer) {
 }
 
 // An entry per quantized layer with its weight SQNR; a capture for each layer whose outputs can be measured.
-SuitePlan plan_suite(const torch::nn::Module& model) {
+SuitePlan plan_suite(const torch::nn::Module& model, const std::map<std::string, FloatWeights>& start) {
   SuitePlan plan;
   for (const auto& [path, layer] : quantizable_layers(model)) {
     if (!layer->quantized()) continue;
@@ -109,7 +109,8 @@ SuitePlan plan_suite(const torch::nn::Module& model) {
       const at::Tensor w = own_weight_parameter(*layer);
       if (w.defined()) {
         at::NoGradGuard ng;
-        e.weight_sqnr_db = sqnr_db(w, layer->weight_quantizer()->forward(w));
+        const auto it = start.find(path);
+        e.weight_sqnr_db = sqnr_db(it != start.end() ? it->second.weight : w, layer->weight_quantizer()->forward(w));
       }
     }
     const std::string why = solvable(path, *layer);
@@ -126,9 +127,40 @@ SuitePlan plan_suite(const torch::nn::Module& model) {
   return plan;
 }
 
+// While alive, the layers a solver replaced hold the float weight and bias it started from, so the
+// float pass computes the model the solver was given; the solved values come back on every exit.
+class StartingWeights {
+ public:
+  StartingWeights(const SuitePlan& plan, const std::map<std::string, FloatWeights>& start) {
+    at::NoGradGuard ng;
+    for (QuantizableLayer* l : plan.tapped) {
+      const auto it = start.find(l->path());
+      if (it == start.end()) continue;
+      const LayerAccess& acc = plan.captures[plan.index.at(l)].access;
+      swap_in(acc.weight, it->second.weight);
+      if (it->second.bias.defined() && acc.bias.defined()) swap_in(acc.bias, it->second.bias);
+    }
+  }
+  ~StartingWeights() {
+    at::NoGradGuard ng;
+    for (auto& [param, solved] : saved_) param.detach().copy_(solved);
+  }
+  StartingWeights(const StartingWeights&) = delete;
+  StartingWeights& operator=(const StartingWeights&) = delete;
+
+ private:
+  void swap_in(const at::Tensor& param, const at::Tensor& value) {
+    QF_REQUIRE(param.sizes() == value.sizes(), "numeric suite: the float weight given for a solved layer has shape ",
+               value.sizes(), ", the layer holds ", param.sizes());
+    saved_.emplace_back(param, param.detach().clone());
+    param.detach().copy_(value);
+  }
+  std::vector<std::pair<at::Tensor, at::Tensor>> saved_;
+};
+
 // The float pass then the quantized pass, each keeping per_batch rows of every tapped layer's input.
 void capture_passes(torch::nn::Module& model, int64_t batches, const RunBatch& run, int64_t per_batch,
-                    SuitePlan& plan) {
+                    SuitePlan& plan, const std::map<std::string, FloatWeights>& start) {
   bool quantized_pass = false;
   const QuantizableLayer::InputTap tap = [&](QuantizableLayer& l, const at::Tensor& x) {
     LayerSample& c = plan.captures[plan.index.at(&l)];
@@ -148,6 +180,7 @@ void capture_passes(torch::nn::Module& model, int64_t batches, const RunBatch& r
   ScopedInputTaps taps(plan.tapped, tap);
   {
     FloatView fv(model);
+    StartingWeights float_model(plan, start);
     for (int64_t b = 0; b < batches; ++b) run(b);
   }
   quantized_pass = true;
@@ -156,20 +189,22 @@ void capture_passes(torch::nn::Module& model, int64_t batches, const RunBatch& r
 }
 
 // The layer's own and accumulated output errors from the captured float and quantized inputs.
-void measure_outputs(QuantizableLayer& layer, LayerSample& c, LayerError& e) {
+void measure_outputs(QuantizableLayer& layer, LayerSample& c, const FloatWeights* start, LayerError& e) {
   if (c.float_rows.empty() || c.quant_rows.size() != c.float_rows.size()) {
     e.note = "the batches never reached this layer: output errors not measured";
     return;
   }
   const at::Tensor xf = at::cat(c.float_rows), xq = at::cat(c.quant_rows);
-  const at::Tensor w = c.access.w2d().detach();
+  const at::Tensor w = start ? start->weight.reshape({start->weight.size(0), -1}) : c.access.w2d().detach();
   const at::Tensor wq = layer.weight_quantizer()->forward(c.access.weight).detach().reshape({w.size(0), -1});
+  const at::Tensor b = c.access.bias.defined() ? c.access.bias.detach() : at::Tensor();
+  const at::Tensor b_float = start && start->bias.defined() ? start->bias : b;
   Quantizer in = layer.input_quantizer();
   auto qin = [&](const at::Tensor& x) { return in ? in->forward(x) : x; };
-  auto affine = [&](const at::Tensor& x, const at::Tensor& weight) {
-    return c.access.bias.defined() ? at::addmm(c.access.bias.detach(), x, weight.t()) : at::mm(x, weight.t());
+  auto affine = [&](const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
+    return bias.defined() ? at::addmm(bias, x, weight.t()) : at::mm(x, weight.t());
   };
-  const at::Tensor y_f = affine(xf, w), y_own = affine(qin(xf), wq), y_acc = affine(qin(xq), wq);
+  const at::Tensor y_f = affine(xf, w, b_float), y_own = affine(qin(xf), wq, b), y_acc = affine(qin(xq), wq, b);
   e.rows = xf.size(0);
   e.own_sqnr_db = sqnr_db(y_f, y_own);
   e.own_relative_mse = relative_mse(y_own, y_f);
@@ -193,20 +228,22 @@ std::vector<LayerError> layer_errors(torch::nn::Module& model, int64_t batches, 
                                      const NumericSuiteOptions& options) {
   QF_REQUIRE(batches >= 1, "numeric suite: batches must be >= 1, got ", batches);
   QF_REQUIRE(options.sample_rows >= 1, "numeric suite: sample_rows must be >= 1, got ", options.sample_rows);
-  SuitePlan plan = plan_suite(model);
+  SuitePlan plan = plan_suite(model, options.float_weights);
   if (plan.captures.empty()) return std::move(plan.out);
 
   const int64_t per_batch = std::max<int64_t>(1, options.sample_rows / batches);
   const EvalMode eval_mode(model);
   at::NoGradGuard no_grad;
-  capture_passes(model, batches, run, per_batch, plan);
+  capture_passes(model, batches, run, per_batch, plan, options.float_weights);
 
   ObserversOff no_observing(model);
   for (LayerError& e : plan.out) {
     auto it = std::find_if(plan.index.begin(), plan.index.end(),
                            [&](const auto& kv) { return kv.first->path() == e.path; });
     if (it == plan.index.end()) continue;
-    measure_outputs(*it->first, plan.captures[it->second], e);
+    const auto start = options.float_weights.find(e.path);
+    measure_outputs(*it->first, plan.captures[it->second],
+                    start == options.float_weights.end() ? nullptr : &start->second, e);
   }
   return std::move(plan.out);
 }

@@ -7,6 +7,9 @@
 //   y_acc = Qin(x_q) · Q(W)ᵀ + b        accumulated error: x_q is the input the quantized model feeds
 //   SQNR(ref, y) = 10 log10(Σ ref² / Σ (ref − y)²) dB (+inf when y equals ref), relative MSE as
 //   ptq::relative_mse; weight SQNR = SQNR(W, Q(W));
+//   after a solver (GPTQ, AdaRound, bias correction) replaced W and b by its solution W', b', the
+//   float side is the W, b it started from (NumericSuiteOptions::float_weights): y_own =
+//   Qin(x_f) · Q(W')ᵀ + b', weight SQNR = SQNR(W, Q(W')), and the float pass runs with W, b;
 //   clipped fraction = share of x_q's elements outside a static input quantizer's range
 //   [(quant_min − zp)·s, (quant_max − zp)·s] (fp8: ±max_finite·s);
 //   nonfinite inputs = NaN/inf elements reaching the layer in the quantized model.
@@ -19,6 +22,7 @@
 
 #include <cstdint>
 #include <limits>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -40,6 +44,9 @@ struct LayerError {
 
 struct NumericSuiteOptions {
   int64_t sample_rows = 2048;  // at most this many input rows kept per layer (evenly over the batches)
+  // Path -> the float weight (and bias) a solver started from (SolveReport::replaced); without
+  // it a solved layer would be compared with its own solution.
+  std::map<std::string, FloatWeights> float_weights;
 };
 
 // Runs `batches` batches through the model twice (float, then quantized as it stands: fake-quant,

@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -72,8 +73,17 @@ struct LayerSolve {
   double seconds = 0;
 };
 
+// A layer's float weight and bias as they were before solve() replaced them (bias undefined when
+// solve() left it alone), in the parameters' own shapes.
+struct FloatWeights {
+  at::Tensor weight, bias;
+};
+
 struct SolveReport {
   std::vector<LayerSolve> layers;  // in the order they were solved (the forward's order)
+  // Path -> what solve() started from, for each layer whose weight or bias it replaced: the
+  // numeric suite's float reference (NumericSuiteOptions::float_weights).
+  std::map<std::string, FloatWeights> replaced;
   int64_t passes = 0;              // calibration passes (each stops after its layers' inputs)
   double seconds = 0;
 };

@@ -43,8 +43,10 @@ struct Capture {
 };
 
 // Solves one layer from its captured inputs: rounding, bias correction, errors before / after.
-void solve_layer(QuantizableLayer& layer, const Capture& c, const SolveOptions& o, LayerSolve& ls) {
+// Returns the weight and bias it replaced (both undefined when it replaced neither).
+FloatWeights solve_layer(QuantizableLayer& layer, const Capture& c, const SolveOptions& o, LayerSolve& ls) {
   const LayerAccess& acc = *c.access;
+  FloatWeights replaced;
   Quantizer wq = layer.weight_quantizer();
   const QSpec spec = wq->config().spec;
   const at::Tensor W = acc.w2d().detach().to(at::kFloat).clone();
@@ -87,16 +89,20 @@ void solve_layer(QuantizableLayer& layer, const Capture& c, const SolveOptions& 
     const at::Tensor shift = (at::matmul(xq, w_new.t()) + b0 - yf).mean(0);
     b_new = b0 - shift;
     at::NoGradGuard g;
+    replaced.bias = acc.bias.detach().clone();
     acc.bias.copy_(b_new.to(acc.bias.scalar_type()));
   }
   if (ls.method.rfind("rtn", 0) != 0 && ls.method.rfind("kmeans", 0) != 0) {
     // The solved codes become the weight, on a fixed grid (fake-quant and freeze reproduce them).
     // (k-means keeps the float weight: its fitted codebook is the grid, nearest-level rounding.)
+    replaced.weight = acc.weight.detach().clone();
     acc.set_w2d(w_new);
     wq->set_qparams(grid);
   }
   ls.error_after = relative_mse(at::matmul(xq, w_new.t()) + b_new, yf);
   if (!note.empty()) ls.note = ls.note.empty() ? note : ls.note + "; " + note;
+  if (replaced.bias.defined() && !replaced.weight.defined()) replaced.weight = acc.weight.detach().clone();
+  return replaced;
 }
 
 // The rule (or -1: the default) that decides a layer's rounding.
@@ -273,7 +279,8 @@ void solve_group(const CapturePass& pass, std::map<QuantizableLayer*, LayerSolve
     pending.erase(layer);
     const auto l0 = std::chrono::steady_clock::now();
     try {
-      solve_layer(*layer, pass.capture_of(layer), o, ls);
+      FloatWeights replaced = solve_layer(*layer, pass.capture_of(layer), o, ls);
+      if (replaced.weight.defined()) report.replaced.emplace(ls.path, std::move(replaced));
     } catch (const Error& e) {
       throw Error("ptq solve: " + ls.path + " (" + ls.type + "): " + e.what());
     }

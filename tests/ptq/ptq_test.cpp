@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <map>
 
 #include "fake_quant/fake_quantize.h"
 #include "framework/io/model_io.h"
@@ -182,6 +183,18 @@ struct Net : torch::nn::Module {
   nn::Conv2d conv1, conv2;
   nn::Linear fc1, fc2, fc3;
 };
+
+// fc3's input in the float model (every quantizer passing values through) over `batches`.
+at::Tensor fc3_float_input(Net& net, const std::vector<at::Tensor>& batches) {
+  at::NoGradGuard g;
+  FloatView fv(net);
+  std::vector<at::Tensor> xs;
+  for (const auto& b : batches) {
+    at::Tensor h = at::relu(net.conv2(at::relu(net.conv1(b))));
+    xs.push_back(at::relu(net.fc2(at::relu(net.fc1(h.flatten(1))))));
+  }
+  return at::cat(xs);
+}
 
 Scheme w4a8() {
   Scheme s(qint4);
@@ -535,17 +548,7 @@ TEST(NumericSuite, PerLayerErrorsMatchTheirFormulasAndLeaveTheModelAsItWas) {
   EXPECT_EQ(errors[0].clipped_fraction, 0.0);
   EXPECT_EQ(errors[0].accumulated_sqnr_db, errors[0].own_sqnr_db);
   // fc3 from the formulas, independently: its float input, then Qin(x) · Q(W)ᵀ + b against x · Wᵀ + b.
-  at::Tensor x;
-  {
-    at::NoGradGuard g;
-    FloatView fv(*net);
-    std::vector<at::Tensor> xs;
-    for (const auto& b : batches) {
-      at::Tensor h = at::relu(net->conv2(at::relu(net->conv1(b))));
-      xs.push_back(at::relu(net->fc2(at::relu(net->fc1(h.flatten(1))))));
-    }
-    x = at::cat(xs);
-  }
+  const at::Tensor x = fc3_float_input(*net, batches);
   const at::Tensor w = net->fc3->weight.detach(), bias = net->fc3->bias.detach();
   const at::Tensor wq = fake_quantize(w, weight_minmax_qparams(w, net->fc3->weight_quantizer()->config().spec, "fc3"));
   const at::Tensor y_f = at::addmm(bias, x, w.t()), y_q = at::addmm(bias, fake_quantize(x, fc3_in), wq.t());
@@ -575,6 +578,64 @@ TEST(NumericSuite, PerLayerErrorsMatchTheirFormulasAndLeaveTheModelAsItWas) {
   net->eval();
   freeze(net);
   EXPECT_THROW(layer_errors(*net, 1, run), Error);
+}
+
+// Issue 39 item 1: after GPTQ (and bias correction) replaced the weights, the numeric suite
+// compares with the float weights the solver started from, not the solution with itself.
+TEST(NumericSuite, Item1SolvedLayersAreComparedWithTheFloatWeightsTheSolverStartedFrom) {
+  at::manual_seed(23);
+  auto net = std::make_shared<Net>();
+  net->eval();
+  const std::vector<at::Tensor> batches{at::randn({16, 2, 7, 7}), at::randn({16, 2, 7, 7})};
+  Scheme s(qint4);  // weight-only: with no input quantizer a layer compared with itself is exact
+  s.weight_granularity = Granularity::kPerChannel;
+  quantize(net, s);
+  const at::Tensor w_float = net->fc3->weight.detach().clone(), b_float = net->fc3->bias.detach().clone();
+  SolveOptions o;
+  o.rounding = Rounding::kGptq;
+  o.bias_correction = true;
+  auto run = [&](int64_t b) { return net->forward(batches[static_cast<size_t>(b)]); };
+  SolveReport rep = solve(*net, 2, run, o);
+  ASSERT_EQ(rep.replaced.size(), 5u);
+  ASSERT_TRUE(at::equal(rep.replaced.at("fc3").weight, w_float));
+  ASSERT_TRUE(at::equal(rep.replaced.at("fc3").bias, b_float));
+  const at::Tensor w_solved = net->fc3->weight.detach().clone(), b_solved = net->fc3->bias.detach().clone();
+  // Without the starting weights a solved weight-only layer reads as exact: the trap the suite avoids.
+  EXPECT_EQ(layer_errors(*net, 2, run)[4].own_sqnr_db, std::numeric_limits<double>::infinity());
+  NumericSuiteOptions suite;
+  suite.float_weights = rep.replaced;
+  const std::vector<LayerError> errors = layer_errors(*net, 2, run, suite);
+  ASSERT_EQ(errors.size(), 5u);
+  // The suite put the solved weights back.
+  EXPECT_TRUE(at::equal(net->fc3->weight.detach(), w_solved));
+  EXPECT_TRUE(at::equal(net->fc3->bias.detach(), b_solved));
+  for (const LayerError& e : errors) {
+    EXPECT_TRUE(std::isfinite(e.weight_sqnr_db) && std::isfinite(e.own_sqnr_db) && std::isfinite(e.accumulated_sqnr_db))
+        << e.path;
+    EXPECT_GT(e.own_sqnr_db, 5.0) << e.path;  // int4 per-channel: errors, not garbage
+  }
+  // fc3 from the formulas: its input in the float model it started from, x · Wᵀ + b against x · W'ᵀ + b'.
+  at::Tensor x;
+  {
+    at::NoGradGuard g;
+    std::map<std::string, FloatWeights> solved;
+    for (const auto& [path, fw] : rep.replaced) {
+      torch::nn::Module& m = *net->named_children()[path];
+      solved[path] = {m.named_parameters()["weight"].detach().clone(), m.named_parameters()["bias"].detach().clone()};
+      m.named_parameters()["weight"].detach().copy_(fw.weight);
+      m.named_parameters()["bias"].detach().copy_(fw.bias);
+    }
+    x = fc3_float_input(*net, batches);
+    for (const auto& [path, fw] : solved) {
+      net->named_children()[path]->named_parameters()["weight"].detach().copy_(fw.weight);
+      net->named_children()[path]->named_parameters()["bias"].detach().copy_(fw.bias);
+    }
+  }
+  const at::Tensor wq = net->fc3->weight_quantizer()->forward(w_solved).detach();
+  const at::Tensor y_f = at::addmm(b_float, x, w_float.t()), y_q = at::addmm(b_solved, x, wq.t());
+  EXPECT_NEAR(errors[4].own_sqnr_db, sqnr_db(y_f, y_q), 1e-6);
+  EXPECT_NEAR(errors[4].weight_sqnr_db, sqnr_db(w_float, wq), 1e-9);
+  EXPECT_NEAR(errors[4].own_relative_mse, relative_mse(y_q, y_f), 1e-12);
 }
 
 }  // namespace
