@@ -32,6 +32,10 @@ void smooth(RunContext& ctx) {
   ctx.report["timings_s"]["smoothquant"] = sr.seconds;
   std::fprintf(stderr, "qtrain: SmoothQuant (alpha %.2f): %zu layers smoothed, float output moved %.2g, %.1fs\n",
                alpha, sr.layers.size(), sr.output_change, sr.seconds);
+  for (const std::string& w : sr.warnings) {
+    std::fprintf(stderr, "qtrain: warning: %s\n", w.c_str());
+    ctx.note(w);
+  }
 }
 
 class CalibrateStage : public Stage {

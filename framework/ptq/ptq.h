@@ -114,15 +114,23 @@ struct SmoothLayer {
   std::string path;
   double max_factor = 0, min_factor = 0;  // of s (the input is divided by s, the weight columns multiplied)
   double act_range_before = 0, act_range_after = 0;  // max |x| over channels, before and after
+  int64_t floored_channels = 0;  // input channels whose max |X_j| was raised to the floor
 };
 struct SmoothReport {
   std::vector<SmoothLayer> layers;
   std::vector<std::string> skipped;  // "path: reason"
+  std::vector<std::string> warnings;  // "path: ..." for layers whose factors span more than kSmoothExtremeSpread
   double output_change = 0;          // relative change of the float model's output on batch 0
   double seconds = 0;
 };
-// For every Linear with quantized (static or dynamic) input activations, s_j = max|X_j|^α /
-// max|W_:,j|^(1−α) over calibration batches; the layer's pre_quant_scale becomes 1/s (its input
+// Floor on a layer's activation maxima, relative to its largest: a channel (almost) silent on the
+// calibration batches gets no factor that shrinks its weight column to nothing.
+inline constexpr double kSmoothActFloor = 1e-2;
+// A layer whose factors span more than this (max / min) is warned about (lower α).
+inline constexpr double kSmoothExtremeSpread = 1e3;
+// For every Linear with quantized (static or dynamic) input activations, s_j = a_j^α /
+// max|W_:,j|^(1−α) over calibration batches, a_j = max(max|X_j|, kSmoothActFloor · max_k max|X_k|),
+// s clamped to [1e-5, 1e5]; the layer's pre_quant_scale becomes 1/s (its input
 // is divided by s before quantization) and its weight columns are multiplied by s, so the float
 // model computes the same function. Run after quantize() and before calibrating the observers.
 // Throws for α outside [0, 1], and when the float output changes by more than 1e-4 (relative).

@@ -1,8 +1,10 @@
 // SmoothQuant: per-input-channel factors move activation outliers into the weights.
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <map>
 
 #include "framework/core/error.h"
@@ -70,7 +72,8 @@ std::map<QuantizableLayer*, at::Tensor> input_amax(const Targets& targets, int64
 SmoothLayer smooth_layer(const std::string& path, nn::LinearImpl* lin, const at::Tensor& amax, double alpha,
                          std::vector<Undo>& undo) {
   QF_REQUIRE(at::isfinite(amax).all().item<bool>(), "smooth_quant: ", path, ": calibration inputs hold NaN or inf");
-  const at::Tensor a = amax.clamp_min(kMinRange).to(at::kDouble);
+  const double floor = std::max(kMinRange, kSmoothActFloor * amax.max().item<double>());
+  const at::Tensor a = amax.clamp_min(floor).to(at::kDouble);
   const at::Tensor wmax = lin->weight.detach().abs().amax(0).clamp_min(kMinRange).to(at::kDouble);
   const at::Tensor s = (a.pow(alpha) / wmax.pow(1 - alpha)).clamp(kMinFactor, 1 / kMinFactor).to(at::kFloat);
   undo.push_back({lin, lin->weight.detach().clone(),
@@ -84,7 +87,19 @@ SmoothLayer smooth_layer(const std::string& path, nn::LinearImpl* lin, const at:
   sl.min_factor = s.min().item<double>();
   sl.act_range_before = amax.max().item<double>();
   sl.act_range_after = (amax / s).max().item<double>();
+  sl.floored_channels = (amax < floor).sum().item<int64_t>();
   return sl;
+}
+
+std::string extreme_factors(const SmoothLayer& sl, double alpha) {
+  char buf[256];
+  std::snprintf(buf, sizeof buf,
+                "%s: SmoothQuant factors span %.3g to %.3g (%lld input channels floored at %g of the largest "
+                "activation max); weight columns this unequal may not survive the weight grid: try a lower alpha "
+                "than %.2f",
+                sl.path.c_str(), sl.min_factor, sl.max_factor, static_cast<long long>(sl.floored_channels),
+                kSmoothActFloor, alpha);
+  return buf;
 }
 
 void undo_smoothing(std::vector<Undo>& undo) {
@@ -122,6 +137,8 @@ SmoothReport smooth_quant(torch::nn::Module& model, int64_t batches, const RunBa
       continue;
     }
     rep.layers.push_back(smooth_layer(path, lin, it->second, o.alpha, undo));
+    const SmoothLayer& sl = rep.layers.back();
+    if (sl.max_factor > kSmoothExtremeSpread * sl.min_factor) rep.warnings.push_back(extreme_factors(sl, o.alpha));
   }
   const at::Tensor y1 = run(0);
   rep.output_change = relative_change(y1, y0);

@@ -151,8 +151,9 @@ nlohmann::json smoothquant_json(const ptq::SmoothReport& sr, double alpha) {
   nlohmann::json layers = nlohmann::json::array();
   for (const ptq::SmoothLayer& l : sr.layers)
     layers.push_back({{"path", l.path}, {"max_factor", l.max_factor}, {"min_factor", l.min_factor},
-                      {"act_range_before", l.act_range_before}, {"act_range_after", l.act_range_after}});
-  return {{"alpha", alpha}, {"layers", layers}, {"skipped", sr.skipped},
+                      {"act_range_before", l.act_range_before}, {"act_range_after", l.act_range_after},
+                      {"floored_channels", l.floored_channels}});
+  return {{"alpha", alpha}, {"layers", layers}, {"skipped", sr.skipped}, {"warnings", sr.warnings},
           {"float_output_change", sr.output_change}, {"seconds", sr.seconds}};
 }
 

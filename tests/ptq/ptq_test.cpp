@@ -422,6 +422,48 @@ TEST(SmoothQuant, LeavesTheFloatModelUnchangedAndLowersW8A8Error) {
   (void)unused;
 }
 
+// Issue 39 item 19: input channels silent on the calibration batches get their activation maximum
+// floored at kSmoothActFloor of the layer's largest (not a 1e-5 factor that wipes their weight
+// column), and a layer whose factors span more than kSmoothExtremeSpread is warned about.
+TEST(SmoothQuant, Item19SilentChannelsAreFlooredAndExtremeFactorsWarned) {
+  auto build = [] {
+    at::manual_seed(31);
+    auto m = std::make_shared<Mlp>(false);
+    m->eval();
+    Scheme s(qint8);
+    s.activations = ActivationMode::kStatic;
+    s.observer = "minmax";
+    quantize(m, s);
+    return m;
+  };
+  at::manual_seed(32);
+  at::Tensor calib = at::randn({128, 24});
+  calib.slice(1, 0, 4).zero_();  // four input channels never fire during calibration
+  const at::Tensor amax = calib.abs().amax(0);
+  auto m = build();
+  const SmoothReport rep = smooth_quant(*m, 1, [&](int64_t) { return m->forward(calib); }, SmoothQuantOptions{1.0});
+  ASSERT_EQ(rep.layers.size(), 3u);
+  EXPECT_EQ(rep.layers[0].path, "fc1");
+  EXPECT_EQ(rep.layers[0].floored_channels, 4);
+  // α = 1: s_j = a_j, so a silent channel's pre_quant_scale is 1 / (kSmoothActFloor · max_k a_k).
+  const at::Tensor pqs = m->fc1->pre_quant_scale();
+  const double floor = kSmoothActFloor * amax.max().item<double>();
+  for (int64_t j = 0; j < 4; ++j) EXPECT_NEAR(pqs[j].item<double>() * floor, 1.0, 1e-5) << "channel " << j;
+  EXPECT_NEAR(pqs[10].item<double>() * amax[10].item<double>(), 1.0, 1e-5);
+  EXPECT_LE(rep.layers[0].max_factor / rep.layers[0].min_factor, 1.0 / kSmoothActFloor * (1 + 1e-5));
+  EXPECT_TRUE(rep.warnings.empty()) << rep.warnings.front();
+  // α = 0.2 and a weight column of zeros: s = a^0.2 / 1e-5^0.8 for it, thousands of times the others.
+  auto w = build();
+  {
+    at::NoGradGuard g;
+    w->fc2->weight.select(1, 5).zero_();
+  }
+  const SmoothReport warned = smooth_quant(*w, 1, [&](int64_t) { return w->forward(calib); }, SmoothQuantOptions{0.2});
+  ASSERT_EQ(warned.warnings.size(), 1u);
+  EXPECT_EQ(warned.warnings[0].rfind("fc2: SmoothQuant factors span", 0), 0u) << warned.warnings[0];
+  EXPECT_NE(warned.warnings[0].find("lower alpha"), std::string::npos);
+}
+
 TEST(SmoothQuant, PreQuantScaleTravelsThroughCheckpointsIntoAFreshModel) {
   auto m = std::make_shared<Mlp>(false);
   m->eval();
