@@ -6,7 +6,9 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 
+#include "framework/pipeline/float_checkpoint.h"
 #include "framework/pipeline/recipe_checks.h"
 #include "framework/pipeline/recipe_options.h"
 #include "framework/pipeline/run_context.h"
@@ -52,6 +54,21 @@ void print_ptq_plan(const Recipe& r, const torch::nn::Module& model) {
                 l.note.empty() ? "" : ("  (" + l.note + ")").c_str());
 }
 
+// Where the float weights come from, in the float stage's order; a checkpoint trained differently
+// fails here as it would fail the run.
+void print_float_plan(const Recipe& r) {
+  const std::string& ckpt = r.model.checkpoint;
+  if (!ckpt.empty() && std::filesystem::exists(ckpt)) {
+    std::printf("float: %s\n", pipeline::check_float_checkpoint(ckpt, r).c_str());
+  } else if (!r.model.safetensors.empty()) {
+    std::printf("float: weights imported from %s\n", r.model.safetensors.c_str());
+  } else {
+    std::printf("float: trained (%lld epochs), %s\n", static_cast<long long>(r.train.epochs),
+                ckpt.empty() ? "not saved (no model.checkpoint)"
+                             : ("saved to " + std::filesystem::absolute(ckpt).string()).c_str());
+  }
+}
+
 // Validates, builds the model without data and prints the stages and each layer's kernel plan.
 void dry_run(const Recipe& r, const std::vector<std::string>& stages) {
   Task t = make_task(r, /*with_data=*/false);
@@ -60,6 +77,7 @@ void dry_run(const Recipe& r, const std::vector<std::string>& stages) {
   for (const Stage* s : pipeline::stages())
     if (s->selectable() && s->applies(r) && s->named(stages)) std::printf(" %s", s->name());
   std::printf("\n");
+  print_float_plan(r);
   if (!r.quantize) return;
   if (t.before_quantize) t.before_quantize();
   if (pipeline::search_stage().applies(r)) print_search_plan(r, *t.model);

@@ -4,6 +4,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <sstream>
@@ -309,6 +310,27 @@ std::vector<std::pair<std::string, std::string>> recipe_keys() {
   return out;
 }
 
+nlohmann::json float_provenance(const Recipe& r) {
+  return {{"model.arch", r.model.arch},
+          {"model.config", r.model.config},
+          {"data.dataset", r.data.dataset},
+          {"data.batch_size", r.data.batch_size},
+          {"data.validation_size", r.data.validation_size},
+          {"data.max_train_examples", r.data.max_train_examples},
+          {"data.seq_len", r.data.seq_len},
+          {"data.examples_per_language", r.data.examples_per_language},
+          {"data.tokens", r.data.tokens},
+          {"train.epochs", r.train.epochs},
+          {"train.lr", r.train.lr},
+          {"train.weight_decay", r.train.weight_decay},
+          {"train.warmup_steps", r.train.warmup_steps},
+          {"train.grad_clip", r.train.grad_clip},
+          {"train.max_steps", r.train.max_steps},
+          {"seed", r.seed}};
+}
+
+std::string float_key(const Recipe& r) { return sha256_hex(float_provenance(r).dump()).substr(0, 12); }
+
 Recipe load_recipe(const std::string& path, const std::vector<std::string>& overrides) {
   Ctx ctx;
   Origins origins;
@@ -317,6 +339,10 @@ Recipe load_recipe(const std::string& path, const std::vector<std::string>& over
   if (!ctx.issues.empty()) throw RecipeError(ctx.issues);
   const Where where{path, origins, ctx};
   Recipe r = read_recipe(path, tree, where);
+  // The resolved recipe keeps the placeholder (tree untouched): it expands the same way again.
+  for (size_t at = r.model.checkpoint.find(kFloatKeyPlaceholder); at != std::string::npos;
+       at = r.model.checkpoint.find(kFloatKeyPlaceholder))
+    r.model.checkpoint.replace(at, std::strlen(kFloatKeyPlaceholder), float_key(r));
   check_model_data(r, where);
   if (r.quantize) check_quantize(r, tree, where);
   check_training(r, where);

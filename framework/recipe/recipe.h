@@ -43,7 +43,7 @@ struct Recipe {
     std::string arch;            // a task of the registry (framework/recipe/task.h)
     nlohmann::json config;       // architecture config (HF config.json keys for bert/gpt2)
     std::string config_file;     // HF-style config.json, merged under `config`
-    std::string checkpoint;      // float checkpoint: loaded when present, written after training
+    std::string checkpoint;      // float checkpoint: loaded when present, written after training ({float_key} expanded)
     std::string safetensors;     // HF safetensors file to import instead of training
   } model;
 
@@ -160,5 +160,16 @@ std::string resolved_with_rules(const Recipe& recipe, const std::vector<LayerRul
 
 // Every valid dotted key path of the schema with its one-line documentation (for docs/tests).
 std::vector<std::pair<std::string, std::string>> recipe_keys();
+
+// Everything that decides the float weights: architecture and config, data, training, seed
+// (effective values, defaults included). A float checkpoint records it; a run loads one only if
+// its record matches.
+nlohmann::json float_provenance(const Recipe& r);
+
+// Written in model.checkpoint, replaced on loading by float_key(r): recipes that would train
+// different float weights get different files.
+inline constexpr const char* kFloatKeyPlaceholder = "{float_key}";
+// The first 12 hex digits of the SHA-256 of float_provenance(r) as compact JSON.
+std::string float_key(const Recipe& r);
 
 }  // namespace qforge

@@ -60,7 +60,7 @@ Field model_section() {
       bind(choice("arch", task_architectures(), "architecture"), &Recipe::model, &Recipe::Model::arch),
       Field{"config", T::kFreeMap, "architecture config (HF config.json keys for bert and gpt2)", {}, -kInf, kInf, {}, {}},
       bind(leaf("config_file", T::kString, "HF-style config.json to read the config from"), &Recipe::model, &Recipe::Model::config_file),
-      bind(leaf("checkpoint", T::kString, "float checkpoint: loaded when it exists, written after float training"), &Recipe::model, &Recipe::Model::checkpoint),
+      bind(leaf("checkpoint", T::kString, "float checkpoint: loaded when it exists, written after float training ({float_key}: a hash of the float settings)"), &Recipe::model, &Recipe::Model::checkpoint),
       bind(leaf("safetensors", T::kString, "float weights to import instead of training (HF names for bert/gpt2)"), &Recipe::model, &Recipe::Model::safetensors),
   });
 }

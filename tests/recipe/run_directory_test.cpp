@@ -15,9 +15,12 @@
 #include <string>
 #include <vector>
 
+#include "framework/pipeline/float_checkpoint.h"
 #include "framework/pipeline/pipeline.h"
 #include "framework/pipeline/run_directory.h"
 #include "framework/recipe/recipe.h"
+#include "framework/recipe/sha256.h"
+#include "framework/recipe/task.h"
 #include "tests/error_of.h"
 
 using namespace qforge;
@@ -205,4 +208,30 @@ TEST(RunDirectory, Issue39Item16PreviousReportsAreClearedAtTheStart) {
     EXPECT_FALSE(fs::exists(out.file(name))) << name;
   EXPECT_NE(read(out.file("recipe.resolved.yaml")), "previous run");  // this run's
   EXPECT_FALSE(fs::exists(out.file(pipeline::RunLock::kFileName)));
+}
+
+// Item 4: the shipped recipes' float checkpoint is keyed by the settings that trained it (two
+// trainings never share a file), and a dry run refuses a checkpoint trained differently, as the
+// run would.
+TEST(FloatCheckpoint, Issue39Item4DefaultPathIsKeyedBySettingsAndTheDryRunReportsAMismatch) {
+  const Recipe one = cnn({"train.epochs=1"}), two = cnn({"train.epochs=2"}), again = cnn({"train.epochs=1"});
+  EXPECT_EQ(one.model.checkpoint, "runs/checkpoints/cnn_fmnist_fp32-" + float_key(one) + ".h5");
+  EXPECT_EQ(float_key(one), sha256_hex(float_provenance(one).dump()).substr(0, 12));
+  EXPECT_NE(one.model.checkpoint, two.model.checkpoint);
+  EXPECT_EQ(one.model.checkpoint, again.model.checkpoint);
+  EXPECT_NE(cnn({"train.lr=0.5"}).model.checkpoint, cnn({}).model.checkpoint);
+  EXPECT_EQ(cnn({"qat.epochs=3"}).model.checkpoint, cnn({}).model.checkpoint);  // not a float setting
+  // The resolved recipe keeps the placeholder: rerunning it expands it the same way.
+  EXPECT_NE(one.resolved_yaml.find(std::string("fmnist_fp32-") + kFloatKeyPlaceholder), std::string::npos);
+
+  TempOut out;
+  const std::string ckpt = out.file("fp32.h5");
+  Task t = make_task(one, /*with_data=*/false);
+  pipeline::save_float_checkpoint(*t.model, ckpt, one);
+  PipelineOptions dry;
+  dry.dry_run = true;
+  const std::string e = error_of([&] { run_pipeline(cnn({"train.epochs=2", "model.checkpoint=" + ckpt}), dry); });
+  EXPECT_NE(e.find("holds float weights trained differently"), std::string::npos) << e;
+  EXPECT_NE(e.find("train.epochs: checkpoint 1, this recipe 2"), std::string::npos) << e;
+  EXPECT_EQ(error_of([&] { run_pipeline(cnn({"train.epochs=1", "model.checkpoint=" + ckpt}), dry); }), "");
 }
