@@ -62,6 +62,8 @@ class ExportStage : public Stage {
  public:
   const char* name() const override { return "export"; }
   bool applies(const Recipe& r) const override { return r.quantize; }
+  // Without calibrate the model is still float: its files would carry no quantization at all.
+  bool needs_calibrated_model() const override { return true; }
 
   // The recipe's scheme on a model built without data (as the dry run does): a layer with no QDQ
   // form fails here, before the float stage trains anything. The search may still change

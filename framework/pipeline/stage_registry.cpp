@@ -57,6 +57,13 @@ void check_stages(const Recipe& r, const std::vector<std::string>& stages) {
       throw Error(std::string("--stages: '") + s->name() + "' needs the model quantized and calibrated, which 'calibrate' does; "
                   "add calibrate (and ptq to evaluate it), or leave --stages out");
   }
+  // Export writes what the whole run would: the frozen model when the recipe freezes.
+  const pipeline::Stage& ex = pipeline::export_stage();
+  const pipeline::Stage& fr = pipeline::freeze_stage();
+  if (ex.applies(r) && std::find(stages.begin(), stages.end(), ex.name()) != stages.end() && fr.applies(r) &&
+      !fr.requested(stages))
+    throw Error("--stages: 'export' writes the frozen model (the recipe has freeze.enabled: true), which 'freeze' makes; "
+                "add freeze (and calibrate), set freeze.enabled=false to export the fake-quant model, or leave --stages out");
 }
 
 }  // namespace qforge

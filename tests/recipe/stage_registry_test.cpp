@@ -81,3 +81,26 @@ TEST(StageRegistry, StagesNeedingTheCalibratedModelAreRefusedWithoutCalibrate) {
   // A stage the recipe does not ask for is no reason to refuse.
   EXPECT_NO_THROW(check_stages(shipped("bert_int8.yaml", {"qat.epochs=0"}), {"float", "qat"}));
 }
+
+// Issue 39 item 5: `--stages export` wrote a float model.onnx and model.h5 (no calibrate ran) with
+// no warning; export now needs calibrate, and freeze when the recipe freezes.
+TEST(StageRegistry, Issue39Item5ExportAloneIsRefusedAndExportsWhatTheWholeRunWould) {
+  const Recipe r = shipped("fmnist_cnn_int8.yaml", {"export.onnx=true"});
+  std::string e;
+  try {
+    check_stages(r, {"export"});
+  } catch (const Error& err) {
+    e = err.what();
+  }
+  EXPECT_NE(e.find("'export' needs the model quantized and calibrated"), std::string::npos) << e;
+  e.clear();
+  try {
+    check_stages(r, {"calibrate", "export"});
+  } catch (const Error& err) {
+    e = err.what();
+  }
+  EXPECT_NE(e.find("'export' writes the frozen model"), std::string::npos) << e;
+  EXPECT_NO_THROW(check_stages(r, {"calibrate", "freeze", "export"}));
+  EXPECT_NO_THROW(check_stages(shipped("fmnist_cnn_int8.yaml", {"freeze.enabled=false"}), {"calibrate", "export"}));
+  EXPECT_NO_THROW(check_stages(r, {"float", "calibrate"}));
+}
