@@ -257,10 +257,37 @@ int64_t estimate_memory(int64_t num_params, const QType& qtype, int64_t group_si
   return data + scales * (4 + (affine ? 1 : 0));
 }
 
+std::shared_ptr<QuantizableLayer> frozen_copy(const QuantizableLayer& layer, const std::string& path,
+                                              const LayerScheme& ls) {
+  std::shared_ptr<QuantizableLayer> copy = layer.float_copy();
+  if (!copy) return nullptr;
+  copy->attach(path, ls);
+  if (ls.weights && ls.weights->lsq) {
+    // LSQ creates its learnable per-channel (per-group) step on the first training forward;
+    // after QAT those parameters are part of the frozen layer's bytes.
+    Quantizer wq = copy->weight_quantizer();
+    at::Tensor w;
+    for (const auto& p : copy->module().named_parameters(/*recurse=*/false))
+      if (p.key() == "weight") w = p.value();
+    wq->train();
+    at::NoGradGuard no_grad;
+    wq->forward(w);
+    wq->eval();
+  }
+  for (Quantizer q : copy->quantizers())
+    if (q->role() == QuantizerImpl::Role::kActivation && q->mode() == ActivationMode::kStatic)
+      q->set_qparams(QParams{q->config().spec, at::ones({}, at::kFloat), at::zeros({}, at::kInt)});
+  copy->freeze();
+  return copy;
+}
+
 std::vector<LayerReport> layer_reports(const torch::nn::Module& model, bool planned) {
   std::vector<std::pair<std::string, LayerReport>> rows;  // (path, report)
   for_each_quantizable(model, [&](const std::string& path, const QuantizableLayer& layer) {
     LayerReport r = layer.report(planned);
+    // A layer freeze() refuses (no quantized weight) keeps its fake-quant bytes; its plan says why.
+    if (planned && layer.quantized() && !layer.frozen() && layer.scheme().weights)
+      if (const auto frozen = frozen_copy(layer, path, layer.scheme())) r.bytes = frozen->storage_bytes();
     r.name = display_name(path);
     rows.emplace_back(path, std::move(r));
   });
@@ -339,8 +366,20 @@ std::string describe(const torch::nn::Module& model, bool planned) {
     row(r.name, r.type, r.weights, r.activations, r.kernel, std::to_string(r.bytes),
         r.fallback_reason.empty() ? "-" : r.fallback_reason);
   const ModelSize size = model_size(model);
-  os << "total " << size.total_bytes << " bytes (" << size.quantized_bytes << " frozen, " << size.float_bytes
-     << " float)\n";
+  if (!planned) {
+    os << "total " << size.total_bytes << " bytes (" << size.quantized_bytes << " frozen, " << size.float_bytes
+       << " float)\n";
+    return os.str();
+  }
+  // The quantized layers as freeze() will pack them, the rest of the model as it is.
+  int64_t quantized_now = 0, planned_bytes = 0;
+  for_each_quantizable(model, [&](const std::string&, const QuantizableLayer& l) {
+    if (l.quantized() || l.frozen()) quantized_now += l.storage_bytes();
+  });
+  for (const LayerReport& r : reports)
+    if (r.weights != "float") planned_bytes += r.bytes;
+  os << "total " << size.total_bytes - quantized_now + planned_bytes << " bytes once frozen (" << planned_bytes
+     << " in quantized layers, " << size.total_bytes - quantized_now << " float)\n";
   return os.str();
 }
 

@@ -117,9 +117,17 @@ ModelSize model_size(const Holder& model) {
 int64_t estimate_memory(int64_t num_params, const QType& qtype, int64_t group_size = 0,
                         int64_t channels = 0, bool affine = false);
 
+// What freeze() makes of `layer` under `ls`, built from a float copy (the layer is left alone):
+// static activation scales set to 1 (bytes and kernels do not depend on them), LSQ steps created
+// as QAT's first step creates them. Its storage_bytes() are the frozen layer's; the search times it.
+// nullptr for a layer kind without float_copy().
+std::shared_ptr<QuantizableLayer> frozen_copy(const QuantizableLayer& layer, const std::string& path,
+                                              const LayerScheme& ls);
+
 // The per-layer table: name, type, weights, activations, kernel, fallback reason, bytes.
 // planned: the kernel and fallback each quantized layer's freeze() will use on this machine (its
-// kernel plan), without calibrating or freezing anything; frozen layers show their stored plan.
+// kernel plan) and the bytes it will hold (frozen_copy), without calibrating or freezing the
+// model; frozen layers show their stored plan.
 std::vector<LayerReport> layer_reports(const torch::nn::Module& model, bool planned = false);
 std::string describe(const torch::nn::Module& model, bool planned = false);
 template <class Holder, class = ModuleLike<Holder>>

@@ -35,26 +35,9 @@ CalibrationInputs record_inputs(torch::nn::Module& model, const std::function<at
 
 Priced Pricer::price(const QuantizableLayer& layer, const std::string& path, const std::optional<LayerScheme>& ls,
                      const std::string& candidate, const at::Tensor& input) {
-  std::shared_ptr<QuantizableLayer> copy = layer.float_copy();
+  std::shared_ptr<QuantizableLayer> copy = ls ? frozen_copy(layer, path, *ls) : layer.float_copy();
   QF_CHECK(copy != nullptr);
-  const std::vector<int64_t> weight_shape = float_weight_of(*copy).sizes().vec();
-  if (ls) {
-    copy->attach(path, *ls);
-    if (ls->weights && ls->weights->lsq) {
-      // LSQ creates its learnable per-channel (per-group) step on the first training forward;
-      // after QAT those parameters are part of the frozen layer's bytes.
-      Quantizer wq = copy->weight_quantizer();
-      wq->train();
-      at::NoGradGuard no_grad;
-      wq->forward(float_weight_of(*copy));
-      wq->eval();
-    }
-    for (Quantizer q : copy->quantizers()) {
-      if (q->role() == QuantizerImpl::Role::kActivation && q->mode() == ActivationMode::kStatic)
-        q->set_qparams(QParams{q->config().spec, at::ones({}, at::kFloat), at::zeros({}, at::kInt)});
-    }
-    copy->freeze();
-  }
+  const std::vector<int64_t> weight_shape = float_weight_of(layer).sizes().vec();
   Priced p;
   p.bytes = copy->storage_bytes();
   p.kernel = copy->report().kernel;

@@ -116,5 +116,34 @@ TEST(KernelPlan, WeightOnlyPathsNameTheFloatGemmAboveTheRowThreshold) {
   EXPECT_EQ(gpu.large_m, 0);
 }
 
+// Issue 39 item 3: the dry run's plan showed float bytes ("0 frozen"); planned reports give each
+// quantized layer the bytes freeze() leaves it, exactly, before anything is calibrated.
+TEST(KernelPlan, Item3PlannedBytesAreTheBytesFreezeLeaves) {
+  torch::manual_seed(3);
+  auto net = torch::nn::Sequential(nn::Linear(64, 128), torch::nn::ReLU(), nn::Linear(128, 32), torch::nn::ReLU(),
+                                   nn::Linear(32, 8));
+  Scheme s(qint4);
+  s.weight_granularity = Granularity::kPerGroup;
+  s.group_size = 32;
+  s.activations = ActivationMode::kStatic;
+  s.observer = "minmax";
+  s.rules.push_back(LayerRule{"4", false, qint8, Granularity::kPerChannel, std::nullopt, std::nullopt});
+  quantize(net, s);
+  const std::vector<LayerReport> planned = layer_reports(net, /*planned=*/true);
+  const std::string dry = describe(net, /*planned=*/true);
+  {
+    Calibration calib(net);
+    net->forward(torch::randn({16, 64}));
+  }
+  freeze(net);
+  const std::vector<LayerReport> frozen = layer_reports(net);
+  ASSERT_EQ(planned.size(), frozen.size());
+  for (size_t i = 0; i < planned.size(); ++i) EXPECT_EQ(planned[i].bytes, frozen[i].bytes) << planned[i].name;
+  const ModelSize size = model_size(net);
+  EXPECT_NE(dry.find("total " + std::to_string(size.total_bytes) + " bytes once frozen"), std::string::npos)
+      << dry << "frozen: " << size.total_bytes;
+  EXPECT_EQ(dry.find(" 0 in quantized layers"), std::string::npos) << dry;
+}
+
 }  // namespace
 }  // namespace qforge
