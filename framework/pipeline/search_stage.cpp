@@ -138,6 +138,10 @@ class SearchStage : public Stage {
                  search::to_string(sr.method), sr.layers.size(), static_cast<long long>(sr.bytes),
                  static_cast<long long>(sr.float_bytes), sr.latency_ms, sr.float_latency_ms,
                  static_cast<long long>(sr.latency_measured), static_cast<long long>(sr.latency_cached), sr.seconds);
+    if (!sr.latency_cache_warning.empty()) {
+      std::fprintf(stderr, "qtrain: warning: %s\n", sr.latency_cache_warning.c_str());
+      ctx.note(sr.latency_cache_warning);
+    }
     evaluate_front(ctx, sr);
     const std::string& metric = ctx.task.metric;
     ctx.report["search"] = report::search_json(sr, metric);

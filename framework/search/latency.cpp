@@ -126,7 +126,8 @@ std::string default_latency_cache_path() {
 }
 
 LatencyCache::LatencyCache(std::string path) : path_(std::move(path)) {
-  if (path_.empty() || !fs::exists(path_)) return;
+  std::error_code unreadable;  // a directory this user cannot search reads as no cache; save() says why
+  if (path_.empty() || !fs::exists(path_, unreadable)) return;
   io::require_regular_file(path_, "latency cache");
   std::ifstream in(path_);
   nlohmann::json j;
@@ -164,12 +165,37 @@ void LatencyCache::put(const std::string& key, double ms) {
   dirty_ = true;
 }
 
-void LatencyCache::save() const {
-  if (path_.empty() || !dirty_) return;
-  const fs::path dir = fs::path(path_).parent_path();
-  if (!dir.empty()) fs::create_directories(dir);
-  const nlohmann::json j = {{"format", kCacheFormat}, {"version", kCacheVersion}, {"entries", entries_}};
-  io::write_text_atomically(path_, j.dump(1) + "\n");
+namespace {
+
+// The file a path names once its symbolic links are followed (a dangling link: the file it
+// would create); an atomic rename onto the link itself would replace the link with a file.
+fs::path link_target(const fs::path& path) {
+  constexpr int kMaxLinks = 40;  // as the kernel's ELOOP limit
+  fs::path p = path;
+  for (int hops = 0; fs::is_symlink(p); ++hops) {
+    QF_REQUIRE(hops < kMaxLinks, "too many levels of symbolic links at ", path.string());
+    const fs::path to = fs::read_symlink(p);
+    p = to.is_absolute() ? to : p.parent_path() / to;
+  }
+  return p;
+}
+
+}  // namespace
+
+std::string LatencyCache::save() const {
+  if (path_.empty() || !dirty_) return {};
+  try {
+    const fs::path target = link_target(path_);
+    const fs::path dir = target.parent_path();
+    if (!dir.empty()) fs::create_directories(dir);
+    const nlohmann::json j = {{"format", kCacheFormat}, {"version", kCacheVersion}, {"entries", entries_}};
+    io::write_text_atomically(target.string(), j.dump(1) + "\n");
+  } catch (const std::exception& e) {
+    return "latency cache " + path_ + " could not be written (" + e.what() + "): the " +
+           std::to_string(entries_.size()) + " latencies are not kept for the next search; set "
+           "search.latency_cache to a writable file, or to off";
+  }
+  return {};
 }
 
 std::string latency_key(const QuantizableLayer& layer, const std::vector<int64_t>& weight_shape,

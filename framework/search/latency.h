@@ -41,8 +41,9 @@ class LatencyCache {
   std::optional<double> find(const std::string& key) const;
   void put(const std::string& key, double ms);
   // Writes the file atomically when something was added (creating its directory); no-op
-  // without a path.
-  void save() const;
+  // without a path. A symbolic link is written through: its target is replaced, the link kept.
+  // Returns "" or why the file could not be written (a cache is worth a warning, never a run).
+  std::string save() const;
   int64_t hits() const { return hits_; }
   int64_t misses() const { return misses_; }
   const std::string& path() const { return path_; }

@@ -349,7 +349,7 @@ SearchResult search(torch::nn::Module& model, const Scheme& base, int64_t batche
   const Sensitivities sens = sensitivities(ctx, base, inputs.loss0, res);
   price_layers(ctx, sens, inputs, pricer, res);
   res.latency_cached = pricer.cache().hits();
-  pricer.cache().save();
+  res.latency_cache_warning = pricer.cache().save();
 
   const Rest rest = rest_of(col.layers, fixed, res);
   const Groups groups = group_layers(res.layers, o.ties);

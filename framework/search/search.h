@@ -137,6 +137,7 @@ struct SearchResult {
   std::string cpu;                // where the latencies were measured
   int64_t latency_measured = 0;   // kernels timed now
   int64_t latency_cached = 0;     // read from the cache file
+  std::string latency_cache_warning;  // why the cache file could not be written ("" when it was)
   double predicted = 0;           // total sensitivity of the choice
   double seconds = 0;             // sensitivities + costs + solve
   int64_t hutchinson_probes = 0;  // per batch, the largest (hessian)

@@ -503,6 +503,42 @@ TEST(LatencyCache, RoundTripsAndRefusesForeignFiles) {
   EXPECT_EQ(text, "not json");
 }
 
+// Issue 39 item 17: an unwritable cache is a warning naming it (the measured latencies are still
+// used), and a cache that is a symbolic link is written through the link.
+TEST(LatencyCache, Item17UnwritableCacheIsAWarningAndASymlinkIsWrittenThrough) {
+  namespace fs = std::filesystem;
+  const TempPath dir;
+  fs::create_directories(dir.path);
+  const std::string target = dir.path + "/real/latency.json", link = dir.path + "/link.json";
+  fs::create_directories(dir.path + "/real");
+  fs::create_symlink("real/latency.json", link);  // relative and dangling until the first save
+  {
+    LatencyCache c(link);
+    c.put("k", 0.5);
+    EXPECT_EQ(c.save(), "");
+  }
+  EXPECT_TRUE(fs::is_symlink(link));
+  ASSERT_TRUE(fs::is_regular_file(target));
+  {
+    LatencyCache c(link);
+    ASSERT_TRUE(c.find("k").has_value());
+    c.put("k2", 0.75);
+    EXPECT_EQ(c.save(), "");
+  }
+  EXPECT_TRUE(fs::is_symlink(link));
+  EXPECT_TRUE(LatencyCache(target).find("k2").has_value());
+  // A path under a regular file can never be created (root included, unlike a read-only directory).
+  const std::string blocked = target + "/sub/latency.json";
+  LatencyCache c(blocked);
+  c.put("k", 0.5);
+  const std::string warning = c.save();
+  EXPECT_NE(warning.find("latency cache " + blocked + " could not be written"), std::string::npos) << warning;
+  EXPECT_NE(warning.find("search.latency_cache"), std::string::npos) << warning;
+  EXPECT_NE(warning.find("off"), std::string::npos) << warning;
+  EXPECT_TRUE(c.find("k").has_value());  // the measurements stay usable
+  fs::remove_all(dir.path);
+}
+
 TEST(Latency, ColdTimingIsPositiveAndKeysNameTheMachine) {
   Fixture f = make_fixture();
   const QuantizableLayer::InputRecord rec{{8, 32}, at::kFloat};
