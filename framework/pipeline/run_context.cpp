@@ -83,6 +83,7 @@ void RunContext::check_world() const {
 }
 
 void RunContext::check_out_dir() {
+  check_recorded_paths(recipe, options.out_dir);
   probe_writable(options.out_dir, "--out");
   lock_ = std::make_unique<RunLock>(options.out_dir);
   check_run_inputs(recipe, options.out_dir);

@@ -14,6 +14,7 @@
 #include <filesystem>
 
 #include "framework/core/error.h"
+#include "framework/core/utf8.h"
 #include "framework/format/atomic_file.h"
 #include "framework/format/input_file.h"
 #include "framework/pipeline/stage_registry.h"
@@ -77,6 +78,16 @@ std::vector<RunInput> run_inputs(const Recipe& r) {
   if (!r.search.latency_cache.empty() && r.search.latency_cache != "off")
     in.push_back({"search.latency_cache", r.search.latency_cache});
   return in;
+}
+
+void check_recorded_paths(const Recipe& r, const std::string& out_dir) {
+  std::vector<RunInput> recorded = run_inputs(r);
+  recorded.push_back({"--out", out_dir});
+  for (const RunInput& in : recorded) {
+    const size_t bad = find_invalid_utf8(in.path);
+    QF_REQUIRE(bad == std::string::npos, in.key, " \"", printable(in.path), "\" is not valid UTF-8 (byte ", bad,
+               "): report.json records it and JSON text is UTF-8 only; rename it or choose a UTF-8 path");
+  }
 }
 
 void check_run_inputs(const Recipe& r, const std::string& out_dir) {

@@ -29,6 +29,9 @@ std::vector<RunInput> run_inputs(const Recipe& r);
 // Before the first stage: every input that exists is a regular file, and none is a file this run
 // writes (an output in `out_dir`, or the float checkpoint). Throws qforge::Error naming both.
 void check_run_inputs(const Recipe& r, const std::string& out_dir);
+// Fails, naming it in printable form, for a path the reports record (--out, the recipe, its
+// inputs) that is not valid UTF-8: before anything is created, not when report.json is written.
+void check_recorded_paths(const Recipe& r, const std::string& out_dir);
 
 // Removes the previous run's outputs from `out_dir` (and killed writers' temporaries), keeping
 // every input of the recipe; returns the names removed.

@@ -1,6 +1,7 @@
 // Rendering of qtrain's report.json / report.md.
 #include "framework/report/report_files.h"
 
+#include "framework/core/utf8.h"
 #include "framework/format/atomic_file.h"
 
 #include <filesystem>
@@ -178,7 +179,27 @@ void md_notes(std::ostringstream& md, const nlohmann::json& report) {
 
 }  // namespace
 
-std::string write_report_files(const nlohmann::json& report, const Recipe& r, const std::string& out_dir) {
+nlohmann::json safe_for_report(const nlohmann::json& j) {
+  auto safe = [](std::string s) {
+    return find_invalid_utf8(s) == std::string::npos ? s : printable(s);
+  };
+  if (j.is_string()) return safe(j.get<std::string>());
+  if (j.is_array()) {
+    nlohmann::json out = nlohmann::json::array();
+    for (const auto& v : j) out.push_back(safe_for_report(v));
+    return out;
+  }
+  if (j.is_object()) {
+    nlohmann::json out = nlohmann::json::object();
+    for (const auto& [k, v] : j.items()) out[safe(k)] = safe_for_report(v);
+    return out;
+  }
+  return j;
+}
+
+std::string write_report_files(const nlohmann::json& unchecked, const Recipe& r, const std::string& out_dir) {
+  // Text from files qforge did not write (a foreign dump's keys) may be any bytes.
+  const nlohmann::json report = safe_for_report(unchecked);
   const fs::path json_path = fs::path(out_dir) / "report.json";
   io::write_text_atomically(json_path.string(), report.dump(2) + "\n");
   std::ostringstream md;

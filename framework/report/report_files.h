@@ -13,7 +13,12 @@ namespace qforge {
 // The files write_report_files writes into the output directory.
 inline constexpr const char* kReportFileNames[] = {"report.json", "report.md", "report.html"};
 
+// `j` with every string and key that is not valid UTF-8 in its printable form (\xNN escapes,
+// framework/core/utf8.h): JSON text is UTF-8 only.
+nlohmann::json safe_for_report(const nlohmann::json& j);
+
 // Writes <out_dir>/report.json, report.md and report.html; returns the path of report.json.
+// They are written from safe_for_report(report).
 std::string write_report_files(const nlohmann::json& report, const Recipe& recipe, const std::string& out_dir);
 
 // report.html: one self-contained page (the plotting library inlined, no network, no other file):

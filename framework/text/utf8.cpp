@@ -4,54 +4,6 @@
 
 namespace qforge::text {
 
-namespace {
-
-bool is_continuation(unsigned char c) { return (c & 0xC0) == 0x80; }
-
-// Valid range of the second byte after lead byte `lead` (Unicode Table 3-7), so overlong forms,
-// surrogates and code points above U+10FFFF are rejected at the second byte.
-void second_byte_range(unsigned char lead, unsigned char& lo, unsigned char& hi) {
-  lo = 0x80;
-  hi = 0xBF;
-  if (lead == 0xE0) lo = 0xA0;
-  if (lead == 0xED) hi = 0x9F;
-  if (lead == 0xF0) lo = 0x90;
-  if (lead == 0xF4) hi = 0x8F;
-}
-
-size_t expected_length(unsigned char lead) {
-  if (lead < 0x80) return 1;
-  if (lead >= 0xC2 && lead <= 0xDF) return 2;
-  if (lead >= 0xE0 && lead <= 0xEF) return 3;
-  if (lead >= 0xF0 && lead <= 0xF4) return 4;
-  return 0;
-}
-
-// How many bytes of the sequence at s[i] are a valid prefix (at least 1: the maximal subpart).
-size_t valid_prefix_length(const std::string& s, size_t i) {
-  const auto lead = static_cast<unsigned char>(s[i]);
-  const size_t want = expected_length(lead);
-  if (want <= 1) return 1;
-  size_t n = 1;
-  unsigned char lo = 0, hi = 0;
-  second_byte_range(lead, lo, hi);
-  while (n < want && i + n < s.size()) {
-    const auto c = static_cast<unsigned char>(s[i + n]);
-    const bool ok = n == 1 ? (c >= lo && c <= hi) : is_continuation(c);
-    if (!ok) break;
-    ++n;
-  }
-  return n;
-}
-
-}  // namespace
-
-size_t utf8_sequence_length(const std::string& s, size_t i) {
-  const size_t want = expected_length(static_cast<unsigned char>(s[i]));
-  if (want == 0) return 0;
-  return valid_prefix_length(s, i) == want || want == 1 ? want : 0;
-}
-
 char32_t decode_code_point(const std::string& s, size_t i, size_t len) {
   const auto b = [&](size_t k) { return static_cast<char32_t>(static_cast<unsigned char>(s[i + k])); };
   switch (len) {
@@ -60,15 +12,6 @@ char32_t decode_code_point(const std::string& s, size_t i, size_t len) {
     case 3: return ((b(0) & 0x0F) << 12) | ((b(1) & 0x3F) << 6) | (b(2) & 0x3F);
     default: return ((b(0) & 0x07) << 18) | ((b(1) & 0x3F) << 12) | ((b(2) & 0x3F) << 6) | (b(3) & 0x3F);
   }
-}
-
-size_t find_invalid_utf8(const std::string& s) {
-  for (size_t i = 0; i < s.size();) {
-    const size_t len = utf8_sequence_length(s, i);
-    if (len == 0) return i;
-    i += len;
-  }
-  return std::string::npos;
 }
 
 void require_utf8(const std::string& s, const std::string& what) {
@@ -106,7 +49,7 @@ std::string utf8_lossy(const std::string& bytes) {
       i += len;
     } else {
       append_utf8(out, kReplacementChar);
-      i += valid_prefix_length(bytes, i);
+      i += utf8_valid_prefix_length(bytes, i);
     }
   }
   return out;

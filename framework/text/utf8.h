@@ -6,19 +6,20 @@
 #include <cstddef>
 #include <string>
 
+#include "framework/core/utf8.h"
+
 namespace qforge::text {
 
 inline constexpr char32_t kReplacementChar = 0xFFFD;
 
 // Byte offset of the first invalid sequence of `s`, or std::string::npos when `s` is valid UTF-8
-// (no overlong forms, no surrogates, nothing above U+10FFFF).
-size_t find_invalid_utf8(const std::string& s);
+// (no overlong forms, no surrogates, nothing above U+10FFFF); the length of the valid sequence at
+// s[i] (0 when none starts there). framework/core/utf8.h holds them.
+using ::qforge::find_invalid_utf8;
+using ::qforge::utf8_sequence_length;
 
 // Throws qforge::Error naming `what` and the byte offset when `s` is not valid UTF-8.
 void require_utf8(const std::string& s, const std::string& what);
-
-// Length in bytes of the valid UTF-8 sequence starting at s[i], 0 when none starts there.
-size_t utf8_sequence_length(const std::string& s, size_t i);
 
 // The code point of the valid sequence of `len` bytes at s[i].
 char32_t decode_code_point(const std::string& s, size_t i, size_t len);

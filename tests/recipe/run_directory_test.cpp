@@ -21,6 +21,7 @@
 #include "framework/recipe/recipe.h"
 #include "framework/recipe/sha256.h"
 #include "framework/recipe/task.h"
+#include "framework/report/report_files.h"
 #include "tests/error_of.h"
 
 using namespace qforge;
@@ -234,4 +235,27 @@ TEST(FloatCheckpoint, Issue39Item4DefaultPathIsKeyedBySettingsAndTheDryRunReport
   EXPECT_NE(e.find("holds float weights trained differently"), std::string::npos) << e;
   EXPECT_NE(e.find("train.epochs: checkpoint 1, this recipe 2"), std::string::npos) << e;
   EXPECT_EQ(error_of([&] { run_pipeline(cnn({"train.epochs=1", "model.checkpoint=" + ckpt}), dry); }), "");
+}
+
+// Item 18: a path that is not UTF-8 aborted the run after the work with a raw
+// json.exception.type_error.316; now it is refused before anything is created, naming the path in
+// printable form, and text from foreign files is escaped in the reports.
+TEST(RunDirectory, Issue39Item18NonUtf8PathsAreRefusedAtTheStartAndForeignTextIsEscaped) {
+  TempOut out;
+  const std::string bad_out = out.file("run-\xff\xfe");
+  const std::string e = run_interrupted(cnn({"model.checkpoint=" + out.file("fp32.h5")}), bad_out);
+  EXPECT_NE(e.find("--out \"" + out.file("run-\\xFF\\xFE") + "\" is not valid UTF-8"), std::string::npos) << e;
+  EXPECT_FALSE(fs::exists(bad_out));
+  const std::string ckpt = run_interrupted(cnn({"model.checkpoint=" + out.file("fp\xc3(32.h5")}), out.file("run"));
+  EXPECT_NE(ckpt.find("model.checkpoint \"" + out.file("fp\\xC3(32.h5") + "\" is not valid UTF-8"), std::string::npos)
+      << ckpt;
+  // Valid UTF-8 passes as it is (é, 日本).
+  EXPECT_EQ(run_interrupted(cnn({"model.checkpoint=" + out.file("fp32-\xc3\xa9.h5")}), out.file("\xe6\x97\xa5\xe6\x9c\xac")), "");
+  // A foreign key reaching a report: escaped, and the JSON dumps.
+  const nlohmann::json j = {{"search", {{"key\xff", "value\x80\x1b[31m"}}}, {"ok", "caf\xc3\xa9"}};
+  const nlohmann::json safe = safe_for_report(j);
+  EXPECT_NO_THROW((void)safe.dump());
+  ASSERT_TRUE(safe.at("search").contains("key\\xFF")) << safe.dump();
+  EXPECT_EQ(safe.at("search").at("key\\xFF"), "value\\x80\\x1B[31m");
+  EXPECT_EQ(safe.at("ok"), "caf\xc3\xa9");
 }
