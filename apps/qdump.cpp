@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "framework/core/error.h"
+#include "framework/core/utf8.h"
 #include "framework/io/calibration_dump.h"
 #include "framework/io/checkpoint.h"
 #include "framework/format/hdf5.h"
@@ -76,18 +77,21 @@ std::string summary(const at::Tensor& t) {
   return os.str();
 }
 
+// Names, attributes and notes come from the file: printed through printable() (framework/core/utf8.h)
+// so no byte of a crafted file reaches the terminal as a control sequence.
 void print_attrs(const h5::Object& o, const std::string& indent) {
   for (const std::string& a : o.attr_names()) {
     std::string v = o.attr_to_string(a);
+    for (char& c : v) if (c == '\n') c = ' ';  // multi-line text (a recipe) on one line
+    v = printable(v);
     if (v.size() > 120) v = v.substr(0, 117) + "...";
-    for (char& c : v) if (c == '\n') c = ' ';
-    std::printf("%s@%s = %s\n", indent.c_str(), a.c_str(), v.c_str());
+    std::printf("%s@%s = %s\n", indent.c_str(), printable(a).c_str(), v.c_str());
   }
 }
 
 void show_dataset(const h5::Dataset& ds, const std::string& name, const std::string& indent) {
   const h5::DatasetInfo info = ds.info();
-  std::printf("%s%s  %s %s  %s\n", indent.c_str(), name.c_str(), dtype_name(info.dtype).c_str(),
+  std::printf("%s%s  %s %s  %s\n", indent.c_str(), printable(name).c_str(), dtype_name(info.dtype).c_str(),
               shape_string(info.shape).c_str(), summary(ds.read()).c_str());
 }
 
@@ -108,10 +112,10 @@ void show_group(const h5::Group& g, const std::string& indent, std::set<uint64_t
       case h5::ObjectType::kGroup: {
         const h5::Group child = g.open_group(name);
         if (!seen.insert(child.address()).second) {
-          std::printf("%s%s/  (hard link to a group shown above; not repeated)\n", indent.c_str(), name.c_str());
+          std::printf("%s%s/  (hard link to a group shown above; not repeated)\n", indent.c_str(), printable(name).c_str());
           break;
         }
-        std::printf("%s%s/\n", indent.c_str(), name.c_str());
+        std::printf("%s%s/\n", indent.c_str(), printable(name).c_str());
         show_group(child, indent + "  ", seen);
         break;
       }
@@ -121,7 +125,7 @@ void show_group(const h5::Group& g, const std::string& indent, std::set<uint64_t
         print_attrs(ds, indent + "  ");
         break;
       }
-      default: std::printf("%s%s  (other object)\n", indent.c_str(), name.c_str());
+      default: std::printf("%s%s  (other object)\n", indent.c_str(), printable(name).c_str());
     }
   }
   if (quantized) show_quantized(g, indent);
@@ -154,8 +158,8 @@ int show(const std::string& file, const std::string& path) {
         best = c;
     if (best.empty()) {
       std::string children;
-      for (const std::string& c : g.children()) children += (children.empty() ? "" : ", ") + c;
-      throw qforge::Error("qdump show: " + file + " has no '" + rest + "' under " + g.path() +
+      for (const std::string& c : g.children()) children += (children.empty() ? "" : ", ") + printable(c);
+      throw qforge::Error("qdump show: " + printable(file) + " has no '" + printable(rest) + "' under " + printable(g.path()) +
                           (children.empty() ? std::string(" (it is empty)") : " (children: " + children + ")"));
     }
     rest.erase(0, best.size());
@@ -169,7 +173,7 @@ int show(const std::string& file, const std::string& path) {
     }
     g = g.open_group(best);
   }
-  std::printf("%s: %s\n", file.c_str(), g.path().c_str());
+  std::printf("%s: %s\n", printable(file).c_str(), printable(g.path()).c_str());
   std::set<uint64_t> seen{g.address()};
   show_group(g, "  ", seen);
   return 0;
@@ -225,13 +229,13 @@ int diff(const std::string& a_path, const std::string& b_path, double atol) {
   int differences = 0;
   for (const auto& [p, t] : a) {
     if (!b.count(p)) {
-      std::printf("- %s (only in %s)\n", p.c_str(), a_path.c_str());
+      std::printf("- %s (only in %s)\n", printable(p).c_str(), printable(a_path).c_str());
       ++differences;
     }
   }
   for (const auto& [p, t] : b) {
     if (!a.count(p)) {
-      std::printf("+ %s (only in %s)\n", p.c_str(), b_path.c_str());
+      std::printf("+ %s (only in %s)\n", printable(p).c_str(), printable(b_path).c_str());
       ++differences;
     }
   }
@@ -239,7 +243,7 @@ int diff(const std::string& a_path, const std::string& b_path, double atol) {
     auto it = b.find(p);
     if (it == b.end()) continue;
     if (it->second != t) {
-      std::printf("~ %s: a group in one file, a dataset in the other\n", p.c_str());
+      std::printf("~ %s: a group in one file, a dataset in the other\n", printable(p).c_str());
       ++differences;
       continue;
     }
@@ -257,22 +261,25 @@ int diff(const std::string& a_path, const std::string& b_path, double atol) {
     for (const auto& [n, v] : attrs_a) {
       auto jt = attrs_b.find(n);
       if (jt == attrs_b.end()) {
-        std::printf("~ %s @%s: only in %s (%s)\n", p.c_str(), n.c_str(), a_path.c_str(), v.c_str());
+        std::printf("~ %s @%s: only in %s (%s)\n", printable(p).c_str(), printable(n).c_str(), printable(a_path).c_str(),
+                    printable(v).c_str());
         ++differences;
       } else if (jt->second != v && n != "qforge_version") {
-        std::printf("~ %s @%s: %s vs %s\n", p.c_str(), n.c_str(), v.c_str(), jt->second.c_str());
+        std::printf("~ %s @%s: %s vs %s\n", printable(p).c_str(), printable(n).c_str(), printable(v).c_str(),
+                    printable(jt->second).c_str());
         ++differences;
       }
     }
     for (const auto& [n, v] : attrs_b) {
       if (!attrs_a.count(n)) {
-        std::printf("~ %s @%s: only in %s (%s)\n", p.c_str(), n.c_str(), b_path.c_str(), v.c_str());
+        std::printf("~ %s @%s: only in %s (%s)\n", printable(p).c_str(), printable(n).c_str(), printable(b_path).c_str(),
+                    printable(v).c_str());
         ++differences;
       }
     }
     if (!ta.defined()) continue;
     if (ta.scalar_type() != tb.scalar_type() || ta.sizes() != tb.sizes()) {
-      std::printf("~ %s: %s %s vs %s %s\n", p.c_str(), dtype_name(ta.scalar_type()).c_str(),
+      std::printf("~ %s: %s %s vs %s %s\n", printable(p).c_str(), dtype_name(ta.scalar_type()).c_str(),
                   shape_string(ta.sizes()).c_str(), dtype_name(tb.scalar_type()).c_str(),
                   shape_string(tb.sizes()).c_str());
       ++differences;
@@ -286,7 +293,7 @@ int diff(const std::string& a_path, const std::string& b_path, double atol) {
     const at::Tensor differs = at::logical_or(delta.gt(atol), delta.isnan());
     const int64_t n = differs.sum().item<int64_t>();
     if (n > 0) {
-      std::printf("~ %s: %lld of %lld elements differ, max |a-b| %s\n", p.c_str(),
+      std::printf("~ %s: %lld of %lld elements differ, max |a-b| %s\n", printable(p).c_str(),
                   static_cast<long long>(n), static_cast<long long>(ta.numel()),
                   fmt(delta.masked_select(differs).max().item<double>()).c_str());
       ++differences;
@@ -315,9 +322,14 @@ int errors(const std::string& file, int64_t top) {
     std::snprintf(buf, sizeof buf, "%.1f", v);
     return buf;
   };
+  // A count stored as a double: NaN (a foreign or damaged table) or missing prints "-".
+  auto count = [](double v) -> std::string {
+    if (!std::isfinite(v) || v < 0 || v > 9.0e18) return "-";
+    return std::to_string(static_cast<long long>(std::llround(v)));
+  };
   std::printf("%s: per-layer error over %lld calibration batches, worst first (SQNR dB; own = float inputs,\n"
               "accumulated = the quantized model's inputs)\n",
-              file.c_str(), static_cast<long long>(t->batches));
+              printable(file).c_str(), static_cast<long long>(t->batches));
   std::printf("%-40s %-10s %8s %8s %8s %9s %9s  %s\n", "layer", "type", "weight", "own", "accum", "clipped%",
               "nonfinite", "note");
   int64_t shown = 0;
@@ -326,10 +338,10 @@ int errors(const std::string& file, int64_t top) {
     const double clipped = value(l, "clipped_fraction");
     char clip[32] = "-";
     if (!std::isnan(clipped)) std::snprintf(clip, sizeof clip, "%.3f", 100.0 * clipped);
-    std::printf("%-40s %-10s %8s %8s %8s %9s %9lld  %s\n", l.path.empty() ? "(root)" : l.path.c_str(), l.type.c_str(),
-                db(value(l, "weight_sqnr_db")).c_str(), db(value(l, "own_sqnr_db")).c_str(),
-                db(value(l, "accumulated_sqnr_db")).c_str(), clip,
-                static_cast<long long>(value(l, "nonfinite_inputs")), l.note.c_str());
+    std::printf("%-40s %-10s %8s %8s %8s %9s %9s  %s\n", l.path.empty() ? "(root)" : printable(l.path).c_str(),
+                printable(l.type).c_str(), db(value(l, "weight_sqnr_db")).c_str(), db(value(l, "own_sqnr_db")).c_str(),
+                db(value(l, "accumulated_sqnr_db")).c_str(), clip, count(value(l, "nonfinite_inputs")).c_str(),
+                printable(l.note).c_str());
   }
   return 0;
 }

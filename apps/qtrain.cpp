@@ -14,6 +14,7 @@
 #include <CLI/CLI.hpp>
 
 #include "framework/pipeline/pipeline.h"
+#include "framework/pipeline/run_directory.h"
 
 namespace {
 
@@ -99,12 +100,12 @@ int main(int argc, char** argv) {
   if (!world.single()) {
     opt.world = &world;
     if (world.rank() != 0) {
-      char tmpl[] = "/tmp/qtrain-rank-XXXXXX";
-      if (::mkdtemp(tmpl) == nullptr) {
-        std::fprintf(stderr, "%s: cannot create a private output directory in /tmp\n", who.c_str());
+      try {
+        private_dir = qforge::pipeline::make_rank_dir("/tmp");
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "%s: %s\n", who.c_str(), e.what());
         return 1;
       }
-      private_dir = tmpl;
       opt.out_dir = private_dir;
       // Progress bars, stage lines and notes are rank 0's; this rank keeps a stream for its
       // errors (prefixed with its rank) and sends the rest of its output to /dev/null.
@@ -128,7 +129,8 @@ int main(int argc, char** argv) {
     const qforge::PipelineResult res = qforge::run_pipeline(recipe, opt);
     world.barrier();  // rank 0 has written every output
     if (dry_run) return 0;
-    std::printf("qtrain: report written to %s\n", res.report_path.c_str());
+    if (res.report_path.empty()) std::printf("qtrain: no report files (export.report: false)\n");
+    else std::printf("qtrain: report written to %s\n", res.report_path.c_str());
     for (const std::string& stage : qforge::metric_stages_in_order(res.metrics)) {
       std::printf("  %-8s", stage.c_str());
       for (const auto& [k, v] : res.metrics.at(stage)) std::printf(" %s=%.4f", k.c_str(), v);

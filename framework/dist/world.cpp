@@ -85,6 +85,22 @@ void rethrow_as_error(const std::string& context, Fn&& fn) {
   }
 }
 
+// Gloo asserts deep inside when ranks disagree on the group's size: rank 0 publishes its size,
+// every other rank compares before joining (a mismatched rank 0 then times out naming itself).
+void check_world_size(c10d::Store& store, int rank, int size) {
+  const std::string key = "world_size";
+  if (rank == 0) {
+    const std::string v = std::to_string(size);
+    store.set(key, std::vector<uint8_t>(v.begin(), v.end()));
+    return;
+  }
+  const std::vector<uint8_t> got = store.get(key);
+  const std::string rank0(got.begin(), got.end());
+  QF_REQUIRE(rank0 == std::to_string(size), "dist: WORLD_SIZE differs between ranks: rank 0 has WORLD_SIZE=", rank0,
+             ", rank ", rank, " has WORLD_SIZE=", size, "; start every rank with the same WORLD_SIZE (torchrun sets it ",
+             "from --nproc-per-node and --nnodes)");
+}
+
 }  // namespace
 
 std::string World::prefix() const { return detail::str_cat("rank ", rank_, "/", size_); }
@@ -133,6 +149,7 @@ World World::connect(int rank, int size, const std::string& addr, int port, cons
     so.timeout = options.timeout;
     // qforge's keys under their own prefix (the agent's store holds torchrun's too).
     w.impl_->store = c10::make_intrusive<c10d::PrefixStore>("qforge", c10::make_intrusive<c10d::TCPStore>(addr, so));
+    check_world_size(*w.impl_->store, rank, size);
     auto po = c10d::ProcessGroupGloo::Options::create(options.timeout);
     const bool loopback = addr == "127.0.0.1" || addr == "localhost";
     po->devices.push_back(loopback ? c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1")

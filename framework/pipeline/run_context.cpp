@@ -128,6 +128,7 @@ void RunContext::write_report() {
   report["interrupted"] = result.interrupted;
   report["timings_s"]["total"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
   result.headline = headline_text(report);
+  if (!recipe.export_.report) return;  // export.report: false (the previous run's reports are cleared)
   save(options.out_dir, [&](const std::string& dir) {
     fs::create_directories(dir);
     result.report_path = write_report_files(report, recipe, dir);

@@ -123,6 +123,38 @@ std::vector<std::string> clear_run_outputs(const Recipe& r, const std::string& o
   return cleared;
 }
 
+namespace {
+
+constexpr const char* kRankDirPrefix = "qtrain-rank-";
+
+// The pid in "qtrain-rank-<pid>-XXXXXX", or 0 when the name is not of that form.
+long rank_dir_pid(const std::string& name) {
+  if (name.rfind(kRankDirPrefix, 0) != 0) return 0;
+  const std::string tail = name.substr(std::strlen(kRankDirPrefix));
+  const size_t dash = tail.find('-');
+  if (dash == 0 || dash == std::string::npos || tail.find_first_not_of("0123456789") != dash) return 0;
+  return std::strtol(tail.substr(0, dash).c_str(), nullptr, 10);
+}
+
+}  // namespace
+
+std::string make_rank_dir(const std::string& tmp, std::vector<std::string>* removed) {
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(tmp, ec)) {
+    const std::string name = e.path().filename().string();
+    const long pid = rank_dir_pid(name);
+    struct stat st {};
+    if (pid <= 0 || ::lstat(e.path().c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != ::getuid()) continue;
+    if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;  // alive (or not ours to judge)
+    std::error_code rm;
+    if (fs::remove_all(e.path(), rm) > 0 && removed) removed->push_back(name);
+  }
+  std::string tmpl = (fs::path(tmp) / (kRankDirPrefix + std::to_string(::getpid()) + "-XXXXXX")).string();
+  QF_REQUIRE(::mkdtemp(tmpl.data()) != nullptr, "cannot create a private output directory in ", tmp, ": ",
+             std::strerror(errno));
+  return tmpl;
+}
+
 // ---------------------------------------------------------------------------------------------
 // RunLock
 

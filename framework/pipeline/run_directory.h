@@ -37,6 +37,12 @@ void check_recorded_paths(const Recipe& r, const std::string& out_dir);
 // every input of the recipe; returns the names removed.
 std::vector<std::string> clear_run_outputs(const Recipe& r, const std::string& out_dir);
 
+// The private output directory of a rank other than 0 under torchrun (removed when it ends):
+// <tmp>/qtrain-rank-<pid>-XXXXXX, made by mkdtemp (mode 0700). A SIGKILLed rank cannot remove
+// its own, so folders of that form owned by this user whose pid no longer runs are removed
+// first (their names appended to `removed` when given). Throws naming `tmp` when none can be made.
+std::string make_rank_dir(const std::string& tmp, std::vector<std::string>* removed = nullptr);
+
 // `<dir>/.qtrain.lock`, held (flock) for the object's lifetime and holding the holder's pid. A
 // second run into the same directory is refused naming that pid; a lock file left by a run that
 // was killed is taken over (note() says so). The file is removed when the lock is released.

@@ -181,6 +181,8 @@ void md_notes(std::ostringstream& md, const nlohmann::json& report) {
 
 nlohmann::json safe_for_report(const nlohmann::json& j) {
   auto safe = [](std::string s) {
+    if (s.size() > kMaxReportText)
+      s = s.substr(0, kReportTextKept) + "... (" + std::to_string(s.size()) + " bytes; cut for the report)";
     return find_invalid_utf8(s) == std::string::npos ? s : printable(s);
   };
   if (j.is_string()) return safe(j.get<std::string>());

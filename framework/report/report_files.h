@@ -13,8 +13,14 @@ namespace qforge {
 // The files write_report_files writes into the output directory.
 inline constexpr const char* kReportFileNames[] = {"report.json", "report.md", "report.html"};
 
+// Longest string or key a report copies whole; a longer one (a foreign file's 20 MB key) keeps
+// its first kReportTextKept bytes and says how long it was.
+inline constexpr size_t kMaxReportText = 16384;
+inline constexpr size_t kReportTextKept = 256;
+
 // `j` with every string and key that is not valid UTF-8 in its printable form (\xNN escapes,
 // framework/core/utf8.h): JSON text is UTF-8 only.
+// Strings and keys longer than kMaxReportText are cut first.
 nlohmann::json safe_for_report(const nlohmann::json& j);
 
 // Writes <out_dir>/report.json, report.md and report.html; returns the path of report.json.

@@ -453,6 +453,33 @@ TEST(Dist, Issue39Item21HugeWorldSizeIsRefusedAtOnce) {
   ::setrlimit(RLIMIT_NOFILE, &saved);
 }
 
+// Issue 39 item 22: ranks started with different WORLD_SIZE got a raw Gloo assertion; the rank
+// that disagrees with rank 0 now names both sizes before joining.
+TEST(Dist, Issue39Item22WorldSizeMismatchIsNamed) {
+  const int port = free_port();
+  std::string rank1_error;
+  std::thread rank1([&] {
+    WorldOptions o;
+    o.timeout = std::chrono::milliseconds(3000);
+    try {
+      World w = World::connect(1, 2, "127.0.0.1", port, o);
+    } catch (const Error& e) {
+      rank1_error = e.what();
+    }
+  });
+  try {
+    WorldOptions o;
+    o.timeout = std::chrono::milliseconds(1500);
+    World w = World::connect(0, 3, "127.0.0.1", port, o);  // rank 1 leaves, rank 2 never comes
+    ADD_FAILURE() << "rank 0 joined a group whose ranks disagree on its size";
+  } catch (const Error&) {
+  }
+  rank1.join();
+  EXPECT_NE(rank1_error.find("WORLD_SIZE differs between ranks: rank 0 has WORLD_SIZE=3, rank 1 has WORLD_SIZE=2"),
+            std::string::npos)
+      << rank1_error;
+}
+
 TEST(Dist, SingleProcessFromAnEmptyEnvironment) {
   ::unsetenv("WORLD_SIZE");
   const World w = World::from_env();

@@ -14,8 +14,12 @@
 //                                          first save threw and the second one reads back, 3 when
 //                                          the first claimed success, 4 when AGAIN reads back wrong
 //   io_test_tool unwrite-dataset FILE DATASET -> replaces DATASET by a twin never written
+//   io_test_tool make-hostile-names OUT -> OUT: a calibration dump whose numeric-suite table has a
+//                                          layer name and note holding terminal escape sequences
+//                                          and a NaN count (what a crafted file may hold)
 #include <ATen/ATen.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -24,6 +28,7 @@
 #include <signal.h>
 #include <sys/resource.h>
 
+#include "framework/io/calibration_dump.h"
 #include "framework/io/checkpoint.h"
 #include "framework/format/hdf5.h"
 #include "framework/api/quantized_tensor.h"
@@ -181,6 +186,15 @@ int main(int argc, char** argv) {
     if (mode == "write-past-limit" && argc == 6) {
       return write_past_limit(argv[2], argv[3], static_cast<rlim_t>(std::atoll(argv[4])), argv[5]);
     }
+    if (mode == "make-hostile-names" && argc == 3) {
+      LayerErrorTable t;
+      t.batches = 1;
+      t.layers.push_back({"evil\x1b]0;pwned\x07name", "Linear", "note\x1b[2J",
+                          {{"own_sqnr_db", 12.5}, {"nonfinite_inputs", std::nan("")}}});
+      t.layers.push_back({"fc2", "Linear", "", {{"own_sqnr_db", 20.0}}});  // no count at all
+      save_calibration_dump(argv[2], CalibrationDump{}, nullptr, &t);
+      return 0;
+    }
     if (mode == "unwrite-dataset" && argc == 4) return unwrite_dataset(argv[2], argv[3]) ? 0 : 1;
     if (mode == "save-loop" && argc == 4) {
       at::set_num_threads(1);
@@ -204,6 +218,6 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "io_test_tool: %s\n", e.what());
     return 1;
   }
-  std::fprintf(stderr, "usage: io_test_tool make-fixtures DIR | dequantize CKPT OUT | make-link-cycle OUT | make-sparse-dataset OUT | make-null-dataset OUT | save-loop PATH ELEMS | write-past-limit checkpoint|calibration PATH BYTES AGAIN | unwrite-dataset FILE DATASET\n");
+  std::fprintf(stderr, "usage: io_test_tool make-fixtures DIR | dequantize CKPT OUT | make-link-cycle OUT | make-sparse-dataset OUT | make-null-dataset OUT | make-hostile-names OUT | save-loop PATH ELEMS | write-past-limit checkpoint|calibration PATH BYTES AGAIN | unwrite-dataset FILE DATASET\n");
   return 2;
 }

@@ -259,3 +259,65 @@ TEST(RunDirectory, Issue39Item18NonUtf8PathsAreRefusedAtTheStartAndForeignTextIs
   EXPECT_EQ(safe.at("search").at("key\\xFF"), "value\\x80\\x1B[31m");
   EXPECT_EQ(safe.at("ok"), "caf\xc3\xa9");
 }
+
+// Item 22: a SIGKILLed rank left its /tmp/qtrain-rank-* folder behind; the next rank to start
+// removes this user's folders whose pid no longer runs, and keeps the others.
+TEST(RunDirectory, Issue39Item22RankFoldersOfKilledRanksAreRemoved) {
+  TempOut tmp;
+  const fs::path stale = tmp.dir / ("qtrain-rank-" + std::to_string(dead_pid()) + "-abc123");
+  const fs::path live = tmp.dir / ("qtrain-rank-" + std::to_string(::getpid()) + "-def456");
+  const fs::path unnamed = tmp.dir / "qtrain-rank-Xy12ab";  // no pid in the name: not judged
+  for (const fs::path& d : {stale, live, unnamed}) fs::create_directories(d / "sub");
+  write((stale / "sub" / "report.json").string(), "left by a killed rank");
+  std::vector<std::string> removed;
+  const std::string mine = pipeline::make_rank_dir(tmp.dir.string(), &removed);
+  EXPECT_FALSE(fs::exists(stale));
+  EXPECT_TRUE(fs::exists(live));
+  EXPECT_TRUE(fs::exists(unnamed));
+  EXPECT_EQ(removed, std::vector<std::string>{stale.filename().string()});
+  EXPECT_EQ(fs::path(mine).parent_path(), tmp.dir);
+  EXPECT_EQ(fs::path(mine).filename().string().rfind("qtrain-rank-" + std::to_string(::getpid()) + "-", 0), 0u) << mine;
+  struct stat st {};
+  ASSERT_EQ(::stat(mine.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0700u);
+  EXPECT_NE(error_of([] { pipeline::make_rank_dir("/proc/qforge-no-such-dir"); }).find("cannot create a private output directory"),
+            std::string::npos);
+}
+
+// Item 22: export.report: false was ignored; a run with it writes no report file (and clears the
+// previous run's, as every run does). The float stage loads a checkpoint: no training.
+TEST(RunDirectory, Issue39Item22ExportReportFalseWritesNoReport) {
+  TempOut out;
+  const std::string ckpt = out.file("fp32.h5");
+  const std::vector<std::string> set{"model.checkpoint=" + ckpt, "data.max_eval_examples=64"};
+  {
+    const Recipe r = cnn(set);
+    Task t = make_task(r, /*with_data=*/false);
+    pipeline::save_float_checkpoint(*t.model, ckpt, r);
+  }
+  PipelineOptions o;
+  o.stages = {"float"};
+  o.out_dir = out.file("with");
+  EXPECT_EQ(error_of([&] { run_pipeline(cnn(set), o); }), "");
+  EXPECT_TRUE(fs::exists(out.file("with/report.json")));
+  std::vector<std::string> off = set;
+  off.emplace_back("export.report=false");
+  o.out_dir = out.file("without");
+  fs::create_directories(o.out_dir);
+  write(out.file("without/report.json"), "previous run");
+  EXPECT_EQ(error_of([&] { run_pipeline(cnn(off), o); }), "");
+  for (const char* f : {"report.json", "report.md", "report.html"})
+    EXPECT_FALSE(fs::exists(out.file(std::string("without/") + f))) << f;
+}
+
+// Item 22: a 20 MB key from a foreign file was copied whole into all three reports; a report keeps
+// the first kReportTextKept bytes of any string or key longer than kMaxReportText.
+TEST(RunDirectory, Issue39Item22HugeForeignTextIsCutInReports) {
+  const std::string huge(20 << 20, 'k');
+  const nlohmann::json safe = safe_for_report({{"search", {{huge, huge}}}, {"short", std::string(kMaxReportText, 's')}});
+  const std::string cut = huge.substr(0, kReportTextKept) + "... (20971520 bytes; cut for the report)";
+  ASSERT_TRUE(safe["search"].contains(cut));
+  EXPECT_EQ(safe["search"][cut], cut);
+  EXPECT_EQ(safe["short"].get<std::string>().size(), kMaxReportText);  // at the bound: whole
+  EXPECT_LT(safe.at("search").dump().size(), 1000u);
+}
