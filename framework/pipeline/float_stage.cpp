@@ -73,7 +73,7 @@ class FloatStage : public Stage {
     if (m.confusion.defined() && !t.class_names.empty())
       ctx.report["float_confusion"] = train::format_confusion(m.confusion, t.class_names);
     ctx.report["size_bytes"]["float"] = model_size(*t.model).total_bytes;
-    ctx.report["latency_ms"]["float"] = ctx.model_latency_ms();
+    ctx.record_latency("float");
   }
 };
 

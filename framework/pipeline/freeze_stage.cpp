@@ -22,7 +22,7 @@ class FreezeStage : public Stage {
     ctx.report["timings_s"]["freeze_pack"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - f0).count();
     ctx.record("frozen", ctx.evaluate("frozen eval"));
     ctx.report["size_bytes"]["frozen"] = model_size(*ctx.task.model).total_bytes;
-    ctx.report["latency_ms"]["frozen"] = ctx.model_latency_ms();
+    ctx.record_latency("frozen");
   }
 };
 

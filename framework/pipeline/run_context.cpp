@@ -2,9 +2,11 @@
 #include "framework/pipeline/run_context.h"
 
 #include <ATen/ATen.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -22,6 +24,38 @@ namespace qforge::pipeline {
 namespace fs = std::filesystem;
 
 namespace {
+
+// Calls a latency is the median of.
+constexpr int kLatencyRepeats = 21;
+
+// The CPU time the whole machine and this process spent so far, and the wall clock.
+struct CpuClock {
+  double machine_busy_s = 0, own_s = 0, wall_s = 0;
+  bool known = false;  // /proc/stat was readable
+  static CpuClock now() {
+    CpuClock c;
+    std::ifstream in("/proc/stat");
+    std::string cpu;
+    unsigned long long user = 0, nice = 0, system = 0, idle = 0, iowait = 0, irq = 0, softirq = 0, steal = 0;
+    c.known = static_cast<bool>(in >> cpu >> user >> nice >> system >> idle >> iowait >> irq >> softirq >> steal);
+    c.machine_busy_s = static_cast<double>(user + nice + system + irq + softirq + steal) /
+                       static_cast<double>(::sysconf(_SC_CLK_TCK));
+    struct rusage ru {};
+    ::getrusage(RUSAGE_SELF, &ru);
+    auto secs = [](const timeval& t) { return static_cast<double>(t.tv_sec) + 1e-6 * static_cast<double>(t.tv_usec); };
+    c.own_s = secs(ru.ru_utime) + secs(ru.ru_stime);
+    c.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+    return c;
+  }
+};
+
+// Cores other processes kept busy between a and b (about 0 on an idle machine; null when
+// /proc/stat cannot be read). /proc/stat counts in clock ticks (10 ms), so short spans are coarse.
+nlohmann::json other_busy_cores(const CpuClock& a, const CpuClock& b) {
+  const double wall = b.wall_s - a.wall_s;
+  if (!a.known || !b.known || wall <= 0) return nullptr;
+  return std::max(0.0, (b.machine_busy_s - a.machine_busy_s - (b.own_s - a.own_s)) / wall);
+}
 
 std::map<std::string, double> metric_map(const train::Metrics& m, const std::string& metric) {
   std::map<std::string, double> out{{"loss", m.loss}};
@@ -99,7 +133,7 @@ void RunContext::open_outputs() {
                             "# sha256: " + recipe.sha256 + "\n" + recipe.resolved_yaml);
   report = {{"recipe", recipe.path}, {"recipe_sha256", recipe.sha256}, {"metrics", nlohmann::json::object()},
             {"timings_s", nlohmann::json::object()}, {"size_bytes", nlohmann::json::object()},
-            {"latency_ms", {{"regime", kModelLatencyRegime}}},
+            {"latency_ms", nlohmann::json::object()},
             {"exported", nlohmann::json::object()}, {"notes", nlohmann::json::array()}};
   if (lock_ && !lock_->note().empty()) note(lock_->note());
   if (!cleared.empty()) {
@@ -173,13 +207,30 @@ train::Metrics RunContext::evaluate(const std::string& label) {
   return train::evaluate(*task.model, *task.test, task.forward, recipe.data.eval_batch_size, label, true, eval_split_);
 }
 
-double RunContext::model_latency_ms() {
+void RunContext::record_latency(const std::string& stage) {
   at::NoGradGuard no_grad;
   task.model->eval();
   const train::Batch one = task.test->get(at::zeros({1}, at::kLong));
   search::LatencyOptions o;
-  o.repeats = 21;
-  return search::time_ms([&] { task.forward(one); }, o);
+  o.repeats = kLatencyRepeats;
+  nlohmann::json& l = report["latency_ms"];
+  const CpuClock t0 = CpuClock::now();
+  l[stage] = search::time_ms([&] { task.forward(one); }, o);
+  nlohmann::json regime = {{"input_shape", one.input.sizes().vec()},
+                           {"batch", one.input.size(0)},
+                           {"phase", task.decode_step ? "prefill: the whole sequence in one forward" : "forward"},
+                           {"threads", at::get_num_threads()},
+                           {"cache", "last-level cache evicted before each call"},
+                           {"statistic", "median of " + std::to_string(kLatencyRepeats) + " calls"}};
+  if (task.decode_step) {
+    regime["sequence"] = one.input.size(1);
+    const DecodeStep step = task.decode_step(one.input);
+    l["decode_step"][stage] = search::time_ms(step.run, o);
+    l["decode_step"]["context"] = step.context;
+    l["decode_step"]["phase"] = "decode: one token through a KV cache of about `context` tokens, batch 1";
+  }
+  l["regime"] = regime;
+  l["other_busy_cores"][stage] = other_busy_cores(t0, CpuClock::now());
 }
 
 void RunContext::before_quantize() {

@@ -23,9 +23,6 @@
 
 namespace qforge::pipeline {
 
-// report.json's latency_ms.regime: how model_latency_ms measures.
-inline constexpr const char* kModelLatencyRegime =
-    "whole-model forward on 1 test example, last-level cache evicted before each call, median of 21";
 
 // Fails (qforge::Error naming `what`) unless a file can be written into `dir` (created if missing).
 void probe_writable(const std::string& dir, const std::string& what);
@@ -84,8 +81,11 @@ class RunContext {
   // Records `m` as stage `stage`'s metrics (result, report, stderr).
   void record(const std::string& stage, const train::Metrics& m);
   train::Metrics evaluate(const std::string& label);
-  // The model's forward latency as kModelLatencyRegime says.
-  double model_latency_ms();
+  // report.json's latency_ms for `stage` ("float", "frozen"): the whole-model forward of one test
+  // example and, for causal LMs, one decode step through a KV cache, each the median of 21 calls
+  // with the last-level cache evicted before each; the regime (input shape, phase, threads) and
+  // how many cores other processes kept busy meanwhile (docs/reports.md).
+  void record_latency(const std::string& stage);
 
   // Runs the task's one-time preparation before quantize (BatchNorm folding), once.
   void before_quantize();

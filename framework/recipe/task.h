@@ -16,6 +16,13 @@
 
 namespace qforge {
 
+// One decode step of a causal LM as generation runs it: `run` feeds one token through the KV
+// cache a prompt of `context` tokens filled (and appends it).
+struct DecodeStep {
+  std::function<void()> run;
+  int64_t context = 0;
+};
+
 // A model, its data and how to call it.
 struct Task {
   std::shared_ptr<torch::nn::Module> model;
@@ -29,6 +36,9 @@ struct Task {
   // BERT, GPT-2 and Llama (these two also read an HF folder, single-file or sharded), qforge's own
   // names for the MLP and CNN. Shape mismatches are listed.
   std::function<void(const std::string& path)> import_safetensors;
+  // Causal LMs: prefills part of `input` [1, T] into a KV cache and returns the decode step that
+  // follows it (report.json's latency_ms.decode_step); empty for other tasks.
+  std::function<DecodeStep(const at::Tensor& input)> decode_step;
 };
 
 // An architecture qtrain runs: the recipe's model.arch, the data.dataset it is trained on, and

@@ -21,6 +21,37 @@ std::string fmt(double v, int prec = 4) {
   return os.str();
 }
 
+// "float 6.5 ms, frozen 8.1 ms" for the stages `l` has.
+std::string per_stage_ms(const nlohmann::json& l) {
+  std::string out;
+  for (const char* stage : {"float", "frozen"})
+    if (l.contains(stage)) out += std::string(out.empty() ? "" : ", ") + stage + " " + fmt(l.at(stage).get<double>(), 3) + " ms";
+  return out;
+}
+
+// What was timed beside the figures: shape, phase, threads, and whether the machine was idle.
+void md_latency(std::ostringstream& md, const nlohmann::json& l) {
+  md << "latency: " << per_stage_ms(l);
+  if (l.contains("regime") && l.at("regime").is_object()) {
+    const auto& r = l.at("regime");
+    md << " (" << r.value("phase", std::string("forward")) << ", input " << r.at("input_shape").dump() << ", "
+       << r.value("threads", 0) << " thread(s), " << r.value("cache", std::string()) << ", "
+       << r.value("statistic", std::string()) << ")";
+  }
+  md << "\n";
+  if (l.contains("decode_step"))
+    md << "decode step: " << per_stage_ms(l.at("decode_step")) << " (" << l.at("decode_step").value("phase", std::string())
+       << ", context " << l.at("decode_step").value("context", 0) << ")\n";
+  if (l.contains("other_busy_cores")) {
+    md << "machine while timing:";
+    for (const auto& [stage, cores] : l.at("other_busy_cores").items())
+      md << " " << stage << " "
+         << (cores.is_number() ? (cores.get<double>() < 0.25 ? "idle" : "busy (" + fmt(cores.get<double>(), 2) + " other cores)")
+                               : std::string("unknown"));
+    md << "\n";
+  }
+}
+
 // Metrics per stage, wall times, size and latency.
 void md_summary(std::ostringstream& md, const nlohmann::json& report, const std::string& recipe_path, const std::string& recipe_sha256) {
   md << "# qtrain report\n\nrecipe `" << recipe_path << "` (sha256 `" << recipe_sha256 << "`)\n\n| stage | ";
@@ -50,12 +81,7 @@ void md_summary(std::ostringstream& md, const nlohmann::json& report, const std:
          << "x)";
     md << "\n";
   }
-  if (report.contains("latency_ms") && report.at("latency_ms").contains("float")) {
-    const auto& l = report.at("latency_ms");
-    md << "latency: " << fmt(l.at("float").get<double>(), 3) << " ms float"
-       << (l.contains("frozen") ? ", " + fmt(l.at("frozen").get<double>(), 3) + " ms frozen" : std::string()) << " ("
-       << l.at("regime").get<std::string>() << ")\n";
-  }
+  if (report.contains("latency_ms") && report.at("latency_ms").contains("float")) md_latency(md, report.at("latency_ms"));
 }
 
 // The frozen (or fake-quant) layers with kernels and bytes.

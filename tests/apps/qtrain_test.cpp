@@ -272,6 +272,43 @@ TEST(Qtrain, Gpt2WeightOnlyRecipeReportsPerplexity) {
   fs::remove_all(dir);
 }
 
+// Issue 39 item 2: report.json's latency said neither what was timed nor on what machine state, and
+// a causal LM's figure was a full-sequence forward; now the regime is recorded (input shape,
+// phase, threads, cache, statistic), other processes' load beside each figure, and a decode step
+// through a KV cache is timed too.
+TEST(Qtrain, Issue39Item2LatencySaysItsRegimeAndCausalLmsTimeADecodeStep) {
+  const std::string dir = out_dir("gpt2_latency");
+  const QtrainRun run = qtrain("--recipe recipes/gpt2_w4_weight_only.yaml" + small(dir) +
+                               " --set data.seq_len=32 --set train.max_steps=4");
+  ASSERT_EQ(run.code, 0) << run.output;
+  nlohmann::json l = report(dir)["latency_ms"];  // not const: a missing key reads as null
+  nlohmann::json regime = l["regime"];
+  EXPECT_EQ(regime["input_shape"], nlohmann::json::array({1, 32}));
+  EXPECT_EQ(regime["batch"], 1);
+  EXPECT_EQ(regime["sequence"], 32);
+  EXPECT_EQ(regime["phase"], "prefill: the whole sequence in one forward");
+  EXPECT_GE(regime["threads"].get<int>(), 1);
+  for (const char* stage : {"float", "frozen"}) {
+    EXPECT_GT(l[stage].get<double>(), 0.0) << stage;
+    EXPECT_GT(l["decode_step"][stage].get<double>(), 0.0) << stage;
+    ASSERT_TRUE(l["other_busy_cores"].contains(stage)) << stage;
+  }
+  EXPECT_EQ(l["decode_step"]["context"], 16);  // the first half of the sequence, prefilled
+  std::ifstream md(dir + "/report.md");
+  const std::string text((std::istreambuf_iterator<char>(md)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("decode step: float "), std::string::npos) << text;
+  EXPECT_NE(text.find("machine while timing: float "), std::string::npos) << text;
+  // A CNN has no decode step.
+  const std::string cnn = out_dir("cnn_latency");
+  ASSERT_EQ(qtrain("--recipe recipes/fmnist_cnn_int8.yaml" + small(cnn)).code, 0);
+  nlohmann::json c = report(cnn)["latency_ms"];
+  EXPECT_FALSE(c.contains("decode_step"));
+  EXPECT_EQ(c["regime"]["phase"], "forward");
+  EXPECT_EQ(c["regime"]["input_shape"], nlohmann::json::array({1, 1, 28, 28}));
+  fs::remove_all(dir);
+  fs::remove_all(cnn);
+}
+
 TEST(Qtrain, PtqSolversRunBetweenCalibrationAndEvaluationAndFreezeKeepsTheirCodes) {
   const std::string dir = out_dir("ptq_cnn");
   const QtrainRun run = qtrain("--recipe recipes/fmnist_cnn_int8.yaml" + small(dir) +

@@ -3,16 +3,42 @@
 // logits as the forward, its HF import as import_safetensors, perplexity as the metric.
 #pragma once
 
+#include <ATen/ATen.h>
+
 #include <algorithm>
+#include <memory>
 #include <string>
 
 #include "framework/data/text_corpus.h"
 #include "framework/models/hf_folder.h"
+#include "framework/models/kv_cache.h"
 #include "framework/recipe/recipe.h"
 #include "framework/recipe/task.h"
 #include "framework/recipe/tasks/task_data.h"
 
 namespace qforge::tasks {
+
+// The first half of `input` [1, T] prefilled into a cache, then one token per call; a cache that
+// reaches `positions` starts again from the prefilled one (learned position tables end there).
+template <class Model>
+DecodeStep decode_step(Model m, const at::Tensor& input, int64_t positions) {
+  const int64_t prompt = std::max<int64_t>(1, std::min(input.size(1) / 2, positions - 1));
+  auto cache = std::make_shared<models::KvCache>();
+  at::Tensor next;
+  {
+    at::NoGradGuard g;
+    next = m->forward(input.slice(1, 0, prompt), cache.get()).select(1, prompt - 1).argmax(-1, true);
+  }
+  const models::KvCache prefilled = *cache;
+  DecodeStep step;
+  step.context = prompt;
+  step.run = [m, cache, prefilled, next, positions]() mutable {
+    if (cache->length() >= positions) *cache = prefilled;
+    at::NoGradGuard g;
+    m->forward(next, cache.get());
+  };
+  return step;
+}
 
 // `positions` is the config's maximum-positions field; load(model, state, source) its HF import,
 // fed by read_hf_weights (an HF folder, single-file or sharded, or one .safetensors file).
@@ -28,6 +54,9 @@ Task causal_lm_task(const Recipe& r, bool with_data, int64_t Config::*positions,
   t.import_safetensors = [m, load](const std::string& path) mutable {
     models::HfWeights w = models::read_hf_weights(path);
     load(m, std::move(w.tensors), w.source);
+  };
+  t.decode_step = [m, limit = c.*positions](const at::Tensor& input) mutable {
+    return decode_step(m, input, limit);
   };
   t.metric = "perplexity";
   if (with_data) attach_fortunes(t, r);
