@@ -76,6 +76,19 @@ struct ConvShape {
 PackedWeightPtr pack_conv(QuantizedTensor fw, LinearPath path, const ConvShape& s, float static_scale, bool onednn,
                           const std::string& who, std::string* onednn_missing);
 
+// How a frozen Embedding looks rows up, the one rule its plan() and pack_embedding() read.
+enum class EmbeddingLookup : uint8_t {
+  kGatherS8,        // int8 per-row / per-group tables: the rows' codes and scales, dequantized
+  kGatherCodebook,  // codebook tables whose rows start on a byte: the rows' indices and levels
+  kDequantize,      // any other table: dequantized per call, then LibTorch's embedding (the layer's)
+};
+EmbeddingLookup embedding_lookup(const QSpec& table, int64_t embedding_dim);
+
+// Packs a frozen Embedding table fw [num_embeddings, dim] (the checkpoint's QuantizedTensor, kept
+// as is: weight() returns it). forward(indices, {}) gathers rows for the kGather* lookups; the
+// kDequantize table has no packed forward. to(device) keeps it on the CPU (rows go to the device).
+PackedWeightPtr pack_embedding(QuantizedTensor fw, const std::string& who);
+
 // Per-group scales and zero points of a 4-bit weight as [N, K / g] (per-tensor qparams repeat one
 // value for every row); zero points undefined when all are 0.
 std::pair<at::Tensor, at::Tensor> int4_group_params(const QParams& qp, int64_t N, int64_t K, int64_t g);
