@@ -3,7 +3,6 @@
 
 #include "framework/core/error.h"
 #include "kernels/cpu/kernel_choice.h"
-#include "kernels/cpu/linear_weight_only.h"
 #include "kernels/cpu/lut_linear.h"
 #include "kernels/cuda/cublaslt_int8_rules.h"
 #include "kernels/cuda/gemv_s4_rules.h"
@@ -30,15 +29,14 @@ bool static_act_fits_kernels(const QSpec& a, std::string* why) {
   return true;
 }
 
-// The kernels of `op` at decode size and, for the weight-only ops, above kWeightOnlyMaxM rows.
+// The kernels of `op` at decode size and, where its table switches entry by rows, above.
 void plan_kernels(kernels::LinearOp op, Isa isa, int64_t group, KernelPlan* plan) {
   const kernels::RunInfo ri = kernels::choose_decode_kernel(op, isa, group);
   plan->kernel = ri.kernel;
   plan->fallback = ri.fallback;
-  if (op == kernels::LinearOp::kF32S8 || op == kernels::LinearOp::kF32S4 || op == kernels::LinearOp::kF32Lut) {
-    plan->large_m = kernels::kWeightOnlyMaxM + 1;
-    plan->large_m_kernel = kernels::choose_kernel(op, isa, plan->large_m, group).kernel;
-  }
+  kernels::RunInfo large;
+  plan->large_m = kernels::choose_large_m(op, isa, group, &large);
+  plan->large_m_kernel = large.kernel;
 }
 
 }  // namespace

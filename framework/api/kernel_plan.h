@@ -31,8 +31,10 @@ struct KernelPlan {
   LinearPath path = LinearPath::kDequant;  // the integer path of Linear, Conv and MatMul layers
   std::string kernel;                      // what a decode-sized call runs
   std::string fallback;                    // why that is not the first choice ("" when it is)
-  // Weight-only paths: from large_m rows on a call runs large_m_kernel instead (the weight
-  // dequantized once, then the float GEMM: kernels::kWeightOnlyMaxM); 0 when no such switch.
+  // From large_m rows on a call runs large_m_kernel instead, read from the op's kernel table (the
+  // weight-only paths: the weight dequantized once, then the float GEMM; int4 with int8
+  // activations on AVX-512 VNNI: the panel GEMM; convolutions: rows are output pixels, oneDNN's
+  // convolution); 0 when one kernel serves every M.
   int64_t large_m = 0;
   std::string large_m_kernel;
 };

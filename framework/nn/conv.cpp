@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 
 #include "framework/core/error.h"
+#include "kernels/cpu/kernel_choice.h"
 #include "kernels/cpu/packed_layout.h"
 #include "kernels/cpu/packed_linear.h"
 
@@ -24,12 +25,11 @@ void ConvQuantState::check_scheme(const LayerScheme& scheme) const {
 }
 
 namespace {
-// What plan() appends to the im2col kernel when oneDNN serves the large inputs.
-std::string onednn_suffix() {
-  return detail::str_cat(" | conv_s8s8s32_onednn+dequantize_s32_f32 from ", kOneDnnConvMinRows, " output pixels");
+// The plan's kernel text: the small-input chain, then oneDNN's from its row count when planned.
+std::string conv_kernel_text(const KernelPlan& p) {
+  if (p.large_m == 0) return p.kernel;
+  return detail::str_cat(p.kernel, " | ", p.large_m_kernel, " from ", p.large_m, " output pixels");
 }
-// int8 weights with static int8 activations on AVX-512 VNNI: oneDNN's convolution is planned.
-bool onednn_planned(const KernelPlan& p) { return p.path == LinearPath::kS8Static && usable_isa() >= Isa::kAvx512Vnni; }
 }  // namespace
 
 KernelPlan ConvQuantState::plan() const {
@@ -67,20 +67,20 @@ KernelPlan ConvQuantState::plan() const {
   }
   const QSpec& ws = scheme_.weights->spec;
   // int4 weights are packed with K rounded up to 8 (zero columns), the VNNI kernels' group unit.
-  const KernelPlan lp = plan_linear(ws, scheme_.activations, scheme_.activation.spec,
-                                    nibble_packed(ws.qtype) ? kernels::round_up(K, kernels::kS4BlockK) : K);
+  const int64_t k = nibble_packed(ws.qtype) ? kernels::round_up(K, kernels::kS4BlockK) : K;
+  const KernelPlan lp = plan_linear(ws, scheme_.activations, scheme_.activation.spec, k);
   if (lp.path != LinearPath::kS8Static && lp.path != LinearPath::kS4Static) {
     p.fallback = detail::str_cat("no integer convolution kernel: ", lp.fallback, per_call);
     return p;
   }
   p.path = lp.path;
-  // A convolution has M = batch * output pixels rows: the int4 VNNI dispatcher takes its panel
-  // GEMM from 4 rows on.
-  std::string gemm = lp.kernel;
-  if (gemm == "gemv_s8s4f32_n16k8_avx512vnni") gemm = "gemm_s8s4f32_n16k8_avx512vnni";
-  p.kernel = "im2col_s8+" + gemm;
-  p.fallback = lp.fallback;
-  if (onednn_planned(p)) p.kernel += onednn_suffix();
+  // The convolution's kernel table: im2col chunks through the GEMM, oneDNN for large inputs.
+  const kernels::ConvChoice c = kernels::choose_conv_kernel(p.path == LinearPath::kS4Static, usable_isa(), k);
+  p.large_m = c.large_rows;
+  p.large_m_kernel = c.large_kernel.kernel;
+  p.kernel = c.kernel.kernel;
+  p.fallback = c.kernel.fallback;
+  p.kernel = conv_kernel_text(p);
   return p;
 }
 
@@ -100,7 +100,8 @@ void ConvQuantState::install_conv(QuantizedTensor fw, at::Tensor& weight,
     act_scale = input_q_->qparams().scale.item<float>();
   }
   std::string onednn_missing;
-  packed_ = pack_conv(std::move(fw), p.path, conv_shape(), act_scale, onednn_planned(p), who, &onednn_missing);
+  const bool onednn = p.large_m > 0;  // the convolution table's one row switch is to oneDNN's convolution
+  packed_ = pack_conv(std::move(fw), p.path, conv_shape(), act_scale, onednn, who, &onednn_missing);
   if (params.contains("weight")) params.erase("weight");
   weight = at::Tensor();
   if (weight_q_) weight_q_->clear_cache();
@@ -108,7 +109,7 @@ void ConvQuantState::install_conv(QuantizedTensor fw, at::Tensor& weight,
   if (!onednn_missing.empty()) {
     // The plan wanted oneDNN's convolution for large inputs but it could not be built here:
     // im2col at every size, with the reason.
-    kernel_ = p.kernel.substr(0, p.kernel.size() - onednn_suffix().size());
+    kernel_ = p.kernel.substr(0, p.kernel.find(" | "));  // conv_kernel_text's small-input chain
     fallback_ = detail::str_cat(p.fallback, p.fallback.empty() ? "" : "; ", "conv_s8s8s32_onednn: ", onednn_missing);
   }
 }

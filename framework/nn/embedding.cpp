@@ -1,48 +1,11 @@
-// Embedding: fake-quant table for PTQ/QAT; frozen lookups gather packed rows then dequantize.
+// Embedding: fake-quant table for PTQ/QAT; frozen lookups through the table's PackedWeight.
 #include "framework/nn/embedding.h"
 
 #include <ATen/ATen.h>
 
-#include <vector>
-
 #include "framework/core/error.h"
 
 namespace qforge::nn {
-
-namespace {
-// Rows of int8 tables with per-row (or per-group) scales are gathered before dequantizing.
-bool row_gather(const QSpec& s) {
-  return s.granularity != Granularity::kPerTensor && s.qtype.is_integer() && s.qtype.bits == 8 && s.qtype != quint8;
-}
-
-// Codebook tables whose rows start on a byte (dim a multiple of the codes per byte) gather the
-// looked-up rows' packed indices and levels only.
-bool codebook_gather(const QSpec& s, int64_t dim) {
-  return s.qtype.is_codebook() && dim % (8 / codebook_storage_bits(s.qtype)) == 0;
-}
-
-// codebook[row, ..., code] for the rows `flat` of a frozen codebook table: [rows, dim] float.
-at::Tensor gather_codebook_rows(const QuantizedTensor& fw, const at::Tensor& flat) {
-  const int64_t num = fw.shape[0], dim = fw.shape[1];
-  const int sb = codebook_storage_bits(fw.spec.qtype), per = 8 / sb;
-  const at::Tensor bytes = fw.data.reshape({num, dim / per}).index_select(0, flat).to(at::kInt);
-  std::vector<at::Tensor> fields;
-  for (int a = 0; a < per; ++a) fields.push_back(at::bitwise_and(at::__rshift__(bytes, a * sb), (1 << sb) - 1));
-  const int64_t n = flat.numel();
-  const at::Tensor codes = at::stack(fields, -1).reshape({n, dim}).to(at::kLong);
-  const at::Tensor cb = fw.codebook.to(at::kFloat);
-  const int64_t L = fw.spec.qtype.levels();
-  switch (fw.spec.granularity) {
-    case Granularity::kPerTensor: return cb.reshape({L}).index_select(0, codes.reshape({-1})).reshape({n, dim});
-    case Granularity::kPerChannel: return cb.index_select(0, flat).gather(1, codes);
-    case Granularity::kPerGroup: {
-      const int64_t g = fw.spec.group_size;
-      return cb.index_select(0, flat).gather(2, codes.reshape({n, dim / g, g})).reshape({n, dim});
-    }
-  }
-  return {};
-}
-}  // namespace
 
 void EmbeddingImpl::check_scheme(const LayerScheme& scheme) const {
   QuantizableLayer::check_scheme(scheme);
@@ -61,25 +24,9 @@ void EmbeddingImpl::check_scheme(const LayerScheme& scheme) const {
 at::Tensor EmbeddingImpl::forward(const at::Tensor& indices) {
   note_input(indices);
   if (frozen_) {
-    if (codebook_gather(fweight_.spec, options.embedding_dim())) {
-      const at::Tensor flat = indices.reshape({-1}).to(at::kCPU, at::kLong);
-      std::vector<int64_t> shape(indices.sizes().begin(), indices.sizes().end());
-      shape.push_back(options.embedding_dim());
-      return gather_codebook_rows(fweight_, flat).reshape(shape).to(indices.device());
-    }
-    if (row_gather(fweight_.spec)) {
-      // Gather int8 rows and their scales, dequantize only those.
-      // The frozen table stays on the CPU; rows gathered for indices on another device go there.
-      const at::Tensor flat = indices.reshape({-1}).to(at::kCPU);
-      const at::Tensor codes = fweight_.data.reshape(fweight_.shape).index_select(0, flat);
-      QParams rows = fweight_.qparams();
-      rows.scale = fweight_.scale.index_select(0, flat);
-      rows.zero_point = fweight_.zero_point.index_select(0, flat);
-      std::vector<int64_t> shape(indices.sizes().begin(), indices.sizes().end());
-      shape.push_back(options.embedding_dim());
-      return dequantize_int(codes, rows).reshape(shape).to(indices.device());
-    }
-    ScopedTensorSwap swap(weight, fweight_.dequantize().to(indices.device()));
+    // The frozen table stays on the CPU; rows gathered for indices on another device go there.
+    if (lookup_ != EmbeddingLookup::kDequantize) return packed_->forward(indices, FrozenInput{});
+    ScopedTensorSwap swap(weight, packed_->weight().dequantize().to(indices.device()));
     return torch::nn::EmbeddingImpl::forward(indices);
   }
   if (!quantized()) return torch::nn::EmbeddingImpl::forward(indices);
@@ -93,7 +40,8 @@ void EmbeddingImpl::install_frozen(QuantizedTensor fw) {
   QF_REQUIRE(fw.shape == std::vector<int64_t>({options.num_embeddings(), options.embedding_dim()}), path_,
              " (Embedding): frozen table has shape ", at::IntArrayRef(fw.shape), ", layer expects [",
              options.num_embeddings(), ", ", options.embedding_dim(), "]");
-  fweight_ = std::move(fw);
+  lookup_ = embedding_lookup(fw.spec, options.embedding_dim());
+  packed_ = pack_embedding(std::move(fw), path_ + " (Embedding)");
   if (parameters_.contains("weight")) parameters_.erase("weight");
   weight = at::Tensor();
   if (weight_q_) weight_q_->clear_cache();
@@ -111,9 +59,10 @@ std::shared_ptr<QuantizableLayer> EmbeddingImpl::float_copy() const {
 KernelPlan EmbeddingImpl::plan() const {
   KernelPlan p;
   const QSpec s = scheme_.weights ? scheme_.weights->spec : QSpec{};
-  if (row_gather(s)) {
+  const EmbeddingLookup lookup = embedding_lookup(s, options.embedding_dim());
+  if (lookup == EmbeddingLookup::kGatherS8) {
     p.kernel = "gather_s8+dequantize_rows";
-  } else if (codebook_gather(s, options.embedding_dim())) {
+  } else if (lookup == EmbeddingLookup::kGatherCodebook) {
     p.kernel = "gather_codebook_rows";
   } else {
     p.kernel = "dequantize+embedding";

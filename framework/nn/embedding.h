@@ -1,10 +1,12 @@
 // qforge::nn::Embedding: torch::nn::Embedding with a weight quantizer (per-row or per-group
-// scales). Frozen tables keep packed codes and dequantize only the rows a lookup gathers.
+// scales). A frozen table is held as a PackedWeight (pack_embedding) that gathers and dequantizes
+// only the looked-up rows where its format allows.
 #pragma once
 
 #include <torch/nn/modules/embedding.h>
 
 #include "framework/api/quantized_tensor.h"
+#include "framework/nn/packed_weight.h"
 #include "framework/nn/quantizable.h"
 #include "framework/nn/twin.h"
 
@@ -37,14 +39,15 @@ class EmbeddingImpl : QFORGE_TWIN_BASE(torch::nn::EmbeddingImpl), public Quantiz
   void install_frozen(QuantizedTensor fw) override;
   KernelPlan plan() const override;
   std::shared_ptr<QuantizableLayer> float_copy() const override;
-  QuantizedTensor frozen_weight() const override { return fweight_; }
+  QuantizedTensor frozen_weight() const override { return packed_ ? packed_->weight() : QuantizedTensor{}; }
 
  protected:
   at::Tensor float_weight() const override { return weight; }
-  int64_t frozen_storage_bytes() const override { return fweight_.defined() ? fweight_.bytes() : 0; }
+  int64_t frozen_storage_bytes() const override { return packed_ ? packed_->bytes() : 0; }
 
  private:
-  QuantizedTensor fweight_;
+  PackedWeightPtr packed_;
+  EmbeddingLookup lookup_ = EmbeddingLookup::kDequantize;  // packed_'s, for forward
 };
 TORCH_MODULE(Embedding);
 

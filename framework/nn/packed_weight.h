@@ -68,18 +68,26 @@ struct ConvShape {
   bool zeros_padding = true;     // padding_mode zeros
 };
 
-// int8 weights on AVX-512 VNNI: oneDNN's int8 convolution (exact int32 sums, qforge's epilogue)
-// from kOneDnnConvMinRows output pixels (batch x OH x OW) on, where it beats im2col + GEMM at
-// the SmallCnn's shapes (qbench conv_s8_cnn, model_cnn_b128); below, its per-call set-up costs
-// more than it saves (model_cnn_b1), so im2col runs.
-constexpr int64_t kOneDnnConvMinRows = 4096;
-
 // Packs a frozen convolution weight `fw` [N, C, kh(, kw)] of shape `s` for the integer
 // convolution (`path` kS8Static or kS4Static; any other path keeps it packed and dequantizes per
-// call). onednn: also build oneDNN's int8 convolution (int8 weights); *onednn_missing says why it
-// could not be built when it was asked for (left unchanged otherwise).
+// call). onednn: also build oneDNN's int8 convolution (int8 weights), which the convolution's
+// kernel table (kernels/cpu/conv_s8.h) runs for large inputs; *onednn_missing says why it could
+// not be built when it was asked for (left unchanged otherwise).
 PackedWeightPtr pack_conv(QuantizedTensor fw, LinearPath path, const ConvShape& s, float static_scale, bool onednn,
                           const std::string& who, std::string* onednn_missing);
+
+// How a frozen Embedding looks rows up, the one rule its plan() and pack_embedding() read.
+enum class EmbeddingLookup : uint8_t {
+  kGatherS8,        // int8 per-row / per-group tables: the rows' codes and scales, dequantized
+  kGatherCodebook,  // codebook tables whose rows start on a byte: the rows' indices and levels
+  kDequantize,      // any other table: dequantized per call, then LibTorch's embedding (the layer's)
+};
+EmbeddingLookup embedding_lookup(const QSpec& table, int64_t embedding_dim);
+
+// Packs a frozen Embedding table fw [num_embeddings, dim] (the checkpoint's QuantizedTensor, kept
+// as is: weight() returns it). forward(indices, {}) gathers rows for the kGather* lookups; the
+// kDequantize table has no packed forward. to(device) keeps it on the CPU (rows go to the device).
+PackedWeightPtr pack_embedding(QuantizedTensor fw, const std::string& who);
 
 // Per-group scales and zero points of a 4-bit weight as [N, K / g] (per-tensor qparams repeat one
 // value for every row); zero points undefined when all are 0.

@@ -35,36 +35,14 @@ kernels::ConvGeometry conv_geometry(const ConvShape& s, int64_t batch, int64_t i
   return g;
 }
 
-// One convolution call: the input codes (channels last), its scale, bias, geometry and epilogue.
-struct ConvCall {
-  const int8_t* q;
-  float a_scale;
-  const float* bias;
-  kernels::ConvGeometry g;
-  bool relu;
-};
-
-// oneDNN for large inputs when it was built and has a primitive for this size, else im2col: the
-// same values.
-void run_conv(const kernels::PackedLinearS8& w, const OneDnnConvS8* onednn, const ConvCall& c, float* y) {
-  const float* ws = w.w_scale().data_ptr<float>();
-  if (onednn == nullptr || c.g.gemm_m() < kOneDnnConvMinRows ||
-      !kernels::conv2d_s8s8f32_onednn(*onednn, c.q, c.a_scale, ws, c.bias, c.g, y, c.relu))
-    kernels::conv2d_s8s8f32(c.q, c.a_scale, w.view(), ws, c.bias, c.g, y, c.relu);
+// The weight half of a convolution call.
+void set_weight(const kernels::PackedLinearS8& w, kernels::ConvS8Problem* p) {
+  p->w8 = w.view();
+  p->w_scale = w.w_scale().data_ptr<float>();
 }
-void run_conv(const kernels::PackedLinearS8& w, const OneDnnConvS8* onednn, const ConvCall& c,
-              const kernels::RequantOut& out) {
-  const float* ws = w.w_scale().data_ptr<float>();
-  if (onednn == nullptr || c.g.gemm_m() < kOneDnnConvMinRows ||
-      !kernels::conv2d_s8s8s8_onednn(*onednn, c.q, c.a_scale, ws, c.bias, c.g, out, c.relu))
-    kernels::conv2d_s8s8s8(c.q, c.a_scale, w.view(), ws, c.bias, c.g, out, c.relu);
-}
-void run_conv(const kernels::PackedLinearS4& w, const OneDnnConvS8*, const ConvCall& c, float* y) {
-  kernels::conv2d_s8s4f32(c.q, c.a_scale, w.view(), c.bias, c.g, y, c.relu);
-}
-void run_conv(const kernels::PackedLinearS4& w, const OneDnnConvS8*, const ConvCall& c,
-              const kernels::RequantOut& out) {
-  kernels::conv2d_s8s4s8(c.q, c.a_scale, w.view(), c.bias, c.g, out, c.relu);
+void set_weight(const kernels::PackedLinearS4& w, kernels::ConvS8Problem* p) {
+  p->int4 = true;
+  p->w4 = w.view();
 }
 
 int64_t onednn_bytes(const OneDnnConvS8* onednn) { return onednn ? kernels::detail::onednn_bytes(*onednn) : 0; }
@@ -117,7 +95,15 @@ at::Tensor PackedConvInt<Kernel>::forward(const at::Tensor& x, const FrozenInput
                            : quantize_to_int8(x.to(at::kFloat).permute({0, 2, 3, 1}), in.quantizer->qparams());
   const at::Tensor b =
       in.layer_bias.defined() ? in.layer_bias.detach().to(at::kCPU, at::kFloat).contiguous() : at::Tensor();
-  const ConvCall call{q.data_ptr<int8_t>(), static_scale_, b.defined() ? b.data_ptr<float>() : nullptr, g, in.relu};
+  kernels::ConvS8Problem p;
+  p.x_nhwc = q.data_ptr<int8_t>();
+  p.a_scale = static_scale_;
+  p.g = g;
+  p.m = g.gemm_m();
+  p.bias = b.defined() ? b.data_ptr<float>() : nullptr;
+  p.relu = in.relu;
+  p.onednn = onednn_.get();
+  set_weight(*kernel_, &p);
   if (in.requant != nullptr) {
     at::Tensor codes = at::empty({g.batch, g.out_h(), g.out_w(), g.out_channels}, at::kChar);
     kernels::RequantOut out;
@@ -125,11 +111,13 @@ at::Tensor PackedConvInt<Kernel>::forward(const at::Tensor& x, const FrozenInput
     out.inv = 1.0f / in.requant->scale.to(at::kFloat).item<float>();  // quantize_to_int8's reciprocal
     out.qmin = static_cast<int>(in.requant->spec.quant_min());
     out.qmax = static_cast<int>(in.requant->spec.quant_max());
-    run_conv(*kernel_, onednn_.get(), call, out);
+    p.rq = &out;
+    kernels::conv2d_s8(p);
     return codes.permute({0, 3, 1, 2});
   }
   at::Tensor y = at::empty({g.batch, g.out_h(), g.out_w(), g.out_channels}, at::kFloat);
-  run_conv(*kernel_, onednn_.get(), call, y.data_ptr<float>());
+  p.y = y.data_ptr<float>();
+  kernels::conv2d_s8(p);
   // NCHW shape, channels-last memory (as LibTorch's quantized conv returns it).
   return y.permute({0, 3, 1, 2});
 }

@@ -5,24 +5,10 @@
 #include <vector>
 
 #include "framework/nn/packed_weight_cpu.h"
-#include "kernels/cpu/gemv_s4.h"
-#include "kernels/cpu/gemv_s8.h"
 #include "kernels/cpu/packed_linear.h"
 
 namespace qforge::nn {
 namespace {
-
-const float* bias_ptr(const at::Tensor& b) { return b.defined() ? b.data_ptr<float>() : nullptr; }
-
-// The static-activation product of int8 codes q [M, K] with scale a_scale [M] per row.
-void run_static(const kernels::PackedLinearS8& w, const int8_t* q, int64_t M, const float* a_scale, float* y,
-                kernels::RunInfo* info) {
-  kernels::gemv_s8s8f32(q, M, a_scale, w.view(), w.w_scale().data_ptr<float>(), bias_ptr(w.bias()), y, info);
-}
-void run_static(const kernels::PackedLinearS4& w, const int8_t* q, int64_t M, const float* a_scale, float* y,
-                kernels::RunInfo* info) {
-  kernels::gemv_s8s4f32(q, M, a_scale, w.view(), bias_ptr(w.bias()), y, info);
-}
 
 bool weight_only(LinearPath p) { return p == LinearPath::kS8WeightOnly || p == LinearPath::kS4WeightOnly; }
 bool static_act(LinearPath p) { return p == LinearPath::kS8Static || p == LinearPath::kS4Static; }
@@ -69,8 +55,7 @@ at::Tensor PackedIntLinear<Kernel>::forward(const at::Tensor& x_in, const Frozen
   if (static_act(path_)) {
     // The fake-quant formula of the static input quantizer, as int8 codes.
     const at::Tensor q = quantize_to_int8(x, in.quantizer->qparams()).contiguous();
-    const at::Tensor a_scale = at::full({M}, static_scale_, at::kFloat);
-    run_static(*kernel_, q.data_ptr<int8_t>(), M, a_scale.data_ptr<float>(), y.data_ptr<float>(), &info);
+    kernel_->run_static(q.data_ptr<int8_t>(), M, static_scale_, y.data_ptr<float>(), &info);
   } else {
     kernel_->run(x.data_ptr<float>(), M, y.data_ptr<float>(), &info);
   }

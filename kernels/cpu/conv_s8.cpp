@@ -113,11 +113,11 @@ void relu_in_place(float* y, int64_t n) {
 }
 
 // Rows per chunk: about 256 KiB of im2col bytes (in L2 with its output), yet at least 4 chunks
-// per intra-op thread when M allows, so threads finish together; never below 64 rows.
+// per intra-op thread when M allows, so threads finish together; never below kMinConvChunkRows.
 int64_t chunk_rows(int64_t K, int64_t M) {
   const int64_t by_cache = (int64_t{256} << 10) / std::max<int64_t>(1, K);
   const int64_t by_threads = (M + 4 * at::get_num_threads() - 1) / (4 * at::get_num_threads());
-  return std::max<int64_t>(64, std::min(by_cache, by_threads));
+  return std::max<int64_t>(kMinConvChunkRows, std::min(by_cache, by_threads));
 }
 
 // im2col + gemm(chunk) (+ ReLU) for every chunk, chunks spread over the intra-op threads.
@@ -262,6 +262,60 @@ bool conv2d_s8s8f32_onednn(const detail::OneDnnConvS8& w, const int8_t* x_nhwc, 
 bool conv2d_s8s8s8_onednn(const detail::OneDnnConvS8& w, const int8_t* x_nhwc, float a_scale, const float* w_scale,
                           const float* bias, const ConvGeometry& g, const RequantOut& out, bool relu, RunInfo* info) {
   return onednn_conv(w, x_nhwc, a_scale, w_scale, bias, g, nullptr, &out, relu, info);
+}
+
+namespace {
+
+void run_im2col(const ConvS8Problem& p) {
+  if (p.int4) {
+    if (p.rq != nullptr) return conv2d_s8s4s8(p.x_nhwc, p.a_scale, p.w4, p.bias, p.g, *p.rq, p.relu, p.info);
+    return conv2d_s8s4f32(p.x_nhwc, p.a_scale, p.w4, p.bias, p.g, p.y, p.relu, p.info);
+  }
+  if (p.rq != nullptr) return conv2d_s8s8s8(p.x_nhwc, p.a_scale, p.w8, p.w_scale, p.bias, p.g, *p.rq, p.relu, p.info);
+  conv2d_s8s8f32(p.x_nhwc, p.a_scale, p.w8, p.w_scale, p.bias, p.g, p.y, p.relu, p.info);
+}
+
+// oneDNN's convolution is for int8 weights and large inputs; smaller ones run im2col, not as a
+// fallback but by design (its per-call set-up outweighs the gain there).
+bool onednn_conv_serves(const ConvS8Problem& p) { return !p.int4 && p.m >= kOneDnnConvMinRows; }
+
+// A running call needs the layer's oneDNN copy; a plan assumes freeze() builds it.
+bool onednn_conv_applies(const ConvS8Problem& p, std::string* why) {
+  if (p.x_nhwc == nullptr || p.onednn != nullptr) return true;
+  *why = "no oneDNN copy of the weight";
+  return false;
+}
+
+void run_onednn_conv(const ConvS8Problem& p) {
+  RunInfo local;
+  RunInfo& ri = p.info != nullptr ? *p.info : local;
+  if (onednn_conv(*p.onednn, p.x_nhwc, p.a_scale, p.w_scale, p.bias, p.g, p.y, p.rq, p.relu, &ri)) return;
+  // No primitive for this input size: im2col, the same values, with oneDNN's reason kept.
+  const RunInfo why = ri;
+  ConvS8Problem q = p;
+  q.info = &ri;
+  run_im2col(q);
+  ri.fallback = why.fallback + (ri.fallback.empty() ? "" : "; ") + ri.fallback;
+}
+
+}  // namespace
+
+const KernelTable<ConvS8Problem>& conv_s8_kernels() {
+  static const KernelTable<ConvS8Problem> table{
+      {"conv_s8s8s32_onednn", Isa::kAvx512Vnni, onednn_conv_serves, onednn_conv_applies, run_onednn_conv},
+      {"im2col_s8", Isa::kReference, nullptr, nullptr, run_im2col},
+  };
+  return table;
+}
+
+void conv2d_s8(const ConvS8Problem& p) {
+  RunInfo chosen;
+  const KernelEntry<ConvS8Problem>& e = select_kernel(conv_s8_kernels(), p, IsaGate::machine(), &chosen);
+  e.run(p);
+  // The entry's own record names the chain; the table's names what it passed over first.
+  if (p.info != nullptr && !chosen.fallback.empty()) {
+    p.info->fallback = chosen.fallback + (p.info->fallback.empty() ? "" : "; ") + p.info->fallback;
+  }
 }
 
 }  // namespace qforge::kernels

@@ -10,10 +10,24 @@
 
 #include <cstdint>
 
+#include "kernels/cpu/kernel_table.h"
 #include "kernels/cpu/packed_layout.h"
 #include "kernels/cpu/run_info.h"
 
 namespace qforge::kernels {
+
+namespace detail {
+class OneDnnConvS8;  // gemm_s8s8s32_onednn.h
+}
+
+// Fewest rows (output pixels) of an im2col chunk: the GEMM each chunk runs sees at least this
+// many rows whenever the input has that many output pixels.
+inline constexpr int64_t kMinConvChunkRows = 64;
+
+// int8 weights on AVX-512 VNNI: oneDNN's int8 convolution from this many output pixels (batch x
+// OH x OW) on, where it beats im2col + GEMM at the SmallCnn's shapes (qbench conv_s8_cnn,
+// model_cnn_b128); below, its per-call set-up costs more than it saves (model_cnn_b1).
+inline constexpr int64_t kOneDnnConvMinRows = 4096;
 
 // Shape of one convolution; padding is zeros (code 0, the symmetric grid's zero), groups = 1.
 struct ConvGeometry {
@@ -77,9 +91,6 @@ void conv2d_s8s8s8(const int8_t* x_nhwc, float a_scale, const S8N16K4View& w, co
 void conv2d_s8s4s8(const int8_t* x_nhwc, float a_scale, const S4N16K8View& w, const float* bias,
                    const ConvGeometry& g, const RequantOut& out, bool relu = false, RunInfo* info = nullptr);
 
-namespace detail {
-class OneDnnConvS8;  // gemm_s8s8s32_onednn.h
-}
 // oneDNN's int8 convolution (exact int32 sums, detail::onednn_conv_s8s8s32) followed by
 // dequantize_s32_f32's epilogue and the ReLU: conv2d_s8_reference (w_zero 0) bit for bit, the same
 // values as conv2d_s8s8f32. info->kernel is "conv_s8s8s32_onednn+<epilogue kernel>". Returns false,
@@ -92,5 +103,33 @@ bool conv2d_s8s8f32_onednn(const detail::OneDnnConvS8& w, const int8_t* x_nhwc, 
 bool conv2d_s8s8s8_onednn(const detail::OneDnnConvS8& w, const int8_t* x_nhwc, float a_scale, const float* w_scale,
                           const float* bias, const ConvGeometry& g, const RequantOut& out, bool relu = false,
                           RunInfo* info = nullptr);
+
+// One call of the frozen integer convolution as its kernel table sees it (x null when planning:
+// the entries then answer for the shape, and a oneDNN copy is assumed built for int8 weights,
+// as freeze() builds one wherever this table plans it).
+struct ConvS8Problem {
+  const int8_t* x_nhwc = nullptr;
+  float a_scale = 0.0f;
+  ConvGeometry g;
+  int64_t m = 0;          // output pixels (g.gemm_m(); set alone when planning)
+  bool int4 = false;      // which weight: w4 (int4) or w8 with w_scale (int8)
+  S8N16K4View w8;
+  const float* w_scale = nullptr;
+  S4N16K8View w4;
+  const float* bias = nullptr;
+  float* y = nullptr;                 // float output, or
+  const RequantOut* rq = nullptr;     // int8 codes of the next quantizer
+  bool relu = false;
+  const detail::OneDnnConvS8* onednn = nullptr;  // int8 weights: oneDNN's convolution, if built
+  RunInfo* info = nullptr;            // the kernel chain that ran (im2col's GEMM, oneDNN's epilogue)
+};
+
+// The ordered table: oneDNN's int8 convolution for large inputs, else im2col + the Linear GEMM
+// tables (gemv_s8_kernels(), gemv_s4_kernels()) over row chunks.
+const KernelTable<ConvS8Problem>& conv_s8_kernels();
+
+// Runs the table's choice for p (a frozen layer's integer convolution); the oneDNN entry runs
+// im2col when oneDNN has no primitive for the input size (p.info says why).
+void conv2d_s8(const ConvS8Problem& p);
 
 }  // namespace qforge::kernels

@@ -1,6 +1,9 @@
 // Decode-size kernel choice of the packed-linear ops, read from their kernel tables without data.
 #include "kernels/cpu/kernel_choice.h"
 
+#include <algorithm>
+
+#include "kernels/cpu/conv_s8.h"
 #include "kernels/cpu/gemv_s4.h"
 #include "kernels/cpu/gemv_s8.h"
 #include "kernels/cpu/linear_weight_only.h"
@@ -14,6 +17,53 @@ template <typename Problem>
 RunInfo plan_table(const KernelTable<Problem>& table, const Problem& p, Isa usable) {
   RunInfo ri;
   select_kernel(table, p, IsaGate::up_to(usable), &ri);
+  return ri;
+}
+
+// The int4 ops' problems carry the group size; the others have none.
+template <typename Problem>
+void set_group(Problem&, int64_t) {}
+void set_group(GemvS4Problem& p, int64_t g) { p.w.group_size = g; }
+void set_group(LinearF32S4Problem& p, int64_t g) { p.w.group_size = g; }
+
+// f(table, at) with at(m) the table's data-free problem of m rows.
+template <typename Problem, typename F>
+auto with_table(const KernelTable<Problem>& table, int64_t group_size, const F& f) {
+  return f(table, [group_size](int64_t m) {
+    Problem p;
+    p.m = m;
+    set_group(p, group_size);
+    return p;
+  });
+}
+
+template <typename F>
+auto with_op_table(LinearOp op, int64_t group_size, const F& f) {
+  switch (op) {
+    case LinearOp::kS8S8: return with_table(gemv_s8_kernels(), group_size, f);
+    case LinearOp::kS8S4: return with_table(gemv_s4_kernels(), group_size, f);
+    case LinearOp::kF32S8: return with_table(linear_f32s8_kernels(), group_size, f);
+    case LinearOp::kF32S4: return with_table(linear_f32s4_kernels(), group_size, f);
+    case LinearOp::kF32Lut: break;
+  }
+  return with_table(lut_linear_kernels(), group_size, f);
+}
+
+ConvS8Problem conv_problem(bool int4, int64_t m) {
+  ConvS8Problem p;
+  p.int4 = int4;
+  p.m = m;
+  return p;
+}
+
+// The chain an entry of the convolution table runs: im2col's chunks through the Linear op's
+// GEMM, or oneDNN's convolution and its epilogue.
+RunInfo conv_chain(const RunInfo& entry, bool int4, Isa usable, int64_t m, int64_t k) {
+  if (entry.kernel != "im2col_s8") return RunInfo{entry.kernel + "+dequantize_s32_f32", entry.fallback};
+  const RunInfo gemm = int4 ? choose_kernel(LinearOp::kS8S4, usable, std::min(m, kMinConvChunkRows), k)
+                            : choose_kernel(LinearOp::kS8S8, usable, std::min(m, kMinConvChunkRows));
+  RunInfo ri{"im2col_s8+" + gemm.kernel, entry.fallback};
+  if (!gemm.fallback.empty()) ri.fallback += (ri.fallback.empty() ? "" : "; ") + gemm.fallback;
   return ri;
 }
 
@@ -31,40 +81,26 @@ const char* to_string(LinearOp op) {
 }
 
 RunInfo choose_kernel(LinearOp op, Isa usable, int64_t m, int64_t group_size) {
-  switch (op) {
-    case LinearOp::kS8S8: {
-      GemvS8Problem p;
-      p.m = m;
-      return plan_table(gemv_s8_kernels(), p, usable);
-    }
-    case LinearOp::kS8S4: {
-      GemvS4Problem p;
-      p.m = m;
-      p.w.group_size = group_size;
-      return plan_table(gemv_s4_kernels(), p, usable);
-    }
-    case LinearOp::kF32S8: {
-      LinearF32S8Problem p;
-      p.m = m;
-      return plan_table(linear_f32s8_kernels(), p, usable);
-    }
-    case LinearOp::kF32S4: {
-      LinearF32S4Problem p;
-      p.m = m;
-      p.w.group_size = group_size;
-      return plan_table(linear_f32s4_kernels(), p, usable);
-    }
-    case LinearOp::kF32Lut: {
-      LutProblem p;
-      p.m = m;
-      return plan_table(lut_linear_kernels(), p, usable);
-    }
-  }
-  return RunInfo{};
+  return with_op_table(op, group_size, [&](const auto& table, const auto& at) { return plan_table(table, at(m), usable); });
 }
 
 RunInfo choose_decode_kernel(LinearOp op, Isa usable, int64_t group_size) {
   return choose_kernel(op, usable, 1, group_size);
 }
 
+int64_t choose_large_m(LinearOp op, Isa usable, int64_t group_size, RunInfo* large) {
+  return with_op_table(op, group_size, [&](const auto& table, const auto& at) {
+    return switch_m(table, at, 1, IsaGate::up_to(usable), large);
+  });
+}
+
+ConvChoice choose_conv_kernel(bool int4, Isa usable, int64_t k) {
+  ConvChoice c;
+  const auto at = [int4](int64_t m) { return conv_problem(int4, m); };
+  c.kernel = conv_chain(plan_table(conv_s8_kernels(), at(kMinConvChunkRows), usable), int4, usable, kMinConvChunkRows, k);
+  RunInfo large;
+  c.large_rows = switch_m(conv_s8_kernels(), at, kMinConvChunkRows, IsaGate::up_to(usable), &large);
+  if (c.large_rows > 0) c.large_kernel = conv_chain(large, int4, usable, c.large_rows, k);
+  return c;
+}
 }  // namespace qforge::kernels

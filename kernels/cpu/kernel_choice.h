@@ -30,4 +30,19 @@ RunInfo choose_kernel(LinearOp op, Isa usable, int64_t m, int64_t group_size = 0
 // choose_kernel for M = 1, what a decode-sized call runs.
 RunInfo choose_decode_kernel(LinearOp op, Isa usable, int64_t group_size = 0);
 
+// The first M above decode size (M = 1) at which the dispatcher of `op` runs another entry of its
+// table, with that entry in *large; 0 (and *large untouched) when one entry serves every M.
+int64_t choose_large_m(LinearOp op, Isa usable, int64_t group_size, RunInfo* large);
+
+// The frozen integer convolution's plan (conv_s8_kernels()) at level `usable`, for int8 or int4
+// weights with `k` columns (C * kh * kw; int4: rounded up to kS4BlockK, its one group):
+// `kernel` is the chain an input of kMinConvChunkRows output pixels runs ("im2col_s8+<GEMM>"),
+// and from large_rows output pixels on (0: never) the chain large_kernel.
+struct ConvChoice {
+  RunInfo kernel;
+  int64_t large_rows = 0;
+  RunInfo large_kernel;
+};
+ConvChoice choose_conv_kernel(bool int4, Isa usable, int64_t k);
+
 }  // namespace qforge::kernels

@@ -4,6 +4,8 @@
 // type_traits_cpu[], oneDNN's implementation lists.) No ATen here: ISA files may include it.
 #pragma once
 
+#include <algorithm>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -94,6 +96,30 @@ const KernelEntry<Problem>& select_kernel(const KernelTable<Problem>& table, con
   }
   QF_CHECK(false, "kernels/cpu: a kernel table has no entry for this problem");
   return table.back();
+}
+
+// Planning: the smallest M above `from` at which the table's choice under `gate` differs from its
+// choice at `from` (at(m) builds the problem of M rows, without data), and that entry's RunInfo in
+// *large; 0 when the choice holds up to max_m. The tables' row rules are thresholds (an entry
+// serves from or up to some M), so the choice changes at most once above decode size; the
+// kernel-table test checks this against a row-by-row scan.
+template <typename Problem, typename At>
+int64_t switch_m(const KernelTable<Problem>& table, const At& at, int64_t from, const IsaGate& gate, RunInfo* large,
+                 int64_t max_m = int64_t{1} << 24) {
+  const KernelEntry<Problem>* first = &select_kernel(table, at(from), gate, nullptr);
+  auto differs = [&](int64_t m) { return &select_kernel(table, at(m), gate, nullptr) != first; };
+  int64_t lo = from, hi = std::max<int64_t>(from + 1, 2 * from);
+  while (!differs(hi)) {
+    if (hi >= max_m) return 0;
+    lo = hi;
+    hi = std::min(max_m, 2 * hi);
+  }
+  while (hi - lo > 1) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    (differs(mid) ? hi : lo) = mid;
+  }
+  if (large != nullptr) select_kernel(table, at(hi), gate, large);
+  return hi;
 }
 
 // Runs the table's choice for `p` on this machine; info (when given) names it.

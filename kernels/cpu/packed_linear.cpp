@@ -1,6 +1,7 @@
 // PackedLinearS8 / PackedLinearS4: pack once at freeze, then quantize activations and dispatch.
 #include "kernels/cpu/packed_linear.h"
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -245,6 +246,27 @@ void PackedLinearS4::run(const float* x, int64_t M, float* y, RunInfo* info,
   float* a_scale = scales.data();
   quantize_rows_s8(x, M, k_, act_scale, q, k_, a_scale);
   gemv_s8s4f32(q, M, a_scale, view(), data_or_null(bias_), y, info);
+}
+
+namespace {
+// The kernels take a scale per row; a static scale is one, broadcast into the thread's scratch.
+const float* static_row_scales(const detail::ScratchArray<float>& scales, int64_t M, float a_scale) {
+  std::fill(scales.data(), scales.data() + M, a_scale);
+  return scales.data();
+}
+}  // namespace
+
+void PackedLinearS8::run_static(const int8_t* q, int64_t M, float a_scale, float* y, RunInfo* info) const {
+  QF_REQUIRE(packed_.defined(), "kernels/cpu: PackedLinearS8::run_static on an empty (default) object");
+  const detail::ScratchArray<float> scales(detail::Scratch::kActivationScales, M);
+  gemv_s8s8f32(q, M, static_row_scales(scales, M, a_scale), view(), w_scale_.data_ptr<float>(), data_or_null(bias_), y,
+               info);
+}
+
+void PackedLinearS4::run_static(const int8_t* q, int64_t M, float a_scale, float* y, RunInfo* info) const {
+  QF_REQUIRE(packed_.defined(), "kernels/cpu: PackedLinearS4::run_static on an empty (default) object");
+  const detail::ScratchArray<float> scales(detail::Scratch::kActivationScales, M);
+  gemv_s8s4f32(q, M, static_row_scales(scales, M, a_scale), view(), data_or_null(bias_), y, info);
 }
 
 at::Tensor PackedLinearS4::run(const at::Tensor& x, RunInfo* info, ActScale act_scale) const {

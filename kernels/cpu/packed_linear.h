@@ -53,6 +53,9 @@ class PackedLinearS8 {
   // Weight-only: float activations, no activation quantization (linear_f32_s8_reference, bit
   // for bit). Slower than run() but without activation rounding error.
   at::Tensor run_weight_only(const at::Tensor& x, RunInfo* info = nullptr) const;
+  // Static activations: int8 codes q dense [M, K] of one per-tensor scale a_scale (a calibrated
+  // input quantizer's) -> y dense [M, N] (gemv_s8s8f32, no oneDNN copy used); allocates nothing warm.
+  void run_static(const int8_t* q, int64_t M, float a_scale, float* y, RunInfo* info = nullptr) const;
 
   int64_t in_features() const { return k_; }
   int64_t out_features() const { return n_; }
@@ -98,6 +101,8 @@ class PackedLinearS4 {
   // Weight-only: float activations, no activation quantization (linear_f32_s4_reference, bit
   // for bit).
   at::Tensor run_weight_only(const at::Tensor& x, RunInfo* info = nullptr) const;
+  // Static activations, as PackedLinearS8::run_static (gemv_s8s4f32).
+  void run_static(const int8_t* q, int64_t M, float a_scale, float* y, RunInfo* info = nullptr) const;
 
   int64_t in_features() const { return k_; }
   int64_t out_features() const { return n_; }

@@ -18,7 +18,7 @@ namespace qforge::kernels::detail {
 // it) never share one.
 enum class Scratch : uint8_t {
   kActivationCodes,   // PackedLinearS8/S4::run: the quantized input
-  kActivationScales,  // PackedLinearS8/S4::run: its per-row scales
+  kActivationScales,  // PackedLinearS8/S4::run: its per-row scales (run_static: the one scale, per row)
   kAccumulators,      // PackedLinearS8::run: oneDNN's int32 output
   kPaddedInput,       // dispatchers: input rows padded to whole k blocks
   kGroupSums,         // int4 dispatcher: per-row, per-group activation sums

@@ -23,6 +23,8 @@
 #include "framework/nn/matmul.h"
 #include "framework/nn/packed_weight.h"
 #include "framework/api/quantize.h"
+#include "kernels/cpu/kernel_choice.h"
+#include "kernels/cpu/packed_layout.h"
 
 using namespace qforge;
 
@@ -511,11 +513,18 @@ TEST(Freeze, FrozenConvRunsTheIntegerKernelAndMatchesFakeQuant) {
       const std::string what = std::string(qt.name) + (one_d ? " Conv1d" : " Conv2d") + " kernel " +
                                layer->report().kernel + " fallback '" + layer->report().fallback_reason + "'";
       EXPECT_EQ(layer->report().kernel.rfind("im2col_s8+", 0), 0u) << what;
-      // int8 weights on AVX-512 VNNI: oneDNN's int8 convolution from 4096 output pixels on.
-      const bool onednn = qt == qint8 && usable_isa() >= Isa::kAvx512Vnni;
-      EXPECT_EQ(layer->report().kernel.find("| conv_s8s8s32_onednn+") != std::string::npos, onednn) << what;
+      // The convolution's kernel table says whether (and from how many output pixels) oneDNN runs.
+      const int64_t K = layer->frozen_weight().numel() / layer->frozen_weight().shape[0];
+      const kernels::ConvChoice table =
+          kernels::choose_conv_kernel(qt != qint8, usable_isa(), qt == qint8 ? K : kernels::round_up(K, kernels::kS4BlockK));
+      const bool onednn = table.large_rows > 0;
+      EXPECT_EQ(layer->report().kernel.find("| " + table.large_kernel.kernel + " from " +
+                                            std::to_string(table.large_rows) + " output pixels") != std::string::npos,
+                onednn)
+          << what;
+      EXPECT_EQ(layer->report().kernel.rfind(table.kernel.kernel, 0), 0u) << what;
       if (onednn) {
-        // A batch with >= 4096 output pixels runs oneDNN: the same values as the im2col path.
+        // A batch with at least large_rows output pixels runs oneDNN: the same values as im2col.
         const at::Tensor big = one_d ? at::randn({128, 6, 70}) : at::randn({16, 5, 20, 18});
         at::Tensor y_big_fq;
         {

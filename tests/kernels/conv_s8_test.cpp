@@ -12,6 +12,7 @@
 #include "framework/core/error.h"
 #include "kernels/cpu/conv_s8.h"
 #include "kernels/cpu/gemm_s8s8s32_onednn.h"
+#include "kernels/cpu/kernel_choice.h"
 #include "kernels/cpu/packed_linear.h"
 #include "kernels/cpu/quantize_rows_s8.h"
 #include "kernel_test_util.h"
@@ -350,6 +351,110 @@ TEST(QuantizeStaticS8, EveryKernelMatchesReferenceAndRefusesNonFinite) {
         ADD_FAILURE() << "no error for " << bad << " on " << isa_name(isa);
       } catch (const qforge::Error& e) {
         EXPECT_NE(std::string(e.what()).find("element 40000"), std::string::npos) << e.what();
+      }
+    }
+  }
+}
+
+namespace {
+
+// A dispatcher call of the convolution table for case c (int8 weights s8 with oneDNN's copy dnn,
+// or int4 weights s4), writing NHWC floats into y.
+ConvS8Problem table_call(const ConvCase& c, const at::Tensor& x, const PackedLinearS8* s8, const PackedLinearS4* s4,
+                         const qforge::kernels::detail::OneDnnConvS8* dnn, float* y, RunInfo* info) {
+  ConvS8Problem p;
+  p.x_nhwc = x.data_ptr<int8_t>();
+  p.a_scale = c.a_scale;
+  p.g = c.g;
+  p.m = c.g.gemm_m();
+  p.bias = c.bias.data();
+  p.y = y;
+  p.info = info;
+  p.onednn = dnn;
+  if (s4 != nullptr) {
+    p.int4 = true;
+    p.w4 = s4->view();
+  } else {
+    p.w8 = s8->view();
+    p.w_scale = s8->w_scale().data_ptr<float>();
+  }
+  return p;
+}
+
+// Two geometries on either side of kOneDnnConvMinRows output pixels (392 and 4704).
+std::vector<ConvGeometry> table_geometries() {
+  return {geometry(2, 32, 14, 14, 64, 3, 3, 1, 1), geometry(24, 16, 14, 14, 32, 3, 3, 1, 1)};
+}
+
+}  // namespace
+
+TEST(ConvS8Table, EveryEntryThisMachineRunsEqualsTheReferenceBitForBit) {
+  // Each entry whose ISA the machine has, run directly whatever rows it is chosen for, on the
+  // int8 and int4 weights it takes: conv2d_s8_reference's values.
+  uint32_t seed = 900;
+  for (const ConvGeometry& g : table_geometries()) {
+    const ConvCase c = make_case(g, -8, 7, seed += 10);  // int4-range values serve both weights
+    const int64_t N = g.out_channels, Kp = round_up(g.gemm_k(), kS4BlockK);
+    const at::Tensor w_scale = at::from_blob(const_cast<float*>(c.w_scale.data()), {N}, at::kFloat).clone();
+    const PackedLinearS8 s8(weight_rows(c, g.gemm_k()), w_scale, at::Tensor(), PackOptions{false});
+    const PackedLinearS4 s4(weight_rows(c, Kp), w_scale.reshape({N, 1}), at::Tensor(), Kp, at::Tensor(), qforge::qint4);
+    const auto dnn = isa_usable(Isa::kAvx512Vnni) ? qforge::kernels::detail::onednn_conv_s8(c.w.data(), g, nullptr)
+                                                  : nullptr;
+    const at::Tensor x = nhwc(c);
+    const std::vector<float> want = run_reference(c, nullptr, false);
+    int ran = 0;
+    for (const KernelEntry<ConvS8Problem>& e : conv_s8_kernels()) {
+      if (!machine_has(e.isa)) continue;
+      for (bool int4 : {false, true}) {
+        at::Tensor y = at::full({g.batch, g.out_h(), g.out_w(), N}, 12345.0f);
+        RunInfo info;
+        const ConvS8Problem p = table_call(c, x, int4 ? nullptr : &s8, int4 ? &s4 : nullptr, dnn.get(),
+                                           y.data_ptr<float>(), &info);
+        // Whether the entry takes these weights at all: its row rules are "from M on", so ask at
+        // a row count above every threshold.
+        ConvS8Problem any_rows = p;
+        any_rows.m = int64_t{1} << 40;
+        std::string why;
+        if ((e.serves != nullptr && !e.serves(any_rows)) || (e.applies != nullptr && !e.applies(p, &why))) continue;
+        e.run(p);
+        ++ran;
+        EXPECT_TRUE(bitwise_equal(to_nchw(y).data(), want.data(), want.size()))
+            << e.name << " -> " << info.kernel << " int4=" << int4 << " M=" << g.gemm_m();
+      }
+    }
+    // im2col for both weights, and oneDNN's for int8 where VNNI is.
+    EXPECT_EQ(ran, dnn != nullptr ? 3 : 2) << "M=" << g.gemm_m();
+  }
+}
+
+TEST(ConvS8Table, DispatcherRunsWhatThePlanReadsFromTheTable) {
+  // At every usable ISA cap and on both sides of the row threshold, the chain conv2d_s8 reports
+  // equals the plan's (choose_conv_kernel), and the plan's threshold is where the table switches.
+  uint32_t seed = 950;
+  for (Isa isa : usable_isas()) {
+    ScopedMaxIsa cap(isa);
+    for (const ConvGeometry& g : table_geometries()) {
+      const ConvCase c = make_case(g, -8, 7, seed += 10);
+      const int64_t N = g.out_channels, Kp = round_up(g.gemm_k(), kS4BlockK);
+      const at::Tensor w_scale = at::from_blob(const_cast<float*>(c.w_scale.data()), {N}, at::kFloat).clone();
+      const PackedLinearS8 s8(weight_rows(c, g.gemm_k()), w_scale, at::Tensor(), PackOptions{false});
+      const PackedLinearS4 s4(weight_rows(c, Kp), w_scale.reshape({N, 1}), at::Tensor(), Kp, at::Tensor(),
+                              qforge::qint4);
+      for (bool int4 : {false, true}) {
+        const ConvChoice plan = choose_conv_kernel(int4, qforge::usable_isa(), int4 ? Kp : g.gemm_k());
+        // freeze() builds oneDNN's copy exactly where the plan switches to it.
+        const auto dnn = plan.large_rows > 0 ? qforge::kernels::detail::onednn_conv_s8(c.w.data(), g, nullptr) : nullptr;
+        at::Tensor y = at::empty({g.batch, g.out_h(), g.out_w(), N});
+        RunInfo info;
+        conv2d_s8(table_call(c, nhwc(c), int4 ? nullptr : &s8, int4 ? &s4 : nullptr, dnn.get(), y.data_ptr<float>(),
+                             &info));
+        const bool large = plan.large_rows > 0 && g.gemm_m() >= plan.large_rows;
+        const std::string what = std::string(isa_name(isa)) + " int4=" + std::to_string(int4) +
+                                 " M=" + std::to_string(g.gemm_m()) + " ran " + info.kernel;
+        // The plan names oneDNN's epilogue without the ISA suffix the run adds (dequantize_s32_f32_avx512).
+        EXPECT_EQ(info.kernel.rfind(large ? plan.large_kernel.kernel : plan.kernel.kernel, 0), 0u) << what;
+        if (!large) EXPECT_EQ(info.kernel, plan.kernel.kernel) << what;
+        EXPECT_EQ(plan.large_rows, !int4 && isa_usable(Isa::kAvx512Vnni) ? kOneDnnConvMinRows : 0) << what;
       }
     }
   }

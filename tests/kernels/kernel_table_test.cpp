@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "kernel_test_util.h"
+#include "kernels/cpu/conv_s8.h"
 #include "kernels/cpu/gemv_s4.h"
 #include "kernels/cpu/gemv_s8.h"
 #include "kernels/cpu/kernel_choice.h"
@@ -314,6 +315,42 @@ TEST(KernelTable, DispatchersRunTheEntryTheTableGivesAtEveryCap) {
   }
 }
 
+TEST(KernelChoice, LargeMIsWhereTheTableSwitchesScannedRowByRow) {
+  // choose_large_m (the plans' large_m) bisects on the assumption that a table's choice changes
+  // at most once above M = 1; a row-by-row scan checks both the point and the assumption, for
+  // every op (and the convolution's table, from its smallest chunk) at every compiled level.
+  constexpr int64_t kScan = 300;
+  for (Isa level : {Isa::kReference, Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Vnni}) {
+    for (LinearOp op : {LinearOp::kS8S8, LinearOp::kS8S4, LinearOp::kF32S8, LinearOp::kF32S4, LinearOp::kF32Lut}) {
+      for (int64_t g : {16, 12}) {
+        RunInfo large;
+        const int64_t at = choose_large_m(op, level, g, &large);
+        const std::string small = choose_kernel(op, level, 1, g).kernel;
+        const std::string what = std::string(to_string(op)) + " " + isa_name(level) + " g=" + std::to_string(g);
+        for (int64_t m = 2; m <= kScan; ++m) {
+          const std::string k = choose_kernel(op, level, m, g).kernel;
+          EXPECT_EQ(k, at > 0 && m >= at ? large.kernel : small) << what << " M=" << m << " large_m=" << at;
+        }
+      }
+    }
+    for (bool int4 : {false, true}) {
+      ConvS8Problem p;
+      p.int4 = int4;
+      auto choice = [&](int64_t m) {
+        p.m = m;
+        return std::string(select_kernel(conv_s8_kernels(), p, IsaGate::up_to(level), nullptr).name);
+      };
+      const ConvChoice plan = choose_conv_kernel(int4, level, 64);
+      const std::string small = choice(kMinConvChunkRows);
+      for (int64_t m = kMinConvChunkRows; m <= 3 * kOneDnnConvMinRows; m += 7) {
+        EXPECT_EQ(choice(m), plan.large_rows > 0 && m >= plan.large_rows ? choice(plan.large_rows) : small)
+            << isa_name(level) << " int4=" << int4 << " M=" << m;
+      }
+      if (plan.large_rows > 0) EXPECT_NE(choice(plan.large_rows - 1), choice(plan.large_rows));
+    }
+  }
+}
+
 TEST(KernelTable, ActivationsHoldingMinus128SkipTheAvx2EntryWithTheReason) {
   if (!isa_usable(Isa::kAvx2)) GTEST_SKIP() << "no AVX2 here";
   ScopedMaxIsa cap(Isa::kAvx2);
@@ -337,6 +374,7 @@ TEST(KernelTable, EveryTableEndsWithEntriesThatAlwaysApply) {
   check(linear_f32s8_kernels());
   check(linear_f32s4_kernels());
   check(lut_linear_kernels());
+  check(conv_s8_kernels());
 }
 
 TEST(KernelChoice, CodebookOpEndsAtItsOwnReference) {

@@ -1,0 +1,92 @@
+// The frozen Embedding table as a PackedWeight: int8 per-row / per-group tables gather the
+// looked-up rows' codes and scales, byte-aligned codebook tables their packed indices and levels,
+// and only those rows are dequantized; any other table is dequantized per call by the layer.
+#include <ATen/ATen.h>
+
+#include <vector>
+
+#include "framework/core/error.h"
+#include "framework/nn/packed_weight_cpu.h"
+
+namespace qforge::nn {
+namespace {
+
+// codebook[row, ..., code] for the rows `flat` of a frozen codebook table: [rows, dim] float.
+at::Tensor gather_codebook_rows(const QuantizedTensor& fw, const at::Tensor& flat) {
+  const int64_t num = fw.shape[0], dim = fw.shape[1];
+  const int sb = codebook_storage_bits(fw.spec.qtype), per = 8 / sb;
+  const at::Tensor bytes = fw.data.reshape({num, dim / per}).index_select(0, flat).to(at::kInt);
+  std::vector<at::Tensor> fields;
+  for (int a = 0; a < per; ++a) fields.push_back(at::bitwise_and(at::__rshift__(bytes, a * sb), (1 << sb) - 1));
+  const int64_t n = flat.numel();
+  const at::Tensor codes = at::stack(fields, -1).reshape({n, dim}).to(at::kLong);
+  const at::Tensor cb = fw.codebook.to(at::kFloat);
+  const int64_t L = fw.spec.qtype.levels();
+  switch (fw.spec.granularity) {
+    case Granularity::kPerTensor: return cb.reshape({L}).index_select(0, codes.reshape({-1})).reshape({n, dim});
+    case Granularity::kPerChannel: return cb.index_select(0, flat).gather(1, codes);
+    case Granularity::kPerGroup: {
+      const int64_t g = fw.spec.group_size;
+      return cb.index_select(0, flat).gather(2, codes.reshape({n, dim / g, g})).reshape({n, dim});
+    }
+  }
+  return {};
+}
+
+// int8 rows and their scales gathered, only those dequantized.
+at::Tensor gather_s8_rows(const QuantizedTensor& fw, const at::Tensor& flat) {
+  const at::Tensor codes = fw.data.reshape(fw.shape).index_select(0, flat);
+  QParams rows = fw.qparams();
+  rows.scale = fw.scale.index_select(0, flat);
+  rows.zero_point = fw.zero_point.index_select(0, flat);
+  return dequantize_int(codes, rows);
+}
+
+class PackedEmbedding final : public CpuPackedWeight {
+ public:
+  PackedEmbedding(QuantizedTensor fw, EmbeddingLookup lookup, std::string who)
+      : fw_(std::move(fw)), lookup_(lookup), who_(std::move(who)) {}
+  LinearPath path() const override { return LinearPath::kDequant; }
+  // indices [...] -> [..., dim] floats on the indices' device (the table stays on the CPU).
+  at::Tensor forward(const at::Tensor& indices, const FrozenInput&) const override {
+    QF_CHECK(lookup_ != EmbeddingLookup::kDequantize,
+             "an Embedding's dequantize-per-call table has no packed forward (the layer runs LibTorch's)");
+    const at::Tensor flat = indices.reshape({-1}).to(at::kCPU, at::kLong);
+    std::vector<int64_t> shape(indices.sizes().begin(), indices.sizes().end());
+    shape.push_back(fw_.shape[1]);
+    const at::Tensor rows =
+        lookup_ == EmbeddingLookup::kGatherS8 ? gather_s8_rows(fw_, flat) : gather_codebook_rows(fw_, flat);
+    return rows.reshape(shape).to(indices.device());
+  }
+  QuantizedTensor weight() const override { return fw_; }
+  at::Tensor bias() const override { return {}; }
+  int64_t bytes() const override { return fw_.bytes(); }
+  // Lookups on any device read this CPU table (their rows are copied there).
+  PackedWeightPtr to(const at::Device& device) const override {
+    QF_REQUIRE(device.is_cpu(), who_, ": frozen Embedding tables stay on the CPU (looked-up rows go to ", device, ")");
+    return shared_from_this();
+  }
+
+ private:
+  QuantizedTensor fw_;
+  EmbeddingLookup lookup_;
+  std::string who_;
+};
+
+}  // namespace
+
+EmbeddingLookup embedding_lookup(const QSpec& s, int64_t dim) {
+  if (s.granularity != Granularity::kPerTensor && s.qtype.is_integer() && s.qtype.bits == 8 && s.qtype != quint8)
+    return EmbeddingLookup::kGatherS8;
+  if (s.qtype.is_codebook() && dim % (8 / codebook_storage_bits(s.qtype)) == 0) return EmbeddingLookup::kGatherCodebook;
+  return EmbeddingLookup::kDequantize;
+}
+
+PackedWeightPtr pack_embedding(QuantizedTensor fw, const std::string& who) {
+  QF_REQUIRE(fw.defined() && fw.shape.size() == 2, who, ": a frozen Embedding table is [num_embeddings, dim], got ",
+             at::IntArrayRef(fw.shape));
+  const EmbeddingLookup lookup = embedding_lookup(fw.spec, fw.shape[1]);
+  return std::make_shared<PackedEmbedding>(std::move(fw), lookup, who);
+}
+
+}  // namespace qforge::nn
