@@ -2,8 +2,9 @@
 //   - int8 GEMM (GemmS8S8S32Cuda: cuBLASLt IMMA, as a frozen Linear calls it) beside cuBLASLt's
 //     fp16 and bf16 GEMMs on the same shapes (BERT-base's Linear shapes at several M, and 4096^3),
 //     and the whole int8 Linear chain (quantize rows + GEMM + epilogue);
-//   - the int4 weight-only GEMV (gemv_f32s4_cuda, g128, float activations) beside cuBLASLt's fp16
-//     GEMM at decode sizes (M = 1, 4, 16) on 4096x4096 and Llama-3-8B's FFN shapes;
+//   - the int4 weight-only GEMVs (gemv_f32s4_mma_cuda on tensor cores, gemv_f32s4_cuda on CUDA
+//     cores; g128, float activations) beside cuBLASLt's fp16 GEMM at decode sizes (M = 1, 4, 8,
+//     16) on 4096x4096 and Llama-3-8B's FFN shapes;
 //   - fake-quant kernels' GB/s beside a device-to-device cudaMemcpy's.
 // Regime: every timed call reads a different copy of its operands, rotating through at least
 // 256 MiB, so weights do not sit in the L2 between calls (a model's weights between tokens).
@@ -21,6 +22,7 @@
 #include <functional>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "fake_quant/cuda/fake_quantize_cuda.h"
@@ -30,6 +32,7 @@
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/gemm_s8s8s32_cuda.h"
 #include "kernels/cuda/gemv_f32s4_cuda.h"
+#include "kernels/cuda/gemv_f32s4_mma_cuda.h"
 #include "kernels/cuda/quantize_rows_s8_cuda.h"
 
 namespace {
@@ -230,14 +233,21 @@ void bench_s4_gemv(const Shape& s, int reps, Timer& timer, cublasLtHandle_t lt) 
   fill_random<float>(S, 10, [](std::mt19937& r) { return 0.001f + 0.01f * std::uniform_real_distribution<float>()(r); });
   fill_random<float>(X, 11, rand_f);
   fill_random<float>(B, 12, rand_f);
-  const double ms = timer.median_ms(reps, R, [&](int i) {
-    gemv_f32s4_cuda(X.get() + i * s.M * s.K, s.M, P.get() + i * s.N * s.K / 2, s.N, s.K, true, S.get() + i * s.N * G,
-                    nullptr, kGroup, B.get(), Y.get(), nullptr);
-  });
   // GB/s of the weight (codes + scales) alone: what bounds a decode step.
   const double weight_bytes = static_cast<double>(s.N) * s.K / 2 + static_cast<double>(s.N) * G * 4;
-  print_row({"gemv_s4_g128", shape, "qforge int4 (gemv_f32s4_cuda)", ms, weight_bytes / ms / 1e6, "GB/s w",
-             fp16_ms / ms});
+  using Gemv = void (*)(const float*, int64_t, const uint8_t*, int64_t, int64_t, bool, const float*, const int32_t*,
+                        int64_t, const float*, float*, cudaStream_t);
+  const std::pair<const char*, Gemv> gemvs[] = {{"qforge int4 (gemv_f32s4_mma_cuda)", gemv_f32s4_mma_cuda},
+                                                {"qforge int4 (gemv_f32s4_cuda)", gemv_f32s4_cuda}};
+  for (const auto& entry : gemvs) {
+    const char* impl = entry.first;
+    const Gemv gemv = entry.second;
+    const double ms = timer.median_ms(reps, R, [&](int i) {
+      gemv(X.get() + i * s.M * s.K, s.M, P.get() + i * s.N * s.K / 2, s.N, s.K, true, S.get() + i * s.N * G, nullptr,
+           kGroup, B.get(), Y.get(), nullptr);
+    });
+    print_row({"gemv_s4_g128", shape, impl, ms, weight_bytes / ms / 1e6, "GB/s w", fp16_ms / ms});
+  }
 }
 
 void bench_fake_quant(int64_t n, int reps, Timer& timer) {
@@ -336,7 +346,7 @@ int main(int argc, char** argv) {
     if (quick) shapes = {{16, 768, 768, ""}, {4096, 4096, 4096, ""}};
     for (const Shape& s : shapes) bench_gemm(s, reps, timer, lt.get(), /*chain=*/s.M <= 2048 && s.N != 4096);
     std::vector<Shape> gemv;
-    for (const int64_t M : {int64_t{1}, int64_t{4}, int64_t{16}}) {
+    for (const int64_t M : {int64_t{1}, int64_t{4}, int64_t{8}, int64_t{16}}) {
       gemv.push_back({M, 4096, 4096, "square"});
       gemv.push_back({M, 14336, 4096, "Llama-3-8B FFN up / gate"});
       gemv.push_back({M, 4096, 14336, "Llama-3-8B FFN down"});

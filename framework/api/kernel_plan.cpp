@@ -171,9 +171,15 @@ KernelPlan plan_linear_cuda(const std::optional<QSpec>& weights, ActivationMode 
       // Decode-sized calls (M <= 16) read the packed codes once; larger M dequantize per call.
       std::string why;
       const int64_t group = weights->granularity == Granularity::kPerGroup ? weights->group_size : in_features;
-      if (cuda::gemv_f32s4_supported(1, in_features, group, &why)) {
-        plan.kernel = "gemv_f32s4_cuda";
+      std::string mma_why;
+      if (cuda::gemv_f32s4_mma_supported(1, in_features, group, &mma_why)) {
+        plan.kernel = "gemv_f32s4_mma_cuda";  // tensor cores (sm_80+; older GPUs run gemv_f32s4_cuda)
         plan.fallback.clear();
+        plan.large_m = cuda::kGemvS4MaxM + 1;
+        plan.large_m_kernel = "dequantize_s4_cuda+at::linear";
+      } else if (cuda::gemv_f32s4_supported(1, in_features, group, &why)) {
+        plan.kernel = "gemv_f32s4_cuda";
+        plan.fallback = "gemv_f32s4_mma_cuda: " + mma_why;
         plan.large_m = cuda::kGemvS4MaxM + 1;
         plan.large_m_kernel = "dequantize_s4_cuda+at::linear";
       } else {

@@ -1,4 +1,4 @@
-// Frozen layers on CUDA (see linear_cuda.h): the int8 Linear chain, the int4 GEMV and the int4
+// Frozen layers on CUDA (see linear_cuda.h): the int8 Linear chain, the int4 GEMVs and the int4
 // dequantization.
 #include "framework/cuda/linear_cuda.h"
 
@@ -14,6 +14,7 @@
 #include "kernels/cuda/dequantize_s4_cuda.h"
 #include "kernels/cuda/gemm_s8s8s32_cuda.h"
 #include "kernels/cuda/gemv_f32s4_cuda.h"
+#include "kernels/cuda/gemv_f32s4_mma_cuda.h"
 #include "kernels/cuda/gemv_s4_rules.h"
 #include "kernels/cuda/quantize_rows_s8_cuda.h"
 
@@ -110,10 +111,19 @@ at::Tensor linear_s4(const at::Tensor& x, const at::Tensor& packed, int64_t N, i
     const c10::cuda::CUDAGuard guard(x.device());
     const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(x.device().index()).stream();
     at::Tensor y = at::empty({M, N}, x.options());
-    cuda::gemv_f32s4_cuda(x.data_ptr<float>(), M, packed.data_ptr<uint8_t>(), N, K, is_signed, scale.data_ptr<float>(),
-                          zero.defined() ? zero.data_ptr<int32_t>() : nullptr, group_size,
-                          bias.defined() ? bias.data_ptr<float>() : nullptr, y.data_ptr<float>(), stream);
-    if (info != nullptr) *info = {"gemv_f32s4_cuda", ""};
+    // The tensor-core GEMV where its rules and the device allow; the CUDA-core one otherwise.
+    std::string mma_why;
+    const bool mma = cuda::gemv_f32s4_mma_supported(M, K, group_size, &mma_why) &&
+                     cuda::gemv_f32s4_mma_pointers_supported(x.data_ptr(), packed.data_ptr(), &mma_why) &&
+                     cuda::gemv_f32s4_mma_runs_here(&mma_why);
+    const auto gemv = mma ? cuda::gemv_f32s4_mma_cuda : cuda::gemv_f32s4_cuda;
+    gemv(x.data_ptr<float>(), M, packed.data_ptr<uint8_t>(), N, K, is_signed, scale.data_ptr<float>(),
+         zero.defined() ? zero.data_ptr<int32_t>() : nullptr, group_size, bias.defined() ? bias.data_ptr<float>() : nullptr,
+         y.data_ptr<float>(), stream);
+    if (info != nullptr) {
+      *info = mma ? kernels::RunInfo{"gemv_f32s4_mma_cuda", ""}
+                  : kernels::RunInfo{"gemv_f32s4_cuda", "gemv_f32s4_mma_cuda: " + mma_why};
+    }
     return y;
   }
   if (info != nullptr) *info = {"dequantize_s4_cuda+at::linear", "gemv_f32s4_cuda: " + why};

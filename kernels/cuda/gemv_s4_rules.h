@@ -6,6 +6,11 @@
 //   - K a multiple of 8 (a row starts on a word: row n begins at nibble n * K);
 //   - group_size a multiple of 8 (a word never straddles two scale groups);
 //   - x 16-byte aligned, packed codes 4-byte aligned.
+// The tensor-core GEMV (gemv_f32s4_mma_cuda) reads 128 codes of a row per warp step with one
+// 16-byte load a lane and sums one scale group per mma chain, so it takes:
+//   - 1 <= M <= kGemvS4MaxM;
+//   - K and group_size multiples of 128 (a row is whole 16-byte words; a step is one group);
+//   - x and the packed codes 16-byte aligned.
 #pragma once
 
 #include <cstdint>
@@ -17,6 +22,8 @@ constexpr int64_t kGemvS4MaxM = 16;
 constexpr int64_t kGemvS4KMultiple = 8;
 constexpr uintptr_t kGemvS4XAlignment = 16;
 constexpr uintptr_t kGemvS4CodeAlignment = 4;
+constexpr int64_t kGemvS4MmaKMultiple = 128;
+constexpr uintptr_t kGemvS4MmaCodeAlignment = 16;
 
 // True when the shape meets the rules above; otherwise false with the first failing rule in *why.
 inline bool gemv_f32s4_supported(int64_t M, int64_t K, int64_t group_size, std::string* why) {
@@ -44,6 +51,30 @@ inline bool gemv_f32s4_pointers_supported(const void* x, const void* packed, std
     return false;
   }
   if (why != nullptr) why->clear();
+  return true;
+}
+
+// The rules of gemv_f32s4_mma_cuda (above): true, or false with the first failing rule in *why.
+inline bool gemv_f32s4_mma_supported(int64_t M, int64_t K, int64_t group_size, std::string* why) {
+  if (!gemv_f32s4_supported(M, K, group_size, why)) return false;
+  const auto s = [](int64_t v) { return std::to_string(v); };
+  std::string reason;
+  if (K % kGemvS4MmaKMultiple != 0) {
+    reason = "K=" + s(K) + " not a multiple of 128";
+  } else if (group_size % kGemvS4MmaKMultiple != 0) {
+    reason = "group_size=" + s(group_size) + " not a multiple of 128";
+  }
+  if (why != nullptr) *why = reason;
+  return reason.empty();
+}
+
+// True when x and the packed codes are both 16-byte aligned; otherwise false with the reason.
+inline bool gemv_f32s4_mma_pointers_supported(const void* x, const void* packed, std::string* why) {
+  if (!gemv_f32s4_pointers_supported(x, packed, why)) return false;
+  if (reinterpret_cast<uintptr_t>(packed) % kGemvS4MmaCodeAlignment != 0) {
+    if (why != nullptr) *why = "packed codes pointer not 16-byte aligned";
+    return false;
+  }
   return true;
 }
 

@@ -275,8 +275,8 @@ TEST_F(CudaApi, FrozenInt4AndWeightOnlyLinearOnTheGpu) {
   w4.activations = ActivationMode::kDynamicPerToken;
   Scheme w4_only(qint4);
   Scheme w8_only(qint8);
-  for (const Case& c : {Case{"int4 dynamic", w4, "gemv_f32s4_cuda", false},
-                        Case{"int4 weight-only", w4_only, "gemv_f32s4_cuda", false},
+  for (const Case& c : {Case{"int4 dynamic", w4, "gemv_f32s4_mma_cuda", false},
+                        Case{"int4 weight-only", w4_only, "gemv_f32s4_mma_cuda", false},
                         Case{"int8 weight-only", w8_only, "dequantize+at::linear", true}}) {
     SCOPED_TRACE(c.name);
     // M = 1 and 9 run the int4 GEMV, M = 40 dequantizes per call (plan: large_m = 17).

@@ -6,7 +6,9 @@
 // (it is labelled "gpu" and only scripts/gpu-check runs it).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <string>
@@ -21,6 +23,7 @@
 #include "kernels/cuda/dequantize_s4_cuda.h"
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/gemv_f32s4_cuda.h"
+#include "kernels/cuda/gemv_f32s4_mma_cuda.h"
 #include "kernels/cuda/gemv_s4_rules.h"
 #include "kernels/cuda/gemm_s8s8s32_cuda.h"
 #include "kernels/cuda/quantize_rows_s8_cuda.h"
@@ -651,6 +654,93 @@ TEST_F(Gpu, GemvS4RefusesWhatItsRulesRefuse) {
     ADD_FAILURE() << "a misaligned x was accepted";
   } catch (const qforge::Error& e) {
     EXPECT_NE(std::string(e.what()).find("16-byte"), std::string::npos) << e.what();
+  }
+}
+
+// The bound of gemv_f32s4_mma_cuda.h against the exact value (double sums of the exact
+// products), per output; the largest error / bound ratio is printed. Rows of x of very
+// different magnitudes (1e-30 .. 1e30) check the per-block scaling; two calls are bit-equal.
+TEST_F(Gpu, GemvS4MmaMatchesReferenceWithinItsBound) {
+  std::string why;
+  ASSERT_TRUE(gemv_f32s4_mma_runs_here(&why)) << why;
+  struct Case {
+    int64_t M, N, K, group;
+    bool is_signed, zeros, bias;
+  };
+  double worst = 0;
+  for (const Case c : {Case{1, 768, 768, 128, true, false, true}, Case{1, 33, 4096, 128, true, true, false},
+                       Case{2, 64, 4096, 256, false, true, true}, Case{3, 17, 1152, 128, true, false, true},
+                       Case{4, 130, 1024, 1024, true, false, false}, Case{5, 96, 2048, 128, false, false, true},
+                       Case{8, 40, 512, 128, true, true, true}, Case{9, 4100, 256, 128, true, false, true},
+                       Case{16, 300, 1920, 384, false, true, true}, Case{12, 1, 128, 128, true, true, true},
+                       Case{16, 4096, 4096, 128, true, false, false}}) {
+    SCOPED_TRACE("M=" + std::to_string(c.M) + " N=" + std::to_string(c.N) + " K=" + std::to_string(c.K) +
+                 " group=" + std::to_string(c.group) + (c.is_signed ? " qint4" : " quint4") +
+                 (c.zeros ? " zero points" : "") + (c.bias ? " bias" : ""));
+    ASSERT_TRUE(gemv_f32s4_mma_supported(c.M, c.K, c.group, &why)) << why;
+    const S4Weight w = random_s4_weight(c.N, c.K, c.group, c.is_signed, c.zeros, 31u);
+    std::vector<float> x = random_floats(c.M * c.K, 2.0f, 32u);
+    const float row_scale[] = {1.0f, 1e-30f, 1e30f, 3e-3f, 7e4f};
+    for (int64_t m = 0; m < c.M; ++m)
+      for (int64_t k = 0; k < c.K; ++k) x[m * c.K + k] *= row_scale[m % 5];
+    const std::vector<float> bias = c.bias ? random_floats(c.N, 1.0f, 33u) : std::vector<float>();
+    auto dx = upload(x);
+    auto dp = upload(w.packed);
+    auto ds = upload(w.scale);
+    auto dz = upload(w.zero);
+    auto db = upload(bias);
+    DeviceBuffer<float> dy(c.M * c.N);
+    poison(dy);
+    const auto run = [&] {
+      gemv_f32s4_mma_cuda(dx.get(), c.M, dp.get(), c.N, c.K, c.is_signed, ds.get(), c.zeros ? dz.get() : nullptr,
+                          c.group, c.bias ? db.get() : nullptr, dy.get(), nullptr);
+      return download(dy);
+    };
+    const std::vector<float> got = run();
+    EXPECT_TRUE(same_floats(run(), got)) << "two calls differ";
+    const double gamma = static_cast<double>(c.K / 128 + 128) * std::ldexp(1.0, -24);
+    int bad = 0;
+    for (int64_t m = 0; m < c.M; ++m)
+      for (int64_t n = 0; n < c.N; ++n) {
+        double exact = c.bias ? bias[n] : 0.0, mag = c.bias ? std::fabs(bias[n]) : 0.0, split = 0;
+        for (int64_t k0 = 0; k0 < c.K; k0 += 128) {
+          double amax = 0, wsum = 0;
+          for (int64_t k = k0; k < k0 + 128; ++k) {
+            const double xv = x[m * c.K + k], wv = w.w(n, k);
+            exact += xv * wv;
+            mag += std::fabs(xv * wv);
+            amax = std::max(amax, std::fabs(xv));
+            wsum += std::fabs(wv);
+          }
+          split += amax * wsum;
+        }
+        const double bound = gamma * mag + std::ldexp(split, -38);
+        const double g = got[m * c.N + n], err = std::fabs(g - exact);
+        if (bound > 0) worst = std::max(worst, err / bound);
+        if (!(err <= bound) && ++bad <= 5)
+          ADD_FAILURE() << "y[" << m << ", " << n << "] = " << g << ", exact " << exact << ", bound " << bound;
+      }
+    EXPECT_EQ(bad, 0);
+  }
+  std::printf("gemv_f32s4_mma_cuda: largest |error| / bound = %.3g\n", worst);
+}
+
+TEST_F(Gpu, GemvS4MmaRefusesWhatItsRulesRefuse) {
+  std::string why;
+  EXPECT_FALSE(gemv_f32s4_mma_supported(17, 128, 128, &why));
+  EXPECT_NE(why.find("M=17"), std::string::npos) << why;
+  EXPECT_FALSE(gemv_f32s4_mma_supported(1, 4104, 128, &why));
+  EXPECT_NE(why.find("K=4104 not a multiple of 128"), std::string::npos) << why;
+  EXPECT_FALSE(gemv_f32s4_mma_supported(1, 4096, 64, &why));
+  EXPECT_NE(why.find("group_size=64 not a multiple of 128"), std::string::npos) << why;
+  EXPECT_TRUE(gemv_f32s4_mma_supported(16, 14336, 128, &why)) << why;
+  DeviceBuffer<float> x(128), y(4), s(4);
+  DeviceBuffer<uint8_t> p(256 + 4);
+  try {
+    gemv_f32s4_mma_cuda(x.get(), 1, p.get() + 4, 4, 128, true, s.get(), nullptr, 128, nullptr, y.get(), nullptr);
+    ADD_FAILURE() << "misaligned codes were accepted";
+  } catch (const qforge::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("packed codes pointer not 16-byte aligned"), std::string::npos) << e.what();
   }
 }
 

@@ -56,10 +56,17 @@ TEST(KernelPlanCuda, OtherPathsSayWhatTheGpuRunsInstead) {
   w4.symmetric = true;
   const KernelPlan s4 = plan_linear_cuda(w4, ActivationMode::kDynamicPerToken, dynamic_act(), 768, 768);
   EXPECT_EQ(s4.path, LinearPath::kS4Dynamic);
-  EXPECT_EQ(s4.kernel, "gemv_f32s4_cuda");
+  EXPECT_EQ(s4.kernel, "gemv_f32s4_mma_cuda");
   EXPECT_EQ(s4.fallback, "");
   EXPECT_EQ(s4.large_m, 17);
   EXPECT_EQ(s4.large_m_kernel, "dequantize_s4_cuda+at::linear");
+  // Groups of 64: the CUDA-core GEMV, and why not the tensor-core one.
+  QSpec g64 = w4;
+  g64.group_size = 64;
+  const KernelPlan s4g64 = plan_linear_cuda(g64, ActivationMode::kNone, dynamic_act(), 768, 768);
+  EXPECT_EQ(s4g64.kernel, "gemv_f32s4_cuda");
+  EXPECT_EQ(s4g64.fallback, "gemv_f32s4_mma_cuda: group_size=64 not a multiple of 128");
+  EXPECT_EQ(s4g64.large_m, 17);
   // A K the GEMV cannot take (not a multiple of 8) dequantizes at every M, and says why.
   QSpec odd = w4;
   odd.group_size = 12;

@@ -1,0 +1,353 @@
+// The int4 GEMV on tensor cores (see gemv_f32s4_mma_cuda.h for the formula and the bound).
+// Roles are swapped for small M: the weight is mma's A (16 weight rows x 16 k), the activations
+// its B (16 k x 8 columns), so a tile of 16 weight rows serves up to 4 (8, 16) rows of x held
+// as hi and lo fp16 columns. A block of 8 warps owns 16 * kTiles weight rows; warp w takes the
+// 128-wide k blocks w, w + 8, ...: lane (g, t) loads 16 bytes (32 codes) of rows g and g + 8 of
+// every tile per block, the next block's while it computes this one. Each warp stages its own
+// block of x (scaled, split, and permuted to the fragments' k order) in shared memory and reads
+// it with one 16-byte load per 8-column block and code word, reused across its tiles.
+#include "kernels/cuda/gemv_f32s4_mma_cuda.h"
+
+#include <cuda_fp16.h>
+
+#include <atomic>
+#include <string>
+
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/gemv_s4_rules.h"
+
+namespace qforge::cuda {
+namespace {
+
+constexpr int kMmaWarps = 8;
+constexpr int kMmaThreads = kMmaWarps * 32;
+constexpr int kMmaKb = 128;                 // k per warp step: 4 lanes x 32 codes
+constexpr int kMmaRowHalves = kMmaKb + 32;  // staged row stride: 320 bytes, 64 mod 128 (no bank conflicts)
+constexpr uint32_t kHalfMagic = 0x64006400u;  // fp16 1024 in both halves: 1024 + f for a nibble f in the mantissa
+constexpr int kScaleExpTop = 14;              // a block's largest |x| is scaled into [2^14, 2^15)
+constexpr int kMmaKnownDevices = 64;          // per-device facts remembered for devices 0..63
+
+// Floats 2^e for the exponent range the kernel uses (normal numbers only).
+__device__ __forceinline__ float mma_pow2(int e) { return __int_as_float((127 + e) << 23); }
+
+// The exponent e that puts a block's largest |x| in [2^14, 2^15), clamped so 2^e and 2^-e are
+// normal floats; 0 for a zero or non-finite block (non-finite values then reach y as they are).
+__device__ __forceinline__ int mma_block_exponent(float amax) {
+  if (!(amax > 0.0f) || !isfinite(amax)) return 0;
+  const int e = kScaleExpTop - ilogbf(amax);
+  return e < -113 ? -113 : (e > 100 ? 100 : e);
+}
+
+// Two nibbles p and p + 4 of w as the fp16 pair (f_p - off, f_{p+4} - off): 1024 + f from the
+// magic exponent, minus 1024 + off (both exact, so is the difference).
+__device__ __forceinline__ uint32_t mma_dequant_pair(uint32_t w, int p, uint32_t off2) {
+  const uint32_t bits = ((w >> (4 * p)) & 0x000F000Fu) | kHalfMagic;
+  uint32_t r;
+  asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(bits), "r"(off2));
+  return r;
+}
+
+// (1024 + off) as fp16 in both halves of a word.
+__device__ __forceinline__ uint32_t mma_offset_pair(int off) {
+  const uint32_t h = __half_as_ushort(__float2half_rn(static_cast<float>(1024 + off)));
+  return h | (h << 16);
+}
+
+__device__ __forceinline__ void mma_16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                          uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+struct MmaArgs {
+  const float* x;
+  int M;
+  const uint4* codes;  // 16-byte words: row n starts at word n * (K / 32)
+  int N, K;
+  const float* scale;
+  const int32_t* zero;
+  int group_size, G;
+  const float* bias;
+  float* y;
+};
+
+// What lane (g, t) reads of one 128-wide block: 32 codes of rows g and g + 8 of each tile, with
+// the rows' scale and the fp16 offset (1024 + zero point [+ 8 for qint4]).
+template <int kTiles>
+struct MmaStep {
+  uint4 w[kTiles][2];
+  float s[kTiles][2];
+  uint32_t off[kTiles][2];
+};
+
+template <int kTiles, bool kSigned>
+__device__ __forceinline__ void mma_load_step(MmaStep<kTiles>& st, const MmaArgs& a, int n0, int kb, int lane) {
+  const int g = lane >> 2, t = lane & 3;
+  const int gi = kb * kMmaKb / a.group_size;
+  const int64_t row_words = a.K / 32;
+#pragma unroll
+  for (int tile = 0; tile < kTiles; ++tile)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      int n = n0 + 16 * tile + g + 8 * h;
+      n = n < a.N ? n : a.N - 1;  // rows past N read row N - 1 and are not written
+      st.w[tile][h] = __ldcs(a.codes + n * row_words + kb * 4 + t);
+      const int64_t si = int64_t{n} * a.G + gi;
+      st.s[tile][h] = __ldg(a.scale + si);
+      const int z = a.zero != nullptr ? __ldg(a.zero + si) : 0;
+      st.off[tile][h] = mma_offset_pair(kSigned ? 8 + z : z);
+    }
+}
+
+// Stages block kb of x for one warp: row m's hi at staged row m, lo at row kMP + m, each lane's
+// 4 floats scaled by the block's 2^e; inv[m] = 2^-e. In a row, the codes k = 32t + 8i + j of
+// lane (g, t)'s word i sit at 32i + 8t + perm(j), perm = (0, 2, 4, 6, 1, 3, 5, 7): one 16-byte
+// load gives the B fragments of both mma steps of word i (pairs (j, j + 4), see mma_tile).
+template <int kMP>
+__device__ __forceinline__ void mma_stage_x(const MmaArgs& a, int kb, int lane, __half* xs, float* inv) {
+  const int slot = 32 * ((lane & 7) >> 1) + 8 * (lane >> 3);  // i = (lane % 8) / 2, t = lane / 8
+  const bool even = (lane & 1) == 0;                            // even: k offsets 0..3 of the word, odd: 4..7
+#pragma unroll
+  for (int m = 0; m < kMP; ++m) {
+    if (m >= a.M) break;
+    const float4 v = __ldg(reinterpret_cast<const float4*>(a.x + int64_t{m} * a.K + kb * kMmaKb) + lane);
+    float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, off));
+    const int e = mma_block_exponent(amax);
+    const float up = mma_pow2(e);
+    const float f[4] = {__fmul_rn(v.x, up), __fmul_rn(v.y, up), __fmul_rn(v.z, up), __fmul_rn(v.w, up)};
+    uint32_t hi[2], lo[2];
+#pragma unroll
+    for (int p = 0; p < 2; ++p) {
+      const __half h0 = __float2half_rn(f[2 * p]), h1 = __float2half_rn(f[2 * p + 1]);
+      const __half l0 = __float2half_rn(__fsub_rn(f[2 * p], __half2float(h0)));
+      const __half l1 = __float2half_rn(__fsub_rn(f[2 * p + 1], __half2float(h1)));
+      hi[p] = __half_as_ushort(h0) | (uint32_t{__half_as_ushort(h1)} << 16);
+      lo[p] = __half_as_ushort(l0) | (uint32_t{__half_as_ushort(l1)} << 16);
+    }
+    // The even lane writes the hi slot (its x0..x3 with the odd lane's x4..x7), the odd lane the lo slot.
+    uint32_t got[2];
+#pragma unroll
+    for (int p = 0; p < 2; ++p) got[p] = __shfl_xor_sync(0xFFFFFFFFu, even ? lo[p] : hi[p], 1);
+    const uint32_t* mine = even ? hi : lo;
+    const uint32_t e0 = even ? mine[0] : got[0], e1 = even ? mine[1] : got[1];  // offsets 0..3
+    const uint32_t o0 = even ? got[0] : mine[0], o1 = even ? got[1] : mine[1];  // offsets 4..7
+    uint4 out;
+    out.x = (e0 & 0xFFFFu) | (o0 << 16);           // (x0, x4)
+    out.y = (e0 >> 16) | (o0 & 0xFFFF0000u);       // (x1, x5)
+    out.z = (e1 & 0xFFFFu) | (o1 << 16);           // (x2, x6)
+    out.w = (e1 >> 16) | (o1 & 0xFFFF0000u);       // (x3, x7)
+    *reinterpret_cast<uint4*>(xs + (even ? m : kMP + m) * kMmaRowHalves + slot) = out;
+    if (lane == 0) inv[m] = mma_pow2(-e);
+  }
+}
+
+// The mma chain of one tile over one 128-wide block. k order: lane t's logical k (2t, 2t + 1,
+// 2t + 8, 2t + 9) of step (i, s) are its codes 8i + (2s, 2s + 4, 2s + 1, 2s + 5) of the block
+// (32t + ...), the same for A (weight rows g, g + 8) and B (staged columns g), so each column
+// sums every code of the block exactly once. qint4: q = (f ^ 8) - 8, so q - z = (f ^ 8) - (8 + z).
+template <int kNB, bool kSigned>
+__device__ __forceinline__ void mma_tile(float (&c)[kNB][4], const uint4 (&w)[2], const uint32_t (&off)[2],
+                                         const __half* xs, int lane) {
+  const int g = lane >> 2, t = lane & 3;
+  constexpr uint32_t kFlip = kSigned ? 0x88888888u : 0u;
+  const uint32_t w0[4] = {w[0].x ^ kFlip, w[0].y ^ kFlip, w[0].z ^ kFlip, w[0].w ^ kFlip};
+  const uint32_t w1[4] = {w[1].x ^ kFlip, w[1].y ^ kFlip, w[1].z ^ kFlip, w[1].w ^ kFlip};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    uint4 b[kNB];
+#pragma unroll
+    for (int nb = 0; nb < kNB; ++nb)
+      b[nb] = *reinterpret_cast<const uint4*>(xs + (8 * nb + g) * kMmaRowHalves + 32 * i + 8 * t);
+#pragma unroll
+    for (int s = 0; s < 2; ++s) {
+      const uint32_t a0 = mma_dequant_pair(w0[i], 2 * s, off[0]), a1 = mma_dequant_pair(w1[i], 2 * s, off[1]);
+      const uint32_t a2 = mma_dequant_pair(w0[i], 2 * s + 1, off[0]), a3 = mma_dequant_pair(w1[i], 2 * s + 1, off[1]);
+#pragma unroll
+      for (int nb = 0; nb < kNB; ++nb)
+        mma_16816(c[nb], a0, a1, a2, a3, s == 0 ? b[nb].x : b[nb].z, s == 0 ? b[nb].y : b[nb].w);
+    }
+  }
+}
+
+// kMP rows of x (padded: 4, 8 or 16) as 2 * kMP staged columns (hi, then lo): kNB = kMP / 4
+// column blocks of 8. Accumulator c of column block nb: c[0..1] weight row g, columns
+// 8nb + 2t + (0, 1); c[2..3] row g + 8.
+template <int kMP, int kTiles, bool kSigned>
+__global__ void __launch_bounds__(kMmaThreads, 2) gemv_f32s4_mma_kernel(const MmaArgs a) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  constexpr int kCols = 2 * kMP;
+  constexpr int kNB = kCols / 8;
+  constexpr int kRowsPerBlock = 16 * kTiles;
+  extern __shared__ uint4 mma_smem[];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  __half* xs = reinterpret_cast<__half*>(mma_smem) + warp * kCols * kMmaRowHalves;
+  float* inv = reinterpret_cast<float*>(reinterpret_cast<__half*>(mma_smem) + kMmaWarps * kCols * kMmaRowHalves) +
+               warp * kMP;
+  // Padding columns (rows of x past M) stay zero; their factors stay 1.
+  for (int i = lane; i < kCols * kMmaRowHalves / 8; i += 32)
+    reinterpret_cast<uint4*>(xs)[i] = make_uint4(0, 0, 0, 0);
+  if (lane < kMP) inv[lane] = 1.0f;
+  __syncwarp();
+
+  const int n0 = blockIdx.x * kRowsPerBlock;
+  const int KB = a.K / kMmaKb;
+  float acc[kTiles][kNB][4];
+#pragma unroll
+  for (int tile = 0; tile < kTiles; ++tile)
+#pragma unroll
+    for (int nb = 0; nb < kNB; ++nb)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) acc[tile][nb][r] = 0.0f;
+
+  MmaStep<kTiles> cur;
+  if (warp < KB) mma_load_step<kTiles, kSigned>(cur, a, n0, warp, lane);
+  for (int kb = warp; kb < KB; kb += kMmaWarps) {
+    MmaStep<kTiles> next;
+    if (kb + kMmaWarps < KB) mma_load_step<kTiles, kSigned>(next, a, n0, kb + kMmaWarps, lane);
+    mma_stage_x<kMP>(a, kb, lane, xs, inv);
+    __syncwarp();
+    float col_inv[kNB][2];
+#pragma unroll
+    for (int nb = 0; nb < kNB; ++nb)
+#pragma unroll
+      for (int j = 0; j < 2; ++j) col_inv[nb][j] = inv[(8 * nb + 2 * t + j) % kMP];
+#pragma unroll
+    for (int tile = 0; tile < kTiles; ++tile) {
+      float c[kNB][4];
+#pragma unroll
+      for (int nb = 0; nb < kNB; ++nb) c[nb][0] = c[nb][1] = c[nb][2] = c[nb][3] = 0.0f;
+      mma_tile<kNB, kSigned>(c, cur.w[tile], cur.off[tile], xs, lane);
+#pragma unroll
+      for (int nb = 0; nb < kNB; ++nb)
+#pragma unroll
+        for (int r = 0; r < 4; ++r)
+          acc[tile][nb][r] = __fmaf_rn(__fmul_rn(c[nb][r], col_inv[nb][r & 1]), cur.s[tile][r >> 1], acc[tile][nb][r]);
+    }
+    __syncwarp();  // every lane has read the staged block before the next one overwrites it
+    cur = next;
+  }
+
+  // Fixed-order reduction: part[warp][column][row], then per output hi + lo over warps 0..7.
+  __syncthreads();
+  float* part = reinterpret_cast<float*>(mma_smem);
+#pragma unroll
+  for (int tile = 0; tile < kTiles; ++tile)
+#pragma unroll
+    for (int nb = 0; nb < kNB; ++nb)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int col = 8 * nb + 2 * t + (r & 1), row = 16 * tile + g + 8 * (r >> 1);
+        part[(warp * kCols + col) * kRowsPerBlock + row] = acc[tile][nb][r];
+      }
+  __syncthreads();
+  for (int i = threadIdx.x; i < a.M * kRowsPerBlock; i += kMmaThreads) {
+    const int m = i / kRowsPerBlock, row = i % kRowsPerBlock, n = n0 + row;
+    if (n >= a.N) continue;
+    float hi = part[m * kRowsPerBlock + row], lo = part[(kMP + m) * kRowsPerBlock + row];
+#pragma unroll
+    for (int w = 1; w < kMmaWarps; ++w) {
+      hi = __fadd_rn(hi, part[(w * kCols + m) * kRowsPerBlock + row]);
+      lo = __fadd_rn(lo, part[(w * kCols + kMP + m) * kRowsPerBlock + row]);
+    }
+    float v = __fadd_rn(hi, lo);
+    if (a.bias != nullptr) v = __fadd_rn(v, __ldg(a.bias + n));
+    a.y[int64_t{m} * a.N + n] = v;
+  }
+#else
+  __trap();  // never launched: gemv_f32s4_mma_runs_here refuses builds without sm_80 code
+#endif
+}
+
+template <int kMP, int kTiles>
+constexpr size_t mma_smem_bytes() {
+  return size_t{kMmaWarps} * (2 * kMP * kMmaRowHalves * 2 + kMP * 4);
+}
+
+template <int kMP, int kTiles>
+void mma_launch(bool is_signed, cudaStream_t stream, const MmaArgs& a) {
+  static_assert(size_t{kMmaWarps} * 2 * kMP * 16 * kTiles * 4 <= mma_smem_bytes<kMP, kTiles>(),
+                "the reduction reuses the staging memory");
+  const auto kernel = is_signed ? gemv_f32s4_mma_kernel<kMP, kTiles, true> : gemv_f32s4_mma_kernel<kMP, kTiles, false>;
+  constexpr size_t bytes = mma_smem_bytes<kMP, kTiles>();
+  if constexpr (bytes > 48 * 1024) {
+    // Above 48 KiB a kernel must opt in, once per device and kernel.
+    static std::atomic<bool> opted_in[2][kMmaKnownDevices];  // static storage: all false
+    int dev = 0;
+    check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
+    std::atomic<bool>* done = dev >= 0 && dev < kMmaKnownDevices ? &opted_in[is_signed ? 1 : 0][dev] : nullptr;
+    if (done == nullptr || !done->load(std::memory_order_relaxed)) {
+      check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)),
+                 "cudaFuncSetAttribute");
+      if (done != nullptr) done->store(true, std::memory_order_relaxed);
+    }
+  }
+  const auto blocks = static_cast<unsigned>((a.N + 16 * kTiles - 1) / (16 * kTiles));
+  kernel<<<blocks, kMmaThreads, bytes, stream>>>(a);
+}
+
+}  // namespace
+
+bool gemv_f32s4_mma_runs_here(std::string* why) {
+  int dev = 0, major = 0, minor = 0;
+  check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
+  // A yes is remembered per device (the question is asked on every call); a no is asked again.
+  static std::atomic<bool> runs[kMmaKnownDevices];  // static storage: all false
+  if (dev >= 0 && dev < kMmaKnownDevices && runs[dev].load(std::memory_order_relaxed)) {
+    if (why != nullptr) why->clear();
+    return true;
+  }
+  check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), "cudaDeviceGetAttribute");
+  check_cuda(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev), "cudaDeviceGetAttribute");
+  if (major < 8) {
+    if (why != nullptr) *why = "sm_" + std::to_string(major * 10 + minor) + " has no mma.sync m16n8k16 (sm_80+)";
+    return false;
+  }
+  cudaFuncAttributes attr{};
+  check_cuda(cudaFuncGetAttributes(&attr, gemv_f32s4_mma_kernel<4, 1, true>), "cudaFuncGetAttributes");
+  if (attr.binaryVersion < 80 && attr.ptxVersion < 80) {
+    if (why != nullptr) *why = "built without sm_80+ code (CMAKE_CUDA_ARCHITECTURES)";
+    return false;
+  }
+  if (dev >= 0 && dev < kMmaKnownDevices) runs[dev].store(true, std::memory_order_relaxed);
+  if (why != nullptr) why->clear();
+  return true;
+}
+
+void gemv_f32s4_mma_cuda(const float* x, int64_t M, const uint8_t* packed, int64_t N, int64_t K, bool is_signed,
+                         const float* scale, const int32_t* zero, int64_t group_size, const float* bias, float* y,
+                         cudaStream_t stream) {
+  std::string why;
+  QF_REQUIRE(gemv_f32s4_mma_supported(M, K, group_size, &why), "kernels/cuda: gemv_f32s4_mma_cuda: ", why);
+  QF_REQUIRE(gemv_f32s4_mma_pointers_supported(x, packed, &why), "kernels/cuda: gemv_f32s4_mma_cuda: ", why);
+  QF_REQUIRE(N >= 0 && N <= INT32_MAX && K <= INT32_MAX, "kernels/cuda: gemv_f32s4_mma_cuda: N=", N, " K=", K,
+             " beyond 32-bit indices");
+  QF_REQUIRE(gemv_f32s4_mma_runs_here(&why), "kernels/cuda: gemv_f32s4_mma_cuda: ", why);
+  if (N == 0) return;
+  const MmaArgs args{x,
+                     static_cast<int>(M),
+                     reinterpret_cast<const uint4*>(packed),
+                     static_cast<int>(N),
+                     static_cast<int>(K),
+                     scale,
+                     zero,
+                     static_cast<int>(group_size),
+                     static_cast<int>((K + group_size - 1) / group_size),
+                     bias,
+                     y};
+  if (M <= 4) {
+    mma_launch<4, 1>(is_signed, stream, args);
+  } else if (M <= 8) {
+    mma_launch<8, 2>(is_signed, stream, args);
+  } else {
+    mma_launch<16, 1>(is_signed, stream, args);
+  }
+  check_cuda(cudaGetLastError(), "gemv_f32s4_mma_cuda launch");
+}
+
+}  // namespace qforge::cuda
