@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "framework/models/perplexity.h"
 #include "framework/recipe/recipe.h"
 #include "framework/train/batches.h"
 #include "framework/train/trainer.h"
@@ -29,6 +30,13 @@ struct Task {
   // BERT, GPT-2 and Llama (these two also read an HF folder, single-file or sharded), qforge's own
   // names for the MLP and CNN. Shape mismatches are listed.
   std::function<void(const std::string& path)> import_safetensors;
+  // Causal LMs: perplexity of the test text with overlapping windows (sliding_window_perplexity),
+  // recorded beside the metric of every evaluated stage.
+  std::function<models::PerplexityResult()> sliding_perplexity;
+  // A tokenizer the task trained or read (data.tokenizer): the export stage writes it beside the
+  // model as tokenizer_name (tokenizer.json or tokenizer.model).
+  std::string tokenizer_name;
+  std::function<void(const std::string& path)> save_tokenizer;
 };
 
 // An architecture qtrain runs: the recipe's model.arch, the data.dataset it is trained on, and
