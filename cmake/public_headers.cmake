@@ -42,6 +42,7 @@ set(QFORGE_PUBLIC_HEADERS
   framework/models/llama.h
   framework/models/generation.h
   framework/models/perplexity.h
+  framework/models/sampling.h
   framework/models/gguf_export.h
   framework/format/gguf.h
   framework/models/mlp.h

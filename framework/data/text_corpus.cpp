@@ -43,9 +43,11 @@ TextCorpus load_fortunes(double train_fraction, double validation_fraction, cons
   return out;
 }
 
-double unigram_perplexity(const at::Tensor& train, const at::Tensor& eval) {
+double unigram_perplexity(const at::Tensor& train, const at::Tensor& eval, int64_t vocab) {
   QF_REQUIRE(eval.numel() > 0, "data: unigram_perplexity needs a non-empty evaluation split");
-  const at::Tensor counts = at::bincount(train.flatten(), {}, TextCorpus::kVocabSize).to(at::kDouble) + 1.0;
+  QF_REQUIRE(train.numel() == 0 || train.max().item<int64_t>() < vocab, "data: unigram_perplexity: a training id is outside the vocabulary of ", vocab);
+  QF_REQUIRE(eval.max().item<int64_t>() < vocab, "data: unigram_perplexity: an evaluation id is outside the vocabulary of ", vocab);
+  const at::Tensor counts = at::bincount(train.flatten(), {}, vocab).to(at::kDouble) + 1.0;
   const at::Tensor logp = (counts / counts.sum()).log();
   return std::exp(-logp.index_select(0, eval.flatten()).mean().item<double>());
 }

@@ -25,8 +25,8 @@ struct TextCorpus {
 TextCorpus load_fortunes(double train_fraction = 0.9, double validation_fraction = 0.05,
                          const std::string& dir = kFortunesDir);
 
-// Unigram (byte-frequency) baseline: add-one-smoothed byte frequencies of `train`, and the
-// per-token perplexity they give on `eval`: exp(-mean log p(byte)).
-double unigram_perplexity(const at::Tensor& train, const at::Tensor& eval);
+// Unigram (token-frequency) baseline: add-one-smoothed frequencies of the `vocab` token ids in
+// `train`, and the per-token perplexity they give on `eval`: exp(-mean log p(token)).
+double unigram_perplexity(const at::Tensor& train, const at::Tensor& eval, int64_t vocab = TextCorpus::kVocabSize);
 
 }  // namespace qforge::data

@@ -100,6 +100,8 @@ class ExportStage : public Stage {
         io::export_safetensors(*ctx.task.model, p);
       });
     if (r.export_.onnx) export_onnx(ctx, dir);
+    if (ctx.task.save_tokenizer)
+      ctx.report["exported"]["tokenizer"] = ctx.save((dir / ctx.task.tokenizer_name).string(), ctx.task.save_tokenizer);
   }
 };
 

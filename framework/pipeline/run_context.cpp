@@ -198,6 +198,15 @@ bool RunContext::run_stage(const Stage& stage) {
 
 void RunContext::record(const std::string& stage, const train::Metrics& m) {
   result.metrics[stage] = metric_map(m, task.metric);
+  if (task.sliding_perplexity) {
+    const models::PerplexityResult p = task.sliding_perplexity();
+    result.metrics[stage]["sliding_window_perplexity"] = p.perplexity;
+    report["sliding_window_perplexity"] = {{"max_length", p.max_length}, {"stride", p.stride},
+                                           {"windows", p.windows}, {"tokens_scored", p.tokens_scored}};
+    std::fprintf(stderr, "qtrain: %s sliding-window perplexity %.4f (windows of %lld every %lld tokens, %lld scored)\n",
+                 stage.c_str(), p.perplexity, static_cast<long long>(p.max_length), static_cast<long long>(p.stride),
+                 static_cast<long long>(p.tokens_scored));
+  }
   report["metrics"][stage] = result.metrics[stage];
   std::fprintf(stderr, "qtrain: %s %s %.4f (loss %.4f)\n", stage.c_str(), task.metric.c_str(),
                result.metrics[stage][task.metric], m.loss);

@@ -100,6 +100,13 @@ void check_model_data(const Recipe& r, const Where& w) {
                                   r.data.dataset + "'");
   if (r.data.tokens != "chars" && r.data.dataset != "langid")
     w.problem("data.tokens", "applies to the langid dataset only (this recipe's dataset is '" + r.data.dataset + "')");
+  const Recipe::Data& d = r.data;
+  if (d.tokenizer_vocab_size > 0 && !d.tokenizer_file.empty())
+    w.problem("data.tokenizer", "give train or file, not both");
+  if ((d.tokenizer_vocab_size > 0 || !d.tokenizer_file.empty()) && d.dataset != "fortunes")
+    w.problem("data.tokenizer", "applies to the fortunes language models only (this recipe's dataset is '" + d.dataset + "')");
+  if (!d.tokenizer_file.empty() && !std::filesystem::exists(d.tokenizer_file))
+    w.problem("data.tokenizer.file", "'" + d.tokenizer_file + "' does not exist");
 }
 
 void check_quantize(const Recipe& r, const YAML::Node& tree, const Where& w) {

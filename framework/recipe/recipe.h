@@ -57,6 +57,9 @@ struct Recipe {
     int64_t seq_len = 128;           // language models
     int64_t examples_per_language = 0;  // langid: 0 = dataset default
     std::string tokens = "chars";       // langid: chars | bigrams | trigrams
+    // fortunes language models: byte tokens (256) unless one of these is given.
+    int64_t tokenizer_vocab_size = 0;   // data.tokenizer.train.vocab_size: a BPE tokenizer trained on the training text
+    std::string tokenizer_file;         // data.tokenizer.file: a tokenizer.json, tokenizer.model or a folder holding one
   } data;
 
   struct Train {

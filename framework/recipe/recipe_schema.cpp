@@ -76,6 +76,14 @@ Field data_section() {
       bind(leaf("seq_len", T::kInt, "sequence length of language-model examples", 2, 65536), &Recipe::data, &Recipe::Data::seq_len),
       bind(leaf("examples_per_language", T::kInt, "langid phrases per language (0: dataset default)", 0, 1e9), &Recipe::data, &Recipe::Data::examples_per_language),
       bind(choice("tokens", {"chars", "bigrams", "trigrams"}, "langid tokens: characters, or overlapping character n-grams with a word-boundary space at each end"), &Recipe::data, &Recipe::Data::tokens),
+      map("tokenizer", "fortunes language models: the tokenizer (default: bytes, vocabulary 256); train or file", {
+          map("train", "train a byte-level BPE tokenizer on the training text (framework/text/bpe_trainer.h)", {
+              bind(leaf("vocab_size", T::kInt, "tokens: 256 bytes plus merges (the model's vocabulary)", 257, 1e6),
+                   &Recipe::data, &Recipe::Data::tokenizer_vocab_size),
+          }),
+          bind(leaf("file", T::kString, "a tokenizer.json, tokenizer.model or a folder holding one"), &Recipe::data,
+               &Recipe::Data::tokenizer_file),
+      }),
   });
 }
 

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "framework/models/perplexity.h"
 #include "framework/recipe/recipe.h"
 #include "framework/train/batches.h"
 #include "framework/train/trainer.h"
@@ -39,6 +40,13 @@ struct Task {
   // Causal LMs: prefills part of `input` [1, T] into a KV cache and returns the decode step that
   // follows it (report.json's latency_ms.decode_step); empty for other tasks.
   std::function<DecodeStep(const at::Tensor& input)> decode_step;
+  // Causal LMs: perplexity of the test text with overlapping windows (sliding_window_perplexity),
+  // recorded beside the metric of every evaluated stage.
+  std::function<models::PerplexityResult()> sliding_perplexity;
+  // A tokenizer the task trained or read (data.tokenizer): the export stage writes it beside the
+  // model as tokenizer_name (tokenizer.json or tokenizer.model).
+  std::string tokenizer_name;
+  std::function<void(const std::string& path)> save_tokenizer;
 };
 
 // An architecture qtrain runs: the recipe's model.arch, the data.dataset it is trained on, and

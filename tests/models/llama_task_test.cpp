@@ -11,6 +11,7 @@
 #include "framework/format/safetensors.h"
 #include "framework/models/state_dict.h"
 #include "framework/recipe/task.h"
+#include "framework/text/tokenizer.h"
 #include "tests/error_of.h"
 
 namespace qforge {
@@ -70,6 +71,51 @@ TEST(LlamaTask, ImportsAnHfFolderShardedOrSingleFile) {
   EXPECT_NE(error_of([&] { half.import_safetensors(dir + "/model-00001-of-00002.safetensors"); }).find("missing keys"),
             std::string::npos);
   fs::remove_all(dir);
+}
+
+// data.tokenizer.train: the task trains a BPE tokenizer on the fortunes training text, the model's
+// vocabulary is its size, the splits are its tokens, and the saved tokenizer.json decodes them
+// back to the corpus text; data.tokenizer.file reads that file back to the same tokens.
+TEST(LlamaTask, TrainsABpeTokenizerOnTheFortunesTrainingText) {
+  Recipe r = tiny_llama_recipe();
+  r.data.dataset = "fortunes";
+  r.data.tokenizer_vocab_size = 300;
+  r.data.max_train_examples = 3;
+  r.data.max_eval_examples = 2;
+  at::manual_seed(0);
+  Task t = make_task(r, /*with_data=*/true);
+  EXPECT_EQ(models::model_state(*t.model).at("model.embed_tokens.weight").size(0), 300);
+  ASSERT_TRUE(t.save_tokenizer);
+  EXPECT_EQ(t.tokenizer_name, "tokenizer.json");
+  const std::string path = (fs::path(::testing::TempDir()) / "qforge_llama_task_tokenizer.json").string();
+  t.save_tokenizer(path);
+  const std::unique_ptr<text::Tokenizer> tok = text::load_tokenizer(path);
+  EXPECT_EQ(tok->vocab_size(), 300);
+  const train::Batch first = t.train->get(at::arange(1, at::kLong));
+  ASSERT_EQ(first.input.sizes(), (std::vector<int64_t>{1, 16}));
+  EXPECT_GE(first.input.max().item<int64_t>(), 256);  // merged tokens, not bytes
+  const at::Tensor ids = first.input[0].contiguous();
+  const std::string text = tok->decode(std::vector<int64_t>(ids.data_ptr<int64_t>(), ids.data_ptr<int64_t>() + 16));
+  std::ifstream corpus("/usr/share/games/fortunes/" + std::string("art"), std::ios::binary);
+  std::string head(text.size(), '\0');
+  corpus.read(head.data(), static_cast<std::streamsize>(head.size()));
+  EXPECT_EQ(text, head);  // the first fortune file, sorted by name
+  // The test text the two capped evaluation examples cover, in windows of 16 every 8 tokens.
+  ASSERT_TRUE(t.sliding_perplexity);
+  const models::PerplexityResult p = t.sliding_perplexity();
+  EXPECT_EQ(p.max_length, 16);
+  EXPECT_EQ(p.stride, 8);
+  EXPECT_EQ(p.tokens_scored, 2 * 16);
+  EXPECT_NEAR(p.perplexity, std::exp(p.nll_per_token), 1e-9 * p.perplexity);
+  EXPECT_GT(p.perplexity, 1.0);
+
+  Recipe from_file = r;
+  from_file.data.tokenizer_vocab_size = 0;
+  from_file.data.tokenizer_file = path;
+  Task f = make_task(from_file, true);
+  EXPECT_EQ(f.tokenizer_name, "tokenizer.json");
+  EXPECT_TRUE(at::equal(f.train->get(at::arange(3, at::kLong)).input, t.train->get(at::arange(3, at::kLong)).input));
+  fs::remove(path);
 }
 
 }  // namespace

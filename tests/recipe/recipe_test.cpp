@@ -491,3 +491,26 @@ TEST(Recipe, EmptyQuantizeWeightsAndActivationsResolveToTheirEffectiveValues) {
   EXPECT_EQ(r.resolved_yaml, expected);
   EXPECT_EQ(r.sha256, "77376b3485169805dd2fb35c4dd303101197ec149bb7ef5ad0451d1e87275f2a");
 }
+
+TEST(Recipe, TokenizerKeysAreCheckedWithFileLineColumn) {
+  TempDir dir;
+  auto all = [&](const std::string& text) {
+    std::string out;
+    for (const auto& i : issues_of(dir.write("t.yaml", text))) out += i.to_string() + "\n";
+    return out;
+  };
+  const std::string llama = "model: {arch: llama}\n";
+  const Recipe r = load_recipe(dir.write("ok.yaml", llama + "data:\n  dataset: fortunes\n  tokenizer: {train: {vocab_size: 2048}}\n"));
+  EXPECT_EQ(r.data.tokenizer_vocab_size, 2048);
+  EXPECT_TRUE(r.data.tokenizer_file.empty());
+  const std::string file = dir.write("tokenizer.json", "{}");
+  std::string e = all(llama + "data:\n  dataset: fortunes\n  tokenizer:\n    train: {vocab_size: 300}\n    file: " + file + "\n");
+  EXPECT_NE(e.find("t.yaml:5:5: data.tokenizer: give train or file, not both"), std::string::npos) << e;
+  e = all(llama + "data:\n  dataset: fortunes\n  tokenizer: {file: /nonexistent/qforge_tok.json}\n");
+  EXPECT_NE(e.find("t.yaml:4:21: "), std::string::npos) << e;
+  EXPECT_NE(e.find("data.tokenizer.file: '/nonexistent/qforge_tok.json' does not exist"), std::string::npos) << e;
+  e = all(llama + "data:\n  dataset: fortunes\n  tokenizer: {train: {vocab_size: 100}}\n");
+  EXPECT_NE(e.find("data.tokenizer.train.vocab_size: value 100 is out of range"), std::string::npos) << e;
+  e = all("model: {arch: mlp}\ndata: {dataset: fashion_mnist, tokenizer: {train: {vocab_size: 300}}}\n");
+  EXPECT_NE(e.find("data.tokenizer: applies to the fortunes language models only"), std::string::npos) << e;
+}

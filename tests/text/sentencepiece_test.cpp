@@ -2,6 +2,7 @@
 // (BPE with byte fallback, trained by spm_train) against python3-sentencepiece's ids, byte
 // fallback for characters outside the vocabulary, BOS/EOS, and refusals.
 #include "framework/text/sentencepiece_tokenizer.h"
+#include "framework/text/tokenizer.h"
 #include "tests/error_of.h"
 
 #include <gtest/gtest.h>
@@ -98,6 +99,32 @@ TEST(SentencePiece, Refusals) {
   const SentencePieceTokenizer tok = SentencePieceTokenizer::load(kModel);
   EXPECT_NE(error_of([&] { tok.encode("bad\xC3"); }).find("invalid UTF-8 at byte 3"), std::string::npos);
   EXPECT_NE(error_of([&] { tok.decode({5, tok.vocab_size()}); }).find("ids[1]"), std::string::npos);
+}
+
+
+// A folder whose tokenizer.json qforge refuses falls back to its tokenizer.model only when the
+// json's added tokens keep their ids there.
+TEST(SentencePiece, FolderFallbackChecksTheAddedTokenIds) {
+  REQUIRE_SENTENCEPIECE();
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("qforge_sp_fallback_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  fs::copy_file(kModel, dir / "tokenizer.model");
+  const int64_t bos = *SentencePieceTokenizer::load(kModel).token_to_id("<s>");
+  auto write_json = [&](int64_t id) {
+    const json j = {{"version", "1.0"}, {"model", {{"type", "WordPiece"}}},
+                    {"added_tokens", json::array({{{"id", id}, {"content", "<s>"}, {"special", true}}})}};
+    std::ofstream(dir / "tokenizer.json") << j.dump();
+  };
+  write_json(bos);
+  EXPECT_EQ(load_tokenizer(dir.string())->encode("Hello world"), SentencePieceTokenizer::load(kModel).encode("Hello world"));
+  write_json(bos + 3);
+  const std::string e = error_of([&] { load_tokenizer(dir.string()); });
+  EXPECT_NE(e.find("gives added token '<s>' id " + std::to_string(bos) + ", not tokenizer.json's " + std::to_string(bos + 3)),
+            std::string::npos) << e;
+  EXPECT_NE(e.find("WordPiece"), std::string::npos) << e;  // why tokenizer.json was refused
+  fs::remove_all(dir);
 }
 
 }  // namespace

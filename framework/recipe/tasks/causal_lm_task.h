@@ -1,4 +1,4 @@
-// The byte-level causal LM task on fortunes for any decoder family (GPT-2, Llama): the family's
+// The causal LM task on fortunes (bytes, or data.tokenizer's tokens) for any decoder family (GPT-2, Llama): the family's
 // config from the recipe with the corpus's vocabulary and enough positions for data.seq_len, its
 // logits as the forward, its HF import as import_safetensors, perplexity as the metric.
 #pragma once
@@ -9,7 +9,6 @@
 #include <memory>
 #include <string>
 
-#include "framework/data/text_corpus.h"
 #include "framework/models/hf_folder.h"
 #include "framework/models/kv_cache.h"
 #include "framework/recipe/recipe.h"
@@ -46,7 +45,7 @@ template <class Config, class Model, class Load>
 Task causal_lm_task(const Recipe& r, bool with_data, int64_t Config::*positions, Load load) {
   Task t;
   Config c = model_config<Config>(r);
-  c.vocab_size = data::TextCorpus::kVocabSize;
+  c.vocab_size = fortunes_vocab_size(r);
   c.*positions = std::max(c.*positions, r.data.seq_len);
   Model m(c);
   t.model = m.ptr();
@@ -59,7 +58,7 @@ Task causal_lm_task(const Recipe& r, bool with_data, int64_t Config::*positions,
     return decode_step(m, input, limit);
   };
   t.metric = "perplexity";
-  if (with_data) attach_fortunes(t, r);
+  if (with_data) attach_fortunes(t, r, [m](const at::Tensor& ids) mutable { return m->forward(ids); });
   return t;
 }
 

@@ -1,6 +1,5 @@
-// Byte-level language model on fortunes: a Llama-family decoder (model.config holds HF LlamaConfig
-// keys; model.config_file an HF config.json). The vocabulary is the corpus's 256 bytes until a
-// BPE tokenizer is wired in.
+// Language model on fortunes: a Llama-family decoder (model.config holds HF LlamaConfig keys;
+// model.config_file an HF config.json) over bytes or data.tokenizer's tokens.
 #include "framework/models/llama.h"
 #include "framework/recipe/task.h"
 #include "framework/recipe/tasks/causal_lm_task.h"

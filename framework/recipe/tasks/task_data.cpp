@@ -1,13 +1,21 @@
-// Capped splits for the task files (task_data.h).
+// Capped splits and the fortunes LM data for the task files (task_data.h).
 #include "framework/recipe/tasks/task_data.h"
 
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <filesystem>
 
+#include "framework/core/error.h"
 #include "framework/data/text_corpus.h"
+#include "framework/text/bpe_tokenizer.h"
+#include "framework/text/bpe_trainer.h"
+#include "framework/text/tokenizer.h"
+#include "framework/text/utf8.h"
 
 namespace qforge::tasks {
+
+namespace fs = std::filesystem;
 
 namespace {
 
@@ -23,19 +31,88 @@ class Prefix : public train::BatchSource {
   int64_t n_;
 };
 
+// A split's bytes as text, less the partial UTF-8 characters the corpus's byte cut may leave at
+// either end (the tokenizers take whole characters only).
+std::string split_text(const at::Tensor& bytes) {
+  const at::Tensor b = bytes.to(at::kByte).contiguous();
+  std::string s(reinterpret_cast<const char*>(b.data_ptr<uint8_t>()), static_cast<size_t>(b.numel()));
+  size_t start = 0;
+  while (start < s.size() && start < 3 && (static_cast<unsigned char>(s[start]) & 0xC0) == 0x80) ++start;
+  s.erase(0, start);
+  const size_t bad = text::find_invalid_utf8(s);
+  if (bad != std::string::npos && bad + 4 > s.size()) s.resize(bad);
+  return s;
+}
+
+at::Tensor encode_split(const text::Tokenizer& tok, const at::Tensor& bytes, const char* split) {
+  const std::string s = split_text(bytes);
+  text::require_utf8(s, std::string("fortunes ") + split + " text");
+  const std::vector<int64_t> ids = tok.encode(s, /*add_special_tokens=*/false);
+  return at::tensor(ids, at::kLong);
+}
+
+// The file data.tokenizer.file names inside a folder (or the file itself), and its export name.
+fs::path tokenizer_source(const std::string& path) {
+  if (!fs::is_directory(path)) return path;
+  for (const char* name : {"tokenizer.json", "tokenizer.model"})
+    if (fs::is_regular_file(fs::path(path) / name)) return fs::path(path) / name;
+  throw Error("data.tokenizer.file: " + path + " holds no tokenizer.json or tokenizer.model");
+}
+
+// The recipe's tokenizer; sets how the export stage writes it.
+std::unique_ptr<text::Tokenizer> recipe_tokenizer(const Recipe& r, const data::TextCorpus& corpus, Task& t) {
+  if (r.data.tokenizer_vocab_size > 0) {
+    text::BpeTrainerOptions o;
+    o.vocab_size = r.data.tokenizer_vocab_size;
+    auto trained = std::make_shared<const text::TrainedBpe>(text::train_bpe({split_text(corpus.train)}, o));
+    t.tokenizer_name = "tokenizer.json";
+    t.save_tokenizer = [trained](const std::string& p) { trained->save(p); };
+    return std::make_unique<text::BpeTokenizer>(text::BpeTokenizer::parse(trained->to_json(), "the trained tokenizer"));
+  }
+  const fs::path src = tokenizer_source(r.data.tokenizer_file);
+  t.tokenizer_name = src.extension() == ".model" ? "tokenizer.model" : "tokenizer.json";
+  t.save_tokenizer = [src](const std::string& p) { fs::copy_file(src, p, fs::copy_options::overwrite_existing); };
+  return text::load_tokenizer(src.string());
+}
+
 }  // namespace
 
 std::shared_ptr<train::BatchSource> capped(std::shared_ptr<train::BatchSource> s, int64_t n) {
   return n > 0 ? std::make_shared<Prefix>(std::move(s), n) : s;
 }
 
-void attach_fortunes(Task& t, const Recipe& r) {
+int64_t fortunes_vocab_size(const Recipe& r) {
+  if (r.data.tokenizer_vocab_size > 0) return r.data.tokenizer_vocab_size;
+  if (!r.data.tokenizer_file.empty()) return text::load_tokenizer(tokenizer_source(r.data.tokenizer_file).string())->vocab_size();
+  return data::TextCorpus::kVocabSize;
+}
+
+void attach_fortunes(Task& t, const Recipe& r, models::CausalLmForward logits) {
   const auto& d = r.data;
   const data::TextCorpus corpus = data::load_fortunes();
-  t.train = capped(std::make_shared<train::LmBatches>(corpus.train, d.seq_len, d.seq_len), d.max_train_examples);
-  t.validation = capped(std::make_shared<train::LmBatches>(corpus.validation, d.seq_len, d.seq_len), d.max_eval_examples);
-  t.test = capped(std::make_shared<train::LmBatches>(corpus.test, d.seq_len, d.seq_len), d.max_eval_examples);
-  t.baselines["unigram_perplexity"] = data::unigram_perplexity(corpus.train, corpus.test);
+  at::Tensor train = corpus.train, validation = corpus.validation, test = corpus.test;
+  int64_t vocab = data::TextCorpus::kVocabSize;
+  if (d.tokenizer_vocab_size > 0 || !d.tokenizer_file.empty()) {
+    const std::unique_ptr<text::Tokenizer> tok = recipe_tokenizer(r, corpus, t);
+    train = encode_split(*tok, corpus.train, "train");
+    validation = encode_split(*tok, corpus.validation, "validation");
+    test = encode_split(*tok, corpus.test, "test");
+    vocab = fortunes_vocab_size(r);
+    QF_REQUIRE(tok->vocab_size() <= vocab, "data.tokenizer: the tokenizer has ", tok->vocab_size(),
+               " tokens, more than data.tokenizer.train.vocab_size ", vocab);
+  }
+  t.train = capped(std::make_shared<train::LmBatches>(train, d.seq_len, d.seq_len), d.max_train_examples);
+  t.validation = capped(std::make_shared<train::LmBatches>(validation, d.seq_len, d.seq_len), d.max_eval_examples);
+  t.test = capped(std::make_shared<train::LmBatches>(test, d.seq_len, d.seq_len), d.max_eval_examples);
+  t.baselines["unigram_perplexity"] = data::unigram_perplexity(train, test, vocab);
+  // The text the capped test split covers (one more token: its last target).
+  const at::Tensor text = d.max_eval_examples > 0 ? test.narrow(0, 0, std::min(test.numel(), d.max_eval_examples * d.seq_len + 1)) : test;
+  const models::PerplexityOptions windows{d.seq_len, std::max<int64_t>(1, d.seq_len / 2)};
+  t.sliding_perplexity = [model = t.model, logits = std::move(logits), text, windows] {
+    at::NoGradGuard no_grad;
+    model->eval();
+    return models::sliding_window_perplexity(logits, text, windows);
+  };
 }
 
 }  // namespace qforge::tasks

@@ -6,6 +6,7 @@
 
 #include <memory>
 
+#include "framework/models/perplexity.h"
 #include "framework/recipe/recipe.h"
 #include "framework/recipe/task.h"
 #include "framework/train/batches.h"
@@ -15,9 +16,15 @@ namespace qforge::tasks {
 // The first n examples of `s` (n = 0: all of them), for quick runs and CI.
 std::shared_ptr<train::BatchSource> capped(std::shared_ptr<train::BatchSource> s, int64_t n);
 
-// The fortunes corpus as byte-level language-model splits (windows of data.seq_len) and its
-// unigram baseline, for the causal LM tasks (GPT-2, Llama).
-void attach_fortunes(Task& t, const Recipe& r);
+// The vocabulary of the fortunes language models under data.tokenizer: 256 bytes without it,
+// data.tokenizer.train.vocab_size, or the size of data.tokenizer.file's tokenizer.
+int64_t fortunes_vocab_size(const Recipe& r);
+
+// The fortunes corpus as language-model splits (windows of data.seq_len) of bytes or of the
+// data.tokenizer tokens (a BPE tokenizer trained on the training text, or the file's; t.save_tokenizer
+// writes it), its unigram baseline, and the sliding-window perplexity of `logits` on the test text
+// (windows of data.seq_len every data.seq_len / 2 tokens), for the causal LM tasks (GPT-2, Llama).
+void attach_fortunes(Task& t, const Recipe& r, models::CausalLmForward logits);
 
 // The architecture config: model.config_file (HF config.json) if given, else the defaults, with
 // the recipe's model.config keys merged over it.
