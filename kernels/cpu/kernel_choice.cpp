@@ -3,6 +3,7 @@
 
 #include "kernels/cpu/gemv_s4.h"
 #include "kernels/cpu/gemv_s8.h"
+#include "kernels/cpu/linear_decode.h"
 #include "kernels/cpu/linear_weight_only.h"
 #include "kernels/cpu/lut_linear.h"
 
@@ -26,6 +27,8 @@ const char* to_string(LinearOp op) {
     case LinearOp::kF32S8: return "f32s8";
     case LinearOp::kF32S4: return "f32s4";
     case LinearOp::kF32Lut: return "f32lut";
+    case LinearOp::kQ8S8: return "q8s8";
+    case LinearOp::kQ8S4: return "q8s4";
   }
   return "?";
 }
@@ -58,6 +61,18 @@ RunInfo choose_kernel(LinearOp op, Isa usable, int64_t m, int64_t group_size) {
       LutProblem p;
       p.m = m;
       return plan_table(lut_linear_kernels(), p, usable);
+    }
+    case LinearOp::kQ8S8: {
+      LinearQ8S8Problem p;
+      p.m = m;
+      return plan_table(linear_q8s8_kernels(), p, usable);
+    }
+    case LinearOp::kQ8S4: {
+      LinearQ8S4Problem p;
+      p.m = m;
+      p.w.group_size = group_size;
+      p.w.groups = group_size > 0 ? 2 : 1;  // 0: one group per row (any K fits), else the size decides
+      return plan_table(linear_q8s4_kernels(), p, usable);
     }
   }
   return RunInfo{};

@@ -53,6 +53,10 @@ class PackedLinearS8 {
   // Weight-only: float activations, no activation quantization (linear_f32_s8_reference, bit
   // for bit). Slower than run() but without activation rounding error.
   at::Tensor run_weight_only(const at::Tensor& x, RunInfo* info = nullptr) const;
+  // Decode: float activations quantized to int8 in blocks of 32 per call, integer dot products
+  // (linear_q8b32s8f32; linear_q8b32_s8_reference bit for bit up to kWeightOnlyMaxM rows, the exact
+  // weight-only result above).
+  at::Tensor run_decode(const at::Tensor& x, RunInfo* info = nullptr) const;
 
   int64_t in_features() const { return k_; }
   int64_t out_features() const { return n_; }
@@ -98,6 +102,8 @@ class PackedLinearS4 {
   // Weight-only: float activations, no activation quantization (linear_f32_s4_reference, bit
   // for bit).
   at::Tensor run_weight_only(const at::Tensor& x, RunInfo* info = nullptr) const;
+  // Decode: as PackedLinearS8::run_decode (linear_q8b32s4f32, linear_q8b32_s4_reference).
+  at::Tensor run_decode(const at::Tensor& x, RunInfo* info = nullptr) const;
 
   int64_t in_features() const { return k_; }
   int64_t out_features() const { return n_; }
