@@ -11,27 +11,16 @@
 #include <cstdint>
 
 #include "kernels/cpu/kernel_table.h"
+#include "kernels/cpu/linear_weight_only.h"
 #include "kernels/cpu/packed_layout.h"
 #include "kernels/cpu/run_info.h"
 
 namespace qforge::kernels {
 
-// One call of a decode linear as its kernel table sees it (x null when planning).
-struct LinearQ8S8Problem {
-  const float* x = nullptr;
-  int64_t m = 0;
-  S8N16K4View w;
-  const float* w_scale = nullptr;
-  const float* bias = nullptr;
-  float* y = nullptr;
-};
-struct LinearQ8S4Problem {
-  const float* x = nullptr;
-  int64_t m = 0;
-  S4N16K8View w;
-  const float* bias = nullptr;
-  float* y = nullptr;
-};
+// One call of a decode linear as its kernel table sees it: the weight-only call's fields (x null
+// when planning).
+using LinearQ8S8Problem = LinearF32S8Problem;
+using LinearQ8S4Problem = LinearF32S4Problem;
 
 const KernelTable<LinearQ8S8Problem>& linear_q8s8_kernels();
 const KernelTable<LinearQ8S4Problem>& linear_q8s4_kernels();
