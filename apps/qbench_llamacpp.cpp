@@ -4,7 +4,8 @@
 //                                vocabulary, random weights (seed 0); a 16-token prompt in the
 //                                cache, then 32 tokens decoded greedily one at a time.
 // impl "qforge": the model frozen weight-only, qint8 per channel (q8) or qint4 in groups of 32
-// (q4); impl "llamacpp": that frozen model exported with export_gguf (codes kept: Q8_0 / Q4_0,
+// (q4), float activations; impl "qforge-q8": the same model with block-32 int8 decode activations
+// (DecodeActivations::kQ8Block32, llama.cpp's activation side); impl "llamacpp": that frozen model exported with export_gguf (codes kept: Q8_0 / Q4_0,
 // fp16 scales) and run by llama.cpp (node-llama-cpp 3.21.1's prebuilt CPU library, the one
 // ctest gguf_llamacpp installs into the build tree, or $QFORGE_NODE_LLAMA_CPP/node_modules), in a
 // node child process that qbench drives through a pipe ("run" -> 32 tokens -> "done"), with
@@ -19,9 +20,11 @@
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
+#include <utility>
 #include <string>
 #include <vector>
 
+#include "apps/qbench_models.h"
 #include "apps/qbench_registry.h"
 #include "framework/api/quantize.h"
 #include "framework/core/error.h"
@@ -108,6 +111,22 @@ Scheme decode_scheme(int bits) {
   return s;
 }
 
+// The Linear layers alone, as 32 decoded tokens call them (one row each, random inputs): with the
+// whole-model case of the same run, the split of a token's time between the Linear kernels and
+// everything else (norms, RoPE, attention over the cache, cache appends, embedding, dispatch).
+Case linears_only(const std::shared_ptr<models::LlamaForCausalLM>& m) {
+  std::vector<std::pair<nn::LinearImpl*, at::Tensor>> calls;
+  for (const auto& mod : (*m)->modules(/*include_self=*/false)) {
+    if (auto* lin = dynamic_cast<nn::LinearImpl*>(mod.get())) calls.emplace_back(lin, at::randn({1, lin->options.in_features()}));
+  }
+  const std::function<void()> run = [m, calls] {
+    at::NoGradGuard g;
+    for (int64_t t = 0; t < kLlamaDecode; ++t)
+      for (const auto& [lin, x] : calls) lin->forward(x);
+  };
+  return Case{"L2_H2048_linears_only_decode32_tokens", 0, {{"qforge", run}, {"qforge-q8", with_q8_decode(m->ptr(), run)}}};
+}
+
 std::vector<Case> llama_decode_cases(int bits) {
   torch::manual_seed(0);
   auto m = std::make_shared<models::LlamaForCausalLM>(llama_1b_layers());
@@ -123,17 +142,20 @@ std::vector<Case> llama_decode_cases(int bits) {
     first = (*m)->forward(prompt, &prefilled).select(1, kLlamaPrompt - 1).argmax(-1, true);
   }
   Case c{"L2_H2048_prompt16_decode32_tokens", 0, {}};
-  c.impls.push_back({"qforge", [m, prefilled, first] {
-                       at::NoGradGuard g;
-                       models::KvCache cache = prefilled;  // the cached tensors are never written in place
-                       at::Tensor next = first;
-                       for (int64_t t = 0; t < kLlamaDecode; ++t) next = (*m)->forward(next, &cache).select(1, 0).argmax(-1, true);
-                     }});
+  const std::function<void()> qforge_run = [m, prefilled, first] {
+    at::NoGradGuard g;
+    models::KvCache cache = prefilled;  // the cached tensors are never written in place
+    at::Tensor next = first;
+    for (int64_t t = 0; t < kLlamaDecode; ++t) next = (*m)->forward(next, &cache).select(1, 0).argmax(-1, true);
+  };
+  c.impls.push_back({"qforge", qforge_run});
+  c.impls.push_back({"qforge-q8", with_q8_decode(m->ptr(), qforge_run)});
+  const Case linears = linears_only(m);
   std::string why;
   const std::string modules = node_llama_cpp_modules(&why);
   if (modules.empty()) {
     std::fprintf(stderr, "qbench: model_llama_decode_q%d: llamacpp impl left out: %s\n", bits, why.c_str());
-    return {c};
+    return {c, linears};
   }
   const std::string path = (std::filesystem::temp_directory_path() /
                             ("qbench-llama-q" + std::to_string(bits) + "-" + std::to_string(getpid()) + ".gguf"))
@@ -143,7 +165,7 @@ std::vector<Case> llama_decode_cases(int bits) {
   auto peer = std::make_shared<LlamaCppPeer>(modules, path, at::get_num_threads(), ids);
   std::filesystem::remove(path);  // llama.cpp has read it
   c.impls.push_back({"llamacpp", [peer] { peer->run(); }});
-  return {c};
+  return {c, linears};
 }
 
 const Register kLlamaQ8(78, "model_llama_decode_q8", [] { return llama_decode_cases(8); });

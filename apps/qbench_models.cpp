@@ -5,7 +5,8 @@
 //                                    sequence 128, random weights), 1 / 8 sequences
 //   qat_step_cnn, qat_step_bert      one training step (forward, cross-entropy, backward, SGD)
 //   model_gpt2_decode_w8, _w4        GPT-2 small decoding 32 tokens one at a time (KV cache),
-//                                    frozen weight-only int8 / int4 (freeze_for_decode, apps/qbench_models.h)
+//                                    frozen weight-only int8 / int4 (freeze_for_decode, apps/qbench_models.h);
+//                                    impl "qforge-q8": the same layers on block-32 int8 decode activations
 // impl "libtorch": the float model (qforge's float layers run LibTorch's own ops: at::linear,
 // at::conv2d, at::matmul); impl "qforge": the same model frozen to int8 (W8A8: int8 per-channel
 // weights, int8 static activations calibrated by min/max on random inputs; the CNN's BatchNorm
@@ -255,6 +256,7 @@ std::vector<Case> gpt2_decode_cases(const QType& qtype) {
   Case c{"L12_H768_prompt16_decode32_tokens", 0, {}};
   c.impls.push_back({"libtorch", decode(fp, fp_cache, fp_first)});
   c.impls.push_back({"qforge", decode(q, q_cache, q_first)});
+  c.impls.push_back({"qforge-q8", with_q8_decode(q->ptr(), decode(q, q_cache, q_first))});
   return {c};
 }
 

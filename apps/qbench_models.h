@@ -5,6 +5,10 @@
 #include "framework/models/bert.h"
 #include "framework/models/gpt2.h"
 #include "framework/api/quantize.h"
+#include "framework/nn/linear.h"
+
+#include <functional>
+#include <memory>
 
 namespace qforge::bench {
 
@@ -37,6 +41,16 @@ inline void freeze_for_decode(models::Gpt2LMHeadModel& m, const QType& qtype) {
   s.rules.push_back(embeddings);
   quantize(*m, s);
   freeze(*m);
+}
+
+// The "qforge-q8" impl of the decode rows: `run` with every weight-only Linear of `model` on
+// block-32 int8 decode activations (DecodeActivations::kQ8Block32), back to exact afterwards.
+inline std::function<void()> with_q8_decode(std::shared_ptr<torch::nn::Module> model, std::function<void()> run) {
+  return [model, run] {
+    nn::set_decode_activations(*model, DecodeActivations::kQ8Block32);
+    run();
+    nn::set_decode_activations(*model, DecodeActivations::kExact);
+  };
 }
 
 }  // namespace qforge::bench

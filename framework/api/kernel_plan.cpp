@@ -55,8 +55,16 @@ const char* to_string(LinearPath path) {
   return "?";
 }
 
+const char* to_string(DecodeActivations d) {
+  switch (d) {
+    case DecodeActivations::kExact: return "exact";
+    case DecodeActivations::kQ8Block32: return "q8_block32";
+  }
+  return "?";
+}
+
 KernelPlan plan_linear(const std::optional<QSpec>& weights, ActivationMode act, const QSpec& activation,
-                       int64_t in_features, Isa isa) {
+                       int64_t in_features, Isa isa, DecodeActivations decode) {
   KernelPlan plan;
   plan.kernel = "dequantize+at::linear";
   if (!weights) {
@@ -111,18 +119,21 @@ KernelPlan plan_linear(const std::optional<QSpec>& weights, ActivationMode act, 
   }
   const int64_t group = ws.granularity == Granularity::kPerGroup ? std::min(ws.group_size, in_features) : in_features;
   kernels::LinearOp op = kernels::LinearOp::kS8S8;
+  const bool q8 = decode == DecodeActivations::kQ8Block32;
   switch (plan.path) {
     case LinearPath::kS8Dynamic:
     case LinearPath::kS8Static: op = kernels::LinearOp::kS8S8; break;
     case LinearPath::kS4Dynamic:
     case LinearPath::kS4Static: op = kernels::LinearOp::kS8S4; break;
-    case LinearPath::kS8WeightOnly: op = kernels::LinearOp::kF32S8; break;
-    case LinearPath::kS4WeightOnly: op = kernels::LinearOp::kF32S4; break;
+    case LinearPath::kS8WeightOnly: op = q8 ? kernels::LinearOp::kQ8S8 : kernels::LinearOp::kF32S8; break;
+    case LinearPath::kS4WeightOnly: op = q8 ? kernels::LinearOp::kQ8S4 : kernels::LinearOp::kF32S4; break;
     case LinearPath::kLutWeightOnly:
     case LinearPath::kDequant: break;
   }
   const bool s4 = op == kernels::LinearOp::kS8S4 || op == kernels::LinearOp::kF32S4;
-  plan_kernels(op, isa, s4 ? group : 0, &plan);
+  // kQ8S4 takes 0 for one group per row (any in_features fits its blocks).
+  const int64_t op_group = s4 ? group : op == kernels::LinearOp::kQ8S4 && group < in_features ? group : 0;
+  plan_kernels(op, isa, op_group, &plan);
   return plan;
 }
 

@@ -27,6 +27,16 @@ enum class LinearPath : uint8_t {
 };
 const char* to_string(LinearPath path);
 
+// What the weight-only int8 / int4 paths do with their float input on decode-sized calls (at most
+// kernels::kWeightOnlyMaxM rows; larger calls are exact either way). docs/kernels.md, "Decode
+// activations".
+enum class DecodeActivations : uint8_t {
+  kExact,      // float activations times the packed weights (linear_f32_s8/s4_reference)
+  kQ8Block32,  // each row quantized to int8 in blocks of 32 per call (llama.cpp's Q8_0 activation
+               // side), then integer dot products (linear_q8b32_s8/s4_reference)
+};
+const char* to_string(DecodeActivations d);  // "exact", "q8_block32"
+
 struct KernelPlan {
   LinearPath path = LinearPath::kDequant;  // the integer path of Linear, Conv and MatMul layers
   std::string kernel;                      // what a decode-sized call runs
@@ -42,8 +52,10 @@ struct KernelPlan {
 // The plan of a frozen Linear with `in_features` inputs, weights `weights` (nullopt: float
 // weights, which freeze() refuses) and activations `activations` (`activation` is their spec for
 // the static and dynamic modes), at ISA level `isa`.
+// `decode` changes the kernels of the weight-only int8 / int4 paths only (their path stays).
 KernelPlan plan_linear(const std::optional<QSpec>& weights, ActivationMode activations, const QSpec& activation,
-                       int64_t in_features, Isa isa = usable_isa());
+                       int64_t in_features, Isa isa = usable_isa(),
+                       DecodeActivations decode = DecodeActivations::kExact);
 
 // The plan of the same frozen Linear on a CUDA device (out_features: cuBLASLt's shape rules need
 // it). The path (what freeze() packs) is the CPU plan's; kernel and fallback say what the GPU

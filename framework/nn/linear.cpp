@@ -5,6 +5,7 @@
 
 #include "framework/core/error.h"
 #include "framework/cuda/linear_cuda.h"
+#include "kernels/cpu/linear_weight_only.h"
 
 namespace qforge::nn {
 
@@ -67,7 +68,38 @@ KernelPlan LinearImpl::plan() const {
   if (compute_device().is_cuda())
     return plan_linear_cuda(ws, scheme_.activations, scheme_.activation.spec, options.in_features(),
                             options.out_features());
-  return plan_linear(ws, scheme_.activations, scheme_.activation.spec, options.in_features());
+  return plan_linear(ws, scheme_.activations, scheme_.activation.spec, options.in_features(), usable_isa(), decode_);
+}
+
+void LinearImpl::set_decode_activations(DecodeActivations mode) {
+  decode_ = mode;
+  if (frozen_) refresh_plan();
+}
+
+LayerReport LinearImpl::report(bool planned) const {
+  LayerReport r = QuantizableLayer::report(planned);
+  const LinearPath path = plan().path;
+  if (decode_ == DecodeActivations::kQ8Block32 && (path == LinearPath::kS8WeightOnly || path == LinearPath::kS4WeightOnly))
+    r.activations += detail::str_cat("; calls of <= ", kernels::kWeightOnlyMaxM, " rows: int8 blocks of 32 (q8_block32)");
+  return r;
+}
+
+int set_decode_activations(torch::nn::Module& model, DecodeActivations mode) {
+  int changed = 0;
+  for (const auto& m : model.modules(/*include_self=*/true)) {
+    auto* lin = dynamic_cast<LinearImpl*>(m.get());
+    if (lin == nullptr) continue;
+    lin->set_decode_activations(mode);
+    const LinearPath path = lin->plan().path;
+    changed += lin->quantized() && (path == LinearPath::kS8WeightOnly || path == LinearPath::kS4WeightOnly);
+  }
+  return changed;
+}
+
+void LinearImpl::refresh_plan() {
+  const KernelPlan p = plan();
+  kernel_ = p.kernel;
+  fallback_ = p.fallback;
 }
 
 void LinearImpl::to(torch::Device device, torch::Dtype dtype, bool non_blocking) {
@@ -95,9 +127,7 @@ void LinearImpl::place_frozen(const at::Device& device) {
   if (!frozen_) return;
   check_frozen_device(device);
   packed_ = packed_->to(device);
-  const KernelPlan p = plan();
-  kernel_ = p.kernel;
-  fallback_ = p.fallback;
+  refresh_plan();
 }
 
 void LinearImpl::install_frozen(QuantizedTensor fw) {
@@ -146,6 +176,7 @@ at::Tensor LinearImpl::frozen_forward(const at::Tensor& x) {
   FrozenInput in;
   in.quantizer = input_q_;
   in.layer_bias = options.bias() ? bias : at::Tensor();
+  in.decode = decode_;
   return packed->forward(x, in);
 }
 

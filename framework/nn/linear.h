@@ -32,6 +32,8 @@ class LinearImpl : QFORGE_TWIN_BASE(torch::nn::LinearImpl), public QuantizableLa
   at::Tensor forward(const at::Tensor& x);
 
   const char* layer_type() const override { return "Linear"; }
+  // The activations column says when decode calls quantize (set_decode_activations).
+  LayerReport report(bool planned = false) const override;
   void load(torch::serialize::InputArchive& archive) override {
     refuse_torch_load_if_quantized();
     torch::nn::Module::load(archive);
@@ -62,6 +64,14 @@ class LinearImpl : QFORGE_TWIN_BASE(torch::nn::LinearImpl), public QuantizableLa
   void check_optional_buffer(const std::string& name, const at::Tensor& value) const override;
   void set_optional_buffer(const std::string& name, const at::Tensor& value) override;
 
+  // Weight-only int8 / int4 layers on the CPU: kQ8Block32 quantizes the float input of calls of
+  // at most kernels::kWeightOnlyMaxM rows to int8 in blocks of 32 and runs integer dot products
+  // (llama.cpp's decode numerics, faster); kExact (the default) keeps float activations. A run-time
+  // choice like the thread count: not saved in checkpoints. The plan (describe) follows it; other
+  // paths ignore it.
+  void set_decode_activations(DecodeActivations mode);
+  DecodeActivations decode_activations() const { return decode_; }
+
  protected:
   int64_t frozen_storage_bytes() const override;
   at::Tensor float_weight() const override { return weight; }
@@ -74,14 +84,21 @@ class LinearImpl : QFORGE_TWIN_BASE(torch::nn::LinearImpl), public QuantizableLa
   void check_frozen_device(const at::Device& device) const;
   // Moves the packed weight of a frozen layer to `device`; refreshes the plan.
   void place_frozen(const at::Device& device);
+  // kernel and fallback of the describe() line from plan().
+  void refresh_plan();
 
   // The frozen weight, packed for plan().path (null until frozen).
   PackedWeightPtr packed_;
   at::Tensor pre_quant_scale_;
+  DecodeActivations decode_ = DecodeActivations::kExact;
   // The device the layer was last moved to (where install_frozen places a checkpoint's weight).
   at::Device device_{at::kCPU};
 };
 
 TORCH_MODULE(Linear);
+
+// set_decode_activations(mode) on every qforge Linear of `model`; returns how many of them run a
+// weight-only int8 / int4 path (the layers the mode changes).
+int set_decode_activations(torch::nn::Module& model, DecodeActivations mode);
 
 }  // namespace qforge::nn

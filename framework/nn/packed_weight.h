@@ -26,6 +26,7 @@ struct FrozenInput {
   at::Tensor layer_bias;             // the bias the layer keeps itself (used when the packed weight holds none)
   bool relu = false;                 // convolutions: at::relu in the kernel's epilogue
   const QParams* requant = nullptr;  // convolutions: emit int8 codes of this static quantizer instead of floats
+  DecodeActivations decode = DecodeActivations::kExact;  // weight-only int8 / int4 Linear on the CPU
 };
 
 class PackedWeight;

@@ -48,8 +48,10 @@ at::Tensor PackedIntLinear<Kernel>::forward(const at::Tensor& x_in, const Frozen
   const int64_t M = x.size(0);
   std::vector<int64_t> out_shape(x_in.sizes().begin(), x_in.sizes().end());
   out_shape.back() = N;
-  if (weight_only(path_))
-    return kernel_->run_weight_only(x).reshape(out_shape);
+  if (weight_only(path_)) {
+    const bool q8 = in.decode == DecodeActivations::kQ8Block32;
+    return (q8 ? kernel_->run_decode(x) : kernel_->run_weight_only(x)).reshape(out_shape);
+  }
   at::Tensor y = at::empty({M, N}, at::kFloat);
   kernels::RunInfo info;
   if (static_act(path_)) {

@@ -81,4 +81,34 @@ struct GemvF32S4Args {
 void gemv_f32s8f32_n16k4_avx512(const GemvF32S8Args& args, int64_t nb_begin, int64_t nb_end);
 void gemv_f32s4f32_n16k8_avx512(const GemvF32S4Args& args, int64_t nb_begin, int64_t nb_end);
 
+// Decode: block-32 int8 activations (quantize_rows_q8b32_reference: codes q, scales d, code
+// sums s, kb blocks per row, rows of q padded with 0 to ldq >= kb * 32) x packed int8 / int4
+// weights, the float epilogue of linear_q8b32_s8_reference / linear_q8b32_s4_reference bit for
+// bit (one column per lane, blocks in order). For int4, w.group_size % 32 == 0 or w.groups == 1.
+struct GemvQ8S8Args {
+  const int8_t* q = nullptr;
+  const float* d = nullptr;
+  const int32_t* s = nullptr;
+  int64_t m = 0, ldq = 0, kb = 0;
+  S8N16K4View w;
+  const float* w_scale = nullptr;  // [N]
+  const float* bias = nullptr;     // [N] or nullptr
+  float* y = nullptr;
+  int64_t ldy = 0;
+};
+struct GemvQ8S4Args {
+  const int8_t* q = nullptr;
+  const float* d = nullptr;
+  const int32_t* s = nullptr;
+  int64_t m = 0, ldq = 0, kb = 0;
+  S4N16K8View w;
+  const float* bias = nullptr;
+  float* y = nullptr;
+  int64_t ldy = 0;
+};
+void gemv_q8s8f32_n16k4_avx512vnni(const GemvQ8S8Args& args, int64_t nb_begin, int64_t nb_end);
+void gemv_q8s8f32_n16k4_avx2(const GemvQ8S8Args& args, int64_t nb_begin, int64_t nb_end);
+void gemv_q8s4f32_n16k8_avx512vnni(const GemvQ8S4Args& args, int64_t nb_begin, int64_t nb_end);
+void gemv_q8s4f32_n16k8_avx2(const GemvQ8S4Args& args, int64_t nb_begin, int64_t nb_end);
+
 }  // namespace qforge::kernels::detail

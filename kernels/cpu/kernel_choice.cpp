@@ -6,6 +6,7 @@
 #include "kernels/cpu/conv_s8.h"
 #include "kernels/cpu/gemv_s4.h"
 #include "kernels/cpu/gemv_s8.h"
+#include "kernels/cpu/linear_decode.h"
 #include "kernels/cpu/linear_weight_only.h"
 #include "kernels/cpu/lut_linear.h"
 
@@ -20,11 +21,15 @@ RunInfo plan_table(const KernelTable<Problem>& table, const Problem& p, Isa usab
   return ri;
 }
 
-// The int4 ops' problems carry the group size; the others have none.
+// The int4 ops' problems carry the group size; the others have none. The block-32 decode table
+// (LinearQ8S4Problem, the same struct) also reads whether a row has several groups: 0 is one group.
 template <typename Problem>
 void set_group(Problem&, int64_t) {}
 void set_group(GemvS4Problem& p, int64_t g) { p.w.group_size = g; }
-void set_group(LinearF32S4Problem& p, int64_t g) { p.w.group_size = g; }
+void set_group(LinearF32S4Problem& p, int64_t g) {
+  p.w.group_size = g;
+  p.w.groups = g > 0 ? 2 : 1;
+}
 
 // f(table, at) with at(m) the table's data-free problem of m rows.
 template <typename Problem, typename F>
@@ -44,6 +49,8 @@ auto with_op_table(LinearOp op, int64_t group_size, const F& f) {
     case LinearOp::kS8S4: return with_table(gemv_s4_kernels(), group_size, f);
     case LinearOp::kF32S8: return with_table(linear_f32s8_kernels(), group_size, f);
     case LinearOp::kF32S4: return with_table(linear_f32s4_kernels(), group_size, f);
+    case LinearOp::kQ8S8: return with_table(linear_q8s8_kernels(), group_size, f);
+    case LinearOp::kQ8S4: return with_table(linear_q8s4_kernels(), group_size, f);
     case LinearOp::kF32Lut: break;
   }
   return with_table(lut_linear_kernels(), group_size, f);
@@ -76,6 +83,8 @@ const char* to_string(LinearOp op) {
     case LinearOp::kF32S8: return "f32s8";
     case LinearOp::kF32S4: return "f32s4";
     case LinearOp::kF32Lut: return "f32lut";
+    case LinearOp::kQ8S8: return "q8s8";
+    case LinearOp::kQ8S4: return "q8s4";
   }
   return "?";
 }

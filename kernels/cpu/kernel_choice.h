@@ -18,12 +18,15 @@ enum class LinearOp : uint8_t {
   kF32S8,  // float activations x int8 weights (linear_f32s8f32, weight-only)
   kF32S4,  // float activations x 4-bit weights (linear_f32s4f32, weight-only)
   kF32Lut, // float activations x codebook weights (PackedLinearLut::run, weight-only)
+  kQ8S8,   // block-32 int8 activations x int8 weights (linear_q8b32s8f32; PackedLinearS8::run_decode)
+  kQ8S4,   // block-32 int8 activations x 4-bit weights (linear_q8b32s4f32; PackedLinearS4::run_decode)
 };
 
 const char* to_string(LinearOp op);
 
 // The kernel the dispatcher of `op` runs for M rows when `usable` is the highest usable level (a
-// level also needs to be compiled in). `group_size` matters for the 4-bit ops (0 for the others).
+// level also needs to be compiled in). `group_size` matters for the 4-bit ops (0 for the others;
+// for kQ8S4, 0 means one group per row).
 // Data-dependent conditions (int8 activations holding -128) are assumed not to hold.
 RunInfo choose_kernel(LinearOp op, Isa usable, int64_t m, int64_t group_size = 0);
 

@@ -128,16 +128,6 @@ bool f32s4_groups_fit(const LinearF32S4Problem& p, std::string* why) {
   return false;
 }
 
-template <typename Problem>
-bool serves_gemv(const Problem& p) {
-  return detail::weight_only_gemv_serves(p.m);
-}
-
-template <typename Problem>
-bool serves_gemm(const Problem& p) {
-  return !detail::weight_only_gemv_serves(p.m);
-}
-
 }  // namespace
 
 namespace detail {
@@ -158,20 +148,20 @@ void linear_f32_dequant_gemm(const float* x, int64_t M, int64_t K, int64_t N, co
 
 const KernelTable<LinearF32S8Problem>& linear_f32s8_kernels() {
   static const KernelTable<LinearF32S8Problem> table{
-      {"gemv_f32s8f32_n16k4_avx512", Isa::kAvx512, serves_gemv<LinearF32S8Problem>, nullptr,
+      {"gemv_f32s8f32_n16k4_avx512", Isa::kAvx512, detail::serves_gemv<LinearF32S8Problem>, nullptr,
        QF_KERNEL_AVX512(kRunF32S8Avx512)},
-      {"reference", Isa::kReference, serves_gemv<LinearF32S8Problem>, nullptr, run_f32s8_reference},
-      {kDequantGemmKernel, Isa::kReference, serves_gemm<LinearF32S8Problem>, nullptr, run_f32s8_dequant_gemm},
+      {"reference", Isa::kReference, detail::serves_gemv<LinearF32S8Problem>, nullptr, run_f32s8_reference},
+      {kDequantGemmKernel, Isa::kReference, detail::serves_gemm<LinearF32S8Problem>, nullptr, run_f32s8_dequant_gemm},
   };
   return table;
 }
 
 const KernelTable<LinearF32S4Problem>& linear_f32s4_kernels() {
   static const KernelTable<LinearF32S4Problem> table{
-      {"gemv_f32s4f32_n16k8_avx512", Isa::kAvx512, serves_gemv<LinearF32S4Problem>, f32s4_groups_fit,
+      {"gemv_f32s4f32_n16k8_avx512", Isa::kAvx512, detail::serves_gemv<LinearF32S4Problem>, f32s4_groups_fit,
        QF_KERNEL_AVX512(kRunF32S4Avx512)},
-      {"reference", Isa::kReference, serves_gemv<LinearF32S4Problem>, nullptr, run_f32s4_reference},
-      {kDequantGemmKernel, Isa::kReference, serves_gemm<LinearF32S4Problem>, nullptr, run_f32s4_dequant_gemm},
+      {"reference", Isa::kReference, detail::serves_gemv<LinearF32S4Problem>, nullptr, run_f32s4_reference},
+      {kDequantGemmKernel, Isa::kReference, detail::serves_gemm<LinearF32S4Problem>, nullptr, run_f32s4_dequant_gemm},
   };
   return table;
 }

@@ -54,6 +54,16 @@ namespace detail {
 // Whether an M is for the GEMV kernels (true) or for the dequantize + float GEMM entry.
 inline bool weight_only_gemv_serves(int64_t m) { return m <= kWeightOnlyMaxM; }
 
+// The `serves` predicates of the tables with that split (weight-only and decode linears).
+template <typename Problem>
+bool serves_gemv(const Problem& p) {
+  return weight_only_gemv_serves(p.m);
+}
+template <typename Problem>
+bool serves_gemm(const Problem& p) {
+  return !weight_only_gemv_serves(p.m);
+}
+
 // y = at::linear(x [M, K], W, bias [N] or none) with W float [N, K] written by fill_weight into a
 // fresh contiguous ATen buffer: the same call, on the same kind of tensors, as a float Linear's.
 void linear_f32_dequant_gemm(const float* x, int64_t M, int64_t K, int64_t N, const float* bias, float* y,

@@ -10,6 +10,7 @@
 #include "kernels/cpu/gemv_s4.h"
 #include "kernels/cpu/gemv_s8.h"
 #include "kernels/cpu/isa.h"
+#include "kernels/cpu/linear_decode.h"
 #include "kernels/cpu/linear_weight_only.h"
 #include "kernels/cpu/quantize_rows_s8.h"
 #include "kernels/cpu/workspace.h"
@@ -164,6 +165,14 @@ at::Tensor PackedLinearS8::run_weight_only(const at::Tensor& x, RunInfo* info) c
   return r.y;
 }
 
+at::Tensor PackedLinearS8::run_decode(const at::Tensor& x, RunInfo* info) const {
+  QF_REQUIRE(packed_.defined(), "kernels/cpu: PackedLinearS8::run_decode on an empty object");
+  Rows r = flatten_rows(x, k_, n_, "PackedLinearS8");
+  linear_q8b32s8f32(r.x.data_ptr<float>(), r.m, view(), w_scale_.data_ptr<float>(), data_or_null(bias_),
+                    r.y.data_ptr<float>(), info);
+  return r.y;
+}
+
 // ---------------------------------------------------------------------------------------------
 PackedLinearS4::PackedLinearS4(const at::Tensor& weight, const at::Tensor& w_scale,
                                const at::Tensor& w_zero, int64_t group_size, const at::Tensor& bias,
@@ -280,6 +289,13 @@ at::Tensor PackedLinearS4::run_weight_only(const at::Tensor& x, RunInfo* info) c
   Rows r = flatten_rows(x, k_, n_, "PackedLinearS4");
   linear_f32s4f32(r.x.data_ptr<float>(), r.m, view(), data_or_null(bias_), r.y.data_ptr<float>(),
                   info);
+  return r.y;
+}
+
+at::Tensor PackedLinearS4::run_decode(const at::Tensor& x, RunInfo* info) const {
+  QF_REQUIRE(packed_.defined(), "kernels/cpu: PackedLinearS4::run_decode on an empty object");
+  Rows r = flatten_rows(x, k_, n_, "PackedLinearS4");
+  linear_q8b32s4f32(r.x.data_ptr<float>(), r.m, view(), data_or_null(bias_), r.y.data_ptr<float>(), info);
   return r.y;
 }
 

@@ -56,6 +56,10 @@ class PackedLinearS8 {
   // Static activations: int8 codes q dense [M, K] of one per-tensor scale a_scale (a calibrated
   // input quantizer's) -> y dense [M, N] (gemv_s8s8f32, no oneDNN copy used); allocates nothing warm.
   void run_static(const int8_t* q, int64_t M, float a_scale, float* y, RunInfo* info = nullptr) const;
+  // Decode: float activations quantized to int8 in blocks of 32 per call, integer dot products
+  // (linear_q8b32s8f32; linear_q8b32_s8_reference bit for bit up to kWeightOnlyMaxM rows, the exact
+  // weight-only result above).
+  at::Tensor run_decode(const at::Tensor& x, RunInfo* info = nullptr) const;
 
   int64_t in_features() const { return k_; }
   int64_t out_features() const { return n_; }
@@ -103,6 +107,8 @@ class PackedLinearS4 {
   at::Tensor run_weight_only(const at::Tensor& x, RunInfo* info = nullptr) const;
   // Static activations, as PackedLinearS8::run_static (gemv_s8s4f32).
   void run_static(const int8_t* q, int64_t M, float a_scale, float* y, RunInfo* info = nullptr) const;
+  // Decode: as PackedLinearS8::run_decode (linear_q8b32s4f32, linear_q8b32_s4_reference).
+  at::Tensor run_decode(const at::Tensor& x, RunInfo* info = nullptr) const;
 
   int64_t in_features() const { return k_; }
   int64_t out_features() const { return n_; }

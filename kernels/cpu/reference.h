@@ -90,6 +90,35 @@ void linear_f32_lut_reference(const float* x, int64_t M, const uint8_t* idx, con
                               int64_t N, int64_t K, int64_t group_size, int bits, const float* bias,
                               float* y);
 
+// Block-32 dynamic activation quantization of the decode kernels (Q8_0-like: llama.cpp's
+// activation side). Row m's K values are cut into Kb = ceil(K / 32) blocks of 32 (the last one
+// padded with zeros); per block b:
+//   amax = max |x| over the block;  d = amax / 127.0f (float division; 0 when amax == 0)
+//   q    = amax > 0 ? clamp(nearbyint(x * (1.0f / d)), -127, 127) : 0   (float product, ties to even)
+//   s    = sum of the block's q (exact int32)
+// q [M, ldq >= Kb * 32] (columns [K, ldq) set to 0), d [M, Kb], s [M, Kb]. Throws qforge::Error
+// naming the first element that is NaN or Inf.
+inline constexpr int64_t kQ8Block = 32;
+void quantize_rows_q8b32_reference(const float* x, int64_t M, int64_t K, int8_t* q, int64_t ldq, float* d,
+                                   int32_t* s);
+
+// Block-32 activations (quantize_rows_q8b32_reference) x int8 weights W [N, K] with per-channel
+// scale, float out:
+//   i_b = sum_{k in b} q[m, k] * W[n, k]                        exact int32
+//   u = 0; for b = 0 .. Kb-1: u = fmaf(float(i_b), d[m, b], u)
+//   y[m, n] = u * w_scale[n] + (bias ? bias[n] : 0.0f)           (product rounded, then added)
+void linear_q8b32_s8_reference(const int8_t* q, const float* d, int64_t ldq, const int8_t* W, const float* w_scale,
+                               const float* bias, float* y, int64_t M, int64_t N, int64_t K);
+
+// Block-32 activations x 4-bit weights (grid values W [N, K], scales and optional zero points
+// [N, G] as in linear_f32_s4_reference); group_size % 32 == 0 or a single group (else throws):
+//   i_b = sum_{k in b} q[m, k] * (W[n, k] - z[n, g])            exact int32
+//   t = 0; for g: { u = 0; for b in g: u = fmaf(float(i_b), d[m, b], u); t = fmaf(u, w_scale[n, g], t) }
+//   y[m, n] = t + (bias ? bias[n] : 0.0f)
+void linear_q8b32_s4_reference(const int8_t* q, const float* d, int64_t ldq, const int8_t* W, const float* w_scale,
+                               const int32_t* w_zero, int64_t group_size, const float* bias, float* y, int64_t M,
+                               int64_t N, int64_t K);
+
 // Dense sub-byte packing, low bits first: value i lives in byte i / per_byte at bit
 // (i % per_byte) * bits. Values are stored as two's complement bit fields (value & mask).
 // Bytes needed: ceil(n / 2) for 4-bit, ceil(n / 4) for 2-bit; unused high fields are 0.

@@ -17,6 +17,7 @@
 #include "kernels/cpu/gemv_s4.h"
 #include "kernels/cpu/gemv_s8.h"
 #include "kernels/cpu/kernel_choice.h"
+#include "kernels/cpu/linear_decode.h"
 #include "kernels/cpu/linear_weight_only.h"
 #include "kernels/cpu/lut_linear.h"
 #include "kernels/cpu/reference.h"
@@ -28,6 +29,10 @@ namespace {
 using testing::bitwise_equal;
 using testing::exact_equal;
 using testing::kDeepK;
+using testing::make_s4;
+using testing::make_s8;
+using testing::S4Weights;
+using testing::S8Weights;
 using testing::machine_has;
 using testing::random_f16_exact;
 using testing::random_f32;
@@ -67,48 +72,6 @@ const std::vector<int64_t>& table_rows() {
 const std::vector<int64_t>& table_sizes() {
   static const std::vector<int64_t> s{1, 3, 4, 5, 8, 15, 16, 17, 31, 33, 64, 65};
   return s;
-}
-
-struct S8Weights {
-  std::vector<int8_t> w, data;
-  std::vector<int32_t> colsum;
-  S8N16K4View view;
-};
-
-S8Weights make_s8(int64_t N, int64_t K, uint32_t seed) {
-  S8Weights p;
-  p.w = random_s8(N * K, -128, 127, seed);
-  p.data.resize(round_up(N, 16) * round_up(K, 4));
-  p.colsum.resize(round_up(N, 16));
-  pack_s8_n16k4_reference(p.w.data(), N, K, p.data.data(), p.colsum.data());
-  p.view = {p.data.data(), p.colsum.data(), N, K, round_up(K, 4)};
-  return p;
-}
-
-struct S4Weights {
-  std::vector<int8_t> w;
-  std::vector<float> scale;
-  std::vector<int32_t> zero;
-  std::vector<uint8_t> data;
-  std::vector<Fp16Bits> scales;
-  std::vector<int8_t> zeros;
-  S4N16K8View view;
-};
-
-S4Weights make_s4(int64_t N, int64_t K, int64_t g, int qmin, uint32_t seed) {
-  const int64_t G = num_groups(K, g), np = round_up(N, 16), kp = round_up(K, 8);
-  S4Weights p;
-  p.w = random_s8(N * K, qmin, qmin + 15, seed);
-  p.scale = random_f16_exact(N * G, 0.001f, 0.2f, seed + 1);
-  const auto z = random_s8(N * G, qmin, qmin + 15, seed + 2);
-  p.zero.assign(z.begin(), z.end());
-  p.data.resize(np * kp / 2);
-  p.scales.resize(np * G);
-  p.zeros.resize(np * G);
-  pack_s4_n16k8_reference(p.w.data(), N, K, qmin, p.data.data());
-  pack_s4_group_meta(p.scale.data(), p.zero.data(), N, G, qmin, p.scales.data(), p.zeros.data());
-  p.view = {p.data.data(), p.scales.data(), p.zeros.data(), N, K, kp, g, G};
-  return p;
 }
 
 std::string shape(int64_t M, int64_t N, int64_t K) {
@@ -375,6 +338,8 @@ TEST(KernelTable, EveryTableEndsWithEntriesThatAlwaysApply) {
   check(linear_f32s4_kernels());
   check(lut_linear_kernels());
   check(conv_s8_kernels());
+  check(linear_q8s8_kernels());
+  check(linear_q8s4_kernels());
 }
 
 TEST(KernelChoice, CodebookOpEndsAtItsOwnReference) {

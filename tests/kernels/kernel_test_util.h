@@ -11,7 +11,10 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/gemv_s4.h"
 #include "kernels/cpu/isa.h"
+#include "kernels/cpu/packed_layout.h"
+#include "kernels/cpu/reference.h"
 
 namespace qforge::kernels::testing {
 
@@ -84,6 +87,50 @@ template <typename T>
     }
   }
   return ::testing::AssertionSuccess();
+}
+
+struct S8Weights {
+  std::vector<int8_t> w, data;
+  std::vector<int32_t> colsum;
+  S8N16K4View view;
+};
+
+// Random int8 weights [N, K] in [-128, 127] and their n16k4 packing.
+inline S8Weights make_s8(int64_t N, int64_t K, uint32_t seed) {
+  S8Weights p;
+  p.w = random_s8(N * K, -128, 127, seed);
+  p.data.resize(round_up(N, 16) * round_up(K, 4));
+  p.colsum.resize(round_up(N, 16));
+  pack_s8_n16k4_reference(p.w.data(), N, K, p.data.data(), p.colsum.data());
+  p.view = {p.data.data(), p.colsum.data(), N, K, round_up(K, 4)};
+  return p;
+}
+
+struct S4Weights {
+  std::vector<int8_t> w;
+  std::vector<float> scale;
+  std::vector<int32_t> zero;
+  std::vector<uint8_t> data;
+  std::vector<Fp16Bits> scales;
+  std::vector<int8_t> zeros;
+  S4N16K8View view;
+};
+
+// Random 4-bit grid values in [qmin, qmin + 15] with fp16-exact group scales and zero points, packed n16k8.
+inline S4Weights make_s4(int64_t N, int64_t K, int64_t g, int qmin, uint32_t seed) {
+  const int64_t G = num_groups(K, g), np = round_up(N, 16), kp = round_up(K, 8);
+  S4Weights p;
+  p.w = random_s8(N * K, qmin, qmin + 15, seed);
+  p.scale = random_f16_exact(N * G, 0.001f, 0.2f, seed + 1);
+  const auto z = random_s8(N * G, qmin, qmin + 15, seed + 2);
+  p.zero.assign(z.begin(), z.end());
+  p.data.resize(np * kp / 2);
+  p.scales.resize(np * G);
+  p.zeros.resize(np * G);
+  pack_s4_n16k8_reference(p.w.data(), N, K, qmin, p.data.data());
+  pack_s4_group_meta(p.scale.data(), p.zero.data(), N, G, qmin, p.scales.data(), p.zeros.data());
+  p.view = {p.data.data(), p.scales.data(), p.zeros.data(), N, K, kp, g, G};
+  return p;
 }
 
 }  // namespace qforge::kernels::testing

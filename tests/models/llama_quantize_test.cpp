@@ -1,11 +1,14 @@
 // A tiny Llama through quantize() and freeze(): W8, W8A8 (dynamic per-token, Q·K^T in int8 too)
 // and W4 g32 weights land on the integer kernels, and KV-cache decoding of the frozen model equals
-// its full forward.
+// its full forward; the same with block-32 int8 decode activations.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <cstdio>
+
 #include "framework/api/quantize.h"
 #include "framework/models/llama.h"
+#include "framework/nn/linear.h"
 
 namespace qforge::models {
 namespace {
@@ -74,6 +77,54 @@ INSTANTIATE_TEST_SUITE_P(Llama, LlamaQuantized,
                                            QuantCase{"W8A8", w8a8_dynamic(), "s8s32"},
                                            QuantCase{"W4g32", w4_g32(), "s4"}),
                          [](const auto& info) { return std::string(info.param.name); });
+
+// Block-32 int8 decode activations (DecodeActivations::kQ8Block32): every weight-only Linear plans
+// the q8 kernels and says so in describe(), KV-cache decoding equals the full forward, the logits
+// stay within the measured activation-rounding cost of the exact weight-only model
+// (docs/kernels.md, "Decode activations"), and switching back is exact again.
+class LlamaDecodeQ8 : public ::testing::TestWithParam<int> {};
+
+TEST_P(LlamaDecodeQ8, PlansQ8KernelsDecodesLikeTheFullForwardAndStaysNearTheExactLogits) {
+  LlamaConfig c;
+  c.vocab_size = 64, c.hidden_size = 64, c.intermediate_size = 128, c.num_hidden_layers = 2;
+  c.num_attention_heads = 4, c.num_key_value_heads = 2, c.tie_word_embeddings = false;
+  at::manual_seed(23);
+  LlamaForCausalLM m(c);
+  m->eval();
+  at::NoGradGuard ng;
+  const at::Tensor ids = at::randint(0, c.vocab_size, {1, 12}, at::kLong);  // 12 rows: decode-sized calls
+  quantize(m, GetParam() == 8 ? Scheme(qint8) : w4_g32());
+  freeze(m);
+  const at::Tensor exact = m->forward(ids);
+
+  EXPECT_EQ(nn::set_decode_activations(*m, DecodeActivations::kQ8Block32), 2 * 7 + 1);
+  for (const LayerReport& r : layer_reports(m)) {
+    if (r.type != "Linear") continue;
+    EXPECT_NE(r.kernel.find(GetParam() == 8 ? "q8s8" : "q8s4"), std::string::npos) << r.name << ": " << r.kernel;
+    EXPECT_NE(r.activations.find("q8_block32"), std::string::npos) << r.name << ": " << r.activations;
+  }
+  const at::Tensor full = m->forward(ids);
+  KvCache cache;
+  std::vector<at::Tensor> steps = {m->forward(ids.narrow(1, 0, 4), &cache)};
+  for (int64_t t = 4; t < ids.size(1); ++t) steps.push_back(m->forward(ids.narrow(1, t, 1), &cache));
+  const double scale = exact.abs().max().item<double>();
+  EXPECT_LT((at::cat(steps, 1) - full).abs().max().item<double>(), 1e-4 * scale);
+
+  // The accuracy cost of rounding the activations (measured value printed for docs/kernels.md).
+  const double cost = (full - exact).abs().max().item<double>() / scale;
+  const double top1 = (full.argmax(-1) == exact.argmax(-1)).to(at::kFloat).mean().item<double>();
+  std::printf("q8_block32 on W%d: max |logit change| / max |logit| = %.3g, top-1 agreement %.3f\n", GetParam(), cost,
+              top1);
+  EXPECT_GT(cost, 0.0) << "the activations were not quantized";
+  EXPECT_LT(cost, 0.02);
+  EXPECT_GE(top1, 0.9);
+
+  nn::set_decode_activations(*m, DecodeActivations::kExact);
+  EXPECT_TRUE(at::equal(m->forward(ids), exact));
+}
+
+INSTANTIATE_TEST_SUITE_P(Llama, LlamaDecodeQ8, ::testing::Values(8, 4),
+                         [](const auto& info) { return "W" + std::to_string(info.param); });
 
 }  // namespace
 }  // namespace qforge::models

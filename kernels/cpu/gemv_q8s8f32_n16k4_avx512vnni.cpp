@@ -1,0 +1,111 @@
+// Decode GEMV on AVX-512 VNNI: block-32 int8 activations x n16k4 int8 weights, float out
+// (linear_q8b32_s8_reference bit for bit). VPDPBUSD multiplies unsigned by signed bytes, so the
+// weights are made unsigned on the fly, w ^ 0x80 = w + 128 (one packed copy still serves the
+// exact weight-only path), and each block's accumulator starts at -128 * s_b (s_b: the block's
+// code sum), ending at sum q * w exactly. Compiled with the AVX-512 VNNI flags.
+#include <immintrin.h>
+
+#include "kernels/cpu/gemv_kernels.h"
+#include "kernels/cpu/simd_avx512.h"
+#include "kernels/cpu/tile_driver.h"
+
+// "#pragma GCC unroll" on the register-tile loops: without it GCC 12 unrolls them too late and
+// keeps the accumulators in memory.
+namespace qforge::kernels::detail {
+
+namespace {
+
+constexpr int64_t kQuadsPerBlock = 8;  // n16k4 blocks in one 32-value activation block
+constexpr int kWeightOffset = 128;     // w ^ 0x80 as unsigned is w + 128
+
+// One row: up to 4 column blocks. Several rows: one column block times up to 4 rows.
+struct Kernel {
+  using Args = GemvQ8S8Args;
+  static constexpr int kMaxRows = 4;
+  static constexpr int kMaxBlocks = 4;
+  static constexpr bool tile_used(int mr, int nr) { return mr == 1 || nr == 1; }
+
+  template <int MR, int NR>
+  static void tile(const GemvQ8S8Args& args, int64_t m0, int64_t nb0) {
+    const S8N16K4View& w = args.w;
+    const int64_t quads = w.kp / kS8BlockK;
+    const int8_t* wp[NR];
+    block_pointers(w.data, nb0, quads * kS8BlockBytes, wp);
+    const int8_t* qp[MR];
+    row_pointers(args.q, m0, args.ldq, qp);
+    const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+    __m512 u[MR][NR];
+    #pragma GCC unroll 16
+    for (int r = 0; r < MR; ++r)
+      #pragma GCC unroll 16
+      for (int c = 0; c < NR; ++c) u[r][c] = _mm512_setzero_ps();
+
+    for (int64_t b = 0; b < args.kb; ++b) {
+      __m512i acc0[MR][NR], acc1[MR][NR];  // two chains halve the VPDPBUSD dependency
+      #pragma GCC unroll 16
+      for (int r = 0; r < MR; ++r) {
+        const __m512i start = _mm512_set1_epi32(-kWeightOffset * args.s[(m0 + r) * args.kb + b]);
+        #pragma GCC unroll 16
+        for (int c = 0; c < NR; ++c) acc0[r][c] = start, acc1[r][c] = _mm512_setzero_si512();
+      }
+      const int64_t q1 = (b + 1) * kQuadsPerBlock < quads ? (b + 1) * kQuadsPerBlock : quads;
+      int64_t kq = b * kQuadsPerBlock;
+      for (; kq + 2 <= q1; kq += 2) {
+        __m512i a0[MR], a1[MR];
+        #pragma GCC unroll 16
+        for (int r = 0; r < MR; ++r) {
+          a0[r] = _mm512_set1_epi32(load_u32(qp[r] + kq * kS8BlockK));
+          a1[r] = _mm512_set1_epi32(load_u32(qp[r] + (kq + 1) * kS8BlockK));
+        }
+        #pragma GCC unroll 16
+        for (int c = 0; c < NR; ++c) {
+          const __m512i w0 = _mm512_xor_si512(_mm512_loadu_si512(wp[c] + kq * kS8BlockBytes), flip);
+          const __m512i w1 = _mm512_xor_si512(_mm512_loadu_si512(wp[c] + (kq + 1) * kS8BlockBytes), flip);
+          #pragma GCC unroll 16
+          for (int r = 0; r < MR; ++r) {
+            acc0[r][c] = _mm512_dpbusd_epi32(acc0[r][c], w0, a0[r]);
+            acc1[r][c] = _mm512_dpbusd_epi32(acc1[r][c], w1, a1[r]);
+          }
+        }
+      }
+      if (kq < q1) {  // an odd number of k quads (the last block of a row)
+        #pragma GCC unroll 16
+        for (int c = 0; c < NR; ++c) {
+          const __m512i w0 = _mm512_xor_si512(_mm512_loadu_si512(wp[c] + kq * kS8BlockBytes), flip);
+          #pragma GCC unroll 16
+          for (int r = 0; r < MR; ++r) {
+            acc0[r][c] = _mm512_dpbusd_epi32(acc0[r][c], w0, _mm512_set1_epi32(load_u32(qp[r] + kq * kS8BlockK)));
+          }
+        }
+      }
+      #pragma GCC unroll 16
+      for (int r = 0; r < MR; ++r) {
+        const __m512 d = _mm512_set1_ps(args.d[(m0 + r) * args.kb + b]);
+        #pragma GCC unroll 16
+        for (int c = 0; c < NR; ++c) {
+          u[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(acc0[r][c], acc1[r][c])), d, u[r][c]);
+        }
+      }
+    }
+
+    #pragma GCC unroll 16
+    for (int c = 0; c < NR; ++c) {
+      const int64_t n0 = (nb0 + c) * kS8BlockN;
+      const __mmask16 mask = column_mask(n0, w.n);
+      const __m512 ws = _mm512_maskz_loadu_ps(mask, args.w_scale + n0);
+      const __m512 bias = args.bias != nullptr ? _mm512_maskz_loadu_ps(mask, args.bias + n0) : _mm512_setzero_ps();
+      #pragma GCC unroll 16
+      for (int r = 0; r < MR; ++r) {
+        _mm512_mask_storeu_ps(args.y + (m0 + r) * args.ldy + n0, mask, _mm512_add_ps(_mm512_mul_ps(u[r][c], ws), bias));
+      }
+    }
+  }
+};
+
+}  // namespace
+
+void gemv_q8s8f32_n16k4_avx512vnni(const GemvQ8S8Args& args, int64_t nb_begin, int64_t nb_end) {
+  for_each_tile<Kernel>(args, nb_begin, nb_end, args.m == 1 ? Kernel::kMaxBlocks : 1, [](int64_t, int) {});
+}
+
+}  // namespace qforge::kernels::detail

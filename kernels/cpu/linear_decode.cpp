@@ -1,0 +1,135 @@
+// Kernel tables and dispatchers of the decode linears (block-32 int8 activations).
+#include "kernels/cpu/linear_decode.h"
+
+#include <string>
+#include <vector>
+
+#include "framework/core/error.h"
+#include "kernels/cpu/gemv_kernels.h"
+#include "kernels/cpu/gemv_s4.h"
+#include "kernels/cpu/linear_weight_only.h"
+#include "kernels/cpu/parallel_blocks.h"
+#include "kernels/cpu/reference.h"
+#include "kernels/cpu/workspace.h"
+
+namespace qforge::kernels {
+
+namespace {
+
+int64_t q8_blocks(int64_t k) { return (k + kQ8Block - 1) / kQ8Block; }
+
+// The quantized activation rows of one call (per-thread scratch, reused when warm).
+struct Q8Rows {
+  Q8Rows(const float* x, int64_t m, int64_t k)
+      : kb(q8_blocks(k)),
+        q(detail::Scratch::kBlockCodes, m * kb * kQ8Block),
+        d(detail::Scratch::kBlockScales, m * kb),
+        s(detail::Scratch::kBlockSums, m * kb) {
+    quantize_rows_q8b32_reference(x, m, k, q.data(), kb * kQ8Block, d.data(), s.data());
+  }
+  int64_t kb;
+  detail::ScratchArray<int8_t> q;
+  detail::ScratchArray<float> d;
+  detail::ScratchArray<int32_t> s;
+};
+
+template <typename Args>
+Args q8_args(const Q8Rows& rows, int64_t m, float* y, int64_t ldy, const float* bias) {
+  Args a;
+  a.q = rows.q.data(), a.d = rows.d.data(), a.s = rows.s.data();
+  a.m = m, a.ldq = rows.kb * kQ8Block, a.kb = rows.kb;
+  a.bias = bias, a.y = y, a.ldy = ldy;
+  return a;
+}
+
+// The GEMV entries: quantize x once, then one ISA kernel over 16-column blocks split across threads.
+template <void (*kKernel)(const detail::GemvQ8S8Args&, int64_t, int64_t)>
+[[maybe_unused]] void run_q8s8(const LinearQ8S8Problem& p) {
+  const Q8Rows rows(p.x, p.m, p.w.k);
+  auto args = q8_args<detail::GemvQ8S8Args>(rows, p.m, p.y, p.w.n, p.bias);
+  args.w = p.w, args.w_scale = p.w_scale;
+  detail::parallel_over_blocks(round_up(p.w.n, kS8BlockN) / kS8BlockN, kS8BlockN * p.w.kp * p.m,
+                               [&](int64_t b, int64_t e) { kKernel(args, b, e); });
+}
+template <void (*kKernel)(const detail::GemvQ8S4Args&, int64_t, int64_t)>
+[[maybe_unused]] void run_q8s4(const LinearQ8S4Problem& p) {
+  const Q8Rows rows(p.x, p.m, p.w.k);
+  auto args = q8_args<detail::GemvQ8S4Args>(rows, p.m, p.y, p.w.n, p.bias);
+  args.w = p.w;
+  detail::parallel_over_blocks(round_up(p.w.n, kS4BlockN) / kS4BlockN, kS4BlockN * p.w.kp * p.m,
+                               [&](int64_t b, int64_t e) { kKernel(args, b, e); });
+}
+
+void run_q8s8_reference(const LinearQ8S8Problem& p) {
+  const Q8Rows rows(p.x, p.m, p.w.k);
+  std::vector<int8_t> W(static_cast<size_t>(p.w.n * p.w.k));
+  unpack_s8_n16k4_reference(p.w.data, p.w.n, p.w.k, W.data());
+  linear_q8b32_s8_reference(rows.q.data(), rows.d.data(), rows.kb * kQ8Block, W.data(), p.w_scale, p.bias, p.y, p.m,
+                            p.w.n, p.w.k);
+}
+
+void run_q8s4_reference(const LinearQ8S4Problem& p) {
+  const Q8Rows rows(p.x, p.m, p.w.k);
+  const S4Unpacked u = unpack_s4(p.w);
+  linear_q8b32_s4_reference(rows.q.data(), rows.d.data(), rows.kb * kQ8Block, u.codes.data(), u.scale.data(),
+                            u.zero.data(), p.w.group_size, p.bias, p.y, p.m, p.w.n, p.w.k);
+}
+
+// The exact weight-only linears: above kWeightOnlyMaxM rows, and int4 groups the blocks cannot split.
+void run_exact_s8(const LinearQ8S8Problem& p) { linear_f32s8f32(p.x, p.m, p.w, p.w_scale, p.bias, p.y); }
+void run_exact_s4(const LinearQ8S4Problem& p) { linear_f32s4f32(p.x, p.m, p.w, p.bias, p.y); }
+
+bool q8s4_groups_fit(const LinearQ8S4Problem& p, std::string* why) {
+  if (p.w.groups == 1 || p.w.group_size % kQ8Block == 0) return true;
+  *why = "group_size=" + std::to_string(p.w.group_size) + " not a multiple of 32";
+  return false;
+}
+
+}  // namespace
+
+const KernelTable<LinearQ8S8Problem>& linear_q8s8_kernels() {
+  static const KernelTable<LinearQ8S8Problem> table{
+      {"gemv_q8s8f32_n16k4_avx512vnni", Isa::kAvx512Vnni, detail::serves_gemv<LinearQ8S8Problem>, nullptr,
+       QF_KERNEL_AVX512VNNI(run_q8s8<detail::gemv_q8s8f32_n16k4_avx512vnni>)},
+      {"gemv_q8s8f32_n16k4_avx2", Isa::kAvx2, detail::serves_gemv<LinearQ8S8Problem>, nullptr,
+       QF_KERNEL_AVX2(run_q8s8<detail::gemv_q8s8f32_n16k4_avx2>)},
+      {"reference", Isa::kReference, detail::serves_gemv<LinearQ8S8Problem>, nullptr, run_q8s8_reference},
+      {kDequantGemmKernel, Isa::kReference, detail::serves_gemm<LinearQ8S8Problem>, nullptr, run_exact_s8},
+  };
+  return table;
+}
+
+const KernelTable<LinearQ8S4Problem>& linear_q8s4_kernels() {
+  static const KernelTable<LinearQ8S4Problem> table{
+      {"gemv_q8s4f32_n16k8_avx512vnni", Isa::kAvx512Vnni, detail::serves_gemv<LinearQ8S4Problem>, q8s4_groups_fit,
+       QF_KERNEL_AVX512VNNI(run_q8s4<detail::gemv_q8s4f32_n16k8_avx512vnni>)},
+      {"gemv_q8s4f32_n16k8_avx2", Isa::kAvx2, detail::serves_gemv<LinearQ8S4Problem>, q8s4_groups_fit,
+       QF_KERNEL_AVX2(run_q8s4<detail::gemv_q8s4f32_n16k8_avx2>)},
+      {"reference", Isa::kReference, detail::serves_gemv<LinearQ8S4Problem>, q8s4_groups_fit, run_q8s4_reference},
+      {"linear_f32s4f32", Isa::kReference, detail::serves_gemv<LinearQ8S4Problem>, nullptr, run_exact_s4},
+      {kDequantGemmKernel, Isa::kReference, detail::serves_gemm<LinearQ8S4Problem>, nullptr, run_exact_s4},
+  };
+  return table;
+}
+
+void linear_q8b32s8f32(const float* x, int64_t M, const S8N16K4View& w, const float* w_scale, const float* bias,
+                       float* y, RunInfo* info) {
+  QF_REQUIRE(w.data != nullptr && w.n > 0 && w.k > 0 && w.kp == round_up(w.k, kS8BlockK),
+             "kernels/cpu: linear_q8b32s8f32 got an empty or inconsistent packed weight (N=", w.n, " K=", w.k,
+             " Kp=", w.kp, ")");
+  QF_REQUIRE(M >= 0 && (M == 0 || (x != nullptr && y != nullptr && w_scale != nullptr)),
+             "kernels/cpu: linear_q8b32s8f32 got M=", M, " or a null pointer");
+  run_kernel_table(linear_q8s8_kernels(), LinearQ8S8Problem{x, M, w, w_scale, bias, y}, M, info);
+}
+
+void linear_q8b32s4f32(const float* x, int64_t M, const S4N16K8View& w, const float* bias, float* y, RunInfo* info) {
+  QF_REQUIRE(w.data != nullptr && w.n > 0 && w.k > 0 && w.kp == round_up(w.k, kS4BlockK) && w.group_size > 0 &&
+                 w.groups == num_groups(w.k, w.group_size),
+             "kernels/cpu: linear_q8b32s4f32 got an empty or inconsistent packed weight (N=", w.n, " K=", w.k,
+             " group_size=", w.group_size, ")");
+  QF_REQUIRE(M >= 0 && (M == 0 || (x != nullptr && y != nullptr)), "kernels/cpu: linear_q8b32s4f32 got M=", M,
+             " or a null pointer");
+  run_kernel_table(linear_q8s4_kernels(), LinearQ8S4Problem{x, M, w, bias, y}, M, info);
+}
+
+}  // namespace qforge::kernels

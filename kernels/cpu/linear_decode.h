@@ -1,0 +1,36 @@
+// Decode linears: the float activation rows quantized once per call to int8 in blocks of 32
+// (quantize_rows_q8b32_reference, llama.cpp's Q8_0 activation side), then integer dot products
+// against the packed int8 (n16k4) or int4 (n16k8) weights of the weight-only layers, with the
+// block scale applied per 32 values in float. Unlike the weight-only kernels these round the
+// activations (docs/kernels.md, "Decode activations"). Chosen at run time from each op's kernel
+// table (linear_q8s8_kernels(), linear_q8s4_kernels()): gemv_q8s{8,4}f32_*_avx512vnni ->
+// *_avx2 -> reference for M <= kWeightOnlyMaxM, bit-identical to linear_q8b32_s8_reference /
+// linear_q8b32_s4_reference; above it the exact weight-only linear_f32_dequant_gemm entry.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/cpu/kernel_table.h"
+#include "kernels/cpu/linear_weight_only.h"
+#include "kernels/cpu/packed_layout.h"
+#include "kernels/cpu/run_info.h"
+
+namespace qforge::kernels {
+
+// One call of a decode linear as its kernel table sees it: the weight-only call's fields (x null
+// when planning).
+using LinearQ8S8Problem = LinearF32S8Problem;
+using LinearQ8S4Problem = LinearF32S4Problem;
+
+const KernelTable<LinearQ8S8Problem>& linear_q8s8_kernels();
+const KernelTable<LinearQ8S4Problem>& linear_q8s4_kernels();
+
+// x dense float [M, K], y dense float [M, N]; the packed weights of PackedLinearS8 / S4.
+void linear_q8b32s8f32(const float* x, int64_t M, const S8N16K4View& w, const float* w_scale, const float* bias,
+                       float* y, RunInfo* info = nullptr);
+// int4 groups must be a multiple of 32 (or one group per row) for the block-32 kernels; other
+// groups run the exact weight-only GEMV (linear_f32s4f32) and info->fallback says why.
+void linear_q8b32s4f32(const float* x, int64_t M, const S4N16K8View& w, const float* bias, float* y,
+                       RunInfo* info = nullptr);
+
+}  // namespace qforge::kernels

@@ -1,0 +1,252 @@
+// Decode linears (kernels/cpu/linear_decode.h): the block-32 activation quantizer against the
+// same formula in ATen ops; every kernel-table entry this machine has against the scalar
+// reference, bit for bit; the reference within the stated activation-rounding bound of the exact
+// weight-only result; the dispatchers' choices and plans; bad input.
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "framework/core/error.h"
+#include "kernel_test_util.h"
+#include "kernels/cpu/kernel_choice.h"
+#include "kernels/cpu/linear_decode.h"
+#include "kernels/cpu/linear_weight_only.h"
+#include "kernels/cpu/reference.h"
+
+namespace qforge::kernels {
+namespace {
+
+using testing::bitwise_equal;
+using testing::machine_has;
+using testing::make_s4;
+using testing::make_s8;
+using testing::random_f32;
+using testing::S4Weights;
+using testing::S8Weights;
+
+int64_t q8_block_count(int64_t K) { return (K + kQ8Block - 1) / kQ8Block; }
+
+struct Q8Codes {
+  std::vector<int8_t> q;
+  std::vector<float> d;
+  std::vector<int32_t> s;
+  int64_t ldq = 0;
+};
+
+Q8Codes quantize_q8(const std::vector<float>& x, int64_t M, int64_t K) {
+  Q8Codes r;
+  r.ldq = q8_block_count(K) * kQ8Block;
+  r.q.resize(M * r.ldq), r.d.resize(M * q8_block_count(K)), r.s.resize(M * q8_block_count(K));
+  quantize_rows_q8b32_reference(x.data(), M, K, r.q.data(), r.ldq, r.d.data(), r.s.data());
+  return r;
+}
+
+// Entries compared with the block-32 reference: every one this machine has but the exact
+// weight-only ones (those run the weight-only tables, tested in kernel_table_test).
+template <typename Problem>
+std::vector<const KernelEntry<Problem>*> q8_entries(const KernelTable<Problem>& table, const Problem& p) {
+  std::vector<const KernelEntry<Problem>*> out;
+  std::string why;
+  for (const KernelEntry<Problem>& e : table) {
+    const std::string name = e.name;
+    if (name == kDequantGemmKernel || name == "linear_f32s4f32") continue;
+    if (machine_has(e.isa) && (e.applies == nullptr || e.applies(p, &why))) out.push_back(&e);
+  }
+  return out;
+}
+
+std::string decode_shape(int64_t M, int64_t N, int64_t K, int64_t g = 0) {
+  return "M=" + std::to_string(M) + " N=" + std::to_string(N) + " K=" + std::to_string(K) + " g=" + std::to_string(g);
+}
+
+TEST(QuantizeRowsQ8B32, EqualsTheFormulaInAtenOps) {
+  for (int64_t M : {1, 3}) {
+    for (int64_t K : {1, 31, 32, 33, 100, 2048}) {
+      auto x = random_f32(M * K, -3.0f, 3.0f, static_cast<uint32_t>(M * 1000 + K));
+      for (int64_t k = 0; k < std::min<int64_t>(K, kQ8Block); ++k) x[k] = 0.0f;  // an all-zero block: d = 0
+      const Q8Codes r = quantize_q8(x, M, K);
+      const int64_t kb = q8_block_count(K);
+      const at::Tensor xt = at::constant_pad_nd(at::from_blob(x.data(), {M, K}, at::kFloat), {0, kb * kQ8Block - K})
+                                .reshape({M, kb, kQ8Block});
+      const at::Tensor amax = xt.abs().amax(-1, true);
+      const at::Tensor d = amax / 127.0f;
+      const at::Tensor inv = at::where(amax > 0, at::reciprocal(d), at::zeros_like(d));
+      const at::Tensor q = at::round(xt * inv).clamp(-127, 127).to(at::kChar).contiguous();
+      const at::Tensor s = q.to(at::kInt).sum(-1, false, at::kInt).contiguous();
+      const at::Tensor dc = d.reshape({M, kb}).contiguous();
+      EXPECT_EQ(std::memcmp(r.q.data(), q.data_ptr<int8_t>(), r.q.size()), 0) << decode_shape(M, 0, K);
+      EXPECT_TRUE(bitwise_equal(r.d.data(), dc.data_ptr<float>(), r.d.size())) << decode_shape(M, 0, K);
+      EXPECT_EQ(std::memcmp(r.s.data(), s.data_ptr<int32_t>(), r.s.size() * sizeof(int32_t)), 0) << decode_shape(M, 0, K);
+    }
+  }
+}
+
+TEST(QuantizeRowsQ8B32, RefusesNanAndInfNamingTheElement) {
+  for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+    auto x = random_f32(2 * 40, -1.0f, 1.0f, 7);
+    x[40 + 37] = bad;
+    try {
+      quantize_q8(x, 2, 40);
+      FAIL() << "no error for " << bad;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("row 1 column 37"), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST(LinearDecode, EveryInt8EntryMatchesTheReferenceExactly) {
+  for (int64_t M : {1, 2, 3, 5, 16}) {
+    for (int64_t N : {1, 5, 16, 17, 33, 64}) {
+      for (int64_t K : {4, 31, 32, 33, 96, 4099}) {
+        const uint32_t seed = static_cast<uint32_t>(M * 7 + N * 131 + K * 8191);
+        const auto x = random_f32(M * K, -2.0f, 2.0f, seed);
+        const auto bias = random_f32(N, -1.0f, 1.0f, seed + 1);
+        const auto w_scale = random_f32(N, 0.001f, 0.1f, seed + 3);
+        const S8Weights w8 = make_s8(N, K, seed + 2);
+        const Q8Codes r = quantize_q8(x, M, K);
+        for (const float* b : {bias.data(), static_cast<const float*>(nullptr)}) {
+          std::vector<float> y_ref(M * N), y(M * N);
+          linear_q8b32_s8_reference(r.q.data(), r.d.data(), r.ldq, w8.w.data(), w_scale.data(), b, y_ref.data(), M, N, K);
+          const LinearQ8S8Problem p{x.data(), M, w8.view, w_scale.data(), b, y.data()};
+          for (const auto* e : q8_entries(linear_q8s8_kernels(), p)) {
+            e->run(p);
+            ASSERT_TRUE(bitwise_equal(y.data(), y_ref.data(), y.size())) << e->name << " " << decode_shape(M, N, K);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(LinearDecode, EveryInt4EntryMatchesTheReferenceExactly) {
+  for (int64_t M : {1, 2, 3, 5, 16}) {
+    for (int64_t N : {1, 17, 33, 64}) {
+      for (int64_t K : {8, 32, 40, 96, 4096}) {
+        for (int64_t g : {int64_t{32}, int64_t{64}, K}) {
+          if (g > K) continue;
+          for (int qmin : {-8, 0}) {
+            const uint32_t seed = static_cast<uint32_t>(M * 7 + N * 131 + K * 8191 + g + qmin);
+            const auto x = random_f32(M * K, -2.0f, 2.0f, seed);
+            const auto bias = random_f32(N, -1.0f, 1.0f, seed + 1);
+            const S4Weights w4 = make_s4(N, K, g, qmin, seed + 2);
+            const Q8Codes r = quantize_q8(x, M, K);
+            std::vector<float> y_ref(M * N), y(M * N);
+            linear_q8b32_s4_reference(r.q.data(), r.d.data(), r.ldq, w4.w.data(), w4.scale.data(), w4.zero.data(), g,
+                                      bias.data(), y_ref.data(), M, N, K);
+            const LinearQ8S4Problem p{x.data(), M, w4.view, bias.data(), y.data()};
+            const auto entries = q8_entries(linear_q8s4_kernels(), p);
+            ASSERT_FALSE(entries.empty()) << decode_shape(M, N, K, g);
+            for (const auto* e : entries) {
+              e->run(p);
+              ASSERT_TRUE(bitwise_equal(y.data(), y_ref.data(), y.size())) << e->name << " " << decode_shape(M, N, K, g);
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// |y_q8 - y_exact| <= sum_b (d_b / 2) * sum_{k in b} |W~[n, k]| + 1e-5 * sum_k |x_k W~[n, k]|, with W~
+// the dequantized weight: each code is within half a step of x * (1 / d); the second term covers
+// the float roundings of both results.
+::testing::AssertionResult within_rounding_bound(const std::vector<float>& x, const Q8Codes& r, const at::Tensor& w_deq,
+                                                 const std::vector<float>& y_q8, const std::vector<float>& y_exact,
+                                                 int64_t M) {
+  const int64_t N = w_deq.size(0), K = w_deq.size(1), kb = q8_block_count(K);
+  const at::Tensor wd = w_deq.to(at::kDouble);
+  const at::Tensor half_step = at::from_blob(const_cast<float*>(r.d.data()), {M, kb}, at::kFloat).to(at::kDouble) * 0.5;
+  const at::Tensor per_k = half_step.repeat_interleave(kQ8Block, 1).narrow(1, 0, K);  // [M, K]
+  const at::Tensor xd = at::from_blob(const_cast<float*>(x.data()), {M, K}, at::kFloat).to(at::kDouble);
+  const at::Tensor bound = at::matmul(per_k, wd.abs().t()) + 1e-5 * at::matmul(xd.abs(), wd.abs().t());
+  const at::Tensor err = (at::from_blob(const_cast<float*>(y_q8.data()), {M, N}, at::kFloat) -
+                          at::from_blob(const_cast<float*>(y_exact.data()), {M, N}, at::kFloat))
+                             .abs()
+                             .to(at::kDouble);
+  if ((err <= bound).all().item<bool>()) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "max error " << err.max().item<double>() << " above its bound somewhere";
+}
+
+TEST(LinearDecode, ReferenceIsWithinTheActivationRoundingBoundOfWeightOnly) {
+  const int64_t M = 3, N = 40, K = 4096;
+  const auto x = random_f32(M * K, -2.0f, 2.0f, 11);
+  const auto w_scale = random_f32(N, 0.001f, 0.1f, 12);
+  const S8Weights w8 = make_s8(N, K, 13);
+  const Q8Codes r = quantize_q8(x, M, K);
+  std::vector<float> y_q8(M * N), y_exact(M * N);
+  linear_q8b32_s8_reference(r.q.data(), r.d.data(), r.ldq, w8.w.data(), w_scale.data(), nullptr, y_q8.data(), M, N, K);
+  linear_f32_s8_reference(x.data(), w8.w.data(), w_scale.data(), nullptr, y_exact.data(), M, N, K);
+  const at::Tensor w8_deq = at::from_blob(const_cast<int8_t*>(w8.w.data()), {N, K}, at::kChar).to(at::kFloat) *
+                            at::from_blob(const_cast<float*>(w_scale.data()), {N, 1}, at::kFloat);
+  EXPECT_TRUE(within_rounding_bound(x, r, w8_deq, y_q8, y_exact, M));
+
+  const S4Weights w4 = make_s4(N, K, 32, 0, 14);
+  linear_q8b32_s4_reference(r.q.data(), r.d.data(), r.ldq, w4.w.data(), w4.scale.data(), w4.zero.data(), 32, nullptr,
+                            y_q8.data(), M, N, K);
+  linear_f32_s4_reference(x.data(), w4.w.data(), w4.scale.data(), w4.zero.data(), 32, nullptr, y_exact.data(), M, N, K);
+  const at::Tensor z = at::from_blob(const_cast<int32_t*>(w4.zero.data()), {N, K / 32}, at::kInt).to(at::kFloat);
+  const at::Tensor sc = at::from_blob(const_cast<float*>(w4.scale.data()), {N, K / 32}, at::kFloat);
+  const at::Tensor w4_deq = (at::from_blob(const_cast<int8_t*>(w4.w.data()), {N, K}, at::kChar).to(at::kFloat) -
+                             z.repeat_interleave(32, 1)) * sc.repeat_interleave(32, 1);
+  EXPECT_TRUE(within_rounding_bound(x, r, w4_deq, y_q8, y_exact, M));
+}
+
+TEST(LinearDecode, GroupsTheBlocksCannotSplitRunTheExactWeightOnlyKernelWithTheReason) {
+  const int64_t M = 2, N = 17, K = 64;
+  const auto x = random_f32(M * K, -1.0f, 1.0f, 21);
+  const S4Weights w4 = make_s4(N, K, 16, -8, 22);
+  std::vector<float> y(M * N), y_exact(M * N);
+  RunInfo info;
+  linear_q8b32s4f32(x.data(), M, w4.view, nullptr, y.data(), &info);
+  EXPECT_EQ(info.kernel, "linear_f32s4f32");
+  EXPECT_NE(info.fallback.find("group_size=16 not a multiple of 32"), std::string::npos) << info.fallback;
+  linear_f32_s4_reference(x.data(), w4.w.data(), w4.scale.data(), w4.zero.data(), 16, nullptr, y_exact.data(), M, N, K);
+  EXPECT_TRUE(bitwise_equal(y.data(), y_exact.data(), y.size()));
+  EXPECT_EQ(choose_decode_kernel(LinearOp::kQ8S4, Isa::kAvx512Vnni, 16).kernel, "linear_f32s4f32");
+}
+
+TEST(LinearDecode, AboveTheDecodeRowsTheExactWeightOnlyResultIsReturned) {
+  const int64_t M = kWeightOnlyMaxM + 1, N = 33, K = 96;
+  const auto x = random_f32(M * K, -1.0f, 1.0f, 31);
+  const auto w_scale = random_f32(N, 0.001f, 0.1f, 32);
+  const S8Weights w8 = make_s8(N, K, 33);
+  std::vector<float> y(M * N), y_exact(M * N);
+  RunInfo info, exact_info;
+  linear_q8b32s8f32(x.data(), M, w8.view, w_scale.data(), nullptr, y.data(), &info);
+  linear_f32s8f32(x.data(), M, w8.view, w_scale.data(), nullptr, y_exact.data(), &exact_info);
+  EXPECT_EQ(info.kernel, kDequantGemmKernel);
+  EXPECT_TRUE(bitwise_equal(y.data(), y_exact.data(), y.size()));
+}
+
+TEST(LinearDecode, PlansNameTheTableEntries) {
+  EXPECT_EQ(choose_decode_kernel(LinearOp::kQ8S8, Isa::kReference).kernel, "reference");
+  EXPECT_EQ(choose_decode_kernel(LinearOp::kQ8S4, Isa::kReference, 32).kernel, "reference");
+  EXPECT_EQ(choose_decode_kernel(LinearOp::kQ8S4, Isa::kReference, 0).kernel, "reference");  // one group per row
+  if (isa_compiled(Isa::kAvx2)) {
+    EXPECT_EQ(choose_decode_kernel(LinearOp::kQ8S8, Isa::kAvx2).kernel, "gemv_q8s8f32_n16k4_avx2");
+    EXPECT_EQ(choose_decode_kernel(LinearOp::kQ8S4, Isa::kAvx2, 128).kernel, "gemv_q8s4f32_n16k8_avx2");
+  }
+  if (isa_compiled(Isa::kAvx512Vnni)) {
+    EXPECT_EQ(choose_decode_kernel(LinearOp::kQ8S8, Isa::kAvx512Vnni).kernel, "gemv_q8s8f32_n16k4_avx512vnni");
+    EXPECT_EQ(choose_decode_kernel(LinearOp::kQ8S4, Isa::kAvx512Vnni, 32).kernel, "gemv_q8s4f32_n16k8_avx512vnni");
+  }
+  EXPECT_EQ(choose_kernel(LinearOp::kQ8S8, Isa::kAvx512Vnni, kWeightOnlyMaxM + 1).kernel, kDequantGemmKernel);
+}
+
+TEST(LinearDecode, InconsistentWeightsAreRefused) {
+  const S8Weights w8 = make_s8(16, 32, 41);
+  S8N16K4View bad = w8.view;
+  bad.kp = 30;
+  std::vector<float> x(32), y(16), scale(16, 1.0f);
+  EXPECT_THROW(linear_q8b32s8f32(x.data(), 1, bad, scale.data(), nullptr, y.data()), Error);
+  EXPECT_THROW(linear_q8b32s8f32(nullptr, 1, w8.view, scale.data(), nullptr, y.data()), Error);
+}
+
+}  // namespace
+}  // namespace qforge::kernels
