@@ -52,6 +52,7 @@ class RunContext {
   std::string recipe_text;   // what the checkpoint records (the searched recipe once it ran)
   std::optional<io::SearchSensitivities> search_record;  // kept in the calibration dump
   std::optional<io::LayerErrorTable> error_record;       // likewise
+  std::optional<Imatrix> imatrix;                        // calibrate.imatrix; likewise, and imatrix.gguf
 
   // --stages names `stage` (or is empty).
   bool wanted(const Stage& stage) const { return stage.named(options.stages); }
