@@ -23,6 +23,7 @@ set(QFORGE_PUBLIC_HEADERS
   ${QFORGE_UMBRELLA_HEADERS}
   framework/core/isa.h
   framework/core/qparams.h
+  framework/core/imatrix.h
   framework/data/char_tokenizer.h
   framework/data/fashion_mnist.h
   framework/data/language_id.h
@@ -44,7 +45,9 @@ set(QFORGE_PUBLIC_HEADERS
   framework/models/perplexity.h
   framework/models/sampling.h
   framework/models/gguf_export.h
+  framework/models/gguf_imatrix.h
   framework/format/gguf.h
+  framework/format/imatrix_file.h
   framework/models/mlp.h
   framework/models/state_dict.h
   framework/api/module_like.h
@@ -63,7 +66,9 @@ set(QFORGE_PUBLIC_HEADERS
   observers/observer.h
   # The components' headers (find_package(qforge COMPONENTS ptq search onnx dist recipe)).
   framework/ptq/adaround.h
+  framework/ptq/awq.h
   framework/ptq/gptq.h
+  framework/ptq/imatrix.h
   framework/ptq/numeric_suite.h
   framework/ptq/ptq.h
   framework/search/hessian.h

@@ -101,8 +101,22 @@ CalibrationEntry make_calibration_entry(const Observer& observer, const Observer
   return e;
 }
 
+namespace {
+
+void write_imatrix_group(const h5::Group& root, const Imatrix& imatrix) {
+  const h5::Group ig = root.create_group(kImatrixGroup);
+  for (const auto& [layer, e] : imatrix) {
+    const h5::Group lg = ig.create_group(layer.empty() ? kRootLayerName : layer);
+    lg.write_tensor("sum_sq", e.sum_sq.to(at::kDouble));
+    if (e.sum.defined()) lg.write_tensor("sum", e.sum.to(at::kDouble));
+    lg.set_attr("count", e.count);
+  }
+}
+
+}  // namespace
+
 void save_calibration_dump(const std::string& path, const CalibrationDump& dump, const SearchSensitivities* search,
-                           const LayerErrorTable* errors) {
+                           const LayerErrorTable* errors, const Imatrix* imatrix) {
   AtomicFile out(path);
   {
     h5::File f = h5::File::create(out.temp_path());
@@ -130,9 +144,11 @@ void save_calibration_dump(const std::string& path, const CalibrationDump& dump,
         for (const auto& [name, v] : l.values) lg.set_attr(name, v);
       }
     }
+    if (imatrix) write_imatrix_group(root, *imatrix);
     for (const auto& [module, points] : dump) {
       QF_REQUIRE(!module.empty(), "framework/io: calibration dump: empty module path");
-      QF_REQUIRE(module != kSearchGroup && module != kLayerErrorsGroup, "framework/io: calibration dump: module path '",
+      QF_REQUIRE(module != kSearchGroup && module != kLayerErrorsGroup && module != kImatrixGroup,
+                 "framework/io: calibration dump: module path '",
                  module, "' is reserved");
       const h5::Group mg = root.create_group(module);
       for (const auto& [point, entry] : points) write_entry(mg.create_group(point), entry);
@@ -150,7 +166,7 @@ CalibrationDump read_dump(const std::string& path) {
   check_format(root, kCalibrationFormat, kCalibrationFormatVersion);
   CalibrationDump dump;
   for (const std::string& module : root.children()) {
-    if (module == kSearchGroup || module == kLayerErrorsGroup) continue;
+    if (module == kSearchGroup || module == kLayerErrorsGroup || module == kImatrixGroup) continue;
     const h5::Group mg = root.open_group(module);
     for (const std::string& point : mg.children()) dump[module][point] = read_entry(mg.open_group(point));
   }
@@ -211,6 +227,27 @@ std::optional<LayerErrorTable> load_layer_errors(const std::string& path) {
     std::stable_sort(ranked.begin(), ranked.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
     for (auto& [rank, r] : ranked) t.layers.push_back(std::move(r));
     return t;
+  });
+}
+
+std::optional<Imatrix> load_imatrix(const std::string& path) {
+  return read_optional_group<Imatrix>(path, kImatrixGroup, [&path](const h5::Group& ig) {
+    Imatrix m;
+    for (const std::string& layer : ig.children()) {
+      const h5::Group lg = ig.open_group(layer);
+      ImatrixEntry e;
+      e.sum_sq = lg.read_tensor("sum_sq").to(at::kDouble);
+      if (lg.has("sum")) e.sum = lg.read_tensor("sum").to(at::kDouble);
+      e.count = lg.attr_int("count");
+      const std::string where = "framework/io: " + path + ": " + kImatrixGroup + "/" + layer;
+      QF_REQUIRE(e.sum_sq.dim() == 1 && e.sum_sq.numel() > 0, where, ": sum_sq must be a vector, got ", e.sum_sq.sizes());
+      QF_REQUIRE(!e.sum.defined() || e.sum.sizes() == e.sum_sq.sizes(), where, ": sum and sum_sq differ in shape");
+      QF_REQUIRE(at::isfinite(e.sum_sq).all().item<bool>() && (e.sum_sq >= 0).all().item<bool>(), where,
+                 ": sum_sq must be finite and >= 0");
+      QF_REQUIRE(e.count > 0, where, ": count must be > 0, got ", e.count);
+      m[layer == std::string(kRootLayerName) ? "" : layer] = std::move(e);
+    }
+    return m;
   });
 }
 

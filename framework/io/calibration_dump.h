@@ -8,6 +8,8 @@
 //       qparams/scale      float32, qparams/zero_point int32 (absent when the observer saw nothing)
 //   /__search__/           optional: the mixed-precision search's sensitivities, attribute key
 //       <layer path>/      attributes hessian_trace and "s:<candidate>" (float64 sensitivity)
+//   /__imatrix__/          optional: the importance matrix (framework/core/imatrix.h)
+//       <layer path>/      sum_sq, sum (float64 [K]), attribute count
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -18,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "framework/core/imatrix.h"
 #include "framework/core/qparams.h"
 #include "observers/observer.h"
 
@@ -66,9 +69,16 @@ struct LayerErrorTable {
 };
 inline constexpr const char* kLayerErrorsGroup = "__layer_errors__";
 
-// Writes `dump` (and `search`, `errors`, when given) crash-safely (temporary file + fsync + rename).
+inline constexpr const char* kImatrixGroup = "__imatrix__";
+
+// Writes `dump` (and `search`, `errors`, `imatrix`, when given) crash-safely (temporary file +
+// fsync + rename).
 void save_calibration_dump(const std::string& path, const CalibrationDump& dump,
-                           const SearchSensitivities* search = nullptr, const LayerErrorTable* errors = nullptr);
+                           const SearchSensitivities* search = nullptr, const LayerErrorTable* errors = nullptr,
+                           const Imatrix* imatrix = nullptr);
+// The importance matrix of a dump; nullopt when it has none. Throws for sums of the wrong shape,
+// negative or non-finite Σx², or counts < 1.
+std::optional<Imatrix> load_imatrix(const std::string& path);
 // The numeric suite's table of a dump; nullopt when it has none.
 std::optional<LayerErrorTable> load_layer_errors(const std::string& path);
 // The search's sensitivities of a dump; nullopt when it has none. Throws like

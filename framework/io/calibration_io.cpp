@@ -87,8 +87,8 @@ CalibrationDump calibration_dump(const torch::nn::Module& model) {
 }
 
 void save_calibration(const torch::nn::Module& model, const std::string& path, const SearchSensitivities* search,
-                      const LayerErrorTable* errors) {
-  save_calibration_dump(path, calibration_dump(model), search, errors);
+                      const LayerErrorTable* errors, const Imatrix* imatrix) {
+  save_calibration_dump(path, calibration_dump(model), search, errors, imatrix);
 }
 
 void apply_calibration(torch::nn::Module& model, const CalibrationDump& dump, const std::string& source) {

@@ -26,7 +26,8 @@ CalibrationDump calibration_dump(const torch::nn::Module& model);
 // `search`: the mixed-precision search's sensitivities to keep in the same file (see
 // calibration_dump.h), or nullptr.
 void save_calibration(const torch::nn::Module& model, const std::string& path,
-                      const SearchSensitivities* search = nullptr, const LayerErrorTable* errors = nullptr);
+                      const SearchSensitivities* search = nullptr, const LayerErrorTable* errors = nullptr,
+                      const Imatrix* imatrix = nullptr);
 
 // Loads every static activation point of `dump` into the model: the observer takes the saved
 // state (so calibration can continue) and the quantizer the saved qparams. Weight points are

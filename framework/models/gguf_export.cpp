@@ -256,6 +256,27 @@ io::GgufFile gguf_of(const LlamaForCausalLM& model, const GgufExportOptions& opt
   return std::move(b.file);
 }
 
+std::string gguf_weight_name(const std::string& module_path) {
+  // The block prefixes and per-block Linear names gguf_of uses (a test checks they agree).
+  static const char* const kBlocks[] = {"model.layers.", "transformer.h."};
+  static const std::pair<const char*, const char*> kLinears[] = {
+      {"self_attn.q_proj", "attn_q"},  {"self_attn.k_proj", "attn_k"}, {"self_attn.v_proj", "attn_v"},
+      {"self_attn.o_proj", "attn_output"}, {"mlp.gate_proj", "ffn_gate"}, {"mlp.up_proj", "ffn_up"},
+      {"mlp.down_proj", "ffn_down"},   {"attn.c_attn", "attn_qkv"},  {"attn.c_proj", "attn_output"},
+      {"mlp.c_fc", "ffn_up"},          {"mlp.c_proj", "ffn_down"}};
+  if (module_path == "lm_head") return "output.weight";
+  for (const char* prefix : kBlocks) {
+    const std::string pre = prefix;
+    if (module_path.compare(0, pre.size(), pre) != 0) continue;
+    const std::string rest = module_path.substr(pre.size());
+    const size_t dot = rest.find('.');
+    if (dot == std::string::npos || dot == 0 || rest.find_first_not_of("0123456789") != dot) return "";
+    for (const auto& [suffix, name] : kLinears)
+      if (rest.substr(dot + 1) == suffix) return "blk." + rest.substr(0, dot) + "." + name + ".weight";
+  }
+  return "";
+}
+
 GgufExportReport export_gguf(const Gpt2LMHeadModel& model, const std::string& path, const GgufExportOptions& options) {
   GgufExportReport report;
   io::write_gguf(path, gguf_of(model, options, &report));

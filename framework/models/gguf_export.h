@@ -52,6 +52,11 @@ GgufExportReport export_gguf(const Gpt2LMHeadModel& model, const std::string& pa
 GgufExportReport export_gguf(const LlamaForCausalLM& model, const std::string& path,
                              const GgufExportOptions& options = {});
 
+// The GGUF name of the weight of the Linear at `module_path` in a qforge GPT-2 or Llama
+// ("model.layers.3.mlp.down_proj" -> "blk.3.ffn_down.weight", "lm_head" -> "output.weight"), as
+// gguf_of writes it; empty for paths it has no name for.
+std::string gguf_weight_name(const std::string& module_path);
+
 // GPT-2's byte-to-unicode map: the UTF-8 string that stands for byte b in byte-level BPE vocabularies.
 std::string gpt2_byte_token(uint8_t b);
 

@@ -1,6 +1,7 @@
 // calibrate: quantizes the model with the (searched) scheme and calibrates its static
-// activations; cross-layer equalisation before quantize and SmoothQuant before calibration when
-// the recipe asks.
+// activations; cross-layer equalisation before quantize, SmoothQuant and AWQ before calibration
+// when the recipe asks.
+#include <chrono>
 #include <cstdio>
 
 #include "framework/pipeline/recipe_checks.h"
@@ -8,6 +9,8 @@
 #include "framework/pipeline/run_context.h"
 #include "framework/pipeline/stage_registry.h"
 #include "framework/api/quantize.h"
+#include "framework/ptq/float_view.h"
+#include "framework/ptq/imatrix.h"
 #include "framework/report/report_json.h"
 
 namespace qforge::pipeline {
@@ -38,6 +41,35 @@ void smooth(RunContext& ctx) {
   }
 }
 
+void awq(RunContext& ctx) {
+  const ptq::AwqReport ar = ptq::awq(*ctx.task.model, ctx.solve_batches(),
+                                     [&ctx](int64_t b) { return ctx.calibration_batch(b); }, awq_options(ctx.recipe));
+  ctx.report["ptq"]["awq"] = report::awq_json(ar);
+  ctx.report["timings_s"]["awq"] = ar.seconds;
+  int folded = 0;
+  for (const ptq::AwqGroup& g : ar.groups) folded += g.scale_home != "pre_quant_scale" && g.alpha > 0;
+  std::fprintf(stderr, "qtrain: AWQ: %zu layer groups scaled (%d folded into the layer before), %zu skipped, %.1fs\n",
+               ar.groups.size(), folded, ar.skipped.size(), ar.seconds);
+}
+
+// E[x²] of every Linear's input over the calibration batches, on the float model (as llama-imatrix
+// runs the float model): a pass of its own, since weight-only schemes calibrate nothing.
+void collect_imatrix(RunContext& ctx) {
+  const auto t0 = std::chrono::steady_clock::now();
+  {
+    at::NoGradGuard no_grad;
+    ptq::FloatView float_view(*ctx.task.model);
+    ptq::ImatrixCollector collector(*ctx.task.model);
+    for (int64_t b = 0; b < ctx.calibration_batches(); ++b) ctx.calibration_batch(b);
+    ctx.imatrix = collector.take();
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ctx.report["timings_s"]["imatrix"] = seconds;
+  ctx.report["imatrix"] = {{"layers", ctx.imatrix->size()}, {"batches", ctx.calibration_batches()}};
+  std::fprintf(stderr, "qtrain: imatrix: %zu Linear inputs over %lld batches, %.1fs\n", ctx.imatrix->size(),
+               static_cast<long long>(ctx.calibration_batches()), seconds);
+}
+
 class CalibrateStage : public Stage {
  public:
   const char* name() const override { return "calibrate"; }
@@ -58,7 +90,9 @@ class CalibrateStage : public Stage {
     if (r.export_.onnx && export_stage().requested(ctx.options.stages)) check_onnx_recipe(r, ctx.task.model.get());
     if (solve_stage().applies(r)) check_solve_recipe(*ctx.task.model, r);  // before the calibration pass, not after it
     if (r.ptq.enabled && r.ptq.smoothquant) smooth(ctx);
+    if (r.ptq.enabled && r.ptq.awq) awq(ctx);  // scales the float weights the observers then calibrate
     ctx.calibrate(ctx.scheme);
+    if (r.calibrate.imatrix) collect_imatrix(ctx);
   }
 };
 

@@ -1,10 +1,11 @@
 // export: the files the recipe's export section asks for (calibration dump, checkpoint,
-// safetensors, ONNX), and why any other was not written.
+// safetensors, ONNX; imatrix.gguf with calibrate.imatrix), and why any other was not written.
 #include <cstdio>
 #include <filesystem>
 
 #include "framework/io/calibration_io.h"
 #include "framework/io/model_io.h"
+#include "framework/models/gguf_imatrix.h"
 #include "framework/onnx/export.h"
 #include "framework/pipeline/recipe_checks.h"
 #include "framework/pipeline/run_context.h"
@@ -25,12 +26,26 @@ namespace {
 void export_calibration_dump(RunContext& ctx, const fs::path& dir) {
   const Recipe& r = ctx.recipe;
   if (!r.export_.calibration_dump ||
-      !(r.scheme.activations == ActivationMode::kStatic || ctx.search_record || ctx.error_record))
+      !(r.scheme.activations == ActivationMode::kStatic || ctx.search_record || ctx.error_record || ctx.imatrix))
     return;
   ctx.report["exported"]["calibration_dump"] = ctx.save((dir / "calibration.h5").string(), [&](const std::string& p) {
     io::save_calibration(*ctx.task.model, p, ctx.search_record ? &*ctx.search_record : nullptr,
-                         ctx.error_record ? &*ctx.error_record : nullptr);
+                         ctx.error_record ? &*ctx.error_record : nullptr, ctx.imatrix ? &*ctx.imatrix : nullptr);
   });
+}
+
+// llama.cpp's imatrix file under the GGUF export's tensor names (Linear layers it names).
+void export_imatrix(RunContext& ctx, const fs::path& dir) {
+  std::vector<std::string> skipped;
+  const io::ImatrixFile f = models::gguf_imatrix_file(*ctx.imatrix, ctx.recipe.data.dataset, ctx.recipe.data.seq_len, &skipped);
+  if (f.tensors.empty()) {
+    ctx.note("imatrix.gguf not written: no Linear layer has a GGUF tensor name (GPT-2 and Llama models only)");
+    return;
+  }
+  ctx.report["exported"]["imatrix"] = ctx.save((dir / "imatrix.gguf").string(), [&](const std::string& p) {
+    io::write_imatrix(p, f);
+  });
+  if (!skipped.empty()) ctx.report["imatrix"]["not_in_file"] = skipped;
 }
 
 nlohmann::json not_exported(const RunContext& ctx) {
@@ -88,6 +103,7 @@ class ExportStage : public Stage {
     const Recipe& r = ctx.recipe;
     const fs::path dir(ctx.options.out_dir);
     export_calibration_dump(ctx, dir);
+    if (ctx.imatrix) export_imatrix(ctx, dir);
     ctx.report["not_exported"] = not_exported(ctx);
     if (r.export_.checkpoint) {
       io::SaveOptions so;

@@ -47,8 +47,9 @@ void print_search_plan(const Recipe& r, torch::nn::Module& model) {
 }
 
 void print_ptq_plan(const Recipe& r, const torch::nn::Module& model) {
-  std::printf("\nptq:%s%s\n", r.ptq.equalize ? " cross-layer equalisation before quantize;" : "",
-              r.ptq.smoothquant ? (" SmoothQuant (alpha " + std::to_string(r.ptq.alpha) + ") before calibration;").c_str() : "");
+  std::printf("\nptq:%s%s%s\n", r.ptq.equalize ? " cross-layer equalisation before quantize;" : "",
+              r.ptq.smoothquant ? (" SmoothQuant (alpha " + std::to_string(r.ptq.alpha) + ") before calibration;").c_str() : "",
+              r.ptq.awq ? " AWQ scales and clipping before calibration;" : "");
   for (const ptq::LayerSolve& l : pipeline::check_solve_recipe(model, r))
     std::printf("  %-40s %-10s %s%s\n", l.path.c_str(), l.type.c_str(), l.method.c_str(),
                 l.note.empty() ? "" : ("  (" + l.note + ")").c_str());

@@ -6,6 +6,7 @@
 namespace qforge::pipeline {
 
 bool solves(const Recipe& r) {
+  if (r.quantize && r.calibrate.imatrix) return true;  // the imatrix-weighted grid search
   if (!r.quantize || !r.ptq.enabled) return false;
   bool any = r.ptq.method != "rtn" || r.ptq.bias_correction;
   for (const auto& [pattern, m] : r.ptq.rules) any |= m != "rtn";
@@ -83,6 +84,15 @@ ptq::SolveOptions solve_options(const Recipe& r) {
   o.adaround.reg_weight = r.ptq.reg_weight;
   o.adaround.batch_rows = r.ptq.batch_rows;
   o.adaround.seed = r.seed;
+  o.sample_rows = r.ptq.sample_rows;
+  o.seed = r.seed;
+  return o;
+}
+
+ptq::AwqOptions awq_options(const Recipe& r) {
+  ptq::AwqOptions o;
+  o.grid = r.ptq.awq_grid;
+  o.clip = r.ptq.awq_clip;
   o.sample_rows = r.ptq.sample_rows;
   o.seed = r.seed;
   return o;

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <string>
 
+#include "framework/ptq/awq.h"
 #include "framework/ptq/ptq.h"
 #include "framework/recipe/recipe.h"
 #include "framework/search/search.h"
@@ -19,6 +20,7 @@ train::TrainOptions train_options(const Recipe& r, const train::BatchSource& dat
 search::SearchOptions search_options(const Recipe& r);
 
 ptq::SolveOptions solve_options(const Recipe& r);
+ptq::AwqOptions awq_options(const Recipe& r);
 
 // The recipe asks the solve stage for something besides round-to-nearest.
 bool solves(const Recipe& r);

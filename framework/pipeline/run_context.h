@@ -53,6 +53,7 @@ class RunContext {
   std::optional<io::LayerErrorTable> error_record;       // likewise
   // The float weights the solve stage replaced, the numeric suite's reference (freed after it).
   std::map<std::string, ptq::FloatWeights> solved_from;
+  std::optional<Imatrix> imatrix;                        // calibrate.imatrix; likewise, and imatrix.gguf
 
   // --stages names `stage` (or is empty).
   bool wanted(const Stage& stage) const { return stage.named(options.stages); }

@@ -1,7 +1,9 @@
-// solve: GPTQ / AdaRound rounding and bias correction of the calibrated model (ptq section).
+// solve: the imatrix-weighted grid search (calibrate.imatrix), GPTQ / AdaRound rounding and bias
+// correction of the calibrated model (ptq section).
 #include <cstdio>
 
 #include "framework/pipeline/recipe_options.h"
+#include "framework/ptq/imatrix.h"
 #include "framework/pipeline/run_context.h"
 #include "framework/pipeline/stage_registry.h"
 #include "framework/report/report_json.h"
@@ -9,6 +11,15 @@
 namespace qforge::pipeline {
 
 namespace {
+
+// The imatrix-weighted grid search, before the rounding (RTN or GPTQ) rounds onto its grids.
+void imatrix_round(RunContext& ctx) {
+  const ptq::ImatrixRoundReport ir = ptq::imatrix_round(*ctx.task.model, *ctx.imatrix);
+  ctx.report["ptq"]["imatrix_round"] = report::imatrix_round_json(ir);
+  ctx.report["timings_s"]["imatrix_round"] = ir.seconds;
+  std::fprintf(stderr, "qtrain: imatrix grid search: %zu layers, %zu kept their min/max grid, %.1fs\n",
+               ir.layers.size(), ir.skipped.size(), ir.seconds);
+}
 
 class SolveStage : public Stage {
  public:
@@ -24,8 +35,15 @@ class SolveStage : public Stage {
   void run(RunContext& ctx) const override {
     const Recipe& r = ctx.recipe;
     const int64_t batches = ctx.solve_batches();
+    ptq::SolveOptions o = solve_options(r);
+    if (ctx.imatrix) {
+      imatrix_round(ctx);
+      o.imatrix = &*ctx.imatrix;
+    } else if (r.calibrate.imatrix) {
+      ctx.note("no imatrix (calibrate stage skipped by --stages): weights keep their plain min/max grids");
+    }
     ptq::SolveReport sr =
-        ptq::solve(*ctx.task.model, batches, [&ctx](int64_t b) { return ctx.calibration_batch(b); }, solve_options(r));
+        ptq::solve(*ctx.task.model, batches, [&ctx](int64_t b) { return ctx.calibration_batch(b); }, o);
     nlohmann::json& j = ctx.report["ptq"]["solve"];
     j = report::solve_json(sr);
     j["method"] = r.ptq.method;

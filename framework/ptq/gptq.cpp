@@ -39,6 +39,9 @@ void check_inputs(const at::Tensor& w, const at::Tensor& h, const QSpec& spec, c
   QF_REQUIRE(at::isfinite(h).all().item<bool>(), "gptq: Hessian holds NaN or inf (calibration inputs with NaN/inf?)");
   QF_REQUIRE(o.damp > 0 && std::isfinite(o.damp), "gptq: damp must be > 0, got ", o.damp);
   QF_REQUIRE(o.block_size > 0, "gptq: block_size must be > 0, got ", o.block_size);
+  QF_REQUIRE(!o.column_importance.defined() ||
+                 (o.column_importance.numel() == K && at::isfinite(o.column_importance).all().item<bool>()),
+             "gptq: column_importance must hold ", K, " finite values");
   QF_REQUIRE(spec.granularity != Granularity::kPerChannel || spec.axis == 0,
              "gptq: per-channel grids must be along the rows (axis 0) of the [N, K] view, got axis ", spec.axis);
   QF_REQUIRE(spec.granularity != Granularity::kPerGroup || (spec.group_size > 0 && K % spec.group_size == 0),
@@ -142,7 +145,8 @@ GptqResult run(const at::Tensor& w_in, const at::Tensor& h_in, const QSpec& spec
   W.index_put_({Slice(), dead}, 0.0);
   at::Tensor perm, invperm;
   if (o.act_order) {
-    perm = at::argsort(H.diagonal(), /*dim=*/0, /*descending=*/true);
+    const at::Tensor& order = o.column_importance.defined() ? o.column_importance : H.diagonal();
+    perm = at::argsort(order.to(dt), /*dim=*/0, /*descending=*/true);
     invperm = at::argsort(perm);
   }
   // Grids from the weight as the solver starts (dead columns zeroed, original column order).

@@ -16,6 +16,9 @@ struct GptqOptions {
   double damp = 0.01;        // λ = damp · mean(diag H) added to the diagonal (> 0)
   int64_t block_size = 128;  // columns updated together (lazy batch updates); results do not depend on it
   bool act_order = false;    // quantize columns in order of decreasing diag(H)
+  // [K] with act_order: the order follows it instead of diag(H) (e.g. the calibration's imatrix,
+  // E[x²] of the float model's inputs, where H sees inputs quantized upstream).
+  at::Tensor column_importance;
 };
 
 struct GptqResult {

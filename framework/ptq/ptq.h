@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "framework/core/error.h"
+#include "framework/core/imatrix.h"
 #include "framework/ptq/adaround.h"
 #include "framework/ptq/gptq.h"
 
@@ -50,6 +51,9 @@ struct SolveOptions {
   AdaRoundOptions adaround;
   int64_t sample_rows = 4096;  // input rows kept per layer (AdaRound, bias correction, errors); GPTQ's H uses all
   uint64_t seed = 0;
+  // The calibration's importance matrix (framework/ptq/imatrix.h), or null: GPTQ then takes the
+  // columns of the layers it covers in order of decreasing E[x²] (act_order by the imatrix).
+  const Imatrix* imatrix = nullptr;
 };
 
 // A rule names a method for layers that cannot take it (the index into SolveOptions::rules, or

@@ -15,6 +15,7 @@
 #include "fake_quant/fake_quantize.h"
 #include "framework/core/enum_names.h"
 #include "framework/api/progress.h"
+#include "framework/ptq/imatrix.h"
 #include "framework/ptq/layer_access.h"
 #include "framework/api/scheme.h"
 
@@ -64,10 +65,17 @@ FloatWeights solve_layer(QuantizableLayer& layer, const Capture& c, const SolveO
   std::string note;
   if (ls.method.rfind("gptq", 0) == 0) {
     QF_REQUIRE(c.n > 0, "no input rows were captured");
-    const GptqResult r = gptq(W, (c.h / static_cast<double>(c.n)).to(at::kFloat), spec, o.gptq);
+    GptqOptions go = o.gptq;
+    const auto im = o.imatrix ? o.imatrix->find(ls.path) : Imatrix::const_iterator();
+    if (o.imatrix && im != o.imatrix->end() && im->second.sum_sq.numel() == W.size(1)) {
+      go.act_order = true;
+      go.column_importance = imatrix_importance(im->second);
+      note = "columns in imatrix order";
+    }
+    const GptqResult r = gptq(W, (c.h / static_cast<double>(c.n)).to(at::kFloat), spec, go);
     w_new = r.weight;
     grid = QParams{spec, r.qparams.scale.reshape(rtn.scale.sizes()), r.qparams.zero_point.reshape(rtn.scale.sizes())};
-    if (r.damp != o.gptq.damp) note = "damping raised to " + std::to_string(r.damp) + " (H not positive definite)";
+    if (r.damp != o.gptq.damp) note += std::string(note.empty() ? "" : "; ") + "damping raised to " + std::to_string(r.damp) + " (H not positive definite)";
   } else if (ls.method.rfind("kmeans", 0) == 0) {
     // Refit the levels with each weight column weighted by its input's energy (diag H).
     QF_REQUIRE(c.n > 0, "no input rows were captured");

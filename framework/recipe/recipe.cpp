@@ -194,6 +194,14 @@ void check_search(const Recipe& r, const YAML::Node& sn, const Where& w) {
 
 void read_ptq(Recipe& r, const YAML::Node& pn, const Where& w) {
   Recipe::Ptq& p = r.ptq;
+  // AWQ scales the weights before calibration; the rounding after it is RTN or GPTQ.
+  if (p.method == "awq" || p.method == "awq+gptq") {
+    p.awq = true;
+    p.method = p.method == "awq" ? "rtn" : "gptq";
+  }
+  const Recipe::Ptq defaults;
+  if (!p.awq && (p.awq_grid != defaults.awq_grid || p.awq_clip != defaults.awq_clip))
+    w.problem("ptq.awq", "AWQ options without AWQ: set ptq.method to awq or awq+gptq");
   if (pn["rules"])
     for (size_t i = 0; i < pn["rules"].size(); ++i) {
       const YAML::Node rn = pn["rules"][i];
@@ -209,10 +217,10 @@ void read_ptq(Recipe& r, const YAML::Node& pn, const Where& w) {
     w.problem("ptq", "the PTQ solvers work on a quantized model; add a quantize section");
     return;
   }
-  bool rounds = p.method != "rtn";
+  bool rounds = p.method != "rtn" || p.awq;
   for (const auto& [pattern, m] : p.rules) rounds |= m != "rtn";
   if (rounds && !any_weights_quantized(r.scheme))
-    w.problem("ptq.method", "GPTQ and AdaRound round quantized weights, and quantize.weights.qtype is none");
+    w.problem("ptq.method", "AWQ, GPTQ and AdaRound round quantized weights, and quantize.weights.qtype is none");
   bool any_acts = r.scheme.activations != ActivationMode::kNone;
   for (const LayerRule& rule : r.scheme.rules) any_acts |= rule.activations && *rule.activations != ActivationMode::kNone;
   if (p.smoothquant && !any_acts)

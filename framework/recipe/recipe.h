@@ -77,6 +77,7 @@ struct Recipe {
   struct Calibrate {
     int64_t batches = 16;
     int64_t samples = 0;  // > 0: calibrate on this many training examples instead of `batches` batches
+    bool imatrix = false;  // collect the importance matrix (framework/ptq/imatrix.h) and round with it
   } calibrate;
 
   struct Qat {
@@ -111,7 +112,10 @@ struct Recipe {
   // AdaRound rounding and bias correction after it (the solve stage).
   struct Ptq {
     bool enabled = false;             // a non-empty `ptq` section
-    std::string method = "rtn";       // rtn | gptq | adaround: weight rounding of layers no rule matches
+    std::string method = "rtn";       // rtn | gptq | adaround | kmeans: weight rounding of layers no rule matches
+    bool awq = false;                 // AWQ scales before calibration (recipe: method awq = awq + rtn, awq+gptq)
+    int64_t awq_grid = 20;            // AWQ alpha grid points
+    bool awq_clip = true;             // AWQ clipping search
     bool bias_correction = false;
     bool equalize = false;            // cross-layer equalisation of the float model
     bool smoothquant = false;

@@ -32,6 +32,13 @@ std::string dotted(const std::string& prefix, const std::string& key) { return p
 namespace {
 
 // Choices come from each enum's one name table (framework/core, observers) and the task registry.
+// ptq.method: a rounding, or AWQ scales before round-to-nearest / GPTQ rounding.
+std::vector<std::string> ptq_method_names() {
+  std::vector<std::string> n = ptq::rounding_names();
+  n.insert(n.end(), {"awq", "awq+gptq"});
+  return n;
+}
+
 std::vector<std::string> qtype_names() {
   std::vector<std::string> out;
   for (const QType& q : all_qtypes()) out.emplace_back(q.name);
@@ -181,6 +188,9 @@ Field calibrate_section() {
       bind(leaf("batches", T::kInt, "training batches fed through the model under Calibration", 1, 1e9), &Recipe::calibrate, &Recipe::Calibrate::batches),
       bind(leaf("samples", T::kInt, "training examples to calibrate on (0: use batches); as INC's calibration_sampling_size, NNCF's subset_size", 0, 1e12),
            &Recipe::calibrate, &Recipe::Calibrate::samples),
+      bind(leaf("imatrix", T::kBool, "collect the importance matrix (E[x^2] per Linear input): weighs the RTN grid search, "
+                                     "orders GPTQ's columns, kept in calibration.h5 and written as imatrix.gguf"),
+           &Recipe::calibrate, &Recipe::Calibrate::imatrix),
   });
 }
 
@@ -231,7 +241,9 @@ Field search_section() {
 
 Field ptq_section() {
   return map("ptq", "PTQ solvers: better than round-to-nearest without training (after calibration, before QAT)", {
-      bind(choice("method", ptq::rounding_names(), "weight rounding: round-to-nearest, GPTQ or AdaRound"),
+      bind(choice("method", ptq_method_names(),
+                  "weight rounding: round-to-nearest, GPTQ, AdaRound, k-means; awq: AWQ scales then round-to-nearest, "
+                  "awq+gptq: AWQ scales then GPTQ"),
            &Recipe::ptq, &Recipe::Ptq::method),
       bind(leaf("bias_correction", T::kBool, "fold each layer's mean output error into its bias"),
            &Recipe::ptq, &Recipe::Ptq::bias_correction),
@@ -249,6 +261,10 @@ Field ptq_section() {
           bind(leaf("damp", T::kFloat, "damping: damp x mean(diag H) added to H's diagonal (> 0)", 1e-12, 1e6), &Recipe::ptq, &Recipe::Ptq::damp),
           bind(leaf("block_size", T::kInt, "columns updated together", 1, 1e9), &Recipe::ptq, &Recipe::Ptq::block_size),
           bind(leaf("act_order", T::kBool, "quantize columns in order of decreasing Hessian diagonal"), &Recipe::ptq, &Recipe::Ptq::act_order),
+      }),
+      map("awq", "AWQ options (method awq or awq+gptq)", {
+          bind(leaf("grid", T::kInt, "alpha grid points in [0, 1) of the scale search s = mean|x|^alpha", 1, 1000), &Recipe::ptq, &Recipe::Ptq::awq_grid),
+          bind(leaf("clip", T::kBool, "search a clipping ratio per weight group after the scales"), &Recipe::ptq, &Recipe::Ptq::awq_clip),
       }),
       map("adaround", "AdaRound options", {
           bind(leaf("iterations", T::kInt, "Adam steps per layer", 1, 1e9), &Recipe::ptq, &Recipe::Ptq::iterations),

@@ -157,6 +157,23 @@ nlohmann::json smoothquant_json(const ptq::SmoothReport& sr, double alpha) {
           {"float_output_change", sr.output_change}, {"seconds", sr.seconds}};
 }
 
+nlohmann::json awq_json(const ptq::AwqReport& ar) {
+  nlohmann::json groups = nlohmann::json::array();
+  for (const ptq::AwqGroup& g : ar.groups)
+    groups.push_back({{"layers", g.layers}, {"scale_home", g.scale_home}, {"alpha", g.alpha},
+                      {"error_rtn", g.error_rtn}, {"error_scaled", g.error_scaled}, {"error_clipped", g.error_clipped},
+                      {"mean_clip", g.mean_clip}, {"rows", g.rows}, {"seconds", g.seconds}});
+  return {{"groups", groups}, {"skipped", ar.skipped}, {"float_output_change", ar.output_change}, {"seconds", ar.seconds}};
+}
+
+nlohmann::json imatrix_round_json(const ptq::ImatrixRoundReport& ir) {
+  nlohmann::json layers = nlohmann::json::array();
+  for (const ptq::ImatrixRoundLayer& l : ir.layers)
+    layers.push_back({{"path", l.path}, {"error_before", l.error_before}, {"error_after", l.error_after},
+                      {"mean_clip", l.mean_clip}});
+  return {{"layers", layers}, {"skipped", ir.skipped}, {"seconds", ir.seconds}};
+}
+
 nlohmann::json onnx_json(const onnx_export::ExportInfo& info) {
   nlohmann::json layers = nlohmann::json::array();
   for (const auto& l : info.layers) layers.push_back({{"name", l.name}, {"type", l.type}, {"form", l.form}});

@@ -10,6 +10,8 @@
 
 #include "framework/io/calibration_io.h"
 #include "framework/onnx/export.h"
+#include "framework/ptq/awq.h"
+#include "framework/ptq/imatrix.h"
 #include "framework/ptq/numeric_suite.h"
 #include "framework/ptq/ptq.h"
 #include "framework/search/search.h"
@@ -37,6 +39,8 @@ nlohmann::json layers_json(const torch::nn::Module& model);
 
 nlohmann::json equalize_json(const ptq::EqualizeReport& er);
 nlohmann::json smoothquant_json(const ptq::SmoothReport& sr, double alpha);
+nlohmann::json awq_json(const ptq::AwqReport& ar);
+nlohmann::json imatrix_round_json(const ptq::ImatrixRoundReport& ir);
 nlohmann::json onnx_json(const onnx_export::ExportInfo& info);
 
 }  // namespace qforge::report

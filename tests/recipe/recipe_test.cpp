@@ -256,6 +256,30 @@ TEST(Recipe, PtqSectionIsValidatedWithFileLineColumn) {
   EXPECT_EQ(r.ptq.rule_sites[0].line, 7);
 }
 
+TEST(Recipe, AwqMethodsSetAwqBeforeTheirRoundingAndStrayAwqOptionsAreErrors) {
+  TempDir dir;
+  const std::string q = std::string(kMinimal) + "quantize: {weights: {qtype: qint4, granularity: per_channel}}\n";
+  const Recipe r = load_recipe(dir.write("a.yaml", q + "ptq:\n  method: awq\n  awq: {grid: 10, clip: false}\n"));
+  EXPECT_TRUE(r.ptq.awq);
+  EXPECT_EQ(r.ptq.method, "rtn");
+  EXPECT_EQ(r.ptq.awq_grid, 10);
+  EXPECT_FALSE(r.ptq.awq_clip);
+  const Recipe r2 = load_recipe(dir.write("b.yaml", q + "ptq: {method: awq+gptq}\n"));
+  EXPECT_TRUE(r2.ptq.awq);
+  EXPECT_EQ(r2.ptq.method, "gptq");
+  EXPECT_EQ(r2.ptq.awq_grid, 20);
+  std::string e;
+  for (const auto& i : issues_of(dir.write("c.yaml", q + "ptq:\n  method: gptq\n  awq: {grid: 10}\n"))) e += i.to_string() + "\n";
+  EXPECT_NE(e.find("c.yaml:6:"), std::string::npos) << e;
+  EXPECT_NE(e.find("ptq.awq: AWQ options without AWQ"), std::string::npos) << e;
+  e.clear();
+  for (const auto& i : issues_of(dir.write("d.yaml", q + "ptq:\n  method: awq\n  awq: {grid: 0}\n"))) e += i.to_string() + "\n";
+  EXPECT_NE(e.find("ptq.awq.grid: value 0 is out of range"), std::string::npos) << e;
+  e.clear();
+  for (const auto& i : issues_of(dir.write("e.yaml", q + "ptq:\n  method: awq+gtpq\n"))) e += i.to_string() + "\n";
+  EXPECT_NE(e.find("e.yaml:5:11: ptq.method: 'awq+gtpq' is not valid (did you mean 'awq+gptq'?)"), std::string::npos) << e;
+}
+
 TEST(Recipe, BadSearchSectionsAreErrorsWithFileLineColumn) {
   TempDir dir;
   const std::string q = std::string(kMinimal) + "quantize: {weights: {qtype: qint8}}\n";
@@ -464,7 +488,8 @@ TEST(Recipe, QuantizeSectionIsBoundAndItsEffectiveValuesAreResolved) {
 }
 
 // An empty `weights:` / `activations:` resolves to the scheme's effective values, as a missing one
-// does; the text (and so the recipe's SHA-256) is the one earlier releases wrote.
+// does; the text (and so the recipe's SHA-256) is the one earlier releases wrote, plus the
+// calibrate.imatrix key.
 TEST(Recipe, EmptyQuantizeWeightsAndActivationsResolveToTheirEffectiveValues) {
   TempDir dir;
   const Recipe r = load_recipe(dir.write("null_parts.yaml",
@@ -482,14 +507,14 @@ TEST(Recipe, EmptyQuantizeWeightsAndActivationsResolveToTheirEffectiveValues) {
       "train: {epochs: 1, lr: 0.001, weight_decay: 0.01, warmup_steps: 0, grad_clip: 1, max_steps: 0}\n"
       "freeze: {enabled: false, backend: cpu}\n"
       "seed: 0\n"
-      "calibrate:\n  batches: 16\n  samples: 0\n"
+      "calibrate:\n  batches: 16\n  samples: 0\n  imatrix: false\n"
       "qat:\n  epochs: 0\n  lr: 0.0001\n  lsq: false\n  freeze_observers_after: -1\n  freeze_bn_after: -1\n"
       "  max_steps: 0\n"
       "distributed:\n  backend: gloo\n  timeout_s: 300\n  sync_batchnorm: false\n"
       "export:\n  checkpoint: true\n  calibration_dump: true\n  report: true\n  safetensors: false\n"
       "  onnx: false\n";
   EXPECT_EQ(r.resolved_yaml, expected);
-  EXPECT_EQ(r.sha256, "77376b3485169805dd2fb35c4dd303101197ec149bb7ef5ad0451d1e87275f2a");
+  EXPECT_EQ(r.sha256, "9e4ed32f2d522eeef0e4acd0de01f95562690f40607398e9976b3c0bd1453cb1");
 }
 
 TEST(Recipe, TokenizerKeysAreCheckedWithFileLineColumn) {

@@ -1,0 +1,66 @@
+// The importance matrix in PTQ: its collection, which taps every Linear's input (as its weight
+// multiplies it: after pre_quant_scale, before input fake-quant) while the model runs, e.g.
+// during calibration; and the imatrix-weighted grid search of round-to-nearest.
+#pragma once
+
+#include <torch/nn/module.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "framework/core/imatrix.h"
+#include "framework/core/qparams.h"
+
+namespace qforge {
+class QuantizableLayer;
+}
+
+namespace qforge::ptq {
+
+class ScopedInputTaps;
+
+class ImatrixCollector {
+ public:
+  // Taps every qforge Linear of `model` until destroyed (or take()).
+  explicit ImatrixCollector(const torch::nn::Module& model);
+  ~ImatrixCollector();
+  ImatrixCollector(const ImatrixCollector&) = delete;
+  ImatrixCollector& operator=(const ImatrixCollector&) = delete;
+
+  // Stops collecting and returns what was seen. Throws qforge::Error when an input held NaN or
+  // inf (naming the layer): a weighting from them would be meaningless.
+  Imatrix take();
+
+ private:
+  std::unique_ptr<ScopedInputTaps> taps_;
+  std::map<const QuantizableLayer*, std::string> path_of_;  // layer -> module path
+  Imatrix m_;
+  std::vector<std::string> nonfinite_;
+};
+
+// E[x²] per input feature, sum_sq / count, float32 [K].
+at::Tensor imatrix_importance(const ImatrixEntry& e);
+
+// Imatrix-weighted grid search of w's [N, K] round-to-nearest grid: per (row, block of the grid)
+// the clipping ratio r ∈ {1, 0.95, …, 0.55} minimising Σ_k imp_k (Q(clamp(w, ±r·max|w|)) − w)_k²
+// (llama.cpp's quantizers weigh their scale search by the imatrix alike). Returns [N, K/g].
+at::Tensor imatrix_search_clip(const at::Tensor& w, const QSpec& spec, const at::Tensor& importance);
+
+struct ImatrixRoundLayer {
+  std::string path;
+  double error_before = 0, error_after = 0;  // Σ imp · (Q(w) − w)² / Σ imp · w², before / after the search
+  double mean_clip = 1;                      // mean chosen ratio
+};
+struct ImatrixRoundReport {
+  std::vector<ImatrixRoundLayer> layers;
+  std::vector<std::string> skipped;  // "path: reason"
+  double seconds = 0;
+};
+// Clamps every quantized, unfrozen Linear whose weights lie on a per-channel / per-group integer
+// grid not yet fixed, and which `imatrix` covers, to its searched ratios: the min/max grid of the
+// clamped weight is the searched one, so RTN, GPTQ's grids, fake-quant and freeze all follow it.
+ImatrixRoundReport imatrix_round(torch::nn::Module& model, const Imatrix& imatrix);
+
+}  // namespace qforge::ptq

@@ -1,0 +1,298 @@
+// AWQ: the scale search against a brute-force α sweep written here, recovering a planted outlier
+// input channel and beating round-to-nearest; the clipping search against a per-block brute
+// force; folding leaving float Llama and GPT-2 models unchanged (norms, v→o, up→down,
+// pre_quant_scale); a Llama end to end, alone and followed by GPTQ; bad inputs refused.
+#include "framework/ptq/awq.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <limits>
+#include <map>
+
+#include "fake_quant/fake_quantize.h"
+#include "framework/api/quantize.h"
+#include "framework/api/quantizer.h"
+#include "framework/models/gpt2.h"
+#include "framework/models/llama.h"
+#include "framework/ptq/float_view.h"
+#include "framework/ptq/ptq.h"
+
+namespace qforge::ptq {
+namespace {
+
+QSpec int_group_spec(QType q, int64_t group) {
+  QSpec s;
+  s.qtype = q;
+  s.granularity = group > 0 ? Granularity::kPerGroup : Granularity::kPerChannel;
+  s.axis = 0;
+  s.group_size = group;
+  s.symmetric = false;
+  return s;
+}
+
+at::Tensor rtn(const at::Tensor& w, const QSpec& spec) { return fake_quantize(w, weight_minmax_qparams(w, spec, "test")); }
+
+// Activations with one channel far louder than the rest (as LLM hidden states have).
+at::Tensor planted_outlier_inputs(int64_t rows, int64_t k, int64_t channel, double gain, uint64_t seed) {
+  at::manual_seed(seed);
+  at::Tensor x = at::randn({rows, k});
+  x.select(1, channel).mul_(gain);
+  return x;
+}
+
+// The α sweep written out: one α at a time, s normalised by sqrt(max · min), output error summed.
+std::pair<double, double> brute_force_alpha(const at::Tensor& x, const at::Tensor& w, const QSpec& spec, int grid) {
+  const at::Tensor m = x.abs().mean(0).to(at::kDouble);
+  const at::Tensor y = at::matmul(x, w.t()).to(at::kDouble);
+  double best_e = std::numeric_limits<double>::infinity(), best_a = -1;
+  for (int k = 0; k < grid; ++k) {
+    const double a = static_cast<double>(k) / grid;
+    at::Tensor s = at::ones({x.size(1)}, at::kDouble);
+    for (int64_t j = 0; j < x.size(1); ++j) s[j] = std::max(std::pow(m[j].item<double>(), a), 1e-4);
+    s = (s / std::sqrt(s.max().item<double>() * s.min().item<double>())).to(at::kFloat);
+    const at::Tensor wq = rtn(w * s.unsqueeze(0), spec) / s.unsqueeze(0);
+    const double e = (at::matmul(x, wq.t()).to(at::kDouble) - y).pow(2).sum().item<double>() / y.pow(2).sum().item<double>();
+    if (e < best_e) best_e = e, best_a = a;
+  }
+  return {best_a, best_e};
+}
+
+TEST(Awq, ScaleSearchRecoversThePlantedOutlierChannelAndBeatsRoundToNearest) {
+  const int64_t K = 128, channel = 37;
+  const at::Tensor x = planted_outlier_inputs(1024, K, channel, 40, 1);
+  at::manual_seed(2);
+  const at::Tensor w = at::randn({96, K});
+  for (const QSpec& spec : {int_group_spec(qint4, 32), int_group_spec(qint3, 64), int_group_spec(qint4, 0)}) {
+    const AwqScaleSearch r = awq_search_scale(x, x.abs().mean(0), {w}, {spec}, AwqOptions{});
+    const auto [ref_alpha, ref_error] = brute_force_alpha(x, w, spec, 20);
+    EXPECT_NEAR(r.alpha, ref_alpha, 1e-12) << spec.to_string();
+    EXPECT_NEAR(r.error_scaled, ref_error, 1e-6 * ref_error) << spec.to_string();
+    EXPECT_GT(r.alpha, 0) << spec.to_string();
+    EXPECT_EQ(r.scale.argmax().item<int64_t>(), channel) << spec.to_string();
+    // The outlier channel's columns keep far more resolution: the error drops well below RTN's.
+    EXPECT_LT(r.error_scaled, 0.7 * r.error_rtn) << spec.to_string();
+  }
+}
+
+TEST(Awq, ScaleSearchOnEvenInputsKeepsRoundToNearest) {
+  at::manual_seed(3);
+  const at::Tensor x = at::ones({64, 32});  // every channel alike: s is 1 at every α
+  const at::Tensor w = at::randn({8, 32});
+  const AwqScaleSearch r = awq_search_scale(x, x.abs().mean(0), {w}, {int_group_spec(qint4, 16)}, AwqOptions{});
+  EXPECT_EQ(r.alpha, 0);
+  EXPECT_DOUBLE_EQ(r.error_scaled, r.error_rtn);
+  EXPECT_TRUE(at::equal(r.scale, at::ones({32})));
+}
+
+TEST(Awq, ClipSearchPicksEachBlocksBestRatioAndNeverRaisesItsError) {
+  const int64_t N = 6, K = 64, g = 16;
+  at::Tensor x = planted_outlier_inputs(256, K, 5, 8, 4);
+  x.select(1, 3).mul_(0.1);
+  at::manual_seed(5);
+  at::Tensor w = at::randn({N, K});
+  w.index_put_({0, 3}, 20.0);  // a weight outlier on a quiet input: clipping its group pays
+  const QSpec spec = int_group_spec(qint3, g);
+  const at::Tensor ratio = awq_search_clip(x, w, spec, AwqOptions{});
+  ASSERT_EQ(ratio.sizes(), (at::IntArrayRef{N, K / g}));
+  auto block_error = [&](const at::Tensor& wc, int64_t n, int64_t b) {
+    const at::Tensor d = (rtn(wc, spec) - w).slice(1, b * g, (b + 1) * g)[n];
+    return at::matmul(x.slice(1, b * g, (b + 1) * g), d).pow(2).sum().item<double>();
+  };
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t b = 0; b < K / g; ++b) {
+      double best = std::numeric_limits<double>::infinity(), best_r = 0;
+      for (int i = 0; i < 10; ++i) {
+        const double r = 1.0 - i / 20.0;
+        const at::Tensor lim = w.abs().reshape({N, K / g, g}).amax(-1, true) * r;
+        const at::Tensor wc = at::maximum(at::minimum(w.reshape({N, K / g, g}), lim), -lim).reshape({N, K});
+        const double e = block_error(wc, n, b);
+        if (e < best * (1 - 1e-6)) best = e, best_r = r;
+      }
+      EXPECT_NEAR(ratio[n][b].item<double>(), best_r, 1e-6) << "row " << n << " group " << b;
+    }
+  EXPECT_LT(ratio[0][0].item<double>(), 1.0);  // the outlier's group is clipped
+  const at::Tensor wc = awq_apply_clip(w, ratio, spec);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t b = 0; b < K / g; ++b) EXPECT_LE(block_error(wc, n, b), block_error(w, n, b) * (1 + 1e-5));
+}
+
+TEST(Awq, BadInputsAreErrors) {
+  const at::Tensor w = at::randn({4, 32}), x = at::randn({16, 32});
+  const QSpec spec = int_group_spec(qint4, 16);
+  at::Tensor bad = x.clone();
+  bad[0][0] = NAN;
+  EXPECT_THROW(awq_search_scale(bad, x.abs().mean(0), {w}, {spec}, AwqOptions{}), Error);
+  EXPECT_THROW(awq_search_scale(x.slice(1, 0, 16), x.abs().mean(0), {w}, {spec}, AwqOptions{}), Error);
+  EXPECT_THROW(awq_search_scale(x, x.abs().mean(0), {w}, {}, AwqOptions{}), Error);
+  QSpec per_tensor = spec;
+  per_tensor.granularity = Granularity::kPerTensor;
+  EXPECT_THROW(awq_search_clip(x, w, per_tensor, AwqOptions{}), Error);
+  EXPECT_THROW(awq_search_clip(x, w, int_group_spec(qint4, 24), AwqOptions{}), Error);
+}
+
+// A small Llama whose RMSNorm weights and embeddings carry outlier channels.
+models::LlamaForCausalLM outlier_llama(int64_t kv_heads) {
+  models::LlamaConfig c;
+  c.vocab_size = 128, c.hidden_size = 64, c.intermediate_size = 128, c.num_hidden_layers = 2;
+  c.num_attention_heads = 4, c.num_key_value_heads = kv_heads, c.max_position_embeddings = 64;
+  c.rms_norm_eps = 1e-5, c.tie_word_embeddings = false;
+  at::manual_seed(7);
+  models::LlamaForCausalLM m(c);
+  m->init_weights();
+  at::NoGradGuard g;
+  m->model->embed_tokens->weight.mul_(20);  // hidden states large enough for the int4 error to show in the logits
+  for (const auto& l : *m->model->layers) {
+    auto* d = l->as<models::LlamaDecoderLayerImpl>();
+    d->input_layernorm->weight.index_put_({3}, 25.0);
+    d->post_attention_layernorm->weight.index_put_({11}, 25.0);
+  }
+  m->model->norm->weight.index_put_({17}, 25.0);
+  m->eval();
+  return m;
+}
+
+std::vector<at::Tensor> token_batches(int64_t n, int64_t vocab, uint64_t seed) {
+  at::manual_seed(seed);
+  std::vector<at::Tensor> out;
+  for (int64_t i = 0; i < n; ++i) out.push_back(at::randint(vocab, {2, 32}, at::kLong));
+  return out;
+}
+
+Scheme w4_g32() {
+  Scheme s(qint4);
+  s.weight_granularity = Granularity::kPerGroup;
+  s.group_size = 32;
+  s.weight_symmetric = false;
+  return s;
+}
+
+std::string leaf(const std::string& p) { return p.substr(p.rfind('.') + 1); }
+
+TEST(Awq, FoldingLeavesTheFloatLlamaUnchangedAndPutsEachScaleWhereItIsExact) {
+  for (int64_t kv_heads : {4, 2}) {  // 2: grouped-query attention, v_proj narrower than o_proj's input
+    models::LlamaForCausalLM m = outlier_llama(kv_heads);
+    quantize(*m, w4_g32());
+    const std::vector<at::Tensor> ids = token_batches(3, 128, 8);
+    const RunBatch run = [&](int64_t b) { return m->forward(ids[static_cast<size_t>(b)]); };
+    at::Tensor y0;
+    {
+      FloatView fv(*m);
+      y0 = m->forward(ids[1]).detach().clone();
+    }
+    AwqOptions o;
+    o.clip = false;  // clipping changes the float weights by design; the scales alone must not
+    const AwqReport rep = awq(*m, 3, run, o);
+    {
+      FloatView fv(*m);
+      EXPECT_LT(relative_change(m->forward(ids[1]), y0), 1e-5) << "kv_heads " << kv_heads;
+    }
+    EXPECT_TRUE(rep.skipped.empty());
+    ASSERT_EQ(rep.groups.size(), 2u * 4 + 1);  // q/k/v, o, gate/up, down per layer; the head
+    const std::map<std::string, std::string> home = {
+        {"q_proj", "input_layernorm"}, {"k_proj", "input_layernorm"}, {"v_proj", "input_layernorm"},
+        {"gate_proj", "post_attention_layernorm"}, {"up_proj", "post_attention_layernorm"},
+        {"o_proj", kv_heads == 4 ? "v_proj" : "pre_quant_scale"}, {"down_proj", "up_proj"},
+        {"lm_head", "pre_quant_scale"}};
+    for (const AwqGroup& g : rep.groups) {
+      const std::string first = leaf(g.layers[0]);
+      const std::string& expect_home = home.at(first);
+      if (expect_home == "input_layernorm" || expect_home == "post_attention_layernorm")
+        EXPECT_GT(g.alpha, 0) << g.layers[0];  // the planted outliers
+      EXPECT_LE(g.error_scaled, g.error_rtn) << g.layers[0];
+      if (g.alpha == 0) continue;
+      EXPECT_EQ(expect_home == "pre_quant_scale" ? g.scale_home : leaf(g.scale_home), expect_home) << g.layers[0];
+    }
+  }
+}
+
+TEST(Awq, FoldingIntoGpt2LayerNormsLeavesTheFloatModelUnchanged) {
+  models::Gpt2Config c;
+  c.vocab_size = 128, c.n_positions = 64, c.n_embd = 64, c.n_layer = 2, c.n_head = 4;
+  at::manual_seed(9);
+  models::Gpt2LMHeadModel m(c);
+  m->init_weights();
+  m->eval();
+  {
+    at::NoGradGuard g;
+    for (const auto& item : m->named_parameters()) {
+      at::Tensor p = item.value();
+      if (item.key().find("ln_") != std::string::npos && leaf(item.key()) == "weight") p.index_put_({5}, 30.0);
+    }
+  }
+  quantize(*m, w4_g32());
+  const std::vector<at::Tensor> ids = token_batches(2, 128, 10);
+  const RunBatch run = [&](int64_t b) { return m->forward(ids[static_cast<size_t>(b)]); };
+  at::Tensor y0;
+  {
+    FloatView fv(*m);
+    y0 = m->forward(ids[0]).detach().clone();
+  }
+  AwqOptions o;
+  o.clip = false;
+  const AwqReport rep = awq(*m, 2, run, o);
+  FloatView fv(*m);
+  EXPECT_LT(relative_change(m->forward(ids[0]), y0), 1e-5);
+  int folded = 0;
+  for (const AwqGroup& g : rep.groups)
+    if (leaf(g.layers[0]) == "c_attn" || leaf(g.layers[0]) == "c_fc") {
+      EXPECT_GT(g.alpha, 0) << g.layers[0];
+      folded += leaf(g.scale_home) == "ln_1" || leaf(g.scale_home) == "ln_2";
+    }
+  EXPECT_EQ(folded, 4);
+}
+
+double logits_error(models::LlamaForCausalLM& m, const at::Tensor& ids, const at::Tensor& y_float) {
+  at::NoGradGuard g;
+  return relative_change(m->forward(ids), y_float);
+}
+
+TEST(Awq, LlamaEndToEndBeatsRoundToNearestAloneAndBeforeGptq) {
+  const std::vector<at::Tensor> ids = token_batches(4, 128, 12);
+  const at::Tensor held_out = token_batches(1, 128, 13)[0];
+  at::Tensor y_float;
+  {
+    models::LlamaForCausalLM m = outlier_llama(2);
+    at::NoGradGuard g;
+    y_float = m->forward(held_out).detach().clone();
+  }
+  auto run_method = [&](bool use_awq, bool use_gptq) {
+    models::LlamaForCausalLM m = outlier_llama(2);
+    quantize(*m, w4_g32());
+    const RunBatch run = [&](int64_t b) { return m->forward(ids[static_cast<size_t>(b)]); };
+    if (use_awq) awq(*m, 4, run, AwqOptions{});
+    if (use_gptq) {
+      SolveOptions so;
+      so.rounding = Rounding::kGptq;
+      solve(*m, 4, run, so);
+    }
+    return logits_error(m, held_out, y_float);
+  };
+  const double e_rtn = run_method(false, false), e_awq = run_method(true, false);
+  const double e_gptq = run_method(false, true), e_both = run_method(true, true);
+  EXPECT_LT(e_awq, 0.9 * e_rtn) << "rtn " << e_rtn << " awq " << e_awq;
+  EXPECT_LT(e_both, e_rtn) << "rtn " << e_rtn << " awq+gptq " << e_both;
+  EXPECT_LT(e_both, e_gptq * 1.1) << "gptq " << e_gptq << " awq+gptq " << e_both;
+  std::printf("logits relative error: rtn %.4f awq %.4f gptq %.4f awq+gptq %.4f\n", e_rtn, e_awq, e_gptq, e_both);
+}
+
+TEST(Awq, NonFiniteActivationsAreAnErrorAndLeaveTheModelAsItWas) {
+  models::LlamaForCausalLM m = outlier_llama(2);
+  quantize(*m, w4_g32());
+  const std::vector<at::Tensor> ids = token_batches(2, 128, 14);
+  std::map<std::string, at::Tensor> before;
+  for (const auto& p : m->named_parameters()) before[p.key()] = p.value().detach().clone();
+  // Non-finite activations (a NaN reaches every layer after the embedding): an error, nothing changed.
+  {
+    at::NoGradGuard g;
+    m->model->embed_tokens->weight[ids[0][0][0].item<int64_t>()][0] = NAN;
+  }
+  const RunBatch run = [&](int64_t b) { return m->forward(ids[static_cast<size_t>(b)]); };
+  EXPECT_THROW(awq(*m, 2, run, AwqOptions{}), Error);
+  for (const auto& p : m->named_parameters())
+    if (p.key() != "model.embed_tokens.weight") EXPECT_TRUE(at::equal(p.value(), before.at(p.key()))) << p.key();
+}
+
+}  // namespace
+}  // namespace qforge::ptq

@@ -1,0 +1,299 @@
+// The importance matrix: collection against sums computed here from the layers' inputs; the
+// calibration dump keeping it; llama.cpp's GGUF and legacy .dat files (byte layout written out
+// here, round trips, truncated and foreign files refused); the GGUF names agreeing with the GGUF
+// export; the weighted grid search against a brute force; GPTQ ordered by it.
+#include "framework/ptq/imatrix.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <set>
+
+#include "fake_quant/fake_quantize.h"
+#include "framework/core/error.h"
+#include "framework/api/quantize.h"
+#include "framework/api/quantizer.h"
+#include "framework/format/imatrix_file.h"
+#include "framework/io/calibration_dump.h"
+#include "framework/models/gguf_export.h"
+#include "framework/models/gguf_imatrix.h"
+#include "framework/ptq/gptq.h"
+#include "tests/gguf/gguf_models.h"
+#include "tests/io/io_test_util.h"
+
+namespace qforge::ptq {
+namespace {
+
+using io::testing::TempDir;
+
+std::vector<at::Tensor> token_batches(int64_t n, uint64_t seed) {
+  at::manual_seed(seed);
+  std::vector<at::Tensor> out;
+  for (int64_t i = 0; i < n; ++i) out.push_back(at::randint(256, {2, 16}, at::kLong));
+  return out;
+}
+
+TEST(Imatrix, CollectorSumsTheSquaresOfEveryLinearInput) {
+  models::LlamaForCausalLM m = models::tiny_gguf_llama();
+  const std::vector<at::Tensor> ids = token_batches(3, 1);
+  Imatrix im;
+  {
+    at::NoGradGuard g;
+    ImatrixCollector c(*m);
+    for (const at::Tensor& b : ids) m->forward(b);
+    im = c.take();
+  }
+  // q_proj of block 0 reads input_layernorm(embed(ids)); down_proj reads silu(gate(h)) * up(h).
+  at::NoGradGuard g;
+  auto* blk = m->model->layers->ptr(0)->as<models::LlamaDecoderLayerImpl>();
+  at::Tensor q_sq = at::zeros({64}, at::kDouble), q_sum = at::zeros({64}, at::kDouble);
+  for (const at::Tensor& b : ids) {
+    const at::Tensor x = blk->input_layernorm->forward(m->model->embed_tokens->forward(b)).reshape({-1, 64}).to(at::kDouble);
+    q_sq += x.pow(2).sum(0);
+    q_sum += x.sum(0);
+  }
+  const ImatrixEntry& q = im.at("model.layers.0.self_attn.q_proj");
+  EXPECT_EQ(q.count, 3 * 2 * 16);
+  EXPECT_TRUE(at::allclose(q.sum_sq, q_sq, 1e-6, 1e-9));
+  EXPECT_TRUE(at::allclose(q.sum, q_sum, 1e-6, 1e-9));
+  // Every Linear of the model, the untied head included (2 blocks × 7 + lm_head).
+  EXPECT_EQ(im.size(), 15u);
+  EXPECT_EQ(im.at("lm_head").sum_sq.numel(), 64);
+  EXPECT_EQ(im.at("model.layers.1.mlp.down_proj").sum_sq.numel(), 128);
+}
+
+TEST(Imatrix, NonFiniteInputsAreAnErrorNamingTheLayer) {
+  models::LlamaForCausalLM m = models::tiny_gguf_llama();
+  {
+    at::NoGradGuard g;
+    m->model->embed_tokens->weight[5][0] = NAN;
+  }
+  ImatrixCollector c(*m);
+  at::NoGradGuard g;
+  m->forward(at::full({1, 4}, 5, at::kLong));
+  try {
+    c.take();
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("model.layers.0.self_attn"), std::string::npos) << e.what();
+  }
+}
+
+Imatrix sample_imatrix() {
+  at::manual_seed(3);
+  Imatrix im;
+  im["model.layers.0.self_attn.q_proj"] = {at::rand({64}, at::kDouble) * 100, at::randn({64}, at::kDouble), 96};
+  im["model.layers.1.mlp.down_proj"] = {at::rand({128}, at::kDouble) * 10, at::randn({128}, at::kDouble), 1000};
+  im["lm_head"] = {at::rand({64}, at::kDouble), at::Tensor(), 7};
+  return im;
+}
+
+TEST(Imatrix, CalibrationDumpKeepsItAndDumpsWithoutItHaveNone) {
+  TempDir dir;
+  const Imatrix im = sample_imatrix();
+  io::save_calibration_dump(dir.file("c.h5"), {}, nullptr, nullptr, &im);
+  const std::optional<Imatrix> back = io::load_imatrix(dir.file("c.h5"));
+  ASSERT_TRUE(back.has_value());
+  ASSERT_EQ(back->size(), im.size());
+  for (const auto& [path, e] : im) {
+    const ImatrixEntry& b = back->at(path);
+    EXPECT_TRUE(at::equal(b.sum_sq, e.sum_sq)) << path;
+    EXPECT_EQ(b.sum.defined(), e.sum.defined()) << path;
+    if (e.sum.defined()) EXPECT_TRUE(at::equal(b.sum, e.sum)) << path;
+    EXPECT_EQ(b.count, e.count) << path;
+  }
+  io::save_calibration_dump(dir.file("none.h5"), {});
+  EXPECT_FALSE(io::load_imatrix(dir.file("none.h5")).has_value());
+  EXPECT_TRUE(io::load_calibration_dump(dir.file("c.h5")).empty());  // the group is not a module
+}
+
+TEST(Imatrix, GgufFileRoundTripsUnderTheGgufExportsTensorNames) {
+  TempDir dir;
+  const Imatrix im = sample_imatrix();
+  std::vector<std::string> skipped;
+  const io::ImatrixFile f = models::gguf_imatrix_file(im, "fortunes", 128, &skipped);
+  EXPECT_TRUE(skipped.empty());
+  io::write_imatrix(dir.file("imatrix.gguf"), f);
+  // The container as llama.cpp reads it.
+  const io::GgufFile g = io::read_gguf(dir.file("imatrix.gguf"));
+  EXPECT_EQ(g.at("general.type").as_string("general.type"), "imatrix");
+  EXPECT_EQ(g.at("imatrix.chunk_size").as_uint("imatrix.chunk_size"), 128u);
+  EXPECT_EQ(g.at("imatrix.chunk_count").as_uint("imatrix.chunk_count"), 1000u / 128);
+  const io::GgufTensor* t = g.tensor("blk.1.ffn_down.weight.in_sum2");
+  ASSERT_NE(t, nullptr);
+  EXPECT_EQ(t->ne, (std::vector<uint64_t>{128, 1}));
+  ASSERT_NE(g.tensor("blk.1.ffn_down.weight.counts"), nullptr);
+  EXPECT_EQ(g.tensor("output.weight.in_sum"), nullptr);  // no Σx was collected for it
+  const io::ImatrixFile back = io::read_imatrix(dir.file("imatrix.gguf"));
+  ASSERT_EQ(back.tensors.size(), 3u);
+  EXPECT_EQ(back.datasets, std::vector<std::string>{"fortunes"});
+  for (const io::ImatrixTensor& b : back.tensors) {
+    const std::string path = b.name == "output.weight"           ? "lm_head"
+                             : b.name == "blk.0.attn_q.weight"    ? "model.layers.0.self_attn.q_proj"
+                                                                  : "model.layers.1.mlp.down_proj";
+    const ImatrixEntry& e = im.at(path);
+    EXPECT_EQ(b.count, e.count) << b.name;
+    const at::Tensor got = at::tensor(b.sum_sq, at::kDouble);
+    EXPECT_TRUE(at::allclose(got, e.sum_sq.to(at::kFloat).to(at::kDouble), 0, 0)) << b.name;  // float32 on disk
+  }
+}
+
+TEST(Imatrix, GgufNamesAreTheNamesTheGgufExportWrites) {
+  for (int arch = 0; arch < 2; ++arch) {
+    std::set<std::string> written;
+    std::vector<std::string> linears;
+    auto collect = [&](torch::nn::Module& m, const io::GgufFile& g) {
+      for (const io::GgufTensor& t : g.tensors) written.insert(t.name);
+      for (const auto& [path, layer] : quantizable_layers(m))
+        if (std::string(layer->layer_type()) == "Linear") linears.push_back(path);
+    };
+    if (arch == 0) {
+      models::LlamaForCausalLM m = models::tiny_gguf_llama();
+      quantize(*m, models::w4_g32_scheme());
+      freeze(*m);
+      collect(*m, models::gguf_of(m));
+    } else {
+      models::Gpt2LMHeadModel m = models::tiny_gguf_gpt2();
+      m->untie_lm_head();
+      quantize(*m, models::w4_g32_scheme());
+      freeze(*m);
+      collect(*m, models::gguf_of(m));
+    }
+    ASSERT_FALSE(linears.empty());
+    for (const std::string& p : linears) {
+      const std::string name = models::gguf_weight_name(p);
+      EXPECT_TRUE(written.count(name)) << p << " -> '" << name << "'";
+    }
+  }
+  EXPECT_EQ(models::gguf_weight_name("model.layers.x.mlp.up_proj"), "");
+  EXPECT_EQ(models::gguf_weight_name("encoder.layer.0.attention.self.query"), "");
+}
+
+void put_i32(std::vector<uint8_t>& b, int32_t v) {
+  const auto* p = reinterpret_cast<const uint8_t*>(&v);
+  b.insert(b.end(), p, p + 4);
+}
+void put_f32(std::vector<uint8_t>& b, float v) {
+  const auto* p = reinterpret_cast<const uint8_t*>(&v);
+  b.insert(b.end(), p, p + 4);
+}
+
+TEST(Imatrix, LegacyDatHasLlamaCppsByteLayoutAndKeepsTheMean) {
+  io::ImatrixFile f;
+  f.chunk_size = 4;
+  f.chunk_count = 2;
+  f.datasets = {"fortunes"};
+  f.tensors.push_back({"blk.0.ffn_up.weight", {2.0, 6.0}, {}, 6});   // ncall = ceil(6 / 4) = 2
+  f.tensors.push_back({"blk.0.attn_q.weight", {1.0, 3.0}, {}, 4});   // sorted first, ncall 1
+  std::vector<uint8_t> expect;
+  put_i32(expect, 2);
+  struct Entry {
+    std::string name;
+    int32_t ncall;
+    std::vector<float> values;  // Σx² / rows · ncall
+  };
+  const std::vector<Entry> entries = {{"blk.0.attn_q.weight", 1, {0.25f, 0.75f}},
+                                      {"blk.0.ffn_up.weight", 2, {2.0f / 6 * 2, 6.0f / 6 * 2}}};
+  for (const Entry& e : entries) {
+    put_i32(expect, static_cast<int32_t>(e.name.size()));
+    expect.insert(expect.end(), e.name.begin(), e.name.end());
+    put_i32(expect, e.ncall);
+    put_i32(expect, 2);
+    for (float v : e.values) put_f32(expect, v);
+  }
+  put_i32(expect, 2);
+  put_i32(expect, 8);
+  const std::string ds = "fortunes";
+  expect.insert(expect.end(), ds.begin(), ds.end());
+  EXPECT_EQ(io::serialize_imatrix_dat(f), expect);
+  // Read back as llama.cpp does: Σx² = value · chunk_size over ncall · chunk_size rows.
+  const io::ImatrixFile back = io::parse_imatrix_dat(expect, "test");
+  ASSERT_EQ(back.tensors.size(), 2u);
+  EXPECT_EQ(back.tensors[1].count, 2 * back.chunk_size);  // the legacy layout keeps ncall, not rows
+  EXPECT_NEAR(back.tensors[1].sum_sq[1] / back.tensors[1].count, 6.0 / 6, 1e-7);
+  EXPECT_NEAR(back.tensors[0].sum_sq[0] / back.tensors[0].count, 1.0 / 4, 1e-7);
+  EXPECT_EQ(back.chunk_count, 2);
+  EXPECT_EQ(back.datasets, std::vector<std::string>{"fortunes"});
+}
+
+TEST(Imatrix, TruncatedForeignAndBadFilesAreErrors) {
+  io::ImatrixFile f;
+  f.tensors.push_back({"blk.0.attn_q.weight", {1.0, 3.0}, {}, 4});
+  const std::vector<uint8_t> good = io::serialize_imatrix_dat(f);
+  for (size_t n = 0; n < good.size(); ++n) {
+    // Only the optional trailer (chunk count, dataset) may be cut at its field boundaries.
+    const bool complete_entries = n == good.size() - 8 || n == good.size() - 4;
+    const std::vector<uint8_t> cut(good.begin(), good.begin() + static_cast<std::ptrdiff_t>(n));
+    if (complete_entries) EXPECT_NO_THROW(io::parse_imatrix_dat(cut, "cut")) << n;
+    else EXPECT_THROW(io::parse_imatrix_dat(cut, "cut"), Error) << n;
+  }
+  TempDir dir;
+  io::GgufFile model;
+  model.metadata.emplace_back("general.architecture", io::GgufValue::str("llama"));
+  io::write_gguf(dir.file("model.gguf"), model);
+  try {
+    io::read_imatrix(dir.file("model.gguf"));
+    FAIL() << "a model file was read as an imatrix";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("not an imatrix"), std::string::npos) << e.what();
+  }
+  io::ImatrixFile bad = f;
+  bad.tensors[0].count = 0;
+  EXPECT_THROW(io::serialize_imatrix_dat(bad), Error);
+  bad = f;
+  bad.tensors.push_back(f.tensors[0]);
+  EXPECT_THROW(io::imatrix_gguf(bad), Error);  // a name twice
+}
+
+TEST(Imatrix, WeightedGridSearchPicksEachBlocksBestRatio) {
+  const int64_t N = 5, K = 64, g = 16;
+  at::manual_seed(4);
+  at::Tensor w = at::randn({N, K});
+  w.index_put_({2, 40}, 8.0);
+  at::Tensor imp = at::rand({K}) * at::rand({K}) * 10;
+  imp[40] = 0.01;  // the outlier's input is quiet: clipping it pays
+  QSpec spec;
+  spec.qtype = qint3;
+  spec.granularity = Granularity::kPerGroup;
+  spec.group_size = g;
+  const at::Tensor ratio = imatrix_search_clip(w, spec, imp);
+  auto rtn = [&](const at::Tensor& x) { return fake_quantize(x, weight_minmax_qparams(x, spec, "test")); };
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t b = 0; b < K / g; ++b) {
+      double best = 1e300, best_r = 0;
+      for (int i = 0; i < 10; ++i) {
+        const double r = 1.0 - i / 20.0;
+        const at::Tensor blk = w[n].slice(0, b * g, (b + 1) * g);
+        const double lim = blk.abs().max().item<double>() * r;
+        const at::Tensor wc = w.clone();
+        wc[n].slice(0, b * g, (b + 1) * g).clamp_(-lim, lim);
+        const at::Tensor d = (rtn(wc) - w)[n].slice(0, b * g, (b + 1) * g);
+        const double e = (d.pow(2) * imp.slice(0, b * g, (b + 1) * g)).sum().item<double>();
+        if (e < best * (1 - 1e-6)) best = e, best_r = r;
+      }
+      EXPECT_NEAR(ratio[n][b].item<double>(), best_r, 1e-6) << n << " " << b;
+    }
+  EXPECT_LT(ratio[2][2].item<double>(), 1.0);  // the outlier's block is clipped
+}
+
+TEST(Imatrix, GptqOrderedByTheImatrixEqualsActOrderWhenItIsDiagH) {
+  at::manual_seed(5);
+  const at::Tensor x = at::randn({256, 32}) * at::linspace(0.1, 3, 32);
+  const at::Tensor h = 2 * at::matmul(x.t(), x) / 256.0, w = at::randn({8, 32});
+  QSpec spec;
+  spec.qtype = qint4;
+  spec.granularity = Granularity::kPerChannel;
+  GptqOptions act;
+  act.act_order = true;
+  GptqOptions by_imatrix = act;
+  by_imatrix.column_importance = x.pow(2).mean(0);  // ∝ diag H: the same order
+  EXPECT_TRUE(at::equal(gptq(w, h, spec, act).weight, gptq(w, h, spec, by_imatrix).weight));
+  by_imatrix.column_importance = -x.pow(2).mean(0);  // reversed: another result
+  EXPECT_FALSE(at::equal(gptq(w, h, spec, act).weight, gptq(w, h, spec, by_imatrix).weight));
+  by_imatrix.column_importance = at::ones({31});
+  EXPECT_THROW(gptq(w, h, spec, by_imatrix), Error);
+}
+
+}  // namespace
+}  // namespace qforge::ptq
