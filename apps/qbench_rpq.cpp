@@ -15,39 +15,20 @@
 
 #include <memory>
 
+#include "apps/qbench_ids.h"
 #include "apps/qbench_registry.h"
 #include "framework/nn/rpq.h"
 
 namespace qforge::bench {
 namespace {
 
-// Batches of random ids drawn before timing, taken in turn: each call looks up new tokens
-// without the draw entering the timed work.
-class IdBatches {
- public:
-  IdBatches(int64_t vocab, int64_t ids, int64_t batches) : all_(at::randint(vocab, {batches, ids}, at::kLong)) {}
-  at::Tensor next() {
-    const at::Tensor b = all_[next_];
-    next_ = (next_ + 1) % all_.size(0);
-    return b;
-  }
-
- private:
-  at::Tensor all_;
-  int64_t next_ = 0;
-};
-
-constexpr int64_t kVocab = 50257, kDim = 768, kTokens = 32;
-// 4096 batches x 32 ids: 131072 lookups before one repeats, 2.6x the table's rows.
-constexpr int64_t kIdBatches = 4096;
-
 Case embedding_case(const std::string& shape, bool fresh) {
-  auto dense = std::make_shared<torch::nn::Embedding>(kVocab, kDim);
-  auto rpq = std::make_shared<nn::RPQEmbedding>(kVocab, kDim, 12);
+  auto dense = std::make_shared<torch::nn::Embedding>(kEmbeddingVocab, kEmbeddingDim);
+  auto rpq = std::make_shared<nn::RPQEmbedding>(kEmbeddingVocab, kEmbeddingDim, 12);
   at::manual_seed(70);  // both impls see the same sequence of ids
-  auto torch_ids = std::make_shared<IdBatches>(kVocab, kTokens, fresh ? kIdBatches : 1);
+  auto torch_ids = std::make_shared<IdBatches>(embedding_ids(fresh));
   at::manual_seed(70);
-  auto qforge_ids = std::make_shared<IdBatches>(kVocab, kTokens, fresh ? kIdBatches : 1);
+  auto qforge_ids = std::make_shared<IdBatches>(embedding_ids(fresh));
   Case c{shape, 0.0, {}};
   c.impls.push_back({"libtorch", [dense, torch_ids] {
     at::NoGradGuard g;

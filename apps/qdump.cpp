@@ -77,6 +77,17 @@ std::string summary(const at::Tensor& t) {
   return os.str();
 }
 
+// The first `n` bytes of printable() text, cut before a UTF-8 character or a \xNN escape it would
+// split (printable() escapes every backslash, so each one starts a 4-byte escape).
+std::string cut_printable(const std::string& p, size_t n) {
+  if (p.size() <= n || n == 0) return p.substr(0, n);
+  size_t cut = n;
+  while (cut > 0 && (static_cast<unsigned char>(p[cut]) & 0xC0) == 0x80) --cut;
+  const size_t slash = cut > 0 ? p.rfind('\\', cut - 1) : std::string::npos;
+  if (slash != std::string::npos && slash + 4 > cut) cut = slash;
+  return p.substr(0, cut);
+}
+
 // Names, attributes and notes come from the file: printed through printable() (framework/core/utf8.h)
 // so no byte of a crafted file reaches the terminal as a control sequence.
 void print_attrs(const h5::Object& o, const std::string& indent) {
@@ -84,7 +95,7 @@ void print_attrs(const h5::Object& o, const std::string& indent) {
     std::string v = o.attr_to_string(a);
     for (char& c : v) if (c == '\n') c = ' ';  // multi-line text (a recipe) on one line
     v = printable(v);
-    if (v.size() > 120) v = v.substr(0, 117) + "...";
+    if (v.size() > 120) v = cut_printable(v, 117) + "...";
     std::printf("%s@%s = %s\n", indent.c_str(), printable(a).c_str(), v.c_str());
   }
 }
@@ -398,7 +409,12 @@ int main(int argc, char** argv) {
       return 0;
     });
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "qdump: %s\n", e.what());
+    // Errors quote file names and contents: each line through printable().
+    std::string msg = e.what(), line;
+    std::istringstream lines(msg);
+    std::string out;
+    while (std::getline(lines, line)) out += (out.empty() ? "" : "\n") + qforge::printable(line);
+    std::fprintf(stderr, "qdump: %s\n", out.c_str());
     return 2;
   }
 }

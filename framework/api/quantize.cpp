@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <iomanip>
 #include <map>
+#include <set>
 #include <sstream>
 
 #include "framework/core/error.h"
@@ -372,12 +373,16 @@ std::string describe(const torch::nn::Module& model, bool planned) {
     return os.str();
   }
   // The quantized layers as freeze() will pack them, the rest of the model as it is.
+  // The same layers on both sides: activation-only ones (LayerNorm, MatMul) included.
   int64_t quantized_now = 0, planned_bytes = 0;
-  for_each_quantizable(model, [&](const std::string&, const QuantizableLayer& l) {
-    if (l.quantized() || l.frozen()) quantized_now += l.storage_bytes();
+  std::set<std::string> quantized_rows;
+  for_each_quantizable(model, [&](const std::string& path, const QuantizableLayer& l) {
+    if (!l.quantized() && !l.frozen()) return;
+    quantized_now += l.storage_bytes();
+    quantized_rows.insert(display_name(path));
   });
   for (const LayerReport& r : reports)
-    if (r.weights != "float") planned_bytes += r.bytes;
+    if (quantized_rows.count(r.name)) planned_bytes += r.bytes;
   os << "total " << size.total_bytes - quantized_now + planned_bytes << " bytes once frozen (" << planned_bytes
      << " in quantized layers, " << size.total_bytes - quantized_now << " float)\n";
   return os.str();

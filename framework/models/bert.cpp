@@ -33,6 +33,15 @@ BertConfig BertConfig::from_json(const nlohmann::json& j) {
 
 BertConfig BertConfig::from_file(const std::string& path) { return from_json(read_config_json(path, "models/bert")); }
 
+double BertConfig::parameter_count() const {
+  const double h = static_cast<double>(hidden_size), i = static_cast<double>(intermediate_size);
+  const double embeddings = static_cast<double>(vocab_size + max_position_embeddings + type_vocab_size) * h + 2 * h;
+  // q, k, v and the attention output (h x h + bias each), two LayerNorms, the MLP's two Linears.
+  const double layer = 4 * (h * h + h) + 2 * 2 * h + (h * i + i) + (i * h + h);
+  return embeddings + static_cast<double>(num_hidden_layers) * layer + (h * h + h) +
+         h * static_cast<double>(num_labels) + static_cast<double>(num_labels);
+}
+
 nlohmann::json BertConfig::to_json() const {
   nlohmann::json j = config_json(*this, "bert", "BertForSequenceClassification");
   j["position_embedding_type"] = "absolute";

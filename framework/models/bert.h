@@ -45,6 +45,9 @@ struct BertConfig {
   static BertConfig from_json(const nlohmann::json& j);
   static BertConfig from_file(const std::string& path);
   nlohmann::json to_json() const;
+  // BertForSequenceClassification's parameters (pooler and classifier included), counted from
+  // the fields before anything is allocated (a double: huge configs must not overflow).
+  double parameter_count() const;
 
   // The fields read and written as they are (config_field.h), in reading order.
   template <typename Self, typename Visit>

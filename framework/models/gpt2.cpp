@@ -44,6 +44,14 @@ Gpt2Config Gpt2Config::from_json(const nlohmann::json& j) {
 
 Gpt2Config Gpt2Config::from_file(const std::string& path) { return from_json(read_config_json(path, "models/gpt2")); }
 
+double Gpt2Config::parameter_count() const {
+  const double e = static_cast<double>(n_embd), i = static_cast<double>(inner()), v = static_cast<double>(vocab_size);
+  // c_attn (e -> 3e), c_proj, c_fc, the MLP's c_proj, each with a bias, and two LayerNorms.
+  const double layer = (e * 3 * e + 3 * e) + (e * e + e) + (e * i + i) + (i * e + e) + 2 * 2 * e;
+  return (v + static_cast<double>(n_positions)) * e + static_cast<double>(n_layer) * layer + 2 * e +
+         (tie_word_embeddings ? 0.0 : v * e);
+}
+
 nlohmann::json Gpt2Config::to_json() const {
   nlohmann::json j = config_json(*this, "gpt2", "GPT2LMHeadModel");
   j["n_ctx"] = n_positions;

@@ -44,6 +44,9 @@ struct Gpt2Config {
   static Gpt2Config from_json(const nlohmann::json& j);
   static Gpt2Config from_file(const std::string& path);
   nlohmann::json to_json() const;  // with n_ctx = n_positions, as HF writes it
+  // Parameters of the model this config builds, counted from its fields before anything is
+  // allocated (a double: configs far past any machine's memory must not overflow).
+  double parameter_count() const;
 
   // The fields read and written (config_field.h), in reading order.
   template <typename Self, typename Visit>

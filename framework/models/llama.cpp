@@ -201,6 +201,18 @@ LlamaConfig LlamaConfig::from_json(const nlohmann::json& j) {
 
 LlamaConfig LlamaConfig::from_file(const std::string& path) { return from_json(read_config_json(path, kLlama)); }
 
+double LlamaConfig::parameter_count() const {
+  const double h = static_cast<double>(hidden_size), i = static_cast<double>(intermediate_size),
+               v = static_cast<double>(vocab_size), q = static_cast<double>(num_attention_heads * head_size()),
+               kv = static_cast<double>(kv_heads() * head_size());
+  // q, k, v, o projections, gate / up / down, two RMSNorms; biases where the family has them.
+  double layer = h * q + 2 * h * kv + q * h + 3 * h * i + 2 * h;
+  if (qkv_bias()) layer += q + 2 * kv;
+  if (o_bias()) layer += h;
+  if (mlp_biases()) layer += 2 * i + h;
+  return v * h + static_cast<double>(num_hidden_layers) * layer + h + (tie_word_embeddings ? 0.0 : v * h);
+}
+
 nlohmann::json LlamaConfig::to_json() const {
   nlohmann::json j = config_json(*this, model_type.c_str(), architecture());
   j["rope_scaling"] = rope_scaling.to_json();

@@ -93,6 +93,9 @@ struct LlamaConfig {
   static LlamaConfig from_json(const nlohmann::json& j);
   static LlamaConfig from_file(const std::string& path);
   nlohmann::json to_json() const;
+  // Parameters of the model this config builds, counted from its fields before anything is
+  // allocated (a double: configs far past any machine's memory must not overflow).
+  double parameter_count() const;
 
   // The fields read and written (config_field.h), in reading order; rope_scaling apart.
   template <typename Self, typename Visit>

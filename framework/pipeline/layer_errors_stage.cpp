@@ -41,7 +41,8 @@ class LayerErrorsStage : public Stage {
     if (!any) return;
     const int64_t batches = std::min<int64_t>(ctx.calibration_batches(), kLayerErrorBatches);
     ptq::NumericSuiteOptions suite;
-    suite.float_weights = std::move(ctx.solved_from);
+    // After QAT the float weights are the trained ones: the solver's starting point is stale.
+    if (!ctx.completed("qat")) suite.float_weights = std::move(ctx.solved_from);
     ctx.solved_from.clear();
     const std::vector<ptq::LayerError> errors = ptq::worst_first(
         ptq::layer_errors(model, batches, [&ctx](int64_t b) { return ctx.calibration_batch(b); }, suite));

@@ -236,7 +236,8 @@ void RunContext::record_latency(const std::string& stage) {
     const DecodeStep step = task.decode_step(one.input);
     l["decode_step"][stage] = search::time_ms(step.run, o);
     l["decode_step"]["context"] = step.context;
-    l["decode_step"]["phase"] = "decode: one token through a KV cache of about `context` tokens, batch 1";
+    l["decode_step"]["cache_after_call"] = step.cache_length();
+    l["decode_step"]["phase"] = "decode: one token through a KV cache of `context` tokens, batch 1";
   }
   l["regime"] = regime;
   l["other_busy_cores"][stage] = other_busy_cores(t0, CpuClock::now());

@@ -68,9 +68,25 @@ std::map<QuantizableLayer*, at::Tensor> input_amax(const Targets& targets, int64
   return amax;
 }
 
-// Moves the input range of one layer into its weight: W *= s per input channel, x /= s before quantizing.
+// The warning for factors spanning more than kSmoothExtremeSpread, with advice by the side that
+// spreads them: a^α spans (max a / min a)^α, 1 / max|W|^(1-α) spans (max w / min w)^(1-α).
+std::string extreme_factors(const SmoothLayer& sl, double alpha, double act_spread, double weight_spread) {
+  const bool weights = weight_spread >= act_spread;
+  char buf[512];
+  std::snprintf(buf, sizeof buf,
+                "%s: SmoothQuant factors span %.3g to %.3g (%lld input channels floored at %g of the largest "
+                "activation max); weight columns this unequal may not survive the weight grid. The %s drive the "
+                "spread (activation part %.3g, weight part %.3g): try a %s alpha than %.2f",
+                sl.path.c_str(), sl.min_factor, sl.max_factor, static_cast<long long>(sl.floored_channels),
+                kSmoothActFloor, weights ? "weight columns (max |W| per input channel)" : "activation maxima",
+                act_spread, weight_spread, weights ? "higher" : "lower", alpha);
+  return buf;
+}
+
+// Moves the input range of one layer into its weight: W *= s per input channel, x /= s before
+// quantizing; warns when the factors span more than kSmoothExtremeSpread.
 SmoothLayer smooth_layer(const std::string& path, nn::LinearImpl* lin, const at::Tensor& amax, double alpha,
-                         std::vector<Undo>& undo) {
+                         std::vector<Undo>& undo, std::vector<std::string>& warnings) {
   QF_REQUIRE(at::isfinite(amax).all().item<bool>(), "smooth_quant: ", path, ": calibration inputs hold NaN or inf");
   const double floor = std::max(kMinRange, kSmoothActFloor * amax.max().item<double>());
   const at::Tensor a = amax.clamp_min(floor).to(at::kDouble);
@@ -88,18 +104,12 @@ SmoothLayer smooth_layer(const std::string& path, nn::LinearImpl* lin, const at:
   sl.act_range_before = amax.max().item<double>();
   sl.act_range_after = (amax / s).max().item<double>();
   sl.floored_channels = (amax < floor).sum().item<int64_t>();
+  if (sl.max_factor > kSmoothExtremeSpread * sl.min_factor) {
+    const double act = std::pow((a.max() / a.min()).item<double>(), alpha);
+    const double weight = std::pow((wmax.max() / wmax.min()).item<double>(), 1 - alpha);
+    warnings.push_back(extreme_factors(sl, alpha, act, weight));
+  }
   return sl;
-}
-
-std::string extreme_factors(const SmoothLayer& sl, double alpha) {
-  char buf[256];
-  std::snprintf(buf, sizeof buf,
-                "%s: SmoothQuant factors span %.3g to %.3g (%lld input channels floored at %g of the largest "
-                "activation max); weight columns this unequal may not survive the weight grid: try a lower alpha "
-                "than %.2f",
-                sl.path.c_str(), sl.min_factor, sl.max_factor, static_cast<long long>(sl.floored_channels),
-                kSmoothActFloor, alpha);
-  return buf;
 }
 
 void undo_smoothing(std::vector<Undo>& undo) {
@@ -136,9 +146,7 @@ SmoothReport smooth_quant(torch::nn::Module& model, int64_t batches, const RunBa
       rep.skipped.push_back(path + ": not reached by the model's forward on the calibration batches");
       continue;
     }
-    rep.layers.push_back(smooth_layer(path, lin, it->second, o.alpha, undo));
-    const SmoothLayer& sl = rep.layers.back();
-    if (sl.max_factor > kSmoothExtremeSpread * sl.min_factor) rep.warnings.push_back(extreme_factors(sl, o.alpha));
+    rep.layers.push_back(smooth_layer(path, lin, it->second, o.alpha, undo, rep.warnings));
   }
   const at::Tensor y1 = run(0);
   rep.output_change = relative_change(y1, y0);

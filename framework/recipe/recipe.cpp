@@ -6,9 +6,13 @@
 
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <functional>
+#include <iterator>
 #include <sstream>
 
+#include "framework/core/error.h"
+#include "framework/core/utf8.h"
 #include "framework/recipe/recipe_schema.h"
 #include "framework/recipe/recipe_tree.h"
 #include "framework/recipe/sha256.h"
@@ -326,22 +330,29 @@ std::vector<std::pair<std::string, std::string>> recipe_keys() {
 }
 
 nlohmann::json float_provenance(const Recipe& r) {
-  return {{"model.arch", r.model.arch},
-          {"model.config", r.model.config},
-          {"data.dataset", r.data.dataset},
-          {"data.batch_size", r.data.batch_size},
-          {"data.validation_size", r.data.validation_size},
-          {"data.max_train_examples", r.data.max_train_examples},
-          {"data.seq_len", r.data.seq_len},
-          {"data.examples_per_language", r.data.examples_per_language},
-          {"data.tokens", r.data.tokens},
-          {"train.epochs", r.train.epochs},
-          {"train.lr", r.train.lr},
-          {"train.weight_decay", r.train.weight_decay},
-          {"train.warmup_steps", r.train.warmup_steps},
-          {"train.grad_clip", r.train.grad_clip},
-          {"train.max_steps", r.train.max_steps},
-          {"seed", r.seed}};
+  nlohmann::json p = {{"model.arch", r.model.arch},
+                      {"model.config", r.model.config},
+                      {"data.dataset", r.data.dataset},
+                      {"data.batch_size", r.data.batch_size},
+                      {"data.validation_size", r.data.validation_size},
+                      {"data.max_train_examples", r.data.max_train_examples},
+                      {"data.seq_len", r.data.seq_len},
+                      {"data.examples_per_language", r.data.examples_per_language},
+                      {"data.tokens", r.data.tokens},
+                      {"train.epochs", r.train.epochs},
+                      {"train.lr", r.train.lr},
+                      {"train.weight_decay", r.train.weight_decay},
+                      {"train.warmup_steps", r.train.warmup_steps},
+                      {"train.grad_clip", r.train.grad_clip},
+                      {"train.max_steps", r.train.max_steps},
+                      {"seed", r.seed}};
+  // The config file's contents, not its name: an edited config.json trains a different model.
+  if (!r.model.config_file.empty()) {
+    std::ifstream in(r.model.config_file, std::ios::binary);
+    QF_REQUIRE(in, "model.config_file ", printable(r.model.config_file), " cannot be read");
+    p["model.config_file.sha256"] = sha256_hex(std::string(std::istreambuf_iterator<char>(in), {}));
+  }
+  return p;
 }
 
 std::string float_key(const Recipe& r) { return sha256_hex(float_provenance(r).dump()).substr(0, 12); }

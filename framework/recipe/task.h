@@ -22,6 +22,7 @@ namespace qforge {
 struct DecodeStep {
   std::function<void()> run;
   int64_t context = 0;
+  std::function<int64_t()> cache_length;  // positions cached after the last call: context + 1
 };
 
 // A model, its data and how to call it.

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 #include <nlohmann/json.hpp>
 
 #include "framework/format/safetensors.h"
@@ -294,6 +295,8 @@ TEST(Qtrain, Issue39Item2LatencySaysItsRegimeAndCausalLmsTimeADecodeStep) {
     ASSERT_TRUE(l["other_busy_cores"].contains(stage)) << stage;
   }
   EXPECT_EQ(l["decode_step"]["context"], 16);  // the first half of the sequence, prefilled
+  // Every timed call starts from the prefilled cache: the last one leaves context + 1 positions.
+  EXPECT_EQ(l["decode_step"]["cache_after_call"], 17);
   std::ifstream md(dir + "/report.md");
   const std::string text((std::istreambuf_iterator<char>(md)), std::istreambuf_iterator<char>());
   EXPECT_NE(text.find("decode step: float "), std::string::npos) << text;
@@ -329,6 +332,18 @@ TEST(Qtrain, PtqSolversRunBetweenCalibrationAndEvaluationAndFreezeKeepsTheirCode
   }
   EXPECT_TRUE(r["timings_s"].contains("solve"));
   EXPECT_TRUE(r["timings_s"].contains("equalize"));
+  // The numeric suite compares each solved layer with the float weights the solver started from
+  // (issue 39 item 1): a finite weight SQNR, not the +inf of comparing the codes with themselves.
+  std::set<std::string> solved;
+  for (const auto& l : layers) solved.insert(l["path"].get<std::string>());
+  int compared = 0;
+  for (const auto& e : r["layer_errors"]["layers"]) {
+    if (!solved.count(e["path"].get<std::string>())) continue;
+    ++compared;
+    ASSERT_TRUE(e["weight_sqnr_db"].is_number()) << e.dump();
+    EXPECT_TRUE(std::isfinite(e["weight_sqnr_db"].get<double>())) << e.dump();
+  }
+  EXPECT_EQ(compared, static_cast<int>(solved.size())) << r["layer_errors"].dump(2);
   // The frozen integer model runs GPTQ's codes: the same accuracy as the fake-quant model (one
   // borderline example of 256 may differ).
   EXPECT_LE(std::abs(r["metrics"]["frozen"]["accuracy"].get<double>() - r["metrics"]["ptq"]["accuracy"].get<double>()),

@@ -6,6 +6,7 @@
 
 #include "framework/cuda/linear_cuda.h"
 #include "framework/api/kernel_plan.h"
+#include "framework/nn/layer_norm.h"
 #include "framework/nn/linear.h"
 #include "framework/api/quantize.h"
 #include "kernels/cpu/linear_weight_only.h"
@@ -127,14 +128,15 @@ TEST(KernelPlan, WeightOnlyPathsNameTheFloatGemmAboveTheRowThreshold) {
 // quantized layer the bytes freeze() leaves it, exactly, before anything is calibrated.
 TEST(KernelPlan, Item3PlannedBytesAreTheBytesFreezeLeaves) {
   torch::manual_seed(3);
-  auto net = torch::nn::Sequential(nn::Linear(64, 128), torch::nn::ReLU(), nn::Linear(128, 32), torch::nn::ReLU(),
-                                   nn::Linear(32, 8));
+  // The LayerNorm quantizes its activations only: its bytes count in the total as they are.
+  auto net = torch::nn::Sequential(nn::Linear(64, 128), nn::LayerNorm(torch::nn::LayerNormOptions({128})),
+                                   torch::nn::ReLU(), nn::Linear(128, 32), torch::nn::ReLU(), nn::Linear(32, 8));
   Scheme s(qint4);
   s.weight_granularity = Granularity::kPerGroup;
   s.group_size = 32;
   s.activations = ActivationMode::kStatic;
   s.observer = "minmax";
-  s.rules.push_back(LayerRule{"4", false, qint8, Granularity::kPerChannel, std::nullopt, std::nullopt});
+  s.rules.push_back(LayerRule{"5", false, qint8, Granularity::kPerChannel, std::nullopt, std::nullopt});
   quantize(net, s);
   const std::vector<LayerReport> planned = layer_reports(net, /*planned=*/true);
   const std::string dry = describe(net, /*planned=*/true);

@@ -461,7 +461,20 @@ TEST(SmoothQuant, Item19SilentChannelsAreFlooredAndExtremeFactorsWarned) {
   const SmoothReport warned = smooth_quant(*w, 1, [&](int64_t) { return w->forward(calib); }, SmoothQuantOptions{0.2});
   ASSERT_EQ(warned.warnings.size(), 1u);
   EXPECT_EQ(warned.warnings[0].rfind("fc2: SmoothQuant factors span", 0), 0u) << warned.warnings[0];
-  EXPECT_NE(warned.warnings[0].find("lower alpha"), std::string::npos);
+  // The zero weight column spreads the factors, not the activations: a higher alpha helps, a
+  // lower one (what the warning used to advise) spreads them further.
+  EXPECT_NE(warned.warnings[0].find("The weight columns (max |W| per input channel) drive the spread"), std::string::npos)
+      << warned.warnings[0];
+  EXPECT_NE(warned.warnings[0].find("try a higher alpha than 0.20"), std::string::npos) << warned.warnings[0];
+  // The advice holds: at alpha 0.9 the same layer's factors span less than at 0.2.
+  auto h = build();
+  {
+    at::NoGradGuard g;
+    h->fc2->weight.select(1, 5).zero_();
+  }
+  const SmoothReport higher = smooth_quant(*h, 1, [&](int64_t) { return h->forward(calib); }, SmoothQuantOptions{0.9});
+  EXPECT_LT(higher.layers[1].max_factor / higher.layers[1].min_factor,
+            warned.layers[1].max_factor / warned.layers[1].min_factor);
 }
 
 TEST(SmoothQuant, PreQuantScaleTravelsThroughCheckpointsIntoAFreshModel) {

@@ -237,6 +237,22 @@ TEST(FloatCheckpoint, Issue39Item4DefaultPathIsKeyedBySettingsAndTheDryRunReport
   EXPECT_EQ(error_of([&] { run_pipeline(cnn({"train.epochs=1", "model.checkpoint=" + ckpt}), dry); }), "");
 }
 
+// Item 4: model.config_file's contents, not only its name, key the float checkpoint: an edited
+// config.json trains a different model.
+TEST(FloatCheckpoint, Issue39Item4ConfigFileContentsKeyTheFloatCheckpoint) {
+  TempOut out;
+  const std::string config = out.file("config.json");
+  write(config, R"({"hidden_size": 64})");
+  const Recipe a = cnn({"model.config_file=" + config});
+  EXPECT_EQ(float_provenance(a).at("model.config_file.sha256"), sha256_hex(R"({"hidden_size": 64})"));
+  write(config, R"({"hidden_size": 96})");
+  const Recipe b = cnn({"model.config_file=" + config});
+  EXPECT_NE(a.model.checkpoint, b.model.checkpoint);
+  EXPECT_FALSE(float_provenance(cnn({})).contains("model.config_file.sha256"));
+  fs::remove(config);
+  EXPECT_NE(error_of([&] { cnn({"model.config_file=" + config}); }).find("cannot be read"), std::string::npos);
+}
+
 // Item 18: a path that is not UTF-8 aborted the run after the work with a raw
 // json.exception.type_error.316; now it is refused before anything is created, naming the path in
 // printable form, and text from foreign files is escaped in the reports.

@@ -35,6 +35,7 @@ Task make_bert_task(const Recipe& r, bool with_data) {
     c.num_labels = 8;
     c.vocab_size = std::min<int64_t>(c.vocab_size, 256);
   }
+  tasks::check_model_fits_memory(r, c.parameter_count());
   auto m = models::BertForSequenceClassification(c);
   t.model = m.ptr();
   t.forward = [m](const train::Batch& b) mutable { return m->forward(b.input, b.mask); };

@@ -17,8 +17,8 @@
 
 namespace qforge::tasks {
 
-// The first half of `input` [1, T] prefilled into a cache, then one token per call; a cache that
-// reaches `positions` starts again from the prefilled one (learned position tables end there).
+// The first half of `input` [1, T] prefilled into a cache, then one token per call, each call
+// starting again from the prefilled cache so every timed call attends to `context` tokens.
 template <class Model>
 DecodeStep decode_step(Model m, const at::Tensor& input, int64_t positions) {
   const int64_t prompt = std::max<int64_t>(1, std::min(input.size(1) / 2, positions - 1));
@@ -31,11 +31,12 @@ DecodeStep decode_step(Model m, const at::Tensor& input, int64_t positions) {
   const models::KvCache prefilled = *cache;
   DecodeStep step;
   step.context = prompt;
-  step.run = [m, cache, prefilled, next, positions]() mutable {
-    if (cache->length() >= positions) *cache = prefilled;
+  step.run = [m, cache, prefilled, next]() mutable {
+    *cache = prefilled;
     at::NoGradGuard g;
     m->forward(next, cache.get());
   };
+  step.cache_length = [cache] { return cache->length(); };
   return step;
 }
 
@@ -47,6 +48,7 @@ Task causal_lm_task(const Recipe& r, bool with_data, int64_t Config::*positions,
   Config c = model_config<Config>(r);
   c.vocab_size = fortunes_vocab_size(r);
   c.*positions = std::max(c.*positions, r.data.seq_len);
+  check_model_fits_memory(r, c.parameter_count());
   Model m(c);
   t.model = m.ptr();
   t.forward = [m](const train::Batch& b) mutable { return m->forward(b.input); };

@@ -3,8 +3,13 @@
 
 #include <ATen/ATen.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
 
 #include "framework/core/error.h"
 #include "framework/data/text_corpus.h"
@@ -113,6 +118,33 @@ void attach_fortunes(Task& t, const Recipe& r, models::CausalLmForward logits) {
     model->eval();
     return models::sliding_window_perplexity(logits, text, windows);
   };
+}
+
+int64_t available_memory_bytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  int64_t kib = 0;
+  while (in >> key >> kib) {
+    if (key == "MemAvailable:") return kib * 1024;
+    in.ignore(256, '\n');
+  }
+  const long pages = ::sysconf(_SC_AVPHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+  return pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page : -1;
+}
+
+void check_model_fits_memory(const Recipe& r, double parameters) {
+  const int64_t available = available_memory_bytes();
+  const double bytes = parameters * 4;  // float32, before any gradient or optimizer state
+  if (available < 0 || bytes <= static_cast<double>(available)) return;
+  std::ostringstream what;
+  what.precision(3);
+  what << "model.config";
+  if (!r.model.config.is_null()) what << " " << r.model.config.dump();
+  if (!r.model.config_file.empty()) what << " (over model.config_file " << r.model.config_file << ")";
+  what << " describes a " << r.model.arch << " of about " << parameters << " parameters, " << bytes / 1e9
+       << " GB as float32, more than the " << static_cast<double>(available) / 1e9
+       << " GB of memory available (MemAvailable); lower its size keys (layers, hidden size, vocabulary)";
+  throw Error(what.str());
 }
 
 }  // namespace qforge::tasks

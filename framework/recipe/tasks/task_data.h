@@ -28,6 +28,14 @@ void attach_fortunes(Task& t, const Recipe& r, models::CausalLmForward logits);
 
 // The architecture config: model.config_file (HF config.json) if given, else the defaults, with
 // the recipe's model.config keys merged over it.
+// Memory a new allocation can have now: MemAvailable from /proc/meminfo, else the free physical
+// pages (sysconf); -1 when neither is readable.
+int64_t available_memory_bytes();
+
+// Refuses, before the model is built, a config whose float32 parameters (its parameter_count())
+// exceed available_memory_bytes(), naming model.config / model.config_file and the estimate.
+void check_model_fits_memory(const Recipe& r, double parameters);
+
 template <class Config>
 Config model_config(const Recipe& r) {
   Config c = r.model.config_file.empty() ? Config{} : Config::from_file(r.model.config_file);
