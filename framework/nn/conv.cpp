@@ -32,7 +32,10 @@ std::string conv_kernel_text(const KernelPlan& p) {
 }
 }  // namespace
 
-KernelPlan ConvQuantState::plan() const {
+KernelPlan ConvQuantState::plan() const { return plan_conv(nullptr); }
+
+KernelPlan ConvQuantState::plan_conv(bool* onednn_copy) const {
+  if (onednn_copy != nullptr) *onednn_copy = false;
   KernelPlan p;
   p.kernel = "dequantize+at::conv";
   if (!scheme_.weights) {
@@ -76,6 +79,7 @@ KernelPlan ConvQuantState::plan() const {
   p.path = lp.path;
   // The convolution's kernel table: im2col chunks through the GEMM, oneDNN for large inputs.
   const kernels::ConvChoice c = kernels::choose_conv_kernel(p.path == LinearPath::kS4Static, usable_isa(), k);
+  if (onednn_copy != nullptr) *onednn_copy = c.needs_onednn_copy;
   p.large_m = c.large_rows;
   p.large_m_kernel = c.large_kernel.kernel;
   p.kernel = c.kernel.kernel;
@@ -93,14 +97,14 @@ void ConvQuantState::install_conv(QuantizedTensor fw, at::Tensor& weight,
     QF_REQUIRE(at::IntArrayRef(fw.shape) == weight.sizes(), who, ": frozen weight has shape ", at::IntArrayRef(fw.shape),
                ", layer expects ", weight.sizes());
   }
-  const KernelPlan p = plan();
+  bool onednn = false;  // the plan runs oneDNN's convolution for some inputs
+  const KernelPlan p = plan_conv(&onednn);
   float act_scale = 0;
   if (p.path == LinearPath::kS8Static || p.path == LinearPath::kS4Static) {
     QF_REQUIRE(input_q_, who, ": static activations need the input quantizer");
     act_scale = input_q_->qparams().scale.item<float>();
   }
   std::string onednn_missing;
-  const bool onednn = p.large_m > 0;  // the convolution table's one row switch is to oneDNN's convolution
   packed_ = pack_conv(std::move(fw), p.path, conv_shape(), act_scale, onednn, who, &onednn_missing);
   if (params.contains("weight")) params.erase("weight");
   weight = at::Tensor();

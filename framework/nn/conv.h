@@ -26,6 +26,8 @@ class ConvQuantState : public QuantizableLayer {
 
  protected:
   virtual ConvShape conv_shape() const = 0;
+  // plan(), and whether an entry it plans needs freeze() to build the oneDNN copy (*onednn_copy).
+  KernelPlan plan_conv(bool* onednn_copy) const;
   void install_conv(QuantizedTensor fw, at::Tensor& weight, torch::OrderedDict<std::string, at::Tensor>& params);
   // The integer convolution of a frozen layer on the CPU: x [B, C, H, W] (Conv1d passes [B, C, 1, L]);
   // relu: at::relu of the result, in the kernel's epilogue. The result has the NCHW shape in

@@ -23,12 +23,8 @@ void EmbeddingImpl::check_scheme(const LayerScheme& scheme) const {
 
 at::Tensor EmbeddingImpl::forward(const at::Tensor& indices) {
   note_input(indices);
-  if (frozen_) {
-    // The frozen table stays on the CPU; rows gathered for indices on another device go there.
-    if (lookup_ != EmbeddingLookup::kDequantize) return packed_->forward(indices, FrozenInput{});
-    ScopedTensorSwap swap(weight, packed_->weight().dequantize().to(indices.device()));
-    return torch::nn::EmbeddingImpl::forward(indices);
-  }
+  // The frozen table stays on the CPU; rows looked up for indices on another device go there.
+  if (frozen_) return packed_->forward(indices, FrozenInput{});
   if (!quantized()) return torch::nn::EmbeddingImpl::forward(indices);
   ScopedTensorSwap swap(weight, quantize_weight(weight));
   return torch::nn::EmbeddingImpl::forward(indices);
@@ -40,7 +36,6 @@ void EmbeddingImpl::install_frozen(QuantizedTensor fw) {
   QF_REQUIRE(fw.shape == std::vector<int64_t>({options.num_embeddings(), options.embedding_dim()}), path_,
              " (Embedding): frozen table has shape ", at::IntArrayRef(fw.shape), ", layer expects [",
              options.num_embeddings(), ", ", options.embedding_dim(), "]");
-  lookup_ = embedding_lookup(fw.spec, options.embedding_dim());
   packed_ = pack_embedding(std::move(fw), path_ + " (Embedding)");
   if (parameters_.contains("weight")) parameters_.erase("weight");
   weight = at::Tensor();

@@ -47,7 +47,6 @@ class EmbeddingImpl : QFORGE_TWIN_BASE(torch::nn::EmbeddingImpl), public Quantiz
 
  private:
   PackedWeightPtr packed_;
-  EmbeddingLookup lookup_ = EmbeddingLookup::kDequantize;  // packed_'s, for forward
 };
 TORCH_MODULE(Embedding);
 

@@ -81,13 +81,13 @@ PackedWeightPtr pack_conv(QuantizedTensor fw, LinearPath path, const ConvShape& 
 enum class EmbeddingLookup : uint8_t {
   kGatherS8,        // int8 per-row / per-group tables: the rows' codes and scales, dequantized
   kGatherCodebook,  // codebook tables whose rows start on a byte: the rows' indices and levels
-  kDequantize,      // any other table: dequantized per call, then LibTorch's embedding (the layer's)
+  kDequantize,      // any other table: dequantized per call, then at::embedding
 };
 EmbeddingLookup embedding_lookup(const QSpec& table, int64_t embedding_dim);
 
 // Packs a frozen Embedding table fw [num_embeddings, dim] (the checkpoint's QuantizedTensor, kept
-// as is: weight() returns it). forward(indices, {}) gathers rows for the kGather* lookups; the
-// kDequantize table has no packed forward. to(device) keeps it on the CPU (rows go to the device).
+// as is: weight() returns it). forward(indices, {}) -> [..., dim] floats on the indices' device, by
+// embedding_lookup(). to(device) returns the same CPU table; each call's rows are copied to the device.
 PackedWeightPtr pack_embedding(QuantizedTensor fw, const std::string& who);
 
 // Per-group scales and zero points of a 4-bit weight as [N, K / g] (per-tensor qparams repeat one

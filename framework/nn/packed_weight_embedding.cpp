@@ -1,6 +1,6 @@
 // The frozen Embedding table as a PackedWeight: int8 per-row / per-group tables gather the
 // looked-up rows' codes and scales, byte-aligned codebook tables their packed indices and levels,
-// and only those rows are dequantized; any other table is dequantized per call by the layer.
+// and only those rows are dequantized; any other table is dequantized per call.
 #include <ATen/ATen.h>
 
 #include <vector>
@@ -44,33 +44,34 @@ at::Tensor gather_s8_rows(const QuantizedTensor& fw, const at::Tensor& flat) {
 
 class PackedEmbedding final : public CpuPackedWeight {
  public:
-  PackedEmbedding(QuantizedTensor fw, EmbeddingLookup lookup, std::string who)
-      : fw_(std::move(fw)), lookup_(lookup), who_(std::move(who)) {}
+  PackedEmbedding(QuantizedTensor fw, EmbeddingLookup lookup) : fw_(std::move(fw)), lookup_(lookup) {}
   LinearPath path() const override { return LinearPath::kDequant; }
   // indices [...] -> [..., dim] floats on the indices' device (the table stays on the CPU).
   at::Tensor forward(const at::Tensor& indices, const FrozenInput&) const override {
-    QF_CHECK(lookup_ != EmbeddingLookup::kDequantize,
-             "an Embedding's dequantize-per-call table has no packed forward (the layer runs LibTorch's)");
     const at::Tensor flat = indices.reshape({-1}).to(at::kCPU, at::kLong);
     std::vector<int64_t> shape(indices.sizes().begin(), indices.sizes().end());
     shape.push_back(fw_.shape[1]);
-    const at::Tensor rows =
-        lookup_ == EmbeddingLookup::kGatherS8 ? gather_s8_rows(fw_, flat) : gather_codebook_rows(fw_, flat);
-    return rows.reshape(shape).to(indices.device());
+    return rows(flat).reshape(shape).to(indices.device());
   }
   QuantizedTensor weight() const override { return fw_; }
   at::Tensor bias() const override { return {}; }
   int64_t bytes() const override { return fw_.bytes(); }
-  // Lookups on any device read this CPU table (their rows are copied there).
-  PackedWeightPtr to(const at::Device& device) const override {
-    QF_REQUIRE(device.is_cpu(), who_, ": frozen Embedding tables stay on the CPU (looked-up rows go to ", device, ")");
-    return shared_from_this();
-  }
+  // Lookups on any device read this CPU table (their rows are copied there per call).
+  PackedWeightPtr to(const at::Device&) const override { return shared_from_this(); }
 
  private:
+  // The float rows `flat` [n] (CPU, int64) of the table: [n, dim].
+  at::Tensor rows(const at::Tensor& flat) const {
+    switch (lookup_) {
+      case EmbeddingLookup::kGatherS8: return gather_s8_rows(fw_, flat);
+      case EmbeddingLookup::kGatherCodebook: return gather_codebook_rows(fw_, flat);
+      case EmbeddingLookup::kDequantize: return at::embedding(fw_.dequantize(), flat);
+    }
+    return {};
+  }
+
   QuantizedTensor fw_;
   EmbeddingLookup lookup_;
-  std::string who_;
 };
 
 }  // namespace
@@ -86,7 +87,7 @@ PackedWeightPtr pack_embedding(QuantizedTensor fw, const std::string& who) {
   QF_REQUIRE(fw.defined() && fw.shape.size() == 2, who, ": a frozen Embedding table is [num_embeddings, dim], got ",
              at::IntArrayRef(fw.shape));
   const EmbeddingLookup lookup = embedding_lookup(fw.spec, fw.shape[1]);
-  return std::make_shared<PackedEmbedding>(std::move(fw), lookup, who);
+  return std::make_shared<PackedEmbedding>(std::move(fw), lookup);
 }
 
 }  // namespace qforge::nn

@@ -308,9 +308,16 @@ const KernelTable<ConvS8Problem>& conv_s8_kernels() {
   return table;
 }
 
+ConvEntryKind conv_entry_kind(const KernelEntry<ConvS8Problem>& e) {
+  if (e.run == run_im2col) return ConvEntryKind::kIm2col;
+  QF_CHECK(e.run == run_onednn_conv, "conv_s8_kernels: entry ", e.name, " has no ConvEntryKind");
+  return ConvEntryKind::kOneDnn;
+}
+
 void conv2d_s8(const ConvS8Problem& p) {
   RunInfo chosen;
-  const KernelEntry<ConvS8Problem>& e = select_kernel(conv_s8_kernels(), p, IsaGate::machine(), &chosen);
+  const KernelEntry<ConvS8Problem>& e =
+      select_kernel(conv_s8_kernels(), p, IsaGate::machine(), p.info != nullptr ? &chosen : nullptr);
   e.run(p);
   // The entry's own record names the chain; the table's names what it passed over first.
   if (p.info != nullptr && !chosen.fallback.empty()) {

@@ -128,6 +128,11 @@ struct ConvS8Problem {
 // tables (gemv_s8_kernels(), gemv_s4_kernels()) over row chunks.
 const KernelTable<ConvS8Problem>& conv_s8_kernels();
 
+// What an entry of conv_s8_kernels() runs, kept beside the entries (a plan's chain and whether
+// freeze() must build the oneDNN copy); throws qforge::Error for an entry it does not know.
+enum class ConvEntryKind : uint8_t { kIm2col, kOneDnn };
+ConvEntryKind conv_entry_kind(const KernelEntry<ConvS8Problem>& e);
+
 // Runs the table's choice for p (a frozen layer's integer convolution); the oneDNN entry runs
 // im2col when oneDNN has no primitive for the input size (p.info says why).
 void conv2d_s8(const ConvS8Problem& p);

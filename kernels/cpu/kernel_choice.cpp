@@ -63,10 +63,11 @@ ConvS8Problem conv_problem(bool int4, int64_t m) {
   return p;
 }
 
-// The chain an entry of the convolution table runs: im2col's chunks through the Linear op's
+// The chain the convolution table's entry `e` runs: im2col's chunks through the Linear op's
 // GEMM, or oneDNN's convolution and its epilogue.
-RunInfo conv_chain(const RunInfo& entry, bool int4, Isa usable, int64_t m, int64_t k) {
-  if (entry.kernel != "im2col_s8") return RunInfo{entry.kernel + "+dequantize_s32_f32", entry.fallback};
+RunInfo conv_chain(const KernelEntry<ConvS8Problem>& e, const RunInfo& entry, bool int4, Isa usable, int64_t m,
+                   int64_t k) {
+  if (conv_entry_kind(e) == ConvEntryKind::kOneDnn) return RunInfo{entry.kernel + "+dequantize_s32_f32", entry.fallback};
   const RunInfo gemm = int4 ? choose_kernel(LinearOp::kS8S4, usable, std::min(m, kMinConvChunkRows), k)
                             : choose_kernel(LinearOp::kS8S8, usable, std::min(m, kMinConvChunkRows));
   RunInfo ri{"im2col_s8+" + gemm.kernel, entry.fallback};
@@ -106,10 +107,17 @@ int64_t choose_large_m(LinearOp op, Isa usable, int64_t group_size, RunInfo* lar
 ConvChoice choose_conv_kernel(bool int4, Isa usable, int64_t k) {
   ConvChoice c;
   const auto at = [int4](int64_t m) { return conv_problem(int4, m); };
-  c.kernel = conv_chain(plan_table(conv_s8_kernels(), at(kMinConvChunkRows), usable), int4, usable, kMinConvChunkRows, k);
-  RunInfo large;
-  c.large_rows = switch_m(conv_s8_kernels(), at, kMinConvChunkRows, IsaGate::up_to(usable), &large);
-  if (c.large_rows > 0) c.large_kernel = conv_chain(large, int4, usable, c.large_rows, k);
+  const IsaGate gate = IsaGate::up_to(usable);
+  // The entry for m rows, its record in *ri, its chain added to the plan.
+  const auto plan_rows = [&](int64_t m, RunInfo* ri) {
+    RunInfo entry;
+    const KernelEntry<ConvS8Problem>& e = select_kernel(conv_s8_kernels(), at(m), gate, &entry);
+    *ri = conv_chain(e, entry, int4, usable, m, k);
+    c.needs_onednn_copy = c.needs_onednn_copy || conv_entry_kind(e) == ConvEntryKind::kOneDnn;
+  };
+  plan_rows(kMinConvChunkRows, &c.kernel);
+  c.large_rows = switch_m(conv_s8_kernels(), at, kMinConvChunkRows, gate, nullptr);
+  if (c.large_rows > 0) plan_rows(c.large_rows, &c.large_kernel);
   return c;
 }
 }  // namespace qforge::kernels

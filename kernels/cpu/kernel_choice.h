@@ -45,6 +45,7 @@ struct ConvChoice {
   RunInfo kernel;
   int64_t large_rows = 0;
   RunInfo large_kernel;
+  bool needs_onednn_copy = false;  // an entry it plans runs oneDNN's convolution (freeze() builds the copy)
 };
 ConvChoice choose_conv_kernel(bool int4, Isa usable, int64_t k);
 

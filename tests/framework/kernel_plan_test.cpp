@@ -9,6 +9,7 @@
 #include "framework/nn/layer_norm.h"
 #include "framework/nn/linear.h"
 #include "framework/api/quantize.h"
+#include "kernels/cpu/gemv_s4.h"
 #include "kernels/cpu/linear_weight_only.h"
 
 namespace qforge {
@@ -18,6 +19,15 @@ QSpec int8_per_channel() {
   QSpec s;
   s.qtype = qint8;
   s.granularity = Granularity::kPerChannel;
+  s.symmetric = true;
+  return s;
+}
+
+QSpec int4_per_group() {
+  QSpec s;
+  s.qtype = qint4;
+  s.granularity = Granularity::kPerGroup;
+  s.group_size = 128;
   s.symmetric = true;
   return s;
 }
@@ -50,11 +60,7 @@ TEST(KernelPlanCuda, BrokenImmaRuleFallsBackWithTheRule) {
 }
 
 TEST(KernelPlanCuda, OtherPathsSayWhatTheGpuRunsInstead) {
-  QSpec w4;
-  w4.qtype = qint4;
-  w4.granularity = Granularity::kPerGroup;
-  w4.group_size = 128;
-  w4.symmetric = true;
+  const QSpec w4 = int4_per_group();
   const KernelPlan s4 = plan_linear_cuda(w4, ActivationMode::kDynamicPerToken, dynamic_act(), 768, 768);
   EXPECT_EQ(s4.path, LinearPath::kS4Dynamic);
   EXPECT_EQ(s4.kernel, "gemv_f32s4_mma_cuda");
@@ -152,6 +158,22 @@ TEST(KernelPlan, Item3PlannedBytesAreTheBytesFreezeLeaves) {
   EXPECT_NE(dry.find("total " + std::to_string(size.total_bytes) + " bytes once frozen"), std::string::npos)
       << dry << "frozen: " << size.total_bytes;
   EXPECT_EQ(dry.find(" 0 in quantized layers"), std::string::npos) << dry;
+}
+
+// The int4 dynamic Linear switches to the VNNI panel GEMM at kS4PanelMinM rows; below VNNI one
+// kernel serves every M.
+TEST(KernelPlan, Int4DynamicSwitchesToThePanelGemmAtItsRowThresholdOnVnniOnly) {
+  const QSpec w4 = int4_per_group();
+  const KernelPlan vnni = plan_linear(w4, ActivationMode::kDynamicPerToken, dynamic_act(), 768, Isa::kAvx512Vnni);
+  EXPECT_EQ(vnni.path, LinearPath::kS4Dynamic);
+  EXPECT_EQ(vnni.large_m, kernels::kS4PanelMinM);
+  EXPECT_NE(vnni.large_m_kernel.find("gemm_s8s4f32_n16k8_avx512vnni"), std::string::npos) << vnni.large_m_kernel;
+  for (const Isa below : {Isa::kAvx512, Isa::kAvx2, Isa::kReference}) {
+    const KernelPlan p = plan_linear(w4, ActivationMode::kDynamicPerToken, dynamic_act(), 768, below);
+    EXPECT_EQ(p.path, LinearPath::kS4Dynamic);
+    EXPECT_EQ(p.large_m, 0) << p.kernel;
+    EXPECT_EQ(p.large_m_kernel, "");
+  }
 }
 
 }  // namespace

@@ -716,6 +716,36 @@ TEST(PackedWeight, IntegerConvolutionFormatsRunTheLayersForwardAndGiveBackTheirW
   }
 }
 
+// The Embedding table formats: every lookup (int8 row gather, dequantize per call) is
+// at::embedding of the dequantized table; to(any device) is the same CPU table.
+TEST(PackedWeight, EmbeddingTablesLookUpWhatTheDequantizedTableSaysForAnyDevice) {
+  struct Case {
+    QType qt;
+    Granularity g;
+    nn::EmbeddingLookup lookup;
+  };
+  for (const Case& k : {Case{qint8, Granularity::kPerChannel, nn::EmbeddingLookup::kGatherS8},
+                        Case{qint4, Granularity::kPerGroup, nn::EmbeddingLookup::kDequantize}}) {
+    at::manual_seed(29);
+    nn::Embedding emb(40, 32);
+    Scheme s(k.qt);
+    s.weight_granularity = k.g;
+    s.group_size = 16;
+    quantize(emb, s);
+    freeze(emb);
+    const QuantizedTensor fw = emb->frozen_weight();
+    ASSERT_EQ(nn::embedding_lookup(fw.spec, 32), k.lookup) << k.qt.name;
+    const nn::PackedWeightPtr packed = nn::pack_embedding(fw, "emb");
+    const at::Tensor idx = at::randint(0, 40, {3, 5});
+    const at::Tensor want = at::embedding(fw.dequantize(), idx);
+    EXPECT_TRUE(at::equal(packed->forward(idx, {}), want)) << k.qt.name;
+    EXPECT_TRUE(at::equal(emb(idx), want)) << k.qt.name;
+    EXPECT_EQ(packed->to(at::kCPU).get(), packed.get()) << k.qt.name;
+    EXPECT_EQ(packed->to(at::Device(at::kCUDA, 0)).get(), packed.get()) << k.qt.name;
+    EXPECT_TRUE(packed->device().is_cpu()) << k.qt.name;
+  }
+}
+
 TEST(Quantizer, FourBitScalesRoundUpToTheNextFloat16) {
   const at::Tensor s = at::tensor({0.1f, 0.5f, 1e-3f, 3.0e4f, 1.1920929e-07f});
   const at::Tensor h = round_scale_up_to_half(s);

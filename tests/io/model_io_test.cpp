@@ -683,6 +683,9 @@ TEST(ModelIoFixture, V1LoadsIntoAFreshModelAndSavesBackBitForBit) {
   EXPECT_TRUE(at::equal(d->fc2->weight, fa.read_tensor("fc2.weight", io::Section::kParameters, true)));
   const at::Tensor h = at::randn({3, 64});
   EXPECT_TRUE(at::equal(d->fc2(h), m->fc2(h)));
+  // The frozen Embedding looks up what its dequantized table says.
+  const at::Tensor idx = at::randint(0, 16, {2, 5});
+  EXPECT_TRUE(at::equal(d->emb(idx), m->emb(idx)));
   // Today's save of the same model is the same file content (tensors) as the fixture, less the
   // unused weight-quantizer buffers.
   const std::string fresh = dir.file("fresh.h5");
