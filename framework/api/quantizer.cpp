@@ -346,6 +346,14 @@ void QuantizerImpl::set_qparams(const QParams& qp) {
   clear_cache();  // a weight's cached fake-quant followed the old grid
 }
 
+void QuantizerImpl::drop_fixed_grid() {
+  if (role_ != Role::kWeight || config_.lsq || config_.spec.qtype.is_codebook() || !calibrated_) return;
+  scale_.set_data(at::ones({}, scale_.options()));
+  zero_point_.set_data(at::zeros({}, zero_point_.options()));
+  calibrated_ = false;
+  clear_cache();
+}
+
 at::Tensor QuantizerImpl::weight_forward(const at::Tensor& w) {
   if (!fake_quant_) return w;
   if (config_.spec.qtype.is_codebook()) {

@@ -108,8 +108,10 @@ std::vector<double> Sampler::probabilities(const at::Tensor& logits, const std::
     one_hot[argmax(l)] = 1;
     return one_hot;
   }
+  // Shifted by the top logit first: a tiny temperature sends the rest to -inf, never the top to +inf (NaN).
+  const double top = *std::max_element(l.begin(), l.end());
   for (double& x : l)
-    if (x != kMasked) x /= options_.temperature;
+    if (x != kMasked) x = (x - top) / options_.temperature;
   keep_top_k(l, options_.top_k);
   std::vector<double> p = softmax(l);
   keep_top_p(p, options_.top_p);

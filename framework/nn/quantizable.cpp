@@ -186,6 +186,8 @@ void QuantizableLayer::mark_frozen() {
   const KernelPlan p = plan();
   kernel_ = p.kernel;
   fallback_ = p.fallback;
+  // The packed weight holds the grid a PTQ solver fixed; keeping it here too would double-count it.
+  if (weight_q_) weight_q_->drop_fixed_grid();
 }
 
 void QuantizableLayer::refuse_clone() const {

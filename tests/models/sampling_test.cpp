@@ -80,6 +80,35 @@ TEST(Sampling, TopKKeepsTiesWithTheKthLogitAndTemperatureDividesLogits) {
   for (int64_t i = 0; i < 4; ++i) EXPECT_NEAR(got[i], want[i].item<double>(), 1e-12);
 }
 
+TEST(Sampling, ProcessorsApplyInOrderTemperatureTopKTopPMinP) {
+  // 0.4, 0.3, 0.2, 0.1. Top-k 3 renormalises to 4/9, 3/9, 2/9 before top-p 0.75 looks: the first
+  // two hold 7/9 >= 0.75, so the third goes (top-p on the full 0.4, 0.3 = 0.7 would keep it).
+  const std::vector<double> p4 = {0.4, 0.3, 0.2, 0.1};
+  SamplingOptions o;
+  o.top_k = 3;
+  o.top_p = 0.75;
+  const std::vector<double> got = dist(o, logits_of(p4));
+  const std::vector<double> want = {4.0 / 7, 3.0 / 7, 0, 0};
+  for (size_t i = 0; i < 4; ++i) EXPECT_NEAR(got[i], want[i], 1e-12) << "id " << i;
+  // Min-p after temperature 0.5: 4, 2, 1 become 16, 4, 1; min-p 0.2 of 16 drops 1 (4 / 16 = 0.25
+  // stays), leaving 0.8, 0.2 (min-p before temperature would keep all three: 16/21, 4/21, 1/21).
+  SamplingOptions m;
+  m.temperature = 0.5;
+  m.min_p = 0.2;
+  const std::vector<double> gm = dist(m, logits_of({4.0 / 7, 2.0 / 7, 1.0 / 7}));
+  EXPECT_NEAR(gm[0], 0.8, 1e-12);
+  EXPECT_NEAR(gm[1], 0.2, 1e-12);
+  EXPECT_EQ(gm[2], 0.0);
+}
+
+TEST(Sampling, ATinyTemperatureIsGreedyOverTheTopLogitsNotNaN) {
+  // Dividing 2.0 by 1e-310 overflows to +inf; the shifted logits keep the top ones at 0.
+  SamplingOptions o;
+  o.temperature = 1e-310;
+  const std::vector<double> d = dist(o, at::tensor({1.0, 2.0, 2.0, -5.0}, at::kDouble));
+  EXPECT_EQ(d, (std::vector<double>{0, 0.5, 0.5, 0}));
+}
+
 TEST(Sampling, TemperatureZeroAndTopK1AreGreedy) {
   at::manual_seed(5);
   SamplingOptions zero;

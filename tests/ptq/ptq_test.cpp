@@ -262,6 +262,52 @@ TEST(Solve, GptqAndBiasCorrectionLowerEveryLayersErrorAndFreezeReproducesThem) {
   }
 }
 
+TEST(Solve, AFrozenGptqLayerHoldsTheSameBytesAsRtnAndOldCheckpointsWithTheGridStillLoad) {
+  at::manual_seed(21);
+  nn::Linear solved(64, 32), rtn(64, 32);
+  {
+    at::NoGradGuard g;
+    rtn->weight.copy_(solved->weight);
+    rtn->bias.copy_(solved->bias);
+  }
+  solved->eval();
+  rtn->eval();
+  const at::Tensor x = outlier_inputs(256, 64, 22);
+  Scheme s(qint4);
+  s.weight_granularity = Granularity::kPerGroup;
+  s.group_size = 16;
+  quantize(solved, s);
+  quantize(rtn, s);
+  SolveOptions o;
+  o.rounding = Rounding::kGptq;
+  solve(*solved, 1, [&](int64_t) { return solved(x); }, o);
+  const QParams grid = solved->weight_quantizer()->qparams();
+  ASSERT_EQ(grid.scale.numel(), 32 * 4);  // the solver fixed a per-group grid on the quantizer
+  at::Tensor y_solved;
+  {
+    at::NoGradGuard g;
+    y_solved = solved(x);
+  }
+  freeze(solved);
+  freeze(rtn);
+  // The packed weight is the only copy of the grid: no per-group scale / zero_point beside it.
+  EXPECT_EQ(solved->storage_bytes(), rtn->storage_bytes());
+  EXPECT_EQ(solved->weight_quantizer()->named_buffers()["scale"].numel(), 1);
+  EXPECT_LE(rel_error(solved(x), y_solved), 1e-5);
+  // A checkpoint written before the grid was dropped (the frozen layer's quantizer still holding
+  // it, recorded as calibrated) loads, and the loaded layer holds the packed weight only.
+  solved->weight_quantizer()->set_qparams(grid);
+  const fs::path file = fs::temp_directory_path() / ("qforge_ptq_grid_" + std::to_string(::getpid()) + ".h5");
+  io::save_model(solved, file.string());
+  nn::Linear fresh(64, 32);
+  fresh->eval();
+  io::load_model(fresh, file.string());
+  fs::remove(file);
+  EXPECT_TRUE(fresh->frozen());
+  EXPECT_EQ(fresh->storage_bytes(), rtn->storage_bytes());
+  EXPECT_LE(rel_error(fresh(x), y_solved), 1e-5);
+}
+
 TEST(Solve, KMeansWeightedByInputEnergyLowersOutputErrorOfCodebookWeights) {
   // A Linear whose inputs have outlier channels: the energy-weighted codebook spends its levels on
   // the columns that move the output, the unweighted one on the weights' own spread.
