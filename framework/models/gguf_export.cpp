@@ -101,7 +101,8 @@ void Builder::layer(const std::string& name, const QuantizableLayer& l, const at
 
 void Builder::linear(const std::string& base, const nn::LinearImpl& l, const RowMap& rows) {
   QF_REQUIRE(!l.pre_quant_scale().defined(), "gguf export: ", l.path(),
-             " has a SmoothQuant pre_quant_scale, which llama.cpp's graph has no place for");
+             " has a pre_quant_scale (SmoothQuant, or AWQ where no exact home took its scale), which llama.cpp's "
+             "graph has no place for");
   if (l.input_quantizer())
     report.lines.push_back(base + ": input quantizer not carried (llama.cpp quantizes activations its own way)");
   layer(base + ".weight", l, l.frozen() ? at::Tensor() : l.weight, rows);

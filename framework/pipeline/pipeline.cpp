@@ -50,6 +50,10 @@ void print_ptq_plan(const Recipe& r, const torch::nn::Module& model) {
   std::printf("\nptq:%s%s%s\n", r.ptq.equalize ? " cross-layer equalisation before quantize;" : "",
               r.ptq.smoothquant ? (" SmoothQuant (alpha " + std::to_string(r.ptq.alpha) + ") before calibration;").c_str() : "",
               r.ptq.awq ? " AWQ scales and clipping before calibration;" : "");
+  // The imatrix outranks ptq.act_order (false by default, so an explicit false cannot be told apart).
+  if (r.calibrate.imatrix)
+    std::printf("  calibrate.imatrix: imatrix-weighted grid search before rounding; GPTQ orders columns by the "
+                "imatrix%s\n", r.ptq.act_order ? "" : " (ptq.act_order: false is not followed)");
   for (const ptq::LayerSolve& l : pipeline::check_solve_recipe(model, r))
     std::printf("  %-40s %-10s %s%s\n", l.path.c_str(), l.type.c_str(), l.method.c_str(),
                 l.note.empty() ? "" : ("  (" + l.note + ")").c_str());

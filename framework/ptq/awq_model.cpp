@@ -112,6 +112,7 @@ const std::vector<FoldRule>& fold_rules() {
       {{"gate_proj", "up_proj"}, "mlp", "post_attention_layernorm", false},
       {{"o_proj"}, "self_attn", "v_proj", true},  // attention is linear in V
       {{"down_proj"}, "mlp", "up_proj", true},    // act(gate) ⊙ up is linear in up
+      {{"lm_head"}, "", "model.norm", false},     // the final norm feeds only the untied head
       {{"c_attn"}, "attn", "ln_1", false},        // GPT-2
       {{"c_fc"}, "mlp", "ln_2", false},
   };
@@ -138,8 +139,12 @@ torch::nn::Module* fold_home(const torch::nn::Module& model, const std::vector<s
       if (auto* n = m->as<nn::RMSNormImpl>()) return n->weight.numel() == K ? m : nullptr;
       if (auto* n = m->as<nn::LayerNormImpl>())
         return n->options.elementwise_affine() && n->weight.numel() == K ? m : nullptr;
+      // A home whose weight grid is already fixed would no longer round onto it after the division.
       if (auto* l = m->as<nn::LinearImpl>())
-        return l->weight.defined() && !l->frozen() && l->options.out_features() == K ? m : nullptr;
+        return l->weight.defined() && !l->frozen() && !(l->weight_quantizer() && l->weight_quantizer()->calibrated()) &&
+                       l->options.out_features() == K
+                   ? m
+                   : nullptr;
     }
     return nullptr;
   }
@@ -284,7 +289,12 @@ AwqReport awq(torch::nn::Module& model, int64_t batches, const RunBatch& run, co
   const auto t0 = std::chrono::steady_clock::now();
   AwqReport rep;
   at::NoGradGuard no_grad;
-  const bool was_training = model.is_training();
+  // The model's mode comes back on every exit, a thrown error included.
+  struct ModeGuard {
+    torch::nn::Module& m;
+    bool was_training;
+    ~ModeGuard() { m.train(was_training); }
+  } mode{model, model.is_training()};
   model.eval();
   FloatView float_view(model);
   const at::Tensor y0 = run(0).detach().clone();
@@ -321,7 +331,6 @@ AwqReport awq(torch::nn::Module& model, int64_t batches, const RunBatch& run, co
     at::NoGradGuard g;
     c.layer->weight.detach().copy_(awq_apply_clip(c.layer->weight.detach(), c.ratio, c.spec));
   }
-  model.train(was_training);
   rep.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return rep;
 }

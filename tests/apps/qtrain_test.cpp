@@ -10,10 +10,13 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <set>
 #include <nlohmann/json.hpp>
 
+#include "framework/format/imatrix_file.h"
 #include "framework/format/safetensors.h"
+#include "framework/io/calibration_dump.h"
 #include "framework/models/cnn.h"
 #include "framework/models/state_dict.h"
 
@@ -367,6 +370,50 @@ TEST(Qtrain, PtqSolversRunBetweenCalibrationAndEvaluationAndFreezeKeepsTheirCode
   EXPECT_EQ(bad.code, 2) << bad.output;
   EXPECT_NE(bad.output.find("ptq.rules[0]"), std::string::npos) << bad.output;
   EXPECT_NE(bad.output.find("Embedding"), std::string::npos) << bad.output;
+}
+
+// calibrate.imatrix on the Llama recipe: the importance matrix is collected, weighs the grid
+// search before GPTQ (report.ptq.imatrix_round), lands in calibration.h5's __imatrix__ group and
+// in imatrix.gguf under the GGUF export's tensor names.
+TEST(Qtrain, LlamaImatrixSearchesTheGridsAndWritesTheDumpAndImatrixGguf) {
+  // The dry run says the imatrix orders GPTQ's columns although the recipe sets act_order: false.
+  const QtrainRun plan = qtrain("--recipe recipes/llama_w4_gptq.yaml --dry-run --set calibrate.imatrix=true");
+  ASSERT_EQ(plan.code, 0) << plan.output;
+  EXPECT_NE(plan.output.find("GPTQ orders columns by the imatrix (ptq.act_order: false is not followed)"),
+            std::string::npos)
+      << plan.output;
+  const std::string dir = out_dir("llama_imatrix");
+  const QtrainRun run = qtrain("--recipe recipes/llama_w4_gptq.yaml" + small(dir) +
+                               " --set data.seq_len=32 --set data.max_train_examples=256 --set calibrate.imatrix=true");
+  ASSERT_EQ(run.code, 0) << run.output;
+  EXPECT_NE(run.output.find("qtrain: imatrix grid search: "), std::string::npos) << run.output;
+  const auto r = report(dir);
+  const auto& ir = r["ptq"]["imatrix_round"];
+  // 4 blocks × 7 Linear layers and the untied head, all int4 groups of 128 reached by calibration.
+  ASSERT_EQ(ir["layers"].size(), 29u) << ir.dump(2);
+  EXPECT_TRUE(ir["skipped"].empty()) << ir.dump(2);
+  for (const auto& l : ir["layers"]) {
+    EXPECT_LE(l["error_after"].get<double>(), l["error_before"].get<double>() * (1 + 1e-9)) << l.dump();
+    EXPECT_GT(l["mean_clip"].get<double>(), 0.5) << l.dump();
+    EXPECT_LE(l["mean_clip"].get<double>(), 1.0) << l.dump();
+  }
+  EXPECT_TRUE(r["timings_s"].contains("imatrix_round"));
+  EXPECT_EQ(r["imatrix"]["layers"].get<int64_t>(), 29);
+  const std::optional<qforge::Imatrix> dumped = qforge::io::load_imatrix(dir + "/calibration.h5");
+  ASSERT_TRUE(dumped.has_value());
+  EXPECT_EQ(dumped->size(), 29u);
+  EXPECT_EQ(dumped->at("model.layers.3.mlp.down_proj").sum_sq.numel(), 512);
+  const qforge::io::ImatrixFile f = qforge::io::read_imatrix(dir + "/imatrix.gguf");
+  ASSERT_EQ(f.tensors.size(), 29u);
+  const auto down = std::find_if(f.tensors.begin(), f.tensors.end(),
+                                 [](const auto& t) { return t.name == "blk.3.ffn_down.weight"; });
+  ASSERT_NE(down, f.tensors.end());
+  const auto& e = dumped->at("model.layers.3.mlp.down_proj");
+  EXPECT_EQ(down->count, e.count);
+  ASSERT_EQ(down->sum_sq.size(), 512u);
+  EXPECT_NEAR(down->sum_sq[7], e.sum_sq[7].item<double>(), 1e-6 * e.sum_sq[7].item<double>());
+  EXPECT_EQ(r["exported"]["imatrix"].is_null(), false);
+  fs::remove_all(dir);
 }
 
 TEST(Qtrain, DryRunPrintsThePlanWithoutData) {

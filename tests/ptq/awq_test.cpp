@@ -194,7 +194,7 @@ TEST(Awq, FoldingLeavesTheFloatLlamaUnchangedAndPutsEachScaleWhereItIsExact) {
         {"q_proj", "input_layernorm"}, {"k_proj", "input_layernorm"}, {"v_proj", "input_layernorm"},
         {"gate_proj", "post_attention_layernorm"}, {"up_proj", "post_attention_layernorm"},
         {"o_proj", kv_heads == 4 ? "v_proj" : "pre_quant_scale"}, {"down_proj", "up_proj"},
-        {"lm_head", "pre_quant_scale"}};
+        {"lm_head", "norm"}};
     for (const AwqGroup& g : rep.groups) {
       const std::string first = leaf(g.layers[0]);
       const std::string& expect_home = home.at(first);
@@ -205,6 +205,45 @@ TEST(Awq, FoldingLeavesTheFloatLlamaUnchangedAndPutsEachScaleWhereItIsExact) {
       EXPECT_EQ(expect_home == "pre_quant_scale" ? g.scale_home : leaf(g.scale_home), expect_home) << g.layers[0];
     }
   }
+}
+
+// A Linear whose weight grid is already fixed is no home for a scale (after the division its
+// weight would leave that grid): down_proj keeps its own pre_quant_scale there instead.
+TEST(Awq, AFixedGridIsNoFoldingHome) {
+  models::LlamaForCausalLM m = outlier_llama(4);
+  quantize(*m, w4_g32());
+  auto* up = m->model->layers->ptr(0)->as<models::LlamaDecoderLayerImpl>()->mlp->up_proj.get();
+  up->weight_quantizer()->set_qparams(
+      weight_minmax_qparams(up->weight.detach(), up->weight_quantizer()->config().spec, "up_proj"));
+  const std::vector<at::Tensor> ids = token_batches(3, 128, 8);
+  const RunBatch run = [&](int64_t b) { return m->forward(ids[static_cast<size_t>(b)]); };
+  AwqOptions o;
+  o.clip = false;
+  const AwqReport rep = awq(*m, 3, run, o);
+  int checked = 0;
+  for (const AwqGroup& g : rep.groups) {
+    if (leaf(g.layers[0]) != "down_proj" || g.alpha == 0) continue;
+    const bool fixed = g.layers[0] == "model.layers.0.mlp.down_proj";
+    EXPECT_EQ(g.scale_home, fixed ? "pre_quant_scale" : "model.layers.1.mlp.up_proj") << g.layers[0];
+    checked += fixed;
+  }
+  EXPECT_EQ(checked, 1) << "block 0's down_proj was not scaled: the check above is vacuous";
+}
+
+// A run that fails part way leaves the model in the mode it was in.
+TEST(Awq, AFailedRunKeepsTheTrainingMode) {
+  models::LlamaForCausalLM m = outlier_llama(2);
+  quantize(*m, w4_g32());
+  m->train();
+  const std::vector<at::Tensor> ids = token_batches(2, 128, 14);
+  int calls = 0;
+  const RunBatch run = [&](int64_t b) {
+    if (++calls > 1) throw Error("batch source failed");
+    return m->forward(ids[static_cast<size_t>(b)]);
+  };
+  EXPECT_THROW(awq(*m, 2, run, AwqOptions{}), Error);
+  EXPECT_TRUE(m->is_training());
+  for (const auto& sub : m->modules()) EXPECT_TRUE(sub->is_training());
 }
 
 TEST(Awq, FoldingIntoGpt2LayerNormsLeavesTheFloatModelUnchanged) {

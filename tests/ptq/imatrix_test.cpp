@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <map>
 #include <set>
 
 #include "fake_quant/fake_quantize.h"
@@ -275,6 +276,70 @@ TEST(Imatrix, WeightedGridSearchPicksEachBlocksBestRatio) {
       EXPECT_NEAR(ratio[n][b].item<double>(), best_r, 1e-6) << n << " " << b;
     }
   EXPECT_LT(ratio[2][2].item<double>(), 1.0);  // the outlier's block is clipped
+}
+
+// imatrix_round on a small Llama: every searched layer's weighted error does not grow, its weight
+// is clamped per (row, group) to the ratio the search picks, its report agrees with a weighted
+// error computed here; per-tensor grids, fixed grids and layers the imatrix misses are skipped.
+TEST(Imatrix, RoundClampsEachSearchedLayerAndSkipsTheOthersWithTheirReason) {
+  models::LlamaForCausalLM m = models::tiny_gguf_llama();
+  Scheme s = models::w4_g32_scheme();
+  LayerRule per_tensor;
+  per_tensor.pattern = "model.layers.0.mlp.up_proj";
+  per_tensor.weight_granularity = Granularity::kPerTensor;
+  s.rules.push_back(per_tensor);
+  quantize(*m, s);
+  Imatrix im;
+  {
+    at::NoGradGuard g;
+    ImatrixCollector c(*m);
+    for (const at::Tensor& b : token_batches(2, 3)) m->forward(b);
+    im = c.take();
+  }
+  im.erase("lm_head");
+  auto* blk1 = m->model->layers->ptr(1)->as<models::LlamaDecoderLayerImpl>();
+  const QSpec& o_spec = blk1->self_attn->o_proj->weight_quantizer()->config().spec;
+  blk1->self_attn->o_proj->weight_quantizer()->set_qparams(
+      weight_minmax_qparams(blk1->self_attn->o_proj->weight.detach(), o_spec, "o_proj"));
+  std::map<std::string, at::Tensor> before;
+  for (const auto& [path, l] : quantizable_layers(*m))
+    if (auto* lin = l->module().as<nn::LinearImpl>()) before[path] = lin->weight.detach().clone();
+
+  const ImatrixRoundReport rep = imatrix_round(*m, im);
+  std::map<std::string, std::string> skipped;
+  for (const std::string& k : rep.skipped) skipped[k.substr(0, k.find(':'))] = k.substr(k.find(':') + 2);
+  EXPECT_EQ(skipped["model.layers.0.mlp.up_proj"], "per-tensor grid");
+  EXPECT_EQ(skipped["model.layers.1.self_attn.o_proj"], "weight grid already fixed");
+  EXPECT_EQ(skipped["lm_head"], "not in the imatrix (not reached by calibration)");
+  EXPECT_EQ(skipped.size(), 3u);
+  ASSERT_EQ(rep.layers.size(), 12u);  // 2 blocks × 7 Linear layers, less the two skipped
+  std::map<std::string, QuantizableLayer*> layers;
+  for (const auto& [path, l] : quantizable_layers(*m)) layers[path] = l;
+  int clipped = 0;
+  for (const ImatrixRoundLayer& r : rep.layers) {
+    SCOPED_TRACE(r.path);
+    EXPECT_LE(r.error_after, r.error_before * (1 + 1e-9));
+    const at::Tensor w0 = before.at(r.path), imp = im.at(r.path).sum_sq.to(at::kFloat) / im.at(r.path).count;
+    const at::Tensor w1 = layers.at(r.path)->module().as<nn::LinearImpl>()->weight.detach();
+    const QSpec& spec = layers.at(r.path)->scheme().weights->spec;
+    const at::Tensor ratio = imatrix_search_clip(w0, spec, imp);
+    EXPECT_NEAR(r.mean_clip, ratio.mean().item<double>(), 1e-6);
+    // Each (row, group) of 32 clamped to ±ratio · max|w| of the original block, nothing else moved.
+    const int64_t N = w0.size(0), G = w0.size(1) / 32;
+    const at::Tensor lim = (w0.reshape({N, G, 32}).abs().amax(-1) * ratio).unsqueeze(-1);
+    const at::Tensor want = at::max(at::min(w0.reshape({N, G, 32}), lim), -lim).reshape_as(w0);
+    EXPECT_TRUE(at::allclose(w1, want, 0, 1e-6));
+    clipped += (ratio < 1).any().item<bool>();
+    // The reported error: Σ imp · (RTN(w1) − w0)² / Σ imp · w0², RTN on w1's own min/max grid.
+    const at::Tensor q = fake_quantize(w1, weight_minmax_qparams(w1, spec, "test"));
+    const double e = ((q - w0).to(at::kDouble).pow(2) * imp.to(at::kDouble)).sum().item<double>() /
+                     (w0.to(at::kDouble).pow(2) * imp.to(at::kDouble)).sum().item<double>();
+    EXPECT_NEAR(r.error_after, e, 1e-6 * e + 1e-12);
+  }
+  EXPECT_GT(clipped, 0);  // the search clipped somewhere, so the clamp check above is not vacuous
+  // Skipped layers keep their weights.
+  for (const char* p : {"model.layers.0.mlp.up_proj", "model.layers.1.self_attn.o_proj", "lm_head"})
+    EXPECT_TRUE(at::equal(layers.at(p)->module().as<nn::LinearImpl>()->weight.detach(), before.at(p))) << p;
 }
 
 TEST(Imatrix, GptqOrderedByTheImatrixEqualsActOrderWhenItIsDiagH) {
