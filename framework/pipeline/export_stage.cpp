@@ -43,6 +43,7 @@ nlohmann::json not_exported(const RunContext& ctx) {
   if (!e.checkpoint) out["model.h5"] = "export.checkpoint is false";
   if (!e.safetensors) out["model.safetensors"] = "export.safetensors is false";
   if (!e.onnx) out["model.onnx"] = "export.onnx is false";
+  if (ctx.task.save_torchscript && !e.torchscript) out["model.pt"] = "export.torchscript is false";
   return out;
 }
 
@@ -98,6 +99,9 @@ class ExportStage : public Stage {
         io::export_safetensors(*ctx.task.model, p);
       });
     if (r.export_.onnx) export_onnx(ctx, dir);
+    if (r.export_.torchscript && ctx.task.save_torchscript)
+      ctx.report["exported"]["torchscript"] =
+          ctx.save((dir / "model.pt").string(), [&](const std::string& p) { ctx.task.save_torchscript(p); });
   }
 };
 

@@ -46,7 +46,7 @@ const std::vector<std::string>& run_output_names() {
   static const std::vector<std::string> names = [] {
     std::vector<std::string> n(std::begin(kReportFileNames), std::end(kReportFileNames));
     for (const char* f : {"recipe.resolved.yaml", "recipe.searched.yaml", "model.h5", "calibration.h5",
-                          "model.safetensors", "model.onnx"})
+                          "model.safetensors", "model.onnx", "model.pt"})
       n.emplace_back(f);
     return n;
   }();
@@ -63,6 +63,7 @@ std::vector<std::string> written_output_names(const Recipe& r) {
     if (e.calibration_dump) out.emplace_back("calibration.h5");
     if (e.safetensors) out.emplace_back("model.safetensors");
     if (e.onnx) out.emplace_back("model.onnx");
+    if (e.torchscript && !r.model.torchscript.empty()) out.emplace_back("model.pt");
   }
   return out;
 }
@@ -73,6 +74,8 @@ std::vector<RunInput> run_inputs(const Recipe& r) {
   if (!r.model.checkpoint.empty()) in.push_back({"model.checkpoint", r.model.checkpoint});
   if (!r.model.safetensors.empty()) in.push_back({"model.safetensors", r.model.safetensors});
   if (!r.model.config_file.empty()) in.push_back({"model.config_file", r.model.config_file});
+  if (!r.model.torchscript.empty()) in.push_back({"model.torchscript", r.model.torchscript});
+  if (!r.data.file.empty()) in.push_back({"data.file", r.data.file});
   if (!r.search.sensitivities_from.empty()) in.push_back({"search.sensitivities_from", r.search.sensitivities_from});
   if (!r.search.latency_cache.empty() && r.search.latency_cache != "off")
     in.push_back({"search.latency_cache", r.search.latency_cache});

@@ -29,6 +29,12 @@ struct Task {
   // BERT, GPT-2 and Llama (these two also read an HF folder, single-file or sharded), qforge's own
   // names for the MLP and CNN. Shape mismatches are listed.
   std::function<void(const std::string& path)> import_safetensors;
+  // Set when the float weights come with the model (a TorchScript file): the float stage neither
+  // trains nor loads them then.
+  std::string float_weights_from;
+  // TorchScript models: writes model.pt (export stage), and the graph's folded and float calls.
+  std::function<void(const std::string& path)> save_torchscript;
+  std::function<std::string()> graph_notes;
 };
 
 // An architecture qtrain runs: the recipe's model.arch, the data.dataset it is trained on, and
@@ -61,5 +67,6 @@ TaskKind cnn_task();
 TaskKind bert_task();
 TaskKind gpt2_task();
 TaskKind llama_task();
+TaskKind torchscript_task();
 
 }  // namespace qforge
