@@ -11,8 +11,10 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <sstream>
 
 #include "framework/core/error.h"
+#include "framework/nn/conv_bn_fold.h"
 
 namespace qforge::jit {
 
@@ -78,6 +80,8 @@ struct Candidate {
   AttrRef weight;
   at::Tensor bias;
   std::string bias_attr;
+  Node* batch_norm = nullptr;  // an aten::batch_norm on the call's output, folded into it
+  std::string bn_owner;
 };
 
 // The int list a constant argument holds, repeated to `dims` values when it holds one.
@@ -149,6 +153,51 @@ std::string analyse(Node* n, const Value* self, const torch::jit::Module& root, 
   return read_conv_options(n, wt, c);
 }
 
+// The tensor a batch_norm input (weight, bias, running statistics) reads, or undefined for None.
+std::optional<at::Tensor> bn_tensor(const Value* v, const Value* self, const torch::jit::Module& root,
+                                    std::string* owner) {
+  if (v->type()->kind() == c10::TypeKind::NoneType) return at::Tensor();
+  const auto ref = resolve(v, self, root);
+  if (!ref || !(ref->value.isTensor() || ref->value.isNone())) return std::nullopt;
+  if (!owner->empty() && *owner != ref->owner) return std::nullopt;
+  *owner = ref->owner;
+  return ref->value.isNone() ? at::Tensor() : ref->value.toTensor();
+}
+
+// The eval-mode aten::batch_norm reading c's output, folded into c's weight and bias (the formula
+// of nn::fold_bn_tensors); returns why one that follows cannot be folded (empty: folded or none).
+std::string fold_batch_norm(const Value* self, const torch::jit::Module& root, Candidate* c) {
+  if (c->spec.kind == LayerKind::kLinear) return {};
+  Node* bn = nullptr;
+  for (const torch::jit::Use& u : c->node->output()->uses())
+    if (u.user->kind() == c10::aten::batch_norm && u.offset == 0) bn = u.user;
+  if (!bn) return {};
+  // Folding changes the convolution's output: only the BatchNorm and shape queries may read it.
+  for (const torch::jit::Use& u : c->node->output()->uses())
+    if (u.user != bn && u.user->kind() != c10::aten::dim && u.user->kind() != c10::aten::size)
+      return "the convolution's output is also read by " + std::string(u.user->kind().toQualString()) +
+             ", which must see it unfolded";
+  const auto training = torch::jit::toIValue(bn->input(5));
+  const bool eval = training ? (training->isBool() && !training->toBool()) : !root.is_training();
+  if (!eval) return "a BatchNorm in training mode uses batch statistics: load a module saved after eval() to fold it";
+  const auto eps = torch::jit::toIValue(bn->input(7));
+  if (!eps || !eps->isDouble()) return "the BatchNorm's eps is not a constant of the graph";
+  std::string owner;
+  const auto gamma = bn_tensor(bn->input(1), self, root, &owner), beta = bn_tensor(bn->input(2), self, root, &owner);
+  const auto mean = bn_tensor(bn->input(3), self, root, &owner), var = bn_tensor(bn->input(4), self, root, &owner);
+  if (!gamma || !beta || !mean || !var) return "the BatchNorm's tensors are not attributes of one module";
+  if (!mean->defined() || !var->defined()) return "the BatchNorm keeps no running statistics";
+  const at::Tensor w = c->weight.value.toTensor();
+  if (mean->numel() != w.size(0)) return "the BatchNorm's channels are not the convolution's output channels";
+  auto [fw, fb] = nn::fold_bn_tensors(w, c->bias, *mean, *var, *gamma, *beta, eps->toDouble());
+  c->weight.value = fw.set_requires_grad(w.requires_grad());
+  c->bias = fb.set_requires_grad(c->bias.defined() ? c->bias.requires_grad() : w.requires_grad());
+  c->spec.bias = true;
+  c->batch_norm = bn;
+  c->bn_owner = owner;
+  return {};
+}
+
 bool quantizable_kind(const Node* n) {
   const auto k = n->kind();
   return k == c10::aten::linear || k == c10::aten::conv1d || k == c10::aten::conv2d || k == c10::aten::_convolution;
@@ -202,6 +251,67 @@ std::vector<c10::intrusive_ptr<ScriptedLayer>> rewritten_layers(const torch::jit
   return out;
 }
 
+void set_attribute(torch::jit::Module& root, const std::string& owner, const std::string& attr, const at::Tensor& value) {
+  torch::jit::Module m = root;
+  std::stringstream path(owner);
+  for (std::string name; std::getline(path, name, '.');) m = m.attr(name).toModule();
+  m.setattr(attr, value);
+}
+
+std::set<std::string> tensor_attributes_read(const torch::jit::Module& module) {
+  const auto method = module.find_method("forward");
+  QF_REQUIRE(method.has_value(), "framework/jit: the TorchScript module has no forward method");
+  std::shared_ptr<Graph> g = method->graph();
+  std::vector<Node*> nodes;
+  collect_nodes(g->block(), &nodes);
+  std::set<std::string> out;
+  for (const auto& [key, uses] : attribute_reads(nodes, g->inputs().at(0), module)) {
+    const size_t slash = key.find('/');
+    const std::string owner = key.substr(0, slash), attr = key.substr(slash + 1);
+    if (uses > 0) out.insert(owner.empty() ? attr : owner + "." + attr);
+  }
+  return out;
+}
+
+namespace {
+
+// The calls of the graph that become qforge ops; the others are listed in *kept_float.
+std::vector<Candidate> candidates(const std::vector<Node*>& nodes, const Value* self, const torch::jit::Module& module,
+                                  std::vector<FloatCall>* kept_float) {
+  const auto reads = attribute_reads(nodes, self, module);
+  std::vector<Candidate> todo;
+  std::set<const Node*> bn_listed;
+  for (Node* n : nodes) {
+    if (listed_float_kind(n)) {
+      kept_float->push_back({op_value_name(n, self, module), n->kind().toQualString(),
+                             "no qforge op for it in the TorchScript front door yet"});
+      continue;
+    }
+    if (!quantizable_kind(n)) continue;
+    Candidate c;
+    std::string why = analyse(n, self, module, &c);
+    if (why.empty() && reads.at(c.weight.key()) > 1)
+      why = "its weight is read " + std::to_string(reads.at(c.weight.key())) + " times in the graph (tied weights)";
+    if (!why.empty()) {
+      kept_float->push_back({op_value_name(n, self, module), n->kind().toQualString(), why});
+      continue;
+    }
+    const std::string bn_why = fold_batch_norm(self, module, &c);
+    for (const torch::jit::Use& u : n->output()->uses())
+      if (!bn_why.empty() && u.user->kind() == c10::aten::batch_norm && bn_listed.insert(u.user).second)
+        kept_float->push_back({op_value_name(u.user, self, module), "aten::batch_norm", bn_why});
+    if (c.batch_norm) bn_listed.insert(c.batch_norm);
+    todo.push_back(std::move(c));
+  }
+  for (Node* n : nodes)
+    if (n->kind() == c10::aten::batch_norm && !bn_listed.count(n))
+      kept_float->push_back({op_value_name(n, self, module), "aten::batch_norm",
+                             "does not follow a convolution qforge rewrites, so it cannot be folded"});
+  return todo;
+}
+
+}  // namespace
+
 RewriteResult rewrite_forward(torch::jit::Module& module) {
   const auto method = module.find_method("forward");
   QF_REQUIRE(method.has_value(), "framework/jit: the TorchScript module has no forward method");
@@ -212,32 +322,23 @@ RewriteResult rewrite_forward(torch::jit::Module& module) {
   Value* self = g->inputs().at(0);
   std::vector<Node*> nodes;
   collect_nodes(g->block(), &nodes);
-  const auto reads = attribute_reads(nodes, self, module);
 
   RewriteResult result;
-  std::vector<Candidate> todo;
-  for (Node* n : nodes) {
-    if (listed_float_kind(n)) {
-      result.kept_float.push_back({op_value_name(n, self, module), n->kind().toQualString(),
-                                   "no qforge op for it in the TorchScript front door yet"});
-      continue;
-    }
-    if (!quantizable_kind(n)) continue;
-    Candidate c;
-    std::string why = analyse(n, self, module, &c);
-    if (why.empty() && reads.at(c.weight.key()) > 1)
-      why = "its weight is read " + std::to_string(reads.at(c.weight.key())) + " times in the graph (tied weights)";
-    if (!why.empty()) {
-      result.kept_float.push_back({op_value_name(n, self, module), n->kind().toQualString(), why});
-      continue;
-    }
-    todo.push_back(std::move(c));
-  }
+  std::vector<Candidate> todo = candidates(nodes, self, module, &result.kept_float);
   size_t next = rewritten_layers(module).size();
   for (Candidate& c : todo) {
+    const at::Tensor weight = c.weight.value.toTensor();
+    if (c.batch_norm) {
+      // The folded tensors replace the module's own, so its parameters stay what the layer trains.
+      set_attribute(module, c.weight.owner, c.weight.attr, weight);
+      if (!c.bias_attr.empty()) set_attribute(module, c.weight.owner, c.bias_attr, c.bias);
+      c.batch_norm->output()->replaceAllUsesWith(c.node->output());
+      c.batch_norm->destroy();
+      result.folded.emplace_back(c.bn_owner, c.weight.layer_name());
+    }
     auto layer = c10::make_intrusive<ScriptedLayer>(c.weight.layer_name(), c.spec,
-                                                    TensorHome{c.weight.owner, c.weight.attr, c.bias_attr},
-                                                    c.weight.value.toTensor(), c.bias);
+                                                    TensorHome{c.weight.owner, c.weight.attr, c.bias_attr}, weight,
+                                                    c.bias);
     const std::string attr = free_attribute(module, &next);
     module.register_attribute(attr, scripted_layer_type(), c10::IValue(layer));
     replace(*g, self, c.node, attr, c.spec.kind);

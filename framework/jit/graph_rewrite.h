@@ -6,7 +6,9 @@
 
 #include <torch/csrc/jit/api/module.h>
 
+#include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "framework/jit/scripted_layer.h"
@@ -23,13 +25,24 @@ struct FloatCall {
 struct RewriteResult {
   std::vector<c10::intrusive_ptr<ScriptedLayer>> layers;  // new qforge layers, in graph order
   std::vector<FloatCall> kept_float;
+  // {BatchNorm module path, convolution layer path} of each BatchNorm folded into a convolution.
+  std::vector<std::pair<std::string, std::string>> folded;
 };
 
 // The root attributes a rewrite added earlier (a file saved after a rewrite), in attribute order.
 std::vector<c10::intrusive_ptr<ScriptedLayer>> rewritten_layers(const torch::jit::Module& module);
 
+// Sets the tensor attribute `attr` of the module at dotted path `owner` ("" for the root).
+void set_attribute(torch::jit::Module& root, const std::string& owner, const std::string& attr, const at::Tensor& value);
+
+// Dotted names ("bn.running_mean", "mix") of the tensor attributes module's forward graph reads.
+std::set<std::string> tensor_attributes_read(const torch::jit::Module& module);
+
 // Rewrites module's forward in place (the graph of its "forward" method; other methods are left
-// as they are). The new layers are float and hold the module's own weight and bias tensors.
+// as they are). The new layers are float and hold the module's own weight and bias tensors. An
+// eval-mode aten::batch_norm on a convolution's output is folded into it (nn::fold_bn_tensors): the
+// module's weight (and bias, where it has one) attributes become the folded tensors; a conv without
+// bias gets the layer's own. Other batch_norm calls stay float and are listed with the reason.
 // Throws qforge::Error when the module has no forward.
 RewriteResult rewrite_forward(torch::jit::Module& module);
 

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <sstream>
 
 #include "framework/core/error.h"
 #include "framework/io/checkpoint.h"
@@ -198,19 +199,23 @@ class TempFile {
 
 }  // namespace
 
-void mount(torch::nn::Module& root, const std::string& path, std::shared_ptr<torch::nn::Module> module) {
-  QF_REQUIRE(!path.empty(), "framework/jit: a qforge layer needs a non-empty module path");
+torch::nn::Module& module_at(torch::nn::Module& root, const std::string& path) {
   torch::nn::Module* at = &root;
-  size_t begin = 0;
-  for (size_t dot = path.find('.'); dot != std::string::npos; begin = dot + 1, dot = path.find('.', begin)) {
-    const std::string name = path.substr(begin, dot - begin);
-    auto children = at->named_children();
-    if (!children.contains(name)) at->register_module(name, std::make_shared<torch::nn::Module>());
+  std::stringstream names(path);
+  for (std::string name; std::getline(names, name, '.');) {
+    if (!at->named_children().contains(name)) at->register_module(name, std::make_shared<torch::nn::Module>());
     at = at->named_children()[name].get();
   }
-  const std::string leaf = path.substr(begin);
-  QF_REQUIRE(!at->named_children().contains(leaf), "framework/jit: two qforge layers at module path '", path, "'");
-  at->register_module(leaf, std::move(module));
+  return *at;
+}
+
+void mount(torch::nn::Module& root, const std::string& path, std::shared_ptr<torch::nn::Module> module) {
+  QF_REQUIRE(!path.empty(), "framework/jit: a qforge layer needs a non-empty module path");
+  const size_t dot = path.rfind('.');
+  torch::nn::Module& at = dot == std::string::npos ? root : module_at(root, path.substr(0, dot));
+  const std::string leaf = dot == std::string::npos ? path : path.substr(dot + 1);
+  QF_REQUIRE(!at.named_children().contains(leaf), "framework/jit: two qforge layers at module path '", path, "'");
+  at.register_module(leaf, std::move(module));
 }
 
 ScriptedLayer::ScriptedLayer(std::string path, const LayerSpec& spec, TensorHome home, const at::Tensor& weight,

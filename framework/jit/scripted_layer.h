@@ -95,6 +95,9 @@ c10::ClassTypePtr scripted_layer_type();
 // The op a kind's calls become: "qforge::linear", "qforge::conv1d", "qforge::conv2d".
 const char* op_name(LayerKind k);
 
+// The module at dotted `path` in `root` ("" is root), creating empty modules where none is yet.
+torch::nn::Module& module_at(torch::nn::Module& root, const std::string& path);
+
 // Registers `module` in `root` at the dotted `path`, creating empty parent modules as needed
 // ("features.0": a child "features" holding "0"). Throws qforge::Error when the path is taken.
 void mount(torch::nn::Module& root, const std::string& path, std::shared_ptr<torch::nn::Module> module);

@@ -26,7 +26,9 @@ ScriptedModelImpl::ScriptedModelImpl(torch::jit::Module script, FreshlyLoaded) :
   RewriteResult r = rewrite_forward(script_);
   layers_.insert(layers_.end(), r.layers.begin(), r.layers.end());
   kept_float_ = std::move(r.kept_float);
+  folded_ = std::move(r.folded);
   for (const auto& l : layers_) mount(*this, l->path(), l->module());
+  register_script_tensors();
   train(script_.is_training());
 }
 
@@ -51,20 +53,30 @@ void require_cpu_float(const std::optional<torch::Device>& device, const std::op
              "framework/jit: a ScriptedModel stays on the CPU in float32 for now (asked: ",
              device ? device->str() : std::string("same device"), ", ",
              dtype ? std::string(c10::toString(*dtype)) : std::string("same dtype"),
-             "): moving it would move the qforge layers but not the TorchScript module's other parameters "
-             "and buffers (docs/torchscript.md)");
+             "): a move would not reach the tensors the TorchScript graph holds as constants (docs/torchscript.md)");
+}
+
+// to(kFloat) as PyTorch's Module.to(dtype): floating-point tensors only (a BatchNorm's integer
+// num_batches_tracked keeps its dtype, which the script's in-place add_ needs).
+void floating_to_float(torch::nn::Module& m) {
+  for (auto& t : m.parameters(/*recurse=*/true))
+    if (at::isFloatingType(t.scalar_type()) && t.scalar_type() != at::kFloat) t.set_data(t.to(at::kFloat));
+  for (auto& t : m.buffers(/*recurse=*/true))
+    if (at::isFloatingType(t.scalar_type()) && t.scalar_type() != at::kFloat) t.set_data(t.to(at::kFloat));
 }
 
 }  // namespace
 
 void ScriptedModelImpl::to(torch::Device device, torch::Dtype dtype, bool non_blocking) {
   require_cpu_float(device, dtype);
-  torch::nn::Module::to(device, dtype, non_blocking);
+  torch::nn::Module::to(device, non_blocking);
+  floating_to_float(*this);
 }
 
 void ScriptedModelImpl::to(torch::Dtype dtype, bool non_blocking) {
   require_cpu_float(std::nullopt, dtype);
-  torch::nn::Module::to(dtype, non_blocking);
+  (void)non_blocking;  // nothing moves between devices
+  floating_to_float(*this);
 }
 
 void ScriptedModelImpl::to(torch::Device device, bool non_blocking) {
@@ -74,9 +86,11 @@ void ScriptedModelImpl::to(torch::Device device, bool non_blocking) {
 
 std::vector<at::Tensor> ScriptedModelImpl::trainable_parameters() {
   std::vector<at::Tensor> out;
-  std::set<const c10::TensorImpl*> seen;
+  std::set<const c10::TensorImpl*> ours, seen;
+  for (const at::Tensor& p : parameters()) ours.insert(p.unsafeGetTensorImpl());
+  // Script order first; a folded BatchNorm's parameters (no longer read) and released weights are not.
   for (const at::Tensor& p : script_.parameters()) {
-    if (p.numel() == 0) continue;  // a frozen layer's released weight
+    if (p.numel() == 0 || !ours.count(p.unsafeGetTensorImpl())) continue;
     out.push_back(p);
     seen.insert(p.unsafeGetTensorImpl());
   }
@@ -86,10 +100,30 @@ std::vector<at::Tensor> ScriptedModelImpl::trainable_parameters() {
 }
 
 void ScriptedModelImpl::set_script_attr(const std::string& owner, const std::string& attr, const at::Tensor& value) {
-  torch::jit::Module m = script_;
-  std::stringstream path(owner);
-  for (std::string name; std::getline(path, name, '.');) m = m.attr(name).toModule();
-  m.setattr(attr, value);
+  set_attribute(script_, owner, attr, value);
+}
+
+void ScriptedModelImpl::register_script_tensors() {
+  std::set<std::string> skip;
+  for (const auto& l : layers_) {
+    const std::string prefix = l->home().owner.empty() ? "" : l->home().owner + ".";
+    skip.insert(prefix + l->home().weight);
+    if (!l->home().bias.empty()) skip.insert(prefix + l->home().bias);
+  }
+  const std::set<std::string> read = tensor_attributes_read(script_);
+  auto add = [&](const std::string& name, const at::Tensor& t, bool parameter) {
+    if (skip.count(name) || !read.count(name)) return;
+    const size_t dot = name.rfind('.');
+    torch::nn::Module& owner = dot == std::string::npos ? *this : module_at(*this, name.substr(0, dot));
+    const std::string leaf = dot == std::string::npos ? name : name.substr(dot + 1);
+    // The same tensor as the script's: a checkpoint load or an optimizer step reaches the script.
+    if (parameter)
+      owner.register_parameter(leaf, t, t.requires_grad());
+    else
+      owner.register_buffer(leaf, t);
+  };
+  for (const auto& p : script_.named_parameters(/*recurse=*/true)) add(p.name, p.value, true);
+  for (const auto& b : script_.named_buffers(/*recurse=*/true)) add(b.name, b.value, false);
 }
 
 void ScriptedModelImpl::save(const std::string& path) {
@@ -106,8 +140,11 @@ void ScriptedModelImpl::save(const std::string& path) {
   }
 }
 
-std::string ScriptedModelImpl::describe(bool planned) const {
-  std::string out = qforge::describe(*this, planned);
+std::string ScriptedModelImpl::describe(bool planned) const { return qforge::describe(*this, planned) + graph_notes(); }
+
+std::string ScriptedModelImpl::graph_notes() const {
+  std::string out;
+  for (const auto& [bn, conv] : folded_) out += "folded  " + bn + "  aten::batch_norm into " + conv + "\n";
   for (const FloatCall& f : kept_float_) out += "float  " + f.name + "  " + f.op + ": " + f.reason + "\n";
   return out;
 }

@@ -11,6 +11,7 @@
 #include <torch/nn/pimpl.h>
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "framework/jit/graph_rewrite.h"
@@ -41,34 +42,45 @@ class ScriptedModelImpl : public torch::nn::Module {
   // Training mode of both the qforge layers and the TorchScript module (dropout, BatchNorm).
   void train(bool on = true) override;
 
-  // Only the CPU and float32 for now: a move would reach the qforge layers but not the script's
-  // other parameters and buffers (BatchNorm, constants), leaving a mixed model. Others throw.
+  // Only the CPU and float32 for now: a move would reach the qforge layers and the script's
+  // registered parameters and buffers, but not tensors the graph holds as constants. Others throw.
   void to(torch::Device device, torch::Dtype dtype, bool non_blocking = false) override;
   void to(torch::Dtype dtype, bool non_blocking = false) override;
   void to(torch::Device device, bool non_blocking = false) override;
 
-  // The TorchScript module's parameters (the qforge layers' float weights and biases are these
-  // same tensors) followed by qforge's own trainable ones (LSQ scales): what a QAT optimizer takes.
+  // The TorchScript module's parameters its forward reads (the qforge layers' float weights and
+  // biases are these same tensors) followed by qforge's own trainable ones (a folded conv's bias,
+  // LSQ scales): what a QAT optimizer takes.
   std::vector<at::Tensor> trainable_parameters();
 
   // Saves the TorchScript module. Frozen layers' float weights are released from it first (the
   // module's attribute becomes an empty tensor): the file holds their packed weights only.
   void save(const std::string& path);
 
-  // qforge::describe's table plus one line per call left float, with the reason.
+  // qforge::describe's table plus graph_notes().
   std::string describe(bool planned = false) const;
+  // One line per BatchNorm folded at load and per call left float, with the reason.
+  std::string graph_notes() const;
 
   const std::vector<c10::intrusive_ptr<ScriptedLayer>>& layers() const { return layers_; }
   const std::vector<FloatCall>& kept_float() const { return kept_float_; }
+  // {BatchNorm path, convolution path} of each BatchNorm folded at load (empty for a file save() wrote).
+  const std::vector<std::pair<std::string, std::string>>& folded() const { return folded_; }
   torch::jit::Module& script() { return script_; }
 
  private:
   // The TorchScript module's attribute at dotted module path `owner`, name `attr`.
   void set_script_attr(const std::string& owner, const std::string& attr, const at::Tensor& value);
 
+  // Registers the script's parameters and buffers the forward reads, other than the qforge
+  // layers' weights and biases, as this module's own (the same tensors): parameters(),
+  // io::save_model / load_model and to() see them.
+  void register_script_tensors();
+
   torch::jit::Module script_;
   std::vector<c10::intrusive_ptr<ScriptedLayer>> layers_;
   std::vector<FloatCall> kept_float_;
+  std::vector<std::pair<std::string, std::string>> folded_;
 };
 
 TORCH_MODULE(ScriptedModel);

@@ -17,19 +17,32 @@ Conv2d fold_conv_bn(const Conv2d& conv, const torch::nn::BatchNorm2d& bn) {
   Conv2d folded(conv_options_of<2>(conv->options).bias(true));
   folded->to(conv->weight.device(), conv->weight.scalar_type());
   at::NoGradGuard no_grad;
-  const at::Tensor inv_std = at::rsqrt(bn->running_var + bo.eps());
-  const at::Tensor gamma = bo.affine() ? bn->weight : at::ones_like(inv_std);
-  const at::Tensor beta = bo.affine() ? bn->bias : at::zeros_like(inv_std);
-  const at::Tensor scale = gamma * inv_std;
-  const at::Tensor b = conv->bias.defined() ? conv->bias : at::zeros_like(scale);
-  std::vector<int64_t> bshape(conv->weight.dim(), 1);
-  bshape[0] = -1;
-  folded->weight.copy_(conv->weight * scale.reshape(bshape));
-  folded->bias.copy_((b - bn->running_mean) * scale + beta);
+  const auto [w, b] = fold_bn_tensors(conv->weight, conv->bias, bn->running_mean, bn->running_var,
+                                      bo.affine() ? bn->weight : at::Tensor(), bo.affine() ? bn->bias : at::Tensor(),
+                                      bo.eps());
+  folded->weight.copy_(w);
+  folded->bias.copy_(b);
   // A conv the caller froze for training stays frozen once folded.
   folded->weight.set_requires_grad(conv->weight.requires_grad());
   folded->bias.set_requires_grad(conv->bias.defined() ? conv->bias.requires_grad() : conv->weight.requires_grad());
   return folded;
+}
+
+std::pair<at::Tensor, at::Tensor> fold_bn_tensors(const at::Tensor& weight, const at::Tensor& bias,
+                                                  const at::Tensor& running_mean, const at::Tensor& running_var,
+                                                  const at::Tensor& gamma, const at::Tensor& beta, double eps) {
+  const int64_t out = weight.size(0);
+  QF_REQUIRE(running_mean.numel() == out && running_var.numel() == out, "fold_bn_tensors: BatchNorm statistics of ",
+             running_var.numel(), " channels, the convolution has ", out, " output channels");
+  at::NoGradGuard no_grad;
+  const at::Tensor inv_std = at::rsqrt(running_var + eps);
+  const at::Tensor scale = gamma.defined() ? gamma * inv_std : inv_std;
+  const at::Tensor b = bias.defined() ? bias : at::zeros_like(scale);
+  std::vector<int64_t> bshape(weight.dim(), 1);
+  bshape[0] = -1;
+  at::Tensor folded_bias = (b - running_mean) * scale;
+  if (beta.defined()) folded_bias = folded_bias + beta;
+  return {weight * scale.reshape(bshape), folded_bias};
 }
 
 }  // namespace qforge::nn

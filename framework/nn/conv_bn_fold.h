@@ -4,6 +4,8 @@
 
 #include <torch/nn/modules/batchnorm.h>
 
+#include <utility>
+
 #include "framework/nn/conv.h"
 
 namespace qforge::nn {
@@ -15,5 +17,12 @@ namespace qforge::nn {
 // quantized (fold first, then quantize), when bn keeps no running statistics or its feature count
 // is not conv's output channels; nothing changes then.
 Conv2d fold_conv_bn(const Conv2d& conv, const torch::nn::BatchNorm2d& bn);
+
+// The same formula on tensors, for a convolution of any dimension (the TorchScript graph's
+// conv -> batch_norm pairs): returns {w', b'} as new tensors without autograd history. Undefined
+// `bias`, `gamma`, `beta` stand for 0, 1, 0. Throws when the statistics are not w's output channels.
+std::pair<at::Tensor, at::Tensor> fold_bn_tensors(const at::Tensor& weight, const at::Tensor& bias,
+                                                  const at::Tensor& running_mean, const at::Tensor& running_var,
+                                                  const at::Tensor& gamma, const at::Tensor& beta, double eps);
 
 }  // namespace qforge::nn

@@ -58,6 +58,7 @@ nlohmann::json not_exported(const RunContext& ctx) {
   if (!e.checkpoint) out["model.h5"] = "export.checkpoint is false";
   if (!e.safetensors) out["model.safetensors"] = "export.safetensors is false";
   if (!e.onnx) out["model.onnx"] = "export.onnx is false";
+  if (ctx.task.save_torchscript && !e.torchscript) out["model.pt"] = "export.torchscript is false";
   return out;
 }
 
@@ -118,6 +119,9 @@ class ExportStage : public Stage {
     if (r.export_.onnx) export_onnx(ctx, dir);
     if (ctx.task.save_tokenizer)
       ctx.report["exported"]["tokenizer"] = ctx.save((dir / ctx.task.tokenizer_name).string(), ctx.task.save_tokenizer);
+    if (r.export_.torchscript && ctx.task.save_torchscript)
+      ctx.report["exported"]["torchscript"] =
+          ctx.save((dir / "model.pt").string(), [&](const std::string& p) { ctx.task.save_torchscript(p); });
   }
 };
 

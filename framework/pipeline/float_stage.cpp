@@ -62,6 +62,8 @@ class FloatStage : public Stage {
     const std::string& ckpt = r.model.checkpoint;
     if (!ckpt.empty() && fs::exists(ckpt)) {
       ctx.note(load_float_checkpoint(*t.model, ckpt, r));
+    } else if (!t.float_weights_from.empty()) {
+      ctx.note("float weights from " + t.float_weights_from);
     } else if (!r.model.safetensors.empty()) {
       t.import_safetensors(r.model.safetensors);
       ctx.note("float weights imported from " + r.model.safetensors);

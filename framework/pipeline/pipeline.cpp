@@ -92,6 +92,7 @@ void dry_run(const Recipe& r, const std::vector<std::string>& stages) {
   std::printf("\nplan (%zu quantized layers, %zu kept float; %s):\n%s", rep.quantized.size(), rep.kept_float.size(),
               freezes ? "kernels as freeze will choose them on this machine" : "fake-quant, not frozen",
               describe(*t.model, /*planned=*/freezes).c_str());
+  if (t.graph_notes) std::printf("%s", t.graph_notes().c_str());
   for (const auto& w : rep.warnings) std::printf("warning: %s\n", w.c_str());
   if (r.export_.onnx) {
     pipeline::check_onnx_recipe(r, t.model.get());

@@ -47,7 +47,8 @@ const std::vector<std::string>& run_output_names() {
   static const std::vector<std::string> names = [] {
     std::vector<std::string> n(std::begin(kReportFileNames), std::end(kReportFileNames));
     for (const char* f : {"recipe.resolved.yaml", "recipe.searched.yaml", "model.h5", "calibration.h5",
-                          "model.safetensors", "model.onnx", "tokenizer.json", "tokenizer.model"})
+                          "model.safetensors", "model.onnx", "tokenizer.json", "tokenizer.model",
+                          "model.pt"})
       n.emplace_back(f);
     return n;
   }();
@@ -65,6 +66,7 @@ std::vector<std::string> written_output_names(const Recipe& r) {
     if (e.safetensors) out.emplace_back("model.safetensors");
     if (e.onnx) out.emplace_back("model.onnx");
     if (r.data.tokenizer_vocab_size > 0) out.emplace_back("tokenizer.json");
+    if (e.torchscript && !r.model.torchscript.empty()) out.emplace_back("model.pt");
   }
   return out;
 }
@@ -76,6 +78,8 @@ std::vector<RunInput> run_inputs(const Recipe& r) {
   if (!r.model.safetensors.empty()) in.push_back({"model.safetensors", r.model.safetensors});
   if (!r.model.config_file.empty()) in.push_back({"model.config_file", r.model.config_file});
   if (!r.data.tokenizer_file.empty()) in.push_back({"data.tokenizer.file", r.data.tokenizer_file});
+  if (!r.model.torchscript.empty()) in.push_back({"model.torchscript", r.model.torchscript});
+  if (!r.data.file.empty()) in.push_back({"data.file", r.data.file});
   if (!r.search.sensitivities_from.empty()) in.push_back({"search.sensitivities_from", r.search.sensitivities_from});
   if (!r.search.latency_cache.empty() && r.search.latency_cache != "off")
     in.push_back({"search.latency_cache", r.search.latency_cache});

@@ -94,6 +94,24 @@ bool any_weights_quantized(const Scheme& s) {
   return any;
 }
 
+// model.torchscript and its data file (framework/recipe/tasks/torchscript_task.cpp).
+void check_torchscript(const Recipe& r, const Where& w) {
+  const std::string& ts = r.model.torchscript;
+  if (r.model.arch == "torchscript" && ts.empty())
+    w.problem("model.arch", "torchscript needs model.torchscript: the TorchScript file to quantize");
+  if (!ts.empty() && r.model.arch != "torchscript")
+    w.problem("model.torchscript", "is the model of model.arch torchscript, not '" + r.model.arch + "'");
+  if (!r.model.input_shape.empty() && ts.empty()) w.problem("model.input_shape", "applies to model.torchscript only");
+  if (r.data.dataset == "tensors" && r.data.file.empty())
+    w.problem("data.dataset", "tensors needs data.file: a safetensors file of `inputs` [N, ...] and `labels` [N]");
+  if (!r.data.file.empty() && r.data.dataset != "tensors") w.problem("data.file", "is read by data.dataset tensors only");
+  if (!ts.empty() && r.export_.onnx)
+    w.problem("export.onnx", "a TorchScript model has no ONNX export: qforge writes ONNX from its own model types, "
+                             "and the rewritten graph calls qforge ops ONNX has no node for (export.torchscript writes model.pt)");
+  if (!ts.empty() && r.qat.epochs > 0)
+    w.problem("qat.epochs", "QAT of a TorchScript model runs in C++ (docs/torchscript.md), not from a recipe yet");
+}
+
 // The architecture and its dataset, from the task registry.
 void check_model_data(const Recipe& r, const Where& w) {
   if (r.model.arch.empty()) w.problem("model.arch", "is required (" + or_list(task_architectures()) + ")");
@@ -102,6 +120,7 @@ void check_model_data(const Recipe& r, const Where& w) {
   if (task && !r.data.dataset.empty() && task->dataset != r.data.dataset)
     w.problem("data.dataset", "model.arch '" + r.model.arch + "' is trained on '" + task->dataset + "', not '" +
                                   r.data.dataset + "'");
+  check_torchscript(r, w);
   if (r.data.tokens != "chars" && r.data.dataset != "langid")
     w.problem("data.tokens", "applies to the langid dataset only (this recipe's dataset is '" + r.data.dataset + "')");
   const Recipe::Data& d = r.data;
@@ -135,7 +154,7 @@ void check_quantize(const Recipe& r, const YAML::Node& tree, const Where& w) {
 
 void check_training(const Recipe& r, const Where& w) {
   if (r.qat.epochs > 0 && !r.quantize) w.problem("qat.epochs", "QAT needs a quantize section");
-  if (r.train.epochs == 0 && r.model.safetensors.empty() &&
+  if (r.train.epochs == 0 && r.model.safetensors.empty() && r.model.torchscript.empty() &&
       (r.model.checkpoint.empty() || !std::filesystem::exists(r.model.checkpoint)))
     w.problem("train.epochs", "0 epochs and no float weights to load (model.checkpoint " +
                                   (r.model.checkpoint.empty() ? std::string("is not set") : "'" + r.model.checkpoint + "' does not exist") +
@@ -278,6 +297,8 @@ Recipe read_recipe(const std::string& path, const YAML::Node& tree, const Where&
   Recipe r;
   r.path = path;
   recipe_schema::apply_bound(schema(), tree, r);
+  // model.torchscript is the model of one architecture.
+  if (r.model.arch.empty() && !r.model.torchscript.empty()) r.model.arch = "torchscript";
   if (tree["model"] && tree["model"]["config"]) r.model.config = recipe_tree::to_json(tree["model"]["config"]);
   r.quantize = tree["quantize"] && tree["quantize"].IsMap();
   // qat.lsq turns on the learnable steps of the whole scheme.

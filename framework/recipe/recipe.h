@@ -45,10 +45,13 @@ struct Recipe {
     std::string config_file;     // HF-style config.json, merged under `config`
     std::string checkpoint;      // float checkpoint: loaded when present, written after training ({float_key} expanded)
     std::string safetensors;     // HF safetensors file to import instead of training
+    std::string torchscript;     // TorchScript file (framework/jit): arch "torchscript", its own float weights
+    std::vector<int64_t> input_shape;  // TorchScript: one example's input shape, checked against the data
   } model;
 
   struct Data {
     std::string dataset;         // the dataset of model.arch in the task registry
+    std::string file;            // dataset "tensors": safetensors file of `inputs` and `labels`
     int64_t batch_size = 64;
     int64_t eval_batch_size = 256;
     int64_t validation_size = 5000;
@@ -154,6 +157,7 @@ struct Recipe {
     bool report = true;
     bool safetensors = false;
     bool onnx = false;
+    bool torchscript = true;  // model.pt of a TorchScript model (arch torchscript)
   } export_;
 };
 

@@ -69,12 +69,18 @@ Field model_section() {
       bind(leaf("config_file", T::kString, "HF-style config.json to read the config from"), &Recipe::model, &Recipe::Model::config_file),
       bind(leaf("checkpoint", T::kString, "float checkpoint: loaded when it exists, written after float training ({float_key}: a hash of the float settings)"), &Recipe::model, &Recipe::Model::checkpoint),
       bind(leaf("safetensors", T::kString, "float weights to import instead of training (HF names for bert/gpt2)"), &Recipe::model, &Recipe::Model::safetensors),
+      bind(leaf("torchscript", T::kString, "TorchScript file (torch.jit.script / trace) to quantize; sets arch torchscript"), &Recipe::model, &Recipe::Model::torchscript),
+      bind(list("input_shape", "TorchScript: one example's input shape, without the batch (checked against the data)",
+                leaf("*", T::kInt, "size", 1, 1e9)),
+           [](const YAML::Node& n, Recipe& r) { r.model.input_shape = n.as<std::vector<int64_t>>(); },
+           [](const Recipe& r) { return r.model.input_shape.empty() ? YAML::Node() : YAML::Node(r.model.input_shape); }),
   });
 }
 
 Field data_section() {
   return map("data", "dataset and batching", {
-      bind(choice("dataset", task_datasets(), "dataset (from Debian packages)"), &Recipe::data, &Recipe::Data::dataset),
+      bind(choice("dataset", task_datasets(), "dataset (from Debian packages; tensors: data.file)"), &Recipe::data, &Recipe::Data::dataset),
+      bind(leaf("file", T::kString, "dataset tensors: safetensors file of `inputs` [N, ...] and `labels` [N]"), &Recipe::data, &Recipe::Data::file),
       bind(leaf("batch_size", T::kInt, "training batch size", 1, 65536), &Recipe::data, &Recipe::Data::batch_size),
       bind(leaf("eval_batch_size", T::kInt, "evaluation batch size", 1, 65536), &Recipe::data, &Recipe::Data::eval_batch_size),
       bind(leaf("validation_size", T::kInt, "examples held out from training for validation", 0, 1e9), &Recipe::data, &Recipe::Data::validation_size),
@@ -303,6 +309,10 @@ Field export_section() {
       bind(leaf("report", T::kBool, "report.json and report.md"), &Recipe::export_, &Recipe::Export::report),
       bind(leaf("safetensors", T::kBool, "frozen model as safetensors"), &Recipe::export_, &Recipe::Export::safetensors),
       bind(leaf("onnx", T::kBool, "frozen model as ONNX with QuantizeLinear/DequantizeLinear (model.onnx)"), &Recipe::export_, &Recipe::Export::onnx),
+      // Written back for TorchScript models only: other recipes resolve as before.
+      bind(leaf("torchscript", T::kBool, "TorchScript models: the frozen model as TorchScript (model.pt)"),
+           [](const YAML::Node& n, Recipe& r) { r.export_.torchscript = n.as<bool>(); },
+           [](const Recipe& r) { return r.model.torchscript.empty() ? YAML::Node() : YAML::Node(r.export_.torchscript); }),
   });
 }
 

@@ -48,6 +48,12 @@ struct Task {
   // model as tokenizer_name (tokenizer.json or tokenizer.model).
   std::string tokenizer_name;
   std::function<void(const std::string& path)> save_tokenizer;
+  // Set when the float weights come with the model (a TorchScript file): the float stage neither
+  // trains nor loads them then.
+  std::string float_weights_from;
+  // TorchScript models: writes model.pt (export stage), and the graph's folded and float calls.
+  std::function<void(const std::string& path)> save_torchscript;
+  std::function<std::string()> graph_notes;
 };
 
 // An architecture qtrain runs: the recipe's model.arch, the data.dataset it is trained on, and
@@ -80,5 +86,6 @@ TaskKind cnn_task();
 TaskKind bert_task();
 TaskKind gpt2_task();
 TaskKind llama_task();
+TaskKind torchscript_task();
 
 }  // namespace qforge

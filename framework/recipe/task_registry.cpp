@@ -9,7 +9,7 @@
 namespace qforge {
 
 const std::vector<TaskKind>& task_kinds() {
-  static const std::vector<TaskKind> kKinds{mlp_task(), cnn_task(), bert_task(), gpt2_task(), llama_task()};
+  static const std::vector<TaskKind> kKinds{mlp_task(), cnn_task(), bert_task(), gpt2_task(), llama_task(), torchscript_task()};
   return kKinds;
 }
 

@@ -19,25 +19,14 @@
 #include "framework/io/calibration_dump.h"
 #include "framework/models/cnn.h"
 #include "framework/models/state_dict.h"
+#include "tests/qtrain_run.h"
 
 namespace fs = std::filesystem;
 
 namespace {
 
-struct QtrainRun {
-  int code;
-  std::string output;
-};
-
-QtrainRun qtrain(const std::string& args) {
-  const std::string cmd = std::string("cd ") + QFORGE_SOURCE_DIR + " && " + QTRAIN_BIN + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
-  const int status = pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
+using qforge::testing::qtrain;
+using qforge::testing::QtrainRun;
 
 std::string out_dir(const std::string& name) {
   const fs::path d = fs::temp_directory_path() / ("qforge_qtrain_" + std::to_string(::getpid()) + "_" + name);

@@ -59,7 +59,7 @@ const std::map<std::string, std::set<std::string>>& allowed() {
     m["framework/onnx"] = with({"framework/api", "framework/format", "framework/io", "framework/models"});
     m["framework/recipe"] = with({"framework/api", "framework/data", "framework/format", "framework/io", "framework/train",
                                   "framework/models", "framework/search", "framework/ptq", "framework/onnx",
-                                  "framework/dist", "framework/text"});
+                                  "framework/dist", "framework/text", "framework/jit"});
     // report.json's sections and renderers sit above the recipe and below the stages that fill them.
     m["framework/report"] = with({"framework/api", "framework/format", "framework/io", "framework/train", "framework/search",
                                   "framework/ptq", "framework/onnx", "framework/recipe"});

@@ -19,15 +19,15 @@
 #include "framework/io/model_io.h"
 #include "framework/jit/scripted_model.h"
 #include "tests/error_of.h"
+#include "tests/jit/jit_test_util.h"
 
 namespace fs = std::filesystem;
 using qforge::jit::ScriptedModel;
+using qforge::jit_test::fixture;
+using qforge::jit_test::TempDir;
+using qforge::jit_test::w8a8;
 
 namespace {
-
-std::string fixture(const std::string& name) {
-  return std::string(QFORGE_TORCHSCRIPT_FIXTURES) + "/" + name + ".pt";
-}
 
 at::Tensor input_for(const std::string& name, int64_t batch) {
   return name.rfind("cnn", 0) == 0 ? torch::randn({batch, 1, 14, 14}) : torch::randn({batch, 32});
@@ -46,24 +46,6 @@ std::vector<std::string> layer_paths(const ScriptedModel& m) {
   for (const auto& l : m->layers()) out.push_back(l->path());
   return out;
 }
-
-// Static int8 activations and per-channel int8 weights: the integer kernels after freeze.
-qforge::Scheme w8a8() {
-  qforge::Scheme s(qforge::qint8);
-  s.activations = qforge::ActivationMode::kStatic;
-  s.observer = "minmax";
-  return s;
-}
-
-// A temporary directory removed at scope exit.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string t = (fs::temp_directory_path() / "qforge-jit-test-XXXXXX").string();
-    path = ::mkdtemp(t.data());
-  }
-  ~TempDir() { fs::remove_all(path); }
-};
 
 }  // namespace
 
@@ -180,7 +162,7 @@ TEST(TorchScript, QuantizeCalibrateQatStepFreezeSaveAndLoadInCpp) {
   // Where torchscript_python_test finds the frozen files and their inputs and outputs.
   const char* out_dir = std::getenv("QFORGE_TORCHSCRIPT_OUT");
   TempDir tmp;
-  for (const char* name : {"cnn_scripted", "cnn_traced", "mlp_scripted"}) {
+  for (const char* name : {"cnn_scripted", "cnn_traced", "mlp_scripted", "cnn_bn_scripted"}) {
     SCOPED_TRACE(name);
     torch::manual_seed(2);
     ScriptedModel m = qforge::jit::load_torchscript(fixture(name));

@@ -441,16 +441,21 @@ TEST(Recipe, FreezingWithoutQuantizedWeightsIsRejectedUpFront) {
 TEST(Recipe, ArchitecturesAndDatasetsAreTheTaskRegistrys) {
   TempDir dir;
   for (const TaskKind& k : task_kinds()) {
-    const std::string text = std::string("model: {arch: ") + k.arch + "}\ndata: {dataset: " + k.dataset + "}\n";
+    std::string text = std::string("model: {arch: ") + k.arch + "}\ndata: {dataset: " + k.dataset + "}\n";
+    // A TorchScript model also names its file and its data file.
+    const std::string fx = std::string(QFORGE_SOURCE_DIR) + "/tests/fixtures/torchscript/";
+    if (std::string(k.arch) == "torchscript")
+      text = "model: {arch: torchscript, torchscript: " + fx + "cnn_bn_scripted.pt}\ndata: {dataset: tensors, file: " + fx +
+             "cnn_bn_data.safetensors}\n";
     EXPECT_TRUE(issues_of(dir.write(std::string(k.arch) + ".yaml", text)).empty()) << k.arch;
   }
   const std::vector<RecipeIssue> typo = issues_of(dir.write("typo.yaml", "model: {arch: bret}\ndata: {dataset: langid}\n"));
   ASSERT_EQ(typo.size(), 1u);
-  EXPECT_EQ(typo[0].message, "'bret' is not valid (did you mean 'bert'?); valid: mlp, cnn, bert, gpt2, llama");
+  EXPECT_EQ(typo[0].message, "'bret' is not valid (did you mean 'bert'?); valid: mlp, cnn, bert, gpt2, llama, torchscript");
   const std::vector<RecipeIssue> missing = issues_of(dir.write("none.yaml", "train: {epochs: 1}\n"));
   ASSERT_EQ(missing.size(), 2u);
-  EXPECT_EQ(missing[0].message, "is required (mlp, cnn, bert, gpt2 or llama)");
-  EXPECT_EQ(missing[1].message, "is required (fashion_mnist, langid or fortunes)");
+  EXPECT_EQ(missing[0].message, "is required (mlp, cnn, bert, gpt2, llama or torchscript)");
+  EXPECT_EQ(missing[1].message, "is required (fashion_mnist, langid, fortunes or tensors)");
   EXPECT_EQ(find_task_kind("gpt2")->dataset, std::string("fortunes"));
   EXPECT_EQ(find_task_kind("resnet"), nullptr);
 }

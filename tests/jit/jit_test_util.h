@@ -1,0 +1,38 @@
+// What the TorchScript tests share: the committed fixtures, the W8A8 scheme and a temporary directory.
+#pragma once
+
+#include <stdlib.h>
+
+#include <filesystem>
+#include <string>
+
+#include "framework/api/scheme.h"
+
+namespace qforge::jit_test {
+
+// tests/fixtures/torchscript/<name>.pt (scripts/torchscript/make_fixtures.py).
+inline std::string fixture(const std::string& name) {
+  return std::string(QFORGE_TORCHSCRIPT_FIXTURES) + "/" + name + ".pt";
+}
+
+// Static int8 activations and per-channel int8 weights: the integer kernels after freeze.
+inline Scheme w8a8() {
+  Scheme s(qint8);
+  s.activations = ActivationMode::kStatic;
+  s.observer = "minmax";
+  return s;
+}
+
+// A temporary directory removed at scope exit.
+struct TempDir {
+  std::filesystem::path path;
+  TempDir() {
+    std::string t = (std::filesystem::temp_directory_path() / "qforge-jit-test-XXXXXX").string();
+    path = ::mkdtemp(t.data());
+  }
+  ~TempDir() { std::filesystem::remove_all(path); }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+};
+
+}  // namespace qforge::jit_test

@@ -1,0 +1,107 @@
+// qtrain on a TorchScript model (recipes/torchscript_cnn_int8.yaml: a scripted net with
+// BatchNorms, user data in a safetensors file): calibrate -> quantize -> freeze -> export, the
+// saved model.pt loaded back, and the recipe errors at file:line:key.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <torch/script.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "framework/format/safetensors.h"
+#include "framework/jit/scripted_model.h"
+#include "tests/qtrain_run.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+using qforge::testing::qtrain;
+using qforge::testing::QtrainRun;
+
+// A fresh directory under the temporary directory, removed at scope exit.
+struct OutDir {
+  fs::path path;
+  explicit OutDir(const std::string& name)
+      : path(fs::temp_directory_path() / ("qforge_ts_recipe_" + std::to_string(::getpid()) + "_" + name)) {
+    fs::remove_all(path);
+  }
+  ~OutDir() { fs::remove_all(path); }
+};
+
+const char* kRecipe = "--recipe recipes/torchscript_cnn_int8.yaml";
+
+}  // namespace
+
+TEST(TorchScriptRecipe, CalibratesQuantizesFreezesAndExportsTorchScript) {
+  OutDir dir("run");
+  const QtrainRun run = qtrain(std::string(kRecipe) + " --out " + dir.path.string());
+  ASSERT_EQ(run.code, 0) << run.output;
+  std::ifstream in(dir.path / "report.json");
+  const nlohmann::json r = nlohmann::json::parse(in);
+  EXPECT_EQ(r["metric"], "accuracy");
+  // The labels are the float model's own top-1 classes: the float model agrees with itself.
+  EXPECT_EQ(r["metrics"]["float"]["accuracy"].get<double>(), 1.0);
+  // W8A8 keeps top-1 agreement with float on at least 90 % of the 128 held-out examples.
+  EXPECT_GE(r["metrics"]["frozen"]["accuracy"].get<double>(), 0.9) << r["metrics"].dump();
+  EXPECT_EQ(r["layers"].size(), 4u);
+  EXPECT_LT(r["size_bytes"]["frozen"].get<int64_t>(), r["size_bytes"]["float"].get<int64_t>());
+  EXPECT_NE(r["notes"].dump().find("float weights from the TorchScript file"), std::string::npos) << r["notes"].dump();
+  const fs::path pt = dir.path / "model.pt";
+  ASSERT_TRUE(fs::exists(pt));
+  EXPECT_EQ(r["exported"]["torchscript"], pt.string());
+  EXPECT_TRUE(fs::exists(dir.path / "report.md"));
+
+  // model.pt runs the frozen integer layers: loaded back, its outputs agree with the float file
+  // on the held-out inputs as the report says.
+  qforge::jit::ScriptedModel frozen = qforge::jit::load_torchscript(pt.string());
+  for (const auto& l : frozen->layers()) EXPECT_TRUE(l->layer().frozen()) << l->path();
+  const auto data = qforge::io::read_safetensors(std::string(QFORGE_SOURCE_DIR) +
+                                                 "/tests/fixtures/torchscript/cnn_bn_data.safetensors");
+  const at::Tensor x = data.tensors.at("inputs").slice(0, 256), y = data.tensors.at("labels").slice(0, 256);
+  frozen->eval();
+  torch::NoGradGuard no_grad;
+  const double agree = frozen->forward(x).argmax(1).eq(y).to(at::kDouble).mean().item<double>();
+  EXPECT_NEAR(agree, r["metrics"]["frozen"]["accuracy"].get<double>(), 1e-9);
+}
+
+TEST(TorchScriptRecipe, DryRunPrintsThePlanAndTheFoldedBatchNorms) {
+  const QtrainRun run = qtrain(std::string(kRecipe) + " --dry-run");
+  ASSERT_EQ(run.code, 0) << run.output;
+  EXPECT_NE(run.output.find("model torchscript, dataset tensors"), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("plan (4 quantized layers"), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("folded  stem.1  aten::batch_norm into stem.0"), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("float  head_bn  aten::batch_norm"), std::string::npos) << run.output;
+}
+
+TEST(TorchScriptRecipe, MistakesAreReportedAtTheirKey) {
+  const auto expect_error = [](const std::string& set, const std::string& message) {
+    const QtrainRun run = qtrain(std::string(kRecipe) + " --dry-run " + set);
+    EXPECT_NE(run.code, 0) << set;
+    EXPECT_NE(run.output.find(message), std::string::npos) << set << "\n" << run.output;
+  };
+  expect_error("--set export.onnx=true", "export.onnx: a TorchScript model has no ONNX export");
+  // Missing files are found when the dry run loads the model, or the data stage reads the data.
+  expect_error("--set model.torchscript=nowhere.pt", "no TorchScript file at nowhere.pt");
+  expect_error("--set model.arch=cnn", "model.torchscript: is the model of model.arch torchscript, not 'cnn'");
+  // Written in the recipe file: the error names the file and line.
+  expect_error("--set data.dataset=fashion_mnist", "torchscript_cnn_int8.yaml:13:");
+  expect_error("--set data.dataset=fashion_mnist", "data.file: is read by data.dataset tensors only");
+  const QtrainRun no_data = qtrain(std::string(kRecipe) + " --out " +
+                                   (fs::temp_directory_path() / "qforge_ts_recipe_no_data").string() +
+                                   " --set data.file=nowhere.safetensors");
+  EXPECT_NE(no_data.code, 0);
+  EXPECT_NE(no_data.output.find("nowhere.safetensors"), std::string::npos) << no_data.output;
+  fs::remove_all(fs::temp_directory_path() / "qforge_ts_recipe_no_data");
+  const QtrainRun shape = qtrain(std::string(kRecipe) + " --out " +
+                           (fs::temp_directory_path() / "qforge_ts_recipe_shape").string() +
+                           " --set model.input_shape=[3,14,14]");
+  EXPECT_NE(shape.code, 0);
+  EXPECT_NE(shape.output.find("one example has shape [1, 14, 14], model.input_shape is [3, 14, 14]"), std::string::npos)
+      << shape.output;
+  fs::remove_all(fs::temp_directory_path() / "qforge_ts_recipe_shape");
+}
