@@ -41,6 +41,9 @@ struct KernelPlan {
   LinearPath path = LinearPath::kDequant;  // the integer path of Linear, Conv and MatMul layers
   std::string kernel;                      // what a decode-sized call runs
   std::string fallback;                    // why that is not the first choice ("" when it is)
+  // Weight-only paths with DecodeActivations::kQ8Block32: a block-32 kernel quantizes the
+  // activations of decode-sized calls (false when the exact int4 GEMV serves the groups, on CUDA).
+  bool decode_q8 = false;
   // Weight-only paths: from large_m rows on a call runs large_m_kernel instead (the weight
   // dequantized once, then the float GEMM: kernels::kWeightOnlyMaxM); 0 when no such switch.
   int64_t large_m = 0;
