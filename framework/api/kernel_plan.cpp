@@ -3,6 +3,8 @@
 
 #include "framework/core/error.h"
 #include "kernels/cpu/kernel_choice.h"
+#include "kernels/cpu/linear_decode.h"
+#include "kernels/cpu/linear_weight_only.h"
 #include "kernels/cpu/lut_linear.h"
 #include "kernels/cuda/cublaslt_int8_rules.h"
 #include "kernels/cuda/gemv_s4_rules.h"
@@ -134,6 +136,8 @@ KernelPlan plan_linear(const std::optional<QSpec>& weights, ActivationMode act, 
   // kQ8S4 takes 0 for one group per row (any in_features fits its blocks).
   const int64_t op_group = s4 ? group : op == kernels::LinearOp::kQ8S4 && group < in_features ? group : 0;
   plan_kernels(op, isa, op_group, &plan);
+  plan.decode_q8 = (op == kernels::LinearOp::kQ8S8 || op == kernels::LinearOp::kQ8S4) &&
+                   plan.kernel != kernels::kExactS4GemvKernel;
   return plan;
 }
 
@@ -162,6 +166,7 @@ KernelPlan plan_linear_cuda(const std::optional<QSpec>& weights, ActivationMode 
   // The GPU runs one kernel at every M.
   plan.large_m = 0;
   plan.large_m_kernel.clear();
+  plan.decode_q8 = false;  // the CUDA kernels take float activations
   switch (plan.path) {
     case LinearPath::kS8Dynamic:
     case LinearPath::kS8Static: {

@@ -41,6 +41,9 @@ struct KernelPlan {
   LinearPath path = LinearPath::kDequant;  // the integer path of Linear, Conv and MatMul layers
   std::string kernel;                      // what a decode-sized call runs
   std::string fallback;                    // why that is not the first choice ("" when it is)
+  // Weight-only paths with DecodeActivations::kQ8Block32: a block-32 kernel quantizes the
+  // activations of decode-sized calls (false when the exact int4 GEMV serves the groups, on CUDA).
+  bool decode_q8 = false;
   // From large_m rows on a call runs large_m_kernel instead, read from the op's kernel table (the
   // weight-only paths: the weight dequantized once, then the float GEMM; int4 with int8
   // activations on AVX-512 VNNI: the panel GEMM; convolutions: rows are output pixels, oneDNN's

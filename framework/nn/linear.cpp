@@ -78,8 +78,7 @@ void LinearImpl::set_decode_activations(DecodeActivations mode) {
 
 LayerReport LinearImpl::report(bool planned) const {
   LayerReport r = QuantizableLayer::report(planned);
-  const LinearPath path = plan().path;
-  if (decode_ == DecodeActivations::kQ8Block32 && (path == LinearPath::kS8WeightOnly || path == LinearPath::kS4WeightOnly))
+  if (decode_ == DecodeActivations::kQ8Block32 && plan().decode_q8)
     r.activations += detail::str_cat("; calls of <= ", kernels::kWeightOnlyMaxM, " rows: int8 blocks of 32 (q8_block32)");
   return r;
 }
@@ -90,8 +89,7 @@ int set_decode_activations(torch::nn::Module& model, DecodeActivations mode) {
     auto* lin = dynamic_cast<LinearImpl*>(m.get());
     if (lin == nullptr) continue;
     lin->set_decode_activations(mode);
-    const LinearPath path = lin->plan().path;
-    changed += lin->quantized() && (path == LinearPath::kS8WeightOnly || path == LinearPath::kS4WeightOnly);
+    changed += lin->quantized() && lin->plan().decode_q8;
   }
   return changed;
 }

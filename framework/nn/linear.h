@@ -97,8 +97,8 @@ class LinearImpl : QFORGE_TWIN_BASE(torch::nn::LinearImpl), public QuantizableLa
 
 TORCH_MODULE(Linear);
 
-// set_decode_activations(mode) on every qforge Linear of `model`; returns how many of them run a
-// weight-only int8 / int4 path (the layers the mode changes).
+// set_decode_activations(mode) on every qforge Linear of `model`; returns how many of them now
+// quantize their decode activations to block-32 int8 (KernelPlan::decode_q8; 0 for kExact).
 int set_decode_activations(torch::nn::Module& model, DecodeActivations mode);
 
 }  // namespace qforge::nn

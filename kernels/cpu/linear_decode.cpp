@@ -16,12 +16,10 @@ namespace qforge::kernels {
 
 namespace {
 
-int64_t q8_blocks(int64_t k) { return (k + kQ8Block - 1) / kQ8Block; }
-
 // The quantized activation rows of one call (per-thread scratch, reused when warm).
 struct Q8Rows {
   Q8Rows(const float* x, int64_t m, int64_t k)
-      : kb(q8_blocks(k)),
+      : kb(q8_block_count(k)),
         q(detail::Scratch::kBlockCodes, m * kb * kQ8Block),
         d(detail::Scratch::kBlockScales, m * kb),
         s(detail::Scratch::kBlockSums, m * kb) {
@@ -106,7 +104,7 @@ const KernelTable<LinearQ8S4Problem>& linear_q8s4_kernels() {
       {"gemv_q8s4f32_n16k8_avx2", Isa::kAvx2, detail::serves_gemv<LinearQ8S4Problem>, q8s4_groups_fit,
        QF_KERNEL_AVX2(run_q8s4<detail::gemv_q8s4f32_n16k8_avx2>)},
       {"reference", Isa::kReference, detail::serves_gemv<LinearQ8S4Problem>, q8s4_groups_fit, run_q8s4_reference},
-      {"linear_f32s4f32", Isa::kReference, detail::serves_gemv<LinearQ8S4Problem>, nullptr, run_exact_s4},
+      {kExactS4GemvKernel, Isa::kReference, detail::serves_gemv<LinearQ8S4Problem>, nullptr, run_exact_s4},
       {kDequantGemmKernel, Isa::kReference, detail::serves_gemm<LinearQ8S4Problem>, nullptr, run_exact_s4},
   };
   return table;

@@ -22,6 +22,9 @@ namespace qforge::kernels {
 using LinearQ8S8Problem = LinearF32S8Problem;
 using LinearQ8S4Problem = LinearF32S4Problem;
 
+// The int4 entry for groups the blocks cannot split: the exact weight-only GEMV, float activations.
+inline constexpr const char* kExactS4GemvKernel = "linear_f32s4f32";
+
 const KernelTable<LinearQ8S8Problem>& linear_q8s8_kernels();
 const KernelTable<LinearQ8S4Problem>& linear_q8s4_kernels();
 

@@ -93,12 +93,16 @@ void linear_f32_lut_reference(const float* x, int64_t M, const uint8_t* idx, con
 // Block-32 dynamic activation quantization of the decode kernels (Q8_0-like: llama.cpp's
 // activation side). Row m's K values are cut into Kb = ceil(K / 32) blocks of 32 (the last one
 // padded with zeros); per block b:
-//   amax = max |x| over the block;  d = amax / 127.0f (float division; 0 when amax == 0)
-//   q    = amax > 0 ? clamp(nearbyint(x * (1.0f / d)), -127, 127) : 0   (float product, ties to even)
+//   amax = max |x| over the block;  step = amax / 127.0f (float division)
+//   when 1.0f / step is finite:  d = step,  q = clamp(nearbyint(x * (1.0f / step)), -127, 127)
+//                                (float product, ties to even)
+//   otherwise (amax == 0, or amax < ~3.7e-37 where 1 / step overflows):  d = 0,  q = 0
 //   s    = sum of the block's q (exact int32)
 // q [M, ldq >= Kb * 32] (columns [K, ldq) set to 0), d [M, Kb], s [M, Kb]. Throws qforge::Error
 // naming the first element that is NaN or Inf.
 inline constexpr int64_t kQ8Block = 32;
+// Kb: the number of 32-blocks of a row of K values, ceil(K / 32).
+inline constexpr int64_t q8_block_count(int64_t K) { return (K + kQ8Block - 1) / kQ8Block; }
 void quantize_rows_q8b32_reference(const float* x, int64_t M, int64_t K, int8_t* q, int64_t ldq, float* d,
                                    int32_t* s);
 

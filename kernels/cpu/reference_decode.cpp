@@ -24,8 +24,11 @@ void refuse_non_finite(const float* x, int64_t K, int64_t m) {
 void quantize_block(const float* x, int64_t n, int8_t* q, float* d, int32_t* s) {
   float amax = 0.0f;
   for (int64_t i = 0; i < n; ++i) amax = std::max(amax, std::fabs(x[i]));
-  *d = amax > 0.0f ? amax / static_cast<float>(kActQMax) : 0.0f;
-  const float inv = amax > 0.0f ? 1.0f / *d : 0.0f;
+  // amax = 0 or below ~3.7e-37: 1 / d overflows (0 * inf would be NaN), so the block is all zeros.
+  const float step = amax / static_cast<float>(kActQMax), inv_step = 1.0f / step;
+  const bool usable = std::isfinite(inv_step);
+  *d = usable ? step : 0.0f;
+  const float inv = usable ? inv_step : 0.0f;
   int32_t sum = 0;
   for (int64_t i = 0; i < n; ++i) {
     const float r = std::nearbyint(x[i] * inv);
@@ -47,7 +50,7 @@ int32_t block_dot(const int8_t* q, const int8_t* W, int32_t z, int64_t k0, int64
 
 void quantize_rows_q8b32_reference(const float* x, int64_t M, int64_t K, int8_t* q, int64_t ldq, float* d,
                                    int32_t* s) {
-  const int64_t kb = (K + kQ8Block - 1) / kQ8Block;
+  const int64_t kb = q8_block_count(K);
   QF_REQUIRE(M >= 0 && K > 0 && ldq >= kb * kQ8Block, "kernels/cpu: quantize_rows_q8b32 got M=", M, " K=", K,
              " ldq=", ldq);
   for (int64_t m = 0; m < M; ++m) {
@@ -70,7 +73,7 @@ void quantize_rows_q8b32_reference(const float* x, int64_t M, int64_t K, int8_t*
 
 void linear_q8b32_s8_reference(const int8_t* q, const float* d, int64_t ldq, const int8_t* W, const float* w_scale,
                                const float* bias, float* y, int64_t M, int64_t N, int64_t K) {
-  const int64_t kb = (K + kQ8Block - 1) / kQ8Block;
+  const int64_t kb = q8_block_count(K);
   for (int64_t m = 0; m < M; ++m) {
     for (int64_t n = 0; n < N; ++n) {
       float u = 0.0f;
@@ -87,7 +90,7 @@ void linear_q8b32_s8_reference(const int8_t* q, const float* d, int64_t ldq, con
 void linear_q8b32_s4_reference(const int8_t* q, const float* d, int64_t ldq, const int8_t* W, const float* w_scale,
                                const int32_t* w_zero, int64_t group_size, const float* bias, float* y, int64_t M,
                                int64_t N, int64_t K) {
-  const int64_t G = num_groups(K, group_size), kb = (K + kQ8Block - 1) / kQ8Block;
+  const int64_t G = num_groups(K, group_size), kb = q8_block_count(K);
   QF_REQUIRE(G == 1 || group_size % kQ8Block == 0, "kernels/cpu: block-32 activations need int4 groups of a "
              "multiple of 32 (or one group per row); got group_size=", group_size, " for K=", K);
   const int64_t blocks_per_group = G == 1 ? kb : group_size / kQ8Block;

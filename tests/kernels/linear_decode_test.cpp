@@ -30,8 +30,6 @@ using testing::random_f32;
 using testing::S4Weights;
 using testing::S8Weights;
 
-int64_t q8_block_count(int64_t K) { return (K + kQ8Block - 1) / kQ8Block; }
-
 struct Q8Codes {
   std::vector<int8_t> q;
   std::vector<float> d;
@@ -55,7 +53,7 @@ std::vector<const KernelEntry<Problem>*> q8_entries(const KernelTable<Problem>& 
   std::string why;
   for (const KernelEntry<Problem>& e : table) {
     const std::string name = e.name;
-    if (name == kDequantGemmKernel || name == "linear_f32s4f32") continue;
+    if (name == kDequantGemmKernel || name == kExactS4GemvKernel) continue;
     if (machine_has(e.isa) && (e.applies == nullptr || e.applies(p, &why))) out.push_back(&e);
   }
   return out;
@@ -75,8 +73,9 @@ TEST(QuantizeRowsQ8B32, EqualsTheFormulaInAtenOps) {
       const at::Tensor xt = at::constant_pad_nd(at::from_blob(x.data(), {M, K}, at::kFloat), {0, kb * kQ8Block - K})
                                 .reshape({M, kb, kQ8Block});
       const at::Tensor amax = xt.abs().amax(-1, true);
-      const at::Tensor d = amax / 127.0f;
-      const at::Tensor inv = at::where(amax > 0, at::reciprocal(d), at::zeros_like(d));
+      const at::Tensor step = amax / 127.0f, inv_step = at::reciprocal(step), usable = at::isfinite(inv_step);
+      const at::Tensor d = at::where(usable, step, at::zeros_like(step));
+      const at::Tensor inv = at::where(usable, inv_step, at::zeros_like(step));
       const at::Tensor q = at::round(xt * inv).clamp(-127, 127).to(at::kChar).contiguous();
       const at::Tensor s = q.to(at::kInt).sum(-1, false, at::kInt).contiguous();
       const at::Tensor dc = d.reshape({M, kb}).contiguous();
@@ -84,6 +83,53 @@ TEST(QuantizeRowsQ8B32, EqualsTheFormulaInAtenOps) {
       EXPECT_TRUE(bitwise_equal(r.d.data(), dc.data_ptr<float>(), r.d.size())) << decode_shape(M, 0, K);
       EXPECT_EQ(std::memcmp(r.s.data(), s.data_ptr<int32_t>(), r.s.size() * sizeof(int32_t)), 0) << decode_shape(M, 0, K);
     }
+  }
+}
+
+// Blocks whose 1 / d overflows (amax below ~3.7e-37) are all-zero codes with d = 0, in the
+// quantizer and in every decode entry (no NaN from 0 * inf).
+std::vector<float> tiny_block_rows(int64_t M, int64_t K) {
+  auto x = random_f32(M * K, -2.0f, 2.0f, 11);
+  for (int64_t m = 0; m < M; ++m) {
+    std::fill(x.begin() + m * K, x.begin() + m * K + kQ8Block, 0.0f);
+    x[m * K] = m % 2 == 0 ? 1e-38f : -3e-37f;
+  }
+  return x;
+}
+
+TEST(QuantizeRowsQ8B32, BlocksTooSmallForAFiniteInverseStepAreZero) {
+  const int64_t M = 2, K = 70;
+  const Q8Codes r = quantize_q8(tiny_block_rows(M, K), M, K);
+  for (int64_t m = 0; m < M; ++m) {
+    EXPECT_EQ(r.d[m * q8_block_count(K)], 0.0f) << m;
+    EXPECT_EQ(r.s[m * q8_block_count(K)], 0) << m;
+    for (int64_t k = 0; k < kQ8Block; ++k) ASSERT_EQ(r.q[m * r.ldq + k], 0) << m << " " << k;
+    EXPECT_GT(r.d[m * q8_block_count(K) + 1], 0.0f) << m;
+  }
+}
+
+TEST(LinearDecode, EveryEntryGivesFiniteReferenceResultsForTinyBlocks) {
+  const int64_t M = 2, N = 33, K = 70;
+  const auto x = tiny_block_rows(M, K);
+  const Q8Codes r = quantize_q8(x, M, K);
+  const S8Weights w8 = make_s8(N, K, 5);
+  const auto w_scale = random_f32(N, 0.001f, 0.1f, 6);
+  std::vector<float> y_ref(M * N), y(M * N);
+  linear_q8b32_s8_reference(r.q.data(), r.d.data(), r.ldq, w8.w.data(), w_scale.data(), nullptr, y_ref.data(), M, N, K);
+  for (float v : y_ref) ASSERT_TRUE(std::isfinite(v));
+  const LinearQ8S8Problem p8{x.data(), M, w8.view, w_scale.data(), nullptr, y.data()};
+  for (const auto* e : q8_entries(linear_q8s8_kernels(), p8)) {
+    e->run(p8);
+    EXPECT_TRUE(bitwise_equal(y.data(), y_ref.data(), y.size())) << e->name;
+  }
+  const S4Weights w4 = make_s4(N, K, K, -8, 7);
+  linear_q8b32_s4_reference(r.q.data(), r.d.data(), r.ldq, w4.w.data(), w4.scale.data(), w4.zero.data(), K, nullptr,
+                            y_ref.data(), M, N, K);
+  for (float v : y_ref) ASSERT_TRUE(std::isfinite(v));
+  const LinearQ8S4Problem p4{x.data(), M, w4.view, nullptr, y.data()};
+  for (const auto* e : q8_entries(linear_q8s4_kernels(), p4)) {
+    e->run(p4);
+    EXPECT_TRUE(bitwise_equal(y.data(), y_ref.data(), y.size())) << e->name;
   }
 }
 
@@ -127,7 +173,7 @@ TEST(LinearDecode, EveryInt8EntryMatchesTheReferenceExactly) {
 TEST(LinearDecode, EveryInt4EntryMatchesTheReferenceExactly) {
   for (int64_t M : {1, 2, 3, 5, 16}) {
     for (int64_t N : {1, 17, 33, 64}) {
-      for (int64_t K : {8, 32, 40, 96, 4096}) {
+      for (int64_t K : {8, 32, 33, 40, 96, 4096, 4099}) {
         for (int64_t g : {int64_t{32}, int64_t{64}, K}) {
           if (g > K) continue;
           for (int qmin : {-8, 0}) {

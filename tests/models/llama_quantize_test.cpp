@@ -123,6 +123,35 @@ TEST_P(LlamaDecodeQ8, PlansQ8KernelsDecodesLikeTheFullForwardAndStaysNearTheExac
   EXPECT_TRUE(at::equal(m->forward(ids), exact));
 }
 
+// int4 groups of 16 cannot be split into 32-blocks: the exact weight-only GEMV runs with float
+// activations, and neither the plan, describe() nor the count claims block-32 activations.
+TEST(LinearDecodeQ8, GroupsOf16KeepFloatActivationsAndSaySo) {
+  at::manual_seed(5);
+  nn::Linear lin(64, 24);
+  lin->eval();
+  Scheme s = w4_g32();
+  s.group_size = 16;
+  quantize(lin, s);
+  freeze(lin);
+  EXPECT_EQ(nn::set_decode_activations(*lin, DecodeActivations::kQ8Block32), 0);
+  const KernelPlan plan = lin->plan();
+  EXPECT_FALSE(plan.decode_q8);
+  EXPECT_EQ(plan.kernel, "linear_f32s4f32");
+  for (const LayerReport& r : layer_reports(lin))
+    EXPECT_EQ(r.activations.find("q8_block32"), std::string::npos) << r.name << ": " << r.activations;
+  const at::Tensor x = at::randn({2, 64});
+  const at::Tensor q8 = lin->forward(x);
+  nn::set_decode_activations(*lin, DecodeActivations::kExact);
+  EXPECT_TRUE(at::equal(lin->forward(x), q8));
+
+  s.group_size = 32;  // the contrast: a g32 layer does quantize its decode activations
+  nn::Linear lin32(64, 24);
+  quantize(lin32, s);
+  freeze(lin32);
+  EXPECT_EQ(nn::set_decode_activations(*lin32, DecodeActivations::kQ8Block32), 1);
+  EXPECT_TRUE(lin32->plan().decode_q8);
+}
+
 INSTANTIATE_TEST_SUITE_P(Llama, LlamaDecodeQ8, ::testing::Values(8, 4),
                          [](const auto& info) { return "W" + std::to_string(info.param); });
 
