@@ -2,8 +2,8 @@
 //   - int8 GEMM (GemmS8S8S32Cuda: cuBLASLt IMMA, as a frozen Linear calls it) beside cuBLASLt's
 //     fp16 and bf16 GEMMs on the same shapes (BERT-base's Linear shapes at several M, and 4096^3),
 //     and the whole int8 Linear chain (quantize rows + GEMM + epilogue);
-//   - the int4 weight-only GEMVs (gemv_f32s4_mma_cuda on tensor cores, gemv_f32s4_cuda on CUDA
-//     cores; g128, float activations) beside cuBLASLt's fp16 GEMM at decode sizes (M = 1, 4, 8,
+//   - the int4 weight-only GEMVs (gemv_f32s4_mma_cuda and gemv_f32s4_mma_staged_cuda on tensor
+//     cores, gemv_f32s4_cuda on CUDA cores; g128, float activations) beside cuBLASLt's fp16 GEMM at decode sizes (M = 1, 4, 8,
 //     16) on 4096x4096 and Llama-3-8B's FFN shapes;
 //   - fake-quant kernels' GB/s beside a device-to-device cudaMemcpy's.
 // Regime: every timed call reads a different copy of its operands, rotating through at least
@@ -235,16 +235,24 @@ void bench_s4_gemv(const Shape& s, int reps, Timer& timer, cublasLtHandle_t lt) 
   fill_random<float>(B, 12, rand_f);
   // GB/s of the weight (codes + scales) alone: what bounds a decode step.
   const double weight_bytes = static_cast<double>(s.N) * s.K / 2 + static_cast<double>(s.N) * G * 4;
-  using Gemv = void (*)(const float*, int64_t, const uint8_t*, int64_t, int64_t, bool, const float*, const int32_t*,
-                        int64_t, const float*, float*, cudaStream_t);
-  const std::pair<const char*, Gemv> gemvs[] = {{"qforge int4 (gemv_f32s4_mma_cuda)", gemv_f32s4_mma_cuda},
-                                                {"qforge int4 (gemv_f32s4_cuda)", gemv_f32s4_cuda}};
+  DeviceBuffer<uint8_t> work(gemv_f32s4_mma_staged_workspace_bytes(s.M, s.K));
+  using Gemv = std::function<void(const float*, const uint8_t*, const float*)>;
+  const auto plain = [&](decltype(&gemv_f32s4_cuda) fn) {
+    return [&, fn](const float* x, const uint8_t* p, const float* sc) {
+      fn(x, s.M, p, s.N, s.K, true, sc, nullptr, kGroup, B.get(), Y.get(), nullptr);
+    };
+  };
+  const Gemv staged = [&](const float* x, const uint8_t* p, const float* sc) {
+    gemv_f32s4_mma_staged_cuda(x, s.M, p, s.N, s.K, true, sc, nullptr, kGroup, B.get(), Y.get(), work.get(), nullptr);
+  };
+  const std::pair<const char*, Gemv> gemvs[] = {{"qforge int4 (gemv_f32s4_mma_cuda)", plain(gemv_f32s4_mma_cuda)},
+                                                {"qforge int4 (gemv_f32s4_mma_staged_cuda)", staged},
+                                                {"qforge int4 (gemv_f32s4_cuda)", plain(gemv_f32s4_cuda)}};
   for (const auto& entry : gemvs) {
     const char* impl = entry.first;
-    const Gemv gemv = entry.second;
+    const Gemv& gemv = entry.second;
     const double ms = timer.median_ms(reps, R, [&](int i) {
-      gemv(X.get() + i * s.M * s.K, s.M, P.get() + i * s.N * s.K / 2, s.N, s.K, true, S.get() + i * s.N * G, nullptr,
-           kGroup, B.get(), Y.get(), nullptr);
+      gemv(X.get() + i * s.M * s.K, P.get() + i * s.N * s.K / 2, S.get() + i * s.N * G);
     });
     print_row({"gemv_s4_g128", shape, impl, ms, weight_bytes / ms / 1e6, "GB/s w", fp16_ms / ms});
   }

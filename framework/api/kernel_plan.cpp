@@ -167,6 +167,8 @@ KernelPlan plan_linear_cuda(const std::optional<QSpec>& weights, ActivationMode 
   plan.large_m = 0;
   plan.large_m_kernel.clear();
   plan.decode_q8 = false;  // the CUDA kernels take float activations
+  plan.mid_m = 0;
+  plan.mid_m_kernel.clear();
   switch (plan.path) {
     case LinearPath::kS8Dynamic:
     case LinearPath::kS8Static: {
@@ -189,8 +191,10 @@ KernelPlan plan_linear_cuda(const std::optional<QSpec>& weights, ActivationMode 
       const int64_t group = weights->granularity == Granularity::kPerGroup ? weights->group_size : in_features;
       std::string mma_why;
       if (cuda::gemv_f32s4_mma_supported(1, in_features, group, &mma_why)) {
-        plan.kernel = "gemv_f32s4_mma_cuda";  // tensor cores (sm_80+; older GPUs run gemv_f32s4_cuda)
+        plan.kernel = cuda::gemv_f32s4_mma_kernel_for(1);  // tensor cores (sm_80+; older GPUs run gemv_f32s4_cuda)
         plan.fallback.clear();
+        plan.mid_m = cuda::kGemvS4MmaStagedMinM;
+        plan.mid_m_kernel = cuda::gemv_f32s4_mma_kernel_for(plan.mid_m);
         plan.large_m = cuda::kGemvS4MaxM + 1;
         plan.large_m_kernel = "dequantize_s4_cuda+at::linear";
       } else if (cuda::gemv_f32s4_supported(1, in_features, group, &why)) {

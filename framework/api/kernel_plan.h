@@ -50,6 +50,10 @@ struct KernelPlan {
   // convolution); 0 when one kernel serves every M.
   int64_t large_m = 0;
   std::string large_m_kernel;
+  // From mid_m rows up to large_m - 1 a call runs mid_m_kernel (CUDA int4: the staged tensor-core
+  // GEMV, kernels/cuda/gemv_s4_rules.h); 0 when no such switch.
+  int64_t mid_m = 0;
+  std::string mid_m_kernel;
 };
 
 // The plan of a frozen Linear with `in_features` inputs, weights `weights` (nullopt: float

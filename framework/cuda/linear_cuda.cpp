@@ -116,13 +116,26 @@ at::Tensor linear_s4(const at::Tensor& x, const at::Tensor& packed, int64_t N, i
     const bool mma = cuda::gemv_f32s4_mma_supported(M, K, group_size, &mma_why) &&
                      cuda::gemv_f32s4_mma_pointers_supported(x.data_ptr(), packed.data_ptr(), &mma_why) &&
                      cuda::gemv_f32s4_mma_runs_here(&mma_why);
-    const auto gemv = mma ? cuda::gemv_f32s4_mma_cuda : cuda::gemv_f32s4_cuda;
-    gemv(x.data_ptr<float>(), M, packed.data_ptr<uint8_t>(), N, K, is_signed, scale.data_ptr<float>(),
-         zero.defined() ? zero.data_ptr<int32_t>() : nullptr, group_size, bias.defined() ? bias.data_ptr<float>() : nullptr,
-         y.data_ptr<float>(), stream);
+    const char* mma_kernel = cuda::gemv_f32s4_mma_kernel_for(M);
+    const float* xp = x.data_ptr<float>();
+    const uint8_t* codes = packed.data_ptr<uint8_t>();
+    const float* sp = scale.data_ptr<float>();
+    const int32_t* zp = zero.defined() ? zero.data_ptr<int32_t>() : nullptr;
+    const float* bp = bias.defined() ? bias.data_ptr<float>() : nullptr;
+    if (!mma) {
+      cuda::gemv_f32s4_cuda(xp, M, codes, N, K, is_signed, sp, zp, group_size, bp, y.data_ptr<float>(), stream);
+    } else if (M >= cuda::kGemvS4MmaStagedMinM) {
+      // Workspace per call from the caching allocator on this stream (no cudaMalloc after warm-up).
+      const auto bytes = static_cast<int64_t>(cuda::gemv_f32s4_mma_staged_workspace_bytes(M, K));
+      at::Tensor workspace = at::empty({bytes}, x.options().dtype(at::kByte));
+      cuda::gemv_f32s4_mma_staged_cuda(xp, M, codes, N, K, is_signed, sp, zp, group_size, bp, y.data_ptr<float>(),
+                                       workspace.data_ptr(), stream);
+    } else {
+      cuda::gemv_f32s4_mma_cuda(xp, M, codes, N, K, is_signed, sp, zp, group_size, bp, y.data_ptr<float>(), stream);
+    }
     if (info != nullptr) {
-      *info = mma ? kernels::RunInfo{"gemv_f32s4_mma_cuda", ""}
-                  : kernels::RunInfo{"gemv_f32s4_cuda", "gemv_f32s4_mma_cuda: " + mma_why};
+      *info = mma ? kernels::RunInfo{mma_kernel, ""}
+                  : kernels::RunInfo{"gemv_f32s4_cuda", std::string(mma_kernel) + ": " + mma_why};
     }
     return y;
   }

@@ -72,6 +72,8 @@ struct MmaArgs {
   int group_size, G;
   const float* bias;
   float* y;
+  const uint4* xf;    // staged x (gemv_f32s4_mma_staged_cuda): B fragments, see mma_stage_x_kernel
+  const float* xinv;  // staged x: 2^-e per (128-wide block, padded row of x)
 };
 
 // What lane (g, t) reads of one 128-wide block: 32 codes of rows g and g + 8 of each tile, with
@@ -102,58 +104,85 @@ __device__ __forceinline__ void mma_load_step(MmaStep<kTiles>& st, const MmaArgs
     }
 }
 
-// Stages block kb of x for one warp: row m's hi at staged row m, lo at row kMP + m, each lane's
-// 4 floats scaled by the block's 2^e; inv[m] = 2^-e. In a row, the codes k = 32t + 8i + j of
-// lane (g, t)'s word i sit at 32i + 8t + perm(j), perm = (0, 2, 4, 6, 1, 3, 5, 7): one 16-byte
-// load gives the B fragments of both mma steps of word i (pairs (j, j + 4), see mma_tile).
+// Row m of block kb of x, scaled by the block's 2^e and split: lane's 16 bytes of the hi (even
+// lanes) or lo (odd lanes) staged row, at halves slot .. slot + 7 of it; *e gets the exponent.
+// In a row, the codes k = 32t + 8i + j of lane (g, t)'s word i sit at 32i + 8t + perm(j), perm =
+// (0, 2, 4, 6, 1, 3, 5, 7): one 16-byte load gives the B fragments of both mma steps of word i
+// (pairs (j, j + 4), see mma_tile). slot = 32i + 8t with i = (lane % 8) / 2, t = lane / 8.
+__device__ __forceinline__ uint4 mma_split_row(const MmaArgs& a, int m, int kb, int lane, int* e_out) {
+  const bool even = (lane & 1) == 0;  // even: k offsets 0..3 of the word, odd: 4..7
+  const float4 v = __ldg(reinterpret_cast<const float4*>(a.x + int64_t{m} * a.K + kb * kMmaKb) + lane);
+  float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, off));
+  const int e = mma_block_exponent(amax);
+  const float up = mma_pow2(e);
+  const float f[4] = {__fmul_rn(v.x, up), __fmul_rn(v.y, up), __fmul_rn(v.z, up), __fmul_rn(v.w, up)};
+  uint32_t hi[2], lo[2];
+#pragma unroll
+  for (int p = 0; p < 2; ++p) {
+    const __half h0 = __float2half_rn(f[2 * p]), h1 = __float2half_rn(f[2 * p + 1]);
+    const __half l0 = __float2half_rn(__fsub_rn(f[2 * p], __half2float(h0)));
+    const __half l1 = __float2half_rn(__fsub_rn(f[2 * p + 1], __half2float(h1)));
+    hi[p] = __half_as_ushort(h0) | (uint32_t{__half_as_ushort(h1)} << 16);
+    lo[p] = __half_as_ushort(l0) | (uint32_t{__half_as_ushort(l1)} << 16);
+  }
+  // The even lane takes the hi slot (its x0..x3 with the odd lane's x4..x7), the odd lane the lo slot.
+  uint32_t got[2];
+#pragma unroll
+  for (int p = 0; p < 2; ++p) got[p] = __shfl_xor_sync(0xFFFFFFFFu, even ? lo[p] : hi[p], 1);
+  const uint32_t* mine = even ? hi : lo;
+  const uint32_t e0 = even ? mine[0] : got[0], e1 = even ? mine[1] : got[1];  // offsets 0..3
+  const uint32_t o0 = even ? got[0] : mine[0], o1 = even ? got[1] : mine[1];  // offsets 4..7
+  uint4 out;
+  out.x = (e0 & 0xFFFFu) | (o0 << 16);      // (x0, x4)
+  out.y = (e0 >> 16) | (o0 & 0xFFFF0000u);  // (x1, x5)
+  out.z = (e1 & 0xFFFFu) | (o1 << 16);      // (x2, x6)
+  out.w = (e1 >> 16) | (o1 & 0xFFFF0000u);  // (x3, x7)
+  *e_out = e;
+  return out;
+}
+
+__device__ __forceinline__ int mma_split_slot(int lane) { return 32 * ((lane & 7) >> 1) + 8 * (lane >> 3); }
+
+// Stages block kb of x for one warp: row m's hi at staged row m, lo at row kMP + m; inv[m] = 2^-e.
 template <int kMP>
 __device__ __forceinline__ void mma_stage_x(const MmaArgs& a, int kb, int lane, __half* xs, float* inv) {
-  const int slot = 32 * ((lane & 7) >> 1) + 8 * (lane >> 3);  // i = (lane % 8) / 2, t = lane / 8
-  const bool even = (lane & 1) == 0;                            // even: k offsets 0..3 of the word, odd: 4..7
 #pragma unroll
   for (int m = 0; m < kMP; ++m) {
     if (m >= a.M) break;
-    const float4 v = __ldg(reinterpret_cast<const float4*>(a.x + int64_t{m} * a.K + kb * kMmaKb) + lane);
-    float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, off));
-    const int e = mma_block_exponent(amax);
-    const float up = mma_pow2(e);
-    const float f[4] = {__fmul_rn(v.x, up), __fmul_rn(v.y, up), __fmul_rn(v.z, up), __fmul_rn(v.w, up)};
-    uint32_t hi[2], lo[2];
-#pragma unroll
-    for (int p = 0; p < 2; ++p) {
-      const __half h0 = __float2half_rn(f[2 * p]), h1 = __float2half_rn(f[2 * p + 1]);
-      const __half l0 = __float2half_rn(__fsub_rn(f[2 * p], __half2float(h0)));
-      const __half l1 = __float2half_rn(__fsub_rn(f[2 * p + 1], __half2float(h1)));
-      hi[p] = __half_as_ushort(h0) | (uint32_t{__half_as_ushort(h1)} << 16);
-      lo[p] = __half_as_ushort(l0) | (uint32_t{__half_as_ushort(l1)} << 16);
-    }
-    // The even lane writes the hi slot (its x0..x3 with the odd lane's x4..x7), the odd lane the lo slot.
-    uint32_t got[2];
-#pragma unroll
-    for (int p = 0; p < 2; ++p) got[p] = __shfl_xor_sync(0xFFFFFFFFu, even ? lo[p] : hi[p], 1);
-    const uint32_t* mine = even ? hi : lo;
-    const uint32_t e0 = even ? mine[0] : got[0], e1 = even ? mine[1] : got[1];  // offsets 0..3
-    const uint32_t o0 = even ? got[0] : mine[0], o1 = even ? got[1] : mine[1];  // offsets 4..7
-    uint4 out;
-    out.x = (e0 & 0xFFFFu) | (o0 << 16);           // (x0, x4)
-    out.y = (e0 >> 16) | (o0 & 0xFFFF0000u);       // (x1, x5)
-    out.z = (e1 & 0xFFFFu) | (o1 << 16);           // (x2, x6)
-    out.w = (e1 >> 16) | (o1 & 0xFFFF0000u);       // (x3, x7)
-    *reinterpret_cast<uint4*>(xs + (even ? m : kMP + m) * kMmaRowHalves + slot) = out;
+    int e = 0;
+    const uint4 out = mma_split_row(a, m, kb, lane, &e);
+    *reinterpret_cast<uint4*>(xs + ((lane & 1) == 0 ? m : kMP + m) * kMmaRowHalves + mma_split_slot(lane)) = out;
     if (lane == 0) inv[m] = mma_pow2(-e);
   }
+}
+
+// Stages all of x once per call for gemv_f32s4_mma_staged_cuda, warp m of block kb doing row m
+// of it: the 16 bytes lane (g, t) of a warp loads in mma_tile for (block kb, word i, column
+// block nb) sit at xf[((kb * 4 + i) * kNB + nb) * 32 + lane] (512 contiguous bytes a load), and
+// inv[kb * kMP + m] = 2^-e. Rows past M are zero with factor 1.
+template <int kMP>
+__global__ void __launch_bounds__(32 * kMP) mma_stage_x_kernel(const MmaArgs a, uint4* xf, float* inv) {
+  constexpr int kNB = kMP / 4;
+  const int lane = threadIdx.x & 31, m = threadIdx.x >> 5, kb = blockIdx.x;
+  int e = 0;
+  const uint4 out = m < a.M ? mma_split_row(a, m, kb, lane, &e) : make_uint4(0, 0, 0, 0);
+  const int r = (lane & 1) == 0 ? m : kMP + m, slot = mma_split_slot(lane);
+  const int i = slot / 32, t = (slot % 32) / 8;
+  xf[((int64_t{kb} * 4 + i) * kNB + r / 8) * 32 + (r % 8) * 4 + t] = out;
+  if (lane == 0) inv[int64_t{kb} * kMP + m] = mma_pow2(-e);
 }
 
 // The mma chain of one tile over one 128-wide block. k order: lane t's logical k (2t, 2t + 1,
 // 2t + 8, 2t + 9) of step (i, s) are its codes 8i + (2s, 2s + 4, 2s + 1, 2s + 5) of the block
 // (32t + ...), the same for A (weight rows g, g + 8) and B (staged columns g), so each column
 // sums every code of the block exactly once. qint4: q = (f ^ 8) - 8, so q - z = (f ^ 8) - (8 + z).
-template <int kNB, bool kSigned>
+// B of (word i, column block nb) is the 16 bytes at b[i * i_stride + nb * nb_stride] (shared
+// memory, or the staged x in global memory when kGlobal).
+template <int kNB, bool kSigned, bool kGlobal>
 __device__ __forceinline__ void mma_tile(float (&c)[kNB][4], const uint4 (&w)[2], const uint32_t (&off)[2],
-                                         const __half* xs, int lane) {
-  const int g = lane >> 2, t = lane & 3;
+                                         const uint4* b_src, int i_stride, int nb_stride) {
   constexpr uint32_t kFlip = kSigned ? 0x88888888u : 0u;
   const uint32_t w0[4] = {w[0].x ^ kFlip, w[0].y ^ kFlip, w[0].z ^ kFlip, w[0].w ^ kFlip};
   const uint32_t w1[4] = {w[1].x ^ kFlip, w[1].y ^ kFlip, w[1].z ^ kFlip, w[1].w ^ kFlip};
@@ -161,8 +190,10 @@ __device__ __forceinline__ void mma_tile(float (&c)[kNB][4], const uint4 (&w)[2]
   for (int i = 0; i < 4; ++i) {
     uint4 b[kNB];
 #pragma unroll
-    for (int nb = 0; nb < kNB; ++nb)
-      b[nb] = *reinterpret_cast<const uint4*>(xs + (8 * nb + g) * kMmaRowHalves + 32 * i + 8 * t);
+    for (int nb = 0; nb < kNB; ++nb) {
+      const uint4* src = b_src + i * i_stride + nb * nb_stride;
+      b[nb] = kGlobal ? __ldg(src) : *src;
+    }
 #pragma unroll
     for (int s = 0; s < 2; ++s) {
       const uint32_t a0 = mma_dequant_pair(w0[i], 2 * s, off[0]), a1 = mma_dequant_pair(w1[i], 2 * s, off[1]);
@@ -177,7 +208,9 @@ __device__ __forceinline__ void mma_tile(float (&c)[kNB][4], const uint4 (&w)[2]
 // kMP rows of x (padded: 4, 8 or 16) as 2 * kMP staged columns (hi, then lo): kNB = kMP / 4
 // column blocks of 8. Accumulator c of column block nb: c[0..1] weight row g, columns
 // 8nb + 2t + (0, 1); c[2..3] row g + 8.
-template <int kMP, int kTiles, bool kSigned>
+// kStaged: x was staged once per call by mma_stage_x_kernel (a.xf, a.xinv) and B is read from
+// there; otherwise each warp stages its blocks of x in shared memory.
+template <int kMP, int kTiles, bool kSigned, bool kStaged>
 __global__ void __launch_bounds__(kMmaThreads, 2) gemv_f32s4_mma_kernel(const MmaArgs a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   constexpr int kCols = 2 * kMP;
@@ -189,11 +222,13 @@ __global__ void __launch_bounds__(kMmaThreads, 2) gemv_f32s4_mma_kernel(const Mm
   __half* xs = reinterpret_cast<__half*>(mma_smem) + warp * kCols * kMmaRowHalves;
   float* inv = reinterpret_cast<float*>(reinterpret_cast<__half*>(mma_smem) + kMmaWarps * kCols * kMmaRowHalves) +
                warp * kMP;
-  // Padding columns (rows of x past M) stay zero; their factors stay 1.
-  for (int i = lane; i < kCols * kMmaRowHalves / 8; i += 32)
-    reinterpret_cast<uint4*>(xs)[i] = make_uint4(0, 0, 0, 0);
-  if (lane < kMP) inv[lane] = 1.0f;
-  __syncwarp();
+  if (!kStaged) {
+    // Padding columns (rows of x past M) stay zero; their factors stay 1.
+    for (int i = lane; i < kCols * kMmaRowHalves / 8; i += 32)
+      reinterpret_cast<uint4*>(xs)[i] = make_uint4(0, 0, 0, 0);
+    if (lane < kMP) inv[lane] = 1.0f;
+    __syncwarp();
+  }
 
   const int n0 = blockIdx.x * kRowsPerBlock;
   const int KB = a.K / kMmaKb;
@@ -210,26 +245,32 @@ __global__ void __launch_bounds__(kMmaThreads, 2) gemv_f32s4_mma_kernel(const Mm
   for (int kb = warp; kb < KB; kb += kMmaWarps) {
     MmaStep<kTiles> next;
     if (kb + kMmaWarps < KB) mma_load_step<kTiles, kSigned>(next, a, n0, kb + kMmaWarps, lane);
-    mma_stage_x<kMP>(a, kb, lane, xs, inv);
-    __syncwarp();
+    if (!kStaged) {
+      mma_stage_x<kMP>(a, kb, lane, xs, inv);
+      __syncwarp();
+    }
+    const float* kb_inv = kStaged ? a.xinv + int64_t{kb} * kMP : inv;
+    const uint4* b_src = kStaged ? a.xf + int64_t{kb} * 4 * kNB * 32 + lane
+                                 : reinterpret_cast<const uint4*>(xs + g * kMmaRowHalves + 8 * t);
+    const int i_stride = kStaged ? kNB * 32 : 4, nb_stride = kStaged ? 32 : kMmaRowHalves;
     float col_inv[kNB][2];
 #pragma unroll
     for (int nb = 0; nb < kNB; ++nb)
 #pragma unroll
-      for (int j = 0; j < 2; ++j) col_inv[nb][j] = inv[(8 * nb + 2 * t + j) % kMP];
+      for (int j = 0; j < 2; ++j) col_inv[nb][j] = kb_inv[(8 * nb + 2 * t + j) % kMP];
 #pragma unroll
     for (int tile = 0; tile < kTiles; ++tile) {
       float c[kNB][4];
 #pragma unroll
       for (int nb = 0; nb < kNB; ++nb) c[nb][0] = c[nb][1] = c[nb][2] = c[nb][3] = 0.0f;
-      mma_tile<kNB, kSigned>(c, cur.w[tile], cur.off[tile], xs, lane);
+      mma_tile<kNB, kSigned, kStaged>(c, cur.w[tile], cur.off[tile], b_src, i_stride, nb_stride);
 #pragma unroll
       for (int nb = 0; nb < kNB; ++nb)
 #pragma unroll
         for (int r = 0; r < 4; ++r)
           acc[tile][nb][r] = __fmaf_rn(__fmul_rn(c[nb][r], col_inv[nb][r & 1]), cur.s[tile][r >> 1], acc[tile][nb][r]);
     }
-    __syncwarp();  // every lane has read the staged block before the next one overwrites it
+    if (!kStaged) __syncwarp();  // every lane has read the staged block before the next one overwrites it
     cur = next;
   }
 
@@ -264,17 +305,19 @@ __global__ void __launch_bounds__(kMmaThreads, 2) gemv_f32s4_mma_kernel(const Mm
 #endif
 }
 
-template <int kMP, int kTiles>
+template <int kMP, int kTiles, bool kStaged>
 constexpr size_t mma_smem_bytes() {
-  return size_t{kMmaWarps} * (2 * kMP * kMmaRowHalves * 2 + kMP * 4);
+  constexpr size_t reduction = size_t{kMmaWarps} * 2 * kMP * 16 * kTiles * 4;
+  constexpr size_t staging = size_t{kMmaWarps} * (2 * kMP * kMmaRowHalves * 2 + kMP * 4);
+  static_assert(kStaged || reduction <= staging, "the reduction reuses the staging memory");
+  return kStaged ? reduction : staging;
 }
 
-template <int kMP, int kTiles>
+template <int kMP, int kTiles, bool kStaged>
 void mma_launch(bool is_signed, cudaStream_t stream, const MmaArgs& a) {
-  static_assert(size_t{kMmaWarps} * 2 * kMP * 16 * kTiles * 4 <= mma_smem_bytes<kMP, kTiles>(),
-                "the reduction reuses the staging memory");
-  const auto kernel = is_signed ? gemv_f32s4_mma_kernel<kMP, kTiles, true> : gemv_f32s4_mma_kernel<kMP, kTiles, false>;
-  constexpr size_t bytes = mma_smem_bytes<kMP, kTiles>();
+  const auto kernel = is_signed ? gemv_f32s4_mma_kernel<kMP, kTiles, true, kStaged>
+                                : gemv_f32s4_mma_kernel<kMP, kTiles, false, kStaged>;
+  constexpr size_t bytes = mma_smem_bytes<kMP, kTiles, kStaged>();
   if constexpr (bytes > 48 * 1024) {
     // Above 48 KiB a kernel must opt in, once per device and kernel.
     static std::atomic<bool> opted_in[2][kMmaKnownDevices];  // static storage: all false
@@ -289,6 +332,44 @@ void mma_launch(bool is_signed, cudaStream_t stream, const MmaArgs& a) {
   }
   const auto blocks = static_cast<unsigned>((a.N + 16 * kTiles - 1) / (16 * kTiles));
   kernel<<<blocks, kMmaThreads, bytes, stream>>>(a);
+}
+
+// Rows of x padded to the kernel's column count: 4, 8 or 16.
+int64_t mma_padded_m(int64_t M) { return M <= 4 ? 4 : (M <= 8 ? 8 : 16); }
+
+// The shared checks of both entry points; the kernel arguments on success.
+MmaArgs mma_checked_args(const char* name, const float* x, int64_t M, const uint8_t* packed, int64_t N, int64_t K,
+                         const float* scale, const int32_t* zero, int64_t group_size, const float* bias, float* y) {
+  std::string why;
+  QF_REQUIRE(gemv_f32s4_mma_supported(M, K, group_size, &why), "kernels/cuda: ", name, ": ", why);
+  QF_REQUIRE(gemv_f32s4_mma_pointers_supported(x, packed, &why), "kernels/cuda: ", name, ": ", why);
+  QF_REQUIRE(N >= 0 && N <= INT32_MAX && K <= INT32_MAX, "kernels/cuda: ", name, ": N=", N, " K=", K,
+             " beyond 32-bit indices");
+  QF_REQUIRE(gemv_f32s4_mma_runs_here(&why), "kernels/cuda: ", name, ": ", why);
+  return MmaArgs{x,
+                 static_cast<int>(M),
+                 reinterpret_cast<const uint4*>(packed),
+                 static_cast<int>(N),
+                 static_cast<int>(K),
+                 scale,
+                 zero,
+                 static_cast<int>(group_size),
+                 static_cast<int>((K + group_size - 1) / group_size),
+                 bias,
+                 y,
+                 nullptr,
+                 nullptr};
+}
+
+template <bool kStaged>
+void mma_dispatch(bool is_signed, cudaStream_t stream, const MmaArgs& a) {
+  if (a.M <= 4) {
+    mma_launch<4, 1, kStaged>(is_signed, stream, a);
+  } else if (a.M <= 8) {
+    mma_launch<8, 2, kStaged>(is_signed, stream, a);
+  } else {
+    mma_launch<16, 1, kStaged>(is_signed, stream, a);
+  }
 }
 
 }  // namespace
@@ -309,7 +390,7 @@ bool gemv_f32s4_mma_runs_here(std::string* why) {
     return false;
   }
   cudaFuncAttributes attr{};
-  check_cuda(cudaFuncGetAttributes(&attr, gemv_f32s4_mma_kernel<4, 1, true>), "cudaFuncGetAttributes");
+  check_cuda(cudaFuncGetAttributes(&attr, gemv_f32s4_mma_kernel<4, 1, true, false>), "cudaFuncGetAttributes");
   if (attr.binaryVersion < 80 && attr.ptxVersion < 80) {
     if (why != nullptr) *why = "built without sm_80+ code (CMAKE_CUDA_ARCHITECTURES)";
     return false;
@@ -322,32 +403,40 @@ bool gemv_f32s4_mma_runs_here(std::string* why) {
 void gemv_f32s4_mma_cuda(const float* x, int64_t M, const uint8_t* packed, int64_t N, int64_t K, bool is_signed,
                          const float* scale, const int32_t* zero, int64_t group_size, const float* bias, float* y,
                          cudaStream_t stream) {
-  std::string why;
-  QF_REQUIRE(gemv_f32s4_mma_supported(M, K, group_size, &why), "kernels/cuda: gemv_f32s4_mma_cuda: ", why);
-  QF_REQUIRE(gemv_f32s4_mma_pointers_supported(x, packed, &why), "kernels/cuda: gemv_f32s4_mma_cuda: ", why);
-  QF_REQUIRE(N >= 0 && N <= INT32_MAX && K <= INT32_MAX, "kernels/cuda: gemv_f32s4_mma_cuda: N=", N, " K=", K,
-             " beyond 32-bit indices");
-  QF_REQUIRE(gemv_f32s4_mma_runs_here(&why), "kernels/cuda: gemv_f32s4_mma_cuda: ", why);
+  const MmaArgs args = mma_checked_args("gemv_f32s4_mma_cuda", x, M, packed, N, K, scale, zero, group_size, bias, y);
   if (N == 0) return;
-  const MmaArgs args{x,
-                     static_cast<int>(M),
-                     reinterpret_cast<const uint4*>(packed),
-                     static_cast<int>(N),
-                     static_cast<int>(K),
-                     scale,
-                     zero,
-                     static_cast<int>(group_size),
-                     static_cast<int>((K + group_size - 1) / group_size),
-                     bias,
-                     y};
-  if (M <= 4) {
-    mma_launch<4, 1>(is_signed, stream, args);
-  } else if (M <= 8) {
-    mma_launch<8, 2>(is_signed, stream, args);
-  } else {
-    mma_launch<16, 1>(is_signed, stream, args);
-  }
+  mma_dispatch<false>(is_signed, stream, args);
   check_cuda(cudaGetLastError(), "gemv_f32s4_mma_cuda launch");
+}
+
+size_t gemv_f32s4_mma_staged_workspace_bytes(int64_t M, int64_t K) {
+  const int64_t blocks = K / kMmaKb, mp = mma_padded_m(M);
+  return static_cast<size_t>(blocks * mp * (kMmaKb * 2 * 2 + 4));  // hi + lo fp16 per code, one float factor
+}
+
+void gemv_f32s4_mma_staged_cuda(const float* x, int64_t M, const uint8_t* packed, int64_t N, int64_t K,
+                                bool is_signed, const float* scale, const int32_t* zero, int64_t group_size,
+                                const float* bias, float* y, void* workspace, cudaStream_t stream) {
+  MmaArgs args = mma_checked_args("gemv_f32s4_mma_staged_cuda", x, M, packed, N, K, scale, zero, group_size, bias, y);
+  QF_REQUIRE(workspace != nullptr && reinterpret_cast<uintptr_t>(workspace) % 16 == 0,
+             "kernels/cuda: gemv_f32s4_mma_staged_cuda: workspace pointer null or not 16-byte aligned");
+  if (N == 0) return;
+  const int64_t blocks = K / kMmaKb, mp = mma_padded_m(M);
+  auto* xf = static_cast<uint4*>(workspace);
+  auto* inv = reinterpret_cast<float*>(static_cast<uint8_t*>(workspace) + blocks * mp * kMmaKb * 2 * 2);
+  const auto grid = static_cast<unsigned>(blocks);
+  if (mp == 4) {
+    mma_stage_x_kernel<4><<<grid, 32 * 4, 0, stream>>>(args, xf, inv);
+  } else if (mp == 8) {
+    mma_stage_x_kernel<8><<<grid, 32 * 8, 0, stream>>>(args, xf, inv);
+  } else {
+    mma_stage_x_kernel<16><<<grid, 32 * 16, 0, stream>>>(args, xf, inv);
+  }
+  check_cuda(cudaGetLastError(), "gemv_f32s4_mma_staged_cuda staging launch");
+  args.xf = xf;
+  args.xinv = inv;
+  mma_dispatch<true>(is_signed, stream, args);
+  check_cuda(cudaGetLastError(), "gemv_f32s4_mma_staged_cuda launch");
 }
 
 }  // namespace qforge::cuda

@@ -22,6 +22,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
@@ -34,6 +35,17 @@ namespace qforge::cuda {
 void gemv_f32s4_mma_cuda(const float* x, int64_t M, const uint8_t* packed, int64_t N, int64_t K, bool is_signed,
                          const float* scale, const int32_t* zero, int64_t group_size, const float* bias, float* y,
                          cudaStream_t stream);
+
+// The same result, bit for bit, in two launches: x is first staged once per call into
+// workspace (hi/lo fp16 already in the mma B-fragment order, with the per-block factors), so the
+// GEMV reads B with one coalesced 16-byte load a lane instead of every block of weight rows
+// scaling, splitting and permuting its own copy of x. Same rules and bound as
+// gemv_f32s4_mma_cuda; workspace is a 16-byte aligned device buffer of
+// gemv_f32s4_mma_staged_workspace_bytes(M, K) bytes, used in stream order.
+void gemv_f32s4_mma_staged_cuda(const float* x, int64_t M, const uint8_t* packed, int64_t N, int64_t K,
+                                bool is_signed, const float* scale, const int32_t* zero, int64_t group_size,
+                                const float* bias, float* y, void* workspace, cudaStream_t stream);
+size_t gemv_f32s4_mma_staged_workspace_bytes(int64_t M, int64_t K);
 
 // True when the current device has the tensor-core instructions the kernel uses (sm_80 or
 // newer) and the build compiled them; otherwise false with the reason.

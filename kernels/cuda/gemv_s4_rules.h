@@ -11,6 +11,10 @@
 //   - 1 <= M <= kGemvS4MaxM;
 //   - K and group_size multiples of 128 (a row is whole 16-byte words; a step is one group);
 //   - x and the packed codes 16-byte aligned.
+// Among the two tensor-core launchers, 2 <= M <= kGemvS4MaxM runs the staged one
+// (gemv_f32s4_mma_staged_cuda: x split once per call, not once per block of weight rows), which
+// the H200 measured at 0.91-1.70x cuBLASLt fp16 at M = 4..16 against 0.25-0.97x for the unstaged one;
+// M = 1 keeps gemv_f32s4_mma_cuda (the staged one won at M = 1 on one shape of three).
 #pragma once
 
 #include <cstdint>
@@ -24,6 +28,12 @@ constexpr uintptr_t kGemvS4XAlignment = 16;
 constexpr uintptr_t kGemvS4CodeAlignment = 4;
 constexpr int64_t kGemvS4MmaKMultiple = 128;
 constexpr uintptr_t kGemvS4MmaCodeAlignment = 16;
+constexpr int64_t kGemvS4MmaStagedMinM = 2;
+
+// The tensor-core launcher for M rows of x (both compute the same result, bit for bit).
+inline const char* gemv_f32s4_mma_kernel_for(int64_t M) {
+  return M >= kGemvS4MmaStagedMinM ? "gemv_f32s4_mma_staged_cuda" : "gemv_f32s4_mma_cuda";
+}
 
 // True when the shape meets the rules above; otherwise false with the first failing rule in *why.
 inline bool gemv_f32s4_supported(int64_t M, int64_t K, int64_t group_size, std::string* why) {

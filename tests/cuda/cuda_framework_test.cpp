@@ -269,21 +269,25 @@ TEST_F(CudaApi, FrozenInt4AndWeightOnlyLinearOnTheGpu) {
     const char* name;
     Scheme scheme;
     const char* kernel;
+    const char* mid_kernel;  // M = 2..16
     bool fallback;
   };
   Scheme w4(qint4);  // groups of 128
   w4.activations = ActivationMode::kDynamicPerToken;
   Scheme w4_only(qint4);
   Scheme w8_only(qint8);
-  for (const Case& c : {Case{"int4 dynamic", w4, "gemv_f32s4_mma_cuda", false},
-                        Case{"int4 weight-only", w4_only, "gemv_f32s4_mma_cuda", false},
-                        Case{"int8 weight-only", w8_only, "dequantize+at::linear", true}}) {
+  const char* staged = "gemv_f32s4_mma_staged_cuda";
+  for (const Case& c : {Case{"int4 dynamic", w4, "gemv_f32s4_mma_cuda", staged, false},
+                        Case{"int4 weight-only", w4_only, "gemv_f32s4_mma_cuda", staged, false},
+                        Case{"int8 weight-only", w8_only, "dequantize+at::linear", "", true}}) {
     SCOPED_TRACE(c.name);
-    // M = 1 and 9 run the int4 GEMV, M = 40 dequantizes per call (plan: large_m = 17).
+    // M = 1 runs the int4 GEMV, M = 9 its staged form (plan: mid_m = 2), M = 40 dequantizes per
+    // call (plan: large_m = 17).
     const at::Tensor x = at::randn({9, 512});
     FrozenPair p = frozen_pair(512, 256, c.scheme, x, cuda);
     EXPECT_EQ(p.gpu->report().kernel, c.kernel);
     EXPECT_EQ(p.gpu->report().fallback_reason != "", c.fallback) << p.gpu->report().fallback_reason;
+    EXPECT_EQ(p.gpu->plan().mid_m_kernel, c.mid_kernel);
     // Same quantized weights and activation codes; only float summation order differs.
     for (const int64_t M : {1, 9, 40}) {
       const at::Tensor xm = at::randn({M, 512});

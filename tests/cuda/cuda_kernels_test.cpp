@@ -659,7 +659,8 @@ TEST_F(Gpu, GemvS4RefusesWhatItsRulesRefuse) {
 
 // The bound of gemv_f32s4_mma_cuda.h against the exact value (double sums of the exact
 // products), per output; the largest error / bound ratio is printed. Rows of x of very
-// different magnitudes (1e-30 .. 1e30) check the per-block scaling; two calls are bit-equal.
+// different magnitudes (1e-30 .. 1e30) check the per-block scaling; two calls are bit-equal,
+// and so is gemv_f32s4_mma_staged_cuda (same arithmetic, x staged once per call).
 TEST_F(Gpu, GemvS4MmaMatchesReferenceWithinItsBound) {
   std::string why;
   ASSERT_TRUE(gemv_f32s4_mma_runs_here(&why)) << why;
@@ -698,6 +699,11 @@ TEST_F(Gpu, GemvS4MmaMatchesReferenceWithinItsBound) {
     };
     const std::vector<float> got = run();
     EXPECT_TRUE(same_floats(run(), got)) << "two calls differ";
+    DeviceBuffer<uint8_t> work(gemv_f32s4_mma_staged_workspace_bytes(c.M, c.K));
+    poison(dy);
+    gemv_f32s4_mma_staged_cuda(dx.get(), c.M, dp.get(), c.N, c.K, c.is_signed, ds.get(), c.zeros ? dz.get() : nullptr,
+                               c.group, c.bias ? db.get() : nullptr, dy.get(), work.get(), nullptr);
+    EXPECT_TRUE(same_floats(download(dy), got)) << "gemv_f32s4_mma_staged_cuda differs from gemv_f32s4_mma_cuda";
     const double gamma = static_cast<double>(c.K / 128 + 128) * std::ldexp(1.0, -24);
     int bad = 0;
     for (int64_t m = 0; m < c.M; ++m)
@@ -741,6 +747,13 @@ TEST_F(Gpu, GemvS4MmaRefusesWhatItsRulesRefuse) {
     ADD_FAILURE() << "misaligned codes were accepted";
   } catch (const qforge::Error& e) {
     EXPECT_NE(std::string(e.what()).find("packed codes pointer not 16-byte aligned"), std::string::npos) << e.what();
+  }
+  try {
+    gemv_f32s4_mma_staged_cuda(x.get(), 1, p.get(), 4, 128, true, s.get(), nullptr, 128, nullptr, y.get(), nullptr,
+                               nullptr);
+    ADD_FAILURE() << "a null workspace was accepted";
+  } catch (const qforge::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("workspace"), std::string::npos) << e.what();
   }
 }
 

@@ -67,6 +67,9 @@ TEST(KernelPlanCuda, OtherPathsSayWhatTheGpuRunsInstead) {
   EXPECT_EQ(s4.fallback, "");
   EXPECT_EQ(s4.large_m, 17);
   EXPECT_EQ(s4.large_m_kernel, "dequantize_s4_cuda+at::linear");
+  // M = 2..16 run the tensor-core GEMV with x staged once per call.
+  EXPECT_EQ(s4.mid_m, 2);
+  EXPECT_EQ(s4.mid_m_kernel, "gemv_f32s4_mma_staged_cuda");
   // Groups of 64: the CUDA-core GEMV, and why not the tensor-core one.
   QSpec g64 = w4;
   g64.group_size = 64;
@@ -74,6 +77,8 @@ TEST(KernelPlanCuda, OtherPathsSayWhatTheGpuRunsInstead) {
   EXPECT_EQ(s4g64.kernel, "gemv_f32s4_cuda");
   EXPECT_EQ(s4g64.fallback, "gemv_f32s4_mma_cuda: group_size=64 not a multiple of 128");
   EXPECT_EQ(s4g64.large_m, 17);
+  EXPECT_EQ(s4g64.mid_m, 0);
+  EXPECT_EQ(s4g64.mid_m_kernel, "");
   // A K the GEMV cannot take (not a multiple of 8) dequantizes at every M, and says why.
   QSpec odd = w4;
   odd.group_size = 12;
