@@ -12,8 +12,6 @@
 // qbench's thread count. The pipe round trip (tens of µs) is inside llama.cpp's time. Without
 // node or node-llama-cpp the llamacpp impl is left out with the reason on stderr.
 #include <ATen/ATen.h>
-#include <signal.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -25,6 +23,7 @@
 #include <vector>
 
 #include "apps/qbench_models.h"
+#include "apps/qbench_node_peer.h"
 #include "apps/qbench_registry.h"
 #include "framework/api/quantize.h"
 #include "framework/core/error.h"
@@ -35,58 +34,6 @@ namespace qforge::bench {
 namespace {
 
 constexpr int64_t kLlamaPrompt = 16, kLlamaDecode = 32;
-
-// A node process running apps/qbench_llamacpp.js, ended (stdin closed, then waited for) on destruction.
-class LlamaCppPeer {
- public:
-  LlamaCppPeer(const std::string& modules, const std::string& model, int threads, const std::vector<int64_t>& prompt) {
-    std::string ids;
-    for (int64_t t : prompt) ids += (ids.empty() ? "" : ",") + std::to_string(t);
-    int to_child[2], from_child[2];
-    QF_REQUIRE(pipe(to_child) == 0 && pipe(from_child) == 0, "qbench: pipe() failed");
-    pid_ = fork();
-    QF_REQUIRE(pid_ >= 0, "qbench: fork() failed");
-    if (pid_ == 0) {
-      dup2(to_child[0], 0), dup2(from_child[1], 1);
-      close(to_child[1]), close(from_child[0]);
-      const std::string thr = std::to_string(threads), n = std::to_string(kLlamaDecode);
-      execlp("node", "node", QFORGE_QBENCH_LLAMACPP_JS, modules.c_str(), model.c_str(), thr.c_str(), ids.c_str(),
-             n.c_str(), static_cast<char*>(nullptr));
-      _exit(127);
-    }
-    close(to_child[0]), close(from_child[1]);
-    in_ = fdopen(to_child[1], "w");
-    out_ = fdopen(from_child[0], "r");
-    const std::string first = line();
-    QF_REQUIRE(first == "ready", "qbench: llama.cpp (node-llama-cpp) did not load ", model, ": ", first);
-  }
-  ~LlamaCppPeer() {
-    if (in_) std::fclose(in_);
-    if (out_) std::fclose(out_);
-    if (pid_ > 0) waitpid(pid_, nullptr, 0);
-  }
-  LlamaCppPeer(const LlamaCppPeer&) = delete;
-  LlamaCppPeer& operator=(const LlamaCppPeer&) = delete;
-
-  void run() {
-    std::fputs("run\n", in_);
-    std::fflush(in_);
-    const std::string reply = line();
-    QF_REQUIRE(reply.rfind("done", 0) == 0, "qbench: llama.cpp decode failed: ", reply);
-  }
-
- private:
-  std::string line() {
-    char buf[4096];
-    if (!std::fgets(buf, sizeof buf, out_)) return "(node exited)";
-    std::string s(buf);
-    while (!s.empty() && (s.back() == '\n' || s.back() == '\r')) s.pop_back();
-    return s;
-  }
-  pid_t pid_ = -1;
-  std::FILE* in_ = nullptr;
-  std::FILE* out_ = nullptr;
-};
 
 // node-llama-cpp's node_modules, or why there is none.
 std::string node_llama_cpp_modules(std::string* why) {
@@ -162,7 +109,12 @@ std::vector<Case> llama_decode_cases(int bits) {
                                .string();
   const models::GgufExportReport report = models::export_gguf(*m, path);
   std::vector<int64_t> ids(prompt.data_ptr<int64_t>(), prompt.data_ptr<int64_t>() + kLlamaPrompt);
-  auto peer = std::make_shared<LlamaCppPeer>(modules, path, at::get_num_threads(), ids);
+  std::string prompt_ids;
+  for (int64_t t : ids) prompt_ids += (prompt_ids.empty() ? "" : ",") + std::to_string(t);
+  auto peer = std::make_shared<NodePeer>(QFORGE_QBENCH_LLAMACPP_JS,
+                                         std::vector<std::string>{modules, path, std::to_string(at::get_num_threads()), prompt_ids,
+                                                                  std::to_string(kLlamaDecode)},
+                                         "llama.cpp (node-llama-cpp) on " + path);
   std::filesystem::remove(path);  // llama.cpp has read it
   c.impls.push_back({"llamacpp", [peer] { peer->run(); }});
   return {c, linears};

@@ -15,20 +15,34 @@
 // im2col + the s8 GEMM, ReLU fused), attention's Q.K^T and P.V the batched int8 product
 // (bmm_s8s8f32); describe() lists what each layer runs. No LibTorch
 // dynamic-int8 row: LibTorch's C++ API has no quantize_dynamic for a module tree.
+// impl "onnxruntime": ONNX Runtime (onnxruntime-node 1.30, apps/qbench_ort.js, the package ctest
+// onnx_consumers installs into the build tree, or $QFORGE_ONNXRUNTIME_NODE/node_modules) running
+// qforge's QDQ export of the frozen model (export_onnx), graph optimisations at ORT's default
+// level, qbench's thread count; "onnxruntime-fp32": ORT on the float model's export. BERT's
+// attention mask input is all ones (qforge's forward without a mask). Without node or the package
+// both are left out with the reason on stderr.
 // Regime: BERT-base's weights (436 MB float, 110 MB int8) exceed the last-level cache, so every
 // forward reads them from DRAM; the CNN's (1.7 MB float) stay in cache between calls.
 #include <ATen/ATen.h>
 #include <torch/optim/sgd.h>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
 
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "apps/qbench_models.h"
+#include "apps/qbench_node_peer.h"
 #include "apps/qbench_registry.h"
 #include "framework/core/error.h"
 #include "framework/models/cnn.h"
+#include "framework/onnx/export.h"
 #include "kernels/cpu/conv_s8.h"
 #include "kernels/cpu/dequantize_s32_f32.h"
 #include "kernels/cpu/gemm_s8s8s32_onednn.h"
@@ -71,7 +85,46 @@ std::shared_ptr<models::BertForSequenceClassification> calibrated_w8a8_bert(cons
   return q;
 }
 
-// Eval-mode forward of the float model (seed 0, as the quantized one) beside the frozen one.
+// onnxruntime-node's node_modules, or why there is none.
+std::string onnxruntime_node_modules(std::string* why) {
+  const char* env = std::getenv("QFORGE_ONNXRUNTIME_NODE");
+  const std::string dir = (env ? std::string(env) : std::string(QFORGE_ONNXRUNTIME_NODE_DIR)) + "/node_modules";
+  if (std::filesystem::exists(dir + "/onnxruntime-node/package.json")) return dir;
+  *why = "no onnxruntime-node in " + dir + " (run ctest -R onnx_consumers once, or set QFORGE_ONNXRUNTIME_NODE)";
+  return "";
+}
+
+// ONNX Runtime on `model`'s export, fed `x` (and an all-ones attention mask for token inputs).
+Impl onnxruntime_impl(const std::string& impl, const torch::nn::Module& model, const at::Tensor& x, const std::string& tag) {
+  std::string why;
+  const std::string modules = onnxruntime_node_modules(&why);
+  if (modules.empty() || std::system("node --version >/dev/null 2>&1") != 0 || !onnx_export::available()) {
+    if (why.empty()) why = onnx_export::available() ? "node is not on PATH" : "this build has no ONNX export (libonnx-dev)";
+    std::fprintf(stderr, "qbench: %s left out: %s\n", impl.c_str(), why.c_str());
+    return Impl{};
+  }
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("qbench-ort-" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string file = (dir / (tag + ".onnx")).string();
+  const onnx_export::ExportInfo info = onnx_export::export_onnx(model, file);
+  nlohmann::json inputs = nlohmann::json::array();
+  for (const std::string& name : info.inputs) {
+    const at::Tensor t = (name == "attention_mask" ? at::ones_like(x) : x).contiguous();
+    const std::string bin = (dir / (tag + "." + name + ".bin")).string();
+    std::ofstream(bin, std::ios::binary).write(static_cast<const char*>(t.data_ptr()), t.nbytes());
+    inputs.push_back({{"name", name}, {"file", bin}, {"type", t.scalar_type() == at::kLong ? "int64" : "float32"},
+                      {"shape", t.sizes().vec()}});
+  }
+  const std::string inputs_json = (dir / (tag + ".inputs.json")).string();
+  std::ofstream(inputs_json) << inputs.dump();
+  auto peer = std::make_shared<NodePeer>(QFORGE_QBENCH_ORT_JS, std::vector<std::string>{modules, file, std::to_string(at::get_num_threads()), inputs_json},
+                                         "ONNX Runtime (onnxruntime-node) on " + file);
+  std::filesystem::remove_all(dir);  // the peer has read everything
+  return Impl{impl, [peer] { peer->run(); }};
+}
+
+// Eval-mode forward of the float model (seed 0, as the quantized one) beside the frozen one, and
+// ONNX Runtime on both models' exports.
 template <class M>
 std::vector<Case> frozen_vs_float(const std::string& shape, std::shared_ptr<M> fp, std::shared_ptr<M> q, at::Tensor x) {
   (*fp)->eval();
@@ -85,6 +138,8 @@ std::vector<Case> frozen_vs_float(const std::string& shape, std::shared_ptr<M> f
     at::NoGradGuard g;
     (*q)->forward(x);
   }});
+  for (auto impl : {onnxruntime_impl("onnxruntime", **q, x, shape + "-qdq"), onnxruntime_impl("onnxruntime-fp32", **fp, x, shape + "-fp32")})
+    if (impl.run) c.impls.push_back(impl);
   return {c};
 }
 

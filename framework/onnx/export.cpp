@@ -51,6 +51,7 @@ ExportInfo export_onnx(const torch::nn::Module& model, const std::string& path) 
   LayerWriter w(g, names);
   ModelGraph mg;
   write_model_graph(model, g, w, &mg);
+  const int64_t requantized = g.requantize_layer_outputs();
   ExportInfo info;
   info.path = path;
   info.model_type = mg.model_type;
@@ -62,6 +63,7 @@ ExportInfo export_onnx(const torch::nn::Module& model, const std::string& path) 
   info.dequantize_linear = g.count("DequantizeLinear");
   info.initializer_bytes = g.initializer_bytes();
   info.layers = w.forms();
+  info.requantized_outputs = requantized;
   // protobuf refuses messages of 2 GiB and more; ONNX's external-data files are not written.
   QF_REQUIRE(info.initializer_bytes < (int64_t{2} << 30) - (int64_t{64} << 20), "onnx export: ", info.initializer_bytes,
              " bytes of initializers exceed protobuf's 2 GiB message limit (external data is not written)");

@@ -31,6 +31,8 @@ struct ExportInfo {
   std::vector<std::string> inputs, outputs;
   int64_t nodes = 0;
   int64_t quantize_linear = 0, dequantize_linear = 0;
+  // Layer outputs given their consumer's QuantizeLinear -> DequantizeLinear (Graph::requantize_layer_outputs).
+  int64_t requantized_outputs = 0;
   int64_t initializer_bytes = 0;
   int64_t file_bytes = 0;
   std::vector<LayerForm> layers;

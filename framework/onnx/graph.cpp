@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <set>
 
 #include "framework/core/error.h"
 #include "framework/nn/twin.h"
@@ -146,6 +147,70 @@ int64_t Graph::count(const std::string& op) const {
 
 onnx::ModelProto Graph::finish() { return std::move(model_); }
 
+namespace {
+
+// Ops between a layer and the next activation QuantizeLinear through which that per-tensor
+// rounding r(y) = s * (clamp(round(y / s) + z) - z) commutes: r is monotone, maps 0 to 0 (an
+// integer zero point), and these ops only move, select (max) or clamp values.
+bool commutes_with_rounding(const onnx::NodeProto& n) {
+  static const std::set<std::string> ops{"Relu", "MaxPool", "Flatten", "Reshape", "Transpose", "Identity", "Clip"};
+  return ops.count(n.op_type()) > 0;
+}
+
+}  // namespace
+
+int64_t Graph::requantize_layer_outputs() {
+  std::map<std::string, int> producer;  // value -> node index
+  std::map<std::string, int> consumers;
+  std::set<std::string> initializers;
+  for (const auto& i : graph_->initializer()) initializers.insert(i.name());
+  for (int i = 0; i < graph_->node_size(); ++i) {
+    for (const auto& o : graph_->node(i).output()) producer[o] = i;
+    for (const auto& x : graph_->node(i).input()) ++consumers[x];
+  }
+  std::map<int, onnx::NodeProto> after;  // layer node index -> the QuantizeLinear to copy after it
+  for (const auto& q : graph_->node()) {
+    // Static activations only: scale and zero point are initializers, scalar.
+    if (q.op_type() != "QuantizeLinear" || q.input_size() < 3 || !initializers.count(q.input(1))) continue;
+    std::string x = q.input(0);
+    while (producer.count(x) && commutes_with_rounding(graph_->node(producer[x])) && consumers[x] == 1) {
+      const auto& n = graph_->node(producer[x]);
+      if (n.op_type() == "Clip" && (n.input_size() < 3 || !initializers.count(n.input(1)) || !initializers.count(n.input(2))))
+        break;
+      x = n.input(0);
+    }
+    if (x == q.input(0) || !producer.count(x) || consumers[x] != 1) continue;  // Q right after the layer already
+    const int p = producer[x];
+    const auto& layer = graph_->node(p);
+    const bool linear_out = layer.op_type() == "Add" && producer.count(layer.input(0)) &&
+                            graph_->node(producer[layer.input(0)]).op_type() == "MatMul";
+    if (layer.op_type() != "Conv" && !linear_out) continue;
+    after.emplace(p, q);
+  }
+  if (after.empty()) return 0;
+  google::protobuf::RepeatedPtrField<onnx::NodeProto> nodes;
+  nodes.Swap(graph_->mutable_node());
+  for (int i = 0; i < nodes.size(); ++i) {
+    const auto it = after.find(i);
+    if (it == after.end()) {
+      *graph_->add_node() = nodes.Get(i);
+      continue;
+    }
+    onnx::NodeProto layer = nodes.Get(i);
+    const std::string y = layer.output(0), pre = unique(y + "/pre_requantize");
+    layer.set_output(0, pre);
+    *graph_->add_node() = layer;
+    const onnx::NodeProto& q = it->second;
+    const std::string codes = node("QuantizeLinear", {pre, q.input(1), q.input(2)}, y + "/requantize");
+    auto* dq = graph_->add_node();
+    dq->set_op_type("DequantizeLinear");
+    dq->set_name(unique("node/" + y + "/dequantize"));
+    dq->add_input(codes), dq->add_input(q.input(1)), dq->add_input(q.input(2));
+    dq->add_output(y);  // the consumers keep reading y
+  }
+  return static_cast<int64_t>(after.size());
+}
+
 // ---- layers ---------------------------------------------------------------------------------
 
 std::string qdq_problem(const QuantizableLayer& l) {
@@ -220,11 +285,10 @@ std::string LayerWriter::activation_qdq(const Quantizer& q, const std::string& x
                                       who + "/scale");
     const std::string zp = g_.node("ConstantOfShape", {g_.node("Shape", {scale}, who + "/rows_shape")}, who + "/zero_point",
                                    {{"value", at::zeros({1}, at::kChar)}});
+    // |x| <= amax gives |x / scale| <= 127, so the [-127, 127] grid needs no Clip: Q -> DQ stay
+    // adjacent, the pattern ONNX Runtime's QDQ fusions look for.
     const std::string qv = g_.node("QuantizeLinear", {x2, scale, zp}, who + "/q", {{"axis", int64_t{0}}});
-    const std::string qc = g_.node("Clip", {qv, g_.initializer(who + "/qmin", at::full({}, -127, at::kChar)),
-                                            g_.initializer(who + "/qmax", at::full({}, 127, at::kChar))},
-                                   who + "/q_clip");
-    const std::string dq = g_.node("DequantizeLinear", {qc, scale, zp}, who + "/dq", {{"axis", int64_t{0}}});
+    const std::string dq = g_.node("DequantizeLinear", {qv, scale, zp}, who + "/dq", {{"axis", int64_t{0}}});
     *form += "QDQ dynamic per-token int8 [-127, 127] " + who;
     return g_.node("Reshape", {dq, shape}, who + "/restore");
   }
@@ -238,15 +302,43 @@ std::string LayerWriter::activation_qdq(const Quantizer& q, const std::string& x
   QF_REQUIRE(zpv >= cmin && zpv <= cmax, "onnx export: ", who, ": zero point ", zpv, " does not fit the 8-bit container");
   const std::string s = g_.initializer(who + "/scale", qp.scale.to(at::kFloat).reshape({}));
   const std::string z = g_.initializer(who + "/zero_point", at::full({}, zpv, container));
-  std::string qv = g_.node("QuantizeLinear", {x, s, z}, who + "/q");
+  std::string xin = x;
   if (spec.quant_min() != cmin || spec.quant_max() != cmax) {
-    // Grids narrower than the 8-bit container (narrow_range, reduce_range, 2..7-bit activations).
-    qv = g_.node("Clip", {qv, g_.initializer(who + "/qmin", at::full({}, spec.quant_min(), container)),
-                          g_.initializer(who + "/qmax", at::full({}, spec.quant_max(), container))},
-                 who + "/q_clip");
+    // Grids narrower than the 8-bit container (narrow_range, reduce_range, 2..7-bit activations):
+    // clamp in float to scale * (q - zero_point) at the grid's ends, before QuantizeLinear, so
+    // Q -> DQ stay adjacent (ONNX Runtime fuses them into integer ops; a Clip on the codes
+    // between them stops that). round(x / scale) of an end point is that end's code again.
+    const float sc = qp.scale.to(at::kFloat).reshape({}).item<float>();
+    const float lo = sc * static_cast<float>(spec.quant_min() - zpv), hi = sc * static_cast<float>(spec.quant_max() - zpv);
+    xin = g_.node("Clip", {x, g_.initializer(who + "/xmin", at::full({}, lo, at::kFloat)),
+                           g_.initializer(who + "/xmax", at::full({}, hi, at::kFloat))},
+                  who + "/grid_clip");
   }
+  const std::string qv = g_.node("QuantizeLinear", {xin, s, z}, who + "/q");
   *form += detail::str_cat("QDQ static ", spec.qtype.name, " [", spec.quant_min(), ", ", spec.quant_max(), "] per_tensor ", who);
   return g_.node("DequantizeLinear", {qv, s, z}, who + "/dq");
+}
+
+std::string LayerWriter::bias(const QuantizableLayer& l, const at::Tensor& b_in, const std::string& base, std::string* form) {
+  const at::Tensor b = b_in.detach().to(at::kFloat).contiguous();
+  const Quantizer& q = l.input_quantizer();
+  const QuantizedTensor fw = l.frozen() ? l.frozen_weight() : QuantizedTensor{};
+  const bool integer = q && q->mode() == ActivationMode::kStatic && q->fake_quant() && fw.defined() &&
+                       !fw.spec.qtype.is_float() && fw.spec.qtype.bits == 8 && q->qparams().spec.qtype.bits == 8 &&
+                       (fw.scale.dim() == 0 || fw.scale.numel() == b.numel());
+  if (integer) {
+    // s_x * s_w in float32, as ONNX Runtime forms it; codes round half to even.
+    const at::Tensor s = (q->qparams().scale.to(at::kFloat).reshape({}) * fw.scale.to(at::kFloat)).expand_as(b).contiguous();
+    const at::Tensor codes = (b.to(at::kDouble) / s.to(at::kDouble)).round();
+    const double limit = static_cast<double>(std::numeric_limits<int32_t>::max());
+    if ((s > 0).all().item<bool>() && codes.isfinite().all().item<bool>() && codes.abs().max().item<double>() <= limit) {
+      *form += "; int32 bias (scale s_x * s_w)";
+      return g_.node("DequantizeLinear", {g_.initializer(base + ".bias_codes", codes.to(at::kInt)), g_.initializer(base + ".bias_scale", s)},
+                     base + "/bias", {{"axis", int64_t{0}}});
+    }
+    *form += "; float bias (int32 codes at s_x * s_w would overflow)";
+  }
+  return g_.initializer(base + ".bias", b);
 }
 
 std::string LayerWriter::weight(const QuantizableLayer& l, const at::Tensor& float_weight, bool transpose,
@@ -294,7 +386,7 @@ std::string LayerWriter::linear(const nn::LinearImpl& l, const std::string& x_in
   if (!aform.empty()) f.form += "; " + aform;
   std::string y = g_.node("MatMul", {x, w}, base + "/matmul");
   const at::Tensor b = l.frozen() ? l.frozen_bias() : (l.options.bias() ? l.bias : at::Tensor());
-  if (b.defined()) y = g_.node("Add", {y, g_.initializer(base + ".bias", b.detach().to(at::kFloat))}, base + "/out");
+  if (b.defined()) y = g_.node("Add", {y, bias(l, b, base, &f.form)}, base + "/out");
   forms_.push_back(f);
   return y;
 }
@@ -312,7 +404,7 @@ std::string LayerWriter::conv2d(const nn::Conv2dImpl& l, const std::string& x_in
   if (!aform.empty()) f.form += "; " + aform;
   std::vector<std::string> inputs{x, w};
   const at::Tensor b = l.frozen() ? l.frozen_bias() : (o.bias() ? l.bias : at::Tensor());
-  if (b.defined()) inputs.push_back(g_.initializer(base + ".bias", b.detach().to(at::kFloat)));
+  if (b.defined()) inputs.push_back(bias(l, b, base, &f.form));
   const auto& k = o.kernel_size();
   const auto& st = o.stride();
   const auto& d = o.dilation();

@@ -45,6 +45,14 @@ class Graph {
   std::vector<std::string> node_n(const std::string& op, const std::vector<std::string>& inputs, const std::string& hint,
                                   int outputs, const Attrs& attrs = {});
 
+  // Gives each Conv / Linear output whose only path to a static per-tensor activation
+  // QuantizeLinear runs through ops that commute with that rounding (Relu, MaxPool, Flatten,
+  // Reshape, Transpose, Identity, the grid's float Clip) a copy of that QuantizeLinear ->
+  // DequantizeLinear right after the layer: the values reaching the QuantizeLinear are the same
+  // codes (docs/onnx.md, "ONNX Runtime"), and ONNX Runtime sees DQ -> Conv / Gemm -> Q, the
+  // pattern it fuses into QLinearConv / QGemm. Returns how many were added.
+  int64_t requantize_layer_outputs();
+
   int64_t nodes() const { return graph_->node_size(); }
   int64_t count(const std::string& op) const;
   int64_t initializer_bytes() const { return init_bytes_; }
@@ -84,6 +92,10 @@ class LayerWriter {
   // Quantize-dequantize of an activation as the layer's quantizer does it (static per-tensor,
   // dynamic per-token); returns x unchanged when the quantizer is absent or off.
   std::string activation_qdq(const Quantizer& q, const std::string& x, const std::string& who, std::string* form);
+  // The layer's bias: int32 codes at scale s_x * s_w (DequantizeLinear, zero point 0) when the
+  // input has a static per-tensor int8 grid and the weight int8 codes (the form ONNX Runtime's
+  // QLinearConv / QGemm fusions take), else the float bias. axis: the weight scale's axis.
+  std::string bias(const QuantizableLayer& l, const at::Tensor& b, const std::string& base, std::string* form);
   // The layer's weight as a float value: DequantizeLinear of the frozen codes, or the float
   // weight. transpose: codes stored transposed ([K, N] for MatMul), the axis moved with them.
   std::string weight(const QuantizableLayer& l, const at::Tensor& float_weight, bool transpose, std::string* form);

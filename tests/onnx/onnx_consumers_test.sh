@@ -5,7 +5,8 @@
 #   2. python3-onnx (Debian) runs check_model(full_check=True) and strict shape inference;
 #   3. ONNX Runtime (npm's onnxruntime-node, pinned in package-lock.json, installed with
 #      npm ci --ignore-scripts, which keeps its bundled CPU runtime) executes every model and
-#      compares with qforge's outputs (run_ort.js).
+#      compares with qforge's outputs (run_ort.js), and its optimised graphs are checked for the
+#      integer ops its QDQ fusions make (check_ort_fusion.py, with python3-onnx).
 # A consumer that is absent is reported as SKIPPED and the test exits 77 (ctest shows it as
 # skipped), after running the consumers that are present; it never passes silently.
 # Usage: onnx_consumers_test.sh FIXTURE_TOOL SOURCE_DIR WORK_DIR
@@ -37,7 +38,13 @@ else
     (cd "$ort" && npm ci --ignore-scripts --no-audit --no-fund >npm.log 2>&1) || { tail -5 "$ort/npm.log"; rm -rf "$ort/node_modules"; }
   fi
   if [ -d "$ort/node_modules/onnxruntime-node" ]; then
-    NODE_PATH=$ort/node_modules node "$src/run_ort.js" "$manifest" || { echo "FAIL: ONNX Runtime disagrees with qforge"; failed=1; }
+    if NODE_PATH=$ort/node_modules node "$src/run_ort.js" "$manifest"; then
+      if "$py" -c "import onnx" 2>/dev/null; then
+        "$py" "$src/check_ort_fusion.py" "$manifest" || { echo "FAIL: ONNX Runtime left quantized layers in float"; failed=1; }
+      fi
+    else
+      echo "FAIL: ONNX Runtime disagrees with qforge"; failed=1
+    fi
   else
     skipped+=("npm could not install onnxruntime-node (see $ort/npm.log): ONNX Runtime did not run the models")
   fi

@@ -194,3 +194,76 @@ TEST(OnnxExport, FailedExportKeepsThePreviousFile) {
   const std::string e = error_of([&] { onnx_export::export_onnx(*g.model, bad); });
   EXPECT_NE(e.find(bad), std::string::npos) << e;
 }
+
+// ONNX Runtime fuses QuantizeLinear -> DequantizeLinear -> Conv / MatMul / Gemm (-> QuantizeLinear)
+// into integer ops only when Q and DQ are adjacent, Conv / Gemm biases are int32 codes and a Conv
+// or 2-D Gemm's output goes straight into a QuantizeLinear. The export writes exactly that: no op
+// between a Q and its DQ, the narrow grid's clamp in float before the Q, int32 biases at
+// s_x * s_w within half a step of the float bias, and each CNN layer output requantized at its
+// consumer's grid (the codes that reach the consumer are unchanged: docs/onnx.md).
+TEST(OnnxExport, QdqPatternsOnnxRuntimeFusesNarrowGridInFloatInt32BiasRequantizedOutputs) {
+  const fs::path dir = temp_dir("ort_patterns");
+  at::manual_seed(0);
+  Fixture f = onnx_testing::cnn_fixture(true);
+  const fs::path path = dir / "cnn.onnx";
+  const onnx_export::ExportInfo info = onnx_export::export_onnx(*f.model, path.string());
+  // conv1 -> Relu -> MaxPool -> conv2's grid; conv2 -> ... -> fc1's; fc1 -> Relu -> fc2's.
+  EXPECT_EQ(info.requantized_outputs, 3);
+  const onnx::ModelProto m = read_model(path);
+  const auto inits = initializers(m);
+  std::map<std::string, const onnx::NodeProto*> producer;
+  std::map<std::string, std::vector<const onnx::NodeProto*>> consumers;
+  for (const auto& n : m.graph().node()) {
+    for (const auto& o : n.output()) producer[o] = &n;
+    for (const auto& i : n.input()) consumers[i].push_back(&n);
+  }
+  int q = 0, grid_clips = 0;
+  for (const auto& n : m.graph().node()) {
+    if (n.op_type() == "QuantizeLinear") {
+      ++q;
+      for (const auto* c : consumers[n.output(0)]) EXPECT_EQ(c->op_type(), "DequantizeLinear") << n.name() << " -> " << c->name();
+    }
+    if (n.op_type() == "Clip") {
+      ++grid_clips;
+      ASSERT_TRUE(producer.count(n.input(0)) || n.input(0) == "input") << n.name();
+      if (producer.count(n.input(0))) EXPECT_NE(producer[n.input(0)]->op_type(), "QuantizeLinear") << n.name();
+    }
+    if (n.op_type() == "Conv") {
+      ASSERT_EQ(consumers[n.output(0)].size(), 1u) << n.name();
+      EXPECT_EQ(consumers[n.output(0)][0]->op_type(), "QuantizeLinear") << n.name();
+    }
+  }
+  EXPECT_EQ(q, info.quantize_linear);
+  EXPECT_EQ(grid_clips, 4);  // one narrow [-127, 127] grid per layer input
+  // int32 biases: codes * scale within half a scale step of the float bias; scale = s_x * s_w.
+  int biases = 0;
+  for (const auto& [name, layer] : quantizable_layers(*f.model)) {
+    if (!inits.count(name + ".bias_codes")) continue;
+    ++biases;
+    const auto* codes = inits.at(name + ".bias_codes");
+    const auto* scale = inits.at(name + ".bias_scale");
+    ASSERT_EQ(codes->data_type(), onnx::TensorProto::INT32) << name;
+    const int64_t n = codes->dims(0);
+    const at::Tensor c = at::from_blob(const_cast<char*>(codes->raw_data().data()), {n}, at::kInt).to(at::kDouble);
+    const at::Tensor s = at::from_blob(const_cast<char*>(scale->raw_data().data()), {n}, at::kFloat).clone();
+    const at::Tensor want_s = layer->input_quantizer()->qparams().scale.to(at::kFloat).reshape({}) *
+                              layer->frozen_weight().scale.to(at::kFloat);
+    EXPECT_TRUE(at::equal(s, want_s.expand({n}))) << name;
+    const at::Tensor b = layer->frozen_bias().to(at::kDouble);
+    EXPECT_TRUE(((c * s.to(at::kDouble) - b).abs() <= 0.5 * s.to(at::kDouble) * (1 + 1e-6)).all().item<bool>()) << name;
+  }
+  EXPECT_EQ(biases, 4);
+}
+
+// Dynamic per-token activations: |x| <= amax keeps every code in [-127, 127], so Q -> DQ carry no Clip.
+TEST(OnnxExport, DynamicPerTokenQdqHasNoClip) {
+  const fs::path dir = temp_dir("ort_dynamic");
+  at::manual_seed(0);
+  Fixture f = onnx_testing::gpt2_fixture(true);
+  const fs::path path = dir / "gpt2.onnx";
+  onnx_export::export_onnx(*f.model, path.string());
+  const onnx::ModelProto m = read_model(path);
+  int clips = 0;
+  for (const auto& n : m.graph().node()) clips += n.op_type() == "Clip";
+  EXPECT_EQ(clips, 0);
+}

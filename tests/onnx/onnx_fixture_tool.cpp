@@ -42,7 +42,13 @@ int main(int argc, char** argv) {
       const at::Tensor y = f.forward(f.inputs);
       const double frozen_vs_fake_quant =
           f.fake_quant_output.defined() ? (y - f.fake_quant_output).abs().max().item<double>() : 0.0;
-      manifest["models"].push_back({{"name", f.name}, {"file", f.name + ".onnx"}, {"inputs", inputs},
+      // How activations are quantized (check_ort_fusion.py asserts fusion for static ones only).
+      std::string activations = "none";
+      for (const auto& l : info.layers) {
+        if (l.form.find("QDQ dynamic per-token") != std::string::npos) activations = "dynamic_per_token";
+        else if (l.form.find("QDQ static") != std::string::npos && activations == "none") activations = "static";
+      }
+      manifest["models"].push_back({{"name", f.name}, {"file", f.name + ".onnx"}, {"inputs", inputs}, {"activations", activations},
                                     {"expected", write_tensor(dir, f.name + ".expected.bin", info.outputs.at(0), y)},
                                     {"frozen_vs_fake_quant", frozen_vs_fake_quant},
                                     {"quantize_linear", info.quantize_linear}, {"dequantize_linear", info.dequantize_linear}});

@@ -6,7 +6,10 @@
 //          what the graph says: max |ort - qforge| <= 1e-2 * max |qforge| + 1e-5 and the arg-max
 //          of every output row equal;
 //   default: ORT's defaults, whose MatMulNBits quantizes activations to int8 blocks of its own
-//          (accuracy level 4): max |ort - qforge| <= 5e-2 * max |qforge| + 1e-5, arg-max reported.
+//          (accuracy level 4): max |ort - qforge| <= 5e-2 * max |qforge| + 1e-5, arg-max reported;
+//   extended: ORT's fusions (QDQ -> QLinearMatMul / MatMulIntegerToFloat / QLinearConv) without
+//          its layout transforms, same tolerance; the optimised graph is saved as
+//          NAME.ort-extended.onnx for check_ort_fusion.py.
 const fs = require('fs');
 const path = require('path');
 const ort = require('onnxruntime-node');
@@ -26,13 +29,18 @@ async function main() {
   const modes = [
     {name: 'graph', options: {extra: {session: {qdq_matmulnbits_accuracy_level: '1'}}}, rel: 1e-2, argmax: true},
     {name: 'default', options: {}, rel: 5e-2, argmax: false},
+    // ORT's graph fusions without its hardware-specific layouts, the optimised graph saved for
+    // check_ort_fusion.py (which quantized MatMul / Conv became integer ops).
+    {name: 'extended', options: {graphOptimizationLevel: 'extended'}, save: true, rel: 5e-2, argmax: false},
   ];
   for (const m of manifest.models) {
     const feeds = {};
     for (const t of m.inputs) feeds[t.name] = readTensor(dir, t);
     const want = readTensor(dir, m.expected);
     for (const mode of modes) {
-      const session = await ort.InferenceSession.create(path.join(dir, m.file), mode.options);
+      const options = {...mode.options};
+      if (mode.save) options.optimizedModelFilePath = path.join(dir, `${m.name}.ort-${mode.name}.onnx`);
+      const session = await ort.InferenceSession.create(path.join(dir, m.file), options);
       const got = (await session.run(feeds))[m.expected.name];
       if (JSON.stringify(Array.from(got.dims)) !== JSON.stringify(m.expected.shape)) {
         console.log(`FAIL ${m.name} (${mode.name}): shape ${got.dims} vs ${m.expected.shape}`);

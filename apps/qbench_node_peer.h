@@ -1,0 +1,79 @@
+// A node process that qbench drives through a pipe, for peers that ship as npm packages
+// (llama.cpp through node-llama-cpp, ONNX Runtime through onnxruntime-node): the script prints
+// "ready" once loaded, then answers each "run" line with a line starting "done" after one timed
+// unit of work; closing stdin ends it. The pipe round trip (tens of µs) is inside the peer's time.
+#pragma once
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "framework/core/error.h"
+
+namespace qforge::bench {
+
+class NodePeer {
+ public:
+  // Runs `node script args...`; throws with the script's first line unless it prints "ready".
+  NodePeer(const std::string& script, const std::vector<std::string>& args, const std::string& what) : what_(what) {
+    int to_child[2], from_child[2];
+    // Close-on-exec, so a second peer started later does not inherit this one's pipe ends (its
+    // stdin would then never reach end-of-file and the destructor's waitpid would not return);
+    // dup2 onto 0 and 1 clears the flag for the child's own ends.
+    QF_REQUIRE(pipe2(to_child, O_CLOEXEC) == 0 && pipe2(from_child, O_CLOEXEC) == 0, "qbench: pipe2() failed");
+    std::vector<std::string> argv_s{"node", script};
+    argv_s.insert(argv_s.end(), args.begin(), args.end());
+    std::vector<char*> argv;
+    for (auto& a : argv_s) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    pid_ = fork();
+    QF_REQUIRE(pid_ >= 0, "qbench: fork() failed");
+    if (pid_ == 0) {
+      dup2(to_child[0], 0), dup2(from_child[1], 1);
+      close(to_child[1]), close(from_child[0]);
+      execvp("node", argv.data());
+      _exit(127);
+    }
+    close(to_child[0]), close(from_child[1]);
+    in_ = fdopen(to_child[1], "w");
+    out_ = fdopen(from_child[0], "r");
+    const std::string first = line();
+    QF_REQUIRE(first == "ready", "qbench: ", what_, " did not load: ", first);
+  }
+  ~NodePeer() {
+    if (in_) std::fclose(in_);
+    if (out_) std::fclose(out_);
+    if (pid_ > 0) waitpid(pid_, nullptr, 0);
+  }
+  NodePeer(const NodePeer&) = delete;
+  NodePeer& operator=(const NodePeer&) = delete;
+
+  // One unit of the peer's work; returns the rest of its "done" line.
+  std::string run() {
+    std::fputs("run\n", in_);
+    std::fflush(in_);
+    const std::string reply = line();
+    QF_REQUIRE(reply.rfind("done", 0) == 0, "qbench: ", what_, " failed: ", reply);
+    return reply.substr(4);
+  }
+
+ private:
+  std::string line() {
+    char buf[4096];
+    if (!std::fgets(buf, sizeof buf, out_)) return "(node exited)";
+    std::string s(buf);
+    while (!s.empty() && (s.back() == '\n' || s.back() == '\r')) s.pop_back();
+    return s;
+  }
+  std::string what_;
+  pid_t pid_ = -1;
+  std::FILE* in_ = nullptr;
+  std::FILE* out_ = nullptr;
+};
+
+}  // namespace qforge::bench
