@@ -104,23 +104,36 @@ Impl onnxruntime_impl(const std::string& impl, const torch::nn::Module& model, c
     return Impl{};
   }
   const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("qbench-ort-" + std::to_string(getpid()));
-  std::filesystem::create_directories(dir);
-  const std::string file = (dir / (tag + ".onnx")).string();
-  const onnx_export::ExportInfo info = onnx_export::export_onnx(model, file);
-  nlohmann::json inputs = nlohmann::json::array();
-  for (const std::string& name : info.inputs) {
-    const at::Tensor t = (name == "attention_mask" ? at::ones_like(x) : x).contiguous();
-    const std::string bin = (dir / (tag + "." + name + ".bin")).string();
-    std::ofstream(bin, std::ios::binary).write(static_cast<const char*>(t.data_ptr()), t.nbytes());
-    inputs.push_back({{"name", name}, {"file", bin}, {"type", t.scalar_type() == at::kLong ? "int64" : "float32"},
-                      {"shape", t.sizes().vec()}});
+  // The export (436 MB for BERT-base in float) goes once the peer has read it, or on failure.
+  struct RemoveOnExit {
+    std::filesystem::path p;
+    ~RemoveOnExit() {
+      std::error_code ec;
+      std::filesystem::remove_all(p, ec);
+    }
+  } remove{dir};
+  try {
+    std::filesystem::create_directories(dir);
+    const std::string file = (dir / (tag + ".onnx")).string();
+    const onnx_export::ExportInfo info = onnx_export::export_onnx(model, file);
+    nlohmann::json inputs = nlohmann::json::array();
+    for (const std::string& name : info.inputs) {
+      const at::Tensor t = (name == "attention_mask" ? at::ones_like(x) : x).contiguous();
+      const std::string bin = (dir / (tag + "." + name + ".bin")).string();
+      std::ofstream(bin, std::ios::binary).write(static_cast<const char*>(t.data_ptr()), t.nbytes());
+      inputs.push_back({{"name", name}, {"file", bin}, {"type", t.scalar_type() == at::kLong ? "int64" : "float32"},
+                        {"shape", t.sizes().vec()}});
+    }
+    const std::string inputs_json = (dir / (tag + ".inputs.json")).string();
+    std::ofstream(inputs_json) << inputs.dump();
+    auto peer = std::make_shared<NodePeer>(QFORGE_QBENCH_ORT_JS,
+                                           std::vector<std::string>{modules, file, std::to_string(at::get_num_threads()), inputs_json},
+                                           "ONNX Runtime (onnxruntime-node) on " + file);
+    return Impl{impl, [peer] { peer->run(); }};
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "qbench: %s left out: %s\n", impl.c_str(), e.what());
+    return Impl{};
   }
-  const std::string inputs_json = (dir / (tag + ".inputs.json")).string();
-  std::ofstream(inputs_json) << inputs.dump();
-  auto peer = std::make_shared<NodePeer>(QFORGE_QBENCH_ORT_JS, std::vector<std::string>{modules, file, std::to_string(at::get_num_threads()), inputs_json},
-                                         "ONNX Runtime (onnxruntime-node) on " + file);
-  std::filesystem::remove_all(dir);  // the peer has read everything
-  return Impl{impl, [peer] { peer->run(); }};
 }
 
 // Eval-mode forward of the float model (seed 0, as the quantized one) beside the frozen one, and

@@ -5,10 +5,10 @@
 #pragma once
 
 #include <fcntl.h>
-#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -21,42 +21,46 @@ class NodePeer {
  public:
   // Runs `node script args...`; throws with the script's first line unless it prints "ready".
   NodePeer(const std::string& script, const std::vector<std::string>& args, const std::string& what) : what_(what) {
-    int to_child[2], from_child[2];
+    // A peer that died makes run() throw instead of SIGPIPE ending qbench without a word.
+    std::signal(SIGPIPE, SIG_IGN);
     // Close-on-exec, so a second peer started later does not inherit this one's pipe ends (its
-    // stdin would then never reach end-of-file and the destructor's waitpid would not return);
-    // dup2 onto 0 and 1 clears the flag for the child's own ends.
-    QF_REQUIRE(pipe2(to_child, O_CLOEXEC) == 0 && pipe2(from_child, O_CLOEXEC) == 0, "qbench: pipe2() failed");
+    // stdin would then never reach end-of-file and the destructor's waitpid would not return).
+    int to_child[2] = {-1, -1}, from_child[2] = {-1, -1};
+    if (pipe2(to_child, O_CLOEXEC) != 0 || pipe2(from_child, O_CLOEXEC) != 0) {
+      for (int fd : {to_child[0], to_child[1], from_child[0], from_child[1]})
+        if (fd >= 0) close(fd);
+      QF_REQUIRE(false, "qbench: pipe2() failed for ", what_);
+    }
     std::vector<std::string> argv_s{"node", script};
     argv_s.insert(argv_s.end(), args.begin(), args.end());
     std::vector<char*> argv;
     for (auto& a : argv_s) argv.push_back(a.data());
     argv.push_back(nullptr);
     pid_ = fork();
-    QF_REQUIRE(pid_ >= 0, "qbench: fork() failed");
     if (pid_ == 0) {
       dup2(to_child[0], 0), dup2(from_child[1], 1);
-      close(to_child[1]), close(from_child[0]);
+      fcntl(0, F_SETFD, 0), fcntl(1, F_SETFD, 0);  // also when a pipe end already was fd 0 or 1
       execvp("node", argv.data());
       _exit(127);
     }
     close(to_child[0]), close(from_child[1]);
-    in_ = fdopen(to_child[1], "w");
-    out_ = fdopen(from_child[0], "r");
-    const std::string first = line();
-    QF_REQUIRE(first == "ready", "qbench: ", what_, " did not load: ", first);
+    in_ = pid_ > 0 ? fdopen(to_child[1], "w") : nullptr;
+    out_ = pid_ > 0 ? fdopen(from_child[0], "r") : nullptr;
+    if (!in_) close(to_child[1]);
+    if (!out_) close(from_child[0]);
+    const std::string first = in_ && out_ ? line() : "fork() or fdopen() failed";
+    if (first != "ready") {
+      end();
+      QF_REQUIRE(false, "qbench: ", what_, " did not load: ", first);
+    }
   }
-  ~NodePeer() {
-    if (in_) std::fclose(in_);
-    if (out_) std::fclose(out_);
-    if (pid_ > 0) waitpid(pid_, nullptr, 0);
-  }
+  ~NodePeer() { end(); }
   NodePeer(const NodePeer&) = delete;
   NodePeer& operator=(const NodePeer&) = delete;
 
   // One unit of the peer's work; returns the rest of its "done" line.
   std::string run() {
-    std::fputs("run\n", in_);
-    std::fflush(in_);
+    QF_REQUIRE(std::fputs("run\n", in_) >= 0 && std::fflush(in_) == 0, "qbench: ", what_, " has exited");
     const std::string reply = line();
     QF_REQUIRE(reply.rfind("done", 0) == 0, "qbench: ", what_, " failed: ", reply);
     return reply.substr(4);
@@ -69,6 +73,14 @@ class NodePeer {
     std::string s(buf);
     while (!s.empty() && (s.back() == '\n' || s.back() == '\r')) s.pop_back();
     return s;
+  }
+  // Closes stdin (the peer's signal to finish), then reaps it.
+  void end() noexcept {
+    if (in_) std::fclose(in_);
+    if (out_) std::fclose(out_);
+    in_ = out_ = nullptr;
+    if (pid_ > 0) waitpid(pid_, nullptr, 0);
+    pid_ = -1;
   }
   std::string what_;
   pid_t pid_ = -1;

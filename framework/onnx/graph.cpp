@@ -162,24 +162,30 @@ bool commutes_with_rounding(const onnx::NodeProto& n) {
 int64_t Graph::requantize_layer_outputs() {
   std::map<std::string, int> producer;  // value -> node index
   std::map<std::string, int> consumers;
-  std::set<std::string> initializers;
-  for (const auto& i : graph_->initializer()) initializers.insert(i.name());
+  std::set<std::string> initializers, outputs, scalars;
+  for (const auto& i : graph_->initializer()) {
+    initializers.insert(i.name());
+    if (i.dims_size() == 0) scalars.insert(i.name());
+  }
+  for (const auto& o : graph_->output()) outputs.insert(o.name());  // never rounded: a caller reads them
   for (int i = 0; i < graph_->node_size(); ++i) {
     for (const auto& o : graph_->node(i).output()) producer[o] = i;
     for (const auto& x : graph_->node(i).input()) ++consumers[x];
   }
   std::map<int, onnx::NodeProto> after;  // layer node index -> the QuantizeLinear to copy after it
   for (const auto& q : graph_->node()) {
-    // Static activations only: scale and zero point are initializers, scalar.
-    if (q.op_type() != "QuantizeLinear" || q.input_size() < 3 || !initializers.count(q.input(1))) continue;
+    // Static per-tensor activations only: scale and zero point are scalar initializers.
+    if (q.op_type() != "QuantizeLinear" || q.input_size() < 3 || !scalars.count(q.input(1)) || !scalars.count(q.input(2)))
+      continue;
     std::string x = q.input(0);
-    while (producer.count(x) && commutes_with_rounding(graph_->node(producer[x])) && consumers[x] == 1) {
+    while (producer.count(x) && commutes_with_rounding(graph_->node(producer[x])) && consumers[x] == 1 && !outputs.count(x)) {
       const auto& n = graph_->node(producer[x]);
       if (n.op_type() == "Clip" && (n.input_size() < 3 || !initializers.count(n.input(1)) || !initializers.count(n.input(2))))
         break;
       x = n.input(0);
     }
-    if (x == q.input(0) || !producer.count(x) || consumers[x] != 1) continue;  // Q right after the layer already
+    // Q right after the layer already, or the layer's output read elsewhere too.
+    if (x == q.input(0) || !producer.count(x) || consumers[x] != 1 || outputs.count(x)) continue;
     const int p = producer[x];
     const auto& layer = graph_->node(p);
     const bool linear_out = layer.op_type() == "Add" && producer.count(layer.input(0)) &&
@@ -323,20 +329,25 @@ std::string LayerWriter::bias(const QuantizableLayer& l, const at::Tensor& b_in,
   const at::Tensor b = b_in.detach().to(at::kFloat).contiguous();
   const Quantizer& q = l.input_quantizer();
   const QuantizedTensor fw = l.frozen() ? l.frozen_weight() : QuantizedTensor{};
-  const bool integer = q && q->mode() == ActivationMode::kStatic && q->fake_quant() && fw.defined() &&
-                       !fw.spec.qtype.is_float() && fw.spec.qtype.bits == 8 && q->qparams().spec.qtype.bits == 8 &&
-                       (fw.scale.dim() == 0 || fw.scale.numel() == b.numel());
+  // Per-channel scales must run along the output (the bias's) axis: axis 0 of the weight.
+  const bool per_output = fw.defined() && (fw.scale.dim() == 0 || (fw.spec.granularity == Granularity::kPerChannel &&
+                                                                    fw.spec.axis == 0 && fw.scale.numel() == b.numel()));
+  const bool integer = q && q->mode() == ActivationMode::kStatic && q->fake_quant() && per_output &&
+                       !fw.spec.qtype.is_float() && fw.spec.qtype.bits == 8 && q->qparams().spec.qtype.bits == 8;
   if (integer) {
     // s_x * s_w in float32, as ONNX Runtime forms it; codes round half to even.
     const at::Tensor s = (q->qparams().scale.to(at::kFloat).reshape({}) * fw.scale.to(at::kFloat)).expand_as(b).contiguous();
     const at::Tensor codes = (b.to(at::kDouble) / s.to(at::kDouble)).round();
     const double limit = static_cast<double>(std::numeric_limits<int32_t>::max());
-    if ((s > 0).all().item<bool>() && codes.isfinite().all().item<bool>() && codes.abs().max().item<double>() <= limit) {
+    if (!(s > 0).all().item<bool>() || !codes.isfinite().all().item<bool>()) {
+      *form += "; float bias (a non-positive scale product or a non-finite bias has no int32 code)";
+    } else if (codes.abs().max().item<double>() > limit) {
+      *form += "; float bias (int32 codes at s_x * s_w would overflow)";
+    } else {
       *form += "; int32 bias (scale s_x * s_w)";
       return g_.node("DequantizeLinear", {g_.initializer(base + ".bias_codes", codes.to(at::kInt)), g_.initializer(base + ".bias_scale", s)},
                      base + "/bias", {{"axis", int64_t{0}}});
     }
-    *form += "; float bias (int32 codes at s_x * s_w would overflow)";
   }
   return g_.initializer(base + ".bias", b);
 }

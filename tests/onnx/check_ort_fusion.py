@@ -15,6 +15,7 @@ import onnx
 INTEGER_OPS = {"QLinearMatMul", "MatMulIntegerToFloat", "MatMulInteger", "QLinearConv", "ConvInteger",
                "QGemm", "DynamicQuantizeMatMul", "QAttention"}
 FLOAT_OPS = {"MatMul", "Gemm", "Conv", "FusedMatMul", "FusedConv", "FusedGemm"}
+MOVES = {"Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Identity"}
 
 manifest_path = sys.argv[1]
 root = os.path.dirname(manifest_path)
@@ -37,6 +38,8 @@ for m in manifest["models"]:
             continue
         for x in n.input[:2]:
             p = producer.get(x)
+            while p is not None and p.op_type in MOVES:  # a DequantizeLinear behind data movement counts too
+                p = producer.get(p.input[0])
             if p is not None and p.op_type == "DequantizeLinear" and p.input[0] not in inits:
                 unfused.append(f"{n.op_type} {n.name}")
                 break

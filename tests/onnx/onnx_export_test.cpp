@@ -14,6 +14,7 @@
 #include "framework/io/model_io.h"
 #include "framework/nn/quantizable.h"
 #include "framework/onnx/export.h"
+#include "framework/onnx/graph.h"
 #include "tests/error_of.h"
 #include "tests/onnx/onnx_fixtures.h"
 
@@ -266,4 +267,33 @@ TEST(OnnxExport, DynamicPerTokenQdqHasNoClip) {
   int clips = 0;
   for (const auto& n : m.graph().node()) clips += n.op_type() == "Clip";
   EXPECT_EQ(clips, 0);
+}
+
+// Graph::requantize_layer_outputs only where the codes provably stay the same: a Linear / Conv
+// output reaching a static per-tensor QuantizeLinear through commuting ops, read nowhere else.
+TEST(OnnxExport, RequantizationOnlyThroughCommutingOpsToScalarGrids) {
+  struct Variant {
+    const char* name;
+    const char* between;  // op between the Linear and the QuantizeLinear
+    bool second_reader, graph_output, vector_scale;
+    int64_t want;
+  };
+  for (const Variant& v : {Variant{"relu", "Relu", false, false, false, 1}, Variant{"sigmoid", "Sigmoid", false, false, false, 0},
+                           Variant{"read twice", "Relu", true, false, false, 0}, Variant{"graph output", "Relu", false, true, false, 0},
+                           Variant{"per-axis grid", "Relu", false, false, true, 0}}) {
+    onnx_export::Graph g("t");
+    const std::string x = g.input("x", onnx::TensorProto::FLOAT, {int64_t{2}, int64_t{4}});
+    const std::string w = g.initializer("w", at::ones({4, 3}));
+    const std::string y = g.node("Add", {g.node("MatMul", {x, w}, "mm"), g.initializer("b", at::zeros({3}))}, "out");
+    const std::string a = g.node(v.between, {y}, "act");
+    if (v.second_reader) g.output(g.node("Identity", {y}, "other"), onnx::TensorProto::FLOAT, {int64_t{2}, int64_t{3}});
+    if (v.graph_output) g.output(a, onnx::TensorProto::FLOAT, {int64_t{2}, int64_t{3}});
+    const std::string s = g.initializer("s", v.vector_scale ? at::full({3}, 0.1f) : at::full({}, 0.1f));
+    const std::string z = g.initializer("z", v.vector_scale ? at::zeros({3}, at::kChar) : at::zeros({}, at::kChar));
+    g.output(g.node("DequantizeLinear", {g.node("QuantizeLinear", {a, s, z}, "q"), s, z}, "dq"), onnx::TensorProto::FLOAT,
+             {int64_t{2}, int64_t{3}});
+    const int64_t before = g.count("QuantizeLinear");
+    EXPECT_EQ(g.requantize_layer_outputs(), v.want) << v.name;
+    EXPECT_EQ(g.count("QuantizeLinear"), before + v.want) << v.name;
+  }
 }
