@@ -160,6 +160,13 @@ KernelPlan plan_matmul(ActivationMode act, const QSpec& activation, Isa isa) {
   return plan;
 }
 
+std::string plan_kernel_text(const KernelPlan& plan) {
+  if (plan.mid_m == 0) return plan.kernel;
+  const std::string rows = plan.large_m > plan.mid_m ? detail::str_cat(plan.mid_m, "..", plan.large_m - 1)
+                                                     : detail::str_cat(">= ", plan.mid_m);
+  return detail::str_cat(plan.kernel, " | ", plan.mid_m_kernel, " at M ", rows);
+}
+
 KernelPlan plan_linear_cuda(const std::optional<QSpec>& weights, ActivationMode act, const QSpec& activation,
                             int64_t in_features, int64_t out_features) {
   KernelPlan plan = plan_linear(weights, act, activation, in_features, Isa::kReference);

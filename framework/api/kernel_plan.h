@@ -56,6 +56,11 @@ struct KernelPlan {
   std::string mid_m_kernel;
 };
 
+// The kernel text a layer report (describe()) shows: the decode-sized kernel, then mid_m_kernel
+// with its rows when the plan switches at mid_m ("gemv_f32s4_mma_cuda | gemv_f32s4_mma_staged_cuda
+// at M 2..16"); the kernel alone otherwise.
+std::string plan_kernel_text(const KernelPlan& plan);
+
 // The plan of a frozen Linear with `in_features` inputs, weights `weights` (nullopt: float
 // weights, which freeze() refuses) and activations `activations` (`activation` is their spec for
 // the static and dynamic modes), at ISA level `isa`.

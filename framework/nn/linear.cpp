@@ -96,7 +96,7 @@ int set_decode_activations(torch::nn::Module& model, DecodeActivations mode) {
 
 void LinearImpl::refresh_plan() {
   const KernelPlan p = plan();
-  kernel_ = p.kernel;
+  kernel_ = plan_kernel_text(p);
   fallback_ = p.fallback;
 }
 

@@ -141,7 +141,7 @@ LayerReport QuantizableLayer::report(bool planned) const {
   }
   if (planned && quantized() && !frozen_) {
     const KernelPlan p = plan();
-    r.kernel = p.kernel;
+    r.kernel = plan_kernel_text(p);
     r.fallback_reason = p.fallback;
   } else {
     r.kernel = kernel_;
@@ -184,7 +184,7 @@ void copy_float_parameters(at::Tensor& w_to, const at::Tensor& w_from, at::Tenso
 void QuantizableLayer::mark_frozen() {
   frozen_ = true;
   const KernelPlan p = plan();
-  kernel_ = p.kernel;
+  kernel_ = plan_kernel_text(p);
   fallback_ = p.fallback;
   // The packed weight holds the grid a PTQ solver fixed; keeping it here too would double-count it.
   if (weight_q_) weight_q_->drop_fixed_grid();

@@ -3,9 +3,10 @@
 // its B (16 k x 8 columns), so a tile of 16 weight rows serves up to 4 (8, 16) rows of x held
 // as hi and lo fp16 columns. A block of 8 warps owns 16 * kTiles weight rows; warp w takes the
 // 128-wide k blocks w, w + 8, ...: lane (g, t) loads 16 bytes (32 codes) of rows g and g + 8 of
-// every tile per block, the next block's while it computes this one. Each warp stages its own
-// block of x (scaled, split, and permuted to the fragments' k order) in shared memory and reads
-// it with one 16-byte load per 8-column block and code word, reused across its tiles.
+// every tile per block, up to kDepth blocks ahead of the one it computes (a ring of registers;
+// mma_dispatch picks the depth). Each warp stages its own block of x (scaled, split, and
+// permuted to the fragments' k order) in shared memory, or reads the call's staging, with one
+// 16-byte load per 8-column block and code word, reused across its tiles.
 #include "kernels/cuda/gemv_f32s4_mma_cuda.h"
 
 #include <cuda_fp16.h>
@@ -108,7 +109,7 @@ __device__ __forceinline__ void mma_load_step(MmaStep<kTiles>& st, const MmaArgs
 // lanes) or lo (odd lanes) staged row, at halves slot .. slot + 7 of it; *e gets the exponent.
 // In a row, the codes k = 32t + 8i + j of lane (g, t)'s word i sit at 32i + 8t + perm(j), perm =
 // (0, 2, 4, 6, 1, 3, 5, 7): one 16-byte load gives the B fragments of both mma steps of word i
-// (pairs (j, j + 4), see mma_tile). slot = 32i + 8t with i = (lane % 8) / 2, t = lane / 8.
+// (pairs (j, j + 4), see mma_tiles). slot = 32i + 8t with i = (lane % 8) / 2, t = lane / 8.
 __device__ __forceinline__ uint4 mma_split_row(const MmaArgs& a, int m, int kb, int lane, int* e_out) {
   const bool even = (lane & 1) == 0;  // even: k offsets 0..3 of the word, odd: 4..7
   const float4 v = __ldg(reinterpret_cast<const float4*>(a.x + int64_t{m} * a.K + kb * kMmaKb) + lane);
@@ -159,7 +160,7 @@ __device__ __forceinline__ void mma_stage_x(const MmaArgs& a, int kb, int lane, 
 }
 
 // Stages all of x once per call for gemv_f32s4_mma_staged_cuda, warp m of block kb doing row m
-// of it: the 16 bytes lane (g, t) of a warp loads in mma_tile for (block kb, word i, column
+// of it: the 16 bytes lane (g, t) of a warp loads in mma_tiles for (block kb, word i, column
 // block nb) sit at xf[((kb * 4 + i) * kNB + nb) * 32 + lane] (512 contiguous bytes a load), and
 // inv[kb * kMP + m] = 2^-e. Rows past M are zero with factor 1.
 template <int kMP>
@@ -174,18 +175,22 @@ __global__ void __launch_bounds__(32 * kMP) mma_stage_x_kernel(const MmaArgs a, 
   if (lane == 0) inv[int64_t{kb} * kMP + m] = mma_pow2(-e);
 }
 
-// The mma chain of one tile over one 128-wide block. k order: lane t's logical k (2t, 2t + 1,
-// 2t + 8, 2t + 9) of step (i, s) are its codes 8i + (2s, 2s + 4, 2s + 1, 2s + 5) of the block
-// (32t + ...), the same for A (weight rows g, g + 8) and B (staged columns g), so each column
-// sums every code of the block exactly once. qint4: q = (f ^ 8) - 8, so q - z = (f ^ 8) - (8 + z).
-// B of (word i, column block nb) is the 16 bytes at b[i * i_stride + nb * nb_stride] (shared
-// memory, or the staged x in global memory when kGlobal).
-template <int kNB, bool kSigned, bool kGlobal>
-__device__ __forceinline__ void mma_tile(float (&c)[kNB][4], const uint4 (&w)[2], const uint32_t (&off)[2],
-                                         const uint4* b_src, int i_stride, int nb_stride) {
+// Word i of a 16-byte load (i a compile-time constant after unrolling).
+__device__ __forceinline__ uint32_t mma_word(const uint4& v, int i) {
+  return i == 0 ? v.x : (i == 1 ? v.y : (i == 2 ? v.z : v.w));
+}
+
+// The mma chains of the step's tiles over one 128-wide block. k order: lane t's logical k (2t,
+// 2t + 1, 2t + 8, 2t + 9) of step (i, s) are its codes 8i + (2s, 2s + 4, 2s + 1, 2s + 5) of the
+// block (32t + ...), the same for A (weight rows g, g + 8) and B (staged columns g), so each
+// column sums every code of the block exactly once. qint4: q = (f ^ 8) - 8, so q - z = (f ^ 8) -
+// (8 + z). B of (word i, column block nb) is the 16 bytes at b[i * i_stride + nb * nb_stride]
+// (shared memory, or the staged x in global memory when kGlobal), read once per word and used
+// by every tile; each tile's chain runs in the same order whatever kTiles.
+template <int kTiles, int kNB, bool kSigned, bool kGlobal>
+__device__ __forceinline__ void mma_tiles(float (&c)[kTiles][kNB][4], const MmaStep<kTiles>& st, const uint4* b_src,
+                                          int i_stride, int nb_stride) {
   constexpr uint32_t kFlip = kSigned ? 0x88888888u : 0u;
-  const uint32_t w0[4] = {w[0].x ^ kFlip, w[0].y ^ kFlip, w[0].z ^ kFlip, w[0].w ^ kFlip};
-  const uint32_t w1[4] = {w[1].x ^ kFlip, w[1].y ^ kFlip, w[1].z ^ kFlip, w[1].w ^ kFlip};
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     uint4 b[kNB];
@@ -195,14 +200,62 @@ __device__ __forceinline__ void mma_tile(float (&c)[kNB][4], const uint4 (&w)[2]
       b[nb] = kGlobal ? __ldg(src) : *src;
     }
 #pragma unroll
-    for (int s = 0; s < 2; ++s) {
-      const uint32_t a0 = mma_dequant_pair(w0[i], 2 * s, off[0]), a1 = mma_dequant_pair(w1[i], 2 * s, off[1]);
-      const uint32_t a2 = mma_dequant_pair(w0[i], 2 * s + 1, off[0]), a3 = mma_dequant_pair(w1[i], 2 * s + 1, off[1]);
+    for (int tile = 0; tile < kTiles; ++tile) {
+      const uint32_t w0 = mma_word(st.w[tile][0], i) ^ kFlip, w1 = mma_word(st.w[tile][1], i) ^ kFlip;
+      const uint32_t(&off)[2] = st.off[tile];
 #pragma unroll
-      for (int nb = 0; nb < kNB; ++nb)
-        mma_16816(c[nb], a0, a1, a2, a3, s == 0 ? b[nb].x : b[nb].z, s == 0 ? b[nb].y : b[nb].w);
+      for (int s = 0; s < 2; ++s) {
+        const uint32_t a0 = mma_dequant_pair(w0, 2 * s, off[0]), a1 = mma_dequant_pair(w1, 2 * s, off[1]);
+        const uint32_t a2 = mma_dequant_pair(w0, 2 * s + 1, off[0]), a3 = mma_dequant_pair(w1, 2 * s + 1, off[1]);
+#pragma unroll
+        for (int nb = 0; nb < kNB; ++nb)
+          mma_16816(c[tile][nb], a0, a1, a2, a3, s == 0 ? b[nb].x : b[nb].z, s == 0 ? b[nb].y : b[nb].w);
+      }
     }
   }
+}
+
+// One warp step over block kb: its x (staged by this warp into xs / inv, or read from the
+// call's staging) times the codes of st, each block sum scaled by 2^-e and s into acc.
+template <int kMP, int kTiles, bool kSigned, bool kStaged>
+__device__ __forceinline__ void mma_step(float (&acc)[kTiles][2 * kMP / 8][4], const MmaStep<kTiles>& st,
+                                         const MmaArgs& a, int kb, int lane, __half* xs, float* inv) {
+  constexpr int kNB = 2 * kMP / 8;
+  const int g = lane >> 2, t = lane & 3;
+  if (!kStaged) {
+    mma_stage_x<kMP>(a, kb, lane, xs, inv);
+    __syncwarp();
+  }
+  const float* kb_inv = kStaged ? a.xinv + int64_t{kb} * kMP : inv;
+  const uint4* b_src = kStaged ? a.xf + int64_t{kb} * 4 * kNB * 32 + lane
+                               : reinterpret_cast<const uint4*>(xs + g * kMmaRowHalves + 8 * t);
+  const int i_stride = kStaged ? kNB * 32 : 4, nb_stride = kStaged ? 32 : kMmaRowHalves;
+  float col_inv[kNB][2];
+#pragma unroll
+  for (int nb = 0; nb < kNB; ++nb)
+#pragma unroll
+    for (int j = 0; j < 2; ++j) col_inv[nb][j] = kb_inv[(8 * nb + 2 * t + j) % kMP];
+  float c[kTiles][kNB][4];
+#pragma unroll
+  for (int tile = 0; tile < kTiles; ++tile)
+#pragma unroll
+    for (int nb = 0; nb < kNB; ++nb) c[tile][nb][0] = c[tile][nb][1] = c[tile][nb][2] = c[tile][nb][3] = 0.0f;
+  mma_tiles<kTiles, kNB, kSigned, kStaged>(c, st, b_src, i_stride, nb_stride);
+#pragma unroll
+  for (int tile = 0; tile < kTiles; ++tile)
+#pragma unroll
+    for (int nb = 0; nb < kNB; ++nb)
+#pragma unroll
+      for (int r = 0; r < 4; ++r)
+        acc[tile][nb][r] =
+            __fmaf_rn(__fmul_rn(c[tile][nb][r], col_inv[nb][r & 1]), st.s[tile][r >> 1], acc[tile][nb][r]);
+  if (!kStaged) __syncwarp();  // every lane has read the staged block before the next one overwrites it
+}
+
+// Blocks per SM the register budget is sized for: 4 (64 registers) for the smallest kernel, 1
+// for the widest (its accumulators alone take 64), 2 otherwise.
+constexpr int mma_min_blocks(int mp, int tiles, int depth) {
+  return mp * tiles >= 32 ? 1 : (mp * tiles * depth <= 8 ? 4 : 2);
 }
 
 // kMP rows of x (padded: 4, 8 or 16) as 2 * kMP staged columns (hi, then lo): kNB = kMP / 4
@@ -210,8 +263,11 @@ __device__ __forceinline__ void mma_tile(float (&c)[kNB][4], const uint4 (&w)[2]
 // 8nb + 2t + (0, 1); c[2..3] row g + 8.
 // kStaged: x was staged once per call by mma_stage_x_kernel (a.xf, a.xinv) and B is read from
 // there; otherwise each warp stages its blocks of x in shared memory.
-template <int kMP, int kTiles, bool kSigned, bool kStaged>
-__global__ void __launch_bounds__(kMmaThreads, 2) gemv_f32s4_mma_kernel(const MmaArgs a) {
+// kDepth: steps whose codes are in flight per warp (a ring of registers refilled as each step
+// is consumed), so a warp keeps kDepth 16-byte loads a lane outstanding rather than one.
+template <int kMP, int kTiles, int kDepth, bool kSigned, bool kStaged>
+__global__ void __launch_bounds__(kMmaThreads, mma_min_blocks(kMP, kTiles, kDepth))
+    gemv_f32s4_mma_kernel(const MmaArgs a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   constexpr int kCols = 2 * kMP;
   constexpr int kNB = kCols / 8;
@@ -240,38 +296,18 @@ __global__ void __launch_bounds__(kMmaThreads, 2) gemv_f32s4_mma_kernel(const Mm
 #pragma unroll
       for (int r = 0; r < 4; ++r) acc[tile][nb][r] = 0.0f;
 
-  MmaStep<kTiles> cur;
-  if (warp < KB) mma_load_step<kTiles, kSigned>(cur, a, n0, warp, lane);
-  for (int kb = warp; kb < KB; kb += kMmaWarps) {
-    MmaStep<kTiles> next;
-    if (kb + kMmaWarps < KB) mma_load_step<kTiles, kSigned>(next, a, n0, kb + kMmaWarps, lane);
-    if (!kStaged) {
-      mma_stage_x<kMP>(a, kb, lane, xs, inv);
-      __syncwarp();
+  MmaStep<kTiles> ring[kDepth];
+#pragma unroll
+  for (int d = 0; d < kDepth; ++d)
+    if (warp + d * kMmaWarps < KB) mma_load_step<kTiles, kSigned>(ring[d], a, n0, warp + d * kMmaWarps, lane);
+  for (int kb0 = warp; kb0 < KB; kb0 += kDepth * kMmaWarps) {
+#pragma unroll
+    for (int d = 0; d < kDepth; ++d) {
+      const int kb = kb0 + d * kMmaWarps;
+      if (kb >= KB) break;
+      mma_step<kMP, kTiles, kSigned, kStaged>(acc, ring[d], a, kb, lane, xs, inv);
+      if (kb + kDepth * kMmaWarps < KB) mma_load_step<kTiles, kSigned>(ring[d], a, n0, kb + kDepth * kMmaWarps, lane);
     }
-    const float* kb_inv = kStaged ? a.xinv + int64_t{kb} * kMP : inv;
-    const uint4* b_src = kStaged ? a.xf + int64_t{kb} * 4 * kNB * 32 + lane
-                                 : reinterpret_cast<const uint4*>(xs + g * kMmaRowHalves + 8 * t);
-    const int i_stride = kStaged ? kNB * 32 : 4, nb_stride = kStaged ? 32 : kMmaRowHalves;
-    float col_inv[kNB][2];
-#pragma unroll
-    for (int nb = 0; nb < kNB; ++nb)
-#pragma unroll
-      for (int j = 0; j < 2; ++j) col_inv[nb][j] = kb_inv[(8 * nb + 2 * t + j) % kMP];
-#pragma unroll
-    for (int tile = 0; tile < kTiles; ++tile) {
-      float c[kNB][4];
-#pragma unroll
-      for (int nb = 0; nb < kNB; ++nb) c[nb][0] = c[nb][1] = c[nb][2] = c[nb][3] = 0.0f;
-      mma_tile<kNB, kSigned, kStaged>(c, cur.w[tile], cur.off[tile], b_src, i_stride, nb_stride);
-#pragma unroll
-      for (int nb = 0; nb < kNB; ++nb)
-#pragma unroll
-        for (int r = 0; r < 4; ++r)
-          acc[tile][nb][r] = __fmaf_rn(__fmul_rn(c[nb][r], col_inv[nb][r & 1]), cur.s[tile][r >> 1], acc[tile][nb][r]);
-    }
-    if (!kStaged) __syncwarp();  // every lane has read the staged block before the next one overwrites it
-    cur = next;
   }
 
   // Fixed-order reduction: part[warp][column][row], then per output hi + lo over warps 0..7.
@@ -313,10 +349,10 @@ constexpr size_t mma_smem_bytes() {
   return kStaged ? reduction : staging;
 }
 
-template <int kMP, int kTiles, bool kStaged>
+template <int kMP, int kTiles, int kDepth, bool kStaged>
 void mma_launch(bool is_signed, cudaStream_t stream, const MmaArgs& a) {
-  const auto kernel = is_signed ? gemv_f32s4_mma_kernel<kMP, kTiles, true, kStaged>
-                                : gemv_f32s4_mma_kernel<kMP, kTiles, false, kStaged>;
+  const auto kernel = is_signed ? gemv_f32s4_mma_kernel<kMP, kTiles, kDepth, true, kStaged>
+                                : gemv_f32s4_mma_kernel<kMP, kTiles, kDepth, false, kStaged>;
   constexpr size_t bytes = mma_smem_bytes<kMP, kTiles, kStaged>();
   if constexpr (bytes > 48 * 1024) {
     // Above 48 KiB a kernel must opt in, once per device and kernel.
@@ -361,14 +397,34 @@ MmaArgs mma_checked_args(const char* name, const float* x, int64_t M, const uint
                  nullptr};
 }
 
+// Multiprocessors of the current device (asked once per device).
+int mma_sm_count() {
+  static std::atomic<int> counts[kMmaKnownDevices];  // static storage: all 0 (not asked yet)
+  int dev = 0, n = 0;
+  check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
+  if (dev >= 0 && dev < kMmaKnownDevices && (n = counts[dev].load(std::memory_order_relaxed)) > 0) return n;
+  check_cuda(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute");
+  if (dev >= 0 && dev < kMmaKnownDevices) counts[dev].store(n, std::memory_order_relaxed);
+  return n;
+}
+
+// Tiles and ring depth per padded M, from the H200 sweeps of 2026-11-26 (docs/performance.md): one
+// tile everywhere for the staged kernel; at M <= 4 four steps in flight while the grid fits in
+// two blocks per SM (4096 rows: 256 blocks) and two, at 64 registers and four resident blocks,
+// for larger grids (14336 rows); four at M <= 8 and two at M <= 16. Unstaged keeps its earlier
+// shapes. Each depth is a one-run median, several within the run-to-run spread (~6 %), so the
+// choices are provisional. Every choice gives the same bits (the tile and step order of each output is fixed).
 template <bool kStaged>
 void mma_dispatch(bool is_signed, cudaStream_t stream, const MmaArgs& a) {
   if (a.M <= 4) {
-    mma_launch<4, 1, kStaged>(is_signed, stream, a);
+    if constexpr (kStaged) {
+      if ((a.N + 15) / 16 <= 2 * int64_t{mma_sm_count()}) return mma_launch<4, 1, 4, true>(is_signed, stream, a);
+    }
+    mma_launch<4, 1, 2, kStaged>(is_signed, stream, a);
   } else if (a.M <= 8) {
-    mma_launch<8, 2, kStaged>(is_signed, stream, a);
+    mma_launch<8, kStaged ? 1 : 2, kStaged ? 4 : 2, kStaged>(is_signed, stream, a);
   } else {
-    mma_launch<16, 1, kStaged>(is_signed, stream, a);
+    mma_launch<16, 1, 2, kStaged>(is_signed, stream, a);
   }
 }
 
@@ -390,7 +446,7 @@ bool gemv_f32s4_mma_runs_here(std::string* why) {
     return false;
   }
   cudaFuncAttributes attr{};
-  check_cuda(cudaFuncGetAttributes(&attr, gemv_f32s4_mma_kernel<4, 1, true, false>), "cudaFuncGetAttributes");
+  check_cuda(cudaFuncGetAttributes(&attr, gemv_f32s4_mma_kernel<4, 1, 2, true, false>), "cudaFuncGetAttributes");
   if (attr.binaryVersion < 80 && attr.ptxVersion < 80) {
     if (why != nullptr) *why = "built without sm_80+ code (CMAKE_CUDA_ARCHITECTURES)";
     return false;

@@ -13,8 +13,10 @@
 //   - x and the packed codes 16-byte aligned.
 // Among the two tensor-core launchers, 2 <= M <= kGemvS4MaxM runs the staged one
 // (gemv_f32s4_mma_staged_cuda: x split once per call, not once per block of weight rows), which
-// the H200 measured at 0.91-1.70x cuBLASLt fp16 at M = 4..16 against 0.25-0.97x for the unstaged one;
-// M = 1 keeps gemv_f32s4_mma_cuda (the staged one won at M = 1 on one shape of three).
+// the H200 measured at 0.97-1.74x cuBLASLt fp16 at M = 4..16; M = 1 keeps gemv_f32s4_mma_cuda, one
+// launch (1.44-1.55x, no gain over the 1.49-1.57x before the ring; the staged one, two launches,
+// measured 1.47-1.72x: ahead on the two Llama-3-8B shapes, behind on 4096 x 4096;
+// docs/performance.md).
 #pragma once
 
 #include <cstdint>

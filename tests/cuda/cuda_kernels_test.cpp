@@ -660,7 +660,9 @@ TEST_F(Gpu, GemvS4RefusesWhatItsRulesRefuse) {
 // The bound of gemv_f32s4_mma_cuda.h against the exact value (double sums of the exact
 // products), per output; the largest error / bound ratio is printed. Rows of x of very
 // different magnitudes (1e-30 .. 1e30) check the per-block scaling; two calls are bit-equal,
-// and so is gemv_f32s4_mma_staged_cuda (same arithmetic, x staged once per call).
+// and so are two of gemv_f32s4_mma_staged_cuda (same arithmetic, x staged once per call). K
+// from 1 to 112 blocks of 128: warps with 0 to 14 steps, the load ring partly and fully used;
+// N = 9000 at M = 2: a grid of more than two blocks per SM, the staged kernel's shallow ring.
 TEST_F(Gpu, GemvS4MmaMatchesReferenceWithinItsBound) {
   std::string why;
   ASSERT_TRUE(gemv_f32s4_mma_runs_here(&why)) << why;
@@ -674,7 +676,9 @@ TEST_F(Gpu, GemvS4MmaMatchesReferenceWithinItsBound) {
                        Case{4, 130, 1024, 1024, true, false, false}, Case{5, 96, 2048, 128, false, false, true},
                        Case{8, 40, 512, 128, true, true, true}, Case{9, 4100, 256, 128, true, false, true},
                        Case{16, 300, 1920, 384, false, true, true}, Case{12, 1, 128, 128, true, true, true},
-                       Case{16, 4096, 4096, 128, true, false, false}}) {
+                       Case{16, 4096, 4096, 128, true, false, false}, Case{1, 40, 14336, 128, true, true, true},
+                       Case{3, 70, 5248, 128, false, false, true}, Case{13, 48, 5248, 128, true, true, false},
+                       Case{2, 9000, 512, 128, true, true, true}}) {
     SCOPED_TRACE("M=" + std::to_string(c.M) + " N=" + std::to_string(c.N) + " K=" + std::to_string(c.K) +
                  " group=" + std::to_string(c.group) + (c.is_signed ? " qint4" : " quint4") +
                  (c.zeros ? " zero points" : "") + (c.bias ? " bias" : ""));
@@ -700,10 +704,14 @@ TEST_F(Gpu, GemvS4MmaMatchesReferenceWithinItsBound) {
     const std::vector<float> got = run();
     EXPECT_TRUE(same_floats(run(), got)) << "two calls differ";
     DeviceBuffer<uint8_t> work(gemv_f32s4_mma_staged_workspace_bytes(c.M, c.K));
-    poison(dy);
-    gemv_f32s4_mma_staged_cuda(dx.get(), c.M, dp.get(), c.N, c.K, c.is_signed, ds.get(), c.zeros ? dz.get() : nullptr,
-                               c.group, c.bias ? db.get() : nullptr, dy.get(), work.get(), nullptr);
-    EXPECT_TRUE(same_floats(download(dy), got)) << "gemv_f32s4_mma_staged_cuda differs from gemv_f32s4_mma_cuda";
+    for (int call = 0; call < 2; ++call) {
+      poison(dy);
+      gemv_f32s4_mma_staged_cuda(dx.get(), c.M, dp.get(), c.N, c.K, c.is_signed, ds.get(),
+                                 c.zeros ? dz.get() : nullptr, c.group, c.bias ? db.get() : nullptr, dy.get(),
+                                 work.get(), nullptr);
+      EXPECT_TRUE(same_floats(download(dy), got))
+          << "gemv_f32s4_mma_staged_cuda call " << call << " differs from gemv_f32s4_mma_cuda";
+    }
     const double gamma = static_cast<double>(c.K / 128 + 128) * std::ldexp(1.0, -24);
     int bad = 0;
     for (int64_t m = 0; m < c.M; ++m)

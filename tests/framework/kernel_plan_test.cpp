@@ -70,6 +70,7 @@ TEST(KernelPlanCuda, OtherPathsSayWhatTheGpuRunsInstead) {
   // M = 2..16 run the tensor-core GEMV with x staged once per call.
   EXPECT_EQ(s4.mid_m, 2);
   EXPECT_EQ(s4.mid_m_kernel, "gemv_f32s4_mma_staged_cuda");
+  EXPECT_EQ(plan_kernel_text(s4), "gemv_f32s4_mma_cuda | gemv_f32s4_mma_staged_cuda at M 2..16");  // describe()
   // Groups of 64: the CUDA-core GEMV, and why not the tensor-core one.
   QSpec g64 = w4;
   g64.group_size = 64;
@@ -79,6 +80,7 @@ TEST(KernelPlanCuda, OtherPathsSayWhatTheGpuRunsInstead) {
   EXPECT_EQ(s4g64.large_m, 17);
   EXPECT_EQ(s4g64.mid_m, 0);
   EXPECT_EQ(s4g64.mid_m_kernel, "");
+  EXPECT_EQ(plan_kernel_text(s4g64), "gemv_f32s4_cuda");
   // A K the GEMV cannot take (not a multiple of 8) dequantizes at every M, and says why.
   QSpec odd = w4;
   odd.group_size = 12;
