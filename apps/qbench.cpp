@@ -26,6 +26,7 @@
 
 #include "apps/qbench_load.h"
 #include "apps/qbench_registry.h"
+#include "kernels/cpu/thread_pool.h"
 
 namespace qforge::bench {
 
@@ -105,10 +106,16 @@ static int run_qbench(int argc, char** argv) {
   app.add_option("--load", load,
                  "K busy-loop processes beside the run: every row is timed idle, then with the K processes spinning")
       ->check(CLI::Range(0, 256));
+  std::string parallel;
+  app.add_option("--parallel", parallel,
+                 "loop under qforge's CPU kernels: openmp (default, or QFORGE_PARALLEL) or pool (opt-in, docs/performance.md)")
+      ->check(CLI::IsMember({"openmp", "pool"}));
   bool fresh_pages = false;
   app.add_flag("--fresh-pages", fresh_pages,
                "let glibc map every large buffer afresh (first-touch page faults in every call)");
   CLI11_PARSE(app, argc, argv);
+  if (!parallel.empty()) qforge::kernels::set_parallel_backend(qforge::kernels::parse_parallel_backend(parallel));
+  qforge::kernels::parallel_backend();  // a bad QFORGE_PARALLEL fails here, before any row
   if (!fresh_pages) {
     // Keep freed 64 MiB buffers in the heap so both sides reuse warm pages, as a caching
     // allocator would; otherwise page faults dominate both implementations equally.

@@ -116,7 +116,7 @@ void relu_in_place(float* y, int64_t n) {
 // per intra-op thread when M allows, so threads finish together; never below kMinConvChunkRows.
 int64_t chunk_rows(int64_t K, int64_t M) {
   const int64_t by_cache = (int64_t{256} << 10) / std::max<int64_t>(1, K);
-  const int64_t by_threads = (M + 4 * usable_threads() - 1) / (4 * usable_threads());
+  const int64_t by_threads = (M + 4 * parallel_threads() - 1) / (4 * parallel_threads());
   return std::max<int64_t>(kMinConvChunkRows, std::min(by_cache, by_threads));
 }
 

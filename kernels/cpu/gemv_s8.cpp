@@ -225,7 +225,7 @@ void bmm_s8s8f32(const int8_t* A, const int8_t* Bt, int64_t batch, int64_t M, in
     RunInfo local;
     for (int64_t b = begin; b < end; ++b) slice(b, b == 0 ? info : &local);
   };
-  if (batch >= usable_threads() && batch > 1) {
+  if (batch >= parallel_threads() && batch > 1) {
     detail::parallel_over(batch, 1, slices);
   } else {
     slices(0, batch);  // each slice splits its columns over the threads instead

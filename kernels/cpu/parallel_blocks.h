@@ -1,6 +1,8 @@
-// Splits a range of 16-column weight blocks (or any index range) across qforge's thread pool (kernels/cpu/thread_pool.h),
-// whose thread count follows at::set_num_threads, the cgroup CPU quota and the affinity mask.
+// Splits a range of 16-column weight blocks (or any index range) across ATen's intra-op threads
+// (at::parallel_for, the default) or qforge's thread pool (opt-in: kernels/cpu/thread_pool.h).
 #pragma once
+
+#include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -12,10 +14,14 @@ namespace qforge::kernels::detail {
 // Minimum multiply-adds per task, so small problems run on the calling thread.
 inline constexpr int64_t kMinMacsPerTask = int64_t{1} << 18;
 
-// f(begin, end) over disjoint ranges of at least `grain` indices covering [0, n), on the pool.
+// f(begin, end) over disjoint ranges of at least `grain` indices covering [0, n), on parallel_backend().
 template <typename F>
 void parallel_over(int64_t n, int64_t grain, const F& f) {
-  ThreadPool::global().parallel_for(n, grain, usable_threads(), f);
+  if (parallel_backend() == ParallelBackend::kPool) {
+    ThreadPool::global().parallel_for(n, grain, usable_threads(), f);
+  } else {
+    at::parallel_for(0, n, grain, [&](int64_t begin, int64_t end) { f(begin, end); });
+  }
 }
 
 // f(begin, end) over disjoint block ranges covering [0, nblocks); each block is written by

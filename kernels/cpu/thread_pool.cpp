@@ -9,7 +9,10 @@
 #include <chrono>
 #include <cmath>
 #include <fstream>
+#include <cstdlib>
 #include <sstream>
+
+#include "framework/core/error.h"
 
 namespace qforge::kernels {
 
@@ -121,6 +124,42 @@ std::optional<double> process_cpu_limit() {
 int usable_threads() {
   static const int cap = std::min(threads_for_cpu_limit(process_cpu_limit(), affinity_cpus()), affinity_cpus());
   return std::max(1, std::min(at::get_num_threads(), cap));
+}
+
+ParallelBackend parse_parallel_backend(const std::string& name) {
+  if (name == "openmp") return ParallelBackend::kOpenMP;
+  if (name == "pool") return ParallelBackend::kPool;
+  throw Error("kernels/cpu: unknown parallel backend '" + name + "' (valid: openmp, pool)");
+}
+
+namespace {
+constexpr int kBackendUnset = -1;
+std::atomic<int> g_backend{kBackendUnset};
+}  // namespace
+
+ParallelBackend parallel_backend() {
+  int b = g_backend.load(std::memory_order_acquire);
+  if (b == kBackendUnset) {
+    const char* env = std::getenv("QFORGE_PARALLEL");
+    ParallelBackend from_env = ParallelBackend::kOpenMP;
+    if (env != nullptr) {
+      try {
+        from_env = parse_parallel_backend(env);
+      } catch (const Error& e) {
+        throw Error(std::string("QFORGE_PARALLEL: ") + e.what());
+      }
+    }
+    int expected = kBackendUnset;
+    g_backend.compare_exchange_strong(expected, static_cast<int>(from_env));
+    b = g_backend.load(std::memory_order_acquire);
+  }
+  return static_cast<ParallelBackend>(b);
+}
+
+void set_parallel_backend(ParallelBackend backend) { g_backend.store(static_cast<int>(backend)); }
+
+int parallel_threads() {
+  return parallel_backend() == ParallelBackend::kPool ? usable_threads() : at::get_num_threads();
 }
 
 ThreadPool::ThreadPool(int workers, JoinHook before_join) : before_join_(std::move(before_join)) {

@@ -27,8 +27,20 @@ std::optional<double> cgroup_v1_cpu_limit(const std::string& quota_us, const std
 int threads_for_cpu_limit(std::optional<double> limit, int fallback);
 // This process's cgroup CPU limit (v2 via /proc/self/cgroup, then v1), read once.
 std::optional<double> process_cpu_limit();
-// Threads qforge's kernels use: min(at::get_num_threads(), the cgroup quota, CPUs in the affinity mask).
+// Threads the pool uses: min(at::get_num_threads(), the cgroup quota, CPUs in the affinity mask).
 int usable_threads();
+
+// The parallel loop under qforge's CPU kernels (parallel_blocks.h). kOpenMP, the default, is
+// at::parallel_for; kPool is ThreadPool below, opt-in because OpenMP's spinning idle workers (after
+// LibTorch ops) starve its workers (docs/performance.md, "Threads under load").
+enum class ParallelBackend { kOpenMP, kPool };
+// "openmp" -> kOpenMP, "pool" -> kPool; anything else throws an Error naming both.
+ParallelBackend parse_parallel_backend(const std::string& name);
+// set_parallel_backend's choice, else the environment's QFORGE_PARALLEL (read once), else kOpenMP.
+ParallelBackend parallel_backend();
+void set_parallel_backend(ParallelBackend backend);
+// Threads a kernel loop runs on: at::get_num_threads() under kOpenMP, usable_threads() under kPool.
+int parallel_threads();
 
 class ThreadPool {
  public:

@@ -134,8 +134,10 @@ TEST_F(QbenchLoad, SigtermEndsTheLoadProcessesToo) {
   expect_no_process_left();
 }
 
-// Slow tier. The bound is 1.25x; the allowance below is for timer and scheduler noise on
-// a sub-millisecond row (the collapse it guards against costs a whole scheduler slice, ~8 ms).
+// Slow tier, on qforge's pool (--parallel pool; the default OpenMP loop collapses here). The issue's
+// bound is 1.25x; the 0.05 ms allowance is for timer and scheduler noise on a sub-millisecond row
+// (the collapse it guards against costs a whole scheduler slice, ~8 ms). It can fail on the 2-vCPU
+// VM as measured (docs/performance.md): 1x4096x4096 int8 once took 0.294 -> 0.425 ms (1.45x).
 constexpr double kBound = 1.25;
 constexpr double kNoiseMs = 0.05;
 
@@ -150,7 +152,8 @@ TEST(QbenchLoadBound, TwoThreadsUnderLoadStayWithinBoundOfOneThread) {
   std::map<std::string, std::map<int, double>> loaded;  // bench/shape -> threads -> ms
   for (const char* bench : {"linear_w8a8dyn_vs_fp32", "linear_w4a8dyn_g128_vs_fp32"}) {
     int status = 0;
-    const auto rows = run_qbench({"--json", "--load", "2", "--threads", "1", "2", "--reps", "9", "--filter", bench}, &status);
+    const auto rows = run_qbench(
+        {"--json", "--parallel", "pool", "--load", "2", "--threads", "1", "2", "--reps", "9", "--filter", bench}, &status);
     ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
     for (const auto& r : rows)
       if (r.at("impl") == "qforge" && r.at("load").get<int>() == 2 && r.at("bench") == bench)

@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <condition_variable>
 #include <future>
 #include <mutex>
@@ -12,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "framework/core/error.h"
 #include "kernels/cpu/parallel_blocks.h"
 #include "kernels/cpu/thread_pool.h"
 
@@ -32,6 +34,69 @@ void expect_each_index_once(ThreadPool& pool, int64_t n, int64_t grain, int thre
   for (int64_t i = 0; i < n; ++i)
     ASSERT_EQ(hits[static_cast<size_t>(i)].load(), 1) << "index " << i << " n " << n << " grain " << grain << " threads " << threads;
   EXPECT_EQ(short_ranges.load(), 0) << "only the last range may be shorter than the grain";
+}
+
+// First in the file, before any test switches the backend.
+TEST(ParallelBackend, DefaultIsOpenMPUnlessTheEnvironmentSaysOtherwise) {
+  const char* env = std::getenv("QFORGE_PARALLEL");
+  if (env == nullptr) {
+    EXPECT_EQ(parallel_backend(), ParallelBackend::kOpenMP);
+  } else if (std::string(env) == "openmp" || std::string(env) == "pool") {
+    EXPECT_EQ(parallel_backend(), parse_parallel_backend(env));
+  } else {
+    try {
+      parallel_backend();
+      ADD_FAILURE() << "QFORGE_PARALLEL=" << env << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("QFORGE_PARALLEL"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("openmp, pool"), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST(ParallelBackend, NamesParseAndUnknownNamesListTheValidOnes) {
+  EXPECT_EQ(parse_parallel_backend("openmp"), ParallelBackend::kOpenMP);
+  EXPECT_EQ(parse_parallel_backend("pool"), ParallelBackend::kPool);
+  for (const char* bad : {"", "omp", "Pool", "tbb"}) {
+    try {
+      parse_parallel_backend(bad);
+      ADD_FAILURE() << "accepted '" << bad << "'";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("openmp, pool"), std::string::npos) << e.what();
+    }
+  }
+}
+
+// parallel_over covers every index once under both backends, and the switch really moves the loop:
+// ranges run in an OpenMP region under kOpenMP and as pool tasks under kPool.
+TEST(ParallelBackend, SwitchMovesEveryLoopAndCoversEveryIndexOnce) {
+  const int threads_before = at::get_num_threads();
+  const ParallelBackend before = parallel_backend();
+  at::set_num_threads(2);
+  for (ParallelBackend backend : {ParallelBackend::kOpenMP, ParallelBackend::kPool}) {
+    set_parallel_backend(backend);
+    ASSERT_EQ(parallel_backend(), backend);
+    EXPECT_EQ(parallel_threads(), backend == ParallelBackend::kPool ? usable_threads() : at::get_num_threads());
+    for (int64_t n : {0, 1, 7, 64, 1000, 4097})
+      for (int64_t grain : {1, 3, 100}) {
+        std::vector<std::atomic<int>> hits(static_cast<size_t>(n));
+        std::atomic<int> in_omp{0}, in_pool{0};
+        detail::parallel_over(n, grain, [&](int64_t b, int64_t e) {
+          in_omp += at::in_parallel_region();
+          in_pool += ThreadPool::in_task();
+          for (int64_t i = b; i < e; ++i) hits[static_cast<size_t>(i)].fetch_add(1);
+        });
+        for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[static_cast<size_t>(i)].load(), 1) << "n " << n << " grain " << grain;
+        const bool pool = backend == ParallelBackend::kPool;
+        EXPECT_EQ(pool ? in_omp.load() : in_pool.load(), 0);
+        const bool splits = n >= 1000 && grain == 1 && (!pool || usable_threads() > 1);  // big enough for 2 threads
+        if (splits) {
+          EXPECT_GT(pool ? in_pool.load() : in_omp.load(), 0);
+        }
+      }
+  }
+  set_parallel_backend(before);
+  at::set_num_threads(threads_before);
 }
 
 TEST(ThreadPool, EveryIndexRunsExactlyOnceForManySizesGrainsAndThreadCounts) {
