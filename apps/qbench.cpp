@@ -1,7 +1,9 @@
 // qbench: side-by-side benchmarks of qforge and LibTorch for the same work in the same run.
 // `qbench --json` prints one JSON object per line:
-//   {"bench", "impl": "qforge"|"libtorch"|"limit", "shape", "threads", "ms", "GBps"}
+//   {"bench", "impl": "qforge"|"libtorch"|"limit", "shape", "threads", "load", "ms", "GBps"}
 // Without --json it prints a table with the qforge/LibTorch speed ratio of each row.
+// `--load K` measures every row twice, idle ("load": 0) then beside K busy-loop processes
+// ("load": K), and the table gains the loaded columns.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
@@ -17,11 +19,14 @@
 #include <cstring>
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "apps/qbench_load.h"
 #include "apps/qbench_registry.h"
+#include "kernels/cpu/thread_pool.h"
 
 namespace qforge::bench {
 
@@ -47,6 +52,36 @@ void set_blas_threads(int t) {
   if (auto fn = reinterpret_cast<Fn>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"))) fn(t);
 }
 
+struct Timing {
+  double ms = 0;
+  double loaded_ms = 0;  // beside the load; 0 without --load
+};
+
+// One row: idle, then (with a load) beside the running load processes.
+Timing time_impl(const Impl& impl, int reps, BusyLoad* load) {
+  Timing t;
+  t.ms = median_ms(impl.run, reps);
+  if (load != nullptr) {
+    load->resume();
+    try {
+      t.loaded_ms = median_ms(impl.run, reps);
+    } catch (...) {
+      load->pause();
+      throw;
+    }
+    load->pause();
+  }
+  return t;
+}
+
+std::string torch_ratio(const Impl& impl, const std::map<std::string, double>& ms_by_impl, double ms) {
+  const auto torch_ms = ms_by_impl.find("libtorch");
+  char ratio[32] = "";
+  if (impl.name != "libtorch" && torch_ms != ms_by_impl.end() && ms > 0)
+    std::snprintf(ratio, sizeof ratio, "%.2fx", torch_ms->second / ms);
+  return ratio;
+}
+
 }  // namespace
 
 std::vector<Bench>& registry() {
@@ -56,7 +91,7 @@ std::vector<Bench>& registry() {
 
 }  // namespace qforge::bench
 
-int main(int argc, char** argv) {
+static int run_qbench(int argc, char** argv) {
   using namespace qforge::bench;
   CLI::App app{"qbench: qforge vs LibTorch, same work, same run"};
   bool json = false;
@@ -67,10 +102,20 @@ int main(int argc, char** argv) {
   app.add_option("--reps", reps, "timed repetitions per case (median is reported)")->check(CLI::Range(1, 1000));
   app.add_option("--filter", filter, "only benches whose name contains this");
   app.add_option("--threads", threads, "thread counts (default: 1 and all cores)");
+  int load = 0;
+  app.add_option("--load", load,
+                 "K busy-loop processes beside the run: every row is timed idle, then with the K processes spinning")
+      ->check(CLI::Range(0, 256));
+  std::string parallel;
+  app.add_option("--parallel", parallel,
+                 "loop under qforge's CPU kernels: openmp (default, or QFORGE_PARALLEL) or pool (opt-in, docs/performance.md)")
+      ->check(CLI::IsMember({"openmp", "pool"}));
   bool fresh_pages = false;
   app.add_flag("--fresh-pages", fresh_pages,
                "let glibc map every large buffer afresh (first-touch page faults in every call)");
   CLI11_PARSE(app, argc, argv);
+  if (!parallel.empty()) qforge::kernels::set_parallel_backend(qforge::kernels::parse_parallel_backend(parallel));
+  qforge::kernels::parallel_backend();  // a bad QFORGE_PARALLEL fails here, before any row
   if (!fresh_pages) {
     // Keep freed 64 MiB buffers in the heap so both sides reuse warm pages, as a caching
     // allocator would; otherwise page faults dominate both implementations equally.
@@ -83,31 +128,44 @@ int main(int argc, char** argv) {
     if (all > 1) threads.push_back(all);
   }
 
+  std::unique_ptr<BusyLoad> busy;
+  if (load > 0) busy = std::make_unique<BusyLoad>(load);
   std::stable_sort(registry().begin(), registry().end(),
                    [](const Bench& a, const Bench& b) { return a.order < b.order; });
-  if (!json) std::printf("%-28s %-22s %-9s %3s %10s %9s %8s\n", "bench", "shape", "impl", "thr", "ms", "GB/s", "x torch");
+  if (!json) {
+    std::printf("%-28s %-22s %-9s %3s %10s %9s %8s", "bench", "shape", "impl", "thr", "ms", "GB/s", "x torch");
+    if (busy) std::printf(" %10s %8s %8s", ("ms load" + std::to_string(load)).c_str(), "x torch", "/ idle");
+    std::printf("\n");
+  }
   for (int t : threads) {
     at::set_num_threads(t);
     set_blas_threads(t);
     for (const Bench& b : registry()) {
       if (!filter.empty() && b.name.find(filter) == std::string::npos) continue;
       for (const Case& c : b.make_cases()) {
-        std::map<std::string, double> ms_by_impl;
+        std::map<std::string, double> ms_by_impl, loaded_by_impl;
         for (const Impl& impl : c.impls) {
-          const double ms = median_ms(impl.run, reps);
-          ms_by_impl[impl.name] = ms;
-          const double gbps = c.bytes > 0 ? c.bytes / (ms * 1e6) : 0.0;
+          const Timing tm = time_impl(impl, reps, busy.get());
+          ms_by_impl[impl.name] = tm.ms;
+          loaded_by_impl[impl.name] = tm.loaded_ms;
+          const double gbps = c.bytes > 0 ? c.bytes / (tm.ms * 1e6) : 0.0;
           if (json) {
-            const nlohmann::json row = {{"bench", b.name}, {"impl", impl.name}, {"shape", c.shape},
-                                        {"threads", t},    {"ms", ms},          {"GBps", gbps}};
+            nlohmann::json row = {{"bench", b.name}, {"impl", impl.name}, {"shape", c.shape}, {"threads", t},
+                                  {"load", 0},       {"ms", tm.ms},       {"GBps", gbps}};
             std::printf("%s\n", row.dump().c_str());
+            if (busy) {
+              row["load"] = load;
+              row["ms"] = tm.loaded_ms;
+              row["GBps"] = c.bytes > 0 ? c.bytes / (tm.loaded_ms * 1e6) : 0.0;
+              std::printf("%s\n", row.dump().c_str());
+            }
           } else {
-            const auto torch_ms = ms_by_impl.find("libtorch");
-            char ratio[32] = "";
-            if (impl.name != "libtorch" && torch_ms != ms_by_impl.end())
-              std::snprintf(ratio, sizeof ratio, "%.2fx", torch_ms->second / ms);
-            std::printf("%-28s %-22s %-9s %3d %10.3f %9.2f %8s\n", b.name.c_str(), c.shape.c_str(),
-                        impl.name.c_str(), t, ms, gbps, ratio);
+            std::printf("%-28s %-22s %-9s %3d %10.3f %9.2f %8s", b.name.c_str(), c.shape.c_str(), impl.name.c_str(), t,
+                        tm.ms, gbps, torch_ratio(impl, ms_by_impl, tm.ms).c_str());
+            if (busy)
+              std::printf(" %10.3f %8s %7.2fx", tm.loaded_ms, torch_ratio(impl, loaded_by_impl, tm.loaded_ms).c_str(),
+                          tm.loaded_ms / tm.ms);
+            std::printf("\n");
           }
           std::fflush(stdout);
         }
@@ -115,4 +173,14 @@ int main(int argc, char** argv) {
     }
   }
   return 0;
+}
+
+// Errors end the run through main's return, so the load processes are reaped by BusyLoad's destructor.
+int main(int argc, char** argv) {
+  try {
+    return run_qbench(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "qbench: %s\n", e.what());
+    return 1;
+  }
 }

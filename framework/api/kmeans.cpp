@@ -1,7 +1,7 @@
 // k-means++ and Lloyd iterations (framework/api/kmeans.h).
 #include "framework/api/kmeans.h"
 
-#include <ATen/Parallel.h>
+#include <ATen/ATen.h>
 
 #include <algorithm>
 #include <limits>
@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "framework/core/error.h"
+#include "kernels/cpu/parallel_blocks.h"
 
 namespace qforge {
 
@@ -190,7 +191,7 @@ at::Tensor kmeans_1d(const at::Tensor& values_in, int64_t k, const at::Tensor& i
   const float* pv = values.data_ptr<float>();
   const double* pw = imp.defined() ? imp.data_ptr<double>() : nullptr;
   float* po = out.data_ptr<float>();
-  at::parallel_for(0, R, 1, [&](int64_t b, int64_t e) {
+  kernels::detail::parallel_over(R, 1, [&](int64_t b, int64_t e) {
     std::vector<int64_t> order(n);
     std::vector<float> v(n);
     std::vector<double> w(n);

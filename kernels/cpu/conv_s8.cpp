@@ -2,7 +2,6 @@
 // over the Linear GEMM kernels.
 #include "kernels/cpu/conv_s8.h"
 
-#include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <cmath>
@@ -16,6 +15,7 @@
 #include "kernels/cpu/gemm_s8s8s32_onednn.h"
 #include "kernels/cpu/gemv_s4.h"
 #include "kernels/cpu/gemv_s8.h"
+#include "kernels/cpu/parallel_blocks.h"
 #include "kernels/cpu/quantize_rows_s8.h"
 
 namespace qforge::kernels {
@@ -116,7 +116,7 @@ void relu_in_place(float* y, int64_t n) {
 // per intra-op thread when M allows, so threads finish together; never below kMinConvChunkRows.
 int64_t chunk_rows(int64_t K, int64_t M) {
   const int64_t by_cache = (int64_t{256} << 10) / std::max<int64_t>(1, K);
-  const int64_t by_threads = (M + 4 * at::get_num_threads() - 1) / (4 * at::get_num_threads());
+  const int64_t by_threads = (M + 4 * parallel_threads() - 1) / (4 * parallel_threads());
   return std::max<int64_t>(kMinConvChunkRows, std::min(by_cache, by_threads));
 }
 
@@ -131,7 +131,7 @@ void conv_chunks(const int8_t* x_nhwc, float a_scale, const ConvGeometry& g, int
   const int64_t rows = chunk_rows(K, M);
   const int64_t chunks = (M + rows - 1) / rows;
   RunInfo first;  // chunk 0's: every chunk runs the same kernel chain on the same weight
-  at::parallel_for(0, chunks, 1, [&](int64_t c0, int64_t c1) {
+  detail::parallel_over(chunks, 1, [&](int64_t c0, int64_t c1) {
     std::vector<int8_t> cols(static_cast<size_t>(rows * K));
     const std::vector<float> scale(static_cast<size_t>(rows), a_scale);
     std::vector<float> buf(rq != nullptr ? static_cast<size_t>(rows * N) : 0);
@@ -236,7 +236,7 @@ bool onednn_conv(const detail::OneDnnConvS8& w, const int8_t* x_nhwc, float a_sc
   constexpr int64_t kRows = 256;
   const std::vector<float> a(static_cast<size_t>(kRows), a_scale);
   RunInfo epilogue;
-  at::parallel_for(0, (M + kRows - 1) / kRows, 1, [&](int64_t c0, int64_t c1) {
+  detail::parallel_over((M + kRows - 1) / kRows, 1, [&](int64_t c0, int64_t c1) {
     std::vector<float> buf(rq != nullptr ? static_cast<size_t>(kRows * N) : 0);
     for (int64_t c = c0; c < c1; ++c) {
       const int64_t r0 = c * kRows, rows = std::min(M, r0 + kRows) - r0;

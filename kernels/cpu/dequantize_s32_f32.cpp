@@ -1,11 +1,11 @@
 // Dispatcher of the dequantizing epilogue.
 #include "kernels/cpu/dequantize_s32_f32.h"
 
-#include <ATen/Parallel.h>
 
 #include <algorithm>
 
 #include "kernels/cpu/isa.h"
+#include "kernels/cpu/parallel_blocks.h"
 #include "kernels/cpu/reference.h"
 
 namespace qforge::kernels {
@@ -24,7 +24,7 @@ void dequantize_s32_f32(const int32_t* acc, const float* a_scale, const float* w
 #ifdef QFORGE_KERNELS_AVX512
     ri.kernel = "dequantize_s32_f32_avx512";
     const int64_t grain = std::max<int64_t>(1, kMinElementsPerTask / std::max<int64_t>(1, N));
-    at::parallel_for(0, M, grain, [&](int64_t b, int64_t e) {
+    detail::parallel_over(M, grain, [&](int64_t b, int64_t e) {
       detail::dequantize_s32_f32_avx512(acc, a_scale, w_scale, bias, y, N, b, e);
     });
     return;

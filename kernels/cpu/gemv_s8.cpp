@@ -225,8 +225,8 @@ void bmm_s8s8f32(const int8_t* A, const int8_t* Bt, int64_t batch, int64_t M, in
     RunInfo local;
     for (int64_t b = begin; b < end; ++b) slice(b, b == 0 ? info : &local);
   };
-  if (batch >= at::get_num_threads() && batch > 1) {
-    at::parallel_for(0, batch, 1, slices);
+  if (batch >= parallel_threads() && batch > 1) {
+    detail::parallel_over(batch, 1, slices);
   } else {
     slices(0, batch);  // each slice splits its columns over the threads instead
   }

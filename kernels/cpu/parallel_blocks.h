@@ -1,4 +1,5 @@
-// Splits a range of 16-column weight blocks across ATen's intra-op threads (at::set_num_threads).
+// Splits a range of 16-column weight blocks (or any index range) across ATen's intra-op threads
+// (at::parallel_for, the default) or qforge's thread pool (opt-in: kernels/cpu/thread_pool.h).
 #pragma once
 
 #include <ATen/Parallel.h>
@@ -6,15 +7,29 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "kernels/cpu/thread_pool.h"
+
 namespace qforge::kernels::detail {
 
 // Minimum multiply-adds per task, so small problems run on the calling thread.
 inline constexpr int64_t kMinMacsPerTask = int64_t{1} << 18;
 
+// f(begin, end) over disjoint ranges of at least `grain` indices covering [0, n), on parallel_backend().
+template <typename F>
+void parallel_over(int64_t n, int64_t grain, const F& f) {
+  if (parallel_backend() == ParallelBackend::kPool) {
+    ThreadPool::global().parallel_for(n, grain, usable_threads(), f);
+  } else {
+    at::parallel_for(0, n, grain, [&](int64_t begin, int64_t end) { f(begin, end); });
+  }
+}
+
+// f(begin, end) over disjoint block ranges covering [0, nblocks); each block is written by
+// exactly one call, so results do not depend on the thread count.
 template <typename F>
 void parallel_over_blocks(int64_t nblocks, int64_t macs_per_block, const F& f) {
   const int64_t grain = std::max<int64_t>(1, kMinMacsPerTask / std::max<int64_t>(1, macs_per_block));
-  at::parallel_for(0, nblocks, grain, [&](int64_t begin, int64_t end) { f(begin, end); });
+  parallel_over(nblocks, grain, f);
 }
 
 }  // namespace qforge::kernels::detail

@@ -5,10 +5,9 @@
 #include <atomic>
 #include <vector>
 
-#include <ATen/Parallel.h>
-
 #include "framework/core/error.h"
 #include "kernels/cpu/isa.h"
+#include "kernels/cpu/parallel_blocks.h"
 
 namespace qforge::kernels {
 
@@ -60,7 +59,7 @@ void quantize_static_s8(const float* x, int64_t count, float inv, int qmin, int 
 #ifdef QFORGE_KERNELS_AVX512
     std::atomic<bool> finite{true};
     // 64 KiB of floats per task: enough work to be worth a thread.
-    at::parallel_for(0, count, int64_t{1} << 14, [&](int64_t i0, int64_t i1) {
+    detail::parallel_over(count, int64_t{1} << 14, [&](int64_t i0, int64_t i1) {
       if (!detail::quantize_clamp_avx512(x + i0, i1 - i0, inv, qmin, qmax, q + i0)) finite = false;
     });
     if (finite) {
