@@ -6,7 +6,8 @@ same images.
     /usr/bin/python3 scripts/torchscript/torchvision_vs_torchao.py --build build --out /tmp/tv_vs_ao
 
 Weights: torchvision's random initialisation (seed 0; no pretrained weights offline), then the
-BatchNorm running statistics are set by train-mode forwards of the BN images (no gradient step),
+BatchNorm running statistics are reset and set by train-mode forwards (momentum None: the
+cumulative average over all BN images) of the BN images (no gradient step),
 then eval(). Images: Fashion-MNIST test images (dataset-fashion-mnist, /usr/share/datasets),
 a seeded pick, bilinearly resized to 224 x 224, repeated to 3 channels, normalised to [-1, 1].
 The BN, calibration and evaluation images are disjoint.
@@ -17,7 +18,8 @@ evaluation images removed (centered: the input-dependent part), top-1 agreement 
 model and how many distinct classes the float model's top-1 takes, and the median
 latency of one image (batch 1, torch.set_num_threads(1)) of the float model (traced), torch.ao's
 converted int8 model (traced) and qforge's frozen int8 TorchScript file (qtrain's model.pt, run
-with libqforge_torchscript.so loaded), all in this process through TorchScript.
+with libqforge_torchscript.so loaded), all in this process through TorchScript, and qtrain's own
+C++ latency (float -> frozen, its report.json's latency_ms).
 """
 import argparse
 import copy
@@ -58,6 +60,10 @@ def fashion_images(n, seed):
 def make_model(name, bn_images):
     torch.manual_seed(0)
     model = getattr(torchvision.models, name)(weights=None)
+    for m in model.modules():
+        if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
+            m.reset_running_stats()
+            m.momentum = None  # cumulative average: the statistics of all the BN images, not 10 % per batch
     model.train()
     with torch.no_grad():
         for batch in bn_images.split(16):
@@ -138,6 +144,17 @@ def run_qforge(name, model, calib, evals, args, float_eval):
     return torch.jit.load(os.path.join(run_dir, "model.pt")).eval(), run_dir
 
 
+def qtrain_latency_ms(run_dir):
+    """qtrain's own C++ batch-1 latency (float, frozen) in ms, from its report.json."""
+    path = os.path.join(run_dir, "report.json")
+    with open(path) as f:
+        report = json.load(f)
+    lat = report.get("latency_ms")
+    if not isinstance(lat, dict) or "float" not in lat or "frozen" not in lat:
+        sys.exit(f"{path} has no latency_ms {{float, frozen}}: qtrain did not measure latency")
+    return {"float": float(lat["float"]), "frozen": float(lat["frozen"]), "regime": lat.get("regime")}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
@@ -177,7 +194,7 @@ def main():
                                     "qforge": centered_sqnr_db(f_eval, qf_eval)},
                "float_top1_classes": int(f_eval.argmax(1).unique().numel()),
                "top1_agreement": {"torchao": agreement(f_eval, ao_eval), "qforge": agreement(f_eval, qf_eval)},
-               "latency_ms_b1_t1": lat, "qtrain_out": run_dir}
+               "latency_ms_b1_t1": lat, "qtrain_latency_ms": qtrain_latency_ms(run_dir), "qtrain_out": run_dir}
         torch.save({"float": f_eval, "torchao": ao_eval, "qforge": qf_eval}, os.path.join(args.out, f"{name}_logits.pt"))
         print(json.dumps(row), file=sys.stderr)
         rows.append(row)
@@ -186,13 +203,15 @@ def main():
     print(f"torch {torch.__version__}, torchvision {torchvision.__version__}, CPU {cpu}; "
           f"{args.bn} BN / {args.calib} calibration / {args.eval} evaluation images")
     print("| model | SQNR torch.ao / qforge (dB) | centered SQNR torch.ao / qforge (dB) | top-1 agr. torch.ao / "
-          "qforge (float top-1 classes) | float ms | torch.ao ms | qforge ms |")
-    print("|---|---|---|---|---|---|---|")
+          "qforge (float top-1 classes) | float ms | torch.ao ms | qforge ms | qtrain C++ float -> frozen ms |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         s, c, a, l = r["sqnr_db"], r["centered_sqnr_db"], r["top1_agreement"], r["latency_ms_b1_t1"]
+        qt = r["qtrain_latency_ms"]
         print(f"| {r['model']} ({r['torchao_engine']}) | {s['torchao']:.1f} / {s['qforge']:.1f} | "
               f"{c['torchao']:.1f} / {c['qforge']:.1f} | {a['torchao']:.3f} / {a['qforge']:.3f} "
-              f"({r['float_top1_classes']}) | {l['float']:.1f} | {l['torchao']:.1f} | {l['qforge']:.1f} |")
+              f"({r['float_top1_classes']}) | {l['float']:.1f} | {l['torchao']:.1f} | {l['qforge']:.1f} | "
+              f"{qt['float']:.1f} -> {qt['frozen']:.1f} |")
     with open(os.path.join(args.out, "results.json"), "w") as f:
         json.dump(rows, f, indent=1)
 
