@@ -61,9 +61,11 @@ std::vector<Case> conv_dw_cases() {
       at::NoGradGuard g;
       layer->forward(x);
     }});
-    k.impls.push_back({"qforge-fallback", [layer, in_q, x, stride, c]() mutable {
+    // The packed weight is looked up once, as the frozen layer held it; only its dequantization is per call.
+    QuantizedTensor qw = layer->frozen_weight();
+    k.impls.push_back({"qforge-fallback", [qw, in_q, x, stride, c]() mutable {
       at::NoGradGuard g;
-      at::conv2d(in_q->forward(x), layer->frozen_weight().dequantize(), {}, stride, 1, 1, c);
+      at::conv2d(in_q->forward(x), qw.dequantize(), {}, stride, 1, 1, c);
     }});
     out.push_back(k);
   }

@@ -281,7 +281,7 @@ void run_im2col(const ConvS8Problem& p) {
 bool onednn_conv_serves(const ConvS8Problem& p) { return !p.int4 && !p.depthwise && p.m >= kOneDnnConvMinRows; }
 
 bool im2col_serves(const ConvS8Problem& p) { return !p.depthwise; }
-bool depthwise_serves(const ConvS8Problem& p) { return p.depthwise; }
+bool depthwise_serves(const ConvS8Problem& p) { return p.depthwise && !p.int4; }  // int8 weights only
 
 void run_dw_scalar(const ConvS8Problem& p) { conv2d_dw_s8_run(p, detail::conv_dw_s8_rows_scalar, "conv_dw_s8"); }
 #ifdef QFORGE_KERNELS_AVX512

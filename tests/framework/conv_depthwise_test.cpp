@@ -1,6 +1,7 @@
 // A frozen depthwise Conv2d (groups == in == out channels, W8A8) runs the depthwise int8 kernel:
 // describe() names the table's choice, the output matches the fake-quant forward, ReLU and
-// checkpoints round trip; int4 depthwise and other grouped convolutions keep the per-call fallback.
+// checkpoints round trip, depthwise Conv1d too; int4 depthwise and other grouped convolutions keep
+// the per-call fallback.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
@@ -24,16 +25,21 @@ double rel_error(const at::Tensor& a, const at::Tensor& b) {
 
 torch::nn::Conv2dOptions depthwise(int64_t c) { return torch::nn::Conv2dOptions(c, c, 3).stride(2).padding(1).groups(c); }
 
-// Quantized W8A8 (or int4 weights), calibrated on `x`, not frozen yet.
-nn::Conv2d calibrated(const torch::nn::Conv2dOptions& o, const QType& qt, const at::Tensor& x) {
-  torch::manual_seed(3);
-  nn::Conv2d c(o);
+// Per-channel `qt` weights, static int8 activations calibrated by min / max.
+Scheme static_scheme(const QType& qt) {
   Scheme s(qt);
   s.weight_granularity = Granularity::kPerChannel;
   s.activations = ActivationMode::kStatic;
   s.observer = "minmax";
+  return s;
+}
+
+// Quantized W8A8 (or int4 weights), calibrated on `x`, not frozen yet.
+nn::Conv2d calibrated(const torch::nn::Conv2dOptions& o, const QType& qt, const at::Tensor& x) {
+  torch::manual_seed(3);
+  nn::Conv2d c(o);
   c->eval();
-  quantize(*c, s);
+  quantize(*c, static_scheme(qt));
   Calibration calib(*c);
   at::NoGradGuard g;
   c->forward(x);
@@ -45,10 +51,11 @@ nn::Conv2d calibrated(const torch::nn::Conv2dOptions& o, const QType& qt, const 
 TEST(ConvDepthwise, FrozenW8A8RunsTheDepthwiseKernelAndMatchesFakeQuant) {
   const at::Tensor x = at::randn({2, 20, 15, 13});
   nn::Conv2d c = calibrated(depthwise(20), qint8, x);
-  at::Tensor y_fq;
+  at::Tensor y_fq, w_fq;
   {
     at::NoGradGuard g;
     y_fq = c->forward(x);
+    w_fq = c->weight_quantizer()->forward(c->weight).detach();
   }
   const kernels::ConvChoice plan = kernels::choose_conv_kernel(false, usable_isa(), 9, /*depthwise=*/true);
   EXPECT_EQ(c->plan().kernel, plan.kernel.kernel);
@@ -64,9 +71,12 @@ TEST(ConvDepthwise, FrozenW8A8RunsTheDepthwiseKernelAndMatchesFakeQuant) {
   EXPECT_TRUE(y.is_contiguous(at::MemoryFormat::ChannelsLast));
   EXPECT_TRUE(at::equal(c->forward_relu(x), at::relu(y)));
   EXPECT_TRUE(at::equal(c->forward(x[1]), y[1]));  // unbatched
-  // The frozen weight comes back in torch's [C, 1, kh, kw] and equals the fake-quant weight.
+  // The frozen weight comes back in torch's [C, 1, kh, kw]: the fake-quant weight's codes and values.
   const QuantizedTensor fw = c->frozen_weight();
   EXPECT_EQ(fw.shape, (std::vector<int64_t>{20, 1, 3, 3}));
+  const at::Tensor codes = (w_fq / fw.scale.reshape({20, 1, 1, 1})).round();
+  EXPECT_TRUE(at::equal(fw.data.to(at::kFloat).reshape({20, 1, 3, 3}), codes));
+  EXPECT_LE(rel_error(fw.dequantize(), w_fq), 1e-6);
   // A checkpoint of the frozen layer loads into a fresh one: the same kernel, the same values.
   const std::string path = (std::filesystem::temp_directory_path() / "qforge_conv_depthwise_test.h5").string();
   io::save_model(*c, path);
@@ -94,4 +104,30 @@ TEST(ConvDepthwise, Int4DepthwiseAndOtherGroupsKeepTheFallbackAndSayWhy) {
       << grouped->report().fallback_reason;
   at::NoGradGuard g;
   EXPECT_LE(rel_error(grouped->forward(x), y_fq), 1e-5);
+}
+
+TEST(ConvDepthwise, FrozenDepthwiseConv1dRunsTheDepthwiseKernelAndMatchesFakeQuant) {
+  // Conv1d fills the width only (kernel 1 x k): the same kernel, its height one row.
+  const at::Tensor x = at::randn({3, 12, 40});
+  torch::manual_seed(4);
+  nn::Conv1d c(torch::nn::Conv1dOptions(12, 12, 5).stride(2).padding(2).dilation(2).groups(12));
+  c->eval();
+  quantize(*c, static_scheme(qint8));
+  at::Tensor y_fq;
+  {
+    Calibration calib(*c);
+    at::NoGradGuard g;
+    c->forward(x);
+  }
+  {
+    at::NoGradGuard g;
+    y_fq = c->forward(x);
+  }
+  freeze(*c);
+  const std::string what = c->report().kernel + " fallback '" + c->report().fallback_reason + "'";
+  EXPECT_EQ(c->report().kernel.rfind("conv_dw_s8", 0), 0u) << what;
+  at::NoGradGuard g;
+  const at::Tensor y = c->forward(x);
+  ASSERT_EQ(y.sizes(), y_fq.sizes());
+  EXPECT_LE(rel_error(y, y_fq), 1e-5) << what;
 }

@@ -26,13 +26,16 @@ ConvGeometry dw_geometry(int64_t B, int64_t C, int64_t H, int64_t W, int64_t kh,
 }
 
 // MobileNetV2's shapes (3x3, stride 1 and 2, pad 1) and tails: C not a multiple of 8 or 16,
-// 5x5, 1x3, dilation, no padding, one channel.
+// 5x5, 1x3, dilation, no padding, one channel, vertical and horizontal stride / padding /
+// dilation apart (a swapped pair would show).
 std::vector<ConvGeometry> dw_geometries() {
   return {dw_geometry(2, 32, 12, 12, 3, 3, 1, 1), dw_geometry(1, 96, 14, 14, 3, 3, 2, 1),
           dw_geometry(1, 144, 7, 7, 3, 3, 1, 1),  dw_geometry(3, 7, 9, 11, 3, 3, 1, 1),
           dw_geometry(1, 33, 10, 8, 5, 5, 2, 2),  dw_geometry(2, 24, 6, 9, 1, 3, 1, 0),
           dw_geometry(1, 40, 11, 11, 3, 3, 1, 2, 2), dw_geometry(1, 1, 5, 5, 3, 3, 1, 0),
-          dw_geometry(0, 16, 4, 4, 3, 3, 1, 1)};
+          dw_geometry(0, 16, 4, 4, 3, 3, 1, 1),
+          ConvGeometry{1, 24, 13, 10, /*out_channels=*/24, 3, 5, /*stride*/ 2, 1, /*pad*/ 0, 2, /*dilation*/ 1, 2},
+          ConvGeometry{2, 17, 9, 16, /*out_channels=*/17, 3, 3, /*stride*/ 1, 3, /*pad*/ 2, 1, /*dilation*/ 2, 1}};
 }
 
 struct DwCase {
