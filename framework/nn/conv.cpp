@@ -50,8 +50,9 @@ KernelPlan ConvQuantState::plan_conv(bool* onednn_copy) const {
                                  "; static int8 activations run the integer convolution");
     return p;
   }
-  if (s.groups != 1) {
-    p.fallback = detail::str_cat("no integer kernel for grouped convolution (groups=", s.groups, ")", per_call);
+  if (s.groups != 1 && !s.depthwise()) {
+    p.fallback = detail::str_cat("no integer kernel for grouped convolution (groups=", s.groups,
+                                 "; depthwise groups == in == out channels has one)", per_call);
     return p;
   }
   if (!s.zeros_padding) {
@@ -62,13 +63,17 @@ KernelPlan ConvQuantState::plan_conv(bool* onednn_copy) const {
     p.fallback = detail::str_cat("no integer kernel for padding 'same' (give the sizes)", per_call);
     return p;
   }
-  const int64_t K = s.in_channels * s.kernel[0] * s.kernel[1];
+  const int64_t K = (s.depthwise() ? 1 : s.in_channels) * s.kernel[0] * s.kernel[1];
   if (K > kernels::kMaxInFeaturesS8) {
     p.fallback = detail::str_cat("C*kh*kw = ", K, " taps could overflow the int32 accumulator (at most ",
                                  kernels::kMaxInFeaturesS8, ")", per_call);
     return p;
   }
   const QSpec& ws = scheme_.weights->spec;
+  if (s.depthwise() && nibble_packed(ws.qtype)) {
+    p.fallback = detail::str_cat("no int4 depthwise convolution kernel (int8 weights run conv_dw_s8)", per_call);
+    return p;
+  }
   // int4 weights are packed with K rounded up to 8 (zero columns), the VNNI kernels' group unit.
   const int64_t k = nibble_packed(ws.qtype) ? kernels::round_up(K, kernels::kS4BlockK) : K;
   const KernelPlan lp = plan_linear(ws, scheme_.activations, scheme_.activation.spec, k);
@@ -78,7 +83,8 @@ KernelPlan ConvQuantState::plan_conv(bool* onednn_copy) const {
   }
   p.path = lp.path;
   // The convolution's kernel table: im2col chunks through the GEMM, oneDNN for large inputs.
-  const kernels::ConvChoice c = kernels::choose_conv_kernel(p.path == LinearPath::kS4Static, usable_isa(), k);
+  const kernels::ConvChoice c =
+      kernels::choose_conv_kernel(p.path == LinearPath::kS4Static, usable_isa(), k, s.depthwise());
   if (onednn_copy != nullptr) *onednn_copy = c.needs_onednn_copy;
   p.large_m = c.large_rows;
   p.large_m_kernel = c.large_kernel.kernel;

@@ -2,8 +2,9 @@
 // float forward) with weight and input quantizers. After freeze(), int8 or int4 weights with
 // static symmetric int8 activations run the integer convolution (kernels/cpu/conv_s8.h: the input
 // quantized to int8 codes, channels-last im2col, the Linear GEMM kernels, bias in the epilogue);
-// other schemes (weight-only, grouped, non-zero padding modes, 'same' padding) keep the weight
-// packed and dequantize it per call, and describe() says why.
+// int8 depthwise convolutions (groups == in == out channels) run kernels/cpu/conv_dw_s8.h;
+// other schemes (weight-only, other grouped, non-zero padding modes, 'same' padding) keep the
+// weight packed and dequantize it per call, and describe() says why.
 #pragma once
 
 #include <torch/nn/modules/conv.h>

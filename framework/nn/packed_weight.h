@@ -67,6 +67,8 @@ struct ConvShape {
   std::array<int64_t, 2> kernel{1, 1}, stride{1, 1}, dilation{1, 1}, padding{0, 0};
   bool explicit_padding = true;  // false: padding 'same' (sizes decided per input)
   bool zeros_padding = true;     // padding_mode zeros
+  // One filter per channel (MobileNet's 3x3 blocks): the depthwise kernel, not im2col.
+  bool depthwise() const { return groups > 1 && groups == in_channels && out_channels == in_channels; }
 };
 
 // Packs a frozen convolution weight `fw` [N, C, kh(, kw)] of shape `s` for the integer

@@ -1,12 +1,14 @@
 // The integer convolution formats of PackedWeight: int8 or int4 weights permuted to [N, kh, kw, C]
 // for channels-last im2col and packed as the Linear kernels' weights (kernels/cpu/conv_s8.h), int8
-// also as oneDNN's int8 convolution for large inputs. Static int8 activations only.
+// also as oneDNN's int8 convolution for large inputs; depthwise int8 weights as conv_dw_s8's
+// [kh * kw, C] (kernels/cpu/conv_dw_s8.h). Static int8 activations only.
 #include <ATen/ATen.h>
 
 #include <algorithm>
 
 #include "framework/core/error.h"
 #include "framework/nn/packed_weight_cpu.h"
+#include "kernels/cpu/conv_dw_s8.h"
 #include "kernels/cpu/conv_s8.h"
 #include "kernels/cpu/gemm_s8s8s32_onednn.h"
 #include "kernels/cpu/packed_linear.h"
@@ -45,9 +47,37 @@ void set_weight(const kernels::PackedLinearS4& w, kernels::ConvS8Problem* p) {
   p->w4 = w.view();
 }
 
+// A depthwise convolution's int8 weight: pack_conv_dw_s8's int16 [kh * kw, C] and the scales [C].
+struct PackedConvDwS8 {
+  at::Tensor w;        // int16 [kh * kw, C]
+  at::Tensor w_scale;  // float [C]
+  int64_t bytes() const { return static_cast<int64_t>(w.nbytes() + w_scale.nbytes()); }
+};
+void set_weight(const PackedConvDwS8& w, kernels::ConvS8Problem* p) {
+  p->depthwise = true;
+  p->w_dw = w.w.data_ptr<int16_t>();
+  p->w_scale = w.w_scale.data_ptr<float>();
+}
+
+// The codes of a packed weight in torch's [N, C / groups, kh, kw] order.
+at::Tensor oihw_codes(const kernels::PackedLinearS8& k, const ConvShape& s);
+at::Tensor oihw_codes(const kernels::PackedLinearS4& k, const ConvShape& s);
+at::Tensor oihw_codes(const PackedConvDwS8& k, const ConvShape& s) {
+  return k.w.t().reshape({s.out_channels, 1, s.kernel[0], s.kernel[1]}).to(at::kChar);
+}
+template <class Kernel>
+at::Tensor im2col_oihw_codes(const Kernel& k, const ConvShape& s) {
+  const int64_t N = s.out_channels, C = s.in_channels, KH = s.kernel[0], KW = s.kernel[1];
+  const at::Tensor packed = k.weight();  // [N, K or Kp] in (i, j, c) order
+  return packed.narrow(1, 0, C * KH * KW).reshape({N, KH, KW, C}).permute({0, 3, 1, 2});
+}
+at::Tensor oihw_codes(const kernels::PackedLinearS8& k, const ConvShape& s) { return im2col_oihw_codes(k, s); }
+at::Tensor oihw_codes(const kernels::PackedLinearS4& k, const ConvShape& s) { return im2col_oihw_codes(k, s); }
+
 int64_t onednn_bytes(const OneDnnConvS8* onednn) { return onednn ? kernels::detail::onednn_bytes(*onednn) : 0; }
 
-// Kernel = kernels::PackedLinearS8 (with oneDNN's convolution when built) or PackedLinearS4; the
+// Kernel = kernels::PackedLinearS8 (with oneDNN's convolution when built), PackedLinearS4 or
+// PackedConvDwS8; the
 // layer keeps the bias (FrozenInput::layer_bias), meta the spec and qparams.
 template <class Kernel>
 class PackedConvInt final : public CpuPackedWeight {
@@ -124,13 +154,7 @@ at::Tensor PackedConvInt<Kernel>::forward(const at::Tensor& x, const FrozenInput
 
 template <class Kernel>
 QuantizedTensor PackedConvInt<Kernel>::weight() const {
-  const int64_t N = shape_.out_channels, C = shape_.in_channels, KH = shape_.kernel[0], KW = shape_.kernel[1];
-  const at::Tensor packed = kernel_->weight();  // [N, K or Kp] in (i, j, c) order
-  const at::Tensor codes = packed.narrow(1, 0, C * KH * KW)
-                               .reshape({N, KH, KW, C})
-                               .permute({0, 3, 1, 2})
-                               .reshape(at::IntArrayRef(meta_.shape))
-                               .contiguous();
+  const at::Tensor codes = oihw_codes(*kernel_, shape_).reshape(at::IntArrayRef(meta_.shape)).contiguous();
   QuantizedTensor fw = meta_;
   fw.data = pack_quantized(codes, fw.qparams()).data;
   return fw;
@@ -151,11 +175,30 @@ std::shared_ptr<const OneDnnConvS8> onednn_conv(const at::Tensor& oihw, const Co
   return conv;
 }
 
+// Depthwise int8 weights [C, 1, kh, kw] (conv.cpp plans no other depthwise integer path).
+PackedWeightPtr pack_conv_dw(QuantizedTensor fw, LinearPath path, const ConvShape& s, float static_scale,
+                             const std::string& who) {
+  const QParams qp = fw.qparams();
+  const int64_t C = s.out_channels, taps = s.kernel[0] * s.kernel[1];
+  QF_REQUIRE(path == LinearPath::kS8Static, who, ": depthwise convolutions run int8 weights only");
+  QF_REQUIRE(fw.shape.size() >= 3 && fw.shape[0] == C && fw.numel() == C * taps, who, ": frozen weight has shape ",
+             at::IntArrayRef(fw.shape), ", expected ", C, " x 1 x kernel ", s.kernel[0], "x", s.kernel[1]);
+  require_symmetric_s8(qp.zero_point, who);
+  const at::Tensor codes = fw.int_values().reshape({C, taps}).to(at::kChar).contiguous();
+  auto kernel = std::make_shared<PackedConvDwS8>();
+  kernel->w = at::empty({taps, C}, at::kShort);
+  kernels::pack_conv_dw_s8(codes.data_ptr<int8_t>(), C, taps, kernel->w.data_ptr<int16_t>());
+  kernel->w_scale = std::get<0>(int4_group_params(qp, C, taps, taps)).reshape({C}).to(at::kFloat).contiguous();
+  return std::make_shared<PackedConvInt<PackedConvDwS8>>(std::move(kernel), nullptr, std::move(fw), path, s,
+                                                         static_scale, who);
+}
+
 }  // namespace
 
 PackedWeightPtr pack_conv(QuantizedTensor fw, LinearPath path, const ConvShape& s, float static_scale, bool onednn,
                           const std::string& who, std::string* onednn_missing) {
   if (path != LinearPath::kS8Static && path != LinearPath::kS4Static) return pack_dequantize(std::move(fw), /*linear=*/false);
+  if (s.depthwise()) return pack_conv_dw(std::move(fw), path, s, static_scale, who);
   const QParams qp = fw.qparams();
   const int64_t N = s.out_channels, C = s.in_channels, KH = s.kernel[0], KW = s.kernel[1], K = C * KH * KW;
   QF_REQUIRE(!fw.shape.empty() && fw.shape[0] == N && fw.numel() == N * K, who, ": frozen weight has shape ",

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "framework/core/error.h"
+#include "kernels/cpu/conv_dw_s8.h"
 #include "kernels/cpu/dequantize_s32_f32.h"
 #include "kernels/cpu/gemm_s8s8s32_onednn.h"
 #include "kernels/cpu/gemv_s4.h"
@@ -277,7 +278,18 @@ void run_im2col(const ConvS8Problem& p) {
 
 // oneDNN's convolution is for int8 weights and large inputs; smaller ones run im2col, not as a
 // fallback but by design (its per-call set-up outweighs the gain there).
-bool onednn_conv_serves(const ConvS8Problem& p) { return !p.int4 && p.m >= kOneDnnConvMinRows; }
+bool onednn_conv_serves(const ConvS8Problem& p) { return !p.int4 && !p.depthwise && p.m >= kOneDnnConvMinRows; }
+
+bool im2col_serves(const ConvS8Problem& p) { return !p.depthwise; }
+bool depthwise_serves(const ConvS8Problem& p) { return p.depthwise && !p.int4; }  // int8 weights only
+
+void run_dw_scalar(const ConvS8Problem& p) { conv2d_dw_s8_run(p, detail::conv_dw_s8_rows_scalar, "conv_dw_s8"); }
+#ifdef QFORGE_KERNELS_AVX512
+void run_dw_avx512(const ConvS8Problem& p) { conv2d_dw_s8_run(p, detail::conv_dw_s8_rows_avx512, "conv_dw_s8_avx512"); }
+#endif
+#ifdef QFORGE_KERNELS_AVX2
+void run_dw_avx2(const ConvS8Problem& p) { conv2d_dw_s8_run(p, detail::conv_dw_s8_rows_avx2, "conv_dw_s8_avx2"); }
+#endif
 
 // A running call needs the layer's oneDNN copy; a plan assumes freeze() builds it.
 bool onednn_conv_applies(const ConvS8Problem& p, std::string* why) {
@@ -302,14 +314,18 @@ void run_onednn_conv(const ConvS8Problem& p) {
 
 const KernelTable<ConvS8Problem>& conv_s8_kernels() {
   static const KernelTable<ConvS8Problem> table{
+      {"conv_dw_s8_avx512", Isa::kAvx512, depthwise_serves, nullptr, QF_KERNEL_AVX512(run_dw_avx512)},
+      {"conv_dw_s8_avx2", Isa::kAvx2, depthwise_serves, nullptr, QF_KERNEL_AVX2(run_dw_avx2)},
+      {"conv_dw_s8", Isa::kReference, depthwise_serves, nullptr, run_dw_scalar},
       {"conv_s8s8s32_onednn", Isa::kAvx512Vnni, onednn_conv_serves, onednn_conv_applies, run_onednn_conv},
-      {"im2col_s8", Isa::kReference, nullptr, nullptr, run_im2col},
+      {"im2col_s8", Isa::kReference, im2col_serves, nullptr, run_im2col},
   };
   return table;
 }
 
 ConvEntryKind conv_entry_kind(const KernelEntry<ConvS8Problem>& e) {
   if (e.run == run_im2col) return ConvEntryKind::kIm2col;
+  if (e.serves == depthwise_serves) return ConvEntryKind::kDepthwise;
   QF_CHECK(e.run == run_onednn_conv, "conv_s8_kernels: entry ", e.name, " has no ConvEntryKind");
   return ConvEntryKind::kOneDnn;
 }

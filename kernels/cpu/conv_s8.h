@@ -113,6 +113,8 @@ struct ConvS8Problem {
   ConvGeometry g;
   int64_t m = 0;          // output pixels (g.gemm_m(); set alone when planning)
   bool int4 = false;      // which weight: w4 (int4) or w8 with w_scale (int8)
+  bool depthwise = false;  // groups == C == N: w_dw with w_scale (conv_dw_s8.h), no im2col
+  const int16_t* w_dw = nullptr;  // pack_conv_dw_s8's [kh * kw, C]
   S8N16K4View w8;
   const float* w_scale = nullptr;
   S4N16K8View w4;
@@ -124,13 +126,14 @@ struct ConvS8Problem {
   RunInfo* info = nullptr;            // the kernel chain that ran (im2col's GEMM, oneDNN's epilogue)
 };
 
-// The ordered table: oneDNN's int8 convolution for large inputs, else im2col + the Linear GEMM
-// tables (gemv_s8_kernels(), gemv_s4_kernels()) over row chunks.
+// The ordered table: depthwise problems run conv_dw_s8 (AVX-512, AVX2, scalar rows); the others
+// oneDNN's int8 convolution for large inputs, else im2col + the Linear GEMM tables
+// (gemv_s8_kernels(), gemv_s4_kernels()) over row chunks.
 const KernelTable<ConvS8Problem>& conv_s8_kernels();
 
 // What an entry of conv_s8_kernels() runs, kept beside the entries (a plan's chain and whether
 // freeze() must build the oneDNN copy); throws qforge::Error for an entry it does not know.
-enum class ConvEntryKind : uint8_t { kIm2col, kOneDnn };
+enum class ConvEntryKind : uint8_t { kIm2col, kOneDnn, kDepthwise };
 ConvEntryKind conv_entry_kind(const KernelEntry<ConvS8Problem>& e);
 
 // Runs the table's choice for p (a frozen layer's integer convolution); the oneDNN entry runs

@@ -56,9 +56,10 @@ auto with_op_table(LinearOp op, int64_t group_size, const F& f) {
   return with_table(lut_linear_kernels(), group_size, f);
 }
 
-ConvS8Problem conv_problem(bool int4, int64_t m) {
+ConvS8Problem conv_problem(bool int4, bool depthwise, int64_t m) {
   ConvS8Problem p;
   p.int4 = int4;
+  p.depthwise = depthwise;
   p.m = m;
   return p;
 }
@@ -68,6 +69,7 @@ ConvS8Problem conv_problem(bool int4, int64_t m) {
 RunInfo conv_chain(const KernelEntry<ConvS8Problem>& e, const RunInfo& entry, bool int4, Isa usable, int64_t m,
                    int64_t k) {
   if (conv_entry_kind(e) == ConvEntryKind::kOneDnn) return RunInfo{entry.kernel + "+dequantize_s32_f32", entry.fallback};
+  if (conv_entry_kind(e) == ConvEntryKind::kDepthwise) return entry;  // one kernel, no GEMM behind it
   const RunInfo gemm = int4 ? choose_kernel(LinearOp::kS8S4, usable, std::min(m, kMinConvChunkRows), k)
                             : choose_kernel(LinearOp::kS8S8, usable, std::min(m, kMinConvChunkRows));
   RunInfo ri{"im2col_s8+" + gemm.kernel, entry.fallback};
@@ -104,9 +106,9 @@ int64_t choose_large_m(LinearOp op, Isa usable, int64_t group_size, RunInfo* lar
   });
 }
 
-ConvChoice choose_conv_kernel(bool int4, Isa usable, int64_t k) {
+ConvChoice choose_conv_kernel(bool int4, Isa usable, int64_t k, bool depthwise) {
   ConvChoice c;
-  const auto at = [int4](int64_t m) { return conv_problem(int4, m); };
+  const auto at = [int4, depthwise](int64_t m) { return conv_problem(int4, depthwise, m); };
   const IsaGate gate = IsaGate::up_to(usable);
   // The entry for m rows, its record in *ri, its chain added to the plan.
   const auto plan_rows = [&](int64_t m, RunInfo* ri) {

@@ -40,13 +40,14 @@ int64_t choose_large_m(LinearOp op, Isa usable, int64_t group_size, RunInfo* lar
 // The frozen integer convolution's plan (conv_s8_kernels()) at level `usable`, for int8 or int4
 // weights with `k` columns (C * kh * kw; int4: rounded up to kS4BlockK, its one group):
 // `kernel` is the chain an input of kMinConvChunkRows output pixels runs ("im2col_s8+<GEMM>"),
-// and from large_rows output pixels on (0: never) the chain large_kernel.
+// and from large_rows output pixels on (0: never) the chain large_kernel. depthwise: a
+// groups == C == N convolution (int8 weights, k = kh * kw), whose one kernel serves every size.
 struct ConvChoice {
   RunInfo kernel;
   int64_t large_rows = 0;
   RunInfo large_kernel;
   bool needs_onednn_copy = false;  // an entry it plans runs oneDNN's convolution (freeze() builds the copy)
 };
-ConvChoice choose_conv_kernel(bool int4, Isa usable, int64_t k);
+ConvChoice choose_conv_kernel(bool int4, Isa usable, int64_t k, bool depthwise = false);
 
 }  // namespace qforge::kernels
