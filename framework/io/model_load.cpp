@@ -120,6 +120,7 @@ void Loader::plan() {
     plan_optional_buffers(path, *layer);
     plan_layer(path, *layer);
   }
+  plan_rpq();
   // Tensors of other modules.
   for (const auto& [key, t] : params)
     if (!layer_keys.count(key) && selected(key)) stage_plain(Section::kParameters, key, t);
@@ -136,6 +137,32 @@ void Loader::plan() {
   }
   plan_unused_entries();
   if (opts_.optimizer && !opts_.parameters_only) plan_optimizer();
+}
+
+// RPQ layers load their tensors like any module's. A frozen one cannot be loaded into (its tensors
+// left the module); those the file saved frozen are frozen once everything loaded (not when
+// dequantizing: that load leaves every layer unfrozen).
+void Loader::plan_rpq() {
+  std::map<std::string, nn::RPQLayer*> in_model;
+  for (const auto& [path, l] : nn::rpq_layers(model_)) {
+    if (!(opts_.prefix.empty() || (!path.empty() && selected(path)))) continue;
+    QF_REQUIRE(!l->frozen(), layer_where(path), ": the model's ", l->layer_type(),
+               " is frozen; load into a freshly built model");
+    in_model[path] = l;
+  }
+  if (opts_.dequantize) return;
+  for (const std::string& path : meta_.frozen_rpq) {
+    if (!(opts_.prefix.empty() || (!path.empty() && selected(path)))) continue;
+    const auto it = in_model.find(path);
+    if (it == in_model.end()) {
+      QF_REQUIRE(!opts_.strict, layer_where(path), " is a frozen RPQ layer; the model has no RPQ layer there (strict load)");
+      continue;
+    }
+    const at::Device device = it->second->codebooks().device();
+    QF_REQUIRE(device.is_cpu(), layer_where(path), " was saved frozen, and frozen RPQ layers run on the CPU; the model's ",
+               it->second->layer_type(), " is on ", device, " (load into the model on the CPU)");
+    rpq_freeze_.emplace_back(path, it->second);
+  }
 }
 
 // File entries nobody asked for.
@@ -377,6 +404,10 @@ void Loader::apply() {
     if (!lp.freeze) continue;
     lp.layer->install_frozen(std::move(lp.frozen));
     report_.frozen_layers.push_back(lp.path);
+  }
+  for (const auto& [path, l] : rpq_freeze_) {
+    l->freeze();
+    report_.frozen_layers.push_back(path);
   }
   if (opts_.optimizer && !opts_.parameters_only) apply_optimizer();
 }

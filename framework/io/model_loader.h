@@ -14,6 +14,7 @@
 #include "framework/io/checkpoint.h"
 #include "framework/io/model_file.h"
 #include "framework/io/model_io.h"
+#include "framework/nn/rpq.h"
 
 namespace qforge::io::model_load {
 
@@ -65,6 +66,7 @@ class Loader {
   void stage_plain(Section s, const std::string& key, const at::Tensor& target);
   void plan();
   void plan_unused_entries();
+  void plan_rpq();
   void plan_optional_buffers(const std::string& path, QuantizableLayer& layer);
   void plan_layer(const std::string& path, QuantizableLayer& layer);
   void plan_dequantized_layer(const std::string& path, QuantizableLayer& layer, const LayerMeta* m,
@@ -118,6 +120,7 @@ class Loader {
   };
   std::vector<Created> created_;
   std::vector<LayerPlan> plans_;
+  std::vector<std::pair<std::string, nn::RPQLayer*>> rpq_freeze_;  // saved frozen: frozen after the load
   std::vector<std::pair<size_t, double>> lrs_;
   std::vector<OptStaged> opt_staged_;
   LoadReport report_;
