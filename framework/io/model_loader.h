@@ -57,6 +57,8 @@ class Loader {
   std::string where(Section s, const std::string& key) const;
   std::string layer_where(const std::string& path) const;
   bool selected(const std::string& key) const;
+  // Whether the layer at `path` is in the load: every layer without a prefix, else those under it.
+  bool layer_selected(const std::string& path) const;
 
   // ---- plan: the file walk (model_load.cpp) ----
   // True when the file has `key`; otherwise throws (strict) or records it as missing.
@@ -67,6 +69,7 @@ class Loader {
   void plan();
   void plan_unused_entries();
   void plan_rpq();
+  void plan_frozen_rpq(const std::string& path, nn::RPQLayer& layer);
   void plan_optional_buffers(const std::string& path, QuantizableLayer& layer);
   void plan_layer(const std::string& path, QuantizableLayer& layer);
   void plan_dequantized_layer(const std::string& path, QuantizableLayer& layer, const LayerMeta* m,

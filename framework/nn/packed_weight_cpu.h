@@ -4,10 +4,12 @@
 
 #include "framework/core/error.h"
 #include "framework/nn/packed_weight.h"
-#include "framework/nn/rpq.h"
 #include "kernels/cpu/packed_linear.h"
 
 namespace qforge::nn {
+
+// What a frozen RPQ layer's packed weight runs (defined in framework/nn/rpq.h).
+enum class RpqForward : uint8_t;
 
 // The input quantizer's fake-quant forward of x (x itself for float activations).
 inline at::Tensor fake_quantize_input(const FrozenInput& in, const at::Tensor& x) {

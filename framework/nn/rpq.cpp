@@ -126,7 +126,8 @@ void RPQModule<Derived>::freeze() {
   this->named_buffers(/*recurse=*/false)["indices"].set_data(indices_);
 }
 
-// A frozen layer's device move is its packed weight's, which refuses all but the CPU.
+// A frozen layer's device move is its packed weight's, which refuses all but the CPU before this
+// layer changes; siblings a parent moved earlier stay moved (docs/rpq.md, "Devices").
 template <class Derived>
 void RPQModule<Derived>::to(torch::Device device, torch::Dtype dtype, bool non_blocking) {
   if (packed_) packed_ = packed_->to(device);

@@ -2,6 +2,7 @@
 // same bits as the trained layer (the same kernels run), its tensors leave the module, describe()
 // and model_size() report it, device moves off the CPU are refused, and checkpoints round trip
 // (frozen ones rebuild frozen; the unfrozen fixture written before the frozen form still loads).
+// Not covered: freeze() refusing an RPQ layer on a GPU (the suite runs without a CUDA device).
 #include <gtest/gtest.h>
 #include <torch/nn/modules/conv.h>
 
@@ -11,6 +12,7 @@
 #include "framework/api/quantize.h"
 #include "framework/format/safetensors.h"
 #include "framework/io/checkpoint.h"
+#include "framework/io/model_file.h"
 #include "framework/io/model_io.h"
 #include "framework/nn/rpq.h"
 #include "tests/error_of.h"
@@ -252,6 +254,65 @@ TEST(RPQFrozen, FailedLoadsLeaveTheModelUntouched) {
             std::string::npos);
   EXPECT_FALSE(c.fc->frozen() || c.emb->frozen() || c.conv->frozen());
   expect_same_rpq_outputs(c_out, rpq_outputs(c, in), "fresh model after a refused load");
+}
+
+TEST(RPQFrozen, TrainingFunctionsRefuseAFrozenLayer) {
+  at::manual_seed(12);
+  RpqV1Net m;
+  freeze(m);
+  const at::Tensor codebooks = m.fc->codebooks().clone();
+  const at::Tensor w = at::randn({8, 24}), b = at::randn({8});
+  EXPECT_NE(error_of([&] { nn::rpq_load_from_float(*m.fc, w, b); })
+                .find("RPQLinear: rpq_load_from_float on a frozen layer (its codebooks are packed and fixed"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { nn::rpq_refine_codebooks(*m.fc, w, at::randn({16, 24})); })
+                .find("RPQLinear: rpq_refine_codebooks on a frozen layer"),
+            std::string::npos);
+  EXPECT_TRUE(same_tensor(m.fc->codebooks(), codebooks));
+}
+
+// A layer the load freezes is frozen with the file's codebooks, indices and bias, never its own.
+TEST(RPQFrozen, LoadsFreezeOnlyWithTheFilesTensors) {
+  at::manual_seed(14);
+  RpqV1Net a;
+  freeze(a);
+  const RpqInputs in;
+  const std::vector<at::Tensor> want = rpq_outputs(a, in);
+  TempDir dir;
+  const std::string path = dir.file("frozen.h5");
+  io::save_model(a, path);
+  // parameters_only still loads the indices buffer: it is the frozen layer's weight.
+  at::manual_seed(15);
+  RpqV1Net b;
+  io::LoadModelOptions po;
+  po.parameters_only = true;
+  EXPECT_EQ(io::load_model(b, path, po).frozen_layers, (std::vector<std::string>{"fc", "emb", "conv"}));
+  EXPECT_TRUE(same_tensor(b.emb->indices(), a.emb->indices()));
+  expect_same_rpq_outputs(want, rpq_outputs(b, in), "parameters_only load");
+  // A file lacking a frozen layer's indices: refused by name, strict or not, the model untouched.
+  io::model_file::ModelFileData f = io::model_file::collect(a, io::SaveOptions{});
+  f.data.buffers.erase("emb.indices");
+  const std::string lacking = dir.file("no_indices.h5");
+  io::model_file::write_model_file(lacking, f);
+  RpqV1Net c;
+  const std::vector<at::Tensor> c_out = rpq_outputs(c, in);
+  for (const bool strict : {true, false}) {
+    io::LoadModelOptions o;
+    o.strict = strict;
+    EXPECT_NE(error_of([&] { io::load_model(c, lacking, o); })
+                  .find("layer 'emb' was saved frozen, and the file has no buffer 'emb.indices'"),
+              std::string::npos)
+        << "strict " << strict;
+  }
+  EXPECT_FALSE(c.fc->frozen() || c.emb->frozen() || c.conv->frozen());
+  expect_same_rpq_outputs(c_out, rpq_outputs(c, in), "fresh model after a refused load");
+  // A path listed twice in frozen_rpq_layers is frozen (and reported) once.
+  io::model_file::ModelFileData twice = io::model_file::collect(a, io::SaveOptions{});
+  twice.meta.frozen_rpq.push_back("fc");
+  io::model_file::write_model_file(dir.file("twice.h5"), twice);
+  RpqV1Net d;
+  EXPECT_EQ(io::load_model(d, dir.file("twice.h5")).frozen_layers, (std::vector<std::string>{"fc", "emb", "conv"}));
+  expect_same_rpq_outputs(want, rpq_outputs(d, in), "frozen_rpq_layers listing a path twice");
 }
 
 // tests/fixtures/rpq_v1.h5: an unfrozen RpqV1Net (at::manual_seed(31), step 5) written by qforge
