@@ -195,7 +195,8 @@ void freeze(torch::nn::Module& model) {
     for (const std::string& n : layer.uncalibrated()) missing.push_back(n);
     layers.push_back(&layer);
   });
-  if (!any_quantized) {
+  const auto rpq = nn::rpq_layers(model);
+  if (!any_quantized && rpq.empty()) {
     const size_t plain = plain_libtorch_layers(model).size();
     throw Error("freeze: nothing to freeze: no layer of the model is quantized (run qforge::quantize first" +
                 (plain ? "; its " + std::to_string(plain) + " LibTorch layer(s) have no quantizers, see qforge::nn::convert" : std::string()) +
@@ -207,12 +208,18 @@ void freeze(torch::nn::Module& model) {
     throw Error("freeze: static activations were never calibrated (run forward passes inside qforge::Calibration "
                 "or load a calibration dump): " + names);
   }
+  // RPQ layers pack on the CPU only (their packed weight has no CUDA form): checked before anything changes.
+  for (const auto& [path, l] : rpq)
+    QF_REQUIRE(l->frozen() || l->codebooks().device().is_cpu(), "freeze: ", display_name(path), " (",
+               l->layer_type(), ") is on ", l->codebooks().device(),
+               "; frozen RPQ layers run on the CPU (move the model there before freeze(), or keep it unfrozen)");
   // Fake-quant weight caches (a float copy of every weight once a forward ran) are about to be
   // replaced by packed storage: drop them all first, so freezing peaks at the float model plus
   // one layer's packing, not at twice the float model.
   for (QuantizableLayer* layer : layers)
     if (layer->weight_quantizer()) layer->weight_quantizer()->clear_cache();
   for (QuantizableLayer* layer : layers) layer->freeze();
+  for (const auto& [path, l] : rpq) l->freeze();
 }
 
 ModelSize model_size(const torch::nn::Module& model) {
@@ -294,19 +301,17 @@ std::vector<LayerReport> layer_reports(const torch::nn::Module& model, bool plan
   });
   // RPQ layers: their own weight format, listed with the kernel a decode-sized call runs.
   bool extra = false;
-  for (const auto& item : model.named_modules("", /*include_self=*/false)) {
-    const auto* rpq = dynamic_cast<const nn::RPQLayer*>(item.value().get());
-    if (!rpq) continue;
+  for (const auto& [path, rpq] : nn::rpq_layers(model)) {
     LayerReport r;
-    r.name = display_name(item.key());
+    r.name = display_name(path);
     r.type = rpq->layer_type();
     r.weights = detail::str_cat("rpq ", rpq->num_codebooks(), " codebooks x ", nn::kRpqCodebookSize, " x ",
-                                rpq->codebook_dim(), " (uint8 indices)");
+                                rpq->codebook_dim(), " (uint8 indices", rpq->frozen() ? ", frozen)" : ")");
     r.activations = "float";
     r.kernel = rpq->kernel(1);
     if (r.kernel.rfind("rpq_expand", 0) == 0) r.fallback_reason = "the weight is expanded from the codebooks per call";
     r.bytes = rpq->storage_bytes();
-    rows.emplace_back(item.key(), std::move(r));
+    rows.emplace_back(path, std::move(r));
     extra = true;
   }
   for (const BatchNormAfterConv& b : batch_norms_after_convs(model)) {

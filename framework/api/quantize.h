@@ -84,9 +84,10 @@ class QatController {
   int64_t steps_ = 0;
 };
 
-// Packs every quantized layer. Checks first, changes nothing on error: static activations never
-// calibrated are listed by name in the error; a model with no quantized layer at all is an error
-// (nothing would shrink). Freezing a model already frozen does nothing.
+// Packs every quantized layer and every RPQ layer (nn::RPQLayer::freeze). Checks first, changes
+// nothing on error: static activations never calibrated are listed by name in the error, RPQ
+// layers off the CPU too; a model with no quantized or RPQ layer at all is an error (nothing would
+// shrink). Freezing a model already frozen does nothing.
 void freeze(torch::nn::Module& model);
 template <class Holder, class = ModuleLike<Holder>>
 void freeze(Holder& model) {

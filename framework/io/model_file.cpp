@@ -3,14 +3,18 @@
 #include "framework/io/model_file.h"
 
 #include <ATen/ATen.h>
+#include <nlohmann/json.hpp>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
+
+#include <algorithm>
 
 #include "framework/core/error.h"
 #include "framework/io/format.h"
 #include "framework/format/hdf5.h"
 #include "framework/io/quantizer_attrs.h"
+#include "framework/nn/rpq.h"
 
 namespace qforge::io::model_file {
 
@@ -42,6 +46,8 @@ constexpr const char* kModelGroup = "model";
 constexpr int64_t kModelFormatVersion = 2;  // 2: observer attributes per kind
 // HDF5 has no name for the root module's path "".
 constexpr const char* kRootLayerName = "__root__";
+// /model attribute: a JSON array of the module paths of RPQ layers saved frozen (absent: none).
+constexpr const char* kFrozenRpqAttr = "frozen_rpq_layers";
 
 void write_config(const h5::Group& g, const QuantizerConfig& c) {
   write_quantizer_attrs(g, c.observer, c.observer_options, c.spec);
@@ -58,6 +64,7 @@ QuantizerConfig read_config(const h5::Group& g) {
 void write_model_meta(const h5::Group& root, const ModelMeta& meta) {
   const h5::Group mg = root.create_group(kModelGroup);
   mg.set_attr("model_format_version", kModelFormatVersion);
+  if (!meta.frozen_rpq.empty()) mg.set_attr(kFrozenRpqAttr, nlohmann::json(meta.frozen_rpq).dump());
   for (const auto& [path, m] : meta.layers) {
     const h5::Group lg = mg.create_group(path.empty() ? kRootLayerName : path);
     lg.set_attr("layer_type", m.type);
@@ -87,6 +94,13 @@ ModelMeta read_model_meta(const std::string& path) {
   QF_REQUIRE(version >= 1 && version <= kModelFormatVersion, "framework/io: ", path,
              ": group '/model' has model_format_version ", version, "; this qforge reads up to ",
              kModelFormatVersion);
+  if (mg.has_attr(kFrozenRpqAttr)) {
+    const nlohmann::json j = nlohmann::json::parse(mg.attr_string(kFrozenRpqAttr), nullptr, /*allow_exceptions=*/false);
+    QF_REQUIRE(j.is_array() && std::all_of(j.begin(), j.end(), [](const nlohmann::json& e) { return e.is_string(); }),
+               "framework/io: ", path, ": group '/model': attribute ", kFrozenRpqAttr,
+               " is not a JSON array of module paths");
+    meta.frozen_rpq = j.get<std::vector<std::string>>();
+  }
   for (const std::string& name : mg.children()) {
     const h5::Group lg = mg.open_group(name);
     LayerMeta m;
@@ -247,6 +261,14 @@ ModelFileData collect(const torch::nn::Module& model, const SaveOptions& options
       if (bias.defined() && !d.parameters.count(bkey)) d.parameters[bkey] = bias.detach();
     }
     f.meta.layers[path] = std::move(m);
+  }
+  // Frozen RPQ layers: their packed tensors under the unfrozen layer's keys and sections.
+  for (const auto& [path, l] : nn::rpq_layers(model)) {
+    if (!l->frozen()) continue;
+    d.parameters[join(path, "codebooks")] = l->codebooks();
+    d.buffers[join(path, "indices")] = l->indices();
+    if (l->has_bias()) d.parameters[join(path, "bias")] = l->packed_weight()->bias();
+    f.meta.frozen_rpq.push_back(path);
   }
   if (options.optimizer) save_optimizer(*options.optimizer, model, d);
   return f;

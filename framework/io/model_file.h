@@ -11,6 +11,7 @@
 #include <sstream>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include "framework/io/checkpoint.h"
 #include "framework/io/model_io.h"
@@ -42,6 +43,8 @@ struct LayerMeta {
 
 struct ModelMeta {
   std::map<std::string, LayerMeta> layers;  // module path -> layer
+  // RPQ layers saved frozen (their tensors are stored as the unfrozen layer's): frozen after a load.
+  std::vector<std::string> frozen_rpq;
 };
 
 void write_model_meta(const h5::Group& root, const ModelMeta& meta);

@@ -71,6 +71,9 @@ std::string Loader::layer_where(const std::string& path) const {
 }
 
 bool Loader::selected(const std::string& key) const { return key_matches_prefix(key, opts_.prefix); }
+bool Loader::layer_selected(const std::string& path) const {
+  return opts_.prefix.empty() || (!path.empty() && selected(path));
+}
 
 bool Loader::require(Section s, const std::string& key) {
   consumed_.insert({s, key});
@@ -115,11 +118,11 @@ void Loader::plan() {
   for (const auto& [path, layer] : quantizable_layers(model_)) {
     for (const auto& p : layer->module().named_parameters(true)) layer_keys.insert(join(path, p.key()));
     for (const auto& b : layer->module().named_buffers(true)) layer_keys.insert(join(path, b.key()));
-    const bool chosen = opts_.prefix.empty() || (!path.empty() && selected(path));
-    if (!chosen) continue;
+    if (!layer_selected(path)) continue;
     plan_optional_buffers(path, *layer);
     plan_layer(path, *layer);
   }
+  plan_rpq();
   // Tensors of other modules.
   for (const auto& [key, t] : params)
     if (!layer_keys.count(key) && selected(key)) stage_plain(Section::kParameters, key, t);
@@ -130,12 +133,54 @@ void Loader::plan() {
   std::set<std::string> model_layers;
   for (const auto& [path, layer] : quantizable_layers(model_)) model_layers.insert(path);
   for (const auto& [path, m] : meta_.layers) {
-    if (model_layers.count(path) || !(opts_.prefix.empty() || (!path.empty() && selected(path)))) continue;
+    if (model_layers.count(path) || !layer_selected(path)) continue;
     QF_REQUIRE(!opts_.strict, layer_where(path), " (", m.type, ", ", scheme_string(m.scheme),
                ") has no qforge layer at that path in the model (strict load)");
   }
   plan_unused_entries();
   if (opts_.optimizer && !opts_.parameters_only) plan_optimizer();
+}
+
+// RPQ layers load their tensors like any module's. A frozen one cannot be loaded into (its tensors
+// left the module); those the file saved frozen are frozen once everything loaded (not when
+// dequantizing: that load leaves every layer unfrozen), from the file's tensors only.
+void Loader::plan_rpq() {
+  std::map<std::string, nn::RPQLayer*> in_model;
+  for (const auto& [path, l] : nn::rpq_layers(model_)) {
+    if (!layer_selected(path)) continue;
+    QF_REQUIRE(!l->frozen(), layer_where(path), ": the model's ", l->layer_type(),
+               " is frozen; load into a freshly built model");
+    in_model[path] = l;
+  }
+  if (opts_.dequantize) return;
+  std::set<std::string> seen;
+  for (const std::string& path : meta_.frozen_rpq) {
+    if (!layer_selected(path) || !seen.insert(path).second) continue;
+    const auto it = in_model.find(path);
+    if (it == in_model.end()) {
+      QF_REQUIRE(!opts_.strict, layer_where(path), " is a frozen RPQ layer; the model has no RPQ layer there (strict load)");
+      continue;
+    }
+    const at::Device device = it->second->codebooks().device();
+    QF_REQUIRE(device.is_cpu(), layer_where(path), " was saved frozen, and frozen RPQ layers run on the CPU; the model's ",
+               it->second->layer_type(), " is on ", device, " (load into the model on the CPU)");
+    plan_frozen_rpq(path, *it->second);
+    rpq_freeze_.emplace_back(path, it->second);
+  }
+}
+
+// A layer frozen by the load is frozen with the file's codebooks, indices and bias, never its own:
+// each must be in the file, and the indices buffer loads even under parameters_only (it is the weight).
+void Loader::plan_frozen_rpq(const std::string& path, nn::RPQLayer& layer) {
+  std::vector<std::pair<Section, std::string>> keys = {{Section::kParameters, "codebooks"}, {Section::kBuffers, "indices"}};
+  if (layer.has_bias()) keys.emplace_back(Section::kParameters, "bias");
+  for (const auto& [s, name] : keys) {
+    const std::string key = join(path, name);
+    QF_REQUIRE(reader_.contains(key, s), layer_where(path), " was saved frozen, and the file has no ", to_string(s), " '",
+               key, "' (dataset '", dataset_path(s, key), "'); a frozen ", layer.layer_type(),
+               " needs its codebooks, indices and bias from the file");
+  }
+  if (opts_.parameters_only) stage_plain(Section::kBuffers, join(path, "indices"), layer.indices());
 }
 
 // File entries nobody asked for.
@@ -377,6 +422,10 @@ void Loader::apply() {
     if (!lp.freeze) continue;
     lp.layer->install_frozen(std::move(lp.frozen));
     report_.frozen_layers.push_back(lp.path);
+  }
+  for (const auto& [path, l] : rpq_freeze_) {
+    l->freeze();
+    report_.frozen_layers.push_back(path);
   }
   if (opts_.optimizer && !opts_.parameters_only) apply_optimizer();
 }

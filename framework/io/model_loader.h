@@ -14,6 +14,7 @@
 #include "framework/io/checkpoint.h"
 #include "framework/io/model_file.h"
 #include "framework/io/model_io.h"
+#include "framework/nn/rpq.h"
 
 namespace qforge::io::model_load {
 
@@ -56,6 +57,8 @@ class Loader {
   std::string where(Section s, const std::string& key) const;
   std::string layer_where(const std::string& path) const;
   bool selected(const std::string& key) const;
+  // Whether the layer at `path` is in the load: every layer without a prefix, else those under it.
+  bool layer_selected(const std::string& path) const;
 
   // ---- plan: the file walk (model_load.cpp) ----
   // True when the file has `key`; otherwise throws (strict) or records it as missing.
@@ -65,6 +68,8 @@ class Loader {
   void stage_plain(Section s, const std::string& key, const at::Tensor& target);
   void plan();
   void plan_unused_entries();
+  void plan_rpq();
+  void plan_frozen_rpq(const std::string& path, nn::RPQLayer& layer);
   void plan_optional_buffers(const std::string& path, QuantizableLayer& layer);
   void plan_layer(const std::string& path, QuantizableLayer& layer);
   void plan_dequantized_layer(const std::string& path, QuantizableLayer& layer, const LayerMeta* m,
@@ -118,6 +123,7 @@ class Loader {
   };
   std::vector<Created> created_;
   std::vector<LayerPlan> plans_;
+  std::vector<std::pair<std::string, nn::RPQLayer*>> rpq_freeze_;  // saved frozen: frozen after the load
   std::vector<std::pair<size_t, double>> lrs_;
   std::vector<OptStaged> opt_staged_;
   LoadReport report_;

@@ -113,21 +113,19 @@ struct SafetensorsExport {
   }
 };
 
-// RPQ layers (docs/rpq.md): their tensors as they are, plus how to expand them.
-nlohmann::json rpq_layers(const torch::nn::Module& model) {
+// RPQ layers (docs/rpq.md), frozen or not: their tensors as they are, plus how to expand them.
+nlohmann::json rpq_description(const torch::nn::Module& model) {
   nlohmann::json rpq = nlohmann::json::object();
-  for (const auto& item : model.named_modules("", /*include_self=*/false)) {
-    const auto* l = dynamic_cast<const nn::RPQLayer*>(item.value().get());
-    if (!l) continue;
-    rpq[item.key()] = {{"layer_type", l->layer_type()},
-                       {"num_codebooks", l->num_codebooks()},
-                       {"codebook_size", nn::kRpqCodebookSize},
-                       {"codebook_dim", l->codebook_dim()},
-                       {"weight_shape", l->weight_shape()},
-                       {"codebooks", join(item.key(), "codebooks")},
-                       {"indices", join(item.key(), "indices")},
-                       {"expand", "W_split[h * codebook_dim + d, c] = codebooks[h, indices[h, c], d]; the twin's "
-                                  "layout from W_split as docs/rpq.md lists per layer_type"}};
+  for (const auto& [path, l] : nn::rpq_layers(model)) {
+    rpq[path] = {{"layer_type", l->layer_type()},
+                 {"num_codebooks", l->num_codebooks()},
+                 {"codebook_size", nn::kRpqCodebookSize},
+                 {"codebook_dim", l->codebook_dim()},
+                 {"weight_shape", l->weight_shape()},
+                 {"codebooks", join(path, "codebooks")},
+                 {"indices", join(path, "indices")},
+                 {"expand", "W_split[h * codebook_dim + d, c] = codebooks[h, indices[h, c], d]; the twin's "
+                            "layout from W_split as docs/rpq.md lists per layer_type"}};
   }
   return rpq;
 }
@@ -141,7 +139,7 @@ void export_safetensors(const torch::nn::Module& model, const std::string& path)
   out.add_plain(f);
   out.add_quantized_weights(f);
   out.add_float8_weights(f);
-  const nlohmann::json rpq = rpq_layers(model);
+  const nlohmann::json rpq = rpq_description(model);
   std::map<std::string, std::string> metadata;
   metadata["format"] = "qforge.quantized";
   metadata["qforge.quantized"] = out.described.dump();

@@ -8,6 +8,9 @@
 
 namespace qforge::nn {
 
+// What a frozen RPQ layer's packed weight runs (defined in framework/nn/rpq.h).
+enum class RpqForward : uint8_t;
+
 // The input quantizer's fake-quant forward of x (x itself for float activations).
 inline at::Tensor fake_quantize_input(const FrozenInput& in, const at::Tensor& x) {
   return in.quantizer ? in.quantizer.ptr()->forward(x) : x;
@@ -41,5 +44,13 @@ PackedWeightPtr pack_linear_lut(QuantizedTensor fw, const at::Tensor& bias);
 // (`linear`) its forward is the product with the layer's bias; convolutions run LibTorch's own on
 // weight().dequantize(), have no packed forward and stay on the CPU.
 PackedWeightPtr pack_dequantize(QuantizedTensor fw, bool linear);
+
+// RPQ layers' frozen form (packed_weight_rpq.cpp): codebooks float32 [H, 256, D], indices uint8
+// [H, C], bias (undefined: none), all on the CPU and kept as given; `form` what forward runs.
+PackedWeightPtr pack_rpq(at::Tensor codebooks, at::Tensor indices, at::Tensor bias, RpqForward form,
+                         const std::string& who);
+// The split-first weight [S, C] of an RPQ packed weight (the ATen op's weight for convolutions
+// and Bilinear); throws for any other format.
+at::Tensor rpq_split_weight(const PackedWeight& packed);
 
 }  // namespace qforge::nn

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "framework/core/error.h"
+#include "framework/nn/packed_weight_cpu.h"
 #include "framework/nn/twin.h"
 
 namespace qforge::nn {
@@ -28,9 +29,50 @@ at::Tensor rpq_codebook_rows(const at::Tensor& indices) {
   return indices.to(at::kLong) + offsets.unsqueeze(1);
 }
 
+at::Tensor rpq_linear(const at::Tensor& x_in, const at::Tensor& codebooks, const at::Tensor& indices,
+                      const at::Tensor& bias) {
+  const int64_t H = codebooks.size(0), D = codebooks.size(2), S = H * D, C = indices.size(1);
+  QF_REQUIRE(x_in.dim() >= 1 && x_in.size(-1) == C, "RPQLinear: input has ", x_in.dim() ? x_in.size(-1) : 0,
+             " features, expected ", C);
+  const at::Tensor x = x_in.reshape({-1, C});
+  const int64_t M = x.size(0);
+  if (M > kRpqLutMaxRows) return at::linear(x_in, rpq_expand(codebooks, indices), bias);
+  // The inner sums are a scatter-add of x into H x 256 bins; the outer one a [256, D] product.
+  const at::Tensor flat = rpq_codebook_rows(indices).reshape({-1});
+  const at::Tensor bins = at::zeros({M, H * kRpqCodebookSize}, x.options()).index_add(1, flat, x.repeat({1, H}));
+  at::Tensor y = at::bmm(bins.view({M, H, kRpqCodebookSize}).transpose(0, 1), codebooks)  // [H, M, D]
+                     .transpose(0, 1)
+                     .reshape({M, S});
+  if (bias.defined()) y = y + bias;
+  std::vector<int64_t> shape(x_in.sizes().begin(), x_in.sizes().end());
+  shape.back() = S;
+  return y.view(shape);
+}
+
+at::Tensor rpq_gather_rows(const at::Tensor& codebooks, const at::Tensor& indices, const at::Tensor& ids) {
+  QF_REQUIRE(!at::isFloatingType(ids.scalar_type()), "RPQEmbedding: indices must be integers, got ", ids.scalar_type());
+  const int64_t H = codebooks.size(0), D = codebooks.size(2), C = indices.size(1);
+  const at::Tensor flat = ids.reshape({-1}).to(at::kLong);
+  if (flat.numel() > 0) {
+    const int64_t lo = flat.min().item<int64_t>(), hi = flat.max().item<int64_t>();
+    QF_REQUIRE(lo >= 0 && hi < C, "RPQEmbedding: index ", lo < 0 ? lo : hi, " is out of range [0, ", C, ")");
+  }
+  const int64_t n = flat.numel();
+  const at::Tensor codes = rpq_codebook_rows(indices.index_select(1, flat));  // [H, n]
+  const at::Tensor rows = codebooks.reshape({H * kRpqCodebookSize, D})
+                              .index_select(0, codes.reshape({-1}))
+                              .view({H, n, D})
+                              .transpose(0, 1)
+                              .reshape({n, H * D});
+  std::vector<int64_t> shape(ids.sizes().begin(), ids.sizes().end());
+  shape.push_back(H * D);
+  return rows.view(shape);
+}
+
 // ---- shared state ---------------------------------------------------------------------------
 
 void RPQLayer::init_rpq(torch::nn::Module& m, int64_t split, int64_t columns, int64_t num_codebooks, const char* what) {
+  require_unfrozen("reset (or clone)");
   QF_REQUIRE(num_codebooks >= 1, layer_type(), ": num_codebooks must be at least 1, got ", num_codebooks);
   QF_REQUIRE(split % num_codebooks == 0, layer_type(), ": ", what, " = ", split,
              " is not divisible by num_codebooks = ", num_codebooks, " (each codebook holds sub-vectors of ",
@@ -50,7 +92,52 @@ void RPQLayer::init_codebooks_uniform(double bound) {
 }
 
 int64_t RPQLayer::storage_bytes() const {
+  if (packed_) return packed_->bytes();
   return codebooks_.nbytes() + indices_.nbytes() + (bias_.defined() ? bias_.nbytes() : 0);
+}
+
+at::Tensor RPQLayer::expanded() const {
+  return packed_ ? rpq_split_weight(*packed_) : rpq_expand(codebooks_, indices_);
+}
+
+at::Tensor RPQLayer::layer_bias() const { return packed_ ? packed_->bias() : bias_; }
+
+void RPQLayer::require_unfrozen(const char* what) const {
+  QF_REQUIRE(!packed_, layer_type(), ": ", what, " on a frozen layer (its codebooks are packed and fixed; build a "
+             "fresh layer and load its checkpoint instead)");
+}
+
+void RPQLayer::pack(RpqForward form) {
+  QF_REQUIRE(codebooks_.device().is_cpu(), layer_type(), ": frozen RPQ layers run on the CPU; the layer is on ",
+             codebooks_.device(), " (move it to the CPU before freeze())");
+  const at::Tensor codebooks = codebooks_.detach().clone(), indices = indices_.detach().clone();
+  const at::Tensor bias = bias_.defined() ? bias_.detach().clone() : at::Tensor();
+  packed_ = pack_rpq(codebooks, indices, bias, form, layer_type());
+  codebooks_ = codebooks, indices_ = indices, bias_ = bias;
+}
+
+template <class Derived>
+void RPQModule<Derived>::freeze() {
+  if (packed_) return;
+  pack(frozen_forward_kind());
+  for (const char* name : {"codebooks", "bias"})
+    if (this->parameters_.contains(name)) this->parameters_.erase(name);
+  // LibTorch cannot remove a buffer: `indices` stays, sharing the packed weight's storage.
+  this->named_buffers(/*recurse=*/false)["indices"].set_data(indices_);
+}
+
+// A frozen layer's device move is its packed weight's, which refuses all but the CPU before this
+// layer changes; siblings a parent moved earlier stay moved (docs/rpq.md, "Devices").
+template <class Derived>
+void RPQModule<Derived>::to(torch::Device device, torch::Dtype dtype, bool non_blocking) {
+  if (packed_) packed_ = packed_->to(device);
+  torch::nn::Module::to(device, dtype, non_blocking);
+}
+
+template <class Derived>
+void RPQModule<Derived>::to(torch::Device device, bool non_blocking) {
+  if (packed_) packed_ = packed_->to(device);
+  torch::nn::Module::to(device, non_blocking);
 }
 
 int64_t RPQLayer::dense_weight_bytes() const { return S_ * C_ * static_cast<int64_t>(sizeof(float)); }
@@ -58,6 +145,7 @@ int64_t RPQLayer::dense_weight_bytes() const { return S_ * C_ * static_cast<int6
 std::string RPQLayer::kernel(int64_t) const { return "rpq_expand+dense"; }
 
 void RPQLayer::set_rpq_state(const at::Tensor& codebooks, const at::Tensor& indices, const at::Tensor& bias) {
+  require_unfrozen("set_rpq_state");
   QF_REQUIRE(codebooks.sizes() == codebooks_.sizes(), layer_type(), ": codebooks of shape ", codebooks.sizes(),
              ", layer holds ", codebooks_.sizes());
   QF_REQUIRE(indices.sizes() == indices_.sizes() && indices.scalar_type() == at::kByte, layer_type(),
@@ -94,24 +182,9 @@ std::string RPQLinearImpl::kernel(int64_t rows) const {
   return rows <= kLutMaxRows ? "rpq_lut" : "rpq_expand+at::linear";
 }
 
-at::Tensor RPQLinearImpl::forward(const at::Tensor& x_in) {
-  QF_REQUIRE(x_in.dim() >= 1 && x_in.size(-1) == C_, "RPQLinear: input has ", x_in.dim() ? x_in.size(-1) : 0,
-             " features, expected ", C_);
-  const at::Tensor x = x_in.reshape({-1, C_});
-  const int64_t M = x.size(0);
-  if (M > kLutMaxRows) return at::linear(x_in, weight(), bias_);
-  // y[m, h * D + d] = sum_c x[m, c] * codebooks[h, indices[h, c], d]
-  //                 = sum_k (sum_{c : indices[h, c] = k} x[m, c]) * codebooks[h, k, d]
-  // The inner sums are a scatter-add of x into H x 256 bins; the outer one a [256, D] product.
-  const at::Tensor flat = rpq_codebook_rows(indices_).reshape({-1});
-  const at::Tensor bins = at::zeros({M, H_ * kRpqCodebookSize}, x.options()).index_add(1, flat, x.repeat({1, H_}));
-  at::Tensor y = at::bmm(bins.view({M, H_, kRpqCodebookSize}).transpose(0, 1), codebooks_)  // [H, M, D]
-                     .transpose(0, 1)
-                     .reshape({M, S_});
-  if (bias_.defined()) y = y + bias_;
-  std::vector<int64_t> shape(x_in.sizes().begin(), x_in.sizes().end());
-  shape.back() = S_;
-  return y.view(shape);
+at::Tensor RPQLinearImpl::forward(const at::Tensor& x) {
+  if (packed_) return packed_->forward(x, FrozenInput{});
+  return rpq_linear(x, codebooks_, indices_, bias_);
 }
 
 // ---- Embedding ------------------------------------------------------------------------------
@@ -132,27 +205,14 @@ void RPQEmbeddingImpl::reset() {
 at::Tensor RPQEmbeddingImpl::weight() const { return expanded().t(); }
 
 at::Tensor RPQEmbeddingImpl::forward(const at::Tensor& ids) {
-  QF_REQUIRE(!at::isFloatingType(ids.scalar_type()), "RPQEmbedding: indices must be integers, got ", ids.scalar_type());
-  const at::Tensor flat = ids.reshape({-1}).to(at::kLong);
-  if (flat.numel() > 0) {
-    const int64_t lo = flat.min().item<int64_t>(), hi = flat.max().item<int64_t>();
-    QF_REQUIRE(lo >= 0 && hi < C_, "RPQEmbedding: index ", lo < 0 ? lo : hi, " is out of range [0, ", C_, ")");
-  }
-  const int64_t n = flat.numel();
-  const at::Tensor codes = rpq_codebook_rows(indices_.index_select(1, flat));  // [H, n]
-  at::Tensor rows = codebooks_.reshape({H_ * kRpqCodebookSize, D_})
-                        .index_select(0, codes.reshape({-1}))
-                        .view({H_, n, D_})
-                        .transpose(0, 1)
-                        .reshape({n, S_});
+  if (packed_) return packed_->forward(ids, FrozenInput{});
+  at::Tensor rows = rpq_gather_rows(codebooks_, indices_, ids);
   if (options.padding_idx()) {
     int64_t pad = *options.padding_idx();
     if (pad < 0) pad += C_;
-    rows = at::where((flat == pad).unsqueeze(1), rows.detach(), rows);
+    rows = at::where((ids == pad).unsqueeze(-1), rows.detach(), rows);
   }
-  std::vector<int64_t> shape(ids.sizes().begin(), ids.sizes().end());
-  shape.push_back(S_);
-  return rows.view(shape);
+  return rows;
 }
 
 // ---- convolutions ---------------------------------------------------------------------------
@@ -250,20 +310,29 @@ template <size_t Dims, bool Transposed>
 at::Tensor RPQConvImpl<Dims, Transposed>::forward(const at::Tensor& x) {
   const auto* pad = rpq_padding<Dims>(options.padding());
   QF_REQUIRE(pad, layer_type(), ": padding must be explicit sizes ('same'/'valid' are not supported)");
-  const at::Tensor w = weight();
+  const at::Tensor w = weight(), b = layer_bias();
   const auto stride = rpq_dims<Dims>(options.stride()), padding = rpq_dims<Dims>(*pad), dilation = rpq_dims<Dims>(options.dilation());
   if constexpr (Transposed) {
     const auto out_pad = rpq_dims<Dims>(options.output_padding());
-    if constexpr (Dims == 1) return at::conv_transpose1d(x, w, bias_, stride, padding, out_pad, options.groups(), dilation);
-    if constexpr (Dims == 2) return at::conv_transpose2d(x, w, bias_, stride, padding, out_pad, options.groups(), dilation);
-    if constexpr (Dims == 3) return at::conv_transpose3d(x, w, bias_, stride, padding, out_pad, options.groups(), dilation);
+    if constexpr (Dims == 1) return at::conv_transpose1d(x, w, b, stride, padding, out_pad, options.groups(), dilation);
+    if constexpr (Dims == 2) return at::conv_transpose2d(x, w, b, stride, padding, out_pad, options.groups(), dilation);
+    if constexpr (Dims == 3) return at::conv_transpose3d(x, w, b, stride, padding, out_pad, options.groups(), dilation);
   } else {
-    if constexpr (Dims == 1) return at::conv1d(x, w, bias_, stride, padding, dilation, options.groups());
-    if constexpr (Dims == 2) return at::conv2d(x, w, bias_, stride, padding, dilation, options.groups());
-    if constexpr (Dims == 3) return at::conv3d(x, w, bias_, stride, padding, dilation, options.groups());
+    if constexpr (Dims == 1) return at::conv1d(x, w, b, stride, padding, dilation, options.groups());
+    if constexpr (Dims == 2) return at::conv2d(x, w, b, stride, padding, dilation, options.groups());
+    if constexpr (Dims == 3) return at::conv3d(x, w, b, stride, padding, dilation, options.groups());
   }
 }
 
+template class RPQModule<RPQLinearImpl>;
+template class RPQModule<RPQEmbeddingImpl>;
+template class RPQModule<RPQBilinearImpl>;
+template class RPQModule<RPQConvImpl<1, false>>;
+template class RPQModule<RPQConvImpl<2, false>>;
+template class RPQModule<RPQConvImpl<3, false>>;
+template class RPQModule<RPQConvImpl<1, true>>;
+template class RPQModule<RPQConvImpl<2, true>>;
+template class RPQModule<RPQConvImpl<3, true>>;
 template class RPQConvImpl<1, false>;
 template class RPQConvImpl<2, false>;
 template class RPQConvImpl<3, false>;
@@ -293,7 +362,23 @@ at::Tensor RPQBilinearImpl::forward(const at::Tensor& x1, const at::Tensor& x2) 
   QF_REQUIRE(x1.dim() >= 1 && x2.dim() >= 1 && x1.size(-1) == options.in1_features() &&
                  x2.size(-1) == options.in2_features(),
              "RPQBilinear: inputs must end in ", options.in1_features(), " and ", options.in2_features(), " features");
-  return at::bilinear(x1, x2, weight(), bias_);
+  return at::bilinear(x1, x2, weight(), layer_bias());
+}
+
+std::vector<std::pair<std::string, const RPQLayer*>> rpq_layers(const torch::nn::Module& model) {
+  std::vector<std::pair<std::string, const RPQLayer*>> out;
+  // The root first, then named_modules() without it: the root may live on the stack.
+  if (const auto* root = dynamic_cast<const RPQLayer*>(&model)) out.emplace_back(std::string(), root);
+  for (const auto& item : model.named_modules("", /*include_self=*/false))
+    if (const auto* l = dynamic_cast<const RPQLayer*>(item.value().get())) out.emplace_back(item.key(), l);
+  return out;
+}
+
+std::vector<std::pair<std::string, RPQLayer*>> rpq_layers(torch::nn::Module& model) {
+  std::vector<std::pair<std::string, RPQLayer*>> out;
+  for (const auto& [path, l] : rpq_layers(static_cast<const torch::nn::Module&>(model)))
+    out.emplace_back(path, const_cast<RPQLayer*>(l));  // the model is not const
+  return out;
 }
 
 // ---- conversion -----------------------------------------------------------------------------
@@ -322,6 +407,7 @@ RPQConversion rpq_convert(const at::Tensor& w_split_in, int64_t H, const KMeansO
 
 void rpq_load_from_float(RPQLayer& layer, const at::Tensor& weight, const at::Tensor& bias, const KMeansOptions& options,
                          double* relative_error) {
+  layer.require_unfrozen("rpq_load_from_float");
   const std::vector<int64_t> shape = layer.weight_shape();
   QF_REQUIRE(weight.defined() && weight.sizes() == at::IntArrayRef(shape), layer.layer_type(), ": float weight of shape ",
              weight.defined() ? weight.sizes() : at::IntArrayRef{}, " does not fit the layer's ", at::IntArrayRef(shape));
@@ -335,6 +421,7 @@ void rpq_load_from_float(RPQLayer& layer, const at::Tensor& weight, const at::Te
 
 RPQRefineReport rpq_refine_codebooks(RPQLinearImpl& layer, const at::Tensor& weight_in, const at::Tensor& inputs,
                                      double damp) {
+  layer.require_unfrozen("rpq_refine_codebooks");
   const at::Tensor w = weight_in.detach().to(at::kDouble);
   QF_REQUIRE(weight_in.defined() && w.sizes() == at::IntArrayRef({layer.options.out_features(), layer.options.in_features()}),
              "RPQLinear: refine needs the float weight [out, in]");

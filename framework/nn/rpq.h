@@ -14,6 +14,10 @@
 // RPQConvTranspose1d/2d/3d, RPQBilinear. S must be divisible by num_codebooks (clear error
 // otherwise): out_features (Linear, Bilinear), out_channels (Conv), out_channels / groups
 // (ConvTranspose), embedding_dim (Embedding: a row is H sub-vectors, gathered directly).
+//
+// freeze() (or qforge::freeze on the model) moves codebooks, indices and bias into a packed
+// weight (framework/nn/packed_weight_rpq.cpp): codebooks and bias stop being parameters, forward
+// runs the packed weight, and the layer stays on the CPU (docs/rpq.md, "Frozen form").
 #pragma once
 
 #include <torch/nn/cloneable.h>
@@ -24,18 +28,38 @@
 
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "framework/api/kmeans.h"
+#include "framework/nn/packed_weight.h"
 
 namespace qforge::nn {
 
 // Sub-vectors per codebook (uint8 indices).
 constexpr int64_t kRpqCodebookSize = 256;
+// Linear inputs of up to this many rows run the per-codebook look-up sums; more expand the weight.
+constexpr int64_t kRpqLutMaxRows = 16;
 
 // Expands codebooks [H, 256, D] and indices [H, C] into the split-first weight [H * D, C].
 at::Tensor rpq_expand(const at::Tensor& codebooks, const at::Tensor& indices);
 // Row h * 256 + indices[h, c] of the codebooks viewed [H * 256, D]: sub-vector (h, c), as int64 [H, C].
 at::Tensor rpq_codebook_rows(const at::Tensor& indices);
+// y = x W_splitᵀ + bias for x [..., C] (W_split the expansion, [S, C]): up to kRpqLutMaxRows rows,
+//   y[m, h * D + d] = sum_k (sum_{c : indices[h, c] = k} x[m, c]) * codebooks[h, k, d]
+// without building the weight; more rows, at::linear on the expanded weight. Differentiable. The
+// unfrozen RPQLinear and its packed weight both run this.
+at::Tensor rpq_linear(const at::Tensor& x, const at::Tensor& codebooks, const at::Tensor& indices, const at::Tensor& bias);
+// Rows `flat` (int64 [n], each in [0, C)) of the table W_splitᵀ [C, S]: each row's H sub-vectors
+// gathered from the codebooks, [n, S]. The unfrozen RPQEmbedding and its packed weight run this.
+at::Tensor rpq_gather_rows(const at::Tensor& codebooks, const at::Tensor& indices, const at::Tensor& flat);
+
+// What a frozen RPQ layer's packed weight runs in forward (framework/nn/packed_weight_rpq.cpp).
+enum class RpqForward : uint8_t {
+  kLinear,     // rpq_linear: x [..., C] -> [..., S]
+  kEmbedding,  // rpq_gather_rows: integer ids [...] -> [..., S]
+  kDense,      // none: the layer runs its ATen op (convolution, bilinear) on the expanded weight
+};
 
 // State and bookkeeping every RPQ layer shares.
 class RPQLayer {
@@ -63,20 +87,53 @@ class RPQLayer {
   // and why when it expands.
   virtual std::string kernel(int64_t rows) const;
 
+  // Frozen form: codebooks, indices and bias move into a CPU packed weight; codebooks and bias
+  // leave the module's parameters, so no optimizer trains them (the `indices` buffer stays, sharing
+  // the packed storage: LibTorch cannot remove a buffer). Forward runs the packed weight and
+  // computes the same bits. Throws (changing nothing) unless the layer is on the CPU. Freezing a
+  // frozen layer does nothing; there is no way back (build a fresh layer).
+  virtual void freeze() = 0;
+  bool frozen() const { return packed_ != nullptr; }
+  // The packed weight of a frozen layer (null otherwise).
+  const PackedWeightPtr& packed_weight() const { return packed_; }
+  // Throws when the layer is frozen (`what` names the call that would change its codebooks).
+  void require_unfrozen(const char* what) const;
+
  protected:
   // Registers codebooks [H, 256, S / H] and random indices [H, C] on `m`; throws unless
   // S % H == 0 (`what` names S in the message).
   void init_rpq(torch::nn::Module& m, int64_t split, int64_t columns, int64_t num_codebooks, const char* what);
   // Draws the codebooks uniformly in [-bound, bound] (the twin's kaiming-uniform bound).
   void init_codebooks_uniform(double bound);
-  // The split-first weight [S, C].
-  at::Tensor expanded() const { return rpq_expand(codebooks_, indices_); }
+  // The split-first weight [S, C] (a frozen layer's from its packed weight).
+  at::Tensor expanded() const;
+  // The layer's bias (a frozen layer's from its packed weight; undefined when it has none).
+  at::Tensor layer_bias() const;
+  // freeze()'s packing for the layer's forward kind (a copy of the tensors: optimizers holding the
+  // old parameters cannot change it); the module then drops the tensors. Throws off the CPU.
+  void pack(RpqForward form);
 
   int64_t H_ = 0, D_ = 0, S_ = 0, C_ = 0;
   at::Tensor codebooks_, indices_, bias_;
+  PackedWeightPtr packed_;
 };
 
-class RPQLinearImpl : public torch::nn::Cloneable<RPQLinearImpl>, public RPQLayer {
+// The module side every RPQ layer shares: freeze() (the tensors leave the module) and device
+// moves, which frozen layers refuse for any device but the CPU.
+template <class Derived>
+class RPQModule : public torch::nn::Cloneable<Derived>, public RPQLayer {
+ public:
+  void freeze() override;
+  using torch::nn::Module::to;
+  void to(torch::Device device, torch::Dtype dtype, bool non_blocking = false) override;
+  void to(torch::Device device, bool non_blocking = false) override;
+
+ protected:
+  // What the packed weight runs for this layer.
+  virtual RpqForward frozen_forward_kind() const { return RpqForward::kDense; }
+};
+
+class RPQLinearImpl : public RPQModule<RPQLinearImpl> {
  public:
   RPQLinearImpl(int64_t in_features, int64_t out_features, int64_t num_codebooks)
       : RPQLinearImpl(torch::nn::LinearOptions(in_features, out_features), num_codebooks) {}
@@ -91,13 +148,18 @@ class RPQLinearImpl : public torch::nn::Cloneable<RPQLinearImpl>, public RPQLaye
   const char* layer_type() const override { return "RPQLinear"; }
   std::string kernel(int64_t rows) const override;
   const at::Tensor& bias() const { return bias_; }
-  static constexpr int64_t kLutMaxRows = 16;
+
+ protected:
+  RpqForward frozen_forward_kind() const override { return RpqForward::kLinear; }
+
+ public:
+  static constexpr int64_t kLutMaxRows = kRpqLutMaxRows;
   torch::nn::LinearOptions options;
   int64_t num_codebooks_option;
 };
 TORCH_MODULE(RPQLinear);
 
-class RPQEmbeddingImpl : public torch::nn::Cloneable<RPQEmbeddingImpl>, public RPQLayer {
+class RPQEmbeddingImpl : public RPQModule<RPQEmbeddingImpl> {
  public:
   RPQEmbeddingImpl(int64_t num_embeddings, int64_t embedding_dim, int64_t num_codebooks)
       : RPQEmbeddingImpl(torch::nn::EmbeddingOptions(num_embeddings, embedding_dim), num_codebooks) {}
@@ -112,6 +174,11 @@ class RPQEmbeddingImpl : public torch::nn::Cloneable<RPQEmbeddingImpl>, public R
   std::vector<int64_t> weight_shape() const override { return {C_, S_}; }
   const char* layer_type() const override { return "RPQEmbedding"; }
   std::string kernel(int64_t) const override { return "rpq_gather_rows"; }
+
+ protected:
+  RpqForward frozen_forward_kind() const override { return RpqForward::kEmbedding; }
+
+ public:
   torch::nn::EmbeddingOptions options;
   int64_t num_codebooks_option;
 };
@@ -119,9 +186,17 @@ TORCH_MODULE(RPQEmbedding);
 
 // Convolutions of D spatial dimensions; Transposed selects ConvTranspose.
 template <size_t Dims, bool Transposed>
-class RPQConvImpl : public torch::nn::Cloneable<RPQConvImpl<Dims, Transposed>>, public RPQLayer {
+class RPQConvImpl : public RPQModule<RPQConvImpl<Dims, Transposed>> {
  public:
   using Options = std::conditional_t<Transposed, torch::nn::ConvTransposeOptions<Dims>, torch::nn::ConvOptions<Dims>>;
+  // The base is dependent here: RPQLayer's members by name.
+  using RPQLayer::C_;
+  using RPQLayer::S_;
+  using RPQLayer::bias_;
+  using RPQLayer::expanded;
+  using RPQLayer::init_codebooks_uniform;
+  using RPQLayer::init_rpq;
+  using RPQLayer::layer_bias;
   RPQConvImpl(Options options, int64_t num_codebooks);
   void reset() override;
   at::Tensor forward(const at::Tensor& x);
@@ -146,7 +221,7 @@ TORCH_MODULE(RPQConvTranspose1d);
 TORCH_MODULE(RPQConvTranspose2d);
 TORCH_MODULE(RPQConvTranspose3d);
 
-class RPQBilinearImpl : public torch::nn::Cloneable<RPQBilinearImpl>, public RPQLayer {
+class RPQBilinearImpl : public RPQModule<RPQBilinearImpl> {
  public:
   RPQBilinearImpl(const torch::nn::BilinearOptions& options, int64_t num_codebooks);
   void reset() override;
@@ -162,6 +237,10 @@ class RPQBilinearImpl : public torch::nn::Cloneable<RPQBilinearImpl>, public RPQ
   int64_t num_codebooks_option;
 };
 TORCH_MODULE(RPQBilinear);
+
+// Every RPQ layer of `model` with its module path ("" for the root), in named_modules() order.
+std::vector<std::pair<std::string, const RPQLayer*>> rpq_layers(const torch::nn::Module& model);
+std::vector<std::pair<std::string, RPQLayer*>> rpq_layers(torch::nn::Module& model);
 
 // ---- conversion from float weights -----------------------------------------------------------
 
