@@ -33,6 +33,7 @@ GenerationResult generate(const CachedLmForward& forward, const at::Tensor& prom
   Sampler sampler(options.sampling);
   at::NoGradGuard no_grad;
   KvCache cache;
+  cache.reserve(prompt.size(1) + options.max_new_tokens);  // no store grows during the generation
   GenerationResult r;
   r.prompt_tokens = prompt.size(1);
   const at::Tensor p = prompt.contiguous();
