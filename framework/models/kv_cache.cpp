@@ -20,11 +20,19 @@ at::Tensor new_store(const at::Tensor& like, int64_t capacity, const at::Tensor&
   return store;
 }
 
+// Whether `cached` is the first positions of `store`: a view append may write after in place.
+bool is_prefix_of(const at::Tensor& cached, const at::Tensor& store) {
+  if (!store.defined() || !cached.defined() || cached.dim() != 4 || cached.data_ptr() != store.data_ptr()) return false;
+  for (int64_t d : {0, 1, 3})
+    if (cached.size(d) != store.size(d)) return false;
+  return cached.size(2) <= store.size(2) && cached.strides() == store.strides();
+}
+
 // Appends `x` to one side of a layer: the store grows (doubling) when `x` does not fit.
 at::Tensor append_side(at::Tensor& store, const at::Tensor& cached, const at::Tensor& x, int64_t reserve) {
   const int64_t past = cached.defined() ? cached.size(2) : 0, need = past + x.size(2);
   // A view assigned from outside (or a store a copy did not bring) is adopted by copying it once.
-  const bool owned = store.defined() && cached.defined() && cached.is_alias_of(store);
+  const bool owned = is_prefix_of(cached, store);
   if (!owned || store.size(2) < need) {
     const int64_t grown = store.defined() && owned ? 2 * store.size(2) : reserve > 0 ? reserve : KvCache::kMinCapacity;
     store = new_store(x, std::max(grown, need), cached);
@@ -71,6 +79,11 @@ void KvCache::append(size_t layer, const at::Tensor& k, const at::Tensor& v) {
                                  values[layer].defined() && values[layer].sizes() == past.sizes()),
              kKvCache, ": cached keys ", past.defined() ? past.sizes() : at::IntArrayRef{}, " do not match new keys ",
              k.sizes());
+  QF_REQUIRE(v.scalar_type() == k.scalar_type() && v.device() == k.device() &&
+                 (!past.defined() || (past.scalar_type() == k.scalar_type() && past.device() == k.device())),
+             kKvCache, ": keys ", k.scalar_type(), " on ", k.device(), ", values ", v.scalar_type(), " on ", v.device(),
+             " and the cached ", past.defined() ? past.scalar_type() : k.scalar_type(), " on ",
+             past.defined() ? past.device() : k.device(), " must share dtype and device");
   if (at::GradMode::is_enabled() && (k.requires_grad() || v.requires_grad() || (past.defined() && past.requires_grad()))) {
     // Autograd saves the cached views; writing into their store would break its backward.
     keys[layer] = past.defined() ? at::cat({past, k}, 2) : k;
@@ -80,6 +93,22 @@ void KvCache::append(size_t layer, const at::Tensor& k, const at::Tensor& v) {
   }
   keys[layer] = append_side(key_store_[layer], past, k, reserve_);
   values[layer] = append_side(value_store_[layer], values[layer], v, reserve_);
+}
+
+void KvCache::truncate(int64_t n) {
+  QF_REQUIRE(n >= 0 && n <= length(), kKvCache, ": cannot truncate ", length(), " cached positions to ", n);
+  for (auto* side : {&keys, &values})
+    for (at::Tensor& t : *side)
+      if (t.defined()) t = t.narrow(2, 0, n);  // a prefix view of its store (or of a concatenation)
+}
+
+int64_t KvCache::capacity_bytes() const {
+  int64_t n = 0;
+  for (size_t l = 0; l < keys.size(); ++l) {
+    const at::Tensor& store = capacity(l) > 0 ? key_store_[l] : keys[l];
+    if (store.defined()) n += 2 * store.numel() * static_cast<int64_t>(store.element_size());
+  }
+  return n;
 }
 
 int64_t KvCache::bytes() const {

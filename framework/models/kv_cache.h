@@ -39,8 +39,13 @@ struct KvCache {
   // layer `layer`'s cached positions and returns through keys / values the views of all of them.
   // Under autograd with tensors that require grad it concatenates instead (no store).
   void append(size_t layer, const at::Tensor& k, const at::Tensor& v);
-  // Bytes held by the cached keys and values (the cached positions, not the spare capacity).
+  // Keeps the first n cached positions of every layer (views of the same stores, no copy), so a
+  // decode restarts from a prefilled prefix without copying the cache. Requires n <= length().
+  void truncate(int64_t n);
+  // Bytes held by the cached keys and values (the filled positions, not the spare capacity).
   int64_t bytes() const;
+  // Bytes the stores hold, spare capacity included (what the cache occupies in memory).
+  int64_t capacity_bytes() const;
 
  private:
   std::vector<at::Tensor> key_store_, value_store_;

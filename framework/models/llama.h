@@ -163,7 +163,6 @@ class LlamaDecoderLayerImpl : public torch::nn::Cloneable<LlamaDecoderLayerImpl>
   LlamaAttention self_attn{nullptr};
   LlamaMlp mlp{nullptr};
   nn::RMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
-
 };
 TORCH_MODULE(LlamaDecoderLayer);
 

@@ -298,6 +298,31 @@ TEST(Recipe, FreezeDecodeActivationsIsAChoiceRefusedWithTheClosestAtFileLine) {
             std::string::npos) << e;
 }
 
+TEST(Recipe, FreezeDecodeActivationsIsRefusedWhereNoLayerWouldTakeIt) {
+  TempDir dir;
+  const std::string q = std::string(kMinimal) + "quantize: {weights: {qtype: qint4, granularity: per_channel}}\n";
+  std::string e;
+  for (const auto& i : issues_of(dir.write("h.yaml", q + "freeze:\n  decode_activations: q8_block32\n  enabled: false\n")))
+    e += i.to_string() + "\n";
+  EXPECT_NE(e.find("h.yaml:5:23: freeze.decode_activations: q8_block32 is applied when freezing, and freeze.enabled is "
+                   "false"),
+            std::string::npos) << e;
+  e.clear();
+  const std::string a = std::string(kMinimal) +
+                        "quantize: {weights: {qtype: qint8}, activations: {mode: dynamic_per_token}}\n";
+  for (const auto& i : issues_of(dir.write("i.yaml", a + "freeze:\n  decode_activations: q8_block32\n")))
+    e += i.to_string() + "\n";
+  EXPECT_NE(e.find("i.yaml:5:23: freeze.decode_activations: q8_block32 applies to weight-only Linear layers, and "
+                   "quantize.activations.mode is dynamic_per_token"),
+            std::string::npos) << e;
+  // A rule keeping some layers' activations float leaves them weight-only: accepted.
+  const std::string rule = std::string(kMinimal) +
+                           "quantize: {weights: {qtype: qint8}, activations: {mode: dynamic_per_token}, "
+                           "rules: [{pattern: 'lm_head', activations: none}]}\n";
+  EXPECT_EQ(load_recipe(dir.write("j.yaml", rule + "freeze:\n  decode_activations: q8_block32\n")).freeze.decode_activations,
+            "q8_block32");
+}
+
 TEST(Recipe, BadSearchSectionsAreErrorsWithFileLineColumn) {
   TempDir dir;
   const std::string q = std::string(kMinimal) + "quantize: {weights: {qtype: qint8}}\n";
