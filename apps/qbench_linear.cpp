@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "apps/qbench_models.h"
 #include "apps/qbench_registry.h"
 #include "framework/nn/linear.h"
 #include "framework/api/quantize.h"
@@ -49,14 +50,6 @@ std::shared_ptr<nn::LinearImpl> frozen_linear(const at::Tensor& w, const at::Ten
   freeze(*lin);
   malloc_trim(0);  // freed float copies and packing buffers go back to the OS between layers
   return lin;
-}
-
-// The memcpy limit: `bytes` copied from src to dst, split over ATen's threads like the kernels,
-// so it scales with the thread count as far as the memory system lets a copy scale.
-void parallel_memcpy(char* dst, const char* src, int64_t bytes) {
-  at::parallel_for(0, bytes, int64_t{1} << 22, [&](int64_t b, int64_t e) {
-    std::memcpy(dst + b, src + b, static_cast<size_t>(e - b));
-  });
 }
 
 using PrepackFn = c10::intrusive_ptr<LinearPackedParamsBase>(at::Tensor, c10::optional<at::Tensor>);

@@ -10,7 +10,9 @@
 // ctest gguf_llamacpp installs into the build tree, or $QFORGE_NODE_LLAMA_CPP/node_modules), in a
 // node child process that qbench drives through a pipe ("run" -> 32 tokens -> "done"), with
 // qbench's thread count. The pipe round trip (tens of µs) is inside llama.cpp's time. Without
-// node or node-llama-cpp the llamacpp impl is left out with the reason on stderr.
+// node or node-llama-cpp the llamacpp impl is left out with the reason on stderr. Impl "limit":
+// memcpy moving the bytes the 32 tokens read (the frozen Linear weights, 32 times; half read, half
+// written) with qbench's threads; GB/s of every impl counts those bytes.
 #include <ATen/ATen.h>
 #include <unistd.h>
 
@@ -82,22 +84,36 @@ std::vector<Case> llama_decode_cases(int bits) {
   quantize(*m, decode_scheme(bits));
   freeze(*m);
   const at::Tensor prompt = at::randint(0, 256, {1, kLlamaPrompt}, at::kLong);
-  models::KvCache prefilled;
+  auto cache = std::make_shared<models::KvCache>();
+  cache->reserve(kLlamaPrompt + kLlamaDecode);  // no store grows in a run
   at::Tensor first;
   {
     at::NoGradGuard g;
-    first = (*m)->forward(prompt, &prefilled).select(1, kLlamaPrompt - 1).argmax(-1, true);
+    first = (*m)->forward(prompt, cache.get()).select(1, kLlamaPrompt - 1).argmax(-1, true);
   }
-  Case c{"L2_H2048_prompt16_decode32_tokens", 0, {}};
-  const std::function<void()> qforge_run = [m, prefilled, first] {
+  // Bytes the 32 tokens read: every frozen Linear's packed weights once per token (the embedding
+  // row and the key/value cache add under 1 %). The limit impl moves them at memcpy speed.
+  int64_t per_token = 0;
+  for (const auto& mod : (*m)->modules(/*include_self=*/false))
+    if (const auto* lin = dynamic_cast<const nn::LinearImpl*>(mod.get())) per_token += lin->storage_bytes();
+  Case c{"L2_H2048_prompt16_decode32_tokens", static_cast<double>(per_token * kLlamaDecode), {}};
+  const std::function<void()> qforge_run = [m, cache, first] {
     at::NoGradGuard g;
-    models::KvCache cache = prefilled;  // the cached tensors are never written in place
+    cache->truncate(kLlamaPrompt);  // drops the previous run's tokens in place (no copy in the timed run)
     at::Tensor next = first;
-    for (int64_t t = 0; t < kLlamaDecode; ++t) next = (*m)->forward(next, &cache).select(1, 0).argmax(-1, true);
+    for (int64_t t = 0; t < kLlamaDecode; ++t) next = (*m)->forward(next, cache.get()).select(1, 0).argmax(-1, true);
   };
   c.impls.push_back({"qforge", qforge_run});
   c.impls.push_back({"qforge-q8", with_q8_decode(m->ptr(), qforge_run)});
-  const Case linears = linears_only(m);
+  // Half read, half written, as the other limit rows (qbench_linear.cpp's cold GEMVs).
+  auto src = std::make_shared<std::vector<char>>(static_cast<size_t>(per_token / 2), 1);
+  auto dst = std::make_shared<std::vector<char>>(static_cast<size_t>(per_token / 2), 0);
+  c.impls.push_back({"limit", [src, dst] {
+                       for (int64_t t = 0; t < kLlamaDecode; ++t)
+                         parallel_memcpy(dst->data(), src->data(), static_cast<int64_t>(src->size()));
+                     }});
+  Case linears = linears_only(m);
+  linears.bytes = c.bytes;
   std::string why;
   const std::string modules = node_llama_cpp_modules(&why);
   if (modules.empty()) {

@@ -7,10 +7,21 @@
 #include "framework/api/quantize.h"
 #include "framework/nn/linear.h"
 
+#include <ATen/Parallel.h>
+
+#include <cstring>
 #include <functional>
 #include <memory>
 
 namespace qforge::bench {
+
+// The memcpy limit: `bytes` copied from src to dst, split over ATen's threads like the kernels,
+// so it scales with the thread count as far as the memory system lets a copy scale.
+inline void parallel_memcpy(char* dst, const char* src, int64_t bytes) {
+  at::parallel_for(0, bytes, int64_t{1} << 22, [&](int64_t b, int64_t e) {
+    std::memcpy(dst + b, src + b, static_cast<size_t>(e - b));
+  });
+}
 
 // BERT-base: hidden 768, 12 heads, FFN 3072, `layers` layers, no dropout.
 inline models::BertConfig bert_base(int64_t layers = 12) {

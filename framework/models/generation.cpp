@@ -33,6 +33,9 @@ GenerationResult generate(const CachedLmForward& forward, const at::Tensor& prom
   Sampler sampler(options.sampling);
   at::NoGradGuard no_grad;
   KvCache cache;
+  // Stores sized for the whole generation, up to 4096 positions (a huge max_new_tokens would
+  // reserve memory never used); longer generations grow by doubling.
+  cache.reserve(std::min<int64_t>(prompt.size(1) + options.max_new_tokens, 4096));
   GenerationResult r;
   r.prompt_tokens = prompt.size(1);
   const at::Tensor p = prompt.contiguous();

@@ -21,7 +21,7 @@ using CachedLmForward = std::function<at::Tensor(const at::Tensor& ids, KvCache*
 struct GenerationResult {
   at::Tensor tokens;  // [1, new_tokens] int64, the prompt excluded
   int64_t prompt_tokens = 0, new_tokens = 0;
-  int64_t cache_bytes = 0;    // the KV cache's keys and values at the end
+  int64_t cache_bytes = 0;    // the KV cache's filled keys and values at the end (not spare capacity)
   bool stopped_at_eos = false;
   double prompt_seconds = 0;  // the prefill forward (it produces the first new token)
   double decode_seconds = 0;  // the single-token forwards after it

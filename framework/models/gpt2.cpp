@@ -69,24 +69,18 @@ void Gpt2AttentionImpl::reset() {
   resid_dropout = register_module("resid_dropout", torch::nn::Dropout(config.resid_pdrop));
 }
 
-at::Tensor Gpt2AttentionImpl::forward(const at::Tensor& x, at::Tensor* past_k, at::Tensor* past_v) {
+at::Tensor Gpt2AttentionImpl::forward(const at::Tensor& x, KvCache* cache, int64_t layer) {
   const int64_t B = x.size(0), T = x.size(1), H = config.n_head, D = config.n_embd / H;
-  QF_REQUIRE((past_k == nullptr) == (past_v == nullptr), "models/gpt2: attention cache needs keys and values");
   const auto qkv = c_attn->forward(x).split(config.n_embd, -1);
   auto heads = [&](const at::Tensor& t) { return t.view({B, T, H, D}).permute({0, 2, 1, 3}); };
   const at::Tensor q = heads(qkv[0]);
   at::Tensor k = heads(qkv[1]), v = heads(qkv[2]);
   int64_t past = 0;
-  if (past_k != nullptr) {
-    if (past_k->defined()) {
-      QF_REQUIRE(past_k->size(0) == B && past_v->defined() && past_v->sizes() == past_k->sizes(),
-                 "models/gpt2: cached keys ", past_k->sizes(), " do not match a batch of ", B);
-      past = past_k->size(2);
-      k = at::cat({*past_k, k}, 2);
-      v = at::cat({*past_v, v}, 2);
-    }
-    *past_k = k;
-    *past_v = v;
+  if (cache != nullptr) {
+    cache->append(static_cast<size_t>(layer), k, v);
+    k = cache->keys[static_cast<size_t>(layer)];
+    v = cache->values[static_cast<size_t>(layer)];
+    past = k.size(2) - T;
   }
   at::Tensor w = qk_matmul->forward(q, k.transpose(-1, -2)) / std::sqrt(static_cast<double>(D));
   // HF masks future positions with finfo(float32).min (not -inf, so fully masked rows stay finite).
@@ -120,8 +114,8 @@ void Gpt2BlockImpl::reset() {
   mlp = register_module("mlp", Gpt2Mlp(config));
 }
 
-at::Tensor Gpt2BlockImpl::forward(const at::Tensor& x, at::Tensor* past_k, at::Tensor* past_v) {
-  const at::Tensor h = x + attn->forward(ln_1->forward(x), past_k, past_v);
+at::Tensor Gpt2BlockImpl::forward(const at::Tensor& x, KvCache* cache, int64_t layer) {
+  const at::Tensor h = x + attn->forward(ln_1->forward(x), cache, layer);
   return h + mlp->forward(ln_2->forward(h));
 }
 
@@ -145,17 +139,12 @@ at::Tensor Gpt2ModelImpl::forward(const at::Tensor& ids, Gpt2KvCache* cache) {
   if (cache) {
     QF_REQUIRE(cache->keys.empty() || static_cast<int64_t>(cache->keys.size()) == config.n_layer,
                "models/gpt2: the cache holds ", cache->keys.size(), " layers, the model has ", config.n_layer);
-    cache->keys.resize(static_cast<size_t>(config.n_layer));
-    cache->values.resize(static_cast<size_t>(config.n_layer));
+    cache->resize(static_cast<size_t>(config.n_layer));
   }
   const at::Tensor pos = at::arange(past, past + T, ids.options().dtype(at::kLong)).unsqueeze(0);
   at::Tensor x = drop->forward(wte->forward(ids) + wpe->forward(pos));
-  size_t layer = 0;
-  for (const auto& b : *h) {
-    x = b->as<Gpt2BlockImpl>()->forward(x, cache ? &cache->keys[layer] : nullptr,
-                                        cache ? &cache->values[layer] : nullptr);
-    ++layer;
-  }
+  int64_t layer = 0;
+  for (const auto& b : *h) x = b->as<Gpt2BlockImpl>()->forward(x, cache, layer++);
   return ln_f->forward(x);
 }
 

@@ -74,10 +74,10 @@ class Gpt2AttentionImpl : public torch::nn::Cloneable<Gpt2AttentionImpl> {
  public:
   explicit Gpt2AttentionImpl(const Gpt2Config& c);
   void reset() override;
-  // Causal; x [B, T, n_embd]. With past_k / past_v (both or neither): x holds the positions after
-  // the T_past cached ones, which every query sees besides its own causal prefix; the cache then
+  // Causal; x [B, T, n_embd]. With a cache: x holds the positions after the T_past cached ones of
+  // the cache's entry `layer`, which every query sees besides its own causal prefix; the entry then
   // holds all T_past + T positions.
-  at::Tensor forward(const at::Tensor& x, at::Tensor* past_k = nullptr, at::Tensor* past_v = nullptr);
+  at::Tensor forward(const at::Tensor& x, KvCache* cache = nullptr, int64_t layer = 0);
   Gpt2Config config;
   nn::Linear c_attn{nullptr}, c_proj{nullptr};
   nn::MatMul qk_matmul{nullptr}, av_matmul{nullptr};
@@ -100,7 +100,7 @@ class Gpt2BlockImpl : public torch::nn::Cloneable<Gpt2BlockImpl> {
  public:
   explicit Gpt2BlockImpl(const Gpt2Config& c);
   void reset() override;
-  at::Tensor forward(const at::Tensor& x, at::Tensor* past_k = nullptr, at::Tensor* past_v = nullptr);
+  at::Tensor forward(const at::Tensor& x, KvCache* cache = nullptr, int64_t layer = 0);
   Gpt2Config config;
   nn::LayerNorm ln_1{nullptr}, ln_2{nullptr};
   Gpt2Attention attn{nullptr};

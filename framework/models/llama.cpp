@@ -236,23 +236,16 @@ void LlamaAttentionImpl::reset() {
   av_matmul = register_module("av_matmul", nn::MatMul());
 }
 
-at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x, const RopeTables& rope, at::Tensor* past_k,
-                                       at::Tensor* past_v) {
+at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x, const RopeTables& rope, KvCache* cache) {
   const int64_t B = x.size(0), T = x.size(1), H = config.num_attention_heads, KV = config.kv_heads(),
                 D = config.head_size(), rep = H / KV;
-  QF_REQUIRE((past_k == nullptr) == (past_v == nullptr), kLlama, ": attention cache needs keys and values");
   auto heads = [&](const at::Tensor& t, int64_t n) { return t.view({B, T, n, D}).transpose(1, 2); };
   const at::Tensor q = apply_rope(heads(q_proj->forward(x), H), rope);
   at::Tensor k = apply_rope(heads(k_proj->forward(x), KV), rope), v = heads(v_proj->forward(x), KV);
-  if (past_k != nullptr) {
-    if (past_k->defined()) {
-      QF_REQUIRE(past_k->size(0) == B && past_v->defined() && past_v->sizes() == past_k->sizes(), kLlama,
-                 ": cached keys ", past_k->sizes(), " do not match a batch of ", B);
-      k = at::cat({*past_k, k}, 2);
-      v = at::cat({*past_v, v}, 2);
-    }
-    *past_k = k;
-    *past_v = v;
+  if (cache != nullptr) {
+    cache->append(static_cast<size_t>(layer), k, v);
+    k = cache->keys[static_cast<size_t>(layer)];
+    v = cache->values[static_cast<size_t>(layer)];
   }
   const int64_t S = k.size(2), past = S - T;
   // Grouped-query attention without repeating keys and values: the `rep` query heads sharing a
@@ -298,9 +291,8 @@ void LlamaDecoderLayerImpl::reset() {
       register_module("post_attention_layernorm", nn::RMSNorm(config.hidden_size, config.rms_norm_eps));
 }
 
-at::Tensor LlamaDecoderLayerImpl::forward(const at::Tensor& x, const RopeTables& rope, at::Tensor* past_k,
-                                          at::Tensor* past_v) {
-  const at::Tensor h = x + self_attn->forward(input_layernorm->forward(x), rope, past_k, past_v);
+at::Tensor LlamaDecoderLayerImpl::forward(const at::Tensor& x, const RopeTables& rope, KvCache* cache) {
+  const at::Tensor h = x + self_attn->forward(input_layernorm->forward(x), rope, cache);
   return h + mlp->forward(post_attention_layernorm->forward(h));
 }
 
@@ -330,17 +322,11 @@ at::Tensor LlamaModelImpl::forward(const at::Tensor& ids, KvCache* cache) {
   if (cache) {
     QF_REQUIRE(cache->keys.empty() || static_cast<int64_t>(cache->keys.size()) == config.num_hidden_layers, kLlama,
                ": the cache holds ", cache->keys.size(), " layers, the model has ", config.num_hidden_layers);
-    cache->keys.resize(static_cast<size_t>(config.num_hidden_layers));
-    cache->values.resize(static_cast<size_t>(config.num_hidden_layers));
+    cache->resize(static_cast<size_t>(config.num_hidden_layers));
   }
   const RopeTables tables = rope(past, T, ids.device());
   at::Tensor x = embed_tokens->forward(ids);
-  size_t layer = 0;
-  for (const auto& l : *layers) {
-    x = l->as<LlamaDecoderLayerImpl>()->forward(x, tables, cache ? &cache->keys[layer] : nullptr,
-                                                cache ? &cache->values[layer] : nullptr);
-    ++layer;
-  }
+  for (const auto& l : *layers) x = l->as<LlamaDecoderLayerImpl>()->forward(x, tables, cache);
   return norm->forward(x);
 }
 

@@ -132,10 +132,10 @@ class LlamaAttentionImpl : public torch::nn::Cloneable<LlamaAttentionImpl> {
  public:
   LlamaAttentionImpl(const LlamaConfig& c, int64_t layer);
   void reset() override;
-  // Causal; x [B, T, hidden_size]. With past_k / past_v (both or neither): x holds the positions
-  // after the cached ones; the cache then holds all of them (keys after RoPE, [B, kv_heads, S, D]).
-  at::Tensor forward(const at::Tensor& x, const RopeTables& rope, at::Tensor* past_k = nullptr,
-                     at::Tensor* past_v = nullptr);
+  // Causal; x [B, T, hidden_size]. With a cache: x holds the positions after the cached ones; the
+  // cache's entry `layer` then holds all of them (keys after RoPE, [B, kv_heads, S, D]), appended
+  // in place (KvCache::append).
+  at::Tensor forward(const at::Tensor& x, const RopeTables& rope, KvCache* cache = nullptr);
   LlamaConfig config;
   int64_t layer = 0;
   nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
@@ -157,8 +157,7 @@ class LlamaDecoderLayerImpl : public torch::nn::Cloneable<LlamaDecoderLayerImpl>
  public:
   LlamaDecoderLayerImpl(const LlamaConfig& c, int64_t layer);
   void reset() override;
-  at::Tensor forward(const at::Tensor& x, const RopeTables& rope, at::Tensor* past_k = nullptr,
-                     at::Tensor* past_v = nullptr);
+  at::Tensor forward(const at::Tensor& x, const RopeTables& rope, KvCache* cache = nullptr);
   LlamaConfig config;
   int64_t layer = 0;
   LlamaAttention self_attn{nullptr};

@@ -4,6 +4,7 @@
 #include "framework/pipeline/run_context.h"
 #include "framework/pipeline/stage_registry.h"
 #include "framework/api/quantize.h"
+#include "framework/nn/linear.h"
 
 namespace qforge::pipeline {
 
@@ -18,6 +19,8 @@ class FreezeStage : public Stage {
   void run(RunContext& ctx) const override {
     const auto f0 = std::chrono::steady_clock::now();
     freeze(*ctx.task.model);
+    if (ctx.recipe.freeze.decode_activations == "q8_block32")
+      ctx.report["decode_q8_layers"] = nn::set_decode_activations(*ctx.task.model, DecodeActivations::kQ8Block32);
     // The stage's time includes the frozen evaluation; packing alone is reported beside it.
     ctx.report["timings_s"]["freeze_pack"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - f0).count();
     ctx.record("frozen", ctx.evaluate("frozen eval"));

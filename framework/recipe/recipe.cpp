@@ -11,6 +11,7 @@
 #include <iterator>
 #include <sstream>
 
+#include "framework/api/quantizer.h"
 #include "framework/core/error.h"
 #include "framework/core/utf8.h"
 #include "framework/recipe/recipe_schema.h"
@@ -251,6 +252,22 @@ void read_ptq(Recipe& r, const YAML::Node& pn, const Where& w) {
                                  "float (quantize.activations.mode: none)");
 }
 
+// freeze.decode_activations: q8_block32 switches frozen weight-only Linears at freeze; refused where
+// no layer could take it (nothing frozen, or every layer's activations quantized by the scheme).
+void check_decode_activations(const Recipe& r, const Where& w) {
+  if (r.freeze.decode_activations != "q8_block32") return;
+  bool weight_only = r.scheme.activations == ActivationMode::kNone;
+  for (const LayerRule& rule : r.scheme.rules) weight_only |= rule.activations == ActivationMode::kNone;
+  if (!r.freeze.enabled)
+    w.problem("freeze.decode_activations", "q8_block32 is applied when freezing, and freeze.enabled is false: set "
+                                           "freeze.enabled: true or decode_activations: exact");
+  else if (r.quantize && !weight_only)
+    w.problem("freeze.decode_activations",
+              "q8_block32 applies to weight-only Linear layers, and quantize.activations.mode is " +
+                  std::string(to_string(r.scheme.activations)) +
+                  " with no rule setting activations: none, so no layer would use it");
+}
+
 void check_freeze(const Recipe& r, const YAML::Node& tree, const Where& w) {
   if (r.freeze.enabled && !r.quantize && tree["freeze"]) w.problem("freeze.enabled", "freezing needs a quantize section");
   // freeze() packs weights; a scheme without quantized weights fails there, after training.
@@ -259,6 +276,7 @@ void check_freeze(const Recipe& r, const YAML::Node& tree, const Where& w) {
     w.problem(w.origins.count("quantize.weights.qtype") ? "quantize.weights.qtype" : "freeze.enabled",
               "freezing packs quantized weights, and quantize.weights.qtype is none (no rule quantizes any): set a "
               "weight qtype or freeze.enabled: false to evaluate activation-only quantization fake-quantized");
+  check_decode_activations(r, w);
 }
 
 // `weights:` or `activations:` written empty is filled like a missing one (the scheme's effective

@@ -139,6 +139,9 @@ struct Recipe {
   struct Freeze {
     bool enabled = true;
     std::string backend = "cpu";
+    // Weight-only int8 / int4 Linear calls of few rows (decoding): "exact" float activations or
+    // "q8_block32" (nn::set_decode_activations, docs/kernels.md "Decode activations").
+    std::string decode_activations = "exact";
   } freeze;
 
   // Data-parallel runs under torchrun (docs/distributed.md); ignored in one process.

@@ -1,6 +1,7 @@
 // Kernel tables and dispatchers of the decode linears (block-32 int8 activations).
 #include "kernels/cpu/linear_decode.h"
 
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -9,27 +10,43 @@
 #include "kernels/cpu/gemv_s4.h"
 #include "kernels/cpu/linear_weight_only.h"
 #include "kernels/cpu/parallel_blocks.h"
+#include "kernels/cpu/quantize_rows_s8.h"
 #include "kernels/cpu/reference.h"
-#include "kernels/cpu/workspace.h"
 
 namespace qforge::kernels {
 
 namespace {
 
-// The quantized activation rows of one call (per-thread scratch, reused when warm).
+// The block-32 activation rows of the last call on this thread, with the float rows they came
+// from: a call whose rows are bit for bit the same (q/k/v, and gate/up, read one normalized row)
+// reuses them, so the result is the one a fresh quantization gives.
 struct Q8Rows {
-  Q8Rows(const float* x, int64_t m, int64_t k)
-      : kb(q8_block_count(k)),
-        q(detail::Scratch::kBlockCodes, m * kb * kQ8Block),
-        d(detail::Scratch::kBlockScales, m * kb),
-        s(detail::Scratch::kBlockSums, m * kb) {
-    quantize_rows_q8b32_reference(x, m, k, q.data(), kb * kQ8Block, d.data(), s.data());
-  }
-  int64_t kb;
-  detail::ScratchArray<int8_t> q;
-  detail::ScratchArray<float> d;
-  detail::ScratchArray<int32_t> s;
+  std::vector<float> x;
+  int64_t m = -1, k = -1, kb = 0;
+  std::vector<int8_t> q;
+  std::vector<float> d;
+  std::vector<int32_t> s;
 };
+
+thread_local int64_t t_q8_reuses = 0;
+
+const Q8Rows& q8_rows(const float* x, int64_t m, int64_t k) {
+  thread_local Q8Rows last;
+  const size_t n = static_cast<size_t>(m * k);
+  if (last.m == m && last.k == k && std::memcmp(last.x.data(), x, n * sizeof(float)) == 0) {
+    ++t_q8_reuses;
+    return last;
+  }
+  last.m = -1;  // no match until the quantization below succeeds (it throws on non-finite rows)
+  last.kb = q8_block_count(k);
+  last.q.resize(static_cast<size_t>(m * last.kb * kQ8Block));
+  last.d.resize(static_cast<size_t>(m * last.kb));
+  last.s.resize(static_cast<size_t>(m * last.kb));
+  quantize_rows_q8b32(x, m, k, last.q.data(), last.kb * kQ8Block, last.d.data(), last.s.data());
+  last.x.assign(x, x + n);
+  last.m = m, last.k = k;
+  return last;
+}
 
 template <typename Args>
 Args q8_args(const Q8Rows& rows, int64_t m, float* y, int64_t ldy, const float* bias) {
@@ -43,7 +60,7 @@ Args q8_args(const Q8Rows& rows, int64_t m, float* y, int64_t ldy, const float* 
 // The GEMV entries: quantize x once, then one ISA kernel over 16-column blocks split across threads.
 template <void (*kKernel)(const detail::GemvQ8S8Args&, int64_t, int64_t)>
 [[maybe_unused]] void run_q8s8(const LinearQ8S8Problem& p) {
-  const Q8Rows rows(p.x, p.m, p.w.k);
+  const Q8Rows& rows = q8_rows(p.x, p.m, p.w.k);
   auto args = q8_args<detail::GemvQ8S8Args>(rows, p.m, p.y, p.w.n, p.bias);
   args.w = p.w, args.w_scale = p.w_scale;
   detail::parallel_over_blocks(round_up(p.w.n, kS8BlockN) / kS8BlockN, kS8BlockN * p.w.kp * p.m,
@@ -51,7 +68,7 @@ template <void (*kKernel)(const detail::GemvQ8S8Args&, int64_t, int64_t)>
 }
 template <void (*kKernel)(const detail::GemvQ8S4Args&, int64_t, int64_t)>
 [[maybe_unused]] void run_q8s4(const LinearQ8S4Problem& p) {
-  const Q8Rows rows(p.x, p.m, p.w.k);
+  const Q8Rows& rows = q8_rows(p.x, p.m, p.w.k);
   auto args = q8_args<detail::GemvQ8S4Args>(rows, p.m, p.y, p.w.n, p.bias);
   args.w = p.w;
   detail::parallel_over_blocks(round_up(p.w.n, kS4BlockN) / kS4BlockN, kS4BlockN * p.w.kp * p.m,
@@ -59,7 +76,7 @@ template <void (*kKernel)(const detail::GemvQ8S4Args&, int64_t, int64_t)>
 }
 
 void run_q8s8_reference(const LinearQ8S8Problem& p) {
-  const Q8Rows rows(p.x, p.m, p.w.k);
+  const Q8Rows& rows = q8_rows(p.x, p.m, p.w.k);
   std::vector<int8_t> W(static_cast<size_t>(p.w.n * p.w.k));
   unpack_s8_n16k4_reference(p.w.data, p.w.n, p.w.k, W.data());
   linear_q8b32_s8_reference(rows.q.data(), rows.d.data(), rows.kb * kQ8Block, W.data(), p.w_scale, p.bias, p.y, p.m,
@@ -67,7 +84,7 @@ void run_q8s8_reference(const LinearQ8S8Problem& p) {
 }
 
 void run_q8s4_reference(const LinearQ8S4Problem& p) {
-  const Q8Rows rows(p.x, p.m, p.w.k);
+  const Q8Rows& rows = q8_rows(p.x, p.m, p.w.k);
   const S4Unpacked u = unpack_s4(p.w);
   linear_q8b32_s4_reference(rows.q.data(), rows.d.data(), rows.kb * kQ8Block, u.codes.data(), u.scale.data(),
                             u.zero.data(), p.w.group_size, p.bias, p.y, p.m, p.w.n, p.w.k);
@@ -84,6 +101,8 @@ bool q8s4_groups_fit(const LinearQ8S4Problem& p, std::string* why) {
 }
 
 }  // namespace
+
+int64_t q8_activation_reuses() { return t_q8_reuses; }
 
 const KernelTable<LinearQ8S8Problem>& linear_q8s8_kernels() {
   static const KernelTable<LinearQ8S8Problem> table{

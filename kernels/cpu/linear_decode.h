@@ -6,6 +6,8 @@
 // table (linear_q8s8_kernels(), linear_q8s4_kernels()): gemv_q8s{8,4}f32_*_avx512vnni ->
 // *_avx2 -> reference for M <= kWeightOnlyMaxM, bit-identical to linear_q8b32_s8_reference /
 // linear_q8b32_s4_reference; above it the exact weight-only linear_f32_dequant_gemm entry.
+// Each thread keeps the quantized rows of its last call with the float rows they came from; a
+// call on bit-identical rows (the q/k/v and gate/up projections of one decoded token) reuses them.
 #pragma once
 
 #include <cstdint>
@@ -26,6 +28,8 @@ using LinearQ8S4Problem = LinearF32S4Problem;
 inline constexpr const char* kExactS4GemvKernel = "linear_f32s4f32";
 
 const KernelTable<LinearQ8S8Problem>& linear_q8s8_kernels();
+// Calls on this thread so far that reused the previous call's quantized rows (tests, profiles).
+int64_t q8_activation_reuses();
 const KernelTable<LinearQ8S4Problem>& linear_q8s4_kernels();
 
 // x dense float [M, K], y dense float [M, N]; the packed weights of PackedLinearS8 / S4.

@@ -7,6 +7,7 @@
 
 #include "framework/core/error.h"
 #include "kernels/cpu/isa.h"
+#include "kernels/cpu/kernel_table.h"
 #include "kernels/cpu/parallel_blocks.h"
 
 namespace qforge::kernels {
@@ -72,6 +73,56 @@ void quantize_static_s8(const float* x, int64_t count, float inv, int qmin, int 
   ri.skip("quantize_static_s8_avx512", why);
   ri.kernel = "reference";
   quantize_static_s8_reference(x, count, inv, qmin, qmax, q);
+}
+
+namespace {
+
+using RowQ8 = bool (*)(const float*, int64_t, int8_t*, float*, int32_t*);
+
+// The fastest usable block-32 row quantizer (named in ri.kernel), or nullptr for the reference.
+RowQ8 pick_row_q8b32(RunInfo& ri) {
+  struct Twin {
+    Isa isa;
+    const char* name;
+    RowQ8 fn;  // null where the compiler lacked the flags
+  };
+  static const Twin kTwins[] = {
+      {Isa::kAvx512, "quantize_rows_q8b32_avx512", QF_KERNEL_AVX512(detail::quantize_row_q8b32_avx512)},
+      {Isa::kAvx2, "quantize_rows_q8b32_avx2", QF_KERNEL_AVX2(detail::quantize_row_q8b32_avx2)},
+  };
+  for (const Twin& t : kTwins) {
+    std::string why;
+    if (isa_usable(t.isa, &why) && t.fn != nullptr) {
+      ri.kernel = t.name;
+      return t.fn;
+    }
+    ri.skip(t.name, why);
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+void quantize_rows_q8b32(const float* x, int64_t M, int64_t K, int8_t* q, int64_t ldq, float* d, int32_t* s,
+                         RunInfo* info) {
+  const int64_t kb = q8_block_count(K);
+  QF_REQUIRE(M >= 0 && K > 0 && ldq >= kb * kQ8Block, "kernels/cpu: quantize_rows_q8b32 got M=", M, " K=", K,
+             " ldq=", ldq);
+  QF_REQUIRE(M == 0 || (x != nullptr && q != nullptr && d != nullptr && s != nullptr),
+             "kernels/cpu: quantize_rows_q8b32 got a null pointer");
+  RunInfo local;
+  RunInfo& ri = info != nullptr ? *info : local;
+  ri = RunInfo{};
+  const RowQ8 row = pick_row_q8b32(ri);
+  bool finite = row != nullptr;
+  for (int64_t m = 0; m < M && finite; ++m) {
+    finite = row(x + m * K, K, q + m * ldq, d + m * kb, s + m * kb);
+    std::fill(q + m * ldq + kb * kQ8Block, q + (m + 1) * ldq, int8_t{0});
+  }
+  if (finite) return;
+  if (row != nullptr) ri.skip(std::string(ri.kernel), "non-finite input (the reference reports where)");
+  ri.kernel = "reference";
+  quantize_rows_q8b32_reference(x, M, K, q, ldq, d, s);
 }
 
 }  // namespace qforge::kernels

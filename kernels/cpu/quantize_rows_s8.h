@@ -18,7 +18,17 @@ void quantize_rows_s8(const float* x, int64_t M, int64_t K, ActScale mode, int8_
 void quantize_static_s8(const float* x, int64_t count, float inv, int qmin, int qmax, int8_t* q,
                         RunInfo* info = nullptr);
 
+// Block-32 activation quantization (quantize_rows_q8b32_reference's formula and output, bit for
+// bit): AVX-512 -> AVX2 -> reference, whichever is usable first. Throws qforge::Error naming the
+// first NaN / Inf (the reference reports it).
+void quantize_rows_q8b32(const float* x, int64_t M, int64_t K, int8_t* q, int64_t ldq, float* d, int32_t* s,
+                         RunInfo* info = nullptr);
+
 namespace detail {
+// One row of quantize_rows_q8b32 (q: kb * 32 codes, d and s: kb values; columns past K get 0
+// codes up to the block's end); false on NaN / Inf (outputs then unspecified).
+bool quantize_row_q8b32_avx512(const float* x, int64_t K, int8_t* q, float* d, int32_t* s);
+bool quantize_row_q8b32_avx2(const float* x, int64_t K, int8_t* q, float* d, int32_t* s);
 // AVX-512 pieces (quantize_rows_s8_avx512.cpp). row_amax returns false on NaN / Inf.
 bool row_amax_avx512(const float* x, int64_t K, float* amax);
 void quantize_row_avx512(const float* x, int64_t K, float inv, int8_t* q, int64_t ldq);

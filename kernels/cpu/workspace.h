@@ -25,9 +25,6 @@ enum class Scratch : uint8_t {
   kPanel,             // int4 GEMM: unpacked weight panel (on each worker thread)
   kPackedOperand,     // bmm_s8s8f32: one slice's second operand packed to n16k4
   kPackedColumnSums,  // bmm_s8s8f32: its column sums
-  kBlockCodes,        // decode linears: the input's block-32 int8 codes
-  kBlockScales,       // decode linears: their per-block scales
-  kBlockSums,         // decode linears: their per-block code sums
   kCount,
 };
 

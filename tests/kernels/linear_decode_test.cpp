@@ -17,6 +17,7 @@
 #include "kernels/cpu/kernel_choice.h"
 #include "kernels/cpu/linear_decode.h"
 #include "kernels/cpu/linear_weight_only.h"
+#include "kernels/cpu/quantize_rows_s8.h"
 #include "kernels/cpu/reference.h"
 
 namespace qforge::kernels {
@@ -292,6 +293,95 @@ TEST(LinearDecode, InconsistentWeightsAreRefused) {
   std::vector<float> x(32), y(16), scale(16, 1.0f);
   EXPECT_THROW(linear_q8b32s8f32(x.data(), 1, bad, scale.data(), nullptr, y.data()), Error);
   EXPECT_THROW(linear_q8b32s8f32(nullptr, 1, w8.view, scale.data(), nullptr, y.data()), Error);
+}
+
+// The AVX-512 and AVX2 block-32 quantizers against the reference, bit for bit: K tails inside a
+// block and past one, all-zero and too-small blocks, values whose x * inv lands on .5.
+TEST(QuantizeRowsQ8B32, SimdTwinsEqualTheReferenceBitForBit) {
+  using RowQ8 = bool (*)(const float*, int64_t, int8_t*, float*, int32_t*);
+  std::vector<std::pair<const char*, RowQ8>> twins;
+  if (machine_has(Isa::kAvx512)) twins.emplace_back("avx512", detail::quantize_row_q8b32_avx512);
+  if (machine_has(Isa::kAvx2)) twins.emplace_back("avx2", detail::quantize_row_q8b32_avx2);
+  if (twins.empty()) GTEST_SKIP() << "no AVX2 / AVX-512 on this machine";
+  for (int64_t K : {1, 7, 8, 9, 16, 17, 31, 32, 33, 63, 100, 2048, 8209}) {
+    auto x = random_f32(K, -4.0f, 4.0f, static_cast<uint32_t>(K));
+    if (K > 40) {
+      std::fill(x.begin(), x.begin() + kQ8Block, 0.0f);  // d = 0
+      x[kQ8Block] = 127.0f, x[kQ8Block + 1] = 0.5f, x[kQ8Block + 2] = -1.5f, x[kQ8Block + 3] = -0.0f;  // ties
+      x[K - 1] = 1e-38f;
+    }
+    const Q8Codes want = quantize_q8(x, 1, K);
+    const int64_t kb = q8_block_count(K);
+    for (const auto& [name, row] : twins) {
+      std::vector<int8_t> q(static_cast<size_t>(want.ldq), 99);
+      std::vector<float> d(static_cast<size_t>(kb));
+      std::vector<int32_t> s(static_cast<size_t>(kb));
+      ASSERT_TRUE(row(x.data(), K, q.data(), d.data(), s.data())) << name << " K=" << K;
+      EXPECT_EQ(std::memcmp(q.data(), want.q.data(), q.size()), 0) << name << " K=" << K;
+      EXPECT_TRUE(bitwise_equal(d.data(), want.d.data(), d.size())) << name << " K=" << K;
+      EXPECT_EQ(s, want.s) << name << " K=" << K;
+      for (float bad : {std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::infinity()}) {
+        std::vector<float> xb = x;
+        xb[K / 2] = bad;
+        EXPECT_FALSE(row(xb.data(), K, q.data(), d.data(), s.data())) << name << " K=" << K << " " << bad;
+      }
+    }
+  }
+  // The dispatcher: the fastest twin, and the reference's error naming the element on NaN.
+  const int64_t M = 3, K = 70;
+  auto x = random_f32(M * K, -2.0f, 2.0f, 77);
+  const Q8Codes want = quantize_q8(x, M, K);
+  Q8Codes got = want;
+  std::fill(got.q.begin(), got.q.end(), int8_t{5});
+  RunInfo info;
+  quantize_rows_q8b32(x.data(), M, K, got.q.data(), got.ldq, got.d.data(), got.s.data(), &info);
+  EXPECT_EQ(got.q, want.q);
+  EXPECT_TRUE(bitwise_equal(got.d.data(), want.d.data(), got.d.size()));
+  EXPECT_EQ(got.s, want.s);
+  EXPECT_EQ(info.kernel, isa_usable(Isa::kAvx512)  ? "quantize_rows_q8b32_avx512"
+                         : isa_usable(Isa::kAvx2) ? "quantize_rows_q8b32_avx2"
+                                                  : "reference");
+  x[K + 5] = std::numeric_limits<float>::infinity();
+  try {
+    quantize_rows_q8b32(x.data(), M, K, got.q.data(), got.ldq, got.d.data(), got.s.data());
+    ADD_FAILURE() << "an Inf was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("row 1 column 5"), std::string::npos) << e.what();
+  }
+}
+
+// q/k/v (and gate/up) read one row: the second call on bit-identical rows reuses the first's
+// quantization, with the result a fresh quantization gives; changed rows (written in place, same
+// address) are quantized again.
+TEST(LinearDecode, BitIdenticalRowsReuseTheLastQuantization) {
+  const int64_t M = 1, N = 48, K = 96;
+  auto x = random_f32(M * K, -2.0f, 2.0f, 51);
+  const auto other = random_f32(M * K, -2.0f, 2.0f, 52);
+  const S8Weights wa = make_s8(N, K, 53), wb = make_s8(N, K, 54);
+  const S4Weights w4 = make_s4(N, K, 32, -8, 7);
+  const auto scale = random_f32(N, 0.001f, 0.1f, 55);
+  std::vector<float> ya(N), yb(N), y4(N), fresh(N);
+  auto expect_fresh_s8 = [&](const std::vector<float>& rows, const S8Weights& w, const std::vector<float>& got) {
+    const Q8Codes r = quantize_q8(rows, M, K);
+    linear_q8b32_s8_reference(r.q.data(), r.d.data(), r.ldq, w.w.data(), scale.data(), nullptr, fresh.data(), M, N, K);
+    EXPECT_TRUE(bitwise_equal(got.data(), fresh.data(), N));
+  };
+  linear_q8b32s8f32(other.data(), M, wa.view, scale.data(), nullptr, ya.data());
+  const int64_t before = q8_activation_reuses();
+  linear_q8b32s8f32(x.data(), M, wa.view, scale.data(), nullptr, ya.data());
+  linear_q8b32s8f32(x.data(), M, wb.view, scale.data(), nullptr, yb.data());
+  linear_q8b32s4f32(x.data(), M, w4.view, nullptr, y4.data());
+  EXPECT_EQ(q8_activation_reuses(), before + 2);
+  expect_fresh_s8(x, wa, ya);
+  expect_fresh_s8(x, wb, yb);
+  const Q8Codes r = quantize_q8(x, M, K);
+  linear_q8b32_s4_reference(r.q.data(), r.d.data(), r.ldq, w4.w.data(), w4.scale.data(), w4.zero.data(), 32, nullptr,
+                            fresh.data(), M, N, K);
+  EXPECT_TRUE(bitwise_equal(y4.data(), fresh.data(), N));
+  x[K - 1] *= 1.5f;  // same address, new contents
+  linear_q8b32s8f32(x.data(), M, wb.view, scale.data(), nullptr, yb.data());
+  EXPECT_EQ(q8_activation_reuses(), before + 2);
+  expect_fresh_s8(x, wb, yb);
 }
 
 }  // namespace

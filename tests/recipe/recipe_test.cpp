@@ -280,6 +280,49 @@ TEST(Recipe, AwqMethodsSetAwqBeforeTheirRoundingAndStrayAwqOptionsAreErrors) {
   EXPECT_NE(e.find("e.yaml:5:11: ptq.method: 'awq+gtpq' is not valid (did you mean 'awq+gptq'?)"), std::string::npos) << e;
 }
 
+TEST(Recipe, FreezeDecodeActivationsIsAChoiceRefusedWithTheClosestAtFileLine) {
+  TempDir dir;
+  const std::string q = std::string(kMinimal) + "quantize: {weights: {qtype: qint4, granularity: per_channel}}\n";
+  const Recipe r = load_recipe(dir.write("d.yaml", q + "freeze:\n  decode_activations: q8_block32\n"));
+  EXPECT_EQ(r.freeze.decode_activations, "q8_block32");
+  EXPECT_EQ(load_recipe(dir.write("e.yaml", q)).freeze.decode_activations, "exact");
+  std::string e;
+  for (const auto& i : issues_of(dir.write("f.yaml", q + "freeze:\n  decode_activations: q8_blok32\n")))
+    e += i.to_string() + "\n";
+  EXPECT_NE(e.find("f.yaml:5:23: freeze.decode_activations: 'q8_blok32' is not valid (did you mean 'q8_block32'?)"),
+            std::string::npos) << e;
+  e.clear();
+  for (const auto& i : issues_of(dir.write("g.yaml", q + "freeze:\n  decode_activation: q8_block32\n")))
+    e += i.to_string() + "\n";
+  EXPECT_NE(e.find("g.yaml:5:3: freeze.decode_activation: unknown key (did you mean 'decode_activations'?)"),
+            std::string::npos) << e;
+}
+
+TEST(Recipe, FreezeDecodeActivationsIsRefusedWhereNoLayerWouldTakeIt) {
+  TempDir dir;
+  const std::string q = std::string(kMinimal) + "quantize: {weights: {qtype: qint4, granularity: per_channel}}\n";
+  std::string e;
+  for (const auto& i : issues_of(dir.write("h.yaml", q + "freeze:\n  decode_activations: q8_block32\n  enabled: false\n")))
+    e += i.to_string() + "\n";
+  EXPECT_NE(e.find("h.yaml:5:23: freeze.decode_activations: q8_block32 is applied when freezing, and freeze.enabled is "
+                   "false"),
+            std::string::npos) << e;
+  e.clear();
+  const std::string a = std::string(kMinimal) +
+                        "quantize: {weights: {qtype: qint8}, activations: {mode: dynamic_per_token}}\n";
+  for (const auto& i : issues_of(dir.write("i.yaml", a + "freeze:\n  decode_activations: q8_block32\n")))
+    e += i.to_string() + "\n";
+  EXPECT_NE(e.find("i.yaml:5:23: freeze.decode_activations: q8_block32 applies to weight-only Linear layers, and "
+                   "quantize.activations.mode is dynamic_per_token"),
+            std::string::npos) << e;
+  // A rule keeping some layers' activations float leaves them weight-only: accepted.
+  const std::string rule = std::string(kMinimal) +
+                           "quantize: {weights: {qtype: qint8}, activations: {mode: dynamic_per_token}, "
+                           "rules: [{pattern: 'lm_head', activations: none}]}\n";
+  EXPECT_EQ(load_recipe(dir.write("j.yaml", rule + "freeze:\n  decode_activations: q8_block32\n")).freeze.decode_activations,
+            "q8_block32");
+}
+
 TEST(Recipe, BadSearchSectionsAreErrorsWithFileLineColumn) {
   TempDir dir;
   const std::string q = std::string(kMinimal) + "quantize: {weights: {qtype: qint8}}\n";
@@ -510,7 +553,7 @@ TEST(Recipe, EmptyQuantizeWeightsAndActivationsResolveToTheirEffectiveValues) {
       "  activations:\n    mode: none\n    qtype: qint8\n    symmetric: true\n    observer: histogram\n"
       "    method: l2\n    percentile: 99.99\n    averaging_constant: 0.01\n    lsq: false\n"
       "train: {epochs: 1, lr: 0.001, weight_decay: 0.01, warmup_steps: 0, grad_clip: 1, max_steps: 0}\n"
-      "freeze: {enabled: false, backend: cpu}\n"
+      "freeze: {enabled: false, backend: cpu, decode_activations: exact}\n"
       "seed: 0\n"
       "calibrate:\n  batches: 16\n  samples: 0\n  imatrix: false\n"
       "qat:\n  epochs: 0\n  lr: 0.0001\n  lsq: false\n  freeze_observers_after: -1\n  freeze_bn_after: -1\n"
@@ -519,7 +562,7 @@ TEST(Recipe, EmptyQuantizeWeightsAndActivationsResolveToTheirEffectiveValues) {
       "export:\n  checkpoint: true\n  calibration_dump: true\n  report: true\n  safetensors: false\n"
       "  onnx: false\n";
   EXPECT_EQ(r.resolved_yaml, expected);
-  EXPECT_EQ(r.sha256, "9e4ed32f2d522eeef0e4acd0de01f95562690f40607398e9976b3c0bd1453cb1");
+  EXPECT_EQ(r.sha256, "a7046d5eb8752e8a3f6ce27e0df7eb53685fea2b641e992f16b9405fade92e55");
 }
 
 TEST(Recipe, TokenizerKeysAreCheckedWithFileLineColumn) {

@@ -23,16 +23,16 @@ template <class Model>
 DecodeStep decode_step(Model m, const at::Tensor& input, int64_t positions) {
   const int64_t prompt = std::max<int64_t>(1, std::min(input.size(1) / 2, positions - 1));
   auto cache = std::make_shared<models::KvCache>();
+  cache->reserve(prompt + 1);  // the timed token fits: no store grows inside the step
   at::Tensor next;
   {
     at::NoGradGuard g;
     next = m->forward(input.slice(1, 0, prompt), cache.get()).select(1, prompt - 1).argmax(-1, true);
   }
-  const models::KvCache prefilled = *cache;
   DecodeStep step;
   step.context = prompt;
-  step.run = [m, cache, prefilled, next]() mutable {
-    *cache = prefilled;
+  step.run = [m, cache, prompt, next]() mutable {
+    cache->truncate(prompt);  // back to the prefilled positions: a view, no copy in the timed step
     at::NoGradGuard g;
     m->forward(next, cache.get());
   };

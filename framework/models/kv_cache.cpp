@@ -1,0 +1,122 @@
+// The preallocated key/value stores of a decoding cache (kv_cache.h).
+#include "framework/models/kv_cache.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+
+#include "framework/core/error.h"
+
+namespace qforge::models {
+
+namespace {
+
+constexpr const char* kKvCache = "models/kv_cache";
+
+// A store of `capacity` positions holding `cached` (when defined) in its first positions.
+at::Tensor new_store(const at::Tensor& like, int64_t capacity, const at::Tensor& cached) {
+  at::Tensor store = at::empty({like.size(0), like.size(1), capacity, like.size(3)}, like.options());
+  if (cached.defined()) store.narrow(2, 0, cached.size(2)).copy_(cached);
+  return store;
+}
+
+// Whether `cached` is the first positions of `store`: a view append may write after in place.
+bool is_prefix_of(const at::Tensor& cached, const at::Tensor& store) {
+  if (!store.defined() || !cached.defined() || cached.dim() != 4 || cached.data_ptr() != store.data_ptr()) return false;
+  for (int64_t d : {0, 1, 3})
+    if (cached.size(d) != store.size(d)) return false;
+  return cached.size(2) <= store.size(2) && cached.strides() == store.strides();
+}
+
+// Appends `x` to one side of a layer: the store grows (doubling) when `x` does not fit.
+at::Tensor append_side(at::Tensor& store, const at::Tensor& cached, const at::Tensor& x, int64_t reserve) {
+  const int64_t past = cached.defined() ? cached.size(2) : 0, need = past + x.size(2);
+  // A view assigned from outside (or a store a copy did not bring) is adopted by copying it once.
+  const bool owned = is_prefix_of(cached, store);
+  if (!owned || store.size(2) < need) {
+    const int64_t grown = store.defined() && owned ? 2 * store.size(2) : reserve > 0 ? reserve : KvCache::kMinCapacity;
+    store = new_store(x, std::max(grown, need), cached);
+  }
+  store.narrow(2, past, x.size(2)).copy_(x);
+  return store.narrow(2, 0, need);
+}
+
+}  // namespace
+
+KvCache::KvCache(const KvCache& other) { *this = other; }
+
+KvCache& KvCache::operator=(const KvCache& other) {
+  if (this == &other) return *this;
+  clear();
+  reserve_ = other.reserve_;
+  resize(other.keys.size());
+  for (size_t l = 0; l < other.keys.size(); ++l) {
+    const at::Tensor& k = other.keys[l];
+    if (!k.defined()) continue;
+    const int64_t capacity = std::max(other.capacity(l), k.size(2));
+    key_store_[l] = new_store(k, capacity, k);
+    value_store_[l] = new_store(other.values[l], capacity, other.values[l]);
+    keys[l] = key_store_[l].narrow(2, 0, k.size(2));
+    values[l] = value_store_[l].narrow(2, 0, k.size(2));
+  }
+  return *this;
+}
+
+void KvCache::resize(size_t layers) {
+  for (auto* v : {&keys, &values, &key_store_, &value_store_}) v->resize(layers);
+}
+
+int64_t KvCache::capacity(size_t layer) const {
+  return layer < key_store_.size() && key_store_[layer].defined() ? key_store_[layer].size(2) : 0;
+}
+
+void KvCache::append(size_t layer, const at::Tensor& k, const at::Tensor& v) {
+  resize(std::max(keys.size(), layer + 1));  // also sizes the stores of views assigned from outside
+  QF_REQUIRE(k.dim() == 4 && v.sizes() == k.sizes(), kKvCache, ": keys ", k.sizes(), " and values ", v.sizes(),
+             " must be the same [batch, kv_heads, T, head_dim]");
+  const at::Tensor past = keys[layer];  // a handle: keys[layer] is reassigned below
+  QF_REQUIRE(!past.defined() || (past.size(0) == k.size(0) && past.size(1) == k.size(1) && past.size(3) == k.size(3) &&
+                                 values[layer].defined() && values[layer].sizes() == past.sizes()),
+             kKvCache, ": cached keys ", past.defined() ? past.sizes() : at::IntArrayRef{}, " do not match new keys ",
+             k.sizes());
+  QF_REQUIRE(v.scalar_type() == k.scalar_type() && v.device() == k.device() &&
+                 (!past.defined() || (past.scalar_type() == k.scalar_type() && past.device() == k.device())),
+             kKvCache, ": keys ", k.scalar_type(), " on ", k.device(), ", values ", v.scalar_type(), " on ", v.device(),
+             " and the cached ", past.defined() ? past.scalar_type() : k.scalar_type(), " on ",
+             past.defined() ? past.device() : k.device(), " must share dtype and device");
+  if (at::GradMode::is_enabled() && (k.requires_grad() || v.requires_grad() || (past.defined() && past.requires_grad()))) {
+    // Autograd saves the cached views; writing into their store would break its backward.
+    keys[layer] = past.defined() ? at::cat({past, k}, 2) : k;
+    values[layer] = past.defined() ? at::cat({values[layer], v}, 2) : v;
+    key_store_[layer] = value_store_[layer] = at::Tensor();
+    return;
+  }
+  keys[layer] = append_side(key_store_[layer], past, k, reserve_);
+  values[layer] = append_side(value_store_[layer], values[layer], v, reserve_);
+}
+
+void KvCache::truncate(int64_t n) {
+  QF_REQUIRE(n >= 0 && n <= length(), kKvCache, ": cannot truncate ", length(), " cached positions to ", n);
+  for (auto* side : {&keys, &values})
+    for (at::Tensor& t : *side)
+      if (t.defined()) t = t.narrow(2, 0, n);  // a prefix view of its store (or of a concatenation)
+}
+
+int64_t KvCache::capacity_bytes() const {
+  int64_t n = 0;
+  for (size_t l = 0; l < keys.size(); ++l) {
+    const at::Tensor& store = capacity(l) > 0 ? key_store_[l] : keys[l];
+    if (store.defined()) n += 2 * store.numel() * static_cast<int64_t>(store.element_size());
+  }
+  return n;
+}
+
+int64_t KvCache::bytes() const {
+  int64_t n = 0;
+  for (const auto* side : {&keys, &values})
+    for (const at::Tensor& t : *side)
+      if (t.defined()) n += t.numel() * static_cast<int64_t>(t.element_size());
+  return n;
+}
+
+}  // namespace qforge::models
