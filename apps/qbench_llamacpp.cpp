@@ -37,15 +37,6 @@ namespace {
 
 constexpr int64_t kLlamaPrompt = 16, kLlamaDecode = 32;
 
-// node-llama-cpp's node_modules, or why there is none.
-std::string node_llama_cpp_modules(std::string* why) {
-  const char* env = std::getenv("QFORGE_NODE_LLAMA_CPP");
-  const std::string dir = (env ? std::string(env) : std::string(QFORGE_NODE_LLAMA_CPP_DIR)) + "/node_modules";
-  if (std::filesystem::exists(dir + "/node-llama-cpp/package.json")) return dir;
-  *why = "no node-llama-cpp in " + dir + " (run ctest -R gguf_llamacpp once, or set QFORGE_NODE_LLAMA_CPP)";
-  return "";
-}
-
 models::LlamaConfig llama_1b_layers() {
   models::LlamaConfig c;
   c.vocab_size = 256, c.hidden_size = 2048, c.intermediate_size = 8192, c.num_hidden_layers = 2;
@@ -115,7 +106,8 @@ std::vector<Case> llama_decode_cases(int bits) {
   Case linears = linears_only(m);
   linears.bytes = c.bytes;
   std::string why;
-  const std::string modules = node_llama_cpp_modules(&why);
+  const std::string modules =
+      node_modules_with("QFORGE_NODE_LLAMA_CPP", QFORGE_NODE_LLAMA_CPP_DIR, "node-llama-cpp", "run ctest -R gguf_llamacpp", &why);
   if (modules.empty()) {
     std::fprintf(stderr, "qbench: model_llama_decode_q%d: llamacpp impl left out: %s\n", bits, why.c_str());
     return {c, linears};

@@ -85,19 +85,11 @@ std::shared_ptr<models::BertForSequenceClassification> calibrated_w8a8_bert(cons
   return q;
 }
 
-// onnxruntime-node's node_modules, or why there is none.
-std::string onnxruntime_node_modules(std::string* why) {
-  const char* env = std::getenv("QFORGE_ONNXRUNTIME_NODE");
-  const std::string dir = (env ? std::string(env) : std::string(QFORGE_ONNXRUNTIME_NODE_DIR)) + "/node_modules";
-  if (std::filesystem::exists(dir + "/onnxruntime-node/package.json")) return dir;
-  *why = "no onnxruntime-node in " + dir + " (run ctest -R onnx_consumers once, or set QFORGE_ONNXRUNTIME_NODE)";
-  return "";
-}
-
 // ONNX Runtime on `model`'s export, fed `x` (and an all-ones attention mask for token inputs).
 Impl onnxruntime_impl(const std::string& impl, const torch::nn::Module& model, const at::Tensor& x, const std::string& tag) {
   std::string why;
-  const std::string modules = onnxruntime_node_modules(&why);
+  const std::string modules = node_modules_with("QFORGE_ONNXRUNTIME_NODE", QFORGE_ONNXRUNTIME_NODE_DIR, "onnxruntime-node",
+                                                "run ctest -R onnx_consumers", &why);
   if (modules.empty() || std::system("node --version >/dev/null 2>&1") != 0 || !onnx_export::available()) {
     if (why.empty()) why = onnx_export::available() ? "node is not on PATH" : "this build has no ONNX export (libonnx-dev)";
     std::fprintf(stderr, "qbench: %s left out: %s\n", impl.c_str(), why.c_str());

@@ -10,12 +10,25 @@
 
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <string>
 #include <vector>
 
 #include "framework/core/error.h"
 
 namespace qforge::bench {
+
+// DIR/node_modules when DIR/node_modules/PACKAGE/package.json exists, DIR being $ENV_VAR or
+// `default_dir`; else "" and *why says what to run (`hint`) or which variable to set.
+inline std::string node_modules_with(const char* env_var, const std::string& default_dir, const std::string& package,
+                                     const std::string& hint, std::string* why) {
+  const char* env = std::getenv(env_var);
+  const std::string dir = (env ? std::string(env) : default_dir) + "/node_modules";
+  if (std::filesystem::exists(dir + "/" + package + "/package.json")) return dir;
+  *why = "no " + package + " in " + dir + " (" + hint + " once, or set " + env_var + ")";
+  return "";
+}
 
 class NodePeer {
  public:

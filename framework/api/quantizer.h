@@ -66,7 +66,7 @@ class QuantizerImpl : public torch::nn::Module {
   // onto, so the solved weight fake-quantizes and freezes to exactly the codes they chose.
   void set_qparams(const QParams& qp);
   // Frozen layers hold their grid in the packed weight: a weight's fixed scale / zero_point go back
-  // to the scalar placeholders (not calibrated, so not saved). Codebook and LSQ quantizers are kept.
+  // to the uncalibrated scalar defaults (not saved). Codebook and LSQ quantizers are kept.
   void drop_fixed_grid();
   // Codebook weights (qkmeans4/3/2): k-means on `w` (kmeans_1d, levels rounded to float16) fixes
   // the codebook, the learnable parameter "codebook" (codebook_shape). `importance` weighs each

@@ -57,7 +57,7 @@ std::string check_provenance(const io::CheckpointReader& reader, const std::stri
   if (!diffs.empty())
     throw Error("model.checkpoint " + path + " holds float weights trained differently from what this recipe "
                 "would train:" + diffs + "\ndelete it to retrain, point model.checkpoint at another file, or put " +
-                kFloatKeyPlaceholder + " in its name (one file per float training)");
+                kFloatKeyToken + " in its name (one file per float training)");
   return " (model, data and training settings match)";
 }
 

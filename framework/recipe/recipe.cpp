@@ -404,10 +404,10 @@ Recipe load_recipe(const std::string& path, const std::vector<std::string>& over
   if (!ctx.issues.empty()) throw RecipeError(ctx.issues);
   const Where where{path, origins, ctx};
   Recipe r = read_recipe(path, tree, where);
-  // The resolved recipe keeps the placeholder (tree untouched): it expands the same way again.
-  for (size_t at = r.model.checkpoint.find(kFloatKeyPlaceholder); at != std::string::npos;
-       at = r.model.checkpoint.find(kFloatKeyPlaceholder))
-    r.model.checkpoint.replace(at, std::strlen(kFloatKeyPlaceholder), float_key(r));
+  // The resolved recipe keeps the {float_key} token (tree untouched): it expands the same way again.
+  for (size_t at = r.model.checkpoint.find(kFloatKeyToken); at != std::string::npos;
+       at = r.model.checkpoint.find(kFloatKeyToken))
+    r.model.checkpoint.replace(at, std::strlen(kFloatKeyToken), float_key(r));
   check_model_data(r, where);
   if (r.quantize) check_quantize(r, tree, where);
   check_training(r, where);

@@ -182,7 +182,7 @@ nlohmann::json float_provenance(const Recipe& r);
 
 // Written in model.checkpoint, replaced on loading by float_key(r): recipes that would train
 // different float weights get different files.
-inline constexpr const char* kFloatKeyPlaceholder = "{float_key}";
+inline constexpr const char* kFloatKeyToken = "{float_key}";
 // The first 12 hex digits of the SHA-256 of float_provenance(r) as compact JSON.
 std::string float_key(const Recipe& r);
 

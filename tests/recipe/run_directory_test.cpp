@@ -223,7 +223,7 @@ TEST(FloatCheckpoint, Issue39Item4DefaultPathIsKeyedBySettingsAndTheDryRunReport
   EXPECT_NE(cnn({"train.lr=0.5"}).model.checkpoint, cnn({}).model.checkpoint);
   EXPECT_EQ(cnn({"qat.epochs=3"}).model.checkpoint, cnn({}).model.checkpoint);  // not a float setting
   // The resolved recipe keeps the placeholder: rerunning it expands it the same way.
-  EXPECT_NE(one.resolved_yaml.find(std::string("fmnist_fp32-") + kFloatKeyPlaceholder), std::string::npos);
+  EXPECT_NE(one.resolved_yaml.find(std::string("fmnist_fp32-") + kFloatKeyToken), std::string::npos);
 
   TempOut out;
   const std::string ckpt = out.file("fp32.h5");
