@@ -8,7 +8,7 @@
 #include <cstring>
 
 #include "kernels/cpu/gemv_kernels.h"
-#include "kernels/cpu/s4_tile_epilogue_avx512.h"
+#include "kernels/cpu/s4_tile_avx512.h"
 #include "kernels/cpu/tile_driver.h"
 
 // "#pragma GCC unroll" on the register-tile loops: without it GCC 12 unrolls them too late and
@@ -17,13 +17,11 @@ namespace qforge::kernels::detail {
 
 namespace {
 
-constexpr int kNibbleMask = 0x0F;
-
 // Expands n16k8 blocks of column blocks [nb, nb + nr) into n16k4 blocks of codes (u8 in [0,15]):
 // the low nibbles of n16k8 block kb are n16k4 block 2kb, the high nibbles block 2kb + 1.
 void unpack_panel(const S4N16K8View& w, int64_t nb, int nr, uint8_t* panel) {
   const int64_t kblocks = w.kp / kS4BlockK;
-  const __m512i nibble = _mm512_set1_epi8(kNibbleMask);
+  const __m512i nibble = _mm512_set1_epi8(kS4NibbleMask);
   #pragma GCC unroll 16
   for (int c = 0; c < nr; ++c) {
     const uint8_t* src = w.data + (nb + c) * kblocks * kS4BlockBytes;
@@ -47,38 +45,17 @@ struct Kernel {
     const S4N16K8View& w = args.w;
     const int64_t k4blocks = w.kp / kS8BlockK;  // n16k4 blocks per column block in the panel
     const int64_t k4_per_group = w.group_size / kS8BlockK;
-    const uint8_t* wp[NR];
-    block_pointers(panel, 0, k4blocks * kS8BlockBytes, wp);
-    const int8_t* ap[MR];
-    row_pointers(args.a, m0, args.lda, ap);
+    const TileOperands<MR, NR, uint8_t, int8_t> op(panel, 0, k4blocks * kS8BlockBytes, args.a, m0, args.lda);
 
     alignas(64) float t[MR][NR][kS4BlockN];
     std::memset(t, 0, sizeof(t));
     alignas(64) int32_t sums[MR][NR][kS4BlockN];
 
     for (int64_t g = 0; g < w.groups; ++g) {
+      const int64_t end = chunk_end(g, k4_per_group, k4blocks);
       __m512i acc[MR][NR];
-      #pragma GCC unroll 16
-      for (int r = 0; r < MR; ++r)
-        #pragma GCC unroll 16
-        for (int c = 0; c < NR; ++c) acc[r][c] = _mm512_setzero_si512();
-      const int64_t end = (g + 1) * k4_per_group < k4blocks ? (g + 1) * k4_per_group : k4blocks;
-      for (int64_t kb = g * k4_per_group; kb < end; ++kb) {
-        __m512i av[MR];
-        #pragma GCC unroll 16
-        for (int r = 0; r < MR; ++r) av[r] = _mm512_set1_epi32(load_u32(ap[r] + kb * kS8BlockK));
-        #pragma GCC unroll 16
-        for (int c = 0; c < NR; ++c) {
-          const __m512i wv = _mm512_load_si512(wp[c] + kb * kS8BlockBytes);
-          #pragma GCC unroll 16
-          for (int r = 0; r < MR; ++r) acc[r][c] = _mm512_dpbusd_epi32(acc[r][c], wv, av[r]);
-        }
-      }
-      #pragma GCC unroll 16
-      for (int r = 0; r < MR; ++r)
-        #pragma GCC unroll 16
-        for (int c = 0; c < NR; ++c) _mm512_store_si512(sums[r][c], acc[r][c]);
-      s4_fold_group<MR, NR>(args, m0, nb0, g, sums, t);
+      dpbusd_quads<true, MR, NR>(op.w, op.a, g * k4_per_group, end, acc);
+      s4_end_group<MR, NR>(args, m0, nb0, g, acc, sums, t);
     }
     s4_finish_tile<MR, NR>(args, m0, nb0, t);
   }

@@ -14,23 +14,14 @@ namespace qforge::kernels::detail {
 
 namespace {
 
-constexpr int kNibbleMask = 0x0F;
 constexpr int kByteMask = 0xFF;
 
 // Out of line so the k loop keeps its accumulators in registers (see gemv_u8s8s32 kernel).
 template <int MR, int NR>
 __attribute__((noinline)) void finish_tile(const GemvF32S4Args& args, int64_t m0, int64_t nb0,
                                            const float (*t)[NR][kS4BlockN]) {
-  for (int c = 0; c < NR; ++c) {
-    const int64_t n0 = (nb0 + c) * kS4BlockN;
-    const __mmask16 mask = column_mask(n0, args.w.n);
-    const __m512 b =
-        args.bias != nullptr ? _mm512_maskz_loadu_ps(mask, args.bias + n0) : _mm512_setzero_ps();
-    for (int r = 0; r < MR; ++r) {
-      _mm512_mask_storeu_ps(args.y + (m0 + r) * args.ldy + n0, mask,
-                            _mm512_add_ps(_mm512_load_ps(t[r][c]), b));
-    }
-  }
+  store_columns<MR, NR>(args.y, args.ldy, m0, nb0, args.w.n, nullptr, args.bias,
+                        [&](int r, int c, __m512, __m512 b) { return _mm512_add_ps(_mm512_load_ps(t[r][c]), b); });
 }
 
 struct Kernel {
@@ -43,42 +34,27 @@ struct Kernel {
     const S4N16K8View& w = args.w;
     const int64_t kblocks = w.kp / kS4BlockK;
     const int64_t blocks_per_group = w.group_size / kS4BlockK;
-    const uint8_t* wp[NR];
-    block_pointers(w.data, nb0, kblocks * kS4BlockBytes, wp);
-    const float* xp[MR];
-    row_pointers(args.x, m0, args.ldx, xp);
-    const __m512i nibble = _mm512_set1_epi8(kNibbleMask);
+    const TileOperands<MR, NR, uint8_t, float> op(w.data, nb0, kblocks * kS4BlockBytes, args.x, m0, args.ldx);
+    const __m512i nibble = _mm512_set1_epi8(kS4NibbleMask);
     const __m512i byte = _mm512_set1_epi32(kByteMask);
 
     __m512 t[MR][NR];
-    #pragma GCC unroll 16
-    for (int r = 0; r < MR; ++r)
-      #pragma GCC unroll 16
-      for (int c = 0; c < NR; ++c) t[r][c] = _mm512_setzero_ps();
+    fill_tile(t, _mm512_setzero_ps());
 
     for (int64_t g = 0; g < w.groups; ++g) {
+      __m512i zi[NR];
       __m512 z[NR], scale[NR];
+      s4_group_meta(w, nb0, g, zi, scale);
       #pragma GCC unroll 16
-      for (int c = 0; c < NR; ++c) {
-        const int64_t meta = ((nb0 + c) * w.groups + g) * kS4BlockN;
-        z[c] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
-            _mm_loadu_si128(reinterpret_cast<const __m128i*>(w.zeros + meta))));
-        // fp16 -> fp32 is exact (VCVTPH2PS), so the fold multiplies by the reference's scale.
-        scale[c] = _mm512_cvtph_ps(
-            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.scales + meta)));
-      }
+      for (int c = 0; c < NR; ++c) z[c] = _mm512_cvtepi32_ps(zi[c]);
       __m512 s[MR][NR];
-      #pragma GCC unroll 16
-      for (int r = 0; r < MR; ++r)
-        #pragma GCC unroll 16
-        for (int c = 0; c < NR; ++c) s[r][c] = _mm512_setzero_ps();
-      const int64_t kb_end =
-          (g + 1) * blocks_per_group < kblocks ? (g + 1) * blocks_per_group : kblocks;
+      fill_tile(s, _mm512_setzero_ps());
+      const int64_t kb_end = chunk_end(g, blocks_per_group, kblocks);
       for (int64_t kb = g * blocks_per_group; kb < kb_end; ++kb) {
         __m512i half[NR][2];
         #pragma GCC unroll 16
         for (int c = 0; c < NR; ++c) {
-          const __m512i v = _mm512_loadu_si512(wp[c] + kb * kS4BlockBytes);
+          const __m512i v = _mm512_loadu_si512(op.w[c] + kb * kS4BlockBytes);
           half[c][0] = _mm512_and_si512(v, nibble);                                   // k 0..3
           half[c][1] = _mm512_and_si512(_mm512_srli_epi16(v, kS4NibbleBits), nibble);  // k 4..7
         }
@@ -95,7 +71,7 @@ struct Kernel {
             }
             #pragma GCC unroll 16
             for (int r = 0; r < MR; ++r) {
-              const __m512 xv = _mm512_set1_ps(xp[r][k]);
+              const __m512 xv = _mm512_set1_ps(op.a[r][k]);
               #pragma GCC unroll 16
               for (int c = 0; c < NR; ++c) s[r][c] = _mm512_fmadd_ps(xv, wf[c], s[r][c]);
             }
@@ -109,10 +85,7 @@ struct Kernel {
     }
 
     alignas(64) float out[MR][NR][kS4BlockN];
-    #pragma GCC unroll 16
-    for (int r = 0; r < MR; ++r)
-      #pragma GCC unroll 16
-      for (int c = 0; c < NR; ++c) _mm512_store_ps(out[r][c], t[r][c]);
+    spill_tile(t, out);
     finish_tile<MR, NR>(args, m0, nb0, out);
   }
 };

@@ -14,21 +14,13 @@ namespace qforge::kernels::detail {
 
 namespace {
 
-
 template <int MR, int NR>
 __attribute__((noinline)) void finish_tile(const GemvF32S8Args& args, int64_t m0, int64_t nb0,
                                            const float (*t)[NR][kS8BlockN]) {
-  for (int c = 0; c < NR; ++c) {
-    const int64_t n0 = (nb0 + c) * kS8BlockN;
-    const __mmask16 mask = column_mask(n0, args.w.n);
-    const __m512 ws = _mm512_maskz_loadu_ps(mask, args.w_scale + n0);
-    const __m512 b =
-        args.bias != nullptr ? _mm512_maskz_loadu_ps(mask, args.bias + n0) : _mm512_setzero_ps();
-    for (int r = 0; r < MR; ++r) {
-      const __m512 y = _mm512_add_ps(_mm512_mul_ps(_mm512_load_ps(t[r][c]), ws), b);
-      _mm512_mask_storeu_ps(args.y + (m0 + r) * args.ldy + n0, mask, y);
-    }
-  }
+  store_columns<MR, NR>(args.y, args.ldy, m0, nb0, args.w.n, args.w_scale, args.bias,
+                        [&](int r, int c, __m512 ws, __m512 b) {
+                          return _mm512_add_ps(_mm512_mul_ps(_mm512_load_ps(t[r][c]), ws), b);
+                        });
 }
 
 struct Kernel {
@@ -40,21 +32,15 @@ struct Kernel {
   static void tile(const GemvF32S8Args& args, int64_t m0, int64_t nb0) {
     const S8N16K4View& w = args.w;
     const int64_t kblocks = w.kp / kS8BlockK;
-    const int8_t* wp[NR];
-    block_pointers(w.data, nb0, kblocks * kS8BlockBytes, wp);
-    const float* xp[MR];
-    row_pointers(args.x, m0, args.ldx, xp);
+    const TileOperands<MR, NR, int8_t, float> op(w.data, nb0, kblocks * kS8BlockBytes, args.x, m0, args.ldx);
 
     __m512 t[MR][NR];
-    #pragma GCC unroll 16
-    for (int r = 0; r < MR; ++r)
-      #pragma GCC unroll 16
-      for (int c = 0; c < NR; ++c) t[r][c] = _mm512_setzero_ps();
+    fill_tile(t, _mm512_setzero_ps());
 
     for (int64_t kb = 0; kb < kblocks; ++kb) {
       __m512i v[NR];
       #pragma GCC unroll 16
-      for (int c = 0; c < NR; ++c) v[c] = _mm512_loadu_si512(wp[c] + kb * kS8BlockBytes);
+      for (int c = 0; c < NR; ++c) v[c] = _mm512_loadu_si512(op.w[c] + kb * kS8BlockBytes);
       #pragma GCC unroll 16
       for (int i = 0; i < 4; ++i) {
         __m512 wf[NR];
@@ -66,7 +52,7 @@ struct Kernel {
         }
         #pragma GCC unroll 16
         for (int r = 0; r < MR; ++r) {
-          const __m512 xv = _mm512_set1_ps(xp[r][kb * kS8BlockK + i]);
+          const __m512 xv = _mm512_set1_ps(op.a[r][kb * kS8BlockK + i]);
           #pragma GCC unroll 16
           for (int c = 0; c < NR; ++c) t[r][c] = _mm512_fmadd_ps(xv, wf[c], t[r][c]);
         }
@@ -74,10 +60,7 @@ struct Kernel {
     }
 
     alignas(64) float out[MR][NR][kS8BlockN];
-    #pragma GCC unroll 16
-    for (int r = 0; r < MR; ++r)
-      #pragma GCC unroll 16
-      for (int c = 0; c < NR; ++c) _mm512_store_ps(out[r][c], t[r][c]);
+    spill_tile(t, out);
     finish_tile<MR, NR>(args, m0, nb0, out);
   }
 };

@@ -58,26 +58,27 @@ using GemmS4Fn = void (*)(const GemvS4Args&, int64_t nb_begin, int64_t nb_end, u
 void gemm_s8s4f32_n16k8_avx512vnni(const GemvS4Args& args, int64_t nb_begin, int64_t nb_end,
                                    uint8_t* panel);
 
-// Weight-only: float activations x packed int8 / int4 weights (linear_f32_s8_reference /
-// linear_f32_s4_reference semantics, bit for bit: one column per lane, k in order). Rows of x are
-// padded to w.kp with 0.0f. For int4, w.group_size % 8 == 0.
-struct GemvF32S8Args {
-  const float* x = nullptr;
-  int64_t m = 0, ldx = 0;
-  S8N16K4View w;
-  const float* w_scale = nullptr;  // [N]
+// The float output shared by the weight-only and decode kernels over a packed view W:
+// y[m][ldy], columns [0, w.n).
+template <class View>
+struct FloatOutArgs {
+  View w;
+  const float* w_scale = nullptr;  // [N], int8 weights only (int4 group scales are in the view)
   const float* bias = nullptr;     // [N] or nullptr
   float* y = nullptr;
   int64_t ldy = 0;
 };
-struct GemvF32S4Args {
+
+// Weight-only: float activations x packed int8 / int4 weights (linear_f32_s8_reference /
+// linear_f32_s4_reference semantics, bit for bit: one column per lane, k in order). Rows of x are
+// padded to w.kp with 0.0f. For int4, w.group_size % 8 == 0.
+template <class View>
+struct GemvF32Args : FloatOutArgs<View> {
   const float* x = nullptr;
   int64_t m = 0, ldx = 0;
-  S4N16K8View w;
-  const float* bias = nullptr;
-  float* y = nullptr;
-  int64_t ldy = 0;
 };
+using GemvF32S8Args = GemvF32Args<S8N16K4View>;
+using GemvF32S4Args = GemvF32Args<S4N16K8View>;
 void gemv_f32s8f32_n16k4_avx512(const GemvF32S8Args& args, int64_t nb_begin, int64_t nb_end);
 void gemv_f32s4f32_n16k8_avx512(const GemvF32S4Args& args, int64_t nb_begin, int64_t nb_end);
 
@@ -85,27 +86,15 @@ void gemv_f32s4f32_n16k8_avx512(const GemvF32S4Args& args, int64_t nb_begin, int
 // sums s, kb blocks per row, rows of q padded with 0 to ldq >= kb * 32) x packed int8 / int4
 // weights, the float epilogue of linear_q8b32_s8_reference / linear_q8b32_s4_reference bit for
 // bit (one column per lane, blocks in order). For int4, w.group_size % 32 == 0 or w.groups == 1.
-struct GemvQ8S8Args {
+template <class View>
+struct GemvQ8Args : FloatOutArgs<View> {
   const int8_t* q = nullptr;
   const float* d = nullptr;
   const int32_t* s = nullptr;
   int64_t m = 0, ldq = 0, kb = 0;
-  S8N16K4View w;
-  const float* w_scale = nullptr;  // [N]
-  const float* bias = nullptr;     // [N] or nullptr
-  float* y = nullptr;
-  int64_t ldy = 0;
 };
-struct GemvQ8S4Args {
-  const int8_t* q = nullptr;
-  const float* d = nullptr;
-  const int32_t* s = nullptr;
-  int64_t m = 0, ldq = 0, kb = 0;
-  S4N16K8View w;
-  const float* bias = nullptr;
-  float* y = nullptr;
-  int64_t ldy = 0;
-};
+using GemvQ8S8Args = GemvQ8Args<S8N16K4View>;
+using GemvQ8S4Args = GemvQ8Args<S4N16K8View>;
 void gemv_q8s8f32_n16k4_avx512vnni(const GemvQ8S8Args& args, int64_t nb_begin, int64_t nb_end);
 void gemv_q8s8f32_n16k4_avx2(const GemvQ8S8Args& args, int64_t nb_begin, int64_t nb_end);
 void gemv_q8s4f32_n16k8_avx512vnni(const GemvQ8S4Args& args, int64_t nb_begin, int64_t nb_end);

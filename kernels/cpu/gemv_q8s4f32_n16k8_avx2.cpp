@@ -9,14 +9,10 @@
 #include "kernels/cpu/simd_avx2.h"
 #include "kernels/cpu/tile_driver.h"
 
-// "#pragma GCC unroll" on the register-tile loops: without it GCC 12 unrolls them too late and
-// keeps the accumulators in memory.
 namespace qforge::kernels::detail {
 
 namespace {
 
-constexpr int kHalf = kAvx2Lanes;
-constexpr int kNibbleMask = 0x0F;
 constexpr int64_t kOctsPerBlock = 4;  // n16k8 blocks in one 32-value activation block
 
 struct Kernel {
@@ -30,52 +26,24 @@ struct Kernel {
     const S4N16K8View& w = args.w;
     const int64_t octs = w.kp / kS4BlockK;
     const int64_t blocks_per_group = w.groups == 1 ? args.kb : w.group_size / (kOctsPerBlock * kS4BlockK);
-    const uint8_t* wp = w.data + nb * octs * kS4BlockBytes;
-    const int8_t* qp[MR];
-    row_pointers(args.q, m0, args.ldq, qp);
-    const __m256i nibble = _mm256_set1_epi8(kNibbleMask);
-    const __m256i ones = _mm256_set1_epi16(1);
+    const TileOperands<MR, 1, uint8_t, int8_t> op(w.data, nb, octs * kS4BlockBytes, args.q, m0, args.ldq);
     __m256 t[MR][2];
-    #pragma GCC unroll 16
-    for (int r = 0; r < MR; ++r) t[r][0] = t[r][1] = _mm256_setzero_ps();
+    fill_tile(t, _mm256_setzero_ps());
 
     for (int64_t g = 0; g < w.groups; ++g) {
       __m256i zc[2];
       __m256 sc[2], u[MR][2];
       #pragma GCC unroll 16
       for (int h = 0; h < 2; ++h) {
-        const int64_t meta = (nb * w.groups + g) * kS4BlockN + h * kHalf;
-        zc[h] = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w.zeros + meta)));
-        // fp16 -> fp32 is exact (VCVTPH2PS, F16C): the same float the reference multiplies by.
-        sc[h] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.scales + meta)));
+        s4_group_meta(w, nb, g, h, zc[h], sc[h]);
         #pragma GCC unroll 16
         for (int r = 0; r < MR; ++r) u[r][h] = _mm256_setzero_ps();
       }
-      const int64_t b_end = (g + 1) * blocks_per_group < args.kb ? (g + 1) * blocks_per_group : args.kb;
+      const int64_t b_end = chunk_end(g, blocks_per_group, args.kb);
       for (int64_t b = g * blocks_per_group; b < b_end; ++b) {
+        const int64_t o_end = chunk_end(b, kOctsPerBlock, octs);
         __m256i acc[MR][2];
-        #pragma GCC unroll 16
-        for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
-        const int64_t o_end = (b + 1) * kOctsPerBlock < octs ? (b + 1) * kOctsPerBlock : octs;
-        for (int64_t o = b * kOctsPerBlock; o < o_end; ++o) {
-          __m256i a_lo[MR], a_hi[MR];
-          #pragma GCC unroll 16
-          for (int r = 0; r < MR; ++r) {
-            a_lo[r] = _mm256_set1_epi32(load_u32(qp[r] + o * kS4BlockK));
-            a_hi[r] = _mm256_set1_epi32(load_u32(qp[r] + o * kS4BlockK + kS8BlockK));
-          }
-          #pragma GCC unroll 16
-          for (int h = 0; h < 2; ++h) {
-            const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp + o * kS4BlockBytes + h * 32));
-            const __m256i lo = _mm256_and_si256(v, nibble);
-            const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, kS4NibbleBits), nibble);
-            #pragma GCC unroll 16
-            for (int r = 0; r < MR; ++r) {
-              const __m256i p16 = _mm256_add_epi16(_mm256_maddubs_epi16(lo, a_lo[r]), _mm256_maddubs_epi16(hi, a_hi[r]));
-              acc[r][h] = _mm256_add_epi32(acc[r][h], _mm256_madd_epi16(p16, ones));
-            }
-          }
-        }
+        s4_dot_octs<MR>(op.w[0], op.a, b * kOctsPerBlock, o_end, acc);
         #pragma GCC unroll 16
         for (int r = 0; r < MR; ++r) {
           const __m256i s = _mm256_set1_epi32(args.s[(m0 + r) * args.kb + b]);
@@ -92,15 +60,8 @@ struct Kernel {
         #pragma GCC unroll 16
         for (int h = 0; h < 2; ++h) t[r][h] = _mm256_fmadd_ps(u[r][h], sc[h], t[r][h]);
     }
-
-    #pragma GCC unroll 16
-    for (int h = 0; h < 2; ++h) {
-      const int64_t n0 = nb * kS4BlockN + h * kHalf;
-      const __m256i mask = lane_mask(w.n - n0);
-      const __m256 bias = args.bias != nullptr ? _mm256_maskload_ps(args.bias + n0, mask) : _mm256_setzero_ps();
-      #pragma GCC unroll 16
-      for (int r = 0; r < MR; ++r) _mm256_maskstore_ps(args.y + (m0 + r) * args.ldy + n0, mask, _mm256_add_ps(t[r][h], bias));
-    }
+    store_halves<MR, 1>(args.y, args.ldy, m0, nb, w.n, nullptr, args.bias,
+                        [&](int r, int, int h, __m256, __m256 bias) { return _mm256_add_ps(t[r][h], bias); });
   }
 };
 

@@ -23,22 +23,16 @@ struct Kernel {
   using Args = GemvQ8S8Args;
   static constexpr int kMaxRows = 4;
   static constexpr int kMaxBlocks = 4;
-  static constexpr bool tile_used(int mr, int nr) { return mr == 1 || nr == 1; }
+  static constexpr bool kRowsShareBlock = true;
 
   template <int MR, int NR>
   static void tile(const GemvQ8S8Args& args, int64_t m0, int64_t nb0) {
     const S8N16K4View& w = args.w;
     const int64_t quads = w.kp / kS8BlockK;
-    const int8_t* wp[NR];
-    block_pointers(w.data, nb0, quads * kS8BlockBytes, wp);
-    const int8_t* qp[MR];
-    row_pointers(args.q, m0, args.ldq, qp);
+    const TileOperands<MR, NR, int8_t, int8_t> op(w.data, nb0, quads * kS8BlockBytes, args.q, m0, args.ldq);
     const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
     __m512 u[MR][NR];
-    #pragma GCC unroll 16
-    for (int r = 0; r < MR; ++r)
-      #pragma GCC unroll 16
-      for (int c = 0; c < NR; ++c) u[r][c] = _mm512_setzero_ps();
+    fill_tile(u, _mm512_setzero_ps());
 
     for (int64_t b = 0; b < args.kb; ++b) {
       __m512i acc0[MR][NR], acc1[MR][NR];  // two chains halve the VPDPBUSD dependency
@@ -48,19 +42,19 @@ struct Kernel {
         #pragma GCC unroll 16
         for (int c = 0; c < NR; ++c) acc0[r][c] = start, acc1[r][c] = _mm512_setzero_si512();
       }
-      const int64_t q1 = (b + 1) * kQuadsPerBlock < quads ? (b + 1) * kQuadsPerBlock : quads;
+      const int64_t q1 = chunk_end(b, kQuadsPerBlock, quads);
       int64_t kq = b * kQuadsPerBlock;
       for (; kq + 2 <= q1; kq += 2) {
         __m512i a0[MR], a1[MR];
         #pragma GCC unroll 16
         for (int r = 0; r < MR; ++r) {
-          a0[r] = _mm512_set1_epi32(load_u32(qp[r] + kq * kS8BlockK));
-          a1[r] = _mm512_set1_epi32(load_u32(qp[r] + (kq + 1) * kS8BlockK));
+          a0[r] = _mm512_set1_epi32(load_u32(op.a[r] + kq * kS8BlockK));
+          a1[r] = _mm512_set1_epi32(load_u32(op.a[r] + (kq + 1) * kS8BlockK));
         }
         #pragma GCC unroll 16
         for (int c = 0; c < NR; ++c) {
-          const __m512i w0 = _mm512_xor_si512(_mm512_loadu_si512(wp[c] + kq * kS8BlockBytes), flip);
-          const __m512i w1 = _mm512_xor_si512(_mm512_loadu_si512(wp[c] + (kq + 1) * kS8BlockBytes), flip);
+          const __m512i w0 = _mm512_xor_si512(_mm512_loadu_si512(op.w[c] + kq * kS8BlockBytes), flip);
+          const __m512i w1 = _mm512_xor_si512(_mm512_loadu_si512(op.w[c] + (kq + 1) * kS8BlockBytes), flip);
           #pragma GCC unroll 16
           for (int r = 0; r < MR; ++r) {
             acc0[r][c] = _mm512_dpbusd_epi32(acc0[r][c], w0, a0[r]);
@@ -71,10 +65,10 @@ struct Kernel {
       if (kq < q1) {  // an odd number of k quads (the last block of a row)
         #pragma GCC unroll 16
         for (int c = 0; c < NR; ++c) {
-          const __m512i w0 = _mm512_xor_si512(_mm512_loadu_si512(wp[c] + kq * kS8BlockBytes), flip);
+          const __m512i w0 = _mm512_xor_si512(_mm512_loadu_si512(op.w[c] + kq * kS8BlockBytes), flip);
           #pragma GCC unroll 16
           for (int r = 0; r < MR; ++r) {
-            acc0[r][c] = _mm512_dpbusd_epi32(acc0[r][c], w0, _mm512_set1_epi32(load_u32(qp[r] + kq * kS8BlockK)));
+            acc0[r][c] = _mm512_dpbusd_epi32(acc0[r][c], w0, _mm512_set1_epi32(load_u32(op.a[r] + kq * kS8BlockK)));
           }
         }
       }
@@ -88,24 +82,15 @@ struct Kernel {
       }
     }
 
-    #pragma GCC unroll 16
-    for (int c = 0; c < NR; ++c) {
-      const int64_t n0 = (nb0 + c) * kS8BlockN;
-      const __mmask16 mask = column_mask(n0, w.n);
-      const __m512 ws = _mm512_maskz_loadu_ps(mask, args.w_scale + n0);
-      const __m512 bias = args.bias != nullptr ? _mm512_maskz_loadu_ps(mask, args.bias + n0) : _mm512_setzero_ps();
-      #pragma GCC unroll 16
-      for (int r = 0; r < MR; ++r) {
-        _mm512_mask_storeu_ps(args.y + (m0 + r) * args.ldy + n0, mask, _mm512_add_ps(_mm512_mul_ps(u[r][c], ws), bias));
-      }
-    }
+    store_columns<MR, NR>(args.y, args.ldy, m0, nb0, w.n, args.w_scale, args.bias,
+                          [&](int r, int c, __m512 ws, __m512 bias) { return _mm512_add_ps(_mm512_mul_ps(u[r][c], ws), bias); });
   }
 };
 
 }  // namespace
 
 void gemv_q8s8f32_n16k4_avx512vnni(const GemvQ8S8Args& args, int64_t nb_begin, int64_t nb_end) {
-  for_each_tile<Kernel>(args, nb_begin, nb_end, args.m == 1 ? Kernel::kMaxBlocks : 1, [](int64_t, int) {});
+  for_each_tile<Kernel>(args, nb_begin, nb_end);
 }
 
 }  // namespace qforge::kernels::detail

@@ -22,30 +22,26 @@ __attribute__((noinline)) void finish_tile(const GemvS8Args& args, int64_t m0, i
                                            const int32_t (*sums)[NR][kS8BlockN]) {
   const S8N16K4View& w = args.w;
   const __m512i zp = _mm512_set1_epi32(args.a_zero_point);
-  #pragma GCC unroll 16
-  for (int c = 0; c < NR; ++c) {
-    const int64_t n0 = (nb0 + c) * kS8BlockN;
-    const __mmask16 mask = column_mask(n0, w.n);
-    const __m512i comp = _mm512_mullo_epi32(zp, _mm512_loadu_si512(w.colsum + n0));
-    if (args.c != nullptr) {
-      #pragma GCC unroll 16
-      for (int r = 0; r < MR; ++r) {
-        _mm512_mask_storeu_epi32(args.c + (m0 + r) * args.ldc + n0, mask,
-                                 _mm512_sub_epi32(_mm512_load_si512(sums[r][c]), comp));
-      }
-      continue;
-    }
-    const __m512 ws = _mm512_maskz_loadu_ps(mask, args.w_scale + n0);
-    const __m512 b =
-        args.bias != nullptr ? _mm512_maskz_loadu_ps(mask, args.bias + n0) : _mm512_setzero_ps();
+  // sum_k (a_u8 - zp) * w of row r, block c: the VPDPBUSD sum less zp * colsum.
+  const auto acc = [&](int r, int c) {
+    const __m512i comp = _mm512_mullo_epi32(zp, _mm512_loadu_si512(w.colsum + (nb0 + c) * kS8BlockN));
+    return _mm512_sub_epi32(_mm512_load_si512(sums[r][c]), comp);
+  };
+  if (args.c != nullptr) {
     #pragma GCC unroll 16
-    for (int r = 0; r < MR; ++r) {
-      const __m512 f = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_load_si512(sums[r][c]), comp));
-      const __m512 y =
-          _mm512_fmadd_ps(_mm512_mul_ps(f, ws), _mm512_set1_ps(args.a_scale[m0 + r]), b);
-      _mm512_mask_storeu_ps(args.y + (m0 + r) * args.ldy + n0, mask, y);
+    for (int c = 0; c < NR; ++c) {
+      const int64_t n0 = (nb0 + c) * kS8BlockN;
+      const __mmask16 mask = column_mask(n0, w.n);
+      #pragma GCC unroll 16
+      for (int r = 0; r < MR; ++r) _mm512_mask_storeu_epi32(args.c + (m0 + r) * args.ldc + n0, mask, acc(r, c));
     }
+    return;
   }
+  store_columns<MR, NR>(args.y, args.ldy, m0, nb0, w.n, args.w_scale, args.bias,
+                        [&](int r, int c, __m512 ws, __m512 b) {
+                          const __m512 f = _mm512_cvtepi32_ps(acc(r, c));
+                          return _mm512_fmadd_ps(_mm512_mul_ps(f, ws), _mm512_set1_ps(args.a_scale[m0 + r]), b);
+                        });
 }
 
 struct Kernel {
@@ -57,35 +53,12 @@ struct Kernel {
   static void tile(const GemvS8Args& args, int64_t m0, int64_t nb0) {
     const S8N16K4View& w = args.w;
     const int64_t kblocks = w.kp / kS8BlockK;
-    const int8_t* wp[NR];
-    block_pointers(w.data, nb0, kblocks * kS8BlockBytes, wp);
-    const uint8_t* ap[MR];
-    row_pointers(args.a_u8, m0, args.lda, ap);
+    const TileOperands<MR, NR, int8_t, uint8_t> op(w.data, nb0, kblocks * kS8BlockBytes, args.a_u8, m0, args.lda);
 
     __m512i acc[MR][NR];
-    #pragma GCC unroll 16
-    for (int r = 0; r < MR; ++r)
-      #pragma GCC unroll 16
-      for (int c = 0; c < NR; ++c) acc[r][c] = _mm512_setzero_si512();
-
-    for (int64_t kb = 0; kb < kblocks; ++kb) {
-      __m512i av[MR];
-      #pragma GCC unroll 16
-      for (int r = 0; r < MR; ++r) av[r] = _mm512_set1_epi32(load_u32(ap[r] + kb * kS8BlockK));
-      #pragma GCC unroll 16
-      for (int c = 0; c < NR; ++c) {
-        const __m512i wv = _mm512_loadu_si512(wp[c] + kb * kS8BlockBytes);
-        #pragma GCC unroll 16
-        for (int r = 0; r < MR; ++r) acc[r][c] = _mm512_dpbusd_epi32(acc[r][c], av[r], wv);
-      }
-    }
-
+    dpbusd_quads<false, MR, NR>(op.w, op.a, 0, kblocks, acc);
     alignas(64) int32_t sums[MR][NR][kS8BlockN];
-    #pragma GCC unroll 16
-    for (int r = 0; r < MR; ++r)
-      #pragma GCC unroll 16
-      for (int c = 0; c < NR; ++c) _mm512_store_si512(sums[r][c], acc[r][c]);
-
+    spill_tile(acc, sums);
     finish_tile<MR, NR>(args, m0, nb0, sums);
   }
 };

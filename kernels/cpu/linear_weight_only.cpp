@@ -106,12 +106,12 @@ void run_f32s4_dequant_gemm(const LinearF32S4Problem& p) {
       int64_t k = 0;
       for (; k + kS4BlockK <= w.k; k += kS4BlockK, q += kS4BlockBytes) {
         for (int64_t i = 0; i < kHalf; ++i) {
-          row[k + i] = static_cast<float>(q[i] & 0x0F);
+          row[k + i] = static_cast<float>(q[i] & kS4NibbleMask);
           row[k + kHalf + i] = static_cast<float>(q[i] >> kS4NibbleBits);
         }
       }
       for (int64_t i = 0; k + i < w.k; ++i) {
-        row[k + i] = static_cast<float>(i < kHalf ? (q[i] & 0x0F) : (q[i - kHalf] >> kS4NibbleBits));
+        row[k + i] = static_cast<float>(i < kHalf ? (q[i] & kS4NibbleMask) : (q[i - kHalf] >> kS4NibbleBits));
       }
       for (int64_t g = 0; g < w.groups; ++g) {
         const int64_t meta = (nb * w.groups + g) * kS4BlockN + j;

@@ -29,6 +29,7 @@ inline constexpr int64_t kS4BlockN = 16;
 inline constexpr int64_t kS4BlockK = 8;
 inline constexpr int64_t kS4BlockBytes = 64;
 inline constexpr int kS4NibbleBits = 4;
+inline constexpr int kS4NibbleMask = 0x0F;  // the low nibble of a byte
 static_assert(kS4BlockN * kS4BlockK * kS4NibbleBits / 8 == kS4BlockBytes, "n16k8 block size");
 static_assert(kS4BlockBytes == 512 / 8, "an n16k8 block is exactly one zmm register");
 static_assert(kS4BlockK == 2 * kS8BlockK, "one n16k8 block unpacks into two n16k4 blocks");

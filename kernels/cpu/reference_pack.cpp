@@ -126,7 +126,7 @@ void unpack_s4_n16k8_reference(const uint8_t* packed, int64_t N, int64_t K, int 
       const int64_t nb = n / kS4BlockN, j = n % kS4BlockN, kb = k / kS4BlockK, i = k % kS4BlockK;
       const uint8_t byte =
           packed[(nb * kp / kS4BlockK + kb) * kS4BlockBytes + j * kLowNibbleK + i % kLowNibbleK];
-      const int u = i < kLowNibbleK ? (byte & 0x0F) : (byte >> kS4NibbleBits);
+      const int u = i < kLowNibbleK ? (byte & kS4NibbleMask) : (byte >> kS4NibbleBits);
       W[n * K + k] = static_cast<int8_t>(u + qmin);
     }
   }

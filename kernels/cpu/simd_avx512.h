@@ -1,19 +1,99 @@
-// Lane masks shared by the AVX-512 kernels (include only from files compiled with AVX-512 flags).
+// Primitives shared by the AVX-512 tile kernels: lane masks, the n16k8 group metadata, the VNNI
+// int8 k-block dot products, register-tile spills and the float store epilogue (include only
+// from files compiled with AVX-512 flags).
 #pragma once
 
 #include <immintrin.h>
 
 #include <cstdint>
 
+#include "kernels/cpu/packed_layout.h"
+#include "kernels/cpu/tile_driver.h"
+
 namespace qforge::kernels::detail {
 
 // Internal linkage: ISA files compiled with different -m flags each keep their own copy (ODR).
 namespace {
 
+inline constexpr int kAvx512Lanes = 16;  // int32 / float lanes per zmm: one 16-column block
+
 // Lanes of the 16-column block starting at column n0 that hold real columns (n0 < n).
 inline __mmask16 column_mask(int64_t n0, int64_t n) {
   const int64_t valid = n - n0;
   return valid >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << valid) - 1);
+}
+
+// Zero-point codes z' (int32) and fp16 scales widened to float (exact, VCVTPH2PS: the same float
+// the reference multiplies by) of column block nb, group g.
+inline void s4_group_meta(const S4N16K8View& w, int64_t nb, int64_t g, __m512i& z, __m512& scale) {
+  const int64_t meta = (nb * w.groups + g) * kS4BlockN;
+  z = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.zeros + meta)));
+  scale = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.scales + meta)));
+}
+
+// The same for each of a tile's NR column blocks nb0 + c.
+template <int NR>
+__attribute__((always_inline)) inline void s4_group_meta(const S4N16K8View& w, int64_t nb0, int64_t g,
+                                                         __m512i (&z)[NR], __m512 (&scale)[NR]) {
+  #pragma GCC unroll 16
+  for (int c = 0; c < NR; ++c) s4_group_meta(w, nb0 + c, g, z[c], scale[c]);
+}
+
+inline void store_zmm(int32_t* p, __m512i v) { _mm512_store_si512(p, v); }
+inline void store_zmm(float* p, __m512 v) { _mm512_store_ps(p, v); }
+
+// Stores an MR x NR register tile to 64-byte aligned memory, for an out-of-line epilogue (one
+// that takes registers makes GCC 12 shuffle the accumulators inside the k loop).
+template <int MR, int NR, typename V, typename T>
+__attribute__((always_inline)) inline void spill_tile(const V (&acc)[MR][NR], T (*out)[NR][kAvx512Lanes]) {
+  #pragma GCC unroll 16
+  for (int r = 0; r < MR; ++r)
+    #pragma GCC unroll 16
+    for (int c = 0; c < NR; ++c) store_zmm(out[r][c], acc[r][c]);
+}
+
+// acc[r][c] = sum over n16k4 blocks [q_begin, q_end) of VPDPBUSD(4 bytes of row r broadcast,
+// block c): the weights (wp) are the unsigned operand when kUnsignedWeights, else the activations
+// (ap). VNNI files only.
+template <bool kUnsignedWeights, int MR, int NR, typename W, typename A>
+__attribute__((always_inline)) inline void dpbusd_quads(const W* const* wp, const A* const* ap, int64_t q_begin,
+                                                        int64_t q_end, __m512i (&acc)[MR][NR]) {
+  #pragma GCC unroll 16
+  for (int r = 0; r < MR; ++r)
+    #pragma GCC unroll 16
+    for (int c = 0; c < NR; ++c) acc[r][c] = _mm512_setzero_si512();
+  for (int64_t kq = q_begin; kq < q_end; ++kq) {
+    __m512i av[MR];
+    #pragma GCC unroll 16
+    for (int r = 0; r < MR; ++r) av[r] = _mm512_set1_epi32(load_u32(ap[r] + kq * kS8BlockK));
+    #pragma GCC unroll 16
+    for (int c = 0; c < NR; ++c) {
+      const __m512i wv = _mm512_loadu_si512(wp[c] + kq * kS8BlockBytes);
+      #pragma GCC unroll 16
+      for (int r = 0; r < MR; ++r) {
+        acc[r][c] = kUnsignedWeights ? _mm512_dpbusd_epi32(acc[r][c], wv, av[r]) : _mm512_dpbusd_epi32(acc[r][c], av[r], wv);
+      }
+    }
+  }
+}
+
+// The float epilogue of an MR x NR tile: y[m0 + r][n0 + lane] = value(r, c, ws, b) for the valid
+// columns of block nb0 + c, with ws = col_scale[n0 + lane] (unset when col_scale is null) and
+// b = bias[n0 + lane] (0 when bias is null), masked lanes read as 0.
+template <int MR, int NR, class Value>
+__attribute__((always_inline)) inline void store_columns(float* y, int64_t ldy, int64_t m0,
+                                                         int64_t nb0, int64_t n,
+                                                         const float* col_scale,
+                                                         const float* bias, const Value& value) {
+  #pragma GCC unroll 16
+  for (int c = 0; c < NR; ++c) {
+    const int64_t n0 = (nb0 + c) * kAvx512Lanes;
+    const __mmask16 mask = column_mask(n0, n);
+    const __m512 ws = col_scale != nullptr ? _mm512_maskz_loadu_ps(mask, col_scale + n0) : _mm512_setzero_ps();
+    const __m512 b = bias != nullptr ? _mm512_maskz_loadu_ps(mask, bias + n0) : _mm512_setzero_ps();
+    #pragma GCC unroll 16
+    for (int r = 0; r < MR; ++r) _mm512_mask_storeu_ps(y + (m0 + r) * ldy + n0, mask, value(r, c, ws, b));
+  }
 }
 
 }  // namespace

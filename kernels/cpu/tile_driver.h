@@ -43,6 +43,32 @@ inline void row_pointers(const T* base, int64_t m0, int64_t ld, const T* (&p)[MR
   for (int r = 0; r < MR; ++r) p[r] = base + (m0 + r) * ld;
 }
 
+// A tile's operands: w[c], the first byte of each of its NR column blocks (block_stride apart
+// from w_base's block nb0), and a[r], its MR activation rows (ld apart from a_base's row m0).
+template <int MR, int NR, typename W, typename A>
+struct TileOperands {
+  const W* w[NR];
+  const A* a[MR];
+  TileOperands(const W* w_base, int64_t nb0, int64_t block_stride, const A* a_base, int64_t m0, int64_t ld) {
+    block_pointers(w_base, nb0, block_stride, w);
+    row_pointers(a_base, m0, ld, a);
+  }
+};
+
+// The end of chunk i of `per` units (a group's k blocks, a block's k quads), clipped to `total`.
+inline int64_t chunk_end(int64_t i, int64_t per, int64_t total) {
+  return (i + 1) * per < total ? (i + 1) * per : total;
+}
+
+// Every element of a register tile set to v (e.g. the zero vector).
+template <int MR, int NR, typename V>
+__attribute__((always_inline)) inline void fill_tile(V (&t)[MR][NR], V v) {
+  #pragma GCC unroll 16
+  for (int r = 0; r < MR; ++r)
+    #pragma GCC unroll 16
+    for (int c = 0; c < NR; ++c) t[r][c] = v;
+}
+
 template <class Kernel>
 using TileFn = decltype(&Kernel::template tile<1, 1>);
 
@@ -53,21 +79,18 @@ struct TileTable {
   TileFn<Kernel> fn[Kernel::kMaxRows * Kernel::kMaxBlocks];
 };
 
-// A kernel may declare `static constexpr bool tile_used(int mr, int nr)` when its driver reaches
-// only some MR x NR shapes; the others are not instantiated (compile time, and no spilling
-// tile<4, 4> that never runs).
+// A kernel may declare `static constexpr bool kRowsShareBlock = true`: a one-row call then takes
+// tiles of up to kMaxBlocks column blocks, a several-row call tiles of one block (its K-long weight
+// panel stays in L1 while up to kMaxRows rows reuse it). Only those MR x NR shapes are
+// instantiated (compile time, and no spilling tile<4, 4> that never runs).
 template <class Kernel, typename = void>
-struct DeclaresUsedTiles : std::false_type {};
+struct RowsShareBlock : std::false_type {};
 template <class Kernel>
-struct DeclaresUsedTiles<Kernel, std::void_t<decltype(Kernel::tile_used(1, 1))>> : std::true_type {};
+struct RowsShareBlock<Kernel, std::enable_if_t<Kernel::kRowsShareBlock>> : std::true_type {};
 
 template <class Kernel>
 constexpr bool uses_tile(int mr, int nr) {
-  if constexpr (DeclaresUsedTiles<Kernel>::value) {
-    return Kernel::tile_used(mr, nr);
-  } else {
-    return true;
-  }
+  return !RowsShareBlock<Kernel>::value || mr == 1 || nr == 1;
 }
 
 template <class Kernel, int MR, int NR>
@@ -109,10 +132,12 @@ void for_each_tile(const typename Kernel::Args& args, int64_t nb_begin, int64_t 
   }
 }
 
-// The common case: tiles of up to Kernel::kMaxBlocks blocks, nothing to prepare per panel.
+// The common case: nothing to prepare per panel; tiles of up to Kernel::kMaxBlocks blocks, or of
+// one block for several rows when the kernel declares kRowsShareBlock.
 template <class Kernel>
 void for_each_tile(const typename Kernel::Args& args, int64_t nb_begin, int64_t nb_end) {
-  for_each_tile<Kernel>(args, nb_begin, nb_end, Kernel::kMaxBlocks, [](int64_t, int) {});
+  const int max_blocks = RowsShareBlock<Kernel>::value && args.m > 1 ? 1 : Kernel::kMaxBlocks;
+  for_each_tile<Kernel>(args, nb_begin, nb_end, max_blocks, [](int64_t, int) {});
 }
 
 }  // namespace
