@@ -64,24 +64,27 @@ detail::GemvS4Args s8s4_padded_args(const GemvS4Problem& p, int8_t* padded, int3
   return args;
 }
 
-template <detail::GemvS4Fn kKernel>
-[[maybe_unused]] void run_s8s4_fast(const GemvS4Problem& p) {
+// Pads A and sums its groups in per-thread scratch, then runs run_blocks(args, begin, end) over
+// the 16-column blocks, split across the threads.
+template <class RunBlocks>
+void run_s8s4_blocks(const GemvS4Problem& p, const RunBlocks& run_blocks) {
   const detail::ScratchArray<int8_t> padded(detail::Scratch::kPaddedInput, p.m * p.w.kp);
   const detail::ScratchArray<int32_t> group_sum(detail::Scratch::kGroupSums, p.m * p.w.groups);
   const detail::GemvS4Args args = s8s4_padded_args(p, padded.data(), group_sum.data());
   const int64_t nblocks = round_up(p.w.n, kS4BlockN) / kS4BlockN;
   detail::parallel_over_blocks(nblocks, kS4BlockN * p.w.kp * p.m,
-                               [&](int64_t b, int64_t e) { kKernel(args, b, e); });
+                               [&](int64_t b, int64_t e) { run_blocks(args, b, e); });
+}
+
+template <detail::GemvS4Fn kKernel>
+[[maybe_unused]] void run_s8s4_fast(const GemvS4Problem& p) {
+  run_s8s4_blocks(p, kKernel);
 }
 
 template <detail::GemmS4Fn kKernel>
 [[maybe_unused]] void run_s8s4_panel(const GemvS4Problem& p) {
-  const detail::ScratchArray<int8_t> padded(detail::Scratch::kPaddedInput, p.m * p.w.kp);
-  const detail::ScratchArray<int32_t> group_sum(detail::Scratch::kGroupSums, p.m * p.w.groups);
-  const detail::GemvS4Args args = s8s4_padded_args(p, padded.data(), group_sum.data());
-  const int64_t nblocks = round_up(p.w.n, kS4BlockN) / kS4BlockN;
   const int64_t panel_bytes = detail::kS4PanelBlocks * p.w.kp * kS4BlockN;
-  detail::parallel_over_blocks(nblocks, kS4BlockN * p.w.kp * p.m, [&](int64_t b, int64_t e) {
+  run_s8s4_blocks(p, [panel_bytes](const detail::GemvS4Args& args, int64_t b, int64_t e) {
     // 64-byte aligned, as the kernel's aligned loads need; one per worker thread.
     const detail::ScratchArray<uint8_t> panel(detail::Scratch::kPanel, panel_bytes);
     kKernel(args, b, e, panel.data());
@@ -187,14 +190,7 @@ void gemv_s8s4f32(const int8_t* A, int64_t M, const float* a_scale, const S4N16K
   QF_REQUIRE(M >= 0, "kernels/cpu: gemv_s8s4f32 got M=", M);
   QF_REQUIRE(M == 0 || (A != nullptr && a_scale != nullptr && y != nullptr),
              "kernels/cpu: gemv_s8s4f32 got a null pointer");
-  GemvS4Problem p;
-  p.a = A;
-  p.m = M;
-  p.a_scale = a_scale;
-  p.w = w;
-  p.bias = bias;
-  p.y = y;
-  run_kernel_table(gemv_s4_kernels(), p, M, info);
+  run_kernel_table(gemv_s4_kernels(), GemvS4Problem{A, M, a_scale, w, bias, y}, M, info);
 }
 
 }  // namespace qforge::kernels
