@@ -67,6 +67,24 @@ const float* data_or_null(const at::Tensor& t) {
   return t.defined() ? t.data_ptr<float>() : nullptr;
 }
 
+// run(x, M, y) of both packed forms: x [M, K] quantized per act_scale into the thread's scratch,
+// then gemm(codes, row scales); M == 0 runs nothing.
+template <typename Gemm>
+void run_quantized(const char* who, const at::Tensor& packed, const float* x, int64_t M, int64_t K, float* y,
+                   RunInfo* info, ActScale act_scale, const Gemm& gemm) {
+  QF_REQUIRE(packed.defined(), "kernels/cpu: ", who, "::run on an empty (default) object");
+  QF_REQUIRE(M >= 0, "kernels/cpu: ", who, "::run got M=", M);
+  if (M == 0) {
+    if (info != nullptr) *info = RunInfo{"none (M=0)", ""};
+    return;
+  }
+  QF_REQUIRE(x != nullptr && y != nullptr, "kernels/cpu: ", who, "::run got a null pointer");
+  const detail::ScratchArray<int8_t> codes(detail::Scratch::kActivationCodes, M * K);
+  const detail::ScratchArray<float> scales(detail::Scratch::kActivationScales, M);
+  quantize_rows_s8(x, M, K, act_scale, codes.data(), K, scales.data());
+  gemm(codes.data(), scales.data());
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -124,31 +142,11 @@ at::Tensor PackedLinearS8::weight() const {
 
 void PackedLinearS8::run(const float* x, int64_t M, float* y, RunInfo* info,
                          ActScale act_scale) const {
-  QF_REQUIRE(packed_.defined(), "kernels/cpu: PackedLinearS8::run on an empty (default) object");
-  QF_REQUIRE(M >= 0, "kernels/cpu: PackedLinearS8::run got M=", M);
-  if (M == 0) {
-    if (info != nullptr) *info = RunInfo{"none (M=0)", ""};
-    return;
-  }
-  QF_REQUIRE(x != nullptr && y != nullptr, "kernels/cpu: PackedLinearS8::run got a null pointer");
-  const detail::ScratchArray<int8_t> codes(detail::Scratch::kActivationCodes, M * k_);
-  const detail::ScratchArray<float> scales(detail::Scratch::kActivationScales, M);
-  int8_t* q = codes.data();
-  float* a_scale = scales.data();
-  quantize_rows_s8(x, M, k_, act_scale, q, k_, a_scale);
-
-  GemvS8Problem p;
-  p.a_s8 = q;
-  p.m = M;
-  p.w = view();
-  p.y = y;
-  p.a_scale = a_scale;
-  p.w_scale = w_scale_.data_ptr<float>();
-  p.bias = data_or_null(bias_);
-  p.onednn = onednn_.get();
-  p.onednn_status = &onednn_status_;
-  p.onednn_min_m = onednn_min_m_;
-  run_kernel_table(gemv_s8_kernels(), p, M, info);
+  run_quantized("PackedLinearS8", packed_, x, M, k_, y, info, act_scale, [&](const int8_t* q, const float* a_scale) {
+    const GemvS8Problem p{q, nullptr, 0, M, view(), nullptr, y, a_scale, w_scale_.data_ptr<float>(),
+                          data_or_null(bias_), onednn_.get(), &onednn_status_, onednn_min_m_};
+    run_kernel_table(gemv_s8_kernels(), p, M, info);
+  });
 }
 
 at::Tensor PackedLinearS8::run(const at::Tensor& x, RunInfo* info, ActScale act_scale) const {
@@ -242,19 +240,9 @@ at::Tensor PackedLinearS4::weight() const {
 
 void PackedLinearS4::run(const float* x, int64_t M, float* y, RunInfo* info,
                          ActScale act_scale) const {
-  QF_REQUIRE(packed_.defined(), "kernels/cpu: PackedLinearS4::run on an empty (default) object");
-  QF_REQUIRE(M >= 0, "kernels/cpu: PackedLinearS4::run got M=", M);
-  if (M == 0) {
-    if (info != nullptr) *info = RunInfo{"none (M=0)", ""};
-    return;
-  }
-  QF_REQUIRE(x != nullptr && y != nullptr, "kernels/cpu: PackedLinearS4::run got a null pointer");
-  const detail::ScratchArray<int8_t> codes(detail::Scratch::kActivationCodes, M * k_);
-  const detail::ScratchArray<float> scales(detail::Scratch::kActivationScales, M);
-  int8_t* q = codes.data();
-  float* a_scale = scales.data();
-  quantize_rows_s8(x, M, k_, act_scale, q, k_, a_scale);
-  gemv_s8s4f32(q, M, a_scale, view(), data_or_null(bias_), y, info);
+  run_quantized("PackedLinearS4", packed_, x, M, k_, y, info, act_scale, [&](const int8_t* q, const float* a_scale) {
+    gemv_s8s4f32(q, M, a_scale, view(), data_or_null(bias_), y, info);
+  });
 }
 
 namespace {
