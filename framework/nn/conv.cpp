@@ -181,25 +181,29 @@ ConvShape conv_shape_of(const torch::nn::detail::ConvNdOptions<D>& o) {
 template ConvShape conv_shape_of<1>(const torch::nn::detail::ConvNdOptions<1>&);
 template ConvShape conv_shape_of<2>(const torch::nn::detail::ConvNdOptions<2>&);
 
-at::Tensor Conv1dImpl::forward(const at::Tensor& x) {
+template <class Twin, size_t D>
+template <class Integer>
+at::Tensor ConvLayerImpl<Twin, D>::float_input_forward(const at::Tensor& x, bool relu, const Integer& integer) {
+  const bool integer_path = frozen_ && integer_kernel() && x.is_cpu();
+  if (relu && !integer_path) return at::relu(float_input_forward(x, false, integer));
   note_input(x);
+  if (integer_path) return integer(x, relu);
   if (frozen_) {
-    if (integer_kernel() && x.is_cpu()) return frozen_integer(x, false);
     // Frozen codes stay on the CPU; on another device the dequantized weight is copied there.
-    ScopedTensorSwap swap(weight, dequantized_frozen_weight().to(x.device()));
+    ScopedTensorSwap swap(this->weight, dequantized_frozen_weight().to(x.device()));
     return twin_forward(quantize_input(x));
   }
   if (!quantized()) return twin_forward(x);
-  ScopedTensorSwap swap(weight, quantize_weight(weight));
+  ScopedTensorSwap swap(this->weight, quantize_weight(this->weight));
   return twin_forward(quantize_input(x));
 }
 
+at::Tensor Conv1dImpl::forward(const at::Tensor& x) {
+  return float_input_forward(x, false, [this](const at::Tensor& in, bool relu) { return frozen_integer(in, relu); });
+}
+
 at::Tensor Conv1dImpl::forward_relu(const at::Tensor& x) {
-  if (frozen_ && integer_kernel() && x.is_cpu()) {
-    note_input(x);
-    return frozen_integer(x, true);
-  }
-  return at::relu(forward(x));
+  return float_input_forward(x, true, [this](const at::Tensor& in, bool relu) { return frozen_integer(in, relu); });
 }
 
 at::Tensor Conv1dImpl::frozen_integer(const at::Tensor& x, bool relu) {
@@ -214,25 +218,12 @@ at::Tensor Conv1dImpl::frozen_integer(const at::Tensor& x, bool relu) {
 
 at::Tensor Conv2dImpl::forward(const at::Tensor& x) {
   if (x.scalar_type() == at::kChar) return frozen_integer(x, false);  // codes (static-activation chains)
-  note_input(x);
-  if (frozen_) {
-    if (integer_kernel() && x.is_cpu()) return frozen_integer(x, false);
-    // Frozen codes stay on the CPU; on another device the dequantized weight is copied there.
-    ScopedTensorSwap swap(weight, dequantized_frozen_weight().to(x.device()));
-    return twin_forward(quantize_input(x));
-  }
-  if (!quantized()) return twin_forward(x);
-  ScopedTensorSwap swap(weight, quantize_weight(weight));
-  return twin_forward(quantize_input(x));
+  return float_input_forward(x, false, [this](const at::Tensor& in, bool relu) { return frozen_integer(in, relu); });
 }
 
 at::Tensor Conv2dImpl::forward_relu(const at::Tensor& x) {
   if (x.scalar_type() == at::kChar) return frozen_integer(x, true);
-  if (frozen_ && integer_kernel() && x.is_cpu()) {
-    note_input(x);
-    return frozen_integer(x, true);
-  }
-  return at::relu(forward(x));
+  return float_input_forward(x, true, [this](const at::Tensor& in, bool relu) { return frozen_integer(in, relu); });
 }
 
 bool Conv2dImpl::takes_codes() const {

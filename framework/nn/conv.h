@@ -100,6 +100,11 @@ class ConvLayerImpl : QFORGE_TWIN_BASE(Twin), public ConvQuantState {
   ConvShape conv_shape() const override { return conv_shape_of<D>(this->options); }
   // LibTorch's float convolution (the private twin's forward).
   at::Tensor twin_forward(const at::Tensor& x) { return Twin::forward(x); }
+  // forward(x) (relu: at::relu(forward(x))) of a float input: frozen on the integer kernel and x
+  // on the CPU, integer(x, relu) (the ReLU in its epilogue); else the twin's float convolution of
+  // the quantized input and weight. Defined in conv.cpp, its only user.
+  template <class Integer>
+  at::Tensor float_input_forward(const at::Tensor& x, bool relu, const Integer& integer);
 };
 
 class Conv1dImpl : public ConvLayerImpl<torch::nn::Conv1dImpl, 1> {

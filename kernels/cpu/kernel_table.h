@@ -129,4 +129,22 @@ void run_kernel_table(const KernelTable<Problem>& table, const Problem& p, int64
   if (m > 0) e.run(p);
 }
 
+// An op with one ISA kernel before its reference, where the kernel may decline at run time (e.g.
+// on non-finite input): fast(&why) runs when `isa` is usable and returns false, with *why set, to
+// hand over; the reference then runs and *info (when given) names what ran and why.
+template <typename Fast, typename Reference>
+void run_isa_or_reference(Isa isa, const char* name, RunInfo* info, const Fast& fast, const Reference& reference) {
+  RunInfo local;
+  RunInfo& ri = info != nullptr ? *info : local;
+  ri = RunInfo{};
+  std::string why;
+  if (isa_usable(isa, &why) && fast(&why)) {
+    ri.kernel = name;
+    return;
+  }
+  ri.skip(name, why);
+  ri.kernel = "reference";
+  reference();
+}
+
 }  // namespace qforge::kernels

@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <vector>
 
 #include "framework/core/error.h"
 #include "kernels/cpu/isa.h"
@@ -12,67 +11,63 @@
 
 namespace qforge::kernels {
 
+namespace {
+[[maybe_unused]] constexpr const char* kNonFiniteWhy = "non-finite input (the reference reports where)";
+}  // namespace
+
 void quantize_rows_s8(const float* x, int64_t M, int64_t K, ActScale mode, int8_t* q, int64_t ldq,
                       float* a_scale, RunInfo* info) {
   QF_REQUIRE(M >= 0 && K >= 0 && ldq >= K, "kernels/cpu: quantize_rows_s8 got M=", M, " K=", K,
              " ldq=", ldq);
   QF_REQUIRE(M == 0 || (x != nullptr && q != nullptr && a_scale != nullptr),
              "kernels/cpu: quantize_rows_s8 got a null pointer");
-  RunInfo local;
-  RunInfo& ri = info != nullptr ? *info : local;
-  ri = RunInfo{};
-  std::string why;
-  if (isa_usable(Isa::kAvx512, &why)) {
+  run_isa_or_reference(
+      Isa::kAvx512, "quantize_rows_s8_avx512", info,
+      [&](std::string* why) {
 #ifdef QFORGE_KERNELS_AVX512
-    std::vector<float> amax(static_cast<size_t>(M));
-    bool finite = true;
-    for (int64_t m = 0; m < M && finite; ++m) finite = detail::row_amax_avx512(x + m * K, K, &amax[m]);
-    if (finite) {
-      ri.kernel = "quantize_rows_s8_avx512";
-      if (mode == ActScale::kPerTensor && M > 0) {
-        std::fill(amax.begin(), amax.end(), *std::max_element(amax.begin(), amax.end()));
-      }
-      for (int64_t m = 0; m < M; ++m) {
-        // Same scalar expressions as the reference, so scale and inv match bit for bit.
-        const float scale = amax[m] > 0.0f ? amax[m] / static_cast<float>(kActQMax) : 1.0f;
-        a_scale[m] = scale;
-        detail::quantize_row_avx512(x + m * K, K, 1.0f / scale, q + m * ldq, ldq);
-      }
-      return;
-    }
-    why = "non-finite input (the reference reports where)";
+        // Row maxima go to a_scale first (no scratch), then become the scales in place.
+        for (int64_t m = 0; m < M; ++m) {
+          if (!detail::row_amax_avx512(x + m * K, K, &a_scale[m])) {
+            *why = kNonFiniteWhy;
+            return false;
+          }
+        }
+        if (mode == ActScale::kPerTensor && M > 0) std::fill(a_scale, a_scale + M, *std::max_element(a_scale, a_scale + M));
+        for (int64_t m = 0; m < M; ++m) {
+          // Same scalar expressions as the reference, so scale and inv match bit for bit.
+          const float amax = a_scale[m];
+          const float scale = amax > 0.0f ? amax / static_cast<float>(kActQMax) : 1.0f;
+          a_scale[m] = scale;
+          detail::quantize_row_avx512(x + m * K, K, 1.0f / scale, q + m * ldq, ldq);
+        }
+        return true;
+#else
+        return false;
 #endif
-  }
-  ri.skip("quantize_rows_s8_avx512", why);
-  ri.kernel = "reference";
-  quantize_rows_s8_reference(x, M, K, mode, q, ldq, a_scale);
+      },
+      [&] { quantize_rows_s8_reference(x, M, K, mode, q, ldq, a_scale); });
 }
 
 void quantize_static_s8(const float* x, int64_t count, float inv, int qmin, int qmax, int8_t* q, RunInfo* info) {
   QF_REQUIRE(count >= 0 && -128 <= qmin && qmin <= qmax && qmax <= 127, "kernels/cpu: quantize_static_s8 got count=",
              count, " grid [", qmin, ", ", qmax, "]");
   QF_REQUIRE(count == 0 || (x != nullptr && q != nullptr), "kernels/cpu: quantize_static_s8 got a null pointer");
-  RunInfo local;
-  RunInfo& ri = info != nullptr ? *info : local;
-  ri = RunInfo{};
-  std::string why;
-  if (isa_usable(Isa::kAvx512, &why)) {
+  run_isa_or_reference(
+      Isa::kAvx512, "quantize_static_s8_avx512", info,
+      [&](std::string* why) {
 #ifdef QFORGE_KERNELS_AVX512
-    std::atomic<bool> finite{true};
-    // 64 KiB of floats per task: enough work to be worth a thread.
-    detail::parallel_over(count, int64_t{1} << 14, [&](int64_t i0, int64_t i1) {
-      if (!detail::quantize_clamp_avx512(x + i0, i1 - i0, inv, qmin, qmax, q + i0)) finite = false;
-    });
-    if (finite) {
-      ri.kernel = "quantize_static_s8_avx512";
-      return;
-    }
-    why = "non-finite input (the reference reports where)";
+        std::atomic<bool> finite{true};
+        // 64 KiB of floats per task: enough work to be worth a thread.
+        detail::parallel_over(count, int64_t{1} << 14, [&](int64_t i0, int64_t i1) {
+          if (!detail::quantize_clamp_avx512(x + i0, i1 - i0, inv, qmin, qmax, q + i0)) finite = false;
+        });
+        if (!finite) *why = kNonFiniteWhy;
+        return finite.load();
+#else
+        return false;
 #endif
-  }
-  ri.skip("quantize_static_s8_avx512", why);
-  ri.kernel = "reference";
-  quantize_static_s8_reference(x, count, inv, qmin, qmax, q);
+      },
+      [&] { quantize_static_s8_reference(x, count, inv, qmin, qmax, q); });
 }
 
 namespace {
@@ -120,7 +115,7 @@ void quantize_rows_q8b32(const float* x, int64_t M, int64_t K, int8_t* q, int64_
     std::fill(q + m * ldq + kb * kQ8Block, q + (m + 1) * ldq, int8_t{0});
   }
   if (finite) return;
-  if (row != nullptr) ri.skip(std::string(ri.kernel), "non-finite input (the reference reports where)");
+  if (row != nullptr) ri.skip(std::string(ri.kernel), kNonFiniteWhy);
   ri.kernel = "reference";
   quantize_rows_q8b32_reference(x, M, K, q, ldq, d, s);
 }

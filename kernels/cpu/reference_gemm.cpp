@@ -1,9 +1,9 @@
 // Reference integer GEMMs (exact int32 accumulation) and the int8 x int4 grouped GEMM.
-#include <algorithm>
 #include <cmath>
 
 #include "framework/core/error.h"
 #include "kernels/cpu/reference.h"
+#include "kernels/cpu/reference_groups.h"
 
 namespace qforge::kernels {
 
@@ -42,16 +42,11 @@ void gemm_s8s4f32_reference(const int8_t* A, const float* a_scale, const int8_t*
   const int64_t G = num_groups(K, group_size);
   for (int64_t m = 0; m < M; ++m) {
     for (int64_t n = 0; n < N; ++n) {
-      float t = 0.0f;
-      for (int64_t g = 0; g < G; ++g) {
-        const int32_t z = w_zero != nullptr ? w_zero[n * G + g] : 0;
-        const int64_t k_end = std::min(K, (g + 1) * group_size);
+      const float t = detail::fold_groups(n, K, group_size, G, w_scale, w_zero, [&](int64_t k0, int64_t k1, int32_t z) {
         int32_t acc = 0;
-        for (int64_t k = g * group_size; k < k_end; ++k) {
-          acc += int32_t{A[m * K + k]} * (int32_t{W[n * K + k]} - z);
-        }
-        t = std::fma(static_cast<float>(acc), w_scale[n * G + g], t);
-      }
+        for (int64_t k = k0; k < k1; ++k) acc += int32_t{A[m * K + k]} * (int32_t{W[n * K + k]} - z);
+        return static_cast<float>(acc);
+      });
       y[m * N + n] = std::fma(t, a_scale[m], bias != nullptr ? bias[n] : 0.0f);
     }
   }

@@ -1,8 +1,8 @@
 // Reference weight-only linears: float activations times dequantized int8 / int4 weights.
-#include <algorithm>
 #include <cmath>
 
 #include "kernels/cpu/reference.h"
+#include "kernels/cpu/reference_groups.h"
 
 namespace qforge::kernels {
 
@@ -24,16 +24,11 @@ void linear_f32_s4_reference(const float* x, const int8_t* W, const float* w_sca
   const int64_t G = num_groups(K, group_size);
   for (int64_t m = 0; m < M; ++m) {
     for (int64_t n = 0; n < N; ++n) {
-      float t = 0.0f;
-      for (int64_t g = 0; g < G; ++g) {
-        const int32_t z = w_zero != nullptr ? w_zero[n * G + g] : 0;
-        const int64_t k_end = std::min(K, (g + 1) * group_size);
+      const float t = detail::fold_groups(n, K, group_size, G, w_scale, w_zero, [&](int64_t k0, int64_t k1, int32_t z) {
         float s = 0.0f;
-        for (int64_t k = g * group_size; k < k_end; ++k) {
-          s = std::fma(x[m * K + k], static_cast<float>(int32_t{W[n * K + k]} - z), s);
-        }
-        t = std::fma(s, w_scale[n * G + g], t);
-      }
+        for (int64_t k = k0; k < k1; ++k) s = std::fma(x[m * K + k], static_cast<float>(int32_t{W[n * K + k]} - z), s);
+        return s;
+      });
       y[m * N + n] = t + (bias != nullptr ? bias[n] : 0.0f);
     }
   }
