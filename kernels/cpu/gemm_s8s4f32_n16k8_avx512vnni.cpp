@@ -5,7 +5,6 @@
 // per-group float accumulators live in an L1 buffer. Compiled with the AVX-512 VNNI flags.
 #include <immintrin.h>
 
-#include <cstring>
 
 #include "kernels/cpu/gemv_kernels.h"
 #include "kernels/cpu/s4_tile_avx512.h"
@@ -47,17 +46,9 @@ struct Kernel {
     const int64_t k4_per_group = w.group_size / kS8BlockK;
     const TileOperands<MR, NR, uint8_t, int8_t> op(panel, 0, k4blocks * kS8BlockBytes, args.a, m0, args.lda);
 
-    alignas(64) float t[MR][NR][kS4BlockN];
-    std::memset(t, 0, sizeof(t));
-    alignas(64) int32_t sums[MR][NR][kS4BlockN];
-
-    for (int64_t g = 0; g < w.groups; ++g) {
-      const int64_t end = chunk_end(g, k4_per_group, k4blocks);
-      __m512i acc[MR][NR];
-      dpbusd_quads<true, MR, NR>(op.w, op.a, g * k4_per_group, end, acc);
-      s4_end_group<MR, NR>(args, m0, nb0, g, acc, sums, t);
-    }
-    s4_finish_tile<MR, NR>(args, m0, nb0, t);
+    s4_group_tile<MR, NR>(args, m0, nb0, [&](int64_t g, __m512i(&acc)[MR][NR]) __attribute__((always_inline)) {
+      dpbusd_quads<true, MR, NR>(op.w, op.a, g * k4_per_group, chunk_end(g, k4_per_group, k4blocks), acc);
+    });
   }
 };
 

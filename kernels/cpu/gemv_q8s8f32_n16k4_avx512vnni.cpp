@@ -83,7 +83,9 @@ struct Kernel {
     }
 
     store_columns<MR, NR>(args.y, args.ldy, m0, nb0, w.n, args.w_scale, args.bias,
-                          [&](int r, int c, __m512 ws, __m512 bias) { return _mm512_add_ps(_mm512_mul_ps(u[r][c], ws), bias); });
+                          [&](int r, int c, __m512 ws, __m512 bias) {
+                            return _mm512_add_ps(_mm512_mul_ps(u[r][c], ws), bias);
+                          });
   }
 };
 

@@ -6,7 +6,6 @@
 // gemm_s8s4f32_reference. Compiled with -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni.
 #include <immintrin.h>
 
-#include <cstring>
 
 #include "kernels/cpu/gemv_kernels.h"
 #include "kernels/cpu/s4_tile_avx512.h"
@@ -30,18 +29,9 @@ struct Kernel {
     const int64_t kblocks = w.kp / kS4BlockK;
     const int64_t blocks_per_group = w.group_size / kS4BlockK;
     const TileOperands<MR, NR, uint8_t, int8_t> op(w.data, nb0, kblocks * kS4BlockBytes, args.a, m0, args.lda);
-
-    alignas(64) float t[MR][NR][kS4BlockN];
-    std::memset(t, 0, sizeof(t));
-    alignas(64) int32_t sums[MR][NR][kS4BlockN];
-
-    for (int64_t g = 0; g < w.groups; ++g) {
-      const int64_t kb_end = chunk_end(g, blocks_per_group, kblocks);
-      __m512i acc[MR][NR];
-      s4_dot_octs<MR, NR>(op.w, op.a, g * blocks_per_group, kb_end, acc);
-      s4_end_group<MR, NR>(args, m0, nb0, g, acc, sums, t);
-    }
-    s4_finish_tile<MR, NR>(args, m0, nb0, t);
+    s4_group_tile<MR, NR>(args, m0, nb0, [&](int64_t g, __m512i(&acc)[MR][NR]) __attribute__((always_inline)) {
+      s4_dot_octs<MR, NR>(op.w, op.a, g * blocks_per_group, chunk_end(g, blocks_per_group, kblocks), acc);
+    });
   }
 };
 

@@ -4,6 +4,8 @@
 
 #include <immintrin.h>
 
+#include <cstring>
+
 #include "kernels/cpu/gemv_kernels.h"
 #include "kernels/cpu/simd_avx512.h"
 #include "kernels/cpu/tile_driver.h"
@@ -89,6 +91,23 @@ __attribute__((noinline)) void s4_finish_tile(const GemvS4Args& args, int64_t m0
                           return _mm512_fmadd_ps(_mm512_load_ps(t[r][c]),
                                                  _mm512_set1_ps(args.a_scale[m0 + r]), b);
                         });
+}
+
+// An int4 VNNI tile, groups in order: group_dot(g, acc) gives group g's int32 sums u * a per
+// lane, folded into the float accumulators (in L1) with the group's zero point and scale; then
+// the epilogue.
+template <int MR, int NR, typename GroupDot>
+__attribute__((always_inline)) inline void s4_group_tile(const GemvS4Args& args, int64_t m0, int64_t nb0,
+                                                         const GroupDot& group_dot) {
+  alignas(64) float t[MR][NR][kS4BlockN];
+  std::memset(t, 0, sizeof(t));
+  alignas(64) int32_t sums[MR][NR][kS4BlockN];
+  for (int64_t g = 0; g < args.w.groups; ++g) {
+    __m512i acc[MR][NR];
+    group_dot(g, acc);
+    s4_end_group<MR, NR>(args, m0, nb0, g, acc, sums, t);
+  }
+  s4_finish_tile<MR, NR>(args, m0, nb0, t);
 }
 
 }  // namespace
