@@ -33,25 +33,33 @@ at::Tensor checked_bias(const at::Tensor& bias, int64_t N, const char* who) {
 }
 
 // Flattens x [..., K] to a dense float [M, K] and prepares y [..., N].
-struct Rows {
+struct FlatRows {
   at::Tensor x, y;
   int64_t m = 0;
 };
 
-Rows flatten_rows(const at::Tensor& x, int64_t K, int64_t N, const char* who) {
+FlatRows flatten_rows(const at::Tensor& x, int64_t K, int64_t N, const char* who) {
   QF_REQUIRE(x.defined(), "kernels/cpu: ", who, "::run got an undefined tensor");
   QF_REQUIRE(x.dim() >= 1 && x.size(-1) == K, "kernels/cpu: ", who, "::run input has shape ",
              shape_str(x), ", expected [..., ", K, "] (in_features)");
   QF_REQUIRE(x.scalar_type() == at::kFloat, "kernels/cpu: ", who, "::run input dtype ",
              x.scalar_type(), ", expected float32");
   QF_REQUIRE(x.device().is_cpu(), "kernels/cpu: ", who, "::run input must be on the CPU");
-  Rows r;
+  FlatRows r;
   r.x = x.contiguous();
   r.m = K > 0 ? r.x.numel() / K : 0;
   std::vector<int64_t> out_shape(x.sizes().begin(), x.sizes().end());
   out_shape.back() = N;
   r.y = at::empty(out_shape, x.options().memory_format(at::MemoryFormat::Contiguous));
   return r;
+}
+
+// y [..., N] from x [..., K]: rows(x, M, y) on the dense flattened rows.
+template <typename F>
+at::Tensor on_rows(const at::Tensor& x, int64_t K, int64_t N, const char* who, const F& rows) {
+  const FlatRows r = flatten_rows(x, K, N, who);
+  rows(r.x.data_ptr<float>(), r.m, r.y.data_ptr<float>());
+  return r.y;
 }
 
 int64_t tensor_bytes(const at::Tensor& t) {
@@ -150,25 +158,22 @@ void PackedLinearS8::run(const float* x, int64_t M, float* y, RunInfo* info,
 }
 
 at::Tensor PackedLinearS8::run(const at::Tensor& x, RunInfo* info, ActScale act_scale) const {
-  Rows r = flatten_rows(x, k_, n_, "PackedLinearS8");
-  run(r.x.data_ptr<float>(), r.m, r.y.data_ptr<float>(), info, act_scale);
-  return r.y;
+  return on_rows(x, k_, n_, "PackedLinearS8",
+                 [&](const float* rows, int64_t m, float* y) { run(rows, m, y, info, act_scale); });
 }
 
 at::Tensor PackedLinearS8::run_weight_only(const at::Tensor& x, RunInfo* info) const {
   QF_REQUIRE(packed_.defined(), "kernels/cpu: PackedLinearS8::run_weight_only on an empty object");
-  Rows r = flatten_rows(x, k_, n_, "PackedLinearS8");
-  linear_f32s8f32(r.x.data_ptr<float>(), r.m, view(), w_scale_.data_ptr<float>(),
-                  data_or_null(bias_), r.y.data_ptr<float>(), info);
-  return r.y;
+  return on_rows(x, k_, n_, "PackedLinearS8", [&](const float* rows, int64_t m, float* y) {
+    linear_f32s8f32(rows, m, view(), w_scale_.data_ptr<float>(), data_or_null(bias_), y, info);
+  });
 }
 
 at::Tensor PackedLinearS8::run_decode(const at::Tensor& x, RunInfo* info) const {
   QF_REQUIRE(packed_.defined(), "kernels/cpu: PackedLinearS8::run_decode on an empty object");
-  Rows r = flatten_rows(x, k_, n_, "PackedLinearS8");
-  linear_q8b32s8f32(r.x.data_ptr<float>(), r.m, view(), w_scale_.data_ptr<float>(), data_or_null(bias_),
-                    r.y.data_ptr<float>(), info);
-  return r.y;
+  return on_rows(x, k_, n_, "PackedLinearS8", [&](const float* rows, int64_t m, float* y) {
+    linear_q8b32s8f32(rows, m, view(), w_scale_.data_ptr<float>(), data_or_null(bias_), y, info);
+  });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -267,24 +272,22 @@ void PackedLinearS4::run_static(const int8_t* q, int64_t M, float a_scale, float
 }
 
 at::Tensor PackedLinearS4::run(const at::Tensor& x, RunInfo* info, ActScale act_scale) const {
-  Rows r = flatten_rows(x, k_, n_, "PackedLinearS4");
-  run(r.x.data_ptr<float>(), r.m, r.y.data_ptr<float>(), info, act_scale);
-  return r.y;
+  return on_rows(x, k_, n_, "PackedLinearS4",
+                 [&](const float* rows, int64_t m, float* y) { run(rows, m, y, info, act_scale); });
 }
 
 at::Tensor PackedLinearS4::run_weight_only(const at::Tensor& x, RunInfo* info) const {
   QF_REQUIRE(packed_.defined(), "kernels/cpu: PackedLinearS4::run_weight_only on an empty object");
-  Rows r = flatten_rows(x, k_, n_, "PackedLinearS4");
-  linear_f32s4f32(r.x.data_ptr<float>(), r.m, view(), data_or_null(bias_), r.y.data_ptr<float>(),
-                  info);
-  return r.y;
+  return on_rows(x, k_, n_, "PackedLinearS4", [&](const float* rows, int64_t m, float* y) {
+    linear_f32s4f32(rows, m, view(), data_or_null(bias_), y, info);
+  });
 }
 
 at::Tensor PackedLinearS4::run_decode(const at::Tensor& x, RunInfo* info) const {
   QF_REQUIRE(packed_.defined(), "kernels/cpu: PackedLinearS4::run_decode on an empty object");
-  Rows r = flatten_rows(x, k_, n_, "PackedLinearS4");
-  linear_q8b32s4f32(r.x.data_ptr<float>(), r.m, view(), data_or_null(bias_), r.y.data_ptr<float>(), info);
-  return r.y;
+  return on_rows(x, k_, n_, "PackedLinearS4", [&](const float* rows, int64_t m, float* y) {
+    linear_q8b32s4f32(rows, m, view(), data_or_null(bias_), y, info);
+  });
 }
 
 }  // namespace qforge::kernels
