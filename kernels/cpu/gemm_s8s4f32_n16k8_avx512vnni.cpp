@@ -47,7 +47,8 @@ struct Kernel {
     const TileOperands<MR, NR, uint8_t, int8_t> op(panel, 0, k4blocks * kS8BlockBytes, args.a, m0, args.lda);
 
     s4_group_tile<MR, NR>(args, m0, nb0, [&](int64_t g, __m512i(&acc)[MR][NR]) __attribute__((always_inline)) {
-      dpbusd_quads<true, MR, NR>(op.w, op.a, g * k4_per_group, chunk_end(g, k4_per_group, k4blocks), acc);
+      dpbusd_quads<true, MR, NR, /*kAlignedWeights=*/true>(op.w, op.a, g * k4_per_group,
+                                                           chunk_end(g, k4_per_group, k4blocks), acc);
     });
   }
 };

@@ -190,7 +190,14 @@ void gemv_s8s4f32(const int8_t* A, int64_t M, const float* a_scale, const S4N16K
   QF_REQUIRE(M >= 0, "kernels/cpu: gemv_s8s4f32 got M=", M);
   QF_REQUIRE(M == 0 || (A != nullptr && a_scale != nullptr && y != nullptr),
              "kernels/cpu: gemv_s8s4f32 got a null pointer");
-  run_kernel_table(gemv_s4_kernels(), GemvS4Problem{A, M, a_scale, w, bias, y}, M, info);
+  GemvS4Problem p;
+  p.a = A;
+  p.m = M;
+  p.a_scale = a_scale;
+  p.w = w;
+  p.bias = bias;
+  p.y = y;
+  run_kernel_table(gemv_s4_kernels(), p, M, info);
 }
 
 }  // namespace qforge::kernels

@@ -148,15 +148,39 @@ const KernelTable<GemvS8Problem>& gemv_s8_kernels() {
   return table;
 }
 
+GemvS8Problem s8s8f32_problem(const int8_t* A, int64_t M, const float* a_scale, const S8N16K4View& w,
+                              const float* w_scale, const float* bias, float* y) {
+  GemvS8Problem p;
+  p.a_s8 = A;
+  p.m = M;
+  p.w = w;
+  p.y = y;
+  p.a_scale = a_scale;
+  p.w_scale = w_scale;
+  p.bias = bias;
+  return p;
+}
+
 void gemv_s8s8s32(const int8_t* A, int64_t M, const S8N16K4View& w, int32_t* C, RunInfo* info) {
   check_view(w, M, A, C);
-  run_kernel_table(gemv_s8_kernels(), GemvS8Problem{A, nullptr, 0, M, w, C}, M, info);
+  GemvS8Problem p;
+  p.a_s8 = A;
+  p.m = M;
+  p.w = w;
+  p.c = C;
+  run_kernel_table(gemv_s8_kernels(), p, M, info);
 }
 
 void gemv_u8s8s32(const uint8_t* A, int32_t a_zero_point, int64_t M, const S8N16K4View& w,
                   int32_t* C, RunInfo* info) {
   check_view(w, M, A, C);
-  run_kernel_table(gemv_s8_kernels(), GemvS8Problem{nullptr, A, a_zero_point, M, w, C}, M, info);
+  GemvS8Problem p;
+  p.a_u8 = A;
+  p.a_zero_point = a_zero_point;
+  p.m = M;
+  p.w = w;
+  p.c = C;
+  run_kernel_table(gemv_s8_kernels(), p, M, info);
 }
 
 void gemv_s8s8f32(const int8_t* A, int64_t M, const float* a_scale, const S8N16K4View& w,
@@ -164,8 +188,7 @@ void gemv_s8s8f32(const int8_t* A, int64_t M, const float* a_scale, const S8N16K
   check_view(w, M, A, y);
   QF_REQUIRE(M == 0 || (a_scale != nullptr && w_scale != nullptr),
              "kernels/cpu: gemv_s8s8f32 needs a_scale and w_scale");
-  const GemvS8Problem p{A, nullptr, 0, M, w, nullptr, y, a_scale, w_scale, bias};
-  run_kernel_table(gemv_s8_kernels(), p, M, info);
+  run_kernel_table(gemv_s8_kernels(), s8s8f32_problem(A, M, a_scale, w, w_scale, bias, y), M, info);
 }
 
 void bmm_s8s8f32(const int8_t* A, const int8_t* Bt, int64_t batch, int64_t M, int64_t N, int64_t K,

@@ -38,6 +38,11 @@ struct GemvS8Problem {
   int64_t onednn_min_m = 0;
 };
 
+// gemv_s8s8f32's problem, set member by member (a field reorder cannot shift a pointer); PackedLinearS8
+// adds its oneDNN fields.
+GemvS8Problem s8s8f32_problem(const int8_t* A, int64_t M, const float* a_scale, const S8N16K4View& w,
+                              const float* w_scale, const float* bias, float* y);
+
 // The ordered kernel table of gemv_s8s8s32 / gemv_u8s8s32 / gemv_s8s8f32 (and bmm_s8s8f32).
 const KernelTable<GemvS8Problem>& gemv_s8_kernels();
 

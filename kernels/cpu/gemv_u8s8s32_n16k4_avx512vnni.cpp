@@ -22,11 +22,12 @@ __attribute__((noinline)) void finish_tile(const GemvS8Args& args, int64_t m0, i
                                            const int32_t (*sums)[NR][kS8BlockN]) {
   const S8N16K4View& w = args.w;
   const __m512i zp = _mm512_set1_epi32(args.a_zero_point);
+  // zp * colsum of each block, once per tile rather than once per row.
+  __m512i comp[NR];
+  #pragma GCC unroll 16
+  for (int c = 0; c < NR; ++c) comp[c] = _mm512_mullo_epi32(zp, _mm512_loadu_si512(w.colsum + (nb0 + c) * kS8BlockN));
   // sum_k (a_u8 - zp) * w of row r, block c: the VPDPBUSD sum less zp * colsum.
-  const auto acc = [&](int r, int c) {
-    const __m512i comp = _mm512_mullo_epi32(zp, _mm512_loadu_si512(w.colsum + (nb0 + c) * kS8BlockN));
-    return _mm512_sub_epi32(_mm512_load_si512(sums[r][c]), comp);
-  };
+  const auto acc = [&](int r, int c) { return _mm512_sub_epi32(_mm512_load_si512(sums[r][c]), comp[c]); };
   if (args.c != nullptr) {
     #pragma GCC unroll 16
     for (int c = 0; c < NR; ++c) {

@@ -151,8 +151,10 @@ at::Tensor PackedLinearS8::weight() const {
 void PackedLinearS8::run(const float* x, int64_t M, float* y, RunInfo* info,
                          ActScale act_scale) const {
   run_quantized("PackedLinearS8", packed_, x, M, k_, y, info, act_scale, [&](const int8_t* q, const float* a_scale) {
-    const GemvS8Problem p{q, nullptr, 0, M, view(), nullptr, y, a_scale, w_scale_.data_ptr<float>(),
-                          data_or_null(bias_), onednn_.get(), &onednn_status_, onednn_min_m_};
+    GemvS8Problem p = s8s8f32_problem(q, M, a_scale, view(), w_scale_.data_ptr<float>(), data_or_null(bias_), y);
+    p.onednn = onednn_.get();
+    p.onednn_status = &onednn_status_;
+    p.onednn_min_m = onednn_min_m_;
     run_kernel_table(gemv_s8_kernels(), p, M, info);
   });
 }

@@ -8,6 +8,7 @@
 #include "kernels/cpu/isa.h"
 #include "kernels/cpu/kernel_table.h"
 #include "kernels/cpu/parallel_blocks.h"
+#include "kernels/cpu/workspace.h"
 
 namespace qforge::kernels {
 
@@ -25,17 +26,21 @@ void quantize_rows_s8(const float* x, int64_t M, int64_t K, ActScale mode, int8_
       Isa::kAvx512, "quantize_rows_s8_avx512", info,
       [&](std::string* why) {
 #ifdef QFORGE_KERNELS_AVX512
-        // Row maxima go to a_scale first (no scratch), then become the scales in place.
+        // Row maxima go to thread scratch, so a non-finite row leaves a_scale and q untouched.
+        const detail::ScratchArray<float> row_amax(detail::Scratch::kRowMaxima, M);
+        float* amax_of = row_amax.data();
         for (int64_t m = 0; m < M; ++m) {
-          if (!detail::row_amax_avx512(x + m * K, K, &a_scale[m])) {
+          if (!detail::row_amax_avx512(x + m * K, K, &amax_of[m])) {
             *why = kNonFiniteWhy;
             return false;
           }
         }
-        if (mode == ActScale::kPerTensor && M > 0) std::fill(a_scale, a_scale + M, *std::max_element(a_scale, a_scale + M));
+        if (mode == ActScale::kPerTensor && M > 0) {
+          std::fill(amax_of, amax_of + M, *std::max_element(amax_of, amax_of + M));
+        }
         for (int64_t m = 0; m < M; ++m) {
           // Same scalar expressions as the reference, so scale and inv match bit for bit.
-          const float amax = a_scale[m];
+          const float amax = amax_of[m];
           const float scale = amax > 0.0f ? amax / static_cast<float>(kActQMax) : 1.0f;
           a_scale[m] = scale;
           detail::quantize_row_avx512(x + m * K, K, 1.0f / scale, q + m * ldq, ldq);

@@ -67,6 +67,22 @@ TEST(QuantizeRowsS8, NonFiniteInputThrows) {
   }
 }
 
+TEST(QuantizeRowsS8, NonFiniteLastRowLeavesOutputsUntouched) {
+  // The finite rows come first, so a kernel that writes row results before checking every row fails.
+  for (ActScale mode : {ActScale::kPerRow, ActScale::kPerTensor}) {
+    for (Isa isa : usable_isas()) {
+      ScopedMaxIsa cap(isa);
+      std::vector<float> x(3 * 37, 2.0f);
+      x[2 * 37 + 36] = std::numeric_limits<float>::quiet_NaN();
+      std::vector<int8_t> q(3 * 40, 99);
+      std::vector<float> s(3, -7.0f);
+      EXPECT_THROW(quantize_rows_s8(x.data(), 3, 37, mode, q.data(), 40, s.data()), qforge::Error) << isa_name(isa);
+      EXPECT_EQ(s, std::vector<float>(3, -7.0f)) << isa_name(isa);
+      EXPECT_EQ(q, std::vector<int8_t>(3 * 40, 99)) << isa_name(isa);
+    }
+  }
+}
+
 TEST(QuantizeRowsS8, EveryKernelMatchesReferenceExactly) {
   for (Isa isa : usable_isas()) {
     ScopedMaxIsa cap(isa);
