@@ -5,7 +5,6 @@
 // per-group float accumulators live in an L1 buffer. Compiled with the AVX-512 VNNI flags.
 #include <immintrin.h>
 
-
 #include "kernels/cpu/gemv_kernels.h"
 #include "kernels/cpu/s4_tile_avx512.h"
 #include "kernels/cpu/tile_driver.h"

@@ -6,7 +6,6 @@
 // gemm_s8s4f32_reference. Compiled with -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni.
 #include <immintrin.h>
 
-
 #include "kernels/cpu/gemv_kernels.h"
 #include "kernels/cpu/s4_tile_avx512.h"
 #include "kernels/cpu/tile_driver.h"
