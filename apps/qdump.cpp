@@ -85,8 +85,7 @@ std::string summary(const at::Tensor& t) {
 // split (printable() escapes every backslash, so each one starts a 4-byte escape).
 std::string cut_printable(const std::string& p, size_t n) {
   if (p.size() <= n || n == 0) return p.substr(0, n);
-  size_t cut = n;
-  while (cut > 0 && (static_cast<unsigned char>(p[cut]) & 0xC0) == 0x80) --cut;
+  size_t cut = utf8_cut_before(p, n);
   const size_t slash = cut > 0 ? p.rfind('\\', cut - 1) : std::string::npos;
   if (slash != std::string::npos && slash + 4 > cut) cut = slash;
   return p.substr(0, cut);
@@ -377,13 +376,8 @@ int diff(const std::string& a_path, const std::string& b_path, double atol) {
   return differences == 0 ? 0 : 1;
 }
 
-// Terminal columns of printable() text: one per UTF-8 character (its continuation bytes take none).
-size_t columns(const std::string& s) {
-  return static_cast<size_t>(std::count_if(s.begin(), s.end(), [](char c) { return (static_cast<unsigned char>(c) & 0xC0) != 0x80; }));
-}
-
-// `s` padded with spaces to `width` columns.
-std::string pad(const std::string& s, size_t width) { return s + std::string(width - std::min(width, columns(s)), ' '); }
+// `s` (printable() text) padded with spaces to `width` terminal columns.
+std::string pad(const std::string& s, size_t width) { return s + std::string(width - std::min(width, utf8_columns(s)), ' '); }
 
 // The numeric suite's table (qtrain keeps it in RUN/calibration.h5), worst first.
 int errors(const std::string& file, int64_t top) {
@@ -415,8 +409,8 @@ int errors(const std::string& file, int64_t top) {
   for (const LayerErrorRecord& l : t->layers) {
     names.push_back(l.path.empty() ? "(root)" : printable(l.path));
     types.push_back(printable(l.type));
-    name_w = std::max(name_w, columns(names.back()));
-    type_w = std::max(type_w, columns(types.back()));
+    name_w = std::max(name_w, utf8_columns(names.back()));
+    type_w = std::max(type_w, utf8_columns(types.back()));
   }
   std::printf("%s: per-layer error over %lld calibration batches, worst first (SQNR dB; own = float inputs,\n"
               "accumulated = the quantized model's inputs)\n",

@@ -39,8 +39,9 @@ std::string render_report_html(const nlohmann::json& report, const std::string& 
                                const std::string& recipe_sha256, const std::string& resolved_yaml);
 
 // Axis labels for layer names (report.html's bar charts): a name of at most 40 characters as it
-// is, a longer one as its first 12 characters, "…" and its tail, the tail lengthened until no two
-// names share a label (the full name is in the bar's tooltip).
+// is, a longer one as its first 12 characters, "…" and its last path components within 27 bytes
+// (a longer last component cut at a character), components added until no two names share a
+// label (the full name is in the bar's tooltip).
 std::map<std::string, std::string> distinct_axis_labels(const std::vector<std::string>& names);
 
 // A hint when a static activation's values reach at most half of its integer grid's codes, e.g.

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "framework/core/qtype.h"
+#include "framework/core/utf8.h"
 #include "framework/report/report_files.h"
 #include "framework/report/report_assets.h"
 
@@ -87,15 +88,15 @@ int64_t candidate_bits(const std::string& name) {
 constexpr size_t kLabelChars = 40, kLabelHead = 12;
 constexpr int kLabelLimitPx = 320;
 
-// `name` cut to its first `head` and last `tail` bytes around "…", each cut moved to a UTF-8
-// character boundary; `name` itself when it is not longer.
+// `name` as its first `head` bytes, "…" and a tail of at most `tail` bytes that starts after a '.'
+// (whole path components), or, when the last component alone is longer, at a UTF-8 character
+// boundary; `name` itself when the label would not be shorter.
 std::string middle_ellipsis(const std::string& name, size_t head, size_t tail) {
   if (name.size() <= head + tail + 1) return name;
-  auto boundary = [&](size_t i) {
-    while (i > 0 && i < name.size() && (static_cast<unsigned char>(name[i]) & 0xC0) == 0x80) --i;
-    return i;
-  };
-  return name.substr(0, boundary(head)) + "\u2026" + name.substr(boundary(name.size() - tail));
+  const size_t from = name.size() - tail;
+  const size_t dot = name.find('.', from == 0 ? 0 : from - 1);
+  const size_t start = dot != std::string::npos && dot + 1 < name.size() ? dot + 1 : utf8_cut_before(name, from);
+  return name.substr(0, utf8_cut_before(name, head)) + "\u2026" + name.substr(start);
 }
 
 }  // namespace

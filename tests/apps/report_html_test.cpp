@@ -6,7 +6,9 @@
 #include <string>
 #include <vector>
 
+#include "framework/core/utf8.h"
 #include "framework/report/report_files.h"
+#include "tests/apps/long_names_report.h"
 
 namespace qforge {
 namespace {
@@ -43,8 +45,36 @@ TEST(ReportHtml, Issue39Item7LabelsKeepTheTailAndAreDistinct) {
     EXPECT_EQ(l.substr(l.size() - leaf.size()), leaf) << l;  // the tail that tells them apart
   }
   EXPECT_LE(labels.at(names[0]).size(), 42u);  // 40 characters, "…" being 3 bytes
+  // docs/reports.md's example: the tail starts at a path component, never inside a word.
+  EXPECT_EQ(labels.at(names[0]), "bert.encoder\u20261.attention.self.query");
   // Names sharing a 40-character tail: the tail grows until they differ.
   EXPECT_NE(labels.at(names[4]), labels.at(names[5]));
+}
+
+TEST(ReportHtml, Issue39Item7LabelTailsAreWholePathComponents) {
+  const std::vector<std::string> names = long_layer_names();
+  const auto labels = distinct_axis_labels(names);
+  std::set<std::string> seen;
+  for (const std::string& n : names) {
+    const std::string& l = labels.at(n);
+    EXPECT_TRUE(seen.insert(l).second) << "two names share the label " << l;
+    const size_t ell = l.find("\u2026");
+    if (ell == std::string::npos) {
+      EXPECT_EQ(l, n);
+      continue;
+    }
+    const std::string tail = l.substr(ell + 3);
+    ASSERT_GT(n.size(), tail.size());
+    EXPECT_EQ(n.substr(n.size() - tail.size()), tail) << l;
+    EXPECT_EQ(n[n.size() - tail.size() - 1], '.') << l << ": the tail starts inside a component";
+  }
+  // A last component longer than the tail is cut at a character, not dropped; the cut never
+  // splits a UTF-8 character (20 "é" of 2 bytes: the 27-byte tail would start inside one).
+  std::string leaf;
+  for (int i = 0; i < 20; ++i) leaf += "\u00e9";
+  const std::string l = distinct_axis_labels({"model.encoder.layer." + leaf}).begin()->second;
+  EXPECT_EQ(find_invalid_utf8(l), std::string::npos) << l;
+  EXPECT_EQ(l, "model.encode\u2026" + leaf.substr(leaf.size() - 28)) << l;
 }
 
 TEST(ReportHtml, Issue39Item7GridUseHintForAHalfUsedGrid) {
