@@ -444,10 +444,10 @@ int main(int argc, char** argv) {
   show->add_option("path", show_path, "group or dataset inside the file (default /)");
   int64_t show_depth = 0;
   std::string show_grep;
-  show->add_option("--depth", show_depth,
-                   "show N levels below PATH (1: its children); deeper groups print one line with how many "
-                   "objects they hold (as tree -L N)")
-      ->check(CLI::PositiveNumber);
+  // Checked after parsing: CLI11's range check prints its range as 0 to 1.797693e+308.
+  CLI::Option* depth_opt = show->add_option("--depth", show_depth,
+                                            "show N levels below PATH (1: its children); deeper groups print one line "
+                                            "with how many objects they hold (as tree -L N)");
   show->add_option("--grep", show_grep,
                    "show only objects whose path (\"/parameters/fc1/weight\", or dotted \"parameters.fc1.weight\") "
                    "matches this regular expression, with the groups that lead to them");
@@ -476,6 +476,10 @@ int main(int argc, char** argv) {
     // NaN would compare false everywhere ("no differences"), a negative one would call identical
     // files different.
     std::fprintf(stderr, "qdump diff: --atol must be a finite number >= 0, got %g\n", atol);
+    return 2;
+  }
+  if (depth_opt->count() > 0 && show_depth < 1) {
+    std::fprintf(stderr, "qdump show: --depth must be >= 1, got %lld\n", static_cast<long long>(show_depth));
     return 2;
   }
   qforge::io::ShowFilter show_filter;

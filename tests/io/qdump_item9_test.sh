@@ -47,6 +47,12 @@ printf '%s\n' "$g" | grep -q "^(.* of .* objects shown)$" || fail "--grep has no
 none=$("$qdump" show "$ckpt" --grep 'no-such-name')
 [ "$(printf '%s\n' "$none" | wc -l)" -eq 2 ] || fail "--grep without a match printed more than the title and the count"
 if "$qdump" show "$ckpt" --grep '(' 2>/dev/null; then fail "a malformed --grep was accepted"; fi
+# --depth below 1 is refused with qdump's own message and exit status 2.
+for d in 0 -1; do
+  rc=0; msg=$("$qdump" show "$ckpt" --depth "$d" 2>&1) || rc=$?
+  [ "$rc" -eq 2 ] || fail "--depth $d exited $rc (want 2)"
+  [ "$msg" = "qdump show: --depth must be >= 1, got $d" ] || fail "--depth $d said: $msg"
+done
 "$qdump" show --help | grep -q -- "--depth" || fail "--depth is not in qdump show --help"
 "$qdump" show --help | grep -q -- "--grep" || fail "--grep is not in qdump show --help"
 echo "qdump item 9: ok"
