@@ -1,17 +1,21 @@
 // qdump: inspect, merge and compare qforge's HDF5 files (calibration dumps and checkpoints; any
 // HDF5 file for show and diff).
 //   qdump show FILE [PATH]        tree below PATH with attributes and summary statistics
+//        [--depth N] [--grep RE]  N levels only; only objects whose path matches RE
 //   qdump merge A B ... -o OUT    merge calibration dumps through the observers' merge
 //   qdump diff A B [--atol X]     structural and numeric differences; exit 1 when they differ
 //   qdump errors DUMP [--top N]   the numeric suite's per-layer errors of a run, worst first
+//                                 (the layer column as wide as the longest name)
 #include <ATen/ATen.h>
 
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <map>
 #include <optional>
+#include <regex>
 #include <set>
 #include <sstream>
 #include <string>
@@ -81,8 +85,7 @@ std::string summary(const at::Tensor& t) {
 // split (printable() escapes every backslash, so each one starts a 4-byte escape).
 std::string cut_printable(const std::string& p, size_t n) {
   if (p.size() <= n || n == 0) return p.substr(0, n);
-  size_t cut = n;
-  while (cut > 0 && (static_cast<unsigned char>(p[cut]) & 0xC0) == 0x80) --cut;
+  size_t cut = utf8_cut_before(p, n);
   const size_t slash = cut > 0 ? p.rfind('\\', cut - 1) : std::string::npos;
   if (slash != std::string::npos && slash + 4 > cut) cut = slash;
   return p.substr(0, cut);
@@ -90,56 +93,108 @@ std::string cut_printable(const std::string& p, size_t n) {
 
 // Names, attributes and notes come from the file: printed through printable() (framework/core/utf8.h)
 // so no byte of a crafted file reaches the terminal as a control sequence.
-void print_attrs(const h5::Object& o, const std::string& indent) {
+std::string attrs_text(const h5::Object& o, const std::string& indent) {
+  std::string out;
   for (const std::string& a : o.attr_names()) {
     std::string v = o.attr_to_string(a);
     for (char& c : v) if (c == '\n') c = ' ';  // multi-line text (a recipe) on one line
     v = printable(v);
     if (v.size() > 120) v = cut_printable(v, 117) + "...";
-    std::printf("%s@%s = %s\n", indent.c_str(), printable(a).c_str(), v.c_str());
+    out += indent + "@" + printable(a) + " = " + v + "\n";
   }
+  return out;
 }
 
-void show_dataset(const h5::Dataset& ds, const std::string& name, const std::string& indent) {
+std::string dataset_text(const h5::Dataset& ds, const std::string& name, const std::string& indent) {
   const h5::DatasetInfo info = ds.info();
-  std::printf("%s%s  %s %s  %s\n", indent.c_str(), printable(name).c_str(), dtype_name(info.dtype).c_str(),
-              shape_string(info.shape).c_str(), summary(ds.read()).c_str());
+  return indent + printable(name) + "  " + dtype_name(info.dtype) + " " + shape_string(info.shape) + "  " +
+         summary(ds.read()) + "\n";
 }
 
 // A checkpoint's quantized group: one line with what it dequantizes to.
-void show_quantized(const h5::Group& g, const std::string& indent) {
+std::string quantized_text(const h5::Group& g, const std::string& indent) {
   const QuantizedTensor q = io::read_quantized_group(g, "qdump");
-  std::printf("%s= dequantized %s  %s\n", indent.c_str(), shape_string(q.shape).c_str(),
-              summary(q.dequantize()).c_str());
+  return indent + "= dequantized " + shape_string(q.shape) + "  " + summary(q.dequantize()) + "\n";
 }
 
-// `seen`: object addresses already shown, so a hard-link cycle (or a group linked twice) is
-// printed once.
-void show_group(const h5::Group& g, const std::string& indent, std::set<uint64_t>& seen) {
-  print_attrs(g, indent);
-  const bool quantized = g.has_attr("encoding") && g.attr_string("encoding") == "quantized";
+// What `qdump show --depth N --grep PATTERN` keeps: objects at most `depth` levels below the shown
+// group (0: all), whose path in the file ("/parameters/fc1/weight") or that path with dots for
+// slashes ("parameters.fc1.weight") contains a match of `grep` (ECMAScript regex), with the groups
+// leading to them.
+struct ShowFilter {
+  int64_t depth = 0;
+  std::optional<std::regex> grep;
+  int64_t shown = 0, total = 0;  // objects printed / walked, for the closing count
+
+  bool matches(const std::string& path) const {
+    if (!grep) return true;
+    std::string dotted = path.substr(1);
+    std::replace(dotted.begin(), dotted.end(), '/', '.');
+    return std::regex_search(path, *grep) || std::regex_search(dotted, *grep);
+  }
+  bool cuts() const { return depth > 0 || grep.has_value(); }
+};
+
+// A group at the --depth limit: one line saying how much lies below, when it or anything below
+// it matches --grep.
+std::string cut_group_text(const h5::Group& g, const std::string& path, const std::string& line, ShowFilter& f) {
+  int64_t below = 0;
+  bool any = f.matches(path);
+  g.visit([&](const std::string& p, h5::ObjectType, int) {
+    ++below;
+    if (!any) any = f.matches(path + "/" + p);
+  });
+  f.total += below;
+  if (!any) return {};
+  return line + "  (" + std::to_string(below) + " objects below, not shown: --depth " + std::to_string(f.depth) + ")\n";
+}
+
+// The text for the children of `g` (at `path`, `level` levels below the shown group; 1 for its
+// children); "" when nothing below matches. `seen`: object addresses already walked, so a
+// hard-link cycle (or a group linked twice) is printed once. Level-1 pieces are printed as soon as
+// they are ready, so a large file starts showing before its whole walk.
+std::string children_text(const h5::Group& g, const std::string& path, int64_t level, std::set<uint64_t>& seen,
+                          ShowFilter& f) {
+  std::string out;
+  const std::string indent(static_cast<size_t>(2 * level), ' ');
   for (const std::string& name : g.children()) {
+    const std::string child_path = path + "/" + name;
+    const bool match = f.matches(child_path);
+    std::string piece;
+    ++f.total;
     switch (g.child_type(name)) {
       case h5::ObjectType::kGroup: {
         const h5::Group child = g.open_group(name);
+        const std::string line = indent + printable(name) + "/";
         if (!seen.insert(child.address()).second) {
-          std::printf("%s%s/  (hard link to a group shown above; not repeated)\n", indent.c_str(), printable(name).c_str());
-          break;
+          if (match) piece = line + "  (hard link to a group shown above; not repeated)\n";
+        } else if (f.depth > 0 && level >= f.depth) {
+          piece = cut_group_text(child, child_path, line, f);
+        } else {
+          std::string inner = children_text(child, child_path, level + 1, seen, f);
+          if (match) {
+            const bool quantized = child.has_attr("encoding") && child.attr_string("encoding") == "quantized";
+            inner = attrs_text(child, indent + "  ") + inner;
+            if (quantized) inner += quantized_text(child, indent + "  ");
+          }
+          if (match || !inner.empty()) piece = line + "\n" + inner;
         }
-        std::printf("%s%s/\n", indent.c_str(), printable(name).c_str());
-        show_group(child, indent + "  ", seen);
         break;
       }
-      case h5::ObjectType::kDataset: {
-        const h5::Dataset ds = g.open_dataset(name);
-        show_dataset(ds, name, indent);
-        print_attrs(ds, indent + "  ");
+      case h5::ObjectType::kDataset:
+        if (match) {
+          const h5::Dataset ds = g.open_dataset(name);
+          piece = dataset_text(ds, name, indent) + attrs_text(ds, indent + "  ");
+        }
         break;
-      }
-      default: std::printf("%s%s  (other object)\n", indent.c_str(), printable(name).c_str());
+      default:
+        if (match) piece = indent + printable(name) + "  (other object)\n";
     }
+    if (!piece.empty()) ++f.shown;
+    if (level == 1) std::fputs(piece.c_str(), stdout);
+    else out += piece;
   }
-  if (quantized) show_quantized(g, indent);
+  return out;
 }
 
 std::vector<std::string> split_path(const std::string& path) {
@@ -155,7 +210,7 @@ std::vector<std::string> split_path(const std::string& path) {
 // see in describe() ("fc1.input", "blocks.0.conv.weight_quantizer"), whose groups may themselves
 // contain dots ("blocks.0.conv"): at each level the longest child name that is the path or a
 // prefix of it ending at '.' or '/' is taken.
-int show(const std::string& file, const std::string& path) {
+int show(const std::string& file, const std::string& path, ShowFilter filter) {
   const h5::File f = h5::File::open(file);
   h5::Group g = f.root();
   std::string rest = path;
@@ -178,15 +233,22 @@ int show(const std::string& file, const std::string& path) {
     if (g.child_type(best) == h5::ObjectType::kDataset) {
       if (!rest.empty()) throw qforge::Error("qdump show: " + g.path() + "/" + best + " is a dataset; nothing below it");
       const h5::Dataset ds = g.open_dataset(best);
-      show_dataset(ds, ds.path(), "");
-      print_attrs(ds, "  ");
+      std::fputs((dataset_text(ds, ds.path(), "") + attrs_text(ds, "  ")).c_str(), stdout);
       return 0;
     }
     g = g.open_group(best);
   }
   std::printf("%s: %s\n", printable(file).c_str(), printable(g.path()).c_str());
+  if (!filter.grep) std::fputs(attrs_text(g, "  ").c_str(), stdout);
   std::set<uint64_t> seen{g.address()};
-  show_group(g, "  ", seen);
+  const std::string base = g.path() == "/" ? "" : g.path();
+  std::fputs(children_text(g, base, 1, seen, filter).c_str(), stdout);
+  if (!filter.grep && g.has_attr("encoding") && g.attr_string("encoding") == "quantized")
+    std::fputs(quantized_text(g, "  ").c_str(), stdout);
+  if (filter.cuts())
+    std::printf("(%lld of %lld objects shown%s%s)\n", static_cast<long long>(filter.shown),
+                static_cast<long long>(filter.total), filter.depth > 0 ? ", --depth " : "",
+                filter.depth > 0 ? std::to_string(filter.depth).c_str() : "");
   return 0;
 }
 
@@ -314,6 +376,9 @@ int diff(const std::string& a_path, const std::string& b_path, double atol) {
   return differences == 0 ? 0 : 1;
 }
 
+// `s` (printable() text) padded with spaces to `width` terminal columns.
+std::string pad(const std::string& s, size_t width) { return s + std::string(width - std::min(width, utf8_columns(s)), ' '); }
+
 // The numeric suite's table (qtrain keeps it in RUN/calibration.h5), worst first.
 int errors(const std::string& file, int64_t top) {
   const std::optional<LayerErrorTable> t = load_layer_errors(file);
@@ -338,19 +403,28 @@ int errors(const std::string& file, int64_t top) {
     if (!std::isfinite(v) || v < 0 || v > 9.0e18) return "-";
     return std::to_string(static_cast<long long>(std::llround(v)));
   };
+  // Column widths from the longest name and type: full names stay greppable and every row aligned.
+  std::vector<std::string> names, types;
+  size_t name_w = 5, type_w = 4;
+  for (const LayerErrorRecord& l : t->layers) {
+    names.push_back(l.path.empty() ? "(root)" : printable(l.path));
+    types.push_back(printable(l.type));
+    name_w = std::max(name_w, utf8_columns(names.back()));
+    type_w = std::max(type_w, utf8_columns(types.back()));
+  }
   std::printf("%s: per-layer error over %lld calibration batches, worst first (SQNR dB; own = float inputs,\n"
               "accumulated = the quantized model's inputs)\n",
               printable(file).c_str(), static_cast<long long>(t->batches));
-  std::printf("%-40s %-10s %8s %8s %8s %9s %9s  %s\n", "layer", "type", "weight", "own", "accum", "clipped%",
+  std::printf("%s %s %8s %8s %8s %9s %9s  %s\n", pad("layer", name_w).c_str(), pad("type", type_w).c_str(), "weight", "own", "accum", "clipped%",
               "nonfinite", "note");
-  int64_t shown = 0;
-  for (const LayerErrorRecord& l : t->layers) {
-    if (top > 0 && shown++ >= top) break;
+  for (size_t i = 0; i < t->layers.size(); ++i) {
+    if (top > 0 && static_cast<int64_t>(i) >= top) break;
+    const LayerErrorRecord& l = t->layers[i];
     const double clipped = value(l, "clipped_fraction");
     char clip[32] = "-";
     if (!std::isnan(clipped)) std::snprintf(clip, sizeof clip, "%.3f", 100.0 * clipped);
-    std::printf("%-40s %-10s %8s %8s %8s %9s %9s  %s\n", l.path.empty() ? "(root)" : printable(l.path).c_str(),
-                printable(l.type).c_str(), db(value(l, "weight_sqnr_db")).c_str(), db(value(l, "own_sqnr_db")).c_str(),
+    std::printf("%s %s %8s %8s %8s %9s %9s  %s\n", pad(names[i], name_w).c_str(), pad(types[i], type_w).c_str(),
+                db(value(l, "weight_sqnr_db")).c_str(), db(value(l, "own_sqnr_db")).c_str(),
                 db(value(l, "accumulated_sqnr_db")).c_str(), clip, count(value(l, "nonfinite_inputs")).c_str(),
                 printable(l.note).c_str());
   }
@@ -368,6 +442,15 @@ int main(int argc, char** argv) {
   CLI::App* show = app.add_subcommand("show", "print the tree below PATH with attributes and statistics");
   show->add_option("file", show_file, "HDF5 file")->required();
   show->add_option("path", show_path, "group or dataset inside the file (default /)");
+  int64_t show_depth = 0;
+  std::string show_grep;
+  // Checked after parsing: CLI11's range check prints its range as 0 to 1.797693e+308.
+  CLI::Option* depth_opt = show->add_option("--depth", show_depth,
+                                            "show N levels below PATH (1: its children); deeper groups print one line "
+                                            "with how many objects they hold (as tree -L N)");
+  show->add_option("--grep", show_grep,
+                   "show only objects whose path (\"/parameters/fc1/weight\", or dotted \"parameters.fc1.weight\") "
+                   "matches this regular expression, with the groups that lead to them");
 
   std::vector<std::string> merge_inputs;
   std::string merge_out;
@@ -395,6 +478,21 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "qdump diff: --atol must be a finite number >= 0, got %g\n", atol);
     return 2;
   }
+  if (depth_opt->count() > 0 && show_depth < 1) {
+    std::fprintf(stderr, "qdump show: --depth must be >= 1, got %lld\n", static_cast<long long>(show_depth));
+    return 2;
+  }
+  qforge::io::ShowFilter show_filter;
+  show_filter.depth = show_depth;
+  if (!show_grep.empty()) {
+    try {
+      show_filter.grep.emplace(show_grep, std::regex::ECMAScript);
+    } catch (const std::regex_error& e) {
+      std::fprintf(stderr, "qdump show: --grep '%s' is not a regular expression: %s\n",
+                   qforge::printable(show_grep).c_str(), e.what());
+      return 2;
+    }
+  }
   std::string files = show_file + errors_file;
   for (const std::string& f : merge_inputs) files += (files.empty() ? "" : ", ") + f;
   if (diff->parsed()) files = diff_a + ", " + diff_b;
@@ -402,7 +500,7 @@ int main(int argc, char** argv) {
     // qdump reads files from anywhere: a crash of the HDF5 library on a crafted one ends a child
     // process and is reported here as an error (docs/formats.md).
     return qforge::io::h5::run_isolated(files, [&] {
-      if (show->parsed()) return qforge::io::show(show_file, show_path);
+      if (show->parsed()) return qforge::io::show(show_file, show_path, show_filter);
       if (merge->parsed()) return qforge::io::merge(merge_inputs, merge_out);
       if (errors->parsed()) return qforge::io::errors(errors_file, errors_top);
       if (diff->parsed()) return qforge::io::diff(diff_a, diff_b, atol);

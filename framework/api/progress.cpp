@@ -3,9 +3,26 @@
 
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
 
 namespace qforge {
+
+std::string format_eta(double elapsed_s, int64_t done, int64_t total) {
+  if (done <= 0 || done >= total || !(elapsed_s >= 0)) return "";
+  const double left = elapsed_s * static_cast<double>(total - done) / static_cast<double>(done);
+  char buf[48];
+  if (left < 10) std::snprintf(buf, sizeof buf, "eta %.1fs", left);
+  else if (left < 60) std::snprintf(buf, sizeof buf, "eta %.0fs", left);
+  else if (left < 3600) {
+    const long s = std::lround(left);
+    std::snprintf(buf, sizeof buf, "eta %ldm%02lds", s / 60, s % 60);
+  } else {
+    const long m = std::lround(left / 60);
+    std::snprintf(buf, sizeof buf, "eta %ldh%02ldm", m / 60, m % 60);
+  }
+  return buf;
+}
 
 Progress::Progress(std::string label, int64_t total)
     : label_(std::move(label)), total_(total > 0 ? total : 1), tty_(isatty(STDERR_FILENO) == 1),
@@ -26,14 +43,17 @@ void Progress::update(int64_t n, const std::string& status) {
     last_draw_ = now;
     constexpr int kWidth = 30;
     const int filled = static_cast<int>(frac * kWidth);
-    std::fprintf(stderr, "\r%-24s [%s%s] %5.1f%% %6.1fs %s\033[K", label_.c_str(), std::string(filled, '#').c_str(),
-                 std::string(kWidth - filled, '.').c_str(), 100 * frac, secs, status.c_str());
+    std::fprintf(stderr, "\r%-24s [%s%s] %5.1f%% %6.1fs %-11s %s\033[K", label_.c_str(),
+                 std::string(filled, '#').c_str(), std::string(kWidth - filled, '.').c_str(), 100 * frac, secs,
+                 format_eta(secs, done_, total_).c_str(), status.c_str());
   } else {
     const int decile = static_cast<int>(frac * 10);
     if (decile == last_decile_) return;
     last_decile_ = decile;
-    std::fprintf(stderr, "%s: %3d%% (%lld/%lld) %.1fs %s\n", label_.c_str(), decile * 10,
-                 static_cast<long long>(done_), static_cast<long long>(total_), secs, status.c_str());
+    const std::string eta = format_eta(secs, done_, total_);
+    std::fprintf(stderr, "%s: %3d%% (%lld/%lld) %.1fs%s%s %s\n", label_.c_str(), decile * 10,
+                 static_cast<long long>(done_), static_cast<long long>(total_), secs, eta.empty() ? "" : " ",
+                 eta.c_str(), status.c_str());
   }
   std::fflush(stderr);
 }

@@ -1,4 +1,5 @@
-// Progress reporting: a redrawn bar on a terminal, plain log lines (every 10%) otherwise.
+// Progress reporting: a redrawn bar on a terminal, plain log lines (every 10%) otherwise, each
+// with the time so far and an estimate of the time left.
 #pragma once
 
 #include <chrono>
@@ -6,6 +7,10 @@
 #include <string>
 
 namespace qforge {
+
+// "eta 4m30s": the time left if the remaining `total - done` steps take as long on average as the
+// `done` ones did (elapsed_s · (total − done) / done); "" before the first step and once done.
+std::string format_eta(double elapsed_s, int64_t done, int64_t total);
 
 class Progress {
  public:

@@ -55,6 +55,17 @@ size_t utf8_sequence_length(const std::string& s, size_t i) {
   return valid_prefix_length(s, i) == want || want == 1 ? want : 0;
 }
 
+size_t utf8_cut_before(const std::string& s, size_t i) {
+  while (i > 0 && i < s.size() && is_continuation(static_cast<unsigned char>(s[i]))) --i;
+  return i;
+}
+
+size_t utf8_columns(const std::string& s) {
+  size_t n = 0;
+  for (char c : s) n += is_continuation(static_cast<unsigned char>(c)) ? 0 : 1;
+  return n;
+}
+
 size_t find_invalid_utf8(const std::string& s) {
   for (size_t i = 0; i < s.size();) {
     const size_t len = utf8_sequence_length(s, i);

@@ -15,6 +15,13 @@ size_t utf8_sequence_length(const std::string& s, size_t i);
 // U+FFFD replaces in lossy decoding.
 size_t utf8_valid_prefix_length(const std::string& s, size_t i);
 
+// The largest i' <= i that is not a UTF-8 continuation byte of `s` (0 at most): where to cut `s` at
+// byte i without splitting a character; i itself when i >= s.size().
+size_t utf8_cut_before(const std::string& s, size_t i);
+
+// Characters of `s` as a terminal counts them: the bytes that are not UTF-8 continuation bytes.
+size_t utf8_columns(const std::string& s);
+
 // Byte offset of the first invalid sequence of `s`, or std::string::npos when `s` is valid UTF-8.
 size_t find_invalid_utf8(const std::string& s);
 

@@ -72,6 +72,7 @@ search::SearchResult measure(RunContext& ctx, const search::SearchOptions& so) {
   // then the model is float again for the search.
   io::CalibrationDump base_calibration;
   search::SearchOptions with_reuse = so;
+  with_reuse.progress = true;  // bars on stderr: rank 0's reaches the terminal, the others' /dev/null
   if (so.method == search::Method::kHistogram) {
     quantize(*t.model, r.scheme);
     ctx.calibrate(r.scheme);

@@ -4,7 +4,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include <map>
 #include <string>
+#include <vector>
 
 #include "framework/recipe/recipe.h"
 
@@ -35,6 +37,18 @@ std::string write_report_files(const nlohmann::json& report, const Recipe& recip
 // window.qforgePlots {total, drawn, failed} and <body data-plots="done" | "failed">.
 std::string render_report_html(const nlohmann::json& report, const std::string& recipe_path,
                                const std::string& recipe_sha256, const std::string& resolved_yaml);
+
+// Axis labels for layer names (report.html's bar charts): a name of at most 40 characters as it
+// is, a longer one as its first 12 characters, "…" and its last path components within 27 bytes
+// (a longer last component cut at a character), components added until no two names share a
+// label (the full name is in the bar's tooltip).
+std::map<std::string, std::string> distinct_axis_labels(const std::vector<std::string>& names);
+
+// A hint when a static activation's values reach at most half of its integer grid's codes, e.g.
+// "uses 128 of 256 codes: unsigned grid?" for a softmax output on a signed grid; "" otherwise.
+// Codes used: round((min(max, clip_max) − max(min, clip_min)) / scale) + 1 for the observed
+// [min, max] of report.json's "activations" entry.
+std::string grid_use_hint(const nlohmann::json& activation);
 
 // The run in two lines, for the end of qtrain's output: the metric of the float model beside the
 // last quantized stage that ran (frozen when it did), the size ratio, and the wall time of the

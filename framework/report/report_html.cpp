@@ -5,10 +5,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <sstream>
 
 #include "framework/core/qtype.h"
+#include "framework/core/utf8.h"
 #include "framework/report/report_files.h"
 #include "framework/report/report_assets.h"
 
@@ -28,6 +30,13 @@ std::string esc(const std::string& s) {
       default: o += c;
     }
   }
+  return o;
+}
+
+// A dotted module path, escaped, with a line-break opportunity after each dot.
+std::string breakable(const std::string& path) {
+  std::string o;
+  for (char c : esc(path)) o += c == '.' ? std::string(".<wbr>") : std::string(1, c);
   return o;
 }
 
@@ -74,12 +83,55 @@ int64_t candidate_bits(const std::string& name) {
   }
 }
 
+// Axis labels of at most kLabelChars characters for layer names; the longest label the axis
+// draws in full at its font.
+constexpr size_t kLabelChars = 40, kLabelHead = 12;
+constexpr int kLabelLimitPx = 320;
+
+// `name` as its first `head` bytes, "…" and a tail of at most `tail` bytes that starts after a '.'
+// (whole path components), or, when the last component alone is longer, at a UTF-8 character
+// boundary; `name` itself when the label would not be shorter.
+std::string middle_ellipsis(const std::string& name, size_t head, size_t tail) {
+  if (name.size() <= head + tail + 1) return name;
+  const size_t from = name.size() - tail;
+  const size_t dot = name.find('.', from == 0 ? 0 : from - 1);
+  const size_t start = dot != std::string::npos && dot + 1 < name.size() ? dot + 1 : utf8_cut_before(name, from);
+  return name.substr(0, utf8_cut_before(name, head)) + "\u2026" + name.substr(start);
+}
+
+}  // namespace
+
+std::map<std::string, std::string> distinct_axis_labels(const std::vector<std::string>& names) {
+  // Names share their heads (bert.encoder.layer.1.attention.self.…) and differ at the tail, so a
+  // label keeps the tail, lengthened only for the names whose labels still collide.
+  std::map<std::string, size_t> tail;
+  for (const std::string& n : names) tail[n] = kLabelChars - kLabelHead - 1;
+  while (true) {
+    std::map<std::string, std::string> labels;
+    std::map<std::string, std::vector<std::string>> owners;  // label -> the names it stands for
+    for (const auto& [n, t] : tail) owners[labels[n] = middle_ellipsis(n, kLabelHead, t)].push_back(n);
+    bool grew = false;
+    for (const auto& [label, ns] : owners)
+      if (ns.size() > 1)
+        for (const std::string& n : ns)
+          if (tail[n] < n.size()) ++tail[n], grew = true;
+    if (!grew) return labels;  // distinct (names at full length cannot collide)
+  }
+}
+
+namespace {
+
 nlohmann::json sqnr_spec(const nlohmann::json& layers, std::vector<std::string>* exact) {
+  std::vector<std::string> names;
+  for (const auto& l : layers) names.push_back(l.at("path").get<std::string>());
+  const std::map<std::string, std::string> labels = distinct_axis_labels(names);
   nlohmann::json values = nlohmann::json::array();
   for (const auto& l : layers) {
     for (const char* kind : {"weight", "own", "accumulated"}) {
       const nlohmann::json& v = l.at(std::string(kind) + "_sqnr_db");
-      if (v.is_number()) values.push_back({{"layer", l.at("path")}, {"kind", kind}, {"sqnr_db", v}});
+      if (v.is_number())
+        values.push_back({{"label", labels.at(l.at("path").get<std::string>())}, {"layer", l.at("path")}, {"kind", kind},
+                          {"sqnr_db", v}});
       else if (v.is_string() && v.get<std::string>() == "inf")
         exact->push_back(l.at("path").get<std::string>() + " (" + kind + ")");
     }
@@ -89,11 +141,31 @@ nlohmann::json sqnr_spec(const nlohmann::json& layers, std::vector<std::string>*
           {"mark", {{"type", "bar"}, {"tooltip", true}}},
           {"width", 640},
           {"encoding",
-           {{"y", {{"field", "layer"}, {"type", "nominal"}, {"sort", nullptr}, {"title", nullptr}}},
+           {{"y", {{"field", "label"}, {"type", "nominal"}, {"sort", nullptr}, {"title", nullptr},
+                   {"axis", {{"labelLimit", kLabelLimitPx}}}}},
             {"yOffset", {{"field", "kind"}, {"sort", {"weight", "own", "accumulated"}}}},
             {"x", {{"field", "sqnr_db"}, {"type", "quantitative"}, {"title", "SQNR (dB), higher is better"}}},
             {"color", {{"field", "kind"}, {"type", "nominal"}, {"sort", {"weight", "own", "accumulated"}}, {"title", "SQNR of"}}}}}};
 }
+
+}  // namespace
+
+std::string grid_use_hint(const nlohmann::json& a) {
+  if (!a.contains("min") || !a.contains("max") || a.at("qtype").get<std::string>().find("float") != std::string::npos)
+    return "";
+  const double clip_lo = a.at("clip_min").get<double>(), clip_hi = a.at("clip_max").get<double>();
+  const double s = a.at("scale").get<double>();
+  if (!(s > 0) || !std::isfinite(clip_lo) || !std::isfinite(clip_hi)) return "";
+  const int64_t codes = std::llround((clip_hi - clip_lo) / s) + 1;
+  const double lo = std::max(a.at("min").get<double>(), clip_lo), hi = std::min(a.at("max").get<double>(), clip_hi);
+  if (codes < 4 || !(hi >= lo)) return "";
+  const int64_t used = std::clamp<int64_t>(std::llround((hi - lo) / s) + 1, 1, codes);
+  if (2 * used > codes + 2) return "";  // the zero code may sit on either half
+  return "uses " + std::to_string(used) + " of " + std::to_string(codes) + " codes: " +
+         (a.at("min").get<double>() >= 0 && clip_lo < 0 ? "unsigned grid?" : "a narrower clip range?");
+}
+
+namespace {
 
 nlohmann::json histogram_spec(const nlohmann::json& a) {
   const double clip_lo = a.at("clip_min").get<double>(), clip_hi = a.at("clip_max").get<double>();
@@ -123,9 +195,12 @@ nlohmann::json histogram_spec(const nlohmann::json& a) {
     layers.push_back({{"data", {{"values", grid}}},
                       {"mark", {{"type", "rule"}, {"color", "#54a24b"}}},
                       {"encoding", {{"x", {{"field", "x"}, {"type", "quantitative"}}}, {"y", {{"value", 150}}}, {"y2", {{"value", 160}}}}}});
+  const std::string hint = grid_use_hint(a);
+  nlohmann::json subtitle = {a.at("observer").get<std::string>() + " observer, " + a.at("qtype").get<std::string>() +
+                             "; red: clip range, green: " + grid_title};
+  if (!hint.empty()) subtitle.push_back(hint);
   return {{"title", {{"text", a.at("path").get<std::string>() + " " + a.at("point").get<std::string>()},
-                     {"subtitle", a.at("observer").get<std::string>() + " observer, " + a.at("qtype").get<std::string>() +
-                                      "; red: clip range, green: " + grid_title}}},
+                     {"subtitle", subtitle}}},
           {"width", 600},
           {"height", 160},
           {"layer", layers}};
@@ -148,37 +223,86 @@ nlohmann::json loss_spec(const nlohmann::json& curves) {
 }
 
 nlohmann::json bits_spec(const nlohmann::json& search) {
+  std::vector<std::string> names;
+  for (const auto& l : search.at("layers")) names.push_back(l.at("path").get<std::string>());
+  const std::map<std::string, std::string> labels = distinct_axis_labels(names);
   nlohmann::json values = nlohmann::json::array();
   for (const auto& l : search.at("layers"))
-    values.push_back({{"layer", l.at("path")}, {"qtype", l.at("qtype")}, {"bits", candidate_bits(l.at("qtype").get<std::string>())},
-                      {"bytes", l.at("bytes")}});
+    values.push_back({{"label", labels.at(l.at("path").get<std::string>())}, {"layer", l.at("path")}, {"qtype", l.at("qtype")},
+                      {"bits", candidate_bits(l.at("qtype").get<std::string>())}, {"bytes", l.at("bytes")}});
   if (values.empty()) return nullptr;
   return {{"title", "bits chosen per layer"},
           {"data", {{"values", values}}},
           {"mark", {{"type", "bar"}, {"tooltip", true}}},
           {"width", 640},
           {"encoding",
-           {{"y", {{"field", "layer"}, {"type", "nominal"}, {"sort", nullptr}, {"title", nullptr}}},
+           {{"y", {{"field", "label"}, {"type", "nominal"}, {"sort", nullptr}, {"title", nullptr},
+                   {"axis", {{"labelLimit", kLabelLimitPx}}}}},
             {"x", {{"field", "bits"}, {"type", "quantitative"}, {"title", "weight bits"}}},
             {"color", {{"field", "qtype"}, {"type", "nominal"}}}}}};
 }
 
-nlohmann::json pareto_spec(const nlohmann::json& search) {
-  nlohmann::json values = nlohmann::json::array();
+// A quantitative scale: logarithmic when the values are positive and span a decade or more.
+nlohmann::json axis_scale(const nlohmann::json& values, const std::string& field) {
+  double lo = std::numeric_limits<double>::infinity(), hi = 0;
+  for (const auto& v : values) {
+    const double x = v.at(field).get<double>();
+    if (!(x > 0)) return {{"zero", false}};
+    lo = std::min(lo, x), hi = std::max(hi, x);
+  }
+  if (hi >= 10 * lo) return {{"type", "log"}};
+  return {{"zero", false}};
+}
+
+// One panel of the Pareto plot: the front's points, the budget (a vertical rule) and the chosen
+// point last, so it is drawn on top of any point at the same place.
+nlohmann::json pareto_panel(const nlohmann::json& front, const nlohmann::json& chosen, const std::string& x,
+                            const std::string& x_title, const std::string& y, const std::string& y_title,
+                            const nlohmann::json& budget) {
+  nlohmann::json all = front;
+  for (const auto& c : chosen) all.push_back(c);
+  const nlohmann::json enc = {{"x", {{"field", x}, {"type", "quantitative"}, {"title", x_title}, {"scale", axis_scale(all, x)}}},
+                              {"y", {{"field", y}, {"type", "quantitative"}, {"title", y_title}, {"scale", axis_scale(all, y)}}}};
+  nlohmann::json layers = nlohmann::json::array();
+  if (!front.empty())
+    layers.push_back({{"data", {{"values", front}}},
+                      {"mark", {{"type", "point"}, {"filled", true}, {"size", 60}, {"color", "#4c78a8"}, {"tooltip", true}}},
+                      {"encoding", enc}});
+  if (!budget.is_null())
+    layers.push_back({{"data", {{"values", {{{x, budget}, {"what", "budget"}}}}}},
+                      {"mark", {{"type", "rule"}, {"color", "#e45756"}, {"strokeDash", {6, 4}}, {"tooltip", true}}},
+                      {"encoding", {{"x", {{"field", x}, {"type", "quantitative"}}}}}});
+  if (!chosen.empty())
+    layers.push_back({{"data", {{"values", chosen}}},
+                      {"mark", {{"type", "point"}, {"shape", "diamond"}, {"filled", true}, {"size", 160}, {"color", "#e45756"},
+                                {"stroke", "black"}, {"tooltip", true}}},
+                      {"encoding", enc}});
+  return {{"width", 400}, {"height", 220}, {"layer", layers}};
+}
+
+// The search's Pareto front along its axis (bytes or latency): predicted sensitivity, and the
+// measured metric where the run evaluated points; the budget on that axis as a dashed red rule.
+nlohmann::json pareto_spec(const nlohmann::json& search, const std::string& metric) {
+  const std::string x = search.value("pareto_axis", std::string("bytes"));
+  const std::string x_title = x == "latency_ms" ? "predicted latency of the layer kernels (ms)" : "model bytes after freeze";
+  const nlohmann::json budget = search.value(x == "latency_ms" ? "budget_latency_ms" : "budget_bytes", nlohmann::json());
+  nlohmann::json front = nlohmann::json::array(), chosen = nlohmann::json::array();
+  nlohmann::json measured_front = nlohmann::json::array(), measured_chosen = nlohmann::json::array();
   for (const auto& p : search.at("pareto")) {
     nlohmann::json v = p;
-    v["chosen"] = p.value("chosen", false) ? "chosen" : "front";
-    values.push_back(v);
+    const bool is_chosen = p.value("chosen", false);
+    v["chosen"] = is_chosen ? "chosen" : "front";
+    (is_chosen ? chosen : front).push_back(v);
+    if (p.contains(metric) && p.at(metric).is_number()) (is_chosen ? measured_chosen : measured_front).push_back(v);
   }
-  if (values.empty()) return nullptr;
-  return {{"title", "Pareto front: predicted sensitivity against size"},
-          {"data", {{"values", values}}},
-          {"mark", {{"type", "point"}, {"filled", true}, {"size", 60}, {"tooltip", true}}},
-          {"width", 480},
-          {"encoding",
-           {{"x", {{"field", "bytes"}, {"type", "quantitative"}, {"title", "weight bytes"}}},
-            {"y", {{"field", "predicted"}, {"type", "quantitative"}, {"title", "predicted sensitivity (lower is better)"}}},
-            {"color", {{"field", "chosen"}, {"type", "nominal"}, {"title", nullptr}}}}}};
+  if (front.empty() && chosen.empty()) return nullptr;
+  nlohmann::json panels = nlohmann::json::array();
+  panels.push_back(pareto_panel(front, chosen, x, x_title, "predicted", "predicted sensitivity (lower is better)", budget));
+  if (!measured_front.empty() || !measured_chosen.empty())
+    panels.push_back(pareto_panel(measured_front, measured_chosen, x, x_title, metric, "measured " + metric + " (test split)", budget));
+  return {{"title", {{"text", std::string("Pareto front against ") + (x == "latency_ms" ? "latency" : "size")},
+                     {"subtitle", "red diamond: the chosen point; dashed red: the budget"}}},
+          {"hconcat", panels}};
 }
 
 constexpr int64_t kMaxHistogramPlots = 48;
@@ -203,7 +327,10 @@ void html_head(Page& p, const nlohmann::json& report, const std::string& recipe_
   p.h << "<!doctype html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>qtrain report: " << esc(recipe_path)
     << "</title>\n<style>\n"
        "body{font-family:system-ui,sans-serif;margin:2em;max-width:1100px;color:#222}"
-       "table{border-collapse:collapse;margin:0.5em 0 1em}td,th{border:1px solid #ccc;padding:3px 8px;text-align:left;font-size:14px}"
+       // overflow-wrap:anywhere lets a table shrink below its longest name: every table fits the page.
+       "table{border-collapse:collapse;margin:0.5em 0 1em;max-width:100%}table.layers{width:100%;table-layout:fixed}"
+       "td,th{border:1px solid #ccc;padding:3px 8px;text-align:left;font-size:14px;overflow-wrap:anywhere}"
+       ".hint{color:#b35900;margin:0 0 1em}"
        "th{background:#f3f3f3}td.n{text-align:right;font-variant-numeric:tabular-nums}.empty{color:#777;font-style:italic}"
        "pre{background:#f7f7f7;padding:1em;overflow:auto;font-size:13px}.plot{margin:0.5em 0 1.5em}\n"
        "</style>\n";
@@ -259,12 +386,16 @@ void html_layers(Page& p, const nlohmann::json& report) {
   if (!report.contains("layers") || report.at("layers").empty()) {
     p.h << "<p class=\"empty\">no quantizable layers in the report</p>\n";
   } else {
-    p.h << "<table><tr><th>layer</th><th>type</th><th>weights</th><th>activations</th><th>kernel</th><th>fallback</th>"
-         "<th>bytes</th><th>own SQNR dB</th><th>accumulated SQNR dB</th></tr>\n";
+    // Fixed column shares: the table is the page's width whatever its names and kernels hold.
+    p.h << "<table class=\"layers\"><colgroup><col style=\"width:22%\"><col style=\"width:7%\"><col style=\"width:14%\">"
+           "<col style=\"width:14%\"><col style=\"width:12%\"><col style=\"width:15%\"><col style=\"width:5%\">"
+           "<col style=\"width:5.5%\"><col style=\"width:5.5%\"></colgroup>\n"
+           "<tr><th>layer</th><th>type</th><th>weights</th><th>activations</th><th>kernel</th><th>fallback</th>"
+           "<th>bytes</th><th>own SQNR dB</th><th>accumulated SQNR dB</th></tr>\n";
     for (const auto& l : report.at("layers")) {
       const std::string name = l.at("name").get<std::string>();
       const auto e = errors_by_path.find(name);
-      p.h << "<tr><td>" << esc(name) << "</td><td>" << cell(l.at("type")) << "</td><td>" << cell(l.at("weights")) << "</td><td>"
+      p.h << "<tr><td>" << breakable(name) << "</td><td>" << cell(l.at("type")) << "</td><td>" << cell(l.at("weights")) << "</td><td>"
         << cell(l.at("activations")) << "</td><td>" << cell(l.at("kernel")) << "</td><td>" << cell(l.at("fallback_reason"))
         << "</td><td class=\"n\">" << cell(l.at("bytes"), 0) << "</td><td class=\"n\">"
         << (e == errors_by_path.end() ? "-" : cell(e->second->at("own_sqnr_db"))) << "</td><td class=\"n\">"
@@ -302,7 +433,12 @@ void html_histograms(Page& p, const nlohmann::json& report) {
         continue;
       }
       if (drawn >= kMaxHistogramPlots) continue;
-      p.plot_or("plot-hist-" + std::to_string(drawn++), histogram_spec(a), "");
+      const std::string id = "plot-hist-" + std::to_string(drawn++);
+      p.plot_or(id, histogram_spec(a), "");
+      const std::string hint = grid_use_hint(a);
+      if (!hint.empty())
+        p.h << "<p class=\"hint\" id=\"" << id << "-hint\">" << esc(a.at("path").get<std::string>() + " " + a.at("point").get<std::string>())
+          << " " << esc(hint) << "</p>\n";
     }
   if (drawn == 0)
     p.h << "<p class=\"empty\" id=\"plot-hist-empty\">"
@@ -313,13 +449,13 @@ void html_histograms(Page& p, const nlohmann::json& report) {
   const int64_t hist_total = report.contains("activations") ? static_cast<int64_t>(report.at("activations").size()) - without : 0;
   if (hist_total > drawn) p.h << "<p>" << hist_total - drawn << " more histograms not drawn (first " << kMaxHistogramPlots << " shown)</p>\n";
   if (without > 0) {
-    p.h << "<table><tr><th>point</th><th>observer</th><th>min</th><th>max</th><th>clip min</th><th>clip max</th></tr>\n";
+    p.h << "<table><tr><th>point</th><th>observer</th><th>min</th><th>max</th><th>clip min</th><th>clip max</th><th>grid</th></tr>\n";
     for (const auto& a : report.at("activations"))
       if (!a.contains("histogram"))
         p.h << "<tr><td>" << esc(a.at("path").get<std::string>() + " " + a.at("point").get<std::string>()) << "</td><td>"
           << cell(a.at("observer")) << "</td><td class=\"n\">" << cell(a.value("min", nlohmann::json()), 4) << "</td><td class=\"n\">"
           << cell(a.value("max", nlohmann::json()), 4) << "</td><td class=\"n\">" << cell(a.at("clip_min"), 4)
-          << "</td><td class=\"n\">" << cell(a.at("clip_max"), 4) << "</td></tr>\n";
+          << "</td><td class=\"n\">" << cell(a.at("clip_max"), 4) << "</td><td>" << esc(grid_use_hint(a)) << "</td></tr>\n";
     p.h << "</table>\n";
   }
   p.h << "</section>\n";
@@ -341,7 +477,7 @@ void html_search(Page& p, const nlohmann::json& report) {
     p.h << "<p>" << esc(se.value("method", std::string())) << " sensitivities, budget <code>" << esc(se.value("budget", std::string()))
       << "</code></p>\n";
     p.plot_or("plot-bits", bits_spec(se), "the search chose no layer");
-    p.plot_or("plot-pareto", pareto_spec(se), "the search kept no Pareto front");
+    p.plot_or("plot-pareto", pareto_spec(se, report.value("metric", std::string("accuracy"))), "the search kept no Pareto front");
   } else {
     p.h << "<p class=\"empty\" id=\"plot-search-empty\">no mixed-precision search in this run</p>\n";
   }
@@ -370,7 +506,11 @@ void html_tail(Page& p, const nlohmann::json& report, const std::string& resolve
        "    return vegaEmbed('#' + p.id, p.spec, {mode: 'vega-lite', actions: false, renderer: 'svg'})\n"
        "      .then(function () { state.drawn++; })\n"
        "      .catch(function (e) { state.failed.push(p.id + ': ' + e); console.error('qforge plot ' + p.id + ': ' + e); });\n"
-       "  })).then(function () { document.body.setAttribute('data-plots', state.failed.length ? 'failed' : 'done'); });\n"
+       "  })).then(function () {\n"
+       "    // What the page measures once drawn, for a test (or a reader): the widest element's right edge.\n"
+       "    document.body.setAttribute('data-page-width', document.documentElement.scrollWidth);\n"
+       "    document.body.setAttribute('data-plots', state.failed.length ? 'failed' : 'done');\n"
+       "  });\n"
        "})();\n"
        "</script>\n</body>\n</html>\n";
 }

@@ -120,7 +120,13 @@ nlohmann::json search_json(const search::SearchResult& sr, const std::string& me
     if (p.accuracy) j[metric] = *p.accuracy;
     pareto.push_back(j);
   }
-  return {{"method", search::to_string(sr.method)}, {"budget", sr.budget.to_string()}, {"bytes", sr.bytes},
+  // The budget on the front's axes, as numbers (report.html draws it beside the front).
+  nlohmann::json budget_bytes, budget_latency_ms;
+  if (sr.budget.size_mb) budget_bytes = *sr.budget.size_mb * 1e6;
+  else if (sr.budget.size_ratio) budget_bytes = *sr.budget.size_ratio * static_cast<double>(sr.float_bytes);
+  if (sr.budget.latency_ms) budget_latency_ms = *sr.budget.latency_ms;
+  return {{"method", search::to_string(sr.method)}, {"budget", sr.budget.to_string()}, {"budget_bytes", budget_bytes},
+          {"budget_latency_ms", budget_latency_ms}, {"bytes", sr.bytes},
           {"float_bytes", sr.float_bytes}, {"latency_ms", sr.latency_ms}, {"float_latency_ms", sr.float_latency_ms},
           {"latency_regime", "frozen layer forward, last-level cache evicted before each call, median of 7"},
           {"cpu", sr.cpu}, {"threads", at::get_num_threads()}, {"latency_measured", sr.latency_measured},

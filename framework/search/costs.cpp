@@ -55,7 +55,7 @@ Priced Pricer::price(const QuantizableLayer& layer, const std::string& path, con
 }
 
 FixedCosts price_fixed(const std::vector<std::pair<std::string, QuantizableLayer*>>& fixed, const Scheme& base,
-                       const CalibrationInputs& inputs, Pricer& pricer) {
+                       const CalibrationInputs& inputs, Pricer& pricer, const std::function<void()>& priced_one) {
   FixedCosts out;
   for (const auto& [path, layer] : fixed) {
     int rule = -1;
@@ -67,10 +67,12 @@ FixedCosts price_fixed(const std::vector<std::pair<std::string, QuantizableLayer
       out.quantizer_bytes += layer->storage_bytes() - float_bytes;
     }
     const at::Tensor x = inputs.of(layer);
-    if (!x.defined() || !timeable(*layer)) continue;
-    const Priced priced = pricer.price(*layer, path, ls, ls ? "fixed" : "float", x);
-    out.latency_ms += priced.latency_ms;
-    out.float_latency_ms += ls ? pricer.price(*layer, path, std::nullopt, "float", x).latency_ms : priced.latency_ms;
+    if (x.defined() && timeable(*layer)) {
+      const Priced priced = pricer.price(*layer, path, ls, ls ? "fixed" : "float", x);
+      out.latency_ms += priced.latency_ms;
+      out.float_latency_ms += ls ? pricer.price(*layer, path, std::nullopt, "float", x).latency_ms : priced.latency_ms;
+    }
+    if (priced_one) priced_one();
   }
   return out;
 }

@@ -59,7 +59,8 @@ struct FixedCosts {
   double float_latency_ms = 0;
 };
 
+// `priced` is called after each layer (the search's progress bar).
 FixedCosts price_fixed(const std::vector<std::pair<std::string, QuantizableLayer*>>& fixed, const Scheme& base,
-                       const CalibrationInputs& inputs, Pricer& pricer);
+                       const CalibrationInputs& inputs, Pricer& pricer, const std::function<void()>& priced = {});
 
 }  // namespace qforge::search

@@ -11,6 +11,7 @@
 #include <map>
 #include <sstream>
 
+#include "framework/api/progress.h"
 #include "framework/core/enum_names.h"
 #include "framework/core/error.h"
 #include "framework/api/quantize.h"
@@ -89,7 +90,11 @@ Sensitivities sensitivities(const SensitivityContext& ctx, const Scheme& base, d
     res.reused = true;
     return std::move(*stored);
   }
-  Sensitivities measured = sensitivity_method(ctx.options.method).measure(ctx);
+  const SensitivityMethod& method = sensitivity_method(ctx.options.method);
+  std::optional<Progress> bar;
+  SensitivityContext measuring = ctx;
+  if (ctx.options.progress) measuring.progress = &bar.emplace("search: sensitivities", method.steps(ctx));
+  Sensitivities measured = method.measure(measuring);
   res.hutchinson_probes = measured.hutchinson_probes;
   return measured;
 }
@@ -97,7 +102,7 @@ Sensitivities sensitivities(const SensitivityContext& ctx, const Scheme& base, d
 // Phase 3: each searched layer's candidates with their exact bytes, bits, latency and
 // sensitivity, into res.layers (and what was measured, into res.sensitivities).
 void price_layers(const SensitivityContext& ctx, const Sensitivities& sens, const CalibrationInputs& inputs,
-                  Pricer& pricer, SearchResult& res) {
+                  Pricer& pricer, SearchResult& res, const std::function<void()>& priced) {
   const SensitivityMethod& method = sensitivity_method(ctx.options.method);
   for (size_t i = 0; i < ctx.layers.size(); ++i) {
     const Searched& s = ctx.layers[i];
@@ -125,6 +130,7 @@ void price_layers(const SensitivityContext& ctx, const Sensitivities& sens, cons
     res.sensitivities.traces[lc.path] = lc.hessian_trace;
     for (const CandidateCost& cc : lc.candidates) res.sensitivities.values[lc.path][cc.candidate] = cc.sensitivity;
     res.layers.push_back(std::move(lc));
+    if (priced) priced();
   }
 }
 
@@ -342,12 +348,20 @@ SearchResult search(torch::nn::Module& model, const Scheme& base, int64_t batche
   res.skipped = col.skipped;
   const CalibrationInputs inputs = record_inputs(model, loss_of_batch);
   Pricer pricer(o.latency, &res.latency_measured);
-  const FixedCosts fixed = price_fixed(col.fixed, base, inputs, pricer);
 
   HistogramObservers observers;  // histogram method: input observers restored from the calibration once
   const SensitivityContext ctx{col.layers, batches, loss_of_batch, o, observers};
   const Sensitivities sens = sensitivities(ctx, base, inputs.loss0, res);
-  price_layers(ctx, sens, inputs, pricer, res);
+  std::optional<Progress> bar;
+  if (o.progress) bar.emplace("search: pricing layers", static_cast<int64_t>(col.fixed.size() + col.layers.size()));
+  const std::function<void()> priced = [&] {
+    if (bar)
+      bar->update(1, std::to_string(res.latency_measured) + " kernels timed, " +
+                         std::to_string(pricer.cache().hits()) + " from the cache");
+  };
+  const FixedCosts fixed = price_fixed(col.fixed, base, inputs, pricer, priced);
+  price_layers(ctx, sens, inputs, pricer, res, priced);
+  if (bar) bar->finish(std::to_string(res.latency_measured) + " kernels timed");
   res.latency_cached = pricer.cache().hits();
   res.latency_cache_warning = pricer.cache().save();
 

@@ -92,6 +92,9 @@ struct SearchOptions {
   // Sensitivities of an earlier search (from a calibration dump): used instead of measuring when
   // their key matches this search's (same method and settings, weights, calibration batches).
   const io::SearchSensitivities* reuse = nullptr;
+  // Progress bars on stderr while sensitivities are measured and layers priced (layers done,
+  // kernels timed, time left); qtrain turns them on.
+  bool progress = false;
 };
 
 struct CandidateCost {

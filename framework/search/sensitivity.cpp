@@ -8,6 +8,7 @@
 #include <limits>
 #include <sstream>
 
+#include "framework/api/progress.h"
 #include "framework/core/error.h"
 #include "framework/search/hessian.h"
 #include "observers/histogram_search.h"
@@ -25,6 +26,10 @@ double perturbation(const at::Tensor& w, const std::string& path, const LayerSch
   q->eval();
   const at::Tensor wf = w.detach().to(at::kFloat);
   return (q->forward(wf) - wf).pow(2).sum().item<double>();
+}
+
+void advance(const SensitivityContext& ctx) {
+  if (ctx.progress) ctx.progress->update(1);
 }
 
 Sensitivities empty_for(size_t layers) {
@@ -45,6 +50,7 @@ class HessianSensitivity final : public SensitivityMethod {
        << "|seed=" << o.hutchinson.seed;
     return os.str();
   }
+  int64_t steps(const SensitivityContext& ctx) const override { return ctx.batches; }
   Sensitivities measure(const SensitivityContext& ctx) const override {
     const auto& layers = ctx.layers;
     Sensitivities out = empty_for(layers.size());
@@ -58,6 +64,7 @@ class HessianSensitivity final : public SensitivityMethod {
       const TraceEstimate e = hutchinson_trace(ctx.loss_of_batch(b), params, ho);
       out.hutchinson_probes = std::max(out.hutchinson_probes, e.probes);
       for (size_t i = 0; i < layers.size(); ++i) trace[i] += e.trace[i] / ctx.batches;
+      advance(ctx);
     }
     for (size_t i = 0; i < layers.size(); ++i) {
       // A negative estimate is noise around zero curvature: it counts as 0, never as a reward
@@ -75,6 +82,7 @@ class LossSensitivity final : public SensitivityMethod {
  public:
   Method method() const override { return Method::kLoss; }
   std::string key_suffix(const SearchOptions& /*options*/) const override { return {}; }
+  int64_t steps(const SensitivityContext& ctx) const override { return static_cast<int64_t>(ctx.layers.size()) + 1; }
   Sensitivities measure(const SensitivityContext& ctx) const override {
     Sensitivities out = empty_for(ctx.layers.size());
     at::NoGradGuard no_grad;
@@ -84,6 +92,7 @@ class LossSensitivity final : public SensitivityMethod {
       return l;
     };
     const double base_loss = mean_loss();
+    advance(ctx);
     for (size_t i = 0; i < ctx.layers.size(); ++i) {
       const Searched& s = ctx.layers[i];
       for (const auto& ls : s.schemes) {
@@ -97,6 +106,7 @@ class LossSensitivity final : public SensitivityMethod {
         const ScopedAttach attached(*s.layer, s.path, weight_only);
         out.values[i].push_back(mean_loss() - base_loss);
       }
+      advance(ctx);
     }
     return out;
   }
@@ -187,6 +197,7 @@ Sensitivities HistogramSensitivity::measure(const SensitivityContext& ctx) const
       }
       out.values[i].push_back(v);
     }
+    advance(ctx);
   }
   return out;
 }

@@ -13,6 +13,10 @@
 #include "framework/search/candidates.h"
 #include "observers/histogram_observer.h"
 
+namespace qforge {
+class Progress;
+}
+
 namespace qforge::search {
 
 // Input histogram observers restored from the calibration dump, once per layer.
@@ -25,6 +29,7 @@ struct SensitivityContext {
   const std::function<at::Tensor(int64_t)>& loss_of_batch;
   const SearchOptions& options;
   HistogramObservers& observers;
+  Progress* progress = nullptr;  // advanced once per unit of SensitivityMethod::steps()
 };
 
 struct Sensitivities {
@@ -45,6 +50,8 @@ class SensitivityMethod {
   // The method's settings and data beyond the common key (sensitivity_key), "" when none.
   virtual std::string key_suffix(const SearchOptions& options) const = 0;
   virtual Sensitivities measure(const SensitivityContext& context) const = 0;
+  // How many units of work measure() reports to context.progress (batches, layers).
+  virtual int64_t steps(const SensitivityContext& context) const { return static_cast<int64_t>(context.layers.size()); }
   // Method-specific facts recorded for a layer's report (the histogram's activation errors).
   virtual void describe(LayerChoice& /*layer*/, const SensitivityContext& /*context*/) const {}
 };

@@ -158,8 +158,14 @@ TrainResult fit(torch::nn::Module& model, const BatchSource& data, const Forward
   for (int64_t epoch = 0; epoch < o.epochs && !r.stopped_early; ++epoch) {
     model.train();
     const at::Tensor perm = at::randperm(n, at::detail::createCPUGenerator(o.seed * 1000003 + epoch), at::kLong);
+    if (o.max_steps > 0 && r.steps >= o.max_steps) {  // before a bar for an epoch that runs no step
+      r.stopped_early = true;
+      break;
+    }
+    // The bar counts the steps this epoch will run: max_steps may end it early.
+    const int64_t epoch_total = o.max_steps > 0 ? std::min(steps_per_epoch, o.max_steps - r.steps) : steps_per_epoch;
     std::unique_ptr<Progress> bar =
-        show ? std::make_unique<Progress>(o.label + " epoch " + std::to_string(epoch + 1), steps_per_epoch) : nullptr;
+        show ? std::make_unique<Progress>(o.label + " epoch " + std::to_string(epoch + 1), epoch_total) : nullptr;
     double loss_sum = 0;
     int64_t epoch_steps = 0;
     for (int64_t step = 0; step < steps_per_epoch; ++step) {

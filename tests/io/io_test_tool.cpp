@@ -17,6 +17,9 @@
 //   io_test_tool make-hostile-names OUT -> OUT: a calibration dump whose numeric-suite table has a
 //                                          layer name and note holding terminal escape sequences
 //                                          and a NaN count (what a crafted file may hold)
+//   io_test_tool make-long-names OUT   -> OUT: a calibration dump whose numeric-suite table holds
+//                                          BERT's layer names (over 40 characters, sharing their
+//                                          first 36) beside a short one
 #include <ATen/ATen.h>
 
 #include <cmath>
@@ -195,6 +198,16 @@ int main(int argc, char** argv) {
       save_calibration_dump(argv[2], CalibrationDump{}, nullptr, &t);
       return 0;
     }
+    if (mode == "make-long-names" && argc == 3) {
+      LayerErrorTable t;
+      t.batches = 2;
+      for (const char* leaf : {"query", "key", "value"})
+        t.layers.push_back({std::string("bert.encoder.layer.1.attention.self.") + leaf, "Linear", "",
+                            {{"weight_sqnr_db", 30.5}, {"own_sqnr_db", 25.25}, {"nonfinite_inputs", 0.0}}});
+      t.layers.push_back({"fc", "Linear", "", {{"weight_sqnr_db", 40.0}, {"own_sqnr_db", 35.0}}});
+      save_calibration_dump(argv[2], CalibrationDump{}, nullptr, &t);
+      return 0;
+    }
     if (mode == "unwrite-dataset" && argc == 4) return unwrite_dataset(argv[2], argv[3]) ? 0 : 1;
     if (mode == "save-loop" && argc == 4) {
       at::set_num_threads(1);
@@ -218,6 +231,6 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "io_test_tool: %s\n", e.what());
     return 1;
   }
-  std::fprintf(stderr, "usage: io_test_tool make-fixtures DIR | dequantize CKPT OUT | make-link-cycle OUT | make-sparse-dataset OUT | make-null-dataset OUT | make-hostile-names OUT | save-loop PATH ELEMS | write-past-limit checkpoint|calibration PATH BYTES AGAIN | unwrite-dataset FILE DATASET\n");
+  std::fprintf(stderr, "usage: io_test_tool make-fixtures DIR | dequantize CKPT OUT | make-link-cycle OUT | make-sparse-dataset OUT | make-null-dataset OUT | make-hostile-names OUT | make-long-names OUT | save-loop PATH ELEMS | write-past-limit checkpoint|calibration PATH BYTES AGAIN | unwrite-dataset FILE DATASET\n");
   return 2;
 }

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <numeric>
 
+#include "framework/api/progress.h"
 #include "framework/data/fashion_mnist.h"
 #include "framework/data/text_corpus.h"
 #include "framework/models/gpt2.h"
@@ -94,6 +95,39 @@ TEST(Train, TinyGpt2OnFortunesLossFallsAndPerplexityIsReported) {
   EXPECT_LT(v.perplexity, 40.0);
   EXPECT_EQ(v.tokens, val.size() * 32);
   EXPECT_FALSE(v.confusion.defined()) << "no confusion matrix for language models";
+}
+
+// Issue 39 item 8: the epoch bar counts to the steps that run (max_steps cuts the epoch), and its
+// lines carry the time left.
+TEST(Train, Issue39Item8BarCountsToMaxStepsAndShowsTheTimeLeft) {
+  at::manual_seed(0);
+  const at::Tensor x = at::randn({400, 8});
+  TensorBatches tr(x, x.sum(1).gt(0).to(at::kLong));
+  models::Mlp m(models::MlpOptions{8, {8}, 2});
+  auto fwd = [&](const Batch& b) { return m->forward(b.input); };
+  TrainOptions o;
+  o.epochs = 3, o.batch_size = 10, o.lr = 1e-3, o.max_steps = 50, o.progress = true, o.label = "bar";
+  ::testing::internal::CaptureStderr();
+  const TrainResult r = fit(*m, tr, fwd, o);
+  const std::string out = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(r.steps, 50);
+  EXPECT_TRUE(r.stopped_early);
+  // 40 steps per epoch: epoch 1 runs all 40, epoch 2 the 10 left, epoch 3 none (and has no bar).
+  EXPECT_NE(out.find("bar epoch 1: 100% (40/40)"), std::string::npos) << out;
+  EXPECT_NE(out.find("bar epoch 2: 100% (10/10)"), std::string::npos) << out;
+  EXPECT_EQ(out.find("(10/40)"), std::string::npos) << out;
+  EXPECT_EQ(out.find("bar epoch 3"), std::string::npos) << out;
+  EXPECT_NE(out.find("bar epoch 1:  50% (20/40)"), std::string::npos) << out;
+  EXPECT_NE(out.find("s eta "), std::string::npos) << out;  // before 100%: the time left
+}
+
+TEST(Progress, Issue39Item8EtaIsTheAverageStepTimeTimesTheStepsLeft) {
+  EXPECT_EQ(format_eta(2.0, 0, 10), "");    // no step yet: unknown
+  EXPECT_EQ(format_eta(2.0, 10, 10), "");   // done
+  EXPECT_EQ(format_eta(1.0, 4, 10), "eta 1.5s");
+  EXPECT_EQ(format_eta(10.0, 5, 10), "eta 10s");
+  EXPECT_EQ(format_eta(30.0, 1, 10), "eta 4m30s");
+  EXPECT_EQ(format_eta(3600.0, 1, 4), "eta 3h00m");
 }
 
 }  // namespace

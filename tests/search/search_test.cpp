@@ -323,6 +323,37 @@ TEST(Search, LayersAreTimedAtTheShapeTheySeeAndTheLatencyBudgetHolds) {
   EXPECT_EQ(both.budget.to_string().rfind("size_ratio: 0.4, latency_ms: ", 0), 0u) << both.budget.to_string();
 }
 
+// Issue 39 item 8: with progress on, the search says how far its sensitivities and its pricing
+// are (layers priced, kernels timed, from the cache, time left) instead of staying silent.
+TEST(Search, Issue39Item8ProgressCountsLayersPricedAndKernelsTimed) {
+  Fixture f = make_fixture();
+  const TempPath cache;
+  SearchOptions o = options(0.0);
+  o.budget = Budget{};
+  o.budget.latency_ms = 1e6;
+  o.latency.cache_path = cache.path;
+  o.latency.repeats = 1;
+  o.progress = true;
+  ::testing::internal::CaptureStderr();
+  const SearchResult r = search(*f.model, Scheme(qint8), 2, f.loss, o);
+  const std::string out = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(out.find("search: sensitivities:  50% (1/2)"), std::string::npos) << out;  // one step per batch
+  EXPECT_NE(out.find("search: sensitivities: done in"), std::string::npos) << out;
+  EXPECT_NE(out.find("search: pricing layers:  50% (2/4)"), std::string::npos) << out;
+  EXPECT_NE(out.find("search: pricing layers: 100% (4/4)"), std::string::npos) << out;
+  EXPECT_NE(out.find("search: pricing layers: done in"), std::string::npos) << out;
+  EXPECT_NE(out.find(" eta "), std::string::npos) << out;
+  EXPECT_NE(out.find(std::to_string(r.latency_measured) + " kernels timed, " + std::to_string(r.latency_cached) +
+                     " from the cache"),
+            std::string::npos)
+      << out;
+  // Off (the default): nothing on stderr.
+  o.progress = false;
+  ::testing::internal::CaptureStderr();
+  search(*f.model, Scheme(qint8), 2, f.loss, o);
+  EXPECT_EQ(::testing::internal::GetCapturedStderr(), "");
+}
+
 TEST(Search, ACandidateNoLayerCanTakeNamesItsIndex) {
   Fixture f = make_fixture();
   SearchOptions o = options(0.5);

@@ -133,6 +133,14 @@ TEST(BpeUtf8, LossyDecodingReplacesMaximalSubparts) {
   EXPECT_EQ(find_invalid_utf8("ok \xC3\xA9 \xC3"), 6u);
 }
 
+TEST(Utf8, CutBeforeNeverSplitsACharacterAndColumnsCountCharacters) {
+  const std::string s = "a\xC3\xA9\xE2\x82\xAC";  // "a", "é" (2 bytes), "€" (3 bytes)
+  const size_t want[] = {0, 1, 1, 3, 3, 3, 6, 7};    // byte i -> start of the character holding it
+  for (size_t i = 0; i <= s.size() + 1; ++i) EXPECT_EQ(qforge::utf8_cut_before(s, i), want[i]) << i;
+  EXPECT_EQ(qforge::utf8_columns(s), 3u);
+  EXPECT_EQ(qforge::utf8_columns(""), 0u);
+}
+
 // A tokenizer.json around `model` with no pre-tokenizer, so each test controls the pieces.
 BpeTokenizer plain(json model, json added = json::array()) {
   model["type"] = "BPE";
