@@ -28,7 +28,8 @@ struct HadamardFunction : public torch::autograd::Function<HadamardFunction> {
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
-    return {rotate_rows(grads[0], !ctx->saved_data["transpose"].toBool()), at::Tensor()};
+    // Through the op itself, not the raw kernel, so a double backward (Hessian-vector products) sees it.
+    return {hadamard_rotate(grads[0], !ctx->saved_data["transpose"].toBool()), at::Tensor()};
   }
 };
 

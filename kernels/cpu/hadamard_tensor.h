@@ -1,6 +1,7 @@
 // The Hadamard transform (kernels/cpu/hadamard.h) as a tensor op: the last dimension of a CPU
 // tensor rotated, y = x · Hᵀ / sqrt(n) row by row (transpose: x · H / sqrt(n), the inverse),
-// differentiable (the backward is the other direction, since H / sqrt(n) is orthogonal).
+// differentiable to any order (the backward is this op in the other direction, since H / sqrt(n)
+// is orthogonal, so double backward for Hessian-vector products works through it).
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
+#include <torch/csrc/autograd/autograd.h>
 
 #include <cmath>
 #include <string>
@@ -228,13 +229,19 @@ TEST(HadamardTransform, TransposeIsTheInverseAndEqualsTheExplicitTranspose) {
   }
 }
 
-TEST(HadamardRotate, TensorOpAndItsGradientEqualTheExplicitMatrix) {
-  const int64_t n = 60;  // Paley I, not symmetric: the backward must use the other direction
+// H / sqrt(n) as a float64 tensor.
+at::Tensor orthonormal_matrix(int64_t n) {
   const Explicit H(n);
   at::Tensor Hm = at::empty({n, n}, at::kDouble);
   for (int64_t i = 0; i < n; ++i) {
     for (int64_t j = 0; j < n; ++j) Hm[i][j] = H.at(i, j) / std::sqrt(static_cast<double>(n));
   }
+  return Hm;
+}
+
+TEST(HadamardRotate, TensorOpAndItsGradientEqualTheExplicitMatrix) {
+  const int64_t n = 60;  // Paley I, not symmetric: the backward must use the other direction
+  const at::Tensor Hm = orthonormal_matrix(n);
   at::manual_seed(5);
   const at::Tensor x = at::randn({2, 3, n}).set_requires_grad(true);
   const at::Tensor g = at::randn({2, 3, n});
@@ -246,10 +253,34 @@ TEST(HadamardRotate, TensorOpAndItsGradientEqualTheExplicitMatrix) {
   EXPECT_LT((x.grad().to(at::kDouble) - want_dx).abs().max().item<double>(), 1e-5);
   const at::Tensor back = hadamard_rotate(y.detach(), /*transpose=*/true);
   EXPECT_LT((back - x.detach()).abs().max().item<double>(), 1e-5);
-  const at::Tensor h = hadamard_rotate(x.detach().to(at::kBFloat16));
+  // bf16 in, bf16 out: the float transform of the rounded input, rounded once (relative error <= 2^-9).
+  const at::Tensor xb = x.detach().to(at::kBFloat16);
+  const at::Tensor h = hadamard_rotate(xb);
   EXPECT_EQ(h.scalar_type(), at::kBFloat16);
+  const at::Tensor hf = at::matmul(xb.to(at::kDouble), Hm.t());
+  EXPECT_TRUE(((h.to(at::kDouble) - hf).abs() <= hf.abs() * std::ldexp(1.0, -8) + 1e-6).all().item<bool>());
+  EXPECT_LT((h.to(at::kDouble) - want_y).abs().max().item<double>(), std::ldexp(1.0, -6) * want_y.abs().max().item<double>());
   EXPECT_THROW(hadamard_rotate(at::ones({2, 100})), Error);
   EXPECT_THROW(hadamard_rotate(at::ones({2, 64}, at::kInt)), Error);
+}
+
+// L = sum_r <w, H x_r / sqrt(n)>^2 has dL/dx_r = 2 (a·x_r) a with a = Hᵀw / sqrt(n), so
+// d/dx_r <g_r, dL/dx_r> = 2 (a·g_r) a: right only if the backward's own backward applies H too.
+TEST(HadamardRotate, DoubleBackwardEqualsTheExplicitSecondDerivative) {
+  const int64_t n = 60;  // Paley I, not symmetric
+  const at::Tensor Hm = orthonormal_matrix(n);
+  at::manual_seed(6);
+  const at::Tensor x = at::randn({3, n}).set_requires_grad(true);
+  const at::Tensor w = at::randn({n});
+  const at::Tensor g = at::randn({3, n});
+  const at::Tensor loss = at::matmul(hadamard_rotate(x), w).pow(2).sum();
+  const at::Tensor dx = torch::autograd::grad({loss}, {x}, {}, /*retain_graph=*/true, /*create_graph=*/true)[0];
+  const at::Tensor d2 = torch::autograd::grad({(dx * g).sum()}, {x})[0];
+  const at::Tensor a = at::matmul(Hm.t(), w.to(at::kDouble));
+  const at::Tensor want_dx = 2.0 * at::matmul(x.detach().to(at::kDouble), a).unsqueeze(1) * a.unsqueeze(0);
+  const at::Tensor want_d2 = 2.0 * at::matmul(g.to(at::kDouble), a).unsqueeze(1) * a.unsqueeze(0);
+  EXPECT_LT((dx.detach().to(at::kDouble) - want_dx).abs().max().item<double>(), 1e-5 * want_dx.abs().max().item<double>());
+  EXPECT_LT((d2.to(at::kDouble) - want_d2).abs().max().item<double>(), 1e-5 * want_d2.abs().max().item<double>());
 }
 
 TEST(HadamardTransform, DispatcherNamesTheTableChoiceAtEachCap) {
