@@ -2,10 +2,14 @@
 // define the result, the kernel table and its dispatcher over rows.
 #include "kernels/cpu/hadamard.h"
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "framework/core/error.h"
@@ -35,7 +39,7 @@ Paley paley_kind(int64_t m) {
 bool find_size(int64_t n, HadamardSize* out) {
   if (n < 1) return false;
   int64_t pow2 = 1;
-  while (n % (2 * pow2) == 0) pow2 *= 2;
+  while (pow2 <= n / 2 && n % (2 * pow2) == 0) pow2 *= 2;  // pow2 <= n / 2: 2 * pow2 cannot overflow
   for (; pow2 >= 1; pow2 /= 2) {
     const int64_t m = n / pow2;
     if (m == 1 || paley_kind(m) != Paley::kNone) {
@@ -109,12 +113,7 @@ struct Base {
   std::vector<float> b, bt;
 };
 
-const Base& cached_base(int64_t m) {
-  static std::mutex mu;
-  static std::map<int64_t, std::unique_ptr<Base>> cache;
-  std::lock_guard<std::mutex> lock(mu);
-  std::unique_ptr<Base>& slot = cache[m];
-  if (slot != nullptr) return *slot;
+std::unique_ptr<Base> build_base(int64_t m) {
   auto base = std::make_unique<Base>();
   base->b = m == 1 ? std::vector<float>{1.0f} : build_paley(m);
   base->bt.resize(base->b.size());
@@ -126,8 +125,52 @@ const Base& cached_base(int64_t m) {
       QF_CHECK(dot == (i == j ? static_cast<float>(m) : 0.0f), "Paley matrix of order ", m, " is not Hadamard");
     }
   }
-  slot = std::move(base);
+  return base;
+}
+
+// Built outside the lock: the O(m³) check (about 1e9 MACs at m = 1020) holds up no other order.
+const Base& cached_base(int64_t m) {
+  static std::mutex mu;
+  static std::map<int64_t, std::unique_ptr<Base>> cache;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    const auto it = cache.find(m);
+    if (it != cache.end()) return *it->second;
+  }
+  std::unique_ptr<Base> built = build_base(m);
+  std::lock_guard<std::mutex> lock(mu);
+  std::unique_ptr<Base>& slot = cache[m];
+  if (slot == nullptr) slot = std::move(built);  // a thread that raced here built the same matrix
   return *slot;
+}
+
+// The first Paley orders that are not powers of two (those add nothing to m = 1), for messages.
+std::string paley_orders_text() {
+  std::string text;
+  int listed = 0;
+  for (int64_t m = 4; m <= kHadamardMaxBaseOrder && listed < 8; ++m) {
+    if ((m & (m - 1)) == 0 || paley_kind(m) == Paley::kNone) continue;
+    text += std::to_string(m) + ", ";
+    ++listed;
+  }
+  return text + "...";
+}
+
+// The largest supported size below n and the smallest above (0: none in int64), base by base:
+// m · 2^k just below and just above n, without walking n's neighbours one by one.
+std::pair<int64_t, int64_t> nearest_sizes(int64_t n) {
+  int64_t below = 0, above = 0;
+  for (int64_t m = 1; m <= kHadamardMaxBaseOrder; ++m) {
+    if (m != 1 && paley_kind(m) == Paley::kNone) continue;
+    int64_t s = m;
+    for (; s < n && s <= std::numeric_limits<int64_t>::max() / 2; s *= 2) below = std::max(below, s);
+    if (s < n) {
+      below = std::max(below, s);  // s * 2 would overflow: no size of this base above n
+    } else if (s > n && (above == 0 || s < above)) {
+      above = s;
+    }
+  }
+  return {below, above};
 }
 
 detail::HadamardArgs make_args(float* x, int64_t n, bool transpose) {
@@ -168,12 +211,11 @@ HadamardSize hadamard_size(int64_t n) {
   HadamardSize s;
   if (find_size(n, &s)) return s;
   QF_REQUIRE(n >= 1, "kernels/cpu: a Hadamard transform needs a size >= 1, got ", n);
-  int64_t below = n - 1, above = n + 1;
-  while (below > 1 && !hadamard_supported(below)) --below;
-  while (!hadamard_supported(above)) ++above;
-  throw Error(qforge::detail::str_cat("kernels/cpu: no Hadamard transform of size ", n,
-                              " (sizes are 2^k * m with m = 1 or a Paley order up to ", kHadamardMaxBaseOrder,
-                              ": 12, 20, 24, 28, 44, ...); nearest supported sizes: ", below, " and ", above));
+  const std::pair<int64_t, int64_t> near = nearest_sizes(n);
+  throw Error(qforge::detail::str_cat(
+      "kernels/cpu: no Hadamard transform of size ", n, " (sizes are 2^k * m with m = 1 or a Paley order up to ",
+      kHadamardMaxBaseOrder, ": ", paley_orders_text(), "); nearest supported sizes: ", near.first, " and ",
+      near.second == 0 ? std::string("none larger in int64") : std::to_string(near.second)));
 }
 
 const float* hadamard_base_matrix(int64_t m) {

@@ -28,7 +28,8 @@ bool hadamard_supported(int64_t n);
 // The decomposition of n; throws qforge::Error naming the nearest supported sizes otherwise.
 HadamardSize hadamard_size(int64_t n);
 // B_m, row-major m × m of ±1 (m == 1: [1]); built once per order, cached for the process, checked
-// B·Bᵀ = m·I when built. Throws qforge::Error when m is not a supported base order.
+// B·Bᵀ = m·I when built (O(m³): about a second at m ≈ 1020, outside the cache's lock so other
+// orders are not held up). Throws qforge::Error when m is not a supported base order.
 const float* hadamard_base_matrix(int64_t m);
 
 // The definition: each of the `rows` rows of x (length n) becomes H_n · row / sqrt(n), computed as

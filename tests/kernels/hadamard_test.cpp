@@ -8,6 +8,7 @@
 #include <torch/csrc/autograd/autograd.h>
 
 #include <cmath>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -308,12 +309,31 @@ TEST(HadamardTransform, UnsupportedSizesNameTheNearestSupportedOnes) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("size 100"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("nearest supported sizes: 96 and 104"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(": 12, 20, 24, 28, 36, 44, 48, 60, ..."), std::string::npos) << e.what();
   }
   EXPECT_EQ(x, before);  // refused before touching the data
   EXPECT_THROW(hadamard_size(0), Error);
-  EXPECT_THROW(hadamard_base_matrix(16), Error);  // a power of two is no Paley order here
+  EXPECT_THROW(hadamard_base_matrix(16), Error);  // 15 is not prime, 16 / 2 - 1 = 7 is not 1 mod 4
+  EXPECT_NO_THROW(hadamard_base_matrix(8));       // 7 + 1: Paley I, though sizes use m = 1 for it
   EXPECT_FALSE(hadamard_supported(52));  // 13 · 4: neither 52 nor 26 nor 13 is a Paley order
   EXPECT_TRUE(hadamard_supported(14336));
+  // Near the int64 limits: no overflow, and the nearest sizes found without a walk over 2^60 values.
+  const int64_t big = int64_t{1} << 62;
+  EXPECT_EQ(hadamard_size(big).pow2, big);
+  EXPECT_EQ(hadamard_size(3 * (big / 4)).m, 12);  // 12 · 2^58 = 3 · 2^60
+  const auto message = [](int64_t n) {
+    try {
+      hadamard_size(n);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_NE(message(std::numeric_limits<int64_t>::max()).find("none larger in int64"), std::string::npos);
+  EXPECT_NE(message(big - 1).find(" and 4611686018427387904"), std::string::npos) << message(big - 1);
+  // Above 2^62 + 1: 516 · 2^53 (Paley II, q = 257), the first base order past 512.
+  EXPECT_NE(message(big + 1).find("sizes: 4611686018427387904 and 4647714815446351872"), std::string::npos)
+      << message(big + 1);
 }
 
 }  // namespace
