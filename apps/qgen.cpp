@@ -24,6 +24,7 @@
 #include "framework/io/model_io.h"
 #include "framework/models/generation.h"
 #include "framework/models/llama.h"
+#include "framework/ptq/rotate.h"
 #include "framework/recipe/task.h"
 #include "framework/text/tokenizer.h"
 
@@ -61,6 +62,8 @@ Loaded load_run_directory(const fs::path& dir) {
   Task t = make_task(r, /*with_data=*/false);
   Loaded out;
   out.model = models::LlamaForCausalLM(std::dynamic_pointer_cast<models::LlamaForCausalLMImpl>(t.model));
+  // model.h5 of a rotated run holds rotated weights: the model needs the structure they came from.
+  if (r.ptq.enabled && r.ptq.rotate == "hadamard") ptq::prepare_rotated_structure(*out.model);
   io::load_model(*t.model, (dir / "model.h5").string());
   out.tokenizer = text::load_tokenizer(dir.string());
   out.frozen = model_size(*t.model).quantized_bytes > 0;

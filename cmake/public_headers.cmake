@@ -71,6 +71,7 @@ set(QFORGE_PUBLIC_HEADERS
   framework/ptq/imatrix.h
   framework/ptq/numeric_suite.h
   framework/ptq/ptq.h
+  framework/ptq/rotate.h
   framework/search/hessian.h
   framework/search/latency.h
   framework/search/search.h

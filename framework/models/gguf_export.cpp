@@ -150,6 +150,8 @@ void check_llama(const LlamaConfig& c) {
                c.attention_window(i), "), which llama.cpp's 'llama' architecture does not apply");
   QF_REQUIRE(c.hidden_act == "silu", "gguf export: hidden_act '", c.hidden_act, "' (llama.cpp's llama uses silu)");
   QF_REQUIRE(!c.mlp_bias && !c.qkv_bias() && !c.o_bias(), "gguf export: attention_bias / mlp_bias are not exported");
+  QF_REQUIRE(!c.down_proj_hadamard, "gguf export: the model is Hadamard-rotated (down_proj's input is rotated at run time, ",
+             "which llama.cpp does not do); export it before ptq.rotate or keep it in qforge's formats");
   QF_REQUIRE(c.rope_scaling.rope_type == "default" || c.rope_scaling.rope_type == "linear", "gguf export: rope_scaling '",
              c.rope_scaling.rope_type, "' is not exported (default and linear are)");
 }

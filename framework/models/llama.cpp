@@ -12,6 +12,8 @@
 #include "framework/models/config_field.h"
 #include "framework/models/hf_folder.h"
 #include "framework/models/hf_lm_head.h"
+#include "kernels/cpu/hadamard.h"
+#include "kernels/cpu/hadamard_tensor.h"
 
 namespace qforge::models {
 namespace {
@@ -182,6 +184,9 @@ void LlamaConfig::validate() const {
   QF_REQUIRE(is_activation(c.hidden_act), kLlama, ": config field 'hidden_act' is '", c.hidden_act,
              "'; supported: ", activation_names());
   c.rope_scaling.validate("rope_scaling");
+  QF_REQUIRE(!c.down_proj_hadamard || kernels::hadamard_supported(c.intermediate_size), kLlama,
+             ": config field 'qforge_down_proj_hadamard' needs a Hadamard size; intermediate_size ",
+             c.intermediate_size, " is not one (2^k * m, m = 1 or a Paley order: docs/rotations.md)");
 }
 
 LlamaConfig LlamaConfig::from_json(const nlohmann::json& j) {
@@ -194,6 +199,7 @@ LlamaConfig LlamaConfig::from_json(const nlohmann::json& j) {
   get_config_field(j, kLlama, "layer_types", c.layer_types);
   // Qwen2Config keeps sliding_window only with use_sliding_window.
   if (c.model_type == "qwen2" && !c.use_sliding_window) c.sliding_window = 0;
+  get_config_field(j, kLlama, "qforge_down_proj_hadamard", c.down_proj_hadamard);
   require_full_rotary(j, "");
   c.validate();
   return c;
@@ -217,6 +223,7 @@ nlohmann::json LlamaConfig::to_json() const {
   nlohmann::json j = config_json(*this, model_type.c_str(), architecture());
   j["rope_scaling"] = rope_scaling.to_json();
   if (!layer_types.empty()) j["layer_types"] = layer_types;
+  if (down_proj_hadamard) j["qforge_down_proj_hadamard"] = true;
   return j;
 }
 
@@ -276,7 +283,10 @@ void LlamaMlpImpl::reset() {
 }
 
 at::Tensor LlamaMlpImpl::forward(const at::Tensor& x) {
-  return down_proj->forward(apply_activation(config.hidden_act, gate_proj->forward(x)) * up_proj->forward(x));
+  at::Tensor a = apply_activation(config.hidden_act, gate_proj->forward(x)) * up_proj->forward(x);
+  // A rotated down_proj holds W·Hᵀ: its input turns by H at run time, so the product is W·a.
+  if (config.down_proj_hadamard) a = kernels::hadamard_rotate(a);
+  return down_proj->forward(a);
 }
 
 LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaConfig& c, int64_t layer_) : config(c), layer(layer_) {
@@ -359,6 +369,18 @@ void LlamaForCausalLMImpl::untie_lm_head() {
   QF_REQUIRE(config.tie_word_embeddings && !lm_head, kLlama, ": the LM head is already untied");
   lm_head = register_module("lm_head", untied_lm_head(*model->embed_tokens, kLlama));
   config.tie_word_embeddings = false;
+}
+
+void LlamaForCausalLMImpl::set_down_proj_hadamard(bool on) {
+  QF_REQUIRE(!on || kernels::hadamard_supported(config.intermediate_size), kLlama, ": no Hadamard transform of size ",
+             config.intermediate_size, " (intermediate_size)");
+  config.down_proj_hadamard = on;
+  model->config.down_proj_hadamard = on;
+  for (const auto& l : *model->layers) {
+    auto* layer = l->as<LlamaDecoderLayerImpl>();
+    layer->config.down_proj_hadamard = on;
+    layer->mlp->config.down_proj_hadamard = on;
+  }
 }
 
 at::Tensor LlamaForCausalLMImpl::forward(const at::Tensor& ids, KvCache* cache) {

@@ -74,6 +74,10 @@ struct LlamaConfig {
   // HF's per-layer "full_attention" / "sliding_attention" list (newer configs); empty: derived as above.
   std::vector<std::string> layer_types;
   LlamaRopeScaling rope_scaling;
+  // A Hadamard-rotated model (framework/ptq/rotate.h): down_proj holds W·Hᵀ and its input is
+  // rotated at run time (kernels/cpu/hadamard_tensor.h). config.json key
+  // "qforge_down_proj_hadamard", written only when true (HF's loaders do not know it).
+  bool down_proj_hadamard = false;
 
   int64_t kv_heads() const { return num_key_value_heads > 0 ? num_key_value_heads : num_attention_heads; }
   int64_t head_size() const { return head_dim > 0 ? head_dim : hidden_size / num_attention_heads; }
@@ -196,6 +200,9 @@ class LlamaForCausalLMImpl : public torch::nn::Cloneable<LlamaForCausalLMImpl> {
   // Gives a tied model its own `lm_head` (a copy of the embedding's table; logits unchanged), so
   // the head can be quantized apart from the embedding. Before quantize() only.
   void untie_lm_head();
+  // Turns the online Hadamard on down_proj's input on or off in every layer (and the configs
+  // saved with the model); the rotation that needs it is framework/ptq/rotate.h's.
+  void set_down_proj_hadamard(bool on);
   LlamaConfig config;
   LlamaModel model{nullptr};
   nn::Linear lm_head{nullptr};  // untied models only

@@ -11,6 +11,7 @@
 #include "framework/api/quantize.h"
 #include "framework/ptq/float_view.h"
 #include "framework/ptq/imatrix.h"
+#include "framework/ptq/rotate.h"
 #include "framework/report/report_json.h"
 
 namespace qforge::pipeline {
@@ -25,6 +26,18 @@ void equalize(RunContext& ctx) {
   ctx.report["timings_s"]["equalize"] = er.seconds;
   std::fprintf(stderr, "qtrain: cross-layer equalisation: %d of %zu layer pairs equalised in %.1fs\n", applied,
                er.pairs.size(), er.seconds);
+}
+
+void rotate_hadamard(RunContext& ctx) {
+  ptq::RotateOptions o;
+  o.seed = ctx.recipe.seed;
+  const ptq::RotateReport rr = ptq::rotate_measured(*ctx.task.model, ctx.solve_batches(),
+                                                    [&ctx](int64_t b) { return ctx.calibration_batch(b); }, o);
+  ctx.report["ptq"]["rotate"] = report::rotate_json(rr);
+  ctx.report["timings_s"]["rotate"] = rr.seconds;
+  std::fprintf(stderr, "qtrain: Hadamard rotation (seed %llu): %zu Linear inputs measured, float output moved %.2g, %.1fs\n",
+               static_cast<unsigned long long>(rr.seed), rr.after.size(), rr.output_change, rr.seconds);
+  for (const std::string& n : rr.notes) ctx.note("rotate: " + n);
 }
 
 void smooth(RunContext& ctx) {
@@ -83,6 +96,7 @@ class CalibrateStage : public Stage {
     const Recipe& r = ctx.recipe;
     ctx.before_quantize();
     ctx.task.model->eval();
+    if (r.ptq.enabled && r.ptq.rotate == "hadamard") rotate_hadamard(ctx);
     if (r.ptq.enabled && r.ptq.equalize) equalize(ctx);
     const QuantizeReport q = quantize(*ctx.task.model, ctx.scheme);
     for (const auto& w : q.warnings) ctx.note("quantize: " + w);

@@ -47,7 +47,8 @@ void print_search_plan(const Recipe& r, torch::nn::Module& model) {
 }
 
 void print_ptq_plan(const Recipe& r, const torch::nn::Module& model) {
-  std::printf("\nptq:%s%s%s\n", r.ptq.equalize ? " cross-layer equalisation before quantize;" : "",
+  std::printf("\nptq:%s%s%s%s\n", r.ptq.rotate == "hadamard" ? " Hadamard rotation (QuaRot) before quantize;" : "",
+              r.ptq.equalize ? " cross-layer equalisation before quantize;" : "",
               r.ptq.smoothquant ? (" SmoothQuant (alpha " + std::to_string(r.ptq.alpha) + ") before calibration;").c_str() : "",
               r.ptq.awq ? " AWQ scales and clipping before calibration;" : "");
   // The imatrix outranks ptq.act_order (false by default, so an explicit false cannot be told apart).

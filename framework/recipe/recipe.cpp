@@ -237,6 +237,9 @@ void read_ptq(Recipe& r, const YAML::Node& pn, const Where& w) {
       p.rules.emplace_back(rn["pattern"].as<std::string>(), rn["method"].as<std::string>());
       p.rule_sites.push_back(w.site(key));
     }
+  if (p.rotate == "hadamard" && r.model.arch != "llama")
+    w.problem("ptq.rotate", "the Hadamard rotation needs an RMSNorm model (arch llama: Llama, Mistral, Qwen2), not " +
+                                r.model.arch);
   if (!r.quantize) {
     w.problem("ptq", "the PTQ solvers work on a quantized model; add a quantize section");
     return;

@@ -122,6 +122,7 @@ struct Recipe {
     bool bias_correction = false;
     bool equalize = false;            // cross-layer equalisation of the float model
     bool smoothquant = false;
+    std::string rotate = "none";      // none | hadamard: QuaRot's rotation of a Llama model before quantize (ptq/rotate.h)
     double alpha = 0.5;               // SmoothQuant migration strength
     int64_t batches = 0;              // calibration batches the solvers run on (0: calibrate's)
     int64_t sample_rows = 4096;       // input rows kept per layer

@@ -257,6 +257,10 @@ Field ptq_section() {
            &Recipe::ptq, &Recipe::Ptq::equalize),
       bind(leaf("smoothquant", T::kBool, "SmoothQuant: move activation outliers into the weights of Linear layers with quantized inputs"),
            &Recipe::ptq, &Recipe::Ptq::smoothquant),
+      bind(choice("rotate", {"none", "hadamard"},
+                  "hadamard: randomised Hadamard rotation of a Llama model's residual stream and down_proj input "
+                  "(QuaRot; float model, before quantize; signs from the recipe's seed)"),
+           &Recipe::ptq, &Recipe::Ptq::rotate),
       bind(leaf("alpha", T::kFloat, "SmoothQuant migration strength s = max|X|^alpha / max|W|^(1-alpha), in [0, 1]", 0, 1),
            &Recipe::ptq, &Recipe::Ptq::alpha),
       bind(leaf("batches", T::kInt, "calibration batches the solvers run on (0: calibrate.batches)", 0, 1e9),

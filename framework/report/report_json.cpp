@@ -163,6 +163,21 @@ nlohmann::json smoothquant_json(const ptq::SmoothReport& sr, double alpha) {
           {"float_output_change", sr.output_change}, {"seconds", sr.seconds}};
 }
 
+nlohmann::json rotate_json(const ptq::RotateReport& rr) {
+  nlohmann::json layers = nlohmann::json::array();
+  for (size_t i = 0; i < rr.after.size() && i < rr.before.size(); ++i) {
+    const ptq::ActivationStats &b = rr.before[i], &a = rr.after[i];
+    layers.push_back({{"path", a.path}, {"kurtosis_before", b.kurtosis}, {"kurtosis_after", a.kurtosis},
+                      {"max_over_rms_before", b.max_over_rms}, {"max_over_rms_after", a.max_over_rms},
+                      {"elements", a.count}});
+  }
+  return {{"kind", rr.kind}, {"seed", rr.seed}, {"hidden_size", rr.hidden_size},
+          {"residual_hadamard", {{"size", rr.hidden_size}, {"paley_order", rr.residual_base}}},
+          {"online_down_proj", rr.online_down_proj},
+          {"down_proj_hadamard", {{"size", rr.intermediate_size}, {"paley_order", rr.down_proj_base}}},
+          {"notes", rr.notes}, {"layers", layers}, {"float_output_change", rr.output_change}, {"seconds", rr.seconds}};
+}
+
 nlohmann::json awq_json(const ptq::AwqReport& ar) {
   nlohmann::json groups = nlohmann::json::array();
   for (const ptq::AwqGroup& g : ar.groups)

@@ -14,6 +14,7 @@
 #include "framework/ptq/imatrix.h"
 #include "framework/ptq/numeric_suite.h"
 #include "framework/ptq/ptq.h"
+#include "framework/ptq/rotate.h"
 #include "framework/search/search.h"
 #include "framework/train/trainer.h"
 
@@ -40,6 +41,7 @@ nlohmann::json layers_json(const torch::nn::Module& model);
 nlohmann::json equalize_json(const ptq::EqualizeReport& er);
 nlohmann::json smoothquant_json(const ptq::SmoothReport& sr, double alpha);
 nlohmann::json awq_json(const ptq::AwqReport& ar);
+nlohmann::json rotate_json(const ptq::RotateReport& rr);
 nlohmann::json imatrix_round_json(const ptq::ImatrixRoundReport& ir);
 nlohmann::json onnx_json(const onnx_export::ExportInfo& info);
 

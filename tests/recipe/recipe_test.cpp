@@ -256,6 +256,24 @@ TEST(Recipe, PtqSectionIsValidatedWithFileLineColumn) {
   EXPECT_EQ(r.ptq.rule_sites[0].line, 7);
 }
 
+TEST(Recipe, PtqRotateIsAChoiceForLlamaModelsOnly) {
+  TempDir dir;
+  const std::string q = "quantize: {weights: {qtype: qint4, granularity: per_channel}}\n";
+  const std::string llama = "model: {arch: llama}\ndata: {dataset: fortunes}\n" + q;
+  auto all = [&](const std::string& text) {
+    std::string out;
+    for (const auto& i : issues_of(dir.write("p.yaml", text))) out += i.to_string() + "\n";
+    return out;
+  };
+  std::string e = all(llama + "ptq:\n  rotate: hadamrd\n");
+  EXPECT_NE(e.find("p.yaml:5:11: ptq.rotate: 'hadamrd' is not valid (did you mean 'hadamard'?)"), std::string::npos) << e;
+  e = all(std::string(kMinimal) + q + "ptq: {rotate: hadamard}\n");
+  EXPECT_NE(e.find("ptq.rotate: the Hadamard rotation needs an RMSNorm model (arch llama"), std::string::npos) << e;
+  const Recipe r = load_recipe(std::string(QFORGE_SOURCE_DIR) + "/recipes/llama_w4_gptq.yaml", {"ptq.rotate=hadamard"});
+  EXPECT_EQ(r.ptq.rotate, "hadamard");
+  EXPECT_EQ(Recipe::Ptq().rotate, "none");
+}
+
 TEST(Recipe, AwqMethodsSetAwqBeforeTheirRoundingAndStrayAwqOptionsAreErrors) {
   TempDir dir;
   const std::string q = std::string(kMinimal) + "quantize: {weights: {qtype: qint4, granularity: per_channel}}\n";
