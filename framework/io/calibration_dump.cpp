@@ -45,10 +45,8 @@ void write_entry(const h5::Group& g, const CalibrationEntry& e) {
     // Derived, for readers: the range the grid covers (values outside it clip).
     const QSpec& sp = e.qparams.spec;
     const at::Tensor s = e.qparams.scale.to(at::kDouble), z = e.qparams.zero_point.to(at::kDouble);
-    // Float grids (float8, the E2M1 of mxfp4 / nvfp4) clip at ±max_finite times the scale.
-    const bool fp = sp.qtype.is_float() || sp.qtype.is_microscaling();
-    const double top = fp ? sp.qtype.max_finite : static_cast<double>(sp.quant_max());
-    const double bottom = fp ? -sp.qtype.max_finite : static_cast<double>(sp.quant_min());
+    const double top = sp.qtype.is_float() ? sp.qtype.max_finite : static_cast<double>(sp.quant_max());
+    const double bottom = sp.qtype.is_float() ? -sp.qtype.max_finite : static_cast<double>(sp.quant_min());
     qp.write_tensor("clip_min", ((bottom - z) * s).to(at::kFloat));
     qp.write_tensor("clip_max", ((top - z) * s).to(at::kFloat));
   }

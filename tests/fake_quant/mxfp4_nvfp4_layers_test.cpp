@@ -16,6 +16,7 @@
 #include "framework/api/quantized_tensor.h"
 #include "framework/core/error.h"
 #include "framework/format/hdf5.h"
+#include "framework/io/calibration_io.h"
 #include "framework/io/checkpoint.h"
 #include "framework/io/model_io.h"
 #include "framework/nn/linear.h"
@@ -124,6 +125,57 @@ TEST(Mxfp4Layers, CheckpointsRoundTripFrozenOrNot) {
       std::filesystem::remove(path);
     }
   }
+}
+
+namespace {
+
+// An mxfp4 Linear and an nvfp4 Linear (by rule) behind static int8 activations.
+struct TwoFormats : torch::nn::Module {
+  TwoFormats() : fc1(register_module("fc1", make_linear(64, 32, 7))), fc2(register_module("fc2", make_linear(32, 8, 8))) {}
+  at::Tensor forward(const at::Tensor& x) { return fc2(at::relu(fc1(x))); }
+  nn::Linear fc1, fc2;
+};
+
+Scheme two_formats_scheme() {
+  Scheme s(qmxfp4);
+  s.activations = ActivationMode::kStatic;
+  LayerRule r;
+  r.pattern = "fc2";
+  r.weights = qnvfp4;
+  s.rules.push_back(r);
+  return s;
+}
+
+}  // namespace
+
+// A run's calibration.h5 with MX weights reads back and merges: the weight points are left out
+// (their scales follow the weight), the int8 activation points round-trip.
+TEST(Mxfp4Layers, CalibrationDumpsOfMicroscalingWeightsLoadAndMerge) {
+  const std::string path = ::testing::TempDir() + "/fp4_calibration.h5";
+  auto a = std::make_shared<TwoFormats>();
+  quantize(*a, two_formats_scheme());
+  {
+    Calibration c(*a);
+    for (int i = 0; i < 3; ++i) a->forward(at::randn({4, 64}));
+  }
+  io::save_calibration(*a, path);
+  const io::CalibrationDump dump = io::load_calibration_dump(path);
+  for (const char* layer : {"fc1", "fc2"}) {
+    ASSERT_TRUE(dump.count(layer)) << layer;
+    EXPECT_TRUE(dump.at(layer).count("input")) << layer;
+    EXPECT_FALSE(dump.at(layer).count("weight")) << layer;
+  }
+  const io::CalibrationDump merged = io::merge_calibration_dumps({dump, dump});
+  EXPECT_TRUE(at::equal(merged.at("fc1").at("input").qparams.scale, dump.at("fc1").at("input").qparams.scale));
+  io::save_calibration_dump(path, merged);  // as `qdump merge` writes it
+  auto b = std::make_shared<TwoFormats>();
+  quantize(*b, two_formats_scheme());
+  io::load_calibration(*b, path);
+  freeze(*a);
+  freeze(*b);
+  const at::Tensor x = at::randn({3, 64});
+  EXPECT_TRUE(at::equal(b->forward(x), a->forward(x)));
+  std::filesystem::remove(path);
 }
 
 namespace {
