@@ -100,7 +100,7 @@ struct SafetensorsExport {
                       {"group_size", spec.group_size},
                       {"packing", q.packing()},
                       {"shape", q.shape},
-                      {"dequantize", nv ? "e2m1(code) * e4m3(scale) * tensor_scale" : "e2m1(code) * 2^(scale - 127)"}};
+                      {"dequantize", nv ? "e2m1(code) * (e4m3(scale) * tensor_scale)" : "e2m1(code) * 2^(scale - 127)"}};
   }
 
   void add_quantized_weights(const ModelFileData& f) {
