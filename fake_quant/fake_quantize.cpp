@@ -87,6 +87,12 @@ void run_forward(const float* x, float* y, bool* mask, const RunLayout& L, const
     });
     return;
   }
+  if (spec.qtype.is_microscaling()) {
+    for_each_run(L, [&](int64_t b, int64_t e, int64_t c) {
+      fq::e2m1_run_reference(x + b, y + b, mask ? mask + b : nullptr, e - b, L.scale[c]);
+    });
+    return;
+  }
   const auto& k = fq::active_kernels();
   const float qmin = static_cast<float>(spec.quant_min()), qmax = static_cast<float>(spec.quant_max());
   if (L.inner == 1 && L.C > 1) {  // channels last: vectorise across channels instead
@@ -134,6 +140,8 @@ std::tuple<at::Tensor, at::Tensor> forward_impl(const at::Tensor& x_in, const QP
   }
   const at::Tensor x = x_in.to(at::kFloat).contiguous();
   const RunLayout L = layout_for(x, qp);
+  QF_REQUIRE(!(x.is_cuda() && qp.spec.qtype.is_microscaling()), "fake_quantize: ", qp.spec.qtype.name,
+             " fake-quant runs on the CPU only (no CUDA kernel for microscaling qtypes)");
   if (x.is_cuda()) return fq::cuda_fake_quantize(x, device_call(L, qp.spec), want_mask);
   at::Tensor y = at::empty_like(x, at::MemoryFormat::Contiguous);
   at::Tensor mask = want_mask ? at::empty(x.sizes(), x.options().dtype(at::kBool)) : at::Tensor();

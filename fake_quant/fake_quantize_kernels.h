@@ -57,6 +57,13 @@ void mask_grad_reference(const float* dy, const bool* mask, float* dx, int64_t n
 LsqSums lsq_run_reference(const float* x, const float* dy, float* dx, int64_t n, const LsqGrid& g);
 void float8_run_reference(const float* x, float* y, bool* mask, int64_t n, float scale,
                           const Float8Format& f);
+// E2M1 elements with one given scale (a microscaling block): fake_quantize_e2m1_value per element.
+void e2m1_run_reference(const float* x, float* y, bool* mask, int64_t n, float scale);
+// The microscaling formats from the definition: n values (a multiple of block) fake-quantized
+// block by block, each block's scale from its own amax (MXFP4: block 32, E8M0; NVFP4: block 16,
+// E4M3 times tensor_scale); the block scales are written to scales (n / block) when non-null.
+void microscaling_run_reference(const float* x, float* y, int64_t n, int block, bool nvfp4, float tensor_scale,
+                                float* scales);
 
 // Vectorised kernel sets, present only when compiled with the ISA (nullptr otherwise).
 const FakeQuantKernels* avx512_kernels();

@@ -2,6 +2,7 @@
 #include "framework/api/kernel_plan.h"
 
 #include "framework/core/error.h"
+#include "kernels/cpu/fp4_linear.h"
 #include "kernels/cpu/kernel_choice.h"
 #include "kernels/cpu/linear_decode.h"
 #include "kernels/cpu/linear_weight_only.h"
@@ -41,6 +42,24 @@ void plan_kernels(kernels::LinearOp op, Isa isa, int64_t group, KernelPlan* plan
   plan->large_m_kernel = large.kernel;
 }
 
+// MXFP4 / NVFP4 weights: the fp4 weight-only kernels (kernels/cpu/fp4_linear.h) wherever the
+// block fits them; activations other than float enter as their fake-quant values.
+KernelPlan plan_fp4(const QSpec& ws, ActivationMode act, int64_t in_features, Isa isa) {
+  KernelPlan plan;
+  plan.kernel = "dequantize+at::linear";
+  std::string why;
+  if (!kernels::PackedLinearFp4::supports(in_features, ws.group_size, &why)) {
+    plan.fallback = why + ": dequantized per call";
+    return plan;
+  }
+  plan.path = LinearPath::kFp4WeightOnly;
+  plan_kernels(kernels::LinearOp::kF32Fp4, isa, 0, &plan);
+  if (act != ActivationMode::kNone)
+    plan.fallback += detail::str_cat(plan.fallback.empty() ? "" : "; ", to_string(act),
+                                     " activations are fake-quantized in float (the fp4 kernels take float inputs)");
+  return plan;
+}
+
 }  // namespace
 
 const char* to_string(LinearPath path) {
@@ -53,6 +72,7 @@ const char* to_string(LinearPath path) {
     case LinearPath::kS8WeightOnly: return "s8_weight_only";
     case LinearPath::kS4WeightOnly: return "s4_weight_only";
     case LinearPath::kLutWeightOnly: return "lut_weight_only";
+    case LinearPath::kFp4WeightOnly: return "fp4_weight_only";
   }
   return "?";
 }
@@ -103,6 +123,7 @@ KernelPlan plan_linear(const std::optional<QSpec>& weights, ActivationMode act, 
     }
     return plan;
   }
+  if (ws.qtype.is_microscaling()) return plan_fp4(ws, act, in_features, isa);
   if (act == ActivationMode::kNone && (s8_weights || s4_weights)) {
     plan.path = s8_weights ? LinearPath::kS8WeightOnly : LinearPath::kS4WeightOnly;
   } else if (act == ActivationMode::kNone) {
@@ -130,6 +151,7 @@ KernelPlan plan_linear(const std::optional<QSpec>& weights, ActivationMode act, 
     case LinearPath::kS8WeightOnly: op = q8 ? kernels::LinearOp::kQ8S8 : kernels::LinearOp::kF32S8; break;
     case LinearPath::kS4WeightOnly: op = q8 ? kernels::LinearOp::kQ8S4 : kernels::LinearOp::kF32S4; break;
     case LinearPath::kLutWeightOnly:
+    case LinearPath::kFp4WeightOnly:
     case LinearPath::kDequant: break;
   }
   const bool s4 = op == kernels::LinearOp::kS8S4 || op == kernels::LinearOp::kF32S4;
@@ -219,6 +241,11 @@ KernelPlan plan_linear_cuda(const std::optional<QSpec>& weights, ActivationMode 
     case LinearPath::kS8WeightOnly:
       plan.kernel = "dequantize+at::linear";
       plan.fallback = "no weight-only int8 GEMM on CUDA: the int8 weight is dequantized per call, then at::linear";
+      break;
+    case LinearPath::kFp4WeightOnly:
+      plan.kernel = "dequantize+at::linear";
+      plan.fallback = "no fp4 kernel on CUDA (block-scaled tensor cores need Blackwell): the weight is dequantized "
+                      "once to a float weight on the device, then at::linear";
       break;
     case LinearPath::kLutWeightOnly:
       plan.kernel = "dequantize+at::linear";

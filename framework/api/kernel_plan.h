@@ -24,6 +24,7 @@ enum class LinearPath : uint8_t {
   kS8WeightOnly,  // int8 weights, float activations
   kS4WeightOnly,  // 4-bit weights, float activations
   kLutWeightOnly, // codebook (k-means) weights through the look-up-table kernel, float activations
+  kFp4WeightOnly, // MXFP4 / NVFP4 weights (E2M1 codes, block scales), float activations
 };
 const char* to_string(LinearPath path);
 

@@ -262,6 +262,8 @@ int64_t estimate_memory(int64_t num_params, const QType& qtype, int64_t group_si
   else scales = 1;
   // A codebook holds 2^bits float16 levels where an integer grid holds one float32 scale.
   if (qtype.is_codebook()) return data + scales * qtype.levels() * 2;
+  // Microscaling blocks: one scale byte each (E8M0 / E4M3), plus nvfp4's float32 tensor scale.
+  if (qtype.is_microscaling()) return data + scales + (qtype == qnvfp4 ? 4 : 0);
   return data + scales * (4 + (affine ? 1 : 0));
 }
 

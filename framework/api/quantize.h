@@ -114,7 +114,8 @@ ModelSize model_size(const Holder& model) {
 // Bytes to store num_params weights of `qtype` (packed), plus float32 scales (and one byte of zero
 // point per scale when affine) for per-group (group_size > 0) or per-channel (channels > 0).
 // Codebook qtypes: nibble (qkmeans4/3) or 2-bit (qkmeans2) indices plus 2^bits float16 levels per
-// codebook.
+// codebook. Microscaling qtypes: nibbles plus one scale byte per block (group_size), and nvfp4's
+// float32 tensor scale.
 int64_t estimate_memory(int64_t num_params, const QType& qtype, int64_t group_size = 0,
                         int64_t channels = 0, bool affine = false);
 

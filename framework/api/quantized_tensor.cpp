@@ -5,6 +5,7 @@
 
 #include "fake_quant/codebook.h"
 #include "fake_quant/fake_quant_math.h"
+#include "fake_quant/microscaling_math.h"
 #include "framework/core/error.h"
 #include "framework/api/quantizer.h"
 #include "kernels/cpu/reference.h"
@@ -26,7 +27,7 @@ int64_t product(const std::vector<int64_t>& s) {
 // Bits one stored code takes in the packed data.
 int storage_bits(const QType& qt) {
   if (qt.is_codebook()) return codebook_storage_bits(qt);
-  return nibble_packed(qt) ? 4 : qt.bits;
+  return nibble_packed(qt) || qt.is_microscaling() ? 4 : qt.bits;
 }
 
 int64_t packed_bytes(const QType& qt, int64_t n) {
@@ -35,7 +36,7 @@ int64_t packed_bytes(const QType& qt, int64_t n) {
 }
 
 bool packable(const QType& qt) {
-  return qt.is_float() || qt.is_codebook() ||
+  return qt.is_float() || qt.is_codebook() || qt.is_microscaling() ||
          (qt.is_integer() && (qt.bits == 8 || nibble_packed(qt) || (qt.bits == 2 && qt.is_signed)));
 }
 
@@ -50,6 +51,64 @@ QSpec stored_spec(QSpec s, int64_t dim) {
   return s;
 }
 
+// Microscaling block scales as their bytes: E8M0 codes (mxfp4: each scale a power of two) or E4M3
+// codes of scale / tensor_scale (nvfp4); refuses scales that are neither (QParams from elsewhere).
+at::Tensor microscaling_scale_codes(const QParams& qp, float g) {
+  const at::Tensor s = qp.scale.detach().cpu().to(at::kFloat).contiguous();
+  at::Tensor codes = at::empty(s.sizes(), at::kByte);
+  const float* ps = s.data_ptr<float>();
+  uint8_t* pc = codes.data_ptr<uint8_t>();
+  const bool nv = qp.spec.qtype == qnvfp4;
+  for (int64_t i = 0; i < s.numel(); ++i) {
+    const float b = nv ? fq::round_to_float8(ps[i] / g, fq::kE4M3) : 0.0f;
+    pc[i] = nv ? fq::encode_float8(b, fq::kE4M3) : fq::encode_e8m0(std::ilogb(ps[i]));
+    const float back = nv ? fq::decode_float8(pc[i], fq::kE4M3) * g : fq::decode_e8m0(pc[i]);
+    QF_REQUIRE(back == ps[i], "QuantizedTensor: ", qp.spec.qtype.name, " scale[", i, "] = ", ps[i], " is not ",
+               nv ? "an E4M3 value times the tensor scale" : "a power of two in [2^-127, 2^127]");
+  }
+  return codes;
+}
+
+// The float32 block scales the codes stand for (the QParams scale).
+at::Tensor microscaling_scales(const QuantizedTensor& q) {
+  const at::Tensor c = q.scale.contiguous();
+  at::Tensor s = at::empty(c.sizes(), at::kFloat);
+  const uint8_t* pc = c.data_ptr<uint8_t>();
+  float* ps = s.data_ptr<float>();
+  const bool nv = q.spec.qtype == qnvfp4;
+  const float g = nv ? q.tensor_scale.item<float>() : 1.0f;
+  for (int64_t i = 0; i < c.numel(); ++i) ps[i] = nv ? fq::decode_float8(pc[i], fq::kE4M3) * g : fq::decode_e8m0(pc[i]);
+  return s;
+}
+
+// Scale bytes read from a file: no E8M0 NaN (255); E4M3 codes positive, finite and not zero.
+void validate_microscaling_scales(const QuantizedTensor& q, const std::vector<int64_t>& expected, const std::string& who) {
+  const QType& qt = q.spec.qtype;
+  const bool nv = qt == qnvfp4;
+  try {
+    q.spec.validate();  // the format's block size, whatever a file says
+  } catch (const Error& e) {
+    throw Error(who + ": " + e.what());
+  }
+  QF_REQUIRE(!q.zero_point.defined(), who, ": ", qt.name, " has block scales, no zero point");
+  QF_REQUIRE(q.scale.defined() && q.scale.scalar_type() == at::kByte && q.scale.sizes().vec() == expected, who,
+             ": ", qt.name, " scale must be uint8 ", nv ? "E4M3" : "E8M0", " codes of shape ", at::IntArrayRef(expected),
+             ", got ", q.scale.defined() ? detail::str_cat(q.scale.scalar_type(), " ", q.scale.sizes()) : "none");
+  const at::Tensor c = q.scale.to(at::kInt);
+  if (!nv) {
+    QF_REQUIRE(!q.tensor_scale.defined(), who, ": mxfp4 has no tensor scale");
+    QF_REQUIRE(!at::eq(c, fq::kE8M0Nan).any().item<bool>(), who, ": an E8M0 scale is the NaN code 255");
+    return;
+  }
+  QF_REQUIRE(q.tensor_scale.defined() && q.tensor_scale.scalar_type() == at::kFloat && q.tensor_scale.numel() == 1,
+             who, ": nvfp4 needs a float32 tensor_scale of one value");
+  const float g = q.tensor_scale.item<float>();
+  QF_REQUIRE(std::isfinite(g) && g > 0.0f, who, ": nvfp4 tensor_scale ", g, " is not finite and > 0");
+  // Sign bit clear, not zero, not the NaN code 0x7f.
+  QF_REQUIRE(at::logical_and(c > 0, c < 0x7f).all().item<bool>(), who,
+             ": an nvfp4 block scale is zero, negative or NaN (E4M3 codes 1..126 are valid)");
+}
+
 QuantizedTensor with_qparams(const QParams& qp, std::vector<int64_t> shape) {
   QuantizedTensor q;
   q.spec = stored_spec(qp.spec, static_cast<int64_t>(shape.size()));
@@ -57,6 +116,14 @@ QuantizedTensor with_qparams(const QParams& qp, std::vector<int64_t> shape) {
   if (qp.spec.qtype.is_codebook()) {
     QF_REQUIRE(qp.codebook.defined(), "QuantizedTensor: ", qp.spec.qtype.name, " QParams without a codebook");
     q.codebook = qp.codebook.detach().cpu().to(at::kHalf).contiguous().clone();
+    return q;
+  }
+  if (qp.spec.qtype.is_microscaling()) {
+    const bool nv = qp.spec.qtype == qnvfp4;
+    QF_REQUIRE(!nv || qp.tensor_scale.defined(), "QuantizedTensor: nvfp4 QParams without a tensor scale");
+    const float g = nv ? qp.tensor_scale.detach().cpu().to(at::kFloat).item<float>() : 1.0f;
+    q.scale = microscaling_scale_codes(qp, g);
+    if (nv) q.tensor_scale = at::full({}, g, at::kFloat);
     return q;
   }
   q.scale = qp.scale.detach().cpu().to(at::kFloat).contiguous().clone();
@@ -74,7 +141,7 @@ at::Tensor pack_values(const at::Tensor& values, const QType& qt) {
   uint8_t* dst = packed.data_ptr<uint8_t>();
   // Codebook indices are unsigned fields of codebook_storage_bits (4 or 2).
   if (qt.is_codebook() && storage_bits(qt) == 2) kernels::pack_u2_reference(src, n, dst);
-  else if (qt.is_codebook()) kernels::pack_u4_reference(src, n, dst);
+  else if (qt.is_codebook() || qt.is_microscaling()) kernels::pack_u4_reference(src, n, dst);
   else if (nibble_packed(qt) && qt.is_signed) kernels::pack_s4_reference(src, n, dst);
   else if (nibble_packed(qt)) kernels::pack_u4_reference(src, n, dst);
   else kernels::pack_s2_reference(src, n, dst);
@@ -86,6 +153,12 @@ at::Tensor pack_values(const at::Tensor& values, const QType& qt) {
 int64_t QuantizedTensor::numel() const { return product(shape); }
 
 QParams QuantizedTensor::qparams() const {
+  if (spec.qtype.is_microscaling()) {
+    const at::Tensor s = microscaling_scales(*this);
+    QParams qp{spec, s, at::zeros(s.sizes(), at::kInt)};
+    qp.tensor_scale = tensor_scale;
+    return qp;
+  }
   QParams qp{spec, scale, zero_point};
   if (codebook.defined()) qp.codebook = codebook.to(at::kFloat);
   return qp;
@@ -93,7 +166,8 @@ QParams QuantizedTensor::qparams() const {
 
 int64_t QuantizedTensor::bytes() const {
   return (data.defined() ? data.nbytes() : 0) + (scale.defined() ? scale.nbytes() : 0) +
-         (zero_point.defined() ? zero_point.nbytes() : 0) + (codebook.defined() ? codebook.nbytes() : 0);
+         (zero_point.defined() ? zero_point.nbytes() : 0) + (codebook.defined() ? codebook.nbytes() : 0) +
+         (tensor_scale.defined() ? tensor_scale.nbytes() : 0);
 }
 
 void QuantizedTensor::validate(const std::string& who) const {
@@ -114,7 +188,9 @@ void QuantizedTensor::validate(const std::string& who) const {
   } catch (const Error& e) {
     throw Error(who + ": " + e.what());
   }
-  if (qt.is_codebook()) {
+  if (qt.is_microscaling()) {
+    validate_microscaling_scales(*this, expected_qp, who);
+  } else if (qt.is_codebook()) {
     QF_REQUIRE(!scale.defined() && !zero_point.defined(), who, ": ", qt.name, " holds a codebook, not a scale and zero point");
     expected_qp.push_back(qt.levels());
     QF_REQUIRE(codebook.defined() && codebook.scalar_type() == at::kHalf && codebook.sizes().vec() == expected_qp, who,
@@ -164,6 +240,11 @@ at::Tensor QuantizedTensor::int_values() const {
     else kernels::unpack_u4_reference(packed.data_ptr<uint8_t>(), out.numel(), out.data_ptr<int8_t>());
     return out.to(at::kByte);
   }
+  if (spec.qtype.is_microscaling()) {
+    at::Tensor out = at::empty(shape, at::kChar);
+    kernels::unpack_u4_reference(data.contiguous().data_ptr<uint8_t>(), out.numel(), out.data_ptr<int8_t>());
+    return out.to(at::kByte);
+  }
   QF_REQUIRE(spec.qtype.is_integer(), "QuantizedTensor: ", spec.qtype.name, " codes have no integer values");
   if (spec.qtype.bits == 8) return data.reshape(shape);
   at::Tensor out = at::empty(shape, at::kChar);
@@ -179,6 +260,15 @@ at::Tensor QuantizedTensor::int_values() const {
 
 at::Tensor QuantizedTensor::dequantize() const {
   if (spec.qtype.is_codebook()) return codebook_lookup(int_values(), qparams()).contiguous();
+  if (spec.qtype.is_microscaling()) {
+    // The E2M1 value times its block's float32 scale: the product fake_quantize forms.
+    const at::Tensor codes = int_values().contiguous();
+    at::Tensor v = at::empty(shape, at::kFloat);
+    const uint8_t* pc = codes.data_ptr<uint8_t>();
+    float* pv = v.data_ptr<float>();
+    for (int64_t i = 0; i < codes.numel(); ++i) pv[i] = fq::decode_e2m1(pc[i]);
+    return (grouped(v, spec) * broadcast_qparam(microscaling_scales(*this), v, spec)).reshape(shape);
+  }
   if (spec.qtype.is_float()) {
     QF_REQUIRE(data.defined(), "QuantizedTensor: the codes are held by a kernel object");
     const fq::Float8Format& fmt = float8_format(spec.qtype);
@@ -210,6 +300,17 @@ QuantizedTensor quantize_tensor(const at::Tensor& w_in, const QParams& qp) {
     const float* pv = v.data_ptr<float>();
     uint8_t* out = q.data.data_ptr<uint8_t>();
     for (int64_t i = 0; i < w.numel(); ++i) out[i] = fq::encode_float8(fq::round_to_float8(pv[i], fmt), fmt);
+  } else if (qp.spec.qtype.is_microscaling()) {
+    // E2M1 codes of round_to_e2m1(w / s), with s the block's float32 scale (the QParams one).
+    QF_REQUIRE(at::isfinite(w).all().item<bool>(), "quantize_tensor: ", qp.spec.qtype.name,
+               " weights must be finite (E2M1 has no NaN or inf)");
+    const at::Tensor v = (grouped(w, qp.spec) / broadcast_qparam(qp.scale.detach().cpu().to(at::kFloat), w, qp.spec))
+                             .reshape(w.sizes()).contiguous();
+    at::Tensor codes = at::empty(w.sizes(), at::kChar);
+    const float* pv = v.data_ptr<float>();
+    int8_t* pc = codes.data_ptr<int8_t>();
+    for (int64_t i = 0; i < w.numel(); ++i) pc[i] = static_cast<int8_t>(fq::encode_e2m1(fq::round_to_e2m1(pv[i])));
+    q.data = pack_values(codes, qp.spec.qtype);
   } else if (qp.spec.qtype == quint8) {
     // quint8 values do not fit int8: the same formula, kept in uint8.
     const at::Tensor g = grouped(w, qp.spec);
@@ -227,16 +328,18 @@ QuantizedTensor quantize_tensor(const at::Tensor& w_in, const QParams& qp) {
 
 QuantizedTensor pack_quantized(const at::Tensor& values, const QParams& qp) {
   const QType qt = qp.spec.qtype;
-  QF_REQUIRE((qt.is_integer() || qt.is_codebook()) && packable(qt), "pack_quantized: qtype ", qt.name,
-             " cannot be stored as packed integers");
+  QF_REQUIRE((qt.is_integer() || qt.is_codebook() || qt.is_microscaling()) && packable(qt), "pack_quantized: qtype ",
+             qt.name, " cannot be stored as packed integers");
   QF_REQUIRE(values.defined() && !at::isFloatingType(values.scalar_type()) && values.scalar_type() != at::kBool,
              "pack_quantized: needs integer values, got ",
              values.defined() ? detail::str_cat(values.scalar_type()) : "an undefined tensor");
   const at::Tensor v = values.detach().cpu().to(at::kInt).contiguous();
   if (v.numel() > 0) {
     const int64_t lo = v.min().item<int64_t>(), hi = v.max().item<int64_t>();
-    QF_REQUIRE(lo >= qt.quant_min && hi <= qt.quant_max, "pack_quantized: values in [", lo, ", ", hi,
-               "] do not fit ", qt.name, " [", qt.quant_min, ", ", qt.quant_max, "]");
+    // Microscaling values are the 16 E2M1 codes.
+    const int64_t qmin = qt.is_microscaling() ? 0 : qt.quant_min, qmax = qt.is_microscaling() ? 15 : qt.quant_max;
+    QF_REQUIRE(lo >= qmin && hi <= qmax, "pack_quantized: values in [", lo, ", ", hi, "] do not fit ", qt.name, " [",
+               qmin, ", ", qmax, "]");
   }
   QuantizedTensor q = with_qparams(qp, v.sizes().vec());
   q.data = pack_values(v, qt);

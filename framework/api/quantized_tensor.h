@@ -10,6 +10,10 @@
 //   float = codebook[..., code]                         (codebook grids: qkmeans4/3/2)
 // Codebook grids store b-bit level indices (nibbles for 4 and 3 bits, 2-bit fields for 2) and the
 // float16 levels, [qparam shape..., 2^bits]; they have no scale or zero point.
+//   float = decode_e2m1(code) * decode_e8m0(scale)                    (mxfp4)
+//   float = decode_e2m1(code) * (decode_e4m3(scale) * tensor_scale)   (nvfp4)
+// Microscaling grids store E2M1 codes as nibbles and one scale byte per block (E8M0 or E4M3
+// codes, uint8 of the QParams shape), plus nvfp4's float32 tensor scale; no zero point.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -41,18 +45,19 @@ struct QuantizedTensor {
   at::Tensor scale;            // float32, the QParams shape
   at::Tensor zero_point;       // int32, the QParams shape
   at::Tensor codebook;         // codebook grids only: float16, codebook_shape (undefined otherwise)
+  at::Tensor tensor_scale;     // nvfp4 only: float32, 0-dim
 
   bool defined() const { return scale.defined() || codebook.defined(); }
   const QType& qtype() const { return spec.qtype; }
   QParams qparams() const;
   const char* packing() const { return spec.qtype.bits < 8 ? kPackingLowBitsFirst : kPackingNone; }
   int64_t numel() const;
-  // Bytes of data + scale + zero_point + codebook (what model_size counts for a frozen weight).
+  // Bytes of data + scale + zero_point + codebook + tensor_scale (what model_size counts for a frozen weight).
   int64_t bytes() const;
   // Throws qforge::Error (prefixed with `who`) unless dtypes, shapes and packed size agree.
   void validate(const std::string& who) const;
-  // The integer values with the original shape: uint8 for quint8 and codebook indices, int8
-  // otherwise (integer and codebook grids).
+  // The integer values with the original shape: uint8 for quint8, codebook indices and E2M1
+  // codes (microscaling grids), int8 otherwise.
   at::Tensor int_values() const;
   // The float tensor the codes stand for, float32 of the original shape; equals fake_quantize of
   // the tensor quantize_tensor() was given, bit for bit.
@@ -65,8 +70,9 @@ struct QuantizedTensor {
 // dequantize() of the result equals fake_quantize(w, qp) bit for bit.
 QuantizedTensor quantize_tensor(const at::Tensor& w, const QParams& qp);
 
-// Packs integer `values` (any integer dtype, every value inside qp.spec.qtype's range) with the
-// scale and zero point (or codebook) of `qp`. Integer and codebook grids.
+// Packs integer `values` (any integer dtype, every value inside qp.spec.qtype's range; E2M1 codes
+// 0..15 for microscaling grids) with the scale and zero point (or codebook, or block scales) of
+// `qp`. Integer, codebook and microscaling grids.
 QuantizedTensor pack_quantized(const at::Tensor& values, const QParams& qp);
 
 // Assembles a QuantizedTensor from its parts (a checkpoint's datasets, a kernel's codes): the spec

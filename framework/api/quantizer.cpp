@@ -5,6 +5,7 @@
 
 #include "fake_quant/fake_quantize.h"
 #include "fake_quant/lsq.h"
+#include "fake_quant/microscaling.h"
 #include "framework/core/enum_names.h"
 #include "framework/core/error.h"
 #include "framework/api/kmeans.h"
@@ -100,6 +101,8 @@ at::Tensor dequantize_int(const at::Tensor& q, const QParams& qp) {
 
 QuantizerImpl::QuantizerImpl(Role role, QuantizerConfig config, ActivationMode mode, std::string path)
     : role_(role), config_(std::move(config)), mode_(mode), path_(std::move(path)) {
+  QF_REQUIRE(!config_.spec.qtype.is_microscaling() || role_ == Role::kWeight, path_, ": ",
+             config_.spec.qtype.name, " activations are not implemented (microscaling qtypes are weight-only here)");
   config_.spec.validate();
   // LSQ activations calibrate too: their learnable step starts from the calibrated scale.
   if (role_ == Role::kActivation && mode_ == ActivationMode::kStatic)
@@ -220,6 +223,11 @@ QParams QuantizerImpl::qparams(const at::Tensor& weight) const {
 
 QParams weight_minmax_qparams(const at::Tensor& weight, const QSpec& spec, const std::string& who) {
   QF_REQUIRE(weight.defined(), who, ": weight qparams need the weight");
+  // Microscaling scales are the format's function of each block's values, recomputed with the weight.
+  if (spec.qtype.is_microscaling()) {
+    QF_REQUIRE(at::isfinite(weight.detach()).all().item<bool>(), who, ": weight holds NaN or inf; cannot quantize it");
+    return microscaling_qparams(weight, spec);
+  }
   const at::Tensor w = weight.detach().to(at::kFloat);
   at::Tensor mn, mx;
   switch (spec.granularity) {
@@ -324,6 +332,8 @@ void QuantizerImpl::set_qparams(const QParams& qp) {
     set_codebook(qp.codebook);
     return;
   }
+  QF_REQUIRE(!config_.spec.qtype.is_microscaling(), path_, ": ", config_.spec.qtype.name,
+             " block scales follow the weight's values; there is no fixed grid to set");
   QF_REQUIRE(!config_.lsq || !lsq_initialised_, path_, ": set_qparams on an LSQ quantizer that already trains");
   // Activations hold one scale; a weight's fixed grid keeps its per-channel / per-group shape.
   const bool weight = role_ == Role::kWeight;

@@ -24,6 +24,10 @@ Scheme::Scheme(QType weight_qtype) : weights(weight_qtype) {
     group_size = kDefaultGroupSize;
   }
   if (weight_qtype.is_float()) weight_granularity = Granularity::kPerChannel;
+  if (weight_qtype.is_microscaling()) {  // the block is the format's, not a choice
+    weight_granularity = Granularity::kPerGroup;
+    group_size = weight_qtype.block_size;
+  }
 }
 #pragma GCC diagnostic pop
 
@@ -37,6 +41,20 @@ int64_t grouped_dim(const QuantizableLayer& layer) {
   if (const auto* l = dynamic_cast<const nn::LinearImpl*>(&layer)) return l->options.in_features();
   if (const auto* e = dynamic_cast<const nn::EmbeddingImpl*>(&layer)) return e->options.embedding_dim();
   return -1;
+}
+
+// Microscaling blocks run along a Linear/Embedding input dimension, with the format's block size;
+// anything else is refused (no per-channel fallback exists for these formats).
+void check_microscaling(const std::string& path, const QuantizableLayer& layer, const QType& w, Granularity wg,
+                        int64_t gs) {
+  QF_REQUIRE(wg == Granularity::kPerGroup && gs == w.block_size, path, ": ", w.name, " scales blocks of ",
+             w.block_size, " elements, fixed by the format; the scheme asks ", to_string(wg),
+             wg == Granularity::kPerGroup ? detail::str_cat(" with group_size ", gs) : std::string());
+  const int64_t dim = grouped_dim(layer);
+  QF_REQUIRE(dim > 0 && dim % w.block_size == 0, path, ": ", w.name, " needs a Linear or Embedding input dimension",
+             " that is a multiple of ", w.block_size, "; this ", layer.layer_type(),
+             dim > 0 ? detail::str_cat(" has ", dim) : std::string(" has no such dimension"),
+             " (keep it float with a rule)");
 }
 }  // namespace
 
@@ -53,6 +71,11 @@ std::optional<LayerScheme> Scheme::resolve(const std::string& path, const Quanti
     *matched_rule = static_cast<int>(i);
     if (r.keep_float) return std::nullopt;
     if (r.weights) w = r.weights;
+    // A rule naming a microscaling qtype gets its block unless it asks otherwise (then refused below).
+    if (r.weights && r.weights->is_microscaling() && !r.weight_granularity && !r.group_size) {
+      wg = Granularity::kPerGroup;
+      gs = r.weights->block_size;
+    }
     if (r.weight_granularity) wg = *r.weight_granularity;
     if (r.group_size) gs = *r.group_size;
     if (r.activations) act = *r.activations;
@@ -74,11 +97,12 @@ std::optional<LayerScheme> Scheme::resolve(const std::string& path, const Quanti
     QuantizerConfig c;
     c.spec.qtype = *w;
     // Codebook levels have no zero point: the symmetric flag does not apply.
-    c.spec.symmetric = !w->is_codebook() && (weight_symmetric || w->is_float());
+    c.spec.symmetric = !w->is_codebook() && (weight_symmetric || w->is_float() || w->is_microscaling());
     c.spec.granularity = wg;
     c.spec.axis = 0;
     c.lsq = weight_lsq && !w->is_codebook();
     if (weight_lsq && w->is_codebook()) *note = "LSQ does not apply to codebook weights; their levels train instead";
+    if (w->is_microscaling()) check_microscaling(path, layer, *w, wg, gs);
     if (wg == Granularity::kPerGroup) {
       const int64_t dim = grouped_dim(layer);
       if (dim < 0 || gs <= 0 || dim % gs != 0) {

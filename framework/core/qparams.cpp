@@ -22,7 +22,7 @@ Granularity granularity_from_name(const std::string& name) { return value_of(kGr
 std::vector<std::string> granularity_names() { return names_of(kGranularityNames); }
 
 int64_t QSpec::quant_min() const {
-  if (qtype.is_float()) return 0;
+  if (qtype.is_float() || qtype.is_microscaling()) return 0;
   int64_t qmin = qtype.quant_min;
   // reduce_range halves the range as PyTorch's _calculate_qmin_qmax does: [-64, 63] / [0, 127].
   if (reduce_range) qmin = qtype.is_signed ? qmin / 2 : qmin;
@@ -31,7 +31,7 @@ int64_t QSpec::quant_min() const {
 }
 
 int64_t QSpec::quant_max() const {
-  if (qtype.is_float()) return 0;
+  if (qtype.is_float() || qtype.is_microscaling()) return 0;
   int64_t qmax = qtype.quant_max;
   if (reduce_range) qmax = qtype.is_signed ? (qmax - 1) / 2 : qmax / 2;
   if (narrow_range && !qtype.is_signed) qmax -= 1;
@@ -47,7 +47,14 @@ void QSpec::validate() const {
              "QSpec: narrow_range/reduce_range do not apply to float8 qtype ", qtype.name);
   QF_REQUIRE(!qtype.is_codebook() || (!narrow_range && !reduce_range),
              "QSpec: narrow_range/reduce_range do not apply to codebook qtype ", qtype.name);
-  QF_REQUIRE(qtype.is_float() || quant_min() < quant_max(), "QSpec: empty quantization range [",
+  // The block size is part of the format: a 32-element MX block is what the scale's meaning assumes.
+  QF_REQUIRE(!qtype.is_microscaling() || (granularity == Granularity::kPerGroup && group_size == qtype.block_size),
+             "QSpec: ", qtype.name, " scales blocks of ", qtype.block_size,
+             " elements along the last dimension, fixed by the format; got ", qforge::to_string(granularity),
+             granularity == Granularity::kPerGroup ? detail::str_cat(" with group_size ", group_size) : std::string());
+  QF_REQUIRE(!qtype.is_microscaling() || (!narrow_range && !reduce_range),
+             "QSpec: narrow_range/reduce_range do not apply to microscaling qtype ", qtype.name);
+  QF_REQUIRE(qtype.is_float() || qtype.is_microscaling() || quant_min() < quant_max(), "QSpec: empty quantization range [",
              quant_min(), ", ", quant_max(), "] for ", qtype.name);
 }
 
@@ -57,6 +64,7 @@ std::string QSpec::to_string() const {
   if (granularity == Granularity::kPerChannel) os << "(axis=" << axis << ")";
   if (granularity == Granularity::kPerGroup) os << "(group_size=" << group_size << ")";
   if (qtype.is_codebook()) return os.str();  // levels, no zero point
+  if (qtype.is_microscaling()) return os.str();  // block scales, no zero point
   os << (symmetric || qtype.is_float() ? " symmetric" : " affine");
   if (narrow_range) os << " narrow_range";
   if (reduce_range) os << " reduce_range";
@@ -106,6 +114,8 @@ QParams calculate_qparams_cpu(const at::Tensor& min_val_in, const at::Tensor& ma
   spec.validate();
   QF_REQUIRE(!spec.qtype.is_codebook(), "calculate_qparams: ", spec.qtype.name,
              " levels come from k-means on the weights, not from a min/max (codebook qtypes are for weights)");
+  QF_REQUIRE(!spec.qtype.is_microscaling(), "calculate_qparams: ", spec.qtype.name,
+             " block scales come from each block's values (microscaling_qparams), not from a min/max");
   QF_REQUIRE(min_val_in.sizes() == max_val_in.sizes(), "calculate_qparams: min shape ",
              min_val_in.sizes(), " differs from max shape ", max_val_in.sizes());
   const at::Tensor min_val = min_val_in.to(at::kFloat);
@@ -159,6 +169,8 @@ QParams make_qparams(const QSpec& spec, const at::Tensor& scale, const at::Tenso
   spec.validate();
   QF_REQUIRE(!spec.qtype.is_codebook(), "make_qparams: ", spec.qtype.name,
              " has a codebook, not a scale and zero point (make_codebook_qparams)");
+  QF_REQUIRE(!spec.qtype.is_microscaling(), "make_qparams: ", spec.qtype.name,
+             " block scales come from each block's values (microscaling_qparams)");
   QF_REQUIRE(scale.sizes() == zero_point.sizes(), "make_qparams: scale shape ", scale.sizes(),
              " differs from zero_point shape ", zero_point.sizes());
   const at::Tensor s = scale.to(at::kFloat).contiguous();

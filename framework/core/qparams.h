@@ -48,11 +48,15 @@ struct QSpec {
 // float32 of the qparam shape plus one last dimension of 2^bits entries (codebook_shape), and
 //   float = codebook[..., code]
 // with code the index of the nearest level (docs/numerics.md, "k-means weights").
+// Microscaling qtypes (mxfp4, nvfp4) are per_group with the format's block size: scale holds
+// each block's float32 scale, computed from the block itself (docs/formats.md), zero_point is 0.
 struct QParams {
   QSpec spec;
   at::Tensor scale;
   at::Tensor zero_point;
   at::Tensor codebook{};  // codebook qtypes only
+  // nvfp4 only: the per-tensor float32 scale g (0-dim); scale then holds e4m3(block) * g per block.
+  at::Tensor tensor_scale{};
 
   bool defined() const { return scale.defined() || codebook.defined(); }
 };

@@ -11,7 +11,9 @@ namespace qforge {
 
 // kCodebook: values are indices into per-channel (or per-group) float16 codebooks learned by
 // k-means (non-uniform grids); quant_min / quant_max are the index range [0, 2^bits - 1].
-enum class QKind : uint8_t { kInteger, kFloat8, kCodebook };
+// kMicroscaling: 4-bit float (E2M1) elements in fixed-size blocks along the last dimension, one
+// scale per block taken from the block's own values (OCP MX, NVIDIA NVFP4; docs/formats.md).
+enum class QKind : uint8_t { kInteger, kFloat8, kCodebook, kMicroscaling };
 
 struct QType {
   const char* name;
@@ -21,19 +23,23 @@ struct QType {
   // Integer grids: the full representable range. Float8 grids: unused (0).
   int64_t quant_min;
   int64_t quant_max;
-  // Float8 grids: exponent/mantissa bits, exponent bias and the largest finite value.
+  // Float8 and microscaling grids: the element's exponent/mantissa bits, exponent bias and
+  // largest finite value.
   int exponent_bits;
   int mantissa_bits;
   int exponent_bias;
   double max_finite;
+  // Microscaling grids: elements per scale block, fixed by the format (0 elsewhere).
+  int block_size = 0;
 
   constexpr bool is_float() const { return kind == QKind::kFloat8; }
   constexpr bool is_integer() const { return kind == QKind::kInteger; }
   constexpr bool is_codebook() const { return kind == QKind::kCodebook; }
+  constexpr bool is_microscaling() const { return kind == QKind::kMicroscaling; }
   constexpr int64_t levels() const { return quant_max - quant_min + 1; }
   friend constexpr bool operator==(const QType& a, const QType& b) {
     return a.bits == b.bits && a.is_signed == b.is_signed && a.kind == b.kind &&
-           a.exponent_bits == b.exponent_bits;
+           a.exponent_bits == b.exponent_bits && a.block_size == b.block_size;
   }
   friend constexpr bool operator!=(const QType& a, const QType& b) { return !(a == b); }
 };
@@ -53,6 +59,14 @@ inline constexpr QType qfloat8_e5m2{"qfloat8_e5m2", 8, true, QKind::kFloat8, 0, 
 inline constexpr QType qkmeans4{"qkmeans4", 4, false, QKind::kCodebook, 0, 15, 0, 0, 0, 0.0};
 inline constexpr QType qkmeans3{"qkmeans3", 3, false, QKind::kCodebook, 0, 7, 0, 0, 0, 0.0};
 inline constexpr QType qkmeans2{"qkmeans2", 2, false, QKind::kCodebook, 0, 3, 0, 0, 0, 0.0};
+// 4-bit floats (E2M1: 0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives) with block scales. OCP MX:
+// one E8M0 (power-of-two) scale per 32 elements. NVIDIA NVFP4: one E4M3 scale per 16 elements,
+// times one float32 scale per tensor. Weight-only in this tree.
+inline constexpr QType qmxfp4{"mxfp4", 4, true, QKind::kMicroscaling, 0, 0, 2, 1, 1, 6.0, 32};
+inline constexpr QType qnvfp4{"nvfp4", 4, true, QKind::kMicroscaling, 0, 0, 2, 1, 1, 6.0, 16};
+// The E2M1 element's values by code (bit 3 the sign, bits 2..1 the exponent, bit 0 the mantissa).
+inline constexpr float kE2M1Values[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
+                                          -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
 
 // Integer grids stored two codes per byte (4-bit nibbles) and run by the int4 kernels, whose
 // packed layout keeps float16 scales: qint4, quint4 and qint3.

@@ -102,7 +102,7 @@ class CudaInt4Linear final : public CudaPackedWeight {
   at::Tensor packed_, group_scale_, group_zero_;
 };
 
-// Codebook and dequantize-per-call weights: the dequantized float weight, uploaded once.
+// Codebook, fp4 and dequantize-per-call weights: the dequantized float weight, uploaded once.
 class CudaFloatLinear final : public CudaPackedWeight {
  public:
   CudaFloatLinear(PackedWeightPtr host, const at::Device& device) : CudaPackedWeight(std::move(host)) {
@@ -113,7 +113,8 @@ class CudaFloatLinear final : public CudaPackedWeight {
   at::Tensor forward(const at::Tensor& x, const FrozenInput& in) const override {
     const at::Tensor xq = fake_quantize_input(in, x);
     // The look-up-table path takes float inputs; the dequantize path passes the input's dtype on.
-    return at::linear(path() == LinearPath::kLutWeightOnly ? xq.to(at::kFloat) : xq, float_weight_, bias_or(in));
+    const bool float_input = path() == LinearPath::kLutWeightOnly || path() == LinearPath::kFp4WeightOnly;
+    return at::linear(float_input ? xq.to(at::kFloat) : xq, float_weight_, bias_or(in));
   }
 
  private:
@@ -133,6 +134,7 @@ PackedWeightPtr cuda_packed_weight(PackedWeightPtr host, const at::Device& devic
     case LinearPath::kS4Static:
     case LinearPath::kS4WeightOnly: return std::make_shared<CudaInt4Linear>(std::move(host), device);
     case LinearPath::kLutWeightOnly:
+    case LinearPath::kFp4WeightOnly:
     case LinearPath::kDequant: break;
   }
   return std::make_shared<CudaFloatLinear>(std::move(host), device);

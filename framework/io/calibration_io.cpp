@@ -60,6 +60,8 @@ CalibrationDump calibration_dump(const torch::nn::Module& model) {
       const std::string point = quantization_point(path, q);
       const std::string who = "framework/io: save_calibration: '" + q->path() + "'";
       if (q->role() == QuantizerImpl::Role::kWeight) {
+        // MXFP4 / NVFP4 block scales are a function of the weight itself: nothing to calibrate or merge.
+        if (q->config().spec.qtype.is_microscaling()) continue;
         at::Tensor w;
         if (layer->frozen()) {
           const QuantizedTensor fw = layer->frozen_weight();

@@ -21,7 +21,8 @@ inline constexpr const char* kRootModuleName = "__root__";
 //    force (the observer's, or those set directly when the observer saw nothing);
 //  - weights ("weight"): a min/max observer of the weight's granularity fed with the weight (the
 //    dequantized packed weight once frozen) and the weight's qparams (learned ones under LSQ).
-// Dynamic and LSQ activation quantizers have no observer and are left out.
+// Dynamic and LSQ activation quantizers have no observer and are left out, and so are mxfp4 /
+// nvfp4 weights: their scales are a function of the weight (nothing to calibrate or merge).
 CalibrationDump calibration_dump(const torch::nn::Module& model);
 // `search`: the mixed-precision search's sensitivities to keep in the same file (see
 // calibration_dump.h), or nullptr.

@@ -62,6 +62,11 @@ void write_quantized(const h5::Group& parent, const std::string& name, const Qua
     g.write_tensor("codebook", q.codebook);  // float16 levels; no scale or zero point
     return;
   }
+  if (qt.is_microscaling()) {
+    g.write_tensor("scale", q.scale);  // uint8 E8M0 / E4M3 codes per block; no zero point
+    if (q.tensor_scale.defined()) g.write_tensor("tensor_scale", q.tensor_scale);
+    return;
+  }
   g.write_tensor("scale", q.scale);
   g.write_tensor("zero_point", q.zero_point);
 }
@@ -124,7 +129,8 @@ void validate(const CheckpointData& d) {
     QF_REQUIRE(!d.parameters.count(key), "framework/io: checkpoint: '", key,
                "' is both a float and a quantized parameter");
     const std::string who = "framework/io: checkpoint: quantized parameter '" + key + "'";
-    QF_REQUIRE(q.qtype().is_integer() || q.qtype().is_codebook(), who, ": qtype ", q.qtype().name,
+    QF_REQUIRE(q.qtype().is_integer() || q.qtype().is_codebook() || q.qtype().is_microscaling(), who, ": qtype ",
+               q.qtype().name,
                " cannot be stored as packed integers (float8 weights are stored as uint8 codes)");
     q.validate(who);
   }
@@ -178,6 +184,7 @@ CheckpointData snapshot(const CheckpointData& data) {
     c.scale = copy(q.scale);
     c.zero_point = copy(q.zero_point);
     c.codebook = copy(q.codebook);
+    c.tensor_scale = copy(q.tensor_scale);
     s.quantized.emplace(k, std::move(c));
   }
   s.optimizer_kind = data.optimizer_kind;
@@ -373,8 +380,8 @@ QuantizedTensor read_quantized_group(const h5::Group& g, const std::string& wher
     if (std::string(err.what()).find(where) != std::string::npos) throw;
     throw Error(where + ": " + err.what());
   }
-  QF_REQUIRE(q.spec.qtype.is_integer() || q.spec.qtype.is_codebook(), where, ": qtype ", q.spec.qtype.name,
-             " is not an integer or codebook grid");
+  QF_REQUIRE(q.spec.qtype.is_integer() || q.spec.qtype.is_codebook() || q.spec.qtype.is_microscaling(), where,
+             ": qtype ", q.spec.qtype.name, " is not an integer, codebook or microscaling grid");
   QF_REQUIRE(g.attr_int("bits") == q.spec.qtype.bits, where, ": attribute bits ", g.attr_int("bits"),
              " disagrees with qtype ", q.spec.qtype.name);
   const std::string packing = g.attr_string("packing");
@@ -386,6 +393,10 @@ QuantizedTensor read_quantized_group(const h5::Group& g, const std::string& wher
   q.data = g.read_tensor("data");
   if (q.spec.qtype.is_codebook()) {
     q.codebook = g.read_tensor("codebook");
+  } else if (q.spec.qtype.is_microscaling()) {
+    q.scale = g.read_tensor("scale");
+    QF_REQUIRE(q.spec.qtype != qnvfp4 || g.has("tensor_scale"), where, ": nvfp4 entry without its tensor_scale dataset");
+    if (g.has("tensor_scale")) q.tensor_scale = g.read_tensor("tensor_scale");
   } else {
     q.scale = g.read_tensor("scale");
     q.zero_point = g.read_tensor("zero_point");

@@ -146,6 +146,9 @@ QuantizedTensor stored_copy(const QuantizedTensor& fw, const std::string& who) {
   q.data = fw.data.detach().cpu().contiguous().clone();
   if (fw.codebook.defined()) {
     q.codebook = fw.codebook.detach().cpu().to(at::kHalf).contiguous().clone();
+  } else if (fw.qtype().is_microscaling()) {  // scale bytes, nvfp4's tensor scale; no zero point
+    q.scale = fw.scale.detach().cpu().contiguous().clone();
+    if (fw.tensor_scale.defined()) q.tensor_scale = fw.tensor_scale.detach().cpu().contiguous().clone();
   } else {
     q.scale = fw.scale.detach().cpu().to(at::kFloat).contiguous().clone();
     q.zero_point = fw.zero_point.detach().cpu().to(at::kInt).contiguous().clone();

@@ -61,6 +61,17 @@ QuantizedTensor Loader::build_frozen(const std::string& path, const LayerMeta& m
     fw.data = q.data;
     scale = q.scale;
     zero_point = q.zero_point;
+    if (spec.qtype.is_microscaling()) {
+      try {
+        QParams qp = q.qparams();  // block scales decoded from the file's scale bytes
+        qp.spec = spec;
+        fw = make_quantized(qp, e.shape, fw.data);
+        (void)fw.dequantize();
+      } catch (const Error& err) {
+        throw Error(w + ": " + err.what());
+      }
+      return fw;
+    }
     if (spec.qtype.is_codebook()) {
       try {
         fw = make_quantized(make_codebook_qparams(spec, q.codebook.to(at::kFloat), e.shape), e.shape, fw.data);

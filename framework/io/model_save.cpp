@@ -86,6 +86,23 @@ struct SafetensorsExport {
                       {"dequantize", "float32(codebook[..., code])"}};
   }
 
+  // E2M1 nibbles and one scale byte per block (E8M0 / E4M3 codes), nvfp4's tensor scale.
+  void add_microscaling(const std::string& key, const QuantizedTensor& q, const QSpec& spec) {
+    for (const std::string& k : {key + ".scale", key + ".tensor_scale"})
+      QF_REQUIRE(!tensors.count(k), "framework/io: export_safetensors: '", k, "' clashes with a model tensor");
+    const bool nv = spec.qtype == qnvfp4;
+    tensors[key] = q.data;
+    tensors[key + ".scale"] = q.scale;
+    if (nv) tensors[key + ".tensor_scale"] = q.tensor_scale.reshape({1});
+    described[key] = {{"qtype", spec.qtype.name},
+                      {"bits", spec.qtype.bits},
+                      {"granularity", to_string(spec.granularity)},
+                      {"group_size", spec.group_size},
+                      {"packing", q.packing()},
+                      {"shape", q.shape},
+                      {"dequantize", nv ? "e2m1(code) * (e4m3(scale) * tensor_scale)" : "e2m1(code) * 2^(scale - 127)"}};
+  }
+
   void add_quantized_weights(const ModelFileData& f) {
     for (const auto& [key, q] : f.data.quantized) {
       QSpec spec;
@@ -94,6 +111,10 @@ struct SafetensorsExport {
       spec.axis = q.spec.axis;
       if (spec.qtype.is_codebook()) {
         add_codebook(key, q, spec);
+        continue;
+      }
+      if (spec.qtype.is_microscaling()) {
+        add_microscaling(key, q, spec);
         continue;
       }
       add_quantized(key, q.data, q.scale, q.zero_point, spec, q.shape, q.packing());

@@ -44,6 +44,11 @@ search::SearchOptions search_options(const Recipe& r) {
         c.granularity = Granularity::kPerGroup;
         c.group_size = r.search.group_size;
       }
+      // mxfp4 / nvfp4 take their format's block whatever search.group_size says.
+      if (c.qtype->is_microscaling()) {
+        c.granularity = Granularity::kPerGroup;
+        c.group_size = c.qtype->block_size;
+      }
     }
     if (!c.qtype || r.search.activations.empty()) {
       o.candidates.push_back(c);

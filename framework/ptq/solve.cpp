@@ -156,6 +156,8 @@ std::vector<LayerSolve> plan_solve(const torch::nn::Module& model, const SolveOp
       why = "AdaRound rounds onto integer grids, the weights are " + std::string(wqt.name);
     if (why.empty() && r == Rounding::kGptq && wqt.is_codebook())
       why = "GPTQ rounds onto uniform grids; codebook weights take kmeans";
+    if (why.empty() && r == Rounding::kGptq && wqt.is_microscaling())
+      why = "GPTQ fixes each group's grid as it goes; " + std::string(wqt.name) + " block scales follow the values";
     if (why.empty() && r == Rounding::kKMeans && !wqt.is_codebook())
       why = "kmeans refits codebooks; the weights are " + std::string(wqt.name) + " (a uniform grid)";
     if (why.empty() && layer->frozen()) why = "frozen";

@@ -139,7 +139,14 @@ void check_quantize(const Recipe& r, const YAML::Node& tree, const Where& w) {
     // Blame where group_size was written, else where per_group was asked for (maybe a --set).
     w.problem(w.origins.count("quantize.weights.group_size") ? "quantize.weights.group_size" : "quantize.weights.granularity",
               "per_group granularity needs quantize.weights.group_size > 0");
+  if (s.weights && s.weights->is_microscaling() &&
+      (s.weight_granularity != Granularity::kPerGroup || s.group_size != s.weights->block_size))
+    w.problem(w.origins.count("quantize.weights.group_size") ? "quantize.weights.group_size" : "quantize.weights.granularity",
+              std::string(s.weights->name) + " scales blocks of " + std::to_string(s.weights->block_size) +
+                  " elements, fixed by the format (per_group, group_size " + std::to_string(s.weights->block_size) + ")");
   const std::string aq = s.activation_qtype.name;
+  if (s.activation_qtype.is_microscaling() && s.activations != ActivationMode::kNone)
+    w.problem("quantize.activations.qtype", aq + " activations are not implemented (microscaling qtypes are weight-only)");
   if (s.activations == ActivationMode::kDynamicPerToken && s.activation_qtype != qint8)
     w.problem("quantize.activations.qtype", "dynamic per-token activations are qint8, not " + aq);
   if (s.activation_qtype.is_integer() && s.activation_qtype.bits < 8 && s.activations != ActivationMode::kNone &&

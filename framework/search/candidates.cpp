@@ -107,9 +107,14 @@ Collected collect(torch::nn::Module& model, const Scheme& base, const SearchOpti
     for (size_t c = 0; c < o.candidates.size(); ++c) {
       const Candidate& cand = o.candidates[c];
       if (!allowed_by_min_bits(o, path, cand)) continue;
-      std::string cnote;
-      const std::optional<LayerScheme> cls = scheme_with(base, path, *layer, cand, &cnote);
-      std::string why = refusal(path, *layer, cand, cls, cnote);
+      std::string cnote, why;
+      std::optional<LayerScheme> cls;
+      try {
+        cls = scheme_with(base, path, *layer, cand, &cnote);
+        why = refusal(path, *layer, cand, cls, cnote);
+      } catch (const Error& e) {  // a grid the layer's shape cannot take (mxfp4 blocks of 32)
+        why = cand.name() + " on " + path + ": " + e.what();
+      }
       if (!why.empty()) {
         refusals.push_back(why);
         out.skipped.push_back(std::move(why));

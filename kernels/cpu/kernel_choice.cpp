@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "kernels/cpu/conv_s8.h"
+#include "kernels/cpu/fp4_linear.h"
 #include "kernels/cpu/gemv_s4.h"
 #include "kernels/cpu/gemv_s8.h"
 #include "kernels/cpu/linear_decode.h"
@@ -51,6 +52,7 @@ auto with_op_table(LinearOp op, int64_t group_size, const F& f) {
     case LinearOp::kF32S4: return with_table(linear_f32s4_kernels(), group_size, f);
     case LinearOp::kQ8S8: return with_table(linear_q8s8_kernels(), group_size, f);
     case LinearOp::kQ8S4: return with_table(linear_q8s4_kernels(), group_size, f);
+    case LinearOp::kF32Fp4: return with_table(fp4_linear_kernels(), group_size, f);
     case LinearOp::kF32Lut: break;
   }
   return with_table(lut_linear_kernels(), group_size, f);
@@ -86,6 +88,7 @@ const char* to_string(LinearOp op) {
     case LinearOp::kF32S8: return "f32s8";
     case LinearOp::kF32S4: return "f32s4";
     case LinearOp::kF32Lut: return "f32lut";
+    case LinearOp::kF32Fp4: return "f32fp4";
     case LinearOp::kQ8S8: return "q8s8";
     case LinearOp::kQ8S4: return "q8s4";
   }

@@ -18,6 +18,7 @@ enum class LinearOp : uint8_t {
   kF32S8,  // float activations x int8 weights (linear_f32s8f32, weight-only)
   kF32S4,  // float activations x 4-bit weights (linear_f32s4f32, weight-only)
   kF32Lut, // float activations x codebook weights (PackedLinearLut::run, weight-only)
+  kF32Fp4, // float activations x MXFP4 / NVFP4 weights (PackedLinearFp4::run, weight-only)
   kQ8S8,   // block-32 int8 activations x int8 weights (linear_q8b32s8f32; PackedLinearS8::run_decode)
   kQ8S4,   // block-32 int8 activations x 4-bit weights (linear_q8b32s4f32; PackedLinearS4::run_decode)
 };

@@ -86,3 +86,29 @@ TEST(QParams, Float8ScaleMapsAmaxToLargestFinite) {
   EXPECT_FLOAT_EQ(qp.scale.item<float>(), 2.0f);
   EXPECT_EQ(qp.zero_point.item<int>(), 0);
 }
+
+TEST(QSpec, Mxfp4AndNvfp4TakeOnlyTheirBlockSize) {
+  for (const QType* q : {&qmxfp4, &qnvfp4}) {
+    QSpec s;
+    s.qtype = *q;
+    s.granularity = Granularity::kPerGroup;
+    s.group_size = q->block_size;
+    EXPECT_NO_THROW(s.validate()) << q->name;
+    s.group_size = 64;
+    try {
+      s.validate();
+      FAIL() << "group_size 64 accepted for " << q->name;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("fixed by the format"), std::string::npos) << e.what();
+    }
+    s.granularity = Granularity::kPerChannel;
+    s.group_size = 0;
+    EXPECT_THROW(s.validate(), Error) << q->name;
+  }
+  // Block scales are a function of the values, never of a min/max.
+  QSpec s;
+  s.qtype = qmxfp4;
+  s.granularity = Granularity::kPerGroup;
+  s.group_size = 32;
+  EXPECT_THROW(calculate_qparams(at::zeros({1}), at::ones({1}), s), Error);
+}

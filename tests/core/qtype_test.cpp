@@ -37,3 +37,20 @@ TEST(QType, UnknownNameSuggestsClosest) {
     EXPECT_NE(std::string(e.what()).find("did you mean 'qint8'"), std::string::npos) << e.what();
   }
 }
+
+TEST(QType, Mxfp4AndNvfp4ByNameWithTheFormatsBlocks) {
+  EXPECT_EQ(qtype_from_name("mxfp4"), qmxfp4);
+  EXPECT_EQ(qtype_from_name("nvfp4"), qnvfp4);
+  EXPECT_NE(qmxfp4, qnvfp4);
+  EXPECT_TRUE(qmxfp4.is_microscaling() && qnvfp4.is_microscaling());
+  EXPECT_FALSE(qmxfp4.is_float() || qmxfp4.is_integer() || qmxfp4.is_codebook());
+  EXPECT_EQ(qmxfp4.block_size, 32);
+  EXPECT_EQ(qnvfp4.block_size, 16);
+  EXPECT_EQ(qmxfp4.max_finite, 6.0);
+  try {
+    qtype_from_name("mxfp5");
+    FAIL() << "expected qforge::Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("did you mean 'mxfp4'"), std::string::npos) << e.what();
+  }
+}

@@ -605,3 +605,20 @@ TEST(Recipe, TokenizerKeysAreCheckedWithFileLineColumn) {
   e = all("model: {arch: mlp}\ndata: {dataset: fashion_mnist, tokenizer: {train: {vocab_size: 300}}}\n");
   EXPECT_NE(e.find("data.tokenizer: applies to the fortunes language models only"), std::string::npos) << e;
 }
+
+TEST(Recipe, Mxfp4AndNvfp4TakeTheirBlockAndNoActivations) {
+  TempDir dir;
+  auto first = [&](const std::string& text) {
+    std::string all;
+    for (const auto& i : issues_of(dir.write("fp4.yaml", text))) all += i.to_string() + "\n";
+    return all;
+  };
+  const Recipe r = load_recipe(dir.write("ok.yaml", std::string(kMinimal) + "quantize: {weights: {qtype: nvfp4}}\n"));
+  EXPECT_EQ(r.scheme.weight_granularity, Granularity::kPerGroup);
+  EXPECT_EQ(r.scheme.group_size, 16);
+  const std::string block = first(std::string(kMinimal) + "quantize:\n  weights: {qtype: mxfp4, group_size: 64}\n");
+  EXPECT_NE(block.find("quantize.weights.group_size"), std::string::npos) << block;
+  EXPECT_NE(block.find("fixed by the format"), std::string::npos) << block;
+  const std::string act = first(std::string(kMinimal) + "quantize: {activations: {mode: static, qtype: mxfp4}}\n");
+  EXPECT_NE(act.find("weight-only"), std::string::npos) << act;
+}

@@ -105,6 +105,21 @@ TEST(Search, CodebookCandidatesArePricedExactly) {
   EXPECT_EQ(model_size(*f.model).total_bytes, r.bytes);
 }
 
+TEST(Search, Mxfp4AndNvfp4CandidatesArePricedExactly) {
+  // The formats' blocks (32, 16) divide both Linear input sizes (32, 64); the predicted bytes are
+  // the frozen model's (codes, block scales, the fp4 kernel's float32 scales).
+  Fixture f = make_fixture();
+  const Scheme base(qint8);
+  SearchOptions o = options(0.5);
+  o.candidates = {Candidate{qmxfp4, Granularity::kPerGroup, 32, std::nullopt},
+                  Candidate{qnvfp4, Granularity::kPerGroup, 16, std::nullopt}};
+  const SearchResult r = search(*f.model, base, 2, f.loss, o);
+  EXPECT_LE(static_cast<double>(r.bytes), 0.5 * r.float_bytes);
+  quantize(*f.model, apply(base, r));
+  freeze(*f.model);
+  EXPECT_EQ(model_size(*f.model).total_bytes, r.bytes);
+}
+
 // With static activations the unsearched LayerNorm's output quantizer counts too.
 struct NormedMlp : torch::nn::Module {
   NormedMlp()
