@@ -223,6 +223,20 @@ void check_search(const Recipe& r, const YAML::Node& sn, const Where& w) {
   else if (!r.scheme.weights) w.problem("search", "quantize.weights.qtype is none: there are no weights to search");
 }
 
+// ptq.rotate: hadamard changes the model in the calibrate stage; what would act on the model as
+// it was before, or ignore the online transform, is refused up front instead of failing or lying.
+void check_rotate_partners(const Recipe& r, const Where& w) {
+  if (r.ptq.awq)
+    w.problem("ptq.method", "AWQ's per-channel scales would cross down_proj's online Hadamard transform after "
+                            "ptq.rotate: hadamard; use rtn or gptq with the rotation");
+  if (r.search.enabled)
+    w.problem("ptq.rotate", "the search stage runs before calibrate rotates the model, so its sensitivities and "
+                            "latencies would describe the unrotated model; drop the search or the rotation");
+  if (r.export_.safetensors)
+    w.problem("export.safetensors", "a rotated model's safetensors need qforge's online down_proj transform, "
+                                    "which other readers do not apply; set export.safetensors: false");
+}
+
 void read_ptq(Recipe& r, const YAML::Node& pn, const Where& w) {
   Recipe::Ptq& p = r.ptq;
   // AWQ scales the weights before calibration; the rounding after it is RTN or GPTQ.
@@ -247,6 +261,7 @@ void read_ptq(Recipe& r, const YAML::Node& pn, const Where& w) {
   if (p.rotate == "hadamard" && r.model.arch != "llama")
     w.problem("ptq.rotate", "the Hadamard rotation needs an RMSNorm model (arch llama: Llama, Mistral, Qwen2), not " +
                                 r.model.arch);
+  if (p.rotate == "hadamard") check_rotate_partners(r, w);
   if (!r.quantize) {
     w.problem("ptq", "the PTQ solvers work on a quantized model; add a quantize section");
     return;

@@ -272,6 +272,18 @@ TEST(Recipe, PtqRotateIsAChoiceForLlamaModelsOnly) {
   const Recipe r = load_recipe(std::string(QFORGE_SOURCE_DIR) + "/recipes/llama_w4_gptq.yaml", {"ptq.rotate=hadamard"});
   EXPECT_EQ(r.ptq.rotate, "hadamard");
   EXPECT_EQ(Recipe::Ptq().rotate, "none");
+  // What would act on the unrotated model, or ignore the online transform, is refused up front.
+  e = all(llama + "ptq: {rotate: hadamard, method: awq}\n");
+  EXPECT_NE(e.find("p.yaml:4:33: ptq.method: AWQ's per-channel scales would cross down_proj's online Hadamard"),
+            std::string::npos)
+      << e;
+  e = all(llama + "ptq: {rotate: hadamard}\nexport: {safetensors: true}\n");
+  EXPECT_NE(e.find("p.yaml:5:23: export.safetensors: a rotated model's safetensors need qforge's online"),
+            std::string::npos)
+      << e;
+  e = all(llama + "ptq: {rotate: hadamard}\nsearch: {candidates: [qint4, qint8], budget: {size_ratio: 0.5}}\n");
+  EXPECT_NE(e.find("ptq.rotate: the search stage runs before calibrate rotates the model"), std::string::npos) << e;
+  EXPECT_EQ(all(llama + "ptq: {rotate: hadamard, method: gptq}\n"), "");
 }
 
 TEST(Recipe, AwqMethodsSetAwqBeforeTheirRoundingAndStrayAwqOptionsAreErrors) {
