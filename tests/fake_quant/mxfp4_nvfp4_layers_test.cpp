@@ -246,6 +246,30 @@ TEST(Mxfp4Layers, ForeignOrTruncatedEntriesAreRefusedClearly) {
   }), "fixed by the format"));
 }
 
+// QParams from elsewhere with a zero, infinite or NaN block scale (or tensor scale) are refused
+// before any encoding (E8M0's exponent of such a number is undefined).
+TEST(Mxfp4Layers, PackingRefusesNonFiniteOrNonPositiveScales) {
+  for (const QType* q : {&qmxfp4, &qnvfp4}) {
+    nn::Linear lin = make_linear(32, 4, 6);
+    quantize(lin, Scheme(*q));
+    freeze(lin);
+    const QuantizedTensor fw = lin->frozen_weight();
+    for (const float bad : {0.0f, -1.0f, INFINITY, NAN}) {
+      QParams qp = fw.qparams();
+      qp.scale = qp.scale.clone();
+      qp.scale.view(-1)[0] = bad;
+      const std::string e = error_of([&] { pack_quantized(fw.int_values(), qp); });
+      EXPECT_TRUE(contains(e, "is not a finite positive number")) << q->name << " " << bad << ": " << e;
+      if (q == &qnvfp4) {
+        QParams qg = fw.qparams();
+        qg.tensor_scale = at::full({}, bad, at::kFloat);
+        const std::string eg = error_of([&] { pack_quantized(fw.int_values(), qg); });
+        EXPECT_TRUE(contains(eg, "tensor scale")) << bad << ": " << eg;
+      }
+    }
+  }
+}
+
 // Frozen layers run the fp4 weight-only kernels (kernels/cpu/fp4_linear.h): within the stated
 // bound of the fake-quant product, |y - y_fq| <= 2 gamma_(K+2) (sum_k |x_k| |w_k| + |b|),
 // gamma_n = n u / (1 - n u), u = 2^-24.
