@@ -19,6 +19,7 @@
 #include "framework/io/calibration_io.h"
 #include "framework/io/checkpoint.h"
 #include "framework/io/model_io.h"
+#include "framework/nn/conv.h"
 #include "framework/nn/linear.h"
 #include "tests/error_of.h"
 
@@ -56,6 +57,30 @@ TEST(Mxfp4Layers, SchemesAskingAnotherBlockOrDimensionAreRefusedWithTheReason) {
     act.activations = ActivationMode::kStatic;
     act.activation_qtype = *q;
     EXPECT_TRUE(contains(error_of([&] { quantize(lin, act); }), "weight-only")) << q->name;
+  }
+}
+
+TEST(Mxfp4Layers, ConvolutionsRulesAndFixedGridsFollowTheFormat) {
+  // A convolution has no Linear input dimension for the blocks: refused, naming the way out.
+  nn::Conv2d conv(torch::nn::Conv2dOptions(32, 8, 3));
+  const std::string ec = error_of([&] { quantize(conv, Scheme(qmxfp4)); });
+  EXPECT_TRUE(contains(ec, "needs a Linear or Embedding input dimension") && contains(ec, "keep it float")) << ec;
+  // A rule naming a microscaling qtype gets the format's block over a per-channel base scheme.
+  for (const QType* q : {&qmxfp4, &qnvfp4}) {
+    nn::Linear lin = make_linear(64, 8, 1);
+    Scheme s(qint8);
+    LayerRule r;
+    r.pattern = "*";
+    r.weights = *q;
+    s.rules.push_back(r);
+    quantize(lin, s);
+    const QSpec& spec = lin->weight_quantizer()->config().spec;
+    EXPECT_EQ(spec.qtype, *q);
+    EXPECT_EQ(spec.granularity, Granularity::kPerGroup);
+    EXPECT_EQ(spec.group_size, q->block_size);
+    // No fixed grid can be set: the block scales follow the weight.
+    const QParams qp = lin->weight_quantizer()->qparams(lin->weight);
+    EXPECT_TRUE(contains(error_of([&] { lin->weight_quantizer()->set_qparams(qp); }), "no fixed grid to set"));
   }
 }
 
