@@ -43,7 +43,7 @@ nn::Linear make_linear(int64_t in, int64_t out, uint64_t seed) {
 
 }  // namespace
 
-TEST(Mxfp4Layers, SchemesAskingAnotherBlockOrDimensionAreRefusedWithTheReason) {
+TEST(Mxfp4Nvfp4Layers, SchemesAskingAnotherBlockOrDimensionAreRefusedWithTheReason) {
   for (const QType* q : {&qmxfp4, &qnvfp4}) {
     nn::Linear lin = make_linear(64, 8, 1);
     Scheme s(*q);
@@ -60,7 +60,7 @@ TEST(Mxfp4Layers, SchemesAskingAnotherBlockOrDimensionAreRefusedWithTheReason) {
   }
 }
 
-TEST(Mxfp4Layers, ConvolutionsRulesAndFixedGridsFollowTheFormat) {
+TEST(Mxfp4Nvfp4Layers, ConvolutionsRulesAndFixedGridsFollowTheFormat) {
   // A convolution has no Linear input dimension for the blocks: refused, naming the way out.
   nn::Conv2d conv(torch::nn::Conv2dOptions(32, 8, 3));
   const std::string ec = error_of([&] { quantize(conv, Scheme(qmxfp4)); });
@@ -84,7 +84,7 @@ TEST(Mxfp4Layers, ConvolutionsRulesAndFixedGridsFollowTheFormat) {
   }
 }
 
-TEST(Mxfp4Layers, FakeQuantForwardUsesTheBlockFormatOfTheCurrentWeight) {
+TEST(Mxfp4Nvfp4Layers, FakeQuantForwardUsesTheBlockFormatOfTheCurrentWeight) {
   for (const QType* q : {&qmxfp4, &qnvfp4}) {
     nn::Linear lin = make_linear(128, 24, 2);
     quantize(lin, Scheme(*q));
@@ -98,7 +98,7 @@ TEST(Mxfp4Layers, FakeQuantForwardUsesTheBlockFormatOfTheCurrentWeight) {
   }
 }
 
-TEST(Mxfp4Layers, FreezePacksNibblesAndScaleBytesThatDequantizeExactly) {
+TEST(Mxfp4Nvfp4Layers, FreezePacksNibblesAndScaleBytesThatDequantizeExactly) {
   for (const QType* q : {&qmxfp4, &qnvfp4}) {
     for (const int64_t M : {1, 7}) {
       nn::Linear lin = make_linear(96, 40, 3);
@@ -130,7 +130,7 @@ TEST(Mxfp4Layers, FreezePacksNibblesAndScaleBytesThatDequantizeExactly) {
   }
 }
 
-TEST(Mxfp4Layers, CheckpointsRoundTripFrozenOrNot) {
+TEST(Mxfp4Nvfp4Layers, CheckpointsRoundTripFrozenOrNot) {
   const std::string dir = ::testing::TempDir();
   for (const QType* q : {&qmxfp4, &qnvfp4}) {
     for (const bool frozen : {false, true}) {
@@ -175,7 +175,7 @@ Scheme two_formats_scheme() {
 
 // A run's calibration.h5 with MX weights reads back and merges: the weight points are left out
 // (their scales follow the weight), the int8 activation points round-trip.
-TEST(Mxfp4Layers, CalibrationDumpsOfMicroscalingWeightsLoadAndMerge) {
+TEST(Mxfp4Nvfp4Layers, CalibrationDumpsOfMicroscalingWeightsLoadAndMerge) {
   const std::string path = ::testing::TempDir() + "/fp4_calibration.h5";
   auto a = std::make_shared<TwoFormats>();
   quantize(*a, two_formats_scheme());
@@ -228,7 +228,7 @@ std::string read_back_error(const QuantizedTensor& q, const std::function<void(c
 
 }  // namespace
 
-TEST(Mxfp4Layers, ForeignOrTruncatedEntriesAreRefusedClearly) {
+TEST(Mxfp4Nvfp4Layers, ForeignOrTruncatedEntriesAreRefusedClearly) {
   nn::Linear mx = make_linear(64, 8, 5), nv = make_linear(64, 8, 5);
   quantize(mx, Scheme(qmxfp4));
   quantize(nv, Scheme(qnvfp4));
@@ -273,7 +273,7 @@ TEST(Mxfp4Layers, ForeignOrTruncatedEntriesAreRefusedClearly) {
 
 // QParams from elsewhere with a zero, infinite or NaN block scale (or tensor scale) are refused
 // before any encoding (E8M0's exponent of such a number is undefined).
-TEST(Mxfp4Layers, PackingRefusesNonFiniteOrNonPositiveScales) {
+TEST(Mxfp4Nvfp4Layers, PackingRefusesNonFiniteOrNonPositiveScales) {
   for (const QType* q : {&qmxfp4, &qnvfp4}) {
     nn::Linear lin = make_linear(32, 4, 6);
     quantize(lin, Scheme(*q));
@@ -298,7 +298,7 @@ TEST(Mxfp4Layers, PackingRefusesNonFiniteOrNonPositiveScales) {
 // Frozen layers run the fp4 weight-only kernels (kernels/cpu/fp4_linear.h): within the stated
 // bound of the fake-quant product, |y - y_fq| <= 2 gamma_(K+2) (sum_k |x_k| |w_k| + |b|),
 // gamma_n = n u / (1 - n u), u = 2^-24.
-TEST(Mxfp4Layers, FrozenLayersRunTheFp4KernelWithinTheSummationBound) {
+TEST(Mxfp4Nvfp4Layers, FrozenLayersRunTheFp4KernelWithinTheSummationBound) {
   for (const QType* q : {&qmxfp4, &qnvfp4}) {
     for (const int64_t M : {1, 3, 33}) {
       nn::Linear lin = make_linear(256, 48, 6);
@@ -328,7 +328,7 @@ double sqnr_db(const at::Tensor& w, const at::Tensor& wq) {
 // SQNR of the 4-bit formats on a Llama-8B-shaped projection [4096, 4096] (Gaussian, std 0.02)
 // with 16 planted outlier input channels (x20): docs/formats.md quotes the printed table.
 // Run: build/tests/fake_quant/fp4_layers_test --gtest_filter='*Sqnr*'
-TEST(Mxfp4Layers, SqnrBesideInt4OnALlamaShapedWeightWithOutliers) {
+TEST(Mxfp4Nvfp4Layers, SqnrBesideInt4OnALlamaShapedWeightWithOutliers) {
   at::manual_seed(35);
   at::Tensor w = at::randn({4096, 4096}) * 0.02;
   const at::Tensor cols = at::randperm(4096).slice(0, 0, 16);

@@ -204,7 +204,7 @@ TEST(Mxfp4, NanAndInfAreRefusedForScalesPropagatedWithGivenScales) {
   EXPECT_EQ(y[3], 1.0f);
 }
 
-TEST(Mxfp4, GroupSizeOtherThanTheFormatsIsRefused) {
+TEST(Mxfp4Nvfp4, GroupSizeOtherThanTheFormatsIsRefused) {
   QSpec s = microscaling_spec(qnvfp4);
   s.group_size = 32;
   EXPECT_THROW(microscaling_qparams(at::ones({1, 64}), s), Error);
@@ -213,7 +213,7 @@ TEST(Mxfp4, GroupSizeOtherThanTheFormatsIsRefused) {
 
 // The tensor path, the scalar reference and the independent oracle agree bit for bit on values
 // spread over 2^-40 .. 2^40 with exact ties planted.
-TEST(Mxfp4, PropertyMatchesBruteForceNearestCodeOracle) {
+TEST(Mxfp4Nvfp4, PropertyMatchesBruteForceNearestCodeOracle) {
   at::manual_seed(35);
   for (const QType* q : {&qmxfp4, &qnvfp4}) {
     const int64_t bs = q->block_size;
