@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "fake_quant/fake_quant_math.h"
+#include "framework/core/error.h"
 #include "framework/core/qtype.h"
 
 namespace qforge::fq {
@@ -47,7 +48,8 @@ inline uint8_t encode_e2m1(float v) {
   const uint8_t sign = std::signbit(v) ? kE2M1SignBit : 0;
   const float a = std::fabs(v);
   uint8_t m = 0;
-  while (m < 7 && kE2M1Values[m] != a) ++m;  // the magnitudes are codes 0..7
+  while (m < 8 && kE2M1Values[m] != a) ++m;  // the magnitudes are codes 0..7
+  QF_REQUIRE(m < 8, "encode_e2m1: ", v, " is not an E2M1 value (±0, 0.5, 1, 1.5, 2, 3, 4, 6); round it first");
   return static_cast<uint8_t>(sign | m);
 }
 

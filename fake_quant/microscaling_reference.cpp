@@ -4,6 +4,7 @@
 
 #include "fake_quant/fake_quantize_kernels.h"
 #include "fake_quant/microscaling_math.h"
+#include "framework/core/error.h"
 
 namespace qforge::fq {
 
@@ -13,6 +14,7 @@ void e2m1_run_reference(const float* x, float* y, bool* mask, int64_t n, float s
 
 void microscaling_run_reference(const float* x, float* y, int64_t n, int block, bool nvfp4, float tensor_scale,
                                 float* scales) {
+  QF_REQUIRE(block > 0 && n % block == 0, "microscaling_run_reference: ", n, " values are not whole blocks of ", block);
   for (int64_t b = 0; b < n / block; ++b) {
     const float* xb = x + b * block;
     float amax = 0.0f;

@@ -7,6 +7,9 @@ The layout and the formula are in docs/formats.md:
                                              per channel along `axis`, or per group of
                                              `group_size` elements along the last dimension)
     float = codebook[..., q]                 (k-means qtypes: float16 levels per channel/group)
+    float = e2m1(q) * X                      (mxfp4: X = 2^(scale - 127); nvfp4: X = e4m3(scale)
+                                             * tensor_scale, one float32 product; per block of
+                                             `group_size` along the last dimension)
 
 Usage:
     h5_dequantize.py CHECKPOINT                 list every parameter/buffer with shape and range
@@ -83,12 +86,40 @@ def dequantize_codebook(group, shape, bits):
     raise ValueError(f"unknown granularity {granularity!r}")
 
 
+# E2M1 codes 0..15 (bit 3 the sign).
+E2M1 = np.array([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6], np.float32)
+
+
+def e4m3_decode(b):
+    """OCP E4M3 bytes (bias 7, subnormals m * 2^-9, no infinities, 0x7f / 0xff NaN) to float32."""
+    b = np.asarray(b).astype(np.int32)
+    e, m = (b >> 3) & 15, b & 7
+    v = np.where(e == 0, m * 2.0 ** -9, (8 + m) * np.exp2(e - 10.0))  # exact in float64 and float32
+    v = np.where(b & 128, -v, v).astype(np.float32)
+    return np.where((b & 127) == 127, np.float32(np.nan), v)
+
+
+def dequantize_microscaling(group, shape, qtype):
+    """mxfp4 / nvfp4: E2M1 codes two per byte (low nibble first), one uint8 scale per block."""
+    n = int(np.prod(shape, dtype=np.int64))
+    codes = unpack(group["data"][()].reshape(-1), 4, False, n).reshape(shape)
+    sb = group["scale"][()]
+    if qtype == "mxfp4":
+        x = np.ldexp(np.ones(sb.shape, np.float32), sb.astype(np.int32) - 127)  # E8M0
+    else:
+        x = e4m3_decode(sb) * np.float32(group["tensor_scale"][()])  # one float32 product
+    return E2M1[codes] * np.repeat(x.astype(np.float32), int(group.attrs["group_size"]), axis=-1)
+
+
 def dequantize(group):
     a = group.attrs
     shape = tuple(int(d) for d in a["shape"])
     bits = int(a["bits"])
-    if text(a["qtype"]).startswith("qkmeans"):
+    qtype = text(a["qtype"])
+    if qtype.startswith("qkmeans"):
         return dequantize_codebook(group, shape, bits)
+    if qtype in ("mxfp4", "nvfp4"):
+        return dequantize_microscaling(group, shape, qtype)
     if bits == 3:
         bits = 4  # qint3 is stored in 4-bit fields, exactly as qint4 (docs/formats.md)
     signed = bool(int(a["signed"]))

@@ -3,6 +3,8 @@
 
 #include <ATen/ATen.h>
 
+#include <cmath>
+
 #include "fake_quant/codebook.h"
 #include "fake_quant/fake_quant_math.h"
 #include "fake_quant/microscaling_math.h"
@@ -60,6 +62,9 @@ at::Tensor microscaling_scale_codes(const QParams& qp, float g) {
   uint8_t* pc = codes.data_ptr<uint8_t>();
   const bool nv = qp.spec.qtype == qnvfp4;
   for (int64_t i = 0; i < s.numel(); ++i) {
+    // ilogb of 0, inf or NaN is undefined for E8M0: refuse such scales before encoding.
+    QF_REQUIRE(std::isfinite(ps[i]) && ps[i] > 0.0f, "QuantizedTensor: ", qp.spec.qtype.name, " scale[", i,
+               "] = ", ps[i], " is not a finite positive number");
     const float b = nv ? fq::round_to_float8(ps[i] / g, fq::kE4M3) : 0.0f;
     pc[i] = nv ? fq::encode_float8(b, fq::kE4M3) : fq::encode_e8m0(std::ilogb(ps[i]));
     const float back = nv ? fq::decode_float8(pc[i], fq::kE4M3) * g : fq::decode_e8m0(pc[i]);
@@ -122,6 +127,7 @@ QuantizedTensor with_qparams(const QParams& qp, std::vector<int64_t> shape) {
     const bool nv = qp.spec.qtype == qnvfp4;
     QF_REQUIRE(!nv || qp.tensor_scale.defined(), "QuantizedTensor: nvfp4 QParams without a tensor scale");
     const float g = nv ? qp.tensor_scale.detach().cpu().to(at::kFloat).item<float>() : 1.0f;
+    QF_REQUIRE(std::isfinite(g) && g > 0.0f, "QuantizedTensor: nvfp4 tensor scale ", g, " is not finite and > 0");
     q.scale = microscaling_scale_codes(qp, g);
     if (nv) q.tensor_scale = at::full({}, g, at::kFloat);
     return q;

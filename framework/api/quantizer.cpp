@@ -225,8 +225,11 @@ QParams weight_minmax_qparams(const at::Tensor& weight, const QSpec& spec, const
   QF_REQUIRE(weight.defined(), who, ": weight qparams need the weight");
   // Microscaling scales are the format's function of each block's values, recomputed with the weight.
   if (spec.qtype.is_microscaling()) {
-    QF_REQUIRE(at::isfinite(weight.detach()).all().item<bool>(), who, ": weight holds NaN or inf; cannot quantize it");
-    return microscaling_qparams(weight, spec);
+    try {
+      return microscaling_qparams(weight, spec);  // refuses NaN / inf, naming the first
+    } catch (const Error& e) {
+      throw Error(who + ": " + e.what());
+    }
   }
   const at::Tensor w = weight.detach().to(at::kFloat);
   at::Tensor mn, mx;

@@ -14,6 +14,12 @@ inline constexpr int64_t kFp4ChunkBytes = kFp4Chunk / 2;
 inline constexpr int64_t kFp4Lanes = 8;
 static_assert(kFp4Chunk == 2 * kFp4Lanes && kFp4ChunkBytes * 2 == kFp4Chunk);
 
+// The E2M1 code of value k in a packed row (chunk k / 16, byte k % 8, low nibble for the first 8).
+inline int fp4_packed_code(const uint8_t* row, int64_t k) {
+  const uint8_t byte = row[k / kFp4Chunk * kFp4ChunkBytes + k % kFp4Lanes];
+  return (k % kFp4Chunk < kFp4Lanes ? byte : byte >> 4) & 15;
+}
+
 namespace detail {
 // What the ISA files compute: rows [n0, n1) of y for every x row.
 struct Fp4Args {
@@ -33,5 +39,8 @@ void gemv_f32fp4_avx2(const Fp4Args& a, int64_t n0, int64_t n1);
 // float [N, K / block], x dense [M, K], y dense [M, N]; bias [N] or null.
 void linear_f32fp4_reference(const float* x, int64_t M, const uint8_t* codes, const float* scales, int64_t N,
                              int64_t K, int64_t block, const float* bias, float* y);
+// The same on the packed layout (packed uint8 [N, K / 2]), unpacked in the loop: no allocation.
+void linear_f32fp4_reference_packed(const float* x, int64_t M, const uint8_t* packed, const float* scales,
+                                    int64_t N, int64_t K, int64_t block, const float* bias, float* y);
 
 }  // namespace qforge::kernels

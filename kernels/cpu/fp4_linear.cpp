@@ -29,10 +29,8 @@ template <void (*kKernel)(const detail::Fp4Args&, int64_t, int64_t)>
 }
 
 void run_fp4_reference(const Fp4Problem& p) {
-  const PackedLinearFp4& l = *p.layer;
-  const at::Tensor codes = l.codes();
-  linear_f32fp4_reference(p.x, p.m, codes.data_ptr<uint8_t>(), l.scales().data_ptr<float>(), l.out_features(),
-                          l.in_features(), l.block(), l.bias().defined() ? l.bias().data_ptr<float>() : nullptr, p.y);
+  const detail::Fp4Args a = p.layer->kernel_args();
+  linear_f32fp4_reference_packed(p.x, p.m, a.packed, a.scales, a.n, a.k, a.block, a.bias, p.y);
 }
 
 // W[n, k] = e2m1(code) * scale, the float32 product fake-quant forms, then one GEMM.
@@ -42,11 +40,8 @@ void run_fp4_dequant_gemm(const Fp4Problem& p) {
     detail::parallel_over_blocks(a.n, a.k, [&](int64_t n0, int64_t n1) {
       for (int64_t n = n0; n < n1; ++n) {
         const uint8_t* packed = a.packed + n * (a.k / 2);
-        for (int64_t k = 0; k < a.k; ++k) {
-          const uint8_t byte = packed[k / kFp4Chunk * kFp4ChunkBytes + k % kFp4Lanes];
-          const int code = (k % kFp4Chunk < kFp4Lanes ? byte : byte >> 4) & 15;
-          w[n * a.k + k] = kE2M1Values[code] * a.scales[n * (a.k / a.block) + k / a.block];
-        }
+        for (int64_t k = 0; k < a.k; ++k)
+          w[n * a.k + k] = kE2M1Values[fp4_packed_code(packed, k)] * a.scales[n * (a.k / a.block) + k / a.block];
       }
     });
   });
@@ -105,10 +100,7 @@ at::Tensor PackedLinearFp4::codes() const {
   const uint8_t* pp = packed_.data_ptr<uint8_t>();
   uint8_t* po = out.data_ptr<uint8_t>();
   for (int64_t n = 0; n < n_; ++n)
-    for (int64_t k = 0; k < k_; ++k) {
-      const uint8_t byte = pp[n * (k_ / 2) + k / kFp4Chunk * kFp4ChunkBytes + k % kFp4Lanes];
-      po[n * k_ + k] = (k % kFp4Chunk < kFp4Lanes ? byte : byte >> 4) & 15;
-    }
+    for (int64_t k = 0; k < k_; ++k) po[n * k_ + k] = static_cast<uint8_t>(fp4_packed_code(pp + n * (k_ / 2), k));
   return out;
 }
 

@@ -19,6 +19,7 @@
 #include "framework/io/calibration_io.h"
 #include "framework/io/checkpoint.h"
 #include "framework/io/model_io.h"
+#include "framework/nn/conv.h"
 #include "framework/nn/linear.h"
 #include "tests/error_of.h"
 
@@ -42,7 +43,7 @@ nn::Linear make_linear(int64_t in, int64_t out, uint64_t seed) {
 
 }  // namespace
 
-TEST(Mxfp4Layers, SchemesAskingAnotherBlockOrDimensionAreRefusedWithTheReason) {
+TEST(Mxfp4Nvfp4Layers, SchemesAskingAnotherBlockOrDimensionAreRefusedWithTheReason) {
   for (const QType* q : {&qmxfp4, &qnvfp4}) {
     nn::Linear lin = make_linear(64, 8, 1);
     Scheme s(*q);
@@ -59,7 +60,31 @@ TEST(Mxfp4Layers, SchemesAskingAnotherBlockOrDimensionAreRefusedWithTheReason) {
   }
 }
 
-TEST(Mxfp4Layers, FakeQuantForwardUsesTheBlockFormatOfTheCurrentWeight) {
+TEST(Mxfp4Nvfp4Layers, ConvolutionsRulesAndFixedGridsFollowTheFormat) {
+  // A convolution has no Linear input dimension for the blocks: refused, naming the way out.
+  nn::Conv2d conv(torch::nn::Conv2dOptions(32, 8, 3));
+  const std::string ec = error_of([&] { quantize(conv, Scheme(qmxfp4)); });
+  EXPECT_TRUE(contains(ec, "needs a Linear or Embedding input dimension") && contains(ec, "keep it float")) << ec;
+  // A rule naming a microscaling qtype gets the format's block over a per-channel base scheme.
+  for (const QType* q : {&qmxfp4, &qnvfp4}) {
+    nn::Linear lin = make_linear(64, 8, 1);
+    Scheme s(qint8);
+    LayerRule r;
+    r.pattern = "*";
+    r.weights = *q;
+    s.rules.push_back(r);
+    quantize(lin, s);
+    const QSpec& spec = lin->weight_quantizer()->config().spec;
+    EXPECT_EQ(spec.qtype, *q);
+    EXPECT_EQ(spec.granularity, Granularity::kPerGroup);
+    EXPECT_EQ(spec.group_size, q->block_size);
+    // No fixed grid can be set: the block scales follow the weight.
+    const QParams qp = lin->weight_quantizer()->qparams(lin->weight);
+    EXPECT_TRUE(contains(error_of([&] { lin->weight_quantizer()->set_qparams(qp); }), "no fixed grid to set"));
+  }
+}
+
+TEST(Mxfp4Nvfp4Layers, FakeQuantForwardUsesTheBlockFormatOfTheCurrentWeight) {
   for (const QType* q : {&qmxfp4, &qnvfp4}) {
     nn::Linear lin = make_linear(128, 24, 2);
     quantize(lin, Scheme(*q));
@@ -73,7 +98,7 @@ TEST(Mxfp4Layers, FakeQuantForwardUsesTheBlockFormatOfTheCurrentWeight) {
   }
 }
 
-TEST(Mxfp4Layers, FreezePacksNibblesAndScaleBytesThatDequantizeExactly) {
+TEST(Mxfp4Nvfp4Layers, FreezePacksNibblesAndScaleBytesThatDequantizeExactly) {
   for (const QType* q : {&qmxfp4, &qnvfp4}) {
     for (const int64_t M : {1, 7}) {
       nn::Linear lin = make_linear(96, 40, 3);
@@ -105,7 +130,7 @@ TEST(Mxfp4Layers, FreezePacksNibblesAndScaleBytesThatDequantizeExactly) {
   }
 }
 
-TEST(Mxfp4Layers, CheckpointsRoundTripFrozenOrNot) {
+TEST(Mxfp4Nvfp4Layers, CheckpointsRoundTripFrozenOrNot) {
   const std::string dir = ::testing::TempDir();
   for (const QType* q : {&qmxfp4, &qnvfp4}) {
     for (const bool frozen : {false, true}) {
@@ -150,7 +175,7 @@ Scheme two_formats_scheme() {
 
 // A run's calibration.h5 with MX weights reads back and merges: the weight points are left out
 // (their scales follow the weight), the int8 activation points round-trip.
-TEST(Mxfp4Layers, CalibrationDumpsOfMicroscalingWeightsLoadAndMerge) {
+TEST(Mxfp4Nvfp4Layers, CalibrationDumpsOfMicroscalingWeightsLoadAndMerge) {
   const std::string path = ::testing::TempDir() + "/fp4_calibration.h5";
   auto a = std::make_shared<TwoFormats>();
   quantize(*a, two_formats_scheme());
@@ -203,7 +228,7 @@ std::string read_back_error(const QuantizedTensor& q, const std::function<void(c
 
 }  // namespace
 
-TEST(Mxfp4Layers, ForeignOrTruncatedEntriesAreRefusedClearly) {
+TEST(Mxfp4Nvfp4Layers, ForeignOrTruncatedEntriesAreRefusedClearly) {
   nn::Linear mx = make_linear(64, 8, 5), nv = make_linear(64, 8, 5);
   quantize(mx, Scheme(qmxfp4));
   quantize(nv, Scheme(qnvfp4));
@@ -246,10 +271,34 @@ TEST(Mxfp4Layers, ForeignOrTruncatedEntriesAreRefusedClearly) {
   }), "fixed by the format"));
 }
 
+// QParams from elsewhere with a zero, infinite or NaN block scale (or tensor scale) are refused
+// before any encoding (E8M0's exponent of such a number is undefined).
+TEST(Mxfp4Nvfp4Layers, PackingRefusesNonFiniteOrNonPositiveScales) {
+  for (const QType* q : {&qmxfp4, &qnvfp4}) {
+    nn::Linear lin = make_linear(32, 4, 6);
+    quantize(lin, Scheme(*q));
+    freeze(lin);
+    const QuantizedTensor fw = lin->frozen_weight();
+    for (const float bad : {0.0f, -1.0f, INFINITY, NAN}) {
+      QParams qp = fw.qparams();
+      qp.scale = qp.scale.clone();
+      qp.scale.view(-1)[0] = bad;
+      const std::string e = error_of([&] { pack_quantized(fw.int_values(), qp); });
+      EXPECT_TRUE(contains(e, "is not a finite positive number")) << q->name << " " << bad << ": " << e;
+      if (q == &qnvfp4) {
+        QParams qg = fw.qparams();
+        qg.tensor_scale = at::full({}, bad, at::kFloat);
+        const std::string eg = error_of([&] { pack_quantized(fw.int_values(), qg); });
+        EXPECT_TRUE(contains(eg, "tensor scale")) << bad << ": " << eg;
+      }
+    }
+  }
+}
+
 // Frozen layers run the fp4 weight-only kernels (kernels/cpu/fp4_linear.h): within the stated
 // bound of the fake-quant product, |y - y_fq| <= 2 gamma_(K+2) (sum_k |x_k| |w_k| + |b|),
 // gamma_n = n u / (1 - n u), u = 2^-24.
-TEST(Mxfp4Layers, FrozenLayersRunTheFp4KernelWithinTheSummationBound) {
+TEST(Mxfp4Nvfp4Layers, FrozenLayersRunTheFp4KernelWithinTheSummationBound) {
   for (const QType* q : {&qmxfp4, &qnvfp4}) {
     for (const int64_t M : {1, 3, 33}) {
       nn::Linear lin = make_linear(256, 48, 6);
@@ -279,7 +328,7 @@ double sqnr_db(const at::Tensor& w, const at::Tensor& wq) {
 // SQNR of the 4-bit formats on a Llama-8B-shaped projection [4096, 4096] (Gaussian, std 0.02)
 // with 16 planted outlier input channels (x20): docs/formats.md quotes the printed table.
 // Run: build/tests/fake_quant/fp4_layers_test --gtest_filter='*Sqnr*'
-TEST(Mxfp4Layers, SqnrBesideInt4OnALlamaShapedWeightWithOutliers) {
+TEST(Mxfp4Nvfp4Layers, SqnrBesideInt4OnALlamaShapedWeightWithOutliers) {
   at::manual_seed(35);
   at::Tensor w = at::randn({4096, 4096}) * 0.02;
   const at::Tensor cols = at::randperm(4096).slice(0, 0, 16);

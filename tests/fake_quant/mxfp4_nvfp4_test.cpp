@@ -81,6 +81,7 @@ TEST(Mxfp4, E2M1CodesAreTheSpecTable) {
     EXPECT_EQ(std::signbit(v), code >= 8) << code;
     EXPECT_EQ(fq::encode_e2m1(v), code) << code;
   }
+  for (const float off : {2.5f, -0.25f, 7.0f, NAN, INFINITY}) EXPECT_THROW(fq::encode_e2m1(off), Error) << off;
   EXPECT_EQ(fq::decode_e8m0(127), 1.0f);
   EXPECT_EQ(fq::decode_e8m0(0), std::ldexp(1.0f, -127));
   EXPECT_EQ(fq::decode_e8m0(254), std::ldexp(1.0f, 127));
@@ -203,7 +204,7 @@ TEST(Mxfp4, NanAndInfAreRefusedForScalesPropagatedWithGivenScales) {
   EXPECT_EQ(y[3], 1.0f);
 }
 
-TEST(Mxfp4, GroupSizeOtherThanTheFormatsIsRefused) {
+TEST(Mxfp4Nvfp4, GroupSizeOtherThanTheFormatsIsRefused) {
   QSpec s = microscaling_spec(qnvfp4);
   s.group_size = 32;
   EXPECT_THROW(microscaling_qparams(at::ones({1, 64}), s), Error);
@@ -212,7 +213,7 @@ TEST(Mxfp4, GroupSizeOtherThanTheFormatsIsRefused) {
 
 // The tensor path, the scalar reference and the independent oracle agree bit for bit on values
 // spread over 2^-40 .. 2^40 with exact ties planted.
-TEST(Mxfp4, PropertyMatchesBruteForceNearestCodeOracle) {
+TEST(Mxfp4Nvfp4, PropertyMatchesBruteForceNearestCodeOracle) {
   at::manual_seed(35);
   for (const QType* q : {&qmxfp4, &qnvfp4}) {
     const int64_t bs = q->block_size;
@@ -229,6 +230,10 @@ TEST(Mxfp4, PropertyMatchesBruteForceNearestCodeOracle) {
                                    q == &qnvfp4, g, ref_scales.data());
     EXPECT_EQ(ref, y) << q->name;
     EXPECT_EQ(ref_scales, scales) << q->name;
+    // A tail shorter than a block is refused, not left unwritten.
+    EXPECT_THROW(fq::microscaling_run_reference(xs.data(), ref.data(), bs + 1, static_cast<int>(bs), q == &qnvfp4, g,
+                                                nullptr),
+                 Error);
     for (size_t b = 0; b < scales.size(); ++b) {
       float amax = 0.0f;
       for (int64_t i = 0; i < bs; ++i) amax = std::max(amax, std::fabs(xs[b * bs + i]));

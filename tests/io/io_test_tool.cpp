@@ -31,6 +31,7 @@
 #include <signal.h>
 #include <sys/resource.h>
 
+#include "fake_quant/microscaling.h"
 #include "framework/io/calibration_dump.h"
 #include "framework/io/checkpoint.h"
 #include "framework/format/hdf5.h"
@@ -141,6 +142,18 @@ int main(int argc, char** argv) {
         // Levels: sorted float16 values spread over the weight's range.
         const at::Tensor levels = std::get<0>(at::randn(cb_shape).sort(-1)).to(at::kHalf).to(at::kFloat);
         d.quantized[c.key] = qforge::quantize_tensor(w, qforge::make_codebook_qparams(spec, levels, w.sizes()));
+      }
+      save_checkpoint(argv[2], d);
+      return 0;
+    }
+    if (mode == "make-fp4-checkpoint" && argc == 3) {
+      // mxfp4 / nvfp4 weights with outlier channels, so block scales lie far apart.
+      at::manual_seed(0);
+      CheckpointData d;
+      for (const qforge::QType* qt : {&qforge::qmxfp4, &qforge::qnvfp4}) {
+        const at::Tensor w = at::randn({6, 64}) * at::exp(at::randn({1, 64}) * 4.0);
+        qforge::QSpec spec = qforge::microscaling_spec(*qt);
+        d.quantized[std::string(qt->name) + ".weight"] = qforge::quantize_tensor(w, qforge::microscaling_qparams(w, spec));
       }
       save_checkpoint(argv[2], d);
       return 0;

@@ -77,7 +77,7 @@ std::string fp4_check(const Fp4Case& c) {
 
 }  // namespace
 
-TEST(Fp4LinearReference, MatchesDoublePrecisionDotProductOfExpandedWeight) {
+TEST(Mxfp4Nvfp4LinearReference, MatchesDoublePrecisionDotProductOfExpandedWeight) {
   for (const Fp4Case& c : {Fp4Case{3, 7, 96, 32, true}, Fp4Case{2, 5, 256, 16, false}, Fp4Case{1, 9, 4096, 32, true}}) {
     Fp4CaseData d = fp4_data(c);
     std::vector<float> y(c.M * c.N);
@@ -98,7 +98,7 @@ TEST(Fp4LinearReference, MatchesDoublePrecisionDotProductOfExpandedWeight) {
   }
 }
 
-TEST(Fp4Linear, EveryKernelMatchesReferenceBitForBit) {
+TEST(Mxfp4Nvfp4Linear, EveryKernelMatchesReferenceBitForBit) {
   for (qforge::Isa isa : usable_isas()) {
     qforge::ScopedMaxIsa cap(isa);
     for (const int64_t block : {16, 32}) {
@@ -116,7 +116,7 @@ TEST(Fp4Linear, EveryKernelMatchesReferenceBitForBit) {
   }
 }
 
-TEST(Fp4Linear, LargeCallsRunTheDequantizedGemm) {
+TEST(Mxfp4Nvfp4Linear, LargeCallsRunTheDequantizedGemm) {
   const Fp4Case c{40, 9, 128, 32, true};
   Fp4CaseData d = fp4_data(c);
   const PackedLinearFp4 layer = fp4_layer(c, d);
@@ -129,7 +129,7 @@ TEST(Fp4Linear, LargeCallsRunTheDequantizedGemm) {
   for (size_t i = 0; i < y.size(); ++i) EXPECT_NEAR(y[i], y_ref[i], 1e-4f) << i;
 }
 
-TEST(Fp4Linear, PackingRoundTripsAndRefusesBadInput) {
+TEST(Mxfp4Nvfp4Linear, PackingRoundTripsAndRefusesBadInput) {
   const Fp4Case c{1, 4, 64, 16, false};
   Fp4CaseData d = fp4_data(c);
   const PackedLinearFp4 layer = fp4_layer(c, d);
