@@ -224,7 +224,9 @@ TEST(Mxfp4Nvfp4, PropertyMatchesBruteForceNearestCodeOracle) {
     const std::vector<float> y = values(fake_quantize(x, qp));
     const std::vector<float> xs = values(x), scales = values(qp.scale);
     const float g = q == &qnvfp4 ? qp.tensor_scale.item<float>() : 1.0f;
-    if (q == &qnvfp4) EXPECT_EQ(g, x.abs().max().item<float>() / 2688.0f);
+    if (q == &qnvfp4) {
+      EXPECT_EQ(g, x.abs().max().item<float>() / 2688.0f);
+    }
     std::vector<float> ref(xs.size()), ref_scales(scales.size());
     fq::microscaling_run_reference(xs.data(), ref.data(), static_cast<int64_t>(xs.size()), static_cast<int>(bs),
                                    q == &qnvfp4, g, ref_scales.data());
