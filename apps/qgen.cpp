@@ -49,6 +49,23 @@ std::vector<int64_t> eos_ids(const fs::path& config) {
   return e.is_array() ? e.get<std::vector<int64_t>>() : std::vector<int64_t>{e.get<int64_t>()};
 }
 
+// What the run did, not what its recipe asked: report.json's ptq.rotate exists only when calibrate
+// rotated the model (--stages may have skipped it, leaving model.h5 unrotated); null otherwise.
+nlohmann::json recorded_rotation(const fs::path& dir, bool recipe_rotates) {
+  std::ifstream in(dir / "report.json");
+  const nlohmann::json rep = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (!rep.is_object()) {
+    QF_REQUIRE(!recipe_rotates, dir.string(), ": the recipe has ptq.rotate: hadamard but report.json is missing or ",
+               "unreadable, so whether model.h5 holds rotated weights is unknown");
+    return nullptr;
+  }
+  const nlohmann::json* rotate = rep.contains("ptq") && rep["ptq"].is_object() && rep["ptq"].contains("rotate")
+                                     ? &rep["ptq"]["rotate"] : nullptr;
+  if (rotate == nullptr) return nullptr;
+  QF_REQUIRE(rotate->is_object(), dir.string(), ": report.json's ptq.rotate is not an object");
+  return *rotate;
+}
+
 // A run directory of `qtrain` on the llama task: its resolved recipe rebuilds the model, model.h5
 // fills it (frozen layers included), its tokenizer.json or tokenizer.model tokenizes.
 Loaded load_run_directory(const fs::path& dir) {
@@ -63,7 +80,8 @@ Loaded load_run_directory(const fs::path& dir) {
   Loaded out;
   out.model = models::LlamaForCausalLM(std::dynamic_pointer_cast<models::LlamaForCausalLMImpl>(t.model));
   // model.h5 of a rotated run holds rotated weights: the model needs the structure they came from.
-  if (r.ptq.enabled && r.ptq.rotate == "hadamard") ptq::prepare_rotated_structure(*out.model);
+  const nlohmann::json rotation = recorded_rotation(dir, r.ptq.enabled && r.ptq.rotate == "hadamard");
+  if (rotation.is_object()) ptq::prepare_rotated_structure(*out.model, rotation.value("online_down_proj", true));
   io::load_model(*t.model, (dir / "model.h5").string());
   out.tokenizer = text::load_tokenizer(dir.string());
   out.frozen = model_size(*t.model).quantized_bytes > 0;

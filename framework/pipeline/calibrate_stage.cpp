@@ -12,6 +12,7 @@
 #include "framework/ptq/float_view.h"
 #include "framework/ptq/imatrix.h"
 #include "framework/ptq/rotate.h"
+#include "framework/recipe/tasks/task_data.h"
 #include "framework/report/report_json.h"
 
 namespace qforge::pipeline {
@@ -90,6 +91,14 @@ class CalibrateStage : public Stage {
   // The ptq stage evaluates what calibrate makes: naming either runs both.
   bool requested(const std::vector<std::string>& stages) const override {
     return named(stages) || ptq_stage().named(stages);
+  }
+
+  // A Llama with no Hadamard size for its hidden or intermediate size stops before the float
+  // stage trains, not inside calibrate (the recipe loader allows ptq.rotate on llama only).
+  void check(RunContext& ctx) const override {
+    const Recipe& r = ctx.recipe;
+    if (r.ptq.enabled && r.ptq.rotate == "hadamard")
+      ptq::check_rotation_sizes(tasks::model_config<models::LlamaConfig>(r), ptq::RotateOptions{}.online_down_proj);
   }
 
   void run(RunContext& ctx) const override {

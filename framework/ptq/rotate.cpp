@@ -32,8 +32,7 @@ void require_hadamard_size(int64_t n, const char* field) {
 void check_rotatable(const models::LlamaForCausalLMImpl& model, const RotateOptions& o) {
   const models::LlamaConfig& c = model.config;
   QF_REQUIRE(!c.down_proj_hadamard, kWho, ": the model is already rotated (its config has qforge_down_proj_hadamard)");
-  require_hadamard_size(c.hidden_size, "hidden_size");
-  if (o.online_down_proj) require_hadamard_size(c.intermediate_size, "intermediate_size");
+  check_rotation_sizes(c, o.online_down_proj);
   for (const auto& [path, layer] : quantizable_layers(model)) {
     QF_REQUIRE(!layer->quantized() && !layer->frozen(), kWho, ": layer '", path, "' is ",
                layer->frozen() ? "frozen" : "quantized", "; rotate the float model, before quantize()");
@@ -178,6 +177,11 @@ RotateReport rotate_llama(models::LlamaForCausalLMImpl& model, const RotateOptio
   fold_norm(*model.model->norm, {model.lm_head.get()}, Q);
   if (o.online_down_proj) model.set_down_proj_hadamard(true);
   return r;
+}
+
+void check_rotation_sizes(const models::LlamaConfig& c, bool online_down_proj) {
+  require_hadamard_size(c.hidden_size, "hidden_size");
+  if (online_down_proj) require_hadamard_size(c.intermediate_size, "intermediate_size");
 }
 
 void prepare_rotated_structure(models::LlamaForCausalLMImpl& model, bool online_down_proj) {

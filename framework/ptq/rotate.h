@@ -64,6 +64,10 @@ at::Tensor random_hadamard(int64_t n, uint64_t seed, at::Tensor* signs = nullptr
 RotateReport rotate(torch::nn::Module& model, const RotateOptions& options = {});
 RotateReport rotate_llama(models::LlamaForCausalLMImpl& model, const RotateOptions& options = {});
 
+// Throws qforge::Error unless hidden_size (and intermediate_size, with the online Hadamard) has a
+// Hadamard size: what rotate() checks first, for a run to check before it trains.
+void check_rotation_sizes(const models::LlamaConfig& config, bool online_down_proj = true);
+
 // Gives a freshly built model the structure rotate() leaves (the head untied, the online
 // Hadamard on), so a rotated model's checkpoint loads into it (qgen on a ptq.rotate run).
 void prepare_rotated_structure(models::LlamaForCausalLMImpl& model, bool online_down_proj = true);

@@ -8,6 +8,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
+#include <utility>
 
 namespace qforge::report {
 
@@ -163,13 +165,29 @@ nlohmann::json smoothquant_json(const ptq::SmoothReport& sr, double alpha) {
           {"float_output_change", sr.output_change}, {"seconds", sr.seconds}};
 }
 
+// Paired by path, not index: a layer measured on one side only (the head rotate() unties) gets null
+// on the other; the order is the model's after the rotation.
 nlohmann::json rotate_json(const ptq::RotateReport& rr) {
+  using Stats = ptq::ActivationStats;
+  std::vector<std::string> paths;
+  std::map<std::string, std::pair<const Stats*, const Stats*>> sides;  // before, after
+  const auto add = [&](const std::vector<Stats>& side, bool is_after) {
+    for (const Stats& s : side) {
+      auto [it, fresh] = sides.try_emplace(s.path, nullptr, nullptr);
+      if (fresh) paths.push_back(s.path);
+      (is_after ? it->second.second : it->second.first) = &s;
+    }
+  };
+  add(rr.after, true);
+  add(rr.before, false);
+  const auto field = [](const Stats* s, double Stats::*f) { return s ? nlohmann::json(s->*f) : nlohmann::json(); };
   nlohmann::json layers = nlohmann::json::array();
-  for (size_t i = 0; i < rr.after.size() && i < rr.before.size(); ++i) {
-    const ptq::ActivationStats &b = rr.before[i], &a = rr.after[i];
-    layers.push_back({{"path", a.path}, {"kurtosis_before", b.kurtosis}, {"kurtosis_after", a.kurtosis},
-                      {"max_over_rms_before", b.max_over_rms}, {"max_over_rms_after", a.max_over_rms},
-                      {"elements", a.count}});
+  for (const std::string& p : paths) {
+    const auto [b, a] = sides.at(p);
+    layers.push_back({{"path", p}, {"kurtosis_before", field(b, &Stats::kurtosis)},
+                      {"kurtosis_after", field(a, &Stats::kurtosis)}, {"max_over_rms_before", field(b, &Stats::max_over_rms)},
+                      {"max_over_rms_after", field(a, &Stats::max_over_rms)},
+                      {"elements", (a ? a : b)->count}});
   }
   return {{"kind", rr.kind}, {"seed", rr.seed}, {"hidden_size", rr.hidden_size},
           {"residual_hadamard", {{"size", rr.hidden_size}, {"paley_order", rr.residual_base}}},

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -114,6 +115,39 @@ TEST(Qgen, LoadsAQtrainRunDirectoryWithItsTrainedTokenizer) {
   const Outcome again = qgen(dir.string() + " --prompt 'Q: What' --max-new-tokens 6 --weights w8");
   EXPECT_EQ(again.code, 1);
   EXPECT_NE(again.err.find("already quantized and frozen"), std::string::npos) << again.err;
+
+  // The hook follows what the run recorded, not the recipe: a recipe asking for ptq.rotate whose
+  // report.json has no rotation (calibrate skipped by --stages) holds unrotated weights.
+  std::ifstream in(dir / "recipe.resolved.yaml");
+  std::string yaml((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const size_t none = yaml.find("\n  rotate: none\n");
+  ASSERT_NE(none, std::string::npos) << yaml;
+  yaml.replace(none, 16, "\n  rotate: hadamard\n");
+  std::ofstream(dir / "recipe.resolved.yaml") << yaml;
+  const Outcome unrotated = qgen(dir.string() + " --prompt 'Q: What' --max-new-tokens 6 --print-ids");
+  ASSERT_EQ(unrotated.code, 0) << unrotated.err;
+  EXPECT_EQ(new_ids(unrotated.err), new_ids(r.err)) << unrotated.err;
+  fs::remove(dir / "report.json");
+  const Outcome unknown = qgen(dir.string() + " --prompt 'Q: What' --max-new-tokens 6");
+  EXPECT_EQ(unknown.code, 1);
+  EXPECT_NE(unknown.err.find("report.json is missing or unreadable"), std::string::npos) << unknown.err;
+  fs::remove_all(dir);
+}
+
+// ptq.rotate on a Llama whose intermediate_size (86 = 2·43) has no Hadamard matrix stops at the
+// calibrate stage's check, before the float stage trains (no float checkpoint is written).
+TEST(Qgen, QtrainRefusesARotationWithNoHadamardSizeBeforeTraining) {
+  const fs::path dir = fs::temp_directory_path() / ("qforge_qgen_norot_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  const std::string sets =
+      " --set data.max_train_examples=16 --set data.max_eval_examples=2 --set data.seq_len=32"
+      " --set train.epochs=1 --set calibrate.batches=1 --set ptq.rotate=hadamard"
+      " --set model.config.hidden_size=64 --set model.config.intermediate_size=86 --set model.config.num_hidden_layers=1"
+      " --set model.checkpoint=" + (dir / "fp32.h5").string();
+  const Outcome t = run(QTRAIN_BIN, "--recipe recipes/llama_w4_gptq.yaml --out " + dir.string() + sets);
+  EXPECT_NE(t.code, 0) << t.out << t.err;
+  EXPECT_NE(t.err.find("intermediate_size 86 cannot be rotated"), std::string::npos) << t.err;
+  EXPECT_FALSE(fs::exists(dir / "fp32.h5"));
   fs::remove_all(dir);
 }
 

@@ -15,6 +15,7 @@
 #include "framework/models/llama.h"
 #include "framework/nn/linear.h"
 #include "framework/ptq/rotate.h"
+#include "framework/report/report_json.h"
 
 namespace qforge::ptq {
 namespace {
@@ -231,6 +232,37 @@ TEST(RotateLlama, RotationFlattensAPlantedOutlierChannel) {
   EXPECT_LT(after.max_over_rms, before.max_over_rms / 2);
   at::NoGradGuard g;
   EXPECT_LT(relative_max_error(run(0), logits), 1e-5);
+}
+
+
+// report.json pairs the statistics by path: the head a tied model gets untied is measured after
+// only, so it has null before and every other row keeps its own layer's figures.
+TEST(RotateLlama, ReportPairsTheStatisticsByPathWithTheUntiedHeadAfterOnly) {
+  LlamaForCausalLM m = random_llama(config(64, 112, /*tied=*/true, false), 17);
+  at::manual_seed(3);
+  const at::Tensor batch = at::randint(0, 61, {2, 8}, at::kLong);
+  const RotateReport rr = rotate_measured(*m, 1, [&](int64_t) { return m->forward(batch); });
+  ASSERT_EQ(rr.after.size(), rr.before.size() + 1);
+  const nlohmann::json layers = report::rotate_json(rr)["layers"];
+  ASSERT_EQ(layers.size(), rr.after.size());
+  std::map<std::string, const ActivationStats*> before;
+  for (const ActivationStats& b : rr.before) before[b.path] = &b;
+  int heads = 0;
+  for (size_t i = 0; i < rr.after.size(); ++i) {
+    const nlohmann::json& l = layers[i];
+    EXPECT_EQ(l["path"], rr.after[i].path);
+    EXPECT_EQ(l["kurtosis_after"].get<double>(), rr.after[i].kurtosis);
+    if (rr.after[i].path == "lm_head") {
+      ++heads;
+      EXPECT_TRUE(l["kurtosis_before"].is_null()) << l;
+      EXPECT_TRUE(l["max_over_rms_before"].is_null()) << l;
+    } else {
+      ASSERT_EQ(before.count(rr.after[i].path), 1u) << rr.after[i].path;
+      EXPECT_EQ(l["kurtosis_before"].get<double>(), before[rr.after[i].path]->kurtosis);
+      EXPECT_EQ(l["max_over_rms_before"].get<double>(), before[rr.after[i].path]->max_over_rms);
+    }
+  }
+  EXPECT_EQ(heads, 1);
 }
 
 }  // namespace
