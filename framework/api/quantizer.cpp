@@ -102,7 +102,8 @@ at::Tensor dequantize_int(const at::Tensor& q, const QParams& qp) {
 QuantizerImpl::QuantizerImpl(Role role, QuantizerConfig config, ActivationMode mode, std::string path)
     : role_(role), config_(std::move(config)), mode_(mode), path_(std::move(path)) {
   QF_REQUIRE(!config_.spec.qtype.is_microscaling() || role_ == Role::kWeight, path_, ": ",
-             config_.spec.qtype.name, " activations are not implemented (microscaling qtypes are weight-only here)");
+             config_.spec.qtype.name, " is a weight-only format in qforge (block scales follow the weight); quantize "
+             "activations with qint8, quint8 or an fp8 qtype");
   config_.spec.validate();
   // LSQ activations calibrate too: their learnable step starts from the calibrated scale.
   if (role_ == Role::kActivation && mode_ == ActivationMode::kStatic)

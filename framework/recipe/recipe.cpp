@@ -146,7 +146,8 @@ void check_quantize(const Recipe& r, const YAML::Node& tree, const Where& w) {
                   " elements, fixed by the format (per_group, group_size " + std::to_string(s.weights->block_size) + ")");
   const std::string aq = s.activation_qtype.name;
   if (s.activation_qtype.is_microscaling() && s.activations != ActivationMode::kNone)
-    w.problem("quantize.activations.qtype", aq + " activations are not implemented (microscaling qtypes are weight-only)");
+    w.problem("quantize.activations.qtype", aq + " is a weight-only format in qforge; choose qint8, quint8 or an fp8 "
+                                             "qtype for activations");
   if (s.activations == ActivationMode::kDynamicPerToken && s.activation_qtype != qint8)
     w.problem("quantize.activations.qtype", "dynamic per-token activations are qint8, not " + aq);
   if (s.activation_qtype.is_integer() && s.activation_qtype.bits < 8 && s.activations != ActivationMode::kNone &&

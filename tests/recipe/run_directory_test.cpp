@@ -222,7 +222,7 @@ TEST(FloatCheckpoint, Issue39Item4DefaultPathIsKeyedBySettingsAndTheDryRunReport
   EXPECT_EQ(one.model.checkpoint, again.model.checkpoint);
   EXPECT_NE(cnn({"train.lr=0.5"}).model.checkpoint, cnn({}).model.checkpoint);
   EXPECT_EQ(cnn({"qat.epochs=3"}).model.checkpoint, cnn({}).model.checkpoint);  // not a float setting
-  // The resolved recipe keeps the placeholder: rerunning it expands it the same way.
+  // The resolved recipe keeps the {float_key} token: rerunning it expands it the same way.
   EXPECT_NE(one.resolved_yaml.find(std::string("fmnist_fp32-") + kFloatKeyToken), std::string::npos);
 
   TempOut out;
