@@ -64,7 +64,7 @@ set(QFORGE_PUBLIC_HEADERS
   framework/train/lr_schedule.h
   framework/train/trainer.h
   observers/observer.h
-  # The components' headers (find_package(qforge COMPONENTS ptq search onnx dist recipe)).
+  # The components' headers (find_package(qforge COMPONENTS ptq search onnx dist recipe jit)).
   framework/ptq/adaround.h
   framework/ptq/awq.h
   framework/ptq/gptq.h
@@ -80,4 +80,8 @@ set(QFORGE_PUBLIC_HEADERS
   framework/dist/world.h
   framework/recipe/recipe.h
   framework/recipe/task.h
+  # find_package(qforge COMPONENTS jit): the TorchScript front door.
+  framework/jit/graph_rewrite.h
+  framework/jit/scripted_layer.h
+  framework/jit/scripted_model.h
 )
