@@ -76,6 +76,7 @@ std::map<std::string, size_t> attribute_reads(const std::vector<Node*>& nodes, c
 // A call that becomes a qforge op.
 struct Candidate {
   Node* node = nullptr;
+  Value* x = nullptr;  // the op's input (an embedding's indices)
   LayerSpec spec;
   AttrRef weight;
   at::Tensor bias;
@@ -122,9 +123,80 @@ std::string read_conv_options(const Node* n, const at::Tensor& w, Candidate* c) 
   return {};
 }
 
-// Why node n (a linear or convolution) cannot become a qforge op, or empty with *c filled.
+// The matrix v transposes when it is t(m) / m.T / m.transpose(0, 1) of a 2-D m read by nothing else.
+const Value* transposed_matrix(const Value* v) {
+  const Node* t = v->node();
+  const std::string k = t->kind().toQualString();
+  if (v->uses().size() != 1) return nullptr;
+  if (k == "aten::t" || k == "aten::numpy_T") return t->input(0);
+  if (k != "aten::transpose") return nullptr;
+  const auto a = torch::jit::toIValue(t->input(1)), b = torch::jit::toIValue(t->input(2));
+  if (!a || !b || !a->isInt() || !b->isInt()) return nullptr;
+  const int64_t lo = std::min(a->toInt(), b->toInt()), hi = std::max(a->toInt(), b->toInt());
+  return (lo == 0 && hi == 1) || (lo == -2 && hi == -1) || (lo == 0 && hi == -1) || (lo == -2 && hi == 1) ? t->input(0)
+                                                                                                        : nullptr;
+}
+
+// The weight operand of a matmul-like call, x @ W^T as torch emits nn.Linear (matmul / mm of x and
+// t(W), addmm(b, x, t(W)) with beta = alpha = 1); returns why not (empty: *c's x, weight and bias set).
+std::string matmul_operands(Node* n, const Value* self, const torch::jit::Module& root, Candidate* c) {
+  const bool addmm = n->kind() == c10::aten::addmm;
+  const Value* rhs = n->input(addmm ? 2 : 1);
+  const Value* w = transposed_matrix(rhs);
+  if (!w || !resolve(w, self, root)) {
+    if (resolve(rhs, self, root))
+      return "no qforge op for it in the TorchScript front door yet: the weight is used as [in, out] (x @ W); "
+             "x @ W.t() and F.linear become qforge Linear layers";
+    if (resolve(n->input(addmm ? 1 : 0), self, root))
+      return "no qforge op for it in the TorchScript front door yet: the weight is the left operand (W @ x)";
+    return "multiplies two computed tensors (activations): no weight to quantize";
+  }
+  if (addmm) {
+    const auto beta = torch::jit::toIValue(n->input(3)), alpha = torch::jit::toIValue(n->input(4));
+    if (!beta || !alpha || !(beta->isInt() || beta->isDouble()) || !(alpha->isInt() || alpha->isDouble()) ||
+        beta->toScalar().toDouble() != 1.0 || alpha->toScalar().toDouble() != 1.0)
+      return "addmm with beta or alpha other than the constant 1";
+    const auto b = resolve(n->input(0), self, root);
+    if (!b || !b->value.isTensor() || b->value.toTensor().dim() != 1)
+      return "the added term is not a bias vector read from a module attribute";
+  }
+  c->x = n->input(addmm ? 1 : 0);
+  return {};
+}
+
+// An aten::embedding(weight, indices, padding_idx, scale_grad_by_freq, sparse) call's options;
+// returns why it stays float (empty: c->spec filled).
+std::string embedding_options(const Node* n, const at::Tensor& w, Candidate* c) {
+  if (w.dim() != 2) return "embedding table of " + std::to_string(w.dim()) + " dimensions";
+  const auto padding_idx = torch::jit::toIValue(n->input(2));
+  const auto by_freq = torch::jit::toIValue(n->input(3)), sparse = torch::jit::toIValue(n->input(4));
+  if (!padding_idx || !padding_idx->isInt() || !by_freq || !by_freq->isBool() || !sparse || !sparse->isBool())
+    return "padding_idx, scale_grad_by_freq or sparse is not a constant of the graph";
+  if (by_freq->toBool() || sparse->toBool()) return "scale_grad_by_freq / sparse gradients: no qforge Embedding option";
+  c->spec.kind = LayerKind::kEmbedding;
+  c->spec.in = w.size(0);
+  c->spec.out = w.size(1);
+  // A negative padding_idx counts from the end, as torch.nn.Embedding's does.
+  const int64_t p = padding_idx->toInt();
+  c->spec.padding_idx = p == -1 ? -1 : (p < 0 ? p + w.size(0) : p);
+  c->spec.bias = false;
+  return {};
+}
+
+// Why node n (a linear, convolution, matmul-like call or embedding) cannot become a qforge op, or
+// empty with *c filled.
 std::string analyse(Node* n, const Value* self, const torch::jit::Module& root, Candidate* c) {
-  const auto w = resolve(n->input(1), self, root);
+  const auto k = n->kind();
+  const bool matmul = k == c10::aten::matmul || k == c10::aten::mm || k == c10::aten::addmm;
+  const bool embedding = k == c10::aten::embedding;
+  c->x = n->input(embedding ? 1 : 0);
+  if (matmul) {
+    const std::string why = matmul_operands(n, self, root, c);
+    if (!why.empty()) return why;
+  }
+  const Value* weight_value =
+      matmul ? transposed_matrix(n->input(k == c10::aten::addmm ? 2 : 1)) : n->input(embedding ? 0 : 1);
+  const auto w = resolve(weight_value, self, root);
   if (!w) return "the weight is computed in the graph, not read from a module attribute";
   if (!w->value.isTensor()) return "the weight attribute '" + w->key() + "' is not a tensor";
   const at::Tensor wt = w->value.toTensor();
@@ -132,8 +204,10 @@ std::string analyse(Node* n, const Value* self, const torch::jit::Module& root, 
   if (!wt.is_cpu()) return "weight on " + wt.device().str() + ": load the TorchScript module on the CPU";
   c->node = n;
   c->weight = *w;
-  if (n->input(2)->type()->kind() != c10::TypeKind::NoneType) {
-    const auto b = resolve(n->input(2), self, root);
+  if (embedding) return embedding_options(n, wt, c);
+  const Value* bias_value = matmul ? (k == c10::aten::addmm ? n->input(0) : nullptr) : n->input(2);
+  if (bias_value && bias_value->type()->kind() != c10::TypeKind::NoneType) {
+    const auto b = resolve(bias_value, self, root);
     if (!b) return "the bias is computed in the graph, not read from a module attribute";
     if (!b->value.isNone()) {
       if (!b->value.isTensor() || b->value.toTensor().scalar_type() != at::kFloat) return "the bias is not a float32 tensor";
@@ -143,7 +217,7 @@ std::string analyse(Node* n, const Value* self, const torch::jit::Module& root, 
     }
   }
   c->spec.bias = c->bias.defined();
-  if (n->kind() == c10::aten::linear) {
+  if (k == c10::aten::linear || matmul) {
     if (wt.dim() != 2) return "linear weight of " + std::to_string(wt.dim()) + " dimensions";
     c->spec.kind = LayerKind::kLinear;
     c->spec.out = wt.size(0);
@@ -167,7 +241,7 @@ std::optional<at::Tensor> bn_tensor(const Value* v, const Value* self, const tor
 // The eval-mode aten::batch_norm reading c's output, folded into c's weight and bias (the formula
 // of nn::fold_bn_tensors); returns why one that follows cannot be folded (empty: folded or none).
 std::string fold_batch_norm(const Value* self, const torch::jit::Module& root, Candidate* c) {
-  if (c->spec.kind == LayerKind::kLinear) return {};
+  if (c->spec.kind != LayerKind::kConv1d && c->spec.kind != LayerKind::kConv2d) return {};
   Node* bn = nullptr;
   for (const torch::jit::Use& u : c->node->output()->uses())
     if (u.user->kind() == c10::aten::batch_norm && u.offset == 0) bn = u.user;
@@ -200,15 +274,15 @@ std::string fold_batch_norm(const Value* self, const torch::jit::Module& root, C
 
 bool quantizable_kind(const Node* n) {
   const auto k = n->kind();
-  return k == c10::aten::linear || k == c10::aten::conv1d || k == c10::aten::conv2d || k == c10::aten::_convolution;
+  return k == c10::aten::linear || k == c10::aten::conv1d || k == c10::aten::conv2d || k == c10::aten::_convolution ||
+         k == c10::aten::matmul || k == c10::aten::mm || k == c10::aten::addmm || k == c10::aten::embedding;
 }
 
 // Ops the front door leaves float (listed so the user sees what was not quantized).
 bool listed_float_kind(const Node* n) {
-  static const std::set<std::string> kinds{"aten::matmul",  "aten::mm",        "aten::bmm",
-                                           "aten::addmm",   "aten::einsum",    "aten::embedding",
-                                           "aten::conv3d",  "aten::conv_transpose1d", "aten::conv_transpose2d",
-                                           "aten::conv_transpose3d", "aten::embedding_bag", "aten::baddbmm"};
+  static const std::set<std::string> kinds{"aten::bmm",   "aten::einsum", "aten::conv3d", "aten::conv_transpose1d",
+                                           "aten::conv_transpose2d", "aten::conv_transpose3d",
+                                           "aten::embedding_bag",    "aten::baddbmm"};
   return kinds.count(n->kind().toQualString()) != 0;
 }
 
@@ -229,11 +303,11 @@ std::string free_attribute(const torch::jit::Module& module, size_t* next) {
 }
 
 // Replaces c.node by `op(x, self.<attr>, self.training)`: the module's train()/eval() reaches the layer.
-void replace(Graph& g, Value* self, Node* n, const std::string& attr, LayerKind kind) {
+void replace(Graph& g, Value* self, Node* n, Value* x, const std::string& attr, LayerKind kind) {
   torch::jit::WithInsertPoint guard(n);
   Value* holder = g.insertGetAttr(self, attr);
   Value* training = g.insertGetAttr(self, "training");
-  Node* call = g.create(c10::Symbol::fromQualString(op_name(kind)), {n->input(0), holder, training}, 1);
+  Node* call = g.create(c10::Symbol::fromQualString(op_name(kind)), {x, holder, training}, 1);
   g.insertNode(call);
   call->output()->setType(c10::TensorType::get());
   n->output()->replaceAllUsesWith(call->output());
@@ -282,6 +356,11 @@ std::vector<Candidate> candidates(const std::vector<Node*>& nodes, const Value* 
   std::vector<Candidate> todo;
   std::set<const Node*> bn_listed;
   for (Node* n : nodes) {
+    if (n->kind() == c10::aten::layer_norm) {
+      kept_float->push_back({op_value_name(n, self, module), "aten::layer_norm",
+                             "kept float by design: normalisation runs in float32 between the quantized layers"});
+      continue;
+    }
     if (listed_float_kind(n)) {
       kept_float->push_back({op_value_name(n, self, module), n->kind().toQualString(),
                              "no qforge op for it in the TorchScript front door yet"});
@@ -341,7 +420,7 @@ RewriteResult rewrite_forward(torch::jit::Module& module) {
                                                     c.bias);
     const std::string attr = free_attribute(module, &next);
     module.register_attribute(attr, scripted_layer_type(), c10::IValue(layer));
-    replace(*g, self, c.node, attr, c.spec.kind);
+    replace(*g, self, c.node, c.x, attr, c.spec.kind);
     result.layers.push_back(std::move(layer));
   }
   torch::jit::EliminateDeadCode(g);

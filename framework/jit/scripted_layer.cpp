@@ -13,11 +13,13 @@
 #include <fstream>
 #include <iterator>
 #include <sstream>
+#include <type_traits>
 
 #include "framework/core/error.h"
 #include "framework/io/checkpoint.h"
 #include "framework/io/model_io.h"
 #include "framework/nn/conv.h"
+#include "framework/nn/embedding.h"
 #include "framework/nn/linear.h"
 
 namespace qforge::jit {
@@ -27,6 +29,7 @@ const char* to_string(LayerKind k) {
     case LayerKind::kLinear: return "Linear";
     case LayerKind::kConv1d: return "Conv1d";
     case LayerKind::kConv2d: return "Conv2d";
+    case LayerKind::kEmbedding: return "Embedding";
   }
   return "?";
 }
@@ -36,6 +39,7 @@ const char* op_name(LayerKind k) {
     case LayerKind::kLinear: return "qforge::linear";
     case LayerKind::kConv1d: return "qforge::conv1d";
     case LayerKind::kConv2d: return "qforge::conv2d";
+    case LayerKind::kEmbedding: return "qforge::embedding";
   }
   return "?";
 }
@@ -50,6 +54,7 @@ size_t spatial_dims(LayerKind k) { return k == LayerKind::kConv2d ? 2 : k == Lay
 std::vector<int64_t> LayerSpec::to_ints() const {
   std::vector<int64_t> v{kLayerStateVersion, static_cast<int64_t>(kind), in, out, groups, bias ? 1 : 0};
   for (const auto* a : {&kernel, &stride, &padding, &dilation}) v.insert(v.end(), a->begin(), a->end());
+  if (kind == LayerKind::kEmbedding) v.push_back(padding_idx);
   return v;
 }
 
@@ -63,8 +68,10 @@ void check_spec(const LayerSpec& s) {
   const char* k = to_string(s.kind);
   QF_REQUIRE(s.in >= 1 && s.out >= 1 && s.in <= kMaxLayerWidth && s.out <= kMaxLayerWidth, "framework/jit: pickled ",
              k, " has in ", s.in, ", out ", s.out, " (each must lie in [1, ", kMaxLayerWidth, "])");
-  QF_REQUIRE(s.groups >= 1 && (s.kind != LayerKind::kLinear || s.groups == 1), "framework/jit: pickled ", k,
-             " has groups ", s.groups);
+  const bool conv = s.kind == LayerKind::kConv1d || s.kind == LayerKind::kConv2d;
+  QF_REQUIRE(s.groups >= 1 && (conv || s.groups == 1), "framework/jit: pickled ", k, " has groups ", s.groups);
+  QF_REQUIRE(s.padding_idx >= -1 && s.padding_idx < (s.kind == LayerKind::kEmbedding ? s.in : 0),
+             "framework/jit: pickled ", k, " has padding_idx ", s.padding_idx, " for ", s.in, " rows");
   QF_REQUIRE(s.in % s.groups == 0 && s.out % s.groups == 0, "framework/jit: pickled ", k, " has in ", s.in, ", out ",
              s.out, " not divisible by groups ", s.groups);
   for (size_t i = 0; i < s.kernel.size(); ++i) {
@@ -87,6 +94,7 @@ void check_spec(const LayerSpec& s) {
 }  // namespace
 
 std::vector<int64_t> LayerSpec::weight_shape() const {
+  if (kind == LayerKind::kEmbedding) return {in, out};
   std::vector<int64_t> shape{out, kind == LayerKind::kLinear ? in : in / groups};
   shape.insert(shape.end(), kernel.begin(), kernel.end());
   return shape;
@@ -96,13 +104,13 @@ LayerSpec LayerSpec::from_ints(const std::vector<int64_t>& v) {
   QF_REQUIRE(!v.empty() && v[0] >= 1, "framework/jit: pickled qforge layer has no format version");
   QF_REQUIRE(v[0] <= kLayerStateVersion, "framework/jit: pickled qforge layer written by a newer qforge (format ",
              v[0], "; this one reads up to ", kLayerStateVersion, ")");
-  QF_REQUIRE(v.size() >= 2 && v[1] >= 0 && v[1] <= static_cast<int64_t>(LayerKind::kConv2d),
+  QF_REQUIRE(v.size() >= 2 && v[1] >= 0 && v[1] <= static_cast<int64_t>(LayerKind::kEmbedding),
              "framework/jit: pickled qforge layer has an unknown kind");
   LayerSpec s;
   s.kind = static_cast<LayerKind>(v[1]);
-  const size_t d = spatial_dims(s.kind);
-  QF_REQUIRE(v.size() == kHeaderInts + 4 * d, "framework/jit: pickled ", to_string(s.kind), " options have ",
-             v.size(), " values, expected ", kHeaderInts + 4 * d);
+  const size_t d = spatial_dims(s.kind), extra = s.kind == LayerKind::kEmbedding ? 1 : 0;
+  QF_REQUIRE(v.size() == kHeaderInts + 4 * d + extra, "framework/jit: pickled ", to_string(s.kind), " options have ",
+             v.size(), " values, expected ", kHeaderInts + 4 * d + extra);
   s.in = v[2];
   s.out = v[3];
   s.groups = v[4];
@@ -112,6 +120,7 @@ LayerSpec LayerSpec::from_ints(const std::vector<int64_t>& v) {
     a->assign(v.begin() + static_cast<std::ptrdiff_t>(at), v.begin() + static_cast<std::ptrdiff_t>(at + d));
     at += d;
   }
+  if (extra) s.padding_idx = v[at];
   check_spec(s);
   return s;
 }
@@ -129,6 +138,16 @@ class SharedLayer : public Impl {
                this->weight.sizes());
     this->parameters_["weight"] = w;
     this->weight = w;
+    if constexpr (std::is_same_v<Impl, nn::EmbeddingImpl>) {
+      QF_REQUIRE(!b.defined(), who, ": an embedding has no bias");
+      return;
+    } else {
+      share_bias(who, b);
+    }
+  }
+
+ private:
+  void share_bias(const std::string& who, const at::Tensor& b) {
     QF_REQUIRE(b.defined() == this->bias.defined(), who, ": bias ", b.defined() ? "given" : "missing",
                " but the layer was built ", this->bias.defined() ? "with" : "without", " one");
     if (!b.defined()) return;
@@ -173,6 +192,11 @@ std::shared_ptr<torch::nn::Module> make_layer(const LayerSpec& s, const std::str
       return build<nn::LinearImpl>(torch::nn::LinearOptions(s.in, s.out).bias(s.bias), who, w, b, fwd);
     case LayerKind::kConv1d: return build<nn::Conv1dImpl>(conv_options<1>(s), who, w, b, fwd);
     case LayerKind::kConv2d: return build<nn::Conv2dImpl>(conv_options<2>(s), who, w, b, fwd);
+    case LayerKind::kEmbedding: {
+      torch::nn::EmbeddingOptions o(s.in, s.out);
+      if (s.padding_idx >= 0) o.padding_idx(s.padding_idx);
+      return build<nn::EmbeddingImpl>(o, who, w, b, fwd);
+    }
   }
   throw Error("framework/jit: unknown layer kind");
 }
@@ -322,6 +346,10 @@ TORCH_LIBRARY(qforge, m) {
   m.def("conv2d(Tensor x, __torch__.torch.classes.qforge.Layer layer, bool training) -> Tensor",
         [](const at::Tensor& x, c10::intrusive_ptr<ScriptedLayer> l, bool training) {
           return call(x, l, training, LayerKind::kConv2d);
+        });
+  m.def("embedding(Tensor indices, __torch__.torch.classes.qforge.Layer layer, bool training) -> Tensor",
+        [](const at::Tensor& indices, c10::intrusive_ptr<ScriptedLayer> l, bool training) {
+          return call(indices, l, training, LayerKind::kEmbedding);
         });
 }
 

@@ -1,5 +1,5 @@
 // ScriptedLayer: the TorchScript custom class torch.classes.qforge.Layer. A rewritten TorchScript
-// graph calls qforge::linear / qforge::conv1d / qforge::conv2d (registered with LibTorch's operator
+// graph calls qforge::linear / conv1d / conv2d / embedding (registered with LibTorch's operator
 // registry) with one of these; it holds a qforge layer (framework/nn) whose quantizers, fake-quant,
 // freeze and integer kernels run the call. Pickled into a saved TorchScript file as the layer's
 // model checkpoint (framework/io), so the file runs wherever libqforge is loaded.
@@ -20,8 +20,8 @@
 namespace qforge::jit {
 
 // Persisted in saved TorchScript files: never renumber.
-enum class LayerKind : uint8_t { kLinear = 0, kConv1d = 1, kConv2d = 2 };
-const char* to_string(LayerKind k);  // "Linear", "Conv1d", "Conv2d"
+enum class LayerKind : uint8_t { kLinear = 0, kConv1d = 1, kConv2d = 2, kEmbedding = 3 };
+const char* to_string(LayerKind k);  // "Linear", "Conv1d", "Conv2d", "Embedding"
 
 // The options of the torch.nn layer a graph call stands for (convolutions: per spatial dimension).
 // Format of the pickled layer state (LayerSpec::to_ints' first value); newer formats are refused.
@@ -33,16 +33,19 @@ inline constexpr int64_t kMaxLayerWeight = int64_t{1} << 31;
 
 struct LayerSpec {
   LayerKind kind = LayerKind::kLinear;
-  int64_t in = 0, out = 0;  // in_features / out_features, or in_channels / out_channels
+  // in_features / out_features, in_channels / out_channels, or num_embeddings / embedding_dim
+  int64_t in = 0, out = 0;
   std::vector<int64_t> kernel, stride, padding, dilation;
   int64_t groups = 1;
   bool bias = false;
+  int64_t padding_idx = -1;  // Embedding: the row whose gradient stays zero (-1: none)
 
   // Flat form for the pickled state, kLayerStateVersion first, and back: from_ints throws
   // qforge::Error on a malformed list, a newer format, or options no torch.nn layer accepts.
   std::vector<int64_t> to_ints() const;
   static LayerSpec from_ints(const std::vector<int64_t>& v);
-  // Shape of the torch.nn layer's weight: [out, in] or [out, in / groups, kernel...].
+  // Shape of the torch.nn layer's weight: [out, in], [out, in / groups, kernel...] or [in, out]
+  // (Embedding: one row per index).
   std::vector<int64_t> weight_shape() const;
 };
 
@@ -92,7 +95,7 @@ class ScriptedLayer : public torch::CustomClassHolder {
 
 // The TorchScript type of ScriptedLayer (registers the qforge ops and class on first use).
 c10::ClassTypePtr scripted_layer_type();
-// The op a kind's calls become: "qforge::linear", "qforge::conv1d", "qforge::conv2d".
+// The op a kind's calls become: "qforge::linear", "qforge::conv1d", "qforge::conv2d", "qforge::embedding".
 const char* op_name(LayerKind k);
 
 // The module at dotted `path` in `root` ("" is root), creating empty modules where none is yet.

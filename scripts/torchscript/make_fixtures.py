@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
 """Writes the TorchScript fixtures of tests/jit (tests/fixtures/torchscript/): a small CNN, an
-MLP and a CNN with BatchNorms, each scripted (torch.jit.script) and traced (torch.jit.trace), with fixed seeds.
+MLP, a CNN with BatchNorms and a BERT-like encoder, each scripted (torch.jit.script) and traced
+(torch.jit.trace), with fixed seeds.
 
     python3 scripts/torchscript/make_fixtures.py [output folder]
 
 Needs python3-torch (Debian). The C++ tests read the committed files, so they run without Python.
 """
+import math
 import os
 import sys
 
@@ -75,6 +77,77 @@ class BnCnn(nn.Module):
         return self.head_bn(self.fc(x.flatten(1)))
 
 
+class Block(nn.Module):
+    """A pre-norm encoder block: q / k / v as nn.Linear, the output projection written as
+    x @ W^T on bare parameters, attention scores as a matmul of two activations (stays float),
+    LayerNorms (stay float) and a GELU feed-forward."""
+
+    def __init__(self, dim, heads, ffn):
+        super().__init__()
+        self.heads = heads
+        self.scale = 1.0 / math.sqrt(dim // heads)
+        self.norm1 = nn.LayerNorm(dim)
+        self.q = nn.Linear(dim, dim)
+        self.k = nn.Linear(dim, dim)
+        self.v = nn.Linear(dim, dim)
+        self.out_weight = nn.Parameter(torch.randn(dim, dim) / math.sqrt(dim))
+        self.out_bias = nn.Parameter(torch.randn(dim) * 0.02)
+        self.norm2 = nn.LayerNorm(dim)
+        self.ff1 = nn.Linear(dim, ffn)
+        self.ff2 = nn.Linear(ffn, dim)
+
+    def forward(self, x):
+        b, t, c = x.size(0), x.size(1), x.size(2)
+        d = c // self.heads
+        h = self.norm1(x)
+        q = self.q(h).view(b, t, self.heads, d).transpose(1, 2)
+        k = self.k(h).view(b, t, self.heads, d).transpose(1, 2)
+        v = self.v(h).view(b, t, self.heads, d).transpose(1, 2)
+        att = torch.softmax(torch.matmul(q, k.transpose(-2, -1)) * self.scale, dim=-1)
+        o = torch.matmul(att, v).transpose(1, 2).reshape(b, t, c)
+        x = x + torch.matmul(o, self.out_weight.t()) + self.out_bias
+        return x + self.ff2(F.gelu(self.ff1(self.norm2(x))))
+
+
+class TinyEncoder(nn.Module):
+    """A BERT-like classifier: token embedding (padding row 0) plus a learned position table,
+    two encoder blocks, a final LayerNorm, mean pooling and a Linear head."""
+
+    def __init__(self, vocab=64, dim=32, heads=4, ffn=64, layers=2, classes=5, max_len=16):
+        super().__init__()
+        self.tok = nn.Embedding(vocab, dim, padding_idx=0)
+        self.pos = nn.Parameter(torch.randn(max_len, dim) * 0.1)
+        self.blocks = nn.ModuleList([Block(dim, heads, ffn) for _ in range(layers)])
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, classes)
+
+    def forward(self, ids):
+        x = self.tok(ids) + self.pos[:ids.size(1)]
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.norm(x).mean(1))
+
+
+def write_encoder(out):
+    """encoder_{scripted,traced}.pt and encoder_data.safetensors: input ids, the float logits and
+    the logits of PyTorch's own dynamic int8 quantization (torch.ao quantize_dynamic, per-channel
+    int8 nn.Linear weights, int8 activations per tensor computed on every call; x86 / fbgemm where this
+    PyTorch has it, else onednn, which Debian's python3-torch 1.13 has)."""
+    torch.manual_seed(0)
+    model = TinyEncoder().eval()
+    ids = torch.randint(1, 64, (64, 16))
+    ids[:, 12:] = 0  # padded tails
+    torch.jit.script(model).save(os.path.join(out, "encoder_scripted.pt"))
+    torch.jit.trace(model, ids[:2]).save(os.path.join(out, "encoder_traced.pt"))
+    engines = torch.backends.quantized.supported_engines
+    torch.backends.quantized.engine = next(e for e in ("x86", "fbgemm", "onednn", "qnnpack") if e in engines)
+    dynamic = torch.ao.quantization.quantize_dynamic(
+        model, {nn.Linear: torch.ao.quantization.per_channel_dynamic_qconfig}, dtype=torch.qint8)
+    with torch.no_grad():
+        tensors = {"input_ids": ids, "float_logits": model(ids), "dynamic_int8_logits": dynamic(ids)}
+    write_safetensors(os.path.join(out, "encoder_data.safetensors"), tensors)
+
+
 def write_safetensors(path, tensors):
     """The safetensors layout (8-byte header length, JSON header, raw little-endian bytes) by hand:
     the Python safetensors package is not a Debian package here."""
@@ -117,6 +190,7 @@ def main():
         torch.jit.trace(model, example).save(os.path.join(out, name + "_traced.pt"))
         if name == "cnn_bn":
             write_recipe_data(out, model)
+    write_encoder(out)
     print("wrote", out)
 
 

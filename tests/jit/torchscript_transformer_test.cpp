@@ -1,0 +1,149 @@
+// Transformer-shaped TorchScript models: a BERT-like encoder scripted and traced in PyTorch
+// (scripts/torchscript/make_fixtures.py, TinyEncoder) with nn.Linear, x @ W^T on bare parameters,
+// an nn.Embedding and LayerNorms. Its Linear / matmul / embedding calls become qforge layers, the
+// LayerNorms and the attention's activation x activation matmuls stay float and are listed; the
+// quantized logits are compared with the float script's and with PyTorch's own dynamic int8
+// quantization of the same model on the same inputs (encoder_data.safetensors).
+#include <gtest/gtest.h>
+
+#include <torch/script.h>
+
+#include <string>
+#include <vector>
+
+#include "framework/api/quantize.h"
+#include "framework/format/safetensors.h"
+#include "framework/jit/scripted_model.h"
+#include "tests/jit/jit_test_util.h"
+
+using qforge::jit::LayerKind;
+using qforge::jit::ScriptedModel;
+using qforge::jit_test::fixture;
+using qforge::jit_test::TempDir;
+
+namespace {
+
+const std::vector<std::string> kEncoderLayers{
+    "tok",          "blocks.0.q",   "blocks.0.k",   "blocks.0.v",   "blocks.0.out_weight", "blocks.0.ff1",
+    "blocks.0.ff2", "blocks.1.q",   "blocks.1.k",   "blocks.1.v",   "blocks.1.out_weight", "blocks.1.ff1",
+    "blocks.1.ff2", "head"};
+
+qforge::io::SafetensorsFile encoder_data() {
+  return qforge::io::read_safetensors(std::string(QFORGE_TORCHSCRIPT_FIXTURES) + "/encoder_data.safetensors");
+}
+
+// Largest absolute difference, relative to the largest float logit.
+double relative_error(const at::Tensor& y, const at::Tensor& ref) {
+  return (y - ref).abs().max().item<double>() / ref.abs().max().item<double>();
+}
+
+double top1_agreement(const at::Tensor& y, const at::Tensor& ref) {
+  return y.argmax(1).eq(ref.argmax(1)).to(at::kFloat).mean().item<double>();
+}
+
+}  // namespace
+
+TEST(TorchScriptTransformer, LinearMatmulAndEmbeddingBecomeQforgeLayersLayerNormIsListed) {
+  for (const char* form : {"encoder_scripted", "encoder_traced"}) {
+    SCOPED_TRACE(form);
+    ScriptedModel m = qforge::jit::load_torchscript(fixture(form));
+    std::vector<std::string> paths;
+    for (const auto& l : m->layers()) paths.push_back(l->path());
+    EXPECT_EQ(paths, kEncoderLayers);
+    EXPECT_EQ(m->layers()[0]->spec().kind, LayerKind::kEmbedding);
+    EXPECT_EQ(m->layers()[0]->spec().padding_idx, 0);
+    EXPECT_EQ(m->layers()[4]->spec().kind, LayerKind::kLinear);  // x @ out_weight.t()
+    EXPECT_FALSE(m->layers()[4]->spec().bias);                   // out_bias is added by the graph
+    int layer_norms = 0, activation_matmuls = 0;
+    for (const auto& f : m->kept_float()) {
+      if (f.op == "aten::layer_norm" && f.reason.find("kept float by design") == 0) ++layer_norms;
+      if (f.op == "aten::matmul" && f.reason.find("two computed tensors") != std::string::npos) ++activation_matmuls;
+    }
+    EXPECT_EQ(layer_norms, 5);
+    EXPECT_EQ(activation_matmuls, 4);  // q @ k^T and att @ v of each block
+    EXPECT_EQ(m->kept_float().size(), 9u);
+    EXPECT_NE(m->describe().find("aten::layer_norm: kept float by design"), std::string::npos) << m->describe();
+    // The float forward of the rewritten graph is the script's, bit for bit.
+    const auto data = encoder_data();
+    m->eval();
+    torch::NoGradGuard no_grad;
+    EXPECT_TRUE(at::equal(m->forward(data.tensors.at("input_ids")), data.tensors.at("float_logits")));
+  }
+}
+
+// W8 with dynamic per-token int8 activations is the fair peer of PyTorch's dynamic quantization
+// (int8 weights, int8 activations computed per call); qforge also quantizes the x @ W^T
+// projections (bare parameters, which quantize_dynamic leaves float) and the embedding table.
+TEST(TorchScriptTransformer, DynamicInt8CloseToFloatAndToPyTorchsDynamicInt8FrozenSavedLoaded) {
+  const auto data = encoder_data();
+  const at::Tensor ids = data.tensors.at("input_ids"), ref = data.tensors.at("float_logits");
+  const double torch_error = relative_error(data.tensors.at("dynamic_int8_logits"), ref);
+  TempDir tmp;
+  for (const char* form : {"encoder_scripted", "encoder_traced"}) {
+    SCOPED_TRACE(form);
+    ScriptedModel m = qforge::jit::load_torchscript(fixture(form));
+    m->eval();
+    qforge::Scheme scheme(qforge::qint8);
+    scheme.activations = qforge::ActivationMode::kDynamicPerToken;
+    qforge::quantize(*m, scheme);
+    torch::NoGradGuard no_grad;
+    const at::Tensor fake = m->forward(ids);
+    const double error = relative_error(fake, ref);
+    std::printf("%s: dynamic int8 relative error qforge %.4f, torch.ao %.4f; top-1 agreement %.3f\n", form, error,
+                torch_error, top1_agreement(fake, ref));
+    EXPECT_LE(error, 1.5 * torch_error);
+    EXPECT_GE(top1_agreement(fake, ref), 0.95);
+
+    qforge::freeze(*m);
+    for (const auto& l : m->layers()) {
+      EXPECT_TRUE(l->layer().frozen()) << l->path();
+      if (l->spec().kind == LayerKind::kLinear) EXPECT_EQ(l->layer().plan().path, qforge::LinearPath::kS8Dynamic) << l->path();
+    }
+    // The integer kernels against fake-quant: per-token int8 activations round a value the other
+    // way where float summation orders differ, and 14 layers carry such flips on (measured 0.0056).
+    const at::Tensor frozen = m->forward(ids);
+    EXPECT_LE((frozen - fake).abs().max().item<double>(), 1e-2 * ref.abs().max().item<double>());
+    EXPECT_LE(relative_error(frozen, ref), 1.5 * torch_error);
+    const std::string path = (tmp.path / (std::string(form) + "_int8.pt")).string();
+    m->save(path);
+    torch::jit::Module plain = torch::jit::load(path);
+    plain.eval();
+    EXPECT_TRUE(at::equal(plain.forward({ids}).toTensor(), frozen));
+    ScriptedModel again = qforge::jit::load_torchscript(path);
+    again->eval();
+    EXPECT_TRUE(at::equal(again->forward(ids), frozen));
+  }
+}
+
+// Static W8A8: calibrated on the first half of the inputs, measured on the other half; the
+// embedding table weight-only int4 (per-group of 16) by a Scheme rule on its module path.
+TEST(TorchScriptTransformer, StaticW8A8CalibratedWithAnInt4EmbeddingTable) {
+  const auto data = encoder_data();
+  const at::Tensor ids = data.tensors.at("input_ids"), ref = data.tensors.at("float_logits");
+  ScriptedModel m = qforge::jit::load_torchscript(fixture("encoder_scripted"));
+  m->eval();
+  const int64_t float_bytes = qforge::model_size(*m).total_bytes;
+  qforge::Scheme scheme = qforge::jit_test::w8a8();
+  qforge::LayerRule table;
+  table.pattern = "tok";
+  table.weights = qforge::qint4;
+  table.weight_granularity = qforge::Granularity::kPerGroup;
+  table.group_size = 16;
+  scheme.rules.push_back(table);
+  qforge::quantize(*m, scheme);
+  torch::NoGradGuard no_grad;
+  {
+    qforge::Calibration calibration(*m);
+    m->forward(ids.narrow(0, 0, 32));
+  }
+  qforge::freeze(*m);
+  const at::Tensor held_out = ids.narrow(0, 32, 32), y = m->forward(held_out), y_ref = ref.narrow(0, 32, 32);
+  const double error = relative_error(y, y_ref);
+  std::printf("static W8A8, int4 table: relative error %.4f, top-1 agreement %.3f, %lld -> %lld bytes\n", error,
+              top1_agreement(y, y_ref), static_cast<long long>(float_bytes),
+              static_cast<long long>(qforge::model_size(*m).total_bytes));
+  EXPECT_LE(error, 0.1);
+  EXPECT_GE(top1_agreement(y, y_ref), 0.9);
+  EXPECT_EQ(m->layers()[0]->layer().frozen_weight().qtype().name, std::string("qint4"));
+  EXPECT_LT(qforge::model_size(*m).total_bytes, float_bytes / 2);
+}
