@@ -90,6 +90,7 @@ class QuantizerImpl : public torch::nn::Module {
   void clear_cache() {
     cached_w_ = at::Tensor();
     cached_wq_ = at::Tensor();
+    cached_data_ = nullptr;
     cached_version_ = -1;
   }
 
@@ -124,8 +125,10 @@ class QuantizerImpl : public torch::nn::Module {
   bool observer_frozen_ = false;
   bool calibrated_ = false;
   bool lsq_initialised_ = false;
-  // Eval-mode cache of the fake-quantized weight, keyed on the weight's storage and version.
+  // Eval-mode cache of the fake-quantized weight, keyed on the weight's TensorImpl, its data
+  // pointer (set_data swaps the data under the same TensorImpl and version) and its version.
   at::Tensor cached_w_, cached_wq_;
+  const void* cached_data_ = nullptr;
   int64_t cached_version_ = -1;
   int64_t cached_cb_version_ = -1;
 };

@@ -467,6 +467,27 @@ TEST(Qat, EvalAfterAnSgdStepSeesTheTrainedWeight) {
   EXPECT_TRUE(at::equal(lin(x), at::linear(x, fake_quantize(lin->weight, qp), lin->bias)));
 }
 
+// set_data (LibTorch's way to load new values into a parameter) keeps the TensorImpl and its
+// version counter and swaps the storage: the eval-mode cache must see the new weight.
+TEST(Qat, EvalCacheSeesAWeightReplacedBySetData) {
+  at::manual_seed(11);
+  nn::Linear lin(16, 4);
+  quantize(lin, Scheme(qint8));
+  lin->eval();
+  at::NoGradGuard g;
+  const at::Tensor x = at::randn({3, 16});
+  const at::Tensor before = lin(x);  // fills the cache
+  const auto* impl = lin->weight.unsafeGetTensorImpl();
+  const auto version = lin->weight._version();
+  lin->weight.set_data(at::randn({4, 16}));
+  ASSERT_EQ(lin->weight.unsafeGetTensorImpl(), impl);
+  ASSERT_EQ(lin->weight._version(), version);
+  const QParams qp = lin->weight_quantizer()->qparams(lin->weight);
+  const at::Tensor after = lin(x);
+  EXPECT_FALSE(at::equal(after, before));
+  EXPECT_TRUE(at::equal(after, at::linear(x, fake_quantize(lin->weight, qp), lin->bias)));
+}
+
 TEST(Freeze, FrozenConvRunsTheIntegerKernelAndMatchesFakeQuant) {
   // W8A8 and W4A8 (signed and unsigned int4), Conv2d with stride/padding/dilation and Conv1d:
   // frozen == fake-quant within the tolerance of the Linear test above, ReLU fused, no fallback.
