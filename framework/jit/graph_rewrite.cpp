@@ -76,7 +76,11 @@ std::map<std::string, size_t> attribute_reads(const std::vector<Node*>& nodes, c
 // A call that becomes a qforge op.
 struct Candidate {
   Node* node = nullptr;
-  Value* x = nullptr;  // the op's input (an embedding's indices)
+  // Operand positions, not values: rewriting an earlier call replaces the value a later one reads.
+  size_t x_at = 0;    // the op's input (an embedding's indices)
+  int bias_at = -1;   // the bias operand, if the call has one (a tied Linear passes it on)
+  int tied_to = -1;  // the candidate whose layer this call shares (one weight tensor read twice)
+  std::string own_layer_why;  // why the call cannot hold a layer of its own (a tied call needs none)
   LayerSpec spec;
   AttrRef weight;
   at::Tensor bias;
@@ -160,7 +164,7 @@ std::string matmul_operands(Node* n, const Value* self, const torch::jit::Module
     if (!b || !b->value.isTensor() || b->value.toTensor().dim() != 1)
       return "the added term is not a bias vector read from a module attribute";
   }
-  c->x = n->input(addmm ? 1 : 0);
+  c->x_at = addmm ? 1 : 0;
   return {};
 }
 
@@ -189,7 +193,7 @@ std::string analyse(Node* n, const Value* self, const torch::jit::Module& root, 
   const auto k = n->kind();
   const bool matmul = k == c10::aten::matmul || k == c10::aten::mm || k == c10::aten::addmm;
   const bool embedding = k == c10::aten::embedding;
-  c->x = n->input(embedding ? 1 : 0);
+  c->x_at = embedding ? 1 : 0;
   if (matmul) {
     const std::string why = matmul_operands(n, self, root, c);
     if (!why.empty()) return why;
@@ -205,7 +209,8 @@ std::string analyse(Node* n, const Value* self, const torch::jit::Module& root, 
   c->node = n;
   c->weight = *w;
   if (embedding) return embedding_options(n, wt, c);
-  const Value* bias_value = matmul ? (k == c10::aten::addmm ? n->input(0) : nullptr) : n->input(2);
+  c->bias_at = matmul ? (k == c10::aten::addmm ? 0 : -1) : 2;
+  const Value* bias_value = c->bias_at >= 0 ? n->input(static_cast<size_t>(c->bias_at)) : nullptr;
   if (bias_value && bias_value->type()->kind() != c10::TypeKind::NoneType) {
     const auto b = resolve(bias_value, self, root);
     if (!b) return "the bias is computed in the graph, not read from a module attribute";
@@ -213,7 +218,8 @@ std::string analyse(Node* n, const Value* self, const torch::jit::Module& root, 
       if (!b->value.isTensor() || b->value.toTensor().scalar_type() != at::kFloat) return "the bias is not a float32 tensor";
       c->bias = b->value.toTensor();
       c->bias_attr = b->attr;
-      if (b->owner != w->owner) return "weight and bias belong to different modules";
+      // A tied head's bias stays the script's; a layer of its own holds weight and bias of one module.
+      if (b->owner != w->owner) c->own_layer_why = "weight and bias belong to different modules";
     }
   }
   c->spec.bias = c->bias.defined();
@@ -302,12 +308,22 @@ std::string free_attribute(const torch::jit::Module& module, size_t* next) {
   return name;
 }
 
-// Replaces c.node by `op(x, self.<attr>, self.training)`: the module's train()/eval() reaches the layer.
-void replace(Graph& g, Value* self, Node* n, Value* x, const std::string& attr, LayerKind kind) {
+// Replaces c.node by `op(x, self.<attr>, self.training)`: the module's train()/eval() reaches the
+// layer. A Linear call tied to an embedding's table: `qforge::tied_linear(x, layer, bias, training)`.
+void replace(Graph& g, Value* self, const Candidate& c, const std::string& attr, LayerKind kind) {
+  Node* n = c.node;
   torch::jit::WithInsertPoint guard(n);
   Value* holder = g.insertGetAttr(self, attr);
   Value* training = g.insertGetAttr(self, "training");
-  Node* call = g.create(c10::Symbol::fromQualString(op_name(kind)), {x, holder, training}, 1);
+  const bool tied_table = kind == LayerKind::kEmbedding && c.spec.kind == LayerKind::kLinear;
+  Value* x = n->input(c.x_at);
+  Node* call = nullptr;
+  if (tied_table) {
+    Value* bias = c.bias_at >= 0 ? n->input(static_cast<size_t>(c.bias_at)) : g.insertConstant(c10::IValue());
+    call = g.create(c10::Symbol::fromQualString("qforge::tied_linear"), {x, holder, bias, training}, 1);
+  } else {
+    call = g.create(c10::Symbol::fromQualString(op_name(kind)), {x, holder, training}, 1);
+  }
   g.insertNode(call);
   call->output()->setType(c10::TensorType::get());
   n->output()->replaceAllUsesWith(call->output());
@@ -349,11 +365,70 @@ std::set<std::string> tensor_attributes_read(const torch::jit::Module& module) {
 
 namespace {
 
+// How many graph uses read each tensor, by TensorImpl: a tied tensor (lm_head.weight = tok.weight)
+// is one tensor under several attribute names.
+std::map<const c10::TensorImpl*, size_t> tensor_reads(const std::vector<Node*>& nodes, const Value* self,
+                                                      const torch::jit::Module& root) {
+  std::map<const c10::TensorImpl*, size_t> reads;
+  for (Node* n : nodes) {
+    if (n->kind() != c10::prim::GetAttr || n->output()->type()->kind() == c10::TypeKind::ClassType) continue;
+    const auto ref = resolve(n->output(), self, root);
+    if (ref && ref->value.isTensor()) reads[ref->value.toTensor().unsafeGetTensorImpl()] += n->output()->uses().size();
+  }
+  return reads;
+}
+
+// Calls reading one weight tensor share one qforge layer (quantized once, saved once): an
+// embedding's table read by Linear calls too (a tied LM head; they run qforge::tied_linear on the
+// table's quantized rows). Other sharing, or other reads of the tensor, keep the calls float.
+std::vector<Candidate> resolve_ties(std::vector<Candidate> found, const std::map<const c10::TensorImpl*, size_t>& reads,
+                                    const Value* self, const torch::jit::Module& module,
+                                    std::vector<FloatCall>* kept_float) {
+  std::map<const c10::TensorImpl*, std::vector<size_t>> groups;
+  for (size_t i = 0; i < found.size(); ++i) groups[found[i].weight.value.toTensor().unsafeGetTensorImpl()].push_back(i);
+  std::vector<std::string> why(found.size());
+  for (const auto& [impl, members] : groups) {
+    if (members.size() == 1 && reads.at(impl) == 1) continue;
+    size_t owner = members[0];
+    for (size_t i : members)
+      if (found[i].spec.kind == LayerKind::kEmbedding) owner = i;
+    std::string reason;
+    if (reads.at(impl) != members.size())
+      reason = "its weight is read " + std::to_string(reads.at(impl)) + " times in the graph, " +
+               std::to_string(reads.at(impl) - members.size()) + " of them by other ops (tied weights)";
+    for (size_t i : members) {
+      const Candidate& c = found[i];
+      if (!reason.empty() || i == owner) continue;
+      const LayerKind own = found[owner].spec.kind, kind = c.spec.kind;
+      if (own != LayerKind::kEmbedding || (kind != LayerKind::kLinear && kind != LayerKind::kEmbedding))
+        reason = "its weight is shared by calls qforge cannot serve with one layer (tied weights are shared "
+                 "only between an embedding table and Linear calls on it)";
+    }
+    for (size_t i : members) {
+      if (!reason.empty()) why[i] = reason;
+      else if (i != owner) found[i].tied_to = static_cast<int>(owner);
+    }
+  }
+  std::vector<Candidate> todo;
+  std::vector<int> index(found.size(), -1);
+  for (size_t i = 0; i < found.size(); ++i) {
+    if (why[i].empty() && found[i].tied_to < 0) why[i] = found[i].own_layer_why;
+    if (!why[i].empty()) {
+      kept_float->push_back({op_value_name(found[i].node, self, module), found[i].node->kind().toQualString(), why[i]});
+      continue;
+    }
+    index[i] = static_cast<int>(todo.size());
+    todo.push_back(std::move(found[i]));
+  }
+  for (Candidate& c : todo)
+    if (c.tied_to >= 0) c.tied_to = index[static_cast<size_t>(c.tied_to)];
+  return todo;
+}
+
 // The calls of the graph that become qforge ops; the others are listed in *kept_float.
 std::vector<Candidate> candidates(const std::vector<Node*>& nodes, const Value* self, const torch::jit::Module& module,
                                   std::vector<FloatCall>* kept_float) {
-  const auto reads = attribute_reads(nodes, self, module);
-  std::vector<Candidate> todo;
+  std::vector<Candidate> found;
   std::set<const Node*> bn_listed;
   for (Node* n : nodes) {
     if (n->kind() == c10::aten::layer_norm) {
@@ -368,19 +443,22 @@ std::vector<Candidate> candidates(const std::vector<Node*>& nodes, const Value* 
     }
     if (!quantizable_kind(n)) continue;
     Candidate c;
-    std::string why = analyse(n, self, module, &c);
-    if (why.empty() && reads.at(c.weight.key()) > 1)
-      why = "its weight is read " + std::to_string(reads.at(c.weight.key())) + " times in the graph (tied weights)";
+    const std::string why = analyse(n, self, module, &c);
     if (!why.empty()) {
       kept_float->push_back({op_value_name(n, self, module), n->kind().toQualString(), why});
       continue;
     }
+    found.push_back(std::move(c));
+  }
+  std::vector<Candidate> todo =
+      resolve_ties(std::move(found), tensor_reads(nodes, self, module), self, module, kept_float);
+  for (Candidate& c : todo) {
+    if (c.tied_to >= 0) continue;  // a tied weight is never folded: its other readers need it as it is
     const std::string bn_why = fold_batch_norm(self, module, &c);
-    for (const torch::jit::Use& u : n->output()->uses())
+    for (const torch::jit::Use& u : c.node->output()->uses())
       if (!bn_why.empty() && u.user->kind() == c10::aten::batch_norm && bn_listed.insert(u.user).second)
         kept_float->push_back({op_value_name(u.user, self, module), "aten::batch_norm", bn_why});
     if (c.batch_norm) bn_listed.insert(c.batch_norm);
-    todo.push_back(std::move(c));
   }
   for (Node* n : nodes)
     if (n->kind() == c10::aten::batch_norm && !bn_listed.count(n))
@@ -405,7 +483,10 @@ RewriteResult rewrite_forward(torch::jit::Module& module) {
   RewriteResult result;
   std::vector<Candidate> todo = candidates(nodes, self, module, &result.kept_float);
   size_t next = rewritten_layers(module).size();
-  for (Candidate& c : todo) {
+  std::vector<std::string> attrs(todo.size());
+  for (size_t i = 0; i < todo.size(); ++i) {
+    Candidate& c = todo[i];
+    if (c.tied_to >= 0) continue;
     const at::Tensor weight = c.weight.value.toTensor();
     if (c.batch_norm) {
       // The folded tensors replace the module's own, so its parameters stay what the layer trains.
@@ -420,8 +501,15 @@ RewriteResult rewrite_forward(torch::jit::Module& module) {
                                                     c.bias);
     const std::string attr = free_attribute(module, &next);
     module.register_attribute(attr, scripted_layer_type(), c10::IValue(layer));
-    replace(*g, self, c.node, c.x, attr, c.spec.kind);
+    replace(*g, self, c, attr, c.spec.kind);
+    attrs[i] = attr;
     result.layers.push_back(std::move(layer));
+  }
+  for (const Candidate& c : todo) {
+    if (c.tied_to < 0) continue;
+    const Candidate& owner = todo[static_cast<size_t>(c.tied_to)];
+    result.tied.push_back({c.weight.layer_name(), c.node->kind().toQualString(), owner.weight.layer_name()});
+    replace(*g, self, c, attrs[static_cast<size_t>(c.tied_to)], owner.spec.kind);
   }
   torch::jit::EliminateDeadCode(g);
   return result;

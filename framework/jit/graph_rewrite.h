@@ -1,7 +1,9 @@
 // The graph rewrite of the TorchScript front door: inlines a TorchScript module's forward, finds
-// every aten::linear / conv1d / conv2d call (and a trace's aten::_convolution) whose weight is a
-// module attribute, and replaces each with a qforge op taking a ScriptedLayer held as an attribute
-// of the root module. Calls that cannot be quantized stay as they are and are listed with why.
+// every aten::linear / conv1d / conv2d call (and a trace's aten::_convolution), x @ W^T matmul and
+// aten::embedding whose weight is a module attribute, and replaces each with a qforge op taking a
+// ScriptedLayer held as an attribute of the root module (an embedding table also read by Linear
+// calls, a tied LM head, is one layer both use). Calls that cannot be quantized stay as they are
+// and are listed with why.
 #pragma once
 
 #include <torch/csrc/jit/api/module.h>
@@ -22,11 +24,19 @@ struct FloatCall {
   std::string reason;  // why it stays float
 };
 
+// A call that shares another call's qforge layer (one weight tensor read twice: tied weights).
+struct TiedCall {
+  std::string name;   // module path of the weight as this call reads it ("lm_head", "tok")
+  std::string op;     // "aten::linear", ...
+  std::string layer;  // the qforge layer it runs ("tok")
+};
+
 struct RewriteResult {
   std::vector<c10::intrusive_ptr<ScriptedLayer>> layers;  // new qforge layers, in graph order
   std::vector<FloatCall> kept_float;
   // {BatchNorm module path, convolution layer path} of each BatchNorm folded into a convolution.
   std::vector<std::pair<std::string, std::string>> folded;
+  std::vector<TiedCall> tied;
 };
 
 // The root attributes a rewrite added earlier (a file saved after a rewrite), in attribute order.

@@ -325,6 +325,18 @@ at::Tensor call(const at::Tensor& x, const c10::intrusive_ptr<ScriptedLayer>& l,
   return l->forward(x);
 }
 
+// A Linear call on an embedding's table (a tied LM head): x times the table's rows as the layer
+// holds them now (float, fake-quantized, or dequantized from the frozen table), so the table is
+// quantized once for both uses.
+at::Tensor tied_linear(const at::Tensor& x, const c10::intrusive_ptr<ScriptedLayer>& l,
+                       const c10::optional<at::Tensor>& bias, bool training) {
+  QF_REQUIRE(l->spec().kind == LayerKind::kEmbedding, "framework/jit: qforge::tied_linear called with the ",
+             to_string(l->spec().kind), " layer '", l->path(), "' (it takes an embedding table)");
+  if (l->module()->is_training() != training) l->module()->train(training);
+  const at::Tensor table = l->forward(at::arange(l->spec().in, at::TensorOptions().dtype(at::kLong)));
+  return at::linear(x, table, bias.has_value() ? *bias : at::Tensor());
+}
+
 }  // namespace
 
 // The TorchScript library: what a saved file names (torch.classes.qforge.Layer, torch.ops.qforge.*).
@@ -350,6 +362,10 @@ TORCH_LIBRARY(qforge, m) {
   m.def("embedding(Tensor indices, __torch__.torch.classes.qforge.Layer layer, bool training) -> Tensor",
         [](const at::Tensor& indices, c10::intrusive_ptr<ScriptedLayer> l, bool training) {
           return call(indices, l, training, LayerKind::kEmbedding);
+        });
+  m.def("tied_linear(Tensor x, __torch__.torch.classes.qforge.Layer layer, Tensor? bias, bool training) -> Tensor",
+        [](const at::Tensor& x, c10::intrusive_ptr<ScriptedLayer> l, c10::optional<at::Tensor> bias, bool training) {
+          return tied_linear(x, l, bias, training);
         });
 }
 

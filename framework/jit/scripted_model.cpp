@@ -27,6 +27,7 @@ ScriptedModelImpl::ScriptedModelImpl(torch::jit::Module script, FreshlyLoaded) :
   layers_.insert(layers_.end(), r.layers.begin(), r.layers.end());
   kept_float_ = std::move(r.kept_float);
   folded_ = std::move(r.folded);
+  tied_ = std::move(r.tied);
   for (const auto& l : layers_) mount(*this, l->path(), l->module());
   register_script_tensors();
   train(script_.is_training());
@@ -126,10 +127,27 @@ void ScriptedModelImpl::register_script_tensors() {
   for (const auto& b : script_.named_buffers(/*recurse=*/true)) add(b.name, b.value, false);
 }
 
+void ScriptedModelImpl::release_script_tensor(const std::string& owner, const std::string& attr) {
+  torch::jit::Module m = script_;
+  std::stringstream names(owner);
+  for (std::string name; std::getline(names, name, '.');) m = m.attr(name).toModule();
+  const c10::TensorImpl* impl = m.attr(attr).toTensor().unsafeGetTensorImpl();
+  std::vector<std::string> holders{owner.empty() ? attr : owner + "." + attr};
+  // A tied tensor (lm_head.weight = tok.weight) is one tensor under several names: empty each.
+  for (const auto& p : script_.named_parameters(/*recurse=*/true))
+    if (p.value.unsafeGetTensorImpl() == impl) holders.push_back(p.name);
+  for (const auto& b : script_.named_buffers(/*recurse=*/true))
+    if (b.value.unsafeGetTensorImpl() == impl) holders.push_back(b.name);
+  for (const std::string& name : holders) {
+    const size_t dot = name.rfind('.');
+    set_script_attr(dot == std::string::npos ? "" : name.substr(0, dot), name.substr(dot + 1), at::empty({0}));
+  }
+}
+
 void ScriptedModelImpl::save(const std::string& path) {
   for (const auto& l : layers_) {
     if (!l->layer().frozen()) continue;
-    set_script_attr(l->home().owner, l->home().weight, at::empty({0}));
+    release_script_tensor(l->home().owner, l->home().weight);
     // A bias the packed weight holds now (Linear's integer formats) is released too.
     if (!l->home().bias.empty() && !l->bias().defined()) set_script_attr(l->home().owner, l->home().bias, at::empty({0}));
   }
@@ -145,6 +163,7 @@ std::string ScriptedModelImpl::describe(bool planned) const { return qforge::des
 std::string ScriptedModelImpl::graph_notes() const {
   std::string out;
   for (const auto& [bn, conv] : folded_) out += "folded  " + bn + "  aten::batch_norm into " + conv + "\n";
+  for (const TiedCall& t : tied_) out += "tied  " + t.name + "  " + t.op + " runs the qforge layer " + t.layer + "\n";
   for (const FloatCall& f : kept_float_) out += "float  " + f.name + "  " + f.op + ": " + f.reason + "\n";
   return out;
 }

@@ -59,13 +59,17 @@ class ScriptedModelImpl : public torch::nn::Module {
 
   // qforge::describe's table plus graph_notes().
   std::string describe(bool planned = false) const;
-  // One line per BatchNorm folded at load and per call left float, with the reason.
+  // One line per BatchNorm folded at load, per call sharing a tied weight's layer, and per call
+  // left float, with the reason.
   std::string graph_notes() const;
 
   const std::vector<c10::intrusive_ptr<ScriptedLayer>>& layers() const { return layers_; }
   const std::vector<FloatCall>& kept_float() const { return kept_float_; }
   // {BatchNorm path, convolution path} of each BatchNorm folded at load (empty for a file save() wrote).
   const std::vector<std::pair<std::string, std::string>>& folded() const { return folded_; }
+  // Calls that run another call's qforge layer (a tied LM head on the embedding table), found at
+  // load (empty for a file save() wrote).
+  const std::vector<TiedCall>& tied() const { return tied_; }
   torch::jit::Module& script() { return script_; }
 
  private:
@@ -77,10 +81,15 @@ class ScriptedModelImpl : public torch::nn::Module {
   // io::save_model / load_model and to() see them.
   void register_script_tensors();
 
+  // Empties the script's tensor attribute at owner.attr and every other attribute holding that
+  // same tensor (a frozen layer's float weight leaves the saved file).
+  void release_script_tensor(const std::string& owner, const std::string& attr);
+
   torch::jit::Module script_;
   std::vector<c10::intrusive_ptr<ScriptedLayer>> layers_;
   std::vector<FloatCall> kept_float_;
   std::vector<std::pair<std::string, std::string>> folded_;
+  std::vector<TiedCall> tied_;
 };
 
 TORCH_MODULE(ScriptedModel);

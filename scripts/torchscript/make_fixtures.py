@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Writes the TorchScript fixtures of tests/jit (tests/fixtures/torchscript/): a small CNN, an
-MLP, a CNN with BatchNorms and a BERT-like encoder, each scripted (torch.jit.script) and traced
+MLP, a CNN with BatchNorms, a BERT-like encoder and an LM with a tied token table, each scripted (torch.jit.script) and traced
 (torch.jit.trace), with fixed seeds.
 
     python3 scripts/torchscript/make_fixtures.py [output folder]
@@ -148,6 +148,25 @@ def write_encoder(out):
     write_safetensors(os.path.join(out, "encoder_data.safetensors"), tensors)
 
 
+class TiedLm(nn.Module):
+    """The ends of a causal LM with tied weights: the token table is also the output head, read
+    twice in the graph, once by an nn.Linear whose weight *is* the table (Hugging Face's tie) and
+    once by F.linear on it with a bias (logits over the vocabulary)."""
+
+    def __init__(self, vocab=48, dim=32):
+        super().__init__()
+        self.tok = nn.Embedding(vocab, dim)
+        self.mix = nn.Linear(dim, dim)
+        self.norm = nn.LayerNorm(dim)
+        self.lm_head = nn.Linear(dim, vocab, bias=False)
+        self.lm_head.weight = self.tok.weight
+        self.head_bias = nn.Parameter(torch.randn(vocab) * 0.01)
+
+    def forward(self, ids):
+        h = self.norm(torch.tanh(self.mix(self.tok(ids))))
+        return self.lm_head(h) + F.linear(h, self.tok.weight, self.head_bias)
+
+
 def write_safetensors(path, tensors):
     """The safetensors layout (8-byte header length, JSON header, raw little-endian bytes) by hand:
     the Python safetensors package is not a Debian package here."""
@@ -191,6 +210,10 @@ def main():
         if name == "cnn_bn":
             write_recipe_data(out, model)
     write_encoder(out)
+    torch.manual_seed(0)
+    tied = TiedLm().eval()
+    torch.jit.script(tied).save(os.path.join(out, "tied_lm_scripted.pt"))
+    torch.jit.trace(tied, torch.randint(0, 48, (2, 8))).save(os.path.join(out, "tied_lm_traced.pt"))
     print("wrote", out)
 
 

@@ -147,3 +147,51 @@ TEST(TorchScriptTransformer, StaticW8A8CalibratedWithAnInt4EmbeddingTable) {
   EXPECT_EQ(m->layers()[0]->layer().frozen_weight().qtype().name, std::string("qint4"));
   EXPECT_LT(qforge::model_size(*m).total_bytes, float_bytes / 2);
 }
+
+// A tied token table (scripts/torchscript/make_fixtures.py, TiedLm): the embedding, an nn.Linear
+// head whose weight *is* the table, and F.linear on the table with a bias. One qforge layer holds
+// the table: quantized once, run by all three calls, saved once.
+TEST(TorchScriptTied, OneTableQuantizedOnceRunTwiceSavedOnce) {
+  TempDir tmp;
+  for (const char* form : {"tied_lm_scripted", "tied_lm_traced"}) {
+    SCOPED_TRACE(form);
+    ScriptedModel m = qforge::jit::load_torchscript(fixture(form));
+    std::vector<std::string> paths;
+    for (const auto& l : m->layers()) paths.push_back(l->path());
+    EXPECT_EQ(paths, (std::vector<std::string>{"tok", "mix"}));
+    ASSERT_EQ(m->tied().size(), 2u);
+    for (const auto& t : m->tied()) EXPECT_EQ(t.layer, "tok");
+    ASSERT_EQ(m->kept_float().size(), 1u);  // the LayerNorm
+    EXPECT_NE(m->describe().find("aten::linear runs the qforge layer tok"), std::string::npos) << m->describe();
+    m->eval();
+    torch::jit::Module original = torch::jit::load(fixture(form));
+    original.eval();
+    torch::NoGradGuard no_grad;
+    const at::Tensor ids = at::randint(0, 48, {4, 8}, at::kLong);
+    EXPECT_TRUE(at::equal(m->forward(ids), original.forward({ids}).toTensor()));
+
+    qforge::Scheme scheme(qforge::qint8);  // int8 per-row table, float activations
+    qforge::LayerRule keep;
+    keep.pattern = "mix";
+    keep.keep_float = true;
+    scheme.rules.push_back(keep);
+    qforge::quantize(*m, scheme);
+    qforge::freeze(*m);
+    ASSERT_TRUE(m->layers()[0]->layer().frozen());
+    const at::Tensor frozen = m->forward(ids);
+    // The reference: the float script with its one table replaced by the frozen table's values.
+    original.attr("tok").toModule().attr("weight").toTensor().copy_(m->layers()[0]->layer().frozen_weight().dequantize());
+    const at::Tensor ref = original.forward({ids}).toTensor();
+    EXPECT_LE((frozen - ref).abs().max().item<double>(), 1e-6 * ref.abs().max().item<double>());
+
+    const std::string path = (tmp.path / (std::string(form) + "_int8.pt")).string();
+    m->save(path);
+    torch::jit::Module plain = torch::jit::load(path);
+    plain.eval();
+    EXPECT_TRUE(at::equal(plain.forward({ids}).toTensor(), frozen));
+    // Saved once: no float copy of the table under either name, one qforge layer holding it.
+    EXPECT_EQ(plain.attr("tok").toModule().attr("weight").toTensor().numel(), 0);
+    EXPECT_EQ(plain.attr("lm_head").toModule().attr("weight").toTensor().numel(), 0);
+    EXPECT_EQ(qforge::jit::rewritten_layers(plain).size(), 2u);  // tok (frozen) and mix (float)
+  }
+}
