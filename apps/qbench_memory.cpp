@@ -21,21 +21,14 @@
 #include <string>
 #include <vector>
 
+#include "apps/process_memory.h"
 #include "apps/qbench_models.h"
 
 namespace {
 
 using namespace qforge;
 
-// A field of /proc/self/status in KiB ("VmRSS", "VmHWM").
-int64_t status_kib(const char* field) {
-  std::ifstream f("/proc/self/status");
-  std::string line;
-  const std::string key = std::string(field) + ":";
-  while (std::getline(f, line))
-    if (line.rfind(key, 0) == 0) return std::atoll(line.c_str() + key.size());
-  return -1;
-}
+using apps::status_kib;
 
 void reset_peak() { std::ofstream("/proc/self/clear_refs") << "5"; }
 

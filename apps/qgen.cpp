@@ -1,32 +1,42 @@
 // qgen: text generation with a Llama-family model (Llama, Mistral, Qwen2) from a Hugging Face
 // folder or a qforge run directory, optionally quantized and frozen on the fly, greedy or sampled
-// (framework/models/sampling.h), streaming the text as it decodes; the timings and memory go to
-// stderr. docs/llm.md "qgen" documents the options.
+// (framework/models/sampling.h), streaming the text as it decodes; or the sliding-window perplexity
+// of a text file (framework/models/perplexity.h). The timings and memory go to stderr.
+// docs/llm.md "qgen" documents the options.
 //   qgen MODEL --prompt TEXT [--max-new-tokens 64] [--weights none|w8|w4g128] [--temperature 0]
 //        [--top-k 0] [--top-p 1] [--min-p 0] [--repetition-penalty 1] [--seed 0] [--eos ID ...]
 //        [--threads N] [--print-ids]
+//   qgen MODEL --perplexity FILE [--window N] [--stride N] [--weights ...] [--threads N]
 // Exit codes: 0 success, 2 bad arguments, 1 a model that cannot be loaded or run (named).
 #include <ATen/Parallel.h>
 #include <ATen/ATen.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
+#include <yaml-cpp/yaml.h>
+
+#include "apps/process_memory.h"
 
 #include "framework/api/quantize.h"
 #include "framework/core/error.h"
 #include "framework/io/model_io.h"
 #include "framework/models/generation.h"
 #include "framework/models/llama.h"
+#include "framework/models/perplexity.h"
 #include "framework/ptq/rotate.h"
 #include "framework/recipe/task.h"
 #include "framework/text/tokenizer.h"
+#include "framework/text/utf8.h"
 
 namespace {
 
@@ -66,16 +76,33 @@ nlohmann::json recorded_rotation(const fs::path& dir, bool recipe_rotates) {
   return *rotate;
 }
 
+// The run's resolved recipe. The tokenizer the export stage copied into the run directory stands in
+// for the data.tokenizer.file the run recorded, which may have moved since (the recipe check would
+// refuse a missing file); with neither, the error names both paths.
+Recipe load_run_recipe(const fs::path& dir) {
+  const std::string resolved = (dir / "recipe.resolved.yaml").string();
+  const YAML::Node root = YAML::LoadFile(resolved);  // const: a missing key reads as undefined, not an error
+  std::string recorded;
+  if (const YAML::Node data = root["data"]; data.IsDefined() && data.IsMap())
+    if (const YAML::Node tok = data["tokenizer"]; tok.IsDefined() && tok.IsMap())
+      if (const YAML::Node file = tok["file"]; file.IsDefined() && file.IsScalar()) recorded = file.as<std::string>();
+  if (recorded.empty()) return load_recipe(resolved);
+  for (const char* name : {"tokenizer.json", "tokenizer.model"})
+    if (fs::is_regular_file(dir / name)) return load_recipe(resolved, {"data.tokenizer.file=" + (dir / name).string()});
+  QF_REQUIRE(fs::exists(recorded), dir.string(), ": the run's tokenizer is gone: data.tokenizer.file ", recorded,
+             " does not exist (moved?) and the run directory holds no copy (", (dir / "tokenizer.json").string(),
+             " or tokenizer.model); put the tokenizer back at either path");
+  return load_recipe(resolved);
+}
+
 // A run directory of `qtrain` on the llama task: its resolved recipe rebuilds the model, model.h5
 // fills it (frozen layers included), its tokenizer.json or tokenizer.model tokenizes.
 Loaded load_run_directory(const fs::path& dir) {
-  Recipe r = load_recipe((dir / "recipe.resolved.yaml").string());
+  Recipe r = load_run_recipe(dir);
   QF_REQUIRE(r.model.arch == "llama", dir.string(), ": the run's model.arch is '", r.model.arch, "'; qgen runs llama");
   QF_REQUIRE(fs::is_regular_file(dir / "model.h5"), dir.string(), ": no model.h5 (export.checkpoint was off?)");
   QF_REQUIRE(r.data.tokenizer_vocab_size > 0 || !r.data.tokenizer_file.empty(), dir.string(),
              ": the run's model reads bytes (no data.tokenizer); qgen needs a tokenizer");
-  for (const char* name : {"tokenizer.json", "tokenizer.model"})
-    if (!r.data.tokenizer_file.empty() && fs::is_regular_file(dir / name)) r.data.tokenizer_file = (dir / name).string();
   Task t = make_task(r, /*with_data=*/false);
   Loaded out;
   out.model = models::LlamaForCausalLM(std::dynamic_pointer_cast<models::LlamaForCausalLMImpl>(t.model));
@@ -83,7 +110,7 @@ Loaded load_run_directory(const fs::path& dir) {
   const nlohmann::json rotation = recorded_rotation(dir, r.ptq.enabled && r.ptq.rotate == "hadamard");
   if (rotation.is_object()) ptq::prepare_rotated_structure(*out.model, rotation.value("online_down_proj", true));
   io::load_model(*t.model, (dir / "model.h5").string());
-  out.tokenizer = text::load_tokenizer(dir.string());
+  out.tokenizer = text::load_tokenizer(r.data.tokenizer_file.empty() ? dir.string() : r.data.tokenizer_file);
   out.frozen = model_size(*t.model).quantized_bytes > 0;
   return out;
 }
@@ -117,11 +144,26 @@ void quantize_weights(Loaded& m, const std::string& weights) {
   freeze(m.model);
 }
 
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
 // Prints the decoded continuation as it grows, holding back a trailing partial UTF-8 character.
+// It times itself: decoding and printing each id happen inside generate()'s timed phases, and the
+// decode rate qgen reports is the model's, not the terminal's.
 class Streamer {
  public:
   explicit Streamer(const text::Tokenizer& t) : tok_(t) {}
   void add(int64_t id) {
+    const auto t0 = std::chrono::steady_clock::now();
+    print(id);
+    (ids_.size() == 1 ? first_seconds_ : later_seconds_) += seconds_since(t0);
+  }
+  double first_seconds() const { return first_seconds_; }  // spent in the prefill phase (the first id)
+  double later_seconds() const { return later_seconds_; }  // spent in the decode phase
+
+ private:
+  void print(int64_t id) {
     ids_.push_back(id);
     const std::string text = tok_.decode(ids_, /*skip_special_tokens=*/true);
     if (text.size() >= 3 && text.compare(text.size() - 3, 3, "\xEF\xBF\xBD") == 0) return;
@@ -130,22 +172,37 @@ class Streamer {
     std::fflush(stdout);
     printed_ = text;
   }
-
- private:
   const text::Tokenizer& tok_;
   std::vector<int64_t> ids_;
   std::string printed_;
+  double first_seconds_ = 0, later_seconds_ = 0;
 };
 
-void report(const models::GenerationResult& r, const Loaded& m, const std::vector<int64_t>& prompt, bool print_ids) {
+// The process's resident set from the kernel, beside the tensor bytes counted above it.
+void report_resident_memory() {
+  const int64_t rss = apps::status_kib("VmRSS"), hwm = apps::status_kib("VmHWM");
+  if (rss < 0 || hwm < 0) {
+    std::fputs("qgen: process resident memory unknown (no /proc/self/status)\n", stderr);
+    return;
+  }
+  std::fprintf(stderr, "qgen: process resident memory %.3f MB now (VmRSS), %.3f MB at peak (VmHWM)\n", rss * 1024 / 1e6,
+               hwm * 1024 / 1e6);
+}
+
+void report(models::GenerationResult r, const Loaded& m, const std::vector<int64_t>& prompt, const Streamer& stream,
+            bool print_ids) {
   const ModelSize size = model_size(*m.model);
-  std::fprintf(stderr, "\nqgen: prompt %lld tokens in %.3f s (%.1f tokens/s); decode %lld tokens in %.3f s (%.1f tokens/s); %s\n",
+  const double printing = stream.later_seconds();
+  r.prompt_seconds -= stream.first_seconds(), r.decode_seconds -= printing;
+  std::fprintf(stderr, "\nqgen: prompt %lld tokens in %.3f s (%.1f tokens/s); decode %lld tokens in %.3f s (%.1f tokens/s; "
+               "printing took %.3f s more); %s\n",
                static_cast<long long>(r.prompt_tokens), r.prompt_seconds, r.prompt_tokens_per_second(),
-               static_cast<long long>(r.new_tokens - 1), r.decode_seconds, r.decode_tokens_per_second(),
+               static_cast<long long>(r.new_tokens - 1), r.decode_seconds, r.decode_tokens_per_second(), printing,
                r.stopped_at_eos ? "stopped at eos" : "stopped at --max-new-tokens");
   std::fprintf(stderr, "qgen: model %.3f MB (%.3f MB float tensors, %.3f MB packed weights); KV cache %.3f MB for %lld positions\n",
                size.total_bytes / 1e6, size.float_bytes / 1e6, size.quantized_bytes / 1e6, r.cache_bytes / 1e6,
                static_cast<long long>(r.prompt_tokens + r.new_tokens - 1));
+  report_resident_memory();
   if (!print_ids) return;
   std::string ids;
   for (int64_t id : prompt) ids += std::to_string(id) + " ";
@@ -155,17 +212,98 @@ void report(const models::GenerationResult& r, const Loaded& m, const std::vecto
   std::fprintf(stderr, "qgen: ids %s\n", ids.c_str());
 }
 
+// The ids of a text file for --perplexity: its bytes as they are (no newline stripped), valid UTF-8.
+std::vector<int64_t> file_tokens(const std::string& path, const text::Tokenizer& tok) {
+  QF_REQUIRE(fs::is_regular_file(path), "--perplexity ", path, ": not a file");
+  std::ifstream in(path, std::ios::binary);
+  QF_REQUIRE(in, "--perplexity ", path, ": cannot open");
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  QF_REQUIRE(!text.empty(), "--perplexity ", path, ": the file is empty; nothing to score");
+  text::require_utf8(text, "--perplexity " + path);
+  std::vector<int64_t> ids = tok.encode(text);
+  QF_REQUIRE(ids.size() >= 2, "--perplexity ", path, ": the text encodes to ", ids.size(),
+             " token(s); perplexity needs at least 2");
+  return ids;
+}
+
+struct PerplexityArgs {
+  std::string file;
+  int64_t window = 0, stride = 0;  // 0: min(1024, max_position_embeddings) and window / 2
+};
+
+// Sliding-window perplexity of the file, with progress (and an ETA) on stderr at most once a second.
+void run_perplexity(Loaded& m, const PerplexityArgs& a) {
+  const std::vector<int64_t> ids = file_tokens(a.file, *m.tokenizer);
+  const int64_t positions = m.model->config.max_position_embeddings;
+  models::PerplexityOptions o;
+  o.max_length = a.window > 0 ? a.window : std::min<int64_t>(1024, positions);
+  o.stride = a.stride > 0 ? a.stride : std::max<int64_t>(1, o.max_length / 2);
+  QF_REQUIRE(o.max_length <= positions, "--window ", o.max_length, " exceeds the model's max_position_embeddings ", positions);
+  QF_REQUIRE(o.stride <= o.max_length, "--stride ", o.stride, " exceeds the window of ", o.max_length, " tokens");
+  const auto t0 = std::chrono::steady_clock::now();
+  double last_print = -1;
+  const auto progress = [&](const models::PerplexityProgress& p) {
+    const double t = seconds_since(t0);
+    if (t - last_print < 1 && p.windows_done != 1 && p.windows_done != p.windows_total) return;
+    last_print = t;
+    std::fprintf(stderr, "qgen: perplexity window %lld/%lld, %lld/%lld tokens scored, %.1f s, ETA %.1f s\n",
+                 static_cast<long long>(p.windows_done), static_cast<long long>(p.windows_total),
+                 static_cast<long long>(p.tokens_scored), static_cast<long long>(p.tokens_total), t,
+                 t / p.windows_done * (p.windows_total - p.windows_done));
+  };
+  const models::CausalLmForward fwd = [&](const at::Tensor& x) { return m.model->forward(x); };
+  const models::PerplexityResult r =
+      models::sliding_window_perplexity(fwd, at::tensor(ids, at::kLong), o, progress);
+  const double seconds = seconds_since(t0);
+  std::printf("qgen: perplexity %.8g (%.6f nats/token) over %lld tokens of %s in %lld windows of %lld, stride %lld\n",
+              r.perplexity, r.nll_per_token, static_cast<long long>(r.tokens_scored), a.file.c_str(),
+              static_cast<long long>(r.windows), static_cast<long long>(r.max_length), static_cast<long long>(r.stride));
+  std::fprintf(stderr, "qgen: scored in %.3f s (%.1f tokens/s); model %.3f MB of tensors\n", seconds,
+               r.tokens_scored / std::max(seconds, 1e-9), model_size(*m.model).total_bytes / 1e6);
+  report_resident_memory();
+}
+
+// Greedy decoding takes the argmax: the options that shape a sampled distribution do nothing there.
+void warn_unused_sampling_options(const CLI::App& app, const models::SamplingOptions& s) {
+  if (!s.greedy()) return;
+  std::string given;
+  for (const char* name : {"--top-k", "--top-p", "--min-p", "--seed"})
+    if (app.count(name) > 0) given += std::string(given.empty() ? "" : ", ") + name;
+  if (!given.empty())
+    std::fprintf(stderr, "qgen: warning: %s ignored: decoding is greedy at --temperature 0 (the default); give "
+                 "--temperature > 0 to sample\n", given.c_str());
+}
+
+void run_generation(Loaded& m, const std::string& prompt, models::GenerateOptions o, bool print_ids) {
+  if (o.eos.empty()) o.eos = m.eos;
+  const std::vector<int64_t> ids = m.tokenizer->encode(prompt);
+  QF_REQUIRE(!ids.empty(), "the prompt encodes to no tokens");
+  std::fputs(prompt.c_str(), stdout);
+  Streamer stream(*m.tokenizer);
+  const models::CachedLmForward fwd = [&](const at::Tensor& x, models::KvCache* c) { return m.model->forward(x, c); };
+  const models::GenerationResult r =
+      models::generate(fwd, at::tensor(ids, at::kLong).unsqueeze(0), o, [&](int64_t id) { stream.add(id); });
+  report(r, m, ids, stream, print_ids);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"qgen: generate text with a Llama-family model (HF folder or qforge run directory)"};
+  CLI::App app{"qgen: generate text with a Llama-family model (HF folder or qforge run directory), or score a text file"};
   std::string model_path, prompt, weights = "none";
+  PerplexityArgs ppl;
   models::GenerateOptions o;
   o.sampling.temperature = 0;
   int threads = 0;
   bool print_ids = false;
   app.add_option("model", model_path, "HF folder (config.json, safetensors, tokenizer) or qtrain run directory")->required();
-  app.add_option("--prompt", prompt, "prompt text")->required();
+  CLI::Option* prompt_opt = app.add_option("--prompt", prompt, "prompt text");
+  CLI::Option* ppl_opt = app.add_option("--perplexity", ppl.file, "score this UTF-8 text file (sliding-window perplexity)");
+  prompt_opt->excludes(ppl_opt);
+  app.add_option("--window", ppl.window, "--perplexity: tokens per window (default min(1024, max_position_embeddings))")
+      ->check(CLI::Range(int64_t{2}, int64_t{1} << 30))->needs(ppl_opt);
+  app.add_option("--stride", ppl.stride, "--perplexity: tokens between window starts (default window / 2)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 30))->needs(ppl_opt);
   app.add_option("--max-new-tokens", o.max_new_tokens, "stop after this many new tokens")->check(CLI::Range(1, 1 << 20));
   app.add_option("--weights", weights, "quantize and freeze the float model's weights first")
       ->check(CLI::IsMember({"none", "w8", "w4g128"}));
@@ -180,6 +318,7 @@ int main(int argc, char** argv) {
   app.add_flag("--print-ids", print_ids, "print the prompt's and the new token ids to stderr");
   try {
     app.parse(argc, argv);
+    if (prompt_opt->count() == 0 && ppl_opt->count() == 0) throw Error("give --prompt TEXT or --perplexity FILE");
     o.sampling.validate();
   } catch (const CLI::ParseError& e) {
     const int rc = app.exit(e);
@@ -188,20 +327,14 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "qgen: %s\n", e.what());
     return 2;
   }
+  if (prompt_opt->count() > 0) warn_unused_sampling_options(app, o.sampling);
   if (threads > 0) at::set_num_threads(threads);
   try {
     Loaded m = load(model_path);
     quantize_weights(m, weights);
     m.model->eval();
-    if (o.eos.empty()) o.eos = m.eos;
-    const std::vector<int64_t> ids = m.tokenizer->encode(prompt);
-    QF_REQUIRE(!ids.empty(), "the prompt encodes to no tokens");
-    std::fputs(prompt.c_str(), stdout);
-    Streamer stream(*m.tokenizer);
-    const models::CachedLmForward fwd = [&](const at::Tensor& x, models::KvCache* c) { return m.model->forward(x, c); };
-    const models::GenerationResult r =
-        models::generate(fwd, at::tensor(ids, at::kLong).unsqueeze(0), o, [&](int64_t id) { stream.add(id); });
-    report(r, m, ids, print_ids);
+    if (ppl_opt->count() > 0) run_perplexity(m, ppl);
+    else run_generation(m, prompt, o, print_ids);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "\nqgen: %s\n", e.what());
     return 1;

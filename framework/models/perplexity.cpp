@@ -30,29 +30,50 @@ double window_nll(const at::Tensor& logits, const at::Tensor& window, int64_t be
   return -at::log_softmax(rows, -1).gather(1, targets.unsqueeze(1)).sum().item<double>();
 }
 
-}  // namespace
-
-PerplexityResult sliding_window_perplexity(const CausalLmForward& forward, const at::Tensor& tokens,
-                                           const PerplexityOptions& o) {
+void require_options(const PerplexityOptions& o) {
   QF_REQUIRE(o.max_length >= 2 && o.stride >= 1 && o.stride <= o.max_length, kPerplexity, ": need max_length >= 2 and "
              "1 <= stride <= max_length, got max_length ", o.max_length, " and stride ", o.stride);
+}
+
+// Calls visit(begin, first, end) for each window that scores tokens [first, end) with context from begin.
+template <typename Visit>
+void for_each_window(int64_t n, const PerplexityOptions& o, Visit&& visit) {
+  int64_t prev_end = 0;
+  for (int64_t begin = 0; prev_end < n; begin += o.stride) {
+    const int64_t end = std::min(begin + o.max_length, n), first = std::max(prev_end, begin + 1);
+    prev_end = end;
+    if (first < end) visit(begin, first, end);  // else nothing new: a last window inside the previous one
+  }
+}
+
+}  // namespace
+
+int64_t perplexity_windows(int64_t tokens, const PerplexityOptions& o) {
+  require_options(o);
+  int64_t windows = 0;
+  for_each_window(tokens, o, [&](int64_t, int64_t, int64_t) { ++windows; });
+  return windows;
+}
+
+PerplexityResult sliding_window_perplexity(const CausalLmForward& forward, const at::Tensor& tokens,
+                                           const PerplexityOptions& o,
+                                           const std::function<void(const PerplexityProgress&)>& on_window) {
+  require_options(o);
   QF_REQUIRE(tokens.dim() == 1 && tokens.scalar_type() == at::kLong && tokens.size(0) >= 2, kPerplexity,
              ": tokens must be a 1-D int64 tensor of at least 2 ids, got ", tokens.sizes(), " ", tokens.scalar_type());
   const int64_t n = tokens.size(0);
   PerplexityResult r;
   r.max_length = o.max_length, r.stride = o.stride;
   double nll = 0;
-  int64_t prev_end = 0;
+  const int64_t total = on_window ? perplexity_windows(n, o) : 0;
   at::NoGradGuard no_grad;
-  for (int64_t begin = 0; prev_end < n; begin += o.stride) {
-    const int64_t end = std::min(begin + o.max_length, n), first = std::max(prev_end, begin + 1);
-    prev_end = end;
-    if (first >= end) continue;  // nothing new to score (a last window inside the previous one)
+  for_each_window(n, o, [&](int64_t begin, int64_t first, int64_t end) {
     const at::Tensor window = tokens.narrow(0, begin, end - begin);
     nll += window_nll(forward(window.unsqueeze(0)), window, begin, first, end);
     r.tokens_scored += end - first;
     ++r.windows;
-  }
+    if (on_window) on_window({r.windows, total, r.tokens_scored, n - 1});
+  });
   r.nll_per_token = nll / static_cast<double>(r.tokens_scored);
   r.perplexity = std::exp(r.nll_per_token);
   return r;

@@ -17,6 +17,11 @@ namespace qforge::models {
 
 using CausalLmForward = std::function<at::Tensor(const at::Tensor& ids)>;
 
+struct PerplexityProgress {
+  int64_t windows_done = 0, windows_total = 0;
+  int64_t tokens_scored = 0, tokens_total = 0;  // tokens_total: all the windows will score (n - 1)
+};
+
 struct PerplexityOptions {
   int64_t max_length = 1024;  // tokens per window, >= 2
   int64_t stride = 512;       // 1 .. max_length
@@ -30,9 +35,14 @@ struct PerplexityResult {
   int64_t max_length = 0, stride = 0;  // the options used, reported with the figure
 };
 
+// The number of windows that score a token over `tokens` ids (the forwards the function runs).
+int64_t perplexity_windows(int64_t tokens, const PerplexityOptions& options);
+
 // tokens: 1-D int64, at least 2. Throws qforge::Error for bad options, logits of the wrong shape,
 // token ids outside the vocabulary, or non-finite logits.
+// on_window (when set) is called after each scored window.
 PerplexityResult sliding_window_perplexity(const CausalLmForward& forward, const at::Tensor& tokens,
-                                           const PerplexityOptions& options = {});
+                                           const PerplexityOptions& options = {},
+                                           const std::function<void(const PerplexityProgress&)>& on_window = {});
 
 }  // namespace qforge::models

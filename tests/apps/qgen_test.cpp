@@ -1,17 +1,22 @@
 // qgen as a user runs it: greedy decoding of the committed tiny HF folder gives the ids
 // llama_reference.py's float forward gives (expected_greedy.json), a sampling seed reproduces its
 // text, --weights w8 freezes and runs, a qtrain run directory with a trained BPE tokenizer loads
-// and generates, and bad input exits 1 or 2 with the reason.
+// and generates, --perplexity scores a text file as the PyTorch reference does over the Hugging
+// Face guide's windows (expected_greedy.json again), the report's decode rate, resident memory and
+// warnings hold, and bad input exits 1 or 2 with the reason.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <vector>
 
 namespace fs = std::filesystem;
 
@@ -76,6 +81,115 @@ TEST(Qgen, ASamplingSeedReproducesItsTextAndW8Freezes) {
   EXPECT_EQ(w8.err.find("0.000 MB packed weights"), std::string::npos) << w8.err;
 }
 
+// The number after `key` in `text` (NaN when the key is absent).
+double number_after(const std::string& text, const std::string& key) {
+  const size_t at = text.find(key);
+  return at == std::string::npos ? std::nan("") : std::atof(text.c_str() + at + key.size());
+}
+
+fs::path write_file(const std::string& name, const std::string& bytes) {
+  const fs::path p = fs::temp_directory_path() / ("qforge_qgen_" + std::to_string(::getpid()) + "_" + name);
+  std::ofstream(p, std::ios::binary) << bytes;
+  return p;
+}
+
+// The decode rate is the decode time's, printing excluded and reported apart; the process's
+// resident memory (VmRSS, VmHWM) stands beside the tensor bytes.
+TEST(Qgen, ReportsTheDecodeRateWithoutPrintingAndTheResidentMemory) {
+  const Outcome r = qgen(kFolder + " --prompt 'Hello world' --max-new-tokens 48 --eos 100000");  // no stop at eos
+  ASSERT_EQ(r.code, 0) << r.err;
+  const size_t at = r.err.find("decode 47 tokens in ");
+  ASSERT_NE(at, std::string::npos) << r.err;
+  const std::string decode = r.err.substr(at);
+  const double seconds = number_after(decode, "decode 47 tokens in "), rate = number_after(decode, " s (");
+  const double printing = number_after(decode, "tokens/s; printing took ");
+  ASSERT_TRUE(std::isfinite(seconds) && std::isfinite(printing)) << r.err;
+  EXPECT_GE(printing, 0.0) << r.err;
+  if (seconds > 0.002) {  // printed to the millisecond: the rate is 47 over that time, within its rounding
+    EXPECT_GE(rate, 47 / (seconds + 0.0005) - 0.05) << r.err;
+    EXPECT_LE(rate, 47 / (seconds - 0.0005) + 0.05) << r.err;
+  }
+  const double rss = number_after(r.err, "process resident memory "), hwm = number_after(r.err, "MB now (VmRSS), ");
+  const double model = number_after(r.err, "qgen: model ");
+  EXPECT_GT(rss, model) << r.err;  // LibTorch alone is tens of MB
+  EXPECT_GE(hwm, rss) << r.err;
+  EXPECT_NE(r.err.find("MB at peak (VmHWM)"), std::string::npos) << r.err;
+}
+
+// Greedy decoding ignores the options that shape a sampled distribution, and says so.
+TEST(Qgen, TopKOrTopPWithoutTemperatureWarnsThatGreedyIgnoresThem) {
+  const std::string args = kFolder + " --prompt 'Hello world' --max-new-tokens 4 --print-ids";
+  const Outcome plain = qgen(args), top = qgen(args + " --top-k 5 --top-p 0.5");
+  ASSERT_EQ(top.code, 0) << top.err;
+  EXPECT_NE(top.err.find("qgen: warning: --top-k, --top-p ignored: decoding is greedy at --temperature 0"),
+            std::string::npos) << top.err;
+  EXPECT_EQ(new_ids(top.err), new_ids(plain.err));
+  EXPECT_EQ(plain.err.find("warning"), std::string::npos) << plain.err;
+  const Outcome sampled = qgen(args + " --top-k 5 --temperature 1");
+  ASSERT_EQ(sampled.code, 0) << sampled.err;
+  EXPECT_EQ(sampled.err.find("warning"), std::string::npos) << sampled.err;
+}
+
+// qgen --perplexity on a file holding the prompt's text: the ids expected_greedy.json lists, scored
+// in the windows make_qgen_fixture.py used, give its PyTorch perplexity; progress goes to stderr.
+TEST(Qgen, PerplexityOfATextFileEqualsThePyTorchReference) {
+  std::ifstream in(kFolder + "/expected_greedy.json");
+  const nlohmann::json want = nlohmann::json::parse(in);
+  const fs::path file = write_file("ppl.txt", want["prompt"].get<std::string>());
+  ASSERT_EQ(want["perplexity"].size(), 2u);
+  for (const auto& w : want["perplexity"]) {
+    const std::string window = std::to_string(w["max_length"].get<int64_t>()), stride = std::to_string(w["stride"].get<int64_t>());
+    const Outcome r = qgen(kFolder + " --perplexity " + file.string() + " --window " + window + " --stride " + stride);
+    ASSERT_EQ(r.code, 0) << r.err;
+    const double got = number_after(r.out, "qgen: perplexity "), expect = w["perplexity"].get<double>();
+    EXPECT_LT(std::abs(got - expect) / expect, 1e-4) << r.out << "window " << window;
+    EXPECT_NE(r.out.find("over " + std::to_string(w["tokens_scored"].get<int64_t>()) + " tokens of " + file.string()),
+              std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("windows of " + window + ", stride " + stride), std::string::npos) << r.out;
+    EXPECT_NE(r.err.find("qgen: perplexity window 1/"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find(", ETA "), std::string::npos) << r.err;
+  }
+  // 8 tokens a window, every 4: windows [0, 8), [4, 12), [8, 16), the last one reported too.
+  const Outcome three = qgen(kFolder + " --perplexity " + file.string() + " --window 8 --stride 4");
+  EXPECT_NE(three.err.find("window 3/3, 15/15 tokens scored"), std::string::npos) << three.err;
+  // The default window (min(1024, max_position_embeddings 128)) holds the 16 tokens at once.
+  const Outcome whole = qgen(kFolder + " --perplexity " + file.string());
+  ASSERT_EQ(whole.code, 0) << whole.err;
+  EXPECT_NE(whole.out.find("in 1 windows of 128, stride 64"), std::string::npos) << whole.out;
+  const double one = want["perplexity"][1]["perplexity"].get<double>();
+  EXPECT_LT(std::abs(number_after(whole.out, "qgen: perplexity ") - one) / one, 1e-4) << whole.out;
+  fs::remove(file);
+}
+
+TEST(Qgen, PerplexityRefusesEmptyNonUtf8AndTooShortFilesAndBadWindows) {
+  const fs::path empty = write_file("empty.txt", ""), latin1 = write_file("latin1.txt", "caf\xE9 au lait"),
+                 one = write_file("one.txt", "a"), text = write_file("text.txt", "Hello, World!");
+  Outcome r = qgen(kFolder + " --perplexity " + empty.string());
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find(empty.string() + ": the file is empty; nothing to score"), std::string::npos) << r.err;
+  r = qgen(kFolder + " --perplexity " + latin1.string());
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find(latin1.string() + ": invalid UTF-8 at byte 3"), std::string::npos) << r.err;
+  r = qgen(kFolder + " --perplexity " + one.string());
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("encodes to 1 token(s); perplexity needs at least 2"), std::string::npos) << r.err;
+  r = qgen(kFolder + " --perplexity /nonexistent/qforge.txt");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("--perplexity /nonexistent/qforge.txt: not a file"), std::string::npos) << r.err;
+  r = qgen(kFolder + " --perplexity " + text.string() + " --window 129");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("--window 129 exceeds the model's max_position_embeddings 128"), std::string::npos) << r.err;
+  r = qgen(kFolder + " --perplexity " + text.string() + " --window 8 --stride 9");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("--stride 9 exceeds the window of 8 tokens"), std::string::npos) << r.err;
+  EXPECT_EQ(qgen(kFolder + " --perplexity " + text.string() + " --prompt hi").code, 2);
+  EXPECT_EQ(qgen(kFolder + " --prompt hi --window 8").code, 2);  // --window needs --perplexity
+  r = qgen(kFolder);
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("give --prompt TEXT or --perplexity FILE"), std::string::npos) << r.err;
+  for (const fs::path& p : {empty, latin1, one, text}) fs::remove(p);
+}
+
 TEST(Qgen, BadInputExitsWithTheReason) {
   Outcome r = qgen("/nonexistent/qforge_model --prompt hi");
   EXPECT_EQ(r.code, 1);
@@ -92,6 +206,32 @@ TEST(Qgen, BadInputExitsWithTheReason) {
   r = qgen(QFORGE_SOURCE_DIR + std::string("/tests/models/fixtures --prompt hi"));
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.err.find("neither an HF folder (config.json) nor a qforge run directory"), std::string::npos) << r.err;
+}
+
+// A run that read its tokenizer from data.tokenizer.file (its recipe rewritten so) whose file has
+// moved since: qgen takes the copy the run directory holds, and without it names both paths.
+void expect_moved_tokenizer_file_replaced_by_the_copy_or_named(const fs::path& dir, const std::vector<int64_t>& ids) {
+  std::ifstream in(dir / "recipe.resolved.yaml");
+  const std::string yaml((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const size_t begin = yaml.find("\n  tokenizer:");  // a flow map or a block below
+  ASSERT_NE(begin, std::string::npos) << yaml;
+  size_t end = begin + 1;
+  do end = yaml.find('\n', end + 1);
+  while (end != std::string::npos && yaml.compare(end + 1, 4, "    ") == 0);
+  const std::string moved = (dir / "moved" / "tokenizer.json").string();
+  std::ofstream(dir / "recipe.resolved.yaml") << yaml.substr(0, begin) + "\n  tokenizer: {file: " + moved + "}" +
+                                                     yaml.substr(end);
+  const Outcome copy = qgen(dir.string() + " --prompt 'Q: What' --max-new-tokens 6 --print-ids");
+  ASSERT_EQ(copy.code, 0) << copy.err;
+  EXPECT_EQ(new_ids(copy.err), ids) << copy.err;
+  fs::rename(dir / "tokenizer.json", dir / "tokenizer.away");
+  const Outcome gone = qgen(dir.string() + " --prompt 'Q: What' --max-new-tokens 6");
+  EXPECT_EQ(gone.code, 1);
+  EXPECT_NE(gone.err.find("data.tokenizer.file " + moved + " does not exist (moved?) and the run directory holds no "
+                          "copy (" + (dir / "tokenizer.json").string() + " or tokenizer.model)"),
+            std::string::npos) << gone.err;
+  fs::rename(dir / "tokenizer.away", dir / "tokenizer.json");
+  std::ofstream(dir / "recipe.resolved.yaml") << yaml;
 }
 
 // qtrain on the llama task with a trained BPE tokenizer writes a run directory qgen loads: the
@@ -115,6 +255,7 @@ TEST(Qgen, LoadsAQtrainRunDirectoryWithItsTrainedTokenizer) {
   const Outcome again = qgen(dir.string() + " --prompt 'Q: What' --max-new-tokens 6 --weights w8");
   EXPECT_EQ(again.code, 1);
   EXPECT_NE(again.err.find("already quantized and frozen"), std::string::npos) << again.err;
+  expect_moved_tokenizer_file_replaced_by_the_copy_or_named(dir, new_ids(r.err));
 
   // The hook follows what the run recorded, not the recipe: a recipe asking for ptq.rotate whose
   // report.json has no rotation (calibrate skipped by --stages) holds unrotated weights.

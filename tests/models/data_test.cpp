@@ -2,10 +2,12 @@
 // Tests on the real files are skipped (with the package to install) when a package is absent.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -102,6 +104,43 @@ TEST(LanguageId, WordListsAreLowercaseUtf8Letters) {
     ASSERT_EQ(w.find_first_of("ABCDEFGHIJKLMNOPQRSTUVWXYZ'- 0123456789"), std::string::npos) << w;
     ASSERT_EQ(decode_utf8_or_latin1(w), decode_utf8_or_latin1(encode_utf8(decode_utf8_or_latin1(w))));
   }
+}
+
+// Which words count as shared, against a count of the lists holding each word: three crafted lists
+// (one word in all three, some in two, one with an uppercase twin) keep exactly their own words.
+TEST(LanguageId, SharedWordsAreThoseOfSeveralListsAsACountSays) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("qforge_lid_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::vector<std::vector<std::string>> lists = {
+      {"common", "apple", "Cat", "dog", "aa", "ab", "ac", "ad", "ae", "af", "ag", "ah", "ai", "aj", "ak", "al"},
+      {"common", "cat", "dog", "ba", "bb", "bc", "bd", "be", "bf", "bg", "bh", "bi", "bj", "bk", "bl", "ab"},
+      {"common", "dog", "zz", "ca", "cb", "cc", "cd", "ce", "cf", "cg", "ch", "ci", "cj", "ck", "cl", "ba"}};
+  LanguageIdOptions o;
+  o.languages.clear();
+  for (size_t l = 0; l < lists.size(); ++l) {
+    const std::string path = (dir / ("list" + std::to_string(l))).string();
+    std::ofstream f(path);
+    for (const auto& w : lists[l]) f << w << "\n";
+    o.languages.push_back({"L" + std::to_string(l), path, "none"});
+  }
+  o.words_per_language = 0, o.train_per_language = 4, o.validation_per_language = 1, o.test_per_language = 1;
+  const LanguageId d = load_language_id(o);
+  std::map<std::string, int> holders;
+  for (const auto& l : o.languages)
+    for (const auto& w : read_word_list(l)) ++holders[w];
+  int64_t shared = 0;
+  for (const auto& [w, n] : holders) shared += n > 1;
+  EXPECT_EQ(d.shared_words_removed, shared);
+  EXPECT_EQ(shared, 5);  // common, cat, dog, ab, ba
+  for (size_t l = 0; l < lists.size(); ++l) {
+    std::set<std::string> kept(d.train_words[l].begin(), d.train_words[l].end()), own;
+    kept.insert(d.validation_words[l].begin(), d.validation_words[l].end());
+    kept.insert(d.test_words[l].begin(), d.test_words[l].end());
+    for (const auto& w : read_word_list(o.languages[l]))
+      if (holders[w] == 1) own.insert(w);
+    EXPECT_EQ(kept, own) << o.languages[l].name;
+  }
+  std::filesystem::remove_all(dir);
 }
 
 TEST(LanguageId, MissingWordListNamesTheDebianPackage) {

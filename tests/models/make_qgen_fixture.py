@@ -3,12 +3,16 @@
 model.safetensors with random weights, tokenizer.json: the committed GPT-2-style test tokenizer,
 vocabulary 800 with <|endoftext|> 799) and expected_greedy.json: the prompt, its ids (from the
 tokenizer fixture's expected encodings) and the 8 ids greedy decoding gives after it, computed by
-llama_reference.py's float forward (no KV cache, full sequence each step).
+llama_reference.py's float forward (no KV cache, full sequence each step), and the perplexity of the
+prompt's ids over the windows of Hugging Face's "Perplexity of fixed-length models" guide (each
+scored token's exact NLL summed, docs/llm.md "Perplexity") for the windows qgen_test passes to
+`qgen --perplexity` (a file holding the prompt's text).
 
     /usr/bin/python3 tests/models/make_qgen_fixture.py [--check]
 """
 import argparse
 import json
+import math
 import os
 import shutil
 import sys
@@ -31,6 +35,7 @@ CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_s
           "max_position_embeddings": 128, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
           "tie_word_embeddings": True, "bos_token_id": 799, "eos_token_id": 799, "hidden_act": "silu"}
 NEW_TOKENS = 8
+WINDOWS = [(8, 4), (16, 16)]  # (max_length, stride) runs of qgen --perplexity in qgen_test
 
 
 def greedy(c, w, ids):
@@ -42,10 +47,39 @@ def greedy(c, w, ids):
     return out[len(ids):]
 
 
+def perplexity(c, w, ids, max_length, stride):
+    # The guide's windows: each scores the tokens the previous one did not reach, the window's
+    # first token never (nothing in the window predicts it).
+    nll, scored, prev_end = 0.0, 0, 0
+    with torch.no_grad():
+        for begin in range(0, len(ids), stride):
+            end = min(begin + max_length, len(ids))
+            first = max(prev_end, begin + 1)
+            if first < end:
+                logp = torch.log_softmax(ref.forward(c, w, torch.tensor([ids[begin:end]]))[0].double(), -1)
+                nll -= sum(float(logp[p - 1 - begin, ids[p]]) for p in range(first, end))
+                scored += end - first
+            prev_end = end
+            if end == len(ids):
+                break
+    return {"max_length": max_length, "stride": stride, "tokens_scored": scored, "perplexity": math.exp(nll / scored)}
+
+
 def expected(c, w):
     with open(EXPECTED) as f:
         case = json.load(f)[1]  # "Hello, World! HELLO world."
-    return {"prompt": case["text"], "prompt_ids": case["ids"], "greedy_ids": greedy(c, w, case["ids"])}
+    return {"prompt": case["text"], "prompt_ids": case["ids"], "greedy_ids": greedy(c, w, case["ids"]),
+            "perplexity": [perplexity(c, w, case["ids"], m, s) for m, s in WINDOWS]}
+
+
+def same(stored, want):
+    # Ids exactly; perplexities to float64 rounding of a float32 forward on another machine.
+    close = len(stored.get("perplexity", [])) == len(want["perplexity"]) and all(
+        {k: a[k] for k in a if k != "perplexity"} == {k: b[k] for k in b if k != "perplexity"}
+        and abs(a["perplexity"] - b["perplexity"]) <= 1e-6 * b["perplexity"]
+        for a, b in zip(stored["perplexity"], want["perplexity"]))
+    return close and {k: v for k, v in stored.items() if k != "perplexity"} == {
+        k: v for k, v in want.items() if k != "perplexity"}
 
 
 def main():
@@ -57,9 +91,9 @@ def main():
     if args.check:
         w = {k: v.float() for k, v in ref.read_folder_weights(FOLDER).items()}
         with open(os.path.join(FOLDER, "expected_greedy.json")) as f:
-            same = json.load(f) == expected(c, w)
-        print("expected_greedy.json:", "reproduced" if same else "DIFFERS")
-        return 0 if same else 1
+            reproduced = same(json.load(f), expected(c, w))
+        print("expected_greedy.json:", "reproduced" if reproduced else "DIFFERS")
+        return 0 if reproduced else 1
     os.makedirs(FOLDER, exist_ok=True)
     with open(os.path.join(FOLDER, "config.json"), "w") as f:
         json.dump(CONFIG, f, indent=2)
