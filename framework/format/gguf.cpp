@@ -1,5 +1,6 @@
 #include "framework/format/gguf.h"
 
+#include <cctype>
 #include <cstring>
 #include <set>
 
@@ -238,6 +239,15 @@ const GgufTensor* GgufFile::tensor(const std::string& name) const {
 const char* ggml_type_name(GgmlType type) {
   const TypeInfo* i = find_type(static_cast<uint32_t>(type));
   return i ? i->name : "unknown";
+}
+
+GgmlType ggml_type_named(const std::string& name) {
+  std::string upper = name;
+  for (char& c : upper) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  for (const TypeInfo& i : kTypes)
+    if (upper == i.name) return i.type;
+  QF_REQUIRE(false, "gguf: no ggml type '", name, "' (F32, F16, Q8_0 and Q4_0 are written)");
+  return GgmlType::kF32;
 }
 
 uint64_t ggml_nbytes(GgmlType type, const std::vector<uint64_t>& ne, const std::string& who) {

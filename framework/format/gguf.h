@@ -77,6 +77,8 @@ struct GgufFile {
 // Bytes of a tensor of `type` with shape `ne`; throws when ne[0] is not a multiple of the block.
 uint64_t ggml_nbytes(GgmlType type, const std::vector<uint64_t>& ne, const std::string& who);
 const char* ggml_type_name(GgmlType type);
+// The type of a name, any case ("q8_0", "F16"); throws naming the types qforge writes.
+GgmlType ggml_type_named(const std::string& name);
 
 // The file's bytes. Throws qforge::Error for duplicate keys or names, a tensor whose data size
 // disagrees with its type and shape, or an alignment that is not a positive multiple of 8.
