@@ -171,4 +171,35 @@ at::Tensor decode_gguf_tensor(const GgufTensor& t) {
   return out;
 }
 
+void decode_gguf_codes(const GgufTensor& t, at::Tensor* codes, at::Tensor* scales) {
+  QF_REQUIRE(t.type == GgmlType::kQ8_0 || t.type == GgmlType::kQ4_0, "gguf: tensor '", t.name, "' is ",
+             ggml_type_name(t.type), ", not Q8_0 / Q4_0 codes");
+  QF_REQUIRE(t.ne.size() == 2, "gguf: tensor '", t.name, "': codes are read from matrices, it has ", t.ne.size(),
+             " dimensions");
+  QF_REQUIRE(t.data.size() == ggml_nbytes(t.type, t.ne, "gguf: tensor '" + t.name + "'"), "gguf: tensor '", t.name,
+             "' holds ", t.data.size(), " bytes, not its shape's");
+  const auto rows = static_cast<int64_t>(t.ne[1]), nb = static_cast<int64_t>(t.ne[0]) / kGgmlBlock;
+  *codes = at::empty({rows, nb * kGgmlBlock}, at::kChar);
+  *scales = at::empty({rows, nb}, at::kFloat);
+  int8_t* q = codes->data_ptr<int8_t>();
+  float* d = scales->data_ptr<float>();
+  const uint8_t* p = t.data.data();
+  for (int64_t b = 0; b < rows * nb; ++b, q += kGgmlBlock) {
+    if (t.type == GgmlType::kQ8_0) {
+      GgmlBlockQ8_0 blk;
+      std::memcpy(&blk, p + b * sizeof(blk), sizeof(blk));
+      d[b] = from_fp16(blk.d);
+      std::memcpy(q, blk.qs, kGgmlBlock);
+    } else {
+      GgmlBlockQ4_0 blk;
+      std::memcpy(&blk, p + b * sizeof(blk), sizeof(blk));
+      d[b] = from_fp16(blk.d);
+      for (int64_t j = 0; j < kGgmlBlock / 2; ++j) {
+        q[j] = static_cast<int8_t>((blk.qs[j] & 0x0F) - 8);
+        q[j + kGgmlBlock / 2] = static_cast<int8_t>((blk.qs[j] >> 4) - 8);
+      }
+    }
+  }
+}
+
 }  // namespace qforge::io

@@ -42,4 +42,9 @@ GgufTensor encode_gguf_codes(const std::string& name, const at::Tensor& codes, c
 // The float32 values a GGUF tensor stands for, with torch's shape (ne reversed).
 at::Tensor decode_gguf_tensor(const GgufTensor& t);
 
+// The inverse of encode_gguf_codes for a 2-D Q8_0 / Q4_0 tensor: `codes` int8 [rows, K] (Q4_0:
+// nibble - 8, in [-8, 7]) and `scales` float32 [rows, K / 32] (the blocks' fp16 d, any sign), so
+// decode_gguf_tensor(t) = codes * scales per block. Throws for other types or shapes.
+void decode_gguf_codes(const GgufTensor& t, at::Tensor* codes, at::Tensor* scales);
+
 }  // namespace qforge::io
