@@ -60,8 +60,9 @@ class Builder {
   void float_matrix(const std::string& name, const at::Tensor& w, const RowMap& rows = {}) {
     GgmlType type = options_.float_type;
     std::string note = "float";
-    if (type != GgmlType::kF32 && type != GgmlType::kF16 && w.size(-1) % io::kGgmlBlock != 0)
-      type = GgmlType::kF32, note = "float, rows not a multiple of 32: F32 instead of " +
+    const auto block = static_cast<int64_t>(io::ggml_block_elements(type));
+    if (w.size(-1) % block != 0)
+      type = GgmlType::kF32, note = "float, rows not a multiple of " + std::to_string(block) + ": F32 instead of " +
                                     std::string(io::ggml_type_name(options_.float_type));
     add(io::encode_gguf_tensor(name, rows ? rows(w) : w, type), note);
   }

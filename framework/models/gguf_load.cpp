@@ -225,8 +225,10 @@ void fill(torch::nn::Module& model, const io::GgufFile& f, const std::string& so
     QF_REQUIRE(at::isfinite(v).all().item<bool>(), "gguf load: ", source, ": tensor '", t->name, "' holds NaN or inf");
     if (const int64_t heads = rope_heads(p.key())) v = gguf_rope_rows(v, heads, false);
     p.value().copy_(v);
-    if (quantized(t)) frozen.emplace_back(p.key(), t);
-    else lines->push_back(t->name + " " + io::ggml_type_name(t->type) + " -> " + p.key() + " (float)");
+    const bool codes = t->type == GgmlType::kQ8_0 || t->type == GgmlType::kQ4_0;
+    if (codes) frozen.emplace_back(p.key(), t);
+    else lines->push_back(t->name + " " + io::ggml_type_name(t->type) + " -> " + p.key() +
+                          (quantized(t) ? " (float: dequantized, qforge has no 6-bit grid)" : " (float)"));
   }
   for (const GgufTensor& t : f.tensors)
     QF_REQUIRE(used.count(t.name), "gguf load: ", source, ": tensor '", t.name, "' is not part of qforge's model ",

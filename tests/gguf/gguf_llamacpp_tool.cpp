@@ -16,6 +16,7 @@
 #include "framework/io/model_io.h"
 #include "framework/models/generation.h"
 #include "framework/models/gguf_export.h"
+#include "framework/models/gguf_load.h"
 #include "framework/pipeline/pipeline.h"
 #include "framework/recipe/task.h"
 #include "tests/gguf/gguf_models.h"
@@ -137,6 +138,26 @@ int main(int argc, char** argv) {
     sharpen(*tied);
     cases.push_back(run_case("llama_tied_f32", tied, {}, dir, "F32 of a float model with a tied head"));
     cases.push_back(recipe_case(dir));
+    // Q6_K (rows of 256): qforge computes with the file's decoded weights, read back by load_gguf.
+    qm::LlamaConfig wide = qm::tiny_gguf_llama()->config;
+    wide.hidden_size = 256, wide.intermediate_size = 512;
+    at::manual_seed(14);
+    qm::LlamaForCausalLM w(wide);
+    w->init_weights();
+    sharpen(*w);
+    {
+      // Rows four times wider: matrices scaled by 2 instead of 4 and the final norm by 4 instead of 8
+      // keep the pre-activations' and logits' spread of the 64-wide models.
+      at::NoGradGuard ng;
+      for (auto& p : w->named_parameters())
+        if (p.value().dim() == 2 || p.key() == "model.norm.weight") p.value().div_(2.0);
+    }
+    qm::GgufExportOptions q6;
+    q6.float_type = qforge::io::GgmlType::kQ6_K;
+    const qm::GgufExportReport r6 = qm::export_gguf(w, dir + "/llama256_float_q6_k.gguf", q6);
+    qm::LlamaForCausalLM decoded = qm::load_gguf(dir + "/llama256_float_q6_k.gguf").llama;
+    cases.push_back(qforge_case("llama256_float_q6_k", decoded, "llama256_float_q6_k.gguf",
+                                "Q6_K (qforge's quantizer) of a float model, qforge on the decoded weights", r6.str()));
     std::ofstream(dir + "/manifest.json") << nlohmann::json{{"cases", cases}}.dump(1);
   } catch (const std::exception& e) {
     std::cerr << "gguf_llamacpp_tool: " << e.what() << "\n";

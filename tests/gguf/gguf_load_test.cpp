@@ -120,6 +120,27 @@ TEST(GgufLoad, GgmlQuantizedFloatsBecomeFrozenLayersWithTheFilesValues) {
   }
 }
 
+TEST(GgufLoad, Q6KMatricesLoadAsTheirDecodedValues) {
+  LlamaConfig c = tiny_gguf_llama()->config;
+  c.hidden_size = 256, c.intermediate_size = 512;
+  at::manual_seed(5);
+  LlamaForCausalLM m(c);
+  m->init_weights();
+  GgufExportOptions o;
+  o.float_type = GgmlType::kQ6_K;
+  const io::GgufFile f = gguf_of(m, o);
+  EXPECT_EQ(f.tensor("blk.0.ffn_down.weight")->type, GgmlType::kQ6_K);
+  const GgufModel l = round_trip(f);
+  const auto& down = *l.llama->model->layers->ptr(0)->as<LlamaDecoderLayerImpl>()->mlp->down_proj;
+  EXPECT_FALSE(down.frozen());
+  EXPECT_TRUE(at::equal(down.weight, io::decode_gguf_tensor(*f.tensor("blk.0.ffn_down.weight"))));
+  EXPECT_TRUE(std::any_of(l.lines.begin(), l.lines.end(), [](const std::string& line) {
+    return line == "blk.0.ffn_down.weight Q6_K -> model.layers.0.mlp.down_proj.weight (float: dequantized, qforge has no 6-bit grid)";
+  }));
+  // Six-bit weights against the float model (logits of magnitude ~1): a few percent.
+  EXPECT_LT((logits(l.llama) - logits(m)).abs().max().item<double>(), 0.15);
+}
+
 TEST(GgufLoad, TruncatedAndFlippedFilesAreErrorsNeverCrashes) {
   const std::vector<uint8_t> bytes = io::serialize_gguf(gguf_of(tiny_gguf_llama()));
   const size_t header = bytes.size() - [&] {
