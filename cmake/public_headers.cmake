@@ -45,6 +45,7 @@ set(QFORGE_PUBLIC_HEADERS
   framework/models/perplexity.h
   framework/models/sampling.h
   framework/models/gguf_export.h
+  framework/models/gguf_load.h
   framework/models/gguf_imatrix.h
   framework/format/gguf.h
   framework/format/imatrix_file.h

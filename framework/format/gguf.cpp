@@ -1,5 +1,6 @@
 #include "framework/format/gguf.h"
 
+#include <cctype>
 #include <cstring>
 #include <set>
 
@@ -20,12 +21,14 @@ struct TypeInfo {
   uint64_t block;  // elements per block
   uint64_t bytes;  // bytes per block
 };
-// ggml's block sizes: F16 2 bytes; Q8_0 = fp16 scale + 32 int8; Q4_0 = fp16 scale + 16 bytes of nibbles.
+// ggml's block sizes: F16 2 bytes; Q8_0 = fp16 scale + 32 int8; Q4_0 = fp16 scale + 16 bytes of nibbles;
+// Q6_K = 256 six-bit values, 16 int8 sub-block scales and an fp16 super-block scale.
 constexpr TypeInfo kTypes[] = {
     {GgmlType::kF32, "F32", 1, 4},
     {GgmlType::kF16, "F16", 1, 2},
     {GgmlType::kQ4_0, "Q4_0", 32, 18},
     {GgmlType::kQ8_0, "Q8_0", 32, 34},
+    {GgmlType::kQ6_K, "Q6_K", 256, 210},  // block_q6_K: ql[128], qh[64], int8 scales[16], fp16 d
 };
 
 const TypeInfo* find_type(uint32_t t) {
@@ -240,10 +243,25 @@ const char* ggml_type_name(GgmlType type) {
   return i ? i->name : "unknown";
 }
 
+uint64_t ggml_block_elements(GgmlType type) {
+  const TypeInfo* i = find_type(static_cast<uint32_t>(type));
+  QF_REQUIRE(i, "gguf: ggml type ", static_cast<uint32_t>(type), " is not one qforge reads or writes");
+  return i->block;
+}
+
+GgmlType ggml_type_named(const std::string& name) {
+  std::string upper = name;
+  for (char& c : upper) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  for (const TypeInfo& i : kTypes)
+    if (upper == i.name) return i.type;
+  QF_REQUIRE(false, "gguf: no ggml type '", name, "' (F32, F16, Q8_0, Q4_0 and Q6_K are written)");
+  return GgmlType::kF32;
+}
+
 uint64_t ggml_nbytes(GgmlType type, const std::vector<uint64_t>& ne, const std::string& who) {
   const TypeInfo* info = find_type(static_cast<uint32_t>(type));
   QF_REQUIRE(info, who, ": ggml type ", static_cast<uint32_t>(type),
-             " is not one qforge reads or writes (F32, F16, Q8_0, Q4_0)");
+             " is not one qforge reads or writes (F32, F16, Q8_0, Q4_0, Q6_K)");
   QF_REQUIRE(!ne.empty(), who, ": a tensor needs at least one dimension");
   QF_REQUIRE(ne[0] % info->block == 0, who, ": ", info->name, " needs rows (ne[0] = ", ne[0], ") in multiples of ",
              info->block);

@@ -65,8 +65,62 @@ std::vector<GgmlBlockQ4_0> quantize_q4_0(const float* x, int64_t n) {
 }
 
 void require_blocks(const at::Tensor& t, const std::string& name, GgmlType type) {
-  QF_REQUIRE(t.size(-1) % kGgmlBlock == 0, "gguf: tensor '", name, "' cannot be ", ggml_type_name(type), ": its rows (",
-             t.size(-1), ") are not a multiple of ", kGgmlBlock);
+  const auto block = static_cast<int64_t>(ggml_block_elements(type));
+  QF_REQUIRE(t.size(-1) % block == 0, "gguf: tensor '", name, "' cannot be ", ggml_type_name(type), ": its rows (",
+             t.size(-1), ") are not a multiple of ", block);
+}
+
+// Where value e (0..255) of a Q6_K super-block keeps its bits (gguf_blocks.h): its ql byte, whether
+// the high nibble, its qh byte and the shift of its two high bits there.
+struct Q6Place {
+  int64_t ql, qh;
+  bool high;
+  int shift;
+};
+Q6Place q6_place(int64_t e) {
+  const int64_t h = e / 128, l = e % 32, k = (e % 128) / 32;
+  return {64 * h + l + 32 * (k & 1), 32 * h + l, k >= 2, static_cast<int>(2 * k)};
+}
+
+std::vector<GgmlBlockQ6_K> quantize_q6_k(const float* x, int64_t n) {
+  std::vector<GgmlBlockQ6_K> y(n / kGgmlSuperBlock);
+  constexpr int64_t kSub = 16;
+  for (size_t i = 0; i < y.size(); ++i, x += kGgmlSuperBlock) {
+    GgmlBlockQ6_K& b = y[i];
+    std::memset(&b, 0, sizeof(b));
+    float s[kGgmlSuperBlock / kSub], smax = 0.0f;
+    for (int64_t j = 0; j < kGgmlSuperBlock / kSub; ++j) {
+      float amax = 0.0f;
+      for (int64_t e = 0; e < kSub; ++e) amax = std::max(amax, std::fabs(x[j * kSub + e]));
+      s[j] = amax / 31.0f, smax = std::max(smax, s[j]);
+    }
+    b.d = to_fp16(smax / 127.0f);
+    const float d = from_fp16(b.d);
+    for (int64_t j = 0; j < kGgmlSuperBlock / kSub; ++j) {
+      b.scales[j] = static_cast<int8_t>(d > 0.0f ? std::min(127.0f, std::round(s[j] / d)) : 0.0f);
+      const float step = d * b.scales[j];
+      for (int64_t e = j * kSub; e < (j + 1) * kSub; ++e) {
+        const int q = step > 0.0f ? static_cast<int>(std::clamp(std::round(x[e] / step), -32.0f, 31.0f)) + 32 : 32;
+        const Q6Place p = q6_place(e);
+        b.ql[p.ql] |= static_cast<uint8_t>((q & 0x0F) << (p.high ? 4 : 0));
+        b.qh[p.qh] |= static_cast<uint8_t>((q >> 4) << p.shift);
+      }
+    }
+  }
+  return y;
+}
+
+void decode_q6_k(const uint8_t* p, int64_t n, float* y) {
+  for (int64_t i = 0; i < n / kGgmlSuperBlock; ++i, y += kGgmlSuperBlock) {
+    GgmlBlockQ6_K b;
+    std::memcpy(&b, p + i * sizeof(b), sizeof(b));
+    const float d = from_fp16(b.d);
+    for (int64_t e = 0; e < kGgmlSuperBlock; ++e) {
+      const Q6Place pl = q6_place(e);
+      const int q = ((b.ql[pl.ql] >> (pl.high ? 4 : 0)) & 0x0F) | (((b.qh[pl.qh] >> pl.shift) & 3) << 4);
+      y[e] = d * static_cast<float>(b.scales[e / 16]) * static_cast<float>(q - 32);
+    }
+  }
 }
 
 }  // namespace
@@ -92,6 +146,7 @@ GgufTensor encode_gguf_tensor(const std::string& name, const at::Tensor& t, Ggml
     }
     case GgmlType::kQ8_0: require_blocks(x, name, type), out.data = to_bytes(quantize_q8_0(p, n)); break;
     case GgmlType::kQ4_0: require_blocks(x, name, type), out.data = to_bytes(quantize_q4_0(p, n)); break;
+    case GgmlType::kQ6_K: require_blocks(x, name, type), out.data = to_bytes(quantize_q6_k(p, n)); break;
   }
   return out;
 }
@@ -151,6 +206,8 @@ at::Tensor decode_gguf_tensor(const GgufTensor& t) {
       std::memcpy(&h, p + 2 * i, 2);
       y[i] = from_fp16(h);
     }
+  } else if (t.type == GgmlType::kQ6_K) {
+    decode_q6_k(p, n, y);
   } else if (t.type == GgmlType::kQ8_0) {
     for (int64_t b = 0; b < n / kGgmlBlock; ++b) {
       GgmlBlockQ8_0 blk;
@@ -169,6 +226,37 @@ at::Tensor decode_gguf_tensor(const GgufTensor& t) {
     }
   }
   return out;
+}
+
+void decode_gguf_codes(const GgufTensor& t, at::Tensor* codes, at::Tensor* scales) {
+  QF_REQUIRE(t.type == GgmlType::kQ8_0 || t.type == GgmlType::kQ4_0, "gguf: tensor '", t.name, "' is ",
+             ggml_type_name(t.type), ", not Q8_0 / Q4_0 codes");
+  QF_REQUIRE(t.ne.size() == 2, "gguf: tensor '", t.name, "': codes are read from matrices, it has ", t.ne.size(),
+             " dimensions");
+  QF_REQUIRE(t.data.size() == ggml_nbytes(t.type, t.ne, "gguf: tensor '" + t.name + "'"), "gguf: tensor '", t.name,
+             "' holds ", t.data.size(), " bytes, not its shape's");
+  const auto rows = static_cast<int64_t>(t.ne[1]), nb = static_cast<int64_t>(t.ne[0]) / kGgmlBlock;
+  *codes = at::empty({rows, nb * kGgmlBlock}, at::kChar);
+  *scales = at::empty({rows, nb}, at::kFloat);
+  int8_t* q = codes->data_ptr<int8_t>();
+  float* d = scales->data_ptr<float>();
+  const uint8_t* p = t.data.data();
+  for (int64_t b = 0; b < rows * nb; ++b, q += kGgmlBlock) {
+    if (t.type == GgmlType::kQ8_0) {
+      GgmlBlockQ8_0 blk;
+      std::memcpy(&blk, p + b * sizeof(blk), sizeof(blk));
+      d[b] = from_fp16(blk.d);
+      std::memcpy(q, blk.qs, kGgmlBlock);
+    } else {
+      GgmlBlockQ4_0 blk;
+      std::memcpy(&blk, p + b * sizeof(blk), sizeof(blk));
+      d[b] = from_fp16(blk.d);
+      for (int64_t j = 0; j < kGgmlBlock / 2; ++j) {
+        q[j] = static_cast<int8_t>((blk.qs[j] & 0x0F) - 8);
+        q[j + kGgmlBlock / 2] = static_cast<int8_t>((blk.qs[j] >> 4) - 8);
+      }
+    }
+  }
 }
 
 }  // namespace qforge::io

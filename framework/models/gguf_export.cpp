@@ -60,8 +60,9 @@ class Builder {
   void float_matrix(const std::string& name, const at::Tensor& w, const RowMap& rows = {}) {
     GgmlType type = options_.float_type;
     std::string note = "float";
-    if (type != GgmlType::kF32 && type != GgmlType::kF16 && w.size(-1) % io::kGgmlBlock != 0)
-      type = GgmlType::kF32, note = "float, rows not a multiple of 32: F32 instead of " +
+    const auto block = static_cast<int64_t>(io::ggml_block_elements(type));
+    if (w.size(-1) % block != 0)
+      type = GgmlType::kF32, note = "float, rows not a multiple of " + std::to_string(block) + ": F32 instead of " +
                                     std::string(io::ggml_type_name(options_.float_type));
     add(io::encode_gguf_tensor(name, rows ? rows(w) : w, type), note);
   }
@@ -134,15 +135,32 @@ void Builder::byte_vocabulary(int64_t vocab_size) {
 
 // HF's rotate-half rows of each head -> llama.cpp's interleaved pairs (convert_hf_to_gguf.py's permute).
 RowMap rope_permutation(int64_t heads) {
-  return [heads](const at::Tensor& t) {
-    std::vector<int64_t> shape = t.sizes().vec();
-    std::vector<int64_t> split = {heads, 2, t.size(0) / heads / 2};
-    split.insert(split.end(), shape.begin() + 1, shape.end());
-    return t.reshape(split).transpose(1, 2).reshape(shape).contiguous();
-  };
+  return [heads](const at::Tensor& t) { return gguf_rope_rows(t, heads, /*to_gguf=*/true); };
 }
 
-void check_llama(const LlamaConfig& c) {
+// "model.layers.3.self_attn.q_proj" -> {"3", "self_attn.q_proj"}: the block number and what follows.
+bool split_block(const std::string& path, std::string* block, std::string* rest) {
+  static const char* const kBlocks[] = {"model.layers.", "transformer.h."};
+  for (const char* prefix : kBlocks) {
+    const std::string pre = prefix;
+    if (path.compare(0, pre.size(), pre) != 0) continue;
+    const std::string tail = path.substr(pre.size());
+    const size_t dot = tail.find('.');
+    if (dot == std::string::npos || dot == 0 || tail.find_first_not_of("0123456789") != dot) return false;
+    *block = tail.substr(0, dot), *rest = tail.substr(dot + 1);
+    return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+void check_gguf_exportable(const Gpt2Config& c) {
+  QF_REQUIRE(c.activation_function == "gelu_new" || c.activation_function == "gelu_pytorch_tanh",
+             "gguf export: activation_function '", c.activation_function, "' (llama.cpp's gpt2 uses tanh GELU)");
+}
+
+void check_gguf_exportable(const LlamaConfig& c) {
   QF_REQUIRE(c.model_type == "llama" || c.model_type == "mistral", "gguf export: model_type '", c.model_type,
              "' is not exported (llama and mistral are, as llama.cpp's 'llama' architecture)");
   for (int64_t i = 0; i < c.num_hidden_layers; ++i)
@@ -155,8 +173,6 @@ void check_llama(const LlamaConfig& c) {
   QF_REQUIRE(c.rope_scaling.rope_type == "default" || c.rope_scaling.rope_type == "linear", "gguf export: rope_scaling '",
              c.rope_scaling.rope_type, "' is not exported (default and linear are)");
 }
-
-}  // namespace
 
 std::string GgufExportReport::str() const {
   std::string s;
@@ -184,8 +200,7 @@ std::string gpt2_byte_token(uint8_t b) {
 
 io::GgufFile gguf_of(const Gpt2LMHeadModel& model, const GgufExportOptions& options, GgufExportReport* report) {
   const Gpt2Config& c = model->config;
-  QF_REQUIRE(c.activation_function == "gelu_new" || c.activation_function == "gelu_pytorch_tanh",
-             "gguf export: activation_function '", c.activation_function, "' (llama.cpp's gpt2 uses tanh GELU)");
+  check_gguf_exportable(c);
   Builder b(options);
   b.meta("general.architecture", GgufValue::str("gpt2"));
   if (!options.name.empty()) b.meta("general.name", GgufValue::str(options.name));
@@ -217,7 +232,7 @@ io::GgufFile gguf_of(const Gpt2LMHeadModel& model, const GgufExportOptions& opti
 
 io::GgufFile gguf_of(const LlamaForCausalLM& model, const GgufExportOptions& options, GgufExportReport* report) {
   const LlamaConfig& c = model->config;
-  check_llama(c);
+  check_gguf_exportable(c);
   Builder b(options);
   b.meta("general.architecture", GgufValue::str("llama"));
   if (!options.name.empty()) b.meta("general.name", GgufValue::str(options.name));
@@ -260,24 +275,49 @@ io::GgufFile gguf_of(const LlamaForCausalLM& model, const GgufExportOptions& opt
 }
 
 std::string gguf_weight_name(const std::string& module_path) {
-  // The block prefixes and per-block Linear names gguf_of uses (a test checks they agree).
-  static const char* const kBlocks[] = {"model.layers.", "transformer.h."};
+  // The per-block Linear names gguf_of uses (a test checks they agree).
   static const std::pair<const char*, const char*> kLinears[] = {
       {"self_attn.q_proj", "attn_q"},  {"self_attn.k_proj", "attn_k"}, {"self_attn.v_proj", "attn_v"},
       {"self_attn.o_proj", "attn_output"}, {"mlp.gate_proj", "ffn_gate"}, {"mlp.up_proj", "ffn_up"},
       {"mlp.down_proj", "ffn_down"},   {"attn.c_attn", "attn_qkv"},  {"attn.c_proj", "attn_output"},
       {"mlp.c_fc", "ffn_up"},          {"mlp.c_proj", "ffn_down"}};
   if (module_path == "lm_head") return "output.weight";
-  for (const char* prefix : kBlocks) {
-    const std::string pre = prefix;
-    if (module_path.compare(0, pre.size(), pre) != 0) continue;
-    const std::string rest = module_path.substr(pre.size());
-    const size_t dot = rest.find('.');
-    if (dot == std::string::npos || dot == 0 || rest.find_first_not_of("0123456789") != dot) return "";
-    for (const auto& [suffix, name] : kLinears)
-      if (rest.substr(dot + 1) == suffix) return "blk." + rest.substr(0, dot) + "." + name + ".weight";
-  }
+  std::string block, rest;
+  if (!split_block(module_path, &block, &rest)) return "";
+  for (const auto& [suffix, name] : kLinears)
+    if (rest == suffix) return "blk." + block + "." + name + ".weight";
   return "";
+}
+
+std::string gguf_tensor_name(const std::string& parameter_path) {
+  static const std::pair<const char*, const char*> kModules[] = {
+      {"transformer.wte", "token_embd"}, {"transformer.wpe", "position_embd"}, {"transformer.ln_f", "output_norm"},
+      {"model.embed_tokens", "token_embd"}, {"model.norm", "output_norm"}};
+  static const std::pair<const char*, const char*> kNorms[] = {
+      {"ln_1", "attn_norm"}, {"ln_2", "ffn_norm"}, {"input_layernorm", "attn_norm"}, {"post_attention_layernorm", "ffn_norm"}};
+  const size_t dot = parameter_path.rfind('.');
+  if (dot == std::string::npos) return "";
+  const std::string module = parameter_path.substr(0, dot), leaf = parameter_path.substr(dot + 1);
+  if (leaf != "weight" && leaf != "bias") return "";
+  const std::string linear = gguf_weight_name(module);
+  if (!linear.empty()) return linear.substr(0, linear.size() - std::string("weight").size()) + leaf;
+  for (const auto& [path, name] : kModules)
+    if (module == path) return std::string(name) + "." + leaf;
+  std::string block, rest;
+  if (split_block(module, &block, &rest))
+    for (const auto& [norm, name] : kNorms)
+      if (rest == norm) return "blk." + block + "." + name + "." + leaf;
+  return "";
+}
+
+at::Tensor gguf_rope_rows(const at::Tensor& t, int64_t heads, bool to_gguf) {
+  QF_REQUIRE(heads > 0 && t.dim() >= 1 && t.size(0) % (2 * heads) == 0, "gguf: ", t.size(0),
+             " rows are not ", heads, " heads of an even size");
+  std::vector<int64_t> shape = t.sizes().vec();
+  const int64_t half = t.size(0) / heads / 2;
+  std::vector<int64_t> split = to_gguf ? std::vector<int64_t>{heads, 2, half} : std::vector<int64_t>{heads, half, 2};
+  split.insert(split.end(), shape.begin() + 1, shape.end());
+  return t.reshape(split).transpose(1, 2).reshape(shape).contiguous();
 }
 
 GgufExportReport export_gguf(const Gpt2LMHeadModel& model, const std::string& path, const GgufExportOptions& options) {

@@ -1,10 +1,11 @@
 // export: the files the recipe's export section asks for (calibration dump, checkpoint,
-// safetensors, ONNX; imatrix.gguf with calibrate.imatrix), and why any other was not written.
+// safetensors, ONNX, GGUF; imatrix.gguf with calibrate.imatrix), and why any other was not written.
 #include <cstdio>
 #include <filesystem>
 
 #include "framework/io/calibration_io.h"
 #include "framework/io/model_io.h"
+#include "framework/models/gguf_export.h"
 #include "framework/models/gguf_imatrix.h"
 #include "framework/onnx/export.h"
 #include "framework/pipeline/recipe_checks.h"
@@ -12,6 +13,7 @@
 #include "framework/pipeline/stage_registry.h"
 #include "framework/api/quantize.h"
 #include "framework/recipe/task.h"
+#include "framework/recipe/tasks/task_data.h"
 #include "framework/report/report_json.h"
 
 namespace qforge::pipeline {
@@ -48,6 +50,25 @@ void export_imatrix(RunContext& ctx, const fs::path& dir) {
   if (!skipped.empty()) ctx.report["imatrix"]["not_in_file"] = skipped;
 }
 
+// model.gguf for llama.cpp, with the export's line per tensor (its type and where it came from).
+void export_gguf(RunContext& ctx, const fs::path& dir) {
+  const Recipe::Export::Gguf& g = ctx.recipe.export_.gguf;
+  models::GgufExportOptions o;
+  o.float_type = io::ggml_type_named(g.float_type);
+  o.refuse_wider = g.refuse_wider;
+  models::GgufExportReport rep;
+  const auto gpt2 = std::dynamic_pointer_cast<models::Gpt2LMHeadModelImpl>(ctx.task.model);
+  const auto llama = std::dynamic_pointer_cast<models::LlamaForCausalLMImpl>(ctx.task.model);
+  QF_REQUIRE(gpt2 || llama, "export.gguf: the model is neither a GPT-2 nor a Llama");
+  ctx.report["exported"]["gguf"] = ctx.save((dir / "model.gguf").string(), [&](const std::string& p) {
+    rep = gpt2 ? models::export_gguf(models::Gpt2LMHeadModel(gpt2), p, o)
+               : models::export_gguf(models::LlamaForCausalLM(llama), p, o);
+  });
+  ctx.report["gguf"] = {{"float_type", g.float_type}, {"refuse_wider", g.refuse_wider}, {"tensors", rep.lines}};
+  std::fprintf(stderr, "qtrain: model.gguf: %zu report lines, %.2f MB\n", rep.lines.size(),
+               static_cast<double>(fs::file_size(ctx.report["exported"]["gguf"].get<std::string>())) / 1e6);
+}
+
 nlohmann::json not_exported(const RunContext& ctx) {
   const Recipe::Export& e = ctx.recipe.export_;
   nlohmann::json out = nlohmann::json::object();
@@ -59,6 +80,8 @@ nlohmann::json not_exported(const RunContext& ctx) {
   if (!e.safetensors) out["model.safetensors"] = "export.safetensors is false";
   if (!e.onnx) out["model.onnx"] = "export.onnx is false";
   if (ctx.task.save_torchscript && !e.torchscript) out["model.pt"] = "export.torchscript is false";
+  const std::string& arch = ctx.recipe.model.arch;
+  if ((arch == "gpt2" || arch == "llama") && !e.gguf.enabled) out["model.gguf"] = "export.gguf is not set";
   return out;
 }
 
@@ -74,6 +97,12 @@ void export_onnx(RunContext& ctx, const fs::path& dir) {
                info.file_bytes / 1e6);
 }
 
+// What llama.cpp's architecture cannot express in the config (a Llama's sliding windows, ...), before training.
+void check_gguf_config(const Recipe& r) {
+  if (r.model.arch == "gpt2") models::check_gguf_exportable(tasks::model_config<models::Gpt2Config>(r));
+  if (r.model.arch == "llama") models::check_gguf_exportable(tasks::model_config<models::LlamaConfig>(r));
+}
+
 class ExportStage : public Stage {
  public:
   const char* name() const override { return "export"; }
@@ -86,6 +115,7 @@ class ExportStage : public Stage {
   // per-layer widths; the calibrate stage checks those after quantize().
   void check(RunContext& ctx) const override {
     const Recipe& r = ctx.recipe;
+    if (r.export_.gguf.enabled) check_gguf_config(r);
     if (!r.export_.onnx) return;
     check_onnx_recipe(r, nullptr);
     // The probe's construction draws from the default generator; the run's float model must
@@ -117,6 +147,7 @@ class ExportStage : public Stage {
         io::export_safetensors(*ctx.task.model, p);
       });
     if (r.export_.onnx) export_onnx(ctx, dir);
+    if (r.export_.gguf.enabled) export_gguf(ctx, dir);
     if (ctx.task.save_tokenizer)
       ctx.report["exported"]["tokenizer"] = ctx.save((dir / ctx.task.tokenizer_name).string(), ctx.task.save_tokenizer);
     if (r.export_.torchscript && ctx.task.save_torchscript)

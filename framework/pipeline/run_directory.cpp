@@ -48,7 +48,7 @@ const std::vector<std::string>& run_output_names() {
     std::vector<std::string> n(std::begin(kReportFileNames), std::end(kReportFileNames));
     for (const char* f : {"recipe.resolved.yaml", "recipe.searched.yaml", "model.h5", "calibration.h5",
                           "model.safetensors", "model.onnx", "tokenizer.json", "tokenizer.model",
-                          "model.pt"})
+                          "model.pt", "model.gguf"})
       n.emplace_back(f);
     return n;
   }();
@@ -65,6 +65,7 @@ std::vector<std::string> written_output_names(const Recipe& r) {
     if (e.calibration_dump) out.emplace_back("calibration.h5");
     if (e.safetensors) out.emplace_back("model.safetensors");
     if (e.onnx) out.emplace_back("model.onnx");
+    if (e.gguf.enabled) out.emplace_back("model.gguf");
     if (r.data.tokenizer_vocab_size > 0) out.emplace_back("tokenizer.json");
     if (e.torchscript && !r.model.torchscript.empty()) out.emplace_back("model.pt");
   }

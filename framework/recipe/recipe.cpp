@@ -236,6 +236,9 @@ void check_rotate_partners(const Recipe& r, const Where& w) {
   if (r.export_.safetensors)
     w.problem("export.safetensors", "a rotated model's safetensors need qforge's online down_proj transform, "
                                     "which other readers do not apply; set export.safetensors: false");
+  if (r.export_.gguf.enabled)
+    w.problem("export.gguf", "a rotated model's down_proj needs qforge's online Hadamard transform, which llama.cpp "
+                             "does not apply; drop export.gguf or the rotation");
 }
 
 void read_ptq(Recipe& r, const YAML::Node& pn, const Where& w) {
@@ -305,6 +308,24 @@ void check_freeze(const Recipe& r, const YAML::Node& tree, const Where& w) {
   check_decode_activations(r, w);
 }
 
+// export.gguf: what the GGUF export (framework/models/gguf_export.h) cannot write is refused before any stage runs.
+void check_export_gguf(const Recipe& r, const Where& w) {
+  if (!r.export_.gguf.enabled) return;
+  if (r.model.arch != "gpt2" && r.model.arch != "llama")
+    w.problem("export.gguf", "writes GPT-2 and Llama models (llama.cpp's gpt2 and llama architectures), not model.arch '" +
+                                 r.model.arch + "'");
+  if (!r.quantize)
+    w.problem("export.gguf", "the export stage runs for recipes with a quantize section; add one (float matrices "
+                             "then go to export.gguf.float_type)");
+  else if (any_weights_quantized(r.scheme) && !r.freeze.enabled)
+    w.problem("export.gguf", "GGUF holds frozen integer codes, and freeze.enabled is false: set freeze.enabled: true");
+  if (r.data.tokenizer_vocab_size > 0 || !r.data.tokenizer_file.empty())
+    w.problem("export.gguf", "writes the 256-byte vocabulary only; a data.tokenizer vocabulary is not exported to GGUF");
+  if (r.ptq.enabled && r.ptq.smoothquant)
+    w.problem("export.gguf", "SmoothQuant leaves a pre_quant_scale on each smoothed Linear, which llama.cpp's graph "
+                             "has no place for; drop ptq.smoothquant or export.gguf");
+}
+
 // `weights:` or `activations:` written empty is filled like a missing one (the scheme's effective
 // values), unlike other empty sections (search.budget, ptq.gptq), which stay empty.
 void fill_null_scheme_parts(YAML::Node quantize) {
@@ -350,6 +371,7 @@ Recipe read_recipe(const std::string& path, const YAML::Node& tree, const Where&
     r.scheme.weight_lsq = true;
     r.scheme.activation_lsq = true;
   }
+  r.export_.gguf.enabled = tree["export"] && tree["export"]["gguf"] && tree["export"]["gguf"].IsMap();
   const YAML::Node sn = tree["search"];
   r.search.enabled = sn && sn.IsMap() && sn.size() > 0;
   if (r.search.enabled) read_search(r, sn, w);
@@ -442,6 +464,7 @@ Recipe load_recipe(const std::string& path, const std::vector<std::string>& over
   r.ptq.enabled = pn && pn.IsMap() && pn.size() > 0;
   if (r.ptq.enabled) read_ptq(r, pn, where);
   check_freeze(r, tree, where);
+  check_export_gguf(r, where);
   if (!ctx.issues.empty()) throw RecipeError(ctx.issues);
   r.resolved_yaml = resolved_yaml(r, tree);
   r.sha256 = sha256_hex(r.resolved_yaml);

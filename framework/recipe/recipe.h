@@ -162,6 +162,12 @@ struct Recipe {
     bool safetensors = false;
     bool onnx = false;
     bool torchscript = true;  // model.pt of a TorchScript model (arch torchscript)
+    // export.gguf: model.gguf for llama.cpp (gpt2 and llama tasks), written when the section is present.
+    struct Gguf {
+      bool enabled = false;
+      std::string float_type = "f32";  // float matrices: f32, f16, q8_0, q4_0 or q6_k
+      bool refuse_wider = false;       // a frozen grid with no GGUF form fails instead of going to F32
+    } gguf;
   } export_;
 };
 

@@ -227,5 +227,48 @@ TEST(GgufFormat, AFailedWriteLeavesThePreviousFile) {
   std::filesystem::remove_all(dir);
 }
 
+// ggml's dequantize_row_q6_K, loop for loop: the decoder and the quantizer's packing are checked against it.
+std::vector<float> ggml_dequantize_q6_k(const std::vector<uint8_t>& data, int64_t n) {
+  std::vector<float> out(n);
+  float* y = out.data();
+  for (int64_t i = 0; i < n / 256; ++i) {
+    GgmlBlockQ6_K b;
+    std::memcpy(&b, data.data() + i * sizeof(b), sizeof(b));
+    const float d = static_cast<float>(c10::Half(b.d, c10::Half::from_bits()));
+    const uint8_t* ql = b.ql;
+    const uint8_t* qh = b.qh;
+    const int8_t* sc = b.scales;
+    for (int n128 = 0; n128 < 256; n128 += 128) {
+      for (int l = 0; l < 32; ++l) {
+        const int is = l / 16;
+        const int8_t q1 = static_cast<int8_t>((ql[l + 0] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
+        const int8_t q2 = static_cast<int8_t>((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
+        const int8_t q3 = static_cast<int8_t>((ql[l + 0] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+        const int8_t q4 = static_cast<int8_t>((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+        y[l + 0] = d * sc[is + 0] * q1;
+        y[l + 32] = d * sc[is + 2] * q2;
+        y[l + 64] = d * sc[is + 4] * q3;
+        y[l + 96] = d * sc[is + 6] * q4;
+      }
+      y += 128, ql += 64, qh += 32, sc += 8;
+    }
+  }
+  return out;
+}
+
+TEST(GgufBlocks, Q6KDecodesAsGgmlAndQuantizesWithinAFewPercent) {
+  at::manual_seed(3);
+  const at::Tensor x = at::randn({3, 512}) * at::linspace(0.01, 2.0, 512);
+  const GgufTensor t = encode_gguf_tensor("w", x, GgmlType::kQ6_K);
+  EXPECT_EQ(t.data.size(), 3u * 2 * 210);
+  const at::Tensor y = decode_gguf_tensor(t);
+  const std::vector<float> ref = ggml_dequantize_q6_k(t.data, x.numel());
+  EXPECT_TRUE(at::equal(y.flatten(), at::from_blob(const_cast<float*>(ref.data()), {x.numel()}, at::kFloat)));
+  // Six bits per value under two-level scales: about 1 % of the signal's RMS.
+  EXPECT_LT(((x - y).norm() / x.norm()).item<double>(), 0.02);
+  EXPECT_THROW(encode_gguf_tensor("w", at::randn({2, 128}), GgmlType::kQ6_K), Error);  // rows of 256 only
+  EXPECT_EQ(ggml_type_named("q6_k"), GgmlType::kQ6_K);
+}
+
 }  // namespace
 }  // namespace qforge::io

@@ -1,7 +1,9 @@
 // Writes the GGUF files llama.cpp runs in gguf_llamacpp (run_llamacpp.js) with what qforge computes
 // for them: for a tiny GPT-2 and a tiny Llama, float (F32 and Q8_0 by ggml's quantizer) and frozen
-// (W8 per-channel -> Q8_0, W4 g32 -> Q4_0), and a tied-head Llama (F32): the prompt's greedy
-// continuation by qforge and, for every generated step, qforge's next-token probabilities.
+// (W8 per-channel -> Q8_0, W4 g32 -> Q4_0), a tied-head Llama (F32), and the model.gguf of a qtrain
+// run (a tiny GPT-2 recipe with export.gguf, its frozen model read back from the run's model.h5):
+// the prompt's greedy continuation by qforge and, for every generated step, qforge's next-token
+// probabilities.
 // Usage: gguf_llamacpp_tool OUT_DIR
 #include <ATen/ATen.h>
 
@@ -10,8 +12,13 @@
 #include <nlohmann/json.hpp>
 
 #include "framework/api/quantize.h"
+#include "framework/core/error.h"
+#include "framework/io/model_io.h"
 #include "framework/models/generation.h"
 #include "framework/models/gguf_export.h"
+#include "framework/models/gguf_load.h"
+#include "framework/pipeline/pipeline.h"
+#include "framework/recipe/task.h"
 #include "tests/gguf/gguf_models.h"
 
 namespace qm = qforge::models;
@@ -30,11 +37,10 @@ void sharpen(torch::nn::Module& m) {
   }
 }
 
+// qforge's side of one case: `file` (relative to the manifest) holds m's weights.
 template <typename Model>
-nlohmann::json run_case(const std::string& name, Model& m, const qm::GgufExportOptions& o, const std::string& dir,
-                        const std::string& compares) {
-  const std::string file = name + ".gguf";
-  const qm::GgufExportReport report = qm::export_gguf(m, dir + "/" + file, o);
+nlohmann::json qforge_case(const std::string& name, Model& m, const std::string& file, const std::string& compares,
+                           const std::string& report) {
   at::NoGradGuard ng;
   const at::Tensor prompt = at::arange(65, 65 + 8, at::kLong).unsqueeze(0);  // "ABCDEFGH"
   auto forward = [&](const at::Tensor& ids, qm::KvCache* cache) { return m->forward(ids, cache); };
@@ -50,8 +56,49 @@ nlohmann::json run_case(const std::string& name, Model& m, const qm::GgufExportO
     const at::Tensor p = probs[s].contiguous();
     j["probs"].push_back(std::vector<float>(p.data_ptr<float>(), p.data_ptr<float>() + p.numel()));
   }
-  j["report"] = report.str();
+  j["report"] = report;
   return j;
+}
+
+template <typename Model>
+nlohmann::json run_case(const std::string& name, Model& m, const qm::GgufExportOptions& o, const std::string& dir,
+                        const std::string& compares) {
+  const std::string file = name + ".gguf";
+  const qm::GgufExportReport report = qm::export_gguf(m, dir + "/" + file, o);
+  return qforge_case(name, m, file, compares, report.str());
+}
+
+// A tiny GPT-2 recipe with export.gguf (W4 g32 -> Q4_0, the float embedding as Q8_0), run by the
+// pipeline as qtrain runs it; its frozen model is rebuilt from the run's resolved recipe and model.h5.
+nlohmann::json recipe_case(const std::string& dir) {
+  const std::string run = dir + "/gpt2_recipe_w4g32";
+  std::ofstream(dir + "/gpt2_recipe.yaml") << "seed: 0\n"
+      "model: {arch: gpt2, config: {n_embd: 64, n_layer: 2, n_head: 4, n_positions: 64}}\n"
+      "data: {dataset: fortunes, batch_size: 16, seq_len: 32, max_train_examples: 2048, max_eval_examples: 64}\n"
+      "train: {epochs: 1, lr: 0.003, max_steps: 60}\n"
+      "quantize:\n"
+      "  weights: {qtype: qint4, granularity: per_group, group_size: 32, symmetric: true}\n"
+      "  activations: {mode: none}\n"
+      "  rules: [{pattern: transformer.wte, keep_float: true}]\n"
+      "calibrate: {batches: 2}\n"
+      "freeze: {enabled: true}\n"
+      "export: {calibration_dump: false, gguf: {float_type: q8_0, refuse_wider: true}}\n";
+  qforge::PipelineOptions po;
+  po.out_dir = run;
+  qforge::run_pipeline(qforge::load_recipe(dir + "/gpt2_recipe.yaml"), po);
+  std::ifstream in(run + "/report.json");
+  const nlohmann::json rep = nlohmann::json::parse(in);
+  const nlohmann::json& lines = rep.at("gguf").at("tensors");
+  QF_REQUIRE(lines.size() > 10 && lines.dump().find("Q4_0") != std::string::npos, "report.json's gguf lines: ", lines.dump());
+  std::string report;
+  for (const auto& l : lines) report += l.get<std::string>() + "\n";
+  const qforge::Recipe r = qforge::load_recipe(run + "/recipe.resolved.yaml");
+  qforge::Task t = qforge::make_task(r, /*with_data=*/false);
+  qforge::io::load_model(*t.model, run + "/model.h5");
+  qm::Gpt2LMHeadModel m(std::dynamic_pointer_cast<qm::Gpt2LMHeadModelImpl>(t.model));
+  m->eval();
+  return qforge_case("gpt2_recipe_w4g32", m, "gpt2_recipe_w4g32/model.gguf", "qtrain's export.gguf of a trained W4 g32 GPT-2",
+                     report);
 }
 
 template <typename Model, typename Make>
@@ -90,6 +137,27 @@ int main(int argc, char** argv) {
     qm::LlamaForCausalLM tied = qm::tiny_gguf_llama(13, /*tied=*/true);
     sharpen(*tied);
     cases.push_back(run_case("llama_tied_f32", tied, {}, dir, "F32 of a float model with a tied head"));
+    cases.push_back(recipe_case(dir));
+    // Q6_K (rows of 256): qforge computes with the file's decoded weights, read back by load_gguf.
+    qm::LlamaConfig wide = qm::tiny_gguf_llama()->config;
+    wide.hidden_size = 256, wide.intermediate_size = 512;
+    at::manual_seed(14);
+    qm::LlamaForCausalLM w(wide);
+    w->init_weights();
+    sharpen(*w);
+    {
+      // Rows four times wider: matrices scaled by 2 instead of 4 and the final norm by 4 instead of 8
+      // keep the pre-activations' and logits' spread of the 64-wide models.
+      at::NoGradGuard ng;
+      for (auto& p : w->named_parameters())
+        if (p.value().dim() == 2 || p.key() == "model.norm.weight") p.value().div_(2.0);
+    }
+    qm::GgufExportOptions q6;
+    q6.float_type = qforge::io::GgmlType::kQ6_K;
+    const qm::GgufExportReport r6 = qm::export_gguf(w, dir + "/llama256_float_q6_k.gguf", q6);
+    qm::LlamaForCausalLM decoded = qm::load_gguf(dir + "/llama256_float_q6_k.gguf").llama;
+    cases.push_back(qforge_case("llama256_float_q6_k", decoded, "llama256_float_q6_k.gguf",
+                                "Q6_K (qforge's quantizer) of a float model, qforge on the decoded weights", r6.str()));
     std::ofstream(dir + "/manifest.json") << nlohmann::json{{"cases", cases}}.dump(1);
   } catch (const std::exception& e) {
     std::cerr << "gguf_llamacpp_tool: " << e.what() << "\n";

@@ -1,0 +1,206 @@
+// GGUF load: export -> load gives the same logits (float F32: bit for bit; frozen W8 / W4 and
+// ggml-quantized Q8_0 / Q4_0: the file's codes and fp16 scales kept, so the re-export is the same
+// file byte for byte), Llama's q/k rows back in rotate-half order, and every refusal is a
+// qforge::Error naming what is wrong (truncated, flipped, foreign or incomplete files).
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <functional>
+
+#include "framework/api/quantize.h"
+#include "framework/core/error.h"
+#include "framework/format/gguf_blocks.h"
+#include "framework/models/gguf_export.h"
+#include "framework/models/gguf_load.h"
+#include "tests/error_of.h"
+#include "tests/gguf/gguf_models.h"
+
+namespace qforge::models {
+namespace {
+
+using io::GgmlType;
+using qforge::testing::error_of;
+
+const at::Tensor kIds = at::tensor({65, 66, 67, 10, 200, 3, 97, 98}, at::kLong).unsqueeze(0);
+
+GgufModel round_trip(const io::GgufFile& f) { return model_of_gguf(io::parse_gguf(io::serialize_gguf(f), "mem"), "mem"); }
+
+template <typename Model>
+at::Tensor logits(Model m) {
+  at::NoGradGuard ng;
+  return m->forward(kIds);
+}
+
+TEST(GgufLoad, FloatF32FilesGiveIdenticalLogits) {
+  Gpt2LMHeadModel g = tiny_gguf_gpt2();
+  const GgufModel lg = round_trip(gguf_of(g));
+  ASSERT_EQ(lg.architecture, "gpt2");
+  EXPECT_TRUE(lg.gpt2->config.tie_word_embeddings);
+  EXPECT_EQ(lg.tokens.size(), 256u);
+  EXPECT_TRUE(at::equal(logits(g), logits(lg.gpt2)));
+  for (bool tied : {false, true}) {
+    LlamaForCausalLM l = tiny_gguf_llama(12, tied);
+    const GgufModel ll = round_trip(gguf_of(l));
+    ASSERT_EQ(ll.architecture, "llama");
+    EXPECT_EQ(ll.llama->config.kv_heads(), 2);
+    EXPECT_EQ(ll.llama->config.tie_word_embeddings, tied);
+    EXPECT_TRUE(at::equal(logits(l), logits(ll.llama))) << "tied " << tied;  // q/k rows un-permuted
+    EXPECT_TRUE(at::equal(ll.llama->model->layers->ptr(1)->as<LlamaDecoderLayerImpl>()->self_attn->k_proj->weight,
+                          l->model->layers->ptr(1)->as<LlamaDecoderLayerImpl>()->self_attn->k_proj->weight));
+  }
+}
+
+// A re-export of a loaded file is the same file (codes and scales came through untouched), but for
+// the untied head a tied file's quantized token_embd gives: an `output` tensor of the same bytes.
+template <typename Model>
+void expect_same_file(const io::GgufFile& f, const Model& loaded) {
+  const io::GgufFile again = gguf_of(loaded);
+  EXPECT_TRUE(again.metadata == f.metadata);
+  for (const io::GgufTensor& t : f.tensors) {
+    const io::GgufTensor* u = again.tensor(t.name);
+    ASSERT_TRUE(u) << t.name;
+    EXPECT_TRUE(u->type == t.type && u->ne == t.ne && u->data == t.data) << t.name;
+  }
+  for (const io::GgufTensor& u : again.tensors) {
+    if (f.tensor(u.name)) continue;
+    EXPECT_EQ(u.name, "output.weight");
+    EXPECT_TRUE(u.data == f.tensor("token_embd.weight")->data);
+  }
+}
+
+TEST(GgufLoad, FrozenW8AndW4KeepTheirCodes) {
+  for (auto [label, scheme] : {std::pair{"w8", Scheme(qint8)}, std::pair{"w4g32", w4_g32_scheme()}}) {
+    LlamaForCausalLM m = tiny_gguf_llama();
+    quantize(m, scheme);
+    freeze(m);
+    const io::GgufFile f = gguf_of(m);
+    const GgufModel l = round_trip(f);
+    const auto& q = *m->model->layers->ptr(0)->as<LlamaDecoderLayerImpl>()->self_attn->q_proj;
+    const auto& lq = *l.llama->model->layers->ptr(0)->as<LlamaDecoderLayerImpl>()->self_attn->q_proj;
+    ASSERT_TRUE(lq.frozen()) << label;
+    EXPECT_EQ(lq.frozen_weight().spec.group_size, 32) << label;
+    EXPECT_TRUE(at::equal(lq.frozen_weight().int_values(), q.frozen_weight().int_values())) << label;
+    expect_same_file(f, l.llama);
+    // Only the scales' fp16 rounding separates the two (W4 scales are fp16 already: none).
+    const at::Tensor a = logits(m), b = logits(l.llama);
+    EXPECT_LT((a - b).abs().max().item<double>(), std::string(label) == "w8" ? 2e-2 : 1e-4) << label;
+  }
+}
+
+TEST(GgufLoad, GgmlQuantizedFloatsBecomeFrozenLayersWithTheFilesValues) {
+  for (GgmlType type : {GgmlType::kQ8_0, GgmlType::kQ4_0}) {
+    Gpt2LMHeadModel g = tiny_gguf_gpt2();
+    GgufExportOptions o;
+    o.float_type = type;
+    const io::GgufFile f = gguf_of(g, o);
+    const GgufModel l = round_trip(f);
+    // Tied head over a quantized token_embd: lm_head gets the same codes, as llama.cpp's output does.
+    ASSERT_TRUE(l.gpt2->lm_head) << io::ggml_type_name(type);
+    EXPECT_TRUE(l.gpt2->lm_head->frozen());
+    const auto& c_fc = *l.gpt2->transformer->h->ptr(1)->as<Gpt2BlockImpl>()->mlp->c_fc;
+    EXPECT_TRUE(at::equal(c_fc.frozen_weight().dequantize(), io::decode_gguf_tensor(*f.tensor("blk.1.ffn_up.weight"))));
+    if (type == GgmlType::kQ8_0) {
+      expect_same_file(f, l.gpt2);
+    } else {
+      // ggml's Q4_0 scales are max / -8: the blocks with d < 0 hold a code 8 once made positive.
+      EXPECT_EQ(c_fc.frozen_weight().spec.qtype, qint8);
+      EXPECT_TRUE(std::any_of(l.lines.begin(), l.lines.end(), [](const std::string& line) {
+        return line.rfind("blk.1.ffn_up.weight Q4_0 -> transformer.h.1.mlp.c_fc.weight (frozen qint8 per_group(32), "
+                          "negative block scales made positive", 0) == 0;
+      }));
+    }
+    // The frozen model computes what a float model of the decoded weights computes.
+    io::GgufFile dequantized = f;
+    for (io::GgufTensor& t : dequantized.tensors) t = io::encode_gguf_tensor(t.name, io::decode_gguf_tensor(t), GgmlType::kF32);
+    const GgufModel ref = round_trip(dequantized);
+    EXPECT_LT((logits(l.gpt2) - logits(ref.gpt2)).abs().max().item<double>(), 1e-3) << io::ggml_type_name(type);
+  }
+}
+
+TEST(GgufLoad, Q6KMatricesLoadAsTheirDecodedValues) {
+  LlamaConfig c = tiny_gguf_llama()->config;
+  c.hidden_size = 256, c.intermediate_size = 512;
+  at::manual_seed(5);
+  LlamaForCausalLM m(c);
+  m->init_weights();
+  GgufExportOptions o;
+  o.float_type = GgmlType::kQ6_K;
+  const io::GgufFile f = gguf_of(m, o);
+  EXPECT_EQ(f.tensor("blk.0.ffn_down.weight")->type, GgmlType::kQ6_K);
+  const GgufModel l = round_trip(f);
+  const auto& down = *l.llama->model->layers->ptr(0)->as<LlamaDecoderLayerImpl>()->mlp->down_proj;
+  EXPECT_FALSE(down.frozen());
+  EXPECT_TRUE(at::equal(down.weight, io::decode_gguf_tensor(*f.tensor("blk.0.ffn_down.weight"))));
+  EXPECT_TRUE(std::any_of(l.lines.begin(), l.lines.end(), [](const std::string& line) {
+    return line == "blk.0.ffn_down.weight Q6_K -> model.layers.0.mlp.down_proj.weight (float: dequantized, qforge has no 6-bit grid)";
+  }));
+  // Six-bit weights against the float model (logits of magnitude ~1): a few percent.
+  EXPECT_LT((logits(l.llama) - logits(m)).abs().max().item<double>(), 0.15);
+}
+
+TEST(GgufLoad, TruncatedAndFlippedFilesAreErrorsNeverCrashes) {
+  const std::vector<uint8_t> bytes = io::serialize_gguf(gguf_of(tiny_gguf_llama()));
+  const size_t header = bytes.size() - [&] {
+    size_t data = 0;
+    for (const io::GgufTensor& t : io::parse_gguf(bytes, "b").tensors) data += (t.data.size() + 31) / 32 * 32;
+    return data;
+  }();
+  for (size_t n = 0; n < bytes.size(); n += n < header ? 1 : 4099) {
+    const std::vector<uint8_t> cut(bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(n));
+    EXPECT_NE(error_of([&] { model_of_gguf(io::parse_gguf(cut, "cut"), "cut"); }), "") << n;
+  }
+  // A flipped byte in the header or metadata: an error, or (where the value stays valid) a model.
+  int refused = 0, loaded = 0;
+  for (size_t i = 0; i < header; i += 7) {
+    std::vector<uint8_t> b = bytes;
+    b[i] ^= 0xFF;
+    try {
+      model_of_gguf(io::parse_gguf(b, "flip"), "flip");
+      ++loaded;
+    } catch (const Error&) {
+      ++refused;
+    }
+  }
+  EXPECT_GT(refused, 0);
+  EXPECT_GT(loaded, 0);  // flips inside token strings leave a valid file
+}
+
+TEST(GgufLoad, ForeignOrIncompleteFilesAreRefusedByName) {
+  const io::GgufFile good = gguf_of(tiny_gguf_llama());
+  auto with = [&](const std::function<void(io::GgufFile&)>& edit) {
+    io::GgufFile f = good;
+    edit(f);
+    return error_of([&] { round_trip(f); });
+  };
+  auto set = [](io::GgufFile& f, const std::string& key, io::GgufValue v) {
+    for (auto& [k, old] : f.metadata)
+      if (k == key) return void(old = std::move(v));
+    f.metadata.emplace_back(key, std::move(v));
+  };
+  EXPECT_NE(with([&](io::GgufFile& f) { set(f, "general.architecture", io::GgufValue::str("falcon")); })
+                .find("architecture 'falcon' is not loaded"), std::string::npos);
+  EXPECT_NE(with([](io::GgufFile& f) { f.tensors.erase(f.tensors.begin() + 3); }).find("is missing"), std::string::npos);
+  EXPECT_NE(with([](io::GgufFile& f) { f.tensors.push_back(io::encode_gguf_tensor("rope_freqs.weight", at::ones({8}), GgmlType::kF32)); })
+                .find("'rope_freqs.weight' is not part of qforge's model"), std::string::npos);
+  EXPECT_NE(with([&](io::GgufFile& f) { set(f, "llama.rope.scaling.type", io::GgufValue::str("yarn")); })
+                .find("'yarn' is not loaded"), std::string::npos);
+  EXPECT_NE(with([&](io::GgufFile& f) { set(f, "llama.rope.dimension_count", io::GgufValue::u32(8)); })
+                .find("partial rotary"), std::string::npos);
+  EXPECT_NE(with([&](io::GgufFile& f) { set(f, "llama.block_count", io::GgufValue::u32(3)); })
+                .find("is missing (qforge's model.layers.2."), std::string::npos);
+  EXPECT_NE(with([&](io::GgufFile& f) { set(f, "llama.embedding_length", io::GgufValue::u32(1 << 19)); })
+                .find("parameters, the file's tensors hold"), std::string::npos);
+  EXPECT_NE(with([&](io::GgufFile& f) { set(f, "llama.attention.head_count", io::GgufValue::str("4")); })
+                .find("llama.attention.head_count"), std::string::npos);
+  EXPECT_NE(with([](io::GgufFile& f) {
+              io::GgufTensor& t = f.tensors.back();
+              float nan = std::nanf("");
+              std::memcpy(t.data.data(), &nan, 4);
+            }).find("NaN"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace qforge::models
