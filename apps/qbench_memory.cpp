@@ -9,11 +9,17 @@
 // The frozen builds also report the peak and the resident memory at the end of each stage (built
 // float, quantize, calibration, freeze), so the build peak can be attributed.
 //   qbench_memory [--json]
+// --kv-cache instead measures KV caches at 4096 positions (docs/kv_cache.md): a Llama of
+// configs/models/llama_tiny.yaml's shape prefills 4096 tokens (chunks of 256) into a cache reserved
+// for them, float or int8 / int4 codes; `released` is the RSS that dropping the cache then gives
+// back (freed pages returned with malloc_trim), beside the cache's capacity_bytes().
+//   qbench_memory --kv-cache [--json]
 #include <ATen/ATen.h>
 #include <malloc.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -23,6 +29,7 @@
 
 #include "apps/process_memory.h"
 #include "apps/qbench_models.h"
+#include "framework/models/llama.h"
 
 namespace {
 
@@ -36,6 +43,8 @@ constexpr int kMaxStages = 6;
 
 struct Measured {
   int64_t model_kib = 0, build_peak_kib = 0, inference_peak_kib = 0;
+  int64_t cache_bytes = 0;   // the KV cases' capacity_bytes()
+  int64_t released_kib = 0;  // the KV cases' RSS given back by dropping the cache
   int stages = 0;
   char stage_name[kMaxStages][16] = {};
   int64_t stage_peak_kib[kMaxStages] = {}, stage_rss_kib[kMaxStages] = {};
@@ -44,6 +53,7 @@ struct Measured {
 // The child's record of its build stages (each process has its own copy).
 Measured* g_current = nullptr;
 int64_t g_base_kib = 0;
+int64_t g_cache_bytes = 0, g_released_kib = 0;  // set by a KV case's inference
 
 // Ends a build stage: the peak so far and the resident memory now, relative to the base.
 void stage(const char* name) {
@@ -77,6 +87,8 @@ Measured measure(const std::function<std::function<void()>()>& build) {
     reset_peak();
     infer();
     m.inference_peak_kib = status_kib("VmHWM") - base;
+    m.cache_bytes = g_cache_bytes;
+    m.released_kib = g_released_kib;
     if (write(fd[1], &m, sizeof m) != static_cast<ssize_t>(sizeof m)) _exit(1);
     _exit(0);
   }
@@ -140,10 +152,65 @@ std::function<void()> gpt2(bool frozen) {
   };
 }
 
+// configs/models/llama_tiny.yaml's shape with room for `positions`; the inference prefills that
+// many tokens into a cache, then drops it and measures the RSS that gives back.
+std::function<void()> llama_kv(const KvCacheScheme& scheme, int64_t positions) {
+  models::LlamaConfig c;
+  c.vocab_size = 2048, c.hidden_size = 256, c.intermediate_size = 512, c.num_hidden_layers = 4;
+  c.num_attention_heads = 8, c.num_key_value_heads = 2, c.max_position_embeddings = positions;
+  c.rms_norm_eps = 1e-5;
+  torch::manual_seed(0);
+  auto m = std::make_shared<models::LlamaForCausalLM>(c);
+  (*m)->eval();
+  (*m)->set_kv_cache_scheme(scheme);
+  const at::Tensor ids = at::randint(0, c.vocab_size, {1, positions}, at::kLong);
+  auto cache = std::make_shared<models::KvCache>();
+  return [m, ids, cache, positions] {
+    at::NoGradGuard g;
+    cache->reserve(positions);
+    for (int64_t t = 0; t < positions; t += 256)
+      (*m)->forward(ids.narrow(1, t, std::min<int64_t>(256, positions - t)), cache.get());
+    g_cache_bytes = cache->capacity_bytes();
+    malloc_trim(0);
+    const int64_t with_cache = status_kib("VmRSS");
+    cache->clear();
+    malloc_trim(0);
+    g_released_kib = with_cache - status_kib("VmRSS");
+  };
+}
+
+int kv_cache_main(bool json) {
+  constexpr int64_t kPositions = 4096;
+  KvCacheScheme int8, int4, int4_asym;
+  int8.qtype = qint8, int4.qtype = qint4, int4_asym.qtype = qint4, int4_asym.symmetric = false;
+  const std::vector<std::pair<const char*, KvCacheScheme>> rows{
+      {"float", KvCacheScheme{}}, {"int8", int8}, {"int4", int4}, {"int4_asym", int4_asym}};
+  if (!json)
+    std::printf("%-24s %-10s %14s %14s %16s\n", "model", "cache", "capacity bytes", "released MiB", "prefill peak MiB");
+  for (const auto& [name, scheme] : rows) {
+    const Measured m = measure([&scheme] { return llama_kv(scheme, kPositions); });
+    if (json)
+      std::printf("{\"bench\":\"memory\",\"model\":\"llama_tiny_prefill4096\",\"cache\":\"%s\",\"cache_bytes\":%lld,"
+                  "\"released_kib\":%lld,\"inference_peak_kib\":%lld}\n",
+                  name, static_cast<long long>(m.cache_bytes), static_cast<long long>(m.released_kib),
+                  static_cast<long long>(m.inference_peak_kib));
+    else
+      std::printf("%-24s %-10s %14lld %14.2f %16.1f\n", "llama_tiny_prefill4096", name,
+                  static_cast<long long>(m.cache_bytes), m.released_kib / 1024.0, m.inference_peak_kib / 1024.0);
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bool json = argc > 1 && std::strcmp(argv[1], "--json") == 0;
+  bool json = false, kv_cache = false;
+  for (int i = 1; i < argc; ++i) {
+    json |= std::strcmp(argv[i], "--json") == 0;
+    kv_cache |= std::strcmp(argv[i], "--kv-cache") == 0;
+  }
+  if (kv_cache) return kv_cache_main(json);
   struct Row {
     const char* model;
     const char* state;

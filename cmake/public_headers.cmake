@@ -40,6 +40,8 @@ set(QFORGE_PUBLIC_HEADERS
   framework/models/gpt2.h
   framework/models/hf_folder.h
   framework/models/kv_cache.h
+  framework/models/kv_quant.h
+  framework/api/kv_cache_scheme.h
   framework/models/llama.h
   framework/models/generation.h
   framework/models/perplexity.h

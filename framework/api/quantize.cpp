@@ -10,6 +10,7 @@
 #include <set>
 #include <sstream>
 
+#include "framework/api/kv_cache_scheme.h"
 #include "framework/core/error.h"
 #include "framework/nn/conv.h"
 #include "framework/nn/convert.h"
@@ -373,6 +374,7 @@ std::string describe(const torch::nn::Module& model, bool planned) {
   for (const LayerReport& r : reports)
     row(r.name, r.type, r.weights, r.activations, r.kernel, std::to_string(r.bytes),
         r.fallback_reason.empty() ? "-" : r.fallback_reason);
+  os << describe_kv_cache(model);
   const ModelSize size = model_size(model);
   if (!planned) {
     os << "total " << size.total_bytes << " bytes (" << size.quantized_bytes << " frozen, " << size.float_bytes

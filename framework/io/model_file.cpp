@@ -48,6 +48,8 @@ constexpr int64_t kModelFormatVersion = 2;  // 2: observer attributes per kind
 constexpr const char* kRootLayerName = "__root__";
 // /model attribute: a JSON array of the module paths of RPQ layers saved frozen (absent: none).
 constexpr const char* kFrozenRpqAttr = "frozen_rpq_layers";
+// /model attribute: a JSON object of module path -> KV-cache scheme (absent: float caches).
+constexpr const char* kKvCacheAttr = "kv_cache";
 
 void write_config(const h5::Group& g, const QuantizerConfig& c) {
   write_quantizer_attrs(g, c.observer, c.observer_options, c.spec);
@@ -65,6 +67,11 @@ void write_model_meta(const h5::Group& root, const ModelMeta& meta) {
   const h5::Group mg = root.create_group(kModelGroup);
   mg.set_attr("model_format_version", kModelFormatVersion);
   if (!meta.frozen_rpq.empty()) mg.set_attr(kFrozenRpqAttr, nlohmann::json(meta.frozen_rpq).dump());
+  if (!meta.kv_cache.empty()) {
+    nlohmann::json j = nlohmann::json::object();
+    for (const auto& [path, scheme] : meta.kv_cache) j[path] = kv_cache_scheme_json(scheme);
+    mg.set_attr(kKvCacheAttr, j.dump());
+  }
   for (const auto& [path, m] : meta.layers) {
     const h5::Group lg = mg.create_group(path.empty() ? kRootLayerName : path);
     lg.set_attr("layer_type", m.type);
@@ -100,6 +107,12 @@ ModelMeta read_model_meta(const std::string& path) {
                "framework/io: ", path, ": group '/model': attribute ", kFrozenRpqAttr,
                " is not a JSON array of module paths");
     meta.frozen_rpq = j.get<std::vector<std::string>>();
+  }
+  if (mg.has_attr(kKvCacheAttr)) {
+    const std::string who = "framework/io: " + path + ": group '/model': attribute " + kKvCacheAttr;
+    const nlohmann::json j = nlohmann::json::parse(mg.attr_string(kKvCacheAttr), nullptr, /*allow_exceptions=*/false);
+    QF_REQUIRE(j.is_object(), who, " is not a JSON object of module paths");
+    for (const auto& [module, scheme] : j.items()) meta.kv_cache[module] = kv_cache_scheme_from_json(scheme, who.c_str());
   }
   for (const std::string& name : mg.children()) {
     const h5::Group lg = mg.open_group(name);
@@ -274,6 +287,8 @@ ModelFileData collect(const torch::nn::Module& model, const SaveOptions& options
     f.meta.frozen_rpq.push_back(path);
   }
   if (options.optimizer) save_optimizer(*options.optimizer, model, d);
+  for (const auto& [path, m] : kv_cache_models(model))
+    if (m->kv_cache_scheme().quantized()) f.meta.kv_cache[path] = m->kv_cache_scheme();
   return f;
 }
 

@@ -13,6 +13,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "framework/api/kv_cache_scheme.h"
 #include "framework/io/checkpoint.h"
 #include "framework/io/model_io.h"
 #include "framework/nn/quantizable.h"
@@ -45,6 +46,9 @@ struct ModelMeta {
   std::map<std::string, LayerMeta> layers;  // module path -> layer
   // RPQ layers saved frozen (their tensors are stored as the unfrozen layer's): frozen after a load.
   std::vector<std::string> frozen_rpq;
+  // The quantized KV-cache schemes of cache-keeping modules (GPT-2, Llama), by module path;
+  // absent ones (and files older than the attribute) keep a float cache.
+  std::map<std::string, KvCacheScheme> kv_cache;
 };
 
 void write_model_meta(const h5::Group& root, const ModelMeta& meta);

@@ -123,6 +123,7 @@ void Loader::plan() {
     plan_layer(path, *layer);
   }
   plan_rpq();
+  plan_kv_cache();
   // Tensors of other modules.
   for (const auto& [key, t] : params)
     if (!layer_keys.count(key) && selected(key)) stage_plain(Section::kParameters, key, t);
@@ -166,6 +167,25 @@ void Loader::plan_rpq() {
                it->second->layer_type(), " is on ", device, " (load into the model on the CPU)");
     plan_frozen_rpq(path, *it->second);
     rpq_freeze_.emplace_back(path, it->second);
+  }
+}
+
+// The file's KV-cache schemes, each checked against its module's head_dim before anything changes.
+// A dequantizing load leaves the caches float, as it leaves the layers.
+void Loader::plan_kv_cache() {
+  if (opts_.dequantize) return;
+  std::map<std::string, KvCacheModel*> in_model;
+  for (const auto& [path, m] : kv_cache_models(model_)) in_model[path] = m;
+  for (const auto& [path, scheme] : meta_.kv_cache) {
+    if (!layer_selected(path)) continue;
+    const auto it = in_model.find(path);
+    if (it == in_model.end()) {
+      QF_REQUIRE(!opts_.strict, layer_where(path), " has a ", scheme.to_string(),
+                 " KV cache; the model keeps no KV cache there (strict load)");
+      continue;
+    }
+    scheme.validate(it->second->kv_cache_head_dim(), layer_where(path));
+    kv_cache_.emplace_back(it->second, scheme);
   }
 }
 
@@ -428,6 +448,7 @@ void Loader::apply() {
     report_.frozen_layers.push_back(path);
   }
   if (opts_.optimizer && !opts_.parameters_only) apply_optimizer();
+  for (const auto& [m, scheme] : kv_cache_) m->set_kv_cache_scheme(scheme);
 }
 
 // The loaded quantizers' grids, LSQ initialisation and tensors, on the layer's quantizers.

@@ -69,6 +69,7 @@ class Loader {
   void plan();
   void plan_unused_entries();
   void plan_rpq();
+  void plan_kv_cache();
   void plan_frozen_rpq(const std::string& path, nn::RPQLayer& layer);
   void plan_optional_buffers(const std::string& path, QuantizableLayer& layer);
   void plan_layer(const std::string& path, QuantizableLayer& layer);
@@ -108,6 +109,7 @@ class Loader {
 
   // ---- mutation: everything above passed ----
   void apply();
+  std::vector<std::pair<KvCacheModel*, KvCacheScheme>> kv_cache_;  // the file's cache schemes, checked
   void apply_points(LayerPlan& lp);
 
   torch::nn::Module& model_;

@@ -12,6 +12,7 @@
 #include "framework/models/config_field.h"
 #include "framework/models/hf_folder.h"
 #include "framework/models/hf_lm_head.h"
+#include "framework/models/kv_quant.h"
 #include "framework/format/safetensors.h"
 
 namespace qforge::models {
@@ -39,6 +40,8 @@ Gpt2Config Gpt2Config::from_json(const nlohmann::json& j) {
   require_positive_fields(c, kWho);
   require_heads_divide(kWho, "n_embd", c.n_embd, "n_head", c.n_head);
   apply_activation(c.activation_function, at::zeros({1}));
+  if (j.contains("qforge_kv_cache")) c.kv_cache = kv_cache_scheme_from_json(j["qforge_kv_cache"], kWho);
+  c.kv_cache.validate(c.n_embd / c.n_head, kWho);
   return c;
 }
 
@@ -55,6 +58,7 @@ double Gpt2Config::parameter_count() const {
 nlohmann::json Gpt2Config::to_json() const {
   nlohmann::json j = config_json(*this, "gpt2", "GPT2LMHeadModel");
   j["n_ctx"] = n_positions;
+  if (kv_cache.quantized()) j["qforge_kv_cache"] = kv_cache_scheme_json(kv_cache);
   return j;
 }
 
@@ -77,10 +81,10 @@ at::Tensor Gpt2AttentionImpl::forward(const at::Tensor& x, KvCache* cache, int64
   at::Tensor k = heads(qkv[1]), v = heads(qkv[2]);
   int64_t past = 0;
   if (cache != nullptr) {
-    cache->append(static_cast<size_t>(layer), k, v);
-    k = cache->keys[static_cast<size_t>(layer)];
-    v = cache->values[static_cast<size_t>(layer)];
+    std::tie(k, v) = cache->append(static_cast<size_t>(layer), k, v);
     past = k.size(2) - T;
+  } else if (config.kv_cache.quantized()) {
+    k = fake_quantize_kv(k, config.kv_cache), v = fake_quantize_kv(v, config.kv_cache);
   }
   at::Tensor w = qk_matmul->forward(q, k.transpose(-1, -2)) / std::sqrt(static_cast<double>(D));
   // HF masks future positions with finfo(float32).min (not -inf, so fully masked rows stay finite).
@@ -139,6 +143,7 @@ at::Tensor Gpt2ModelImpl::forward(const at::Tensor& ids, Gpt2KvCache* cache) {
   if (cache) {
     QF_REQUIRE(cache->keys.empty() || static_cast<int64_t>(cache->keys.size()) == config.n_layer,
                "models/gpt2: the cache holds ", cache->keys.size(), " layers, the model has ", config.n_layer);
+    cache->set_scheme(config.kv_cache);
     cache->resize(static_cast<size_t>(config.n_layer));
   }
   const at::Tensor pos = at::arange(past, past + T, ids.options().dtype(at::kLong)).unsqueeze(0);
@@ -179,6 +184,22 @@ void Gpt2LMHeadModelImpl::init_weights() {
       ln->bias.zero_();
     }
   }
+}
+
+void Gpt2LMHeadModelImpl::set_kv_cache_scheme(const KvCacheScheme& scheme) {
+  scheme.validate(config.n_embd / config.n_head, "models/gpt2");
+  config.kv_cache = scheme;
+  transformer->config.kv_cache = scheme;
+  for (const auto& b : *transformer->h) {
+    auto* block = b->as<Gpt2BlockImpl>();
+    block->config.kv_cache = scheme;
+    block->attn->config.kv_cache = scheme;
+    block->mlp->config.kv_cache = scheme;
+  }
+}
+
+int64_t Gpt2LMHeadModelImpl::kv_cache_bytes_per_token(const KvCacheScheme& scheme) const {
+  return 2 * config.n_layer * config.n_head * scheme.bytes_per_head(config.n_embd / config.n_head, 4);
 }
 
 at::Tensor Gpt2LMHeadModelImpl::forward(const at::Tensor& ids, Gpt2KvCache* cache) {

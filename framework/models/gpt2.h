@@ -39,6 +39,8 @@ struct Gpt2Config {
   // HF's tie_word_embeddings: true (GPT-2's own) computes the logits with the token embedding's
   // table; false gives the model its own `lm_head` Linear, which quantize() treats like any other.
   bool tie_word_embeddings = true;
+  // The KV cache's keys and values, as LlamaConfig::kv_cache (config.json "qforge_kv_cache").
+  KvCacheScheme kv_cache;
 
   int64_t inner() const { return n_inner > 0 ? n_inner : 4 * n_embd; }
   static Gpt2Config from_json(const nlohmann::json& j);
@@ -123,7 +125,7 @@ class Gpt2ModelImpl : public torch::nn::Cloneable<Gpt2ModelImpl> {
 };
 TORCH_MODULE(Gpt2Model);
 
-class Gpt2LMHeadModelImpl : public torch::nn::Cloneable<Gpt2LMHeadModelImpl> {
+class Gpt2LMHeadModelImpl : public torch::nn::Cloneable<Gpt2LMHeadModelImpl>, public KvCacheModel {
  public:
   explicit Gpt2LMHeadModelImpl(const Gpt2Config& c);
   void reset() override;
@@ -140,6 +142,11 @@ class Gpt2LMHeadModelImpl : public torch::nn::Cloneable<Gpt2LMHeadModelImpl> {
   // same; the head can then be quantized (and frozen) apart from the embedding, which a decoder
   // reading the whole [vocab, n_embd] table for every token wants. Before quantize() only.
   void untie_lm_head();
+  // The KV-cache scheme of every attention layer (and the configs saved with the model).
+  const KvCacheScheme& kv_cache_scheme() const override { return config.kv_cache; }
+  int64_t kv_cache_head_dim() const override { return config.n_embd / config.n_head; }
+  void set_kv_cache_scheme(const KvCacheScheme& scheme) override;
+  int64_t kv_cache_bytes_per_token(const KvCacheScheme& scheme) const override;
   Gpt2Config config;
   Gpt2Model transformer{nullptr};
   nn::Linear lm_head{nullptr};  // untied models only

@@ -49,7 +49,12 @@ KvCache& KvCache::operator=(const KvCache& other) {
   if (this == &other) return *this;
   clear();
   reserve_ = other.reserve_;
+  scheme_ = other.scheme_;
   resize(other.keys.size());
+  for (size_t l = 0; l < other.quant_keys_.size(); ++l) {
+    quant_keys_[l] = other.quant_keys_[l].clone();
+    quant_values_[l] = other.quant_values_[l].clone();
+  }
   for (size_t l = 0; l < other.keys.size(); ++l) {
     const at::Tensor& k = other.keys[l];
     if (!k.defined()) continue;
@@ -64,14 +69,37 @@ KvCache& KvCache::operator=(const KvCache& other) {
 
 void KvCache::resize(size_t layers) {
   for (auto* v : {&keys, &values, &key_store_, &value_store_}) v->resize(layers);
+  quant_keys_.resize(layers), quant_values_.resize(layers);
+}
+
+void KvCache::clear() {
+  keys.clear(), values.clear(), key_store_.clear(), value_store_.clear();
+  quant_keys_.clear(), quant_values_.clear();
+}
+
+int64_t KvCache::length() const {
+  if (scheme_.quantized()) return quant_keys_.empty() ? 0 : quant_keys_[0].length();
+  return keys.empty() || !keys[0].defined() ? 0 : keys[0].size(2);
+}
+
+void KvCache::set_scheme(const KvCacheScheme& scheme) {
+  if (scheme == scheme_) return;
+  QF_REQUIRE(length() == 0, kKvCache, ": the cache holds ", length(), " positions as ", scheme_.to_string(),
+             "; it cannot switch to ", scheme.to_string(), " (truncate(0) or clear() first)");
+  const size_t layers = keys.size();
+  clear();
+  resize(layers);
+  scheme_ = scheme;
 }
 
 int64_t KvCache::capacity(size_t layer) const {
+  if (scheme_.quantized()) return layer < quant_keys_.size() ? quant_keys_[layer].capacity() : 0;
   return layer < key_store_.size() && key_store_[layer].defined() ? key_store_[layer].size(2) : 0;
 }
 
-void KvCache::append(size_t layer, const at::Tensor& k, const at::Tensor& v) {
+std::pair<at::Tensor, at::Tensor> KvCache::append(size_t layer, const at::Tensor& k, const at::Tensor& v) {
   resize(std::max(keys.size(), layer + 1));  // also sizes the stores of views assigned from outside
+  if (scheme_.quantized()) return append_quantized(layer, k, v);
   QF_REQUIRE(k.dim() == 4 && v.sizes() == k.sizes(), kKvCache, ": keys ", k.sizes(), " and values ", v.sizes(),
              " must be the same [batch, kv_heads, T, head_dim]");
   const at::Tensor past = keys[layer];  // a handle: keys[layer] is reassigned below
@@ -89,14 +117,38 @@ void KvCache::append(size_t layer, const at::Tensor& k, const at::Tensor& v) {
     keys[layer] = past.defined() ? at::cat({past, k}, 2) : k;
     values[layer] = past.defined() ? at::cat({values[layer], v}, 2) : v;
     key_store_[layer] = value_store_[layer] = at::Tensor();
-    return;
+    return {keys[layer], values[layer]};
   }
   keys[layer] = append_side(key_store_[layer], past, k, reserve_);
   values[layer] = append_side(value_store_[layer], values[layer], v, reserve_);
+  return {keys[layer], values[layer]};
+}
+
+std::pair<at::Tensor, at::Tensor> KvCache::append_quantized(size_t layer, const at::Tensor& k, const at::Tensor& v) {
+  QF_REQUIRE(k.dim() == 4 && v.sizes() == k.sizes() && v.scalar_type() == k.scalar_type() && v.device() == k.device(),
+             kKvCache, ": keys ", k.sizes(), " ", k.scalar_type(), " and values ", v.sizes(), " ", v.scalar_type(),
+             " must be the same [batch, kv_heads, T, head_dim], dtype and device");
+  QF_REQUIRE(!at::GradMode::is_enabled() || !(k.requires_grad() || v.requires_grad()), kKvCache,
+             ": a quantized cache (", scheme_.to_string(), ") stores integer codes, which carry no gradient; "
+             "append under torch::NoGradGuard or use a float cache");
+  const int64_t first = reserve_ > 0 ? reserve_ : kMinCapacity;
+  at::Tensor ks = quant_keys_[layer].append(k, scheme_, first);
+  return {std::move(ks), quant_values_[layer].append(v, scheme_, first)};
+}
+
+KvCodes KvCache::codes(size_t layer, bool values) const {
+  const auto& side = values ? quant_values_ : quant_keys_;
+  return layer < side.size() ? side[layer].codes() : KvCodes{};
 }
 
 void KvCache::truncate(int64_t n) {
   QF_REQUIRE(n >= 0 && n <= length(), kKvCache, ": cannot truncate ", length(), " cached positions to ", n);
+  for (auto* side : {&quant_keys_, &quant_values_})
+    for (KvQuantStore& s : *side) {
+      QF_REQUIRE(s.length() == 0 || n <= s.length(), kKvCache, ": cannot truncate a layer of ", s.length(),
+                 " cached positions to ", n);
+      if (s.length() > 0) s.truncate(n);
+    }
   for (auto* side : {&keys, &values})
     for (at::Tensor& t : *side)
       if (t.defined()) t = t.narrow(2, 0, n);  // a prefix view of its store (or of a concatenation)
@@ -104,6 +156,8 @@ void KvCache::truncate(int64_t n) {
 
 int64_t KvCache::capacity_bytes() const {
   int64_t n = 0;
+  for (const auto* side : {&quant_keys_, &quant_values_})
+    for (const KvQuantStore& s : *side) n += s.capacity_bytes();
   for (size_t l = 0; l < keys.size(); ++l) {
     const at::Tensor& store = capacity(l) > 0 ? key_store_[l] : keys[l];
     if (store.defined()) n += 2 * store.numel() * static_cast<int64_t>(store.element_size());
@@ -113,6 +167,8 @@ int64_t KvCache::capacity_bytes() const {
 
 int64_t KvCache::bytes() const {
   int64_t n = 0;
+  for (const auto* side : {&quant_keys_, &quant_values_})
+    for (const KvQuantStore& s : *side) n += s.bytes();
   for (const auto* side : {&keys, &values})
     for (const at::Tensor& t : *side)
       if (t.defined()) n += t.numel() * static_cast<int64_t>(t.element_size());

@@ -12,6 +12,7 @@
 #include "framework/models/config_field.h"
 #include "framework/models/hf_folder.h"
 #include "framework/models/hf_lm_head.h"
+#include "framework/models/kv_quant.h"
 #include "kernels/cpu/hadamard.h"
 #include "kernels/cpu/hadamard_tensor.h"
 
@@ -184,6 +185,7 @@ void LlamaConfig::validate() const {
   QF_REQUIRE(is_activation(c.hidden_act), kLlama, ": config field 'hidden_act' is '", c.hidden_act,
              "'; supported: ", activation_names());
   c.rope_scaling.validate("rope_scaling");
+  c.kv_cache.validate(c.head_size(), kLlama);
   QF_REQUIRE(!c.down_proj_hadamard || kernels::hadamard_supported(c.intermediate_size), kLlama,
              ": config field 'qforge_down_proj_hadamard' needs a Hadamard size; intermediate_size ",
              c.intermediate_size, " is not one (2^k * m, m = 1 or a Paley order: docs/rotations.md)");
@@ -200,6 +202,7 @@ LlamaConfig LlamaConfig::from_json(const nlohmann::json& j) {
   // Qwen2Config keeps sliding_window only with use_sliding_window.
   if (c.model_type == "qwen2" && !c.use_sliding_window) c.sliding_window = 0;
   get_config_field(j, kLlama, "qforge_down_proj_hadamard", c.down_proj_hadamard);
+  if (j.contains("qforge_kv_cache")) c.kv_cache = kv_cache_scheme_from_json(j["qforge_kv_cache"], kLlama);
   require_full_rotary(j, "");
   c.validate();
   return c;
@@ -224,6 +227,7 @@ nlohmann::json LlamaConfig::to_json() const {
   j["rope_scaling"] = rope_scaling.to_json();
   if (!layer_types.empty()) j["layer_types"] = layer_types;
   if (down_proj_hadamard) j["qforge_down_proj_hadamard"] = true;
+  if (kv_cache.quantized()) j["qforge_kv_cache"] = kv_cache_scheme_json(kv_cache);
   return j;
 }
 
@@ -250,9 +254,9 @@ at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x, const RopeTables& ro
   const at::Tensor q = apply_rope(heads(q_proj->forward(x), H), rope);
   at::Tensor k = apply_rope(heads(k_proj->forward(x), KV), rope), v = heads(v_proj->forward(x), KV);
   if (cache != nullptr) {
-    cache->append(static_cast<size_t>(layer), k, v);
-    k = cache->keys[static_cast<size_t>(layer)];
-    v = cache->values[static_cast<size_t>(layer)];
+    std::tie(k, v) = cache->append(static_cast<size_t>(layer), k, v);
+  } else if (config.kv_cache.quantized()) {
+    k = fake_quantize_kv(k, config.kv_cache), v = fake_quantize_kv(v, config.kv_cache);
   }
   const int64_t S = k.size(2), past = S - T;
   // Grouped-query attention without repeating keys and values: the `rep` query heads sharing a
@@ -332,6 +336,7 @@ at::Tensor LlamaModelImpl::forward(const at::Tensor& ids, KvCache* cache) {
   if (cache) {
     QF_REQUIRE(cache->keys.empty() || static_cast<int64_t>(cache->keys.size()) == config.num_hidden_layers, kLlama,
                ": the cache holds ", cache->keys.size(), " layers, the model has ", config.num_hidden_layers);
+    cache->set_scheme(config.kv_cache);
     cache->resize(static_cast<size_t>(config.num_hidden_layers));
   }
   const RopeTables tables = rope(past, T, ids.device());
@@ -381,6 +386,22 @@ void LlamaForCausalLMImpl::set_down_proj_hadamard(bool on) {
     layer->config.down_proj_hadamard = on;
     layer->mlp->config.down_proj_hadamard = on;
   }
+}
+
+void LlamaForCausalLMImpl::set_kv_cache_scheme(const KvCacheScheme& scheme) {
+  scheme.validate(config.head_size(), kLlama);
+  config.kv_cache = scheme;
+  model->config.kv_cache = scheme;
+  for (const auto& l : *model->layers) {
+    auto* layer = l->as<LlamaDecoderLayerImpl>();
+    layer->config.kv_cache = scheme;
+    layer->self_attn->config.kv_cache = scheme;
+    layer->mlp->config.kv_cache = scheme;
+  }
+}
+
+int64_t LlamaForCausalLMImpl::kv_cache_bytes_per_token(const KvCacheScheme& scheme) const {
+  return 2 * config.num_hidden_layers * config.kv_heads() * scheme.bytes_per_head(config.head_size(), 4);
 }
 
 at::Tensor LlamaForCausalLMImpl::forward(const at::Tensor& ids, KvCache* cache) {

@@ -78,6 +78,10 @@ struct LlamaConfig {
   // rotated at run time (kernels/cpu/hadamard_tensor.h). config.json key
   // "qforge_down_proj_hadamard", written only when true (HF's loaders do not know it).
   bool down_proj_hadamard = false;
+  // The KV cache's keys and values (docs/kv_cache.md): float, or int8 / int4 codes; a cacheless
+  // forward attends to their fake-quantized values. config.json key "qforge_kv_cache", written
+  // only when quantized (a file without it keeps the float cache).
+  KvCacheScheme kv_cache;
 
   int64_t kv_heads() const { return num_key_value_heads > 0 ? num_key_value_heads : num_attention_heads; }
   int64_t head_size() const { return head_dim > 0 ? head_dim : hidden_size / num_attention_heads; }
@@ -187,7 +191,7 @@ class LlamaModelImpl : public torch::nn::Cloneable<LlamaModelImpl> {
 };
 TORCH_MODULE(LlamaModel);
 
-class LlamaForCausalLMImpl : public torch::nn::Cloneable<LlamaForCausalLMImpl> {
+class LlamaForCausalLMImpl : public torch::nn::Cloneable<LlamaForCausalLMImpl>, public KvCacheModel {
  public:
   explicit LlamaForCausalLMImpl(const LlamaConfig& c);
   void reset() override;
@@ -203,6 +207,11 @@ class LlamaForCausalLMImpl : public torch::nn::Cloneable<LlamaForCausalLMImpl> {
   // Turns the online Hadamard on down_proj's input on or off in every layer (and the configs
   // saved with the model); the rotation that needs it is framework/ptq/rotate.h's.
   void set_down_proj_hadamard(bool on);
+  // The KV-cache scheme of every attention layer (and the configs saved with the model).
+  const KvCacheScheme& kv_cache_scheme() const override { return config.kv_cache; }
+  int64_t kv_cache_head_dim() const override { return config.head_size(); }
+  void set_kv_cache_scheme(const KvCacheScheme& scheme) override;
+  int64_t kv_cache_bytes_per_token(const KvCacheScheme& scheme) const override;
   LlamaConfig config;
   LlamaModel model{nullptr};
   nn::Linear lm_head{nullptr};  // untied models only

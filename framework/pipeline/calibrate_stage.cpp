@@ -8,7 +8,9 @@
 #include "framework/pipeline/recipe_options.h"
 #include "framework/pipeline/run_context.h"
 #include "framework/pipeline/stage_registry.h"
+#include "framework/api/kv_cache_scheme.h"
 #include "framework/api/quantize.h"
+#include "framework/models/gpt2.h"
 #include "framework/ptq/float_view.h"
 #include "framework/ptq/imatrix.h"
 #include "framework/ptq/rotate.h"
@@ -84,6 +86,34 @@ void collect_imatrix(RunContext& ctx) {
                static_cast<long long>(ctx.calibration_batches()), seconds);
 }
 
+// quantize.kv_cache: the attention layers cache int8 / int4 codes from now on (their cacheless
+// forward, which evaluation runs, attends to the fake-quantized keys and values).
+void quantize_kv_cache(RunContext& ctx) {
+  const KvCacheScheme& s = ctx.recipe.kv_cache;
+  QF_REQUIRE(set_kv_cache_scheme(*ctx.task.model, s) > 0, "quantize.kv_cache: the ", ctx.recipe.model.arch,
+             " model keeps no KV cache");
+  const KvCacheModel* m = kv_cache_models(*ctx.task.model).front().second;
+  const int64_t bytes = m->kv_cache_bytes_per_token(s), float_bytes = m->kv_cache_bytes_per_token(KvCacheScheme{});
+  ctx.report["kv_cache"] = {{"scheme", s.to_string()},       {"qtype", s.qtype->name},
+                            {"symmetric", s.symmetric},      {"group_size", s.group_size},
+                            {"bytes_per_token", bytes},      {"float_bytes_per_token", float_bytes}};
+  std::fprintf(stderr, "qtrain: KV cache %s: %lld bytes per cached token (float32: %lld)\n", s.to_string().c_str(),
+               static_cast<long long>(bytes), static_cast<long long>(float_bytes));
+}
+
+// The cache's group size must divide the model's head_dim: checked before the float stage trains.
+void check_kv_cache(const Recipe& r) {
+  if (!r.kv_cache.quantized()) return;
+  int64_t head_dim = 0;
+  if (r.model.arch == "llama") {
+    head_dim = tasks::model_config<models::LlamaConfig>(r).head_size();
+  } else {
+    const auto c = tasks::model_config<models::Gpt2Config>(r);
+    head_dim = c.n_embd / c.n_head;
+  }
+  r.kv_cache.validate(head_dim, "quantize.kv_cache");
+}
+
 class CalibrateStage : public Stage {
  public:
   const char* name() const override { return "calibrate"; }
@@ -99,6 +129,7 @@ class CalibrateStage : public Stage {
     const Recipe& r = ctx.recipe;
     if (r.ptq.enabled && r.ptq.rotate == "hadamard")
       ptq::check_rotation_sizes(tasks::model_config<models::LlamaConfig>(r), ptq::RotateOptions{}.online_down_proj);
+    check_kv_cache(r);
   }
 
   void run(RunContext& ctx) const override {
@@ -109,6 +140,7 @@ class CalibrateStage : public Stage {
     if (r.ptq.enabled && r.ptq.equalize) equalize(ctx);
     const QuantizeReport q = quantize(*ctx.task.model, ctx.scheme);
     for (const auto& w : q.warnings) ctx.note("quantize: " + w);
+    if (r.kv_cache.quantized()) quantize_kv_cache(ctx);
     // A scheme (or searched width) with no QDQ form fails here, not after training.
     if (r.export_.onnx && export_stage().requested(ctx.options.stages)) check_onnx_recipe(r, ctx.task.model.get());
     if (solve_stage().applies(r)) check_solve_recipe(*ctx.task.model, r);  // before the calibration pass, not after it

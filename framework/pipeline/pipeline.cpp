@@ -13,6 +13,7 @@
 #include "framework/pipeline/recipe_options.h"
 #include "framework/pipeline/run_context.h"
 #include "framework/pipeline/stage_registry.h"
+#include "framework/api/kv_cache_scheme.h"
 #include "framework/api/quantize.h"
 
 namespace qforge {
@@ -88,6 +89,7 @@ void dry_run(const Recipe& r, const std::vector<std::string>& stages) {
   if (t.before_quantize) t.before_quantize();
   if (pipeline::search_stage().applies(r)) print_search_plan(r, *t.model);
   const QuantizeReport rep = quantize(*t.model, r.scheme);
+  if (r.kv_cache.quantized()) set_kv_cache_scheme(*t.model, r.kv_cache);  // describe() names it
   // Each layer's kernel plan: what freeze() will run on this machine (nothing is calibrated).
   const bool freezes = scheduled(pipeline::freeze_stage(), r, stages);
   std::printf("\nplan (%zu quantized layers, %zu kept float; %s):\n%s", rep.quantized.size(), rep.kept_float.size(),

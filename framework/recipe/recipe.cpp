@@ -154,6 +154,8 @@ void check_quantize(const Recipe& r, const YAML::Node& tree, const Where& w) {
       r.freeze.enabled)
     w.problem("quantize.activations.qtype", aq + " activations have no integer kernel to freeze into; use qint8 "
                                             "or set freeze.enabled: false to evaluate them fake-quantized");
+  if (r.kv_cache.quantized() && r.model.arch != "gpt2" && r.model.arch != "llama")
+    w.problem("quantize.kv_cache.qtype", "a KV cache belongs to the causal LMs (arch gpt2 or llama), not " + r.model.arch);
   const YAML::Node rules = tree["quantize"]["rules"];
   for (size_t i = 0; rules && rules.IsSequence() && i < rules.size(); ++i)
     if (s.rules[i].pattern.empty())

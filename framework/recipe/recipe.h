@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "framework/core/error.h"
+#include "framework/api/kv_cache_scheme.h"
 #include "framework/api/scheme.h"
 
 namespace qforge {
@@ -76,6 +77,7 @@ struct Recipe {
 
   bool quantize = false;  // a `quantize` section is present
   Scheme scheme;
+  KvCacheScheme kv_cache;  // quantize.kv_cache: the causal LMs' KV cache (float unless given)
 
   struct Calibrate {
     int64_t batches = 16;

@@ -173,6 +173,30 @@ LayerRule layer_rule(const YAML::Node& n) {
   return rule;
 }
 
+// Written back only when quantized, so recipes without the key resolve as before.
+Field kv_cache_section() {
+  auto when_quantized = [](auto value) {
+    return [value](const Recipe& r) { return r.kv_cache.quantized() ? value(r) : YAML::Node(); };
+  };
+  return map("kv_cache", "KV-cache quantization of causal LMs (gpt2, llama): codes per token and key/value head, "
+             "dynamic scales (docs/kv_cache.md)", {
+      bind(choice("qtype", {"none", "int8", "int4"}, "cache grid (none: float)"),
+           [](const YAML::Node& n, Recipe& r) {
+             const std::string name = n.as<std::string>();
+             r.kv_cache.qtype = name == "none" ? std::optional<QType>() : kv_cache_qtype_from_name(name);
+           },
+           when_quantized([](const Recipe& r) {
+             return YAML::Node(std::string(r.kv_cache.qtype->bits == 8 ? "int8" : "int4"));
+           })),
+      bind(leaf("symmetric", T::kBool, "zero point 0 (false: an int8 zero point per scale)"),
+           [](const YAML::Node& n, Recipe& r) { r.kv_cache.symmetric = n.as<bool>(); },
+           when_quantized([](const Recipe& r) { return YAML::Node(r.kv_cache.symmetric); })),
+      bind(leaf("group_size", T::kInt, "head_dim elements per scale (0: the whole head)", 0, 65536),
+           [](const YAML::Node& n, Recipe& r) { r.kv_cache.group_size = n.as<int64_t>(); },
+           when_quantized([](const Recipe& r) { return YAML::Node(r.kv_cache.group_size); })),
+  });
+}
+
 Field quantize_section() {
   Field rules = list("rules", "ordered per-layer rules; the first whose pattern matches wins",
                      map("*", "rule", {
@@ -186,7 +210,8 @@ Field quantize_section() {
   rules.bound.set = [](const YAML::Node& n, Recipe& r) {
     for (const auto& rn : n) r.scheme.rules.push_back(layer_rule(rn));
   };
-  return map("quantize", "what to quantize and how", {weights_section(), activations_section(), rules});
+  return map("quantize", "what to quantize and how", {weights_section(), activations_section(), rules,
+                                                     kv_cache_section()});
 }
 
 Field calibrate_section() {

@@ -1,0 +1,106 @@
+// KV-cache schemes (kv_cache_scheme.h).
+#include "framework/api/kv_cache_scheme.h"
+
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "framework/core/error.h"
+
+namespace qforge {
+
+nlohmann::json kv_cache_scheme_json(const KvCacheScheme& scheme) {
+  if (!scheme.quantized()) return nullptr;
+  return {{"qtype", scheme.qtype->name}, {"symmetric", scheme.symmetric}, {"group_size", scheme.group_size}};
+}
+
+KvCacheScheme kv_cache_scheme_from_json(const nlohmann::json& j, const char* who) {
+  KvCacheScheme s;
+  if (j.is_null()) return s;
+  QF_REQUIRE(j.is_object() && j.contains("qtype") && j["qtype"].is_string(), who,
+             ": the KV-cache scheme must be an object with a string 'qtype', got ", j.dump());
+  for (const auto& [key, value] : j.items()) {
+    QF_REQUIRE(key == "qtype" || key == "symmetric" || key == "group_size", who, ": KV-cache scheme key '", key,
+               "' is unknown; expected qtype, symmetric, group_size");
+    if (key == "symmetric") QF_REQUIRE(value.is_boolean(), who, ": KV-cache 'symmetric' must be true or false");
+    if (key == "group_size") QF_REQUIRE(value.is_number_integer(), who, ": KV-cache 'group_size' must be an integer");
+  }
+  s.qtype = kv_cache_qtype_from_name(j["qtype"].get<std::string>());
+  s.symmetric = j.value("symmetric", true);
+  s.group_size = j.value("group_size", int64_t{0});
+  return s;
+}
+
+std::vector<std::string> kv_cache_qtype_names() { return {"int8", "int4"}; }
+
+QType kv_cache_qtype_from_name(const std::string& name) {
+  if (name == "int8" || name == "qint8") return qint8;
+  if (name == "int4" || name == "qint4") return qint4;
+  throw Error(detail::str_cat("kv_cache: qtype '", name, "' is not a KV-cache grid; supported: int8, int4"));
+}
+
+QSpec KvCacheScheme::spec(int64_t head_dim) const {
+  QF_REQUIRE(quantized(), "kv_cache: a float cache has no QSpec");
+  QSpec s;
+  s.qtype = *qtype;
+  s.granularity = Granularity::kPerGroup;
+  s.group_size = group(head_dim);
+  s.symmetric = symmetric;
+  return s;
+}
+
+void KvCacheScheme::validate(int64_t head_dim, const std::string& who) const {
+  if (!quantized()) return;
+  QF_REQUIRE(*qtype == qint8 || *qtype == qint4, who, ": the KV cache takes qint8 or qint4, not ", qtype->name);
+  QF_REQUIRE(group_size >= 0, who, ": KV-cache group_size must be >= 0, got ", group_size);
+  const int64_t g = group(head_dim);
+  QF_REQUIRE(head_dim % g == 0, who, ": KV-cache group_size ", g, " does not divide head_dim ", head_dim);
+  QF_REQUIRE(*qtype != qint4 || g % 2 == 0, who, ": a qint4 KV-cache group holds whole bytes of two codes; group ", g,
+             " is odd");
+}
+
+int64_t KvCacheScheme::bytes_per_head(int64_t head_dim, int64_t float_bytes) const {
+  if (!quantized()) return head_dim * float_bytes;
+  const int64_t groups = head_dim / group(head_dim);
+  // Codes (a byte, or half a byte for qint4), a float32 scale per group, an int8 zero point when asymmetric.
+  return head_dim * qtype->bits / 8 + groups * 4 + (symmetric ? 0 : groups);
+}
+
+std::string KvCacheScheme::to_string() const {
+  if (!quantized()) return "float";
+  std::string s = std::string(qtype->name) + (symmetric ? " symmetric" : " asymmetric") + " per token and head";
+  if (group_size > 0) s += ", groups of " + std::to_string(group_size);
+  return s;
+}
+
+std::vector<std::pair<std::string, KvCacheModel*>> kv_cache_models(torch::nn::Module& model) {
+  std::vector<std::pair<std::string, KvCacheModel*>> out;
+  if (auto* m = dynamic_cast<KvCacheModel*>(&model)) out.emplace_back("", m);
+  for (auto& item : model.named_modules("", /*include_self=*/false))
+    if (auto* m = dynamic_cast<KvCacheModel*>(item.value().get())) out.emplace_back(item.key(), m);
+  return out;
+}
+
+std::vector<std::pair<std::string, const KvCacheModel*>> kv_cache_models(const torch::nn::Module& model) {
+  std::vector<std::pair<std::string, const KvCacheModel*>> out;
+  for (const auto& [path, m] : kv_cache_models(const_cast<torch::nn::Module&>(model))) out.emplace_back(path, m);
+  return out;
+}
+
+int set_kv_cache_scheme(torch::nn::Module& model, const KvCacheScheme& scheme) {
+  const auto models = kv_cache_models(model);
+  for (const auto& [path, m] : models) m->set_kv_cache_scheme(scheme);
+  return static_cast<int>(models.size());
+}
+
+std::string describe_kv_cache(const torch::nn::Module& model) {
+  std::ostringstream os;
+  for (const auto& [path, m] : kv_cache_models(model)) {
+    if (!m->kv_cache_scheme().quantized()) continue;
+    os << "KvCacheQuant" << (path.empty() ? "" : " " + path) << ": " << m->kv_cache_scheme().to_string() << ", "
+       << m->kv_cache_bytes_per_token(m->kv_cache_scheme()) << " bytes per cached token (float32: "
+       << m->kv_cache_bytes_per_token(KvCacheScheme{}) << ")\n";
+  }
+  return os.str();
+}
+
+}  // namespace qforge
