@@ -1,7 +1,8 @@
 # ctest installed_headers_linked: every installed header (cmake/public_headers.cmake) whose
 # definitions live in a library (the .cpp of the same name, in the same folder, is a source of that
 # library) belongs to a library `cmake --install` installs and exports, so a user program that
-# includes it links. Header-only headers (no .cpp of their name) need no library.
+# includes it links; a .cpp of its name that no library compiles fails too. Header-only headers
+# (no .cpp of their name) need no library. Definitions in a .cpp of another name are not seen.
 # Run as: cmake -DOWNERS=<build>/qforge_header_owners.cmake -P cmake/check_header_owners.cmake
 # (OWNERS, written at configure time, sets QFORGE_SOURCE_OWNERS: "source.cpp=target" pairs, and
 # QFORGE_INSTALLED_LIBRARIES.)
@@ -18,6 +19,10 @@ foreach(header IN LISTS QFORGE_PUBLIC_HEADERS)
       list(APPEND owner ${CMAKE_MATCH_1})
     endif()
   endforeach()
+  # A .cpp of the header's name that no library compiles: its definitions link nowhere.
+  if(NOT owner AND EXISTS "${CMAKE_CURRENT_LIST_DIR}/../${source}")
+    string(APPEND problems "  ${header}: ${source} exists but no library target compiles it\n")
+  endif()
   foreach(target IN LISTS owner)
     math(EXPR owned "${owned} + 1")
     if(NOT target IN_LIST QFORGE_INSTALLED_LIBRARIES)

@@ -383,13 +383,16 @@ at::Tensor QuantizerImpl::weight_forward(const at::Tensor& w) {
   if (!is_training() && no_grad) {
     // Codebook levels train too: their version is part of the key.
     const int64_t cb_version = codebook_.defined() ? static_cast<int64_t>(codebook_._version()) : 0;
-    if (cached_wq_.defined() && cached_w_.is_same(w) && cached_data_ == w.data_ptr() &&
+    if (cached_wq_.defined() && cached_w_.is_same(w) &&
+        cached_storage_.unsafeGetStorageImpl() == w.storage().unsafeGetStorageImpl() &&
+        cached_offset_ == w.storage_offset() &&
         cached_version_ == static_cast<int64_t>(w._version()) && cached_cb_version_ == cb_version)
       return cached_wq_;
     cached_cb_version_ = cb_version;
     cached_wq_ = fake_quantize(w.detach(), qparams(w));
     cached_w_ = w;
-    cached_data_ = w.data_ptr();
+    cached_storage_ = w.storage();
+    cached_offset_ = w.storage_offset();
     cached_version_ = static_cast<int64_t>(w._version());
     return cached_wq_;
   }

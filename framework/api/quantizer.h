@@ -90,7 +90,8 @@ class QuantizerImpl : public torch::nn::Module {
   void clear_cache() {
     cached_w_ = at::Tensor();
     cached_wq_ = at::Tensor();
-    cached_data_ = nullptr;
+    cached_storage_ = c10::Storage();
+    cached_offset_ = -1;
     cached_version_ = -1;
   }
 
@@ -125,10 +126,12 @@ class QuantizerImpl : public torch::nn::Module {
   bool observer_frozen_ = false;
   bool calibrated_ = false;
   bool lsq_initialised_ = false;
-  // Eval-mode cache of the fake-quantized weight, keyed on the weight's TensorImpl, its data
-  // pointer (set_data swaps the data under the same TensorImpl and version) and its version.
+  // Eval-mode cache of the fake-quantized weight, keyed on the weight's TensorImpl, its storage
+  // (set_data swaps it under the same TensorImpl and version; held, so its address cannot be
+  // handed to another tensor while cached), its storage offset and its version.
   at::Tensor cached_w_, cached_wq_;
-  const void* cached_data_ = nullptr;
+  c10::Storage cached_storage_;
+  int64_t cached_offset_ = -1;
   int64_t cached_version_ = -1;
   int64_t cached_cb_version_ = -1;
 };

@@ -137,7 +137,7 @@ const Value* transposed_matrix(const Value* v) {
   const auto a = torch::jit::toIValue(t->input(1)), b = torch::jit::toIValue(t->input(2));
   if (!a || !b || !a->isInt() || !b->isInt()) return nullptr;
   const int64_t lo = std::min(a->toInt(), b->toInt()), hi = std::max(a->toInt(), b->toInt());
-  return (lo == 0 && hi == 1) || (lo == -2 && hi == -1) || (lo == 0 && hi == -1) || (lo == -2 && hi == 1) ? t->input(0)
+  return (lo == 0 && hi == 1) || (lo == -2 && hi == -1) || (lo == -1 && hi == 0) || (lo == -2 && hi == 1) ? t->input(0)
                                                                                                         : nullptr;
 }
 
@@ -153,6 +153,12 @@ std::string matmul_operands(Node* n, const Value* self, const torch::jit::Module
              "x @ W.t() and F.linear become qforge Linear layers";
     if (resolve(n->input(addmm ? 1 : 0), self, root))
       return "no qforge op for it in the TorchScript front door yet: the weight is the left operand (W @ x)";
+    // t(W) read twice, W.mT, permute(W, ...): a module attribute one op away that is not x @ W^T.
+    for (const Value* in : rhs->node()->inputs())
+      if (resolve(in, self, root))
+        return "the weight operand is " + std::string(rhs->node()->kind().toQualString()) +
+               " of a module attribute, a form the front door does not recognise (it takes x @ W.t() with "
+               "t(W) read once)";
     return "multiplies two computed tensors (activations): no weight to quantize";
   }
   if (addmm) {
@@ -163,6 +169,11 @@ std::string matmul_operands(Node* n, const Value* self, const torch::jit::Module
     const auto b = resolve(n->input(0), self, root);
     if (!b || !b->value.isTensor() || b->value.toTensor().dim() != 1)
       return "the added term is not a bias vector read from a module attribute";
+    // A broadcast term ([1]) is no per-output bias a Linear layer can hold.
+    const c10::IValue weight = resolve(w, self, root)->value;
+    if (weight.isTensor() && weight.toTensor().dim() == 2 && b->value.toTensor().numel() != weight.toTensor().size(0))
+      return "the added term has " + std::to_string(b->value.toTensor().numel()) + " values for " +
+             std::to_string(weight.toTensor().size(0)) + " outputs (a broadcast, not a bias qforge Linear holds)";
   }
   c->x_at = addmm ? 1 : 0;
   return {};
@@ -177,12 +188,14 @@ std::string embedding_options(const Node* n, const at::Tensor& w, Candidate* c) 
   if (!padding_idx || !padding_idx->isInt() || !by_freq || !by_freq->isBool() || !sparse || !sparse->isBool())
     return "padding_idx, scale_grad_by_freq or sparse is not a constant of the graph";
   if (by_freq->toBool() || sparse->toBool()) return "scale_grad_by_freq / sparse gradients: no qforge Embedding option";
+  // aten::embedding gets padding_idx as nn.Embedding / F.embedding normalised it: negative is none.
+  const int64_t p = padding_idx->toInt();
+  if (p >= w.size(0))
+    return "padding_idx " + std::to_string(p) + " is past the table's " + std::to_string(w.size(0)) + " rows";
   c->spec.kind = LayerKind::kEmbedding;
   c->spec.in = w.size(0);
   c->spec.out = w.size(1);
-  // A negative padding_idx counts from the end, as torch.nn.Embedding's does.
-  const int64_t p = padding_idx->toInt();
-  c->spec.padding_idx = p == -1 ? -1 : (p < 0 ? p + w.size(0) : p);
+  c->spec.padding_idx = p < 0 ? -1 : p;
   c->spec.bias = false;
   return {};
 }

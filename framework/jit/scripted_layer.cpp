@@ -70,6 +70,7 @@ void check_spec(const LayerSpec& s) {
              k, " has in ", s.in, ", out ", s.out, " (each must lie in [1, ", kMaxLayerWidth, "])");
   const bool conv = s.kind == LayerKind::kConv1d || s.kind == LayerKind::kConv2d;
   QF_REQUIRE(s.groups >= 1 && (conv || s.groups == 1), "framework/jit: pickled ", k, " has groups ", s.groups);
+  QF_REQUIRE(s.kind != LayerKind::kEmbedding || !s.bias, "framework/jit: pickled ", k, " has a bias");
   QF_REQUIRE(s.padding_idx >= -1 && s.padding_idx < (s.kind == LayerKind::kEmbedding ? s.in : 0),
              "framework/jit: pickled ", k, " has padding_idx ", s.padding_idx, " for ", s.in, " rows");
   QF_REQUIRE(s.in % s.groups == 0 && s.out % s.groups == 0, "framework/jit: pickled ", k, " has in ", s.in, ", out ",

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Writes the TorchScript fixtures of tests/jit (tests/fixtures/torchscript/): a small CNN, an
-MLP, a CNN with BatchNorms, a BERT-like encoder and an LM with a tied token table, each scripted (torch.jit.script) and traced
-(torch.jit.trace), with fixed seeds.
+MLP, a CNN with BatchNorms, a BERT-like encoder, an LM with a tied token table and a chain of
+rewritten calls, each scripted (torch.jit.script) and traced
+(torch.jit.trace), and the weight x matrix forms (scripted only), with fixed seeds.
 
     python3 scripts/torchscript/make_fixtures.py [output folder]
 
@@ -167,6 +168,67 @@ class TiedLm(nn.Module):
         return self.lm_head(h) + F.linear(h, self.tok.weight, self.head_bias)
 
 
+class Chain(nn.Module):
+    """Rewritten calls feeding each other directly: Conv2d -> BatchNorm2d (folded) -> Conv2d, as a
+    MobileNetV2 project conv feeds the next expand conv, then Linear -> Linear."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 8, 3, padding=1)
+        self.bn1 = nn.BatchNorm2d(8)
+        self.conv2 = nn.Conv2d(8, 8, 3, padding=1)
+        self.down = nn.Linear(8 * 14 * 14, 16)
+        self.up = nn.Linear(16, 10)
+        self.bn1.running_mean.uniform_(-0.5, 0.5)
+        self.bn1.running_var.uniform_(0.5, 2.0)
+
+    def forward(self, x):
+        x = self.conv2(self.bn1(self.conv1(x)))
+        return self.up(self.down(x.flatten(1)))
+
+
+class MatmulForms(nn.Module):
+    """Each weight x matrix form the front door meets: the ones that become Linear layers (mm,
+    addmm with beta = alpha = 1, .T, transpose(0, 1), transpose(-1, 0)) and the ones that stay float
+    with a reason (addmm with other beta / alpha or a broadcast bias, x @ W, W @ x, t(W) read
+    twice, sparse / scale_grad_by_freq embeddings, a padding_idx past the table, a scripted
+    nn.Embedding with padding_idx > 0)."""
+
+    def __init__(self, dim=16, out=8, rows=20):
+        super().__init__()
+        p = lambda *shape: nn.Parameter(torch.randn(*shape) * 0.2)
+        self.w_mm, self.w_addmm, self.b_addmm = p(out, dim), p(out, dim), p(out)
+        self.w_scaled, self.b_scaled = p(out, dim), p(out)
+        self.w_bcast, self.b_bcast = p(out, dim), p(1)
+        self.w_T, self.w_tr, self.w_tr_neg = p(out, dim), p(out, dim), p(out, dim)
+        self.w_in_out, self.w_left, self.w_twice = p(dim, out), p(out, dim), p(out, dim)
+        self.emb = nn.Embedding(rows, out, padding_idx=0)
+        # Scripted, F.embedding checks padding_idx < weight.size(0) when padding_idx > 0: a second read.
+        self.emb_pad2 = nn.Embedding(rows, out, padding_idx=2)
+        self.emb_sparse = nn.Embedding(rows, out, sparse=True)
+        self.w_freq, self.w_pad_past = p(rows, out), p(rows, out)
+
+    def forward(self, x):
+        ys = [torch.mm(x, self.w_mm.t()),
+              torch.addmm(self.b_addmm, x, self.w_addmm.t()),
+              torch.addmm(self.b_scaled, x, self.w_scaled.t(), beta=0.5, alpha=2.0),
+              torch.addmm(self.b_bcast, x, self.w_bcast.t()),
+              torch.matmul(x, self.w_T.T),
+              x @ self.w_tr.transpose(0, 1),
+              x @ self.w_tr_neg.transpose(-1, 0),
+              x @ self.w_in_out,
+              torch.mm(self.w_left, x.t()).t()]
+        twice = self.w_twice.t()
+        ys.append(torch.mm(x, twice) + torch.mm(torch.tanh(x), twice))
+        ids = (x[:, :4].abs() * 7.0).long() % 20
+        ys.append(self.emb(ids).sum(1))
+        ys.append(self.emb_pad2(ids).sum(1))
+        ys.append(self.emb_sparse(ids).sum(1))
+        ys.append(F.embedding(ids, self.w_freq, scale_grad_by_freq=True).sum(1))
+        ys.append(torch.embedding(self.w_pad_past, ids, 25).sum(1))
+        return torch.cat(ys, 1)
+
+
 def write_safetensors(path, tensors):
     """The safetensors layout (8-byte header length, JSON header, raw little-endian bytes) by hand:
     the Python safetensors package is not a Debian package here."""
@@ -214,6 +276,12 @@ def main():
     tied = TiedLm().eval()
     torch.jit.script(tied).save(os.path.join(out, "tied_lm_scripted.pt"))
     torch.jit.trace(tied, torch.randint(0, 48, (2, 8))).save(os.path.join(out, "tied_lm_traced.pt"))
+    torch.manual_seed(0)
+    chain = Chain().eval()
+    torch.jit.script(chain).save(os.path.join(out, "chain_scripted.pt"))
+    torch.jit.trace(chain, torch.randn(2, 1, 14, 14)).save(os.path.join(out, "chain_traced.pt"))
+    torch.manual_seed(0)
+    torch.jit.script(MatmulForms().eval()).save(os.path.join(out, "matmul_forms_scripted.pt"))
     print("wrote", out)
 
 

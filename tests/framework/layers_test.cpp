@@ -13,6 +13,7 @@
 #include <cmath>
 #include <functional>
 #include <type_traits>
+#include <vector>
 
 #include "fake_quant/fake_quantize.h"
 #include "framework/core/error.h"
@@ -482,6 +483,33 @@ TEST(Qat, EvalCacheSeesAWeightReplacedBySetData) {
   lin->weight.set_data(at::randn({4, 16}));
   ASSERT_EQ(lin->weight.unsafeGetTensorImpl(), impl);
   ASSERT_EQ(lin->weight._version(), version);
+  const QParams qp = lin->weight_quantizer()->qparams(lin->weight);
+  const at::Tensor after = lin(x);
+  EXPECT_FALSE(at::equal(after, before));
+  EXPECT_TRUE(at::equal(after, at::linear(x, fake_quantize(lin->weight, qp), lin->bias)));
+}
+
+// Two set_data calls with the first weight's memory handed out again in between: a key on the
+// data pointer sees the same TensorImpl, version and address and returns the stale output. The
+// allocator's reuse is made certain here by placing the first and third weights on one buffer.
+TEST(Qat, EvalCacheSeesANewWeightAtAFreedWeightsAddress) {
+  at::manual_seed(12);
+  std::vector<float> memory(4 * 16);  // outlives the layer that points into it
+  nn::Linear lin(16, 4);
+  quantize(lin, Scheme(qint8));
+  lin->eval();
+  at::NoGradGuard g;
+  const at::Tensor x = at::randn({3, 16});
+  at::Tensor first = at::from_blob(memory.data(), {4, 16});
+  first.copy_(at::randn({4, 16}));
+  lin->weight.set_data(first);
+  first = at::Tensor();
+  const at::Tensor before = lin(x);  // fills the cache
+  lin->weight.set_data(at::randn({4, 16}));
+  at::Tensor third = at::from_blob(memory.data(), {4, 16});
+  third.copy_(at::randn({4, 16}));
+  lin->weight.set_data(third);
+  ASSERT_EQ(lin->weight.data_ptr(), static_cast<void*>(memory.data()));
   const QParams qp = lin->weight_quantizer()->qparams(lin->weight);
   const at::Tensor after = lin(x);
   EXPECT_FALSE(at::equal(after, before));

@@ -1,18 +1,28 @@
-// What the TorchScript tests share: the committed fixtures, the W8A8 scheme and a temporary directory.
+// What the TorchScript tests share: the committed fixtures, layer paths, the W8A8 scheme and a
+// temporary directory.
 #pragma once
 
 #include <stdlib.h>
 
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include "framework/api/scheme.h"
+#include "framework/jit/scripted_model.h"
 
 namespace qforge::jit_test {
 
 // tests/fixtures/torchscript/<name>.pt (scripts/torchscript/make_fixtures.py).
 inline std::string fixture(const std::string& name) {
   return std::string(QFORGE_TORCHSCRIPT_FIXTURES) + "/" + name + ".pt";
+}
+
+// The module paths of a model's qforge layers, in graph order.
+inline std::vector<std::string> layer_paths(const jit::ScriptedModel& m) {
+  std::vector<std::string> out;
+  for (const auto& l : m->layers()) out.push_back(l->path());
+  return out;
 }
 
 // Static int8 activations and per-channel int8 weights: the integer kernels after freeze.

@@ -24,6 +24,7 @@
 namespace fs = std::filesystem;
 using qforge::jit::ScriptedModel;
 using qforge::jit_test::fixture;
+using qforge::jit_test::layer_paths;
 using qforge::jit_test::TempDir;
 using qforge::jit_test::w8a8;
 
@@ -39,12 +40,6 @@ at::Tensor script_attr(ScriptedModel& m, const qforge::jit::TensorHome& home) {
   std::stringstream path(home.owner);
   for (std::string name; std::getline(path, name, '.');) owner = owner.attr(name).toModule();
   return owner.attr(home.weight).toTensor();
-}
-
-std::vector<std::string> layer_paths(const ScriptedModel& m) {
-  std::vector<std::string> out;
-  for (const auto& l : m->layers()) out.push_back(l->path());
-  return out;
 }
 
 }  // namespace
@@ -242,6 +237,11 @@ TEST(TorchScript, CraftedLayerStatesAreRefusedBeforeTheLayerIsBuilt) {
   refused({2, 0, 4, 2, 1, 1}, "written by a newer qforge (format 2");
   refused({0, 0, 4, 2, 1, 1}, "no format version");
   refused({1, 7, 4, 2, 1, 1}, "unknown kind");
+  refused({1, 3, 4, 2, 1, 0, 4}, "Embedding has padding_idx 4 for 4 rows");
+  refused({1, 3, 4, 2, 1, 0, -2}, "Embedding has padding_idx -2 for 4 rows");
+  refused({1, 3, 4, 2, 1, 0}, "Embedding options have 6 values, expected 7");
+  refused({1, 3, 4, 2, 1, 1, -1}, "Embedding has a bias");
+  EXPECT_EQ(LayerSpec::from_ints({1, 3, 4, 2, 1, 0, 3}).padding_idx, 3);
 
   // A spec that disagrees with its checkpoint's weight (here 2^30 floats) is refused before the
   // layer is built; the checkpoint's own spec loads.

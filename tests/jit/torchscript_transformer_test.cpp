@@ -91,7 +91,7 @@ TEST(TorchScriptTransformer, DynamicInt8CloseToFloatAndToPyTorchsDynamicInt8Froz
     const double error = relative_error(fake, ref);
     std::printf("%s: dynamic int8 relative error qforge %.4f, torch.ao %.4f; top-1 agreement %.3f\n", form, error,
                 torch_error, top1_agreement(fake, ref));
-    EXPECT_LE(error, 1.5 * torch_error);
+    EXPECT_LT(error, torch_error);  // README: closer to the float logits than quantize_dynamic on this model
     EXPECT_GE(top1_agreement(fake, ref), 0.95);
 
     qforge::freeze(*m);
