@@ -18,6 +18,7 @@
 #include <exception>
 #include <memory>
 
+#include "apps/elapsed.h"
 #include "framework/dist/sync.h"
 #include "framework/dist/world.h"
 #include "framework/models/cnn.h"
@@ -27,7 +28,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+using qforge::apps::seconds_since;
 
 }  // namespace
 

@@ -7,7 +7,8 @@
 //        [--top-k 0] [--top-p 1] [--min-p 0] [--repetition-penalty 1] [--seed 0] [--eos ID ...]
 //        [--threads N] [--print-ids]
 //   qgen MODEL --perplexity FILE [--window N] [--stride N] [--weights ...] [--threads N]
-// Exit codes: 0 success, 2 bad arguments, 1 a model that cannot be loaded or run (named).
+// Exit codes: 0 success, 2 bad arguments, 1 a model that cannot be loaded or run, or a --perplexity
+// file that is missing, empty, not UTF-8 or under 2 tokens (the reason named).
 #include <ATen/Parallel.h>
 #include <ATen/ATen.h>
 
@@ -16,6 +17,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <initializer_list>
 #include <iterator>
 #include <memory>
 #include <string>
@@ -25,7 +27,9 @@
 #include <nlohmann/json.hpp>
 #include <yaml-cpp/yaml.h>
 
+#include "apps/elapsed.h"
 #include "apps/process_memory.h"
+#include "apps/qgen_streamer.h"
 
 #include "framework/api/quantize.h"
 #include "framework/core/error.h"
@@ -76,19 +80,34 @@ nlohmann::json recorded_rotation(const fs::path& dir, bool recipe_rotates) {
   return *rotate;
 }
 
+// `s` as a YAML double-quoted scalar: a --set value that a path's " #" or ": " cannot cut short.
+std::string yaml_quoted(const std::string& s) {
+  YAML::Emitter e;
+  e << YAML::DoubleQuoted << s;
+  return e.c_str();
+}
+
 // The run's resolved recipe. The tokenizer the export stage copied into the run directory stands in
 // for the data.tokenizer.file the run recorded, which may have moved since (the recipe check would
 // refuse a missing file); with neither, the error names both paths.
+// A malformed file falls to load_recipe, whose error names the file and line.
 Recipe load_run_recipe(const fs::path& dir) {
   const std::string resolved = (dir / "recipe.resolved.yaml").string();
-  const YAML::Node root = YAML::LoadFile(resolved);  // const: a missing key reads as undefined, not an error
+  YAML::Node parsed;
+  try {
+    parsed = YAML::LoadFile(resolved);
+  } catch (const YAML::Exception&) {
+    return load_recipe(resolved);
+  }
+  const YAML::Node root = parsed;  // const: a missing key reads as undefined, not an error
   std::string recorded;
   if (const YAML::Node data = root["data"]; data.IsDefined() && data.IsMap())
     if (const YAML::Node tok = data["tokenizer"]; tok.IsDefined() && tok.IsMap())
       if (const YAML::Node file = tok["file"]; file.IsDefined() && file.IsScalar()) recorded = file.as<std::string>();
   if (recorded.empty()) return load_recipe(resolved);
   for (const char* name : {"tokenizer.json", "tokenizer.model"})
-    if (fs::is_regular_file(dir / name)) return load_recipe(resolved, {"data.tokenizer.file=" + (dir / name).string()});
+    if (fs::is_regular_file(dir / name))
+      return load_recipe(resolved, {"data.tokenizer.file=" + yaml_quoted((dir / name).string())});
   QF_REQUIRE(fs::exists(recorded), dir.string(), ": the run's tokenizer is gone: data.tokenizer.file ", recorded,
              " does not exist (moved?) and the run directory holds no copy (", (dir / "tokenizer.json").string(),
              " or tokenizer.model); put the tokenizer back at either path");
@@ -144,40 +163,6 @@ void quantize_weights(Loaded& m, const std::string& weights) {
   freeze(m.model);
 }
 
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-// Prints the decoded continuation as it grows, holding back a trailing partial UTF-8 character.
-// It times itself: decoding and printing each id happen inside generate()'s timed phases, and the
-// decode rate qgen reports is the model's, not the terminal's.
-class Streamer {
- public:
-  explicit Streamer(const text::Tokenizer& t) : tok_(t) {}
-  void add(int64_t id) {
-    const auto t0 = std::chrono::steady_clock::now();
-    print(id);
-    (ids_.size() == 1 ? first_seconds_ : later_seconds_) += seconds_since(t0);
-  }
-  double first_seconds() const { return first_seconds_; }  // spent in the prefill phase (the first id)
-  double later_seconds() const { return later_seconds_; }  // spent in the decode phase
-
- private:
-  void print(int64_t id) {
-    ids_.push_back(id);
-    const std::string text = tok_.decode(ids_, /*skip_special_tokens=*/true);
-    if (text.size() >= 3 && text.compare(text.size() - 3, 3, "\xEF\xBF\xBD") == 0) return;
-    if (text.compare(0, printed_.size(), printed_) == 0) std::fputs(text.c_str() + printed_.size(), stdout);
-    else std::fputs(("\n" + text).c_str(), stdout);  // a decoder that rewrote earlier text: print it whole
-    std::fflush(stdout);
-    printed_ = text;
-  }
-  const text::Tokenizer& tok_;
-  std::vector<int64_t> ids_;
-  std::string printed_;
-  double first_seconds_ = 0, later_seconds_ = 0;
-};
-
 // The process's resident set from the kernel, beside the tensor bytes counted above it.
 void report_resident_memory() {
   const int64_t rss = apps::status_kib("VmRSS"), hwm = apps::status_kib("VmHWM");
@@ -189,16 +174,10 @@ void report_resident_memory() {
                hwm * 1024 / 1e6);
 }
 
-void report(models::GenerationResult r, const Loaded& m, const std::vector<int64_t>& prompt, const Streamer& stream,
-            bool print_ids) {
+void report(const models::GenerationResult& r, const Loaded& m, const std::vector<int64_t>& prompt,
+            const apps::Streamer& stream, bool print_ids) {
   const ModelSize size = model_size(*m.model);
-  const double printing = stream.later_seconds();
-  r.prompt_seconds -= stream.first_seconds(), r.decode_seconds -= printing;
-  std::fprintf(stderr, "\nqgen: prompt %lld tokens in %.3f s (%.1f tokens/s); decode %lld tokens in %.3f s (%.1f tokens/s; "
-               "printing took %.3f s more); %s\n",
-               static_cast<long long>(r.prompt_tokens), r.prompt_seconds, r.prompt_tokens_per_second(),
-               static_cast<long long>(r.new_tokens - 1), r.decode_seconds, r.decode_tokens_per_second(), printing,
-               r.stopped_at_eos ? "stopped at eos" : "stopped at --max-new-tokens");
+  std::fprintf(stderr, "\nqgen: %s\n", apps::phase_times(r, stream).c_str());
   std::fprintf(stderr, "qgen: model %.3f MB (%.3f MB float tensors, %.3f MB packed weights); KV cache %.3f MB for %lld positions\n",
                size.total_bytes / 1e6, size.float_bytes / 1e6, size.quantized_bytes / 1e6, r.cache_bytes / 1e6,
                static_cast<long long>(r.prompt_tokens + r.new_tokens - 1));
@@ -243,7 +222,7 @@ void run_perplexity(Loaded& m, const PerplexityArgs& a) {
   const auto t0 = std::chrono::steady_clock::now();
   double last_print = -1;
   const auto progress = [&](const models::PerplexityProgress& p) {
-    const double t = seconds_since(t0);
+    const double t = apps::seconds_since(t0);
     if (t - last_print < 1 && p.windows_done != 1 && p.windows_done != p.windows_total) return;
     last_print = t;
     std::fprintf(stderr, "qgen: perplexity window %lld/%lld, %lld/%lld tokens scored, %.1f s, ETA %.1f s\n",
@@ -254,7 +233,7 @@ void run_perplexity(Loaded& m, const PerplexityArgs& a) {
   const models::CausalLmForward fwd = [&](const at::Tensor& x) { return m.model->forward(x); };
   const models::PerplexityResult r =
       models::sliding_window_perplexity(fwd, at::tensor(ids, at::kLong), o, progress);
-  const double seconds = seconds_since(t0);
+  const double seconds = apps::seconds_since(t0);
   std::printf("qgen: perplexity %.8g (%.6f nats/token) over %lld tokens of %s in %lld windows of %lld, stride %lld\n",
               r.perplexity, r.nll_per_token, static_cast<long long>(r.tokens_scored), a.file.c_str(),
               static_cast<long long>(r.windows), static_cast<long long>(r.max_length), static_cast<long long>(r.stride));
@@ -263,15 +242,29 @@ void run_perplexity(Loaded& m, const PerplexityArgs& a) {
   report_resident_memory();
 }
 
+// The options of `names` given on the command line, comma-separated ("" for none).
+std::string given_options(const CLI::App& app, std::initializer_list<const char*> names) {
+  std::string given;
+  for (const char* name : names)
+    if (app.count(name) > 0) given += std::string(given.empty() ? "" : ", ") + name;
+  return given;
+}
+
 // Greedy decoding takes the argmax: the options that shape a sampled distribution do nothing there.
 void warn_unused_sampling_options(const CLI::App& app, const models::SamplingOptions& s) {
-  if (!s.greedy()) return;
-  std::string given;
-  for (const char* name : {"--top-k", "--top-p", "--min-p", "--seed"})
-    if (app.count(name) > 0) given += std::string(given.empty() ? "" : ", ") + name;
-  if (!given.empty())
+  const std::string given = given_options(app, {"--top-k", "--top-p", "--min-p", "--seed"});
+  if (s.greedy() && !given.empty())
     std::fprintf(stderr, "qgen: warning: %s ignored: decoding is greedy at --temperature 0 (the default); give "
                  "--temperature > 0 to sample\n", given.c_str());
+}
+
+// --perplexity scores the file's own tokens: the options of generation do nothing there.
+void warn_unused_generation_options(const CLI::App& app) {
+  const std::string given = given_options(app, {"--max-new-tokens", "--temperature", "--top-k", "--top-p", "--min-p",
+                                                "--repetition-penalty", "--seed", "--eos", "--print-ids"});
+  if (!given.empty())
+    std::fprintf(stderr, "qgen: warning: %s ignored: --perplexity scores the file's tokens and generates none\n",
+                 given.c_str());
 }
 
 void run_generation(Loaded& m, const std::string& prompt, models::GenerateOptions o, bool print_ids) {
@@ -279,7 +272,7 @@ void run_generation(Loaded& m, const std::string& prompt, models::GenerateOption
   const std::vector<int64_t> ids = m.tokenizer->encode(prompt);
   QF_REQUIRE(!ids.empty(), "the prompt encodes to no tokens");
   std::fputs(prompt.c_str(), stdout);
-  Streamer stream(*m.tokenizer);
+  apps::Streamer stream(*m.tokenizer);
   const models::CachedLmForward fwd = [&](const at::Tensor& x, models::KvCache* c) { return m.model->forward(x, c); };
   const models::GenerationResult r =
       models::generate(fwd, at::tensor(ids, at::kLong).unsqueeze(0), o, [&](int64_t id) { stream.add(id); });
@@ -319,6 +312,8 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
     if (prompt_opt->count() == 0 && ppl_opt->count() == 0) throw Error("give --prompt TEXT or --perplexity FILE");
+    if (ppl.window > 0 && ppl.stride > ppl.window)
+      throw Error("--stride " + std::to_string(ppl.stride) + " exceeds the window of " + std::to_string(ppl.window) + " tokens");
     o.sampling.validate();
   } catch (const CLI::ParseError& e) {
     const int rc = app.exit(e);
@@ -328,6 +323,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (prompt_opt->count() > 0) warn_unused_sampling_options(app, o.sampling);
+  else warn_unused_generation_options(app);
   if (threads > 0) at::set_num_threads(threads);
   try {
     Loaded m = load(model_path);

@@ -2,12 +2,13 @@
 // llama_reference.py's float forward gives (expected_greedy.json), a sampling seed reproduces its
 // text, --weights w8 freezes and runs, a qtrain run directory with a trained BPE tokenizer loads
 // and generates, --perplexity scores a text file as the PyTorch reference does over the Hugging
-// Face guide's windows (expected_greedy.json again), the report's decode rate, resident memory and
-// warnings hold, and bad input exits 1 or 2 with the reason.
+// Face guide's windows (expected_greedy.json again), the report's decode rate (the printing taken
+// out, apps/qgen_streamer.h), resident memory and warnings hold, and bad input exits 1 or 2 with the reason.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -15,8 +16,13 @@
 #include <fstream>
 #include <iterator>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
+#include <string>
+#include <thread>
 #include <vector>
+
+#include "apps/qgen_streamer.h"
 
 namespace fs = std::filesystem;
 
@@ -112,8 +118,61 @@ TEST(Qgen, ReportsTheDecodeRateWithoutPrintingAndTheResidentMemory) {
   const double rss = number_after(r.err, "process resident memory "), hwm = number_after(r.err, "MB now (VmRSS), ");
   const double model = number_after(r.err, "qgen: model ");
   EXPECT_GT(rss, model) << r.err;  // LibTorch alone is tens of MB
+  EXPECT_LT(rss, 8000) << r.err;   // a tiny model: a reading in KiB or bytes would be far above it
   EXPECT_GE(hwm, rss) << r.err;
   EXPECT_NE(r.err.find("MB at peak (VmHWM)"), std::string::npos) << r.err;
+}
+
+// A tokenizer whose decode() takes `pause` seconds: a slow terminal, for the Streamer's timing.
+class SlowTokenizer : public qforge::text::Tokenizer {
+ public:
+  explicit SlowTokenizer(double pause) : pause_(pause) {}
+  std::vector<int64_t> encode(const std::string&, bool) const override { return {0}; }
+  std::string decode(const std::vector<int64_t>& ids, bool) const override {
+    std::this_thread::sleep_for(std::chrono::duration<double>(pause_));
+    return std::string(ids.size(), 'x');
+  }
+  int64_t vocab_size() const override { return 4; }
+  std::optional<int64_t> token_to_id(const std::string&) const override { return std::nullopt; }
+  std::string id_to_token(int64_t) const override { return "x"; }
+  std::optional<int64_t> bos_id() const override { return std::nullopt; }
+
+ private:
+  double pause_;
+};
+
+// The Streamer prints every new id and times it; phase_times takes that time out of generate()'s
+// phases, leaving the (near-free) forward's: 50 ms a print, 6 new tokens.
+TEST(Qgen, StreamerPrintingIsTakenOutOfThePrefillAndDecodeTimes) {
+  const SlowTokenizer tok(0.05);
+  std::FILE* out = std::tmpfile();
+  ASSERT_NE(out, nullptr);
+  qforge::apps::Streamer stream(tok, out);
+  qforge::models::GenerateOptions o;
+  o.max_new_tokens = 6;
+  o.sampling.temperature = 0;
+  const qforge::models::CachedLmForward zeros = [](const at::Tensor& ids, qforge::models::KvCache*) {
+    return at::zeros({1, ids.size(1), 4});
+  };
+  const qforge::models::GenerationResult r =
+      qforge::models::generate(zeros, at::zeros({1, 3}, at::kLong), o, [&](int64_t id) { stream.add(id); });
+  ASSERT_EQ(r.new_tokens, 6);
+  EXPECT_GE(stream.first_seconds(), 0.05);
+  EXPECT_GE(stream.later_seconds(), 5 * 0.05);
+  EXPECT_GE(r.prompt_seconds, stream.first_seconds());  // generate() timed the printing with the forwards
+  EXPECT_GE(r.decode_seconds, stream.later_seconds());
+  const std::string line = qforge::apps::phase_times(r, stream);
+  const double prompt = number_after(line, "prompt 3 tokens in "), decode = number_after(line, "decode 5 tokens in ");
+  EXPECT_LT(prompt, 0.025) << line;  // half a print: the forward of zeros takes microseconds
+  EXPECT_LT(decode, 0.025) << line;
+  EXPECT_GE(decode, 0.0) << line;
+  EXPECT_NEAR(number_after(line, "printing took "), stream.later_seconds(), 0.0005) << line;
+  EXPECT_NE(line.find("stopped at --max-new-tokens"), std::string::npos) << line;
+  std::rewind(out);
+  char printed[16] = {};
+  EXPECT_EQ(std::fread(printed, 1, sizeof printed - 1, out), 6u);
+  EXPECT_STREQ(printed, "xxxxxx");
+  std::fclose(out);
 }
 
 // Greedy decoding ignores the options that shape a sampled distribution, and says so.
@@ -150,11 +209,17 @@ TEST(Qgen, PerplexityOfATextFileEqualsThePyTorchReference) {
     EXPECT_NE(r.err.find(", ETA "), std::string::npos) << r.err;
   }
   // 8 tokens a window, every 4: windows [0, 8), [4, 12), [8, 16), the last one reported too.
-  const Outcome three = qgen(kFolder + " --perplexity " + file.string() + " --window 8 --stride 4");
+  // The options of generation do nothing here, and the warning says so.
+  const Outcome three = qgen(kFolder + " --perplexity " + file.string() + " --window 8 --stride 4 --max-new-tokens 4"
+                                       " --print-ids --temperature 1");
+  ASSERT_EQ(three.code, 0) << three.err;
   EXPECT_NE(three.err.find("window 3/3, 15/15 tokens scored"), std::string::npos) << three.err;
+  EXPECT_NE(three.err.find("qgen: warning: --max-new-tokens, --temperature, --print-ids ignored: --perplexity scores "
+                           "the file's tokens and generates none"), std::string::npos) << three.err;
   // The default window (min(1024, max_position_embeddings 128)) holds the 16 tokens at once.
   const Outcome whole = qgen(kFolder + " --perplexity " + file.string());
   ASSERT_EQ(whole.code, 0) << whole.err;
+  EXPECT_EQ(whole.err.find("warning"), std::string::npos) << whole.err;
   EXPECT_NE(whole.out.find("in 1 windows of 128, stride 64"), std::string::npos) << whole.out;
   const double one = want["perplexity"][1]["perplexity"].get<double>();
   EXPECT_LT(std::abs(number_after(whole.out, "qgen: perplexity ") - one) / one, 1e-4) << whole.out;
@@ -179,9 +244,12 @@ TEST(Qgen, PerplexityRefusesEmptyNonUtf8AndTooShortFilesAndBadWindows) {
   r = qgen(kFolder + " --perplexity " + text.string() + " --window 129");
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.err.find("--window 129 exceeds the model's max_position_embeddings 128"), std::string::npos) << r.err;
-  r = qgen(kFolder + " --perplexity " + text.string() + " --window 8 --stride 9");
+  r = qgen(kFolder + " --perplexity " + text.string() + " --window 8 --stride 9");  // refused before the model loads
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("qgen: --stride 9 exceeds the window of 8 tokens"), std::string::npos) << r.err;
+  r = qgen(kFolder + " --perplexity " + text.string() + " --stride 129");  // beyond the default window of 128
   EXPECT_EQ(r.code, 1);
-  EXPECT_NE(r.err.find("--stride 9 exceeds the window of 8 tokens"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("--stride 129 exceeds the window of 128 tokens"), std::string::npos) << r.err;
   EXPECT_EQ(qgen(kFolder + " --perplexity " + text.string() + " --prompt hi").code, 2);
   EXPECT_EQ(qgen(kFolder + " --prompt hi --window 8").code, 2);  // --window needs --perplexity
   r = qgen(kFolder);
@@ -206,32 +274,67 @@ TEST(Qgen, BadInputExitsWithTheReason) {
   r = qgen(QFORGE_SOURCE_DIR + std::string("/tests/models/fixtures --prompt hi"));
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.err.find("neither an HF folder (config.json) nor a qforge run directory"), std::string::npos) << r.err;
+  // A run directory whose recipe.resolved.yaml is not YAML: the error names the file.
+  const fs::path bad = fs::temp_directory_path() / ("qforge_qgen_badrun_" + std::to_string(::getpid()));
+  fs::create_directories(bad);
+  std::ofstream(bad / "recipe.resolved.yaml") << "model:\n  arch: llama\ndata: [unclosed\n";
+  r = qgen(bad.string() + " --prompt hi");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find((bad / "recipe.resolved.yaml").string()), std::string::npos) << r.err;
+  fs::remove_all(bad);
 }
 
-// A run that read its tokenizer from data.tokenizer.file (its recipe rewritten so) whose file has
-// moved since: qgen takes the copy the run directory holds, and without it names both paths.
+// Puts the run directory back as qtrain wrote it, however the test below leaves it (an ASSERT returns
+// early): the recipe, the tokenizer at dir/tokenizer.json, the directory at its own path.
+struct RestoreRunDirectory {
+  fs::path dir, renamed_dir, tokenizer_now;
+  std::string yaml;
+  ~RestoreRunDirectory() {
+    std::error_code ec;
+    if (fs::exists(renamed_dir, ec)) fs::rename(renamed_dir, dir, ec);
+    if (!fs::exists(dir / "tokenizer.json", ec) && fs::exists(tokenizer_now, ec))
+      fs::rename(tokenizer_now, dir / "tokenizer.json", ec);
+    std::ofstream(dir / "recipe.resolved.yaml") << yaml;
+  }
+};
+
+// A run that read its tokenizer from data.tokenizer.file (its recipe rewritten so): while the
+// recorded file is missing qgen takes the copy the run directory holds (also from a directory whose
+// path holds " #" and ": "), while it exists and the copy does not it reads the recorded file, and
+// with neither it names both paths.
 void expect_moved_tokenizer_file_replaced_by_the_copy_or_named(const fs::path& dir, const std::vector<int64_t>& ids) {
+  RestoreRunDirectory restore{dir, dir.string() + " #1: x", dir / "tokenizer.json", ""};
   std::ifstream in(dir / "recipe.resolved.yaml");
-  const std::string yaml((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  restore.yaml.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  const std::string& yaml = restore.yaml;
   const size_t begin = yaml.find("\n  tokenizer:");  // a flow map or a block below
   ASSERT_NE(begin, std::string::npos) << yaml;
   size_t end = begin + 1;
   do end = yaml.find('\n', end + 1);
   while (end != std::string::npos && yaml.compare(end + 1, 4, "    ") == 0);
-  const std::string moved = (dir / "moved" / "tokenizer.json").string();
-  std::ofstream(dir / "recipe.resolved.yaml") << yaml.substr(0, begin) + "\n  tokenizer: {file: " + moved + "}" +
-                                                     yaml.substr(end);
-  const Outcome copy = qgen(dir.string() + " --prompt 'Q: What' --max-new-tokens 6 --print-ids");
+  const fs::path moved = dir / "moved" / "tokenizer.json";
+  std::ofstream(dir / "recipe.resolved.yaml") << yaml.substr(0, begin) + "\n  tokenizer: {file: \"" + moved.string() +
+                                                     "\"}" + yaml.substr(end);
+  const std::string args = " --prompt 'Q: What' --max-new-tokens 6 --print-ids";
+  const Outcome copy = qgen(dir.string() + args);
   ASSERT_EQ(copy.code, 0) << copy.err;
   EXPECT_EQ(new_ids(copy.err), ids) << copy.err;
-  fs::rename(dir / "tokenizer.json", dir / "tokenizer.away");
-  const Outcome gone = qgen(dir.string() + " --prompt 'Q: What' --max-new-tokens 6");
+  fs::rename(dir, restore.renamed_dir);
+  const Outcome odd_path = qgen("'" + restore.renamed_dir.string() + "'" + args);
+  fs::rename(restore.renamed_dir, dir);
+  ASSERT_EQ(odd_path.code, 0) << odd_path.err;
+  EXPECT_EQ(new_ids(odd_path.err), ids) << odd_path.err;
+  fs::create_directories(moved.parent_path());
+  fs::rename(dir / "tokenizer.json", restore.tokenizer_now = moved);
+  const Outcome recorded = qgen(dir.string() + args);
+  ASSERT_EQ(recorded.code, 0) << recorded.err;
+  EXPECT_EQ(new_ids(recorded.err), ids) << recorded.err;
+  fs::rename(moved, restore.tokenizer_now = dir / "tokenizer.away");
+  const Outcome gone = qgen(dir.string() + args);
   EXPECT_EQ(gone.code, 1);
-  EXPECT_NE(gone.err.find("data.tokenizer.file " + moved + " does not exist (moved?) and the run directory holds no "
-                          "copy (" + (dir / "tokenizer.json").string() + " or tokenizer.model)"),
+  EXPECT_NE(gone.err.find("data.tokenizer.file " + moved.string() + " does not exist (moved?) and the run directory "
+                          "holds no copy (" + (dir / "tokenizer.json").string() + " or tokenizer.model)"),
             std::string::npos) << gone.err;
-  fs::rename(dir / "tokenizer.away", dir / "tokenizer.json");
-  std::ofstream(dir / "recipe.resolved.yaml") << yaml;
 }
 
 // qtrain on the llama task with a trained BPE tokenizer writes a run directory qgen loads: the

@@ -4,15 +4,14 @@ model.safetensors with random weights, tokenizer.json: the committed GPT-2-style
 vocabulary 800 with <|endoftext|> 799) and expected_greedy.json: the prompt, its ids (from the
 tokenizer fixture's expected encodings) and the 8 ids greedy decoding gives after it, computed by
 llama_reference.py's float forward (no KV cache, full sequence each step), and the perplexity of the
-prompt's ids over the windows of Hugging Face's "Perplexity of fixed-length models" guide (each
-scored token's exact NLL summed, docs/llm.md "Perplexity") for the windows qgen_test passes to
+prompt's ids over the windows of Hugging Face's "Perplexity of fixed-length models" guide
+(llama_reference.guide_perplexity, docs/llm.md "Perplexity") for the windows qgen_test passes to
 `qgen --perplexity` (a file holding the prompt's text).
 
     /usr/bin/python3 tests/models/make_qgen_fixture.py [--check]
 """
 import argparse
 import json
-import math
 import os
 import shutil
 import sys
@@ -48,21 +47,10 @@ def greedy(c, w, ids):
 
 
 def perplexity(c, w, ids, max_length, stride):
-    # The guide's windows: each scores the tokens the previous one did not reach, the window's
-    # first token never (nothing in the window predicts it).
-    nll, scored, prev_end = 0.0, 0, 0
+    # llama_reference.py's oracle: the guide's -100 labels and CrossEntropyLoss, not qforge's loop.
     with torch.no_grad():
-        for begin in range(0, len(ids), stride):
-            end = min(begin + max_length, len(ids))
-            first = max(prev_end, begin + 1)
-            if first < end:
-                logp = torch.log_softmax(ref.forward(c, w, torch.tensor([ids[begin:end]]))[0].double(), -1)
-                nll -= sum(float(logp[p - 1 - begin, ids[p]]) for p in range(first, end))
-                scored += end - first
-            prev_end = end
-            if end == len(ids):
-                break
-    return {"max_length": max_length, "stride": stride, "tokens_scored": scored, "perplexity": math.exp(nll / scored)}
+        ppl, scored = ref.guide_perplexity(c, w, torch.tensor([ids]), max_length, stride)
+    return {"max_length": max_length, "stride": stride, "tokens_scored": scored, "perplexity": ppl}
 
 
 def expected(c, w):
@@ -73,10 +61,11 @@ def expected(c, w):
 
 
 def same(stored, want):
-    # Ids exactly; perplexities to float64 rounding of a float32 forward on another machine.
+    # Ids exactly; perplexities within 1e-4 relative, as qgen_test holds qgen's: a float32 forward of
+    # a random model (about 19 nats a token) differs in its last bits between machines.
     close = len(stored.get("perplexity", [])) == len(want["perplexity"]) and all(
         {k: a[k] for k in a if k != "perplexity"} == {k: b[k] for k in b if k != "perplexity"}
-        and abs(a["perplexity"] - b["perplexity"]) <= 1e-6 * b["perplexity"]
+        and abs(a["perplexity"] - b["perplexity"]) <= 1e-4 * b["perplexity"]
         for a, b in zip(stored["perplexity"], want["perplexity"]))
     return close and {k: v for k, v in stored.items() if k != "perplexity"} == {
         k: v for k, v in want.items() if k != "perplexity"}
