@@ -1,5 +1,6 @@
 #include "framework/format/gguf.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cstring>
 #include <set>
@@ -175,6 +176,25 @@ GgufValue Reader::value(GgufValueType t, const std::string& key, int depth) {
   return {};
 }
 
+// The tensors' byte ranges [offset, offset + size) are disjoint: a sweep in offset order (size 0
+// first at one offset), O(n log n) so a header of many tensors cannot stall the check.
+void require_disjoint(const std::vector<GgufTensor>& tensors, const std::vector<uint64_t>& offsets,
+                      const std::string& source) {
+  std::vector<size_t> order(tensors.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return std::make_pair(offsets[a], tensors[a].data.size()) < std::make_pair(offsets[b], tensors[b].data.size());
+  });
+  size_t last = order.empty() ? 0 : order[0];  // the tensor reaching furthest so far
+  for (size_t k = 1; k < order.size(); ++k) {
+    const size_t i = order[k];
+    const uint64_t end = offsets[last] + tensors[last].data.size();
+    QF_REQUIRE(offsets[i] >= end, "gguf: ", source, ": tensors '", tensors[last].name, "' and '", tensors[i].name,
+               "' overlap");
+    if (offsets[i] + tensors[i].data.size() >= end) last = i;
+  }
+}
+
 }  // namespace
 
 GgufValue GgufValue::array(GgufValueType element, std::vector<GgufValue> items) {
@@ -337,8 +357,9 @@ GgufFile parse_gguf(const std::vector<uint8_t>& bytes, const std::string& source
     file.metadata.emplace_back(std::move(key), std::move(v));
   }
   const uint64_t alignment = file.alignment();
-  QF_REQUIRE(alignment > 0 && alignment % 8 == 0, "gguf: ", source, ": general.alignment ", alignment,
-             " is not a positive multiple of 8");
+  // A power of two as llama.cpp requires, bounded so the data section's start cannot wrap around.
+  QF_REQUIRE(alignment >= 8 && alignment <= (uint64_t{1} << 16) && (alignment & (alignment - 1)) == 0, "gguf: ", source,
+             ": general.alignment ", alignment, " is not a power of two from 8 to 65536");
   std::vector<uint64_t> offsets;
   std::set<std::string> names;
   for (uint64_t i = 0; i < n_tensors; ++i) {
@@ -364,14 +385,10 @@ GgufFile parse_gguf(const std::vector<uint8_t>& bytes, const std::string& source
     const uint64_t left = bytes.size() - data_start;
     QF_REQUIRE(offsets[i] <= left && n <= left - offsets[i], "gguf: ", source, " is truncated: tensor '", t.name,
                "' needs bytes [", offsets[i], ", ", offsets[i] + n, ") of a data section of ", left);
-    for (size_t j = 0; j < i; ++j) {
-      const uint64_t nj = file.tensors[j].data.size();
-      QF_REQUIRE(offsets[i] + n <= offsets[j] || offsets[j] + nj <= offsets[i], "gguf: ", source, ": tensors '",
-                 file.tensors[j].name, "' and '", t.name, "' overlap");
-    }
     const auto* p = bytes.data() + data_start + offsets[i];
     t.data.assign(p, p + n);
   }
+  require_disjoint(file.tensors, offsets, source);
   return file;
 }
 

@@ -98,6 +98,45 @@ Gpt2Config gpt2_config(const io::GgufFile& f, const Meta& m) {
   return c;
 }
 
+// RoPE scaling as llama.cpp reads it (llama_model::load_hparams): a missing type is "linear", the
+// factor falls back to the older rope.scale_linear key, 0 or none means unscaled, and attn_factor
+// multiplies the attention; what qforge's Llama cannot compute the same way is refused.
+void rope_scaling(const Meta& m, LlamaConfig* c) {
+  const io::GgufValue* t = m.find("rope.scaling.type");
+  const std::string type = t ? t->as_string(m.key("rope.scaling.type")) : "linear";
+  QF_REQUIRE(type == "none" || type == "linear", "gguf load: ", m.source(), ": llama.rope.scaling.type '", type,
+             "' is not loaded (none and linear are)");
+  const std::string key = m.find("rope.scaling.factor") ? "rope.scaling.factor" : "rope.scale_linear";
+  const io::GgufValue* f = m.find(key);
+  const double factor = f ? f->as_float(m.key(key)) : 0.0;
+  QF_REQUIRE(std::isfinite(factor) && factor >= 0, "gguf load: ", m.source(), ": ", m.key(key), " = ", factor,
+             " (0 or a positive number expected)");
+  QF_REQUIRE(type == "linear" || factor == 0 || factor == 1, "gguf load: ", m.source(), ": ", m.key(key), " = ",
+             factor, " with rope.scaling.type 'none' (llama.cpp would still scale the positions; not loaded)");
+  if (const io::GgufValue* a = m.find("rope.scaling.attn_factor")) {
+    const double attn = a->as_float(m.key("rope.scaling.attn_factor"));
+    QF_REQUIRE(attn == 1, "gguf load: ", m.source(), ": llama.rope.scaling.attn_factor = ", attn,
+               " (qforge's Llama has no attention factor; only 1 is loaded)");
+  }
+  if (type == "linear" && factor != 0) c->rope_scaling.rope_type = "linear", c->rope_scaling.factor = factor;
+}
+
+// The <arch>.* keys the loader reads or knows to change nothing; any other is refused rather than
+// ignored, since llama.cpp may compute differently with it.
+void require_known_keys(const io::GgufFile& f, const std::string& arch, const std::string& source) {
+  static const std::set<std::string> kKnown = {
+      "context_length", "embedding_length", "feed_forward_length", "block_count", "attention.head_count",
+      "attention.head_count_kv", "attention.key_length", "attention.value_length", "attention.layer_norm_epsilon",
+      "attention.layer_norm_rms_epsilon", "rope.dimension_count", "rope.freq_base", "rope.scaling.type",
+      "rope.scaling.factor", "rope.scale_linear", "rope.scaling.attn_factor", "rope.scaling.original_context_length",
+      "rope.scaling.finetuned", "vocab_size", "expert_count", "expert_used_count"};
+  const std::string prefix = arch + ".";
+  for (const auto& kv : f.metadata)
+    if (kv.first.compare(0, prefix.size(), prefix) == 0)
+      QF_REQUIRE(kKnown.count(kv.first.substr(prefix.size())), "gguf load: ", source, ": metadata '", kv.first,
+                 "' is not read by qforge's loader (refused rather than ignored: llama.cpp may use it)");
+}
+
 LlamaConfig llama_config(const io::GgufFile& f, const Meta& m) {
   LlamaConfig c;
   const Sizes s = sizes_of(f, m);
@@ -117,12 +156,7 @@ LlamaConfig llama_config(const io::GgufFile& f, const Meta& m) {
                e->as_int(m.key("expert_count")), ": mixture-of-experts models are not loaded");
   c.rope_theta = m.real_or("rope.freq_base", 10000.0);
   c.rms_norm_eps = m.real_or("attention.layer_norm_rms_epsilon", 0, /*required=*/true);
-  if (const io::GgufValue* s = m.find("rope.scaling.type")) {
-    const std::string& type = s->as_string(m.key("rope.scaling.type"));
-    QF_REQUIRE(type == "none" || type == "linear", "gguf load: ", m.source(), ": llama.rope.scaling.type '", type,
-               "' is not loaded (none and linear are)");
-    if (type == "linear") c.rope_scaling.rope_type = "linear", c.rope_scaling.factor = m.real_or("rope.scaling.factor", 0, true);
-  }
+  rope_scaling(m, &c);
   if (const io::GgufValue* v = m.find("vocab_size"))
     QF_REQUIRE(v->as_int(m.key("vocab_size")) == c.vocab_size, "gguf load: ", m.source(), ": llama.vocab_size ",
                v->as_int(m.key("vocab_size")), " differs from token_embd's ", c.vocab_size, " rows");
@@ -264,6 +298,7 @@ GgufModel model_of_gguf(const io::GgufFile& file, const std::string& source) {
   QF_REQUIRE(out.architecture == "gpt2" || out.architecture == "llama", "gguf load: ", source, ": architecture '",
              out.architecture, "' is not loaded (gpt2 and llama are)");
   const Meta meta(file, source, out.architecture);
+  require_known_keys(file, out.architecture, source);
   RngStateGuard rng;  // construction initialises weights the file then overwrites
   if (out.architecture == "gpt2") {
     const Gpt2Config c = gpt2_config(file, meta);

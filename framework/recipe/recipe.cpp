@@ -452,6 +452,11 @@ Recipe load_recipe(const std::string& path, const std::vector<std::string>& over
   YAML::Node tree = recipe_tree::resolve(path, origins, ctx);
   for (const std::string& o : overrides) recipe_tree::apply_override(tree, o, origins, ctx);
   if (!ctx.issues.empty()) throw RecipeError(ctx.issues);
+  // `gguf:` with nothing after it (YAML null) asks for the export as `gguf: {}` does.
+  // (Read through a const node: a non-const operator[] would insert a missing `export` key.)
+  const YAML::Node& read = tree;
+  if (read["export"] && read["export"].IsMap() && read["export"]["gguf"] && read["export"]["gguf"].IsNull())
+    tree["export"]["gguf"] = YAML::Node(YAML::NodeType::Map);
   const Where where{path, origins, ctx};
   Recipe r = read_recipe(path, tree, where);
   // The resolved recipe keeps the {float_key} token (tree untouched): it expands the same way again.

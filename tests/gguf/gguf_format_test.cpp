@@ -5,6 +5,7 @@
 #include <c10/util/Half.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -170,6 +171,16 @@ TEST(GgufFormat, EveryTruncationIsAClearError) {
   }
 }
 
+// What parsing `bytes` says: the error's message, or "parsed".
+std::string message(const std::vector<uint8_t>& bytes) {
+  try {
+    parse_gguf(bytes, "crafted");
+  } catch (const Error& e) {
+    return std::string(e.what());
+  }
+  return std::string("parsed");
+}
+
 std::vector<uint8_t> with_u64(std::vector<uint8_t> b, size_t at, uint64_t v) {
   std::memcpy(b.data() + at, &v, 8);
   return b;
@@ -180,14 +191,6 @@ TEST(GgufFormat, CraftedFilesAreRefusedWithTheReason) {
   f.metadata = {{"k", GgufValue::array(GgufValueType::kUint8, {GgufValue::u8(1)})}};
   f.tensors.push_back(encode_gguf_tensor("t", at::ones({32}), GgmlType::kF32));
   const std::vector<uint8_t> b = serialize_gguf(f);
-  auto message = [](const std::vector<uint8_t>& bytes) {
-    try {
-      parse_gguf(bytes, "crafted");
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
-    return std::string("parsed");
-  };
   EXPECT_NE(message(with_u64(b, 8, 1ull << 62)).find("tensor count"), std::string::npos);  // huge counts
   EXPECT_NE(message(with_u64(b, 16, 1ull << 62)).find("metadata count"), std::string::npos);
   EXPECT_NE(message(with_u64(b, 24, 1ull << 63)).find("truncated"), std::string::npos);  // key length
@@ -208,6 +211,32 @@ TEST(GgufFormat, CraftedFilesAreRefusedWithTheReason) {
   v = b;
   v[59] = 9;
   EXPECT_NE(message(v).find("dimensions"), std::string::npos);
+}
+
+// general.alignment must be a power of two from 8 to 2^16 (a huge one would wrap the data start);
+// overlapping tensors are refused whatever their order in the header, a zero-size one included.
+TEST(GgufFormat, AlignmentAndOverlapsAreChecked) {
+  GgufFile f;
+  f.metadata = {{"general.alignment", GgufValue::u32(32)}};
+  for (const char* name : {"a", "b", "c"}) f.tensors.push_back(encode_gguf_tensor(name, at::ones({32}), GgmlType::kF32));
+  f.tensors[2] = encode_gguf_tensor("c", at::ones({0}), GgmlType::kF32);
+  const std::vector<uint8_t> b = serialize_gguf(f);
+  auto at_of = [&](const std::string& s) {  // the byte after the first occurrence of `s`
+    return static_cast<size_t>(std::search(b.begin(), b.end(), s.begin(), s.end()) - b.begin()) + s.size();
+  };
+  ASSERT_EQ(message(b), "parsed");
+  const size_t align = at_of("general.alignment") + 4;  // after the value type
+  for (uint32_t a : {24u, 4u, 1u << 20, 0u}) {
+    std::vector<uint8_t> v = b;
+    std::memcpy(v.data() + align, &a, 4);
+    EXPECT_NE(message(v).find("is not a power of two from 8 to 65536"), std::string::npos) << a;
+  }
+  // Tensor info: name, n_dims (4), ne[0] (8), type (4), offset (8). "a" at 0, "b" at 128, "c" (size 0) after.
+  auto offset_at = [&](const char* name) { return at_of(std::string("\x01\0\0\0\0\0\0\0", 8) + name) + 16; };
+  EXPECT_NE(message(with_u64(b, offset_at("b"), 0)).find("overlap"), std::string::npos);
+  EXPECT_NE(message(with_u64(b, offset_at("a"), 128)).find("overlap"), std::string::npos);
+  EXPECT_NE(message(with_u64(b, offset_at("c"), 64)).find("tensors 'a' and 'c' overlap"), std::string::npos);
+  EXPECT_EQ(message(with_u64(b, offset_at("c"), 128)), "parsed");  // size 0 at the start of b
 }
 
 TEST(GgufFormat, AFailedWriteLeavesThePreviousFile) {

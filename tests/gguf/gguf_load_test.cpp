@@ -34,25 +34,6 @@ at::Tensor logits(Model m) {
   return m->forward(kIds);
 }
 
-TEST(GgufLoad, FloatF32FilesGiveIdenticalLogits) {
-  Gpt2LMHeadModel g = tiny_gguf_gpt2();
-  const GgufModel lg = round_trip(gguf_of(g));
-  ASSERT_EQ(lg.architecture, "gpt2");
-  EXPECT_TRUE(lg.gpt2->config.tie_word_embeddings);
-  EXPECT_EQ(lg.tokens.size(), 256u);
-  EXPECT_TRUE(at::equal(logits(g), logits(lg.gpt2)));
-  for (bool tied : {false, true}) {
-    LlamaForCausalLM l = tiny_gguf_llama(12, tied);
-    const GgufModel ll = round_trip(gguf_of(l));
-    ASSERT_EQ(ll.architecture, "llama");
-    EXPECT_EQ(ll.llama->config.kv_heads(), 2);
-    EXPECT_EQ(ll.llama->config.tie_word_embeddings, tied);
-    EXPECT_TRUE(at::equal(logits(l), logits(ll.llama))) << "tied " << tied;  // q/k rows un-permuted
-    EXPECT_TRUE(at::equal(ll.llama->model->layers->ptr(1)->as<LlamaDecoderLayerImpl>()->self_attn->k_proj->weight,
-                          l->model->layers->ptr(1)->as<LlamaDecoderLayerImpl>()->self_attn->k_proj->weight));
-  }
-}
-
 // A re-export of a loaded file is the same file (codes and scales came through untouched), but for
 // the untied head a tied file's quantized token_embd gives: an `output` tensor of the same bytes.
 template <typename Model>
@@ -68,6 +49,27 @@ void expect_same_file(const io::GgufFile& f, const Model& loaded) {
     if (f.tensor(u.name)) continue;
     EXPECT_EQ(u.name, "output.weight");
     EXPECT_TRUE(u.data == f.tensor("token_embd.weight")->data);
+  }
+}
+
+TEST(GgufLoad, FloatF32FilesGiveIdenticalLogits) {
+  Gpt2LMHeadModel g = tiny_gguf_gpt2();
+  const GgufModel lg = round_trip(gguf_of(g));
+  ASSERT_EQ(lg.architecture, "gpt2");
+  EXPECT_TRUE(lg.gpt2->config.tie_word_embeddings);
+  EXPECT_EQ(lg.tokens.size(), 256u);
+  EXPECT_TRUE(at::equal(logits(g), logits(lg.gpt2)));
+  expect_same_file(gguf_of(g), lg.gpt2);
+  for (bool tied : {false, true}) {
+    LlamaForCausalLM l = tiny_gguf_llama(12, tied);
+    const GgufModel ll = round_trip(gguf_of(l));
+    ASSERT_EQ(ll.architecture, "llama");
+    EXPECT_EQ(ll.llama->config.kv_heads(), 2);
+    EXPECT_EQ(ll.llama->config.tie_word_embeddings, tied);
+    EXPECT_TRUE(at::equal(logits(l), logits(ll.llama))) << "tied " << tied;  // q/k rows un-permuted
+    expect_same_file(gguf_of(l), ll.llama);
+    EXPECT_TRUE(at::equal(ll.llama->model->layers->ptr(1)->as<LlamaDecoderLayerImpl>()->self_attn->k_proj->weight,
+                          l->model->layers->ptr(1)->as<LlamaDecoderLayerImpl>()->self_attn->k_proj->weight));
   }
 }
 
@@ -139,6 +141,90 @@ TEST(GgufLoad, Q6KMatricesLoadAsTheirDecodedValues) {
   }));
   // Six-bit weights against the float model (logits of magnitude ~1): a few percent.
   EXPECT_LT((logits(l.llama) - logits(m)).abs().max().item<double>(), 0.15);
+}
+
+// Hand-written blocks for each branch of the positive-scale repacking: the layer's grid or float
+// state and its report line, and its values exactly the file's.
+TEST(GgufLoad, HandWrittenBlocksTakeEachPositiveScaleBranch) {
+  auto edit = [](io::GgufFile& f, const std::string& name, const std::function<void(at::Tensor&, at::Tensor&)>& change) {
+    io::GgufTensor& t = *std::find_if(f.tensors.begin(), f.tensors.end(), [&](const io::GgufTensor& x) { return x.name == name; });
+    at::Tensor codes, scales;
+    io::decode_gguf_codes(t, &codes, &scales);
+    change(codes, scales);
+    t = io::encode_gguf_codes(t.name, codes, scales, t.type);
+  };
+  auto line_of = [](const GgufModel& l, const std::string& name) {
+    for (const std::string& line : l.lines)
+      if (line.rfind(name + " ", 0) == 0) return line;
+    return std::string();
+  };
+  Gpt2LMHeadModel g = tiny_gguf_gpt2();
+  GgufExportOptions o;
+  o.float_type = GgmlType::kQ8_0;
+  io::GgufFile f = gguf_of(g, o);
+  // Q8_0, d = 0 in one block: its codes become 0 under d = 1, the layer stays qint8.
+  edit(f, "blk.0.ffn_up.weight", [](at::Tensor& codes, at::Tensor& scales) {
+    scales[0][0] = 0;
+    codes[0].narrow(0, 0, 32).fill_(5);
+  });
+  // Q8_0, d < 0 over a code -128: no 8-bit grid holds its negation, the layer stays float.
+  edit(f, "blk.0.ffn_down.weight", [](at::Tensor& codes, at::Tensor& scales) {
+    scales[1][0] = -scales[1][0];
+    codes[1][0] = -128;
+  });
+  const GgufModel l = round_trip(f);
+  const auto& mlp = *l.gpt2->transformer->h->ptr(0)->as<Gpt2BlockImpl>()->mlp;
+  ASSERT_TRUE(mlp.c_fc->frozen());
+  EXPECT_EQ(mlp.c_fc->frozen_weight().spec.qtype, qint8);
+  EXPECT_TRUE(mlp.c_fc->frozen_weight().int_values()[0].narrow(0, 0, 32).eq(0).all().item<bool>());
+  EXPECT_EQ(mlp.c_fc->frozen_weight().scale[0][0].item<float>(), 1.0f);
+  EXPECT_TRUE(at::equal(mlp.c_fc->frozen_weight().dequantize(), io::decode_gguf_tensor(*f.tensor("blk.0.ffn_up.weight"))));
+  EXPECT_EQ(line_of(l, "blk.0.ffn_up.weight"),
+            "blk.0.ffn_up.weight Q8_0 -> transformer.h.0.mlp.c_fc.weight (frozen qint8 per_group(32), codes and fp16 scales kept)");
+  EXPECT_FALSE(mlp.c_proj->frozen());
+  EXPECT_TRUE(at::equal(mlp.c_proj->weight, io::decode_gguf_tensor(*f.tensor("blk.0.ffn_down.weight"))));
+  EXPECT_EQ(line_of(l, "blk.0.ffn_down.weight"), "blk.0.ffn_down.weight Q8_0 -> transformer.h.0.mlp.c_proj.weight "
+                                                 "(float: a code -128 under a negative scale fits no qforge grid)");
+
+  // Q4_0 with every d < 0 and no code -8: the negated codes stay within qint4.
+  o.float_type = GgmlType::kQ4_0;
+  io::GgufFile f4 = gguf_of(g, o);
+  edit(f4, "blk.1.ffn_up.weight", [](at::Tensor& codes, at::Tensor& scales) {
+    codes.clamp_(-7, 7);
+    scales = -scales.abs();
+  });
+  const GgufModel l4 = round_trip(f4);
+  const auto& c_fc = *l4.gpt2->transformer->h->ptr(1)->as<Gpt2BlockImpl>()->mlp->c_fc;
+  ASSERT_TRUE(c_fc.frozen());
+  EXPECT_EQ(c_fc.frozen_weight().spec.qtype, qint4);
+  EXPECT_TRUE(at::equal(c_fc.frozen_weight().dequantize(), io::decode_gguf_tensor(*f4.tensor("blk.1.ffn_up.weight"))));
+  EXPECT_EQ(line_of(l4, "blk.1.ffn_up.weight"), "blk.1.ffn_up.weight Q4_0 -> transformer.h.1.mlp.c_fc.weight (frozen qint4 "
+                                                "per_group(32), negative block scales made positive with their codes negated)");
+}
+
+// RoPE scaling read as llama.cpp reads it, or refused; other llama.* keys are refused by name.
+TEST(GgufLoad, RopeScalingFollowsLlamaCppOrIsRefused) {
+  const io::GgufFile good = gguf_of(tiny_gguf_llama());
+  auto with = [&](const std::vector<std::pair<std::string, io::GgufValue>>& keys) {
+    io::GgufFile f = good;
+    for (const auto& kv : keys) f.metadata.push_back(kv);
+    return f;
+  };
+  // A factor without a type is linear (llama.cpp's default), from either key name.
+  for (const char* key : {"llama.rope.scaling.factor", "llama.rope.scale_linear"}) {
+    const GgufModel l = round_trip(with({{key, io::GgufValue::f32(4)}}));
+    EXPECT_EQ(l.llama->config.rope_scaling.rope_type, "linear") << key;
+    EXPECT_EQ(l.llama->config.rope_scaling.factor, 4.0) << key;
+  }
+  EXPECT_NE(round_trip(with({{"llama.rope.scaling.factor", io::GgufValue::f32(0)}})).llama->config.rope_scaling.rope_type,
+            "linear");
+  EXPECT_NE(error_of([&] { round_trip(with({{"llama.rope.scaling.attn_factor", io::GgufValue::f32(2)}})); })
+                .find("attn_factor = 2"), std::string::npos);
+  EXPECT_NE(error_of([&] {
+              round_trip(with({{"llama.rope.scaling.type", io::GgufValue::str("none")}, {"llama.rope.scaling.factor", io::GgufValue::f32(4)}}));
+            }).find("with rope.scaling.type 'none'"), std::string::npos);
+  EXPECT_NE(error_of([&] { round_trip(with({{"llama.attention.sliding_window", io::GgufValue::u32(8)}})); })
+                .find("'llama.attention.sliding_window' is not read"), std::string::npos);
 }
 
 TEST(GgufLoad, TruncatedAndFlippedFilesAreErrorsNeverCrashes) {

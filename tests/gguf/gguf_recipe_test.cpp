@@ -7,7 +7,9 @@
 #include <filesystem>
 #include <fstream>
 
+#include "framework/pipeline/pipeline.h"
 #include "framework/recipe/recipe.h"
+#include "tests/error_of.h"
 
 namespace fs = std::filesystem;
 
@@ -55,6 +57,14 @@ TEST(GgufRecipe, SectionEnablesTheExportAndResolvesWithDefaults) {
   EXPECT_TRUE(again.export_.gguf.enabled);
   EXPECT_EQ(again.sha256, on.sha256);
 
+  // `gguf:` with nothing after it is YAML null: the export is on, as with {}.
+  for (const char* empty : {"export: {gguf: }\n", "export:\n  gguf:\n"}) {
+    const qforge::Recipe null = qforge::load_recipe(write_recipe("null.yaml", std::string(kGpt2) + empty));
+    EXPECT_TRUE(null.export_.gguf.enabled) << empty;
+    EXPECT_EQ(null.export_.gguf.float_type, "f32") << empty;
+    EXPECT_NE(null.resolved_yaml.find("float_type: f32"), std::string::npos) << null.resolved_yaml;
+  }
+
   const qforge::Recipe set = qforge::load_recipe(write_recipe("set.yaml", kGpt2),
                                                  {"export.gguf.float_type=q8_0", "export.gguf.refuse_wider=true"});
   EXPECT_TRUE(set.export_.gguf.enabled);
@@ -99,4 +109,26 @@ TEST(GgufRecipe, RefusalsNameTheLineAndTheReason) {
   const qforge::RecipeIssue k = only_issue(write_recipe("k.yaml", std::string(kGpt2) + "export:\n  gguf: {float_type: q4_k}\n"));
   EXPECT_EQ(k.key, "export.gguf.float_type") << k.to_string();
   EXPECT_EQ(k.line, 6) << k.to_string();
+}
+
+// A Llama config llama.cpp's llama cannot express fails when the run starts: no stage has run, so
+// neither the float checkpoint nor model.h5 exists.
+TEST(GgufRecipe, UnexportableLlamaConfigFailsBeforeAnyStage) {
+  const fs::path dir = fs::temp_directory_path() / ("qforge_gguf_early_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  const std::string ckpt = (dir / "float.h5").string(), out = (dir / "run").string();
+  const std::string tiny = "hidden_size: 64, intermediate_size: 128, num_hidden_layers: 2, num_attention_heads: 4, ";
+  for (const std::string config : {"{" + tiny + "attention_bias: true}", "{" + tiny + "mlp_bias: true}"}) {
+    const qforge::Recipe r = qforge::load_recipe(write_recipe("early.yaml",
+        "model: {arch: llama, checkpoint: " + ckpt + ", config: " + config + "}\n"
+        "data: {dataset: fortunes}\nquantize: {weights: {qtype: qint8}}\nfreeze: {enabled: true}\nexport: {gguf: {}}\n"));
+    qforge::PipelineOptions po;
+    po.out_dir = out;
+    const std::string e = qforge::testing::error_of([&] { qforge::run_pipeline(r, po); });
+    EXPECT_NE(e.find("gguf export: "), std::string::npos) << config << ": " << e;
+    EXPECT_FALSE(fs::exists(ckpt)) << config;
+    EXPECT_FALSE(fs::exists(out + "/model.h5")) << config;
+    EXPECT_FALSE(fs::exists(out + "/report.json")) << config;
+  }
+  fs::remove_all(dir);
 }
