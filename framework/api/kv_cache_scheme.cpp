@@ -24,7 +24,7 @@ KvCacheScheme kv_cache_scheme_from_json(const nlohmann::json& j, const char* who
     if (key == "symmetric") QF_REQUIRE(value.is_boolean(), who, ": KV-cache 'symmetric' must be true or false");
     if (key == "group_size") QF_REQUIRE(value.is_number_integer(), who, ": KV-cache 'group_size' must be an integer");
   }
-  s.qtype = kv_cache_qtype_from_name(j["qtype"].get<std::string>());
+  s.qtype = kv_cache_qtype_from_name(j["qtype"].get<std::string>(), who);
   s.symmetric = j.value("symmetric", true);
   s.group_size = j.value("group_size", int64_t{0});
   return s;
@@ -32,10 +32,10 @@ KvCacheScheme kv_cache_scheme_from_json(const nlohmann::json& j, const char* who
 
 std::vector<std::string> kv_cache_qtype_names() { return {"int8", "int4"}; }
 
-QType kv_cache_qtype_from_name(const std::string& name) {
+QType kv_cache_qtype_from_name(const std::string& name, const char* who) {
   if (name == "int8" || name == "qint8") return qint8;
   if (name == "int4" || name == "qint4") return qint4;
-  throw Error(detail::str_cat("kv_cache: qtype '", name, "' is not a KV-cache grid; supported: int8, int4"));
+  throw Error(detail::str_cat(who, ": KV-cache qtype '", name, "' is not a KV-cache grid; supported: int8, int4"));
 }
 
 QSpec KvCacheScheme::spec(int64_t head_dim) const {

@@ -52,7 +52,8 @@ KvCacheScheme kv_cache_scheme_from_json(const nlohmann::json& j, const char* who
 
 // The qtypes a KV cache takes ("qint8", "qint4") and the recipe's names for them ("int8", "int4").
 std::vector<std::string> kv_cache_qtype_names();
-QType kv_cache_qtype_from_name(const std::string& name);
+// An unknown name is refused, naming `who` (the file or key it came from).
+QType kv_cache_qtype_from_name(const std::string& name, const char* who = "kv_cache");
 
 // A decoder whose attention keeps a KV cache (GPT-2, Llama): its cache scheme is set here once
 // for every attention layer, and reported per cached position.

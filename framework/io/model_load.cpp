@@ -171,21 +171,25 @@ void Loader::plan_rpq() {
 }
 
 // The file's KV-cache schemes, each checked against its module's head_dim before anything changes.
-// A dequantizing load leaves the caches float, as it leaves the layers.
+// A selected cache the file does not name is set float (the file's model had a float cache), and
+// a dequantizing load sets every selected cache float, as it leaves the layers float.
 void Loader::plan_kv_cache() {
-  if (opts_.dequantize) return;
   std::map<std::string, KvCacheModel*> in_model;
   for (const auto& [path, m] : kv_cache_models(model_)) in_model[path] = m;
   for (const auto& [path, scheme] : meta_.kv_cache) {
+    if (!layer_selected(path) || in_model.count(path)) continue;
+    QF_REQUIRE(!opts_.strict, layer_where(path), " has a ", scheme.to_string(),
+               " KV cache; the model keeps no KV cache there (strict load)");
+  }
+  for (const auto& [path, m] : in_model) {
     if (!layer_selected(path)) continue;
-    const auto it = in_model.find(path);
-    if (it == in_model.end()) {
-      QF_REQUIRE(!opts_.strict, layer_where(path), " has a ", scheme.to_string(),
-                 " KV cache; the model keeps no KV cache there (strict load)");
+    const auto it = meta_.kv_cache.find(path);
+    if (opts_.dequantize || it == meta_.kv_cache.end()) {
+      kv_cache_.emplace_back(m, KvCacheScheme{});
       continue;
     }
-    scheme.validate(it->second->kv_cache_head_dim(), layer_where(path));
-    kv_cache_.emplace_back(it->second, scheme);
+    it->second.validate(m->kv_cache_head_dim(), layer_where(path));
+    kv_cache_.emplace_back(m, it->second);
   }
 }
 

@@ -13,13 +13,6 @@ namespace {
 
 constexpr const char* kKvCache = "models/kv_cache";
 
-// A store of `capacity` positions holding `cached` (when defined) in its first positions.
-at::Tensor new_store(const at::Tensor& like, int64_t capacity, const at::Tensor& cached) {
-  at::Tensor store = at::empty({like.size(0), like.size(1), capacity, like.size(3)}, like.options());
-  if (cached.defined()) store.narrow(2, 0, cached.size(2)).copy_(cached);
-  return store;
-}
-
 // Whether `cached` is the first positions of `store`: a view append may write after in place.
 bool is_prefix_of(const at::Tensor& cached, const at::Tensor& store) {
   if (!store.defined() || !cached.defined() || cached.dim() != 4 || cached.data_ptr() != store.data_ptr()) return false;
@@ -35,7 +28,7 @@ at::Tensor append_side(at::Tensor& store, const at::Tensor& cached, const at::Te
   const bool owned = is_prefix_of(cached, store);
   if (!owned || store.size(2) < need) {
     const int64_t grown = store.defined() && owned ? 2 * store.size(2) : reserve > 0 ? reserve : KvCache::kMinCapacity;
-    store = new_store(x, std::max(grown, need), cached);
+    store = new_kv_store(x, std::max(grown, need), cached, past);
   }
   store.narrow(2, past, x.size(2)).copy_(x);
   return store.narrow(2, 0, need);
@@ -50,7 +43,7 @@ KvCache& KvCache::operator=(const KvCache& other) {
   clear();
   reserve_ = other.reserve_;
   scheme_ = other.scheme_;
-  resize(other.keys.size());
+  resize(std::max(other.keys.size(), other.quant_keys_.size()));  // keys is public: its size may differ
   for (size_t l = 0; l < other.quant_keys_.size(); ++l) {
     quant_keys_[l] = other.quant_keys_[l].clone();
     quant_values_[l] = other.quant_values_[l].clone();
@@ -59,8 +52,8 @@ KvCache& KvCache::operator=(const KvCache& other) {
     const at::Tensor& k = other.keys[l];
     if (!k.defined()) continue;
     const int64_t capacity = std::max(other.capacity(l), k.size(2));
-    key_store_[l] = new_store(k, capacity, k);
-    value_store_[l] = new_store(other.values[l], capacity, other.values[l]);
+    key_store_[l] = new_kv_store(k, capacity, k, k.size(2));
+    value_store_[l] = new_kv_store(other.values[l], capacity, other.values[l], other.values[l].size(2));
     keys[l] = key_store_[l].narrow(2, 0, k.size(2));
     values[l] = value_store_[l].narrow(2, 0, k.size(2));
   }
@@ -143,12 +136,14 @@ KvCodes KvCache::codes(size_t layer, bool values) const {
 
 void KvCache::truncate(int64_t n) {
   QF_REQUIRE(n >= 0 && n <= length(), kKvCache, ": cannot truncate ", length(), " cached positions to ", n);
-  for (auto* side : {&quant_keys_, &quant_values_})
-    for (KvQuantStore& s : *side) {
+  // Every store is checked before any changes, so a refused truncate leaves the cache whole.
+  for (const auto* side : {&quant_keys_, &quant_values_})
+    for (const KvQuantStore& s : *side)
       QF_REQUIRE(s.length() == 0 || n <= s.length(), kKvCache, ": cannot truncate a layer of ", s.length(),
                  " cached positions to ", n);
+  for (auto* side : {&quant_keys_, &quant_values_})
+    for (KvQuantStore& s : *side)
       if (s.length() > 0) s.truncate(n);
-    }
   for (auto* side : {&keys, &values})
     for (at::Tensor& t : *side)
       if (t.defined()) t = t.narrow(2, 0, n);  // a prefix view of its store (or of a concatenation)

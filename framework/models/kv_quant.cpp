@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <limits>
 
 #include "fake_quant/fake_quantize.h"
 #include "framework/api/quantizer.h"
@@ -13,25 +14,24 @@ namespace qforge::models {
 namespace {
 
 constexpr const char* kKvQuant = "models/kv_cache";
+constexpr float kKvHalfMax = std::numeric_limits<float>::max() / 2;
 
 bool is_int4(const KvCacheScheme& s) { return s.qtype->bits == 4; }
 
 // NaN becomes 0 (the zero point's code); ±inf stays and saturates in the clamp.
 at::Tensor without_nan(const at::Tensor& x) { return at::where(at::isnan(x), at::zeros({}, x.options()), x); }
 
-// A store of `capacity` positions shaped like `like` [B, kv_heads, T, n], holding the first `keep`
-// positions of `old` (when defined).
-at::Tensor new_store(const at::Tensor& like, int64_t capacity, const at::Tensor& old, int64_t keep) {
-  at::Tensor s = at::empty({like.size(0), like.size(1), capacity, like.size(3)}, like.options());
-  if (old.defined() && keep > 0) s.narrow(2, 0, keep).copy_(old.narrow(2, 0, keep));
-  return s;
-}
-
 int64_t tensor_bytes(const at::Tensor& t) {
   return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0;
 }
 
 }  // namespace
+
+at::Tensor new_kv_store(const at::Tensor& like, int64_t capacity, const at::Tensor& old, int64_t keep) {
+  at::Tensor s = at::empty({like.size(0), like.size(1), capacity, like.size(3)}, like.options());
+  if (old.defined() && keep > 0) s.narrow(2, 0, keep).copy_(old.narrow(2, 0, keep));
+  return s;
+}
 
 QParams kv_qparams(const at::Tensor& x, const KvCacheScheme& scheme) {
   QF_REQUIRE(x.defined() && x.dim() >= 1 && x.is_floating_point(), kKvQuant,
@@ -40,7 +40,9 @@ QParams kv_qparams(const at::Tensor& x, const KvCacheScheme& scheme) {
   QF_REQUIRE(scheme.quantized(), kKvQuant, ": a float cache has no scales");
   const QSpec spec = scheme.spec(x.size(-1));
   const at::Tensor xf = x.detach().to(at::kFloat);
-  const at::Tensor g = grouped(at::where(at::isfinite(xf), xf, at::zeros({}, xf.options())), spec);
+  at::Tensor g = grouped(at::where(at::isfinite(xf), xf, at::zeros({}, xf.options())), spec);
+  // Asymmetric: max - min must stay finite (an inf scale would dequantize to 0 * inf = NaN).
+  if (!scheme.symmetric) g = g.clamp(-kKvHalfMax, kKvHalfMax);
   return calculate_qparams(g.amin(-1), g.amax(-1), spec);
 }
 
@@ -95,9 +97,9 @@ at::Tensor KvQuantStore::append(const at::Tensor& x, const KvCacheScheme& scheme
   const int64_t T = x.size(2), need = length_ + T;
   if (!codes_.defined() || codes_.size(2) < need) {
     const int64_t capacity = std::max(codes_.defined() ? 2 * codes_.size(2) : reserve, need);
-    codes_ = new_store(c.codes, capacity, codes_, length_);
-    scale_ = new_store(c.scale, capacity, scale_, length_);
-    if (c.zero_point.defined()) zero_point_ = new_store(c.zero_point, capacity, zero_point_, length_);
+    codes_ = new_kv_store(c.codes, capacity, codes_, length_);
+    scale_ = new_kv_store(c.scale, capacity, scale_, length_);
+    if (c.zero_point.defined()) zero_point_ = new_kv_store(c.zero_point, capacity, zero_point_, length_);
   }
   codes_.narrow(2, length_, T).copy_(c.codes);
   scale_.narrow(2, length_, T).copy_(c.scale);

@@ -3,7 +3,8 @@
 // groups of g elements, each group (one token, one key/value head, g consecutive channels) gets
 //   symmetric:  s = max(max|x|, 0) / ((qmax - qmin) / 2),  z = 0
 //   asymmetric: s = (max(x, 0) - min(x, 0)) / (qmax - qmin), z = qmin - rint(min(x, 0) / s) clamped
-// (calculate_qparams, PyTorch's min/max formulas; s >= float32 eps), q = clamp(rint(x * (1/s)) + z,
+// (calculate_qparams, PyTorch's min/max formulas; s >= float32 eps; asymmetric, x clamped to
+// ±FLT_MAX / 2 for the range only, so that max - min stays finite), q = clamp(rint(x * (1/s)) + z,
 // qmin, qmax) and x̂ = (q - z) * s, the values fake_quantize gives. Non-finite entries: the scale
 // comes from the group's finite values, ±inf saturates to qmax / qmin and NaN is stored as the
 // zero point (it dequantizes to 0), so one bad value neither poisons the group nor reaches a cast.
@@ -36,8 +37,13 @@ at::Tensor dequantize_kv(const KvCodes& c, const KvCacheScheme& scheme, at::Scal
 at::Tensor fake_quantize_kv(const at::Tensor& x, const KvCacheScheme& scheme);
 
 // int8 codes in [-8, 7], last dimension even, to bytes of two codes (low nibble first) and back.
+// Tensor ops beside kernels::pack_s4_reference's scalar loop: any device and batch shape, no copy to the CPU.
 at::Tensor pack_int4_pairs(const at::Tensor& codes);
 at::Tensor unpack_int4_pairs(const at::Tensor& packed);
+
+// A store of `capacity` positions shaped like `like` [B, kv_heads, T, n] holding the first `keep`
+// positions of `old` (when defined): how the float and the quantized caches' stores grow.
+at::Tensor new_kv_store(const at::Tensor& like, int64_t capacity, const at::Tensor& old, int64_t keep);
 
 // One side of one layer of a quantized cache: codes, scales and zero points of `length` positions
 // in preallocated stores [B, kv_heads, capacity, ...] that grow by doubling, as the float cache's.

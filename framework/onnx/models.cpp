@@ -188,6 +188,10 @@ std::string model_problems(const torch::nn::Module& model) {
     // The tied head multiplies by wte's float weight, which freeze releases once wte is quantized:
     // the frozen C++ model cannot run its head then, and a graph that read the dequantized table
     // would compute what qforge never does.
+    // Keys and values with per-token dynamic scales have no QDQ form: the graph would attend to floats.
+    if (m->config.kv_cache.quantized())
+      out += "\n  config.kv_cache: a " + m->config.kv_cache.to_string() +
+             " KV cache has no QDQ form (dynamic per-token scales); export the model with a float cache";
     if (m->transformer->wte->quantized())
       out += "\n  transformer.wte (Embedding): quantized, but the tied LM head reads its float weight; keep it "
              "float (rule {pattern: transformer.wte, keep_float: true}, as the gpt2 recipes do)";

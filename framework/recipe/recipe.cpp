@@ -133,6 +133,21 @@ void check_model_data(const Recipe& r, const Where& w) {
     w.problem("data.tokenizer.file", "'" + d.tokenizer_file + "' does not exist");
 }
 
+void check_kv_cache(const Recipe& r, const Where& w) {
+  if (!r.kv_cache.quantized()) {
+    // symmetric / group_size alone would leave the cache float without a word.
+    for (const char* key : {"quantize.kv_cache.symmetric", "quantize.kv_cache.group_size"})
+      if (w.origins.count(key))
+        w.problem(key, "has no effect without quantize.kv_cache.qtype (int8 or int4); the cache stays float");
+    return;
+  }
+  if (r.model.arch != "gpt2" && r.model.arch != "llama")
+    w.problem("quantize.kv_cache.qtype", "a KV cache belongs to the causal LMs (arch gpt2 or llama), not " + r.model.arch);
+  if (r.export_.onnx)
+    w.problem("quantize.kv_cache.qtype", "export.onnx cannot write a quantized KV cache (dynamic per-token scales have "
+                                         "no QDQ form in the graph); set export.onnx: false or drop kv_cache");
+}
+
 void check_quantize(const Recipe& r, const YAML::Node& tree, const Where& w) {
   const Scheme& s = r.scheme;
   if (s.weight_granularity == Granularity::kPerGroup && s.group_size <= 0)
@@ -154,8 +169,7 @@ void check_quantize(const Recipe& r, const YAML::Node& tree, const Where& w) {
       r.freeze.enabled)
     w.problem("quantize.activations.qtype", aq + " activations have no integer kernel to freeze into; use qint8 "
                                             "or set freeze.enabled: false to evaluate them fake-quantized");
-  if (r.kv_cache.quantized() && r.model.arch != "gpt2" && r.model.arch != "llama")
-    w.problem("quantize.kv_cache.qtype", "a KV cache belongs to the causal LMs (arch gpt2 or llama), not " + r.model.arch);
+  check_kv_cache(r, w);
   const YAML::Node rules = tree["quantize"]["rules"];
   for (size_t i = 0; rules && rules.IsSequence() && i < rules.size(); ++i)
     if (s.rules[i].pattern.empty())

@@ -183,7 +183,7 @@ Field kv_cache_section() {
       bind(choice("qtype", {"none", "int8", "int4"}, "cache grid (none: float)"),
            [](const YAML::Node& n, Recipe& r) {
              const std::string name = n.as<std::string>();
-             r.kv_cache.qtype = name == "none" ? std::optional<QType>() : kv_cache_qtype_from_name(name);
+             r.kv_cache.qtype = name == "none" ? std::optional<QType>() : kv_cache_qtype_from_name(name, "quantize.kv_cache.qtype");
            },
            when_quantized([](const Recipe& r) {
              return YAML::Node(std::string(r.kv_cache.qtype->bits == 8 ? "int8" : "int4"));

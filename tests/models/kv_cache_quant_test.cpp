@@ -25,9 +25,12 @@
 #include "framework/models/llama.h"
 #include "framework/recipe/recipe.h"
 #include "kernels/cpu/reference.h"
+#include "tests/error_of.h"
 
 namespace qforge::models {
 namespace {
+
+using qforge::testing::error_of;
 
 KvCacheScheme scheme(const QType& q, bool symmetric, int64_t group_size = 0) {
   KvCacheScheme s;
@@ -52,8 +55,12 @@ struct RefGroup {
 
 RefGroup reference_group(const float* x, int64_t n, const QType& q, bool symmetric) {
   float mn = 0, mx = 0;  // the range always holds 0
+  const float half_max = std::numeric_limits<float>::max() / 2;  // asymmetric: max - min stays finite
   for (int64_t i = 0; i < n; ++i)
-    if (std::isfinite(x[i])) mn = std::min(mn, x[i]), mx = std::max(mx, x[i]);
+    if (std::isfinite(x[i])) {
+      const float v = symmetric ? x[i] : std::clamp(x[i], -half_max, half_max);
+      mn = std::min(mn, v), mx = std::max(mx, v);
+    }
   const int qmin = static_cast<int>(q.quant_min), qmax = static_cast<int>(q.quant_max);
   const float eps = std::numeric_limits<float>::epsilon();
   RefGroup g;
@@ -84,6 +91,7 @@ TEST(KvCacheQuant, CodesAndScalesMatchAScalarReference) {
   x.select(3, 5).mul_(40);  // an outlier channel, as keys have
   x[0][1][2].fill_(0);      // an all-zero group: the smallest scale
   x[1][0][4].abs_();        // all positive: the asymmetric zero point at qmin
+  x[1][2][1].copy_(at::linspace(-3e38, 3e38, 16));  // finite, but max - min overflows float32
   for (const KvCacheScheme& s : all_schemes()) {
     const KvCodes c = quantize_kv(x, s);
     const at::Tensor q = s.qtype->bits == 4 ? unpack_int4_pairs(c.codes) : c.codes;
@@ -107,6 +115,7 @@ TEST(KvCacheQuant, CodesAndScalesMatchAScalarReference) {
                                zc.to(at::kFloat).unsqueeze(-1)) * sc.unsqueeze(-1);
     EXPECT_TRUE(at::equal(deq, expect.view({2, 3, 5, 16}))) << name_of(s);
     EXPECT_TRUE(at::equal(fake_quantize_kv(x, s), deq)) << name_of(s);
+    EXPECT_TRUE(at::isfinite(deq).all().item<bool>()) << name_of(s) << ": finite input, finite values";
   }
 }
 
@@ -166,11 +175,23 @@ TEST(KvCacheQuant, TruncateAndDeepCopiesKeepCodesAndScales) {
   EXPECT_EQ(a.scheme(), prefilled.scheme());
   EXPECT_EQ(a.capacity(0), 8);
   const at::Tensor xa = at::full({1, 2, 1, 8}, 2.0), xb = at::full({1, 2, 1, 8}, -3.0);
-  const auto ka = a.append(0, xa, xa).first, kb = b.append(0, xb, xb).first;
-  EXPECT_TRUE(at::equal(ka, fake_quantize_kv(at::cat({k, xa}, 2), a.scheme())));
-  EXPECT_TRUE(at::equal(kb, fake_quantize_kv(at::cat({k, xb}, 2), b.scheme())));
-  EXPECT_EQ(prefilled.length(), 5) << "the copies wrote into their own stores";
-  EXPECT_EQ(prefilled.bytes() * 6, a.bytes() * 5);
+  const at::Tensor xp = at::full({1, 2, 1, 8}, 0.5);
+  a.append(0, xa, xa), b.append(0, xb, xb);
+  prefilled.append(0, xp, xp);  // position 5 of the original's store, after both copies wrote theirs
+  // Each re-read after all three wrote position 5: shared stores would show the last write.
+  auto keys_of = [](const KvCache& c) { return dequantize_kv(c.codes(0, false), c.scheme(), at::kFloat); };
+  EXPECT_TRUE(at::equal(keys_of(a), fake_quantize_kv(at::cat({k, xa}, 2), a.scheme())));
+  EXPECT_TRUE(at::equal(keys_of(b), fake_quantize_kv(at::cat({k, xb}, 2), b.scheme())));
+  EXPECT_TRUE(at::equal(keys_of(prefilled), fake_quantize_kv(at::cat({k, xp}, 2), a.scheme())));
+  for (const KvCache* c : {&a, &b})
+    for (bool values : {false, true}) {
+      const KvCodes mine = c->codes(0, values), original = prefilled.codes(0, values);
+      EXPECT_NE(mine.codes.data_ptr(), original.codes.data_ptr());
+      EXPECT_NE(mine.scale.data_ptr(), original.scale.data_ptr());
+      EXPECT_NE(mine.zero_point.data_ptr(), original.zero_point.data_ptr());
+    }
+  EXPECT_EQ(prefilled.bytes(), a.bytes());
+  prefilled.truncate(5);
   // Back to three positions, then one more written in place of the fourth.
   a.truncate(3);
   EXPECT_EQ(a.length(), 3);
@@ -179,6 +200,17 @@ TEST(KvCacheQuant, TruncateAndDeepCopiesKeepCodesAndScales) {
   EXPECT_TRUE(at::equal(k4, fake_quantize_kv(at::cat({k.narrow(2, 0, 3), xb}, 2), a.scheme())));
   EXPECT_TRUE(at::equal(v4, fake_quantize_kv(at::cat({v.narrow(2, 0, 3), xa}, 2), a.scheme())));
   EXPECT_THROW(a.truncate(5), Error);
+  // A layer shorter than the first: a refused truncate changes no layer.
+  KvCache two = prefilled;
+  two.append(1, k.narrow(2, 0, 3), v.narrow(2, 0, 3));
+  EXPECT_THROW(two.truncate(4), Error);
+  EXPECT_EQ(two.length(), 5) << "layer 0 kept its positions";
+  EXPECT_EQ(two.codes(1, true).codes.size(2), 3);
+  // keys is public: a copy of a quantized cache whose keys were resized still copies every layer.
+  two.keys.clear();
+  const KvCache copied = two;
+  ASSERT_TRUE(copied.codes(1, false).codes.defined());
+  EXPECT_TRUE(at::equal(copied.codes(1, false).codes, two.codes(1, false).codes));
   // The stores are switched only while empty.
   EXPECT_THROW(a.set_scheme(KvCacheScheme{}), Error);
   a.truncate(0);
@@ -214,6 +246,9 @@ TEST(KvCacheQuant, SchemesAreCheckedAndQuantizedCachesRefuseGradients) {
   EXPECT_THROW(scheme(qint4, true, 1).validate(16, "test"), Error) << "odd int4 group";
   EXPECT_THROW(scheme(quint8, true).validate(16, "test"), Error);
   EXPECT_THROW(kv_cache_qtype_from_name("int2"), Error);
+  nlohmann::json bad_qtype = {{"qtype", "int2"}};
+  const std::string e = error_of([&] { kv_cache_scheme_from_json(bad_qtype, "model.h5"); });
+  EXPECT_NE(e.find("model.h5: KV-cache qtype 'int2'"), std::string::npos) << e;
   EXPECT_EQ(kv_cache_qtype_from_name("int4"), qint4);
   KvCache cache;
   cache.set_scheme(scheme(qint8, true));
@@ -261,7 +296,11 @@ void expect_decode_equals_fake_quant(Model& m, const KvCacheScheme& s, int64_t v
     auto ints = [&](const KvCodes& c) { return (s.qtype->bits == 4 ? unpack_int4_pairs(c.codes) : c.codes).to(at::kInt); };
     const at::Tensor step = (ints(a) - ints(b)).abs();
     EXPECT_LE(step.max().item<int>(), 1) << name_of(s);
-    EXPECT_LE(step.gt(0).sum().item<int64_t>(), a.scale.numel()) << name_of(s) << ": at most one code per group";
+    const int64_t g = s.group(step.size(-1));
+    const at::Tensor per_group = step.gt(0).view({step.size(0), step.size(1), step.size(2), -1, g}).sum(-1);
+    EXPECT_LE(per_group.max().item<int64_t>(), 1) << name_of(s) << ": at most one code per group";
+    if (!s.symmetric)
+      EXPECT_LE((a.zero_point.to(at::kInt) - b.zero_point.to(at::kInt)).abs().max().item<int>(), 1) << name_of(s);
     EXPECT_LT(((a.scale - b.scale).abs() / a.scale).max().item<double>(), 1e-5) << name_of(s);
   }
   const double diff = (at::cat(steps, 1) - full).abs().max().item<double>();
@@ -345,8 +384,12 @@ TEST(KvCacheQuant, CheckpointsCarryTheSchemeAndOlderFilesKeepTheFloatCache) {
   io::LoadModelOptions dequantize;
   dequantize.dequantize = true;
   LlamaForCausalLM as_float(kv_test_llama());
+  as_float->set_kv_cache_scheme(scheme(qint8, true));
   io::load_model(as_float, with, dequantize);
-  EXPECT_FALSE(as_float->kv_cache_scheme().quantized()) << "a dequantizing load leaves the cache float";
+  EXPECT_FALSE(as_float->kv_cache_scheme().quantized()) << "a dequantizing load sets the cache float";
+  // A file without the attribute (a float cache) sets a quantized model's cache float.
+  io::load_model(loaded, without);
+  EXPECT_FALSE(loaded->kv_cache_scheme().quantized()) << "the file's float cache wins over the model's";
   std::filesystem::remove(with), std::filesystem::remove(without);
 }
 
@@ -386,6 +429,12 @@ TEST(KvCacheQuant, RecipeKeyIsCheckedWithFileLineAndClosestKey) {
   EXPECT_NE(e.find("kv.yaml:6:27: quantize.kv_cache.symetric: unknown key (did you mean 'symmetric'?)"),
             std::string::npos)
       << e;
+  e = issues(llama + "  kv_cache: {symmetric: false}\n");
+  EXPECT_NE(e.find("kv.yaml:6:25: quantize.kv_cache.symmetric: has no effect without quantize.kv_cache.qtype"),
+            std::string::npos)
+      << e;
+  e = issues(llama + "  kv_cache: {qtype: int8}\nexport: {onnx: true}\n");
+  EXPECT_NE(e.find("quantize.kv_cache.qtype: export.onnx cannot write a quantized KV cache"), std::string::npos) << e;
   e = issues("model: {arch: mlp}\ndata: {dataset: fashion_mnist}\nquantize:\n  kv_cache: {qtype: int8}\n");
   EXPECT_NE(e.find("quantize.kv_cache.qtype: a KV cache belongs to the causal LMs"), std::string::npos) << e;
   // No kv_cache key: float, and the resolved recipe does not name it.

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <map>
 
+#include "framework/api/kv_cache_scheme.h"
 #include "framework/core/error.h"
 #include "framework/io/model_io.h"
 #include "framework/nn/quantizable.h"
@@ -140,6 +141,16 @@ TEST(OnnxExport, LayersWithoutQdqFormAreErrorsNamingTheLayer) {
     quantize(*f.model, Scheme(qint8));
     const std::string e = error_of([&] { onnx_export::check_exportable(*f.model); });
     EXPECT_NE(e.find("transformer.wte (Embedding): quantized, but the tied LM head"), std::string::npos) << e;
+  }
+  {
+    // A quantized KV cache (per-token dynamic scales) has no QDQ form: the graph would attend to floats.
+    Fixture f = onnx_testing::gpt2_fixture(false);
+    KvCacheScheme kv;
+    kv.qtype = qint8;
+    ASSERT_EQ(set_kv_cache_scheme(*f.model, kv), 1);
+    const std::string e = error_of([&] { onnx_export::check_exportable(*f.model); });
+    EXPECT_NE(e.find("config.kv_cache: a qint8 symmetric"), std::string::npos) << e;
+    EXPECT_NE(e.find("has no QDQ form"), std::string::npos) << e;
   }
   {
     Fixture f = onnx_testing::mlp_fixture(false);

@@ -1,0 +1,65 @@
+// quantize.kv_cache through qtrain's pipeline (docs/kv_cache.md): the calibrate stage sets the
+// scheme and writes report.json's kv_cache entry; a group size the model's head_dim refuses
+// fails the run before the float stage trains.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "framework/pipeline/pipeline.h"
+#include "framework/recipe/recipe.h"
+#include "tests/error_of.h"
+
+namespace qforge {
+namespace {
+
+using qforge::testing::error_of;
+
+namespace fs = std::filesystem;
+
+// The tiny Llama recipe shrunk to one layer of 4 query / 2 key-value heads of 16 on a little data.
+Recipe small_llama(const fs::path& dir, std::vector<std::string> more) {
+  std::vector<std::string> set = {
+      "model.checkpoint=" + (dir / "fp32.h5").string(), "model.config.hidden_size=64",
+      "model.config.intermediate_size=96", "model.config.num_hidden_layers=1", "model.config.num_attention_heads=4",
+      "model.config.max_position_embeddings=32", "data.seq_len=32", "data.batch_size=8",
+      "data.max_train_examples=64", "data.max_eval_examples=16", "data.tokenizer.train.vocab_size=300",
+      "train.epochs=1", "calibrate.batches=1"};
+  set.insert(set.end(), more.begin(), more.end());
+  return load_recipe(std::string(QFORGE_SOURCE_DIR) + "/recipes/llama_kv_cache.yaml", set);
+}
+
+TEST(KvCacheQuant, PipelineWritesTheSchemeToTheReportAndRefusesABadGroupBeforeTraining) {
+  const fs::path dir = fs::temp_directory_path() / ("qforge_kvq_pipeline_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  PipelineOptions o;
+  o.out_dir = (dir / "bad").string();
+  // head_dim 16: groups of 6 do not divide it, refused by the calibrate stage's check.
+  const std::string e = error_of([&] { run_pipeline(small_llama(dir, {"quantize.kv_cache.group_size=6"}), o); });
+  EXPECT_NE(e.find("quantize.kv_cache"), std::string::npos) << e;
+  EXPECT_NE(e.find("6"), std::string::npos) << e;
+  EXPECT_FALSE(fs::exists(dir / "fp32.h5")) << "the float stage did not train";
+
+  o.out_dir = (dir / "int4").string();
+  const Recipe r = small_llama(dir, {"quantize.kv_cache.qtype=int4", "quantize.kv_cache.symmetric=false"});
+  ASSERT_EQ(error_of([&] { run_pipeline(r, o); }), "");
+  const nlohmann::json report = nlohmann::json::parse(std::ifstream(dir / "int4" / "report.json"));
+  ASSERT_TRUE(report.contains("kv_cache")) << report.dump(2);
+  const nlohmann::json& kv = report["kv_cache"];
+  EXPECT_EQ(kv["scheme"], "qint4 asymmetric per token and head");
+  EXPECT_EQ(kv["qtype"], "qint4");
+  EXPECT_EQ(kv["symmetric"], false);
+  EXPECT_EQ(kv["group_size"], 0);
+  // 1 layer x K and V x 2 heads x (8 bytes of codes + a float32 scale + an int8 zero point); float32: 16 x 4.
+  EXPECT_EQ(kv["bytes_per_token"], 1 * 2 * 2 * (8 + 4 + 1));
+  EXPECT_EQ(kv["float_bytes_per_token"], 1 * 2 * 2 * 16 * 4);
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace qforge
