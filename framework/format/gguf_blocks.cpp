@@ -190,6 +190,27 @@ GgufTensor encode_gguf_codes(const std::string& name, const at::Tensor& codes, c
   return out;
 }
 
+namespace {
+
+// Block b of a Q8_0 / Q4_0 tensor's bytes: its 32 codes into q, its scale returned (value = code * scale).
+float decode_code_block(GgmlType type, const uint8_t* p, int64_t b, int8_t* q) {
+  if (type == GgmlType::kQ8_0) {
+    GgmlBlockQ8_0 blk;
+    std::memcpy(&blk, p + b * sizeof(blk), sizeof(blk));
+    std::memcpy(q, blk.qs, kGgmlBlock);
+    return from_fp16(blk.d);
+  }
+  GgmlBlockQ4_0 blk;
+  std::memcpy(&blk, p + b * sizeof(blk), sizeof(blk));
+  for (int64_t j = 0; j < kGgmlBlock / 2; ++j) {
+    q[j] = static_cast<int8_t>((blk.qs[j] & 0x0F) - 8);
+    q[j + kGgmlBlock / 2] = static_cast<int8_t>((blk.qs[j] >> 4) - 8);
+  }
+  return from_fp16(blk.d);
+}
+
+}  // namespace
+
 at::Tensor decode_gguf_tensor(const GgufTensor& t) {
   const uint64_t bytes = ggml_nbytes(t.type, t.ne, "gguf: tensor '" + t.name + "'");
   QF_REQUIRE(t.data.size() == bytes, "gguf: tensor '", t.name, "' holds ", t.data.size(), " bytes, expected ", bytes);
@@ -208,21 +229,11 @@ at::Tensor decode_gguf_tensor(const GgufTensor& t) {
     }
   } else if (t.type == GgmlType::kQ6_K) {
     decode_q6_k(p, n, y);
-  } else if (t.type == GgmlType::kQ8_0) {
-    for (int64_t b = 0; b < n / kGgmlBlock; ++b) {
-      GgmlBlockQ8_0 blk;
-      std::memcpy(&blk, p + b * sizeof(blk), sizeof(blk));
-      for (int64_t j = 0; j < kGgmlBlock; ++j) y[b * kGgmlBlock + j] = blk.qs[j] * from_fp16(blk.d);
-    }
   } else {
+    int8_t q[kGgmlBlock];
     for (int64_t b = 0; b < n / kGgmlBlock; ++b) {
-      GgmlBlockQ4_0 blk;
-      std::memcpy(&blk, p + b * sizeof(blk), sizeof(blk));
-      const float d = from_fp16(blk.d);
-      for (int64_t j = 0; j < kGgmlBlock / 2; ++j) {
-        y[b * kGgmlBlock + j] = static_cast<float>((blk.qs[j] & 0x0F) - 8) * d;
-        y[b * kGgmlBlock + j + kGgmlBlock / 2] = static_cast<float>((blk.qs[j] >> 4) - 8) * d;
-      }
+      const float d = decode_code_block(t.type, p, b, q);
+      for (int64_t j = 0; j < kGgmlBlock; ++j) y[b * kGgmlBlock + j] = static_cast<float>(q[j]) * d;
     }
   }
   return out;
@@ -241,22 +252,7 @@ void decode_gguf_codes(const GgufTensor& t, at::Tensor* codes, at::Tensor* scale
   int8_t* q = codes->data_ptr<int8_t>();
   float* d = scales->data_ptr<float>();
   const uint8_t* p = t.data.data();
-  for (int64_t b = 0; b < rows * nb; ++b, q += kGgmlBlock) {
-    if (t.type == GgmlType::kQ8_0) {
-      GgmlBlockQ8_0 blk;
-      std::memcpy(&blk, p + b * sizeof(blk), sizeof(blk));
-      d[b] = from_fp16(blk.d);
-      std::memcpy(q, blk.qs, kGgmlBlock);
-    } else {
-      GgmlBlockQ4_0 blk;
-      std::memcpy(&blk, p + b * sizeof(blk), sizeof(blk));
-      d[b] = from_fp16(blk.d);
-      for (int64_t j = 0; j < kGgmlBlock / 2; ++j) {
-        q[j] = static_cast<int8_t>((blk.qs[j] & 0x0F) - 8);
-        q[j + kGgmlBlock / 2] = static_cast<int8_t>((blk.qs[j] >> 4) - 8);
-      }
-    }
-  }
+  for (int64_t b = 0; b < rows * nb; ++b, q += kGgmlBlock) d[b] = decode_code_block(t.type, p, b, q);
 }
 
 }  // namespace qforge::io
