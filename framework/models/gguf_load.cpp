@@ -10,6 +10,7 @@
 #include "framework/core/error.h"
 #include "framework/format/gguf_blocks.h"
 #include "framework/models/gguf_export.h"
+#include "framework/nn/linear.h"
 
 namespace qforge::models {
 namespace {
@@ -199,6 +200,12 @@ const QType* positive_scales(GgmlType type, at::Tensor* codes, at::Tensor* scale
   return hi > grid->quant_max ? &qint8 : grid;
 }
 
+// llama.cpp multiplies Q8_0 / Q4_0 weights by activations quantized to Q8_0 blocks (its vec_dot_type):
+// a Linear loaded from those codes decodes the same way unless told otherwise (describe() shows it).
+void decode_as_llamacpp(QuantizableLayer& layer) {
+  if (auto* lin = dynamic_cast<nn::LinearImpl*>(&layer)) lin->set_decode_activations(DecodeActivations::kQ8Block32);
+}
+
 // A frozen qint8 / qint4 layer per group of 32 from a Q8_0 / Q4_0 matrix, the file's codes and fp16
 // scales kept (up to positive_scales); returns the report's words, or "" when it stays float.
 std::string install_codes(QuantizableLayer& layer, const std::string& path, const GgufTensor& t, int64_t rope_heads) {
@@ -216,7 +223,8 @@ std::string install_codes(QuantizableLayer& layer, const std::string& path, cons
   spec.symmetric = true;
   LayerScheme scheme;
   scheme.weights = QuantizerConfig{spec};
-  scheme.note = std::string("GGUF ") + io::ggml_type_name(t.type) + ": the file's codes and fp16 block scales";
+  scheme.note = std::string("GGUF ") + io::ggml_type_name(t.type) + ": the file's codes and fp16 block scales; " +
+                "decode activations q8_block32 by default, as llama.cpp runs this file";
   layer.attach(path, scheme);
   QParams qp;
   qp.spec = spec;
@@ -224,6 +232,7 @@ std::string install_codes(QuantizableLayer& layer, const std::string& path, cons
   qp.zero_point = at::zeros(scales.sizes(), at::kInt);
   layer.install_frozen(pack_quantized(codes, qp));
   std::string words = std::string("frozen ") + grid->name + " per_group(32), ";
+  decode_as_llamacpp(layer);
   if (!flipped) return words + "codes and fp16 scales kept";
   return words + "negative block scales made positive with their codes negated" +
          (*grid == qint8 && t.type == GgmlType::kQ4_0 ? " (8 needs qint8)" : "");

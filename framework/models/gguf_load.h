@@ -7,7 +7,9 @@
 //   - F32 / F16 tensors become float weights;
 //   - Q6_K matrices become float weights of their decoded values (qforge has no 6-bit grid);
 //   - Q8_0 / Q4_0 matrices become frozen qint8 / qint4 layers, per group of 32, symmetric, the
-//     file's codes kept and its fp16 block scales taken as they are (no requantization);
+//     file's codes kept and its fp16 block scales taken as they are (no requantization), set to
+//     decode with block-32 int8 activations (DecodeActivations::kQ8Block32), llama.cpp's numerics
+//     for these types; nn::set_decode_activations(model, DecodeActivations::kExact) for float ones;
 //   - Llama's q/k rows go back from llama.cpp's interleaved RoPE pairs to rotate-half order;
 //   - no `output` tensor: the head is tied to token_embd (untied with the same codes when
 //     token_embd is quantized, as llama.cpp computes the logits with it).

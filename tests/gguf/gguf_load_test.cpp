@@ -15,6 +15,7 @@
 #include "framework/format/gguf_blocks.h"
 #include "framework/models/gguf_export.h"
 #include "framework/models/gguf_load.h"
+#include "framework/nn/linear.h"
 #include "tests/error_of.h"
 #include "tests/gguf/gguf_models.h"
 
@@ -86,7 +87,9 @@ TEST(GgufLoad, FrozenW8AndW4KeepTheirCodes) {
     EXPECT_EQ(lq.frozen_weight().spec.group_size, 32) << label;
     EXPECT_TRUE(at::equal(lq.frozen_weight().int_values(), q.frozen_weight().int_values())) << label;
     expect_same_file(f, l.llama);
-    // Only the scales' fp16 rounding separates the two (W4 scales are fp16 already: none).
+    // Only the scales' fp16 rounding separates the two (W4 scales are fp16 already: none), on the
+    // exact path (loaded codes decode with q8_block32 activations by default: gguf_decode_test.cpp).
+    nn::set_decode_activations(*l.llama.ptr(), DecodeActivations::kExact);
     const at::Tensor a = logits(m), b = logits(l.llama);
     EXPECT_LT((a - b).abs().max().item<double>(), std::string(label) == "w8" ? 2e-2 : 1e-4) << label;
   }
@@ -118,6 +121,7 @@ TEST(GgufLoad, GgmlQuantizedFloatsBecomeFrozenLayersWithTheFilesValues) {
     io::GgufFile dequantized = f;
     for (io::GgufTensor& t : dequantized.tensors) t = io::encode_gguf_tensor(t.name, io::decode_gguf_tensor(t), GgmlType::kF32);
     const GgufModel ref = round_trip(dequantized);
+    nn::set_decode_activations(*l.gpt2.ptr(), DecodeActivations::kExact);  // float activations, as the reference's
     EXPECT_LT((logits(l.gpt2) - logits(ref.gpt2)).abs().max().item<double>(), 1e-3) << io::ggml_type_name(type);
   }
 }
