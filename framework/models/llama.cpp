@@ -15,6 +15,8 @@
 #include "framework/models/kv_quant.h"
 #include "kernels/cpu/hadamard.h"
 #include "kernels/cpu/hadamard_tensor.h"
+#include "kernels/cpu/linear_weight_only.h"
+#include "kernels/cpu/token_ops.h"
 
 namespace qforge::models {
 namespace {
@@ -28,6 +30,22 @@ at::Tensor rotate_half(const at::Tensor& x) {
 }
 
 at::Tensor apply_rope(const at::Tensor& x, const RopeTables& rope) { return x * rope.cos + rotate_half(x) * rope.sin; }
+
+// Float CPU tensors that autograd does not record: the fused per-token kernels (kernels/cpu/token_ops.h) serve them.
+bool fusable(const at::Tensor& t) {
+  return t.device().is_cpu() && t.scalar_type() == at::kFloat && !(at::GradMode::is_enabled() && t.requires_grad());
+}
+
+// A projection's output [B, T, n * D] as heads [B, n, T, D] with RoPE applied: in place on the
+// projection's fresh output by one kernel where fusable (bit for bit apply_rope), else apply_rope.
+at::Tensor rope_heads(const at::Tensor& proj, int64_t n, int64_t D, const RopeTables& rope) {
+  const int64_t B = proj.size(0), T = proj.size(1);
+  if (!fusable(proj) || !proj.is_contiguous() || !fusable(rope.cos))
+    return apply_rope(proj.view({B, T, n, D}).transpose(1, 2), rope);
+  const at::Tensor cos = rope.cos.contiguous(), sin = rope.sin.contiguous();
+  kernels::rope_f32({proj.data_ptr<float>(), cos.data_ptr<float>(), sin.data_ptr<float>(), B * T, n, D, T});
+  return proj.view({B, T, n, D}).transpose(1, 2);
+}
 
 // Llama 3.1's frequency rescaling (llama.h), in float32 as HF computes it.
 at::Tensor llama3_inv_freq(const at::Tensor& inv_freq, const LlamaRopeScaling& s) {
@@ -89,6 +107,27 @@ void read_rope_parameters(const nlohmann::json& j, LlamaConfig& c) {
     c.rope_theta = theta;
   }
   require_full_rotary(p, "rope_parameters.");
+}
+
+// Softmax over the visible keys of scores [B, H, T, S] · head_size^-0.5: query i sits at position
+// past + i and sees keys 0 .. past + i (the last `window` of them with a sliding window).
+at::Tensor attention_probs(const at::Tensor& scores, int64_t past, int64_t window, int64_t head_size) {
+  const int64_t T = scores.size(2), S = scores.size(3);
+  const double scale = std::pow(static_cast<double>(head_size), -0.5);
+  // Calls of decode size (the rows that q8_block32 activations quantize, so a short prompt's full
+  // forward and its token-by-token decode run the same kernel) one fused kernel; longer ones the ATen ops.
+  if (T <= kernels::kWeightOnlyMaxM && fusable(scores)) {
+    at::Tensor w = scores.contiguous();
+    kernels::causal_softmax_f32({w.data_ptr<float>(), w.numel() / (T * S), T, S, past, window, static_cast<float>(scale)});
+    return w;
+  }
+  at::Tensor w = scores * scale;
+  // Masked scores take float32's lowest value, as HF's mask does, so no row is all -inf.
+  const at::Tensor ones = at::ones({T, S}, scores.options().dtype(at::kBool));
+  at::Tensor visible = ones.tril(past);
+  if (window > 0) visible = visible.logical_and(ones.triu(past - window + 1));
+  w = at::where(visible, w, at::full({}, std::numeric_limits<float>::lowest(), w.options()));
+  return at::softmax(w, -1, at::kFloat);
 }
 
 }  // namespace
@@ -251,8 +290,8 @@ at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x, const RopeTables& ro
   const int64_t B = x.size(0), T = x.size(1), H = config.num_attention_heads, KV = config.kv_heads(),
                 D = config.head_size(), rep = H / KV;
   auto heads = [&](const at::Tensor& t, int64_t n) { return t.view({B, T, n, D}).transpose(1, 2); };
-  const at::Tensor q = apply_rope(heads(q_proj->forward(x), H), rope);
-  at::Tensor k = apply_rope(heads(k_proj->forward(x), KV), rope), v = heads(v_proj->forward(x), KV);
+  const at::Tensor q = rope_heads(q_proj->forward(x), H, D, rope);
+  at::Tensor k = rope_heads(k_proj->forward(x), KV, D, rope), v = heads(v_proj->forward(x), KV);
   if (cache != nullptr) {
     std::tie(k, v) = cache->append(static_cast<size_t>(layer), k, v);
   } else if (config.kv_cache.quantized()) {
@@ -262,15 +301,8 @@ at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x, const RopeTables& ro
   // Grouped-query attention without repeating keys and values: the `rep` query heads sharing a
   // key/value head stack their rows, so each product is the one HF's repeated heads compute.
   const at::Tensor qg = q.reshape({B, KV, rep * T, D});
-  at::Tensor w = qk_matmul->forward(qg, k.transpose(-1, -2)).view({B, H, T, S}) * std::pow(static_cast<double>(D), -0.5);
-  // Query i sits at position past + i and sees keys 0 .. past + i (the last `window` of them with a
-  // sliding window); masked scores take float32's lowest value, as HF's mask does, so no row is all -inf.
-  const at::Tensor ones = at::ones({T, S}, x.options().dtype(at::kBool));
-  at::Tensor visible = ones.tril(past);
-  if (const int64_t window = config.attention_window(layer); window > 0)
-    visible = visible.logical_and(ones.triu(past - window + 1));
-  w = at::where(visible, w, at::full({}, std::numeric_limits<float>::lowest(), w.options()));
-  const at::Tensor p = at::softmax(w, -1, at::kFloat).to(v.scalar_type());
+  const at::Tensor scores = qk_matmul->forward(qg, k.transpose(-1, -2)).view({B, H, T, S});
+  const at::Tensor p = attention_probs(scores, past, config.attention_window(layer), D).to(v.scalar_type());
   const at::Tensor ctx = av_matmul->forward(p.view({B, KV, rep * T, S}), v).view({B, H, T, D});
   return o_proj->forward(ctx.transpose(1, 2).reshape({B, T, H * D}));
 }
@@ -306,8 +338,9 @@ void LlamaDecoderLayerImpl::reset() {
 }
 
 at::Tensor LlamaDecoderLayerImpl::forward(const at::Tensor& x, const RopeTables& rope, KvCache* cache) {
-  const at::Tensor h = x + self_attn->forward(input_layernorm->forward(x), rope, cache);
-  return h + mlp->forward(post_attention_layernorm->forward(h));
+  const auto [h, normed] =
+      post_attention_layernorm->forward_residual(x, self_attn->forward(input_layernorm->forward(x), rope, cache));
+  return h + mlp->forward(normed);
 }
 
 LlamaModelImpl::LlamaModelImpl(const LlamaConfig& c) : config(c) {

@@ -6,6 +6,8 @@
 
 #include <torch/nn/cloneable.h>
 
+#include <utility>
+
 #include "framework/nn/norm_layer.h"
 
 namespace qforge::nn {
@@ -18,7 +20,12 @@ class RMSNormImpl : public torch::nn::Cloneable<RMSNormImpl>, public NormLayer {
   std::shared_ptr<torch::nn::Module> clone(const c10::optional<c10::Device>& = c10::nullopt) const override {
     refuse_clone();
   }
+  // Float CPU calls that autograd does not record run one fused kernel (kernels/cpu/token_ops.h,
+  // rms_norm_f32: within a few ulp of the ATen ops); others run the ATen ops.
   at::Tensor forward(const at::Tensor& x);
+  // {h, forward(h)} for h = x + residual: the residual add before the norm, fused with it where
+  // forward fuses (h equal to the ATen add bit for bit).
+  std::pair<at::Tensor, at::Tensor> forward_residual(const at::Tensor& x, const at::Tensor& residual);
 
   const char* layer_type() const override { return "RMSNorm"; }
   torch::nn::Module& module() override { return *this; }

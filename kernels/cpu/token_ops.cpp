@@ -1,0 +1,140 @@
+// The fused per-token ops (token_ops.h): references, kernel tables and dispatchers.
+#include "kernels/cpu/token_ops.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "framework/core/error.h"
+#include "kernels/cpu/parallel_blocks.h"
+#include "kernels/cpu/token_ops_exp.h"
+
+namespace qforge::kernels {
+namespace {
+
+constexpr int64_t kL = kTokenOpLanes;
+// Elements per task: a decode token's rows stay on the calling thread (no fork-join).
+constexpr int64_t kElementsPerTask = int64_t{1} << 15;
+
+// The lane sums folded as token_ops.h states: acc_j += acc_{j+w} for w = 8, 4, 2, 1.
+float fold_lanes(float (&acc)[kTokenOpLanes]) {
+  for (int64_t w = kL / 2; w >= 1; w /= 2)
+    for (int64_t j = 0; j < w; ++j) acc[j] = acc[j] + acc[j + w];
+  return acc[0];
+}
+
+void rms_norm_rows(const RmsNormProblem& p, int64_t r0, int64_t r1) {
+  for (int64_t r = r0; r < r1; ++r) {
+    const float* x = p.x + r * p.dim;
+    float* h = p.r ? p.h + r * p.dim : nullptr;
+    if (p.r)
+      for (int64_t k = 0; k < p.dim; ++k) h[k] = x[k] + p.r[r * p.dim + k];
+    const float* v = p.r ? h : x;
+    float acc[kTokenOpLanes] = {};
+    for (int64_t k = 0; k < p.dim; ++k) acc[k % kL] = std::fmaf(v[k], v[k], acc[k % kL]);
+    const float inv = 1.0f / std::sqrt(fold_lanes(acc) / static_cast<float>(p.dim) + p.eps);
+    float* y = p.y + r * p.dim;
+    for (int64_t k = 0; k < p.dim; ++k) y[k] = p.w[k] * (v[k] * inv);
+  }
+}
+
+void rope_rows(const RopeProblem& p, int64_t r0, int64_t r1) {
+  const int64_t half = p.dim / 2;
+  for (int64_t r = r0; r < r1; ++r) {  // r: one head of one position
+    float* x = p.x + r * p.dim;
+    const float* c = p.cos + (r / p.heads) % p.table_rows * p.dim;
+    const float* s = p.sin + (r / p.heads) % p.table_rows * p.dim;
+    for (int64_t j = 0; j < half; ++j) {
+      const float a = x[j], b = x[j + half];
+      x[j] = a * c[j] + (-b) * s[j];
+      x[j + half] = b * c[j + half] + a * s[j + half];
+    }
+  }
+}
+
+void softmax_rows(const SoftmaxProblem& p, int64_t r0, int64_t r1) {
+  for (int64_t r = r0; r < r1; ++r) {
+    float* w = p.w + r * p.S;
+    const int64_t hi = std::min(p.S, p.past + r % p.T + 1), lo = p.window > 0 ? std::max<int64_t>(0, hi - p.window) : 0;
+    float m = -INFINITY;
+    for (int64_t j = lo; j < hi; ++j) w[j] = w[j] * p.scale, m = std::max(m, w[j]);
+    float acc[kTokenOpLanes] = {};
+    for (int64_t j = lo; j < hi; ++j) {
+      w[j] = detail::exp_nonpositive(w[j] - m);
+      acc[(j - lo) % kL] = acc[(j - lo) % kL] + w[j];
+    }
+    const float inv = 1.0f / fold_lanes(acc);
+    for (int64_t j = lo; j < hi; ++j) w[j] = w[j] * inv;
+    std::fill(w, w + lo, 0.0f);
+    std::fill(w + hi, w + p.S, 0.0f);
+  }
+}
+
+template <void (*kRows)(const RmsNormProblem&, int64_t, int64_t)>
+void run_rms_norm(const RmsNormProblem& p) {
+  detail::parallel_over(p.rows, std::max<int64_t>(1, kElementsPerTask / p.dim), [&](int64_t b, int64_t e) { kRows(p, b, e); });
+}
+template <void (*kRows)(const RopeProblem&, int64_t, int64_t)>
+void run_rope(const RopeProblem& p) {
+  detail::parallel_over(p.positions * p.heads, std::max<int64_t>(1, kElementsPerTask / p.dim),
+                        [&](int64_t b, int64_t e) { kRows(p, b, e); });
+}
+template <void (*kRows)(const SoftmaxProblem&, int64_t, int64_t)>
+void run_softmax(const SoftmaxProblem& p) {
+  detail::parallel_over(p.groups * p.T, std::max<int64_t>(1, kElementsPerTask / p.S),
+                        [&](int64_t b, int64_t e) { kRows(p, b, e); });
+}
+
+}  // namespace
+
+void rms_norm_reference(const RmsNormProblem& p) { rms_norm_rows(p, 0, p.rows); }
+void rope_reference(const RopeProblem& p) { rope_rows(p, 0, p.positions * p.heads); }
+void causal_softmax_reference(const SoftmaxProblem& p) { softmax_rows(p, 0, p.groups * p.T); }
+
+const KernelTable<RmsNormProblem>& rms_norm_kernels() {
+  static const KernelTable<RmsNormProblem> table{
+      {"rms_norm_f32_avx512", Isa::kAvx512, nullptr, nullptr, QF_KERNEL_AVX512(run_rms_norm<detail::rms_norm_rows_avx512>)},
+      {"rms_norm_f32_reference", Isa::kReference, nullptr, nullptr, run_rms_norm<rms_norm_rows>},
+  };
+  return table;
+}
+
+const KernelTable<RopeProblem>& rope_kernels() {
+  static const KernelTable<RopeProblem> table{
+      {"rope_f32_avx512", Isa::kAvx512, nullptr, nullptr, QF_KERNEL_AVX512(run_rope<detail::rope_rows_avx512>)},
+      {"rope_f32_reference", Isa::kReference, nullptr, nullptr, run_rope<rope_rows>},
+  };
+  return table;
+}
+
+const KernelTable<SoftmaxProblem>& causal_softmax_kernels() {
+  static const KernelTable<SoftmaxProblem> table{
+      {"causal_softmax_f32_avx512", Isa::kAvx512, nullptr, nullptr,
+       QF_KERNEL_AVX512(run_softmax<detail::causal_softmax_rows_avx512>)},
+      {"causal_softmax_f32_reference", Isa::kReference, nullptr, nullptr, run_softmax<softmax_rows>},
+  };
+  return table;
+}
+
+void rms_norm_f32(const RmsNormProblem& p, RunInfo* info) {
+  QF_REQUIRE(p.rows >= 0 && p.dim > 0 && p.eps >= 0 && (p.rows == 0 || (p.x && p.w && p.y && (!p.r || p.h))),
+             "kernels/cpu: rms_norm_f32 got rows=", p.rows, " dim=", p.dim, " eps=", p.eps, " or a null pointer");
+  run_kernel_table(rms_norm_kernels(), p, p.rows, info);
+}
+
+void rope_f32(const RopeProblem& p, RunInfo* info) {
+  QF_REQUIRE(p.positions >= 0 && p.heads > 0 && p.dim > 0 && p.dim % 2 == 0 && p.table_rows > 0 &&
+                 (p.positions == 0 || (p.x && p.cos && p.sin)),
+             "kernels/cpu: rope_f32 got positions=", p.positions, " heads=", p.heads, " dim=", p.dim,
+             " (even expected) or a null pointer");
+  run_kernel_table(rope_kernels(), p, p.positions * p.heads, info);
+}
+
+void causal_softmax_f32(const SoftmaxProblem& p, RunInfo* info) {
+  QF_REQUIRE(p.groups >= 0 && p.T > 0 && p.S > 0 && p.past >= 0 && p.past + p.T <= p.S && p.window >= 0 &&
+                 (p.groups == 0 || p.w),
+             "kernels/cpu: causal_softmax_f32 got groups=", p.groups, " T=", p.T, " S=", p.S, " past=", p.past,
+             " window=", p.window, " (past + T <= S expected) or a null pointer");
+  run_kernel_table(causal_softmax_kernels(), p, p.groups * p.T, info);
+}
+
+}  // namespace qforge::kernels

@@ -1,0 +1,75 @@
+// Fused per-token small ops of the decoder forward (issue 38): RMSNorm with the residual add before
+// it, RoPE on q / k rows in place, and the scaled, causally masked softmax over the key cache, each
+// one call where the ATen forward runs 5 to 10 ops (docs/kernels.md §2.5b). The *_reference
+// functions define the results; each op's kernel table runs *_avx512 -> *_reference, bit-equal to
+// the reference (its 16 accumulator lanes are the AVX-512 lanes). Against the ATen ops they replace:
+// RoPE bit for bit, RMSNorm and softmax within a few ulp (other summation orders and exp).
+// No ATen here: the ISA files include this header.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/cpu/kernel_table.h"
+#include "kernels/cpu/run_info.h"
+
+namespace qforge::kernels {
+
+// Lanes of the sums below: the order of every reduction (lane j adds elements j, j + 16, ...).
+inline constexpr int64_t kTokenOpLanes = 16;
+
+// rows × dim, row-major. With r: h = x + r (written to h), else h = x (h may be null). Then per row
+//   ss = Σ h² as 16 lane sums (lane j: fmaf(h_k, h_k, acc_j) for k ≡ j mod 16, in k order), folded
+//        acc_j += acc_{j+w} for w = 8, 4, 2, 1;
+//   inv = 1 / sqrtf(ss / dim + eps);  y_k = w_k · (h_k · inv)          (each product rounded)
+struct RmsNormProblem {
+  const float* x = nullptr;
+  const float* r = nullptr;  // residual, or null
+  float* h = nullptr;        // x + r when r is given
+  const float* w = nullptr;  // weight [dim]
+  float* y = nullptr;
+  int64_t rows = 0, dim = 0;
+  float eps = 0;
+};
+void rms_norm_reference(const RmsNormProblem& p);
+const KernelTable<RmsNormProblem>& rms_norm_kernels();
+void rms_norm_f32(const RmsNormProblem& p, RunInfo* info = nullptr);
+
+// HF's rotate-half RoPE on x [positions, heads, dim] (dim even, half = dim / 2), in place, with
+// cos / sin tables [table_rows, dim], position i reading row i mod table_rows (batches of
+// table_rows positions share the table): for j < half
+//   y_j = x_j · c_j + (−x_{j+half}) · s_j,   y_{j+half} = x_{j+half} · c_{j+half} + x_j · s_{j+half}
+// (products rounded, then the sum: x * cos + rotate_half(x) * sin of the ATen forward, bit for bit).
+struct RopeProblem {
+  float* x = nullptr;
+  const float* cos = nullptr;
+  const float* sin = nullptr;
+  int64_t positions = 0, heads = 0, dim = 0, table_rows = 1;
+};
+void rope_reference(const RopeProblem& p);
+const KernelTable<RopeProblem>& rope_kernels();
+void rope_f32(const RopeProblem& p, RunInfo* info = nullptr);
+
+// Attention scores w [groups, T, S] in place -> probabilities. Query i (of T) sits at position
+// past + i and sees keys [lo, hi): hi = min(S, past + i + 1), lo = window > 0 ? max(0, hi − window) : 0;
+// the others get 0. Over [lo, hi):
+//   z = w · scale;  m = max z;  e = exp_nonpositive(z − m);  sum = 16 lane sums of e in order,
+//   folded as in rms_norm;  p = e · (1 / sum)
+// exp_nonpositive(t) (t <= 0): 0 below −87; else n = floorf(t · log2(e) + 0.5), f = fmaf(n, −C1, t),
+// f = fmaf(n, −C2, f), Cephes' degree-5 polynomial of f by fmaf, times 2^n (within 2 ulp of exp).
+struct SoftmaxProblem {
+  float* w = nullptr;
+  int64_t groups = 0, T = 0, S = 0, past = 0, window = 0;
+  float scale = 1;
+};
+void causal_softmax_reference(const SoftmaxProblem& p);
+const KernelTable<SoftmaxProblem>& causal_softmax_kernels();
+void causal_softmax_f32(const SoftmaxProblem& p, RunInfo* info = nullptr);
+
+namespace detail {
+// Rows [r0, r1) of each op (the dispatchers split rows over the intra-op threads).
+void rms_norm_rows_avx512(const RmsNormProblem& p, int64_t r0, int64_t r1);
+void rope_rows_avx512(const RopeProblem& p, int64_t r0, int64_t r1);
+void causal_softmax_rows_avx512(const SoftmaxProblem& p, int64_t r0, int64_t r1);
+}  // namespace detail
+
+}  // namespace qforge::kernels

@@ -1,0 +1,120 @@
+// The fused per-token ops on AVX-512 (token_ops.h): each zmm lane is one of the reference's 16
+// accumulator lanes and every element sees the reference's operations in its order, so the
+// results equal the reference bit for bit. Compiled with the AVX-512 flags.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/cpu/token_ops.h"
+#include "kernels/cpu/token_ops_exp.h"
+
+namespace qforge::kernels::detail {
+namespace {
+
+constexpr int64_t kL = kTokenOpLanes;
+
+__mmask16 tail_mask(int64_t n) { return n >= kL ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << n) - 1); }
+
+// The reference's fold of the 16 lane sums (acc_j += acc_{j+w}, w = 8, 4, 2, 1).
+float fold_lanes(__m512 v) {
+  alignas(64) float acc[kL];
+  _mm512_store_ps(acc, v);
+  for (int64_t w = kL / 2; w >= 1; w /= 2)
+    for (int64_t j = 0; j < w; ++j) acc[j] = acc[j] + acc[j + w];
+  return acc[0];
+}
+
+// exp_nonpositive (token_ops_exp.h) lane by lane; lanes below kExpLowest are 0.
+__m512 exp_nonpositive(__m512 t) {
+  const __mmask16 live = _mm512_cmp_ps_mask(t, _mm512_set1_ps(kExpLowest), _CMP_GE_OQ);
+  const __m512 n = _mm512_roundscale_ps(_mm512_add_ps(_mm512_mul_ps(t, _mm512_set1_ps(kLog2e)), _mm512_set1_ps(0.5f)),
+                                        _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  __m512 f = _mm512_fmadd_ps(n, _mm512_set1_ps(-kExpC1), t);
+  f = _mm512_fmadd_ps(n, _mm512_set1_ps(-kExpC2), f);
+  __m512 y = _mm512_set1_ps(kExpP[0]);
+  for (int i = 1; i < 6; ++i) y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(kExpP[i]));
+  y = _mm512_add_ps(_mm512_fmadd_ps(y, _mm512_mul_ps(f, f), f), _mm512_set1_ps(1.0f));
+  const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(n), _mm512_set1_epi32(127)), 23);
+  return _mm512_maskz_mul_ps(live, y, _mm512_castsi512_ps(e));
+}
+
+}  // namespace
+
+void rms_norm_rows_avx512(const RmsNormProblem& p, int64_t r0, int64_t r1) {
+  for (int64_t r = r0; r < r1; ++r) {
+    const float* x = p.x + r * p.dim;
+    float* h = p.r ? p.h + r * p.dim : nullptr;
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t k = 0; k < p.dim; k += kL) {
+      const __mmask16 m = tail_mask(p.dim - k);
+      __m512 v = _mm512_maskz_loadu_ps(m, x + k);
+      if (p.r) {
+        v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, p.r + r * p.dim + k));
+        _mm512_mask_storeu_ps(h + k, m, v);
+      }
+      acc = _mm512_fmadd_ps(v, v, acc);  // zero tail lanes add +0: the lane sums stay the reference's
+    }
+    const float inv = 1.0f / std::sqrt(fold_lanes(acc) / static_cast<float>(p.dim) + p.eps);
+    const float* v = p.r ? h : x;
+    float* y = p.y + r * p.dim;
+    const __m512 iv = _mm512_set1_ps(inv);
+    for (int64_t k = 0; k < p.dim; k += kL) {
+      const __mmask16 m = tail_mask(p.dim - k);
+      const __m512 n = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, v + k), iv);
+      _mm512_mask_storeu_ps(y + k, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, p.w + k), n));
+    }
+  }
+}
+
+void rope_rows_avx512(const RopeProblem& p, int64_t r0, int64_t r1) {
+  const int64_t half = p.dim / 2;
+  const __m512 sign = _mm512_set1_ps(-0.0f);
+  for (int64_t r = r0; r < r1; ++r) {
+    float* x = p.x + r * p.dim;
+    const float* c = p.cos + (r / p.heads) % p.table_rows * p.dim;
+    const float* s = p.sin + (r / p.heads) % p.table_rows * p.dim;
+    for (int64_t j = 0; j < half; j += kL) {
+      const __mmask16 m = tail_mask(half - j);
+      const __m512 a = _mm512_maskz_loadu_ps(m, x + j), b = _mm512_maskz_loadu_ps(m, x + j + half);
+      const __m512 lo = _mm512_add_ps(_mm512_mul_ps(a, _mm512_maskz_loadu_ps(m, c + j)),
+                                      _mm512_mul_ps(_mm512_xor_ps(b, sign), _mm512_maskz_loadu_ps(m, s + j)));
+      const __m512 hi = _mm512_add_ps(_mm512_mul_ps(b, _mm512_maskz_loadu_ps(m, c + j + half)),
+                                      _mm512_mul_ps(a, _mm512_maskz_loadu_ps(m, s + j + half)));
+      _mm512_mask_storeu_ps(x + j, m, lo);
+      _mm512_mask_storeu_ps(x + j + half, m, hi);
+    }
+  }
+}
+
+void causal_softmax_rows_avx512(const SoftmaxProblem& p, int64_t r0, int64_t r1) {
+  const __m512 scale = _mm512_set1_ps(p.scale);
+  for (int64_t r = r0; r < r1; ++r) {
+    float* w = p.w + r * p.S;
+    const int64_t hi = std::min(p.S, p.past + r % p.T + 1), lo = p.window > 0 ? std::max<int64_t>(0, hi - p.window) : 0;
+    __m512 mv = _mm512_set1_ps(-INFINITY);
+    for (int64_t j = lo; j < hi; j += kL) {
+      const __mmask16 m = tail_mask(hi - j);
+      const __m512 z = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, w + j), scale);
+      _mm512_mask_storeu_ps(w + j, m, z);
+      mv = _mm512_mask_max_ps(mv, m, mv, z);
+    }
+    const __m512 mx = _mm512_set1_ps(_mm512_reduce_max_ps(mv));  // max is exact: any order gives the reference's
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t j = lo; j < hi; j += kL) {
+      const __mmask16 m = tail_mask(hi - j);
+      const __m512 e = _mm512_maskz_mov_ps(m, exp_nonpositive(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, w + j), mx)));
+      _mm512_mask_storeu_ps(w + j, m, e);
+      acc = _mm512_add_ps(acc, e);
+    }
+    const __m512 inv = _mm512_set1_ps(1.0f / fold_lanes(acc));
+    for (int64_t j = lo; j < hi; j += kL) {
+      const __mmask16 m = tail_mask(hi - j);
+      _mm512_mask_storeu_ps(w + j, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, w + j), inv));
+    }
+    std::fill(w, w + lo, 0.0f);
+    std::fill(w + hi, w + p.S, 0.0f);
+  }
+}
+
+}  // namespace qforge::kernels::detail

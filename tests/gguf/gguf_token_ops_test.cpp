@@ -1,0 +1,148 @@
+// The fused per-token ops of the decode path (kernels/cpu/token_ops.h): every table entry equals
+// the reference bit for bit; against the ATen ops they replace, RoPE is bit-equal, RMSNorm and the
+// causal softmax stay within the stated ulp bounds; a Llama's forward with them (no autograd)
+// stays within 1e-5 of the ATen forward (autograd on), and so does its KV-cache decode.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "framework/models/kv_cache.h"
+#include "framework/models/llama.h"
+#include "kernels/cpu/isa.h"
+#include "kernels/cpu/token_ops.h"
+#include "kernels/cpu/token_ops_exp.h"
+
+namespace qforge::kernels {
+namespace {
+
+bool usable(Isa isa) {
+  std::string why;
+  return isa_usable(isa, &why);
+}
+
+bool same_bits(const at::Tensor& a, const at::Tensor& b) {
+  return a.sizes() == b.sizes() && std::memcmp(a.data_ptr<float>(), b.data_ptr<float>(), a.numel() * sizeof(float)) == 0;
+}
+
+// ATen's RMSNorm (nn::RMSNorm's unfused lines) and HF's masked softmax, the ops the kernels replace.
+at::Tensor aten_rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
+  return w * (x * at::rsqrt(x.pow(2).mean(-1, true) + eps));
+}
+at::Tensor aten_softmax(const at::Tensor& w, int64_t past, int64_t window, double scale) {
+  const int64_t T = w.size(-2), S = w.size(-1);
+  const at::Tensor ones = at::ones({T, S}, at::kBool);
+  at::Tensor visible = ones.tril(past);
+  if (window > 0) visible = visible.logical_and(ones.triu(past - window + 1));
+  return at::softmax(at::where(visible, w * scale, at::full({}, std::numeric_limits<float>::lowest())), -1);
+}
+
+TEST(GgufTokenOps, EveryTableEntryEqualsTheReferenceBitForBit) {
+  at::manual_seed(1);
+  for (int64_t dim : {7, 64, 100, 2048}) {
+    const at::Tensor x = at::randn({3, dim}), r = at::randn({3, dim}), w = at::randn({dim});
+    at::Tensor h0 = at::empty_like(x), y0 = at::empty_like(x);
+    rms_norm_reference({x.data_ptr<float>(), r.data_ptr<float>(), h0.data_ptr<float>(), w.data_ptr<float>(),
+                        y0.data_ptr<float>(), 3, dim, 1e-5f});
+    for (const auto& e : rms_norm_kernels()) {
+      if (!e.run || !usable(e.isa)) continue;
+      at::Tensor h = at::empty_like(x), y = at::empty_like(x);
+      e.run({x.data_ptr<float>(), r.data_ptr<float>(), h.data_ptr<float>(), w.data_ptr<float>(), y.data_ptr<float>(),
+             3, dim, 1e-5f});
+      EXPECT_TRUE(same_bits(h, h0) && same_bits(y, y0)) << e.name << " dim " << dim;
+    }
+  }
+  for (int64_t dim : {10, 64, 128}) {
+    const at::Tensor x = at::randn({5, 4, dim}), cos = at::randn({5, dim}), sin = at::randn({5, dim});
+    at::Tensor ref = x.clone();
+    rope_reference({ref.data_ptr<float>(), cos.data_ptr<float>(), sin.data_ptr<float>(), 5, 4, dim, 5});
+    for (const auto& e : rope_kernels()) {
+      if (!e.run || !usable(e.isa)) continue;
+      at::Tensor y = x.clone();
+      e.run({y.data_ptr<float>(), cos.data_ptr<float>(), sin.data_ptr<float>(), 5, 4, dim, 5});
+      EXPECT_TRUE(same_bits(y, ref)) << e.name << " dim " << dim;
+    }
+  }
+  for (auto [T, S, window] : {std::tuple{1, 1, 0}, {1, 37, 0}, {6, 40, 0}, {4, 300, 17}, {1, 4096, 0}}) {
+    const at::Tensor s = at::randn({3, T, S}) * 4;
+    at::Tensor ref = s.clone();
+    causal_softmax_reference({ref.data_ptr<float>(), 3, T, S, S - T, window, 0.125f});
+    for (const auto& e : causal_softmax_kernels()) {
+      if (!e.run || !usable(e.isa)) continue;
+      at::Tensor p = s.clone();
+      e.run({p.data_ptr<float>(), 3, T, S, S - T, window, 0.125f});
+      EXPECT_TRUE(same_bits(p, ref)) << e.name << " T " << T << " S " << S;
+    }
+  }
+}
+
+// Bounds against ATen (float32): RoPE 0 (bit-equal); RMSNorm |Δy| <= 1e-6 |y| + 1e-7 max |y| (the
+// sum of squares in another order, a few ulp); softmax |Δp| <= 1e-6 p + 1e-9 (exp within 2 ulp,
+// another summation order).
+TEST(GgufTokenOps, AgainstTheAtenOpsTheyReplace) {
+  at::manual_seed(2);
+  for (int64_t dim : {64, 2048}) {
+    const at::Tensor x = at::randn({4, dim}) * 3, r = at::randn({4, dim}), w = at::rand({dim}) + 0.5;
+    at::Tensor h = at::empty_like(x), y = at::empty_like(x);
+    rms_norm_f32({x.data_ptr<float>(), r.data_ptr<float>(), h.data_ptr<float>(), w.data_ptr<float>(), y.data_ptr<float>(),
+                  4, dim, 1e-5f});
+    EXPECT_TRUE(at::equal(h, x + r));
+    const at::Tensor ref = aten_rms_norm(x + r, w, 1e-5);
+    const at::Tensor bound = 1e-6 * ref.abs() + 1e-7 * ref.abs().max();
+    EXPECT_TRUE(((y - ref).abs() <= bound).all().item<bool>()) << "dim " << dim << ": " << (y - ref).abs().max();
+  }
+  const at::Tensor x = at::randn({2, 3, 4, 64}), cos = at::randn({3, 64}), sin = at::randn({3, 64});
+  at::Tensor y = x.clone();
+  rope_f32({y.data_ptr<float>(), cos.data_ptr<float>(), sin.data_ptr<float>(), 6, 4, 64, 3});
+  const at::Tensor xt = x.transpose(1, 2);  // [B, heads, T, D] as the model rotates it
+  const at::Tensor rot = at::cat({-xt.narrow(-1, 32, 32), xt.narrow(-1, 0, 32)}, -1);
+  EXPECT_TRUE(at::equal(y.transpose(1, 2), xt * cos + rot * sin));
+  for (auto [T, S, window] : {std::tuple{1, 48, 0}, {12, 12, 0}, {5, 64, 9}}) {
+    const at::Tensor s = at::randn({8, T, S}) * 6;
+    at::Tensor p = s.clone();
+    causal_softmax_f32({p.data_ptr<float>(), 8, T, S, S - T, window, 0.125f});
+    const at::Tensor ref = aten_softmax(s, S - T, window, 0.125);
+    EXPECT_TRUE(((p - ref).abs() <= 1e-6 * ref + 1e-9).all().item<bool>()) << "T " << T << " S " << S << ": "
+                                                                           << (p - ref).abs().max();
+  }
+}
+
+TEST(GgufTokenOps, SoftmaxExpIsWithinTwoUlp) {
+  double worst = 0;
+  for (float t = -87.0f; t <= 0.0f; t += 0.00731f) {
+    const double e = std::exp(static_cast<double>(t));
+    worst = std::max(worst, std::abs(detail::exp_nonpositive(t) - e) / e);
+  }
+  EXPECT_LT(worst, 2.5e-7);  // 2 ulp of float (2^-22 = 2.4e-7)
+  EXPECT_EQ(detail::exp_nonpositive(0.0f), 1.0f);
+  EXPECT_EQ(detail::exp_nonpositive(-88.0f), 0.0f);
+  EXPECT_EQ(detail::exp_nonpositive(-std::numeric_limits<float>::infinity()), 0.0f);
+}
+
+TEST(GgufTokenOps, LlamaWithFusedOpsMatchesTheAtenForwardAndDecodesLikeItsFullForward) {
+  models::LlamaConfig c;
+  c.vocab_size = 64, c.hidden_size = 64, c.intermediate_size = 128, c.num_hidden_layers = 2;
+  c.num_attention_heads = 4, c.num_key_value_heads = 2, c.tie_word_embeddings = false;
+  at::manual_seed(7);
+  models::LlamaForCausalLM m(c);
+  m->eval();
+  const at::Tensor ids = at::randint(0, 64, {2, 12}, at::kLong);
+  const at::Tensor aten = m->forward(ids);  // autograd records: the ATen ops run
+  ASSERT_TRUE(aten.requires_grad());
+  at::NoGradGuard ng;
+  const at::Tensor fused = m->forward(ids);
+  const double scale = aten.abs().max().item<double>();
+  EXPECT_LT((fused - aten.detach()).abs().max().item<double>(), 1e-5 * scale);
+  EXPECT_FALSE(at::equal(fused, aten.detach())) << "the fused kernels did not run";
+  models::KvCache cache;
+  std::vector<at::Tensor> steps = {m->forward(ids.narrow(1, 0, 5), &cache)};
+  for (int64_t t = 5; t < 12; ++t) steps.push_back(m->forward(ids.narrow(1, t, 1), &cache));
+  EXPECT_LT((at::cat(steps, 1) - fused).abs().max().item<double>(), 1e-5 * scale);
+}
+
+}  // namespace
+}  // namespace qforge::kernels
