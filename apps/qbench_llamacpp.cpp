@@ -2,12 +2,16 @@
 //   model_llama_decode_q8, _q4   a Llama of 2 layers with Llama-3.2-1B's layer shapes (hidden 2048,
 //                                FFN 8192, 32 query / 8 key-value heads, head_dim 64), a 256-byte
 //                                vocabulary, random weights (seed 0); a 16-token prompt in the
-//                                cache, then 32 tokens decoded greedily one at a time.
-// impl "qforge": the model frozen weight-only, qint8 per channel (q8) or qint4 in groups of 32
-// (q4), float activations; impl "qforge-q8": the same model with block-32 int8 decode activations
-// (DecodeActivations::kQ8Block32, llama.cpp's activation side); impl "llamacpp": that frozen model exported with export_gguf (codes kept: Q8_0 / Q4_0,
-// fp16 scales) and run by llama.cpp (node-llama-cpp 3.21.1's prebuilt CPU library, the one
-// ctest gguf_llamacpp installs into the build tree, or $QFORGE_NODE_LLAMA_CPP/node_modules), in a
+//                                cache, then 32 tokens decoded greedily one at a time; a second
+//                                case evaluates a 512-token prompt from an empty cache (prefill).
+// The frozen model (qint8 per channel for q8, qint4 in groups of 32 for q4) is written once as GGUF
+// (export_gguf, codes kept: Q8_0 / Q4_0, fp16 scales); llama.cpp loads that file, and for q4 qforge
+// runs load_gguf of the same file (q8: the model the file was written from; a loaded Q8_0 matrix has
+// no integer kernel yet). impl "qforge": float activations (DecodeActivations::kExact); impl
+// "qforge-q8": block-32 int8 decode activations (kQ8Block32, llama.cpp's activation side, the
+// default of a loaded file); impl "llamacpp": the file run by llama.cpp (node-llama-cpp 3.21.1's
+// prebuilt CPU library, the one ctest gguf_llamacpp installs into the build tree, or
+// $QFORGE_NODE_LLAMA_CPP/node_modules), in a
 // node child process that qbench drives through a pipe ("run" -> 32 tokens -> "done"), with
 // qbench's thread count. The pipe round trip (tens of µs) is inside llama.cpp's time. Without
 // node or node-llama-cpp the llamacpp impl is left out with the reason on stderr. Impl "limit":
@@ -19,6 +23,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <limits>
 #include <memory>
 #include <utility>
 #include <string>
@@ -30,17 +35,20 @@
 #include "framework/api/quantize.h"
 #include "framework/core/error.h"
 #include "framework/models/gguf_export.h"
+#include "framework/models/gguf_load.h"
+#include "framework/models/kv_cache.h"
 #include "framework/models/llama.h"
+#include "kernels/cpu/token_ops.h"
 
 namespace qforge::bench {
 namespace {
 
-constexpr int64_t kLlamaPrompt = 16, kLlamaDecode = 32;
+constexpr int64_t kLlamaPrompt = 16, kLlamaDecode = 32, kLlamaPrefill = 512;
 
 models::LlamaConfig llama_1b_layers() {
   models::LlamaConfig c;
   c.vocab_size = 256, c.hidden_size = 2048, c.intermediate_size = 8192, c.num_hidden_layers = 2;
-  c.num_attention_heads = 32, c.num_key_value_heads = 8, c.max_position_embeddings = 256;
+  c.num_attention_heads = 32, c.num_key_value_heads = 8, c.max_position_embeddings = 1024;
   c.rms_norm_eps = 1e-5, c.rope_theta = 500000.0, c.tie_word_embeddings = false;
   return c;
 }
@@ -51,35 +59,90 @@ Scheme decode_scheme(int bits) {
   return s;
 }
 
-// The Linear layers alone, as 32 decoded tokens call them (one row each, random inputs): with the
-// whole-model case of the same run, the split of a token's time between the Linear kernels and
-// everything else (norms, RoPE, attention over the cache, cache appends, embedding, dispatch).
+// `run` with every Linear of `m` set to `mode` first (impls share one model; each sets its own mode).
+std::function<void()> with_decode(const std::shared_ptr<models::LlamaForCausalLM>& m, DecodeActivations mode,
+                                  std::function<void()> run) {
+  return [m, mode, run] {
+    nn::set_decode_activations(**m, mode);
+    run();
+  };
+}
+
+// The Linear layers alone, as 32 decoded tokens call them (one row each, random inputs, k/v sharing
+// q's and up gate's): with the whole-model case of the same run, the split of a token's time
+// between the Linear kernels and everything else (norms, RoPE, attention over the cache, cache
+// appends, embedding, dispatch).
 Case linears_only(const std::shared_ptr<models::LlamaForCausalLM>& m) {
   std::vector<std::pair<nn::LinearImpl*, at::Tensor>> calls;
-  for (const auto& mod : (*m)->modules(/*include_self=*/false)) {
-    if (auto* lin = dynamic_cast<nn::LinearImpl*>(mod.get())) calls.emplace_back(lin, at::randn({1, lin->options.in_features()}));
+  for (const auto& item : (*m)->named_modules("", /*include_self=*/false)) {
+    auto* lin = dynamic_cast<nn::LinearImpl*>(item.value().get());
+    if (!lin) continue;
+    // k/v read q's row and up reads gate's, as in the forward (their q8 rows are reused).
+    const std::string& name = item.key();
+    auto ends = [&name](const std::string& tail) {
+      return name.size() >= tail.size() && name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
+    };
+    const bool shared = ends("k_proj") || ends("v_proj") || ends("up_proj");
+    calls.emplace_back(lin, shared ? calls.back().second : at::randn({int64_t{1}, lin->options.in_features()}));
   }
   const std::function<void()> run = [m, calls] {
     at::NoGradGuard g;
     for (int64_t t = 0; t < kLlamaDecode; ++t)
       for (const auto& [lin, x] : calls) lin->forward(x);
   };
-  return Case{"L2_H2048_linears_only_decode32_tokens", 0, {{"qforge", run}, {"qforge-q8", with_q8_decode(m->ptr(), run)}}};
+  return Case{"L2_H2048_linears_only_decode32_tokens", 0,
+              {{"qforge", with_decode(m, DecodeActivations::kExact, run)},
+               {"qforge-q8", with_decode(m, DecodeActivations::kQ8Block32, run)}}};
 }
 
-std::vector<Case> llama_decode_cases(int bits) {
+// The frozen model of the row, written once as GGUF at `path` (Q8_0 / Q4_0, codes kept). Q4: qforge
+// then runs load_gguf(path), the very file llama.cpp loads (its Linears decode with q8_block32
+// activations by default, as llama.cpp does). Q8: qforge runs the per-channel int8 model the file
+// was written from (the same codes; the file's fp16 copies of the scales), since a loaded Q8_0
+// matrix (int8 with a scale per block of 32) has no integer kernel yet (docs/performance.md).
+std::shared_ptr<models::LlamaForCausalLM> frozen_llama(int bits, const std::string& path) {
   torch::manual_seed(0);
   auto m = std::make_shared<models::LlamaForCausalLM>(llama_1b_layers());
   (*m)->init_weights();
   (*m)->eval();
   quantize(*m, decode_scheme(bits));
   freeze(*m);
+  models::export_gguf(*m, path);
+  if (bits == 8) return m;
+  return std::make_shared<models::LlamaForCausalLM>(models::load_gguf(path).llama);
+}
+
+// The llama.cpp peer on `path`: each run decodes `decode` tokens after `prompt` (decode 0: evaluates
+// the whole prompt again from an empty cache), with qbench's thread count.
+std::function<void()> llamacpp_run(const std::string& modules, const std::string& path, const at::Tensor& prompt,
+                                   int64_t decode) {
+  std::string ids;
+  for (int64_t i = 0; i < prompt.size(1); ++i) ids += (ids.empty() ? "" : ",") + std::to_string(prompt[0][i].item<int64_t>());
+  auto peer = std::make_shared<NodePeer>(
+      QFORGE_QBENCH_LLAMACPP_JS,
+      std::vector<std::string>{modules, path, std::to_string(at::get_num_threads()), ids, std::to_string(decode)},
+      "llama.cpp (node-llama-cpp) on " + path);
+  return [peer] { peer->run(); };
+}
+
+std::vector<Case> llama_decode_cases(int bits) {
+  const std::string path = (std::filesystem::temp_directory_path() /
+                            ("qbench-llama-q" + std::to_string(bits) + "-" + std::to_string(getpid()) + ".gguf"))
+                               .string();
+  // Removes the file whatever happens below (llama.cpp has read it by then).
+  struct RemoveOnExit {
+    std::string path;
+    ~RemoveOnExit() { std::filesystem::remove(path); }
+  } remove_file{path};
+  const std::shared_ptr<models::LlamaForCausalLM> m = frozen_llama(bits, path);
+  torch::manual_seed(1);
   const at::Tensor prompt = at::randint(0, 256, {1, kLlamaPrompt}, at::kLong);
   auto cache = std::make_shared<models::KvCache>();
   cache->reserve(kLlamaPrompt + kLlamaDecode);  // no store grows in a run
   at::Tensor first;
   {
     at::NoGradGuard g;
+    nn::set_decode_activations(**m, DecodeActivations::kExact);
     first = (*m)->forward(prompt, cache.get()).select(1, kLlamaPrompt - 1).argmax(-1, true);
   }
   // Bytes the 32 tokens read: every frozen Linear's packed weights once per token (the embedding
@@ -94,8 +157,8 @@ std::vector<Case> llama_decode_cases(int bits) {
     at::Tensor next = first;
     for (int64_t t = 0; t < kLlamaDecode; ++t) next = (*m)->forward(next, cache.get()).select(1, 0).argmax(-1, true);
   };
-  c.impls.push_back({"qforge", qforge_run});
-  c.impls.push_back({"qforge-q8", with_q8_decode(m->ptr(), qforge_run)});
+  c.impls.push_back({"qforge", with_decode(m, DecodeActivations::kExact, qforge_run)});
+  c.impls.push_back({"qforge-q8", with_decode(m, DecodeActivations::kQ8Block32, qforge_run)});
   // Half read, half written, as the other limit rows (qbench_linear.cpp's cold GEMVs).
   auto src = std::make_shared<std::vector<char>>(static_cast<size_t>(per_token / 2), 1);
   auto dst = std::make_shared<std::vector<char>>(static_cast<size_t>(per_token / 2), 0);
@@ -105,31 +168,71 @@ std::vector<Case> llama_decode_cases(int bits) {
                      }});
   Case linears = linears_only(m);
   linears.bytes = c.bytes;
+  // The 512-token prefill from an empty cache, the model's default decode mode (calls of 512 rows
+  // run the exact weight-only path either way).
+  const at::Tensor long_prompt = at::randint(0, 256, {1, kLlamaPrefill}, at::kLong);
+  Case prefill{"L2_H2048_prefill512_tokens", 0, {}};
+  prefill.impls.push_back({"qforge", [m, long_prompt] {
+                             at::NoGradGuard g;
+                             models::KvCache fresh;
+                             fresh.reserve(kLlamaPrefill);
+                             (*m)->forward(long_prompt, &fresh);
+                           }});
   std::string why;
   const std::string modules =
       node_modules_with("QFORGE_NODE_LLAMA_CPP", QFORGE_NODE_LLAMA_CPP_DIR, "node-llama-cpp", "run ctest -R gguf_llamacpp", &why);
   if (modules.empty()) {
     std::fprintf(stderr, "qbench: model_llama_decode_q%d: llamacpp impl left out: %s\n", bits, why.c_str());
-    return {c, linears};
+    return {c, linears, prefill};
   }
-  const std::string path = (std::filesystem::temp_directory_path() /
-                            ("qbench-llama-q" + std::to_string(bits) + "-" + std::to_string(getpid()) + ".gguf"))
-                               .string();
-  const models::GgufExportReport report = models::export_gguf(*m, path);
-  std::vector<int64_t> ids(prompt.data_ptr<int64_t>(), prompt.data_ptr<int64_t>() + kLlamaPrompt);
-  std::string prompt_ids;
-  for (int64_t t : ids) prompt_ids += (prompt_ids.empty() ? "" : ",") + std::to_string(t);
-  auto peer = std::make_shared<NodePeer>(QFORGE_QBENCH_LLAMACPP_JS,
-                                         std::vector<std::string>{modules, path, std::to_string(at::get_num_threads()), prompt_ids,
-                                                                  std::to_string(kLlamaDecode)},
-                                         "llama.cpp (node-llama-cpp) on " + path);
-  std::filesystem::remove(path);  // llama.cpp has read it
-  c.impls.push_back({"llamacpp", [peer] { peer->run(); }});
-  return {c, linears};
+  c.impls.push_back({"llamacpp", llamacpp_run(modules, path, prompt, kLlamaDecode)});
+  prefill.impls.push_back({"llamacpp", llamacpp_run(modules, path, long_prompt, 0)});
+  return {c, linears, prefill};
+}
+
+// The per-token small ops of the same layers, alone (32 tokens × 2 layers, a 48-key cache): impl
+// "libtorch" the ATen ops Llama's forward ran before the fused kernels (RMSNorm, the residual add,
+// RoPE on q and k, scale + causal mask + softmax), impl "qforge" the fused kernels as the forward
+// calls them (kernels/cpu/token_ops.h, with their output allocations).
+std::vector<Case> llama_token_ops_cases() {
+  constexpr int64_t kH = 2048, kHeads = 32, kKv = 8, kD = 64, kS = kLlamaPrompt + kLlamaDecode;
+  torch::manual_seed(2);
+  const at::Tensor x = at::randn({1, 1, kH}), r = at::randn({1, 1, kH}), w = at::rand({kH}) + 0.5;
+  const at::Tensor q = at::randn({1, 1, kHeads * kD}), k = at::randn({1, 1, kKv * kD});
+  const at::Tensor cos = at::randn({1, kD}), sin = at::randn({1, kD}), scores = at::randn({1, kHeads, 1, kS});
+  const double eps = 1e-5, scale = 0.125;
+  auto rotate = [](const at::Tensor& t) {
+    return at::cat({-t.narrow(-1, kD / 2, kD / 2), t.narrow(-1, 0, kD / 2)}, -1);
+  };
+  const std::function<void()> aten = [=] {
+    for (int64_t i = 0; i < 2 * kLlamaDecode; ++i) {
+      const at::Tensor n1 = w * (x * at::rsqrt(x.pow(2).mean(-1, true) + eps));
+      const at::Tensor qh = q.view({1, 1, kHeads, kD}).transpose(1, 2), kh = k.view({1, 1, kKv, kD}).transpose(1, 2);
+      const at::Tensor qr = qh * cos + rotate(qh) * sin, kr = kh * cos + rotate(kh) * sin;
+      const at::Tensor ones = at::ones({1, kS}, at::kBool);
+      const at::Tensor p = at::softmax(at::where(ones.tril(kS - 1), scores * scale,
+                                                 at::full({}, std::numeric_limits<float>::lowest())), -1, at::kFloat);
+      const at::Tensor h = x + r, n2 = w * (h * at::rsqrt(h.pow(2).mean(-1, true) + eps));
+    }
+  };
+  const std::function<void()> fused = [=] {
+    for (int64_t i = 0; i < 2 * kLlamaDecode; ++i) {
+      at::Tensor n1 = at::empty_like(x), h = at::empty_like(x), n2 = at::empty_like(x);
+      kernels::rms_norm_f32({x.data_ptr<float>(), nullptr, nullptr, w.data_ptr<float>(), n1.data_ptr<float>(), 1, kH, 1e-5f});
+      at::Tensor qc = q.clone(), kc = k.clone(), p = scores.clone();  // the kernels write in place
+      kernels::rope_f32({qc.data_ptr<float>(), cos.data_ptr<float>(), sin.data_ptr<float>(), 1, kHeads, kD, 1});
+      kernels::rope_f32({kc.data_ptr<float>(), cos.data_ptr<float>(), sin.data_ptr<float>(), 1, kKv, kD, 1});
+      kernels::causal_softmax_f32({p.data_ptr<float>(), kHeads, 1, kS, kS - 1, 0, 0.125f});
+      kernels::rms_norm_f32({x.data_ptr<float>(), r.data_ptr<float>(), h.data_ptr<float>(), w.data_ptr<float>(),
+                             n2.data_ptr<float>(), 1, kH, 1e-5f});
+    }
+  };
+  return {Case{"L2_H2048_S48_token_ops_decode32_tokens", 0, {{"libtorch", aten}, {"qforge", fused}}}};
 }
 
 const Register kLlamaQ8(78, "model_llama_decode_q8", [] { return llama_decode_cases(8); });
 const Register kLlamaQ4(79, "model_llama_decode_q4", [] { return llama_decode_cases(4); });
+const Register kLlamaTokenOps(80, "model_llama_token_ops", [] { return llama_token_ops_cases(); });
 
 }  // namespace
 }  // namespace qforge::bench

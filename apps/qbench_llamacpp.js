@@ -1,7 +1,9 @@
 // qbench's llama.cpp peer (apps/qbench_llamacpp.cpp): loads a GGUF file in node-llama-cpp's
 // prebuilt CPU llama.cpp with `threads` threads, evaluates the prompt once, prints "ready", then
 // for every "run" line decodes `decode` tokens greedily one at a time after the prompt (token ids,
-// no tokenizer), erases them from the cache again and prints "done <last token>".
+// no tokenizer), erases them from the cache again and prints "done <last token>". With decode 0
+// (the prefill rows) each "run" instead empties the cache and evaluates the whole prompt again in
+// batches of up to 512 tokens, printing "done <next token>".
 // Usage: node qbench_llamacpp.js NODE_MODULES_DIR MODEL THREADS PROMPT_IDS(comma-separated) DECODE
 const path = require('path');
 const readline = require('readline');
@@ -15,7 +17,8 @@ async function main() {
   const prompt = promptArg.split(',').map(Number);
   const llama = await getLlama({gpu: false, build: 'never', logLevel: LlamaLogLevel.error});
   const model = await llama.loadModel({modelPath, gpuLayers: 0});
-  const context = await model.createContext({contextSize: 256, threads, batchSize: 256});
+  const size = Math.max(256, 2 ** Math.ceil(Math.log2(prompt.length + decode + 1)));
+  const context = await model.createContext({contextSize: size, threads, batchSize: Math.min(size, 512)});
   const sequence = context.getSequence();
   const greedy = {generateNext: {token: true, options: {temperature: 0}}};
   const first = (await sequence.controlledEvaluate(prompt.map((t, i) => (i === prompt.length - 1 ? [t, greedy] : t))))
@@ -24,6 +27,12 @@ async function main() {
   const lines = readline.createInterface({input: process.stdin});
   for await (const line of lines) {
     if (line !== 'run') break;
+    if (decode === 0) {
+      await sequence.eraseContextTokenRanges([{start: 0, end: sequence.nextTokenIndex}]);
+      const out = await sequence.controlledEvaluate(prompt.map((t, i) => (i === prompt.length - 1 ? [t, greedy] : t)));
+      console.log(`done ${out[prompt.length - 1].next.token}`);
+      continue;
+    }
     let next = first;
     for (let t = 0; t < decode; ++t) next = (await sequence.controlledEvaluate([[next, greedy]]))[0].next.token;
     await sequence.eraseContextTokenRanges([{start: prompt.length, end: sequence.nextTokenIndex}]);
