@@ -23,12 +23,14 @@ struct TypeInfo {
   uint64_t bytes;  // bytes per block
 };
 // ggml's block sizes: F16 2 bytes; Q8_0 = fp16 scale + 32 int8; Q4_0 = fp16 scale + 16 bytes of nibbles;
-// Q6_K = 256 six-bit values, 16 int8 sub-block scales and an fp16 super-block scale.
+// Q4_K = 256 four-bit values, 8 six-bit sub-block scales and mins, fp16 d and dmin; Q6_K = 256
+// six-bit values, 16 int8 sub-block scales and an fp16 super-block scale.
 constexpr TypeInfo kTypes[] = {
     {GgmlType::kF32, "F32", 1, 4},
     {GgmlType::kF16, "F16", 1, 2},
     {GgmlType::kQ4_0, "Q4_0", 32, 18},
     {GgmlType::kQ8_0, "Q8_0", 32, 34},
+    {GgmlType::kQ4_K, "Q4_K", 256, 144},  // block_q4_K: fp16 d, fp16 dmin, scales[12], qs[128]
     {GgmlType::kQ6_K, "Q6_K", 256, 210},  // block_q6_K: ql[128], qh[64], int8 scales[16], fp16 d
 };
 
@@ -274,14 +276,14 @@ GgmlType ggml_type_named(const std::string& name) {
   for (char& c : upper) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
   for (const TypeInfo& i : kTypes)
     if (upper == i.name) return i.type;
-  QF_REQUIRE(false, "gguf: no ggml type '", name, "' (F32, F16, Q8_0, Q4_0 and Q6_K are written)");
+  QF_REQUIRE(false, "gguf: no ggml type '", name, "' (F32, F16, Q8_0, Q4_0, Q4_K and Q6_K are written)");
   return GgmlType::kF32;
 }
 
 uint64_t ggml_nbytes(GgmlType type, const std::vector<uint64_t>& ne, const std::string& who) {
   const TypeInfo* info = find_type(static_cast<uint32_t>(type));
   QF_REQUIRE(info, who, ": ggml type ", static_cast<uint32_t>(type),
-             " is not one qforge reads or writes (F32, F16, Q8_0, Q4_0, Q6_K)");
+             " is not one qforge reads or writes (F32, F16, Q8_0, Q4_0, Q4_K, Q6_K)");
   QF_REQUIRE(!ne.empty(), who, ": a tensor needs at least one dimension");
   QF_REQUIRE(ne[0] % info->block == 0, who, ": ", info->name, " needs rows (ne[0] = ", ne[0], ") in multiples of ",
              info->block);

@@ -23,7 +23,7 @@ enum class GgufValueType : uint32_t {
 };
 
 // ggml_type values qforge writes and reads (the rest of ggml's table is refused by name).
-enum class GgmlType : uint32_t { kF32 = 0, kF16 = 1, kQ4_0 = 2, kQ8_0 = 8, kQ6_K = 14 };
+enum class GgmlType : uint32_t { kF32 = 0, kF16 = 1, kQ4_0 = 2, kQ8_0 = 8, kQ4_K = 12, kQ6_K = 14 };
 
 inline constexpr uint32_t kGgufVersion = 3;
 inline constexpr uint64_t kGgufDefaultAlignment = 32;
@@ -77,7 +77,7 @@ struct GgufFile {
 // Bytes of a tensor of `type` with shape `ne`; throws when ne[0] is not a multiple of the block.
 uint64_t ggml_nbytes(GgmlType type, const std::vector<uint64_t>& ne, const std::string& who);
 const char* ggml_type_name(GgmlType type);
-// Elements per block of `type` (1 for F32 / F16, 32 for Q8_0 / Q4_0, 256 for Q6_K).
+// Elements per block of `type` (1 for F32 / F16, 32 for Q8_0 / Q4_0, 256 for Q4_K / Q6_K).
 uint64_t ggml_block_elements(GgmlType type);
 // The type of a name, any case ("q8_0", "F16"); throws naming the types qforge writes.
 GgmlType ggml_type_named(const std::string& name);

@@ -110,6 +110,72 @@ std::vector<GgmlBlockQ6_K> quantize_q6_k(const float* x, int64_t n) {
   return y;
 }
 
+// Sub-block j's six-bit scale and min in a Q4_K block (ggml's get_scale_min_k4), and their packing.
+void q4k_scale_min(const uint8_t* s, int64_t j, int* sc, int* m) {
+  if (j < 4) {
+    *sc = s[j] & 63, *m = s[j + 4] & 63;
+  } else {
+    *sc = (s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4);
+    *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+  }
+}
+void q4k_pack_scale_min(uint8_t* s, int64_t j, int sc, int m) {
+  if (j < 4) {
+    s[j] = static_cast<uint8_t>((s[j] & 0xC0) | sc), s[j + 4] = static_cast<uint8_t>((s[j + 4] & 0xC0) | m);
+  } else {
+    s[j + 4] = static_cast<uint8_t>((sc & 0x0F) | ((m & 0x0F) << 4));
+    s[j - 4] = static_cast<uint8_t>(s[j - 4] | ((sc >> 4) << 6));
+    s[j] = static_cast<uint8_t>(s[j] | ((m >> 4) << 6));
+  }
+}
+
+// Element e of a Q4_K super-block: its qs byte and whether the high nibble (gguf_blocks.h).
+int64_t q4k_byte(int64_t e) { return 32 * (e / 64) + e % 32; }
+bool q4k_high(int64_t e) { return e % 64 >= 32; }
+
+std::vector<GgmlBlockQ4_K> quantize_q4_k(const float* x, int64_t n) {
+  std::vector<GgmlBlockQ4_K> y(n / kGgmlSuperBlock);
+  constexpr int64_t kSub = 32, kSubs = kGgmlSuperBlock / kSub;
+  for (size_t i = 0; i < y.size(); ++i, x += kGgmlSuperBlock) {
+    GgmlBlockQ4_K& b = y[i];
+    std::memset(&b, 0, sizeof(b));
+    float s[kSubs], mn[kSubs], smax = 0.0f, mmax = 0.0f;
+    for (int64_t j = 0; j < kSubs; ++j) {
+      float lo = 0.0f, hi = x[j * kSub];
+      for (int64_t e = j * kSub; e < (j + 1) * kSub; ++e) lo = std::min(lo, x[e]), hi = std::max(hi, x[e]);
+      s[j] = (hi - lo) / 15.0f, mn[j] = -lo;
+      smax = std::max(smax, s[j]), mmax = std::max(mmax, mn[j]);
+    }
+    b.d = to_fp16(smax / 63.0f), b.dmin = to_fp16(mmax / 63.0f);
+    const float d = from_fp16(b.d), dmin = from_fp16(b.dmin);
+    for (int64_t j = 0; j < kSubs; ++j) {
+      const int sc = d > 0.0f ? static_cast<int>(std::min(63.0f, std::round(s[j] / d))) : 0;
+      const int m = dmin > 0.0f ? static_cast<int>(std::min(63.0f, std::round(mn[j] / dmin))) : 0;
+      q4k_pack_scale_min(b.scales, j, sc, m);
+      const float step = d * static_cast<float>(sc), offset = dmin * static_cast<float>(m);
+      for (int64_t e = j * kSub; e < (j + 1) * kSub; ++e) {
+        const int q = step > 0.0f ? static_cast<int>(std::clamp(std::round((x[e] + offset) / step), 0.0f, 15.0f)) : 0;
+        b.qs[q4k_byte(e)] |= static_cast<uint8_t>(q << (q4k_high(e) ? 4 : 0));
+      }
+    }
+  }
+  return y;
+}
+
+void decode_q4_k(const uint8_t* p, int64_t n, float* y) {
+  for (int64_t i = 0; i < n / kGgmlSuperBlock; ++i, y += kGgmlSuperBlock) {
+    GgmlBlockQ4_K b;
+    std::memcpy(&b, p + i * sizeof(b), sizeof(b));
+    const float d = from_fp16(b.d), dmin = from_fp16(b.dmin);
+    for (int64_t e = 0; e < kGgmlSuperBlock; ++e) {
+      int sc = 0, m = 0;
+      q4k_scale_min(b.scales, e / 32, &sc, &m);
+      const int q = (b.qs[q4k_byte(e)] >> (q4k_high(e) ? 4 : 0)) & 0x0F;
+      y[e] = d * static_cast<float>(sc) * static_cast<float>(q) - dmin * static_cast<float>(m);
+    }
+  }
+}
+
 void decode_q6_k(const uint8_t* p, int64_t n, float* y) {
   for (int64_t i = 0; i < n / kGgmlSuperBlock; ++i, y += kGgmlSuperBlock) {
     GgmlBlockQ6_K b;
@@ -146,6 +212,7 @@ GgufTensor encode_gguf_tensor(const std::string& name, const at::Tensor& t, Ggml
     }
     case GgmlType::kQ8_0: require_blocks(x, name, type), out.data = to_bytes(quantize_q8_0(p, n)); break;
     case GgmlType::kQ4_0: require_blocks(x, name, type), out.data = to_bytes(quantize_q4_0(p, n)); break;
+    case GgmlType::kQ4_K: require_blocks(x, name, type), out.data = to_bytes(quantize_q4_k(p, n)); break;
     case GgmlType::kQ6_K: require_blocks(x, name, type), out.data = to_bytes(quantize_q6_k(p, n)); break;
   }
   return out;
@@ -229,6 +296,8 @@ at::Tensor decode_gguf_tensor(const GgufTensor& t) {
     }
   } else if (t.type == GgmlType::kQ6_K) {
     decode_q6_k(p, n, y);
+  } else if (t.type == GgmlType::kQ4_K) {
+    decode_q4_k(p, n, y);
   } else {
     int8_t q[kGgmlBlock];
     for (int64_t b = 0; b < n / kGgmlBlock; ++b) {

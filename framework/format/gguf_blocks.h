@@ -8,6 +8,12 @@
 //         x = d * scales[j / 16] * (q - 32) with q six bits: in each half h of 128 values, element
 //         l + 32k (l < 32, k < 4) has its low 4 bits in ql[64h + l + 32(k & 1)] (low nibble for
 //         k < 2, high for k >= 2) and its high 2 bits at bit 2k of qh[32h + l] (dequantize_row_q6_K).
+//   Q4_K: super-blocks of 256 along a row, {fp16 d; fp16 dmin; uint8 scales[12]; uint8 qs[128]},
+//         x = d * sc[j] * q - dmin * m[j] for sub-block j = e / 32 (8 of them), q four bits: element
+//         64c + l (l < 32) in the low nibble of qs[32c + l], element 64c + 32 + l in its high nibble;
+//         sc / m six bits each (get_scale_min_k4): j < 4: sc = scales[j] & 63, m = scales[j + 4] & 63;
+//         j >= 4: sc = (scales[j + 4] & 15) | (scales[j - 4] >> 6) << 4,
+//                 m = (scales[j + 4] >> 4) | (scales[j] >> 6) << 4  (dequantize_row_q4_K).
 // Rows are the last dimension of a torch tensor (ggml's ne[0]).
 #pragma once
 
@@ -37,6 +43,13 @@ struct GgmlBlockQ6_K {
   uint16_t d;  // fp16 bits
 };
 static_assert(sizeof(GgmlBlockQ6_K) == 210, "block_q6_K is 210 bytes");
+struct GgmlBlockQ4_K {
+  uint16_t d;     // fp16 bits: scale of the sub-block scales
+  uint16_t dmin;  // fp16 bits: scale of the sub-block mins
+  uint8_t scales[12];
+  uint8_t qs[kGgmlSuperBlock / 2];
+};
+static_assert(sizeof(GgmlBlockQ4_K) == 144, "block_q4_K is 144 bytes");
 static_assert(sizeof(GgmlBlockQ8_0) == 2 + kGgmlBlock, "block_q8_0 is 34 bytes");
 static_assert(sizeof(GgmlBlockQ4_0) == 2 + kGgmlBlock / 2, "block_q4_0 is 18 bytes");
 
@@ -45,7 +58,11 @@ static_assert(sizeof(GgmlBlockQ4_0) == 2 + kGgmlBlock / 2, "block_q4_0 is 18 byt
 // quantize_row_q4_0_ref: d = (the value of largest magnitude) / -8, q = min(15, trunc(x / d + 8.5))).
 // Q6_K runs qforge's own quantizer of the format (not ggml's iterative quantize_row_q6_K_ref): per
 // sub-block of 16, s = max|x| / 31; d = fp16(max s / 127), scales = round(s / d), then
-// q = clamp(round(x / (d * scale)), -32, 31) against the stored scales.
+// q = clamp(round(x / (d * scale)), -32, 31) against the stored scales. Q4_K runs qforge's own
+// quantizer of the format (not ggml's iterative make_qkx2_quants): per sub-block of 32, lo = min(0,
+// min x), s = (max x - lo) / 15, mn = -lo; d = fp16(max s / 63), dmin = fp16(max mn / 63), sc =
+// min(63, round(s / d)), m = min(63, round(mn / dmin)), then q = clamp(round((x + dmin * m) / (d * sc)),
+// 0, 15) against the stored values.
 GgufTensor encode_gguf_tensor(const std::string& name, const at::Tensor& t, GgmlType type);
 
 // Integer codes already on a symmetric grid, [rows, K] (K a multiple of 32), with one scale per

@@ -3,8 +3,8 @@
 // output_norm, output) and the byte vocabulary as a "gpt2" tokenizer. docs/formats.md, "GGUF",
 // states the type rule per tensor:
 //   - 1-D tensors (norms, biases): F32;
-//   - float matrices: options.float_type (F32, F16, Q8_0 or Q4_0 by ggml's own quantizers, Q6_K by
-//     qforge's quantizer of the format, gguf_blocks.h);
+//   - float matrices: options.float_type (F32, F16, Q8_0 or Q4_0 by ggml's own quantizers, Q4_K and
+//     Q6_K by qforge's quantizers of the formats, gguf_blocks.h);
 //   - frozen matrices keep their integer codes where ggml has the grid: symmetric qint8 (per
 //     tensor, per output channel or per group of a multiple of 32) -> Q8_0, symmetric qint4 the
 //     same way -> Q4_0; only the scales change, rounded to fp16 (relative <= 2^-11);

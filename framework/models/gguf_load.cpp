@@ -238,6 +238,14 @@ std::string install_codes(QuantizableLayer& layer, const std::string& path, cons
          (*grid == qint8 && t.type == GgmlType::kQ4_0 ? " (8 needs qint8)" : "");
 }
 
+// Why a tensor without kept codes is float: its report words.
+std::string float_words(GgmlType type) {
+  if (type == GgmlType::kQ6_K) return " (float: dequantized, qforge has no 6-bit grid)";
+  if (type == GgmlType::kQ4_K)
+    return " (float: dequantized, qforge's int4 groups have no 6-bit sub-block scales and mins)";
+  return " (float)";
+}
+
 // Which tensor fills `parameter`: its GGUF name, or token_embd for an untied head the file ties.
 const GgufTensor* tensor_for(const io::GgufFile& f, const std::string& parameter, const std::string& source) {
   const std::string name = gguf_tensor_name(parameter);
@@ -270,8 +278,7 @@ void fill(torch::nn::Module& model, const io::GgufFile& f, const std::string& so
     p.value().copy_(v);
     const bool codes = t->type == GgmlType::kQ8_0 || t->type == GgmlType::kQ4_0;
     if (codes) frozen.emplace_back(p.key(), t);
-    else lines->push_back(t->name + " " + io::ggml_type_name(t->type) + " -> " + p.key() +
-                          (quantized(t) ? " (float: dequantized, qforge has no 6-bit grid)" : " (float)"));
+    else lines->push_back(t->name + " " + io::ggml_type_name(t->type) + " -> " + p.key() + float_words(t->type));
   }
   for (const GgufTensor& t : f.tensors)
     QF_REQUIRE(used.count(t.name), "gguf load: ", source, ": tensor '", t.name, "' is not part of qforge's model ",

@@ -5,7 +5,8 @@
 //     counts, key length, RoPE base and linear scaling, norm epsilon), checked against every
 //     tensor's shape; the vocabulary size is token_embd's row count;
 //   - F32 / F16 tensors become float weights;
-//   - Q6_K matrices become float weights of their decoded values (qforge has no 6-bit grid);
+//   - Q6_K and Q4_K matrices become float weights of their decoded values (qforge has no 6-bit
+//     grid, and its int4 groups have no 6-bit sub-block scales and mins);
 //   - Q8_0 / Q4_0 matrices become frozen qint8 / qint4 layers, per group of 32, symmetric, the
 //     file's codes kept and its fp16 block scales taken as they are (no requantization), set to
 //     decode with block-32 int8 activations (DecodeActivations::kQ8Block32), llama.cpp's numerics

@@ -167,7 +167,7 @@ struct Recipe {
     // export.gguf: model.gguf for llama.cpp (gpt2 and llama tasks), written when the section is present.
     struct Gguf {
       bool enabled = false;
-      std::string float_type = "f32";  // float matrices: f32, f16, q8_0, q4_0 or q6_k
+      std::string float_type = "f32";  // float matrices: f32, f16, q8_0, q4_0, q4_k or q6_k
       bool refuse_wider = false;       // a frozen grid with no GGUF form fails instead of going to F32
     } gguf;
   } export_;

@@ -347,7 +347,7 @@ Field export_section() {
            [](const Recipe& r) { return r.model.torchscript.empty() ? YAML::Node() : YAML::Node(r.export_.torchscript); }),
       // Present (even empty): written; its keys are written back only then.
       map("gguf", "gpt2 / llama: the frozen model as GGUF for llama.cpp (model.gguf), written when this section is present", {
-          bind(choice("float_type", {"f32", "f16", "q8_0", "q4_0", "q6_k"}, "ggml type of the float matrices (frozen codes keep their grid)"),
+          bind(choice("float_type", {"f32", "f16", "q8_0", "q4_0", "q4_k", "q6_k"}, "ggml type of the float matrices (frozen codes keep their grid)"),
                [](const YAML::Node& n, Recipe& r) { r.export_.gguf.float_type = n.as<std::string>(); },
                [](const Recipe& r) { return r.export_.gguf.enabled ? YAML::Node(r.export_.gguf.float_type) : YAML::Node(); }),
           bind(leaf("refuse_wider", T::kBool, "fail on a frozen grid with no GGUF form instead of storing it dequantized at F32"),

@@ -299,5 +299,61 @@ TEST(GgufBlocks, Q6KDecodesAsGgmlAndQuantizesWithinAFewPercent) {
   EXPECT_EQ(ggml_type_named("q6_k"), GgmlType::kQ6_K);
 }
 
+// ggml's dequantize_row_q4_K with get_scale_min_k4, loop for loop.
+std::vector<float> ggml_dequantize_q4_k(const std::vector<uint8_t>& data, int64_t n) {
+  auto scale_min = [](int j, const uint8_t* q, uint8_t* d, uint8_t* m) {
+    if (j < 4) {
+      *d = q[j] & 63, *m = q[j + 4] & 63;
+    } else {
+      *d = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+      *m = (q[j + 4] >> 4) | ((q[j - 0] >> 6) << 4);
+    }
+  };
+  std::vector<float> out(n);
+  float* y = out.data();
+  for (int64_t i = 0; i < n / 256; ++i) {
+    GgmlBlockQ4_K b;
+    std::memcpy(&b, data.data() + i * sizeof(b), sizeof(b));
+    const float d = static_cast<float>(c10::Half(b.d, c10::Half::from_bits()));
+    const float min = static_cast<float>(c10::Half(b.dmin, c10::Half::from_bits()));
+    const uint8_t* q = b.qs;
+    int is = 0;
+    uint8_t sc, m;
+    for (int j = 0; j < 256; j += 64) {
+      scale_min(is + 0, b.scales, &sc, &m);
+      const float d1 = d * sc, m1 = min * m;
+      scale_min(is + 1, b.scales, &sc, &m);
+      const float d2 = d * sc, m2 = min * m;
+      for (int l = 0; l < 32; ++l) *y++ = d1 * (q[l] & 0xF) - m1;
+      for (int l = 0; l < 32; ++l) *y++ = d2 * (q[l] >> 4) - m2;
+      q += 32, is += 2;
+    }
+  }
+  return out;
+}
+
+TEST(GgufBlocks, Q4KDecodesAsGgmlAndQuantizesWithinItsStep) {
+  at::manual_seed(4);
+  const at::Tensor x = at::randn({3, 512}) * at::linspace(0.01, 2.0, 512) + 0.1;
+  const GgufTensor t = encode_gguf_tensor("w", x, GgmlType::kQ4_K);
+  EXPECT_EQ(t.data.size(), 3u * 2 * 144);
+  const at::Tensor y = decode_gguf_tensor(t);
+  const std::vector<float> ref = ggml_dequantize_q4_k(t.data, x.numel());
+  EXPECT_TRUE(at::equal(y.flatten(), at::from_blob(const_cast<float*>(ref.data()), {x.numel()}, at::kFloat)));
+  // Four bits per value under 6-bit sub-block scales and mins: each value within about one step
+  // (range / 15) of its sub-block, a few percent of the signal's RMS overall.
+  const at::Tensor sub = x.reshape({-1, 32});
+  const at::Tensor step = (sub.amax(1, true) - sub.amin(1, true).clamp_max(0)) / 15;
+  EXPECT_TRUE(((x.reshape({-1, 32}) - y.reshape({-1, 32})).abs() <= 1.1 * step + 1e-6).all().item<bool>());
+  const double rel = ((x - y).norm() / x.norm()).item<double>();
+  std::printf("Q4_K relative RMS error %.4f\n", rel);
+  EXPECT_LT(rel, 0.12);
+  // A constant, an all-zero and an all-negative row stay exact or within the step.
+  const at::Tensor special = at::stack({at::full({256}, 0.5), at::zeros({256}), -at::rand({256})});
+  EXPECT_LT((decode_gguf_tensor(encode_gguf_tensor("s", special, GgmlType::kQ4_K)) - special).abs().max().item<double>(), 0.05);
+  EXPECT_THROW(encode_gguf_tensor("w", at::randn({2, 128}), GgmlType::kQ4_K), Error);  // rows of 256 only
+  EXPECT_EQ(ggml_type_named("q4_k"), GgmlType::kQ4_K);
+}
+
 }  // namespace
 }  // namespace qforge::io

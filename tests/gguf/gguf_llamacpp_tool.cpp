@@ -138,7 +138,7 @@ int main(int argc, char** argv) {
     sharpen(*tied);
     cases.push_back(run_case("llama_tied_f32", tied, {}, dir, "F32 of a float model with a tied head"));
     cases.push_back(recipe_case(dir));
-    // Q6_K (rows of 256): qforge computes with the file's decoded weights, read back by load_gguf.
+    // A Llama of width 256 (k-quant rows are 256 values).
     qm::LlamaConfig wide = qm::tiny_gguf_llama()->config;
     wide.hidden_size = 256, wide.intermediate_size = 512;
     at::manual_seed(14);
@@ -152,12 +152,18 @@ int main(int argc, char** argv) {
       for (auto& p : w->named_parameters())
         if (p.value().dim() == 2 || p.key() == "model.norm.weight") p.value().div_(2.0);
     }
-    qm::GgufExportOptions q6;
-    q6.float_type = qforge::io::GgmlType::kQ6_K;
-    const qm::GgufExportReport r6 = qm::export_gguf(w, dir + "/llama256_float_q6_k.gguf", q6);
-    qm::LlamaForCausalLM decoded = qm::load_gguf(dir + "/llama256_float_q6_k.gguf").llama;
-    cases.push_back(qforge_case("llama256_float_q6_k", decoded, "llama256_float_q6_k.gguf",
-                                "Q6_K (qforge's quantizer) of a float model, qforge on the decoded weights", r6.str()));
+    // Q6_K and Q4_K (qforge's quantizers of the formats): qforge computes with the file's decoded weights.
+    for (auto [label, type] : {std::pair{"q6_k", qforge::io::GgmlType::kQ6_K}, std::pair{"q4_k", qforge::io::GgmlType::kQ4_K}}) {
+      qm::GgufExportOptions k;
+      k.float_type = type;
+      const std::string name = std::string("llama256_float_") + label, file = name + ".gguf";
+      const qm::GgufExportReport report = qm::export_gguf(w, dir + "/" + file, k);
+      qm::LlamaForCausalLM decoded = qm::load_gguf(dir + "/" + file).llama;
+      cases.push_back(qforge_case(name, decoded, file,
+                                  std::string(qforge::io::ggml_type_name(type)) +
+                                      " (qforge's quantizer) of a float model, qforge on the decoded weights",
+                                  report.str()));
+    }
     std::ofstream(dir + "/manifest.json") << nlohmann::json{{"cases", cases}}.dump(1);
   } catch (const std::exception& e) {
     std::cerr << "gguf_llamacpp_tool: " << e.what() << "\n";

@@ -126,25 +126,39 @@ TEST(GgufLoad, GgmlQuantizedFloatsBecomeFrozenLayersWithTheFilesValues) {
   }
 }
 
-TEST(GgufLoad, Q6KMatricesLoadAsTheirDecodedValues) {
+// A Llama of width 256 exported with a k-quant float_type: `tensor` (qforge's `parameter`) loads as a
+// float weight of the file's decoded values with the report line `why`, the logits within `bound`
+// of the float model's (logits of magnitude ~1).
+void expect_decoded_floats(GgmlType type, uint64_t seed, const std::string& tensor, const std::string& parameter,
+                           const std::string& why, double bound) {
   LlamaConfig c = tiny_gguf_llama()->config;
   c.hidden_size = 256, c.intermediate_size = 512;
-  at::manual_seed(5);
+  at::manual_seed(seed);
   LlamaForCausalLM m(c);
   m->init_weights();
   GgufExportOptions o;
-  o.float_type = GgmlType::kQ6_K;
+  o.float_type = type;
   const io::GgufFile f = gguf_of(m, o);
-  EXPECT_EQ(f.tensor("blk.0.ffn_down.weight")->type, GgmlType::kQ6_K);
+  EXPECT_EQ(f.tensor(tensor)->type, type);
   const GgufModel l = round_trip(f);
-  const auto& down = *l.llama->model->layers->ptr(0)->as<LlamaDecoderLayerImpl>()->mlp->down_proj;
-  EXPECT_FALSE(down.frozen());
-  EXPECT_TRUE(at::equal(down.weight, io::decode_gguf_tensor(*f.tensor("blk.0.ffn_down.weight"))));
-  EXPECT_TRUE(std::any_of(l.lines.begin(), l.lines.end(), [](const std::string& line) {
-    return line == "blk.0.ffn_down.weight Q6_K -> model.layers.0.mlp.down_proj.weight (float: dequantized, qforge has no 6-bit grid)";
-  }));
-  // Six-bit weights against the float model (logits of magnitude ~1): a few percent.
-  EXPECT_LT((logits(l.llama) - logits(m)).abs().max().item<double>(), 0.15);
+  const auto* lin = l.llama->named_modules()[parameter.substr(0, parameter.rfind('.'))]->as<nn::LinearImpl>();
+  ASSERT_TRUE(lin);
+  EXPECT_FALSE(lin->frozen());
+  EXPECT_TRUE(at::equal(lin->weight, io::decode_gguf_tensor(*f.tensor(tensor))));
+  const std::string line = tensor + " " + io::ggml_type_name(type) + " -> " + parameter + " (float: dequantized, " + why + ")";
+  EXPECT_TRUE(std::any_of(l.lines.begin(), l.lines.end(), [&](const std::string& x) { return x == line; })) << line;
+  EXPECT_LT((logits(l.llama) - logits(m)).abs().max().item<double>(), bound);
+}
+
+TEST(GgufLoad, Q6KMatricesLoadAsTheirDecodedValues) {
+  // Six-bit weights against the float model: a few percent.
+  expect_decoded_floats(GgmlType::kQ6_K, 5, "blk.0.ffn_down.weight", "model.layers.0.mlp.down_proj.weight",
+                        "qforge has no 6-bit grid", 0.15);
+}
+
+TEST(GgufLoad, Q4KMatricesLoadAsTheirDecodedValues) {
+  expect_decoded_floats(GgmlType::kQ4_K, 6, "blk.1.ffn_up.weight", "model.layers.1.mlp.up_proj.weight",
+                        "qforge's int4 groups have no 6-bit sub-block scales and mins", 0.3);
 }
 
 // Hand-written blocks for each branch of the positive-scale repacking: the layer's grid or float

@@ -106,7 +106,7 @@ TEST(GgufRecipe, RefusalsNameTheLineAndTheReason) {
                                                      "freeze: {enabled: true}\nptq: {rotate: hadamard}\n" + gguf_line)),
                  7, "online Hadamard transform");
   // A type qforge does not write is a schema error at its value.
-  const qforge::RecipeIssue k = only_issue(write_recipe("k.yaml", std::string(kGpt2) + "export:\n  gguf: {float_type: q4_k}\n"));
+  const qforge::RecipeIssue k = only_issue(write_recipe("k.yaml", std::string(kGpt2) + "export:\n  gguf: {float_type: q5_k}\n"));
   EXPECT_EQ(k.key, "export.gguf.float_type") << k.to_string();
   EXPECT_EQ(k.line, 6) << k.to_string();
 }

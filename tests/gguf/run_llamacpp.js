@@ -12,7 +12,7 @@ const path = require('path');
 // |Δp| allowed: F32 files compute what qforge computes up to float rounding and ggml's GELU, which
 // reads a float16 table (measured: Llama 1.5e-6, GPT-2 4.5e-4); quantized files run llama.cpp's
 // Q8_0 / Q4_0 dot products, which also quantize the activations to 8-bit blocks (measured <= 4.4e-2).
-const TOLERANCE = {f32: 1e-3, q8_0: 8e-2, w8: 8e-2, w4g32: 8e-2, q6_k: 8e-2};
+const TOLERANCE = {f32: 1e-3, q8_0: 8e-2, w8: 8e-2, w4g32: 8e-2, q6_k: 8e-2, q4_k: 8e-2};
 
 function tolerance(name) {
   for (const [k, v] of Object.entries(TOLERANCE)) if (name.endsWith(k)) return v;
