@@ -266,6 +266,21 @@ at::Tensor ScriptedLayer::bias() const {
   return b ? *b : at::Tensor();
 }
 
+at::Tensor ScriptedLayer::effective_weight() {
+  at::Tensor w;
+  if (layer_->frozen()) {
+    w = layer_->frozen_weight().dequantize();
+  } else {
+    Quantizer q = layer_->weight_quantizer();
+    w = q ? q->forward(weight()) : weight();
+  }
+  const auto* linear = dynamic_cast<const nn::LinearImpl*>(module_.get());
+  if (linear && linear->pre_quant_scale().defined()) w = w * linear->pre_quant_scale();
+  return w;
+}
+
+at::Tensor ScriptedLayer::effective_bias() const { return layer_->frozen() ? layer_->frozen_bias() : bias(); }
+
 ScriptedLayer::State ScriptedLayer::state() const {
   torch::nn::Module holder;
   mount(holder, path_, module_);
@@ -363,6 +378,17 @@ TORCH_LIBRARY(qforge, m) {
   m.def("embedding(Tensor indices, __torch__.torch.classes.qforge.Layer layer, bool training) -> Tensor",
         [](const at::Tensor& indices, c10::intrusive_ptr<ScriptedLayer> l, bool training) {
           return call(indices, l, training, LayerKind::kEmbedding);
+        });
+  // A Linear's weight and bias as it holds them, for ops that slice them (graph_rewrite.h, TiedCall::slice).
+  m.def("weight(__torch__.torch.classes.qforge.Layer layer, bool training) -> Tensor",
+        [](c10::intrusive_ptr<ScriptedLayer> l, bool training) {
+          if (l->module()->is_training() != training) l->module()->train(training);
+          return l->effective_weight();
+        });
+  m.def("bias(__torch__.torch.classes.qforge.Layer layer, bool training) -> Tensor",
+        [](c10::intrusive_ptr<ScriptedLayer> l, bool training) {
+          if (l->module()->is_training() != training) l->module()->train(training);
+          return l->effective_bias();
         });
   m.def("tied_linear(Tensor x, __torch__.torch.classes.qforge.Layer layer, Tensor? bias, bool training) -> Tensor",
         [](const at::Tensor& x, c10::intrusive_ptr<ScriptedLayer> l, c10::optional<at::Tensor> bias, bool training) {

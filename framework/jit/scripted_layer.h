@@ -77,6 +77,11 @@ class ScriptedLayer : public torch::CustomClassHolder {
   // The layer's float weight and bias tensors (undefined once freeze() released them).
   at::Tensor weight() const;
   at::Tensor bias() const;
+  // The weight and bias as the layer computes with them: float, fake-quantized (through the weight
+  // quantizer, whose STE carries gradients), or dequantized from the packed weight once frozen; a
+  // Linear's pre_quant_scale multiplies the weight's columns.
+  at::Tensor effective_weight();
+  at::Tensor effective_bias() const;
 
   // Pickled state: {path, owner, weight attribute, bias attribute}, the spec, and the bytes of a
   // model checkpoint (io::save_model) of the layer mounted at its path.

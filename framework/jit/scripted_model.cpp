@@ -163,7 +163,9 @@ std::string ScriptedModelImpl::describe(bool planned) const { return qforge::des
 std::string ScriptedModelImpl::graph_notes() const {
   std::string out;
   for (const auto& [bn, conv] : folded_) out += "folded  " + bn + "  aten::batch_norm into " + conv + "\n";
-  for (const TiedCall& t : tied_) out += "tied  " + t.name + "  " + t.op + " runs the qforge layer " + t.layer + "\n";
+  for (const TiedCall& t : tied_)
+    out += (t.slice ? "sliced  " : "tied  ") + t.name + "  " + t.op +
+           (t.slice ? " reads it from the qforge layer " : " runs the qforge layer ") + t.layer + "\n";
   for (const FloatCall& f : kept_float_) out += "float  " + f.name + "  " + f.op + ": " + f.reason + "\n";
   return out;
 }

@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
 """Writes the TorchScript fixtures of tests/jit (tests/fixtures/torchscript/): a small CNN, an
 MLP, a CNN with BatchNorms, a BERT-like encoder, an LM with a tied token table and a chain of
-rewritten calls, each scripted (torch.jit.script) and traced
-(torch.jit.trace), and the weight x matrix forms (scripted only), with fixed seeds.
+rewritten calls, PyTorch's nn.MultiheadAttention and nn.TransformerEncoderLayer and torchvision's
+VisionTransformer, each scripted (torch.jit.script) and traced (torch.jit.trace), and the weight x
+matrix forms (scripted only), with fixed seeds.
 
     python3 scripts/torchscript/make_fixtures.py [output folder]
 
-Needs python3-torch (Debian). The C++ tests read the committed files, so they run without Python.
+Needs python3-torch and python3-torchvision (Debian). The C++ tests read the committed files, so they run without Python.
 """
 import math
 import os
@@ -229,6 +230,58 @@ class MatmulForms(nn.Module):
         return torch.cat(ys, 1)
 
 
+class MhaNet(nn.Module):
+    """PyTorch's own nn.MultiheadAttention (packed in_proj_weight, NonDynamicallyQuantizableLinear
+    out_proj) as self-attention, mean pooling and a Linear head."""
+
+    def __init__(self, batch_first, dim=16, heads=2, classes=5):
+        super().__init__()
+        self.batch_first = batch_first
+        self.attn = nn.MultiheadAttention(dim, heads, batch_first=batch_first)
+        self.head = nn.Linear(dim, classes)
+
+    def forward(self, x):
+        a = self.attn(x, x, x, need_weights=False)[0]
+        return self.head(a.mean(1 if self.batch_first else 0))
+
+
+def write_transformer_layers(out):
+    """PyTorch's own attention and encoder layer, scripted and traced: mha_{bf,sf}_*.pt (batch first
+    or sequence first), encoder_layer_{bf,sf}_{pre,post}_*.pt (norm_first true / false), and
+    mha_nograd_traced.pt, traced under torch.no_grad() (PyTorch's fused path is what it records).
+    Traces are made with gradients enabled, as torch.jit.trace does by default, and check_trace=False
+    (the check re-runs under no_grad, where eval-mode PyTorch takes its fused path)."""
+    for bf in (True, False):
+        torch.manual_seed(0)
+        net = MhaNet(bf).eval()
+        x = torch.randn((2, 6, 16) if bf else (6, 2, 16))
+        name = "mha_" + ("bf" if bf else "sf")
+        torch.jit.script(net).save(os.path.join(out, name + "_scripted.pt"))
+        torch.jit.trace(net, x, check_trace=False).save(os.path.join(out, name + "_traced.pt"))
+        if bf:
+            with torch.no_grad():
+                torch.jit.trace(net, x, check_trace=False).save(os.path.join(out, "mha_nograd_traced.pt"))
+        for norm_first in (True, False):
+            torch.manual_seed(0)
+            layer = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.1, batch_first=bf, norm_first=norm_first).eval()
+            name = "encoder_layer_" + ("bf" if bf else "sf") + ("_pre" if norm_first else "_post")
+            torch.jit.script(layer).save(os.path.join(out, name + "_scripted.pt"))
+            torch.jit.trace(layer, x, check_trace=False).save(os.path.join(out, name + "_traced.pt"))
+
+
+def write_vit(out):
+    """vit_{scripted,traced}.pt: torchvision's VisionTransformer (vit_b_16's code) at 28x28 with
+    7x7 patches, 2 layers of 2 heads, width 64, MLP 128, 10 classes (random initialisation)."""
+    import torchvision
+    torch.manual_seed(0)
+    vit = torchvision.models.VisionTransformer(image_size=28, patch_size=7, num_layers=2, num_heads=2,
+                                               hidden_dim=64, mlp_dim=128, num_classes=10).eval()
+    # torchvision zero-initialises the head: a random one, so the logits depend on the weights.
+    nn.init.normal_(vit.heads.head.weight, std=0.1)
+    torch.jit.script(vit).save(os.path.join(out, "vit_scripted.pt"))
+    torch.jit.trace(vit, torch.randn(2, 3, 28, 28), check_trace=False).save(os.path.join(out, "vit_traced.pt"))
+
+
 def write_safetensors(path, tensors):
     """The safetensors layout (8-byte header length, JSON header, raw little-endian bytes) by hand:
     the Python safetensors package is not a Debian package here."""
@@ -282,6 +335,8 @@ def main():
     torch.jit.trace(chain, torch.randn(2, 1, 14, 14)).save(os.path.join(out, "chain_traced.pt"))
     torch.manual_seed(0)
     torch.jit.script(MatmulForms().eval()).save(os.path.join(out, "matmul_forms_scripted.pt"))
+    write_transformer_layers(out)
+    write_vit(out)
     print("wrote", out)
 
 

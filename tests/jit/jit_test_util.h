@@ -33,6 +33,11 @@ inline Scheme w8a8() {
   return s;
 }
 
+// Largest absolute difference, relative to the largest absolute reference value.
+inline double relative_error(const at::Tensor& y, const at::Tensor& ref) {
+  return (y - ref).abs().max().item<double>() / ref.abs().max().item<double>();
+}
+
 // A temporary directory removed at scope exit.
 struct TempDir {
   std::filesystem::path path;
