@@ -112,18 +112,21 @@ std::string matmul_operands(Node* n, const Value* self, const torch::jit::Module
   const Value* rhs = n->input(addmm ? 2 : 1);
   const Value* w = transposed_matrix(rhs);
   if (!w || !resolve(w, self, root)) {
-    if (resolve(rhs, self, root))
-      return "no qforge op for it in the TorchScript front door yet: the weight is used as [in, out] (x @ W); "
-             "x @ W.t() and F.linear become qforge Linear layers";
-    if (resolve(n->input(addmm ? 1 : 0), self, root))
+    if (resolve(rhs, self, root)) {
+      // x @ W with W stored [in, out] (GPT-2's Conv1D): a Linear holding W's transpose.
+      c->spec.weight_transposed = true;
+      w = rhs;
+    } else if (resolve(n->input(addmm ? 1 : 0), self, root)) {
       return "no qforge op for it in the TorchScript front door yet: the weight is the left operand (W @ x)";
-    // t(W) read twice, W.mT, permute(W, ...): a module attribute one op away that is not x @ W^T.
-    for (const Value* in : rhs->node()->inputs())
-      if (resolve(in, self, root))
-        return "the weight operand is " + std::string(rhs->node()->kind().toQualString()) +
-               " of a module attribute, a form the front door does not recognise (it takes x @ W.t() with "
-               "t(W) read once)";
-    return "multiplies two computed tensors (activations): no weight to quantize";
+    } else {
+      // t(W) read twice, W.mT, permute(W, ...): a module attribute one op away that is not x @ W^T.
+      for (const Value* in : rhs->node()->inputs())
+        if (resolve(in, self, root))
+          return "the weight operand is " + std::string(rhs->node()->kind().toQualString()) +
+                 " of a module attribute, a form the front door does not recognise (it takes x @ W.t() with "
+                 "t(W) read once, and x @ W)";
+      return "multiplies two computed tensors (activations): no weight to quantize";
+    }
   }
   if (addmm) {
     const auto beta = torch::jit::toIValue(n->input(3)), alpha = torch::jit::toIValue(n->input(4));
@@ -135,9 +138,10 @@ std::string matmul_operands(Node* n, const Value* self, const torch::jit::Module
       return "the added term is not a bias vector read from a module attribute";
     // A broadcast term ([1]) is no per-output bias a Linear layer can hold.
     const c10::IValue weight = resolve(w, self, root)->value;
-    if (weight.isTensor() && weight.toTensor().dim() == 2 && b->value.toTensor().numel() != weight.toTensor().size(0))
+    const int64_t out_dim = c->spec.weight_transposed ? 1 : 0;
+    if (weight.isTensor() && weight.toTensor().dim() == 2 && b->value.toTensor().numel() != weight.toTensor().size(out_dim))
       return "the added term has " + std::to_string(b->value.toTensor().numel()) + " values for " +
-             std::to_string(weight.toTensor().size(0)) + " outputs (a broadcast, not a bias qforge Linear holds)";
+             std::to_string(weight.toTensor().size(out_dim)) + " outputs (a broadcast, not a bias qforge Linear holds)";
   }
   c->x_at = addmm ? 1 : 0;
   return {};
@@ -175,8 +179,9 @@ std::string analyse(Node* n, const Value* self, const torch::jit::Module& root, 
     const std::string why = matmul_operands(n, self, root, c);
     if (!why.empty()) return why;
   }
+  const Value* rhs = n->input(k == c10::aten::addmm ? 2 : 1);
   const Value* weight_value =
-      matmul ? transposed_matrix(n->input(k == c10::aten::addmm ? 2 : 1)) : n->input(embedding ? 0 : 1);
+      !matmul ? n->input(embedding ? 0 : 1) : (c->spec.weight_transposed ? rhs : transposed_matrix(rhs));
   const auto w = resolve(weight_value, self, root);
   if (!w) return "the weight is computed in the graph, not read from a module attribute";
   if (!w->value.isTensor()) return "the weight attribute '" + w->key() + "' is not a tensor";
@@ -203,8 +208,8 @@ std::string analyse(Node* n, const Value* self, const torch::jit::Module& root, 
   if (k == c10::aten::linear || matmul) {
     if (wt.dim() != 2) return "linear weight of " + std::to_string(wt.dim()) + " dimensions";
     c->spec.kind = LayerKind::kLinear;
-    c->spec.out = wt.size(0);
-    c->spec.in = wt.size(1);
+    c->spec.out = wt.size(c->spec.weight_transposed ? 1 : 0);
+    c->spec.in = wt.size(c->spec.weight_transposed ? 0 : 1);
     return {};
   }
   return read_conv_options(n, wt, c);
@@ -379,7 +384,8 @@ std::vector<Candidate> resolve_ties(std::vector<Candidate> found, const TensorRe
     // A Linear's weight also sliced elsewhere (nn.MultiheadAttention's packed q / k / v weight, read
     // by its unbatched and cross-attention branches): the slices read the layer's weight.
     const auto sliced = tensor_reads.slicing.find(impl);
-    if (members.size() == 1 && found[members[0]].spec.kind == LayerKind::kLinear && sliced != tensor_reads.slicing.end() &&
+    const LayerSpec& first = found[members[0]].spec;
+    if (members.size() == 1 && first.kind == LayerKind::kLinear && !first.weight_transposed && sliced != tensor_reads.slicing.end() &&
         reads.at(impl) == 1 + sliced->second) {
       found[members[0]].sliced_elsewhere = true;
       continue;
@@ -395,7 +401,8 @@ std::vector<Candidate> resolve_ties(std::vector<Candidate> found, const TensorRe
       const Candidate& c = found[i];
       if (!reason.empty() || i == owner) continue;
       const LayerKind own = found[owner].spec.kind, kind = c.spec.kind;
-      if (own != LayerKind::kEmbedding || (kind != LayerKind::kLinear && kind != LayerKind::kEmbedding))
+      if (own != LayerKind::kEmbedding || (kind != LayerKind::kLinear && kind != LayerKind::kEmbedding) ||
+          c.spec.weight_transposed)
         reason = "its weight is shared by calls qforge cannot serve with one layer (tied weights are shared "
                  "only between an embedding table and Linear calls on it)";
     }
@@ -531,8 +538,11 @@ RewriteResult rewrite_forward(torch::jit::Module& module) {
       c.batch_norm->destroy();
       result.folded.emplace_back(c.bn_owner, c.weight.layer_name());
     }
+    // x @ W: the layer's weight is W's transpose, a view of W's storage (an optimizer step on it
+    // updates the script's W; the graph no longer reads W itself).
+    const at::Tensor bound = c.spec.weight_transposed ? weight.detach().t().requires_grad_(weight.requires_grad()) : weight;
     auto layer = c10::make_intrusive<ScriptedLayer>(c.weight.layer_name(), c.spec,
-                                                    TensorHome{c.weight.owner, c.weight.attr, c.bias_attr}, weight,
+                                                    TensorHome{c.weight.owner, c.weight.attr, c.bias_attr}, bound,
                                                     c.bias);
     const std::string attr = free_attribute(module, &next);
     module.register_attribute(attr, scripted_layer_type(), c10::IValue(layer));

@@ -55,6 +55,7 @@ std::vector<int64_t> LayerSpec::to_ints() const {
   std::vector<int64_t> v{kLayerStateVersion, static_cast<int64_t>(kind), in, out, groups, bias ? 1 : 0};
   for (const auto* a : {&kernel, &stride, &padding, &dilation}) v.insert(v.end(), a->begin(), a->end());
   if (kind == LayerKind::kEmbedding) v.push_back(padding_idx);
+  v.push_back(weight_transposed ? 1 : 0);
   return v;
 }
 
@@ -71,6 +72,8 @@ void check_spec(const LayerSpec& s) {
   const bool conv = s.kind == LayerKind::kConv1d || s.kind == LayerKind::kConv2d;
   QF_REQUIRE(s.groups >= 1 && (conv || s.groups == 1), "framework/jit: pickled ", k, " has groups ", s.groups);
   QF_REQUIRE(s.kind != LayerKind::kEmbedding || !s.bias, "framework/jit: pickled ", k, " has a bias");
+  QF_REQUIRE(s.kind == LayerKind::kLinear || !s.weight_transposed, "framework/jit: pickled ", k,
+             " has a transposed weight (only a Linear may)");
   QF_REQUIRE(s.padding_idx >= -1 && s.padding_idx < (s.kind == LayerKind::kEmbedding ? s.in : 0),
              "framework/jit: pickled ", k, " has padding_idx ", s.padding_idx, " for ", s.in, " rows");
   QF_REQUIRE(s.in % s.groups == 0 && s.out % s.groups == 0, "framework/jit: pickled ", k, " has in ", s.in, ", out ",
@@ -110,8 +113,9 @@ LayerSpec LayerSpec::from_ints(const std::vector<int64_t>& v) {
   LayerSpec s;
   s.kind = static_cast<LayerKind>(v[1]);
   const size_t d = spatial_dims(s.kind), extra = s.kind == LayerKind::kEmbedding ? 1 : 0;
-  QF_REQUIRE(v.size() == kHeaderInts + 4 * d + extra, "framework/jit: pickled ", to_string(s.kind), " options have ",
-             v.size(), " values, expected ", kHeaderInts + 4 * d + extra);
+  const size_t flags = v[0] >= 2 ? 1 : 0;  // format 2: weight_transposed
+  QF_REQUIRE(v.size() == kHeaderInts + 4 * d + extra + flags, "framework/jit: pickled ", to_string(s.kind), " options have ",
+             v.size(), " values, expected ", kHeaderInts + 4 * d + extra + flags);
   s.in = v[2];
   s.out = v[3];
   s.groups = v[4];
@@ -122,6 +126,11 @@ LayerSpec LayerSpec::from_ints(const std::vector<int64_t>& v) {
     at += d;
   }
   if (extra) s.padding_idx = v[at];
+  if (flags) {
+    QF_REQUIRE(v.back() == 0 || v.back() == 1, "framework/jit: pickled ", to_string(s.kind),
+               " has weight_transposed ", v.back());
+    s.weight_transposed = v.back() == 1;
+  }
   check_spec(s);
   return s;
 }

@@ -19,7 +19,8 @@ ScriptedModelImpl::ScriptedModelImpl(torch::jit::Module script, FreshlyLoaded) :
   layers_ = rewritten_layers(script_);
   for (const auto& l : layers_) {
     const at::Tensor w = l->weight();
-    if (w.defined()) set_script_attr(l->home().owner, l->home().weight, w);
+    // x @ W: the script's W [in, out] becomes a view of the layer's weight [out, in] (same storage).
+    if (w.defined()) set_script_attr(l->home().owner, l->home().weight, l->spec().weight_transposed ? w.detach().t() : w);
     const at::Tensor b = l->bias();
     if (b.defined() && !l->home().bias.empty()) set_script_attr(l->home().owner, l->home().bias, b);
   }

@@ -2,7 +2,7 @@
 """Writes the TorchScript fixtures of tests/jit (tests/fixtures/torchscript/): a small CNN, an
 MLP, a CNN with BatchNorms, a BERT-like encoder, an LM with a tied token table and a chain of
 rewritten calls, PyTorch's nn.MultiheadAttention and nn.TransformerEncoderLayer and torchvision's
-VisionTransformer, each scripted (torch.jit.script) and traced (torch.jit.trace), and the weight x
+VisionTransformer, x @ W forms with W stored [in, out], each scripted (torch.jit.script) and traced (torch.jit.trace), and the weight x
 matrix forms (scripted only), with fixed seeds.
 
     python3 scripts/torchscript/make_fixtures.py [output folder]
@@ -230,6 +230,36 @@ class MatmulForms(nn.Module):
         return torch.cat(ys, 1)
 
 
+class Conv1D(nn.Module):
+    """GPT-2's Conv1D (Hugging Face transformers): a Linear whose weight is stored [in, out] and
+    applied as addmm(bias, x, weight)."""
+
+    def __init__(self, nf, nx):
+        super().__init__()
+        self.nf = nf
+        self.weight = nn.Parameter(torch.randn(nx, nf) * 0.2)
+        self.bias = nn.Parameter(torch.randn(nf) * 0.1)
+
+    def forward(self, x):
+        y = torch.addmm(self.bias, x.view(-1, x.size(-1)), self.weight)
+        return y.view(x.size(0), x.size(1), self.nf)
+
+
+class InOutForms(nn.Module):
+    """x @ W with W stored [in, out]: addmm (Conv1D), mm and matmul on bare parameters."""
+
+    def __init__(self, dim=16, hidden=24, out=8):
+        super().__init__()
+        self.c_fc = Conv1D(hidden, dim)
+        self.w_mm = nn.Parameter(torch.randn(hidden, hidden) * 0.2)
+        self.w_matmul = nn.Parameter(torch.randn(hidden, out) * 0.2)
+
+    def forward(self, x):
+        h = torch.tanh(self.c_fc(x))
+        h = torch.mm(h.reshape(-1, h.size(-1)), self.w_mm).view(h.size(0), h.size(1), -1)
+        return torch.matmul(torch.relu(h), self.w_matmul)
+
+
 class MhaNet(nn.Module):
     """PyTorch's own nn.MultiheadAttention (packed in_proj_weight, NonDynamicallyQuantizableLinear
     out_proj) as self-attention, mean pooling and a Linear head."""
@@ -335,6 +365,10 @@ def main():
     torch.jit.trace(chain, torch.randn(2, 1, 14, 14)).save(os.path.join(out, "chain_traced.pt"))
     torch.manual_seed(0)
     torch.jit.script(MatmulForms().eval()).save(os.path.join(out, "matmul_forms_scripted.pt"))
+    torch.manual_seed(0)
+    in_out = InOutForms().eval()
+    torch.jit.script(in_out).save(os.path.join(out, "in_out_forms_scripted.pt"))
+    torch.jit.trace(in_out, torch.randn(2, 5, 16)).save(os.path.join(out, "in_out_forms_traced.pt"))
     write_transformer_layers(out)
     write_vit(out)
     print("wrote", out)

@@ -19,7 +19,6 @@ using qforge::jit::ScriptedModel;
 using qforge::jit_test::fixture;
 using qforge::jit_test::layer_paths;
 using qforge::jit_test::relative_error;
-using qforge::jit_test::TempDir;
 
 namespace {
 
@@ -82,16 +81,10 @@ double static_w8a8_round_trip(const std::string& form, const at::Tensor& calib, 
   qforge::freeze(*m);
   for (const auto& l : m->layers()) EXPECT_TRUE(l->layer().frozen()) << l->path();
   const at::Tensor frozen = m->forward(x);
-  TempDir tmp;
-  const std::string path = (tmp.path / "frozen.pt").string();
-  m->save(path);
-  torch::jit::Module plain = torch::jit::load(path);
-  plain.eval();
-  EXPECT_TRUE(at::equal(plain.forward({x}).toTensor(), frozen)) << form;
-  ScriptedModel again = qforge::jit::load_torchscript(path);
-  again->eval();
-  EXPECT_TRUE(at::equal(again->forward(x), frozen)) << form;
-  EXPECT_EQ(qforge::model_size(*again).total_bytes, qforge::model_size(*m).total_bytes);
+  const auto reloaded = qforge::jit_test::save_and_reload(m, x);
+  EXPECT_TRUE(at::equal(reloaded.plain, frozen)) << form;
+  EXPECT_TRUE(at::equal(reloaded.again, frozen)) << form;
+  EXPECT_EQ(qforge::model_size(*reloaded.model).total_bytes, qforge::model_size(*m).total_bytes);
   return relative_error(frozen, ref);
 }
 
