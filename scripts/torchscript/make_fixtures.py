@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
 """Writes the TorchScript fixtures of tests/jit (tests/fixtures/torchscript/): a small CNN, an
-MLP, a CNN with BatchNorms, a BERT-like encoder, an LM with a tied token table and a chain of
-rewritten calls, PyTorch's nn.MultiheadAttention and nn.TransformerEncoderLayer and torchvision's
-VisionTransformer, x @ W forms with W stored [in, out], each scripted (torch.jit.script) and traced (torch.jit.trace), and the weight x
-matrix forms (scripted only), with fixed seeds.
+MLP, a CNN with BatchNorms, a BERT-like encoder, an LM with a tied token table, a chain of
+rewritten calls, PyTorch's nn.MultiheadAttention and nn.TransformerEncoderLayer, torchvision's
+VisionTransformer and x @ W forms with W stored [in, out], each scripted (torch.jit.script) and
+traced (torch.jit.trace); the weight x matrix forms and a small Fashion-MNIST CNN trained briefly
+(scripted only), with fixed seeds.
 
     python3 scripts/torchscript/make_fixtures.py [output folder]
 
-Needs python3-torch and python3-torchvision (Debian). The C++ tests read the committed files, so they run without Python.
+Needs python3-torch, python3-torchvision and dataset-fashion-mnist (Debian). The C++ tests read the committed files, so they run without Python.
 """
 import math
 import os
@@ -312,6 +313,51 @@ def write_vit(out):
     torch.jit.trace(vit, torch.randn(2, 3, 28, 28), check_trace=False).save(os.path.join(out, "vit_traced.pt"))
 
 
+class FmnistCnn(nn.Module):
+    """A small Fashion-MNIST classifier: Conv-BN-ReLU-pool, Conv-ReLU-pool, a strided Conv, two
+    Linear layers (12k parameters)."""
+
+    def __init__(self):
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(1, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(8, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(16, 16, 3, stride=2, padding=1), nn.ReLU())
+        self.fc1 = nn.Linear(16 * 4 * 4, 32)
+        self.fc2 = nn.Linear(32, 10)
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc1(self.features(x).flatten(1))))
+
+
+def read_fashion_mnist(folder="/usr/share/datasets/fashion-mnist"):
+    """The training images ([N, 1, 28, 28] in [0, 1], as qforge's data::load_fashion_mnist scales
+    them) and labels, from Debian's dataset-fashion-mnist IDX files."""
+    import gzip
+    import numpy as np
+    with gzip.open(os.path.join(folder, "train-images-idx3-ubyte.gz")) as f:
+        images = np.frombuffer(f.read(), np.uint8, offset=16).reshape(-1, 1, 28, 28)
+    with gzip.open(os.path.join(folder, "train-labels-idx1-ubyte.gz")) as f:
+        labels = np.frombuffer(f.read(), np.uint8, offset=8)
+    return torch.from_numpy(images.astype("float32") / 255.0), torch.from_numpy(labels.astype("int64"))
+
+
+def write_fmnist_cnn(out, steps=400):
+    """fmnist_cnn_scripted.pt: FmnistCnn trained briefly (Adam, 400 steps of 64 images, a few
+    seconds on a CPU) on Fashion-MNIST's training images, saved in eval mode (its BatchNorm folds)."""
+    torch.manual_seed(0)
+    images, labels = read_fashion_mnist()
+    model = FmnistCnn()
+    opt = torch.optim.Adam(model.parameters(), lr=2e-3)
+    for _ in range(steps):
+        idx = torch.randint(0, images.size(0), (64,))
+        loss = F.cross_entropy(model(images[idx]), labels[idx])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    torch.jit.script(model.eval()).save(os.path.join(out, "fmnist_cnn_scripted.pt"))
+
+
 def write_safetensors(path, tensors):
     """The safetensors layout (8-byte header length, JSON header, raw little-endian bytes) by hand:
     the Python safetensors package is not a Debian package here."""
@@ -371,6 +417,7 @@ def main():
     torch.jit.trace(in_out, torch.randn(2, 5, 16)).save(os.path.join(out, "in_out_forms_traced.pt"))
     write_transformer_layers(out)
     write_vit(out)
+    write_fmnist_cnn(out)
     print("wrote", out)
 
 
