@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "framework/core/error.h"
+#include "framework/jit/graph_passes.h"
 #include "framework/nn/conv_bn_fold.h"
 
 namespace qforge::jit {
@@ -23,44 +24,6 @@ namespace {
 using torch::jit::Graph;
 using torch::jit::Node;
 using torch::jit::Value;
-
-// A tensor (or None) attribute of a module of the TorchScript module: its owner's path and name.
-struct AttrRef {
-  std::string owner;
-  std::string attr;
-  c10::IValue value;
-  std::string key() const { return owner + "/" + attr; }
-  // The layer name of a weight: the owning module's path for `weight`, else owner.attr.
-  std::string layer_name() const { return attr == "weight" && !owner.empty() ? owner : (owner.empty() ? attr : owner + "." + attr); }
-};
-
-// The attribute v reads through a chain of prim::GetAttr from the graph's self, if it is one.
-std::optional<AttrRef> resolve(const Value* v, const Value* self, const torch::jit::Module& root) {
-  std::vector<std::string> chain;
-  for (; v != self; v = v->node()->input(0)) {
-    if (v->node()->kind() != c10::prim::GetAttr) return std::nullopt;
-    chain.push_back(v->node()->s(c10::attr::name));
-  }
-  if (chain.empty()) return std::nullopt;
-  std::reverse(chain.begin(), chain.end());
-  c10::IValue value = root._ivalue();
-  AttrRef ref;
-  for (size_t i = 0; i < chain.size(); ++i) {
-    if (!value.isObject()) return std::nullopt;
-    value = value.toObject()->getAttr(chain[i]);
-    if (i + 1 < chain.size()) ref.owner += (ref.owner.empty() ? "" : ".") + chain[i];
-  }
-  ref.attr = chain.back();
-  ref.value = std::move(value);
-  return ref;
-}
-
-void collect_nodes(torch::jit::Block* b, std::vector<Node*>* out) {
-  for (Node* n : b->nodes()) {
-    out->push_back(n);
-    for (torch::jit::Block* sub : n->blocks()) collect_nodes(sub, out);
-  }
-}
 
 // How many nodes read each tensor attribute (AttrRef::key) of the graph.
 std::map<std::string, size_t> attribute_reads(const std::vector<Node*>& nodes, const Value* self,
@@ -85,6 +48,7 @@ struct Candidate {
   AttrRef weight;
   at::Tensor bias;
   std::string bias_attr;
+  bool sliced_elsewhere = false;  // the weight is also read by chunk / split calls (slicing_read)
   Node* batch_norm = nullptr;  // an aten::batch_norm on the call's output, folded into it
   std::string bn_owner;
 };
@@ -148,18 +112,21 @@ std::string matmul_operands(Node* n, const Value* self, const torch::jit::Module
   const Value* rhs = n->input(addmm ? 2 : 1);
   const Value* w = transposed_matrix(rhs);
   if (!w || !resolve(w, self, root)) {
-    if (resolve(rhs, self, root))
-      return "no qforge op for it in the TorchScript front door yet: the weight is used as [in, out] (x @ W); "
-             "x @ W.t() and F.linear become qforge Linear layers";
-    if (resolve(n->input(addmm ? 1 : 0), self, root))
+    if (resolve(rhs, self, root)) {
+      // x @ W with W stored [in, out] (GPT-2's Conv1D): a Linear holding W's transpose.
+      c->spec.weight_transposed = true;
+      w = rhs;
+    } else if (resolve(n->input(addmm ? 1 : 0), self, root)) {
       return "no qforge op for it in the TorchScript front door yet: the weight is the left operand (W @ x)";
-    // t(W) read twice, W.mT, permute(W, ...): a module attribute one op away that is not x @ W^T.
-    for (const Value* in : rhs->node()->inputs())
-      if (resolve(in, self, root))
-        return "the weight operand is " + std::string(rhs->node()->kind().toQualString()) +
-               " of a module attribute, a form the front door does not recognise (it takes x @ W.t() with "
-               "t(W) read once)";
-    return "multiplies two computed tensors (activations): no weight to quantize";
+    } else {
+      // t(W) read twice, W.mT, permute(W, ...): a module attribute one op away that is not x @ W^T.
+      for (const Value* in : rhs->node()->inputs())
+        if (resolve(in, self, root))
+          return "the weight operand is " + std::string(rhs->node()->kind().toQualString()) +
+                 " of a module attribute, a form the front door does not recognise (it takes x @ W.t() with "
+                 "t(W) read once, and x @ W)";
+      return "multiplies two computed tensors (activations): no weight to quantize";
+    }
   }
   if (addmm) {
     const auto beta = torch::jit::toIValue(n->input(3)), alpha = torch::jit::toIValue(n->input(4));
@@ -171,9 +138,10 @@ std::string matmul_operands(Node* n, const Value* self, const torch::jit::Module
       return "the added term is not a bias vector read from a module attribute";
     // A broadcast term ([1]) is no per-output bias a Linear layer can hold.
     const c10::IValue weight = resolve(w, self, root)->value;
-    if (weight.isTensor() && weight.toTensor().dim() == 2 && b->value.toTensor().numel() != weight.toTensor().size(0))
+    const int64_t out_dim = c->spec.weight_transposed ? 1 : 0;
+    if (weight.isTensor() && weight.toTensor().dim() == 2 && b->value.toTensor().numel() != weight.toTensor().size(out_dim))
       return "the added term has " + std::to_string(b->value.toTensor().numel()) + " values for " +
-             std::to_string(weight.toTensor().size(0)) + " outputs (a broadcast, not a bias qforge Linear holds)";
+             std::to_string(weight.toTensor().size(out_dim)) + " outputs (a broadcast, not a bias qforge Linear holds)";
   }
   c->x_at = addmm ? 1 : 0;
   return {};
@@ -211,8 +179,9 @@ std::string analyse(Node* n, const Value* self, const torch::jit::Module& root, 
     const std::string why = matmul_operands(n, self, root, c);
     if (!why.empty()) return why;
   }
+  const Value* rhs = n->input(k == c10::aten::addmm ? 2 : 1);
   const Value* weight_value =
-      matmul ? transposed_matrix(n->input(k == c10::aten::addmm ? 2 : 1)) : n->input(embedding ? 0 : 1);
+      !matmul ? n->input(embedding ? 0 : 1) : (c->spec.weight_transposed ? rhs : transposed_matrix(rhs));
   const auto w = resolve(weight_value, self, root);
   if (!w) return "the weight is computed in the graph, not read from a module attribute";
   if (!w->value.isTensor()) return "the weight attribute '" + w->key() + "' is not a tensor";
@@ -239,8 +208,8 @@ std::string analyse(Node* n, const Value* self, const torch::jit::Module& root, 
   if (k == c10::aten::linear || matmul) {
     if (wt.dim() != 2) return "linear weight of " + std::to_string(wt.dim()) + " dimensions";
     c->spec.kind = LayerKind::kLinear;
-    c->spec.out = wt.size(0);
-    c->spec.in = wt.size(1);
+    c->spec.out = wt.size(c->spec.weight_transposed ? 1 : 0);
+    c->spec.in = wt.size(c->spec.weight_transposed ? 0 : 1);
     return {};
   }
   return read_conv_options(n, wt, c);
@@ -379,14 +348,23 @@ std::set<std::string> tensor_attributes_read(const torch::jit::Module& module) {
 namespace {
 
 // How many graph uses read each tensor, by TensorImpl: a tied tensor (lm_head.weight = tok.weight)
-// is one tensor under several attribute names.
-std::map<const c10::TensorImpl*, size_t> tensor_reads(const std::vector<Node*>& nodes, const Value* self,
-                                                      const torch::jit::Module& root) {
-  std::map<const c10::TensorImpl*, size_t> reads;
+// is one tensor under several attribute names. Metadata reads (dtype, device) are not counted;
+// slicing reads (chunk, split) are counted in both `all` and `slicing`.
+struct TensorReads {
+  std::map<const c10::TensorImpl*, size_t> all, slicing;
+};
+TensorReads tensor_reads(const std::vector<Node*>& nodes, const Value* self, const torch::jit::Module& root) {
+  TensorReads reads;
   for (Node* n : nodes) {
     if (n->kind() != c10::prim::GetAttr || n->output()->type()->kind() == c10::TypeKind::ClassType) continue;
     const auto ref = resolve(n->output(), self, root);
-    if (ref && ref->value.isTensor()) reads[ref->value.toTensor().unsafeGetTensorImpl()] += n->output()->uses().size();
+    if (!ref || !ref->value.isTensor()) continue;
+    const c10::TensorImpl* impl = ref->value.toTensor().unsafeGetTensorImpl();
+    for (const torch::jit::Use& u : n->output()->uses()) {
+      if (metadata_read(u.user)) continue;
+      ++reads.all[impl];
+      if (slicing_read(u.user) && u.offset == 0) ++reads.slicing[impl];
+    }
   }
   return reads;
 }
@@ -394,14 +372,24 @@ std::map<const c10::TensorImpl*, size_t> tensor_reads(const std::vector<Node*>& 
 // Calls reading one weight tensor share one qforge layer (quantized once, saved once): an
 // embedding's table read by Linear calls too (a tied LM head; they run qforge::tied_linear on the
 // table's quantized rows). Other sharing, or other reads of the tensor, keep the calls float.
-std::vector<Candidate> resolve_ties(std::vector<Candidate> found, const std::map<const c10::TensorImpl*, size_t>& reads,
+std::vector<Candidate> resolve_ties(std::vector<Candidate> found, const TensorReads& tensor_reads,
                                     const Value* self, const torch::jit::Module& module,
                                     std::vector<FloatCall>* kept_float) {
+  const auto& reads = tensor_reads.all;
   std::map<const c10::TensorImpl*, std::vector<size_t>> groups;
   for (size_t i = 0; i < found.size(); ++i) groups[found[i].weight.value.toTensor().unsafeGetTensorImpl()].push_back(i);
   std::vector<std::string> why(found.size());
   for (const auto& [impl, members] : groups) {
     if (members.size() == 1 && reads.at(impl) == 1) continue;
+    // A Linear's weight also sliced elsewhere (nn.MultiheadAttention's packed q / k / v weight, read
+    // by its unbatched and cross-attention branches): the slices read the layer's weight.
+    const auto sliced = tensor_reads.slicing.find(impl);
+    const LayerSpec& first = found[members[0]].spec;
+    if (members.size() == 1 && first.kind == LayerKind::kLinear && !first.weight_transposed && sliced != tensor_reads.slicing.end() &&
+        reads.at(impl) == 1 + sliced->second) {
+      found[members[0]].sliced_elsewhere = true;
+      continue;
+    }
     size_t owner = members[0];
     for (size_t i : members)
       if (found[i].spec.kind == LayerKind::kEmbedding) owner = i;
@@ -413,7 +401,8 @@ std::vector<Candidate> resolve_ties(std::vector<Candidate> found, const std::map
       const Candidate& c = found[i];
       if (!reason.empty() || i == owner) continue;
       const LayerKind own = found[owner].spec.kind, kind = c.spec.kind;
-      if (own != LayerKind::kEmbedding || (kind != LayerKind::kLinear && kind != LayerKind::kEmbedding))
+      if (own != LayerKind::kEmbedding || (kind != LayerKind::kLinear && kind != LayerKind::kEmbedding) ||
+          c.spec.weight_transposed)
         reason = "its weight is shared by calls qforge cannot serve with one layer (tied weights are shared "
                  "only between an embedding table and Linear calls on it)";
     }
@@ -449,6 +438,12 @@ std::vector<Candidate> candidates(const std::vector<Node*>& nodes, const Value* 
                              "kept float by design: normalisation runs in float32 between the quantized layers"});
       continue;
     }
+    if (fast_path_op(n)) {
+      kept_float->push_back({op_value_name(n, self, module), n->kind().toQualString(),
+                             "PyTorch's fused inference path reads the weights itself (a trace made under "
+                             "torch.no_grad() in eval mode records it): trace with gradients enabled, or script"});
+      continue;
+    }
     if (listed_float_kind(n)) {
       kept_float->push_back({op_value_name(n, self, module), n->kind().toQualString(),
                              "no qforge op for it in the TorchScript front door yet"});
@@ -466,7 +461,7 @@ std::vector<Candidate> candidates(const std::vector<Node*>& nodes, const Value* 
   std::vector<Candidate> todo =
       resolve_ties(std::move(found), tensor_reads(nodes, self, module), self, module, kept_float);
   for (Candidate& c : todo) {
-    if (c.tied_to >= 0) continue;  // a tied weight is never folded: its other readers need it as it is
+    if (c.tied_to >= 0 || c.sliced_elsewhere) continue;  // a shared weight is never folded: its other readers need it as it is
     const std::string bn_why = fold_batch_norm(self, module, &c);
     for (const torch::jit::Use& u : c.node->output()->uses())
       if (!bn_why.empty() && u.user->kind() == c10::aten::batch_norm && bn_listed.insert(u.user).second)
@@ -480,6 +475,39 @@ std::vector<Candidate> candidates(const std::vector<Node*>& nodes, const Value* 
   return todo;
 }
 
+// The qforge layer a sliced tensor's reads come from: its attribute, the op reading it, its name.
+struct SliceSource {
+  std::string attr;
+  const char* op = "";
+  std::string layer;
+};
+
+// Points every slicing read (chunk, split) of a tensor in `sources` at `op(self.<attr>, self.training)`:
+// the layer's weight or bias as the layer holds it (float, fake-quantized, dequantized once frozen).
+void read_slices_from_layers(Graph& g, Value* self, const torch::jit::Module& module,
+                             const std::map<const c10::TensorImpl*, SliceSource>& sources, std::vector<TiedCall>* notes) {
+  if (sources.empty()) return;
+  std::vector<Node*> nodes;
+  collect_nodes(g.block(), &nodes);
+  for (Node* n : nodes) {
+    if (n->kind() != c10::prim::GetAttr || n->output()->type()->kind() == c10::TypeKind::ClassType) continue;
+    const auto ref = resolve(n->output(), self, module);
+    if (!ref || !ref->value.isTensor()) continue;
+    const auto source = sources.find(ref->value.toTensor().unsafeGetTensorImpl());
+    if (source == sources.end()) continue;
+    for (const torch::jit::Use& u : n->output()->uses()) {
+      if (!slicing_read(u.user) || u.offset != 0) continue;
+      torch::jit::WithInsertPoint guard(u.user);
+      Node* read = g.create(c10::Symbol::fromQualString(source->second.op),
+                            {g.insertGetAttr(self, source->second.attr), g.insertGetAttr(self, "training")}, 1);
+      g.insertNode(read);
+      read->output()->setType(c10::TensorType::get());
+      u.user->replaceInput(0, read->output());
+      notes->push_back({ref->layer_name(), u.user->kind().toQualString(), source->second.layer, true});
+    }
+  }
+}
+
 }  // namespace
 
 RewriteResult rewrite_forward(torch::jit::Module& module) {
@@ -489,6 +517,7 @@ RewriteResult rewrite_forward(torch::jit::Module& module) {
   torch::jit::Inline(*g);
   torch::jit::ConstantPropagation(g);
   torch::jit::EliminateDeadCode(g);
+  simplify_for_rewrite(g, module);
   Value* self = g->inputs().at(0);
   std::vector<Node*> nodes;
   collect_nodes(g->block(), &nodes);
@@ -509,8 +538,11 @@ RewriteResult rewrite_forward(torch::jit::Module& module) {
       c.batch_norm->destroy();
       result.folded.emplace_back(c.bn_owner, c.weight.layer_name());
     }
+    // x @ W: the layer's weight is W's transpose, a view of W's storage (an optimizer step on it
+    // updates the script's W; the graph no longer reads W itself).
+    const at::Tensor bound = c.spec.weight_transposed ? weight.detach().t().requires_grad_(weight.requires_grad()) : weight;
     auto layer = c10::make_intrusive<ScriptedLayer>(c.weight.layer_name(), c.spec,
-                                                    TensorHome{c.weight.owner, c.weight.attr, c.bias_attr}, weight,
+                                                    TensorHome{c.weight.owner, c.weight.attr, c.bias_attr}, bound,
                                                     c.bias);
     const std::string attr = free_attribute(module, &next);
     module.register_attribute(attr, scripted_layer_type(), c10::IValue(layer));
@@ -524,6 +556,14 @@ RewriteResult rewrite_forward(torch::jit::Module& module) {
     result.tied.push_back({c.weight.layer_name(), c.node->kind().toQualString(), owner.weight.layer_name()});
     replace(*g, self, c, attrs[static_cast<size_t>(c.tied_to)], owner.spec.kind);
   }
+  std::map<const c10::TensorImpl*, SliceSource> sources;
+  for (size_t i = 0; i < todo.size(); ++i) {
+    if (!todo[i].sliced_elsewhere) continue;
+    sources[todo[i].weight.value.toTensor().unsafeGetTensorImpl()] = {attrs[i], "qforge::weight", todo[i].weight.layer_name()};
+    if (todo[i].bias.defined())
+      sources[todo[i].bias.unsafeGetTensorImpl()] = {attrs[i], "qforge::bias", todo[i].weight.layer_name()};
+  }
+  read_slices_from_layers(*g, self, module, sources, &result.tied);
   torch::jit::EliminateDeadCode(g);
   return result;
 }

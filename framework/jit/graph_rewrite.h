@@ -29,6 +29,9 @@ struct TiedCall {
   std::string name;   // module path of the weight as this call reads it ("lm_head", "tok")
   std::string op;     // "aten::linear", ...
   std::string layer;  // the qforge layer it runs ("tok")
+  // A chunk / split of a Linear's weight or bias (nn.MultiheadAttention's packed q / k / v in its
+  // unbatched and cross-attention branches): it reads the layer's tensor as the layer holds it.
+  bool slice = false;
 };
 
 struct RewriteResult {

@@ -55,6 +55,7 @@ std::vector<int64_t> LayerSpec::to_ints() const {
   std::vector<int64_t> v{kLayerStateVersion, static_cast<int64_t>(kind), in, out, groups, bias ? 1 : 0};
   for (const auto* a : {&kernel, &stride, &padding, &dilation}) v.insert(v.end(), a->begin(), a->end());
   if (kind == LayerKind::kEmbedding) v.push_back(padding_idx);
+  v.push_back(weight_transposed ? 1 : 0);
   return v;
 }
 
@@ -71,6 +72,8 @@ void check_spec(const LayerSpec& s) {
   const bool conv = s.kind == LayerKind::kConv1d || s.kind == LayerKind::kConv2d;
   QF_REQUIRE(s.groups >= 1 && (conv || s.groups == 1), "framework/jit: pickled ", k, " has groups ", s.groups);
   QF_REQUIRE(s.kind != LayerKind::kEmbedding || !s.bias, "framework/jit: pickled ", k, " has a bias");
+  QF_REQUIRE(s.kind == LayerKind::kLinear || !s.weight_transposed, "framework/jit: pickled ", k,
+             " has a transposed weight (only a Linear may)");
   QF_REQUIRE(s.padding_idx >= -1 && s.padding_idx < (s.kind == LayerKind::kEmbedding ? s.in : 0),
              "framework/jit: pickled ", k, " has padding_idx ", s.padding_idx, " for ", s.in, " rows");
   QF_REQUIRE(s.in % s.groups == 0 && s.out % s.groups == 0, "framework/jit: pickled ", k, " has in ", s.in, ", out ",
@@ -110,8 +113,9 @@ LayerSpec LayerSpec::from_ints(const std::vector<int64_t>& v) {
   LayerSpec s;
   s.kind = static_cast<LayerKind>(v[1]);
   const size_t d = spatial_dims(s.kind), extra = s.kind == LayerKind::kEmbedding ? 1 : 0;
-  QF_REQUIRE(v.size() == kHeaderInts + 4 * d + extra, "framework/jit: pickled ", to_string(s.kind), " options have ",
-             v.size(), " values, expected ", kHeaderInts + 4 * d + extra);
+  const size_t flags = v[0] >= 2 ? 1 : 0;  // format 2: weight_transposed
+  QF_REQUIRE(v.size() == kHeaderInts + 4 * d + extra + flags, "framework/jit: pickled ", to_string(s.kind), " options have ",
+             v.size(), " values, expected ", kHeaderInts + 4 * d + extra + flags);
   s.in = v[2];
   s.out = v[3];
   s.groups = v[4];
@@ -122,6 +126,11 @@ LayerSpec LayerSpec::from_ints(const std::vector<int64_t>& v) {
     at += d;
   }
   if (extra) s.padding_idx = v[at];
+  if (flags) {
+    QF_REQUIRE(v.back() == 0 || v.back() == 1, "framework/jit: pickled ", to_string(s.kind),
+               " has weight_transposed ", v.back());
+    s.weight_transposed = v.back() == 1;
+  }
   check_spec(s);
   return s;
 }
@@ -266,6 +275,21 @@ at::Tensor ScriptedLayer::bias() const {
   return b ? *b : at::Tensor();
 }
 
+at::Tensor ScriptedLayer::effective_weight() {
+  at::Tensor w;
+  if (layer_->frozen()) {
+    w = layer_->frozen_weight().dequantize();
+  } else {
+    Quantizer q = layer_->weight_quantizer();
+    w = q ? q->forward(weight()) : weight();
+  }
+  const auto* linear = dynamic_cast<const nn::LinearImpl*>(module_.get());
+  if (linear && linear->pre_quant_scale().defined()) w = w * linear->pre_quant_scale();
+  return w;
+}
+
+at::Tensor ScriptedLayer::effective_bias() const { return layer_->frozen() ? layer_->frozen_bias() : bias(); }
+
 ScriptedLayer::State ScriptedLayer::state() const {
   torch::nn::Module holder;
   mount(holder, path_, module_);
@@ -363,6 +387,17 @@ TORCH_LIBRARY(qforge, m) {
   m.def("embedding(Tensor indices, __torch__.torch.classes.qforge.Layer layer, bool training) -> Tensor",
         [](const at::Tensor& indices, c10::intrusive_ptr<ScriptedLayer> l, bool training) {
           return call(indices, l, training, LayerKind::kEmbedding);
+        });
+  // A Linear's weight and bias as it holds them, for ops that slice them (graph_rewrite.h, TiedCall::slice).
+  m.def("weight(__torch__.torch.classes.qforge.Layer layer, bool training) -> Tensor",
+        [](c10::intrusive_ptr<ScriptedLayer> l, bool training) {
+          if (l->module()->is_training() != training) l->module()->train(training);
+          return l->effective_weight();
+        });
+  m.def("bias(__torch__.torch.classes.qforge.Layer layer, bool training) -> Tensor",
+        [](c10::intrusive_ptr<ScriptedLayer> l, bool training) {
+          if (l->module()->is_training() != training) l->module()->train(training);
+          return l->effective_bias();
         });
   m.def("tied_linear(Tensor x, __torch__.torch.classes.qforge.Layer layer, Tensor? bias, bool training) -> Tensor",
         [](const at::Tensor& x, c10::intrusive_ptr<ScriptedLayer> l, c10::optional<at::Tensor> bias, bool training) {

@@ -25,7 +25,8 @@ const char* to_string(LayerKind k);  // "Linear", "Conv1d", "Conv2d", "Embedding
 
 // The options of the torch.nn layer a graph call stands for (convolutions: per spatial dimension).
 // Format of the pickled layer state (LayerSpec::to_ints' first value); newer formats are refused.
-inline constexpr int64_t kLayerStateVersion = 1;
+// Format 2 adds weight_transposed (one value after the options).
+inline constexpr int64_t kLayerStateVersion = 2;
 // Largest in/out features or channels, kernel size and weight element count a pickled layer may declare.
 inline constexpr int64_t kMaxLayerWidth = int64_t{1} << 24;
 inline constexpr int64_t kMaxLayerKernel = int64_t{1} << 12;
@@ -39,6 +40,9 @@ struct LayerSpec {
   int64_t groups = 1;
   bool bias = false;
   int64_t padding_idx = -1;  // Embedding: the row whose gradient stays zero (-1: none)
+  // Linear: the module's attribute holds the weight as [in, out] (x @ W, GPT-2's Conv1D); the layer
+  // holds its transpose, a view of the same storage.
+  bool weight_transposed = false;
 
   // Flat form for the pickled state, kLayerStateVersion first, and back: from_ints throws
   // qforge::Error on a malformed list, a newer format, or options no torch.nn layer accepts.
@@ -77,6 +81,11 @@ class ScriptedLayer : public torch::CustomClassHolder {
   // The layer's float weight and bias tensors (undefined once freeze() released them).
   at::Tensor weight() const;
   at::Tensor bias() const;
+  // The weight and bias as the layer computes with them: float, fake-quantized (through the weight
+  // quantizer, whose STE carries gradients), or dequantized from the packed weight once frozen; a
+  // Linear's pre_quant_scale multiplies the weight's columns.
+  at::Tensor effective_weight();
+  at::Tensor effective_bias() const;
 
   // Pickled state: {path, owner, weight attribute, bias attribute}, the spec, and the bytes of a
   // model checkpoint (io::save_model) of the layer mounted at its path.

@@ -19,7 +19,8 @@ ScriptedModelImpl::ScriptedModelImpl(torch::jit::Module script, FreshlyLoaded) :
   layers_ = rewritten_layers(script_);
   for (const auto& l : layers_) {
     const at::Tensor w = l->weight();
-    if (w.defined()) set_script_attr(l->home().owner, l->home().weight, w);
+    // x @ W: the script's W [in, out] becomes a view of the layer's weight [out, in] (same storage).
+    if (w.defined()) set_script_attr(l->home().owner, l->home().weight, l->spec().weight_transposed ? w.detach().t() : w);
     const at::Tensor b = l->bias();
     if (b.defined() && !l->home().bias.empty()) set_script_attr(l->home().owner, l->home().bias, b);
   }
@@ -163,7 +164,9 @@ std::string ScriptedModelImpl::describe(bool planned) const { return qforge::des
 std::string ScriptedModelImpl::graph_notes() const {
   std::string out;
   for (const auto& [bn, conv] : folded_) out += "folded  " + bn + "  aten::batch_norm into " + conv + "\n";
-  for (const TiedCall& t : tied_) out += "tied  " + t.name + "  " + t.op + " runs the qforge layer " + t.layer + "\n";
+  for (const TiedCall& t : tied_)
+    out += (t.slice ? "sliced  " : "tied  ") + t.name + "  " + t.op +
+           (t.slice ? " reads it from the qforge layer " : " runs the qforge layer ") + t.layer + "\n";
   for (const FloatCall& f : kept_float_) out += "float  " + f.name + "  " + f.op + ": " + f.reason + "\n";
   return out;
 }

@@ -109,8 +109,6 @@ void check_torchscript(const Recipe& r, const Where& w) {
   if (!ts.empty() && r.export_.onnx)
     w.problem("export.onnx", "a TorchScript model has no ONNX export: qforge writes ONNX from its own model types, "
                              "and the rewritten graph calls qforge ops ONNX has no node for (export.torchscript writes model.pt)");
-  if (!ts.empty() && r.qat.epochs > 0)
-    w.problem("qat.epochs", "QAT of a TorchScript model runs in C++ (docs/torchscript.md), not from a recipe yet");
 }
 
 // The architecture and its dataset, from the task registry.
@@ -118,9 +116,11 @@ void check_model_data(const Recipe& r, const Where& w) {
   if (r.model.arch.empty()) w.problem("model.arch", "is required (" + or_list(task_architectures()) + ")");
   if (r.data.dataset.empty()) w.problem("data.dataset", "is required (" + or_list(task_datasets()) + ")");
   const TaskKind* task = find_task_kind(r.model.arch);
-  if (task && !r.data.dataset.empty() && task->dataset != r.data.dataset)
-    w.problem("data.dataset", "model.arch '" + r.model.arch + "' is trained on '" + task->dataset + "', not '" +
-                                  r.data.dataset + "'");
+  const bool other = task && task->other_dataset && r.data.dataset == task->other_dataset;
+  if (task && !r.data.dataset.empty() && task->dataset != r.data.dataset && !other)
+    w.problem("data.dataset", "model.arch '" + r.model.arch + "' is trained on '" + task->dataset +
+                                  (task->other_dataset ? std::string("' or '") + task->other_dataset : std::string()) +
+                                  "', not '" + r.data.dataset + "'");
   check_torchscript(r, w);
   if (r.data.tokens != "chars" && r.data.dataset != "langid")
     w.problem("data.tokens", "applies to the langid dataset only (this recipe's dataset is '" + r.data.dataset + "')");

@@ -62,6 +62,7 @@ struct TaskKind {
   const char* arch;
   const char* dataset;
   Task (*make)(const Recipe& r, bool with_data);
+  const char* other_dataset = nullptr;  // a second data.dataset it reads (torchscript: fashion_mnist)
 };
 
 // Every task, in registry order: the recipe schema's model.arch and data.dataset choices.

@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
 """Writes the TorchScript fixtures of tests/jit (tests/fixtures/torchscript/): a small CNN, an
-MLP, a CNN with BatchNorms, a BERT-like encoder, an LM with a tied token table and a chain of
-rewritten calls, each scripted (torch.jit.script) and traced
-(torch.jit.trace), and the weight x matrix forms (scripted only), with fixed seeds.
+MLP, a CNN with BatchNorms, a BERT-like encoder, an LM with a tied token table, a chain of
+rewritten calls, PyTorch's nn.MultiheadAttention and nn.TransformerEncoderLayer, torchvision's
+VisionTransformer and x @ W forms with W stored [in, out], each scripted (torch.jit.script) and
+traced (torch.jit.trace); the weight x matrix forms and a small Fashion-MNIST CNN trained briefly
+(scripted only), with fixed seeds.
 
     python3 scripts/torchscript/make_fixtures.py [output folder]
 
-Needs python3-torch (Debian). The C++ tests read the committed files, so they run without Python.
+Needs python3-torch, python3-torchvision and dataset-fashion-mnist (Debian). The C++ tests read the committed files, so they run without Python.
 """
 import math
 import os
@@ -229,6 +231,133 @@ class MatmulForms(nn.Module):
         return torch.cat(ys, 1)
 
 
+class Conv1D(nn.Module):
+    """GPT-2's Conv1D (Hugging Face transformers): a Linear whose weight is stored [in, out] and
+    applied as addmm(bias, x, weight)."""
+
+    def __init__(self, nf, nx):
+        super().__init__()
+        self.nf = nf
+        self.weight = nn.Parameter(torch.randn(nx, nf) * 0.2)
+        self.bias = nn.Parameter(torch.randn(nf) * 0.1)
+
+    def forward(self, x):
+        y = torch.addmm(self.bias, x.view(-1, x.size(-1)), self.weight)
+        return y.view(x.size(0), x.size(1), self.nf)
+
+
+class InOutForms(nn.Module):
+    """x @ W with W stored [in, out]: addmm (Conv1D), mm and matmul on bare parameters."""
+
+    def __init__(self, dim=16, hidden=24, out=8):
+        super().__init__()
+        self.c_fc = Conv1D(hidden, dim)
+        self.w_mm = nn.Parameter(torch.randn(hidden, hidden) * 0.2)
+        self.w_matmul = nn.Parameter(torch.randn(hidden, out) * 0.2)
+
+    def forward(self, x):
+        h = torch.tanh(self.c_fc(x))
+        h = torch.mm(h.reshape(-1, h.size(-1)), self.w_mm).view(h.size(0), h.size(1), -1)
+        return torch.matmul(torch.relu(h), self.w_matmul)
+
+
+class MhaNet(nn.Module):
+    """PyTorch's own nn.MultiheadAttention (packed in_proj_weight, NonDynamicallyQuantizableLinear
+    out_proj) as self-attention, mean pooling and a Linear head."""
+
+    def __init__(self, batch_first, dim=16, heads=2, classes=5):
+        super().__init__()
+        self.batch_first = batch_first
+        self.attn = nn.MultiheadAttention(dim, heads, batch_first=batch_first)
+        self.head = nn.Linear(dim, classes)
+
+    def forward(self, x):
+        a = self.attn(x, x, x, need_weights=False)[0]
+        return self.head(a.mean(1 if self.batch_first else 0))
+
+
+def write_transformer_layers(out):
+    """PyTorch's own attention and encoder layer, scripted and traced: mha_{bf,sf}_*.pt (batch first
+    or sequence first), encoder_layer_{bf,sf}_{pre,post}_*.pt (norm_first true / false), and
+    mha_nograd_traced.pt, traced under torch.no_grad() (PyTorch's fused path is what it records).
+    Traces are made with gradients enabled, as torch.jit.trace does by default, and check_trace=False
+    (the check re-runs under no_grad, where eval-mode PyTorch takes its fused path)."""
+    for bf in (True, False):
+        torch.manual_seed(0)
+        net = MhaNet(bf).eval()
+        x = torch.randn((2, 6, 16) if bf else (6, 2, 16))
+        name = "mha_" + ("bf" if bf else "sf")
+        torch.jit.script(net).save(os.path.join(out, name + "_scripted.pt"))
+        torch.jit.trace(net, x, check_trace=False).save(os.path.join(out, name + "_traced.pt"))
+        if bf:
+            with torch.no_grad():
+                torch.jit.trace(net, x, check_trace=False).save(os.path.join(out, "mha_nograd_traced.pt"))
+        for norm_first in (True, False):
+            torch.manual_seed(0)
+            layer = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.1, batch_first=bf, norm_first=norm_first).eval()
+            name = "encoder_layer_" + ("bf" if bf else "sf") + ("_pre" if norm_first else "_post")
+            torch.jit.script(layer).save(os.path.join(out, name + "_scripted.pt"))
+            torch.jit.trace(layer, x, check_trace=False).save(os.path.join(out, name + "_traced.pt"))
+
+
+def write_vit(out):
+    """vit_{scripted,traced}.pt: torchvision's VisionTransformer (vit_b_16's code) at 28x28 with
+    7x7 patches, 2 layers of 2 heads, width 64, MLP 128, 10 classes (random initialisation)."""
+    import torchvision
+    torch.manual_seed(0)
+    vit = torchvision.models.VisionTransformer(image_size=28, patch_size=7, num_layers=2, num_heads=2,
+                                               hidden_dim=64, mlp_dim=128, num_classes=10).eval()
+    # torchvision zero-initialises the head: a random one, so the logits depend on the weights.
+    nn.init.normal_(vit.heads.head.weight, std=0.1)
+    torch.jit.script(vit).save(os.path.join(out, "vit_scripted.pt"))
+    torch.jit.trace(vit, torch.randn(2, 3, 28, 28), check_trace=False).save(os.path.join(out, "vit_traced.pt"))
+
+
+class FmnistCnn(nn.Module):
+    """A small Fashion-MNIST classifier: Conv-BN-ReLU-pool, Conv-ReLU-pool, a strided Conv, two
+    Linear layers (12k parameters)."""
+
+    def __init__(self):
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(1, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(8, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(16, 16, 3, stride=2, padding=1), nn.ReLU())
+        self.fc1 = nn.Linear(16 * 4 * 4, 32)
+        self.fc2 = nn.Linear(32, 10)
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc1(self.features(x).flatten(1))))
+
+
+def read_fashion_mnist(folder="/usr/share/datasets/fashion-mnist"):
+    """The training images ([N, 1, 28, 28] in [0, 1], as qforge's data::load_fashion_mnist scales
+    them) and labels, from Debian's dataset-fashion-mnist IDX files."""
+    import gzip
+    import numpy as np
+    with gzip.open(os.path.join(folder, "train-images-idx3-ubyte.gz")) as f:
+        images = np.frombuffer(f.read(), np.uint8, offset=16).reshape(-1, 1, 28, 28)
+    with gzip.open(os.path.join(folder, "train-labels-idx1-ubyte.gz")) as f:
+        labels = np.frombuffer(f.read(), np.uint8, offset=8)
+    return torch.from_numpy(images.astype("float32") / 255.0), torch.from_numpy(labels.astype("int64"))
+
+
+def write_fmnist_cnn(out, steps=400):
+    """fmnist_cnn_scripted.pt: FmnistCnn trained briefly (Adam, 400 steps of 64 images, a few
+    seconds on a CPU) on Fashion-MNIST's training images, saved in eval mode (its BatchNorm folds)."""
+    torch.manual_seed(0)
+    images, labels = read_fashion_mnist()
+    model = FmnistCnn()
+    opt = torch.optim.Adam(model.parameters(), lr=2e-3)
+    for _ in range(steps):
+        idx = torch.randint(0, images.size(0), (64,))
+        loss = F.cross_entropy(model(images[idx]), labels[idx])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    torch.jit.script(model.eval()).save(os.path.join(out, "fmnist_cnn_scripted.pt"))
+
+
 def write_safetensors(path, tensors):
     """The safetensors layout (8-byte header length, JSON header, raw little-endian bytes) by hand:
     the Python safetensors package is not a Debian package here."""
@@ -282,6 +411,13 @@ def main():
     torch.jit.trace(chain, torch.randn(2, 1, 14, 14)).save(os.path.join(out, "chain_traced.pt"))
     torch.manual_seed(0)
     torch.jit.script(MatmulForms().eval()).save(os.path.join(out, "matmul_forms_scripted.pt"))
+    torch.manual_seed(0)
+    in_out = InOutForms().eval()
+    torch.jit.script(in_out).save(os.path.join(out, "in_out_forms_scripted.pt"))
+    torch.jit.trace(in_out, torch.randn(2, 5, 16)).save(os.path.join(out, "in_out_forms_traced.pt"))
+    write_transformer_layers(out)
+    write_vit(out)
+    write_fmnist_cnn(out)
     print("wrote", out)
 
 

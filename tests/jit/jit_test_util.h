@@ -4,6 +4,8 @@
 
 #include <stdlib.h>
 
+#include <torch/script.h>
+
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -33,6 +35,11 @@ inline Scheme w8a8() {
   return s;
 }
 
+// Largest absolute difference, relative to the largest absolute reference value.
+inline double relative_error(const at::Tensor& y, const at::Tensor& ref) {
+  return (y - ref).abs().max().item<double>() / ref.abs().max().item<double>();
+}
+
 // A temporary directory removed at scope exit.
 struct TempDir {
   std::filesystem::path path;
@@ -44,5 +51,27 @@ struct TempDir {
   TempDir(const TempDir&) = delete;
   TempDir& operator=(const TempDir&) = delete;
 };
+
+// A model saved by save() and loaded back both ways, run on one input.
+struct Reloaded {
+  at::Tensor plain;              // torch::jit::load's module, in eval mode
+  at::Tensor again;              // load_torchscript's model, in eval mode
+  jit::ScriptedModel model{nullptr};  // the latter
+};
+
+inline Reloaded save_and_reload(jit::ScriptedModel& m, const at::Tensor& x) {
+  TempDir tmp;
+  const std::string path = (tmp.path / "saved.pt").string();
+  m->save(path);
+  torch::NoGradGuard no_grad;
+  torch::jit::Module plain = torch::jit::load(path);
+  plain.eval();
+  Reloaded out;
+  out.plain = plain.forward({x}).toTensor();
+  out.model = jit::load_torchscript(path);
+  out.model->eval();
+  out.again = out.model->forward(x);
+  return out;
+}
 
 }  // namespace qforge::jit_test

@@ -5,6 +5,7 @@
 
 #include <torch/script.h>
 
+#include <algorithm>
 #include <map>
 #include <string>
 #include <vector>
@@ -61,27 +62,28 @@ TEST(TorchScriptChain, RewrittenCallsFeedingEachOtherRunBitForBit) {
 // to the script's bit for bit.
 TEST(TorchScriptForms, WeightMatrixAndEmbeddingFormsTakenOrKeptFloatWithAReason) {
   ScriptedModel m = qforge::jit::load_torchscript(fixture("matmul_forms_scripted"));
-  // mm(x, t(W)), addmm(b, x, t(W)), matmul(x, W.T), x @ W.transpose(0, 1), x @ W.transpose(-1, 0)
-  // and nn.Embedding(padding_idx=0).
-  ASSERT_EQ(layer_paths(m), (std::vector<std::string>{"w_mm", "w_addmm", "w_T", "w_tr", "w_tr_neg", "emb"}))
+  // mm(x, t(W)), addmm(b, x, t(W)), matmul(x, W.T), x @ W.transpose(0, 1), x @ W.transpose(-1, 0),
+  // x @ W with W [in, out], and nn.Embedding(padding_idx=0).
+  ASSERT_EQ(layer_paths(m),
+            (std::vector<std::string>{"w_mm", "w_addmm", "w_T", "w_tr", "w_tr_neg", "w_in_out", "emb"}))
       << m->describe();
-  for (size_t i = 0; i < 5; ++i) EXPECT_EQ(m->layers()[i]->spec().kind, LayerKind::kLinear);
+  for (size_t i = 0; i < 6; ++i) EXPECT_EQ(m->layers()[i]->spec().kind, LayerKind::kLinear);
+  for (size_t i = 0; i < 6; ++i) EXPECT_EQ(m->layers()[i]->spec().weight_transposed, i == 5);
   EXPECT_FALSE(m->layers()[0]->spec().bias);
   EXPECT_TRUE(m->layers()[1]->spec().bias);
-  EXPECT_EQ(m->layers()[5]->spec().kind, LayerKind::kEmbedding);
-  EXPECT_EQ(m->layers()[5]->spec().padding_idx, 0);
+  EXPECT_EQ(m->layers()[6]->spec().kind, LayerKind::kEmbedding);
+  EXPECT_EQ(m->layers()[6]->spec().padding_idx, 0);
   std::map<std::string, std::string> reasons;  // name (first attribute read) -> reason
   std::map<std::string, int> twice;
   for (const auto& f : m->kept_float()) {
     if (f.reason.find("aten::t of a module attribute") != std::string::npos) ++twice[f.op];
     else reasons[f.name] = f.reason;
   }
-  EXPECT_EQ(m->kept_float().size(), 10u) << m->describe();
+  EXPECT_EQ(m->kept_float().size(), 9u) << m->describe();
   EXPECT_EQ(twice, (std::map<std::string, int>{{"aten::mm", 2}}));  // t(w_twice) read by two mm
   const std::map<std::string, std::string> want{
       {"b_scaled", "addmm with beta or alpha other than the constant 1"},
       {"b_bcast", "the added term has 1 values for 8 outputs"},
-      {"w_in_out", "the weight is used as [in, out] (x @ W)"},
       {"w_left", "the weight is the left operand (W @ x)"},
       {"emb_sparse", "scale_grad_by_freq / sparse gradients"},
       {"w_freq", "scale_grad_by_freq / sparse gradients"},
@@ -101,4 +103,90 @@ TEST(TorchScriptForms, WeightMatrixAndEmbeddingFormsTakenOrKeptFloatWithAReason)
   const at::Tensor want_y = original.forward({x}).toTensor();
   EXPECT_TRUE(at::equal(m->forward(x), want_y));
   EXPECT_FALSE(at::equal(want_y, original.forward({2 * x}).toTensor()));  // the check can fail
+}
+
+// x @ W with W stored [in, out] (GPT-2's Conv1D addmm, mm, matmul): a qforge Linear holding W's
+// transpose as a view of W, so the float forward is the script's bit for bit and a QAT step on the
+// model's trainable parameters updates the script's own W; frozen, saved and loaded both ways.
+TEST(TorchScriptForms, XTimesWInOutIsALinearHoldingWTransposedBoundToW) {
+  torch::manual_seed(7);
+  for (const char* form : {"in_out_forms_scripted", "in_out_forms_traced"}) {
+    SCOPED_TRACE(form);
+    ScriptedModel m = qforge::jit::load_torchscript(fixture(form));
+    ASSERT_EQ(layer_paths(m), (std::vector<std::string>{"c_fc", "w_mm", "w_matmul"})) << m->describe();
+    EXPECT_TRUE(m->kept_float().empty()) << m->describe();
+    const std::vector<std::vector<int64_t>> in_out{{16, 24}, {24, 24}, {24, 8}};
+    for (size_t i = 0; i < 3; ++i) {
+      const auto& spec = m->layers()[i]->spec();
+      EXPECT_TRUE(spec.weight_transposed);
+      EXPECT_EQ((std::vector<int64_t>{spec.in, spec.out}), in_out[i]);
+      EXPECT_EQ(spec.bias, i == 0);
+    }
+    torch::jit::Module& script = m->script();
+    const at::Tensor w = script.attr("c_fc").toModule().attr("weight").toTensor();
+    EXPECT_EQ(m->layers()[0]->weight().data_ptr(), w.data_ptr());  // the same storage, transposed
+    const at::Tensor x = torch::randn({3, 5, 16});
+    m->eval();
+    torch::jit::Module original = torch::jit::load(fixture(form));
+    original.eval();
+    {
+      torch::NoGradGuard no_grad;
+      EXPECT_TRUE(at::equal(m->forward(x), original.forward({x}).toTensor()));
+    }
+
+    // W8A8, calibrated, one SGD step: the loss goes down and the script's own W moved with the layer.
+    qforge::quantize(*m, qforge::jit_test::w8a8());
+    {
+      torch::NoGradGuard no_grad;
+      qforge::Calibration calibration(*m);
+      m->forward(x);
+    }
+    const at::Tensor target = torch::randn({3, 5, 8});
+    m->train();
+    torch::optim::SGD opt(m->trainable_parameters(), torch::optim::SGDOptions(0.05));
+    const at::Tensor w_before = w.clone();
+    const auto loss = [&] { return (m->forward(x) - target).pow(2).mean(); };
+    const at::Tensor l0 = loss();
+    opt.zero_grad();
+    l0.backward();
+    opt.step();
+    EXPECT_LT(loss().item<double>(), l0.item<double>());
+    const at::Tensor w_now = script.attr("c_fc").toModule().attr("weight").toTensor();
+    EXPECT_FALSE(at::equal(w_now, w_before));
+    EXPECT_TRUE(at::equal(w_now, m->layers()[0]->weight().t()));
+
+    m->eval();
+    qforge::freeze(*m);
+    torch::NoGradGuard no_grad;
+    const at::Tensor frozen = m->forward(x);
+    const auto reloaded = qforge::jit_test::save_and_reload(m, x);
+    EXPECT_TRUE(at::equal(reloaded.plain, frozen));
+    EXPECT_TRUE(at::equal(reloaded.again, frozen));
+  }
+}
+
+// Saved before freezing, the file's layers come back bound to the script's W again (a view).
+TEST(TorchScriptForms, XTimesWInOutSavedCalibratedRebindsToW) {
+  torch::manual_seed(8);
+  ScriptedModel m = qforge::jit::load_torchscript(fixture("in_out_forms_scripted"));
+  m->eval();
+  qforge::quantize(*m, qforge::jit_test::w8a8());
+  const at::Tensor x = torch::randn({3, 5, 16});
+  torch::NoGradGuard no_grad;
+  {
+    qforge::Calibration calibration(*m);
+    m->forward(x);
+  }
+  const at::Tensor y = m->forward(x);
+  const auto reloaded = qforge::jit_test::save_and_reload(m, x);
+  EXPECT_TRUE(at::equal(reloaded.again, y));
+  ScriptedModel again = reloaded.model;
+  for (const char* name : {"w_mm", "w_matmul"}) {
+    const at::Tensor w = again->script().attr(name).toTensor();
+    const auto& layers = again->layers();
+    const auto l = std::find_if(layers.begin(), layers.end(), [&](const auto& p) { return p->path() == name; });
+    ASSERT_NE(l, layers.end()) << name;
+    EXPECT_EQ((*l)->weight().data_ptr(), w.data_ptr()) << name;
+    EXPECT_TRUE(at::equal((*l)->weight().t(), w)) << name;
+  }
 }

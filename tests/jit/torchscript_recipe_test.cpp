@@ -12,6 +12,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "framework/data/fashion_mnist.h"
 #include "framework/format/safetensors.h"
 #include "framework/jit/scripted_model.h"
 #include "tests/qtrain_run.h"
@@ -104,4 +105,65 @@ TEST(TorchScriptRecipe, MistakesAreReportedAtTheirKey) {
   EXPECT_NE(shape.output.find("one example has shape [1, 14, 14], model.input_shape is [3, 14, 14]"), std::string::npos)
       << shape.output;
   fs::remove_all(fs::temp_directory_path() / "qforge_ts_recipe_shape");
+}
+
+namespace {
+
+// Fashion-MNIST's test images [N, 1, 28, 28] in [0, 1] and labels, as qtrain reads them.
+std::pair<at::Tensor, at::Tensor> fashion_mnist_test(int64_t n) {
+  const qforge::data::FashionMnist fm = qforge::data::load_fashion_mnist(5000, 0);
+  return {fm.test.images.slice(0, 0, n), fm.test.labels.slice(0, 0, n)};
+}
+
+const char* kFmnistSmall =
+    " --set data.max_train_examples=2048 --set data.max_eval_examples=512 --set calibrate.batches=4";
+
+}  // namespace
+
+// The built-in Fashion-MNIST and QAT from a recipe: the QAT loss goes down, and model.pt loads
+// back with the accuracy the report gives for the frozen model.
+TEST(TorchScriptRecipe, FashionMnistQatTrainsTheScriptAndModelPtKeepsTheReportsAccuracy) {
+  OutDir dir("fmnist_qat");
+  const QtrainRun run = qtrain("--recipe recipes/torchscript_fmnist_qat.yaml --out " + dir.path.string() +
+                               kFmnistSmall + " --set qat.max_steps=48");
+  ASSERT_EQ(run.code, 0) << run.output;
+  std::ifstream in(dir.path / "report.json");
+  const nlohmann::json r = nlohmann::json::parse(in);
+  const auto& curve = r["loss_curves"]["qat"];
+  ASSERT_GE(curve.size(), 4u) << r["loss_curves"].dump();
+  const double first = curve.front()["loss"].get<double>(), last = curve.back()["loss"].get<double>();
+  std::printf("QAT loss %.4f -> %.4f; accuracy float %.4f, qat %.4f, frozen %.4f\n", first, last,
+              r["metrics"]["float"]["accuracy"].get<double>(), r["metrics"]["qat"]["accuracy"].get<double>(),
+              r["metrics"]["frozen"]["accuracy"].get<double>());
+  EXPECT_LT(last, first);
+  EXPECT_GE(r["metrics"]["float"]["accuracy"].get<double>(), 0.7);  // trained briefly in PyTorch
+  EXPECT_GE(r["metrics"]["frozen"]["accuracy"].get<double>(), r["metrics"]["float"]["accuracy"].get<double>() - 0.03);
+  qforge::jit::ScriptedModel frozen = qforge::jit::load_torchscript((dir.path / "model.pt").string());
+  for (const auto& l : frozen->layers()) EXPECT_TRUE(l->layer().frozen()) << l->path();
+  const auto [x, y] = fashion_mnist_test(512);
+  frozen->eval();
+  torch::NoGradGuard no_grad;
+  const double accuracy = frozen->forward(x).argmax(1).eq(y).to(at::kDouble).mean().item<double>();
+  EXPECT_NEAR(accuracy, r["metrics"]["frozen"]["accuracy"].get<double>(), 1e-9);
+}
+
+// GPTQ on a TorchScript model through the recipe: each solved layer's output error is below
+// round-to-nearest's on the same calibration inputs.
+TEST(TorchScriptRecipe, GptqOnATorchScriptModelBeatsRoundToNearest) {
+  OutDir dir("fmnist_gptq");
+  const QtrainRun run =
+      qtrain("--recipe recipes/torchscript_fmnist_w4_gptq.yaml --out " + dir.path.string() + kFmnistSmall);
+  ASSERT_EQ(run.code, 0) << run.output;
+  std::ifstream in(dir.path / "report.json");
+  const nlohmann::json r = nlohmann::json::parse(in);
+  int solved = 0;
+  for (const auto& l : r["ptq"]["solve"]["layers"]) {
+    if (!l.contains("error_after")) continue;
+    ++solved;
+    std::printf("%s: output error RTN %.5f, GPTQ %.5f\n", l["path"].get<std::string>().c_str(),
+                l["error_before"].get<double>(), l["error_after"].get<double>());
+    EXPECT_LT(l["error_after"].get<double>(), l["error_before"].get<double>()) << l.dump();
+  }
+  EXPECT_GE(solved, 2) << r["ptq"].dump();
+  EXPECT_TRUE(fs::exists(dir.path / "model.pt"));
 }

@@ -42,6 +42,16 @@ at::Tensor script_attr(ScriptedModel& m, const qforge::jit::TensorHome& home) {
   return owner.attr(home.weight).toTensor();
 }
 
+// The layer's weight is the script's tensor itself, or (x @ W) its transpose over the same storage.
+void expect_bound(const at::Tensor& weight, const at::Tensor& script_tensor, bool transposed, const std::string& path) {
+  if (!transposed) {
+    EXPECT_EQ(weight.unsafeGetTensorImpl(), script_tensor.unsafeGetTensorImpl()) << path;
+    return;
+  }
+  EXPECT_EQ(weight.data_ptr(), script_tensor.data_ptr()) << path;
+  EXPECT_TRUE(at::equal(weight.t(), script_tensor)) << path;
+}
+
 }  // namespace
 
 TEST(TorchScript, RewriteFindsEveryLinearAndConvAndListsFloatCalls) {
@@ -54,18 +64,18 @@ TEST(TorchScript, RewriteFindsEveryLinearAndConvAndListsFloatCalls) {
     EXPECT_TRUE(cnn->kept_float().empty());
 
     ScriptedModel mlp = qforge::jit::load_torchscript(fixture(std::string("mlp") + form));
-    EXPECT_EQ(layer_paths(mlp), (std::vector<std::string>{"fc1", "fc2", "head_weight"}));
+    // h @ mix (mix stored [in, out]) is a Linear holding mix's transpose.
+    EXPECT_EQ(layer_paths(mlp), (std::vector<std::string>{"fc1", "fc2", "mix", "head_weight"}));
     EXPECT_FALSE(mlp->layers()[1]->spec().bias);
-    ASSERT_EQ(mlp->kept_float().size(), 1u);
-    EXPECT_EQ(mlp->kept_float()[0].op, "aten::matmul");
-    EXPECT_EQ(mlp->kept_float()[0].name, "mix");
+    EXPECT_TRUE(mlp->layers()[2]->spec().weight_transposed);
+    EXPECT_TRUE(mlp->kept_float().empty()) << mlp->describe();
     // The qforge layers are registered under their module paths: the module walk sees them.
-    EXPECT_EQ(qforge::quantizable_layers(*mlp).size(), 3u);
-    // Each qforge layer's weight is the TorchScript module's own parameter, not a copy.
+    EXPECT_EQ(qforge::quantizable_layers(*mlp).size(), 4u);
+    // Each qforge layer's weight is the TorchScript module's own parameter, not a copy (for x @ W,
+    // a transposed view of it).
     for (ScriptedModel* m : {&cnn, &mlp})
       for (const auto& l : (*m)->layers())
-        EXPECT_EQ(l->weight().unsafeGetTensorImpl(), script_attr(*m, l->home()).unsafeGetTensorImpl()) << l->path();
-    EXPECT_NE(mlp->describe().find("aten::matmul: no qforge op"), std::string::npos);
+        expect_bound(l->weight(), script_attr(*m, l->home()), l->spec().weight_transposed, l->path());
   }
 }
 
@@ -234,7 +244,11 @@ TEST(TorchScript, CraftedLayerStatesAreRefusedBeforeTheLayerIsBuilt) {
   refused({1, 0, int64_t{1} << 40, 8, 1, 1}, "must lie in [1, ");
   refused({1, 0, int64_t{1} << 24, int64_t{1} << 24, 1, 1}, "elements");
   refused({1, 0, 4, 2, 2, 1}, "Linear has groups 2");
-  refused({2, 0, 4, 2, 1, 1}, "written by a newer qforge (format 2");
+  refused({qforge::jit::kLayerStateVersion + 1, 0, 4, 2, 1, 1}, "written by a newer qforge (format 3");
+  refused({2, 0, 4, 2, 1, 1, 2}, "Linear has weight_transposed 2");
+  refused({2, 3, 4, 2, 1, 0, 1, 1}, "Embedding has a transposed weight");
+  EXPECT_TRUE(LayerSpec::from_ints({2, 0, 4, 2, 1, 1, 1}).weight_transposed);
+  EXPECT_FALSE(LayerSpec::from_ints({1, 0, 4, 2, 1, 1}).weight_transposed);  // format 1 files load
   refused({0, 0, 4, 2, 1, 1}, "no format version");
   refused({1, 7, 4, 2, 1, 1}, "unknown kind");
   refused({1, 3, 4, 2, 1, 0, 4}, "Embedding has padding_idx 4 for 4 rows");
@@ -309,7 +323,7 @@ TEST(TorchScript, CalibratedModelSavedBeforeFreezeLoadsBackTrainable) {
   for (const auto& l : loaded->layers()) {
     EXPECT_TRUE(l->layer().quantized() && !l->layer().frozen()) << l->path();
     // Bound to the loaded TorchScript module's parameters again: training those trains the layer.
-    EXPECT_EQ(l->weight().unsafeGetTensorImpl(), script_attr(loaded, l->home()).unsafeGetTensorImpl()) << l->path();
+    expect_bound(l->weight(), script_attr(loaded, l->home()), l->spec().weight_transposed, l->path());
   }
 }
 

@@ -19,6 +19,7 @@
 using qforge::jit::LayerKind;
 using qforge::jit::ScriptedModel;
 using qforge::jit_test::fixture;
+using qforge::jit_test::relative_error;
 using qforge::jit_test::TempDir;
 
 namespace {
@@ -30,11 +31,6 @@ const std::vector<std::string> kEncoderLayers{
 
 qforge::io::SafetensorsFile encoder_data() {
   return qforge::io::read_safetensors(std::string(QFORGE_TORCHSCRIPT_FIXTURES) + "/encoder_data.safetensors");
-}
-
-// Largest absolute difference, relative to the largest float logit.
-double relative_error(const at::Tensor& y, const at::Tensor& ref) {
-  return (y - ref).abs().max().item<double>() / ref.abs().max().item<double>();
 }
 
 double top1_agreement(const at::Tensor& y, const at::Tensor& ref) {

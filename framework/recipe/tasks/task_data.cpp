@@ -12,6 +12,7 @@
 #include <string>
 
 #include "framework/core/error.h"
+#include "framework/data/fashion_mnist.h"
 #include "framework/data/text_corpus.h"
 #include "framework/text/bpe_tokenizer.h"
 #include "framework/text/bpe_trainer.h"
@@ -19,6 +20,19 @@
 #include "framework/text/utf8.h"
 
 namespace qforge::tasks {
+
+void attach_fashion_mnist(Task& t, const Recipe& r, bool with_data) {
+  const auto& d = r.data;
+  t.metric = "accuracy";
+  for (int64_t c = 0; c < 10; ++c) t.class_names.push_back(data::fashion_mnist_class_name(c));
+  if (!with_data) return;
+  const data::FashionMnist fm = data::load_fashion_mnist(d.validation_size, r.seed);
+  t.train = tasks::capped(std::make_shared<train::TensorBatches>(fm.train.images, fm.train.labels), d.max_train_examples);
+  t.validation = tasks::capped(std::make_shared<train::TensorBatches>(fm.validation.images, fm.validation.labels),
+                               d.max_eval_examples);
+  t.test = tasks::capped(std::make_shared<train::TensorBatches>(fm.test.images, fm.test.labels), d.max_eval_examples);
+  t.baselines["majority_class_accuracy"] = at::bincount(fm.test.labels).max().item<double>() / fm.test.size();
+}
 
 namespace fs = std::filesystem;
 

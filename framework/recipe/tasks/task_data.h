@@ -16,6 +16,10 @@ namespace qforge::tasks {
 // The first n examples of `s` (n = 0: all of them), for quick runs and CI.
 std::shared_ptr<train::BatchSource> capped(std::shared_ptr<train::BatchSource> s, int64_t n);
 
+// Fashion-MNIST (data.validation_size, seed, example caps) as the task's splits, its class names,
+// the accuracy metric and the majority-class baseline.
+void attach_fashion_mnist(Task& t, const Recipe& r, bool with_data);
+
 // The vocabulary of the fortunes language models under data.tokenizer: 256 bytes without it,
 // data.tokenizer.train.vocab_size, or the size of data.tokenizer.file's tokenizer.
 int64_t fortunes_vocab_size(const Recipe& r);

@@ -1,6 +1,7 @@
 // TorchScript models (framework/jit) in recipes: model.torchscript names the file, whose float
 // weights come with it; data.dataset "tensors" reads the examples from data.file, a safetensors
-// file holding `inputs` [N, ...] (float) and `labels` [N] (integer classes).
+// file holding `inputs` [N, ...] (float) and `labels` [N] (integer classes); "fashion_mnist" the
+// built-in Fashion-MNIST images [1, 28, 28].
 #include <ATen/ATen.h>
 
 #include <sstream>
@@ -75,12 +76,20 @@ Task make_torchscript_task(const Recipe& r, bool with_data) {
   t.float_weights_from = "the TorchScript file " + r.model.torchscript;
   t.save_torchscript = [m](const std::string& path) mutable { m->save(path); };
   t.graph_notes = [m]() { return m->graph_notes(); };
-  if (with_data) attach_tensor_file(t, r);
+  if (r.data.dataset == "fashion_mnist") {
+    const std::vector<int64_t> image{1, 28, 28};
+    QF_REQUIRE(r.model.input_shape.empty() || r.model.input_shape == image,
+               "qtrain: model.input_shape is ", shape_string(r.model.input_shape),
+               " but Fashion-MNIST images are [1, 28, 28]");
+    tasks::attach_fashion_mnist(t, r, with_data);
+  } else if (with_data) {
+    attach_tensor_file(t, r);
+  }
   return t;
 }
 
 }  // namespace
 
-TaskKind torchscript_task() { return {"torchscript", "tensors", make_torchscript_task}; }
+TaskKind torchscript_task() { return {"torchscript", "tensors", make_torchscript_task, "fashion_mnist"}; }
 
 }  // namespace qforge
