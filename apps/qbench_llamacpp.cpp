@@ -59,15 +59,6 @@ Scheme decode_scheme(int bits) {
   return s;
 }
 
-// `run` with every Linear of `m` set to `mode` first (impls share one model; each sets its own mode).
-std::function<void()> with_decode(const std::shared_ptr<models::LlamaForCausalLM>& m, DecodeActivations mode,
-                                  std::function<void()> run) {
-  return [m, mode, run] {
-    nn::set_decode_activations(**m, mode);
-    run();
-  };
-}
-
 // The Linear layers alone, as 32 decoded tokens call them (one row each, random inputs, k/v sharing
 // q's and up gate's): with the whole-model case of the same run, the split of a token's time
 // between the Linear kernels and everything else (norms, RoPE, attention over the cache, cache
@@ -91,8 +82,8 @@ Case linears_only(const std::shared_ptr<models::LlamaForCausalLM>& m) {
       for (const auto& [lin, x] : calls) lin->forward(x);
   };
   return Case{"L2_H2048_linears_only_decode32_tokens", 0,
-              {{"qforge", with_decode(m, DecodeActivations::kExact, run)},
-               {"qforge-q8", with_decode(m, DecodeActivations::kQ8Block32, run)}}};
+              {{"qforge", with_decode(m->ptr(), DecodeActivations::kExact, run)},
+               {"qforge-q8", with_decode(m->ptr(), DecodeActivations::kQ8Block32, run)}}};
 }
 
 // The frozen model of the row, written once as GGUF at `path` (Q8_0 / Q4_0, codes kept). Q4: qforge
@@ -132,7 +123,10 @@ std::vector<Case> llama_decode_cases(int bits) {
   // Removes the file whatever happens below (llama.cpp has read it by then).
   struct RemoveOnExit {
     std::string path;
-    ~RemoveOnExit() { std::filesystem::remove(path); }
+    ~RemoveOnExit() {
+      std::error_code ignored;  // a destructor must not throw
+      std::filesystem::remove(path, ignored);
+    }
   } remove_file{path};
   const std::shared_ptr<models::LlamaForCausalLM> m = frozen_llama(bits, path);
   torch::manual_seed(1);
@@ -157,8 +151,8 @@ std::vector<Case> llama_decode_cases(int bits) {
     at::Tensor next = first;
     for (int64_t t = 0; t < kLlamaDecode; ++t) next = (*m)->forward(next, cache.get()).select(1, 0).argmax(-1, true);
   };
-  c.impls.push_back({"qforge", with_decode(m, DecodeActivations::kExact, qforge_run)});
-  c.impls.push_back({"qforge-q8", with_decode(m, DecodeActivations::kQ8Block32, qforge_run)});
+  c.impls.push_back({"qforge", with_decode(m->ptr(), DecodeActivations::kExact, qforge_run)});
+  c.impls.push_back({"qforge-q8", with_decode(m->ptr(), DecodeActivations::kQ8Block32, qforge_run)});
   // Half read, half written, as the other limit rows (qbench_linear.cpp's cold GEMVs).
   auto src = std::make_shared<std::vector<char>>(static_cast<size_t>(per_token / 2), 1);
   auto dst = std::make_shared<std::vector<char>>(static_cast<size_t>(per_token / 2), 0);
@@ -168,16 +162,16 @@ std::vector<Case> llama_decode_cases(int bits) {
                      }});
   Case linears = linears_only(m);
   linears.bytes = c.bytes;
-  // The 512-token prefill from an empty cache, the model's default decode mode (calls of 512 rows
-  // run the exact weight-only path either way).
+  // The 512-token prefill from an empty cache, decode mode q8_block32 set (calls of 512 rows run
+  // the exact weight-only path in either mode).
   const at::Tensor long_prompt = at::randint(0, 256, {1, kLlamaPrefill}, at::kLong);
   Case prefill{"L2_H2048_prefill512_tokens", 0, {}};
-  prefill.impls.push_back({"qforge", [m, long_prompt] {
+  prefill.impls.push_back({"qforge", with_decode(m->ptr(), DecodeActivations::kQ8Block32, [m, long_prompt] {
                              at::NoGradGuard g;
                              models::KvCache fresh;
                              fresh.reserve(kLlamaPrefill);
                              (*m)->forward(long_prompt, &fresh);
-                           }});
+                           })});
   std::string why;
   const std::string modules =
       node_modules_with("QFORGE_NODE_LLAMA_CPP", QFORGE_NODE_LLAMA_CPP_DIR, "node-llama-cpp", "run ctest -R gguf_llamacpp", &why);

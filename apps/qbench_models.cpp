@@ -317,7 +317,7 @@ std::vector<Case> gpt2_decode_cases(const QType& qtype) {
   Case c{"L12_H768_prompt16_decode32_tokens", 0, {}};
   c.impls.push_back({"libtorch", decode(fp, fp_cache, fp_first)});
   c.impls.push_back({"qforge", decode(q, q_cache, q_first)});
-  c.impls.push_back({"qforge-q8", with_q8_decode(q->ptr(), decode(q, q_cache, q_first))});
+  c.impls.push_back({"qforge-q8", with_decode(q->ptr(), DecodeActivations::kQ8Block32, decode(q, q_cache, q_first))});
   return {c};
 }
 

@@ -54,16 +54,17 @@ inline void freeze_for_decode(models::Gpt2LMHeadModel& m, const QType& qtype) {
   freeze(*m);
 }
 
-// The "qforge-q8" impl of the decode rows: `run` with every weight-only Linear of `model` on
-// block-32 int8 decode activations (DecodeActivations::kQ8Block32), back to exact afterwards.
-inline std::function<void()> with_q8_decode(std::shared_ptr<torch::nn::Module> model, std::function<void()> run) {
+// `run` with every Linear of `model` on `mode` decode activations (impl "qforge": kExact, impl
+// "qforge-q8": kQ8Block32), back to exact afterwards: impls sharing one model each set their own.
+inline std::function<void()> with_decode(std::shared_ptr<torch::nn::Module> model, DecodeActivations mode,
+                                         std::function<void()> run) {
   // Restores exact activations even when `run` throws.
   struct ExactOnExit {
     torch::nn::Module& m;
     ~ExactOnExit() { nn::set_decode_activations(m, DecodeActivations::kExact); }
   };
-  return [model, run] {
-    nn::set_decode_activations(*model, DecodeActivations::kQ8Block32);
+  return [model, mode, run] {
+    nn::set_decode_activations(*model, mode);
     const ExactOnExit restore{*model};
     run();
   };

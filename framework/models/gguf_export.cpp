@@ -22,8 +22,9 @@ std::string ggml_form(const QuantizedTensor& q, GgmlType* type) {
   if (s.qtype.kind != QKind::kInteger || !s.qtype.is_signed || (s.qtype.bits != 8 && s.qtype.bits != 4))
     return std::string("grid ") + s.qtype.name + " is not qint8 / qint4 (Q8_0 / Q4_0)";
   if (q.shape.size() != 2 || q.shape[1] % io::kGgmlBlock != 0) return "rows are not a multiple of 32";
-  if (q.zero_point.defined() && q.zero_point.ne(0).any().item<bool>())
-    return "zero points are not 0 (Q8_0 / Q4_0 are symmetric)";
+  // Zero point -1 is a negative block scale (gguf load's form of ggml's Q4_0 d < 0): (q + 1) s = -(q + 1) * -s.
+  if (q.zero_point.defined() && q.zero_point.ne(0).logical_and(q.zero_point.ne(-1)).any().item<bool>())
+    return "zero points are not 0 or -1 (Q8_0 / Q4_0 are symmetric)";
   if (s.granularity == Granularity::kPerChannel && s.axis != 0) return "per-channel scales are not per row";
   if (s.granularity == Granularity::kPerGroup && s.group_size % io::kGgmlBlock != 0)
     return "group size " + std::to_string(s.group_size) + " is not a multiple of 32";
@@ -31,15 +32,24 @@ std::string ggml_form(const QuantizedTensor& q, GgmlType* type) {
   return "";
 }
 
-// One scale per 32-block, [N, K / 32], from per-tensor, per-row or per-group scales.
-at::Tensor block_scales(const QuantizedTensor& q) {
+// One value per 32-block, [N, K / 32], from per-tensor, per-row or per-group values (scales, zero points).
+at::Tensor per_block(const QuantizedTensor& q, const at::Tensor& s) {
   const int64_t N = q.shape[0], nb = q.shape[1] / io::kGgmlBlock;
-  const at::Tensor s = q.scale.to(at::kFloat);
   switch (q.spec.granularity) {
     case Granularity::kPerTensor: return s.reshape({1, 1}).expand({N, nb}).contiguous();
     case Granularity::kPerChannel: return s.reshape({N, 1}).expand({N, nb}).contiguous();
     default: return s.reshape({N, -1}).repeat_interleave(q.spec.group_size / io::kGgmlBlock, 1).contiguous();
   }
+}
+
+// The file's codes [N, K] and block scales [N, K / 32]: a block of zero point -1 as codes -(q + 1), d = -s.
+void ggml_codes(const QuantizedTensor& q, at::Tensor* codes, at::Tensor* scales) {
+  *codes = q.int_values();
+  *scales = per_block(q, q.scale.to(at::kFloat));
+  if (!q.zero_point.defined() || q.zero_point.eq(0).all().item<bool>()) return;
+  const at::Tensor flip = per_block(q, q.zero_point.to(at::kInt)).eq(-1);
+  *codes = at::where(flip.repeat_interleave(io::kGgmlBlock, 1), codes->neg() - 1, *codes);
+  *scales = at::where(flip, scales->neg(), *scales);
 }
 
 class Builder {
@@ -95,7 +105,8 @@ void Builder::layer(const std::string& name, const QuantizableLayer& l, const at
     return add(io::encode_gguf_tensor(name, rows ? rows(q.dequantize()) : q.dequantize(), GgmlType::kF32),
                grid + ", no GGUF form (" + why + "): dequantized to F32");
   }
-  at::Tensor codes = q.int_values(), scales = block_scales(q);
+  at::Tensor codes, scales;
+  ggml_codes(q, &codes, &scales);
   if (rows) codes = rows(codes), scales = rows(scales);
   add(io::encode_gguf_codes(name, codes, scales, type), grid + " (codes kept, scales rounded to fp16)");
 }

@@ -6,6 +6,7 @@
 #include <functional>
 #include <set>
 
+#include "framework/api/kernel_plan.h"
 #include "framework/api/quantized_tensor.h"
 #include "framework/core/error.h"
 #include "framework/format/gguf_blocks.h"
@@ -182,60 +183,76 @@ void require_elements(const io::GgufFile& f, double parameters, const std::strin
              " parameters, the file's tensors hold ", elements, " values");
 }
 
-// qforge's grids have positive scales: a block with d < 0 (ggml's Q4_0 quantizer divides by -8)
-// negates its codes and d, a block with d = 0 zeroes its codes and takes d = 1; the values stay the
-// file's. Returns the grid the codes then fit (Q4_0's -8 negated is 8: qint8), or nullptr (a Q8_0
-// code -128 negated: no 8-bit grid holds it).
-const QType* positive_scales(GgmlType type, at::Tensor* codes, at::Tensor* scales) {
+// qforge's grids have positive scales. A block with d = 0 zeroes its codes and takes d = 1. A Q4_0
+// block with d < 0 (ggml's Q4_0 quantizer divides by -8, so most blocks of llama.cpp's files) keeps
+// 4 bits: code c becomes -c - 1 in [-8, 7] with zero point -1 and scale |d|, (-c - 1 + 1) * |d| = c * d
+// exactly. A Q8_0 block with d < 0 negates its codes (zero points stay 0 for the symmetric int8
+// kernels). Returns the grid (nullptr: a Q8_0 code -128 negated fits no 8-bit grid); `zeros` is
+// defined only when a zero point is -1.
+const QType* positive_scales(GgmlType type, at::Tensor* codes, at::Tensor* scales, at::Tensor* zeros) {
   const at::Tensor zero = scales->eq(0), negative = scales->lt(0);
   auto per_element = [](const at::Tensor& blocks) { return blocks.repeat_interleave(io::kGgmlBlock, 1); };
-  const QType* grid = type == GgmlType::kQ8_0 ? &qint8 : &qint4;
   if (zero.any().item<bool>()) *codes = codes->masked_fill(per_element(zero), 0), *scales = scales->masked_fill(zero, 1.0);
-  if (!negative.any().item<bool>()) return grid;
-  const at::Tensor wide = at::where(per_element(negative), codes->to(at::kShort).neg(), codes->to(at::kShort));
+  if (!negative.any().item<bool>()) return type == GgmlType::kQ8_0 ? &qint8 : &qint4;
   *scales = scales->abs();
-  const int64_t hi = wide.max().item<int64_t>();
-  if (hi > qint8.quant_max) return nullptr;
+  if (type == GgmlType::kQ4_0) {
+    *codes = at::where(per_element(negative), codes->neg() - 1, *codes);
+    *zeros = negative.to(at::kInt).neg();
+    return &qint4;
+  }
+  const at::Tensor wide = at::where(per_element(negative), codes->to(at::kShort).neg(), codes->to(at::kShort));
+  if (wide.max().item<int64_t>() > qint8.quant_max) return nullptr;
   *codes = wide.to(at::kChar);
-  return hi > grid->quant_max ? &qint8 : grid;
+  return &qint8;
 }
 
 // llama.cpp multiplies Q8_0 / Q4_0 weights by activations quantized to Q8_0 blocks (its vec_dot_type):
-// a Linear loaded from those codes decodes the same way unless told otherwise (describe() shows it).
-void decode_as_llamacpp(QuantizableLayer& layer) {
-  if (auto* lin = dynamic_cast<nn::LinearImpl*>(&layer)) lin->set_decode_activations(DecodeActivations::kQ8Block32);
+// a Linear loaded from those codes decodes the same way where a q8 kernel serves `spec` (true then).
+bool decodes_as_llamacpp(const QuantizableLayer& layer, const QSpec& spec) {
+  const auto* lin = dynamic_cast<const nn::LinearImpl*>(&layer);
+  return lin && plan_linear(spec, ActivationMode::kNone, QSpec{}, lin->options.in_features(), usable_isa(),
+                            DecodeActivations::kQ8Block32).decode_q8;
+}
+
+// The scheme of a frozen layer per group of 32 on `grid`; `note` says how its activations decode.
+LayerScheme gguf_scheme(const QType& grid, bool symmetric, const std::string& note) {
+  QSpec spec;
+  spec.qtype = grid;
+  spec.granularity = Granularity::kPerGroup;
+  spec.group_size = io::kGgmlBlock;
+  spec.symmetric = symmetric;
+  LayerScheme scheme;
+  scheme.weights = QuantizerConfig{spec};
+  scheme.note = note;
+  return scheme;
 }
 
 // A frozen qint8 / qint4 layer per group of 32 from a Q8_0 / Q4_0 matrix, the file's codes and fp16
 // scales kept (up to positive_scales); returns the report's words, or "" when it stays float.
 std::string install_codes(QuantizableLayer& layer, const std::string& path, const GgufTensor& t, int64_t rope_heads) {
-  at::Tensor codes, scales;
+  at::Tensor codes, scales, zeros;
   io::decode_gguf_codes(t, &codes, &scales);
   QF_REQUIRE(at::isfinite(scales).all().item<bool>(), "gguf load: tensor '", t.name, "' has a NaN or inf block scale");
   if (rope_heads > 0) codes = gguf_rope_rows(codes, rope_heads, false), scales = gguf_rope_rows(scales, rope_heads, false);
-  const bool flipped = scales.lt(0).any().item<bool>();
-  const QType* grid = positive_scales(t.type, &codes, &scales);
+  const bool negated = scales.lt(0).any().item<bool>();
+  const QType* grid = positive_scales(t.type, &codes, &scales, &zeros);
   if (!grid) return "";
-  QSpec spec;
-  spec.qtype = *grid;
-  spec.granularity = Granularity::kPerGroup;
-  spec.group_size = io::kGgmlBlock;
-  spec.symmetric = true;
-  LayerScheme scheme;
-  scheme.weights = QuantizerConfig{spec};
-  scheme.note = std::string("GGUF ") + io::ggml_type_name(t.type) + ": the file's codes and fp16 block scales; " +
-                "decode activations q8_block32 by default, as llama.cpp runs this file";
+  const bool symmetric = !zeros.defined();
+  const std::string kept = std::string("GGUF ") + io::ggml_type_name(t.type) + ": the file's codes and fp16 block scales";
+  const bool q8 = decodes_as_llamacpp(layer, gguf_scheme(*grid, symmetric, "").weights->spec);
+  const LayerScheme scheme = gguf_scheme(*grid, symmetric, kept + (q8 ? "; decode activations q8_block32 by default, as "
+                                                                       "llama.cpp runs this file"
+                                                                     : "; exact: no integer kernel for this grid yet"));
   layer.attach(path, scheme);
   QParams qp;
-  qp.spec = spec;
+  qp.spec = scheme.weights->spec;
   qp.scale = scales;
-  qp.zero_point = at::zeros(scales.sizes(), at::kInt);
+  qp.zero_point = symmetric ? at::zeros(scales.sizes(), at::kInt) : zeros;
   layer.install_frozen(pack_quantized(codes, qp));
-  std::string words = std::string("frozen ") + grid->name + " per_group(32), ";
-  decode_as_llamacpp(layer);
-  if (!flipped) return words + "codes and fp16 scales kept";
-  return words + "negative block scales made positive with their codes negated" +
-         (*grid == qint8 && t.type == GgmlType::kQ4_0 ? " (8 needs qint8)" : "");
+  if (q8) dynamic_cast<nn::LinearImpl&>(layer).set_decode_activations(DecodeActivations::kQ8Block32);
+  const std::string words = std::string("frozen ") + grid->name + " per_group(32), ";
+  if (!symmetric) return words + "negative block scales kept as |d| with codes -c - 1 and zero point -1";
+  return words + (negated ? "negative block scales made positive with their codes negated" : "codes and fp16 scales kept");
 }
 
 // Why a tensor without kept codes is float: its report words.

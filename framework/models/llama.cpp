@@ -31,16 +31,13 @@ at::Tensor rotate_half(const at::Tensor& x) {
 
 at::Tensor apply_rope(const at::Tensor& x, const RopeTables& rope) { return x * rope.cos + rotate_half(x) * rope.sin; }
 
-// Float CPU tensors that autograd does not record: the fused per-token kernels (kernels/cpu/token_ops.h) serve them.
-bool fusable(const at::Tensor& t) {
-  return t.device().is_cpu() && t.scalar_type() == at::kFloat && !(at::GradMode::is_enabled() && t.requires_grad());
-}
-
 // A projection's output [B, T, n * D] as heads [B, n, T, D] with RoPE applied: in place on the
 // projection's fresh output by one kernel where fusable (bit for bit apply_rope), else apply_rope.
 at::Tensor rope_heads(const at::Tensor& proj, int64_t n, int64_t D, const RopeTables& rope) {
   const int64_t B = proj.size(0), T = proj.size(1);
-  if (!fusable(proj) || !proj.is_contiguous() || !fusable(rope.cos))
+  // The kernel writes B * T * n * D floats: a narrower projection must be refused before it runs.
+  QF_REQUIRE(proj.dim() == 3 && proj.size(2) == n * D, kLlama, ": projection ", proj.sizes(), " is not [B, T, ", n * D, "]");
+  if (!nn::token_ops_fusable({&proj}) || !proj.is_contiguous() || !nn::token_ops_fusable({&rope.cos}))
     return apply_rope(proj.view({B, T, n, D}).transpose(1, 2), rope);
   const at::Tensor cos = rope.cos.contiguous(), sin = rope.sin.contiguous();
   kernels::rope_f32({proj.data_ptr<float>(), cos.data_ptr<float>(), sin.data_ptr<float>(), B * T, n, D, T});
@@ -116,7 +113,7 @@ at::Tensor attention_probs(const at::Tensor& scores, int64_t past, int64_t windo
   const double scale = std::pow(static_cast<double>(head_size), -0.5);
   // Calls of decode size (the rows that q8_block32 activations quantize, so a short prompt's full
   // forward and its token-by-token decode run the same kernel) one fused kernel; longer ones the ATen ops.
-  if (T <= kernels::kWeightOnlyMaxM && fusable(scores)) {
+  if (T <= kernels::kWeightOnlyMaxM && nn::token_ops_fusable({&scores})) {
     at::Tensor w = scores.contiguous();
     kernels::causal_softmax_f32({w.data_ptr<float>(), w.numel() / (T * S), T, S, past, window, static_cast<float>(scale)});
     return w;

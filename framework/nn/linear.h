@@ -66,9 +66,9 @@ class LinearImpl : QFORGE_TWIN_BASE(torch::nn::LinearImpl), public QuantizableLa
 
   // Weight-only int8 / int4 layers on the CPU: kQ8Block32 quantizes the float input of calls of
   // at most kernels::kWeightOnlyMaxM rows to int8 in blocks of 32 and runs integer dot products
-  // (llama.cpp's decode numerics, faster); kExact (the default) keeps float activations. A run-time
-  // choice like the thread count: not saved in checkpoints. The plan (describe) follows it; other
-  // paths ignore it.
+  // (llama.cpp's decode numerics, faster); kExact (the default, except for Linears load_gguf fills
+  // with Q4_0 codes) keeps float activations. A run-time choice like the thread count: not saved in
+  // checkpoints. The plan (describe) follows it; other paths ignore it.
   void set_decode_activations(DecodeActivations mode);
   DecodeActivations decode_activations() const { return decode_; }
 

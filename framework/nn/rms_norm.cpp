@@ -15,10 +15,7 @@ RMSNormImpl::RMSNormImpl(int64_t dim_, double eps_) : dim(dim_), eps(eps_) {
 
 void RMSNormImpl::reset() { weight = register_parameter("weight", at::ones({dim})); }
 
-namespace {
-
-// The fused kernel's calls: float tensors on the CPU that autograd does not record.
-bool fusable(std::initializer_list<const at::Tensor*> ts) {
+bool token_ops_fusable(std::initializer_list<const at::Tensor*> ts) {
   bool grad = false;
   for (const at::Tensor* t : ts) {
     if (!t->device().is_cpu() || t->scalar_type() != at::kFloat) return false;
@@ -27,13 +24,11 @@ bool fusable(std::initializer_list<const at::Tensor*> ts) {
   return !(grad && at::GradMode::is_enabled());
 }
 
-}  // namespace
-
 at::Tensor RMSNormImpl::forward(const at::Tensor& x) {
   QF_REQUIRE(x.dim() >= 1 && x.size(-1) == dim, path_.empty() ? "nn::RMSNorm" : path_, ": input ", x.sizes(),
              " does not end in ", dim);
   at::Tensor y;
-  if (fusable({&x, &weight})) {
+  if (token_ops_fusable({&x, &weight})) {
     const at::Tensor xc = x.contiguous(), w = weight.contiguous();
     y = at::empty_like(xc);
     kernels::rms_norm_f32({xc.data_ptr<float>(), nullptr, nullptr, w.data_ptr<float>(), y.data_ptr<float>(),
@@ -48,7 +43,7 @@ at::Tensor RMSNormImpl::forward(const at::Tensor& x) {
 }
 
 std::pair<at::Tensor, at::Tensor> RMSNormImpl::forward_residual(const at::Tensor& x, const at::Tensor& residual) {
-  if (x.sizes() != residual.sizes() || x.dim() < 1 || x.size(-1) != dim || !fusable({&x, &residual, &weight})) {
+  if (x.sizes() != residual.sizes() || x.dim() < 1 || x.size(-1) != dim || !token_ops_fusable({&x, &residual, &weight})) {
     const at::Tensor h = x + residual;
     return {h, forward(h)};
   }

@@ -6,6 +6,7 @@
 
 #include <torch/nn/cloneable.h>
 
+#include <initializer_list>
 #include <utility>
 
 #include "framework/nn/norm_layer.h"
@@ -39,5 +40,9 @@ class RMSNormImpl : public torch::nn::Cloneable<RMSNormImpl>, public NormLayer {
   const char* float_kernel() const override { return "rms_norm_f32"; }
 };
 TORCH_MODULE(RMSNorm);
+
+// Whether the fused per-token kernels (kernels/cpu/token_ops.h) serve these tensors: float32 on the
+// CPU, none recorded by autograd.
+bool token_ops_fusable(std::initializer_list<const at::Tensor*> ts);
 
 }  // namespace qforge::nn

@@ -5,7 +5,12 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <c10/util/Half.h>
+
+#include <algorithm>
 #include <cmath>
+#include <map>
+#include <string>
 #include <vector>
 
 #include "framework/api/quantize.h"
@@ -76,16 +81,14 @@ TEST(GgufDecode, DefaultLogitsStayNearTheExactPathOneCallAway) {
   EXPECT_GE(top1, 0.9);
 }
 
-// One decode row through a loaded Q4_0 Linear against the q8 block math computed here in scalars:
-// per block of 32, d = amax / 127, q = clamp(nearbyint(x / d)) via x * (1 / d); i_b = Σ q·w;
+// One decode row through a frozen Linear against the q8 block math computed here in scalars:
+// per block of 32, d = amax / 127, q = clamp(nearbyint(x / d)) via x * (1 / d); i_b = Σ q·(w - z);
 // per group g (one block): t = fmaf(float(i_b) · d_b, scale[n, g], t). Equal to the bit.
-TEST(GgufDecode, OneLoadedLinearEqualsAScalarQ8BlockReference) {
-  LlamaForCausalLM l = loaded_w4_g32();
-  auto& lin = *l->model->layers->ptr(1)->as<LlamaDecoderLayerImpl>()->mlp->down_proj;
+void expect_scalar_q8_reference(nn::LinearImpl& lin) {
   const QuantizedTensor w = lin.frozen_weight();
   ASSERT_EQ(w.spec.group_size, 32);
   const at::Tensor codes = w.int_values().to(at::kInt).contiguous(), scale = w.scale.to(at::kFloat).contiguous();
-  ASSERT_TRUE(w.zero_point.eq(0).all().item<bool>());
+  const at::Tensor zero = w.zero_point.to(at::kInt).contiguous();
   const int64_t N = codes.size(0), K = codes.size(1);
   at::manual_seed(4);
   const at::Tensor x = at::randn({1, K});
@@ -106,16 +109,126 @@ TEST(GgufDecode, OneLoadedLinearEqualsAScalarQ8BlockReference) {
       q[k] = static_cast<int32_t>(std::fmin(127.0f, std::fmax(-127.0f, std::nearbyint(xs[k] * inv))));
   }
   const int32_t* c = codes.data_ptr<int32_t>();
+  const int32_t* z = zero.data_ptr<int32_t>();
   const float* s = scale.data_ptr<float>();
   for (int64_t n = 0; n < N; ++n) {
     float t = 0;
     for (int64_t b = 0; b < K / 32; ++b) {
       int32_t i = 0;
-      for (int64_t k = b * 32; k < b * 32 + 32; ++k) i += q[k] * c[n * K + k];
+      for (int64_t k = b * 32; k < b * 32 + 32; ++k) i += q[k] * (c[n * K + k] - z[n * (K / 32) + b]);
       t = std::fmaf(std::fmaf(static_cast<float>(i), d[b], 0.0f), s[n * (K / 32) + b], t);
     }
-    EXPECT_EQ(y[0][n].item<float>(), t) << "column " << n;
+    EXPECT_EQ(y[0][n].item<float>(), t) << lin.path() << " column " << n;
   }
+}
+
+TEST(GgufDecode, OneLoadedLinearEqualsAScalarQ8BlockReference) {
+  LlamaForCausalLM l = loaded_w4_g32();
+  auto& lin = *l->model->layers->ptr(1)->as<LlamaDecoderLayerImpl>()->mlp->down_proj;
+  ASSERT_TRUE(lin.frozen_weight().zero_point.eq(0).all().item<bool>());
+  expect_scalar_q8_reference(lin);
+}
+
+// Q8_0 codes load exactly (int8 per group of 32 has no integer kernel yet): describe() says so and
+// no layer claims q8_block32.
+TEST(GgufDecode, LoadedQ8CodesSayExactWhereNoQ8KernelServesThem) {
+  LlamaForCausalLM m = tiny_gguf_llama();
+  GgufExportOptions o;
+  o.float_type = io::GgmlType::kQ8_0;
+  LlamaForCausalLM l = model_of_gguf(io::parse_gguf(io::serialize_gguf(gguf_of(m, o)), "mem"), "mem").llama;
+  ASSERT_EQ(frozen_linears(*l).size(), 2u * 7 + 1);
+  for (nn::LinearImpl* lin : frozen_linears(*l)) EXPECT_FALSE(lin->plan().decode_q8) << lin->path();
+  int frozen = 0;
+  for (const LayerReport& r : layer_reports(l)) {
+    if (r.weights == "float") continue;
+    ++frozen;
+    EXPECT_EQ(r.activations.find("q8_block32"), std::string::npos) << r.name << ": " << r.activations;
+    EXPECT_EQ(r.fallback_reason.find("q8_block32"), std::string::npos) << r.name << ": " << r.fallback_reason;
+    EXPECT_NE(r.fallback_reason.find("exact: no integer kernel for this grid yet"), std::string::npos)
+        << r.name << ": " << r.fallback_reason;
+  }
+  EXPECT_GE(frozen, 2 * 7 + 1);
+}
+
+// ggml's quantize_row_q4_0_ref written here from the format: per block of 32, max = the value of
+// largest magnitude, d = max / -8, q = min(15, (int8)(x / d + 8.5)), d stored as fp16 (RNE).
+std::vector<uint8_t> ggml_q4_0_twin(const float* x, int64_t n) {
+  std::vector<uint8_t> out;
+  for (int64_t b = 0; b < n / 32; ++b) {
+    const float* v = x + b * 32;
+    float amax = 0, max = 0;
+    for (int j = 0; j < 32; ++j)
+      if (amax < std::fabs(v[j])) amax = std::fabs(v[j]), max = v[j];
+    const float d = max / -8, id = d != 0 ? 1.0f / d : 0.0f;
+    const uint16_t bits = c10::Half(d).x;
+    out.push_back(static_cast<uint8_t>(bits & 0xff));
+    out.push_back(static_cast<uint8_t>(bits >> 8));
+    for (int j = 0; j < 16; ++j) {
+      const int lo = std::min(15, static_cast<int>(static_cast<int8_t>(v[j] * id + 8.5f)));
+      const int hi = std::min(15, static_cast<int>(static_cast<int8_t>(v[16 + j] * id + 8.5f)));
+      out.push_back(static_cast<uint8_t>(lo | hi << 4));
+    }
+  }
+  return out;
+}
+
+// ggml's dequantize_row_q4_0: (nibble - 8) * d, element j low nibble of qs[j], j + 16 its high nibble.
+at::Tensor ggml_q4_0_values(const std::vector<uint8_t>& bytes, int64_t rows, int64_t K) {
+  at::Tensor out = at::empty({rows, K});
+  float* y = out.data_ptr<float>();
+  for (int64_t b = 0; b < rows * K / 32; ++b) {
+    const uint8_t* blk = bytes.data() + b * 18;
+    c10::Half h;
+    h.x = static_cast<uint16_t>(blk[0] | blk[1] << 8);
+    const float d = static_cast<float>(h);
+    for (int j = 0; j < 16; ++j) {
+      y[b * 32 + j] = static_cast<float>((blk[2 + j] & 15) - 8) * d;
+      y[b * 32 + 16 + j] = static_cast<float>((blk[2 + j] >> 4) - 8) * d;
+    }
+  }
+  return out;
+}
+
+// A file whose blk.* matrices llama.cpp's Q4_0 quantizer wrote (d < 0 in about half the blocks, each
+// holding a code -8): every Linear loads as qint4, dequantizes to ggml's values bit for bit, and
+// decodes with the q8 kernel (equal to the scalar block reference).
+TEST(GgufDecode, GgmlQuantizedQ4_0StaysFourBitAndDecodesWithQ8) {
+  io::GgufFile f = gguf_of(tiny_gguf_llama());
+  std::map<std::string, at::Tensor> expected;
+  int64_t negative = 0, blocks = 0;
+  for (io::GgufTensor& t : f.tensors) {
+    if (t.name.rfind("blk.", 0) != 0 || t.ne.size() != 2) continue;
+    const int64_t K = static_cast<int64_t>(t.ne[0]), rows = static_cast<int64_t>(t.ne[1]);
+    t.data = ggml_q4_0_twin(reinterpret_cast<const float*>(t.data.data()), rows * K);
+    t.type = io::GgmlType::kQ4_0;
+    for (int64_t b = 0; b < rows * K / 32; ++b) negative += (t.data[b * 18 + 1] & 0x80) != 0, ++blocks;
+    expected[t.name] = ggml_q4_0_values(t.data, rows, K);
+  }
+  EXPECT_GT(negative, blocks / 4);
+  const GgufModel g = model_of_gguf(io::parse_gguf(io::serialize_gguf(f), "mem"), "mem");
+  LlamaForCausalLM l = g.llama;
+  const std::vector<nn::LinearImpl*> linears = frozen_linears(*l);
+  ASSERT_EQ(linears.size(), 2u * 7);
+  for (nn::LinearImpl* lin : linears) {
+    EXPECT_EQ(lin->frozen_weight().spec.qtype, qint4) << lin->path();
+    EXPECT_TRUE(lin->plan().decode_q8) << lin->path();
+    EXPECT_NE(lin->plan().kernel.find("q8s4"), std::string::npos) << lin->path() << ": " << lin->plan().kernel;
+  }
+  for (int64_t i = 0; i < 2; ++i) {
+    auto& layer = *l->model->layers->ptr(i)->as<LlamaDecoderLayerImpl>();
+    const std::string blk = "blk." + std::to_string(i) + ".";
+    const std::vector<std::pair<const nn::LinearImpl*, at::Tensor>> pairs = {
+        {layer.self_attn->q_proj.get(), gguf_rope_rows(expected[blk + "attn_q.weight"], 4, false)},
+        {layer.self_attn->k_proj.get(), gguf_rope_rows(expected[blk + "attn_k.weight"], 2, false)},
+        {layer.self_attn->v_proj.get(), expected[blk + "attn_v.weight"]},
+        {layer.self_attn->o_proj.get(), expected[blk + "attn_output.weight"]},
+        {layer.mlp->gate_proj.get(), expected[blk + "ffn_gate.weight"]},
+        {layer.mlp->up_proj.get(), expected[blk + "ffn_up.weight"]},
+        {layer.mlp->down_proj.get(), expected[blk + "ffn_down.weight"]}};
+    for (const auto& [lin, want] : pairs) EXPECT_TRUE(at::equal(lin->frozen_weight().dequantize(), want)) << lin->path();
+  }
+  expect_scalar_q8_reference(*l->model->layers->ptr(1)->as<LlamaDecoderLayerImpl>()->mlp->down_proj);
+  expect_scalar_q8_reference(*l->model->layers->ptr(0)->as<LlamaDecoderLayerImpl>()->self_attn->q_proj);
 }
 
 }  // namespace

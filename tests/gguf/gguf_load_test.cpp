@@ -107,14 +107,15 @@ TEST(GgufLoad, GgmlQuantizedFloatsBecomeFrozenLayersWithTheFilesValues) {
     EXPECT_TRUE(l.gpt2->lm_head->frozen());
     const auto& c_fc = *l.gpt2->transformer->h->ptr(1)->as<Gpt2BlockImpl>()->mlp->c_fc;
     EXPECT_TRUE(at::equal(c_fc.frozen_weight().dequantize(), io::decode_gguf_tensor(*f.tensor("blk.1.ffn_up.weight"))));
-    if (type == GgmlType::kQ8_0) {
-      expect_same_file(f, l.gpt2);
-    } else {
-      // ggml's Q4_0 scales are max / -8: the blocks with d < 0 hold a code 8 once made positive.
-      EXPECT_EQ(c_fc.frozen_weight().spec.qtype, qint8);
+    // The file again from the loaded model, bit for bit (Q4_0: its d < 0 blocks too).
+    expect_same_file(f, l.gpt2);
+    if (type == GgmlType::kQ4_0) {
+      // ggml's Q4_0 scales are max / -8: the blocks with d < 0 stay 4-bit with zero point -1.
+      EXPECT_EQ(c_fc.frozen_weight().spec.qtype, qint4);
+      EXPECT_TRUE(c_fc.frozen_weight().zero_point.eq(-1).any().item<bool>());
       EXPECT_TRUE(std::any_of(l.lines.begin(), l.lines.end(), [](const std::string& line) {
-        return line.rfind("blk.1.ffn_up.weight Q4_0 -> transformer.h.1.mlp.c_fc.weight (frozen qint8 per_group(32), "
-                          "negative block scales made positive", 0) == 0;
+        return line.rfind("blk.1.ffn_up.weight Q4_0 -> transformer.h.1.mlp.c_fc.weight (frozen qint4 per_group(32), "
+                          "negative block scales kept as |d|", 0) == 0;
       }));
     }
     // The frozen model computes what a float model of the decoded weights computes.
@@ -204,7 +205,7 @@ TEST(GgufLoad, HandWrittenBlocksTakeEachPositiveScaleBranch) {
   EXPECT_EQ(line_of(l, "blk.0.ffn_down.weight"), "blk.0.ffn_down.weight Q8_0 -> transformer.h.0.mlp.c_proj.weight "
                                                  "(float: a code -128 under a negative scale fits no qforge grid)");
 
-  // Q4_0 with every d < 0 and no code -8: the negated codes stay within qint4.
+  // Q4_0 with every d < 0: codes -c - 1 under zero point -1 stay within qint4.
   o.float_type = GgmlType::kQ4_0;
   io::GgufFile f4 = gguf_of(g, o);
   edit(f4, "blk.1.ffn_up.weight", [](at::Tensor& codes, at::Tensor& scales) {
@@ -217,7 +218,8 @@ TEST(GgufLoad, HandWrittenBlocksTakeEachPositiveScaleBranch) {
   EXPECT_EQ(c_fc.frozen_weight().spec.qtype, qint4);
   EXPECT_TRUE(at::equal(c_fc.frozen_weight().dequantize(), io::decode_gguf_tensor(*f4.tensor("blk.1.ffn_up.weight"))));
   EXPECT_EQ(line_of(l4, "blk.1.ffn_up.weight"), "blk.1.ffn_up.weight Q4_0 -> transformer.h.1.mlp.c_fc.weight (frozen qint4 "
-                                                "per_group(32), negative block scales made positive with their codes negated)");
+                                                "per_group(32), negative block scales kept as |d| with codes -c - 1 and zero point -1)");
+  EXPECT_TRUE(c_fc.frozen_weight().zero_point.eq(-1).all().item<bool>());
 }
 
 // RoPE scaling read as llama.cpp reads it, or refused; other llama.* keys are refused by name.

@@ -45,15 +45,18 @@ TEST(GgufTokenOps, EveryTableEntryEqualsTheReferenceBitForBit) {
   at::manual_seed(1);
   for (int64_t dim : {7, 64, 100, 2048}) {
     const at::Tensor x = at::randn({3, dim}), r = at::randn({3, dim}), w = at::randn({dim});
-    at::Tensor h0 = at::empty_like(x), y0 = at::empty_like(x);
-    rms_norm_reference({x.data_ptr<float>(), r.data_ptr<float>(), h0.data_ptr<float>(), w.data_ptr<float>(),
-                        y0.data_ptr<float>(), 3, dim, 1e-5f});
-    for (const auto& e : rms_norm_kernels()) {
-      if (!e.run || !usable(e.isa)) continue;
-      at::Tensor h = at::empty_like(x), y = at::empty_like(x);
-      e.run({x.data_ptr<float>(), r.data_ptr<float>(), h.data_ptr<float>(), w.data_ptr<float>(), y.data_ptr<float>(),
-             3, dim, 1e-5f});
-      EXPECT_TRUE(same_bits(h, h0) && same_bits(y, y0)) << e.name << " dim " << dim;
+    for (bool residual : {true, false}) {  // without: nn::RMSNorm::forward's call (r = h = nullptr)
+      float* rp = residual ? r.data_ptr<float>() : nullptr;
+      at::Tensor h0 = at::zeros_like(x), y0 = at::empty_like(x);
+      rms_norm_reference({x.data_ptr<float>(), rp, residual ? h0.data_ptr<float>() : nullptr, w.data_ptr<float>(),
+                          y0.data_ptr<float>(), 3, dim, 1e-5f});
+      for (const auto& e : rms_norm_kernels()) {
+        if (!e.run || !usable(e.isa)) continue;
+        at::Tensor h = at::zeros_like(x), y = at::empty_like(x);
+        e.run({x.data_ptr<float>(), rp, residual ? h.data_ptr<float>() : nullptr, w.data_ptr<float>(),
+               y.data_ptr<float>(), 3, dim, 1e-5f});
+        EXPECT_TRUE(same_bits(h, h0) && same_bits(y, y0)) << e.name << " dim " << dim << " residual " << residual;
+      }
     }
   }
   for (int64_t dim : {10, 64, 128}) {
@@ -94,6 +97,11 @@ TEST(GgufTokenOps, AgainstTheAtenOpsTheyReplace) {
     const at::Tensor ref = aten_rms_norm(x + r, w, 1e-5);
     const at::Tensor bound = 1e-6 * ref.abs() + 1e-7 * ref.abs().max();
     EXPECT_TRUE(((y - ref).abs() <= bound).all().item<bool>()) << "dim " << dim << ": " << (y - ref).abs().max();
+    at::Tensor y1 = at::empty_like(x);  // no residual, as nn::RMSNorm::forward calls it
+    rms_norm_f32({x.data_ptr<float>(), nullptr, nullptr, w.data_ptr<float>(), y1.data_ptr<float>(), 4, dim, 1e-5f});
+    const at::Tensor ref1 = aten_rms_norm(x, w, 1e-5);
+    EXPECT_TRUE(((y1 - ref1).abs() <= 1e-6 * ref1.abs() + 1e-7 * ref1.abs().max()).all().item<bool>())
+        << "dim " << dim << " without residual: " << (y1 - ref1).abs().max();
   }
   const at::Tensor x = at::randn({2, 3, 4, 64}), cos = at::randn({3, 64}), sin = at::randn({3, 64});
   at::Tensor y = x.clone();
@@ -101,7 +109,8 @@ TEST(GgufTokenOps, AgainstTheAtenOpsTheyReplace) {
   const at::Tensor xt = x.transpose(1, 2);  // [B, heads, T, D] as the model rotates it
   const at::Tensor rot = at::cat({-xt.narrow(-1, 32, 32), xt.narrow(-1, 0, 32)}, -1);
   EXPECT_TRUE(at::equal(y.transpose(1, 2), xt * cos + rot * sin));
-  for (auto [T, S, window] : {std::tuple{1, 48, 0}, {12, 12, 0}, {5, 64, 9}}) {
+  // Tested up to a 4096-key cache (the bound is stated for this range).
+  for (auto [T, S, window] : {std::tuple{1, 48, 0}, {12, 12, 0}, {5, 64, 9}, {16, 4096, 0}, {1, 4096, 100}}) {
     const at::Tensor s = at::randn({8, T, S}) * 6;
     at::Tensor p = s.clone();
     causal_softmax_f32({p.data_ptr<float>(), 8, T, S, S - T, window, 0.125f});
