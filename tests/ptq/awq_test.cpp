@@ -18,19 +18,12 @@
 #include "framework/models/llama.h"
 #include "framework/ptq/float_view.h"
 #include "framework/ptq/ptq.h"
+#include "tests/ptq/fixtures.h"
 
 namespace qforge::ptq {
 namespace {
 
-QSpec int_group_spec(QType q, int64_t group) {
-  QSpec s;
-  s.qtype = q;
-  s.granularity = group > 0 ? Granularity::kPerGroup : Granularity::kPerChannel;
-  s.axis = 0;
-  s.group_size = group;
-  s.symmetric = false;
-  return s;
-}
+using testing::int_group_spec;
 
 at::Tensor rtn(const at::Tensor& w, const QSpec& spec) { return fake_quantize(w, weight_minmax_qparams(w, spec, "test")); }
 
@@ -132,33 +125,8 @@ TEST(Awq, BadInputsAreErrors) {
   EXPECT_THROW(awq_search_clip(x, w, int_group_spec(qint4, 24), AwqOptions{}), Error);
 }
 
-// A small Llama whose RMSNorm weights and embeddings carry outlier channels.
-models::LlamaForCausalLM outlier_llama(int64_t kv_heads) {
-  models::LlamaConfig c;
-  c.vocab_size = 128, c.hidden_size = 64, c.intermediate_size = 128, c.num_hidden_layers = 2;
-  c.num_attention_heads = 4, c.num_key_value_heads = kv_heads, c.max_position_embeddings = 64;
-  c.rms_norm_eps = 1e-5, c.tie_word_embeddings = false;
-  at::manual_seed(7);
-  models::LlamaForCausalLM m(c);
-  m->init_weights();
-  at::NoGradGuard g;
-  m->model->embed_tokens->weight.mul_(20);  // hidden states large enough for the int4 error to show in the logits
-  for (const auto& l : *m->model->layers) {
-    auto* d = l->as<models::LlamaDecoderLayerImpl>();
-    d->input_layernorm->weight.index_put_({3}, 25.0);
-    d->post_attention_layernorm->weight.index_put_({11}, 25.0);
-  }
-  m->model->norm->weight.index_put_({17}, 25.0);
-  m->eval();
-  return m;
-}
-
-std::vector<at::Tensor> token_batches(int64_t n, int64_t vocab, uint64_t seed) {
-  at::manual_seed(seed);
-  std::vector<at::Tensor> out;
-  for (int64_t i = 0; i < n; ++i) out.push_back(at::randint(vocab, {2, 32}, at::kLong));
-  return out;
-}
+using testing::outlier_llama;
+using testing::token_batches;
 
 Scheme w4_g32() {
   Scheme s(qint4);
