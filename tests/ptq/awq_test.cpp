@@ -251,6 +251,13 @@ TEST(Awq, FoldingIntoGpt2LayerNormsLeavesTheFloatModelUnchanged) {
   EXPECT_EQ(folded, 4);
 }
 
+// The float toy Llama's logits on ids.
+at::Tensor float_logits(const at::Tensor& ids) {
+  models::LlamaForCausalLM m = outlier_llama(2);
+  at::NoGradGuard g;
+  return m->forward(ids).detach().clone();
+}
+
 double logits_error(models::LlamaForCausalLM& m, const at::Tensor& ids, const at::Tensor& y_float) {
   at::NoGradGuard g;
   return relative_change(m->forward(ids), y_float);
@@ -259,12 +266,7 @@ double logits_error(models::LlamaForCausalLM& m, const at::Tensor& ids, const at
 TEST(Awq, LlamaEndToEndBeatsRoundToNearestAloneAndBeforeGptq) {
   const std::vector<at::Tensor> ids = token_batches(4, 128, 12);
   const at::Tensor held_out = token_batches(1, 128, 13)[0];
-  at::Tensor y_float;
-  {
-    models::LlamaForCausalLM m = outlier_llama(2);
-    at::NoGradGuard g;
-    y_float = m->forward(held_out).detach().clone();
-  }
+  const at::Tensor y_float = float_logits(held_out);
   auto run_method = [&](bool use_awq, bool use_gptq) {
     models::LlamaForCausalLM m = outlier_llama(2);
     quantize(*m, w4_g32());
@@ -291,12 +293,7 @@ TEST(Awq, LlamaEndToEndBeatsRoundToNearestAloneAndBeforeGptq) {
 TEST(Awq, ImatrixAfterAwqSkipsTheLayersAwqClippedAndIsNeverWorseThanAwqAlone) {
   const std::vector<at::Tensor> ids = token_batches(4, 128, 12);
   const at::Tensor held_out = token_batches(1, 128, 13)[0];
-  at::Tensor y_float;
-  {
-    models::LlamaForCausalLM m = outlier_llama(2);
-    at::NoGradGuard g;
-    y_float = m->forward(held_out).detach().clone();
-  }
+  const at::Tensor y_float = float_logits(held_out);
   for (QType q : {qint4, qint3}) {
     for (bool gptq : {false, true}) {
       auto run_method = [&](bool use_imatrix) {
