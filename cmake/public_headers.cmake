@@ -69,6 +69,7 @@ set(QFORGE_PUBLIC_HEADERS
   observers/observer.h
   # The components' headers (find_package(qforge COMPONENTS ptq search onnx dist recipe jit)).
   framework/ptq/adaround.h
+  framework/ptq/autoround.h
   framework/ptq/awq.h
   framework/ptq/gptq.h
   framework/ptq/imatrix.h

@@ -61,6 +61,7 @@ void awq(RunContext& ctx) {
   const ptq::AwqReport ar = ptq::awq(*ctx.task.model, ctx.solve_batches(),
                                      [&ctx](int64_t b) { return ctx.calibration_batch(b); }, awq_options(ctx.recipe));
   ctx.report["ptq"]["awq"] = report::awq_json(ar);
+  ctx.awq_clipped = ptq::awq_clipped_layers(ar);
   ctx.report["timings_s"]["awq"] = ar.seconds;
   int folded = 0;
   for (const ptq::AwqGroup& g : ar.groups) folded += g.scale_home != "pre_quant_scale" && g.alpha > 0;

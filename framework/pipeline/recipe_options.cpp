@@ -89,6 +89,10 @@ ptq::SolveOptions solve_options(const Recipe& r) {
   o.adaround.reg_weight = r.ptq.reg_weight;
   o.adaround.batch_rows = r.ptq.batch_rows;
   o.adaround.seed = r.seed;
+  o.autoround.iterations = r.ptq.autoround_iterations;
+  o.autoround.lr = r.ptq.autoround_lr;
+  o.autoround.batch_size = r.ptq.autoround_batch_size;
+  o.autoround.seed = r.seed;
   o.sample_rows = r.ptq.sample_rows;
   o.seed = r.seed;
   return o;

@@ -54,6 +54,7 @@ class RunContext {
   // The float weights the solve stage replaced, the numeric suite's reference (freed after it).
   std::map<std::string, ptq::FloatWeights> solved_from;
   std::optional<Imatrix> imatrix;                        // calibrate.imatrix; likewise, and imatrix.gguf
+  std::vector<std::string> awq_clipped;                  // layers AWQ clipped: the imatrix grid search leaves them
 
   // --stages names `stage` (or is empty).
   bool wanted(const Stage& stage) const { return stage.named(options.stages); }

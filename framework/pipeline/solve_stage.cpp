@@ -14,7 +14,7 @@ namespace {
 
 // The imatrix-weighted grid search, before the rounding (RTN or GPTQ) rounds onto its grids.
 void imatrix_round(RunContext& ctx) {
-  const ptq::ImatrixRoundReport ir = ptq::imatrix_round(*ctx.task.model, *ctx.imatrix);
+  const ptq::ImatrixRoundReport ir = ptq::imatrix_round(*ctx.task.model, *ctx.imatrix, ctx.awq_clipped);
   ctx.report["ptq"]["imatrix_round"] = report::imatrix_round_json(ir);
   ctx.report["timings_s"]["imatrix_round"] = ir.seconds;
   std::fprintf(stderr, "qtrain: imatrix grid search: %zu layers, %zu kept their min/max grid, %.1fs\n",

@@ -70,6 +70,7 @@ struct AwqGroup {
   double alpha = 0;
   double error_rtn = 0, error_scaled = 0, error_clipped = 0;  // E over the sampled rows, RTN weights
   double mean_clip = 1;  // mean clipping ratio over the searched (row, group) blocks (1: none clipped)
+  std::vector<std::string> clipped;  // the layers whose clipping was searched (all but q/k and per-tensor grids)
   int64_t rows = 0;
   double seconds = 0;
 };
@@ -80,6 +81,9 @@ struct AwqReport {
   double output_change = 0;          // relative change of the float model's output by the scales (batch 0)
   double seconds = 0;
 };
+
+// Every layer AWQ searched a clipping for (the imatrix grid search leaves them: imatrix_round).
+std::vector<std::string> awq_clipped_layers(const AwqReport& report);
 
 // AWQ over every quantized, unfrozen Linear whose weights lie on an integer grid not yet fixed.
 // Throws when the float output moves by more than 1e-4 (relative) after the scales (undone then).

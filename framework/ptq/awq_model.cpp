@@ -252,8 +252,9 @@ void scale_group(const torch::nn::Module& model, InputGroup& g, const AwqOptions
   double ratio_sum = 0;
   int64_t blocks = 0;
   for (size_t i = 0; i < rounded.size(); ++i) {
-    const std::string name = leaf(g.paths[static_cast<size_t>(
-        std::find(g.layers.begin(), g.layers.end(), rounded[i]) - g.layers.begin())]);
+    const std::string& path = g.paths[static_cast<size_t>(
+        std::find(g.layers.begin(), g.layers.end(), rounded[i]) - g.layers.begin())];
+    const std::string name = leaf(path);
     ws.push_back(rounded[i]->weight.detach().to(at::kFloat));
     // AutoAWQ leaves q/k unclipped: their error is amplified by the attention scores, not seen here.
     const bool skip = name == "q_proj" || name == "k_proj" || specs[i].granularity == Granularity::kPerTensor;
@@ -264,6 +265,7 @@ void scale_group(const torch::nn::Module& model, InputGroup& g, const AwqOptions
       blocks += ratio.numel();
       wc = awq_apply_clip(ws.back(), ratio, specs[i]);
       clips.push_back({rounded[i], ratio, specs[i]});
+      ag.clipped.push_back(path);
     }
     wq.push_back(awq_round(wc, specs[i]));
   }
@@ -282,6 +284,12 @@ std::string group_unfit(const InputGroup& g) {
 }
 
 }  // namespace
+
+std::vector<std::string> awq_clipped_layers(const AwqReport& report) {
+  std::vector<std::string> out;
+  for (const AwqGroup& g : report.groups) out.insert(out.end(), g.clipped.begin(), g.clipped.end());
+  return out;
+}
 
 AwqReport awq(torch::nn::Module& model, int64_t batches, const RunBatch& run, const AwqOptions& o) {
   QF_REQUIRE(batches > 0, "awq: needs at least one calibration batch");

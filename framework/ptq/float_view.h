@@ -14,6 +14,8 @@ namespace qforge::ptq {
 class FloatView {
  public:
   explicit FloatView(const torch::nn::Module& model);
+  // Only these quantizers pass values through (AutoRound bypasses the weight quantizers it replaces).
+  explicit FloatView(const std::vector<Quantizer>& quantizers);
   ~FloatView();
   FloatView(const FloatView&) = delete;
   FloatView& operator=(const FloatView&) = delete;

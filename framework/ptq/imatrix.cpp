@@ -3,6 +3,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <chrono>
 
 #include "framework/core/error.h"
@@ -94,14 +95,17 @@ at::Tensor imatrix_search_clip(const at::Tensor& w, const QSpec& spec, const at:
   });
 }
 
-ImatrixRoundReport imatrix_round(torch::nn::Module& model, const Imatrix& imatrix) {
+ImatrixRoundReport imatrix_round(torch::nn::Module& model, const Imatrix& imatrix,
+                                 const std::vector<std::string>& clipped_by_awq) {
   const auto t0 = std::chrono::steady_clock::now();
   ImatrixRoundReport rep;
   at::NoGradGuard no_grad;
   for (const auto& [path, layer] : quantizable_layers(model)) {
     auto* lin = layer->module().as<nn::LinearImpl>();
     if (!lin) continue;
-    const std::string why = unfit(*layer, imatrix, path, lin->options.in_features());
+    std::string why = unfit(*layer, imatrix, path, lin->options.in_features());
+    if (why.empty() && std::find(clipped_by_awq.begin(), clipped_by_awq.end(), path) != clipped_by_awq.end())
+      why = "AWQ searched its clipping on the full input covariance already";
     if (!why.empty()) {
       if (layer->quantized()) rep.skipped.push_back(path + ": " + why);
       continue;

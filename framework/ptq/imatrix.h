@@ -61,6 +61,9 @@ struct ImatrixRoundReport {
 // Clamps every quantized, unfrozen Linear whose weights lie on a per-channel / per-group integer
 // grid not yet fixed, and which `imatrix` covers, to its searched ratios: the min/max grid of the
 // clamped weight is the searched one, so RTN, GPTQ's grids, fake-quant and freeze all follow it.
-ImatrixRoundReport imatrix_round(torch::nn::Module& model, const Imatrix& imatrix);
+// Layers in `clipped_by_awq` keep AWQ's clipping (searched on the group's full XᵀX, where the
+// imatrix weighs its diagonal only; a second clamp on top of it compounds the two).
+ImatrixRoundReport imatrix_round(torch::nn::Module& model, const Imatrix& imatrix,
+                                 const std::vector<std::string>& clipped_by_awq = {});
 
 }  // namespace qforge::ptq

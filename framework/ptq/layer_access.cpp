@@ -102,13 +102,23 @@ ScopedInputTaps::~ScopedInputTaps() {
 
 // ---- FloatView (framework/ptq/float_view.h) ----
 
-FloatView::FloatView(const torch::nn::Module& model) {
+namespace {
+std::vector<Quantizer> model_quantizers(const torch::nn::Module& model) {
+  std::vector<Quantizer> out;
   for (const auto& [path, layer] : quantizable_layers(model))
-    for (Quantizer q : layer->quantizers()) {
-      saved_.push_back({q, q->fake_quant(), q->observing()});
-      q->set_fake_quant(false);
-      q->set_observing(false);
-    }
+    for (Quantizer q : layer->quantizers()) out.push_back(q);
+  return out;
+}
+}  // namespace
+
+FloatView::FloatView(const torch::nn::Module& model) : FloatView(model_quantizers(model)) {}
+
+FloatView::FloatView(const std::vector<Quantizer>& quantizers) {
+  for (Quantizer q : quantizers) {
+    saved_.push_back({q, q->fake_quant(), q->observing()});
+    q->set_fake_quant(false);
+    q->set_observing(false);
+  }
 }
 
 FloatView::~FloatView() {

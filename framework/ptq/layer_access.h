@@ -35,6 +35,10 @@ std::string solvable(const std::string& path, const QuantizableLayer& layer);
 // The view of a layer solvable() accepts (throws qforge::Error otherwise).
 LayerAccess access(QuantizableLayer& layer);
 
+// Thrown by an input tap to end a capture pass's forward once its layers have their inputs; not a
+// std::exception, so nothing between the tap and the pass catches it by accident.
+struct StopForward {};
+
 // Sets `tap` as the input tap of `layers` for its lifetime and removes them on exit, exceptions
 // included (a tap capturing a solver's locals must not outlive them).
 class ScopedInputTaps {

@@ -15,9 +15,11 @@
 #include "fake_quant/fake_quantize.h"
 #include "framework/core/enum_names.h"
 #include "framework/api/progress.h"
+#include "framework/ptq/block_capture.h"
 #include "framework/ptq/imatrix.h"
 #include "framework/ptq/layer_access.h"
 #include "framework/api/scheme.h"
+#include "framework/nn/linear.h"
 
 namespace qforge::ptq {
 
@@ -25,15 +27,11 @@ namespace {
 
 constexpr NamedValue<Rounding> kRoundingNames[] = {
     {Rounding::kNearest, "rtn"}, {Rounding::kGptq, "gptq"}, {Rounding::kAdaRound, "adaround"},
-    {Rounding::kKMeans, "kmeans"}, {Rounding::kNearest, "nearest", true}};
+    {Rounding::kKMeans, "kmeans"}, {Rounding::kAutoRound, "autoround"}, {Rounding::kNearest, "nearest", true}};
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
-
-// Thrown by an input tap to end a capture pass's forward once its layers have their inputs; not a
-// std::exception, so nothing between the tap and the pass catches it by accident.
-struct StopForward {};
 
 // What one capture pass gathers for one layer.
 struct Capture {
@@ -139,8 +137,24 @@ double relative_change(const at::Tensor& y, const at::Tensor& y0) {
   return den == 0 ? num : num / den;
 }
 
+namespace {
+// Why AutoRound cannot round this layer (empty: it can).
+std::string autoround_unfit(const std::vector<std::string>& block_paths, const std::string& path,
+                            const QuantizableLayer& layer) {
+  if (block_index(block_paths, path) < 0)
+    return "AutoRound reconstructs the transformer blocks of Llama-family and GPT-2 models; this layer is outside them";
+  if (!layer.module().as<nn::LinearImpl>()) return "AutoRound rounds Linear layers";
+  const QSpec& spec = layer.scheme().weights->spec;
+  if (!spec.qtype.is_integer()) return "AutoRound rounds onto integer grids, the weights are " + std::string(spec.qtype.name);
+  if (spec.granularity == Granularity::kPerTensor) return "AutoRound clips per output channel or group, not per tensor";
+  if (layer.weight_quantizer()->calibrated()) return "its weight grid is already fixed (loaded or solved)";
+  return "";
+}
+}  // namespace
+
 std::vector<LayerSolve> plan_solve(const torch::nn::Module& model, const SolveOptions& o) {
   std::vector<LayerSolve> out;
+  const std::vector<std::string> block_paths = transformer_block_paths(model);
   std::map<int, std::string> unfit_reason;
   std::set<int> rules_fit;
   for (const auto& [path, layer] : quantizable_layers(model)) {
@@ -160,6 +174,7 @@ std::vector<LayerSolve> plan_solve(const torch::nn::Module& model, const SolveOp
       why = "GPTQ fixes each group's grid as it goes; " + std::string(wqt.name) + " block scales follow the values";
     if (why.empty() && r == Rounding::kKMeans && !wqt.is_codebook())
       why = "kmeans refits codebooks; the weights are " + std::string(wqt.name) + " (a uniform grid)";
+    if (why.empty() && r == Rounding::kAutoRound) why = autoround_unfit(block_paths, path, *layer);
     if (why.empty() && layer->frozen()) why = "frozen";
     if (why.empty() && layer->scheme().weights->lsq && layer->weight_quantizer()->lsq_initialised())
       why = "its LSQ weight scale already trains";
@@ -173,7 +188,9 @@ std::vector<LayerSolve> plan_solve(const torch::nn::Module& model, const SolveOp
       ls.method = to_string(r);
       if (rule >= 0) rules_fit.insert(rule);
     }
-    if (o.bias_correction && why.empty()) {
+    if (o.bias_correction && why.empty() && r == Rounding::kAutoRound) {
+      ls.note = "no bias correction after AutoRound (it reconstructs the block's output)";
+    } else if (o.bias_correction && why.empty()) {
       const auto params = layer->module().named_parameters(false);
       if (params.contains("bias") && params["bias"].defined()) ls.method += "+bias_correction";
       else if (ls.note.empty()) ls.note = "no bias to correct";
@@ -329,6 +346,7 @@ SolveReport solve(torch::nn::Module& model, int64_t batches, const RunBatch& run
   }
   std::map<QuantizableLayer*, LayerSolve> pending = pending_layers(plan, by_path, report);
   const size_t rtn_layers = report.layers.size();
+  solve_autoround(model, batches, run, o, pending, report);
   Progress progress("ptq solve", static_cast<int64_t>(pending.size()));
   at::Generator gen = at::detail::createCPUGenerator(o.seed);
   const int64_t rows_per_batch = (o.sample_rows + batches - 1) / batches;

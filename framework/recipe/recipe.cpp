@@ -278,6 +278,14 @@ void read_ptq(Recipe& r, const YAML::Node& pn, const Where& w) {
       p.rules.emplace_back(rn["pattern"].as<std::string>(), rn["method"].as<std::string>());
       p.rule_sites.push_back(w.site(key));
     }
+  bool autoround = p.method == "autoround";
+  for (const auto& [pattern, m] : p.rules) autoround |= m == "autoround";
+  if (!autoround && (p.autoround_iterations != defaults.autoround_iterations || p.autoround_lr != defaults.autoround_lr ||
+                     p.autoround_batch_size != defaults.autoround_batch_size))
+    w.problem("ptq.autoround", "AutoRound options without AutoRound: set ptq.method (or a rule's method) to autoround");
+  if (autoround && r.model.arch != "llama" && r.model.arch != "gpt2")
+    w.problem("ptq.method", "AutoRound reconstructs transformer blocks of Llama-family and GPT-2 models (arch llama or "
+                            "gpt2), not " + r.model.arch);
   if (p.rotate == "hadamard" && r.model.arch != "llama")
     w.problem("ptq.rotate", "the Hadamard rotation needs an RMSNorm model (arch llama: Llama, Mistral, Qwen2), not " +
                                 r.model.arch);

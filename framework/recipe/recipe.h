@@ -135,6 +135,9 @@ struct Recipe {
     double lr = 1e-2;
     double reg_weight = 0.01;
     int64_t batch_rows = 256;
+    int64_t autoround_iterations = 200;  // autoround: SignSGD steps per block
+    double autoround_lr = 0;             // 0: 1 / iterations
+    int64_t autoround_batch_size = 8;    // sequences per step
     std::vector<std::pair<std::string, std::string>> rules;  // pattern, method
     std::vector<RecipeIssue> rule_sites;                      // where each rule is written (no message)
   } ptq;

@@ -273,8 +273,8 @@ Field search_section() {
 Field ptq_section() {
   return map("ptq", "PTQ solvers: better than round-to-nearest without training (after calibration, before QAT)", {
       bind(choice("method", ptq_method_names(),
-                  "weight rounding: round-to-nearest, GPTQ, AdaRound, k-means; awq: AWQ scales then round-to-nearest, "
-                  "awq+gptq: AWQ scales then GPTQ"),
+                  "weight rounding: round-to-nearest, GPTQ, AdaRound, k-means, AutoRound (Llama / GPT-2 blocks); "
+                  "awq: AWQ scales then round-to-nearest, awq+gptq: AWQ scales then GPTQ"),
            &Recipe::ptq, &Recipe::Ptq::method),
       bind(leaf("bias_correction", T::kBool, "fold each layer's mean output error into its bias"),
            &Recipe::ptq, &Recipe::Ptq::bias_correction),
@@ -306,6 +306,12 @@ Field ptq_section() {
           bind(leaf("lr", T::kFloat, "Adam step size", 1e-12, 10), &Recipe::ptq, &Recipe::Ptq::lr),
           bind(leaf("reg_weight", T::kFloat, "weight of the rounding regulariser", 0, 1e6), &Recipe::ptq, &Recipe::Ptq::reg_weight),
           bind(leaf("batch_rows", T::kInt, "input rows per step", 1, 1e9), &Recipe::ptq, &Recipe::Ptq::batch_rows),
+      }),
+      map("autoround", "AutoRound options (method autoround)", {
+          bind(leaf("iterations", T::kInt, "SignSGD steps per transformer block", 1, 1e9), &Recipe::ptq, &Recipe::Ptq::autoround_iterations),
+          bind(leaf("lr", T::kFloat, "first step size of the rounding offsets and clipping factors, decaying linearly to 0 (0: 1 / iterations)", 0, 10),
+               &Recipe::ptq, &Recipe::Ptq::autoround_lr),
+          bind(leaf("batch_size", T::kInt, "calibration sequences per step", 1, 1e9), &Recipe::ptq, &Recipe::Ptq::autoround_batch_size),
       }),
       list("rules", "per-layer rounding; the first whose pattern matches wins",
            map("*", "rule", {leaf("pattern", T::kString, "shell-style pattern on module paths"),

@@ -3,7 +3,7 @@
 // (outputs 4096, 1024, 1024), random weights N(0, 0.02²), inputs N(0, 1) with a few outlier
 // channels (LLM.int8()'s systematic outlier features: a handful of fixed hidden dimensions, 20-60×
 // the rest). Error: Σ_i ‖X Ŵ_iᵀ − X W_iᵀ‖² / Σ_i ‖X W_iᵀ‖² on held-out rows. Not a test: the
-// figures are docs/results.md's ("AWQ and the importance matrix").
+// figures are docs/results.md's ("AWQ, the importance matrix and AutoRound").
 // Usage: awq_layer_group_tool [bits=4] [rows=512] [group=128]
 #include <ATen/ATen.h>
 

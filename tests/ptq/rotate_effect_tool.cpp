@@ -1,6 +1,5 @@
 // Not a test: docs/rotations.md's W4A8 figures with and without the Hadamard rotation, on a random
-// Llama with planted outlier channels (as QuaRot / SpinQuant describe them: a few residual-stream
-// channels far larger than the rest, and RMSNorm weights that scale a few channels up).
+// Llama with planted outlier channels (tests/ptq/planted_llama.h).
 //   rotate_effect_tool [hidden] [intermediate] [layers] [outlier_scale]
 // Text: sequences sampled from the float model itself, so its perplexity is the reference and a
 // quantized model's excess over it is what quantization costs. W4A8: int4 per-channel symmetric
@@ -17,55 +16,17 @@
 #include "framework/api/quantize.h"
 #include "framework/models/llama.h"
 #include "framework/ptq/rotate.h"
+#include "tests/ptq/planted_llama.h"
 
 namespace {
 
 using qforge::models::LlamaConfig;
 using qforge::models::LlamaForCausalLM;
-
-constexpr int64_t kOutliers = 4;  // planted channels of each kind
-
-LlamaForCausalLM planted_llama(const LlamaConfig& c, double scale) {
-  at::manual_seed(0);
-  LlamaForCausalLM m(c);
-  at::NoGradGuard g;
-  // Heavier head than HF's init, so the sampled text is far from uniform and errors show.
-  m->lm_head->weight.normal_(0.0, 0.08);
-  for (int64_t k = 0; k < kOutliers; ++k) {
-    m->model->embed_tokens->weight.select(1, 7 + 13 * k).mul_(scale);  // residual-stream channels
-    for (const auto& l : *m->model->layers) {
-      auto* layer = l->as<qforge::models::LlamaDecoderLayerImpl>();
-      layer->input_layernorm->weight[3 + 17 * k] = scale / 2;  // normalised-input channels
-      layer->post_attention_layernorm->weight[5 + 19 * k] = scale / 2;
-    }
-  }
-  m->eval();
-  return m;
-}
-
-at::Tensor sample_text(LlamaForCausalLM& m, int64_t sequences, int64_t length) {
-  at::NoGradGuard g;
-  at::manual_seed(1);
-  at::Tensor ids = at::randint(0, m->config.vocab_size, {sequences, 1}, at::kLong);
-  for (int64_t t = 1; t < length; ++t) {
-    const at::Tensor p = at::softmax(m->forward(ids).select(1, -1), -1);
-    ids = at::cat({ids, at::multinomial(p, 1)}, 1);
-  }
-  return ids;
-}
-
-struct Eval {
-  double perplexity, kl;  // on the text; KL(float || model) per token, nats
-};
-
-Eval evaluate(LlamaForCausalLM& m, const at::Tensor& ids, const at::Tensor& float_logp) {
-  at::NoGradGuard g;
-  const at::Tensor logp = at::log_softmax(m->forward(ids).narrow(1, 0, ids.size(1) - 1), -1);
-  const at::Tensor target = ids.narrow(1, 1, ids.size(1) - 1).unsqueeze(-1);
-  const double nll = -logp.gather(-1, target).mean().item<double>();
-  const double kl = (float_logp.exp() * (float_logp - logp)).sum(-1).mean().item<double>();
-  return {std::exp(nll), kl};
-}
+using qforge::ptq::tools::Eval;
+using qforge::ptq::tools::evaluate;
+using qforge::ptq::tools::kOutliers;
+using qforge::ptq::tools::planted_llama;
+using qforge::ptq::tools::sample_text;
 
 qforge::Scheme w4a8() {
   qforge::Scheme s(qforge::qint4);

@@ -310,6 +310,34 @@ TEST(Recipe, AwqMethodsSetAwqBeforeTheirRoundingAndStrayAwqOptionsAreErrors) {
   EXPECT_NE(e.find("e.yaml:5:11: ptq.method: 'awq+gtpq' is not valid (did you mean 'awq+gptq'?)"), std::string::npos) << e;
 }
 
+TEST(Recipe, AutoRoundMethodAndOptionsAndTheirErrorsAtFileLineColumn) {
+  TempDir dir;
+  const std::string q = std::string(kMinimal) + "quantize: {weights: {qtype: qint4, granularity: per_channel}}\n";
+  const std::string llama = "model: {arch: llama}\ndata: {dataset: fortunes}\n"
+                            "quantize: {weights: {qtype: qint3, granularity: per_group, group_size: 32}}\n";
+  const Recipe r = load_recipe(dir.write("a.yaml", llama + "ptq:\n  method: autoround\n  autoround: {iterations: 50, lr: 0.01, batch_size: 4}\n"));
+  EXPECT_EQ(r.ptq.method, "autoround");
+  EXPECT_EQ(r.ptq.autoround_iterations, 50);
+  EXPECT_DOUBLE_EQ(r.ptq.autoround_lr, 0.01);
+  EXPECT_EQ(r.ptq.autoround_batch_size, 4);
+  EXPECT_EQ(Recipe::Ptq().autoround_iterations, 200);
+  std::string e;
+  for (const auto& i : issues_of(dir.write("b.yaml", llama + "ptq:\n  method: gptq\n  autoround: {iterations: 10}\n")))
+    e += i.to_string() + "\n";
+  EXPECT_NE(e.find("b.yaml:6:"), std::string::npos) << e;
+  EXPECT_NE(e.find("ptq.autoround: AutoRound options without AutoRound"), std::string::npos) << e;
+  e.clear();
+  for (const auto& i : issues_of(dir.write("c.yaml", llama + "ptq:\n  method: autoround\n  autoround: {iterations: 0}\n")))
+    e += i.to_string() + "\n";
+  EXPECT_NE(e.find("c.yaml:6:27: ptq.autoround.iterations: value 0 is out of range"), std::string::npos) << e;
+  e.clear();
+  for (const auto& i : issues_of(dir.write("d.yaml", q + "ptq:\n  method: autoround\n"))) e += i.to_string() + "\n";
+  EXPECT_NE(e.find("d.yaml:5:11: ptq.method: AutoRound reconstructs transformer blocks"), std::string::npos) << e;
+  e.clear();
+  for (const auto& i : issues_of(dir.write("e.yaml", llama + "ptq:\n  method: autorund\n"))) e += i.to_string() + "\n";
+  EXPECT_NE(e.find("e.yaml:5:11: ptq.method: 'autorund' is not valid (did you mean 'autoround'?)"), std::string::npos) << e;
+}
+
 TEST(Recipe, FreezeDecodeActivationsIsAChoiceRefusedWithTheClosestAtFileLine) {
   TempDir dir;
   const std::string q = std::string(kMinimal) + "quantize: {weights: {qtype: qint4, granularity: per_channel}}\n";
