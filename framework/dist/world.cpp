@@ -289,6 +289,20 @@ void World::broadcast(at::Tensor& t, int root) const {
   });
 }
 
+std::vector<uint8_t> World::broadcast_bytes(const std::vector<uint8_t>& mine, int root) const {
+  QF_REQUIRE(root >= 0 && root < size_, "dist: broadcast root ", root, " is not in [0, ", size_, ")");
+  if (single()) return mine;
+  // The size first, then the bytes (at least one, so every rank issues the same two collectives).
+  at::Tensor n = at::full({1}, static_cast<int64_t>(mine.size()), at::kLong);
+  broadcast(n, root);
+  const int64_t bytes = n.item<int64_t>();
+  at::Tensor buf = at::zeros({std::max<int64_t>(bytes, 1)}, at::kByte);
+  if (rank_ == root && !mine.empty()) std::memcpy(buf.data_ptr<uint8_t>(), mine.data(), mine.size());
+  broadcast(buf, root);
+  const auto* p = buf.data_ptr<uint8_t>();
+  return std::vector<uint8_t>(p, p + bytes);
+}
+
 void World::barrier() const {
   if (single()) return;
   run_collective("barrier", [&] { impl_->pg->barrier()->wait(); });

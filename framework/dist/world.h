@@ -58,6 +58,9 @@ class World {
   std::vector<std::vector<uint8_t>> all_gather_bytes(const std::vector<uint8_t>& mine) const;
   // t from `root` on every rank (same shape and dtype everywhere).
   void broadcast(at::Tensor& t, int root) const;
+  // `root`'s bytes on every rank (any size; what the others pass is replaced): how a decision
+  // taken once, on one rank, reaches all of them.
+  std::vector<uint8_t> broadcast_bytes(const std::vector<uint8_t>& mine, int root) const;
   void barrier() const;
 
   // Best effort, never throws: leaves `why` where the other ranks look when their collective

@@ -22,51 +22,10 @@
 #include "framework/nn/linear.h"
 #include "framework/api/quantize.h"
 #include "framework/train/trainer.h"
+#include "tests/dist/ranks.h"
 
 namespace qforge::dist {
 namespace {
-
-// Ranks are threads here, and LibTorch's default generator is one per process: a rank seeding it
-// and building its model holds this lock, so every rank gets the same initial weights.
-std::mutex g_init_mutex;
-
-// A port the kernel just handed out on 127.0.0.1 (closed again; the store binds it next).
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = 0;
-  socklen_t len = sizeof a;
-  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0)
-    throw std::runtime_error("no free port");
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
-
-// Runs body(world) on `size` ranks (threads); rethrows the first rank's exception.
-void run_ranks(int size, const std::function<void(World&)>& body,
-               std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
-  const int port = free_port();
-  std::vector<std::exception_ptr> errors(static_cast<size_t>(size));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < size; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        WorldOptions o;
-        o.timeout = timeout;
-        World w = World::connect(r, size, "127.0.0.1", port, o);
-        body(w);
-      } catch (...) {
-        errors[r] = std::current_exception();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (auto& e : errors)
-    if (e) std::rethrow_exception(e);
-}
 
 TEST(Dist, ShardsAreDisjointEqualAndSeedDeterministic) {
   for (const int size : {1, 2, 3}) {
@@ -119,7 +78,9 @@ std::pair<at::Tensor, at::Tensor> calibrate(const std::vector<at::Tensor>& batch
   lock.unlock();
   Calibration c(lin);
   for (const auto& b : batches) lin->forward(b);
-  if (w != nullptr) EXPECT_EQ(sync_observers(*lin, *w), 1);
+  if (w != nullptr) {
+    EXPECT_EQ(sync_observers(*lin, *w), 1);
+  }
   c.finish();
   const QParams qp = lin->input_quantizer()->qparams();
   return {qp.scale.clone(), qp.zero_point.clone()};
