@@ -360,6 +360,77 @@ TEST(Dist, DivergedReplicasAreNamed) {
       Error);
 }
 
+// Issue 39 item 14: the replica check compared parameters and buffers only, so ranks whose
+// quantizers differ (another width, another observer state) passed it. Every rank now names the
+// first differing layer and field, at once.
+TEST(Dist, Issue39Item14ReplicaCheckComparesTheQuantizationState) {
+  auto build = [](const Scheme& s) {
+    const std::lock_guard<std::mutex> lock(g_init_mutex);
+    torch::manual_seed(12);
+    torch::nn::Sequential seq(nn::Linear(16, 16), torch::nn::ReLU(), nn::Linear(16, 4));
+    quantize(seq, s);
+    return seq;
+  };
+  // Another weight width on rank 1: equal parameters and buffers, so the old hash agreed.
+  std::vector<std::string> errors(2);
+  const auto start = std::chrono::steady_clock::now();
+  run_ranks(2, [&](World& w) {
+    torch::nn::Sequential m = build(Scheme(w.rank() == 1 ? qint4 : qint8));
+    try {
+      check_replicas(*m, w, "after search");
+    } catch (const Error& e) {
+      errors[w.rank()] = e.what();
+    }
+  });
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+  for (const std::string& e : errors) {
+    EXPECT_NE(e.find("the model differs between ranks after search: rank(s) 1 hold other values than rank 0: "
+                     "rank 1 first differs at 0, scheme: rank 0 has 'weights qint8"),
+              std::string::npos)
+        << e;
+    EXPECT_NE(e.find("rank 1 has 'weights qint4"), std::string::npos) << e;
+  }
+  // Calibrated on different data without merging the observers: only their state differs.
+  errors.assign(2, "");
+  run_ranks(2, [&](World& w) {
+    torch::nn::Sequential m = build(static_scheme("minmax"));
+    Calibration c(*m);
+    m->forward(at::full({2, 16}, w.rank() == 1 ? 3.0 : 1.0));
+    try {
+      check_replicas(*m, w, "after calibration");
+    } catch (const Error& e) {
+      errors[w.rank()] = e.what();
+    }
+    broadcast_observers(*m, w);  // rank 0's observers everywhere (as QAT's epochs end)
+    check_replicas(*m, w, "after broadcast_observers");
+  });
+  for (const std::string& e : errors)
+    EXPECT_NE(e.find("rank 1 first differs at 0, activation quantizer observer state: rank 0 has 'hash "),
+              std::string::npos)
+        << e;
+  // Alike, quantized and calibrated or frozen: no error; the fields name every quantizer.
+  run_ranks(2, [&](World& w) {
+    torch::nn::Sequential m = build(static_scheme("minmax"));
+    Calibration c(*m);
+    m->forward(at::ones({2, 16}));
+    c.finish();
+    check_replicas(*m, w, "after calibration");
+    freeze(*m);
+    check_replicas(*m, w, "after freeze");
+  });
+  torch::nn::Sequential frozen = build(static_scheme("minmax"));
+  Calibration c(*frozen);
+  frozen->forward(at::ones({2, 16}));
+  c.finish();
+  freeze(*frozen);
+  std::set<std::string> what;
+  for (const ReplicaField& f : replica_fields(*frozen)) what.insert(f.what);
+  for (const char* field : {"scheme", "kernel", "weight quantizer settings", "activation quantizer settings",
+                            "activation quantizer observer state", "frozen weight", "frozen bias"})
+    EXPECT_EQ(what.count(field), 1u) << field;
+  EXPECT_GT(what.count("parameter") + what.count("buffer"), 0u);
+}
+
 TEST(Dist, AMissingRankFailsWithinTheTimeout) {
   const auto start = std::chrono::steady_clock::now();
   try {
