@@ -290,6 +290,35 @@ TEST(Dist, AFailedRankIsNamedWithItsError) {
   }
 }
 
+// Issue 39 item 14: a failing rank 0 took the store (which it serves outside torchrun) with it,
+// so the others said only "rank 0 is gone". It now leaves the group at once and keeps the store
+// until the others have read its error: they name it within seconds, well under the timeout.
+TEST(Dist, Issue39Item14AFailedRankZeroIsNamedWithItsError) {
+  const auto start = std::chrono::steady_clock::now();
+  std::string msg;
+  try {
+    run_ranks(
+        2,
+        [](World& w) {
+          w.barrier();
+          if (w.rank() == 0) {
+            w.report_failure("stage 'search' failed: latency cache /x.json is not valid JSON");
+            return;
+          }
+          at::Tensor t = at::ones({8});
+          for (int i = 0; i < 50; ++i) w.all_reduce(t, Reduce::kSum);
+        },
+        std::chrono::seconds(60));
+  } catch (const Error& e) {
+    msg = e.what();
+  }
+  EXPECT_NE(msg.find("rank 1/2: all_reduce failed (rank 0 stopped: stage 'search' failed: latency cache /x.json is "
+                     "not valid JSON)"),
+            std::string::npos)
+      << msg;
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(15));
+}
+
 TEST(Dist, DataParallelFitEqualsOneProcessOnTheGlobalBatch) {
   torch::manual_seed(8);
   const train::TensorBatches data(at::randn({48, 16}), at::randint(0, 4, {48}, at::kLong));

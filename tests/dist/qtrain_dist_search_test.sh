@@ -48,4 +48,21 @@ for i in 0 1; do wait "${pids[$i]}" || { echo "rank $i failed:"; cat "$work/rank
 [ "$(two_bit two)" = 0 ] || { echo "the 2-rank choice is not rank 0's table's:"; searched two; exit 1; }
 grep -q "search chose .* (.*; 0 timed," "$work/rank0.log" || { echo "rank 0 timed kernels its table holds:"; cat "$work/rank0.log"; exit 1; }
 [ "$(sha256sum "${caches[1]}")" = "$sum1" ] || { echo "rank 1 rewrote its latency cache"; exit 1; }
-echo "search over 2 ranks: rank 0's widths on both ranks"
+# A bad file on rank 0 only (its latency cache, which no other rank reads): rank 0 fails in the
+# search, and rank 1, waiting for rank 0's table, fails within seconds naming rank 0 and its error.
+echo '{not json' > "$work/bad.json"
+port=$(/usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])' 2>/dev/null ||
+       echo $((20000 + RANDOM % 20000)))
+caches=("$work/bad.json" "$work/qint2_cheap.json")
+start=$(date +%s)
+pids=()
+for r in 0 1; do
+  WORLD_SIZE=2 RANK=$r MASTER_ADDR=127.0.0.1 MASTER_PORT=$port QFORGE_DIST_TIMEOUT_S=120 QFORGE_LATENCY_CACHE=${caches[$r]} \
+    "$QTRAIN" --recipe $recipe --out "$work/bad" "${small[@]}" > "$work/bad.rank$r.log" 2>&1 &
+  pids+=($!)
+done
+for i in 0 1; do if wait "${pids[$i]}"; then echo "rank $i succeeded with a bad latency cache on rank 0"; exit 1; fi; done
+grep -q "rank 0 stopped: stage 'search' failed: latency cache $work/bad.json is not valid JSON" "$work/bad.rank1.log" ||
+  { echo "rank 1 did not name rank 0's error:"; cat "$work/bad.rank1.log"; exit 1; }
+[ $(( $(date +%s) - start )) -lt 60 ] || { echo "rank 1 took too long to stop"; exit 1; }
+echo "search over 2 ranks: rank 0's widths on both ranks; rank 0's failure named on rank 1"
