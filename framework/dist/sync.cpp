@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <exception>
 #include <map>
@@ -230,6 +231,19 @@ void broadcast_buffers(torch::nn::Module& model, const World& world, int root) {
   }
 }
 
+void broadcast_observers(torch::nn::Module& model, const World& world, int root) {
+  if (world.single()) return;
+  for_each_quantizable(model, [&](const std::string& path, QuantizableLayer& layer) {
+    for (Quantizer q : layer.quantizers()) {
+      Observer* obs = q->observer();
+      if (obs == nullptr) continue;
+      const auto bytes = world.broadcast_bytes(world.rank() == root ? to_bytes(obs->state()) : std::vector<uint8_t>{},
+                                               root);
+      if (world.rank() != root) obs->load_state(from_bytes(bytes, path + " " + obs->kind() + " observer"));
+    }
+  });
+}
+
 namespace {
 // Where two values differ: the whole values when short and on one line, else the first line
 // that differs in each (with its number).
@@ -261,38 +275,148 @@ void check_agreement(const World& world, const std::string& what, const std::str
              " (every rank must run the same program, recipe, overrides and files)");
 }
 
+namespace {
+
+constexpr char kFieldSep = '\x1f', kRecordSep = '\x1e';
+
+void hash_tensor(uint64_t& h, const at::Tensor& t) {
+  if (!t.defined()) return fnv1a(h, "undefined", 9);
+  const at::Tensor c = t.detach().to(at::kCPU).contiguous();
+  const auto dtype = static_cast<int>(c.scalar_type());
+  fnv1a(h, &dtype, sizeof dtype);
+  for (const int64_t s : c.sizes()) fnv1a(h, &s, sizeof s);
+  fnv1a(h, c.data_ptr(), c.nbytes());
+}
+
+std::string hex_of(uint64_t h) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "hash %016llx", static_cast<unsigned long long>(h));
+  return buf;
+}
+
+std::string hash_of(const std::vector<at::Tensor>& ts) {
+  uint64_t h = 1469598103934665603ULL;
+  for (const at::Tensor& t : ts) hash_tensor(h, t);
+  return hex_of(h);
+}
+
+std::string settings_of(const QuantizerImpl& q) {
+  const QuantizerConfig& c = q.config();
+  std::string s = c.spec.to_string() + (c.spec.reduce_range ? " reduce_range" : "") +
+                  (c.spec.narrow_range ? " narrow_range" : "") + "; mode " + to_string(q.mode());
+  if (q.observer() != nullptr) s += "; observer " + q.observer()->kind();
+  s += detail::str_cat("; lsq ", c.lsq, ", calibrated ", q.calibrated(), ", observing ", q.observing(),
+                       ", fake_quant ", q.fake_quant(), ", observer_frozen ", q.observer_frozen());
+  return s;
+}
+
+void add_layer_fields(const std::string& path, const QuantizableLayer& layer, std::vector<ReplicaField>& out) {
+  const LayerReport rep = layer.report();
+  out.push_back({path, "scheme", "weights " + rep.weights + "; activations " + rep.activations});
+  out.push_back({path, "kernel", rep.kernel + (layer.frozen() ? " (frozen)" : "")});
+  for (const Quantizer& q : layer.quantizers()) {
+    const std::string who = q->role() == QuantizerImpl::Role::kWeight ? "weight quantizer" : "activation quantizer";
+    out.push_back({path, who + " settings", settings_of(*q)});
+    std::vector<at::Tensor> qparams;
+    for (const auto& t : q->named_parameters(/*recurse=*/false)) qparams.push_back(t.value());
+    for (const auto& t : q->named_buffers(/*recurse=*/false)) qparams.push_back(t.value());
+    qparams.push_back(q->codebook());
+    out.push_back({path, who + " qparams", hash_of(qparams)});
+    if (const Observer* obs = q->observer()) {
+      std::vector<at::Tensor> state;
+      for (const auto& [name, t] : obs->state()) state.push_back(t);
+      out.push_back({path, who + " observer state", hash_of(state)});
+    }
+  }
+  if (!layer.frozen()) return;
+  const QuantizedTensor w = layer.frozen_weight();
+  if (w.defined())
+    out.push_back({path, "frozen weight", w.spec.to_string() + "; " + hash_of({w.data, w.scale, w.zero_point, w.codebook,
+                                                                                 w.tensor_scale})});
+  out.push_back({path, "frozen bias", hash_of({layer.frozen_bias()})});
+}
+
+std::string serialize(const std::vector<ReplicaField>& fields) {
+  std::string out;
+  for (const ReplicaField& f : fields) out += f.where + kFieldSep + f.what + kFieldSep + f.value + kRecordSep;
+  return out;
+}
+
+std::vector<ReplicaField> deserialize(const std::vector<uint8_t>& bytes) {
+  std::vector<ReplicaField> out;
+  std::string rec;
+  for (const uint8_t b : bytes) {
+    if (b != static_cast<uint8_t>(kRecordSep)) {
+      rec += static_cast<char>(b);
+      continue;
+    }
+    const size_t a = rec.find(kFieldSep), z = rec.find(kFieldSep, a + 1);
+    QF_REQUIRE(a != std::string::npos && z != std::string::npos, "dist: a rank sent a malformed replica field");
+    out.push_back({rec.substr(0, a), rec.substr(a + 1, z - a - 1), rec.substr(z + 1)});
+    rec.clear();
+  }
+  return out;
+}
+
+// "rank 1 first differs at fc1, weight quantizer settings: rank 0 has '…', rank 1 has '…'".
+std::string first_field_difference(const std::vector<ReplicaField>& r0, const std::vector<ReplicaField>& rr, int rank) {
+  for (size_t i = 0; i < std::max(r0.size(), rr.size()); ++i) {
+    const ReplicaField none{"(nothing)", "(nothing)", "(nothing)"};
+    const ReplicaField& a = i < r0.size() ? r0[i] : none;
+    const ReplicaField& b = i < rr.size() ? rr[i] : none;
+    if (a.where == b.where && a.what == b.what && a.value == b.value) continue;
+    if (a.where == b.where && a.what == b.what)
+      return detail::str_cat("rank ", rank, " first differs at ", a.where, ", ", a.what, ": rank 0 has '", a.value,
+                             "', rank ", rank, " has '", b.value, "'");
+    return detail::str_cat("rank ", rank, " first differs at ", a.where, ", ", a.what, " on rank 0 against ", b.where,
+                           ", ", b.what, " on rank ", rank);
+  }
+  return detail::str_cat("rank ", rank, " has the same fields under another hash");
+}
+
+}  // namespace
+
+std::vector<ReplicaField> replica_fields(const torch::nn::Module& model) {
+  std::vector<ReplicaField> out;
+  for_each_quantizable(model, [&](const std::string& path, const QuantizableLayer& layer) {
+    add_layer_fields(path, layer, out);
+  });
+  for (const auto& p : model.named_parameters(/*recurse=*/true)) out.push_back({p.key(), "parameter", hash_of({p.value()})});
+  for (const auto& b : model.named_buffers(/*recurse=*/true)) out.push_back({b.key(), "buffer", hash_of({b.value()})});
+  return out;
+}
+
 uint64_t replica_hash(const torch::nn::Module& model) {
   uint64_t h = 1469598103934665603ULL;
-  auto add = [&](const std::string& name, const at::Tensor& t) {
-    fnv1a(h, name.data(), name.size());
-    if (!t.defined()) return;
-    const at::Tensor c = t.detach().to(at::kCPU).contiguous();
-    const auto dtype = static_cast<int>(c.scalar_type());
-    fnv1a(h, &dtype, sizeof dtype);
-    for (const int64_t s : c.sizes()) fnv1a(h, &s, sizeof s);
-    fnv1a(h, c.data_ptr(), c.nbytes());
-  };
-  for (const auto& p : model.named_parameters(/*recurse=*/true)) add(p.key(), p.value());
-  for (const auto& b : model.named_buffers(/*recurse=*/true)) add(b.key(), b.value());
+  const std::string all = serialize(replica_fields(model));
+  fnv1a(h, all.data(), all.size());
   return h;
 }
 
 void check_replicas(const torch::nn::Module& model, const World& world, const std::string& when) {
   if (world.single()) return;
-  const uint64_t mine = replica_hash(model);
+  const std::vector<ReplicaField> fields = replica_fields(model);
+  uint64_t mine = 1469598103934665603ULL;
+  const std::string text = serialize(fields);
+  fnv1a(mine, text.data(), text.size());
   std::vector<uint8_t> bytes(sizeof mine);
   std::memcpy(bytes.data(), &mine, sizeof mine);
   const auto all = world.all_gather_bytes(bytes);
-  std::string differ;
-  uint64_t h0 = 0;
-  std::memcpy(&h0, all[0].data(), sizeof h0);
-  for (size_t r = 1; r < all.size(); ++r) {
-    uint64_t hr = 0;
-    std::memcpy(&hr, all[r].data(), sizeof hr);
-    if (hr != h0) differ += (differ.empty() ? "" : ", ") + std::to_string(r);
+  std::vector<int> differ;
+  for (size_t r = 1; r < all.size(); ++r)
+    if (all[r] != all[0]) differ.push_back(static_cast<int>(r));
+  if (differ.empty()) return;
+  // Every rank saw the same hashes, so every rank gathers the fields too: none is left waiting.
+  const auto texts = world.all_gather_bytes(std::vector<uint8_t>(text.begin(), text.end()));
+  const std::vector<ReplicaField> r0 = deserialize(texts[0]);
+  std::string ranks, where;
+  for (const int r : differ) {
+    ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+    where += (where.empty() ? "" : "; ") + first_field_difference(r0, deserialize(texts[r]), r);
   }
-  QF_REQUIRE(differ.empty(), "dist: ", world.prefix(), ": the model's parameters differ between ranks ", when,
-             ": rank(s) ", differ, " hold other values than rank 0 (different seeds, recipes or data order?)");
+  throw Error(detail::str_cat("dist: ", world.prefix(), ": the model differs between ranks ", when, ": rank(s) ", ranks,
+                              " hold other values than rank 0: ", where,
+                              " (different seeds, recipes, data order or per-rank decisions?)"));
 }
 
 }  // namespace qforge::dist

@@ -70,9 +70,30 @@ class GradientAverager {
 // in training mode), at least before check_replicas and before saving.
 void broadcast_buffers(torch::nn::Module& model, const World& world, int root = 0);
 
-// Every rank must hold the same parameters and buffers (at start, after each epoch): compares a
-// 64-bit hash of their names and bytes across ranks; throws qforge::Error naming the ranks that
-// differ from rank 0 and `when`.
+// Every observer's state from `root` to every rank (as broadcast_buffers for buffers): after steps
+// in which each rank's observers saw only its own shard (QAT with observers not frozen).
+void broadcast_observers(torch::nn::Module& model, const World& world, int root = 0);
+
+// One named piece of a replica's state, in the order check_replicas looks for a difference.
+struct ReplicaField {
+  std::string where;  // a qforge layer's path, or a parameter's / buffer's name
+  std::string what;   // "weight quantizer settings", "frozen weight", "parameter", ...
+  std::string value;  // readable for settings, "hash <16 hex digits>" for tensors
+};
+
+// Every qforge layer's quantization state, then every parameter and buffer (name, dtype, shape,
+// bytes): per layer the scheme and chosen widths (describe()'s weights and activations), the
+// kernel and whether frozen; per quantizer its settings (qtype, granularity, axis, group size,
+// symmetry, range, activation mode, observer kind, LSQ, calibrated / observing / fake-quant /
+// observer-frozen flags), its qparams (scale, zero point, codebook) and its observer's state;
+// a frozen layer's packed weight (codes, scale, zero point, codebook, tensor scale) and bias.
+std::vector<ReplicaField> replica_fields(const torch::nn::Module& model);
+
+// Every rank must hold the same model (at start, after each epoch, after calibration and freeze):
+// compares a 64-bit hash of replica_fields across ranks; when any differs, every rank gathers
+// the fields (the same two collectives on every rank, so none waits for a collective the others
+// skip) and throws qforge::Error naming `when`, the ranks that differ from rank 0 and, for each,
+// the first layer and field that differs with both values.
 void check_replicas(const torch::nn::Module& model, const World& world, const std::string& when);
 
 // Every rank must run with the same `value` of `what` (the recipe's sha256, the stages, the float
@@ -80,8 +101,7 @@ void check_replicas(const torch::nn::Module& model, const World& world, const st
 // value differs from rank 0's, with both values, on every rank alike.
 void check_agreement(const World& world, const std::string& what, const std::string& value);
 
-// The 64-bit FNV-1a hash check_replicas compares (names, dtypes, shapes and bytes of every
-// parameter and buffer, in registration order).
+// The 64-bit FNV-1a hash check_replicas compares: of replica_fields, in order.
 uint64_t replica_hash(const torch::nn::Module& model);
 
 }  // namespace qforge::dist

@@ -23,6 +23,9 @@ namespace qforge::dist {
 struct World::Impl {
   c10::intrusive_ptr<c10d::Store> store;
   c10::intrusive_ptr<c10d::ProcessGroupGloo> pg;
+  bool serves_store = false;
+  std::chrono::milliseconds timeout{0};
+  std::vector<int> silent;  // ranks the last diagnose() found dead or hung: nobody to wait for
 };
 
 World::World() = default;
@@ -156,6 +159,8 @@ World World::connect(int rank, int size, const std::string& addr, int port, cons
                                    : c10d::ProcessGroupGloo::createDefaultDevice());
     po->threads = 1;
     w.impl_->pg = c10::make_intrusive<c10d::ProcessGroupGloo>(w.impl_->store, rank, size, po);
+    w.impl_->serves_store = so.isServer;
+    w.impl_->timeout = options.timeout;
   });
   return w;
 }
@@ -173,6 +178,7 @@ std::string World::diagnose() const noexcept {
     for (;;) {
       stopped.clear();
       silent.clear();
+      impl_->silent.clear();
       for (int r = 0; r < size_; ++r) {
         if (r == rank_) continue;
         const std::string err = detail::str_cat("error/", r);
@@ -182,6 +188,7 @@ std::string World::diagnose() const noexcept {
                                      std::string(why.begin(), why.end()));
         } else if (!impl_->store->check({detail::str_cat("down/", r)})) {
           silent += detail::str_cat(silent.empty() ? "" : ", ", r);
+          impl_->silent.push_back(r);
         }
       }
       if (silent.empty() || std::chrono::steady_clock::now() > deadline) break;
@@ -202,13 +209,33 @@ void World::report_failure(const std::string& why) const noexcept {
     std::string first = why.substr(0, why.find('\n'));
     if (first.size() > 400) first = first.substr(0, 400) + "...";
     impl_->store->set(detail::str_cat("error/", rank_), std::vector<uint8_t>(first.begin(), first.end()));
+    // Closing the connections makes every other rank's next (or current) collective fail now, not
+    // after the timeout; their diagnose() then reads the error above.
+    impl_->pg.reset();
+    if (impl_->serves_store) wait_until_others_read();
   } catch (const std::exception&) {
     // the store is gone as well: nothing to tell
   }
 }
 
+// This rank's store dies with it: it stays until every other rank has said it is down (having
+// read the errors), or the group's timeout passes (a rank that never reaches a collective).
+void World::wait_until_others_read() const {
+  const auto deadline = std::chrono::steady_clock::now() + impl_->timeout;
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_ || std::count(impl_->silent.begin(), impl_->silent.end(), r) > 0) continue;
+    const std::vector<std::string> keys{detail::str_cat("down/", r)};
+    while (!impl_->store->check(keys) && !impl_->store->check({detail::str_cat("error/", r)})) {
+      if (std::chrono::steady_clock::now() > deadline) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  }
+  std::this_thread::sleep_for(std::chrono::seconds(1));  // a rank says down/ just before it reads
+}
+
 template <class Fn>
 void World::run_collective(const char* what, Fn&& fn) const {
+  QF_REQUIRE(impl_->pg, "dist: ", prefix(), ": ", what, " after this rank left the group (report_failure)");
   try {
     fn();
   } catch (const std::exception& e) {
@@ -287,6 +314,20 @@ void World::broadcast(at::Tensor& t, int root) const {
     o.rootRank = root;
     impl_->pg->broadcast(ts, o)->wait();
   });
+}
+
+std::vector<uint8_t> World::broadcast_bytes(const std::vector<uint8_t>& mine, int root) const {
+  QF_REQUIRE(root >= 0 && root < size_, "dist: broadcast root ", root, " is not in [0, ", size_, ")");
+  if (single()) return mine;
+  // The size first, then the bytes (at least one, so every rank issues the same two collectives).
+  at::Tensor n = at::full({1}, static_cast<int64_t>(mine.size()), at::kLong);
+  broadcast(n, root);
+  const int64_t bytes = n.item<int64_t>();
+  at::Tensor buf = at::zeros({std::max<int64_t>(bytes, 1)}, at::kByte);
+  if (rank_ == root && !mine.empty()) std::memcpy(buf.data_ptr<uint8_t>(), mine.data(), mine.size());
+  broadcast(buf, root);
+  const auto* p = buf.data_ptr<uint8_t>();
+  return std::vector<uint8_t>(p, p + bytes);
 }
 
 void World::barrier() const {

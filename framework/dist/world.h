@@ -58,17 +58,24 @@ class World {
   std::vector<std::vector<uint8_t>> all_gather_bytes(const std::vector<uint8_t>& mine) const;
   // t from `root` on every rank (same shape and dtype everywhere).
   void broadcast(at::Tensor& t, int root) const;
+  // `root`'s bytes on every rank (any size; what the others pass is replaced): how a decision
+  // taken once, on one rank, reaches all of them.
+  std::vector<uint8_t> broadcast_bytes(const std::vector<uint8_t>& mine, int root) const;
   void barrier() const;
 
   // Best effort, never throws: leaves `why` where the other ranks look when their collective
   // fails (qtrain calls it before a rank exits on an error), so their error names this rank and
-  // its cause instead of only "a peer left".
+  // its cause instead of only "a peer left". Then leaves the group (no collective works after
+  // it), so the others fail at their next collective instead of waiting for the timeout; the rank
+  // serving the store (rank 0 outside torchrun) keeps it until every other rank has read the
+  // error or stopped, at most the timeout.
   void report_failure(const std::string& why) const noexcept;
 
  private:
   // After a failed collective: which ranks stopped (with the cause they reported) and which did
   // not answer (died or hung). Never throws.
   std::string diagnose() const noexcept;
+  void wait_until_others_read() const;
   template <class Fn>
   void run_collective(const char* what, Fn&& fn) const;
 

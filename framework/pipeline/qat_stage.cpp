@@ -28,6 +28,8 @@ class QatStage : public Stage {
     if (ctx.interrupted()) return;
     ctx.settle_replicas(*t.model, "after QAT");
     ctx.record("qat", ctx.evaluate("qat eval"));
+    // QAT's observers are still live in that evaluation, each rank's on its own shard of the test split.
+    ctx.settle_replicas(*t.model, "after the QAT evaluation");
   }
 };
 

@@ -179,6 +179,8 @@ bool RunContext::run_stage(const Stage& stage) {
   std::fprintf(stderr, "qtrain: stage %s\n", name.c_str());
   try {
     stage.run(*this);
+    // Every rank leaves every stage with the same model, quantization state included.
+    if (!world.single() && task.model) dist::check_replicas(*task.model, world, "after stage '" + name + "'");
   } catch (const StageError&) {
     throw;
   } catch (const std::exception& e) {
@@ -217,6 +219,7 @@ train::Metrics RunContext::evaluate(const std::string& label) {
 }
 
 void RunContext::record_latency(const std::string& stage) {
+  if (world.rank() != 0) return;  // a figure of rank 0's report: the other ranks time nothing
   at::NoGradGuard no_grad;
   task.model->eval();
   const train::Batch one = task.test->get(at::zeros({1}, at::kLong));
@@ -294,6 +297,7 @@ void RunContext::data_parallel(train::TrainOptions& o, torch::nn::Module& model)
 void RunContext::settle_replicas(torch::nn::Module& m, const std::string& when) {
   if (world.single()) return;
   dist::broadcast_buffers(m, world);
+  dist::broadcast_observers(m, world);  // QAT's observers saw only this rank's shard
   dist::check_replicas(m, world, when);
 }
 

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <optional>
 
+#include "framework/dist/sync.h"
 #include "framework/format/atomic_file.h"
 #include "framework/io/calibration_io.h"
 #include "framework/pipeline/recipe_checks.h"
@@ -128,11 +129,27 @@ class SearchStage : public Stage {
     const Recipe& r = ctx.recipe;
     ctx.before_quantize();  // the search prices the layers freeze will see (BatchNorm folded)
     ctx.task.model->eval();
-    const search::SearchOptions so = search_options(r);
+    search::SearchOptions so = search_options(r);
     check_search_recipe(*ctx.task.model, r, so);
+    if (!ctx.world.single()) {
+      // One decision for all ranks: rank 0 times the kernels, and its measured table is the one
+      // every rank's knapsack solves; the others time nothing and leave the latency cache alone.
+      so.from_rank0 = [w = &ctx.world](const std::string& text) {
+        const std::vector<uint8_t> b = w->broadcast_bytes(std::vector<uint8_t>(text.begin(), text.end()), 0);
+        return std::string(b.begin(), b.end());
+      };
+      if (ctx.world.rank() != 0) {
+        so.latency.time_kernels = false;
+        so.latency.cache_path.clear();
+      }
+    }
     search::SearchResult sr = measure(ctx, so);
     ctx.search_record = sr.sensitivities;
     ctx.scheme = search::apply(r.scheme, sr);
+    ctx.recipe_text = resolved_with_rules(r, sr.rules);
+    // Equal by construction (one table, one deterministic solve); checked, as a drifted rank
+    // would otherwise calibrate another model and wait in a collective the others never issue.
+    dist::check_agreement(ctx.world, "the search's choice (recipe.searched.yaml)", ctx.recipe_text);
     std::fprintf(stderr,
                  "qtrain: search chose %s for %zu layers: predicted %lld bytes (float %lld), %.3f ms of "
                  "layer kernels (float %.3f; %lld timed, %lld from the cache) in %.1fs\n",
@@ -149,7 +166,6 @@ class SearchStage : public Stage {
     ctx.report["search"]["sensitivities"] = sr.reused ? "reused from " + r.search.sensitivities_from : "measured";
     if (r.search.evaluate_front > 0) ctx.report["search"]["pareto_metric"] = metric + " of PTQ fake-quant on the test split";
     const fs::path searched = fs::path(ctx.options.out_dir) / "recipe.searched.yaml";
-    ctx.recipe_text = resolved_with_rules(r, sr.rules);
     ctx.report["exported"]["searched_recipe"] = ctx.save(searched.string(), [&](const std::string& p) {
       io::write_text_atomically(p, "# " + r.path + " with the search's choice as explicit rules (no search section)\n" +
                                        ctx.recipe_text);

@@ -41,7 +41,8 @@ Priced Pricer::price(const QuantizableLayer& layer, const std::string& path, con
   Priced p;
   p.bytes = copy->storage_bytes();
   p.kernel = copy->report().kernel;
-  if (!input.defined()) return p;  // the model's forward never reached the layer
+  // Not reached by the model's forward, or timed by another process (rank 0).
+  if (!input.defined() || !options_.time_kernels) return p;
   const QuantizableLayer::InputRecord rec{input.sizes().vec(), input.scalar_type()};
   const std::string key = latency_key(*copy, weight_shape, rec, candidate);
   if (const auto hit = cache_.find(key)) {

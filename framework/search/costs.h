@@ -38,9 +38,10 @@ struct Priced {
 // Prices copies of layers through one latency cache, counting the kernels it times.
 class Pricer {
  public:
-  Pricer(const LatencyOptions& options, int64_t* measured) : cache_(options.cache_path), options_(options), measured_(measured) {}
+  Pricer(const LatencyOptions& options, int64_t* measured)
+      : cache_(options.time_kernels ? options.cache_path : std::string()), options_(options), measured_(measured) {}
   // `ls` nullopt: the float layer. Static activation quantizers of the copy get scale 1 (bytes
-  // and kernels do not depend on it).
+  // and kernels do not depend on it). Latency 0 unless options.time_kernels.
   Priced price(const QuantizableLayer& layer, const std::string& path, const std::optional<LayerScheme>& ls,
                const std::string& candidate, const at::Tensor& input);
   LatencyCache& cache() { return cache_; }

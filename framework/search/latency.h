@@ -26,6 +26,9 @@ struct LatencyOptions {
   std::string cache_path;  // JSON cache of measured latencies; empty: no file
   int repeats = 7;         // timed calls; the median is kept
   bool cold = true;        // evict the last-level cache before every timed call
+  // false: this process times nothing and opens no cache; its latencies come from the process
+  // that does (SearchOptions::from_rank0: rank 0 times, every rank uses rank 0's figures).
+  bool time_kernels = true;
 };
 
 // The default cache file: $QFORGE_LATENCY_CACHE, else $XDG_CACHE_HOME/qforge/latency.json, else

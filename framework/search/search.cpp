@@ -7,8 +7,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "framework/api/progress.h"
@@ -80,6 +82,8 @@ void check_options(const SearchOptions& o, int64_t batches, bool measuring = tru
                         "'); hessian and loss price the weights");
   method.check(o, measuring);
   if (batches <= 0) throw SearchError("search: sensitivities need at least one calibration batch");
+  if (!o.latency.time_kernels && !o.from_rank0)
+    throw SearchError("search: latency.time_kernels = false needs from_rank0 (the latencies of the rank that times)");
 }
 
 // Phase 2: the sensitivities, from an earlier search when its key matches, else measured.
@@ -132,6 +136,78 @@ void price_layers(const SensitivityContext& ctx, const Sensitivities& sens, cons
     res.layers.push_back(std::move(lc));
     if (priced) priced();
   }
+}
+
+// Doubles travel as their bit patterns: exact, NaN and infinity included.
+uint64_t bits_of(double v) {
+  uint64_t b = 0;
+  std::memcpy(&b, &v, sizeof b);
+  return b;
+}
+double double_of(const nlohmann::json& j) {
+  const uint64_t b = j.get<uint64_t>();
+  double v = 0;
+  std::memcpy(&v, &b, sizeof v);
+  return v;
+}
+
+nlohmann::json table_of(const FixedCosts& fixed, const SearchResult& res) {
+  nlohmann::json layers = nlohmann::json::array();
+  for (const LayerChoice& lc : res.layers) {
+    nlohmann::json cands = nlohmann::json::array();
+    for (const CandidateCost& cc : lc.candidates)
+      cands.push_back({cc.candidate, cc.bytes, bits_of(cc.bits), bits_of(cc.sensitivity), bits_of(cc.latency_ms),
+                       cc.kernel});
+    layers.push_back({lc.path, bits_of(lc.hessian_trace), cands});
+  }
+  return {{"cpu", res.cpu},
+          {"timed", res.latency_measured},
+          {"cached", res.latency_cached},
+          {"float_latency_ms", bits_of(res.float_latency_ms)},
+          {"fixed", {fixed.quantizer_bytes, bits_of(fixed.latency_ms), bits_of(fixed.float_latency_ms)}},
+          {"layers", layers}};
+}
+
+// Several processes: everything measured that shapes the choice becomes rank 0's (see
+// SearchOptions::from_rank0), so every rank's knapsack solves the same problem.
+void take_rank0_table(const SearchOptions& o, FixedCosts& fixed, SearchResult& res) {
+  const nlohmann::json t = nlohmann::json::parse(o.from_rank0(table_of(fixed, res).dump()));
+  const nlohmann::json& layers = t.at("layers");
+  auto differ = [](const std::string& here, const std::string& there) {
+    return SearchError("search: this rank searched " + here + " where rank 0 searched " + there +
+                       " (every rank must run the same model, recipe and scheme)");
+  };
+  if (layers.size() != res.layers.size())
+    throw differ(std::to_string(res.layers.size()) + " layers", std::to_string(layers.size()));
+  for (size_t i = 0; i < res.layers.size(); ++i) {
+    LayerChoice& lc = res.layers[i];
+    const nlohmann::json& l = layers[i];
+    if (l.at(0).get<std::string>() != lc.path) throw differ("layer " + lc.path, l.at(0).get<std::string>());
+    const nlohmann::json& cands = l.at(2);
+    if (cands.size() != lc.candidates.size())
+      throw differ(std::to_string(lc.candidates.size()) + " candidates for " + lc.path, std::to_string(cands.size()));
+    lc.hessian_trace = double_of(l.at(1));
+    res.sensitivities.traces[lc.path] = lc.hessian_trace;
+    for (size_t c = 0; c < lc.candidates.size(); ++c) {
+      CandidateCost& cc = lc.candidates[c];
+      const nlohmann::json& x = cands[c];
+      if (x.at(0).get<std::string>() != cc.candidate)
+        throw differ("'" + cc.candidate + "' on " + lc.path, "'" + x.at(0).get<std::string>() + "'");
+      cc.bytes = x.at(1).get<int64_t>();
+      cc.bits = double_of(x.at(2));
+      cc.sensitivity = double_of(x.at(3));
+      cc.latency_ms = double_of(x.at(4));
+      cc.kernel = x.at(5).get<std::string>();
+      res.sensitivities.values[lc.path][cc.candidate] = cc.sensitivity;
+    }
+  }
+  res.cpu = t.at("cpu").get<std::string>();
+  res.latency_measured = t.at("timed").get<int64_t>();
+  res.latency_cached = t.at("cached").get<int64_t>();
+  res.float_latency_ms = double_of(t.at("float_latency_ms"));
+  fixed.quantizer_bytes = t.at("fixed").at(0).get<int64_t>();
+  fixed.latency_ms = double_of(t.at("fixed").at(1));
+  fixed.float_latency_ms = double_of(t.at("fixed").at(2));
 }
 
 // The knapsack's cost axes.
@@ -359,11 +435,12 @@ SearchResult search(torch::nn::Module& model, const Scheme& base, int64_t batche
       bar->update(1, std::to_string(res.latency_measured) + " kernels timed, " +
                          std::to_string(pricer.cache().hits()) + " from the cache");
   };
-  const FixedCosts fixed = price_fixed(col.fixed, base, inputs, pricer, priced);
+  FixedCosts fixed = price_fixed(col.fixed, base, inputs, pricer, priced);
   price_layers(ctx, sens, inputs, pricer, res, priced);
   if (bar) bar->finish(std::to_string(res.latency_measured) + " kernels timed");
   res.latency_cached = pricer.cache().hits();
   res.latency_cache_warning = pricer.cache().save();
+  if (o.from_rank0) take_rank0_table(o, fixed, res);
 
   const Rest rest = rest_of(col.layers, fixed, res);
   const Groups groups = group_layers(res.layers, o.ties);

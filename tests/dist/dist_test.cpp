@@ -22,51 +22,10 @@
 #include "framework/nn/linear.h"
 #include "framework/api/quantize.h"
 #include "framework/train/trainer.h"
+#include "tests/dist/ranks.h"
 
 namespace qforge::dist {
 namespace {
-
-// Ranks are threads here, and LibTorch's default generator is one per process: a rank seeding it
-// and building its model holds this lock, so every rank gets the same initial weights.
-std::mutex g_init_mutex;
-
-// A port the kernel just handed out on 127.0.0.1 (closed again; the store binds it next).
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = 0;
-  socklen_t len = sizeof a;
-  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0)
-    throw std::runtime_error("no free port");
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
-
-// Runs body(world) on `size` ranks (threads); rethrows the first rank's exception.
-void run_ranks(int size, const std::function<void(World&)>& body,
-               std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
-  const int port = free_port();
-  std::vector<std::exception_ptr> errors(static_cast<size_t>(size));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < size; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        WorldOptions o;
-        o.timeout = timeout;
-        World w = World::connect(r, size, "127.0.0.1", port, o);
-        body(w);
-      } catch (...) {
-        errors[r] = std::current_exception();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (auto& e : errors)
-    if (e) std::rethrow_exception(e);
-}
 
 TEST(Dist, ShardsAreDisjointEqualAndSeedDeterministic) {
   for (const int size : {1, 2, 3}) {
@@ -119,7 +78,9 @@ std::pair<at::Tensor, at::Tensor> calibrate(const std::vector<at::Tensor>& batch
   lock.unlock();
   Calibration c(lin);
   for (const auto& b : batches) lin->forward(b);
-  if (w != nullptr) EXPECT_EQ(sync_observers(*lin, *w), 1);
+  if (w != nullptr) {
+    EXPECT_EQ(sync_observers(*lin, *w), 1);
+  }
   c.finish();
   const QParams qp = lin->input_quantizer()->qparams();
   return {qp.scale.clone(), qp.zero_point.clone()};
@@ -329,6 +290,35 @@ TEST(Dist, AFailedRankIsNamedWithItsError) {
   }
 }
 
+// Issue 39 item 14: a failing rank 0 took the store (which it serves outside torchrun) with it,
+// so the others said only "rank 0 is gone". It now leaves the group at once and keeps the store
+// until the others have read its error: they name it within seconds, well under the timeout.
+TEST(Dist, Issue39Item14AFailedRankZeroIsNamedWithItsError) {
+  const auto start = std::chrono::steady_clock::now();
+  std::string msg;
+  try {
+    run_ranks(
+        2,
+        [](World& w) {
+          w.barrier();
+          if (w.rank() == 0) {
+            w.report_failure("stage 'search' failed: latency cache /x.json is not valid JSON");
+            return;
+          }
+          at::Tensor t = at::ones({8});
+          for (int i = 0; i < 50; ++i) w.all_reduce(t, Reduce::kSum);
+        },
+        std::chrono::seconds(60));
+  } catch (const Error& e) {
+    msg = e.what();
+  }
+  EXPECT_NE(msg.find("rank 1/2: all_reduce failed (rank 0 stopped: stage 'search' failed: latency cache /x.json is "
+                     "not valid JSON)"),
+            std::string::npos)
+      << msg;
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(15));
+}
+
 TEST(Dist, DataParallelFitEqualsOneProcessOnTheGlobalBatch) {
   torch::manual_seed(8);
   const train::TensorBatches data(at::randn({48, 16}), at::randint(0, 4, {48}, at::kLong));
@@ -397,6 +387,77 @@ TEST(Dist, DivergedReplicasAreNamed) {
         }
       },
       Error);
+}
+
+// Issue 39 item 14: the replica check compared parameters and buffers only, so ranks whose
+// quantizers differ (another width, another observer state) passed it. Every rank now names the
+// first differing layer and field, at once.
+TEST(Dist, Issue39Item14ReplicaCheckComparesTheQuantizationState) {
+  auto build = [](const Scheme& s) {
+    const std::lock_guard<std::mutex> lock(g_init_mutex);
+    torch::manual_seed(12);
+    torch::nn::Sequential seq(nn::Linear(16, 16), torch::nn::ReLU(), nn::Linear(16, 4));
+    quantize(seq, s);
+    return seq;
+  };
+  // Another weight width on rank 1: equal parameters and buffers, so the old hash agreed.
+  std::vector<std::string> errors(2);
+  const auto start = std::chrono::steady_clock::now();
+  run_ranks(2, [&](World& w) {
+    torch::nn::Sequential m = build(Scheme(w.rank() == 1 ? qint4 : qint8));
+    try {
+      check_replicas(*m, w, "after search");
+    } catch (const Error& e) {
+      errors[w.rank()] = e.what();
+    }
+  });
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+  for (const std::string& e : errors) {
+    EXPECT_NE(e.find("the model differs between ranks after search: rank(s) 1 hold other values than rank 0: "
+                     "rank 1 first differs at 0, scheme: rank 0 has 'weights qint8"),
+              std::string::npos)
+        << e;
+    EXPECT_NE(e.find("rank 1 has 'weights qint4"), std::string::npos) << e;
+  }
+  // Calibrated on different data without merging the observers: only their state differs.
+  errors.assign(2, "");
+  run_ranks(2, [&](World& w) {
+    torch::nn::Sequential m = build(static_scheme("minmax"));
+    Calibration c(*m);
+    m->forward(at::full({2, 16}, w.rank() == 1 ? 3.0 : 1.0));
+    try {
+      check_replicas(*m, w, "after calibration");
+    } catch (const Error& e) {
+      errors[w.rank()] = e.what();
+    }
+    broadcast_observers(*m, w);  // rank 0's observers everywhere (as QAT's epochs end)
+    check_replicas(*m, w, "after broadcast_observers");
+  });
+  for (const std::string& e : errors)
+    EXPECT_NE(e.find("rank 1 first differs at 0, activation quantizer observer state: rank 0 has 'hash "),
+              std::string::npos)
+        << e;
+  // Alike, quantized and calibrated or frozen: no error; the fields name every quantizer.
+  run_ranks(2, [&](World& w) {
+    torch::nn::Sequential m = build(static_scheme("minmax"));
+    Calibration c(*m);
+    m->forward(at::ones({2, 16}));
+    c.finish();
+    check_replicas(*m, w, "after calibration");
+    freeze(*m);
+    check_replicas(*m, w, "after freeze");
+  });
+  torch::nn::Sequential frozen = build(static_scheme("minmax"));
+  Calibration c(*frozen);
+  frozen->forward(at::ones({2, 16}));
+  c.finish();
+  freeze(*frozen);
+  std::set<std::string> what;
+  for (const ReplicaField& f : replica_fields(*frozen)) what.insert(f.what);
+  for (const char* field : {"scheme", "kernel", "weight quantizer settings", "activation quantizer settings",
+                            "activation quantizer observer state", "frozen weight", "frozen bias"})
+    EXPECT_EQ(what.count(field), 1u) << field;
+  EXPECT_GT(what.count("parameter") + what.count("buffer"), 0u);
 }
 
 TEST(Dist, AMissingRankFailsWithinTheTimeout) {

@@ -5,6 +5,7 @@
 #   - report.json records world_size 2, rank 1 leaves no files behind,
 #   - float training over 2 ranks (SyncBatchNorm) writes the checkpoint once; a second 2-rank run
 #     resumes from it on every rank and evaluates the same float accuracy,
+#   - QAT over 2 ranks passes the replica check after every stage (observers included),
 #   - ranks with different recipes are refused on every rank, naming the rank,
 #   - a rank killed during float training stops the other with an error naming it; no
 #     checkpoint (partial or not) appears,
@@ -47,7 +48,8 @@ launch() {
     local extra=()
     [ "$r" = 1 ] && [ -n "${RANK1_EXTRA:-}" ] && extra=($RANK1_EXTRA)
     WORLD_SIZE=2 RANK=$r MASTER_ADDR=127.0.0.1 MASTER_PORT=$p QFORGE_DIST_TIMEOUT_S=${TIMEOUT_S:-120} \
-      "$QTRAIN" --recipe recipes/fmnist_cnn_int8.yaml --out "$work/$name" "$@" "${extra[@]}" > "$work/$name.rank$r.log" 2>&1 &
+      "$QTRAIN" --recipe "${QTRAIN_RECIPE:-recipes/fmnist_cnn_int8.yaml}" --out "$work/$name" "$@" "${extra[@]}" \
+      > "$work/$name.rank$r.log" 2>&1 &
     pids+=($!)
   done
 }
@@ -71,6 +73,18 @@ grep -q "float weights loaded from $work/dp.h5" "$work/dpresume/report.json" ||
 [ "$(float_line "$work/dptrain.rank0.log")" = "$(float_line "$work/dpresume.rank0.log")" ] ||
   { echo "resumed float metrics differ:"; float_line "$work/dptrain.rank0.log"; float_line "$work/dpresume.rank0.log"; exit 1; }
 [ "$(sha256sum "$work/dp.h5")" = "$sum_before" ] || { echo "the resumed run rewrote the checkpoint"; exit 1; }
+
+# QAT over 2 ranks: the observers, live during QAT and its evaluation, see each rank's own shard;
+# rank 0's are every rank's after each epoch and after the evaluation, so the replica check after
+# every stage (quantization state included) passes and both ranks exit 0. From a one-process
+# float checkpoint (from the 2-rank SyncBatchNorm one above, the weights differ after the QAT
+# epoch: not solved, see docs/distributed.md).
+qat=(--set data.max_train_examples=512 --set data.max_eval_examples=128 --set train.epochs=1 --set calibrate.batches=2
+     --set qat.epochs=1 --set model.checkpoint="$work/qat_fp32.h5")
+"$QTRAIN" --recipe recipes/fmnist_cnn_w4a8_qat.yaml --out "$work/qat_one" "${qat[@]}" > "$work/qat_one.log" 2>&1 ||
+  { cat "$work/qat_one.log"; exit 1; }
+QTRAIN_RECIPE=recipes/fmnist_cnn_w4a8_qat.yaml launch qat "${qat[@]}"
+for i in 0 1; do wait "${pids[$i]}" || { echo "qat rank $i failed:"; cat "$work/qat.rank$i.log"; exit 1; }; done
 
 # Different recipes on the two ranks: refused on both, naming rank 1.
 RANK1_EXTRA="--set train.lr=0.003" launch mismatch "${dp[@]}"
