@@ -22,7 +22,7 @@ std::string ggml_form(const QuantizedTensor& q, GgmlType* type) {
   if (s.qtype.kind != QKind::kInteger || !s.qtype.is_signed || (s.qtype.bits != 8 && s.qtype.bits != 4))
     return std::string("grid ") + s.qtype.name + " is not qint8 / qint4 (Q8_0 / Q4_0)";
   if (q.shape.size() != 2 || q.shape[1] % io::kGgmlBlock != 0) return "rows are not a multiple of 32";
-  // Zero point -1 is a negative block scale (gguf load's form of ggml's Q4_0 d < 0): (q + 1) s = -(q + 1) * -s.
+  // Zero point -1 is a negative block scale (gguf load's form of a d < 0 block): (q + 1) s = -(q + 1) * -s.
   if (q.zero_point.defined() && q.zero_point.ne(0).logical_and(q.zero_point.ne(-1)).any().item<bool>())
     return "zero points are not 0 or -1 (Q8_0 / Q4_0 are symmetric)";
   if (s.granularity == Granularity::kPerChannel && s.axis != 0) return "per-channel scales are not per row";
@@ -42,14 +42,18 @@ at::Tensor per_block(const QuantizedTensor& q, const at::Tensor& s) {
   }
 }
 
-// The file's codes [N, K] and block scales [N, K / 32]: a block of zero point -1 as codes -(q + 1), d = -s.
-void ggml_codes(const QuantizedTensor& q, at::Tensor* codes, at::Tensor* scales) {
+// The file's codes [N, K] and block scales [N, K / 32]: a block of zero point -1 as codes -(q + 1), d = -s;
+// an all-zero block with ggml's own d (Q4_0: 0 / -8 = -0.0, Q8_0: 0 / 127 = +0.0), so such files re-export as they were.
+void ggml_codes(const QuantizedTensor& q, GgmlType type, at::Tensor* codes, at::Tensor* scales) {
   *codes = q.int_values();
   *scales = per_block(q, q.scale.to(at::kFloat));
-  if (!q.zero_point.defined() || q.zero_point.eq(0).all().item<bool>()) return;
-  const at::Tensor flip = per_block(q, q.zero_point.to(at::kInt)).eq(-1);
-  *codes = at::where(flip.repeat_interleave(io::kGgmlBlock, 1), codes->neg() - 1, *codes);
-  *scales = at::where(flip, scales->neg(), *scales);
+  if (q.zero_point.defined() && q.zero_point.ne(0).any().item<bool>()) {
+    const at::Tensor flip = per_block(q, q.zero_point.to(at::kInt)).eq(-1);
+    *codes = at::where(flip.repeat_interleave(io::kGgmlBlock, 1), codes->bitwise_not(), *codes);  // ~q = -(q + 1)
+    *scales = at::where(flip, scales->neg(), *scales);
+  }
+  const at::Tensor zero = codes->reshape({scales->size(0), scales->size(1), io::kGgmlBlock}).eq(0).all(-1);
+  *scales = scales->masked_fill(zero, type == GgmlType::kQ4_0 ? -0.0 : 0.0);
 }
 
 class Builder {
@@ -106,7 +110,7 @@ void Builder::layer(const std::string& name, const QuantizableLayer& l, const at
                grid + ", no GGUF form (" + why + "): dequantized to F32");
   }
   at::Tensor codes, scales;
-  ggml_codes(q, &codes, &scales);
+  ggml_codes(q, type, &codes, &scales);
   if (rows) codes = rows(codes), scales = rows(scales);
   add(io::encode_gguf_codes(name, codes, scales, type), grid + " (codes kept, scales rounded to fp16)");
 }

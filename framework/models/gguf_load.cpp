@@ -183,27 +183,20 @@ void require_elements(const io::GgufFile& f, double parameters, const std::strin
              " parameters, the file's tensors hold ", elements, " values");
 }
 
-// qforge's grids have positive scales. A block with d = 0 zeroes its codes and takes d = 1. A Q4_0
-// block with d < 0 (ggml's Q4_0 quantizer divides by -8, so most blocks of llama.cpp's files) keeps
-// 4 bits: code c becomes -c - 1 in [-8, 7] with zero point -1 and scale |d|, (-c - 1 + 1) * |d| = c * d
-// exactly. A Q8_0 block with d < 0 negates its codes (zero points stay 0 for the symmetric int8
-// kernels). Returns the grid (nullptr: a Q8_0 code -128 negated fits no 8-bit grid); `zeros` is
-// defined only when a zero point is -1.
+// qforge's grids have positive scales. A block with d = 0 zeroes its codes and takes d = 1. A block
+// with d < 0 (ggml's Q4_0 quantizer divides by -8, so most blocks of llama.cpp's Q4_0 files) keeps its
+// bits: code c becomes -c - 1 (a bijection of [-8, 7] and of [-128, 127]) with zero point -1 and scale
+// |d|, (-c - 1 + 1) * |d| = c * d exactly. `zeros` is defined only when a zero point is -1.
 const QType* positive_scales(GgmlType type, at::Tensor* codes, at::Tensor* scales, at::Tensor* zeros) {
   const at::Tensor zero = scales->eq(0), negative = scales->lt(0);
   auto per_element = [](const at::Tensor& blocks) { return blocks.repeat_interleave(io::kGgmlBlock, 1); };
   if (zero.any().item<bool>()) *codes = codes->masked_fill(per_element(zero), 0), *scales = scales->masked_fill(zero, 1.0);
-  if (!negative.any().item<bool>()) return type == GgmlType::kQ8_0 ? &qint8 : &qint4;
+  const QType* grid = type == GgmlType::kQ8_0 ? &qint8 : &qint4;
+  if (!negative.any().item<bool>()) return grid;
   *scales = scales->abs();
-  if (type == GgmlType::kQ4_0) {
-    *codes = at::where(per_element(negative), codes->neg() - 1, *codes);
-    *zeros = negative.to(at::kInt).neg();
-    return &qint4;
-  }
-  const at::Tensor wide = at::where(per_element(negative), codes->to(at::kShort).neg(), codes->to(at::kShort));
-  if (wide.max().item<int64_t>() > qint8.quant_max) return nullptr;
-  *codes = wide.to(at::kChar);
-  return &qint8;
+  *codes = at::where(per_element(negative), codes->bitwise_not(), *codes);  // ~c = -c - 1, no int8 overflow
+  *zeros = negative.to(at::kInt).neg();
+  return grid;
 }
 
 // llama.cpp multiplies Q8_0 / Q4_0 weights by activations quantized to Q8_0 blocks (its vec_dot_type):
@@ -228,15 +221,13 @@ LayerScheme gguf_scheme(const QType& grid, bool symmetric, const std::string& no
 }
 
 // A frozen qint8 / qint4 layer per group of 32 from a Q8_0 / Q4_0 matrix, the file's codes and fp16
-// scales kept (up to positive_scales); returns the report's words, or "" when it stays float.
+// scales kept (up to positive_scales); returns the report's words.
 std::string install_codes(QuantizableLayer& layer, const std::string& path, const GgufTensor& t, int64_t rope_heads) {
   at::Tensor codes, scales, zeros;
   io::decode_gguf_codes(t, &codes, &scales);
   QF_REQUIRE(at::isfinite(scales).all().item<bool>(), "gguf load: tensor '", t.name, "' has a NaN or inf block scale");
   if (rope_heads > 0) codes = gguf_rope_rows(codes, rope_heads, false), scales = gguf_rope_rows(scales, rope_heads, false);
-  const bool negated = scales.lt(0).any().item<bool>();
   const QType* grid = positive_scales(t.type, &codes, &scales, &zeros);
-  if (!grid) return "";
   const bool symmetric = !zeros.defined();
   const std::string kept = std::string("GGUF ") + io::ggml_type_name(t.type) + ": the file's codes and fp16 block scales";
   const bool q8 = decodes_as_llamacpp(layer, gguf_scheme(*grid, symmetric, "").weights->spec);
@@ -252,7 +243,7 @@ std::string install_codes(QuantizableLayer& layer, const std::string& path, cons
   if (q8) dynamic_cast<nn::LinearImpl&>(layer).set_decode_activations(DecodeActivations::kQ8Block32);
   const std::string words = std::string("frozen ") + grid->name + " per_group(32), ";
   if (!symmetric) return words + "negative block scales kept as |d| with codes -c - 1 and zero point -1";
-  return words + (negated ? "negative block scales made positive with their codes negated" : "codes and fp16 scales kept");
+  return words + "codes and fp16 scales kept";
 }
 
 // Why a tensor without kept codes is float: its report words.
@@ -306,8 +297,7 @@ void fill(torch::nn::Module& model, const io::GgufFile& f, const std::string& so
     auto* layer = dynamic_cast<QuantizableLayer*>(modules[path].get());
     QF_CHECK(layer, path, " is not a qforge layer");
     const std::string words = install_codes(*layer, path, *t, rope_heads(parameter));
-    lines->push_back(t->name + " " + io::ggml_type_name(t->type) + " -> " + parameter + " (" +
-                     (words.empty() ? "float: a code -128 under a negative scale fits no qforge grid" : words) + ")");
+    lines->push_back(t->name + " " + io::ggml_type_name(t->type) + " -> " + parameter + " (" + words + ")");
   }
 }
 

@@ -98,16 +98,23 @@ TEST(GgufLoad, FrozenW8AndW4KeepTheirCodes) {
 TEST(GgufLoad, GgmlQuantizedFloatsBecomeFrozenLayersWithTheFilesValues) {
   for (GgmlType type : {GgmlType::kQ8_0, GgmlType::kQ4_0}) {
     Gpt2LMHeadModel g = tiny_gguf_gpt2();
+    {
+      at::NoGradGuard ng;
+      g->transformer->wte->weight[7].zero_();  // a zero-padded token_embd row: all-zero blocks
+    }
     GgufExportOptions o;
     o.float_type = type;
     const io::GgufFile f = gguf_of(g, o);
+    // ggml's quantizers give such a block d = 0 / -8 = -0.0 (Q4_0) or 0 / 127 = +0.0 (Q8_0).
+    const size_t block = type == GgmlType::kQ4_0 ? 18 : 34, row7 = 7 * (64 / 32) * block;
+    EXPECT_EQ(f.tensor("token_embd.weight")->data[row7 + 1], type == GgmlType::kQ4_0 ? 0x80 : 0x00);
     const GgufModel l = round_trip(f);
     // Tied head over a quantized token_embd: lm_head gets the same codes, as llama.cpp's output does.
     ASSERT_TRUE(l.gpt2->lm_head) << io::ggml_type_name(type);
     EXPECT_TRUE(l.gpt2->lm_head->frozen());
     const auto& c_fc = *l.gpt2->transformer->h->ptr(1)->as<Gpt2BlockImpl>()->mlp->c_fc;
     EXPECT_TRUE(at::equal(c_fc.frozen_weight().dequantize(), io::decode_gguf_tensor(*f.tensor("blk.1.ffn_up.weight"))));
-    // The file again from the loaded model, bit for bit (Q4_0: its d < 0 blocks too).
+    // The file again from the loaded model, byte for byte (Q4_0: its d < 0 and d = -0.0 blocks too).
     expect_same_file(f, l.gpt2);
     if (type == GgmlType::kQ4_0) {
       // ggml's Q4_0 scales are max / -8: the blocks with d < 0 stay 4-bit with zero point -1.
@@ -186,9 +193,9 @@ TEST(GgufLoad, HandWrittenBlocksTakeEachPositiveScaleBranch) {
     scales[0][0] = 0;
     codes[0].narrow(0, 0, 32).fill_(5);
   });
-  // Q8_0, d < 0 over a code -128: no 8-bit grid holds its negation, the layer stays float.
+  // Q8_0, d < 0 over a code -128: -c - 1 = 127 under zero point -1, the layer stays qint8.
   edit(f, "blk.0.ffn_down.weight", [](at::Tensor& codes, at::Tensor& scales) {
-    scales[1][0] = -scales[1][0];
+    scales[1][0] = -scales[1][0].abs();
     codes[1][0] = -128;
   });
   const GgufModel l = round_trip(f);
@@ -200,26 +207,41 @@ TEST(GgufLoad, HandWrittenBlocksTakeEachPositiveScaleBranch) {
   EXPECT_TRUE(at::equal(mlp.c_fc->frozen_weight().dequantize(), io::decode_gguf_tensor(*f.tensor("blk.0.ffn_up.weight"))));
   EXPECT_EQ(line_of(l, "blk.0.ffn_up.weight"),
             "blk.0.ffn_up.weight Q8_0 -> transformer.h.0.mlp.c_fc.weight (frozen qint8 per_group(32), codes and fp16 scales kept)");
-  EXPECT_FALSE(mlp.c_proj->frozen());
-  EXPECT_TRUE(at::equal(mlp.c_proj->weight, io::decode_gguf_tensor(*f.tensor("blk.0.ffn_down.weight"))));
-  EXPECT_EQ(line_of(l, "blk.0.ffn_down.weight"), "blk.0.ffn_down.weight Q8_0 -> transformer.h.0.mlp.c_proj.weight "
-                                                 "(float: a code -128 under a negative scale fits no qforge grid)");
+  ASSERT_TRUE(mlp.c_proj->frozen());
+  const QuantizedTensor& down = mlp.c_proj->frozen_weight();
+  EXPECT_EQ(down.spec.qtype, qint8);
+  EXPECT_EQ(down.int_values()[1][0].item<int>(), 127);
+  EXPECT_EQ(down.zero_point[1][0].item<int>(), -1);
+  EXPECT_EQ(down.zero_point[1][1].item<int>(), 0);
+  EXPECT_TRUE(at::equal(down.dequantize(), io::decode_gguf_tensor(*f.tensor("blk.0.ffn_down.weight"))));
+  EXPECT_EQ(line_of(l, "blk.0.ffn_down.weight"), "blk.0.ffn_down.weight Q8_0 -> transformer.h.0.mlp.c_proj.weight (frozen "
+                                                 "qint8 per_group(32), negative block scales kept as |d| with codes -c - 1 and zero point -1)");
+  EXPECT_TRUE(gguf_of(l.gpt2, o).tensor("blk.0.ffn_down.weight")->data == f.tensor("blk.0.ffn_down.weight")->data);
 
-  // Q4_0 with every d < 0: codes -c - 1 under zero point -1 stay within qint4.
+  // Q4_0 with d < 0 (each block keeps its code -8, now 7), and in row 0: d = -0.0 over nonzero codes,
+  // a subnormal fp16 d < 0, d = 0 between two d < 0 blocks (zero points -1, 0, -1, 0, -1).
   o.float_type = GgmlType::kQ4_0;
   io::GgufFile f4 = gguf_of(g, o);
-  edit(f4, "blk.1.ffn_up.weight", [](at::Tensor& codes, at::Tensor& scales) {
-    codes.clamp_(-7, 7);
+  const float subnormal = -3.0f * std::ldexp(1.0f, -24);
+  edit(f4, "blk.1.ffn_down.weight", [&](at::Tensor& codes, at::Tensor& scales) {
+    ASSERT_TRUE(codes.eq(-8).any().item<bool>());
     scales = -scales.abs();
+    scales[0][1] = -0.0f, scales[0][2] = subnormal, scales[0][3] = 0.0f;
+    codes[0].narrow(0, 32, 96).fill_(3);
   });
   const GgufModel l4 = round_trip(f4);
-  const auto& c_fc = *l4.gpt2->transformer->h->ptr(1)->as<Gpt2BlockImpl>()->mlp->c_fc;
-  ASSERT_TRUE(c_fc.frozen());
-  EXPECT_EQ(c_fc.frozen_weight().spec.qtype, qint4);
-  EXPECT_TRUE(at::equal(c_fc.frozen_weight().dequantize(), io::decode_gguf_tensor(*f4.tensor("blk.1.ffn_up.weight"))));
-  EXPECT_EQ(line_of(l4, "blk.1.ffn_up.weight"), "blk.1.ffn_up.weight Q4_0 -> transformer.h.1.mlp.c_fc.weight (frozen qint4 "
+  const auto& c_proj = *l4.gpt2->transformer->h->ptr(1)->as<Gpt2BlockImpl>()->mlp->c_proj;
+  ASSERT_TRUE(c_proj.frozen());
+  const QuantizedTensor& w = c_proj.frozen_weight();
+  EXPECT_EQ(w.spec.qtype, qint4);
+  EXPECT_TRUE(at::equal(w.dequantize(), io::decode_gguf_tensor(*f4.tensor("blk.1.ffn_down.weight"))));
+  EXPECT_EQ(line_of(l4, "blk.1.ffn_down.weight"), "blk.1.ffn_down.weight Q4_0 -> transformer.h.1.mlp.c_proj.weight (frozen qint4 "
                                                 "per_group(32), negative block scales kept as |d| with codes -c - 1 and zero point -1)");
-  EXPECT_TRUE(c_fc.frozen_weight().zero_point.eq(-1).all().item<bool>());
+  EXPECT_TRUE(at::equal(w.zero_point[0].narrow(0, 0, 5), at::tensor({-1, 0, -1, 0, -1}, at::kInt)));
+  EXPECT_TRUE(w.zero_point.narrow(0, 1, w.zero_point.size(0) - 1).eq(-1).all().item<bool>());
+  EXPECT_EQ(w.scale[0][2].item<float>(), -subnormal);
+  EXPECT_TRUE(w.int_values()[0].narrow(0, 64, 32).eq(-4).all().item<bool>());  // 3 under d < 0: -3 - 1
+  EXPECT_TRUE(w.int_values().eq(7).any().item<bool>());                         // a code -8 under d < 0
 }
 
 // RoPE scaling read as llama.cpp reads it, or refused; other llama.* keys are refused by name.

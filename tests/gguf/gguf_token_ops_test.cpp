@@ -11,8 +11,10 @@
 #include <string>
 #include <vector>
 
+#include "framework/core/error.h"
 #include "framework/models/kv_cache.h"
 #include "framework/models/llama.h"
+#include "framework/nn/linear.h"
 #include "kernels/cpu/isa.h"
 #include "kernels/cpu/token_ops.h"
 #include "kernels/cpu/token_ops_exp.h"
@@ -151,6 +153,26 @@ TEST(GgufTokenOps, LlamaWithFusedOpsMatchesTheAtenForwardAndDecodesLikeItsFullFo
   std::vector<at::Tensor> steps = {m->forward(ids.narrow(1, 0, 5), &cache)};
   for (int64_t t = 5; t < 12; ++t) steps.push_back(m->forward(ids.narrow(1, t, 1), &cache));
   EXPECT_LT((at::cat(steps, 1) - fused).abs().max().item<double>(), 1e-5 * scale);
+}
+
+// A q projection narrower than heads x head_dim: the in-place RoPE kernel would write past it, so
+// the forward refuses it by name first (fused path, no autograd).
+TEST(GgufTokenOps, NarrowProjectionIsRefusedBeforeTheRopeKernelRuns) {
+  models::LlamaConfig c;
+  c.vocab_size = 64, c.hidden_size = 64, c.intermediate_size = 128, c.num_hidden_layers = 1;
+  c.num_attention_heads = 4, c.num_key_value_heads = 2;
+  models::LlamaForCausalLM m(c);
+  m->eval();
+  auto& attn = *m->model->layers->ptr(0)->as<models::LlamaDecoderLayerImpl>()->self_attn;
+  attn.q_proj = nn::Linear(attn.replace_module("q_proj", nn::Linear(torch::nn::LinearOptions(64, 48).bias(false))));
+  at::NoGradGuard ng;
+  std::string error;
+  try {
+    m->forward(at::zeros({1, 3}, at::kLong));
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  EXPECT_NE(error.find("projection [1, 3, 48] is not [B, T, 64]"), std::string::npos) << error;
 }
 
 }  // namespace
