@@ -7,7 +7,8 @@
 # puts all four layers at qint2); a size budget keeps fc1 quantized either way. Rank 0's table
 # decides for both: both ranks exit 0 (the pipeline compares the searched recipes across ranks
 # and fails every rank when they differ), no layer is 2-bit, rank 0 timed nothing its table held,
-# and rank 1 leaves its cache alone.
+# and rank 1 times nothing (a latency cache path it is given stays absent). One front point is
+# calibrated and evaluated (search.evaluate_front=1), so those collectives run over two ranks.
 set -euo pipefail
 QTRAIN=$1
 ROOT=$2
@@ -16,7 +17,7 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 export OMP_NUM_THREADS=1
 small=(--set data.max_train_examples=512 --set data.max_eval_examples=128 --set train.epochs=1
-       --set calibrate.batches=2 --set search.batches=1 --set search.probes=4 --set search.evaluate_front=0
+       --set calibrate.batches=2 --set search.batches=1 --set search.probes=4 --set search.evaluate_front=1
        --set 'search.budget={latency_ms: 250, size_ratio: 0.5}' --set model.checkpoint="$work/fp32.h5")
 recipe=recipes/fmnist_cnn_mixed.yaml
 run_one() {  # name, latency cache
@@ -47,13 +48,16 @@ launch() {
     pids+=($!)
   done
 }
-sum1=$(sha256sum "$work/qint2_cheap.json")
 launch two "$work/qint2_dear.json" "$work/qint2_cheap.json"
 for i in 0 1; do wait "${pids[$i]}" || { echo "rank $i failed:"; cat "$work/two.rank$i.log"; exit 1; }; done
 [ "$(two_bit two)" = 0 ] || { echo "the 2-rank choice is not rank 0's table's:"; searched two; exit 1; }
 grep -q "search chose .* (.*; 0 timed," "$work/two.rank0.log" ||
   { echo "rank 0 timed kernels its table holds:"; cat "$work/two.rank0.log"; exit 1; }
-[ "$(sha256sum "$work/qint2_cheap.json")" = "$sum1" ] || { echo "rank 1 rewrote its latency cache"; exit 1; }
+# Rank 1 times nothing: pointed at a latency cache that does not exist, it leaves none behind
+# (a rank that timed would save every kernel it timed there).
+launch absent "$work/qint2_dear.json" "$work/absent.json"
+for i in 0 1; do wait "${pids[$i]}" || { echo "rank $i failed:"; cat "$work/absent.rank$i.log"; exit 1; }; done
+[ ! -e "$work/absent.json" ] || { echo "rank 1 timed kernels and wrote its latency cache"; exit 1; }
 
 # A bad file on rank 0 only (its latency cache, which no other rank reads): rank 0 fails in the
 # search, and rank 1, waiting for rank 0's table, fails within seconds naming rank 0 and its error.
