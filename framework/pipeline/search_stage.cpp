@@ -134,7 +134,8 @@ class SearchStage : public Stage {
     if (!ctx.world.single()) {
       // One decision for all ranks: rank 0 times the kernels, and its measured table is the one
       // every rank's knapsack solves; the others time nothing and leave the latency cache alone.
-      so.from_rank0 = [w = &ctx.world](const std::string& text) {
+      so.from_rank0 = [w = &ctx.world](const std::function<std::string()>& table) {
+        const std::string text = w->rank() == 0 ? table() : std::string();  // the others' tables are unused
         const std::vector<uint8_t> b = w->broadcast_bytes(std::vector<uint8_t>(text.begin(), text.end()), 0);
         return std::string(b.begin(), b.end());
       };

@@ -171,7 +171,9 @@ nlohmann::json table_of(const FixedCosts& fixed, const SearchResult& res) {
 // Several processes: everything measured that shapes the choice becomes rank 0's (see
 // SearchOptions::from_rank0), so every rank's knapsack solves the same problem.
 void take_rank0_table(const SearchOptions& o, FixedCosts& fixed, SearchResult& res) {
-  const nlohmann::json t = nlohmann::json::parse(o.from_rank0(table_of(fixed, res).dump()));
+  // Invalid UTF-8 (the CPU's name comes from /proc/cpuinfo) is replaced, never a throw on rank 0 alone.
+  const nlohmann::json t = nlohmann::json::parse(o.from_rank0(
+      [&] { return table_of(fixed, res).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace); }));
   const nlohmann::json& layers = t.at("layers");
   auto differ = [](const std::string& here, const std::string& there) {
     return SearchError("search: this rank searched " + here + " where rank 0 searched " + there +

@@ -96,11 +96,12 @@ struct SearchOptions {
   // kernels timed, time left); qtrain turns them on.
   bool progress = false;
   // Several processes (data-parallel ranks): every one must choose the same widths. Set, it
-  // returns rank 0's `text` on every rank (a broadcast); after pricing, rank 0's table
-  // (sensitivities, latencies, bytes, the unsearched layers' costs) replaces this process's, so
-  // the knapsack solves one problem everywhere. Ranks other than 0 set latency.time_kernels =
-  // false: they time nothing. A rank whose layers or candidates differ from rank 0's throws.
-  std::function<std::string(const std::string&)> from_rank0;
+  // returns rank 0's text on every rank (a broadcast), calling `table` (this process's table,
+  // serialized) on rank 0 only; after pricing, rank 0's table (sensitivities, latencies, bytes,
+  // the unsearched layers' costs) replaces this process's, so the knapsack solves one problem
+  // everywhere. Ranks other than 0 set latency.time_kernels = false: they time nothing. A rank
+  // whose layers or candidates differ from rank 0's throws.
+  std::function<std::string(const std::function<std::string()>& table)> from_rank0;
 };
 
 struct CandidateCost {

@@ -42,7 +42,7 @@ SearchSetup make_setup() {
 
 search::SearchOptions search_options(const std::string& cache) {
   search::SearchOptions o;
-  o.method = search::Method::kHessian;  // sensitivities from random probes: each rank draws its own
+  o.method = search::Method::kHessian;  // sensitivities from seeded random probes (hutchinson.seed)
   o.candidates = {search::Candidate{qint8, Granularity::kPerChannel, 0, std::nullopt},
                   search::Candidate{std::nullopt, Granularity::kPerChannel, 0, std::nullopt}};
   o.hutchinson.max_probes = 8;
@@ -96,6 +96,11 @@ TEST(DistSearch, Issue39Item14EveryRankChoosesRankZerosWidths) {
   ASSERT_NE(choice_of(a), choice_of(b));
   EXPECT_EQ(a.latency_measured + b.latency_measured, 0);  // every latency from the tables
   EXPECT_EQ(choice_of(b), "fc1=float;fc2=float;");
+  // Rank 1 draws other Hessian probes (another seed): alone, its sensitivities differ from rank 0's.
+  search::SearchOptions other_probes = search_options(c.slow_float);
+  other_probes.hutchinson.seed = 1;
+  const search::SearchResult a1 = search::search(*alone.model, Scheme(qint8), 1, alone.loss, other_probes);
+  ASSERT_NE(a1.layers.at(0).candidates.at(0).sensitivity, a.layers.at(0).candidates.at(0).sensitivity);
 
   for (const bool rank1_times : {true, false}) {
     SCOPED_TRACE(rank1_times ? "rank 1 times with its own table" : "rank 1 times nothing");
@@ -103,11 +108,13 @@ TEST(DistSearch, Issue39Item14EveryRankChoosesRankZerosWidths) {
     run_ranks(2, [&](World& w) {
       SearchSetup s = make_setup();
       search::SearchOptions o = search_options(w.rank() == 0 ? c.slow_float : c.slow_int8);
+      o.hutchinson.seed = static_cast<uint64_t>(w.rank());
       if (w.rank() != 0 && !rank1_times) {
         o.latency.time_kernels = false;
         o.latency.cache_path.clear();
       }
-      o.from_rank0 = [&w](const std::string& text) {
+      o.from_rank0 = [&w](const std::function<std::string()>& table) {
+        const std::string text = table();  // every rank's, so a rank other than 0 sending one is tested too
         const std::vector<uint8_t> got = w.broadcast_bytes(std::vector<uint8_t>(text.begin(), text.end()), 0);
         return std::string(got.begin(), got.end());
       };
@@ -124,7 +131,8 @@ TEST(DistSearch, Issue39Item14EveryRankChoosesRankZerosWidths) {
       for (size_t k = 0; k < results[0].layers[i].candidates.size(); ++k) {
         const search::CandidateCost &c0 = results[0].layers[i].candidates[k], &c1 = results[1].layers[i].candidates[k];
         EXPECT_EQ(c1.latency_ms, c0.latency_ms) << c0.candidate;
-        EXPECT_EQ(c1.sensitivity, c0.sensitivity) << c0.candidate;
+        EXPECT_EQ(c1.sensitivity, c0.sensitivity) << c0.candidate;  // rank 0's probes, not rank 1's own
+        EXPECT_EQ(c0.sensitivity, a.layers[i].candidates[k].sensitivity) << c0.candidate;
       }
   }
 }

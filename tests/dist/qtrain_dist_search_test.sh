@@ -7,7 +7,8 @@
 # puts all four layers at qint2); a size budget keeps fc1 quantized either way. Rank 0's table
 # decides for both: both ranks exit 0 (the pipeline compares the searched recipes across ranks
 # and fails every rank when they differ), no layer is 2-bit, rank 0 timed nothing its table held,
-# and rank 1 leaves its cache alone.
+# and rank 1 times nothing (a latency cache path it is given stays absent). One front point is
+# calibrated and evaluated (search.evaluate_front=1), so those collectives run over two ranks.
 set -euo pipefail
 QTRAIN=$1
 ROOT=$2
@@ -16,7 +17,7 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 export OMP_NUM_THREADS=1
 small=(--set data.max_train_examples=512 --set data.max_eval_examples=128 --set train.epochs=1
-       --set calibrate.batches=2 --set search.batches=1 --set search.probes=4 --set search.evaluate_front=0
+       --set calibrate.batches=2 --set search.batches=1 --set search.probes=4 --set search.evaluate_front=1
        --set 'search.budget={latency_ms: 250, size_ratio: 0.5}' --set model.checkpoint="$work/fp32.h5")
 recipe=recipes/fmnist_cnn_mixed.yaml
 run_one() {  # name, latency cache
@@ -34,33 +35,35 @@ two_bit() { searched "$1" | grep -c 'weights: qint2' || true; }
 run_one alone_cheap "$work/qint2_cheap.json"
 [ "$(two_bit alone_cheap)" = 4 ] || { echo "one process with rank 1's table: not every layer 2-bit:"; searched alone_cheap; exit 1; }
 
-port=$(/usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])' 2>/dev/null ||
-       echo $((20000 + RANDOM % 20000)))
-caches=("$work/qint2_dear.json" "$work/qint2_cheap.json")
-sum1=$(sha256sum "${caches[1]}")
-pids=()
-for r in 0 1; do
-  WORLD_SIZE=2 RANK=$r MASTER_ADDR=127.0.0.1 MASTER_PORT=$port QFORGE_DIST_TIMEOUT_S=60 QFORGE_LATENCY_CACHE=${caches[$r]} \
-    "$QTRAIN" --recipe $recipe --out "$work/two" "${small[@]}" > "$work/rank$r.log" 2>&1 &
-  pids+=($!)
-done
-for i in 0 1; do wait "${pids[$i]}" || { echo "rank $i failed:"; cat "$work/rank$i.log"; exit 1; }; done
+# Runs qtrain as ranks 0 and 1 with latency caches $2 and $3; pids in $pids, logs $work/$1.rank{0,1}.log.
+launch() {
+  local p
+  p=$(/usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])' 2>/dev/null ||
+      echo $((20000 + RANDOM % 20000)))
+  local caches=("$2" "$3")
+  pids=()
+  for r in 0 1; do
+    WORLD_SIZE=2 RANK=$r MASTER_ADDR=127.0.0.1 MASTER_PORT=$p QFORGE_DIST_TIMEOUT_S=120 QFORGE_LATENCY_CACHE=${caches[$r]} \
+      "$QTRAIN" --recipe $recipe --out "$work/$1" "${small[@]}" > "$work/$1.rank$r.log" 2>&1 &
+    pids+=($!)
+  done
+}
+launch two "$work/qint2_dear.json" "$work/qint2_cheap.json"
+for i in 0 1; do wait "${pids[$i]}" || { echo "rank $i failed:"; cat "$work/two.rank$i.log"; exit 1; }; done
 [ "$(two_bit two)" = 0 ] || { echo "the 2-rank choice is not rank 0's table's:"; searched two; exit 1; }
-grep -q "search chose .* (.*; 0 timed," "$work/rank0.log" || { echo "rank 0 timed kernels its table holds:"; cat "$work/rank0.log"; exit 1; }
-[ "$(sha256sum "${caches[1]}")" = "$sum1" ] || { echo "rank 1 rewrote its latency cache"; exit 1; }
+grep -q "search chose .* (.*; 0 timed," "$work/two.rank0.log" ||
+  { echo "rank 0 timed kernels its table holds:"; cat "$work/two.rank0.log"; exit 1; }
+# Rank 1 times nothing: pointed at a latency cache that does not exist, it leaves none behind
+# (a rank that timed would save every kernel it timed there).
+launch absent "$work/qint2_dear.json" "$work/absent.json"
+for i in 0 1; do wait "${pids[$i]}" || { echo "rank $i failed:"; cat "$work/absent.rank$i.log"; exit 1; }; done
+[ ! -e "$work/absent.json" ] || { echo "rank 1 timed kernels and wrote its latency cache"; exit 1; }
+
 # A bad file on rank 0 only (its latency cache, which no other rank reads): rank 0 fails in the
 # search, and rank 1, waiting for rank 0's table, fails within seconds naming rank 0 and its error.
 echo '{not json' > "$work/bad.json"
-port=$(/usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])' 2>/dev/null ||
-       echo $((20000 + RANDOM % 20000)))
-caches=("$work/bad.json" "$work/qint2_cheap.json")
 start=$(date +%s)
-pids=()
-for r in 0 1; do
-  WORLD_SIZE=2 RANK=$r MASTER_ADDR=127.0.0.1 MASTER_PORT=$port QFORGE_DIST_TIMEOUT_S=120 QFORGE_LATENCY_CACHE=${caches[$r]} \
-    "$QTRAIN" --recipe $recipe --out "$work/bad" "${small[@]}" > "$work/bad.rank$r.log" 2>&1 &
-  pids+=($!)
-done
+launch bad "$work/bad.json" "$work/qint2_cheap.json"
 for i in 0 1; do if wait "${pids[$i]}"; then echo "rank $i succeeded with a bad latency cache on rank 0"; exit 1; fi; done
 grep -q "rank 0 stopped: stage 'search' failed: latency cache $work/bad.json is not valid JSON" "$work/bad.rank1.log" ||
   { echo "rank 1 did not name rank 0's error:"; cat "$work/bad.rank1.log"; exit 1; }
