@@ -276,6 +276,31 @@ class MhaNet(nn.Module):
         return self.head(a.mean(1 if self.batch_first else 0))
 
 
+class MhaKpmNet(nn.Module):
+    """MhaNet called as nn.MultiheadAttention's defaults are: need_weights=True (averaged attention
+    weights returned too) and a key padding mask as a second input (True marks a padded key)."""
+
+    def __init__(self, dim=16, heads=2, classes=5):
+        super().__init__()
+        self.attn = nn.MultiheadAttention(dim, heads, batch_first=True)
+        self.head = nn.Linear(dim, classes)
+
+    def forward(self, x, key_padding_mask):
+        a, w = self.attn(x, x, x, key_padding_mask=key_padding_mask)
+        return self.head(a.mean(1)), w
+
+
+def write_mha_kpm(out):
+    """mha_kpm_{scripted,traced}.pt: MhaKpmNet, batch first."""
+    torch.manual_seed(0)
+    net = MhaKpmNet().eval()
+    x = torch.randn(2, 6, 16)
+    kpm = torch.zeros(2, 6, dtype=torch.bool)
+    kpm[1, 4:] = True
+    torch.jit.script(net).save(os.path.join(out, "mha_kpm_scripted.pt"))
+    torch.jit.trace(net, (x, kpm), check_trace=False).save(os.path.join(out, "mha_kpm_traced.pt"))
+
+
 def write_transformer_layers(out):
     """PyTorch's own attention and encoder layer, scripted and traced: mha_{bf,sf}_*.pt (batch first
     or sequence first), encoder_layer_{bf,sf}_{pre,post}_*.pt (norm_first true / false), and
@@ -416,6 +441,7 @@ def main():
     torch.jit.script(in_out).save(os.path.join(out, "in_out_forms_scripted.pt"))
     torch.jit.trace(in_out, torch.randn(2, 5, 16)).save(os.path.join(out, "in_out_forms_traced.pt"))
     write_transformer_layers(out)
+    write_mha_kpm(out)
     write_vit(out)
     write_fmnist_cnn(out)
     print("wrote", out)
