@@ -261,6 +261,26 @@ class InOutForms(nn.Module):
         return torch.matmul(torch.relu(h), self.w_matmul)
 
 
+class BufferMatmul(nn.Module):
+    """x @ B on a registered buffer (a fixed matrix, kept float) before x @ W on a parameter."""
+
+    def __init__(self, dim=16, out=8):
+        super().__init__()
+        self.register_buffer("rot", torch.linalg.qr(torch.randn(dim, dim))[0])
+        self.w = nn.Parameter(torch.randn(dim, out) * 0.2)
+
+    def forward(self, x):
+        return torch.matmul(torch.matmul(x, self.rot), self.w)
+
+
+def write_buffer_matmul(out):
+    """buffer_matmul_{scripted,traced}.pt: BufferMatmul."""
+    torch.manual_seed(0)
+    net = BufferMatmul().eval()
+    torch.jit.script(net).save(os.path.join(out, "buffer_matmul_scripted.pt"))
+    torch.jit.trace(net, torch.randn(2, 5, 16)).save(os.path.join(out, "buffer_matmul_traced.pt"))
+
+
 class MhaNet(nn.Module):
     """PyTorch's own nn.MultiheadAttention (packed in_proj_weight, NonDynamicallyQuantizableLinear
     out_proj) as self-attention, mean pooling and a Linear head."""
@@ -442,6 +462,7 @@ def main():
     torch.jit.trace(in_out, torch.randn(2, 5, 16)).save(os.path.join(out, "in_out_forms_traced.pt"))
     write_transformer_layers(out)
     write_mha_kpm(out)
+    write_buffer_matmul(out)
     write_vit(out)
     write_fmnist_cnn(out)
     print("wrote", out)
