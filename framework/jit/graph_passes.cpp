@@ -28,7 +28,10 @@ std::optional<AttrRef> resolve(const Value* v, const Value* self, const torch::j
   AttrRef ref;
   for (size_t i = 0; i < chain.size(); ++i) {
     if (!value.isObject()) return std::nullopt;
-    value = value.toObject()->getAttr(chain[i]);
+    const auto object = value.toObject();
+    const auto slot = object->type()->findAttributeSlot(chain[i]);
+    ref.parameter = slot && object->type()->is_parameter(*slot);
+    value = object->getAttr(chain[i]);
     if (i + 1 < chain.size()) ref.owner += (ref.owner.empty() ? "" : ".") + chain[i];
   }
   ref.attr = chain.back();

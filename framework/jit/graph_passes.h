@@ -21,6 +21,7 @@ struct AttrRef {
   std::string owner;
   std::string attr;
   c10::IValue value;
+  bool parameter = false;  // a registered parameter (not a buffer or a plain attribute)
   std::string key() const { return owner + "/" + attr; }
   // The layer name of a weight: the owning module's path for `weight`, else owner.attr.
   std::string layer_name() const {

@@ -112,7 +112,11 @@ std::string matmul_operands(Node* n, const Value* self, const torch::jit::Module
   const Value* rhs = n->input(addmm ? 2 : 1);
   const Value* w = transposed_matrix(rhs);
   if (!w || !resolve(w, self, root)) {
-    if (resolve(rhs, self, root)) {
+    const auto attr = resolve(rhs, self, root);
+    if (attr && !attr->parameter) {
+      return "x @ B on a buffer or plain attribute (a fixed matrix such as a rotation or a table, not a trained "
+             "weight): kept float";
+    } else if (attr) {
       // x @ W with W stored [in, out] (GPT-2's Conv1D): a Linear holding W's transpose.
       c->spec.weight_transposed = true;
       w = rhs;

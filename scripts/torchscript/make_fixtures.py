@@ -261,6 +261,26 @@ class InOutForms(nn.Module):
         return torch.matmul(torch.relu(h), self.w_matmul)
 
 
+class BufferMatmul(nn.Module):
+    """x @ B on a registered buffer (a fixed matrix, kept float) before x @ W on a parameter."""
+
+    def __init__(self, dim=16, out=8):
+        super().__init__()
+        self.register_buffer("rot", torch.linalg.qr(torch.randn(dim, dim))[0])
+        self.w = nn.Parameter(torch.randn(dim, out) * 0.2)
+
+    def forward(self, x):
+        return torch.matmul(torch.matmul(x, self.rot), self.w)
+
+
+def write_buffer_matmul(out):
+    """buffer_matmul_{scripted,traced}.pt: BufferMatmul."""
+    torch.manual_seed(0)
+    net = BufferMatmul().eval()
+    torch.jit.script(net).save(os.path.join(out, "buffer_matmul_scripted.pt"))
+    torch.jit.trace(net, torch.randn(2, 5, 16)).save(os.path.join(out, "buffer_matmul_traced.pt"))
+
+
 class MhaNet(nn.Module):
     """PyTorch's own nn.MultiheadAttention (packed in_proj_weight, NonDynamicallyQuantizableLinear
     out_proj) as self-attention, mean pooling and a Linear head."""
@@ -274,6 +294,31 @@ class MhaNet(nn.Module):
     def forward(self, x):
         a = self.attn(x, x, x, need_weights=False)[0]
         return self.head(a.mean(1 if self.batch_first else 0))
+
+
+class MhaKpmNet(nn.Module):
+    """MhaNet called as nn.MultiheadAttention's defaults are: need_weights=True (averaged attention
+    weights returned too) and a key padding mask as a second input (True marks a padded key)."""
+
+    def __init__(self, dim=16, heads=2, classes=5):
+        super().__init__()
+        self.attn = nn.MultiheadAttention(dim, heads, batch_first=True)
+        self.head = nn.Linear(dim, classes)
+
+    def forward(self, x, key_padding_mask):
+        a, w = self.attn(x, x, x, key_padding_mask=key_padding_mask)
+        return self.head(a.mean(1)), w
+
+
+def write_mha_kpm(out):
+    """mha_kpm_{scripted,traced}.pt: MhaKpmNet, batch first."""
+    torch.manual_seed(0)
+    net = MhaKpmNet().eval()
+    x = torch.randn(2, 6, 16)
+    kpm = torch.zeros(2, 6, dtype=torch.bool)
+    kpm[1, 4:] = True
+    torch.jit.script(net).save(os.path.join(out, "mha_kpm_scripted.pt"))
+    torch.jit.trace(net, (x, kpm), check_trace=False).save(os.path.join(out, "mha_kpm_traced.pt"))
 
 
 def write_transformer_layers(out):
@@ -416,6 +461,8 @@ def main():
     torch.jit.script(in_out).save(os.path.join(out, "in_out_forms_scripted.pt"))
     torch.jit.trace(in_out, torch.randn(2, 5, 16)).save(os.path.join(out, "in_out_forms_traced.pt"))
     write_transformer_layers(out)
+    write_mha_kpm(out)
+    write_buffer_matmul(out)
     write_vit(out)
     write_fmnist_cnn(out)
     print("wrote", out)

@@ -190,3 +190,19 @@ TEST(TorchScriptForms, XTimesWInOutSavedCalibratedRebindsToW) {
     EXPECT_TRUE(at::equal((*l)->weight().t(), w)) << name;
   }
 }
+
+// x @ B on a registered buffer is a fixed matrix, not a weight: kept float with the reason; x @ W on
+// the parameter after it still becomes a Linear, and the float forward is the script's.
+TEST(TorchScriptForms, XTimesBufferKeptFloatParameterTaken) {
+  torch::manual_seed(8);
+  for (const char* form : {"buffer_matmul_scripted", "buffer_matmul_traced"}) {
+    SCOPED_TRACE(form);
+    ScriptedModel m = qforge::jit::load_torchscript(fixture(form));
+    EXPECT_EQ(layer_paths(m), (std::vector<std::string>{"w"})) << m->describe();
+    ASSERT_EQ(m->kept_float().size(), 1u) << m->describe();
+    EXPECT_NE(m->kept_float()[0].reason.find("on a buffer"), std::string::npos) << m->describe();
+    const at::Tensor x = torch::randn({2, 5, 16});
+    torch::NoGradGuard no_grad;
+    EXPECT_TRUE(at::equal(m->forward(x), torch::jit::load(fixture(form)).forward({x}).toTensor()));
+  }
+}

@@ -63,6 +63,9 @@ void expect_float_forward(ScriptedModel& m, const std::string& form, const at::T
   const at::Tensor y = m->forward(x);
   EXPECT_TRUE(at::equal(y, composite)) << form << ": " << relative_error(y, composite);
   EXPECT_LE(relative_error(y, fast), 1e-6) << form;
+  // Batch first and scripted, PyTorch's no_grad run takes the fused path: the 1e-6 check is not vacuous.
+  if (form.find("scripted") != std::string::npos && form.find("_sf_") == std::string::npos)
+    EXPECT_FALSE(at::equal(composite, fast)) << form;
   EXPECT_FALSE(at::equal(y, m->forward(x * 1.5)));  // the check can fail
 }
 
@@ -208,4 +211,110 @@ TEST(TorchScriptVit, TorchvisionVisionTransformerThroughTheSamePath) {
     std::printf("%s: static W8A8 frozen relative error %.4f\n", form, frozen);
     EXPECT_LE(frozen, 0.05);
   }
+}
+
+namespace {
+
+// Runs `form`'s own forward on `inputs` in eval mode, with gradients (composite path) or without
+// (the fused path where PyTorch takes it).
+c10::IValue original_call(const std::string& form, const std::vector<c10::IValue>& inputs, bool grad) {
+  torch::jit::Module original = torch::jit::load(fixture(form));
+  original.eval();
+  if (grad) return original.forward(inputs);
+  torch::NoGradGuard no_grad;
+  return original.forward(inputs);
+}
+
+}  // namespace
+
+// MHA's defaults: need_weights=True (the averaged weights come back too) and a key padding mask.
+TEST(TorchScriptMha, KeyPaddingMaskAndNeedWeightsAgreeWithBothPyTorchPaths) {
+  torch::manual_seed(16);
+  const at::Tensor x = torch::randn({3, 7, 16});
+  at::Tensor kpm = torch::zeros({3, 7}, torch::kBool);
+  kpm.index_put_({1, torch::indexing::Slice(5)}, true);
+  kpm.index_put_({2, torch::indexing::Slice(2)}, true);
+  for (const char* form : {"mha_kpm_scripted", "mha_kpm_traced"}) {
+    SCOPED_TRACE(form);
+    ScriptedModel m = qforge::jit::load_torchscript(fixture(form));
+    EXPECT_EQ(layer_paths(m), (std::vector<std::string>{"attn.in_proj_weight", "attn.out_proj", "head"}))
+        << m->describe();
+    expect_only_weightless_float_calls(m);
+    m->eval();
+    const auto composite = original_call(form, {x, kpm}, true).toTuple()->elements();
+    const auto fast = original_call(form, {x, kpm}, false).toTuple()->elements();
+    const auto y = m->forward({x, kpm}).toTuple()->elements();  // gradients enabled: no guard
+    ASSERT_EQ(y.size(), 2u);
+    for (size_t i = 0; i < 2; ++i) {
+      EXPECT_TRUE(at::equal(y[i].toTensor(), composite[i].toTensor())) << i;
+      EXPECT_LE(relative_error(y[i].toTensor().detach(), fast[i].toTensor()), 1e-6) << i;
+    }
+    const auto unmasked = m->forward({x, torch::zeros({3, 7}, torch::kBool)}).toTuple()->elements();
+    EXPECT_FALSE(at::equal(unmasked[0].toTensor(), y[0].toTensor()));  // the mask is read
+  }
+}
+
+// The encoder layer's src_mask and src_key_padding_mask inputs (scripted: a trace takes x only).
+TEST(TorchScriptEncoderLayer, MasksAgreeWithPyTorch) {
+  torch::manual_seed(17);
+  const at::Tensor x = torch::randn({4, 9, 16});
+  const at::Tensor src_mask = torch::triu(torch::full({9, 9}, -INFINITY), 1);
+  for (const char* order : {"bf", "sf"}) {
+    at::Tensor kpm = torch::zeros({4, 9}, torch::kBool);
+    kpm.index_put_({order[0] == 'b' ? 1 : 3, torch::indexing::Slice(6)}, true);
+    for (const char* norm : {"pre", "post"}) {
+      const std::string form = std::string("encoder_layer_") + order + "_" + norm + "_scripted";
+      SCOPED_TRACE(form);
+      ScriptedModel m = qforge::jit::load_torchscript(fixture(form));
+      m->eval();
+      const at::Tensor in = order[0] == 'b' ? x : x.transpose(0, 1).contiguous();
+      const at::Tensor y = m->forward({in, src_mask, kpm}).toTensor();
+      EXPECT_TRUE(at::equal(y, original_call(form, {in, src_mask, kpm}, true).toTensor()));
+      const at::Tensor y_kpm = m->forward({in, c10::IValue(), kpm}).toTensor();
+      EXPECT_TRUE(at::equal(y_kpm, original_call(form, {in, c10::IValue(), kpm}, true).toTensor()));
+      EXPECT_FALSE(at::equal(y, y_kpm));
+      EXPECT_FALSE(at::equal(y_kpm, m->forward(in)));  // the key padding mask is read
+    }
+  }
+}
+
+// Train mode, gradients enabled: the same seed gives the same dropout masks on both sides.
+TEST(TorchScriptEncoderLayer, TrainModeEqualsPyTorchWithTheSameSeed) {
+  torch::manual_seed(18);
+  for (const char* form : {"mha_bf_scripted", "mha_sf_scripted", "encoder_layer_bf_pre_scripted",
+                           "encoder_layer_bf_post_scripted", "encoder_layer_sf_post_scripted"}) {
+    SCOPED_TRACE(form);
+    const at::Tensor x = torch::randn({4, 9, 16});
+    ScriptedModel m = qforge::jit::load_torchscript(fixture(form));
+    m->train();
+    torch::jit::Module original = torch::jit::load(fixture(form));
+    original.train();
+    torch::manual_seed(5);
+    const at::Tensor y = m->forward(x);
+    torch::manual_seed(5);
+    const at::Tensor ref = original.forward({x}).toTensor();
+    EXPECT_TRUE(at::equal(y, ref)) << relative_error(y.detach(), ref.detach());
+    EXPECT_TRUE(y.requires_grad());
+  }
+}
+
+// One Linear over the packed [3E, E] weight: per-channel int8 gives each q / k / v row its own scale.
+TEST(TorchScriptMha, PackedProjectionFrozenPerChannelHasOneScalePerQkvRow) {
+  torch::manual_seed(19);
+  ScriptedModel m = qforge::jit::load_torchscript(fixture("mha_bf_scripted"));
+  m->eval();
+  qforge::quantize(*m, qforge::jit_test::w8a8());
+  torch::NoGradGuard no_grad;
+  {
+    qforge::Calibration calibration(*m);
+    m->forward(torch::randn({4, 7, 16}));
+  }
+  qforge::freeze(*m);
+  ASSERT_EQ(m->layers()[0]->path(), "attn.in_proj_weight");
+  const at::Tensor scale = m->layers()[0]->layer().frozen_weight().scale.flatten();
+  ASSERT_EQ(scale.numel(), 48);
+  const at::Tensor q = scale.slice(0, 0, 16), k = scale.slice(0, 16, 32), v = scale.slice(0, 32, 48);
+  EXPECT_FALSE(at::equal(q, k));
+  EXPECT_FALSE(at::equal(k, v));
+  EXPECT_GT(q.max().item<double>(), q.min().item<double>());  // per row, not per third
 }
