@@ -411,6 +411,36 @@ TEST(Qtrain, LlamaImatrixSearchesTheGridsAndWritesTheDumpAndImatrixGguf) {
   fs::remove_all(dir);
 }
 
+// ptq.method: autoround on the Llama recipe, end to end: the blocks' Linears are AutoRound-rounded
+// (report.ptq.solve: method and the block's note), the head keeps round-to-nearest, freeze runs.
+TEST(Qtrain, LlamaAutoRoundRoundsTheBlocksAndLeavesTheHeadRoundToNearest) {
+  const std::string dir = out_dir("llama_autoround");
+  const QtrainRun run = qtrain("--recipe recipes/llama_w4_gptq.yaml" + small(dir) +
+                               " --set data.seq_len=32 --set data.max_train_examples=256 --set ptq.method=autoround"
+                               " --set ptq.autoround.iterations=4 --set model.config.num_hidden_layers=2"
+                               " --set data.tokenizer.train.vocab_size=512 --set data.max_eval_examples=64");
+  ASSERT_EQ(run.code, 0) << run.output;
+  const auto r = report(dir);
+  const auto& layers = r["ptq"]["solve"]["layers"];
+  ASSERT_EQ(layers.size(), 15u) << layers.dump(2);  // 2 blocks × 7 Linears and the head
+  int autoround = 0;
+  for (const auto& l : layers) {
+    const std::string path = l["path"], note = l["note"];
+    if (path == "lm_head") {
+      EXPECT_EQ(l["method"], "rtn") << l.dump();
+      EXPECT_NE(note.find("outside them"), std::string::npos) << l.dump();
+      continue;
+    }
+    EXPECT_EQ(l["method"], "autoround") << l.dump();
+    EXPECT_NE(note.find("(round-to-nearest -> AutoRound), best step "), std::string::npos) << l.dump();
+    EXPECT_TRUE(std::isfinite(l["error_after"].get<double>())) << l.dump();
+    ++autoround;
+  }
+  EXPECT_EQ(autoround, 14);
+  EXPECT_TRUE(r["metrics"].contains("frozen"));
+  fs::remove_all(dir);
+}
+
 TEST(Qtrain, DryRunPrintsThePlanWithoutData) {
   const QtrainRun run = qtrain("--recipe recipes/bert_int8.yaml --dry-run");
   ASSERT_EQ(run.code, 0) << run.output;
