@@ -68,13 +68,14 @@ at::Tensor autoround_weight(const at::Tensor& w, const AutoRoundVars& vars, cons
   at::Tensor s, z;
   if (spec.symmetric) {
     s = at::clamp_min(at::maximum(mx, -mn) / ((qmax - qmin) / 2), kScaleEps);
-    // The symmetric zero point does not depend on the values: the weight quantizer's own.
-    z = weight_minmax_qparams(w.detach(), spec, "autoround").zero_point.to(at::kFloat).reshape({wg.size(0), wg.size(1), 1});
+    // The symmetric zero point does not depend on the values: calculate_qparams' constant.
+    z = calculate_qparams(at::zeros({1}), at::ones({1}), spec).zero_point.to(at::kFloat).to(w.device());
   } else {
     s = at::clamp_min((mx - mn) / (qmax - qmin), kScaleEps);
+    // From the scale before its float16 rounding, as weight_minmax_qparams orders the two.
+    z = at::clamp(qmin - round_ste(mn / s), qmin, qmax);
   }
   if (nibble_packed(spec.qtype)) s = s + (round_scale_up_to_half(s.detach()) - s.detach());
-  if (!spec.symmetric) z = at::clamp(qmin - round_ste(mn / s), qmin, qmax);
   // w · (1/s) in float32, as the fake-quant kernels divide: no offset is exactly round-to-nearest.
   const at::Tensor q = at::clamp(round_ste(wg * s.reciprocal() + grouped3(vars.v, spec)) + z, qmin, qmax);
   return (s * (q - z)).reshape(w.sizes());
@@ -144,6 +145,7 @@ AutoRoundBlockResult autoround_block(const std::function<at::Tensor(const at::Te
     const double lv = loss.item<double>();
     QF_REQUIRE(std::isfinite(lv), "autoround: the block's output error is not finite at step ", t);
     if (t == 0) r.first_loss = lv;
+    r.last_loss = lv;
     if (lv < r.best_loss) {
       best.clear();
       for (const AutoRoundVars& v : vars) best.push_back(detached_copy(v));

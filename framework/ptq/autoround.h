@@ -57,6 +57,7 @@ struct AutoRoundBlockResult {
   std::vector<at::Tensor> weights;     // per layer: the rounded weight [N, K] on that grid
   double first_loss = 0;               // mean squared output error at iteration 0 (round-to-nearest)
   double best_loss = 0;                // of the kept iterate (on its step's sequences)
+  double last_loss = 0;                // of the last step's iterate (before its update)
   int64_t best_iteration = 0;
 };
 

@@ -70,11 +70,11 @@ void autoround_layer_errors(QuantizableLayer& layer, const LayerRows& r, const a
 }
 
 // Trains, writes and reports one block's AutoRound layers.
-void solve_block(const TransformerBlock& blk, BlockWork& work, const std::vector<at::Tensor>& xq,
-                 const std::vector<at::Tensor>& yf, const SolveOptions& o, SolveReport& report, Progress& progress,
+// X and Y: the block's inputs and targets over every sequence; xq: X per calibration batch (views).
+void solve_block(const TransformerBlock& blk, BlockWork& work, const at::Tensor& X, const std::vector<at::Tensor>& xq,
+                 const at::Tensor& Y, const SolveOptions& o, SolveReport& report, Progress& progress,
                  at::Generator& gen) {
   const auto t0 = std::chrono::steady_clock::now();
-  const at::Tensor X = at::cat(xq, 0), Y = at::cat(yf, 0);
   const int64_t rows_per_batch = (o.sample_rows + static_cast<int64_t>(xq.size()) - 1) / static_cast<int64_t>(xq.size());
   const std::map<QuantizableLayer*, LayerRows> rows = capture_rows(blk, work.layers, xq, rows_per_batch, gen);
   const double block_rtn = relative_mse(run_block(blk, xq), Y);
@@ -105,6 +105,15 @@ void solve_block(const TransformerBlock& blk, BlockWork& work, const std::vector
     ls.seconds = seconds / static_cast<double>(work.solves.size());  // the block's time, shared
     report.layers.push_back(ls);
   }
+}
+
+// One tensor of the batches along dim 0; `batches` become views of it, so no second copy stays.
+at::Tensor join_batches(std::vector<at::Tensor>& batches) {
+  std::vector<int64_t> sizes;
+  for (const at::Tensor& b : batches) sizes.push_back(b.size(0));
+  const at::Tensor all = at::cat(batches, 0);
+  batches = all.split_with_sizes(sizes, 0);
+  return all;
 }
 
 }  // namespace
@@ -145,7 +154,8 @@ void solve_autoround(torch::nn::Module& model, int64_t batches, const RunBatch& 
     const auto w = work.find(i);
     if (w != work.end()) {
       try {
-        solve_block(blk, w->second, xq, yf, o, report, progress, gen);
+        const at::Tensor Y = join_batches(yf), X = join_batches(xq);
+        solve_block(blk, w->second, X, xq, Y, o, report, progress, gen);
       } catch (const Error& e) {
         throw Error("ptq autoround: " + blk.path + ": " + e.what());
       }

@@ -45,6 +45,12 @@ std::string small(const std::string& dir) {
          " --set data.max_eval_examples=256 --set train.epochs=1 --set calibrate.batches=2 --set qat.max_steps=8";
 }
 
+// The Llama recipe with two of its four blocks, a 512-token tokenizer and 64 evaluated sequences.
+std::string small_llama(const std::string& dir) {
+  return small(dir) + " --set data.seq_len=32 --set data.max_train_examples=256 --set model.config.num_hidden_layers=2" +
+         " --set data.tokenizer.train.vocab_size=512 --set data.max_eval_examples=64";
+}
+
 void expect_full_report(const nlohmann::json& r, const std::string& metric, bool qat) {
   EXPECT_EQ(r["metric"], metric);
   EXPECT_EQ(r["recipe_sha256"].get<std::string>().size(), 64u);
@@ -376,10 +382,7 @@ TEST(Qtrain, LlamaImatrixSearchesTheGridsAndWritesTheDumpAndImatrixGguf) {
   // Two of the recipe's four blocks, a 512-token tokenizer and 64 evaluated sequences: the grid
   // search, the dump and the GGUF file see every layer all the same.
   const std::string dir = out_dir("llama_imatrix");
-  const QtrainRun run = qtrain("--recipe recipes/llama_w4_gptq.yaml" + small(dir) +
-                               " --set data.seq_len=32 --set data.max_train_examples=256 --set calibrate.imatrix=true"
-                               " --set model.config.num_hidden_layers=2 --set data.tokenizer.train.vocab_size=512"
-                               " --set data.max_eval_examples=64");
+  const QtrainRun run = qtrain("--recipe recipes/llama_w4_gptq.yaml" + small_llama(dir) + " --set calibrate.imatrix=true");
   ASSERT_EQ(run.code, 0) << run.output;
   EXPECT_NE(run.output.find("qtrain: imatrix grid search: "), std::string::npos) << run.output;
   const auto r = report(dir);
@@ -408,6 +411,34 @@ TEST(Qtrain, LlamaImatrixSearchesTheGridsAndWritesTheDumpAndImatrixGguf) {
   ASSERT_EQ(down->sum_sq.size(), 512u);
   EXPECT_NEAR(down->sum_sq[7], e.sum_sq[7].item<double>(), 1e-6 * e.sum_sq[7].item<double>());
   EXPECT_EQ(r["exported"]["imatrix"].is_null(), false);
+  fs::remove_all(dir);
+}
+
+// ptq.method: autoround on the Llama recipe, end to end: the blocks' Linears are AutoRound-rounded
+// (report.ptq.solve: method and the block's note), the head keeps round-to-nearest, freeze runs.
+TEST(Qtrain, LlamaAutoRoundRoundsTheBlocksAndLeavesTheHeadRoundToNearest) {
+  const std::string dir = out_dir("llama_autoround");
+  const QtrainRun run = qtrain("--recipe recipes/llama_w4_gptq.yaml" + small_llama(dir) +
+                               " --set ptq.method=autoround --set ptq.autoround.iterations=4");
+  ASSERT_EQ(run.code, 0) << run.output;
+  const auto r = report(dir);
+  const auto& layers = r["ptq"]["solve"]["layers"];
+  ASSERT_EQ(layers.size(), 15u) << layers.dump(2);  // 2 blocks × 7 Linears and the head
+  int autoround = 0;
+  for (const auto& l : layers) {
+    const std::string path = l["path"], note = l["note"];
+    if (path == "lm_head") {
+      EXPECT_EQ(l["method"], "rtn") << l.dump();
+      EXPECT_NE(note.find("outside them"), std::string::npos) << l.dump();
+      continue;
+    }
+    EXPECT_EQ(l["method"], "autoround") << l.dump();
+    EXPECT_NE(note.find("(round-to-nearest -> AutoRound), best step "), std::string::npos) << l.dump();
+    EXPECT_TRUE(std::isfinite(l["error_after"].get<double>())) << l.dump();
+    ++autoround;
+  }
+  EXPECT_EQ(autoround, 14);
+  EXPECT_TRUE(r["metrics"].contains("frozen"));
   fs::remove_all(dir);
 }
 
