@@ -35,6 +35,13 @@ inline Scheme w8a8() {
   return s;
 }
 
+// Per-channel int8 weights, int8 activations quantized per token on each call (no calibration).
+inline Scheme dynamic_int8() {
+  Scheme s(qint8);
+  s.activations = ActivationMode::kDynamicPerToken;
+  return s;
+}
+
 // Largest absolute difference, relative to the largest absolute reference value.
 inline double relative_error(const at::Tensor& y, const at::Tensor& ref) {
   return (y - ref).abs().max().item<double>() / ref.abs().max().item<double>();

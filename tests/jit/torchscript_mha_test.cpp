@@ -99,9 +99,7 @@ double static_w8a8_round_trip(const std::string& form, const at::Tensor& calib, 
 double dynamic_int8_error(const std::string& form, const at::Tensor& x) {
   ScriptedModel m = qforge::jit::load_torchscript(fixture(form));
   m->eval();
-  qforge::Scheme scheme(qforge::qint8);
-  scheme.activations = qforge::ActivationMode::kDynamicPerToken;
-  qforge::quantize(*m, scheme);
+  qforge::quantize(*m, qforge::jit_test::dynamic_int8());
   torch::NoGradGuard no_grad;
   return relative_error(m->forward(x), original_forward(form, x, true));
 }

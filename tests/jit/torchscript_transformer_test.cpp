@@ -79,9 +79,7 @@ TEST(TorchScriptTransformer, DynamicInt8CloseToFloatAndToPyTorchsDynamicInt8Froz
     SCOPED_TRACE(form);
     ScriptedModel m = qforge::jit::load_torchscript(fixture(form));
     m->eval();
-    qforge::Scheme scheme(qforge::qint8);
-    scheme.activations = qforge::ActivationMode::kDynamicPerToken;
-    qforge::quantize(*m, scheme);
+    qforge::quantize(*m, qforge::jit_test::dynamic_int8());
     torch::NoGradGuard no_grad;
     const at::Tensor fake = m->forward(ids);
     const double error = relative_error(fake, ref);
