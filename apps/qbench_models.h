@@ -1,6 +1,6 @@
 // The reference models as qbench and qbench_memory build them: BERT-base and GPT-2 small shapes
 // without dropout, GPT-2 prepared for decoding frozen (model_gpt2_decode_*), and layers of
-// Llama-3-8B's shape (qbench_memory's llama8b rows).
+// Llama-3-8B's shape (model_llama8b_decode_*, qbench_memory's llama8b rows).
 #pragma once
 
 #include "framework/models/bert.h"
@@ -53,11 +53,11 @@ inline models::LlamaConfig llama_8b_layers(int64_t layers) {
 }
 
 // The decode model of model_gpt2_decode_*: the LM head untied (same logits) and every Linear,
-// head included, frozen weight-only under `qtype`'s default scheme (qint4: groups of 128); both
-// embeddings int8 per row (row gather; an int4 table would be dequantized whole per call).
-inline void freeze_for_decode(models::Gpt2LMHeadModel& m, const QType& qtype) {
+// head included, frozen weight-only under `scheme` (a QType: its default scheme, qint4 in groups
+// of 128); both embeddings int8 per row (row gather; an int4 table would be dequantized whole per call).
+inline void freeze_for_decode(models::Gpt2LMHeadModel& m, const Scheme& scheme) {
   m->untie_lm_head();
-  Scheme s(qtype);
+  Scheme s = scheme;
   LayerRule embeddings;
   embeddings.pattern = "transformer.w?e";
   embeddings.weights = qint8;
