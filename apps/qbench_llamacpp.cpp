@@ -4,6 +4,11 @@
 //                                vocabulary, random weights (seed 0); a 16-token prompt in the
 //                                cache, then 32 tokens decoded greedily one at a time; a second
 //                                case evaluates a 512-token prompt from an empty cache (prefill).
+//   model_llama8b_decode_q8, _q4 the decode case on 2 layers of Llama-3-8B's shape (hidden 4096,
+//                                FFN 14336, 32 / 8 heads, head_dim 128), qforge on load_gguf of
+//                                the file at q8 too (stderr names the kernels its Linears run)
+//   model_gpt2_decode_q8, _q4    the decode case on GPT-2 small shapes (vocabulary 50257, head
+//                                untied, embeddings int8 per row), qforge on load_gguf of the file
 // The frozen model (qint8 per channel for q8, qint4 in groups of 32 for q4) is written once as GGUF
 // (export_gguf, codes kept: Q8_0 / Q4_0, fp16 scales); llama.cpp loads that file, and for q4 qforge
 // runs load_gguf of the same file (q8: the model the file was written from; a loaded Q8_0 matrix has
@@ -24,6 +29,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <limits>
+#include <map>
 #include <memory>
 #include <utility>
 #include <string>
@@ -32,6 +38,7 @@
 #include "apps/qbench_models.h"
 #include "apps/qbench_node_peer.h"
 #include "apps/qbench_registry.h"
+#include "framework/api/kernel_plan.h"
 #include "framework/api/quantize.h"
 #include "framework/core/error.h"
 #include "framework/models/gguf_export.h"
@@ -86,20 +93,25 @@ Case linears_only(const std::shared_ptr<models::LlamaForCausalLM>& m) {
                {"qforge-q8", with_decode(m->ptr(), DecodeActivations::kQ8Block32, run)}}};
 }
 
-// The frozen model of the row, written once as GGUF at `path` (Q8_0 / Q4_0, codes kept). Q4: qforge
-// then runs load_gguf(path), the very file llama.cpp loads (its Linears decode with q8_block32
-// activations by default, as llama.cpp does). Q8: qforge runs the per-channel int8 model the file
-// was written from (the same codes; the file's fp16 copies of the scales), since a loaded Q8_0
-// matrix (int8 with a scale per block of 32) has no integer kernel yet (docs/performance.md).
-std::shared_ptr<models::LlamaForCausalLM> frozen_llama(int bits, const std::string& path) {
-  torch::manual_seed(0);
-  auto m = std::make_shared<models::LlamaForCausalLM>(llama_1b_layers());
-  (*m)->init_weights();
-  (*m)->eval();
-  quantize(*m, decode_scheme(bits));
-  freeze(*m);
-  models::export_gguf(*m, path);
-  if (bits == 8) return m;
+// The frozen model of the row, written once as GGUF at `path` (Q8_0 / Q4_0, codes kept). Q4, and
+// Q8 with `load_q8`: qforge then runs load_gguf(path), the very file llama.cpp loads (its Linears
+// decode with q8_block32 activations by default, as llama.cpp does). Otherwise Q8: qforge runs the
+// per-channel int8 model the file was written from (the same codes; the file's fp16 copies of the
+// scales), since a loaded Q8_0 matrix (int8 with a scale per block of 32) has no integer kernel yet
+// (docs/performance.md).
+std::shared_ptr<models::LlamaForCausalLM> frozen_llama(int bits, const std::string& path,
+                                                       const models::LlamaConfig& config = llama_1b_layers(),
+                                                       bool load_q8 = false) {
+  {
+    torch::manual_seed(0);
+    auto m = std::make_shared<models::LlamaForCausalLM>(config);
+    (*m)->init_weights();
+    (*m)->eval();
+    quantize(*m, decode_scheme(bits));
+    freeze(*m);
+    models::export_gguf(*m, path);
+    if (bits == 8 && !load_q8) return m;
+  }  // the model the file came from is gone before the file loads (8B-shaped layers: 0.5 GB)
   return std::make_shared<models::LlamaForCausalLM>(models::load_gguf(path).llama);
 }
 
@@ -116,21 +128,58 @@ std::function<void()> llamacpp_run(const std::string& modules, const std::string
   return [peer] { peer->run(); };
 }
 
-std::vector<Case> llama_decode_cases(int bits) {
-  const std::string path = (std::filesystem::temp_directory_path() /
-                            ("qbench-llama-q" + std::to_string(bits) + "-" + std::to_string(getpid()) + ".gguf"))
-                               .string();
-  // Removes the file whatever happens below (llama.cpp has read it by then).
-  struct RemoveOnExit {
-    std::string path;
-    ~RemoveOnExit() {
-      std::error_code ignored;  // a destructor must not throw
-      std::filesystem::remove(path, ignored);
+// node-llama-cpp's node_modules folder, or "" after saying on stderr why `row` leaves llamacpp out.
+std::string llamacpp_modules(const std::string& row) {
+  std::string why;
+  const std::string modules =
+      node_modules_with("QFORGE_NODE_LLAMA_CPP", QFORGE_NODE_LLAMA_CPP_DIR, "node-llama-cpp", "run ctest -R gguf_llamacpp", &why);
+  if (modules.empty()) std::fprintf(stderr, "qbench: %s: llamacpp impl left out: %s\n", row.c_str(), why.c_str());
+  return modules;
+}
+
+// The kernels describe() shows for `model`'s Linears under `mode`, counted ("12 x linear_q8b32_s4"),
+// with the fallback reason where one applies: a row says which kernel its impls ran.
+std::string linear_kernels(torch::nn::Module& model, DecodeActivations mode) {
+  nn::set_decode_activations(model, mode);
+  std::map<std::string, int> count;
+  for (const auto& mod : model.modules(/*include_self=*/false))
+    if (const auto* lin = dynamic_cast<const nn::LinearImpl*>(mod.get())) {
+      const KernelPlan plan = lin->plan();
+      ++count[plan_kernel_text(plan) + (plan.fallback.empty() ? "" : " (" + plan.fallback + ")")];
     }
-  } remove_file{path};
-  const std::shared_ptr<models::LlamaForCausalLM> m = frozen_llama(bits, path);
-  torch::manual_seed(1);
-  const at::Tensor prompt = at::randint(0, 256, {1, kLlamaPrompt}, at::kLong);
+  nn::set_decode_activations(model, DecodeActivations::kExact);
+  std::string out;
+  for (const auto& [kernel, n] : count) out += (out.empty() ? "" : ", ") + std::to_string(n) + " x " + kernel;
+  return out;
+}
+
+void report_kernels(const std::string& row, torch::nn::Module& model) {
+  std::fprintf(stderr, "qbench: %s: Linear kernels: qforge: %s; qforge-q8: %s\n", row.c_str(),
+               linear_kernels(model, DecodeActivations::kExact).c_str(),
+               linear_kernels(model, DecodeActivations::kQ8Block32).c_str());
+}
+
+// A GGUF file in the temporary directory named after the row, removed with this object (llama.cpp
+// has read it by then; its pages stay mapped).
+struct TempGguf {
+  std::string path;
+  explicit TempGguf(const std::string& tag)
+      : path((std::filesystem::temp_directory_path() / ("qbench-" + tag + "-" + std::to_string(getpid()) + ".gguf"))
+                 .string()) {}
+  ~TempGguf() {
+    std::error_code ignored;  // a destructor must not throw
+    std::filesystem::remove(path, ignored);
+  }
+  TempGguf(const TempGguf&) = delete;
+  TempGguf& operator=(const TempGguf&) = delete;
+};
+
+// The decode case of a frozen model (Llama or GPT-2): `prompt` in a cache, then 32 tokens decoded
+// greedily one at a time; impls qforge (exact activations), qforge-q8 (block-32 int8 activations)
+// and limit. Bytes: every frozen Linear's packed weights once per token (the embedding rows and
+// the key/value cache add under 1 %), which the limit impl moves at memcpy speed.
+template <class Model>
+Case decode_case(const std::string& shape, const std::shared_ptr<Model>& m, const at::Tensor& prompt) {
   auto cache = std::make_shared<models::KvCache>();
   cache->reserve(kLlamaPrompt + kLlamaDecode);  // no store grows in a run
   at::Tensor first;
@@ -139,12 +188,10 @@ std::vector<Case> llama_decode_cases(int bits) {
     nn::set_decode_activations(**m, DecodeActivations::kExact);
     first = (*m)->forward(prompt, cache.get()).select(1, kLlamaPrompt - 1).argmax(-1, true);
   }
-  // Bytes the 32 tokens read: every frozen Linear's packed weights once per token (the embedding
-  // row and the key/value cache add under 1 %). The limit impl moves them at memcpy speed.
   int64_t per_token = 0;
   for (const auto& mod : (*m)->modules(/*include_self=*/false))
     if (const auto* lin = dynamic_cast<const nn::LinearImpl*>(mod.get())) per_token += lin->storage_bytes();
-  Case c{"L2_H2048_prompt16_decode32_tokens", static_cast<double>(per_token * kLlamaDecode), {}};
+  Case c{shape, static_cast<double>(per_token * kLlamaDecode), {}};
   const std::function<void()> qforge_run = [m, cache, first] {
     at::NoGradGuard g;
     cache->truncate(kLlamaPrompt);  // drops the previous run's tokens in place (no copy in the timed run)
@@ -160,6 +207,16 @@ std::vector<Case> llama_decode_cases(int bits) {
                        for (int64_t t = 0; t < kLlamaDecode; ++t)
                          parallel_memcpy(dst->data(), src->data(), static_cast<int64_t>(src->size()));
                      }});
+  return c;
+}
+
+std::vector<Case> llama_decode_cases(int bits) {
+  const TempGguf file("llama-q" + std::to_string(bits));
+  const std::string& path = file.path;
+  const std::shared_ptr<models::LlamaForCausalLM> m = frozen_llama(bits, path);
+  torch::manual_seed(1);
+  const at::Tensor prompt = at::randint(0, 256, {1, kLlamaPrompt}, at::kLong);
+  Case c = decode_case("L2_H2048_prompt16_decode32_tokens", m, prompt);
   Case linears = linears_only(m);
   linears.bytes = c.bytes;
   // The 512-token prefill from an empty cache, decode mode q8_block32 set (calls of 512 rows run
@@ -172,13 +229,8 @@ std::vector<Case> llama_decode_cases(int bits) {
                              fresh.reserve(kLlamaPrefill);
                              (*m)->forward(long_prompt, &fresh);
                            })});
-  std::string why;
-  const std::string modules =
-      node_modules_with("QFORGE_NODE_LLAMA_CPP", QFORGE_NODE_LLAMA_CPP_DIR, "node-llama-cpp", "run ctest -R gguf_llamacpp", &why);
-  if (modules.empty()) {
-    std::fprintf(stderr, "qbench: model_llama_decode_q%d: llamacpp impl left out: %s\n", bits, why.c_str());
-    return {c, linears, prefill};
-  }
+  const std::string modules = llamacpp_modules("model_llama_decode_q" + std::to_string(bits));
+  if (modules.empty()) return {c, linears, prefill};
   c.impls.push_back({"llamacpp", llamacpp_run(modules, path, prompt, kLlamaDecode)});
   prefill.impls.push_back({"llamacpp", llamacpp_run(modules, path, long_prompt, 0)});
   return {c, linears, prefill};
@@ -224,9 +276,77 @@ std::vector<Case> llama_token_ops_cases() {
   return {Case{"L2_H2048_S48_token_ops_decode32_tokens", 0, {{"libtorch", aten}, {"qforge", fused}}}};
 }
 
+// ---- model_llama8b_decode_q8 / _q4: the decode case on kLlama8bLayers layers of Llama-3-8B's
+// shape (bench::llama_8b_layers: hidden 4096, FFN 14336, 32 / 8 heads, head_dim 128; a 256-token
+// vocabulary), random weights (seed 0), frozen (int8 per channel / int4 in groups of 32), exported
+// once; both qforge (load_gguf) and llama.cpp run that file, Q8 included: a loaded Q8_0 matrix
+// runs whatever kernel its plan picks, which stderr names (report_kernels). ----
+constexpr int64_t kLlama8bLayers = 2;
+
+std::vector<Case> llama8b_decode_cases(int bits) {
+  const std::string row = "model_llama8b_decode_q" + std::to_string(bits);
+  const TempGguf file("llama8b-q" + std::to_string(bits));
+  const std::shared_ptr<models::LlamaForCausalLM> m =
+      frozen_llama(bits, file.path, llama_8b_layers(kLlama8bLayers), /*load_q8=*/true);
+  report_kernels(row, **m);
+  torch::manual_seed(1);
+  const at::Tensor prompt = at::randint(0, 256, {1, kLlamaPrompt}, at::kLong);
+  Case c = decode_case("L" + std::to_string(kLlama8bLayers) + "_H4096_F14336_prompt16_decode32_tokens", m, prompt);
+  const std::string modules = llamacpp_modules(row);
+  if (!modules.empty()) c.impls.push_back({"llamacpp", llamacpp_run(modules, file.path, prompt, kLlamaDecode)});
+  return {c};
+}
+
+// ---- model_gpt2_decode_q8 / _q4: GPT-2 small shapes (12 layers, 768, vocabulary 50257, random
+// weights seed 0) prepared as model_gpt2_decode_w8 / _w4 (head untied, embeddings int8 per row) but
+// on grids GGUF holds with the codes kept: Linears int8 per channel (Q8_0: each block of 32 takes
+// its row's scale) or int4 in groups of 32 (Q4_0's own blocks; groups of 128 would be written the
+// same way, but 32 is the finer grid llama.cpp's users get). Exported once; qforge runs load_gguf
+// of the file, llama.cpp the same file. ----
+
+// One string per id for a vocabulary without a tokenizer file: the 256 byte tokens, then distinct
+// two-byte strings (llama.cpp wants a token list; the rows feed ids, never text).
+std::vector<std::string> byte_pair_tokens(int64_t vocab) {
+  std::vector<std::string> tokens;
+  for (int64_t i = 0; i < vocab; ++i) {
+    const int64_t j = i - 256;
+    tokens.push_back(i < 256 ? models::gpt2_byte_token(static_cast<uint8_t>(i))
+                             : models::gpt2_byte_token(static_cast<uint8_t>(j / 256)) +
+                                   models::gpt2_byte_token(static_cast<uint8_t>(j % 256)));
+  }
+  return tokens;
+}
+
+std::vector<Case> gpt2_gguf_decode_cases(int bits) {
+  const std::string row = "model_gpt2_decode_q" + std::to_string(bits);
+  const TempGguf file("gpt2-q" + std::to_string(bits));
+  const models::Gpt2Config cfg = gpt2_small();
+  {
+    torch::manual_seed(0);
+    models::Gpt2LMHeadModel written(cfg);
+    written->eval();
+    freeze_for_decode(written, decode_scheme(bits));
+    models::GgufExportOptions options;
+    options.tokens = byte_pair_tokens(cfg.vocab_size);
+    models::export_gguf(written, file.path, options);
+  }
+  auto m = std::make_shared<models::Gpt2LMHeadModel>(models::load_gguf(file.path).gpt2);
+  report_kernels(row, **m);
+  torch::manual_seed(1);
+  const at::Tensor prompt = at::randint(0, cfg.vocab_size, {1, kLlamaPrompt}, at::kLong);
+  Case c = decode_case("L12_H768_prompt16_decode32_tokens", m, prompt);
+  const std::string modules = llamacpp_modules(row);
+  if (!modules.empty()) c.impls.push_back({"llamacpp", llamacpp_run(modules, file.path, prompt, kLlamaDecode)});
+  return {c};
+}
+
 const Register kLlamaQ8(78, "model_llama_decode_q8", [] { return llama_decode_cases(8); });
 const Register kLlamaQ4(79, "model_llama_decode_q4", [] { return llama_decode_cases(4); });
 const Register kLlamaTokenOps(80, "model_llama_token_ops", [] { return llama_token_ops_cases(); });
+const Register kLlama8bQ8(81, "model_llama8b_decode_q8", [] { return llama8b_decode_cases(8); });
+const Register kLlama8bQ4(82, "model_llama8b_decode_q4", [] { return llama8b_decode_cases(4); });
+const Register kGpt2Q8(83, "model_gpt2_decode_q8", [] { return gpt2_gguf_decode_cases(8); });
+const Register kGpt2Q4(84, "model_gpt2_decode_q4", [] { return gpt2_gguf_decode_cases(4); });
 
 }  // namespace
 }  // namespace qforge::bench

@@ -4,11 +4,21 @@
 //             float weights released and freed pages returned with malloc_trim), minus the
 //             process's RSS before building it
 //   build     peak RSS while building (a frozen model holds its float weights until freeze)
-//   inference peak RSS during one forward (BERT) or 32 decoded tokens (GPT-2), the peak counter
-//             reset after the build (/proc/self/clear_refs), minus the RSS before building
+//   inference peak RSS during one forward (BERT) or 32 decoded tokens (GPT-2, Llama), the peak
+//             counter reset after the build (/proc/self/clear_refs), minus the RSS before building
+// The Llama rows decode 16 + 32 tokens into a cache reserved for the 48 positions, then report the
+// cache: its bytes computed from the shapes (2 x layers x kv_heads x head_dim x 48 x 4 bytes),
+// capacity_bytes(), and the RSS that dropping it gives back (freed pages returned with malloc_trim).
+//   llama_tiny      configs/models/llama_tiny.yaml's shape (4 layers, hidden 256, FFN 512, 8 / 2
+//                   heads) and its 2048-token vocabulary
+//   llama8b_L2      2 layers of Llama-3-8B's shape (hidden 4096, FFN 14336, 32 query / 8 key-value
+//                   heads, head_dim 128), a 256-token vocabulary so the layers are the weights
+//                   (float 0.87 GB a layer; the embedding and head 4 MB each)
+// each float, frozen W8 (int8 per channel), frozen W4 g32 and W4 g128 (weight-only, no calibration),
+// with model_size()'s tensor bytes beside the measured RSS.
 // The frozen builds also report the peak and the resident memory at the end of each stage (built
 // float, quantize, calibration, freeze), so the build peak can be attributed.
-//   qbench_memory [--json]
+//   qbench_memory [--json] [--filter SUBSTRING]   (rows whose model name contains SUBSTRING)
 // --kv-cache instead measures KV caches at 4096 positions (docs/kv_cache.md): a Llama of
 // configs/models/llama_tiny.yaml's shape prefills 4096 tokens (chunks of 256) into a cache reserved
 // for them, float or int8 / int4 codes; `released` is the RSS that dropping the cache then gives
@@ -24,6 +34,7 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -45,6 +56,7 @@ struct Measured {
   int64_t model_kib = 0, build_peak_kib = 0, inference_peak_kib = 0;
   int64_t cache_bytes = 0;   // the KV cases' capacity_bytes()
   int64_t released_kib = 0;  // the KV cases' RSS given back by dropping the cache
+  int64_t tensor_bytes = 0;  // the Llama rows' model_size().total_bytes after the build
   int stages = 0;
   char stage_name[kMaxStages][16] = {};
   int64_t stage_peak_kib[kMaxStages] = {}, stage_rss_kib[kMaxStages] = {};
@@ -53,7 +65,8 @@ struct Measured {
 // The child's record of its build stages (each process has its own copy).
 Measured* g_current = nullptr;
 int64_t g_base_kib = 0;
-int64_t g_cache_bytes = 0, g_released_kib = 0;  // set by a KV case's inference
+int64_t g_cache_bytes = 0, g_released_kib = 0;  // set by a KV case's or a Llama decode's inference
+int64_t g_tensor_bytes = 0;                      // set by a Llama decode's build
 
 // Ends a build stage: the peak so far and the resident memory now, relative to the base.
 void stage(const char* name) {
@@ -89,6 +102,7 @@ Measured measure(const std::function<std::function<void()>()>& build) {
     m.inference_peak_kib = status_kib("VmHWM") - base;
     m.cache_bytes = g_cache_bytes;
     m.released_kib = g_released_kib;
+    m.tensor_bytes = g_tensor_bytes;
     if (write(fd[1], &m, sizeof m) != static_cast<ssize_t>(sizeof m)) _exit(1);
     _exit(0);
   }
@@ -152,13 +166,64 @@ std::function<void()> gpt2(bool frozen) {
   };
 }
 
+// configs/models/llama_tiny.yaml's shape: 4 layers, hidden 256, FFN 512, 8 query / 2 key-value heads.
+models::LlamaConfig llama_tiny(int64_t vocab, int64_t positions) {
+  models::LlamaConfig c;
+  c.vocab_size = vocab, c.hidden_size = 256, c.intermediate_size = 512, c.num_hidden_layers = 4;
+  c.num_attention_heads = 8, c.num_key_value_heads = 2, c.max_position_embeddings = positions;
+  c.rms_norm_eps = 1e-5;
+  return c;
+}
+
+constexpr int64_t kPrompt = 16, kDecode = 32;
+
+// A Llama of config `c` decoding kDecode tokens after a kPrompt-token prompt; frozen = weight-only
+// under `scheme` (quantize, freeze; no calibration). The inference ends with the cache's
+// capacity_bytes() and the RSS that dropping the cache gives back.
+std::function<void()> llama_decode(const models::LlamaConfig& c, const std::optional<Scheme>& scheme) {
+  torch::manual_seed(0);
+  auto m = std::make_shared<models::LlamaForCausalLM>(c);
+  (*m)->eval();
+  if (scheme) {
+    stage("float");
+    quantize(*m, *scheme);
+    stage("quantize");
+    freeze(*m);
+    stage("freeze");
+  }
+  g_tensor_bytes = model_size(**m).total_bytes;
+  const at::Tensor prompt = at::randint(0, c.vocab_size, {1, kPrompt}, at::kLong);
+  return [m, prompt] {
+    at::NoGradGuard g;
+    models::KvCache cache;
+    cache.reserve(kPrompt + kDecode);
+    at::Tensor next = (*m)->forward(prompt, &cache).select(1, kPrompt - 1).argmax(-1, true);
+    for (int64_t t = 0; t < kDecode; ++t) next = (*m)->forward(next, &cache).select(1, 0).argmax(-1, true);
+    g_cache_bytes = cache.capacity_bytes();
+    malloc_trim(0);
+    const int64_t with_cache = status_kib("VmRSS");
+    cache.clear();
+    malloc_trim(0);
+    g_released_kib = with_cache - status_kib("VmRSS");
+  };
+}
+
+// Bytes of a float cache of `positions` positions, from the shapes alone.
+int64_t float_cache_bytes(const models::LlamaConfig& c, int64_t positions) {
+  return 2 * c.num_hidden_layers * c.kv_heads() * c.head_size() * positions * static_cast<int64_t>(sizeof(float));
+}
+
+// Weight-only schemes of the Llama rows: int8 per channel, int4 in groups of `group`.
+Scheme weight_only(const QType& qtype, int64_t group = 0) {
+  Scheme s(qtype);
+  if (group > 0) s.weight_granularity = Granularity::kPerGroup, s.group_size = group;
+  return s;
+}
+
 // configs/models/llama_tiny.yaml's shape with room for `positions`; the inference prefills that
 // many tokens into a cache, then drops it and measures the RSS that gives back.
 std::function<void()> llama_kv(const KvCacheScheme& scheme, int64_t positions) {
-  models::LlamaConfig c;
-  c.vocab_size = 2048, c.hidden_size = 256, c.intermediate_size = 512, c.num_hidden_layers = 4;
-  c.num_attention_heads = 8, c.num_key_value_heads = 2, c.max_position_embeddings = positions;
-  c.rms_norm_eps = 1e-5;
+  const models::LlamaConfig c = llama_tiny(2048, positions);
   torch::manual_seed(0);
   auto m = std::make_shared<models::LlamaForCausalLM>(c);
   (*m)->eval();
@@ -206,34 +271,59 @@ int kv_cache_main(bool json) {
 
 int main(int argc, char** argv) {
   bool json = false, kv_cache = false;
+  std::string filter;
   for (int i = 1; i < argc; ++i) {
     json |= std::strcmp(argv[i], "--json") == 0;
     kv_cache |= std::strcmp(argv[i], "--kv-cache") == 0;
+    if (std::strcmp(argv[i], "--filter") == 0 && i + 1 < argc) filter = argv[++i];
   }
   if (kv_cache) return kv_cache_main(json);
   struct Row {
     const char* model;
     const char* state;
     std::function<std::function<void()>()> build;
+    int64_t cache_shape_bytes = -1;  // Llama rows: the float cache's bytes from its shapes
   };
-  const std::vector<Row> rows{{"bert_base_b1_s128", "float", [] { return bert(false); }},
-                              {"bert_base_b1_s128", "frozen_w8a8", [] { return bert(true); }},
-                              {"gpt2_small_decode32", "float", [] { return gpt2(false); }},
-                              {"gpt2_small_decode32", "frozen_w4", [] { return gpt2(true); }}};
-  if (!json) std::printf("%-22s %-12s %12s %12s %14s\n", "model", "state", "model MiB", "build peak", "inference peak");
+  std::vector<Row> rows{{"bert_base_b1_s128", "float", [] { return bert(false); }},
+                        {"bert_base_b1_s128", "frozen_w8a8", [] { return bert(true); }},
+                        {"gpt2_small_decode32", "float", [] { return gpt2(false); }},
+                        {"gpt2_small_decode32", "frozen_w4", [] { return gpt2(true); }}};
+  const std::vector<std::pair<const char*, std::optional<Scheme>>> states{
+      {"float", std::nullopt},
+      {"frozen_w8", weight_only(qint8)},
+      {"frozen_w4_g32", weight_only(qint4, 32)},
+      {"frozen_w4_g128", weight_only(qint4, 128)}};
+  const std::pair<const char*, models::LlamaConfig> llamas[] = {{"llama_tiny_decode32", llama_tiny(2048, 128)},
+                                                                {"llama8b_L2_decode32", bench::llama_8b_layers(2)}};
+  for (const auto& [model, config] : llamas)
+    for (const auto& [state, scheme] : states)
+      rows.push_back({model, state, [c = config, sc = scheme] { return llama_decode(c, sc); },
+                      float_cache_bytes(config, kPrompt + kDecode)});
+  if (!json) std::printf("%-22s %-14s %12s %12s %14s\n", "model", "state", "model MiB", "build peak", "inference peak");
   for (const Row& r : rows) {
+    if (std::string(r.model).find(filter) == std::string::npos) continue;
     const Measured m = measure(r.build);
     if (json) {
       std::printf("{\"bench\":\"memory\",\"model\":\"%s\",\"state\":\"%s\",\"model_kib\":%lld,\"build_peak_kib\":%lld,"
-                  "\"inference_peak_kib\":%lld}\n",
+                  "\"inference_peak_kib\":%lld",
                   r.model, r.state, static_cast<long long>(m.model_kib), static_cast<long long>(m.build_peak_kib),
                   static_cast<long long>(m.inference_peak_kib));
+      if (r.cache_shape_bytes >= 0)
+        std::printf(",\"tensor_bytes\":%lld,\"cache_shape_bytes\":%lld,\"cache_bytes\":%lld,\"cache_released_kib\":%lld",
+                    static_cast<long long>(m.tensor_bytes), static_cast<long long>(r.cache_shape_bytes),
+                    static_cast<long long>(m.cache_bytes), static_cast<long long>(m.released_kib));
+      std::printf("}\n");
     } else {
-      std::printf("%-22s %-12s %12.1f %12.1f %14.1f\n", r.model, r.state, m.model_kib / 1024.0,
+      std::printf("%-22s %-14s %12.1f %12.1f %14.1f\n", r.model, r.state, m.model_kib / 1024.0,
                   m.build_peak_kib / 1024.0, m.inference_peak_kib / 1024.0);
       for (int i = 0; i < m.stages; ++i)
         std::printf("    after %-10s peak %8.1f MiB, resident %8.1f MiB\n", m.stage_name[i],
                     m.stage_peak_kib[i] / 1024.0, m.stage_rss_kib[i] / 1024.0);
+      if (r.cache_shape_bytes >= 0) std::printf("    tensor bytes (model_size) %.1f MiB\n", m.tensor_bytes / 1048576.0);
+      if (r.cache_shape_bytes >= 0)
+        std::printf("    KV cache (48 positions): %lld bytes from the shapes, capacity_bytes() %lld, released %.1f KiB\n",
+                    static_cast<long long>(r.cache_shape_bytes), static_cast<long long>(m.cache_bytes),
+                    static_cast<double>(m.released_kib));
     }
     std::fflush(stdout);
   }

@@ -1,9 +1,11 @@
 // The reference models as qbench and qbench_memory build them: BERT-base and GPT-2 small shapes
-// without dropout, and GPT-2 prepared for decoding frozen (model_gpt2_decode_*).
+// without dropout, GPT-2 prepared for decoding frozen (model_gpt2_decode_*), and layers of
+// Llama-3-8B's shape (model_llama8b_decode_*, qbench_memory's llama8b rows).
 #pragma once
 
 #include "framework/models/bert.h"
 #include "framework/models/gpt2.h"
+#include "framework/models/llama.h"
 #include "framework/api/quantize.h"
 #include "framework/nn/linear.h"
 
@@ -39,12 +41,23 @@ inline models::Gpt2Config gpt2_small() {
   return c;
 }
 
+// `layers` layers of Llama-3-8B's shape (hidden 4096, FFN 14336, 32 query / 8 key-value heads,
+// head_dim 128, RoPE base 500000), a 256-token vocabulary so the layers, not the embedding and
+// head (4 MB each in float), are the weights; untied head.
+inline models::LlamaConfig llama_8b_layers(int64_t layers) {
+  models::LlamaConfig c;
+  c.vocab_size = 256, c.hidden_size = 4096, c.intermediate_size = 14336, c.num_hidden_layers = layers;
+  c.num_attention_heads = 32, c.num_key_value_heads = 8, c.max_position_embeddings = 8192;
+  c.rms_norm_eps = 1e-5, c.rope_theta = 500000.0, c.tie_word_embeddings = false;
+  return c;
+}
+
 // The decode model of model_gpt2_decode_*: the LM head untied (same logits) and every Linear,
-// head included, frozen weight-only under `qtype`'s default scheme (qint4: groups of 128); both
-// embeddings int8 per row (row gather; an int4 table would be dequantized whole per call).
-inline void freeze_for_decode(models::Gpt2LMHeadModel& m, const QType& qtype) {
+// head included, frozen weight-only under `scheme` (a QType: its default scheme, qint4 in groups
+// of 128); both embeddings int8 per row (row gather; an int4 table would be dequantized whole per call).
+inline void freeze_for_decode(models::Gpt2LMHeadModel& m, const Scheme& scheme) {
   m->untie_lm_head();
-  Scheme s(qtype);
+  Scheme s = scheme;
   LayerRule embeddings;
   embeddings.pattern = "transformer.w?e";
   embeddings.weights = qint8;
