@@ -41,16 +41,7 @@ struct Kernel {
         const int64_t o_end = chunk_end(b, kOctsPerBlock, octs);
         __m512i acc[MR][NR];
         s4_dot_octs<MR, NR>(op.w, op.a, b * kOctsPerBlock, o_end, acc);
-        #pragma GCC unroll 16
-        for (int r = 0; r < MR; ++r) {
-          const __m512i s = _mm512_set1_epi32(args.s[(m0 + r) * args.kb + b]);
-          const __m512 d = _mm512_set1_ps(args.d[(m0 + r) * args.kb + b]);
-          #pragma GCC unroll 16
-          for (int c = 0; c < NR; ++c) {
-            const __m512i i = _mm512_sub_epi32(acc[r][c], _mm512_mullo_epi32(zc[c], s));
-            u[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), d, u[r][c]);
-          }
-        }
+        q8_fold_block<MR, NR>(args.s, args.d, args.kb, m0, b, acc, zc, u);
       }
       #pragma GCC unroll 16
       for (int r = 0; r < MR; ++r)
