@@ -35,27 +35,19 @@ struct Kernel {
     const int64_t blocks_per_group = w.groups == 1 ? args.kb : w.group_size / kQ8Block;
     const TileOperands<MR, NR, int8_t, int8_t> op(w.data, nb0, quads * kS8BlockBytes, args.q, m0, args.ldq);
     __m512 t[MR][NR];
-    fill_tile(t, _mm512_setzero_ps());
-    for (int64_t g = 0; g < w.groups; ++g) {
-      __m512i offset[NR];  // 128 + z per column
-      __m512 sc[NR], u[MR][NR];
-      #pragma GCC unroll 16
-      for (int c = 0; c < NR; ++c) {
-        s8g_group_meta(w, nb0 + c, g, offset[c], sc[c]);
-        offset[c] = _mm512_add_epi32(offset[c], _mm512_set1_epi32(kWeightOffset));
-      }
-      fill_tile(u, _mm512_setzero_ps());
-      const int64_t b_end = chunk_end(g, blocks_per_group, args.kb);
-      for (int64_t b = g * blocks_per_group; b < b_end; ++b) {
-        __m512i acc[MR][NR];
-        q8_flipped_dot<MR, NR>(op.w, op.a, b * kQuadsPerBlock, chunk_end(b, kQuadsPerBlock, quads), acc);
-        q8_fold_block<MR, NR>(args.s, args.d, args.kb, m0, b, acc, offset, u);
-      }
-      #pragma GCC unroll 16
-      for (int r = 0; r < MR; ++r)
-        #pragma GCC unroll 16
-        for (int c = 0; c < NR; ++c) t[r][c] = _mm512_fmadd_ps(u[r][c], sc[c], t[r][c]);
-    }
+    q8_group_tile<MR, NR>(
+        args, m0, w.groups, blocks_per_group,
+        [&](int64_t g, __m512i (&offset)[NR], __m512 (&sc)[NR]) __attribute__((always_inline)) {
+          #pragma GCC unroll 16
+          for (int c = 0; c < NR; ++c) {  // 128 + z per column
+            s8g_group_meta(w, nb0 + c, g, offset[c], sc[c]);
+            offset[c] = _mm512_add_epi32(offset[c], _mm512_set1_epi32(kWeightOffset));
+          }
+        },
+        [&](int64_t b, __m512i (&acc)[MR][NR]) __attribute__((always_inline)) {
+          q8_flipped_dot<MR, NR>(op.w, op.a, b * kQuadsPerBlock, chunk_end(b, kQuadsPerBlock, quads), acc);
+        },
+        t);
     store_columns<MR, NR>(args.y, args.ldy, m0, nb0, w.n, nullptr, args.bias,
                           [&](int r, int c, __m512, __m512 bias) { return _mm512_add_ps(t[r][c], bias); });
   }

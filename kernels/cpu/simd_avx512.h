@@ -158,6 +158,32 @@ __attribute__((always_inline)) inline void q8_fold_block(const int32_t* s, const
   }
 }
 
+// A block-32 decode tile over groups of whole blocks (VNNI files only): per group g,
+// meta(g, offset, scale) gives each column block's lane offsets (q8_fold_block's z) and scales,
+// dot(b, acc) block b's integer sums; u folds the group's blocks, t = fma(u, scale, t) per group.
+template <int MR, int NR, typename Args, typename Meta, typename Dot>
+__attribute__((always_inline)) inline void q8_group_tile(const Args& args, int64_t m0,
+                                                         int64_t groups, int64_t blocks_per_group, const Meta& meta,
+                                                         const Dot& dot, __m512 (&t)[MR][NR]) {
+  fill_tile(t, _mm512_setzero_ps());
+  for (int64_t g = 0; g < groups; ++g) {
+    __m512i offset[NR];
+    __m512 sc[NR], u[MR][NR];
+    meta(g, offset, sc);
+    fill_tile(u, _mm512_setzero_ps());
+    const int64_t b_end = chunk_end(g, blocks_per_group, args.kb);
+    for (int64_t b = g * blocks_per_group; b < b_end; ++b) {
+      __m512i acc[MR][NR];
+      dot(b, acc);
+      q8_fold_block<MR, NR>(args.s, args.d, args.kb, m0, b, acc, offset, u);
+    }
+    #pragma GCC unroll 16
+    for (int r = 0; r < MR; ++r)
+      #pragma GCC unroll 16
+      for (int c = 0; c < NR; ++c) t[r][c] = _mm512_fmadd_ps(u[r][c], sc[c], t[r][c]);
+  }
+}
+
 // The float epilogue of an MR x NR tile: y[m0 + r][n0 + lane] = value(r, c, ws, b) for the valid
 // columns of block nb0 + c, with ws = col_scale[n0 + lane] (unset when col_scale is null) and
 // b = bias[n0 + lane] (0 when bias is null), masked lanes read as 0.
