@@ -10,9 +10,9 @@
 //   model_gpt2_decode_q8, _q4    the decode case on GPT-2 small shapes (vocabulary 50257, head
 //                                untied, embeddings int8 per row), qforge on load_gguf of the file
 // The frozen model (qint8 per channel for q8, qint4 in groups of 32 for q4) is written once as GGUF
-// (export_gguf, codes kept: Q8_0 / Q4_0, fp16 scales); llama.cpp loads that file, and for q4 qforge
-// runs load_gguf of the same file (q8: the model the file was written from; a loaded Q8_0 matrix has
-// no integer kernel yet). impl "qforge": float activations (DecodeActivations::kExact); impl
+// (export_gguf, codes kept: Q8_0 / Q4_0, fp16 scales); llama.cpp loads that file, and qforge runs
+// load_gguf of the same file (Q8_0: int8 groups of 32 on PackedLinearS8G's kernels; Q4_0: int4
+// groups of 32). impl "qforge": float activations (DecodeActivations::kExact); impl
 // "qforge-q8": block-32 int8 decode activations (kQ8Block32, llama.cpp's activation side, the
 // default of a loaded file); impl "llamacpp": the file run by llama.cpp (node-llama-cpp 3.21.1's
 // prebuilt CPU library, the one ctest gguf_llamacpp installs into the build tree, or
@@ -93,15 +93,12 @@ Case linears_only(const std::shared_ptr<models::LlamaForCausalLM>& m) {
                {"qforge-q8", with_decode(m->ptr(), DecodeActivations::kQ8Block32, run)}}};
 }
 
-// The frozen model of the row, written once as GGUF at `path` (Q8_0 / Q4_0, codes kept). Q4, and
-// Q8 with `load_q8`: qforge then runs load_gguf(path), the very file llama.cpp loads (its Linears
-// decode with q8_block32 activations by default, as llama.cpp does). Otherwise Q8: qforge runs the
-// per-channel int8 model the file was written from (the same codes; the file's fp16 copies of the
-// scales), since a loaded Q8_0 matrix (int8 with a scale per block of 32) has no integer kernel yet
-// (docs/performance.md).
+// The frozen model of the row, written once as GGUF at `path` (Q8_0 / Q4_0, codes kept); qforge then
+// runs load_gguf(path), the very file llama.cpp loads (its Linears decode with q8_block32
+// activations by default, as llama.cpp does): Q8_0 as int8 with an fp16 scale per block of 32
+// (PackedLinearS8G), Q4_0 as int4 groups of 32.
 std::shared_ptr<models::LlamaForCausalLM> frozen_llama(int bits, const std::string& path,
-                                                       const models::LlamaConfig& config = llama_1b_layers(),
-                                                       bool load_q8 = false) {
+                                                       const models::LlamaConfig& config = llama_1b_layers()) {
   {
     torch::manual_seed(0);
     auto m = std::make_shared<models::LlamaForCausalLM>(config);
@@ -110,7 +107,6 @@ std::shared_ptr<models::LlamaForCausalLM> frozen_llama(int bits, const std::stri
     quantize(*m, decode_scheme(bits));
     freeze(*m);
     models::export_gguf(*m, path);
-    if (bits == 8 && !load_q8) return m;
   }  // the model the file came from is gone before the file loads (8B-shaped layers: 0.5 GB)
   return std::make_shared<models::LlamaForCausalLM>(models::load_gguf(path).llama);
 }
@@ -287,7 +283,7 @@ std::vector<Case> llama8b_decode_cases(int bits) {
   const std::string row = "model_llama8b_decode_q" + std::to_string(bits);
   const TempGguf file("llama8b-q" + std::to_string(bits));
   const std::shared_ptr<models::LlamaForCausalLM> m =
-      frozen_llama(bits, file.path, llama_8b_layers(kLlama8bLayers), /*load_q8=*/true);
+      frozen_llama(bits, file.path, llama_8b_layers(kLlama8bLayers));
   report_kernels(row, **m);
   torch::manual_seed(1);
   const at::Tensor prompt = at::randint(0, 256, {1, kLlamaPrompt}, at::kLong);

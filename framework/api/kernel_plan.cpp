@@ -1,10 +1,11 @@
-// plan_linear: the seven paths of a frozen Linear and the kernel each runs at decode size.
+// plan_linear: the paths of a frozen Linear and the kernel each runs at decode size.
 #include "framework/api/kernel_plan.h"
 
 #include "framework/core/error.h"
 #include "kernels/cpu/fp4_linear.h"
 #include "kernels/cpu/kernel_choice.h"
 #include "kernels/cpu/linear_decode.h"
+#include "kernels/cpu/linear_s8g.h"
 #include "kernels/cpu/linear_weight_only.h"
 #include "kernels/cpu/lut_linear.h"
 #include "kernels/cuda/cublaslt_int8_rules.h"
@@ -60,6 +61,17 @@ KernelPlan plan_fp4(const QSpec& ws, ActivationMode act, int64_t in_features, Is
   return plan;
 }
 
+// Weight-only int8 with group scales: the exact or the block-32 decode table of PackedLinearS8G.
+KernelPlan plan_s8_groups(const QSpec& ws, int64_t in_features, Isa isa, DecodeActivations decode) {
+  KernelPlan plan;
+  plan.path = LinearPath::kS8GroupWeightOnly;
+  const bool q8 = decode == DecodeActivations::kQ8Block32;
+  const int64_t group = ws.group_size < in_features ? ws.group_size : 0;
+  plan_kernels(q8 ? kernels::LinearOp::kQ8S8G : kernels::LinearOp::kF32S8G, isa, group, &plan);
+  plan.decode_q8 = q8 && plan.kernel != kernels::kExactS8GGemvKernel;
+  return plan;
+}
+
 }  // namespace
 
 const char* to_string(LinearPath path) {
@@ -73,6 +85,7 @@ const char* to_string(LinearPath path) {
     case LinearPath::kS4WeightOnly: return "s4_weight_only";
     case LinearPath::kLutWeightOnly: return "lut_weight_only";
     case LinearPath::kFp4WeightOnly: return "fp4_weight_only";
+    case LinearPath::kS8GroupWeightOnly: return "s8g_weight_only";
   }
   return "?";
 }
@@ -101,6 +114,8 @@ KernelPlan plan_linear(const std::optional<QSpec>& weights, ActivationMode act, 
   const bool s8_weights =
       ws.qtype == qint8 && ws.symmetric && per_row_scales && ws.granularity != Granularity::kPerGroup;
   const bool s4_weights = nibble_packed(ws.qtype) && per_row_scales;
+  // int8 per group along K (either sign of scale, any zero point in the grid): PackedLinearS8G.
+  const bool s8_groups = ws.qtype == qint8 && ws.granularity == Granularity::kPerGroup;
   std::string why;
   if (ws.qtype.is_codebook()) {
     // One codebook per output row (or per group of a row, or one shared by all rows).
@@ -124,6 +139,7 @@ KernelPlan plan_linear(const std::optional<QSpec>& weights, ActivationMode act, 
     return plan;
   }
   if (ws.qtype.is_microscaling()) return plan_fp4(ws, act, in_features, isa);
+  if (act == ActivationMode::kNone && s8_groups) return plan_s8_groups(ws, in_features, isa, decode);
   if (act == ActivationMode::kNone && (s8_weights || s4_weights)) {
     plan.path = s8_weights ? LinearPath::kS8WeightOnly : LinearPath::kS4WeightOnly;
   } else if (act == ActivationMode::kNone) {
@@ -152,6 +168,7 @@ KernelPlan plan_linear(const std::optional<QSpec>& weights, ActivationMode act, 
     case LinearPath::kS4WeightOnly: op = q8 ? kernels::LinearOp::kQ8S4 : kernels::LinearOp::kF32S4; break;
     case LinearPath::kLutWeightOnly:
     case LinearPath::kFp4WeightOnly:
+    case LinearPath::kS8GroupWeightOnly:
     case LinearPath::kDequant: break;
   }
   const bool s4 = op == kernels::LinearOp::kS8S4 || op == kernels::LinearOp::kF32S4;
@@ -241,6 +258,11 @@ KernelPlan plan_linear_cuda(const std::optional<QSpec>& weights, ActivationMode 
     case LinearPath::kS8WeightOnly:
       plan.kernel = "dequantize+at::linear";
       plan.fallback = "no weight-only int8 GEMM on CUDA: the int8 weight is dequantized per call, then at::linear";
+      break;
+    case LinearPath::kS8GroupWeightOnly:
+      plan.kernel = "dequantize+at::linear";
+      plan.fallback = "no int8 group-scale kernel on CUDA: the weight is dequantized once to a float weight on the "
+                      "device, then at::linear";
       break;
     case LinearPath::kFp4WeightOnly:
       plan.kernel = "dequantize+at::linear";

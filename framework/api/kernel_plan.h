@@ -25,10 +25,11 @@ enum class LinearPath : uint8_t {
   kS4WeightOnly,  // 4-bit weights, float activations
   kLutWeightOnly, // codebook (k-means) weights through the look-up-table kernel, float activations
   kFp4WeightOnly, // MXFP4 / NVFP4 weights (E2M1 codes, block scales), float activations
+  kS8GroupWeightOnly,  // int8 weights with a scale per group along K (GGUF Q8_0), float activations
 };
 const char* to_string(LinearPath path);
 
-// What the weight-only int8 / int4 paths do with their float input on decode-sized calls (at most
+// What the weight-only int8 / int4 / int8-group paths do with their float input on decode-sized calls (at most
 // kernels::kWeightOnlyMaxM rows; larger calls are exact either way). docs/kernels.md, "Decode
 // activations".
 enum class DecodeActivations : uint8_t {

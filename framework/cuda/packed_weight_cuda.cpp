@@ -113,7 +113,8 @@ class CudaFloatLinear final : public CudaPackedWeight {
   at::Tensor forward(const at::Tensor& x, const FrozenInput& in) const override {
     const at::Tensor xq = fake_quantize_input(in, x);
     // The look-up-table path takes float inputs; the dequantize path passes the input's dtype on.
-    const bool float_input = path() == LinearPath::kLutWeightOnly || path() == LinearPath::kFp4WeightOnly;
+    const bool float_input = path() == LinearPath::kLutWeightOnly || path() == LinearPath::kFp4WeightOnly ||
+                             path() == LinearPath::kS8GroupWeightOnly;
     return at::linear(float_input ? xq.to(at::kFloat) : xq, float_weight_, bias_or(in));
   }
 
@@ -135,6 +136,7 @@ PackedWeightPtr cuda_packed_weight(PackedWeightPtr host, const at::Device& devic
     case LinearPath::kS4WeightOnly: return std::make_shared<CudaInt4Linear>(std::move(host), device);
     case LinearPath::kLutWeightOnly:
     case LinearPath::kFp4WeightOnly:
+    case LinearPath::kS8GroupWeightOnly:
     case LinearPath::kDequant: break;
   }
   return std::make_shared<CudaFloatLinear>(std::move(host), device);

@@ -60,6 +60,7 @@ PackedWeightPtr pack_linear(QuantizedTensor fw, LinearPath path, const at::Tenso
     case LinearPath::kS4WeightOnly: return pack_linear_s4(std::move(fw), path, bias, static_scale);
     case LinearPath::kLutWeightOnly: return pack_linear_lut(std::move(fw), bias);
     case LinearPath::kFp4WeightOnly: return pack_linear_fp4(std::move(fw), bias);
+    case LinearPath::kS8GroupWeightOnly: return pack_linear_s8g(std::move(fw), bias);
     case LinearPath::kDequant: break;
   }
   return pack_dequantize(std::move(fw), /*linear=*/true);

@@ -40,6 +40,7 @@ std::shared_ptr<const kernels::PackedLinearS8> pack_s8_kernel(const at::Tensor& 
 PackedWeightPtr pack_linear_s8(QuantizedTensor fw, LinearPath path, const at::Tensor& bias, float static_scale);
 PackedWeightPtr pack_linear_s4(QuantizedTensor fw, LinearPath path, const at::Tensor& bias, float static_scale);
 PackedWeightPtr pack_linear_lut(QuantizedTensor fw, const at::Tensor& bias);
+PackedWeightPtr pack_linear_s8g(QuantizedTensor fw, const at::Tensor& bias);  // int8 per group along K
 PackedWeightPtr pack_linear_fp4(QuantizedTensor fw, const at::Tensor& bias);  // mxfp4 / nvfp4
 // Any layer's weight kept packed as a QuantizedTensor and dequantized per call; for a Linear
 // (`linear`) its forward is the product with the layer's bias; convolutions run LibTorch's own on

@@ -2,6 +2,7 @@
 // static and weight-only paths (kernels/cpu/gemv_s8.h, gemv_s4.h).
 #include <ATen/ATen.h>
 
+#include <type_traits>
 #include <vector>
 
 #include "framework/nn/packed_weight_cpu.h"
@@ -10,10 +11,12 @@
 namespace qforge::nn {
 namespace {
 
-bool weight_only(LinearPath p) { return p == LinearPath::kS8WeightOnly || p == LinearPath::kS4WeightOnly; }
+bool weight_only(LinearPath p) {
+  return p == LinearPath::kS8WeightOnly || p == LinearPath::kS4WeightOnly || p == LinearPath::kS8GroupWeightOnly;
+}
 bool static_act(LinearPath p) { return p == LinearPath::kS8Static || p == LinearPath::kS4Static; }
 
-// int8 (Kernel = kernels::PackedLinearS8) or int4 (kernels::PackedLinearS4) weights in the
+// int8 (Kernel = kernels::PackedLinearS8 / S8G) or int4 (kernels::PackedLinearS4) weights in the
 // kernels' packed layout; meta keeps the spec and qparams, its codes released.
 template <class Kernel>
 class PackedIntLinear final : public CpuPackedWeight {
@@ -53,13 +56,17 @@ at::Tensor PackedIntLinear<Kernel>::forward(const at::Tensor& x_in, const Frozen
     return (q8 ? kernel_->run_decode(x) : kernel_->run_weight_only(x)).reshape(out_shape);
   }
   at::Tensor y = at::empty({M, N}, at::kFloat);
-  kernels::RunInfo info;
-  if (static_act(path_)) {
-    // The fake-quant formula of the static input quantizer, as int8 codes.
-    const at::Tensor q = quantize_to_int8(x, in.quantizer->qparams()).contiguous();
-    kernel_->run_static(q.data_ptr<int8_t>(), M, static_scale_, y.data_ptr<float>(), &info);
+  if constexpr (std::is_same_v<Kernel, kernels::PackedLinearS8G>) {
+    QF_CHECK(false, "an int8 group-scale weight was packed for ", to_string(path_), " (it serves weight-only calls)");
   } else {
-    kernel_->run(x.data_ptr<float>(), M, y.data_ptr<float>(), &info);
+    kernels::RunInfo info;
+    if (static_act(path_)) {
+      // The fake-quant formula of the static input quantizer, as int8 codes.
+      const at::Tensor q = quantize_to_int8(x, in.quantizer->qparams()).contiguous();
+      kernel_->run_static(q.data_ptr<int8_t>(), M, static_scale_, y.data_ptr<float>(), &info);
+    } else {
+      kernel_->run(x.data_ptr<float>(), M, y.data_ptr<float>(), &info);
+    }
   }
   return y.reshape(out_shape);
 }
@@ -83,6 +90,16 @@ PackedWeightPtr pack_linear_s4(QuantizedTensor fw, LinearPath path, const at::Te
       std::make_shared<const kernels::PackedLinearS4>(fw.int_values(), scale_ng, zero_ng, g, bias, qp.spec.qtype);
   return std::make_shared<PackedIntLinear<kernels::PackedLinearS4>>(std::move(kernel), std::move(fw), path,
                                                                     static_scale);
+}
+
+PackedWeightPtr pack_linear_s8g(QuantizedTensor fw, const at::Tensor& bias) {
+  const int64_t N = fw.shape.at(0), K = fw.shape.at(1);
+  const QParams qp = fw.qparams();
+  const int64_t g = int4_group_size(qp.spec, K);
+  auto [scale_ng, zero_ng] = int4_group_params(qp, N, K, g);
+  auto kernel = std::make_shared<const kernels::PackedLinearS8G>(fw.int_values(), scale_ng, zero_ng, g, bias);
+  return std::make_shared<PackedIntLinear<kernels::PackedLinearS8G>>(std::move(kernel), std::move(fw),
+                                                                     LinearPath::kS8GroupWeightOnly, 0.0f);
 }
 
 }  // namespace qforge::nn

@@ -29,34 +29,15 @@ struct Kernel {
     const int64_t blocks_per_group = w.groups == 1 ? args.kb : w.group_size / (kOctsPerBlock * kS4BlockK);
     const TileOperands<MR, NR, uint8_t, int8_t> op(w.data, nb0, octs * kS4BlockBytes, args.q, m0, args.ldq);
     __m512 t[MR][NR];
-    fill_tile(t, _mm512_setzero_ps());
-
-    for (int64_t g = 0; g < w.groups; ++g) {
-      __m512i zc[NR];
-      __m512 sc[NR], u[MR][NR];
-      s4_group_meta(w, nb0, g, zc, sc);
-      fill_tile(u, _mm512_setzero_ps());
-      const int64_t b_end = chunk_end(g, blocks_per_group, args.kb);
-      for (int64_t b = g * blocks_per_group; b < b_end; ++b) {
-        const int64_t o_end = chunk_end(b, kOctsPerBlock, octs);
-        __m512i acc[MR][NR];
-        s4_dot_octs<MR, NR>(op.w, op.a, b * kOctsPerBlock, o_end, acc);
-        #pragma GCC unroll 16
-        for (int r = 0; r < MR; ++r) {
-          const __m512i s = _mm512_set1_epi32(args.s[(m0 + r) * args.kb + b]);
-          const __m512 d = _mm512_set1_ps(args.d[(m0 + r) * args.kb + b]);
-          #pragma GCC unroll 16
-          for (int c = 0; c < NR; ++c) {
-            const __m512i i = _mm512_sub_epi32(acc[r][c], _mm512_mullo_epi32(zc[c], s));
-            u[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), d, u[r][c]);
-          }
-        }
-      }
-      #pragma GCC unroll 16
-      for (int r = 0; r < MR; ++r)
-        #pragma GCC unroll 16
-        for (int c = 0; c < NR; ++c) t[r][c] = _mm512_fmadd_ps(u[r][c], sc[c], t[r][c]);
-    }
+    q8_group_tile<MR, NR>(
+        args, m0, w.groups, blocks_per_group,
+        [&](int64_t g, __m512i (&zc)[NR], __m512 (&sc)[NR]) __attribute__((always_inline)) {
+          s4_group_meta(w, nb0, g, zc, sc);
+        },
+        [&](int64_t b, __m512i (&acc)[MR][NR]) __attribute__((always_inline)) {
+          s4_dot_octs<MR, NR>(op.w, op.a, b * kOctsPerBlock, chunk_end(b, kOctsPerBlock, octs), acc);
+        },
+        t);
     store_columns<MR, NR>(args.y, args.ldy, m0, nb0, w.n, nullptr, args.bias,
                           [&](int r, int c, __m512, __m512 bias) { return _mm512_add_ps(t[r][c], bias); });
   }

@@ -1,8 +1,8 @@
 // Decode GEMV on AVX-512 VNNI: block-32 int8 activations x n16k4 int8 weights, float out
 // (linear_q8b32_s8_reference bit for bit). VPDPBUSD multiplies unsigned by signed bytes, so the
 // weights are made unsigned on the fly, w ^ 0x80 = w + 128 (one packed copy still serves the
-// exact weight-only path), and each block's accumulator starts at -128 * s_b (s_b: the block's
-// code sum), ending at sum q * w exactly. Compiled with the AVX-512 VNNI flags.
+// exact weight-only path), and each block's sum loses 128 * s_b (s_b: the block's code sum),
+// ending at sum q * w exactly. Compiled with the AVX-512 VNNI flags.
 #include <immintrin.h>
 
 #include "kernels/cpu/gemv_kernels.h"
@@ -30,56 +30,16 @@ struct Kernel {
     const S8N16K4View& w = args.w;
     const int64_t quads = w.kp / kS8BlockK;
     const TileOperands<MR, NR, int8_t, int8_t> op(w.data, nb0, quads * kS8BlockBytes, args.q, m0, args.ldq);
-    const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+    __m512i offset[NR];
+    #pragma GCC unroll 16
+    for (int c = 0; c < NR; ++c) offset[c] = _mm512_set1_epi32(kWeightOffset);
     __m512 u[MR][NR];
     fill_tile(u, _mm512_setzero_ps());
 
     for (int64_t b = 0; b < args.kb; ++b) {
-      __m512i acc0[MR][NR], acc1[MR][NR];  // two chains halve the VPDPBUSD dependency
-      #pragma GCC unroll 16
-      for (int r = 0; r < MR; ++r) {
-        const __m512i start = _mm512_set1_epi32(-kWeightOffset * args.s[(m0 + r) * args.kb + b]);
-        #pragma GCC unroll 16
-        for (int c = 0; c < NR; ++c) acc0[r][c] = start, acc1[r][c] = _mm512_setzero_si512();
-      }
-      const int64_t q1 = chunk_end(b, kQuadsPerBlock, quads);
-      int64_t kq = b * kQuadsPerBlock;
-      for (; kq + 2 <= q1; kq += 2) {
-        __m512i a0[MR], a1[MR];
-        #pragma GCC unroll 16
-        for (int r = 0; r < MR; ++r) {
-          a0[r] = _mm512_set1_epi32(load_u32(op.a[r] + kq * kS8BlockK));
-          a1[r] = _mm512_set1_epi32(load_u32(op.a[r] + (kq + 1) * kS8BlockK));
-        }
-        #pragma GCC unroll 16
-        for (int c = 0; c < NR; ++c) {
-          const __m512i w0 = _mm512_xor_si512(_mm512_loadu_si512(op.w[c] + kq * kS8BlockBytes), flip);
-          const __m512i w1 = _mm512_xor_si512(_mm512_loadu_si512(op.w[c] + (kq + 1) * kS8BlockBytes), flip);
-          #pragma GCC unroll 16
-          for (int r = 0; r < MR; ++r) {
-            acc0[r][c] = _mm512_dpbusd_epi32(acc0[r][c], w0, a0[r]);
-            acc1[r][c] = _mm512_dpbusd_epi32(acc1[r][c], w1, a1[r]);
-          }
-        }
-      }
-      if (kq < q1) {  // an odd number of k quads (the last block of a row)
-        #pragma GCC unroll 16
-        for (int c = 0; c < NR; ++c) {
-          const __m512i w0 = _mm512_xor_si512(_mm512_loadu_si512(op.w[c] + kq * kS8BlockBytes), flip);
-          #pragma GCC unroll 16
-          for (int r = 0; r < MR; ++r) {
-            acc0[r][c] = _mm512_dpbusd_epi32(acc0[r][c], w0, _mm512_set1_epi32(load_u32(op.a[r] + kq * kS8BlockK)));
-          }
-        }
-      }
-      #pragma GCC unroll 16
-      for (int r = 0; r < MR; ++r) {
-        const __m512 d = _mm512_set1_ps(args.d[(m0 + r) * args.kb + b]);
-        #pragma GCC unroll 16
-        for (int c = 0; c < NR; ++c) {
-          u[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(acc0[r][c], acc1[r][c])), d, u[r][c]);
-        }
-      }
+      __m512i acc[MR][NR];
+      q8_flipped_dot<MR, NR>(op.w, op.a, b * kQuadsPerBlock, chunk_end(b, kQuadsPerBlock, quads), acc);
+      q8_fold_block<MR, NR>(args.s, args.d, args.kb, m0, b, acc, offset, u);
     }
 
     store_columns<MR, NR>(args.y, args.ldy, m0, nb0, w.n, args.w_scale, args.bias,

@@ -25,13 +25,6 @@ namespace {
 
 constexpr int kU4Max = 15;
 
-// float -> fp16 bits when x converts exactly (finite, float(half(x)) == x), else false.
-bool fp16_bits_exact(float x, Fp16Bits* bits) {
-  const c10::Half h(x);
-  *bits = h.x;
-  return std::isfinite(x) && static_cast<float>(h) == x;
-}
-
 std::string exact_str(float x) {
   std::ostringstream os;
   os << std::setprecision(std::numeric_limits<float>::max_digits10) << x;
@@ -151,6 +144,12 @@ S4Unpacked unpack_s4(const S4N16K8View& w) {
   u.zero.resize(static_cast<size_t>(w.n * w.groups));
   unpack_s4_group_meta(w.scales, w.zeros, w.n, w.groups, u.scale.data(), u.zero.data());
   return u;
+}
+
+bool fp16_bits_exact(float x, Fp16Bits* bits) {
+  const c10::Half h(x);
+  *bits = h.x;
+  return std::isfinite(x) && static_cast<float>(h) == x;
 }
 
 float fp16_bits_to_float(Fp16Bits bits) {

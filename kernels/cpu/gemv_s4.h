@@ -52,6 +52,8 @@ S4Unpacked unpack_s4(const S4N16K8View& w);
 
 // A stored group scale as float (exact).
 float fp16_bits_to_float(Fp16Bits bits);
+// float -> fp16 bits when x converts exactly (finite, float(half(x)) == x), else false.
+bool fp16_bits_exact(float x, Fp16Bits* bits);
 
 // Inverse of pack_s4_group_meta: plain [N, G] float scales (exact) and zero-point codes.
 void unpack_s4_group_meta(const Fp16Bits* scales, const int8_t* zeros, int64_t N, int64_t G,

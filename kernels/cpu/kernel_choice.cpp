@@ -8,6 +8,7 @@
 #include "kernels/cpu/gemv_s4.h"
 #include "kernels/cpu/gemv_s8.h"
 #include "kernels/cpu/linear_decode.h"
+#include "kernels/cpu/linear_s8g.h"
 #include "kernels/cpu/linear_weight_only.h"
 #include "kernels/cpu/lut_linear.h"
 
@@ -28,6 +29,10 @@ template <typename Problem>
 void set_group(Problem&, int64_t) {}
 void set_group(GemvS4Problem& p, int64_t g) { p.w.group_size = g; }
 void set_group(LinearF32S4Problem& p, int64_t g) {
+  p.w.group_size = g;
+  p.w.groups = g > 0 ? 2 : 1;
+}
+void set_group(LinearS8GProblem& p, int64_t g) {
   p.w.group_size = g;
   p.w.groups = g > 0 ? 2 : 1;
 }
@@ -52,6 +57,8 @@ auto with_op_table(LinearOp op, int64_t group_size, const F& f) {
     case LinearOp::kF32S4: return with_table(linear_f32s4_kernels(), group_size, f);
     case LinearOp::kQ8S8: return with_table(linear_q8s8_kernels(), group_size, f);
     case LinearOp::kQ8S4: return with_table(linear_q8s4_kernels(), group_size, f);
+    case LinearOp::kF32S8G: return with_table(linear_f32s8g_kernels(), group_size, f);
+    case LinearOp::kQ8S8G: return with_table(linear_q8s8g_kernels(), group_size, f);
     case LinearOp::kF32Fp4: return with_table(fp4_linear_kernels(), group_size, f);
     case LinearOp::kF32Lut: break;
   }
@@ -91,6 +98,8 @@ const char* to_string(LinearOp op) {
     case LinearOp::kF32Fp4: return "f32fp4";
     case LinearOp::kQ8S8: return "q8s8";
     case LinearOp::kQ8S4: return "q8s4";
+    case LinearOp::kF32S8G: return "f32s8g";
+    case LinearOp::kQ8S8G: return "q8s8g";
   }
   return "?";
 }

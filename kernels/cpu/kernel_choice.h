@@ -21,13 +21,15 @@ enum class LinearOp : uint8_t {
   kF32Fp4, // float activations x MXFP4 / NVFP4 weights (PackedLinearFp4::run, weight-only)
   kQ8S8,   // block-32 int8 activations x int8 weights (linear_q8b32s8f32; PackedLinearS8::run_decode)
   kQ8S4,   // block-32 int8 activations x 4-bit weights (linear_q8b32s4f32; PackedLinearS4::run_decode)
+  kF32S8G, // float activations x int8 weights with group scales (linear_f32s8gf32; PackedLinearS8G::run_weight_only)
+  kQ8S8G,  // block-32 int8 activations x int8 group-scale weights (linear_q8b32s8gf32; PackedLinearS8G::run_decode)
 };
 
 const char* to_string(LinearOp op);
 
 // The kernel the dispatcher of `op` runs for M rows when `usable` is the highest usable level (a
-// level also needs to be compiled in). `group_size` matters for the 4-bit ops (0 for the others;
-// for kQ8S4, 0 means one group per row).
+// level also needs to be compiled in). `group_size` matters for the 4-bit and int8-group ops (0
+// for the others; for kQ8S4, kF32S8G and kQ8S8G, 0 means one group per row).
 // Data-dependent conditions (int8 activations holding -128) are assumed not to hold.
 RunInfo choose_kernel(LinearOp op, Isa usable, int64_t m, int64_t group_size = 0);
 

@@ -17,18 +17,11 @@ namespace qforge::kernels {
 
 namespace {
 
-// The block-32 activation rows of the last call on this thread, with the float rows they came
-// from: a call whose rows are bit for bit the same (q/k/v, and gate/up, read one normalized row)
-// reuses them, so the result is the one a fresh quantization gives.
-struct Q8Rows {
-  std::vector<float> x;
-  int64_t m = -1, k = -1, kb = 0;
-  std::vector<int8_t> q;
-  std::vector<float> d;
-  std::vector<int32_t> s;
-};
-
 thread_local int64_t t_q8_reuses = 0;
+
+}  // namespace
+
+namespace detail {
 
 const Q8Rows& q8_rows(const float* x, int64_t m, int64_t k) {
   thread_local Q8Rows last;
@@ -48,14 +41,14 @@ const Q8Rows& q8_rows(const float* x, int64_t m, int64_t k) {
   return last;
 }
 
-template <typename Args>
-Args q8_args(const Q8Rows& rows, int64_t m, float* y, int64_t ldy, const float* bias) {
-  Args a;
-  a.q = rows.q.data(), a.d = rows.d.data(), a.s = rows.s.data();
-  a.m = m, a.ldq = rows.kb * kQ8Block, a.kb = rows.kb;
-  a.bias = bias, a.y = y, a.ldy = ldy;
-  return a;
-}
+}  // namespace detail
+
+namespace {
+
+using detail::q8_rows;
+using detail::Q8Rows;
+
+using detail::q8_args;
 
 // The GEMV entries: quantize x once, then one ISA kernel over 16-column blocks split across threads.
 template <void (*kKernel)(const detail::GemvQ8S8Args&, int64_t, int64_t)>

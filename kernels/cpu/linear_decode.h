@@ -11,10 +11,12 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "kernels/cpu/kernel_table.h"
 #include "kernels/cpu/linear_weight_only.h"
 #include "kernels/cpu/packed_layout.h"
+#include "kernels/cpu/reference.h"
 #include "kernels/cpu/run_info.h"
 
 namespace qforge::kernels {
@@ -39,5 +41,32 @@ void linear_q8b32s8f32(const float* x, int64_t M, const S8N16K4View& w, const fl
 // groups run the exact weight-only GEMV (linear_f32s4f32) and info->fallback says why.
 void linear_q8b32s4f32(const float* x, int64_t M, const S4N16K8View& w, const float* bias, float* y,
                        RunInfo* info = nullptr);
+
+namespace detail {
+
+// The block-32 activation rows of the last call on this thread, with the float rows they came
+// from: a call whose rows are bit for bit the same (q/k/v, and gate/up, read one normalized row)
+// reuses them, so the result is the one a fresh quantization gives.
+struct Q8Rows {
+  std::vector<float> x;
+  int64_t m = -1, k = -1, kb = 0;
+  std::vector<int8_t> q;   // [m][kb * 32]
+  std::vector<float> d;    // [m][kb]
+  std::vector<int32_t> s;  // [m][kb]
+};
+// x dense [m, k] quantized (quantize_rows_q8b32), or the thread's last rows when x equals them.
+const Q8Rows& q8_rows(const float* x, int64_t m, int64_t k);
+
+// A decode GEMV's arguments (GemvQ8Args) over `rows`, writing y [m][ldy].
+template <typename Args>
+Args q8_args(const Q8Rows& rows, int64_t m, float* y, int64_t ldy, const float* bias) {
+  Args a;
+  a.q = rows.q.data(), a.d = rows.d.data(), a.s = rows.s.data();
+  a.m = m, a.ldq = rows.kb * kQ8Block, a.kb = rows.kb;
+  a.bias = bias, a.y = y, a.ldy = ldy;
+  return a;
+}
+
+}  // namespace detail
 
 }  // namespace qforge::kernels

@@ -65,6 +65,20 @@ struct S4N16K8View {
   int64_t group_size = 0, groups = 0;
 };
 
+// int8 weights with a scale per column and group of K (GGUF's Q8_0 blocks: groups of 32): the
+// codes in n16k4 (data, as S8N16K4View), the group metadata blocked like n16k8's, [Np / 16][G][16]
+// entries: scales as fp16 bits when every one is exactly a float16 (files' block scales), else as
+// float; zero points as int8, or none when all are 0. 8 + 16 / 32 = 8.5 bits per weight at groups
+// of 32 with fp16 scales, Q8_0's size.
+struct S8GroupView {
+  const int8_t* data = nullptr;          // round_up(N, 16) * Kp bytes, n16k4
+  const Fp16Bits* scales16 = nullptr;    // [Np / 16][G][16] fp16 bits (0 for padding), or null
+  const float* scales32 = nullptr;       // the same as float where scales16 is null
+  const int8_t* zeros = nullptr;         // [Np / 16][G][16] zero points, or null when all are 0
+  int64_t n = 0, k = 0, kp = 0;          // kp = round_up(K, 4)
+  int64_t group_size = 0, groups = 0;
+};
+
 // Scalar packers and unpackers that define the two layouts (reference_pack.cpp).
 // pack_s8_n16k4_reference writes round_up(N,16) * round_up(K,4) bytes and round_up(N,16) sums.
 void pack_s8_n16k4_reference(const int8_t* W, int64_t N, int64_t K, int8_t* packed,

@@ -11,6 +11,7 @@
 #include "kernels/cpu/gemv_s8.h"
 #include "kernels/cpu/isa.h"
 #include "kernels/cpu/linear_decode.h"
+#include "kernels/cpu/linear_s8g.h"
 #include "kernels/cpu/linear_weight_only.h"
 #include "kernels/cpu/quantize_rows_s8.h"
 #include "kernels/cpu/workspace.h"
@@ -289,6 +290,108 @@ at::Tensor PackedLinearS4::run_decode(const at::Tensor& x, RunInfo* info) const 
   QF_REQUIRE(packed_.defined(), "kernels/cpu: PackedLinearS4::run_decode on an empty object");
   return on_rows(x, k_, n_, "PackedLinearS4", [&](const float* rows, int64_t m, float* y) {
     linear_q8b32s4f32(rows, m, view(), data_or_null(bias_), y, info);
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+namespace {
+
+// [N, G] scales and zero points blocked as [Np / 16][G][16] (0 in padding).
+template <typename T, typename F>
+at::Tensor blocked_meta(int64_t N, int64_t G, at::ScalarType dtype, const F& value) {
+  const int64_t np = round_up(N, kS8BlockN);
+  at::Tensor out = at::zeros({np * G}, dtype);
+  T* p = reinterpret_cast<T*>(out.data_ptr());
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t g = 0; g < G; ++g) p[((n / kS8BlockN) * G + g) * kS8BlockN + n % kS8BlockN] = value(n * G + g);
+  return out;
+}
+
+}  // namespace
+
+PackedLinearS8G::PackedLinearS8G(const at::Tensor& weight, const at::Tensor& w_scale, const at::Tensor& w_zero,
+                                 int64_t group_size, const at::Tensor& bias) {
+  QF_REQUIRE(weight.defined() && weight.dim() == 2 && weight.scalar_type() == at::kChar,
+             "kernels/cpu: PackedLinearS8G weight must be int8 [N, K], got ",
+             weight.defined() ? shape_str(weight) : "undefined");
+  n_ = weight.size(0);
+  k_ = weight.size(1);
+  QF_REQUIRE(n_ > 0 && k_ > 0 && group_size > 0, "kernels/cpu: PackedLinearS8G weight ", shape_str(weight),
+             " or group_size ", group_size, " is empty");
+  QF_REQUIRE(k_ <= kMaxInFeaturesS8, "kernels/cpu: PackedLinearS8G in_features K=", k_, " exceeds ",
+             kMaxInFeaturesS8, " (the int32 accumulator could overflow)");
+  group_size_ = std::min(group_size, k_);
+  groups_ = num_groups(k_, group_size_);
+  QF_REQUIRE(w_scale.defined() && w_scale.numel() == n_ * groups_, "kernels/cpu: PackedLinearS8G w_scale has shape ",
+             w_scale.defined() ? shape_str(w_scale) : "undefined", ", expected [", n_, ", ", groups_, "]");
+  const at::Tensor s = w_scale.to(at::kFloat).reshape({n_ * groups_}).contiguous();
+  QF_REQUIRE(at::isfinite(s).all().item<bool>(), "kernels/cpu: PackedLinearS8G has a NaN or inf group scale");
+  const float* sp = s.data_ptr<float>();
+  if (w_zero.defined() && !at::eq(w_zero, 0).all().item<bool>()) {
+    QF_REQUIRE(w_zero.numel() == n_ * groups_, "kernels/cpu: PackedLinearS8G w_zero has shape ", shape_str(w_zero),
+               ", expected [", n_, ", ", groups_, "]");
+    const at::Tensor z = w_zero.to(at::kInt).reshape({n_ * groups_}).contiguous();
+    QF_REQUIRE(z.ge(-128).all().item<bool>() && z.le(127).all().item<bool>(),
+               "kernels/cpu: PackedLinearS8G zero points must lie in [-128, 127]");
+    const int32_t* zp = z.data_ptr<int32_t>();
+    zeros_ = blocked_meta<int8_t>(n_, groups_, at::kChar, [&](int64_t i) { return static_cast<int8_t>(zp[i]); });
+  }
+  bool fp16 = true;
+  Fp16Bits bits = 0;
+  for (int64_t i = 0; i < n_ * groups_ && fp16; ++i) fp16 = fp16_bits_exact(sp[i], &bits);
+  if (fp16) {
+    scales16_ = blocked_meta<Fp16Bits>(n_, groups_, at::kShort, [&](int64_t i) {
+      fp16_bits_exact(sp[i], &bits);
+      return bits;
+    });
+  } else {
+    scales32_ = blocked_meta<float>(n_, groups_, at::kFloat, [&](int64_t i) { return sp[i]; });
+  }
+  const at::Tensor w = weight.contiguous();
+  const int64_t np = round_up(n_, kS8BlockN), kp = round_up(k_, kS8BlockK);
+  packed_ = at::empty({np * kp}, at::kChar);
+  std::vector<int32_t> colsum(static_cast<size_t>(np));  // the n16k4 packer's sums, unused here
+  pack_s8_n16k4_reference(w.data_ptr<int8_t>(), n_, k_, packed_.data_ptr<int8_t>(), colsum.data());
+  bias_ = checked_bias(bias, n_, "PackedLinearS8G");
+}
+
+S8GroupView PackedLinearS8G::view() const {
+  S8GroupView v;
+  v.data = packed_.data_ptr<int8_t>();
+  v.scales16 = scales16_.defined() ? scale_bits(scales16_) : nullptr;
+  v.scales32 = scales32_.defined() ? scales32_.data_ptr<float>() : nullptr;
+  v.zeros = zeros_.defined() ? zeros_.data_ptr<int8_t>() : nullptr;
+  v.n = n_;
+  v.k = k_;
+  v.kp = round_up(k_, kS8BlockK);
+  v.group_size = group_size_;
+  v.groups = groups_;
+  return v;
+}
+
+int64_t PackedLinearS8G::bytes() const {
+  return tensor_bytes(packed_) + tensor_bytes(scales16_) + tensor_bytes(scales32_) + tensor_bytes(zeros_) +
+         tensor_bytes(bias_);
+}
+
+at::Tensor PackedLinearS8G::weight() const {
+  QF_REQUIRE(packed_.defined(), "kernels/cpu: PackedLinearS8G is empty");
+  at::Tensor w = at::empty({n_, k_}, at::kChar);
+  unpack_s8_n16k4_reference(packed_.data_ptr<int8_t>(), n_, k_, w.data_ptr<int8_t>());
+  return w;
+}
+
+at::Tensor PackedLinearS8G::run_weight_only(const at::Tensor& x, RunInfo* info) const {
+  QF_REQUIRE(packed_.defined(), "kernels/cpu: PackedLinearS8G::run_weight_only on an empty object");
+  return on_rows(x, k_, n_, "PackedLinearS8G", [&](const float* rows, int64_t m, float* y) {
+    linear_f32s8gf32(rows, m, view(), data_or_null(bias_), y, info);
+  });
+}
+
+at::Tensor PackedLinearS8G::run_decode(const at::Tensor& x, RunInfo* info) const {
+  QF_REQUIRE(packed_.defined(), "kernels/cpu: PackedLinearS8G::run_decode on an empty object");
+  return on_rows(x, k_, n_, "PackedLinearS8G", [&](const float* rows, int64_t m, float* y) {
+    linear_q8b32s8gf32(rows, m, view(), data_or_null(bias_), y, info);
   });
 }
 

@@ -129,4 +129,37 @@ class PackedLinearS4 {
   at::Tensor packed_, scales_, zeros_, bias_;
 };
 
+// int8 Linear with a scale (and optional zero point) per column and group along K: GGUF's Q8_0
+// blocks and qforge's per-group qint8. Weight-only: run_weight_only (float activations,
+// linear_f32_s4_reference's formula on the int8 codes) and run_decode (block-32 int8 activations,
+// linear_q8b32_s4_reference's), through linear_s8g.h's tables. Scales are kept as fp16 when every
+// one is exactly a float16 (Q8_0's are), else as float.
+class PackedLinearS8G {
+ public:
+  PackedLinearS8G() = default;
+  // weight: int8 [N, K]; w_scale: float [N, G] (finite, positive or negative); w_zero: integer
+  // [N, G] in [-128, 127], or undefined for zero points 0; bias: float [N] or undefined.
+  PackedLinearS8G(const at::Tensor& weight, const at::Tensor& w_scale, const at::Tensor& w_zero, int64_t group_size,
+                  const at::Tensor& bias = {});
+
+  at::Tensor run_weight_only(const at::Tensor& x, RunInfo* info = nullptr) const;
+  at::Tensor run_decode(const at::Tensor& x, RunInfo* info = nullptr) const;
+
+  int64_t in_features() const { return k_; }
+  int64_t out_features() const { return n_; }
+  int64_t group_size() const { return group_size_; }
+  int64_t groups() const { return groups_; }
+  bool fp16_scales() const { return scales16_.defined(); }
+  // Np * Kp codes, Np * G scales (2 or 4 bytes) and zero points (when any is nonzero), bias.
+  int64_t bytes() const;
+
+  at::Tensor weight() const;  // unpacked codes, int8 [N, K]
+  const at::Tensor& bias() const { return bias_; }
+  S8GroupView view() const;
+
+ private:
+  int64_t n_ = 0, k_ = 0, group_size_ = 0, groups_ = 0;
+  at::Tensor packed_, scales16_, scales32_, zeros_, bias_;
+};
+
 }  // namespace qforge::kernels

@@ -39,6 +39,17 @@ __attribute__((always_inline)) inline void s4_group_meta(const S4N16K8View& w, i
   for (int c = 0; c < NR; ++c) s4_group_meta(w, nb0 + c, g, z[c], scale[c]);
 }
 
+// Zero points (int32; 0 when the view has none) and scales as float (fp16 widened exactly, or the
+// stored floats) of int8 groups, column block nb, group g.
+inline void s8g_group_meta(const S8GroupView& w, int64_t nb, int64_t g, __m512i& z, __m512& scale) {
+  const int64_t meta = (nb * w.groups + g) * kS8BlockN;
+  z = w.zeros != nullptr ? _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.zeros + meta)))
+                         : _mm512_setzero_si512();
+  scale = w.scales16 != nullptr
+              ? _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.scales16 + meta)))
+              : _mm512_loadu_ps(w.scales32 + meta);
+}
+
 inline void store_zmm(int32_t* p, __m512i v) { _mm512_store_si512(p, v); }
 inline void store_zmm(float* p, __m512 v) { _mm512_store_ps(p, v); }
 
@@ -76,6 +87,100 @@ __attribute__((always_inline)) inline void dpbusd_quads(const W* const* wp, cons
         acc[r][c] = kUnsignedWeights ? _mm512_dpbusd_epi32(acc[r][c], wv, av[r]) : _mm512_dpbusd_epi32(acc[r][c], av[r], wv);
       }
     }
+  }
+}
+
+// The block-32 decode kernels' int8 dot (VNNI files only): acc[r][c] = sum over the n16k4 blocks
+// [q0, q1) of (w + 128) * a, the signed weights made unsigned for VPDPBUSD by w ^ 0x80, in two
+// chains (half the dependency).
+template <int MR, int NR>
+__attribute__((always_inline)) inline void q8_flipped_dot(const int8_t* const* wp, const int8_t* const* ap, int64_t q0,
+                                                          int64_t q1, __m512i (&acc)[MR][NR]) {
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  __m512i acc1[MR][NR];
+  #pragma GCC unroll 16
+  for (int r = 0; r < MR; ++r)
+    #pragma GCC unroll 16
+    for (int c = 0; c < NR; ++c) acc[r][c] = acc1[r][c] = _mm512_setzero_si512();
+  int64_t kq = q0;
+  for (; kq + 2 <= q1; kq += 2) {
+    __m512i a0[MR], a1[MR];
+    #pragma GCC unroll 16
+    for (int r = 0; r < MR; ++r) {
+      a0[r] = _mm512_set1_epi32(load_u32(ap[r] + kq * kS8BlockK));
+      a1[r] = _mm512_set1_epi32(load_u32(ap[r] + (kq + 1) * kS8BlockK));
+    }
+    #pragma GCC unroll 16
+    for (int c = 0; c < NR; ++c) {
+      const __m512i w0 = _mm512_xor_si512(_mm512_loadu_si512(wp[c] + kq * kS8BlockBytes), flip);
+      const __m512i w1 = _mm512_xor_si512(_mm512_loadu_si512(wp[c] + (kq + 1) * kS8BlockBytes), flip);
+      #pragma GCC unroll 16
+      for (int r = 0; r < MR; ++r) {
+        acc[r][c] = _mm512_dpbusd_epi32(acc[r][c], w0, a0[r]);
+        acc1[r][c] = _mm512_dpbusd_epi32(acc1[r][c], w1, a1[r]);
+      }
+    }
+  }
+  if (kq < q1) {  // an odd number of k quads (the last block of a row)
+    #pragma GCC unroll 16
+    for (int c = 0; c < NR; ++c) {
+      const __m512i w0 = _mm512_xor_si512(_mm512_loadu_si512(wp[c] + kq * kS8BlockBytes), flip);
+      #pragma GCC unroll 16
+      for (int r = 0; r < MR; ++r)
+        acc[r][c] = _mm512_dpbusd_epi32(acc[r][c], w0, _mm512_set1_epi32(load_u32(ap[r] + kq * kS8BlockK)));
+    }
+  }
+  #pragma GCC unroll 16
+  for (int r = 0; r < MR; ++r)
+    #pragma GCC unroll 16
+    for (int c = 0; c < NR; ++c) acc[r][c] = _mm512_add_epi32(acc[r][c], acc1[r][c]);
+}
+
+// Block b of a block-32 decode tile folded into u (VNNI files only): per row r and column block c,
+//   u[r][c] = fma(float(acc[r][c] - z[c] * s_rb), d_rb, u[r][c])
+// with s_rb, d_rb row r's code sum and scale of block b (s, d: [rows][kb]). z[c] holds one offset
+// per lane in [0, 32767] (a zero-point code, or 128 + z for flipped int8 weights); the product
+// comes from VPDPWSSD on the low 16-bit halves (the high halves are 0), |s| <= 127 * 32 fits int16,
+// so i is exact.
+template <int MR, int NR>
+__attribute__((always_inline)) inline void q8_fold_block(const int32_t* s, const float* d, int64_t kb, int64_t m0,
+                                                         int64_t b, const __m512i (&acc)[MR][NR],
+                                                         const __m512i (&z)[NR], __m512 (&u)[MR][NR]) {
+  #pragma GCC unroll 16
+  for (int r = 0; r < MR; ++r) {
+    const __m512i neg_s = _mm512_set1_epi32(static_cast<uint16_t>(-s[(m0 + r) * kb + b]));
+    const __m512 dv = _mm512_set1_ps(d[(m0 + r) * kb + b]);
+    #pragma GCC unroll 16
+    for (int c = 0; c < NR; ++c) {
+      const __m512i i = _mm512_dpwssd_epi32(acc[r][c], z[c], neg_s);
+      u[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), dv, u[r][c]);
+    }
+  }
+}
+
+// A block-32 decode tile over groups of whole blocks (VNNI files only): per group g,
+// meta(g, offset, scale) gives each column block's lane offsets (q8_fold_block's z) and scales,
+// dot(b, acc) block b's integer sums; u folds the group's blocks, t = fma(u, scale, t) per group.
+template <int MR, int NR, typename Args, typename Meta, typename Dot>
+__attribute__((always_inline)) inline void q8_group_tile(const Args& args, int64_t m0,
+                                                         int64_t groups, int64_t blocks_per_group, const Meta& meta,
+                                                         const Dot& dot, __m512 (&t)[MR][NR]) {
+  fill_tile(t, _mm512_setzero_ps());
+  for (int64_t g = 0; g < groups; ++g) {
+    __m512i offset[NR];
+    __m512 sc[NR], u[MR][NR];
+    meta(g, offset, sc);
+    fill_tile(u, _mm512_setzero_ps());
+    const int64_t b_end = chunk_end(g, blocks_per_group, args.kb);
+    for (int64_t b = g * blocks_per_group; b < b_end; ++b) {
+      __m512i acc[MR][NR];
+      dot(b, acc);
+      q8_fold_block<MR, NR>(args.s, args.d, args.kb, m0, b, acc, offset, u);
+    }
+    #pragma GCC unroll 16
+    for (int r = 0; r < MR; ++r)
+      #pragma GCC unroll 16
+      for (int c = 0; c < NR; ++c) t[r][c] = _mm512_fmadd_ps(u[r][c], sc[c], t[r][c]);
   }
 }
 

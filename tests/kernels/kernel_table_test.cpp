@@ -18,6 +18,7 @@
 #include "kernels/cpu/gemv_s8.h"
 #include "kernels/cpu/kernel_choice.h"
 #include "kernels/cpu/linear_decode.h"
+#include "kernels/cpu/linear_s8g.h"
 #include "kernels/cpu/linear_weight_only.h"
 #include "kernels/cpu/lut_linear.h"
 #include "kernels/cpu/reference.h"
@@ -284,7 +285,8 @@ TEST(KernelChoice, LargeMIsWhereTheTableSwitchesScannedRowByRow) {
   // every op (and the convolution's table, from its smallest chunk) at every compiled level.
   constexpr int64_t kScan = 300;
   for (Isa level : {Isa::kReference, Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Vnni}) {
-    for (LinearOp op : {LinearOp::kS8S8, LinearOp::kS8S4, LinearOp::kF32S8, LinearOp::kF32S4, LinearOp::kF32Lut}) {
+    for (LinearOp op : {LinearOp::kS8S8, LinearOp::kS8S4, LinearOp::kF32S8, LinearOp::kF32S4, LinearOp::kF32Lut,
+                        LinearOp::kQ8S8G, LinearOp::kF32S8G}) {
       for (int64_t g : {16, 12}) {
         RunInfo large;
         const int64_t at = choose_large_m(op, level, g, &large);
@@ -340,6 +342,8 @@ TEST(KernelTable, EveryTableEndsWithEntriesThatAlwaysApply) {
   check(conv_s8_kernels());
   check(linear_q8s8_kernels());
   check(linear_q8s4_kernels());
+  check(linear_q8s8g_kernels());
+  check(linear_f32s8g_kernels());
 }
 
 TEST(KernelChoice, CodebookOpEndsAtItsOwnReference) {

@@ -1,0 +1,220 @@
+// int8 weights with group scales (kernels/cpu/linear_s8g.h, PackedLinearS8G): every decode and
+// exact kernel-table entry this machine has against the scalar references on the int8 codes, bit
+// for bit (zero points or none, fp16 or float scales, negative scales, K tails); the large-M entry
+// within float rounding of the reference; group sizes the blocks cannot split; plans; bad input.
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "framework/core/error.h"
+#include "kernel_test_util.h"
+#include "kernels/cpu/kernel_choice.h"
+#include "kernels/cpu/linear_decode.h"
+#include "kernels/cpu/linear_s8g.h"
+#include "kernels/cpu/packed_linear.h"
+#include "kernels/cpu/quantize_rows_s8.h"
+#include "kernels/cpu/reference.h"
+
+namespace qforge::kernels {
+namespace {
+
+using testing::bitwise_equal;
+using testing::machine_has;
+using testing::random_f16_exact;
+using testing::random_f32;
+using testing::random_s8;
+
+// Codes [N, K], scales [N, G] (half of them negative), zero points [N, G] (or none), packed.
+struct S8GCase {
+  std::vector<int8_t> w;
+  std::vector<float> scale;
+  std::vector<int32_t> zero;  // all 0 when the case has none
+  PackedLinearS8G packed;
+};
+
+S8GCase make_case(int64_t N, int64_t K, int64_t g, bool zeros, bool fp16, uint32_t seed) {
+  S8GCase c;
+  const int64_t G = num_groups(K, std::min(g, K));
+  c.w = random_s8(N * K, -128, 127, seed);
+  c.scale = fp16 ? random_f16_exact(N * G, 0.001f, 0.1f, seed + 1) : random_f32(N * G, 0.001f, 0.1f, seed + 1);
+  for (size_t i = 0; i < c.scale.size(); i += 2) c.scale[i] = -c.scale[i];
+  c.zero.assign(static_cast<size_t>(N * G), 0);
+  if (zeros) {
+    const auto z = random_s8(N * G, -128, 127, seed + 2);
+    c.zero.assign(z.begin(), z.end());
+  }
+  const at::Tensor wt = at::from_blob(c.w.data(), {N, K}, at::kChar);
+  const at::Tensor st = at::from_blob(c.scale.data(), {N, G}, at::kFloat);
+  const at::Tensor zt = zeros ? at::from_blob(c.zero.data(), {N, G}, at::kInt) : at::Tensor();
+  c.packed = PackedLinearS8G(wt, st, zt, g);
+  return c;
+}
+
+std::string shape(int64_t M, int64_t N, int64_t K, int64_t g, bool zeros, bool fp16) {
+  return "M=" + std::to_string(M) + " N=" + std::to_string(N) + " K=" + std::to_string(K) + " g=" +
+         std::to_string(g) + (zeros ? " zeros" : "") + (fp16 ? " fp16" : " fp32");
+}
+
+// The table's GEMV entries this machine has that apply (not the exact fallback or the GEMM).
+std::vector<const KernelEntry<LinearS8GProblem>*> gemv_entries(const KernelTable<LinearS8GProblem>& table,
+                                                               const LinearS8GProblem& p) {
+  std::vector<const KernelEntry<LinearS8GProblem>*> out;
+  std::string why;
+  for (const auto& e : table) {
+    const std::string name = e.name;
+    if (name == kDequantGemmKernel || name == kExactS8GGemvKernel) continue;
+    if (machine_has(e.isa) && (e.applies == nullptr || e.applies(p, &why))) out.push_back(&e);
+  }
+  return out;
+}
+
+TEST(LinearS8G, EveryDecodeEntryMatchesTheReferenceExactly) {
+  for (int64_t M : {1, 2, 3, 5, 16}) {
+    for (int64_t N : {1, 17, 33, 64}) {
+      for (int64_t K : {32, 33, 96, 4096, 4099}) {
+        for (int64_t g : {int64_t{32}, int64_t{64}, K}) {
+          for (bool zeros : {false, true}) {
+            const bool fp16 = (M + N + g) % 2 == 0;
+            const uint32_t seed = static_cast<uint32_t>(M * 7 + N * 131 + K * 8191 + g + zeros);
+            const S8GCase c = make_case(N, K, g, zeros, fp16, seed);
+            ASSERT_EQ(c.packed.fp16_scales(), fp16);
+            const auto x = random_f32(M * K, -2.0f, 2.0f, seed + 3);
+            const auto bias = random_f32(N, -1.0f, 1.0f, seed + 4);
+            const int64_t ldq = q8_block_count(K) * kQ8Block;
+            std::vector<int8_t> q(M * ldq);
+            std::vector<float> d(M * q8_block_count(K)), y_ref(M * N), y(M * N);
+            std::vector<int32_t> s(d.size());
+            quantize_rows_q8b32_reference(x.data(), M, K, q.data(), ldq, d.data(), s.data());
+            linear_q8b32_s4_reference(q.data(), d.data(), ldq, c.w.data(), c.scale.data(), c.zero.data(),
+                                      std::min(g, K), bias.data(), y_ref.data(), M, N, K);
+            const LinearS8GProblem p{x.data(), M, c.packed.view(), bias.data(), y.data()};
+            const auto entries = gemv_entries(linear_q8s8g_kernels(), p);
+            ASSERT_FALSE(entries.empty()) << shape(M, N, K, g, zeros, fp16);
+            for (const auto* e : entries) {
+              e->run(p);
+              ASSERT_TRUE(bitwise_equal(y.data(), y_ref.data(), y.size())) << e->name << " " << shape(M, N, K, g, zeros, fp16);
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(LinearS8G, EveryExactEntryMatchesTheReferenceExactly) {
+  for (int64_t M : {1, 3, 16}) {
+    for (int64_t N : {1, 17, 64}) {
+      for (int64_t K : {8, 33, 96, 4099}) {
+        for (int64_t g : {int64_t{4}, int64_t{32}, K}) {
+          for (bool zeros : {false, true}) {
+            const bool fp16 = (M + N + K) % 2 == 0;
+            const uint32_t seed = static_cast<uint32_t>(M * 5 + N * 97 + K * 7919 + g + zeros);
+            const S8GCase c = make_case(N, K, g, zeros, fp16, seed);
+            const auto x = random_f32(M * K, -2.0f, 2.0f, seed + 3);
+            std::vector<float> y_ref(M * N), y(M * N);
+            linear_f32_s4_reference(x.data(), c.w.data(), c.scale.data(), c.zero.data(), std::min(g, K), nullptr,
+                                    y_ref.data(), M, N, K);
+            const LinearS8GProblem p{x.data(), M, c.packed.view(), nullptr, y.data()};
+            const auto entries = gemv_entries(linear_f32s8g_kernels(), p);
+            ASSERT_FALSE(entries.empty()) << shape(M, N, K, g, zeros, fp16);
+            for (const auto* e : entries) {
+              e->run(p);
+              ASSERT_TRUE(bitwise_equal(y.data(), y_ref.data(), y.size())) << e->name << " " << shape(M, N, K, g, zeros, fp16);
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// Above the decode rows both tables run the dequantized weight through at::linear: within float
+// rounding (1e-5 of sum |x w|) of the exact reference.
+TEST(LinearS8G, AboveTheDecodeRowsTheDequantizedGemmRuns) {
+  const int64_t M = kWeightOnlyMaxM + 1, N = 40, K = 96;
+  const S8GCase c = make_case(N, K, 32, true, true, 61);
+  const auto x = random_f32(M * K, -1.0f, 1.0f, 62);
+  std::vector<float> y(M * N), y_ref(M * N);
+  linear_f32_s4_reference(x.data(), c.w.data(), c.scale.data(), c.zero.data(), 32, nullptr, y_ref.data(), M, N, K);
+  for (bool q8 : {false, true}) {
+    RunInfo info;
+    (q8 ? linear_q8b32s8gf32 : linear_f32s8gf32)(x.data(), M, c.packed.view(), nullptr, y.data(), &info);
+    EXPECT_EQ(info.kernel, kDequantGemmKernel);
+    for (int64_t m = 0; m < M; ++m) {
+      for (int64_t n = 0; n < N; ++n) {
+        double mag = 0;
+        for (int64_t k = 0; k < K; ++k) {
+          const int64_t gi = n * (K / 32) + k / 32;
+          mag += std::fabs(x[m * K + k] * (c.w[n * K + k] - c.zero[gi]) * c.scale[gi]);
+        }
+        ASSERT_NEAR(y[m * N + n], y_ref[m * N + n], 1e-5 * mag + 1e-7) << m << " " << n;
+      }
+    }
+  }
+}
+
+TEST(LinearS8G, GroupsTheBlocksCannotSplitRunTheExactGemvWithTheReason) {
+  const int64_t M = 2, N = 17, K = 64;
+  const S8GCase c = make_case(N, K, 16, false, true, 71);
+  const auto x = random_f32(M * K, -1.0f, 1.0f, 72);
+  std::vector<float> y(M * N), y_ref(M * N);
+  RunInfo info;
+  linear_q8b32s8gf32(x.data(), M, c.packed.view(), nullptr, y.data(), &info);
+  EXPECT_EQ(info.kernel, kExactS8GGemvKernel);
+  EXPECT_NE(info.fallback.find("group_size=16 not a multiple of 32"), std::string::npos) << info.fallback;
+  linear_f32_s4_reference(x.data(), c.w.data(), c.scale.data(), c.zero.data(), 16, nullptr, y_ref.data(), M, N, K);
+  EXPECT_TRUE(bitwise_equal(y.data(), y_ref.data(), y.size()));
+  EXPECT_EQ(choose_decode_kernel(LinearOp::kQ8S8G, Isa::kAvx512Vnni, 16).kernel, kExactS8GGemvKernel);
+}
+
+TEST(LinearS8G, PlansNameTheTableEntries) {
+  EXPECT_EQ(choose_decode_kernel(LinearOp::kQ8S8G, Isa::kReference, 32).kernel, "reference");
+  EXPECT_EQ(choose_decode_kernel(LinearOp::kF32S8G, Isa::kReference, 32).kernel, "reference");
+  if (isa_compiled(Isa::kAvx512Vnni)) {
+    EXPECT_EQ(choose_decode_kernel(LinearOp::kQ8S8G, Isa::kAvx512Vnni, 32).kernel, "gemv_q8s8gf32_n16k4_avx512vnni");
+    EXPECT_EQ(choose_decode_kernel(LinearOp::kQ8S8G, Isa::kAvx512Vnni, 0).kernel, "gemv_q8s8gf32_n16k4_avx512vnni");
+  }
+  if (isa_compiled(Isa::kAvx512)) {
+    EXPECT_EQ(choose_decode_kernel(LinearOp::kF32S8G, Isa::kAvx512, 32).kernel, "gemv_f32s8gf32_n16k4_avx512");
+    EXPECT_EQ(choose_decode_kernel(LinearOp::kF32S8G, Isa::kAvx512, 6).kernel, "reference");
+  }
+  RunInfo large;
+  EXPECT_EQ(choose_large_m(LinearOp::kQ8S8G, Isa::kAvx512Vnni, 32, &large), kWeightOnlyMaxM + 1);
+  EXPECT_EQ(large.kernel, kDequantGemmKernel);
+}
+
+TEST(LinearS8G, PackingKeepsCodesScalesAndSize) {
+  const int64_t N = 20, K = 70;
+  const S8GCase c = make_case(N, K, 32, true, true, 81);
+  EXPECT_TRUE(at::equal(c.packed.weight(), at::from_blob(const_cast<int8_t*>(c.w.data()), {N, K}, at::kChar)));
+  const S8GUnpacked u = unpack_s8g(c.packed.view());
+  EXPECT_EQ(u.scale, c.scale);
+  EXPECT_EQ(u.zero, c.zero);
+  // 32 x 72 codes, 32 x 3 fp16 scales and int8 zero points.
+  EXPECT_EQ(c.packed.bytes(), 32 * 72 + 32 * 3 * 2 + 32 * 3);
+  EXPECT_EQ(make_case(N, K, 32, false, false, 82).packed.bytes(), 32 * 72 + 32 * 3 * 4);
+}
+
+TEST(LinearS8G, BadInputIsRefused) {
+  const at::Tensor w = at::zeros({4, 64}, at::kChar), s = at::ones({4, 2});
+  EXPECT_NO_THROW(PackedLinearS8G(w, s, {}, 32));
+  EXPECT_THROW(PackedLinearS8G(w.to(at::kInt), s, {}, 32), Error);
+  EXPECT_THROW(PackedLinearS8G(w, at::ones({4, 3}), {}, 32), Error);
+  EXPECT_THROW(PackedLinearS8G(w, s.index_fill(1, at::tensor({1}, at::kLong), std::nanf("")), {}, 32), Error);
+  EXPECT_THROW(PackedLinearS8G(w, s, at::full({4, 2}, 128, at::kInt), 32), Error);
+  EXPECT_THROW(PackedLinearS8G(w, s, {}, 0), Error);
+  const PackedLinearS8G p(w, s, {}, 32);
+  EXPECT_THROW(p.run_decode(at::ones({1, 63})), Error);
+  auto x = at::ones({1, 64});
+  x[0][5] = std::numeric_limits<float>::infinity();
+  EXPECT_THROW(p.run_decode(x), Error);
+  EXPECT_THROW(PackedLinearS8G().run_weight_only(at::ones({1, 64})), Error);
+}
+
+}  // namespace
+}  // namespace qforge::kernels
