@@ -45,6 +45,7 @@
 #include "framework/models/gguf_load.h"
 #include "framework/models/kv_cache.h"
 #include "framework/models/llama.h"
+#include "kernels/cpu/packed_linear.h"
 #include "kernels/cpu/token_ops.h"
 
 namespace qforge::bench {
@@ -216,7 +217,7 @@ std::vector<Case> llama_decode_cases(int bits) {
   Case linears = linears_only(m);
   linears.bytes = c.bytes;
   // The 512-token prefill from an empty cache, decode mode q8_block32 set (calls of 512 rows run
-  // the exact weight-only path in either mode).
+  // the block-32 GEMM on AVX-512 VNNI, the exact weight-only path elsewhere).
   const at::Tensor long_prompt = at::randint(0, 256, {1, kLlamaPrefill}, at::kLong);
   Case prefill{"L2_H2048_prefill512_tokens", 0, {}};
   prefill.impls.push_back({"qforge", with_decode(m->ptr(), DecodeActivations::kQ8Block32, [m, long_prompt] {
@@ -336,6 +337,44 @@ std::vector<Case> gpt2_gguf_decode_cases(int bits) {
   return {c};
 }
 
+// The prefill GEMMs alone, at the Linear shapes of the 512-token prompt (q/o 2048 x 2048, gate/up
+// 8192 x 2048, down 2048 x 8192; N x K), float input rows, random codes packed as the q4 (int4
+// groups of 32, Q4_0's grid) and q8 (int8 per channel) rows freeze them: impl "qforge" run_decode
+// (block-32 int8 activations, the large-M GEMM where the table has one), "qforge-exact" the
+// weight-only path (weight dequantized per call, float GEMM), "libtorch" at::linear on a float
+// weight of the same shape. GFLOP/s = 2 * 512 * N * K / time.
+std::vector<Case> llama_prefill_gemm_cases() {
+  struct Shape {
+    int64_t n, k;
+  };
+  constexpr int64_t kGroup = 32;
+  torch::manual_seed(3);
+  std::vector<Case> out;
+  for (int bits : {4, 8}) {
+    for (const Shape sh : {Shape{2048, 2048}, Shape{8192, 2048}, Shape{2048, 8192}}) {
+      const at::Tensor x = at::randn({kLlamaPrefill, sh.k}), w = at::randn({sh.n, sh.k}) * 0.02;
+      std::function<void()> exact, q8;
+      if (bits == 4) {
+        const at::Tensor q = at::randint(-8, 8, {sh.n, sh.k}).to(at::kChar);
+        const at::Tensor s = (at::rand({sh.n, sh.k / kGroup}) * 0.01 + 0.001).to(at::kHalf).to(at::kFloat);
+        auto p = std::make_shared<kernels::PackedLinearS4>(q, s, at::Tensor(), kGroup);
+        exact = [x, p] { p->run_weight_only(x); };
+        q8 = [x, p] { p->run_decode(x); };
+      } else {
+        const at::Tensor q = at::randint(-127, 128, {sh.n, sh.k}).to(at::kChar);
+        auto p = std::make_shared<kernels::PackedLinearS8>(q, at::rand({sh.n}) * 0.01 + 0.001);
+        exact = [x, p] { p->run_weight_only(x); };
+        q8 = [x, p] { p->run_decode(x); };
+      }
+      out.push_back(Case{"q" + std::to_string(bits) + " " + std::to_string(kLlamaPrefill) + "x" + std::to_string(sh.n) +
+                             "x" + std::to_string(sh.k),
+                         0,
+                         {{"libtorch", [x, w] { at::linear(x, w); }}, {"qforge-exact", exact}, {"qforge", q8}}});
+    }
+  }
+  return out;
+}
+
 const Register kLlamaQ8(78, "model_llama_decode_q8", [] { return llama_decode_cases(8); });
 const Register kLlamaQ4(79, "model_llama_decode_q4", [] { return llama_decode_cases(4); });
 const Register kLlamaTokenOps(80, "model_llama_token_ops", [] { return llama_token_ops_cases(); });
@@ -343,6 +382,7 @@ const Register kLlama8bQ8(81, "model_llama8b_decode_q8", [] { return llama8b_dec
 const Register kLlama8bQ4(82, "model_llama8b_decode_q4", [] { return llama8b_decode_cases(4); });
 const Register kGpt2Q8(83, "model_gpt2_decode_q8", [] { return gpt2_gguf_decode_cases(8); });
 const Register kGpt2Q4(84, "model_gpt2_decode_q4", [] { return gpt2_gguf_decode_cases(4); });
+const Register kLlamaPrefillGemm(85, "model_llama_prefill_gemm", [] { return llama_prefill_gemm_cases(); });
 
 }  // namespace
 }  // namespace qforge::bench

@@ -30,8 +30,8 @@ enum class LinearPath : uint8_t {
 const char* to_string(LinearPath path);
 
 // What the weight-only int8 / int4 / int8-group paths do with their float input on decode-sized calls (at most
-// kernels::kWeightOnlyMaxM rows; larger calls are exact either way). docs/kernels.md, "Decode
-// activations".
+// kernels::kWeightOnlyMaxM rows; larger calls too where AVX-512 VNNI has a block-32 GEMM for the
+// layout, else exact). docs/kernels.md, "Decode activations".
 enum class DecodeActivations : uint8_t {
   kExact,      // float activations times the packed weights (linear_f32_s8/s4_reference)
   kQ8Block32,  // each row quantized to int8 in blocks of 32 per call (llama.cpp's Q8_0 activation

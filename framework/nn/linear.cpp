@@ -78,7 +78,12 @@ void LinearImpl::set_decode_activations(DecodeActivations mode) {
 
 LayerReport LinearImpl::report(bool planned) const {
   LayerReport r = QuantizableLayer::report(planned);
-  if (decode_ == DecodeActivations::kQ8Block32 && plan().decode_q8)
+  const KernelPlan p = plan();
+  if (decode_ != DecodeActivations::kQ8Block32 || !p.decode_q8) return r;
+  // Larger calls quantize too where the table has a block-32 GEMM for them; else they run exact.
+  if (p.large_m > 0 && p.large_m_kernel != kernels::kDequantGemmKernel)
+    r.activations += "; every call: int8 blocks of 32 (q8_block32)";
+  else
     r.activations += detail::str_cat("; calls of <= ", kernels::kWeightOnlyMaxM, " rows: int8 blocks of 32 (q8_block32)");
   return r;
 }

@@ -324,7 +324,7 @@ Field freeze_section() {
       bind(leaf("enabled", T::kBool, "freeze after PTQ/QAT and evaluate the integer model"), &Recipe::freeze, &Recipe::Freeze::enabled),
       bind(choice("backend", {"cpu"}, "kernel backend"), &Recipe::freeze, &Recipe::Freeze::backend),
       bind(choice("decode_activations", {"exact", "q8_block32"},
-                  "weight-only int8/int4 Linear calls of <= 16 rows: float activations, or int8 blocks of 32 as llama.cpp"),
+                  "weight-only int8/int4 Linear calls: float activations, or int8 blocks of 32 as llama.cpp"),
            &Recipe::freeze, &Recipe::Freeze::decode_activations),
   });
 }

@@ -1,11 +1,14 @@
 // Kernel tables and dispatchers of the decode linears (block-32 int8 activations).
 #include "kernels/cpu/linear_decode.h"
 
+#include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <string>
 #include <vector>
 
 #include "framework/core/error.h"
+#include "kernels/cpu/gemm_q8_kernels.h"
 #include "kernels/cpu/gemv_kernels.h"
 #include "kernels/cpu/gemv_s4.h"
 #include "kernels/cpu/linear_weight_only.h"
@@ -18,6 +21,26 @@ namespace qforge::kernels {
 namespace {
 
 thread_local int64_t t_q8_reuses = 0;
+
+// Floats per task when a prompt-sized call's rows are quantized across threads.
+constexpr int64_t kQuantizeFloatsPerTask = int64_t{1} << 16;
+
+// Rows of prompt-sized calls split across threads (each row's codes depend on that row alone); a
+// non-finite row makes a chunk throw, and the whole call then runs here again so the error names
+// the row within the call.
+void quantize_q8_rows(const float* x, int64_t m, int64_t k, int64_t kb, int8_t* q, float* d, int32_t* s) {
+  const int64_t ldq = kb * kQ8Block;
+  if (m <= kWeightOnlyMaxM) return quantize_rows_q8b32(x, m, k, q, ldq, d, s);
+  std::atomic<bool> failed{false};
+  detail::parallel_over(m, std::max<int64_t>(1, kQuantizeFloatsPerTask / k), [&](int64_t b, int64_t e) {
+    try {
+      quantize_rows_q8b32(x + b * k, e - b, k, q + b * ldq, ldq, d + b * kb, s + b * kb);
+    } catch (const Error&) {
+      failed = true;
+    }
+  });
+  if (failed) quantize_rows_q8b32(x, m, k, q, ldq, d, s);
+}
 
 }  // namespace
 
@@ -35,7 +58,7 @@ const Q8Rows& q8_rows(const float* x, int64_t m, int64_t k) {
   last.q.resize(static_cast<size_t>(m * last.kb * kQ8Block));
   last.d.resize(static_cast<size_t>(m * last.kb));
   last.s.resize(static_cast<size_t>(m * last.kb));
-  quantize_rows_q8b32(x, m, k, last.q.data(), last.kb * kQ8Block, last.d.data(), last.s.data());
+  quantize_q8_rows(x, m, k, last.kb, last.q.data(), last.d.data(), last.s.data());
   last.x.assign(x, x + n);
   last.m = m, last.k = k;
   return last;
@@ -104,6 +127,8 @@ const KernelTable<LinearQ8S8Problem>& linear_q8s8_kernels() {
       {"gemv_q8s8f32_n16k4_avx2", Isa::kAvx2, detail::serves_gemv<LinearQ8S8Problem>, nullptr,
        QF_KERNEL_AVX2(run_q8s8<detail::gemv_q8s8f32_n16k4_avx2>)},
       {"reference", Isa::kReference, detail::serves_gemv<LinearQ8S8Problem>, nullptr, run_q8s8_reference},
+      {"gemm_q8s8f32_n16k4_avx512vnni", Isa::kAvx512Vnni, detail::serves_gemm<LinearQ8S8Problem>, nullptr,
+       QF_KERNEL_AVX512VNNI(run_q8s8<detail::gemm_q8s8f32_n16k4_avx512vnni>)},
       {kDequantGemmKernel, Isa::kReference, detail::serves_gemm<LinearQ8S8Problem>, nullptr, run_exact_s8},
   };
   return table;
@@ -117,6 +142,8 @@ const KernelTable<LinearQ8S4Problem>& linear_q8s4_kernels() {
        QF_KERNEL_AVX2(run_q8s4<detail::gemv_q8s4f32_n16k8_avx2>)},
       {"reference", Isa::kReference, detail::serves_gemv<LinearQ8S4Problem>, q8s4_groups_fit, run_q8s4_reference},
       {kExactS4GemvKernel, Isa::kReference, detail::serves_gemv<LinearQ8S4Problem>, nullptr, run_exact_s4},
+      {"gemm_q8s4f32_n16k8_avx512vnni", Isa::kAvx512Vnni, detail::serves_gemm<LinearQ8S4Problem>, q8s4_groups_fit,
+       QF_KERNEL_AVX512VNNI(run_q8s4<detail::gemm_q8s4f32_n16k8_avx512vnni>)},
       {kDequantGemmKernel, Isa::kReference, detail::serves_gemm<LinearQ8S4Problem>, nullptr, run_exact_s4},
   };
   return table;

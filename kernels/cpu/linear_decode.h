@@ -5,7 +5,8 @@
 // activations (docs/kernels.md, "Decode activations"). Chosen at run time from each op's kernel
 // table (linear_q8s8_kernels(), linear_q8s4_kernels()): gemv_q8s{8,4}f32_*_avx512vnni ->
 // *_avx2 -> reference for M <= kWeightOnlyMaxM, bit-identical to linear_q8b32_s8_reference /
-// linear_q8b32_s4_reference; above it the exact weight-only linear_f32_dequant_gemm entry.
+// linear_q8b32_s4_reference; above it gemm_q8s{8,4}f32_*_avx512vnni (the same results, in
+// register tiles: gemm_q8_kernels.h), else the exact weight-only linear_f32_dequant_gemm entry.
 // Each thread keeps the quantized rows of its last call with the float rows they came from; a
 // call on bit-identical rows (the q/k/v and gate/up projections of one decoded token) reuses them.
 #pragma once

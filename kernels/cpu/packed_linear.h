@@ -57,8 +57,8 @@ class PackedLinearS8 {
   // input quantizer's) -> y dense [M, N] (gemv_s8s8f32, no oneDNN copy used); allocates nothing warm.
   void run_static(const int8_t* q, int64_t M, float a_scale, float* y, RunInfo* info = nullptr) const;
   // Decode: float activations quantized to int8 in blocks of 32 per call, integer dot products
-  // (linear_q8b32s8f32; linear_q8b32_s8_reference bit for bit up to kWeightOnlyMaxM rows, the exact
-  // weight-only result above).
+  // (linear_q8b32s8f32; linear_q8b32_s8_reference bit for bit up to kWeightOnlyMaxM rows, and above
+  // where AVX-512 VNNI runs the block-32 GEMM; else the exact weight-only result above).
   at::Tensor run_decode(const at::Tensor& x, RunInfo* info = nullptr) const;
 
   int64_t in_features() const { return k_; }

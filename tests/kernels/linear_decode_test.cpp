@@ -258,17 +258,106 @@ TEST(LinearDecode, GroupsTheBlocksCannotSplitRunTheExactWeightOnlyKernelWithTheR
   EXPECT_EQ(choose_decode_kernel(LinearOp::kQ8S4, Isa::kAvx512Vnni, 16).kernel, "linear_f32s4f32");
 }
 
-TEST(LinearDecode, AboveTheDecodeRowsTheExactWeightOnlyResultIsReturned) {
+// Above kWeightOnlyMaxM rows: the block-32 GEMM where AVX-512 VNNI is compiled in and usable
+// (linear_q8b32_s8_reference's result), else the exact weight-only linear.
+TEST(LinearDecode, AboveTheDecodeRowsTheBlock32GemmRunsElseTheExactWeightOnlyResult) {
   const int64_t M = kWeightOnlyMaxM + 1, N = 33, K = 96;
   const auto x = random_f32(M * K, -1.0f, 1.0f, 31);
   const auto w_scale = random_f32(N, 0.001f, 0.1f, 32);
   const S8Weights w8 = make_s8(N, K, 33);
-  std::vector<float> y(M * N), y_exact(M * N);
+  std::vector<float> y(M * N), y_want(M * N);
   RunInfo info, exact_info;
   linear_q8b32s8f32(x.data(), M, w8.view, w_scale.data(), nullptr, y.data(), &info);
-  linear_f32s8f32(x.data(), M, w8.view, w_scale.data(), nullptr, y_exact.data(), &exact_info);
-  EXPECT_EQ(info.kernel, kDequantGemmKernel);
-  EXPECT_TRUE(bitwise_equal(y.data(), y_exact.data(), y.size()));
+  if (isa_usable(Isa::kAvx512Vnni)) {
+    EXPECT_EQ(info.kernel, "gemm_q8s8f32_n16k4_avx512vnni");
+    const Q8Codes r = quantize_q8(x, M, K);
+    linear_q8b32_s8_reference(r.q.data(), r.d.data(), r.ldq, w8.w.data(), w_scale.data(), nullptr, y_want.data(), M,
+                              N, K);
+  } else {
+    EXPECT_EQ(info.kernel, kDequantGemmKernel);
+    linear_f32s8f32(x.data(), M, w8.view, w_scale.data(), nullptr, y_want.data(), &exact_info);
+  }
+  EXPECT_TRUE(bitwise_equal(y.data(), y_want.data(), y.size()));
+}
+
+// The prefill GEMMs against the reference at tile edges: rows past a 4-row tile, column blocks
+// past a 2- or 3-block panel, K tails inside a block, groups of one block, several and the row.
+TEST(LinearDecode, EveryEntryMatchesTheReferenceExactlyAboveTheDecodeRows) {
+  for (int64_t M : {17, 38}) {
+    for (int64_t N : {17, 48, 100}) {
+      for (int64_t K : {32, 40, 96, 2080}) {
+        const uint32_t seed = static_cast<uint32_t>(M * 7 + N * 131 + K * 8191);
+        const auto x = random_f32(M * K, -2.0f, 2.0f, seed);
+        const auto bias = random_f32(N, -1.0f, 1.0f, seed + 1);
+        const Q8Codes r = quantize_q8(x, M, K);
+        std::vector<float> y_ref(M * N), y(M * N);
+        const auto w_scale = random_f32(N, 0.001f, 0.1f, seed + 3);
+        const S8Weights w8 = make_s8(N, K, seed + 2);
+        linear_q8b32_s8_reference(r.q.data(), r.d.data(), r.ldq, w8.w.data(), w_scale.data(), bias.data(),
+                                  y_ref.data(), M, N, K);
+        const LinearQ8S8Problem p8{x.data(), M, w8.view, w_scale.data(), bias.data(), y.data()};
+        for (const auto* e : q8_entries(linear_q8s8_kernels(), p8)) {
+          e->run(p8);
+          ASSERT_TRUE(bitwise_equal(y.data(), y_ref.data(), y.size())) << e->name << " " << decode_shape(M, N, K);
+        }
+        for (int64_t g : {int64_t{32}, int64_t{64}, K}) {
+          if (g > K) continue;
+          const S4Weights w4 = make_s4(N, K, g, -8, seed + 4);
+          linear_q8b32_s4_reference(r.q.data(), r.d.data(), r.ldq, w4.w.data(), w4.scale.data(), w4.zero.data(), g,
+                                    nullptr, y_ref.data(), M, N, K);
+          const LinearQ8S4Problem p4{x.data(), M, w4.view, nullptr, y.data()};
+          for (const auto* e : q8_entries(linear_q8s4_kernels(), p4)) {
+            e->run(p4);
+            ASSERT_TRUE(bitwise_equal(y.data(), y_ref.data(), y.size())) << e->name << " " << decode_shape(M, N, K, g);
+          }
+        }
+      }
+    }
+  }
+}
+
+// A prompt's call equals its rows decoded one at a time, bit for bit, whatever each runs: int4
+// groups of 32 with GGUF's negative-scale blocks (zero point -1) among them, and int8 rows.
+TEST(LinearDecode, APrefillCallEqualsOneRowCallsBitForBit) {
+  if (!isa_usable(Isa::kAvx512Vnni)) GTEST_SKIP() << "calls of more than 16 rows run the exact path here";
+  const int64_t M = 150, N = 80, K = 256;
+  const auto x = random_f32(M * K, -2.0f, 2.0f, 61);
+  const auto bias = random_f32(N, -1.0f, 1.0f, 62);
+  S4Weights w4 = make_s4(N, K, 32, -8, 63);
+  for (size_t i = 0; i < w4.zero.size(); i += 3) w4.zero[i] = -1;
+  pack_s4_group_meta(w4.scale.data(), w4.zero.data(), N, K / 32, -8, w4.scales.data(), w4.zeros.data());
+  const S8Weights w8 = make_s8(N, K, 64);
+  const auto w_scale = random_f32(N, 0.001f, 0.1f, 65);
+  std::vector<float> y(M * N), y_rows(M * N);
+  RunInfo info;
+  linear_q8b32s4f32(x.data(), M, w4.view, bias.data(), y.data(), &info);
+  for (int64_t m = 0; m < M; ++m) linear_q8b32s4f32(x.data() + m * K, 1, w4.view, bias.data(), y_rows.data() + m * N);
+  EXPECT_TRUE(bitwise_equal(y.data(), y_rows.data(), y.size())) << info.kernel;
+  {
+    EXPECT_EQ(info.kernel, "gemm_q8s4f32_n16k8_avx512vnni");
+  }
+  linear_q8b32s8f32(x.data(), M, w8.view, w_scale.data(), nullptr, y.data(), &info);
+  for (int64_t m = 0; m < M; ++m)
+    linear_q8b32s8f32(x.data() + m * K, 1, w8.view, w_scale.data(), nullptr, y_rows.data() + m * N);
+  EXPECT_TRUE(bitwise_equal(y.data(), y_rows.data(), y.size())) << info.kernel;
+}
+
+// A prompt-sized call quantizes its rows across threads; a NaN is still refused naming its row
+// within the call (the exact path above 16 rows quantizes nothing: VNNI machines only).
+TEST(LinearDecode, APrefillCallRefusesANanNamingItsRowInTheCall) {
+  if (!isa_usable(Isa::kAvx512Vnni)) GTEST_SKIP() << "no block-32 GEMM above 16 rows without AVX-512 VNNI";
+  const int64_t M = 40, N = 16, K = 8192;
+  auto x = random_f32(M * K, -1.0f, 1.0f, 71);
+  x[33 * K + 100] = std::numeric_limits<float>::quiet_NaN();
+  const S8Weights w8 = make_s8(N, K, 72);
+  const std::vector<float> scale(N, 0.01f);
+  std::vector<float> y(M * N);
+  try {
+    linear_q8b32s8f32(x.data(), M, w8.view, scale.data(), nullptr, y.data());
+    ADD_FAILURE() << "a NaN was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("row 33 column 100"), std::string::npos) << e.what();
+  }
 }
 
 TEST(LinearDecode, PlansNameTheTableEntries) {
@@ -283,7 +372,19 @@ TEST(LinearDecode, PlansNameTheTableEntries) {
     EXPECT_EQ(choose_decode_kernel(LinearOp::kQ8S8, Isa::kAvx512Vnni).kernel, "gemv_q8s8f32_n16k4_avx512vnni");
     EXPECT_EQ(choose_decode_kernel(LinearOp::kQ8S4, Isa::kAvx512Vnni, 32).kernel, "gemv_q8s4f32_n16k8_avx512vnni");
   }
-  EXPECT_EQ(choose_kernel(LinearOp::kQ8S8, Isa::kAvx512Vnni, kWeightOnlyMaxM + 1).kernel, kDequantGemmKernel);
+  EXPECT_EQ(choose_kernel(LinearOp::kQ8S8, Isa::kAvx2, kWeightOnlyMaxM + 1).kernel, kDequantGemmKernel);
+  if (isa_compiled(Isa::kAvx512Vnni)) {
+    RunInfo large;
+    EXPECT_EQ(choose_large_m(LinearOp::kQ8S8, Isa::kAvx512Vnni, 0, &large), kWeightOnlyMaxM + 1);
+    EXPECT_EQ(large.kernel, "gemm_q8s8f32_n16k4_avx512vnni");
+    EXPECT_EQ(choose_large_m(LinearOp::kQ8S4, Isa::kAvx512Vnni, 32, &large), kWeightOnlyMaxM + 1);
+    EXPECT_EQ(large.kernel, "gemm_q8s4f32_n16k8_avx512vnni");
+    choose_large_m(LinearOp::kQ8S4, Isa::kAvx512Vnni, 16, &large);  // groups the blocks cannot split
+    EXPECT_EQ(large.kernel, kDequantGemmKernel);
+    EXPECT_NE(large.fallback.find("gemm_q8s4f32_n16k8_avx512vnni: group_size=16"), std::string::npos) << large.fallback;
+  } else {
+    EXPECT_EQ(choose_kernel(LinearOp::kQ8S8, Isa::kAvx512Vnni, kWeightOnlyMaxM + 1).kernel, kDequantGemmKernel);
+  }
 }
 
 TEST(LinearDecode, InconsistentWeightsAreRefused) {

@@ -7,6 +7,7 @@
 #include <cstdio>
 
 #include "framework/api/quantize.h"
+#include "framework/core/isa.h"
 #include "framework/models/llama.h"
 #include "framework/nn/linear.h"
 
@@ -78,6 +79,27 @@ INSTANTIATE_TEST_SUITE_P(Llama, LlamaQuantized,
                                            QuantCase{"W4g32", w4_g32(), "s4"}),
                          [](const auto& info) { return std::string(info.param.name); });
 
+// The 2-layer Llama of the decode tests (hidden 64, random weights of `seed`) and a prompt of
+// `tokens` ids in *ids.
+LlamaForCausalLM tiny_llama(uint64_t seed, int64_t tokens, at::Tensor* ids) {
+  LlamaConfig c;
+  c.vocab_size = 64, c.hidden_size = 64, c.intermediate_size = 128, c.num_hidden_layers = 2;
+  c.num_attention_heads = 4, c.num_key_value_heads = 2, c.tie_word_embeddings = false;
+  at::manual_seed(seed);
+  LlamaForCausalLM m(c);
+  m->eval();
+  *ids = at::randint(0, c.vocab_size, {1, tokens}, at::kLong);
+  return m;
+}
+
+// The logits of every position with the KV cache: 4 prompt tokens, then one token per call.
+at::Tensor cache_decode(LlamaForCausalLM& m, const at::Tensor& ids) {
+  KvCache cache;
+  std::vector<at::Tensor> steps = {m->forward(ids.narrow(1, 0, 4), &cache)};
+  for (int64_t t = 4; t < ids.size(1); ++t) steps.push_back(m->forward(ids.narrow(1, t, 1), &cache));
+  return at::cat(steps, 1);
+}
+
 // Block-32 int8 decode activations (DecodeActivations::kQ8Block32): every weight-only Linear plans
 // the q8 kernels and says so in describe(), KV-cache decoding equals the full forward, the logits
 // stay within the measured activation-rounding cost of the exact weight-only model
@@ -85,14 +107,9 @@ INSTANTIATE_TEST_SUITE_P(Llama, LlamaQuantized,
 class LlamaDecodeQ8 : public ::testing::TestWithParam<int> {};
 
 TEST_P(LlamaDecodeQ8, PlansQ8KernelsDecodesLikeTheFullForwardAndStaysNearTheExactLogits) {
-  LlamaConfig c;
-  c.vocab_size = 64, c.hidden_size = 64, c.intermediate_size = 128, c.num_hidden_layers = 2;
-  c.num_attention_heads = 4, c.num_key_value_heads = 2, c.tie_word_embeddings = false;
-  at::manual_seed(23);
-  LlamaForCausalLM m(c);
-  m->eval();
   at::NoGradGuard ng;
-  const at::Tensor ids = at::randint(0, c.vocab_size, {1, 12}, at::kLong);  // 12 rows: decode-sized calls
+  at::Tensor ids;
+  LlamaForCausalLM m = tiny_llama(23, 12, &ids);  // 12 rows: decode-sized calls
   quantize(m, GetParam() == 8 ? Scheme(qint8) : w4_g32());
   freeze(m);
   const at::Tensor exact = m->forward(ids);
@@ -104,11 +121,8 @@ TEST_P(LlamaDecodeQ8, PlansQ8KernelsDecodesLikeTheFullForwardAndStaysNearTheExac
     EXPECT_NE(r.activations.find("q8_block32"), std::string::npos) << r.name << ": " << r.activations;
   }
   const at::Tensor full = m->forward(ids);
-  KvCache cache;
-  std::vector<at::Tensor> steps = {m->forward(ids.narrow(1, 0, 4), &cache)};
-  for (int64_t t = 4; t < ids.size(1); ++t) steps.push_back(m->forward(ids.narrow(1, t, 1), &cache));
   const double scale = exact.abs().max().item<double>();
-  EXPECT_LT((at::cat(steps, 1) - full).abs().max().item<double>(), 1e-4 * scale);
+  EXPECT_LT((cache_decode(m, ids) - full).abs().max().item<double>(), 1e-4 * scale);
 
   // The accuracy cost of rounding the activations (measured value printed for docs/kernels.md).
   const double cost = (full - exact).abs().max().item<double>() / scale;
@@ -121,6 +135,28 @@ TEST_P(LlamaDecodeQ8, PlansQ8KernelsDecodesLikeTheFullForwardAndStaysNearTheExac
 
   nn::set_decode_activations(*m, DecodeActivations::kExact);
   EXPECT_TRUE(at::equal(m->forward(ids), exact));
+}
+
+// A prompt longer than a decode-sized call: on AVX-512 VNNI its Linears quantize every row too
+// (the block-32 GEMMs), so the full forward matches the token-by-token decode as closely as at 12
+// rows, describe() says "every call", and it is not the exact model's result.
+TEST_P(LlamaDecodeQ8, APromptBeyondDecodeSizeQuantizesItsRowsAsTheDecodeDoes) {
+  if (usable_isa() < Isa::kAvx512Vnni) GTEST_SKIP() << "calls of more than 16 rows run the exact path here";
+  at::NoGradGuard ng;
+  at::Tensor ids;
+  LlamaForCausalLM m = tiny_llama(29, 40, &ids);
+  quantize(m, GetParam() == 8 ? Scheme(qint8) : w4_g32());
+  freeze(m);
+  const at::Tensor exact = m->forward(ids);
+  nn::set_decode_activations(*m, DecodeActivations::kQ8Block32);
+  for (const LayerReport& r : layer_reports(m)) {
+    if (r.type != "Linear") continue;
+    EXPECT_NE(r.activations.find("every call: int8 blocks of 32"), std::string::npos) << r.name << ": " << r.activations;
+  }
+  const at::Tensor full = m->forward(ids);
+  const double scale = exact.abs().max().item<double>();
+  EXPECT_LT((cache_decode(m, ids) - full).abs().max().item<double>(), 1e-4 * scale);
+  EXPECT_GT((full - exact).abs().max().item<double>(), 1e-3 * scale) << "the prompt's rows were not quantized";
 }
 
 // int4 groups of 16 cannot be split into 32-blocks: the exact weight-only GEMV runs with float
