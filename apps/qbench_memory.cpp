@@ -24,6 +24,8 @@
 // for them, float or int8 / int4 codes; `released` is the RSS that dropping the cache then gives
 // back (freed pages returned with malloc_trim), beside the cache's capacity_bytes().
 //   qbench_memory --kv-cache [--json]
+// A case whose child fails (an exception, or killed, e.g. out of memory) prints as `failed` and the
+// program exits 1; an unknown argument exits 2 with the usage.
 #include <ATen/ATen.h>
 #include <malloc.h>
 #include <sys/wait.h>
@@ -51,6 +53,8 @@ using apps::status_kib;
 void reset_peak() { std::ofstream("/proc/self/clear_refs") << "5"; }
 
 constexpr int kMaxStages = 6;
+constexpr const char* kUsage =
+    "usage: qbench_memory [--json] [--filter SUBSTRING]\n       qbench_memory --kv-cache [--json]\n";
 
 struct Measured {
   int64_t model_kib = 0, build_peak_kib = 0, inference_peak_kib = 0;
@@ -78,13 +82,9 @@ void stage(const char* name) {
   ++m.stages;
 }
 
-// Runs build() then infer() in a child process and reads back what it measured.
-Measured measure(const std::function<std::function<void()>()>& build) {
-  int fd[2];
-  if (pipe(fd) != 0) std::perror("pipe");
-  const pid_t pid = fork();
-  if (pid == 0) {
-    close(fd[0]);
+// The measuring child's body: build(), then infer(), written to `fd`; exits non-zero on any failure.
+[[noreturn]] void measure_child(int fd, const std::function<std::function<void()>()>& build) {
+  try {
     at::set_num_threads(1);
     malloc_trim(0);
     const int64_t base = status_kib("VmRSS");
@@ -103,8 +103,32 @@ Measured measure(const std::function<std::function<void()>()>& build) {
     m.cache_bytes = g_cache_bytes;
     m.released_kib = g_released_kib;
     m.tensor_bytes = g_tensor_bytes;
-    if (write(fd[1], &m, sizeof m) != static_cast<ssize_t>(sizeof m)) _exit(1);
-    _exit(0);
+    if (write(fd, &m, sizeof m) != static_cast<ssize_t>(sizeof m)) _exit(1);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "qbench_memory: %s\n", e.what());
+    _exit(2);
+  }
+  _exit(0);
+}
+
+// Runs build() then infer() in a child process and reads back what it measured; nullopt when the
+// child failed (an exception, a signal such as the OOM killer's) or could not be started.
+std::optional<Measured> measure(const std::function<std::function<void()>()>& build) {
+  int fd[2];
+  if (pipe(fd) != 0) {
+    std::perror("qbench_memory: pipe");
+    return std::nullopt;
+  }
+  const pid_t pid = fork();
+  if (pid == -1) {
+    std::perror("qbench_memory: fork");
+    close(fd[0]);
+    close(fd[1]);
+    return std::nullopt;
+  }
+  if (pid == 0) {
+    close(fd[0]);
+    measure_child(fd[1], build);
   }
   close(fd[1]);
   Measured m;
@@ -112,7 +136,8 @@ Measured measure(const std::function<std::function<void()>()>& build) {
   close(fd[0]);
   int status = 0;
   waitpid(pid, &status, 0);
-  if (!ok || !WIFEXITED(status) || WEXITSTATUS(status) != 0) std::fprintf(stderr, "qbench_memory: a case failed\n");
+  if (WIFSIGNALED(status)) std::fprintf(stderr, "qbench_memory: the case was killed by signal %d\n", WTERMSIG(status));
+  if (!ok || !WIFEXITED(status) || WEXITSTATUS(status) != 0) return std::nullopt;
   return m;
 }
 
@@ -252,8 +277,17 @@ int kv_cache_main(bool json) {
       {"float", KvCacheScheme{}}, {"int8", int8}, {"int4", int4}, {"int4_asym", int4_asym}};
   if (!json)
     std::printf("%-24s %-10s %14s %14s %16s\n", "model", "cache", "capacity bytes", "released MiB", "prefill peak MiB");
+  bool failed = false;
   for (const auto& [name, scheme] : rows) {
-    const Measured m = measure([&scheme] { return llama_kv(scheme, kPositions); });
+    const std::optional<Measured> measured = measure([&scheme] { return llama_kv(scheme, kPositions); });
+    if (!measured) {
+      failed = true;
+      std::printf(json ? "{\"bench\":\"memory\",\"model\":\"llama_tiny_prefill4096\",\"cache\":\"%s\",\"failed\":true}\n"
+                       : "llama_tiny_prefill4096   %-10s failed\n",
+                  name);
+      continue;
+    }
+    const Measured& m = *measured;
     if (json)
       std::printf("{\"bench\":\"memory\",\"model\":\"llama_tiny_prefill4096\",\"cache\":\"%s\",\"cache_bytes\":%lld,"
                   "\"released_kib\":%lld,\"inference_peak_kib\":%lld}\n",
@@ -264,7 +298,7 @@ int kv_cache_main(bool json) {
                   static_cast<long long>(m.cache_bytes), m.released_kib / 1024.0, m.inference_peak_kib / 1024.0);
     std::fflush(stdout);
   }
-  return 0;
+  return failed ? 1 : 0;
 }
 
 }  // namespace
@@ -272,10 +306,23 @@ int kv_cache_main(bool json) {
 int main(int argc, char** argv) {
   bool json = false, kv_cache = false;
   std::string filter;
+  bool has_filter = false;
   for (int i = 1; i < argc; ++i) {
-    json |= std::strcmp(argv[i], "--json") == 0;
-    kv_cache |= std::strcmp(argv[i], "--kv-cache") == 0;
-    if (std::strcmp(argv[i], "--filter") == 0 && i + 1 < argc) filter = argv[++i];
+    if (std::strcmp(argv[i], "--json") == 0) {
+      json = true;
+    } else if (std::strcmp(argv[i], "--kv-cache") == 0) {
+      kv_cache = true;
+    } else if (std::strcmp(argv[i], "--filter") == 0 && i + 1 < argc) {
+      filter = argv[++i];
+      has_filter = true;
+    } else {
+      std::fprintf(stderr, "qbench_memory: unknown or incomplete argument '%s'\n%s", argv[i], kUsage);
+      return 2;
+    }
+  }
+  if (kv_cache && has_filter) {
+    std::fprintf(stderr, "qbench_memory: --filter does not apply to --kv-cache\n%s", kUsage);
+    return 2;
   }
   if (kv_cache) return kv_cache_main(json);
   struct Row {
@@ -300,9 +347,19 @@ int main(int argc, char** argv) {
       rows.push_back({model, state, [c = config, sc = scheme] { return llama_decode(c, sc); },
                       float_cache_bytes(config, kPrompt + kDecode)});
   if (!json) std::printf("%-22s %-14s %12s %12s %14s\n", "model", "state", "model MiB", "build peak", "inference peak");
+  bool failed = false;
   for (const Row& r : rows) {
     if (std::string(r.model).find(filter) == std::string::npos) continue;
-    const Measured m = measure(r.build);
+    const std::optional<Measured> measured = measure(r.build);
+    if (!measured) {
+      failed = true;
+      std::printf(json ? "{\"bench\":\"memory\",\"model\":\"%s\",\"state\":\"%s\",\"failed\":true}\n"
+                       : "%-22s %-14s failed\n",
+                  r.model, r.state);
+      std::fflush(stdout);
+      continue;
+    }
+    const Measured& m = *measured;
     if (json) {
       std::printf("{\"bench\":\"memory\",\"model\":\"%s\",\"state\":\"%s\",\"model_kib\":%lld,\"build_peak_kib\":%lld,"
                   "\"inference_peak_kib\":%lld",
@@ -321,11 +378,11 @@ int main(int argc, char** argv) {
                     m.stage_peak_kib[i] / 1024.0, m.stage_rss_kib[i] / 1024.0);
       if (r.cache_shape_bytes >= 0) std::printf("    tensor bytes (model_size) %.1f MiB\n", m.tensor_bytes / 1048576.0);
       if (r.cache_shape_bytes >= 0)
-        std::printf("    KV cache (48 positions): %lld bytes from the shapes, capacity_bytes() %lld, released %.1f KiB\n",
-                    static_cast<long long>(r.cache_shape_bytes), static_cast<long long>(m.cache_bytes),
+        std::printf("    KV cache (%lld positions): %lld bytes from the shapes, capacity_bytes() %lld, released %.1f KiB\n",
+                    static_cast<long long>(kPrompt + kDecode), static_cast<long long>(r.cache_shape_bytes), static_cast<long long>(m.cache_bytes),
                     static_cast<double>(m.released_kib));
     }
     std::fflush(stdout);
   }
-  return 0;
+  return failed ? 1 : 0;
 }
