@@ -1,5 +1,5 @@
 // Runs the qtrain binary as a user does (from the source tree, stderr with stdout), for the tests
-// that drive it end to end. Needs QFORGE_SOURCE_DIR and QTRAIN_BIN defined by the test target.
+// that drive it end to end (QFORGE_SOURCE_DIR and QTRAIN_BIN from tests/paths.h).
 #pragma once
 
 #include <sys/wait.h>
@@ -10,6 +10,8 @@
 #include <fstream>
 #include <string>
 #include <nlohmann/json.hpp>
+
+#include "tests/paths.h"
 
 namespace qforge::testing {
 

@@ -19,6 +19,8 @@
 #include <thread>
 #include <vector>
 
+#include "tests/paths.h"
+
 namespace {
 
 // Live (not zombie) processes whose parent is this test. With the test as child subreaper, any

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "apps/qgen_streamer.h"
+#include "tests/paths.h"
 
 namespace fs = std::filesystem;
 

@@ -19,6 +19,7 @@
 #include "framework/io/calibration_dump.h"
 #include "framework/models/cnn.h"
 #include "framework/models/state_dict.h"
+#include "tests/paths.h"
 #include "tests/qtrain_run.h"
 
 namespace fs = std::filesystem;

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "tests/paths.h"
+
 namespace {
 
 namespace fs = std::filesystem;

@@ -17,6 +17,7 @@
 #include "framework/nn/rpq.h"
 #include "tests/error_of.h"
 #include "tests/io/io_test_util.h"
+#include "tests/paths.h"
 
 using namespace qforge;
 using qforge::io::testing::same_tensor;

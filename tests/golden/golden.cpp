@@ -6,6 +6,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "tests/paths.h"
+
 namespace qforge::golden {
 
 nlohmann::json load_golden(const std::string& name) {

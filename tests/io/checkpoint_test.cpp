@@ -18,6 +18,7 @@
 #include "framework/format/hdf5.h"
 #include "tests/io/io_fixtures.h"
 #include "tests/io/io_test_util.h"
+#include "tests/paths.h"
 
 namespace qforge::io {
 namespace {

@@ -14,6 +14,7 @@
 #include "framework/io/checkpoint.h"
 #include "tests/io/io_fixtures.h"
 #include "tests/io/io_test_util.h"
+#include "tests/paths.h"
 
 namespace qforge::io {
 namespace {

@@ -9,6 +9,7 @@
 #include "framework/core/error.h"
 #include "tests/io/io_fixtures.h"
 #include "tests/io/io_test_util.h"
+#include "tests/paths.h"
 
 namespace qforge::io {
 namespace {

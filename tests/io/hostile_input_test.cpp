@@ -21,6 +21,7 @@
 #include "framework/io/checkpoint.h"
 #include "tests/error_of.h"
 #include "tests/io/io_test_util.h"
+#include "tests/paths.h"
 
 namespace qforge::io {
 namespace {

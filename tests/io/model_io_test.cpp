@@ -25,6 +25,7 @@
 #include "framework/nn/linear.h"
 #include "framework/api/quantize.h"
 #include "io_test_util.h"
+#include "tests/paths.h"
 
 using namespace qforge;
 using qforge::io::testing::read_bytes;

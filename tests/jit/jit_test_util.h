@@ -12,6 +12,7 @@
 
 #include "framework/api/scheme.h"
 #include "framework/jit/scripted_model.h"
+#include "tests/paths.h"
 
 namespace qforge::jit_test {
 

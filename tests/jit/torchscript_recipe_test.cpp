@@ -15,6 +15,7 @@
 #include "framework/data/fashion_mnist.h"
 #include "framework/format/safetensors.h"
 #include "framework/jit/scripted_model.h"
+#include "tests/paths.h"
 #include "tests/qtrain_run.h"
 
 namespace fs = std::filesystem;

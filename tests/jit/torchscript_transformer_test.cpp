@@ -15,6 +15,7 @@
 #include "framework/format/safetensors.h"
 #include "framework/jit/scripted_model.h"
 #include "tests/jit/jit_test_util.h"
+#include "tests/paths.h"
 
 using qforge::jit::LayerKind;
 using qforge::jit::ScriptedModel;

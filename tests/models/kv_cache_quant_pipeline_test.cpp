@@ -14,6 +14,7 @@
 #include "framework/pipeline/pipeline.h"
 #include "framework/recipe/recipe.h"
 #include "tests/error_of.h"
+#include "tests/paths.h"
 
 namespace qforge {
 namespace {

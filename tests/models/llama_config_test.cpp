@@ -10,6 +10,7 @@
 #include "framework/models/activation.h"
 #include "framework/models/llama.h"
 #include "tests/error_of.h"
+#include "tests/paths.h"
 
 namespace qforge::models {
 namespace {

@@ -12,6 +12,7 @@
 #include "framework/models/llama.h"
 #include "framework/models/perplexity.h"
 #include "tests/error_of.h"
+#include "tests/paths.h"
 
 namespace qforge::models {
 namespace {

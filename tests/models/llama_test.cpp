@@ -13,6 +13,7 @@
 #include "framework/models/hf_folder.h"
 #include "framework/models/llama.h"
 #include "tests/error_of.h"
+#include "tests/paths.h"
 
 namespace qforge::models {
 namespace {

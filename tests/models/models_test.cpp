@@ -15,6 +15,7 @@
 #include "framework/api/quantize.h"
 #include "tests/error_of.h"
 #include "tests/golden/golden.h"
+#include "tests/paths.h"
 
 namespace qforge::models {
 namespace {

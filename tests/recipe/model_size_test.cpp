@@ -14,6 +14,7 @@
 #include "framework/recipe/task.h"
 #include "framework/recipe/tasks/task_data.h"
 #include "tests/error_of.h"
+#include "tests/paths.h"
 
 using namespace qforge;
 using qforge::testing::error_of;

@@ -10,6 +10,7 @@
 #include "framework/recipe/recipe.h"
 #include "framework/recipe/sha256.h"
 #include "framework/recipe/task.h"
+#include "tests/paths.h"
 
 using namespace qforge;
 namespace fs = std::filesystem;

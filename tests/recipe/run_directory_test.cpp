@@ -23,6 +23,7 @@
 #include "framework/recipe/task.h"
 #include "framework/report/report_files.h"
 #include "tests/error_of.h"
+#include "tests/paths.h"
 
 using namespace qforge;
 using qforge::testing::error_of;

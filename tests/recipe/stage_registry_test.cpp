@@ -9,6 +9,7 @@
 #include "framework/pipeline/pipeline.h"
 #include "framework/pipeline/stage_registry.h"
 #include "framework/recipe/recipe.h"
+#include "tests/paths.h"
 
 using namespace qforge;
 

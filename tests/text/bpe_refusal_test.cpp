@@ -2,6 +2,7 @@
 // names the JSON key), inconsistent vocabularies and merges, and missing, truncated or foreign files.
 #include "framework/text/bpe_tokenizer.h"
 #include "tests/error_of.h"
+#include "tests/paths.h"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>

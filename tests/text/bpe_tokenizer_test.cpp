@@ -7,6 +7,7 @@
 #include "framework/text/regex_split.h"
 #include "framework/text/utf8.h"
 #include "tests/error_of.h"
+#include "tests/paths.h"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>

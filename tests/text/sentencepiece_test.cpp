@@ -4,6 +4,7 @@
 #include "framework/text/sentencepiece_tokenizer.h"
 #include "framework/text/tokenizer.h"
 #include "tests/error_of.h"
+#include "tests/paths.h"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
