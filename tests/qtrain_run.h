@@ -3,9 +3,13 @@
 #pragma once
 
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <string>
+#include <nlohmann/json.hpp>
 
 #include "tests/paths.h"
 
@@ -24,6 +28,20 @@ inline QtrainRun qtrain(const std::string& args) {
   while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
   const int status = pclose(p);
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+// An empty output directory for one run of this test process: $TMPDIR/qforge_qtrain_<pid>_<name>.
+inline std::string out_dir(const std::string& name) {
+  namespace fs = std::filesystem;
+  const fs::path d = fs::temp_directory_path() / ("qforge_qtrain_" + std::to_string(::getpid()) + "_" + name);
+  fs::remove_all(d);
+  return d.string();
+}
+
+// The run's report.json.
+inline nlohmann::json report(const std::string& dir) {
+  std::ifstream in(dir + "/report.json");
+  return nlohmann::json::parse(in);
 }
 
 }  // namespace qforge::testing

@@ -26,19 +26,10 @@ namespace fs = std::filesystem;
 
 namespace {
 
+using qforge::testing::out_dir;
 using qforge::testing::qtrain;
 using qforge::testing::QtrainRun;
-
-std::string out_dir(const std::string& name) {
-  const fs::path d = fs::temp_directory_path() / ("qforge_qtrain_" + std::to_string(::getpid()) + "_" + name);
-  fs::remove_all(d);
-  return d.string();
-}
-
-nlohmann::json report(const std::string& dir) {
-  std::ifstream in(dir + "/report.json");
-  return nlohmann::json::parse(in);
-}
+using qforge::testing::report;
 
 // Shrinks a recipe to seconds: few examples, one epoch, a few QAT steps.
 std::string small(const std::string& dir) {
