@@ -52,18 +52,26 @@ void run_f32s8g_reference(const LinearS8GProblem& p) {
                           p.w.n, p.w.k);
 }
 
-// W = float(c - z) * scale[n, g] (dequantize_int's (q - z) * s), then the float GEMM.
+// W = (float(c) - float(z)) * scale[n, g]: dequantize_int's (q - z) * s, since c - z is exact in
+// float; each row read in place from its n16k4 block, the blocks split across the threads.
 void run_s8g_dequant_gemm(const LinearS8GProblem& p) {
   const S8GroupView& w = p.w;
-  const S8GUnpacked u = unpack_s8g(w);
   detail::linear_f32_dequant_gemm(p.x, p.m, w.k, w.n, p.bias, p.y, [&](float* out) {
-    detail::parallel_over(w.n, std::max<int64_t>(1, detail::kMinMacsPerTask / w.k), [&](int64_t b, int64_t e) {
-      for (int64_t n = b; n < e; ++n) {
-        for (int64_t k = 0; k < w.k; ++k) {
-          const int64_t g = k / w.group_size;
-          out[n * w.k + k] = static_cast<float>(int32_t{u.codes[n * w.k + k]} - u.zero[n * w.groups + g]) *
-                             u.scale[n * w.groups + g];
-        }
+    detail::for_each_weight_row(w.n, w.kp, [&](int64_t n) {
+      const int64_t nb = n / kS8BlockN, j = n % kS8BlockN;
+      // Row n's 4 bytes in each 64-byte block of its column block (packed_layout.h).
+      const int8_t* q = w.data + nb * w.kp * kS8BlockN + j * kS8BlockK;
+      float* row = out + n * w.k;
+      int64_t k = 0;
+      for (; k + kS8BlockK <= w.k; k += kS8BlockK, q += kS8BlockBytes) {
+        for (int64_t i = 0; i < kS8BlockK; ++i) row[k + i] = static_cast<float>(q[i]);
+      }
+      for (int64_t i = 0; k + i < w.k; ++i) row[k + i] = static_cast<float>(q[i]);
+      for (int64_t g = 0; g < w.groups; ++g) {
+        const int64_t meta = (nb * w.groups + g) * kS8BlockN + j;
+        const float s = w.scales16 != nullptr ? fp16_bits_to_float(w.scales16[meta]) : w.scales32[meta];
+        const float z = w.zeros != nullptr ? static_cast<float>(w.zeros[meta]) : 0.0f;
+        for (k = g * w.group_size; k < std::min(w.k, (g + 1) * w.group_size); ++k) row[k] = (row[k] - z) * s;
       }
     });
   });

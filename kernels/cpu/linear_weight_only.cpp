@@ -65,20 +65,11 @@ void run_f32s4_reference(const LinearF32S4Problem& p) {
                           p.w.n, p.w.k);
 }
 
-// Float weight rows of whole 16-row column blocks, the blocks split across ATen's threads: one
-// pass over the packed bytes, each block's bytes cache-resident while its rows are written.
-template <typename F>
-void for_each_weight_row(int64_t n, int64_t row_elems, const F& fill_row) {
-  detail::parallel_over_blocks(round_up(n, kS8BlockN) / kS8BlockN, kS8BlockN * row_elems, [&](int64_t b, int64_t e) {
-    for (int64_t row = b * kS8BlockN; row < std::min(n, e * kS8BlockN); ++row) fill_row(row);
-  });
-}
-
 // W = float(q) * scale[n] (dequantize_int with zero point 0, the same float products).
 void run_f32s8_dequant_gemm(const LinearF32S8Problem& p) {
   const S8N16K4View& w = p.w;
   detail::linear_f32_dequant_gemm(p.x, p.m, w.k, w.n, p.bias, p.y, [&](float* out) {
-    for_each_weight_row(w.n, w.kp, [&](int64_t n) {
+    detail::for_each_weight_row(w.n, w.kp, [&](int64_t n) {
       // Row n's 4 bytes in each 64-byte block of its column block (packed_layout.h).
       const int8_t* q = w.data + (n / kS8BlockN) * w.kp * kS8BlockN + (n % kS8BlockN) * kS8BlockK;
       const float s = p.w_scale[n];
@@ -98,7 +89,7 @@ void run_f32s4_dequant_gemm(const LinearF32S4Problem& p) {
   const S4N16K8View& w = p.w;
   constexpr int64_t kHalf = kS4BlockK / 2;  // k values per nibble plane of a block
   detail::linear_f32_dequant_gemm(p.x, p.m, w.k, w.n, p.bias, p.y, [&](float* out) {
-    for_each_weight_row(w.n, w.kp, [&](int64_t n) {
+    detail::for_each_weight_row(w.n, w.kp, [&](int64_t n) {
       const int64_t nb = n / kS4BlockN, j = n % kS4BlockN;
       const uint8_t* q = w.data + nb * w.kp / kS4BlockK * kS4BlockBytes + j * kHalf;
       float* row = out + n * w.k;

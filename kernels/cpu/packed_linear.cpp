@@ -318,8 +318,7 @@ PackedLinearS8G::PackedLinearS8G(const at::Tensor& weight, const at::Tensor& w_s
   k_ = weight.size(1);
   QF_REQUIRE(n_ > 0 && k_ > 0 && group_size > 0, "kernels/cpu: PackedLinearS8G weight ", shape_str(weight),
              " or group_size ", group_size, " is empty");
-  QF_REQUIRE(k_ <= kMaxInFeaturesS8, "kernels/cpu: PackedLinearS8G in_features K=", k_, " exceeds ",
-             kMaxInFeaturesS8, " (the int32 accumulator could overflow)");
+  // No K limit: the q8 kernels' integer sums are per 32-block, the exact path has none.
   group_size_ = std::min(group_size, k_);
   groups_ = num_groups(k_, group_size_);
   QF_REQUIRE(w_scale.defined() && w_scale.numel() == n_ * groups_, "kernels/cpu: PackedLinearS8G w_scale has shape ",

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "kernels/cpu/packed_layout.h"
 #include "kernels/cpu/thread_pool.h"
 
 namespace qforge::kernels::detail {
@@ -30,6 +31,15 @@ template <typename F>
 void parallel_over_blocks(int64_t nblocks, int64_t macs_per_block, const F& f) {
   const int64_t grain = std::max<int64_t>(1, kMinMacsPerTask / std::max<int64_t>(1, macs_per_block));
   parallel_over(nblocks, grain, f);
+}
+
+// Float weight rows of whole 16-row column blocks, the blocks split across the threads: one
+// pass over the packed bytes, each block's bytes cache-resident while its rows are written.
+template <typename F>
+void for_each_weight_row(int64_t n, int64_t row_elems, const F& fill_row) {
+  parallel_over_blocks(round_up(n, kS8BlockN) / kS8BlockN, kS8BlockN * row_elems, [&](int64_t b, int64_t e) {
+    for (int64_t row = b * kS8BlockN; row < std::min(n, e * kS8BlockN); ++row) fill_row(row);
+  });
 }
 
 }  // namespace qforge::kernels::detail

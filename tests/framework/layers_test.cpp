@@ -183,6 +183,7 @@ TEST(Freeze, FrozenLinearMatchesFakeQuantForEveryScheme) {
     int64_t group;
     ActivationMode act;
     bool exact;  // same float ops (dequantize + at::linear) vs integer accumulation
+    bool symmetric = true;
   };
   const std::vector<Case> cases{
       {qint8, Granularity::kPerChannel, 0, ActivationMode::kDynamicPerToken, false},
@@ -193,6 +194,8 @@ TEST(Freeze, FrozenLinearMatchesFakeQuantForEveryScheme) {
       {qint4, Granularity::kPerGroup, 32, ActivationMode::kStatic, false},
       {qint8, Granularity::kPerChannel, 0, ActivationMode::kNone, false},
       {qint4, Granularity::kPerGroup, 32, ActivationMode::kNone, false},
+      {qint8, Granularity::kPerGroup, 32, ActivationMode::kNone, false},         // PackedLinearS8G
+      {qint8, Granularity::kPerGroup, 32, ActivationMode::kNone, false, false},  // with zero points
       {qint2, Granularity::kPerGroup, 32, ActivationMode::kNone, true},
       {qint3, Granularity::kPerGroup, 32, ActivationMode::kNone, false},
       {qint3, Granularity::kPerChannel, 0, ActivationMode::kStatic, false},
@@ -210,7 +213,7 @@ TEST(Freeze, FrozenLinearMatchesFakeQuantForEveryScheme) {
       Scheme s(c.w);
       s.weight_granularity = c.g;
       s.group_size = c.group;
-      s.weight_symmetric = c.w != quint8;
+      s.weight_symmetric = c.w != quint8 && c.symmetric;
       s.activations = c.act;
       s.observer = "minmax";
       quantize(lin, s);
