@@ -18,7 +18,6 @@ namespace qforge::kernels::detail {
 
 namespace {
 
-constexpr int64_t kOctsPerBlock = 4;    // n16k8 blocks in one 32-value activation block
 constexpr int kLowInt16 = 0x0000FFFF;  // the low int16 of an int32 lane
 
 struct Kernel {

@@ -17,8 +17,6 @@ namespace qforge::kernels::detail {
 
 namespace {
 
-constexpr int64_t kQuadsPerBlock = 8;  // n16k4 blocks in one 32-value activation block
-constexpr int kWeightOffset = 128;     // w ^ 0x80 as unsigned is w + 128
 
 struct Kernel {
   using Args = GemvQ8S8Args;

@@ -7,8 +7,15 @@
 #include <cstdint>
 
 #include "kernels/cpu/packed_layout.h"
+#include "kernels/cpu/reference.h"
 
 namespace qforge::kernels::detail {
+
+// The q8 decode / prefill kernels' block geometry: one 32-value activation block spans this many
+// n16k4 (int8) or n16k8 (int4) weight blocks; int8 codes enter VPDPBUSD as c ^ 0x80 = c + 128.
+inline constexpr int64_t kQuadsPerBlock = kQ8Block / kS8BlockK;
+inline constexpr int64_t kOctsPerBlock = kQ8Block / kS4BlockK;
+inline constexpr int kWeightOffset = 128;
 
 // int8 activations x n16k4 int8 weights. Rows of A are padded to w.kp (lda >= w.kp).
 struct GemvS8Args {

@@ -14,7 +14,6 @@ namespace qforge::kernels::detail {
 
 namespace {
 
-constexpr int64_t kOctsPerBlock = 4;  // n16k8 blocks in one 32-value activation block
 
 struct Kernel {
   using Args = GemvQ8S4Args;

@@ -13,7 +13,6 @@ namespace qforge::kernels::detail {
 
 namespace {
 
-constexpr int64_t kQuadsPerBlock = 8;  // n16k4 blocks in one 32-value activation block
 
 struct Kernel {
   using Args = GemvQ8S8Args;

@@ -15,8 +15,6 @@ namespace qforge::kernels::detail {
 
 namespace {
 
-constexpr int64_t kQuadsPerBlock = 8;  // n16k4 blocks in one 32-value activation block
-constexpr int kWeightOffset = 128;     // w ^ 0x80 as unsigned is w + 128
 
 // One row: up to 4 column blocks. Several rows: one column block times up to 4 rows.
 struct Kernel {

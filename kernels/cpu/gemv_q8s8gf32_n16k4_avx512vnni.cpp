@@ -18,8 +18,6 @@ namespace qforge::kernels::detail {
 
 namespace {
 
-constexpr int64_t kQuadsPerBlock = kQ8Block / kS8BlockK;  // n16k4 blocks in one activation block
-constexpr int kWeightOffset = 128;                         // c ^ 0x80 as unsigned is c + 128
 
 // One row: up to 4 column blocks. Several rows: one column block times up to 4 rows.
 struct Kernel {
