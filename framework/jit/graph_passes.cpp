@@ -51,6 +51,10 @@ bool fast_path_op(const Node* n) {
   return k == "aten::_native_multi_head_attention" || k == "aten::_transformer_encoder_layer_fwd";
 }
 
+bool nested_fast_path_op(const Node* n) {
+  return std::string(n->kind().toQualString()) == "aten::_nested_tensor_from_mask";
+}
+
 bool metadata_read(const Node* n) {
   return n->kind() == c10::prim::dtype || n->kind() == c10::prim::device || n->kind() == c10::prim::is_cuda;
 }
@@ -122,7 +126,7 @@ bool simplify_once(Graph& g, const torch::jit::Module& root) {
     } else if ((k == c10::aten::__is__ || k == c10::aten::__isnot__) && n->input(0) == n->input(1)) {
       replace_by_constant(g, n, c10::IValue(k == c10::aten::__is__));
       changed = true;
-    } else if (fast_path_op(n)) {
+    } else if (fast_path_op(n) || nested_fast_path_op(n)) {
       changed = bypass_fast_path(g, n) || changed;
     }
   }

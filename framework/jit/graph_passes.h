@@ -39,6 +39,10 @@ void collect_nodes(torch::jit::Block* b, std::vector<torch::jit::Node*>* out);
 // True for the fused inference ops of PyTorch's transformer modules, which read the weights directly.
 bool fast_path_op(const torch::jit::Node* n);
 
+// True for nn.TransformerEncoder's conversion of a padded batch into a nested tensor
+// (aten::_nested_tensor_from_mask), the entry of its fast path through the fused layers.
+bool nested_fast_path_op(const torch::jit::Node* n);
+
 // True for ops that read a tensor's metadata only (dtype, device): they stay valid when a frozen
 // layer's float weight is released from the module.
 bool metadata_read(const torch::jit::Node* n);
@@ -51,9 +55,10 @@ bool slicing_read(const torch::jit::Node* n);
 // - bool and None attributes of the modules (configuration such as batch_first, norm_first,
 //   _qkv_same_embed_dim, bias_k) become constants, except `training` and attributes the forward sets;
 // - `a is a` / `a is not a` of one graph value become true / false;
-// - every prim::If around a fast-path op whose condition tests a reason string (PyTorch's
-//   `if not why_not_fast_path:`) takes the branch without it: the composite path runs, as it does in
-//   PyTorch whenever a reason exists (training, gradients enabled, ...);
+// - every prim::If around a fast-path op or the encoder stack's nested-tensor conversion whose
+//   condition tests a reason string (PyTorch's `if not why_not_fast_path:`) takes the branch without
+//   it: the composite path runs, as it does in PyTorch whenever a reason exists (training, gradients
+//   enabled, ...);
 // then constant propagation and dead code elimination.
 void simplify_for_rewrite(const std::shared_ptr<torch::jit::Graph>& g, const torch::jit::Module& root);
 

@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """Writes the TorchScript fixtures of tests/jit (tests/fixtures/torchscript/): a small CNN, an
 MLP, a CNN with BatchNorms, a BERT-like encoder, an LM with a tied token table, a chain of
-rewritten calls, PyTorch's nn.MultiheadAttention and nn.TransformerEncoderLayer, torchvision's
-VisionTransformer and x @ W forms with W stored [in, out], each scripted (torch.jit.script) and
-traced (torch.jit.trace); the weight x matrix forms and a small Fashion-MNIST CNN trained briefly
-(scripted only), with fixed seeds.
+rewritten calls, PyTorch's nn.MultiheadAttention, nn.TransformerEncoderLayer and
+nn.TransformerEncoder, torchvision's VisionTransformer and x @ W forms with W stored [in, out],
+each scripted (torch.jit.script) and traced (torch.jit.trace); the weight x matrix forms and a
+small Fashion-MNIST CNN trained briefly (scripted only), with fixed seeds.
 
     python3 scripts/torchscript/make_fixtures.py [output folder]
 
@@ -345,6 +345,48 @@ def write_transformer_layers(out):
             torch.jit.trace(layer, x, check_trace=False).save(os.path.join(out, name + "_traced.pt"))
 
 
+class EncoderStackKpm(nn.Module):
+    """nn.TransformerEncoder called with a key padding mask as a second input (torch.jit.trace takes
+    tensor inputs only, so the mask needs a wrapper to reach a trace)."""
+
+    def __init__(self, encoder):
+        super().__init__()
+        self.encoder = encoder
+
+    def forward(self, x, key_padding_mask):
+        return self.encoder(x, src_key_padding_mask=key_padding_mask)
+
+
+def write_encoder_stack(out):
+    """nn.TransformerEncoder (the stack) of two TransformerEncoderLayer(16, 2, 32), scripted and traced:
+    - encoder_stack_nested_{scripted,traced}.pt: batch first, post-norm, a final LayerNorm,
+      enable_nested_tensor=True, the configuration whose eval / no_grad run with a key padding mask
+      takes PyTorch's nested-tensor fast path; scripted bare (forward(src, mask, src_key_padding_mask)),
+      traced through EncoderStackKpm (x and the mask as inputs);
+    - encoder_stack_plain_{scripted,traced}.pt: sequence first, norm_first, no final norm,
+      enable_nested_tensor=False; scripted bare, traced with src only;
+    - encoder_stack_nograd_traced.pt: the nested one traced under torch.no_grad() with a key padding
+      mask, which records PyTorch's nested path (_nested_tensor_from_mask, the fused layers)."""
+    for name, bf, norm_first, final_norm, nested in (("nested", True, False, True, True),
+                                                    ("plain", False, True, False, False)):
+        torch.manual_seed(0)
+        layer = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.1, batch_first=bf, norm_first=norm_first)
+        stack = nn.TransformerEncoder(layer, 2, norm=nn.LayerNorm(16) if final_norm else None,
+                                      enable_nested_tensor=nested).eval()
+        x = torch.randn((2, 6, 16) if bf else (6, 2, 16))
+        torch.jit.script(stack).save(os.path.join(out, "encoder_stack_%s_scripted.pt" % name))
+        if nested:
+            kpm = torch.zeros(2, 6, dtype=torch.bool)
+            kpm[1, 4:] = True
+            traced = torch.jit.trace(EncoderStackKpm(stack).eval(), (x, kpm), check_trace=False)
+            with torch.no_grad():
+                torch.jit.trace(EncoderStackKpm(stack).eval(), (x, kpm), check_trace=False).save(
+                    os.path.join(out, "encoder_stack_nograd_traced.pt"))
+        else:
+            traced = torch.jit.trace(stack, x, check_trace=False)
+        traced.save(os.path.join(out, "encoder_stack_%s_traced.pt" % name))
+
+
 def write_vit(out):
     """vit_{scripted,traced}.pt: torchvision's VisionTransformer (vit_b_16's code) at 28x28 with
     7x7 patches, 2 layers of 2 heads, width 64, MLP 128, 10 classes (random initialisation)."""
@@ -462,6 +504,7 @@ def main():
     torch.jit.trace(in_out, torch.randn(2, 5, 16)).save(os.path.join(out, "in_out_forms_traced.pt"))
     write_transformer_layers(out)
     write_mha_kpm(out)
+    write_encoder_stack(out)
     write_buffer_matmul(out)
     write_vit(out)
     write_fmnist_cnn(out)

@@ -16,43 +16,20 @@
 #include "tests/jit/jit_test_util.h"
 
 using qforge::jit::ScriptedModel;
+using qforge::jit_test::count_ops;
+using qforge::jit_test::expect_only_weightless_float_calls;
 using qforge::jit_test::fixture;
 using qforge::jit_test::layer_paths;
+using qforge::jit_test::original_call;
 using qforge::jit_test::relative_error;
+using qforge::jit_test::sliced_reads;
 
 namespace {
 
 // The file's own forward in eval mode: with gradients enabled PyTorch runs the composite path (the
 // one the rewritten graph keeps), under no_grad its fused fast path.
 at::Tensor original_forward(const std::string& form, const at::Tensor& x, bool grad) {
-  torch::jit::Module original = torch::jit::load(fixture(form));
-  original.eval();
-  if (grad) return original.forward({x}).toTensor().detach();
-  torch::NoGradGuard no_grad;
-  return original.forward({x}).toTensor();
-}
-
-int count_ops(const ScriptedModel& m, const std::string& op) {
-  int n = 0;
-  for (const auto& f : m->kept_float()) n += f.op == op;
-  return n;
-}
-
-// Every call left float is one the composite path has no weight for: the attention's activation x
-// activation products, LayerNorm, and (scripted) the other branches' Linear calls on slices of the
-// packed weight, which read it from the qforge layer.
-void expect_only_weightless_float_calls(const ScriptedModel& m) {
-  for (const auto& f : m->kept_float()) {
-    const bool weightless = f.op == "aten::bmm" || f.op == "aten::baddbmm" || f.op == "aten::layer_norm" ||
-                            (f.op == "aten::linear" && f.reason.find("computed in the graph") != std::string::npos);
-    EXPECT_TRUE(weightless) << f.name << " " << f.op << ": " << f.reason;
-  }
-}
-
-int sliced_reads(const ScriptedModel& m) {
-  int n = 0;
-  for (const auto& t : m->tied()) n += t.slice;
-  return n;
+  return original_call(form, {x}, grad).toTensor().detach();
 }
 
 // The float forward equals the file's composite path bit for bit and its fast path within 1e-6.
@@ -69,39 +46,16 @@ void expect_float_forward(ScriptedModel& m, const std::string& form, const at::T
   EXPECT_FALSE(at::equal(y, m->forward(x * 1.5)));  // the check can fail
 }
 
-// Static W8A8 (calibrated on `calib`), frozen, saved and loaded back in C++ both ways: returns the
-// frozen model's relative error on x against the float forward.
-double static_w8a8_round_trip(const std::string& form, const at::Tensor& calib, const at::Tensor& x) {
-  ScriptedModel m = qforge::jit::load_torchscript(fixture(form));
-  m->eval();
-  const at::Tensor ref = original_forward(form, x, true);
-  qforge::quantize(*m, qforge::jit_test::w8a8());
-  torch::NoGradGuard no_grad;
-  {
-    qforge::Calibration calibration(*m);
-    m->forward(calib);
-  }
-  qforge::freeze(*m);
-  for (const auto& l : m->layers()) EXPECT_TRUE(l->layer().frozen()) << l->path();
-  const at::Tensor frozen = m->forward(x);
-  const auto reloaded = qforge::jit_test::save_and_reload(m, x);
-  EXPECT_TRUE(at::equal(reloaded.plain, frozen)) << form;
-  EXPECT_TRUE(at::equal(reloaded.again, frozen)) << form;
-  EXPECT_EQ(qforge::model_size(*reloaded.model).total_bytes, qforge::model_size(*m).total_bytes);
-  return relative_error(frozen, ref);
-}
-
 // Bounds below: dynamic int8 0.02, static W8A8 (minmax, per-tensor activations calibrated on one
 // random batch, measured on another) 0.08 of the largest float output; measured up to 0.0082 and
 // 0.061 (docs/torchscript.md).
 
-// Dynamic int8 (weights per channel, activations per token, computed per call): relative error.
+double static_w8a8_round_trip(const std::string& form, const at::Tensor& calib, const at::Tensor& x) {
+  return qforge::jit_test::static_w8a8_round_trip(form, {calib}, {x});
+}
+
 double dynamic_int8_error(const std::string& form, const at::Tensor& x) {
-  ScriptedModel m = qforge::jit::load_torchscript(fixture(form));
-  m->eval();
-  qforge::quantize(*m, qforge::jit_test::dynamic_int8());
-  torch::NoGradGuard no_grad;
-  return relative_error(m->forward(x), original_forward(form, x, true));
+  return qforge::jit_test::dynamic_int8_error(form, {x});
 }
 
 }  // namespace
@@ -211,20 +165,6 @@ TEST(TorchScriptVit, TorchvisionVisionTransformerThroughTheSamePath) {
   }
 }
 
-namespace {
-
-// Runs `form`'s own forward on `inputs` in eval mode, with gradients (composite path) or without
-// (the fused path where PyTorch takes it).
-c10::IValue original_call(const std::string& form, const std::vector<c10::IValue>& inputs, bool grad) {
-  torch::jit::Module original = torch::jit::load(fixture(form));
-  original.eval();
-  if (grad) return original.forward(inputs);
-  torch::NoGradGuard no_grad;
-  return original.forward(inputs);
-}
-
-}  // namespace
-
 // MHA's defaults: need_weights=True (the averaged weights come back too) and a key padding mask.
 TEST(TorchScriptMha, KeyPaddingMaskAndNeedWeightsAgreeWithBothPyTorchPaths) {
   torch::manual_seed(16);
@@ -281,18 +221,7 @@ TEST(TorchScriptEncoderLayer, TrainModeEqualsPyTorchWithTheSameSeed) {
   torch::manual_seed(18);
   for (const char* form : {"mha_bf_scripted", "mha_sf_scripted", "encoder_layer_bf_pre_scripted",
                            "encoder_layer_bf_post_scripted", "encoder_layer_sf_post_scripted"}) {
-    SCOPED_TRACE(form);
-    const at::Tensor x = torch::randn({4, 9, 16});
-    ScriptedModel m = qforge::jit::load_torchscript(fixture(form));
-    m->train();
-    torch::jit::Module original = torch::jit::load(fixture(form));
-    original.train();
-    torch::manual_seed(5);
-    const at::Tensor y = m->forward(x);
-    torch::manual_seed(5);
-    const at::Tensor ref = original.forward({x}).toTensor();
-    EXPECT_TRUE(at::equal(y, ref)) << relative_error(y.detach(), ref.detach());
-    EXPECT_TRUE(y.requires_grad());
+    qforge::jit_test::expect_train_mode_equals_pytorch(form, torch::randn({4, 9, 16}));
   }
 }
 
