@@ -222,8 +222,9 @@ double bench_gemm(const Shape& s, int reps, Timer& timer, cublasLtHandle_t lt, b
 }
 
 // The one-launch frozen s8-dynamic Linear (float x -> float y) with every tile the device
-// allows, on rotating x and W, beside the fp16 GEMM of the same shape; the dispatch rule's tile
-// is marked, and its static-codes form (int8 x given) is timed once.
+// allows, and at M <= kFusedMaxM the 16 x 64 tile in 2 and 4 K slices, on rotating x and W,
+// beside the fp16 GEMM of the same shape; '*' marks the dispatch's choice (none above
+// kFusedMaxM: the chain serves it), whose static-codes form (int8 x given) is timed once.
 void bench_linear_fused(const Shape& s, int reps, Timer& timer, double fp16_ms) {
   const std::string shape = std::to_string(s.M) + "x" + std::to_string(s.N) + "x" + std::to_string(s.K);
   const double flops = 2.0 * static_cast<double>(s.M) * s.N * s.K;
@@ -231,6 +232,10 @@ void bench_linear_fused(const Shape& s, int reps, Timer& timer, double fp16_ms) 
   const int R = copies_for(set);
   DeviceBuffer<float> X(s.M * s.K * R), Y(s.M * s.N * R), w_scale(s.N), bias(s.N);
   DeviceBuffer<int8_t> W(s.N * s.K * R), Q(s.M * s.K * R);
+  DeviceBuffer<int32_t> work(std::max({fused_workspace_ints(s.M, s.N, s.K, 2), fused_workspace_ints(s.M, s.N, s.K, 4),
+                                       int64_t{1}}));
+  DeviceBuffer<unsigned> tickets(fused_ticket_count(FusedTile::k16x64, s.M, s.N));
+  check_cuda(cudaMemset(tickets.get(), 0, tickets.size() * sizeof(unsigned)), "cudaMemset");
   fill_random<float>(X, 4, rand_f);
   fill_random<int8_t>(W, 3, rand_s8);
   fill_random<int8_t>(Q, 2, rand_s8);
@@ -240,8 +245,12 @@ void bench_linear_fused(const Shape& s, int reps, Timer& timer, double fp16_ms) 
   a.w_scale = w_scale.get();
   a.bias = bias.get();
   a.M = s.M, a.N = s.N, a.K = s.K;
+  a.workspace = work.get();
+  a.tickets = tickets.get();
+  const bool dispatched = s.M <= kFusedMaxM;
   const FusedTile chosen = fused_tile_for(s.M, s.K);
-  const auto time_tile = [&](FusedTile t, bool dynamic) {
+  const int64_t chosen_splits = fused_splits_for(chosen, s.N, s.K);
+  const auto time_tile = [&](FusedTile t, int64_t splits, bool dynamic) {
     return timer.median_ms(reps, R, [&](int i) {
       LinearS8FusedArgs c = a;
       c.x = dynamic ? X.get() + i * s.M * s.K : nullptr;
@@ -249,20 +258,30 @@ void bench_linear_fused(const Shape& s, int reps, Timer& timer, double fp16_ms) 
       c.static_scale = 0.02f;
       c.weight = W.get() + i * s.N * s.K;
       c.y = Y.get() + i * s.M * s.N;
+      c.splits = splits;
       linear_s8_fused_cuda(c, t, nullptr);
     });
   };
-  for (int ti = 0; ti < kFusedTileCount; ++ti) {
-    const auto t = static_cast<FusedTile>(ti);
-    if (!linear_s8_fused_supported(s.M, s.N, s.K, t, linear_s8_fused_max_smem(), nullptr)) continue;
-    const double ms = time_tile(t, true);
-    print_row({"linear_s8_fused", shape, std::string("qforge fused ") + fused_tile_name(t) + (t == chosen ? " *" : ""),
-               ms, flops / ms / 1e9, "TOP/s", fp16_ms / ms});
-  }
-  if (!linear_s8_fused_supported(s.M, s.N, s.K, chosen, linear_s8_fused_max_smem(), nullptr)) return;
-  const double ms = time_tile(chosen, false);
-  print_row({"linear_s8_static", shape, std::string("qforge fused ") + fused_tile_name(chosen) + " (int8 x)", ms,
-             flops / ms / 1e9, "TOP/s", fp16_ms / ms});
+  const auto name = [&](FusedTile t, int64_t splits) {
+    return std::string("qforge fused ") + fused_tile_name(t) + (splits > 1 ? " K/" + std::to_string(splits) : "");
+  };
+  for (int ti = 0; ti < kFusedTileCount; ++ti)
+    for (const int64_t splits : {int64_t{1}, int64_t{2}, int64_t{4}}) {
+      const auto t = static_cast<FusedTile>(ti);
+      if ((splits > 1 && (t != FusedTile::k16x64 || !dispatched || fused_effective_splits(s.K, splits) != splits)) ||
+          !linear_s8_fused_supported(s.M, s.N, s.K, t, linear_s8_fused_max_smem(), nullptr, splits))
+        continue;
+      const double ms = time_tile(t, splits, true);
+      const bool star = dispatched && t == chosen && splits == chosen_splits;
+      print_row({"linear_s8_fused", shape, name(t, splits) + (star ? " *" : ""), ms, flops / ms / 1e9, "TOP/s",
+                 fp16_ms / ms});
+    }
+  // The static form of the dispatch's choice (above kFusedMaxM: of the tile rule's, unsplit).
+  const int64_t static_splits = dispatched ? chosen_splits : 1;
+  if (!linear_s8_fused_supported(s.M, s.N, s.K, chosen, linear_s8_fused_max_smem(), nullptr, static_splits)) return;
+  const double ms = time_tile(chosen, static_splits, false);
+  print_row({"linear_s8_static", shape, name(chosen, static_splits) + " (int8 x)", ms, flops / ms / 1e9, "TOP/s",
+             fp16_ms / ms});
 }
 
 // The int4 weight-only GEMV (group 128, signed codes, float x and y) beside the fp16 GEMM.

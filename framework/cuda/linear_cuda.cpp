@@ -8,6 +8,8 @@
 
 #include <map>
 #include <memory>
+#include <mutex>
+#include <utility>
 
 #include "framework/api/kernel_plan.h"
 #include "framework/core/error.h"
@@ -36,6 +38,18 @@ void require_on(const at::Tensor& t, const at::Tensor& x, const char* what, at::
              " must be a contiguous ", dtype, " tensor on ", x.device(), ", got ", t.scalar_type(), " on ", t.device());
 }
 
+// The fused kernel's split-K tickets for (device, stream): zeroed once when (re)allocated, left
+// zero by every call, and per stream because concurrent calls must not share them. Never freed
+// (a handful of ints per stream; no teardown order issue with the allocator at exit).
+unsigned* fused_tickets(const at::Tensor& like, cudaStream_t stream, int64_t count) {
+  static std::mutex mutex;
+  static auto* tickets = new std::map<std::pair<int, cudaStream_t>, at::Tensor>();
+  const std::lock_guard<std::mutex> lock(mutex);
+  at::Tensor& t = (*tickets)[{like.device().index(), stream}];
+  if (!t.defined() || t.numel() < count) t = at::zeros({std::max<int64_t>(count, 1024)}, like.options().dtype(at::kInt));
+  return reinterpret_cast<unsigned*>(t.data_ptr<int32_t>());
+}
+
 // The one-launch kernel where its rules allow (true, y written, info names the tile); false with
 // the reason in *why otherwise (nothing launched). Arguments as linear_s8, already checked.
 bool linear_s8_fused(const at::Tensor& x, const at::Tensor& codes, float static_scale, const at::Tensor& weight,
@@ -51,7 +65,13 @@ bool linear_s8_fused(const at::Tensor& x, const at::Tensor& codes, float static_
   a.y = y.data_ptr<float>();
   a.M = y.size(0), a.N = y.size(1), a.K = weight.size(1);
   cuda::FusedTile tile{};
-  if (!cuda::linear_s8_fused_choose(a, &tile, why)) return false;
+  if (!cuda::linear_s8_fused_choose(a, &tile, &a.splits, why)) return false;
+  at::Tensor workspace;
+  if (const int64_t ints = cuda::fused_workspace_ints(a.M, a.N, a.K, a.splits); ints > 0) {
+    workspace = at::empty({ints}, y.options().dtype(at::kInt));  // every read element is written first
+    a.workspace = workspace.data_ptr<int32_t>();
+    a.tickets = fused_tickets(y, stream, cuda::fused_ticket_count(tile, a.M, a.N));
+  }
   at::Tensor bad;
   if (!codes.defined()) {
     bad = at::full({1}, -1, y.options().dtype(at::kLong));  // all bits set: kNoNonFinite
@@ -59,7 +79,10 @@ bool linear_s8_fused(const at::Tensor& x, const at::Tensor& codes, float static_
   }
   cuda::linear_s8_fused_cuda(a, tile, stream);
   if (a.first_nonfinite != nullptr) cuda::throw_if_nonfinite(a.first_nonfinite, a.K, stream);
-  if (info != nullptr) *info = {std::string("linear_s8_fused_cuda ") + cuda::fused_tile_name(tile), ""};
+  if (info != nullptr)
+    *info = {std::string("linear_s8_fused_cuda ") + cuda::fused_tile_name(tile) +
+                 (a.splits > 1 ? " split-K " + std::to_string(a.splits) : ""),
+             ""};
   return true;
 }
 

@@ -29,6 +29,12 @@ struct LinearS8FusedArgs {
   // Dynamic path, nullable: receives the smallest m * K + k of a NaN / Inf in x (set it to
   // kNoNonFinite first; the outputs are then unspecified). throw_if_nonfinite reads it.
   unsigned long long* first_nonfinite = nullptr;
+  // Split K (linear_s8_fused_rules.h): S slices; S > 1 needs workspace (fused_workspace_ints
+  // int32) and tickets (fused_ticket_count unsigned, zero before the first call, left zero).
+  // One call at a time per tickets array (they are per output tile, not per call).
+  int64_t splits = 1;
+  int32_t* workspace = nullptr;
+  unsigned* tickets = nullptr;
 };
 
 // Runs tile t (fused_tile_for gives the dispatch rule's choice). Device pointers, stream-ordered.
@@ -36,9 +42,9 @@ struct LinearS8FusedArgs {
 // the device is older than sm_80, naming the rule.
 void linear_s8_fused_cuda(const LinearS8FusedArgs& a, FusedTile t, cudaStream_t stream);
 
-// The dispatch rule's tile for this call on the current device, or false with the reason it
-// cannot run (shape, alignment, shared memory, device); *tile gets the tile when true.
-bool linear_s8_fused_choose(const LinearS8FusedArgs& a, FusedTile* tile, std::string* why);
+// The dispatch rule's tile and K slices for this call on the current device, or false with the
+// reason it cannot run (M above kFusedMaxM, shape, alignment, shared memory, device).
+bool linear_s8_fused_choose(const LinearS8FusedArgs& a, FusedTile* tile, int64_t* splits, std::string* why);
 
 // Opt-in shared memory per block of the current device (asked once per device).
 int64_t linear_s8_fused_max_smem();

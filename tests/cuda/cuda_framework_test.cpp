@@ -18,6 +18,7 @@
 #include "framework/nn/conv.h"
 #include "framework/nn/linear.h"
 #include "framework/api/quantize.h"
+#include "kernels/cuda/linear_s8_fused_rules.h"
 
 namespace qforge {
 namespace {
@@ -410,15 +411,18 @@ TEST_F(CudaApi, FrozenConvRunsOnTheGpuThroughItsDequantizedWeight) {
   EXPECT_LT(rel_error(outs[1], outs[0]), 1e-5);
 }
 
+// Turns the one-launch int8 Linear on for a test and restores the switch after it.
+struct FusedSwitchOn {
+  bool was = cuda_linear_s8_fused();
+  FusedSwitchOn() { set_cuda_linear_s8_fused(true); }
+  ~FusedSwitchOn() { set_cuda_linear_s8_fused(was); }
+};
+
 // The one-launch int8 Linear (set_cuda_linear_s8_fused): the plan and describe() name it, every M
 // equals the CPU frozen Linear bit for bit (dynamic and static activations), a shape its rules
 // refuse runs the chain with the reason, and a non-finite input is refused as on the CPU.
 TEST_F(CudaApi, FrozenInt8LinearRunsTheFusedKernelBitForBitCuda) {
-  struct Restore {
-    bool was = cuda_linear_s8_fused();
-    ~Restore() { set_cuda_linear_s8_fused(was); }
-  } restore;
-  set_cuda_linear_s8_fused(true);
+  const FusedSwitchOn fused_on;
   torch::manual_seed(19);
   const at::Tensor calib = at::randn({64, 768}) * 2;
   for (const ActivationMode act : {ActivationMode::kDynamicPerToken, ActivationMode::kStatic}) {
@@ -451,6 +455,26 @@ TEST_F(CudaApi, FrozenInt8LinearRunsTheFusedKernelBitForBitCuda) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("activation row 2 column 700 is not finite"), std::string::npos) << e.what();
   }
+}
+
+// The fused kernel's split-K path through the framework: at M <= 16 BERT's FFN-down shape runs
+// in K slices (fused_splits_for), and repeated calls of two layers on one stream (shared tickets,
+// fresh workspaces) stay bit for bit the CPU frozen Linear's.
+TEST_F(CudaApi, FusedInt8LinearSplitKRepeatsBitForBitCuda) {
+  const FusedSwitchOn fused_on;
+  ASSERT_GT(cuda::fused_splits_for(cuda::FusedTile::k16x64, 768, 3072), 1);
+  torch::manual_seed(23);
+  Scheme scheme(qint8);
+  scheme.activations = ActivationMode::kDynamicPerToken;
+  const at::Tensor calib = at::randn({32, 3072});
+  FrozenPair down = frozen_pair(3072, 768, scheme, calib, cuda);
+  FrozenPair up = frozen_pair(768, 3072, scheme, at::randn({32, 768}), cuda);
+  for (int round = 0; round < 3; ++round)
+    for (const int64_t M : {1, 7, 16}) {
+      const at::Tensor xd = at::randn({M, 3072}) * 3, xu = at::randn({M, 768});
+      EXPECT_TRUE(bit_equal(down.gpu->forward(xd.to(cuda)), down.cpu->forward(xd))) << "down M=" << M;
+      EXPECT_TRUE(bit_equal(up.gpu->forward(xu.to(cuda)), up.cpu->forward(xu))) << "up M=" << M;
+    }
 }
 
 }  // namespace

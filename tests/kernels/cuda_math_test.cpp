@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -328,4 +329,48 @@ TEST(LinearS8FusedRules, FragmentPositionsCoverTheTilesOnceWithoutBankConflicts)
 }
 
 }  // namespace
+// Split K: the slices of ceil(K / 64) tiles cover every tile once and none is empty; the panel
+// of a slice holds its tiles; the dispatch's S; storage sizes. The prologue's items cover every
+// (row, chunk) of a block once.
+TEST(LinearS8FusedRules, SplitKSlicesAndPrologueItemsCoverEverythingOnce) {
+  for (const int64_t K : {32, 64, 96, 320, 768, 800, 3072, 4096}) {
+    const int64_t KT = (K + 63) / 64;
+    for (const int64_t S : {1, 2, 3, 4, 7, 64}) {
+      const int64_t st = fused_split_tiles(K, S), se = fused_effective_splits(K, S);
+      EXPECT_LE(se, S);
+      std::vector<int> seen(static_cast<size_t>(KT), 0);
+      for (int64_t z = 0; z < se; ++z) {
+        const int64_t n = std::min(st, KT - z * st);  // the kernel's KT for slice z
+        ASSERT_GE(n, 1) << "K=" << K << " S=" << S << " slice " << z << " is empty";
+        for (int64_t t = z * st; t < z * st + n; ++t) ++seen[static_cast<size_t>(t)];
+      }
+      for (int v : seen) ASSERT_EQ(v, 1) << "K=" << K << " S=" << S;
+      EXPECT_EQ(fused_smem_bytes(FusedTile::k16x64, K, S), 16 * (st * 64 + 16) + 8 * 64 * 80 + 16 * 4);
+      EXPECT_EQ(fused_workspace_ints(5, 13, K, S), se > 1 ? se * 5 * 13 : 0);
+    }
+  }
+  EXPECT_EQ(fused_smem_bytes(FusedTile::k64x64, 4096, 1), fused_smem_bytes(FusedTile::k64x64, 4096));
+  EXPECT_EQ(fused_splits_for(FusedTile::k16x64, 768, 768), kFusedMaxSplits);  // 12 column blocks
+  EXPECT_EQ(fused_splits_for(FusedTile::k16x64, 3072, 3072), kFusedMaxSplits);
+  EXPECT_EQ(fused_splits_for(FusedTile::k16x64, 768, 32), 1);    // one k tile
+  EXPECT_EQ(fused_splits_for(FusedTile::k16x64, 768, 128), 2);   // two k tiles
+  EXPECT_EQ(fused_splits_for(FusedTile::k16x64, 16384, 768), 1);  // 256 column blocks fill the GPU
+  EXPECT_EQ(fused_ticket_count(FusedTile::k16x64, 17, 65), 2 * 2);
+  EXPECT_EQ(fused_ticket_count(FusedTile::k64x128, 64, 3072), 24);
+  std::string why;
+  EXPECT_FALSE(linear_s8_fused_supported(1, 8, 64, FusedTile::k16x64, kH100OptInSmem, &why, 0));
+  EXPECT_EQ(why, "splits=0 outside 1..64");
+  for (const int chunks : {8, 128, 192, 768, 800}) {
+    const int per_row = (chunks + kFusedThreads - 1) / kFusedThreads, rows = 3;
+    std::vector<int> hit(static_cast<size_t>(rows * chunks), 0);
+    for (int f = 0; f < rows * per_row; ++f)
+      for (int tid = 0; tid < kFusedThreads; ++tid) {
+        const int r = fused_item_row(f, per_row), c = fused_item_col(f, per_row, tid);
+        ASSERT_LT(r, rows);
+        if (c < chunks) ++hit[static_cast<size_t>(r * chunks + c)];
+      }
+    for (int v : hit) ASSERT_EQ(v, 1) << "chunks=" << chunks;
+  }
+}
+
 }  // namespace qforge::cuda
