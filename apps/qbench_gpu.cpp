@@ -1,7 +1,8 @@
 // qbench_gpu: qforge's CUDA kernels beside the GPU's own ceilings, in one run.
 //   - int8 GEMM (GemmS8S8S32Cuda: cuBLASLt IMMA, as a frozen Linear calls it) beside cuBLASLt's
 //     fp16 and bf16 GEMMs on the same shapes (BERT-base's Linear shapes at several M, and 4096^3),
-//     and the whole int8 Linear chain (quantize rows + GEMM + epilogue);
+//     the whole int8 Linear chain (quantize rows + GEMM + epilogue) and the one-launch fused
+//     Linear (linear_s8_fused_cuda, every tile; '*' marks the dispatch rule's);
 //   - the int4 weight-only GEMVs (gemv_f32s4_mma_cuda and gemv_f32s4_mma_staged_cuda on tensor
 //     cores, gemv_f32s4_cuda on CUDA cores; g128, float activations) beside cuBLASLt's fp16 GEMM at decode sizes (M = 1, 4, 8,
 //     16) on 4096x4096 and Llama-3-8B's FFN shapes;
@@ -33,6 +34,7 @@
 #include "kernels/cuda/gemm_s8s8s32_cuda.h"
 #include "kernels/cuda/gemv_f32s4_cuda.h"
 #include "kernels/cuda/gemv_f32s4_mma_cuda.h"
+#include "kernels/cuda/linear_s8_fused_cuda.h"
 #include "kernels/cuda/quantize_rows_s8_cuda.h"
 
 namespace {
@@ -172,7 +174,8 @@ double float_gemm_ms(const Shape& s, cudaDataType_t type, int reps, Timer& timer
   });
 }
 
-void bench_gemm(const Shape& s, int reps, Timer& timer, cublasLtHandle_t lt, bool chain) {
+// The rows of one shape; returns the fp16 GEMM's ms (the ratio baseline of the fused rows).
+double bench_gemm(const Shape& s, int reps, Timer& timer, cublasLtHandle_t lt, bool chain) {
   const std::string shape = std::to_string(s.M) + "x" + std::to_string(s.N) + "x" + std::to_string(s.K);
   const double flops = 2.0 * static_cast<double>(s.M) * s.N * s.K;
 
@@ -200,7 +203,7 @@ void bench_gemm(const Shape& s, int reps, Timer& timer, cublasLtHandle_t lt, boo
   });
   print_row({"gemm", shape, "qforge int8 (" + info.kernel + ")", ms8, flops / ms8 / 1e9, "TOP/s", fp16_ms / ms8});
 
-  if (!chain) return;
+  if (!chain) return fp16_ms;
   // The frozen s8-dynamic Linear: float x -> quantize rows -> int8 GEMM -> epilogue -> float y.
   DeviceBuffer<float> X(s.M * s.K * R), Y(s.M * s.N), a_scale(s.M), w_scale(s.N), bias(s.N);
   DeviceBuffer<int8_t> Q(s.M * s.K);
@@ -215,6 +218,70 @@ void bench_gemm(const Shape& s, int reps, Timer& timer, cublasLtHandle_t lt, boo
     dequantize_s32_f32_cuda(acc.get(), s.N, a_scale.get(), w_scale.get(), bias.get(), Y.get(), s.M, s.N, nullptr);
   });
   print_row({"linear_s8_dynamic", shape, "qforge quantize+int8+epilogue", msc, flops / msc / 1e9, "TOP/s", fp16_ms / msc});
+  return fp16_ms;
+}
+
+// The one-launch frozen s8-dynamic Linear (float x -> float y) with every tile the device
+// allows, and at M <= kFusedMaxM the 16 x 64 tile in 2 and 4 K slices, on rotating x and W,
+// beside the fp16 GEMM of the same shape; '*' marks the dispatch's choice (none above
+// kFusedMaxM: the chain serves it), whose static-codes form (int8 x given) is timed once.
+void bench_linear_fused(const Shape& s, int reps, Timer& timer, double fp16_ms) {
+  const std::string shape = std::to_string(s.M) + "x" + std::to_string(s.N) + "x" + std::to_string(s.K);
+  const double flops = 2.0 * static_cast<double>(s.M) * s.N * s.K;
+  const size_t set = static_cast<size_t>(s.M * s.K * 4 + s.N * s.K + s.M * s.N * 4);
+  const int R = copies_for(set);
+  DeviceBuffer<float> X(s.M * s.K * R), Y(s.M * s.N * R), w_scale(s.N), bias(s.N);
+  DeviceBuffer<int8_t> W(s.N * s.K * R), Q(s.M * s.K * R);
+  DeviceBuffer<int32_t> work(std::max({fused_workspace_ints(s.M, s.N, s.K, 2), fused_workspace_ints(s.M, s.N, s.K, 4),
+                                       int64_t{1}}));
+  DeviceBuffer<unsigned> tickets(fused_ticket_count(FusedTile::k16x64, s.M, s.N));
+  check_cuda(cudaMemset(tickets.get(), 0, tickets.size() * sizeof(unsigned)), "cudaMemset");
+  fill_random<float>(X, 4, rand_f);
+  fill_random<int8_t>(W, 3, rand_s8);
+  fill_random<int8_t>(Q, 2, rand_s8);
+  fill_random<float>(w_scale, 5, [](std::mt19937& r) { return 0.001f + 0.01f * std::uniform_real_distribution<float>()(r); });
+  fill_random<float>(bias, 6, rand_f);
+  LinearS8FusedArgs a;
+  a.w_scale = w_scale.get();
+  a.bias = bias.get();
+  a.M = s.M, a.N = s.N, a.K = s.K;
+  a.workspace = work.get();
+  a.tickets = tickets.get();
+  const bool dispatched = s.M <= kFusedMaxM;
+  const FusedTile chosen = fused_tile_for(s.M, s.K);
+  const int64_t chosen_splits = fused_splits_for(chosen, s.N, s.K);
+  const auto time_tile = [&](FusedTile t, int64_t splits, bool dynamic) {
+    return timer.median_ms(reps, R, [&](int i) {
+      LinearS8FusedArgs c = a;
+      c.x = dynamic ? X.get() + i * s.M * s.K : nullptr;
+      c.codes = dynamic ? nullptr : Q.get() + i * s.M * s.K;
+      c.static_scale = 0.02f;
+      c.weight = W.get() + i * s.N * s.K;
+      c.y = Y.get() + i * s.M * s.N;
+      c.splits = splits;
+      linear_s8_fused_cuda(c, t, nullptr);
+    });
+  };
+  const auto name = [&](FusedTile t, int64_t splits) {
+    return std::string("qforge fused ") + fused_tile_name(t) + (splits > 1 ? " K/" + std::to_string(splits) : "");
+  };
+  for (int ti = 0; ti < kFusedTileCount; ++ti)
+    for (const int64_t splits : {int64_t{1}, int64_t{2}, int64_t{4}}) {
+      const auto t = static_cast<FusedTile>(ti);
+      if ((splits > 1 && (t != FusedTile::k16x64 || !dispatched || fused_effective_splits(s.K, splits) != splits)) ||
+          !linear_s8_fused_supported(s.M, s.N, s.K, t, linear_s8_fused_max_smem(), nullptr, splits))
+        continue;
+      const double ms = time_tile(t, splits, true);
+      const bool star = dispatched && t == chosen && splits == chosen_splits;
+      print_row({"linear_s8_fused", shape, name(t, splits) + (star ? " *" : ""), ms, flops / ms / 1e9, "TOP/s",
+                 fp16_ms / ms});
+    }
+  // The static form of the dispatch's choice (above kFusedMaxM: of the tile rule's, unsplit).
+  const int64_t static_splits = dispatched ? chosen_splits : 1;
+  if (!linear_s8_fused_supported(s.M, s.N, s.K, chosen, linear_s8_fused_max_smem(), nullptr, static_splits)) return;
+  const double ms = time_tile(chosen, static_splits, false);
+  print_row({"linear_s8_static", shape, name(chosen, static_splits) + " (int8 x)", ms, flops / ms / 1e9, "TOP/s",
+             fp16_ms / ms});
 }
 
 // The int4 weight-only GEMV (group 128, signed codes, float x and y) beside the fp16 GEMM.
@@ -352,7 +419,8 @@ int main(int argc, char** argv) {
     }
     shapes.push_back({4096, 4096, 4096, "square"});
     if (quick) shapes = {{16, 768, 768, ""}, {4096, 4096, 4096, ""}};
-    for (const Shape& s : shapes) bench_gemm(s, reps, timer, lt.get(), /*chain=*/s.M <= 2048 && s.N != 4096);
+    for (const Shape& s : shapes)
+      bench_linear_fused(s, reps, timer, bench_gemm(s, reps, timer, lt.get(), /*chain=*/s.M <= 2048 && s.N != 4096));
     std::vector<Shape> gemv;
     for (const int64_t M : {int64_t{1}, int64_t{4}, int64_t{8}, int64_t{16}}) {
       gemv.push_back({M, 4096, 4096, "square"});

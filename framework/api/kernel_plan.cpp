@@ -1,6 +1,8 @@
 // plan_linear: the paths of a frozen Linear and the kernel each runs at decode size.
 #include "framework/api/kernel_plan.h"
 
+#include <atomic>
+
 #include "framework/core/error.h"
 #include "kernels/cpu/fp4_linear.h"
 #include "kernels/cpu/kernel_choice.h"
@@ -10,6 +12,7 @@
 #include "kernels/cpu/lut_linear.h"
 #include "kernels/cuda/cublaslt_int8_rules.h"
 #include "kernels/cuda/gemv_s4_rules.h"
+#include "kernels/cuda/linear_s8_fused_rules.h"
 
 namespace qforge {
 
@@ -206,6 +209,14 @@ std::string plan_kernel_text(const KernelPlan& plan) {
   return detail::str_cat(plan.kernel, " | ", plan.mid_m_kernel, " at M ", rows);
 }
 
+namespace {
+std::atomic<bool> g_cuda_linear_s8_fused{kCudaLinearS8FusedDefault};
+}  // namespace
+
+void set_cuda_linear_s8_fused(bool on) { g_cuda_linear_s8_fused.store(on, std::memory_order_relaxed); }
+
+bool cuda_linear_s8_fused() { return g_cuda_linear_s8_fused.load(std::memory_order_relaxed); }
+
 KernelPlan plan_linear_cuda(const std::optional<QSpec>& weights, ActivationMode act, const QSpec& activation,
                             int64_t in_features, int64_t out_features) {
   KernelPlan plan = plan_linear(weights, act, activation, in_features, Isa::kReference);
@@ -219,14 +230,22 @@ KernelPlan plan_linear_cuda(const std::optional<QSpec>& weights, ActivationMode 
     case LinearPath::kS8Dynamic:
     case LinearPath::kS8Static: {
       // A decode-sized call (M = 1; M is free for cuBLASLt) with dense rows: lda = ldb = K, ldc = N.
-      std::string why;
-      if (cuda::cublaslt_int8_supported(1, out_features, in_features, in_features, in_features, out_features, &why)) {
+      std::string why, fused_why;
+      if (cuda_linear_s8_fused() &&
+          cuda::linear_s8_fused_supported(1, out_features, in_features, cuda::fused_tile_for(1, in_features),
+                                          cuda::kFusedMinOptInSmem, &fused_why)) {
+        plan.kernel = "linear_s8_fused_cuda";
+        plan.fallback.clear();
+      } else if (cuda::cublaslt_int8_supported(1, out_features, in_features, in_features, in_features, out_features,
+                                               &why)) {
         plan.kernel = "gemm_s8s8s32_cublaslt";
         plan.fallback.clear();
       } else {
         plan.kernel = "gemm_s8s8s32_cuda";
         plan.fallback = "gemm_s8s8s32_cublaslt: " + why;
       }
+      if (!fused_why.empty())
+        plan.fallback = "linear_s8_fused_cuda: " + fused_why + (plan.fallback.empty() ? "" : "; " + plan.fallback);
       break;
     }
     case LinearPath::kS4Dynamic:

@@ -73,10 +73,20 @@ KernelPlan plan_linear(const std::optional<QSpec>& weights, ActivationMode activ
 
 // The plan of the same frozen Linear on a CUDA device (out_features: cuBLASLt's shape rules need
 // it). The path (what freeze() packs) is the CPU plan's; kernel and fallback say what the GPU
-// runs: the int8 paths the cuBLASLt IMMA GEMM (or its CUDA fallback, with the rule that failed),
+// runs: the int8 paths the fused kernel when cuda_linear_s8_fused() and its shape rules allow (at
+// M = 1 on the smallest opt-in shared memory of sm_80+ GPUs), else the cuBLASLt IMMA GEMM (or its
+// CUDA fallback, with the rule that failed),
 // everything else a float weight (dequantized per call) through at::linear, with the reason.
 KernelPlan plan_linear_cuda(const std::optional<QSpec>& weights, ActivationMode activations, const QSpec& activation,
                             int64_t in_features, int64_t out_features);
+
+// Whether frozen int8 Linears on CUDA (kS8Dynamic, kS8Static) run the one-launch fused kernel
+// (kernels/cuda/linear_s8_fused_cuda.h) where its rules allow, or the three-launch chain
+// (quantize rows, cuBLASLt IMMA GEMM, epilogue). Process-wide; kCudaLinearS8FusedDefault until
+// set. Plans made before a change keep what they said: set it before freeze() / to(cuda).
+constexpr bool kCudaLinearS8FusedDefault = false;
+void set_cuda_linear_s8_fused(bool on);
+bool cuda_linear_s8_fused();
 
 // The plan of a frozen MatMul (two activations, attention's Q.K^T and P.V) whose operands are
 // quantized `activations` with spec `activation`: kS8Static / kS8Dynamic run bmm_s8s8f32 on CPU

@@ -1,5 +1,5 @@
-// Frozen layers on CUDA (see linear_cuda.h): the int8 Linear chain, the int4 GEMVs and the int4
-// dequantization.
+// Frozen layers on CUDA (see linear_cuda.h): the int8 Linear (one fused launch or the chain), the
+// int4 GEMVs and the int4 dequantization.
 #include "framework/cuda/linear_cuda.h"
 
 #include <ATen/ATen.h>
@@ -8,7 +8,10 @@
 
 #include <map>
 #include <memory>
+#include <mutex>
+#include <utility>
 
+#include "framework/api/kernel_plan.h"
 #include "framework/core/error.h"
 #include "kernels/cuda/dequantize_s32_f32_cuda.h"
 #include "kernels/cuda/dequantize_s4_cuda.h"
@@ -16,6 +19,7 @@
 #include "kernels/cuda/gemv_f32s4_cuda.h"
 #include "kernels/cuda/gemv_f32s4_mma_cuda.h"
 #include "kernels/cuda/gemv_s4_rules.h"
+#include "kernels/cuda/linear_s8_fused_cuda.h"
 #include "kernels/cuda/quantize_rows_s8_cuda.h"
 
 namespace qforge::cuda_ops {
@@ -32,6 +36,54 @@ const cuda::GemmS8S8S32Cuda& gemm_for(int device) {
 void require_on(const at::Tensor& t, const at::Tensor& x, const char* what, at::ScalarType dtype) {
   QF_REQUIRE(t.device() == x.device() && t.scalar_type() == dtype && t.is_contiguous(), "CUDA Linear: ", what,
              " must be a contiguous ", dtype, " tensor on ", x.device(), ", got ", t.scalar_type(), " on ", t.device());
+}
+
+// The fused kernel's split-K tickets for (device, stream): zeroed once when (re)allocated, left
+// zero by every call, and per stream because concurrent calls must not share them. Never freed
+// (a handful of ints per stream; no teardown order issue with the allocator at exit).
+unsigned* fused_tickets(const at::Tensor& like, cudaStream_t stream, int64_t count) {
+  static std::mutex mutex;
+  static auto* tickets = new std::map<std::pair<int, cudaStream_t>, at::Tensor>();
+  const std::lock_guard<std::mutex> lock(mutex);
+  at::Tensor& t = (*tickets)[{like.device().index(), stream}];
+  if (!t.defined() || t.numel() < count) t = at::zeros({std::max<int64_t>(count, 1024)}, like.options().dtype(at::kInt));
+  return reinterpret_cast<unsigned*>(t.data_ptr<int32_t>());
+}
+
+// The one-launch kernel where its rules allow (true, y written, info names the tile); false with
+// the reason in *why otherwise (nothing launched). Arguments as linear_s8, already checked.
+bool linear_s8_fused(const at::Tensor& x, const at::Tensor& codes, float static_scale, const at::Tensor& weight,
+                     const at::Tensor& w_scale, const at::Tensor& bias, at::Tensor& y, cudaStream_t stream,
+                     kernels::RunInfo* info, std::string* why) {
+  cuda::LinearS8FusedArgs a;
+  a.x = codes.defined() ? nullptr : x.data_ptr<float>();
+  a.codes = codes.defined() ? codes.data_ptr<int8_t>() : nullptr;
+  a.static_scale = static_scale;
+  a.weight = weight.data_ptr<int8_t>();
+  a.w_scale = w_scale.data_ptr<float>();
+  a.bias = bias.defined() ? bias.data_ptr<float>() : nullptr;
+  a.y = y.data_ptr<float>();
+  a.M = y.size(0), a.N = y.size(1), a.K = weight.size(1);
+  cuda::FusedTile tile{};
+  if (!cuda::linear_s8_fused_choose(a, &tile, &a.splits, why)) return false;
+  at::Tensor workspace;
+  if (const int64_t ints = cuda::fused_workspace_ints(a.M, a.N, a.K, a.splits); ints > 0) {
+    workspace = at::empty({ints}, y.options().dtype(at::kInt));  // every read element is written first
+    a.workspace = workspace.data_ptr<int32_t>();
+    a.tickets = fused_tickets(y, stream, cuda::fused_ticket_count(tile, a.M, a.N));
+  }
+  at::Tensor bad;
+  if (!codes.defined()) {
+    bad = at::full({1}, -1, y.options().dtype(at::kLong));  // all bits set: kNoNonFinite
+    a.first_nonfinite = reinterpret_cast<unsigned long long*>(bad.data_ptr<int64_t>());
+  }
+  cuda::linear_s8_fused_cuda(a, tile, stream);
+  if (a.first_nonfinite != nullptr) cuda::throw_if_nonfinite(a.first_nonfinite, a.K, stream);
+  if (info != nullptr)
+    *info = {std::string("linear_s8_fused_cuda ") + cuda::fused_tile_name(tile) +
+                 (a.splits > 1 ? " split-K " + std::to_string(a.splits) : ""),
+             ""};
+  return true;
 }
 
 }  // namespace
@@ -56,13 +108,19 @@ at::Tensor linear_s8(const at::Tensor& x, const at::Tensor& codes, float static_
   const at::TensorOptions opts = in.options();
   at::Tensor y = at::empty({M, N}, opts.dtype(at::kFloat));
   if (M == 0 || N == 0) return y;
-  at::Tensor q, a_scale;
   if (codes.defined()) {
     require_on(codes, in, "activation codes", at::kChar);
+  } else {
+    require_on(x, in, "input", at::kFloat);
+  }
+  std::string fused_why;
+  const bool fused = cuda_linear_s8_fused();
+  if (fused && linear_s8_fused(x, codes, static_scale, weight, w_scale, bias, y, stream, info, &fused_why)) return y;
+  at::Tensor q, a_scale;
+  if (codes.defined()) {
     q = codes;
     a_scale = at::full({M}, static_scale, opts.dtype(at::kFloat));
   } else {
-    require_on(x, in, "input", at::kFloat);
     q = at::empty({M, K}, opts.dtype(at::kChar));
     a_scale = at::empty({M}, opts.dtype(at::kFloat));
     at::Tensor bad = at::full({1}, -1, opts.dtype(at::kLong));  // all bits set: kNoNonFinite
@@ -76,6 +134,8 @@ at::Tensor linear_s8(const at::Tensor& x, const at::Tensor& codes, float static_
       .run(q.data_ptr<int8_t>(), K, weight.data_ptr<int8_t>(), K, acc.data_ptr<int32_t>(), N, M, N, K, stream, info);
   cuda::dequantize_s32_f32_cuda(acc.data_ptr<int32_t>(), N, a_scale.data_ptr<float>(), w_scale.data_ptr<float>(),
                                 bias.defined() ? bias.data_ptr<float>() : nullptr, y.data_ptr<float>(), M, N, stream);
+  if (info != nullptr && fused)
+    info->fallback = "linear_s8_fused_cuda: " + fused_why + (info->fallback.empty() ? "" : "; " + info->fallback);
   return y;
 }
 

@@ -24,7 +24,9 @@ std::string unavailable_reason();
 //   dynamic (codes undefined): q and a_scale from x [M, K] float by quantize_rows_s8 per row;
 //   static (codes int8 [M, K] given): a_scale = static_scale for every row.
 // W int8 [N, K] row-major, w_scale float [N], bias float [N] or undefined, all on that device.
-// The GEMM is cuBLASLt IMMA or the CUDA fallback (info says which and why). Non-finite inputs of
+// With set_cuda_linear_s8_fused(true) and its rules met (M <= 16) one launch of
+// linear_s8_fused_cuda does it all; else the GEMM is cuBLASLt IMMA or the CUDA fallback (info says
+// which and why, with the fused kernel's refusal first). Non-finite inputs of
 // the dynamic path throw (the check synchronizes the stream).
 at::Tensor linear_s8(const at::Tensor& x, const at::Tensor& codes, float static_scale, const at::Tensor& weight,
                      const at::Tensor& w_scale, const at::Tensor& bias, kernels::RunInfo* info);

@@ -6,16 +6,19 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <limits>
 #include <string>
 
 #include "fake_quant/cuda/fake_quantize_op.h"
 #include "fake_quant/fake_quantize.h"
 #include "fake_quant/lsq.h"
+#include "framework/api/kernel_plan.h"
 #include "framework/core/error.h"
 #include "framework/core/qparams.h"
 #include "framework/nn/conv.h"
 #include "framework/nn/linear.h"
 #include "framework/api/quantize.h"
+#include "kernels/cuda/linear_s8_fused_rules.h"
 
 namespace qforge {
 namespace {
@@ -406,6 +409,72 @@ TEST_F(CudaApi, FrozenConvRunsOnTheGpuThroughItsDequantizedWeight) {
   }
   EXPECT_TRUE(outs[1].is_cuda());
   EXPECT_LT(rel_error(outs[1], outs[0]), 1e-5);
+}
+
+// Turns the one-launch int8 Linear on for a test and restores the switch after it.
+struct FusedSwitchOn {
+  bool was = cuda_linear_s8_fused();
+  FusedSwitchOn() { set_cuda_linear_s8_fused(true); }
+  ~FusedSwitchOn() { set_cuda_linear_s8_fused(was); }
+};
+
+// The one-launch int8 Linear (set_cuda_linear_s8_fused): the plan and describe() name it, every M
+// equals the CPU frozen Linear bit for bit (dynamic and static activations), a shape its rules
+// refuse runs the chain with the reason, and a non-finite input is refused as on the CPU.
+TEST_F(CudaApi, FrozenInt8LinearRunsTheFusedKernelBitForBitCuda) {
+  const FusedSwitchOn fused_on;
+  torch::manual_seed(19);
+  const at::Tensor calib = at::randn({64, 768}) * 2;
+  for (const ActivationMode act : {ActivationMode::kDynamicPerToken, ActivationMode::kStatic}) {
+    SCOPED_TRACE(to_string(act));
+    Scheme scheme(qint8);
+    scheme.activations = act;
+    scheme.observer = "minmax";
+    FrozenPair p = frozen_pair(768, 3072, scheme, calib, cuda);
+    EXPECT_EQ(p.gpu->report().kernel, "linear_s8_fused_cuda");
+    EXPECT_EQ(p.gpu->report().fallback_reason, "");
+    EXPECT_NE(describe(*p.gpu).find("linear_s8_fused_cuda"), std::string::npos) << describe(*p.gpu);
+    for (const int64_t M : {1, 3, 16, 37, 300}) {
+      const at::Tensor x = at::randn({M, 768}) * 2;
+      EXPECT_TRUE(bit_equal(p.gpu->forward(x.to(cuda)), p.cpu->forward(x))) << "M=" << M;
+    }
+  }
+  Scheme dynamic(qint8);
+  dynamic.activations = ActivationMode::kDynamicPerToken;
+  const at::Tensor x = at::randn({5, 100});
+  FrozenPair q = frozen_pair(100, 72, dynamic, x, cuda);
+  EXPECT_EQ(q.gpu->report().kernel, "gemm_s8s8s32_cublaslt");
+  EXPECT_EQ(q.gpu->report().fallback_reason, "linear_s8_fused_cuda: K=100 not a positive multiple of 32");
+  EXPECT_TRUE(bit_equal(q.gpu->forward(x.to(cuda)), q.cpu->forward(x)));
+  FrozenPair r = frozen_pair(768, 768, dynamic, calib, cuda);
+  at::Tensor bad = at::randn({4, 768});
+  bad[2][700] = std::numeric_limits<float>::quiet_NaN();
+  try {
+    r.gpu->forward(bad.to(cuda));
+    ADD_FAILURE() << "a NaN input was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("activation row 2 column 700 is not finite"), std::string::npos) << e.what();
+  }
+}
+
+// The fused kernel's split-K path through the framework: at M <= 16 BERT's FFN-down shape runs
+// in K slices (fused_splits_for), and repeated calls of two layers on one stream (shared tickets,
+// fresh workspaces) stay bit for bit the CPU frozen Linear's.
+TEST_F(CudaApi, FusedInt8LinearSplitKRepeatsBitForBitCuda) {
+  const FusedSwitchOn fused_on;
+  ASSERT_GT(cuda::fused_splits_for(cuda::FusedTile::k16x64, 768, 3072), 1);
+  torch::manual_seed(23);
+  Scheme scheme(qint8);
+  scheme.activations = ActivationMode::kDynamicPerToken;
+  const at::Tensor calib = at::randn({32, 3072});
+  FrozenPair down = frozen_pair(3072, 768, scheme, calib, cuda);
+  FrozenPair up = frozen_pair(768, 3072, scheme, at::randn({32, 768}), cuda);
+  for (int round = 0; round < 3; ++round)
+    for (const int64_t M : {1, 7, 16}) {
+      const at::Tensor xd = at::randn({M, 3072}) * 3, xu = at::randn({M, 768});
+      EXPECT_TRUE(bit_equal(down.gpu->forward(xd.to(cuda)), down.cpu->forward(xd))) << "down M=" << M;
+      EXPECT_TRUE(bit_equal(up.gpu->forward(xu.to(cuda)), up.cpu->forward(xu))) << "up M=" << M;
+    }
 }
 
 }  // namespace

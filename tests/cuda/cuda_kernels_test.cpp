@@ -12,6 +12,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "fake_quant/cuda/fake_quantize_cuda.h"
@@ -26,6 +27,7 @@
 #include "kernels/cuda/gemv_f32s4_mma_cuda.h"
 #include "kernels/cuda/gemv_s4_rules.h"
 #include "kernels/cuda/gemm_s8s8s32_cuda.h"
+#include "kernels/cuda/linear_s8_fused_cuda.h"
 #include "kernels/cuda/quantize_rows_s8_cuda.h"
 #include "kernels/cuda/unpack_s4_math.h"
 
@@ -763,6 +765,190 @@ TEST_F(Gpu, GemvS4MmaRefusesWhatItsRulesRefuse) {
   } catch (const qforge::Error& e) {
     EXPECT_NE(std::string(e.what()).find("workspace"), std::string::npos) << e.what();
   }
+}
+
+// ---- one-launch int8 Linear (linear_s8_fused_cuda) ----
+
+// The three references in a row: dynamic quantization (or the given codes with one scale), the
+// exact int32 GEMM, the dequantizing epilogue.
+std::vector<float> fused_linear_reference(const std::vector<float>* x, const std::vector<int8_t>* codes,
+                                          float static_scale, const std::vector<int8_t>& W,
+                                          const std::vector<float>& w_scale, const float* bias, int64_t M,
+                                          int64_t N, int64_t K) {
+  std::vector<int8_t> q(M * K);
+  std::vector<float> a_scale(M, static_scale);
+  if (x != nullptr) {
+    kernels::quantize_rows_s8_reference(x->data(), M, K, ActScale::kPerRow, q.data(), K, a_scale.data());
+  } else {
+    q = *codes;
+  }
+  std::vector<int32_t> acc(M * N);
+  kernels::gemm_s8s8s32_reference(q.data(), W.data(), acc.data(), M, N, K);
+  std::vector<float> y(M * N);
+  kernels::dequantize_s32_f32_reference(acc.data(), a_scale.data(), w_scale.data(), bias, y.data(), M, N);
+  return y;
+}
+
+// Runs the call twice (split K: on the same workspace and tickets, which the first call must
+// leave zero), output and flag poisoned before each run; both bit for bit want.
+void run_fused_twice(LinearS8FusedArgs a, FusedTile tile, int64_t splits, DeviceBuffer<float>& dy,
+                     DeviceBuffer<unsigned long long>& dbad, const std::vector<float>& want) {
+  const int64_t ws_ints = fused_workspace_ints(a.M, a.N, a.K, splits);
+  const int64_t tickets = fused_ticket_count(tile, a.M, a.N);
+  DeviceBuffer<int32_t> dws(std::max<int64_t>(ws_ints, 1));
+  auto dtickets = upload(std::vector<unsigned>(static_cast<size_t>(tickets), 0u));
+  poison(dws);  // every partial sum the reduction reads is written first
+  a.splits = splits;
+  a.workspace = ws_ints > 0 ? dws.get() : nullptr;
+  a.tickets = ws_ints > 0 ? dtickets.get() : nullptr;
+  for (int call = 0; call < 2; ++call) {
+    SCOPED_TRACE("call " + std::to_string(call));
+    poison(dy);
+    poison(dbad);
+    linear_s8_fused_cuda(a, tile, nullptr);
+    check_cuda(cudaGetLastError(), "linear_s8_fused_cuda");
+    EXPECT_NO_THROW(throw_if_nonfinite(dbad.get(), a.K, nullptr));
+    ASSERT_TRUE(same_floats(download(dy), want));
+    for (const unsigned v : download(dtickets)) ASSERT_EQ(v, 0u) << "a split-K ticket was left non-zero";
+  }
+}
+
+// Every tile the rules allow on this device, dynamic and static, with and without bias, output
+// poisoned with NaN before each run: bit for bit the references' result.
+void run_fused_shape(int64_t M, int64_t N, int64_t K, uint32_t seed) {
+  const std::vector<float> x = random_floats(M * K, 5.0f, seed, 0.03f);
+  const std::vector<int8_t> codes = random_s8(M * K, seed + 1), W = random_s8(N * K, seed + 2);
+  std::vector<float> w_scale = random_floats(N, 0.02f, seed + 3);
+  for (float& v : w_scale) v = std::fabs(v) + 1e-4f;
+  const std::vector<float> bias = random_floats(N, 3.0f, seed + 4);
+  const float static_scale = 0.0173f;
+  auto dx = upload(x), dws = upload(w_scale), dbias = upload(bias);
+  auto dcodes = upload(codes), dW = upload(W);
+  DeviceBuffer<float> dy(M * N);
+  DeviceBuffer<unsigned long long> dbad(1);
+  for (const bool dynamic : {true, false}) {
+    for (const bool with_bias : {true, false}) {
+      const std::vector<float> want = fused_linear_reference(dynamic ? &x : nullptr, dynamic ? nullptr : &codes,
+                                                             static_scale, W, w_scale,
+                                                             with_bias ? bias.data() : nullptr, M, N, K);
+      for (int t = 0; t < kFusedTileCount; ++t)
+        for (const int64_t splits : {int64_t{1}, int64_t{2}, int64_t{4}}) {
+          const auto tile = static_cast<FusedTile>(t);
+          if (!linear_s8_fused_supported(M, N, K, tile, linear_s8_fused_max_smem(), nullptr, splits)) continue;
+          SCOPED_TRACE("M=" + std::to_string(M) + " N=" + std::to_string(N) + " K=" + std::to_string(K) + " tile " +
+                       fused_tile_name(tile) + " splits=" + std::to_string(splits) +
+                       (dynamic ? " dynamic" : " static") + (with_bias ? " bias" : ""));
+          LinearS8FusedArgs a;
+          a.x = dynamic ? dx.get() : nullptr;
+          a.codes = dynamic ? nullptr : dcodes.get();
+          a.static_scale = static_scale;
+          a.weight = dW.get();
+          a.w_scale = dws.get();
+          a.bias = with_bias ? dbias.get() : nullptr;
+          a.y = dy.get();
+          a.M = M, a.N = N, a.K = K;
+          a.first_nonfinite = dbad.get();
+          run_fused_twice(a, tile, splits, dy, dbad, want);
+        }
+    }
+  }
+}
+
+TEST_F(Gpu, LinearS8FusedMatchesReferencesForEveryTileCuda) {
+  struct NK {
+    int64_t N, K;
+  };
+  // K = 800 ends on half a 64-wide tile; N = 72, 776, 3080 end inside a 64 / 128 column tile;
+  // N = 13 and 1 end inside an n8 fragment (the per-element column mask).
+  const NK nks[] = {{8, 32}, {72, 768}, {776, 800}, {3080, 768}, {13, 800}, {1, 32}};
+  uint32_t seed = 300;
+  for (const int64_t M : {int64_t{1}, int64_t{3}, int64_t{16}, int64_t{17}, int64_t{128}, int64_t{200}})
+    for (const NK nk : nks) run_fused_shape(M, nk.N, nk.K, seed += 10);
+  run_fused_shape(130, 768, 3072, 999);  // BERT's FFN down: the code panel at K = 3072
+}
+
+TEST_F(Gpu, LinearS8FusedDispatchTakesEveryBertShapeCuda) {
+  for (const int64_t M : {int64_t{1}, int64_t{16}, int64_t{17}, int64_t{128}, int64_t{2048}}) {
+    for (const auto& nk : {std::pair<int64_t, int64_t>{768, 768}, {3072, 768}, {768, 3072}}) {
+      DeviceBuffer<float> x(16);
+      DeviceBuffer<int8_t> w(16);
+      LinearS8FusedArgs a;
+      a.x = x.get();
+      a.weight = w.get();
+      a.M = M, a.N = nk.first, a.K = nk.second;
+      FusedTile tile{};
+      int64_t splits = 0;
+      std::string why;
+      const bool taken = linear_s8_fused_choose(a, &tile, &splits, &why);
+      if (M > kFusedMaxM) {  // the chain serves large M, and the refusal says why
+        EXPECT_FALSE(taken) << "M=" << M;
+        EXPECT_NE(why.find("above " + std::to_string(kFusedMaxM)), std::string::npos) << why;
+        continue;
+      }
+      EXPECT_TRUE(taken) << "M=" << M << " N=" << a.N << " K=" << a.K << ": " << why;
+      EXPECT_EQ(tile, fused_tile_for(M, a.K));
+      EXPECT_EQ(splits, fused_splits_for(tile, a.N, a.K));
+    }
+  }
+}
+
+TEST_F(Gpu, LinearS8FusedReportsFirstNonFiniteAndRefusesBadCallsCuda) {
+  const int64_t M = 40, N = 72, K = 320;
+  std::vector<float> x = random_floats(M * K, 2.0f, 21u);
+  x[17 * K + 250] = INFINITY;
+  x[33 * K + 3] = NAN;
+  x[17 * K + 260] = NAN;
+  auto dx = upload(x), dws = upload(std::vector<float>(N, 0.01f));
+  auto dW = upload(random_s8(N * K, 5));
+  DeviceBuffer<float> dy(M * N);
+  DeviceBuffer<unsigned long long> dbad(1);
+  LinearS8FusedArgs a;
+  a.x = dx.get();
+  a.weight = dW.get();
+  a.w_scale = dws.get();
+  a.y = dy.get();
+  a.M = M, a.N = N, a.K = K;
+  a.first_nonfinite = dbad.get();
+  LinearS8FusedArgs bad;
+  // K = 320 is 5 weight tiles: 2 slices of 3 and 2, the reporting slice 0 reads the whole row.
+  DeviceBuffer<int32_t> dwork(fused_workspace_ints(M, N, K, 2));
+  auto dtickets = upload(std::vector<unsigned>(static_cast<size_t>(fused_ticket_count(FusedTile::k16x64, M, N)), 0u));
+  for (int t = 0; t < kFusedTileCount; ++t)
+    for (const int64_t splits : {int64_t{1}, int64_t{2}}) {
+      poison(dbad);
+      LinearS8FusedArgs c = a;
+      c.splits = splits;
+      c.workspace = dwork.get();
+      c.tickets = dtickets.get();
+      linear_s8_fused_cuda(c, static_cast<FusedTile>(t), nullptr);
+      try {
+        throw_if_nonfinite(dbad.get(), K, nullptr);
+        ADD_FAILURE() << "no error for non-finite input, tile " << fused_tile_name(static_cast<FusedTile>(t))
+                      << " splits=" << splits;
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("activation row 17 column 250 is not finite"), std::string::npos)
+            << e.what();
+      }
+    }
+  bad = a;
+  bad.splits = 2;  // split K without its workspace is refused
+  EXPECT_THROW(linear_s8_fused_cuda(bad, FusedTile::k16x64, nullptr), Error);
+  // Refusals name the rule and launch nothing.
+  bad = a;
+  bad.K = 48;
+  EXPECT_THROW(linear_s8_fused_cuda(bad, FusedTile::k16x64, nullptr), Error);
+  bad = a;
+  bad.x = dx.get() + 1;
+  try {
+    linear_s8_fused_cuda(bad, FusedTile::k16x64, nullptr);
+    ADD_FAILURE() << "a misaligned x was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("activation pointer not 16-byte aligned"), std::string::npos) << e.what();
+  }
+  bad = a;
+  bad.codes = reinterpret_cast<const int8_t*>(dW.get());
+  EXPECT_THROW(linear_s8_fused_cuda(bad, FusedTile::k16x64, nullptr), Error);  // both x and codes
+  check_cuda(cudaDeviceSynchronize(), "linear_s8_fused_cuda");
 }
 
 }  // namespace

@@ -183,5 +183,32 @@ TEST(KernelPlan, Int4DynamicSwitchesToThePanelGemmAtItsRowThresholdOnVnniOnly) {
   }
 }
 
+// set_cuda_linear_s8_fused(true): the int8 paths plan the one-launch kernel where its rules hold
+// (K a multiple of 32), else the chain with the fused kernel's rule first in the reason.
+TEST(KernelPlanCuda, FusedInt8LinearWhenSwitchedOnAndItsRulesHold) {
+  struct Restore {
+    bool was = cuda_linear_s8_fused();
+    ~Restore() { set_cuda_linear_s8_fused(was); }
+  } restore;
+  EXPECT_EQ(cuda_linear_s8_fused(), kCudaLinearS8FusedDefault);
+  set_cuda_linear_s8_fused(true);
+  for (const ActivationMode act : {ActivationMode::kDynamicPerToken, ActivationMode::kStatic}) {
+    const KernelPlan p = plan_linear_cuda(int8_per_channel(), act, dynamic_act(), 768, 3072);
+    EXPECT_EQ(p.kernel, "linear_s8_fused_cuda");
+    EXPECT_EQ(p.fallback, "");
+  }
+  const KernelPlan k = plan_linear_cuda(int8_per_channel(), ActivationMode::kDynamicPerToken, dynamic_act(), 100, 72);
+  EXPECT_EQ(k.kernel, "gemm_s8s8s32_cublaslt");
+  EXPECT_EQ(k.fallback, "linear_s8_fused_cuda: K=100 not a positive multiple of 32");
+  const KernelPlan n = plan_linear_cuda(int8_per_channel(), ActivationMode::kDynamicPerToken, dynamic_act(), 10, 64);
+  EXPECT_EQ(n.kernel, "gemm_s8s8s32_cuda");
+  EXPECT_EQ(n.fallback,
+            "linear_s8_fused_cuda: K=10 not a positive multiple of 32; gemm_s8s8s32_cublaslt: K=10 not a multiple of 4 "
+            "(cuBLASLt IMMA k)");
+  set_cuda_linear_s8_fused(false);
+  EXPECT_EQ(plan_linear_cuda(int8_per_channel(), ActivationMode::kDynamicPerToken, dynamic_act(), 768, 3072).kernel,
+            "gemm_s8s8s32_cublaslt");
+}
+
 }  // namespace
 }  // namespace qforge

@@ -1,6 +1,6 @@
 // The host/device formulas of kernels/cuda, compiled by the host C++ compiler and checked bit for
 // bit against the CPU reference kernels that define the results (kernels/cpu/reference.h), plus
-// the pure-host cuBLASLt shape rules. No GPU is needed (none exists here): the CUDA kernels
+// the pure-host cuBLASLt and fused-Linear shape rules. No GPU is needed (none exists here): the CUDA kernels
 // evaluate exactly these functions per element, so this is the test of their arithmetic.
 #include <gtest/gtest.h>
 
@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -15,6 +16,7 @@
 #include "kernels/cpu/reference.h"
 #include "kernels/cuda/cublaslt_int8_rules.h"
 #include "kernels/cuda/epilogue_math.h"
+#include "kernels/cuda/linear_s8_fused_rules.h"
 #include "kernels/cuda/quantize_rows_s8_math.h"
 #include "kernels/cuda/unpack_s4_math.h"
 
@@ -242,5 +244,133 @@ TEST(CublasLtInt8Rules, PointersMustBeFourByteAligned) {
   EXPECT_EQ(why, "C pointer not 4-byte aligned");
 }
 
+// ---- the one-launch int8 Linear's rules and fragment positions ----
+
+constexpr int64_t kH100OptInSmem = 232448;  // 227 KiB: cudaDevAttrMaxSharedMemoryPerBlockOptin on sm_90
+
+TEST(LinearS8FusedRules, DispatchTakesEveryBertShapeAndThe4096Square) {
+  for (const int64_t M : {1, 16, 17, 128, 256, 257, 2048}) {
+    for (const int64_t K : {768, 3072}) {
+      const FusedTile t = fused_tile_for(M, K);
+      std::string why = "stale";
+      EXPECT_TRUE(linear_s8_fused_supported(M, 3072, K, t, kH100OptInSmem, &why)) << M << " " << K << ": " << why;
+      EXPECT_EQ(why, "");
+    }
+  }
+  EXPECT_EQ(fused_tile_for(16, 768), FusedTile::k16x64);
+  EXPECT_EQ(fused_tile_for(17, 768), FusedTile::k64x64);
+  EXPECT_EQ(fused_tile_for(256, 3072), FusedTile::k64x64);
+  EXPECT_EQ(fused_tile_for(257, 768), FusedTile::k64x128);
+  EXPECT_EQ(fused_tile_for(257, 3072), FusedTile::k32x128);
+  EXPECT_TRUE(linear_s8_fused_supported(4096, 4096, 4096, fused_tile_for(4096, 4096), kH100OptInSmem, nullptr));
+}
+
+TEST(LinearS8FusedRules, RejectsEachRuleWithItsReason) {
+  std::string why;
+  EXPECT_FALSE(linear_s8_fused_supported(0, 8, 32, FusedTile::k16x64, kH100OptInSmem, &why));
+  EXPECT_EQ(why, "empty problem M=0 N=8");
+  EXPECT_FALSE(linear_s8_fused_supported(4, 8, 48, FusedTile::k16x64, kH100OptInSmem, &why));
+  EXPECT_EQ(why, "K=48 not a positive multiple of 32");
+  EXPECT_FALSE(linear_s8_fused_supported(4, 8, 0, FusedTile::k16x64, kH100OptInSmem, &why));
+  EXPECT_EQ(why, "K=0 not a positive multiple of 32");
+  EXPECT_FALSE(linear_s8_fused_supported(16 * 65535 + 1, 8, 32, FusedTile::k16x64, kH100OptInSmem, &why));
+  EXPECT_EQ(why, "M=1048561 needs more than 65535 row blocks of 16");
+  // 64 rows x (4096 + 16) bytes of codes + 3 x 64 x 80 bytes of weights + 64 scales.
+  EXPECT_EQ(fused_smem_bytes(FusedTile::k64x64, 4096), 64 * 4112 + 3 * 64 * 80 + 64 * 4);
+  EXPECT_FALSE(linear_s8_fused_supported(128, 768, 4096, FusedTile::k64x64, kH100OptInSmem, &why));
+  EXPECT_EQ(why, "tile 64x64 needs 278784 bytes of shared memory at K=4096, the device allows 232448");
+  alignas(16) int8_t buf[64] = {};
+  EXPECT_TRUE(linear_s8_fused_pointers_supported(buf, buf + 16, &why));
+  EXPECT_FALSE(linear_s8_fused_pointers_supported(buf + 4, buf, &why));
+  EXPECT_EQ(why, "activation pointer not 16-byte aligned");
+  EXPECT_FALSE(linear_s8_fused_pointers_supported(buf, buf + 8, &why));
+  EXPECT_EQ(why, "weight pointer not 16-byte aligned");
+}
+
+TEST(LinearS8FusedRules, TileShapesCoverTheirWarps) {
+  for (int t = 0; t < kFusedTileCount; ++t) {
+    const FusedTileShape s = fused_tile_shape(static_cast<FusedTile>(t));
+    EXPECT_EQ(s.warps_m * s.warps_n, kFusedThreads / 32) << fused_tile_name(static_cast<FusedTile>(t));
+    EXPECT_EQ(s.bm % (16 * s.warps_m), 0);
+    EXPECT_EQ(s.bn % (8 * s.warps_n), 0);
+    EXPECT_EQ(s.bn * 4 % kFusedThreads, 0);  // 16-byte weight chunks per thread per tile
+  }
+}
+
+// The m16n8k32 fragments: every element of A (16 x 32), B (32 x 8) and C (16 x 8) held by exactly
+// one (lane, register, byte), and each 32-lane register load of A and B from the padded shared
+// panels touches 32 different banks (the reason for the 16-byte row padding).
+TEST(LinearS8FusedRules, FragmentPositionsCoverTheTilesOnceWithoutBankConflicts) {
+  std::vector<int> a(16 * 32, 0), b(8 * 32, 0), c(16 * 8, 0);
+  for (int lane = 0; lane < 32; ++lane) {
+    for (int r = 0; r < 4; ++r)
+      for (int j = 0; j < 4; ++j) ++a[fused_a_frag_row(lane, r) * 32 + fused_a_frag_k(lane, r) + j];
+    for (int r = 0; r < 2; ++r)
+      for (int j = 0; j < 4; ++j) ++b[fused_b_frag_col(lane) * 32 + fused_b_frag_k(lane, r) + j];
+    for (int i = 0; i < 4; ++i) ++c[fused_c_frag_row(lane, i) * 8 + fused_c_frag_col(lane, i)];
+  }
+  for (int v : a) ASSERT_EQ(v, 1);
+  for (int v : b) ASSERT_EQ(v, 1);
+  for (int v : c) ASSERT_EQ(v, 1);
+  for (const int64_t K : {32, 768, 800, 3072, 4096}) {
+    for (int r = 0; r < 4; ++r) {
+      std::vector<int> banks(32, 0);
+      for (int lane = 0; lane < 32; ++lane)
+        ++banks[(fused_a_frag_row(lane, r) * fused_a_stride(K) + fused_a_frag_k(lane, r)) / 4 % 32];
+      for (int v : banks) ASSERT_EQ(v, 1) << "A register " << r << " K=" << K;
+    }
+  }
+  for (int r = 0; r < 2; ++r) {
+    std::vector<int> banks(32, 0);
+    for (int lane = 0; lane < 32; ++lane)
+      ++banks[(fused_b_frag_col(lane) * kFusedWStride + fused_b_frag_k(lane, r)) / 4 % 32];
+    for (int v : banks) ASSERT_EQ(v, 1) << "B register " << r;
+  }
+}
+
 }  // namespace
+// Split K: the slices of ceil(K / 64) tiles cover every tile once and none is empty; the panel
+// of a slice holds its tiles; the dispatch's S; storage sizes. The prologue's items cover every
+// (row, chunk) of a block once.
+TEST(LinearS8FusedRules, SplitKSlicesAndPrologueItemsCoverEverythingOnce) {
+  for (const int64_t K : {32, 64, 96, 320, 768, 800, 3072, 4096}) {
+    const int64_t KT = (K + 63) / 64;
+    for (const int64_t S : {1, 2, 3, 4, 7, 64}) {
+      const int64_t st = fused_split_tiles(K, S), se = fused_effective_splits(K, S);
+      EXPECT_LE(se, S);
+      std::vector<int> seen(static_cast<size_t>(KT), 0);
+      for (int64_t z = 0; z < se; ++z) {
+        const int64_t n = std::min(st, KT - z * st);  // the kernel's KT for slice z
+        ASSERT_GE(n, 1) << "K=" << K << " S=" << S << " slice " << z << " is empty";
+        for (int64_t t = z * st; t < z * st + n; ++t) ++seen[static_cast<size_t>(t)];
+      }
+      for (int v : seen) ASSERT_EQ(v, 1) << "K=" << K << " S=" << S;
+      EXPECT_EQ(fused_smem_bytes(FusedTile::k16x64, K, S), 16 * (st * 64 + 16) + 8 * 64 * 80 + 16 * 4);
+      EXPECT_EQ(fused_workspace_ints(5, 13, K, S), se > 1 ? se * 5 * 13 : 0);
+    }
+  }
+  EXPECT_EQ(fused_smem_bytes(FusedTile::k64x64, 4096, 1), fused_smem_bytes(FusedTile::k64x64, 4096));
+  EXPECT_EQ(fused_splits_for(FusedTile::k16x64, 768, 768), kFusedMaxSplits);  // 12 column blocks
+  EXPECT_EQ(fused_splits_for(FusedTile::k16x64, 3072, 3072), kFusedMaxSplits);
+  EXPECT_EQ(fused_splits_for(FusedTile::k16x64, 768, 32), 1);    // one k tile
+  EXPECT_EQ(fused_splits_for(FusedTile::k16x64, 768, 128), 2);   // two k tiles
+  EXPECT_EQ(fused_splits_for(FusedTile::k16x64, 16384, 768), 1);  // 256 column blocks fill the GPU
+  EXPECT_EQ(fused_ticket_count(FusedTile::k16x64, 17, 65), 2 * 2);
+  EXPECT_EQ(fused_ticket_count(FusedTile::k64x128, 64, 3072), 24);
+  std::string why;
+  EXPECT_FALSE(linear_s8_fused_supported(1, 8, 64, FusedTile::k16x64, kH100OptInSmem, &why, 0));
+  EXPECT_EQ(why, "splits=0 outside 1..64");
+  for (const int chunks : {8, 128, 192, 768, 800}) {
+    const int per_row = (chunks + kFusedThreads - 1) / kFusedThreads, rows = 3;
+    std::vector<int> hit(static_cast<size_t>(rows * chunks), 0);
+    for (int f = 0; f < rows * per_row; ++f)
+      for (int tid = 0; tid < kFusedThreads; ++tid) {
+        const int r = fused_item_row(f, per_row), c = fused_item_col(f, per_row, tid);
+        ASSERT_LT(r, rows);
+        if (c < chunks) ++hit[static_cast<size_t>(r * chunks + c)];
+      }
+    for (int v : hit) ASSERT_EQ(v, 1) << "chunks=" << chunks;
+  }
+}
+
 }  // namespace qforge::cuda
