@@ -10,6 +10,7 @@
 #include <memory>
 
 #include "framework/core/error.h"
+#include "framework/cuda/nonfinite_check_cuda.h"
 #include "kernels/cuda/dequantize_s32_f32_cuda.h"
 #include "kernels/cuda/dequantize_s4_cuda.h"
 #include "kernels/cuda/gemm_s8s8s32_cuda.h"
@@ -53,6 +54,7 @@ at::Tensor linear_s8(const at::Tensor& x, const at::Tensor& codes, float static_
   if (bias.defined()) require_on(bias, in, "bias", at::kFloat);
   const c10::cuda::CUDAGuard guard(in.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(in.device().index()).stream();
+  raise_completed_nonfinite(in.device(), stream);
   const at::TensorOptions opts = in.options();
   at::Tensor y = at::empty({M, N}, opts.dtype(at::kFloat));
   if (M == 0 || N == 0) return y;
@@ -65,11 +67,10 @@ at::Tensor linear_s8(const at::Tensor& x, const at::Tensor& codes, float static_
     require_on(x, in, "input", at::kFloat);
     q = at::empty({M, K}, opts.dtype(at::kChar));
     a_scale = at::empty({M}, opts.dtype(at::kFloat));
-    at::Tensor bad = at::full({1}, -1, opts.dtype(at::kLong));  // all bits set: kNoNonFinite
-    auto* first_bad = reinterpret_cast<unsigned long long*>(bad.data_ptr<int64_t>());
+    const NonfiniteFlag first_bad = nonfinite_flag(in.device(), stream);
     cuda::quantize_rows_s8_cuda(x.data_ptr<float>(), M, K, kernels::ActScale::kPerRow, q.data_ptr<int8_t>(), K,
-                                a_scale.data_ptr<float>(), first_bad, stream);
-    cuda::throw_if_nonfinite(first_bad, K, stream);
+                                a_scale.data_ptr<float>(), first_bad.ptr, stream);
+    check_nonfinite(first_bad, K, stream);
   }
   at::Tensor acc = at::empty({M, N}, opts.dtype(at::kInt));
   gemm_for(in.device().index())
@@ -103,13 +104,14 @@ at::Tensor linear_s4(const at::Tensor& x, const at::Tensor& packed, int64_t N, i
   require_on(x, packed, "input", at::kFloat);
   if (bias.defined()) require_on(bias, packed, "bias", at::kFloat);
   const int64_t M = x.size(0);
+  const c10::cuda::CUDAGuard guard(x.device());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(x.device().index()).stream();
+  raise_completed_nonfinite(x.device(), stream);
   std::string why;
   if (cuda::gemv_f32s4_supported(M, K, group_size, &why) &&
       cuda::gemv_f32s4_pointers_supported(x.data_ptr(), packed.data_ptr(), &why)) {
     require_on(scale, packed, "int4 scales", at::kFloat);
     if (zero.defined()) require_on(zero, packed, "int4 zero points", at::kInt);
-    const c10::cuda::CUDAGuard guard(x.device());
-    const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(x.device().index()).stream();
     at::Tensor y = at::empty({M, N}, x.options());
     // The tensor-core GEMV where its rules and the device allow; the CUDA-core one otherwise.
     std::string mma_why;

@@ -25,7 +25,8 @@ std::string unavailable_reason();
 //   static (codes int8 [M, K] given): a_scale = static_scale for every row.
 // W int8 [N, K] row-major, w_scale float [N], bias float [N] or undefined, all on that device.
 // The GEMM is cuBLASLt IMMA or the CUDA fallback (info says which and why). Non-finite inputs of
-// the dynamic path throw (the check synchronizes the stream).
+// the dynamic path throw when framework/cuda/nonfinite_check.h says (by default at a later call,
+// without synchronising the stream; the outputs of the bad call are unspecified).
 at::Tensor linear_s8(const at::Tensor& x, const at::Tensor& codes, float static_scale, const at::Tensor& weight,
                      const at::Tensor& w_scale, const at::Tensor& bias, kernels::RunInfo* info);
 

@@ -4,6 +4,7 @@
 
 #include "framework/core/error.h"
 #include "framework/cuda/linear_cuda.h"
+#include "framework/cuda/nonfinite_check.h"
 
 namespace qforge::cuda_ops {
 
@@ -29,3 +30,10 @@ at::Tensor linear_s4(const at::Tensor&, const at::Tensor&, int64_t, int64_t, boo
 }
 
 }  // namespace qforge::cuda_ops
+
+namespace qforge {
+
+// Nothing runs on CUDA in this build, so nothing was recorded.
+void cuda_check_nonfinite() {}
+
+}  // namespace qforge

@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <functional>
+#include <limits>
 #include <string>
 
 #include "fake_quant/cuda/fake_quantize_op.h"
@@ -13,6 +15,7 @@
 #include "fake_quant/lsq.h"
 #include "framework/core/error.h"
 #include "framework/core/qparams.h"
+#include "framework/cuda/nonfinite_check.h"
 #include "framework/nn/conv.h"
 #include "framework/nn/linear.h"
 #include "framework/api/quantize.h"
@@ -406,6 +409,76 @@ TEST_F(CudaApi, FrozenConvRunsOnTheGpuThroughItsDequantizedWeight) {
   }
   EXPECT_TRUE(outs[1].is_cuda());
   EXPECT_LT(rel_error(outs[1], outs[0]), 1e-5);
+}
+
+// ---- the non-finite check of dynamic quantization (framework/cuda/nonfinite_check.h) ----
+
+// Restores the process's check mode when a test ends.
+struct NonfiniteModeGuard {
+  CudaNonfiniteCheck saved = cuda_nonfinite_check();
+  ~NonfiniteModeGuard() { set_cuda_nonfinite_check(saved); }
+};
+
+// The qforge::Error message f throws ("" when it throws none).
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// A dynamic int8 Linear (cuBLASLt path) and an input with one NaN at row 2, column 5.
+struct NanCase {
+  FrozenPair p;
+  at::Tensor clean, bad;
+};
+NanCase nan_case(const at::Device& cuda) {
+  torch::manual_seed(21);
+  Scheme scheme(qint8);
+  scheme.activations = ActivationMode::kDynamicPerToken;
+  NanCase c{frozen_pair(256, 128, scheme, at::Tensor(), cuda), at::randn({7, 256}), at::Tensor()};
+  c.bad = c.clean.clone();
+  c.bad[2][5] = std::numeric_limits<float>::quiet_NaN();
+  return c;
+}
+
+TEST_F(CudaApi, DeferredNonfiniteCheckReportsAtTheExplicitCheck) {
+  NonfiniteModeGuard mode;
+  set_cuda_nonfinite_check(CudaNonfiniteCheck::kDeferred);
+  EXPECT_EQ(error_of([] { cuda_check_nonfinite(); }), "");  // nothing left over from earlier tests
+  NanCase c = nan_case(cuda);
+  EXPECT_EQ(error_of([&] { c.p.gpu->forward(c.bad.to(cuda)); }), "");  // the call itself does not wait
+  const std::string err = error_of([] { cuda_check_nonfinite(); });
+  EXPECT_NE(err.find("row 2 column 5 is not finite"), std::string::npos) << err;
+  // Reported once; the layer then runs as before.
+  EXPECT_EQ(error_of([] { cuda_check_nonfinite(); }), "");
+  EXPECT_TRUE(bit_equal(c.p.gpu->forward(c.clean.to(cuda)), c.p.cpu->forward(c.clean)));
+  EXPECT_EQ(error_of([] { cuda_check_nonfinite(); }), "");
+}
+
+TEST_F(CudaApi, DeferredNonfiniteCheckRaisesAtTheNextCallOnTheDevice) {
+  NonfiniteModeGuard mode;
+  set_cuda_nonfinite_check(CudaNonfiniteCheck::kDeferred);
+  NanCase c = nan_case(cuda);
+  EXPECT_EQ(error_of([&] { c.p.gpu->forward(c.bad.to(cuda)); }), "");
+  torch::cuda::synchronize();  // the async read has landed
+  const at::Tensor x = c.clean.to(cuda);
+  const std::string err = error_of([&] { c.p.gpu->forward(x); });
+  EXPECT_NE(err.find("row 2 column 5 is not finite"), std::string::npos) << err;
+  EXPECT_TRUE(bit_equal(c.p.gpu->forward(x), c.p.cpu->forward(c.clean)));
+  EXPECT_EQ(error_of([] { cuda_check_nonfinite(); }), "");
+}
+
+TEST_F(CudaApi, SynchronousNonfiniteCheckRaisesAtOnce) {
+  NonfiniteModeGuard mode;
+  set_cuda_nonfinite_check(CudaNonfiniteCheck::kSynchronous);
+  NanCase c = nan_case(cuda);
+  const std::string err = error_of([&] { c.p.gpu->forward(c.bad.to(cuda)); });
+  EXPECT_NE(err.find("row 2 column 5 is not finite"), std::string::npos) << err;
+  EXPECT_TRUE(bit_equal(c.p.gpu->forward(c.clean.to(cuda)), c.p.cpu->forward(c.clean)));
+  EXPECT_EQ(error_of([] { cuda_check_nonfinite(); }), "");
 }
 
 }  // namespace
