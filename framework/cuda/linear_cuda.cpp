@@ -118,7 +118,7 @@ at::Tensor linear_s4(const at::Tensor& x, const at::Tensor& packed, int64_t N, i
     const bool mma = cuda::gemv_f32s4_mma_supported(M, K, group_size, &mma_why) &&
                      cuda::gemv_f32s4_mma_pointers_supported(x.data_ptr(), packed.data_ptr(), &mma_why) &&
                      cuda::gemv_f32s4_mma_runs_here(&mma_why);
-    const char* mma_kernel = cuda::gemv_f32s4_mma_kernel_for(M);
+    const char* mma_kernel = cuda::gemv_f32s4_mma_kernel_for(M, N, K);
     const float* xp = x.data_ptr<float>();
     const uint8_t* codes = packed.data_ptr<uint8_t>();
     const float* sp = scale.data_ptr<float>();
@@ -126,7 +126,7 @@ at::Tensor linear_s4(const at::Tensor& x, const at::Tensor& packed, int64_t N, i
     const float* bp = bias.defined() ? bias.data_ptr<float>() : nullptr;
     if (!mma) {
       cuda::gemv_f32s4_cuda(xp, M, codes, N, K, is_signed, sp, zp, group_size, bp, y.data_ptr<float>(), stream);
-    } else if (M >= cuda::kGemvS4MmaStagedMinM) {
+    } else if (cuda::gemv_f32s4_mma_staged_for(M, N, K)) {
       // Workspace per call from the caching allocator on this stream (no cudaMalloc after warm-up).
       const auto bytes = static_cast<int64_t>(cuda::gemv_f32s4_mma_staged_workspace_bytes(M, K));
       at::Tensor workspace = at::empty({bytes}, x.options().dtype(at::kByte));

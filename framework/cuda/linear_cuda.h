@@ -38,8 +38,9 @@ at::Tensor dequantize_s4(const at::Tensor& packed, int64_t N, int64_t K, bool is
 // y [M, N] float = x [M, K] float times the int4 weight (packed / scale / zero / group_size as
 // dequantize_s4) plus bias: decode-sized calls (gemv_f32s4_supported, kernels/cuda/gemv_s4_rules.h)
 // run an int4 GEMV that reads the packed weight once (on tensor cores when K and the group size
-// are multiples of 128 on sm_80+: gemv_f32s4_mma_cuda at M = 1, gemv_f32s4_mma_staged_cuda with a
-// per-call caching-allocator workspace from M = 2; else gemv_f32s4_cuda); others dequantize the
+// are multiples of 128 on sm_80+: gemv_f32s4_mma_staged_cuda with a per-call caching-allocator
+// workspace from M = 2, and at M = 1 when N or K >= 8192, gemv_f32s4_mma_cuda otherwise
+// (gemv_f32s4_mma_staged_for in gemv_s4_rules.h); else gemv_f32s4_cuda); others dequantize the
 // weight to float and run at::linear. info names the kernel and, when it is not the first, why.
 at::Tensor linear_s4(const at::Tensor& x, const at::Tensor& packed, int64_t N, int64_t K, bool is_signed,
                      const at::Tensor& scale, const at::Tensor& zero, int64_t group_size, const at::Tensor& bias,
