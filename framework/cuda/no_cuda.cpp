@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include "framework/core/error.h"
+#include "framework/cuda/cuda_graph.h"
 #include "framework/cuda/linear_cuda.h"
 #include "framework/cuda/nonfinite_check.h"
 
@@ -35,5 +36,14 @@ namespace qforge {
 
 // Nothing runs on CUDA in this build, so nothing was recorded.
 void cuda_check_nonfinite() {}
+
+struct CudaGraphStep::Impl {};
+CudaGraphStep::CudaGraphStep() = default;
+CudaGraphStep::~CudaGraphStep() = default;
+bool CudaGraphStep::captured() const { return false; }
+std::vector<at::Tensor> CudaGraphStep::capture(const std::function<std::vector<at::Tensor>()>&) {
+  throw Error("CudaGraphStep: " + cuda_ops::unavailable_reason());
+}
+void CudaGraphStep::replay() { throw Error("CudaGraphStep: " + cuda_ops::unavailable_reason()); }
 
 }  // namespace qforge

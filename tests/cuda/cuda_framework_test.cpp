@@ -15,6 +15,7 @@
 #include "fake_quant/lsq.h"
 #include "framework/core/error.h"
 #include "framework/core/qparams.h"
+#include "framework/cuda/cuda_graph.h"
 #include "framework/cuda/nonfinite_check.h"
 #include "framework/nn/conv.h"
 #include "framework/nn/linear.h"
@@ -479,6 +480,81 @@ TEST_F(CudaApi, SynchronousNonfiniteCheckRaisesAtOnce) {
   EXPECT_NE(err.find("row 2 column 5 is not finite"), std::string::npos) << err;
   EXPECT_TRUE(bit_equal(c.p.gpu->forward(c.clean.to(cuda)), c.p.cpu->forward(c.clean)));
   EXPECT_EQ(error_of([] { cuda_check_nonfinite(); }), "");
+}
+
+// ---- CUDA graphs (framework/cuda/cuda_graph.h) ----
+
+// Three frozen Linears, one per CUDA path: int8 dynamic (cuBLASLt), int4 weight-only (the GEMV
+// at M <= 16, dequantize + at::linear above), int8 static.
+struct FrozenStack {
+  nn::Linear a{nullptr}, b{nullptr}, c{nullptr};
+  at::Tensor forward(const at::Tensor& x) { return c->forward(at::relu(b->forward(a->forward(x)))); }
+};
+FrozenStack frozen_stack(const at::Device& dev) {
+  torch::manual_seed(23);
+  FrozenStack s{nn::Linear(256, 512), nn::Linear(512, 384), nn::Linear(384, 256)};
+  Scheme dynamic(qint8);
+  dynamic.activations = ActivationMode::kDynamicPerToken;
+  Scheme static8(qint8);
+  static8.activations = ActivationMode::kStatic;
+  static8.observer = "minmax";
+  quantize(s.a, dynamic);
+  quantize(s.b, Scheme(qint4));
+  quantize(s.c, static8);
+  {
+    Calibration cal(s.c);
+    s.c->forward(at::randn({16, 384}));
+  }
+  for (nn::Linear* l : {&s.a, &s.b, &s.c}) {
+    freeze(*l);
+    (*l)->to(dev);
+  }
+  return s;
+}
+
+TEST_F(CudaApi, CapturedFrozenLinearsReplayTheEagerOutputsBitForBit) {
+  FrozenStack s = frozen_stack(cuda);
+  for (const int64_t M : {1, 9, 40}) {  // the GEMV, its staged form, dequantize + at::linear
+    SCOPED_TRACE("M=" + std::to_string(M));
+    at::Tensor x = at::randn({M, 256}).to(cuda);  // the graph's input, refilled in place
+    CudaGraphStep graph;
+    const std::vector<at::Tensor> out = graph.capture([&] { return std::vector<at::Tensor>{s.forward(x)}; });
+    ASSERT_EQ(out.size(), 1u);
+    for (int replay = 0; replay < 3; ++replay) {
+      const at::Tensor fresh = at::randn({M, 256});
+      x.copy_(fresh.to(cuda));
+      out[0].fill_(std::numeric_limits<float>::quiet_NaN());  // an unwritten element fails
+      graph.replay();
+      const at::Tensor want = s.forward(fresh.to(cuda));  // eager, same kernels
+      EXPECT_TRUE(bit_equal(out[0], want)) << "replay " << replay;
+    }
+  }
+  EXPECT_THROW(CudaGraphStep().replay(), Error);
+}
+
+TEST_F(CudaApi, NonfiniteInputOfAReplayIsReportedByTheExplicitCheck) {
+  NonfiniteModeGuard mode;
+  for (const CudaNonfiniteCheck m : {CudaNonfiniteCheck::kDeferred, CudaNonfiniteCheck::kSynchronous}) {
+    set_cuda_nonfinite_check(m);
+    EXPECT_EQ(error_of([] { cuda_check_nonfinite(); }), "");
+    FrozenStack s = frozen_stack(cuda);
+    at::Tensor x = at::randn({7, 256}).to(cuda);
+    CudaGraphStep graph;
+    const std::vector<at::Tensor> out = graph.capture([&] { return std::vector<at::Tensor>{s.forward(x)}; });
+    graph.replay();
+    EXPECT_EQ(error_of([] { cuda_check_nonfinite(); }), "");  // clean replays record nothing
+    at::Tensor bad = at::randn({7, 256});
+    bad[4][17] = std::numeric_limits<float>::infinity();
+    x.copy_(bad.to(cuda));
+    EXPECT_EQ(error_of([&] { graph.replay(); }), "");  // a replay never waits
+    const std::string err = error_of([] { cuda_check_nonfinite(); });
+    EXPECT_NE(err.find("row 4 column 17 is not finite"), std::string::npos) << err;
+    EXPECT_NE(err.find("CUDA graph replay"), std::string::npos) << err;
+    // The slot was reset: a clean replay after it reports nothing.
+    x.copy_(at::randn({7, 256}).to(cuda));
+    graph.replay();
+    EXPECT_EQ(error_of([] { cuda_check_nonfinite(); }), "");
+  }
 }
 
 }  // namespace
