@@ -17,6 +17,9 @@
 #include "framework/core/qparams.h"
 #include "framework/cuda/cuda_graph.h"
 #include "framework/cuda/nonfinite_check.h"
+#include "framework/models/bert.h"
+#include "framework/models/kv_cache.h"
+#include "framework/models/llama.h"
 #include "framework/nn/conv.h"
 #include "framework/nn/linear.h"
 #include "framework/api/quantize.h"
@@ -553,6 +556,123 @@ TEST_F(CudaApi, NonfiniteInputOfAReplayIsReportedByTheExplicitCheck) {
     // The slot was reset: a clean replay after it reports nothing.
     x.copy_(at::randn({7, 256}).to(cuda));
     graph.replay();
+    EXPECT_EQ(error_of([] { cuda_check_nonfinite(); }), "");
+  }
+}
+
+// ---- whole models on the GPU ----
+
+// Every qforge Linear under root quantized with `scheme` and frozen (norms, embeddings and the
+// attention products stay float), as qbench_gpu_models runs them.
+void freeze_every_linear(torch::nn::Module& root, const Scheme& scheme) {
+  for (const auto& m : root.modules(/*include_self=*/true)) {
+    if (auto* lin = m->as<nn::LinearImpl>()) {
+      quantize(*lin, scheme);
+      freeze(*lin);
+    }
+  }
+}
+
+Scheme w8a8_dynamic() {
+  Scheme s(qint8);
+  s.activations = ActivationMode::kDynamicPerToken;
+  return s;
+}
+
+models::LlamaConfig llama_small() {
+  models::LlamaConfig c;
+  c.vocab_size = 64, c.hidden_size = 256, c.intermediate_size = 512, c.num_hidden_layers = 2;
+  c.num_attention_heads = 4, c.num_key_value_heads = 2, c.max_position_embeddings = 64;
+  return c;
+}
+
+TEST_F(CudaApi, FrozenBertOnTheGpuMatchesTheCpu) {
+  models::BertConfig c;
+  c.vocab_size = 100, c.hidden_size = 128, c.num_hidden_layers = 2, c.num_attention_heads = 4;
+  c.intermediate_size = 256, c.max_position_embeddings = 64;
+  std::vector<at::Tensor> outs;
+  const at::Tensor ids = at::randint(0, c.vocab_size, {3, 19}, at::kLong);
+  at::Tensor mask = at::ones({3, 19}, at::kLong);
+  mask[2].narrow(0, 12, 7).zero_();  // a padded sequence
+  for (const at::Device dev : {at::Device(at::kCPU), cuda}) {
+    torch::manual_seed(31);
+    models::BertModel m(c);
+    m->eval();
+    freeze_every_linear(*m, w8a8_dynamic());
+    m->to(dev);
+    const at::NoGradGuard no_grad;
+    outs.push_back(m->forward(ids.to(dev), mask.to(dev)).last_hidden_state);
+  }
+  EXPECT_TRUE(outs[1].is_cuda());
+  // The int8 Linears are bit-exact across devices; LayerNorm, GELU, softmax and the attention
+  // products sum in another order, which can move a dynamic activation code by one step.
+  EXPECT_LT(rel_error(outs[1], outs[0]), 1e-2);
+}
+
+TEST_F(CudaApi, FrozenLlamaDecodesOnTheGpuAsOnTheCpu) {
+  const models::LlamaConfig c = llama_small();
+  std::vector<at::Tensor> logits;
+  const at::Tensor prompt = at::randint(0, c.vocab_size, {1, 7}, at::kLong);
+  for (const at::Device dev : {at::Device(at::kCPU), cuda}) {
+    torch::manual_seed(32);
+    models::LlamaForCausalLM m(c);
+    m->eval();
+    freeze_every_linear(*m, Scheme(qint4));  // weight-only int4, groups of 128
+    m->to(dev);
+    const at::NoGradGuard no_grad;
+    models::KvCache cache;
+    at::Tensor all = m->forward(prompt.to(dev), &cache);
+    // Four decode steps fed the same tokens on both devices (an argmax could differ on a near tie).
+    for (int64_t t = 0; t < 4; ++t) all = at::cat({all, m->forward(prompt.narrow(1, t, 1).to(dev), &cache)}, 1);
+    logits.push_back(all);
+  }
+  EXPECT_TRUE(logits[1].is_cuda());
+  // The int4 GEMV and the float ops differ from the CPU's by summation order only.
+  EXPECT_LT(rel_error(logits[1], logits[0]), 1e-4);
+}
+
+// A decode step of the layers of `m` (the input and the RoPE tables held outside it, as a graph needs).
+at::Tensor llama_layers_step(models::LlamaForCausalLM& m, const at::Tensor& x, const models::RopeTables& rope,
+                             models::KvCache& cache) {
+  at::Tensor h = x;
+  for (const auto& l : *m->model->layers) h = l->as<models::LlamaDecoderLayerImpl>()->forward(h, rope, &cache);
+  return h;
+}
+
+TEST_F(CudaApi, CapturedLlamaDecodeStepReplaysTheEagerStep) {
+  const models::LlamaConfig c = llama_small();
+  for (const char* name : {"w4", "w8a8"}) {
+    SCOPED_TRACE(name);
+    torch::manual_seed(33);
+    models::LlamaForCausalLM m(c);
+    m->eval();
+    freeze_every_linear(*m, std::string(name) == "w4" ? Scheme(qint4) : w8a8_dynamic());
+    m->to(cuda);
+    const at::NoGradGuard no_grad;
+    models::KvCache cache;
+    cache.reserve(32);
+    cache.resize(static_cast<size_t>(c.num_hidden_layers));
+    const models::RopeTables rope = m->model->rope(5, 1, cuda);
+    llama_layers_step(m, at::randn({1, 5, c.hidden_size}).to(cuda), m->model->rope(0, 5, cuda), cache);  // prefill
+    models::KvCache before = cache;  // 5 positions
+    const at::Tensor x0 = at::randn({1, 1, c.hidden_size}).to(cuda);
+    at::Tensor x = x0.clone();
+    CudaGraphStep graph;
+    // The warm-up appends position 5 (from x0), the captured step position 6, which replays rewrite.
+    const std::vector<at::Tensor> out = graph.capture([&] { return std::vector<at::Tensor>{llama_layers_step(m, x, rope, cache)}; });
+    for (int replay = 0; replay < 2; ++replay) {
+      const at::Tensor fresh = at::randn({1, 1, c.hidden_size});
+      x.copy_(fresh.to(cuda));
+      out[0].fill_(std::numeric_limits<float>::quiet_NaN());
+      graph.replay();
+      models::KvCache eager = before;
+      llama_layers_step(m, x0, rope, eager);  // position 5, as the warm-up wrote it
+      const at::Tensor want = llama_layers_step(m, fresh.to(cuda), rope, eager);
+      // Same kernels on the same data; the attention products are cuBLAS calls, whose algorithm
+      // choice is the one thing that could differ between capture and eager.
+      EXPECT_LT(rel_error(out[0], want), 1e-6) << "replay " << replay;
+      EXPECT_FALSE(out[0].isnan().any().item<bool>());
+    }
     EXPECT_EQ(error_of([] { cuda_check_nonfinite(); }), "");
   }
 }
