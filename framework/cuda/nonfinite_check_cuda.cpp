@@ -83,14 +83,15 @@ struct NonfiniteState {
   }
 };
 
+// Never destroyed: at exit LibTorch's allocators and the CUDA context may already be gone.
 std::mutex& nonfinite_mutex() {
-  static std::mutex m;
-  return m;
+  static auto* m = new std::mutex;
+  return *m;
 }
 
 std::map<int, std::unique_ptr<NonfiniteState>>& nonfinite_states() {
-  static std::map<int, std::unique_ptr<NonfiniteState>> s;
-  return s;
+  static auto* s = new std::map<int, std::unique_ptr<NonfiniteState>>;
+  return *s;
 }
 
 bool stream_capturing(cudaStream_t stream) {

@@ -627,8 +627,9 @@ TEST_F(CudaApi, FrozenLlamaDecodesOnTheGpuAsOnTheCpu) {
     logits.push_back(all);
   }
   EXPECT_TRUE(logits[1].is_cuda());
-  // The int4 GEMV and the float ops differ from the CPU's by summation order only.
-  EXPECT_LT(rel_error(logits[1], logits[0]), 1e-4);
+  // The int4 GEMV (its own bound, 1e-5 a layer) and the float ops differ from the CPU's by
+  // summation order only; a wrong mask, RoPE position or cache slot would be off by O(1).
+  EXPECT_LT(rel_error(logits[1], logits[0]), 1e-3);
 }
 
 // A decode step of the layers of `m` (the input and the RoPE tables held outside it, as a graph needs).
