@@ -22,6 +22,7 @@ set(QFORGE_UMBRELLA_HEADERS
 set(QFORGE_PUBLIC_HEADERS
   ${QFORGE_UMBRELLA_HEADERS}
   framework/core/isa.h
+  framework/cuda/nonfinite_check.h
   framework/core/qparams.h
   framework/core/imatrix.h
   framework/data/char_tokenizer.h

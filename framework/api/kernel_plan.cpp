@@ -256,10 +256,13 @@ KernelPlan plan_linear_cuda(const std::optional<QSpec>& weights, ActivationMode 
       const int64_t group = weights->granularity == Granularity::kPerGroup ? weights->group_size : in_features;
       std::string mma_why;
       if (cuda::gemv_f32s4_mma_supported(1, in_features, group, &mma_why)) {
-        plan.kernel = cuda::gemv_f32s4_mma_kernel_for(1);  // tensor cores (sm_80+; older GPUs run gemv_f32s4_cuda)
+        // Tensor cores (sm_80+; older GPUs run gemv_f32s4_cuda); M = 1 stages on large shapes too.
+        plan.kernel = cuda::gemv_f32s4_mma_kernel_for(1, out_features, in_features);
         plan.fallback.clear();
-        plan.mid_m = cuda::kGemvS4MmaStagedMinM;
-        plan.mid_m_kernel = cuda::gemv_f32s4_mma_kernel_for(plan.mid_m);
+        if (!cuda::gemv_f32s4_mma_staged_for(1, out_features, in_features)) {
+          plan.mid_m = cuda::kGemvS4MmaStagedMinM;
+          plan.mid_m_kernel = cuda::gemv_f32s4_mma_kernel_for(plan.mid_m, out_features, in_features);
+        }
         plan.large_m = cuda::kGemvS4MaxM + 1;
         plan.large_m_kernel = "dequantize_s4_cuda+at::linear";
       } else if (cuda::gemv_f32s4_supported(1, in_features, group, &why)) {

@@ -13,6 +13,7 @@
 
 #include "framework/api/kernel_plan.h"
 #include "framework/core/error.h"
+#include "framework/cuda/nonfinite_check_cuda.h"
 #include "kernels/cuda/dequantize_s32_f32_cuda.h"
 #include "kernels/cuda/dequantize_s4_cuda.h"
 #include "kernels/cuda/gemm_s8s8s32_cuda.h"
@@ -72,13 +73,13 @@ bool linear_s8_fused(const at::Tensor& x, const at::Tensor& codes, float static_
     a.workspace = workspace.data_ptr<int32_t>();
     a.tickets = fused_tickets(y, stream, cuda::fused_ticket_count(tile, a.M, a.N));
   }
-  at::Tensor bad;
+  NonfiniteFlag first_bad;
   if (!codes.defined()) {
-    bad = at::full({1}, -1, y.options().dtype(at::kLong));  // all bits set: kNoNonFinite
-    a.first_nonfinite = reinterpret_cast<unsigned long long*>(bad.data_ptr<int64_t>());
+    first_bad = nonfinite_flag(y.device(), stream);
+    a.first_nonfinite = first_bad.ptr;
   }
   cuda::linear_s8_fused_cuda(a, tile, stream);
-  if (a.first_nonfinite != nullptr) cuda::throw_if_nonfinite(a.first_nonfinite, a.K, stream);
+  if (a.first_nonfinite != nullptr) check_nonfinite(first_bad, a.K, stream);
   if (info != nullptr)
     *info = {std::string("linear_s8_fused_cuda ") + cuda::fused_tile_name(tile) +
                  (a.splits > 1 ? " split-K " + std::to_string(a.splits) : ""),
@@ -105,6 +106,7 @@ at::Tensor linear_s8(const at::Tensor& x, const at::Tensor& codes, float static_
   if (bias.defined()) require_on(bias, in, "bias", at::kFloat);
   const c10::cuda::CUDAGuard guard(in.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(in.device().index()).stream();
+  raise_completed_nonfinite(in.device(), stream);
   const at::TensorOptions opts = in.options();
   at::Tensor y = at::empty({M, N}, opts.dtype(at::kFloat));
   if (M == 0 || N == 0) return y;
@@ -123,11 +125,10 @@ at::Tensor linear_s8(const at::Tensor& x, const at::Tensor& codes, float static_
   } else {
     q = at::empty({M, K}, opts.dtype(at::kChar));
     a_scale = at::empty({M}, opts.dtype(at::kFloat));
-    at::Tensor bad = at::full({1}, -1, opts.dtype(at::kLong));  // all bits set: kNoNonFinite
-    auto* first_bad = reinterpret_cast<unsigned long long*>(bad.data_ptr<int64_t>());
+    const NonfiniteFlag first_bad = nonfinite_flag(in.device(), stream);
     cuda::quantize_rows_s8_cuda(x.data_ptr<float>(), M, K, kernels::ActScale::kPerRow, q.data_ptr<int8_t>(), K,
-                                a_scale.data_ptr<float>(), first_bad, stream);
-    cuda::throw_if_nonfinite(first_bad, K, stream);
+                                a_scale.data_ptr<float>(), first_bad.ptr, stream);
+    check_nonfinite(first_bad, K, stream);
   }
   at::Tensor acc = at::empty({M, N}, opts.dtype(at::kInt));
   gemm_for(in.device().index())
@@ -163,20 +164,21 @@ at::Tensor linear_s4(const at::Tensor& x, const at::Tensor& packed, int64_t N, i
   require_on(x, packed, "input", at::kFloat);
   if (bias.defined()) require_on(bias, packed, "bias", at::kFloat);
   const int64_t M = x.size(0);
+  const c10::cuda::CUDAGuard guard(x.device());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(x.device().index()).stream();
+  raise_completed_nonfinite(x.device(), stream);
   std::string why;
   if (cuda::gemv_f32s4_supported(M, K, group_size, &why) &&
       cuda::gemv_f32s4_pointers_supported(x.data_ptr(), packed.data_ptr(), &why)) {
     require_on(scale, packed, "int4 scales", at::kFloat);
     if (zero.defined()) require_on(zero, packed, "int4 zero points", at::kInt);
-    const c10::cuda::CUDAGuard guard(x.device());
-    const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(x.device().index()).stream();
     at::Tensor y = at::empty({M, N}, x.options());
     // The tensor-core GEMV where its rules and the device allow; the CUDA-core one otherwise.
     std::string mma_why;
     const bool mma = cuda::gemv_f32s4_mma_supported(M, K, group_size, &mma_why) &&
                      cuda::gemv_f32s4_mma_pointers_supported(x.data_ptr(), packed.data_ptr(), &mma_why) &&
                      cuda::gemv_f32s4_mma_runs_here(&mma_why);
-    const char* mma_kernel = cuda::gemv_f32s4_mma_kernel_for(M);
+    const char* mma_kernel = cuda::gemv_f32s4_mma_kernel_for(M, N, K);
     const float* xp = x.data_ptr<float>();
     const uint8_t* codes = packed.data_ptr<uint8_t>();
     const float* sp = scale.data_ptr<float>();
@@ -184,7 +186,7 @@ at::Tensor linear_s4(const at::Tensor& x, const at::Tensor& packed, int64_t N, i
     const float* bp = bias.defined() ? bias.data_ptr<float>() : nullptr;
     if (!mma) {
       cuda::gemv_f32s4_cuda(xp, M, codes, N, K, is_signed, sp, zp, group_size, bp, y.data_ptr<float>(), stream);
-    } else if (M >= cuda::kGemvS4MmaStagedMinM) {
+    } else if (cuda::gemv_f32s4_mma_staged_for(M, N, K)) {
       // Workspace per call from the caching allocator on this stream (no cudaMalloc after warm-up).
       const auto bytes = static_cast<int64_t>(cuda::gemv_f32s4_mma_staged_workspace_bytes(M, K));
       at::Tensor workspace = at::empty({bytes}, x.options().dtype(at::kByte));

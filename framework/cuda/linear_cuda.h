@@ -26,8 +26,9 @@ std::string unavailable_reason();
 // W int8 [N, K] row-major, w_scale float [N], bias float [N] or undefined, all on that device.
 // With set_cuda_linear_s8_fused(true) and its rules met (M <= 16) one launch of
 // linear_s8_fused_cuda does it all; else the GEMM is cuBLASLt IMMA or the CUDA fallback (info says
-// which and why, with the fused kernel's refusal first). Non-finite inputs of
-// the dynamic path throw (the check synchronizes the stream).
+// which and why, with the fused kernel's refusal first). Non-finite inputs of the dynamic path
+// throw when framework/cuda/nonfinite_check.h says (by default at a later call, without
+// synchronising the stream; the outputs of the bad call are unspecified).
 at::Tensor linear_s8(const at::Tensor& x, const at::Tensor& codes, float static_scale, const at::Tensor& weight,
                      const at::Tensor& w_scale, const at::Tensor& bias, kernels::RunInfo* info);
 
@@ -39,8 +40,9 @@ at::Tensor dequantize_s4(const at::Tensor& packed, int64_t N, int64_t K, bool is
 // y [M, N] float = x [M, K] float times the int4 weight (packed / scale / zero / group_size as
 // dequantize_s4) plus bias: decode-sized calls (gemv_f32s4_supported, kernels/cuda/gemv_s4_rules.h)
 // run an int4 GEMV that reads the packed weight once (on tensor cores when K and the group size
-// are multiples of 128 on sm_80+: gemv_f32s4_mma_cuda at M = 1, gemv_f32s4_mma_staged_cuda with a
-// per-call caching-allocator workspace from M = 2; else gemv_f32s4_cuda); others dequantize the
+// are multiples of 128 on sm_80+: gemv_f32s4_mma_staged_cuda with a per-call caching-allocator
+// workspace from M = 2, and at M = 1 when N or K >= 8192, gemv_f32s4_mma_cuda otherwise
+// (gemv_f32s4_mma_staged_for in gemv_s4_rules.h); else gemv_f32s4_cuda); others dequantize the
 // weight to float and run at::linear. info names the kernel and, when it is not the first, why.
 at::Tensor linear_s4(const at::Tensor& x, const at::Tensor& packed, int64_t N, int64_t K, bool is_signed,
                      const at::Tensor& scale, const at::Tensor& zero, int64_t group_size, const at::Tensor& bias,

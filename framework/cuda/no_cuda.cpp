@@ -3,7 +3,9 @@
 #include <ATen/ATen.h>
 
 #include "framework/core/error.h"
+#include "framework/cuda/cuda_graph.h"
 #include "framework/cuda/linear_cuda.h"
+#include "framework/cuda/nonfinite_check.h"
 
 namespace qforge::cuda_ops {
 
@@ -29,3 +31,19 @@ at::Tensor linear_s4(const at::Tensor&, const at::Tensor&, int64_t, int64_t, boo
 }
 
 }  // namespace qforge::cuda_ops
+
+namespace qforge {
+
+// Nothing runs on CUDA in this build, so nothing was recorded.
+void cuda_check_nonfinite() {}
+
+struct CudaGraphStep::Impl {};
+CudaGraphStep::CudaGraphStep() = default;
+CudaGraphStep::~CudaGraphStep() = default;
+bool CudaGraphStep::captured() const { return false; }
+std::vector<at::Tensor> CudaGraphStep::capture(const std::function<std::vector<at::Tensor>()>&) {
+  throw Error("CudaGraphStep: " + cuda_ops::unavailable_reason());
+}
+void CudaGraphStep::replay() { throw Error("CudaGraphStep: " + cuda_ops::unavailable_reason()); }
+
+}  // namespace qforge

@@ -2,6 +2,9 @@
 #include "framework/models/activation.h"
 
 #include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+
+#include <limits>
 
 #include "framework/core/error.h"
 
@@ -42,6 +45,13 @@ at::Tensor apply_activation(const std::string& act, const at::Tensor& x) {
   const Activation* a = find_activation(act);
   QF_REQUIRE(a != nullptr, "models: unsupported activation '", act, "' (", activation_names(), ")");
   return a->apply(x);
+}
+
+at::Tensor masked_score(const at::Tensor& scores) {
+  double lowest = 0;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, scores.scalar_type(), "masked_score",
+                                  [&] { lowest = static_cast<double>(std::numeric_limits<scalar_t>::lowest()); });
+  return at::full({}, lowest, scores.options());
 }
 
 }  // namespace qforge::models

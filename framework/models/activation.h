@@ -1,5 +1,5 @@
 // HF's hidden_act / activation_function names (transformers' ACT2FN) for the models' MLPs: BERT,
-// GPT-2 and the Llama family read their activation here.
+// GPT-2 and the Llama family read their activation here, and the value their masked attention scores take.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -14,5 +14,9 @@ at::Tensor apply_activation(const std::string& act, const at::Tensor& x);
 
 bool is_activation(const std::string& act);
 std::string activation_names();  // "silu, swish, ...", for error messages
+
+// HF's attention mask value torch.finfo(scores.dtype).min, a 0-dim tensor with scores' options
+// (float32's lowest overflows a half / bfloat16 twin).
+at::Tensor masked_score(const at::Tensor& scores);
 
 }  // namespace qforge::models

@@ -4,7 +4,6 @@
 #include <ATen/ATen.h>
 
 #include <cmath>
-#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "framework/core/error.h"
@@ -87,10 +86,10 @@ at::Tensor Gpt2AttentionImpl::forward(const at::Tensor& x, KvCache* cache, int64
     k = fake_quantize_kv(k, config.kv_cache), v = fake_quantize_kv(v, config.kv_cache);
   }
   at::Tensor w = qk_matmul->forward(q, k.transpose(-1, -2)) / std::sqrt(static_cast<double>(D));
-  // HF masks future positions with finfo(float32).min (not -inf, so fully masked rows stay finite).
+  // HF masks future positions with finfo(dtype).min (not -inf, so fully masked rows stay finite).
   // Query i sits at position past + i and sees keys 0 .. past + i.
   const at::Tensor causal = at::ones({T, past + T}, x.options().dtype(at::kBool)).tril(past);
-  w = at::where(causal, w, at::full({}, std::numeric_limits<float>::lowest(), w.options()));
+  w = at::where(causal, w, masked_score(w));
   const at::Tensor p = attn_dropout->forward(at::softmax(w, -1));
   const at::Tensor ctx = av_matmul->forward(p, v).permute({0, 2, 1, 3}).reshape({B, T, H * D});
   return resid_dropout->forward(c_proj->forward(ctx));

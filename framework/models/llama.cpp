@@ -4,7 +4,6 @@
 #include <ATen/ATen.h>
 
 #include <cmath>
-#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "framework/core/error.h"
@@ -119,11 +118,11 @@ at::Tensor attention_probs(const at::Tensor& scores, int64_t past, int64_t windo
     return w;
   }
   at::Tensor w = scores * scale;
-  // Masked scores take float32's lowest value, as HF's mask does, so no row is all -inf.
+  // Masked scores take the dtype's lowest value (finfo.min), as HF's mask does, so no row is all -inf.
   const at::Tensor ones = at::ones({T, S}, scores.options().dtype(at::kBool));
   at::Tensor visible = ones.tril(past);
   if (window > 0) visible = visible.logical_and(ones.triu(past - window + 1));
-  w = at::where(visible, w, at::full({}, std::numeric_limits<float>::lowest(), w.options()));
+  w = at::where(visible, w, masked_score(w));
   return at::softmax(w, -1, at::kFloat);
 }
 

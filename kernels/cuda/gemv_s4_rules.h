@@ -13,10 +13,12 @@
 //   - x and the packed codes 16-byte aligned.
 // Among the two tensor-core launchers, 2 <= M <= kGemvS4MaxM runs the staged one
 // (gemv_f32s4_mma_staged_cuda: x split once per call, not once per block of weight rows), which
-// the H200 measured at 0.97-1.74x cuBLASLt fp16 at M = 4..16; M = 1 keeps gemv_f32s4_mma_cuda, one
-// launch (1.44-1.55x, no gain over the 1.49-1.57x before the ring; the staged one, two launches,
-// measured 1.47-1.72x: ahead on the two Llama-3-8B shapes, behind on 4096 x 4096;
-// docs/performance.md).
+// the H200 measured at 0.97-1.74x cuBLASLt fp16 at M = 4..16. At M = 1 the shape decides: the
+// staged one (two launches) measured 1.72x / 1.63x fp16 on the Llama-3-8B shapes (N or K = 14336)
+// against 1.55x / 1.44x for the one-launch gemv_f32s4_mma_cuda, but 1.47x against 1.52x at
+// 4096 x 4096, where its extra launch is not repaid (docs/performance.md, "GPU: NVIDIA H200").
+// So M = 1 stages when N or K reaches kGemvS4MmaStagedM1MinDim (between the measured 4096 and
+// 14336; set it from a sweep of sizes in between when one is timed).
 #pragma once
 
 #include <cstdint>
@@ -31,10 +33,16 @@ constexpr uintptr_t kGemvS4CodeAlignment = 4;
 constexpr int64_t kGemvS4MmaKMultiple = 128;
 constexpr uintptr_t kGemvS4MmaCodeAlignment = 16;
 constexpr int64_t kGemvS4MmaStagedMinM = 2;
+constexpr int64_t kGemvS4MmaStagedM1MinDim = 8192;
 
-// The tensor-core launcher for M rows of x (both compute the same result, bit for bit).
-inline const char* gemv_f32s4_mma_kernel_for(int64_t M) {
-  return M >= kGemvS4MmaStagedMinM ? "gemv_f32s4_mma_staged_cuda" : "gemv_f32s4_mma_cuda";
+// True when an M x N x K call runs the staged tensor-core launcher (the rule above).
+inline bool gemv_f32s4_mma_staged_for(int64_t M, int64_t N, int64_t K) {
+  return M >= kGemvS4MmaStagedMinM || N >= kGemvS4MmaStagedM1MinDim || K >= kGemvS4MmaStagedM1MinDim;
+}
+
+// The tensor-core launcher for an M x N x K call (both compute the same result, bit for bit).
+inline const char* gemv_f32s4_mma_kernel_for(int64_t M, int64_t N, int64_t K) {
+  return gemv_f32s4_mma_staged_for(M, N, K) ? "gemv_f32s4_mma_staged_cuda" : "gemv_f32s4_mma_cuda";
 }
 
 // True when the shape meets the rules above; otherwise false with the first failing rule in *why.

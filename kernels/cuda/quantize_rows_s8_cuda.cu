@@ -112,9 +112,13 @@ void throw_if_nonfinite(const unsigned long long* first_nonfinite, int64_t K, cu
              "cudaMemcpyAsync(first_nonfinite)");
   check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
   if (idx == kNoNonFinite || K <= 0) return;
-  const auto k64 = static_cast<unsigned long long>(K);
-  throw Error(detail::str_cat("kernels/cuda: activation row ", idx / k64, " column ", idx % k64,
-                              " is not finite; dynamic quantization needs finite inputs"));
+  throw Error(nonfinite_message(idx, K));
+}
+
+std::string nonfinite_message(unsigned long long idx, int64_t K) {
+  const auto k64 = static_cast<unsigned long long>(K > 0 ? K : 1);
+  return detail::str_cat("kernels/cuda: activation row ", idx / k64, " column ", idx % k64,
+                         " is not finite; dynamic quantization needs finite inputs");
 }
 
 }  // namespace qforge::cuda

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <functional>
 #include <limits>
 #include <string>
 
@@ -15,6 +16,11 @@
 #include "framework/api/kernel_plan.h"
 #include "framework/core/error.h"
 #include "framework/core/qparams.h"
+#include "framework/cuda/cuda_graph.h"
+#include "framework/cuda/nonfinite_check.h"
+#include "framework/models/bert.h"
+#include "framework/models/kv_cache.h"
+#include "framework/models/llama.h"
 #include "framework/nn/conv.h"
 #include "framework/nn/linear.h"
 #include "framework/api/quantize.h"
@@ -447,6 +453,8 @@ TEST_F(CudaApi, FrozenInt8LinearRunsTheFusedKernelBitForBitCuda) {
   EXPECT_EQ(q.gpu->report().fallback_reason, "linear_s8_fused_cuda: K=100 not a positive multiple of 32");
   EXPECT_TRUE(bit_equal(q.gpu->forward(x.to(cuda)), q.cpu->forward(x)));
   FrozenPair r = frozen_pair(768, 768, dynamic, calib, cuda);
+  const CudaNonfiniteCheck saved_mode = cuda_nonfinite_check();
+  set_cuda_nonfinite_check(CudaNonfiniteCheck::kSynchronous);  // raised by the bad call itself
   at::Tensor bad = at::randn({4, 768});
   bad[2][700] = std::numeric_limits<float>::quiet_NaN();
   try {
@@ -455,6 +463,7 @@ TEST_F(CudaApi, FrozenInt8LinearRunsTheFusedKernelBitForBitCuda) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("activation row 2 column 700 is not finite"), std::string::npos) << e.what();
   }
+  set_cuda_nonfinite_check(saved_mode);
 }
 
 // The fused kernel's split-K path through the framework: at M <= 16 BERT's FFN-down shape runs
@@ -475,6 +484,269 @@ TEST_F(CudaApi, FusedInt8LinearSplitKRepeatsBitForBitCuda) {
       EXPECT_TRUE(bit_equal(down.gpu->forward(xd.to(cuda)), down.cpu->forward(xd))) << "down M=" << M;
       EXPECT_TRUE(bit_equal(up.gpu->forward(xu.to(cuda)), up.cpu->forward(xu))) << "up M=" << M;
     }
+}
+
+// ---- the non-finite check of dynamic quantization (framework/cuda/nonfinite_check.h) ----
+
+// Restores the process's check mode when a test ends.
+struct NonfiniteModeGuard {
+  CudaNonfiniteCheck saved = cuda_nonfinite_check();
+  ~NonfiniteModeGuard() { set_cuda_nonfinite_check(saved); }
+};
+
+// The qforge::Error message f throws ("" when it throws none).
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// A dynamic int8 Linear (cuBLASLt path) and an input with one NaN at row 2, column 5.
+struct NanCase {
+  FrozenPair p;
+  at::Tensor clean, bad;
+};
+NanCase nan_case(const at::Device& cuda) {
+  torch::manual_seed(21);
+  Scheme scheme(qint8);
+  scheme.activations = ActivationMode::kDynamicPerToken;
+  NanCase c{frozen_pair(256, 128, scheme, at::Tensor(), cuda), at::randn({7, 256}), at::Tensor()};
+  c.bad = c.clean.clone();
+  c.bad[2][5] = std::numeric_limits<float>::quiet_NaN();
+  return c;
+}
+
+TEST_F(CudaApi, DeferredNonfiniteCheckReportsAtTheExplicitCheck) {
+  NonfiniteModeGuard mode;
+  set_cuda_nonfinite_check(CudaNonfiniteCheck::kDeferred);
+  EXPECT_EQ(error_of([] { cuda_check_nonfinite(); }), "");  // nothing left over from earlier tests
+  NanCase c = nan_case(cuda);
+  EXPECT_EQ(error_of([&] { c.p.gpu->forward(c.bad.to(cuda)); }), "");  // the call itself does not wait
+  const std::string err = error_of([] { cuda_check_nonfinite(); });
+  EXPECT_NE(err.find("row 2 column 5 is not finite"), std::string::npos) << err;
+  // Reported once; the layer then runs as before.
+  EXPECT_EQ(error_of([] { cuda_check_nonfinite(); }), "");
+  EXPECT_TRUE(bit_equal(c.p.gpu->forward(c.clean.to(cuda)), c.p.cpu->forward(c.clean)));
+  EXPECT_EQ(error_of([] { cuda_check_nonfinite(); }), "");
+}
+
+TEST_F(CudaApi, DeferredNonfiniteCheckRaisesAtTheNextCallOnTheDevice) {
+  NonfiniteModeGuard mode;
+  set_cuda_nonfinite_check(CudaNonfiniteCheck::kDeferred);
+  NanCase c = nan_case(cuda);
+  EXPECT_EQ(error_of([&] { c.p.gpu->forward(c.bad.to(cuda)); }), "");
+  torch::cuda::synchronize();  // the async read has landed
+  const at::Tensor x = c.clean.to(cuda);
+  const std::string err = error_of([&] { c.p.gpu->forward(x); });
+  EXPECT_NE(err.find("row 2 column 5 is not finite"), std::string::npos) << err;
+  EXPECT_TRUE(bit_equal(c.p.gpu->forward(x), c.p.cpu->forward(c.clean)));
+  EXPECT_EQ(error_of([] { cuda_check_nonfinite(); }), "");
+}
+
+TEST_F(CudaApi, SynchronousNonfiniteCheckRaisesAtOnce) {
+  NonfiniteModeGuard mode;
+  set_cuda_nonfinite_check(CudaNonfiniteCheck::kSynchronous);
+  NanCase c = nan_case(cuda);
+  const std::string err = error_of([&] { c.p.gpu->forward(c.bad.to(cuda)); });
+  EXPECT_NE(err.find("row 2 column 5 is not finite"), std::string::npos) << err;
+  EXPECT_TRUE(bit_equal(c.p.gpu->forward(c.clean.to(cuda)), c.p.cpu->forward(c.clean)));
+  EXPECT_EQ(error_of([] { cuda_check_nonfinite(); }), "");
+}
+
+// ---- CUDA graphs (framework/cuda/cuda_graph.h) ----
+
+// Three frozen Linears, one per CUDA path: int8 dynamic (cuBLASLt), int4 weight-only (the GEMV
+// at M <= 16, dequantize + at::linear above), int8 static.
+struct FrozenStack {
+  nn::Linear a{nullptr}, b{nullptr}, c{nullptr};
+  at::Tensor forward(const at::Tensor& x) { return c->forward(at::relu(b->forward(a->forward(x)))); }
+};
+FrozenStack frozen_stack(const at::Device& dev) {
+  torch::manual_seed(23);
+  FrozenStack s{nn::Linear(256, 512), nn::Linear(512, 384), nn::Linear(384, 256)};
+  Scheme dynamic(qint8);
+  dynamic.activations = ActivationMode::kDynamicPerToken;
+  Scheme static8(qint8);
+  static8.activations = ActivationMode::kStatic;
+  static8.observer = "minmax";
+  quantize(s.a, dynamic);
+  quantize(s.b, Scheme(qint4));
+  quantize(s.c, static8);
+  {
+    Calibration cal(s.c);
+    s.c->forward(at::randn({16, 384}));
+  }
+  for (nn::Linear* l : {&s.a, &s.b, &s.c}) {
+    freeze(*l);
+    (*l)->to(dev);
+  }
+  return s;
+}
+
+TEST_F(CudaApi, CapturedFrozenLinearsReplayTheEagerOutputsBitForBit) {
+  FrozenStack s = frozen_stack(cuda);
+  for (const int64_t M : {1, 9, 40}) {  // the GEMV, its staged form, dequantize + at::linear
+    SCOPED_TRACE("M=" + std::to_string(M));
+    at::Tensor x = at::randn({M, 256}).to(cuda);  // the graph's input, refilled in place
+    CudaGraphStep graph;
+    const std::vector<at::Tensor> out = graph.capture([&] { return std::vector<at::Tensor>{s.forward(x)}; });
+    ASSERT_EQ(out.size(), 1u);
+    for (int replay = 0; replay < 3; ++replay) {
+      const at::Tensor fresh = at::randn({M, 256});
+      x.copy_(fresh.to(cuda));
+      out[0].fill_(std::numeric_limits<float>::quiet_NaN());  // an unwritten element fails
+      graph.replay();
+      const at::Tensor want = s.forward(fresh.to(cuda));  // eager, same kernels
+      EXPECT_TRUE(bit_equal(out[0], want)) << "replay " << replay;
+    }
+  }
+  EXPECT_THROW(CudaGraphStep().replay(), Error);
+}
+
+TEST_F(CudaApi, NonfiniteInputOfAReplayIsReportedByTheExplicitCheck) {
+  NonfiniteModeGuard mode;
+  for (const CudaNonfiniteCheck m : {CudaNonfiniteCheck::kDeferred, CudaNonfiniteCheck::kSynchronous}) {
+    set_cuda_nonfinite_check(m);
+    EXPECT_EQ(error_of([] { cuda_check_nonfinite(); }), "");
+    FrozenStack s = frozen_stack(cuda);
+    at::Tensor x = at::randn({7, 256}).to(cuda);
+    CudaGraphStep graph;
+    const std::vector<at::Tensor> out = graph.capture([&] { return std::vector<at::Tensor>{s.forward(x)}; });
+    graph.replay();
+    EXPECT_EQ(error_of([] { cuda_check_nonfinite(); }), "");  // clean replays record nothing
+    at::Tensor bad = at::randn({7, 256});
+    bad[4][17] = std::numeric_limits<float>::infinity();
+    x.copy_(bad.to(cuda));
+    EXPECT_EQ(error_of([&] { graph.replay(); }), "");  // a replay never waits
+    const std::string err = error_of([] { cuda_check_nonfinite(); });
+    EXPECT_NE(err.find("row 4 column 17 is not finite"), std::string::npos) << err;
+    EXPECT_NE(err.find("CUDA graph replay"), std::string::npos) << err;
+    // The slot was reset: a clean replay after it reports nothing.
+    x.copy_(at::randn({7, 256}).to(cuda));
+    graph.replay();
+    EXPECT_EQ(error_of([] { cuda_check_nonfinite(); }), "");
+  }
+}
+
+// ---- whole models on the GPU ----
+
+// Every qforge Linear under root quantized with `scheme` and frozen (norms, embeddings and the
+// attention products stay float), as qbench_gpu_models runs them.
+void freeze_every_linear(torch::nn::Module& root, const Scheme& scheme) {
+  for (const auto& m : root.modules(/*include_self=*/true)) {
+    if (auto* lin = m->as<nn::LinearImpl>()) {
+      quantize(*lin, scheme);
+      freeze(*lin);
+    }
+  }
+}
+
+Scheme w8a8_dynamic() {
+  Scheme s(qint8);
+  s.activations = ActivationMode::kDynamicPerToken;
+  return s;
+}
+
+models::LlamaConfig llama_small() {
+  models::LlamaConfig c;
+  c.vocab_size = 64, c.hidden_size = 256, c.intermediate_size = 512, c.num_hidden_layers = 2;
+  c.num_attention_heads = 4, c.num_key_value_heads = 2, c.max_position_embeddings = 64;
+  return c;
+}
+
+TEST_F(CudaApi, FrozenBertOnTheGpuMatchesTheCpu) {
+  models::BertConfig c;
+  c.vocab_size = 100, c.hidden_size = 128, c.num_hidden_layers = 2, c.num_attention_heads = 4;
+  c.intermediate_size = 256, c.max_position_embeddings = 64;
+  std::vector<at::Tensor> outs;
+  const at::Tensor ids = at::randint(0, c.vocab_size, {3, 19}, at::kLong);
+  at::Tensor mask = at::ones({3, 19}, at::kLong);
+  mask[2].narrow(0, 12, 7).zero_();  // a padded sequence
+  for (const at::Device dev : {at::Device(at::kCPU), cuda}) {
+    torch::manual_seed(31);
+    models::BertModel m(c);
+    m->eval();
+    freeze_every_linear(*m, w8a8_dynamic());
+    m->to(dev);
+    const at::NoGradGuard no_grad;
+    outs.push_back(m->forward(ids.to(dev), mask.to(dev)).last_hidden_state);
+  }
+  EXPECT_TRUE(outs[1].is_cuda());
+  // The int8 Linears are bit-exact across devices; LayerNorm, GELU, softmax and the attention
+  // products sum in another order, which can move a dynamic activation code by one step.
+  EXPECT_LT(rel_error(outs[1], outs[0]), 1e-2);
+}
+
+TEST_F(CudaApi, FrozenLlamaDecodesOnTheGpuAsOnTheCpu) {
+  const models::LlamaConfig c = llama_small();
+  std::vector<at::Tensor> logits;
+  const at::Tensor prompt = at::randint(0, c.vocab_size, {1, 7}, at::kLong);
+  for (const at::Device dev : {at::Device(at::kCPU), cuda}) {
+    torch::manual_seed(32);
+    models::LlamaForCausalLM m(c);
+    m->eval();
+    freeze_every_linear(*m, Scheme(qint4));  // weight-only int4, groups of 128
+    m->to(dev);
+    const at::NoGradGuard no_grad;
+    models::KvCache cache;
+    at::Tensor all = m->forward(prompt.to(dev), &cache);
+    // Four decode steps fed the same tokens on both devices (an argmax could differ on a near tie).
+    for (int64_t t = 0; t < 4; ++t) all = at::cat({all, m->forward(prompt.narrow(1, t, 1).to(dev), &cache)}, 1);
+    logits.push_back(all);
+  }
+  EXPECT_TRUE(logits[1].is_cuda());
+  // The int4 GEMV (its own bound, 1e-5 a layer) and the float ops differ from the CPU's by
+  // summation order only; a wrong mask, RoPE position or cache slot would be off by O(1).
+  EXPECT_LT(rel_error(logits[1], logits[0]), 1e-3);
+}
+
+// A decode step of the layers of `m` (the input and the RoPE tables held outside it, as a graph needs).
+at::Tensor llama_layers_step(models::LlamaForCausalLM& m, const at::Tensor& x, const models::RopeTables& rope,
+                             models::KvCache& cache) {
+  at::Tensor h = x;
+  for (const auto& l : *m->model->layers) h = l->as<models::LlamaDecoderLayerImpl>()->forward(h, rope, &cache);
+  return h;
+}
+
+TEST_F(CudaApi, CapturedLlamaDecodeStepReplaysTheEagerStep) {
+  const models::LlamaConfig c = llama_small();
+  for (const char* name : {"w4", "w8a8"}) {
+    SCOPED_TRACE(name);
+    torch::manual_seed(33);
+    models::LlamaForCausalLM m(c);
+    m->eval();
+    freeze_every_linear(*m, std::string(name) == "w4" ? Scheme(qint4) : w8a8_dynamic());
+    m->to(cuda);
+    const at::NoGradGuard no_grad;
+    models::KvCache cache;
+    cache.reserve(32);
+    cache.resize(static_cast<size_t>(c.num_hidden_layers));
+    const models::RopeTables rope = m->model->rope(5, 1, cuda);
+    llama_layers_step(m, at::randn({1, 5, c.hidden_size}).to(cuda), m->model->rope(0, 5, cuda), cache);  // prefill
+    models::KvCache before = cache;  // 5 positions
+    const at::Tensor x0 = at::randn({1, 1, c.hidden_size}).to(cuda);
+    at::Tensor x = x0.clone();
+    CudaGraphStep graph;
+    // The warm-up appends position 5 (from x0), the captured step position 6, which replays rewrite.
+    const std::vector<at::Tensor> out = graph.capture([&] { return std::vector<at::Tensor>{llama_layers_step(m, x, rope, cache)}; });
+    for (int replay = 0; replay < 2; ++replay) {
+      const at::Tensor fresh = at::randn({1, 1, c.hidden_size});
+      x.copy_(fresh.to(cuda));
+      out[0].fill_(std::numeric_limits<float>::quiet_NaN());
+      graph.replay();
+      models::KvCache eager = before;
+      llama_layers_step(m, x0, rope, eager);  // position 5, as the warm-up wrote it
+      const at::Tensor want = llama_layers_step(m, fresh.to(cuda), rope, eager);
+      // Same kernels on the same data; the attention products are cuBLAS calls, whose algorithm
+      // choice is the one thing that could differ between capture and eager.
+      EXPECT_LT(rel_error(out[0], want), 1e-6) << "replay " << replay;
+      EXPECT_FALSE(out[0].isnan().any().item<bool>());
+    }
+    EXPECT_EQ(error_of([] { cuda_check_nonfinite(); }), "");
+  }
 }
 
 }  // namespace

@@ -71,6 +71,17 @@ TEST(KernelPlanCuda, OtherPathsSayWhatTheGpuRunsInstead) {
   EXPECT_EQ(s4.mid_m, 2);
   EXPECT_EQ(s4.mid_m_kernel, "gemv_f32s4_mma_staged_cuda");
   EXPECT_EQ(plan_kernel_text(s4), "gemv_f32s4_mma_cuda | gemv_f32s4_mma_staged_cuda at M 2..16");  // describe()
+  // At M = 1 the staged launcher from N or K = 8192 on (the H200's Llama-3-8B shapes); then every
+  // decode-sized M runs it, and describe() names it once.
+  for (const auto& [in, out] : {std::pair<int64_t, int64_t>{4096, 14336}, {14336, 4096}, {768, 8192}}) {
+    const KernelPlan big = plan_linear_cuda(w4, ActivationMode::kNone, dynamic_act(), in, out);
+    EXPECT_EQ(big.kernel, "gemv_f32s4_mma_staged_cuda") << in << " x " << out;
+    EXPECT_EQ(big.mid_m, 0);
+    EXPECT_EQ(big.large_m, 17);
+    EXPECT_EQ(plan_kernel_text(big), "gemv_f32s4_mma_staged_cuda");
+  }
+  EXPECT_EQ(plan_linear_cuda(w4, ActivationMode::kNone, dynamic_act(), 4096, 4096).kernel, "gemv_f32s4_mma_cuda");
+  EXPECT_EQ(plan_linear_cuda(w4, ActivationMode::kNone, dynamic_act(), 8064, 4096).kernel, "gemv_f32s4_mma_cuda");
   // Groups of 64: the CUDA-core GEMV, and why not the tensor-core one.
   QSpec g64 = w4;
   g64.group_size = 64;

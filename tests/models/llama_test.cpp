@@ -251,6 +251,24 @@ TEST(Llama, ShardedIndexErrorsNameTheTensorAndTheShard) {
   fs::remove_all(dir);
 }
 
+// A float layer converted to bfloat16, with bfloat16 RoPE tables, masks its scores with bfloat16's
+// lowest value (float32's does not fit); 20 tokens take the ATen attention path, not the fused one.
+TEST(Llama, ReducedPrecisionLayerRunsAndKeepsItsOutput) {
+  at::manual_seed(0);
+  LlamaModel m(tiny_config());
+  at::NoGradGuard ng;
+  auto layer = m->layers[0]->as<LlamaDecoderLayerImpl>();
+  const RopeTables rope = m->rope(0, 20, at::kCPU);
+  const at::Tensor x = at::randn({2, 20, 32});
+  const at::Tensor want = layer->forward(x, rope);
+  m->to(at::kBFloat16);
+  const RopeTables half_rope{rope.cos.to(at::kBFloat16), rope.sin.to(at::kBFloat16)};
+  const at::Tensor got = layer->forward(x.to(at::kBFloat16), half_rope);
+  EXPECT_EQ(got.scalar_type(), at::kBFloat16);
+  EXPECT_TRUE(at::isfinite(got).all().item<bool>());
+  EXPECT_LT(relative_error(got.to(at::kFloat), want), 5e-2);
+}
+
 TEST(RMSNorm, IsTheFormulaAndQuantizesItsOutputLikeLayerNorm) {
   nn::RMSNorm n(6, 1e-5);
   {
