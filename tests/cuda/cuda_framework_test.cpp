@@ -749,5 +749,35 @@ TEST_F(CudaApi, CapturedLlamaDecodeStepReplaysTheEagerStep) {
   }
 }
 
+// A replay's bad record also surfaces without the explicit check: each eager Linear call reads the
+// slots an earlier call copied back once that copy has landed, and queues the next copy.
+TEST_F(CudaApi, NonfiniteInputOfAReplayIsRaisedByALaterEagerCall) {
+  NonfiniteModeGuard mode;
+  set_cuda_nonfinite_check(CudaNonfiniteCheck::kDeferred);
+  EXPECT_EQ(error_of([] { cuda_check_nonfinite(); }), "");
+  FrozenStack s = frozen_stack(cuda);
+  at::Tensor x = at::randn({7, 256}).to(cuda);
+  CudaGraphStep graph;
+  graph.capture([&] { return std::vector<at::Tensor>{s.forward(x)}; });
+  at::Tensor bad = at::randn({7, 256});
+  bad[3][40] = -std::numeric_limits<float>::infinity();
+  x.copy_(bad.to(cuda));
+  EXPECT_EQ(error_of([&] { graph.replay(); }), "");
+  const at::Tensor clean = at::randn({7, 256}).to(cuda);
+  std::string err;
+  for (int call = 0; call < 4 && err.empty(); ++call) {  // the copy lands by the second synchronized call
+    torch::cuda::synchronize();
+    err = error_of([&] { s.forward(clean); });
+  }
+  EXPECT_NE(err.find("row 3 column 40 is not finite"), std::string::npos) << err;
+  EXPECT_NE(err.find("(in a CUDA graph replay)"), std::string::npos) << err;
+  // Reported once (the slot was reset): clean eager calls and the explicit check then pass.
+  for (int call = 0; call < 3; ++call) {
+    torch::cuda::synchronize();
+    EXPECT_EQ(error_of([&] { s.forward(clean); }), "") << "call " << call;
+  }
+  EXPECT_EQ(error_of([] { cuda_check_nonfinite(); }), "");
+}
+
 }  // namespace
 }  // namespace qforge
