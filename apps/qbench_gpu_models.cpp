@@ -11,6 +11,7 @@
 // Only the Linears are quantized: norms, attention products and embeddings run float32 in the
 // qforge rows, fp16 in the LibTorch rows. Built only against a CUDA-enabled LibTorch
 // (QFORGE_TORCH_CUDA); scripts/gpu-check runs it with --quick (one Llama layer, BERT batch 1 and 8).
+// --fused-int8 switches the frozen int8 Linears to linear_s8_fused_cuda where its rules allow.
 // A row that fails prints its error; the others still run.
 #include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDAStream.h>
@@ -25,6 +26,7 @@
 #include <vector>
 
 #include "apps/qbench_models.h"
+#include "framework/api/kernel_plan.h"
 #include "framework/api/quantize.h"
 #include "framework/cuda/cuda_graph.h"
 #include "framework/cuda/nonfinite_check.h"
@@ -200,8 +202,10 @@ int main(int argc, char** argv) {
     if (std::strcmp(argv[i], "--quick") == 0) {
       o.quick = true;
       o.samples = 11;
+    } else if (std::strcmp(argv[i], "--fused-int8") == 0) {
+      qforge::set_cuda_linear_s8_fused(true);  // the one-launch int8 Linear where its rules allow
     } else {
-      std::fprintf(stderr, "usage: qbench_gpu_models [--quick]\n");
+      std::fprintf(stderr, "usage: qbench_gpu_models [--quick] [--fused-int8]\n");
       return 2;
     }
   }
