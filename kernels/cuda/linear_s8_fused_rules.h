@@ -15,7 +15,7 @@
 // Tile per M (constants below, set from the qbench_gpu table): M <= 16 the 16 x 64 tile,
 // M <= kFusedMidMaxM 64 x 64, larger M 64 x 128, or 32 x 128 when K makes the 64-row code panel
 // leave one block per SM (K > kFusedWideMaxK). The dispatch (linear_s8_fused_choose) runs the
-// fused kernel only for M <= kFusedMaxM, with fused_splits_for's S.
+// fused kernel only for M <= kFusedMaxM (1), with fused_splits_for's S.
 #pragma once
 
 #include <cstddef>
@@ -39,11 +39,15 @@ constexpr int64_t kFusedMinOptInSmem = 101376;  // 99 KiB: sm_86 / sm_89, the le
 constexpr int64_t kFusedSmallMaxM = 16;
 constexpr int64_t kFusedMidMaxM = 256;
 constexpr int64_t kFusedWideMaxK = 1024;
-// The largest M the dispatch gives the fused kernel (above it the chain's cuBLASLt GEMM was 3-25x
-// faster on an H200, qbench_gpu 2026-11-26), the most K slices it uses, and the most blocks
-// (column blocks x slices) split K may make.
-constexpr int64_t kFusedMaxM = 16;
+// The largest M the dispatch gives the fused kernel, the most K slices it uses, the smallest K it
+// splits, and the most blocks (column blocks x slices) split K may make. Measured on an H200
+// (qbench_gpu, 2026-11-26 23:06 UTC, docs/performance.md): at M = 1 the fused kernel beat the
+// three-launch chain on every BERT shape (0.0102-0.0141 ms against 0.0134-0.0181), at M = 16 it
+// lost on every one (0.0171-0.0320 against 0.0137-0.0170; M 2-15 not measured), and above that the
+// chain's cuBLASLt GEMM was 3-25x faster; K/4 slices won at K = 3072, none at K = 768.
+constexpr int64_t kFusedMaxM = 1;
 constexpr int64_t kFusedMaxSplits = 4;
+constexpr int64_t kFusedSplitMinK = 2048;
 constexpr int64_t kFusedSplitMaxBlocks = 264;  // two blocks per SM of a 132-SM H100
 constexpr int64_t kFusedSplitLimit = 64;       // splits a call may ask for (grid z, workspace)
 
@@ -128,9 +132,10 @@ inline FusedTile fused_tile_for(int64_t M, int64_t K) {
   return K <= kFusedWideMaxK ? FusedTile::k64x128 : FusedTile::k32x128;
 }
 
-// K slices for the dispatch: the most of kFusedMaxSplits, 2, 1 whose grid (column blocks x S)
+// K slices for the dispatch: 1 below kFusedSplitMinK, else the most of kFusedMaxSplits, 2, 1 whose grid (column blocks x S)
 // stays within kFusedSplitMaxBlocks and whose slices are not empty.
 inline int64_t fused_splits_for(FusedTile t, int64_t N, int64_t K) {
+  if (K < kFusedSplitMinK) return 1;
   const int64_t col_blocks = (N + fused_tile_shape(t).bn - 1) / fused_tile_shape(t).bn;
   for (int64_t s = kFusedMaxSplits; s > 1; s /= 2)
     if (col_blocks * s <= kFusedSplitMaxBlocks && fused_effective_splits(K, s) == s) return s;

@@ -350,11 +350,11 @@ TEST(LinearS8FusedRules, SplitKSlicesAndPrologueItemsCoverEverythingOnce) {
     }
   }
   EXPECT_EQ(fused_smem_bytes(FusedTile::k64x64, 4096, 1), fused_smem_bytes(FusedTile::k64x64, 4096));
-  EXPECT_EQ(fused_splits_for(FusedTile::k16x64, 768, 768), kFusedMaxSplits);  // 12 column blocks
+  EXPECT_EQ(fused_splits_for(FusedTile::k16x64, 768, 3072), kFusedMaxSplits);  // 12 column blocks
   EXPECT_EQ(fused_splits_for(FusedTile::k16x64, 3072, 3072), kFusedMaxSplits);
-  EXPECT_EQ(fused_splits_for(FusedTile::k16x64, 768, 32), 1);    // one k tile
-  EXPECT_EQ(fused_splits_for(FusedTile::k16x64, 768, 128), 2);   // two k tiles
-  EXPECT_EQ(fused_splits_for(FusedTile::k16x64, 16384, 768), 1);  // 256 column blocks fill the GPU
+  EXPECT_EQ(fused_splits_for(FusedTile::k16x64, 768, 768), 1);    // below kFusedSplitMinK
+  EXPECT_EQ(fused_splits_for(FusedTile::k16x64, 768, kFusedSplitMinK + 64), kFusedMaxSplits);
+  EXPECT_EQ(fused_splits_for(FusedTile::k16x64, 16384, 3072), 1);  // 256 column blocks fill the GPU
   EXPECT_EQ(fused_ticket_count(FusedTile::k16x64, 17, 65), 2 * 2);
   EXPECT_EQ(fused_ticket_count(FusedTile::k64x128, 64, 3072), 24);
   std::string why;
