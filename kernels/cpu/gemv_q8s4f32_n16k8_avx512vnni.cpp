@@ -1,6 +1,6 @@
 // Decode GEMV on AVX-512 VNNI: block-32 int8 activations x int4 weights with per-group fp16 scales,
 // float out (linear_q8b32_s4_reference bit for bit), on n16k8 codes with separate group metadata
-// or on n16b32 records (scales in the code stream, groups of 32). The 4-bit codes u = w - qmin are
+// or on n16b32 (scales in the code stream, groups of 32). The 4-bit codes u = w - qmin are
 // VPDPBUSD's unsigned operand and the activation codes its signed one; per 32-value block b,
 //   i_b = sum u * q - z' * s_b      (z' = z - qmin per column and group, s_b the block's code sum)
 // then u = fma(float(i_b), d_b, u) per block and t = fma(u, scale, t) per group, lanes = columns.
@@ -15,15 +15,15 @@ namespace qforge::kernels::detail {
 
 namespace {
 
-// Block b's int32 sums of an n16b32 tile: its record's four octs. No software prefetch: measured
-// 4-16 % slower at 8 and 24 records ahead (the hardware prefetcher follows the column streams).
+// Block b's int32 sums of an n16b32 tile: its four octs. No software prefetch: measured
+// 4-16 % slower 8 and 24 blocks ahead (the hardware prefetcher follows the column streams).
 template <int MR, int NR>
 __attribute__((always_inline)) inline void n16b32_block_dot(const TileOperands<MR, NR, uint8_t, int8_t>& op,
                                                             int64_t b, int64_t octs, __m512i (&acc)[MR][NR]) {
   const uint8_t* wp[NR];
   const int8_t* ap[MR];
   #pragma GCC unroll 16
-  for (int c = 0; c < NR; ++c) wp[c] = op.w[c] + b * kS4B32Bytes + kS4B32ScaleBytes;
+  for (int c = 0; c < NR; ++c) wp[c] = op.w[c] + s4_b32_code_offset(b);
   #pragma GCC unroll 16
   for (int r = 0; r < MR; ++r) ap[r] = op.a[r] + b * kQ8Block;
   const int64_t n = chunk_end(b, kS4B32Octs, octs) - b * kS4B32Octs;

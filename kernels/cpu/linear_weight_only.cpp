@@ -96,7 +96,8 @@ std::pair<float, float> group_meta(const S4N16K8View& w, int64_t n, int64_t g) {
   const int64_t nb = n / kS4BlockN, j = n % kS4BlockN;
   if (w.layout == S4Layout::kN16B32) {
     Fp16Bits bits;
-    std::memcpy(&bits, w.data + s4_column_block_offset(w, nb) + g * kS4B32Bytes + j * kS4ScaleBytes, sizeof(bits));
+    std::memcpy(&bits, w.data + s4_column_block_offset(w, nb) + s4_b32_scale_offset(g) + j * kS4ScaleBytes,
+                sizeof(bits));
     return {fp16_bits_to_float(bits), static_cast<float>(kS4B32ZeroCode)};
   }
   const int64_t meta = (nb * w.groups + g) * kS4BlockN + j;

@@ -233,7 +233,7 @@ std::string PackedLinearS4::n16b32_misfit(bool zero_free) const {
 void PackedLinearS4::to_n16b32(bool zero_free) {
   layout_status_ = n16b32_misfit(zero_free);
   if (!layout_status_.empty()) return;
-  at::Tensor stream = at::empty({round_up(n_, kS4BlockN) / kS4BlockN * groups_ * kS4B32Bytes}, at::kByte);
+  at::Tensor stream = at::empty({round_up(n_, kS4BlockN) / kS4BlockN * s4_b32_column_bytes(groups_)}, at::kByte);
   pack_s4_n16b32_reference(packed_.data_ptr<uint8_t>(), scale_bits(scales_), n_, k_, stream.data_ptr<uint8_t>());
   packed_ = stream;
   scales_ = zeros_ = at::Tensor();

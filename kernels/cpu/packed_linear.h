@@ -120,7 +120,7 @@ class PackedLinearS4 {
   int64_t groups() const { return groups_; }
   QType qtype() const { return qtype_; }
   // Bytes of every buffer held: Np * Kp / 2 packed codes, Np * G * (2 fp16 scale + 1 zero code),
-  // bias (n16b32: Np / 16 * G * 288 bytes of codes and scales, bias).
+  // bias (n16b32: Np / 16 * ceil(G / 2) * 576 bytes of codes and scales, bias).
   int64_t bytes() const;
   S4Layout layout() const { return layout_; }
   // Why an n16b32 request packed n16k8 ("" otherwise).

@@ -135,16 +135,17 @@ void unpack_s4_n16k8_reference(const uint8_t* packed, int64_t N, int64_t K, int 
 
 namespace {
 
-// Record (nb, b) of n16b32 is the 16 scales of block b, then n16k8 octs 4b .. 4b + 3 of column block
-// nb (the last block's missing octs are 0).
+// Block (nb, b) of n16b32: f(scales at, codes at, n16k8 codes from, code bytes, meta entry), its 16
+// scales and n16k8 octs 4b .. 4b + 3 of column block nb (the last block's missing octs stay 0).
 template <typename F>
-void for_each_n16b32_record(int64_t N, int64_t K, const F& f) {
+void for_each_n16b32_block(int64_t N, int64_t K, const F& f) {
   const int64_t octs = round_up(K, kS4BlockK) / kS4BlockK, kb = (K + kS4B32K - 1) / kS4B32K;
   for (int64_t nb = 0; nb < round_up(N, kS4BlockN) / kS4BlockN; ++nb) {
+    const int64_t col = nb * s4_b32_column_bytes(kb);
     for (int64_t b = 0; b < kb; ++b) {
       const int64_t o0 = b * kS4B32Octs, o1 = std::min(octs, o0 + kS4B32Octs);
-      f((nb * kb + b) * kS4B32Bytes, (nb * octs + o0) * kS4BlockBytes, (o1 - o0) * kS4BlockBytes,
-        (nb * kb + b) * kS4BlockN);
+      f(col + s4_b32_scale_offset(b), col + s4_b32_code_offset(b), (nb * octs + o0) * kS4BlockBytes,
+        (o1 - o0) * kS4BlockBytes, (nb * kb + b) * kS4BlockN);
     }
   }
 }
@@ -152,17 +153,17 @@ void for_each_n16b32_record(int64_t N, int64_t K, const F& f) {
 }  // namespace
 
 void pack_s4_n16b32_reference(const uint8_t* n16k8, const Fp16Bits* scales, int64_t N, int64_t K, uint8_t* packed) {
-  for_each_n16b32_record(N, K, [&](int64_t rec, int64_t codes, int64_t code_bytes, int64_t meta) {
-    std::memcpy(packed + rec, scales + meta, kS4B32ScaleBytes);
-    std::memcpy(packed + rec + kS4B32ScaleBytes, n16k8 + codes, code_bytes);
-    std::memset(packed + rec + kS4B32ScaleBytes + code_bytes, 0, kS4B32Bytes - kS4B32ScaleBytes - code_bytes);
+  std::memset(packed, 0, round_up(N, kS4BlockN) / kS4BlockN * s4_b32_column_bytes((K + kS4B32K - 1) / kS4B32K));
+  for_each_n16b32_block(N, K, [&](int64_t scale_at, int64_t code_at, int64_t codes, int64_t code_bytes, int64_t meta) {
+    std::memcpy(packed + scale_at, scales + meta, kS4B32ScaleBytes);
+    std::memcpy(packed + code_at, n16k8 + codes, code_bytes);
   });
 }
 
 void unpack_s4_n16b32_reference(const uint8_t* packed, int64_t N, int64_t K, uint8_t* n16k8, Fp16Bits* scales) {
-  for_each_n16b32_record(N, K, [&](int64_t rec, int64_t codes, int64_t code_bytes, int64_t meta) {
-    std::memcpy(scales + meta, packed + rec, kS4B32ScaleBytes);
-    std::memcpy(n16k8 + codes, packed + rec + kS4B32ScaleBytes, code_bytes);
+  for_each_n16b32_block(N, K, [&](int64_t scale_at, int64_t code_at, int64_t codes, int64_t code_bytes, int64_t meta) {
+    std::memcpy(scales + meta, packed + scale_at, kS4B32ScaleBytes);
+    std::memcpy(n16k8 + codes, packed + code_at, code_bytes);
   });
 }
 

@@ -344,7 +344,7 @@ TEST(GgufDecode, GgmlQuantizedQ4_0StaysFourBitAndDecodesWithQ8) {
 }
 
 // A loaded Q4_0 file (symmetric qint4 groups of 32) packs its Linears in the n16b32 form where AVX-512
-// VNNI runs its kernels: describe() names them, the layers hold 288 bytes per 16 x 32 record and
+// VNNI runs its kernels: describe() names them, the layers hold 18 bytes per 32 weights and
 // nothing beside it, the logits of both decode modes equal the n16k8 form's (the same file loaded
 // under an AVX-512 cap, run without it) bit for bit, and the file exported again has the same bytes.
 TEST(GgufDecode, GgufQ4_0LoadsOnTheOneStreamFormWithTheSameLogitsAndBytes) {
@@ -367,10 +367,11 @@ TEST(GgufDecode, GgufQ4_0LoadsOnTheOneStreamFormWithTheSameLogitsAndBytes) {
     ASSERT_FALSE(lin->options.bias()) << lin->path();
     if (vnni) {
       EXPECT_NE(lin->plan().kernel.find("gemv_q8s4f32_n16b32_avx512vnni"), std::string::npos) << lin->plan().kernel;
-      // The same layer's other storage (buffers) beside 288 bytes per record, where n16k8 held
-      // Np * Kp / 2 bytes of codes and 3 bytes (fp16 scale, zero code) per column and group.
+      // The same layer's other storage (buffers) beside 576 bytes per 16 x 64 pair, where n16k8
+      // held Np * Kp / 2 bytes of codes and 3 bytes (fp16 scale, zero code) per column and group.
       const int64_t np = (N + 15) / 16 * 16, groups = (K + 31) / 32;
-      EXPECT_EQ(bytes.at(lin->path()) - np / 16 * groups * 288, n16k8_bytes.at(lin->path()) - np * K / 2 - np * groups * 3)
+      EXPECT_EQ(bytes.at(lin->path()) - np / 16 * ((groups + 1) / 2) * 576,
+                n16k8_bytes.at(lin->path()) - np * K / 2 - np * groups * 3)
           << lin->path();
     } else {
       EXPECT_EQ(lin->plan().kernel.find("n16b32"), std::string::npos) << lin->plan().kernel;

@@ -144,7 +144,7 @@ inline S4Weights make_s4_n16b32(int64_t N, int64_t K, uint32_t seed) {
   p.zero.assign(n16k8.zero.size(), 0);
   std::vector<int8_t> zero_codes(n16k8.zeros.size());
   pack_s4_group_meta(p.scale.data(), nullptr, N, n16k8.view.groups, -8, n16k8.scales.data(), zero_codes.data());
-  p.data.resize(round_up(N, kS4BlockN) / kS4BlockN * n16k8.view.groups * kS4B32Bytes);
+  p.data.resize(round_up(N, kS4BlockN) / kS4BlockN * s4_b32_column_bytes(n16k8.view.groups));
   pack_s4_n16b32_reference(n16k8.data.data(), n16k8.scales.data(), N, K, p.data.data());
   p.view = n16k8.view;
   p.view.data = p.data.data();

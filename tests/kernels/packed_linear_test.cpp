@@ -244,11 +244,16 @@ TEST(PackedLinear, ConcurrentCallsFromSeveralThreadsMatchSequentialOnes) {
   }
   for (std::thread& th : threads) th.join();
   for (int t = 0; t < kThreads; ++t) EXPECT_EQ(mismatches[t], 0) << "thread " << t;
-}// GGUF Q4_0's grid (symmetric qint4, groups of 32, fp16 scales) packed n16b32: Q4_0's 18 bytes per
-// 32 weights in one stream, nothing else held but the bias; the codes and scales read back exactly;
+}
+
+// GGUF Q4_0's grid (symmetric qint4, groups of 32, fp16 scales) packed n16b32: Q4_0's 18 bytes per
+// 32 weights in one stream (an odd block count pads one block), nothing else held but the bias;
+// the codes and scales read back exactly;
 // both weight-only paths give the n16k8 form's results bit for bit, at every usable ISA level.
 TEST(PackedLinearS4, GgufQ4_0OneStreamFormHolds18BytesPer32WeightsAndComputesTheSame) {
-  for (auto [M, N, K] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{{1, 40, 96}, {3, 17, 4099}, {20, 33, 64}}) {
+  const std::vector<std::tuple<int64_t, int64_t, int64_t>> shapes{
+      {1, 40, 96}, {3, 17, 4099}, {20, 33, 64}, {2, 16, 128}};
+  for (auto [M, N, K] : shapes) {
     const uint32_t seed = static_cast<uint32_t>(M * 100 + N * 10 + K);
     const int64_t G = num_groups(K, 32);
     const at::Tensor W = s8_tensor(random_s8(N * K, -8, 7, seed), N, K);
@@ -257,7 +262,7 @@ TEST(PackedLinearS4, GgufQ4_0OneStreamFormHolds18BytesPer32WeightsAndComputesThe
     const PackedLinearS4 k8(W, ws, {}, 32, bias);
     const PackedLinearS4 b32(W, ws, at::zeros({N, G}, at::kInt), 32, bias, qforge::qint4, S4Layout::kN16B32);
     ASSERT_EQ(b32.layout(), S4Layout::kN16B32) << b32.layout_status();
-    EXPECT_EQ(b32.bytes(), round_up(N, 16) / 16 * G * 288 + N * 4);
+    EXPECT_EQ(b32.bytes(), round_up(N, 16) / 16 * ((G + 1) / 2) * 576 + N * 4);
     EXPECT_EQ(b32.view().scales, nullptr);
     EXPECT_EQ(b32.view().zeros, nullptr);
     EXPECT_TRUE(at::equal(b32.weight(), W));
@@ -284,5 +289,3 @@ TEST(PackedLinearS4, GgufQ4_0OneStreamFormFallsBackToN16K8NamingWhy) {
   EXPECT_EQ(g64.layout_status(), "group_size=64, not 32");
   EXPECT_EQ(g64.bytes(), N * K / 2 + N * 3);
 }
-
-
