@@ -35,7 +35,8 @@ struct Kernel {
   static void tile(const GemvF32S4Args& args, int64_t m0, int64_t nb0) {
     const S4N16K8View& w = args.w;
     const int64_t kblocks = w.kp / kS4BlockK;
-    const int64_t blocks_per_group = w.group_size / kS4BlockK;
+    // One group may be K long with K % 8 != 0 (n16b32 with K < 32): it spans every block.
+    const int64_t blocks_per_group = w.groups == 1 ? kblocks : w.group_size / kS4BlockK;
     const TileOperands<MR, NR, uint8_t, float> op(w.data, nb0, s4_column_block_offset(w, 1), args.x, m0, args.ldx);
     const __m512i nibble = _mm512_set1_epi8(kS4NibbleMask);
     const __m512i byte = _mm512_set1_epi32(kByteMask);

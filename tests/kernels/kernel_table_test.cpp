@@ -402,7 +402,8 @@ TEST(Workspace, RetainsBuffersUpToTheCapOnly) {
 TEST(KernelTable, GgufQ4_0OneStreamWeightOnlyEntriesMatchTheirOracles) {
   for (int64_t M : {1, 3, 16, 17, 40}) {
     for (int64_t N : {1, 17, 33}) {
-      for (int64_t K : {int64_t{8}, int64_t{40}, int64_t{96}, kDeepK}) {
+      // K 4, 12, 20: one group shorter than 32 and not a multiple of 8.
+      for (int64_t K : {int64_t{4}, int64_t{8}, int64_t{12}, int64_t{20}, int64_t{40}, int64_t{96}, kDeepK}) {
         const uint32_t seed = static_cast<uint32_t>(M * 7 + N * 131 + K * 8191);
         const auto x = random_f32(M * K, -2.0f, 2.0f, seed);
         const auto bias = random_f32(N, -1.0f, 1.0f, seed + 1);
