@@ -75,6 +75,16 @@ KernelPlan plan_s8_groups(const QSpec& ws, int64_t in_features, Isa isa, DecodeA
   return plan;
 }
 
+// Whether a weight-only int4 plan reads n16b32: the packed layout once packed (set_max_isa may
+// have moved since), else the packer's rule at `isa`.
+bool s4_stream(LinearPath path, const QSpec& ws, int64_t in_features, Isa isa, const S4Packing* packed,
+               std::string* why) {
+  if (path != LinearPath::kS4WeightOnly) return false;
+  if (packed == nullptr) return s4_one_stream(ws, in_features, isa, why);
+  *why = packed->why;
+  return packed->n16b32;
+}
+
 }  // namespace
 
 const char* to_string(LinearPath path) {
@@ -119,7 +129,7 @@ bool s4_one_stream(const QSpec& ws, int64_t in_features, Isa isa, std::string* w
 }
 
 KernelPlan plan_linear(const std::optional<QSpec>& weights, ActivationMode act, const QSpec& activation,
-                       int64_t in_features, Isa isa, DecodeActivations decode) {
+                       int64_t in_features, Isa isa, DecodeActivations decode, const S4Packing* packed) {
   KernelPlan plan;
   plan.kernel = "dequantize+at::linear";
   if (!weights) {
@@ -195,7 +205,7 @@ KernelPlan plan_linear(const std::optional<QSpec>& weights, ActivationMode act, 
   // kQ8S4 takes 0 for one group per row (any in_features fits its blocks).
   const int64_t op_group = s4 ? group : op == kernels::LinearOp::kQ8S4 && group < in_features ? group : 0;
   std::string stream_why;
-  const bool stream = plan.path == LinearPath::kS4WeightOnly && s4_one_stream(ws, in_features, isa, &stream_why);
+  const bool stream = s4_stream(plan.path, ws, in_features, isa, packed, &stream_why);
   plan_kernels(op, isa, op_group, &plan, stream ? kernels::S4Layout::kN16B32 : kernels::S4Layout::kN16K8);
   if (!stream_why.empty()) plan.fallback += (plan.fallback.empty() ? "" : "; ") + stream_why;
   plan.decode_q8 = (op == kernels::LinearOp::kQ8S8 || op == kernels::LinearOp::kQ8S4) &&

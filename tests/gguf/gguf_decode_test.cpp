@@ -326,6 +326,13 @@ TEST(GgufDecode, GgmlQuantizedQ4_0StaysFourBitAndDecodesWithQ8) {
       EXPECT_NE(lin->plan().kernel.find("q8s4"), std::string::npos) << lin->path() << ": " << lin->plan().kernel;
     }
   }
+  // Zero points -1 keep them n16k8, and describe() says so (not n16b32, which the spec alone suggests).
+  for (const LayerReport& r : layer_reports(l)) {
+    if (r.kernel.find("q8s4") == std::string::npos) continue;
+    EXPECT_EQ(r.kernel.find("n16b32"), std::string::npos) << r.name << ": " << r.kernel;
+    EXPECT_NE(r.fallback_reason.find("n16b32 (Q4_0's one-stream form) not used"), std::string::npos)
+        << r.name << ": " << r.fallback_reason;
+  }
   for (int64_t i = 0; i < 2; ++i) {
     auto& layer = *l->model->layers->ptr(i)->as<LlamaDecoderLayerImpl>();
     const std::string blk = "blk." + std::to_string(i) + ".";
@@ -361,7 +368,10 @@ TEST(GgufDecode, GgufQ4_0LoadsOnTheOneStreamFormWithTheSameLogitsAndBytes) {
   const bool vnni = usable_isa() >= Isa::kAvx512Vnni;
   std::map<std::string, int64_t> bytes, n16k8_bytes;
   for (const LayerReport& r : layer_reports(l)) bytes[r.name] = r.bytes;
-  for (const LayerReport& r : layer_reports(n16k8)) n16k8_bytes[r.name] = r.bytes;
+  for (const LayerReport& r : layer_reports(n16k8)) {
+    n16k8_bytes[r.name] = r.bytes;
+    EXPECT_EQ(r.kernel.find("n16b32"), std::string::npos) << r.name << ": packed under the cap, " << r.kernel;
+  }
   for (nn::LinearImpl* lin : frozen_linears(*l)) {
     const int64_t N = lin->options.out_features(), K = lin->options.in_features();
     ASSERT_FALSE(lin->options.bias()) << lin->path();
