@@ -1,6 +1,7 @@
 // plan_linear: the paths of a frozen Linear and the kernel each runs at decode size.
 #include "framework/api/kernel_plan.h"
 
+#include <algorithm>
 #include <atomic>
 
 #include "framework/core/error.h"
@@ -37,12 +38,13 @@ bool static_act_fits_kernels(const QSpec& a, std::string* why) {
 }
 
 // The kernels of `op` at decode size and, where its table switches entry by rows, above.
-void plan_kernels(kernels::LinearOp op, Isa isa, int64_t group, KernelPlan* plan) {
-  const kernels::RunInfo ri = kernels::choose_decode_kernel(op, isa, group);
+void plan_kernels(kernels::LinearOp op, Isa isa, int64_t group, KernelPlan* plan,
+                  kernels::S4Layout layout = kernels::S4Layout::kN16K8) {
+  const kernels::RunInfo ri = kernels::choose_decode_kernel(op, isa, group, layout);
   plan->kernel = ri.kernel;
   plan->fallback = ri.fallback;
   kernels::RunInfo large;
-  plan->large_m = kernels::choose_large_m(op, isa, group, &large);
+  plan->large_m = kernels::choose_large_m(op, isa, group, &large, layout);
   plan->large_m_kernel = large.kernel;
 }
 
@@ -75,6 +77,16 @@ KernelPlan plan_s8_groups(const QSpec& ws, int64_t in_features, Isa isa, DecodeA
   return plan;
 }
 
+// Whether a weight-only int4 plan reads n16b32: the packed layout once packed (set_max_isa may
+// have moved since), else the packer's rule at `isa`.
+bool s4_stream(LinearPath path, const QSpec& ws, int64_t in_features, Isa isa, const S4Packing* packed,
+               std::string* why) {
+  if (path != LinearPath::kS4WeightOnly) return false;
+  if (packed == nullptr) return s4_one_stream(ws, in_features, isa, why);
+  *why = packed->why;
+  return packed->n16b32;
+}
+
 }  // namespace
 
 const char* to_string(LinearPath path) {
@@ -101,8 +113,25 @@ const char* to_string(DecodeActivations d) {
   return "?";
 }
 
+bool s4_one_stream(const QSpec& ws, int64_t in_features, Isa isa, std::string* why) {
+  // Only qint4 groups of 32 are Q4_0-shaped; other int4 layers are not told why they are n16k8.
+  const bool q4_0 = ws.qtype == qint4 && ws.granularity == Granularity::kPerGroup &&
+                    std::min(ws.group_size, in_features) == std::min(kernels::kS4B32K, in_features);
+  if (!q4_0) return false;
+  if (!ws.symmetric) {
+    *why = "n16b32 (Q4_0's one-stream form) not used: zero points beside the codes (n16k8)";
+    return false;
+  }
+  if (static_cast<int>(isa) < static_cast<int>(Isa::kAvx512Vnni)) {
+    *why = std::string("n16b32 (Q4_0's one-stream form) not used: its kernels need avx512vnni, usable: ") +
+           isa_name(isa);
+    return false;
+  }
+  return true;
+}
+
 KernelPlan plan_linear(const std::optional<QSpec>& weights, ActivationMode act, const QSpec& activation,
-                       int64_t in_features, Isa isa, DecodeActivations decode) {
+                       int64_t in_features, Isa isa, DecodeActivations decode, const S4Packing* packed) {
   KernelPlan plan;
   plan.kernel = "dequantize+at::linear";
   if (!weights) {
@@ -177,7 +206,10 @@ KernelPlan plan_linear(const std::optional<QSpec>& weights, ActivationMode act, 
   const bool s4 = op == kernels::LinearOp::kS8S4 || op == kernels::LinearOp::kF32S4;
   // kQ8S4 takes 0 for one group per row (any in_features fits its blocks).
   const int64_t op_group = s4 ? group : op == kernels::LinearOp::kQ8S4 && group < in_features ? group : 0;
-  plan_kernels(op, isa, op_group, &plan);
+  std::string stream_why;
+  const bool stream = s4_stream(plan.path, ws, in_features, isa, packed, &stream_why);
+  plan_kernels(op, isa, op_group, &plan, stream ? kernels::S4Layout::kN16B32 : kernels::S4Layout::kN16K8);
+  if (!stream_why.empty()) plan.fallback += (plan.fallback.empty() ? "" : "; ") + stream_why;
   plan.decode_q8 = (op == kernels::LinearOp::kQ8S8 || op == kernels::LinearOp::kQ8S4) &&
                    plan.kernel != kernels::kExactS4GemvKernel;
   return plan;

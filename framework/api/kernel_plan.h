@@ -58,6 +58,18 @@ struct KernelPlan {
   std::string mid_m_kernel;
 };
 
+// The int4 layout a weight-only int4 layer was packed in: n16b32, or n16k8 with why not n16b32
+// where the weight was a candidate (the packer's choice, which its plan then follows).
+struct S4Packing {
+  bool n16b32 = false;
+  std::string why;
+};
+
+// Whether a weight-only int4 layer of spec `ws` packs as n16b32 (PackedLinearS4's one-stream form:
+// codes and fp16 scales of symmetric qint4 groups of 32, Q4_0's 18 bytes per 32 weights) at ISA
+// level `isa`; false otherwise, with *why set when the spec is qint4 in groups of 32 (why not).
+bool s4_one_stream(const QSpec& ws, int64_t in_features, Isa isa, std::string* why);
+
 // The kernel text a layer report (describe()) shows: the decode-sized kernel, then mid_m_kernel
 // with its rows when the plan switches at mid_m ("gemv_f32s4_mma_cuda | gemv_f32s4_mma_staged_cuda
 // at M 2..16"); the kernel alone otherwise.
@@ -67,9 +79,10 @@ std::string plan_kernel_text(const KernelPlan& plan);
 // weights, which freeze() refuses) and activations `activations` (`activation` is their spec for
 // the static and dynamic modes), at ISA level `isa`.
 // `decode` changes the kernels of the weight-only int8 / int4 paths only (their path stays).
+// `packed`: the packed int4 layout of a frozen layer (null: the layout the packer picks at `isa`).
 KernelPlan plan_linear(const std::optional<QSpec>& weights, ActivationMode activations, const QSpec& activation,
                        int64_t in_features, Isa isa = usable_isa(),
-                       DecodeActivations decode = DecodeActivations::kExact);
+                       DecodeActivations decode = DecodeActivations::kExact, const S4Packing* packed = nullptr);
 
 // The plan of the same frozen Linear on a CUDA device (out_features: cuBLASLt's shape rules need
 // it). The path (what freeze() packs) is the CPU plan's; kernel and fallback say what the GPU

@@ -68,7 +68,8 @@ KernelPlan LinearImpl::plan() const {
   if (compute_device().is_cuda())
     return plan_linear_cuda(ws, scheme_.activations, scheme_.activation.spec, options.in_features(),
                             options.out_features());
-  return plan_linear(ws, scheme_.activations, scheme_.activation.spec, options.in_features(), usable_isa(), decode_);
+  return plan_linear(ws, scheme_.activations, scheme_.activation.spec, options.in_features(), usable_isa(), decode_,
+                     packed_ ? packed_->s4_packing() : nullptr);
 }
 
 void LinearImpl::set_decode_activations(DecodeActivations mode) {
@@ -79,6 +80,11 @@ void LinearImpl::set_decode_activations(DecodeActivations mode) {
 LayerReport LinearImpl::report(bool planned) const {
   LayerReport r = QuantizableLayer::report(planned);
   const KernelPlan p = plan();
+  // Frozen: the kernel a call runs now (the packed layout at the ISA usable now, not at freeze).
+  if (frozen_) {
+    r.kernel = plan_kernel_text(p);
+    r.fallback_reason = with_scheme_note(p.fallback);
+  }
   if (decode_ != DecodeActivations::kQ8Block32 || !p.decode_q8) return r;
   // Larger calls quantize too where the table has a block-32 GEMM for them; else they run exact.
   if (p.large_m > 0 && p.large_m_kernel != kernels::kDequantGemmKernel)

@@ -50,6 +50,8 @@ class PackedWeight : public std::enable_shared_from_this<PackedWeight> {
   virtual int64_t bytes() const = 0;
   // The static input quantizer's scale it was packed with (static paths; 0 otherwise).
   virtual float static_input_scale() const { return 0.0f; }
+  // The int4 CPU formats' layout (the plan follows it); null for every other format.
+  virtual const S4Packing* s4_packing() const { return nullptr; }
   // This weight on `device`: itself when it is there already; throws qforge::Error when the
   // format has no kernels there.
   virtual PackedWeightPtr to(const at::Device& device) const = 0;

@@ -2,9 +2,11 @@
 // static and weight-only paths (kernels/cpu/gemv_s8.h, gemv_s4.h).
 #include <ATen/ATen.h>
 
+#include <string>
 #include <type_traits>
 #include <vector>
 
+#include "framework/api/kernel_plan.h"
 #include "framework/nn/packed_weight_cpu.h"
 #include "kernels/cpu/packed_linear.h"
 
@@ -21,24 +23,44 @@ bool static_act(LinearPath p) { return p == LinearPath::kS8Static || p == Linear
 template <class Kernel>
 class PackedIntLinear final : public CpuPackedWeight {
  public:
-  PackedIntLinear(std::shared_ptr<const Kernel> kernel, QuantizedTensor meta, LinearPath path, float static_scale)
-      : kernel_(std::move(kernel)), meta_(std::move(meta)), path_(path), static_scale_(static_scale) {
+  PackedIntLinear(std::shared_ptr<const Kernel> kernel, QuantizedTensor meta, LinearPath path, float static_scale,
+                  S4Packing s4 = {})
+      : kernel_(std::move(kernel)), meta_(std::move(meta)), s4_(std::move(s4)), path_(path), static_scale_(static_scale) {
     meta_.data = at::Tensor();
+    if constexpr (std::is_same_v<Kernel, kernels::PackedLinearS4>) {
+      // The n16b32 stream holds the scales (zero points are 0): no second copy kept beside it.
+      if (kernel_->layout() == kernels::S4Layout::kN16B32 &&
+          meta_.scale.numel() == kernel_->out_features() * kernel_->groups()) {
+        scale_shape_ = meta_.scale.sizes().vec();
+        meta_.scale = meta_.zero_point = at::Tensor();
+      }
+    }
   }
   LinearPath path() const override { return path_; }
   at::Tensor forward(const at::Tensor& x_in, const FrozenInput& in) const override;
   QuantizedTensor weight() const override {
     QuantizedTensor fw = meta_;
+    if constexpr (std::is_same_v<Kernel, kernels::PackedLinearS4>) {
+      if (!fw.scale.defined()) {
+        fw.scale = kernel_->w_scale().reshape(scale_shape_);
+        fw.zero_point = at::zeros(scale_shape_, at::kInt);
+      }
+    }
     fw.data = pack_quantized(kernel_->weight(), fw.qparams()).data;
     return fw;
   }
   at::Tensor bias() const override { return kernel_->bias(); }
   int64_t bytes() const override { return kernel_->bytes(); }
   float static_input_scale() const override { return static_scale_; }
+  const S4Packing* s4_packing() const override {
+    return std::is_same_v<Kernel, kernels::PackedLinearS4> ? &s4_ : nullptr;
+  }
 
  private:
   std::shared_ptr<const Kernel> kernel_;
   QuantizedTensor meta_;
+  S4Packing s4_;  // int4: the layout packed and why not n16b32
+  std::vector<int64_t> scale_shape_;  // meta_'s scale shape where the kernel holds the scales
   LinearPath path_;
   float static_scale_;
 };
@@ -86,10 +108,15 @@ PackedWeightPtr pack_linear_s4(QuantizedTensor fw, LinearPath path, const at::Te
   const QParams qp = fw.qparams();
   const int64_t g = int4_group_size(qp.spec, K);
   auto [scale_ng, zero_ng] = int4_group_params(qp, N, K, g);
-  auto kernel =
-      std::make_shared<const kernels::PackedLinearS4>(fw.int_values(), scale_ng, zero_ng, g, bias, qp.spec.qtype);
+  std::string why;
+  const bool stream = path == LinearPath::kS4WeightOnly && s4_one_stream(qp.spec, K, usable_isa(), &why);
+  auto kernel = std::make_shared<const kernels::PackedLinearS4>(
+      fw.int_values(), scale_ng, zero_ng, g, bias, qp.spec.qtype,
+      stream ? kernels::S4Layout::kN16B32 : kernels::S4Layout::kN16K8);
+  S4Packing s4{kernel->layout() == kernels::S4Layout::kN16B32, why};
+  if (stream && !s4.n16b32) s4.why = "n16b32 (Q4_0's one-stream form) not used: " + kernel->layout_status() + " (n16k8)";
   return std::make_shared<PackedIntLinear<kernels::PackedLinearS4>>(std::move(kernel), std::move(fw), path,
-                                                                    static_scale);
+                                                                    static_scale, std::move(s4));
 }
 
 PackedWeightPtr pack_linear_s8g(QuantizedTensor fw, const at::Tensor& bias) {

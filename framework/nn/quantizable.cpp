@@ -147,10 +147,14 @@ LayerReport QuantizableLayer::report(bool planned) const {
     r.kernel = kernel_;
     r.fallback_reason = fallback_;
   }
-  if (!scheme_.note.empty())
-    r.fallback_reason = "scheme: " + scheme_.note + (r.fallback_reason.empty() ? "" : "; " + r.fallback_reason);
+  r.fallback_reason = with_scheme_note(r.fallback_reason);
   r.bytes = storage_bytes();
   return r;
+}
+
+std::string QuantizableLayer::with_scheme_note(const std::string& fallback) const {
+  if (scheme_.note.empty()) return fallback;
+  return "scheme: " + scheme_.note + (fallback.empty() ? "" : "; " + fallback);
 }
 
 int64_t QuantizableLayer::storage_bytes() const {

@@ -90,6 +90,8 @@ class QuantizableLayer {
   // The describe() line. planned: kernel and fallback from plan() instead of the current state
   // (the dry run's view of a model not frozen yet).
   virtual LayerReport report(bool planned = false) const;
+  // A fallback reason prefixed with the scheme's note, where it has one (report lines).
+  std::string with_scheme_note(const std::string& fallback) const;
   // Bytes of this layer's own parameters, buffers and packed storage (not its children's).
   virtual int64_t storage_bytes() const;
 

@@ -13,5 +13,6 @@ namespace qforge::kernels::detail {
 
 void gemm_q8s8f32_n16k4_avx512vnni(const GemvQ8S8Args& args, int64_t nb_begin, int64_t nb_end);
 void gemm_q8s4f32_n16k8_avx512vnni(const GemvQ8S4Args& args, int64_t nb_begin, int64_t nb_end);
+void gemm_q8s4f32_n16b32_avx512vnni(const GemvQ8S4Args& args, int64_t nb_begin, int64_t nb_end);
 
 }  // namespace qforge::kernels::detail

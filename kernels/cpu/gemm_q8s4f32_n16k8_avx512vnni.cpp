@@ -1,5 +1,5 @@
-// Prefill GEMM on AVX-512 VNNI: block-32 int8 activations x n16k8 int4 weights with per-group fp16
-// scales, float out (linear_q8b32_s4_reference bit for bit; the numerics of
+// Prefill GEMM on AVX-512 VNNI: block-32 int8 activations x n16k8 (or n16b32) int4 weights with
+// per-group fp16 scales, float out (linear_q8b32_s4_reference bit for bit; the numerics of
 // gemv_q8s4f32_n16k8_avx512vnni, in larger tiles). A 4-row x 2-block register tile keeps one
 // int32 accumulator per row, column block and 32-value block b; it starts at -z' * s_b (one
 // VPDPWSSD: -z' in the low int16 of each lane, s_b's low int16 broadcast, high halves times 0),
@@ -20,6 +20,7 @@ namespace {
 
 constexpr int kLowInt16 = 0x0000FFFF;  // the low int16 of an int32 lane
 
+template <S4Layout L>
 struct Kernel {
   using Args = GemvQ8S4Args;
   static constexpr int kMaxRows = 4;
@@ -42,7 +43,7 @@ struct Kernel {
     for (int64_t o = b * kOctsPerBlock; o < o_end; ++o) {
       #pragma GCC unroll 16
       for (int c = 0; c < NR; ++c) {
-        const __m512i v = _mm512_loadu_si512(op.w[c] + o * kS4BlockBytes);
+        const __m512i v = _mm512_loadu_si512(op.w[c] + s4_oct_offset<L>(o));
         const __m512i lo = _mm512_and_si512(v, nibble);
         const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, kS4NibbleBits), nibble);
         #pragma GCC unroll 16
@@ -66,7 +67,7 @@ struct Kernel {
     const S4N16K8View& w = args.w;
     const int64_t octs = w.kp / kS4BlockK;
     const int64_t blocks_per_group = w.groups == 1 ? args.kb : w.group_size / (kOctsPerBlock * kS4BlockK);
-    const TileOperands<MR, NR, uint8_t, int8_t> op(w.data, nb0, octs * kS4BlockBytes, args.q, m0, args.ldq);
+    const TileOperands<MR, NR, uint8_t, int8_t> op(w.data, nb0, s4_column_block_offset(w, 1), args.q, m0, args.ldq);
     alignas(64) float t[MR][NR][kAvx512Lanes] = {};
     for (int64_t g = 0; g < w.groups; ++g) {
       __m512i zneg[NR];
@@ -100,7 +101,13 @@ struct Kernel {
 }  // namespace
 
 void gemm_q8s4f32_n16k8_avx512vnni(const GemvQ8S4Args& args, int64_t nb_begin, int64_t nb_end) {
-  for_each_tile<Kernel>(args, nb_begin, nb_end, Kernel::kMaxBlocks, [](int64_t, int) {});
+  using K = Kernel<S4Layout::kN16K8>;
+  for_each_tile<K>(args, nb_begin, nb_end, K::kMaxBlocks, [](int64_t, int) {});
+}
+
+void gemm_q8s4f32_n16b32_avx512vnni(const GemvQ8S4Args& args, int64_t nb_begin, int64_t nb_end) {
+  using K = Kernel<S4Layout::kN16B32>;
+  for_each_tile<K>(args, nb_begin, nb_end, K::kMaxBlocks, [](int64_t, int) {});
 }
 
 }  // namespace qforge::kernels::detail

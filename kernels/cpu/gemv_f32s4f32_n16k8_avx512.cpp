@@ -1,4 +1,5 @@
-// Weight-only int4 linear on AVX-512: float activations times n16k8 int4 codes, per-group scales.
+// Weight-only int4 linear on AVX-512: float activations times n16k8 (or n16b32) int4 codes, per-group
+// scales.
 // One output column per lane and k in order, so every lane performs exactly the operations of
 // linear_f32_s4_reference: s = fmaf(x, float(u - z'), s) per k (u - z' = W - z exactly), then
 // t = fmaf(s, scale, t) per group and y = t + bias. Compiled with -mavx512f -mavx512bw (and VL/DQ).
@@ -24,6 +25,7 @@ __attribute__((noinline)) void finish_tile(const GemvF32S4Args& args, int64_t m0
                         [&](int r, int c, __m512, __m512 b) { return _mm512_add_ps(_mm512_load_ps(t[r][c]), b); });
 }
 
+template <S4Layout L>
 struct Kernel {
   using Args = GemvF32S4Args;
   static constexpr int kMaxRows = 4;
@@ -33,8 +35,9 @@ struct Kernel {
   static void tile(const GemvF32S4Args& args, int64_t m0, int64_t nb0) {
     const S4N16K8View& w = args.w;
     const int64_t kblocks = w.kp / kS4BlockK;
-    const int64_t blocks_per_group = w.group_size / kS4BlockK;
-    const TileOperands<MR, NR, uint8_t, float> op(w.data, nb0, kblocks * kS4BlockBytes, args.x, m0, args.ldx);
+    // One group may be K long with K % 8 != 0 (n16b32 with K < 32): it spans every block.
+    const int64_t blocks_per_group = w.groups == 1 ? kblocks : w.group_size / kS4BlockK;
+    const TileOperands<MR, NR, uint8_t, float> op(w.data, nb0, s4_column_block_offset(w, 1), args.x, m0, args.ldx);
     const __m512i nibble = _mm512_set1_epi8(kS4NibbleMask);
     const __m512i byte = _mm512_set1_epi32(kByteMask);
 
@@ -54,7 +57,7 @@ struct Kernel {
         __m512i half[NR][2];
         #pragma GCC unroll 16
         for (int c = 0; c < NR; ++c) {
-          const __m512i v = _mm512_loadu_si512(op.w[c] + kb * kS4BlockBytes);
+          const __m512i v = _mm512_loadu_si512(op.w[c] + s4_oct_offset<L>(kb));
           half[c][0] = _mm512_and_si512(v, nibble);                                   // k 0..3
           half[c][1] = _mm512_and_si512(_mm512_srli_epi16(v, kS4NibbleBits), nibble);  // k 4..7
         }
@@ -93,7 +96,11 @@ struct Kernel {
 }  // namespace
 
 void gemv_f32s4f32_n16k8_avx512(const GemvF32S4Args& args, int64_t nb_begin, int64_t nb_end) {
-  for_each_tile<Kernel>(args, nb_begin, nb_end);
+  for_each_tile<Kernel<S4Layout::kN16K8>>(args, nb_begin, nb_end);
+}
+
+void gemv_f32s4f32_n16b32_avx512(const GemvF32S4Args& args, int64_t nb_begin, int64_t nb_end) {
+  for_each_tile<Kernel<S4Layout::kN16B32>>(args, nb_begin, nb_end);
 }
 
 }  // namespace qforge::kernels::detail

@@ -88,6 +88,7 @@ using GemvF32S8Args = GemvF32Args<S8N16K4View>;
 using GemvF32S4Args = GemvF32Args<S4N16K8View>;
 void gemv_f32s8f32_n16k4_avx512(const GemvF32S8Args& args, int64_t nb_begin, int64_t nb_end);
 void gemv_f32s4f32_n16k8_avx512(const GemvF32S4Args& args, int64_t nb_begin, int64_t nb_end);
+void gemv_f32s4f32_n16b32_avx512(const GemvF32S4Args& args, int64_t nb_begin, int64_t nb_end);
 
 // Decode: block-32 int8 activations (quantize_rows_q8b32_reference: codes q, scales d, code
 // sums s, kb blocks per row, rows of q padded with 0 to ldq >= kb * 32) x packed int8 / int4
@@ -105,6 +106,7 @@ using GemvQ8S4Args = GemvQ8Args<S4N16K8View>;
 void gemv_q8s8f32_n16k4_avx512vnni(const GemvQ8S8Args& args, int64_t nb_begin, int64_t nb_end);
 void gemv_q8s8f32_n16k4_avx2(const GemvQ8S8Args& args, int64_t nb_begin, int64_t nb_end);
 void gemv_q8s4f32_n16k8_avx512vnni(const GemvQ8S4Args& args, int64_t nb_begin, int64_t nb_end);
+void gemv_q8s4f32_n16b32_avx512vnni(const GemvQ8S4Args& args, int64_t nb_begin, int64_t nb_end);
 void gemv_q8s4f32_n16k8_avx2(const GemvQ8S4Args& args, int64_t nb_begin, int64_t nb_end);
 
 // int8 weights with group scales (S8GroupView): block-32 decode (linear_q8b32_s4_reference's

@@ -95,6 +95,10 @@ bool s8s4_rows_serve(const GemvS4Problem& p) { return p.m < kS4PanelMinM; }
 
 // The fast kernels read one group's scale per 8-value block.
 bool s8s4_groups_fit(const GemvS4Problem& p, std::string* why) {
+  if (p.w.layout == S4Layout::kN16B32) {
+    *why = "n16b32 layout (its kernels take float or block-32 activations)";
+    return false;
+  }
   if (p.w.group_size % kS4BlockK == 0) return true;
   *why = "group_size=" + std::to_string(p.w.group_size) + " not a multiple of 8";
   return false;
@@ -139,9 +143,19 @@ void pack_s4_group_meta(const float* w_scale, const int32_t* w_zero, int64_t N, 
 S4Unpacked unpack_s4(const S4N16K8View& w) {
   S4Unpacked u;
   u.codes.resize(static_cast<size_t>(w.n * w.k));
-  unpack_s4_n16k8_reference(w.data, w.n, w.k, 0, u.codes.data());
   u.scale.resize(static_cast<size_t>(w.n * w.groups));
   u.zero.resize(static_cast<size_t>(w.n * w.groups));
+  if (w.layout == S4Layout::kN16B32) {
+    const int64_t np = round_up(w.n, kS4BlockN);
+    std::vector<uint8_t> codes(static_cast<size_t>(np * w.kp / 2));
+    std::vector<Fp16Bits> scales(static_cast<size_t>(np * w.groups));
+    const std::vector<int8_t> zeros(scales.size(), kS4B32ZeroCode);
+    unpack_s4_n16b32_reference(w.data, w.n, w.k, codes.data(), scales.data());
+    unpack_s4_n16k8_reference(codes.data(), w.n, w.k, 0, u.codes.data());
+    unpack_s4_group_meta(scales.data(), zeros.data(), w.n, w.groups, u.scale.data(), u.zero.data());
+    return u;
+  }
+  unpack_s4_n16k8_reference(w.data, w.n, w.k, 0, u.codes.data());
   unpack_s4_group_meta(w.scales, w.zeros, w.n, w.groups, u.scale.data(), u.zero.data());
   return u;
 }

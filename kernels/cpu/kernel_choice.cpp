@@ -25,38 +25,41 @@ RunInfo plan_table(const KernelTable<Problem>& table, const Problem& p, Isa usab
 
 // The int4 ops' problems carry the group size; the others have none. The block-32 decode table
 // (LinearQ8S4Problem, the same struct) also reads whether a row has several groups: 0 is one group.
+// The weight-only int4 problems (exact and block-32) also carry the layout.
 template <typename Problem>
-void set_group(Problem&, int64_t) {}
-void set_group(GemvS4Problem& p, int64_t g) { p.w.group_size = g; }
-void set_group(LinearF32S4Problem& p, int64_t g) {
+void set_group(Problem&, int64_t, S4Layout) {}
+void set_group(GemvS4Problem& p, int64_t g, S4Layout) { p.w.group_size = g; }
+void set_group(LinearF32S4Problem& p, int64_t g, S4Layout layout) {
   p.w.group_size = g;
   p.w.groups = g > 0 ? 2 : 1;
+  p.w.layout = layout;
 }
-void set_group(LinearS8GProblem& p, int64_t g) {
+void set_group(LinearS8GProblem& p, int64_t g, S4Layout) {
   p.w.group_size = g;
   p.w.groups = g > 0 ? 2 : 1;
 }
 
 // f(table, at) with at(m) the table's data-free problem of m rows.
 template <typename Problem, typename F>
-auto with_table(const KernelTable<Problem>& table, int64_t group_size, const F& f) {
-  return f(table, [group_size](int64_t m) {
+auto with_table(const KernelTable<Problem>& table, int64_t group_size, const F& f,
+                S4Layout layout = S4Layout::kN16K8) {
+  return f(table, [group_size, layout](int64_t m) {
     Problem p;
     p.m = m;
-    set_group(p, group_size);
+    set_group(p, group_size, layout);
     return p;
   });
 }
 
 template <typename F>
-auto with_op_table(LinearOp op, int64_t group_size, const F& f) {
+auto with_op_table(LinearOp op, int64_t group_size, S4Layout layout, const F& f) {
   switch (op) {
     case LinearOp::kS8S8: return with_table(gemv_s8_kernels(), group_size, f);
     case LinearOp::kS8S4: return with_table(gemv_s4_kernels(), group_size, f);
     case LinearOp::kF32S8: return with_table(linear_f32s8_kernels(), group_size, f);
-    case LinearOp::kF32S4: return with_table(linear_f32s4_kernels(), group_size, f);
+    case LinearOp::kF32S4: return with_table(linear_f32s4_kernels(), group_size, f, layout);
     case LinearOp::kQ8S8: return with_table(linear_q8s8_kernels(), group_size, f);
-    case LinearOp::kQ8S4: return with_table(linear_q8s4_kernels(), group_size, f);
+    case LinearOp::kQ8S4: return with_table(linear_q8s4_kernels(), group_size, f, layout);
     case LinearOp::kF32S8G: return with_table(linear_f32s8g_kernels(), group_size, f);
     case LinearOp::kQ8S8G: return with_table(linear_q8s8g_kernels(), group_size, f);
     case LinearOp::kF32Fp4: return with_table(fp4_linear_kernels(), group_size, f);
@@ -104,16 +107,17 @@ const char* to_string(LinearOp op) {
   return "?";
 }
 
-RunInfo choose_kernel(LinearOp op, Isa usable, int64_t m, int64_t group_size) {
-  return with_op_table(op, group_size, [&](const auto& table, const auto& at) { return plan_table(table, at(m), usable); });
+RunInfo choose_kernel(LinearOp op, Isa usable, int64_t m, int64_t group_size, S4Layout layout) {
+  return with_op_table(op, group_size, layout,
+                       [&](const auto& table, const auto& at) { return plan_table(table, at(m), usable); });
 }
 
-RunInfo choose_decode_kernel(LinearOp op, Isa usable, int64_t group_size) {
-  return choose_kernel(op, usable, 1, group_size);
+RunInfo choose_decode_kernel(LinearOp op, Isa usable, int64_t group_size, S4Layout layout) {
+  return choose_kernel(op, usable, 1, group_size, layout);
 }
 
-int64_t choose_large_m(LinearOp op, Isa usable, int64_t group_size, RunInfo* large) {
-  return with_op_table(op, group_size, [&](const auto& table, const auto& at) {
+int64_t choose_large_m(LinearOp op, Isa usable, int64_t group_size, RunInfo* large, S4Layout layout) {
+  return with_op_table(op, group_size, layout, [&](const auto& table, const auto& at) {
     return switch_m(table, at, 1, IsaGate::up_to(usable), large);
   });
 }

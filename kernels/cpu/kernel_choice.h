@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "kernels/cpu/isa.h"
+#include "kernels/cpu/packed_layout.h"
 #include "kernels/cpu/run_info.h"
 
 namespace qforge::kernels {
@@ -31,14 +32,17 @@ const char* to_string(LinearOp op);
 // level also needs to be compiled in). `group_size` matters for the 4-bit and int8-group ops (0
 // for the others; for kQ8S4, kF32S8G and kQ8S8G, 0 means one group per row).
 // Data-dependent conditions (int8 activations holding -128) are assumed not to hold.
-RunInfo choose_kernel(LinearOp op, Isa usable, int64_t m, int64_t group_size = 0);
+// `layout` matters for kF32S4 and kQ8S4 (PackedLinearS4's n16k8 or n16b32 form).
+RunInfo choose_kernel(LinearOp op, Isa usable, int64_t m, int64_t group_size = 0,
+                      S4Layout layout = S4Layout::kN16K8);
 
 // choose_kernel for M = 1, what a decode-sized call runs.
-RunInfo choose_decode_kernel(LinearOp op, Isa usable, int64_t group_size = 0);
+RunInfo choose_decode_kernel(LinearOp op, Isa usable, int64_t group_size = 0, S4Layout layout = S4Layout::kN16K8);
 
 // The first M above decode size (M = 1) at which the dispatcher of `op` runs another entry of its
 // table, with that entry in *large; 0 (and *large untouched) when one entry serves every M.
-int64_t choose_large_m(LinearOp op, Isa usable, int64_t group_size, RunInfo* large);
+int64_t choose_large_m(LinearOp op, Isa usable, int64_t group_size, RunInfo* large,
+                       S4Layout layout = S4Layout::kN16K8);
 
 // The frozen integer convolution's plan (conv_s8_kernels()) at level `usable`, for int8 or int4
 // weights with `k` columns (C * kh * kw; int4: rounded up to kS4BlockK, its one group):

@@ -115,6 +115,9 @@ bool q8s4_groups_fit(const LinearQ8S4Problem& p, std::string* why) {
   *why = "group_size=" + std::to_string(p.w.group_size) + " not a multiple of 32";
   return false;
 }
+bool q8s4_n16k8_groups_fit(const LinearQ8S4Problem& p, std::string* why) {
+  return detail::reads_layout(p, S4Layout::kN16K8, why) && q8s4_groups_fit(p, why);
+}
 
 }  // namespace
 
@@ -136,13 +139,22 @@ const KernelTable<LinearQ8S8Problem>& linear_q8s8_kernels() {
 
 const KernelTable<LinearQ8S4Problem>& linear_q8s4_kernels() {
   static const KernelTable<LinearQ8S4Problem> table{
-      {"gemv_q8s4f32_n16k8_avx512vnni", Isa::kAvx512Vnni, detail::serves_gemv<LinearQ8S4Problem>, q8s4_groups_fit,
+      {"gemv_q8s4f32_n16b32_avx512vnni", Isa::kAvx512Vnni, detail::serves_gemv_n16b32<LinearQ8S4Problem>,
+       detail::reads_n16b32<LinearQ8S4Problem>,
+       QF_KERNEL_AVX512VNNI(run_q8s4<detail::gemv_q8s4f32_n16b32_avx512vnni>)},
+      {"gemv_q8s4f32_n16k8_avx512vnni", Isa::kAvx512Vnni, detail::serves_gemv_n16k8<LinearQ8S4Problem>,
+       q8s4_n16k8_groups_fit,
        QF_KERNEL_AVX512VNNI(run_q8s4<detail::gemv_q8s4f32_n16k8_avx512vnni>)},
-      {"gemv_q8s4f32_n16k8_avx2", Isa::kAvx2, detail::serves_gemv<LinearQ8S4Problem>, q8s4_groups_fit,
+      {"gemv_q8s4f32_n16k8_avx2", Isa::kAvx2, detail::serves_gemv_n16k8<LinearQ8S4Problem>,
+       q8s4_n16k8_groups_fit,
        QF_KERNEL_AVX2(run_q8s4<detail::gemv_q8s4f32_n16k8_avx2>)},
       {"reference", Isa::kReference, detail::serves_gemv<LinearQ8S4Problem>, q8s4_groups_fit, run_q8s4_reference},
       {kExactS4GemvKernel, Isa::kReference, detail::serves_gemv<LinearQ8S4Problem>, nullptr, run_exact_s4},
-      {"gemm_q8s4f32_n16k8_avx512vnni", Isa::kAvx512Vnni, detail::serves_gemm<LinearQ8S4Problem>, q8s4_groups_fit,
+      {"gemm_q8s4f32_n16b32_avx512vnni", Isa::kAvx512Vnni, detail::serves_gemm_n16b32<LinearQ8S4Problem>,
+       detail::reads_n16b32<LinearQ8S4Problem>,
+       QF_KERNEL_AVX512VNNI(run_q8s4<detail::gemm_q8s4f32_n16b32_avx512vnni>)},
+      {"gemm_q8s4f32_n16k8_avx512vnni", Isa::kAvx512Vnni, detail::serves_gemm_n16k8<LinearQ8S4Problem>,
+       q8s4_n16k8_groups_fit,
        QF_KERNEL_AVX512VNNI(run_q8s4<detail::gemm_q8s4f32_n16k8_avx512vnni>)},
       {kDequantGemmKernel, Isa::kReference, detail::serves_gemm<LinearQ8S4Problem>, nullptr, run_exact_s4},
   };

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "framework/core/error.h"
@@ -51,6 +52,8 @@ constexpr auto kRunF32S8Avx512 =
     run_gemv<detail::GemvF32S8Args, LinearF32S8Problem, detail::gemv_f32s8f32_n16k4_avx512, kS8BlockN>;
 constexpr auto kRunF32S4Avx512 =
     run_gemv<detail::GemvF32S4Args, LinearF32S4Problem, detail::gemv_f32s4f32_n16k8_avx512, kS4BlockN>;
+constexpr auto kRunF32S4B32Avx512 =
+    run_gemv<detail::GemvF32S4Args, LinearF32S4Problem, detail::gemv_f32s4f32_n16b32_avx512, kS4BlockN>;
 #endif
 
 void run_f32s8_reference(const LinearF32S8Problem& p) {
@@ -83,6 +86,24 @@ void run_f32s8_dequant_gemm(const LinearF32S8Problem& p) {
   });
 }
 
+// Byte offset of oct o within a column block of w's layout.
+int64_t oct_offset(const S4N16K8View& w, int64_t o) {
+  return w.layout == S4Layout::kN16B32 ? s4_oct_offset<S4Layout::kN16B32>(o) : s4_oct_offset<S4Layout::kN16K8>(o);
+}
+
+// Column n's fp16 scale (exact as float) and zero-point code z' of group g.
+std::pair<float, float> group_meta(const S4N16K8View& w, int64_t n, int64_t g) {
+  const int64_t nb = n / kS4BlockN, j = n % kS4BlockN;
+  if (w.layout == S4Layout::kN16B32) {
+    Fp16Bits bits;
+    std::memcpy(&bits, w.data + s4_column_block_offset(w, nb) + s4_b32_scale_offset(g) + j * kS4ScaleBytes,
+                sizeof(bits));
+    return {fp16_bits_to_float(bits), static_cast<float>(kS4B32ZeroCode)};
+  }
+  const int64_t meta = (nb * w.groups + g) * kS4BlockN + j;
+  return {fp16_bits_to_float(w.scales[meta]), static_cast<float>(w.zeros[meta])};
+}
+
 // W = (float(u) - float(z')) * scale[n, g]: (q - z) * s of dequantize_int, since u - z' = q - z
 // and both differences are exact in float.
 void run_f32s4_dequant_gemm(const LinearF32S4Problem& p) {
@@ -91,22 +112,23 @@ void run_f32s4_dequant_gemm(const LinearF32S4Problem& p) {
   detail::linear_f32_dequant_gemm(p.x, p.m, w.k, w.n, p.bias, p.y, [&](float* out) {
     detail::for_each_weight_row(w.n, w.kp, [&](int64_t n) {
       const int64_t nb = n / kS4BlockN, j = n % kS4BlockN;
-      const uint8_t* q = w.data + nb * w.kp / kS4BlockK * kS4BlockBytes + j * kHalf;
+      const uint8_t* col = w.data + s4_column_block_offset(w, nb) + j * kHalf;
       float* row = out + n * w.k;
       // float(u) first (branch-free over whole blocks), then each group's (u - z') * s in place.
       int64_t k = 0;
-      for (; k + kS4BlockK <= w.k; k += kS4BlockK, q += kS4BlockBytes) {
+      for (; k + kS4BlockK <= w.k; k += kS4BlockK) {
+        const uint8_t* q = col + oct_offset(w, k / kS4BlockK);
         for (int64_t i = 0; i < kHalf; ++i) {
           row[k + i] = static_cast<float>(q[i] & kS4NibbleMask);
           row[k + kHalf + i] = static_cast<float>(q[i] >> kS4NibbleBits);
         }
       }
+      const uint8_t* q = col + oct_offset(w, k / kS4BlockK);
       for (int64_t i = 0; k + i < w.k; ++i) {
         row[k + i] = static_cast<float>(i < kHalf ? (q[i] & kS4NibbleMask) : (q[i - kHalf] >> kS4NibbleBits));
       }
       for (int64_t g = 0; g < w.groups; ++g) {
-        const int64_t meta = (nb * w.groups + g) * kS4BlockN + j;
-        const float s = fp16_bits_to_float(w.scales[meta]), z = static_cast<float>(w.zeros[meta]);
+        const auto [s, z] = group_meta(w, n, g);
         for (k = g * w.group_size; k < std::min(w.k, (g + 1) * w.group_size); ++k) row[k] = (row[k] - z) * s;
       }
     });
@@ -114,6 +136,7 @@ void run_f32s4_dequant_gemm(const LinearF32S4Problem& p) {
 }
 
 bool f32s4_groups_fit(const LinearF32S4Problem& p, std::string* why) {
+  if (!detail::reads_layout(p, S4Layout::kN16K8, why)) return false;
   if (p.w.group_size % kS4BlockK == 0) return true;
   *why = "group_size=" + std::to_string(p.w.group_size) + " not a multiple of 8";
   return false;
@@ -149,7 +172,10 @@ const KernelTable<LinearF32S8Problem>& linear_f32s8_kernels() {
 
 const KernelTable<LinearF32S4Problem>& linear_f32s4_kernels() {
   static const KernelTable<LinearF32S4Problem> table{
-      {"gemv_f32s4f32_n16k8_avx512", Isa::kAvx512, detail::serves_gemv<LinearF32S4Problem>, f32s4_groups_fit,
+      {"gemv_f32s4f32_n16b32_avx512", Isa::kAvx512, detail::serves_gemv_n16b32<LinearF32S4Problem>,
+       detail::reads_n16b32<LinearF32S4Problem>,
+       QF_KERNEL_AVX512(kRunF32S4B32Avx512)},
+      {"gemv_f32s4f32_n16k8_avx512", Isa::kAvx512, detail::serves_gemv_n16k8<LinearF32S4Problem>, f32s4_groups_fit,
        QF_KERNEL_AVX512(kRunF32S4Avx512)},
       {"reference", Isa::kReference, detail::serves_gemv<LinearF32S4Problem>, nullptr, run_f32s4_reference},
       {kDequantGemmKernel, Isa::kReference, detail::serves_gemm<LinearF32S4Problem>, nullptr, run_f32s4_dequant_gemm},

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <functional>
 
 #include "kernels/cpu/kernel_table.h"
@@ -62,6 +63,34 @@ bool serves_gemv(const Problem& p) {
 template <typename Problem>
 bool serves_gemm(const Problem& p) {
   return !weight_only_gemv_serves(p.m);
+}
+// The GEMV and GEMM predicates of the int4 entries that read one layout (S4N16K8View::layout).
+template <typename Problem>
+bool serves_gemv_n16k8(const Problem& p) {
+  return serves_gemv(p) && p.w.layout == S4Layout::kN16K8;
+}
+template <typename Problem>
+bool serves_gemv_n16b32(const Problem& p) {
+  return serves_gemv(p) && p.w.layout == S4Layout::kN16B32;
+}
+template <typename Problem>
+bool serves_gemm_n16k8(const Problem& p) {
+  return serves_gemm(p) && p.w.layout == S4Layout::kN16K8;
+}
+template <typename Problem>
+bool serves_gemm_n16b32(const Problem& p) {
+  return serves_gemm(p) && p.w.layout == S4Layout::kN16B32;
+}
+// The same layout condition as an `applies` predicate, for callers that run entries directly.
+template <typename Problem>
+bool reads_layout(const Problem& p, S4Layout layout, std::string* why) {
+  if (p.w.layout == layout) return true;
+  *why = layout == S4Layout::kN16B32 ? "reads the n16b32 layout" : "reads the n16k8 layout";
+  return false;
+}
+template <typename Problem>
+bool reads_n16b32(const Problem& p, std::string* why) {
+  return reads_layout(p, S4Layout::kN16B32, why);
 }
 
 // y = at::linear(x [M, K], W, bias [N] or none) with W float [N, K] written by fill_weight into a

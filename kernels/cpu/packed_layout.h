@@ -47,6 +47,34 @@ static_assert(kS4BlockN * kS4ScaleBytes * 8 == 256,
               "16 fp16 scales of one column block are one ymm, widened by one VCVTPH2PS to a zmm");
 static_assert(sizeof(int8_t) == kS4ZeroBytes, "zero-point codes are int8");
 
+// --- s4 "n16b32": n16k8 codes with their fp16 block scales in the same stream ----------------
+// For symmetric int4 groups of 32 (GGUF's Q4_0): per column block nb, the 32-value blocks b in
+// pairs of 576 bytes: the 16 fp16 scales of block 2p (32 bytes, lane j = column nb * 16 + j), those
+// of block 2p + 1, then block 2p's four n16k8 blocks (256 bytes, k = b * 32 + 8 * o + i as in n16k8)
+// and block 2p + 1's, so every 64-byte code load is cache-line aligned. Pairs of one column block
+// are contiguous along k; a column block holds ceil(Kb / 2) pairs, Kb = ceil(K / 32). The zero
+// point is the qint4 grid's 0 (code 8); padding codes and scales are 0 (an odd Kb pads one block).
+// 18 bytes per 32 weights (4.5 bits), Q4_0's block_q4_0 size, in one stream read front to back.
+enum class S4Layout : uint8_t { kN16K8, kN16B32 };
+inline constexpr int64_t kS4B32K = 32;
+inline constexpr int64_t kS4B32Octs = kS4B32K / kS4BlockK;
+inline constexpr int64_t kS4B32ScaleBytes = kS4BlockN * kS4ScaleBytes;
+inline constexpr int64_t kS4B32CodeBytes = kS4B32Octs * kS4BlockBytes;
+inline constexpr int64_t kS4B32PairBytes = 2 * (kS4B32ScaleBytes + kS4B32CodeBytes);
+inline constexpr int kS4B32ZeroCode = 8;  // qint4's 0 as a code u = w - qmin
+static_assert(kS4B32ScaleBytes == 32, "16 fp16 scales: one ymm, widened by one VCVTPH2PS");
+static_assert(kS4B32PairBytes == 576 && kS4B32PairBytes % 64 == 0, "a pair is 9 whole cache lines");
+static_assert(2 * kS4B32ScaleBytes % 64 == 0 && kS4B32CodeBytes % 64 == 0, "code loads stay line-aligned");
+static_assert(kS4B32PairBytes * 32 == 18 * kS4BlockN * 2 * kS4B32K, "18 bytes per 32 weights, as block_q4_0");
+
+// Byte offsets of block b's 16 scales and of its first oct from its column block's first byte,
+// and the bytes of one column block of kb blocks.
+constexpr int64_t s4_b32_scale_offset(int64_t b) { return b / 2 * kS4B32PairBytes + b % 2 * kS4B32ScaleBytes; }
+constexpr int64_t s4_b32_code_offset(int64_t b) {
+  return b / 2 * kS4B32PairBytes + 2 * kS4B32ScaleBytes + b % 2 * kS4B32CodeBytes;
+}
+constexpr int64_t s4_b32_column_bytes(int64_t kb) { return (kb + 1) / 2 * kS4B32PairBytes; }
+
 // Alignment of every packed buffer (one cache line, the unit of aligned zmm loads).
 inline constexpr int64_t kPackedAlignment = 64;
 
@@ -58,12 +86,28 @@ struct S8N16K4View {
 };
 
 struct S4N16K8View {
-  const uint8_t* data = nullptr;   // round_up(N, 16) * Kp / 2 bytes
-  const Fp16Bits* scales = nullptr; // [N / 16 blocks][G][16] fp16 bits (0 for padding)
-  const int8_t* zeros = nullptr;   // [N / 16 blocks][G][16]: z - qmin, the zero point as a code
+  const uint8_t* data = nullptr;   // round_up(N, 16) * Kp / 2 bytes (n16b32: Np / 16 * ceil(G / 2) * 576)
+  const Fp16Bits* scales = nullptr; // [N / 16 blocks][G][16] fp16 bits (0 for padding); n16b32: null
+  const int8_t* zeros = nullptr;   // [N / 16 blocks][G][16]: z - qmin, the zero point as a code; n16b32: null
   int64_t n = 0, k = 0, kp = 0;    // kp = round_up(K, 8)
-  int64_t group_size = 0, groups = 0;
+  int64_t group_size = 0, groups = 0;  // n16b32: 32 and ceil(K / 32)
+  S4Layout layout = S4Layout::kN16K8;
 };
+
+// Byte offset of oct o (k = 8 o .. 8 o + 7) from its column block's first byte, per layout.
+template <S4Layout L>
+constexpr int64_t s4_oct_offset(int64_t o) {
+  if constexpr (L == S4Layout::kN16B32) {
+    return s4_b32_code_offset(o / kS4B32Octs) + o % kS4B32Octs * kS4BlockBytes;
+  } else {
+    return o * kS4BlockBytes;
+  }
+}
+
+// Byte offset of column block nb's first oct (n16k8) or pair (n16b32) in S4N16K8View::data.
+inline int64_t s4_column_block_offset(const S4N16K8View& w, int64_t nb) {
+  return w.layout == S4Layout::kN16B32 ? nb * s4_b32_column_bytes(w.groups) : nb * (w.kp / kS4BlockK) * kS4BlockBytes;
+}
 
 // int8 weights with a scale per column and group of K (GGUF's Q8_0 blocks: groups of 32): the
 // codes in n16k4 (data, as S8N16K4View), the group metadata blocked like n16k8's, [Np / 16][G][16]
@@ -87,5 +131,11 @@ void unpack_s8_n16k4_reference(const int8_t* packed, int64_t N, int64_t K, int8_
 // W holds grid values in [qmin, qmin + 15]; stored as codes W - qmin.
 void pack_s4_n16k8_reference(const int8_t* W, int64_t N, int64_t K, int qmin, uint8_t* packed);
 void unpack_s4_n16k8_reference(const uint8_t* packed, int64_t N, int64_t K, int qmin, int8_t* W);
+// n16b32 from n16k8 codes (pack_s4_n16k8_reference, qint4: qmin -8) and their blocked fp16 group
+// scales of groups of 32 ([Np / 16][Kb][16], pack_s4_group_meta's); writes Np / 16 * ceil(Kb / 2) * 576
+// bytes.
+void pack_s4_n16b32_reference(const uint8_t* n16k8, const Fp16Bits* scales, int64_t N, int64_t K, uint8_t* packed);
+// The inverse: n16k8 codes (round_up(N, 16) * round_up(K, 8) / 2 bytes) and blocked scales.
+void unpack_s4_n16b32_reference(const uint8_t* packed, int64_t N, int64_t K, uint8_t* n16k8, Fp16Bits* scales);
 
 }  // namespace qforge::kernels

@@ -182,7 +182,7 @@ at::Tensor PackedLinearS8::run_decode(const at::Tensor& x, RunInfo* info) const 
 // ---------------------------------------------------------------------------------------------
 PackedLinearS4::PackedLinearS4(const at::Tensor& weight, const at::Tensor& w_scale,
                                const at::Tensor& w_zero, int64_t group_size, const at::Tensor& bias,
-                               QType qtype) {
+                               QType qtype, S4Layout layout) {
   QF_REQUIRE(nibble_packed(qtype), "kernels/cpu: PackedLinearS4 needs a nibble-packed integer qtype "
              "(qint4, quint4 or qint3), got ", qtype.name);
   QF_REQUIRE(weight.defined() && weight.dim() == 2 && weight.scalar_type() == at::kChar,
@@ -219,13 +219,33 @@ PackedLinearS4::PackedLinearS4(const at::Tensor& weight, const at::Tensor& w_sca
                      groups_, static_cast<int>(qtype.quant_min), scale_bits(scales_),
                      zeros_.data_ptr<int8_t>());
   bias_ = checked_bias(bias, n_, "PackedLinearS4");
+  if (layout == S4Layout::kN16B32) to_n16b32(!w_zero.defined() || at::eq(w_zero, 0).all().item<bool>());
+}
+
+std::string PackedLinearS4::n16b32_misfit(bool zero_free) const {
+  if (qtype_.name != qint4.name) return std::string("the grid is ") + qtype_.name + ", not qint4";
+  if (group_size_ != std::min(kS4B32K, k_)) return "group_size=" + std::to_string(group_size_) + ", not 32";
+  if (!zero_free) return "zero points other than 0";
+  return "";
+}
+
+// The codes and scales packed above, moved into one n16b32 stream (when the weight fits it).
+void PackedLinearS4::to_n16b32(bool zero_free) {
+  layout_status_ = n16b32_misfit(zero_free);
+  if (!layout_status_.empty()) return;
+  at::Tensor stream = at::empty({round_up(n_, kS4BlockN) / kS4BlockN * s4_b32_column_bytes(groups_)}, at::kByte);
+  pack_s4_n16b32_reference(packed_.data_ptr<uint8_t>(), scale_bits(scales_), n_, k_, stream.data_ptr<uint8_t>());
+  packed_ = stream;
+  scales_ = zeros_ = at::Tensor();
+  layout_ = S4Layout::kN16B32;
 }
 
 S4N16K8View PackedLinearS4::view() const {
   S4N16K8View v;
   v.data = packed_.data_ptr<uint8_t>();
-  v.scales = scale_bits(scales_);
-  v.zeros = zeros_.data_ptr<int8_t>();
+  v.scales = scales_.defined() ? scale_bits(scales_) : nullptr;
+  v.zeros = zeros_.defined() ? zeros_.data_ptr<int8_t>() : nullptr;
+  v.layout = layout_;
   v.n = n_;
   v.k = k_;
   v.kp = round_up(k_, kS4BlockK);
@@ -241,9 +261,15 @@ int64_t PackedLinearS4::bytes() const {
 at::Tensor PackedLinearS4::weight() const {
   QF_REQUIRE(packed_.defined(), "kernels/cpu: PackedLinearS4 is empty");
   at::Tensor w = at::empty({n_, k_}, at::kChar);
-  unpack_s4_n16k8_reference(packed_.data_ptr<uint8_t>(), n_, k_,
-                            static_cast<int>(qtype_.quant_min), w.data_ptr<int8_t>());
+  const S4Unpacked u = unpack_s4(view());
+  for (int64_t i = 0; i < n_ * k_; ++i) w.data_ptr<int8_t>()[i] = static_cast<int8_t>(u.codes[i] + qtype_.quant_min);
   return w;
+}
+
+at::Tensor PackedLinearS4::w_scale() const {
+  QF_REQUIRE(packed_.defined(), "kernels/cpu: PackedLinearS4 is empty");
+  const S4Unpacked u = unpack_s4(view());
+  return at::tensor(u.scale, at::kFloat).reshape({n_, groups_});
 }
 
 void PackedLinearS4::run(const float* x, int64_t M, float* y, RunInfo* info,

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "framework/core/qtype.h"
 #include "kernels/cpu/packed_layout.h"
@@ -94,8 +95,11 @@ class PackedLinearS4 {
   // weight: int8 [N, K]; w_scale: float [N, G] (or [N] when G == 1), every value finite and
   // exactly representable as IEEE float16 (stored as fp16; qforge::Error names the first [n, g]
   // that is not); w_zero: integer [N, G] in the qtype's grid, or undefined for zero points 0.
+  // layout kN16B32 asks for the one-stream form of symmetric qint4 groups of 32 (Q4_0's); a weight
+  // that does not fit it stays n16k8 and layout_status() says why.
   PackedLinearS4(const at::Tensor& weight, const at::Tensor& w_scale, const at::Tensor& w_zero,
-                 int64_t group_size, const at::Tensor& bias = {}, QType qtype = qint4);
+                 int64_t group_size, const at::Tensor& bias = {}, QType qtype = qint4,
+                 S4Layout layout = S4Layout::kN16K8);
 
   at::Tensor run(const at::Tensor& x, RunInfo* info = nullptr,
                  ActScale act_scale = ActScale::kPerRow) const;
@@ -116,17 +120,26 @@ class PackedLinearS4 {
   int64_t groups() const { return groups_; }
   QType qtype() const { return qtype_; }
   // Bytes of every buffer held: Np * Kp / 2 packed codes, Np * G * (2 fp16 scale + 1 zero code),
-  // bias.
+  // bias (n16b32: Np / 16 * ceil(G / 2) * 576 bytes of codes and scales, bias).
   int64_t bytes() const;
+  S4Layout layout() const { return layout_; }
+  // Why an n16b32 request packed n16k8 ("" otherwise).
+  const std::string& layout_status() const { return layout_status_; }
 
   at::Tensor weight() const;  // unpacked grid values, int8 [N, K]
+  at::Tensor w_scale() const;  // float [N, G], exact
   const at::Tensor& bias() const { return bias_; }
   S4N16K8View view() const;
 
  private:
+  std::string n16b32_misfit(bool zero_free) const;
+  void to_n16b32(bool zero_free);
+
   int64_t n_ = 0, k_ = 0, group_size_ = 0, groups_ = 0;
   QType qtype_ = qint4;
   at::Tensor packed_, scales_, zeros_, bias_;
+  S4Layout layout_ = S4Layout::kN16K8;
+  std::string layout_status_;
 };
 
 // int8 Linear with a scale (and optional zero point) per column and group along K: GGUF's Q8_0

@@ -1,4 +1,5 @@
 // Reference sub-byte packing (dense int4 / int2) and the blocked n16k4 / n16k8 weight layouts.
+#include <algorithm>
 #include <cstring>
 
 #include "framework/core/error.h"
@@ -130,6 +131,40 @@ void unpack_s4_n16k8_reference(const uint8_t* packed, int64_t N, int64_t K, int 
       W[n * K + k] = static_cast<int8_t>(u + qmin);
     }
   }
+}
+
+namespace {
+
+// Block (nb, b) of n16b32: f(scales at, codes at, n16k8 codes from, code bytes, meta entry), its 16
+// scales and n16k8 octs 4b .. 4b + 3 of column block nb (the last block's missing octs stay 0).
+template <typename F>
+void for_each_n16b32_block(int64_t N, int64_t K, const F& f) {
+  const int64_t octs = round_up(K, kS4BlockK) / kS4BlockK, kb = (K + kS4B32K - 1) / kS4B32K;
+  for (int64_t nb = 0; nb < round_up(N, kS4BlockN) / kS4BlockN; ++nb) {
+    const int64_t col = nb * s4_b32_column_bytes(kb);
+    for (int64_t b = 0; b < kb; ++b) {
+      const int64_t o0 = b * kS4B32Octs, o1 = std::min(octs, o0 + kS4B32Octs);
+      f(col + s4_b32_scale_offset(b), col + s4_b32_code_offset(b), (nb * octs + o0) * kS4BlockBytes,
+        (o1 - o0) * kS4BlockBytes, (nb * kb + b) * kS4BlockN);
+    }
+  }
+}
+
+}  // namespace
+
+void pack_s4_n16b32_reference(const uint8_t* n16k8, const Fp16Bits* scales, int64_t N, int64_t K, uint8_t* packed) {
+  std::memset(packed, 0, round_up(N, kS4BlockN) / kS4BlockN * s4_b32_column_bytes((K + kS4B32K - 1) / kS4B32K));
+  for_each_n16b32_block(N, K, [&](int64_t scale_at, int64_t code_at, int64_t codes, int64_t code_bytes, int64_t meta) {
+    std::memcpy(packed + scale_at, scales + meta, kS4B32ScaleBytes);
+    std::memcpy(packed + code_at, n16k8 + codes, code_bytes);
+  });
+}
+
+void unpack_s4_n16b32_reference(const uint8_t* packed, int64_t N, int64_t K, uint8_t* n16k8, Fp16Bits* scales) {
+  for_each_n16b32_block(N, K, [&](int64_t scale_at, int64_t code_at, int64_t codes, int64_t code_bytes, int64_t meta) {
+    std::memcpy(scales + meta, packed + scale_at, kS4B32ScaleBytes);
+    std::memcpy(n16k8 + codes, packed + code_at, code_bytes);
+  });
 }
 
 }  // namespace qforge::kernels

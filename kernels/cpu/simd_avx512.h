@@ -25,7 +25,14 @@ inline __mmask16 column_mask(int64_t n0, int64_t n) {
 
 // Zero-point codes z' (int32) and fp16 scales widened to float (exact, VCVTPH2PS: the same float
 // the reference multiplies by) of column block nb, group g.
+// n16b32: the qint4 zero code and block g's scales in the stream.
 inline void s4_group_meta(const S4N16K8View& w, int64_t nb, int64_t g, __m512i& z, __m512& scale) {
+  if (w.layout == S4Layout::kN16B32) {
+    z = _mm512_set1_epi32(kS4B32ZeroCode);
+    const uint8_t* scales = w.data + s4_column_block_offset(w, nb) + s4_b32_scale_offset(g);
+    scale = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales)));
+    return;
+  }
   const int64_t meta = (nb * w.groups + g) * kS4BlockN;
   z = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.zeros + meta)));
   scale = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.scales + meta)));

@@ -326,6 +326,13 @@ TEST(GgufDecode, GgmlQuantizedQ4_0StaysFourBitAndDecodesWithQ8) {
       EXPECT_NE(lin->plan().kernel.find("q8s4"), std::string::npos) << lin->path() << ": " << lin->plan().kernel;
     }
   }
+  // Zero points -1 keep them n16k8, and describe() says so (not n16b32, which the spec alone suggests).
+  for (const LayerReport& r : layer_reports(l)) {
+    if (r.kernel.find("q8s4") == std::string::npos) continue;
+    EXPECT_EQ(r.kernel.find("n16b32"), std::string::npos) << r.name << ": " << r.kernel;
+    EXPECT_NE(r.fallback_reason.find("n16b32 (Q4_0's one-stream form) not used"), std::string::npos)
+        << r.name << ": " << r.fallback_reason;
+  }
   for (int64_t i = 0; i < 2; ++i) {
     auto& layer = *l->model->layers->ptr(i)->as<LlamaDecoderLayerImpl>();
     const std::string blk = "blk." + std::to_string(i) + ".";
@@ -341,6 +348,57 @@ TEST(GgufDecode, GgmlQuantizedQ4_0StaysFourBitAndDecodesWithQ8) {
   }
   expect_scalar_q8_reference(*l->model->layers->ptr(1)->as<LlamaDecoderLayerImpl>()->mlp->down_proj);
   expect_scalar_q8_reference(*l->model->layers->ptr(0)->as<LlamaDecoderLayerImpl>()->self_attn->q_proj);
+}
+
+// A loaded Q4_0 file (symmetric qint4 groups of 32) packs its Linears in the n16b32 form where AVX-512
+// VNNI runs its kernels: describe() names them, the layers hold 18 bytes per 32 weights and
+// nothing beside it, the logits of both decode modes equal the n16k8 form's (the same file loaded
+// under an AVX-512 cap, run without it) bit for bit, and the file exported again has the same bytes.
+TEST(GgufDecode, GgufQ4_0LoadsOnTheOneStreamFormWithTheSameLogitsAndBytes) {
+  LlamaForCausalLM src = tiny_gguf_llama();
+  quantize(src, w4_g32_scheme());
+  freeze(src);
+  const io::GgufFile f = gguf_of(src);
+  const std::vector<uint8_t> file = io::serialize_gguf(f);
+  LlamaForCausalLM l = model_of_gguf(io::parse_gguf(file, "mem"), "mem").llama;
+  LlamaForCausalLM n16k8 = [&] {
+    ScopedMaxIsa cap(std::min(usable_isa(), Isa::kAvx512));
+    return model_of_gguf(io::parse_gguf(file, "mem"), "mem").llama;
+  }();
+  const bool vnni = usable_isa() >= Isa::kAvx512Vnni;
+  std::map<std::string, int64_t> bytes, n16k8_bytes;
+  for (const LayerReport& r : layer_reports(l)) bytes[r.name] = r.bytes;
+  for (const LayerReport& r : layer_reports(n16k8)) {
+    n16k8_bytes[r.name] = r.bytes;
+    EXPECT_EQ(r.kernel.find("n16b32"), std::string::npos) << r.name << ": packed under the cap, " << r.kernel;
+  }
+  for (nn::LinearImpl* lin : frozen_linears(*l)) {
+    const int64_t N = lin->options.out_features(), K = lin->options.in_features();
+    ASSERT_FALSE(lin->options.bias()) << lin->path();
+    if (vnni) {
+      EXPECT_NE(lin->plan().kernel.find("gemv_q8s4f32_n16b32_avx512vnni"), std::string::npos) << lin->plan().kernel;
+      // The same layer's other storage (buffers) beside 576 bytes per 16 x 64 pair, where n16k8
+      // held Np * Kp / 2 bytes of codes and 3 bytes (fp16 scale, zero code) per column and group.
+      const int64_t np = (N + 15) / 16 * 16, groups = (K + 31) / 32;
+      EXPECT_EQ(bytes.at(lin->path()) - np / 16 * ((groups + 1) / 2) * 576,
+                n16k8_bytes.at(lin->path()) - np * K / 2 - np * groups * 3)
+          << lin->path();
+    } else {
+      EXPECT_EQ(lin->plan().kernel.find("n16b32"), std::string::npos) << lin->plan().kernel;
+    }
+  }
+  at::manual_seed(5);
+  const at::Tensor ids = at::randint(0, 256, {1, 12}, at::kLong);
+  EXPECT_TRUE(at::equal(decode_logits(l, ids), decode_logits(n16k8, ids)));
+  nn::set_decode_activations(*l, DecodeActivations::kExact);
+  nn::set_decode_activations(*n16k8, DecodeActivations::kExact);
+  EXPECT_TRUE(at::equal(decode_logits(l, ids), decode_logits(n16k8, ids)));
+  const io::GgufFile again = gguf_of(l);
+  for (const io::GgufTensor& t : f.tensors) {
+    const io::GgufTensor* u = again.tensor(t.name);
+    ASSERT_TRUE(u) << t.name;
+    EXPECT_TRUE(u->type == t.type && u->data == t.data) << t.name;
+  }
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 
 #include <ATen/ATen.h>
 
+#include <cmath>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -31,6 +32,7 @@ using testing::bitwise_equal;
 using testing::exact_equal;
 using testing::kDeepK;
 using testing::make_s4;
+using testing::make_s4_n16b32;
 using testing::make_s8;
 using testing::S4Weights;
 using testing::S8Weights;
@@ -393,6 +395,45 @@ TEST(Workspace, RetainsBuffersUpToTheCapOnly) {
     big.data()[detail::kWorkspaceRetainBytes] = 1;  // the whole request is usable
   }
   EXPECT_EQ(ScratchArray<float>(Scratch::kPaddedInput, 1024).data(), first);
+}
+
+// GGUF Q4_0's grid in the n16b32 form: the exact weight-only entries that read it equal
+// linear_f32_s4_reference bit for bit, and the large-M entry dequantizes it to the n16k8 form's weight.
+TEST(KernelTable, GgufQ4_0OneStreamWeightOnlyEntriesMatchTheirOracles) {
+  for (int64_t M : {1, 3, 16, 17, 40}) {
+    for (int64_t N : {1, 17, 33}) {
+      // K 4, 12, 20: one group shorter than 32 and not a multiple of 8.
+      for (int64_t K : {int64_t{4}, int64_t{8}, int64_t{12}, int64_t{20}, int64_t{40}, int64_t{96}, kDeepK}) {
+        const uint32_t seed = static_cast<uint32_t>(M * 7 + N * 131 + K * 8191);
+        const auto x = random_f32(M * K, -2.0f, 2.0f, seed);
+        const auto bias = random_f32(N, -1.0f, 1.0f, seed + 1);
+        const S4Weights w4 = make_s4_n16b32(N, K, seed + 2);
+        std::vector<float> y_ref(M * N), y(M * N);
+        linear_f32_s4_reference(x.data(), w4.w.data(), w4.scale.data(), w4.zero.data(), w4.view.group_size,
+                                bias.data(), y_ref.data(), M, N, K);
+        const LinearF32S4Problem p{x.data(), M, w4.view, bias.data(), y.data()};
+        const auto entries = runnable(linear_f32s4_kernels(), p);
+        ASSERT_FALSE(entries.empty());
+        for (const auto* e : entries) {
+          std::fill(y.begin(), y.end(), std::nanf(""));
+          e->run(p);
+          ASSERT_TRUE(bitwise_equal(y.data(), y_ref.data(), y.size())) << e->name << " " << shape(M, N, K);
+        }
+      }
+    }
+  }
+  const int64_t M = 20, N = 33, K = 72;
+  const auto x = random_f32(M * K, -2.0f, 2.0f, 71);
+  const S4Weights b32 = make_s4_n16b32(N, K, 72);
+  S4Weights k8 = make_s4(N, K, 32, -8, 72);  // the same codes and scales, zero points 0, n16k8
+  std::fill(k8.zeros.begin(), k8.zeros.end(), static_cast<int8_t>(kS4B32ZeroCode));
+  std::vector<float> y_b32(M * N), y_k8(M * N);
+  for (const KernelEntry<LinearF32S4Problem>& e : linear_f32s4_kernels()) {
+    if (!is_dequant_gemm(e.name)) continue;
+    e.run(LinearF32S4Problem{x.data(), M, b32.view, nullptr, y_b32.data()});
+    e.run(LinearF32S4Problem{x.data(), M, k8.view, nullptr, y_k8.data()});
+    EXPECT_TRUE(bitwise_equal(y_b32.data(), y_k8.data(), y_k8.size()));
+  }
 }
 
 }  // namespace

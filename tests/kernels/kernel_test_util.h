@@ -5,6 +5,7 @@
 
 #include <c10/util/Half.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <random>
@@ -130,6 +131,26 @@ inline S4Weights make_s4(int64_t N, int64_t K, int64_t g, int qmin, uint32_t see
   pack_s4_n16k8_reference(p.w.data(), N, K, qmin, p.data.data());
   pack_s4_group_meta(p.scale.data(), p.zero.data(), N, G, qmin, p.scales.data(), p.zeros.data());
   p.view = {p.data.data(), p.scales.data(), p.zeros.data(), N, K, kp, g, G};
+  return p;
+}
+
+// Symmetric qint4 groups of 32 (GGUF Q4_0's grid) with fp16-exact scales, packed n16b32 (the view's
+// data is `data`; scales and zeros are left empty); w, scale and zero as make_s4's.
+inline S4Weights make_s4_n16b32(int64_t N, int64_t K, uint32_t seed) {
+  S4Weights n16k8 = make_s4(N, K, std::min<int64_t>(kS4B32K, K), -8, seed);
+  S4Weights p;
+  p.w = n16k8.w;
+  p.scale = n16k8.scale;
+  p.zero.assign(n16k8.zero.size(), 0);
+  std::vector<int8_t> zero_codes(n16k8.zeros.size());
+  pack_s4_group_meta(p.scale.data(), nullptr, N, n16k8.view.groups, -8, n16k8.scales.data(), zero_codes.data());
+  p.data.resize(round_up(N, kS4BlockN) / kS4BlockN * s4_b32_column_bytes(n16k8.view.groups));
+  pack_s4_n16b32_reference(n16k8.data.data(), n16k8.scales.data(), N, K, p.data.data());
+  p.view = n16k8.view;
+  p.view.data = p.data.data();
+  p.view.scales = nullptr;
+  p.view.zeros = nullptr;
+  p.view.layout = S4Layout::kN16B32;
   return p;
 }
 

@@ -26,6 +26,7 @@ namespace {
 using testing::bitwise_equal;
 using testing::machine_has;
 using testing::make_s4;
+using testing::make_s4_n16b32;
 using testing::make_s8;
 using testing::random_f32;
 using testing::S4Weights;
@@ -483,6 +484,59 @@ TEST(LinearDecode, BitIdenticalRowsReuseTheLastQuantization) {
   linear_q8b32s8f32(x.data(), M, wb.view, scale.data(), nullptr, yb.data());
   EXPECT_EQ(q8_activation_reuses(), before + 2);
   expect_fresh_s8(x, wb, yb);
+}
+
+// GGUF Q4_0's grid in the n16b32 form (codes and fp16 scales in one stream): every block-32 entry
+// that reads it, decode and prefill rows, equals the reference bit for bit at column and k tails.
+TEST(LinearDecode, GgufQ4_0OneStreamEntriesMatchTheReferenceExactly) {
+  for (int64_t M : {1, 2, 5, 16, 17, 40}) {
+    for (int64_t N : {1, 17, 33, 64}) {
+      for (int64_t K : {8, 32, 40, 96, 4096, 4099}) {
+        const uint32_t seed = static_cast<uint32_t>(M * 7 + N * 131 + K * 8191);
+        const auto x = random_f32(M * K, -2.0f, 2.0f, seed);
+        const auto bias = random_f32(N, -1.0f, 1.0f, seed + 1);
+        const S4Weights w4 = make_s4_n16b32(N, K, seed + 2);
+        const Q8Codes r = quantize_q8(x, M, K);
+        for (const float* b : {bias.data(), static_cast<const float*>(nullptr)}) {
+          std::vector<float> y_ref(M * N), y(M * N, std::nanf(""));
+          linear_q8b32_s4_reference(r.q.data(), r.d.data(), r.ldq, w4.w.data(), w4.scale.data(), w4.zero.data(),
+                                    w4.view.group_size, b, y_ref.data(), M, N, K);
+          const LinearQ8S4Problem p{x.data(), M, w4.view, b, y.data()};
+          const auto entries = q8_entries(linear_q8s4_kernels(), p);
+          ASSERT_FALSE(entries.empty()) << decode_shape(M, N, K);
+          for (const auto* e : entries) {
+            std::fill(y.begin(), y.end(), std::nanf(""));
+            e->run(p);
+            ASSERT_TRUE(bitwise_equal(y.data(), y_ref.data(), y.size())) << e->name << " " << decode_shape(M, N, K);
+          }
+        }
+      }
+    }
+  }
+}
+
+// The dispatcher sends an n16b32 weight to its own entries (named so), never to an n16k8 kernel.
+TEST(LinearDecode, GgufQ4_0OneStreamDispatchNamesItsKernel) {
+  const int64_t N = 40, K = 96;
+  const S4Weights w4 = make_s4_n16b32(N, K, 61);
+  const auto x = random_f32(20 * K, -2.0f, 2.0f, 62);
+  std::vector<float> y(20 * N);
+  const bool vnni = isa_usable(Isa::kAvx512Vnni, nullptr);
+  for (int64_t M : {int64_t{1}, int64_t{20}}) {
+    RunInfo info;
+    linear_q8b32s4f32(x.data(), M, w4.view, nullptr, y.data(), &info);
+    const char* want = vnni ? (M == 1 ? "gemv_q8s4f32_n16b32_avx512vnni" : "gemm_q8s4f32_n16b32_avx512vnni")
+                            : (M == 1 ? "reference" : kDequantGemmKernel);
+    EXPECT_EQ(info.kernel, want);
+    EXPECT_EQ(info.fallback.find("n16k8"), std::string::npos) << info.fallback;
+  }
+  if (isa_compiled(Isa::kAvx512Vnni)) {
+    EXPECT_EQ(choose_decode_kernel(LinearOp::kQ8S4, Isa::kAvx512Vnni, 32, S4Layout::kN16B32).kernel,
+              "gemv_q8s4f32_n16b32_avx512vnni");
+    RunInfo large;
+    EXPECT_EQ(choose_large_m(LinearOp::kQ8S4, Isa::kAvx512Vnni, 32, &large, S4Layout::kN16B32), kWeightOnlyMaxM + 1);
+    EXPECT_EQ(large.kernel, "gemm_q8s4f32_n16b32_avx512vnni");
+  }
 }
 
 }  // namespace

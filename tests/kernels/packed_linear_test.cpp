@@ -8,6 +8,7 @@
 #include <limits>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "framework/core/error.h"
@@ -243,4 +244,48 @@ TEST(PackedLinear, ConcurrentCallsFromSeveralThreadsMatchSequentialOnes) {
   }
   for (std::thread& th : threads) th.join();
   for (int t = 0; t < kThreads; ++t) EXPECT_EQ(mismatches[t], 0) << "thread " << t;
+}
+
+// GGUF Q4_0's grid (symmetric qint4, groups of 32, fp16 scales) packed n16b32: Q4_0's 18 bytes per
+// 32 weights in one stream (an odd block count pads one block), nothing else held but the bias;
+// the codes and scales read back exactly;
+// both weight-only paths give the n16k8 form's results bit for bit, at every usable ISA level.
+TEST(PackedLinearS4, GgufQ4_0OneStreamFormHolds18BytesPer32WeightsAndComputesTheSame) {
+  const std::vector<std::tuple<int64_t, int64_t, int64_t>> shapes{
+      {1, 40, 96}, {3, 17, 4099}, {20, 33, 64}, {2, 16, 128}};
+  for (auto [M, N, K] : shapes) {
+    const uint32_t seed = static_cast<uint32_t>(M * 100 + N * 10 + K);
+    const int64_t G = num_groups(K, 32);
+    const at::Tensor W = s8_tensor(random_s8(N * K, -8, 7, seed), N, K);
+    const at::Tensor ws = f32_tensor(random_f16_exact(N * G, 0.001f, 0.05f, seed + 1), {N, G});
+    const at::Tensor bias = f32_tensor(random_f32(N, -1.0f, 1.0f, seed + 2), {N});
+    const PackedLinearS4 k8(W, ws, {}, 32, bias);
+    const PackedLinearS4 b32(W, ws, at::zeros({N, G}, at::kInt), 32, bias, qforge::qint4, S4Layout::kN16B32);
+    ASSERT_EQ(b32.layout(), S4Layout::kN16B32) << b32.layout_status();
+    EXPECT_EQ(b32.bytes(), round_up(N, 16) / 16 * ((G + 1) / 2) * 576 + N * 4);
+    EXPECT_EQ(b32.view().scales, nullptr);
+    EXPECT_EQ(b32.view().zeros, nullptr);
+    EXPECT_TRUE(at::equal(b32.weight(), W));
+    EXPECT_TRUE(at::equal(b32.w_scale(), ws));
+    const at::Tensor x = f32_tensor(random_f32(M * K, -2.0f, 2.0f, seed + 3), {M, K});
+    for (Isa isa : usable_isas()) {
+      ScopedMaxIsa cap(isa);
+      RunInfo info;
+      EXPECT_TRUE(at::equal(b32.run_decode(x, &info), k8.run_decode(x))) << info.kernel << " M=" << M;
+      EXPECT_TRUE(at::equal(b32.run_weight_only(x, &info), k8.run_weight_only(x))) << info.kernel << " M=" << M;
+    }
+  }
+}
+
+TEST(PackedLinearS4, GgufQ4_0OneStreamFormFallsBackToN16K8NamingWhy) {
+  const int64_t N = 16, K = 64;
+  const at::Tensor W = at::zeros({N, K}, at::kChar), s = at::ones({N, 2});
+  const PackedLinearS4 zeros(W, s, at::ones({N, 2}, at::kInt), 32, {}, qforge::qint4, S4Layout::kN16B32);
+  EXPECT_EQ(zeros.layout(), S4Layout::kN16K8);
+  EXPECT_EQ(zeros.layout_status(), "zero points other than 0");
+  const PackedLinearS4 unsigned4(W, s, {}, 32, {}, qforge::quint4, S4Layout::kN16B32);
+  EXPECT_EQ(unsigned4.layout_status(), "the grid is quint4, not qint4");
+  const PackedLinearS4 g64(W, at::ones({N, 1}), {}, 64, {}, qforge::qint4, S4Layout::kN16B32);
+  EXPECT_EQ(g64.layout_status(), "group_size=64, not 32");
+  EXPECT_EQ(g64.bytes(), N * K / 2 + N * 3);
 }
