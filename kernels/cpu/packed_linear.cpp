@@ -262,7 +262,8 @@ at::Tensor PackedLinearS4::weight() const {
   QF_REQUIRE(packed_.defined(), "kernels/cpu: PackedLinearS4 is empty");
   at::Tensor w = at::empty({n_, k_}, at::kChar);
   const S4Unpacked u = unpack_s4(view());
-  for (int64_t i = 0; i < n_ * k_; ++i) w.data_ptr<int8_t>()[i] = static_cast<int8_t>(u.codes[i] + qtype_.quant_min);
+  int8_t* out = w.data_ptr<int8_t>();
+  for (int64_t i = 0; i < n_ * k_; ++i) out[i] = static_cast<int8_t>(u.codes[i] + qtype_.quant_min);
   return w;
 }
 
