@@ -60,11 +60,16 @@ TEST(TorchScriptTransformer, LinearMatmulAndEmbeddingBecomeQforgeLayersLayerNorm
     EXPECT_EQ(activation_matmuls, 4);  // q @ k^T and att @ v of each block
     EXPECT_EQ(m->kept_float().size(), 9u);
     EXPECT_NE(m->describe().find("aten::layer_norm: kept float by design"), std::string::npos) << m->describe();
-    // The float forward of the rewritten graph is the script's, bit for bit.
+    // The float forward of the rewritten graph is the script's, bit for bit, on this machine; the
+    // logits PyTorch stored on the machine that wrote the fixture differ from it in the last bits
+    // only (its GEMM kernels, and so their summation order, follow the CPU).
     const auto data = encoder_data();
+    const at::Tensor ids = data.tensors.at("input_ids");
     m->eval();
     torch::NoGradGuard no_grad;
-    EXPECT_TRUE(at::equal(m->forward(data.tensors.at("input_ids")), data.tensors.at("float_logits")));
+    const at::Tensor y = m->forward(ids);
+    EXPECT_TRUE(at::equal(y, qforge::jit_test::original_call(form, {ids}, false).toTensor()));
+    EXPECT_LT(relative_error(y, data.tensors.at("float_logits")), 1e-5);
   }
 }
 

@@ -277,7 +277,11 @@ LlamaConfig kv_test_llama() {
 // negative: it maps to -(qmax - qmin) / 2 = -7.5 (int4) or -127.5 (int8), a tie. So the first
 // layer's codes (inputs equal up to rounding) are checked against the whole-sequence prefill's: at
 // most one step apart, in at most one code per group, scales within float rounding. Later layers
-// see those steps in their inputs; the logits are checked within 5 % of their range.
+// see those steps in their inputs, and which ties flip depends on the CPU's GEMM rounding (int4 in
+// groups of 8: a tie on every other group, one step = 1/7.5 of its largest magnitude), so the
+// logits are bounded by the quantization's own effect: decoding stays closer to the fake-quant
+// forward than that forward is to the float one (a decode that misplaced or dropped cached
+// positions moves them by a good part of their range).
 template <class Model>
 void expect_decode_equals_fake_quant(Model& m, const KvCacheScheme& s, int64_t vocab) {
   m->set_kv_cache_scheme(s);
@@ -304,7 +308,10 @@ void expect_decode_equals_fake_quant(Model& m, const KvCacheScheme& s, int64_t v
     EXPECT_LT(((a.scale - b.scale).abs() / a.scale).max().item<double>(), 1e-5) << name_of(s);
   }
   const double diff = (at::cat(steps, 1) - full).abs().max().item<double>();
-  EXPECT_LT(diff, 0.05 * full.abs().max().item<double>()) << name_of(s);
+  m->set_kv_cache_scheme(KvCacheScheme{});
+  const double quantization = (m->forward(ids) - full).abs().max().template item<double>();
+  m->set_kv_cache_scheme(s);
+  EXPECT_LT(diff, quantization) << name_of(s) << ": decoding moved the logits further than quantizing the cache did";
   EXPECT_EQ(cache.bytes(), 16 * m->kv_cache_bytes_per_token(s)) << name_of(s);
 }
 

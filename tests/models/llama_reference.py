@@ -338,7 +338,7 @@ def check_perplexity(root):
     err = max(abs(a["perplexity"] - b["perplexity"]) / b["perplexity"] for a, b in zip(runs, ref["runs"]))
     same = all(a["tokens_scored"] == b["tokens_scored"] for a, b in zip(runs, ref["runs"]))
     print(f"perplexity_reference.json: reproduced within {err:.1e}")
-    return err < 1e-9 and same and len(runs) == len(ref["runs"])
+    return err < CROSS_MACHINE and same and len(runs) == len(ref["runs"])
 
 
 def relative_error(a, b):
@@ -346,6 +346,12 @@ def relative_error(a, b):
 
 
 # ---- fixtures ----
+# How close --check must come to what --write stored: float32 logits (and perplexities) recomputed on
+# another CPU differ in their last bits (the GEMM kernels, and their summation order, follow the CPU;
+# seen: up to 1.3e-6 on an AMD EPYC for fixtures written on another machine): the bound is ten times
+# that, still float32 noise beside the error of any formula mistake.
+CROSS_MACHINE = 1e-5
+
 def random_weights(c, gen):
     H, KV, D, h, f = c["num_attention_heads"], kv_heads(c), head_dim(c), c["hidden_size"], c["intermediate_size"]
     qkv_bias, o_bias, mlp_bias = c["qkv_bias"], c["o_bias"], c["mlp_biases"]
@@ -419,7 +425,7 @@ def check_case(folder):
         decoded = decoded_logits(c, w, ref["input_ids"])
     err = max(relative_error(full, ref["logits"]), relative_error(decoded, ref["logits"]))
     print(f"{os.path.basename(folder)}: stored logits reproduced within {err:.1e}")
-    return err < 1e-6
+    return err < CROSS_MACHINE
 
 
 def main():
