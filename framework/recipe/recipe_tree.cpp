@@ -139,18 +139,32 @@ constexpr int64_t kMaxRecipeNodes = 100000;
 constexpr size_t kMaxIncludeDepth = 16;
 constexpr int kMaxIncludes = 256;
 
-// Counts nodes with aliases expanded (as every later walk sees them), stopping at the budget:
-// false once it is spent, after at most `budget` visits however deep the alias nesting.
-bool within_node_budget(const YAML::Node& n, int64_t& budget) {
-  if (--budget < 0) return false;
-  if (n.IsMap()) {
-    for (const auto& kv : n)
-      if (!within_node_budget(kv.first, budget) || !within_node_budget(kv.second, budget)) return false;
-  } else if (n.IsSequence()) {
-    for (const auto& c : n)
-      if (!within_node_budget(c, budget)) return false;
-  }
-  return true;
+constexpr int kMaxRecipeDepth = 64;
+
+// Why `n` is not a recipe tree, or "": more than kMaxRecipeNodes nodes with aliases expanded (as
+// every later walk sees them), or nesting deeper than kMaxRecipeDepth. The depth bound also stops
+// an alias inside its own anchor (`a: &x {<<: *x}`), which yaml-cpp loads as a node containing
+// itself: every later walk would recurse until the stack ends.
+std::string tree_bounds_problem(const YAML::Node& root) {
+  int64_t budget = kMaxRecipeNodes;
+  bool too_deep = false;
+  const auto walk = [&](const auto& self, const YAML::Node& n, int depth) -> bool {
+    if (--budget < 0) return false;
+    if (depth > kMaxRecipeDepth) return !(too_deep = true);
+    if (n.IsMap()) {
+      for (const auto& kv : n)
+        if (!self(self, kv.first, depth + 1) || !self(self, kv.second, depth + 1)) return false;
+    } else if (n.IsSequence()) {
+      for (const auto& c : n)
+        if (!self(self, c, depth + 1)) return false;
+    }
+    return true;
+  };
+  if (walk(walk, root, 0)) return "";
+  if (too_deep)
+    return "nested deeper than " + std::to_string(kMaxRecipeDepth) +
+           " levels (an alias inside its own anchor?); not a recipe";
+  return "more than " + std::to_string(kMaxRecipeNodes) + " YAML nodes once aliases are expanded; not a recipe";
 }
 
 struct IncludeState {
@@ -185,9 +199,8 @@ YAML::Node read_file(const std::filesystem::path& path, Ctx& ctx) {
     ctx.add(file, e.mark, "", "YAML syntax error: " + e.msg);
     return empty;
   }
-  if (int64_t budget = kMaxRecipeNodes; !within_node_budget(node, budget)) {
-    ctx.add(file, YAML::Mark::null_mark(), "",
-            "more than " + std::to_string(kMaxRecipeNodes) + " YAML nodes once aliases are expanded; not a recipe");
+  if (const std::string why = tree_bounds_problem(node); !why.empty()) {
+    ctx.add(file, YAML::Mark::null_mark(), "", why);
     return empty;
   }
   if (node.IsNull()) return empty;
@@ -320,6 +333,10 @@ void apply_override(YAML::Node root, const std::string& text, Origins& origins, 
     v = YAML::Load(value);
   } catch (const YAML::Exception& e) {
     ctx.add("--set", YAML::Mark::null_mark(), key, "value is not valid YAML: " + e.msg);
+    return;
+  }
+  if (const std::string why = tree_bounds_problem(v); !why.empty()) {
+    ctx.add("--set", YAML::Mark::null_mark(), key, "value " + why);
     return;
   }
   const size_t before = ctx.issues.size();

@@ -517,6 +517,28 @@ TEST(Recipe, HostileRecipesAreRefusedInMilliseconds) {
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 5.0);
 }
 
+// Issue 39 item 24 (recipe_fuzz, 2026-11-27): a merge key inside its own anchor loads in yaml-cpp
+// as a map containing itself, and the node count's walk recursed until the stack overflowed.
+TEST(Recipe, Issue39Item24AnAliasInsideItsOwnAnchorIsRefusedNotWalkedForever) {
+  TempDir dir;
+  const std::string self_ref = std::string(kMinimal) + "train_defaults: &lr {lr: 0.001, <<: *lr, lsq: false}\n";
+  std::vector<RecipeIssue> issues = issues_of(dir.write("self.yaml", self_ref));
+  ASSERT_FALSE(issues.empty());
+  EXPECT_NE(issues[0].message.find("nested deeper than 64 levels (an alias inside its own anchor?)"), std::string::npos)
+      << issues[0].message;
+  // The same value given on the command line.
+  issues = issues_of(dir.write("ok.yaml", std::string(kMinimal)), {"model.config=&a [1, *a]"});
+  ASSERT_EQ(issues.size(), 1u);
+  EXPECT_EQ(issues[0].file, "--set");
+  EXPECT_NE(issues[0].message.find("value nested deeper than 64 levels"), std::string::npos) << issues[0].message;
+  // Deep but finite nesting below the bound is still a recipe's business (free-form config).
+  std::string deep = "model_config_deep: ";
+  for (int i = 0; i < 40; ++i) deep += "[";
+  for (int i = 0; i < 40; ++i) deep += "]";
+  issues = issues_of(dir.write("deep.yaml", std::string(kMinimal) + deep + "\n"));
+  for (const auto& i : issues) EXPECT_EQ(i.message.find("nested deeper"), std::string::npos) << i.message;
+}
+
 TEST(Recipe, SetReachesFreeFormConfigKeysAndRefusesIncludes) {
   const std::string path = std::string(QFORGE_SOURCE_DIR) + "/recipes/bert_int8.yaml";
   const Recipe r = load_recipe(path, {"model.config.hidden_size=64"});
