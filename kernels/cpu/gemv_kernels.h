@@ -115,6 +115,8 @@ void gemv_q8s4f32_n16k8_avx2(const GemvQ8S4Args& args, int64_t nb_begin, int64_t
 using GemvQ8S8GArgs = GemvQ8Args<S8GroupView>;
 using GemvF32S8GArgs = GemvF32Args<S8GroupView>;
 void gemv_q8s8gf32_n16k4_avx512vnni(const GemvQ8S8GArgs& args, int64_t nb_begin, int64_t nb_end);
+void gemv_q8s8gf32_n16k4_avx2(const GemvQ8S8GArgs& args, int64_t nb_begin, int64_t nb_end);
 void gemv_f32s8gf32_n16k4_avx512(const GemvF32S8GArgs& args, int64_t nb_begin, int64_t nb_end);
+void gemv_f32s8gf32_n16k4_avx2(const GemvF32S8GArgs& args, int64_t nb_begin, int64_t nb_end);
 
 }  // namespace qforge::kernels::detail
