@@ -108,6 +108,7 @@ void gemv_q8s8f32_n16k4_avx2(const GemvQ8S8Args& args, int64_t nb_begin, int64_t
 void gemv_q8s4f32_n16k8_avx512vnni(const GemvQ8S4Args& args, int64_t nb_begin, int64_t nb_end);
 void gemv_q8s4f32_n16b32_avx512vnni(const GemvQ8S4Args& args, int64_t nb_begin, int64_t nb_end);
 void gemv_q8s4f32_n16k8_avx2(const GemvQ8S4Args& args, int64_t nb_begin, int64_t nb_end);
+void gemv_q8s4f32_n16b32_avx2(const GemvQ8S4Args& args, int64_t nb_begin, int64_t nb_end);
 
 // int8 weights with group scales (S8GroupView): block-32 decode (linear_q8b32_s4_reference's
 // formula on the int8 codes; w.group_size % 32 == 0 or w.groups == 1) and weight-only float

@@ -57,4 +57,8 @@ void gemv_q8s4f32_n16k8_avx2(const GemvQ8S4Args& args, int64_t nb_begin, int64_t
   for_each_tile<Kernel<S4Layout::kN16K8>>(args, nb_begin, nb_end);
 }
 
+void gemv_q8s4f32_n16b32_avx2(const GemvQ8S4Args& args, int64_t nb_begin, int64_t nb_end) {
+  for_each_tile<Kernel<S4Layout::kN16B32>>(args, nb_begin, nb_end);
+}
+
 }  // namespace qforge::kernels::detail

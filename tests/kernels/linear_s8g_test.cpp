@@ -60,6 +60,19 @@ std::string shape(int64_t M, int64_t N, int64_t K, int64_t g, bool zeros, bool f
          std::to_string(g) + (zeros ? " zeros" : "") + (fp16 ? " fp16" : " fp32");
 }
 
+// linear_q8b32_s4_reference of a case on x [M, K] quantized by the block-32 reference.
+std::vector<float> q8_reference(const S8GCase& c, const std::vector<float>& x, const std::vector<float>& bias,
+                                int64_t M, int64_t N, int64_t K, int64_t g) {
+  const int64_t ldq = q8_block_count(K) * kQ8Block;
+  std::vector<int8_t> q(M * ldq);
+  std::vector<float> d(M * q8_block_count(K)), y(M * N);
+  std::vector<int32_t> s(d.size());
+  quantize_rows_q8b32_reference(x.data(), M, K, q.data(), ldq, d.data(), s.data());
+  linear_q8b32_s4_reference(q.data(), d.data(), ldq, c.w.data(), c.scale.data(), c.zero.data(), std::min(g, K),
+                            bias.data(), y.data(), M, N, K);
+  return y;
+}
+
 // The table's GEMV entries this machine has that apply (not the exact fallback or the GEMM).
 std::vector<const KernelEntry<LinearS8GProblem>*> gemv_entries(const KernelTable<LinearS8GProblem>& table,
                                                                const LinearS8GProblem& p) {
@@ -85,13 +98,8 @@ TEST(LinearS8G, EveryDecodeEntryMatchesTheReferenceExactly) {
             ASSERT_EQ(c.packed.fp16_scales(), fp16);
             const auto x = random_f32(M * K, -2.0f, 2.0f, seed + 3);
             const auto bias = random_f32(N, -1.0f, 1.0f, seed + 4);
-            const int64_t ldq = q8_block_count(K) * kQ8Block;
-            std::vector<int8_t> q(M * ldq);
-            std::vector<float> d(M * q8_block_count(K)), y_ref(M * N), y(M * N);
-            std::vector<int32_t> s(d.size());
-            quantize_rows_q8b32_reference(x.data(), M, K, q.data(), ldq, d.data(), s.data());
-            linear_q8b32_s4_reference(q.data(), d.data(), ldq, c.w.data(), c.scale.data(), c.zero.data(),
-                                      std::min(g, K), bias.data(), y_ref.data(), M, N, K);
+            const std::vector<float> y_ref = q8_reference(c, x, bias, M, N, K, g);
+            std::vector<float> y(M * N);
             const LinearS8GProblem p{x.data(), M, c.packed.view(), bias.data(), y.data()};
             const auto entries = gemv_entries(linear_q8s8g_kernels(), p);
             ASSERT_FALSE(entries.empty()) << shape(M, N, K, g, zeros, fp16);
@@ -142,13 +150,7 @@ void expect_avx2_twins_exact(int64_t M, int64_t N, int64_t K, int64_t g, bool ze
   const int64_t gs = std::min(g, K);
   const auto x = random_f32(M * K, -2.0f, 2.0f, seed + 3);
   const auto bias = random_f32(N, -1.0f, 1.0f, seed + 4);
-  const int64_t ldq = q8_block_count(K) * kQ8Block;
-  std::vector<int8_t> q(M * ldq);
-  std::vector<float> d(M * q8_block_count(K)), y_ref(M * N), y(M * N);
-  std::vector<int32_t> s(d.size());
-  quantize_rows_q8b32_reference(x.data(), M, K, q.data(), ldq, d.data(), s.data());
-  linear_q8b32_s4_reference(q.data(), d.data(), ldq, c.w.data(), c.scale.data(), c.zero.data(), gs, bias.data(),
-                            y_ref.data(), M, N, K);
+  std::vector<float> y_ref = q8_reference(c, x, bias, M, N, K, g), y(M * N);
   RunInfo info;
   linear_q8b32s8gf32(x.data(), M, c.packed.view(), bias.data(), y.data(), &info);
   ASSERT_EQ(info.kernel, "gemv_q8s8gf32_n16k4_avx2") << shape(M, N, K, g, zeros, fp16);
