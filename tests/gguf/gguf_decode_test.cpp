@@ -160,6 +160,8 @@ LlamaForCausalLM loaded_q8_0() {
 void expect_q8s8g_kernel(const std::string& what, const std::string& kernel) {
   if (usable_isa() >= Isa::kAvx512Vnni) {
     EXPECT_EQ(kernel, "gemv_q8s8gf32_n16k4_avx512vnni") << what;
+  } else if (usable_isa() >= Isa::kAvx2) {
+    EXPECT_EQ(kernel, "gemv_q8s8gf32_n16k4_avx2") << what;
   } else {
     EXPECT_EQ(kernel, "reference") << what;
   }
@@ -188,7 +190,9 @@ TEST(GgufDecode, LoadedQ8CodesDecodeOnTheInt8GroupKernelByDefault) {
   EXPECT_EQ(frozen, 2 * 7 + 1);
   EXPECT_EQ(nn::set_decode_activations(*l, DecodeActivations::kExact), 0);
   for (nn::LinearImpl* lin : linears) {
-    EXPECT_EQ(lin->plan().kernel, usable_isa() >= Isa::kAvx512 ? "gemv_f32s8gf32_n16k4_avx512" : "reference");
+    EXPECT_EQ(lin->plan().kernel, usable_isa() >= Isa::kAvx512 ? "gemv_f32s8gf32_n16k4_avx512"
+                                  : usable_isa() >= Isa::kAvx2 ? "gemv_f32s8gf32_n16k4_avx2"
+                                                               : "reference");
   }
 }
 
@@ -298,23 +302,40 @@ at::Tensor ggml_q4_0_values(const std::vector<uint8_t>& bytes, int64_t rows, int
   return out;
 }
 
-// A file whose blk.* matrices llama.cpp's Q4_0 quantizer wrote (d < 0 in about half the blocks, each
-// holding a code -8): every Linear loads as qint4, dequantizes to ggml's values (equal up to the sign of
-// zero: a code 0 under d < 0 gives +0 where ggml gives -0.0, at::equal takes them as equal), and decodes
-// with the q8 kernel (equal to the scalar block reference).
-TEST(GgufDecode, GgmlQuantizedQ4_0StaysFourBitAndDecodesWithQ8) {
+// The tiny Llama's file with its blk.* matrices as llama.cpp's Q4_0 quantizer writes them (d < 0 in
+// about half the blocks, each holding a code -8, codes 0 and 15 among them); *expected: ggml's
+// dequantized values per tensor.
+io::GgufFile ggml_quantized_q4_0_file(std::map<std::string, at::Tensor>* expected) {
   io::GgufFile f = gguf_of(tiny_gguf_llama());
-  std::map<std::string, at::Tensor> expected;
-  int64_t negative = 0, blocks = 0;
+  int64_t negative = 0, blocks = 0, extremes[2] = {0, 0};
   for (io::GgufTensor& t : f.tensors) {
     if (t.name.rfind("blk.", 0) != 0 || t.ne.size() != 2) continue;
     const int64_t K = static_cast<int64_t>(t.ne[0]), rows = static_cast<int64_t>(t.ne[1]);
     t.data = ggml_q4_0_twin(reinterpret_cast<const float*>(t.data.data()), rows * K);
     t.type = io::GgmlType::kQ4_0;
-    for (int64_t b = 0; b < rows * K / 32; ++b) negative += (t.data[b * 18 + 1] & 0x80) != 0, ++blocks;
-    expected[t.name] = ggml_q4_0_values(t.data, rows, K);
+    for (int64_t b = 0; b < rows * K / 32; ++b) {
+      const uint8_t* blk = t.data.data() + b * 18;
+      if ((blk[1] & 0x80) == 0) continue;
+      ++negative;
+      for (int j = 2; j < 18; ++j)
+        for (int nibble : {blk[j] & 15, blk[j] >> 4}) extremes[0] += nibble == 0, extremes[1] += nibble == 15;
+    }
+    blocks += rows * K / 32;
+    if (expected != nullptr) (*expected)[t.name] = ggml_q4_0_values(t.data, rows, K);
   }
   EXPECT_GT(negative, blocks / 4);
+  EXPECT_GT(extremes[0], 0);
+  EXPECT_GT(extremes[1], 0);
+  return f;
+}
+
+// A file whose blk.* matrices llama.cpp's Q4_0 quantizer wrote (d < 0 in about half the blocks, each
+// holding a code -8): every Linear loads as qint4, dequantizes to ggml's values (equal up to the sign of
+// zero: a code 0 under d < 0 gives +0 where ggml gives -0.0, at::equal takes them as equal), and decodes
+// with the q8 kernel (equal to the scalar block reference).
+TEST(GgufDecode, GgmlQuantizedQ4_0StaysFourBitAndDecodesWithQ8) {
+  std::map<std::string, at::Tensor> expected;
+  const io::GgufFile f = ggml_quantized_q4_0_file(&expected);
   const GgufModel g = model_of_gguf(io::parse_gguf(io::serialize_gguf(f), "mem"), "mem");
   LlamaForCausalLM l = g.llama;
   const std::vector<nn::LinearImpl*> linears = frozen_linears(*l);
@@ -326,12 +347,18 @@ TEST(GgufDecode, GgmlQuantizedQ4_0StaysFourBitAndDecodesWithQ8) {
       EXPECT_NE(lin->plan().kernel.find("q8s4"), std::string::npos) << lin->path() << ": " << lin->plan().kernel;
     }
   }
-  // Zero points -1 keep them n16k8, and describe() says so (not n16b32, which the spec alone suggests).
+  // Zero points -1 (negative block scales) fold into n16b32 where its kernels run, and describe()
+  // names it; below AVX2 it says why not.
   for (const LayerReport& r : layer_reports(l)) {
     if (r.kernel.find("q8s4") == std::string::npos) continue;
-    EXPECT_EQ(r.kernel.find("n16b32"), std::string::npos) << r.name << ": " << r.kernel;
-    EXPECT_NE(r.fallback_reason.find("n16b32 (Q4_0's one-stream form) not used"), std::string::npos)
-        << r.name << ": " << r.fallback_reason;
+    if (usable_isa() >= Isa::kAvx2) {
+      EXPECT_NE(r.kernel.find("n16b32"), std::string::npos) << r.name << ": " << r.kernel;
+      EXPECT_EQ(r.fallback_reason.find("n16b32 (Q4_0's one-stream form) not used"), std::string::npos)
+          << r.name << ": " << r.fallback_reason;
+    } else {
+      EXPECT_NE(r.fallback_reason.find("n16b32 (Q4_0's one-stream form) not used"), std::string::npos)
+          << r.name << ": " << r.fallback_reason;
+    }
   }
   for (int64_t i = 0; i < 2; ++i) {
     auto& layer = *l->model->layers->ptr(i)->as<LlamaDecoderLayerImpl>();
@@ -350,22 +377,19 @@ TEST(GgufDecode, GgmlQuantizedQ4_0StaysFourBitAndDecodesWithQ8) {
   expect_scalar_q8_reference(*l->model->layers->ptr(0)->as<LlamaDecoderLayerImpl>()->self_attn->q_proj);
 }
 
-// A loaded Q4_0 file (symmetric qint4 groups of 32) packs its Linears in the n16b32 form where AVX-512
-// VNNI runs its kernels: describe() names them, the layers hold 18 bytes per 32 weights and
-// nothing beside it, the logits of both decode modes equal the n16k8 form's (the same file loaded
-// under an AVX-512 cap, run without it) bit for bit, and the file exported again has the same bytes.
-TEST(GgufDecode, GgufQ4_0LoadsOnTheOneStreamFormWithTheSameLogitsAndBytes) {
-  LlamaForCausalLM src = tiny_gguf_llama();
-  quantize(src, w4_g32_scheme());
-  freeze(src);
-  const io::GgufFile f = gguf_of(src);
+// A loaded Q4_0 file packs its Linears in the n16b32 form where its decode kernels run (AVX2 and
+// up): describe() names them, the layers hold 18 bytes per 32 weights and nothing beside it, the
+// logits of both decode modes equal the n16k8 form's (the same file loaded under a reference cap,
+// run without it) bit for bit, and the file exported again has the same bytes.
+void expect_one_stream_form_same_as_n16k8(const io::GgufFile& f) {
   const std::vector<uint8_t> file = io::serialize_gguf(f);
   LlamaForCausalLM l = model_of_gguf(io::parse_gguf(file, "mem"), "mem").llama;
   LlamaForCausalLM n16k8 = [&] {
-    ScopedMaxIsa cap(std::min(usable_isa(), Isa::kAvx512));
+    ScopedMaxIsa cap(Isa::kReference);
     return model_of_gguf(io::parse_gguf(file, "mem"), "mem").llama;
   }();
-  const bool vnni = usable_isa() >= Isa::kAvx512Vnni;
+  const bool stream = usable_isa() >= Isa::kAvx2;
+  const char* gemv = usable_isa() >= Isa::kAvx512Vnni ? "gemv_q8s4f32_n16b32_avx512vnni" : "gemv_q8s4f32_n16b32_avx2";
   std::map<std::string, int64_t> bytes, n16k8_bytes;
   for (const LayerReport& r : layer_reports(l)) bytes[r.name] = r.bytes;
   for (const LayerReport& r : layer_reports(n16k8)) {
@@ -375,8 +399,8 @@ TEST(GgufDecode, GgufQ4_0LoadsOnTheOneStreamFormWithTheSameLogitsAndBytes) {
   for (nn::LinearImpl* lin : frozen_linears(*l)) {
     const int64_t N = lin->options.out_features(), K = lin->options.in_features();
     ASSERT_FALSE(lin->options.bias()) << lin->path();
-    if (vnni) {
-      EXPECT_NE(lin->plan().kernel.find("gemv_q8s4f32_n16b32_avx512vnni"), std::string::npos) << lin->plan().kernel;
+    if (stream) {
+      EXPECT_NE(lin->plan().kernel.find(gemv), std::string::npos) << lin->plan().kernel;
       // The same layer's other storage (buffers) beside 576 bytes per 16 x 64 pair, where n16k8
       // held Np * Kp / 2 bytes of codes and 3 bytes (fp16 scale, zero code) per column and group.
       const int64_t np = (N + 15) / 16 * 16, groups = (K + 31) / 32;
@@ -399,6 +423,19 @@ TEST(GgufDecode, GgufQ4_0LoadsOnTheOneStreamFormWithTheSameLogitsAndBytes) {
     ASSERT_TRUE(u) << t.name;
     EXPECT_TRUE(u->type == t.type && u->data == t.data) << t.name;
   }
+}
+
+TEST(GgufDecode, GgufQ4_0LoadsOnTheOneStreamFormWithTheSameLogitsAndBytes) {
+  LlamaForCausalLM src = tiny_gguf_llama();
+  quantize(src, w4_g32_scheme());
+  freeze(src);
+  expect_one_stream_form_same_as_n16k8(gguf_of(src));
+}
+
+// A Q4_0 file from llama.cpp's own quantizer: its negative block scales (loaded as zero point -1)
+// fold back into the n16b32 stream's fp16 scales, with the n16k8 form's logits and the file's bytes.
+TEST(GgufDecode, GgmlQuantizedQ4_0WithNegativeScalesLoadsOnTheOneStreamFormWithTheSameLogitsAndBytes) {
+  expect_one_stream_form_same_as_n16k8(ggml_quantized_q4_0_file(nullptr));
 }
 
 }  // namespace

@@ -60,6 +60,19 @@ std::string shape(int64_t M, int64_t N, int64_t K, int64_t g, bool zeros, bool f
          std::to_string(g) + (zeros ? " zeros" : "") + (fp16 ? " fp16" : " fp32");
 }
 
+// linear_q8b32_s4_reference of a case on x [M, K] quantized by the block-32 reference.
+std::vector<float> q8_reference(const S8GCase& c, const std::vector<float>& x, const std::vector<float>& bias,
+                                int64_t M, int64_t N, int64_t K, int64_t g) {
+  const int64_t ldq = q8_block_count(K) * kQ8Block;
+  std::vector<int8_t> q(M * ldq);
+  std::vector<float> d(M * q8_block_count(K)), y(M * N);
+  std::vector<int32_t> s(d.size());
+  quantize_rows_q8b32_reference(x.data(), M, K, q.data(), ldq, d.data(), s.data());
+  linear_q8b32_s4_reference(q.data(), d.data(), ldq, c.w.data(), c.scale.data(), c.zero.data(), std::min(g, K),
+                            bias.data(), y.data(), M, N, K);
+  return y;
+}
+
 // The table's GEMV entries this machine has that apply (not the exact fallback or the GEMM).
 std::vector<const KernelEntry<LinearS8GProblem>*> gemv_entries(const KernelTable<LinearS8GProblem>& table,
                                                                const LinearS8GProblem& p) {
@@ -85,13 +98,8 @@ TEST(LinearS8G, EveryDecodeEntryMatchesTheReferenceExactly) {
             ASSERT_EQ(c.packed.fp16_scales(), fp16);
             const auto x = random_f32(M * K, -2.0f, 2.0f, seed + 3);
             const auto bias = random_f32(N, -1.0f, 1.0f, seed + 4);
-            const int64_t ldq = q8_block_count(K) * kQ8Block;
-            std::vector<int8_t> q(M * ldq);
-            std::vector<float> d(M * q8_block_count(K)), y_ref(M * N), y(M * N);
-            std::vector<int32_t> s(d.size());
-            quantize_rows_q8b32_reference(x.data(), M, K, q.data(), ldq, d.data(), s.data());
-            linear_q8b32_s4_reference(q.data(), d.data(), ldq, c.w.data(), c.scale.data(), c.zero.data(),
-                                      std::min(g, K), bias.data(), y_ref.data(), M, N, K);
+            const std::vector<float> y_ref = q8_reference(c, x, bias, M, N, K, g);
+            std::vector<float> y(M * N);
             const LinearS8GProblem p{x.data(), M, c.packed.view(), bias.data(), y.data()};
             const auto entries = gemv_entries(linear_q8s8g_kernels(), p);
             ASSERT_FALSE(entries.empty()) << shape(M, N, K, g, zeros, fp16);
@@ -129,6 +137,42 @@ TEST(LinearS8G, EveryExactEntryMatchesTheReferenceExactly) {
           }
         }
       }
+    }
+  }
+}
+
+// Under an AVX2 cap (machines without AVX-512) the dispatcher runs the AVX2 twins, bit for bit the
+// references: M 1..16, N around multiples of 16, K 32..8192 with tails, groups of 32, 64 and K.
+void expect_avx2_twins_exact(int64_t M, int64_t N, int64_t K, int64_t g, bool zeros) {
+  const bool fp16 = (M + N + K) % 2 == 1;
+  const uint32_t seed = static_cast<uint32_t>(M * 11 + N * 173 + K * 7907 + g * 3 + zeros);
+  const S8GCase c = make_case(N, K, g, zeros, fp16, seed);
+  const int64_t gs = std::min(g, K);
+  const auto x = random_f32(M * K, -2.0f, 2.0f, seed + 3);
+  const auto bias = random_f32(N, -1.0f, 1.0f, seed + 4);
+  std::vector<float> y_ref = q8_reference(c, x, bias, M, N, K, g), y(M * N);
+  RunInfo info;
+  linear_q8b32s8gf32(x.data(), M, c.packed.view(), bias.data(), y.data(), &info);
+  ASSERT_EQ(info.kernel, "gemv_q8s8gf32_n16k4_avx2") << shape(M, N, K, g, zeros, fp16);
+  ASSERT_TRUE(bitwise_equal(y.data(), y_ref.data(), y.size())) << "decode " << shape(M, N, K, g, zeros, fp16);
+  linear_f32_s4_reference(x.data(), c.w.data(), c.scale.data(), c.zero.data(), gs, bias.data(), y_ref.data(), M, N, K);
+  linear_f32s8gf32(x.data(), M, c.packed.view(), bias.data(), y.data(), &info);
+  ASSERT_EQ(info.kernel, "gemv_f32s8gf32_n16k4_avx2") << shape(M, N, K, g, zeros, fp16);
+  ASSERT_TRUE(bitwise_equal(y.data(), y_ref.data(), y.size())) << "exact " << shape(M, N, K, g, zeros, fp16);
+}
+
+TEST(LinearS8G, Avx2TwinsMatchTheReferencesExactlyUnderAnAvx2Cap) {
+  if (!machine_has(Isa::kAvx2)) GTEST_SKIP() << "AVX2 not compiled in or not supported by this CPU";
+  ScopedMaxIsa cap(Isa::kAvx2);
+  for (int64_t M = 1; M <= 16; ++M) {
+    for (bool zeros : {false, true}) expect_avx2_twins_exact(M, 33, 96, 32, zeros);
+  }
+  for (int64_t N : {1, 7, 15, 16, 17, 31, 47, 63, 65}) {
+    for (int64_t g : {32, 64, 160}) expect_avx2_twins_exact(N % 3 + 1, N, 160, g, N % 2 == 1);
+  }
+  for (int64_t K : {32, 33, 63, 64, 65, 127, 255, 257, 1023, 1024, 4096, 4099, 8192}) {
+    for (int64_t M : {1, 2, 5}) {
+      for (int64_t g : {int64_t{32}, int64_t{64}, K}) expect_avx2_twins_exact(M, 17, K, g, (M + K) % 2 == 0);
     }
   }
 }
@@ -182,6 +226,12 @@ TEST(LinearS8G, PlansNameTheTableEntries) {
   if (isa_compiled(Isa::kAvx512)) {
     EXPECT_EQ(choose_decode_kernel(LinearOp::kF32S8G, Isa::kAvx512, 32).kernel, "gemv_f32s8gf32_n16k4_avx512");
     EXPECT_EQ(choose_decode_kernel(LinearOp::kF32S8G, Isa::kAvx512, 6).kernel, "reference");
+  }
+  if (isa_compiled(Isa::kAvx2)) {
+    EXPECT_EQ(choose_decode_kernel(LinearOp::kQ8S8G, Isa::kAvx2, 32).kernel, "gemv_q8s8gf32_n16k4_avx2");
+    EXPECT_EQ(choose_decode_kernel(LinearOp::kQ8S8G, Isa::kAvx2, 16).kernel, kExactS8GGemvKernel);
+    EXPECT_EQ(choose_decode_kernel(LinearOp::kF32S8G, Isa::kAvx2, 32).kernel, "gemv_f32s8gf32_n16k4_avx2");
+    EXPECT_EQ(choose_decode_kernel(LinearOp::kF32S8G, Isa::kAvx2, 6).kernel, "reference");
   }
   RunInfo large;
   EXPECT_EQ(choose_large_m(LinearOp::kQ8S8G, Isa::kAvx512Vnni, 32, &large), kWeightOnlyMaxM + 1);
