@@ -3,7 +3,9 @@
 //   - decode (linear_q8s8g_kernels(), block-32 int8 activations as linear_decode.h):
 //     gemv_q8s8gf32_n16k4_avx512vnni -> reference for M <= kWeightOnlyMaxM, bit-identical to
 //     linear_q8b32_s4_reference on the int8 codes (groups a multiple of 32, or one group; other
-//     groups run the exact GEMV below, with the reason); above it linear_f32_dequant_gemm;
+//     groups run the exact GEMV below, with the reason); above it gemm_q8s8gf32_n16k4_avx512vnni
+//     (the same results in register tiles: a call of M rows equals M one-row calls), else
+//     linear_f32_dequant_gemm;
 //   - exact (linear_f32s8g_kernels(), float activations): gemv_f32s8gf32_n16k4_avx512 ->
 //     reference for M <= kWeightOnlyMaxM, bit-identical to linear_f32_s4_reference on the int8
 //     codes (groups a multiple of 4, or one group); above it linear_f32_dequant_gemm.
