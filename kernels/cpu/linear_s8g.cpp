@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "framework/core/error.h"
+#include "kernels/cpu/gemm_q8_kernels.h"
 #include "kernels/cpu/gemv_kernels.h"
 #include "kernels/cpu/gemv_s4.h"
 #include "kernels/cpu/linear_decode.h"
@@ -17,8 +18,8 @@ namespace qforge::kernels {
 
 namespace {
 
-// The decode GEMV: x quantized once (or the thread's last rows reused), then 16-column blocks split
-// across threads.
+// The decode GEMV and the prefill GEMM: x quantized once (or the thread's last rows reused), then
+// 16-column blocks split across threads.
 template <void (*kKernel)(const detail::GemvQ8S8GArgs&, int64_t, int64_t)>
 [[maybe_unused]] void run_q8s8g(const LinearS8GProblem& p) {
   const detail::Q8Rows& rows = detail::q8_rows(p.x, p.m, p.w.k);
@@ -125,6 +126,8 @@ const KernelTable<LinearS8GProblem>& linear_q8s8g_kernels() {
        QF_KERNEL_AVX2(run_q8s8g<detail::gemv_q8s8gf32_n16k4_avx2>)},
       {"reference", Isa::kReference, detail::serves_gemv<LinearS8GProblem>, q8_groups_fit, run_q8s8g_reference},
       {kExactS8GGemvKernel, Isa::kReference, detail::serves_gemv<LinearS8GProblem>, nullptr, run_exact_gemv},
+      {"gemm_q8s8gf32_n16k4_avx512vnni", Isa::kAvx512Vnni, detail::serves_gemm<LinearS8GProblem>, q8_groups_fit,
+       QF_KERNEL_AVX512VNNI(run_q8s8g<detail::gemm_q8s8gf32_n16k4_avx512vnni>)},
       {kDequantGemmKernel, Isa::kReference, detail::serves_gemm<LinearS8GProblem>, nullptr, run_s8g_dequant_gemm},
   };
   return table;

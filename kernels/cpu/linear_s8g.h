@@ -4,7 +4,8 @@
 //     gemv_q8s8gf32_n16k4_avx512vnni -> gemv_q8s8gf32_n16k4_avx2 -> reference for
 //     M <= kWeightOnlyMaxM, bit-identical to linear_q8b32_s4_reference on the int8 codes (groups a
 //     multiple of 32, or one group; other groups run the exact GEMV below, with the reason); above
-//     it linear_f32_dequant_gemm;
+//     it gemm_q8s8gf32_n16k4_avx512vnni (the same results in register tiles: a call of M rows
+//     equals M one-row calls), else linear_f32_dequant_gemm;
 //   - exact (linear_f32s8g_kernels(), float activations): gemv_f32s8gf32_n16k4_avx512 ->
 //     gemv_f32s8gf32_n16k4_avx2 -> reference for M <= kWeightOnlyMaxM, bit-identical to
 //     linear_f32_s4_reference on the int8 codes (groups a multiple of 4, or one group); above it

@@ -3,7 +3,8 @@
 // kernels (Q4_0) or the int8 group-scale kernels (Q8_0, negative block scales and code -128
 // included); its logits stay within the activation-rounding cost of the exact path (one call
 // away), and one Linear's decode output equals a scalar reference of the q8 block math written
-// here from docs/kernels.md §2.5a. A loaded Q8_0 file exports the same bytes.
+// here from docs/kernels.md §2.5a, as do its 512-row (prefill) calls on the Q8_0 block-32 GEMM. A
+// loaded Q8_0 file exports the same bytes.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
@@ -21,6 +22,7 @@
 #include "framework/models/gguf_load.h"
 #include "framework/models/kv_cache.h"
 #include "framework/nn/linear.h"
+#include "kernels/cpu/linear_weight_only.h"
 #include "tests/gguf/gguf_models.h"
 
 namespace qforge::models {
@@ -87,45 +89,50 @@ TEST(GgufDecode, DefaultLogitsStayNearTheExactPathOneCallAway) {
   EXPECT_GE(top1, 0.9);
 }
 
-// One decode row through a frozen Linear against the q8 block math computed here in scalars:
-// per block of 32, d = amax / 127, q = clamp(nearbyint(x / d)) via x * (1 / d); i_b = Σ q·(w - z);
-// per group g (one block): t = fmaf(float(i_b) · d_b, scale[n, g], t). Equal to the bit.
-void expect_scalar_q8_reference(nn::LinearImpl& lin) {
+// `rows` rows (one: a decode step) through a frozen Linear against the q8 block math computed here
+// in scalars: per block of 32, d = amax / 127, q = clamp(nearbyint(x / d)) via x * (1 / d);
+// i_b = Σ q·(w - z); per group g (one block): t = fmaf(float(i_b) · d_b, scale[n, g], t). Equal to the bit.
+void expect_scalar_q8_reference(nn::LinearImpl& lin, int64_t rows = 1) {
   const QuantizedTensor w = lin.frozen_weight();
   ASSERT_EQ(w.spec.group_size, 32);
   const at::Tensor codes = w.int_values().to(at::kInt).contiguous(), scale = w.scale.to(at::kFloat).contiguous();
   const at::Tensor zero = w.zero_point.to(at::kInt).contiguous();
   const int64_t N = codes.size(0), K = codes.size(1);
   at::manual_seed(4);
-  const at::Tensor x = at::randn({1, K});
+  const at::Tensor x = at::randn({rows, K});
   at::Tensor y;
   {
     at::NoGradGuard ng;
     y = lin.forward(x).contiguous();
   }
-  const float* xs = x.data_ptr<float>();
-  std::vector<int32_t> q(static_cast<size_t>(K));
-  std::vector<float> d(static_cast<size_t>(K / 32));
-  for (int64_t b = 0; b < K / 32; ++b) {
-    float amax = 0;
-    for (int64_t k = b * 32; k < b * 32 + 32; ++k) amax = std::fmax(amax, std::fabs(xs[k]));
-    const float step = amax / 127.0f, inv = 1.0f / step;
-    d[b] = step;
-    for (int64_t k = b * 32; k < b * 32 + 32; ++k)
-      q[k] = static_cast<int32_t>(std::fmin(127.0f, std::fmax(-127.0f, std::nearbyint(xs[k] * inv))));
-  }
   const int32_t* c = codes.data_ptr<int32_t>();
   const int32_t* z = zero.data_ptr<int32_t>();
   const float* s = scale.data_ptr<float>();
-  for (int64_t n = 0; n < N; ++n) {
-    float t = 0;
+  int64_t differ = 0;
+  for (int64_t m = 0; m < rows; ++m) {
+    const float* xs = x.data_ptr<float>() + m * K;
+    std::vector<int32_t> q(static_cast<size_t>(K));
+    std::vector<float> d(static_cast<size_t>(K / 32));
     for (int64_t b = 0; b < K / 32; ++b) {
-      int32_t i = 0;
-      for (int64_t k = b * 32; k < b * 32 + 32; ++k) i += q[k] * (c[n * K + k] - z[n * (K / 32) + b]);
-      t = std::fmaf(std::fmaf(static_cast<float>(i), d[b], 0.0f), s[n * (K / 32) + b], t);
+      float amax = 0;
+      for (int64_t k = b * 32; k < b * 32 + 32; ++k) amax = std::fmax(amax, std::fabs(xs[k]));
+      const float step = amax / 127.0f, inv = 1.0f / step;
+      d[b] = step;
+      for (int64_t k = b * 32; k < b * 32 + 32; ++k)
+        q[k] = static_cast<int32_t>(std::fmin(127.0f, std::fmax(-127.0f, std::nearbyint(xs[k] * inv))));
     }
-    EXPECT_EQ(y[0][n].item<float>(), t) << lin.path() << " column " << n;
+    for (int64_t n = 0; n < N; ++n) {
+      float t = 0;
+      for (int64_t b = 0; b < K / 32; ++b) {
+        int32_t i = 0;
+        for (int64_t k = b * 32; k < b * 32 + 32; ++k) i += q[k] * (c[n * K + k] - z[n * (K / 32) + b]);
+        t = std::fmaf(std::fmaf(static_cast<float>(i), d[b], 0.0f), s[n * (K / 32) + b], t);
+      }
+      const float got = y.data_ptr<float>()[m * N + n];
+      if (got != t && differ++ < 5) ADD_FAILURE() << lin.path() << " row " << m << " column " << n << ": " << got << " != " << t;
+    }
   }
+  EXPECT_EQ(differ, 0) << lin.path() << " over " << rows << " rows";
 }
 
 TEST(GgufDecode, OneLoadedLinearEqualsAScalarQ8BlockReference) {
@@ -213,6 +220,33 @@ TEST(GgufDecode, LoadedQ8LogitsStayNearTheExactPathAndOneLinearEqualsTheScalarRe
   EXPECT_GT(cost, 0.0) << "the default did not quantize the activations";
   EXPECT_LT(cost, 0.02);
   EXPECT_GE(top1, 0.9);
+}
+
+// A prompt-sized call of a loaded Q8_0 Linear (512 rows) runs the int8-group block-32 GEMM where
+// AVX-512 VNNI is usable, which the plan and describe() name, and equals the scalar q8 block
+// reference row by row (so q8_block32 holds for prefill as for decode); elsewhere the plan names
+// the exact dequantized GEMM.
+TEST(GgufDecode, LoadedQ8PrefillCallsRunTheInt8GroupGemmAndEqualTheScalarReference) {
+  LlamaForCausalLM l = loaded_q8_0();
+  const bool vnni = usable_isa() >= Isa::kAvx512Vnni;
+  for (nn::LinearImpl* lin : frozen_linears(*l)) {
+    const KernelPlan p = lin->plan();
+    EXPECT_EQ(p.large_m, kernels::kWeightOnlyMaxM + 1) << lin->path();
+    EXPECT_EQ(p.large_m_kernel, vnni ? "gemm_q8s8gf32_n16k4_avx512vnni" : kernels::kDequantGemmKernel) << lin->path();
+  }
+  int described = 0;
+  for (const LayerReport& r : layer_reports(l)) {
+    if (r.type != "Linear" || r.weights == "float") continue;
+    const std::string want = vnni ? "every call: int8 blocks of 32 (q8_block32; from 17 rows gemm_q8s8gf32_n16k4_avx512vnni)"
+                                  : "calls of <= 16 rows: int8 blocks of 32 (q8_block32)";
+    EXPECT_NE(r.activations.find(want), std::string::npos) << r.name << ": " << r.activations;
+    ++described;
+  }
+  EXPECT_EQ(described, 2 * 7 + 1);
+  if (!vnni) GTEST_SKIP() << "calls of more than 16 rows run the exact path without AVX-512 VNNI";
+  expect_scalar_q8_reference(*l->model->layers->ptr(1)->as<LlamaDecoderLayerImpl>()->mlp->down_proj, 512);
+  expect_scalar_q8_reference(*l->model->layers->ptr(0)->as<LlamaDecoderLayerImpl>()->self_attn->q_proj, 512);
+  expect_scalar_q8_reference(*l->lm_head, 512);
 }
 
 // A Q8_0 quantizer written here in ggml's style, but with the sign of d chosen like ggml's Q4_0
