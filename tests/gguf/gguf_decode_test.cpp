@@ -129,7 +129,9 @@ void expect_scalar_q8_reference(nn::LinearImpl& lin, int64_t rows = 1) {
         t = std::fmaf(std::fmaf(static_cast<float>(i), d[b], 0.0f), s[n * (K / 32) + b], t);
       }
       const float got = y.data_ptr<float>()[m * N + n];
-      if (got != t && differ++ < 5) ADD_FAILURE() << lin.path() << " row " << m << " column " << n << ": " << got << " != " << t;
+      if (got != t && differ++ < 5) {
+        ADD_FAILURE() << lin.path() << " row " << m << " column " << n << ": " << got << " != " << t;
+      }
     }
   }
   EXPECT_EQ(differ, 0) << lin.path() << " over " << rows << " rows";

@@ -21,6 +21,7 @@
 #include "kernels/cpu/packed_linear.h"
 #include "kernels/cpu/quantize_rows_s8.h"
 #include "kernels/cpu/reference.h"
+#include "kernels/cpu/thread_pool.h"
 
 namespace qforge::kernels {
 namespace {
@@ -112,6 +113,7 @@ std::vector<std::string> expect_q8_entries_exact(int64_t M, int64_t N, int64_t K
   }
   EXPECT_FALSE(ran.empty()) << what;
   RunInfo info;
+  std::fill(y.begin(), y.end(), std::nanf(""));
   linear_q8b32s8gf32(x.data(), M, c.packed.view(), bias.data(), y.data(), &info);
   if (info.kernel != kDequantGemmKernel) {
     EXPECT_TRUE(bitwise_equal(y.data(), y_ref.data(), y.size())) << "dispatched " << info.kernel << " " << what;
@@ -152,7 +154,8 @@ TEST(LinearS8G, EveryPrefillEntryMatchesTheReferenceExactlyAboveTheDecodeRows) {
         const bool fp16 = !zeros || sh.m % 2 == 0;
         const std::vector<std::string> ran = expect_q8_entries_exact(sh.m, sh.n, sh.k, g, zeros, fp16);
         if (isa_usable(Isa::kAvx512Vnni) && (g % 32 == 0 || g >= sh.k)) {
-          EXPECT_NE(std::find(ran.begin(), ran.end(), kQ8S8GGemm), ran.end()) << shape(sh.m, sh.n, sh.k, g, zeros, fp16);
+          EXPECT_NE(std::find(ran.begin(), ran.end(), kQ8S8GGemm), ran.end())
+              << shape(sh.m, sh.n, sh.k, g, zeros, fp16);
         }
         if (::testing::Test::HasFailure()) return;
       }
@@ -223,23 +226,27 @@ TEST(LinearS8G, Avx2TwinsMatchTheReferencesExactlyUnderAnAvx2Cap) {
   }
 }
 
-// Above the decode rows the exact table, and the block-32 table where AVX-512 VNNI is not usable,
-// run the dequantized weight through at::linear: within float rounding (1e-5 of sum |x w|) of the
-// exact reference. (With VNNI the block-32 table runs its GEMM: the prefill tests above.)
+// Above the decode rows the exact table, and the block-32 table where AVX-512 VNNI is not usable
+// (capped to AVX-512 here, so VNNI machines check that entry too), run the dequantized weight
+// through at::linear: within float rounding (1e-5 of sum |x w|) of the exact reference. With VNNI
+// the block-32 table runs its GEMM (checked bit for bit by the prefill tests above).
 TEST(LinearS8G, AboveTheDecodeRowsTheDequantizedGemmRunsWhereNoBlock32GemmServes) {
   const int64_t M = kWeightOnlyMaxM + 1, N = 40, K = 96;
   const S8GCase c = make_case(N, K, 32, true, true, 61);
   const auto x = random_f32(M * K, -1.0f, 1.0f, 62);
   std::vector<float> y(M * N), y_ref(M * N);
   linear_f32_s4_reference(x.data(), c.w.data(), c.scale.data(), c.zero.data(), 32, nullptr, y_ref.data(), M, N, K);
+  if (isa_usable(Isa::kAvx512Vnni)) {
+    RunInfo info;
+    linear_q8b32s8gf32(x.data(), M, c.packed.view(), nullptr, y.data(), &info);
+    EXPECT_EQ(info.kernel, kQ8S8GGemm);
+  }
+  ScopedMaxIsa cap(Isa::kAvx512);
   for (bool q8 : {false, true}) {
     RunInfo info;
+    std::fill(y.begin(), y.end(), std::nanf(""));
     (q8 ? linear_q8b32s8gf32 : linear_f32s8gf32)(x.data(), M, c.packed.view(), nullptr, y.data(), &info);
-    if (q8 && isa_usable(Isa::kAvx512Vnni)) {
-      EXPECT_EQ(info.kernel, kQ8S8GGemm);
-      continue;
-    }
-    EXPECT_EQ(info.kernel, kDequantGemmKernel);
+    EXPECT_EQ(info.kernel, kDequantGemmKernel) << (q8 ? "q8" : "exact");
     for (int64_t m = 0; m < M; ++m) {
       for (int64_t n = 0; n < N; ++n) {
         double mag = 0;
@@ -303,6 +310,7 @@ TEST(LinearS8G, PlansNameTheTableEntries) {
 
 // A prompt's call equals its rows decoded one at a time, bit for bit (GEMM against GEMV), and its
 // result does not depend on the thread count (column blocks split across threads): Q8_0's form.
+// Each parallel backend is pinned, since under kPool at::set_num_threads alone does not set the split.
 TEST(LinearS8G, APrefillCallEqualsOneRowCallsBitForBitAtOneAndTwoThreads) {
   if (!isa_usable(Isa::kAvx512Vnni)) GTEST_SKIP() << "calls of more than 16 rows run the exact path here";
   const int64_t M = 150, N = 80, K = 256;
@@ -310,16 +318,28 @@ TEST(LinearS8G, APrefillCallEqualsOneRowCallsBitForBitAtOneAndTwoThreads) {
   const auto x = random_f32(M * K, -2.0f, 2.0f, 92);
   const auto bias = random_f32(N, -1.0f, 1.0f, 93);
   std::vector<float> y_rows(M * N);
-  for (int64_t m = 0; m < M; ++m) linear_q8b32s8gf32(x.data() + m * K, 1, c.packed.view(), bias.data(), y_rows.data() + m * N);
-  const int threads = at::get_num_threads();
-  for (int t : {1, 2}) {
-    at::set_num_threads(t);
-    std::vector<float> y(M * N);
-    RunInfo info;
-    linear_q8b32s8gf32(x.data(), M, c.packed.view(), bias.data(), y.data(), &info);
-    EXPECT_EQ(info.kernel, kQ8S8GGemm);
-    EXPECT_TRUE(bitwise_equal(y.data(), y_rows.data(), y.size())) << t << " threads";
+  for (int64_t m = 0; m < M; ++m) {
+    linear_q8b32s8gf32(x.data() + m * K, 1, c.packed.view(), bias.data(), y_rows.data() + m * N);
   }
+  const int threads = at::get_num_threads();
+  const ParallelBackend backend = parallel_backend();
+  for (ParallelBackend b : {ParallelBackend::kOpenMP, ParallelBackend::kPool}) {
+    set_parallel_backend(b);
+    const char* name = b == ParallelBackend::kPool ? "pool" : "openmp";
+    for (int t : {1, 2}) {
+      at::set_num_threads(t);
+      if (parallel_threads() != t) {  // the pool is capped by the CPUs this process may use
+        EXPECT_EQ(b, ParallelBackend::kPool) << name << " runs " << parallel_threads() << " threads, asked " << t;
+        continue;
+      }
+      std::vector<float> y(M * N, std::nanf(""));
+      RunInfo info;
+      linear_q8b32s8gf32(x.data(), M, c.packed.view(), bias.data(), y.data(), &info);
+      EXPECT_EQ(info.kernel, kQ8S8GGemm);
+      EXPECT_TRUE(bitwise_equal(y.data(), y_rows.data(), y.size())) << t << " threads, " << name;
+    }
+  }
+  set_parallel_backend(backend);
   at::set_num_threads(threads);
 }
 
