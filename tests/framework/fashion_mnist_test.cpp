@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <zlib.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 
@@ -70,4 +71,29 @@ TEST(IdxReader, TruncatedAndForeignFilesGiveClearErrors) {
   EXPECT_EQ(t.sizes(), (std::vector<int64_t>{2, 3}));
   EXPECT_EQ(t[1][2].item<int>(), 6);
   for (const auto& p : {truncated, foreign, ok}) std::filesystem::remove(p);
+}
+
+// Issue 39 item 24 (idx_fuzz, 2026-11-27): 39 bytes declaring 8 x 50331648 x 8 elements (3 GB)
+// were allocated before the data was read; now the read fails at the end of the file first.
+TEST(IdxReader, Issue39Item24AShortFileDeclaringGigabytesFailsWithoutAllocatingThem) {
+  const std::string lying = temp_path("lying.gz");
+  write_gz(lying, {0, 0, 8, 3, 0, 0, 0, 8, 3, 0, 0, 0, 0, 0, 0, 8, 1, 2, 3});  // 8 x 50331648 x 8, 3 bytes of data
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string msg = error_of([&] { data::read_idx_u8(lying); });
+  EXPECT_NE(msg.find("truncated or corrupt while reading the IDX data (3 of 3221225472 bytes"), std::string::npos) << msg;
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 1.0);
+  // A file longer than the first chunk still reads whole, in order.
+  const std::string big = temp_path("big.gz");
+  const int64_t n = (int64_t{1} << 24) + 5;  // the first chunk is 16 MiB
+  std::vector<uint8_t> bytes = {0, 0, 8, 1, 0x01, 0x00, 0x00, 0x05};
+  bytes.resize(8 + n, 0);
+  bytes[8 + (int64_t{1} << 24) - 1] = 7;
+  bytes[8 + n - 1] = 42;
+  write_gz(big, bytes);
+  const at::Tensor t = data::read_idx_u8(big);
+  ASSERT_EQ(t.numel(), n);
+  EXPECT_EQ(t[(int64_t{1} << 24) - 1].item<int>(), 7);
+  EXPECT_EQ(t[n - 1].item<int>(), 42);
+  EXPECT_EQ(t.sum().item<int64_t>(), 49);
+  for (const auto& p : {lying, big}) std::filesystem::remove(p);
 }
