@@ -339,7 +339,8 @@ std::vector<Case> gpt2_gguf_decode_cases(int bits) {
 
 // The prefill GEMMs alone, at the Linear shapes of the 512-token prompt (q/o 2048 x 2048, gate/up
 // 8192 x 2048, down 2048 x 8192; N x K), float input rows, random codes packed as the q4 (int4
-// groups of 32, Q4_0's grid) and q8 (int8 per channel) rows freeze them: impl "qforge" run_decode
+// groups of 32, Q4_0's grid) and q8 (int8 per channel) rows freeze them, and as q8g (int8 with an
+// fp16 scale per group of 32: a loaded Q8_0 file's PackedLinearS8G): impl "qforge" run_decode
 // (block-32 int8 activations, the large-M GEMM where the table has one), "qforge-exact" the
 // weight-only path (weight dequantized per call, float GEMM), "libtorch" at::linear on a float
 // weight of the same shape. GFLOP/s = 2 * 512 * N * K / time.
@@ -350,23 +351,26 @@ std::vector<Case> llama_prefill_gemm_cases() {
   constexpr int64_t kGroup = 32;
   torch::manual_seed(3);
   std::vector<Case> out;
-  for (int bits : {4, 8}) {
+  for (const std::string& form : {std::string("q4"), std::string("q8"), std::string("q8g")}) {
     for (const Shape sh : {Shape{2048, 2048}, Shape{8192, 2048}, Shape{2048, 8192}}) {
       const at::Tensor x = at::randn({kLlamaPrefill, sh.k}), w = at::randn({sh.n, sh.k}) * 0.02;
+      const at::Tensor group_scales = (at::rand({sh.n, sh.k / kGroup}) * 0.01 + 0.001).to(at::kHalf).to(at::kFloat);
       std::function<void()> exact, q8;
-      if (bits == 4) {
+      const auto impls = [&](auto packed) {  // shared_ptr of a packed weight
+        exact = [x, packed] { packed->run_weight_only(x); };
+        q8 = [x, packed] { packed->run_decode(x); };
+      };
+      if (form == "q4") {
         const at::Tensor q = at::randint(-8, 8, {sh.n, sh.k}).to(at::kChar);
-        const at::Tensor s = (at::rand({sh.n, sh.k / kGroup}) * 0.01 + 0.001).to(at::kHalf).to(at::kFloat);
-        auto p = std::make_shared<kernels::PackedLinearS4>(q, s, at::Tensor(), kGroup);
-        exact = [x, p] { p->run_weight_only(x); };
-        q8 = [x, p] { p->run_decode(x); };
+        impls(std::make_shared<kernels::PackedLinearS4>(q, group_scales, at::Tensor(), kGroup));
+      } else if (form == "q8g") {
+        const at::Tensor q = at::randint(-127, 128, {sh.n, sh.k}).to(at::kChar);
+        impls(std::make_shared<kernels::PackedLinearS8G>(q, group_scales, at::Tensor(), kGroup));
       } else {
         const at::Tensor q = at::randint(-127, 128, {sh.n, sh.k}).to(at::kChar);
-        auto p = std::make_shared<kernels::PackedLinearS8>(q, at::rand({sh.n}) * 0.01 + 0.001);
-        exact = [x, p] { p->run_weight_only(x); };
-        q8 = [x, p] { p->run_decode(x); };
+        impls(std::make_shared<kernels::PackedLinearS8>(q, at::rand({sh.n}) * 0.01 + 0.001));
       }
-      out.push_back(Case{"q" + std::to_string(bits) + " " + std::to_string(kLlamaPrefill) + "x" + std::to_string(sh.n) +
+      out.push_back(Case{form + " " + std::to_string(kLlamaPrefill) + "x" + std::to_string(sh.n) +
                              "x" + std::to_string(sh.k),
                          0,
                          {{"libtorch", [x, w] { at::linear(x, w); }}, {"qforge-exact", exact}, {"qforge", q8}}});

@@ -113,18 +113,27 @@ const char* to_string(DecodeActivations d) {
   return "?";
 }
 
-bool s4_one_stream(const QSpec& ws, int64_t in_features, Isa isa, std::string* why) {
+bool s4_one_stream_packing(const QSpec& ws, int64_t in_features, Isa isa, std::string* why) {
   // Only qint4 groups of 32 are Q4_0-shaped; other int4 layers are not told why they are n16k8.
   const bool q4_0 = ws.qtype == qint4 && ws.granularity == Granularity::kPerGroup &&
                     std::min(ws.group_size, in_features) == std::min(kernels::kS4B32K, in_features);
   if (!q4_0) return false;
-  if (!ws.symmetric) {
-    *why = "n16b32 (Q4_0's one-stream form) not used: zero points beside the codes (n16k8)";
+  // n16b32 where its decode table has a GEMV at `isa` (the plan reads the table, never a level).
+  const kernels::RunInfo gemv = kernels::choose_decode_kernel(kernels::LinearOp::kQ8S4, isa, kernels::kS4B32K,
+                                                              kernels::S4Layout::kN16B32);
+  if (gemv.kernel == "reference") {
+    *why = std::string("n16b32 (Q4_0's one-stream form) not used: no n16b32 decode kernel at ") + isa_name(isa) +
+           " (" + gemv.fallback + ")";
     return false;
   }
-  if (static_cast<int>(isa) < static_cast<int>(Isa::kAvx512Vnni)) {
-    *why = std::string("n16b32 (Q4_0's one-stream form) not used: its kernels need avx512vnni, usable: ") +
-           isa_name(isa);
+  return true;
+}
+
+bool s4_one_stream(const QSpec& ws, int64_t in_features, Isa isa, std::string* why) {
+  if (!s4_one_stream_packing(ws, in_features, isa, why)) return false;
+  if (!ws.symmetric) {
+    *why = "n16b32 (Q4_0's one-stream form) not used: zero points beside the codes (n16k8; only zero points 0 "
+           "and -1, a GGUF file's negative block scales, fold into it when packed)";
     return false;
   }
   return true;

@@ -67,8 +67,13 @@ struct S4Packing {
 
 // Whether a weight-only int4 layer of spec `ws` packs as n16b32 (PackedLinearS4's one-stream form:
 // codes and fp16 scales of symmetric qint4 groups of 32, Q4_0's 18 bytes per 32 weights) at ISA
-// level `isa`; false otherwise, with *why set when the spec is qint4 in groups of 32 (why not).
+// level `isa` (where the decode table has an n16b32 GEMV); false otherwise, with *why set when the
+// spec is qint4 in groups of 32 (why not).
 bool s4_one_stream(const QSpec& ws, int64_t in_features, Isa isa, std::string* why);
+// The packer's half: the same without the symmetry check, so an asymmetric spec whose zero points
+// are 0 or -1 beside positive scales (gguf load's negative block scales) still asks PackedLinearS4
+// for n16b32, which folds them in or says why not (layout_status()).
+bool s4_one_stream_packing(const QSpec& ws, int64_t in_features, Isa isa, std::string* why);
 
 // The kernel text a layer report (describe()) shows: the decode-sized kernel, then mid_m_kernel
 // with its rows when the plan switches at mid_m ("gemv_f32s4_mma_cuda | gemv_f32s4_mma_staged_cuda

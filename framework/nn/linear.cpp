@@ -86,9 +86,10 @@ LayerReport LinearImpl::report(bool planned) const {
     r.fallback_reason = with_scheme_note(p.fallback);
   }
   if (decode_ != DecodeActivations::kQ8Block32 || !p.decode_q8) return r;
-  // Larger calls quantize too where the table has a block-32 GEMM for them; else they run exact.
+  // Larger calls quantize too where the table has a block-32 GEMM for them (named); else they run exact.
   if (p.large_m > 0 && p.large_m_kernel != kernels::kDequantGemmKernel)
-    r.activations += "; every call: int8 blocks of 32 (q8_block32)";
+    r.activations += detail::str_cat("; every call: int8 blocks of 32 (q8_block32; from ", p.large_m, " rows ",
+                                     p.large_m_kernel, ")");
   else
     r.activations += detail::str_cat("; calls of <= ", kernels::kWeightOnlyMaxM, " rows: int8 blocks of 32 (q8_block32)");
   return r;

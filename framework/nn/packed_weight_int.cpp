@@ -28,7 +28,8 @@ class PackedIntLinear final : public CpuPackedWeight {
       : kernel_(std::move(kernel)), meta_(std::move(meta)), s4_(std::move(s4)), path_(path), static_scale_(static_scale) {
     meta_.data = at::Tensor();
     if constexpr (std::is_same_v<Kernel, kernels::PackedLinearS4>) {
-      // The n16b32 stream holds the scales (zero points are 0): no second copy kept beside it.
+      // The n16b32 stream holds the scales (and zero points 0 or -1 as the scales' signs): no
+      // second copy kept beside it.
       if (kernel_->layout() == kernels::S4Layout::kN16B32 &&
           meta_.scale.numel() == kernel_->out_features() * kernel_->groups()) {
         scale_shape_ = meta_.scale.sizes().vec();
@@ -43,7 +44,7 @@ class PackedIntLinear final : public CpuPackedWeight {
     if constexpr (std::is_same_v<Kernel, kernels::PackedLinearS4>) {
       if (!fw.scale.defined()) {
         fw.scale = kernel_->w_scale().reshape(scale_shape_);
-        fw.zero_point = at::zeros(scale_shape_, at::kInt);
+        fw.zero_point = kernel_->w_zero().reshape(scale_shape_);
       }
     }
     fw.data = pack_quantized(kernel_->weight(), fw.qparams()).data;
@@ -109,7 +110,7 @@ PackedWeightPtr pack_linear_s4(QuantizedTensor fw, LinearPath path, const at::Te
   const int64_t g = int4_group_size(qp.spec, K);
   auto [scale_ng, zero_ng] = int4_group_params(qp, N, K, g);
   std::string why;
-  const bool stream = path == LinearPath::kS4WeightOnly && s4_one_stream(qp.spec, K, usable_isa(), &why);
+  const bool stream = path == LinearPath::kS4WeightOnly && s4_one_stream_packing(qp.spec, K, usable_isa(), &why);
   auto kernel = std::make_shared<const kernels::PackedLinearS4>(
       fw.int_values(), scale_ng, zero_ng, g, bias, qp.spec.qtype,
       stream ? kernels::S4Layout::kN16B32 : kernels::S4Layout::kN16K8);

@@ -93,6 +93,12 @@ ptq::SolveOptions solve_options(const Recipe& r) {
   o.autoround.lr = r.ptq.autoround_lr;
   o.autoround.batch_size = r.ptq.autoround_batch_size;
   o.autoround.seed = r.seed;
+  o.brecq.iterations = r.ptq.brecq_iterations;
+  o.brecq.lr = r.ptq.brecq_lr;
+  o.brecq.reg_weight = r.ptq.brecq_reg_weight;
+  o.brecq.batch_size = r.ptq.brecq_batch_size;
+  o.brecq.fisher = r.ptq.brecq_fisher;
+  o.brecq.seed = r.seed;
   o.sample_rows = r.ptq.sample_rows;
   o.seed = r.seed;
   return o;

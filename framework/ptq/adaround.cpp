@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 #include <torch/optim/adam.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "framework/core/error.h"
@@ -19,6 +20,54 @@ constexpr double kGamma = -0.1;
 
 at::Tensor rectified_sigmoid(const at::Tensor& v) {
   return at::clamp(at::sigmoid(v) * (kZeta - kGamma) + kGamma, 0.0, 1.0);
+}
+
+SoftRounding::SoftRounding(const at::Tensor& w_in, const QParams& qp) : n_(w_in.size(0)), k_(w_in.size(1)) {
+  const QSpec& spec = qp.spec;
+  const at::Tensor w = w_in.detach().to(at::kFloat);
+  const at::Tensor wg = grouped(w, spec);
+  s_ = broadcast_qparam(qp.scale.to(at::kFloat), w, spec);
+  z_ = broadcast_qparam(qp.zero_point.to(at::kFloat), w, spec);
+  qmin_ = static_cast<double>(spec.quant_min()), qmax_ = static_cast<double>(spec.quant_max());
+  // w / s = base + rest, rest in [0, 1): the variables start where h(V) = rest (round to nearest
+  // is h >= 0.5), so training starts from the float weight itself.
+  const at::Tensor scaled = wg * at::reciprocal(s_);
+  base_ = at::floor(scaled);
+  const at::Tensor rest = (scaled - base_).clamp(1e-6, 1 - 1e-6);
+  v_ = (-at::log((kZeta - kGamma) / (rest - kGamma) - 1)).detach().clone().set_requires_grad(true);
+}
+
+at::Tensor SoftRounding::weight_of(const at::Tensor& h) const {
+  return ((at::clamp(base_ + h + z_, qmin_, qmax_) - z_) * s_).reshape({n_, k_});
+}
+
+at::Tensor SoftRounding::soft_weight() const { return weight_of(rectified_sigmoid(v_)); }
+
+at::Tensor SoftRounding::hard_weight() const {
+  at::NoGradGuard no_grad;
+  return weight_of((v_ >= 0).to(at::kFloat)).contiguous();
+}
+
+at::Tensor SoftRounding::regularizer(double beta) const {
+  return (1 - (2 * rectified_sigmoid(v_) - 1).abs().pow(beta)).sum();
+}
+
+double SoftRounding::binary_fraction() const {
+  at::NoGradGuard no_grad;
+  const at::Tensor h = rectified_sigmoid(v_.detach());
+  return at::logical_or(h < 0.01, h > 0.99).to(at::kFloat).mean().item<double>();
+}
+
+double SoftRounding::rounded_up() const {
+  at::NoGradGuard no_grad;
+  return (v_ >= 0).to(at::kFloat).mean().item<double>();
+}
+
+double annealed_beta(int64_t t, int64_t iterations, double warmup, double beta_start, double beta_end) {
+  const int64_t warm = static_cast<int64_t>(std::floor(warmup * static_cast<double>(iterations)));
+  if (t < warm) return 0;
+  const double rel = static_cast<double>(t - warm) / static_cast<double>(std::max<int64_t>(1, iterations - warm));
+  return beta_end + (beta_start - beta_end) * std::max(0.0, 1.0 - rel);
 }
 
 AdaRoundResult adaround(const at::Tensor& w_in, const QParams& qp, const at::Tensor& x_in, const at::Tensor& target_in,
@@ -41,50 +90,30 @@ AdaRoundResult adaround(const at::Tensor& w_in, const QParams& qp, const at::Ten
                  o.beta_end > 0,
              "adaround: needs lr > 0, reg_weight >= 0, 0 <= warmup < 1 and beta_start >= beta_end > 0");
 
-  const at::Tensor w = w_in.detach().to(at::kFloat);
   const at::Tensor x = x_in.detach().to(at::kFloat).contiguous();
   const at::Tensor target = target_in.detach().to(at::kFloat).contiguous();
-  const at::Tensor wg = grouped(w, spec);
-  const at::Tensor s = broadcast_qparam(qp.scale.to(at::kFloat), w, spec);
-  const at::Tensor z = broadcast_qparam(qp.zero_point.to(at::kFloat), w, spec);
-  const double qmin = static_cast<double>(spec.quant_min()), qmax = static_cast<double>(spec.quant_max());
-  // w / s = base + rest, rest in [0, 1): the variables start where h(V) = rest (round to nearest
-  // is h >= 0.5), so training starts from the float weight itself.
-  const at::Tensor scaled = wg * at::reciprocal(s);
-  const at::Tensor base = at::floor(scaled);
-  const at::Tensor rest = (scaled - base).clamp(1e-6, 1 - 1e-6);
-  at::Tensor v = (-at::log((kZeta - kGamma) / (rest - kGamma) - 1)).detach().clone().set_requires_grad(true);
-
-  auto weight_of = [&](const at::Tensor& h) { return ((at::clamp(base + h + z, qmin, qmax) - z) * s).reshape({N, K}); };
+  SoftRounding rounding(w_in, qp);
 
   at::AutoGradMode grad_on(true);  // the solvers call it under NoGradGuard
-  torch::optim::Adam opt({v}, torch::optim::AdamOptions(o.lr));
+  torch::optim::Adam opt({rounding.v()}, torch::optim::AdamOptions(o.lr));
   at::Generator gen = at::detail::createCPUGenerator(o.seed);
   const int64_t R = x.size(0), bs = std::min(o.batch_rows, R);
-  const int64_t warm = static_cast<int64_t>(std::floor(o.warmup * static_cast<double>(o.iterations)));
   for (int64_t it = 0; it < o.iterations; ++it) {
     const at::Tensor idx = at::randint(R, {bs}, gen, at::TensorOptions().dtype(at::kLong));
     const at::Tensor xb = x.index_select(0, idx), tb = target.index_select(0, idx);
-    const at::Tensor h = rectified_sigmoid(v);
-    const at::Tensor pred = at::matmul(xb, weight_of(h).t());
+    const at::Tensor pred = at::matmul(xb, rounding.soft_weight().t());
     at::Tensor loss = (pred - tb).pow(2).sum(1).mean();
-    if (it >= warm && o.reg_weight > 0) {
-      // β decays linearly from beta_start to beta_end over the iterations after warmup.
-      const double rel = static_cast<double>(it - warm) / static_cast<double>(std::max<int64_t>(1, o.iterations - warm));
-      const double beta = o.beta_end + (o.beta_start - o.beta_end) * std::max(0.0, 1.0 - rel);
-      loss = loss + o.reg_weight * (1 - (2 * h - 1).abs().pow(beta)).sum();
-    }
+    const double beta = annealed_beta(it, o.iterations, o.warmup, o.beta_start, o.beta_end);
+    if (beta > 0 && o.reg_weight > 0) loss = loss + o.reg_weight * rounding.regularizer(beta);
     opt.zero_grad();
     loss.backward();
     opt.step();
   }
   at::NoGradGuard no_grad;
-  const at::Tensor h = rectified_sigmoid(v.detach());
   AdaRoundResult r;
-  const at::Tensor up = (v >= 0).to(at::kFloat);
-  r.weight = weight_of(up).contiguous();
-  r.binary_fraction = at::logical_or(h < 0.01, h > 0.99).to(at::kFloat).mean().item<double>();
-  r.rounded_up = up.mean().item<double>();
+  r.weight = rounding.hard_weight();
+  r.binary_fraction = rounding.binary_fraction();
+  r.rounded_up = rounding.rounded_up();
   return r;
 }
 

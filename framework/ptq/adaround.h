@@ -31,6 +31,32 @@ struct AdaRoundResult {
 // The rectified sigmoid h(V) = clamp(σ(V)(ζ − γ) + γ, 0, 1), ζ = 1.1, γ = −0.1.
 at::Tensor rectified_sigmoid(const at::Tensor& v);
 
+// AdaRound's rounding of one weight [N, K] on a fixed integer grid: the trainable variables V
+// (initialised so that h(V) is the fractional part of w/s: training starts from the float weight),
+// the soft weight s · (clamp(⌊w/s⌋ + h(V) + z, qmin, qmax) − z) and its hard end (h = [V >= 0]).
+// Layer-wise AdaRound (adaround() below) and block-wise BRECQ (framework/ptq/brecq.h) share it.
+class SoftRounding {
+ public:
+  SoftRounding(const at::Tensor& w, const QParams& qp);
+  at::Tensor& v() { return v_; }  // [N, K], requires grad
+  at::Tensor soft_weight() const;  // differentiable in V
+  at::Tensor hard_weight() const;  // h(V) replaced by [V >= 0]: on the grid
+  // Σ (1 − |2h(V) − 1|^β): pushes every h(V) to 0 or 1.
+  at::Tensor regularizer(double beta) const;
+  double binary_fraction() const;  // share of h(V) within 0.01 of 0 or 1
+  double rounded_up() const;       // share of V >= 0
+
+ private:
+  at::Tensor weight_of(const at::Tensor& h) const;
+  int64_t n_, k_;
+  at::Tensor base_, s_, z_, v_;
+  double qmin_, qmax_;
+};
+
+// The regulariser's exponent at step t of `iterations`: 0 (regulariser off) during the first
+// `warmup` share, then decaying linearly from beta_start to beta_end.
+double annealed_beta(int64_t t, int64_t iterations, double warmup, double beta_start, double beta_end);
+
 // w: [N, K]; qp: its integer grid (per_tensor, per_channel axis 0 or per_group along K); x: [R, K]
 // input rows as the weight multiplies them (quantized when the layer's input is); target:
 // [R, N] the float layer's output without bias. Minimises ‖x·W̃ᵀ − target‖² summed over outputs,

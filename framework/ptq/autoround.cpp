@@ -6,12 +6,11 @@
 
 #include <cmath>
 #include <limits>
-#include <memory>
 
 #include "framework/api/quantizer.h"
 #include "framework/core/error.h"
 #include "framework/nn/linear.h"
-#include "framework/ptq/float_view.h"
+#include "framework/ptq/block_capture.h"
 
 namespace qforge::ptq {
 
@@ -122,9 +121,6 @@ AutoRoundBlockResult autoround_block(const std::function<at::Tensor(const at::Te
     vars.push_back(autoround_init(w.back(), specs.back()));
     for (at::Tensor* p : {&vars.back().v, &vars.back().alpha, &vars.back().beta}) params.push_back(p->requires_grad_(true));
   }
-  std::vector<Quantizer> weight_quantizers;
-  for (nn::LinearImpl* l : layers) weight_quantizers.push_back(l->weight_quantizer());
-  const FloatView bypass(weight_quantizers);  // the swapped-in weight is already rounded
   at::Generator gen = at::detail::createCPUGenerator(o.seed);
   const int64_t S = x.size(0), bs = std::min(o.batch_size, S);
   AutoRoundBlockResult r;
@@ -136,10 +132,9 @@ AutoRoundBlockResult autoround_block(const std::function<at::Tensor(const at::Te
                                   : at::arange(S, at::TensorOptions().dtype(at::kLong));
     at::Tensor loss;
     {
-      std::vector<std::unique_ptr<ScopedTensorSwap>> swaps;
-      for (size_t i = 0; i < layers.size(); ++i)
-        swaps.push_back(std::make_unique<ScopedTensorSwap>(
-            layers[i]->weight, autoround_weight(w[i], vars[i], specs[i]).to(layers[i]->weight.scalar_type())));
+      std::vector<at::Tensor> trained;
+      for (size_t i = 0; i < layers.size(); ++i) trained.push_back(autoround_weight(w[i], vars[i], specs[i]));
+      const ScopedBlockWeights swapped(layers, trained);
       loss = (forward(x.index_select(0, idx)).to(at::kFloat) - target.index_select(0, idx).to(at::kFloat)).pow(2).mean();
     }
     const double lv = loss.item<double>();

@@ -5,7 +5,9 @@
 
 #include "framework/core/error.h"
 #include "framework/models/gpt2.h"
+#include "framework/models/hf_lm_head.h"
 #include "framework/models/llama.h"
+#include "framework/nn/linear.h"
 #include "framework/ptq/layer_access.h"
 
 namespace qforge::ptq {
@@ -24,6 +26,10 @@ BlockModel llama_blocks(models::LlamaForCausalLMImpl& m) {
   }
   bm.token_embedding = body->embed_tokens.get();
   bm.embed = [body](const at::Tensor& ids) { return body->embed_tokens->forward(ids); };
+  bm.head = [&m, body](const at::Tensor& x) {
+    return models::lm_head_logits(body->norm->forward(x), m.lm_head, *body->embed_tokens, "models/llama",
+                                  "model.embed_tokens");
+  };
   return bm;
 }
 
@@ -41,10 +47,26 @@ BlockModel gpt2_blocks(models::Gpt2LMHeadModelImpl& m) {
     const at::Tensor pos = at::arange(ids.size(1), ids.options().dtype(at::kLong)).unsqueeze(0);
     return body->drop->forward(body->wte->forward(ids) + body->wpe->forward(pos));
   };
+  bm.head = [&m, body](const at::Tensor& x) {
+    return models::lm_head_logits(body->ln_f->forward(x), m.lm_head, *body->wte, "models/gpt2", "transformer.wte");
+  };
   return bm;
 }
 
+std::vector<Quantizer> weight_quantizers(const std::vector<nn::LinearImpl*>& layers) {
+  std::vector<Quantizer> out;
+  for (nn::LinearImpl* l : layers) out.push_back(l->weight_quantizer());
+  return out;
+}
+
 }  // namespace
+
+ScopedBlockWeights::ScopedBlockWeights(const std::vector<nn::LinearImpl*>& layers, const std::vector<at::Tensor>& weights)
+    : bypass_(weight_quantizers(layers)) {
+  QF_CHECK(layers.size() == weights.size());
+  for (size_t i = 0; i < layers.size(); ++i)
+    swaps_.push_back(std::make_unique<ScopedTensorSwap>(layers[i]->weight, weights[i].to(layers[i]->weight.scalar_type())));
+}
 
 BlockModel transformer_blocks(torch::nn::Module& model) {
   if (auto* llama = model.as<models::LlamaForCausalLMImpl>()) return llama_blocks(*llama);

@@ -9,10 +9,16 @@
 
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "framework/ptq/float_view.h"
 #include "framework/ptq/ptq.h"
+
+namespace qforge::nn {
+class LinearImpl;
+}
 
 namespace qforge::ptq {
 
@@ -29,6 +35,23 @@ struct BlockModel {
   // Hidden states entering block 0 for token ids [B, T] (embeddings as quantized, or float
   // under a FloatView).
   std::function<at::Tensor(const at::Tensor& ids)> embed;
+  // Logits [B, T, vocab] from the last block's output (final norm, LM head): the task loss BRECQ's
+  // Fisher weights differentiate.
+  std::function<at::Tensor(const at::Tensor& hidden)> head;
+};
+
+// While alive, `layers` compute with `weights` (already rounded, or soft-rounded and differentiable)
+// in place of their own, their weight quantizers bypassed: how the block-wise methods (AutoRound,
+// BRECQ) run a block on the weights they train.
+class ScopedBlockWeights {
+ public:
+  ScopedBlockWeights(const std::vector<nn::LinearImpl*>& layers, const std::vector<at::Tensor>& weights);
+  ScopedBlockWeights(const ScopedBlockWeights&) = delete;
+  ScopedBlockWeights& operator=(const ScopedBlockWeights&) = delete;
+
+ private:
+  FloatView bypass_;
+  std::vector<std::unique_ptr<ScopedTensorSwap>> swaps_;
 };
 
 // The model's blocks; a model of another family gets an empty list.
@@ -42,9 +65,9 @@ int block_index(const std::vector<std::string>& block_paths, const std::string& 
 // there. Throws when a batch's forward never reaches the embedding.
 std::vector<at::Tensor> capture_token_ids(const BlockModel& bm, int64_t batches, const RunBatch& run);
 
-// solve()'s AutoRound part (framework/ptq/autoround_model.cpp): the pending layers whose method is
-// "autoround", block by block in forward order, leave `pending` for `report`.
-void solve_autoround(torch::nn::Module& model, int64_t batches, const RunBatch& run, const SolveOptions& options,
+// solve()'s block-wise part (framework/ptq/block_reconstruction.cpp): the pending layers whose
+// method is "autoround" or "brecq", block by block in forward order, leave `pending` for `report`.
+void solve_block_reconstruction(torch::nn::Module& model, int64_t batches, const RunBatch& run, const SolveOptions& options,
                      std::map<QuantizableLayer*, LayerSolve>& pending, SolveReport& report);
 
 }  // namespace qforge::ptq

@@ -4,7 +4,8 @@
 //   before quantize():  equalize()     cross-layer equalisation of layer pairs around ReLU (Nagel 2019)
 //   after quantize():   smooth_quant() activation outliers moved into the weights (Xiao et al. 2022)
 //   after calibration:  solve()        GPTQ or AdaRound weight rounding, bias correction, per layer;
-//                                      AutoRound per transformer block (framework/ptq/autoround.h)
+//                                      AutoRound and BRECQ per transformer block (framework/ptq/autoround.h,
+//                                      framework/ptq/brecq.h)
 //
 // Each works on the layers of any model made of qforge layers: inputs are captured through the
 // layers' input taps (one layer, or the layers sharing its input, at a time; the forward stops
@@ -24,6 +25,7 @@
 #include "framework/core/imatrix.h"
 #include "framework/ptq/adaround.h"
 #include "framework/ptq/autoround.h"
+#include "framework/ptq/brecq.h"
 #include "framework/ptq/gptq.h"
 
 namespace qforge::ptq {
@@ -37,9 +39,11 @@ using RunBatch = std::function<at::Tensor(int64_t b)>;
 // feature k), so the levels follow the weights that move the output most.
 // kAutoRound: the Linears inside the transformer blocks of Llama-family and GPT-2 models, trained
 // block by block against the float block's output.
-enum class Rounding : uint8_t { kNearest, kGptq, kAdaRound, kKMeans, kAutoRound };
+// kBrecq: the same blocks, AdaRound's rounding variables trained block by block against the float
+// block's output weighted by the diagonal Fisher (framework/ptq/brecq.h).
+enum class Rounding : uint8_t { kNearest, kGptq, kAdaRound, kKMeans, kAutoRound, kBrecq };
 const char* to_string(Rounding r);
-Rounding rounding_from_name(const std::string& name);  // "rtn" | "gptq" | "adaround" | "kmeans" | "autoround"
+Rounding rounding_from_name(const std::string& name);  // "rtn" | "gptq" | "adaround" | "kmeans" | "autoround" | "brecq"
 std::vector<std::string> rounding_names();
 
 struct SolveRule {
@@ -54,6 +58,7 @@ struct SolveOptions {
   GptqOptions gptq;
   AdaRoundOptions adaround;
   AutoRoundOptions autoround;
+  BrecqOptions brecq;
   int64_t sample_rows = 4096;  // input rows kept per layer (AdaRound, bias correction, errors); GPTQ's H uses all
   uint64_t seed = 0;
   // The calibration's importance matrix (framework/ptq/imatrix.h), or null: GPTQ then takes the
@@ -74,7 +79,7 @@ class SolveError : public Error {
 
 struct LayerSolve {
   std::string path, type;
-  std::string method;         // "gptq", "adaround", "autoround", "rtn", with "+bias_correction"
+  std::string method;         // "gptq", "adaround", "autoround", "brecq", "rtn", with "+bias_correction"
   std::string note;           // why a layer kept round-to-nearest, damping raised, AdaRound convergence
   double error_before = 0;    // relative output MSE with round-to-nearest weights
   double error_after = 0;     // with the solved weights (and corrected bias)
@@ -100,13 +105,13 @@ struct SolveReport {
 // Which method each weighted layer of the (quantized) model gets, without running anything.
 // Throws SolveError for a rule (or default) naming GPTQ or AdaRound for layers that cannot take
 // it only: an Embedding, a grouped or non-zero-padded convolution, AdaRound on a float8 grid,
-// AutoRound outside a Llama-family / GPT-2 transformer block.
+// AutoRound or BRECQ outside a Llama-family / GPT-2 transformer block.
 // Layers the default cannot serve keep round-to-nearest with a note.
 std::vector<LayerSolve> plan_solve(const torch::nn::Module& model, const SolveOptions& options);
 
 // Solves every quantized Linear / Conv1d / Conv2d layer of a quantized, calibrated model, in
 // forward order, each on inputs produced by the layers solved before it (quantized upstream).
-// AutoRound layers go first, block by block; the other methods' layers follow.
+// AutoRound and BRECQ layers go first, block by block; the other methods' layers follow.
 // A solved layer keeps its float weight replaced by the dequantized codes and its weight grid
 // fixed (Quantizer::set_qparams), so fake-quant, freeze() and checkpoints use exactly those codes.
 SolveReport solve(torch::nn::Module& model, int64_t batches, const RunBatch& run, const SolveOptions& options);

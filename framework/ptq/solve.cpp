@@ -27,7 +27,8 @@ namespace {
 
 constexpr NamedValue<Rounding> kRoundingNames[] = {
     {Rounding::kNearest, "rtn"}, {Rounding::kGptq, "gptq"}, {Rounding::kAdaRound, "adaround"},
-    {Rounding::kKMeans, "kmeans"}, {Rounding::kAutoRound, "autoround"}, {Rounding::kNearest, "nearest", true}};
+    {Rounding::kKMeans, "kmeans"}, {Rounding::kAutoRound, "autoround"}, {Rounding::kBrecq, "brecq"},
+    {Rounding::kNearest, "nearest", true}};
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -138,15 +139,18 @@ double relative_change(const at::Tensor& y, const at::Tensor& y0) {
 }
 
 namespace {
-// Why AutoRound cannot round this layer (empty: it can).
-std::string autoround_unfit(const std::vector<std::string>& block_paths, const std::string& path,
-                            const QuantizableLayer& layer) {
+// Why a block-wise method (AutoRound, BRECQ; `name` as the messages spell it) cannot round this
+// layer (empty: it can).
+std::string block_method_unfit(const char* name, const std::vector<std::string>& block_paths, const std::string& path,
+                               const QuantizableLayer& layer, bool needs_group_grid) {
+  const std::string n = name;
   if (block_index(block_paths, path) < 0)
-    return "AutoRound reconstructs the transformer blocks of Llama-family and GPT-2 models; this layer is outside them";
-  if (!layer.module().as<nn::LinearImpl>()) return "AutoRound rounds Linear layers";
+    return n + " reconstructs the transformer blocks of Llama-family and GPT-2 models; this layer is outside them";
+  if (!layer.module().as<nn::LinearImpl>()) return n + " rounds Linear layers";
   const QSpec& spec = layer.scheme().weights->spec;
-  if (!spec.qtype.is_integer()) return "AutoRound rounds onto integer grids, the weights are " + std::string(spec.qtype.name);
-  if (spec.granularity == Granularity::kPerTensor) return "AutoRound clips per output channel or group, not per tensor";
+  if (!spec.qtype.is_integer()) return n + " rounds onto integer grids, the weights are " + std::string(spec.qtype.name);
+  if (needs_group_grid && spec.granularity == Granularity::kPerTensor)
+    return n + " clips per output channel or group, not per tensor";
   if (layer.weight_quantizer()->calibrated()) return "its weight grid is already fixed (loaded or solved)";
   return "";
 }
@@ -174,7 +178,8 @@ std::vector<LayerSolve> plan_solve(const torch::nn::Module& model, const SolveOp
       why = "GPTQ fixes each group's grid as it goes; " + std::string(wqt.name) + " block scales follow the values";
     if (why.empty() && r == Rounding::kKMeans && !wqt.is_codebook())
       why = "kmeans refits codebooks; the weights are " + std::string(wqt.name) + " (a uniform grid)";
-    if (why.empty() && r == Rounding::kAutoRound) why = autoround_unfit(block_paths, path, *layer);
+    if (why.empty() && r == Rounding::kAutoRound) why = block_method_unfit("AutoRound", block_paths, path, *layer, true);
+    if (why.empty() && r == Rounding::kBrecq) why = block_method_unfit("BRECQ", block_paths, path, *layer, false);
     if (why.empty() && layer->frozen()) why = "frozen";
     if (why.empty() && layer->scheme().weights->lsq && layer->weight_quantizer()->lsq_initialised())
       why = "its LSQ weight scale already trains";
@@ -188,8 +193,9 @@ std::vector<LayerSolve> plan_solve(const torch::nn::Module& model, const SolveOp
       ls.method = to_string(r);
       if (rule >= 0) rules_fit.insert(rule);
     }
-    if (o.bias_correction && why.empty() && r == Rounding::kAutoRound) {
-      ls.note = "no bias correction after AutoRound (it reconstructs the block's output)";
+    if (o.bias_correction && why.empty() && (r == Rounding::kAutoRound || r == Rounding::kBrecq)) {
+      ls.note = "no bias correction after " + std::string(r == Rounding::kBrecq ? "BRECQ" : "AutoRound") +
+                " (it reconstructs the block's output)";
     } else if (o.bias_correction && why.empty()) {
       const auto params = layer->module().named_parameters(false);
       if (params.contains("bias") && params["bias"].defined()) ls.method += "+bias_correction";
@@ -346,7 +352,7 @@ SolveReport solve(torch::nn::Module& model, int64_t batches, const RunBatch& run
   }
   std::map<QuantizableLayer*, LayerSolve> pending = pending_layers(plan, by_path, report);
   const size_t rtn_layers = report.layers.size();
-  solve_autoround(model, batches, run, o, pending, report);
+  solve_block_reconstruction(model, batches, run, o, pending, report);
   Progress progress("ptq solve", static_cast<int64_t>(pending.size()));
   at::Generator gen = at::detail::createCPUGenerator(o.seed);
   const int64_t rows_per_batch = (o.sample_rows + batches - 1) / batches;

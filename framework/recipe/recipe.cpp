@@ -10,6 +10,7 @@
 #include <functional>
 #include <iterator>
 #include <sstream>
+#include <utility>
 
 #include "framework/api/quantizer.h"
 #include "framework/core/error.h"
@@ -283,9 +284,16 @@ void read_ptq(Recipe& r, const YAML::Node& pn, const Where& w) {
   if (!autoround && (p.autoround_iterations != defaults.autoround_iterations || p.autoround_lr != defaults.autoround_lr ||
                      p.autoround_batch_size != defaults.autoround_batch_size))
     w.problem("ptq.autoround", "AutoRound options without AutoRound: set ptq.method (or a rule's method) to autoround");
-  if (autoround && r.model.arch != "llama" && r.model.arch != "gpt2")
-    w.problem("ptq.method", "AutoRound reconstructs transformer blocks of Llama-family and GPT-2 models (arch llama or "
-                            "gpt2), not " + r.model.arch);
+  bool brecq = p.method == "brecq";
+  for (const auto& [pattern, m] : p.rules) brecq |= m == "brecq";
+  if (!brecq && (p.brecq_iterations != defaults.brecq_iterations || p.brecq_lr != defaults.brecq_lr ||
+                 p.brecq_reg_weight != defaults.brecq_reg_weight || p.brecq_batch_size != defaults.brecq_batch_size ||
+                 p.brecq_fisher != defaults.brecq_fisher))
+    w.problem("ptq.brecq", "BRECQ options without BRECQ: set ptq.method (or a rule's method) to brecq");
+  for (const auto& [on, name] : {std::pair{autoround, "AutoRound"}, std::pair{brecq, "BRECQ"}})
+    if (on && r.model.arch != "llama" && r.model.arch != "gpt2")
+      w.problem("ptq.method", std::string(name) + " reconstructs transformer blocks of Llama-family and GPT-2 models "
+                              "(arch llama or gpt2), not " + r.model.arch);
   if (p.rotate == "hadamard" && r.model.arch != "llama")
     w.problem("ptq.rotate", "the Hadamard rotation needs an RMSNorm model (arch llama: Llama, Mistral, Qwen2), not " +
                                 r.model.arch);

@@ -138,6 +138,11 @@ struct Recipe {
     int64_t autoround_iterations = 200;  // autoround: SignSGD steps per block
     double autoround_lr = 0;             // 0: 1 / iterations
     int64_t autoround_batch_size = 8;    // sequences per step
+    int64_t brecq_iterations = 500;      // brecq: Adam steps per block
+    double brecq_lr = 1e-2;
+    double brecq_reg_weight = 0.01;
+    int64_t brecq_batch_size = 8;        // sequences per step
+    bool brecq_fisher = true;            // weight the block's output error by the diagonal Fisher
     std::vector<std::pair<std::string, std::string>> rules;  // pattern, method
     std::vector<RecipeIssue> rule_sites;                      // where each rule is written (no message)
   } ptq;

@@ -273,7 +273,7 @@ Field search_section() {
 Field ptq_section() {
   return map("ptq", "PTQ solvers: better than round-to-nearest without training (after calibration, before QAT)", {
       bind(choice("method", ptq_method_names(),
-                  "weight rounding: round-to-nearest, GPTQ, AdaRound, k-means, AutoRound (Llama / GPT-2 blocks); "
+                  "weight rounding: round-to-nearest, GPTQ, AdaRound, k-means, AutoRound and BRECQ (Llama / GPT-2 blocks); "
                   "awq: AWQ scales then round-to-nearest, awq+gptq: AWQ scales then GPTQ"),
            &Recipe::ptq, &Recipe::Ptq::method),
       bind(leaf("bias_correction", T::kBool, "fold each layer's mean output error into its bias"),
@@ -312,6 +312,14 @@ Field ptq_section() {
           bind(leaf("lr", T::kFloat, "first step size of the rounding offsets and clipping factors, decaying linearly to 0 (0: 1 / iterations)", 0, 10),
                &Recipe::ptq, &Recipe::Ptq::autoround_lr),
           bind(leaf("batch_size", T::kInt, "calibration sequences per step", 1, 1e9), &Recipe::ptq, &Recipe::Ptq::autoround_batch_size),
+      }),
+      map("brecq", "BRECQ options (method brecq): AdaRound's rounding trained per transformer block", {
+          bind(leaf("iterations", T::kInt, "Adam steps per transformer block", 1, 1e9), &Recipe::ptq, &Recipe::Ptq::brecq_iterations),
+          bind(leaf("lr", T::kFloat, "Adam step size on the rounding variables", 1e-12, 10), &Recipe::ptq, &Recipe::Ptq::brecq_lr),
+          bind(leaf("reg_weight", T::kFloat, "weight of the rounding regulariser", 0, 1e6), &Recipe::ptq, &Recipe::Ptq::brecq_reg_weight),
+          bind(leaf("batch_size", T::kInt, "calibration sequences per step", 1, 1e9), &Recipe::ptq, &Recipe::Ptq::brecq_batch_size),
+          bind(leaf("fisher", T::kBool, "weight the block's output error by the diagonal Fisher of the next-token loss (false: plain MSE)"),
+               &Recipe::ptq, &Recipe::Ptq::brecq_fisher),
       }),
       list("rules", "per-layer rounding; the first whose pattern matches wins",
            map("*", "rule", {leaf("pattern", T::kString, "shell-style pattern on module paths"),

@@ -108,6 +108,7 @@ void gemv_q8s8f32_n16k4_avx2(const GemvQ8S8Args& args, int64_t nb_begin, int64_t
 void gemv_q8s4f32_n16k8_avx512vnni(const GemvQ8S4Args& args, int64_t nb_begin, int64_t nb_end);
 void gemv_q8s4f32_n16b32_avx512vnni(const GemvQ8S4Args& args, int64_t nb_begin, int64_t nb_end);
 void gemv_q8s4f32_n16k8_avx2(const GemvQ8S4Args& args, int64_t nb_begin, int64_t nb_end);
+void gemv_q8s4f32_n16b32_avx2(const GemvQ8S4Args& args, int64_t nb_begin, int64_t nb_end);
 
 // int8 weights with group scales (S8GroupView): block-32 decode (linear_q8b32_s4_reference's
 // formula on the int8 codes; w.group_size % 32 == 0 or w.groups == 1) and weight-only float
@@ -115,6 +116,8 @@ void gemv_q8s4f32_n16k8_avx2(const GemvQ8S4Args& args, int64_t nb_begin, int64_t
 using GemvQ8S8GArgs = GemvQ8Args<S8GroupView>;
 using GemvF32S8GArgs = GemvF32Args<S8GroupView>;
 void gemv_q8s8gf32_n16k4_avx512vnni(const GemvQ8S8GArgs& args, int64_t nb_begin, int64_t nb_end);
+void gemv_q8s8gf32_n16k4_avx2(const GemvQ8S8GArgs& args, int64_t nb_begin, int64_t nb_end);
 void gemv_f32s8gf32_n16k4_avx512(const GemvF32S8GArgs& args, int64_t nb_begin, int64_t nb_end);
+void gemv_f32s8gf32_n16k4_avx2(const GemvF32S8GArgs& args, int64_t nb_begin, int64_t nb_end);
 
 }  // namespace qforge::kernels::detail

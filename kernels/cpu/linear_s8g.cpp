@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "framework/core/error.h"
+#include "kernels/cpu/gemm_q8_kernels.h"
 #include "kernels/cpu/gemv_kernels.h"
 #include "kernels/cpu/gemv_s4.h"
 #include "kernels/cpu/linear_decode.h"
@@ -17,18 +18,20 @@ namespace qforge::kernels {
 
 namespace {
 
-// The decode GEMV: x quantized once (or the thread's last rows reused), then 16-column blocks split
-// across threads.
-[[maybe_unused]] void run_q8s8g_vnni(const LinearS8GProblem& p) {
+// The decode GEMV and the prefill GEMM: x quantized once (or the thread's last rows reused), then
+// 16-column blocks split across threads.
+template <void (*kKernel)(const detail::GemvQ8S8GArgs&, int64_t, int64_t)>
+[[maybe_unused]] void run_q8s8g(const LinearS8GProblem& p) {
   const detail::Q8Rows& rows = detail::q8_rows(p.x, p.m, p.w.k);
   auto args = detail::q8_args<detail::GemvQ8S8GArgs>(rows, p.m, p.y, p.w.n, p.bias);
   args.w = p.w;
   detail::parallel_over_blocks(round_up(p.w.n, kS8BlockN) / kS8BlockN, kS8BlockN * p.w.kp * p.m,
-                               [&](int64_t b, int64_t e) { detail::gemv_q8s8gf32_n16k4_avx512vnni(args, b, e); });
+                               [&](int64_t b, int64_t e) { kKernel(args, b, e); });
 }
 
 // The exact GEMV: rows padded to whole k quads.
-[[maybe_unused]] void run_f32s8g_avx512(const LinearS8GProblem& p) {
+template <void (*kKernel)(const detail::GemvF32S8GArgs&, int64_t, int64_t)>
+[[maybe_unused]] void run_f32s8g(const LinearS8GProblem& p) {
   const S8GroupView& w = p.w;
   const detail::ScratchArray<float> padded(detail::Scratch::kPaddedInput, p.m * w.kp);
   detail::pad_rows(padded.data(), p.x, p.m, w.k, w.kp);
@@ -36,7 +39,7 @@ namespace {
   args.x = padded.data(), args.m = p.m, args.ldx = w.kp;
   args.w = w, args.bias = p.bias, args.y = p.y, args.ldy = w.n;
   detail::parallel_over_blocks(round_up(w.n, kS8BlockN) / kS8BlockN, kS8BlockN * w.kp * p.m,
-                               [&](int64_t b, int64_t e) { detail::gemv_f32s8gf32_n16k4_avx512(args, b, e); });
+                               [&](int64_t b, int64_t e) { kKernel(args, b, e); });
 }
 
 void run_q8s8g_reference(const LinearS8GProblem& p) {
@@ -118,9 +121,13 @@ S8GUnpacked unpack_s8g(const S8GroupView& w) {
 const KernelTable<LinearS8GProblem>& linear_q8s8g_kernels() {
   static const KernelTable<LinearS8GProblem> table{
       {"gemv_q8s8gf32_n16k4_avx512vnni", Isa::kAvx512Vnni, detail::serves_gemv<LinearS8GProblem>, q8_groups_fit,
-       QF_KERNEL_AVX512VNNI(run_q8s8g_vnni)},
+       QF_KERNEL_AVX512VNNI(run_q8s8g<detail::gemv_q8s8gf32_n16k4_avx512vnni>)},
+      {"gemv_q8s8gf32_n16k4_avx2", Isa::kAvx2, detail::serves_gemv<LinearS8GProblem>, q8_groups_fit,
+       QF_KERNEL_AVX2(run_q8s8g<detail::gemv_q8s8gf32_n16k4_avx2>)},
       {"reference", Isa::kReference, detail::serves_gemv<LinearS8GProblem>, q8_groups_fit, run_q8s8g_reference},
       {kExactS8GGemvKernel, Isa::kReference, detail::serves_gemv<LinearS8GProblem>, nullptr, run_exact_gemv},
+      {"gemm_q8s8gf32_n16k4_avx512vnni", Isa::kAvx512Vnni, detail::serves_gemm<LinearS8GProblem>, q8_groups_fit,
+       QF_KERNEL_AVX512VNNI(run_q8s8g<detail::gemm_q8s8gf32_n16k4_avx512vnni>)},
       {kDequantGemmKernel, Isa::kReference, detail::serves_gemm<LinearS8GProblem>, nullptr, run_s8g_dequant_gemm},
   };
   return table;
@@ -129,7 +136,9 @@ const KernelTable<LinearS8GProblem>& linear_q8s8g_kernels() {
 const KernelTable<LinearS8GProblem>& linear_f32s8g_kernels() {
   static const KernelTable<LinearS8GProblem> table{
       {"gemv_f32s8gf32_n16k4_avx512", Isa::kAvx512, detail::serves_gemv<LinearS8GProblem>, quad_groups_fit,
-       QF_KERNEL_AVX512(run_f32s8g_avx512)},
+       QF_KERNEL_AVX512(run_f32s8g<detail::gemv_f32s8gf32_n16k4_avx512>)},
+      {"gemv_f32s8gf32_n16k4_avx2", Isa::kAvx2, detail::serves_gemv<LinearS8GProblem>, quad_groups_fit,
+       QF_KERNEL_AVX2(run_f32s8g<detail::gemv_f32s8gf32_n16k4_avx2>)},
       {"reference", Isa::kReference, detail::serves_gemv<LinearS8GProblem>, nullptr, run_f32s8g_reference},
       {kDequantGemmKernel, Isa::kReference, detail::serves_gemm<LinearS8GProblem>, nullptr, run_s8g_dequant_gemm},
   };

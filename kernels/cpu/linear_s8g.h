@@ -1,12 +1,15 @@
 // Linears over int8 weights with a scale (and optional zero point) per column and group
 // (S8GroupView: GGUF's Q8_0 blocks, qforge's per-group qint8), from each op's kernel table:
 //   - decode (linear_q8s8g_kernels(), block-32 int8 activations as linear_decode.h):
-//     gemv_q8s8gf32_n16k4_avx512vnni -> reference for M <= kWeightOnlyMaxM, bit-identical to
-//     linear_q8b32_s4_reference on the int8 codes (groups a multiple of 32, or one group; other
-//     groups run the exact GEMV below, with the reason); above it linear_f32_dequant_gemm;
+//     gemv_q8s8gf32_n16k4_avx512vnni -> gemv_q8s8gf32_n16k4_avx2 -> reference for
+//     M <= kWeightOnlyMaxM, bit-identical to linear_q8b32_s4_reference on the int8 codes (groups a
+//     multiple of 32, or one group; other groups run the exact GEMV below, with the reason); above
+//     it gemm_q8s8gf32_n16k4_avx512vnni (the same results in register tiles: a call of M rows
+//     equals M one-row calls), else linear_f32_dequant_gemm;
 //   - exact (linear_f32s8g_kernels(), float activations): gemv_f32s8gf32_n16k4_avx512 ->
-//     reference for M <= kWeightOnlyMaxM, bit-identical to linear_f32_s4_reference on the int8
-//     codes (groups a multiple of 4, or one group); above it linear_f32_dequant_gemm.
+//     gemv_f32s8gf32_n16k4_avx2 -> reference for M <= kWeightOnlyMaxM, bit-identical to
+//     linear_f32_s4_reference on the int8 codes (groups a multiple of 4, or one group); above it
+//     linear_f32_dequant_gemm.
 // x dense float [M, K], y dense float [M, N].
 #pragma once
 

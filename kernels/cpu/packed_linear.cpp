@@ -2,6 +2,7 @@
 #include "kernels/cpu/packed_linear.h"
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -205,13 +206,14 @@ PackedLinearS4::PackedLinearS4(const at::Tensor& weight, const at::Tensor& w_sca
     QF_REQUIRE(w_zero.numel() == n_ * groups_, "kernels/cpu: PackedLinearS4 w_zero has shape ",
                shape_str(w_zero), ", expected [", n_, ", ", groups_, "]");
   }
-  const at::Tensor w = weight.contiguous();
+  at::Tensor w = weight.contiguous();
+  at::Tensor s = w_scale.to(at::kFloat).contiguous().reshape({n_, groups_});
+  at::Tensor z = w_zero.defined() ? w_zero.to(at::kInt).contiguous().reshape({n_, groups_}) : at::Tensor();
+  if (layout == S4Layout::kN16B32) layout_status_ = fold_for_n16b32(&w, &s, &z);
   const int64_t np = round_up(n_, kS4BlockN), kp = round_up(k_, kS4BlockK);
   packed_ = at::empty({np * kp / 2}, at::kByte);
   pack_s4_n16k8_reference(w.data_ptr<int8_t>(), n_, k_, static_cast<int>(qtype.quant_min),
                           packed_.data_ptr<uint8_t>());
-  const at::Tensor s = w_scale.to(at::kFloat).contiguous();
-  const at::Tensor z = w_zero.defined() ? w_zero.to(at::kInt).contiguous() : at::Tensor();
   // fp16 bit patterns (ATen 1.13 has no uint16 dtype; int16 has the same size and alignment).
   scales_ = at::empty({np * groups_}, at::kShort);
   zeros_ = at::empty({np * groups_}, at::kChar);
@@ -219,20 +221,35 @@ PackedLinearS4::PackedLinearS4(const at::Tensor& weight, const at::Tensor& w_sca
                      groups_, static_cast<int>(qtype.quant_min), scale_bits(scales_),
                      zeros_.data_ptr<int8_t>());
   bias_ = checked_bias(bias, n_, "PackedLinearS4");
-  if (layout == S4Layout::kN16B32) to_n16b32(!w_zero.defined() || at::eq(w_zero, 0).all().item<bool>());
+  if (layout == S4Layout::kN16B32 && layout_status_.empty()) to_n16b32();
 }
 
-std::string PackedLinearS4::n16b32_misfit(bool zero_free) const {
+// n16b32 stores no zero points. Zero point -1 beside a positive scale is gguf load's form of a
+// negative block scale d (codes -c - 1, scale |d|); such a block is stored as the file had it,
+// codes c = ~(-c - 1) and scale -|d| (its sign bit marks it for weight() / w_zero()): every kernel
+// then gives the n16k8 form's result bit for bit, since i_b and u are negated exactly and
+// fma(u, -|d|, t) = fma(-u, |d|, t) (docs/kernels.md §3.3a). Returns why the weight does not fit
+// n16b32 ("" when it does, *z then undefined).
+std::string PackedLinearS4::fold_for_n16b32(at::Tensor* w, at::Tensor* s, at::Tensor* z) {
   if (qtype_.name != qint4.name) return std::string("the grid is ") + qtype_.name + ", not qint4";
   if (group_size_ != std::min(kS4B32K, k_)) return "group_size=" + std::to_string(group_size_) + ", not 32";
-  if (!zero_free) return "zero points other than 0";
+  if (!z->defined() || at::eq(*z, 0).all().item<bool>()) {
+    *z = at::Tensor();
+    return "";
+  }
+  const at::Tensor negative = z->eq(-1);
+  if (!(negative | z->eq(0)).all().item<bool>()) return "zero points other than 0 and -1";
+  if (at::signbit(*s).any().item<bool>()) return "zero points -1 beside negative scales";
+  const at::Tensor per_k = negative.repeat_interleave(group_size_, 1).narrow(1, 0, k_);
+  *w = at::where(per_k, w->bitwise_not(), *w).contiguous();  // ~c = -c - 1: [-8, 7] onto itself
+  *s = at::where(negative, s->neg(), *s).contiguous();
+  *z = at::Tensor();
+  signs_folded_ = true;
   return "";
 }
 
-// The codes and scales packed above, moved into one n16b32 stream (when the weight fits it).
-void PackedLinearS4::to_n16b32(bool zero_free) {
-  layout_status_ = n16b32_misfit(zero_free);
-  if (!layout_status_.empty()) return;
+// The codes and scales packed above, moved into one n16b32 stream.
+void PackedLinearS4::to_n16b32() {
   at::Tensor stream = at::empty({round_up(n_, kS4BlockN) / kS4BlockN * s4_b32_column_bytes(groups_)}, at::kByte);
   pack_s4_n16b32_reference(packed_.data_ptr<uint8_t>(), scale_bits(scales_), n_, k_, stream.data_ptr<uint8_t>());
   packed_ = stream;
@@ -258,19 +275,38 @@ int64_t PackedLinearS4::bytes() const {
   return tensor_bytes(packed_) + tensor_bytes(scales_) + tensor_bytes(zeros_) + tensor_bytes(bias_);
 }
 
-at::Tensor PackedLinearS4::weight() const {
+// The packed codes, scales and zero-point codes as the constructor received them (n16b32 blocks
+// stored with a folded sign unfolded: codes 15 - u, zero point -1, scale |d|).
+S4Unpacked PackedLinearS4::unpacked() const {
   QF_REQUIRE(packed_.defined(), "kernels/cpu: PackedLinearS4 is empty");
+  S4Unpacked u = unpack_s4(view());
+  if (!signs_folded_) return u;
+  const int zero_code = -1 - static_cast<int>(qtype_.quant_min);
+  for (int64_t n = 0; n < n_; ++n) {
+    for (int64_t g = 0; g < groups_; ++g) {
+      float& scale = u.scale[n * groups_ + g];
+      if (!std::signbit(scale)) continue;
+      scale = -scale;
+      u.zero[n * groups_ + g] = zero_code;
+      for (int64_t k = g * group_size_; k < std::min(k_, (g + 1) * group_size_); ++k)
+        u.codes[n * k_ + k] = static_cast<int8_t>(u.codes[n * k_ + k] ^ kS4NibbleMask);
+    }
+  }
+  return u;
+}
+
+at::Tensor PackedLinearS4::weight() const {
   at::Tensor w = at::empty({n_, k_}, at::kChar);
-  const S4Unpacked u = unpack_s4(view());
+  const S4Unpacked u = unpacked();
   int8_t* out = w.data_ptr<int8_t>();
   for (int64_t i = 0; i < n_ * k_; ++i) out[i] = static_cast<int8_t>(u.codes[i] + qtype_.quant_min);
   return w;
 }
 
-at::Tensor PackedLinearS4::w_scale() const {
-  QF_REQUIRE(packed_.defined(), "kernels/cpu: PackedLinearS4 is empty");
-  const S4Unpacked u = unpack_s4(view());
-  return at::tensor(u.scale, at::kFloat).reshape({n_, groups_});
+at::Tensor PackedLinearS4::w_scale() const { return at::tensor(unpacked().scale, at::kFloat).reshape({n_, groups_}); }
+
+at::Tensor PackedLinearS4::w_zero() const {
+  return at::tensor(unpacked().zero, at::kInt).reshape({n_, groups_}).add(qtype_.quant_min);
 }
 
 void PackedLinearS4::run(const float* x, int64_t M, float* y, RunInfo* info,

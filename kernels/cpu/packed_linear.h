@@ -16,6 +16,8 @@
 
 namespace qforge::kernels {
 
+struct S4Unpacked;  // gemv_s4.h
+
 namespace detail {
 class OneDnnS8Weights;
 }
@@ -95,8 +97,9 @@ class PackedLinearS4 {
   // weight: int8 [N, K]; w_scale: float [N, G] (or [N] when G == 1), every value finite and
   // exactly representable as IEEE float16 (stored as fp16; qforge::Error names the first [n, g]
   // that is not); w_zero: integer [N, G] in the qtype's grid, or undefined for zero points 0.
-  // layout kN16B32 asks for the one-stream form of symmetric qint4 groups of 32 (Q4_0's); a weight
-  // that does not fit it stays n16k8 and layout_status() says why.
+  // layout kN16B32 asks for the one-stream form of qint4 groups of 32 (Q4_0's), zero points 0, or
+  // -1 beside positive scales (a negative block scale as gguf load keeps it, stored folded); a
+  // weight that does not fit it stays n16k8 and layout_status() says why.
   PackedLinearS4(const at::Tensor& weight, const at::Tensor& w_scale, const at::Tensor& w_zero,
                  int64_t group_size, const at::Tensor& bias = {}, QType qtype = qint4,
                  S4Layout layout = S4Layout::kN16K8);
@@ -126,20 +129,24 @@ class PackedLinearS4 {
   // Why an n16b32 request packed n16k8 ("" otherwise).
   const std::string& layout_status() const { return layout_status_; }
 
+  // What the constructor received, exactly (an n16b32 form's folded signs unfolded).
   at::Tensor weight() const;  // unpacked grid values, int8 [N, K]
   at::Tensor w_scale() const;  // float [N, G], exact
+  at::Tensor w_zero() const;   // int32 [N, G] zero points (0 where none were given)
   const at::Tensor& bias() const { return bias_; }
   S4N16K8View view() const;
 
  private:
-  std::string n16b32_misfit(bool zero_free) const;
-  void to_n16b32(bool zero_free);
+  std::string fold_for_n16b32(at::Tensor* w, at::Tensor* s, at::Tensor* z);
+  void to_n16b32();
+  S4Unpacked unpacked() const;
 
   int64_t n_ = 0, k_ = 0, group_size_ = 0, groups_ = 0;
   QType qtype_ = qint4;
   at::Tensor packed_, scales_, zeros_, bias_;
   S4Layout layout_ = S4Layout::kN16K8;
   std::string layout_status_;
+  bool signs_folded_ = false;  // n16b32 blocks with a negative stored scale came with zero point -1
 };
 
 // int8 Linear with a scale (and optional zero point) per column and group along K: GGUF's Q8_0

@@ -92,10 +92,66 @@ __attribute__((always_inline)) inline void s4_dot_octs(const uint8_t* wp, const 
 
 // Zero-point codes z' (int32) and fp16 scales widened to float (exact, VCVTPH2PS: the same float
 // the reference multiplies by) of half h of column block nb, group g.
+// n16b32: the qint4 zero code and block g's scales in the stream.
 inline void s4_group_meta(const S4N16K8View& w, int64_t nb, int64_t g, int h, __m256i& z, __m256& scale) {
+  if (w.layout == S4Layout::kN16B32) {
+    z = _mm256_set1_epi32(kS4B32ZeroCode);
+    const uint8_t* scales = w.data + s4_column_block_offset(w, nb) + s4_b32_scale_offset(g) + h * kAvx2Lanes * kS4ScaleBytes;
+    scale = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales)));
+    return;
+  }
   const int64_t meta = (nb * w.groups + g) * kS4BlockN + h * kAvx2Lanes;
   z = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w.zeros + meta)));
   scale = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.scales + meta)));
+}
+
+// Zero points (int32; 0 when the view has none) and scales as float (fp16 widened exactly, or the
+// stored floats) of half h of int8 groups' column block nb, group g.
+inline void s8g_group_meta(const S8GroupView& w, int64_t nb, int64_t g, int h, __m256i& z, __m256& scale) {
+  const int64_t meta = (nb * w.groups + g) * kS8BlockN + h * kAvx2Lanes;
+  z = w.zeros != nullptr ? _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w.zeros + meta)))
+                         : _mm256_setzero_si256();
+  scale = w.scales16 != nullptr
+              ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.scales16 + meta)))
+              : _mm256_loadu_ps(w.scales32 + meta);
+}
+
+// A block-32 decode tile of one column block (two halves) over groups of whole blocks: per group
+// g, meta(g, h, z, scale) gives half h's lane offsets z (zero-point codes, |z| <= 128) and scales,
+// dot(b, acc) block b's integer sums; per row r with code sum s_rb and scale d_rb of block b,
+//   u[r][h] = fma(float(acc[r][h] - z[h] * s_rb), d_rb, u[r][h])   (|z * s| <= 128 * 127 * 32: exact)
+// and t[r][h] = fma(u[r][h], scale[h], t[r][h]) per group: linear_q8b32_s4_reference's order.
+template <int MR, typename Args, typename Meta, typename Dot>
+__attribute__((always_inline)) inline void q8_group_tile(const Args& args, int64_t m0, int64_t groups,
+                                                         int64_t blocks_per_group, const Meta& meta, const Dot& dot,
+                                                         __m256 (&t)[MR][2]) {
+  fill_tile(t, _mm256_setzero_ps());
+  for (int64_t g = 0; g < groups; ++g) {
+    __m256i z[2];
+    __m256 sc[2], u[MR][2];
+    #pragma GCC unroll 16
+    for (int h = 0; h < 2; ++h) meta(g, h, z[h], sc[h]);
+    fill_tile(u, _mm256_setzero_ps());
+    const int64_t b_end = chunk_end(g, blocks_per_group, args.kb);
+    for (int64_t b = g * blocks_per_group; b < b_end; ++b) {
+      __m256i acc[MR][2];
+      dot(b, acc);
+      #pragma GCC unroll 16
+      for (int r = 0; r < MR; ++r) {
+        const __m256i s = _mm256_set1_epi32(args.s[(m0 + r) * args.kb + b]);
+        const __m256 d = _mm256_set1_ps(args.d[(m0 + r) * args.kb + b]);
+        #pragma GCC unroll 16
+        for (int h = 0; h < 2; ++h) {
+          const __m256i i = _mm256_sub_epi32(acc[r][h], _mm256_mullo_epi32(z[h], s));
+          u[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), d, u[r][h]);
+        }
+      }
+    }
+    #pragma GCC unroll 16
+    for (int r = 0; r < MR; ++r)
+      #pragma GCC unroll 16
+      for (int h = 0; h < 2; ++h) t[r][h] = _mm256_fmadd_ps(u[r][h], sc[h], t[r][h]);
+  }
 }
 
 // The float epilogue of an MR x NR tile: y[m0 + r][n0 + lane] = value(r, c, h, ws, b) for the

@@ -97,50 +97,50 @@ __attribute__((always_inline)) inline void dpbusd_quads(const W* const* wp, cons
   }
 }
 
+// acc[r][c] += (w + 128) * a over n16k4 block kq: 4 bytes of row r (ap) broadcast, block c (wp) made
+// unsigned for VPDPBUSD by w ^ 0x80 (VNNI files only).
+template <int MR, int NR>
+__attribute__((always_inline)) inline void q8_flipped_quad(const int8_t* const* wp, const int8_t* const* ap, int64_t kq,
+                                                           __m512i (&acc)[MR][NR]) {
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  __m512i av[MR];
+  #pragma GCC unroll 16
+  for (int r = 0; r < MR; ++r) av[r] = _mm512_set1_epi32(load_u32(ap[r] + kq * kS8BlockK));
+  #pragma GCC unroll 16
+  for (int c = 0; c < NR; ++c) {
+    const __m512i wv = _mm512_xor_si512(_mm512_loadu_si512(wp[c] + kq * kS8BlockBytes), flip);
+    #pragma GCC unroll 16
+    for (int r = 0; r < MR; ++r) acc[r][c] = _mm512_dpbusd_epi32(acc[r][c], wv, av[r]);
+  }
+}
+
+// Tiles of up to this many accumulators sum in two chains (half the VPDPBUSD dependency); larger
+// ones have enough independent sums already, and a second set would not fit the 32 registers.
+inline constexpr int kQ8TwoChainMaxAccs = 4;
+
 // The block-32 decode kernels' int8 dot (VNNI files only): acc[r][c] = sum over the n16k4 blocks
-// [q0, q1) of (w + 128) * a, the signed weights made unsigned for VPDPBUSD by w ^ 0x80, in two
-// chains (half the dependency).
+// [q0, q1) of (w + 128) * a (q8_flipped_quad), in two chains for tiles of up to
+// kQ8TwoChainMaxAccs accumulators (integer sums: the order does not change the result).
 template <int MR, int NR>
 __attribute__((always_inline)) inline void q8_flipped_dot(const int8_t* const* wp, const int8_t* const* ap, int64_t q0,
                                                           int64_t q1, __m512i (&acc)[MR][NR]) {
-  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
-  __m512i acc1[MR][NR];
-  #pragma GCC unroll 16
-  for (int r = 0; r < MR; ++r)
-    #pragma GCC unroll 16
-    for (int c = 0; c < NR; ++c) acc[r][c] = acc1[r][c] = _mm512_setzero_si512();
-  int64_t kq = q0;
-  for (; kq + 2 <= q1; kq += 2) {
-    __m512i a0[MR], a1[MR];
-    #pragma GCC unroll 16
-    for (int r = 0; r < MR; ++r) {
-      a0[r] = _mm512_set1_epi32(load_u32(ap[r] + kq * kS8BlockK));
-      a1[r] = _mm512_set1_epi32(load_u32(ap[r] + (kq + 1) * kS8BlockK));
+  fill_tile(acc, _mm512_setzero_si512());
+  if constexpr (MR * NR > kQ8TwoChainMaxAccs) {
+    for (int64_t kq = q0; kq < q1; ++kq) q8_flipped_quad<MR, NR>(wp, ap, kq, acc);
+  } else {
+    __m512i acc1[MR][NR];
+    fill_tile(acc1, _mm512_setzero_si512());
+    int64_t kq = q0;
+    for (; kq + 2 <= q1; kq += 2) {
+      q8_flipped_quad<MR, NR>(wp, ap, kq, acc);
+      q8_flipped_quad<MR, NR>(wp, ap, kq + 1, acc1);
     }
+    if (kq < q1) q8_flipped_quad<MR, NR>(wp, ap, kq, acc);  // an odd number of k quads (a row's last block)
     #pragma GCC unroll 16
-    for (int c = 0; c < NR; ++c) {
-      const __m512i w0 = _mm512_xor_si512(_mm512_loadu_si512(wp[c] + kq * kS8BlockBytes), flip);
-      const __m512i w1 = _mm512_xor_si512(_mm512_loadu_si512(wp[c] + (kq + 1) * kS8BlockBytes), flip);
+    for (int r = 0; r < MR; ++r)
       #pragma GCC unroll 16
-      for (int r = 0; r < MR; ++r) {
-        acc[r][c] = _mm512_dpbusd_epi32(acc[r][c], w0, a0[r]);
-        acc1[r][c] = _mm512_dpbusd_epi32(acc1[r][c], w1, a1[r]);
-      }
-    }
+      for (int c = 0; c < NR; ++c) acc[r][c] = _mm512_add_epi32(acc[r][c], acc1[r][c]);
   }
-  if (kq < q1) {  // an odd number of k quads (the last block of a row)
-    #pragma GCC unroll 16
-    for (int c = 0; c < NR; ++c) {
-      const __m512i w0 = _mm512_xor_si512(_mm512_loadu_si512(wp[c] + kq * kS8BlockBytes), flip);
-      #pragma GCC unroll 16
-      for (int r = 0; r < MR; ++r)
-        acc[r][c] = _mm512_dpbusd_epi32(acc[r][c], w0, _mm512_set1_epi32(load_u32(ap[r] + kq * kS8BlockK)));
-    }
-  }
-  #pragma GCC unroll 16
-  for (int r = 0; r < MR; ++r)
-    #pragma GCC unroll 16
-    for (int c = 0; c < NR; ++c) acc[r][c] = _mm512_add_epi32(acc[r][c], acc1[r][c]);
 }
 
 // Block b of a block-32 decode tile folded into u (VNNI files only): per row r and column block c,

@@ -417,14 +417,18 @@ class FmnistCnn(nn.Module):
         return self.fc2(torch.relu(self.fc1(self.features(x).flatten(1))))
 
 
-def read_fashion_mnist(folder="/usr/share/datasets/fashion-mnist"):
-    """The training images ([N, 1, 28, 28] in [0, 1], as qforge's data::load_fashion_mnist scales
-    them) and labels, from Debian's dataset-fashion-mnist IDX files."""
+def read_fashion_mnist(folder="/usr/share/datasets/fashion-mnist", split="train"):
+    """The images of `split` ("train": 60 000, "t10k": the 10 000 test images) as [N, 1, 28, 28]
+    in [0, 1], as qforge's data::load_fashion_mnist scales them, and their labels, from Debian's
+    dataset-fashion-mnist IDX files."""
     import gzip
     import numpy as np
-    with gzip.open(os.path.join(folder, "train-images-idx3-ubyte.gz")) as f:
+    path = os.path.join(folder, f"{split}-images-idx3-ubyte.gz")
+    if not os.path.exists(path):
+        sys.exit(f"{path} is missing: apt-get install dataset-fashion-mnist")
+    with gzip.open(path) as f:
         images = np.frombuffer(f.read(), np.uint8, offset=16).reshape(-1, 1, 28, 28)
-    with gzip.open(os.path.join(folder, "train-labels-idx1-ubyte.gz")) as f:
+    with gzip.open(os.path.join(folder, f"{split}-labels-idx1-ubyte.gz")) as f:
         labels = np.frombuffer(f.read(), np.uint8, offset=8)
     return torch.from_numpy(images.astype("float32") / 255.0), torch.from_numpy(labels.astype("int64"))
 

@@ -221,8 +221,8 @@ TEST(KernelPlanCuda, FusedInt8LinearWhenSwitchedOnAndItsRulesHold) {
             "gemm_s8s8s32_cublaslt");
 }
 
-// Issue 38: the plan names n16b32 for symmetric qint4 groups of 32 where AVX-512 VNNI runs its
-// kernels, and otherwise carries why not in its fallback (zero points; the ISA).
+// Issue 38: the plan names n16b32 for symmetric qint4 groups of 32 where the decode table has an
+// n16b32 GEMV (AVX2 and up), and otherwise carries why not in its fallback (zero points; the ISA).
 TEST(KernelPlan, Int4Groups32NameTheOneStreamFormOrSayWhyNot) {
   QSpec w4 = int4_per_group();
   w4.group_size = 32;
@@ -237,20 +237,31 @@ TEST(KernelPlan, Int4Groups32NameTheOneStreamFormOrSayWhyNot) {
     const KernelPlan zp = plan_linear(affine, ActivationMode::kNone, none, 768, Isa::kAvx512Vnni, d);
     EXPECT_EQ(zp.kernel.find("n16b32"), std::string::npos) << zp.kernel;
     EXPECT_NE(zp.fallback.find("zero points beside the codes"), std::string::npos) << zp.fallback;
-    const KernelPlan avx512 = plan_linear(w4, ActivationMode::kNone, none, 768, Isa::kAvx512, d);
-    EXPECT_EQ(avx512.kernel.find("n16b32"), std::string::npos) << avx512.kernel;
-    EXPECT_NE(avx512.fallback.find("kernels need avx512vnni"), std::string::npos) << avx512.fallback;
+    if (kernels::isa_compiled(Isa::kAvx2) && d == DecodeActivations::kQ8Block32) {  // the exact path there: reference
+      const KernelPlan avx2 = plan_linear(w4, ActivationMode::kNone, none, 768, Isa::kAvx2, d);
+      EXPECT_NE(avx2.kernel.find("n16b32"), std::string::npos) << avx2.kernel;
+    }
+    const KernelPlan scalar = plan_linear(w4, ActivationMode::kNone, none, 768, Isa::kReference, d);
+    EXPECT_EQ(scalar.kernel.find("n16b32"), std::string::npos) << scalar.kernel;
+    EXPECT_NE(scalar.fallback.find("no n16b32 decode kernel at reference"), std::string::npos) << scalar.fallback;
   }
   std::string why;
   EXPECT_TRUE(s4_one_stream(w4, 768, Isa::kAvx512Vnni, &why));
   EXPECT_EQ(why, "");
-  EXPECT_FALSE(s4_one_stream(w4, 768, Isa::kAvx2, &why));
-  EXPECT_NE(why.find("kernels need avx512vnni"), std::string::npos) << why;
+  EXPECT_EQ(s4_one_stream(w4, 768, Isa::kAvx2, &why), kernels::isa_compiled(Isa::kAvx2));
+  EXPECT_FALSE(s4_one_stream(w4, 768, Isa::kReference, &why));
+  EXPECT_NE(why.find("no n16b32 decode kernel at reference"), std::string::npos) << why;
+  // The packer's half ignores the symmetry: zero points 0 / -1 may fold into the stream.
+  QSpec affine = w4;
+  affine.symmetric = false;
+  EXPECT_FALSE(s4_one_stream(affine, 768, Isa::kAvx512Vnni, &why));
+  EXPECT_TRUE(s4_one_stream_packing(affine, 768, Isa::kAvx512Vnni, &why));
 }
 
 // A frozen int4 layer is described by its packed layout at the ISA usable now: packed n16k8 under
-// a cap it never names n16b32; packed n16b32 and run under a cap below VNNI it names the entry that
-// serves n16b32 there (reference at M = 1, as linear_q8b32s4f32 dispatches), with the same output.
+// a reference cap it never names n16b32; packed n16b32 and run under a cap below VNNI it names the
+// entry that serves n16b32 there (the AVX2 GEMV under an AVX-512 cap, reference under a reference
+// cap, at M = 1 as linear_q8b32s4f32 dispatches), with the same output.
 TEST(KernelPlan, FrozenInt4LayerIsDescribedByItsPackedLayoutNotTheIsaNow) {
   if (usable_isa() < Isa::kAvx512Vnni) GTEST_SKIP() << "n16b32 is packed where avx512vnni is usable";
   const auto frozen_net = [](bool capped) {
@@ -261,7 +272,7 @@ TEST(KernelPlan, FrozenInt4LayerIsDescribedByItsPackedLayoutNotTheIsaNow) {
     s.group_size = 32;
     quantize(net, s);
     if (capped) {
-      ScopedMaxIsa cap(Isa::kAvx512);
+      ScopedMaxIsa cap(Isa::kReference);
       freeze(net);
     } else {
       freeze(net);
@@ -273,13 +284,18 @@ TEST(KernelPlan, FrozenInt4LayerIsDescribedByItsPackedLayoutNotTheIsaNow) {
   const LayerReport k8 = layer_reports(n16k8).at(0);
   EXPECT_EQ(k8.kernel.find("n16b32"), std::string::npos) << k8.kernel;
   EXPECT_NE(k8.kernel.find("n16k8"), std::string::npos) << k8.kernel;
-  EXPECT_NE(k8.fallback_reason.find("kernels need avx512vnni"), std::string::npos) << k8.fallback_reason;
+  EXPECT_NE(k8.fallback_reason.find("no n16b32 decode kernel at reference"), std::string::npos) << k8.fallback_reason;
 
   auto b32 = frozen_net(false);
   EXPECT_NE(layer_reports(b32).at(0).kernel.find("gemv_q8s4f32_n16b32_avx512vnni"), std::string::npos);
   const at::Tensor x = torch::randn({1, 64});
   const at::Tensor y = b32->forward(x);
-  ScopedMaxIsa cap(Isa::kAvx512);
+  {
+    ScopedMaxIsa cap(Isa::kAvx512);
+    EXPECT_EQ(layer_reports(b32).at(0).kernel, "gemv_q8s4f32_n16b32_avx2");
+    EXPECT_TRUE(at::equal(b32->forward(x), y));
+  }
+  ScopedMaxIsa cap(Isa::kReference);
   EXPECT_EQ(layer_reports(b32).at(0).kernel, "reference");
   EXPECT_TRUE(at::equal(b32->forward(x), y));
 }

@@ -3,7 +3,8 @@
 // kernels (Q4_0) or the int8 group-scale kernels (Q8_0, negative block scales and code -128
 // included); its logits stay within the activation-rounding cost of the exact path (one call
 // away), and one Linear's decode output equals a scalar reference of the q8 block math written
-// here from docs/kernels.md §2.5a. A loaded Q8_0 file exports the same bytes.
+// here from docs/kernels.md §2.5a, as do its 512-row (prefill) calls on the Q8_0 block-32 GEMM. A
+// loaded Q8_0 file exports the same bytes.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
@@ -21,6 +22,7 @@
 #include "framework/models/gguf_load.h"
 #include "framework/models/kv_cache.h"
 #include "framework/nn/linear.h"
+#include "kernels/cpu/linear_weight_only.h"
 #include "tests/gguf/gguf_models.h"
 
 namespace qforge::models {
@@ -87,45 +89,52 @@ TEST(GgufDecode, DefaultLogitsStayNearTheExactPathOneCallAway) {
   EXPECT_GE(top1, 0.9);
 }
 
-// One decode row through a frozen Linear against the q8 block math computed here in scalars:
-// per block of 32, d = amax / 127, q = clamp(nearbyint(x / d)) via x * (1 / d); i_b = Σ q·(w - z);
-// per group g (one block): t = fmaf(float(i_b) · d_b, scale[n, g], t). Equal to the bit.
-void expect_scalar_q8_reference(nn::LinearImpl& lin) {
+// `rows` rows (one: a decode step) through a frozen Linear against the q8 block math computed here
+// in scalars: per block of 32, d = amax / 127, q = clamp(nearbyint(x / d)) via x * (1 / d);
+// i_b = Σ q·(w - z); per group g (one block): t = fmaf(float(i_b) · d_b, scale[n, g], t). Equal to the bit.
+void expect_scalar_q8_reference(nn::LinearImpl& lin, int64_t rows = 1) {
   const QuantizedTensor w = lin.frozen_weight();
   ASSERT_EQ(w.spec.group_size, 32);
   const at::Tensor codes = w.int_values().to(at::kInt).contiguous(), scale = w.scale.to(at::kFloat).contiguous();
   const at::Tensor zero = w.zero_point.to(at::kInt).contiguous();
   const int64_t N = codes.size(0), K = codes.size(1);
   at::manual_seed(4);
-  const at::Tensor x = at::randn({1, K});
+  const at::Tensor x = at::randn({rows, K});
   at::Tensor y;
   {
     at::NoGradGuard ng;
     y = lin.forward(x).contiguous();
   }
-  const float* xs = x.data_ptr<float>();
-  std::vector<int32_t> q(static_cast<size_t>(K));
-  std::vector<float> d(static_cast<size_t>(K / 32));
-  for (int64_t b = 0; b < K / 32; ++b) {
-    float amax = 0;
-    for (int64_t k = b * 32; k < b * 32 + 32; ++k) amax = std::fmax(amax, std::fabs(xs[k]));
-    const float step = amax / 127.0f, inv = 1.0f / step;
-    d[b] = step;
-    for (int64_t k = b * 32; k < b * 32 + 32; ++k)
-      q[k] = static_cast<int32_t>(std::fmin(127.0f, std::fmax(-127.0f, std::nearbyint(xs[k] * inv))));
-  }
   const int32_t* c = codes.data_ptr<int32_t>();
   const int32_t* z = zero.data_ptr<int32_t>();
   const float* s = scale.data_ptr<float>();
-  for (int64_t n = 0; n < N; ++n) {
-    float t = 0;
+  int64_t differ = 0;
+  for (int64_t m = 0; m < rows; ++m) {
+    const float* xs = x.data_ptr<float>() + m * K;
+    std::vector<int32_t> q(static_cast<size_t>(K));
+    std::vector<float> d(static_cast<size_t>(K / 32));
     for (int64_t b = 0; b < K / 32; ++b) {
-      int32_t i = 0;
-      for (int64_t k = b * 32; k < b * 32 + 32; ++k) i += q[k] * (c[n * K + k] - z[n * (K / 32) + b]);
-      t = std::fmaf(std::fmaf(static_cast<float>(i), d[b], 0.0f), s[n * (K / 32) + b], t);
+      float amax = 0;
+      for (int64_t k = b * 32; k < b * 32 + 32; ++k) amax = std::fmax(amax, std::fabs(xs[k]));
+      const float step = amax / 127.0f, inv = 1.0f / step;
+      d[b] = step;
+      for (int64_t k = b * 32; k < b * 32 + 32; ++k)
+        q[k] = static_cast<int32_t>(std::fmin(127.0f, std::fmax(-127.0f, std::nearbyint(xs[k] * inv))));
     }
-    EXPECT_EQ(y[0][n].item<float>(), t) << lin.path() << " column " << n;
+    for (int64_t n = 0; n < N; ++n) {
+      float t = 0;
+      for (int64_t b = 0; b < K / 32; ++b) {
+        int32_t i = 0;
+        for (int64_t k = b * 32; k < b * 32 + 32; ++k) i += q[k] * (c[n * K + k] - z[n * (K / 32) + b]);
+        t = std::fmaf(std::fmaf(static_cast<float>(i), d[b], 0.0f), s[n * (K / 32) + b], t);
+      }
+      const float got = y.data_ptr<float>()[m * N + n];
+      if (got != t && differ++ < 5) {
+        ADD_FAILURE() << lin.path() << " row " << m << " column " << n << ": " << got << " != " << t;
+      }
+    }
   }
+  EXPECT_EQ(differ, 0) << lin.path() << " over " << rows << " rows";
 }
 
 TEST(GgufDecode, OneLoadedLinearEqualsAScalarQ8BlockReference) {
@@ -160,6 +169,8 @@ LlamaForCausalLM loaded_q8_0() {
 void expect_q8s8g_kernel(const std::string& what, const std::string& kernel) {
   if (usable_isa() >= Isa::kAvx512Vnni) {
     EXPECT_EQ(kernel, "gemv_q8s8gf32_n16k4_avx512vnni") << what;
+  } else if (usable_isa() >= Isa::kAvx2) {
+    EXPECT_EQ(kernel, "gemv_q8s8gf32_n16k4_avx2") << what;
   } else {
     EXPECT_EQ(kernel, "reference") << what;
   }
@@ -188,7 +199,9 @@ TEST(GgufDecode, LoadedQ8CodesDecodeOnTheInt8GroupKernelByDefault) {
   EXPECT_EQ(frozen, 2 * 7 + 1);
   EXPECT_EQ(nn::set_decode_activations(*l, DecodeActivations::kExact), 0);
   for (nn::LinearImpl* lin : linears) {
-    EXPECT_EQ(lin->plan().kernel, usable_isa() >= Isa::kAvx512 ? "gemv_f32s8gf32_n16k4_avx512" : "reference");
+    EXPECT_EQ(lin->plan().kernel, usable_isa() >= Isa::kAvx512 ? "gemv_f32s8gf32_n16k4_avx512"
+                                  : usable_isa() >= Isa::kAvx2 ? "gemv_f32s8gf32_n16k4_avx2"
+                                                               : "reference");
   }
 }
 
@@ -209,6 +222,33 @@ TEST(GgufDecode, LoadedQ8LogitsStayNearTheExactPathAndOneLinearEqualsTheScalarRe
   EXPECT_GT(cost, 0.0) << "the default did not quantize the activations";
   EXPECT_LT(cost, 0.02);
   EXPECT_GE(top1, 0.9);
+}
+
+// A prompt-sized call of a loaded Q8_0 Linear (512 rows) runs the int8-group block-32 GEMM where
+// AVX-512 VNNI is usable, which the plan and describe() name, and equals the scalar q8 block
+// reference row by row (so q8_block32 holds for prefill as for decode); elsewhere the plan names
+// the exact dequantized GEMM.
+TEST(GgufDecode, LoadedQ8PrefillCallsRunTheInt8GroupGemmAndEqualTheScalarReference) {
+  LlamaForCausalLM l = loaded_q8_0();
+  const bool vnni = usable_isa() >= Isa::kAvx512Vnni;
+  for (nn::LinearImpl* lin : frozen_linears(*l)) {
+    const KernelPlan p = lin->plan();
+    EXPECT_EQ(p.large_m, kernels::kWeightOnlyMaxM + 1) << lin->path();
+    EXPECT_EQ(p.large_m_kernel, vnni ? "gemm_q8s8gf32_n16k4_avx512vnni" : kernels::kDequantGemmKernel) << lin->path();
+  }
+  int described = 0;
+  for (const LayerReport& r : layer_reports(l)) {
+    if (r.type != "Linear" || r.weights == "float") continue;
+    const std::string want = vnni ? "every call: int8 blocks of 32 (q8_block32; from 17 rows gemm_q8s8gf32_n16k4_avx512vnni)"
+                                  : "calls of <= 16 rows: int8 blocks of 32 (q8_block32)";
+    EXPECT_NE(r.activations.find(want), std::string::npos) << r.name << ": " << r.activations;
+    ++described;
+  }
+  EXPECT_EQ(described, 2 * 7 + 1);
+  if (!vnni) GTEST_SKIP() << "calls of more than 16 rows run the exact path without AVX-512 VNNI";
+  expect_scalar_q8_reference(*l->model->layers->ptr(1)->as<LlamaDecoderLayerImpl>()->mlp->down_proj, 512);
+  expect_scalar_q8_reference(*l->model->layers->ptr(0)->as<LlamaDecoderLayerImpl>()->self_attn->q_proj, 512);
+  expect_scalar_q8_reference(*l->lm_head, 512);
 }
 
 // A Q8_0 quantizer written here in ggml's style, but with the sign of d chosen like ggml's Q4_0
@@ -298,23 +338,40 @@ at::Tensor ggml_q4_0_values(const std::vector<uint8_t>& bytes, int64_t rows, int
   return out;
 }
 
-// A file whose blk.* matrices llama.cpp's Q4_0 quantizer wrote (d < 0 in about half the blocks, each
-// holding a code -8): every Linear loads as qint4, dequantizes to ggml's values (equal up to the sign of
-// zero: a code 0 under d < 0 gives +0 where ggml gives -0.0, at::equal takes them as equal), and decodes
-// with the q8 kernel (equal to the scalar block reference).
-TEST(GgufDecode, GgmlQuantizedQ4_0StaysFourBitAndDecodesWithQ8) {
+// The tiny Llama's file with its blk.* matrices as llama.cpp's Q4_0 quantizer writes them (d < 0 in
+// about half the blocks, each holding a code -8, codes 0 and 15 among them); *expected: ggml's
+// dequantized values per tensor.
+io::GgufFile ggml_quantized_q4_0_file(std::map<std::string, at::Tensor>* expected) {
   io::GgufFile f = gguf_of(tiny_gguf_llama());
-  std::map<std::string, at::Tensor> expected;
-  int64_t negative = 0, blocks = 0;
+  int64_t negative = 0, blocks = 0, extremes[2] = {0, 0};
   for (io::GgufTensor& t : f.tensors) {
     if (t.name.rfind("blk.", 0) != 0 || t.ne.size() != 2) continue;
     const int64_t K = static_cast<int64_t>(t.ne[0]), rows = static_cast<int64_t>(t.ne[1]);
     t.data = ggml_q4_0_twin(reinterpret_cast<const float*>(t.data.data()), rows * K);
     t.type = io::GgmlType::kQ4_0;
-    for (int64_t b = 0; b < rows * K / 32; ++b) negative += (t.data[b * 18 + 1] & 0x80) != 0, ++blocks;
-    expected[t.name] = ggml_q4_0_values(t.data, rows, K);
+    for (int64_t b = 0; b < rows * K / 32; ++b) {
+      const uint8_t* blk = t.data.data() + b * 18;
+      if ((blk[1] & 0x80) == 0) continue;
+      ++negative;
+      for (int j = 2; j < 18; ++j)
+        for (int nibble : {blk[j] & 15, blk[j] >> 4}) extremes[0] += nibble == 0, extremes[1] += nibble == 15;
+    }
+    blocks += rows * K / 32;
+    if (expected != nullptr) (*expected)[t.name] = ggml_q4_0_values(t.data, rows, K);
   }
   EXPECT_GT(negative, blocks / 4);
+  EXPECT_GT(extremes[0], 0);
+  EXPECT_GT(extremes[1], 0);
+  return f;
+}
+
+// A file whose blk.* matrices llama.cpp's Q4_0 quantizer wrote (d < 0 in about half the blocks, each
+// holding a code -8): every Linear loads as qint4, dequantizes to ggml's values (equal up to the sign of
+// zero: a code 0 under d < 0 gives +0 where ggml gives -0.0, at::equal takes them as equal), and decodes
+// with the q8 kernel (equal to the scalar block reference).
+TEST(GgufDecode, GgmlQuantizedQ4_0StaysFourBitAndDecodesWithQ8) {
+  std::map<std::string, at::Tensor> expected;
+  const io::GgufFile f = ggml_quantized_q4_0_file(&expected);
   const GgufModel g = model_of_gguf(io::parse_gguf(io::serialize_gguf(f), "mem"), "mem");
   LlamaForCausalLM l = g.llama;
   const std::vector<nn::LinearImpl*> linears = frozen_linears(*l);
@@ -326,12 +383,18 @@ TEST(GgufDecode, GgmlQuantizedQ4_0StaysFourBitAndDecodesWithQ8) {
       EXPECT_NE(lin->plan().kernel.find("q8s4"), std::string::npos) << lin->path() << ": " << lin->plan().kernel;
     }
   }
-  // Zero points -1 keep them n16k8, and describe() says so (not n16b32, which the spec alone suggests).
+  // Zero points -1 (negative block scales) fold into n16b32 where its kernels run, and describe()
+  // names it; below AVX2 it says why not.
   for (const LayerReport& r : layer_reports(l)) {
     if (r.kernel.find("q8s4") == std::string::npos) continue;
-    EXPECT_EQ(r.kernel.find("n16b32"), std::string::npos) << r.name << ": " << r.kernel;
-    EXPECT_NE(r.fallback_reason.find("n16b32 (Q4_0's one-stream form) not used"), std::string::npos)
-        << r.name << ": " << r.fallback_reason;
+    if (usable_isa() >= Isa::kAvx2) {
+      EXPECT_NE(r.kernel.find("n16b32"), std::string::npos) << r.name << ": " << r.kernel;
+      EXPECT_EQ(r.fallback_reason.find("n16b32 (Q4_0's one-stream form) not used"), std::string::npos)
+          << r.name << ": " << r.fallback_reason;
+    } else {
+      EXPECT_NE(r.fallback_reason.find("n16b32 (Q4_0's one-stream form) not used"), std::string::npos)
+          << r.name << ": " << r.fallback_reason;
+    }
   }
   for (int64_t i = 0; i < 2; ++i) {
     auto& layer = *l->model->layers->ptr(i)->as<LlamaDecoderLayerImpl>();
@@ -350,22 +413,19 @@ TEST(GgufDecode, GgmlQuantizedQ4_0StaysFourBitAndDecodesWithQ8) {
   expect_scalar_q8_reference(*l->model->layers->ptr(0)->as<LlamaDecoderLayerImpl>()->self_attn->q_proj);
 }
 
-// A loaded Q4_0 file (symmetric qint4 groups of 32) packs its Linears in the n16b32 form where AVX-512
-// VNNI runs its kernels: describe() names them, the layers hold 18 bytes per 32 weights and
-// nothing beside it, the logits of both decode modes equal the n16k8 form's (the same file loaded
-// under an AVX-512 cap, run without it) bit for bit, and the file exported again has the same bytes.
-TEST(GgufDecode, GgufQ4_0LoadsOnTheOneStreamFormWithTheSameLogitsAndBytes) {
-  LlamaForCausalLM src = tiny_gguf_llama();
-  quantize(src, w4_g32_scheme());
-  freeze(src);
-  const io::GgufFile f = gguf_of(src);
+// A loaded Q4_0 file packs its Linears in the n16b32 form where its decode kernels run (AVX2 and
+// up): describe() names them, the layers hold 18 bytes per 32 weights and nothing beside it, the
+// logits of both decode modes equal the n16k8 form's (the same file loaded under a reference cap,
+// run without it) bit for bit, and the file exported again has the same bytes.
+void expect_one_stream_form_same_as_n16k8(const io::GgufFile& f) {
   const std::vector<uint8_t> file = io::serialize_gguf(f);
   LlamaForCausalLM l = model_of_gguf(io::parse_gguf(file, "mem"), "mem").llama;
   LlamaForCausalLM n16k8 = [&] {
-    ScopedMaxIsa cap(std::min(usable_isa(), Isa::kAvx512));
+    ScopedMaxIsa cap(Isa::kReference);
     return model_of_gguf(io::parse_gguf(file, "mem"), "mem").llama;
   }();
-  const bool vnni = usable_isa() >= Isa::kAvx512Vnni;
+  const bool stream = usable_isa() >= Isa::kAvx2;
+  const char* gemv = usable_isa() >= Isa::kAvx512Vnni ? "gemv_q8s4f32_n16b32_avx512vnni" : "gemv_q8s4f32_n16b32_avx2";
   std::map<std::string, int64_t> bytes, n16k8_bytes;
   for (const LayerReport& r : layer_reports(l)) bytes[r.name] = r.bytes;
   for (const LayerReport& r : layer_reports(n16k8)) {
@@ -375,8 +435,8 @@ TEST(GgufDecode, GgufQ4_0LoadsOnTheOneStreamFormWithTheSameLogitsAndBytes) {
   for (nn::LinearImpl* lin : frozen_linears(*l)) {
     const int64_t N = lin->options.out_features(), K = lin->options.in_features();
     ASSERT_FALSE(lin->options.bias()) << lin->path();
-    if (vnni) {
-      EXPECT_NE(lin->plan().kernel.find("gemv_q8s4f32_n16b32_avx512vnni"), std::string::npos) << lin->plan().kernel;
+    if (stream) {
+      EXPECT_NE(lin->plan().kernel.find(gemv), std::string::npos) << lin->plan().kernel;
       // The same layer's other storage (buffers) beside 576 bytes per 16 x 64 pair, where n16k8
       // held Np * Kp / 2 bytes of codes and 3 bytes (fp16 scale, zero code) per column and group.
       const int64_t np = (N + 15) / 16 * 16, groups = (K + 31) / 32;
@@ -399,6 +459,19 @@ TEST(GgufDecode, GgufQ4_0LoadsOnTheOneStreamFormWithTheSameLogitsAndBytes) {
     ASSERT_TRUE(u) << t.name;
     EXPECT_TRUE(u->type == t.type && u->data == t.data) << t.name;
   }
+}
+
+TEST(GgufDecode, GgufQ4_0LoadsOnTheOneStreamFormWithTheSameLogitsAndBytes) {
+  LlamaForCausalLM src = tiny_gguf_llama();
+  quantize(src, w4_g32_scheme());
+  freeze(src);
+  expect_one_stream_form_same_as_n16k8(gguf_of(src));
+}
+
+// A Q4_0 file from llama.cpp's own quantizer: its negative block scales (loaded as zero point -1)
+// fold back into the n16b32 stream's fp16 scales, with the n16k8 form's logits and the file's bytes.
+TEST(GgufDecode, GgmlQuantizedQ4_0WithNegativeScalesLoadsOnTheOneStreamFormWithTheSameLogitsAndBytes) {
+  expect_one_stream_form_same_as_n16k8(ggml_quantized_q4_0_file(nullptr));
 }
 
 }  // namespace

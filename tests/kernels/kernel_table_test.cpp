@@ -407,7 +407,7 @@ TEST(KernelTable, GgufQ4_0OneStreamWeightOnlyEntriesMatchTheirOracles) {
         const uint32_t seed = static_cast<uint32_t>(M * 7 + N * 131 + K * 8191);
         const auto x = random_f32(M * K, -2.0f, 2.0f, seed);
         const auto bias = random_f32(N, -1.0f, 1.0f, seed + 1);
-        const S4Weights w4 = make_s4_n16b32(N, K, seed + 2);
+        const S4Weights w4 = make_s4_n16b32(N, K, seed + 2, /*negative_scales=*/(N + K) % 2 == 1);
         std::vector<float> y_ref(M * N), y(M * N);
         linear_f32_s4_reference(x.data(), w4.w.data(), w4.scale.data(), w4.zero.data(), w4.view.group_size,
                                 bias.data(), y_ref.data(), M, N, K);

@@ -135,12 +135,15 @@ inline S4Weights make_s4(int64_t N, int64_t K, int64_t g, int qmin, uint32_t see
 }
 
 // Symmetric qint4 groups of 32 (GGUF Q4_0's grid) with fp16-exact scales, packed n16b32 (the view's
-// data is `data`; scales and zeros are left empty); w, scale and zero as make_s4's.
-inline S4Weights make_s4_n16b32(int64_t N, int64_t K, uint32_t seed) {
+// data is `data`; scales and zeros are left empty); w, scale and zero as make_s4's. negative_scales:
+// every other block's scale negated, as llama.cpp's Q4_0 quantizer writes about half its blocks.
+inline S4Weights make_s4_n16b32(int64_t N, int64_t K, uint32_t seed, bool negative_scales = false) {
   S4Weights n16k8 = make_s4(N, K, std::min<int64_t>(kS4B32K, K), -8, seed);
   S4Weights p;
   p.w = n16k8.w;
   p.scale = n16k8.scale;
+  if (negative_scales)
+    for (size_t i = 0; i < p.scale.size(); i += 2) p.scale[i] = -p.scale[i];
   p.zero.assign(n16k8.zero.size(), 0);
   std::vector<int8_t> zero_codes(n16k8.zeros.size());
   pack_s4_group_meta(p.scale.data(), nullptr, N, n16k8.view.groups, -8, n16k8.scales.data(), zero_codes.data());

@@ -495,7 +495,7 @@ TEST(LinearDecode, GgufQ4_0OneStreamEntriesMatchTheReferenceExactly) {
         const uint32_t seed = static_cast<uint32_t>(M * 7 + N * 131 + K * 8191);
         const auto x = random_f32(M * K, -2.0f, 2.0f, seed);
         const auto bias = random_f32(N, -1.0f, 1.0f, seed + 1);
-        const S4Weights w4 = make_s4_n16b32(N, K, seed + 2);
+        const S4Weights w4 = make_s4_n16b32(N, K, seed + 2, /*negative_scales=*/(M + N) % 2 == 1);
         const Q8Codes r = quantize_q8(x, M, K);
         for (const float* b : {bias.data(), static_cast<const float*>(nullptr)}) {
           std::vector<float> y_ref(M * N), y(M * N, std::nanf(""));
@@ -521,12 +521,12 @@ TEST(LinearDecode, GgufQ4_0OneStreamDispatchNamesItsKernel) {
   const S4Weights w4 = make_s4_n16b32(N, K, 61);
   const auto x = random_f32(20 * K, -2.0f, 2.0f, 62);
   std::vector<float> y(20 * N);
-  const bool vnni = isa_usable(Isa::kAvx512Vnni, nullptr);
+  const bool vnni = isa_usable(Isa::kAvx512Vnni, nullptr), avx2 = isa_usable(Isa::kAvx2, nullptr);
   for (int64_t M : {int64_t{1}, int64_t{20}}) {
     RunInfo info;
     linear_q8b32s4f32(x.data(), M, w4.view, nullptr, y.data(), &info);
-    const char* want = vnni ? (M == 1 ? "gemv_q8s4f32_n16b32_avx512vnni" : "gemm_q8s4f32_n16b32_avx512vnni")
-                            : (M == 1 ? "reference" : kDequantGemmKernel);
+    const char* gemv = vnni ? "gemv_q8s4f32_n16b32_avx512vnni" : avx2 ? "gemv_q8s4f32_n16b32_avx2" : "reference";
+    const char* want = M == 1 ? gemv : vnni ? "gemm_q8s4f32_n16b32_avx512vnni" : kDequantGemmKernel;
     EXPECT_EQ(info.kernel, want);
     EXPECT_EQ(info.fallback.find("n16k8"), std::string::npos) << info.fallback;
   }
@@ -537,6 +537,36 @@ TEST(LinearDecode, GgufQ4_0OneStreamDispatchNamesItsKernel) {
     EXPECT_EQ(choose_large_m(LinearOp::kQ8S4, Isa::kAvx512Vnni, 32, &large, S4Layout::kN16B32), kWeightOnlyMaxM + 1);
     EXPECT_EQ(large.kernel, "gemm_q8s4f32_n16b32_avx512vnni");
   }
+  if (isa_compiled(Isa::kAvx2)) {
+    EXPECT_EQ(choose_decode_kernel(LinearOp::kQ8S4, Isa::kAvx2, 32, S4Layout::kN16B32).kernel,
+              "gemv_q8s4f32_n16b32_avx2");
+  }
+}
+
+// Under an AVX2 cap (machines without AVX-512) the dispatcher runs the n16b32 decode GEMV's AVX2
+// twin, bit for bit the reference: M 1..16, N around multiples of 16, K 8..8192 with tails, negative
+// scales in every other block (llama.cpp's Q4_0 sign).
+TEST(LinearDecode, GgufQ4_0OneStreamAvx2GemvMatchesTheReferenceUnderAnAvx2Cap) {
+  if (!machine_has(Isa::kAvx2)) GTEST_SKIP() << "AVX2 not compiled in or not supported by this CPU";
+  ScopedMaxIsa cap(Isa::kAvx2);
+  auto expect_exact = [](int64_t M, int64_t N, int64_t K) {
+    const uint32_t seed = static_cast<uint32_t>(M * 13 + N * 257 + K * 4099);
+    const auto x = random_f32(M * K, -2.0f, 2.0f, seed);
+    const auto bias = random_f32(N, -1.0f, 1.0f, seed + 1);
+    const S4Weights w4 = make_s4_n16b32(N, K, seed + 2, /*negative_scales=*/true);
+    const Q8Codes r = quantize_q8(x, M, K);
+    std::vector<float> y_ref(M * N), y(M * N, std::nanf(""));
+    linear_q8b32_s4_reference(r.q.data(), r.d.data(), r.ldq, w4.w.data(), w4.scale.data(), w4.zero.data(),
+                              w4.view.group_size, bias.data(), y_ref.data(), M, N, K);
+    RunInfo info;
+    linear_q8b32s4f32(x.data(), M, w4.view, bias.data(), y.data(), &info);
+    ASSERT_EQ(info.kernel, "gemv_q8s4f32_n16b32_avx2") << decode_shape(M, N, K);
+    ASSERT_TRUE(bitwise_equal(y.data(), y_ref.data(), y.size())) << decode_shape(M, N, K);
+  };
+  for (int64_t M = 1; M <= 16; ++M) expect_exact(M, 33, 96);
+  for (int64_t N : {1, 7, 15, 16, 17, 31, 47, 63, 65}) expect_exact(N % 3 + 1, N, 160);
+  for (int64_t K : {8, 20, 32, 33, 63, 64, 65, 127, 255, 257, 1023, 1024, 4096, 4099, 8192})
+    for (int64_t M : {1, 2, 5}) expect_exact(M, 17, K);
 }
 
 }  // namespace

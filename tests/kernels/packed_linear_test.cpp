@@ -277,12 +277,61 @@ TEST(PackedLinearS4, GgufQ4_0OneStreamFormHolds18BytesPer32WeightsAndComputesThe
   }
 }
 
+// A Q4_0 file from llama.cpp's quantizer (d = max / -8: negative in about half the blocks), as gguf
+// load keeps it (those blocks as codes -c - 1, zero point -1, scale |d|), packs n16b32 with the sign
+// folded back into the stored fp16 scale: Q4_0's 18 bytes per 32 weights, every code 0..15 in both
+// kinds of block, the decode and weight-only paths (GEMV and, at M = 20, GEMM) bit for bit the n16k8
+// form's at every usable ISA level, and weight(), w_scale(), w_zero() give back what was packed.
+TEST(PackedLinearS4, GgufQ4_0NegativeBlockScalesFoldIntoTheOneStreamFormExactly) {
+  const std::vector<std::tuple<int64_t, int64_t, int64_t>> shapes{
+      {1, 40, 96}, {3, 17, 4099}, {20, 33, 64}, {16, 16, 8192}, {2, 9, 20}};
+  for (auto [M, N, K] : shapes) {
+    const uint32_t seed = static_cast<uint32_t>(M * 100 + N * 10 + K + 7);
+    const int64_t G = num_groups(K, 32);
+    std::vector<int8_t> w = random_s8(N * K, -8, 7, seed);
+    const std::vector<int8_t> zero_codes = random_s8(N * G, -1, 0, seed + 4);
+    for (int64_t n = 0; n < N; ++n) {  // codes 0 and 15 (values -8 and 7) in every block
+      for (int64_t g = 0; g < G; ++g) {
+        const int64_t k0 = g * 32, k1 = std::min(K, k0 + 32);
+        w[n * K + k0] = -8;
+        if (k1 - k0 > 1) w[n * K + k1 - 1] = 7;
+      }
+    }
+    const at::Tensor W = s8_tensor(w, N, K);
+    const at::Tensor ws = f32_tensor(random_f16_exact(N * G, 0.001f, 0.05f, seed + 1), {N, G});
+    const at::Tensor zp = s8_tensor(zero_codes, N, G).to(at::kInt);
+    ASSERT_TRUE(zp.eq(-1).any().item<bool>() && zp.eq(0).any().item<bool>());
+    const at::Tensor bias = f32_tensor(random_f32(N, -1.0f, 1.0f, seed + 2), {N});
+    const PackedLinearS4 k8(W, ws, zp, 32, bias);
+    const PackedLinearS4 b32(W, ws, zp, 32, bias, qforge::qint4, S4Layout::kN16B32);
+    ASSERT_EQ(b32.layout(), S4Layout::kN16B32) << b32.layout_status();
+    EXPECT_EQ(b32.bytes(), round_up(N, 16) / 16 * ((G + 1) / 2) * 576 + N * 4);
+    EXPECT_TRUE(at::equal(b32.weight(), W));
+    EXPECT_TRUE(at::equal(b32.w_scale(), ws));
+    EXPECT_TRUE(at::equal(b32.w_zero(), zp));
+    EXPECT_TRUE(at::equal(k8.w_zero(), zp));
+    // The stream holds the file's form: codes c = ~(-c - 1), scales -|d| where the zero point was -1.
+    const S4Unpacked stored = unpack_s4(b32.view());
+    EXPECT_TRUE(at::equal(at::tensor(stored.scale, at::kFloat).reshape({N, G}), at::where(zp.eq(-1), -ws, ws)));
+    const at::Tensor x = f32_tensor(random_f32(M * K, -2.0f, 2.0f, seed + 3), {M, K});
+    for (Isa isa : usable_isas()) {
+      ScopedMaxIsa cap(isa);
+      RunInfo info;
+      EXPECT_TRUE(at::equal(b32.run_decode(x, &info), k8.run_decode(x))) << info.kernel << " M=" << M << " K=" << K;
+      EXPECT_TRUE(at::equal(b32.run_weight_only(x, &info), k8.run_weight_only(x))) << info.kernel << " M=" << M;
+    }
+  }
+}
+
 TEST(PackedLinearS4, GgufQ4_0OneStreamFormFallsBackToN16K8NamingWhy) {
   const int64_t N = 16, K = 64;
   const at::Tensor W = at::zeros({N, K}, at::kChar), s = at::ones({N, 2});
   const PackedLinearS4 zeros(W, s, at::ones({N, 2}, at::kInt), 32, {}, qforge::qint4, S4Layout::kN16B32);
   EXPECT_EQ(zeros.layout(), S4Layout::kN16K8);
-  EXPECT_EQ(zeros.layout_status(), "zero points other than 0");
+  EXPECT_EQ(zeros.layout_status(), "zero points other than 0 and -1");
+  const PackedLinearS4 signed_minus_one(W, s.index_fill(1, at::tensor({1}, at::kLong), -1.0f),
+                                        at::full({N, 2}, -1, at::kInt), 32, {}, qforge::qint4, S4Layout::kN16B32);
+  EXPECT_EQ(signed_minus_one.layout_status(), "zero points -1 beside negative scales");
   const PackedLinearS4 unsigned4(W, s, {}, 32, {}, qforge::quint4, S4Layout::kN16B32);
   EXPECT_EQ(unsigned4.layout_status(), "the grid is quint4, not qint4");
   const PackedLinearS4 g64(W, at::ones({N, 1}), {}, 64, {}, qforge::qint4, S4Layout::kN16B32);

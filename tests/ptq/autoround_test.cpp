@@ -136,36 +136,8 @@ TEST(AutoRound, GradientsReachTheOffsetsAndBothClippingFactors) {
 using testing::token_batches;
 models::LlamaForCausalLM outlier_llama() { return testing::outlier_llama(2); }
 
-// Only the blocks' Linears are quantized, so the error below is theirs.
-Scheme blocks_only(QType q, const std::vector<std::string>& keep_float) {
-  Scheme s(q);
-  s.weight_granularity = Granularity::kPerGroup;
-  s.group_size = 32;
-  s.weight_symmetric = false;
-  for (const std::string& p : keep_float) s.rules.push_back(LayerRule{p, true});
-  return s;
-}
-
-// Quantizes a fresh model, solves it with `r` and returns the relative MSE of its final hidden state
-// (the blocks' output after the final RMSNorm / ln_f) against the float model's on held-out tokens.
-template <class Make, class Hidden, class Model = decltype(std::declval<Make>()())>
-double blocks_error(Make make, Hidden hidden, QType q, const std::vector<std::string>& keep_float, Rounding r,
-                    SolveReport* report = nullptr, const std::function<void(Model&, const at::Tensor&)>& after = {}) {
-  const std::vector<at::Tensor> ids = token_batches(4, 128, 12);
-  const at::Tensor held_out = token_batches(1, 128, 13)[0];
-  auto m = make();
-  at::NoGradGuard g;
-  const at::Tensor y_float = hidden(m, held_out).detach().clone();
-  quantize(*m, blocks_only(q, keep_float));
-  const RunBatch run = [&](int64_t b) { return m->forward(ids[static_cast<size_t>(b)]); };
-  SolveOptions so;
-  so.rounding = r;
-  const SolveReport rep = solve(*m, 4, run, so);
-  if (report) *report = rep;
-  const double error = relative_mse(hidden(m, held_out), y_float);
-  if (after) after(m, held_out);
-  return error;
-}
+using testing::blocks_error;
+using testing::blocks_only;
 
 TEST(AutoRound, LlamaBlocksOutputErrorBelowRoundToNearestAndGptqAtW3AndW2) {
   auto hidden = [](models::LlamaForCausalLM& m, const at::Tensor& ids) { return m->model->forward(ids); };
@@ -212,18 +184,7 @@ TEST(AutoRound, Gpt2BlocksOutputErrorBelowRoundToNearestAndTheCodesStayOnAFixedG
   const double rtn = blocks_error(make, hidden, qint3, keep, Rounding::kNearest);
   int solved = 0;
   auto on_grid_and_frozen = [&](models::Gpt2LMHeadModel& m, const at::Tensor& held_out) {
-    for (const auto& [path, layer] : quantizable_layers(*m)) {
-      auto* lin = layer->module().as<nn::LinearImpl>();
-      if (!lin || !layer->quantized()) continue;
-      Quantizer wq = layer->weight_quantizer();
-      EXPECT_TRUE(wq->calibrated()) << path << ": the solved grid is not fixed";
-      const at::Tensor w = lin->weight.detach();
-      EXPECT_TRUE(at::allclose(fake_quantize(w, wq->qparams(w)), w, 0, 1e-6)) << path << ": the weight left its grid";
-      ++solved;
-    }
-    const at::Tensor y = hidden(m, held_out);
-    freeze(*m);  // packs the solved codes onto the int3 kernels
-    EXPECT_LE(relative_change(hidden(m, held_out), y), 1e-5);
+    solved = testing::expect_on_grid_and_frozen(m, hidden, held_out);  // packs the solved codes onto the int3 kernels
   };
   const double ar = blocks_error(make, hidden, qint3, keep, Rounding::kAutoRound, nullptr,
                                  std::function<void(models::Gpt2LMHeadModel&, const at::Tensor&)>(on_grid_and_frozen));

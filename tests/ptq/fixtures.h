@@ -1,13 +1,22 @@
-// What the AWQ and AutoRound tests share: a small Llama (2 blocks, hidden 64) whose RMSNorm weights
-// carry planted outlier channels (as LLM hidden states have), token batches for it, integer specs.
+// What the AWQ, AutoRound and BRECQ tests share: a small Llama (2 blocks, hidden 64) whose RMSNorm
+// weights carry planted outlier channels (as LLM hidden states have), token batches for it, integer
+// specs, and the blocks' output error after a solver.
 #pragma once
 
 #include <ATen/ATen.h>
+#include <gtest/gtest.h>
 
+#include <functional>
+#include <string>
+#include <utility>
 #include <vector>
 
+#include "fake_quant/fake_quantize.h"
+#include "framework/api/quantize.h"
 #include "framework/core/qparams.h"
 #include "framework/models/llama.h"
+#include "framework/nn/linear.h"
+#include "framework/ptq/ptq.h"
 
 namespace qforge::ptq::testing {
 
@@ -48,6 +57,58 @@ inline QSpec int_group_spec(QType q, int64_t group, bool symmetric = false) {
   s.group_size = group;
   s.symmetric = symmetric;
   return s;
+}
+
+// Only the blocks' Linears are quantized, so the error below is theirs.
+inline Scheme blocks_only(QType q, const std::vector<std::string>& keep_float) {
+  Scheme s(q);
+  s.weight_granularity = Granularity::kPerGroup;
+  s.group_size = 32;
+  s.weight_symmetric = false;
+  for (const std::string& p : keep_float) s.rules.push_back(LayerRule{p, true});
+  return s;
+}
+
+// Quantizes a fresh model, solves it with `r` (other options from `so`) on 4 batches of token ids and
+// returns the relative MSE of its final hidden state (the blocks' output after the final RMSNorm /
+// ln_f) against the float model's on held-out tokens.
+template <class Make, class Hidden, class Model = decltype(std::declval<Make>()())>
+double blocks_error(Make make, Hidden hidden, QType q, const std::vector<std::string>& keep_float, Rounding r,
+                    SolveReport* report = nullptr, const std::function<void(Model&, const at::Tensor&)>& after = {},
+                    SolveOptions so = {}) {
+  const std::vector<at::Tensor> ids = token_batches(4, 128, 12);
+  const at::Tensor held_out = token_batches(1, 128, 13)[0];
+  auto m = make();
+  at::NoGradGuard g;
+  const at::Tensor y_float = hidden(m, held_out).detach().clone();
+  quantize(*m, blocks_only(q, keep_float));
+  const RunBatch run = [&](int64_t b) { return m->forward(ids[static_cast<size_t>(b)]); };
+  so.rounding = r;
+  const SolveReport rep = solve(*m, 4, run, so);
+  if (report) *report = rep;
+  const double error = relative_mse(hidden(m, held_out), y_float);
+  if (after) after(m, held_out);
+  return error;
+}
+
+// Every quantized Linear of a solved model holds its weight on a fixed grid, and freeze() (packing
+// those codes onto the integer kernels) keeps hidden(m, held_out). Returns how many Linears it checked.
+template <class Model, class Hidden>
+int expect_on_grid_and_frozen(Model& m, Hidden hidden, const at::Tensor& held_out) {
+  int solved = 0;
+  for (const auto& [path, layer] : quantizable_layers(*m)) {
+    auto* lin = layer->module().template as<nn::LinearImpl>();
+    if (!lin || !layer->quantized()) continue;
+    Quantizer wq = layer->weight_quantizer();
+    EXPECT_TRUE(wq->calibrated()) << path << ": the solved grid is not fixed";
+    const at::Tensor w = lin->weight.detach();
+    EXPECT_TRUE(at::allclose(fake_quantize(w, wq->qparams(w)), w, 0, 1e-6)) << path << ": the weight left its grid";
+    ++solved;
+  }
+  const at::Tensor y = hidden(m, held_out);
+  freeze(*m);
+  EXPECT_LE(relative_change(hidden(m, held_out), y), 1e-5);
+  return solved;
 }
 
 }  // namespace qforge::ptq::testing

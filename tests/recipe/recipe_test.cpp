@@ -339,6 +339,50 @@ TEST(Recipe, AutoRoundMethodAndOptionsAndTheirErrorsAtFileLineColumn) {
   EXPECT_NE(e.find("e.yaml:5:11: ptq.method: 'autorund' is not valid (did you mean 'autoround'?)"), std::string::npos) << e;
 }
 
+TEST(Recipe, BrecqMethodAndOptionsAndTheirErrorsAtFileLineColumn) {
+  TempDir dir;
+  const std::string q = std::string(kMinimal) + "quantize: {weights: {qtype: qint4, granularity: per_channel}}\n";
+  const std::string llama = "model: {arch: llama}\ndata: {dataset: fortunes}\n"
+                            "quantize: {weights: {qtype: qint3, granularity: per_group, group_size: 32}}\n";
+  const Recipe r = load_recipe(dir.write(
+      "a.yaml", llama + "ptq:\n  method: brecq\n  brecq: {iterations: 50, lr: 0.001, reg_weight: 0.1, batch_size: 4, fisher: false}\n"));
+  EXPECT_EQ(r.ptq.method, "brecq");
+  EXPECT_EQ(r.ptq.brecq_iterations, 50);
+  EXPECT_DOUBLE_EQ(r.ptq.brecq_lr, 0.001);
+  EXPECT_DOUBLE_EQ(r.ptq.brecq_reg_weight, 0.1);
+  EXPECT_EQ(r.ptq.brecq_batch_size, 4);
+  EXPECT_FALSE(r.ptq.brecq_fisher);
+  EXPECT_EQ(Recipe::Ptq().brecq_iterations, 500);
+  EXPECT_TRUE(Recipe::Ptq().brecq_fisher);
+  std::string e;
+  for (const auto& i : issues_of(dir.write("b.yaml", llama + "ptq:\n  method: autoround\n  brecq: {fisher: false}\n")))
+    e += i.to_string() + "\n";
+  EXPECT_NE(e.find("b.yaml:6:"), std::string::npos) << e;
+  EXPECT_NE(e.find("ptq.brecq: BRECQ options without BRECQ"), std::string::npos) << e;
+  e.clear();
+  for (const auto& i : issues_of(dir.write("c.yaml", llama + "ptq:\n  method: brecq\n  brecq: {batch_size: 0}\n")))
+    e += i.to_string() + "\n";
+  EXPECT_NE(e.find("c.yaml:6:23: ptq.brecq.batch_size: value 0 is out of range"), std::string::npos) << e;
+  e.clear();
+  for (const auto& i : issues_of(dir.write("d.yaml", q + "ptq:\n  method: brecq\n"))) e += i.to_string() + "\n";
+  EXPECT_NE(e.find("d.yaml:5:11: ptq.method: BRECQ reconstructs transformer blocks"), std::string::npos) << e;
+  e.clear();
+  for (const auto& i : issues_of(dir.write("e.yaml", llama + "ptq:\n  method: brecg\n"))) e += i.to_string() + "\n";
+  EXPECT_NE(e.find("e.yaml:5:11: ptq.method: 'brecg' is not valid (did you mean 'brecq'?)"), std::string::npos) << e;
+  e.clear();
+  for (const auto& i : issues_of(dir.write("f.yaml", llama + "ptq:\n  method: brecq\n  brecq: {iteration: 5}\n")))
+    e += i.to_string() + "\n";
+  EXPECT_NE(e.find("f.yaml:6:11: ptq.brecq.iteration: unknown key (did you mean 'iterations'?)"), std::string::npos) << e;
+  e.clear();
+  for (const auto& i : issues_of(dir.write("g.yaml", llama + "ptq:\n  method: brecq\n  brecc: {iterations: 5}\n")))
+    e += i.to_string() + "\n";
+  EXPECT_NE(e.find("g.yaml:6:3: ptq.brecc: unknown key (did you mean 'brecq'?)"), std::string::npos) << e;
+  e.clear();
+  for (const auto& i : issues_of(dir.write("h.yaml", llama + "ptq:\n  method: rtn\n  rules:\n    - {pattern: \"*.mlp.*\", method: brecq}\n")))
+    e += i.to_string() + "\n";
+  EXPECT_EQ(e, "") << "a rule's brecq is a BRECQ recipe";
+}
+
 TEST(Recipe, FreezeDecodeActivationsIsAChoiceRefusedWithTheClosestAtFileLine) {
   TempDir dir;
   const std::string q = std::string(kMinimal) + "quantize: {weights: {qtype: qint4, granularity: per_channel}}\n";

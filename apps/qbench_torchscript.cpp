@@ -1,0 +1,131 @@
+// qbench_torchscript: whole TorchScript models side by side in one C++ process, each loaded by
+// torch::jit::load: qforge's frozen model.pt (its ops registered by linking qforge_jit), a peer's
+// converted model (torch.ao's quantized::* ops, run by LibTorch on the quantized engine named by
+// --qengine) and the float model. Each (threads, batch) cell times every model on the same input
+// (uniform [0, 1), seed 0), under NoGradGuard, warm cache (weights and input stay resident between
+// calls, as in a serving loop), after --warmup calls; the timed calls are interleaved model by
+// model so a load change on a shared machine reaches every model alike; the median is reported.
+//   qbench_torchscript --model float=f.pt --model torchao=ao.pt --model qforge=q.pt
+//       --input 1,28,28 --batch 1,32 --threads 1,2 --runs 50 [--json out.json]
+#include <ATen/Context.h>
+#include <ATen/Parallel.h>
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+#include <torch/script.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace {
+
+struct Model {
+  std::string name, path;
+  torch::jit::Module module;
+};
+
+Model load(const std::string& spec) {
+  const size_t eq = spec.find('=');
+  if (eq == std::string::npos || eq == 0 || eq + 1 == spec.size())
+    throw std::runtime_error("qbench_torchscript: --model '" + spec + "' must be NAME=PATH.pt");
+  Model m{spec.substr(0, eq), spec.substr(eq + 1), {}};
+  try {
+    m.module = torch::jit::load(m.path);
+  } catch (const c10::Error& e) {
+    throw std::runtime_error("qbench_torchscript: cannot load " + m.path + " (model " + m.name +
+                             "): " + e.what_without_backtrace());
+  }
+  m.module.eval();
+  return m;
+}
+
+at::QEngine qengine(const std::string& name) {
+  const std::vector<std::pair<std::string, at::QEngine>> engines = {
+      {"onednn", at::QEngine::ONEDNN}, {"x86", at::QEngine::X86}, {"fbgemm", at::QEngine::FBGEMM},
+      {"qnnpack", at::QEngine::QNNPACK}};
+  for (const auto& [n, e] : engines) {
+    if (n != name) continue;
+    const auto& have = at::globalContext().supportedQEngines();
+    if (std::find(have.begin(), have.end(), e) == have.end())
+      throw std::runtime_error("qbench_torchscript: --qengine " + name + " is not built into this LibTorch");
+    return e;
+  }
+  throw std::runtime_error("qbench_torchscript: --qengine " + name + ": expected onednn, x86, fbgemm or qnnpack");
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+double call_ms(torch::jit::Module& m, const at::Tensor& x) {
+  const auto t0 = std::chrono::steady_clock::now();
+  m.forward({x});
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"qbench_torchscript: latency of TorchScript models side by side (C++, torch::jit::load)"};
+  std::vector<std::string> specs;
+  std::vector<int64_t> input, batches{1}, threads{1};
+  int runs = 50, warmup = 5;
+  std::string engine = "onednn", json_path;
+  app.add_option("--model", specs, "NAME=PATH.pt, repeatable")->required();
+  app.add_option("--input", input, "one example's shape, e.g. 1,28,28")->required()->delimiter(',');
+  app.add_option("--batch", batches, "batch sizes")->delimiter(',');
+  app.add_option("--threads", threads, "intra-op thread counts")->delimiter(',');
+  app.add_option("--runs", runs, "timed calls per model and cell (median)")->check(CLI::PositiveNumber);
+  app.add_option("--warmup", warmup, "untimed calls first")->check(CLI::NonNegativeNumber);
+  app.add_option("--qengine", engine, "LibTorch's quantized engine for a peer's quantized ops");
+  app.add_option("--json", json_path, "also write the rows as JSON");
+  CLI11_PARSE(app, argc, argv);
+  try {
+    at::globalContext().setQEngine(qengine(engine));
+    std::vector<Model> models;
+    for (const std::string& s : specs) models.push_back(load(s));
+    at::NoGradGuard no_grad;
+    nlohmann::json rows = nlohmann::json::array();
+    std::printf("| threads | batch |");
+    for (const Model& m : models) std::printf(" %s (ms) |", m.name.c_str());
+    std::printf("\n|---|---|");
+    for (size_t k = 0; k < models.size(); ++k) std::printf("---|");
+    std::printf("\n");
+    for (int64_t t : threads) {
+      at::set_num_threads(static_cast<int>(t));
+      for (int64_t b : batches) {
+        std::vector<int64_t> shape{b};
+        shape.insert(shape.end(), input.begin(), input.end());
+        at::manual_seed(0);
+        const at::Tensor x = at::rand(shape);
+        for (Model& m : models)
+          for (int i = 0; i < warmup; ++i) m.module.forward({x});
+        std::vector<std::vector<double>> ms(models.size());
+        for (int r = 0; r < runs; ++r)
+          for (size_t k = 0; k < models.size(); ++k) ms[k].push_back(call_ms(models[k].module, x));
+        std::printf("| %lld | %lld |", static_cast<long long>(t), static_cast<long long>(b));
+        for (size_t k = 0; k < models.size(); ++k) {
+          const double med = median(ms[k]);
+          std::printf(" %.3f |", med);
+          rows.push_back({{"model", models[k].name}, {"path", models[k].path}, {"threads", t}, {"batch", b},
+                          {"median_ms", med}, {"min_ms", *std::min_element(ms[k].begin(), ms[k].end())},
+                          {"runs", runs}, {"qengine", engine}});
+        }
+        std::printf("\n");
+        std::fflush(stdout);
+      }
+    }
+    if (!json_path.empty()) std::ofstream(json_path) << rows.dump(1) << "\n";
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
