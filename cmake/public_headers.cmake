@@ -72,6 +72,7 @@ set(QFORGE_PUBLIC_HEADERS
   framework/ptq/adaround.h
   framework/ptq/autoround.h
   framework/ptq/awq.h
+  framework/ptq/brecq.h
   framework/ptq/gptq.h
   framework/ptq/imatrix.h
   framework/ptq/numeric_suite.h
