@@ -173,8 +173,9 @@ TEST(ModelIo, FrozenModelRebuildsInAFreshFloatModelBitForBit) {
     EXPECT_TRUE(at::equal(b.forward(x), y)) << c.name;
     EXPECT_EQ(describe(b), describe(a)) << c.name;
     EXPECT_EQ(layer_kernels(b), layer_kernels(a)) << c.name;
-    if (std::string(c.name) == "int4 g32 weight-only" && usable_isa() >= Isa::kAvx2)
+    if (std::string(c.name) == "int4 g32 weight-only" && usable_isa() >= Isa::kAvx2) {
       EXPECT_NE(describe(b).find("n16b32"), std::string::npos) << describe(b);
+    }
     // Saving the rebuilt model gives the same tensors again.
     const std::string again = dir.file("again.h5");
     io::save_model(b, again);
