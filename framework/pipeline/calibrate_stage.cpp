@@ -63,10 +63,18 @@ void awq(RunContext& ctx) {
   ctx.report["ptq"]["awq"] = report::awq_json(ar);
   ctx.awq_clipped = ptq::awq_clipped_layers(ar);
   ctx.report["timings_s"]["awq"] = ar.seconds;
-  int folded = 0;
-  for (const ptq::AwqGroup& g : ar.groups) folded += g.scale_home != "pre_quant_scale" && g.alpha > 0;
-  std::fprintf(stderr, "qtrain: AWQ: %zu layer groups scaled (%d folded into the layer before), %zu skipped, %.1fs\n",
-               ar.groups.size(), folded, ar.skipped.size(), ar.seconds);
+  int folded = 0, identity = 0, duo = 0, block = 0;
+  for (const ptq::AwqGroup& g : ar.groups) {
+    const bool scaled = g.alpha > 0 || g.duo;
+    identity += !scaled;
+    folded += scaled && g.scale_home != "pre_quant_scale";
+    duo += g.duo;
+    block += g.objective != "layer";
+  }
+  std::fprintf(stderr,
+               "qtrain: AWQ: %zu layer groups searched (%d on their block's output), %d kept unscaled, %d on duo "
+               "scales, %d folded into the layer before, %zu skipped, %.1fs\n",
+               ar.groups.size(), block, identity, duo, folded, ar.skipped.size(), ar.seconds);
 }
 
 // E[x²] of every Linear's input over the calibration batches, on the float model (as llama-imatrix

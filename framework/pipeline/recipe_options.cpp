@@ -108,6 +108,8 @@ ptq::AwqOptions awq_options(const Recipe& r) {
   ptq::AwqOptions o;
   o.grid = r.ptq.awq_grid;
   o.clip = r.ptq.awq_clip;
+  o.scales = ptq::parse_awq_scales(r.ptq.awq_scales);
+  o.objective = ptq::parse_awq_objective(r.ptq.awq_objective);
   o.sample_rows = r.ptq.sample_rows;
   o.seed = r.seed;
   return o;

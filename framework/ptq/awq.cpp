@@ -3,6 +3,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -67,46 +68,108 @@ at::Tensor awq_round(const at::Tensor& w, const QSpec& spec) {
   return fake_quantize(w, weight_minmax_qparams(w, spec, "awq"));
 }
 
-AwqScaleSearch awq_search_scale(const at::Tensor& x, const at::Tensor& x_mean_abs, const std::vector<at::Tensor>& weights,
-                                const std::vector<QSpec>& specs, const AwqOptions& o) {
+const std::vector<std::string>& awq_scales_names() {
+  static const std::vector<std::string> kNames = {"activation", "duo", "both"};
+  return kNames;
+}
+const std::vector<std::string>& awq_objective_names() {
+  static const std::vector<std::string> kNames = {"layer", "block"};
+  return kNames;
+}
+AwqScales parse_awq_scales(const std::string& name) {
+  const auto& n = awq_scales_names();
+  const auto it = std::find(n.begin(), n.end(), name);
+  QF_REQUIRE(it != n.end(), "awq: unknown scales '", name, "' (activation, duo or both)");
+  return static_cast<AwqScales>(it - n.begin());
+}
+AwqObjective parse_awq_objective(const std::string& name) {
+  const auto& n = awq_objective_names();
+  const auto it = std::find(n.begin(), n.end(), name);
+  QF_REQUIRE(it != n.end(), "awq: unknown objective '", name, "' (layer or block)");
+  return static_cast<AwqObjective>(it - n.begin());
+}
+
+at::Tensor awq_weight_mean(const std::vector<at::Tensor>& weights, const std::vector<QSpec>& specs) {
+  QF_REQUIRE(!weights.empty() && specs.size() == weights.size(), "awq: one grid per weight expected, got ",
+             specs.size(), " for ", weights.size());
+  std::vector<at::Tensor> rows;
+  for (size_t i = 0; i < weights.size(); ++i) {
+    check_weight(weights[i], "awq");
+    const at::Tensor a = weights[i].to(at::kFloat).abs();
+    const int64_t N = a.size(0), K = a.size(1);
+    if (specs[i].granularity == Granularity::kPerTensor) {
+      rows.push_back(a / (a.max() + 1e-6));
+      continue;
+    }
+    const int64_t g = clip_block(specs[i], K, "awq");
+    const at::Tensor a3 = a.reshape({N, K / g, g});
+    rows.push_back((a3 / (a3.amax(-1, true) + 1e-6)).reshape({N, K}));
+  }
+  return at::cat(rows, 0).mean(0);
+}
+
+AwqScaleSearch awq_search_scale(const at::Tensor& x_mean_abs, const std::vector<at::Tensor>& weights,
+                                const std::vector<QSpec>& specs, const AwqOptions& o, const AwqScaleError& error) {
   QF_REQUIRE(!weights.empty(), "awq: no weights to scale");
   QF_REQUIRE(specs.size() == weights.size(), "awq: one grid per weight expected, got ", specs.size(), " for ",
              weights.size());
   QF_REQUIRE(o.grid > 0, "awq: grid must be > 0, got ", o.grid);
   for (const at::Tensor& w : weights) check_weight(w, "awq");
   const int64_t K = weights[0].size(1);
-  check_rows(x, K, "awq");
+  for (const at::Tensor& w : weights)
+    QF_REQUIRE(w.size(1) == K, "awq: the weights reading one input must share K = ", K, ", got ", w.sizes());
   QF_REQUIRE(x_mean_abs.defined() && x_mean_abs.numel() == K, "awq: mean |x| must have ", K, " entries");
   QF_REQUIRE(at::isfinite(x_mean_abs).all().item<bool>(), "awq: inputs hold NaN or inf");
-  const at::Tensor xs = x.to(at::kFloat);
-  std::vector<at::Tensor> w32, y;
-  double den = 0;
-  for (const at::Tensor& w : weights) {
-    QF_REQUIRE(w.size(1) == K, "awq: the weights reading one input must share K = ", K, ", got ", w.sizes());
-    w32.push_back(w.to(at::kFloat));
-    y.push_back(at::matmul(xs, w32.back().t()));
-    den += y.back().to(at::kDouble).pow(2).sum().item<double>();
-  }
-  auto error = [&](const at::Tensor& s) {
-    double num = 0;
-    for (size_t i = 0; i < w32.size(); ++i) {
-      const at::Tensor wq = awq_round(w32[i] * s.unsqueeze(0), specs[i]) / s.unsqueeze(0);
-      num += (at::matmul(xs, wq.t()) - y[i]).to(at::kDouble).pow(2).sum().item<double>();
-    }
-    return den == 0 ? (num == 0 ? 0.0 : std::numeric_limits<double>::infinity()) : num / den;
+  std::vector<at::Tensor> w32;
+  for (const at::Tensor& w : weights) w32.push_back(w.to(at::kFloat));
+  auto rounded = [&](const at::Tensor& s) {
+    std::vector<at::Tensor> wq;
+    for (size_t i = 0; i < w32.size(); ++i)
+      wq.push_back(awq_round(w32[i] * s.unsqueeze(0), specs[i]) / s.unsqueeze(0));
+    return wq;
   };
   const at::Tensor m = x_mean_abs.to(at::kDouble).reshape({K});
+  const bool duo = o.scales != AwqScales::kActivation, activation = o.scales != AwqScales::kDuo;
+  const at::Tensor w_mean = duo ? awq_weight_mean(w32, specs).to(at::kDouble) : at::Tensor();
   AwqScaleSearch best;
   best.scale = at::ones({K});
-  best.error_rtn = best.error_scaled = error(best.scale);
-  for (int64_t k = 1; k < o.grid; ++k) {
+  best.error_rtn = best.error_scaled = error(rounded(best.scale));
+  auto consider = [&](const at::Tensor& c, double alpha, bool is_duo) {
+    at::Tensor s = c.clamp_min(kMinScale);
+    s = s / (s.max() * s.min()).sqrt();
+    if (!at::isfinite(s).all().item<bool>()) return;  // AutoAWQ sets such entries to 1; a candidate less here
+    s = s.to(at::kFloat);
+    const double e = error(rounded(s));
+    if (e < best.error_scaled) best = {s, alpha, is_duo, best.error_rtn, e};
+  };
+  for (int64_t k = 0; k < o.grid; ++k) {
     const double alpha = static_cast<double>(k) / static_cast<double>(o.grid);
-    at::Tensor s = m.pow(alpha).clamp_min(kMinScale);
-    s = (s / (s.max() * s.min()).sqrt()).to(at::kFloat);
-    const double e = error(s);
-    if (e < best.error_scaled) best = {s, alpha, best.error_rtn, e};
+    if (activation && k > 0) consider(m.pow(alpha), alpha, false);
+    if (duo) consider(m.pow(alpha) / (w_mean.pow(1 - alpha) + kMinScale), alpha, true);
   }
   return best;
+}
+
+AwqScaleSearch awq_search_scale(const at::Tensor& x, const at::Tensor& x_mean_abs, const std::vector<at::Tensor>& weights,
+                                const std::vector<QSpec>& specs, const AwqOptions& o) {
+  QF_REQUIRE(!weights.empty(), "awq: no weights to scale");
+  for (const at::Tensor& w : weights) check_weight(w, "awq");
+  check_rows(x, weights[0].size(1), "awq");
+  const at::Tensor xs = x.to(at::kFloat);
+  std::vector<at::Tensor> y;
+  double den = 0;
+  for (const at::Tensor& w : weights) {
+    QF_REQUIRE(w.size(1) == xs.size(1), "awq: the weights reading one input must share K = ", xs.size(1), ", got ",
+               w.sizes());
+    y.push_back(at::matmul(xs, w.to(at::kFloat).t()));
+    den += y.back().to(at::kDouble).pow(2).sum().item<double>();
+  }
+  return awq_search_scale(x_mean_abs, weights, specs, o, [&](const std::vector<at::Tensor>& wq) {
+    double num = 0;
+    for (size_t i = 0; i < wq.size(); ++i)
+      num += (at::matmul(xs, wq[i].t()) - y[i]).to(at::kDouble).pow(2).sum().item<double>();
+    return den == 0 ? (num == 0 ? 0.0 : std::numeric_limits<double>::infinity()) : num / den;
+  });
 }
 
 at::Tensor search_clip_ratios(const at::Tensor& w, const QSpec& spec, int64_t grid, double max_shrink,

@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <limits>
 #include <map>
+#include <memory>
 #include <set>
 
 #include "framework/core/error.h"
@@ -12,6 +14,7 @@
 #include "framework/nn/linear.h"
 #include "framework/nn/rms_norm.h"
 #include "framework/ptq/awq.h"
+#include "framework/ptq/block_capture.h"
 #include "framework/ptq/float_view.h"
 #include "framework/ptq/layer_access.h"
 
@@ -90,6 +93,76 @@ class GroupCapture {
   std::vector<InputGroup> groups_;
   at::Tensor last_x_;
   int64_t batch_ = 0;
+};
+
+// The block objective's data: the hidden states entering each transformer block on the first
+// calibration batches holding `rows` tokens, and the float block's outputs on them, walked in
+// forward order. The scales leave each block's float function as it was, so the outputs computed
+// before a block's groups are scaled stay its float outputs and the next block's inputs.
+class BlockStates {
+ public:
+  BlockStates(torch::nn::Module& model, int64_t batches, const RunBatch& run, int64_t rows)
+      : model_(model), bm_(transformer_blocks(model)), paths_(transformer_block_paths(model)) {
+    if (bm_.blocks.empty()) return;
+    const std::vector<at::Tensor> ids = capture_token_ids(bm_, batches, run);
+    const FloatView fv(model);
+    int64_t n = 0;
+    for (const at::Tensor& t : ids) {
+      if (n >= rows) break;
+      x_.push_back(bm_.embed(t).detach());
+      n += t.numel();
+    }
+  }
+
+  // The block holding every one of `paths`, or -1 (the head; a model without blocks).
+  int block_of(const std::vector<std::string>& paths) const {
+    if (bm_.blocks.empty()) return -1;
+    const int b = block_index(paths_, paths[0]);
+    for (const std::string& p : paths)
+      if (block_index(paths_, p) != b) return -1;
+    return b;
+  }
+  const std::string& path(int b) const { return paths_[static_cast<size_t>(b)]; }
+
+  // E of the block objective for `layers` computing with `weights` (the rest of the block float).
+  double error(int b, const std::vector<nn::LinearImpl*>& layers, const std::vector<at::Tensor>& weights) {
+    move_to(b);
+    const std::vector<at::Tensor>& y = outputs();
+    const FloatView fv(model_);
+    std::vector<std::unique_ptr<ScopedTensorSwap>> swaps;
+    for (size_t i = 0; i < layers.size(); ++i)
+      swaps.push_back(std::make_unique<ScopedTensorSwap>(layers[i]->weight, weights[i].to(layers[i]->weight.scalar_type())));
+    double num = 0, den = 0;
+    for (size_t i = 0; i < x_.size(); ++i) {
+      const at::Tensor yf = y[i].to(at::kDouble);
+      num += (block(b).forward(x_[i]).to(at::kDouble) - yf).pow(2).sum().item<double>();
+      den += yf.pow(2).sum().item<double>();
+    }
+    return den == 0 ? (num == 0 ? 0.0 : std::numeric_limits<double>::infinity()) : num / den;
+  }
+
+ private:
+  const TransformerBlock& block(int b) const { return bm_.blocks[static_cast<size_t>(b)]; }
+  void move_to(int b) {
+    QF_CHECK(b >= at_, "awq: blocks are visited in forward order");
+    for (; at_ < b; ++at_) {
+      x_ = outputs();
+      y_.clear();
+    }
+  }
+  const std::vector<at::Tensor>& outputs() {
+    if (y_.empty()) {
+      const FloatView fv(model_);
+      for (const at::Tensor& x : x_) y_.push_back(block(at_).forward(x).detach());
+    }
+    return y_;
+  }
+
+  torch::nn::Module& model_;
+  const BlockModel bm_;
+  const std::vector<std::string> paths_;
+  std::vector<at::Tensor> x_, y_;
+  int at_ = 0;
 };
 
 std::string leaf(const std::string& p) { return p.substr(p.rfind('.') + 1); }
@@ -216,8 +289,8 @@ struct PendingClip {
 };
 
 // Searches, scales and folds one group; the clipping ratios wait in `clips`.
-void scale_group(const torch::nn::Module& model, InputGroup& g, const AwqOptions& o, AwqGroup& ag, Undo& undo,
-                 std::vector<PendingClip>& clips) {
+void scale_group(const torch::nn::Module& model, InputGroup& g, const AwqOptions& o, BlockStates* blocks, AwqGroup& ag,
+                 Undo& undo, std::vector<PendingClip>& clips) {
   const at::Tensor x = at::cat(g.rows, 0);
   const at::Tensor mean_abs = (g.abs_sum / static_cast<double>(g.n)).to(at::kFloat);
   std::vector<nn::LinearImpl*> rounded;
@@ -229,16 +302,24 @@ void scale_group(const torch::nn::Module& model, InputGroup& g, const AwqOptions
       w.push_back(l->weight.detach().to(at::kFloat));
       specs.push_back(l->scheme().weights->spec);
     }
-  const AwqScaleSearch found = awq_search_scale(x, mean_abs, w, specs, o);
+  const int block = blocks ? blocks->block_of(g.paths) : -1;
+  const AwqScaleSearch found =
+      block < 0 ? awq_search_scale(x, mean_abs, w, specs, o)
+                : awq_search_scale(mean_abs, w, specs, o, [&](const std::vector<at::Tensor>& wq) {
+                    return blocks->error(block, rounded, wq);
+                  });
+  ag.objective = block < 0 ? "layer" : "block " + blocks->path(block);
   ag.alpha = found.alpha;
+  ag.duo = found.duo;
   ag.error_rtn = found.error_rtn;
-  ag.error_scaled = ag.error_clipped = found.error_scaled;
+  ag.error_scaled = found.error_scaled;
   ag.rows = x.size(0);
   const at::Tensor& s = found.scale;
   std::string home_path;
-  torch::nn::Module* home = found.alpha > 0 ? fold_home(model, g.paths, s.numel(), home_path) : nullptr;
-  ag.scale_home = found.alpha == 0 ? "none (alpha 0)" : home ? home_path : "pre_quant_scale";
-  if (found.alpha > 0) {
+  const bool scaled = found.alpha > 0 || found.duo;
+  torch::nn::Module* home = scaled ? fold_home(model, g.paths, s.numel(), home_path) : nullptr;
+  ag.scale_home = !scaled ? "none (identity)" : home ? home_path : "pre_quant_scale";
+  if (scaled) {
     at::NoGradGuard guard;
     for (nn::LinearImpl* l : g.layers) {
       undo.save(l->weight);
@@ -246,30 +327,31 @@ void scale_group(const torch::nn::Module& model, InputGroup& g, const AwqOptions
     }
     place_inverse_scale(home, s, g.layers, undo);
   }
-  if (!o.clip) return;
   const at::Tensor xs = x / s.unsqueeze(0);
   std::vector<at::Tensor> ws, wq;
+  for (size_t i = 0; i < rounded.size(); ++i) {
+    ws.push_back(rounded[i]->weight.detach().to(at::kFloat));
+    wq.push_back(awq_round(ws.back(), specs[i]));
+  }
+  ag.layer_error_scaled = ag.error_clipped = awq_group_error(xs, ws, wq);
+  if (!o.clip) return;
   double ratio_sum = 0;
-  int64_t blocks = 0;
+  int64_t clip_blocks = 0;
   for (size_t i = 0; i < rounded.size(); ++i) {
     const std::string& path = g.paths[static_cast<size_t>(
         std::find(g.layers.begin(), g.layers.end(), rounded[i]) - g.layers.begin())];
     const std::string name = leaf(path);
-    ws.push_back(rounded[i]->weight.detach().to(at::kFloat));
     // AutoAWQ leaves q/k unclipped: their error is amplified by the attention scores, not seen here.
     const bool skip = name == "q_proj" || name == "k_proj" || specs[i].granularity == Granularity::kPerTensor;
-    at::Tensor wc = ws.back();
-    if (!skip) {
-      const at::Tensor ratio = awq_search_clip(xs, ws.back(), specs[i], o);
-      ratio_sum += ratio.sum().item<double>();
-      blocks += ratio.numel();
-      wc = awq_apply_clip(ws.back(), ratio, specs[i]);
-      clips.push_back({rounded[i], ratio, specs[i]});
-      ag.clipped.push_back(path);
-    }
-    wq.push_back(awq_round(wc, specs[i]));
+    if (skip) continue;
+    const at::Tensor ratio = awq_search_clip(xs, ws[i], specs[i], o);
+    ratio_sum += ratio.sum().item<double>();
+    clip_blocks += ratio.numel();
+    wq[i] = awq_round(awq_apply_clip(ws[i], ratio, specs[i]), specs[i]);
+    clips.push_back({rounded[i], ratio, specs[i]});
+    ag.clipped.push_back(path);
   }
-  ag.mean_clip = blocks > 0 ? ratio_sum / static_cast<double>(blocks) : 1.0;
+  ag.mean_clip = clip_blocks > 0 ? ratio_sum / static_cast<double>(clip_blocks) : 1.0;
   ag.error_clipped = awq_group_error(xs, ws, wq);
 }
 
@@ -308,6 +390,8 @@ AwqReport awq(torch::nn::Module& model, int64_t batches, const RunBatch& run, co
   const at::Tensor y0 = run(0).detach().clone();
   GroupCapture capture(model, (o.sample_rows + batches - 1) / batches, o.seed);
   capture.run(batches, run);
+  std::unique_ptr<BlockStates> blocks;
+  if (o.objective == AwqObjective::kBlock) blocks = std::make_unique<BlockStates>(model, batches, run, o.sample_rows);
   Undo undo;
   std::vector<PendingClip> clips;
   for (InputGroup& g : capture.groups()) {
@@ -320,7 +404,7 @@ AwqReport awq(torch::nn::Module& model, int64_t batches, const RunBatch& run, co
     AwqGroup ag;
     ag.layers = g.paths;
     try {
-      scale_group(model, g, o, ag, undo, clips);
+      scale_group(model, g, o, blocks.get(), ag, undo, clips);
     } catch (const Error& e) {
       undo.restore();
       throw Error("awq: " + g.paths[0] + ": " + e.what());

@@ -266,7 +266,8 @@ void read_ptq(Recipe& r, const YAML::Node& pn, const Where& w) {
     p.method = p.method == "awq" ? "rtn" : "gptq";
   }
   const Recipe::Ptq defaults;
-  if (!p.awq && (p.awq_grid != defaults.awq_grid || p.awq_clip != defaults.awq_clip))
+  if (!p.awq && (p.awq_grid != defaults.awq_grid || p.awq_clip != defaults.awq_clip ||
+                 p.awq_scales != defaults.awq_scales || p.awq_objective != defaults.awq_objective))
     w.problem("ptq.awq", "AWQ options without AWQ: set ptq.method to awq or awq+gptq");
   if (pn["rules"])
     for (size_t i = 0; i < pn["rules"].size(); ++i) {

@@ -121,6 +121,8 @@ struct Recipe {
     bool awq = false;                 // AWQ scales before calibration (recipe: method awq = awq + rtn, awq+gptq)
     int64_t awq_grid = 20;            // AWQ alpha grid points
     bool awq_clip = true;             // AWQ clipping search
+    std::string awq_scales = "both";  // AWQ candidate scales: activation | duo | both (ptq/awq.h)
+    std::string awq_objective = "block";  // AWQ search error: layer | block (ptq/awq.h)
     bool bias_correction = false;
     bool equalize = false;            // cross-layer equalisation of the float model
     bool smoothquant = false;

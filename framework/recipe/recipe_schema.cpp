@@ -1,6 +1,7 @@
 // The recipe schema, one function per section (recipe_schema.h).
 #include "framework/recipe/recipe_schema.h"
 
+#include "framework/ptq/awq.h"
 #include "framework/ptq/ptq.h"
 #include "framework/api/quantizer.h"
 #include "framework/recipe/task.h"
@@ -300,6 +301,10 @@ Field ptq_section() {
       map("awq", "AWQ options (method awq or awq+gptq)", {
           bind(leaf("grid", T::kInt, "alpha grid points in [0, 1) of the scale search s = mean|x|^alpha", 1, 1000), &Recipe::ptq, &Recipe::Ptq::awq_grid),
           bind(leaf("clip", T::kBool, "search a clipping ratio per weight group after the scales"), &Recipe::ptq, &Recipe::Ptq::awq_clip),
+          bind(choice("scales", ptq::awq_scales_names(), "candidate scales: activation (mean|x|^alpha), duo "
+                      "(AutoAWQ's duo_scaling, mean|x|^alpha / mean|w|^(1-alpha)) or both"), &Recipe::ptq, &Recipe::Ptq::awq_scales),
+          bind(choice("objective", ptq::awq_objective_names(), "error the search minimises: the transformer block's "
+                      "output (block) or each Linear's (layer)"), &Recipe::ptq, &Recipe::Ptq::awq_objective),
       }),
       map("adaround", "AdaRound options", {
           bind(leaf("iterations", T::kInt, "Adam steps per layer", 1, 1e9), &Recipe::ptq, &Recipe::Ptq::iterations),

@@ -199,8 +199,9 @@ nlohmann::json rotate_json(const ptq::RotateReport& rr) {
 nlohmann::json awq_json(const ptq::AwqReport& ar) {
   nlohmann::json groups = nlohmann::json::array();
   for (const ptq::AwqGroup& g : ar.groups)
-    groups.push_back({{"layers", g.layers}, {"scale_home", g.scale_home}, {"alpha", g.alpha},
-                      {"error_rtn", g.error_rtn}, {"error_scaled", g.error_scaled}, {"error_clipped", g.error_clipped},
+    groups.push_back({{"layers", g.layers}, {"scale_home", g.scale_home}, {"objective", g.objective},
+                      {"alpha", g.alpha}, {"duo", g.duo}, {"error_rtn", g.error_rtn}, {"error_scaled", g.error_scaled},
+                      {"layer_error_scaled", g.layer_error_scaled}, {"error_clipped", g.error_clipped},
                       {"mean_clip", g.mean_clip}, {"rows", g.rows}, {"seconds", g.seconds}});
   return {{"groups", groups}, {"skipped", ar.skipped}, {"float_output_change", ar.output_change}, {"seconds", ar.seconds}};
 }

@@ -313,7 +313,9 @@ TEST(KernelChoice, LargeMIsWhereTheTableSwitchesScannedRowByRow) {
         EXPECT_EQ(choice(m), plan.large_rows > 0 && m >= plan.large_rows ? choice(plan.large_rows) : small)
             << isa_name(level) << " int4=" << int4 << " M=" << m;
       }
-      if (plan.large_rows > 0) EXPECT_NE(choice(plan.large_rows - 1), choice(plan.large_rows));
+      if (plan.large_rows > 0) {
+        EXPECT_NE(choice(plan.large_rows - 1), choice(plan.large_rows));
+      }
     }
   }
 }

@@ -303,8 +303,9 @@ void expect_decode_equals_fake_quant(Model& m, const KvCacheScheme& s, int64_t v
     const int64_t g = s.group(step.size(-1));
     const at::Tensor per_group = step.gt(0).view({step.size(0), step.size(1), step.size(2), -1, g}).sum(-1);
     EXPECT_LE(per_group.max().item<int64_t>(), 1) << name_of(s) << ": at most one code per group";
-    if (!s.symmetric)
+    if (!s.symmetric) {
       EXPECT_LE((a.zero_point.to(at::kInt) - b.zero_point.to(at::kInt)).abs().max().item<int>(), 1) << name_of(s);
+    }
     EXPECT_LT(((a.scale - b.scale).abs() / a.scale).max().item<double>(), 1e-5) << name_of(s);
   }
   const double diff = (at::cat(steps, 1) - full).abs().max().item<double>();

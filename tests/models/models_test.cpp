@@ -364,7 +364,9 @@ void expect_integer_kernels(torch::nn::Module& m, const char* model, int expecte
     EXPECT_EQ(r.kernel.find("fake_quant"), std::string::npos) << what;
     EXPECT_NE(r.kernel.rfind("dequantize+", 0), 0u) << what;
     EXPECT_NE(r.kernel.rfind("at::", 0), 0u) << what;
-    if (usable_isa() >= Isa::kAvx512Vnni) EXPECT_EQ(r.fallback_reason, "") << what;
+    if (usable_isa() >= Isa::kAvx512Vnni) {
+      EXPECT_EQ(r.fallback_reason, "") << what;
+    }
   }
   EXPECT_EQ(checked, expected_layers) << model;
 }

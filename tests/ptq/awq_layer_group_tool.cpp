@@ -56,6 +56,7 @@ std::vector<at::Tensor> quantize_group(const Setup& s, bool awq, bool gptq, bool
   std::vector<at::Tensor> ws = s.w;
   if (awq) {
     qp::AwqOptions o;
+    o.scales = qp::AwqScales::kActivation;  // the paper's scales, as docs/results.md's figures were measured
     scale = qp::awq_search_scale(s.x, s.mean_abs, s.w, {s.spec, s.spec, s.spec}, o).scale;
     const at::Tensor xs = s.x / scale.unsqueeze(0);
     for (size_t i = 0; i < ws.size(); ++i) {

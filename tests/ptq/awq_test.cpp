@@ -1,6 +1,7 @@
-// AWQ: the scale search against a brute-force α sweep written here, recovering a planted outlier
-// input channel and beating round-to-nearest; the clipping search against a per-block brute
-// force; folding leaving float Llama and GPT-2 models unchanged (norms, v→o, up→down,
+// AWQ: the scale search against brute-force α sweeps written here (the paper's activation scales
+// and AutoAWQ's duo scales), recovering a planted outlier input channel and beating
+// round-to-nearest; the block objective against the block run here with its group rounded; the
+// clipping search against a per-block brute force; folding leaving float Llama and GPT-2 models unchanged (norms, v→o, up→down,
 // pre_quant_scale); a Llama end to end, alone and followed by GPTQ; bad inputs refused.
 #include "framework/ptq/awq.h"
 
@@ -10,6 +11,7 @@
 #include <cstdio>
 #include <limits>
 #include <map>
+#include <memory>
 
 #include "fake_quant/fake_quantize.h"
 #include "framework/api/quantize.h"
@@ -58,8 +60,10 @@ TEST(Awq, ScaleSearchRecoversThePlantedOutlierChannelAndBeatsRoundToNearest) {
   const at::Tensor x = planted_outlier_inputs(1024, K, channel, 40, 1);
   at::manual_seed(2);
   const at::Tensor w = at::randn({96, K});
+  AwqOptions o;
+  o.scales = AwqScales::kActivation;
   for (const QSpec& spec : {int_group_spec(qint4, 32), int_group_spec(qint3, 64), int_group_spec(qint4, 0)}) {
-    const AwqScaleSearch r = awq_search_scale(x, x.abs().mean(0), {w}, {spec}, AwqOptions{});
+    const AwqScaleSearch r = awq_search_scale(x, x.abs().mean(0), {w}, {spec}, o);
     const auto [ref_alpha, ref_error] = brute_force_alpha(x, w, spec, 20);
     EXPECT_NEAR(r.alpha, ref_alpha, 1e-12) << spec.to_string();
     EXPECT_NEAR(r.error_scaled, ref_error, 1e-6 * ref_error) << spec.to_string();
@@ -74,10 +78,61 @@ TEST(Awq, ScaleSearchOnEvenInputsKeepsRoundToNearest) {
   at::manual_seed(3);
   const at::Tensor x = at::ones({64, 32});  // every channel alike: s is 1 at every α
   const at::Tensor w = at::randn({8, 32});
-  const AwqScaleSearch r = awq_search_scale(x, x.abs().mean(0), {w}, {int_group_spec(qint4, 16)}, AwqOptions{});
+  AwqOptions o;
+  o.scales = AwqScales::kActivation;
+  const AwqScaleSearch r = awq_search_scale(x, x.abs().mean(0), {w}, {int_group_spec(qint4, 16)}, o);
   EXPECT_EQ(r.alpha, 0);
+  EXPECT_FALSE(r.duo);
   EXPECT_DOUBLE_EQ(r.error_scaled, r.error_rtn);
   EXPECT_TRUE(at::equal(r.scale, at::ones({32})));
+}
+
+// AutoAWQ's duo scales written out: w̄ from each group's |w| / max|w| one group at a time, then the
+// identity and c = mean|x|^α / (w̄^(1−α) + 1e-4) for every α, the least output error winning.
+TEST(Awq, DuoScalesMatchABruteForceSweepAndBothTakesTheBetterFamily) {
+  const int64_t K = 128, channel = 11;
+  const at::Tensor x = planted_outlier_inputs(512, K, channel, 20, 21);
+  at::manual_seed(22);
+  at::Tensor w = at::randn({48, K});
+  w.slice(1, 64, 96).mul_(6);  // uneven weight magnitudes: w̄ matters
+  const QSpec spec = int_group_spec(qint4, 32);
+  const at::Tensor m = x.abs().mean(0).to(at::kDouble);
+  const at::Tensor y = at::matmul(x, w.t()).to(at::kDouble);
+  at::Tensor w_mean = at::zeros({K}, at::kDouble);
+  for (int64_t n = 0; n < w.size(0); ++n)
+    for (int64_t g0 = 0; g0 < K; g0 += 32) {
+      const at::Tensor blk = w[n].slice(0, g0, g0 + 32).abs().to(at::kDouble);
+      w_mean.slice(0, g0, g0 + 32) += blk / (blk.max().item<double>() + 1e-6);
+    }
+  w_mean /= static_cast<double>(w.size(0));
+  EXPECT_TRUE(at::allclose(awq_weight_mean({w}, {spec}).to(at::kDouble), w_mean, 1e-5, 1e-6));
+  auto error = [&](const at::Tensor& c) {
+    at::Tensor s = c.clamp_min(1e-4);
+    s = (s / std::sqrt(s.max().item<double>() * s.min().item<double>())).to(at::kFloat);
+    const at::Tensor wq = rtn(w * s.unsqueeze(0), spec) / s.unsqueeze(0);
+    return (at::matmul(x, wq.t()).to(at::kDouble) - y).pow(2).sum().item<double>() / y.pow(2).sum().item<double>();
+  };
+  const double e_identity = error(at::ones({K}, at::kDouble));
+  double duo_e = e_identity, duo_a = -1, act_e = e_identity;
+  for (int k = 0; k < 20; ++k) {
+    const double a = k / 20.0;
+    const double e = error(m.pow(a) / (w_mean.pow(1 - a) + 1e-4));
+    if (e < duo_e) duo_e = e, duo_a = a;
+    if (k > 0) act_e = std::min(act_e, error(m.pow(a)));
+  }
+  AwqOptions o;
+  o.scales = AwqScales::kDuo;
+  const AwqScaleSearch duo = awq_search_scale(x, x.abs().mean(0), {w}, {spec}, o);
+  ASSERT_GE(duo_a, 0) << "the identity beat every duo candidate: the check below is vacuous";
+  EXPECT_TRUE(duo.duo);
+  EXPECT_NEAR(duo.alpha, duo_a, 1e-12);
+  EXPECT_NEAR(duo.error_scaled, duo_e, 1e-6 * duo_e);
+  EXPECT_NEAR(duo.error_rtn, e_identity, 1e-9 * e_identity);
+  o.scales = AwqScales::kBoth;
+  const AwqScaleSearch both = awq_search_scale(x, x.abs().mean(0), {w}, {spec}, o);
+  EXPECT_NEAR(both.error_scaled, std::min(duo_e, act_e), 1e-6 * std::min(duo_e, act_e));
+  EXPECT_EQ(both.duo, duo_e < act_e);
+  std::printf("duo alpha %.2f error %.5f, activation error %.5f, identity %.5f\n", duo_a, duo_e, act_e, e_identity);
 }
 
 TEST(Awq, ClipSearchPicksEachBlocksBestRatioAndNeverRaisesItsError) {
@@ -138,6 +193,8 @@ Scheme w4_g32() {
 }
 
 std::string leaf(const std::string& p) { return p.substr(p.rfind('.') + 1); }
+// The search chose a scale other than the identity (a duo candidate can win at α = 0).
+bool scaled(const AwqGroup& g) { return g.alpha > 0 || g.duo; }
 
 TEST(Awq, FoldingLeavesTheFloatLlamaUnchangedAndPutsEachScaleWhereItIsExact) {
   for (int64_t kv_heads : {4, 2}) {  // 2: grouped-query attention, v_proj narrower than o_proj's input
@@ -167,11 +224,57 @@ TEST(Awq, FoldingLeavesTheFloatLlamaUnchangedAndPutsEachScaleWhereItIsExact) {
     for (const AwqGroup& g : rep.groups) {
       const std::string first = leaf(g.layers[0]);
       const std::string& expect_home = home.at(first);
-      if (expect_home == "input_layernorm" || expect_home == "post_attention_layernorm")
-        EXPECT_GT(g.alpha, 0) << g.layers[0];  // the planted outliers
+      if (expect_home == "input_layernorm" || expect_home == "post_attention_layernorm") {
+        EXPECT_TRUE(scaled(g)) << g.layers[0];  // the planted outliers
+      }
       EXPECT_LE(g.error_scaled, g.error_rtn) << g.layers[0];
-      if (g.alpha == 0) continue;
+      if (!scaled(g)) continue;
       EXPECT_EQ(expect_home == "pre_quant_scale" ? g.scale_home : leaf(g.scale_home), expect_home) << g.layers[0];
+    }
+  }
+}
+
+// The block objective: a group's error is the block's output with the group rounded (the rest of the
+// block float) against the float block, on the hidden states entering it; written out here for
+// block 0's q/k/v (searched first, on the model as it was) and block 1's (after block 0's scales,
+// which leave its float function alone). The head, outside any block, keeps the layer objective.
+TEST(Awq, BlockObjectiveMeasuresTheBlockOutputWithItsGroupRounded) {
+  models::LlamaForCausalLM m = outlier_llama(2);
+  quantize(*m, w4_g32());
+  const std::vector<at::Tensor> ids = token_batches(3, 128, 8);
+  const RunBatch run = [&](int64_t b) { return m->forward(ids[static_cast<size_t>(b)]); };
+  double ref[2];
+  {
+    at::NoGradGuard g;
+    const FloatView fv(*m);
+    at::Tensor h = m->model->embed_tokens->forward(ids[0]);  // sample_rows 64: batch 0's 2 x 32 tokens
+    for (int b = 0; b < 2; ++b) {
+      auto* layer = m->model->layers->ptr(b)->as<models::LlamaDecoderLayerImpl>();
+      auto block = [&](const at::Tensor& x) { return layer->forward(x, m->model->rope(0, x.size(1), x.device())); };
+      const at::Tensor yf = block(h).to(at::kDouble);
+      std::vector<std::unique_ptr<ScopedTensorSwap>> swaps;
+      for (nn::LinearImpl* l : {layer->self_attn->q_proj.get(), layer->self_attn->k_proj.get(), layer->self_attn->v_proj.get()})
+        swaps.push_back(std::make_unique<ScopedTensorSwap>(l->weight, rtn(l->weight.detach(), l->scheme().weights->spec)));
+      ref[b] = (block(h).to(at::kDouble) - yf).pow(2).sum().item<double>() / yf.pow(2).sum().item<double>();
+      swaps.clear();
+      h = block(h);
+    }
+  }
+  AwqOptions o;
+  o.clip = false;
+  o.sample_rows = 64;
+  const AwqReport rep = awq(*m, 3, run, o);
+  ASSERT_EQ(rep.groups.size(), 2u * 4 + 1);
+  for (int b = 0; b < 2; ++b) {
+    const AwqGroup& g = rep.groups[static_cast<size_t>(4 * b)];
+    ASSERT_EQ(leaf(g.layers[0]), "q_proj");
+    EXPECT_EQ(g.objective, "block model.layers." + std::to_string(b));
+    EXPECT_NEAR(g.error_rtn, ref[b], 1e-4 * ref[b]) << g.layers[0];
+  }
+  for (const AwqGroup& g : rep.groups) {
+    EXPECT_LE(g.error_scaled, g.error_rtn) << g.layers[0];
+    if (leaf(g.layers[0]) == "lm_head") {
+      EXPECT_EQ(g.objective, "layer");
     }
   }
 }
@@ -191,7 +294,7 @@ TEST(Awq, AFixedGridIsNoFoldingHome) {
   const AwqReport rep = awq(*m, 3, run, o);
   int checked = 0;
   for (const AwqGroup& g : rep.groups) {
-    if (leaf(g.layers[0]) != "down_proj" || g.alpha == 0) continue;
+    if (leaf(g.layers[0]) != "down_proj" || !scaled(g)) continue;
     const bool fixed = g.layers[0] == "model.layers.0.mlp.down_proj";
     EXPECT_EQ(g.scale_home, fixed ? "pre_quant_scale" : "model.layers.1.mlp.up_proj") << g.layers[0];
     checked += fixed;
@@ -245,7 +348,7 @@ TEST(Awq, FoldingIntoGpt2LayerNormsLeavesTheFloatModelUnchanged) {
   int folded = 0;
   for (const AwqGroup& g : rep.groups)
     if (leaf(g.layers[0]) == "c_attn" || leaf(g.layers[0]) == "c_fc") {
-      EXPECT_GT(g.alpha, 0) << g.layers[0];
+      EXPECT_TRUE(scaled(g)) << g.layers[0];
       folded += leaf(g.scale_home) == "ln_1" || leaf(g.scale_home) == "ln_2";
     }
   EXPECT_EQ(folded, 4);
@@ -325,8 +428,10 @@ TEST(Awq, ImatrixAfterAwqSkipsTheLayersAwqClippedAndIsNeverWorseThanAwqAlone) {
       };
       const double e_awq = run_method(false), e_both = run_method(true);
       std::printf("%s g32%s: logits relative error awq %.5f awq+imatrix %.5f\n", q.name, gptq ? " +gptq" : "", e_awq, e_both);
-      // GPTQ's imatrix column order is a heuristic (measured +0.3 % at W4, -0.2 % at W3): 1 % slack.
-      EXPECT_LE(e_both, e_awq * (gptq ? 1.01 : 1 + 1e-6)) << q.name << (gptq ? " gptq" : " rtn");
+      // GPTQ's imatrix column order is a heuristic, not a bound: measured -1.1 % at W4 and +1.9 % at
+      // W3 after AWQ's default block objective and duo scales (+0.3 % / -0.2 % after the layer
+      // objective and activation scales): 2.5 % slack. With round-to-nearest after, never worse.
+      EXPECT_LE(e_both, e_awq * (gptq ? 1.025 : 1 + 1e-6)) << q.name << (gptq ? " gptq" : " rtn");
     }
   }
 }
@@ -345,7 +450,9 @@ TEST(Awq, NonFiniteActivationsAreAnErrorAndLeaveTheModelAsItWas) {
   const RunBatch run = [&](int64_t b) { return m->forward(ids[static_cast<size_t>(b)]); };
   EXPECT_THROW(awq(*m, 2, run, AwqOptions{}), Error);
   for (const auto& p : m->named_parameters())
-    if (p.key() != "model.embed_tokens.weight") EXPECT_TRUE(at::equal(p.value(), before.at(p.key()))) << p.key();
+    if (p.key() != "model.embed_tokens.weight") {
+      EXPECT_TRUE(at::equal(p.value(), before.at(p.key()))) << p.key();
+    }
 }
 
 }  // namespace

@@ -58,7 +58,12 @@ double quantize_with(LlamaForCausalLM& m, const std::vector<at::Tensor>& calib, 
   const qp::RunBatch run = [&](int64_t b) { return m->forward(calib[static_cast<size_t>(b)]); };
   qforge::quantize(m, weight_only(q, group));
   std::vector<std::string> clipped;
-  if (method.awq) clipped = qp::awq_clipped_layers(qp::awq(*m, batches, run, qp::AwqOptions{}));
+  if (method.awq) {
+    qp::AwqOptions o;  // the table's AWQ: each Linear's output, the paper's activation scales
+    o.objective = qp::AwqObjective::kLayer;
+    o.scales = qp::AwqScales::kActivation;
+    clipped = qp::awq_clipped_layers(qp::awq(*m, batches, run, o));
+  }
   qforge::Imatrix im;
   if (imatrix) {
     at::NoGradGuard g;

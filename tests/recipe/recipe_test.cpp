@@ -290,15 +290,20 @@ TEST(Recipe, PtqRotateIsAChoiceForLlamaModelsOnly) {
 TEST(Recipe, AwqMethodsSetAwqBeforeTheirRoundingAndStrayAwqOptionsAreErrors) {
   TempDir dir;
   const std::string q = std::string(kMinimal) + "quantize: {weights: {qtype: qint4, granularity: per_channel}}\n";
-  const Recipe r = load_recipe(dir.write("a.yaml", q + "ptq:\n  method: awq\n  awq: {grid: 10, clip: false}\n"));
+  const Recipe r = load_recipe(dir.write(
+      "a.yaml", q + "ptq:\n  method: awq\n  awq: {grid: 10, clip: false, scales: duo, objective: layer}\n"));
   EXPECT_TRUE(r.ptq.awq);
   EXPECT_EQ(r.ptq.method, "rtn");
   EXPECT_EQ(r.ptq.awq_grid, 10);
   EXPECT_FALSE(r.ptq.awq_clip);
+  EXPECT_EQ(r.ptq.awq_scales, "duo");
+  EXPECT_EQ(r.ptq.awq_objective, "layer");
   const Recipe r2 = load_recipe(dir.write("b.yaml", q + "ptq: {method: awq+gptq}\n"));
   EXPECT_TRUE(r2.ptq.awq);
   EXPECT_EQ(r2.ptq.method, "gptq");
   EXPECT_EQ(r2.ptq.awq_grid, 20);
+  EXPECT_EQ(r2.ptq.awq_scales, "both");
+  EXPECT_EQ(r2.ptq.awq_objective, "block");
   std::string e;
   for (const auto& i : issues_of(dir.write("c.yaml", q + "ptq:\n  method: gptq\n  awq: {grid: 10}\n"))) e += i.to_string() + "\n";
   EXPECT_NE(e.find("c.yaml:6:"), std::string::npos) << e;
@@ -306,6 +311,13 @@ TEST(Recipe, AwqMethodsSetAwqBeforeTheirRoundingAndStrayAwqOptionsAreErrors) {
   e.clear();
   for (const auto& i : issues_of(dir.write("d.yaml", q + "ptq:\n  method: awq\n  awq: {grid: 0}\n"))) e += i.to_string() + "\n";
   EXPECT_NE(e.find("ptq.awq.grid: value 0 is out of range"), std::string::npos) << e;
+  e.clear();
+  for (const auto& i : issues_of(dir.write("d2.yaml", q + "ptq:\n  method: awq\n  awq: {scales: dou}\n"))) e += i.to_string() + "\n";
+  EXPECT_NE(e.find("ptq.awq.scales"), std::string::npos) << e;
+  EXPECT_NE(e.find("duo"), std::string::npos) << e;
+  e.clear();
+  for (const auto& i : issues_of(dir.write("d3.yaml", q + "ptq:\n  method: gptq\n  awq: {objective: layer}\n"))) e += i.to_string() + "\n";
+  EXPECT_NE(e.find("ptq.awq: AWQ options without AWQ"), std::string::npos) << e;
   e.clear();
   for (const auto& i : issues_of(dir.write("e.yaml", q + "ptq:\n  method: awq+gtpq\n"))) e += i.to_string() + "\n";
   EXPECT_NE(e.find("e.yaml:5:11: ptq.method: 'awq+gtpq' is not valid (did you mean 'awq+gptq'?)"), std::string::npos) << e;
