@@ -101,7 +101,7 @@ int main(int argc, char** argv) {
     opt.world = &world;
     if (world.rank() != 0) {
       try {
-        private_dir = qforge::pipeline::make_rank_dir("/tmp");
+        private_dir = qforge::pipeline::make_rank_dir(std::filesystem::temp_directory_path().string());  // $TMPDIR or /tmp
       } catch (const std::exception& e) {
         std::fprintf(stderr, "%s: %s\n", who.c_str(), e.what());
         return 1;

@@ -38,7 +38,7 @@ void check_recorded_paths(const Recipe& r, const std::string& out_dir);
 std::vector<std::string> clear_run_outputs(const Recipe& r, const std::string& out_dir);
 
 // The private output directory of a rank other than 0 under torchrun (removed when it ends):
-// <tmp>/qtrain-rank-<pid>-XXXXXX, made by mkdtemp (mode 0700). A SIGKILLed rank cannot remove
+// <tmp>/qtrain-rank-<pid>-XXXXXX (qtrain's <tmp>: $TMPDIR, else /tmp), made by mkdtemp (mode 0700). A SIGKILLed rank cannot remove
 // its own, so folders of that form owned by this user whose pid no longer runs are removed
 // first (their names appended to `removed` when given). Throws naming `tmp` when none can be made.
 std::string make_rank_dir(const std::string& tmp, std::vector<std::string>* removed = nullptr);

@@ -2,7 +2,8 @@
 # qtrain as two ranks (the environment torchrun sets, without torchrun) on the small CNN W8A8
 # recipe with min/max calibration, from the float checkpoint of a one-process run:
 #   - the calibration dump equals the one-process run's bit for bit (same thread count),
-#   - report.json records world_size 2, rank 1 leaves no files behind,
+#   - report.json records world_size 2, rank 1 leaves no files behind (in its own $TMPDIR, so other
+#     2-rank runs on the machine cannot change the count),
 #   - float training over 2 ranks (SyncBatchNorm) writes the checkpoint once; a second 2-rank run
 #     resumes from it on every rank and evaluates the same float accuracy,
 #   - QAT over 2 ranks passes the replica check after every stage (observers included),
@@ -24,19 +25,26 @@ small=(--set data.max_train_examples=1024 --set data.max_eval_examples=256 --set
   { cat "$work/one.log"; exit 1; }
 port=$(/usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])' 2>/dev/null ||
        echo $((20000 + RANDOM % 20000)))
-before=$(ls /tmp | grep -c '^qtrain-rank-' || true)
+mkdir "$work/tmp"
 pids=()
 for r in 0 1; do
-  WORLD_SIZE=2 RANK=$r MASTER_ADDR=127.0.0.1 MASTER_PORT=$port QFORGE_DIST_TIMEOUT_S=120 \
+  TMPDIR="$work/tmp" WORLD_SIZE=2 RANK=$r MASTER_ADDR=127.0.0.1 MASTER_PORT=$port QFORGE_DIST_TIMEOUT_S=120 \
     "$QTRAIN" --recipe recipes/fmnist_cnn_int8.yaml --out "$work/two" "${small[@]}" > "$work/rank$r.log" 2>&1 &
   pids+=($!)
 done
+# Rank 1's private directory lives in its $TMPDIR while it runs (seconds: training and calibration).
+seen=""
+while kill -0 "${pids[1]}" 2>/dev/null; do
+  [ -n "$seen" ] || seen=$(ls "$work/tmp" | grep '^qtrain-rank-' || true)
+  sleep 0.1
+done
 for i in 0 1; do wait "${pids[$i]}" || { echo "rank $i failed:"; cat "$work/rank$i.log"; exit 1; }; done
+[ -n "$seen" ] || { echo "rank 1 made no private directory in its \$TMPDIR ($work/tmp)"; exit 1; }
 diff_out=$("$QDUMP" diff "$work/one/calibration.h5" "$work/two/calibration.h5" 2>&1)
 [ "$diff_out" = "no differences" ] || { echo "calibration differs from one process:"; echo "$diff_out" | head; exit 1; }
 grep -q '"world_size": 2' "$work/two/report.json" || { echo "report.json lacks world_size 2"; exit 1; }
-after=$(ls /tmp | grep -c '^qtrain-rank-' || true)
-[ "$after" -le "$before" ] || { echo "rank 1 left its private directory in /tmp"; exit 1; }
+left=$(ls "$work/tmp")
+[ -z "$left" ] || { echo "rank 1 left its private directory in \$TMPDIR: $left"; exit 1; }
 # Runs qtrain as ranks 0 and 1 in the background; pids in $pids, logs $work/$1.rank{0,1}.log.
 launch() {
   local name=$1; shift
