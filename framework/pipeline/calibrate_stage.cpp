@@ -65,7 +65,7 @@ void awq(RunContext& ctx) {
   ctx.report["timings_s"]["awq"] = ar.seconds;
   int folded = 0, identity = 0, duo = 0, block = 0;
   for (const ptq::AwqGroup& g : ar.groups) {
-    const bool scaled = g.alpha > 0 || g.duo;
+    const bool scaled = g.scaled();
     identity += !scaled;
     folded += scaled && g.scale_home != "pre_quant_scale";
     duo += g.duo;

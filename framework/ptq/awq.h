@@ -107,6 +107,8 @@ struct AwqGroup {
   std::vector<std::string> clipped;  // the layers whose clipping was searched (all but q/k and per-tensor grids)
   int64_t rows = 0;
   double seconds = 0;
+  // The search chose scales (α > 0, or the duo family); otherwise the layers kept the identity.
+  bool scaled() const { return alpha > 0 || duo; }
 };
 
 struct AwqReport {

@@ -127,18 +127,15 @@ class BlockStates {
   // E of the block objective for `layers` computing with `weights` (the rest of the block float).
   double error(int b, const std::vector<nn::LinearImpl*>& layers, const std::vector<at::Tensor>& weights) {
     move_to(b);
-    const std::vector<at::Tensor>& y = outputs();
+    outputs();
     const FloatView fv(model_);
     std::vector<std::unique_ptr<ScopedTensorSwap>> swaps;
     for (size_t i = 0; i < layers.size(); ++i)
       swaps.push_back(std::make_unique<ScopedTensorSwap>(layers[i]->weight, weights[i].to(layers[i]->weight.scalar_type())));
-    double num = 0, den = 0;
-    for (size_t i = 0; i < x_.size(); ++i) {
-      const at::Tensor yf = y[i].to(at::kDouble);
-      num += (block(b).forward(x_[i]).to(at::kDouble) - yf).pow(2).sum().item<double>();
-      den += yf.pow(2).sum().item<double>();
-    }
-    return den == 0 ? (num == 0 ? 0.0 : std::numeric_limits<double>::infinity()) : num / den;
+    double num = 0;
+    for (size_t i = 0; i < x_.size(); ++i)
+      num += (block(b).forward(x_[i]).to(at::kDouble) - y64_[i]).pow(2).sum().item<double>();
+    return den_ == 0 ? (num == 0 ? 0.0 : std::numeric_limits<double>::infinity()) : num / den_;
   }
 
  private:
@@ -148,12 +145,20 @@ class BlockStates {
     for (; at_ < b; ++at_) {
       x_ = outputs();
       y_.clear();
+      y64_.clear();
     }
   }
+  // The float block's outputs on x_ (computed once per block), with their float64 copies and
+  // Σ‖y‖², E's denominator, for the candidates' errors.
   const std::vector<at::Tensor>& outputs() {
     if (y_.empty()) {
       const FloatView fv(model_);
-      for (const at::Tensor& x : x_) y_.push_back(block(at_).forward(x).detach());
+      den_ = 0;
+      for (const at::Tensor& x : x_) {
+        y_.push_back(block(at_).forward(x).detach());
+        y64_.push_back(y_.back().to(at::kDouble));
+        den_ += y64_.back().pow(2).sum().item<double>();
+      }
     }
     return y_;
   }
@@ -161,7 +166,8 @@ class BlockStates {
   torch::nn::Module& model_;
   const BlockModel bm_;
   const std::vector<std::string> paths_;
-  std::vector<at::Tensor> x_, y_;
+  std::vector<at::Tensor> x_, y_, y64_;
+  double den_ = 0;
   int at_ = 0;
 };
 
@@ -316,7 +322,7 @@ void scale_group(const torch::nn::Module& model, InputGroup& g, const AwqOptions
   ag.rows = x.size(0);
   const at::Tensor& s = found.scale;
   std::string home_path;
-  const bool scaled = found.alpha > 0 || found.duo;
+  const bool scaled = ag.scaled();
   torch::nn::Module* home = scaled ? fold_home(model, g.paths, s.numel(), home_path) : nullptr;
   ag.scale_home = !scaled ? "none (identity)" : home ? home_path : "pre_quant_scale";
   if (scaled) {

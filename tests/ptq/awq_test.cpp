@@ -193,8 +193,6 @@ Scheme w4_g32() {
 }
 
 std::string leaf(const std::string& p) { return p.substr(p.rfind('.') + 1); }
-// The search chose a scale other than the identity (a duo candidate can win at α = 0).
-bool scaled(const AwqGroup& g) { return g.alpha > 0 || g.duo; }
 
 TEST(Awq, FoldingLeavesTheFloatLlamaUnchangedAndPutsEachScaleWhereItIsExact) {
   for (int64_t kv_heads : {4, 2}) {  // 2: grouped-query attention, v_proj narrower than o_proj's input
@@ -225,10 +223,10 @@ TEST(Awq, FoldingLeavesTheFloatLlamaUnchangedAndPutsEachScaleWhereItIsExact) {
       const std::string first = leaf(g.layers[0]);
       const std::string& expect_home = home.at(first);
       if (expect_home == "input_layernorm" || expect_home == "post_attention_layernorm") {
-        EXPECT_TRUE(scaled(g)) << g.layers[0];  // the planted outliers
+        EXPECT_TRUE(g.scaled()) << g.layers[0];  // the planted outliers
       }
       EXPECT_LE(g.error_scaled, g.error_rtn) << g.layers[0];
-      if (!scaled(g)) continue;
+      if (!g.scaled()) continue;
       EXPECT_EQ(expect_home == "pre_quant_scale" ? g.scale_home : leaf(g.scale_home), expect_home) << g.layers[0];
     }
   }
@@ -294,7 +292,7 @@ TEST(Awq, AFixedGridIsNoFoldingHome) {
   const AwqReport rep = awq(*m, 3, run, o);
   int checked = 0;
   for (const AwqGroup& g : rep.groups) {
-    if (leaf(g.layers[0]) != "down_proj" || !scaled(g)) continue;
+    if (leaf(g.layers[0]) != "down_proj" || !g.scaled()) continue;
     const bool fixed = g.layers[0] == "model.layers.0.mlp.down_proj";
     EXPECT_EQ(g.scale_home, fixed ? "pre_quant_scale" : "model.layers.1.mlp.up_proj") << g.layers[0];
     checked += fixed;
@@ -348,7 +346,7 @@ TEST(Awq, FoldingIntoGpt2LayerNormsLeavesTheFloatModelUnchanged) {
   int folded = 0;
   for (const AwqGroup& g : rep.groups)
     if (leaf(g.layers[0]) == "c_attn" || leaf(g.layers[0]) == "c_fc") {
-      EXPECT_TRUE(scaled(g)) << g.layers[0];
+      EXPECT_TRUE(g.scaled()) << g.layers[0];
       folded += leaf(g.scale_home) == "ln_1" || leaf(g.scale_home) == "ln_2";
     }
   EXPECT_EQ(folded, 4);
