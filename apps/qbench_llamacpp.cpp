@@ -70,8 +70,9 @@ Scheme decode_scheme(int bits) {
 // The Linear layers alone, as 32 decoded tokens call them (one row each, random inputs, k/v sharing
 // q's and up gate's): with the whole-model case of the same run, the split of a token's time
 // between the Linear kernels and everything else (norms, RoPE, attention over the cache, cache
-// appends, embedding, dispatch).
-Case linears_only(const std::shared_ptr<models::LlamaForCausalLM>& m) {
+// appends, embedding, dispatch). GPT-2's Linears each read their own row.
+template <class Model>
+Case linears_only(const std::string& shape, const std::shared_ptr<Model>& m) {
   std::vector<std::pair<nn::LinearImpl*, at::Tensor>> calls;
   for (const auto& item : (*m)->named_modules("", /*include_self=*/false)) {
     auto* lin = dynamic_cast<nn::LinearImpl*>(item.value().get());
@@ -89,7 +90,7 @@ Case linears_only(const std::shared_ptr<models::LlamaForCausalLM>& m) {
     for (int64_t t = 0; t < kLlamaDecode; ++t)
       for (const auto& [lin, x] : calls) lin->forward(x);
   };
-  return Case{"L2_H2048_linears_only_decode32_tokens", 0,
+  return Case{shape, 0,
               {{"qforge", with_decode(m->ptr(), DecodeActivations::kExact, run)},
                {"qforge-q8", with_decode(m->ptr(), DecodeActivations::kQ8Block32, run)}}};
 }
@@ -214,7 +215,7 @@ std::vector<Case> llama_decode_cases(int bits) {
   torch::manual_seed(1);
   const at::Tensor prompt = at::randint(0, 256, {1, kLlamaPrompt}, at::kLong);
   Case c = decode_case("L2_H2048_prompt16_decode32_tokens", m, prompt);
-  Case linears = linears_only(m);
+  Case linears = linears_only("L2_H2048_linears_only_decode32_tokens", m);
   linears.bytes = c.bytes;
   // The 512-token prefill from an empty cache, decode mode q8_block32 set (calls of 512 rows run
   // the block-32 GEMM on AVX-512 VNNI, the exact weight-only path elsewhere).
@@ -332,9 +333,11 @@ std::vector<Case> gpt2_gguf_decode_cases(int bits) {
   torch::manual_seed(1);
   const at::Tensor prompt = at::randint(0, cfg.vocab_size, {1, kLlamaPrompt}, at::kLong);
   Case c = decode_case("L12_H768_prompt16_decode32_tokens", m, prompt);
+  Case linears = linears_only("L12_H768_linears_only_decode32_tokens", m);
+  linears.bytes = c.bytes;
   const std::string modules = llamacpp_modules(row);
   if (!modules.empty()) c.impls.push_back({"llamacpp", llamacpp_run(modules, file.path, prompt, kLlamaDecode)});
-  return {c};
+  return {c, linears};
 }
 
 // The prefill GEMMs alone, at the Linear shapes of the 512-token prompt (q/o 2048 x 2048, gate/up

@@ -7,6 +7,9 @@
 #include <limits>
 
 #include "framework/core/error.h"
+#include "framework/nn/rms_norm.h"
+#include "kernels/cpu/linear_weight_only.h"
+#include "kernels/cpu/token_ops.h"
 
 namespace qforge::models {
 namespace {
@@ -52,6 +55,15 @@ at::Tensor masked_score(const at::Tensor& scores) {
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, scores.scalar_type(), "masked_score",
                                   [&] { lowest = static_cast<double>(std::numeric_limits<scalar_t>::lowest()); });
   return at::full({}, lowest, scores.options());
+}
+
+at::Tensor fused_causal_softmax(const at::Tensor& scores, int64_t past, int64_t window, double scale) {
+  QF_REQUIRE(scores.dim() == 4, "models: attention scores must be [B, H, T, S], got ", scores.sizes());
+  const int64_t T = scores.size(2), S = scores.size(3);
+  if (T > kernels::kWeightOnlyMaxM || T == 0 || S == 0 || !nn::token_ops_fusable({&scores})) return {};
+  at::Tensor w = scores.contiguous();
+  kernels::causal_softmax_f32({w.data_ptr<float>(), w.numel() / (T * S), T, S, past, window, static_cast<float>(scale)});
+  return w;
 }
 
 }  // namespace qforge::models

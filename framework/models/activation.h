@@ -1,5 +1,6 @@
 // HF's hidden_act / activation_function names (transformers' ACT2FN) for the models' MLPs: BERT,
-// GPT-2 and the Llama family read their activation here, and the value their masked attention scores take.
+// GPT-2 and the Llama family read their activation here, the value their masked attention scores
+// take, and the fused softmax of their decode-size attention calls.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -18,5 +19,13 @@ std::string activation_names();  // "silu, swish, ...", for error messages
 // HF's attention mask value torch.finfo(scores.dtype).min, a 0-dim tensor with scores' options
 // (float32's lowest overflows a half / bfloat16 twin).
 at::Tensor masked_score(const at::Tensor& scores);
+
+// The attention softmax of decode-size calls, fused (kernels::causal_softmax_f32, docs/kernels.md
+// §2.5b): for float CPU scores [B, H, T, S] with T <= kernels::kWeightOnlyMaxM outside autograd,
+// the probabilities of scores · scale where query i (position past + i) sees keys [lo, hi),
+// hi = past + i + 1, lo = window > 0 ? max(0, hi - window) : 0, and 0 elsewhere; within a few ulp of
+// the ATen ops (masked_score, softmax). Undefined where a call does not qualify: the caller's ATen
+// ops run then. So a short prompt's forward and its token-by-token decode run one kernel.
+at::Tensor fused_causal_softmax(const at::Tensor& scores, int64_t past, int64_t window, double scale);
 
 }  // namespace qforge::models

@@ -85,12 +85,19 @@ at::Tensor Gpt2AttentionImpl::forward(const at::Tensor& x, KvCache* cache, int64
   } else if (config.kv_cache.quantized()) {
     k = fake_quantize_kv(k, config.kv_cache), v = fake_quantize_kv(v, config.kv_cache);
   }
-  at::Tensor w = qk_matmul->forward(q, k.transpose(-1, -2)) / std::sqrt(static_cast<double>(D));
-  // HF masks future positions with finfo(dtype).min (not -inf, so fully masked rows stay finite).
-  // Query i sits at position past + i and sees keys 0 .. past + i.
-  const at::Tensor causal = at::ones({T, past + T}, x.options().dtype(at::kBool)).tril(past);
-  w = at::where(causal, w, masked_score(w));
-  const at::Tensor p = attn_dropout->forward(at::softmax(w, -1));
+  const at::Tensor scores = qk_matmul->forward(q, k.transpose(-1, -2));
+  const double root = std::sqrt(static_cast<double>(D));
+  // Decode-size calls: one fused kernel (scores · 1/√D: bit for bit HF's scores / √D where √D is a
+  // power of 2, D = 64 in GPT-2's sizes). Else HF's ops: future positions masked with
+  // finfo(dtype).min (not -inf, so fully masked rows stay finite); query i sits at position
+  // past + i and sees keys 0 .. past + i.
+  at::Tensor p = fused_causal_softmax(scores, past, 0, 1.0 / root);
+  if (!p.defined()) {
+    const at::Tensor w = scores / root;
+    const at::Tensor causal = at::ones({T, past + T}, x.options().dtype(at::kBool)).tril(past);
+    p = at::softmax(at::where(causal, w, masked_score(w)), -1);
+  }
+  p = attn_dropout->forward(p);
   const at::Tensor ctx = av_matmul->forward(p, v).permute({0, 2, 1, 3}).reshape({B, T, H * D});
   return resid_dropout->forward(c_proj->forward(ctx));
 }

@@ -110,13 +110,7 @@ void read_rope_parameters(const nlohmann::json& j, LlamaConfig& c) {
 at::Tensor attention_probs(const at::Tensor& scores, int64_t past, int64_t window, int64_t head_size) {
   const int64_t T = scores.size(2), S = scores.size(3);
   const double scale = std::pow(static_cast<double>(head_size), -0.5);
-  // Calls of decode size (the rows that q8_block32 activations quantize, so a short prompt's full
-  // forward and its token-by-token decode run the same kernel) one fused kernel; longer ones the ATen ops.
-  if (T <= kernels::kWeightOnlyMaxM && nn::token_ops_fusable({&scores})) {
-    at::Tensor w = scores.contiguous();
-    kernels::causal_softmax_f32({w.data_ptr<float>(), w.numel() / (T * S), T, S, past, window, static_cast<float>(scale)});
-    return w;
-  }
+  if (at::Tensor fused = fused_causal_softmax(scores, past, window, scale); fused.defined()) return fused;
   at::Tensor w = scores * scale;
   // Masked scores take the dtype's lowest value (finfo.min), as HF's mask does, so no row is all -inf.
   const at::Tensor ones = at::ones({T, S}, scores.options().dtype(at::kBool));

@@ -37,7 +37,9 @@ struct Kernel {
     const int64_t kblocks = w.kp / kS4BlockK;
     // One group may be K long with K % 8 != 0 (n16b32 with K < 32): it spans every block.
     const int64_t blocks_per_group = w.groups == 1 ? kblocks : w.group_size / kS4BlockK;
-    const TileOperands<MR, NR, uint8_t, float> op(w.data, nb0, s4_column_block_offset(w, 1), args.x, m0, args.ldx);
+    const int64_t stride = s4_column_block_offset(w, 1);
+    const TileOperands<MR, NR, uint8_t, float> op(w.data, nb0, stride, args.x, m0, args.ldx);
+    const int ahead_valid = blocks_ahead<NR>(nb0, (w.n + kS4BlockN - 1) / kS4BlockN);
     const __m512i nibble = _mm512_set1_epi8(kS4NibbleMask);
     const __m512i byte = _mm512_set1_epi32(kByteMask);
 
@@ -54,6 +56,13 @@ struct Kernel {
       fill_tile(s, _mm512_setzero_ps());
       const int64_t kb_end = chunk_end(g, blocks_per_group, kblocks);
       for (int64_t kb = g * blocks_per_group; kb < kb_end; ++kb) {
+        // The next tile's codes (prefetch_ahead): n16b32 a pair (its scales too) every 8 octs.
+        if constexpr (L == S4Layout::kN16B32) {
+          if (kb % (2 * kS4B32Octs) == 0)
+            prefetch_ahead<NR>(op.w, ahead_valid, NR * stride, kb / (2 * kS4B32Octs) * kS4B32PairBytes, kS4B32PairBytes);
+        } else {
+          prefetch_ahead<NR>(op.w, ahead_valid, NR * stride, kb * kS4BlockBytes, kS4BlockBytes);
+        }
         __m512i half[NR][2];
         #pragma GCC unroll 16
         for (int c = 0; c < NR; ++c) {

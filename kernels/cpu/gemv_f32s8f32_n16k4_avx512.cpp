@@ -32,12 +32,15 @@ struct Kernel {
   static void tile(const GemvF32S8Args& args, int64_t m0, int64_t nb0) {
     const S8N16K4View& w = args.w;
     const int64_t kblocks = w.kp / kS8BlockK;
-    const TileOperands<MR, NR, int8_t, float> op(w.data, nb0, kblocks * kS8BlockBytes, args.x, m0, args.ldx);
+    const int64_t stride = kblocks * kS8BlockBytes;
+    const TileOperands<MR, NR, int8_t, float> op(w.data, nb0, stride, args.x, m0, args.ldx);
+    const int ahead_valid = blocks_ahead<NR>(nb0, (w.n + kS8BlockN - 1) / kS8BlockN);
 
     __m512 t[MR][NR];
     fill_tile(t, _mm512_setzero_ps());
 
     for (int64_t kb = 0; kb < kblocks; ++kb) {
+      prefetch_ahead<NR>(op.w, ahead_valid, NR * stride, kb * kS8BlockBytes, kS8BlockBytes);  // the next tile's
       __m512i v[NR];
       #pragma GCC unroll 16
       for (int c = 0; c < NR; ++c) v[c] = _mm512_loadu_si512(op.w[c] + kb * kS8BlockBytes);

@@ -26,7 +26,9 @@ struct Kernel {
     const S8GroupView& w = args.w;
     const int64_t quads = w.kp / kS8BlockK;
     const int64_t quads_per_group = w.groups == 1 ? quads : w.group_size / kS8BlockK;
-    const TileOperands<MR, NR, int8_t, float> op(w.data, nb0, quads * kS8BlockBytes, args.x, m0, args.ldx);
+    const int64_t stride = quads * kS8BlockBytes;
+    const TileOperands<MR, NR, int8_t, float> op(w.data, nb0, stride, args.x, m0, args.ldx);
+    const int ahead_valid = blocks_ahead<NR>(nb0, (w.n + kS8BlockN - 1) / kS8BlockN);  // prefetch_ahead
     __m256 t[MR][H];
     fill_tile(t, _mm256_setzero_ps());
     for (int64_t g = 0; g < w.groups; ++g) {
@@ -37,6 +39,7 @@ struct Kernel {
       fill_tile(s, _mm256_setzero_ps());
       const int64_t q_end = chunk_end(g, quads_per_group, quads);
       for (int64_t kq = g * quads_per_group; kq < q_end; ++kq) {
+        prefetch_ahead<NR>(op.w, ahead_valid, NR * stride, kq * kS8BlockBytes, kS8BlockBytes);
         __m256i v[H];
         #pragma GCC unroll 16
         for (int h = 0; h < H; ++h)

@@ -15,8 +15,8 @@ namespace qforge::kernels::detail {
 
 namespace {
 
-
-// One row: up to 4 column blocks. Several rows: one column block times up to 4 rows.
+// One row: up to 4 column blocks. Several rows: one column block times up to 4 rows. Each tile
+// prefetches the next tile's first codes (prefetch_ahead).
 struct Kernel {
   using Args = GemvQ8S8Args;
   static constexpr int kMaxRows = 4;
@@ -27,7 +27,9 @@ struct Kernel {
   static void tile(const GemvQ8S8Args& args, int64_t m0, int64_t nb0) {
     const S8N16K4View& w = args.w;
     const int64_t quads = w.kp / kS8BlockK;
-    const TileOperands<MR, NR, int8_t, int8_t> op(w.data, nb0, quads * kS8BlockBytes, args.q, m0, args.ldq);
+    const int64_t stride = quads * kS8BlockBytes;
+    const TileOperands<MR, NR, int8_t, int8_t> op(w.data, nb0, stride, args.q, m0, args.ldq);
+    const int ahead_valid = blocks_ahead<NR>(nb0, (w.n + kS8BlockN - 1) / kS8BlockN);
     __m512i offset[NR];
     #pragma GCC unroll 16
     for (int c = 0; c < NR; ++c) offset[c] = _mm512_set1_epi32(kWeightOffset);
@@ -36,7 +38,9 @@ struct Kernel {
 
     for (int64_t b = 0; b < args.kb; ++b) {
       __m512i acc[MR][NR];
-      q8_flipped_dot<MR, NR>(op.w, op.a, b * kQuadsPerBlock, chunk_end(b, kQuadsPerBlock, quads), acc);
+      const int64_t q0 = b * kQuadsPerBlock;
+      prefetch_ahead<NR>(op.w, ahead_valid, NR * stride, q0 * kS8BlockBytes, kQuadsPerBlock * kS8BlockBytes);
+      q8_flipped_dot<MR, NR>(op.w, op.a, q0, chunk_end(b, kQuadsPerBlock, quads), acc);
       q8_fold_block<MR, NR>(args.s, args.d, args.kb, m0, b, acc, offset, u);
     }
 

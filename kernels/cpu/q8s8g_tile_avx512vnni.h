@@ -34,7 +34,10 @@ struct Q8S8GTile {
     const S8GroupView& w = args.w;
     const int64_t quads = w.kp / kS8BlockK;
     const int64_t blocks_per_group = w.groups == 1 ? args.kb : w.group_size / kQ8Block;
-    const TileOperands<MR, NR, int8_t, int8_t> op(w.data, nb0, quads * kS8BlockBytes, args.q, m0, args.ldq);
+    const int64_t stride = quads * kS8BlockBytes;
+    const TileOperands<MR, NR, int8_t, int8_t> op(w.data, nb0, stride, args.q, m0, args.ldq);
+    // The GEMV's tiles prefetch the next tile's codes (prefetch_ahead); the GEMM's panels reuse theirs.
+    const int ahead_valid = kShare ? blocks_ahead<NR>(nb0, (w.n + kS8BlockN - 1) / kS8BlockN) : 0;
     __m512 t[MR][NR];
     q8_group_tile<MR, NR>(
         args, m0, w.groups, blocks_per_group,
@@ -46,7 +49,9 @@ struct Q8S8GTile {
           }
         },
         [&](int64_t b, __m512i (&acc)[MR][NR]) __attribute__((always_inline)) {
-          q8_flipped_dot<MR, NR>(op.w, op.a, b * kQuadsPerBlock, chunk_end(b, kQuadsPerBlock, quads), acc);
+          const int64_t q0 = b * kQuadsPerBlock;
+          prefetch_ahead<NR>(op.w, ahead_valid, NR * stride, q0 * kS8BlockBytes, kQuadsPerBlock * kS8BlockBytes);
+          q8_flipped_dot<MR, NR>(op.w, op.a, q0, chunk_end(b, kQuadsPerBlock, quads), acc);
         },
         t);
     store_columns<MR, NR>(args.y, args.ldy, m0, nb0, w.n, nullptr, args.bias,

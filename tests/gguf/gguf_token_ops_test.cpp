@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "framework/core/error.h"
+#include "framework/models/gpt2.h"
 #include "framework/models/kv_cache.h"
 #include "framework/models/llama.h"
 #include "framework/nn/linear.h"
@@ -134,6 +135,24 @@ TEST(GgufTokenOps, SoftmaxExpIsWithinTwoUlp) {
   EXPECT_EQ(detail::exp_nonpositive(-std::numeric_limits<float>::infinity()), 0.0f);
 }
 
+// A model's no-grad forward (fused ops) against its recorded one (autograd: the ATen ops), within
+// 1e-5 of the logits' range and not bit-equal (the fused ops ran); then a 5-token prompt and one
+// token at a time through a cache, against the fused forward.
+template <class Model>
+void expect_fused_forward_and_decode(Model& m, const at::Tensor& ids) {
+  const at::Tensor aten = m->forward(ids);
+  EXPECT_TRUE(aten.requires_grad());
+  at::NoGradGuard ng;
+  const at::Tensor fused = m->forward(ids);
+  const double scale = aten.abs().max().item<double>();
+  EXPECT_LT((fused - aten.detach()).abs().max().item<double>(), 1e-5 * scale);
+  EXPECT_FALSE(at::equal(fused, aten.detach())) << "the fused ops did not run";
+  models::KvCache cache;
+  std::vector<at::Tensor> steps = {m->forward(ids.narrow(1, 0, 5), &cache)};
+  for (int64_t t = 5; t < ids.size(1); ++t) steps.push_back(m->forward(ids.narrow(1, t, 1), &cache));
+  EXPECT_LT((at::cat(steps, 1) - fused).abs().max().item<double>(), 1e-5 * scale);
+}
+
 TEST(GgufTokenOps, LlamaWithFusedOpsMatchesTheAtenForwardAndDecodesLikeItsFullForward) {
   models::LlamaConfig c;
   c.vocab_size = 64, c.hidden_size = 64, c.intermediate_size = 128, c.num_hidden_layers = 2;
@@ -141,18 +160,26 @@ TEST(GgufTokenOps, LlamaWithFusedOpsMatchesTheAtenForwardAndDecodesLikeItsFullFo
   at::manual_seed(7);
   models::LlamaForCausalLM m(c);
   m->eval();
-  const at::Tensor ids = at::randint(0, 64, {2, 12}, at::kLong);
-  const at::Tensor aten = m->forward(ids);  // autograd records: the ATen ops run
-  ASSERT_TRUE(aten.requires_grad());
+  expect_fused_forward_and_decode(m, at::randint(0, 64, {2, 12}, at::kLong));
+}
+
+// GPT-2 takes the fused softmax of decode-size calls too: head_dim 6, so 1/√6 · scores is not
+// bit for bit HF's scores / √6 and only the few-ulp bound holds.
+TEST(GgufTokenOps, Gpt2WithTheFusedSoftmaxMatchesTheAtenForwardAndDecodesLikeItsFullForward) {
+  models::Gpt2Config c;
+  c.vocab_size = 50, c.n_positions = 32, c.n_embd = 24, c.n_layer = 2, c.n_head = 4;
+  at::manual_seed(11);
+  models::Gpt2LMHeadModel m(c);
+  m->eval();
+  expect_fused_forward_and_decode(m, at::randint(0, 50, {2, 12}, at::kLong));
   at::NoGradGuard ng;
-  const at::Tensor fused = m->forward(ids);
-  const double scale = aten.abs().max().item<double>();
-  EXPECT_LT((fused - aten.detach()).abs().max().item<double>(), 1e-5 * scale);
-  EXPECT_FALSE(at::equal(fused, aten.detach())) << "the fused kernels did not run";
-  models::KvCache cache;
-  std::vector<at::Tensor> steps = {m->forward(ids.narrow(1, 0, 5), &cache)};
-  for (int64_t t = 5; t < 12; ++t) steps.push_back(m->forward(ids.narrow(1, t, 1), &cache));
-  EXPECT_LT((at::cat(steps, 1) - fused).abs().max().item<double>(), 1e-5 * scale);
+  // A prompt longer than kWeightOnlyMaxM runs the ATen ops, decoding on from it the fused kernel.
+  const at::Tensor long_ids = at::randint(0, 50, {1, 24}, at::kLong);
+  const at::Tensor full = m->forward(long_ids);
+  models::Gpt2KvCache long_cache;
+  std::vector<at::Tensor> parts = {m->forward(long_ids.narrow(1, 0, 20), &long_cache)};
+  for (int64_t t = 20; t < 24; ++t) parts.push_back(m->forward(long_ids.narrow(1, t, 1), &long_cache));
+  EXPECT_LT((at::cat(parts, 1) - full).abs().max().item<double>(), 1e-5 * full.abs().max().item<double>());
 }
 
 // A q projection narrower than heads x head_dim: the in-place RoPE kernel would write past it, so
