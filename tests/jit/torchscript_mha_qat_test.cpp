@@ -115,7 +115,9 @@ TEST(TorchScriptMhaQat, GradientsReachInProjAndOutProjAsPyTorchsAutogradGivesThe
                     relative_error(float_grads.at(name), float_ref.at(name)));
         EXPECT_LE(error, 1e-6) << name;
         // head.bias's gradient is sum(r) whatever the weights; every other one depends on them.
-        if (name != "head.bias") EXPECT_FALSE(at::equal(grads.at(name), float_grads.at(name))) << name;
+        if (name != "head.bias") {
+          EXPECT_FALSE(at::equal(grads.at(name), float_grads.at(name))) << name;
+        }
       }
     }
   }

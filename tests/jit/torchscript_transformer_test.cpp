@@ -97,7 +97,9 @@ TEST(TorchScriptTransformer, DynamicInt8CloseToFloatAndToPyTorchsDynamicInt8Froz
     qforge::freeze(*m);
     for (const auto& l : m->layers()) {
       EXPECT_TRUE(l->layer().frozen()) << l->path();
-      if (l->spec().kind == LayerKind::kLinear) EXPECT_EQ(l->layer().plan().path, qforge::LinearPath::kS8Dynamic) << l->path();
+      if (l->spec().kind == LayerKind::kLinear) {
+        EXPECT_EQ(l->layer().plan().path, qforge::LinearPath::kS8Dynamic) << l->path();
+      }
     }
     // The integer kernels against fake-quant: per-token int8 activations round a value the other
     // way where float summation orders differ, and 14 layers carry such flips on (measured 0.0056).

@@ -98,7 +98,9 @@ TEST(OnnxExport, ScalesAndCodesEqualTheCheckpointBitForBit) {
       }
     }
     EXPECT_GT(weights, 0) << f.name;
-    if (f.name != "gpt2") EXPECT_GT(activations, 0) << f.name;
+    if (f.name != "gpt2") {
+      EXPECT_GT(activations, 0) << f.name;
+    }
     // Every layer is listed with how it was written.
     EXPECT_EQ(info.layers.size(), quantizable_layers(*fresh.model).size()) << f.name;
   }
@@ -238,7 +240,9 @@ TEST(OnnxExport, QdqPatternsOnnxRuntimeFusesNarrowGridInFloatInt32BiasRequantize
     if (n.op_type() == "Clip") {
       ++grid_clips;
       ASSERT_TRUE(producer.count(n.input(0)) || n.input(0) == "input") << n.name();
-      if (producer.count(n.input(0))) EXPECT_NE(producer[n.input(0)]->op_type(), "QuantizeLinear") << n.name();
+      if (producer.count(n.input(0))) {
+        EXPECT_NE(producer[n.input(0)]->op_type(), "QuantizeLinear") << n.name();
+      }
     }
     if (n.op_type() == "Conv") {
       ASSERT_EQ(consumers[n.output(0)].size(), 1u) << n.name();

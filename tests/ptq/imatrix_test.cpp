@@ -101,7 +101,9 @@ TEST(Imatrix, CalibrationDumpKeepsItAndDumpsWithoutItHaveNone) {
     const ImatrixEntry& b = back->at(path);
     EXPECT_TRUE(at::equal(b.sum_sq, e.sum_sq)) << path;
     EXPECT_EQ(b.sum.defined(), e.sum.defined()) << path;
-    if (e.sum.defined()) EXPECT_TRUE(at::equal(b.sum, e.sum)) << path;
+    if (e.sum.defined()) {
+      EXPECT_TRUE(at::equal(b.sum, e.sum)) << path;
+    }
     EXPECT_EQ(b.count, e.count) << path;
   }
   io::save_calibration_dump(dir.file("none.h5"), {});
