@@ -91,15 +91,6 @@ std::vector<Case> cases(bool int4, bool vs_libtorch_int8) {
 // ---- The decode regime: GEMVs over a stack of distinct weight matrices far larger than the
 // last-level cache, one GEMV per matrix in turn, as a model of many layers decodes a token. ----
 
-// The last-level cache the OS reports (sysconf), or QFORGE_LLC_BYTES; 32 MiB when neither says.
-int64_t llc_bytes() {
-  if (const char* e = std::getenv("QFORGE_LLC_BYTES")) return std::atoll(e);
-  const long v = sysconf(_SC_LEVEL3_CACHE_SIZE);
-  return v > 0 ? v : int64_t{32} << 20;
-}
-
-int64_t physical_memory_bytes() { return static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE); }
-
 constexpr int64_t kColdK = 4096, kColdN = 4096;
 
 // Matrices in the stack: enough for the int8 weights to cover 4x the last-level cache (at least
@@ -125,8 +116,7 @@ std::vector<Case> cold_cases(bool int4) {
   }
   // The limit: a memcpy moving the qforge weights' bytes (half read, half written) through DRAM,
   // over the same threads as the kernels.
-  auto src = std::make_shared<std::vector<char>>(static_cast<size_t>(qbytes / 2), 1);
-  auto dst = std::make_shared<std::vector<char>>(static_cast<size_t>(qbytes / 2), 0);
+  const std::function<void()> limit = cold_memcpy(qbytes, 1);
   const std::string shape = std::to_string(layers) + "x" + std::to_string(kColdN) + "x" + std::to_string(kColdK) + " (" +
                             std::to_string(qbytes >> 20) + " MiB, " +
                             std::to_string(static_cast<double>(qbytes) / static_cast<double>(llc_bytes())).substr(0, 4) +
@@ -138,9 +128,7 @@ std::vector<Case> cold_cases(bool int4) {
   c.impls.push_back({"qforge", [x, frozen] {
                        for (const auto& lin : frozen) lin->forward(x);
                      }});
-  c.impls.push_back({"limit", [src, dst] {
-                       parallel_memcpy(dst->data(), src->data(), static_cast<int64_t>(src->size()));
-                     }});
+  c.impls.push_back({"limit", limit});
   return {c};
 }
 
@@ -189,8 +177,7 @@ std::vector<Case> kmeans_cases() {
     i4.push_back(frozen_weight_only(w32.back(), qint4));
     qbytes += km.back()->storage_bytes();
   }
-  auto src = std::make_shared<std::vector<char>>(static_cast<size_t>(qbytes / 2), 1);
-  auto dst = std::make_shared<std::vector<char>>(static_cast<size_t>(qbytes / 2), 0);
+  const std::function<void()> limit = cold_memcpy(qbytes, 1);
   Case c{"cold " + std::to_string(layers) + "x4096x4096 (" + std::to_string(qbytes >> 20) + " MiB k-means, " +
              std::to_string(static_cast<double>(qbytes) / static_cast<double>(llc_bytes())).substr(0, 4) + "x LLC)",
          static_cast<double>(qbytes), {}};
@@ -203,9 +190,7 @@ std::vector<Case> kmeans_cases() {
   c.impls.push_back({"qforge", [x, km] {
                        for (const auto& lin : km) lin->forward(x);
                      }});
-  c.impls.push_back({"limit", [src, dst] {
-                       parallel_memcpy(dst->data(), src->data(), static_cast<int64_t>(src->size()));
-                     }});
+  c.impls.push_back({"limit", limit});
   out.push_back(std::move(c));
   return out;
 }

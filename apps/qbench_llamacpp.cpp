@@ -175,7 +175,8 @@ struct TempGguf {
 // The decode case of a frozen model (Llama or GPT-2): `prompt` in a cache, then 32 tokens decoded
 // greedily one at a time; impls qforge (exact activations), qforge-q8 (block-32 int8 activations)
 // and limit. Bytes: every frozen Linear's packed weights once per token (the embedding rows and
-// the key/value cache add under 1 %), which the limit impl moves at memcpy speed.
+// the key/value cache add under 1 %), which the limit impl moves at memcpy speed from DRAM
+// (cold_memcpy: a pass per token, none finding the last one's bytes in cache).
 template <class Model>
 Case decode_case(const std::string& shape, const std::shared_ptr<Model>& m, const at::Tensor& prompt) {
   auto cache = std::make_shared<models::KvCache>();
@@ -198,13 +199,7 @@ Case decode_case(const std::string& shape, const std::shared_ptr<Model>& m, cons
   };
   c.impls.push_back({"qforge", with_decode(m->ptr(), DecodeActivations::kExact, qforge_run)});
   c.impls.push_back({"qforge-q8", with_decode(m->ptr(), DecodeActivations::kQ8Block32, qforge_run)});
-  // Half read, half written, as the other limit rows (qbench_linear.cpp's cold GEMVs).
-  auto src = std::make_shared<std::vector<char>>(static_cast<size_t>(per_token / 2), 1);
-  auto dst = std::make_shared<std::vector<char>>(static_cast<size_t>(per_token / 2), 0);
-  c.impls.push_back({"limit", [src, dst] {
-                       for (int64_t t = 0; t < kLlamaDecode; ++t)
-                         parallel_memcpy(dst->data(), src->data(), static_cast<int64_t>(src->size()));
-                     }});
+  c.impls.push_back({"limit", cold_memcpy(per_token, kLlamaDecode)});
   return c;
 }
 
@@ -354,7 +349,7 @@ std::vector<Case> llama_prefill_gemm_cases() {
   constexpr int64_t kGroup = 32;
   torch::manual_seed(3);
   std::vector<Case> out;
-  for (const std::string& form : {std::string("q4"), std::string("q8"), std::string("q8g")}) {
+  for (const std::string& form : {std::string("q4"), std::string("q4_0"), std::string("q8"), std::string("q8g")}) {
     for (const Shape sh : {Shape{2048, 2048}, Shape{8192, 2048}, Shape{2048, 8192}}) {
       const at::Tensor x = at::randn({kLlamaPrefill, sh.k}), w = at::randn({sh.n, sh.k}) * 0.02;
       const at::Tensor group_scales = (at::rand({sh.n, sh.k / kGroup}) * 0.01 + 0.001).to(at::kHalf).to(at::kFloat);
@@ -363,9 +358,11 @@ std::vector<Case> llama_prefill_gemm_cases() {
         exact = [x, packed] { packed->run_weight_only(x); };
         q8 = [x, packed] { packed->run_decode(x); };
       };
-      if (form == "q4") {
+      if (form == "q4" || form == "q4_0") {  // q4_0: the one-stream form a GGUF Q4_0 file loads as
         const at::Tensor q = at::randint(-8, 8, {sh.n, sh.k}).to(at::kChar);
-        impls(std::make_shared<kernels::PackedLinearS4>(q, group_scales, at::Tensor(), kGroup));
+        impls(std::make_shared<kernels::PackedLinearS4>(
+            q, group_scales, at::Tensor(), kGroup, at::Tensor(), qint4,
+            form == "q4_0" ? kernels::S4Layout::kN16B32 : kernels::S4Layout::kN16K8));
       } else if (form == "q8g") {
         const at::Tensor q = at::randint(-127, 128, {sh.n, sh.k}).to(at::kChar);
         impls(std::make_shared<kernels::PackedLinearS8G>(q, group_scales, at::Tensor(), kGroup));

@@ -10,10 +10,14 @@
 #include "framework/nn/linear.h"
 
 #include <ATen/Parallel.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <vector>
 
 namespace qforge::bench {
 
@@ -23,6 +27,40 @@ inline void parallel_memcpy(char* dst, const char* src, int64_t bytes) {
   at::parallel_for(0, bytes, int64_t{1} << 22, [&](int64_t b, int64_t e) {
     std::memcpy(dst + b, src + b, static_cast<size_t>(e - b));
   });
+}
+
+// The last-level cache the OS reports (sysconf), or QFORGE_LLC_BYTES; 32 MiB when neither says.
+inline int64_t llc_bytes() {
+  if (const char* e = std::getenv("QFORGE_LLC_BYTES")) return std::atoll(e);
+  const long v = sysconf(_SC_LEVEL3_CACHE_SIZE);
+  return v > 0 ? v : int64_t{32} << 20;
+}
+
+inline int64_t physical_memory_bytes() {
+  return static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE);
+}
+
+// The memory limit of work that reads `bytes` from DRAM per pass, `passes` times (a decoded token
+// reading every weight once): each pass a parallel_memcpy of bytes / 2 (half read, half written),
+// on a source/destination pair the passes just before it did not touch. The pairs rotate over a
+// pool of at least 4x the last-level cache (at most an eighth of physical memory), so every pass
+// meets DRAM as a model's weights do between tokens. One pair reused is not that: glibc copies
+// large blocks with non-temporal stores, so the source stays in cache when it is near the cache's
+// size (GPT-2 small's Q4 token, 74 MB: 32 passes took 49.5 ms on one pair, 62.6 ms rotating, one
+// 32 MiB L3 per CCD; docs/performance.md "The memory limit, cold").
+inline std::function<void()> cold_memcpy(int64_t bytes, int64_t passes) {
+  const int64_t half = std::max<int64_t>(1, bytes / 2);
+  const int64_t fit = std::max<int64_t>(1, physical_memory_bytes() / 8 / (2 * half));
+  const int64_t pairs = std::clamp<int64_t>((4 * llc_bytes() + 2 * half - 1) / (2 * half), 1, fit);
+  auto src = std::make_shared<std::vector<char>>(static_cast<size_t>(half * pairs), 1);
+  auto dst = std::make_shared<std::vector<char>>(static_cast<size_t>(half * pairs), 0);
+  auto next = std::make_shared<int64_t>(0);
+  return [src, dst, next, half, pairs, passes] {
+    for (int64_t p = 0; p < passes; ++p) {
+      const int64_t i = (*next)++ % pairs;
+      parallel_memcpy(dst->data() + i * half, src->data() + i * half, half);
+    }
+  };
 }
 
 // BERT-base: hidden 768, 12 heads, FFN 3072, `layers` layers, no dropout.

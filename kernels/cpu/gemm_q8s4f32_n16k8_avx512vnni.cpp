@@ -39,20 +39,38 @@ struct Kernel {
       #pragma GCC unroll 16
       for (int c = 0; c < NR; ++c) acc[r][c] = _mm512_dpwssd_epi32(_mm512_setzero_si512(), zneg[c], s);
     }
-    const int64_t o_end = chunk_end(b, kOctsPerBlock, octs);
-    for (int64_t o = b * kOctsPerBlock; o < o_end; ++o) {
+    // The block's octs lie 64 bytes apart in either layout: one base address per operand, and a
+    // constant trip count for whole blocks. Computing each n16b32 oct's offset (divisions by the
+    // pair) in a loop of run-time length made GCC 12 also copy the accumulators every oct: the
+    // n16b32 GEMM took 1.08-1.21x the n16k8 one's time, now 0.82-0.90x (qbench
+    // model_llama_prefill_gemm, q4_0 against q4 rows of one run, docs/performance.md).
+    const int64_t o0 = b * kOctsPerBlock;
+    const uint8_t* wp[NR];
+    const int8_t* ap[MR];
+    #pragma GCC unroll 16
+    for (int c = 0; c < NR; ++c) wp[c] = op.w[c] + s4_oct_offset<L>(o0);
+    #pragma GCC unroll 16
+    for (int r = 0; r < MR; ++r) ap[r] = op.a[r] + o0 * kS4BlockK;
+    const auto oct = [&](int64_t i) __attribute__((always_inline)) {
       #pragma GCC unroll 16
       for (int c = 0; c < NR; ++c) {
-        const __m512i v = _mm512_loadu_si512(op.w[c] + s4_oct_offset<L>(o));
+        const __m512i v = _mm512_loadu_si512(wp[c] + i * kS4BlockBytes);
         const __m512i lo = _mm512_and_si512(v, nibble);
         const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, kS4NibbleBits), nibble);
         #pragma GCC unroll 16
         for (int r = 0; r < MR; ++r) {
-          acc[r][c] = _mm512_dpbusd_epi32(acc[r][c], lo, _mm512_set1_epi32(load_u32(op.a[r] + o * kS4BlockK)));
+          acc[r][c] = _mm512_dpbusd_epi32(acc[r][c], lo, _mm512_set1_epi32(load_u32(ap[r] + i * kS4BlockK)));
           acc[r][c] = _mm512_dpbusd_epi32(acc[r][c], hi,
-                                          _mm512_set1_epi32(load_u32(op.a[r] + o * kS4BlockK + kS8BlockK)));
+                                          _mm512_set1_epi32(load_u32(ap[r] + i * kS4BlockK + kS8BlockK)));
         }
       }
+    };
+    const int64_t n = chunk_end(b, kOctsPerBlock, octs) - o0;
+    if (n == kOctsPerBlock) {
+      #pragma GCC unroll 4
+      for (int64_t i = 0; i < kOctsPerBlock; ++i) oct(i);
+    } else {
+      for (int64_t i = 0; i < n; ++i) oct(i);
     }
     #pragma GCC unroll 16
     for (int r = 0; r < MR; ++r) {
