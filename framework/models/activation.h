@@ -28,4 +28,15 @@ at::Tensor masked_score(const at::Tensor& scores);
 // ops run then. So a short prompt's forward and its token-by-token decode run one kernel.
 at::Tensor fused_causal_softmax(const at::Tensor& scores, int64_t past, int64_t window, double scale);
 
+// The whole attention of decode-size calls, fused (kernels::attention_f32): q [B, KV, rep · T, D]
+// (the rep query heads sharing key/value head kv stacked, as Llama's grouped-query product reads
+// them; GPT-2: KV = H, rep = 1), k / v [B, KV, S, D] (a cache's views: rows of D contiguous
+// floats) -> the context [B, KV, rep · T, D] of softmax(q · kᵀ · scale over the keys each query
+// sees) · v, query i of T at position S − T + i, within a few ulp of the two matmuls and the
+// softmax. Under fused_causal_softmax's conditions (float CPU, T <= kWeightOnlyMaxM, outside
+// autograd), else undefined and the caller's ops run; callers pass only unquantized products
+// (a quantized nn::MatMul keeps its own forward).
+at::Tensor fused_decode_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t T,
+                                  int64_t window, double scale);
+
 }  // namespace qforge::models

@@ -291,6 +291,12 @@ at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x, const RopeTables& ro
   // Grouped-query attention without repeating keys and values: the `rep` query heads sharing a
   // key/value head stack their rows, so each product is the one HF's repeated heads compute.
   const at::Tensor qg = q.reshape({B, KV, rep * T, D});
+  // Decode-size calls with float products: the whole attention in one kernel (activation.h).
+  if (!qk_matmul->quantized() && !av_matmul->quantized()) {
+    const double scale = std::pow(static_cast<double>(D), -0.5);
+    if (const at::Tensor ctx = fused_decode_attention(qg, k, v, T, config.attention_window(layer), scale); ctx.defined())
+      return o_proj->forward(ctx.view({B, H, T, D}).transpose(1, 2).reshape({B, T, H * D}));
+  }
   const at::Tensor scores = qk_matmul->forward(qg, k.transpose(-1, -2)).view({B, H, T, S});
   const at::Tensor p = attention_probs(scores, past, config.attention_window(layer), D).to(v.scalar_type());
   const at::Tensor ctx = av_matmul->forward(p.view({B, KV, rep * T, S}), v).view({B, H, T, D});

@@ -69,6 +69,40 @@ void softmax_rows(const SoftmaxProblem& p, int64_t r0, int64_t r1) {
   }
 }
 
+// A group's key / value rows (AttentionProblem).
+const float* group_rows(const float* base, const AttentionProblem& p, int64_t g, int64_t batch_stride,
+                        int64_t head_stride) {
+  return base + g / p.heads * batch_stride + g % p.heads * head_stride;
+}
+
+void attention_groups(const AttentionProblem& p, int64_t g0, int64_t g1) {
+  for (int64_t g = g0; g < g1; ++g) {
+    const float* k = group_rows(p.k, p, g, p.k_batch_stride, p.k_head_stride);
+    const float* v = group_rows(p.v, p, g, p.v_batch_stride, p.v_head_stride);
+    float* w = p.scores + g * p.rows * p.S;
+    const SoftmaxProblem sp{w, p.rows / p.T, p.T, p.S, p.past, p.window, p.scale};
+    for (int64_t i = 0; i < p.rows; ++i) {
+      const float* q = p.q + (g * p.rows + i) * p.D;
+      const int64_t hi = std::min(p.S, p.past + i % p.T + 1), lo = p.window > 0 ? std::max<int64_t>(0, hi - p.window) : 0;
+      for (int64_t j = lo; j < hi; ++j) {
+        float acc[kTokenOpLanes] = {};
+        for (int64_t d = 0; d < p.D; ++d) acc[d % kL] = acc[d % kL] + q[d] * k[j * p.k_row_stride + d];
+        w[i * p.S + j] = fold_lanes(acc);
+      }
+    }
+    softmax_rows(sp, 0, p.rows);
+    for (int64_t i = 0; i < p.rows; ++i) {
+      float* out = p.out + (g * p.rows + i) * p.D;
+      std::fill(out, out + p.D, 0.0f);
+      const int64_t hi = std::min(p.S, p.past + i % p.T + 1), lo = p.window > 0 ? std::max<int64_t>(0, hi - p.window) : 0;
+      for (int64_t j = lo; j < hi; ++j) {
+        const float pj = w[i * p.S + j];
+        for (int64_t d = 0; d < p.D; ++d) out[d] = out[d] + pj * v[j * p.v_row_stride + d];
+      }
+    }
+  }
+}
+
 template <void (*kRows)(const RmsNormProblem&, int64_t, int64_t)>
 void run_rms_norm(const RmsNormProblem& p) {
   detail::parallel_over(p.rows, std::max<int64_t>(1, kElementsPerTask / p.dim), [&](int64_t b, int64_t e) { kRows(p, b, e); });
@@ -84,11 +118,18 @@ void run_softmax(const SoftmaxProblem& p) {
                         [&](int64_t b, int64_t e) { kRows(p, b, e); });
 }
 
+template <void (*kGroups)(const AttentionProblem&, int64_t, int64_t)>
+void run_attention(const AttentionProblem& p) {
+  detail::parallel_over(p.groups, std::max<int64_t>(1, kElementsPerTask / std::max<int64_t>(1, p.rows * p.S * p.D)),
+                        [&](int64_t b, int64_t e) { kGroups(p, b, e); });
+}
+
 }  // namespace
 
 void rms_norm_reference(const RmsNormProblem& p) { rms_norm_rows(p, 0, p.rows); }
 void rope_reference(const RopeProblem& p) { rope_rows(p, 0, p.positions * p.heads); }
 void causal_softmax_reference(const SoftmaxProblem& p) { softmax_rows(p, 0, p.groups * p.T); }
+void attention_reference(const AttentionProblem& p) { attention_groups(p, 0, p.groups); }
 
 const KernelTable<RmsNormProblem>& rms_norm_kernels() {
   static const KernelTable<RmsNormProblem> table{
@@ -115,6 +156,14 @@ const KernelTable<SoftmaxProblem>& causal_softmax_kernels() {
   return table;
 }
 
+const KernelTable<AttentionProblem>& attention_kernels() {
+  static const KernelTable<AttentionProblem> table{
+      {"attention_f32_avx512", Isa::kAvx512, nullptr, nullptr, QF_KERNEL_AVX512(run_attention<detail::attention_groups_avx512>)},
+      {"attention_f32_reference", Isa::kReference, nullptr, nullptr, run_attention<attention_groups>},
+  };
+  return table;
+}
+
 void rms_norm_f32(const RmsNormProblem& p, RunInfo* info) {
   QF_REQUIRE(p.rows >= 0 && p.dim > 0 && p.eps >= 0 && (p.rows == 0 || (p.x && p.w && p.y && (!p.r || p.h))),
              "kernels/cpu: rms_norm_f32 got rows=", p.rows, " dim=", p.dim, " eps=", p.eps, " or a null pointer");
@@ -135,6 +184,16 @@ void causal_softmax_f32(const SoftmaxProblem& p, RunInfo* info) {
              "kernels/cpu: causal_softmax_f32 got groups=", p.groups, " T=", p.T, " S=", p.S, " past=", p.past,
              " window=", p.window, " (past + T <= S expected) or a null pointer");
   run_kernel_table(causal_softmax_kernels(), p, p.groups * p.T, info);
+}
+
+void attention_f32(const AttentionProblem& p, RunInfo* info) {
+  QF_REQUIRE(p.groups >= 0 && p.heads > 0 && p.T > 0 && p.rows > 0 && p.rows % p.T == 0 && p.D > 0 && p.S > 0 &&
+                 p.past >= 0 && p.past + p.T <= p.S && p.window >= 0 &&
+                 (p.groups == 0 || (p.q && p.k && p.v && p.scores && p.out)),
+             "kernels/cpu: attention_f32 got groups=", p.groups, " heads=", p.heads, " rows=", p.rows, " T=", p.T,
+             " S=", p.S, " D=", p.D, " past=", p.past, " window=", p.window,
+             " (rows a multiple of T, past + T <= S expected) or a null pointer");
+  run_kernel_table(attention_kernels(), p, p.groups * p.rows, info);
 }
 
 }  // namespace qforge::kernels

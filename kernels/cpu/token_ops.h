@@ -1,6 +1,7 @@
 // Fused per-token small ops of the decoder forward (issue 38): RMSNorm with the residual add before
-// it, RoPE on q / k rows in place, and the scaled, causally masked softmax over the key cache, each
-// one call where the ATen forward runs 5 to 10 ops (docs/kernels.md §2.5b). The *_reference
+// it, RoPE on q / k rows in place, the scaled, causally masked softmax over the key cache, and the
+// whole attention of decode-size calls over the cache, each one call where the ATen forward runs
+// 5 to 10 ops (docs/kernels.md §2.5b). The *_reference
 // functions define the results; each op's kernel table runs *_avx512 -> *_reference, bit-equal to
 // the reference (its 16 accumulator lanes are the AVX-512 lanes). Against the ATen ops they replace:
 // RoPE bit for bit, RMSNorm and softmax within a few ulp (other summation orders and exp).
@@ -65,11 +66,41 @@ void causal_softmax_reference(const SoftmaxProblem& p);
 const KernelTable<SoftmaxProblem>& causal_softmax_kernels();
 void causal_softmax_f32(const SoftmaxProblem& p, RunInfo* info = nullptr);
 
+// Decode-size attention over a key/value cache, scores to context in one call (grouped-query: the
+// `rows` = rep · T query rows of the query heads sharing one key/value head form its group).
+// Group g (of groups = batch · heads) reads q [g][rows][D], keys and values k / v at
+//   base + (g / heads) · batch_stride + (g % heads) · head_stride + j · row_stride   (j < S, D floats)
+// and writes out [g][rows][D]. Row i is query position past + i mod T:
+//   w_ij = Σ_d q_id · k_jd   over the keys it sees (SoftmaxProblem's [lo, hi)), as 16 lane sums
+//          (lane l: acc_l + q_d · k_d for d ≡ l mod 16, in d order, products rounded), folded as
+//          in rms_norm;
+//   p_i  = the causal softmax of w_i (SoftmaxProblem's formula, scale and window; scores is its
+//          [groups][rows][S] scratch, left holding p);
+//   out_id = Σ_j p_ij · v_jd  (0 + ... in j order, each product rounded).
+// Against the two matmuls and softmax it replaces (nn::MatMul's float forward): within a few ulp
+// (another summation order).
+struct AttentionProblem {
+  const float* q = nullptr;
+  const float* k = nullptr;
+  const float* v = nullptr;
+  float* scores = nullptr;
+  float* out = nullptr;
+  int64_t groups = 0, heads = 1, rows = 0, T = 0, S = 0, D = 0, past = 0, window = 0;
+  int64_t k_batch_stride = 0, k_head_stride = 0, k_row_stride = 0;
+  int64_t v_batch_stride = 0, v_head_stride = 0, v_row_stride = 0;
+  float scale = 1;
+};
+void attention_reference(const AttentionProblem& p);
+const KernelTable<AttentionProblem>& attention_kernels();
+void attention_f32(const AttentionProblem& p, RunInfo* info = nullptr);
+
 namespace detail {
 // Rows [r0, r1) of each op (the dispatchers split rows over the intra-op threads).
 void rms_norm_rows_avx512(const RmsNormProblem& p, int64_t r0, int64_t r1);
 void rope_rows_avx512(const RopeProblem& p, int64_t r0, int64_t r1);
 void causal_softmax_rows_avx512(const SoftmaxProblem& p, int64_t r0, int64_t r1);
+// Groups [g0, g1) of attention_f32.
+void attention_groups_avx512(const AttentionProblem& p, int64_t g0, int64_t g1);
 }  // namespace detail
 
 }  // namespace qforge::kernels

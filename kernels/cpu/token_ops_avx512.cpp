@@ -117,4 +117,37 @@ void causal_softmax_rows_avx512(const SoftmaxProblem& p, int64_t r0, int64_t r1)
   }
 }
 
+void attention_groups_avx512(const AttentionProblem& p, int64_t g0, int64_t g1) {
+  for (int64_t g = g0; g < g1; ++g) {
+    const float* k = p.k + g / p.heads * p.k_batch_stride + g % p.heads * p.k_head_stride;
+    const float* v = p.v + g / p.heads * p.v_batch_stride + g % p.heads * p.v_head_stride;
+    float* w = p.scores + g * p.rows * p.S;
+    for (int64_t i = 0; i < p.rows; ++i) {
+      const float* q = p.q + (g * p.rows + i) * p.D;
+      const int64_t hi = std::min(p.S, p.past + i % p.T + 1), lo = p.window > 0 ? std::max<int64_t>(0, hi - p.window) : 0;
+      for (int64_t j = lo; j < hi; ++j) {
+        const float* kj = k + j * p.k_row_stride;
+        __m512 acc = _mm512_setzero_ps();
+        for (int64_t d = 0; d < p.D; d += kL) {  // zero tail lanes add +0: the reference's lane sums
+          const __mmask16 m = tail_mask(p.D - d);
+          acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, q + d), _mm512_maskz_loadu_ps(m, kj + d)));
+        }
+        w[i * p.S + j] = fold_lanes(acc);
+      }
+    }
+    causal_softmax_rows_avx512({w, p.rows / p.T, p.T, p.S, p.past, p.window, p.scale}, 0, p.rows);
+    for (int64_t i = 0; i < p.rows; ++i) {
+      float* out = p.out + (g * p.rows + i) * p.D;
+      const int64_t hi = std::min(p.S, p.past + i % p.T + 1), lo = p.window > 0 ? std::max<int64_t>(0, hi - p.window) : 0;
+      for (int64_t d = 0; d < p.D; d += kL) {
+        const __mmask16 m = tail_mask(p.D - d);
+        __m512 acc = _mm512_setzero_ps();
+        for (int64_t j = lo; j < hi; ++j)
+          acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_set1_ps(w[i * p.S + j]), _mm512_maskz_loadu_ps(m, v + j * p.v_row_stride + d)));
+        _mm512_mask_storeu_ps(out + d, m, acc);
+      }
+    }
+  }
+}
+
 }  // namespace qforge::kernels::detail

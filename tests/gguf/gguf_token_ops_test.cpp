@@ -123,6 +123,76 @@ TEST(GgufTokenOps, AgainstTheAtenOpsTheyReplace) {
   }
 }
 
+// The decode attention over cache views: keys and values as strided [B, KV, S, D] slices of a
+// larger store (a cache's reserve), grouped-query rows, sliding windows, D off the 16 lanes.
+struct AttentionCase {
+  int64_t B, KV, rep, T, S, D, window;
+};
+struct AttentionOperands {
+  at::Tensor q, k, v;  // q [B, KV, rep * T, D] dense; k, v views of [B, KV, S + 5, D + 3] stores
+};
+AttentionOperands attention_operands(const AttentionCase& c) {
+  AttentionOperands o;
+  o.q = at::randn({c.B, c.KV, c.rep * c.T, c.D}) * 2;
+  o.k = at::randn({c.B, c.KV, c.S + 5, c.D + 3}).narrow(2, 0, c.S).narrow(3, 0, c.D);
+  o.v = at::randn({c.B, c.KV, c.S + 5, c.D + 3}).narrow(2, 0, c.S).narrow(3, 0, c.D);
+  return o;
+}
+AttentionProblem attention_problem(const AttentionCase& c, const AttentionOperands& o, at::Tensor& scores,
+                                   at::Tensor& out) {
+  scores = at::full({c.B * c.KV, c.rep * c.T, c.S}, std::nanf(""));
+  out = at::full({c.B, c.KV, c.rep * c.T, c.D}, std::nanf(""));
+  AttentionProblem p;
+  p.q = o.q.data_ptr<float>(), p.k = o.k.data_ptr<float>(), p.v = o.v.data_ptr<float>();
+  p.scores = scores.data_ptr<float>(), p.out = out.data_ptr<float>();
+  p.groups = c.B * c.KV, p.heads = c.KV, p.rows = c.rep * c.T, p.T = c.T, p.S = c.S, p.D = c.D;
+  p.past = c.S - c.T, p.window = c.window, p.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.D)));
+  p.k_batch_stride = o.k.stride(0), p.k_head_stride = o.k.stride(1), p.k_row_stride = o.k.stride(2);
+  p.v_batch_stride = o.v.stride(0), p.v_head_stride = o.v.stride(1), p.v_row_stride = o.v.stride(2);
+  return p;
+}
+const AttentionCase kAttentionCases[] = {{1, 12, 1, 1, 48, 64, 0}, {2, 2, 4, 3, 20, 6, 0}, {1, 8, 4, 1, 300, 64, 17},
+                                         {2, 3, 2, 16, 40, 20, 0}, {1, 1, 1, 1, 1, 128, 0},  {1, 2, 3, 5, 64, 33, 9}};
+
+TEST(GgufTokenOps, AttentionEntriesEqualTheReferenceBitForBit) {
+  at::manual_seed(5);
+  for (const AttentionCase& c : kAttentionCases) {
+    const AttentionOperands o = attention_operands(c);
+    at::Tensor s0, y0;
+    attention_reference(attention_problem(c, o, s0, y0));
+    EXPECT_FALSE(y0.isnan().any().item<bool>());
+    for (const auto& e : attention_kernels()) {
+      if (!e.run || !usable(e.isa)) continue;
+      at::Tensor s, y;
+      e.run(attention_problem(c, o, s, y));
+      EXPECT_TRUE(same_bits(y, y0)) << e.name << " S " << c.S << " D " << c.D;
+    }
+  }
+}
+
+// Against the ops it replaces (the two float matmuls and HF's masked softmax, as Llama's grouped
+// rows read them): |Δ| <= 2e-6 max |out| (another summation order and exp within 2 ulp).
+TEST(GgufTokenOps, AttentionAgainstTheMatmulsAndSoftmaxItReplaces) {
+  at::manual_seed(6);
+  for (const AttentionCase& c : kAttentionCases) {
+    const AttentionOperands o = attention_operands(c);
+    at::Tensor s, y;
+    attention_f32(attention_problem(c, o, s, y));
+    const double scale = 1.0 / std::sqrt(static_cast<double>(c.D));
+    const at::Tensor w = at::matmul(o.q, o.k.transpose(-1, -2)).view({c.B * c.KV * c.rep, c.T, c.S});
+    const at::Tensor p = aten_softmax(w, c.S - c.T, c.window, scale).view({c.B, c.KV, c.rep * c.T, c.S});
+    const at::Tensor ref = at::matmul(p, o.v);
+    EXPECT_LE((y - ref).abs().max().item<double>(), 2e-6 * ref.abs().max().item<double>())
+        << "S " << c.S << " D " << c.D << " window " << c.window;
+  }
+  // Refused: rows not a multiple of T, a cache shorter than the query.
+  AttentionProblem bad;
+  bad.groups = 1, bad.rows = 3, bad.T = 2, bad.S = 4, bad.D = 4;
+  EXPECT_THROW(attention_f32(bad), Error);
+  bad.rows = 2, bad.S = 1;
+  EXPECT_THROW(attention_f32(bad), Error);
+}
+
 TEST(GgufTokenOps, SoftmaxExpIsWithinTwoUlp) {
   double worst = 0;
   for (float t = -87.0f; t <= 0.0f; t += 0.00731f) {
