@@ -57,11 +57,13 @@ KernelPlan EmbeddingImpl::plan() const {
   const EmbeddingLookup lookup = embedding_lookup(s, options.embedding_dim());
   if (lookup == EmbeddingLookup::kGatherS8) {
     p.kernel = "gather_s8+dequantize_rows";
+  } else if (lookup == EmbeddingLookup::kGatherNibbles) {
+    p.kernel = "gather_s4+dequantize_rows";
   } else if (lookup == EmbeddingLookup::kGatherCodebook) {
     p.kernel = "gather_codebook_rows";
   } else {
     p.kernel = "dequantize+embedding";
-    p.fallback = detail::str_cat("row gather is implemented for int8 per-row/per-group tables; ", s.to_string(),
+    p.fallback = detail::str_cat("row gather is implemented for int8, int4 and int3 per-row/per-group tables (int4 / int3 of even width) and byte-aligned codebooks; ", s.to_string(),
                                  " dequantizes the table per call");
   }
   return p;

@@ -84,6 +84,7 @@ PackedWeightPtr pack_conv(QuantizedTensor fw, LinearPath path, const ConvShape& 
 // How a frozen Embedding looks rows up, the one rule its plan() and pack_embedding() read.
 enum class EmbeddingLookup : uint8_t {
   kGatherS8,        // int8 per-row / per-group tables: the rows' codes and scales, dequantized
+  kGatherNibbles,   // int4 / int3 per-row / per-group tables of even width: the rows' bytes, unpacked
   kGatherCodebook,  // codebook tables whose rows start on a byte: the rows' indices and levels
   kDequantize,      // any other table: dequantized per call, then at::embedding
 };

@@ -1,12 +1,14 @@
 // The frozen Embedding table as a PackedWeight: int8 per-row / per-group tables gather the
-// looked-up rows' codes and scales, byte-aligned codebook tables their packed indices and levels,
-// and only those rows are dequantized; any other table is dequantized per call.
+// looked-up rows' codes and scales, int4 / int3 ones (two codes a byte) the rows' bytes, byte-aligned
+// codebook tables their packed indices and levels, and only those rows are dequantized; any other
+// table is dequantized per call.
 #include <ATen/ATen.h>
 
 #include <vector>
 
 #include "framework/core/error.h"
 #include "framework/nn/packed_weight_cpu.h"
+#include "kernels/cpu/reference.h"
 
 namespace qforge::nn {
 namespace {
@@ -42,6 +44,25 @@ at::Tensor gather_s8_rows(const QuantizedTensor& fw, const at::Tensor& flat) {
   return dequantize_int(codes, rows);
 }
 
+// int4 / int3 rows (two codes a byte, low nibble first; an even width, so each row starts on a
+// byte) and their scales gathered, only those unpacked (as int_values() unpacks the whole table)
+// and dequantized: the looked-up rows of dequantize(), bit for bit. A GGUF Q4_0 token table (Llama
+// files) would otherwise unpack and dequantize every row for every token.
+at::Tensor gather_nibble_rows(const QuantizedTensor& fw, const at::Tensor& flat) {
+  const int64_t dim = fw.shape[1], n = flat.numel();
+  const at::Tensor bytes = fw.data.reshape({fw.shape[0], dim / 2}).index_select(0, flat).contiguous();
+  at::Tensor codes = at::empty({n, dim}, at::kChar);
+  if (fw.spec.qtype.is_signed) {
+    kernels::unpack_s4_reference(bytes.data_ptr<uint8_t>(), n * dim, codes.data_ptr<int8_t>());
+  } else {
+    kernels::unpack_u4_reference(bytes.data_ptr<uint8_t>(), n * dim, codes.data_ptr<int8_t>());
+  }
+  QParams rows = fw.qparams();
+  rows.scale = fw.scale.index_select(0, flat);
+  rows.zero_point = fw.zero_point.index_select(0, flat);
+  return dequantize_int(codes, rows);
+}
+
 class PackedEmbedding final : public CpuPackedWeight {
  public:
   PackedEmbedding(QuantizedTensor fw, EmbeddingLookup lookup) : fw_(std::move(fw)), lookup_(lookup) {}
@@ -64,6 +85,7 @@ class PackedEmbedding final : public CpuPackedWeight {
   at::Tensor rows(const at::Tensor& flat) const {
     switch (lookup_) {
       case EmbeddingLookup::kGatherS8: return gather_s8_rows(fw_, flat);
+      case EmbeddingLookup::kGatherNibbles: return gather_nibble_rows(fw_, flat);
       case EmbeddingLookup::kGatherCodebook: return gather_codebook_rows(fw_, flat);
       case EmbeddingLookup::kDequantize: return at::embedding(fw_.dequantize(), flat);
     }
@@ -79,6 +101,8 @@ class PackedEmbedding final : public CpuPackedWeight {
 EmbeddingLookup embedding_lookup(const QSpec& s, int64_t dim) {
   if (s.granularity != Granularity::kPerTensor && s.qtype.is_integer() && s.qtype.bits == 8 && s.qtype != quint8)
     return EmbeddingLookup::kGatherS8;
+  if (s.granularity != Granularity::kPerTensor && nibble_packed(s.qtype) && dim % 2 == 0)
+    return EmbeddingLookup::kGatherNibbles;
   if (s.qtype.is_codebook() && dim % (8 / codebook_storage_bits(s.qtype)) == 0) return EmbeddingLookup::kGatherCodebook;
   return EmbeddingLookup::kDequantize;
 }

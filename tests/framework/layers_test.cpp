@@ -768,25 +768,30 @@ TEST(PackedWeight, IntegerConvolutionFormatsRunTheLayersForwardAndGiveBackTheirW
   }
 }
 
-// The Embedding table formats: every lookup (int8 row gather, dequantize per call) is
-// at::embedding of the dequantized table; to(any device) is the same CPU table.
+// The Embedding table formats: every lookup (int8 and int4 / int3 row gathers, dequantize per
+// call) is at::embedding of the dequantized table, bit for bit; to(any device) is the same CPU table.
 TEST(PackedWeight, EmbeddingTablesLookUpWhatTheDequantizedTableSaysForAnyDevice) {
   struct Case {
     QType qt;
     Granularity g;
     nn::EmbeddingLookup lookup;
+    int64_t dim = 32;
   };
   for (const Case& k : {Case{qint8, Granularity::kPerChannel, nn::EmbeddingLookup::kGatherS8},
-                        Case{qint4, Granularity::kPerGroup, nn::EmbeddingLookup::kDequantize}}) {
+                        Case{qint4, Granularity::kPerGroup, nn::EmbeddingLookup::kGatherNibbles},
+                        Case{quint4, Granularity::kPerChannel, nn::EmbeddingLookup::kGatherNibbles},
+                        Case{qint3, Granularity::kPerGroup, nn::EmbeddingLookup::kGatherNibbles},
+                        Case{qint4, Granularity::kPerChannel, nn::EmbeddingLookup::kDequantize, 33},
+                        Case{qint4, Granularity::kPerTensor, nn::EmbeddingLookup::kDequantize}}) {
     at::manual_seed(29);
-    nn::Embedding emb(40, 32);
+    nn::Embedding emb(40, k.dim);
     Scheme s(k.qt);
     s.weight_granularity = k.g;
     s.group_size = 16;
     quantize(emb, s);
     freeze(emb);
     const QuantizedTensor fw = emb->frozen_weight();
-    ASSERT_EQ(nn::embedding_lookup(fw.spec, 32), k.lookup) << k.qt.name;
+    ASSERT_EQ(nn::embedding_lookup(fw.spec, k.dim), k.lookup) << k.qt.name;
     const nn::PackedWeightPtr packed = nn::pack_embedding(fw, "emb");
     const at::Tensor idx = at::randint(0, 40, {3, 5});
     const at::Tensor want = at::embedding(fw.dequantize(), idx);
