@@ -66,28 +66,45 @@ at::Tensor fused_causal_softmax(const at::Tensor& scores, int64_t past, int64_t 
   return w;
 }
 
-at::Tensor fused_decode_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t T,
-                                  int64_t window, double scale) {
+namespace {
+
+// The context [B, KV, rows, D] of q, k, v by `kernel` (attention_f32 or attention_prefill_f32),
+// undefined outside fused_decode_attention's conditions (T aside: the callers bound it).
+at::Tensor fused_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t T, int64_t window,
+                           double scale, bool scores, void (*kernel)(const kernels::AttentionProblem&, kernels::RunInfo*)) {
   QF_REQUIRE(q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && k.sizes() == v.sizes() && q.size(0) == k.size(0) &&
                  q.size(1) == k.size(1) && q.size(3) == k.size(3) && T > 0 && q.size(2) % T == 0,
-             "models: decode attention needs q [B, KV, rep * T, D] and k, v [B, KV, S, D], got ", q.sizes(), ", ",
-             k.sizes(), ", ", v.sizes(), " with T=", T);
+             "models: attention needs q [B, KV, rep * T, D] and k, v [B, KV, S, D], got ", q.sizes(), ", ", k.sizes(),
+             ", ", v.sizes(), " with T=", T);
   const int64_t B = q.size(0), KV = q.size(1), rows = q.size(2), D = q.size(3), S = k.size(2);
-  if (T > kernels::kWeightOnlyMaxM || rows == 0 || S < T || D == 0 || k.stride(3) != 1 || v.stride(3) != 1 ||
-      !nn::token_ops_fusable({&q, &k, &v}))
+  if (rows == 0 || S < T || D == 0 || k.stride(3) != 1 || v.stride(3) != 1 || !nn::token_ops_fusable({&q, &k, &v}))
     return {};
   const at::Tensor qc = q.contiguous();
   at::Tensor out = at::empty({B, KV, rows, D}, q.options());
-  at::Tensor scores = at::empty({B, KV, rows, S}, q.options());
+  at::Tensor w = scores ? at::empty({B, KV, rows, S}, q.options()) : at::Tensor();
   kernels::AttentionProblem p;
   p.q = qc.data_ptr<float>(), p.k = k.data_ptr<float>(), p.v = v.data_ptr<float>();
-  p.scores = scores.data_ptr<float>(), p.out = out.data_ptr<float>();
+  p.scores = scores ? w.data_ptr<float>() : nullptr, p.out = out.data_ptr<float>();
   p.groups = B * KV, p.heads = KV, p.rows = rows, p.T = T, p.S = S, p.D = D, p.past = S - T, p.window = window;
   p.k_batch_stride = k.stride(0), p.k_head_stride = k.stride(1), p.k_row_stride = k.stride(2);
   p.v_batch_stride = v.stride(0), p.v_head_stride = v.stride(1), p.v_row_stride = v.stride(2);
   p.scale = static_cast<float>(scale);
-  kernels::attention_f32(p);
+  kernel(p, nullptr);
   return out;
+}
+
+}  // namespace
+
+at::Tensor fused_decode_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t T,
+                                  int64_t window, double scale) {
+  if (T > kernels::kWeightOnlyMaxM) return {};
+  return fused_attention(q, k, v, T, window, scale, true, kernels::attention_f32);
+}
+
+at::Tensor fused_prefill_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t T,
+                                   int64_t window, double scale) {
+  if (T <= kernels::kWeightOnlyMaxM) return {};
+  return fused_attention(q, k, v, T, window, scale, false, kernels::attention_prefill_f32);
 }
 
 }  // namespace qforge::models

@@ -39,4 +39,9 @@ at::Tensor fused_causal_softmax(const at::Tensor& scores, int64_t past, int64_t 
 at::Tensor fused_decode_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t T,
                                   int64_t window, double scale);
 
+// The same for prefill-size calls (T > kWeightOnlyMaxM; kernels::attention_prefill_f32, which
+// multiplies only the keys each query sees), else undefined.
+at::Tensor fused_prefill_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t T,
+                                   int64_t window, double scale);
+
 }  // namespace qforge::models

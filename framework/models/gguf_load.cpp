@@ -215,7 +215,8 @@ LayerScheme gguf_scheme(const QType& grid, bool symmetric, const std::string& no
   spec.group_size = io::kGgmlBlock;
   spec.symmetric = symmetric;
   LayerScheme scheme;
-  scheme.weights = QuantizerConfig{spec};
+  scheme.weights = QuantizerConfig();
+  scheme.weights->spec = spec;
   scheme.note = note;
   return scheme;
 }

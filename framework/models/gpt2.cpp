@@ -86,11 +86,12 @@ at::Tensor Gpt2AttentionImpl::forward(const at::Tensor& x, KvCache* cache, int64
     k = fake_quantize_kv(k, config.kv_cache), v = fake_quantize_kv(v, config.kv_cache);
   }
   const double root = std::sqrt(static_cast<double>(D));
-  // Decode-size calls with float products: the whole attention in one kernel (activation.h), the
+  // Float products: the whole attention in one kernel (activation.h), decode- or prefill-size, the
   // scores times 1/√D as the fused softmax below takes them.
   if (!qk_matmul->quantized() && !av_matmul->quantized() && !attn_dropout->is_training()) {
-    if (const at::Tensor ctx = fused_decode_attention(q, k, v, T, 0, 1.0 / root); ctx.defined())
-      return resid_dropout->forward(c_proj->forward(ctx.permute({0, 2, 1, 3}).reshape({B, T, H * D})));
+    at::Tensor ctx = fused_decode_attention(q, k, v, T, 0, 1.0 / root);
+    if (!ctx.defined()) ctx = fused_prefill_attention(q, k, v, T, 0, 1.0 / root);
+    if (ctx.defined()) return resid_dropout->forward(c_proj->forward(ctx.permute({0, 2, 1, 3}).reshape({B, T, H * D})));
   }
   const at::Tensor scores = qk_matmul->forward(q, k.transpose(-1, -2));
   // Decode-size calls: one fused kernel (scores · 1/√D: bit for bit HF's scores / √D where √D is a

@@ -105,11 +105,10 @@ void read_rope_parameters(const nlohmann::json& j, LlamaConfig& c) {
   require_full_rotary(p, "rope_parameters.");
 }
 
-// Softmax over the visible keys of scores [B, H, T, S] · head_size^-0.5: query i sits at position
-// past + i and sees keys 0 .. past + i (the last `window` of them with a sliding window).
-at::Tensor attention_probs(const at::Tensor& scores, int64_t past, int64_t window, int64_t head_size) {
+// Softmax over the visible keys of scores [B, H, T, S] · scale: query i sits at position past + i
+// and sees keys 0 .. past + i (the last `window` of them with a sliding window).
+at::Tensor attention_probs(const at::Tensor& scores, int64_t past, int64_t window, double scale) {
   const int64_t T = scores.size(2), S = scores.size(3);
-  const double scale = std::pow(static_cast<double>(head_size), -0.5);
   if (at::Tensor fused = fused_causal_softmax(scores, past, window, scale); fused.defined()) return fused;
   at::Tensor w = scores * scale;
   // Masked scores take the dtype's lowest value (finfo.min), as HF's mask does, so no row is all -inf.
@@ -291,14 +290,16 @@ at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x, const RopeTables& ro
   // Grouped-query attention without repeating keys and values: the `rep` query heads sharing a
   // key/value head stack their rows, so each product is the one HF's repeated heads compute.
   const at::Tensor qg = q.reshape({B, KV, rep * T, D});
-  // Decode-size calls with float products: the whole attention in one kernel (activation.h).
+  const int64_t window = config.attention_window(layer);
+  const double scale = std::pow(static_cast<double>(D), -0.5);
+  // Float products: the whole attention in one kernel (activation.h), decode- or prefill-size.
   if (!qk_matmul->quantized() && !av_matmul->quantized()) {
-    const double scale = std::pow(static_cast<double>(D), -0.5);
-    if (const at::Tensor ctx = fused_decode_attention(qg, k, v, T, config.attention_window(layer), scale); ctx.defined())
-      return o_proj->forward(ctx.view({B, H, T, D}).transpose(1, 2).reshape({B, T, H * D}));
+    at::Tensor ctx = fused_decode_attention(qg, k, v, T, window, scale);
+    if (!ctx.defined()) ctx = fused_prefill_attention(qg, k, v, T, window, scale);
+    if (ctx.defined()) return o_proj->forward(ctx.view({B, H, T, D}).transpose(1, 2).reshape({B, T, H * D}));
   }
   const at::Tensor scores = qk_matmul->forward(qg, k.transpose(-1, -2)).view({B, H, T, S});
-  const at::Tensor p = attention_probs(scores, past, config.attention_window(layer), D).to(v.scalar_type());
+  const at::Tensor p = attention_probs(scores, past, window, scale).to(v.scalar_type());
   const at::Tensor ctx = av_matmul->forward(p.view({B, KV, rep * T, S}), v).view({B, H, T, D});
   return o_proj->forward(ctx.transpose(1, 2).reshape({B, T, H * D}));
 }

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "framework/core/error.h"
 #include "kernels/cpu/parallel_blocks.h"
@@ -51,39 +52,39 @@ void rope_rows(const RopeProblem& p, int64_t r0, int64_t r1) {
   }
 }
 
+// SoftmaxProblem's formula on w[lo, hi), in place; the rest of w untouched.
+void softmax_span(float* w, KeyRange keys, float scale) {
+  const auto [lo, hi] = keys;
+  float m = -INFINITY;
+  for (int64_t j = lo; j < hi; ++j) w[j] = w[j] * scale, m = std::max(m, w[j]);
+  float acc[kTokenOpLanes] = {};
+  for (int64_t j = lo; j < hi; ++j) {
+    w[j] = detail::exp_nonpositive(w[j] - m);
+    acc[(j - lo) % kL] = acc[(j - lo) % kL] + w[j];
+  }
+  const float inv = 1.0f / fold_lanes(acc);
+  for (int64_t j = lo; j < hi; ++j) w[j] = w[j] * inv;
+}
+
 void softmax_rows(const SoftmaxProblem& p, int64_t r0, int64_t r1) {
   for (int64_t r = r0; r < r1; ++r) {
     float* w = p.w + r * p.S;
-    const int64_t hi = std::min(p.S, p.past + r % p.T + 1), lo = p.window > 0 ? std::max<int64_t>(0, hi - p.window) : 0;
-    float m = -INFINITY;
-    for (int64_t j = lo; j < hi; ++j) w[j] = w[j] * p.scale, m = std::max(m, w[j]);
-    float acc[kTokenOpLanes] = {};
-    for (int64_t j = lo; j < hi; ++j) {
-      w[j] = detail::exp_nonpositive(w[j] - m);
-      acc[(j - lo) % kL] = acc[(j - lo) % kL] + w[j];
-    }
-    const float inv = 1.0f / fold_lanes(acc);
-    for (int64_t j = lo; j < hi; ++j) w[j] = w[j] * inv;
-    std::fill(w, w + lo, 0.0f);
-    std::fill(w + hi, w + p.S, 0.0f);
+    const KeyRange keys = p.keys(r);
+    softmax_span(w, keys, p.scale);
+    std::fill(w, w + keys.lo, 0.0f);
+    std::fill(w + keys.hi, w + p.S, 0.0f);
   }
-}
-
-// A group's key / value rows (AttentionProblem).
-const float* group_rows(const float* base, const AttentionProblem& p, int64_t g, int64_t batch_stride,
-                        int64_t head_stride) {
-  return base + g / p.heads * batch_stride + g % p.heads * head_stride;
 }
 
 void attention_groups(const AttentionProblem& p, int64_t g0, int64_t g1) {
   for (int64_t g = g0; g < g1; ++g) {
-    const float* k = group_rows(p.k, p, g, p.k_batch_stride, p.k_head_stride);
-    const float* v = group_rows(p.v, p, g, p.v_batch_stride, p.v_head_stride);
+    const float* k = p.k_group(g);
+    const float* v = p.v_group(g);
     float* w = p.scores + g * p.rows * p.S;
     const SoftmaxProblem sp{w, p.rows / p.T, p.T, p.S, p.past, p.window, p.scale};
     for (int64_t i = 0; i < p.rows; ++i) {
       const float* q = p.q + (g * p.rows + i) * p.D;
-      const int64_t hi = std::min(p.S, p.past + i % p.T + 1), lo = p.window > 0 ? std::max<int64_t>(0, hi - p.window) : 0;
+      const auto [lo, hi] = p.keys(i);
       for (int64_t j = lo; j < hi; ++j) {
         float acc[kTokenOpLanes] = {};
         for (int64_t d = 0; d < p.D; ++d) acc[d % kL] = acc[d % kL] + q[d] * k[j * p.k_row_stride + d];
@@ -94,10 +95,34 @@ void attention_groups(const AttentionProblem& p, int64_t g0, int64_t g1) {
     for (int64_t i = 0; i < p.rows; ++i) {
       float* out = p.out + (g * p.rows + i) * p.D;
       std::fill(out, out + p.D, 0.0f);
-      const int64_t hi = std::min(p.S, p.past + i % p.T + 1), lo = p.window > 0 ? std::max<int64_t>(0, hi - p.window) : 0;
+      const auto [lo, hi] = p.keys(i);
       for (int64_t j = lo; j < hi; ++j) {
         const float pj = w[i * p.S + j];
         for (int64_t d = 0; d < p.D; ++d) out[d] = out[d] + pj * v[j * p.v_row_stride + d];
+      }
+    }
+  }
+}
+
+void attention_prefill_groups(const AttentionProblem& p, int64_t g0, int64_t g1) {
+  std::vector<float> w(static_cast<size_t>(p.S));
+  for (int64_t g = g0; g < g1; ++g) {
+    const float* k = p.k_group(g);
+    const float* v = p.v_group(g);
+    for (int64_t i = 0; i < p.rows; ++i) {
+      const float* q = p.q + (g * p.rows + i) * p.D;
+      const auto [lo, hi] = p.keys(i);
+      for (int64_t j = lo; j < hi; ++j) {
+        float acc = 0;
+        for (int64_t d = 0; d < p.D; ++d) acc = std::fmaf(q[d], k[j * p.k_row_stride + d], acc);
+        w[j] = acc;
+      }
+      softmax_span(w.data(), {lo, hi}, p.scale);
+      float* out = p.out + (g * p.rows + i) * p.D;
+      for (int64_t d = 0; d < p.D; ++d) {
+        float acc = 0;
+        for (int64_t j = lo; j < hi; ++j) acc = std::fmaf(w[j], v[j * p.v_row_stride + d], acc);
+        out[d] = acc;
       }
     }
   }
@@ -124,12 +149,40 @@ void run_attention(const AttentionProblem& p) {
                         [&](int64_t b, int64_t e) { kGroups(p, b, e); });
 }
 
+// Each group's keys transposed to [D][S] (one pass), then the row blocks over the threads.
+template <void (*kBlocks)(const AttentionProblem&, const float*, int64_t, int64_t)>
+void run_attention_prefill(const AttentionProblem& p) {
+  std::vector<float> kt(static_cast<size_t>(p.groups * p.D * p.S));
+  detail::parallel_over(p.groups, 1, [&](int64_t b, int64_t e) {
+    for (int64_t g = b; g < e; ++g) {
+      const float* k = p.k_group(g);
+      float* t = kt.data() + g * p.D * p.S;
+      for (int64_t j = 0; j < p.S; ++j)
+        for (int64_t d = 0; d < p.D; ++d) t[d * p.S + j] = k[j * p.k_row_stride + d];
+    }
+  });
+  const int64_t blocks = (p.rows + kAttentionPrefillRows - 1) / kAttentionPrefillRows;
+  detail::parallel_over_blocks(p.groups * blocks, kAttentionPrefillRows * p.S * p.D * 2,
+                               [&](int64_t b, int64_t e) { kBlocks(p, kt.data(), b, e); });
+}
+
+// The checks attention_f32 and attention_prefill_f32 share (`op` names the caller).
+void require_attention(const AttentionProblem& p, const char* op, bool needs_scores) {
+  QF_REQUIRE(p.groups >= 0 && p.heads > 0 && p.T > 0 && p.rows > 0 && p.rows % p.T == 0 && p.D > 0 && p.S > 0 &&
+                 p.past >= 0 && p.past + p.T <= p.S && p.window >= 0 &&
+                 (p.groups == 0 || (p.q && p.k && p.v && p.out && (p.scores || !needs_scores))),
+             "kernels/cpu: ", op, " got groups=", p.groups, " heads=", p.heads, " rows=", p.rows, " T=", p.T,
+             " S=", p.S, " D=", p.D, " past=", p.past, " window=", p.window,
+             " (rows a multiple of T, past + T <= S expected) or a null pointer");
+}
+
 }  // namespace
 
 void rms_norm_reference(const RmsNormProblem& p) { rms_norm_rows(p, 0, p.rows); }
 void rope_reference(const RopeProblem& p) { rope_rows(p, 0, p.positions * p.heads); }
 void causal_softmax_reference(const SoftmaxProblem& p) { softmax_rows(p, 0, p.groups * p.T); }
 void attention_reference(const AttentionProblem& p) { attention_groups(p, 0, p.groups); }
+void attention_prefill_reference(const AttentionProblem& p) { attention_prefill_groups(p, 0, p.groups); }
 
 const KernelTable<RmsNormProblem>& rms_norm_kernels() {
   static const KernelTable<RmsNormProblem> table{
@@ -164,6 +217,15 @@ const KernelTable<AttentionProblem>& attention_kernels() {
   return table;
 }
 
+const KernelTable<AttentionProblem>& attention_prefill_kernels() {
+  static const KernelTable<AttentionProblem> table{
+      {"attention_prefill_f32_avx512", Isa::kAvx512, nullptr, nullptr,
+       QF_KERNEL_AVX512(run_attention_prefill<detail::attention_prefill_blocks_avx512>)},
+      {"attention_prefill_f32_reference", Isa::kReference, nullptr, nullptr, run_attention<attention_prefill_groups>},
+  };
+  return table;
+}
+
 void rms_norm_f32(const RmsNormProblem& p, RunInfo* info) {
   QF_REQUIRE(p.rows >= 0 && p.dim > 0 && p.eps >= 0 && (p.rows == 0 || (p.x && p.w && p.y && (!p.r || p.h))),
              "kernels/cpu: rms_norm_f32 got rows=", p.rows, " dim=", p.dim, " eps=", p.eps, " or a null pointer");
@@ -187,13 +249,13 @@ void causal_softmax_f32(const SoftmaxProblem& p, RunInfo* info) {
 }
 
 void attention_f32(const AttentionProblem& p, RunInfo* info) {
-  QF_REQUIRE(p.groups >= 0 && p.heads > 0 && p.T > 0 && p.rows > 0 && p.rows % p.T == 0 && p.D > 0 && p.S > 0 &&
-                 p.past >= 0 && p.past + p.T <= p.S && p.window >= 0 &&
-                 (p.groups == 0 || (p.q && p.k && p.v && p.scores && p.out)),
-             "kernels/cpu: attention_f32 got groups=", p.groups, " heads=", p.heads, " rows=", p.rows, " T=", p.T,
-             " S=", p.S, " D=", p.D, " past=", p.past, " window=", p.window,
-             " (rows a multiple of T, past + T <= S expected) or a null pointer");
+  require_attention(p, "attention_f32", true);
   run_kernel_table(attention_kernels(), p, p.groups * p.rows, info);
+}
+
+void attention_prefill_f32(const AttentionProblem& p, RunInfo* info) {
+  require_attention(p, "attention_prefill_f32", false);
+  run_kernel_table(attention_prefill_kernels(), p, p.groups * p.rows, info);
 }
 
 }  // namespace qforge::kernels

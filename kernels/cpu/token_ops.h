@@ -8,6 +8,7 @@
 // No ATen here: the ISA files include this header.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include "kernels/cpu/kernel_table.h"
@@ -50,9 +51,18 @@ void rope_reference(const RopeProblem& p);
 const KernelTable<RopeProblem>& rope_kernels();
 void rope_f32(const RopeProblem& p, RunInfo* info = nullptr);
 
+// The keys [lo, hi) query row i sees: it sits at position past + i mod T, so
+//   hi = min(S, past + i mod T + 1),  lo = window > 0 ? max(0, hi − window) : 0.
+struct KeyRange {
+  int64_t lo = 0, hi = 0;
+};
+inline KeyRange visible_keys(int64_t i, int64_t T, int64_t S, int64_t past, int64_t window) {
+  const int64_t hi = std::min(S, past + i % T + 1);
+  return {window > 0 ? std::max<int64_t>(0, hi - window) : 0, hi};
+}
+
 // Attention scores w [groups, T, S] in place -> probabilities. Query i (of T) sits at position
-// past + i and sees keys [lo, hi): hi = min(S, past + i + 1), lo = window > 0 ? max(0, hi − window) : 0;
-// the others get 0. Over [lo, hi):
+// past + i and sees keys visible_keys(i, T, S, past, window); the others get 0. Over [lo, hi):
 //   z = w · scale;  m = max z;  e = exp_nonpositive(z − m);  sum = 16 lane sums of e in order,
 //   folded as in rms_norm;  p = e · (1 / sum)
 // exp_nonpositive(t) (t <= 0): 0 below −87; else n = floorf(t · log2(e) + 0.5), f = fmaf(n, −C1, t),
@@ -61,6 +71,7 @@ struct SoftmaxProblem {
   float* w = nullptr;
   int64_t groups = 0, T = 0, S = 0, past = 0, window = 0;
   float scale = 1;
+  KeyRange keys(int64_t row) const { return visible_keys(row, T, S, past, window); }
 };
 void causal_softmax_reference(const SoftmaxProblem& p);
 const KernelTable<SoftmaxProblem>& causal_softmax_kernels();
@@ -89,10 +100,28 @@ struct AttentionProblem {
   int64_t k_batch_stride = 0, k_head_stride = 0, k_row_stride = 0;
   int64_t v_batch_stride = 0, v_head_stride = 0, v_row_stride = 0;
   float scale = 1;
+  KeyRange keys(int64_t row) const { return visible_keys(row, T, S, past, window); }
+  const float* k_group(int64_t g) const { return k + g / heads * k_batch_stride + g % heads * k_head_stride; }
+  const float* v_group(int64_t g) const { return v + g / heads * v_batch_stride + g % heads * v_head_stride; }
 };
 void attention_reference(const AttentionProblem& p);
 const KernelTable<AttentionProblem>& attention_kernels();
 void attention_f32(const AttentionProblem& p, RunInfo* info = nullptr);
+
+// Prefill-size attention (hundreds of query rows a group) on AttentionProblem's operands, with
+// fused multiply-adds; `scores` is not used (each task keeps its rows' scores in its own scratch).
+// Row i of group g (keys [lo, hi) = keys(i)):
+//   w_ij  = one fmaf chain over d in order: acc = 0, acc = fmaf(q_id, k_jd, acc)     (lo <= j < hi)
+//   p_i   = the softmax of w_i over [lo, hi) (SoftmaxProblem's formula, scale included)
+//   out_id = one fmaf chain over j = lo .. hi − 1 in order: acc = 0, acc = fmaf(p_ij, v_jd, acc)
+// The AVX-512 entry runs kAttentionPrefillRows rows at a time over keys transposed once a call
+// (lanes: 16 keys for w, 16 of d for out), every element its reference chain: bit for bit the
+// reference. Masked keys are never multiplied (the matmuls it replaces compute all S and mask).
+// Against the two matmuls and softmax: within a few ulp of max |out| (other summation orders).
+inline constexpr int64_t kAttentionPrefillRows = 4;
+void attention_prefill_reference(const AttentionProblem& p);
+const KernelTable<AttentionProblem>& attention_prefill_kernels();
+void attention_prefill_f32(const AttentionProblem& p, RunInfo* info = nullptr);
 
 namespace detail {
 // Rows [r0, r1) of each op (the dispatchers split rows over the intra-op threads).
@@ -101,6 +130,10 @@ void rope_rows_avx512(const RopeProblem& p, int64_t r0, int64_t r1);
 void causal_softmax_rows_avx512(const SoftmaxProblem& p, int64_t r0, int64_t r1);
 // Groups [g0, g1) of attention_f32.
 void attention_groups_avx512(const AttentionProblem& p, int64_t g0, int64_t g1);
+// Row blocks [b0, b1) of attention_prefill_f32: block b is rows kAttentionPrefillRows · (b mod n)
+// onwards of group b / n, n = ceil(rows / kAttentionPrefillRows); kt holds each group's keys
+// transposed, [groups][D][S].
+void attention_prefill_blocks_avx512(const AttentionProblem& p, const float* kt, int64_t b0, int64_t b1);
 }  // namespace detail
 
 }  // namespace qforge::kernels

@@ -118,7 +118,7 @@ TEST(GgufRecipe, UnexportableLlamaConfigFailsBeforeAnyStage) {
   fs::remove_all(dir);
   const std::string ckpt = (dir / "float.h5").string(), out = (dir / "run").string();
   const std::string tiny = "hidden_size: 64, intermediate_size: 128, num_hidden_layers: 2, num_attention_heads: 4, ";
-  for (const std::string config : {"{" + tiny + "attention_bias: true}", "{" + tiny + "mlp_bias: true}"}) {
+  for (const std::string& config : {"{" + tiny + "attention_bias: true}", "{" + tiny + "mlp_bias: true}"}) {
     const qforge::Recipe r = qforge::load_recipe(write_recipe("early.yaml",
         "model: {arch: llama, checkpoint: " + ckpt + ", config: " + config + "}\n"
         "data: {dataset: fortunes}\nquantize: {weights: {qtype: qint8}}\nfreeze: {enabled: true}\nexport: {gguf: {}}\n"));

@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <string>
 #include <vector>
@@ -138,10 +139,11 @@ AttentionOperands attention_operands(const AttentionCase& c) {
   o.v = at::randn({c.B, c.KV, c.S + 5, c.D + 3}).narrow(2, 0, c.S).narrow(3, 0, c.D);
   return o;
 }
-AttentionProblem attention_problem(const AttentionCase& c, const AttentionOperands& o, at::Tensor& scores,
-                                   at::Tensor& out) {
-  scores = at::full({c.B * c.KV, c.rep * c.T, c.S}, std::nanf(""));
-  out = at::full({c.B, c.KV, c.rep * c.T, c.D}, std::nanf(""));
+// Runs `kernel` on the case's operands (scores and out start as NaN); returns out.
+at::Tensor run_attention(const AttentionCase& c, const AttentionOperands& o,
+                         const std::function<void(const AttentionProblem&)>& kernel) {
+  const at::Tensor scores = at::full({c.B * c.KV, c.rep * c.T, c.S}, std::nanf(""));
+  const at::Tensor out = at::full({c.B, c.KV, c.rep * c.T, c.D}, std::nanf(""));
   AttentionProblem p;
   p.q = o.q.data_ptr<float>(), p.k = o.k.data_ptr<float>(), p.v = o.v.data_ptr<float>();
   p.scores = scores.data_ptr<float>(), p.out = out.data_ptr<float>();
@@ -149,23 +151,38 @@ AttentionProblem attention_problem(const AttentionCase& c, const AttentionOperan
   p.past = c.S - c.T, p.window = c.window, p.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.D)));
   p.k_batch_stride = o.k.stride(0), p.k_head_stride = o.k.stride(1), p.k_row_stride = o.k.stride(2);
   p.v_batch_stride = o.v.stride(0), p.v_head_stride = o.v.stride(1), p.v_row_stride = o.v.stride(2);
-  return p;
+  kernel(p);
+  return out;
 }
-const AttentionCase kAttentionCases[] = {{1, 12, 1, 1, 48, 64, 0}, {2, 2, 4, 3, 20, 6, 0}, {1, 8, 4, 1, 300, 64, 17},
-                                         {2, 3, 2, 16, 40, 20, 0}, {1, 1, 1, 1, 1, 128, 0},  {1, 2, 3, 5, 64, 33, 9}};
+// Decode-size cases, then prefill-size ones (row counts off the 4-row blocks, D past 64, windows
+// narrower than a block's spread); both ops run all of them.
+const AttentionCase kAttentionCases[] = {
+    {1, 12, 1, 1, 48, 64, 0}, {2, 2, 4, 3, 20, 6, 0},    {1, 8, 4, 1, 300, 64, 17},  {2, 3, 2, 16, 40, 20, 0},
+    {1, 1, 1, 1, 1, 128, 0},  {1, 2, 3, 5, 64, 33, 9},   {1, 2, 4, 40, 40, 64, 0},   {1, 2, 3, 37, 50, 20, 9},
+    {2, 1, 1, 70, 130, 80, 0}, {1, 1, 2, 64, 600, 128, 0}, {1, 3, 1, 33, 33, 16, 2}};
+
+// The two attention ops: kernel tables, references and dispatchers.
+struct AttentionOp {
+  const KernelTable<AttentionProblem>& table;
+  void (*reference)(const AttentionProblem&);
+  void (*run)(const AttentionProblem&, RunInfo*);
+};
+std::vector<AttentionOp> attention_ops() {
+  return {{attention_kernels(), attention_reference, attention_f32},
+          {attention_prefill_kernels(), attention_prefill_reference, attention_prefill_f32}};
+}
 
 TEST(GgufTokenOps, AttentionEntriesEqualTheReferenceBitForBit) {
   at::manual_seed(5);
-  for (const AttentionCase& c : kAttentionCases) {
-    const AttentionOperands o = attention_operands(c);
-    at::Tensor s0, y0;
-    attention_reference(attention_problem(c, o, s0, y0));
-    EXPECT_FALSE(y0.isnan().any().item<bool>());
-    for (const auto& e : attention_kernels()) {
-      if (!e.run || !usable(e.isa)) continue;
-      at::Tensor s, y;
-      e.run(attention_problem(c, o, s, y));
-      EXPECT_TRUE(same_bits(y, y0)) << e.name << " S " << c.S << " D " << c.D;
+  for (const AttentionOp& op : attention_ops()) {
+    for (const AttentionCase& c : kAttentionCases) {
+      const AttentionOperands o = attention_operands(c);
+      const at::Tensor y0 = run_attention(c, o, op.reference);
+      EXPECT_FALSE(y0.isnan().any().item<bool>());
+      for (const auto& e : op.table) {
+        if (!e.run || !usable(e.isa)) continue;
+        EXPECT_TRUE(same_bits(run_attention(c, o, e.run), y0)) << e.name << " T " << c.T << " S " << c.S << " D " << c.D;
+      }
     }
   }
 }
@@ -174,23 +191,24 @@ TEST(GgufTokenOps, AttentionEntriesEqualTheReferenceBitForBit) {
 // rows read them): |Δ| <= 2e-6 max |out| (another summation order and exp within 2 ulp).
 TEST(GgufTokenOps, AttentionAgainstTheMatmulsAndSoftmaxItReplaces) {
   at::manual_seed(6);
-  for (const AttentionCase& c : kAttentionCases) {
-    const AttentionOperands o = attention_operands(c);
-    at::Tensor s, y;
-    attention_f32(attention_problem(c, o, s, y));
-    const double scale = 1.0 / std::sqrt(static_cast<double>(c.D));
-    const at::Tensor w = at::matmul(o.q, o.k.transpose(-1, -2)).view({c.B * c.KV * c.rep, c.T, c.S});
-    const at::Tensor p = aten_softmax(w, c.S - c.T, c.window, scale).view({c.B, c.KV, c.rep * c.T, c.S});
-    const at::Tensor ref = at::matmul(p, o.v);
-    EXPECT_LE((y - ref).abs().max().item<double>(), 2e-6 * ref.abs().max().item<double>())
-        << "S " << c.S << " D " << c.D << " window " << c.window;
+  for (const AttentionOp& op : attention_ops()) {
+    for (const AttentionCase& c : kAttentionCases) {
+      const AttentionOperands o = attention_operands(c);
+      const at::Tensor y = run_attention(c, o, [&](const AttentionProblem& p) { op.run(p, nullptr); });
+      const double scale = 1.0 / std::sqrt(static_cast<double>(c.D));
+      const at::Tensor w = at::matmul(o.q, o.k.transpose(-1, -2)).view({c.B * c.KV * c.rep, c.T, c.S});
+      const at::Tensor p = aten_softmax(w, c.S - c.T, c.window, scale).view({c.B, c.KV, c.rep * c.T, c.S});
+      const at::Tensor ref = at::matmul(p, o.v);
+      EXPECT_LE((y - ref).abs().max().item<double>(), 2e-6 * ref.abs().max().item<double>())
+          << op.table.front().name << " T " << c.T << " S " << c.S << " D " << c.D << " window " << c.window;
+    }
+    // Refused: rows not a multiple of T, a cache shorter than the query.
+    AttentionProblem bad;
+    bad.groups = 1, bad.rows = 3, bad.T = 2, bad.S = 4, bad.D = 4;
+    EXPECT_THROW(op.run(bad, nullptr), Error);
+    bad.rows = 2, bad.S = 1;
+    EXPECT_THROW(op.run(bad, nullptr), Error);
   }
-  // Refused: rows not a multiple of T, a cache shorter than the query.
-  AttentionProblem bad;
-  bad.groups = 1, bad.rows = 3, bad.T = 2, bad.S = 4, bad.D = 4;
-  EXPECT_THROW(attention_f32(bad), Error);
-  bad.rows = 2, bad.S = 1;
-  EXPECT_THROW(attention_f32(bad), Error);
 }
 
 TEST(GgufTokenOps, SoftmaxExpIsWithinTwoUlp) {
@@ -231,6 +249,8 @@ TEST(GgufTokenOps, LlamaWithFusedOpsMatchesTheAtenForwardAndDecodesLikeItsFullFo
   models::LlamaForCausalLM m(c);
   m->eval();
   expect_fused_forward_and_decode(m, at::randint(0, 64, {2, 12}, at::kLong));
+  // Longer than kWeightOnlyMaxM: the no-grad forward takes the prefill attention.
+  expect_fused_forward_and_decode(m, at::randint(0, 64, {1, 40}, at::kLong));
 }
 
 // GPT-2 takes the fused softmax of decode-size calls too: head_dim 6, so 1/√6 · scores is not
@@ -242,8 +262,9 @@ TEST(GgufTokenOps, Gpt2WithTheFusedSoftmaxMatchesTheAtenForwardAndDecodesLikeIts
   models::Gpt2LMHeadModel m(c);
   m->eval();
   expect_fused_forward_and_decode(m, at::randint(0, 50, {2, 12}, at::kLong));
+  expect_fused_forward_and_decode(m, at::randint(0, 50, {1, 24}, at::kLong));
   at::NoGradGuard ng;
-  // A prompt longer than kWeightOnlyMaxM runs the ATen ops, decoding on from it the fused kernel.
+  // A prompt longer than kWeightOnlyMaxM runs the prefill kernel, decoding on from it the decode one.
   const at::Tensor long_ids = at::randint(0, 50, {1, 24}, at::kLong);
   const at::Tensor full = m->forward(long_ids);
   models::Gpt2KvCache long_cache;
