@@ -6,7 +6,7 @@
 //   qgen MODEL --prompt TEXT [--max-new-tokens 64] [--weights none|w8|w4g128] [--temperature 0]
 //        [--top-k 0] [--top-p 1] [--min-p 0] [--repetition-penalty 1] [--seed 0] [--eos ID ...]
 //        [--threads N] [--print-ids]
-//   qgen MODEL --perplexity FILE [--window N] [--stride N] [--weights ...] [--threads N]
+//   qgen MODEL --perplexity FILE [--window N] [--stride N] [--kl-base BASE] [--weights ...] [--threads N]
 // Exit codes: 0 success, 2 bad arguments, 1 a model that cannot be loaded or run, or a --perplexity
 // file that is missing, empty, not UTF-8 or under 2 tokens (the reason named).
 #include <ATen/Parallel.h>
@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <initializer_list>
 #include <iterator>
 #include <memory>
@@ -208,7 +209,42 @@ std::vector<int64_t> file_tokens(const std::string& path, const text::Tokenizer&
 struct PerplexityArgs {
   std::string file;
   int64_t window = 0, stride = 0;  // 0: min(1024, max_position_embeddings) and window / 2
+  std::string kl_base;             // --kl-base: the model the divergence is measured from ("": none)
 };
+
+// --kl-base: the KL divergence of the model's next-token distributions from the base model's over
+// the same windows, with both perplexities (models::sliding_window_kl_divergence).
+void run_kl_divergence(Loaded& m, const PerplexityArgs& a, const std::vector<int64_t>& ids,
+                       const models::PerplexityOptions& o,
+                       const std::function<void(const models::PerplexityProgress&)>& progress) {
+  Loaded base = load(a.kl_base);
+  base.model->eval();
+  const std::vector<int64_t> base_ids = file_tokens(a.file, *base.tokenizer);
+  if (base_ids != ids) {
+    const auto diff = std::mismatch(ids.begin(), ids.end(), base_ids.begin(), base_ids.end());
+    throw Error("--kl-base " + a.kl_base + ": its tokenizer encodes " + a.file + " to " +
+                std::to_string(base_ids.size()) + " ids and the model's to " + std::to_string(ids.size()) +
+                " (first difference at id " + std::to_string(diff.first - ids.begin()) +
+                "); the divergence needs the same tokens");
+  }
+  QF_REQUIRE(o.max_length <= base.model->config.max_position_embeddings, "--window ", o.max_length,
+             " exceeds the base model's max_position_embeddings ", base.model->config.max_position_embeddings);
+  const auto t0 = std::chrono::steady_clock::now();
+  const models::KlDivergenceResult r = models::sliding_window_kl_divergence(
+      [&](const at::Tensor& x) { return base.model->forward(x); }, [&](const at::Tensor& x) { return m.model->forward(x); },
+      at::tensor(ids, at::kLong), o, progress);
+  std::printf("qgen: KL divergence from %s over %lld tokens of %s in %lld windows of %lld, stride %lld: mean %.6g, "
+              "median %.6g, 99th percentile %.6g, max %.6g nats/token; same top token %.2f %%; perplexity %.8g "
+              "(base %.8g, ln ratio %.6f)\n",
+              a.kl_base.c_str(), static_cast<long long>(r.test.tokens_scored), a.file.c_str(),
+              static_cast<long long>(r.test.windows), static_cast<long long>(o.max_length),
+              static_cast<long long>(o.stride), r.mean_kl, r.median_kl, r.p99_kl, r.max_kl, 100 * r.same_top_token,
+              r.test.perplexity, r.base.perplexity, r.test.nll_per_token - r.base.nll_per_token);
+  const double seconds = apps::seconds_since(t0);
+  std::fprintf(stderr, "qgen: scored in %.3f s (%.1f tokens/s, both models)\n", seconds,
+               r.test.tokens_scored / std::max(seconds, 1e-9));
+  report_resident_memory();
+}
 
 // Sliding-window perplexity of the file, with progress (and an ETA) on stderr at most once a second.
 void run_perplexity(Loaded& m, const PerplexityArgs& a) {
@@ -230,6 +266,7 @@ void run_perplexity(Loaded& m, const PerplexityArgs& a) {
                  static_cast<long long>(p.tokens_scored), static_cast<long long>(p.tokens_total), t,
                  t / p.windows_done * (p.windows_total - p.windows_done));
   };
+  if (!a.kl_base.empty()) return run_kl_divergence(m, a, ids, o, progress);
   const models::CausalLmForward fwd = [&](const at::Tensor& x) { return m.model->forward(x); };
   const models::PerplexityResult r =
       models::sliding_window_perplexity(fwd, at::tensor(ids, at::kLong), o, progress);
@@ -297,6 +334,10 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(int64_t{2}, int64_t{1} << 30))->needs(ppl_opt);
   app.add_option("--stride", ppl.stride, "--perplexity: tokens between window starts (default window / 2)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 30))->needs(ppl_opt);
+  app.add_option("--kl-base", ppl.kl_base,
+                 "--perplexity: also the KL divergence of MODEL's next-token distributions from this model's "
+                 "(e.g. the float run), the same windows, the same tokens required")
+      ->needs(ppl_opt);
   app.add_option("--max-new-tokens", o.max_new_tokens, "stop after this many new tokens")->check(CLI::Range(1, 1 << 20));
   app.add_option("--weights", weights, "quantize and freeze the float model's weights first")
       ->check(CLI::IsMember({"none", "w8", "w4g128"}));

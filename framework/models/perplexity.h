@@ -45,4 +45,21 @@ PerplexityResult sliding_window_perplexity(const CausalLmForward& forward, const
                                            const PerplexityOptions& options = {},
                                            const std::function<void(const PerplexityProgress&)>& on_window = {});
 
+// How far a model's next-token distributions are from a base model's (e.g. quantized against
+// float) over the tokens sliding_window_perplexity scores, both models fed the same windows — the
+// statistics of llama.cpp's `perplexity --kl-divergence`. Per scored token p (P = softmax of the
+// logits at p - 1, in float64):
+//   KL_p = sum over the vocabulary v of P_base(v) (log P_base(v) - log P_test(v))   (nats)
+//   same top token: argmax P_base == argmax P_test
+struct KlDivergenceResult {
+  PerplexityResult base, test;  // each model's perplexity over the same windows
+  double mean_kl = 0, median_kl = 0, p99_kl = 0, max_kl = 0;  // over scored tokens; percentiles nearest-rank
+  double same_top_token = 0;                                  // fraction of scored tokens
+};
+
+// Throws as sliding_window_perplexity does, and when the two forwards' vocabularies differ.
+KlDivergenceResult sliding_window_kl_divergence(const CausalLmForward& base, const CausalLmForward& test,
+                                                const at::Tensor& tokens, const PerplexityOptions& options = {},
+                                                const std::function<void(const PerplexityProgress&)>& on_window = {});
+
 }  // namespace qforge::models

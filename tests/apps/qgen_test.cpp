@@ -232,6 +232,47 @@ TEST(Qgen, PerplexityOfATextFileEqualsThePyTorchReference) {
   fs::remove(file);
 }
 
+// --kl-base: the folder from itself diverges by exactly 0 with every top token the same; its W8
+// freeze diverges a little, with the perplexity --weights w8 alone gives. A tokenizer that encodes
+// the file otherwise (the fixture without its BPE merges) is refused by name.
+TEST(Qgen, KlBaseMeasuresHowFarTheModelIsFromAnother) {
+  std::ifstream in(kFolder + "/expected_greedy.json");
+  const nlohmann::json want = nlohmann::json::parse(in);
+  const fs::path file = write_file("kl.txt", want["prompt"].get<std::string>());
+  const std::string score = kFolder + " --perplexity " + file.string() + " --window 8 --stride 4";
+  const Outcome self = qgen(score + " --kl-base " + kFolder);
+  ASSERT_EQ(self.code, 0) << self.err;
+  EXPECT_NE(self.out.find("qgen: KL divergence from " + kFolder + " over 15 tokens of " + file.string() +
+                          " in 3 windows of 8, stride 4: mean 0, median 0, 99th percentile 0, max 0 nats/token; "
+                          "same top token 100.00 %"),
+            std::string::npos) << self.out;
+  const Outcome w8 = qgen(score + " --weights w8 --kl-base " + kFolder), w8_alone = qgen(score + " --weights w8");
+  ASSERT_EQ(w8.code, 0) << w8.err;
+  ASSERT_EQ(w8_alone.code, 0) << w8_alone.err;
+  const double mean = number_after(w8.out, ": mean "), max = number_after(w8.out, ", max ");
+  EXPECT_GT(mean, 0) << w8.out;
+  EXPECT_LT(mean, 0.05) << w8.out;
+  EXPECT_GE(max, mean) << w8.out;
+  EXPECT_DOUBLE_EQ(number_after(w8.out, "; perplexity "), number_after(w8_alone.out, "qgen: perplexity ")) << w8.out;
+  EXPECT_DOUBLE_EQ(number_after(w8.out, "(base "), number_after(self.out, "; perplexity ")) << w8.out;
+
+  const fs::path other = fs::temp_directory_path() / ("qforge_qgen_nomerges_" + std::to_string(::getpid()));
+  fs::create_directories(other);
+  for (const char* name : {"config.json", "model.safetensors"}) fs::copy_file(kFolder + "/" + name, other / name);
+  std::ifstream tin(kFolder + "/tokenizer.json");
+  nlohmann::json tok = nlohmann::json::parse(tin);
+  tok["model"]["merges"] = nlohmann::json::array();
+  std::ofstream(other / "tokenizer.json") << tok.dump();
+  const Outcome mismatch = qgen(score + " --kl-base " + other.string());
+  EXPECT_EQ(mismatch.code, 1);
+  EXPECT_NE(mismatch.err.find("--kl-base " + other.string() + ": its tokenizer encodes " + file.string()),
+            std::string::npos) << mismatch.err;
+  EXPECT_NE(mismatch.err.find("the divergence needs the same tokens"), std::string::npos) << mismatch.err;
+  EXPECT_EQ(qgen(kFolder + " --prompt hi --kl-base " + kFolder).code, 2);  // --kl-base needs --perplexity
+  fs::remove_all(other);
+  fs::remove(file);
+}
+
 TEST(Qgen, PerplexityRefusesEmptyNonUtf8AndTooShortFilesAndBadWindows) {
   const fs::path empty = write_file("empty.txt", ""), latin1 = write_file("latin1.txt", "caf\xE9 au lait"),
                  one = write_file("one.txt", "a"), text = write_file("text.txt", "Hello, World!");

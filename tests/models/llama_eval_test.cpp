@@ -23,14 +23,18 @@ using qforge::testing::error_of;
 // kProbs is p(next token) after window position j. Logits are log-probabilities, so the
 // log-softmax gives them back exactly.
 const double kProbs[3][2] = {{0.5, 0.5}, {0.25, 0.75}, {0.9, 0.1}};
+// Another such model, for the divergence between two.
+const double kOtherProbs[3][2] = {{0.5, 0.5}, {0.5, 0.5}, {0.6, 0.4}};
 
-at::Tensor positional_logits(const at::Tensor& ids) {
+at::Tensor logits_of(const at::Tensor& ids, const double (&probs)[3][2]) {
   const int64_t L = ids.size(1);
   at::Tensor out = at::empty({1, L, 2}, at::kFloat);
   for (int64_t j = 0; j < L; ++j)
-    for (int64_t v = 0; v < 2; ++v) out[0][j][v] = std::log(kProbs[j][v]);
+    for (int64_t v = 0; v < 2; ++v) out[0][j][v] = std::log(probs[j][v]);
   return out;
 }
+at::Tensor positional_logits(const at::Tensor& ids) { return logits_of(ids, kProbs); }
+at::Tensor other_positional_logits(const at::Tensor& ids) { return logits_of(ids, kOtherProbs); }
 
 // A float model with random weights, GQA 4/2 (or 2/1 with one layer).
 LlamaForCausalLM tiny_llama(int64_t vocab, int64_t layers, int64_t heads, uint64_t seed) {
@@ -95,6 +99,44 @@ TEST(LlamaPerplexity, EqualsHfPerplexityGuideLoopOnAFixture) {
     EXPECT_LT(std::abs(r.perplexity - want) / want, 1e-5) << "max_length " << o.max_length << ", stride " << o.stride;
     EXPECT_EQ(r.tokens_scored, run["tokens_scored"].get<int64_t>());
   }
+}
+
+// The windows of SlidingWindowsScoreEachTokenOnceAsWorkedByHand score tokens from window positions
+// 0, 1, 0, 1: position 0 predicts alike in both models (KL 0, the same top token: the first of two
+// equal), position 1 does not: KL((0.25, 0.75) || (0.5, 0.5)) = 0.25 ln 0.5 + 0.75 ln 1.5, and the
+// top tokens differ.
+TEST(LlamaPerplexity, KlDivergenceAsWorkedByHandAndZeroFromItself) {
+  const at::Tensor tokens = at::tensor({0, 1, 1, 0, 1}, at::kLong);
+  const KlDivergenceResult r = sliding_window_kl_divergence(positional_logits, other_positional_logits, tokens, {3, 2});
+  const double k = 0.25 * std::log(0.25 / 0.5) + 0.75 * std::log(0.75 / 0.5);
+  EXPECT_NEAR(r.mean_kl, k / 2, 1e-7);
+  EXPECT_NEAR(r.median_kl, 0, 1e-12);  // nearest rank: the 2nd of 0, 0, k, k
+  EXPECT_NEAR(r.p99_kl, k, 1e-7);
+  EXPECT_NEAR(r.max_kl, k, 1e-7);
+  EXPECT_DOUBLE_EQ(r.same_top_token, 0.5);
+  EXPECT_EQ(r.test.tokens_scored, 4);
+  EXPECT_EQ(r.base.windows, 2);
+  EXPECT_NEAR(r.base.perplexity, std::pow(0.5 * 0.75 * 0.5 * 0.75, -1.0 / 4), 1e-6);
+  EXPECT_NEAR(r.test.perplexity, 2.0, 1e-6);
+  EXPECT_NE(error_of([&] { sliding_window_kl_divergence(positional_logits, other_positional_logits, tokens, {3, 4}); })
+                .find("stride"),
+            std::string::npos);
+
+  // A model from itself: exactly 0, every top token the same, both perplexities the plain one.
+  LlamaForCausalLM m = tiny_llama(40, 1, 2, 7);
+  const auto forward = [&](const at::Tensor& ids) { return m->forward(ids); };
+  const at::Tensor text = at::randint(0, 40, {40}, at::kLong);
+  const KlDivergenceResult self = sliding_window_kl_divergence(forward, forward, text, {16, 8});
+  EXPECT_EQ(self.max_kl, 0.0);
+  EXPECT_EQ(self.same_top_token, 1.0);
+  const PerplexityResult plain = sliding_window_perplexity(forward, text, {16, 8});
+  EXPECT_DOUBLE_EQ(self.test.perplexity, plain.perplexity);
+  EXPECT_DOUBLE_EQ(self.base.perplexity, plain.perplexity);
+  EXPECT_EQ(self.test.tokens_scored, plain.tokens_scored);
+  // Vocabularies of 40 and 2 (ids 0 and 1 lie in both).
+  EXPECT_NE(error_of([&] { sliding_window_kl_divergence(forward, positional_logits, tokens, {3, 2}); })
+                .find("the same vocabulary"),
+            std::string::npos);
 }
 
 TEST(LlamaPerplexity, OfATinyLlamaEqualsTheMeanTokenLossOfOneWindow) {
