@@ -104,6 +104,10 @@ at::Tensor fused_decode_attention(const at::Tensor& q, const at::Tensor& k, cons
 at::Tensor fused_prefill_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t T,
                                    int64_t window, double scale) {
   if (T <= kernels::kWeightOnlyMaxM) return {};
+  // The scalar reference at prefill sizes is far slower than the matmuls it would replace.
+  if (kernels::select_kernel(kernels::attention_prefill_kernels(), kernels::AttentionProblem{},
+                             kernels::IsaGate::machine(), nullptr).isa == kernels::Isa::kReference)
+    return {};
   return fused_attention(q, k, v, T, window, scale, false, kernels::attention_prefill_f32);
 }
 

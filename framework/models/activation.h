@@ -40,7 +40,8 @@ at::Tensor fused_decode_attention(const at::Tensor& q, const at::Tensor& k, cons
                                   int64_t window, double scale);
 
 // The same for prefill-size calls (T > kWeightOnlyMaxM; kernels::attention_prefill_f32, which
-// multiplies only the keys each query sees), else undefined.
+// multiplies only the keys each query sees) where an ISA entry of it runs (AVX-512 today; its
+// scalar reference at these sizes would be slower than the matmuls), else undefined.
 at::Tensor fused_prefill_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t T,
                                    int64_t window, double scale);
 

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "framework/core/error.h"
+#include "framework/models/activation.h"
 #include "framework/models/gpt2.h"
 #include "framework/models/kv_cache.h"
 #include "framework/models/llama.h"
@@ -251,6 +252,23 @@ TEST(GgufTokenOps, LlamaWithFusedOpsMatchesTheAtenForwardAndDecodesLikeItsFullFo
   expect_fused_forward_and_decode(m, at::randint(0, 64, {2, 12}, at::kLong));
   // Longer than kWeightOnlyMaxM: the no-grad forward takes the prefill attention.
   expect_fused_forward_and_decode(m, at::randint(0, 64, {1, 40}, at::kLong));
+}
+
+// The prefill attention runs only where an ISA entry serves it: capped below AVX-512 the model
+// function declines (its scalar reference would be slower than the matmuls), the decode one still runs.
+TEST(GgufTokenOps, PrefillAttentionDeclinesWhereOnlyItsReferenceWouldRun) {
+  if (!usable(Isa::kAvx512)) GTEST_SKIP() << "no AVX-512 here: the decline is the only path";
+  at::manual_seed(8);
+  at::NoGradGuard ng;
+  const at::Tensor q = at::randn({1, 2, 40, 16}), k = at::randn({1, 2, 40, 16}), v = at::randn({1, 2, 40, 16});
+  EXPECT_TRUE(models::fused_prefill_attention(q, k, v, 40, 0, 0.25).defined());
+  const Isa before = max_isa();
+  set_max_isa(Isa::kAvx2);
+  const bool prefill = models::fused_prefill_attention(q, k, v, 40, 0, 0.25).defined();
+  const bool decode = models::fused_decode_attention(q.narrow(2, 0, 4), k, v, 4, 0, 0.25).defined();
+  set_max_isa(before);
+  EXPECT_FALSE(prefill);
+  EXPECT_TRUE(decode);
 }
 
 // GPT-2 takes the fused softmax of decode-size calls too: head_dim 6, so 1/√6 · scores is not
