@@ -7,8 +7,9 @@
 //        [--top-k 0] [--top-p 1] [--min-p 0] [--repetition-penalty 1] [--seed 0] [--eos ID ...]
 //        [--threads N] [--print-ids]
 //   qgen MODEL --perplexity FILE [--window N] [--stride N] [--kl-base BASE] [--weights ...] [--threads N]
-// Exit codes: 0 success, 2 bad arguments, 1 a model that cannot be loaded or run, or a --perplexity
-// file that is missing, empty, not UTF-8 or under 2 tokens (the reason named).
+// Exit codes: 0 success, 2 bad arguments, 1 a model that cannot be loaded or run, a --perplexity
+// file that is missing, empty, not UTF-8 or under 2 tokens, or a --kl-base model whose tokenizer
+// encodes the file otherwise (the reason named).
 #include <ATen/Parallel.h>
 #include <ATen/ATen.h>
 
@@ -214,8 +215,7 @@ struct PerplexityArgs {
 
 // --kl-base: the KL divergence of the model's next-token distributions from the base model's over
 // the same windows, with both perplexities (models::sliding_window_kl_divergence).
-void run_kl_divergence(Loaded& m, const PerplexityArgs& a, const std::vector<int64_t>& ids,
-                       const models::PerplexityOptions& o,
+void run_kl_divergence(Loaded& m, const PerplexityArgs& a, const std::vector<int64_t>& ids, models::PerplexityOptions o,
                        const std::function<void(const models::PerplexityProgress&)>& progress) {
   Loaded base = load(a.kl_base);
   base.model->eval();
@@ -227,8 +227,15 @@ void run_kl_divergence(Loaded& m, const PerplexityArgs& a, const std::vector<int
                 " (first difference at id " + std::to_string(diff.first - ids.begin()) +
                 "); the divergence needs the same tokens");
   }
-  QF_REQUIRE(o.max_length <= base.model->config.max_position_embeddings, "--window ", o.max_length,
-             " exceeds the base model's max_position_embeddings ", base.model->config.max_position_embeddings);
+  // The default window fits both models.
+  const int64_t base_positions = base.model->config.max_position_embeddings;
+  if (a.window == 0 && o.max_length > base_positions) {
+    o.max_length = base_positions;
+    if (a.stride == 0) o.stride = std::max<int64_t>(1, o.max_length / 2);
+  }
+  QF_REQUIRE(o.max_length <= base_positions, "--window ", o.max_length, " exceeds the base model's max_position_embeddings ",
+             base_positions);
+  QF_REQUIRE(o.stride <= o.max_length, "--stride ", o.stride, " exceeds the window of ", o.max_length, " tokens");
   const auto t0 = std::chrono::steady_clock::now();
   const models::KlDivergenceResult r = models::sliding_window_kl_divergence(
       [&](const at::Tensor& x) { return base.model->forward(x); }, [&](const at::Tensor& x) { return m.model->forward(x); },

@@ -1,6 +1,7 @@
 // HF's hidden_act / activation_function names (transformers' ACT2FN) for the models' MLPs: BERT,
 // GPT-2 and the Llama family read their activation here, the value their masked attention scores
-// take, and the fused softmax of their decode-size attention calls.
+// take, the fused softmax of their decode-size attention calls, and the whole attention in one
+// kernel at decode and prefill sizes.
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -1,7 +1,7 @@
 // Fused per-token small ops of the decoder forward (issue 38): RMSNorm with the residual add before
 // it, RoPE on q / k rows in place, the scaled, causally masked softmax over the key cache, and the
-// whole attention of decode-size calls over the cache, each one call where the ATen forward runs
-// 5 to 10 ops (docs/kernels.md §2.5b). The *_reference
+// whole attention of decode-size and prefill-size calls over the cache, each one call where the
+// ATen forward runs 5 to 10 ops (docs/kernels.md §2.5b). The *_reference
 // functions define the results; each op's kernel table runs *_avx512 -> *_reference, bit-equal to
 // the reference (its 16 accumulator lanes are the AVX-512 lanes). Against the ATen ops they replace:
 // RoPE bit for bit, RMSNorm and softmax within a few ulp (other summation orders and exp).
@@ -116,7 +116,10 @@ void attention_f32(const AttentionProblem& p, RunInfo* info = nullptr);
 //   out_id = one fmaf chain over j = lo .. hi − 1 in order: acc = 0, acc = fmaf(p_ij, v_jd, acc)
 // The AVX-512 entry runs kAttentionPrefillRows rows at a time over keys transposed once a call
 // (lanes: 16 keys for w, 16 of d for out), every element its reference chain: bit for bit the
-// reference. Masked keys are never multiplied (the matmuls it replaces compute all S and mask).
+// reference. Keys no row of a 4-row tile sees are never multiplied (the matmuls it replaces
+// compute all S and mask); a tile's rows share its keys' span, so a row may compute a few scores
+// it does not see (more where the tile crosses from one grouped head's rows to the next), which
+// the softmax never reads.
 // Against the two matmuls and softmax: within a few ulp of max |out| (other summation orders).
 inline constexpr int64_t kAttentionPrefillRows = 4;
 void attention_prefill_reference(const AttentionProblem& p);

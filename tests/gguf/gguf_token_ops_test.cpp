@@ -203,9 +203,13 @@ TEST(GgufTokenOps, AttentionAgainstTheMatmulsAndSoftmaxItReplaces) {
       EXPECT_LE((y - ref).abs().max().item<double>(), 2e-6 * ref.abs().max().item<double>())
           << op.table.front().name << " T " << c.T << " S " << c.S << " D " << c.D << " window " << c.window;
     }
-    // Refused: rows not a multiple of T, a cache shorter than the query.
+    // Refused with valid pointers: rows not a multiple of T, a cache shorter than the query.
+    float buf[32] = {};
     AttentionProblem bad;
-    bad.groups = 1, bad.rows = 3, bad.T = 2, bad.S = 4, bad.D = 4;
+    bad.q = bad.k = bad.v = bad.scores = bad.out = buf;
+    bad.groups = 1, bad.rows = 2, bad.T = 2, bad.S = 2, bad.D = 4, bad.k_row_stride = bad.v_row_stride = 4;
+    EXPECT_NO_THROW(op.run(bad, nullptr));
+    bad.rows = 3;
     EXPECT_THROW(op.run(bad, nullptr), Error);
     bad.rows = 2, bad.S = 1;
     EXPECT_THROW(op.run(bad, nullptr), Error);
@@ -250,8 +254,16 @@ TEST(GgufTokenOps, LlamaWithFusedOpsMatchesTheAtenForwardAndDecodesLikeItsFullFo
   models::LlamaForCausalLM m(c);
   m->eval();
   expect_fused_forward_and_decode(m, at::randint(0, 64, {2, 12}, at::kLong));
-  // Longer than kWeightOnlyMaxM: the no-grad forward takes the prefill attention.
-  expect_fused_forward_and_decode(m, at::randint(0, 64, {1, 40}, at::kLong));
+  // Longer than kWeightOnlyMaxM: the no-grad forward takes the prefill attention (AVX-512).
+  const at::Tensor ids = at::randint(0, 64, {1, 40}, at::kLong);
+  expect_fused_forward_and_decode(m, ids);
+  // A 20-token chunk after 20 cached ones (a prefill at past > 0) against the full forward.
+  at::NoGradGuard ng;
+  const at::Tensor full = m->forward(ids);
+  models::KvCache cache;
+  m->forward(ids.narrow(1, 0, 20), &cache);
+  const at::Tensor chunk = m->forward(ids.narrow(1, 20, 20), &cache);
+  EXPECT_LT((chunk - full.narrow(1, 20, 20)).abs().max().item<double>(), 1e-5 * full.abs().max().item<double>());
 }
 
 // The prefill attention runs only where an ISA entry serves it: capped below AVX-512 the model
@@ -266,9 +278,21 @@ TEST(GgufTokenOps, PrefillAttentionDeclinesWhereOnlyItsReferenceWouldRun) {
   set_max_isa(Isa::kAvx2);
   const bool prefill = models::fused_prefill_attention(q, k, v, 40, 0, 0.25).defined();
   const bool decode = models::fused_decode_attention(q.narrow(2, 0, 4), k, v, 4, 0, 0.25).defined();
+  // A Llama's 40-token forward: capped, its other fused ops give the AVX-512 entries' bits, so a
+  // difference is the prefill attention, which ran uncapped only.
+  models::LlamaConfig c;
+  c.vocab_size = 64, c.hidden_size = 64, c.intermediate_size = 128, c.num_hidden_layers = 2;
+  c.num_attention_heads = 4, c.num_key_value_heads = 2;
+  models::LlamaForCausalLM m(c);
+  m->eval();
+  const at::Tensor ids = at::randint(0, 64, {1, 40}, at::kLong);
+  const at::Tensor capped = m->forward(ids);
   set_max_isa(before);
   EXPECT_FALSE(prefill);
   EXPECT_TRUE(decode);
+  const at::Tensor fused = m->forward(ids);
+  EXPECT_FALSE(at::equal(fused, capped)) << "the prefill attention did not run";
+  EXPECT_LT((fused - capped).abs().max().item<double>(), 1e-5 * capped.abs().max().item<double>());
 }
 
 // GPT-2 takes the fused softmax of decode-size calls too: head_dim 6, so 1/√6 · scores is not
@@ -283,7 +307,8 @@ TEST(GgufTokenOps, Gpt2WithTheFusedSoftmaxMatchesTheAtenForwardAndDecodesLikeIts
   // Past kWeightOnlyMaxM only the prefill attention is fused, and only where an ISA entry runs it.
   if (usable(Isa::kAvx512)) expect_fused_forward_and_decode(m, at::randint(0, 50, {1, 24}, at::kLong));
   at::NoGradGuard ng;
-  // A prompt longer than kWeightOnlyMaxM runs the prefill kernel, decoding on from it the decode one.
+  // A prompt longer than kWeightOnlyMaxM runs the prefill kernel (AVX-512; else the ATen ops),
+  // decoding on from it the decode one.
   const at::Tensor long_ids = at::randint(0, 50, {1, 24}, at::kLong);
   const at::Tensor full = m->forward(long_ids);
   models::Gpt2KvCache long_cache;
