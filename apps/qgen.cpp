@@ -22,6 +22,7 @@
 #include <initializer_list>
 #include <iterator>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -213,10 +214,8 @@ struct PerplexityArgs {
   std::string kl_base;             // --kl-base: the model the divergence is measured from ("": none)
 };
 
-// --kl-base: the KL divergence of the model's next-token distributions from the base model's over
-// the same windows, with both perplexities (models::sliding_window_kl_divergence).
-void run_kl_divergence(Loaded& m, const PerplexityArgs& a, const std::vector<int64_t>& ids, models::PerplexityOptions o,
-                       const std::function<void(const models::PerplexityProgress&)>& progress) {
+// --kl-base: the base model, its tokens of the file checked against the model's.
+Loaded load_kl_base(const PerplexityArgs& a, const std::vector<int64_t>& ids) {
   Loaded base = load(a.kl_base);
   base.model->eval();
   const std::vector<int64_t> base_ids = file_tokens(a.file, *base.tokenizer);
@@ -227,40 +226,24 @@ void run_kl_divergence(Loaded& m, const PerplexityArgs& a, const std::vector<int
                 " (first difference at id " + std::to_string(diff.first - ids.begin()) +
                 "); the divergence needs the same tokens");
   }
-  // The default window fits both models.
-  const int64_t base_positions = base.model->config.max_position_embeddings;
-  if (a.window == 0 && o.max_length > base_positions) {
-    o.max_length = base_positions;
-    if (a.stride == 0) o.stride = std::max<int64_t>(1, o.max_length / 2);
-  }
-  QF_REQUIRE(o.max_length <= base_positions, "--window ", o.max_length, " exceeds the base model's max_position_embeddings ",
-             base_positions);
-  QF_REQUIRE(o.stride <= o.max_length, "--stride ", o.stride, " exceeds the window of ", o.max_length, " tokens");
-  const auto t0 = std::chrono::steady_clock::now();
-  const models::KlDivergenceResult r = models::sliding_window_kl_divergence(
-      [&](const at::Tensor& x) { return base.model->forward(x); }, [&](const at::Tensor& x) { return m.model->forward(x); },
-      at::tensor(ids, at::kLong), o, progress);
-  std::printf("qgen: KL divergence from %s over %lld tokens of %s in %lld windows of %lld, stride %lld: mean %.6g, "
-              "median %.6g, 99th percentile %.6g, max %.6g nats/token; same top token %.2f %%; perplexity %.8g "
-              "(base %.8g, ln ratio %.6f)\n",
-              a.kl_base.c_str(), static_cast<long long>(r.test.tokens_scored), a.file.c_str(),
-              static_cast<long long>(r.test.windows), static_cast<long long>(o.max_length),
-              static_cast<long long>(o.stride), r.mean_kl, r.median_kl, r.p99_kl, r.max_kl, 100 * r.same_top_token,
-              r.test.perplexity, r.base.perplexity, r.test.nll_per_token - r.base.nll_per_token);
-  const double seconds = apps::seconds_since(t0);
-  std::fprintf(stderr, "qgen: scored in %.3f s (%.1f tokens/s, both models)\n", seconds,
-               r.test.tokens_scored / std::max(seconds, 1e-9));
-  report_resident_memory();
+  return base;
 }
 
-// Sliding-window perplexity of the file, with progress (and an ETA) on stderr at most once a second.
+// Sliding-window perplexity of the file, with progress (and an ETA) on stderr at most once a second;
+// with --kl-base, the KL divergence of the model's next-token distributions from the base model's
+// over the same windows, with both perplexities (models::sliding_window_kl_divergence).
 void run_perplexity(Loaded& m, const PerplexityArgs& a) {
   const std::vector<int64_t> ids = file_tokens(a.file, *m.tokenizer);
+  std::optional<Loaded> base;
+  if (!a.kl_base.empty()) base = load_kl_base(a, ids);
   const int64_t positions = m.model->config.max_position_embeddings;
-  models::PerplexityOptions o;
-  o.max_length = a.window > 0 ? a.window : std::min<int64_t>(1024, positions);
+  const int64_t base_positions = base ? base->model->config.max_position_embeddings : positions;
+  models::PerplexityOptions o;  // the default window fits every model scored
+  o.max_length = a.window > 0 ? a.window : std::min<int64_t>({1024, positions, base_positions});
   o.stride = a.stride > 0 ? a.stride : std::max<int64_t>(1, o.max_length / 2);
   QF_REQUIRE(o.max_length <= positions, "--window ", o.max_length, " exceeds the model's max_position_embeddings ", positions);
+  QF_REQUIRE(o.max_length <= base_positions, "--window ", o.max_length, " exceeds the base model's max_position_embeddings ",
+             base_positions);
   QF_REQUIRE(o.stride <= o.max_length, "--stride ", o.stride, " exceeds the window of ", o.max_length, " tokens");
   const auto t0 = std::chrono::steady_clock::now();
   double last_print = -1;
@@ -273,16 +256,30 @@ void run_perplexity(Loaded& m, const PerplexityArgs& a) {
                  static_cast<long long>(p.tokens_scored), static_cast<long long>(p.tokens_total), t,
                  t / p.windows_done * (p.windows_total - p.windows_done));
   };
-  if (!a.kl_base.empty()) return run_kl_divergence(m, a, ids, o, progress);
   const models::CausalLmForward fwd = [&](const at::Tensor& x) { return m.model->forward(x); };
-  const models::PerplexityResult r =
-      models::sliding_window_perplexity(fwd, at::tensor(ids, at::kLong), o, progress);
-  const double seconds = apps::seconds_since(t0);
-  std::printf("qgen: perplexity %.8g (%.6f nats/token) over %lld tokens of %s in %lld windows of %lld, stride %lld\n",
-              r.perplexity, r.nll_per_token, static_cast<long long>(r.tokens_scored), a.file.c_str(),
-              static_cast<long long>(r.windows), static_cast<long long>(r.max_length), static_cast<long long>(r.stride));
-  std::fprintf(stderr, "qgen: scored in %.3f s (%.1f tokens/s); model %.3f MB of tensors\n", seconds,
-               r.tokens_scored / std::max(seconds, 1e-9), model_size(*m.model).total_bytes / 1e6);
+  const at::Tensor tokens = at::tensor(ids, at::kLong);
+  if (base) {
+    const models::KlDivergenceResult r = models::sliding_window_kl_divergence(
+        [&](const at::Tensor& x) { return base->model->forward(x); }, fwd, tokens, o, progress);
+    std::printf("qgen: KL divergence from %s over %lld tokens of %s in %lld windows of %lld, stride %lld: mean %.6g, "
+                "median %.6g, 99th percentile %.6g, max %.6g nats/token; same top token %.2f %%; perplexity %.8g "
+                "(base %.8g, ln ratio %.6f)\n",
+                a.kl_base.c_str(), static_cast<long long>(r.test.tokens_scored), a.file.c_str(),
+                static_cast<long long>(r.test.windows), static_cast<long long>(o.max_length),
+                static_cast<long long>(o.stride), r.mean_kl, r.median_kl, r.p99_kl, r.max_kl, 100 * r.same_top_token,
+                r.test.perplexity, r.base.perplexity, r.test.nll_per_token - r.base.nll_per_token);
+    const double seconds = apps::seconds_since(t0);
+    std::fprintf(stderr, "qgen: scored in %.3f s (%.1f tokens/s, both models)\n", seconds,
+                 r.test.tokens_scored / std::max(seconds, 1e-9));
+  } else {
+    const models::PerplexityResult r = models::sliding_window_perplexity(fwd, tokens, o, progress);
+    const double seconds = apps::seconds_since(t0);
+    std::printf("qgen: perplexity %.8g (%.6f nats/token) over %lld tokens of %s in %lld windows of %lld, stride %lld\n",
+                r.perplexity, r.nll_per_token, static_cast<long long>(r.tokens_scored), a.file.c_str(),
+                static_cast<long long>(r.windows), static_cast<long long>(r.max_length), static_cast<long long>(r.stride));
+    std::fprintf(stderr, "qgen: scored in %.3f s (%.1f tokens/s); model %.3f MB of tensors\n", seconds,
+                 r.tokens_scored / std::max(seconds, 1e-9), model_size(*m.model).total_bytes / 1e6);
+  }
   report_resident_memory();
 }
 
