@@ -2,11 +2,12 @@
 // torch::jit::load: qforge's frozen model.pt (its ops registered by linking qforge_jit), a peer's
 // converted model (torch.ao's quantized::* ops, run by LibTorch on the quantized engine named by
 // --qengine) and the float model. Each (threads, batch) cell times every model on the same input
-// (uniform [0, 1), seed 0), under NoGradGuard, warm cache (weights and input stay resident between
+// (uniform [0, 1), seed 0; with --token-ids V, int64 ids uniform in [1, V), no padding), under NoGradGuard, warm cache (weights and input stay resident between
 // calls, as in a serving loop), after --warmup calls; the timed calls are interleaved model by
 // model so a load change on a shared machine reaches every model alike; the median is reported.
 //   qbench_torchscript --model float=f.pt --model torchao=ao.pt --model qforge=q.pt
 //       --input 1,28,28 --batch 1,32 --threads 1,2 --runs 50 [--json out.json]
+//   qbench_torchscript --model ... --input 32 --token-ids 1396 ...   (a text model's [B, 32] ids)
 #include <ATen/Context.h>
 #include <ATen/Parallel.h>
 #include <CLI/CLI.hpp>
@@ -77,9 +78,12 @@ int main(int argc, char** argv) {
   std::vector<std::string> specs;
   std::vector<int64_t> input, batches{1}, threads{1};
   int runs = 50, warmup = 5;
+  int64_t token_ids = 0;
   std::string engine = "onednn", json_path;
   app.add_option("--model", specs, "NAME=PATH.pt, repeatable")->required();
   app.add_option("--input", input, "one example's shape, e.g. 1,28,28")->required()->delimiter(',');
+  app.add_option("--token-ids", token_ids, "the input is int64 token ids uniform in [1, V) (0 is padding)")
+      ->check(CLI::Range(int64_t{2}, int64_t{1} << 40));
   app.add_option("--batch", batches, "batch sizes")->delimiter(',');
   app.add_option("--threads", threads, "intra-op thread counts")->delimiter(',');
   app.add_option("--runs", runs, "timed calls per model and cell (median)")->check(CLI::PositiveNumber);
@@ -104,7 +108,7 @@ int main(int argc, char** argv) {
         std::vector<int64_t> shape{b};
         shape.insert(shape.end(), input.begin(), input.end());
         at::manual_seed(0);
-        const at::Tensor x = at::rand(shape);
+        const at::Tensor x = token_ids ? at::randint(1, token_ids, shape, at::kLong) : at::rand(shape);
         for (Model& m : models)
           for (int i = 0; i < warmup; ++i) m.module.forward({x});
         std::vector<std::vector<double>> ms(models.size());
@@ -116,7 +120,8 @@ int main(int argc, char** argv) {
           std::printf(" %.3f |", med);
           rows.push_back({{"model", models[k].name}, {"path", models[k].path}, {"threads", t}, {"batch", b},
                           {"median_ms", med}, {"min_ms", *std::min_element(ms[k].begin(), ms[k].end())},
-                          {"runs", runs}, {"qengine", engine}});
+                          {"runs", runs}, {"qengine", engine},
+                          {"input", token_ids ? "int64 ids in [1, " + std::to_string(token_ids) + ")" : "uniform [0, 1)"}});
         }
         std::printf("\n");
         std::fflush(stdout);

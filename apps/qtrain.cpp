@@ -1,6 +1,8 @@
 // qtrain: runs a YAML recipe end to end: float model, calibration and PTQ, QAT, freeze, export.
 //   qtrain --recipe recipes/bert_int8.yaml [--out DIR] [--set key.path=value ...] [--dry-run]
 //          [--stages float,search,calibrate,ptq,qat,freeze,export] [--print-resolved]
+//   qtrain --recipe R --export-data FILE   writes the recipe's data splits as its task batches them
+//                                          (safetensors; export_task_data in recipe/task.h) and exits
 // Exit codes: 0 success, 2 invalid recipe or arguments, 1 failure during a stage (named), 130
 // interrupted (Ctrl-C) after writing what was complete.
 #include <chrono>
@@ -15,6 +17,7 @@
 
 #include "framework/pipeline/pipeline.h"
 #include "framework/pipeline/run_directory.h"
+#include "framework/recipe/task.h"
 
 namespace {
 
@@ -29,7 +32,7 @@ extern "C" void on_sigint(int) {
 
 int main(int argc, char** argv) {
   CLI::App app{"qtrain: quantization recipes from float model to frozen integer model"};
-  std::string recipe_path, out_dir, stages_arg;
+  std::string recipe_path, out_dir, stages_arg, export_data;
   std::vector<std::string> overrides;
   bool dry_run = false, print_resolved = false;
   app.add_option("--recipe", recipe_path, "recipe YAML file")->required();
@@ -37,6 +40,9 @@ int main(int argc, char** argv) {
   app.add_option("--set", overrides, "override a key: key.path=value (repeatable)");
   app.add_flag("--dry-run", dry_run, "validate and print the plan without touching data");
   app.add_flag("--print-resolved", print_resolved, "print the resolved recipe and exit");
+  app.add_option("--export-data", export_data,
+                 "write the data splits (inputs, labels, mask) to this safetensors file and exit, to train a model "
+                 "elsewhere on the same examples");
   app.add_option("--stages", stages_arg, "comma-separated subset of float,search,calibrate,ptq,qat,freeze,export");
   try {
     app.parse(argc, argv);
@@ -71,6 +77,16 @@ int main(int argc, char** argv) {
   if (print_resolved) {
     std::printf("%s", recipe.resolved_yaml.c_str());
     return 0;
+  }
+  if (!export_data.empty()) {
+    try {
+      for (const std::string& line : qforge::export_task_data(recipe, export_data)) std::printf("  %s\n", line.c_str());
+      std::printf("qtrain: data written to %s\n", export_data.c_str());
+      return 0;
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "qtrain: --export-data %s: %s\n", export_data.c_str(), e.what());
+      return 1;
+    }
   }
   try {
     qforge::check_stages(recipe, opt.stages);

@@ -75,6 +75,15 @@ const TaskKind* find_task_kind(const std::string& arch);
 // Throws qforge::Error naming the architectures it knows.
 Task make_task(const Recipe& r, bool with_data);
 
+// Writes the recipe's data as its task batches them, for a model trained elsewhere on the same
+// examples (qtrain --export-data): for each split (train, validation, test) `<split>.inputs`
+// (images float [N, ...], token ids int64 [N, L] padded to the split's longest example),
+// `<split>.labels` (int64 [N], or next tokens [N, T]) and, where the task masks padding,
+// `<split>.mask` (int64 [N, L], 1 = real token); metadata: arch, dataset, metric, the class
+// names (comma-separated) and the seed. Written through write_safetensors (a temporary file and
+// a rename). Returns one line per split, "train: 64000 examples, inputs int64 [64000, 32]".
+std::vector<std::string> export_task_data(const Recipe& r, const std::string& path);
+
 // The architectures make_task knows, in registry order.
 std::vector<std::string> task_architectures();
 

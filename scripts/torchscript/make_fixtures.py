@@ -468,6 +468,27 @@ def write_safetensors(path, tensors):
         f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
 
 
+def read_safetensors(path):
+    """The tensors of a safetensors file (read_safetensors' layout by hand, as write_safetensors),
+    and its __metadata__."""
+    import json
+    import struct
+    dtypes = {"F32": torch.float32, "F64": torch.float64, "I64": torch.int64, "I32": torch.int32,
+              "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8}
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+        blob = f.read()
+    tensors = {}
+    for name, h in header.items():
+        if name == "__metadata__":
+            continue
+        b, e = h["data_offsets"]
+        t = torch.frombuffer(bytearray(blob[b:e]), dtype=dtypes[h["dtype"]]) if e > b else torch.empty(0, dtype=dtypes[h["dtype"]])
+        tensors[name] = t.reshape(h["shape"])
+    return tensors, header.get("__metadata__", {})
+
+
 def write_recipe_data(out, model):
     """cnn_bn_data.safetensors: 384 random images and, as labels, the float model's own top-1
     class, so a quantized model's accuracy on it is its top-1 agreement with the float model."""

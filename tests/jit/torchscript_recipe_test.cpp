@@ -168,3 +168,72 @@ TEST(TorchScriptRecipe, GptqOnATorchScriptModelBeatsRoundToNearest) {
   EXPECT_EQ(solved, 5) << r["ptq"].dump();  // FmnistCnn: three convolutions, fc1 and fc2
   EXPECT_TRUE(fs::exists(dir.path / "model.pt"));
 }
+
+// Token ids in the data file: a scripted text model (make_fixtures.py's TinyEncoder, an
+// nn.Embedding first) calibrates, freezes and saves from integer `inputs`, and its model.pt
+// answers them with the accuracy the report gives. Negative ids are refused by name.
+TEST(TorchScriptRecipe, IntegerTokenIdsInTheDataFileReachTheEmbedding) {
+  OutDir dir("token_ids");
+  fs::create_directories(dir.path);
+  const std::string model = std::string(QFORGE_SOURCE_DIR) + "/tests/fixtures/torchscript/encoder_scripted.pt";
+  at::manual_seed(0);
+  at::Tensor ids = at::randint(1, 64, {384, 16}, at::kInt);  // int32 on disk, int64 for the model
+  ids.slice(1, 12).zero_();                                  // padded tails, as the fixture's own data
+  at::Tensor labels;
+  {
+    qforge::jit::ScriptedModel m = qforge::jit::load_torchscript(model);
+    m->eval();
+    torch::NoGradGuard no_grad;
+    labels = m->forward(ids.to(at::kLong)).argmax(1);  // the float model's top-1: accuracy is agreement
+  }
+  const std::string data = (dir.path / "ids.safetensors").string();
+  qforge::io::write_safetensors(data, {{"inputs", ids}, {"labels", labels}});
+  const std::string sets = " --set model.torchscript=" + model + " --set data.file=" + data +
+                           " --set model.input_shape=[16] --set calibrate.batches=4";
+  const QtrainRun run = qtrain(std::string(kRecipe) + " --out " + (dir.path / "run").string() + sets);
+  ASSERT_EQ(run.code, 0) << run.output;
+  std::ifstream in(dir.path / "run" / "report.json");
+  const nlohmann::json r = nlohmann::json::parse(in);
+  EXPECT_EQ(r["metrics"]["float"]["accuracy"].get<double>(), 1.0);
+  EXPECT_GE(r["metrics"]["frozen"]["accuracy"].get<double>(), 0.8) << r["metrics"].dump();
+  qforge::jit::ScriptedModel frozen = qforge::jit::load_torchscript((dir.path / "run" / "model.pt").string());
+  frozen->eval();
+  torch::NoGradGuard no_grad;
+  const at::Tensor held_x = ids.slice(0, 256).to(at::kLong), held_y = labels.slice(0, 256);
+  const double agree = frozen->forward(held_x).argmax(1).eq(held_y).to(at::kDouble).mean().item<double>();
+  EXPECT_NEAR(agree, r["metrics"]["frozen"]["accuracy"].get<double>(), 1e-9);
+
+  ids[5][3] = -2;
+  qforge::io::write_safetensors(data, {{"inputs", ids}, {"labels", labels}});
+  const QtrainRun negative = qtrain(std::string(kRecipe) + " --out " + (dir.path / "neg").string() + sets);
+  EXPECT_NE(negative.code, 0);
+  EXPECT_NE(negative.output.find("'inputs' holds negative token ids"), std::string::npos) << negative.output;
+}
+
+// qtrain --export-data writes the task's splits as it batches them: the language-ID phrases as
+// bigram ids with their mask, the labels, and the class names, for a model trained elsewhere.
+TEST(TorchScriptRecipe, ExportDataWritesTheTasksSplitsAsItBatchesThem) {
+  OutDir dir("export");
+  fs::create_directories(dir.path);
+  const std::string file = (dir.path / "langid.safetensors").string();
+  const QtrainRun run = qtrain("--recipe recipes/bert_int8.yaml --set data.examples_per_language=50 --export-data " + file);
+  ASSERT_EQ(run.code, 0) << run.output;
+  EXPECT_NE(run.output.find("train: 400 examples, inputs Long [400, "), std::string::npos) << run.output;
+  const qforge::io::SafetensorsFile f = qforge::io::read_safetensors(file);
+  EXPECT_EQ(f.metadata.at("class_names"), "English,French,German,Italian,Spanish,Portuguese,Dutch,Swedish");
+  EXPECT_EQ(f.metadata.at("arch"), "bert");
+  for (const char* split : {"train", "validation", "test"}) {
+    const std::string s(split);
+    const at::Tensor x = f.tensors.at(s + ".inputs"), y = f.tensors.at(s + ".labels"), m = f.tensors.at(s + ".mask");
+    EXPECT_EQ(x.scalar_type(), at::kLong) << s;
+    EXPECT_EQ(x.dim(), 2) << s;
+    EXPECT_LE(x.size(1), 32) << s;  // data.seq_len of bert_tiny
+    EXPECT_EQ(y.size(0), x.size(0)) << s;
+    EXPECT_TRUE(at::equal(m, x.ne(0).to(at::kLong))) << s;  // padding is id 0, and only padding
+    EXPECT_TRUE(x.select(1, 0).eq(2).all().item<bool>()) << s;  // every phrase starts with [CLS]
+    EXPECT_EQ(at::bincount(y).size(0), 8) << s;
+  }
+  const QtrainRun bad = qtrain("--recipe recipes/bert_int8.yaml --export-data /nonexistent/dir/x.safetensors");
+  EXPECT_EQ(bad.code, 1);
+  EXPECT_NE(bad.output.find("--export-data /nonexistent/dir/x.safetensors"), std::string::npos) << bad.output;
+}

@@ -1,7 +1,8 @@
 // TorchScript models (framework/jit) in recipes: model.torchscript names the file, whose float
 // weights come with it; data.dataset "tensors" reads the examples from data.file, a safetensors
-// file holding `inputs` [N, ...] (float) and `labels` [N] (integer classes); "fashion_mnist" the
-// built-in Fashion-MNIST images [1, 28, 28].
+// file holding `inputs` [N, ...] (float examples, or integer token ids passed on as int64; the
+// model masks its own padding) and `labels` [N] (integer classes); "fashion_mnist" the built-in
+// Fashion-MNIST images [1, 28, 28].
 #include <ATen/ATen.h>
 
 #include <sstream>
@@ -37,17 +38,20 @@ at::Tensor data_tensor(const io::SafetensorsFile& f, const std::string& file, co
 void attach_tensor_file(Task& t, const Recipe& r) {
   const std::string& file = r.data.file;
   const io::SafetensorsFile f = io::read_safetensors(file);
-  const at::Tensor inputs = data_tensor(f, file, "inputs", "float examples [N, ...]");
+  at::Tensor inputs = data_tensor(f, file, "inputs", "float examples or integer token ids [N, ...]");
   const at::Tensor labels = data_tensor(f, file, "labels", "integer classes [N]");
-  QF_REQUIRE(inputs.scalar_type() == at::kFloat && inputs.dim() >= 2, "qtrain: data.file ", file,
-             ": 'inputs' must be float32 of at least 2 dimensions [N, ...], got ", inputs.scalar_type(), " ",
-             shape_string(inputs.sizes()));
+  const bool ids = at::isIntegralType(inputs.scalar_type(), /*includeBool=*/false);
+  QF_REQUIRE((inputs.scalar_type() == at::kFloat || ids) && inputs.dim() >= 2, "qtrain: data.file ", file,
+             ": 'inputs' must be float32 examples or integer token ids of at least 2 dimensions [N, ...], got ",
+             inputs.scalar_type(), " ", shape_string(inputs.sizes()));
+  if (ids) inputs = inputs.to(at::kLong);  // as nn.Embedding takes them
   QF_REQUIRE(at::isIntegralType(labels.scalar_type(), /*includeBool=*/false) && labels.dim() == 1,
              "qtrain: data.file ", file, ": 'labels' must be integer classes of shape [N], got ", labels.scalar_type(),
              " ", shape_string(labels.sizes()));
   const int64_t n = inputs.size(0);
   QF_REQUIRE(labels.size(0) == n, "qtrain: data.file ", file, ": ", n, " inputs but ", labels.size(0), " labels");
-  QF_REQUIRE(at::isfinite(inputs).all().item<bool>(), "qtrain: data.file ", file, ": 'inputs' holds NaN or inf");
+  QF_REQUIRE(ids || at::isfinite(inputs).all().item<bool>(), "qtrain: data.file ", file, ": 'inputs' holds NaN or inf");
+  QF_REQUIRE(!ids || inputs.min().item<int64_t>() >= 0, "qtrain: data.file ", file, ": 'inputs' holds negative token ids");
   const auto& shape = r.model.input_shape;
   QF_REQUIRE(shape.empty() || inputs.sizes().slice(1).vec() == shape, "qtrain: data.file ", file,
              ": one example has shape ", shape_string(inputs.sizes().slice(1)), ", model.input_shape is ",
