@@ -1,5 +1,5 @@
 // qbench cases for whole models, as users run them:
-//   conv_s8_cnn                      one SmallCnn convolution: fp32, qforge int8, oneDNN int8 (conv_cases)
+//   conv_s8_cnn                      one SmallCnn or MobileNetV2 convolution: fp32, qforge int8, oneDNN int8 (conv_cases)
 //   model_cnn_b1, model_cnn_b128     the Fashion-MNIST CNN (SmallCnn), one image / 128 images
 //   model_bert_b1, model_bert_b8     BERT-base shapes (12 layers, hidden 768, 12 heads, FFN 3072,
 //                                    sequence 128, random weights), 1 / 8 sequences
@@ -164,7 +164,7 @@ std::vector<Case> bert_cases(int64_t batch) {
                          at::randint(1, cfg.vocab_size, {batch, kSeq}, at::kLong));
 }
 
-// One convolution of the SmallCnn at its real shape, three ways on the same data: LibTorch's
+// One convolution of the SmallCnn or MobileNetV2 at its real shape, three ways on the same data: LibTorch's
 // fp32 at::conv2d (oneDNN / its own, NCHW float input), qforge's im2col convolution
 // (im2col_nhwc_s8 + the int8 GEMM chain, kernels::conv2d_s8s8f32) and oneDNN's int8
 // convolution (kernels::conv2d_s8s8f32_onednn: s8 x s8 -> s32 channels-last, then qforge's
@@ -175,24 +175,30 @@ std::vector<Case> bert_cases(int64_t batch) {
 std::vector<Case> conv_cases() {
   struct Shape {
     const char* name;
-    int64_t batch, c, hw, n;
+    int64_t batch, c, hw, n, kernel = 3, stride = 1;
   };
   std::vector<Case> out;
+  // The SmallCnn's, then MobileNetV2's (Fashion-MNIST, batch 32) largest: its stem and two 1x1
+  // convolutions over few input channels at 14 x 14.
   for (const Shape& sh : {Shape{"conv1_b128_1x28x28_to32", 128, 1, 28, 32}, Shape{"conv2_b1_32x14x14_to64", 1, 32, 14, 64},
-                          Shape{"conv2_b128_32x14x14_to64", 128, 32, 14, 64}}) {
+                          Shape{"conv2_b128_32x14x14_to64", 128, 32, 14, 64},
+                          Shape{"mbv2_stem_b32_1x28x28_to32_s2", 32, 1, 28, 32, 3, 2},
+                          Shape{"mbv2_1x1_b32_16x14x14_to96", 32, 16, 14, 96, 1},
+                          Shape{"mbv2_1x1_b32_32x14x14_to16", 32, 32, 14, 16, 1}}) {
     kernels::ConvGeometry g;
     g.batch = sh.batch;
     g.in_channels = sh.c;
     g.in_h = g.in_w = sh.hw;
     g.out_channels = sh.n;
-    g.kernel_h = g.kernel_w = 3;
-    g.pad_h = g.pad_w = 1;
+    g.kernel_h = g.kernel_w = sh.kernel;
+    g.stride_h = g.stride_w = sh.stride;
+    g.pad_h = g.pad_w = sh.kernel / 2;
     const int64_t M = g.gemm_m(), N = g.out_channels, K = g.gemm_k();
     torch::manual_seed(0);
     const at::Tensor x_float = at::randn({g.batch, g.in_channels, g.in_h, g.in_w});
-    const at::Tensor w_float = at::randn({N, g.in_channels, 3, 3}) * 0.1;
+    const at::Tensor w_float = at::randn({N, g.in_channels, sh.kernel, sh.kernel}) * 0.1;
     const at::Tensor x_nhwc = at::randint(-127, 128, {g.batch, g.in_h, g.in_w, g.in_channels}, at::kChar);
-    const at::Tensor w_codes = at::randint(-127, 128, {N, g.in_channels, 3, 3}, at::kChar);
+    const at::Tensor w_codes = at::randint(-127, 128, {N, g.in_channels, sh.kernel, sh.kernel}, at::kChar);
     const at::Tensor w_scale = at::rand({N}) * 0.01 + 0.001, a_scale = at::full({1}, 0.02f);
     kernels::PackOptions no_onednn;
     no_onednn.onednn = false;
@@ -213,9 +219,9 @@ std::vector<Case> conv_cases() {
                  "qbench conv_s8_cnn: oneDNN has no primitive for this input size");
     };
     Case c{sh.name, 0, {}};
-    c.impls.push_back({"libtorch", [x_float, w_float] {
+    c.impls.push_back({"libtorch", [x_float, w_float, g] {
       at::NoGradGuard ng;
-      at::conv2d(x_float, w_float, {}, 1, 1);
+      at::conv2d(x_float, w_float, {}, g.stride_h, g.pad_h);
     }});
     c.impls.push_back({"qforge", run_qforge});
     if (dnn != nullptr) {

@@ -1,10 +1,12 @@
 // qbench_torchscript: whole TorchScript models side by side in one C++ process, each loaded by
 // torch::jit::load: qforge's frozen model.pt (its ops registered by linking qforge_jit), a peer's
 // converted model (torch.ao's quantized::* ops, run by LibTorch on the quantized engine named by
-// --qengine) and the float model. Each (threads, batch) cell times every model on the same input
-// (uniform [0, 1), seed 0; with --token-ids V, int64 ids uniform in [1, V), no padding), under NoGradGuard, warm cache (weights and input stay resident between
+// --qengine) and the float model. Each (threads, batch) cell loads the models afresh and times
+// every model on the same input (uniform [0, 1), seed 0; with --token-ids V, int64 ids uniform in
+// [1, V), no padding), under NoGradGuard, warm cache (weights and input stay resident between
 // calls, as in a serving loop), after --warmup calls; the timed calls are interleaved model by
 // model so a load change on a shared machine reaches every model alike; the median is reported.
+// A model whose call throws in a cell is reported as failing there, with its error.
 //   qbench_torchscript --model float=f.pt --model torchao=ao.pt --model qforge=q.pt
 //       --input 1,28,28 --batch 1,32 --threads 1,2 --runs 50 [--json out.json]
 //   qbench_torchscript --model ... --input 32 --token-ids 1396 ...   (a text model's [B, 32] ids)
@@ -22,6 +24,8 @@
 #include <string>
 #include <utility>
 #include <vector>
+
+#include <sys/resource.h>
 
 namespace {
 
@@ -65,10 +69,29 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-double call_ms(torch::jit::Module& m, const at::Tensor& x) {
+long minor_faults() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_minflt;
+}
+
+// One call's milliseconds; *faults grows by the minor page faults it took (memory the allocator
+// had returned to the system and the call touched again: costly on VMs, see docs/performance.md).
+double call_ms(torch::jit::Module& m, const at::Tensor& x, long* faults) {
+  const long f0 = minor_faults();
   const auto t0 = std::chrono::steady_clock::now();
   m.forward({x});
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  *faults += minor_faults() - f0;
+  return ms;
+}
+
+// The last non-empty line of an error: a TorchScript interpreter error ends with the op's own
+// message ("RuntimeError: ...") after the traceback.
+std::string last_line(std::string s) {
+  while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
+  const size_t nl = s.rfind('\n');
+  return nl == std::string::npos ? s : s.substr(nl + 1);
 }
 
 }  // namespace
@@ -98,29 +121,54 @@ int main(int argc, char** argv) {
     at::NoGradGuard no_grad;
     nlohmann::json rows = nlohmann::json::array();
     std::printf("| threads | batch |");
-    for (const Model& m : models) std::printf(" %s (ms) |", m.name.c_str());
+    for (const Model& m : models) std::printf(" %s: ms (page faults per call) |", m.name.c_str());
     std::printf("\n|---|---|");
     for (size_t k = 0; k < models.size(); ++k) std::printf("---|");
     std::printf("\n");
     for (int64_t t : threads) {
       at::set_num_threads(static_cast<int>(t));
       for (int64_t b : batches) {
+        // Each cell loads the models afresh: torch.ao's onednn int8 convolutions (torch 1.13) fail
+        // with "could not create a primitive descriptor for a reorder primitive" when a model
+        // called at 2 threads is called again at another batch size, and a fresh load avoids it.
+        if (&b != &batches.front() || t != threads.front())
+          for (Model& m : models) m = load(m.name + "=" + m.path);
         std::vector<int64_t> shape{b};
         shape.insert(shape.end(), input.begin(), input.end());
         at::manual_seed(0);
         const at::Tensor x = token_ids ? at::randint(1, token_ids, shape, at::kLong) : at::rand(shape);
-        for (Model& m : models)
-          for (int i = 0; i < warmup; ++i) m.module.forward({x});
+        // A model whose call throws in this cell (a peer's quantized engine refusing a shape or
+        // thread count) is reported as failing here, with the error, and skipped for the cell.
+        std::vector<std::string> failed(models.size());
+        for (size_t k = 0; k < models.size(); ++k) {
+          try {
+            for (int i = 0; i < std::max(warmup, 1); ++i) models[k].module.forward({x});
+          } catch (const std::exception& e) {
+            const auto* c10 = dynamic_cast<const c10::Error*>(&e);
+            failed[k] = last_line(c10 ? c10->what_without_backtrace() : e.what());
+            std::fprintf(stderr, "qbench_torchscript: %s fails at %lld threads, batch %lld: %s\n", models[k].name.c_str(),
+                         static_cast<long long>(t), static_cast<long long>(b), failed[k].c_str());
+          }
+        }
         std::vector<std::vector<double>> ms(models.size());
+        std::vector<long> faults(models.size(), 0);
         for (int r = 0; r < runs; ++r)
-          for (size_t k = 0; k < models.size(); ++k) ms[k].push_back(call_ms(models[k].module, x));
+          for (size_t k = 0; k < models.size(); ++k)
+            if (failed[k].empty()) ms[k].push_back(call_ms(models[k].module, x, &faults[k]));
         std::printf("| %lld | %lld |", static_cast<long long>(t), static_cast<long long>(b));
         for (size_t k = 0; k < models.size(); ++k) {
+          if (!failed[k].empty()) {
+            std::printf(" fails |");
+            rows.push_back({{"model", models[k].name}, {"path", models[k].path}, {"threads", t}, {"batch", b},
+                            {"error", failed[k]}, {"qengine", engine}});
+            continue;
+          }
           const double med = median(ms[k]);
-          std::printf(" %.3f |", med);
+          std::printf(" %.3f (%.0f) |", med, static_cast<double>(faults[k]) / runs);
           rows.push_back({{"model", models[k].name}, {"path", models[k].path}, {"threads", t}, {"batch", b},
                           {"median_ms", med}, {"min_ms", *std::min_element(ms[k].begin(), ms[k].end())},
                           {"runs", runs}, {"qengine", engine},
+                          {"minor_faults_per_call", static_cast<double>(faults[k]) / runs},
                           {"input", token_ids ? "int64 ids in [1, " + std::to_string(token_ids) + ")" : "uniform [0, 1)"}});
         }
         std::printf("\n");

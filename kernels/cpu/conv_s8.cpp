@@ -18,6 +18,7 @@
 #include "kernels/cpu/gemv_s8.h"
 #include "kernels/cpu/parallel_blocks.h"
 #include "kernels/cpu/quantize_rows_s8.h"
+#include "kernels/cpu/workspace.h"
 
 namespace qforge::kernels {
 
@@ -227,10 +228,12 @@ bool onednn_conv(const detail::OneDnnConvS8& w, const int8_t* x_nhwc, float a_sc
     ri.kernel = "conv_s8s8s32_onednn";
     return true;
   }
-  // Uninitialised: oneDNN writes every element.
-  const std::unique_ptr<int32_t[]> acc(new int32_t[static_cast<size_t>(M * N)]);
+  // Uninitialised (oneDNN writes every element), and the thread's retained buffer where it fits:
+  // a fresh allocation of this size is returned to the system after the call and page-faulted in
+  // again by the next, which cost more than the convolution itself (MobileNetV2 at batch 32).
+  const detail::ScratchArray<int32_t> acc(detail::Scratch::kAccumulators, M * N);
   std::string why;
-  if (!detail::onednn_conv_s8s8s32(w, g, x_nhwc, acc.get(), &why)) {
+  if (!detail::onednn_conv_s8s8s32(w, g, x_nhwc, acc.data(), &why)) {
     ri.skip("conv_s8s8s32_onednn", why);
     return false;
   }
@@ -243,7 +246,7 @@ bool onednn_conv(const detail::OneDnnConvS8& w, const int8_t* x_nhwc, float a_sc
       const int64_t r0 = c * kRows, rows = std::min(M, r0 + kRows) - r0;
       float* out = rq != nullptr ? buf.data() : y + r0 * N;
       RunInfo e;
-      dequantize_s32_f32(acc.get() + r0 * N, a.data(), w_scale, bias, out, rows, N, &e);
+      dequantize_s32_f32(acc.data() + r0 * N, a.data(), w_scale, bias, out, rows, N, &e);
       if (relu) relu_in_place(out, rows * N);
       if (rq != nullptr) quantize_static_s8(out, rows * N, rq->inv, rq->qmin, rq->qmax, rq->q + r0 * N);
       if (c == 0) epilogue = std::move(e);

@@ -47,9 +47,10 @@ its model.pt evaluated here with libqforge_torchscript.so loaded. Also saves the
 and torch.ao models (<out>/<model>/float.pt, torchao.pt) for `latency`.
 
 latency: build/apps/qbench_torchscript times <out>/<model>/{float,torchao}.pt and qtrain's
-model.pt in one C++ process (torch::jit::load; torch.ao's quantized ops on LibTorch's onednn
-engine), batch 1 and 32, 1 and 2 threads, warm cache, median of --runs interleaved calls (the
-BERT on 32 token ids uniform over its vocabulary, no padding).
+model.pt in C++ (torch::jit::load; torch.ao's quantized ops on LibTorch's onednn engine), batch 1
+and 32, 1 and 2 threads, warm cache, median of --runs calls (the BERT on 32 token ids uniform over
+its vocabulary, no padding): first the three models interleaved call by call in one process,
+then each model in a process of its own, alternated for --rounds rounds.
 """
 import argparse
 import collections
@@ -376,6 +377,9 @@ def compare(args, name):
 
 
 def latency(args, name):
+    """Two regimes: the three models interleaved in one process (one allocator: a model that frees
+    large buffers makes the next one page-fault its own back in), then each model in a process of
+    its own, the processes alternated for --rounds rounds (the median of the rounds' medians)."""
     out = os.path.join(args.out, name)
     files = {"float": os.path.join(out, "float.pt"), "torchao": os.path.join(out, "torchao.pt"),
              "qforge": os.path.join(out, "run", "model.pt")}
@@ -383,14 +387,36 @@ def latency(args, name):
         if not os.path.exists(p):
             sys.exit(f"{p} is missing: run `compare --models {name}` first")
     tool = os.path.join(args.build, "apps", "qbench_torchscript")
-    js = os.path.join(out, "latency.json")
     shape = ["--input", "32", "--token-ids", str(langid_data(args)[2])] if name == "bert" else ["--input", "1,28,28"]
-    cmd = [tool] + shape + ["--batch", "1,32", "--threads", "1,2", "--runs", str(args.runs),
-           "--qengine", "onednn", "--json", js] + sum((["--model", f"{k}={p}"] for k, p in files.items()), [])
-    print(name)
-    subprocess.run(cmd, check=True)
+    base = [tool] + shape + ["--batch", "1,32", "--threads", "1,2", "--runs", str(args.runs), "--qengine", "onednn"]
+    print(f"{name}: one process, the models interleaved")
+    js = os.path.join(out, "latency.json")
+    subprocess.run(base + ["--json", js] + sum((["--model", f"{k}={p}"] for k, p in files.items()), []), check=True)
     with open(js) as f:
-        return json.load(f)
+        rows = json.load(f)
+    own = collections.defaultdict(list)  # (model, threads, batch) -> median of each round
+    for r in range(args.rounds):
+        for k, p in files.items():
+            js_k = os.path.join(out, f"latency_{k}_{r}.json")
+            subprocess.run(base + ["--json", js_k, "--model", f"{k}={p}"], check=True, stdout=subprocess.DEVNULL)
+            with open(js_k) as f:
+                for row in json.load(f):
+                    own[(k, row["threads"], row["batch"])].append(row.get("median_ms"))
+    print(f"{name}: a process per model, {args.rounds} rounds alternated (median of the rounds' medians, ms)")
+    print("| threads | batch | " + " | ".join(files) + " |")
+    print("|---|---|" + "---|" * len(files))
+    for t in (1, 2):
+        for b in (1, 32):
+            cells = []
+            for k in files:
+                v = [x for x in own[(k, t, b)] if x is not None]
+                cells.append(f"{sorted(v)[len(v) // 2]:.3f}" if v else "fails")
+            print(f"| {t} | {b} | " + " | ".join(cells) + " |")
+    for (k, t, b), v in own.items():
+        rows.append({"model": k, "threads": t, "batch": b, "regime": "own process", "round_medians_ms": v})
+    with open(js, "w") as f:
+        json.dump(rows, f, indent=1)
+    return rows
 
 
 def main():
@@ -406,6 +432,7 @@ def main():
     ap.add_argument("--eval", type=int, default=10000, help="test images (all 10 000, or a seeded pick)")
     ap.add_argument("--batch", type=int, default=32, help="calibration batch (both tools)")
     ap.add_argument("--runs", type=int, default=50, help="latency: timed calls per model and cell")
+    ap.add_argument("--rounds", type=int, default=3, help="latency: rounds of one process per model")
     ap.add_argument("--unfinished", action="store_true",
                     help="compare: take a checkpoint stopped before --steps (its step is reported)")
     ap.add_argument("--quiet", action="store_true")
