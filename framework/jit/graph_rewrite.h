@@ -34,12 +34,21 @@ struct TiedCall {
   bool slice = false;
 };
 
+// Two convolutions chained through int8 codes: `from`'s output, after a ReLU or ReLU6, feeds only
+// `to` (qforge::conv2d_act_codes; once both are frozen on the integer path it hands `to` the codes
+// of its input quantizer instead of floats).
+struct ChainedCall {
+  std::string from, to;
+  std::string activation;  // "aten::relu", "aten::hardtanh(0, 6)"
+};
+
 struct RewriteResult {
   std::vector<c10::intrusive_ptr<ScriptedLayer>> layers;  // new qforge layers, in graph order
   std::vector<FloatCall> kept_float;
   // {BatchNorm module path, convolution layer path} of each BatchNorm folded into a convolution.
   std::vector<std::pair<std::string, std::string>> folded;
   std::vector<TiedCall> tied;
+  std::vector<ChainedCall> chained;  // every chain in the graph (new ones and a saved file's)
 };
 
 // The root attributes a rewrite added earlier (a file saved after a rewrite), in attribute order.
@@ -56,6 +65,10 @@ std::set<std::string> tensor_attributes_read(const torch::jit::Module& module);
 // eval-mode aten::batch_norm on a convolution's output is folded into it (nn::fold_bn_tensors): the
 // module's weight (and bias, where it has one) attributes become the folded tensors; a conv without
 // bias gets the layer's own. Other batch_norm calls stay float and are listed with the reason.
+// Then `qforge::conv2d -> aten::relu / relu_ / hardtanh(_)(0, 6) -> qforge::conv2d`, where each
+// output has that one use, becomes `qforge::conv2d_act_codes(x, first, second, clamp_max,
+// training) -> qforge::conv2d` (clamp_max 6 for ReLU6, -1 for ReLU): the same values until both
+// layers are frozen on the integer path, then int8 codes between them (RewriteResult::chained).
 // Throws qforge::Error when the module has no forward.
 RewriteResult rewrite_forward(torch::jit::Module& module);
 

@@ -350,6 +350,37 @@ at::Tensor call(const at::Tensor& x, const c10::intrusive_ptr<ScriptedLayer>& l,
   return l->forward(x);
 }
 
+// Whether every value above clamp_max gets second's top input code as clamp_max itself does, so
+// that codes of relu(y) are codes of hardtanh(y, 0, clamp_max) (computed as quantize_to_int8
+// computes codes: v * (1 / scale) rounded, plus the zero point).
+bool clamp_is_in_the_grid(const nn::Conv2dImpl& second, double clamp_max) {
+  if (clamp_max <= 0) return true;  // a plain ReLU
+  const QParams qp = second.input_quantizer()->qparams();
+  const float inv = 1.0f / qp.scale.to(at::kFloat).reshape({-1})[0].item<float>();
+  const int64_t zp = qp.zero_point.reshape({-1})[0].item<int64_t>();
+  return static_cast<float>(clamp_max) * inv >= static_cast<float>(qp.spec.quant_max() - zp);
+}
+
+// qforge::conv2d_act_codes (graph_rewrite.h): relu(first(x)), or hardtanh(first(x), 0, clamp_max),
+// for second's input. Once first is frozen on the integer path and second takes codes, the int8
+// codes second's input quantizer makes of those values, requantized in first's epilogue
+// (nn::Conv2dImpl::forward_relu_codes: code for code the same); floats otherwise.
+at::Tensor conv2d_act_codes(const at::Tensor& x, const c10::intrusive_ptr<ScriptedLayer>& first,
+                            const c10::intrusive_ptr<ScriptedLayer>& second, double clamp_max, bool training) {
+  for (const auto* l : {&first, &second})
+    QF_REQUIRE((*l)->spec().kind == LayerKind::kConv2d, "framework/jit: qforge::conv2d_act_codes called with the ",
+               to_string((*l)->spec().kind), " layer '", (*l)->path(), "'");
+  for (const auto* l : {&first, &second})
+    if ((*l)->module()->is_training() != training) (*l)->module()->train(training);
+  auto* a = dynamic_cast<nn::Conv2dImpl*>(first->module().get());
+  auto* b = dynamic_cast<nn::Conv2dImpl*>(second->module().get());
+  if (!training && x.is_cpu() && a != nullptr && b != nullptr && a->integer_frozen() && b->takes_codes() &&
+      (x.scalar_type() != at::kChar || a->takes_codes()) && clamp_is_in_the_grid(*b, clamp_max))
+    return a->forward_relu_codes(x, *b);
+  const at::Tensor y = first->forward(x);
+  return clamp_max > 0 ? at::hardtanh(y, 0.0, clamp_max) : at::relu(y);
+}
+
 // A Linear call on an embedding's table (a tied LM head): x times the table's rows as the layer
 // holds them now (float, fake-quantized, or dequantized from the frozen table), so the table is
 // quantized once for both uses.
@@ -384,6 +415,10 @@ TORCH_LIBRARY(qforge, m) {
         [](const at::Tensor& x, c10::intrusive_ptr<ScriptedLayer> l, bool training) {
           return call(x, l, training, LayerKind::kConv2d);
         });
+  m.def("conv2d_act_codes(Tensor x, __torch__.torch.classes.qforge.Layer layer, "
+        "__torch__.torch.classes.qforge.Layer next, float clamp_max, bool training) -> Tensor",
+        [](const at::Tensor& x, c10::intrusive_ptr<ScriptedLayer> l, c10::intrusive_ptr<ScriptedLayer> next,
+           double clamp_max, bool training) { return conv2d_act_codes(x, l, next, clamp_max, training); });
   m.def("embedding(Tensor indices, __torch__.torch.classes.qforge.Layer layer, bool training) -> Tensor",
         [](const at::Tensor& indices, c10::intrusive_ptr<ScriptedLayer> l, bool training) {
           return call(indices, l, training, LayerKind::kEmbedding);

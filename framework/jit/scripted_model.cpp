@@ -29,6 +29,7 @@ ScriptedModelImpl::ScriptedModelImpl(torch::jit::Module script, FreshlyLoaded) :
   kept_float_ = std::move(r.kept_float);
   folded_ = std::move(r.folded);
   tied_ = std::move(r.tied);
+  chained_ = std::move(r.chained);
   for (const auto& l : layers_) mount(*this, l->path(), l->module());
   register_script_tensors();
   train(script_.is_training());
@@ -167,6 +168,9 @@ std::string ScriptedModelImpl::graph_notes() const {
   for (const TiedCall& t : tied_)
     out += (t.slice ? "sliced  " : "tied  ") + t.name + "  " + t.op +
            (t.slice ? " reads it from the qforge layer " : " runs the qforge layer ") + t.layer + "\n";
+  for (const ChainedCall& c : chained_)
+    out += "chained  " + c.from + " -> " + c.activation + " -> " + c.to +
+           ": int8 codes between them once both are frozen on the integer path\n";
   for (const FloatCall& f : kept_float_) out += "float  " + f.name + "  " + f.op + ": " + f.reason + "\n";
   return out;
 }

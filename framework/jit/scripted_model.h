@@ -59,8 +59,8 @@ class ScriptedModelImpl : public torch::nn::Module {
 
   // qforge::describe's table plus graph_notes().
   std::string describe(bool planned = false) const;
-  // One line per BatchNorm folded at load, per call sharing a tied weight's layer, and per call
-  // left float, with the reason.
+  // One line per BatchNorm folded at load, per call sharing a tied weight's layer, per pair of
+  // convolutions chained through int8 codes, and per call left float, with the reason.
   std::string graph_notes() const;
 
   const std::vector<c10::intrusive_ptr<ScriptedLayer>>& layers() const { return layers_; }
@@ -70,6 +70,9 @@ class ScriptedModelImpl : public torch::nn::Module {
   // Calls that run another call's qforge layer (a tied LM head on the embedding table), found at
   // load (empty for a file save() wrote).
   const std::vector<TiedCall>& tied() const { return tied_; }
+  // Convolutions passing int8 codes to the next through a ReLU / ReLU6 once frozen (a saved
+  // file's chains included).
+  const std::vector<ChainedCall>& chained() const { return chained_; }
   torch::jit::Module& script() { return script_; }
 
  private:
@@ -90,6 +93,7 @@ class ScriptedModelImpl : public torch::nn::Module {
   std::vector<FloatCall> kept_float_;
   std::vector<std::pair<std::string, std::string>> folded_;
   std::vector<TiedCall> tied_;
+  std::vector<ChainedCall> chained_;
 };
 
 TORCH_MODULE(ScriptedModel);

@@ -16,6 +16,7 @@
 #include <type_traits>
 
 #include "framework/api/quantize.h"
+#include "framework/api/quantizer.h"
 #include "framework/io/model_io.h"
 #include "framework/jit/scripted_model.h"
 #include "tests/error_of.h"
@@ -345,4 +346,64 @@ TEST(TorchScript, TrainAndEvalOfAPlainlyLoadedFileReachTheQforgeLayers) {
   plain.train();
   plain.forward({x});
   for (const auto& l : layers) EXPECT_TRUE(l->module()->is_training()) << l->path();
+}
+
+namespace {
+
+using ActCodesFn = at::Tensor(const at::Tensor&, c10::intrusive_ptr<qforge::jit::ScriptedLayer>, c10::intrusive_ptr<qforge::jit::ScriptedLayer>,
+                              double, bool);
+
+at::Tensor act_codes(const at::Tensor& x, const c10::intrusive_ptr<qforge::jit::ScriptedLayer>& a,
+                     const c10::intrusive_ptr<qforge::jit::ScriptedLayer>& b, double clamp_max) {
+  static const auto op =
+      c10::Dispatcher::singleton().findSchemaOrThrow("qforge::conv2d_act_codes", "").typed<ActCodesFn>();
+  return op.call(x, a, b, clamp_max, /*training=*/false);
+}
+
+}  // namespace
+
+// Conv2d -> ReLU -> Conv2d in a graph becomes qforge::conv2d_act_codes (graph_notes lists it):
+// floats until both layers are frozen, then the second layer's int8 input codes, code for code
+// what its quantizer makes of relu(first(x)). ReLU6 takes the codes only where the second
+// layer's grid ends at or below 6; the frozen model's output equals the layers called one by one.
+TEST(TorchScript, ConvReluConvChainsHandInt8CodesOnOnceFrozen) {
+  ScriptedModel m = qforge::jit::load_torchscript(fixture("cnn_scripted"));
+  ASSERT_EQ(m->chained().size(), 1u);
+  EXPECT_EQ(m->chained()[0].from, "features.0");
+  EXPECT_EQ(m->chained()[0].to, "features.2");
+  EXPECT_NE(m->graph_notes().find("chained  features.0 -> aten::relu -> features.2"), std::string::npos)
+      << m->graph_notes();
+  const auto& L = m->layers();  // features.0, features.2, mix, fc
+  ASSERT_EQ(layer_paths(m), (std::vector<std::string>{"features.0", "features.2", "mix", "fc"}));
+  torch::manual_seed(0);
+  const at::Tensor x = torch::randn({4, 1, 14, 14});
+  m->eval();
+  torch::NoGradGuard no_grad;
+  // Float: the op is relu / hardtanh of the first layer's output.
+  EXPECT_TRUE(at::equal(act_codes(x, L[0], L[1], -1.0), at::relu(L[0]->forward(x))));
+  EXPECT_TRUE(at::equal(act_codes(x, L[0], L[1], 6.0), at::hardtanh(L[0]->forward(x), 0.0, 6.0)));
+
+  qforge::quantize(*m, w8a8());
+  {
+    qforge::Calibration calib(*m);
+    for (int i = 0; i < 4; ++i) m->forward(torch::randn({8, 1, 14, 14}));
+  }
+  qforge::freeze(*m);
+  const at::Tensor codes = act_codes(x, L[0], L[1], -1.0);
+  ASSERT_EQ(codes.scalar_type(), at::kChar);
+  const at::Tensor floats = at::relu(L[0]->forward(x));
+  const qforge::QParams next = L[1]->layer().input_quantizer()->qparams();
+  EXPECT_TRUE(at::equal(codes.contiguous(), qforge::quantize_to_int8(floats, next).contiguous()));
+  // ReLU6: the calibrated grid of features.2 ends far below 6, so the codes are the same.
+  EXPECT_TRUE(at::equal(act_codes(x, L[0], L[1], 6.0), codes));
+  // A clamp inside the grid changes codes: floats, hardtanh as the graph wrote it.
+  const double low = 0.25 * next.scale.item<double>() * next.spec.quant_max();
+  const at::Tensor clamped = act_codes(x, L[0], L[1], low);
+  ASSERT_EQ(clamped.scalar_type(), at::kFloat);
+  EXPECT_TRUE(at::equal(clamped, at::hardtanh(floats, 0.0, low)));
+
+  // The whole frozen forward equals SmallCnn's forward with the layers called one by one.
+  const at::Tensor h = at::relu(L[1]->forward(at::relu(L[0]->forward(x))));
+  const at::Tensor mixed = at::relu(L[2]->forward(h.flatten(2)));
+  EXPECT_TRUE(at::equal(m->forward(x), L[3]->forward(mixed.flatten(1))));
 }
