@@ -138,8 +138,9 @@ class OneDnnConvS8 {
   std::string impl;  // implementation chosen for the nominal geometry
   mutable std::mutex mutex;
   // Primitives by (batch, in_h, in_w) (cleared when exceeded); nullptr: oneDNN has none for that
-  // input size with these weights.
+  // input size with these weights, or only its reference implementation (why in `refused`).
   mutable std::map<std::array<int64_t, 3>, std::shared_ptr<const OneDnnConvPrimitive>> primitives;
+  mutable std::map<std::array<int64_t, 3>, std::string> refused;
 };
 
 namespace {
@@ -208,17 +209,30 @@ bool onednn_conv_s8s8s32(const OneDnnConvS8& c, const ConvGeometry& g, const int
     auto it = c.primitives.find(key);
     if (it != c.primitives.end()) {
       prim = it->second;
+      if (prim == nullptr && why != nullptr) *why = c.refused[key];
     } else {
-      if (c.primitives.size() >= kMaxCachedPrimitives) c.primitives.clear();
+      if (c.primitives.size() >= kMaxCachedPrimitives) {
+        c.primitives.clear();
+        c.refused.clear();
+      }
       try {
         auto p = std::make_shared<OneDnnConvPrimitive>();
         p->pd = make_conv_pd(c.engine, g, c.weights_md);
-        p->conv = dnnl::convolution_forward(p->pd);
-        prim = p;
+        // For some input sizes oneDNN offers only its reference implementation with the packed
+        // weight format (ref_int8: about a second per call for MobileNetV2's 4x4 1x1 layers at
+        // batch 256, where im2col takes milliseconds): refused, as at packing, and cached so.
+        const std::string impl = p->pd.impl_info_str();
+        if (impl.rfind("ref", 0) == 0) {
+          if (why != nullptr) *why = "oneDNN offers only its reference implementation (" + impl + ") for this input size";
+        } else {
+          p->conv = dnnl::convolution_forward(p->pd);
+          prim = p;
+        }
       } catch (const dnnl::error& e) {
         if (why != nullptr) *why = std::string("oneDNN has no primitive for this input size: ") + e.what();
       }
       c.primitives.emplace(key, prim);
+      if (prim == nullptr && why != nullptr) c.refused[key] = *why;
     }
   }
   if (prim == nullptr) {
@@ -240,6 +254,15 @@ bool onednn_conv_s8s8s32(const OneDnnConvS8& c, const ConvGeometry& g, const int
 }
 
 std::string onednn_impl(const OneDnnConvS8& c) { return c.impl; }
+
+std::string onednn_impl_for(const OneDnnConvS8& c, const ConvGeometry& g) {
+  QF_REQUIRE(same_filter(g, c.nominal), "kernels/cpu: onednn_impl_for: geometry differs from the packed filter's");
+  try {
+    return make_conv_pd(c.engine, g, c.weights_md).impl_info_str();
+  } catch (const dnnl::error&) {
+    return "";
+  }
+}
 
 int64_t onednn_bytes(const OneDnnConvS8& c) { return static_cast<int64_t>(c.weights_md.get_size()); }
 

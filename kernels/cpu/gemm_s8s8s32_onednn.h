@@ -37,11 +37,15 @@ std::string onednn_impl(const OneDnnS8Weights& w);
 class OneDnnConvS8;
 std::shared_ptr<const OneDnnConvS8> onednn_conv_s8(const int8_t* W, const ConvGeometry& nominal, std::string* status);
 // g: the packed filter's geometry with any batch / input size. Returns false (nothing written,
-// *why says so) when oneDNN has no primitive for that input size with the packed weights.
+// *why says so) when oneDNN has no primitive for that input size with the packed weights, or
+// only its reference implementation (orders of magnitude slower than im2col + GEMM).
 // Thread-safe (user-managed scratchpad per call).
 bool onednn_conv_s8s8s32(const OneDnnConvS8& conv, const ConvGeometry& g, const int8_t* x_nhwc, int32_t* y_nhwc,
                          std::string* why = nullptr);
 std::string onednn_impl(const OneDnnConvS8& conv);  // for the nominal geometry, e.g. "brgconv:avx512_core_vnni"
+// The implementation oneDNN offers for input size g with the packed weight format ("ref_int8:any":
+// only its reference, which onednn_conv_s8s8s32 refuses), or "" when it offers none.
+std::string onednn_impl_for(const OneDnnConvS8& conv, const ConvGeometry& g);
 int64_t onednn_bytes(const OneDnnConvS8& conv);     // bytes of the reordered weights
 
 }  // namespace qforge::kernels::detail

@@ -203,6 +203,33 @@ TEST(ConvS8, OneDnnPathEqualsReferenceBitForBit) {
   EXPECT_THROW(qforge::kernels::detail::onednn_conv_s8s8s32(*w, other, c.x.data(), acc.data()), qforge::Error);
 }
 
+// oneDNN's reference convolution never runs: where the packed weight format leaves oneDNN only
+// its reference implementation for an input size (on this oneDNN, MobileNetV2's 1x1 32 -> 192
+// layer on 4x4 inputs at batch 256, packed for batch 32 at 16x16 as frozen layers pack: about a
+// second per call), the call is refused with the reason, again when the size comes back.
+TEST(ConvS8, OneDnnReferenceImplementationIsRefused) {
+  if (!isa_usable(Isa::kAvx512Vnni)) GTEST_SKIP() << "no AVX-512 VNNI here (frozen convolutions use im2col)";
+  const ConvGeometry nominal = geometry(32, 32, 16, 16, 192, 1, 1);
+  const ConvCase c = make_case(nominal, -127, 127, 7);
+  const auto w = qforge::kernels::detail::onednn_conv_s8(c.w.data(), nominal, nullptr);
+  ASSERT_NE(w, nullptr);
+  const ConvGeometry big = geometry(256, 32, 4, 4, 192, 1, 1);
+  const std::string impl = qforge::kernels::detail::onednn_impl_for(*w, big);
+  if (impl.rfind("ref", 0) != 0) GTEST_SKIP() << "this oneDNN serves the size with " << impl;
+  const ConvCase d = make_case(big, -127, 127, 8);
+  const at::Tensor x = nhwc(d);
+  std::vector<int32_t> acc(static_cast<size_t>(big.gemm_m() * big.out_channels));
+  for (int call = 0; call < 2; ++call) {  // the second answer comes from the cache
+    std::string why;
+    EXPECT_FALSE(qforge::kernels::detail::onednn_conv_s8s8s32(*w, big, x.data_ptr<int8_t>(), acc.data(), &why));
+    EXPECT_NE(why.find("only its reference implementation (" + impl), std::string::npos) << why;
+  }
+  // The packed size itself is served.
+  const ConvCase e = make_case(nominal, -127, 127, 9);
+  std::vector<int32_t> acc32(static_cast<size_t>(nominal.gemm_m() * nominal.out_channels));
+  EXPECT_TRUE(qforge::kernels::detail::onednn_conv_s8s8s32(*w, nominal, nhwc(e).data_ptr<int8_t>(), acc32.data()));
+}
+
 TEST(ConvS8, RequantizedOutputEqualsQuantizedReferenceBitForBit) {
   // Static-activation chains: codes for the next layer straight from the epilogue equal
   // quantize_static_s8_reference over the float reference, for im2col (int8 and int4 weights) and
