@@ -125,14 +125,16 @@ int main(int argc, char** argv) {
     std::printf("\n|---|---|");
     for (size_t k = 0; k < models.size(); ++k) std::printf("---|");
     std::printf("\n");
+    bool first_cell = true;
     for (int64_t t : threads) {
       at::set_num_threads(static_cast<int>(t));
       for (int64_t b : batches) {
         // Each cell loads the models afresh: torch.ao's onednn int8 convolutions (torch 1.13) fail
         // with "could not create a primitive descriptor for a reorder primitive" when a model
         // called at 2 threads is called again at another batch size, and a fresh load avoids it.
-        if (&b != &batches.front() || t != threads.front())
+        if (!first_cell)
           for (Model& m : models) m = load(m.name + "=" + m.path);
+        first_cell = false;
         std::vector<int64_t> shape{b};
         shape.insert(shape.end(), input.begin(), input.end());
         at::manual_seed(0);
@@ -153,8 +155,18 @@ int main(int argc, char** argv) {
         std::vector<std::vector<double>> ms(models.size());
         std::vector<long> faults(models.size(), 0);
         for (int r = 0; r < runs; ++r)
-          for (size_t k = 0; k < models.size(); ++k)
-            if (failed[k].empty()) ms[k].push_back(call_ms(models[k].module, x, &faults[k]));
+          for (size_t k = 0; k < models.size(); ++k) {
+            if (!failed[k].empty()) continue;
+            try {
+              ms[k].push_back(call_ms(models[k].module, x, &faults[k]));
+            } catch (const std::exception& e) {
+              const auto* c10 = dynamic_cast<const c10::Error*>(&e);
+              failed[k] = last_line(c10 ? c10->what_without_backtrace() : e.what());
+              std::fprintf(stderr, "qbench_torchscript: %s fails at %lld threads, batch %lld, timed call %d: %s\n",
+                           models[k].name.c_str(), static_cast<long long>(t), static_cast<long long>(b), r,
+                           failed[k].c_str());
+            }
+          }
         std::printf("| %lld | %lld |", static_cast<long long>(t), static_cast<long long>(b));
         for (size_t k = 0; k < models.size(); ++k) {
           if (!failed[k].empty()) {

@@ -79,6 +79,10 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (!export_data.empty()) {
+    if (dry_run || !stages_arg.empty()) {
+      std::fprintf(stderr, "qtrain: --export-data writes the data and runs no stage: drop --dry-run / --stages\n");
+      return 2;
+    }
     try {
       for (const std::string& line : qforge::export_task_data(recipe, export_data)) std::printf("  %s\n", line.c_str());
       std::printf("qtrain: data written to %s\n", export_data.c_str());

@@ -512,7 +512,7 @@ void read_slices_from_layers(Graph& g, Value* self, const torch::jit::Module& mo
   }
 }
 
-// The ReLU (clamp_max -1) or ReLU6 (clamp_max 6) node reading `v` as its input, if that is it.
+// clamp_max of n as a chainable activation: -1 for a ReLU, 6 for a ReLU6 (hardtanh(0, 6)); none otherwise.
 std::optional<double> relu_clamp(const Node* n) {
   const std::string k = n->kind().toQualString();
   if (k == "aten::relu" || k == "aten::relu_") return -1.0;
@@ -543,8 +543,14 @@ const c10::Symbol& chained_symbol() {
 // RewriteResult::chained: fuses every conv2d -> ReLU / ReLU6 -> conv2d with single uses, then
 // lists every chain of the graph.
 std::vector<ChainedCall> chain_conv_codes(Graph& g, const torch::jit::Module& module) {
+  struct Chain {
+    Node *first, *act, *next;
+    double clamp;
+  };
   std::vector<Node*> nodes;
   collect_nodes(g.block(), &nodes);
+  // Found first, rewritten after: the rewrite destroys nodes the list still holds.
+  std::vector<Chain> chains;
   for (Node* n : nodes) {
     if (n->kind() != conv2d_symbol() || n->output()->uses().size() != 1) continue;
     Node* act = n->output()->uses()[0].user;
@@ -555,6 +561,12 @@ std::vector<ChainedCall> chain_conv_codes(Graph& g, const torch::jit::Module& mo
     if (next_get == nullptr || next_get->kind() != c10::prim::GetAttr || next->input(0) != act->output() ||
         next->owningBlock() != n->owningBlock())
       continue;
+    chains.push_back({n, act, next, *clamp});
+  }
+  for (const Chain& c : chains) {
+    Node *n = c.first, *act = c.act, *next = c.next;
+    const Node* next_get = next->input(1)->node();
+    const std::optional<double> clamp = c.clamp;
     torch::jit::WithInsertPoint guard(act);
     // The second layer is read here again: its own read sits just before it, after this point.
     Value* second = g.insertGetAttr(next_get->input(0), next_get->s(c10::attr::name));

@@ -81,7 +81,8 @@ Task make_task(const Recipe& r, bool with_data);
 // `<split>.labels` (int64 [N], or next tokens [N, T]) and, where the task masks padding,
 // `<split>.mask` (int64 [N, L], 1 = real token); metadata: arch, dataset, metric, the class
 // names (comma-separated) and the seed. Written through write_safetensors (a temporary file and
-// a rename). Returns one line per split, "train: 64000 examples, inputs int64 [64000, 32]".
+// a rename). Returns one line per split,
+// "train: 64000 examples, inputs Long [64000, 32], labels Long [64000]".
 std::vector<std::string> export_task_data(const Recipe& r, const std::string& path);
 
 // The architectures make_task knows, in registry order.

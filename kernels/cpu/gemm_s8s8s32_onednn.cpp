@@ -209,12 +209,14 @@ bool onednn_conv_s8s8s32(const OneDnnConvS8& c, const ConvGeometry& g, const int
     auto it = c.primitives.find(key);
     if (it != c.primitives.end()) {
       prim = it->second;
-      if (prim == nullptr && why != nullptr) *why = c.refused[key];
+      const auto r = c.refused.find(key);
+      if (prim == nullptr && why != nullptr && r != c.refused.end()) *why = r->second;
     } else {
       if (c.primitives.size() >= kMaxCachedPrimitives) {
         c.primitives.clear();
         c.refused.clear();
       }
+      std::string reason;
       try {
         auto p = std::make_shared<OneDnnConvPrimitive>();
         p->pd = make_conv_pd(c.engine, g, c.weights_md);
@@ -223,16 +225,19 @@ bool onednn_conv_s8s8s32(const OneDnnConvS8& c, const ConvGeometry& g, const int
         // batch 256, where im2col takes milliseconds): refused, as at packing, and cached so.
         const std::string impl = p->pd.impl_info_str();
         if (impl.rfind("ref", 0) == 0) {
-          if (why != nullptr) *why = "oneDNN offers only its reference implementation (" + impl + ") for this input size";
+          reason = "oneDNN offers only its reference implementation (" + impl + ") for this input size";
         } else {
           p->conv = dnnl::convolution_forward(p->pd);
           prim = p;
         }
       } catch (const dnnl::error& e) {
-        if (why != nullptr) *why = std::string("oneDNN has no primitive for this input size: ") + e.what();
+        reason = std::string("oneDNN has no primitive for this input size: ") + e.what();
       }
       c.primitives.emplace(key, prim);
-      if (prim == nullptr && why != nullptr) c.refused[key] = *why;
+      if (prim == nullptr) {
+        c.refused[key] = reason;
+        if (why != nullptr) *why = reason;
+      }
     }
   }
   if (prim == nullptr) {

@@ -20,7 +20,7 @@ enum class Scratch : uint8_t {
   kActivationCodes,   // PackedLinearS8/S4::run: the quantized input
   kActivationScales,  // PackedLinearS8/S4::run: its per-row scales (run_static: the one scale, per row)
   kRowMaxima,         // quantize_rows_s8: per-row max |x|, kept apart until every row is known finite
-  kAccumulators,      // PackedLinearS8::run: oneDNN's int32 output
+  kAccumulators,      // PackedLinearS8::run, oneDNN-served conv2d_s8: oneDNN's int32 output
   kPaddedInput,       // dispatchers: input rows padded to whole k blocks
   kGroupSums,         // int4 dispatcher: per-row, per-group activation sums
   kPanel,             // int4 GEMM: unpacked weight panel (on each worker thread)

@@ -28,7 +28,8 @@ each replaced layer initialised as torchvision initialises the one it replaces.
                 nn.LayerNorm / torch.matmul, with bert_tiny's shape (hidden 128, 2 layers, 4 heads,
                 FFN 512, dropout 0.1), no token-type table; padding (id 0) is masked from the ids.
                 Data: recipes/bert_int8.yaml's language-ID splits (8 languages from the Debian word
-                lists, character-bigram ids padded to 32), written by `qtrain --export-data` to
+                lists, character-bigram ids, at most 32, each split padded with id 0 to its longest
+                phrase), written by `qtrain --export-data` to
                 <out>/bert/langid.safetensors on first use; scripted (torch.jit.script) for qforge.
 
 train: AdamW (lr --lr, weight decay 1e-4 for the CNNs, 0.05 for the ViT, 0.01 for the BERT, whose
@@ -319,7 +320,10 @@ def run_qtrain(args, name, model, calib, evals, eval_labels):
     pt = os.path.join(out, f"{name}.pt")
     (torch.jit.script(model) if name == "bert" else trace(model, calib[:2])).save(pt)
     data = os.path.join(out, "data.safetensors")
-    # calibration images first, then the evaluation images (qtrain evaluates the last validation_size)
+    if calib.dtype == torch.long:  # token ids: each split is padded (id 0) to its own longest phrase
+        width = max(calib.size(1), evals.size(1))
+        calib, evals = (nn.functional.pad(t, (0, width - t.size(1))) for t in (calib, evals))
+    # calibration examples first, then the evaluation ones (qtrain evaluates the last validation_size)
     write_safetensors(data, {"inputs": torch.cat([calib, evals]),
                              "labels": torch.cat([torch.zeros(len(calib), dtype=torch.long), eval_labels])})
     recipe = os.path.join(out, "recipe.yaml")

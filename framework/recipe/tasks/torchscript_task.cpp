@@ -1,6 +1,6 @@
 // TorchScript models (framework/jit) in recipes: model.torchscript names the file, whose float
 // weights come with it; data.dataset "tensors" reads the examples from data.file, a safetensors
-// file holding `inputs` [N, ...] (float examples, or integer token ids passed on as int64; the
+// file holding `inputs` [N, ...] (float examples, or int32 / int64 token ids passed on as int64; the
 // model masks its own padding) and `labels` [N] (integer classes); "fashion_mnist" the built-in
 // Fashion-MNIST images [1, 28, 28].
 #include <ATen/ATen.h>
@@ -40,9 +40,9 @@ void attach_tensor_file(Task& t, const Recipe& r) {
   const io::SafetensorsFile f = io::read_safetensors(file);
   at::Tensor inputs = data_tensor(f, file, "inputs", "float examples or integer token ids [N, ...]");
   const at::Tensor labels = data_tensor(f, file, "labels", "integer classes [N]");
-  const bool ids = at::isIntegralType(inputs.scalar_type(), /*includeBool=*/false);
+  const bool ids = inputs.scalar_type() == at::kLong || inputs.scalar_type() == at::kInt;
   QF_REQUIRE((inputs.scalar_type() == at::kFloat || ids) && inputs.dim() >= 2, "qtrain: data.file ", file,
-             ": 'inputs' must be float32 examples or integer token ids of at least 2 dimensions [N, ...], got ",
+             ": 'inputs' must be float32 examples or int32 / int64 token ids of at least 2 dimensions [N, ...], got ",
              inputs.scalar_type(), " ", shape_string(inputs.sizes()));
   if (ids) inputs = inputs.to(at::kLong);  // as nn.Embedding takes them
   QF_REQUIRE(at::isIntegralType(labels.scalar_type(), /*includeBool=*/false) && labels.dim() == 1,
