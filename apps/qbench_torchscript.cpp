@@ -94,6 +94,12 @@ std::string last_line(std::string s) {
   return nl == std::string::npos ? s : s.substr(nl + 1);
 }
 
+// What a failing call reports: the last line of its error.
+std::string error_line(const std::exception& e) {
+  const auto* c10 = dynamic_cast<const c10::Error*>(&e);
+  return last_line(c10 != nullptr ? c10->what_without_backtrace() : e.what());
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -146,8 +152,7 @@ int main(int argc, char** argv) {
           try {
             for (int i = 0; i < std::max(warmup, 1); ++i) models[k].module.forward({x});
           } catch (const std::exception& e) {
-            const auto* c10 = dynamic_cast<const c10::Error*>(&e);
-            failed[k] = last_line(c10 ? c10->what_without_backtrace() : e.what());
+            failed[k] = error_line(e);
             std::fprintf(stderr, "qbench_torchscript: %s fails at %lld threads, batch %lld: %s\n", models[k].name.c_str(),
                          static_cast<long long>(t), static_cast<long long>(b), failed[k].c_str());
           }
@@ -160,8 +165,7 @@ int main(int argc, char** argv) {
             try {
               ms[k].push_back(call_ms(models[k].module, x, &faults[k]));
             } catch (const std::exception& e) {
-              const auto* c10 = dynamic_cast<const c10::Error*>(&e);
-              failed[k] = last_line(c10 ? c10->what_without_backtrace() : e.what());
+              failed[k] = error_line(e);
               std::fprintf(stderr, "qbench_torchscript: %s fails at %lld threads, batch %lld, timed call %d: %s\n",
                            models[k].name.c_str(), static_cast<long long>(t), static_cast<long long>(b), r,
                            failed[k].c_str());

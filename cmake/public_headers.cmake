@@ -87,6 +87,7 @@ set(QFORGE_PUBLIC_HEADERS
   framework/recipe/recipe.h
   framework/recipe/task.h
   # find_package(qforge COMPONENTS jit): the TorchScript front door.
+  framework/jit/conv_chain.h
   framework/jit/graph_rewrite.h
   framework/jit/scripted_layer.h
   framework/jit/scripted_model.h

@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "framework/jit/conv_chain.h"
 #include "framework/jit/scripted_layer.h"
 
 namespace qforge::jit {
@@ -32,14 +33,6 @@ struct TiedCall {
   // A chunk / split of a Linear's weight or bias (nn.MultiheadAttention's packed q / k / v in its
   // unbatched and cross-attention branches): it reads the layer's tensor as the layer holds it.
   bool slice = false;
-};
-
-// Two convolutions chained through int8 codes: `from`'s output, after a ReLU or ReLU6, feeds only
-// `to` (qforge::conv2d_act_codes; once both are frozen on the integer path it hands `to` the codes
-// of its input quantizer instead of floats).
-struct ChainedCall {
-  std::string from, to;
-  std::string activation;  // "aten::relu", "aten::hardtanh(0, 6)"
 };
 
 struct RewriteResult {
@@ -65,10 +58,7 @@ std::set<std::string> tensor_attributes_read(const torch::jit::Module& module);
 // eval-mode aten::batch_norm on a convolution's output is folded into it (nn::fold_bn_tensors): the
 // module's weight (and bias, where it has one) attributes become the folded tensors; a conv without
 // bias gets the layer's own. Other batch_norm calls stay float and are listed with the reason.
-// Then `qforge::conv2d -> aten::relu / relu_ / hardtanh(_)(0, 6) -> qforge::conv2d`, where each
-// output has that one use, becomes `qforge::conv2d_act_codes(x, first, second, clamp_max,
-// training) -> qforge::conv2d` (clamp_max 6 for ReLU6, -1 for ReLU): the same values until both
-// layers are frozen on the integer path, then int8 codes between them (RewriteResult::chained).
+// Then chains convolutions through int8 codes (conv_chain.h; RewriteResult::chained).
 // Throws qforge::Error when the module has no forward.
 RewriteResult rewrite_forward(torch::jit::Module& module);
 

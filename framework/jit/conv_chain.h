@@ -1,0 +1,27 @@
+// Convolutions chained through int8 codes: after the graph rewrite, `qforge::conv2d -> aten::relu /
+// relu_ / hardtanh(_)(0, 6) -> qforge::conv2d`, where each output has that one use, becomes
+// `qforge::conv2d_act_codes(x, first, second, clamp_max, training) -> qforge::conv2d` (clamp_max 6
+// for ReLU6, -1 for ReLU): the same values until both layers are frozen on the integer path, then
+// int8 codes between them (scripted_layer.cpp runs the op).
+#pragma once
+
+#include <torch/csrc/jit/api/module.h>
+
+#include <string>
+#include <vector>
+
+namespace qforge::jit {
+
+// Two convolutions chained through int8 codes: `from`'s output, after a ReLU or ReLU6, feeds only
+// `to` (once both are frozen on the integer path it hands `to` the codes of its input quantizer
+// instead of floats).
+struct ChainedCall {
+  std::string from, to;
+  std::string activation;  // "aten::relu", "aten::hardtanh(0, 6)"
+};
+
+// Fuses every chain of g (the forward graph of module, rewritten), then lists every chain the
+// graph holds (new ones and those of a file saved after a rewrite).
+std::vector<ChainedCall> chain_conv_codes(torch::jit::Graph& g, const torch::jit::Module& module);
+
+}  // namespace qforge::jit
