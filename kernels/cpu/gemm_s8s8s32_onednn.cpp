@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "framework/core/error.h"
+#include "kernels/cpu/workspace.h"
 
 namespace qforge::kernels::detail {
 
@@ -109,7 +110,7 @@ void onednn_gemm_s8s8s32(const OneDnnS8Weights& w, const int8_t* A, int64_t M, i
              const_cast<int8_t*>(A));
   memory dst({{M, w.n}, memory::data_type::s32, memory::format_tag::ab}, w.engine, C);
   const memory::desc scratch_md = prim->pd.scratchpad_desc();
-  std::vector<uint8_t> scratch_bytes(scratch_md.get_size());
+  const ScratchArray<uint8_t> scratch_bytes(Scratch::kOneDnnScratchpad, static_cast<int64_t>(scratch_md.get_size()));
   memory scratch(scratch_md, w.engine, scratch_bytes.data());
   prim->matmul.execute(stream, {{DNNL_ARG_SRC, src},
                             {DNNL_ARG_WEIGHTS, w.weights},
@@ -198,10 +199,11 @@ std::shared_ptr<const OneDnnConvS8> onednn_conv_s8(const int8_t* W, const ConvGe
   return c;
 }
 
-bool onednn_conv_s8s8s32(const OneDnnConvS8& c, const ConvGeometry& g, const int8_t* x_nhwc, int32_t* y_nhwc,
-                         std::string* why) {
-  QF_REQUIRE(same_filter(g, c.nominal), "kernels/cpu: onednn_conv_s8s8s32: geometry differs from the packed filter's");
-  QF_CHECK(x_nhwc != nullptr && y_nhwc != nullptr);
+namespace {
+
+// The cached primitive for input size g (created on first use), or nullptr with *why.
+std::shared_ptr<const OneDnnConvPrimitive> conv_primitive(const OneDnnConvS8& c, const ConvGeometry& g,
+                                                          std::string* why) {
   std::shared_ptr<const OneDnnConvPrimitive> prim;
   {
     std::lock_guard<std::mutex> lock(c.mutex);
@@ -240,15 +242,28 @@ bool onednn_conv_s8s8s32(const OneDnnConvS8& c, const ConvGeometry& g, const int
       }
     }
   }
-  if (prim == nullptr) {
-    if (why != nullptr && why->empty()) *why = "oneDNN has no primitive for this input size";
-    return false;
-  }
+  if (prim == nullptr && why != nullptr && why->empty()) *why = "oneDNN has no primitive for this input size";
+  return prim;
+}
+
+}  // namespace
+
+bool onednn_conv_serves_size(const OneDnnConvS8& c, const ConvGeometry& g, std::string* why) {
+  QF_REQUIRE(same_filter(g, c.nominal), "kernels/cpu: onednn_conv_serves_size: geometry differs from the packed filter's");
+  return conv_primitive(c, g, why) != nullptr;
+}
+
+bool onednn_conv_s8s8s32(const OneDnnConvS8& c, const ConvGeometry& g, const int8_t* x_nhwc, int32_t* y_nhwc,
+                         std::string* why) {
+  QF_REQUIRE(same_filter(g, c.nominal), "kernels/cpu: onednn_conv_s8s8s32: geometry differs from the packed filter's");
+  QF_CHECK(x_nhwc != nullptr && y_nhwc != nullptr);
+  const std::shared_ptr<const OneDnnConvPrimitive> prim = conv_primitive(c, g, why);
+  if (prim == nullptr) return false;
   dnnl::stream stream(c.engine);
   memory src(prim->pd.src_desc(), c.engine, const_cast<int8_t*>(x_nhwc));
   memory dst(prim->pd.dst_desc(), c.engine, y_nhwc);
   const memory::desc scratch_md = prim->pd.scratchpad_desc();
-  std::vector<uint8_t> scratch_bytes(scratch_md.get_size());
+  const ScratchArray<uint8_t> scratch_bytes(Scratch::kOneDnnScratchpad, static_cast<int64_t>(scratch_md.get_size()));
   memory scratch(scratch_md, c.engine, scratch_bytes.data());
   prim->conv.execute(stream, {{DNNL_ARG_SRC, src},
                               {DNNL_ARG_WEIGHTS, c.weights},

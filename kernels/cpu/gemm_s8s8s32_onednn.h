@@ -42,6 +42,9 @@ std::shared_ptr<const OneDnnConvS8> onednn_conv_s8(const int8_t* W, const ConvGe
 // Thread-safe (user-managed scratchpad per call).
 bool onednn_conv_s8s8s32(const OneDnnConvS8& conv, const ConvGeometry& g, const int8_t* x_nhwc, int32_t* y_nhwc,
                          std::string* why = nullptr);
+// Whether onednn_conv_s8s8s32 would run input size g (its primitive is created and cached here);
+// false with *why as onednn_conv_s8s8s32 gives it. Runs nothing.
+bool onednn_conv_serves_size(const OneDnnConvS8& conv, const ConvGeometry& g, std::string* why = nullptr);
 std::string onednn_impl(const OneDnnConvS8& conv);  // for the nominal geometry, e.g. "brgconv:avx512_core_vnni"
 // The implementation oneDNN offers for input size g with the packed weight format ("ref_int8:any":
 // only its reference, which onednn_conv_s8s8s32 refuses), or "" when it offers none.

@@ -26,6 +26,7 @@ enum class Scratch : uint8_t {
   kPanel,             // int4 GEMM: unpacked weight panel (on each worker thread)
   kPackedOperand,     // bmm_s8s8f32: one slice's second operand packed to n16k4
   kPackedColumnSums,  // bmm_s8s8f32: its column sums
+  kOneDnnScratchpad,  // oneDNN matmul / convolution calls: the primitive's user-managed scratchpad
   kCount,
 };
 

@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -15,6 +16,7 @@
 #include "kernels/cpu/kernel_choice.h"
 #include "kernels/cpu/packed_linear.h"
 #include "kernels/cpu/quantize_rows_s8.h"
+#include "kernels/cpu/workspace.h"
 #include "kernel_test_util.h"
 
 using namespace qforge::kernels;
@@ -201,6 +203,50 @@ TEST(ConvS8, OneDnnPathEqualsReferenceBitForBit) {
   other.stride_h = 2;
   std::vector<int32_t> acc(other.gemm_m() * other.out_channels);
   EXPECT_THROW(qforge::kernels::detail::onednn_conv_s8s8s32(*w, other, c.x.data(), acc.data()), qforge::Error);
+}
+
+TEST(ConvS8, OneDnnRunsLargeBatchesInSubBatchesBitForBit) {
+  // 64 x 64 outputs x 64 channels: 1 MiB of int32 sums per image, so 4 images per oneDNN call (the
+  // retained workspace's 4 MiB). Batch 9 runs as 4 + 4 + 1 (two primitives): the reference's
+  // values, float and requantized outputs, every image in its place.
+  const ConvGeometry nominal = geometry(2, 8, 64, 64, 64, 3, 3, 1, 1);
+  ASSERT_EQ(qforge::kernels::detail::kWorkspaceRetainBytes, size_t{4} << 20);
+  for (int64_t batch : {1, 4, 9}) {
+    ConvGeometry h = nominal;
+    h.batch = batch;
+    EXPECT_EQ(onednn_conv_images_per_call(h), std::min<int64_t>(batch, 4)) << batch;
+  }
+  EXPECT_EQ(onednn_conv_images_per_call(geometry(3, 8, 256, 256, 32, 3, 3, 1, 1)), 1);  // 8 MiB an image
+  if (!isa_usable(Isa::kAvx512Vnni)) GTEST_SKIP() << "no AVX-512 VNNI here (frozen convolutions use im2col)";
+  const ConvCase c = make_case(nominal, -127, 127, 41);
+  const auto w = qforge::kernels::detail::onednn_conv_s8(c.w.data(), nominal, nullptr);
+  ASSERT_NE(w, nullptr);
+  ConvGeometry h = nominal;
+  h.batch = 9;
+  ConvCase d = make_case(h, -127, 127, 42);
+  d.w = c.w;
+  d.w_scale = c.w_scale;
+  d.bias = c.bias;
+  const at::Tensor x = nhwc(d);
+  const std::vector<float> want = run_reference(d, nullptr, true);
+  at::Tensor y = at::full({h.batch, h.out_h(), h.out_w(), h.out_channels}, 12345.0f);
+  RunInfo info;
+  ASSERT_TRUE(conv2d_s8s8f32_onednn(*w, x.data_ptr<int8_t>(), d.a_scale, d.w_scale.data(), d.bias.data(), h,
+                                    y.data_ptr<float>(), true, &info))
+      << info.fallback;
+  const std::vector<float> got = to_nchw(y);
+  EXPECT_TRUE(bitwise_equal(got.data(), want.data(), want.size())) << info.kernel;
+  RequantOut out;
+  out.inv = 1.0f / 0.05f;
+  at::Tensor q = at::full({h.batch, h.out_h(), h.out_w(), h.out_channels}, 99, at::kChar);
+  out.q = q.data_ptr<int8_t>();
+  ASSERT_TRUE(conv2d_s8s8s8_onednn(*w, x.data_ptr<int8_t>(), d.a_scale, d.w_scale.data(), d.bias.data(), h, out,
+                                   true, &info));
+  std::vector<int8_t> want_q(want.size());
+  quantize_static_s8_reference(want.data(), static_cast<int64_t>(want.size()), out.inv, out.qmin, out.qmax,
+                               want_q.data());
+  const at::Tensor got_q = q.permute({0, 3, 1, 2}).contiguous();
+  EXPECT_EQ(std::memcmp(got_q.data_ptr<int8_t>(), want_q.data(), want_q.size()), 0);
 }
 
 // oneDNN's reference convolution never runs: where the packed weight format leaves oneDNN only
