@@ -179,12 +179,18 @@ std::vector<Case> conv_cases() {
   };
   std::vector<Case> out;
   // The SmallCnn's, then MobileNetV2's (Fashion-MNIST, batch 32) largest: its stem and two 1x1
-  // convolutions over few input channels at 14 x 14.
+  // convolutions over few input channels at 14 x 14; then ResNet-18's 3x3 layers on 224 x 224
+  // inputs where they have fewer output pixels than kOneDnnConvMinRows.
   for (const Shape& sh : {Shape{"conv1_b128_1x28x28_to32", 128, 1, 28, 32}, Shape{"conv2_b1_32x14x14_to64", 1, 32, 14, 64},
                           Shape{"conv2_b128_32x14x14_to64", 128, 32, 14, 64},
                           Shape{"mbv2_stem_b32_1x28x28_to32_s2", 32, 1, 28, 32, 3, 2},
                           Shape{"mbv2_1x1_b32_16x14x14_to96", 32, 16, 14, 96, 1},
-                          Shape{"mbv2_1x1_b32_32x14x14_to16", 32, 32, 14, 16, 1}}) {
+                          Shape{"mbv2_1x1_b32_32x14x14_to16", 32, 32, 14, 16, 1},
+                          Shape{"r18_224_layer2_b1_128x28x28_to128", 1, 128, 28, 128},
+                          Shape{"r18_224_layer3_b1_256x14x14_to256", 1, 256, 14, 256},
+                          Shape{"r18_224_layer3_b8_256x14x14_to256", 8, 256, 14, 256},
+                          Shape{"r18_224_layer4_b1_512x7x7_to512", 1, 512, 7, 512},
+                          Shape{"r18_224_layer4_b8_512x7x7_to512", 8, 512, 7, 512}}) {
     kernels::ConvGeometry g;
     g.batch = sh.batch;
     g.in_channels = sh.c;
@@ -213,10 +219,11 @@ std::vector<Case> conv_cases() {
       kernels::conv2d_s8s8f32(x_nhwc.data_ptr<int8_t>(), sa, packed->view(), packed->w_scale().data_ptr<float>(),
                               nullptr, g, y_q.data_ptr<float>());
     };
-    auto run_onednn = [dnn, g, x_nhwc, w_scale, y_d, sa] {
+    auto run_onednn = [dnn, g, x_nhwc, w_scale, y_d, sa, name = std::string(sh.name)] {
+      kernels::RunInfo info;
       QF_REQUIRE(kernels::conv2d_s8s8f32_onednn(*dnn, x_nhwc.data_ptr<int8_t>(), sa, w_scale.data_ptr<float>(), nullptr,
-                                                g, y_d.data_ptr<float>()),
-                 "qbench conv_s8_cnn: oneDNN has no primitive for this input size");
+                                                g, y_d.data_ptr<float>(), false, &info),
+                 "qbench conv_s8_cnn ", name, ": oneDNN refused the convolution: ", info.fallback);
     };
     Case c{sh.name, 0, {}};
     c.impls.push_back({"libtorch", [x_float, w_float, g] {

@@ -219,15 +219,17 @@ void conv2d_s8s4s8(const int8_t* x_nhwc, float a_scale, const S4N16K8View& w, co
 // 32; ResNet-18 on 224 x 224 inputs at batch 8: 12 500 faults and 290 ms per forward, 58 ms once
 // the sums fit the retained buffer).
 int64_t onednn_conv_images_per_call(const ConvGeometry& g) {
+  const int64_t batch = std::max<int64_t>(1, g.batch);
   const int64_t image_bytes = g.out_h() * g.out_w() * g.out_channels * static_cast<int64_t>(sizeof(int32_t));
-  return std::clamp<int64_t>(static_cast<int64_t>(detail::kWorkspaceRetainBytes) / std::max<int64_t>(1, image_bytes),
-                             1, std::max<int64_t>(1, g.batch));
+  const int64_t fit = std::clamp<int64_t>(
+      static_cast<int64_t>(detail::kWorkspaceRetainBytes) / std::max<int64_t>(1, image_bytes), 1, batch);
+  const int64_t calls = (batch + fit - 1) / fit;
+  return (batch + calls - 1) / calls;  // the same number of calls, balanced: 128 at 83 a call -> 64 + 64
 }
 
 namespace {
 // oneDNN's s32 sums, a sub-batch of images at a time (onednn_conv_images_per_call), then per chunk of
-// rows: the epilogue, the ReLU and, with rq, the codes. Every sub-batch size is checked before any
-// runs, so a refusal writes nothing.
+// rows: the epilogue, the ReLU and, with rq, the codes. A refusal writes nothing.
 bool onednn_conv(const detail::OneDnnConvS8& w, const int8_t* x_nhwc, float a_scale, const float* w_scale,
                  const float* bias, const ConvGeometry& g, float* y, const RequantOut* rq, bool relu, RunInfo* info) {
   check_conv_geometry(g);
@@ -240,15 +242,25 @@ bool onednn_conv(const detail::OneDnnConvS8& w, const int8_t* x_nhwc, float a_sc
     ri.kernel = "conv_s8s8s32_onednn";
     return true;
   }
-  const int64_t images = onednn_conv_images_per_call(g), rest = g.batch % images;
+  // Every sub-batch size is checked before any runs. oneDNN may offer only its reference for a
+  // sub-batch size (with the packed weight format) and a real kernel for the whole batch: then the
+  // whole batch runs in one call, its sums allocated for the call.
   std::string why;
-  for (int64_t batch : {images, rest}) {
-    ConvGeometry sub = g;
-    sub.batch = batch;
-    if (batch > 0 && !detail::onednn_conv_serves_size(w, sub, &why)) {
+  const auto serves = [&](int64_t images) {
+    for (int64_t batch : {images, g.batch - (g.batch - 1) / images * images}) {  // a call's and the last call's
+      ConvGeometry sub = g;
+      sub.batch = batch;
+      if (!detail::onednn_conv_serves_size(w, sub, &why)) return false;
+    }
+    return true;
+  };
+  int64_t images = onednn_conv_images_per_call(g);
+  if (!serves(images)) {
+    if (images == g.batch || !serves(g.batch)) {
       ri.skip("conv_s8s8s32_onednn", why);
       return false;
     }
+    images = g.batch;
   }
   const int64_t image_rows = g.out_h() * g.out_w(), image_in = g.in_h * g.in_w * g.in_channels;
   constexpr int64_t kRows = 256;
