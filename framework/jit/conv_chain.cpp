@@ -5,6 +5,7 @@
 #include <torch/csrc/jit/ir/ir.h>
 
 #include <optional>
+#include <set>
 
 #include "framework/jit/graph_passes.h"
 #include "framework/jit/scripted_layer.h"
@@ -43,6 +44,31 @@ const c10::Symbol& conv2d_symbol() {
 const c10::Symbol& chained_symbol() {
   static const c10::Symbol s = c10::Symbol::fromQualString("qforge::conv2d_act_codes");
   return s;
+}
+const c10::Symbol& residual_symbol() {
+  static const c10::Symbol s = c10::Symbol::fromQualString("qforge::conv2d_add");
+  return s;
+}
+
+bool is_relu(const Node* n) {
+  const std::string k = n->kind().toQualString();
+  return k == "aten::relu" || k == "aten::relu_";
+}
+
+// The residual operand of `a` when a adds conv's output and another tensor with alpha 1 (add_:
+// conv's output updated in place), else nullptr.
+Value* residual_operand(const Node* a, const Value* conv) {
+  const std::string k = a->kind().toQualString();
+  if ((k != "aten::add" && k != "aten::add_") || a->inputs().size() != 3) return nullptr;
+  const std::optional<c10::IValue> alpha = torch::jit::toIValue(a->input(2));
+  if (!alpha || !alpha->isScalar() || alpha->toScalar().toDouble() != 1.0) return nullptr;
+  Value* r = nullptr;
+  if (a->input(0) == conv && a->input(1) != conv) {
+    r = a->input(1);
+  } else if (k == "aten::add" && a->input(1) == conv && a->input(0) != conv) {
+    r = a->input(0);
+  }
+  return r != nullptr && r->type()->cast<c10::TensorType>() != nullptr ? r : nullptr;
 }
 
 }  // namespace
@@ -92,6 +118,52 @@ std::vector<ChainedCall> chain_conv_codes(Graph& g, const torch::jit::Module& mo
     ChainedCall c{layer_path_of(n, module), next ? layer_path_of(next, module) : "?",
                   clamp && clamp->toDouble() > 0 ? "aten::hardtanh(0, 6)" : "aten::relu"};
     out.push_back(std::move(c));
+  }
+  return out;
+}
+
+std::vector<ResidualCall> fuse_residual_adds(Graph& g, const torch::jit::Module& module) {
+  struct Residual {
+    Node *conv, *add, *relu;
+    Value* r;
+  };
+  std::vector<Node*> nodes;
+  collect_nodes(g.block(), &nodes);
+  std::vector<Residual> found;  // found first, rewritten after (the rewrite destroys nodes)
+  std::set<const Node*> claimed;  // conv + conv (a block's output and its shortcut): the first conv takes the add
+  for (Node* n : nodes) {
+    if (n->kind() != conv2d_symbol() || n->output()->uses().size() != 1) continue;
+    Node* add = n->output()->uses()[0].user;
+    Value* r = add->owningBlock() == n->owningBlock() ? residual_operand(add, n->output()) : nullptr;
+    if (r == nullptr || !claimed.insert(add).second) continue;
+    Node* relu = add->output()->uses().size() == 1 ? add->output()->uses()[0].user : nullptr;
+    if (relu != nullptr && !(is_relu(relu) && relu->input(0) == add->output() && relu->owningBlock() == n->owningBlock()))
+      relu = nullptr;
+    found.push_back({n, add, relu, r});
+  }
+  for (size_t i = 0; i < found.size(); ++i) {
+    const Residual& f = found[i];
+    torch::jit::WithInsertPoint guard(f.add);
+    Node* fused = g.create(residual_symbol(),
+                           {f.conv->input(0), f.conv->input(1), f.r, g.insertConstant(f.relu != nullptr), f.conv->input(2)}, 1);
+    g.insertNode(fused);
+    fused->output()->setType(c10::TensorType::get());
+    Node* last = f.relu != nullptr ? f.relu : f.add;
+    last->output()->replaceAllUsesWith(fused->output());
+    // A later residual that was this output (the next block's identity) is the fused output now.
+    for (size_t j = i + 1; j < found.size(); ++j)
+      if (found[j].r == last->output()) found[j].r = fused->output();
+    if (f.relu != nullptr) f.relu->destroy();
+    f.add->destroy();
+    f.conv->destroy();
+  }
+  std::vector<ResidualCall> out;
+  nodes.clear();
+  collect_nodes(g.block(), &nodes);
+  for (const Node* n : nodes) {
+    if (n->kind() != residual_symbol()) continue;
+    const std::optional<c10::IValue> relu = torch::jit::toIValue(n->input(3));
+    out.push_back({layer_path_of(n, module), relu && relu->isBool() && relu->toBool()});
   }
   return out;
 }

@@ -1,4 +1,4 @@
-// Convolutions chained through int8 codes: after the graph rewrite, `qforge::conv2d -> aten::relu /
+// Convolution epilogues in rewritten graphs. Convolutions chained through int8 codes: after the graph rewrite, `qforge::conv2d -> aten::relu /
 // relu_ / hardtanh(_)(0, 6) -> qforge::conv2d`, where each output has that one use, becomes
 // `qforge::conv2d_act_codes(x, first, second, clamp_max, training) -> qforge::conv2d` (clamp_max 6
 // for ReLU6, -1 for ReLU): the same values until both layers are frozen on the integer path, then
@@ -23,5 +23,21 @@ struct ChainedCall {
 // Fuses every chain of g (the forward graph of module, rewritten), then lists every chain the
 // graph holds (new ones and those of a file saved after a rewrite).
 std::vector<ChainedCall> chain_conv_codes(torch::jit::Graph& g, const torch::jit::Module& module);
+
+// A convolution's output plus a residual, optionally through a ReLU: after the graph rewrite,
+// `qforge::conv2d -> aten::add_(conv, r, 1) / aten::add(conv, r, 1) / aten::add(r, conv, 1)
+// [-> aten::relu(_)]`, where each output has that one use and r is a tensor, becomes
+// `qforge::conv2d_add(x, layer, r, relu, training)`: at::add then at::relu until the layer is frozen
+// on the integer path, then the addition and the ReLU in its epilogue (nn::Conv2dImpl::forward_add,
+// the same values bit for bit), with no float pass of their own (ResNet's blocks, MobileNetV2's
+// inverted residuals).
+struct ResidualCall {
+  std::string layer;
+  bool relu = false;
+};
+
+// Fuses every such residual of g, then lists every one the graph holds (new ones and those of a
+// file saved after a rewrite). Runs after chain_conv_codes.
+std::vector<ResidualCall> fuse_residual_adds(torch::jit::Graph& g, const torch::jit::Module& module);
 
 }  // namespace qforge::jit

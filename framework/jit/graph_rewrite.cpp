@@ -571,6 +571,7 @@ RewriteResult rewrite_forward(torch::jit::Module& module) {
   read_slices_from_layers(*g, self, module, sources, &result.tied);
   torch::jit::EliminateDeadCode(g);
   result.chained = chain_conv_codes(*g, module);
+  result.residual = fuse_residual_adds(*g, module);
   torch::jit::EliminateDeadCode(g);
   return result;
 }

@@ -42,6 +42,7 @@ struct RewriteResult {
   std::vector<std::pair<std::string, std::string>> folded;
   std::vector<TiedCall> tied;
   std::vector<ChainedCall> chained;  // every chain in the graph (new ones and a saved file's)
+  std::vector<ResidualCall> residual;  // every fused residual addition (conv_chain.h), likewise
 };
 
 // The root attributes a rewrite added earlier (a file saved after a rewrite), in attribute order.
@@ -58,7 +59,8 @@ std::set<std::string> tensor_attributes_read(const torch::jit::Module& module);
 // eval-mode aten::batch_norm on a convolution's output is folded into it (nn::fold_bn_tensors): the
 // module's weight (and bias, where it has one) attributes become the folded tensors; a conv without
 // bias gets the layer's own. Other batch_norm calls stay float and are listed with the reason.
-// Then chains convolutions through int8 codes (conv_chain.h; RewriteResult::chained).
+// Then chains convolutions through int8 codes and fuses residual additions into convolutions
+// (conv_chain.h; RewriteResult::chained, ::residual).
 // Throws qforge::Error when the module has no forward.
 RewriteResult rewrite_forward(torch::jit::Module& module);
 

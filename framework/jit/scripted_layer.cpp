@@ -381,6 +381,19 @@ at::Tensor conv2d_act_codes(const at::Tensor& x, const c10::intrusive_ptr<Script
   return clamp_max > 0 ? at::hardtanh(y, 0.0, clamp_max) : at::relu(y);
 }
 
+// qforge::conv2d_add (conv_chain.h): layer(x) + residual, through a ReLU when relu; the addition
+// and the ReLU in the frozen layer's epilogue (nn::Conv2dImpl::forward_add), ATen's ops otherwise.
+at::Tensor conv2d_add(const at::Tensor& x, const c10::intrusive_ptr<ScriptedLayer>& l, const at::Tensor& residual,
+                      bool relu, bool training) {
+  QF_REQUIRE(l->spec().kind == LayerKind::kConv2d, "framework/jit: qforge::conv2d_add called with the ",
+             to_string(l->spec().kind), " layer '", l->path(), "'");
+  if (l->module()->is_training() != training) l->module()->train(training);
+  auto* c = dynamic_cast<nn::Conv2dImpl*>(l->module().get());
+  if (!training && c != nullptr && c->integer_frozen()) return c->forward_add(x, residual, relu);
+  const at::Tensor y = at::add(l->forward(x), residual);
+  return relu ? at::relu(y) : y;
+}
+
 // A Linear call on an embedding's table (a tied LM head): x times the table's rows as the layer
 // holds them now (float, fake-quantized, or dequantized from the frozen table), so the table is
 // quantized once for both uses.
@@ -419,6 +432,10 @@ TORCH_LIBRARY(qforge, m) {
         "__torch__.torch.classes.qforge.Layer next, float clamp_max, bool training) -> Tensor",
         [](const at::Tensor& x, c10::intrusive_ptr<ScriptedLayer> l, c10::intrusive_ptr<ScriptedLayer> next,
            double clamp_max, bool training) { return conv2d_act_codes(x, l, next, clamp_max, training); });
+  m.def("conv2d_add(Tensor x, __torch__.torch.classes.qforge.Layer layer, Tensor residual, bool relu, "
+        "bool training) -> Tensor",
+        [](const at::Tensor& x, c10::intrusive_ptr<ScriptedLayer> l, const at::Tensor& residual, bool relu,
+           bool training) { return conv2d_add(x, l, residual, relu, training); });
   m.def("embedding(Tensor indices, __torch__.torch.classes.qforge.Layer layer, bool training) -> Tensor",
         [](const at::Tensor& indices, c10::intrusive_ptr<ScriptedLayer> l, bool training) {
           return call(indices, l, training, LayerKind::kEmbedding);

@@ -30,6 +30,7 @@ ScriptedModelImpl::ScriptedModelImpl(torch::jit::Module script, FreshlyLoaded) :
   folded_ = std::move(r.folded);
   tied_ = std::move(r.tied);
   chained_ = std::move(r.chained);
+  residual_ = std::move(r.residual);
   for (const auto& l : layers_) mount(*this, l->path(), l->module());
   register_script_tensors();
   train(script_.is_training());
@@ -171,6 +172,9 @@ std::string ScriptedModelImpl::graph_notes() const {
   for (const ChainedCall& c : chained_)
     out += "chained  " + c.from + " -> " + c.activation + " -> " + c.to +
            ": int8 codes between them once both are frozen on the integer path\n";
+  for (const ResidualCall& r : residual_)
+    out += "residual  " + r.layer + " + aten::add" + (r.relu ? " -> aten::relu" : "") +
+           ": in its epilogue once it is frozen on the integer path\n";
   for (const FloatCall& f : kept_float_) out += "float  " + f.name + "  " + f.op + ": " + f.reason + "\n";
   return out;
 }

@@ -60,7 +60,8 @@ class ScriptedModelImpl : public torch::nn::Module {
   // qforge::describe's table plus graph_notes().
   std::string describe(bool planned = false) const;
   // One line per BatchNorm folded at load, per call sharing a tied weight's layer, per pair of
-  // convolutions chained through int8 codes, and per call left float, with the reason.
+  // convolutions chained through int8 codes, per residual addition fused into a convolution, and
+  // per call left float, with the reason.
   std::string graph_notes() const;
 
   const std::vector<c10::intrusive_ptr<ScriptedLayer>>& layers() const { return layers_; }
@@ -73,6 +74,9 @@ class ScriptedModelImpl : public torch::nn::Module {
   // Convolutions passing int8 codes to the next through a ReLU / ReLU6 once frozen (a saved
   // file's chains included).
   const std::vector<ChainedCall>& chained() const { return chained_; }
+  // Convolutions whose output plus a residual (and a ReLU) run in their epilogue once frozen (a
+  // saved file's included).
+  const std::vector<ResidualCall>& residual_adds() const { return residual_; }
   torch::jit::Module& script() { return script_; }
 
  private:
@@ -94,6 +98,7 @@ class ScriptedModelImpl : public torch::nn::Module {
   std::vector<std::pair<std::string, std::string>> folded_;
   std::vector<TiedCall> tied_;
   std::vector<ChainedCall> chained_;
+  std::vector<ResidualCall> residual_;
 };
 
 TORCH_MODULE(ScriptedModel);

@@ -129,12 +129,13 @@ bool ConvQuantState::integer_kernel() const {
 }
 
 at::Tensor ConvQuantState::integer_forward(const at::Tensor& x, const at::Tensor& bias, bool relu,
-                                           const QParams* requant) const {
+                                           const QParams* requant, const at::Tensor* residual) const {
   FrozenInput in;
   in.quantizer = input_q_;
   in.layer_bias = bias;
   in.relu = relu;
   in.requant = requant;
+  in.residual = residual;
   return packed_->forward(x, in);
 }
 
@@ -241,13 +242,24 @@ at::Tensor Conv2dImpl::forward_relu_codes(const at::Tensor& x, const Conv2dImpl&
   return frozen_integer(x, true, &out);
 }
 
-at::Tensor Conv2dImpl::frozen_integer(const at::Tensor& x, bool relu, const QParams* requant) {
+at::Tensor Conv2dImpl::forward_add(const at::Tensor& x, const at::Tensor& residual, bool relu) {
+  if (x.scalar_type() == at::kChar || (frozen_ && integer_kernel() && x.is_cpu() && !residual.requires_grad())) {
+    if (x.scalar_type() != at::kChar) note_input(x);
+    return frozen_integer(x, relu, nullptr, &residual);
+  }
+  const at::Tensor y = at::add(forward(x), residual);
+  return relu ? at::relu(y) : y;
+}
+
+at::Tensor Conv2dImpl::frozen_integer(const at::Tensor& x, bool relu, const QParams* requant, const at::Tensor* residual) {
   QF_REQUIRE(x.dim() == 3 || x.dim() == 4, path_, " (Conv2d): input has shape ", x.sizes(),
              ", expected [batch, channels, height, width]");
   QF_REQUIRE(x.scalar_type() != at::kChar || (takes_codes() && x.is_cpu()), path_,
              " (Conv2d): int8 input codes need a layer frozen on the integer path with static activations, on the CPU");
   const bool unbatched = x.dim() == 3;
-  const at::Tensor y = integer_forward(unbatched ? x.unsqueeze(0) : x, bias, relu, requant);
+  const at::Tensor r = residual != nullptr && unbatched ? residual->unsqueeze(0) : at::Tensor();
+  const at::Tensor y = integer_forward(unbatched ? x.unsqueeze(0) : x, bias, relu, requant,
+                                       residual != nullptr && unbatched ? &r : residual);
   return unbatched ? y.squeeze(0) : y;
 }
 

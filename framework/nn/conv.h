@@ -36,8 +36,9 @@ class ConvQuantState : public QuantizableLayer {
   // x may also be int8 codes of this layer's static input quantizer (a previous layer's
   // requantized output); with requant the result is int8 codes of that (static per-tensor
   // symmetric int8) quantizer, requantized in the epilogue, in the same shape and memory order.
+  // residual (float output only): added before the ReLU (FrozenInput::residual).
   at::Tensor integer_forward(const at::Tensor& x, const at::Tensor& bias, bool relu,
-                             const QParams* requant = nullptr) const;
+                             const QParams* requant = nullptr, const at::Tensor* residual = nullptr) const;
   // True when freeze() packed the weight for the integer kernels.
   bool integer_kernel() const;
   // The frozen weight dequantized (the non-integer path runs LibTorch's convolution on it).
@@ -139,11 +140,17 @@ class Conv2dImpl : public ConvLayerImpl<torch::nn::Conv2dImpl, 2> {
   bool takes_codes() const;
   bool integer_frozen() const { return frozen_ && integer_kernel(); }
   at::Tensor forward_relu_codes(const at::Tensor& x, const Conv2dImpl& next);
+  // Residual connections: forward(x) + residual, through at::relu when relu. Frozen on the integer
+  // path (x float on the CPU or this layer's codes), the addition and the ReLU run in the
+  // kernel's epilogue, bit for bit at::relu(at::add(forward(x), residual)) (a residual of another
+  // shape or type is added after); otherwise exactly those ATen ops.
+  at::Tensor forward_add(const at::Tensor& x, const at::Tensor& residual, bool relu);
   const char* layer_type() const override { return "Conv2d"; }
   std::shared_ptr<QuantizableLayer> float_copy() const override;
 
  private:
-  at::Tensor frozen_integer(const at::Tensor& x, bool relu, const QParams* requant = nullptr);
+  at::Tensor frozen_integer(const at::Tensor& x, bool relu, const QParams* requant = nullptr,
+                            const at::Tensor* residual = nullptr);
 };
 TORCH_MODULE(Conv2d);
 

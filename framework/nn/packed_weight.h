@@ -26,6 +26,10 @@ struct FrozenInput {
   at::Tensor layer_bias;             // the bias the layer keeps itself (used when the packed weight holds none)
   bool relu = false;                 // convolutions: at::relu in the kernel's epilogue
   const QParams* requant = nullptr;  // convolutions: emit int8 codes of this static quantizer instead of floats
+  // Integer convolutions: a residual added to the float output before the ReLU, in the epilogue
+  // where it is a CPU float tensor of the output's shape (else at::add after the convolution);
+  // not with requant.
+  const at::Tensor* residual = nullptr;
   DecodeActivations decode = DecodeActivations::kExact;  // weight-only int8 / int4 Linear on the CPU
 };
 

@@ -134,6 +134,7 @@ at::Tensor PackedConvInt<Kernel>::forward(const at::Tensor& x, const FrozenInput
   p.relu = in.relu;
   p.onednn = onednn_.get();
   set_weight(*kernel_, &p);
+  QF_REQUIRE(in.residual == nullptr || in.requant == nullptr, who_, ": a residual is added to float outputs only");
   if (in.requant != nullptr) {
     at::Tensor codes = at::empty({g.batch, g.out_h(), g.out_w(), g.out_channels}, at::kChar);
     kernels::RequantOut out;
@@ -147,9 +148,22 @@ at::Tensor PackedConvInt<Kernel>::forward(const at::Tensor& x, const FrozenInput
   }
   at::Tensor y = at::empty({g.batch, g.out_h(), g.out_w(), g.out_channels}, at::kFloat);
   p.y = y.data_ptr<float>();
+  // The residual in the epilogue where it has the output's shape (channels last: no copy when it
+  // is already, as integer convolutions leave their outputs); else at::add after, then the ReLU.
+  const at::Tensor* r = in.residual;
+  const bool fused = r != nullptr && r->is_cpu() && r->scalar_type() == at::kFloat &&
+                     r->sizes() == at::IntArrayRef{g.batch, g.out_channels, g.out_h(), g.out_w()};
+  const at::Tensor r_nhwc = fused ? r->permute({0, 2, 3, 1}).contiguous() : at::Tensor();
+  if (fused) p.residual = r_nhwc.data_ptr<float>();
+  if (r != nullptr && !fused) p.relu = false;
   kernels::conv2d_s8(p);
   // NCHW shape, channels-last memory (as LibTorch's quantized conv returns it).
-  return y.permute({0, 3, 1, 2});
+  at::Tensor out = y.permute({0, 3, 1, 2});
+  if (r != nullptr && !fused) {
+    out = at::add(out, *r);
+    if (in.relu) out = at::relu(out);
+  }
+  return out;
 }
 
 template <class Kernel>

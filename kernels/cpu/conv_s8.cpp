@@ -114,6 +114,14 @@ void relu_in_place(float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = y[i] < 0.0f ? 0.0f : y[i];
 }
 
+// A chunk's epilogue after its float rows: + residual (at::add's a + b), the ReLU, the codes.
+void finish_rows(float* out, int64_t n, const float* residual, bool relu, const RequantOut* rq, int8_t* q) {
+  if (residual != nullptr)
+    for (int64_t i = 0; i < n; ++i) out[i] += residual[i];
+  if (relu) relu_in_place(out, n);  // the chunk is still in cache
+  if (rq != nullptr) quantize_static_s8(out, n, rq->inv, rq->qmin, rq->qmax, q);
+}
+
 // Rows per chunk: about 256 KiB of im2col bytes (in L2 with its output), yet at least 4 chunks
 // per intra-op thread when M allows, so threads finish together; never below kMinConvChunkRows.
 int64_t chunk_rows(int64_t K, int64_t M) {
@@ -125,9 +133,12 @@ int64_t chunk_rows(int64_t K, int64_t M) {
 // im2col + gemm(chunk) (+ ReLU) for every chunk, chunks spread over the intra-op threads.
 // K: the packed weight's row length (the geometry's K, or more: zero columns).
 // With rq: each chunk's float rows go to a per-thread buffer and leave as rq's int8 codes.
+// With residual (float output only): its rows are added before the ReLU.
 template <class Gemm>
 void conv_chunks(const int8_t* x_nhwc, float a_scale, const ConvGeometry& g, int64_t N, int64_t K, float* y,
-                 bool relu, RunInfo* info, const Gemm& gemm, const RequantOut* rq = nullptr) {
+                 bool relu, RunInfo* info, const Gemm& gemm, const RequantOut* rq = nullptr,
+                 const float* residual = nullptr) {
+  QF_CHECK(rq == nullptr || residual == nullptr, "conv_chunks: a residual needs float output");
   check_conv_geometry(g);
   const int64_t M = g.gemm_m();
   const int64_t rows = chunk_rows(K, M);
@@ -144,8 +155,8 @@ void conv_chunks(const int8_t* x_nhwc, float a_scale, const ConvGeometry& g, int
       // Row r of the GEMM is output pixel r: [M, N] row-major is y in channels-last order.
       float* out = rq != nullptr ? buf.data() : y + r0 * N;
       gemm(cols.data(), r1 - r0, scale.data(), out, &ri);
-      if (relu) relu_in_place(out, (r1 - r0) * N);  // the chunk is still in cache
-      if (rq != nullptr) quantize_static_s8(out, (r1 - r0) * N, rq->inv, rq->qmin, rq->qmax, rq->q + r0 * N);
+      finish_rows(out, (r1 - r0) * N, residual != nullptr ? residual + r0 * N : nullptr, relu, rq,
+                  rq != nullptr ? rq->q + r0 * N : nullptr);
       if (c == 0) first = std::move(ri);
     }
   });
@@ -168,19 +179,26 @@ void check_weight(int64_t n, int64_t k, const ConvGeometry& g, int64_t round_up_
 }  // namespace
 
 void conv2d_s8s8f32(const int8_t* x_nhwc, float a_scale, const S8N16K4View& w, const float* w_scale,
-                    const float* bias, const ConvGeometry& g, float* y, bool relu, RunInfo* info) {
+                    const float* bias, const ConvGeometry& g, float* y, bool relu, RunInfo* info,
+                    const float* residual) {
   check_weight(w.n, w.k, g, 1);
-  conv_chunks(x_nhwc, a_scale, g, w.n, w.k, y, relu, info, [&](const int8_t* a, int64_t m, const float* s, float* out, RunInfo* ri) {
-    gemv_s8s8f32(a, m, s, w, w_scale, bias, out, ri);
-  });
+  conv_chunks(
+      x_nhwc, a_scale, g, w.n, w.k, y, relu, info,
+      [&](const int8_t* a, int64_t m, const float* s, float* out, RunInfo* ri) {
+        gemv_s8s8f32(a, m, s, w, w_scale, bias, out, ri);
+      },
+      nullptr, residual);
 }
 
 void conv2d_s8s4f32(const int8_t* x_nhwc, float a_scale, const S4N16K8View& w, const float* bias,
-                    const ConvGeometry& g, float* y, bool relu, RunInfo* info) {
+                    const ConvGeometry& g, float* y, bool relu, RunInfo* info, const float* residual) {
   check_weight(w.n, w.k, g, kS4BlockK);
-  conv_chunks(x_nhwc, a_scale, g, w.n, w.k, y, relu, info, [&](const int8_t* a, int64_t m, const float* s, float* out, RunInfo* ri) {
-    gemv_s8s4f32(a, m, s, w, bias, out, ri);
-  });
+  conv_chunks(
+      x_nhwc, a_scale, g, w.n, w.k, y, relu, info,
+      [&](const int8_t* a, int64_t m, const float* s, float* out, RunInfo* ri) {
+        gemv_s8s4f32(a, m, s, w, bias, out, ri);
+      },
+      nullptr, residual);
 }
 
 namespace {
@@ -231,9 +249,11 @@ namespace {
 // oneDNN's s32 sums, a sub-batch of images at a time (onednn_conv_images_per_call), then per chunk of
 // rows: the epilogue, the ReLU and, with rq, the codes. A refusal writes nothing.
 bool onednn_conv(const detail::OneDnnConvS8& w, const int8_t* x_nhwc, float a_scale, const float* w_scale,
-                 const float* bias, const ConvGeometry& g, float* y, const RequantOut* rq, bool relu, RunInfo* info) {
+                 const float* bias, const ConvGeometry& g, float* y, const RequantOut* rq, bool relu, RunInfo* info,
+                 const float* residual = nullptr) {
   check_conv_geometry(g);
   if (rq != nullptr) check_requant(*rq);
+  QF_CHECK(rq == nullptr || residual == nullptr, "onednn_conv: a residual needs float output");
   RunInfo local;
   RunInfo& ri = info != nullptr ? *info : local;
   ri = RunInfo{};
@@ -281,8 +301,8 @@ bool onednn_conv(const detail::OneDnnConvS8& w, const int8_t* x_nhwc, float a_sc
         float* out = rq != nullptr ? buf.data() : y + (row0 + r0) * N;
         RunInfo e;
         dequantize_s32_f32(acc.data() + r0 * N, a.data(), w_scale, bias, out, n, N, &e);
-        if (relu) relu_in_place(out, n * N);
-        if (rq != nullptr) quantize_static_s8(out, n * N, rq->inv, rq->qmin, rq->qmax, rq->q + (row0 + r0) * N);
+        finish_rows(out, n * N, residual != nullptr ? residual + (row0 + r0) * N : nullptr, relu, rq,
+                    rq != nullptr ? rq->q + (row0 + r0) * N : nullptr);
         if (b0 == 0 && c == 0) epilogue = std::move(e);
       }
     });
@@ -294,8 +314,9 @@ bool onednn_conv(const detail::OneDnnConvS8& w, const int8_t* x_nhwc, float a_sc
 }  // namespace
 
 bool conv2d_s8s8f32_onednn(const detail::OneDnnConvS8& w, const int8_t* x_nhwc, float a_scale, const float* w_scale,
-                           const float* bias, const ConvGeometry& g, float* y, bool relu, RunInfo* info) {
-  return onednn_conv(w, x_nhwc, a_scale, w_scale, bias, g, y, nullptr, relu, info);
+                           const float* bias, const ConvGeometry& g, float* y, bool relu, RunInfo* info,
+                           const float* residual) {
+  return onednn_conv(w, x_nhwc, a_scale, w_scale, bias, g, y, nullptr, relu, info, residual);
 }
 
 bool conv2d_s8s8s8_onednn(const detail::OneDnnConvS8& w, const int8_t* x_nhwc, float a_scale, const float* w_scale,
@@ -308,10 +329,10 @@ namespace {
 void run_im2col(const ConvS8Problem& p) {
   if (p.int4) {
     if (p.rq != nullptr) return conv2d_s8s4s8(p.x_nhwc, p.a_scale, p.w4, p.bias, p.g, *p.rq, p.relu, p.info);
-    return conv2d_s8s4f32(p.x_nhwc, p.a_scale, p.w4, p.bias, p.g, p.y, p.relu, p.info);
+    return conv2d_s8s4f32(p.x_nhwc, p.a_scale, p.w4, p.bias, p.g, p.y, p.relu, p.info, p.residual);
   }
   if (p.rq != nullptr) return conv2d_s8s8s8(p.x_nhwc, p.a_scale, p.w8, p.w_scale, p.bias, p.g, *p.rq, p.relu, p.info);
-  conv2d_s8s8f32(p.x_nhwc, p.a_scale, p.w8, p.w_scale, p.bias, p.g, p.y, p.relu, p.info);
+  conv2d_s8s8f32(p.x_nhwc, p.a_scale, p.w8, p.w_scale, p.bias, p.g, p.y, p.relu, p.info, p.residual);
 }
 
 // oneDNN's convolution is for int8 weights and large inputs; smaller ones run im2col, not as a
@@ -339,7 +360,7 @@ bool onednn_conv_applies(const ConvS8Problem& p, std::string* why) {
 void run_onednn_conv(const ConvS8Problem& p) {
   RunInfo local;
   RunInfo& ri = p.info != nullptr ? *p.info : local;
-  if (onednn_conv(*p.onednn, p.x_nhwc, p.a_scale, p.w_scale, p.bias, p.g, p.y, p.rq, p.relu, &ri)) return;
+  if (onednn_conv(*p.onednn, p.x_nhwc, p.a_scale, p.w_scale, p.bias, p.g, p.y, p.rq, p.relu, &ri, p.residual)) return;
   // No primitive for this input size: im2col, the same values, with oneDNN's reason kept.
   const RunInfo why = ri;
   ConvS8Problem q = p;
@@ -369,10 +390,25 @@ ConvEntryKind conv_entry_kind(const KernelEntry<ConvS8Problem>& e) {
 }
 
 void conv2d_s8(const ConvS8Problem& p) {
+  QF_REQUIRE(p.residual == nullptr || (p.rq == nullptr && p.y != nullptr),
+             "kernels/cpu: conv2d_s8: a residual is added to float outputs only");
   RunInfo chosen;
   const KernelEntry<ConvS8Problem>& e =
       select_kernel(conv_s8_kernels(), p, IsaGate::machine(), p.info != nullptr ? &chosen : nullptr);
-  e.run(p);
+  if (p.residual != nullptr && conv_entry_kind(e) == ConvEntryKind::kDepthwise) {
+    // The depthwise rows have no residual epilogue: their float output, then one pass over it.
+    ConvS8Problem q = p;
+    q.relu = false;
+    q.residual = nullptr;
+    e.run(q);
+    const int64_t n = p.g.gemm_m() * p.g.out_channels;
+    detail::parallel_over((n + 16383) / 16384, 1, [&](int64_t c0, int64_t c1) {
+      const int64_t b = c0 * 16384, e1 = std::min(n, c1 * 16384);
+      finish_rows(p.y + b, e1 - b, p.residual + b, p.relu, nullptr, nullptr);
+    });
+  } else {
+    e.run(p);
+  }
   // The entry's own record names the chain; the table's names what it passed over first.
   if (p.info != nullptr && !chosen.fallback.empty()) {
     p.info->fallback = chosen.fallback + (p.info->fallback.empty() ? "" : "; ") + p.info->fallback;

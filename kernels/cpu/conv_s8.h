@@ -70,11 +70,15 @@ void im2col_nhwc_s8(const int8_t* x_nhwc, const ConvGeometry& g, int64_t row_beg
 // with K rounded up to a multiple of 8 (zero columns; its one group is then the whole padded row),
 // so the VNNI kernels, which need groups of 8, run for any C * kh * kw. relu: the reference's ReLU
 // in the epilogue (applied to each row chunk right after its GEMM, while it is in cache).
+// residual (a residual connection, optional): float [B, OH, OW, N] channels last, added to each
+// output before the ReLU, in the same pass: y = relu((conv + bias) + residual), the values of
+// at::relu(at::add(conv_output, residual)) bit for bit. It may not overlap y.
 void conv2d_s8s8f32(const int8_t* x_nhwc, float a_scale, const S8N16K4View& w, const float* w_scale,
                     const float* bias, const ConvGeometry& g, float* y, bool relu = false,
-                    RunInfo* info = nullptr);
+                    RunInfo* info = nullptr, const float* residual = nullptr);
 void conv2d_s8s4f32(const int8_t* x_nhwc, float a_scale, const S4N16K8View& w, const float* bias,
-                    const ConvGeometry& g, float* y, bool relu = false, RunInfo* info = nullptr);
+                    const ConvGeometry& g, float* y, bool relu = false, RunInfo* info = nullptr,
+                    const float* residual = nullptr);
 
 // Requantized output (static-activation chains): int8 codes for the next layer's static
 // per-tensor symmetric input quantizer instead of floats, q = clamp(nearbyint(y * inv), qmin,
@@ -98,7 +102,7 @@ void conv2d_s8s4s8(const int8_t* x_nhwc, float a_scale, const S4N16K8View& w, co
 // the caller then runs conv2d_s8s8f32.
 bool conv2d_s8s8f32_onednn(const detail::OneDnnConvS8& w, const int8_t* x_nhwc, float a_scale, const float* w_scale,
                            const float* bias, const ConvGeometry& g, float* y, bool relu = false,
-                           RunInfo* info = nullptr);
+                           RunInfo* info = nullptr, const float* residual = nullptr);
 
 bool conv2d_s8s8s8_onednn(const detail::OneDnnConvS8& w, const int8_t* x_nhwc, float a_scale, const float* w_scale,
                           const float* bias, const ConvGeometry& g, const RequantOut& out, bool relu = false,
@@ -127,6 +131,7 @@ struct ConvS8Problem {
   float* y = nullptr;                 // float output, or
   const RequantOut* rq = nullptr;     // int8 codes of the next quantizer
   bool relu = false;
+  const float* residual = nullptr;    // float output only: [M, N] rows added before the ReLU (conv2d_s8s8f32)
   const detail::OneDnnConvS8* onednn = nullptr;  // int8 weights: oneDNN's convolution, if built
   RunInfo* info = nullptr;            // the kernel chain that ran (im2col's GEMM, oneDNN's epilogue)
 };

@@ -2,7 +2,8 @@
 """Writes the TorchScript fixtures of tests/jit (tests/fixtures/torchscript/): a small CNN, an
 MLP, a CNN with BatchNorms, a BERT-like encoder, an LM with a tied token table, a chain of
 rewritten calls, PyTorch's nn.MultiheadAttention, nn.TransformerEncoderLayer and
-nn.TransformerEncoder, torchvision's VisionTransformer and x @ W forms with W stored [in, out],
+nn.TransformerEncoder, torchvision's VisionTransformer, residual connections (ResNet / MobileNetV2
+style) and x @ W forms with W stored [in, out],
 each scripted (torch.jit.script) and traced (torch.jit.trace); the weight x matrix forms and a
 small Fashion-MNIST CNN trained briefly (scripted only), with fixed seeds.
 
@@ -417,6 +418,46 @@ class FmnistCnn(nn.Module):
         return self.fc2(torch.relu(self.fc1(self.features(x).flatten(1))))
 
 
+class ResidualCnn(nn.Module):
+    """Residual connections as torchvision writes them: a BasicBlock (conv-BN-ReLU-conv-BN, `out +=
+    identity`, ReLU), a downsampling block whose shortcut is a strided 1x1 conv (`relu(out +
+    shortcut)`), and MobileNetV2's `x + conv(x)` without a ReLU (a depthwise conv here)."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(1, 8, 3, padding=1)
+        self.conv1 = nn.Conv2d(8, 8, 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(8)
+        self.conv2 = nn.Conv2d(8, 8, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(8)
+        self.conv3 = nn.Conv2d(8, 16, 3, stride=2, padding=1)
+        self.conv4 = nn.Conv2d(16, 16, 3, padding=1)
+        self.down = nn.Conv2d(8, 16, 1, stride=2)
+        self.project = nn.Conv2d(16, 16, 3, padding=1, groups=16)
+        self.fc = nn.Linear(16 * 7 * 7, 10)
+        for bn in (self.bn1, self.bn2):
+            bn.running_mean.uniform_(-0.2, 0.2)
+            bn.running_var.uniform_(0.5, 1.5)
+
+    def forward(self, x):
+        x = F.relu(self.stem(x))
+        out = F.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        out += x
+        x = F.relu(out)
+        out = self.conv4(F.relu(self.conv3(x)))
+        x = F.relu(out + self.down(x))
+        x = x + self.project(x)
+        return self.fc(x.flatten(1))
+
+
+def write_residual(out):
+    torch.manual_seed(0)
+    net = ResidualCnn().eval()
+    torch.jit.script(net).save(os.path.join(out, "residual_cnn_scripted.pt"))
+    torch.jit.trace(net, torch.randn(2, 1, 14, 14)).save(os.path.join(out, "residual_cnn_traced.pt"))
+
+
 def read_fashion_mnist(folder="/usr/share/datasets/fashion-mnist", split="train"):
     """The images of `split` ("train": 60 000, "t10k": the 10 000 test images) as [N, 1, 28, 28]
     in [0, 1], as qforge's data::load_fashion_mnist scales them, and their labels, from Debian's
@@ -528,6 +569,7 @@ def main():
     torch.jit.script(in_out).save(os.path.join(out, "in_out_forms_scripted.pt"))
     torch.jit.trace(in_out, torch.randn(2, 5, 16)).save(os.path.join(out, "in_out_forms_traced.pt"))
     write_transformer_layers(out)
+    write_residual(out)
     write_mha_kpm(out)
     write_encoder_stack(out)
     write_buffer_matmul(out)

@@ -249,6 +249,43 @@ TEST(ConvS8, OneDnnRunsLargeBatchesInSubBatchesBitForBit) {
   EXPECT_EQ(std::memcmp(got_q.data_ptr<int8_t>(), want_q.data(), want_q.size()), 0);
 }
 
+TEST(ConvS8, ResidualIsAddedBeforeTheReluBitForBit) {
+  // conv + bias, + residual (at::add's a + b), then the ReLU: im2col (int8 weights) and oneDNN,
+  // one chunk and several, against the reference's float output with ATen's add and ReLU.
+  uint32_t seed = 900;
+  for (const ConvGeometry& g : {geometry(2, 8, 14, 14, 24, 3, 3, 1, 1), geometry(9, 8, 64, 64, 64, 3, 3, 1, 1)}) {
+    const ConvCase c = make_case(g, -127, 127, seed += 10);
+    const int64_t N = g.out_channels;
+    PackOptions opts;
+    opts.onednn = false;
+    const at::Tensor w_scale = at::from_blob(const_cast<float*>(c.w_scale.data()), {N}, at::kFloat).clone();
+    const PackedLinearS8 s8(weight_rows(c, g.gemm_k()), w_scale, at::Tensor(), opts);
+    const auto dnn = isa_usable(Isa::kAvx512Vnni) ? qforge::kernels::detail::onednn_conv_s8(c.w.data(), g, nullptr)
+                                                  : nullptr;
+    const at::Tensor x = nhwc(c);
+    const at::Tensor r = at::randn({g.batch, g.out_h(), g.out_w(), N});  // channels last, as y
+    const at::Tensor conv = at::from_blob(run_reference(c, nullptr, false).data(), {g.batch, N, g.out_h(), g.out_w()})
+                                .permute({0, 2, 3, 1})
+                                .contiguous();
+    for (bool relu : {false, true}) {
+      const at::Tensor want = relu ? at::relu(at::add(conv, r)) : at::add(conv, r);
+      for (int path = 0; path < 2; ++path) {
+        if (path == 1 && dnn == nullptr) continue;
+        at::Tensor y = at::full({g.batch, g.out_h(), g.out_w(), N}, 12345.0f);
+        RunInfo info;
+        if (path == 0) {
+          conv2d_s8s8f32(x.data_ptr<int8_t>(), c.a_scale, s8.view(), c.w_scale.data(), c.bias.data(), g,
+                         y.data_ptr<float>(), relu, &info, r.data_ptr<float>());
+        } else {
+          ASSERT_TRUE(conv2d_s8s8f32_onednn(*dnn, x.data_ptr<int8_t>(), c.a_scale, c.w_scale.data(), c.bias.data(),
+                                            g, y.data_ptr<float>(), relu, &info, r.data_ptr<float>()));
+        }
+        EXPECT_TRUE(at::equal(y, want)) << info.kernel << " B=" << g.batch << " relu=" << relu;
+      }
+    }
+  }
+}
+
 // oneDNN's reference convolution never runs: where the packed weight format leaves oneDNN only
 // its reference implementation for an input size (on this oneDNN, MobileNetV2's 1x1 32 -> 192
 // layer on 4x4 inputs at batch 256, packed for batch 32 at 16x16 as frozen layers pack: about a
