@@ -14,6 +14,7 @@ namespace qforge::jit {
 
 namespace {
 
+using torch::jit::Block;
 using torch::jit::Graph;
 using torch::jit::Node;
 using torch::jit::Value;
@@ -55,13 +56,32 @@ bool is_relu(const Node* n) {
   return k == "aten::relu" || k == "aten::relu_";
 }
 
+// True when no node strictly between a and b (same block, b after a) may write to a tensor: no
+// in-place ATen op (`aten::relu_`, not the `__dunder__` ones), nothing with side effects, in their
+// sub-blocks neither. The fused call runs at b, so a's inputs must read the same there.
+bool no_writes_between(Node* a, const Node* b) {
+  std::vector<Node*> inner;
+  for (Node* n = a->next(); n != b; n = n->next()) {
+    if (n->kind() == c10::prim::Return) return false;  // b is not after a in this block
+    inner.clear();
+    inner.push_back(n);
+    for (Block* sub : n->blocks()) collect_nodes(sub, &inner);
+    for (const Node* m : inner) {
+      const std::string name = m->kind().toUnqualString();
+      const bool in_place = m->kind().is_aten() && name.size() > 1 && name.back() == '_' && name[name.size() - 2] != '_';
+      if (in_place || m->hasSideEffects()) return false;
+    }
+  }
+  return true;
+}
+
 // The residual operand of `a` when a adds conv's output and another tensor with alpha 1 (add_:
 // conv's output updated in place), else nullptr.
 Value* residual_operand(const Node* a, const Value* conv) {
   const std::string k = a->kind().toQualString();
   if ((k != "aten::add" && k != "aten::add_") || a->inputs().size() != 3) return nullptr;
   const std::optional<c10::IValue> alpha = torch::jit::toIValue(a->input(2));
-  if (!alpha || !alpha->isScalar() || alpha->toScalar().toDouble() != 1.0) return nullptr;
+  if (!alpha || !(alpha->isInt() || alpha->isDouble()) || alpha->toScalar().toDouble() != 1.0) return nullptr;
   Value* r = nullptr;
   if (a->input(0) == conv && a->input(1) != conv) {
     r = a->input(1);
@@ -86,7 +106,9 @@ std::vector<ChainedCall> chain_conv_codes(Graph& g, const torch::jit::Module& mo
     if (n->kind() != conv2d_symbol() || n->output()->uses().size() != 1) continue;
     Node* act = n->output()->uses()[0].user;
     const std::optional<double> clamp = relu_clamp(act);
-    if (!clamp || act->input(0) != n->output() || act->output()->uses().size() != 1) continue;
+    if (!clamp || act->input(0) != n->output() || act->output()->uses().size() != 1 ||
+        act->owningBlock() != n->owningBlock() || !no_writes_between(n, act))
+      continue;
     Node* next = act->output()->uses()[0].user;
     const Node* next_get = next->kind() == conv2d_symbol() ? next->input(1)->node() : nullptr;
     if (next_get == nullptr || next_get->kind() != c10::prim::GetAttr || next->input(0) != act->output() ||
@@ -135,7 +157,7 @@ std::vector<ResidualCall> fuse_residual_adds(Graph& g, const torch::jit::Module&
     if (n->kind() != conv2d_symbol() || n->output()->uses().size() != 1) continue;
     Node* add = n->output()->uses()[0].user;
     Value* r = add->owningBlock() == n->owningBlock() ? residual_operand(add, n->output()) : nullptr;
-    if (r == nullptr || !claimed.insert(add).second) continue;
+    if (r == nullptr || !no_writes_between(n, add) || !claimed.insert(add).second) continue;
     Node* relu = add->output()->uses().size() == 1 ? add->output()->uses()[0].user : nullptr;
     if (relu != nullptr && !(is_relu(relu) && relu->input(0) == add->output() && relu->owningBlock() == n->owningBlock()))
       relu = nullptr;
@@ -144,8 +166,11 @@ std::vector<ResidualCall> fuse_residual_adds(Graph& g, const torch::jit::Module&
   for (size_t i = 0; i < found.size(); ++i) {
     const Residual& f = found[i];
     torch::jit::WithInsertPoint guard(f.add);
+    const bool in_place = f.add->kind().toUnqualString() == std::string("add_");
     Node* fused = g.create(residual_symbol(),
-                           {f.conv->input(0), f.conv->input(1), f.r, g.insertConstant(f.relu != nullptr), f.conv->input(2)}, 1);
+                           {f.conv->input(0), f.conv->input(1), f.r, g.insertConstant(f.relu != nullptr),
+                            g.insertConstant(in_place), f.conv->input(2)},
+                           1);
     g.insertNode(fused);
     fused->output()->setType(c10::TensorType::get());
     Node* last = f.relu != nullptr ? f.relu : f.add;
@@ -166,6 +191,26 @@ std::vector<ResidualCall> fuse_residual_adds(Graph& g, const torch::jit::Module&
     out.push_back({layer_path_of(n, module), relu && relu->isBool() && relu->toBool()});
   }
   return out;
+}
+
+int64_t route_max_pools(Graph& g) {
+  static const c10::Symbol aten_pool = c10::Symbol::fromQualString("aten::max_pool2d");
+  static const c10::Symbol qforge_pool = c10::Symbol::fromQualString("qforge::max_pool2d");
+  std::vector<Node*> nodes;
+  collect_nodes(g.block(), &nodes);
+  int64_t count = 0;
+  for (Node* n : nodes) {
+    if (n->kind() == qforge_pool) ++count;
+    if (n->kind() != aten_pool || n->inputs().size() != 6) continue;
+    torch::jit::WithInsertPoint guard(n);
+    Node* q = g.create(qforge_pool, n->inputs(), 1);
+    g.insertNode(q);
+    q->output()->setType(n->output()->type());
+    n->output()->replaceAllUsesWith(q->output());
+    n->destroy();
+    ++count;
+  }
+  return count;
 }
 
 }  // namespace qforge::jit

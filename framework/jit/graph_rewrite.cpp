@@ -572,6 +572,7 @@ RewriteResult rewrite_forward(torch::jit::Module& module) {
   torch::jit::EliminateDeadCode(g);
   result.chained = chain_conv_codes(*g, module);
   result.residual = fuse_residual_adds(*g, module);
+  result.max_pools = route_max_pools(*g);
   torch::jit::EliminateDeadCode(g);
   return result;
 }

@@ -43,6 +43,7 @@ struct RewriteResult {
   std::vector<TiedCall> tied;
   std::vector<ChainedCall> chained;  // every chain in the graph (new ones and a saved file's)
   std::vector<ResidualCall> residual;  // every fused residual addition (conv_chain.h), likewise
+  int64_t max_pools = 0;  // aten::max_pool2d calls routed to qforge::max_pool2d (conv_chain.h)
 };
 
 // The root attributes a rewrite added earlier (a file saved after a rewrite), in attribute order.

@@ -6,6 +6,7 @@
 
 #include <unistd.h>
 
+#include <array>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -21,6 +22,7 @@
 #include "framework/nn/conv.h"
 #include "framework/nn/embedding.h"
 #include "framework/nn/linear.h"
+#include "kernels/cpu/max_pool.h"
 
 namespace qforge::jit {
 
@@ -384,14 +386,52 @@ at::Tensor conv2d_act_codes(const at::Tensor& x, const c10::intrusive_ptr<Script
 // qforge::conv2d_add (conv_chain.h): layer(x) + residual, through a ReLU when relu; the addition
 // and the ReLU in the frozen layer's epilogue (nn::Conv2dImpl::forward_add), ATen's ops otherwise.
 at::Tensor conv2d_add(const at::Tensor& x, const c10::intrusive_ptr<ScriptedLayer>& l, const at::Tensor& residual,
-                      bool relu, bool training) {
+                      bool relu, bool in_place, bool training) {
   QF_REQUIRE(l->spec().kind == LayerKind::kConv2d, "framework/jit: qforge::conv2d_add called with the ",
              to_string(l->spec().kind), " layer '", l->path(), "'");
   if (l->module()->is_training() != training) l->module()->train(training);
   auto* c = dynamic_cast<nn::Conv2dImpl*>(l->module().get());
-  if (!training && c != nullptr && c->integer_frozen()) return c->forward_add(x, residual, relu);
-  const at::Tensor y = at::add(l->forward(x), residual);
+  if (!training && c != nullptr && c->integer_frozen()) return c->forward_add(x, residual, relu, in_place);
+  at::Tensor y = l->forward(x);
+  y = in_place ? y.add_(residual) : at::add(y, residual);
   return relu ? at::relu(y) : y;
+}
+
+// An int[] pooling argument for both dimensions (one value: both; empty stride: the kernel's).
+std::array<int64_t, 2> pool_pair(c10::IntArrayRef v, c10::IntArrayRef fallback, const char* what) {
+  if (v.empty()) v = fallback;
+  QF_REQUIRE(v.size() == 1 || v.size() == 2, "framework/jit: max_pool2d ", what, " has ", v.size(),
+             " values (1 or 2)");
+  return {v[0], v.size() == 2 ? v[1] : v[0]};
+}
+
+// qforge::max_pool2d (conv_chain.h): qforge's kernel on a float channels-last CPU input with no
+// gradient to record, at::max_pool2d otherwise (the same values either way).
+at::Tensor pool_max(const at::Tensor& x, c10::IntArrayRef kernel, c10::IntArrayRef stride, c10::IntArrayRef padding,
+                    c10::IntArrayRef dilation, bool ceil_mode) {
+  const bool fast = x.is_cpu() && x.scalar_type() == at::kFloat && x.dim() == 4 && x.numel() > 0 &&
+                    x.is_contiguous(at::MemoryFormat::ChannelsLast) && !(x.requires_grad() && at::GradMode::is_enabled());
+  if (!fast) return at::max_pool2d(x, kernel, stride, padding, dilation, ceil_mode);
+  const auto k = pool_pair(kernel, kernel, "kernel_size"), s = pool_pair(stride, kernel, "stride");
+  const auto p = pool_pair(padding, padding, "padding"), d = pool_pair(dilation, dilation, "dilation");
+  kernels::PoolGeometry g;
+  g.batch = x.size(0);
+  g.channels = x.size(1);
+  g.in_h = x.size(2);
+  g.in_w = x.size(3);
+  g.kernel_h = k[0];
+  g.kernel_w = k[1];
+  g.stride_h = s[0];
+  g.stride_w = s[1];
+  g.pad_h = p[0];
+  g.pad_w = p[1];
+  g.dilation_h = d[0];
+  g.dilation_w = d[1];
+  g.ceil_mode = ceil_mode;
+  kernels::check_pool_geometry(g);
+  at::Tensor y = at::empty({g.batch, g.out_h(), g.out_w(), g.channels}, x.options());
+  kernels::max_pool2d_nhwc_f32(x.data_ptr<float>(), g, y.data_ptr<float>());
+  return y.permute({0, 3, 1, 2});  // NCHW shape, channels-last memory, as ATen returns it
 }
 
 // A Linear call on an embedding's table (a tied LM head): x times the table's rows as the layer
@@ -433,9 +473,13 @@ TORCH_LIBRARY(qforge, m) {
         [](const at::Tensor& x, c10::intrusive_ptr<ScriptedLayer> l, c10::intrusive_ptr<ScriptedLayer> next,
            double clamp_max, bool training) { return conv2d_act_codes(x, l, next, clamp_max, training); });
   m.def("conv2d_add(Tensor x, __torch__.torch.classes.qforge.Layer layer, Tensor residual, bool relu, "
-        "bool training) -> Tensor",
+        "bool in_place, bool training) -> Tensor",
         [](const at::Tensor& x, c10::intrusive_ptr<ScriptedLayer> l, const at::Tensor& residual, bool relu,
-           bool training) { return conv2d_add(x, l, residual, relu, training); });
+           bool in_place, bool training) { return conv2d_add(x, l, residual, relu, in_place, training); });
+  m.def("max_pool2d(Tensor x, int[2] kernel_size, int[2] stride, int[2] padding, int[2] dilation, bool ceil_mode) "
+        "-> Tensor",
+        [](const at::Tensor& x, c10::IntArrayRef kernel, c10::IntArrayRef stride, c10::IntArrayRef padding,
+           c10::IntArrayRef dilation, bool ceil_mode) { return pool_max(x, kernel, stride, padding, dilation, ceil_mode); });
   m.def("embedding(Tensor indices, __torch__.torch.classes.qforge.Layer layer, bool training) -> Tensor",
         [](const at::Tensor& indices, c10::intrusive_ptr<ScriptedLayer> l, bool training) {
           return call(indices, l, training, LayerKind::kEmbedding);

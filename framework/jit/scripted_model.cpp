@@ -31,6 +31,7 @@ ScriptedModelImpl::ScriptedModelImpl(torch::jit::Module script, FreshlyLoaded) :
   tied_ = std::move(r.tied);
   chained_ = std::move(r.chained);
   residual_ = std::move(r.residual);
+  max_pools_ = r.max_pools;
   for (const auto& l : layers_) mount(*this, l->path(), l->module());
   register_script_tensors();
   train(script_.is_training());
@@ -175,6 +176,9 @@ std::string ScriptedModelImpl::graph_notes() const {
   for (const ResidualCall& r : residual_)
     out += "residual  " + r.layer + " + aten::add" + (r.relu ? " -> aten::relu" : "") +
            ": in its epilogue once it is frozen on the integer path\n";
+  if (max_pools_ > 0)
+    out += "pooled  aten::max_pool2d (" + std::to_string(max_pools_) +
+           (max_pools_ == 1 ? " call" : " calls") + "): qforge's kernel on channels-last float inputs\n";
   for (const FloatCall& f : kept_float_) out += "float  " + f.name + "  " + f.op + ": " + f.reason + "\n";
   return out;
 }

@@ -77,6 +77,8 @@ class ScriptedModelImpl : public torch::nn::Module {
   // Convolutions whose output plus a residual (and a ReLU) run in their epilogue once frozen (a
   // saved file's included).
   const std::vector<ResidualCall>& residual_adds() const { return residual_; }
+  // aten::max_pool2d calls routed to qforge::max_pool2d (conv_chain.h, route_max_pools).
+  int64_t max_pools() const { return max_pools_; }
   torch::jit::Module& script() { return script_; }
 
  private:
@@ -99,6 +101,7 @@ class ScriptedModelImpl : public torch::nn::Module {
   std::vector<TiedCall> tied_;
   std::vector<ChainedCall> chained_;
   std::vector<ResidualCall> residual_;
+  int64_t max_pools_ = 0;
 };
 
 TORCH_MODULE(ScriptedModel);

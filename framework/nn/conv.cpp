@@ -129,13 +129,14 @@ bool ConvQuantState::integer_kernel() const {
 }
 
 at::Tensor ConvQuantState::integer_forward(const at::Tensor& x, const at::Tensor& bias, bool relu,
-                                           const QParams* requant, const at::Tensor* residual) const {
+                                           const QParams* requant, const at::Tensor* residual, bool in_place) const {
   FrozenInput in;
   in.quantizer = input_q_;
   in.layer_bias = bias;
   in.relu = relu;
   in.requant = requant;
   in.residual = residual;
+  in.residual_in_place = in_place;
   return packed_->forward(x, in);
 }
 
@@ -242,16 +243,20 @@ at::Tensor Conv2dImpl::forward_relu_codes(const at::Tensor& x, const Conv2dImpl&
   return frozen_integer(x, true, &out);
 }
 
-at::Tensor Conv2dImpl::forward_add(const at::Tensor& x, const at::Tensor& residual, bool relu) {
-  if (x.scalar_type() == at::kChar || (frozen_ && integer_kernel() && x.is_cpu() && !residual.requires_grad())) {
+at::Tensor Conv2dImpl::forward_add(const at::Tensor& x, const at::Tensor& residual, bool relu, bool in_place) {
+  const bool integer = x.scalar_type() == at::kChar || (frozen_ && integer_kernel() && x.is_cpu());
+  // The epilogue's sum records no gradient: a residual that needs one takes ATen's add.
+  if (integer && !(residual.requires_grad() && at::GradMode::is_enabled())) {
     if (x.scalar_type() != at::kChar) note_input(x);
-    return frozen_integer(x, relu, nullptr, &residual);
+    return frozen_integer(x, relu, nullptr, &residual, in_place);
   }
-  const at::Tensor y = at::add(forward(x), residual);
+  at::Tensor y = forward(x);
+  y = in_place ? y.add_(residual) : at::add(y, residual);
   return relu ? at::relu(y) : y;
 }
 
-at::Tensor Conv2dImpl::frozen_integer(const at::Tensor& x, bool relu, const QParams* requant, const at::Tensor* residual) {
+at::Tensor Conv2dImpl::frozen_integer(const at::Tensor& x, bool relu, const QParams* requant, const at::Tensor* residual,
+                                      bool in_place) {
   QF_REQUIRE(x.dim() == 3 || x.dim() == 4, path_, " (Conv2d): input has shape ", x.sizes(),
              ", expected [batch, channels, height, width]");
   QF_REQUIRE(x.scalar_type() != at::kChar || (takes_codes() && x.is_cpu()), path_,
@@ -259,7 +264,7 @@ at::Tensor Conv2dImpl::frozen_integer(const at::Tensor& x, bool relu, const QPar
   const bool unbatched = x.dim() == 3;
   const at::Tensor r = residual != nullptr && unbatched ? residual->unsqueeze(0) : at::Tensor();
   const at::Tensor y = integer_forward(unbatched ? x.unsqueeze(0) : x, bias, relu, requant,
-                                       residual != nullptr && unbatched ? &r : residual);
+                                       residual != nullptr && unbatched ? &r : residual, in_place);
   return unbatched ? y.squeeze(0) : y;
 }
 

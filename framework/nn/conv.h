@@ -38,7 +38,8 @@ class ConvQuantState : public QuantizableLayer {
   // symmetric int8) quantizer, requantized in the epilogue, in the same shape and memory order.
   // residual (float output only): added before the ReLU (FrozenInput::residual).
   at::Tensor integer_forward(const at::Tensor& x, const at::Tensor& bias, bool relu,
-                             const QParams* requant = nullptr, const at::Tensor* residual = nullptr) const;
+                             const QParams* requant = nullptr, const at::Tensor* residual = nullptr,
+                             bool in_place = false) const;
   // True when freeze() packed the weight for the integer kernels.
   bool integer_kernel() const;
   // The frozen weight dequantized (the non-integer path runs LibTorch's convolution on it).
@@ -140,17 +141,18 @@ class Conv2dImpl : public ConvLayerImpl<torch::nn::Conv2dImpl, 2> {
   bool takes_codes() const;
   bool integer_frozen() const { return frozen_ && integer_kernel(); }
   at::Tensor forward_relu_codes(const at::Tensor& x, const Conv2dImpl& next);
-  // Residual connections: forward(x) + residual, through at::relu when relu. Frozen on the integer
-  // path (x float on the CPU or this layer's codes), the addition and the ReLU run in the
-  // kernel's epilogue, bit for bit at::relu(at::add(forward(x), residual)) (a residual of another
-  // shape or type is added after); otherwise exactly those ATen ops.
-  at::Tensor forward_add(const at::Tensor& x, const at::Tensor& residual, bool relu);
+  // Residual connections: forward(x) + residual (in_place: forward(x).add_(residual), which keeps
+  // the output's type and shape), through at::relu when relu. Frozen on the integer path (x float
+  // on the CPU or this layer's codes), the addition and the ReLU run in the kernel's epilogue, bit
+  // for bit the ATen ops (a residual of another shape, type or layout is added after; one that
+  // needs a gradient takes ATen's add); otherwise exactly those ATen ops.
+  at::Tensor forward_add(const at::Tensor& x, const at::Tensor& residual, bool relu, bool in_place = false);
   const char* layer_type() const override { return "Conv2d"; }
   std::shared_ptr<QuantizableLayer> float_copy() const override;
 
  private:
   at::Tensor frozen_integer(const at::Tensor& x, bool relu, const QParams* requant = nullptr,
-                            const at::Tensor* residual = nullptr);
+                            const at::Tensor* residual = nullptr, bool in_place = false);
 };
 TORCH_MODULE(Conv2d);
 

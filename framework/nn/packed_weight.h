@@ -30,6 +30,7 @@ struct FrozenInput {
   // where it is a CPU float tensor of the output's shape (else at::add after the convolution);
   // not with requant.
   const at::Tensor* residual = nullptr;
+  bool residual_in_place = false;  // added after: out.add_(residual) (else at::add)
   DecodeActivations decode = DecodeActivations::kExact;  // weight-only int8 / int4 Linear on the CPU
 };
 

@@ -151,8 +151,8 @@ at::Tensor PackedConvInt<Kernel>::forward(const at::Tensor& x, const FrozenInput
   // The residual in the epilogue where it has the output's shape (channels last: no copy when it
   // is already, as integer convolutions leave their outputs); else at::add after, then the ReLU.
   const at::Tensor* r = in.residual;
-  const bool fused = r != nullptr && r->is_cpu() && r->scalar_type() == at::kFloat &&
-                     r->sizes() == at::IntArrayRef{g.batch, g.out_channels, g.out_h(), g.out_w()};
+  const bool fused = r != nullptr && r->is_cpu() && r->scalar_type() == at::kFloat && r->layout() == at::kStrided &&
+                     !r->is_neg() && r->sizes() == at::IntArrayRef{g.batch, g.out_channels, g.out_h(), g.out_w()};
   const at::Tensor r_nhwc = fused ? r->permute({0, 2, 3, 1}).contiguous() : at::Tensor();
   if (fused) p.residual = r_nhwc.data_ptr<float>();
   if (r != nullptr && !fused) p.relu = false;
@@ -160,7 +160,7 @@ at::Tensor PackedConvInt<Kernel>::forward(const at::Tensor& x, const FrozenInput
   // NCHW shape, channels-last memory (as LibTorch's quantized conv returns it).
   at::Tensor out = y.permute({0, 3, 1, 2});
   if (r != nullptr && !fused) {
-    out = at::add(out, *r);
+    out = in.residual_in_place ? out.add_(*r) : at::add(out, *r);
     if (in.relu) out = at::relu(out);
   }
   return out;

@@ -239,6 +239,8 @@ void conv2d_s8s4s8(const int8_t* x_nhwc, float a_scale, const S4N16K8View& w, co
 int64_t onednn_conv_images_per_call(const ConvGeometry& g) {
   const int64_t batch = std::max<int64_t>(1, g.batch);
   const int64_t image_bytes = g.out_h() * g.out_w() * g.out_channels * static_cast<int64_t>(sizeof(int32_t));
+  // One image above the retained size: no sub-batch fits, and smaller calls only add set-up.
+  if (image_bytes > static_cast<int64_t>(detail::kWorkspaceRetainBytes)) return batch;
   const int64_t fit = std::clamp<int64_t>(
       static_cast<int64_t>(detail::kWorkspaceRetainBytes) / std::max<int64_t>(1, image_bytes), 1, batch);
   const int64_t calls = (batch + fit - 1) / fit;
@@ -262,22 +264,24 @@ bool onednn_conv(const detail::OneDnnConvS8& w, const int8_t* x_nhwc, float a_sc
     ri.kernel = "conv_s8s8s32_onednn";
     return true;
   }
-  // Every sub-batch size is checked before any runs. oneDNN may offer only its reference for a
-  // sub-batch size (with the packed weight format) and a real kernel for the whole batch: then the
-  // whole batch runs in one call, its sums allocated for the call.
-  std::string why;
-  const auto serves = [&](int64_t images) {
-    for (int64_t batch : {images, g.batch - (g.batch - 1) / images * images}) {  // a call's and the last call's
-      ConvGeometry sub = g;
-      sub.batch = batch;
-      if (!detail::onednn_conv_serves_size(w, sub, &why)) return false;
-    }
-    return true;
+  // Every sub-batch size's primitive is found (and held) before any runs. oneDNN may offer only
+  // its reference for a sub-batch size (with the packed weight format) and a real kernel for the
+  // whole batch: then the whole batch runs in one call, its sums allocated for the call.
+  using Primitive = std::shared_ptr<const detail::OneDnnConvPrimitive>;
+  std::string why, sub_why;
+  Primitive full, last;  // a call's, the last call's
+  const auto find = [&](int64_t images, std::string* reason) {
+    ConvGeometry sub = g;
+    sub.batch = images;
+    full = detail::onednn_conv_primitive(w, sub, reason);
+    sub.batch = g.batch - (g.batch - 1) / images * images;
+    last = full == nullptr || sub.batch == images ? full : detail::onednn_conv_primitive(w, sub, reason);
+    return full != nullptr && last != nullptr;
   };
   int64_t images = onednn_conv_images_per_call(g);
-  if (!serves(images)) {
-    if (images == g.batch || !serves(g.batch)) {
-      ri.skip("conv_s8s8s32_onednn", why);
+  if (!find(images, &sub_why)) {
+    if (images == g.batch || !find(g.batch, &why)) {
+      ri.skip("conv_s8s8s32_onednn", why.empty() ? sub_why : why);
       return false;
     }
     images = g.batch;
@@ -292,8 +296,7 @@ bool onednn_conv(const detail::OneDnnConvS8& w, const int8_t* x_nhwc, float a_sc
     const int64_t rows = sub.gemm_m(), row0 = b0 * image_rows;
     // Uninitialised (oneDNN writes every element): the thread's retained buffer where it fits.
     const detail::ScratchArray<int32_t> acc(detail::Scratch::kAccumulators, rows * N);
-    QF_CHECK(detail::onednn_conv_s8s8s32(w, sub, x_nhwc + b0 * image_in, acc.data(), &why),
-             "kernels/cpu: oneDNN refused a convolution size it had accepted: ", why);
+    detail::onednn_conv_run(w, sub.batch == images ? *full : *last, x_nhwc + b0 * image_in, acc.data());
     detail::parallel_over((rows + kRows - 1) / kRows, 1, [&](int64_t c0, int64_t c1) {
       std::vector<float> buf(rq != nullptr ? static_cast<size_t>(kRows * N) : 0);
       for (int64_t c = c0; c < c1; ++c) {
@@ -309,6 +312,9 @@ bool onednn_conv(const detail::OneDnnConvS8& w, const int8_t* x_nhwc, float a_sc
   }
   ri.kernel = "conv_s8s8s32_onednn+" + epilogue.kernel;
   ri.fallback = epilogue.fallback;
+  if (images == g.batch && !sub_why.empty())
+    ri.fallback = "one call for the whole batch (sub-batches: " + sub_why + ")" +
+                  (ri.fallback.empty() ? "" : "; " + ri.fallback);
   return true;
 }
 }  // namespace

@@ -107,9 +107,9 @@ bool conv2d_s8s8f32_onednn(const detail::OneDnnConvS8& w, const int8_t* x_nhwc, 
 bool conv2d_s8s8s8_onednn(const detail::OneDnnConvS8& w, const int8_t* x_nhwc, float a_scale, const float* w_scale,
                           const float* bias, const ConvGeometry& g, const RequantOut& out, bool relu = false,
                           RunInfo* info = nullptr);
-// Both run oneDNN on sub-batches of this many whole images (at least one; the fewest calls whose
-// int32 sums fit the thread's retained workspace, detail::kWorkspaceRetainBytes, balanced), so the
-// sums are not allocated, and page-faulted in, on every call. Every sub-batch size is checked
+// Both run oneDNN on sub-batches of this many whole images (the fewest calls whose int32 sums fit
+// the thread's retained workspace, detail::kWorkspaceRetainBytes, balanced; the whole batch when
+// one image's do not fit), so the sums are not allocated, and page-faulted in, on every call. Every sub-batch size is checked
 // before any runs; where oneDNN offers only its reference for one, the whole batch runs in one call.
 int64_t onednn_conv_images_per_call(const ConvGeometry& g);
 

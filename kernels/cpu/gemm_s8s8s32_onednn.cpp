@@ -201,7 +201,6 @@ std::shared_ptr<const OneDnnConvS8> onednn_conv_s8(const int8_t* W, const ConvGe
 
 namespace {
 
-// The cached primitive for input size g (created on first use), or nullptr with *why.
 std::shared_ptr<const OneDnnConvPrimitive> conv_primitive(const OneDnnConvS8& c, const ConvGeometry& g,
                                                           std::string* why) {
   std::shared_ptr<const OneDnnConvPrimitive> prim;
@@ -248,9 +247,10 @@ std::shared_ptr<const OneDnnConvPrimitive> conv_primitive(const OneDnnConvS8& c,
 
 }  // namespace
 
-bool onednn_conv_serves_size(const OneDnnConvS8& c, const ConvGeometry& g, std::string* why) {
-  QF_REQUIRE(same_filter(g, c.nominal), "kernels/cpu: onednn_conv_serves_size: geometry differs from the packed filter's");
-  return conv_primitive(c, g, why) != nullptr;
+std::shared_ptr<const OneDnnConvPrimitive> onednn_conv_primitive(const OneDnnConvS8& c, const ConvGeometry& g,
+                                                                 std::string* why) {
+  QF_REQUIRE(same_filter(g, c.nominal), "kernels/cpu: onednn_conv_primitive: geometry differs from the packed filter's");
+  return conv_primitive(c, g, why);
 }
 
 bool onednn_conv_s8s8s32(const OneDnnConvS8& c, const ConvGeometry& g, const int8_t* x_nhwc, int32_t* y_nhwc,
@@ -259,6 +259,13 @@ bool onednn_conv_s8s8s32(const OneDnnConvS8& c, const ConvGeometry& g, const int
   QF_CHECK(x_nhwc != nullptr && y_nhwc != nullptr);
   const std::shared_ptr<const OneDnnConvPrimitive> prim = conv_primitive(c, g, why);
   if (prim == nullptr) return false;
+  onednn_conv_run(c, *prim, x_nhwc, y_nhwc);
+  return true;
+}
+
+void onednn_conv_run(const OneDnnConvS8& c, const OneDnnConvPrimitive& p, const int8_t* x_nhwc, int32_t* y_nhwc) {
+  QF_CHECK(x_nhwc != nullptr && y_nhwc != nullptr);
+  const OneDnnConvPrimitive* prim = &p;
   dnnl::stream stream(c.engine);
   memory src(prim->pd.src_desc(), c.engine, const_cast<int8_t*>(x_nhwc));
   memory dst(prim->pd.dst_desc(), c.engine, y_nhwc);
@@ -270,7 +277,6 @@ bool onednn_conv_s8s8s32(const OneDnnConvS8& c, const ConvGeometry& g, const int
                               {DNNL_ARG_DST, dst},
                               {DNNL_ARG_SCRATCHPAD, scratch}});
   stream.wait();
-  return true;
 }
 
 std::string onednn_impl(const OneDnnConvS8& c) { return c.impl; }

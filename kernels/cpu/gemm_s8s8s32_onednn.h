@@ -42,9 +42,14 @@ std::shared_ptr<const OneDnnConvS8> onednn_conv_s8(const int8_t* W, const ConvGe
 // Thread-safe (user-managed scratchpad per call).
 bool onednn_conv_s8s8s32(const OneDnnConvS8& conv, const ConvGeometry& g, const int8_t* x_nhwc, int32_t* y_nhwc,
                          std::string* why = nullptr);
-// Whether onednn_conv_s8s8s32 would run input size g (its primitive is created and cached here);
-// false with *why as onednn_conv_s8s8s32 gives it. Runs nothing.
-bool onednn_conv_serves_size(const OneDnnConvS8& conv, const ConvGeometry& g, std::string* why = nullptr);
+// The primitive onednn_conv_s8s8s32 would run for input size g (created and cached here), or
+// nullptr with *why as onednn_conv_s8s8s32 gives it; a caller checking several sizes before
+// running any holds them (the cache may be cleared by another thread in between).
+struct OneDnnConvPrimitive;
+std::shared_ptr<const OneDnnConvPrimitive> onednn_conv_primitive(const OneDnnConvS8& conv, const ConvGeometry& g,
+                                                                 std::string* why = nullptr);
+// Runs p (thread-safe): x_nhwc and y_nhwc of p's input size.
+void onednn_conv_run(const OneDnnConvS8& conv, const OneDnnConvPrimitive& p, const int8_t* x_nhwc, int32_t* y_nhwc);
 std::string onednn_impl(const OneDnnConvS8& conv);  // for the nominal geometry, e.g. "brgconv:avx512_core_vnni"
 // The implementation oneDNN offers for input size g with the packed weight format ("ref_int8:any":
 // only its reference, which onednn_conv_s8s8s32 refuses), or "" when it offers none.

@@ -419,7 +419,7 @@ class FmnistCnn(nn.Module):
 
 
 class ResidualCnn(nn.Module):
-    """Residual connections as torchvision writes them: a BasicBlock (conv-BN-ReLU-conv-BN, `out +=
+    """Residual connections as torchvision writes them (after a max pool, as ResNet's stem): a BasicBlock (conv-BN-ReLU-conv-BN, `out +=
     identity`, ReLU), a downsampling block whose shortcut is a strided 1x1 conv (`relu(out +
     shortcut)`), and MobileNetV2's `x + conv(x)` without a ReLU (a depthwise conv here)."""
 
@@ -440,7 +440,7 @@ class ResidualCnn(nn.Module):
             bn.running_var.uniform_(0.5, 1.5)
 
     def forward(self, x):
-        x = F.relu(self.stem(x))
+        x = F.max_pool2d(F.relu(self.stem(x)), 3, 1, 1)
         out = F.relu(self.bn1(self.conv1(x)))
         out = self.bn2(self.conv2(out))
         out += x

@@ -26,7 +26,7 @@ using qforge::jit_test::w8a8;
 // ResidualCnn's forward (make_fixtures.py) with its layers called one by one and ATen's add / ReLU.
 at::Tensor one_by_one(const ScriptedModel& m, const at::Tensor& x) {
   const auto& L = m->layers();  // stem, conv1, conv2, conv3, conv4, down, project, fc
-  const at::Tensor h = at::relu(L[0]->forward(x));
+  const at::Tensor h = at::max_pool2d(at::relu(L[0]->forward(x)), 3, 1, 1);
   const at::Tensor x1 = at::relu(at::add(L[2]->forward(at::relu(L[1]->forward(h))), h));
   const at::Tensor x2 = at::relu(at::add(L[4]->forward(at::relu(L[3]->forward(x1))), L[5]->forward(x1)));
   const at::Tensor x3 = at::add(x2, L[6]->forward(x2));
@@ -52,6 +52,8 @@ TEST(TorchScript, ResidualAddsRunInTheConvolutionEpilogueOnceFrozen) {
     EXPECT_NE(m->graph_notes().find("residual  conv4 + aten::add -> aten::relu: in its epilogue"), std::string::npos)
         << m->graph_notes();
     EXPECT_NE(m->graph_notes().find("residual  project + aten::add: in its epilogue"), std::string::npos);
+    EXPECT_EQ(m->max_pools(), 1);
+    EXPECT_NE(m->graph_notes().find("pooled  aten::max_pool2d (1 call)"), std::string::npos);
 
     torch::manual_seed(0);
     const at::Tensor x = torch::randn({3, 1, 14, 14});
@@ -80,6 +82,10 @@ TEST(TorchScript, ResidualAddsRunInTheConvolutionEpilogueOnceFrozen) {
         EXPECT_TRUE(at::equal(conv2->forward_add(in, r, relu), want)) << r.sizes() << " relu " << relu;
       }
     }
+    // The graph's add_ keeps the convolution output's type (a double residual), aten::add promotes.
+    const at::Tensor r64 = torch::randn({3, 8, 14, 14}, at::kDouble);
+    EXPECT_TRUE(at::equal(conv2->forward_add(in, r64, true, /*in_place=*/true), at::relu(y.clone().add_(r64))));
+    EXPECT_EQ(conv2->forward_add(in, r64, true, /*in_place=*/false).scalar_type(), at::kDouble);
 
     // A saved file keeps the fused calls: C++ runs it without qforge's model around it.
     TempDir dir;
