@@ -392,9 +392,7 @@ at::Tensor conv2d_add(const at::Tensor& x, const c10::intrusive_ptr<ScriptedLaye
   if (l->module()->is_training() != training) l->module()->train(training);
   auto* c = dynamic_cast<nn::Conv2dImpl*>(l->module().get());
   if (!training && c != nullptr && c->integer_frozen()) return c->forward_add(x, residual, relu, in_place);
-  at::Tensor y = l->forward(x);
-  y = in_place ? y.add_(residual) : at::add(y, residual);
-  return relu ? at::relu(y) : y;
+  return nn::add_residual(l->forward(x), residual, relu, in_place);
 }
 
 // An int[] pooling argument for both dimensions (one value: both; empty stride: the kernel's).

@@ -250,9 +250,7 @@ at::Tensor Conv2dImpl::forward_add(const at::Tensor& x, const at::Tensor& residu
     if (x.scalar_type() != at::kChar) note_input(x);
     return frozen_integer(x, relu, nullptr, &residual, in_place);
   }
-  at::Tensor y = forward(x);
-  y = in_place ? y.add_(residual) : at::add(y, residual);
-  return relu ? at::relu(y) : y;
+  return add_residual(forward(x), residual, relu, in_place);
 }
 
 at::Tensor Conv2dImpl::frozen_integer(const at::Tensor& x, bool relu, const QParams* requant, const at::Tensor* residual,

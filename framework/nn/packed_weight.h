@@ -34,6 +34,10 @@ struct FrozenInput {
   DecodeActivations decode = DecodeActivations::kExact;  // weight-only int8 / int4 Linear on the CPU
 };
 
+// The unfused residual connection, as a graph writes it: y.add_(r) (in_place: y's type and shape
+// kept) or at::add(y, r), then at::relu when relu. The fused epilogues give the same values.
+at::Tensor add_residual(at::Tensor y, const at::Tensor& r, bool relu, bool in_place);
+
 class PackedWeight;
 using PackedWeightPtr = std::shared_ptr<const PackedWeight>;
 

@@ -159,11 +159,7 @@ at::Tensor PackedConvInt<Kernel>::forward(const at::Tensor& x, const FrozenInput
   kernels::conv2d_s8(p);
   // NCHW shape, channels-last memory (as LibTorch's quantized conv returns it).
   at::Tensor out = y.permute({0, 3, 1, 2});
-  if (r != nullptr && !fused) {
-    out = in.residual_in_place ? out.add_(*r) : at::add(out, *r);
-    if (in.relu) out = at::relu(out);
-  }
-  return out;
+  return r != nullptr && !fused ? add_residual(out, *r, in.relu, in.residual_in_place) : out;
 }
 
 template <class Kernel>
@@ -241,6 +237,11 @@ PackedWeightPtr pack_conv(QuantizedTensor fw, LinearPath path, const ConvShape& 
   auto kernel = std::make_shared<const kernels::PackedLinearS4>(padded, scale_n, zero_n, Kp, at::Tensor(), qp.spec.qtype);
   return std::make_shared<PackedConvInt<kernels::PackedLinearS4>>(std::move(kernel), nullptr, std::move(fw), path, s,
                                                                   static_scale, who);
+}
+
+at::Tensor add_residual(at::Tensor y, const at::Tensor& r, bool relu, bool in_place) {
+  y = in_place ? y.add_(r) : at::add(y, r);
+  return relu ? at::relu(y) : y;
 }
 
 }  // namespace qforge::nn

@@ -44,15 +44,12 @@ namespace detail {
 void max_pool_rows_scalar(const float* x, const PoolGeometry& g, float* y, int64_t p0, int64_t p1) {
   const int64_t C = g.channels, OH = g.out_h(), OW = g.out_w();
   for (int64_t p = p0; p < p1; ++p) {
-    const int64_t b = p / (OH * OW), oh = p / OW % OH, ow = p % OW;
-    int64_t h0, h1, w0, w1;
-    pool_window(oh, g.stride_h, g.pad_h, g.kernel_h, g.dilation_h, g.in_h, &h0, &h1);
-    pool_window(ow, g.stride_w, g.pad_w, g.kernel_w, g.dilation_w, g.in_w, &w0, &w1);
+    const PoolWindow w = pool_window(g, OH, OW, p);
     float* out = y + p * C;
     for (int64_t c = 0; c < C; ++c) out[c] = -std::numeric_limits<float>::infinity();
-    for (int64_t ih = h0; ih < h1; ih += g.dilation_h) {
-      for (int64_t iw = w0; iw < w1; iw += g.dilation_w) {
-        const float* in = x + ((b * g.in_h + ih) * g.in_w + iw) * C;
+    for (int64_t ih = w.h0; ih < w.h1; ih += g.dilation_h) {
+      for (int64_t iw = w.w0; iw < w.w1; iw += g.dilation_w) {
+        const float* in = x + ((w.b * g.in_h + ih) * g.in_w + iw) * C;
         for (int64_t c = 0; c < C; ++c)
           if (in[c] > out[c] || std::isnan(in[c])) out[c] = in[c];
       }

@@ -43,14 +43,24 @@ namespace detail {
 // Output pixels [p0, p1) (p = (b * OH + oh) * OW + ow), every channel.
 void max_pool_rows_scalar(const float* x, const PoolGeometry& g, float* y, int64_t p0, int64_t p1);
 void max_pool_rows_avx512(const float* x, const PoolGeometry& g, float* y, int64_t p0, int64_t p1);
-// The taps of output row oh (column ow): [begin, end) stepping by the dilation, ATen's clipping.
-inline void pool_window(int64_t o, int64_t stride, int64_t pad, int64_t kernel, int64_t dilation, int64_t size,
-                        int64_t* begin, int64_t* end) {
-  int64_t b = o * stride - pad;
-  const int64_t e = b + (kernel - 1) * dilation + 1 < size ? b + (kernel - 1) * dilation + 1 : size;
-  while (b < 0) b += dilation;
-  *begin = b;
-  *end = e;
+// Output pixel p's image b and window: input rows [h0, h1) and columns [w0, w1), stepping by the
+// dilation (ATen's clipping: the first tap inside the input, the end clipped to it).
+struct PoolWindow {
+  int64_t b = 0, h0 = 0, h1 = 0, w0 = 0, w1 = 0;
+};
+inline PoolWindow pool_window(const PoolGeometry& g, int64_t OH, int64_t OW, int64_t p) {
+  const auto axis = [](int64_t o, int64_t stride, int64_t pad, int64_t kernel, int64_t dilation, int64_t size,
+                       int64_t* begin, int64_t* end) {
+    int64_t first = o * stride - pad;
+    *end = first + (kernel - 1) * dilation + 1 < size ? first + (kernel - 1) * dilation + 1 : size;
+    while (first < 0) first += dilation;
+    *begin = first;
+  };
+  PoolWindow w;
+  w.b = p / (OH * OW);
+  axis(p / OW % OH, g.stride_h, g.pad_h, g.kernel_h, g.dilation_h, g.in_h, &w.h0, &w.h1);
+  axis(p % OW, g.stride_w, g.pad_w, g.kernel_w, g.dilation_w, g.in_w, &w.w0, &w.w1);
+  return w;
 }
 }  // namespace detail
 
