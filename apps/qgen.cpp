@@ -130,7 +130,12 @@ Loaded load_run_directory(const fs::path& dir) {
   out.model = models::LlamaForCausalLM(std::dynamic_pointer_cast<models::LlamaForCausalLMImpl>(t.model));
   // model.h5 of a rotated run holds rotated weights: the model needs the structure they came from.
   const nlohmann::json rotation = recorded_rotation(dir, r.ptq.enabled && r.ptq.rotate == "hadamard");
-  if (rotation.is_object()) ptq::prepare_rotated_structure(*out.model, rotation.value("online_down_proj", true));
+  if (rotation.is_object()) {
+    ptq::RotateOptions o;
+    o.online_down_proj = rotation.value("online_down_proj", true);
+    o.online_qk = rotation.value("online_qk", false);  // runs before the KV-cache rotation have no key
+    ptq::prepare_rotated_structure(*out.model, o);
+  }
   io::load_model(*t.model, (dir / "model.h5").string());
   out.tokenizer = text::load_tokenizer(r.data.tokenizer_file.empty() ? dir.string() : r.data.tokenizer_file);
   out.frozen = model_size(*t.model).quantized_bytes > 0;

@@ -37,6 +37,16 @@ bool static_act_fits_kernels(const QSpec& a, std::string* why) {
   return true;
 }
 
+// Dynamic per-token activations below 8 bits (W4A4's qint4 on [-7, 7]) are fake-quantized in
+// float: the integer kernels quantize their rows to the int8 grid.
+bool dynamic_act_fits_kernels(const QSpec& a, std::string* why) {
+  if (a.qtype == qint8) return true;
+  *why = detail::str_cat("dynamic ", a.qtype.name, " per-token activations have no integer kernel (the kernels quantize "
+                         "rows to int8's [-127, 127]): the weight is dequantized per call and the activations "
+                         "fake-quantized in float");
+  return false;
+}
+
 // The kernels of `op` at decode size and, where its table switches entry by rows, above.
 void plan_kernels(kernels::LinearOp op, Isa isa, int64_t group, KernelPlan* plan,
                   kernels::S4Layout layout = kernels::S4Layout::kN16K8) {
@@ -189,6 +199,9 @@ KernelPlan plan_linear(const std::optional<QSpec>& weights, ActivationMode act, 
   } else if (act == ActivationMode::kStatic && !static_act_fits_kernels(activation, &why)) {
     plan.fallback = why;
     return plan;
+  } else if (act == ActivationMode::kDynamicPerToken && !dynamic_act_fits_kernels(activation, &why)) {
+    plan.fallback = why;
+    return plan;
   } else if (s8_weights) {
     plan.path = act == ActivationMode::kStatic ? LinearPath::kS8Static : LinearPath::kS8Dynamic;
   } else if (s4_weights) {
@@ -234,6 +247,11 @@ KernelPlan plan_matmul(ActivationMode act, const QSpec& activation, Isa isa) {
   std::string why;
   if (act == ActivationMode::kStatic && !static_act_fits_kernels(activation, &why)) {
     plan.fallback = why + ": operands are quantize-dequantized in float";
+    return plan;
+  }
+  if (act == ActivationMode::kDynamicPerToken && !dynamic_act_fits_kernels(activation, &why)) {
+    plan.fallback = detail::str_cat("dynamic ", activation.qtype.name,
+                                    " per-token operands have no integer kernel: they are quantize-dequantized in float");
     return plan;
   }
   plan.path = act == ActivationMode::kStatic ? LinearPath::kS8Static : LinearPath::kS8Dynamic;

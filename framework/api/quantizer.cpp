@@ -126,19 +126,27 @@ QuantizerImpl::QuantizerImpl(Role role, QuantizerConfig config, ActivationMode m
   }
 }
 
-QParams QuantizerImpl::dynamic_qparams(const at::Tensor& x2d) {
+bool QuantizerImpl::dynamic_qtype_supported(const QType& qtype) {
+  return qtype.is_integer() && qtype.is_signed && !qtype.is_codebook() && qtype.bits >= 2 && qtype.bits <= 8;
+}
+
+QParams QuantizerImpl::dynamic_qparams(const at::Tensor& x2d, const QType& qtype) {
   // The kernels' dynamic activation formula: scale = amax / 127 (1 when the row is all zero),
-  // grid [-127, 127] (kernels/cpu/reference.h quantize_rows_s8_reference).
+  // grid [-127, 127] (kernels/cpu/reference.h quantize_rows_s8_reference); narrower signed grids
+  // (W4A4's qint4: amax / 7 on [-7, 7]) follow the same rule with their own qmax.
+  QF_REQUIRE(dynamic_qtype_supported(qtype), "dynamic per-token activations take a signed integer qtype (qint8, "
+             "qint4, qint3, qint2), not ", qtype.name);
   QSpec spec;
-  spec.qtype = qint8;
+  spec.qtype = qtype;
   spec.symmetric = true;
   spec.narrow_range = true;
   spec.granularity = Granularity::kPerChannel;
   spec.axis = 0;
+  const float qmax = static_cast<float>(spec.quant_max());
   // Divided on the CPU: LibTorch's CUDA division by a scalar multiplies by its reciprocal, which
   // can be one ulp off (framework/core/qparams.cpp); the fake-quant kernels read qparams on the host.
   const at::Tensor amax = x2d.detach().to(at::kFloat).abs().amax(1).to(at::kCPU);
-  const at::Tensor scale = at::where(amax > 0, amax / 127.0f, at::ones_like(amax));
+  const at::Tensor scale = at::where(amax > 0, amax / qmax, at::ones_like(amax));
   return QParams{spec, scale, at::zeros(amax.sizes(), at::kInt)};
 }
 
@@ -404,7 +412,7 @@ at::Tensor QuantizerImpl::activation_forward(const at::Tensor& x) {
   if (mode_ == ActivationMode::kDynamicPerToken) {
     if (!fake_quant_ || x.numel() == 0) return x;
     const at::Tensor x2d = x.reshape({-1, x.size(-1)});
-    return fake_quantize(x2d, dynamic_qparams(x2d)).reshape(x.sizes());
+    return fake_quantize(x2d, dynamic_qparams(x2d, config_.spec.qtype)).reshape(x.sizes());
   }
   const bool update = observer_ && observing_ && !observer_frozen_;
   if (update) {

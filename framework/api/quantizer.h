@@ -19,7 +19,7 @@ namespace qforge {
 enum class ActivationMode : uint8_t {
   kNone,             // float activations (weight-only quantization)
   kStatic,           // scale calibrated once from data (observer), fixed at inference
-  kDynamicPerToken,  // symmetric int8 scale per row computed on every call (amax / 127)
+  kDynamicPerToken,  // symmetric scale per row computed on every call (amax / qmax; int8: amax / 127)
 };
 const char* to_string(ActivationMode m);
 ActivationMode activation_mode_from_name(const std::string& name);
@@ -46,8 +46,12 @@ class QuantizerImpl : public torch::nn::Module {
   // QParams in force: static activations after calibration, LSQ parameters, or the weight's
   // (`weight` is required for non-learnable weight quantizers).
   QParams qparams(const at::Tensor& weight = {}) const;
-  // Per-row symmetric int8 qparams of kDynamicPerToken for x viewed as [rows, K].
-  static QParams dynamic_qparams(const at::Tensor& x2d);
+  // Per-row symmetric qparams of kDynamicPerToken for x viewed as [rows, K], on the narrow signed
+  // grid of `qtype` (qint8 [-127, 127], qint4 [-7, 7], qint3 [-3, 3], qint2 [-1, 1]):
+  //   scale = amax > 0 ? amax / qmax : 1   (float division on the CPU), zero point 0.
+  static QParams dynamic_qparams(const at::Tensor& x2d, const QType& qtype = qint8);
+  // The signed integer qtypes dynamic per-token activations take (qint8, qint4, qint3, qint2).
+  static bool dynamic_qtype_supported(const QType& qtype);
 
   // Calibration: observe without fake-quantizing. QAT/eval: fake-quantize; observe while training
   // unless the observer is frozen.

@@ -119,9 +119,11 @@ std::optional<LayerScheme> Scheme::resolve(const std::string& path, const Quanti
   ls.activations = act;
   if (act != ActivationMode::kNone) {
     QuantizerConfig a;
-    a.spec.qtype = act == ActivationMode::kDynamicPerToken ? qint8 : activation_qtype;
-    a.spec.symmetric = act == ActivationMode::kDynamicPerToken || activation_symmetric || activation_qtype.is_float();
-    a.spec.narrow_range = a.spec.symmetric && a.spec.qtype == qint8;
+    const bool dynamic = act == ActivationMode::kDynamicPerToken;
+    // Dynamic rows are symmetric signed grids (qint8, or W4A4's qint4); any other qtype is qint8 there.
+    a.spec.qtype = dynamic && !QuantizerImpl::dynamic_qtype_supported(activation_qtype) ? qint8 : activation_qtype;
+    a.spec.symmetric = dynamic || activation_symmetric || activation_qtype.is_float();
+    a.spec.narrow_range = a.spec.symmetric && (a.spec.qtype == qint8 || dynamic);
     a.observer = observer;
     a.observer_options = observer_options;
     a.lsq = activation_lsq && act == ActivationMode::kStatic;

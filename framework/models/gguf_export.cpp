@@ -185,6 +185,8 @@ void check_gguf_exportable(const LlamaConfig& c) {
   QF_REQUIRE(!c.mlp_bias && !c.qkv_bias() && !c.o_bias(), "gguf export: attention_bias / mlp_bias are not exported");
   QF_REQUIRE(!c.down_proj_hadamard, "gguf export: the model is Hadamard-rotated (down_proj's input is rotated at run time, ",
              "which llama.cpp does not do); export it before ptq.rotate or keep it in qforge's formats");
+  QF_REQUIRE(!c.qk_hadamard, "gguf export: the model's queries and keys are Hadamard-rotated after RoPE at run time, ",
+             "which llama.cpp does not do; export it before ptq.rotate or keep it in qforge's formats");
   QF_REQUIRE(c.rope_scaling.rope_type == "default" || c.rope_scaling.rope_type == "linear", "gguf export: rope_scaling '",
              c.rope_scaling.rope_type, "' is not exported (default and linear are)");
 }

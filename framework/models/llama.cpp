@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 
 #include <cmath>
+#include <functional>
 #include <nlohmann/json.hpp>
 
 #include "framework/core/error.h"
@@ -217,6 +218,8 @@ void LlamaConfig::validate() const {
   QF_REQUIRE(!c.down_proj_hadamard || kernels::hadamard_supported(c.intermediate_size), kLlama,
              ": config field 'qforge_down_proj_hadamard' needs a Hadamard size; intermediate_size ",
              c.intermediate_size, " is not one (2^k * m, m = 1 or a Paley order: docs/rotations.md)");
+  QF_REQUIRE(!c.qk_hadamard || kernels::hadamard_supported(c.head_size()), kLlama,
+             ": config field 'qforge_qk_hadamard' needs a Hadamard size; head_dim ", c.head_size(), " is not one");
 }
 
 LlamaConfig LlamaConfig::from_json(const nlohmann::json& j) {
@@ -230,6 +233,7 @@ LlamaConfig LlamaConfig::from_json(const nlohmann::json& j) {
   // Qwen2Config keeps sliding_window only with use_sliding_window.
   if (c.model_type == "qwen2" && !c.use_sliding_window) c.sliding_window = 0;
   get_config_field(j, kLlama, "qforge_down_proj_hadamard", c.down_proj_hadamard);
+  get_config_field(j, kLlama, "qforge_qk_hadamard", c.qk_hadamard);
   if (j.contains("qforge_kv_cache")) c.kv_cache = kv_cache_scheme_from_json(j["qforge_kv_cache"], kLlama);
   require_full_rotary(j, "");
   c.validate();
@@ -255,6 +259,7 @@ nlohmann::json LlamaConfig::to_json() const {
   j["rope_scaling"] = rope_scaling.to_json();
   if (!layer_types.empty()) j["layer_types"] = layer_types;
   if (down_proj_hadamard) j["qforge_down_proj_hadamard"] = true;
+  if (qk_hadamard) j["qforge_qk_hadamard"] = true;
   if (kv_cache.quantized()) j["qforge_kv_cache"] = kv_cache_scheme_json(kv_cache);
   return j;
 }
@@ -279,8 +284,10 @@ at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x, const RopeTables& ro
   const int64_t B = x.size(0), T = x.size(1), H = config.num_attention_heads, KV = config.kv_heads(),
                 D = config.head_size(), rep = H / KV;
   auto heads = [&](const at::Tensor& t, int64_t n) { return t.view({B, T, n, D}).transpose(1, 2); };
-  const at::Tensor q = rope_heads(q_proj->forward(x), H, D, rope);
+  at::Tensor q = rope_heads(q_proj->forward(x), H, D, rope);
   at::Tensor k = rope_heads(k_proj->forward(x), KV, D, rope), v = heads(v_proj->forward(x), KV);
+  // A rotated model's keys are cached (and quantized) turned by H; the queries turn alike.
+  if (config.qk_hadamard) q = kernels::hadamard_rotate(q), k = kernels::hadamard_rotate(k);
   if (cache != nullptr) {
     std::tie(k, v) = cache->append(static_cast<size_t>(layer), k, v);
   } else if (config.kv_cache.quantized()) {
@@ -406,28 +413,32 @@ void LlamaForCausalLMImpl::untie_lm_head() {
   config.tie_word_embeddings = false;
 }
 
+void LlamaForCausalLMImpl::set_configs(const std::function<void(LlamaConfig&)>& set) {
+  set(config);
+  set(model->config);
+  for (const auto& l : *model->layers) {
+    auto* layer = l->as<LlamaDecoderLayerImpl>();
+    set(layer->config);
+    set(layer->self_attn->config);
+    set(layer->mlp->config);
+  }
+}
+
 void LlamaForCausalLMImpl::set_down_proj_hadamard(bool on) {
   QF_REQUIRE(!on || kernels::hadamard_supported(config.intermediate_size), kLlama, ": no Hadamard transform of size ",
              config.intermediate_size, " (intermediate_size)");
-  config.down_proj_hadamard = on;
-  model->config.down_proj_hadamard = on;
-  for (const auto& l : *model->layers) {
-    auto* layer = l->as<LlamaDecoderLayerImpl>();
-    layer->config.down_proj_hadamard = on;
-    layer->mlp->config.down_proj_hadamard = on;
-  }
+  set_configs([on](LlamaConfig& c) { c.down_proj_hadamard = on; });
+}
+
+void LlamaForCausalLMImpl::set_qk_hadamard(bool on) {
+  QF_REQUIRE(!on || kernels::hadamard_supported(config.head_size()), kLlama, ": no Hadamard transform of size ",
+             config.head_size(), " (head_dim)");
+  set_configs([on](LlamaConfig& c) { c.qk_hadamard = on; });
 }
 
 void LlamaForCausalLMImpl::set_kv_cache_scheme(const KvCacheScheme& scheme) {
   scheme.validate(config.head_size(), kLlama);
-  config.kv_cache = scheme;
-  model->config.kv_cache = scheme;
-  for (const auto& l : *model->layers) {
-    auto* layer = l->as<LlamaDecoderLayerImpl>();
-    layer->config.kv_cache = scheme;
-    layer->self_attn->config.kv_cache = scheme;
-    layer->mlp->config.kv_cache = scheme;
-  }
+  set_configs([&scheme](LlamaConfig& c) { c.kv_cache = scheme; });
 }
 
 int64_t LlamaForCausalLMImpl::kv_cache_bytes_per_token(const KvCacheScheme& scheme) const {

@@ -20,6 +20,7 @@
 #include <torch/nn/pimpl.h>
 
 #include <nlohmann/json_fwd.hpp>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -78,6 +79,11 @@ struct LlamaConfig {
   // rotated at run time (kernels/cpu/hadamard_tensor.h). config.json key
   // "qforge_down_proj_hadamard", written only when true (HF's loaders do not know it).
   bool down_proj_hadamard = false;
+  // QuaRot's rotation of the KV cache (framework/ptq/rotate.h): queries and keys turn by the
+  // Hadamard transform of head_dim after RoPE (scores unchanged: (q·Hᵀ)(k·Hᵀ)ᵀ = q·kᵀ), so the
+  // cache holds rotated keys; values are rotated offline (v_proj / o_proj). config.json key
+  // "qforge_qk_hadamard", written only when true.
+  bool qk_hadamard = false;
   // The KV cache's keys and values (docs/kv_cache.md): float, or int8 / int4 codes; a cacheless
   // forward attends to their fake-quantized values. config.json key "qforge_kv_cache", written
   // only when quantized (a file without it keeps the float cache).
@@ -207,6 +213,8 @@ class LlamaForCausalLMImpl : public torch::nn::Cloneable<LlamaForCausalLMImpl>, 
   // Turns the online Hadamard on down_proj's input on or off in every layer (and the configs
   // saved with the model); the rotation that needs it is framework/ptq/rotate.h's.
   void set_down_proj_hadamard(bool on);
+  // Turns the online Hadamard on queries and keys (after RoPE) on or off in every layer.
+  void set_qk_hadamard(bool on);
   // The KV-cache scheme of every attention layer (and the configs saved with the model).
   const KvCacheScheme& kv_cache_scheme() const override { return config.kv_cache; }
   int64_t kv_cache_head_dim() const override { return config.head_size(); }
@@ -215,6 +223,10 @@ class LlamaForCausalLMImpl : public torch::nn::Cloneable<LlamaForCausalLMImpl>, 
   LlamaConfig config;
   LlamaModel model{nullptr};
   nn::Linear lm_head{nullptr};  // untied models only
+
+ private:
+  // Applies `set` to the model's config and every copy its modules hold.
+  void set_configs(const std::function<void(LlamaConfig&)>& set);
 };
 TORCH_MODULE(LlamaForCausalLM);
 

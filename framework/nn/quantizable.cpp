@@ -19,8 +19,11 @@ void QuantizableLayer::check_scheme(const LayerScheme& scheme) const {
     QF_REQUIRE(has_weight(), path_, " (", layer_type(), "): has no weight to quantize");
   }
   if (scheme.activations == ActivationMode::kDynamicPerToken) {
-    QF_REQUIRE(scheme.activation.spec.qtype == qint8, path_, " (", layer_type(),
-               "): dynamic per-token activations are int8 (qint8), got ", scheme.activation.spec.qtype.name);
+    QF_REQUIRE(QuantizerImpl::dynamic_qtype_supported(scheme.activation.spec.qtype) &&
+                   scheme.activation.spec.symmetric,
+               path_, " (", layer_type(), "): dynamic per-token activations are symmetric signed integers (qint8, "
+               "qint4, qint3, qint2), got ", scheme.activation.spec.qtype.name,
+               scheme.activation.spec.symmetric ? "" : " asymmetric");
   }
 }
 

@@ -276,8 +276,9 @@ std::string LayerWriter::activation_qdq(const Quantizer& q, const std::string& x
                                         std::string* form) {
   if (!q || q->mode() == ActivationMode::kNone || !q->fake_quant()) return x;
   if (q->mode() == ActivationMode::kDynamicPerToken) {
-    // QuantizerImpl::dynamic_qparams: rows of the last dimension, scale = amax / 127 (1 for an
-    // all-zero row), codes in [-127, 127], zero point 0.
+    // QuantizerImpl::dynamic_qparams: rows of the last dimension, scale = amax / qmax (1 for an
+    // all-zero row), codes in [-qmax, qmax] (int8: 127; W4A4's qint4: 7), zero point 0.
+    const int64_t qmax = q->config().spec.quant_max();
     const std::string shape = g_.node("Shape", {x}, who + "/shape");
     const std::string last = g_.node("Slice", {shape, g_.ints({-1}), g_.ints({std::numeric_limits<int64_t>::max()})},
                                      who + "/last_dim");
@@ -286,16 +287,18 @@ std::string LayerWriter::activation_qdq(const Quantizer& q, const std::string& x
     const std::string amax = g_.node("ReduceMax", {g_.node("Abs", {x2}, who + "/abs")}, who + "/amax",
                                      {{"axes", std::vector<int64_t>{1}}, {"keepdims", int64_t{0}}});
     const std::string positive = g_.node("Greater", {amax, g_.scalar_f32(0.0f)}, who + "/nonzero");
-    const std::string scale = g_.node("Where", {positive, g_.node("Div", {amax, g_.scalar_f32(127.0f)}, who + "/amax_127"),
+    const std::string scale = g_.node("Where", {positive, g_.node("Div", {amax, g_.scalar_f32(static_cast<float>(qmax))},
+                                                                        who + "/amax_qmax"),
                                                 g_.scalar_f32(1.0f)},
                                       who + "/scale");
     const std::string zp = g_.node("ConstantOfShape", {g_.node("Shape", {scale}, who + "/rows_shape")}, who + "/zero_point",
                                    {{"value", at::zeros({1}, at::kChar)}});
-    // |x| <= amax gives |x / scale| <= 127, so the [-127, 127] grid needs no Clip: Q -> DQ stay
+    // |x| <= amax gives |x / scale| <= qmax, so the [-qmax, qmax] grid needs no Clip: Q -> DQ stay
     // adjacent, the pattern ONNX Runtime's QDQ fusions look for.
     const std::string qv = g_.node("QuantizeLinear", {x2, scale, zp}, who + "/q", {{"axis", int64_t{0}}});
     const std::string dq = g_.node("DequantizeLinear", {qv, scale, zp}, who + "/dq", {{"axis", int64_t{0}}});
-    *form += "QDQ dynamic per-token int8 [-127, 127] " + who;
+    *form += detail::str_cat("QDQ dynamic per-token ", q->config().spec.qtype.name, " [-", qmax, ", ", qmax,
+                             "] (int8 codes) ", who);
     return g_.node("Reshape", {dq, shape}, who + "/restore");
   }
   const QParams qp = q->qparams();

@@ -137,7 +137,7 @@ class CalibrateStage : public Stage {
   void check(RunContext& ctx) const override {
     const Recipe& r = ctx.recipe;
     if (r.ptq.enabled && r.ptq.rotate == "hadamard")
-      ptq::check_rotation_sizes(tasks::model_config<models::LlamaConfig>(r), ptq::RotateOptions{}.online_down_proj);
+      ptq::check_rotation_sizes(tasks::model_config<models::LlamaConfig>(r), ptq::RotateOptions{});
     check_kv_cache(r);
   }
 

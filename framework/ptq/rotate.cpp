@@ -31,8 +31,9 @@ void require_hadamard_size(int64_t n, const char* field) {
 // Every reason the model cannot be rotated, checked before anything changes.
 void check_rotatable(const models::LlamaForCausalLMImpl& model, const RotateOptions& o) {
   const models::LlamaConfig& c = model.config;
-  QF_REQUIRE(!c.down_proj_hadamard, kWho, ": the model is already rotated (its config has qforge_down_proj_hadamard)");
-  check_rotation_sizes(c, o.online_down_proj);
+  QF_REQUIRE(!c.down_proj_hadamard && !c.qk_hadamard, kWho, ": the model is already rotated (its config has ",
+             c.down_proj_hadamard ? "qforge_down_proj_hadamard" : "qforge_qk_hadamard", ")");
+  check_rotation_sizes(c, o);
   for (const auto& [path, layer] : quantizable_layers(model)) {
     QF_REQUIRE(!layer->quantized() && !layer->frozen(), kWho, ": layer '", path, "' is ",
                layer->frozen() ? "frozen" : "quantized", "; rotate the float model, before quantize()");
@@ -64,10 +65,26 @@ void fold_norm(nn::RMSNormImpl& norm, const std::vector<nn::LinearImpl*>& reader
   norm.weight.detach().fill_(1.0);
 }
 
-void rotate_layer(models::LlamaDecoderLayerImpl& layer, const at::Tensor& Q, bool online) {
+// The values of each head turn by H_D (R(a) = a·H_Dᵀ, hadamard_rotate): v_proj's rows of head h
+// become H_D·W_h = R(W_hᵀ)ᵀ and its bias R(b_h), so v_h becomes R(v_h); o_proj's columns of head h
+// become R(W_h), which undoes it (R(v)·R(W)ᵀ = v·H_DᵀH_D·Wᵀ = v·Wᵀ, H_D orthogonal).
+void rotate_values(models::LlamaAttentionImpl& attn) {
+  const int64_t D = attn.config.head_size(), KV = attn.config.kv_heads(), H = attn.config.num_attention_heads;
+  nn::LinearImpl& v = *attn.v_proj;
+  nn::LinearImpl& o = *attn.o_proj;
+  const int64_t hidden = v.weight.size(1), out = o.weight.size(0);
+  const at::Tensor wv = v.weight.detach().to(at::kFloat).view({KV, D, hidden}).transpose(1, 2);
+  assign(v.weight, kernels::hadamard_rotate(wv).transpose(1, 2).reshape({KV * D, hidden}));
+  if (v.bias.defined()) assign(v.bias, kernels::hadamard_rotate(v.bias.detach().to(at::kFloat).view({KV, D})).reshape(-1));
+  assign(o.weight, kernels::hadamard_rotate(o.weight.detach().to(at::kFloat).view({out, H, D})).reshape({out, H * D}));
+}
+
+void rotate_layer(models::LlamaDecoderLayerImpl& layer, const at::Tensor& Q, const RotateOptions& o) {
   models::LlamaAttentionImpl& attn = *layer.self_attn;
   models::LlamaMlpImpl& mlp = *layer.mlp;
+  const bool online = o.online_down_proj;
   fold_norm(*layer.input_layernorm, {attn.q_proj.get(), attn.k_proj.get(), attn.v_proj.get()}, Q);
+  if (o.online_qk) rotate_values(attn);
   rotate_output(*attn.o_proj, Q);
   fold_norm(*layer.post_attention_layernorm, {mlp.gate_proj.get(), mlp.up_proj.get()}, Q);
   // W·H_Iᵀ: each row of down_proj's weight through the transform (its input turns by H_I online).
@@ -167,26 +184,32 @@ RotateReport rotate_llama(models::LlamaForCausalLMImpl& model, const RotateOptio
   r.residual_base = kernels::hadamard_size(c.hidden_size).m;
   r.down_proj_base = o.online_down_proj ? kernels::hadamard_size(c.intermediate_size).m : 1;
   r.online_down_proj = o.online_down_proj;
+  r.online_qk = o.online_qk;
+  r.head_dim = c.head_size();
+  r.head_base = o.online_qk ? kernels::hadamard_size(c.head_size()).m : 1;
   if (c.tie_word_embeddings) {
     model.untie_lm_head();
     r.notes.push_back("lm_head untied from model.embed_tokens (the embedding takes E·Q, the head W·diag(w)·Q)");
   }
   const at::Tensor Q = random_hadamard(c.hidden_size, o.seed, &r.signs);
   assign(model.model->embed_tokens->weight, at::matmul(as_double(model.model->embed_tokens->weight), Q));
-  for (const auto& l : *model.model->layers) rotate_layer(*l->as<models::LlamaDecoderLayerImpl>(), Q, o.online_down_proj);
+  for (const auto& l : *model.model->layers) rotate_layer(*l->as<models::LlamaDecoderLayerImpl>(), Q, o);
   fold_norm(*model.model->norm, {model.lm_head.get()}, Q);
   if (o.online_down_proj) model.set_down_proj_hadamard(true);
+  if (o.online_qk) model.set_qk_hadamard(true);
   return r;
 }
 
-void check_rotation_sizes(const models::LlamaConfig& c, bool online_down_proj) {
+void check_rotation_sizes(const models::LlamaConfig& c, const RotateOptions& o) {
   require_hadamard_size(c.hidden_size, "hidden_size");
-  if (online_down_proj) require_hadamard_size(c.intermediate_size, "intermediate_size");
+  if (o.online_down_proj) require_hadamard_size(c.intermediate_size, "intermediate_size");
+  if (o.online_qk) require_hadamard_size(c.head_size(), "head_dim");
 }
 
-void prepare_rotated_structure(models::LlamaForCausalLMImpl& model, bool online_down_proj) {
+void prepare_rotated_structure(models::LlamaForCausalLMImpl& model, const RotateOptions& o) {
   if (model.config.tie_word_embeddings) model.untie_lm_head();
-  model.set_down_proj_hadamard(online_down_proj);
+  model.set_down_proj_hadamard(o.online_down_proj);
+  model.set_qk_hadamard(o.online_qk);
 }
 
 RotateReport rotate(torch::nn::Module& model, const RotateOptions& o) {

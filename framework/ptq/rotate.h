@@ -9,6 +9,10 @@
 //   o_proj, down_proj (write the stream): W <- Qᵀ·W, b <- Qᵀ·b
 //   down_proj's input (online):           W <- W·H_Iᵀ offline, a <- a·H_Iᵀ at run time (the Llama
 //                                         MLP's hook, LlamaConfig::down_proj_hadamard)
+//   queries and keys (online, per head):  q <- q·H_Dᵀ, k <- k·H_Dᵀ after RoPE (scores unchanged; the
+//                                         KV cache holds rotated keys; LlamaConfig::qk_hadamard)
+//   values (offline, per head):           v_proj's rows of head h <- H_D·W_h (b_h <- b_h·H_Dᵀ), o_proj's
+//                                         columns of head h <- W_h·H_Dᵀ: the cache holds v·H_Dᵀ
 //
 // A tied head is untied first (the embedding and the head take different sides of Q), with a note.
 // Runs on a float model, before quantize(). Models that cannot be rotated are refused untouched.
@@ -38,6 +42,7 @@ struct ActivationStats {
 struct RotateOptions {
   uint64_t seed = 0;              // the signs s of Q = H·diag(s)
   bool online_down_proj = true;  // QuaRot's online Hadamard on down_proj's input
+  bool online_qk = true;         // QuaRot's KV-cache rotation: queries / keys online, values offline
 };
 
 struct RotateReport {
@@ -46,6 +51,8 @@ struct RotateReport {
   int64_t hidden_size = 0, intermediate_size = 0;
   int64_t residual_base = 1, down_proj_base = 1;  // the Paley order m of each H (1: Sylvester's alone)
   bool online_down_proj = false;
+  bool online_qk = false;
+  int64_t head_dim = 0, head_base = 1;  // the Hadamard of queries, keys and values (online_qk)
   std::vector<std::string> notes;  // e.g. the untied head
   at::Tensor signs;                // [hidden_size] ±1 (float), the recorded s
   // rotate_measured() only: each Linear's input before and after, the float output's relative
@@ -64,13 +71,15 @@ at::Tensor random_hadamard(int64_t n, uint64_t seed, at::Tensor* signs = nullptr
 RotateReport rotate(torch::nn::Module& model, const RotateOptions& options = {});
 RotateReport rotate_llama(models::LlamaForCausalLMImpl& model, const RotateOptions& options = {});
 
-// Throws qforge::Error unless hidden_size (and intermediate_size, with the online Hadamard) has a
-// Hadamard size: what rotate() checks first, for a run to check before it trains.
-void check_rotation_sizes(const models::LlamaConfig& config, bool online_down_proj = true);
+// Throws qforge::Error unless hidden_size (intermediate_size with the online down_proj Hadamard,
+// head_dim with the query / key one) has a Hadamard size: what rotate() checks first, for a run to
+// check before it trains.
+void check_rotation_sizes(const models::LlamaConfig& config, const RotateOptions& options = {});
 
 // Gives a freshly built model the structure rotate() leaves (the head untied, the online
-// Hadamard on), so a rotated model's checkpoint loads into it (qgen on a ptq.rotate run).
-void prepare_rotated_structure(models::LlamaForCausalLMImpl& model, bool online_down_proj = true);
+// Hadamards on as `options` says), so a rotated model's checkpoint loads into it (qgen on a
+// ptq.rotate run).
+void prepare_rotated_structure(models::LlamaForCausalLMImpl& model, const RotateOptions& options = {});
 
 // Per Linear, in named_modules() order, measured through the layers' input taps while `run`
 // computes batches 0 .. batches-1 (autograd off, the model as it is: float or fake-quant).

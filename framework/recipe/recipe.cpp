@@ -164,8 +164,9 @@ void check_quantize(const Recipe& r, const YAML::Node& tree, const Where& w) {
   if (s.activation_qtype.is_microscaling() && s.activations != ActivationMode::kNone)
     w.problem("quantize.activations.qtype", aq + " is a weight-only format in qforge; choose qint8, quint8 or an fp8 "
                                              "qtype for activations");
-  if (s.activations == ActivationMode::kDynamicPerToken && s.activation_qtype != qint8)
-    w.problem("quantize.activations.qtype", "dynamic per-token activations are qint8, not " + aq);
+  if (s.activations == ActivationMode::kDynamicPerToken && !QuantizerImpl::dynamic_qtype_supported(s.activation_qtype))
+    w.problem("quantize.activations.qtype", "dynamic per-token activations are symmetric signed integers (qint8, or "
+                                            "qint4 / qint3 / qint2 for W4A4-style runs), not " + aq);
   if (s.activation_qtype.is_integer() && s.activation_qtype.bits < 8 && s.activations != ActivationMode::kNone &&
       r.freeze.enabled)
     w.problem("quantize.activations.qtype", aq + " activations have no integer kernel to freeze into; use qint8 "

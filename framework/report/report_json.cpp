@@ -193,6 +193,7 @@ nlohmann::json rotate_json(const ptq::RotateReport& rr) {
           {"residual_hadamard", {{"size", rr.hidden_size}, {"paley_order", rr.residual_base}}},
           {"online_down_proj", rr.online_down_proj},
           {"down_proj_hadamard", {{"size", rr.intermediate_size}, {"paley_order", rr.down_proj_base}}},
+          {"online_qk", rr.online_qk}, {"qk_hadamard", {{"size", rr.head_dim}, {"paley_order", rr.head_base}}},
           {"notes", rr.notes}, {"layers", layers}, {"float_output_change", rr.output_change}, {"seconds", rr.seconds}};
 }
 

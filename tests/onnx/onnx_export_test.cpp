@@ -284,6 +284,37 @@ TEST(OnnxExport, DynamicPerTokenQdqHasNoClip) {
   EXPECT_EQ(clips, 0);
 }
 
+// W8A4 (dynamic per-token int4 rows): the graph divides amax by 7, not 127, so ONNX's int8 codes
+// stay on [-7, 7] as the fake-quant grid has them.
+TEST(OnnxExport, DynamicInt4RowsDivideTheirAmaxBySeven) {
+  const fs::path dir = temp_dir("ort_dynamic_int4");
+  at::manual_seed(0);
+  Fixture f = onnx_testing::gpt2_fixture(false);
+  Scheme s(qint8);
+  s.activations = ActivationMode::kDynamicPerToken;
+  s.activation_qtype = qint4;
+  s.rules.push_back(LayerRule{"transformer.wte", true});
+  onnx_testing::quantize_and_freeze(f, s, {f.inputs});
+  const fs::path path = dir / "gpt2_w8a4.onnx";
+  onnx_export::export_onnx(*f.model, path.string());
+  const onnx::ModelProto m = read_model(path);
+  std::map<std::string, float> scalars;
+  for (const auto& t : m.graph().initializer())
+    if (t.data_type() == onnx::TensorProto::FLOAT && t.dims_size() == 0 && t.raw_data().size() == 4) {
+      float v;
+      std::memcpy(&v, t.raw_data().data(), 4);
+      scalars[t.name()] = v;
+    }
+  int by7 = 0, by127 = 0;
+  for (const auto& n : m.graph().node()) {
+    if (n.op_type() != "Div" || n.input_size() != 2 || !scalars.count(n.input(1))) continue;
+    by7 += scalars[n.input(1)] == 7.0f;
+    by127 += scalars[n.input(1)] == 127.0f;
+  }
+  EXPECT_GT(by7, 0);
+  EXPECT_EQ(by127, 0);
+}
+
 // Graph::requantize_layer_outputs only where the codes provably stay the same: a Linear / Conv
 // output reaching a static per-tensor QuantizeLinear through commuting ops, read nowhere else.
 TEST(OnnxExport, RequantizationOnlyThroughCommutingOpsToScalarGrids) {

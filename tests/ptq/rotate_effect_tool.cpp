@@ -1,9 +1,14 @@
-// Not a test: docs/rotations.md's W4A8 figures with and without the Hadamard rotation, on a random
-// Llama with planted outlier channels (tests/ptq/planted_llama.h).
+// Not a test: docs/rotations.md's W4 / W4A8 / W4A4 / KV-cache figures with and without the Hadamard
+// rotation, on a random Llama with planted outlier channels (tests/ptq/planted_llama.h), keys with
+// outlier channels too (k_proj's rows of one channel per key/value head scaled by the same factor,
+// as real models' keys have them).
 //   rotate_effect_tool [hidden] [intermediate] [layers] [outlier_scale]
 // Text: sequences sampled from the float model itself, so its perplexity is the reference and a
-// quantized model's excess over it is what quantization costs. W4A8: int4 per-channel symmetric
-// weights (RTN), int8 dynamic per-token activations; the embedding stays float.
+// quantized model's excess over it (the gap) is what quantization costs. W4: int4 per-channel
+// symmetric weights (RTN); A8 / A4: dynamic per-token int8 / int4 activations (amax / 127, amax / 7);
+// KV8 / KV4: the cache's keys and values as per-token int8 / int4 codes (docs/kv_cache.md). The
+// embedding stays float. Rotated: ptq::rotate with its defaults (residual stream, online down_proj
+// Hadamard, queries / keys online and values offline per head).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
@@ -28,16 +33,39 @@ using qforge::ptq::tools::kOutliers;
 using qforge::ptq::tools::planted_llama;
 using qforge::ptq::tools::sample_text;
 
-qforge::Scheme w4a8() {
-  qforge::Scheme s(qforge::qint4);
-  s.weight_granularity = qforge::Granularity::kPerChannel;
-  s.group_size = 0;
-  s.activations = qforge::ActivationMode::kDynamicPerToken;
+struct Setting {
+  const char* name;
+  bool weights;
+  int activation_bits;  // 0: float activations
+  int kv_bits;          // 0: float cache
+  bool kv_asymmetric = false;
+  int64_t kv_group = 0;  // 0: one scale per head and position
+};
+
+qforge::Scheme scheme(const Setting& s) {
+  qforge::Scheme q(qforge::qint4);
+  q.weight_granularity = qforge::Granularity::kPerChannel;
+  q.group_size = 0;
+  if (s.activation_bits > 0) {
+    q.activations = qforge::ActivationMode::kDynamicPerToken;
+    q.activation_qtype = s.activation_bits == 4 ? qforge::qint4 : qforge::qint8;
+  }
   qforge::LayerRule keep;
   keep.pattern = "model.embed_tokens";
   keep.keep_float = true;
-  s.rules.push_back(keep);
-  return s;
+  q.rules.push_back(keep);
+  return q;
+}
+
+LlamaForCausalLM planted(const LlamaConfig& c, double scale) {
+  LlamaForCausalLM m = planted_llama(c, scale);
+  at::NoGradGuard g;
+  const int64_t D = c.head_size();
+  for (const auto& l : *m->model->layers) {
+    auto* attn = l->as<qforge::models::LlamaDecoderLayerImpl>()->self_attn.get();
+    for (int64_t h = 0; h < c.kv_heads(); ++h) attn->k_proj->weight[h * D + 5].mul_(scale);
+  }
+  return m;
 }
 
 }  // namespace
@@ -51,7 +79,7 @@ int main(int argc, char** argv) {
   const double scale = argc > 4 ? std::atof(argv[4]) : 20.0;
   at::set_num_threads(1);
 
-  LlamaForCausalLM ref = planted_llama(c, scale);
+  LlamaForCausalLM ref = planted(c, scale);
   const at::Tensor ids = sample_text(ref, 8, 96);
   at::Tensor float_logp;
   {
@@ -60,31 +88,48 @@ int main(int argc, char** argv) {
   }
   const Eval f = evaluate(ref, ids, float_logp);
 
-  LlamaForCausalLM plain = planted_llama(c, scale);
-  qforge::quantize(plain, w4a8());
-  const Eval q = evaluate(plain, ids, float_logp);
-
-  LlamaForCausalLM turned = planted_llama(c, scale);
-  const auto run = [&](int64_t) { return turned->forward(ids.narrow(0, 0, 2)); };
-  const qforge::ptq::RotateReport r = qforge::ptq::rotate_measured(*turned, 1, run);
-  const Eval fr = evaluate(turned, ids, float_logp);
-  qforge::quantize(turned, w4a8());
-  const Eval qr = evaluate(turned, ids, float_logp);
-
+  // Rotation statistics once, on a float copy.
+  LlamaForCausalLM measured = planted(c, scale);
+  const auto run = [&](int64_t) { return measured->forward(ids.narrow(0, 0, 2)); };
+  const qforge::ptq::RotateReport r = qforge::ptq::rotate_measured(*measured, 1, run);
+  const Eval fr = evaluate(measured, ids, float_logp);
   double kb = 0, ka = 0, mb = 0, ma = 0;
   for (size_t i = 0; i < r.before.size(); ++i) {
     kb = std::max(kb, r.before[i].kurtosis), ka = std::max(ka, r.after[i].kurtosis);
     mb = std::max(mb, r.before[i].max_over_rms), ma = std::max(ma, r.after[i].max_over_rms);
   }
-  std::printf("random Llama: hidden %lld, intermediate %lld, %lld layers, vocab 512, %lld outlier channels x%.0f; "
-              "text: 8 x 96 tokens sampled from the float model\n",
+  std::printf("random Llama: hidden %lld, intermediate %lld, %lld layers, head_dim %lld, vocab 512, %lld outlier "
+              "channels x%.0f, key channel 5 of each head x%.0f; text: 8 x 96 tokens sampled from the float model\n",
               static_cast<long long>(c.hidden_size), static_cast<long long>(c.intermediate_size),
-              static_cast<long long>(c.num_hidden_layers), static_cast<long long>(kOutliers), scale);
+              static_cast<long long>(c.num_hidden_layers), static_cast<long long>(c.head_size()),
+              static_cast<long long>(kOutliers), scale, scale);
   std::printf("largest Linear-input kurtosis %.1f -> %.1f, largest max/RMS %.1f -> %.1f\n", kb, ka, mb, ma);
-  std::printf("%-26s %12s %14s\n", "model", "perplexity", "KL vs float");
-  std::printf("%-26s %12.3f %14.6f\n", "float", f.perplexity, f.kl);
-  std::printf("%-26s %12.3f %14.6f\n", "float, rotated", fr.perplexity, fr.kl);
-  std::printf("%-26s %12.3f %14.6f\n", "W4A8 RTN", q.perplexity, q.kl);
-  std::printf("%-26s %12.3f %14.6f\n", "W4A8 RTN, rotated", qr.perplexity, qr.kl);
+  std::printf("float perplexity %.3f (rotated %.3f, KL %.2e)\n\n", f.perplexity, fr.perplexity, fr.kl);
+  std::printf("%-14s %12s %10s %10s %14s %10s %10s\n", "setting", "perplexity", "gap", "KL", "rotated: ppl",
+              "gap", "KL");
+  const Setting settings[] = {{"W4", true, 0, 0},      {"W4A8", true, 8, 0},    {"W4A4", true, 4, 0},
+                              {"W4A4KV4", true, 4, 4}, {"W4A8KV4", true, 8, 4}, {"KV8", false, 0, 8},
+                              {"KV4", false, 0, 4},    {"KV4 asym", false, 0, 4, true},
+                              {"KV4 asym g32", false, 0, 4, true, 32},
+                              {"W4A4KV4 asym", true, 4, 4, true}};
+  for (const Setting& s : settings) {
+    Eval e[2];
+    for (int rotated = 0; rotated < 2; ++rotated) {
+      LlamaForCausalLM m = planted(c, scale);
+      if (rotated) qforge::ptq::rotate(*m);
+      if (s.kv_bits > 0) {
+        qforge::KvCacheScheme kv;
+        kv.qtype = s.kv_bits == 4 ? qforge::qint4 : qforge::qint8;
+        kv.symmetric = !s.kv_asymmetric;
+        kv.group_size = s.kv_group;
+        m->set_kv_cache_scheme(kv);
+      }
+      if (s.weights) qforge::quantize(m, scheme(s));
+      e[rotated] = evaluate(m, ids, float_logp);
+    }
+    std::printf("%-14s %12.3f %10.3f %10.4f %14.3f %10.3f %10.4f\n", s.name, e[0].perplexity,
+                e[0].perplexity - f.perplexity, e[0].kl, e[1].perplexity, e[1].perplexity - f.perplexity, e[1].kl);
+    std::fflush(stdout);
+  }
   return 0;
 }

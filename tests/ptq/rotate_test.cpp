@@ -122,6 +122,69 @@ TEST(RotateLlama, WithoutTheOnlineHadamardTheLogitsAlsoHold) {
   EXPECT_LT(relative_max_error(m->forward(ids()), before), 1e-5);
 }
 
+TEST(RotateLlama, WithoutTheQueryKeyHadamardTheValuesStayAndTheLogitsHold) {
+  LlamaForCausalLM m = random_llama(config(64, 96, false, false), 5);
+  LlamaForCausalLM ref = random_llama(config(64, 96, false, false), 5);
+  at::NoGradGuard g;
+  const at::Tensor before = m->forward(ids());
+  RotateOptions o;
+  o.online_qk = false;
+  const RotateReport r = rotate(*m, o);
+  EXPECT_FALSE(m->config.qk_hadamard);
+  EXPECT_FALSE(r.online_qk);
+  EXPECT_LT(relative_max_error(m->forward(ids()), before), 1e-5);
+  // Without the value fold o_proj took the residual side only: Qᵀ·W_o, the unrotated weight's
+  // column norms (a left orthogonal factor keeps them); the fold would mix each head's columns.
+  auto o_proj = [](LlamaForCausalLM x) {
+    return x->model->layers[0]->as<models::LlamaDecoderLayerImpl>()->self_attn->o_proj->weight.detach();
+  };
+  EXPECT_TRUE(at::allclose(o_proj(m).norm(2, {0}), o_proj(ref).norm(2, {0}), 1e-4, 1e-6));
+}
+
+// QuaRot's KV-cache rotation: keys with outlier channels (here k_proj's and v_proj's rows of one
+// channel per head scaled 20x, the pattern of real models' keys) lose much of an int4 cache's
+// precision to the channel's range; turning queries and keys by H after RoPE and values offline
+// spreads it. The rotated model's float logits stay within 1e-5, its KV4 logits move less than the
+// unrotated model's KV4 logits, and its quantized cache gives its fake-quantized forward's logits.
+TEST(RotateLlama, KvCacheQuantHadamardOnKeysAndValuesCutsTheInt4CacheError) {
+  const LlamaConfig c = config(128, 112, false, false);  // head_dim 32, 2 key/value heads
+  auto planted = [&] {
+    LlamaForCausalLM m = random_llama(c, 21);
+    at::NoGradGuard g;
+    for (const auto& l : *m->model->layers) {
+      auto* attn = l->as<models::LlamaDecoderLayerImpl>()->self_attn.get();
+      for (int64_t h = 0; h < c.kv_heads(); ++h) {
+        attn->k_proj->weight[h * 32 + 3].mul_(20.0);
+        attn->v_proj->weight[h * 32 + 9].mul_(20.0);
+      }
+    }
+    return m;
+  };
+  KvCacheScheme kv4;
+  kv4.qtype = qint4;
+  LlamaForCausalLM plain = planted(), turned = planted();
+  at::NoGradGuard g;
+  const at::Tensor reference = plain->forward(ids());
+  RotateOptions o;
+  o.seed = 3;
+  rotate(*turned, o);
+  EXPECT_TRUE(turned->config.qk_hadamard);
+  EXPECT_LT(relative_max_error(turned->forward(ids()), reference), 1e-5);
+  plain->set_kv_cache_scheme(kv4);
+  turned->set_kv_cache_scheme(kv4);
+  const at::Tensor plain4 = plain->forward(ids()), turned4 = turned->forward(ids());
+  const double plain_error = relative_max_error(plain4, reference), turned_error = relative_max_error(turned4, reference);
+  EXPECT_LT(turned_error, plain_error / 2) << "unrotated KV4 " << plain_error << ", rotated " << turned_error;
+  auto mean_error = [&](const at::Tensor& y) { return (y - reference).abs().mean().item<double>(); };
+  EXPECT_LT(mean_error(turned4), 0.6 * mean_error(plain4));
+  // The rotated model's int4 cache, filled by a prefill, gives the cacheless forward's logits bit
+  // for bit (that forward attends to the fake-quantized rotated keys and values). A decode step
+  // after it computes its keys from a one-row product, whose float rounding can move an int4 code.
+  models::KvCache cache;
+  EXPECT_TRUE(at::equal(turned->forward(ids(), &cache), turned4));
+  EXPECT_GT(cache.bytes(), 0);
+}
+
 TEST(RotateLlama, SignsAreSeededAndRecorded) {
   at::Tensor s1, s2, s3;
   const at::Tensor q1 = random_hadamard(48, 7, &s1);
@@ -143,6 +206,7 @@ TEST(RotateLlama, RotatedModelSavesAndLoadsWithItsOnlineHadamard) {
   LlamaForCausalLM back = models::load_llama_for_causal_lm(dir);
   back->eval();
   EXPECT_TRUE(back->config.down_proj_hadamard);
+  EXPECT_TRUE(back->config.qk_hadamard);
   EXPECT_TRUE(at::equal(back->forward(ids()), want));
 }
 

@@ -438,6 +438,26 @@ TEST(Recipe, FreezeDecodeActivationsIsRefusedWhereNoLayerWouldTakeIt) {
             "q8_block32");
 }
 
+// W4A4: dynamic per-token int4 rows are accepted for fake-quant evaluation; freezing them (no
+// integer kernel) and unsigned dynamic rows are errors at the qtype's line.
+TEST(Recipe, DynamicInt4ActivationsEvaluateFakeQuantizedAndRefuseFreezeAndUnsignedGrids) {
+  TempDir dir;
+  const std::string a = std::string(kMinimal) + "quantize:\n  weights: {qtype: qint4}\n  activations:\n"
+                        "    mode: dynamic_per_token\n";
+  const Recipe r = load_recipe(dir.write("a.yaml", a + "    qtype: qint4\nfreeze: {enabled: false}\n"));
+  EXPECT_EQ(r.scheme.activation_qtype, qint4);
+  std::string e;
+  for (const auto& i : issues_of(dir.write("b.yaml", a + "    qtype: qint4\nfreeze: {enabled: true}\n")))
+    e += i.to_string() + "\n";
+  EXPECT_NE(e.find("quantize.activations.qtype: qint4 activations have no integer kernel to freeze into"),
+            std::string::npos) << e;
+  e.clear();
+  for (const auto& i : issues_of(dir.write("c.yaml", a + "    qtype: quint8\nfreeze: {enabled: false}\n")))
+    e += i.to_string() + "\n";
+  EXPECT_NE(e.find("quantize.activations.qtype: dynamic per-token activations are symmetric signed integers"),
+            std::string::npos) << e;
+}
+
 TEST(Recipe, BadSearchSectionsAreErrorsWithFileLineColumn) {
   TempDir dir;
   const std::string q = std::string(kMinimal) + "quantize: {weights: {qtype: qint8}}\n";

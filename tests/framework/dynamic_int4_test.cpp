@@ -1,0 +1,108 @@
+// Dynamic per-token activations below 8 bits (W4A4: qint4 rows on [-7, 7], scale amax / 7):
+// the fake-quant values against a formula written out here, the frozen Linear's fallback (no
+// integer kernel: dequantized weight, fake-quantized rows) equal to the unfrozen layer, the plan
+// saying why, and the qtypes refused.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <string>
+
+#include "framework/api/kernel_plan.h"
+#include "framework/api/quantize.h"
+#include "framework/api/quantizer.h"
+#include "framework/core/error.h"
+#include "framework/nn/linear.h"
+
+namespace qforge {
+namespace {
+
+// The rule in plain loops: per row, s = amax / qmax (1 for an all-zero row), q = clamp(rint(x / s))
+// with the fake-quant kernels' x * (1 / s), x̂ = q * s.
+at::Tensor dynamic_reference(const at::Tensor& x2d, int qmax) {
+  at::Tensor out = at::empty_like(x2d);
+  auto in = x2d.accessor<float, 2>();
+  auto o = out.accessor<float, 2>();
+  for (int64_t r = 0; r < x2d.size(0); ++r) {
+    float amax = 0;
+    for (int64_t k = 0; k < x2d.size(1); ++k) amax = std::max(amax, std::fabs(in[r][k]));
+    const float s = amax > 0 ? amax / static_cast<float>(qmax) : 1.0f, inv = 1.0f / s;
+    for (int64_t k = 0; k < x2d.size(1); ++k) {
+      const float q = std::min(std::max(std::nearbyint(in[r][k] * inv), -static_cast<float>(qmax)),
+                               static_cast<float>(qmax));
+      o[r][k] = q * s;
+    }
+  }
+  return out;
+}
+
+Scheme w4a4() {
+  Scheme s(qint4);
+  s.weight_granularity = Granularity::kPerGroup;
+  s.group_size = 32;
+  s.activations = ActivationMode::kDynamicPerToken;
+  s.activation_qtype = qint4;
+  return s;
+}
+
+TEST(DynamicInt4Activations, RowsLandOnTheNarrowInt4GridOfTheirOwnAmax) {
+  at::manual_seed(1);
+  at::Tensor x = at::randn({6, 40});
+  x[2].zero_();
+  x[4][7] = 25.0f;  // one outlier widens that row's step only
+  for (const auto& [qtype, qmax] : {std::pair<QType, int>{qint4, 7}, {qint3, 3}, {qint2, 1}, {qint8, 127}}) {
+    const QParams qp = QuantizerImpl::dynamic_qparams(x, qtype);
+    EXPECT_EQ(qp.spec.quant_max(), qmax) << qtype.name;
+    EXPECT_EQ(qp.spec.quant_min(), -qmax) << qtype.name;
+    EXPECT_TRUE(at::equal(fake_quantize(x, qp), dynamic_reference(x, qmax))) << qtype.name;
+  }
+  // Seven levels either side: every value of a qint4 row is a multiple of its amax / 7.
+  const at::Tensor xq = fake_quantize(x, QuantizerImpl::dynamic_qparams(x, qint4));
+  const at::Tensor steps = xq / (x.abs().amax(1, true).clamp_min(1e-30) / 7.0f);
+  EXPECT_LT((steps - steps.round()).abs().max().item<float>(), 1e-4);
+  EXPECT_TRUE(at::equal(xq[2], x[2]));
+  EXPECT_THROW(QuantizerImpl::dynamic_qparams(x, quint8), Error);
+}
+
+TEST(DynamicInt4Activations, FrozenLinearFallsBackWithTheReasonAndMatchesFakeQuant) {
+  at::manual_seed(2);
+  nn::Linear lin(torch::nn::LinearOptions(64, 24));
+  lin->eval();
+  quantize(*lin, w4a4());
+  const at::Tensor x = at::randn({3, 5, 64});
+  at::NoGradGuard g;
+  const at::Tensor fake = lin->forward(x);
+  // The input really is on the int4 grid: the layer's output is the weight against x̂ of that grid.
+  const at::Tensor xq = dynamic_reference(x.reshape({-1, 64}), 7).reshape(x.sizes());
+  const at::Tensor w = lin->weight_quantizer()->forward(lin->weight);
+  EXPECT_TRUE(at::allclose(fake, at::linear(xq, w, lin->bias), 1e-5, 1e-5));
+  EXPECT_FALSE(at::allclose(fake, at::linear(x, w, lin->bias), 1e-3, 1e-3));
+  const KernelPlan p = lin->plan();
+  EXPECT_EQ(p.path, LinearPath::kDequant);
+  EXPECT_NE(p.fallback.find("dynamic qint4 per-token activations have no integer kernel"), std::string::npos)
+      << p.fallback;
+  freeze(*lin);
+  EXPECT_TRUE(lin->frozen());
+  EXPECT_TRUE(at::allclose(lin->forward(x), fake, 1e-5, 1e-5));
+  const std::string d = describe(*lin);
+  EXPECT_NE(d.find("dynamic qint4 per_token symmetric"), std::string::npos) << d;
+}
+
+TEST(DynamicInt4Activations, UnsignedOrAsymmetricDynamicGridsAreRefused) {
+  nn::Linear lin(torch::nn::LinearOptions(16, 8));
+  LayerScheme ls;
+  ls.activations = ActivationMode::kDynamicPerToken;
+  ls.activation.spec.qtype = quint4;
+  ls.activation.spec.symmetric = true;
+  EXPECT_THROW(lin->attach("lin", ls), Error);
+  ls.activation.spec.qtype = qint4;
+  ls.activation.spec.symmetric = false;
+  EXPECT_THROW(lin->attach("lin", ls), Error);
+  EXPECT_FALSE(lin->quantized());
+  ls.activation.spec.symmetric = true;
+  ls.activation.spec.narrow_range = true;
+  EXPECT_NO_THROW(lin->attach("lin", ls));
+}
+
+}  // namespace
+}  // namespace qforge
