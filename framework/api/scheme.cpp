@@ -144,6 +144,8 @@ std::string Scheme::to_string() const {
   }
   os << " activations=" << qforge::to_string(activations);
   if (activations == ActivationMode::kStatic) os << " " << activation_qtype.name << " observer=" << observer;
+  if (activations == ActivationMode::kDynamicPerToken && QuantizerImpl::dynamic_qtype_supported(activation_qtype))
+    os << " " << activation_qtype.name;
   if (!rules.empty()) os << " rules=" << rules.size();
   return os.str();
 }

@@ -252,11 +252,12 @@ void check_rotate_partners(const Recipe& r, const Where& w) {
     w.problem("ptq.rotate", "the search stage runs before calibrate rotates the model, so its sensitivities and "
                             "latencies would describe the unrotated model; drop the search or the rotation");
   if (r.export_.safetensors)
-    w.problem("export.safetensors", "a rotated model's safetensors need qforge's online down_proj transform, "
-                                    "which other readers do not apply; set export.safetensors: false");
+    w.problem("export.safetensors", "a rotated model's safetensors need qforge's online Hadamard transforms (down_proj's "
+                                    "input, queries and keys after RoPE), which other readers do not apply; set "
+                                    "export.safetensors: false");
   if (r.export_.gguf.enabled)
-    w.problem("export.gguf", "a rotated model's down_proj needs qforge's online Hadamard transform, which llama.cpp "
-                             "does not apply; drop export.gguf or the rotation");
+    w.problem("export.gguf", "a rotated model needs qforge's online Hadamard transforms (down_proj's input, queries and "
+                             "keys after RoPE), which llama.cpp does not apply; drop export.gguf or the rotation");
 }
 
 void read_ptq(Recipe& r, const YAML::Node& pn, const Where& w) {

@@ -284,8 +284,9 @@ Field ptq_section() {
       bind(leaf("smoothquant", T::kBool, "SmoothQuant: move activation outliers into the weights of Linear layers with quantized inputs"),
            &Recipe::ptq, &Recipe::Ptq::smoothquant),
       bind(choice("rotate", {"none", "hadamard"},
-                  "hadamard: randomised Hadamard rotation of a Llama model's residual stream and down_proj input "
-                  "(QuaRot; float model, before quantize; signs from the recipe's seed)"),
+                  "hadamard: randomised Hadamard rotation of a Llama model's residual stream and down_proj input, "
+                  "queries and keys after RoPE and values per head (QuaRot; float model, before quantize; signs "
+                  "from the recipe's seed)"),
            &Recipe::ptq, &Recipe::Ptq::rotate),
       bind(leaf("alpha", T::kFloat, "SmoothQuant migration strength s = max|X|^alpha / max|W|^(1-alpha), in [0, 1]", 0, 1),
            &Recipe::ptq, &Recipe::Ptq::alpha),

@@ -7,8 +7,8 @@
 // quantized model's excess over it (the gap) is what quantization costs. W4: int4 per-channel
 // symmetric weights (RTN); A8 / A4: dynamic per-token int8 / int4 activations (amax / 127, amax / 7);
 // KV8 / KV4: the cache's keys and values as per-token int8 / int4 codes (docs/kv_cache.md). The
-// embedding stays float. Rotated: ptq::rotate with its defaults (residual stream, online down_proj
-// Hadamard, queries / keys online and values offline per head).
+// embedding and the attention products (Q·K^T, P·V) stay float. Rotated: ptq::rotate with its
+// defaults (residual stream, online down_proj Hadamard, queries / keys online, values per head).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
@@ -50,10 +50,14 @@ qforge::Scheme scheme(const Setting& s) {
     q.activations = qforge::ActivationMode::kDynamicPerToken;
     q.activation_qtype = s.activation_bits == 4 ? qforge::qint4 : qforge::qint8;
   }
-  qforge::LayerRule keep;
-  keep.pattern = "model.embed_tokens";
-  keep.keep_float = true;
-  q.rules.push_back(keep);
+  // The embedding and the attention products stay float (QuaRot quantizes the Linears' inputs and
+  // the cache; P·V's per-column dynamic scales would also run over later positions).
+  for (const char* pattern : {"model.embed_tokens", "*.qk_matmul", "*.av_matmul"}) {
+    qforge::LayerRule keep;
+    keep.pattern = pattern;
+    keep.keep_float = true;
+    q.rules.push_back(keep);
+  }
   return q;
 }
 

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "framework/core/error.h"
+#include "framework/io/model_io.h"
 #include "framework/models/gguf_export.h"
 #include "framework/models/gpt2.h"
 #include "framework/models/llama.h"
@@ -208,6 +209,36 @@ TEST(RotateLlama, RotatedModelSavesAndLoadsWithItsOnlineHadamard) {
   EXPECT_TRUE(back->config.down_proj_hadamard);
   EXPECT_TRUE(back->config.qk_hadamard);
   EXPECT_TRUE(at::equal(back->forward(ids()), want));
+}
+
+// What qgen does with a ptq.rotate run directory: a fresh model given the structure the run
+// recorded loads the rotated checkpoint (an int4 KV cache) and computes the rotated model's
+// logits. The query / key Hadamard leaves float scores unchanged, so only the quantized cache
+// shows it: without it (a report older than it) the cache would quantize unrotated keys.
+TEST(RotateLlama, PreparedStructureLoadsTheRotatedCheckpointWithTheQueryKeyHadamard) {
+  const LlamaConfig c = config(64, 112, true, false);
+  LlamaForCausalLM m = random_llama(c, 9);
+  at::NoGradGuard g;
+  rotate(*m);
+  KvCacheScheme kv4;
+  kv4.qtype = qint4;
+  m->set_kv_cache_scheme(kv4);
+  const at::Tensor want = m->forward(ids());
+  const std::string path = (fs::path(::testing::TempDir()) / "qforge_rotated_llama.h5").string();
+  io::save_model(*m, path);
+  LlamaForCausalLM back = random_llama(c, 1);
+  prepare_rotated_structure(*back);
+  EXPECT_TRUE(back->config.qk_hadamard);
+  io::load_model(*back, path);
+  EXPECT_TRUE(back->config.kv_cache.quantized());
+  EXPECT_TRUE(at::equal(back->forward(ids()), want));
+  RotateOptions old;
+  old.online_qk = false;
+  LlamaForCausalLM stale = random_llama(c, 1);
+  prepare_rotated_structure(*stale, old);
+  io::load_model(*stale, path);
+  EXPECT_GT(relative_max_error(stale->forward(ids()), want), 1e-3);
+  fs::remove(path);
 }
 
 TEST(RotateLlama, GgufExportRefusesARotatedModel) {
