@@ -9,6 +9,8 @@
 #include <map>
 #include <string>
 
+#include <unistd.h>
+
 #include "framework/core/error.h"
 #include "framework/io/model_io.h"
 #include "framework/models/gguf_export.h"
@@ -216,15 +218,20 @@ TEST(RotateLlama, RotatedModelSavesAndLoadsWithItsOnlineHadamard) {
 // logits. The query / key Hadamard leaves float scores unchanged, so only the quantized cache
 // shows it: without it (a report older than it) the cache would quantize unrotated keys.
 TEST(RotateLlama, PreparedStructureLoadsTheRotatedCheckpointWithTheQueryKeyHadamard) {
-  const LlamaConfig c = config(64, 112, true, false);
+  const LlamaConfig c = config(64, 112, true, false);  // head_dim 16
   LlamaForCausalLM m = random_llama(c, 9);
   at::NoGradGuard g;
+  // A key channel 20x the rest in each head: the unrotated keys' int4 step is then far coarser.
+  for (const auto& l : *m->model->layers)
+    for (int64_t h = 0; h < c.kv_heads(); ++h)
+      l->as<models::LlamaDecoderLayerImpl>()->self_attn->k_proj->weight[h * 16 + 3].mul_(20.0);
   rotate(*m);
   KvCacheScheme kv4;
   kv4.qtype = qint4;
   m->set_kv_cache_scheme(kv4);
   const at::Tensor want = m->forward(ids());
-  const std::string path = (fs::path(::testing::TempDir()) / "qforge_rotated_llama.h5").string();
+  const std::string path =
+      (fs::path(::testing::TempDir()) / ("qforge_rotated_llama_" + std::to_string(::getpid()) + ".h5")).string();
   io::save_model(*m, path);
   LlamaForCausalLM back = random_llama(c, 1);
   prepare_rotated_structure(*back);
@@ -237,7 +244,8 @@ TEST(RotateLlama, PreparedStructureLoadsTheRotatedCheckpointWithTheQueryKeyHadam
   LlamaForCausalLM stale = random_llama(c, 1);
   prepare_rotated_structure(*stale, old);
   io::load_model(*stale, path);
-  EXPECT_GT(relative_max_error(stale->forward(ids()), want), 1e-3);
+  const double stale_error = relative_max_error(stale->forward(ids()), want);
+  EXPECT_GT(stale_error, 5e-3) << stale_error;  // 0.020 on this machine; 0 when restored
   fs::remove(path);
 }
 
