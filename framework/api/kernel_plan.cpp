@@ -42,8 +42,7 @@ bool static_act_fits_kernels(const QSpec& a, std::string* why) {
 bool dynamic_act_fits_kernels(const QSpec& a, std::string* why) {
   if (a.qtype == qint8) return true;
   *why = detail::str_cat("dynamic ", a.qtype.name, " per-token activations have no integer kernel (the kernels quantize "
-                         "rows to int8's [-127, 127]): the weight is dequantized per call and the activations "
-                         "fake-quantized in float");
+                         "rows to int8's [-127, 127])");
   return false;
 }
 
@@ -200,7 +199,7 @@ KernelPlan plan_linear(const std::optional<QSpec>& weights, ActivationMode act, 
     plan.fallback = why;
     return plan;
   } else if (act == ActivationMode::kDynamicPerToken && !dynamic_act_fits_kernels(activation, &why)) {
-    plan.fallback = why;
+    plan.fallback = why + ": the weight is dequantized per call and the activations fake-quantized in float";
     return plan;
   } else if (s8_weights) {
     plan.path = act == ActivationMode::kStatic ? LinearPath::kS8Static : LinearPath::kS8Dynamic;
@@ -250,8 +249,7 @@ KernelPlan plan_matmul(ActivationMode act, const QSpec& activation, Isa isa) {
     return plan;
   }
   if (act == ActivationMode::kDynamicPerToken && !dynamic_act_fits_kernels(activation, &why)) {
-    plan.fallback = detail::str_cat("dynamic ", activation.qtype.name,
-                                    " per-token operands have no integer kernel: they are quantize-dequantized in float");
+    plan.fallback = why + ": operands are quantize-dequantized in float";
     return plan;
   }
   plan.path = act == ActivationMode::kStatic ? LinearPath::kS8Static : LinearPath::kS8Dynamic;

@@ -127,7 +127,7 @@ QuantizerImpl::QuantizerImpl(Role role, QuantizerConfig config, ActivationMode m
 }
 
 bool QuantizerImpl::dynamic_qtype_supported(const QType& qtype) {
-  return qtype.is_integer() && qtype.is_signed && !qtype.is_codebook() && qtype.bits >= 2 && qtype.bits <= 8;
+  return qtype.is_integer() && qtype.is_signed && qtype.bits >= 2 && qtype.bits <= 8;
 }
 
 QParams QuantizerImpl::dynamic_qparams(const at::Tensor& x2d, const QType& qtype) {
