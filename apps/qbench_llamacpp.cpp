@@ -41,6 +41,7 @@
 #include "framework/api/kernel_plan.h"
 #include "framework/api/quantize.h"
 #include "framework/core/error.h"
+#include "framework/models/activation.h"
 #include "framework/models/gguf_export.h"
 #include "framework/models/gguf_load.h"
 #include "framework/models/kv_cache.h"
@@ -114,14 +115,15 @@ std::shared_ptr<models::LlamaForCausalLM> frozen_llama(int bits, const std::stri
 }
 
 // The llama.cpp peer on `path`: each run decodes `decode` tokens after `prompt` (decode 0: evaluates
-// the whole prompt again from an empty cache), with qbench's thread count.
+// the whole prompt again from an empty cache), with qbench's thread count and a KV cache of type
+// `kv_cache` (f16, llama.cpp's default; q8_0 / q4_0 as -ctk / -ctv, with flash attention).
 std::function<void()> llamacpp_run(const std::string& modules, const std::string& path, const at::Tensor& prompt,
-                                   int64_t decode) {
+                                   int64_t decode, const std::string& kv_cache = "f16") {
   std::string ids;
   for (int64_t i = 0; i < prompt.size(1); ++i) ids += (ids.empty() ? "" : ",") + std::to_string(prompt[0][i].item<int64_t>());
   auto peer = std::make_shared<NodePeer>(
       QFORGE_QBENCH_LLAMACPP_JS,
-      std::vector<std::string>{modules, path, std::to_string(at::get_num_threads()), ids, std::to_string(decode)},
+      std::vector<std::string>{modules, path, std::to_string(at::get_num_threads()), ids, std::to_string(decode), kv_cache},
       "llama.cpp (node-llama-cpp) on " + path);
   return [peer] { peer->run(); };
 }
@@ -379,6 +381,112 @@ std::vector<Case> llama_prefill_gemm_cases() {
   return out;
 }
 
+// ---- model_llama_decode_kv_cache: decoding at a long context with a quantized KV cache (issue
+// 35). model_llama_decode_q4's model (2 layers of Llama-3.2-1B's shapes, 8 key-value heads of 64,
+// int4 weights in groups of 32, written as Q4_0 GGUF and loaded back; block-32 int8 decode
+// activations), a 4096-token prompt in the cache, then 32 tokens decoded greedily one at a time.
+// Impls: qforge (float32 cache), qforge-kv8 / qforge-kv4 (int8 / int4 symmetric per token and
+// head, attention on the codes), qforge-kv8-dequant / qforge-kv4-dequant (the same caches with
+// attend_on_codes off: every step dequantizes every cached position first, as qforge did before
+// the codes kernel), and llama.cpp on the same file with its f16 cache (llamacpp) and q8_0 / q4_0
+// caches (llamacpp-q8_0, llamacpp-q4_0; flash attention on, which llama.cpp needs for a quantized
+// V cache). qforge's quantized caches hold the float prefill's keys and values quantized (the
+// decode's cost does not depend on their values), not a prefill through the quantized cache. ----
+constexpr int64_t kKvContext = 4096, kKvPrefillChunk = 512;
+
+std::vector<Case> llama_kv_cache_cases() {
+  const TempGguf file("llama-kv");
+  const std::shared_ptr<models::LlamaForCausalLM> m = frozen_llama(4, file.path);
+  torch::manual_seed(1);
+  const at::Tensor prompt = at::randint(0, 256, {1, kKvContext}, at::kLong);
+  models::KvCache prefilled;
+  prefilled.reserve(kKvContext + kLlamaDecode);
+  at::Tensor first;
+  {
+    at::NoGradGuard g;
+    nn::set_decode_activations(**m, DecodeActivations::kQ8Block32);
+    at::Tensor logits;
+    for (int64_t t = 0; t < kKvContext; t += kKvPrefillChunk)
+      logits = (*m)->forward(prompt.narrow(1, t, kKvPrefillChunk), &prefilled);
+    first = logits.select(1, kKvPrefillChunk - 1).argmax(-1, true);
+  }
+  Case c{"L2_H2048_KV8x64_context4096_decode32_tokens", 0, {}};
+  std::string sizes;
+  auto add = [&](const std::string& name, const KvCacheScheme& s, bool on_codes) {
+    auto cache = std::make_shared<models::KvCache>();
+    if (s.quantized()) {
+      at::NoGradGuard g;
+      cache->reserve(kKvContext + kLlamaDecode);
+      cache->set_scheme(s);
+      for (size_t l = 0; l < prefilled.keys.size(); ++l) cache->append_codes(l, prefilled.keys[l], prefilled.values[l]);
+    } else {
+      *cache = prefilled;  // a deep copy
+    }
+    cache->attend_on_codes = on_codes;
+    if (on_codes) sizes += (sizes.empty() ? "" : ", ") + s.to_string() + " " + std::to_string(cache->bytes()) + " bytes";
+    c.impls.push_back({name, with_decode(m->ptr(), DecodeActivations::kQ8Block32, [m, cache, s, first] {
+                         at::NoGradGuard g;
+                         (*m)->set_kv_cache_scheme(s);
+                         cache->truncate(kKvContext);
+                         at::Tensor next = first;
+                         for (int64_t t = 0; t < kLlamaDecode; ++t)
+                           next = (*m)->forward(next, cache.get()).select(1, 0).argmax(-1, true);
+                       })});
+  };
+  KvCacheScheme kv8, kv4;
+  kv8.qtype = qint8, kv4.qtype = qint4;
+  add("qforge", KvCacheScheme{}, true);
+  add("qforge-kv8", kv8, true);
+  add("qforge-kv8-dequant", kv8, false);
+  add("qforge-kv4", kv4, true);
+  add("qforge-kv4-dequant", kv4, false);
+  std::fprintf(stderr, "qbench: model_llama_decode_kv_cache: caches at %lld positions: %s\n",
+               static_cast<long long>(kKvContext), sizes.c_str());
+  const std::string modules = llamacpp_modules("model_llama_decode_kv_cache");
+  if (!modules.empty())
+    for (const std::string kv : {"f16", "q8_0", "q4_0"})
+      c.impls.push_back({kv == "f16" ? "llamacpp" : "llamacpp-" + kv, llamacpp_run(modules, file.path, prompt, kLlamaDecode, kv)});
+  return {c};
+}
+
+// The attention of the same decode alone (model_llama_decode_kv_cache's shapes: 8 key-value heads
+// of 64, 4 query heads each, 4096 cached positions; 64 calls = 32 tokens x 2 layers): impl "qforge"
+// attention_f32 on a float cache's views (what models::fused_decode_attention runs), "qforge-kv8" /
+// "qforge-kv4" attention_kv_codes_f32 on int8 / int4 codes (symmetric, per token and head), and
+// "qforge-kv8-append" / "qforge-kv4-append" the append of one token's keys and values to such a
+// cache (quantize_kv, the ATen ops of kv_quant.cpp), the other per-token cost of a quantized cache.
+std::vector<Case> llama_kv_attention_cases() {
+  constexpr int64_t kKv = 8, kRep = 4, kD = 64, kCalls = 2 * kLlamaDecode;
+  torch::manual_seed(4);
+  const at::Tensor q = at::randn({1, kKv, kRep, kD});
+  const at::Tensor k = at::randn({1, kKv, kKvContext, kD}), v = at::randn({1, kKv, kKvContext, kD});
+  const std::function<void()> f32 = [=] {
+    for (int64_t i = 0; i < kCalls; ++i) models::fused_decode_attention(q, k, v, 1, 0, 0.125);
+  };
+  Case c{"KV8x64_rep4_context4096_64_calls", 0, {{"qforge", f32}}};
+  for (const QType& qt : {qint8, qint4}) {
+    KvCacheScheme s;
+    s.qtype = qt;
+    auto cache = std::make_shared<models::KvCache>();
+    cache->reserve(kKvContext + kCalls);
+    cache->set_scheme(s);
+    cache->append_codes(0, k.narrow(2, 0, kKvContext - 1), v.narrow(2, 0, kKvContext - 1));
+    const at::Tensor k1 = k.narrow(2, kKvContext - 1, 1), v1 = v.narrow(2, kKvContext - 1, 1);
+    const std::string tag = qt.bits == 8 ? "kv8" : "kv4";
+    c.impls.push_back({"qforge-" + tag, [=] {
+                         for (int64_t i = 0; i < kCalls; ++i) {
+                           cache->truncate(kKvContext - 1);
+                           models::fused_decode_attention_on_codes(q, *cache, 0, k1, v1, 1, 0, 0.125);
+                         }
+                       }});
+    c.impls.push_back({"qforge-" + tag + "-append", [=] {
+                         cache->truncate(kKvContext - 1);
+                         for (int64_t i = 0; i < kCalls; ++i) cache->append_codes(0, k1, v1);
+                       }});
+  }
+  return {c};
+}
+
 const Register kLlamaQ8(78, "model_llama_decode_q8", [] { return llama_decode_cases(8); });
 const Register kLlamaQ4(79, "model_llama_decode_q4", [] { return llama_decode_cases(4); });
 const Register kLlamaTokenOps(80, "model_llama_token_ops", [] { return llama_token_ops_cases(); });
@@ -387,6 +495,8 @@ const Register kLlama8bQ4(82, "model_llama8b_decode_q4", [] { return llama8b_dec
 const Register kGpt2Q8(83, "model_gpt2_decode_q8", [] { return gpt2_gguf_decode_cases(8); });
 const Register kGpt2Q4(84, "model_gpt2_decode_q4", [] { return gpt2_gguf_decode_cases(4); });
 const Register kLlamaPrefillGemm(85, "model_llama_prefill_gemm", [] { return llama_prefill_gemm_cases(); });
+const Register kLlamaKvCache(86, "model_llama_decode_kv_cache", [] { return llama_kv_cache_cases(); });
+const Register kLlamaKvAttention(87, "model_llama_kv_attention", [] { return llama_kv_attention_cases(); });
 
 }  // namespace
 }  // namespace qforge::bench

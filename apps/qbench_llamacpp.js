@@ -3,14 +3,17 @@
 // for every "run" line decodes `decode` tokens greedily one at a time after the prompt (token ids,
 // no tokenizer), erases them from the cache again and prints "done <last token>". With decode 0
 // (the prefill rows) each "run" instead empties the cache and evaluates the whole prompt again in
-// batches of up to 512 tokens, printing "done <next token>".
-// Usage: node qbench_llamacpp.js NODE_MODULES_DIR MODEL THREADS PROMPT_IDS(comma-separated) DECODE
+// batches of up to 512 tokens, printing "done <next token>". KV_CACHE (default f16, llama.cpp's
+// own default) sets the cache's type for keys and values, as -ctk / -ctv do: q8_0 or q4_0 turn on
+// flash attention, which llama.cpp needs for a quantized V cache (node-llama-cpp's
+// experimentalKvCacheKeyType / experimentalKvCacheValueType, GgmlType names).
+// Usage: node qbench_llamacpp.js NODE_MODULES_DIR MODEL THREADS PROMPT_IDS(comma-separated) DECODE [KV_CACHE]
 const path = require('path');
 const readline = require('readline');
 const {pathToFileURL} = require('url');
 
 async function main() {
-  const [modules, modelPath, threadsArg, promptArg, decodeArg] = process.argv.slice(2);
+  const [modules, modelPath, threadsArg, promptArg, decodeArg, kvArg = 'f16'] = process.argv.slice(2);
   const entry = pathToFileURL(path.join(modules, 'node-llama-cpp', 'dist', 'index.js')).href;
   const {getLlama, LlamaLogLevel} = await import(entry);
   const threads = Number(threadsArg), decode = Number(decodeArg);
@@ -18,7 +21,12 @@ async function main() {
   const llama = await getLlama({gpu: false, build: 'never', logLevel: LlamaLogLevel.error});
   const model = await llama.loadModel({modelPath, gpuLayers: 0});
   const size = Math.max(256, 2 ** Math.ceil(Math.log2(prompt.length + decode + 1)));
-  const context = await model.createContext({contextSize: size, threads, batchSize: Math.min(size, 512)});
+  const options = {contextSize: size, threads, batchSize: Math.min(size, 512)};
+  if (kvArg !== 'f16') {
+    const type = kvArg.toUpperCase();  // GgmlType's names: Q8_0, Q4_0
+    Object.assign(options, {flashAttention: true, experimentalKvCacheKeyType: type, experimentalKvCacheValueType: type});
+  }
+  const context = await model.createContext(options);
   const sequence = context.getSequence();
   const greedy = {generateNext: {token: true, options: {temperature: 0}}};
   const first = (await sequence.controlledEvaluate(prompt.map((t, i) => (i === prompt.length - 1 ? [t, greedy] : t))))

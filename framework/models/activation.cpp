@@ -101,6 +101,47 @@ at::Tensor fused_decode_attention(const at::Tensor& q, const at::Tensor& k, cons
   return fused_attention(q, k, v, T, window, scale, true, kernels::attention_f32);
 }
 
+namespace {
+
+// One side of layer `layer`'s cached codes as the kernel reads them (strides in bytes / elements).
+kernels::KvCodesOperand codes_operand(const KvCodes& c) {
+  kernels::KvCodesOperand o;
+  o.codes = c.codes.data_ptr();
+  o.scale = c.scale.data_ptr<float>();
+  o.zero_point = c.zero_point.defined() ? static_cast<const int8_t*>(c.zero_point.data_ptr()) : nullptr;
+  o.batch_stride = c.codes.stride(0), o.head_stride = c.codes.stride(1), o.row_stride = c.codes.stride(2);
+  o.scale_batch_stride = c.scale.stride(0), o.scale_head_stride = c.scale.stride(1), o.scale_row_stride = c.scale.stride(2);
+  QF_REQUIRE(c.codes.element_size() == 1 && c.codes.stride(3) == 1 && c.scale.stride(3) == 1 &&
+                 (!c.zero_point.defined() || c.zero_point.strides() == c.scale.strides()),
+             "models: the cache's codes and scales are not laid out as its stores (int8 rows, scales and zero points alike)");
+  return o;
+}
+
+}  // namespace
+
+at::Tensor fused_decode_attention_on_codes(const at::Tensor& q, KvCache& cache, size_t layer, const at::Tensor& k,
+                                           const at::Tensor& v, int64_t T, int64_t window, double scale) {
+  const KvCacheScheme& scheme = cache.scheme();
+  if (!scheme.quantized() || !cache.attend_on_codes || T > kernels::kWeightOnlyMaxM || T <= 0 || q.dim() != 4 ||
+      k.dim() != 4 || q.size(2) % T != 0 || q.size(2) == 0 || q.size(3) > kernels::kKvCodesMaxHeadDim ||
+      q.size(3) != k.size(3) || q.size(0) != k.size(0) || q.size(1) != k.size(1) || k.size(2) != T ||
+      !nn::token_ops_fusable({&q, &k, &v}))
+    return {};
+  cache.append_codes(layer, k, v);
+  const KvCodes kc = cache.codes(layer, false), vc = cache.codes(layer, true);
+  const int64_t B = q.size(0), KV = q.size(1), rows = q.size(2), D = q.size(3), S = kc.codes.size(2);
+  const at::Tensor qc = q.contiguous();
+  at::Tensor out = at::empty({B, KV, rows, D}, q.options()), w = at::empty({B, KV, rows, S}, q.options());
+  kernels::KvCodesAttentionProblem p;
+  p.q = qc.data_ptr<float>(), p.scores = w.data_ptr<float>(), p.out = out.data_ptr<float>();
+  p.k = codes_operand(kc), p.v = codes_operand(vc);
+  p.bits = scheme.qtype->bits, p.group = scheme.group(D);
+  p.groups = B * KV, p.heads = KV, p.rows = rows, p.T = T, p.S = S, p.D = D, p.past = S - T, p.window = window;
+  p.scale = static_cast<float>(scale);
+  kernels::attention_kv_codes_f32(p);
+  return out;
+}
+
 at::Tensor fused_prefill_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t T,
                                    int64_t window, double scale) {
   if (T <= kernels::kWeightOnlyMaxM) return {};

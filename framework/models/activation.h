@@ -6,7 +6,10 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <cstddef>
 #include <string>
+
+#include "framework/models/kv_cache.h"
 
 namespace qforge::models {
 
@@ -39,6 +42,15 @@ at::Tensor fused_causal_softmax(const at::Tensor& scores, int64_t past, int64_t 
 // (a quantized nn::MatMul keeps its own forward).
 at::Tensor fused_decode_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t T,
                                   int64_t window, double scale);
+
+// Decode-size attention on a quantized cache's codes (kernels::attention_kv_codes_f32,
+// docs/kv_cache.md "Attention on the codes"): where the cache is quantized with attend_on_codes
+// set and fused_decode_attention's conditions hold for q, k and v, appends k and v to layer
+// `layer` as codes (cache.append_codes) and returns the context of q over every cached position,
+// bit for bit fused_decode_attention's over the dequantized cache (no float copy of the cache is
+// made). Else undefined, the cache untouched: the caller appends and attends as before.
+at::Tensor fused_decode_attention_on_codes(const at::Tensor& q, KvCache& cache, size_t layer, const at::Tensor& k,
+                                           const at::Tensor& v, int64_t T, int64_t window, double scale);
 
 // The same for prefill-size calls (T > kWeightOnlyMaxM; kernels::attention_prefill_f32, which
 // multiplies only the keys each query sees) where an ISA entry of it runs (AVX-512 today; its

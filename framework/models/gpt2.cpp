@@ -78,6 +78,16 @@ at::Tensor Gpt2AttentionImpl::forward(const at::Tensor& x, KvCache* cache, int64
   auto heads = [&](const at::Tensor& t) { return t.view({B, T, H, D}).permute({0, 2, 1, 3}); };
   const at::Tensor q = heads(qkv[0]);
   at::Tensor k = heads(qkv[1]), v = heads(qkv[2]);
+  const double root = std::sqrt(static_cast<double>(D));
+  const bool fusable = !qk_matmul->quantized() && !av_matmul->quantized() && !attn_dropout->is_training();
+  auto output = [&](const at::Tensor& ctx) {
+    return resid_dropout->forward(c_proj->forward(ctx.permute({0, 2, 1, 3}).reshape({B, T, H * D})));
+  };
+  // A quantized cache at decode sizes: attention reads its codes (nothing dequantized up front).
+  if (cache != nullptr && fusable) {
+    const at::Tensor ctx = fused_decode_attention_on_codes(q, *cache, static_cast<size_t>(layer), k, v, T, 0, 1.0 / root);
+    if (ctx.defined()) return output(ctx);
+  }
   int64_t past = 0;
   if (cache != nullptr) {
     std::tie(k, v) = cache->append(static_cast<size_t>(layer), k, v);
@@ -85,13 +95,12 @@ at::Tensor Gpt2AttentionImpl::forward(const at::Tensor& x, KvCache* cache, int64
   } else if (config.kv_cache.quantized()) {
     k = fake_quantize_kv(k, config.kv_cache), v = fake_quantize_kv(v, config.kv_cache);
   }
-  const double root = std::sqrt(static_cast<double>(D));
   // Float products: the whole attention in one kernel (activation.h), decode- or prefill-size, the
   // scores times 1/√D as the fused softmax below takes them.
-  if (!qk_matmul->quantized() && !av_matmul->quantized() && !attn_dropout->is_training()) {
+  if (fusable) {
     at::Tensor ctx = fused_decode_attention(q, k, v, T, 0, 1.0 / root);
     if (!ctx.defined()) ctx = fused_prefill_attention(q, k, v, T, 0, 1.0 / root);
-    if (ctx.defined()) return resid_dropout->forward(c_proj->forward(ctx.permute({0, 2, 1, 3}).reshape({B, T, H * D})));
+    if (ctx.defined()) return output(ctx);
   }
   const at::Tensor scores = qk_matmul->forward(q, k.transpose(-1, -2));
   // Decode-size calls: one fused kernel (scores · 1/√D: bit for bit HF's scores / √D where √D is a

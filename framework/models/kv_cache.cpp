@@ -43,6 +43,7 @@ KvCache& KvCache::operator=(const KvCache& other) {
   clear();
   reserve_ = other.reserve_;
   scheme_ = other.scheme_;
+  attend_on_codes = other.attend_on_codes;
   resize(std::max(other.keys.size(), other.quant_keys_.size()));  // keys is public: its size may differ
   for (size_t l = 0; l < other.quant_keys_.size(); ++l) {
     quant_keys_[l] = other.quant_keys_[l].clone();
@@ -92,7 +93,7 @@ int64_t KvCache::capacity(size_t layer) const {
 
 std::pair<at::Tensor, at::Tensor> KvCache::append(size_t layer, const at::Tensor& k, const at::Tensor& v) {
   resize(std::max(keys.size(), layer + 1));  // also sizes the stores of views assigned from outside
-  if (scheme_.quantized()) return append_quantized(layer, k, v);
+  if (scheme_.quantized()) return append_quantized(layer, k, v, true);
   QF_REQUIRE(k.dim() == 4 && v.sizes() == k.sizes(), kKvCache, ": keys ", k.sizes(), " and values ", v.sizes(),
              " must be the same [batch, kv_heads, T, head_dim]");
   const at::Tensor past = keys[layer];  // a handle: keys[layer] is reassigned below
@@ -117,7 +118,14 @@ std::pair<at::Tensor, at::Tensor> KvCache::append(size_t layer, const at::Tensor
   return {keys[layer], values[layer]};
 }
 
-std::pair<at::Tensor, at::Tensor> KvCache::append_quantized(size_t layer, const at::Tensor& k, const at::Tensor& v) {
+void KvCache::append_codes(size_t layer, const at::Tensor& k, const at::Tensor& v) {
+  QF_REQUIRE(scheme_.quantized(), kKvCache, ": append_codes needs a quantized cache; this one is float");
+  resize(std::max(keys.size(), layer + 1));
+  append_quantized(layer, k, v, false);
+}
+
+std::pair<at::Tensor, at::Tensor> KvCache::append_quantized(size_t layer, const at::Tensor& k, const at::Tensor& v,
+                                                            bool dequantize) {
   QF_REQUIRE(k.dim() == 4 && v.sizes() == k.sizes() && v.scalar_type() == k.scalar_type() && v.device() == k.device(),
              kKvCache, ": keys ", k.sizes(), " ", k.scalar_type(), " and values ", v.sizes(), " ", v.scalar_type(),
              " must be the same [batch, kv_heads, T, head_dim], dtype and device");
@@ -125,6 +133,11 @@ std::pair<at::Tensor, at::Tensor> KvCache::append_quantized(size_t layer, const 
              ": a quantized cache (", scheme_.to_string(), ") stores integer codes, which carry no gradient; "
              "append under torch::NoGradGuard or use a float cache");
   const int64_t first = reserve_ > 0 ? reserve_ : kMinCapacity;
+  if (!dequantize) {
+    quant_keys_[layer].push(k, scheme_, first);
+    quant_values_[layer].push(v, scheme_, first);
+    return {};
+  }
   at::Tensor ks = quant_keys_[layer].append(k, scheme_, first);
   return {std::move(ks), quant_values_[layer].append(v, scheme_, first)};
 }

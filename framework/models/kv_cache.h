@@ -6,7 +6,8 @@
 // first T_past positions. A full store grows to twice its capacity (one copy). Copies of a cache
 // are deep, so two decodes started from one prefilled cache never write into each other.
 // A quantized scheme (kv_quant.h) keeps integer codes and scales instead of floats: keys / values
-// then stay empty, and append() returns the dequantized positions attention reads.
+// then stay empty, and append() returns the dequantized positions attention reads (or, at decode
+// sizes, attention reads the codes themselves: append_codes()).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -51,6 +52,13 @@ struct KvCache {
   // Under autograd with tensors that require grad a float cache concatenates instead (no store);
   // a quantized one refuses them (its codes carry no gradient).
   std::pair<at::Tensor, at::Tensor> append(size_t layer, const at::Tensor& k, const at::Tensor& v);
+  // A quantized cache only: appends k and v as codes without dequantizing any position, for
+  // attention on the codes (models::fused_decode_attention_on_codes reads codes(layer, ...)).
+  void append_codes(size_t layer, const at::Tensor& k, const at::Tensor& v);
+  // Whether the models' decode-size forwards attend on a quantized cache's codes where the kernel
+  // takes them (true, the default), or dequantize every cached position through append() for the
+  // float attention (false: what qforge did before the codes kernel; for comparisons).
+  bool attend_on_codes = true;
   // The codes, scales and zero points of layer `layer`'s cached keys (or values), views of its
   // stores; empty for a float cache or a layer not appended to.
   KvCodes codes(size_t layer, bool values) const;
@@ -64,7 +72,8 @@ struct KvCache {
   int64_t capacity_bytes() const;
 
  private:
-  std::pair<at::Tensor, at::Tensor> append_quantized(size_t layer, const at::Tensor& k, const at::Tensor& v);
+  std::pair<at::Tensor, at::Tensor> append_quantized(size_t layer, const at::Tensor& k, const at::Tensor& v,
+                                                     bool dequantize);
   std::vector<at::Tensor> key_store_, value_store_;
   std::vector<KvQuantStore> quant_keys_, quant_values_;  // quantized schemes only
   KvCacheScheme scheme_;

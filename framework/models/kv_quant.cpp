@@ -86,6 +86,11 @@ at::Tensor unpack_int4_pairs(const at::Tensor& packed) {
 }
 
 at::Tensor KvQuantStore::append(const at::Tensor& x, const KvCacheScheme& scheme, int64_t reserve) {
+  push(x, scheme, reserve);
+  return values(scheme);
+}
+
+void KvQuantStore::push(const at::Tensor& x, const KvCacheScheme& scheme, int64_t reserve) {
   QF_REQUIRE(x.dim() == 4, kKvQuant, ": keys / values must be [batch, kv_heads, T, head_dim], got ", x.sizes());
   const KvCodes c = quantize_kv(x, scheme);
   if (codes_.defined())
@@ -106,7 +111,6 @@ at::Tensor KvQuantStore::append(const at::Tensor& x, const KvCacheScheme& scheme
   if (c.zero_point.defined()) zero_point_.narrow(2, length_, T).copy_(c.zero_point);
   dtype_ = x.scalar_type();
   length_ = need;
-  return values(scheme);
 }
 
 KvCodes KvQuantStore::codes() const {

@@ -52,6 +52,8 @@ class KvQuantStore {
   // Appends x [B, kv_heads, T, head_dim] (same B, kv_heads, head_dim and dtype as before) and
   // returns the dequantized values of every cached position, [B, kv_heads, length, head_dim].
   at::Tensor append(const at::Tensor& x, const KvCacheScheme& scheme, int64_t reserve);
+  // The same without dequantizing anything (attention on the codes reads codes() instead).
+  void push(const at::Tensor& x, const KvCacheScheme& scheme, int64_t reserve);
   // The dequantized values of the cached positions (undefined when empty).
   at::Tensor values(const KvCacheScheme& scheme) const;
   // The codes of the cached positions (views of the stores).

@@ -288,22 +288,31 @@ at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x, const RopeTables& ro
   at::Tensor k = rope_heads(k_proj->forward(x), KV, D, rope), v = heads(v_proj->forward(x), KV);
   // A rotated model's keys are cached (and quantized) turned by H; the queries turn alike.
   if (config.qk_hadamard) q = kernels::hadamard_rotate(q), k = kernels::hadamard_rotate(k);
+  // Grouped-query attention without repeating keys and values: the `rep` query heads sharing a
+  // key/value head stack their rows, so each product is the one HF's repeated heads compute.
+  const at::Tensor qg = q.reshape({B, KV, rep * T, D});
+  const int64_t window = config.attention_window(layer);
+  const double scale = std::pow(static_cast<double>(D), -0.5);
+  const bool float_products = !qk_matmul->quantized() && !av_matmul->quantized();
+  auto output = [&](const at::Tensor& ctx) {
+    return o_proj->forward(ctx.view({B, H, T, D}).transpose(1, 2).reshape({B, T, H * D}));
+  };
+  // A quantized cache at decode sizes: attention reads its codes (nothing dequantized up front).
+  if (cache != nullptr && float_products) {
+    const at::Tensor ctx = fused_decode_attention_on_codes(qg, *cache, static_cast<size_t>(layer), k, v, T, window, scale);
+    if (ctx.defined()) return output(ctx);
+  }
   if (cache != nullptr) {
     std::tie(k, v) = cache->append(static_cast<size_t>(layer), k, v);
   } else if (config.kv_cache.quantized()) {
     k = fake_quantize_kv(k, config.kv_cache), v = fake_quantize_kv(v, config.kv_cache);
   }
   const int64_t S = k.size(2), past = S - T;
-  // Grouped-query attention without repeating keys and values: the `rep` query heads sharing a
-  // key/value head stack their rows, so each product is the one HF's repeated heads compute.
-  const at::Tensor qg = q.reshape({B, KV, rep * T, D});
-  const int64_t window = config.attention_window(layer);
-  const double scale = std::pow(static_cast<double>(D), -0.5);
   // Float products: the whole attention in one kernel (activation.h), decode- or prefill-size.
-  if (!qk_matmul->quantized() && !av_matmul->quantized()) {
+  if (float_products) {
     at::Tensor ctx = fused_decode_attention(qg, k, v, T, window, scale);
     if (!ctx.defined()) ctx = fused_prefill_attention(qg, k, v, T, window, scale);
-    if (ctx.defined()) return o_proj->forward(ctx.view({B, H, T, D}).transpose(1, 2).reshape({B, T, H * D}));
+    if (ctx.defined()) return output(ctx);
   }
   const at::Tensor scores = qk_matmul->forward(qg, k.transpose(-1, -2)).view({B, H, T, S});
   const at::Tensor p = attention_probs(scores, past, window, scale).to(v.scalar_type());

@@ -76,31 +76,64 @@ void softmax_rows(const SoftmaxProblem& p, int64_t r0, int64_t r1) {
   }
 }
 
+// AttentionProblem's decode formulas for one group, its key and value rows read through
+// key_row(j) / value_row(j) (a cache's floats, or a quantized row dequantized into a buffer).
+template <class KeyRow, class ValueRow>
+void attention_group(const float* q0, float* w, float* out0, int64_t rows, int64_t T, const SoftmaxProblem& sp,
+                     int64_t D, const KeyRow& key_row, const ValueRow& value_row) {
+  for (int64_t i = 0; i < rows; ++i) {
+    const float* q = q0 + i * D;
+    const auto [lo, hi] = sp.keys(i);
+    for (int64_t j = lo; j < hi; ++j) {
+      const float* k = key_row(j);
+      float acc[kTokenOpLanes] = {};
+      for (int64_t d = 0; d < D; ++d) acc[d % kL] = std::fmaf(q[d], k[d], acc[d % kL]);
+      w[i * sp.S + j] = fold_lanes(acc);
+    }
+  }
+  softmax_rows({w, rows / T, T, sp.S, sp.past, sp.window, sp.scale}, 0, rows);
+  for (int64_t i = 0; i < rows; ++i) {
+    float* out = out0 + i * D;
+    std::fill(out, out + D, 0.0f);
+    const auto [lo, hi] = sp.keys(i);
+    for (int64_t j = lo; j < hi; ++j) {
+      const float pj = w[i * sp.S + j];
+      const float* v = value_row(j);
+      for (int64_t d = 0; d < D; ++d) out[d] = std::fmaf(pj, v[d], out[d]);
+    }
+  }
+}
+
 void attention_groups(const AttentionProblem& p, int64_t g0, int64_t g1) {
   for (int64_t g = g0; g < g1; ++g) {
     const float* k = p.k_group(g);
     const float* v = p.v_group(g);
-    float* w = p.scores + g * p.rows * p.S;
-    const SoftmaxProblem sp{w, p.rows / p.T, p.T, p.S, p.past, p.window, p.scale};
-    for (int64_t i = 0; i < p.rows; ++i) {
-      const float* q = p.q + (g * p.rows + i) * p.D;
-      const auto [lo, hi] = p.keys(i);
-      for (int64_t j = lo; j < hi; ++j) {
-        float acc[kTokenOpLanes] = {};
-        for (int64_t d = 0; d < p.D; ++d) acc[d % kL] = acc[d % kL] + q[d] * k[j * p.k_row_stride + d];
-        w[i * p.S + j] = fold_lanes(acc);
-      }
-    }
-    softmax_rows(sp, 0, p.rows);
-    for (int64_t i = 0; i < p.rows; ++i) {
-      float* out = p.out + (g * p.rows + i) * p.D;
-      std::fill(out, out + p.D, 0.0f);
-      const auto [lo, hi] = p.keys(i);
-      for (int64_t j = lo; j < hi; ++j) {
-        const float pj = w[i * p.S + j];
-        for (int64_t d = 0; d < p.D; ++d) out[d] = out[d] + pj * v[j * p.v_row_stride + d];
-      }
-    }
+    const SoftmaxProblem sp{nullptr, p.rows / p.T, p.T, p.S, p.past, p.window, p.scale};
+    attention_group(p.q + g * p.rows * p.D, p.scores + g * p.rows * p.S, p.out + g * p.rows * p.D, p.rows, p.T, sp, p.D,
+                    [&](int64_t j) { return k + j * p.k_row_stride; }, [&](int64_t j) { return v + j * p.v_row_stride; });
+  }
+}
+
+// Row j of one side of a quantized cache, dequantized into `buf` (KvCodesAttentionProblem's formula).
+const float* dequantize_kv_row(const KvCodesAttentionProblem& p, const KvCodesOperand& o, int64_t g, int64_t j,
+                               float* buf) {
+  const uint8_t* c = o.row(g, p.heads, j);
+  const int64_t at = o.scale_offset(g, p.heads, j);
+  for (int64_t d = 0; d < p.D; ++d) {
+    const int code = p.bits == 8 ? static_cast<int8_t>(c[d]) : ((c[d / 2] >> (4 * (d % 2)) & 15) ^ 8) - 8;
+    const int z = o.zero_point ? o.zero_point[at + d / p.group] : 0;
+    buf[d] = static_cast<float>(code - z) * o.scale[at + d / p.group];
+  }
+  return buf;
+}
+
+void attention_kv_codes_groups(const KvCodesAttentionProblem& p, int64_t g0, int64_t g1) {
+  float kbuf[kKvCodesMaxHeadDim], vbuf[kKvCodesMaxHeadDim];
+  for (int64_t g = g0; g < g1; ++g) {
+    const SoftmaxProblem sp{nullptr, p.rows / p.T, p.T, p.S, p.past, p.window, p.scale};
+    attention_group(p.q + g * p.rows * p.D, p.scores + g * p.rows * p.S, p.out + g * p.rows * p.D, p.rows, p.T, sp, p.D,
+                    [&](int64_t j) { return dequantize_kv_row(p, p.k, g, j, kbuf); },
+                    [&](int64_t j) { return dequantize_kv_row(p, p.v, g, j, vbuf); });
   }
 }
 
@@ -149,6 +182,12 @@ void run_attention(const AttentionProblem& p) {
                         [&](int64_t b, int64_t e) { kGroups(p, b, e); });
 }
 
+template <void (*kGroups)(const KvCodesAttentionProblem&, int64_t, int64_t)>
+void run_attention_kv_codes(const KvCodesAttentionProblem& p) {
+  detail::parallel_over(p.groups, std::max<int64_t>(1, kElementsPerTask / std::max<int64_t>(1, p.rows * p.S * p.D)),
+                        [&](int64_t b, int64_t e) { kGroups(p, b, e); });
+}
+
 // Each group's keys transposed to [D][S] (one pass), then the row blocks over the threads.
 template <void (*kBlocks)(const AttentionProblem&, const float*, int64_t, int64_t)>
 void run_attention_prefill(const AttentionProblem& p) {
@@ -183,6 +222,7 @@ void rope_reference(const RopeProblem& p) { rope_rows(p, 0, p.positions * p.head
 void causal_softmax_reference(const SoftmaxProblem& p) { softmax_rows(p, 0, p.groups * p.T); }
 void attention_reference(const AttentionProblem& p) { attention_groups(p, 0, p.groups); }
 void attention_prefill_reference(const AttentionProblem& p) { attention_prefill_groups(p, 0, p.groups); }
+void attention_kv_codes_reference(const KvCodesAttentionProblem& p) { attention_kv_codes_groups(p, 0, p.groups); }
 
 const KernelTable<RmsNormProblem>& rms_norm_kernels() {
   static const KernelTable<RmsNormProblem> table{
@@ -226,6 +266,15 @@ const KernelTable<AttentionProblem>& attention_prefill_kernels() {
   return table;
 }
 
+const KernelTable<KvCodesAttentionProblem>& attention_kv_codes_kernels() {
+  static const KernelTable<KvCodesAttentionProblem> table{
+      {"attention_kv_codes_f32_avx512", Isa::kAvx512, nullptr, nullptr,
+       QF_KERNEL_AVX512(run_attention_kv_codes<detail::attention_kv_codes_groups_avx512>)},
+      {"attention_kv_codes_f32_reference", Isa::kReference, nullptr, nullptr, run_attention_kv_codes<attention_kv_codes_groups>},
+  };
+  return table;
+}
+
 void rms_norm_f32(const RmsNormProblem& p, RunInfo* info) {
   QF_REQUIRE(p.rows >= 0 && p.dim > 0 && p.eps >= 0 && (p.rows == 0 || (p.x && p.w && p.y && (!p.r || p.h))),
              "kernels/cpu: rms_norm_f32 got rows=", p.rows, " dim=", p.dim, " eps=", p.eps, " or a null pointer");
@@ -256,6 +305,18 @@ void attention_f32(const AttentionProblem& p, RunInfo* info) {
 void attention_prefill_f32(const AttentionProblem& p, RunInfo* info) {
   require_attention(p, "attention_prefill_f32", false);
   run_kernel_table(attention_prefill_kernels(), p, p.groups * p.rows, info);
+}
+
+void attention_kv_codes_f32(const KvCodesAttentionProblem& p, RunInfo* info) {
+  QF_REQUIRE(p.groups >= 0 && p.heads > 0 && p.T > 0 && p.rows > 0 && p.rows % p.T == 0 && p.D > 0 &&
+                 p.D <= kKvCodesMaxHeadDim && p.S > 0 && p.past >= 0 && p.past + p.T <= p.S && p.window >= 0 &&
+                 (p.bits == 8 || (p.bits == 4 && p.D % 2 == 0)) && p.group > 0 && p.D % p.group == 0 &&
+                 (p.groups == 0 || (p.q && p.scores && p.out && p.k.codes && p.k.scale && p.v.codes && p.v.scale)),
+             "kernels/cpu: attention_kv_codes_f32 got groups=", p.groups, " heads=", p.heads, " rows=", p.rows, " T=", p.T,
+             " S=", p.S, " D=", p.D, " past=", p.past, " window=", p.window, " bits=", p.bits, " group=", p.group,
+             " (rows a multiple of T, past + T <= S, D <= ", kKvCodesMaxHeadDim,
+             ", bits 8 or 4 with D even, group dividing D expected) or a null pointer");
+  run_kernel_table(attention_kv_codes_kernels(), p, p.groups * p.rows, info);
 }
 
 }  // namespace qforge::kernels

@@ -83,11 +83,13 @@ void causal_softmax_f32(const SoftmaxProblem& p, RunInfo* info = nullptr);
 //   base + (g / heads) · batch_stride + (g % heads) · head_stride + j · row_stride   (j < S, D floats)
 // and writes out [g][rows][D]. Row i is query position past + i mod T:
 //   w_ij = Σ_d q_id · k_jd   over the keys it sees (SoftmaxProblem's [lo, hi)), as 16 lane sums
-//          (lane l: acc_l + q_d · k_d for d ≡ l mod 16, in d order, products rounded), folded as
-//          in rms_norm;
+//          (lane l: acc_l = fmaf(q_d, k_d, acc_l) for d ≡ l mod 16, in d order), folded as in
+//          rms_norm;
 //   p_i  = the causal softmax of w_i (SoftmaxProblem's formula, scale and window; scores is its
 //          [groups][rows][S] scratch, left holding p);
-//   out_id = Σ_j p_ij · v_jd  (0 + ... in j order, each product rounded).
+//   out_id = Σ_j p_ij · v_jd  (one fmaf chain from 0, j ascending).
+// The AVX-512 entry folds the lane sums of 16 keys at once with vector adds pairing the lanes as
+// the fold does, and runs 4 vectors of d side by side in out's chains: bit for bit the reference.
 // Against the two matmuls and softmax it replaces (nn::MatMul's float forward): within a few ulp
 // (another summation order).
 struct AttentionProblem {
@@ -126,6 +128,47 @@ void attention_prefill_reference(const AttentionProblem& p);
 const KernelTable<AttentionProblem>& attention_prefill_kernels();
 void attention_prefill_f32(const AttentionProblem& p, RunInfo* info = nullptr);
 
+// Decode-size attention over a quantized KV cache's codes (docs/kv_cache.md, "Attention on the
+// codes"): AttentionProblem's formulas, order and scratch with every key and value element
+// dequantized where it is read,
+//   k_jd = float(c_jd − z) · s     (c − z exact; one rounded product, dequantize_int's formula)
+// c the code (int8, or signed 4-bit with element 2i in byte i's low nibble, as
+// pack_s4_reference), s / z the scale and zero point of d's group of `group` elements (z = 0 when
+// zero_point is null). So the result is attention_f32's on the dequantized cache bit for bit,
+// reading 1 (int8) or 1/2 (int4) byte an element instead of 4 and never holding the float cache.
+// Row j of side `o` in group g sits at bytes (g / heads) · batch_stride + (g % heads) · head_stride
+// + j · row_stride of codes; its scales (and zero points) at the same formula over the scale_*
+// strides, in elements.
+struct KvCodesOperand {
+  const void* codes = nullptr;          // int8 [.., S, D] or uint8 [.., S, D / 2]
+  const float* scale = nullptr;         // [.., S, D / group]
+  const int8_t* zero_point = nullptr;   // shaped and strided as scale, or null (symmetric)
+  int64_t batch_stride = 0, head_stride = 0, row_stride = 0;
+  int64_t scale_batch_stride = 0, scale_head_stride = 0, scale_row_stride = 0;
+  const uint8_t* row(int64_t g, int64_t heads, int64_t j) const {
+    return static_cast<const uint8_t*>(codes) + g / heads * batch_stride + g % heads * head_stride + j * row_stride;
+  }
+  int64_t scale_offset(int64_t g, int64_t heads, int64_t j) const {
+    return g / heads * scale_batch_stride + g % heads * scale_head_stride + j * scale_row_stride;
+  }
+};
+// Head sizes the codes kernels take (a row is dequantized into a stack buffer of this many floats).
+inline constexpr int64_t kKvCodesMaxHeadDim = 512;
+struct KvCodesAttentionProblem {
+  const float* q = nullptr;
+  float* scores = nullptr;
+  float* out = nullptr;
+  KvCodesOperand k, v;
+  int bits = 8;        // 8 or 4
+  int64_t group = 0;   // elements per scale, dividing D
+  int64_t groups = 0, heads = 1, rows = 0, T = 0, S = 0, D = 0, past = 0, window = 0;
+  float scale = 1;
+  KeyRange keys(int64_t row) const { return visible_keys(row, T, S, past, window); }
+};
+void attention_kv_codes_reference(const KvCodesAttentionProblem& p);
+const KernelTable<KvCodesAttentionProblem>& attention_kv_codes_kernels();
+void attention_kv_codes_f32(const KvCodesAttentionProblem& p, RunInfo* info = nullptr);
+
 namespace detail {
 // Rows [r0, r1) of each op (the dispatchers split rows over the intra-op threads).
 void rms_norm_rows_avx512(const RmsNormProblem& p, int64_t r0, int64_t r1);
@@ -137,6 +180,8 @@ void attention_groups_avx512(const AttentionProblem& p, int64_t g0, int64_t g1);
 // onwards of group b / n, n = ceil(rows / kAttentionPrefillRows); kt holds each group's keys
 // transposed, [groups][D][S].
 void attention_prefill_blocks_avx512(const AttentionProblem& p, const float* kt, int64_t b0, int64_t b1);
+// Groups [g0, g1) of attention_kv_codes_f32.
+void attention_kv_codes_groups_avx512(const KvCodesAttentionProblem& p, int64_t g0, int64_t g1);
 }  // namespace detail
 
 }  // namespace qforge::kernels

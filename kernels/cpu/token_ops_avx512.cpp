@@ -26,6 +26,63 @@ float fold_lanes(__m512 v) {
   return acc[0];
 }
 
+// fold_lanes of 16 vectors at once: lane k of the result is fold_lanes(a[k]), every sum the
+// reference's pair (a_j + a_{j+w}, w = 8, 4, 2, 1), so bit for bit; the pairs of all 16 folds
+// share each vector add (15 adds and 31 shuffles where 16 folds take 240 scalar adds).
+__m512 fold_lanes16(const __m512 (&a)[kL]) {
+  __m512 b[8], c[4], d[2];
+  for (int p = 0; p < 8; ++p)  // w = 8: [key 2p's 8 sums | key 2p+1's]
+    b[p] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * p], a[2 * p + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_f32x4(a[2 * p], a[2 * p + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  for (int r = 0; r < 4; ++r)  // w = 4: 128-bit lane l holds key 4r + l's 4 sums
+    c[r] = _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * r], b[2 * r + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_f32x4(b[2 * r], b[2 * r + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+  for (int t = 0; t < 2; ++t)  // w = 2: lane l holds keys 8t + l and 8t + 4 + l, 2 sums each
+    d[t] = _mm512_add_ps(_mm512_shuffle_ps(c[2 * t], c[2 * t + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_ps(c[2 * t], c[2 * t + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  // w = 1: element 4l + m holds key l + 4m; the permutation puts key k in element k.
+  const __m512 e = _mm512_add_ps(_mm512_shuffle_ps(d[0], d[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                 _mm512_shuffle_ps(d[0], d[1], _MM_SHUFFLE(3, 1, 3, 1)));
+  return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), e);
+}
+
+// Scores of query row q against n <= 16 keys, key kk's D floats at k + kk · stride, stored to
+// w[0, n): attention_f32's 16 lane sums (acc = fmaf(q_d, k_d, acc)) folded by fold_lanes16. Keys past n repeat key n − 1 (computed, never stored), so the 16 sums stay in
+// registers without a branch.
+void scores16(const float* q, int64_t D, int64_t n, const float* k, int64_t stride, float* w) {
+  __m512 acc[kL];
+  for (auto& a : acc) a = _mm512_setzero_ps();
+  for (int64_t d = 0; d < D; d += kL) {  // zero tail lanes add +0: the reference's lane sums
+    const __mmask16 m = tail_mask(D - d);
+    const __m512 qd = _mm512_maskz_loadu_ps(m, q + d);
+#pragma GCC unroll 16
+    for (int64_t kk = 0; kk < kL; ++kk)
+      acc[kk] = _mm512_fmadd_ps(qd, _mm512_maskz_loadu_ps(m, k + std::min(kk, n - 1) * stride + d), acc[kk]);
+  }
+  _mm512_mask_storeu_ps(w, tail_mask(n), fold_lanes16(acc));
+}
+
+// out[0, D) += Σ_{j < n} p_j · v_j (v_j's D floats at v + j · stride) as one fmaf chain per
+// element, j ascending (from 0 when out starts at 0: attention_f32's order); 4 vectors of d at a
+// time, so 4 chains run side by side.
+void accumulate_rows(const float* p, int64_t n, const float* v, int64_t stride, int64_t D, float* out) {
+  constexpr int64_t kC = 4;
+  for (int64_t d0 = 0; d0 < D; d0 += kC * kL) {
+    __mmask16 m[kC];
+    __m512 acc[kC];
+    for (int64_t c = 0; c < kC; ++c) {
+      m[c] = d0 + c * kL < D ? tail_mask(D - d0 - c * kL) : static_cast<__mmask16>(0);
+      acc[c] = _mm512_maskz_loadu_ps(m[c], out + d0 + c * kL);
+    }
+    for (int64_t j = 0; j < n; ++j) {
+      const __m512 pj = _mm512_set1_ps(p[j]);
+      for (int64_t c = 0; c < kC; ++c)
+        acc[c] = _mm512_fmadd_ps(pj, _mm512_maskz_loadu_ps(m[c], v + j * stride + d0 + c * kL), acc[c]);
+    }
+    for (int64_t c = 0; c < kC; ++c) _mm512_mask_storeu_ps(out + d0 + c * kL, m[c], acc[c]);
+  }
+}
+
 // exp_nonpositive (token_ops_exp.h) lane by lane; lanes below kExpLowest are 0.
 __m512 exp_nonpositive(__m512 t) {
   const __mmask16 live = _mm512_cmp_ps_mask(t, _mm512_set1_ps(kExpLowest), _CMP_GE_OQ);
@@ -136,28 +193,106 @@ void attention_groups_avx512(const AttentionProblem& p, int64_t g0, int64_t g1) 
     for (int64_t i = 0; i < p.rows; ++i) {
       const float* q = p.q + (g * p.rows + i) * p.D;
       const auto [lo, hi] = p.keys(i);
-      for (int64_t j = lo; j < hi; ++j) {
-        const float* kj = k + j * p.k_row_stride;
-        __m512 acc = _mm512_setzero_ps();
-        for (int64_t d = 0; d < p.D; d += kL) {  // zero tail lanes add +0: the reference's lane sums
-          const __mmask16 m = tail_mask(p.D - d);
-          acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, q + d), _mm512_maskz_loadu_ps(m, kj + d)));
-        }
-        w[i * p.S + j] = fold_lanes(acc);
-      }
+      for (int64_t j = lo; j < hi; j += kL) scores16(q, p.D, std::min(kL, hi - j), k + j * p.k_row_stride, p.k_row_stride, w + i * p.S + j);
     }
     causal_softmax_rows_avx512({w, p.rows / p.T, p.T, p.S, p.past, p.window, p.scale}, 0, p.rows);
     for (int64_t i = 0; i < p.rows; ++i) {
       float* out = p.out + (g * p.rows + i) * p.D;
       const auto [lo, hi] = p.keys(i);
-      for (int64_t d = 0; d < p.D; d += kL) {
-        const __mmask16 m = tail_mask(p.D - d);
-        __m512 acc = _mm512_setzero_ps();
-        for (int64_t j = lo; j < hi; ++j)
-          acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_set1_ps(w[i * p.S + j]), _mm512_maskz_loadu_ps(m, v + j * p.v_row_stride + d)));
-        _mm512_mask_storeu_ps(out + d, m, acc);
-      }
+      std::fill(out, out + p.D, 0.0f);
+      accumulate_rows(w + i * p.S + lo, hi - lo, v + lo * p.v_row_stride, p.v_row_stride, p.D, out);
     }
+  }
+}
+
+namespace {
+
+// The dequantization of one side's rows (KvCodesAttentionProblem's formula), 16 elements a vector:
+// lane l of vector b reads group (16 b + l) / group, gathered from the row's scales by a
+// permutation fixed per call.
+class KvRowDequantizer {
+ public:
+  KvRowDequantizer(const KvCodesAttentionProblem& p, const KvCodesOperand& o) : p_(p), o_(o) {
+    const int64_t groups = p.D / p.group;
+    for (int64_t b = 0; b * kL < p.D; ++b) {
+      const int64_t d0 = b * kL, first = d0 / p.group;
+      alignas(64) int32_t idx[kL];
+      for (int64_t l = 0; l < kL; ++l) idx[l] = static_cast<int32_t>(std::min(d0 + l, p.D - 1) / p.group - first);
+      idx_[b] = _mm512_load_si512(idx);
+      first_[b] = first;
+      scale_mask_[b] = tail_mask(groups - first);
+      code_mask_[b] = tail_mask(p.D - d0);
+    }
+  }
+
+  // Row j of group g into buf[0, D) (lanes past D hold finite values the callers mask).
+  void row(int64_t g, int64_t j, float* buf) const {
+    const uint8_t* c = o_.row(g, p_.heads, j);
+    const int64_t at = o_.scale_offset(g, p_.heads, j);
+    for (int64_t b = 0; b * kL < p_.D; ++b) {
+      const int64_t d0 = b * kL;
+      __m512i q = p_.bits == 8 ? _mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(code_mask_[b], c + d0)) : nibbles(c + d0 / 2, b);
+      const __m512 s = _mm512_permutexvar_ps(idx_[b], _mm512_maskz_loadu_ps(scale_mask_[b], o_.scale + at + first_[b]));
+      if (o_.zero_point) {
+        const __m128i z8 = _mm_maskz_loadu_epi8(scale_mask_[b], o_.zero_point + at + first_[b]);
+        q = _mm512_sub_epi32(q, _mm512_permutexvar_epi32(idx_[b], _mm512_cvtepi8_epi32(z8)));
+      }
+      _mm512_mask_storeu_ps(buf + d0, code_mask_[b], _mm512_mul_ps(_mm512_cvtepi32_ps(q), s));
+    }
+  }
+
+ private:
+  // 16 signed 4-bit codes from bytes (element 2i in byte i's low nibble), widened to int32.
+  __m512i nibbles(const uint8_t* bytes, int64_t b) const {
+    const __mmask16 m = tail_mask((std::min(kL, p_.D - b * kL) + 1) / 2);
+    const __m128i x = _mm_maskz_loadu_epi8(m, bytes), low = _mm_set1_epi8(0x0F), eight = _mm_set1_epi8(8);
+    const __m128i lo = _mm_and_si128(x, low), hi = _mm_and_si128(_mm_srli_epi16(x, 4), low);
+    return _mm512_cvtepi8_epi32(_mm_sub_epi8(_mm_xor_si128(_mm_unpacklo_epi8(lo, hi), eight), eight));
+  }
+
+  static constexpr int64_t kBlocks = kKvCodesMaxHeadDim / kL;
+  const KvCodesAttentionProblem& p_;
+  const KvCodesOperand& o_;
+  __m512i idx_[kBlocks];
+  int64_t first_[kBlocks];
+  __mmask16 scale_mask_[kBlocks], code_mask_[kBlocks];
+};
+
+}  // namespace
+
+// Each cached row is dequantized once a group, 16 at a time, and read by every query row that
+// sees it; each score and output element sees attention_groups_avx512's operations in its order.
+void attention_kv_codes_groups_avx512(const KvCodesAttentionProblem& p, int64_t g0, int64_t g1) {
+  const KvRowDequantizer keys(p, p.k), values(p, p.v);
+  alignas(64) float buf[kL * kKvCodesMaxHeadDim];  // 16 dequantized rows of D
+  const int64_t D = p.D;
+  for (int64_t g = g0; g < g1; ++g) {
+    float* w = p.scores + g * p.rows * p.S;
+    const float* q = p.q + g * p.rows * D;
+    float* out = p.out + g * p.rows * D;
+    int64_t jlo = p.S, jhi = 0;
+    for (int64_t i = 0; i < p.rows; ++i) jlo = std::min(jlo, p.keys(i).lo), jhi = std::max(jhi, p.keys(i).hi);
+    // Blocks of 16 cached rows of one side, dequantized, then fn(i, a, b, rows) for every query
+    // row i that sees keys [a, b) of the block (rows: key a's D floats, then the next ones).
+    auto blocks = [&](const KvRowDequantizer& side, const auto& fn) {
+      for (int64_t j0 = jlo; j0 < jhi; j0 += kL) {
+        const int64_t n = std::min(kL, jhi - j0);
+        for (int64_t kk = 0; kk < n; ++kk) side.row(g, j0 + kk, buf + kk * D);
+        for (int64_t i = 0; i < p.rows; ++i) {
+          const auto [lo, hi] = p.keys(i);
+          const int64_t a = std::max(lo, j0), b = std::min(hi, j0 + n);
+          if (a < b) fn(i, a, b, buf + (a - j0) * D);
+        }
+      }
+    };
+    blocks(keys, [&](int64_t i, int64_t a, int64_t b, const float* rows) {
+      scores16(q + i * D, D, b - a, rows, D, w + i * p.S + a);
+    });
+    causal_softmax_rows_avx512({w, p.rows / p.T, p.T, p.S, p.past, p.window, p.scale}, 0, p.rows);
+    std::fill(out, out + p.rows * D, 0.0f);
+    blocks(values, [&](int64_t i, int64_t a, int64_t b, const float* rows) {
+      accumulate_rows(w + i * p.S + a, b - a, rows, D, D, out + i * D);
+    });
   }
 }
 
