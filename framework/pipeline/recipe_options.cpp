@@ -64,6 +64,8 @@ search::SearchOptions search_options(const Recipe& r) {
   if (r.search.size_ratio > 0) o.budget.size_ratio = r.search.size_ratio;
   if (r.search.avg_bits > 0) o.budget.avg_bits = r.search.avg_bits;
   if (r.search.latency_ms > 0) o.budget.latency_ms = r.search.latency_ms;
+  o.kv_cache_context = r.search.context_length;
+  o.kv_cache = r.kv_cache;
   o.latency.cache_path = r.search.latency_cache == "off"  ? std::string()
                          : r.search.latency_cache.empty() ? search::default_latency_cache_path()
                                                           : r.search.latency_cache;

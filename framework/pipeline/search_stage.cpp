@@ -157,6 +157,10 @@ class SearchStage : public Stage {
                  search::to_string(sr.method), sr.layers.size(), static_cast<long long>(sr.bytes),
                  static_cast<long long>(sr.float_bytes), sr.latency_ms, sr.float_latency_ms,
                  static_cast<long long>(sr.latency_measured), static_cast<long long>(sr.latency_cached), sr.seconds);
+    if (sr.kv_cache_context > 0)
+      std::fprintf(stderr, "qtrain: search: the size budget included the KV cache at %lld positions (%s): %lld bytes "
+                   "(float32 %lld)\n", static_cast<long long>(sr.kv_cache_context), sr.kv_cache_scheme.c_str(),
+                   static_cast<long long>(sr.kv_cache_bytes), static_cast<long long>(sr.float_kv_cache_bytes));
     if (!sr.latency_cache_warning.empty()) {
       std::fprintf(stderr, "qtrain: warning: %s\n", sr.latency_cache_warning.c_str());
       ctx.note(sr.latency_cache_warning);

@@ -233,6 +233,13 @@ void check_search(const Recipe& r, const YAML::Node& sn, const Where& w) {
   const int budgets = (se.size_mb > 0) + (se.size_ratio > 0) + (se.avg_bits > 0) + (se.latency_ms > 0);
   if (budgets == 0) w.problem("search.budget", "give one or more of size_mb, size_ratio, avg_bits, latency_ms");
   if (se.size_mb > 0 && se.size_ratio > 0) w.problem("search.budget", "give size_mb or size_ratio, not both");
+  if (se.context_length > 0) {
+    if (r.model.arch != "gpt2" && r.model.arch != "llama")
+      w.problem("search.context_length", "prices a KV cache, which the causal LMs keep (arch gpt2 or llama), not " +
+                                             r.model.arch);
+    else if (se.size_mb <= 0 && se.size_ratio <= 0)
+      w.problem("search.context_length", "prices the KV cache into search.budget.size_mb or size_ratio; give one");
+  }
   if (sn["min_bits"])
     for (size_t i = 0; i < sn["min_bits"].size(); ++i)
       if (!sn["min_bits"][i]["pattern"] || !sn["min_bits"][i]["bits"])

@@ -102,6 +102,7 @@ struct Recipe {
     int64_t group_size = 128;         // 4- and 2-bit candidates are per_group of this size (0: per_channel)
     // The budgets (0: not given): one or more, not both size_mb and size_ratio.
     double size_mb = 0, size_ratio = 0, avg_bits = 0, latency_ms = 0;
+    int64_t context_length = 0;       // the KV cache at this many positions counts in size budgets (0: not)
     std::string latency_cache;        // measured-latency cache file; empty: the per-user default, "off": none
     int64_t evaluate_front = 0;       // Pareto points whose accuracy qtrain measures (PTQ, fake-quant)
     std::string sensitivities_from;   // calibration dump of an earlier search whose sensitivities to reuse

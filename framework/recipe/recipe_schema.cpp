@@ -254,6 +254,10 @@ Field search_section() {
           bind(leaf("avg_bits", T::kFloat, "mean weight bits over the searched layers", 1e-9, 32), &Recipe::search, &Recipe::Search::avg_bits),
           bind(leaf("latency_ms", T::kFloat, "summed frozen latency of the Linear/Conv/Embedding layers, ms, measured on this machine", 1e-9, 1e9), &Recipe::search, &Recipe::Search::latency_ms),
       }),
+      bind(leaf("context_length", T::kInt,
+                "size budgets include the KV cache at this many cached positions (one sequence, quantize.kv_cache's "
+                "scheme; 0: the model alone)", 0, 1e9),
+           &Recipe::search, &Recipe::Search::context_length),
       bind(leaf("latency_cache", T::kString, "file of measured latencies (default: ~/.cache/qforge/latency.json; off: none)"),
            &Recipe::search, &Recipe::Search::latency_cache),
       bind(leaf("sensitivities_from", T::kString, "calibration dump of an earlier search: reuse its sensitivities when they match"),

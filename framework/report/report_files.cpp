@@ -127,7 +127,14 @@ void md_search(std::ostringstream& md, const nlohmann::json& report) {
        << se.at("float_bytes").get<int64_t>() << "), " << fmt(se.at("latency_ms").get<double>(), 3)
        << " ms of layer kernels (float " << fmt(se.at("float_latency_ms").get<double>(), 3) << " ms; "
        << se.at("latency_regime").get<std::string>() << ", on " << se.at("cpu").get<std::string>() << ", "
-       << se.at("threads").get<int>() << " threads), search " << fmt(se.at("seconds").get<double>(), 1) << " s.\n\n"
+       << se.at("threads").get<int>() << " threads), search " << fmt(se.at("seconds").get<double>(), 1) << " s.";
+    if (se.contains("kv_cache") && se.at("kv_cache").is_object()) {
+      const auto& kv = se.at("kv_cache");
+      md << " The size budget included the KV cache at " << kv.at("context_length").get<int64_t>() << " positions ("
+         << kv.at("scheme").get<std::string>() << "): " << kv.at("bytes").get<int64_t>() << " bytes (float32 "
+         << kv.at("float_bytes").get<int64_t>() << ").";
+    }
+    md << "\n\n"
        << "| layer | chosen | bytes | latency ms | sensitivity | kernel | input |\n|---|---|---|---|---|---|---|\n";
     for (const auto& l : se.at("layers")) {
       std::string shape;

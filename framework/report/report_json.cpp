@@ -122,12 +122,20 @@ nlohmann::json search_json(const search::SearchResult& sr, const std::string& me
     if (p.accuracy) j[metric] = *p.accuracy;
     pareto.push_back(j);
   }
-  // The budget on the front's axes, as numbers (report.html draws it beside the front).
+  // The budget on the front's axes, as numbers (report.html draws it beside the front), for the
+  // model alone: a priced KV cache's bytes come off it, as the search took them.
   nlohmann::json budget_bytes, budget_latency_ms;
-  if (sr.budget.size_mb) budget_bytes = *sr.budget.size_mb * 1e6;
-  else if (sr.budget.size_ratio) budget_bytes = *sr.budget.size_ratio * static_cast<double>(sr.float_bytes);
+  const double cache = static_cast<double>(sr.kv_cache_bytes);
+  if (sr.budget.size_mb) budget_bytes = *sr.budget.size_mb * 1e6 - cache;
+  else if (sr.budget.size_ratio)
+    budget_bytes = *sr.budget.size_ratio * static_cast<double>(sr.float_bytes + sr.float_kv_cache_bytes) - cache;
   if (sr.budget.latency_ms) budget_latency_ms = *sr.budget.latency_ms;
+  nlohmann::json kv_cache;  // null when the budget holds the model alone
+  if (sr.kv_cache_context > 0)
+    kv_cache = {{"context_length", sr.kv_cache_context}, {"scheme", sr.kv_cache_scheme}, {"bytes", sr.kv_cache_bytes},
+                {"float_bytes", sr.float_kv_cache_bytes}};
   return {{"method", search::to_string(sr.method)}, {"budget", sr.budget.to_string()}, {"budget_bytes", budget_bytes},
+          {"kv_cache", kv_cache},
           {"budget_latency_ms", budget_latency_ms}, {"bytes", sr.bytes},
           {"float_bytes", sr.float_bytes}, {"latency_ms", sr.latency_ms}, {"float_latency_ms", sr.float_latency_ms},
           {"latency_regime", "frozen layer forward, last-level cache evicted before each call, median of 7"},

@@ -86,6 +86,25 @@ void check_options(const SearchOptions& o, int64_t batches, bool measuring = tru
     throw SearchError("search: latency.time_kernels = false needs from_rank0 (the latencies of the rank that times)");
 }
 
+// The KV cache's bytes at SearchOptions::kv_cache_context positions into res (nothing when 0).
+void price_kv_cache(const torch::nn::Module& model, const SearchOptions& o, SearchResult& res) {
+  if (o.kv_cache_context == 0) return;
+  if (o.kv_cache_context < 0)
+    throw SearchError("search: the KV cache's context length must be >= 0, got " + std::to_string(o.kv_cache_context));
+  if (!o.budget.size_mb && !o.budget.size_ratio)
+    throw SearchError("search: a context length prices the KV cache into size_mb or size_ratio; the budget (" +
+                      o.budget.to_string() + ") has neither");
+  const auto caches = kv_cache_models(model);
+  if (caches.empty())
+    throw SearchError("search: a context length prices a KV cache, and this model keeps none (GPT-2 and Llama do)");
+  res.kv_cache_context = o.kv_cache_context;
+  res.kv_cache_scheme = o.kv_cache.to_string();
+  for (const auto& [path, m] : caches) {
+    res.kv_cache_bytes += m->kv_cache_bytes_per_token(o.kv_cache) * o.kv_cache_context;
+    res.float_kv_cache_bytes += m->kv_cache_bytes_per_token(KvCacheScheme{}) * o.kv_cache_context;
+  }
+}
+
 // Phase 2: the sensitivities, from an earlier search when its key matches, else measured.
 Sensitivities sensitivities(const SensitivityContext& ctx, const Scheme& base, double loss0, SearchResult& res) {
   res.sensitivities.key = sensitivity_key(ctx.layers, base, ctx.batches, loss0, ctx.options);
@@ -288,17 +307,25 @@ struct Rest {
 
 Limits budget_limits(const Budget& b, const Rest& rest, const SearchResult& res) {
   Limits l;
+  // A priced KV cache comes off the size budgets beside the unsearched layers.
+  const double cache = static_cast<double>(res.kv_cache_bytes);
+  const std::string less_cache =
+      res.kv_cache_context > 0 ? " and the KV cache's " + format_bytes(cache) + " (" + res.kv_cache_scheme + " at " +
+                                     std::to_string(res.kv_cache_context) + " positions)"
+                               : "";
   if (b.size_mb) {
     l.axes.push_back(kBytes);
-    l.limits.push_back(*b.size_mb * 1e6 - static_cast<double>(rest.bytes));
+    l.limits.push_back(*b.size_mb * 1e6 - static_cast<double>(rest.bytes) - cache);
     l.names.push_back("size budget " + format_bytes(*b.size_mb * 1e6) + " less the unsearched layers' " +
-                      format_bytes(static_cast<double>(rest.bytes)) + " leaves bytes");
+                      format_bytes(static_cast<double>(rest.bytes)) + less_cache + " leaves bytes");
   } else if (b.size_ratio) {
     l.axes.push_back(kBytes);
-    l.limits.push_back(*b.size_ratio * static_cast<double>(res.float_bytes) - static_cast<double>(rest.bytes));
+    const double whole = *b.size_ratio * static_cast<double>(res.float_bytes + res.float_kv_cache_bytes);
+    l.limits.push_back(whole - static_cast<double>(rest.bytes) - cache);
     std::ostringstream os;
-    os << "size_ratio budget " << *b.size_ratio << " (" << format_bytes(*b.size_ratio * res.float_bytes)
-       << ") less the unsearched layers' " << format_bytes(static_cast<double>(rest.bytes)) << " leaves bytes";
+    os << "size_ratio budget " << *b.size_ratio << " (" << format_bytes(whole)
+       << (res.kv_cache_context > 0 ? " of the float model and a float32 cache" : "") << ") less the unsearched layers' "
+       << format_bytes(static_cast<double>(rest.bytes)) << less_cache << " leaves bytes";
     l.names.push_back(os.str());
   }
   if (b.avg_bits) {
@@ -409,6 +436,8 @@ Rest rest_of(const std::vector<Searched>& layers, const FixedCosts& fixed, const
 
 void check_search(torch::nn::Module& model, const Scheme& base, const SearchOptions& o) {
   check_options(o, 1, /*measuring=*/false);
+  SearchResult priced;
+  price_kv_cache(model, o, priced);
   collect(model, base, o);
 }
 
@@ -421,6 +450,7 @@ SearchResult search(torch::nn::Module& model, const Scheme& base, int64_t batche
   res.budget = o.budget;
   res.float_bytes = model_size(model).total_bytes;
   res.cpu = cpu_model_name();
+  price_kv_cache(model, o, res);
 
   Collected col = collect(model, base, o);
   res.skipped = col.skipped;

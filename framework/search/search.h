@@ -29,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "framework/api/kv_cache_scheme.h"
 #include "framework/core/error.h"
 #include "framework/io/calibration_dump.h"
 #include "framework/api/scheme.h"
@@ -92,6 +93,12 @@ struct SearchOptions {
   // Sensitivities of an earlier search (from a calibration dump): used instead of measuring when
   // their key matches this search's (same method and settings, weights, calibration batches).
   const io::SearchSensitivities* reuse = nullptr;
+  // The KV cache priced into the size budgets (size_mb, size_ratio: the cache's bytes at this many
+  // cached positions, one sequence, under `kv_cache`, a float32 cache when unquantized; size_ratio
+  // then compares with the float model plus a float32 cache). 0: the budgets hold the model alone.
+  // Needs a model that keeps a cache (GPT-2, Llama: kv_cache_models) and a size budget.
+  int64_t kv_cache_context = 0;
+  KvCacheScheme kv_cache;
   // Progress bars on stderr while sensitivities are measured and layers priced (layers done,
   // kernels timed, time left); qtrain turns them on.
   bool progress = false;
@@ -141,6 +148,10 @@ struct SearchResult {
   std::vector<LayerChoice> layers;
   int64_t bytes = 0;              // predicted total bytes of the frozen model
   int64_t float_bytes = 0;        // the float model's bytes
+  // SearchOptions::kv_cache_context and the cache's bytes there (0 when not priced): as scheduled
+  // and as a float32 cache; the size budgets held bytes + kv_cache_bytes.
+  int64_t kv_cache_context = 0, kv_cache_bytes = 0, float_kv_cache_bytes = 0;
+  std::string kv_cache_scheme;    // KvCacheScheme::to_string of the priced cache
   double latency_ms = 0;          // predicted: summed latency of the qforge layers with weights
   double float_latency_ms = 0;    // the same layers all float
   std::string pareto_axis;        // "bytes" or "latency_ms": the front's cost axis

@@ -1,6 +1,6 @@
 // quantize.kv_cache through qtrain's pipeline (docs/kv_cache.md): the calibrate stage sets the
 // scheme and writes report.json's kv_cache entry; a group size the model's head_dim refuses
-// fails the run before the float stage trains.
+// fails the run before the float stage trains; search.context_length prices the cache.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -59,6 +59,23 @@ TEST(KvCacheQuant, PipelineWritesTheSchemeToTheReportAndRefusesABadGroupBeforeTr
   // 1 layer x K and V x 2 heads x (8 bytes of codes + a float32 scale + an int8 zero point); float32: 16 x 4.
   EXPECT_EQ(kv["bytes_per_token"], 1 * 2 * 2 * (8 + 4 + 1));
   EXPECT_EQ(kv["float_bytes_per_token"], 1 * 2 * 2 * 16 * 4);
+
+  // search.context_length: the size budget holds the weights and the int8 cache at 64 positions
+  // (against the float model and a float32 cache), report.json's search.kv_cache says so.
+  o.out_dir = (dir / "search").string();
+  const Recipe s = small_llama(dir, {"quantize.weights.qtype=qint8", "search.candidates=[qint8, qint4]",
+                                     "search.group_size=16", "search.budget.size_ratio=0.5", "search.context_length=64", "search.batches=1",
+                                     "search.probes=4", "search.latency_cache=off"});
+  ASSERT_EQ(error_of([&] { run_pipeline(s, o); }), "");
+  const nlohmann::json searched = nlohmann::json::parse(std::ifstream(dir / "search" / "report.json"))["search"];
+  ASSERT_TRUE(searched["kv_cache"].is_object()) << searched.dump(2);
+  EXPECT_EQ(searched["kv_cache"]["context_length"], 64);
+  EXPECT_EQ(searched["kv_cache"]["scheme"], "qint8 symmetric per token and head");
+  EXPECT_EQ(searched["kv_cache"]["bytes"], 64 * 1 * 2 * 2 * (16 + 4));
+  EXPECT_EQ(searched["kv_cache"]["float_bytes"], 64 * 1 * 2 * 2 * 16 * 4);
+  const double whole = 0.5 * (searched["float_bytes"].get<double>() + 64 * 256);
+  EXPECT_LE(searched["bytes"].get<double>() + 64 * 80, whole);
+  EXPECT_DOUBLE_EQ(searched["budget_bytes"].get<double>(), whole - 64 * 80);
   fs::remove_all(dir);
 }
 

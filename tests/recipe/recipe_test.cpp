@@ -521,6 +521,35 @@ TEST(Recipe, BadSearchSectionsAreErrorsWithFileLineColumn) {
   EXPECT_EQ(r2.search.candidate_sites[1].column, 23);
 }
 
+// search.context_length prices a causal LM's KV cache into the size budget: refused for a model
+// without a cache and without a size budget, at its line (kv_cache_quant_pipeline_test runs it).
+TEST(Recipe, SearchContextLengthPricesTheKvCacheOfACausalLm) {
+  TempDir dir;
+  const std::string q = "quantize: {weights: {qtype: qint8}, kv_cache: {qtype: int4}}\n";
+  const std::string llama = "model: {arch: llama}\ndata: {dataset: fortunes}\n" + q;
+  auto all = [&](const std::string& text) {
+    std::string out;
+    for (const auto& i : issues_of(dir.write("c.yaml", text))) out += i.to_string() + "\n";
+    return out;
+  };
+  std::string e = all(std::string(kMinimal) + "quantize: {weights: {qtype: qint8}}\n"
+                      "search:\n  candidates: [qint8, qint4]\n  budget: {size_mb: 1}\n  context_length: 4096\n");
+  EXPECT_NE(e.find("c.yaml:7:19: search.context_length: prices a KV cache, which the causal LMs keep (arch gpt2 or "
+                   "llama), not mlp"),
+            std::string::npos)
+      << e;
+  e = all(llama + "search:\n  candidates: [qint8, qint4]\n  budget: {avg_bits: 6}\n  context_length: 4096\n");
+  EXPECT_NE(e.find("c.yaml:7:19: search.context_length: prices the KV cache into search.budget.size_mb or size_ratio"),
+            std::string::npos)
+      << e;
+  e = all(llama + "search:\n  candidates: [qint8, qint4]\n  budget: {size_mb: 1}\n  context_length: -1\n");
+  EXPECT_NE(e.find("search.context_length: value -1 is out of range"), std::string::npos) << e;
+  const Recipe r = load_recipe(dir.write(
+      "ok.yaml", llama + "search:\n  candidates: [qint8, qint4]\n  budget: {size_mb: 1}\n  context_length: 4096\n"));
+  EXPECT_EQ(r.search.context_length, 4096);
+  EXPECT_EQ(Recipe::Search().context_length, 0);
+}
+
 TEST(Recipe, ProblemsCausedByASetAreBlamedOnTheArgument) {
   TempDir dir;
   const std::string path = dir.write("w.yaml", std::string(kMinimal) + "quantize: {weights: {qtype: qint8}}\n");
