@@ -44,6 +44,7 @@ KvCache& KvCache::operator=(const KvCache& other) {
   reserve_ = other.reserve_;
   scheme_ = other.scheme_;
   attend_on_codes = other.attend_on_codes;
+  dequantized_ = other.dequantized_;
   resize(std::max(other.keys.size(), other.quant_keys_.size()));  // keys is public: its size may differ
   for (size_t l = 0; l < other.quant_keys_.size(); ++l) {
     quant_keys_[l] = other.quant_keys_[l].clone();
@@ -69,6 +70,7 @@ void KvCache::resize(size_t layers) {
 void KvCache::clear() {
   keys.clear(), values.clear(), key_store_.clear(), value_store_.clear();
   quant_keys_.clear(), quant_values_.clear();
+  dequantized_ = 0;
 }
 
 int64_t KvCache::length() const {
@@ -138,8 +140,9 @@ std::pair<at::Tensor, at::Tensor> KvCache::append_quantized(size_t layer, const 
     quant_values_[layer].push(v, scheme_, first);
     return {};
   }
-  at::Tensor ks = quant_keys_[layer].append(k, scheme_, first);
-  return {std::move(ks), quant_values_[layer].append(v, scheme_, first)};
+  at::Tensor ks = quant_keys_[layer].append(k, scheme_, first), vs = quant_values_[layer].append(v, scheme_, first);
+  dequantized_ += ks.size(2) + vs.size(2);
+  return {std::move(ks), std::move(vs)};
 }
 
 KvCodes KvCache::codes(size_t layer, bool values) const {

@@ -59,6 +59,9 @@ struct KvCache {
   // takes them (true, the default), or dequantize every cached position through append() for the
   // float attention (false: what qforge did before the codes kernel; for comparisons).
   bool attend_on_codes = true;
+  // Cached positions dequantized for attention so far, keys and values of every layer counted
+  // (append() on a quantized cache; 0 while every call attended on the codes). clear() resets it.
+  int64_t dequantized_positions() const { return dequantized_; }
   // The codes, scales and zero points of layer `layer`'s cached keys (or values), views of its
   // stores; empty for a float cache or a layer not appended to.
   KvCodes codes(size_t layer, bool values) const;
@@ -78,6 +81,7 @@ struct KvCache {
   std::vector<KvQuantStore> quant_keys_, quant_values_;  // quantized schemes only
   KvCacheScheme scheme_;
   int64_t reserve_ = 0;
+  int64_t dequantized_ = 0;
 };
 
 }  // namespace qforge::models

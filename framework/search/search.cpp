@@ -100,6 +100,7 @@ void price_kv_cache(const torch::nn::Module& model, const SearchOptions& o, Sear
   res.kv_cache_context = o.kv_cache_context;
   res.kv_cache_scheme = o.kv_cache.to_string();
   for (const auto& [path, m] : caches) {
+    o.kv_cache.validate(m->kv_cache_head_dim(), "search: the priced KV cache of " + (path.empty() ? "the model" : path));
     res.kv_cache_bytes += m->kv_cache_bytes_per_token(o.kv_cache) * o.kv_cache_context;
     res.float_kv_cache_bytes += m->kv_cache_bytes_per_token(KvCacheScheme{}) * o.kv_cache_context;
   }

@@ -56,8 +56,8 @@ std::vector<std::string> method_names();
 
 // The budgets; at least one is set, at most one of size_mb and size_ratio. All given hold at once.
 struct Budget {
-  std::optional<double> size_mb;     // total model bytes after freeze / 1e6
-  std::optional<double> size_ratio;  // total bytes after freeze / float model bytes
+  std::optional<double> size_mb;     // total model bytes after freeze / 1e6 (+ a priced KV cache's)
+  std::optional<double> size_ratio;  // total bytes after freeze / float model bytes (each + a priced KV cache's)
   std::optional<double> avg_bits;    // mean weight bits over the searched layers
   std::optional<double> latency_ms;  // summed measured latency of the qforge layers with weights
   std::string to_string() const;     // "size_mb: 1.5, latency_ms: 2"

@@ -87,7 +87,7 @@ void attention_group(const float* q0, float* w, float* out0, int64_t rows, int64
     for (int64_t j = lo; j < hi; ++j) {
       const float* k = key_row(j);
       float acc[kTokenOpLanes] = {};
-      for (int64_t d = 0; d < D; ++d) acc[d % kL] = std::fmaf(q[d], k[d], acc[d % kL]);
+      for (int64_t d = 0; d < D; ++d) acc[d % kL] = acc[d % kL] + q[d] * k[d];
       w[i * sp.S + j] = fold_lanes(acc);
     }
   }
@@ -99,7 +99,7 @@ void attention_group(const float* q0, float* w, float* out0, int64_t rows, int64
     for (int64_t j = lo; j < hi; ++j) {
       const float pj = w[i * sp.S + j];
       const float* v = value_row(j);
-      for (int64_t d = 0; d < D; ++d) out[d] = std::fmaf(pj, v[d], out[d]);
+      for (int64_t d = 0; d < D; ++d) out[d] = out[d] + pj * v[d];
     }
   }
 }
@@ -115,7 +115,7 @@ void attention_groups(const AttentionProblem& p, int64_t g0, int64_t g1) {
 }
 
 // Row j of one side of a quantized cache, dequantized into `buf` (KvCodesAttentionProblem's formula).
-const float* dequantize_kv_row(const KvCodesAttentionProblem& p, const KvCodesOperand& o, int64_t g, int64_t j,
+void dequantize_kv_row(const KvCodesAttentionProblem& p, const KvCodesOperand& o, int64_t g, int64_t j,
                                float* buf) {
   const uint8_t* c = o.row(g, p.heads, j);
   const int64_t at = o.scale_offset(g, p.heads, j);
@@ -124,16 +124,19 @@ const float* dequantize_kv_row(const KvCodesAttentionProblem& p, const KvCodesOp
     const int z = o.zero_point ? o.zero_point[at + d / p.group] : 0;
     buf[d] = static_cast<float>(code - z) * o.scale[at + d / p.group];
   }
-  return buf;
 }
 
+// The definition: each group's cached rows dequantized (once), then attention_f32's formulas.
 void attention_kv_codes_groups(const KvCodesAttentionProblem& p, int64_t g0, int64_t g1) {
-  float kbuf[kKvCodesMaxHeadDim], vbuf[kKvCodesMaxHeadDim];
+  std::vector<float> k(static_cast<size_t>(p.S * p.D)), v(k.size());
   for (int64_t g = g0; g < g1; ++g) {
+    for (int64_t j = 0; j < p.S; ++j) {
+      dequantize_kv_row(p, p.k, g, j, k.data() + j * p.D);
+      dequantize_kv_row(p, p.v, g, j, v.data() + j * p.D);
+    }
     const SoftmaxProblem sp{nullptr, p.rows / p.T, p.T, p.S, p.past, p.window, p.scale};
     attention_group(p.q + g * p.rows * p.D, p.scores + g * p.rows * p.S, p.out + g * p.rows * p.D, p.rows, p.T, sp, p.D,
-                    [&](int64_t j) { return dequantize_kv_row(p, p.k, g, j, kbuf); },
-                    [&](int64_t j) { return dequantize_kv_row(p, p.v, g, j, vbuf); });
+                    [&](int64_t j) { return k.data() + j * p.D; }, [&](int64_t j) { return v.data() + j * p.D; });
   }
 }
 

@@ -83,11 +83,13 @@ void causal_softmax_f32(const SoftmaxProblem& p, RunInfo* info = nullptr);
 //   base + (g / heads) · batch_stride + (g % heads) · head_stride + j · row_stride   (j < S, D floats)
 // and writes out [g][rows][D]. Row i is query position past + i mod T:
 //   w_ij = Σ_d q_id · k_jd   over the keys it sees (SoftmaxProblem's [lo, hi)), as 16 lane sums
-//          (lane l: acc_l = fmaf(q_d, k_d, acc_l) for d ≡ l mod 16, in d order), folded as in
-//          rms_norm;
+//          (lane l: acc_l + q_d · k_d for d ≡ l mod 16, in d order, products rounded), folded as
+//          in rms_norm;
 //   p_i  = the causal softmax of w_i (SoftmaxProblem's formula, scale and window; scores is its
 //          [groups][rows][S] scratch, left holding p);
-//   out_id = Σ_j p_ij · v_jd  (one fmaf chain from 0, j ascending).
+//   out_id = Σ_j p_ij · v_jd  (0 + ... in j order, each product rounded).
+// (No fused multiply-add: the reference is the only entry on machines without AVX-512, where a
+// scalar fmaf is a library call per element.)
 // The AVX-512 entry folds the lane sums of 16 keys at once with vector adds pairing the lanes as
 // the fold does, and runs 4 vectors of d side by side in out's chains: bit for bit the reference.
 // Against the two matmuls and softmax it replaces (nn::MatMul's float forward): within a few ulp

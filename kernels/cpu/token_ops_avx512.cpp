@@ -47,7 +47,8 @@ __m512 fold_lanes16(const __m512 (&a)[kL]) {
 }
 
 // Scores of query row q against n <= 16 keys, key kk's D floats at k + kk · stride, stored to
-// w[0, n): attention_f32's 16 lane sums (acc = fmaf(q_d, k_d, acc)) folded by fold_lanes16. Keys past n repeat key n − 1 (computed, never stored), so the 16 sums stay in
+// w[0, n): attention_f32's 16 lane sums (acc + q_d · k_d, products rounded) folded by
+// fold_lanes16. Keys past n repeat key n − 1 (computed, never stored), so the 16 sums stay in
 // registers without a branch.
 void scores16(const float* q, int64_t D, int64_t n, const float* k, int64_t stride, float* w) {
   __m512 acc[kL];
@@ -57,14 +58,14 @@ void scores16(const float* q, int64_t D, int64_t n, const float* k, int64_t stri
     const __m512 qd = _mm512_maskz_loadu_ps(m, q + d);
 #pragma GCC unroll 16
     for (int64_t kk = 0; kk < kL; ++kk)
-      acc[kk] = _mm512_fmadd_ps(qd, _mm512_maskz_loadu_ps(m, k + std::min(kk, n - 1) * stride + d), acc[kk]);
+      acc[kk] = _mm512_add_ps(acc[kk], _mm512_mul_ps(qd, _mm512_maskz_loadu_ps(m, k + std::min(kk, n - 1) * stride + d)));
   }
   _mm512_mask_storeu_ps(w, tail_mask(n), fold_lanes16(acc));
 }
 
-// out[0, D) += Σ_{j < n} p_j · v_j (v_j's D floats at v + j · stride) as one fmaf chain per
-// element, j ascending (from 0 when out starts at 0: attention_f32's order); 4 vectors of d at a
-// time, so 4 chains run side by side.
+// out[0, D) += Σ_{j < n} p_j · v_j (v_j's D floats at v + j · stride), j ascending for every
+// element (0 + p_lo · v_lo + ... when out starts at 0: attention_f32's order), products rounded;
+// 4 vectors of d at a time, so 4 addition chains run side by side.
 void accumulate_rows(const float* p, int64_t n, const float* v, int64_t stride, int64_t D, float* out) {
   constexpr int64_t kC = 4;
   for (int64_t d0 = 0; d0 < D; d0 += kC * kL) {
@@ -77,7 +78,7 @@ void accumulate_rows(const float* p, int64_t n, const float* v, int64_t stride, 
     for (int64_t j = 0; j < n; ++j) {
       const __m512 pj = _mm512_set1_ps(p[j]);
       for (int64_t c = 0; c < kC; ++c)
-        acc[c] = _mm512_fmadd_ps(pj, _mm512_maskz_loadu_ps(m[c], v + j * stride + d0 + c * kL), acc[c]);
+        acc[c] = _mm512_add_ps(acc[c], _mm512_mul_ps(pj, _mm512_maskz_loadu_ps(m[c], v + j * stride + d0 + c * kL)));
     }
     for (int64_t c = 0; c < kC; ++c) _mm512_mask_storeu_ps(out + d0 + c * kL, m[c], acc[c]);
   }

@@ -2,11 +2,13 @@
 // "Attention on the codes"): every table entry equals the float attention's reference on the
 // dequantized cache bit for bit (int8 and int4, symmetric and asymmetric, groups, grouped-query
 // rows, windows, head sizes off the 16-lane vectors, store strides); the models' decode on the
-// codes equals their decode through the dequantized cache bit for bit; the conditions under which
+// codes equals their decode through the dequantized cache bit for bit (and dequantizes nothing);
+// the conditions under which
 // it declines leave the cache untouched; the kernel refuses what it cannot read.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -58,7 +60,11 @@ Outputs run_both(const KvCacheScheme& s, const Case& c, void (*run)(const kernel
   const at::Tensor q = at::randn({c.B, c.KV, c.rep * c.T, c.D});
   KvCache cache;
   cache.set_scheme(s);
-  cache.append_codes(0, k, v);
+  // Two appends: a cache past 64 positions has grown its stores once (capacity above length).
+  const int64_t first = std::max<int64_t>(1, c.S - 1);
+  cache.append_codes(0, k.narrow(2, 0, first), v.narrow(2, 0, first));
+  if (first < c.S) cache.append_codes(0, k.narrow(2, first, c.S - first), v.narrow(2, first, c.S - first));
+  if (c.S > KvCache::kMinCapacity) EXPECT_GT(cache.capacity(0), c.S);
   const KvCodes kc = cache.codes(0, false), vc = cache.codes(0, true);
   kernels::KvCodesAttentionProblem p;
   at::Tensor out = at::empty({c.B, c.KV, c.rep * c.T, c.D}), w = at::empty({c.B, c.KV, c.rep * c.T, c.S});
@@ -150,7 +156,14 @@ void expect_codes_decode_equals_dequantized_decode(Model& m, const KvCacheScheme
   }
   for (bool values : {false, true})
     EXPECT_TRUE(at::equal(on.codes(1, values).codes, off.codes(1, values).codes)) << s.to_string();
-  EXPECT_TRUE(on.keys.empty() || !on.keys[0].defined()) << "no float copy of the cache";
+  // The codes path ran on every call; the other dequantized each layer's keys and values on every
+  // step: 2 layers x (K + V) x the cached positions after each step (5, then 6 .. 24).
+  EXPECT_EQ(on.dequantized_positions(), 0) << s.to_string();
+  EXPECT_EQ(off.dequantized_positions(), 2 * 2 * (5 + 24) * 20 / 2) << s.to_string();
+  const KvCache copy = off;
+  EXPECT_EQ(copy.dequantized_positions(), off.dequantized_positions());
+  off.clear();
+  EXPECT_EQ(off.dequantized_positions(), 0);
 }
 
 LlamaConfig small_llama() {
