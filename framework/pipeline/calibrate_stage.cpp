@@ -31,9 +31,17 @@ void equalize(RunContext& ctx) {
                er.pairs.size(), er.seconds);
 }
 
-void rotate_hadamard(RunContext& ctx) {
+// ptq.rotate's options: the recipe's seed and rotate_online switches.
+ptq::RotateOptions rotate_options(const Recipe& r) {
   ptq::RotateOptions o;
-  o.seed = ctx.recipe.seed;
+  o.seed = r.seed;
+  o.online_down_proj = r.ptq.rotate_down_proj;
+  o.online_qk = r.ptq.rotate_qk;
+  return o;
+}
+
+void rotate_hadamard(RunContext& ctx) {
+  const ptq::RotateOptions o = rotate_options(ctx.recipe);
   const ptq::RotateReport rr = ptq::rotate_measured(*ctx.task.model, ctx.solve_batches(),
                                                     [&ctx](int64_t b) { return ctx.calibration_batch(b); }, o);
   ctx.report["ptq"]["rotate"] = report::rotate_json(rr);
@@ -137,7 +145,7 @@ class CalibrateStage : public Stage {
   void check(RunContext& ctx) const override {
     const Recipe& r = ctx.recipe;
     if (r.ptq.enabled && r.ptq.rotate == "hadamard")
-      ptq::check_rotation_sizes(tasks::model_config<models::LlamaConfig>(r), ptq::RotateOptions{});
+      ptq::check_rotation_sizes(tasks::model_config<models::LlamaConfig>(r), rotate_options(r));
     check_kv_cache(r);
   }
 

@@ -308,6 +308,11 @@ void read_ptq(Recipe& r, const YAML::Node& pn, const Where& w) {
     w.problem("ptq.rotate", "the Hadamard rotation needs an RMSNorm model (arch llama: Llama, Mistral, Qwen2), not " +
                                 r.model.arch);
   if (p.rotate == "hadamard") check_rotate_partners(r, w);
+  // Turning an online transform off means nothing without the rotation (the resolved recipe writes
+  // the defaults, true, everywhere).
+  for (const auto& [key, on] : {std::pair{"ptq.rotate_online.down_proj", p.rotate_down_proj},
+                                std::pair{"ptq.rotate_online.qk", p.rotate_qk}})
+    if (p.rotate != "hadamard" && !on) w.problem(key, "has no effect without ptq.rotate: hadamard");
   if (!r.quantize) {
     w.problem("ptq", "the PTQ solvers work on a quantized model; add a quantize section");
     return;

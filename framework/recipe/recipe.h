@@ -128,6 +128,9 @@ struct Recipe {
     bool equalize = false;            // cross-layer equalisation of the float model
     bool smoothquant = false;
     std::string rotate = "none";      // none | hadamard: QuaRot's rotation of a Llama model before quantize (ptq/rotate.h)
+    // With rotate: hadamard, the online Hadamards (ptq::RotateOptions): down_proj's input, and the
+    // queries / keys after RoPE with the values folded (the KV-cache rotation).
+    bool rotate_down_proj = true, rotate_qk = true;
     double alpha = 0.5;               // SmoothQuant migration strength
     int64_t batches = 0;              // calibration batches the solvers run on (0: calibrate's)
     int64_t sample_rows = 4096;       // input rows kept per layer

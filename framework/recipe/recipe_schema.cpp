@@ -292,6 +292,13 @@ Field ptq_section() {
                   "queries and keys after RoPE and values per head (QuaRot; float model, before quantize; signs "
                   "from the recipe's seed)"),
            &Recipe::ptq, &Recipe::Ptq::rotate),
+      map("rotate_online", "with rotate: hadamard, which online Hadamard transforms run (both by default)", {
+          bind(leaf("down_proj", T::kBool, "down_proj's input turned at run time (QuaRot's online Hadamard before it)"),
+               &Recipe::ptq, &Recipe::Ptq::rotate_down_proj),
+          bind(leaf("qk", T::kBool, "queries and keys turned per head after RoPE, values folded into v_proj / o_proj, "
+                                    "so a quantized KV cache holds rotated keys and values"),
+               &Recipe::ptq, &Recipe::Ptq::rotate_qk),
+      }),
       bind(leaf("alpha", T::kFloat, "SmoothQuant migration strength s = max|X|^alpha / max|W|^(1-alpha), in [0, 1]", 0, 1),
            &Recipe::ptq, &Recipe::Ptq::alpha),
       bind(leaf("batches", T::kInt, "calibration batches the solvers run on (0: calibrate.batches)", 0, 1e9),

@@ -1,6 +1,7 @@
 // quantize.kv_cache through qtrain's pipeline (docs/kv_cache.md): the calibrate stage sets the
 // scheme and writes report.json's kv_cache entry; a group size the model's head_dim refuses
-// fails the run before the float stage trains; search.context_length prices the cache.
+// fails the run before the float stage trains; search.context_length prices the cache; ptq.rotate_online
+// reaches the rotation.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -76,6 +77,16 @@ TEST(KvCacheQuant, PipelineWritesTheSchemeToTheReportAndRefusesABadGroupBeforeTr
   const double whole = 0.5 * (searched["float_bytes"].get<double>() + 64 * 256);
   EXPECT_LE(searched["bytes"].get<double>() + 64 * 80, whole);
   EXPECT_DOUBLE_EQ(searched["budget_bytes"].get<double>(), whole - 64 * 80);
+
+  // ptq.rotate_online.qk: false keeps the queries and keys unturned (down_proj's input still is).
+  o.out_dir = (dir / "rotated").string();
+  ASSERT_EQ(error_of([&] {
+              run_pipeline(small_llama(dir, {"ptq.rotate=hadamard", "ptq.rotate_online.qk=false"}), o);
+            }),
+            "");
+  const nlohmann::json rotated = nlohmann::json::parse(std::ifstream(dir / "rotated" / "report.json"))["ptq"]["rotate"];
+  EXPECT_EQ(rotated["online_qk"], false) << rotated.dump(2);
+  EXPECT_EQ(rotated["online_down_proj"], true) << rotated.dump(2);
   fs::remove_all(dir);
 }
 

@@ -285,6 +285,15 @@ TEST(Recipe, PtqRotateIsAChoiceForLlamaModelsOnly) {
   e = all(llama + "ptq: {rotate: hadamard}\nsearch: {candidates: [qint4, qint8], budget: {size_ratio: 0.5}}\n");
   EXPECT_NE(e.find("ptq.rotate: the search stage runs before calibrate rotates the model"), std::string::npos) << e;
   EXPECT_EQ(all(llama + "ptq: {rotate: hadamard, method: gptq}\n"), "");
+  // The online transforms are switched one by one, and only beside the rotation.
+  const Recipe qk_off = load_recipe(dir.write("o.yaml", llama + "ptq: {rotate: hadamard, rotate_online: {qk: false}}\n"));
+  EXPECT_FALSE(qk_off.ptq.rotate_qk);
+  EXPECT_TRUE(qk_off.ptq.rotate_down_proj);
+  EXPECT_TRUE(Recipe::Ptq().rotate_qk && Recipe::Ptq().rotate_down_proj);
+  e = all(llama + "ptq: {method: gptq, rotate_online: {down_proj: false}}\n");
+  EXPECT_NE(e.find("p.yaml:4:48: ptq.rotate_online.down_proj: has no effect without ptq.rotate: hadamard"),
+            std::string::npos)
+      << e;
 }
 
 TEST(Recipe, AwqMethodsSetAwqBeforeTheirRoundingAndStrayAwqOptionsAreErrors) {
