@@ -454,7 +454,8 @@ std::vector<Case> llama_kv_cache_cases() {
 // attention_f32 on a float cache's views (what models::fused_decode_attention runs), "qforge-kv8" /
 // "qforge-kv4" attention_kv_codes_f32 on int8 / int4 codes (symmetric, per token and head), and
 // "qforge-kv8-append" / "qforge-kv4-append" the append of one token's keys and values to such a
-// cache (quantize_kv, the ATen ops of kv_quant.cpp), the other per-token cost of a quantized cache.
+// cache (kernels::quantize_kv_rows through KvCache::append_codes), a quantized cache's other
+// per-token cost.
 std::vector<Case> llama_kv_attention_cases() {
   constexpr int64_t kKv = 8, kRep = 4, kD = 64, kCalls = 2 * kLlamaDecode;
   torch::manual_seed(4);

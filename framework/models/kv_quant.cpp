@@ -9,12 +9,12 @@
 #include "fake_quant/fake_quantize.h"
 #include "framework/api/quantizer.h"
 #include "framework/core/error.h"
+#include "kernels/cpu/kv_quantize.h"
 
 namespace qforge::models {
 namespace {
 
 constexpr const char* kKvQuant = "models/kv_cache";
-constexpr float kKvHalfMax = std::numeric_limits<float>::max() / 2;
 
 bool is_int4(const KvCacheScheme& s) { return s.qtype->bits == 4; }
 
@@ -42,7 +42,7 @@ QParams kv_qparams(const at::Tensor& x, const KvCacheScheme& scheme) {
   const at::Tensor xf = x.detach().to(at::kFloat);
   at::Tensor g = grouped(at::where(at::isfinite(xf), xf, at::zeros({}, xf.options())), spec);
   // Asymmetric: max - min must stay finite (an inf scale would dequantize to 0 * inf = NaN).
-  if (!scheme.symmetric) g = g.clamp(-kKvHalfMax, kKvHalfMax);
+  if (!scheme.symmetric) g = g.clamp(-kernels::kKvRangeLimit, kernels::kKvRangeLimit);
   return calculate_qparams(g.amin(-1), g.amax(-1), spec);
 }
 
@@ -92,7 +92,20 @@ at::Tensor KvQuantStore::append(const at::Tensor& x, const KvCacheScheme& scheme
 
 void KvQuantStore::push(const at::Tensor& x, const KvCacheScheme& scheme, int64_t reserve) {
   QF_REQUIRE(x.dim() == 4, kKvQuant, ": keys / values must be [batch, kv_heads, T, head_dim], got ", x.sizes());
-  const KvCodes c = quantize_kv(x, scheme);
+  // Float CPU positions are written in one pass (kernels::quantize_kv_rows, the same values);
+  // others through quantize_kv's ATen ops.
+  const bool fused = x.device().is_cpu() && x.scalar_type() == at::kFloat;
+  KvCodes c;
+  if (fused) {
+    scheme.validate(x.size(3), kKvQuant);
+    QF_REQUIRE(scheme.quantized(), kKvQuant, ": a float cache has no codes");
+    const int64_t B = x.size(0), H = x.size(1), D = x.size(3), groups = D / scheme.group(D);
+    c.codes = at::empty({B, H, 0, is_int4(scheme) ? D / 2 : D}, x.options().dtype(is_int4(scheme) ? at::kByte : at::kChar));
+    c.scale = at::empty({B, H, 0, groups}, x.options());
+    if (!scheme.symmetric) c.zero_point = at::empty({B, H, 0, groups}, x.options().dtype(at::kChar));
+  } else {
+    c = quantize_kv(x, scheme);
+  }
   if (codes_.defined())
     QF_REQUIRE(codes_.size(0) == x.size(0) && codes_.size(1) == x.size(1) && codes_.size(3) == c.codes.size(3) &&
                    scale_.size(3) == c.scale.size(3) && dtype_ == x.scalar_type() && codes_.device() == x.device(),
@@ -106,9 +119,21 @@ void KvQuantStore::push(const at::Tensor& x, const KvCacheScheme& scheme, int64_
     scale_ = new_kv_store(c.scale, capacity, scale_, length_);
     if (c.zero_point.defined()) zero_point_ = new_kv_store(c.zero_point, capacity, zero_point_, length_);
   }
-  codes_.narrow(2, length_, T).copy_(c.codes);
-  scale_.narrow(2, length_, T).copy_(c.scale);
-  if (c.zero_point.defined()) zero_point_.narrow(2, length_, T).copy_(c.zero_point);
+  if (fused) {
+    const at::Tensor xc = x.detach().contiguous();
+    kernels::KvQuantizeProblem p;
+    p.x = xc.data_ptr<float>();
+    p.codes = static_cast<uint8_t*>(codes_.data_ptr());
+    p.scale = scale_.data_ptr<float>();
+    p.zero_point = scheme.symmetric ? nullptr : static_cast<int8_t*>(zero_point_.data_ptr());
+    p.batch = x.size(0), p.heads = x.size(1), p.T = T, p.D = x.size(3), p.group = scheme.group(x.size(3));
+    p.capacity = codes_.size(2), p.first = length_, p.bits = scheme.qtype->bits;
+    kernels::quantize_kv_rows(p);
+  } else {
+    codes_.narrow(2, length_, T).copy_(c.codes);
+    scale_.narrow(2, length_, T).copy_(c.scale);
+    if (c.zero_point.defined()) zero_point_.narrow(2, length_, T).copy_(c.zero_point);
+  }
   dtype_ = x.scalar_type();
   length_ = need;
 }

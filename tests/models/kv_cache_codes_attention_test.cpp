@@ -3,8 +3,8 @@
 // dequantized cache bit for bit (int8 and int4, symmetric and asymmetric, groups, grouped-query
 // rows, windows, head sizes off the 16-lane vectors, store strides); the models' decode on the
 // codes equals their decode through the dequantized cache bit for bit (and dequantizes nothing);
-// the conditions under which
-// it declines leave the cache untouched; the kernel refuses what it cannot read.
+// the conditions under which it declines leave the cache untouched; the kernel refuses what it
+// cannot read; a float append writes quantize_kv's codes in one pass.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
@@ -114,6 +114,34 @@ TEST(KvCacheCodesAttention, EveryEntryEqualsTheFloatReferenceOnTheDequantizedCac
       }
   }
   EXPECT_GT(runs, 30);  // the reference entry runs everywhere
+}
+
+// A float CPU append writes its codes in one pass (kernels::quantize_kv_rows): the codes, scales
+// and zero points quantize_kv's ATen ops give, bit for bit, NaN, ±inf and ±3e38 included, into a
+// store that already holds positions (and grows); other dtypes keep the ATen path.
+TEST(KvCacheCodesAttention, TheOnePassAppendEqualsQuantizeKvBitForBit) {
+  at::manual_seed(14);
+  for (const KvCacheScheme& s : {scheme(qint8, true), scheme(qint8, false), scheme(qint4, true), scheme(qint4, false),
+                                 scheme(qint4, false, 2), scheme(qint8, true, 4)}) {
+    at::Tensor first = at::randn({2, 3, 5, 8}), x = at::randn({2, 3, 70, 8}) * 3;
+    x.select(3, 1).mul_(40);
+    x[0][0][0][0] = NAN, x[0][1][2][3] = INFINITY, x[1][2][3][4] = -INFINITY;
+    x[1][0][4][0] = 3e38f, x[1][0][4][1] = -3e38f;
+    KvQuantStore store;
+    store.push(first, s, 8);
+    store.push(x, s, 8);  // grows from 8 to 75 positions
+    const KvCodes got = store.codes();
+    for (const auto& [part, want] : {std::pair{first, quantize_kv(first, s)}, std::pair{x, quantize_kv(x, s)}}) {
+      const int64_t at = part.size(2) == 5 ? 0 : 5;
+      EXPECT_TRUE(at::equal(got.codes.narrow(2, at, part.size(2)), want.codes)) << s.to_string();
+      EXPECT_TRUE(at::equal(got.scale.narrow(2, at, part.size(2)), want.scale)) << s.to_string();
+      if (!s.symmetric) EXPECT_TRUE(at::equal(got.zero_point.narrow(2, at, part.size(2)), want.zero_point)) << s.to_string();
+    }
+    EXPECT_FALSE(dequantize_kv(got, s, at::kFloat).isnan().any().item<bool>()) << s.to_string();
+    KvQuantStore doubles;  // not float: the ATen path, the same codes
+    doubles.push(x.to(at::kDouble), s, 8);
+    EXPECT_TRUE(at::equal(doubles.codes().codes, quantize_kv(x, s).codes)) << s.to_string();
+  }
 }
 
 TEST(KvCacheCodesAttention, TheKernelRefusesWhatItCannotRead) {
