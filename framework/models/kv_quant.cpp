@@ -4,7 +4,6 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
-#include <limits>
 
 #include "fake_quant/fake_quantize.h"
 #include "framework/api/quantizer.h"
@@ -94,7 +93,7 @@ void KvQuantStore::push(const at::Tensor& x, const KvCacheScheme& scheme, int64_
   QF_REQUIRE(x.dim() == 4, kKvQuant, ": keys / values must be [batch, kv_heads, T, head_dim], got ", x.sizes());
   // Float CPU positions are written in one pass (kernels::quantize_kv_rows, the same values);
   // others through quantize_kv's ATen ops.
-  const bool fused = x.device().is_cpu() && x.scalar_type() == at::kFloat;
+  const bool fused = x.device().is_cpu() && x.scalar_type() == at::kFloat && x.numel() > 0;
   KvCodes c;
   if (fused) {
     scheme.validate(x.size(3), kKvQuant);

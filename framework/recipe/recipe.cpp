@@ -253,18 +253,27 @@ void check_search(const Recipe& r, const YAML::Node& sn, const Where& w) {
 // it was before, or ignore the online transform, is refused up front instead of failing or lying.
 void check_rotate_partners(const Recipe& r, const Where& w) {
   if (r.ptq.awq)
-    w.problem("ptq.method", "AWQ's per-channel scales would cross down_proj's online Hadamard transform after "
-                            "ptq.rotate: hadamard; use rtn or gptq with the rotation");
+    w.problem("ptq.method", r.ptq.rotate_down_proj
+                                ? "AWQ's per-channel scales would cross down_proj's online Hadamard transform after "
+                                  "ptq.rotate: hadamard; use rtn or gptq with the rotation"
+                                : "AWQ on a rotated model is not built (its scales were never checked against the "
+                                  "folded norms); use rtn or gptq with the rotation");
   if (r.search.enabled)
     w.problem("ptq.rotate", "the search stage runs before calibrate rotates the model, so its sensitivities and "
                             "latencies would describe the unrotated model; drop the search or the rotation");
+  // Without online transforms a rotated model is a plain one with turned weights, which any reader runs.
+  const std::string online = std::string(r.ptq.rotate_down_proj ? "down_proj's input" : "") +
+                             (r.ptq.rotate_down_proj && r.ptq.rotate_qk ? ", " : "") +
+                             (r.ptq.rotate_qk ? "queries and keys after RoPE" : "");
+  if (online.empty()) return;
   if (r.export_.safetensors)
-    w.problem("export.safetensors", "a rotated model's safetensors need qforge's online Hadamard transforms (down_proj's "
-                                    "input, queries and keys after RoPE), which other readers do not apply; set "
-                                    "export.safetensors: false");
+    w.problem("export.safetensors", "a rotated model's safetensors need qforge's online Hadamard transforms (" + online +
+                                        "), which other readers do not apply; set export.safetensors: false (or "
+                                        "ptq.rotate_online off)");
   if (r.export_.gguf.enabled)
-    w.problem("export.gguf", "a rotated model needs qforge's online Hadamard transforms (down_proj's input, queries and "
-                             "keys after RoPE), which llama.cpp does not apply; drop export.gguf or the rotation");
+    w.problem("export.gguf", "a rotated model needs qforge's online Hadamard transforms (" + online +
+                                 "), which llama.cpp does not apply; drop export.gguf or the rotation (or "
+                                 "ptq.rotate_online off)");
 }
 
 void read_ptq(Recipe& r, const YAML::Node& pn, const Where& w) {

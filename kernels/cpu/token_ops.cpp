@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <vector>
 
 #include "framework/core/error.h"
@@ -115,28 +116,32 @@ void attention_groups(const AttentionProblem& p, int64_t g0, int64_t g1) {
 }
 
 // Row j of one side of a quantized cache, dequantized into `buf` (KvCodesAttentionProblem's formula).
-void dequantize_kv_row(const KvCodesAttentionProblem& p, const KvCodesOperand& o, int64_t g, int64_t j,
-                               float* buf) {
+void dequantize_kv_row(const KvCodesAttentionProblem& p, const KvCodesOperand& o, int64_t g, int64_t j, float* buf) {
   const uint8_t* c = o.row(g, p.heads, j);
   const int64_t at = o.scale_offset(g, p.heads, j);
-  for (int64_t d = 0; d < p.D; ++d) {
-    const int code = p.bits == 8 ? static_cast<int8_t>(c[d]) : ((c[d / 2] >> (4 * (d % 2)) & 15) ^ 8) - 8;
-    const int z = o.zero_point ? o.zero_point[at + d / p.group] : 0;
-    buf[d] = static_cast<float>(code - z) * o.scale[at + d / p.group];
+  for (int64_t group = 0, d = 0; group < p.D / p.group; ++group) {
+    const float s = o.scale[at + group];
+    const int z = o.zero_point ? o.zero_point[at + group] : 0;
+    for (int64_t e = 0; e < p.group; ++e, ++d) {
+      const int code = p.bits == 8 ? static_cast<int8_t>(c[d]) : ((c[d / 2] >> (4 * (d % 2)) & 15) ^ 8) - 8;
+      buf[d] = static_cast<float>(code - z) * s;
+    }
   }
 }
 
-// The definition: each group's cached rows dequantized (once), then attention_f32's formulas.
+// The definition: each group's visible cached rows dequantized (once), then attention_f32's formulas.
 void attention_kv_codes_groups(const KvCodesAttentionProblem& p, int64_t g0, int64_t g1) {
-  std::vector<float> k(static_cast<size_t>(p.S * p.D)), v(k.size());
+  int64_t jlo = p.S, jhi = 0;  // the rows some query sees
+  for (int64_t i = 0; i < p.rows; ++i) jlo = std::min(jlo, p.keys(i).lo), jhi = std::max(jhi, p.keys(i).hi);
+  const std::unique_ptr<float[]> k(new float[static_cast<size_t>(p.S * p.D)]), v(new float[static_cast<size_t>(p.S * p.D)]);
   for (int64_t g = g0; g < g1; ++g) {
-    for (int64_t j = 0; j < p.S; ++j) {
-      dequantize_kv_row(p, p.k, g, j, k.data() + j * p.D);
-      dequantize_kv_row(p, p.v, g, j, v.data() + j * p.D);
+    for (int64_t j = jlo; j < jhi; ++j) {
+      dequantize_kv_row(p, p.k, g, j, k.get() + j * p.D);
+      dequantize_kv_row(p, p.v, g, j, v.get() + j * p.D);
     }
     const SoftmaxProblem sp{nullptr, p.rows / p.T, p.T, p.S, p.past, p.window, p.scale};
     attention_group(p.q + g * p.rows * p.D, p.scores + g * p.rows * p.S, p.out + g * p.rows * p.D, p.rows, p.T, sp, p.D,
-                    [&](int64_t j) { return k.data() + j * p.D; }, [&](int64_t j) { return v.data() + j * p.D; });
+                    [&](int64_t j) { return k.get() + j * p.D; }, [&](int64_t j) { return v.get() + j * p.D; });
   }
 }
 

@@ -154,7 +154,7 @@ struct KvCodesOperand {
     return g / heads * scale_batch_stride + g % heads * scale_head_stride + j * scale_row_stride;
   }
 };
-// Head sizes the codes kernels take (a row is dequantized into a stack buffer of this many floats).
+// Head sizes the codes kernels take (the AVX-512 entry dequantizes 16 rows into a stack buffer).
 inline constexpr int64_t kKvCodesMaxHeadDim = 512;
 struct KvCodesAttentionProblem {
   const float* q = nullptr;

@@ -64,7 +64,9 @@ Outputs run_both(const KvCacheScheme& s, const Case& c, void (*run)(const kernel
   const int64_t first = std::max<int64_t>(1, c.S - 1);
   cache.append_codes(0, k.narrow(2, 0, first), v.narrow(2, 0, first));
   if (first < c.S) cache.append_codes(0, k.narrow(2, first, c.S - first), v.narrow(2, first, c.S - first));
-  if (c.S > KvCache::kMinCapacity) EXPECT_GT(cache.capacity(0), c.S);
+  if (c.S > KvCache::kMinCapacity) {
+    EXPECT_GT(cache.capacity(0), c.S);
+  }
   const KvCodes kc = cache.codes(0, false), vc = cache.codes(0, true);
   kernels::KvCodesAttentionProblem p;
   at::Tensor out = at::empty({c.B, c.KV, c.rep * c.T, c.D}), w = at::empty({c.B, c.KV, c.rep * c.T, c.S});
@@ -135,7 +137,9 @@ TEST(KvCacheCodesAttention, TheOnePassAppendEqualsQuantizeKvBitForBit) {
       const int64_t at = part.size(2) == 5 ? 0 : 5;
       EXPECT_TRUE(at::equal(got.codes.narrow(2, at, part.size(2)), want.codes)) << s.to_string();
       EXPECT_TRUE(at::equal(got.scale.narrow(2, at, part.size(2)), want.scale)) << s.to_string();
-      if (!s.symmetric) EXPECT_TRUE(at::equal(got.zero_point.narrow(2, at, part.size(2)), want.zero_point)) << s.to_string();
+      if (!s.symmetric) {
+        EXPECT_TRUE(at::equal(got.zero_point.narrow(2, at, part.size(2)), want.zero_point)) << s.to_string();
+      }
     }
     EXPECT_FALSE(dequantize_kv(got, s, at::kFloat).isnan().any().item<bool>()) << s.to_string();
     KvQuantStore doubles;  // not float: the ATen path, the same codes

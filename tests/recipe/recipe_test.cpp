@@ -290,6 +290,12 @@ TEST(Recipe, PtqRotateIsAChoiceForLlamaModelsOnly) {
   EXPECT_FALSE(qk_off.ptq.rotate_qk);
   EXPECT_TRUE(qk_off.ptq.rotate_down_proj);
   EXPECT_TRUE(Recipe::Ptq().rotate_qk && Recipe::Ptq().rotate_down_proj);
+  // Without online transforms the rotated weights are a plain model: safetensors may be written.
+  EXPECT_EQ(all(llama + "ptq: {rotate: hadamard, rotate_online: {down_proj: false, qk: false}}\n"
+                        "export: {safetensors: true}\n"),
+            "");
+  e = all(llama + "ptq: {rotate: hadamard, rotate_online: {down_proj: false}}\nexport: {safetensors: true}\n");
+  EXPECT_NE(e.find("online Hadamard transforms (queries and keys after RoPE)"), std::string::npos) << e;
   e = all(llama + "ptq: {method: gptq, rotate_online: {down_proj: false}}\n");
   EXPECT_NE(e.find("p.yaml:4:48: ptq.rotate_online.down_proj: has no effect without ptq.rotate: hadamard"),
             std::string::npos)
