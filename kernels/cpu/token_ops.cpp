@@ -115,19 +115,6 @@ void attention_groups(const AttentionProblem& p, int64_t g0, int64_t g1) {
   }
 }
 
-// Row j of one side of a quantized cache, dequantized into `buf` (KvCodesAttentionProblem's formula).
-void dequantize_kv_row(const KvCodesAttentionProblem& p, const KvCodesOperand& o, int64_t g, int64_t j, float* buf) {
-  const uint8_t* c = o.row(g, p.heads, j);
-  const int64_t at = o.scale_offset(g, p.heads, j);
-  for (int64_t group = 0, d = 0; group < p.D / p.group; ++group) {
-    const float s = o.scale[at + group];
-    const int z = o.zero_point ? o.zero_point[at + group] : 0;
-    for (int64_t e = 0; e < p.group; ++e, ++d) {
-      const int code = p.bits == 8 ? static_cast<int8_t>(c[d]) : ((c[d / 2] >> (4 * (d % 2)) & 15) ^ 8) - 8;
-      buf[d] = static_cast<float>(code - z) * s;
-    }
-  }
-}
 
 // The definition: each group's visible cached rows dequantized (once), then attention_f32's formulas.
 void attention_kv_codes_groups(const KvCodesAttentionProblem& p, int64_t g0, int64_t g1) {
@@ -136,8 +123,8 @@ void attention_kv_codes_groups(const KvCodesAttentionProblem& p, int64_t g0, int
   const std::unique_ptr<float[]> k(new float[static_cast<size_t>(p.S * p.D)]), v(new float[static_cast<size_t>(p.S * p.D)]);
   for (int64_t g = g0; g < g1; ++g) {
     for (int64_t j = jlo; j < jhi; ++j) {
-      dequantize_kv_row(p, p.k, g, j, k.get() + j * p.D);
-      dequantize_kv_row(p, p.v, g, j, v.get() + j * p.D);
+      detail::dequantize_kv_row(p, p.k, g, j, k.get() + j * p.D);
+      detail::dequantize_kv_row(p, p.v, g, j, v.get() + j * p.D);
     }
     const SoftmaxProblem sp{nullptr, p.rows / p.T, p.T, p.S, p.past, p.window, p.scale};
     attention_group(p.q + g * p.rows * p.D, p.scores + g * p.rows * p.S, p.out + g * p.rows * p.D, p.rows, p.T, sp, p.D,
@@ -225,6 +212,22 @@ void require_attention(const AttentionProblem& p, const char* op, bool needs_sco
 
 }  // namespace
 
+namespace detail {
+// Row j of one side of a quantized cache, dequantized into `buf` (KvCodesAttentionProblem's formula).
+void dequantize_kv_row(const KvCodesAttentionProblem& p, const KvCodesOperand& o, int64_t g, int64_t j, float* buf) {
+  const uint8_t* c = o.row(g, p.heads, j);
+  const int64_t at = o.scale_offset(g, p.heads, j);
+  for (int64_t group = 0, d = 0; group < p.D / p.group; ++group) {
+    const float s = o.scale[at + group];
+    const int z = o.zero_point ? o.zero_point[at + group] : 0;
+    for (int64_t e = 0; e < p.group; ++e, ++d) {
+      const int code = p.bits == 8 ? static_cast<int8_t>(c[d]) : ((c[d / 2] >> (4 * (d % 2)) & 15) ^ 8) - 8;
+      buf[d] = static_cast<float>(code - z) * s;
+    }
+  }
+}
+}  // namespace detail
+
 void rms_norm_reference(const RmsNormProblem& p) { rms_norm_rows(p, 0, p.rows); }
 void rope_reference(const RopeProblem& p) { rope_rows(p, 0, p.positions * p.heads); }
 void causal_softmax_reference(const SoftmaxProblem& p) { softmax_rows(p, 0, p.groups * p.T); }
@@ -260,6 +263,7 @@ const KernelTable<SoftmaxProblem>& causal_softmax_kernels() {
 const KernelTable<AttentionProblem>& attention_kernels() {
   static const KernelTable<AttentionProblem> table{
       {"attention_f32_avx512", Isa::kAvx512, nullptr, nullptr, QF_KERNEL_AVX512(run_attention<detail::attention_groups_avx512>)},
+      {"attention_f32_avx2", Isa::kAvx2, nullptr, nullptr, QF_KERNEL_AVX2(run_attention<detail::attention_groups_avx2>)},
       {"attention_f32_reference", Isa::kReference, nullptr, nullptr, run_attention<attention_groups>},
   };
   return table;
@@ -278,6 +282,8 @@ const KernelTable<KvCodesAttentionProblem>& attention_kv_codes_kernels() {
   static const KernelTable<KvCodesAttentionProblem> table{
       {"attention_kv_codes_f32_avx512", Isa::kAvx512, nullptr, nullptr,
        QF_KERNEL_AVX512(run_attention_kv_codes<detail::attention_kv_codes_groups_avx512>)},
+      {"attention_kv_codes_f32_avx2", Isa::kAvx2, nullptr, nullptr,
+       QF_KERNEL_AVX2(run_attention_kv_codes<detail::attention_kv_codes_groups_avx2>)},
       {"attention_kv_codes_f32_reference", Isa::kReference, nullptr, nullptr, run_attention_kv_codes<attention_kv_codes_groups>},
   };
   return table;

@@ -1,0 +1,143 @@
+// The decode attention of token_ops.h on AVX2 (float cache and quantized codes): a 16-lane sum is
+// two ymm halves (lanes 0-7, 8-15), four keys' sums fold together with the scalar fold's pairs
+// (acc_j + acc_{j+w}, w = 8, 4, 2, 1), the values' sums run 4 vectors of d side by side, and the
+// softmax is the reference's, so the results equal the references bit for bit. Compiled with the
+// AVX2 flags; no ATen here.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "kernels/cpu/token_ops.h"
+
+namespace qforge::kernels::detail {
+namespace {
+
+constexpr int64_t kL = kTokenOpLanes;
+constexpr int64_t kH = 8;        // lanes of a ymm
+constexpr int64_t kKeys = 4;     // keys folded together
+constexpr int64_t kChains = 4;   // ymm chains of the values' sums
+
+__m256i lane_mask8(int64_t valid) {
+  const int v = static_cast<int>(std::clamp<int64_t>(valid, 0, kH));
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(v), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+// Scores of query row q against n <= 4 keys (key kk's D floats at k + kk · stride) to w[0, n):
+// the reference's 16 lane sums (acc + q_d · k_d, products rounded; masked lanes add +0), folded.
+void scores4(const float* q, int64_t D, int64_t n, const float* k, int64_t stride, float* w) {
+  __m256 acc[kKeys][2];
+  for (auto& a : acc) a[0] = a[1] = _mm256_setzero_ps();
+  for (int64_t d = 0; d < D; d += kL) {
+    for (int64_t h = 0; h < 2; ++h) {
+      const __m256i m = lane_mask8(D - d - h * kH);
+      const __m256 qd = _mm256_maskload_ps(q + d + h * kH, m);
+#pragma GCC unroll 4
+      for (int64_t kk = 0; kk < kKeys; ++kk) {
+        const float* kr = k + std::min(kk, n - 1) * stride + d + h * kH;  // keys past n repeat the last
+        acc[kk][h] = _mm256_add_ps(acc[kk][h], _mm256_mul_ps(qd, _mm256_maskload_ps(kr, m)));
+      }
+    }
+  }
+  __m256 a[kKeys];
+  for (int64_t kk = 0; kk < kKeys; ++kk) a[kk] = _mm256_add_ps(acc[kk][0], acc[kk][1]);  // w = 8
+  // w = 4: [key 0's 4 | key 1's 4], [key 2's | key 3's]
+  const __m256 b01 = _mm256_add_ps(_mm256_permute2f128_ps(a[0], a[1], 0x20), _mm256_permute2f128_ps(a[0], a[1], 0x31));
+  const __m256 b23 = _mm256_add_ps(_mm256_permute2f128_ps(a[2], a[3], 0x20), _mm256_permute2f128_ps(a[2], a[3], 0x31));
+  // w = 2: 128-bit lane 0 holds keys 0 and 2 (2 sums each), lane 1 keys 1 and 3
+  const __m256 c = _mm256_add_ps(_mm256_shuffle_ps(b01, b23, _MM_SHUFFLE(1, 0, 1, 0)),
+                                 _mm256_shuffle_ps(b01, b23, _MM_SHUFFLE(3, 2, 3, 2)));
+  // w = 1: elements [key 0, key 2, ., . | key 1, key 3, ., .]
+  const __m256 e = _mm256_add_ps(_mm256_shuffle_ps(c, c, _MM_SHUFFLE(2, 0, 2, 0)), _mm256_shuffle_ps(c, c, _MM_SHUFFLE(3, 1, 3, 1)));
+  alignas(32) float f[kH];
+  _mm256_store_ps(f, e);
+  const float keys[kKeys] = {f[0], f[4], f[1], f[5]};
+  std::memcpy(w, keys, static_cast<size_t>(n) * sizeof(float));
+}
+
+// out[0, D) += Σ_{j < n} p_j · v_j (v_j at v + j · stride), j ascending per element, products
+// rounded (the reference's order from out's value), 4 ymm of d at a time.
+void accumulate_rows(const float* p, int64_t n, const float* v, int64_t stride, int64_t D, float* out) {
+  for (int64_t d0 = 0; d0 < D; d0 += kChains * kH) {
+    __m256i m[kChains];
+    __m256 acc[kChains];
+    for (int64_t c = 0; c < kChains; ++c) {
+      m[c] = lane_mask8(D - d0 - c * kH);
+      acc[c] = _mm256_maskload_ps(out + d0 + c * kH, m[c]);
+    }
+    for (int64_t j = 0; j < n; ++j) {
+      const __m256 pj = _mm256_set1_ps(p[j]);
+      for (int64_t c = 0; c < kChains; ++c)
+        acc[c] = _mm256_add_ps(acc[c], _mm256_mul_ps(pj, _mm256_maskload_ps(v + j * stride + d0 + c * kH, m[c])));
+    }
+    for (int64_t c = 0; c < kChains; ++c) _mm256_maskstore_ps(out + d0 + c * kH, m[c], acc[c]);
+  }
+}
+
+// One group's attention with its key / value rows from key_rows(j0, n) / value_rows(j0, n): the
+// floats of rows j0 .. j0 + n − 1 (n <= 16) at a stride of row_stride. Rows a query sees in blocks
+// of 16 (a quantized cache dequantizes each block once for every grouped query row).
+template <class KeyRows, class ValueRows>
+void attention_group(const float* q, float* w, float* out, int64_t rows, int64_t T, int64_t S, int64_t D, int64_t past,
+                     int64_t window, float scale, const KeyRows& key_rows, const ValueRows& value_rows) {
+  int64_t jlo = S, jhi = 0;
+  for (int64_t i = 0; i < rows; ++i) {
+    const KeyRange r = visible_keys(i, T, S, past, window);
+    jlo = std::min(jlo, r.lo), jhi = std::max(jhi, r.hi);
+  }
+  auto blocks = [&](const auto& rows_of, const auto& fn) {
+    for (int64_t j0 = jlo; j0 < jhi; j0 += kL) {
+      const int64_t n = std::min(kL, jhi - j0);
+      const auto [base, stride] = rows_of(j0, n);
+      for (int64_t i = 0; i < rows; ++i) {
+        const KeyRange r = visible_keys(i, T, S, past, window);
+        const int64_t a = std::max(r.lo, j0), b = std::min(r.hi, j0 + n);
+        if (a < b) fn(i, a, b, base + (a - j0) * stride, stride);
+      }
+    }
+  };
+  blocks(key_rows, [&](int64_t i, int64_t a, int64_t b, const float* k, int64_t stride) {
+    for (int64_t j = a; j < b; j += kKeys) scores4(q + i * D, D, std::min(kKeys, b - j), k + (j - a) * stride, stride, w + i * S + j);
+  });
+  causal_softmax_reference({w, rows / T, T, S, past, window, scale});
+  std::fill(out, out + rows * D, 0.0f);
+  blocks(value_rows, [&](int64_t i, int64_t a, int64_t b, const float* v, int64_t stride) {
+    accumulate_rows(w + i * S + a, b - a, v, stride, D, out + i * D);
+  });
+}
+
+struct RowSpan {
+  const float* base;
+  int64_t stride;
+};
+
+}  // namespace
+
+void attention_groups_avx2(const AttentionProblem& p, int64_t g0, int64_t g1) {
+  for (int64_t g = g0; g < g1; ++g) {
+    const float* k = p.k_group(g);
+    const float* v = p.v_group(g);
+    attention_group(p.q + g * p.rows * p.D, p.scores + g * p.rows * p.S, p.out + g * p.rows * p.D, p.rows, p.T, p.S, p.D,
+                    p.past, p.window, p.scale,
+                    [&](int64_t j0, int64_t) { return RowSpan{k + j0 * p.k_row_stride, p.k_row_stride}; },
+                    [&](int64_t j0, int64_t) { return RowSpan{v + j0 * p.v_row_stride, p.v_row_stride}; });
+  }
+}
+
+void attention_kv_codes_groups_avx2(const KvCodesAttentionProblem& p, int64_t g0, int64_t g1) {
+  // 16 dequantized rows (keys while scoring, then values); the rows are dequantized by the
+  // reference's scalar loop (dequantize_kv_row), once per block for every grouped query row.
+  alignas(32) float buf[kL * kKvCodesMaxHeadDim];
+  for (int64_t g = g0; g < g1; ++g) {
+    auto dequantized = [&](const KvCodesOperand& o) {
+      return [&p, &o, &buf, g](int64_t j0, int64_t n) {
+        for (int64_t kk = 0; kk < n; ++kk) dequantize_kv_row(p, o, g, j0 + kk, buf + kk * p.D);
+        return RowSpan{buf, p.D};
+      };
+    };
+    attention_group(p.q + g * p.rows * p.D, p.scores + g * p.rows * p.S, p.out + g * p.rows * p.D, p.rows, p.T, p.S, p.D,
+                    p.past, p.window, p.scale, dequantized(p.k), dequantized(p.v));
+  }
+}
+
+}  // namespace qforge::kernels::detail
