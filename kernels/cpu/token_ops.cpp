@@ -255,6 +255,7 @@ const KernelTable<SoftmaxProblem>& causal_softmax_kernels() {
   static const KernelTable<SoftmaxProblem> table{
       {"causal_softmax_f32_avx512", Isa::kAvx512, nullptr, nullptr,
        QF_KERNEL_AVX512(run_softmax<detail::causal_softmax_rows_avx512>)},
+      {"causal_softmax_f32_avx2", Isa::kAvx2, nullptr, nullptr, QF_KERNEL_AVX2(run_softmax<detail::causal_softmax_rows_avx2>)},
       {"causal_softmax_f32_reference", Isa::kReference, nullptr, nullptr, run_softmax<softmax_rows>},
   };
   return table;

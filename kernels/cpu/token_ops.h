@@ -3,8 +3,8 @@
 // whole attention of decode-size and prefill-size calls over the cache, each one call where the
 // ATen forward runs 5 to 10 ops (docs/kernels.md §2.5b). The *_reference
 // functions define the results; each op's kernel table runs *_avx512 -> *_reference, bit-equal to
-// the reference (its 16 accumulator lanes are the AVX-512 lanes); the decode attentions also have
-// an AVX2 entry (two ymm halves per 16 lanes), bit-equal too. Against the ATen ops they replace:
+// the reference (its 16 accumulator lanes are the AVX-512 lanes); the softmax and the decode
+// attentions also have an AVX2 entry (two ymm halves per 16 lanes), bit-equal too. Against the ATen ops they replace:
 // RoPE bit for bit, RMSNorm and softmax within a few ulp (other summation orders and exp).
 // No ATen here: the ISA files include this header.
 #pragma once
@@ -185,7 +185,9 @@ void attention_groups_avx512(const AttentionProblem& p, int64_t g0, int64_t g1);
 void attention_prefill_blocks_avx512(const AttentionProblem& p, const float* kt, int64_t b0, int64_t b1);
 // Groups [g0, g1) of attention_kv_codes_f32.
 void attention_kv_codes_groups_avx512(const KvCodesAttentionProblem& p, int64_t g0, int64_t g1);
-// The AVX2 entries of attention_f32 and attention_kv_codes_f32 (groups [g0, g1)).
+// The AVX2 entries of causal_softmax_f32 (rows [r0, r1)), attention_f32 and attention_kv_codes_f32
+// (groups [g0, g1)).
+void causal_softmax_rows_avx2(const SoftmaxProblem& p, int64_t r0, int64_t r1);
 void attention_groups_avx2(const AttentionProblem& p, int64_t g0, int64_t g1);
 void attention_kv_codes_groups_avx2(const KvCodesAttentionProblem& p, int64_t g0, int64_t g1);
 // Row j of one side of group g of a quantized cache, dequantized into buf[0, D) (the reference's loop).

@@ -1,7 +1,8 @@
 // The decode attention of token_ops.h on AVX2 (float cache and quantized codes): a 16-lane sum is
 // two ymm halves (lanes 0-7, 8-15), four keys' sums fold together with the scalar fold's pairs
 // (acc_j + acc_{j+w}, w = 8, 4, 2, 1), the values' sums run 4 vectors of d side by side, and the
-// softmax is the reference's, so the results equal the references bit for bit. Compiled with the
+// causal softmax (also its own table entry) computes the reference's operations lane by lane, so
+// the results equal the references bit for bit. Compiled with the
 // AVX2 flags; no ATen here.
 #include <immintrin.h>
 
@@ -9,6 +10,7 @@
 #include <cstring>
 
 #include "kernels/cpu/token_ops.h"
+#include "kernels/cpu/token_ops_exp.h"
 
 namespace qforge::kernels::detail {
 namespace {
@@ -21,6 +23,52 @@ constexpr int64_t kChains = 4;   // ymm chains of the values' sums
 __m256i lane_mask8(int64_t valid) {
   const int v = static_cast<int>(std::clamp<int64_t>(valid, 0, kH));
   return _mm256_cmpgt_epi32(_mm256_set1_epi32(v), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+// exp_nonpositive (token_ops_exp.h) lane by lane (hardware FMA: the reference's fmaf, correctly
+// rounded alike); lanes below kExpLowest (and NaN) are 0.
+__m256 exp_nonpositive8(__m256 t) {
+  const __m256 live = _mm256_cmp_ps(t, _mm256_set1_ps(kExpLowest), _CMP_GE_OQ);
+  const __m256 n = _mm256_floor_ps(_mm256_add_ps(_mm256_mul_ps(t, _mm256_set1_ps(kLog2e)), _mm256_set1_ps(0.5f)));
+  __m256 f = _mm256_fmadd_ps(n, _mm256_set1_ps(-kExpC1), t);
+  f = _mm256_fmadd_ps(n, _mm256_set1_ps(-kExpC2), f);
+  __m256 y = _mm256_set1_ps(kExpP[0]);
+  for (int i = 1; i < 6; ++i) y = _mm256_fmadd_ps(y, f, _mm256_set1_ps(kExpP[i]));
+  y = _mm256_add_ps(_mm256_fmadd_ps(y, _mm256_mul_ps(f, f), f), _mm256_set1_ps(1.0f));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_and_ps(live, _mm256_mul_ps(y, _mm256_castsi256_ps(e)));
+}
+
+// The reference's softmax_span on w[lo, hi): lane j of the 16 lane sums is half j / 8's lane j % 8.
+void softmax_span8(float* w, KeyRange keys, float scale_) {
+  const auto [lo, hi] = keys;
+  const __m256 scale = _mm256_set1_ps(scale_), minus_inf = _mm256_set1_ps(-INFINITY);
+  __m256 mv = minus_inf;
+  for (int64_t j = lo; j < hi; j += kH) {
+    const __m256i m = lane_mask8(hi - j);
+    const __m256 z = _mm256_mul_ps(_mm256_maskload_ps(w + j, m), scale);
+    _mm256_maskstore_ps(w + j, m, z);
+    mv = _mm256_max_ps(mv, _mm256_blendv_ps(minus_inf, z, _mm256_castsi256_ps(m)));
+  }
+  alignas(32) float lanes[kL];
+  _mm256_store_ps(lanes, mv);
+  const __m256 mx = _mm256_set1_ps(*std::max_element(lanes, lanes + kH));  // max is exact in any order
+  __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+  for (int64_t j = lo; j < hi; j += kH) {
+    const __m256i m = lane_mask8(hi - j);
+    const __m256 e = _mm256_and_ps(_mm256_castsi256_ps(m), exp_nonpositive8(_mm256_sub_ps(_mm256_maskload_ps(w + j, m), mx)));
+    _mm256_maskstore_ps(w + j, m, e);
+    acc[(j - lo) / kH % 2] = _mm256_add_ps(acc[(j - lo) / kH % 2], e);
+  }
+  _mm256_store_ps(lanes, acc[0]);
+  _mm256_store_ps(lanes + kH, acc[1]);
+  for (int64_t width = kL / 2; width >= 1; width /= 2)  // the reference's fold
+    for (int64_t j = 0; j < width; ++j) lanes[j] = lanes[j] + lanes[j + width];
+  const __m256 inv = _mm256_set1_ps(1.0f / lanes[0]);
+  for (int64_t j = lo; j < hi; j += kH) {
+    const __m256i m = lane_mask8(hi - j);
+    _mm256_maskstore_ps(w + j, m, _mm256_mul_ps(_mm256_maskload_ps(w + j, m), inv));
+  }
 }
 
 // Scores of query row q against n <= 4 keys (key kk's D floats at k + kk · stride) to w[0, n):
@@ -99,7 +147,7 @@ void attention_group(const float* q, float* w, float* out, int64_t rows, int64_t
   blocks(key_rows, [&](int64_t i, int64_t a, int64_t b, const float* k, int64_t stride) {
     for (int64_t j = a; j < b; j += kKeys) scores4(q + i * D, D, std::min(kKeys, b - j), k + (j - a) * stride, stride, w + i * S + j);
   });
-  causal_softmax_reference({w, rows / T, T, S, past, window, scale});
+  causal_softmax_rows_avx2({w, rows / T, T, S, past, window, scale}, 0, rows);
   std::fill(out, out + rows * D, 0.0f);
   blocks(value_rows, [&](int64_t i, int64_t a, int64_t b, const float* v, int64_t stride) {
     accumulate_rows(w + i * S + a, b - a, v, stride, D, out + i * D);
@@ -112,6 +160,16 @@ struct RowSpan {
 };
 
 }  // namespace
+
+void causal_softmax_rows_avx2(const SoftmaxProblem& p, int64_t r0, int64_t r1) {
+  for (int64_t r = r0; r < r1; ++r) {
+    float* w = p.w + r * p.S;
+    const KeyRange keys = p.keys(r);
+    softmax_span8(w, keys, p.scale);
+    std::fill(w, w + keys.lo, 0.0f);
+    std::fill(w + keys.hi, w + p.S, 0.0f);
+  }
+}
 
 void attention_groups_avx2(const AttentionProblem& p, int64_t g0, int64_t g1) {
   for (int64_t g = g0; g < g1; ++g) {
