@@ -68,13 +68,7 @@ void softmax_span(float* w, KeyRange keys, float scale) {
 }
 
 void softmax_rows(const SoftmaxProblem& p, int64_t r0, int64_t r1) {
-  for (int64_t r = r0; r < r1; ++r) {
-    float* w = p.w + r * p.S;
-    const KeyRange keys = p.keys(r);
-    softmax_span(w, keys, p.scale);
-    std::fill(w, w + keys.lo, 0.0f);
-    std::fill(w + keys.hi, w + p.S, 0.0f);
-  }
+  causal_softmax_rows_with(p, r0, r1, softmax_span);
 }
 
 // AttentionProblem's decode formulas for one group, its key and value rows read through

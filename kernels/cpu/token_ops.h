@@ -75,6 +75,18 @@ struct SoftmaxProblem {
   KeyRange keys(int64_t row) const { return visible_keys(row, T, S, past, window); }
 };
 void causal_softmax_reference(const SoftmaxProblem& p);
+// Rows [r0, r1) of the causal softmax with span(w, keys, scale) computing SoftmaxProblem's formula
+// on w[lo, hi) in place: the keys a row does not see are set to 0 (each entry's row loop).
+template <class Span>
+void causal_softmax_rows_with(const SoftmaxProblem& p, int64_t r0, int64_t r1, const Span& span) {
+  for (int64_t r = r0; r < r1; ++r) {
+    float* w = p.w + r * p.S;
+    const KeyRange keys = p.keys(r);
+    span(w, keys, p.scale);
+    std::fill(w, w + keys.lo, 0.0f);
+    std::fill(w + keys.hi, w + p.S, 0.0f);
+  }
+}
 const KernelTable<SoftmaxProblem>& causal_softmax_kernels();
 void causal_softmax_f32(const SoftmaxProblem& p, RunInfo* info = nullptr);
 

@@ -162,13 +162,7 @@ struct RowSpan {
 }  // namespace
 
 void causal_softmax_rows_avx2(const SoftmaxProblem& p, int64_t r0, int64_t r1) {
-  for (int64_t r = r0; r < r1; ++r) {
-    float* w = p.w + r * p.S;
-    const KeyRange keys = p.keys(r);
-    softmax_span8(w, keys, p.scale);
-    std::fill(w, w + keys.lo, 0.0f);
-    std::fill(w + keys.hi, w + p.S, 0.0f);
-  }
+  causal_softmax_rows_with(p, r0, r1, softmax_span8);
 }
 
 void attention_groups_avx2(const AttentionProblem& p, int64_t g0, int64_t g1) {

@@ -177,13 +177,7 @@ void softmax_span_avx512(float* w, KeyRange keys, float scale_) {
 }  // namespace
 
 void causal_softmax_rows_avx512(const SoftmaxProblem& p, int64_t r0, int64_t r1) {
-  for (int64_t r = r0; r < r1; ++r) {
-    float* w = p.w + r * p.S;
-    const KeyRange keys = p.keys(r);
-    softmax_span_avx512(w, keys, p.scale);
-    std::fill(w, w + keys.lo, 0.0f);
-    std::fill(w + keys.hi, w + p.S, 0.0f);
-  }
+  causal_softmax_rows_with(p, r0, r1, softmax_span_avx512);
 }
 
 void attention_groups_avx512(const AttentionProblem& p, int64_t g0, int64_t g1) {
