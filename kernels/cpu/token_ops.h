@@ -101,8 +101,8 @@ void causal_softmax_f32(const SoftmaxProblem& p, RunInfo* info = nullptr);
 //   p_i  = the causal softmax of w_i (SoftmaxProblem's formula, scale and window; scores is its
 //          [groups][rows][S] scratch, left holding p);
 //   out_id = Σ_j p_ij · v_jd  (0 + ... in j order, each product rounded).
-// (No fused multiply-add: the reference is the only entry on machines without AVX-512, where a
-// scalar fmaf is a library call per element.)
+// (No fused multiply-add: in the reference, compiled for the baseline ISA, a scalar fmaf is a
+// library call per element, and machines without AVX2 run it.)
 // The AVX-512 entry folds the lane sums of 16 keys at once with vector adds pairing the lanes as
 // the fold does, and runs 4 vectors of d side by side in out's chains: bit for bit the reference.
 // Against the two matmuls and softmax it replaces (nn::MatMul's float forward): within a few ulp
