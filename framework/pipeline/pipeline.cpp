@@ -40,10 +40,13 @@ void print_search_plan(const Recipe& r, torch::nn::Module& model) {
   const search::SearchOptions so = pipeline::search_options(r);
   std::string cands;
   for (const auto& c : so.candidates) cands += (cands.empty() ? "" : ", ") + c.name();
-  std::printf("search: %s sensitivities on %lld calibration batches, budget %s, candidates %s;\n"
+  const std::string cache = so.kv_cache_context > 0 ? " (with the KV cache at " + std::to_string(so.kv_cache_context) +
+                                                          " positions, " + so.kv_cache.to_string() + ")"
+                                                    : "";
+  std::printf("search: %s sensitivities on %lld calibration batches, budget %s%s, candidates %s;\n"
               "the plan below is the scheme before the search assigns per-layer widths\n",
               search::to_string(so.method), static_cast<long long>(r.search.batches), so.budget.to_string().c_str(),
-              cands.c_str());
+              cache.c_str(), cands.c_str());
   pipeline::check_search_recipe(model, r, so);
 }
 

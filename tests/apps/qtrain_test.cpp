@@ -361,6 +361,25 @@ TEST(Qtrain, PtqSolversRunBetweenCalibrationAndEvaluationAndFreezeKeepsTheirCode
   EXPECT_NE(bad.output.find("Embedding"), std::string::npos) << bad.output;
 }
 
+// The dry run says what a search prices (the KV cache at search.context_length) and which of the
+// rotation's online transforms run (ptq.rotate_online).
+TEST(Qtrain, DryRunNamesThePricedKvCacheAndTheOnlineRotations) {
+  const QtrainRun search = qtrain("--recipe recipes/llama_kv_cache.yaml --dry-run --set quantize.weights.qtype=qint8"
+                                  " --set 'search.candidates=[qint8, qint4]' --set search.budget.size_mb=3"
+                                  " --set search.context_length=4096 --set search.group_size=32");
+  ASSERT_EQ(search.code, 0) << search.output;
+  EXPECT_NE(search.output.find("budget size_mb: 3 (with the KV cache at 4096 positions, qint8 symmetric per token and "
+                               "head), candidates"),
+            std::string::npos)
+      << search.output;
+  const QtrainRun rotate = qtrain("--recipe recipes/llama_w4_gptq.yaml --dry-run --set ptq.rotate=hadamard"
+                                  " --set ptq.rotate_online.qk=false");
+  ASSERT_EQ(rotate.code, 0) << rotate.output;
+  EXPECT_NE(rotate.output.find("Hadamard rotation (QuaRot) before quantize, online: down_proj's input;"),
+            std::string::npos)
+      << rotate.output;
+}
+
 // calibrate.imatrix on the Llama recipe: the importance matrix is collected, weighs the grid
 // search before GPTQ (report.ptq.imatrix_round), lands in calibration.h5's __imatrix__ group and
 // in imatrix.gguf under the GGUF export's tensor names.
