@@ -51,10 +51,8 @@ void print_search_plan(const Recipe& r, torch::nn::Module& model) {
 }
 
 void print_ptq_plan(const Recipe& r, const torch::nn::Module& model) {
-  const std::string online = std::string(r.ptq.rotate_down_proj ? " down_proj's input" : "") +
-                             (r.ptq.rotate_down_proj && r.ptq.rotate_qk ? "," : "") +
-                             (r.ptq.rotate_qk ? " queries / keys" : "");
-  const std::string rotate = " Hadamard rotation (QuaRot) before quantize, online:" + (online.empty() ? " none" : online) + ";";
+  const std::string online = r.ptq.online_rotations();
+  const std::string rotate = " Hadamard rotation (QuaRot) before quantize, online: " + (online.empty() ? "none" : online) + ";";
   std::printf("\nptq:%s%s%s%s\n", r.ptq.rotate == "hadamard" ? rotate.c_str() : "",
               r.ptq.equalize ? " cross-layer equalisation before quantize;" : "",
               r.ptq.smoothquant ? (" SmoothQuant (alpha " + std::to_string(r.ptq.alpha) + ") before calibration;").c_str() : "",

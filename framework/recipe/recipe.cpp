@@ -262,9 +262,7 @@ void check_rotate_partners(const Recipe& r, const Where& w) {
     w.problem("ptq.rotate", "the search stage runs before calibrate rotates the model, so its sensitivities and "
                             "latencies would describe the unrotated model; drop the search or the rotation");
   // Without online transforms a rotated model is a plain one with turned weights, which any reader runs.
-  const std::string online = std::string(r.ptq.rotate_down_proj ? "down_proj's input" : "") +
-                             (r.ptq.rotate_down_proj && r.ptq.rotate_qk ? ", " : "") +
-                             (r.ptq.rotate_qk ? "queries and keys after RoPE" : "");
+  const std::string online = r.ptq.online_rotations();
   if (online.empty()) return;
   if (r.export_.safetensors)
     w.problem("export.safetensors", "a rotated model's safetensors need qforge's online Hadamard transforms (" + online +
@@ -530,6 +528,11 @@ Recipe load_recipe(const std::string& path, const std::vector<std::string>& over
   r.resolved_yaml = resolved_yaml(r, tree);
   r.sha256 = sha256_hex(r.resolved_yaml);
   return r;
+}
+
+std::string Recipe::Ptq::online_rotations() const {
+  return std::string(rotate_down_proj ? "down_proj's input" : "") + (rotate_down_proj && rotate_qk ? ", " : "") +
+         (rotate_qk ? "queries and keys after RoPE" : "");
 }
 
 }  // namespace qforge

@@ -131,6 +131,9 @@ struct Recipe {
     // With rotate: hadamard, the online Hadamards (ptq::RotateOptions): down_proj's input, and the
     // queries / keys after RoPE with the values folded (the KV-cache rotation).
     bool rotate_down_proj = true, rotate_qk = true;
+    // The online transforms those switches leave on, for messages: "down_proj's input, queries and
+    // keys after RoPE", one of them, or "" (with rotate: hadamard, the rotated model is then a plain one).
+    std::string online_rotations() const;
     double alpha = 0.5;               // SmoothQuant migration strength
     int64_t batches = 0;              // calibration batches the solvers run on (0: calibrate's)
     int64_t sample_rows = 4096;       // input rows kept per layer

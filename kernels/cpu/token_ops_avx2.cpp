@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "kernels/cpu/attention_blocks.h"
 #include "kernels/cpu/token_ops.h"
 #include "kernels/cpu/token_ops_exp.h"
 
@@ -122,73 +123,42 @@ void accumulate_rows(const float* p, int64_t n, const float* v, int64_t stride, 
   }
 }
 
-// One group's attention with its key / value rows from key_rows(j0, n) / value_rows(j0, n): the
-// floats of rows j0 .. j0 + n − 1 (n <= 16) at a stride of row_stride. Rows a query sees in blocks
-// of 16 (a quantized cache dequantizes each block once for every grouped query row).
-template <class KeyRows, class ValueRows>
-void attention_group(const float* q, float* w, float* out, int64_t rows, int64_t T, int64_t S, int64_t D, int64_t past,
-                     int64_t window, float scale, const KeyRows& key_rows, const ValueRows& value_rows) {
-  int64_t jlo = S, jhi = 0;
-  for (int64_t i = 0; i < rows; ++i) {
-    const KeyRange r = visible_keys(i, T, S, past, window);
-    jlo = std::min(jlo, r.lo), jhi = std::max(jhi, r.hi);
-  }
-  auto blocks = [&](const auto& rows_of, const auto& fn) {
-    for (int64_t j0 = jlo; j0 < jhi; j0 += kL) {
-      const int64_t n = std::min(kL, jhi - j0);
-      const auto [base, stride] = rows_of(j0, n);
-      for (int64_t i = 0; i < rows; ++i) {
-        const KeyRange r = visible_keys(i, T, S, past, window);
-        const int64_t a = std::max(r.lo, j0), b = std::min(r.hi, j0 + n);
-        if (a < b) fn(i, a, b, base + (a - j0) * stride, stride);
-      }
-    }
-  };
-  blocks(key_rows, [&](int64_t i, int64_t a, int64_t b, const float* k, int64_t stride) {
-    for (int64_t j = a; j < b; j += kKeys) scores4(q + i * D, D, std::min(kKeys, b - j), k + (j - a) * stride, stride, w + i * S + j);
-  });
-  causal_softmax_rows_avx2({w, rows / T, T, S, past, window, scale}, 0, rows);
-  std::fill(out, out + rows * D, 0.0f);
-  blocks(value_rows, [&](int64_t i, int64_t a, int64_t b, const float* v, int64_t stride) {
-    accumulate_rows(w + i * S + a, b - a, v, stride, D, out + i * D);
-  });
-}
-
-struct RowSpan {
-  const float* base;
-  int64_t stride;
-};
-
 }  // namespace
 
 void causal_softmax_rows_avx2(const SoftmaxProblem& p, int64_t r0, int64_t r1) {
   causal_softmax_rows_with(p, r0, r1, softmax_span8);
 }
 
-void attention_groups_avx2(const AttentionProblem& p, int64_t g0, int64_t g1) {
-  for (int64_t g = g0; g < g1; ++g) {
-    const float* k = p.k_group(g);
-    const float* v = p.v_group(g);
-    attention_group(p.q + g * p.rows * p.D, p.scores + g * p.rows * p.S, p.out + g * p.rows * p.D, p.rows, p.T, p.S, p.D,
-                    p.past, p.window, p.scale,
-                    [&](int64_t j0, int64_t) { return RowSpan{k + j0 * p.k_row_stride, p.k_row_stride}; },
-                    [&](int64_t j0, int64_t) { return RowSpan{v + j0 * p.v_row_stride, p.v_row_stride}; });
+namespace {
+
+// attention_group_blocks' Ops on AVX2.
+struct Avx2Ops {
+  static void scores(const float* q, int64_t D, int64_t n, const float* k, int64_t stride, float* w) {
+    for (int64_t j = 0; j < n; j += kKeys) scores4(q, D, std::min(kKeys, n - j), k + j * stride, stride, w + j);
   }
-}
+  static void softmax_rows(const SoftmaxProblem& p, int64_t r0, int64_t r1) { causal_softmax_rows_avx2(p, r0, r1); }
+  static void accumulate(const float* p, int64_t n, const float* v, int64_t stride, int64_t D, float* out) {
+    accumulate_rows(p, n, v, stride, D, out);
+  }
+};
+
+}  // namespace
+
+void attention_groups_avx2(const AttentionProblem& p, int64_t g0, int64_t g1) { attention_groups_with<Avx2Ops>(p, g0, g1); }
 
 void attention_kv_codes_groups_avx2(const KvCodesAttentionProblem& p, int64_t g0, int64_t g1) {
-  // 16 dequantized rows (keys while scoring, then values); the rows are dequantized by the
-  // reference's scalar loop (dequantize_kv_row), once per block for every grouped query row.
+  // 16 dequantized rows (keys while scoring, then values), by the reference's scalar loop.
   alignas(32) float buf[kL * kKvCodesMaxHeadDim];
   for (int64_t g = g0; g < g1; ++g) {
     auto dequantized = [&](const KvCodesOperand& o) {
       return [&p, &o, &buf, g](int64_t j0, int64_t n) {
         for (int64_t kk = 0; kk < n; ++kk) dequantize_kv_row(p, o, g, j0 + kk, buf + kk * p.D);
-        return RowSpan{buf, p.D};
+        return RowBlock{buf, p.D};
       };
     };
-    attention_group(p.q + g * p.rows * p.D, p.scores + g * p.rows * p.S, p.out + g * p.rows * p.D, p.rows, p.T, p.S, p.D,
-                    p.past, p.window, p.scale, dequantized(p.k), dequantized(p.v));
+    attention_group_blocks<Avx2Ops>(
+        {p.scores + g * p.rows * p.S, p.rows / p.T, p.T, p.S, p.past, p.window, p.scale}, p.q + g * p.rows * p.D,
+        p.out + g * p.rows * p.D, p.D, dequantized(p.k), dequantized(p.v));
   }
 }
 

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <vector>
 
+#include "kernels/cpu/attention_blocks.h"
 #include "kernels/cpu/token_ops.h"
 #include "kernels/cpu/token_ops_exp.h"
 
@@ -180,25 +181,22 @@ void causal_softmax_rows_avx512(const SoftmaxProblem& p, int64_t r0, int64_t r1)
   causal_softmax_rows_with(p, r0, r1, softmax_span_avx512);
 }
 
-void attention_groups_avx512(const AttentionProblem& p, int64_t g0, int64_t g1) {
-  for (int64_t g = g0; g < g1; ++g) {
-    const float* k = p.k_group(g);
-    const float* v = p.v_group(g);
-    float* w = p.scores + g * p.rows * p.S;
-    for (int64_t i = 0; i < p.rows; ++i) {
-      const float* q = p.q + (g * p.rows + i) * p.D;
-      const auto [lo, hi] = p.keys(i);
-      for (int64_t j = lo; j < hi; j += kL) scores16(q, p.D, std::min(kL, hi - j), k + j * p.k_row_stride, p.k_row_stride, w + i * p.S + j);
-    }
-    causal_softmax_rows_avx512({w, p.rows / p.T, p.T, p.S, p.past, p.window, p.scale}, 0, p.rows);
-    for (int64_t i = 0; i < p.rows; ++i) {
-      float* out = p.out + (g * p.rows + i) * p.D;
-      const auto [lo, hi] = p.keys(i);
-      std::fill(out, out + p.D, 0.0f);
-      accumulate_rows(w + i * p.S + lo, hi - lo, v + lo * p.v_row_stride, p.v_row_stride, p.D, out);
-    }
+namespace {
+
+// attention_group_blocks' Ops on AVX-512.
+struct Avx512Ops {
+  static void scores(const float* q, int64_t D, int64_t n, const float* k, int64_t stride, float* w) {
+    for (int64_t j = 0; j < n; j += kL) scores16(q, D, std::min(kL, n - j), k + j * stride, stride, w + j);
   }
-}
+  static void softmax_rows(const SoftmaxProblem& p, int64_t r0, int64_t r1) { causal_softmax_rows_avx512(p, r0, r1); }
+  static void accumulate(const float* p, int64_t n, const float* v, int64_t stride, int64_t D, float* out) {
+    accumulate_rows(p, n, v, stride, D, out);
+  }
+};
+
+}  // namespace
+
+void attention_groups_avx512(const AttentionProblem& p, int64_t g0, int64_t g1) { attention_groups_with<Avx512Ops>(p, g0, g1); }
 
 namespace {
 
@@ -255,39 +253,21 @@ class KvRowDequantizer {
 
 }  // namespace
 
-// Each cached row is dequantized once a group, 16 at a time, and read by every query row that
-// sees it; each score and output element sees attention_groups_avx512's operations in its order.
+// Each cached row is dequantized once a group, 16 at a time (KvRowDequantizer), and read by every
+// query row that sees it.
 void attention_kv_codes_groups_avx512(const KvCodesAttentionProblem& p, int64_t g0, int64_t g1) {
   const KvRowDequantizer keys(p, p.k), values(p, p.v);
-  alignas(64) float buf[kL * kKvCodesMaxHeadDim];  // 16 dequantized rows of D
-  const int64_t D = p.D;
+  alignas(64) float buf[kL * kKvCodesMaxHeadDim];  // 16 dequantized rows (keys while scoring, then values)
   for (int64_t g = g0; g < g1; ++g) {
-    float* w = p.scores + g * p.rows * p.S;
-    const float* q = p.q + g * p.rows * D;
-    float* out = p.out + g * p.rows * D;
-    int64_t jlo = p.S, jhi = 0;
-    for (int64_t i = 0; i < p.rows; ++i) jlo = std::min(jlo, p.keys(i).lo), jhi = std::max(jhi, p.keys(i).hi);
-    // Blocks of 16 cached rows of one side, dequantized, then fn(i, a, b, rows) for every query
-    // row i that sees keys [a, b) of the block (rows: key a's D floats, then the next ones).
-    auto blocks = [&](const KvRowDequantizer& side, const auto& fn) {
-      for (int64_t j0 = jlo; j0 < jhi; j0 += kL) {
-        const int64_t n = std::min(kL, jhi - j0);
-        for (int64_t kk = 0; kk < n; ++kk) side.row(g, j0 + kk, buf + kk * D);
-        for (int64_t i = 0; i < p.rows; ++i) {
-          const auto [lo, hi] = p.keys(i);
-          const int64_t a = std::max(lo, j0), b = std::min(hi, j0 + n);
-          if (a < b) fn(i, a, b, buf + (a - j0) * D);
-        }
-      }
+    auto dequantized = [&](const KvRowDequantizer& side) {
+      return [&side, &buf, &p, g](int64_t j0, int64_t n) {
+        for (int64_t kk = 0; kk < n; ++kk) side.row(g, j0 + kk, buf + kk * p.D);
+        return RowBlock{buf, p.D};
+      };
     };
-    blocks(keys, [&](int64_t i, int64_t a, int64_t b, const float* rows) {
-      scores16(q + i * D, D, b - a, rows, D, w + i * p.S + a);
-    });
-    causal_softmax_rows_avx512({w, p.rows / p.T, p.T, p.S, p.past, p.window, p.scale}, 0, p.rows);
-    std::fill(out, out + p.rows * D, 0.0f);
-    blocks(values, [&](int64_t i, int64_t a, int64_t b, const float* rows) {
-      accumulate_rows(w + i * p.S + a, b - a, rows, D, D, out + i * D);
-    });
+    attention_group_blocks<Avx512Ops>(
+        {p.scores + g * p.rows * p.S, p.rows / p.T, p.T, p.S, p.past, p.window, p.scale}, p.q + g * p.rows * p.D,
+        p.out + g * p.rows * p.D, p.D, dequantized(keys), dequantized(values));
   }
 }
 

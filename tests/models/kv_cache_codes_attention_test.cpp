@@ -22,6 +22,7 @@
 #include "framework/models/llama.h"
 #include "kernels/cpu/isa.h"
 #include "kernels/cpu/token_ops.h"
+#include "tests/models/kv_cache_test_models.h"
 
 namespace qforge::models {
 namespace {
@@ -198,24 +199,15 @@ void expect_codes_decode_equals_dequantized_decode(Model& m, const KvCacheScheme
   EXPECT_EQ(off.dequantized_positions(), 0);
 }
 
-LlamaConfig small_llama() {
-  LlamaConfig c;
-  c.vocab_size = 61, c.hidden_size = 64, c.intermediate_size = 96, c.num_hidden_layers = 2;
-  c.num_attention_heads = 4, c.num_key_value_heads = 2, c.max_position_embeddings = 64;
-  return c;
-}
-
 TEST(KvCacheCodesAttention, LlamaAndGpt2DecodeOnTheCodesEqualsDecodeThroughTheDequantizedCache) {
   for (const KvCacheScheme& s : {scheme(qint8, true), scheme(qint4, false), scheme(qint4, true, 8)}) {
     at::manual_seed(11);
-    LlamaForCausalLM m(small_llama());
+    LlamaForCausalLM m(kv_test_llama());
     expect_codes_decode_equals_dequantized_decode(m, s, 61);
   }
-  Gpt2Config c;
-  c.vocab_size = 53, c.n_positions = 32, c.n_embd = 32, c.n_layer = 2, c.n_head = 4;
   for (const KvCacheScheme& s : {scheme(qint8, false), scheme(qint4, true)}) {
     at::manual_seed(12);
-    Gpt2LMHeadModel m(c);
+    Gpt2LMHeadModel m(kv_test_gpt2());
     expect_codes_decode_equals_dequantized_decode(m, s, 53);
   }
 }

@@ -26,6 +26,7 @@
 #include "framework/recipe/recipe.h"
 #include "kernels/cpu/reference.h"
 #include "tests/error_of.h"
+#include "tests/models/kv_cache_test_models.h"
 
 namespace qforge::models {
 namespace {
@@ -263,13 +264,6 @@ TEST(KvCacheQuant, SchemesAreCheckedAndQuantizedCachesRefuseGradients) {
   EXPECT_THROW(cache.append(0, at::randn({1, 1, 1, 4}, at::kDouble), at::randn({1, 1, 1, 4}, at::kDouble)), Error);
 }
 
-LlamaConfig kv_test_llama() {
-  LlamaConfig c;
-  c.vocab_size = 61, c.hidden_size = 64, c.intermediate_size = 96, c.num_hidden_layers = 2;
-  c.num_attention_heads = 4, c.num_key_value_heads = 2, c.max_position_embeddings = 64;
-  return c;
-}
-
 // Prefill of the whole sequence equals the fake-quantized full forward bit for bit (the same keys
 // and values, quantized alike). Token-by-token decoding cannot be bitwise: its one-token
 // projections round differently from the full forward's, so a value on a rounding boundary of its
@@ -325,11 +319,9 @@ TEST(KvCacheQuant, LlamaDecodeWithAQuantizedCacheEqualsItsFakeQuantForward) {
 }
 
 TEST(KvCacheQuant, Gpt2DecodeWithAQuantizedCacheEqualsItsFakeQuantForward) {
-  Gpt2Config c;
-  c.vocab_size = 53, c.n_positions = 32, c.n_embd = 32, c.n_layer = 2, c.n_head = 4;
   for (const KvCacheScheme& s : {scheme(qint8, false), scheme(qint4, true)}) {
     at::manual_seed(8);
-    Gpt2LMHeadModel m(c);
+    Gpt2LMHeadModel m(kv_test_gpt2());
     expect_decode_equals_fake_quant(m, s, 53);
   }
 }

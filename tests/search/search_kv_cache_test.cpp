@@ -13,6 +13,7 @@
 #include "framework/models/llama.h"
 #include "framework/nn/linear.h"
 #include "framework/search/search.h"
+#include "tests/models/kv_cache_test_models.h"
 
 namespace qforge::search {
 namespace {
@@ -24,11 +25,8 @@ struct TinyLlama {
 };
 
 TinyLlama tiny_llama() {
-  models::LlamaConfig c;
-  c.vocab_size = 61, c.hidden_size = 64, c.intermediate_size = 96, c.num_hidden_layers = 2;
-  c.num_attention_heads = 4, c.num_key_value_heads = 2, c.max_position_embeddings = 64;
   at::manual_seed(21);
-  TinyLlama t{models::LlamaForCausalLM(c), at::randint(0, 61, {2, 24}, at::kLong), {}};
+  TinyLlama t{models::LlamaForCausalLM(models::kv_test_llama()), at::randint(0, 61, {2, 24}, at::kLong), {}};
   t.model->eval();
   t.loss = [m = t.model, ids = t.ids](int64_t) mutable {
     const at::Tensor logits = m->forward(ids.narrow(1, 0, 23));
