@@ -5,12 +5,14 @@
 //     Linear (linear_s8_fused_cuda, every tile; '*' marks the dispatch rule's);
 //   - the int4 weight-only GEMVs (gemv_f32s4_mma_cuda and gemv_f32s4_mma_staged_cuda on tensor
 //     cores, gemv_f32s4_cuda on CUDA cores; g128, float activations) beside cuBLASLt's fp16 GEMM at decode sizes (M = 1, 4, 8,
-//     16) on 4096x4096 and Llama-3-8B's FFN shapes;
+//     16) on 4096x4096 and Llama-3-8B's FFN shapes; the int8 weight-only GEMV (gemv_f32s8_cuda)
+//     on the same shapes; every GEMV row also as a CUDA-graph replay ("_graph": no host launch
+//     cost, as a captured decode step runs) against fp16's replay;
 //   - fake-quant kernels' GB/s beside a device-to-device cudaMemcpy's.
 // Regime: every timed call reads a different copy of its operands, rotating through at least
 // 256 MiB, so weights do not sit in the L2 between calls (a model's weights between tokens).
 // Times are CUDA-event medians over repetitions after a warm-up. Needs only the CUDA toolkit.
-//   qbench_gpu [--quick] [--json FILE]
+//   qbench_gpu [--quick] [--json FILE] [--filter SECTION]
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -34,6 +36,7 @@
 #include "kernels/cuda/gemm_s8s8s32_cuda.h"
 #include "kernels/cuda/gemv_f32s4_cuda.h"
 #include "kernels/cuda/gemv_f32s4_mma_cuda.h"
+#include "kernels/cuda/gemv_f32s8_cuda.h"
 #include "kernels/cuda/linear_s8_fused_cuda.h"
 #include "kernels/cuda/quantize_rows_s8_cuda.h"
 
@@ -70,6 +73,50 @@ struct Timer {
     check_cuda(cudaGetLastError(), "kernels");
     std::sort(t.begin(), t.end());
     return t[t.size() / 2];
+  }
+  // The same calls captured once into a CUDA graph on a stream of their own and replayed `reps`
+  // times: the device's time per call without the host's launch cost (a decode step replayed as
+  // a graph), in ms.
+  double median_graph_ms(int reps, int calls, const std::function<void(int, cudaStream_t)>& fn) {
+    cudaStream_t stream = nullptr;
+    check_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    std::vector<double> t;
+    try {
+      for (int i = 0; i < calls; ++i) fn(i, stream);  // warm-up outside the capture (heuristics, modules)
+      check_cuda(cudaStreamSynchronize(stream), "warm-up");
+      check_cuda(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+      for (int i = 0; i < calls; ++i) fn(i, stream);
+      check_cuda(cudaStreamEndCapture(stream, &graph), "cudaStreamEndCapture");
+      check_cuda(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
+      check_cuda(cudaGraphLaunch(exec, stream), "cudaGraphLaunch");
+      check_cuda(cudaStreamSynchronize(stream), "graph warm-up");
+      for (int r = 0; r < reps; ++r) {
+        check_cuda(cudaEventRecord(a, stream), "cudaEventRecord");
+        check_cuda(cudaGraphLaunch(exec, stream), "cudaGraphLaunch");
+        check_cuda(cudaEventRecord(b, stream), "cudaEventRecord");
+        check_cuda(cudaEventSynchronize(b), "cudaEventSynchronize");
+        float ms = 0;
+        check_cuda(cudaEventElapsedTime(&ms, a, b), "cudaEventElapsedTime");
+        t.push_back(ms / calls);
+      }
+    } catch (...) {
+      if (exec != nullptr) cudaGraphExecDestroy(exec);
+      if (graph != nullptr) cudaGraphDestroy(graph);
+      cudaStreamDestroy(stream);
+      throw;
+    }
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    cudaStreamDestroy(stream);
+    std::sort(t.begin(), t.end());
+    return t[t.size() / 2];
+  }
+  // Eager (median_ms on the default stream) and graph (median_graph_ms) times of the same calls.
+  std::pair<double, double> eager_and_graph_ms(int reps, int calls, const std::function<void(int, cudaStream_t)>& fn) {
+    const double eager = median_ms(reps, calls, [&](int i) { fn(i, nullptr); });
+    return {eager, median_graph_ms(reps, calls, fn)};
   }
 };
 
@@ -123,10 +170,10 @@ class FloatGemm {
                  "cublasLtMatmulAlgoGetHeuristic");
     if (found == 0) throw qforge::Error("no cuBLASLt algorithm for the float GEMM");
   }
-  void run(const void* A, const void* W, void* C, void* ws, size_t ws_bytes) {
+  void run(const void* A, const void* W, void* C, void* ws, size_t ws_bytes, cudaStream_t stream = nullptr) {
     const float alpha = 1.0f, beta = 0.0f;
     check_cublas(cublasLtMatmul(h_, desc_.get(), &alpha, W, w_.get(), A, a_.get(), &beta, C, c_.get(), C, c_.get(),
-                                &heur_.algo, ws, ws_bytes, nullptr),
+                                &heur_.algo, ws, ws_bytes, stream),
                  "cublasLtMatmul");
   }
 
@@ -146,8 +193,10 @@ int copies_for(size_t bytes_per_set) {
   return static_cast<int>(std::clamp<size_t>((kRotateBytes + bytes_per_set - 1) / bytes_per_set, 1, 64));
 }
 
-// A cuBLASLt fp16 or bf16 GEMM on rotating operands (random values in [-2, 2)): its ms.
-double float_gemm_ms(const Shape& s, cudaDataType_t type, int reps, Timer& timer, cublasLtHandle_t lt) {
+// A cuBLASLt fp16 or bf16 GEMM on rotating operands (random values in [-2, 2)): its ms, eager,
+// and as a graph replay when `graph` is given.
+double float_gemm_ms(const Shape& s, cudaDataType_t type, int reps, Timer& timer, cublasLtHandle_t lt,
+                     double* graph = nullptr) {
   constexpr size_t kWs = size_t{32} << 20;
   DeviceBuffer<unsigned char> ws(kWs);
   const size_t set = static_cast<size_t>((s.M * s.K + s.N * s.K + s.M * s.N) * 2);
@@ -169,9 +218,13 @@ double float_gemm_ms(const Shape& s, cudaDataType_t type, int reps, Timer& timer
   fill_random<uint16_t>(A, 1, gen16);
   fill_random<uint16_t>(W, 2, gen16);
   FloatGemm g(lt, type, s.M, s.N, s.K, kWs);
-  return timer.median_ms(reps, R, [&](int i) {
-    g.run(A.get() + i * s.M * s.K, W.get() + i * s.N * s.K, C.get() + i * s.M * s.N, ws.get(), kWs);
-  });
+  const auto call = [&](int i, cudaStream_t stream) {
+    g.run(A.get() + i * s.M * s.K, W.get() + i * s.N * s.K, C.get() + i * s.M * s.N, ws.get(), kWs, stream);
+  };
+  if (graph == nullptr) return timer.median_ms(reps, R, [&](int i) { call(i, nullptr); });
+  const auto [eager, replayed] = timer.eager_and_graph_ms(reps, R, call);
+  *graph = replayed;
+  return eager;
 }
 
 // The rows of one shape; returns the fp16 GEMM's ms (the ratio baseline of the fused rows).
@@ -284,12 +337,29 @@ void bench_linear_fused(const Shape& s, int reps, Timer& timer, double fp16_ms) 
              fp16_ms / ms});
 }
 
-// The int4 weight-only GEMV (group 128, signed codes, float x and y) beside the fp16 GEMM.
-void bench_s4_gemv(const Shape& s, int reps, Timer& timer, cublasLtHandle_t lt) {
+// Rows of one weight-only GEMV bench: the fp16 GEMM, then each kernel, eager (bench) and replayed
+// as a CUDA graph (bench + "_graph", ratios against fp16's graph replay). `call(kernel, i, stream)`
+// runs kernel `kernel` on operand copy i; weight_bytes: the weight's bytes (codes + scales).
+using GemvCall = std::function<void(size_t, int, cudaStream_t)>;
+void gemv_rows(const char* bench, const Shape& s, const std::vector<std::string>& impls, int copies,
+               double weight_bytes, int reps, Timer& timer, cublasLtHandle_t lt, const GemvCall& call) {
   const std::string shape = std::to_string(s.M) + "x" + std::to_string(s.N) + "x" + std::to_string(s.K);
   const double flops = 2.0 * static_cast<double>(s.M) * s.N * s.K;
-  const double fp16_ms = float_gemm_ms(s, CUDA_R_16F, reps, timer, lt);
-  print_row({"gemv_s4_g128", shape, "cublasLt fp16", fp16_ms, flops / fp16_ms / 1e9, "TFLOP/s", 1.0});
+  double fp16_graph = 0;
+  const double fp16_ms = float_gemm_ms(s, CUDA_R_16F, reps, timer, lt, &fp16_graph);
+  const std::string graph_bench = std::string(bench) + "_graph";
+  print_row({bench, shape, "cublasLt fp16", fp16_ms, flops / fp16_ms / 1e9, "TFLOP/s", 1.0});
+  print_row({graph_bench, shape, "cublasLt fp16", fp16_graph, flops / fp16_graph / 1e9, "TFLOP/s", 1.0});
+  for (size_t k = 0; k < impls.size(); ++k) {
+    const auto [ms, graph] =
+        timer.eager_and_graph_ms(reps, copies, [&](int i, cudaStream_t stream) { call(k, i, stream); });
+    print_row({bench, shape, impls[k], ms, weight_bytes / ms / 1e6, "GB/s w", fp16_ms / ms});
+    print_row({graph_bench, shape, impls[k], graph, weight_bytes / graph / 1e6, "GB/s w", fp16_graph / graph});
+  }
+}
+
+// The int4 weight-only GEMVs (group 128, signed codes, float x and y) beside the fp16 GEMM.
+void bench_s4_gemv(const Shape& s, int reps, Timer& timer, cublasLtHandle_t lt) {
   constexpr int64_t kGroup = 128;
   const int64_t G = (s.K + kGroup - 1) / kGroup;
   const size_t set = static_cast<size_t>(s.N * s.K / 2 + s.N * G * 4 + s.M * s.K * 4);
@@ -303,26 +373,40 @@ void bench_s4_gemv(const Shape& s, int reps, Timer& timer, cublasLtHandle_t lt) 
   // GB/s of the weight (codes + scales) alone: what bounds a decode step.
   const double weight_bytes = static_cast<double>(s.N) * s.K / 2 + static_cast<double>(s.N) * G * 4;
   DeviceBuffer<uint8_t> work(gemv_f32s4_mma_staged_workspace_bytes(s.M, s.K));
-  using Gemv = std::function<void(const float*, const uint8_t*, const float*)>;
-  const auto plain = [&](decltype(&gemv_f32s4_cuda) fn) {
-    return [&, fn](const float* x, const uint8_t* p, const float* sc) {
-      fn(x, s.M, p, s.N, s.K, true, sc, nullptr, kGroup, B.get(), Y.get(), nullptr);
-    };
-  };
-  const Gemv staged = [&](const float* x, const uint8_t* p, const float* sc) {
-    gemv_f32s4_mma_staged_cuda(x, s.M, p, s.N, s.K, true, sc, nullptr, kGroup, B.get(), Y.get(), work.get(), nullptr);
-  };
-  const std::pair<const char*, Gemv> gemvs[] = {{"qforge int4 (gemv_f32s4_mma_cuda)", plain(gemv_f32s4_mma_cuda)},
-                                                {"qforge int4 (gemv_f32s4_mma_staged_cuda)", staged},
-                                                {"qforge int4 (gemv_f32s4_cuda)", plain(gemv_f32s4_cuda)}};
-  for (const auto& entry : gemvs) {
-    const char* impl = entry.first;
-    const Gemv& gemv = entry.second;
-    const double ms = timer.median_ms(reps, R, [&](int i) {
-      gemv(X.get() + i * s.M * s.K, P.get() + i * s.N * s.K / 2, S.get() + i * s.N * G);
-    });
-    print_row({"gemv_s4_g128", shape, impl, ms, weight_bytes / ms / 1e6, "GB/s w", fp16_ms / ms});
-  }
+  gemv_rows("gemv_s4_g128", s,
+            {"qforge int4 (gemv_f32s4_mma_cuda)", "qforge int4 (gemv_f32s4_mma_staged_cuda)",
+             "qforge int4 (gemv_f32s4_cuda)"},
+            R, weight_bytes, reps, timer, lt, [&](size_t kernel, int i, cudaStream_t stream) {
+              const float* x = X.get() + i * s.M * s.K;
+              const uint8_t* p = P.get() + i * s.N * s.K / 2;
+              const float* sc = S.get() + i * s.N * G;
+              if (kernel == 0) {
+                gemv_f32s4_mma_cuda(x, s.M, p, s.N, s.K, true, sc, nullptr, kGroup, B.get(), Y.get(), stream);
+              } else if (kernel == 1) {
+                gemv_f32s4_mma_staged_cuda(x, s.M, p, s.N, s.K, true, sc, nullptr, kGroup, B.get(), Y.get(),
+                                           work.get(), stream);
+              } else {
+                gemv_f32s4_cuda(x, s.M, p, s.N, s.K, true, sc, nullptr, kGroup, B.get(), Y.get(), stream);
+              }
+            });
+}
+
+// The int8 weight-only GEMV (one scale per row, float x and y) beside the fp16 GEMM.
+void bench_s8_gemv(const Shape& s, int reps, Timer& timer, cublasLtHandle_t lt) {
+  const size_t set = static_cast<size_t>(s.N * s.K + s.N * 4 + s.M * s.K * 4);
+  const int R = copies_for(set);
+  DeviceBuffer<int8_t> Q(s.N * s.K * R);
+  DeviceBuffer<float> S(s.N * R), X(s.M * s.K * R), Y(s.M * s.N), B(s.N);
+  fill_random<int8_t>(Q, 13, rand_s8);
+  fill_random<float>(S, 14, [](std::mt19937& r) { return 0.001f + 0.01f * std::uniform_real_distribution<float>()(r); });
+  fill_random<float>(X, 15, rand_f);
+  fill_random<float>(B, 16, rand_f);
+  const double weight_bytes = static_cast<double>(s.N) * s.K + static_cast<double>(s.N) * 4;
+  gemv_rows("gemv_s8", s, {"qforge int8 (gemv_f32s8_cuda)"}, R, weight_bytes, reps, timer, lt,
+            [&](size_t, int i, cudaStream_t stream) {
+              gemv_f32s8_cuda(X.get() + i * s.M * s.K, s.M, Q.get() + i * s.N * s.K, s.N, s.K, S.get() + i * s.N,
+                              B.get(), Y.get(), stream);
+            });
 }
 
 void bench_fake_quant(int64_t n, int reps, Timer& timer) {
@@ -388,16 +472,22 @@ void write_json(const char* path, const cudaDeviceProp& p) {
 int main(int argc, char** argv) {
   bool quick = false;
   const char* json = nullptr;
+  std::string filter;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--quick") == 0) {
       quick = true;
     } else if (std::strcmp(argv[i], "--json") == 0 && i + 1 < argc) {
       json = argv[++i];
+    } else if (std::strcmp(argv[i], "--filter") == 0 && i + 1 < argc) {
+      filter = argv[++i];
     } else {
-      std::fprintf(stderr, "usage: qbench_gpu [--quick] [--json FILE]\n");
+      std::fprintf(stderr, "usage: qbench_gpu [--quick] [--json FILE] [--filter SECTION]\n"
+                           "  sections: fake_quant, gemm (int8 GEMM, chain, fused Linear), gemv_s4, gemv_s8,\n"
+                           "  gemm_fallback; --filter runs those whose name contains SECTION\n");
       return 2;
     }
   }
+  const auto runs = [&](const char* section) { return std::string(section).find(filter) != std::string::npos; };
   try {
     int dev = 0;
     check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
@@ -409,7 +499,7 @@ int main(int argc, char** argv) {
                 "x fp16 / x memcpy");
     Timer timer;
     const int reps = quick ? 5 : 21;
-    bench_fake_quant(quick ? (int64_t{1} << 24) : (int64_t{1} << 28), reps, timer);
+    if (runs("fake_quant")) bench_fake_quant(quick ? (int64_t{1} << 24) : (int64_t{1} << 28), reps, timer);
     LtHandle lt;
     std::vector<Shape> shapes;
     for (const int64_t M : {int64_t{1}, int64_t{16}, int64_t{128}, int64_t{2048}}) {
@@ -419,6 +509,7 @@ int main(int argc, char** argv) {
     }
     shapes.push_back({4096, 4096, 4096, "square"});
     if (quick) shapes = {{16, 768, 768, ""}, {4096, 4096, 4096, ""}};
+    if (!runs("gemm")) shapes.clear();
     for (const Shape& s : shapes)
       bench_linear_fused(s, reps, timer, bench_gemm(s, reps, timer, lt.get(), /*chain=*/s.M <= 2048 && s.N != 4096));
     std::vector<Shape> gemv;
@@ -428,8 +519,11 @@ int main(int argc, char** argv) {
       gemv.push_back({M, 4096, 14336, "Llama-3-8B FFN down"});
     }
     if (quick) gemv = {{1, 4096, 4096, ""}, {16, 14336, 4096, ""}};
-    for (const Shape& s : gemv) bench_s4_gemv(s, reps, timer, lt.get());
-    {
+    for (const Shape& s : gemv)
+      if (runs("gemv_s4")) bench_s4_gemv(s, reps, timer, lt.get());
+    for (const Shape& s : gemv)
+      if (runs("gemv_s8")) bench_s8_gemv(s, reps, timer, lt.get());
+    if (runs("gemm_fallback")) {
       // The fallback kernel at 4096^3: what a shape cuBLASLt refuses costs.
       const Shape s{4096, 4096, 4096, ""};
       DeviceBuffer<int8_t> A(s.M * s.K), W(s.N * s.K);

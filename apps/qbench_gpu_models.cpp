@@ -3,8 +3,9 @@
 // CUDA-graph replay (framework/cuda/cuda_graph.h). Rows (impl qforge / libtorch_fp16):
 //   llama8b_L<n>_decode  n layers of Llama-3-8B's shape (hidden 4096, FFN 14336, 32 / 8 heads;
 //                        random weights) decoding one token after a 128-token prefill; qforge with
-//                        every Linear frozen w4 (int4 weight-only, groups of 128) or w8a8 (int8
-//                        weights, dynamic per-token int8 activations). The graph replays one decode
+//                        every Linear frozen w4 (int4 weight-only, groups of 128), w8 (int8
+//                        weight-only, per-row scales) or w8a8 (int8 weights, dynamic per-token
+//                        int8 activations). The graph replays one decode
 //                        step captured at a fixed position (every replay rewrites that position).
 //   bert_base_s128_b<B>  BERT-base (framework/models/bert), sequence 128, batch 1 / 8 / 128; qforge
 //                        with every Linear frozen w8a8 dynamic.
@@ -74,6 +75,7 @@ void freeze_linears(torch::nn::Module& root, const Scheme& scheme) {
 
 Scheme scheme_named(const std::string& name) {
   if (name == "w4") return Scheme(qint4);  // weight-only, groups of 128
+  if (name == "w8") return Scheme(qint8);  // weight-only, one scale per output row
   Scheme s(qint8);
   s.activations = ActivationMode::kDynamicPerToken;
   return s;
@@ -127,7 +129,7 @@ void llama_rows(const Options& o) {
   const std::string model = "llama8b_L" + std::to_string(layers) + "_decode";
   const at::Device cuda(at::kCUDA, 0);
   double fp16[2] = {0, 0};
-  for (const std::string impl : {"libtorch_fp16", "qforge_w4", "qforge_w8a8"}) {
+  for (const std::string impl : {"libtorch_fp16", "qforge_w4", "qforge_w8", "qforge_w8a8"}) {
     try {
       const at::NoGradGuard no_grad;
       torch::manual_seed(0);

@@ -13,6 +13,7 @@
 #include "kernels/cpu/lut_linear.h"
 #include "kernels/cuda/cublaslt_int8_rules.h"
 #include "kernels/cuda/gemv_s4_rules.h"
+#include "kernels/cuda/gemv_s8_rules.h"
 #include "kernels/cuda/linear_s8_fused_rules.h"
 
 namespace qforge {
@@ -334,10 +335,21 @@ KernelPlan plan_linear_cuda(const std::optional<QSpec>& weights, ActivationMode 
       }
       break;
     }
-    case LinearPath::kS8WeightOnly:
-      plan.kernel = "dequantize+at::linear";
-      plan.fallback = "no weight-only int8 GEMM on CUDA: the int8 weight is dequantized per call, then at::linear";
+    case LinearPath::kS8WeightOnly: {
+      // Decode-sized calls (M <= 16) read the int8 codes once; larger M dequantize per call.
+      std::string why;
+      if (cuda::gemv_f32s8_supported(1, in_features, &why)) {
+        plan.kernel = "gemv_f32s8_cuda";
+        plan.fallback.clear();
+        plan.large_m = cuda::kGemvS8MaxM + 1;
+        plan.large_m_kernel = "dequantize+at::linear";
+      } else {
+        plan.kernel = "dequantize+at::linear";
+        plan.fallback = "gemv_f32s8_cuda: " + why + ": the int8 weight is dequantized to float per call, then "
+                        "at::linear";
+      }
       break;
+    }
     case LinearPath::kS8GroupWeightOnly:
       plan.kernel = "dequantize+at::linear";
       plan.fallback = "no int8 group-scale kernel on CUDA: the weight is dequantized once to a float weight on the "

@@ -1,5 +1,5 @@
 // Frozen layers on CUDA (see linear_cuda.h): the int8 Linear (one fused launch or the chain), the
-// int4 GEMVs and the int4 dequantization.
+// int4 GEMVs and the int4 dequantization, the weight-only int8 GEMV.
 #include "framework/cuda/linear_cuda.h"
 
 #include <ATen/ATen.h>
@@ -19,7 +19,9 @@
 #include "kernels/cuda/gemm_s8s8s32_cuda.h"
 #include "kernels/cuda/gemv_f32s4_cuda.h"
 #include "kernels/cuda/gemv_f32s4_mma_cuda.h"
+#include "kernels/cuda/gemv_f32s8_cuda.h"
 #include "kernels/cuda/gemv_s4_rules.h"
+#include "kernels/cuda/gemv_s8_rules.h"
 #include "kernels/cuda/linear_s8_fused_cuda.h"
 #include "kernels/cuda/quantize_rows_s8_cuda.h"
 
@@ -203,6 +205,35 @@ at::Tensor linear_s4(const at::Tensor& x, const at::Tensor& packed, int64_t N, i
   }
   if (info != nullptr) *info = {"dequantize_s4_cuda+at::linear", "gemv_f32s4_cuda: " + why};
   return at::linear(x, dequantize_s4(packed, N, K, is_signed, scale, zero, group_size), bias);
+}
+
+at::Tensor linear_s8_weight_only(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scale,
+                                 const at::Tensor& bias, kernels::RunInfo* info) {
+  QF_REQUIRE(x.is_cuda() && x.dim() == 2 && codes.dim() == 2 && x.size(1) == codes.size(1),
+             "CUDA int8 weight-only Linear: input must be a 2-D CUDA tensor [M, ", codes.size(-1), "], got ", x.sizes(),
+             " on ", x.device());
+  require_on(x, x, "input", at::kFloat);
+  require_on(codes, x, "int8 codes", at::kChar);
+  require_on(scale, x, "int8 scales", at::kFloat);
+  QF_REQUIRE(scale.numel() == codes.size(0), "CUDA int8 weight-only Linear: ", scale.numel(), " scales for ",
+             codes.size(0), " weight rows");
+  if (bias.defined()) require_on(bias, x, "bias", at::kFloat);
+  const int64_t M = x.size(0), N = codes.size(0), K = codes.size(1);
+  const c10::cuda::CUDAGuard guard(x.device());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(x.device().index()).stream();
+  raise_completed_nonfinite(x.device(), stream);
+  std::string why;
+  if (cuda::gemv_f32s8_supported(M, K, &why) &&
+      cuda::gemv_f32s8_pointers_supported(x.data_ptr(), codes.data_ptr(), &why)) {
+    at::Tensor y = at::empty({M, N}, x.options());
+    if (N > 0)
+      cuda::gemv_f32s8_cuda(x.data_ptr<float>(), M, codes.data_ptr<int8_t>(), N, K, scale.data_ptr<float>(),
+                            bias.defined() ? bias.data_ptr<float>() : nullptr, y.data_ptr<float>(), stream);
+    if (info != nullptr) *info = {"gemv_f32s8_cuda", ""};
+    return y;
+  }
+  if (info != nullptr) *info = {"dequantize+at::linear", "gemv_f32s8_cuda: " + why};
+  return at::linear(x, codes.to(at::kFloat) * scale.unsqueeze(1), bias);
 }
 
 }  // namespace qforge::cuda_ops

@@ -30,6 +30,11 @@ at::Tensor linear_s4(const at::Tensor&, const at::Tensor&, int64_t, int64_t, boo
   throw Error("CUDA int4 Linear: " + unavailable_reason());
 }
 
+at::Tensor linear_s8_weight_only(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                 kernels::RunInfo*) {
+  throw Error("CUDA int8 weight-only Linear: " + unavailable_reason());
+}
+
 }  // namespace qforge::cuda_ops
 
 namespace qforge {

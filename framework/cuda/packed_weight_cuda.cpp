@@ -1,5 +1,5 @@
 // The CUDA forms of frozen Linear weights (see packed_weight_cuda.h): the int8 chain through
-// cuda_ops::linear_s8, int4 through cuda_ops::linear_s4 (the GEMV for decode-sized inputs,
+// cuda_ops::linear_s8 (weight-only: cuda_ops::linear_s8_weight_only), int4 through cuda_ops::linear_s4 (the GEMV for decode-sized inputs,
 // dequantized per call otherwise), and a float weight.
 #include "framework/cuda/packed_weight_cuda.h"
 
@@ -39,7 +39,7 @@ class CudaPackedWeight : public PackedWeight {
   at::Tensor bias_;
 };
 
-// Int8 weights: codes [N, K] and per-row scales [N]; weight-only dequantizes them per call.
+// Int8 weights: codes [N, K] and per-row scales [N]; weight-only runs the int8 GEMV at M <= 16.
 class CudaInt8Linear final : public CudaPackedWeight {
  public:
   CudaInt8Linear(PackedWeightPtr host, const at::Device& device) : CudaPackedWeight(std::move(host)) {
@@ -50,13 +50,13 @@ class CudaInt8Linear final : public CudaPackedWeight {
     device_ = codes_.device();
   }
   at::Tensor forward(const at::Tensor& x_in, const FrozenInput& in) const override {
-    if (path() == LinearPath::kS8WeightOnly)
-      return at::linear(x_in.to(at::kFloat), codes_.to(at::kFloat) * w_scale_.unsqueeze(1), bias_);
     const int64_t K = codes_.size(1);
     std::vector<int64_t> out_shape(x_in.sizes().begin(), x_in.sizes().end());
     out_shape.back() = codes_.size(0);
     const at::Tensor x = x_in.to(at::kFloat).reshape({-1, K});
     kernels::RunInfo info;
+    if (path() == LinearPath::kS8WeightOnly)
+      return cuda_ops::linear_s8_weight_only(x.contiguous(), codes_, w_scale_, bias_, &info).reshape(out_shape);
     if (path() == LinearPath::kS8Dynamic)
       return cuda_ops::linear_s8(x.contiguous(), at::Tensor(), 0.0f, codes_, w_scale_, bias_, &info).reshape(out_shape);
     // The fake-quant formula of the static input quantizer, as int8 codes (ATen on the device).

@@ -288,7 +288,7 @@ TEST_F(CudaApi, FrozenInt4AndWeightOnlyLinearOnTheGpu) {
   const char* staged = "gemv_f32s4_mma_staged_cuda";
   for (const Case& c : {Case{"int4 dynamic", w4, "gemv_f32s4_mma_cuda", staged, false},
                         Case{"int4 weight-only", w4_only, "gemv_f32s4_mma_cuda", staged, false},
-                        Case{"int8 weight-only", w8_only, "dequantize+at::linear", "", true}}) {
+                        Case{"int8 weight-only", w8_only, "gemv_f32s8_cuda", "", false}}) {
     SCOPED_TRACE(c.name);
     // M = 1 runs the int4 GEMV, M = 9 its staged form (plan: mid_m = 2), M = 40 dequantizes per
     // call (plan: large_m = 17).

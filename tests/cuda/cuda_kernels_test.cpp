@@ -25,7 +25,9 @@
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/gemv_f32s4_cuda.h"
 #include "kernels/cuda/gemv_f32s4_mma_cuda.h"
+#include "kernels/cuda/gemv_f32s8_cuda.h"
 #include "kernels/cuda/gemv_s4_rules.h"
+#include "kernels/cuda/gemv_s8_rules.h"
 #include "kernels/cuda/gemm_s8s8s32_cuda.h"
 #include "kernels/cuda/linear_s8_fused_cuda.h"
 #include "kernels/cuda/quantize_rows_s8_cuda.h"
@@ -657,6 +659,98 @@ TEST_F(Gpu, GemvS4RefusesWhatItsRulesRefuse) {
   } catch (const qforge::Error& e) {
     EXPECT_NE(std::string(e.what()).find("16-byte"), std::string::npos) << e.what();
   }
+}
+
+// ---- int8 weight-only GEMV ----
+
+// The bound of gemv_f32s8_cuda.h against the exact value (double sums of the exact products), on
+// every output; the CPU reference (one fmaf chain over k: K roundings) within the sum of both
+// bounds; two calls bit for bit. Shapes: every M bucket (1, 2, 3-4, 5-8, 9-16), K with 16-, 8-
+// and 4-byte rows (K % 16 = 0, 8, 4), K below one lane's step, N not a multiple of the block's
+// rows, codes at an offset of 4 or 8 bytes (narrower loads by alignment), the Llama-3-8B down
+// projection's K.
+TEST_F(Gpu, GemvS8MatchesReferenceWithinItsBound) {
+  struct Case {
+    int64_t M, N, K, code_offset;
+    bool bias;
+  };
+  double worst = 0.0;
+  for (const Case c : {Case{1, 768, 768, 0, true}, Case{1, 33, 4096, 0, false}, Case{1, 7, 14336, 0, true},
+                       Case{2, 64, 4104, 0, true}, Case{3, 17, 100, 0, false}, Case{4, 130, 1024, 4, true},
+                       Case{5, 9, 24, 0, true}, Case{8, 96, 2056, 0, false}, Case{9, 40, 512, 4, true},
+                       Case{16, 4100, 256, 0, true}, Case{1, 5, 4, 0, true}, Case{16, 3, 12, 4, false},
+                       Case{1, 19, 4096, 4, true}, Case{1, 11, 160, 8, false}}) {
+    SCOPED_TRACE("M=" + std::to_string(c.M) + " N=" + std::to_string(c.N) + " K=" + std::to_string(c.K) +
+                 " code offset " + std::to_string(c.code_offset) + (c.bias ? " bias" : ""));
+    const std::vector<int8_t> q = random_s8(c.N * c.K, 31u);
+    std::vector<float> scale(c.N);
+    std::mt19937 rng(32u);
+    std::uniform_real_distribution<float> us(1e-4f, 0.05f);
+    for (auto& s : scale) s = us(rng);
+    const std::vector<float> x = random_floats(c.M * c.K, 2.0f, 33u);
+    const std::vector<float> bias = c.bias ? random_floats(c.N, 1.0f, 34u) : std::vector<float>();
+    std::vector<float> cpu(c.M * c.N);
+    kernels::linear_f32_s8_reference(x.data(), q.data(), scale.data(), c.bias ? bias.data() : nullptr, cpu.data(), c.M,
+                                     c.N, c.K);
+    std::vector<int8_t> shifted(static_cast<size_t>(c.code_offset), 0);
+    shifted.insert(shifted.end(), q.begin(), q.end());
+    auto dx = upload(x);
+    auto dq = upload(shifted);
+    auto ds = upload(scale);
+    auto db = upload(bias);
+    DeviceBuffer<float> dy(c.M * c.N), dy2(c.M * c.N);
+    poison(dy);
+    poison(dy2);
+    const auto run = [&](DeviceBuffer<float>& out) {
+      gemv_f32s8_cuda(dx.get(), c.M, dq.get() + c.code_offset, c.N, c.K, ds.get(), c.bias ? db.get() : nullptr,
+                      out.get(), nullptr);
+    };
+    run(dy);
+    run(dy2);
+    const std::vector<float> got = download(dy);
+    EXPECT_TRUE(same_floats(got, download(dy2)));
+    const double gamma = static_cast<double>(c.K / 64 + 64) * std::ldexp(1.0, -24);
+    const double gamma_cpu = gamma + static_cast<double>(c.K + 2) * std::ldexp(1.0, -24);
+    int bad = 0;
+    for (int64_t m = 0; m < c.M; ++m)
+      for (int64_t n = 0; n < c.N; ++n) {
+        double exact = c.bias ? bias[n] : 0.0, mag = c.bias ? std::fabs(bias[n]) : 0.0;
+        for (int64_t k = 0; k < c.K; ++k) {
+          const double p = static_cast<double>(x[m * c.K + k]) * scale[n] * q[n * c.K + k];
+          exact += p;
+          mag += std::fabs(p);
+        }
+        const double g = got[m * c.N + n];
+        if (mag > 0) worst = std::max(worst, std::fabs(g - exact) / (gamma * mag));
+        if (!(std::fabs(g - exact) <= gamma * mag) || !(std::fabs(g - cpu[m * c.N + n]) <= gamma_cpu * mag)) {
+          if (++bad <= 5)
+            ADD_FAILURE() << "y[" << m << ", " << n << "] = " << g << ", exact " << exact << ", CPU reference "
+                          << cpu[m * c.N + n] << ", bound " << gamma * mag;
+        }
+      }
+    EXPECT_EQ(bad, 0);
+  }
+  std::printf("gemv_f32s8_cuda: largest error / bound %.4f\n", worst);
+}
+
+TEST_F(Gpu, GemvS8RefusesWhatItsRulesRefuse) {
+  std::string why;
+  EXPECT_FALSE(gemv_f32s8_supported(17, 64, &why));
+  EXPECT_EQ(why, "M=17 outside 1..16");
+  EXPECT_FALSE(gemv_f32s8_supported(1, 66, &why));
+  EXPECT_EQ(why, "K=66 not a positive multiple of 4");
+  DeviceBuffer<float> x(64 + 1), y(4), s(4);
+  DeviceBuffer<int8_t> q(4 * 64 + 4);
+  const auto refused = [&](const float* xp, const int8_t* qp, const char* want) {
+    try {
+      gemv_f32s8_cuda(xp, 1, qp, 4, 64, s.get(), nullptr, y.get(), nullptr);
+      ADD_FAILURE() << "accepted; wanted the refusal '" << want << "'";
+    } catch (const qforge::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    }
+  };
+  refused(x.get() + 1, q.get(), "x pointer not 16-byte aligned");
+  refused(x.get(), q.get() + 2, "int8 codes pointer not 4-byte aligned");
 }
 
 // The bound of gemv_f32s4_mma_cuda.h against the exact value (double sums of the exact

@@ -101,8 +101,17 @@ TEST(KernelPlanCuda, OtherPathsSayWhatTheGpuRunsInstead) {
       << s4odd.fallback;
   const KernelPlan wo = plan_linear_cuda(int8_per_channel(), ActivationMode::kNone, dynamic_act(), 768, 768);
   EXPECT_EQ(wo.path, LinearPath::kS8WeightOnly);
-  EXPECT_EQ(wo.kernel, "dequantize+at::linear");
-  EXPECT_NE(wo.fallback.find("no weight-only int8 GEMM on CUDA"), std::string::npos) << wo.fallback;
+  // Weight-only int8: the GEMV on the codes up to M = 16, dequantize + at::linear above.
+  EXPECT_EQ(wo.kernel, "gemv_f32s8_cuda");
+  EXPECT_EQ(wo.fallback, "");
+  EXPECT_EQ(wo.large_m, 17);
+  EXPECT_EQ(wo.large_m_kernel, "dequantize+at::linear");
+  EXPECT_EQ(plan_kernel_text(wo), "gemv_f32s8_cuda");
+  // A K the GEMV cannot take (not a multiple of 4) dequantizes at every M, and says why.
+  const KernelPlan wo_odd = plan_linear_cuda(int8_per_channel(), ActivationMode::kNone, dynamic_act(), 766, 768);
+  EXPECT_EQ(wo_odd.kernel, "dequantize+at::linear");
+  EXPECT_EQ(wo_odd.fallback, "gemv_f32s8_cuda: K=766 not a positive multiple of 4: the int8 weight is dequantized to "
+                             "float per call, then at::linear");
   QSpec affine = dynamic_act();
   affine.symmetric = false;
   const KernelPlan af = plan_linear_cuda(int8_per_channel(), ActivationMode::kStatic, affine, 768, 768);
@@ -144,8 +153,10 @@ TEST(KernelPlan, WeightOnlyPathsNameTheFloatGemmAboveTheRowThreshold) {
   const KernelPlan dyn = plan_linear(int8_per_channel(), ActivationMode::kDynamicPerToken, dynamic_act(), 768);
   EXPECT_EQ(dyn.large_m, 0);
   EXPECT_EQ(dyn.large_m_kernel, "");
+  // On CUDA the int8 GEMV serves M <= 16 and the dequantized weight larger M.
   const KernelPlan gpu = plan_linear_cuda(int8_per_channel(), ActivationMode::kNone, dynamic_act(), 768, 768);
-  EXPECT_EQ(gpu.large_m, 0);
+  EXPECT_EQ(gpu.large_m, 17);
+  EXPECT_EQ(gpu.large_m_kernel, "dequantize+at::linear");
 }
 
 // Issue 39 item 3: the dry run's plan showed float bytes ("0 frozen"); planned reports give each

@@ -1,0 +1,190 @@
+// The int8 weight-only GEMV on the GPU (see gemv_f32s8_cuda.h for the formula and the bound).
+// A block of kWarps warps owns kRows weight rows; each lane reads 4, 8 or 16 consecutive codes of
+// every row per step (one streaming load each), turns them into floats once, reads the step's
+// activations (float4) once per row of x for all kRows rows, and has the next step's codes in
+// flight while computing this one. The block's warps split K; lanes, then warps, are added at the end.
+#include "kernels/cuda/gemv_f32s8_cuda.h"
+
+#include <string>
+
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/gemv_s8_rules.h"
+
+namespace qforge::cuda {
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kRows = 4;
+constexpr int kThreads = kWarps * 32;
+constexpr int kWordCodes = 4;                  // int8 codes per 32-bit word
+constexpr uint32_t kSignFlip = 0x80808080u;    // q + 128 in every byte: the unsigned code u
+constexpr uint32_t kTwo23Bits = 0x4B000000u;   // the float 2^23: unit spacing in the mantissa
+constexpr float kCodeOffset = 8388608.0f + 128.0f;  // 2^23 + 128
+
+// float(q) for byte j of a sign-flipped word: the float 2^23 + u (u in the low mantissa byte,
+// one byte permute), minus 2^23 + 128: exact.
+template <int j>
+__device__ __forceinline__ float code_value(uint32_t flipped) {
+  return __fsub_rn(__uint_as_float(__byte_perm(flipped, kTwo23Bits, 0x7650u | j)), kCodeOffset);
+}
+
+// kWords consecutive words in one load (16, 8 or 4 bytes), streamed past L1 (read once).
+template <int kWords>
+__device__ __forceinline__ void load_words(const uint32_t* p, uint32_t (&w)[kWords]) {
+  if constexpr (kWords == 4) {
+    const uint4 v = __ldcs(reinterpret_cast<const uint4*>(p));
+    w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
+  } else if constexpr (kWords == 2) {
+    const uint2 v = __ldcs(reinterpret_cast<const uint2*>(p));
+    w[0] = v.x, w[1] = v.y;
+  } else {
+    w[0] = __ldcs(p);
+  }
+}
+
+struct Args {
+  const float* x;
+  int M;
+  const uint32_t* words;
+  int N, K;
+  const float* scale;
+  const float* bias;
+  float* y;
+};
+
+// One lane's codes of one step: kWords words of each of the block's rows.
+template <int kWords>
+struct Step {
+  uint32_t w[kRows][kWords];
+};
+
+template <int kWords>
+__device__ __forceinline__ void load_step(Step<kWords>& st, const Args& a, int64_t row_words, int n0, int k0) {
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    const int n = n0 + r < a.N ? n0 + r : a.N - 1;  // rows past N read row N - 1 and are not written
+    load_words<kWords>(a.words + n * row_words + k0 / kWordCodes, st.w[r]);
+  }
+}
+
+// Block b owns rows [kRows * b, kRows * b + kRows); lane l of warp w takes the codes at
+// k0 = (step * kWarps + w) * 32 * kLaneK + kLaneK * l of each row (a warp reads 128 * kWords
+// contiguous bytes per row and step: coalesced). MT: rows of x the accumulators hold (>= M).
+template <int MT, int kWords>
+__global__ void __launch_bounds__(kThreads) gemv_f32s8_kernel(const Args a) {
+  constexpr int kLaneK = kWordCodes * kWords;
+  constexpr int kBlockK = kWarps * 32 * kLaneK;
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int n0 = blockIdx.x * kRows;
+  const int64_t row_words = a.K / kWordCodes;
+  float acc[MT][kRows];
+#pragma unroll
+  for (int m = 0; m < MT; ++m)
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) acc[m][r] = 0.0f;
+
+  int k0 = (warp * 32 + lane) * kLaneK;
+  Step<kWords> cur;
+  if (k0 < a.K) load_step(cur, a, row_words, n0, k0);
+  for (; k0 < a.K; k0 += kBlockK) {
+    Step<kWords> next;
+    if (k0 + kBlockK < a.K) load_step(next, a, row_words, n0, k0 + kBlockK);
+    float v[kRows][kLaneK];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r)
+#pragma unroll
+      for (int i = 0; i < kWords; ++i) {
+        const uint32_t f = cur.w[r][i] ^ kSignFlip;
+        v[r][4 * i] = code_value<0>(f);
+        v[r][4 * i + 1] = code_value<1>(f);
+        v[r][4 * i + 2] = code_value<2>(f);
+        v[r][4 * i + 3] = code_value<3>(f);
+      }
+#pragma unroll
+    for (int m = 0; m < MT; ++m) {
+      if (m >= a.M) break;
+      float xv[kLaneK];
+#pragma unroll
+      for (int i = 0; i < kLaneK / 4; ++i) {
+        const float4 q = __ldg(reinterpret_cast<const float4*>(a.x + int64_t{m} * a.K + k0) + i);
+        xv[4 * i] = q.x, xv[4 * i + 1] = q.y, xv[4 * i + 2] = q.z, xv[4 * i + 3] = q.w;
+      }
+#pragma unroll
+      for (int r = 0; r < kRows; ++r)
+#pragma unroll
+        for (int j = 0; j < kLaneK; ++j) acc[m][r] = __fmaf_rn(xv[j], v[r][j], acc[m][r]);
+    }
+    cur = next;
+  }
+
+  __shared__ float part[kWarps][MT][kRows];
+#pragma unroll
+  for (int m = 0; m < MT; ++m)
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      float s = acc[m][r];
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1) s = __fadd_rn(s, __shfl_xor_sync(0xFFFFFFFFu, s, off));
+      if (lane == 0) part[warp][m][r] = s;
+    }
+  __syncthreads();
+  for (int t = threadIdx.x; t < MT * kRows; t += blockDim.x) {
+    const int m = t / kRows, r = t % kRows, n = n0 + r;
+    if (m >= a.M || n >= a.N) continue;
+    float s = part[0][m][r];
+#pragma unroll
+    for (int w = 1; w < kWarps; ++w) s = __fadd_rn(s, part[w][m][r]);
+    s = __fmul_rn(s, __ldg(a.scale + n));
+    if (a.bias != nullptr) s = __fadd_rn(s, __ldg(a.bias + n));
+    a.y[int64_t{m} * a.N + n] = s;
+  }
+}
+
+template <int MT, int kWords>
+void launch(cudaStream_t stream, const Args& a) {
+  const auto blocks = static_cast<unsigned>((a.N + kRows - 1) / kRows);
+  gemv_f32s8_kernel<MT, kWords><<<blocks, kThreads, 0, stream>>>(a);
+}
+
+// The widest load K and the codes' alignment allow, up to kMaxWords (registers: the converted
+// codes are kRows * 4 * kWords floats, the accumulators MT * kRows).
+template <int MT, int kMaxWords>
+void launch_widest(cudaStream_t stream, const Args& a) {
+  const auto fits = [&](int words) {
+    return a.K % (kWordCodes * words) == 0 && reinterpret_cast<uintptr_t>(a.words) % (4 * words) == 0;
+  };
+  if (kMaxWords >= 4 && fits(4)) return launch<MT, (kMaxWords >= 4 ? 4 : 1)>(stream, a);
+  if (kMaxWords >= 2 && fits(2)) return launch<MT, (kMaxWords >= 2 ? 2 : 1)>(stream, a);
+  launch<MT, 1>(stream, a);
+}
+
+}  // namespace
+
+void gemv_f32s8_cuda(const float* x, int64_t M, const int8_t* codes, int64_t N, int64_t K, const float* scale,
+                     const float* bias, float* y, cudaStream_t stream) {
+  std::string why;
+  QF_REQUIRE(gemv_f32s8_supported(M, K, &why), "kernels/cuda: gemv_f32s8_cuda: ", why);
+  QF_REQUIRE(gemv_f32s8_pointers_supported(x, codes, &why), "kernels/cuda: gemv_f32s8_cuda: ", why);
+  QF_REQUIRE(N >= 0 && N <= INT32_MAX && K <= INT32_MAX,
+             "kernels/cuda: gemv_f32s8_cuda: N=", N, " K=", K, " beyond 32-bit indices");
+  if (N == 0) return;
+  const Args args{x, static_cast<int>(M), reinterpret_cast<const uint32_t*>(codes), static_cast<int>(N),
+                  static_cast<int>(K), scale, bias, y};
+  // Load widths chosen so that ptxas (sm_90, CUDA 13.0) spills nothing: 79, 71, 54, 92 and 105
+  // registers a thread.
+  if (M == 1) {
+    launch_widest<1, 4>(stream, args);
+  } else if (M == 2) {
+    launch_widest<2, 2>(stream, args);
+  } else if (M <= 4) {
+    launch<4, 1>(stream, args);
+  } else if (M <= 8) {
+    launch_widest<8, 2>(stream, args);
+  } else {
+    launch<16, 1>(stream, args);
+  }
+  check_cuda(cudaGetLastError(), "gemv_f32s8_cuda launch");
+}
+
+}  // namespace qforge::cuda
