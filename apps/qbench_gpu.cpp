@@ -8,7 +8,7 @@
 //     16) on 4096x4096 and Llama-3-8B's FFN shapes; the int8 weight-only GEMV (gemv_f32s8_cuda)
 //     on the same shapes; every GEMV row also as a CUDA-graph replay ("_graph": no host launch
 //     cost, as a captured decode step runs) against fp16's replay;
-//   - fake-quant kernels' GB/s beside a device-to-device cudaMemcpy's.
+//   - fake-quant kernels' (and LSQ's backward's) GB/s beside a device-to-device cudaMemcpy's.
 // Regime: every timed call reads a different copy of its operands, rotating through at least
 // 256 MiB, so weights do not sit in the L2 between calls (a model's weights between tokens).
 // Times are CUDA-event medians over repetitions after a warm-up. Needs only the CUDA toolkit.
@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "fake_quant/cuda/fake_quantize_cuda.h"
+#include "fake_quant/cuda/lsq_backward_cuda.h"
 #include "kernels/cuda/cublaslt_handles.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/dequantize_s32_f32_cuda.h"
@@ -448,6 +449,17 @@ void bench_fake_quant(int64_t n, int reps, Timer& timer) {
   });
   row("fq_backward", "dx = mask ? dy : 0", 2 * f + n, [&] {
     check_cuda(fake_quantize_backward(x.get(), mask.get(), y.get(), n, nullptr), "fq");
+  });
+  // LSQ's backward per channel (x, dy in; dx out; two double sums per channel and chunk).
+  std::vector<qforge::fq::LsqGrid> grids(C, qforge::fq::LsqGrid{0.02f, 50.0f, 0.0f, -128.0f, 127.0f, 1e-3f});
+  DeviceBuffer<qforge::fq::LsqGrid> dgrids(C);
+  check_cuda(cudaMemcpy(dgrids.get(), grids.data(), dgrids.bytes(), cudaMemcpyHostToDevice), "cudaMemcpy");
+  DeviceBuffer<float> dx(n), ds(C), dz(C);
+  DeviceBuffer<double> work(lsq_backward_workspace_doubles(C, n / C));
+  row("lsq_backward", "dx, dscale, dzero_point (C=4096)", 3 * f, [&] {
+    check_cuda(lsq_backward_rows(x.get(), y.get(), dx.get(), C, n / C, dgrids.get(), ds.get(), dz.get(), work.get(),
+                                 nullptr),
+               "lsq");
   });
 }
 

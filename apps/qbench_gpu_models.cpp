@@ -7,6 +7,8 @@
 //                        weight-only, per-row scales) or w8a8 (int8 weights, dynamic per-token
 //                        int8 activations). The graph replays one decode
 //                        step captured at a fixed position (every replay rewrites that position).
+//   linear_<N>x<K>_m<M>  one frozen Linear (w8, w4) of Llama-3-8B's shapes at M = 1, 4, 8, 16 (the
+//                        GEMVs) and 17 (each format's larger-M path), per call, weights not in L2.
 //   bert_base_s128_b<B>  BERT-base (framework/models/bert), sequence 128, batch 1 / 8 / 128; qforge
 //                        with every Linear frozen w8a8 dynamic.
 // Only the Linears are quantized: norms, attention products and embeddings run float32 in the
@@ -164,6 +166,57 @@ void llama_rows(const Options& o) {
   }
 }
 
+// One frozen Linear of Llama-3-8B's shapes (out x in: 4096 x 4096, 14336 x 4096) at decode-sized
+// M, weights rotating through 256 MiB of copies (not in L2 between calls): the GEMVs serve
+// M <= 16, so M = 17 times each format's path for larger calls (w8, w4: the weight dequantized
+// to float per call, then at::linear) on almost the same work as M = 16.
+void linear_rows(const Options& o) {
+  const at::Device cuda(at::kCUDA, 0);
+  constexpr int64_t kRotateBytes = int64_t{256} << 20;
+  std::vector<int64_t> ms = {1, 4, 8, 16, 17};
+  if (o.quick) ms = {1, 16, 17};
+  for (const auto& [N, K] : {std::pair<int64_t, int64_t>{4096, 4096}, {14336, 4096}}) {
+    std::map<int64_t, std::pair<double, double>> fp16;  // M -> LibTorch fp16 {eager, graph} ms
+    for (const std::string impl : {"libtorch_fp16", "qforge_w8", "qforge_w4"}) {
+      try {
+        const at::NoGradGuard no_grad;
+        torch::manual_seed(0);
+        const bool half = impl == "libtorch_fp16";
+        const int64_t bytes = half ? N * K * 2 : impl == "qforge_w8" ? N * K : N * K / 2;  // the weight's
+        const int64_t copies = std::clamp<int64_t>(kRotateBytes / std::max<int64_t>(bytes, 1), 1, 64);
+        std::vector<nn::Linear> layers;
+        for (int64_t i = 0; i < copies; ++i) {
+          nn::Linear l(K, N);
+          if (!half) {
+            quantize(*l, scheme_named(impl.substr(7)));
+            freeze(*l);
+          }
+          l->to(cuda);
+          if (half) l->to(at::kHalf);
+          layers.push_back(l);
+        }
+        for (const int64_t M : ms) {
+          const std::string model = "linear_" + std::to_string(N) + "x" + std::to_string(K) + "_m" + std::to_string(M);
+          const at::Tensor x = at::randn({M, K}, at::TensorOptions(half ? at::kHalf : at::kFloat).device(cuda));
+          const auto times = time_step(model + " " + impl, [&] {
+            at::Tensor y;
+            for (auto& l : layers) y = l->forward(x);
+            return y;
+          }, o);
+          const double per = static_cast<double>(copies);
+          const std::pair<double, double> t{times.first / per, times.second / per};
+          if (half) fp16[M] = t;
+          const auto base = half ? std::pair<double, double>{0, 0} : fp16[M];
+          if (t.first > 0) print_row(model, impl, "eager", t.first, static_cast<double>(M), base.first);
+          if (t.second > 0) print_row(model, impl, "graph", t.second, static_cast<double>(M), base.second);
+        }
+      } catch (const std::exception& e) {
+        std::printf("%-22s %-18s FAILED: %s\n", "linear", impl.c_str(), e.what());
+      }
+    }
+  }
+}
+
 void bert_rows(const Options& o) {
   const at::Device cuda(at::kCUDA, 0);
   std::vector<int64_t> batches = {1, 8, 128};
@@ -216,6 +269,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::printf("# %-20s %-18s %-6s %10s %12s %9s\n", "model", "impl", "mode", "ms", "tokens/s", "x fp16");
+  qforge::linear_rows(o);
   qforge::llama_rows(o);
   qforge::bert_rows(o);
   return 0;

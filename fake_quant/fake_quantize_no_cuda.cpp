@@ -22,4 +22,9 @@ std::tuple<at::Tensor, at::Tensor> cuda_fake_quantize(const at::Tensor& x, const
 
 at::Tensor cuda_mask_grad(const at::Tensor& dy, const at::Tensor&) { no_cuda(dy); }
 
+std::tuple<at::Tensor, at::Tensor, at::Tensor> cuda_lsq_backward_rows(const at::Tensor& x, const at::Tensor&,
+                                                                      const std::vector<LsqGrid>&) {
+  no_cuda(x);
+}
+
 }  // namespace qforge::fq

@@ -6,6 +6,7 @@
 #include <ATen/Parallel.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include "fake_quant/cuda/fake_quantize_op.h"
 #include "fake_quant/fake_quantize.h"
 #include "fake_quant/fake_quantize_kernels.h"
 #include "framework/core/error.h"
@@ -34,9 +35,10 @@ void check_learnable_inputs(const char* op, const at::Tensor& x, const at::Tenso
 // dX, and dScale / dZeroPoint per channel, for x viewed as [C, inner] (channel-major).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> lsq_backward_rows(const at::Tensor& x, const at::Tensor& dy,
                                                                  const std::vector<fq::LsqGrid>& grids) {
+  if (x.is_cuda() && fq::cuda_fake_quantize_built()) return fq::cuda_lsq_backward_rows(x, dy, grids);
   if (!x.is_cpu()) {
-    // No CUDA LSQ kernel yet: the CPU kernels compute the backward on host copies, and the
-    // gradients go back to the input's device (correct, not fast; docs/kernels.md, "CUDA").
+    // Another device: the CPU kernels compute the backward on host copies, and the gradients go
+    // back to the input's device.
     auto [dx, ds, dz] = lsq_backward_rows(x.cpu(), dy.cpu(), grids);
     return {dx.to(x.device()), ds.to(x.device()), dz.to(x.device())};
   }

@@ -7,6 +7,7 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include "fake_quant/cuda/fake_quantize_cuda.h"
+#include "fake_quant/cuda/lsq_backward_cuda.h"
 #include "framework/core/error.h"
 
 namespace qforge::fq {
@@ -68,6 +69,32 @@ at::Tensor cuda_mask_grad(const at::Tensor& dy, const at::Tensor& mask) {
                                                       dy.numel(), stream),
                  "fake_quantize_backward");
   return dx;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> cuda_lsq_backward_rows(const at::Tensor& x, const at::Tensor& dy,
+                                                                      const std::vector<LsqGrid>& grids) {
+  QF_CHECK(x.is_cuda() && x.scalar_type() == at::kFloat && x.is_contiguous() && x.dim() == 2);
+  QF_REQUIRE(dy.device() == x.device() && dy.scalar_type() == at::kFloat && dy.is_contiguous() &&
+                 dy.sizes() == x.sizes(),
+             "LSQ backward: gradient ", dy.sizes(), " ", dy.scalar_type(), " on ", dy.device(), " does not match input ",
+             x.sizes(), " on ", x.device());
+  const int64_t C = x.size(0), inner = x.size(1);
+  QF_CHECK(static_cast<int64_t>(grids.size()) == C);
+  const c10::cuda::CUDAGuard guard(x.device());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(x.device().index()).stream();
+  static_assert(sizeof(LsqGrid) == 6 * sizeof(float), "LsqGrid travels to the device as 6 floats");
+  const std::vector<float> packed(reinterpret_cast<const float*>(grids.data()),
+                                  reinterpret_cast<const float*>(grids.data()) + 6 * grids.size());
+  const at::Tensor g = device_floats(packed, x);
+  at::Tensor dx = at::empty_like(x, at::MemoryFormat::Contiguous);
+  at::Tensor ds = at::empty({C}, x.options()), dz = at::empty({C}, x.options());
+  at::Tensor work = at::empty({qforge::cuda::lsq_backward_workspace_doubles(C, inner)}, x.options().dtype(at::kDouble));
+  check_launch(qforge::cuda::lsq_backward_rows(x.data_ptr<float>(), dy.data_ptr<float>(), dx.data_ptr<float>(), C,
+                                               inner, reinterpret_cast<const LsqGrid*>(g.data_ptr<float>()),
+                                               ds.data_ptr<float>(), dz.data_ptr<float>(), work.data_ptr<double>(),
+                                               stream),
+               "lsq_backward_rows");
+  return {dx, ds, dz};
 }
 
 }  // namespace qforge::fq

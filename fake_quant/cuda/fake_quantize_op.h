@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "fake_quant/fake_quant_math.h"
+#include "fake_quant/fake_quantize_kernels.h"
 
 namespace qforge::fq {
 
@@ -32,5 +33,11 @@ std::tuple<at::Tensor, at::Tensor> cuda_fake_quantize(const at::Tensor& x, const
 
 // dx = mask ? dy : 0 on dy's CUDA device (dy float32 contiguous, mask bool of the same shape).
 at::Tensor cuda_mask_grad(const at::Tensor& dy, const at::Tensor& mask);
+
+// LSQ's backward on x's CUDA device: x and dy [C, inner] float32 contiguous, channel c on grids[c];
+// returns {dx, dscale [C], dzero_point [C]} (fake_quant/cuda/lsq_backward_cuda.h: dx bit for bit
+// the CPU reference's, the sums to double rounding).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> cuda_lsq_backward_rows(const at::Tensor& x, const at::Tensor& dy,
+                                                                      const std::vector<LsqGrid>& grids);
 
 }  // namespace qforge::fq

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "fake_quant/cuda/fake_quantize_cuda.h"
+#include "fake_quant/cuda/lsq_backward_cuda.h"
 #include "fake_quant/fake_quantize_kernels.h"
 #include "framework/core/error.h"
 #include "kernels/cpu/reference.h"
@@ -286,6 +287,89 @@ TEST_F(Gpu, FakeQuantizeBackwardMatchesReference) {
   poison(ddx);
   check_cuda(fake_quantize_backward(ddy.get(), dmask.get(), ddx.get(), n, nullptr), "fake_quantize_backward");
   EXPECT_TRUE(same_floats(download(ddx), want));
+}
+
+// ---- LSQ backward ----
+
+// dx bit for bit lsq_run_reference's; dScale / dZeroPoint per channel against the reference run
+// chunk by chunk as the CPU's lsq_backward_rows does (chunks of kLsqChunk, added in order in
+// double), within one float ulp plus 2^-40 of the sum of the |terms|. Channels with 1 to 3
+// chunks, many channels, a channel of none; x spread past the grid (clamped elements).
+TEST_F(Gpu, LsqBackwardMatchesReference) {
+  struct Case {
+    int64_t C, inner;
+    float qmin, qmax;
+  };
+  for (const Case c : {Case{1, 3 * kLsqChunk - 5, -128, 127}, Case{5, 777, 0, 15}, Case{3000, 33, -8, 7},
+                       Case{2, kLsqChunk, 0, 255}, Case{4, 0, -128, 127}}) {
+    SCOPED_TRACE("C=" + std::to_string(c.C) + " inner=" + std::to_string(c.inner));
+    const int64_t n = c.C * c.inner;
+    const std::vector<float> x = random_floats(n, 3.0f, 41u, 0.05f);
+    const std::vector<float> dy = random_floats(n, 1.0f, 42u);
+    std::mt19937 rng(43u);
+    std::vector<fq::LsqGrid> grids(static_cast<size_t>(c.C));
+    for (auto& g : grids) {
+      g.scale = std::uniform_real_distribution<float>(0.01f, 0.2f)(rng);
+      g.inv_scale = 1.0f / g.scale;
+      g.zero_point = std::nearbyint(std::uniform_real_distribution<float>(c.qmin, c.qmax)(rng));
+      g.quant_min = c.qmin;
+      g.quant_max = c.qmax;
+      g.grad_factor = 1.0f / std::sqrt(static_cast<float>(std::max<int64_t>(c.inner, 1)) * c.qmax);
+    }
+    std::vector<float> want_dx(n), want_ds(c.C), want_dz(c.C);
+    std::vector<double> mag_s(c.C, 0.0), mag_z(c.C, 0.0);
+    for (int64_t ch = 0; ch < c.C; ++ch) {
+      double s = 0.0, z = 0.0;
+      for (int64_t b = 0; b < c.inner; b += kLsqChunk) {
+        const int64_t len = std::min(kLsqChunk, c.inner - b);
+        const int64_t at = ch * c.inner + b;
+        const fq::LsqSums part = fq::lsq_run_reference(x.data() + at, dy.data() + at, want_dx.data() + at, len, grids[ch]);
+        s += part.dscale;
+        z += part.dzero_point;
+        // The sums of |terms| (the bound's scale), on the reference's element formulas.
+        for (int64_t i = 0; i < len; ++i) {
+          const fq::LsqGrid& g = grids[ch];
+          const float xi = x[at + i], d = std::fabs(dy[at + i]);
+          const float q = std::nearbyint(g.zero_point + xi * g.inv_scale);
+          if (q < g.quant_min || q > g.quant_max) {
+            mag_z[ch] += d * g.scale * g.grad_factor;
+            mag_s[ch] += d * std::fabs(q < g.quant_min ? g.quant_min - g.zero_point : g.quant_max - g.zero_point) *
+                         g.grad_factor;
+          } else {
+            mag_s[ch] += d * std::fabs((q - g.zero_point) * g.scale - xi) * g.inv_scale * g.grad_factor;
+          }
+        }
+      }
+      want_ds[ch] = static_cast<float>(s);
+      want_dz[ch] = static_cast<float>(z);
+    }
+    auto dxin = upload(x);
+    auto ddy = upload(dy);
+    auto dg = upload(grids);
+    DeviceBuffer<float> ddx(n), dds(c.C), ddz(c.C);
+    DeviceBuffer<double> work(lsq_backward_workspace_doubles(c.C, c.inner));
+    poison(ddx);
+    poison(dds);
+    poison(ddz);
+    check_cuda(lsq_backward_rows(dxin.get(), ddy.get(), ddx.get(), c.C, c.inner, dg.get(), dds.get(), ddz.get(),
+                                 work.get(), nullptr),
+               "lsq_backward_rows");
+    EXPECT_TRUE(same_floats(download(ddx), want_dx));
+    const std::vector<float> ds = download(dds), dz = download(ddz);
+    int bad = 0;
+    for (int64_t ch = 0; ch < c.C; ++ch) {
+      const auto within = [](float got, float want, double mag) {
+        const double ulp = std::ldexp(1.0, std::max(std::ilogb(std::fabs(want) + 1e-38f), -126) - 23);
+        return std::fabs(static_cast<double>(got) - want) <= ulp + std::ldexp(mag, -40);
+      };
+      if (!within(ds[ch], want_ds[ch], mag_s[ch]) || !within(dz[ch], want_dz[ch], mag_z[ch])) {
+        if (++bad <= 5)
+          ADD_FAILURE() << "channel " << ch << ": dscale " << ds[ch] << " (CPU " << want_ds[ch] << "), dzero_point "
+                        << dz[ch] << " (CPU " << want_dz[ch] << ")";
+      }
+    }
+    EXPECT_EQ(bad, 0);
+  }
 }
 
 // ---- dynamic int8 activation quantization ----
