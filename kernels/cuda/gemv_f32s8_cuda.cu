@@ -14,7 +14,6 @@ namespace qforge::cuda {
 namespace {
 
 constexpr int kWarps = 4;
-constexpr int kRows = 4;
 constexpr int kThreads = kWarps * 32;
 constexpr int kWordCodes = 4;                  // int8 codes per 32-bit word
 constexpr uint32_t kSignFlip = 0x80808080u;    // q + 128 in every byte: the unsigned code u
@@ -52,14 +51,14 @@ struct Args {
   float* y;
 };
 
-// One lane's codes of one step: kWords words of each of the block's rows.
-template <int kWords>
+// One lane's codes of one step: kWords words of each of the block's kRows rows.
+template <int kWords, int kRows>
 struct Step {
   uint32_t w[kRows][kWords];
 };
 
-template <int kWords>
-__device__ __forceinline__ void load_step(Step<kWords>& st, const Args& a, int64_t row_words, int n0, int k0) {
+template <int kWords, int kRows>
+__device__ __forceinline__ void load_step(Step<kWords, kRows>& st, const Args& a, int64_t row_words, int n0, int k0) {
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
     const int n = n0 + r < a.N ? n0 + r : a.N - 1;  // rows past N read row N - 1 and are not written
@@ -69,9 +68,11 @@ __device__ __forceinline__ void load_step(Step<kWords>& st, const Args& a, int64
 
 // Block b owns rows [kRows * b, kRows * b + kRows); lane l of warp w takes the codes at
 // k0 = (step * kWarps + w) * 32 * kLaneK + kLaneK * l of each row (a warp reads 128 * kWords
-// contiguous bytes per row and step: coalesced). MT: rows of x the accumulators hold (>= M).
-template <int MT, int kWords>
-__global__ void __launch_bounds__(kThreads) gemv_f32s8_kernel(const Args a) {
+// contiguous bytes per row and step: coalesced). MT: rows of x the accumulators hold (>= M);
+// kRows: weight rows per block (each activation load serves kRows rows); kMinBlocks: resident
+// blocks per SM the register budget must allow (__launch_bounds__).
+template <int MT, int kWords, int kRows, int kMinBlocks = 1>
+__global__ void __launch_bounds__(kThreads, kMinBlocks) gemv_f32s8_kernel(const Args a) {
   constexpr int kLaneK = kWordCodes * kWords;
   constexpr int kBlockK = kWarps * 32 * kLaneK;
   const int lane = threadIdx.x & 31;
@@ -85,10 +86,10 @@ __global__ void __launch_bounds__(kThreads) gemv_f32s8_kernel(const Args a) {
     for (int r = 0; r < kRows; ++r) acc[m][r] = 0.0f;
 
   int k0 = (warp * 32 + lane) * kLaneK;
-  Step<kWords> cur;
+  Step<kWords, kRows> cur;
   if (k0 < a.K) load_step(cur, a, row_words, n0, k0);
   for (; k0 < a.K; k0 += kBlockK) {
-    Step<kWords> next;
+    Step<kWords, kRows> next;
     if (k0 + kBlockK < a.K) load_step(next, a, row_words, n0, k0 + kBlockK);
     float v[kRows][kLaneK];
 #pragma unroll
@@ -141,22 +142,22 @@ __global__ void __launch_bounds__(kThreads) gemv_f32s8_kernel(const Args a) {
   }
 }
 
-template <int MT, int kWords>
+template <int MT, int kWords, int kRows = 4, int kMinBlocks = 1>
 void launch(cudaStream_t stream, const Args& a) {
   const auto blocks = static_cast<unsigned>((a.N + kRows - 1) / kRows);
-  gemv_f32s8_kernel<MT, kWords><<<blocks, kThreads, 0, stream>>>(a);
+  gemv_f32s8_kernel<MT, kWords, kRows, kMinBlocks><<<blocks, kThreads, 0, stream>>>(a);
 }
 
 // The widest load K and the codes' alignment allow, up to kMaxWords (registers: the converted
 // codes are kRows * 4 * kWords floats, the accumulators MT * kRows).
-template <int MT, int kMaxWords>
+template <int MT, int kMaxWords, int kRows = 4, int kMinBlocks = 1>
 void launch_widest(cudaStream_t stream, const Args& a) {
   const auto fits = [&](int words) {
     return a.K % (kWordCodes * words) == 0 && reinterpret_cast<uintptr_t>(a.words) % (4 * words) == 0;
   };
-  if (kMaxWords >= 4 && fits(4)) return launch<MT, (kMaxWords >= 4 ? 4 : 1)>(stream, a);
-  if (kMaxWords >= 2 && fits(2)) return launch<MT, (kMaxWords >= 2 ? 2 : 1)>(stream, a);
-  launch<MT, 1>(stream, a);
+  if (kMaxWords >= 4 && fits(4)) return launch<MT, (kMaxWords >= 4 ? 4 : 1), kRows, kMinBlocks>(stream, a);
+  if (kMaxWords >= 2 && fits(2)) return launch<MT, (kMaxWords >= 2 ? 2 : 1), kRows, kMinBlocks>(stream, a);
+  launch<MT, 1, kRows, kMinBlocks>(stream, a);
 }
 
 }  // namespace
@@ -171,12 +172,14 @@ void gemv_f32s8_cuda(const float* x, int64_t M, const int8_t* codes, int64_t N, 
   if (N == 0) return;
   const Args args{x, static_cast<int>(M), reinterpret_cast<const uint32_t*>(codes), static_cast<int>(N),
                   static_cast<int>(K), scale, bias, y};
-  // Load widths chosen so that ptxas (sm_90, CUDA 13.0) spills nothing: 79, 71, 54 and 92
-  // registers a thread. Above 8 rows of x, two launches of at most 8 rows each: the weight is
-  // read twice, but the 8-row kernel ran 1.9-2.8x faster per row than one 16-row launch on the
-  // H200 (qbench_gpu: 16 x 4096 x 4096 0.0568 ms against 8 x 4096 x 4096 0.0196 ms).
+  // Configurations from a sweep on the H200 (load width, 2-8 rows per block, register caps;
+  // docs/performance.md): at M = 1 16-byte loads with registers capped for 8 resident blocks
+  // (64 a thread: 7-10 % faster than 79 uncapped); no spills (ptxas, sm_90, CUDA 13.0). Above 8
+  // rows of x, launches of at most 8 rows each: the weight is read again per launch, but the
+  // 8-row kernel ran 1.9-2.8x faster per row than one 16-row launch (16 x 4096 x 4096: 0.0568 ms
+  // against 8 x 4096 x 4096 0.0196 ms).
   if (M == 1) {
-    launch_widest<1, 4>(stream, args);
+    launch_widest<1, 4, 4, 8>(stream, args);
   } else if (M == 2) {
     launch_widest<2, 2>(stream, args);
   } else if (M <= 4) {
