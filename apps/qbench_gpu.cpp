@@ -103,6 +103,13 @@ struct Timer {
         t.push_back(ms / calls);
       }
     } catch (...) {
+      // A call that threw inside the capture leaves it open: end it before the stream goes.
+      cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+      if (cudaStreamIsCapturing(stream, &capturing) == cudaSuccess && capturing != cudaStreamCaptureStatusNone) {
+        cudaGraph_t partial = nullptr;
+        cudaStreamEndCapture(stream, &partial);
+        if (partial != nullptr) cudaGraphDestroy(partial);
+      }
       if (exec != nullptr) cudaGraphExecDestroy(exec);
       if (graph != nullptr) cudaGraphDestroy(graph);
       cudaStreamDestroy(stream);

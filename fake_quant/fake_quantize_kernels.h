@@ -36,6 +36,9 @@ struct LsqSums {
   double dscale = 0.0;
   double dzero_point = 0.0;
 };
+// Elements per LSQ backward chunk: partial sums are kept per chunk and added in chunk order (CPU
+// and CUDA alike), so the result does not depend on the thread count.
+constexpr int64_t kLsqChunk = int64_t{1} << 14;
 using LsqRunFn = LsqSums (*)(const float* x, const float* dy, float* dx, int64_t n, const LsqGrid& g);
 
 struct FakeQuantKernels {

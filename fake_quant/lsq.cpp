@@ -18,9 +18,7 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// Elements per backward chunk; partial sums are kept per chunk and added in chunk order, so the
-// result does not depend on the thread count.
-constexpr int64_t kChunk = int64_t{1} << 14;
+constexpr int64_t kChunk = fq::kLsqChunk;
 
 void check_learnable_inputs(const char* op, const at::Tensor& x, const at::Tensor& scale,
                             const at::Tensor& zero_point, int64_t qmin, int64_t qmax) {

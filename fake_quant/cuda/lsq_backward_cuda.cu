@@ -27,8 +27,8 @@ __global__ void __launch_bounds__(kThreads)
     lsq_chunk_kernel(const float* __restrict__ x, const float* __restrict__ dy, float* __restrict__ dx, int64_t inner,
                      int64_t chunks, const fq::LsqGrid* __restrict__ grids, double* __restrict__ partial) {
   const int64_t c = blockIdx.x / chunks, chunk = blockIdx.x % chunks;
-  const int64_t begin = chunk * kLsqChunk;
-  const int64_t end = begin + kLsqChunk < inner ? begin + kLsqChunk : inner;
+  const int64_t begin = chunk * fq::kLsqChunk;
+  const int64_t end = begin + fq::kLsqChunk < inner ? begin + fq::kLsqChunk : inner;
   const fq::LsqGrid g = grids[c];
   const int64_t base = c * inner;
   double s = 0.0, z = 0.0;
@@ -76,7 +76,7 @@ cudaError_t lsq_backward_rows(const float* x, const float* dy, float* dx, int64_
                               const fq::LsqGrid* grids, float* dscale, float* dzero_point, double* workspace,
                               cudaStream_t stream) {
   if (C <= 0) return cudaSuccess;
-  const int64_t chunks = inner > 0 ? (inner + kLsqChunk - 1) / kLsqChunk : 1;
+  const int64_t chunks = inner > 0 ? (inner + fq::kLsqChunk - 1) / fq::kLsqChunk : 1;
   if (C * chunks > 0x7FFFFFFF) return cudaErrorInvalidConfiguration;  // one block per (channel, chunk)
   lsq_chunk_kernel<<<static_cast<unsigned>(C * chunks), kThreads, 0, stream>>>(x, dy, dx, inner, chunks, grids,
                                                                               workspace);

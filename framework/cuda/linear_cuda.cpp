@@ -209,15 +209,20 @@ at::Tensor linear_s4(const at::Tensor& x, const at::Tensor& packed, int64_t N, i
 
 at::Tensor linear_s8_weight_only(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scale,
                                  const at::Tensor& bias, kernels::RunInfo* info) {
-  QF_REQUIRE(x.is_cuda() && x.dim() == 2 && codes.dim() == 2 && x.size(1) == codes.size(1),
-             "CUDA int8 weight-only Linear: input must be a 2-D CUDA tensor [M, ", codes.size(-1), "], got ", x.sizes(),
+  QF_REQUIRE(codes.dim() == 2, "CUDA int8 weight-only Linear: codes must be [N, K], got ", codes.sizes());
+  QF_REQUIRE(x.is_cuda() && x.dim() == 2 && x.size(1) == codes.size(1),
+             "CUDA int8 weight-only Linear: input must be a 2-D CUDA tensor [M, ", codes.size(1), "], got ", x.sizes(),
              " on ", x.device());
   require_on(x, x, "input", at::kFloat);
   require_on(codes, x, "int8 codes", at::kChar);
   require_on(scale, x, "int8 scales", at::kFloat);
   QF_REQUIRE(scale.numel() == codes.size(0), "CUDA int8 weight-only Linear: ", scale.numel(), " scales for ",
              codes.size(0), " weight rows");
-  if (bias.defined()) require_on(bias, x, "bias", at::kFloat);
+  if (bias.defined()) {
+    require_on(bias, x, "bias", at::kFloat);
+    QF_REQUIRE(bias.numel() == codes.size(0), "CUDA int8 weight-only Linear: bias of ", bias.numel(), " for ",
+               codes.size(0), " weight rows");
+  }
   const int64_t M = x.size(0), N = codes.size(0), K = codes.size(1);
   const c10::cuda::CUDAGuard guard(x.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(x.device().index()).stream();

@@ -50,7 +50,7 @@ at::Tensor linear_s4(const at::Tensor& x, const at::Tensor& packed, int64_t N, i
 
 // y [M, N] float = x [M, K] float times the weight-only int8 weight (codes int8 [N, K], scale
 // float [N]) plus bias: decode-sized calls (gemv_f32s8_supported, kernels/cuda/gemv_s8_rules.h)
-// run gemv_f32s8_cuda, which reads the codes once; others dequantize the weight to float per call
+// run gemv_f32s8_cuda, which reads the codes once per 8 rows; others dequantize the weight per call
 // and run at::linear. info names the kernel and, when it is not the GEMV, why.
 at::Tensor linear_s8_weight_only(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scale,
                                  const at::Tensor& bias, kernels::RunInfo* info);

@@ -1,6 +1,7 @@
 // The int8 weight-only GEMV on the GPU (see gemv_f32s8_cuda.h for the formula and the bound).
 // A block of kWarps warps owns kRows weight rows; each lane reads 4, 8 or 16 consecutive codes of
-// every row per step (one streaming load each), turns them into floats once, reads the step's
+// every row per step (one streaming load each; the widths per M in gemv_f32s8_cuda), turns them
+// into floats once, reads the step's
 // activations (float4) once per row of x for all kRows rows, and has the next step's codes in
 // flight while computing this one. The block's warps split K; lanes, then warps, are added at the end.
 #include "kernels/cuda/gemv_f32s8_cuda.h"
@@ -167,7 +168,8 @@ void gemv_f32s8_cuda(const float* x, int64_t M, const int8_t* codes, int64_t N, 
   std::string why;
   QF_REQUIRE(gemv_f32s8_supported(M, K, &why), "kernels/cuda: gemv_f32s8_cuda: ", why);
   QF_REQUIRE(gemv_f32s8_pointers_supported(x, codes, &why), "kernels/cuda: gemv_f32s8_cuda: ", why);
-  QF_REQUIRE(N >= 0 && N <= INT32_MAX && K <= INT32_MAX,
+  // 32-bit indices with room for a block's last rows (n0 + kRows) and a lane's next step (k0 + 2048).
+  QF_REQUIRE(N >= 0 && N <= INT32_MAX - 8 && K <= INT32_MAX - 2048,
              "kernels/cuda: gemv_f32s8_cuda: N=", N, " K=", K, " beyond 32-bit indices");
   if (N == 0) return;
   const Args args{x, static_cast<int>(M), reinterpret_cast<const uint32_t*>(codes), static_cast<int>(N),
@@ -175,9 +177,9 @@ void gemv_f32s8_cuda(const float* x, int64_t M, const int8_t* codes, int64_t N, 
   // Configurations from a sweep on the H200 (load width, 2-8 rows per block, register caps;
   // docs/performance.md): at M = 1 16-byte loads with registers capped for 8 resident blocks
   // (64 a thread: 7-10 % faster than 79 uncapped); no spills (ptxas, sm_90, CUDA 13.0). Above 8
-  // rows of x, launches of at most 8 rows each: the weight is read again per launch, but the
-  // 8-row kernel ran 1.9-2.8x faster per row than one 16-row launch (16 x 4096 x 4096: 0.0568 ms
-  // against 8 x 4096 x 4096 0.0196 ms).
+  // rows of x, launches of at most 8 rows each: the weight is read again per launch, but two
+  // 8-row launches took 0.55-0.69 of the time of one 16-row launch (16 x 14336 x 4096: 0.096
+  // against 0.176 ms; 16 x 4096 x 4096: 0.036 against 0.056 ms).
   if (M == 1) {
     launch_widest<1, 4, 4, 8>(stream, args);
   } else if (M == 2) {

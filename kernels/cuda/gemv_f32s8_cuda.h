@@ -8,7 +8,10 @@
 // is not that reference's to the bit; the tests hold the bound
 //   |y - exact| <= (K / 64 + 64) * 2^-24 * (sum_k |x[m, k] * s[n] * q[n, k]| + |bias[n]|)
 // (a lane's chain has at most K / 128 + 16 terms, then 5 + 3 tree additions, the scale and the
-// bias). Memory-bound: the weight is read once per call, 8 bits per weight plus a float per row.
+// bias). The weight is read once per 8 rows of x (once per call at M <= 8), 8 bits per weight
+// plus a float per row. Deterministic for a given M and codes alignment; the k order of a lane
+// (16-, 8- or 4-byte steps) follows M and the alignment, so one row of x can round differently
+// at another M.
 // Tested on a GPU by tests/cuda/cuda_kernels_test; rules in gemv_s8_rules.h.
 #pragma once
 

@@ -1,8 +1,8 @@
 // When the int8 weight-only GEMV (gemv_f32s8_cuda) serves a call; pure host code (no CUDA
 // headers) so the CPU test suite and plan_linear_cuda() read the same rules the launcher checks.
-// The kernel reads each weight row as 4-, 8- or 16-byte words of int8 codes (the widest that K
-// and the codes' alignment allow) and the activations as float4, and keeps one accumulator per
-// (row of x, weight row) in registers:
+// The kernel reads each weight row in 16-byte (M = 1), 8-byte (M = 2, 5..16) or 4-byte (M = 3..4)
+// steps, narrower where K or the codes' alignment does not allow them, the activations as float4,
+// and keeps one accumulator per (row of x, weight row) in registers:
 //   - 1 <= M <= kGemvS8MaxM (decode-sized calls; larger M dequantize and run at::linear);
 //   - K a multiple of 4 (row n starts on a 32-bit word: byte n * K);
 //   - x 16-byte aligned (float4 loads), codes 4-byte aligned.

@@ -317,8 +317,8 @@ TEST_F(CudaApi, FrozenInt4AndWeightOnlyLinearOnTheGpu) {
                         Case{"int4 weight-only", w4_only, "gemv_f32s4_mma_cuda", staged, false},
                         Case{"int8 weight-only", w8_only, "gemv_f32s8_cuda", "", false}}) {
     SCOPED_TRACE(c.name);
-    // M = 1 runs the int4 GEMV, M = 9 its staged form (plan: mid_m = 2), M = 40 dequantizes per
-    // call (plan: large_m = 17).
+    // M = 1 runs the int4 GEMV, M = 9 its staged form (plan: mid_m = 2; int8: gemv_f32s8_cuda at
+    // every M <= 16), M = 40 dequantizes per call (plan: large_m = 17).
     const at::Tensor x = at::randn({9, 512});
     FrozenPair p = frozen_pair(512, 256, c.scheme, x, cuda);
     // describe() names both: the M = 1 kernel, then the staged one with its rows.
