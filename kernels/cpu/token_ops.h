@@ -204,6 +204,14 @@ void attention_groups_avx2(const AttentionProblem& p, int64_t g0, int64_t g1);
 void attention_kv_codes_groups_avx2(const KvCodesAttentionProblem& p, int64_t g0, int64_t g1);
 // Row j of one side of group g of a quantized cache, dequantized into buf[0, D) (the reference's loop).
 void dequantize_kv_row(const KvCodesAttentionProblem& p, const KvCodesOperand& o, int64_t g, int64_t j, float* buf);
+// The vector dequantizers' lane table: for the `lanes` elements from d0 of a row of D elements in
+// scale groups of `group`, idx[l] = lane l's group minus the block's first (lanes past D take the
+// last element's); returns the first group.
+inline int64_t kv_block_groups(int64_t d0, int64_t lanes, int64_t D, int64_t group, int32_t* idx) {
+  const int64_t first = d0 / group;
+  for (int64_t l = 0; l < lanes; ++l) idx[l] = static_cast<int32_t>(std::min(d0 + l, D - 1) / group - first);
+  return first;
+}
 }  // namespace detail
 
 }  // namespace qforge::kernels

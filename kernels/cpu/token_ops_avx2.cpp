@@ -170,9 +170,9 @@ class Avx2KvRowDequantizer {
   Avx2KvRowDequantizer(const KvCodesAttentionProblem& p, const KvCodesOperand& o) : p_(p), o_(o) {
     const int64_t groups = p.D / p.group;
     for (int64_t b = 0; b * kH < p.D; ++b) {
-      const int64_t d0 = b * kH, first = d0 / p.group;
+      const int64_t d0 = b * kH;
       alignas(32) int32_t idx[kH];
-      for (int64_t l = 0; l < kH; ++l) idx[l] = static_cast<int32_t>(std::min(d0 + l, p.D - 1) / p.group - first);
+      const int64_t first = kv_block_groups(d0, kH, p.D, p.group, idx);
       idx_[b] = _mm256_load_si256(reinterpret_cast<const __m256i*>(idx));
       first_[b] = first;
       scales_[b] = std::min<int64_t>(groups - first, kH);

@@ -208,9 +208,9 @@ class KvRowDequantizer {
   KvRowDequantizer(const KvCodesAttentionProblem& p, const KvCodesOperand& o) : p_(p), o_(o) {
     const int64_t groups = p.D / p.group;
     for (int64_t b = 0; b * kL < p.D; ++b) {
-      const int64_t d0 = b * kL, first = d0 / p.group;
+      const int64_t d0 = b * kL;
       alignas(64) int32_t idx[kL];
-      for (int64_t l = 0; l < kL; ++l) idx[l] = static_cast<int32_t>(std::min(d0 + l, p.D - 1) / p.group - first);
+      const int64_t first = kv_block_groups(d0, kL, p.D, p.group, idx);
       idx_[b] = _mm512_load_si512(idx);
       first_[b] = first;
       scale_mask_[b] = tail_mask(groups - first);
