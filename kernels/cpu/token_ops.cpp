@@ -208,6 +208,12 @@ void require_attention(const AttentionProblem& p, const char* op, bool needs_sco
 
 namespace detail {
 // Row j of one side of a quantized cache, dequantized into `buf` (KvCodesAttentionProblem's formula).
+int64_t kv_block_groups(int64_t d0, int64_t lanes, int64_t D, int64_t group, int32_t* idx) {
+  const int64_t first = d0 / group;
+  for (int64_t l = 0; l < lanes; ++l) idx[l] = static_cast<int32_t>(std::min(d0 + l, D - 1) / group - first);
+  return first;
+}
+
 void dequantize_kv_row(const KvCodesAttentionProblem& p, const KvCodesOperand& o, int64_t g, int64_t j, float* buf) {
   const uint8_t* c = o.row(g, p.heads, j);
   const int64_t at = o.scale_offset(g, p.heads, j);

@@ -207,11 +207,9 @@ void dequantize_kv_row(const KvCodesAttentionProblem& p, const KvCodesOperand& o
 // The vector dequantizers' lane table: for the `lanes` elements from d0 of a row of D elements in
 // scale groups of `group`, idx[l] = lane l's group minus the block's first (lanes past D take the
 // last element's); returns the first group.
-inline int64_t kv_block_groups(int64_t d0, int64_t lanes, int64_t D, int64_t group, int32_t* idx) {
-  const int64_t first = d0 / group;
-  for (int64_t l = 0; l < lanes; ++l) idx[l] = static_cast<int32_t>(std::min(d0 + l, D - 1) / group - first);
-  return first;
-}
+// Defined in token_ops.cpp (baseline ISA): an inline definition here could be emitted by an
+// AVX-512 file and kept by the linker for the AVX2 one.
+int64_t kv_block_groups(int64_t d0, int64_t lanes, int64_t D, int64_t group, int32_t* idx);
 }  // namespace detail
 
 }  // namespace qforge::kernels

@@ -100,7 +100,7 @@ Outputs run_both(const KvCacheScheme& s, const Case& c, void (*run)(const kernel
 TEST(KvCacheCodesAttention, EveryEntryEqualsTheFloatReferenceOnTheDequantizedCacheBitForBit) {
   const std::vector<KvCacheScheme> schemes = {scheme(qint8, true),     scheme(qint8, false),   scheme(qint4, true),
                                               scheme(qint4, false),    scheme(qint4, false, 2), scheme(qint8, true, 4),
-                                              scheme(qint4, true, 32)};
+                                              scheme(qint4, true, 32), scheme(qint4, false, 4), scheme(qint4, true, 6)};
   int runs = 0;
   for (const auto& e : kernels::attention_kv_codes_kernels()) {
     std::string why;
