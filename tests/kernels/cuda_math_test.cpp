@@ -1,6 +1,6 @@
 // The host/device formulas of kernels/cuda, compiled by the host C++ compiler and checked bit for
 // bit against the CPU reference kernels that define the results (kernels/cpu/reference.h), plus
-// the pure-host cuBLASLt and fused-Linear shape rules. No GPU is needed (none exists here): the CUDA kernels
+// the pure-host cuBLASLt, fused-Linear and int8 GEMV shape rules. No GPU is needed (none exists here): the CUDA kernels
 // evaluate exactly these functions per element, so this is the test of their arithmetic.
 #include <gtest/gtest.h>
 
@@ -16,6 +16,7 @@
 #include "kernels/cpu/reference.h"
 #include "kernels/cuda/cublaslt_int8_rules.h"
 #include "kernels/cuda/epilogue_math.h"
+#include "kernels/cuda/gemv_s8_rules.h"
 #include "kernels/cuda/linear_s8_fused_rules.h"
 #include "kernels/cuda/quantize_rows_s8_math.h"
 #include "kernels/cuda/unpack_s4_math.h"
@@ -242,6 +243,43 @@ TEST(CublasLtInt8Rules, PointersMustBeFourByteAligned) {
   EXPECT_EQ(why, "W pointer not 4-byte aligned");
   EXPECT_FALSE(cublaslt_int8_pointers_supported(buf, buf, buf + 3, &why));
   EXPECT_EQ(why, "C pointer not 4-byte aligned");
+}
+
+// ---- the int8 weight-only GEMV's rules (what plan_linear_cuda and the launcher read) ----
+
+TEST(GemvS8Rules, TakesDecodeSizedCallsWithKAMultipleOfFour) {
+  std::string why = "stale";
+  for (const int64_t M : {1, 2, 3, 8, 16})
+    for (const int64_t K : {4, 12, 768, 4100, 14336}) {
+      EXPECT_TRUE(gemv_f32s8_supported(M, K, &why)) << M << " x " << K;
+      EXPECT_EQ(why, "");
+    }
+  EXPECT_TRUE(gemv_f32s8_supported(1, 768, nullptr));
+}
+
+TEST(GemvS8Rules, RejectsEachRuleWithItsReason) {
+  std::string why;
+  EXPECT_FALSE(gemv_f32s8_supported(0, 768, &why));
+  EXPECT_EQ(why, "M=0 outside 1..16");
+  EXPECT_FALSE(gemv_f32s8_supported(17, 768, &why));
+  EXPECT_EQ(why, "M=17 outside 1..16");
+  EXPECT_FALSE(gemv_f32s8_supported(1, 766, &why));
+  EXPECT_EQ(why, "K=766 not a positive multiple of 4");
+  EXPECT_FALSE(gemv_f32s8_supported(1, 0, &why));
+  EXPECT_EQ(why, "K=0 not a positive multiple of 4");
+  EXPECT_FALSE(gemv_f32s8_supported(17, 766, nullptr));
+}
+
+TEST(GemvS8Rules, XSixteenAndCodesFourByteAligned) {
+  alignas(16) float x[8] = {};
+  alignas(16) int8_t codes[32] = {};
+  std::string why = "stale";
+  EXPECT_TRUE(gemv_f32s8_pointers_supported(x, codes + 4, &why));
+  EXPECT_EQ(why, "");
+  EXPECT_FALSE(gemv_f32s8_pointers_supported(x + 1, codes, &why));
+  EXPECT_EQ(why, "x pointer not 16-byte aligned");
+  EXPECT_FALSE(gemv_f32s8_pointers_supported(x, codes + 2, &why));
+  EXPECT_EQ(why, "int8 codes pointer not 4-byte aligned");
 }
 
 // ---- the one-launch int8 Linear's rules and fragment positions ----
