@@ -819,12 +819,8 @@ TEST_F(Gpu, GemvS8MatchesReferenceWithinItsBound) {
   std::printf("gemv_f32s8_cuda: largest error / bound %.4f\n", worst);
 }
 
+// The launcher refuses what gemv_s8_rules.h refuses (the rules themselves: cuda_math_test).
 TEST_F(Gpu, GemvS8RefusesWhatItsRulesRefuse) {
-  std::string why;
-  EXPECT_FALSE(gemv_f32s8_supported(17, 64, &why));
-  EXPECT_EQ(why, "M=17 outside 1..16");
-  EXPECT_FALSE(gemv_f32s8_supported(1, 66, &why));
-  EXPECT_EQ(why, "K=66 not a positive multiple of 4");
   DeviceBuffer<float> x(64 + 1), y(4), s(4);
   DeviceBuffer<int8_t> q(4 * 64 + 4);
   const auto refused = [&](const float* xp, const int8_t* qp, const char* want) {
@@ -837,6 +833,12 @@ TEST_F(Gpu, GemvS8RefusesWhatItsRulesRefuse) {
   };
   refused(x.get() + 1, q.get(), "x pointer not 16-byte aligned");
   refused(x.get(), q.get() + 2, "int8 codes pointer not 4-byte aligned");
+  try {
+    gemv_f32s8_cuda(x.get(), 17, q.get(), 4, 64, s.get(), nullptr, y.get(), nullptr);
+    ADD_FAILURE() << "M=17 was accepted";
+  } catch (const qforge::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("M=17 outside 1..16"), std::string::npos) << e.what();
+  }
 }
 
 // The bound of gemv_f32s4_mma_cuda.h against the exact value (double sums of the exact
