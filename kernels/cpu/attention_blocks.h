@@ -64,4 +64,24 @@ void attention_groups_with(const AttentionProblem& p, int64_t g0, int64_t g1) {
   }
 }
 
+// Groups [g0, g1) of attention_kv_codes_f32 with the ISA's Ops: each block of up to 16 cached
+// rows dequantized once into a buffer by the ISA's row dequantizers (keys.row / values.row
+// (g, j, buf): row j of group g into buf[0, D)), then read by every query row that sees it.
+template <class Ops, class Dequantizer>
+void attention_kv_codes_groups_with(const KvCodesAttentionProblem& p, int64_t g0, int64_t g1, const Dequantizer& keys,
+                                    const Dequantizer& values) {
+  alignas(64) float buf[kTokenOpLanes * kKvCodesMaxHeadDim];  // keys while scoring, then values
+  for (int64_t g = g0; g < g1; ++g) {
+    auto dequantized = [&](const Dequantizer& side) {
+      return [&side, &buf, &p, g](int64_t j0, int64_t n) {
+        for (int64_t kk = 0; kk < n; ++kk) side.row(g, j0 + kk, buf + kk * p.D);
+        return RowBlock{buf, p.D};
+      };
+    };
+    attention_group_blocks<Ops>(
+        {p.scores + g * p.rows * p.S, p.rows / p.T, p.T, p.S, p.past, p.window, p.scale}, p.q + g * p.rows * p.D,
+        p.out + g * p.rows * p.D, p.D, dequantized(keys), dequantized(values));
+  }
+}
+
 }  // namespace qforge::kernels::detail

@@ -233,20 +233,7 @@ class Avx2KvRowDequantizer {
 }  // namespace
 
 void attention_kv_codes_groups_avx2(const KvCodesAttentionProblem& p, int64_t g0, int64_t g1) {
-  // 16 dequantized rows (keys while scoring, then values), 8 elements at a time.
-  const Avx2KvRowDequantizer keys(p, p.k), values(p, p.v);
-  alignas(32) float buf[kL * kKvCodesMaxHeadDim];
-  for (int64_t g = g0; g < g1; ++g) {
-    auto dequantized = [&](const Avx2KvRowDequantizer& side) {
-      return [&side, &buf, &p, g](int64_t j0, int64_t n) {
-        for (int64_t kk = 0; kk < n; ++kk) side.row(g, j0 + kk, buf + kk * p.D);
-        return RowBlock{buf, p.D};
-      };
-    };
-    attention_group_blocks<Avx2Ops>(
-        {p.scores + g * p.rows * p.S, p.rows / p.T, p.T, p.S, p.past, p.window, p.scale}, p.q + g * p.rows * p.D,
-        p.out + g * p.rows * p.D, p.D, dequantized(keys), dequantized(values));
-  }
+  attention_kv_codes_groups_with<Avx2Ops>(p, g0, g1, Avx2KvRowDequantizer(p, p.k), Avx2KvRowDequantizer(p, p.v));
 }
 
 }  // namespace qforge::kernels::detail

@@ -256,19 +256,7 @@ class KvRowDequantizer {
 // Each cached row is dequantized once a group, 16 at a time (KvRowDequantizer), and read by every
 // query row that sees it.
 void attention_kv_codes_groups_avx512(const KvCodesAttentionProblem& p, int64_t g0, int64_t g1) {
-  const KvRowDequantizer keys(p, p.k), values(p, p.v);
-  alignas(64) float buf[kL * kKvCodesMaxHeadDim];  // 16 dequantized rows (keys while scoring, then values)
-  for (int64_t g = g0; g < g1; ++g) {
-    auto dequantized = [&](const KvRowDequantizer& side) {
-      return [&side, &buf, &p, g](int64_t j0, int64_t n) {
-        for (int64_t kk = 0; kk < n; ++kk) side.row(g, j0 + kk, buf + kk * p.D);
-        return RowBlock{buf, p.D};
-      };
-    };
-    attention_group_blocks<Avx512Ops>(
-        {p.scores + g * p.rows * p.S, p.rows / p.T, p.T, p.S, p.past, p.window, p.scale}, p.q + g * p.rows * p.D,
-        p.out + g * p.rows * p.D, p.D, dequantized(keys), dequantized(values));
-  }
+  attention_kv_codes_groups_with<Avx512Ops>(p, g0, g1, KvRowDequantizer(p, p.k), KvRowDequantizer(p, p.v));
 }
 
 

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/gemv_loads.cuh"
 #include "kernels/cuda/gemv_s4_rules.h"
 
 namespace qforge::cuda {
@@ -21,20 +22,6 @@ constexpr float kTwo23 = 8388608.0f;  // 2^23: its float has unit spacing
 // mantissa bits, and offset = 2^23 + (8 + z) or 2^23 + z, so the difference is the exact integer.
 __device__ __forceinline__ float code_minus_zero(uint32_t w, int j, float offset) {
   return __fsub_rn(__uint_as_float(0x4B000000u | ((w >> (4 * j)) & 0xFu)), offset);
-}
-
-// kWords consecutive 32-bit words in one load (16, 8 or 4 bytes), streamed past L1 (read once).
-template <int kWords>
-__device__ __forceinline__ void load_words(const uint32_t* p, uint32_t (&w)[kWords]) {
-  if constexpr (kWords == 4) {
-    const uint4 v = __ldcs(reinterpret_cast<const uint4*>(p));
-    w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
-  } else if constexpr (kWords == 2) {
-    const uint2 v = __ldcs(reinterpret_cast<const uint2*>(p));
-    w[0] = v.x, w[1] = v.y;
-  } else {
-    w[0] = __ldcs(p);
-  }
 }
 
 // What one lane reads for one step: kWords words of each of the block's rows, with their group's
@@ -54,7 +41,7 @@ __device__ __forceinline__ void load_step(Step<kWords>& st, const uint32_t* __re
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
     const int n = n0 + r < N ? n0 + r : N - 1;  // rows past N read row N - 1 and are not written
-    load_words<kWords>(words + n * row_words + k0 / kWordK, st.w[r]);
+    gemv::load_words<kWords>(words + n * row_words + k0 / kWordK, st.w[r]);
     const int64_t gi = int64_t{n} * G + g;
     st.s[r] = __ldg(scale + gi);
     st.z[r] = zero != nullptr ? __ldg(zero + gi) : 0;

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/gemv_loads.cuh"
 #include "kernels/cuda/gemv_s8_rules.h"
 
 namespace qforge::cuda {
@@ -26,20 +27,6 @@ constexpr float kCodeOffset = 8388608.0f + 128.0f;  // 2^23 + 128
 template <int j>
 __device__ __forceinline__ float code_value(uint32_t flipped) {
   return __fsub_rn(__uint_as_float(__byte_perm(flipped, kTwo23Bits, 0x7650u | j)), kCodeOffset);
-}
-
-// kWords consecutive words in one load (16, 8 or 4 bytes), streamed past L1 (read once).
-template <int kWords>
-__device__ __forceinline__ void load_words(const uint32_t* p, uint32_t (&w)[kWords]) {
-  if constexpr (kWords == 4) {
-    const uint4 v = __ldcs(reinterpret_cast<const uint4*>(p));
-    w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
-  } else if constexpr (kWords == 2) {
-    const uint2 v = __ldcs(reinterpret_cast<const uint2*>(p));
-    w[0] = v.x, w[1] = v.y;
-  } else {
-    w[0] = __ldcs(p);
-  }
 }
 
 struct Args {
@@ -63,7 +50,7 @@ __device__ __forceinline__ void load_step(Step<kWords, kRows>& st, const Args& a
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
     const int n = n0 + r < a.N ? n0 + r : a.N - 1;  // rows past N read row N - 1 and are not written
-    load_words<kWords>(a.words + n * row_words + k0 / kWordCodes, st.w[r]);
+    gemv::load_words<kWords>(a.words + n * row_words + k0 / kWordCodes, st.w[r]);
   }
 }
 
