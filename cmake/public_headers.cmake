@@ -43,6 +43,7 @@ set(QFORGE_PUBLIC_HEADERS
   framework/models/kv_cache.h
   framework/models/kv_quant.h
   framework/api/kv_cache_scheme.h
+  framework/api/kv_static_scales.h
   framework/models/llama.h
   framework/models/generation.h
   framework/models/perplexity.h

@@ -4,13 +4,42 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "framework/api/kv_static_scales.h"
 #include "framework/core/error.h"
 
 namespace qforge {
 
+const char* kv_scales_name(KvScales s) {
+  switch (s) {
+    case KvScales::kDynamic: return "dynamic";
+    case KvScales::kStaticHead: return "static_head";
+    case KvScales::kStaticTensor: return "static_tensor";
+  }
+  return "dynamic";
+}
+
+KvScales kv_scales_from_name(const std::string& name, const char* who) {
+  for (KvScales s : {KvScales::kDynamic, KvScales::kStaticHead, KvScales::kStaticTensor})
+    if (name == kv_scales_name(s)) return s;
+  throw Error(detail::str_cat(who, ": KV-cache scales '", name, "' are not known; supported: dynamic, static_head, "
+                              "static_tensor"));
+}
+
+bool operator==(const KvCacheScheme& a, const KvCacheScheme& b) {
+  if (a.qtype.has_value() != b.qtype.has_value()) return false;
+  if (!a.qtype) return true;
+  if (!(*a.qtype == *b.qtype) || a.symmetric != b.symmetric || a.group_size != b.group_size || a.scales != b.scales)
+    return false;
+  if (a.observer != b.observer || (a.calibrated == nullptr) != (b.calibrated == nullptr)) return false;
+  return a.calibrated == b.calibrated || *a.calibrated == *b.calibrated;
+}
+
 nlohmann::json kv_cache_scheme_json(const KvCacheScheme& scheme) {
   if (!scheme.quantized()) return nullptr;
-  return {{"qtype", scheme.qtype->name}, {"symmetric", scheme.symmetric}, {"group_size", scheme.group_size}};
+  nlohmann::json j = {{"qtype", scheme.qtype->name}, {"symmetric", scheme.symmetric}, {"group_size", scheme.group_size}};
+  if (scheme.is_static()) j["scales"] = kv_scales_name(scheme.scales);  // dynamic: absent, as files before the key
+  if (scheme.calibrated) j["static_scales"] = kv_static_scales_json(*scheme.calibrated);
+  return j;
 }
 
 KvCacheScheme kv_cache_scheme_from_json(const nlohmann::json& j, const char* who) {
@@ -19,14 +48,22 @@ KvCacheScheme kv_cache_scheme_from_json(const nlohmann::json& j, const char* who
   QF_REQUIRE(j.is_object() && j.contains("qtype") && j["qtype"].is_string(), who,
              ": the KV-cache scheme must be an object with a string 'qtype', got ", j.dump());
   for (const auto& [key, value] : j.items()) {
-    QF_REQUIRE(key == "qtype" || key == "symmetric" || key == "group_size", who, ": KV-cache scheme key '", key,
-               "' is unknown; expected qtype, symmetric, group_size");
+    QF_REQUIRE(key == "qtype" || key == "symmetric" || key == "group_size" || key == "scales" || key == "static_scales",
+               who, ": KV-cache scheme key '", key, "' is unknown; expected qtype, symmetric, group_size, scales, "
+               "static_scales");
     if (key == "symmetric") QF_REQUIRE(value.is_boolean(), who, ": KV-cache 'symmetric' must be true or false");
     if (key == "group_size") QF_REQUIRE(value.is_number_integer(), who, ": KV-cache 'group_size' must be an integer");
+    if (key == "scales") QF_REQUIRE(value.is_string(), who, ": KV-cache 'scales' must be a string");
   }
   s.qtype = kv_cache_qtype_from_name(j["qtype"].get<std::string>(), who);
   s.symmetric = j.value("symmetric", true);
   s.group_size = j.value("group_size", int64_t{0});
+  if (j.contains("scales")) s.scales = kv_scales_from_name(j["scales"].get<std::string>(), who);
+  if (j.contains("static_scales")) {
+    QF_REQUIRE(s.is_static(), who, ": KV-cache 'static_scales' belong to a static scheme; 'scales' is ",
+               kv_scales_name(s.scales));
+    s.calibrated = kv_static_scales_from_json(j["static_scales"], who);
+  }
   return s;
 }
 
@@ -67,9 +104,25 @@ int64_t KvCacheScheme::bytes_per_head(int64_t head_dim, int64_t float_bytes) con
 
 std::string KvCacheScheme::to_string() const {
   if (!quantized()) return "float";
-  std::string s = std::string(qtype->name) + (symmetric ? " symmetric" : " asymmetric") + " per token and head";
+  std::string s = std::string(qtype->name) + (symmetric ? " symmetric" : " asymmetric");
+  switch (scales) {
+    case KvScales::kDynamic: s += " per token and head"; break;
+    case KvScales::kStaticHead: s += " static per head"; break;
+    case KvScales::kStaticTensor: s += " static per tensor"; break;
+  }
   if (group_size > 0) s += ", groups of " + std::to_string(group_size);
+  // A recipe's static scheme is never calibrated: only a model's says where its scales stand.
+  if (is_static() && (observer || calibrated)) s += observer ? " (calibrating)" : " (calibrated)";
   return s;
+}
+
+void KvCacheScheme::validate(int64_t layers, int64_t kv_heads, int64_t head_dim, const std::string& who) const {
+  validate(head_dim, who);
+  if (calibrated) calibrated->check(layers, kv_heads, head_dim / group(head_dim), *this, who);
+}
+
+void KvCacheModel::check_kv_cache_scheme(const KvCacheScheme& scheme, const std::string& who) const {
+  scheme.validate(kv_cache_layers(), kv_cache_heads(), kv_cache_head_dim(), who);
 }
 
 std::vector<std::pair<std::string, KvCacheModel*>> kv_cache_models(torch::nn::Module& model) {

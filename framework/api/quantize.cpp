@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "framework/api/kv_cache_scheme.h"
+#include "framework/api/kv_static_scales.h"
 #include "framework/core/error.h"
 #include "framework/nn/conv.h"
 #include "framework/nn/convert.h"
@@ -124,6 +125,16 @@ Calibration::Calibration(torch::nn::Module& model) {
       quantizers_.push_back(q);
     }
   });
+  for (const auto& [path, m] : kv_cache_models(model)) {
+    const KvCacheScheme& s = m->kv_cache_scheme();
+    if (!s.is_static()) continue;
+    KvCacheScheme observing = s;
+    observing.calibrated.reset();
+    observing.observer = std::make_shared<KvRangeObserver>(s, m->kv_cache_layers(), m->kv_cache_heads(),
+                                                           m->kv_cache_head_dim());
+    kv_caches_.push_back({path, m, s});
+    m->set_kv_cache_scheme(observing);
+  }
 }
 
 void Calibration::finish() {
@@ -137,6 +148,17 @@ void Calibration::finish() {
       q->compute_qparams();
     } else {
       empty.push_back(q->path());
+    }
+  }
+  for (const KvCacheCalibration& c : kv_caches_) {
+    KvCacheScheme done = c.model->kv_cache_scheme();
+    try {
+      done.calibrated = done.observer->compute("KV cache");
+      done.observer.reset();
+      c.model->set_kv_cache_scheme(done);
+    } catch (const Error&) {
+      c.model->set_kv_cache_scheme(c.before);
+      empty.push_back((c.path.empty() ? std::string("(root)") : c.path) + " KV cache");
     }
   }
   if (!empty.empty()) {

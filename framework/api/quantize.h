@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "framework/api/kv_cache_scheme.h"
 #include "framework/api/module_like.h"
 #include "framework/api/scheme.h"
 
@@ -43,9 +44,10 @@ QuantizeReport quantize(Holder& model, const Scheme& scheme) {
 }
 
 // RAII calibration (quanto's `with Calibration()`): while alive, forward passes feed the static
-// activation observers (no fake-quant of activations, no gradients); finish() or destruction
-// turns observations into scales. finish() throws naming quantizers that saw no data; the
-// destructor prints that instead.
+// activation observers (no fake-quant of activations, no gradients) and the key/value ranges of
+// a static KV-cache scheme (kv_static_scales.h; attention then reads float keys and values);
+// finish() or destruction turns observations into scales. finish() throws naming quantizers and
+// KV caches that saw no data (such a cache keeps the scheme it had); the destructor prints that instead.
 class Calibration {
  public:
   explicit Calibration(torch::nn::Module& model);
@@ -57,7 +59,13 @@ class Calibration {
   void finish();
 
  private:
+  struct KvCacheCalibration {
+    std::string path;
+    KvCacheModel* model;
+    KvCacheScheme before;  // restored when no token reached a layer
+  };
   std::vector<Quantizer> quantizers_;
+  std::vector<KvCacheCalibration> kv_caches_;
   at::NoGradGuard no_grad_;
   bool done_ = false;
 };

@@ -12,6 +12,8 @@
 #include <map>
 #include <sstream>
 
+#include "framework/api/kv_cache_scheme.h"
+#include "framework/api/kv_static_scales.h"
 #include "framework/core/error.h"
 #include "framework/nn/quantizable.h"
 
@@ -64,6 +66,20 @@ int64_t sync_observers(torch::nn::Module& model, const World& world) {
       ++merged;
     }
   });
+  // A static KV cache being calibrated: its ranges are a min / max per head and group (and a token count).
+  for (const auto& [path, m] : kv_cache_models(model)) {
+    const std::shared_ptr<KvRangeObserver>& obs = m->kv_cache_scheme().observer;
+    if (obs == nullptr) continue;
+    if (!world.single()) {
+      for (int64_t l = 0; l < m->kv_cache_layers(); ++l)
+        for (bool values : {false, true}) {
+          world.all_reduce(obs->lo(l, values), Reduce::kMin);
+          world.all_reduce(obs->hi(l, values), Reduce::kMax);
+        }
+      world.all_reduce(obs->seen(), Reduce::kSum);
+    }
+    ++merged;
+  }
   return merged;
 }
 

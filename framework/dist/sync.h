@@ -18,7 +18,8 @@ namespace qforge::dist {
 // gathers all ranks' states and merges them in rank order (rank 0's first), so every rank holds
 // the same observer and finish() gives every rank the same qparams. For min/max observers the
 // merge is the minimum and maximum over all ranks' data, bit for bit what one process seeing all
-// of it computes; histogram observers merge as Observer::merge does. Returns the observers merged.
+// of it computes; histogram observers merge as Observer::merge does. A static KV cache being
+// calibrated merges its ranges likewise (kv_static_scales.h). Returns the observers merged.
 int64_t sync_observers(torch::nn::Module& model, const World& world);
 
 // Call after backward, before the optimizer step: every parameter's gradient becomes the mean over

@@ -188,7 +188,7 @@ void Loader::plan_kv_cache() {
       kv_cache_.emplace_back(m, KvCacheScheme{});
       continue;
     }
-    it->second.validate(m->kv_cache_head_dim(), layer_where(path));
+    m->check_kv_cache_scheme(it->second, layer_where(path));
     kv_cache_.emplace_back(m, it->second);
   }
 }

@@ -40,7 +40,7 @@ Gpt2Config Gpt2Config::from_json(const nlohmann::json& j) {
   require_heads_divide(kWho, "n_embd", c.n_embd, "n_head", c.n_head);
   apply_activation(c.activation_function, at::zeros({1}));
   if (j.contains("qforge_kv_cache")) c.kv_cache = kv_cache_scheme_from_json(j["qforge_kv_cache"], kWho);
-  c.kv_cache.validate(c.n_embd / c.n_head, kWho);
+  c.kv_cache.validate(c.n_layer, c.n_head, c.n_embd / c.n_head, kWho);
   return c;
 }
 
@@ -92,8 +92,8 @@ at::Tensor Gpt2AttentionImpl::forward(const at::Tensor& x, KvCache* cache, int64
   if (cache != nullptr) {
     std::tie(k, v) = cache->append(static_cast<size_t>(layer), k, v);
     past = k.size(2) - T;
-  } else if (config.kv_cache.quantized()) {
-    k = fake_quantize_kv(k, config.kv_cache), v = fake_quantize_kv(v, config.kv_cache);
+  } else {
+    cacheless_kv(k, v, config.kv_cache, layer, "models/gpt2");
   }
   // Float products: the whole attention in one kernel (activation.h), decode- or prefill-size, the
   // scores times 1/√D as the fused softmax below takes them.
@@ -209,7 +209,7 @@ void Gpt2LMHeadModelImpl::init_weights() {
 }
 
 void Gpt2LMHeadModelImpl::set_kv_cache_scheme(const KvCacheScheme& scheme) {
-  scheme.validate(config.n_embd / config.n_head, "models/gpt2");
+  check_kv_cache_scheme(scheme, "models/gpt2");
   config.kv_cache = scheme;
   transformer->config.kv_cache = scheme;
   for (const auto& b : *transformer->h) {

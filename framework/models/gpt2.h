@@ -145,6 +145,8 @@ class Gpt2LMHeadModelImpl : public torch::nn::Cloneable<Gpt2LMHeadModelImpl>, pu
   // The KV-cache scheme of every attention layer (and the configs saved with the model).
   const KvCacheScheme& kv_cache_scheme() const override { return config.kv_cache; }
   int64_t kv_cache_head_dim() const override { return config.n_embd / config.n_head; }
+  int64_t kv_cache_heads() const override { return config.n_head; }
+  int64_t kv_cache_layers() const override { return config.n_layer; }
   void set_kv_cache_scheme(const KvCacheScheme& scheme) override;
   int64_t kv_cache_bytes_per_token(const KvCacheScheme& scheme) const override;
   Gpt2Config config;

@@ -135,12 +135,14 @@ std::pair<at::Tensor, at::Tensor> KvCache::append_quantized(size_t layer, const 
              ": a quantized cache (", scheme_.to_string(), ") stores integer codes, which carry no gradient; "
              "append under torch::NoGradGuard or use a float cache");
   const int64_t first = reserve_ > 0 ? reserve_ : kMinCapacity;
+  const auto l = static_cast<int64_t>(layer);
+  const KvSideScales *kf = kv_static_side(scheme_, l, false, kKvCache), *vf = kv_static_side(scheme_, l, true, kKvCache);
   if (!dequantize) {
-    quant_keys_[layer].push(k, scheme_, first);
-    quant_values_[layer].push(v, scheme_, first);
+    quant_keys_[layer].push(k, scheme_, first, kf);
+    quant_values_[layer].push(v, scheme_, first, vf);
     return {};
   }
-  at::Tensor ks = quant_keys_[layer].append(k, scheme_, first), vs = quant_values_[layer].append(v, scheme_, first);
+  at::Tensor ks = quant_keys_[layer].append(k, scheme_, first, kf), vs = quant_values_[layer].append(v, scheme_, first, vf);
   dequantized_ += ks.size(2) + vs.size(2);
   return {std::move(ks), std::move(vs)};
 }

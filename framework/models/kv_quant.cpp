@@ -32,12 +32,29 @@ at::Tensor new_kv_store(const at::Tensor& like, int64_t capacity, const at::Tens
   return s;
 }
 
-QParams kv_qparams(const at::Tensor& x, const KvCacheScheme& scheme) {
+const KvSideScales* kv_static_side(const KvCacheScheme& scheme, int64_t layer, bool values, const char* who) {
+  if (!scheme.is_static()) return nullptr;
+  QF_REQUIRE(scheme.observer == nullptr, who, ": the static KV-cache scales (", scheme.to_string(),
+             ") are being calibrated; a Calibration's forwards run without a cache");
+  QF_REQUIRE(scheme.calibrated != nullptr, who, ": the KV cache is ", scheme.to_string(),
+             "; run a Calibration (qforge::Calibration over a few batches) before attending with it");
+  return &scheme.calibrated->side(layer, values, who);
+}
+
+QParams kv_qparams(const at::Tensor& x, const KvCacheScheme& scheme, const KvSideScales* fixed) {
   QF_REQUIRE(x.defined() && x.dim() >= 1 && x.is_floating_point(), kKvQuant,
              ": keys / values must be a floating tensor [..., head_dim]");
   scheme.validate(x.size(-1), kKvQuant);
   QF_REQUIRE(scheme.quantized(), kKvQuant, ": a float cache has no scales");
   const QSpec spec = scheme.spec(x.size(-1));
+  if (fixed != nullptr) {
+    QF_REQUIRE(x.dim() == 4 && fixed->scale.dim() == 2 && x.size(1) == fixed->scale.size(0) &&
+                   x.size(3) / spec.group_size == fixed->scale.size(1),
+               kKvQuant, ": static scales ", fixed->scale.sizes(), " do not fit keys / values ", x.sizes());
+    const std::vector<int64_t> shape = {x.size(0), x.size(1), x.size(2), fixed->scale.size(1)};
+    auto spread = [&](const at::Tensor& t) { return t.to(x.device()).unsqueeze(1).unsqueeze(0).expand(shape).contiguous(); };
+    return make_qparams(spec, spread(fixed->scale), spread(fixed->zero_point));
+  }
   const at::Tensor xf = x.detach().to(at::kFloat);
   at::Tensor g = grouped(at::where(at::isfinite(xf), xf, at::zeros({}, xf.options())), spec);
   // Asymmetric: max - min must stay finite (an inf scale would dequantize to 0 * inf = NaN).
@@ -45,8 +62,8 @@ QParams kv_qparams(const at::Tensor& x, const KvCacheScheme& scheme) {
   return calculate_qparams(g.amin(-1), g.amax(-1), spec);
 }
 
-KvCodes quantize_kv(const at::Tensor& x, const KvCacheScheme& scheme) {
-  const QParams qp = kv_qparams(x, scheme);
+KvCodes quantize_kv(const at::Tensor& x, const KvCacheScheme& scheme, const KvSideScales* fixed) {
+  const QParams qp = kv_qparams(x, scheme, fixed);
   const at::Tensor q = quantize_to_int8(without_nan(x.detach()), qp);
   KvCodes c;
   c.codes = is_int4(scheme) ? pack_int4_pairs(q) : q;
@@ -64,9 +81,20 @@ at::Tensor dequantize_kv(const KvCodes& c, const KvCacheScheme& scheme, at::Scal
   return dequantize_int(q, qp).to(dtype);
 }
 
-at::Tensor fake_quantize_kv(const at::Tensor& x, const KvCacheScheme& scheme) {
-  const QParams qp = kv_qparams(x, scheme);
+at::Tensor fake_quantize_kv(const at::Tensor& x, const KvCacheScheme& scheme, const KvSideScales* fixed) {
+  const QParams qp = kv_qparams(x, scheme, fixed);
   return fake_quantize(without_nan(x), qp).to(x.scalar_type());
+}
+
+void cacheless_kv(at::Tensor& k, at::Tensor& v, const KvCacheScheme& scheme, int64_t layer, const char* who) {
+  if (!scheme.quantized()) return;
+  if (scheme.is_static() && scheme.observer) {
+    scheme.observer->observe(layer, false, k);
+    scheme.observer->observe(layer, true, v);
+    return;  // calibration sees float keys and values, as a Calibration's activation observers do
+  }
+  k = fake_quantize_kv(k, scheme, kv_static_side(scheme, layer, false, who));
+  v = fake_quantize_kv(v, scheme, kv_static_side(scheme, layer, true, who));
 }
 
 at::Tensor pack_int4_pairs(const at::Tensor& codes) {
@@ -84,12 +112,13 @@ at::Tensor unpack_int4_pairs(const at::Tensor& packed) {
   return at::stack({sign(lo), sign(hi)}, -1).flatten(-2).to(at::kChar);
 }
 
-at::Tensor KvQuantStore::append(const at::Tensor& x, const KvCacheScheme& scheme, int64_t reserve) {
-  push(x, scheme, reserve);
+at::Tensor KvQuantStore::append(const at::Tensor& x, const KvCacheScheme& scheme, int64_t reserve,
+                                const KvSideScales* fixed) {
+  push(x, scheme, reserve, fixed);
   return values(scheme);
 }
 
-void KvQuantStore::push(const at::Tensor& x, const KvCacheScheme& scheme, int64_t reserve) {
+void KvQuantStore::push(const at::Tensor& x, const KvCacheScheme& scheme, int64_t reserve, const KvSideScales* fixed) {
   QF_REQUIRE(x.dim() == 4, kKvQuant, ": keys / values must be [batch, kv_heads, T, head_dim], got ", x.sizes());
   // Float CPU positions are written in one pass (kernels::quantize_kv_rows, the same values);
   // others through quantize_kv's ATen ops.
@@ -102,8 +131,11 @@ void KvQuantStore::push(const at::Tensor& x, const KvCacheScheme& scheme, int64_
     c.codes = at::empty({B, H, 0, is_int4(scheme) ? D / 2 : D}, x.options().dtype(is_int4(scheme) ? at::kByte : at::kChar));
     c.scale = at::empty({B, H, 0, groups}, x.options());
     if (!scheme.symmetric) c.zero_point = at::empty({B, H, 0, groups}, x.options().dtype(at::kChar));
+    if (fixed != nullptr)
+      QF_REQUIRE(fixed->scale.dim() == 2 && fixed->scale.size(0) == H && fixed->scale.size(1) == groups, kKvQuant,
+                 ": static scales ", fixed->scale.sizes(), " do not fit keys / values ", x.sizes());
   } else {
-    c = quantize_kv(x, scheme);
+    c = quantize_kv(x, scheme, fixed);
   }
   if (codes_.defined())
     QF_REQUIRE(codes_.size(0) == x.size(0) && codes_.size(1) == x.size(1) && codes_.size(3) == c.codes.size(3) &&
@@ -127,6 +159,13 @@ void KvQuantStore::push(const at::Tensor& x, const KvCacheScheme& scheme, int64_
     p.zero_point = scheme.symmetric ? nullptr : static_cast<int8_t*>(zero_point_.data_ptr());
     p.batch = x.size(0), p.heads = x.size(1), p.T = T, p.D = x.size(3), p.group = scheme.group(x.size(3));
     p.capacity = codes_.size(2), p.first = length_, p.bits = scheme.qtype->bits;
+    at::Tensor static_scale, static_zero_point;  // held for the call
+    if (fixed != nullptr) {
+      static_scale = fixed->scale.to(at::kFloat).contiguous();
+      static_zero_point = fixed->zero_point.to(at::kInt).contiguous();
+      p.static_scale = static_scale.data_ptr<float>();
+      p.static_zero_point = static_zero_point.data_ptr<int32_t>();
+    }
     kernels::quantize_kv_rows(p);
   } else {
     codes_.narrow(2, length_, T).copy_(c.codes);

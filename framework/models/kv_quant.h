@@ -8,6 +8,8 @@
 // qmin, qmax) and x̂ = (q - z) * s, the values fake_quantize gives. Non-finite entries: the scale
 // comes from the group's finite values, ±inf saturates to qmax / qmin and NaN is stored as the
 // zero point (it dequantizes to 0), so one bad value neither poisons the group nor reaches a cast.
+// A static scheme (kv_static_scales.h) takes s and z of each key/value head and group from its
+// calibrated scales instead and applies the same q and x̂ (values beyond the range saturate).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -15,6 +17,7 @@
 #include <cstdint>
 
 #include "framework/api/kv_cache_scheme.h"
+#include "framework/api/kv_static_scales.h"
 #include "framework/core/qparams.h"
 
 namespace qforge::models {
@@ -26,15 +29,23 @@ struct KvCodes {
   at::Tensor codes, scale, zero_point;
 };
 
-// The scales and zero points of x [..., head_dim] under `scheme` (quantized), from x's finite values.
-QParams kv_qparams(const at::Tensor& x, const KvCacheScheme& scheme);
+// Layer `layer`'s calibrated keys (values: false) or values scales under a static scheme; null for
+// a dynamic one. An uncalibrated static scheme (or one being calibrated) is refused, naming `who`.
+const KvSideScales* kv_static_side(const KvCacheScheme& scheme, int64_t layer, bool values, const char* who);
+// The scales and zero points of x [..., head_dim] under `scheme` (quantized): from x's finite
+// values, or `fixed` ([kv_heads, groups], x [B, kv_heads, T, head_dim]) broadcast over B and T.
+QParams kv_qparams(const at::Tensor& x, const KvCacheScheme& scheme, const KvSideScales* fixed = nullptr);
 // x [..., head_dim] (any float dtype) to codes; NaN / inf by the rule above.
-KvCodes quantize_kv(const at::Tensor& x, const KvCacheScheme& scheme);
+KvCodes quantize_kv(const at::Tensor& x, const KvCacheScheme& scheme, const KvSideScales* fixed = nullptr);
 // The float values (dtype `dtype`) the codes stand for: (q - z) * s.
 at::Tensor dequantize_kv(const KvCodes& c, const KvCacheScheme& scheme, at::ScalarType dtype);
 // x̂ through the fake-quant kernels (fake_quantize, straight-through gradient), x's dtype: what a
 // cacheless forward of a model with this scheme attends to. Equals dequantize_kv(quantize_kv(x)).
-at::Tensor fake_quantize_kv(const at::Tensor& x, const KvCacheScheme& scheme);
+at::Tensor fake_quantize_kv(const at::Tensor& x, const KvCacheScheme& scheme, const KvSideScales* fixed = nullptr);
+// What attention layer `layer`'s forward without a cache attends to, in place: k and v as they
+// are for a float scheme; recorded by the observer and left float while a static scheme is being
+// calibrated; else their fake-quantized values (dynamic, or the calibrated static scales).
+void cacheless_kv(at::Tensor& k, at::Tensor& v, const KvCacheScheme& scheme, int64_t layer, const char* who);
 
 // int8 codes in [-8, 7], last dimension even, to bytes of two codes (low nibble first) and back.
 // Tensor ops beside kernels::pack_s4_reference's scalar loop: any device and batch shape, no copy to the CPU.
@@ -51,9 +62,11 @@ class KvQuantStore {
  public:
   // Appends x [B, kv_heads, T, head_dim] (same B, kv_heads, head_dim and dtype as before) and
   // returns the dequantized values of every cached position, [B, kv_heads, length, head_dim].
-  at::Tensor append(const at::Tensor& x, const KvCacheScheme& scheme, int64_t reserve);
+  // `fixed`: the side's static scales (kv_static_side), null for dynamic schemes.
+  at::Tensor append(const at::Tensor& x, const KvCacheScheme& scheme, int64_t reserve,
+                    const KvSideScales* fixed = nullptr);
   // The same without dequantizing anything (attention on the codes reads codes() instead).
-  void push(const at::Tensor& x, const KvCacheScheme& scheme, int64_t reserve);
+  void push(const at::Tensor& x, const KvCacheScheme& scheme, int64_t reserve, const KvSideScales* fixed = nullptr);
   // The dequantized values of the cached positions (undefined when empty).
   at::Tensor values(const KvCacheScheme& scheme) const;
   // The codes of the cached positions (views of the stores).

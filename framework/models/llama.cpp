@@ -214,7 +214,7 @@ void LlamaConfig::validate() const {
   QF_REQUIRE(is_activation(c.hidden_act), kLlama, ": config field 'hidden_act' is '", c.hidden_act,
              "'; supported: ", activation_names());
   c.rope_scaling.validate("rope_scaling");
-  c.kv_cache.validate(c.head_size(), kLlama);
+  c.kv_cache.validate(c.num_hidden_layers, c.kv_heads(), c.head_size(), kLlama);
   QF_REQUIRE(!c.down_proj_hadamard || kernels::hadamard_supported(c.intermediate_size), kLlama,
              ": config field 'qforge_down_proj_hadamard' needs a Hadamard size; intermediate_size ",
              c.intermediate_size, " is not one (2^k * m, m = 1 or a Paley order: docs/rotations.md)");
@@ -304,8 +304,8 @@ at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x, const RopeTables& ro
   }
   if (cache != nullptr) {
     std::tie(k, v) = cache->append(static_cast<size_t>(layer), k, v);
-  } else if (config.kv_cache.quantized()) {
-    k = fake_quantize_kv(k, config.kv_cache), v = fake_quantize_kv(v, config.kv_cache);
+  } else {
+    cacheless_kv(k, v, config.kv_cache, layer, kLlama);
   }
   const int64_t S = k.size(2), past = S - T;
   // Float products: the whole attention in one kernel (activation.h), decode- or prefill-size.
@@ -446,7 +446,7 @@ void LlamaForCausalLMImpl::set_qk_hadamard(bool on) {
 }
 
 void LlamaForCausalLMImpl::set_kv_cache_scheme(const KvCacheScheme& scheme) {
-  scheme.validate(config.head_size(), kLlama);
+  check_kv_cache_scheme(scheme, kLlama);
   set_configs([&scheme](LlamaConfig& c) { c.kv_cache = scheme; });
 }
 

@@ -218,6 +218,8 @@ class LlamaForCausalLMImpl : public torch::nn::Cloneable<LlamaForCausalLMImpl>, 
   // The KV-cache scheme of every attention layer (and the configs saved with the model).
   const KvCacheScheme& kv_cache_scheme() const override { return config.kv_cache; }
   int64_t kv_cache_head_dim() const override { return config.head_size(); }
+  int64_t kv_cache_heads() const override { return config.kv_heads(); }
+  int64_t kv_cache_layers() const override { return config.num_hidden_layers; }
   void set_kv_cache_scheme(const KvCacheScheme& scheme) override;
   int64_t kv_cache_bytes_per_token(const KvCacheScheme& scheme) const override;
   LlamaConfig config;

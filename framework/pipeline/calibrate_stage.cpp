@@ -9,6 +9,7 @@
 #include "framework/pipeline/run_context.h"
 #include "framework/pipeline/stage_registry.h"
 #include "framework/api/kv_cache_scheme.h"
+#include "framework/api/kv_static_scales.h"
 #include "framework/api/quantize.h"
 #include "framework/models/gpt2.h"
 #include "framework/ptq/float_view.h"
@@ -114,8 +115,27 @@ void quantize_kv_cache(RunContext& ctx) {
   ctx.report["kv_cache"] = {{"scheme", s.to_string()},       {"qtype", s.qtype->name},
                             {"symmetric", s.symmetric},      {"group_size", s.group_size},
                             {"bytes_per_token", bytes},      {"float_bytes_per_token", float_bytes}};
+  if (s.is_static()) ctx.report["kv_cache"]["scales"] = kv_scales_name(s.scales);
   std::fprintf(stderr, "qtrain: KV cache %s: %lld bytes per cached token (float32: %lld)\n", s.to_string().c_str(),
                static_cast<long long>(bytes), static_cast<long long>(float_bytes));
+}
+
+// report.json's kv_cache.static_scales: per layer, the largest calibrated key and value scale (a
+// layer whose keys need a large step shows here first); the values themselves are in the checkpoint.
+void report_kv_static_scales(RunContext& ctx) {
+  const KvCacheScheme& s = kv_cache_models(*ctx.task.model).front().second->kv_cache_scheme();
+  QF_CHECK(s.calibrated != nullptr);
+  nlohmann::json layers = nlohmann::json::array();
+  for (size_t l = 0; l < s.calibrated->layers.size(); ++l) {
+    const auto& side = s.calibrated->layers[l];
+    layers.push_back({{"layer", l},
+                      {"key_scale_max", side[0].scale.max().item<double>()},
+                      {"value_scale_max", side[1].scale.max().item<double>()}});
+  }
+  ctx.report["kv_cache"]["scheme"] = s.to_string();
+  ctx.report["kv_cache"]["static_scales"] = std::move(layers);
+  std::fprintf(stderr, "qtrain: KV cache %s over %lld calibration examples\n", s.to_string().c_str(),
+               static_cast<long long>(ctx.calibration_examples()));
 }
 
 // The cache's group size must divide the model's head_dim: checked before the float stage trains.
@@ -157,13 +177,17 @@ class CalibrateStage : public Stage {
     if (r.ptq.enabled && r.ptq.equalize) equalize(ctx);
     const QuantizeReport q = quantize(*ctx.task.model, ctx.scheme);
     for (const auto& w : q.warnings) ctx.note("quantize: " + w);
-    if (r.kv_cache.quantized()) quantize_kv_cache(ctx);
+    if (r.kv_cache.quantized() && !r.kv_cache.is_static()) quantize_kv_cache(ctx);
     // A scheme (or searched width) with no QDQ form fails here, not after training.
     if (r.export_.onnx && export_stage().requested(ctx.options.stages)) check_onnx_recipe(r, ctx.task.model.get());
     if (solve_stage().applies(r)) check_solve_recipe(*ctx.task.model, r);  // before the calibration pass, not after it
     if (r.ptq.enabled && r.ptq.smoothquant) smooth(ctx);
     if (r.ptq.enabled && r.ptq.awq) awq(ctx);  // scales the float weights the observers then calibrate
+    // A static cache is calibrated by the activations' pass, after the solvers that run forwards
+    // of their own (an uncalibrated static cache refuses to attend).
+    if (r.kv_cache.is_static()) quantize_kv_cache(ctx);
     ctx.calibrate(ctx.scheme);
+    if (r.kv_cache.is_static()) report_kv_static_scales(ctx);
     if (r.calibrate.imatrix) collect_imatrix(ctx);
   }
 };

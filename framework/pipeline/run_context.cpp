@@ -271,7 +271,7 @@ at::Tensor RunContext::calibration_batch(int64_t b) {
 }
 
 void RunContext::calibrate(const Scheme& sc) {
-  if (sc.activations != ActivationMode::kStatic) return;
+  if (sc.activations != ActivationMode::kStatic && !recipe.kv_cache.is_static()) return;
   task.model->eval();
   Calibration calib(*task.model);
   report["calibration_examples"] = calibration_examples();

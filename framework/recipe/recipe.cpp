@@ -137,7 +137,7 @@ void check_model_data(const Recipe& r, const Where& w) {
 void check_kv_cache(const Recipe& r, const Where& w) {
   if (!r.kv_cache.quantized()) {
     // symmetric / group_size alone would leave the cache float without a word.
-    for (const char* key : {"quantize.kv_cache.symmetric", "quantize.kv_cache.group_size"})
+    for (const char* key : {"quantize.kv_cache.symmetric", "quantize.kv_cache.group_size", "quantize.kv_cache.scales"})
       if (w.origins.count(key))
         w.problem(key, "has no effect without quantize.kv_cache.qtype (int8 or int4); the cache stays float");
     return;
@@ -145,8 +145,8 @@ void check_kv_cache(const Recipe& r, const Where& w) {
   if (r.model.arch != "gpt2" && r.model.arch != "llama")
     w.problem("quantize.kv_cache.qtype", "a KV cache belongs to the causal LMs (arch gpt2 or llama), not " + r.model.arch);
   if (r.export_.onnx)
-    w.problem("quantize.kv_cache.qtype", "export.onnx cannot write a quantized KV cache (dynamic per-token scales have "
-                                         "no QDQ form in the graph); set export.onnx: false or drop kv_cache");
+    w.problem("quantize.kv_cache.qtype", "export.onnx cannot write a quantized KV cache (the exported graph attends "
+                                         "to float keys and values); set export.onnx: false or drop kv_cache");
 }
 
 void check_quantize(const Recipe& r, const YAML::Node& tree, const Where& w) {

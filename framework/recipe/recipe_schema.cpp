@@ -180,7 +180,7 @@ Field kv_cache_section() {
     return [value](const Recipe& r) { return r.kv_cache.quantized() ? value(r) : YAML::Node(); };
   };
   return map("kv_cache", "KV-cache quantization of causal LMs (gpt2, llama): codes per token and key/value head, "
-             "dynamic scales (docs/kv_cache.md)", {
+             "scales per token (dynamic) or calibrated (static) (docs/kv_cache.md)", {
       bind(choice("qtype", {"none", "int8", "int4"}, "cache grid (none: float)"),
            [](const YAML::Node& n, Recipe& r) {
              const std::string name = n.as<std::string>();
@@ -195,6 +195,13 @@ Field kv_cache_section() {
       bind(leaf("group_size", T::kInt, "head_dim elements per scale (0: the whole head)", 0, 65536),
            [](const YAML::Node& n, Recipe& r) { r.kv_cache.group_size = n.as<int64_t>(); },
            when_quantized([](const Recipe& r) { return YAML::Node(r.kv_cache.group_size); })),
+      bind(choice("scales", {"dynamic", "static_head", "static_tensor"},
+                  "dynamic: each token's own; static_head / static_tensor: calibrated per key/value head and "
+                  "group / per layer, values beyond the range saturate"),
+           [](const YAML::Node& n, Recipe& r) {
+             r.kv_cache.scales = kv_scales_from_name(n.as<std::string>(), "quantize.kv_cache.scales");
+           },
+           when_quantized([](const Recipe& r) { return YAML::Node(std::string(kv_scales_name(r.kv_cache.scales))); })),
   });
 }
 

@@ -36,21 +36,27 @@ void quantize_kv_rows(const KvQuantizeProblem& p) {
       uint8_t* codes = p.codes + pos * row_bytes;
       for (int64_t g = 0; g < groups; ++g) {
         const float* xg = x + g * p.group;
-        float lo = 0, hi = 0;  // min(·, 0) and max(·, 0) of the finite values
-        for (int64_t i = 0; i < p.group; ++i) {
-          if (!std::isfinite(xg[i])) continue;
-          const float v = symmetric ? xg[i] : std::clamp(xg[i], -kKvRangeLimit, kKvRangeLimit);
-          lo = std::min(lo, v), hi = std::max(hi, v);
-        }
         float s;
         int z = 0;
-        if (symmetric) {
-          s = std::max(std::max(-lo, hi) / (static_cast<float>(qmax - qmin) / 2), kScaleEps);
+        if (p.static_scale != nullptr) {
+          const int64_t hg = (bh % p.heads) * groups + g;
+          s = p.static_scale[hg];
+          z = p.static_zero_point != nullptr ? p.static_zero_point[hg] : 0;
         } else {
-          s = std::max((hi - lo) / static_cast<float>(qmax - qmin), kScaleEps);
-          z = std::clamp(qmin - static_cast<int>(std::nearbyint(lo / s)), qmin, qmax);
-          p.zero_point[pos * groups + g] = static_cast<int8_t>(z);
+          float lo = 0, hi = 0;  // min(·, 0) and max(·, 0) of the finite values
+          for (int64_t i = 0; i < p.group; ++i) {
+            if (!std::isfinite(xg[i])) continue;
+            const float v = symmetric ? xg[i] : std::clamp(xg[i], -kKvRangeLimit, kKvRangeLimit);
+            lo = std::min(lo, v), hi = std::max(hi, v);
+          }
+          if (symmetric) {
+            s = std::max(std::max(-lo, hi) / (static_cast<float>(qmax - qmin) / 2), kScaleEps);
+          } else {
+            s = std::max((hi - lo) / static_cast<float>(qmax - qmin), kScaleEps);
+            z = std::clamp(qmin - static_cast<int>(std::nearbyint(lo / s)), qmin, qmax);
+          }
         }
+        if (!symmetric) p.zero_point[pos * groups + g] = static_cast<int8_t>(z);
         p.scale[pos * groups + g] = s;
         const float inv = 1.0f / s;
         for (int64_t i = 0; i < p.group; ++i) {

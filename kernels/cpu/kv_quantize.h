@@ -12,6 +12,8 @@
 // codes per byte, element 2i in the low nibble (bits 4); float scales and, asymmetric, int8 zero
 // points [B, kv_heads, capacity, D / group]. One scalar implementation: a decode step quantizes
 // one position per head (a few hundred values), where the ATen ops it replaces took ~0.1 ms a layer.
+// Static scales (static_scale set): s and z of head h and group g are static_scale[h · groups + g]
+// and static_zero_point[h · groups + g] (null: 0) for every position; the codes follow the same q.
 #pragma once
 
 #include <cstdint>
@@ -27,6 +29,8 @@ struct KvQuantizeProblem {
   uint8_t* codes = nullptr;    // [B, kv_heads, capacity, D] int8, or [..., D / 2] packed int4
   float* scale = nullptr;      // [B, kv_heads, capacity, D / group]
   int8_t* zero_point = nullptr;  // same shape as scale; null: symmetric
+  const float* static_scale = nullptr;         // [kv_heads, D / group]; null: each row's own scales
+  const int32_t* static_zero_point = nullptr;  // [kv_heads, D / group], in [qmin, qmax]; null: 0
   int64_t batch = 0, heads = 0, T = 0, D = 0, group = 0, capacity = 0, first = 0;
   int bits = 8;
 };

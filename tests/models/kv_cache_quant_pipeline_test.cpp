@@ -61,6 +61,17 @@ TEST(KvCacheQuant, PipelineWritesTheSchemeToTheReportAndRefusesABadGroupBeforeTr
   EXPECT_EQ(kv["bytes_per_token"], 1 * 2 * 2 * (8 + 4 + 1));
   EXPECT_EQ(kv["float_bytes_per_token"], 1 * 2 * 2 * 16 * 4);
 
+  // scales: static_head: the activations' calibration pass (activations float here) measures the
+  // keys and values; report.json names the scales and each layer's largest.
+  o.out_dir = (dir / "static").string();
+  ASSERT_EQ(error_of([&] { run_pipeline(small_llama(dir, {"quantize.kv_cache.scales=static_head"}), o); }), "");
+  const nlohmann::json st = nlohmann::json::parse(std::ifstream(dir / "static" / "report.json"))["kv_cache"];
+  EXPECT_EQ(st["scheme"], "qint8 symmetric static per head (calibrated)");
+  EXPECT_EQ(st["scales"], "static_head");
+  ASSERT_EQ(st["static_scales"].size(), 1u) << st.dump(2);
+  EXPECT_GT(st["static_scales"][0]["key_scale_max"].get<double>(), 0.0);
+  EXPECT_GT(st["static_scales"][0]["value_scale_max"].get<double>(), 0.0);
+
   // search.context_length: the size budget holds the weights and the int8 cache at 64 positions
   // (against the float model and a float32 cache), report.json's search.kv_cache says so.
   o.out_dir = (dir / "search").string();

@@ -264,52 +264,6 @@ TEST(KvCacheQuant, SchemesAreCheckedAndQuantizedCachesRefuseGradients) {
   EXPECT_THROW(cache.append(0, at::randn({1, 1, 1, 4}, at::kDouble), at::randn({1, 1, 1, 4}, at::kDouble)), Error);
 }
 
-// Prefill of the whole sequence equals the fake-quantized full forward bit for bit (the same keys
-// and values, quantized alike). Token-by-token decoding cannot be bitwise: its one-token
-// projections round differently from the full forward's, so a value on a rounding boundary of its
-// grid lands one code away. The symmetric grid puts one on every group whose largest magnitude is
-// negative: it maps to -(qmax - qmin) / 2 = -7.5 (int4) or -127.5 (int8), a tie. So the first
-// layer's codes (inputs equal up to rounding) are checked against the whole-sequence prefill's: at
-// most one step apart, in at most one code per group, scales within float rounding. Later layers
-// see those steps in their inputs, and which ties flip depends on the CPU's GEMM rounding (int4 in
-// groups of 8: a tie on every other group, one step = 1/7.5 of its largest magnitude), so the
-// logits are bounded by the quantization's own effect: decoding stays closer to the fake-quant
-// forward than that forward is to the float one (a decode that misplaced or dropped cached
-// positions moves them by a good part of their range).
-template <class Model>
-void expect_decode_equals_fake_quant(Model& m, const KvCacheScheme& s, int64_t vocab) {
-  m->set_kv_cache_scheme(s);
-  m->eval();
-  at::NoGradGuard ng;
-  const at::Tensor ids = at::randint(0, vocab, {1, 16}, at::kLong);
-  const at::Tensor full = m->forward(ids);
-  KvCache whole;
-  EXPECT_TRUE(at::equal(m->forward(ids, &whole), full)) << name_of(s);
-  EXPECT_EQ(whole.scheme(), s);
-  KvCache cache;
-  std::vector<at::Tensor> steps = {m->forward(ids.narrow(1, 0, 5), &cache)};
-  for (int64_t t = 5; t < 16; ++t) steps.push_back(m->forward(ids.narrow(1, t, 1), &cache));
-  for (bool values : {false, true}) {
-    const KvCodes a = whole.codes(0, values), b = cache.codes(0, values);
-    auto ints = [&](const KvCodes& c) { return (s.qtype->bits == 4 ? unpack_int4_pairs(c.codes) : c.codes).to(at::kInt); };
-    const at::Tensor step = (ints(a) - ints(b)).abs();
-    EXPECT_LE(step.max().item<int>(), 1) << name_of(s);
-    const int64_t g = s.group(step.size(-1));
-    const at::Tensor per_group = step.gt(0).view({step.size(0), step.size(1), step.size(2), -1, g}).sum(-1);
-    EXPECT_LE(per_group.max().item<int64_t>(), 1) << name_of(s) << ": at most one code per group";
-    if (!s.symmetric) {
-      EXPECT_LE((a.zero_point.to(at::kInt) - b.zero_point.to(at::kInt)).abs().max().item<int>(), 1) << name_of(s);
-    }
-    EXPECT_LT(((a.scale - b.scale).abs() / a.scale).max().item<double>(), 1e-5) << name_of(s);
-  }
-  const double diff = (at::cat(steps, 1) - full).abs().max().item<double>();
-  m->set_kv_cache_scheme(KvCacheScheme{});
-  const double quantization = (m->forward(ids) - full).abs().max().template item<double>();
-  m->set_kv_cache_scheme(s);
-  EXPECT_LT(diff, quantization) << name_of(s) << ": decoding moved the logits further than quantizing the cache did";
-  EXPECT_EQ(cache.bytes(), 16 * m->kv_cache_bytes_per_token(s)) << name_of(s);
-}
-
 TEST(KvCacheQuant, LlamaDecodeWithAQuantizedCacheEqualsItsFakeQuantForward) {
   for (const KvCacheScheme& s : {scheme(qint8, true), scheme(qint4, false), scheme(qint4, true, 8)}) {
     at::manual_seed(7);
@@ -407,18 +361,8 @@ TEST(KvCacheQuant, DescribeNamesTheQuantizedCache) {
 
 TEST(KvCacheQuant, RecipeKeyIsCheckedWithFileLineAndClosestKey) {
   const std::string path = temp_path("kv.yaml");
-  auto issues = [&](const std::string& text) {
-    std::ofstream(path) << text;
-    std::string out;
-    try {
-      load_recipe(path);
-    } catch (const RecipeError& e) {
-      for (const RecipeIssue& i : e.issues()) out += i.to_string() + "\n";
-    }
-    return out;
-  };
-  const std::string llama =
-      "model: {arch: llama}\ndata: {dataset: fortunes}\nfreeze: {enabled: false}\nquantize:\n  weights: {qtype: none}\n";
+  auto issues = [&](const std::string& text) { return kv_recipe_issues(path, text); };
+  const std::string llama = kKvRecipeLlama;
   EXPECT_EQ(issues(llama + "  kv_cache: {qtype: int4, symmetric: false, group_size: 8}\n"), "");
   const Recipe r = load_recipe(path);
   EXPECT_EQ(r.kv_cache, scheme(qint4, false, 8));
