@@ -28,7 +28,8 @@ KvScales kv_scales_from_name(const std::string& name, const char* who) {
 bool operator==(const KvCacheScheme& a, const KvCacheScheme& b) {
   if (a.qtype.has_value() != b.qtype.has_value()) return false;
   if (!a.qtype) return true;
-  if (!(*a.qtype == *b.qtype) || a.symmetric != b.symmetric || a.group_size != b.group_size || a.scales != b.scales)
+  if (!(*a.qtype == *b.qtype) || a.symmetric != b.symmetric || a.group_size != b.group_size || a.scales != b.scales ||
+      a.clip_ratio != b.clip_ratio)
     return false;
   if (a.observer != b.observer || (a.calibrated == nullptr) != (b.calibrated == nullptr)) return false;
   return a.calibrated == b.calibrated || *a.calibrated == *b.calibrated;
@@ -38,6 +39,7 @@ nlohmann::json kv_cache_scheme_json(const KvCacheScheme& scheme) {
   if (!scheme.quantized()) return nullptr;
   nlohmann::json j = {{"qtype", scheme.qtype->name}, {"symmetric", scheme.symmetric}, {"group_size", scheme.group_size}};
   if (scheme.is_static()) j["scales"] = kv_scales_name(scheme.scales);  // dynamic: absent, as files before the key
+  if (scheme.clip_ratio != 1.0f) j["clip_ratio"] = static_cast<double>(scheme.clip_ratio);  // likewise
   if (scheme.calibrated) j["static_scales"] = kv_static_scales_json(*scheme.calibrated);
   return j;
 }
@@ -48,9 +50,11 @@ KvCacheScheme kv_cache_scheme_from_json(const nlohmann::json& j, const char* who
   QF_REQUIRE(j.is_object() && j.contains("qtype") && j["qtype"].is_string(), who,
              ": the KV-cache scheme must be an object with a string 'qtype', got ", j.dump());
   for (const auto& [key, value] : j.items()) {
-    QF_REQUIRE(key == "qtype" || key == "symmetric" || key == "group_size" || key == "scales" || key == "static_scales",
+    QF_REQUIRE(key == "qtype" || key == "symmetric" || key == "group_size" || key == "scales" ||
+                   key == "static_scales" || key == "clip_ratio",
                who, ": KV-cache scheme key '", key, "' is unknown; expected qtype, symmetric, group_size, scales, "
-               "static_scales");
+               "static_scales, clip_ratio");
+    if (key == "clip_ratio") QF_REQUIRE(value.is_number(), who, ": KV-cache 'clip_ratio' must be a number");
     if (key == "symmetric") QF_REQUIRE(value.is_boolean(), who, ": KV-cache 'symmetric' must be true or false");
     if (key == "group_size") QF_REQUIRE(value.is_number_integer(), who, ": KV-cache 'group_size' must be an integer");
     if (key == "scales") QF_REQUIRE(value.is_string(), who, ": KV-cache 'scales' must be a string");
@@ -59,6 +63,7 @@ KvCacheScheme kv_cache_scheme_from_json(const nlohmann::json& j, const char* who
   s.symmetric = j.value("symmetric", true);
   s.group_size = j.value("group_size", int64_t{0});
   if (j.contains("scales")) s.scales = kv_scales_from_name(j["scales"].get<std::string>(), who);
+  if (j.contains("clip_ratio")) s.clip_ratio = static_cast<float>(j["clip_ratio"].get<double>());
   if (j.contains("static_scales")) {
     QF_REQUIRE(s.is_static(), who, ": KV-cache 'static_scales' belong to a static scheme; 'scales' is ",
                kv_scales_name(s.scales));
@@ -86,8 +91,11 @@ QSpec KvCacheScheme::spec(int64_t head_dim) const {
 }
 
 void KvCacheScheme::validate(int64_t head_dim, const std::string& who) const {
+  QF_REQUIRE((!calibrated && !observer) || is_static(), who, ": KV-cache static scales belong to a static scheme "
+             "(scales static_head or static_tensor); this one is ", to_string());
   if (!quantized()) return;
   QF_REQUIRE(*qtype == qint8 || *qtype == qint4, who, ": the KV cache takes qint8 or qint4, not ", qtype->name);
+  QF_REQUIRE(clip_ratio > 0.0f && clip_ratio <= 1.0f, who, ": KV-cache clip_ratio must be in (0, 1], got ", clip_ratio);
   QF_REQUIRE(group_size >= 0, who, ": KV-cache group_size must be >= 0, got ", group_size);
   const int64_t g = group(head_dim);
   QF_REQUIRE(head_dim % g == 0, who, ": KV-cache group_size ", g, " does not divide head_dim ", head_dim);
@@ -111,6 +119,7 @@ std::string KvCacheScheme::to_string() const {
     case KvScales::kStaticTensor: s += " static per tensor"; break;
   }
   if (group_size > 0) s += ", groups of " + std::to_string(group_size);
+  if (clip_ratio != 1.0f) s += detail::str_cat(", ranges clipped at ", clip_ratio);
   // A recipe's static scheme is never calibrated: only a model's says where its scales stand.
   if (is_static() && (observer || calibrated)) s += observer ? " (calibrating)" : " (calibrated)";
   return s;
@@ -143,6 +152,13 @@ int set_kv_cache_scheme(torch::nn::Module& model, const KvCacheScheme& scheme) {
   const auto models = kv_cache_models(model);
   for (const auto& [path, m] : models) m->set_kv_cache_scheme(scheme);
   return static_cast<int>(models.size());
+}
+
+void require_no_calibrated_kv_scales(const torch::nn::Module& model, const std::string& who) {
+  for (const auto& [path, m] : kv_cache_models(model))
+    QF_REQUIRE(m->kv_cache_scheme().calibrated == nullptr, who, ": the KV cache", path.empty() ? "" : " of " + path,
+               " holds static scales calibrated on the keys and values this changes (", m->kv_cache_scheme().to_string(),
+               "); apply it first, then calibrate the cache");
 }
 
 std::string describe_kv_cache(const torch::nn::Module& model) {

@@ -38,6 +38,9 @@ struct KvCacheScheme {
   bool symmetric = true;       // zero point 0; asymmetric stores one int8 zero point per scale
   int64_t group_size = 0;      // head_dim elements per scale; 0: the whole head_dim
   KvScales scales = KvScales::kDynamic;
+  // The range a scale covers is min(x, 0) · clip_ratio .. max(x, 0) · clip_ratio (QuaRot clips its
+  // cache at 0.95): values beyond it saturate, the rest get a finer step. 1: no clipping. In (0, 1].
+  float clip_ratio = 1.0f;
   // Static schemes: the calibrated scales of every layer (null until a Calibration finishes; a
   // forward refuses an uncalibrated static scheme). Shared, immutable: copies of the scheme on
   // every attention layer hold the same object.
@@ -108,6 +111,10 @@ std::vector<std::pair<std::string, KvCacheModel*>> kv_cache_models(torch::nn::Mo
 std::vector<std::pair<std::string, const KvCacheModel*>> kv_cache_models(const torch::nn::Module& model);
 // Sets `scheme` on every cache-keeping module of `model` and returns how many there were.
 int set_kv_cache_scheme(torch::nn::Module& model, const KvCacheScheme& scheme);
+// Throws qforge::Error unless no cache-keeping module of `model` holds calibrated static scales:
+// `who` (a transform that changes the keys or values it caches: ptq::rotate's per-head turns,
+// AWQ's v_proj scales) would leave them measuring other values. Apply it first, then calibrate.
+void require_no_calibrated_kv_scales(const torch::nn::Module& model, const std::string& who);
 // describe()'s line for a model with a quantized cache: "KvCacheQuant: <scheme>, N bytes per
 // cached token (float32: M)" per cache-keeping module; empty for float caches.
 std::string describe_kv_cache(const torch::nn::Module& model);

@@ -63,8 +63,10 @@ void KvStaticScales::check(int64_t n_layers, int64_t kv_heads, int64_t groups, c
                      s.scale.size(1) == groups && s.zero_point.sizes() == s.scale.sizes(),
                  what, " must be [", kv_heads, ", ", groups, "] (kv_heads x groups), got ",
                  s.scale.defined() ? s.scale.sizes() : at::IntArrayRef{});
-      QF_REQUIRE(at::isfinite(s.scale).all().item<bool>() && s.scale.gt(0).all().item<bool>(), what,
-                 " must be finite and positive");
+      // calculate_qparams never gives less than float32 eps; a smaller one (a crafted file) would
+      // make 1 / s overflow and 0 · inf a NaN code.
+      QF_REQUIRE(at::isfinite(s.scale).all().item<bool>() && s.scale.ge(kScaleEps).all().item<bool>(), what,
+                 " must be finite and at least ", kScaleEps, " (float32 epsilon)");
       QF_REQUIRE(s.zero_point.ge(qmin).all().item<bool>() && s.zero_point.le(qmax).all().item<bool>(), what,
                  ": zero points must lie in [", qmin, ", ", qmax, "]");
       QF_REQUIRE(!scheme.symmetric || s.zero_point.eq(0).all().item<bool>(), what,
@@ -182,6 +184,7 @@ std::shared_ptr<const KvStaticScales> KvRangeObserver::compute(const std::string
     for (int side = 0; side < 2; ++side) {
       at::Tensor lo = lo_[l][side], hi = hi_[l][side];
       if (scheme_.scales == KvScales::kStaticTensor) lo = lo.min().expand_as(lo), hi = hi.max().expand_as(hi);
+      if (scheme_.clip_ratio != 1.0f) lo = lo * scheme_.clip_ratio, hi = hi * scheme_.clip_ratio;
       const QParams qp = calculate_qparams(lo.contiguous(), hi.contiguous(), spec);
       sides[side].scale = qp.scale.to(at::kFloat).contiguous();
       sides[side].zero_point = qp.zero_point.to(at::kInt).contiguous();

@@ -3,8 +3,8 @@
 // quantizes them with (KvStaticScales), instead of a scale computed from each appended position.
 // For the observed range of one (layer, side, key/value head, group) over every calibration token,
 //   lo = min(min x, 0), hi = max(max x, 0)      (finite values; asymmetric: clamped to ±FLT_MAX / 2)
-// (kStaticTensor: lo, hi over every head and group of the layer and side), the scale and zero point
-// are calculate_qparams(lo, hi) on the scheme's grid, the formulas the dynamic scheme applies per
+// (kStaticTensor: lo, hi over every head and group of the layer and side; both times the scheme's
+// clip_ratio when it is not 1), the scale and zero point are calculate_qparams(lo, hi) on the scheme's grid, the formulas the dynamic scheme applies per
 // position (kv_quant.h), so a static scheme calibrated on one position equals the dynamic one there.
 #pragma once
 

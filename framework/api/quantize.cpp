@@ -125,15 +125,21 @@ Calibration::Calibration(torch::nn::Module& model) {
       quantizers_.push_back(q);
     }
   });
-  for (const auto& [path, m] : kv_cache_models(model)) {
-    const KvCacheScheme& s = m->kv_cache_scheme();
-    if (!s.is_static()) continue;
-    KvCacheScheme observing = s;
-    observing.calibrated.reset();
-    observing.observer = std::make_shared<KvRangeObserver>(s, m->kv_cache_layers(), m->kv_cache_heads(),
-                                                           m->kv_cache_head_dim());
-    kv_caches_.push_back({path, m, s});
-    m->set_kv_cache_scheme(observing);
+  try {
+    for (const auto& [path, m] : kv_cache_models(model)) {
+      const KvCacheScheme& s = m->kv_cache_scheme();
+      if (!s.is_static()) continue;
+      KvCacheScheme observing = s;
+      observing.calibrated.reset();
+      observing.observer = std::make_shared<KvRangeObserver>(s, m->kv_cache_layers(), m->kv_cache_heads(),
+                                                             m->kv_cache_head_dim());
+      kv_caches_.push_back({path, m, s, observing.observer});
+      m->set_kv_cache_scheme(observing);
+    }
+  } catch (...) {  // no destructor runs for a half-built guard: put the schemes and switches back
+    for (const KvCacheCalibration& c : kv_caches_) c.model->set_kv_cache_scheme(c.before);
+    for (Quantizer q : quantizers_) q->set_observing(false), q->set_fake_quant(true);
+    throw;
   }
 }
 
@@ -141,6 +147,23 @@ void Calibration::finish() {
   if (done_) return;
   done_ = true;
   std::vector<std::string> empty;
+  // The KV caches first: an activation quantizer whose qparams throw must not leave a cache observing.
+  for (const KvCacheCalibration& c : kv_caches_) {
+    KvCacheScheme done = c.model->kv_cache_scheme();
+    if (done.observer != c.observer) {
+      // The scheme was replaced inside the guard (set_kv_cache_scheme, a load, another Calibration):
+      // it is the caller's now.
+      continue;
+    }
+    try {
+      done.calibrated = c.observer->compute("KV cache");
+      done.observer.reset();
+      c.model->set_kv_cache_scheme(done);
+    } catch (const Error&) {
+      c.model->set_kv_cache_scheme(c.before);
+      empty.push_back((c.path.empty() ? std::string("(root)") : c.path) + " KV cache");
+    }
+  }
   for (Quantizer q : quantizers_) {
     q->set_observing(false);
     q->set_fake_quant(true);
@@ -148,17 +171,6 @@ void Calibration::finish() {
       q->compute_qparams();
     } else {
       empty.push_back(q->path());
-    }
-  }
-  for (const KvCacheCalibration& c : kv_caches_) {
-    KvCacheScheme done = c.model->kv_cache_scheme();
-    try {
-      done.calibrated = done.observer->compute("KV cache");
-      done.observer.reset();
-      c.model->set_kv_cache_scheme(done);
-    } catch (const Error&) {
-      c.model->set_kv_cache_scheme(c.before);
-      empty.push_back((c.path.empty() ? std::string("(root)") : c.path) + " KV cache");
     }
   }
   if (!empty.empty()) {

@@ -48,6 +48,7 @@ QuantizeReport quantize(Holder& model, const Scheme& scheme) {
 // a static KV-cache scheme (kv_static_scales.h; attention then reads float keys and values);
 // finish() or destruction turns observations into scales. finish() throws naming quantizers and
 // KV caches that saw no data (such a cache keeps the scheme it had); the destructor prints that instead.
+// The guard refers to the model's KV-cache modules: destroy (or finish) it before the model.
 class Calibration {
  public:
   explicit Calibration(torch::nn::Module& model);
@@ -63,6 +64,7 @@ class Calibration {
     std::string path;
     KvCacheModel* model;
     KvCacheScheme before;  // restored when no token reached a layer
+    std::shared_ptr<KvRangeObserver> observer;  // the one this guard attached
   };
   std::vector<Quantizer> quantizers_;
   std::vector<KvCacheCalibration> kv_caches_;

@@ -59,6 +59,7 @@ QParams kv_qparams(const at::Tensor& x, const KvCacheScheme& scheme, const KvSid
   at::Tensor g = grouped(at::where(at::isfinite(xf), xf, at::zeros({}, xf.options())), spec);
   // Asymmetric: max - min must stay finite (an inf scale would dequantize to 0 * inf = NaN).
   if (!scheme.symmetric) g = g.clamp(-kernels::kKvRangeLimit, kernels::kKvRangeLimit);
+  if (scheme.clip_ratio != 1.0f) return calculate_qparams(g.amin(-1) * scheme.clip_ratio, g.amax(-1) * scheme.clip_ratio, spec);
   return calculate_qparams(g.amin(-1), g.amax(-1), spec);
 }
 
@@ -158,7 +159,7 @@ void KvQuantStore::push(const at::Tensor& x, const KvCacheScheme& scheme, int64_
     p.scale = scale_.data_ptr<float>();
     p.zero_point = scheme.symmetric ? nullptr : static_cast<int8_t*>(zero_point_.data_ptr());
     p.batch = x.size(0), p.heads = x.size(1), p.T = T, p.D = x.size(3), p.group = scheme.group(x.size(3));
-    p.capacity = codes_.size(2), p.first = length_, p.bits = scheme.qtype->bits;
+    p.capacity = codes_.size(2), p.first = length_, p.bits = scheme.qtype->bits, p.clip_ratio = scheme.clip_ratio;
     at::Tensor static_scale, static_zero_point;  // held for the call
     if (fixed != nullptr) {
       static_scale = fixed->scale.to(at::kFloat).contiguous();

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 
+#include "framework/api/kv_static_scales.h"
 #include "framework/core/error.h"
 #include "framework/models/bert.h"
 #include "framework/models/cnn.h"
@@ -69,6 +70,29 @@ std::string heads(Graph& g, const std::string& x, int64_t H, int64_t D, std::vec
 std::string merge_heads(Graph& g, const std::string& ctx, int64_t hidden, const std::string& hint) {
   const std::string t = g.node("Transpose", {ctx}, hint + "/tokens_first", {{"perm", std::vector<int64_t>{0, 2, 1, 3}}});
   return g.node("Reshape", {t, g.ints({0, 0, hidden})}, hint + "/merge_heads");
+}
+
+// A static KV cache's fake quantization of one side (kv_static_scales.h) as QuantizeLinear ->
+// DequantizeLinear along the heads axis (1) of keys [B, H, D, T] or values [B, H, T, D]: int8 codes
+// with each head's calibrated scale and zero point (one group per head; check_exportable refuses
+// the rest). QuantizeLinear divides by the scale where qforge multiplies by its reciprocal: a value
+// on a rounding tie may land one code away.
+std::string kv_qdq(Graph& g, const std::string& x, const KvSideScales& side, const std::string& hint) {
+  const std::string s = g.initializer(hint + "/scale", side.scale.reshape({-1}).to(at::kFloat).contiguous());
+  const std::string z = g.initializer(hint + "/zero_point", side.zero_point.reshape({-1}).to(at::kChar).contiguous());
+  const std::string q = g.node("QuantizeLinear", {x, s, z}, hint + "/q", {{"axis", int64_t{1}}});
+  return g.node("DequantizeLinear", {q, s, z}, hint + "/dq", {{"axis", int64_t{1}}});
+}
+
+// Why a KV-cache scheme has no QDQ form in the exported graph ("" when it has one).
+std::string kv_cache_not_exportable(const KvCacheScheme& s, int64_t head_dim) {
+  if (!s.quantized()) return "";
+  if (!s.is_static()) return "dynamic per-token scales have no QDQ form; export with a float cache or static scales "
+                             "(quantize.kv_cache.scales: static_head or static_tensor)";
+  if (!s.calibrated) return "its static scales are not calibrated (run a Calibration first)";
+  if (s.qtype->bits != 8) return "int4 codes have no QuantizeLinear at opset 17; use int8";
+  if (s.group(head_dim) != head_dim) return "groups smaller than a head need blocked scales (opset 21); use group_size 0";
+  return "";
 }
 
 // Positions 0..T-1 of ids [B, T] as int64 [T].
@@ -147,8 +171,12 @@ void gpt2(const models::Gpt2LMHeadModelImpl& m, Graph& g, LayerWriter& w, ModelG
     const std::string qkv = w.linear(*at_.c_attn, w.layer_norm(*b->ln_1, x));
     const auto parts = g.node_n("Split", {qkv, g.ints({E, E, E})}, p + "/qkv", 3, {{"axis", int64_t{-1}}});
     const std::string q = heads(g, parts[0], H, D, {0, 2, 1, 3}, p + "/q");
-    const std::string kT = heads(g, parts[1], H, D, {0, 2, 3, 1}, p + "/k");
-    const std::string v = heads(g, parts[2], H, D, {0, 2, 1, 3}, p + "/v");
+    std::string kT = heads(g, parts[1], H, D, {0, 2, 3, 1}, p + "/k");
+    std::string v = heads(g, parts[2], H, D, {0, 2, 1, 3}, p + "/v");
+    if (c.kv_cache.quantized()) {  // static int8 per head or layer (check_exportable)
+      kT = kv_qdq(g, kT, c.kv_cache.calibrated->side(static_cast<int64_t>(i), false, p), p + "/k_cache");
+      v = kv_qdq(g, v, c.kv_cache.calibrated->side(static_cast<int64_t>(i), true, p), p + "/v_cache");
+    }
     std::string scores = g.node("Div", {w.matmul(*at_.qk_matmul, q, kT, 4), g.scalar_f32(static_cast<float>(std::sqrt(static_cast<double>(D))))},
                                 p + "/scores");
     scores = g.node("Where", {causal, scores, g.scalar_f32(lowest())}, p + "/causal_scores");
@@ -188,10 +216,11 @@ std::string model_problems(const torch::nn::Module& model) {
     // The tied head multiplies by wte's float weight, which freeze releases once wte is quantized:
     // the frozen C++ model cannot run its head then, and a graph that read the dequantized table
     // would compute what qforge never does.
-    // Keys and values with per-token dynamic scales have no QDQ form: the graph would attend to floats.
-    if (m->config.kv_cache.quantized())
-      out += "\n  config.kv_cache: a " + m->config.kv_cache.to_string() +
-             " KV cache has no QDQ form (dynamic per-token scales); export the model with a float cache";
+    // The graph's attention reads the keys and values as the cacheless forward does: a static
+    // int8 cache per head as QDQ pairs; other schemes would leave it attending to floats.
+    const std::string kv_why = kv_cache_not_exportable(m->config.kv_cache, m->config.n_embd / m->config.n_head);
+    if (!kv_why.empty())
+      out += "\n  config.kv_cache: a " + m->config.kv_cache.to_string() + " KV cache has no QDQ form: " + kv_why;
     if (m->transformer->wte->quantized())
       out += "\n  transformer.wte (Embedding): quantized, but the tied LM head reads its float weight; keep it "
              "float (rule {pattern: transformer.wte, keep_float: true}, as the gpt2 recipes do)";

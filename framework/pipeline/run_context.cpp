@@ -271,7 +271,9 @@ at::Tensor RunContext::calibration_batch(int64_t b) {
 }
 
 void RunContext::calibrate(const Scheme& sc) {
-  if (sc.activations != ActivationMode::kStatic && !recipe.kv_cache.is_static()) return;
+  bool static_kv = false;  // a static KV cache set on the model is calibrated by this pass too
+  for (const auto& [path, m] : kv_cache_models(*task.model)) static_kv = static_kv || m->kv_cache_scheme().is_static();
+  if (sc.activations != ActivationMode::kStatic && !static_kv) return;
   task.model->eval();
   Calibration calib(*task.model);
   report["calibration_examples"] = calibration_examples();

@@ -9,6 +9,7 @@
 #include <memory>
 #include <set>
 
+#include "framework/api/kv_cache_scheme.h"
 #include "framework/core/error.h"
 #include "framework/nn/layer_norm.h"
 #include "framework/nn/linear.h"
@@ -382,6 +383,7 @@ std::vector<std::string> awq_clipped_layers(const AwqReport& report) {
 AwqReport awq(torch::nn::Module& model, int64_t batches, const RunBatch& run, const AwqOptions& o) {
   QF_REQUIRE(batches > 0, "awq: needs at least one calibration batch");
   QF_REQUIRE(o.sample_rows > 0, "awq: sample_rows must be > 0, got ", o.sample_rows);
+  require_no_calibrated_kv_scales(model, "awq");  // v_proj's scales change the values a cache keeps
   const auto t0 = std::chrono::steady_clock::now();
   AwqReport rep;
   at::NoGradGuard no_grad;

@@ -9,6 +9,7 @@
 #include <map>
 #include <random>
 
+#include "framework/api/kv_cache_scheme.h"
 #include "framework/core/error.h"
 #include "framework/nn/layer_norm.h"
 #include "framework/ptq/layer_access.h"
@@ -34,6 +35,7 @@ void check_rotatable(const models::LlamaForCausalLMImpl& model, const RotateOpti
   QF_REQUIRE(!c.down_proj_hadamard && !c.qk_hadamard, kWho, ": the model is already rotated (its config has ",
              c.down_proj_hadamard ? "qforge_down_proj_hadamard" : "qforge_qk_hadamard", ")");
   check_rotation_sizes(c, o);
+  require_no_calibrated_kv_scales(model, kWho);  // the online query / key and value turns change what is cached
   for (const auto& [path, layer] : quantizable_layers(model)) {
     QF_REQUIRE(!layer->quantized() && !layer->frozen(), kWho, ": layer '", path, "' is ",
                layer->frozen() ? "frozen" : "quantized", "; rotate the float model, before quantize()");

@@ -137,16 +137,19 @@ void check_model_data(const Recipe& r, const Where& w) {
 void check_kv_cache(const Recipe& r, const Where& w) {
   if (!r.kv_cache.quantized()) {
     // symmetric / group_size alone would leave the cache float without a word.
-    for (const char* key : {"quantize.kv_cache.symmetric", "quantize.kv_cache.group_size", "quantize.kv_cache.scales"})
+    for (const char* key : {"quantize.kv_cache.symmetric", "quantize.kv_cache.group_size", "quantize.kv_cache.scales",
+                            "quantize.kv_cache.clip_ratio"})
       if (w.origins.count(key))
         w.problem(key, "has no effect without quantize.kv_cache.qtype (int8 or int4); the cache stays float");
     return;
   }
   if (r.model.arch != "gpt2" && r.model.arch != "llama")
     w.problem("quantize.kv_cache.qtype", "a KV cache belongs to the causal LMs (arch gpt2 or llama), not " + r.model.arch);
-  if (r.export_.onnx)
-    w.problem("quantize.kv_cache.qtype", "export.onnx cannot write a quantized KV cache (the exported graph attends "
-                                         "to float keys and values); set export.onnx: false or drop kv_cache");
+  // The graph writes a static int8 cache with one scale per head or layer as QDQ pairs (docs/onnx.md).
+  if (r.export_.onnx && (!r.kv_cache.is_static() || r.kv_cache.qtype->bits != 8 || r.kv_cache.group_size != 0))
+    w.problem("quantize.kv_cache.qtype", "export.onnx writes a quantized KV cache only as int8 with static scales per "
+                                         "head or layer (scales: static_head or static_tensor, group_size 0); this "
+                                         "one has no QDQ form. Set export.onnx: false, or change kv_cache");
 }
 
 void check_quantize(const Recipe& r, const YAML::Node& tree, const Where& w) {

@@ -201,7 +201,18 @@ Field kv_cache_section() {
            [](const YAML::Node& n, Recipe& r) {
              r.kv_cache.scales = kv_scales_from_name(n.as<std::string>(), "quantize.kv_cache.scales");
            },
-           when_quantized([](const Recipe& r) { return YAML::Node(std::string(kv_scales_name(r.kv_cache.scales))); })),
+           // Written back only when static, so dynamic recipes resolve (and hash) as before the key.
+           [](const Recipe& r) {
+             return r.kv_cache.is_static() ? YAML::Node(std::string(kv_scales_name(r.kv_cache.scales))) : YAML::Node();
+           }),
+      bind(leaf("clip_ratio", T::kFloat, "each scale covers its range times this (QuaRot: 0.95); 1: no clipping",
+                1e-6, 1),
+           [](const YAML::Node& n, Recipe& r) { r.kv_cache.clip_ratio = n.as<float>(); },
+           // Written back only when it clips, as scales.
+           [](const Recipe& r) {
+             return r.kv_cache.quantized() && r.kv_cache.clip_ratio != 1.0f ? YAML::Node(r.kv_cache.clip_ratio)
+                                                                             : YAML::Node();
+           }),
   });
 }
 

@@ -49,6 +49,7 @@ void quantize_kv_rows(const KvQuantizeProblem& p) {
             const float v = symmetric ? xg[i] : std::clamp(xg[i], -kKvRangeLimit, kKvRangeLimit);
             lo = std::min(lo, v), hi = std::max(hi, v);
           }
+          if (p.clip_ratio != 1.0f) lo *= p.clip_ratio, hi *= p.clip_ratio;
           if (symmetric) {
             s = std::max(std::max(-lo, hi) / (static_cast<float>(qmax - qmin) / 2), kScaleEps);
           } else {

@@ -6,6 +6,7 @@
 //   asymmetric: s = max((max(hi, 0) − min(lo, 0)) / (qmax − qmin), eps),
 //               z = clamp(qmin − rint(min(lo, 0) / s), qmin, qmax)
 //   q = clamp(rint(x · (1 / s)) + z, qmin, qmax)   (NaN stored as z; ±inf saturates)
+// where lo and hi are first multiplied by clip_ratio (float) when it is not 1,
 // (float operations, true division, rint half to even: calculate_qparams and quantize_to_int8
 // bit for bit, as models::quantize_kv computes them with ATen ops), written to position
 // `first + t` of stores [B, kv_heads, capacity, ...]: int8 codes (bits 8) or pairs of signed 4-bit
@@ -33,6 +34,7 @@ struct KvQuantizeProblem {
   const int32_t* static_zero_point = nullptr;  // [kv_heads, D / group], in [qmin, qmax]; null: 0
   int64_t batch = 0, heads = 0, T = 0, D = 0, group = 0, capacity = 0, first = 0;
   int bits = 8;
+  float clip_ratio = 1.0f;  // in (0, 1]: lo, hi scaled before the scale is taken (dynamic scales)
 };
 void quantize_kv_rows(const KvQuantizeProblem& p);
 

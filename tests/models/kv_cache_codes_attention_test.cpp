@@ -124,8 +124,13 @@ TEST(KvCacheCodesAttention, EveryEntryEqualsTheFloatReferenceOnTheDequantizedCac
 // store that already holds positions (and grows); other dtypes keep the ATen path.
 TEST(KvCacheCodesAttention, TheOnePassAppendEqualsQuantizeKvBitForBit) {
   at::manual_seed(14);
+  auto clipped = [](KvCacheScheme s, float ratio) {
+    s.clip_ratio = ratio;
+    return s;
+  };
   for (const KvCacheScheme& s : {scheme(qint8, true), scheme(qint8, false), scheme(qint4, true), scheme(qint4, false),
-                                 scheme(qint4, false, 2), scheme(qint8, true, 4)}) {
+                                 scheme(qint4, false, 2), scheme(qint8, true, 4), clipped(scheme(qint4, false), 0.95f),
+                                 clipped(scheme(qint4, true, 4), 0.9f)}) {
     at::Tensor first = at::randn({2, 3, 5, 8}), x = at::randn({2, 3, 70, 8}) * 3;
     x.select(3, 1).mul_(40);
     x[0][0][0][0] = NAN, x[0][1][2][3] = INFINITY, x[1][2][3][4] = -INFINITY;

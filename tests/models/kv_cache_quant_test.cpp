@@ -41,9 +41,16 @@ KvCacheScheme scheme(const QType& q, bool symmetric, int64_t group_size = 0) {
   return s;
 }
 
+KvCacheScheme clipped(KvCacheScheme s, float ratio) {
+  s.clip_ratio = ratio;
+  return s;
+}
+
 const std::vector<KvCacheScheme>& all_schemes() {
-  static const std::vector<KvCacheScheme> k = {scheme(qint8, true), scheme(qint8, false), scheme(qint4, true),
-                                               scheme(qint4, false), scheme(qint8, false, 8), scheme(qint4, true, 4)};
+  static const std::vector<KvCacheScheme> k = {scheme(qint8, true),          scheme(qint8, false),
+                                               scheme(qint4, true),          scheme(qint4, false),
+                                               scheme(qint8, false, 8),      scheme(qint4, true, 4),
+                                               clipped(scheme(qint4, false), 0.95f), clipped(scheme(qint8, true, 8), 0.9f)};
   return k;
 }
 
@@ -54,7 +61,7 @@ struct RefGroup {
   std::vector<int> codes;
 };
 
-RefGroup reference_group(const float* x, int64_t n, const QType& q, bool symmetric) {
+RefGroup reference_group(const float* x, int64_t n, const QType& q, bool symmetric, float clip = 1.0f) {
   float mn = 0, mx = 0;  // the range always holds 0
   const float half_max = std::numeric_limits<float>::max() / 2;  // asymmetric: max - min stays finite
   for (int64_t i = 0; i < n; ++i)
@@ -62,6 +69,7 @@ RefGroup reference_group(const float* x, int64_t n, const QType& q, bool symmetr
       const float v = symmetric ? x[i] : std::clamp(x[i], -half_max, half_max);
       mn = std::min(mn, v), mx = std::max(mx, v);
     }
+  mn *= clip, mx *= clip;  // clip_ratio: the range shrinks, values beyond it saturate
   const int qmin = static_cast<int>(q.quant_min), qmax = static_cast<int>(q.quant_max);
   const float eps = std::numeric_limits<float>::epsilon();
   RefGroup g;
@@ -104,7 +112,8 @@ TEST(KvCacheQuant, CodesAndScalesMatchAScalarReference) {
     const at::Tensor zc = s.symmetric ? at::zeros_like(sc, at::kChar) : c.zero_point.contiguous();
     for (int64_t r = 0; r < 2 * 3 * 5; ++r)
       for (int64_t j = 0; j < groups; ++j) {
-        const RefGroup ref = reference_group(xc.data_ptr<float>() + r * 16 + j * g, g, *s.qtype, s.symmetric);
+        const RefGroup ref =
+            reference_group(xc.data_ptr<float>() + r * 16 + j * g, g, *s.qtype, s.symmetric, s.clip_ratio);
         ASSERT_EQ(sc.data_ptr<float>()[r * groups + j], ref.scale) << name_of(s) << " row " << r << " group " << j;
         ASSERT_EQ(zc.data_ptr<int8_t>()[r * groups + j], ref.zero) << name_of(s) << " row " << r;
         for (int64_t i = 0; i < g; ++i)
@@ -296,6 +305,12 @@ TEST(KvCacheQuant, TheSchemeTravelsInConfigJsonAndThroughGenerate) {
   Gpt2Config g;
   g.kv_cache = scheme(qint8, true);
   EXPECT_EQ(Gpt2Config::from_json(g.to_json()).kv_cache, g.kv_cache);
+  g.kv_cache.clip_ratio = 0.95f;  // written only when it clips, read back to the same float
+  EXPECT_EQ(g.to_json()["qforge_kv_cache"]["clip_ratio"].get<double>(), static_cast<double>(0.95f));
+  EXPECT_EQ(Gpt2Config::from_json(nlohmann::json::parse(g.to_json().dump())).kv_cache, g.kv_cache);
+  nlohmann::json over = g.to_json();
+  over["qforge_kv_cache"]["clip_ratio"] = 1.5;
+  EXPECT_NE(error_of([&] { Gpt2Config::from_json(over); }).find("clip_ratio must be in (0, 1]"), std::string::npos);
 
   at::manual_seed(9);
   LlamaForCausalLM m(kv_test_llama());
@@ -378,7 +393,13 @@ TEST(KvCacheQuant, RecipeKeyIsCheckedWithFileLineAndClosestKey) {
             std::string::npos)
       << e;
   e = issues(llama + "  kv_cache: {qtype: int8}\nexport: {onnx: true}\n");
-  EXPECT_NE(e.find("quantize.kv_cache.qtype: export.onnx cannot write a quantized KV cache"), std::string::npos) << e;
+  EXPECT_NE(e.find("quantize.kv_cache.qtype: export.onnx writes a quantized KV cache only as int8 with static scales"),
+            std::string::npos)
+      << e;
+  e = issues(llama + "  kv_cache: {qtype: int8, scales: static_head}\nexport: {onnx: true}\n");
+  EXPECT_EQ(e.find("kv_cache"), std::string::npos) << e;
+  e = issues(llama + "  kv_cache: {qtype: int4, scales: static_head}\nexport: {onnx: true}\n");
+  EXPECT_NE(e.find("has no QDQ form"), std::string::npos) << e;
   e = issues("model: {arch: mlp}\ndata: {dataset: fashion_mnist}\nquantize:\n  kv_cache: {qtype: int8}\n");
   EXPECT_NE(e.find("quantize.kv_cache.qtype: a KV cache belongs to the causal LMs"), std::string::npos) << e;
   // No kv_cache key: float, and the resolved recipe does not name it.

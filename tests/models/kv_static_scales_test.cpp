@@ -179,6 +179,22 @@ void calibrate_then_decode(Model& m, const KvCacheScheme& s, int64_t vocab) {
   // A Calibration that sees no token keeps the scales it had and says which cache saw none.
   EXPECT_NE(error_of([&] { Calibration(*m).finish(); }).find("KV cache"), std::string::npos);
   EXPECT_EQ(m->kv_cache_scheme(), calibrated);
+  // Transforms that change the cached keys or values refuse calibrated scales.
+  EXPECT_NE(error_of([&] { require_no_calibrated_kv_scales(*m, "ptq"); }).find("apply it first, then calibrate"),
+            std::string::npos);
+  // A guard whose scheme was replaced inside it (here by a nested guard that finished first)
+  // leaves the replacement alone.
+  {
+    Calibration outer(*m);
+    {
+      Calibration inner(*m);
+      m->forward(ids);
+    }
+    const KvCacheScheme by_inner = m->kv_cache_scheme();
+    ASSERT_NE(by_inner.calibrated, nullptr);
+    outer.finish();
+    EXPECT_EQ(m->kv_cache_scheme(), by_inner);
+  }
 }
 
 TEST(KvStaticScales, LlamaCalibratedOnceDecodesAsItsFakeQuantForward) {
@@ -230,7 +246,15 @@ TEST(KvStaticScales, CalibratedScalesTravelExactlyThroughJsonConfigAndCheckpoint
   LlamaConfig c = kv_test_llama();
   nlohmann::json cj = c.to_json();
   cj["qforge_kv_cache"] = bad;
-  EXPECT_NE(error_of([&] { LlamaConfig::from_json(cj); }).find("must be finite and positive"), std::string::npos);
+  EXPECT_NE(error_of([&] { LlamaConfig::from_json(cj); }).find("must be finite and at least"), std::string::npos);
+  bad["static_scales"]["layers"][0]["key_scale"][1] = 1e-30;  // below float32 eps: 1 / s would overflow
+  cj["qforge_kv_cache"] = bad;
+  EXPECT_NE(error_of([&] { LlamaConfig::from_json(cj); }).find("must be finite and at least"), std::string::npos);
+  // Calibrated scales on a dynamic scheme are refused where the scheme is set, not when a file is read back.
+  KvCacheScheme dynamic = s;
+  dynamic.scales = KvScales::kDynamic;
+  EXPECT_NE(error_of([&] { saved->set_kv_cache_scheme(dynamic); }).find("belong to a static scheme"),
+            std::string::npos);
   bad = j;
   bad["scales"] = "dynamic";
   EXPECT_NE(error_of([&] { kv_cache_scheme_from_json(bad, "test"); }).find("belong to a static scheme"),

@@ -11,6 +11,7 @@
 #include <map>
 
 #include "framework/api/kv_cache_scheme.h"
+#include "framework/api/kv_static_scales.h"
 #include "framework/core/error.h"
 #include "framework/io/model_io.h"
 #include "framework/nn/quantizable.h"
@@ -145,14 +146,30 @@ TEST(OnnxExport, LayersWithoutQdqFormAreErrorsNamingTheLayer) {
     EXPECT_NE(e.find("transformer.wte (Embedding): quantized, but the tied LM head"), std::string::npos) << e;
   }
   {
-    // A quantized KV cache (per-token dynamic scales) has no QDQ form: the graph would attend to floats.
+    // A quantized KV cache with per-token dynamic scales has no QDQ form: the graph would attend to
+    // floats. Static int8 scales per head have one, once calibrated; int4 codes do not.
     Fixture f = onnx_testing::gpt2_fixture(false);
     KvCacheScheme kv;
     kv.qtype = qint8;
     ASSERT_EQ(set_kv_cache_scheme(*f.model, kv), 1);
-    const std::string e = error_of([&] { onnx_export::check_exportable(*f.model); });
+    std::string e = error_of([&] { onnx_export::check_exportable(*f.model); });
     EXPECT_NE(e.find("config.kv_cache: a qint8 symmetric"), std::string::npos) << e;
-    EXPECT_NE(e.find("has no QDQ form"), std::string::npos) << e;
+    EXPECT_NE(e.find("has no QDQ form: dynamic per-token scales"), std::string::npos) << e;
+    kv = onnx_testing::static_int8_kv_cache();
+    set_kv_cache_scheme(*f.model, kv);
+    e = error_of([&] { onnx_export::check_exportable(*f.model); });
+    EXPECT_NE(e.find("static scales are not calibrated"), std::string::npos) << e;
+    auto calibrated_with = [&](const QType& q) {
+      kv.qtype = q;
+      set_kv_cache_scheme(*f.model, kv);
+      Calibration c(*f.model);
+      f.forward(f.inputs);
+    };
+    calibrated_with(qint4);
+    e = error_of([&] { onnx_export::check_exportable(*f.model); });
+    EXPECT_NE(e.find("int4 codes have no QuantizeLinear"), std::string::npos) << e;
+    calibrated_with(qint8);
+    EXPECT_EQ(error_of([&] { onnx_export::check_exportable(*f.model); }), "");
   }
   {
     Fixture f = onnx_testing::mlp_fixture(false);
@@ -282,6 +299,40 @@ TEST(OnnxExport, DynamicPerTokenQdqHasNoClip) {
   int clips = 0;
   for (const auto& n : m.graph().node()) clips += n.op_type() == "Clip";
   EXPECT_EQ(clips, 0);
+}
+
+// A static int8 KV cache: one QuantizeLinear -> DequantizeLinear pair on each layer's keys and
+// values, along the heads axis, with the calibrated scales and zero points of that layer.
+TEST(OnnxExport, StaticKvCacheScalesBecomePerHeadQdqPairs) {
+  const fs::path dir = temp_dir("static_kv");
+  at::manual_seed(0);
+  Fixture f = onnx_testing::gpt2_fixture_with_kv(true, onnx_testing::static_int8_kv_cache());
+  auto* m = dynamic_cast<models::Gpt2LMHeadModelImpl*>(f.model.get());
+  ASSERT_NE(m, nullptr);
+  ASSERT_NE(m->config.kv_cache.calibrated, nullptr);
+  const fs::path path = dir / "gpt2_kv8.onnx";
+  onnx_export::export_onnx(*f.model, path.string());
+  const onnx::ModelProto proto = read_model(path);
+  std::map<std::string, const onnx::TensorProto*> inits;
+  for (const auto& t : proto.graph().initializer()) inits[t.name()] = &t;
+  int pairs = 0;
+  for (const auto& n : proto.graph().node()) {
+    if (n.op_type() != "QuantizeLinear" || n.name().find("_cache/q") == std::string::npos) continue;
+    ++pairs;
+    ASSERT_EQ(n.attribute_size(), 1);
+    EXPECT_EQ(n.attribute(0).name(), "axis");
+    EXPECT_EQ(n.attribute(0).i(), 1);
+    const onnx::TensorProto* scale = inits.at(n.input(1));
+    ASSERT_EQ(scale->dims_size(), 1);
+    EXPECT_EQ(scale->dims(0), m->config.n_head);
+    const bool values = n.name().find("v_cache") != std::string::npos;
+    const int64_t layer = n.name().find("h.1/") != std::string::npos ? 1 : 0;
+    const at::Tensor expected = m->config.kv_cache.calibrated->side(layer, values, "test").scale.reshape({-1});
+    std::vector<float> got(static_cast<size_t>(scale->dims(0)));
+    std::memcpy(got.data(), scale->raw_data().data(), got.size() * 4);
+    EXPECT_TRUE(at::equal(at::tensor(got), expected)) << n.name();
+  }
+  EXPECT_EQ(pairs, 2 * m->config.n_layer) << "keys and values of every layer";
 }
 
 // W8A4 (dynamic per-token int4 rows): the graph divides amax by 7, not 127, so ONNX's int8 codes

@@ -40,6 +40,7 @@ struct Setting {
   int kv_bits;          // 0: float cache
   bool kv_asymmetric = false;
   int64_t kv_group = 0;  // 0: one scale per head and position
+  float kv_clip = 1.0f;  // KvCacheScheme::clip_ratio (QuaRot clips its cache at 0.95)
 };
 
 qforge::Scheme scheme(const Setting& s) {
@@ -115,7 +116,11 @@ int main(int argc, char** argv) {
                               {"W4A4KV4", true, 4, 4}, {"W4A8KV4", true, 8, 4}, {"KV8", false, 0, 8},
                               {"KV4", false, 0, 4},    {"KV4 asym", false, 0, 4, true},
                               {"KV4 asym g32", false, 0, 4, true, 32},
-                              {"W4A4KV4 asym", true, 4, 4, true}};
+                              {"W4A4KV4 asym", true, 4, 4, true},
+                              {"KV4 asym c.95", false, 0, 4, true, 0, 0.95f},
+                              {"KV4 asym c.90", false, 0, 4, true, 0, 0.90f},
+                              {"KV4 g32 c.95", false, 0, 4, true, 32, 0.95f},
+                              {"W4A4KV4 a c.95", true, 4, 4, true, 0, 0.95f}};
   for (const Setting& s : settings) {
     Eval e[2];
     for (int rotated = 0; rotated < 2; ++rotated) {
@@ -126,6 +131,7 @@ int main(int argc, char** argv) {
         kv.qtype = s.kv_bits == 4 ? qforge::qint4 : qforge::qint8;
         kv.symmetric = !s.kv_asymmetric;
         kv.group_size = s.kv_group;
+        kv.clip_ratio = s.kv_clip;
         m->set_kv_cache_scheme(kv);
       }
       if (s.weights) qforge::quantize(m, scheme(s));

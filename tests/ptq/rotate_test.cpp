@@ -11,6 +11,7 @@
 
 #include <unistd.h>
 
+#include "framework/api/quantize.h"
 #include "framework/core/error.h"
 #include "framework/io/model_io.h"
 #include "framework/models/gguf_export.h"
@@ -296,6 +297,30 @@ TEST(RotateLlama, RefusesASecondRotationAndUnsupportedSizesUntouched) {
   }
   expect_unchanged(*odd, before);
   EXPECT_TRUE(odd->config.tie_word_embeddings);  // not untied either
+}
+
+// Static KV-cache scales measured before the rotation would describe keys and values the rotated
+// model no longer caches: refused, nothing changed.
+TEST(RotateLlama, RefusesCalibratedStaticKvCacheScalesUntouched) {
+  LlamaForCausalLM m = random_llama(config(64, 112, true, false), 4);
+  KvCacheScheme kv;
+  kv.qtype = qint8;
+  kv.scales = KvScales::kStaticHead;
+  m->set_kv_cache_scheme(kv);
+  m->eval();
+  {
+    Calibration c(*m);
+    at::NoGradGuard ng;
+    m->forward(at::randint(0, m->config.vocab_size, {1, 8}, at::kLong));
+  }
+  const auto before = snapshot(*m);
+  try {
+    rotate(*m);
+    FAIL() << "rotated a model with calibrated KV-cache scales";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("apply it first, then calibrate the cache"), std::string::npos) << e.what();
+  }
+  expect_unchanged(*m, before);
 }
 
 TEST(ActivationStats, EqualTheMomentsComputedInTorch) {
