@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <exception>
 #include <iomanip>
 #include <map>
 #include <set>
@@ -159,20 +160,27 @@ void Calibration::finish() {
       done.calibrated = c.observer->compute("KV cache");
       done.observer.reset();
       c.model->set_kv_cache_scheme(done);
-    } catch (const Error&) {
+    } catch (const std::exception&) {
       c.model->set_kv_cache_scheme(c.before);
       empty.push_back((c.path.empty() ? std::string("(root)") : c.path) + " KV cache");
     }
   }
+  // Every quantizer leaves observing even when one's qparams throw; the first such error is rethrown after.
+  std::exception_ptr failed;
   for (Quantizer q : quantizers_) {
     q->set_observing(false);
     q->set_fake_quant(true);
     if (q->observer() && q->observer()->has_data()) {
-      q->compute_qparams();
+      try {
+        q->compute_qparams();
+      } catch (...) {
+        if (!failed) failed = std::current_exception();
+      }
     } else {
       empty.push_back(q->path());
     }
   }
+  if (failed) std::rethrow_exception(failed);
   if (!empty.empty()) {
     std::string names;
     for (const auto& n : empty) names += (names.empty() ? "" : ", ") + n;

@@ -131,6 +131,16 @@ void report_kv_static_scales(RunContext& ctx) {
     layers.push_back({{"layer", l},
                       {"key_scale_max", side[0].scale.max().item<double>()},
                       {"value_scale_max", side[1].scale.max().item<double>()}});
+    // A head or group that saw only zeros got the smallest scale: anything it caches later saturates near 0.
+    for (int v = 0; v < 2; ++v) {
+      const int64_t degenerate = side[v].scale.le(kScaleEps).sum().item<int64_t>();
+      if (degenerate == 0) continue;
+      const std::string what = detail::str_cat("kv_cache: layer ", l, " ", v ? "values" : "keys", ": ", degenerate,
+                                               " head(s) / group(s) saw only zeros during calibration; their static "
+                                               "scale is float32 epsilon and later values there saturate near 0");
+      ctx.note(what);
+      std::fprintf(stderr, "qtrain: warning: %s\n", what.c_str());
+    }
   }
   ctx.report["kv_cache"]["scheme"] = s.to_string();
   ctx.report["kv_cache"]["static_scales"] = std::move(layers);

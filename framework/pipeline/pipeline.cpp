@@ -94,6 +94,9 @@ void dry_run(const Recipe& r, const std::vector<std::string>& stages) {
   if (t.before_quantize) t.before_quantize();
   if (pipeline::search_stage().applies(r)) print_search_plan(r, *t.model);
   const QuantizeReport rep = quantize(*t.model, r.scheme);
+  // Before the cache's scheme is set: a static one is calibrated only by the run (the recipe
+  // check has already said whether the cache has a QDQ form).
+  if (r.export_.onnx) pipeline::check_onnx_recipe(r, t.model.get());
   if (r.kv_cache.quantized()) set_kv_cache_scheme(*t.model, r.kv_cache);  // describe() names it
   // Each layer's kernel plan: what freeze() will run on this machine (nothing is calibrated).
   const bool freezes = scheduled(pipeline::freeze_stage(), r, stages);
@@ -102,10 +105,7 @@ void dry_run(const Recipe& r, const std::vector<std::string>& stages) {
               describe(*t.model, /*planned=*/freezes).c_str());
   if (t.graph_notes) std::printf("%s", t.graph_notes().c_str());
   for (const auto& w : rep.warnings) std::printf("warning: %s\n", w.c_str());
-  if (r.export_.onnx) {
-    pipeline::check_onnx_recipe(r, t.model.get());
-    std::printf("onnx: the frozen model is exportable as QDQ (opset 17)\n");
-  }
+  if (r.export_.onnx) std::printf("onnx: the frozen model is exportable as QDQ (opset 17)\n");
   if (r.ptq.enabled) print_ptq_plan(r, *t.model);
 }
 

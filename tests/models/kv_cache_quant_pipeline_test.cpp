@@ -101,5 +101,20 @@ TEST(KvCacheQuant, PipelineWritesTheSchemeToTheReportAndRefusesABadGroupBeforeTr
   fs::remove_all(dir);
 }
 
+// export.onnx with a static int8 cache: the recipe check and the dry run accept it (the dry run
+// checks the graph before the uncalibrated static scheme is set; the run calibrates it before export).
+TEST(KvCacheQuant, DryRunOfAGpt2OnnxRecipeWithAStaticInt8CacheIsAccepted) {
+  const fs::path dir = fs::temp_directory_path() / ("qforge_kvq_dry_" + std::to_string(::getpid()));
+  const Recipe r = load_recipe(std::string(QFORGE_SOURCE_DIR) + "/recipes/gpt2_w4_weight_only.yaml",
+                               {"quantize.weights.qtype=qint8", "quantize.weights.granularity=per_channel",
+                                "quantize.kv_cache.qtype=int8",
+                                "quantize.kv_cache.scales=static_head", "export.onnx=true"});
+  PipelineOptions o;
+  o.out_dir = (dir / "dry").string();
+  o.dry_run = true;
+  EXPECT_EQ(error_of([&] { run_pipeline(r, o); }), "");
+  fs::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace qforge
