@@ -230,12 +230,14 @@ void QatController::apply() {
 
 void freeze(torch::nn::Module& model) {
   std::vector<QuantizableLayer*> layers;
-  std::vector<std::string> missing;
+  std::vector<std::string> missing, clipped;
   bool any_quantized = false;
   for_each_quantizable(model, [&](const std::string& path, QuantizableLayer& layer) {
     any_quantized |= layer.quantized();
     if (!layer.quantized() || layer.frozen()) return;
     for (const std::string& n : layer.uncalibrated()) missing.push_back(n);
+    if (layer.scheme().activations == ActivationMode::kDynamicPerToken && layer.scheme().activation.clip_ratio != 1.0f)
+      clipped.push_back(display_name(path));
     layers.push_back(&layer);
   });
   const auto rpq = nn::rpq_layers(model);
@@ -250,6 +252,12 @@ void freeze(torch::nn::Module& model) {
     for (const auto& n : missing) names += (names.empty() ? "" : ", ") + n;
     throw Error("freeze: static activations were never calibrated (run forward passes inside qforge::Calibration "
                 "or load a calibration dump): " + names);
+  }
+  if (!clipped.empty()) {
+    std::string names;
+    for (const auto& n : clipped) names += (names.empty() ? "" : ", ") + n;
+    throw Error("freeze: dynamic per-token activations with a clip_ratio below 1 have no integer kernel (the kernels "
+                "scale each row by its whole amax); evaluate them fake-quantized, or set clip_ratio 1: " + names);
   }
   // RPQ layers pack on the CPU only (their packed weight has no CUDA form): checked before anything changes.
   for (const auto& [path, l] : rpq)

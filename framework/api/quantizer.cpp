@@ -130,7 +130,7 @@ bool QuantizerImpl::dynamic_qtype_supported(const QType& qtype) {
   return qtype.is_integer() && qtype.is_signed && qtype.bits >= 2 && qtype.bits <= 8;
 }
 
-QParams QuantizerImpl::dynamic_qparams(const at::Tensor& x2d, const QType& qtype) {
+QParams QuantizerImpl::dynamic_qparams(const at::Tensor& x2d, const QType& qtype, float clip_ratio) {
   // The kernels' dynamic activation formula: scale = amax / 127 (1 when the row is all zero),
   // grid [-127, 127] (kernels/cpu/reference.h quantize_rows_s8_reference); narrower signed grids
   // (W4A4's qint4: amax / 7 on [-7, 7]) follow the same rule with their own qmax.
@@ -145,8 +145,11 @@ QParams QuantizerImpl::dynamic_qparams(const at::Tensor& x2d, const QType& qtype
   const float qmax = static_cast<float>(spec.quant_max());
   // Divided on the CPU: LibTorch's CUDA division by a scalar multiplies by its reciprocal, which
   // can be one ulp off (framework/core/qparams.cpp); the fake-quant kernels read qparams on the host.
-  const at::Tensor amax = x2d.detach().to(at::kFloat).abs().amax(1).to(at::kCPU);
-  const at::Tensor scale = at::where(amax > 0, amax / qmax, at::ones_like(amax));
+  QF_REQUIRE(clip_ratio > 0.0f && clip_ratio <= 1.0f, "dynamic per-token activations: clip_ratio must be in (0, 1], "
+             "got ", clip_ratio);
+  at::Tensor amax = x2d.detach().to(at::kFloat).abs().amax(1).to(at::kCPU);
+  const at::Tensor range = clip_ratio == 1.0f ? amax : amax * clip_ratio;
+  const at::Tensor scale = at::where(range > 0, range / qmax, at::ones_like(amax));
   return QParams{spec, scale, at::zeros(amax.sizes(), at::kInt)};
 }
 
@@ -412,7 +415,7 @@ at::Tensor QuantizerImpl::activation_forward(const at::Tensor& x) {
   if (mode_ == ActivationMode::kDynamicPerToken) {
     if (!fake_quant_ || x.numel() == 0) return x;
     const at::Tensor x2d = x.reshape({-1, x.size(-1)});
-    return fake_quantize(x2d, dynamic_qparams(x2d, config_.spec.qtype)).reshape(x.sizes());
+    return fake_quantize(x2d, dynamic_qparams(x2d, config_.spec.qtype, config_.clip_ratio)).reshape(x.sizes());
   }
   const bool update = observer_ && observing_ && !observer_frozen_;
   if (update) {

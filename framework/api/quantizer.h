@@ -31,6 +31,10 @@ struct QuantizerConfig {
   std::string observer = "minmax";  // static activations only; weights use their own min/max
   ObserverOptions observer_options;
   bool lsq = false;                 // learnable scale (and zero point when affine)
+  // kDynamicPerToken only: each row's scale is clip_ratio · amax / qmax, so values beyond
+  // clip_ratio · amax saturate and the rest get a finer step (QuaRot clips 4-bit rows at 0.9).
+  // In (0, 1]; 1: the whole amax. No integer kernel takes it: freeze() refuses a layer with it.
+  float clip_ratio = 1.0f;
 };
 
 class QuantizerImpl : public torch::nn::Module {
@@ -48,8 +52,9 @@ class QuantizerImpl : public torch::nn::Module {
   QParams qparams(const at::Tensor& weight = {}) const;
   // Per-row symmetric qparams of kDynamicPerToken for x viewed as [rows, K], on the narrow signed
   // grid of `qtype` (qint8 [-127, 127], qint4 [-7, 7], qint3 [-3, 3], qint2 [-1, 1]):
-  //   scale = amax > 0 ? amax / qmax : 1   (float division on the CPU), zero point 0.
-  static QParams dynamic_qparams(const at::Tensor& x2d, const QType& qtype = qint8);
+  //   scale = amax > 0 ? (amax · clip_ratio) / qmax : 1   (float32 on the CPU; the product only
+  //   when clip_ratio is not 1), zero point 0.
+  static QParams dynamic_qparams(const at::Tensor& x2d, const QType& qtype = qint8, float clip_ratio = 1.0f);
   // The signed integer qtypes dynamic per-token activations take (qint8, qint4, qint3, qint2).
   static bool dynamic_qtype_supported(const QType& qtype);
 

@@ -127,6 +127,7 @@ std::optional<LayerScheme> Scheme::resolve(const std::string& path, const Quanti
     a.observer = observer;
     a.observer_options = observer_options;
     a.lsq = activation_lsq && act == ActivationMode::kStatic;
+    if (dynamic) a.clip_ratio = activation_clip_ratio;
     ls.activation = a;
   }
   if (!ls.weights && ls.activations == ActivationMode::kNone) return std::nullopt;
@@ -146,6 +147,8 @@ std::string Scheme::to_string() const {
   if (activations == ActivationMode::kStatic) os << " " << activation_qtype.name << " observer=" << observer;
   if (activations == ActivationMode::kDynamicPerToken && QuantizerImpl::dynamic_qtype_supported(activation_qtype))
     os << " " << activation_qtype.name;
+  if (activations == ActivationMode::kDynamicPerToken && activation_clip_ratio != 1.0f)
+    os << " clip=" << activation_clip_ratio;
   if (!rules.empty()) os << " rules=" << rules.size();
   return os.str();
 }

@@ -38,6 +38,8 @@ struct Scheme {
   std::string observer = "histogram";
   ObserverOptions observer_options;
   bool activation_lsq = false;
+  // Dynamic per-token activations: each row's scale covers amax times this (QuantizerConfig::clip_ratio).
+  float activation_clip_ratio = 1.0f;
   std::vector<LayerRule> rules;
   // quantize() refuses a model holding LibTorch layers that have a qforge twin (plain
   // torch::nn::Linear, Conv1d/2d, Embedding, LayerNorm), listing every one: they would stay

@@ -54,12 +54,15 @@ constexpr const char* kKvCacheAttr = "kv_cache";
 void write_config(const h5::Group& g, const QuantizerConfig& c) {
   write_quantizer_attrs(g, c.observer, c.observer_options, c.spec);
   g.set_attr("lsq", c.lsq);
+  // Only when it clips: files without it (and files older than it) read back as 1.
+  if (c.clip_ratio != 1.0f) g.set_attr("clip_ratio", static_cast<double>(c.clip_ratio));
 }
 
 QuantizerConfig read_config(const h5::Group& g) {
   QuantizerConfig c;
   read_quantizer_attrs(g, &c.observer, &c.observer_options, &c.spec);
   c.lsq = g.attr_int("lsq") != 0;
+  if (g.has_attr("clip_ratio")) c.clip_ratio = static_cast<float>(g.attr_double("clip_ratio"));
   return c;
 }
 

@@ -25,6 +25,10 @@ void QuantizableLayer::check_scheme(const LayerScheme& scheme) const {
                "qint4, qint3, qint2), got ", scheme.activation.spec.qtype.name,
                scheme.activation.spec.symmetric ? "" : " asymmetric");
   }
+  QF_REQUIRE(scheme.activation.clip_ratio > 0.0f && scheme.activation.clip_ratio <= 1.0f &&
+                 (scheme.activation.clip_ratio == 1.0f || scheme.activations == ActivationMode::kDynamicPerToken),
+             path_, " (", layer_type(), "): activation clip_ratio ", scheme.activation.clip_ratio,
+             " needs dynamic per-token activations and a value in (0, 1]");
 }
 
 void QuantizableLayer::require_not_frozen(const char* what) const {
@@ -137,6 +141,7 @@ LayerReport QuantizableLayer::report(bool planned) const {
     // One scale per token (row), computed per call: the spec's granularity field does not apply.
     r.activations = std::string("dynamic ") + scheme_.activation.spec.qtype.name + " per_token" +
                     (scheme_.activation.spec.symmetric ? " symmetric" : " asymmetric");
+    if (scheme_.activation.clip_ratio != 1.0f) r.activations += detail::str_cat(" clip ", scheme_.activation.clip_ratio);
   } else {
     r.activations = std::string(to_string(scheme_.activations)) + " " + scheme_.activation.spec.to_string();
     if (scheme_.activations == ActivationMode::kStatic)

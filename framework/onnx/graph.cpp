@@ -276,6 +276,8 @@ std::string LayerWriter::activation_qdq(const Quantizer& q, const std::string& x
                                         std::string* form) {
   if (!q || q->mode() == ActivationMode::kNone || !q->fake_quant()) return x;
   if (q->mode() == ActivationMode::kDynamicPerToken) {
+    QF_REQUIRE(q->config().clip_ratio == 1.0f, "onnx export: ", who, ": clipped dynamic rows (clip_ratio ",
+               q->config().clip_ratio, ") have no QDQ form here");
     // QuantizerImpl::dynamic_qparams: rows of the last dimension, scale = amax / qmax (1 for an
     // all-zero row), codes in [-qmax, qmax] (int8: 127; W4A4's qint4: 7), zero point 0.
     const int64_t qmax = q->config().spec.quant_max();

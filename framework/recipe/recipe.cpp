@@ -170,6 +170,12 @@ void check_quantize(const Recipe& r, const YAML::Node& tree, const Where& w) {
   if (s.activations == ActivationMode::kDynamicPerToken && !QuantizerImpl::dynamic_qtype_supported(s.activation_qtype))
     w.problem("quantize.activations.qtype", "dynamic per-token activations are symmetric signed integers (qint8, or "
                                             "qint4 / qint3 / qint2 for W4A4-style runs), not " + aq);
+  if (s.activation_clip_ratio != 1.0f && s.activations != ActivationMode::kDynamicPerToken)
+    w.problem("quantize.activations.clip_ratio", "clips dynamic per-token rows only; set quantize.activations.mode: "
+                                                 "dynamic (static scales come from the observer)");
+  else if (s.activation_clip_ratio != 1.0f && r.freeze.enabled)
+    w.problem("quantize.activations.clip_ratio", "clipped rows have no integer kernel to freeze into (the kernels "
+                                                 "scale each row by its whole amax); set freeze.enabled: false");
   if (s.activation_qtype.is_integer() && s.activation_qtype.bits < 8 && s.activations != ActivationMode::kNone &&
       r.freeze.enabled)
     w.problem("quantize.activations.qtype", aq + " activations have no integer kernel to freeze into; use qint8 "

@@ -5,13 +5,17 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <unistd.h>
+
 #include <cmath>
+#include <filesystem>
 #include <string>
 
 #include "framework/api/kernel_plan.h"
 #include "framework/api/quantize.h"
 #include "framework/api/quantizer.h"
 #include "framework/core/error.h"
+#include "framework/io/model_io.h"
 #include "framework/nn/linear.h"
 
 namespace qforge {
@@ -19,14 +23,16 @@ namespace {
 
 // The rule in plain loops: per row, s = amax / qmax (1 for an all-zero row), q = clamp(rint(x / s))
 // with the fake-quant kernels' x * (1 / s), x̂ = q * s.
-at::Tensor dynamic_reference(const at::Tensor& x2d, int qmax) {
+// clip: the row's range is amax * clip (QuantizerConfig::clip_ratio), values beyond it saturate.
+at::Tensor dynamic_reference(const at::Tensor& x2d, int qmax, float clip = 1.0f) {
   at::Tensor out = at::empty_like(x2d);
   auto in = x2d.accessor<float, 2>();
   auto o = out.accessor<float, 2>();
   for (int64_t r = 0; r < x2d.size(0); ++r) {
     float amax = 0;
     for (int64_t k = 0; k < x2d.size(1); ++k) amax = std::max(amax, std::fabs(in[r][k]));
-    const float s = amax > 0 ? amax / static_cast<float>(qmax) : 1.0f, inv = 1.0f / s;
+    const float range = clip == 1.0f ? amax : amax * clip;
+    const float s = range > 0 ? range / static_cast<float>(qmax) : 1.0f, inv = 1.0f / s;
     for (int64_t k = 0; k < x2d.size(1); ++k) {
       const float q = std::min(std::max(std::nearbyint(in[r][k] * inv), -static_cast<float>(qmax)),
                                static_cast<float>(qmax));
@@ -86,6 +92,60 @@ TEST(DynamicInt4Activations, FrozenLinearFallsBackWithTheReasonAndMatchesFakeQua
   EXPECT_TRUE(at::allclose(lin->forward(x), fake, 1e-5, 1e-5));
   const std::string d = describe(*lin);
   EXPECT_NE(d.find("dynamic qint4 per_token symmetric"), std::string::npos) << d;
+}
+
+// QuaRot's activation clipping: each row's scale covers clip_ratio · amax; the largest values
+// saturate at ±qmax steps, through the Linear's quantizer, its describe(), a checkpoint; freeze,
+// which has no kernel for it, is refused and changes nothing.
+TEST(DynamicInt4Activations, ClippedRowsSaturateAndFreezeRefusesThem) {
+  at::manual_seed(3);
+  at::Tensor x = at::randn({6, 40});
+  x[2].zero_();
+  x[4][7] = 25.0f;
+  for (const float clip : {0.9f, 0.5f})
+    for (const auto& [qtype, qmax] : {std::pair<QType, int>{qint4, 7}, {qint8, 127}}) {
+      const at::Tensor got = fake_quantize(x, QuantizerImpl::dynamic_qparams(x, qtype, clip));
+      EXPECT_TRUE(at::equal(got, dynamic_reference(x, qmax, clip))) << qtype.name << " clip " << clip;
+      EXPECT_FALSE(at::equal(got, dynamic_reference(x, qmax))) << "clipping changes the grid";
+      EXPECT_LT(got[4][7].item<float>(), 25.0f * clip * 1.0001f) << "the outlier saturates";
+    }
+  EXPECT_THROW(QuantizerImpl::dynamic_qparams(x, qint4, 0.0f), Error);
+  EXPECT_THROW(QuantizerImpl::dynamic_qparams(x, qint4, 1.5f), Error);
+
+  nn::Linear lin(torch::nn::LinearOptions(64, 24));
+  lin->eval();
+  Scheme s = w4a4();
+  s.activation_clip_ratio = 0.9f;
+  quantize(*lin, s);
+  EXPECT_EQ(lin->scheme().activation.clip_ratio, 0.9f);
+  const at::Tensor in = at::randn({3, 5, 64});
+  at::NoGradGuard g;
+  const at::Tensor xq = dynamic_reference(in.reshape({-1, 64}), 7, 0.9f).reshape(in.sizes());
+  const at::Tensor w = lin->weight_quantizer()->forward(lin->weight);
+  EXPECT_TRUE(at::allclose(lin->forward(in), at::linear(xq, w, lin->bias), 1e-5, 1e-5));
+  EXPECT_NE(describe(*lin).find("dynamic qint4 per_token symmetric clip 0.9"), std::string::npos) << describe(*lin);
+  try {
+    freeze(*lin);
+    FAIL() << "froze clipped rows";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("clip_ratio below 1 have no integer kernel"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(lin->frozen());
+  // Through a checkpoint: the clip ratio comes back (files without it read as 1).
+  const std::string path = (std::filesystem::temp_directory_path() /
+                            ("qforge_clip_" + std::to_string(::getpid()) + ".h5")).string();
+  io::save_model(lin, path);
+  nn::Linear loaded(torch::nn::LinearOptions(64, 24));
+  loaded->eval();
+  io::load_model(loaded, path);
+  EXPECT_EQ(loaded->scheme().activation.clip_ratio, 0.9f);
+  EXPECT_TRUE(at::equal(loaded->forward(in), lin->forward(in)));
+  std::filesystem::remove(path);
+  // A static scheme takes no clip ratio (its scales come from the observer).
+  LayerScheme ls;
+  ls.activations = ActivationMode::kStatic;
+  ls.activation.clip_ratio = 0.9f;
+  EXPECT_THROW(lin->attach("lin", ls), Error);
 }
 
 TEST(DynamicInt4Activations, UnsignedOrAsymmetricDynamicGridsAreRefused) {

@@ -41,6 +41,7 @@ struct Setting {
   bool kv_asymmetric = false;
   int64_t kv_group = 0;  // 0: one scale per head and position
   float kv_clip = 1.0f;  // KvCacheScheme::clip_ratio (QuaRot clips its cache at 0.95)
+  float activation_clip = 1.0f;  // Scheme::activation_clip_ratio (QuaRot clips 4-bit rows at 0.9)
 };
 
 qforge::Scheme scheme(const Setting& s) {
@@ -50,6 +51,7 @@ qforge::Scheme scheme(const Setting& s) {
   if (s.activation_bits > 0) {
     q.activations = qforge::ActivationMode::kDynamicPerToken;
     q.activation_qtype = s.activation_bits == 4 ? qforge::qint4 : qforge::qint8;
+    q.activation_clip_ratio = s.activation_clip;
   }
   // The embedding and the attention products stay float (QuaRot quantizes the Linears' inputs and
   // the cache; P·V's per-column dynamic scales would also run over later positions).
@@ -120,7 +122,10 @@ int main(int argc, char** argv) {
                               {"KV4 asym c.95", false, 0, 4, true, 0, 0.95f},
                               {"KV4 asym c.90", false, 0, 4, true, 0, 0.90f},
                               {"KV4 g32 c.95", false, 0, 4, true, 32, 0.95f},
-                              {"W4A4KV4 a c.95", true, 4, 4, true, 0, 0.95f}};
+                              {"W4A4KV4 a c.95", true, 4, 4, true, 0, 0.95f},
+                              {"W4A4 a.9", true, 4, 0, false, 0, 1.0f, 0.9f},
+                              {"W4A4 a.8", true, 4, 0, false, 0, 1.0f, 0.8f},
+                              {"W4A4KV4 a.9 c.95", true, 4, 4, true, 0, 0.95f, 0.9f}};
   for (const Setting& s : settings) {
     Eval e[2];
     for (int rotated = 0; rotated < 2; ++rotated) {

@@ -789,6 +789,31 @@ TEST(Recipe, TokenizerKeysAreCheckedWithFileLineColumn) {
   EXPECT_NE(e.find("data.tokenizer: applies to the fortunes language models only"), std::string::npos) << e;
 }
 
+// quantize.activations.clip_ratio: dynamic rows only, and no freeze (no kernel clips), at its line;
+// the resolved recipe names it only when it clips.
+TEST(Recipe, ActivationClipRatioNeedsDynamicRowsAndNoFreeze) {
+  TempDir dir;
+  auto all = [&](const std::string& text) {
+    std::string out;
+    for (const auto& i : issues_of(dir.write("clip.yaml", text))) out += i.to_string() + "\n";
+    return out;
+  };
+  const std::string nofreeze = std::string(kMinimal) + "freeze: {enabled: false}\n";
+  const Recipe r = load_recipe(
+      dir.write("ok.yaml", nofreeze + "quantize: {activations: {mode: dynamic_per_token, qtype: qint4, clip_ratio: 0.9}}\n"));
+  EXPECT_EQ(r.scheme.activation_clip_ratio, 0.9f);
+  EXPECT_NE(r.resolved_yaml.find("clip_ratio"), std::string::npos);
+  EXPECT_EQ(load_recipe(dir.write("plain.yaml", nofreeze + "quantize: {activations: {mode: dynamic_per_token}}\n"))
+                .resolved_yaml.find("clip_ratio"),
+            std::string::npos);
+  std::string e = all(nofreeze + "quantize: {activations: {mode: static, clip_ratio: 0.9}}\n");
+  EXPECT_NE(e.find("quantize.activations.clip_ratio: clips dynamic per-token rows only"), std::string::npos) << e;
+  e = all(std::string(kMinimal) + "quantize: {activations: {mode: dynamic_per_token, clip_ratio: 0.9}}\n");
+  EXPECT_NE(e.find("quantize.activations.clip_ratio: clipped rows have no integer kernel"), std::string::npos) << e;
+  e = all(nofreeze + "quantize: {activations: {mode: dynamic_per_token, clip_ratio: 1.5}}\n");
+  EXPECT_NE(e.find("clip_ratio"), std::string::npos) << e;
+}
+
 TEST(Recipe, Mxfp4AndNvfp4TakeTheirBlockAndNoActivations) {
   TempDir dir;
   auto first = [&](const std::string& text) {
