@@ -29,7 +29,7 @@ namespace {
 
 bool same_config(const QuantizerConfig& a, const QuantizerConfig& b) {
   return same_spec(a.spec, b.spec) && a.lsq == b.lsq && a.observer == b.observer &&
-         same_options(a.observer_options, b.observer_options, a.observer);
+         same_options(a.observer_options, b.observer_options, a.observer) && a.clip_ratio == b.clip_ratio;
 }
 
 bool same_scheme(const LayerScheme& a, const LayerScheme& b) {
@@ -44,6 +44,7 @@ std::string scheme_string(const LayerScheme& s) {
   out += ", activations ";
   out += to_string(s.activations);
   if (s.activations != ActivationMode::kNone) out += " " + s.activation.spec.to_string();
+  if (s.activation.clip_ratio != 1.0f) out += detail::str_cat(" clip ", s.activation.clip_ratio);
   return out;
 }
 

@@ -64,6 +64,10 @@ void QuantizableLayer::freeze() {
   if (frozen_) return;
   QF_REQUIRE(quantized(), path_, " (", layer_type(), "): freeze() needs quantize() first");
   QF_REQUIRE(uncalibrated().empty(), path_, " (", layer_type(), "): static activations were never calibrated");
+  // The integer kernels scale each row by its whole amax (qforge::freeze lists every such layer first).
+  QF_REQUIRE(scheme_.activations != ActivationMode::kDynamicPerToken || scheme_.activation.clip_ratio == 1.0f, path_,
+             " (", layer_type(), "): dynamic per-token activations with clip_ratio ", scheme_.activation.clip_ratio,
+             " have no integer kernel; evaluate them fake-quantized, or set clip_ratio 1");
   QuantizedTensor fw;
   at::Device device = at::kCPU;
   if (has_weight()) {

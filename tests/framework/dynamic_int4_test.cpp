@@ -131,6 +131,8 @@ TEST(DynamicInt4Activations, ClippedRowsSaturateAndFreezeRefusesThem) {
     EXPECT_NE(std::string(e.what()).find("clip_ratio below 1 have no integer kernel"), std::string::npos) << e.what();
   }
   EXPECT_FALSE(lin->frozen());
+  EXPECT_THROW(lin->freeze(), Error) << "the layer's own freeze refuses it too";
+  EXPECT_FALSE(lin->frozen());
   // Through a checkpoint: the clip ratio comes back (files without it read as 1).
   const std::string path = (std::filesystem::temp_directory_path() /
                             ("qforge_clip_" + std::to_string(::getpid()) + ".h5")).string();
@@ -140,6 +142,11 @@ TEST(DynamicInt4Activations, ClippedRowsSaturateAndFreezeRefusesThem) {
   io::load_model(loaded, path);
   EXPECT_EQ(loaded->scheme().activation.clip_ratio, 0.9f);
   EXPECT_TRUE(at::equal(loaded->forward(in), lin->forward(in)));
+  // Into a model quantized without the clip: a different scheme, refused (not silently unclipped).
+  nn::Linear unclipped(torch::nn::LinearOptions(64, 24));
+  quantize(*unclipped, w4a4());
+  EXPECT_THROW(io::load_model(unclipped, path), Error);
+  EXPECT_EQ(unclipped->scheme().activation.clip_ratio, 1.0f);
   std::filesystem::remove(path);
   // A static scheme takes no clip ratio (its scales come from the observer).
   LayerScheme ls;
