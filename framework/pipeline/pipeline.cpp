@@ -74,6 +74,9 @@ void print_float_plan(const Recipe& r) {
     std::printf("float: %s\n", pipeline::check_float_checkpoint(ckpt, r).c_str());
   } else if (!r.model.safetensors.empty()) {
     std::printf("float: weights imported from %s\n", r.model.safetensors.c_str());
+  } else if (!r.model.torchscript.empty()) {
+    std::printf("float: the weights of the TorchScript file %s (model.task %s)\n", r.model.torchscript.c_str(),
+                r.model.task.c_str());
   } else {
     std::printf("float: trained (%lld epochs), %s\n", static_cast<long long>(r.train.epochs),
                 ckpt.empty() ? "not saved (no model.checkpoint)"

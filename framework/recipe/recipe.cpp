@@ -104,8 +104,20 @@ void check_torchscript(const Recipe& r, const Where& w) {
   if (!ts.empty() && r.model.arch != "torchscript")
     w.problem("model.torchscript", "is the model of model.arch torchscript, not '" + r.model.arch + "'");
   if (!r.model.input_shape.empty() && ts.empty()) w.problem("model.input_shape", "applies to model.torchscript only");
+  const std::string& task = r.model.task;
+  if (!task.empty() && ts.empty())
+    w.problem("model.task", "applies to model.torchscript only (the other architectures know their task)");
+  if (task == "causal_lm" && r.data.dataset == "fashion_mnist")
+    w.problem("model.task", "causal_lm reads token ids (data.dataset fortunes or tensors), not fashion_mnist images");
+  if (task == "classification" && r.data.dataset == "fortunes")
+    w.problem("model.task", "fortunes is text for a language model: model.task causal_lm, not classification");
+  if (task == "causal_lm" && r.data.dataset == "fortunes" && !r.model.input_shape.empty() &&
+      r.model.input_shape != std::vector<int64_t>{r.data.seq_len})
+    w.problem("model.input_shape", "a causal LM on fortunes reads [data.seq_len] = [" + std::to_string(r.data.seq_len) +
+                                       "] token ids an example");
   if (r.data.dataset == "tensors" && r.data.file.empty())
-    w.problem("data.dataset", "tensors needs data.file: a safetensors file of `inputs` [N, ...] and `labels` [N]");
+    w.problem("data.dataset", "tensors needs data.file: a safetensors file of `inputs` [N, ...] and `labels` [N] "
+                              "(causal_lm: [N, T] each)");
   if (!r.data.file.empty() && r.data.dataset != "tensors") w.problem("data.file", "is read by data.dataset tensors only");
   if (!ts.empty() && r.export_.onnx)
     w.problem("export.onnx", "a TorchScript model has no ONNX export: qforge writes ONNX from its own model types, "
@@ -117,11 +129,13 @@ void check_model_data(const Recipe& r, const Where& w) {
   if (r.model.arch.empty()) w.problem("model.arch", "is required (" + or_list(task_architectures()) + ")");
   if (r.data.dataset.empty()) w.problem("data.dataset", "is required (" + or_list(task_datasets()) + ")");
   const TaskKind* task = find_task_kind(r.model.arch);
-  const bool other = task && task->other_dataset && r.data.dataset == task->other_dataset;
-  if (task && !r.data.dataset.empty() && task->dataset != r.data.dataset && !other)
-    w.problem("data.dataset", "model.arch '" + r.model.arch + "' is trained on '" + task->dataset +
-                                  (task->other_dataset ? std::string("' or '") + task->other_dataset : std::string()) +
-                                  "', not '" + r.data.dataset + "'");
+  if (task && !r.data.dataset.empty() && !task->reads(r.data.dataset)) {
+    std::vector<std::string> reads{task->dataset};
+    reads.insert(reads.end(), task->other_datasets.begin(), task->other_datasets.end());
+    for (std::string& d : reads) d = "'" + d + "'";
+    w.problem("data.dataset", "model.arch '" + r.model.arch + "' is trained on " + or_list(reads) + ", not '" +
+                                  r.data.dataset + "'");
+  }
   check_torchscript(r, w);
   if (r.data.tokens != "chars" && r.data.dataset != "langid")
     w.problem("data.tokens", "applies to the langid dataset only (this recipe's dataset is '" + r.data.dataset + "')");
@@ -427,6 +441,9 @@ Recipe read_recipe(const std::string& path, const YAML::Node& tree, const Where&
   recipe_schema::apply_bound(schema(), tree, r);
   // model.torchscript is the model of one architecture.
   if (r.model.arch.empty() && !r.model.torchscript.empty()) r.model.arch = "torchscript";
+  // Its task follows the data unless the file names it: text is for a causal LM.
+  if (!r.model.torchscript.empty() && r.model.task.empty())
+    r.model.task = r.data.dataset == "fortunes" ? "causal_lm" : "classification";
   if (tree["model"] && tree["model"]["config"]) r.model.config = recipe_tree::to_json(tree["model"]["config"]);
   r.quantize = tree["quantize"] && tree["quantize"].IsMap();
   // qat.lsq turns on the learnable steps of the whole scheme.

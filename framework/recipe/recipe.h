@@ -48,6 +48,10 @@ struct Recipe {
     std::string safetensors;     // HF safetensors file to import instead of training
     std::string torchscript;     // TorchScript file (framework/jit): arch "torchscript", its own float weights
     std::vector<int64_t> input_shape;  // TorchScript: one example's input shape, checked against the data
+    // TorchScript: what the model computes. "classification": logits [B, C] of integer labels [B]
+    // (accuracy); "causal_lm": logits [B, T, V] of the next token at every position (perplexity).
+    // Unset in the file: causal_lm on data.dataset fortunes, else classification.
+    std::string task;
   } model;
 
   struct Data {

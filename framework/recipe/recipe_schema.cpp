@@ -75,13 +75,18 @@ Field model_section() {
                 leaf("*", T::kInt, "size", 1, 1e9)),
            [](const YAML::Node& n, Recipe& r) { r.model.input_shape = n.as<std::vector<int64_t>>(); },
            [](const Recipe& r) { return r.model.input_shape.empty() ? YAML::Node() : YAML::Node(r.model.input_shape); }),
+      bind(choice("task", {"classification", "causal_lm"},
+                  "TorchScript: classification (logits [B, C] of labels [B]) or causal_lm (logits [B, T, V] of the next "
+                  "tokens; default on data.dataset fortunes)"),
+           [](const YAML::Node& n, Recipe& r) { r.model.task = n.as<std::string>(); },
+           [](const Recipe& r) { return r.model.task.empty() ? YAML::Node() : YAML::Node(r.model.task); }),
   });
 }
 
 Field data_section() {
   return map("data", "dataset and batching", {
       bind(choice("dataset", task_datasets(), "dataset (from Debian packages; tensors: data.file)"), &Recipe::data, &Recipe::Data::dataset),
-      bind(leaf("file", T::kString, "dataset tensors: safetensors file of `inputs` [N, ...] (float, or integer token ids) and `labels` [N]"), &Recipe::data, &Recipe::Data::file),
+      bind(leaf("file", T::kString, "dataset tensors: safetensors file of `inputs` [N, ...] (float, or integer token ids) and `labels` [N] (model.task causal_lm: both [N, T])"), &Recipe::data, &Recipe::Data::file),
       bind(leaf("batch_size", T::kInt, "training batch size", 1, 65536), &Recipe::data, &Recipe::Data::batch_size),
       bind(leaf("eval_batch_size", T::kInt, "evaluation batch size", 1, 65536), &Recipe::data, &Recipe::Data::eval_batch_size),
       bind(leaf("validation_size", T::kInt, "examples held out from training for validation", 0, 1e9), &Recipe::data, &Recipe::Data::validation_size),

@@ -4,6 +4,7 @@
 
 #include <torch/nn/module.h>
 
+#include <algorithm>
 #include <functional>
 #include <map>
 #include <memory>
@@ -62,7 +63,10 @@ struct TaskKind {
   const char* arch;
   const char* dataset;
   Task (*make)(const Recipe& r, bool with_data);
-  const char* other_dataset = nullptr;  // a second data.dataset it reads (torchscript: fashion_mnist)
+  std::vector<std::string> other_datasets = {};  // more data.dataset it reads (torchscript: fashion_mnist, fortunes)
+  bool reads(const std::string& d) const {
+    return d == dataset || std::find(other_datasets.begin(), other_datasets.end(), d) != other_datasets.end();
+  }
 };
 
 // Every task, in registry order: the recipe schema's model.arch and data.dataset choices.

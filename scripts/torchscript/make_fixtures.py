@@ -5,11 +5,12 @@ rewritten calls, PyTorch's nn.MultiheadAttention, nn.TransformerEncoderLayer and
 nn.TransformerEncoder, torchvision's VisionTransformer, residual connections (ResNet / MobileNetV2
 style) and x @ W forms with W stored [in, out],
 each scripted (torch.jit.script) and traced (torch.jit.trace); the weight x matrix forms and a
-small Fashion-MNIST CNN trained briefly (scripted only), with fixed seeds.
+small Fashion-MNIST CNN and a byte-level causal LM on the fortunes text trained briefly (scripted
+only), with fixed seeds.
 
-    python3 scripts/torchscript/make_fixtures.py [output folder]
+    python3 scripts/torchscript/make_fixtures.py [output folder] [--only=fortunes_lm]
 
-Needs python3-torch, python3-torchvision and dataset-fashion-mnist (Debian). The C++ tests read the committed files, so they run without Python.
+Needs python3-torch, python3-torchvision, dataset-fashion-mnist and fortunes (Debian). The C++ tests read the committed files, so they run without Python.
 """
 import math
 import os
@@ -490,6 +491,78 @@ def write_fmnist_cnn(out, steps=400):
     torch.jit.script(model.eval()).save(os.path.join(out, "fmnist_cnn_scripted.pt"))
 
 
+class FortunesLm(nn.Module):
+    """A small GPT-style causal LM over bytes (vocabulary 256): token and position tables, pre-norm
+    blocks of causal self-attention (one packed qkv Linear, the scores masked with -inf above the
+    diagonal) and a GELU MLP, a final LayerNorm and an output head tied to the token table.
+    forward(ids [B, T]) -> logits [B, T, 256], T up to max_len."""
+
+    def __init__(self, vocab=256, dim=64, heads=4, ffn=128, layers=2, max_len=64):
+        super().__init__()
+        self.heads = heads
+        self.tok = nn.Embedding(vocab, dim)
+        self.pos = nn.Embedding(max_len, dim)
+        self.ln1 = nn.ModuleList([nn.LayerNorm(dim) for _ in range(layers)])
+        self.qkv = nn.ModuleList([nn.Linear(dim, 3 * dim) for _ in range(layers)])
+        self.proj = nn.ModuleList([nn.Linear(dim, dim) for _ in range(layers)])
+        self.ln2 = nn.ModuleList([nn.LayerNorm(dim) for _ in range(layers)])
+        self.fc1 = nn.ModuleList([nn.Linear(dim, ffn) for _ in range(layers)])
+        self.fc2 = nn.ModuleList([nn.Linear(ffn, dim) for _ in range(layers)])
+        self.ln_f = nn.LayerNorm(dim)
+        self.lm_head = nn.Linear(dim, vocab, bias=False)
+        self.lm_head.weight = self.tok.weight
+
+    def forward(self, ids):
+        b, t = ids.size(0), ids.size(1)
+        x = self.tok(ids) + self.pos(torch.arange(t, device=ids.device))
+        mask = torch.triu(torch.ones(t, t, dtype=torch.bool, device=ids.device), 1)
+        for ln1, qkv, proj, ln2, fc1, fc2 in zip(self.ln1, self.qkv, self.proj, self.ln2, self.fc1, self.fc2):
+            q, k, v = qkv(ln1(x)).chunk(3, -1)
+            d = q.size(-1) // self.heads
+            q = q.reshape(b, t, self.heads, d).transpose(1, 2)
+            k = k.reshape(b, t, self.heads, d).transpose(1, 2)
+            v = v.reshape(b, t, self.heads, d).transpose(1, 2)
+            w = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(d)
+            w = torch.softmax(w.masked_fill(mask, float("-inf")), -1)
+            x = x + proj(torch.matmul(w, v).transpose(1, 2).reshape(b, t, -1))
+            x = x + fc2(F.gelu(fc1(ln2(x))))
+        return self.lm_head(self.ln_f(x))
+
+
+def fortunes_bytes(folder="/usr/share/games/fortunes"):
+    """The fortunes corpus as qforge's data::load_fortunes reads it: every regular file of the
+    folder but the .dat indexes and symlinks, in sorted path order, concatenated as bytes."""
+    if not os.path.isdir(folder):
+        sys.exit(f"{folder} is missing: apt-get install fortunes")
+    paths = sorted(os.path.join(folder, n) for n in os.listdir(folder))
+    data = b"".join(open(p, "rb").read() for p in paths
+                    if os.path.isfile(p) and not os.path.islink(p) and not p.endswith(".dat"))
+    return torch.tensor(list(data), dtype=torch.int64)
+
+
+def write_fortunes_lm(out, steps=2000):
+    """fortunes_lm_scripted.pt: FortunesLm trained briefly (AdamW, 2000 steps of 32 windows of 64
+    bytes, about a minute and a half on a CPU) on the first 90 % of the fortunes bytes, load_fortunes's
+    training split; the test split (the last 5 %) is never seen. Saved in eval mode."""
+    torch.manual_seed(0)
+    data = fortunes_bytes()
+    train = data[: int(data.numel() * 0.9)]
+    model = FortunesLm()
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
+    for step in range(steps):
+        for g in opt.param_groups:
+            g["lr"] = 3e-3 * 0.5 * (1 + math.cos(math.pi * step / steps))
+        starts = torch.randint(0, train.numel() - 65, (32,))
+        windows = torch.stack([train[s:s + 65] for s in starts.tolist()])
+        logits = model(windows[:, :-1])
+        loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), windows[:, 1:].reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    print(f"fortunes_lm: training loss {loss.item():.3f} after {steps} steps")
+    torch.jit.script(model.eval()).save(os.path.join(out, "fortunes_lm_scripted.pt"))
+
+
 def write_safetensors(path, tensors):
     """The safetensors layout (8-byte header length, JSON header, raw little-endian bytes) by hand:
     the Python safetensors package is not a Debian package here."""
@@ -541,9 +614,18 @@ def write_recipe_data(out, model):
 
 
 def main():
-    out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(
-        os.path.dirname(__file__), "..", "..", "tests", "fixtures", "torchscript")
+    args = [a for a in sys.argv[1:] if not a.startswith("--only=")]
+    only = [a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--only=")]
+    out = args[0] if args else os.path.join(os.path.dirname(__file__), "..", "..", "tests", "fixtures", "torchscript")
     os.makedirs(out, exist_ok=True)
+    if only:  # --only=fortunes_lm: that fixture alone (the others' files stay as committed)
+        writers = {"fortunes_lm": write_fortunes_lm}
+        for name in only:
+            if name not in writers:
+                sys.exit(f"--only={name}: expected one of {', '.join(writers)}")
+            writers[name](out)
+        print("wrote", out)
+        return
     for name, cls, example in (("cnn", SmallCnn, torch.randn(2, 1, 14, 14)),
                                ("mlp", Mlp, torch.randn(4, 32)),
                                ("cnn_bn", BnCnn, torch.randn(2, 1, 14, 14))):
@@ -575,6 +657,7 @@ def main():
     write_buffer_matmul(out)
     write_vit(out)
     write_fmnist_cnn(out)
+    write_fortunes_lm(out)
     print("wrote", out)
 
 

@@ -7,12 +7,14 @@
 
 #include <torch/script.h>
 
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "framework/data/fashion_mnist.h"
+#include "framework/data/text_corpus.h"
 #include "framework/format/safetensors.h"
 #include "framework/jit/scripted_model.h"
 #include "tests/paths.h"
@@ -236,4 +238,119 @@ TEST(TorchScriptRecipe, ExportDataWritesTheTasksSplitsAsItBatchesThem) {
   const QtrainRun bad = qtrain("--recipe recipes/bert_int8.yaml --export-data /nonexistent/dir/x.safetensors");
   EXPECT_EQ(bad.code, 1);
   EXPECT_NE(bad.output.find("--export-data /nonexistent/dir/x.safetensors"), std::string::npos) << bad.output;
+}
+
+namespace {
+
+const char* kLmRecipe = "--recipe recipes/torchscript_lm_w8a8.yaml";
+
+// The fortunes windows qtrain scores a causal LM on: `count` windows of 64 tokens from `split`
+// ("train" or "test", as load_fortunes splits the bytes), each input with its next tokens.
+std::pair<at::Tensor, at::Tensor> fortunes_windows(const std::string& split, int64_t count) {
+  const qforge::data::TextCorpus c = qforge::data::load_fortunes();
+  const at::Tensor text = split == "train" ? c.train : c.test;
+  const at::Tensor starts = at::arange(count, at::kLong) * 64;
+  const at::Tensor idx = starts.unsqueeze(1) + at::arange(64, at::kLong).unsqueeze(0);
+  return {text.index_select(0, idx.flatten()).view({count, 64}),
+          text.index_select(0, (idx + 1).flatten()).view({count, 64})};
+}
+
+// Mean cross-entropy of a causal LM's logits over every position of the windows, in batches of 256
+// (as qtrain evaluates), then its exponent.
+double perplexity(qforge::jit::ScriptedModel& m, const at::Tensor& x, const at::Tensor& y) {
+  m->eval();
+  torch::NoGradGuard no_grad;
+  double sum = 0;
+  for (int64_t b = 0; b < x.size(0); b += 256) {
+    const at::Tensor logits = m->forward(x.slice(0, b, b + 256));
+    sum += at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}), y.slice(0, b, b + 256).reshape(-1),
+                                  {}, at::Reduction::Sum)
+               .item<double>();
+  }
+  return std::exp(sum / static_cast<double>(y.numel()));
+}
+
+}  // namespace
+
+// A causal LM from PyTorch on the built-in fortunes text (make_fixtures.py's FortunesLm, a byte-level
+// GPT-style model with a tied head): model.task causal_lm scores perplexity on the test windows and
+// the sliding windows, W8A8 dynamic keeps it within 1 % of float, and model.pt gives the frozen
+// perplexity the report states on the same windows.
+TEST(TorchScriptRecipe, CausalLmOnFortunesScoresPerplexityAndModelPtAgrees) {
+  OutDir dir("lm");
+  const QtrainRun run = qtrain(std::string(kLmRecipe) + " --out " + dir.path.string());
+  ASSERT_EQ(run.code, 0) << run.output;
+  std::ifstream in(dir.path / "report.json");
+  const nlohmann::json r = nlohmann::json::parse(in);
+  EXPECT_EQ(r["metric"], "perplexity");
+  const double fp = r["metrics"]["float"]["perplexity"].get<double>();
+  const double frozen = r["metrics"]["frozen"]["perplexity"].get<double>();
+  std::printf("perplexity: unigram %.3f, float %.4f, frozen W8A8 %.4f; sliding windows float %.4f, frozen %.4f\n",
+              r["baselines"]["unigram_perplexity"].get<double>(), fp, frozen,
+              r["metrics"]["float"]["sliding_window_perplexity"].get<double>(),
+              r["metrics"]["frozen"]["sliding_window_perplexity"].get<double>());
+  // Trained briefly on the training bytes: far below the unigram model on the test text.
+  EXPECT_LT(fp, 0.5 * r["baselines"]["unigram_perplexity"].get<double>());
+  EXPECT_LT(std::abs(frozen - fp), 0.01 * fp) << r["metrics"].dump();
+  EXPECT_GT(r["metrics"]["frozen"]["sliding_window_perplexity"].get<double>(), 1.0);
+  // The token table and the tied head are one layer: 2 tables and 8 Linears.
+  EXPECT_EQ(r["layers"].size(), 10u);
+  EXPECT_LT(r["size_bytes"]["frozen"].get<int64_t>(), r["size_bytes"]["float"].get<int64_t>() / 3);
+
+  // model.pt answers the first 512 test windows (data.max_eval_examples) with the report's perplexity.
+  qforge::jit::ScriptedModel m = qforge::jit::load_torchscript((dir.path / "model.pt").string());
+  for (const auto& l : m->layers()) EXPECT_TRUE(l->layer().frozen()) << l->path();
+  const auto [x, y] = fortunes_windows("test", 512);
+  EXPECT_NEAR(perplexity(m, x, y), frozen, 1e-4 * frozen);
+
+  const QtrainRun dry = qtrain(std::string(kLmRecipe) + " --dry-run");
+  ASSERT_EQ(dry.code, 0) << dry.output;
+  EXPECT_NE(dry.output.find("float: the weights of the TorchScript file tests/fixtures/torchscript/"
+                            "fortunes_lm_scripted.pt (model.task causal_lm)"),
+            std::string::npos)
+      << dry.output;
+  EXPECT_NE(dry.output.find("tied  lm_head  aten::linear runs the qforge layer tok"), std::string::npos) << dry.output;
+}
+
+// A causal LM's data as a file: `inputs` [N, T] token ids and `labels` [N, T] next tokens, scored
+// by perplexity; a classification model given model.task causal_lm, labels of the wrong shape and
+// windows longer than the model's positions are refused with what was expected.
+TEST(TorchScriptRecipe, CausalLmReadsTokenWindowsFromTheDataFileAndRefusesWhatDoesNotFit) {
+  OutDir dir("lm_file");
+  fs::create_directories(dir.path);
+  const auto [x, y] = fortunes_windows("train", 320);
+  const std::string data = (dir.path / "windows.safetensors").string();
+  qforge::io::write_safetensors(data, {{"inputs", x.to(at::kInt)}, {"labels", y}});
+  const std::string sets = " --set data.dataset=tensors --set data.file=" + data +
+                           " --set data.validation_size=64 --set model.input_shape=[64]";
+  const QtrainRun run = qtrain(std::string(kLmRecipe) + " --out " + (dir.path / "run").string() + sets);
+  ASSERT_EQ(run.code, 0) << run.output;
+  std::ifstream in(dir.path / "run" / "report.json");
+  const nlohmann::json r = nlohmann::json::parse(in);
+  EXPECT_EQ(r["metric"], "perplexity");
+  const double fp = r["metrics"]["float"]["perplexity"].get<double>();
+  EXPECT_LT(fp, 0.5 * r["baselines"]["unigram_perplexity"].get<double>()) << r["baselines"].dump();
+  EXPECT_LT(std::abs(r["metrics"]["frozen"]["perplexity"].get<double>() - fp), 0.01 * fp) << r["metrics"].dump();
+  qforge::jit::ScriptedModel m = qforge::jit::load_torchscript((dir.path / "run" / "model.pt").string());
+  EXPECT_NEAR(perplexity(m, x.slice(0, 256), y.slice(0, 256)), r["metrics"]["frozen"]["perplexity"].get<double>(),
+              1e-4 * fp);
+
+  const auto expect_error = [&](const std::string& name, const std::string& set, const std::string& message) {
+    const QtrainRun bad = qtrain(std::string(kLmRecipe) + " --out " + (dir.path / name).string() + set);
+    EXPECT_NE(bad.code, 0) << set;
+    EXPECT_NE(bad.output.find(message), std::string::npos) << set << "\n" << bad.output;
+  };
+  // The language-ID encoder classifies [B, 16] ids: its logits are [B, 5].
+  const std::string data16 = (dir.path / "windows16.safetensors").string();
+  qforge::io::write_safetensors(data16, {{"inputs", x.slice(1, 0, 16).remainder(64)}, {"labels", y.slice(1, 0, 16).remainder(64)}});
+  expect_error("encoder",
+               " --set data.dataset=tensors --set data.validation_size=64 --set data.file=" + data16 +
+                   " --set model.torchscript=" + std::string(QFORGE_SOURCE_DIR) + "/tests/fixtures/torchscript/encoder_scripted.pt",
+               "gave Float [2, 5]; a causal LM's logits are float [B, T, V]");
+  qforge::io::write_safetensors(data, {{"inputs", x}, {"labels", y.select(1, 0)}});
+  expect_error("labels", sets, "a causal LM's 'labels' are int32 / int64 next tokens shaped as 'inputs' [320, 64]");
+  // FortunesLm has 64 positions.
+  expect_error("long", " --set data.seq_len=96", "the model must take token ids [B, T] with T = 96 (data.seq_len)");
+  expect_error("cls", " --set model.task=classification", "model.task: fortunes is text for a language model");
+  expect_error("images", " --set data.dataset=fashion_mnist", "causal_lm reads token ids (data.dataset fortunes or tensors)");
 }

@@ -1,13 +1,21 @@
 // TorchScript models (framework/jit) in recipes: model.torchscript names the file, whose float
-// weights come with it; data.dataset "tensors" reads the examples from data.file, a safetensors
-// file holding `inputs` [N, ...] (float examples, or int32 / int64 token ids passed on as int64; the
-// model masks its own padding) and `labels` [N] (integer classes); "fashion_mnist" the built-in
-// Fashion-MNIST images [1, 28, 28].
+// weights come with it. model.task says what it computes:
+//   classification  logits [B, C]; data.dataset "tensors" reads data.file, a safetensors file
+//                   holding `inputs` [N, ...] (float examples, or int32 / int64 token ids passed on
+//                   as int64; the model masks its own padding) and `labels` [N] (integer classes);
+//                   "fashion_mnist" the built-in Fashion-MNIST images [1, 28, 28].
+//   causal_lm       logits [B, T, V] for token ids [B, T] (V at least the data's vocabulary), scored
+//                   by perplexity; "fortunes" the built-in text (bytes, or data.tokenizer's tokens)
+//                   cut into windows of data.seq_len, as the gpt2 and llama tasks read it, with the
+//                   sliding-window perplexity of the test text; "tensors" data.file's `inputs`
+//                   [N, T] token ids and `labels` [N, T] next tokens (qtrain --export-data writes
+//                   them from a causal LM recipe).
 #include <ATen/ATen.h>
 
 #include <sstream>
 
 #include "framework/core/error.h"
+#include "framework/data/text_corpus.h"
 #include "framework/format/safetensors.h"
 #include "framework/jit/scripted_model.h"
 #include "framework/recipe/task.h"
@@ -33,13 +41,78 @@ at::Tensor data_tensor(const io::SafetensorsFile& f, const std::string& file, co
               (have.empty() ? "nothing" : have));
 }
 
+// Causal LMs: one forward on `ids` [B, T] must give logits [B, T, V] with V >= vocab; returns V.
+// A failing forward (positions beyond the model's, ids beyond its table) is named with the input.
+int64_t check_lm_logits(jit::ScriptedModel& m, const Recipe& r, const at::Tensor& ids, int64_t vocab,
+                        const std::string& data) {
+  const std::string who = "qtrain: model.torchscript " + r.model.torchscript + " (model.task causal_lm)";
+  at::Tensor logits;
+  {
+    at::NoGradGuard no_grad;
+    const bool training = m->is_training();
+    m->eval();
+    try {
+      logits = m->forward(ids);
+    } catch (const std::exception& e) {
+      m->train(training);
+      const auto* c10 = dynamic_cast<const c10::Error*>(&e);
+      throw Error(who + ": a forward on token ids " + shape_string(ids.sizes()) + " of " + data + " failed (" +
+                  (c10 != nullptr ? c10->what_without_backtrace() : e.what()) +
+                  "); the model must take token ids [B, T] with T = " + std::to_string(ids.size(1)) +
+                  (r.data.dataset == "fortunes" ? " (data.seq_len)" : "") + " and ids up to " +
+                  std::to_string(ids.max().item<int64_t>()));
+    }
+    m->train(training);
+  }
+  QF_REQUIRE(logits.dim() == 3 && logits.size(0) == ids.size(0) && logits.size(1) == ids.size(1) &&
+                 logits.is_floating_point(),
+             who, ": token ids ", shape_string(ids.sizes()), " gave ", logits.scalar_type(), " ",
+             shape_string(logits.sizes()), "; a causal LM's logits are float [B, T, V] (classification models: "
+             "model.task classification)");
+  QF_REQUIRE(logits.size(2) >= vocab, who, ": its logits cover ", logits.size(2), " tokens, but ", data, " has ",
+             vocab, " (ids 0 .. ", vocab - 1, ")");
+  return logits.size(2);
+}
+
+// data.file of a causal LM: `inputs` [N, T] token ids, `labels` [N, T] the next token at every
+// position; split as the classification file (the last validation_size windows evaluate).
+void attach_token_file(Task& t, const Recipe& r, jit::ScriptedModel m, const at::Tensor& inputs, const at::Tensor& labels) {
+  const std::string& file = r.data.file;
+  auto integral = [](const at::Tensor& x) { return x.scalar_type() == at::kLong || x.scalar_type() == at::kInt; };
+  QF_REQUIRE(integral(inputs) && inputs.dim() == 2, "qtrain: data.file ", file,
+             ": a causal LM's 'inputs' are int32 / int64 token ids [N, T], got ", inputs.scalar_type(), " ",
+             shape_string(inputs.sizes()));
+  QF_REQUIRE(integral(labels) && labels.sizes() == inputs.sizes(), "qtrain: data.file ", file,
+             ": a causal LM's 'labels' are int32 / int64 next tokens shaped as 'inputs' ", shape_string(inputs.sizes()),
+             ", got ", labels.scalar_type(), " ", shape_string(labels.sizes()));
+  const at::Tensor x = inputs.to(at::kLong), y = labels.to(at::kLong);
+  QF_REQUIRE(x.numel() > 0 && x.min().item<int64_t>() >= 0 && y.min().item<int64_t>() >= 0, "qtrain: data.file ", file,
+             ": token ids must be non-negative (and the file non-empty)");
+  const auto& shape = r.model.input_shape;
+  QF_REQUIRE(shape.empty() || shape == std::vector<int64_t>{x.size(1)}, "qtrain: data.file ", file, ": windows of ",
+             x.size(1), " tokens, model.input_shape is ", shape_string(shape));
+  const int64_t n = x.size(0), v = r.data.validation_size;
+  QF_REQUIRE(v > 0 && v < n, "qtrain: data.file ", file, " holds ", n,
+             " windows: data.validation_size (", v, ") must leave some for calibration and some for evaluation");
+  const int64_t vocab = std::max(x.max().item<int64_t>(), y.max().item<int64_t>()) + 1;
+  const int64_t model_vocab = check_lm_logits(m, r, x.slice(0, 0, std::min<int64_t>(2, n)), vocab, file);
+  auto split = [&](int64_t begin, int64_t end, int64_t cap) {
+    return tasks::capped(std::make_shared<train::TensorBatches>(x.slice(0, begin, end), y.slice(0, begin, end)), cap);
+  };
+  t.train = split(0, n - v, r.data.max_train_examples);
+  t.validation = split(n - v, n, r.data.max_eval_examples);
+  t.test = t.validation;
+  t.baselines["unigram_perplexity"] = data::unigram_perplexity(y.slice(0, 0, n - v), y.slice(0, n - v, n), model_vocab);
+}
+
 // Splits data.file: the first N - validation_size examples calibrate (and train), the last
 // validation_size are the validation and test split.
-void attach_tensor_file(Task& t, const Recipe& r) {
+void attach_tensor_file(Task& t, const Recipe& r, jit::ScriptedModel m) {
   const std::string& file = r.data.file;
   const io::SafetensorsFile f = io::read_safetensors(file);
   at::Tensor inputs = data_tensor(f, file, "inputs", "float examples or integer token ids [N, ...]");
   const at::Tensor labels = data_tensor(f, file, "labels", "integer classes [N]");
+  if (r.model.task == "causal_lm") return attach_token_file(t, r, std::move(m), inputs, labels);
   const bool ids = inputs.scalar_type() == at::kLong || inputs.scalar_type() == at::kInt;
   QF_REQUIRE((inputs.scalar_type() == at::kFloat || ids) && inputs.dim() >= 2, "qtrain: data.file ", file,
              ": 'inputs' must be float32 examples or int32 / int64 token ids of at least 2 dimensions [N, ...], got ",
@@ -47,7 +120,7 @@ void attach_tensor_file(Task& t, const Recipe& r) {
   if (ids) inputs = inputs.to(at::kLong);  // as nn.Embedding takes them
   QF_REQUIRE(at::isIntegralType(labels.scalar_type(), /*includeBool=*/false) && labels.dim() == 1,
              "qtrain: data.file ", file, ": 'labels' must be integer classes of shape [N], got ", labels.scalar_type(),
-             " ", shape_string(labels.sizes()));
+             " ", shape_string(labels.sizes()), labels.dim() == 2 ? " (next tokens [N, T] are read by model.task causal_lm)" : "");
   const int64_t n = inputs.size(0);
   QF_REQUIRE(labels.size(0) == n, "qtrain: data.file ", file, ": ", n, " inputs but ", labels.size(0), " labels");
   QF_REQUIRE(ids || at::isfinite(inputs).all().item<bool>(), "qtrain: data.file ", file, ": 'inputs' holds NaN or inf");
@@ -76,7 +149,8 @@ Task make_torchscript_task(const Recipe& r, bool with_data) {
   jit::ScriptedModel m = jit::load_torchscript(r.model.torchscript);
   t.model = m.ptr();
   t.forward = [m](const train::Batch& b) mutable { return m->forward(b.input); };
-  t.metric = "accuracy";
+  const bool lm = r.model.task == "causal_lm";
+  t.metric = lm ? "perplexity" : "accuracy";
   t.float_weights_from = "the TorchScript file " + r.model.torchscript;
   t.save_torchscript = [m](const std::string& path) mutable { m->save(path); };
   t.graph_notes = [m]() { return m->graph_notes(); };
@@ -86,14 +160,22 @@ Task make_torchscript_task(const Recipe& r, bool with_data) {
                "qtrain: model.input_shape is ", shape_string(r.model.input_shape),
                " but Fashion-MNIST images are [1, 28, 28]");
     tasks::attach_fashion_mnist(t, r, with_data);
+  } else if (r.data.dataset == "fortunes") {
+    QF_REQUIRE(lm, "qtrain: fortunes is text for model.task causal_lm");
+    if (with_data) {
+      tasks::attach_fortunes(t, r, [m](const at::Tensor& ids) mutable { return m->forward(ids); });
+      // One window of the test text through the model: its logits must cover the vocabulary.
+      const train::Batch probe = t.test->get(at::arange(std::min<int64_t>(2, t.test->size()), at::kLong));
+      check_lm_logits(m, r, probe.input, tasks::fortunes_vocab_size(r), "the fortunes text");
+    }
   } else if (with_data) {
-    attach_tensor_file(t, r);
+    attach_tensor_file(t, r, m);
   }
   return t;
 }
 
 }  // namespace
 
-TaskKind torchscript_task() { return {"torchscript", "tensors", make_torchscript_task, "fashion_mnist"}; }
+TaskKind torchscript_task() { return {"torchscript", "tensors", make_torchscript_task, {"fashion_mnist", "fortunes"}}; }
 
 }  // namespace qforge
