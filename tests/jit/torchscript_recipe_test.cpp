@@ -11,11 +11,13 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <nlohmann/json.hpp>
 
 #include "framework/data/fashion_mnist.h"
 #include "framework/data/text_corpus.h"
 #include "framework/format/safetensors.h"
+#include "framework/io/calibration_dump.h"
 #include "framework/jit/scripted_model.h"
 #include "tests/paths.h"
 #include "tests/qtrain_run.h"
@@ -353,4 +355,66 @@ TEST(TorchScriptRecipe, CausalLmReadsTokenWindowsFromTheDataFileAndRefusesWhatDo
   expect_error("long", " --set data.seq_len=96", "the model must take token ids [B, T] with T = 96 (data.seq_len)");
   expect_error("cls", " --set model.task=classification", "model.task: fortunes is text for a language model");
   expect_error("images", " --set data.dataset=fashion_mnist", "causal_lm reads token ids (data.dataset fortunes or tensors)");
+}
+
+// The solvers and the search run on TorchScript models as on the built-in ones: SmoothQuant on the
+// causal LM (its LayerNorms are graph calls, so each Linear keeps its smoothing scales; the float
+// output unchanged), bias correction on the BatchNorm CNN (each layer's output error on its
+// calibration inputs no larger), and the Hessian search under a size budget on the LM, whose
+// calibration dump holds the observers, the search's sensitivities and the numeric suite's errors.
+TEST(TorchScriptRecipe, SmoothQuantBiasCorrectionTheSearchAndTheDumpRunOnTorchScriptModels) {
+  OutDir dir("solvers");
+  {
+    const QtrainRun run = qtrain(std::string(kLmRecipe) + " --out " + (dir.path / "sq").string() +
+                                 " --set ptq.smoothquant=true --set ptq.alpha=0.5 --set quantize.activations.mode=static");
+    ASSERT_EQ(run.code, 0) << run.output;
+    std::ifstream in(dir.path / "sq" / "report.json");
+    const nlohmann::json r = nlohmann::json::parse(in);
+    const auto& sq = r["ptq"]["smoothquant"];
+    EXPECT_EQ(sq["layers"].size(), 8u) << sq.dump();  // every Linear; the tables take no activations
+    EXPECT_LT(sq["float_output_change"].get<double>(), 1e-5) << sq.dump();
+    for (const auto& l : sq["layers"])
+      EXPECT_LT(l["act_range_after"].get<double>(), l["act_range_before"].get<double>()) << l.dump();
+    const double fp = r["metrics"]["float"]["perplexity"].get<double>();
+    EXPECT_LT(std::abs(r["metrics"]["frozen"]["perplexity"].get<double>() - fp), 0.01 * fp) << r["metrics"].dump();
+  }
+  {
+    const QtrainRun run =
+        qtrain(std::string(kRecipe) + " --out " + (dir.path / "bc").string() + " --set ptq.bias_correction=true");
+    ASSERT_EQ(run.code, 0) << run.output;
+    std::ifstream in(dir.path / "bc" / "report.json");
+    const nlohmann::json r = nlohmann::json::parse(in);
+    const auto& layers = r["ptq"]["solve"]["layers"];
+    EXPECT_EQ(layers.size(), 4u) << r["ptq"].dump();
+    for (const auto& l : layers) {
+      EXPECT_EQ(l["method"], "rtn+bias_correction") << l.dump();
+      // Removing the mean of an error never raises its mean square on the same inputs.
+      EXPECT_LE(l["error_after"].get<double>(), l["error_before"].get<double>() * (1 + 1e-6)) << l.dump();
+    }
+  }
+  const fs::path search = dir.path / "search";
+  const QtrainRun run = qtrain(std::string(kLmRecipe) + " --out " + search.string() +
+                               " --set quantize.activations.mode=none --set search.method=hessian"
+                               " --set search.candidates=[qint8,qint4,float] --set search.budget.size_ratio=0.28"
+                               " --set search.batches=2 --set search.probes=8 --set search.evaluate_front=0");
+  ASSERT_EQ(run.code, 0) << run.output;
+  std::ifstream in(search / "report.json");
+  const nlohmann::json r = nlohmann::json::parse(in);
+  const auto& s = r["search"];
+  EXPECT_EQ(s["layers"].size(), 10u) << s.dump();
+  EXPECT_LE(s["bytes"].get<double>(), s["budget_bytes"].get<double>());
+  EXPECT_EQ(r["size_bytes"]["frozen"].get<int64_t>(), s["bytes"].get<int64_t>()) << r["size_bytes"].dump();
+  std::set<std::string> chosen;
+  for (const auto& l : s["layers"]) chosen.insert(l["qtype"].get<std::string>());
+  EXPECT_GE(chosen.size(), 2u) << s.dump();  // the budget sits between all-int8 and all-int4
+  const double fp = r["metrics"]["float"]["perplexity"].get<double>();
+  EXPECT_LT(r["metrics"]["frozen"]["perplexity"].get<double>(), 1.02 * fp) << r["metrics"].dump();
+  const std::string dump = (search / "calibration.h5").string();
+  EXPECT_EQ(qforge::io::load_calibration_dump(dump).size(), 10u);
+  const auto sensitivities = qforge::io::load_search_sensitivities(dump);
+  ASSERT_TRUE(sensitivities.has_value());
+  EXPECT_EQ(sensitivities->traces.size(), 10u);
+  const auto errors = qforge::io::load_layer_errors(dump);
+  ASSERT_TRUE(errors.has_value());
+  EXPECT_EQ(errors->layers.size(), 10u);
 }
