@@ -116,7 +116,7 @@ void check_torchscript(const Recipe& r, const Where& w) {
     w.problem("model.input_shape", "a causal LM on fortunes reads [data.seq_len] = [" + std::to_string(r.data.seq_len) +
                                        "] token ids an example");
   if (r.data.dataset == "tensors" && r.data.file.empty())
-    w.problem("data.dataset", "tensors needs data.file: a safetensors file of `inputs` [N, ...] and `labels` [N] "
+    w.problem("data.dataset", "tensors needs data.file: a safetensors or HDF5 file of `inputs` [N, ...] and `labels` [N] "
                               "(causal_lm: [N, T] each)");
   if (!r.data.file.empty() && r.data.dataset != "tensors") w.problem("data.file", "is read by data.dataset tensors only");
   if (!ts.empty() && r.export_.onnx)

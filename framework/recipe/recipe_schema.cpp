@@ -86,7 +86,7 @@ Field model_section() {
 Field data_section() {
   return map("data", "dataset and batching", {
       bind(choice("dataset", task_datasets(), "dataset (from Debian packages; tensors: data.file)"), &Recipe::data, &Recipe::Data::dataset),
-      bind(leaf("file", T::kString, "dataset tensors: safetensors file of `inputs` [N, ...] (float, or integer token ids) and `labels` [N] (model.task causal_lm: both [N, T])"), &Recipe::data, &Recipe::Data::file),
+      bind(leaf("file", T::kString, "dataset tensors: safetensors or HDF5 file of `inputs` [N, ...] (float, or integer token ids) and `labels` [N] (model.task causal_lm: both [N, T])"), &Recipe::data, &Recipe::Data::file),
       bind(leaf("batch_size", T::kInt, "training batch size", 1, 65536), &Recipe::data, &Recipe::Data::batch_size),
       bind(leaf("eval_batch_size", T::kInt, "evaluation batch size", 1, 65536), &Recipe::data, &Recipe::Data::eval_batch_size),
       bind(leaf("validation_size", T::kInt, "examples held out from training for validation", 0, 1e9), &Recipe::data, &Recipe::Data::validation_size),

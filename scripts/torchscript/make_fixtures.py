@@ -8,9 +8,9 @@ each scripted (torch.jit.script) and traced (torch.jit.trace); the weight x matr
 small Fashion-MNIST CNN and a byte-level causal LM on the fortunes text trained briefly (scripted
 only), with fixed seeds.
 
-    python3 scripts/torchscript/make_fixtures.py [output folder] [--only=fortunes_lm]
+    python3 scripts/torchscript/make_fixtures.py [output folder] [--only=fortunes_lm,h5_data]
 
-Needs python3-torch, python3-torchvision, dataset-fashion-mnist and fortunes (Debian). The C++ tests read the committed files, so they run without Python.
+Needs python3-torch, python3-torchvision, python3-h5py, dataset-fashion-mnist and fortunes (Debian). The C++ tests read the committed files, so they run without Python.
 """
 import math
 import os
@@ -563,6 +563,22 @@ def write_fortunes_lm(out, steps=2000):
     torch.jit.script(model.eval()).save(os.path.join(out, "fortunes_lm_scripted.pt"))
 
 
+def write_h5_data(out):
+    """cnn_bn_data.h5: the first 192 examples of cnn_bn_data.safetensors as h5py writes a user's
+    data file (datasets `inputs` float32 [192, 1, 14, 14] and `labels` int64 [192] at the root,
+    libver v110: qforge refuses HDF5's earliest formats), and cnn_bn_data_earliest.h5, the first 8
+    in h5py's default (earliest) format, which qforge refuses naming the libver option."""
+    import h5py
+    data = read_safetensors(os.path.join(out, "cnn_bn_data.safetensors"))[0]
+    x, y = data["inputs"][:192].numpy(), data["labels"][:192].numpy()
+    with h5py.File(os.path.join(out, "cnn_bn_data.h5"), "w", libver=("v110", "v110")) as f:
+        f.create_dataset("inputs", data=x)
+        f.create_dataset("labels", data=y)
+    with h5py.File(os.path.join(out, "cnn_bn_data_earliest.h5"), "w") as f:
+        f.create_dataset("inputs", data=x[:8])
+        f.create_dataset("labels", data=y[:8])
+
+
 def write_safetensors(path, tensors):
     """The safetensors layout (8-byte header length, JSON header, raw little-endian bytes) by hand:
     the Python safetensors package is not a Debian package here."""
@@ -615,11 +631,11 @@ def write_recipe_data(out, model):
 
 def main():
     args = [a for a in sys.argv[1:] if not a.startswith("--only=")]
-    only = [a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--only=")]
+    only = [n for a in sys.argv[1:] if a.startswith("--only=") for n in a.split("=", 1)[1].split(",")]
     out = args[0] if args else os.path.join(os.path.dirname(__file__), "..", "..", "tests", "fixtures", "torchscript")
     os.makedirs(out, exist_ok=True)
     if only:  # --only=fortunes_lm: that fixture alone (the others' files stay as committed)
-        writers = {"fortunes_lm": write_fortunes_lm}
+        writers = {"fortunes_lm": write_fortunes_lm, "h5_data": write_h5_data}
         for name in only:
             if name not in writers:
                 sys.exit(f"--only={name}: expected one of {', '.join(writers)}")
@@ -658,6 +674,7 @@ def main():
     write_vit(out)
     write_fmnist_cnn(out)
     write_fortunes_lm(out)
+    write_h5_data(out)
     print("wrote", out)
 
 

@@ -14,6 +14,9 @@
 #include "framework/core/error.h"
 #include "framework/data/fashion_mnist.h"
 #include "framework/data/text_corpus.h"
+#include "framework/format/hdf5.h"
+#include "framework/format/input_file.h"
+#include "framework/format/safetensors.h"
 #include "framework/text/bpe_tokenizer.h"
 #include "framework/text/bpe_trainer.h"
 #include "framework/text/tokenizer.h"
@@ -35,6 +38,35 @@ void attach_fashion_mnist(Task& t, const Recipe& r, bool with_data) {
 }
 
 namespace fs = std::filesystem;
+
+std::map<std::string, at::Tensor> read_data_file(const std::string& path) {
+  io::require_regular_file(path, "data.file");
+  QF_REQUIRE(fs::exists(path), "data.file ", path, " does not exist");
+  std::map<std::string, at::Tensor> out;
+  if (io::h5::is_hdf5_file(path)) {
+    out = io::h5::read_untrusted(path, [&] {
+      std::map<std::string, at::Tensor> t;
+      const io::h5::File f = io::h5::File::open(path);
+      const io::h5::Group root = f.root();
+      for (const std::string& name : root.children())
+        if (root.child_type(name) == io::h5::ObjectType::kDataset) t[name] = root.read_tensor(name);
+      return t;
+    });
+  } else {
+    io::SafetensorsFile f;
+    try {
+      f = io::read_safetensors(path);
+    } catch (const Error& e) {
+      throw Error("data.file " + path + " is neither an HDF5 file (no HDF5 signature) nor a safetensors file: " + e.what());
+    }
+    out = std::move(f.tensors);
+  }
+  for (auto& [name, t] : out)
+    if (t.scalar_type() == at::kDouble || t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16)
+      t = t.to(at::kFloat);
+  return out;
+}
+
 
 namespace {
 

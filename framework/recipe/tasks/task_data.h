@@ -4,7 +4,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include <map>
 #include <memory>
+#include <string>
 
 #include "framework/models/perplexity.h"
 #include "framework/recipe/recipe.h"
@@ -19,6 +21,14 @@ std::shared_ptr<train::BatchSource> capped(std::shared_ptr<train::BatchSource> s
 // Fashion-MNIST (data.validation_size, seed, example caps) as the task's splits, its class names,
 // the accuracy metric and the majority-class baseline.
 void attach_fashion_mnist(Task& t, const Recipe& r, bool with_data);
+
+// The top-level tensors of a user's data file (data.file), by name: a safetensors file, or an HDF5
+// file's datasets at its root (as h5py writes them: `f.create_dataset("inputs", data=x)`; read
+// first in a forked child, as an untrusted file, docs/formats.md; HDF5's earliest formats are
+// refused naming h5py's libver option). float16 / float64 / bfloat16 become float32, as qforge's
+// models compute; other dtypes come back as stored. Throws naming the file when it is missing,
+// neither format, or unreadable.
+std::map<std::string, at::Tensor> read_data_file(const std::string& path);
 
 // The vocabulary of the fortunes language models under data.tokenizer: 256 bytes without it,
 // data.tokenizer.train.vocab_size, or the size of data.tokenizer.file's tokenizer.

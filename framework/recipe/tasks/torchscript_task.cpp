@@ -1,7 +1,7 @@
 // TorchScript models (framework/jit) in recipes: model.torchscript names the file, whose float
 // weights come with it. model.task says what it computes:
-//   classification  logits [B, C]; data.dataset "tensors" reads data.file, a safetensors file
-//                   holding `inputs` [N, ...] (float examples, or int32 / int64 token ids passed on
+//   classification  logits [B, C]; data.dataset "tensors" reads data.file, a safetensors or HDF5
+//                   file (tasks::read_data_file) holding `inputs` [N, ...] (float examples, or int32 / int64 token ids passed on
 //                   as int64; the model masks its own padding) and `labels` [N] (integer classes);
 //                   "fashion_mnist" the built-in Fashion-MNIST images [1, 28, 28].
 //   causal_lm       logits [B, T, V] for token ids [B, T] (V at least the data's vocabulary), scored
@@ -16,7 +16,6 @@
 
 #include "framework/core/error.h"
 #include "framework/data/text_corpus.h"
-#include "framework/format/safetensors.h"
 #include "framework/jit/scripted_model.h"
 #include "framework/recipe/task.h"
 #include "framework/recipe/tasks/task_data.h"
@@ -32,11 +31,12 @@ std::string shape_string(at::IntArrayRef s) {
 }
 
 // The tensor `name` of the data file, or an error naming the file and what it holds.
-at::Tensor data_tensor(const io::SafetensorsFile& f, const std::string& file, const char* name, const char* what) {
-  const auto it = f.tensors.find(name);
-  if (it != f.tensors.end()) return it->second;
+at::Tensor data_tensor(const std::map<std::string, at::Tensor>& f, const std::string& file, const char* name,
+                       const char* what) {
+  const auto it = f.find(name);
+  if (it != f.end()) return it->second;
   std::string have;
-  for (const auto& [key, t] : f.tensors) have += (have.empty() ? "" : ", ") + key;
+  for (const auto& [key, t] : f) have += (have.empty() ? "" : ", ") + key;
   throw Error("qtrain: data.file " + file + " has no tensor '" + name + "' (" + what + "); it holds: " +
               (have.empty() ? "nothing" : have));
 }
@@ -109,7 +109,7 @@ void attach_token_file(Task& t, const Recipe& r, jit::ScriptedModel m, const at:
 // validation_size are the validation and test split.
 void attach_tensor_file(Task& t, const Recipe& r, jit::ScriptedModel m) {
   const std::string& file = r.data.file;
-  const io::SafetensorsFile f = io::read_safetensors(file);
+  const std::map<std::string, at::Tensor> f = tasks::read_data_file(file);
   at::Tensor inputs = data_tensor(f, file, "inputs", "float examples or integer token ids [N, ...]");
   const at::Tensor labels = data_tensor(f, file, "labels", "integer classes [N]");
   if (r.model.task == "causal_lm") return attach_token_file(t, r, std::move(m), inputs, labels);
