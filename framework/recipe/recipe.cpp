@@ -119,6 +119,26 @@ void check_torchscript(const Recipe& r, const Where& w) {
     w.problem("data.dataset", "tensors needs data.file: a safetensors or HDF5 file of `inputs` [N, ...] and `labels` [N] "
                               "(causal_lm: [N, T] each)");
   if (!r.data.file.empty() && r.data.dataset != "tensors") w.problem("data.file", "is read by data.dataset tensors only");
+  if (r.data.dataset == "images") {
+    if (r.data.folder.empty())
+      w.problem("data.dataset", "images needs data.folder: a folder of class folders of PNG / JPEG images");
+    const auto& s = r.model.input_shape;
+    if (s.size() != 3 || (s[0] != 1 && s[0] != 3))
+      w.problem("model.input_shape", "data.dataset images needs it as [C, H, W] with C 1 (grey) or 3 (RGB): the size "
+                                     "every image must have, and the channels they are converted to");
+    if (task == "causal_lm") w.problem("model.task", "causal_lm reads token ids, not data.dataset images");
+    for (const auto* v : {&r.data.mean, &r.data.std})
+      if (!v->empty() && s.size() == 3 && static_cast<int64_t>(v->size()) != s[0])
+        w.problem(v == &r.data.mean ? "data.mean" : "data.std",
+                  "needs one value per channel (" + std::to_string(s[0]) + ", model.input_shape's C)");
+    if (r.data.mean.empty() != r.data.std.empty())
+      w.problem(r.data.mean.empty() ? "data.std" : "data.mean", "is given without data." +
+                                                                    std::string(r.data.mean.empty() ? "mean" : "std"));
+  } else {
+    if (!r.data.folder.empty()) w.problem("data.folder", "is read by data.dataset images only");
+    if (!r.data.mean.empty()) w.problem("data.mean", "applies to data.dataset images only");
+    if (!r.data.std.empty()) w.problem("data.std", "applies to data.dataset images only");
+  }
   if (!ts.empty() && r.export_.onnx)
     w.problem("export.onnx", "a TorchScript model has no ONNX export: qforge writes ONNX from its own model types, "
                              "and the rewritten graph calls qforge ops ONNX has no node for (export.torchscript writes model.pt)");

@@ -56,7 +56,9 @@ struct Recipe {
 
   struct Data {
     std::string dataset;         // the dataset of model.arch in the task registry
-    std::string file;            // dataset "tensors": safetensors file of `inputs` and `labels`
+    std::string file;            // dataset "tensors": safetensors or HDF5 file of `inputs` and `labels`
+    std::string folder;          // dataset "images": <folder>/<class>/<image> (PNG / JPEG), as torchvision's ImageFolder
+    std::vector<double> mean, std;  // dataset "images": per-channel (x - mean) / std after scaling pixels to [0, 1]
     int64_t batch_size = 64;
     int64_t eval_batch_size = 256;
     int64_t validation_size = 5000;

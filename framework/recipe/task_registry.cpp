@@ -31,8 +31,12 @@ std::vector<std::string> task_architectures() {
 
 std::vector<std::string> task_datasets() {
   std::vector<std::string> out;
+  auto add = [&](const std::string& d) {
+    if (std::find(out.begin(), out.end(), d) == out.end()) out.push_back(d);
+  };
+  for (const TaskKind& k : task_kinds()) add(k.dataset);
   for (const TaskKind& k : task_kinds())
-    if (std::find(out.begin(), out.end(), k.dataset) == out.end()) out.emplace_back(k.dataset);
+    for (const std::string& d : k.other_datasets) add(d);
   return out;
 }
 

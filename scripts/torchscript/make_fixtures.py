@@ -8,7 +8,7 @@ each scripted (torch.jit.script) and traced (torch.jit.trace); the weight x matr
 small Fashion-MNIST CNN and a byte-level causal LM on the fortunes text trained briefly (scripted
 only), with fixed seeds.
 
-    python3 scripts/torchscript/make_fixtures.py [output folder] [--only=fortunes_lm,h5_data]
+    python3 scripts/torchscript/make_fixtures.py [output folder] [--only=fortunes_lm,h5_data,image_folders]
 
 Needs python3-torch, python3-torchvision, python3-h5py, dataset-fashion-mnist and fortunes (Debian). The C++ tests read the committed files, so they run without Python.
 """
@@ -579,12 +579,56 @@ def write_h5_data(out):
         f.create_dataset("labels", data=y[:8])
 
 
+FMNIST_CLASSES = ("T-shirt", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag",
+                  "Ankle-boot")
+
+
+def write_image_folders(out):
+    """fmnist_images/: Fashion-MNIST's first 160 test images as 8-bit grey PNGs (PIL) in
+    torchvision's ImageFolder layout, one folder per class named "<label>_<name>" so that the
+    sorted folder order is the label order, each file "<test index>.png". colour_images/: four small
+    images in the forms a user's folder holds (an RGB JPEG, an RGBA PNG, a palette PNG, a grey JPEG)
+    and colour_images_expected.safetensors, what PIL makes of each as torchvision's ImageFolder
+    loads it: `<name>.rgb` = convert("RGB"), `<name>.l` = convert("RGB").convert("L") (uint8
+    [H, W, C])."""
+    import shutil
+    import numpy as np
+    from PIL import Image
+    images, labels = read_fashion_mnist(split="t10k")
+    folder = os.path.join(out, "fmnist_images")
+    shutil.rmtree(folder, ignore_errors=True)
+    for i in range(160):
+        label = int(labels[i])
+        d = os.path.join(folder, f"{label}_{FMNIST_CLASSES[label]}")
+        os.makedirs(d, exist_ok=True)
+        pixels = (images[i, 0].numpy() * 255.0 + 0.5).astype(np.uint8)  # exact: the IDX bytes
+        Image.fromarray(pixels, mode="L").save(os.path.join(d, f"{i:04d}.png"))
+    colour = os.path.join(out, "colour_images")
+    shutil.rmtree(colour, ignore_errors=True)
+    os.makedirs(colour)
+    rng = np.random.default_rng(0)
+    yy, xx = np.mgrid[0:20, 0:24]
+    rgb = np.stack([xx * 10, yy * 12, (xx + yy) * 5], -1).astype(np.uint8)
+    rgb = np.clip(rgb.astype(int) + rng.integers(-20, 20, rgb.shape), 0, 255).astype(np.uint8)
+    Image.fromarray(rgb, "RGB").save(os.path.join(colour, "rgb.jpg"), quality=90)
+    rgba = np.concatenate([rgb, rng.integers(0, 256, (20, 24, 1)).astype(np.uint8)], -1)
+    Image.fromarray(rgba, "RGBA").save(os.path.join(colour, "rgba.png"))
+    Image.fromarray(rgb, "RGB").quantize(16).save(os.path.join(colour, "palette.png"))
+    Image.fromarray(rgb[..., 1], "L").save(os.path.join(colour, "grey.jpg"), quality=85)
+    expected = {}
+    for name in ("rgb.jpg", "rgba.png", "palette.png", "grey.jpg"):
+        img = Image.open(os.path.join(colour, name)).convert("RGB")
+        expected[name + ".rgb"] = torch.from_numpy(np.asarray(img).copy())
+        expected[name + ".l"] = torch.from_numpy(np.asarray(img.convert("L")).copy()).unsqueeze(-1)
+    write_safetensors(os.path.join(out, "colour_images_expected.safetensors"), expected)
+
+
 def write_safetensors(path, tensors):
     """The safetensors layout (8-byte header length, JSON header, raw little-endian bytes) by hand:
     the Python safetensors package is not a Debian package here."""
     import json
     import struct
-    dtypes = {torch.float32: "F32", torch.int64: "I64"}
+    dtypes = {torch.float32: "F32", torch.int64: "I64", torch.uint8: "U8"}
     header, blobs, offset = {}, [], 0
     for name in sorted(tensors):
         t = tensors[name].contiguous()
@@ -635,7 +679,7 @@ def main():
     out = args[0] if args else os.path.join(os.path.dirname(__file__), "..", "..", "tests", "fixtures", "torchscript")
     os.makedirs(out, exist_ok=True)
     if only:  # --only=fortunes_lm: that fixture alone (the others' files stay as committed)
-        writers = {"fortunes_lm": write_fortunes_lm, "h5_data": write_h5_data}
+        writers = {"fortunes_lm": write_fortunes_lm, "h5_data": write_h5_data, "image_folders": write_image_folders}
         for name in only:
             if name not in writers:
                 sys.exit(f"--only={name}: expected one of {', '.join(writers)}")
@@ -675,6 +719,7 @@ def main():
     write_fmnist_cnn(out)
     write_fortunes_lm(out)
     write_h5_data(out)
+    write_image_folders(out)
     print("wrote", out)
 
 

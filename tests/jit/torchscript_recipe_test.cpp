@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <torch/script.h>
 
 #include <cmath>
@@ -459,4 +460,55 @@ TEST(TorchScriptRecipe, DataFilesWrittenByH5pyReadAsTheirSafetensorsTwin) {
   const std::string text = (dir.path / "data.txt").string();
   std::ofstream(text) << "inputs,labels\n0.5,1\n";
   expect_error("text", text, "is neither an HDF5 file (no HDF5 signature) nor a safetensors file");
+}
+
+// A folder of images (torchvision's ImageFolder layout, make_fixtures.py's 160 Fashion-MNIST test
+// images as grey PNGs, class folders "<label>_<name>"): the held-out images are the seeded pick
+// the doc states, and the float model's accuracy on them equals its accuracy on the same
+// Fashion-MNIST test images read from the IDX files (PNG is lossless: the same pixels, / 255).
+// Mistakes in the data section are refused at their key.
+TEST(TorchScriptRecipe, ImageFolderReadsThePixelsOfTheIdxImages) {
+  OutDir dir("images");
+  const char* recipe = "--recipe recipes/torchscript_image_folder_int8.yaml";
+  const QtrainRun run = qtrain(std::string(recipe) + " --out " + dir.path.string());
+  ASSERT_EQ(run.code, 0) << run.output;
+  std::ifstream in(dir.path / "report.json");
+  const nlohmann::json r = nlohmann::json::parse(in);
+  // The ImageFolder order: by label, then by test index (the file names).
+  const auto [x, y] = fashion_mnist_test(160);
+  std::vector<int64_t> files;
+  for (int64_t label = 0; label < 10; ++label)
+    for (int64_t i = 0; i < 160; ++i)
+      if (y[i].item<int64_t>() == label) files.push_back(i);
+  at::Generator g = at::make_generator<at::CPUGeneratorImpl>(0);  // the recipe's seed
+  const at::Tensor order = at::randperm(160, g, at::kLong);
+  const at::Tensor held = at::tensor(files, at::kLong).index_select(0, order.slice(0, 96));
+  qforge::jit::ScriptedModel m =
+      qforge::jit::load_torchscript(std::string(QFORGE_SOURCE_DIR) + "/tests/fixtures/torchscript/fmnist_cnn_scripted.pt");
+  m->eval();
+  torch::NoGradGuard no_grad;
+  const double accuracy =
+      m->forward(x.index_select(0, held)).argmax(1).eq(y.index_select(0, held)).to(at::kDouble).mean().item<double>();
+  EXPECT_EQ(r["metrics"]["float"]["accuracy"].get<double>(), accuracy);
+  EXPECT_GE(r["metrics"]["frozen"]["accuracy"].get<double>(), accuracy - 0.05) << r["metrics"].dump();
+  EXPECT_TRUE(fs::exists(dir.path / "model.pt"));
+
+  const auto expect_error = [&](const std::string& set, const std::string& message) {
+    const QtrainRun bad = qtrain(std::string(recipe) + " --out " + (dir.path / "bad").string() + " " + set);
+    EXPECT_NE(bad.code, 0) << set;
+    EXPECT_NE(bad.output.find(message), std::string::npos) << set << "\n" << bad.output;
+  };
+  expect_error("--set model.input_shape=[2,28,28]", "model.input_shape: data.dataset images needs it as [C, H, W]");
+  expect_error("--set model.input_shape=[1,32,32]", "is 28 x 28 (height x width), the model takes 32 x 32");
+  expect_error("--set data.mean=[0.5]", "data.mean: is given without data.std");
+  expect_error("--set data.mean=[0.5,0.5] --set data.std=[0.2,0.2]", "data.mean: needs one value per channel (1");
+  expect_error("--set data.folder=" + (dir.path / "nowhere").string(), "is not a folder");
+  expect_error("--set data.dataset=tensors --set data.file=x.safetensors", "data.folder: is read by data.dataset images only");
+  // An image format qforge does not decode is named, not skipped.
+  const fs::path folder = dir.path / "folder";
+  fs::create_directories(folder / "a");
+  fs::copy_file(std::string(QFORGE_SOURCE_DIR) + "/tests/fixtures/torchscript/fmnist_images/0_T-shirt/0019.png",
+                folder / "a" / "0019.png");
+  std::ofstream(folder / "a" / "x.bmp") << "BM";
+  expect_error("--set data.folder=" + folder.string(), "x.bmp is a bmp image; qforge reads PNG and JPEG images only");
 }

@@ -699,7 +699,7 @@ TEST(Recipe, ArchitecturesAndDatasetsAreTheTaskRegistrys) {
   const std::vector<RecipeIssue> missing = issues_of(dir.write("none.yaml", "train: {epochs: 1}\n"));
   ASSERT_EQ(missing.size(), 2u);
   EXPECT_EQ(missing[0].message, "is required (mlp, cnn, bert, gpt2, llama or torchscript)");
-  EXPECT_EQ(missing[1].message, "is required (fashion_mnist, langid, fortunes or tensors)");
+  EXPECT_EQ(missing[1].message, "is required (fashion_mnist, langid, fortunes, tensors or images)");
   EXPECT_EQ(find_task_kind("gpt2")->dataset, std::string("fortunes"));
   EXPECT_EQ(find_task_kind("resnet"), nullptr);
 }

@@ -2,10 +2,13 @@
 #include "framework/recipe/tasks/task_data.h"
 
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -15,6 +18,7 @@
 #include "framework/data/fashion_mnist.h"
 #include "framework/data/text_corpus.h"
 #include "framework/format/hdf5.h"
+#include "framework/format/image.h"
 #include "framework/format/input_file.h"
 #include "framework/format/safetensors.h"
 #include "framework/text/bpe_tokenizer.h"
@@ -67,6 +71,115 @@ std::map<std::string, at::Tensor> read_data_file(const std::string& path) {
   return out;
 }
 
+
+namespace {
+
+// Lower-case extension of `p` without the dot.
+std::string extension_of(const fs::path& p) {
+  std::string e = p.extension().string();
+  if (!e.empty()) e.erase(0, 1);
+  std::transform(e.begin(), e.end(), e.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return e;
+}
+
+struct ImageList {
+  std::vector<std::string> classes, files;
+  std::vector<int64_t> labels;
+  std::vector<std::string> skipped;
+};
+
+ImageList list_image_folder(const std::string& folder) {
+  QF_REQUIRE(fs::is_directory(folder), "data.folder ", folder, " is not a folder");
+  ImageList out;
+  for (const auto& e : fs::directory_iterator(folder, fs::directory_options::follow_directory_symlink))
+    if (e.is_directory()) out.classes.push_back(e.path().filename().string());
+  std::sort(out.classes.begin(), out.classes.end());
+  QF_REQUIRE(!out.classes.empty(), "data.folder ", folder, " holds no class folders (torchvision's ImageFolder layout: ",
+             folder, "/<class>/<image>.png)");
+  const std::vector<std::string> decoded{"png", "jpg", "jpeg"};
+  const std::vector<std::string> other_images{"bmp", "gif", "ppm", "pgm", "pbm", "tif", "tiff", "webp"};
+  for (size_t c = 0; c < out.classes.size(); ++c) {
+    std::vector<std::string> files;
+    for (const auto& e : fs::recursive_directory_iterator(fs::path(folder) / out.classes[c],
+                                                          fs::directory_options::follow_directory_symlink)) {
+      if (!e.is_regular_file()) continue;
+      const std::string ext = extension_of(e.path());
+      if (std::find(decoded.begin(), decoded.end(), ext) != decoded.end()) {
+        files.push_back(e.path().string());
+      } else {
+        QF_REQUIRE(std::find(other_images.begin(), other_images.end(), ext) == other_images.end(), "data.folder: ",
+                   e.path().string(), " is a ", ext, " image; qforge reads PNG and JPEG images only (convert it)");
+        out.skipped.push_back(e.path().string());
+      }
+    }
+    std::sort(files.begin(), files.end());
+    QF_REQUIRE(!files.empty(), "data.folder: class folder ", (fs::path(folder) / out.classes[c]).string(),
+               " holds no PNG or JPEG image");
+    for (std::string& f : files) {
+      out.files.push_back(std::move(f));
+      out.labels.push_back(static_cast<int64_t>(c));
+    }
+  }
+  return out;
+}
+
+// The images as [N, C, H, W] floats in [0, 1] (pixel / 255).
+at::Tensor decode_images(const std::vector<std::string>& files, const std::vector<int64_t>& chw) {
+  const int64_t n = static_cast<int64_t>(files.size()), c = chw[0], h = chw[1], w = chw[2];
+  at::Tensor pixels = at::empty({n, h, w, c}, at::kByte);
+  uint8_t* p = pixels.data_ptr<uint8_t>();
+  for (int64_t i = 0; i < n; ++i) {
+    const io::Image img = io::read_image(files[static_cast<size_t>(i)], c, h, w);
+    std::copy(img.pixels.begin(), img.pixels.end(), p + i * h * w * c);
+  }
+  return pixels.permute({0, 3, 1, 2}).to(at::kFloat).div_(255.0f);
+}
+
+}  // namespace
+
+void attach_image_folder(Task& t, const Recipe& r) {
+  const auto& d = r.data;
+  const ImageList list = list_image_folder(d.folder);
+  if (!list.skipped.empty())
+    std::fprintf(stderr, "qtrain: data.folder: skipped %zu files that are not PNG or JPEG images (the first: %s)\n",
+                 list.skipped.size(), list.skipped.front().c_str());
+  std::vector<io::h5::FileStamp> before;
+  for (const std::string& f : list.files) before.push_back(io::h5::file_stamp(f));
+  const std::vector<int64_t>& chw = r.model.input_shape;
+  at::Tensor x;
+  if (io::h5::reads_in_process()) {
+    x = decode_images(list.files, chw);
+  } else {
+    io::h5::run_isolated("the images of data.folder " + d.folder, [&] {
+      (void)decode_images(list.files, chw);
+      return 0;
+    });
+    x = decode_images(list.files, chw);
+    for (size_t i = 0; i < list.files.size(); ++i) io::h5::require_unchanged(list.files[i], before[i]);
+  }
+  if (!d.mean.empty()) {
+    const auto opts = at::TensorOptions().dtype(at::kFloat);
+    const at::Tensor mean = at::tensor(std::vector<float>(d.mean.begin(), d.mean.end()), opts).view({1, -1, 1, 1});
+    const at::Tensor sd = at::tensor(std::vector<float>(d.std.begin(), d.std.end()), opts).view({1, -1, 1, 1});
+    x = (x - mean) / sd;
+  }
+  const int64_t n = x.size(0), v = d.validation_size;
+  QF_REQUIRE(v > 0 && v < n, "data.folder ", d.folder, " holds ", n,
+             " images: data.validation_size (", v, ") must leave some for calibration and some for evaluation");
+  const at::Tensor y = at::tensor(list.labels, at::kLong);
+  at::Generator g = at::make_generator<at::CPUGeneratorImpl>(r.seed);
+  const at::Tensor order = at::randperm(n, g, at::kLong);
+  const at::Tensor xs = x.index_select(0, order), ys = y.index_select(0, order);
+  auto split = [&](int64_t begin, int64_t end, int64_t cap) {
+    return capped(std::make_shared<train::TensorBatches>(xs.slice(0, begin, end), ys.slice(0, begin, end)), cap);
+  };
+  t.train = split(0, n - v, d.max_train_examples);
+  t.validation = split(n - v, n, d.max_eval_examples);
+  t.test = t.validation;
+  t.class_names = list.classes;
+  t.baselines["majority_class_accuracy"] =
+      at::bincount(ys.slice(0, n - v, n)).max().item<double>() / static_cast<double>(v);
+}
 
 namespace {
 

@@ -30,6 +30,18 @@ void attach_fashion_mnist(Task& t, const Recipe& r, bool with_data);
 // neither format, or unreadable.
 std::map<std::string, at::Tensor> read_data_file(const std::string& path);
 
+// data.dataset images: torchvision's ImageFolder layout, data.folder/<class>/.../<image>. Classes
+// are the folder's subfolders in sorted name order (labels 0, 1, ...: t.class_names); images are
+// the PNG and JPEG files below each (recursively, sorted paths; files with other extensions are
+// skipped and counted on stderr, except image formats qforge does not decode, which are refused by
+// name). Each is decoded (io::read_image) to model.input_shape [C, H, W] (C 1: PIL's grey, 3:
+// RGB; any other size refused, naming the file), scaled to [0, 1] as torchvision's ToTensor, then
+// (x - data.mean) / data.std per channel when given. All files are decoded first in a forked child
+// (the decoders trust what they parse: a crash there is an error), then here; a file changed in
+// between is refused. The examples in a seeded order (r.seed): the last data.validation_size
+// evaluate (validation and test), the others calibrate and train; the majority-class baseline.
+void attach_image_folder(Task& t, const Recipe& r);
+
 // The vocabulary of the fortunes language models under data.tokenizer: 256 bytes without it,
 // data.tokenizer.train.vocab_size, or the size of data.tokenizer.file's tokenizer.
 int64_t fortunes_vocab_size(const Recipe& r);

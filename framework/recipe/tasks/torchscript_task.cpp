@@ -3,7 +3,8 @@
 //   classification  logits [B, C]; data.dataset "tensors" reads data.file, a safetensors or HDF5
 //                   file (tasks::read_data_file) holding `inputs` [N, ...] (float examples, or int32 / int64 token ids passed on
 //                   as int64; the model masks its own padding) and `labels` [N] (integer classes);
-//                   "fashion_mnist" the built-in Fashion-MNIST images [1, 28, 28].
+//                   "fashion_mnist" the built-in Fashion-MNIST images [1, 28, 28]; "images" a
+//                   folder of class folders of PNG / JPEG files (tasks::attach_image_folder).
 //   causal_lm       logits [B, T, V] for token ids [B, T] (V at least the data's vocabulary), scored
 //                   by perplexity; "fortunes" the built-in text (bytes, or data.tokenizer's tokens)
 //                   cut into windows of data.seq_len, as the gpt2 and llama tasks read it, with the
@@ -160,6 +161,8 @@ Task make_torchscript_task(const Recipe& r, bool with_data) {
                "qtrain: model.input_shape is ", shape_string(r.model.input_shape),
                " but Fashion-MNIST images are [1, 28, 28]");
     tasks::attach_fashion_mnist(t, r, with_data);
+  } else if (r.data.dataset == "images") {
+    if (with_data) tasks::attach_image_folder(t, r);
   } else if (r.data.dataset == "fortunes") {
     QF_REQUIRE(lm, "qtrain: fortunes is text for model.task causal_lm");
     if (with_data) {
@@ -176,6 +179,6 @@ Task make_torchscript_task(const Recipe& r, bool with_data) {
 
 }  // namespace
 
-TaskKind torchscript_task() { return {"torchscript", "tensors", make_torchscript_task, {"fashion_mnist", "fortunes"}}; }
+TaskKind torchscript_task() { return {"torchscript", "tensors", make_torchscript_task, {"fashion_mnist", "fortunes", "images"}}; }
 
 }  // namespace qforge
