@@ -50,11 +50,6 @@ KernelPlan ConvQuantState::plan_conv(bool* onednn_copy) const {
                                  "; static int8 activations run the integer convolution");
     return p;
   }
-  if (s.groups != 1 && !s.depthwise()) {
-    p.fallback = detail::str_cat("no integer kernel for grouped convolution (groups=", s.groups,
-                                 "; depthwise groups == in == out channels has one)", per_call);
-    return p;
-  }
   if (!s.zeros_padding) {
     p.fallback = detail::str_cat("no integer kernel for a padding_mode other than zeros", per_call);
     return p;
@@ -63,7 +58,8 @@ KernelPlan ConvQuantState::plan_conv(bool* onednn_copy) const {
     p.fallback = detail::str_cat("no integer kernel for padding 'same' (give the sizes)", per_call);
     return p;
   }
-  const int64_t K = (s.depthwise() ? 1 : s.in_channels) * s.kernel[0] * s.kernel[1];
+  // Grouped convolutions run one GEMM per group over its C / groups input channels.
+  const int64_t K = (s.depthwise() ? 1 : s.in_channels / s.groups) * s.kernel[0] * s.kernel[1];
   if (K > kernels::kMaxInFeaturesS8) {
     p.fallback = detail::str_cat("C*kh*kw = ", K, " taps could overflow the int32 accumulator (at most ",
                                  kernels::kMaxInFeaturesS8, ")", per_call);
@@ -84,7 +80,7 @@ KernelPlan ConvQuantState::plan_conv(bool* onednn_copy) const {
   p.path = lp.path;
   // The convolution's kernel table: im2col chunks through the GEMM, oneDNN for large inputs.
   const kernels::ConvChoice c =
-      kernels::choose_conv_kernel(p.path == LinearPath::kS4Static, usable_isa(), k, s.depthwise());
+      kernels::choose_conv_kernel(p.path == LinearPath::kS4Static, usable_isa(), k, s.depthwise(), s.groups);
   if (onednn_copy != nullptr) *onednn_copy = c.needs_onednn_copy;
   p.large_m = c.large_rows;
   p.large_m_kernel = c.large_kernel.kernel;

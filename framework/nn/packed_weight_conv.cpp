@@ -1,10 +1,13 @@
 // The integer convolution formats of PackedWeight: int8 or int4 weights permuted to [N, kh, kw, C]
 // for channels-last im2col and packed as the Linear kernels' weights (kernels/cpu/conv_s8.h), int8
 // also as oneDNN's int8 convolution for large inputs; depthwise int8 weights as conv_dw_s8's
-// [kh * kw, C] (kernels/cpu/conv_dw_s8.h). Static int8 activations only.
+// [kh * kw, C] (kernels/cpu/conv_dw_s8.h); grouped convolutions as one such format per group.
+// Static int8 activations only.
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <mutex>
+#include <vector>
 
 #include "framework/core/error.h"
 #include "framework/nn/packed_weight_cpu.h"
@@ -34,6 +37,7 @@ kernels::ConvGeometry conv_geometry(const ConvShape& s, int64_t batch, int64_t i
   g.pad_w = s.padding[1];
   g.dilation_h = s.dilation[0];
   g.dilation_w = s.dilation[1];
+  g.groups = s.depthwise() ? 1 : s.groups;  // depthwise problems carry their own flag
   return g;
 }
 
@@ -67,7 +71,7 @@ at::Tensor oihw_codes(const PackedConvDwS8& k, const ConvShape& s) {
 }
 template <class Kernel>
 at::Tensor im2col_oihw_codes(const Kernel& k, const ConvShape& s) {
-  const int64_t N = s.out_channels, C = s.in_channels, KH = s.kernel[0], KW = s.kernel[1];
+  const int64_t N = s.out_channels, C = s.in_channels / s.groups, KH = s.kernel[0], KW = s.kernel[1];
   const at::Tensor packed = k.weight();  // [N, K or Kp] in (i, j, c) order
   return packed.narrow(1, 0, C * KH * KW).reshape({N, KH, KW, C}).permute({0, 3, 1, 2});
 }
@@ -98,6 +102,7 @@ class PackedConvInt final : public CpuPackedWeight {
     QF_REQUIRE(device.is_cpu(), who_, ": frozen integer convolutions run on the CPU, not ", device);
     return shared_from_this();
   }
+  const std::shared_ptr<const OneDnnConvS8>& onednn() const { return onednn_; }
 
  private:
   std::shared_ptr<const Kernel> kernel_;
@@ -203,14 +208,147 @@ PackedWeightPtr pack_conv_dw(QuantizedTensor fw, LinearPath path, const ConvShap
                                                          static_scale, who);
 }
 
+PackedWeightPtr pack_conv_dense(QuantizedTensor fw, LinearPath path, const ConvShape& s, float static_scale, bool onednn,
+                                const std::string& who, std::string* onednn_missing);
+
+// A grouped convolution (1 < groups < channels): as one oneDNN grouped convolution of the whole
+// layer (int8 weights, `whole_`), else one groups = 1 packed convolution per group of C / groups
+// input and N / groups output channels, run on its channel slice of the input (and of a residual),
+// the outputs concatenated along the channels. The per-group formats are built at freeze when there
+// is no oneDNN copy, and on the first input size oneDNN has no primitive for otherwise. Either way
+// the same integer sums and epilogue per output element: the fake-quant forward's values, as for
+// groups = 1.
+class PackedConvGroups final : public CpuPackedWeight {
+ public:
+  PackedConvGroups(PackedWeightPtr whole, std::shared_ptr<const OneDnnConvS8> onednn, QuantizedTensor fw,
+                   LinearPath path, const ConvShape& shape, float static_scale, std::string who)
+      : whole_(std::move(whole)), onednn_(std::move(onednn)), meta_(std::move(fw)), path_(path), shape_(shape),
+        static_scale_(static_scale), who_(std::move(who)) {
+    if (whole_ == nullptr) build_groups(meta_);
+    meta_.data = at::Tensor();
+  }
+  LinearPath path() const override { return path_; }
+  at::Tensor forward(const at::Tensor& x, const FrozenInput& in) const override {
+    QF_REQUIRE(x.dim() == 4 && x.size(1) == shape_.in_channels, who_, ": input has shape ", x.sizes(),
+               ", expected [batch, ", shape_.in_channels, ", ...]");
+    if (whole_ != nullptr && x.size(2) > 0 && x.size(3) > 0) {
+      const kernels::ConvGeometry g = conv_geometry(shape_, x.size(0), x.size(2), x.size(3));
+      if (g.out_h() >= 1 && g.out_w() >= 1 && kernels::detail::onednn_conv_primitive(*onednn_, g) != nullptr)
+        return whole_->forward(x, in);
+      std::call_once(groups_built_, [this] { build_groups(whole_->weight()); });
+    }
+    return per_group(x, in);
+  }
+  QuantizedTensor weight() const override {
+    if (whole_ != nullptr) return whole_->weight();
+    std::vector<at::Tensor> codes;
+    for (const PackedWeightPtr& g : groups_) codes.push_back(g->weight().int_values());
+    QuantizedTensor fw = meta_;
+    fw.data = pack_quantized(at::cat(codes, 0).reshape(at::IntArrayRef(meta_.shape)).contiguous(), fw.qparams()).data;
+    return fw;
+  }
+  at::Tensor bias() const override { return {}; }
+  int64_t bytes() const override {
+    if (whole_ != nullptr) return whole_->bytes();
+    int64_t b = 0;
+    for (const PackedWeightPtr& g : groups_) b += g->bytes();
+    return b;
+  }
+  float static_input_scale() const override { return static_scale_; }
+  PackedWeightPtr to(const at::Device& device) const override {
+    QF_REQUIRE(device.is_cpu(), who_, ": frozen integer convolutions run on the CPU, not ", device);
+    return shared_from_this();
+  }
+
+ private:
+  // One groups = 1 packed convolution per group from the layer's codes (no oneDNN copies: a group
+  // runs im2col at every size).
+  void build_groups(const QuantizedTensor& fw) const {
+    const int64_t G = shape_.groups, ng = shape_.out_channels / G;
+    const QParams qp = fw.qparams();
+    const at::Tensor values = fw.int_values();
+    ConvShape gs = shape_;
+    gs.in_channels = shape_.in_channels / G, gs.out_channels = ng, gs.groups = 1;
+    for (int64_t g = 0; g < G; ++g) {
+      // Scales and zero points per output channel (or per channel and group along K) take the
+      // group's rows; a per-tensor pair is shared.
+      QParams sub = qp;
+      if (qp.scale.dim() > 0 && qp.scale.size(0) == shape_.out_channels) {
+        sub.scale = qp.scale.narrow(0, g * ng, ng).contiguous();
+        sub.zero_point = qp.zero_point.narrow(0, g * ng, ng).contiguous();
+      }
+      QuantizedTensor part = pack_quantized(values.narrow(0, g * ng, ng).contiguous(), sub);
+      groups_.push_back(pack_conv_dense(std::move(part), path_, gs, static_scale_, /*onednn=*/false,
+                                        detail::str_cat(who_, " group ", g), nullptr));
+    }
+  }
+  at::Tensor per_group(const at::Tensor& x, const FrozenInput& in) const {
+    const int64_t G = shape_.groups, cg = shape_.in_channels / G, ng = shape_.out_channels / G;
+    std::vector<at::Tensor> outs;
+    outs.reserve(static_cast<size_t>(G));
+    for (int64_t g = 0; g < G; ++g) {
+      FrozenInput sub = in;
+      if (in.layer_bias.defined()) sub.layer_bias = in.layer_bias.narrow(0, g * ng, ng);
+      at::Tensor r;
+      if (in.residual != nullptr) {
+        QF_REQUIRE(in.residual->dim() == 4 && in.residual->size(1) == shape_.out_channels, who_,
+                   ": a residual of shape ", in.residual->sizes(), " for ", shape_.out_channels, " output channels");
+        r = in.residual->narrow(1, g * ng, ng);
+        sub.residual = &r;
+        sub.residual_in_place = true;  // adds into this group's own fresh output
+      }
+      outs.push_back(groups_[static_cast<size_t>(g)]->forward(x.narrow(1, g * cg, cg), sub));
+    }
+    // Channels-last memory, as every integer convolution leaves its output.
+    return at::cat(outs, 1).contiguous(at::MemoryFormat::ChannelsLast);
+  }
+
+  PackedWeightPtr whole_;
+  std::shared_ptr<const OneDnnConvS8> onednn_;
+  mutable std::once_flag groups_built_;
+  mutable std::vector<PackedWeightPtr> groups_;
+  QuantizedTensor meta_;
+  LinearPath path_;
+  ConvShape shape_;
+  float static_scale_;
+  std::string who_;
+};
+
 }  // namespace
 
 PackedWeightPtr pack_conv(QuantizedTensor fw, LinearPath path, const ConvShape& s, float static_scale, bool onednn,
                           const std::string& who, std::string* onednn_missing) {
   if (path != LinearPath::kS8Static && path != LinearPath::kS4Static) return pack_dequantize(std::move(fw), /*linear=*/false);
   if (s.depthwise()) return pack_conv_dw(std::move(fw), path, s, static_scale, who);
+  if (s.groups > 1) {
+    QF_REQUIRE(!fw.shape.empty() && fw.shape[0] == s.out_channels && s.in_channels % s.groups == 0 &&
+                   s.out_channels % s.groups == 0,
+               who, ": frozen weight has shape ", at::IntArrayRef(fw.shape), " for ", s.groups, " groups of ",
+               s.in_channels, " -> ", s.out_channels, " channels");
+    // The whole layer as oneDNN's grouped convolution where the plan wants it and oneDNN builds it.
+    PackedWeightPtr whole;
+    std::shared_ptr<const OneDnnConvS8> conv;
+    if (path == LinearPath::kS8Static && onednn) {
+      std::string status;
+      PackedWeightPtr dense = pack_conv_dense(fw, path, s, static_scale, /*onednn=*/true, who, &status);
+      conv = static_cast<const PackedConvInt<kernels::PackedLinearS8>&>(*dense).onednn();
+      if (conv != nullptr) {
+        whole = std::move(dense);
+      } else if (onednn_missing != nullptr) {
+        *onednn_missing = status.empty() ? "unavailable" : status;
+      }
+    }
+    return std::make_shared<PackedConvGroups>(std::move(whole), std::move(conv), std::move(fw), path, s, static_scale, who);
+  }
+  return pack_conv_dense(std::move(fw), path, s, static_scale, onednn, who, onednn_missing);
+}
+
+namespace {
+
+PackedWeightPtr pack_conv_dense(QuantizedTensor fw, LinearPath path, const ConvShape& s, float static_scale, bool onednn,
+                                const std::string& who, std::string* onednn_missing) {
   const QParams qp = fw.qparams();
-  const int64_t N = s.out_channels, C = s.in_channels, KH = s.kernel[0], KW = s.kernel[1], K = C * KH * KW;
+  const int64_t N = s.out_channels, C = s.in_channels / s.groups, KH = s.kernel[0], KW = s.kernel[1], K = C * KH * KW;
   QF_REQUIRE(!fw.shape.empty() && fw.shape[0] == N && fw.numel() == N * K, who, ": frozen weight has shape ",
              at::IntArrayRef(fw.shape), ", expected ", N, " x ", C, " x kernel ", KH, "x", KW);
   // [N, C, kh, kw] -> [N, kh, kw, C]: the K order of the channels-last im2col rows.
@@ -238,6 +376,8 @@ PackedWeightPtr pack_conv(QuantizedTensor fw, LinearPath path, const ConvShape& 
   return std::make_shared<PackedConvInt<kernels::PackedLinearS4>>(std::move(kernel), nullptr, std::move(fw), path, s,
                                                                   static_scale, who);
 }
+
+}  // namespace
 
 at::Tensor add_residual(at::Tensor y, const at::Tensor& r, bool relu, bool in_place) {
   y = in_place ? y.add_(r) : at::add(y, r);

@@ -30,6 +30,9 @@ void check_conv_geometry(const ConvGeometry& g) {
              ", H ", g.in_h, ", W ", g.in_w, ", N ", g.out_channels, ", kernel ", g.kernel_h, "x", g.kernel_w,
              ", stride ", g.stride_h, "x", g.stride_w, ", dilation ", g.dilation_h, "x", g.dilation_w,
              ") or negative padding");
+  QF_REQUIRE(g.groups >= 1 && g.in_channels % g.groups == 0 && g.out_channels % g.groups == 0,
+             "kernels/cpu: convolution groups ", g.groups, " must divide the input and output channels (", g.in_channels,
+             ", ", g.out_channels, ")");
   QF_REQUIRE(g.out_h() >= 1 && g.out_w() >= 1, "kernels/cpu: convolution input ", g.in_h, "x", g.in_w,
              " (padded by ", g.pad_h, "x", g.pad_w, ") is smaller than the dilated kernel");
 }
@@ -40,21 +43,23 @@ void conv2d_s8_reference(const int8_t* x, float a_scale, const int8_t* W, const 
   check_conv_geometry(g);
   const int64_t C = g.in_channels, H = g.in_h, Wd = g.in_w, N = g.out_channels;
   const int64_t OH = g.out_h(), OW = g.out_w(), KH = g.kernel_h, KW = g.kernel_w;
+  const int64_t Cg = C / g.groups, Ng = N / g.groups;
   for (int64_t b = 0; b < g.batch; ++b) {
     for (int64_t n = 0; n < N; ++n) {
       const int32_t z = w_zero != nullptr ? w_zero[n] : 0;
+      const int64_t c0 = n / Ng * Cg;
       for (int64_t oh = 0; oh < OH; ++oh) {
         for (int64_t ow = 0; ow < OW; ++ow) {
           int32_t acc = 0;
-          for (int64_t c = 0; c < C; ++c) {
+          for (int64_t c = 0; c < Cg; ++c) {
             for (int64_t i = 0; i < KH; ++i) {
               const int64_t ih = oh * g.stride_h - g.pad_h + i * g.dilation_h;
               if (ih < 0 || ih >= H) continue;
               for (int64_t j = 0; j < KW; ++j) {
                 const int64_t iw = ow * g.stride_w - g.pad_w + j * g.dilation_w;
                 if (iw < 0 || iw >= Wd) continue;
-                const int32_t a = x[((b * C + c) * H + ih) * Wd + iw];
-                const int32_t w = W[((n * C + c) * KH + i) * KW + j];
+                const int32_t a = x[((b * C + c0 + c) * H + ih) * Wd + iw];
+                const int32_t w = W[((n * Cg + c) * KH + i) * KW + j];
                 acc += a * (w - z);
               }
             }
@@ -343,9 +348,13 @@ void run_im2col(const ConvS8Problem& p) {
 
 // oneDNN's convolution is for int8 weights and large inputs; smaller ones run im2col, not as a
 // fallback but by design (its per-call set-up outweighs the gain there).
-bool onednn_conv_serves(const ConvS8Problem& p) { return !p.int4 && !p.depthwise && p.m >= kOneDnnConvMinRows; }
+// Grouped convolutions (groups > 1, not depthwise) have no im2col entry: oneDNN serves them at
+// every size (the framework runs one im2col convolution per group where it cannot).
+bool onednn_conv_serves(const ConvS8Problem& p) {
+  return !p.int4 && !p.depthwise && (p.g.groups > 1 || p.m >= kOneDnnConvMinRows);
+}
 
-bool im2col_serves(const ConvS8Problem& p) { return !p.depthwise; }
+bool im2col_serves(const ConvS8Problem& p) { return !p.depthwise && p.g.groups == 1; }
 bool depthwise_serves(const ConvS8Problem& p) { return p.depthwise && !p.int4; }  // int8 weights only
 
 void run_dw_scalar(const ConvS8Problem& p) { conv2d_dw_s8_run(p, detail::conv_dw_s8_rows_scalar, "conv_dw_s8"); }
@@ -368,6 +377,9 @@ void run_onednn_conv(const ConvS8Problem& p) {
   RunInfo& ri = p.info != nullptr ? *p.info : local;
   if (onednn_conv(*p.onednn, p.x_nhwc, p.a_scale, p.w_scale, p.bias, p.g, p.y, p.rq, p.relu, &ri, p.residual)) return;
   // No primitive for this input size: im2col, the same values, with oneDNN's reason kept.
+  QF_REQUIRE(p.g.groups == 1, "kernels/cpu: a grouped convolution (groups ", p.g.groups,
+             ") has no oneDNN primitive for this input size and no im2col entry: ", ri.fallback,
+             " (check onednn_conv_primitive before running it)");
   const RunInfo why = ri;
   ConvS8Problem q = p;
   q.info = &ri;

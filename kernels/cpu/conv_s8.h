@@ -34,21 +34,26 @@ struct ConvGeometry {
   int64_t batch = 0, in_channels = 0, in_h = 0, in_w = 0;
   int64_t out_channels = 0, kernel_h = 0, kernel_w = 0;
   int64_t stride_h = 1, stride_w = 1, pad_h = 0, pad_w = 0, dilation_h = 1, dilation_w = 1;
+  // Grouped convolution: output channel n reads input channels [g * C / groups, (g + 1) * C / groups)
+  // with g = n / (N / groups); the weight is [N, C / groups, kh, kw]. Served by oneDNN (and the
+  // reference); im2col and the depthwise kernel take groups 1 (depthwise: their own flag).
+  int64_t groups = 1;
 
   int64_t out_h() const { return (in_h + 2 * pad_h - dilation_h * (kernel_h - 1) - 1) / stride_h + 1; }
   int64_t out_w() const { return (in_w + 2 * pad_w - dilation_w * (kernel_w - 1) - 1) / stride_w + 1; }
-  // GEMM view: M output pixels, K = C * kh * kw taps per pixel, N output channels.
+  // GEMM view: M output pixels, K = C / groups * kh * kw taps per pixel, N output channels.
   int64_t gemm_m() const { return batch * out_h() * out_w(); }
-  int64_t gemm_k() const { return in_channels * kernel_h * kernel_w; }
+  int64_t gemm_k() const { return in_channels / groups * kernel_h * kernel_w; }
 };
 
-// Throws qforge::Error unless every size is positive (batch may be 0), padding non-negative and
-// the output at least 1 x 1.
+// Throws qforge::Error unless every size is positive (batch may be 0), padding non-negative,
+// groups dividing both channel counts and the output at least 1 x 1.
 void check_conv_geometry(const ConvGeometry& g);
 
-// Direct convolution, the definition of the results. x: int8 NCHW codes; W: int8 [N, C, kh, kw]
-// grid values; w_scale [N]; w_zero [N] zero points or nullptr (0); bias [N] or nullptr.
-//   acc[b, n, oh, ow] = sum_{c, i, j} x[b, c, oh*sh - ph + i*dh, ow*sw - pw + j*dw] * (W[n, c, i, j] - z[n])
+// Direct convolution, the definition of the results. x: int8 NCHW codes; W: int8 [N, C / groups,
+// kh, kw] grid values; w_scale [N]; w_zero [N] zero points or nullptr (0); bias [N] or nullptr.
+//   acc[b, n, oh, ow] = sum_{c < C / groups, i, j} x[b, c0(n) + c, oh*sh - ph + i*dh, ow*sw - pw + j*dw] * (W[n, c, i, j] - z[n])
+//                       (c0(n) = (n / (N / groups)) * C / groups: the input channels of n's group)
 //                       (taps outside the input are 0; exact int32)
 //   v                 = fmaf(float(acc) * w_scale[n], a_scale, bias ? bias[n] : 0.0f)
 //   y[b, n, oh, ow]   = relu ? (v < 0 ? 0 : v) : v      (NaN stays NaN, as at::relu)

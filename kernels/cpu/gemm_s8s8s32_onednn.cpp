@@ -169,7 +169,8 @@ dnnl::convolution_forward::primitive_desc make_conv_pd(const dnnl::engine& engin
 }
 
 bool same_filter(const ConvGeometry& a, const ConvGeometry& b) {
-  return a.in_channels == b.in_channels && a.out_channels == b.out_channels && a.kernel_h == b.kernel_h &&
+  return a.in_channels == b.in_channels && a.out_channels == b.out_channels && a.groups == b.groups &&
+         a.kernel_h == b.kernel_h &&
          a.kernel_w == b.kernel_w && a.stride_h == b.stride_h && a.stride_w == b.stride_w && a.pad_h == b.pad_h &&
          a.pad_w == b.pad_w && a.dilation_h == b.dilation_h && a.dilation_w == b.dilation_w;
 }
@@ -181,13 +182,18 @@ std::shared_ptr<const OneDnnConvS8> onednn_conv_s8(const int8_t* W, const ConvGe
   auto c = std::make_shared<OneDnnConvS8>();
   c->nominal = nominal;
   try {
-    const memory::dims wei_dims{nominal.out_channels, nominal.in_channels, nominal.kernel_h, nominal.kernel_w};
+    // [N, C / groups, kh, kw]; grouped: the same bytes as oneDNN's goihw [G, N / G, C / G, kh, kw].
+    const int64_t G = nominal.groups;
+    const memory::dims wei_dims =
+        G == 1 ? memory::dims{nominal.out_channels, nominal.in_channels, nominal.kernel_h, nominal.kernel_w}
+               : memory::dims{G, nominal.out_channels / G, nominal.in_channels / G, nominal.kernel_h, nominal.kernel_w};
     const memory::desc any(wei_dims, memory::data_type::s8, memory::format_tag::any);
     const dnnl::convolution_forward::primitive_desc pd = make_conv_pd(c->engine, nominal, any);
     c->impl = pd.impl_info_str();
     c->weights_md = pd.weights_desc();
     c->weights = memory(c->weights_md, c->engine);
-    memory user({wei_dims, memory::data_type::s8, memory::format_tag::oihw}, c->engine, const_cast<int8_t*>(W));
+    memory user({wei_dims, memory::data_type::s8, G == 1 ? memory::format_tag::oihw : memory::format_tag::goihw},
+                c->engine, const_cast<int8_t*>(W));
     dnnl::stream stream(c->engine);
     dnnl::reorder(user, c->weights).execute(stream, user, c->weights);
     stream.wait();

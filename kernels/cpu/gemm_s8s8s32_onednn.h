@@ -29,8 +29,8 @@ int64_t onednn_bytes(const OneDnnS8Weights& w);
 // oneDNN's implementation name for the primitive (e.g. "brg:avx512_core_amx_int8").
 std::string onednn_impl(const OneDnnS8Weights& w);
 
-// oneDNN's int8 convolution (groups 1, zero padding) over int8 channels-last codes: weights W
-// int8 [N, C, kh, kw] reordered once into the format oneDNN prefers for the `nominal` geometry;
+// oneDNN's int8 convolution (zero padding, any groups) over int8 channels-last codes: weights W
+// int8 [N, C / groups, kh, kw] reordered once into the format oneDNN prefers for the `nominal` geometry;
 // primitives are created per input size (batch, H, W; cached) with that fixed weight format.
 // Output: exact int32 channels-last [B, OH, OW, N], the sums conv2d_s8_reference takes before its
 // epilogue (w_zero 0). onednn_conv_s8 returns nullptr and sets *status when oneDNN cannot.

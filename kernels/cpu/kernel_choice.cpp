@@ -122,8 +122,31 @@ int64_t choose_large_m(LinearOp op, Isa usable, int64_t group_size, RunInfo* lar
   });
 }
 
-ConvChoice choose_conv_kernel(bool int4, Isa usable, int64_t k, bool depthwise) {
+ConvChoice choose_conv_kernel(bool int4, Isa usable, int64_t k, bool depthwise, int64_t groups) {
   ConvChoice c;
+  if (groups > 1 && !depthwise) {
+    ConvS8Problem p = conv_problem(int4, false, kMinConvChunkRows);
+    p.g.groups = groups;
+    std::string why;
+    for (const KernelEntry<ConvS8Problem>& e : conv_s8_kernels()) {
+      if (conv_entry_kind(e) != ConvEntryKind::kOneDnn) continue;
+      if (!e.serves(p)) {
+        why = std::string(e.name) + ": int8 weights only";
+      } else if (IsaGate::up_to(usable).allows(e.isa, &why)) {
+        c.kernel = RunInfo{std::string(e.name) + "+dequantize_s32_f32 (" + std::to_string(groups) + " groups in one call)", ""};
+        c.needs_onednn_copy = true;
+        return c;
+      } else {
+        why = std::string(e.name) + ": " + why;
+      }
+    }
+    c = choose_conv_kernel(int4, usable, k, false, 1);
+    const std::string per = " per group (" + std::to_string(groups) + " groups)";
+    c.kernel.kernel += per;
+    c.kernel.fallback = why + (c.kernel.fallback.empty() ? "" : "; ") + c.kernel.fallback;
+    if (c.large_rows > 0) c.large_kernel.kernel += per;
+    return c;
+  }
   const auto at = [int4, depthwise](int64_t m) { return conv_problem(int4, depthwise, m); };
   const IsaGate gate = IsaGate::up_to(usable);
   // The entry for m rows, its record in *ri, its chain added to the plan.

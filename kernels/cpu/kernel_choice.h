@@ -49,12 +49,15 @@ int64_t choose_large_m(LinearOp op, Isa usable, int64_t group_size, RunInfo* lar
 // `kernel` is the chain an input of kMinConvChunkRows output pixels runs ("im2col_s8+<GEMM>"),
 // and from large_rows output pixels on (0: never) the chain large_kernel. depthwise: a
 // groups == C == N convolution (int8 weights, k = kh * kw), whose one kernel serves every size.
+// groups > 1 (not depthwise; k = C / groups * kh * kw): oneDNN's grouped convolution at every size
+// where its entry serves (int8 weights) and `usable` allows it, else the groups = 1 chain run once
+// per group (" per group (G groups)" in the text, oneDNN's reason in the fallback).
 struct ConvChoice {
   RunInfo kernel;
   int64_t large_rows = 0;
   RunInfo large_kernel;
   bool needs_onednn_copy = false;  // an entry it plans runs oneDNN's convolution (freeze() builds the copy)
 };
-ConvChoice choose_conv_kernel(bool int4, Isa usable, int64_t k, bool depthwise = false);
+ConvChoice choose_conv_kernel(bool int4, Isa usable, int64_t k, bool depthwise = false, int64_t groups = 1);
 
 }  // namespace qforge::kernels

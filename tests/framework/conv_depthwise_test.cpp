@@ -1,7 +1,7 @@
 // A frozen depthwise Conv2d (groups == in == out channels, W8A8) runs the depthwise int8 kernel:
 // describe() names the table's choice, the output matches the fake-quant forward, ReLU and
-// checkpoints round trip, depthwise Conv1d too; int4 depthwise and other grouped convolutions keep
-// the per-call fallback.
+// checkpoints round trip, depthwise Conv1d too; int4 depthwise keeps the per-call fallback. Other
+// grouped convolutions run the integer convolution per group.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
@@ -87,23 +87,85 @@ TEST(ConvDepthwise, FrozenW8A8RunsTheDepthwiseKernelAndMatchesFakeQuant) {
   EXPECT_TRUE(at::equal(again->forward(x), y));
 }
 
-TEST(ConvDepthwise, Int4DepthwiseAndOtherGroupsKeepTheFallbackAndSayWhy) {
+TEST(ConvDepthwise, Int4DepthwiseKeepsTheFallbackAndSaysWhy) {
   const at::Tensor x = at::randn({1, 8, 9, 9});
   nn::Conv2d w4 = calibrated(depthwise(8), qint4, x);
   freeze(*w4);
   EXPECT_EQ(w4->report().kernel, "dequantize+at::conv");
   EXPECT_NE(w4->report().fallback_reason.find("no int4 depthwise"), std::string::npos) << w4->report().fallback_reason;
-  nn::Conv2d grouped = calibrated(torch::nn::Conv2dOptions(8, 8, 3).padding(1).groups(2), qint8, x);
-  at::Tensor y_fq;
+}
+
+// Grouped convolutions (1 < groups < channels, ResNeXt / ShuffleNet style) run the integer
+// convolution once per group: int8 and int4 weights, strides, padding, dilation, a bias, ReLU, a
+// fused residual, int8 codes out; the frozen weight and a checkpoint round trip.
+TEST(ConvGrouped, FrozenGroupedConvolutionRunsTheIntegerKernelPerGroupAndMatchesFakeQuant) {
+  for (const QType& qt : {qint8, qint4}) {
+    for (const int64_t groups : {2, 4}) {
+      const std::string what = std::string(qt.name) + ", groups " + std::to_string(groups);
+      const auto o = torch::nn::Conv2dOptions(16, 24, 3).stride(2).padding(2).dilation(2).groups(groups);
+      const at::Tensor x = at::randn({3, 16, 14, 11});
+      nn::Conv2d c = calibrated(o, qt, x);
+      at::Tensor y_fq, w_fq;
+      {
+        at::NoGradGuard g;
+        y_fq = c->forward(x);
+        w_fq = c->weight_quantizer()->forward(c->weight).detach();
+      }
+      // int8 weights: oneDNN's grouped convolution where the ISA has its entry (AVX-512 VNNI), else
+      // one im2col convolution per group; int4 weights: per group.
+      const bool one_call = qt.bits == 8 && usable_isa() >= Isa::kAvx512Vnni;
+      const std::string text = one_call ? "(" + std::to_string(groups) + " groups in one call)"
+                                        : "per group (" + std::to_string(groups) + " groups)";
+      EXPECT_NE(c->plan().kernel.find(text), std::string::npos) << what << ": " << c->plan().kernel;
+      freeze(*c);
+      EXPECT_NE(c->report().kernel.find(text), std::string::npos) << what << ": " << c->report().kernel;
+      // An integer kernel (a slower one's reason is only said where the ISA is capped).
+      EXPECT_NE(c->report().kernel.rfind("dequantize+at::conv", 0), 0u) << what << ": " << c->report().kernel;
+      at::NoGradGuard g;
+      const at::Tensor y = c->forward(x);
+      ASSERT_EQ(y.sizes(), y_fq.sizes()) << what;
+      EXPECT_LE(rel_error(y, y_fq), 1e-5) << what;
+      EXPECT_TRUE(y.is_contiguous(at::MemoryFormat::ChannelsLast)) << what;
+      EXPECT_TRUE(at::equal(c->forward_relu(x), at::relu(y))) << what;
+      EXPECT_TRUE(at::equal(c->forward(x[1]), y[1])) << what;  // unbatched
+      const at::Tensor r = at::randn(y.sizes());
+      EXPECT_LE(rel_error(c->forward_add(x, r, /*relu=*/true, /*in_place=*/false), at::relu(y + r)), 1e-6) << what;
+      // The frozen weight in torch's [N, C / groups, kh, kw]: the fake-quant weight's values.
+      const QuantizedTensor fw = c->frozen_weight();
+      EXPECT_EQ(fw.shape, (std::vector<int64_t>{24, 16 / groups, 3, 3})) << what;
+      EXPECT_LE(rel_error(fw.dequantize(), w_fq), 1e-6) << what;
+      const std::string path = (std::filesystem::temp_directory_path() / "qforge_conv_grouped_test.h5").string();
+      io::save_model(*c, path);
+      nn::Conv2d again = calibrated(o, qt, at::randn({1, 16, 14, 11}));
+      io::load_model(*again, path);
+      std::filesystem::remove(path);
+      EXPECT_EQ(again->report().kernel, c->report().kernel) << what;
+      EXPECT_TRUE(at::equal(again->forward(x), y)) << what;
+    }
+  }
+}
+
+// A grouped convolution feeding another as int8 codes (Conv2d -> ReLU -> Conv2d chains pass
+// codes once frozen): the consumer's output equals the one from the float path.
+TEST(ConvGrouped, GroupedConvolutionsPassInt8CodesToTheNextConvolution) {
+  const at::Tensor x = at::randn({2, 8, 10, 10});
+  const auto o1 = torch::nn::Conv2dOptions(8, 16, 3).padding(1).groups(2);
+  const auto o2 = torch::nn::Conv2dOptions(16, 16, 3).padding(1).groups(4);
+  nn::Conv2d a = calibrated(o1, qint8, x);
+  at::Tensor mid;
   {
     at::NoGradGuard g;
-    y_fq = grouped->forward(x);
+    mid = at::relu(a->forward(x));
   }
-  freeze(*grouped);
-  EXPECT_NE(grouped->report().fallback_reason.find("grouped convolution (groups=2"), std::string::npos)
-      << grouped->report().fallback_reason;
+  nn::Conv2d b = calibrated(o2, qint8, mid);
+  freeze(*a);
+  freeze(*b);
+  ASSERT_TRUE(b->takes_codes());
   at::NoGradGuard g;
-  EXPECT_LE(rel_error(grouped->forward(x), y_fq), 1e-5);
+  const at::Tensor via_float = b->forward(a->forward_relu(x));
+  const at::Tensor codes = a->forward_relu_codes(x, *b);
+  EXPECT_EQ(codes.scalar_type(), at::kChar);
+  EXPECT_LE(rel_error(b->forward(codes), via_float), 1e-6);
 }
 
 TEST(ConvDepthwise, FrozenDepthwiseConv1dRunsTheDepthwiseKernelAndMatchesFakeQuant) {

@@ -205,6 +205,54 @@ TEST(ConvS8, OneDnnPathEqualsReferenceBitForBit) {
   EXPECT_THROW(qforge::kernels::detail::onednn_conv_s8s8s32(*w, other, c.x.data(), acc.data()), qforge::Error);
 }
 
+// Grouped convolutions (ResNeXt's 32 groups, 2 and 4): the reference equals at::conv2d with groups
+// on the integer values, and oneDNN's grouped convolution + qforge's epilogue equals the reference
+// bit for bit, for the packed input size and others. The im2col entry does not serve them.
+TEST(ConvS8, GroupedOneDnnAndReferenceEqualConv2dBitForBit) {
+  uint32_t seed = 700;
+  for (const int64_t groups : {2, 4, 32}) {
+    for (const int64_t stride : {1, 2}) {
+      ConvGeometry g = geometry(2, 64, 9, 11, 128, 3, 3, stride, 1, stride == 1 ? 2 : 1);
+      g.groups = groups;
+      ConvCase c = make_case(g, -127, 127, seed += 10);
+      const at::Tensor acc =
+          at::conv2d(from_s8(c.x, {g.batch, g.in_channels, g.in_h, g.in_w}).to(at::kDouble),
+                     from_s8(c.w, {g.out_channels, g.in_channels / groups, g.kernel_h, g.kernel_w}).to(at::kDouble), {},
+                     {g.stride_h, g.stride_w}, {g.pad_h, g.pad_w}, {g.dilation_h, g.dilation_w}, groups);
+      std::vector<float> ones(g.out_channels, 1.0f), y(acc.numel());
+      conv2d_s8_reference(c.x.data(), 1.0f, c.w.data(), ones.data(), nullptr, nullptr, g, y.data());
+      EXPECT_TRUE(at::equal(at::from_blob(y.data(), acc.sizes(), at::kFloat).to(at::kDouble), acc)) << groups;
+      ConvS8Problem planned;
+      planned.g = g;
+      planned.m = g.gemm_m();
+      EXPECT_FALSE(conv_s8_kernels().back().serves(planned)) << "im2col must not take groups " << groups;
+      if (!isa_usable(Isa::kAvx512Vnni)) continue;
+      std::string status;
+      const auto w = qforge::kernels::detail::onednn_conv_s8(c.w.data(), g, &status);
+      ASSERT_NE(w, nullptr) << status;
+      for (int64_t grow : {0, 4}) {
+        ConvGeometry h = g;
+        h.in_h += grow;
+        h.in_w += grow;
+        ConvCase d = make_case(h, -127, 127, seed + 1);
+        d.w = c.w, d.w_scale = c.w_scale, d.bias = c.bias;
+        const at::Tensor x = nhwc(d);
+        for (bool relu : {false, true}) {
+          at::Tensor out = at::full({h.batch, h.out_h(), h.out_w(), h.out_channels}, 12345.0f);
+          RunInfo info;
+          ASSERT_TRUE(conv2d_s8s8f32_onednn(*w, x.data_ptr<int8_t>(), d.a_scale, d.w_scale.data(), d.bias.data(), h,
+                                            out.data_ptr<float>(), relu, &info))
+              << info.fallback;
+          const std::vector<float> want = run_reference(d, nullptr, relu), got = to_nchw(out);
+          EXPECT_TRUE(bitwise_equal(got.data(), want.data(), want.size()))
+              << info.kernel << " (" << qforge::kernels::detail::onednn_impl(*w) << ") groups " << groups
+              << " stride " << stride << " grow " << grow << " relu " << relu;
+        }
+      }
+    }
+  }
+}
+
 TEST(ConvS8, OneDnnRunsLargeBatchesInSubBatchesBitForBit) {
   // 64 x 64 outputs x 64 channels: 1 MiB of int32 sums per image, so at most 4 images per oneDNN
   // call (the retained workspace's 4 MiB), balanced over the fewest calls. Batch 10 runs as 4 + 4 +
