@@ -177,13 +177,15 @@ bool is_hdf5_file(const std::string& path);
 // returns its result. The HDF5 library trusts the files it parses: a crafted one can crash it.
 // In the child such a crash (SIGSEGV, SIGBUS, SIGABRT, SIGFPE, SIGILL) ends the child only, and
 // becomes a qforge::Error here naming `what` and the signal; an exception `fn` throws comes back
-// as a qforge::Error with its message. A child still running after `timeout` is killed (an
+// as a qforge::Error with its message (`library` names what crashed: "the HDF5 library" unless the
+// reader is another one's). A child still running after `timeout` is killed (an
 // error); one killed by SIGKILL is reported as such (out of memory?); one ended by SIGPIPE,
 // SIGINT, SIGTERM or SIGHUP (a closed output pipe, the user) ends this process by the same
 // signal. Without memory to fork, `fn` runs here (with a note on stderr). When
 // reads_in_process(), runs `fn` directly.
 int run_isolated(const std::string& what, const std::function<int()>& fn,
-                 std::chrono::milliseconds timeout = std::chrono::minutes(10));
+                 std::chrono::milliseconds timeout = std::chrono::minutes(10),
+                 const std::string& library = "the HDF5 library");
 
 // True inside run_isolated's child (no second child), and in fuzz builds
 // (FUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION): there a crash in the library must stay a crash.

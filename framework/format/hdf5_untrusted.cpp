@@ -230,11 +230,11 @@ int parse_reply(const std::string& what, const std::string& reply) {
 
 // Why a child that sent no reply ended: only a crash signal calls the file corrupted or crafted.
 [[noreturn]] void report_child_end(const std::string& what, int status, bool timed_out,
-                                   std::chrono::milliseconds timeout) {
+                                   std::chrono::milliseconds timeout, const std::string& library) {
   const std::string reading = "framework/io: reading " + what;
   if (timed_out)
     throw Error(detail::str_cat(reading, " took longer than ", timeout.count() / 1000.0,
-                                " s; the reading process was killed (a file that makes the HDF5 library loop?)"));
+                                " s; the reading process was killed (a file that makes ", library, " loop?)"));
   if (!WIFSIGNALED(status))
     throw Error(detail::str_cat(reading, ": the reading process stopped with exit status ", WEXITSTATUS(status),
                                 " without a result"));
@@ -256,7 +256,7 @@ int parse_reply(const std::string& what, const std::string& reply) {
     case SIGABRT:
     case SIGFPE:
     case SIGILL:
-      throw Error(detail::str_cat(reading, " crashed the HDF5 library (the reading process was killed by ",
+      throw Error(detail::str_cat(reading, " crashed ", library, " (the reading process was killed by ",
                                   signal_name(sig), " (signal ", sig, ")): a corrupted or crafted file; refused"));
     default:
       break;
@@ -266,7 +266,8 @@ int parse_reply(const std::string& what, const std::string& reply) {
 
 }  // namespace
 
-int run_isolated(const std::string& what, const std::function<int()>& fn, std::chrono::milliseconds timeout) {
+int run_isolated(const std::string& what, const std::function<int()>& fn, std::chrono::milliseconds timeout,
+                 const std::string& library) {
   if (reads_in_process()) return fn();
   int pipe_fds[2];
   QF_REQUIRE(::pipe2(pipe_fds, O_CLOEXEC) == 0, "framework/io: cannot create a pipe: ", std::strerror(errno));
@@ -299,7 +300,7 @@ int run_isolated(const std::string& what, const std::function<int()>& fn, std::c
   while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
   if (done && WIFEXITED(status) && WEXITSTATUS(status) == 0) return parse_reply(what, reply);
-  report_child_end(what, status, !done, timeout);
+  report_child_end(what, status, !done, timeout, library);
 }
 
 }  // namespace qforge::io::h5

@@ -126,6 +126,8 @@ void check_torchscript(const Recipe& r, const Where& w) {
     if (s.size() != 3 || (s[0] != 1 && s[0] != 3))
       w.problem("model.input_shape", "data.dataset images needs it as [C, H, W] with C 1 (grey) or 3 (RGB): the size "
                                      "every image must have, and the channels they are converted to");
+    else if (s[1] * s[2] > (int64_t{1} << 26))
+      w.problem("model.input_shape", "images of more than 2^26 pixels are not read");
     if (task == "causal_lm") w.problem("model.task", "causal_lm reads token ids, not data.dataset images");
     for (const auto* v : {&r.data.mean, &r.data.std})
       if (!v->empty() && s.size() == 3 && static_cast<int64_t>(v->size()) != s[0])

@@ -565,15 +565,19 @@ def write_fortunes_lm(out, steps=2000):
 
 def write_h5_data(out):
     """cnn_bn_data.h5: the first 192 examples of cnn_bn_data.safetensors as h5py writes a user's
-    data file (datasets `inputs` float32 [192, 1, 14, 14] and `labels` int64 [192] at the root,
-    libver v110: qforge refuses HDF5's earliest formats), and cnn_bn_data_earliest.h5, the first 8
+    data file (datasets `inputs` float32 [192, 1, 14, 14] and `labels` int64 [192] at the root, and
+    two string datasets beside them, libver v110: qforge refuses HDF5's earliest formats), and cnn_bn_data_earliest.h5, the first 8
     in h5py's default (earliest) format, which qforge refuses naming the libver option."""
     import h5py
+    import numpy as np
     data = read_safetensors(os.path.join(out, "cnn_bn_data.safetensors"))[0]
     x, y = data["inputs"][:192].numpy(), data["labels"][:192].numpy()
     with h5py.File(os.path.join(out, "cnn_bn_data.h5"), "w", libver=("v110", "v110")) as f:
         f.create_dataset("inputs", data=x)
         f.create_dataset("labels", data=y)
+        # What else a user's file holds beside them (strings qforge does not read): left unread.
+        f.create_dataset("class_names", data=np.array([b"c%d" % i for i in range(int(y.max()) + 1)]))
+        f.create_dataset("source", data="BnCnn's own top-1 classes", dtype=h5py.string_dtype())
     with h5py.File(os.path.join(out, "cnn_bn_data_earliest.h5"), "w") as f:
         f.create_dataset("inputs", data=x[:8])
         f.create_dataset("labels", data=y[:8])
@@ -586,9 +590,9 @@ FMNIST_CLASSES = ("T-shirt", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "
 def write_image_folders(out):
     """fmnist_images/: Fashion-MNIST's first 160 test images as 8-bit grey PNGs (PIL) in
     torchvision's ImageFolder layout, one folder per class named "<label>_<name>" so that the
-    sorted folder order is the label order, each file "<test index>.png". colour_images/: four small
-    images in the forms a user's folder holds (an RGB JPEG, an RGBA PNG, a palette PNG, a grey JPEG)
-    and colour_images_expected.safetensors, what PIL makes of each as torchvision's ImageFolder
+    sorted folder order is the label order, each file "<test index>.png". colour_images/: small
+    images in the forms a user's folder holds (an RGB JPEG, an RGBA PNG, a palette PNG, a grey JPEG,
+    a PNG with a gAMA chunk; and a 16-bit grey PNG qforge refuses) and colour_images_expected.safetensors, what PIL makes of each as torchvision's ImageFolder
     loads it: `<name>.rgb` = convert("RGB"), `<name>.l` = convert("RGB").convert("L") (uint8
     [H, W, C])."""
     import shutil
@@ -615,8 +619,16 @@ def write_image_folders(out):
     Image.fromarray(rgba, "RGBA").save(os.path.join(colour, "rgba.png"))
     Image.fromarray(rgb, "RGB").quantize(16).save(os.path.join(colour, "palette.png"))
     Image.fromarray(rgb[..., 1], "L").save(os.path.join(colour, "grey.jpg"), quality=85)
+    # A gAMA chunk of 1/1.8 (old Mac software wrote them): PIL, and so ImageFolder, ignores it.
+    import struct
+    from PIL import PngImagePlugin
+    info = PngImagePlugin.PngInfo()
+    info.add(b"gAMA", struct.pack(">I", 55556))
+    Image.fromarray(rgb, "RGB").save(os.path.join(colour, "gamma.png"), pnginfo=info)
+    # 16-bit grey samples, which qforge refuses (PIL reads them as 32-bit integers).
+    Image.fromarray((rgb[..., 0].astype(np.uint16) * 257), "I;16").save(os.path.join(colour, "grey16.png"))
     expected = {}
-    for name in ("rgb.jpg", "rgba.png", "palette.png", "grey.jpg"):
+    for name in ("rgb.jpg", "rgba.png", "palette.png", "grey.jpg", "gamma.png"):
         img = Image.open(os.path.join(colour, name)).convert("RGB")
         expected[name + ".rgb"] = torch.from_numpy(np.asarray(img).copy())
         expected[name + ".l"] = torch.from_numpy(np.asarray(img.convert("L")).copy()).unsqueeze(-1)

@@ -1,7 +1,8 @@
 // io::read_image (framework/format/image.h) against what PIL makes of the same files as
 // torchvision's ImageFolder loads them (scripts/torchscript/make_fixtures.py wrote the images and
-// colour_images_expected.safetensors with PIL 9.4 on Debian's libjpeg-turbo and libpng), and its
-// refusals: another size, truncated files, files of neither format, a header claiming too many pixels.
+// colour_images_expected.safetensors with PIL 9.4 on Debian's libjpeg-turbo and libpng; a gAMA
+// chunk PIL ignores included), and its refusals: another size, truncated files (in the header and
+// in the scan data), 16-bit grey, files of neither format, a header claiming too many pixels.
 #include <gtest/gtest.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -64,7 +65,7 @@ void put_chunk(std::vector<char>& b, const char* type, const std::vector<char>& 
 
 TEST(Image, DecodesAsPilConvertsForImageFolder) {
   const auto expected = qforge::io::read_safetensors(fixture("colour_images_expected.safetensors"));
-  for (const char* name : {"rgb.jpg", "rgba.png", "palette.png", "grey.jpg"}) {
+  for (const char* name : {"rgb.jpg", "rgba.png", "palette.png", "grey.jpg", "gamma.png"}) {
     for (const int64_t channels : {3, 1}) {
       const at::Tensor want = expected.tensors.at(std::string(name) + (channels == 3 ? ".rgb" : ".l"));
       const qforge::io::Image img = qforge::io::read_image(fixture("colour_images/") + name, channels);
@@ -98,6 +99,23 @@ TEST(Image, RefusesAnotherSizeTruncatedAndForeignFilesAndHugeHeaders) {
     EXPECT_NE(m.find(half), std::string::npos) << m;
     fs::remove(half);
   }
+  // Cut inside the entropy-coded data (after the start-of-scan marker): libjpeg would pad the rest
+  // with grey and report success; refused, as PIL refuses it.
+  {
+    std::vector<char> b = bytes_of(fixture("colour_images/rgb.jpg"));
+    size_t sos = 0;
+    for (size_t i = 0; i + 1 < b.size(); ++i)
+      if (static_cast<unsigned char>(b[i]) == 0xff && static_cast<unsigned char>(b[i + 1]) == 0xda) sos = i;
+    ASSERT_GT(sos, 0u);
+    b.resize(sos + (b.size() - sos) / 2);
+    const std::string cut = scratch("cut_scan.jpg", b);
+    EXPECT_NE(message_of([&] { qforge::io::read_image(cut, 3); }).find("a truncated JPEG file"), std::string::npos)
+        << message_of([&] { qforge::io::read_image(cut, 3); });
+    fs::remove(cut);
+  }
+  EXPECT_NE(message_of([] { qforge::io::read_image(fixture("colour_images/grey16.png"), 1); })
+                .find("a PNG file of 16-bit grey samples"),
+            std::string::npos);
   const std::string text = scratch("text.png", {'h', 'e', 'l', 'l', 'o', '\n'});
   EXPECT_FALSE(qforge::io::is_image_file(text));
   EXPECT_NE(message_of([&] { qforge::io::read_image(text, 1); }).find("neither a PNG nor a JPEG file"), std::string::npos);

@@ -511,4 +511,17 @@ TEST(TorchScriptRecipe, ImageFolderReadsThePixelsOfTheIdxImages) {
                 folder / "a" / "0019.png");
   std::ofstream(folder / "a" / "x.bmp") << "BM";
   expect_error("--set data.folder=" + folder.string(), "x.bmp is a bmp image; qforge reads PNG and JPEG images only");
+  // A decoder crash (the test seam: opening exactly that file raises SIGSEGV) ends the forked
+  // decoder only, and the error names the file it was decoding.
+  fs::remove(folder / "a" / "x.bmp");
+  const std::string png = (folder / "a" / "0019.png").string();
+  ::setenv("QFORGE_TEST_CRASH_READING", png.c_str(), 1);
+  expect_error("--set data.folder=" + folder.string(), "crashed libpng / libjpeg");
+  expect_error("--set data.folder=" + folder.string(), "(while decoding " + png + ")");
+  ::unsetenv("QFORGE_TEST_CRASH_READING");
+  // As many class folders as the model has logits, checked before anything runs.
+  fs::create_directories(folder / "b");
+  fs::copy_file(folder / "a" / "0019.png", folder / "b" / "0019.png");
+  expect_error("--set data.folder=" + folder.string() + " --set data.validation_size=1",
+               "gives logits [1, 10] on a batch of 1 images, but data.folder " + folder.string() + " has 2 class folders");
 }

@@ -4,9 +4,15 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <new>
 #include <cctype>
 #include <cstdio>
 #include <filesystem>
@@ -43,19 +49,24 @@ void attach_fashion_mnist(Task& t, const Recipe& r, bool with_data) {
 
 namespace fs = std::filesystem;
 
-std::map<std::string, at::Tensor> read_data_file(const std::string& path) {
+std::map<std::string, at::Tensor> read_data_file(const std::string& path, const std::vector<std::string>& names,
+                                                 std::vector<std::string>* held) {
+  const auto wanted = [&](const std::string& n) { return std::find(names.begin(), names.end(), n) != names.end(); };
   io::require_regular_file(path, "data.file");
   QF_REQUIRE(fs::exists(path), "data.file ", path, " does not exist");
   std::map<std::string, at::Tensor> out;
   if (io::h5::is_hdf5_file(path)) {
+    std::vector<std::string> all;
     out = io::h5::read_untrusted(path, [&] {
       std::map<std::string, at::Tensor> t;
       const io::h5::File f = io::h5::File::open(path);
       const io::h5::Group root = f.root();
-      for (const std::string& name : root.children())
-        if (root.child_type(name) == io::h5::ObjectType::kDataset) t[name] = root.read_tensor(name);
+      all = root.children();
+      for (const std::string& name : all)
+        if (wanted(name) && root.child_type(name) == io::h5::ObjectType::kDataset) t[name] = root.read_tensor(name);
       return t;
     });
+    if (held != nullptr) *held = all;
   } else {
     io::SafetensorsFile f;
     try {
@@ -63,7 +74,10 @@ std::map<std::string, at::Tensor> read_data_file(const std::string& path) {
     } catch (const Error& e) {
       throw Error("data.file " + path + " is neither an HDF5 file (no HDF5 signature) nor a safetensors file: " + e.what());
     }
-    out = std::move(f.tensors);
+    for (auto& [name, t] : f.tensors) {
+      if (held != nullptr) held->push_back(name);
+      if (wanted(name)) out[name] = std::move(t);
+    }
   }
   for (auto& [name, t] : out)
     if (t.scalar_type() == at::kDouble || t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16)
@@ -123,16 +137,52 @@ ImageList list_image_folder(const std::string& folder) {
   return out;
 }
 
-// The images as [N, C, H, W] floats in [0, 1] (pixel / 255).
-at::Tensor decode_images(const std::vector<std::string>& files, const std::vector<int64_t>& chw) {
-  const int64_t n = static_cast<int64_t>(files.size()), c = chw[0], h = chw[1], w = chw[2];
-  at::Tensor pixels = at::empty({n, h, w, c}, at::kByte);
-  uint8_t* p = pixels.data_ptr<uint8_t>();
-  for (int64_t i = 0; i < n; ++i) {
-    const io::Image img = io::read_image(files[static_cast<size_t>(i)], c, h, w);
-    std::copy(img.pixels.begin(), img.pixels.end(), p + i * h * w * c);
+// Memory shared with a forked child: the child decodes into it, this process reads what it wrote
+// (so this process never parses the files itself). Unmapped at scope exit.
+class SharedBytes {
+ public:
+  explicit SharedBytes(size_t bytes) : bytes_(std::max<size_t>(bytes, 1)) {
+    p_ = ::mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    QF_REQUIRE(p_ != MAP_FAILED, "data.folder: cannot map ", bytes_, " bytes for the decoded images: ", std::strerror(errno));
   }
-  return pixels.permute({0, 3, 1, 2}).to(at::kFloat).div_(255.0f);
+  ~SharedBytes() { ::munmap(p_, bytes_); }
+  SharedBytes(const SharedBytes&) = delete;
+  SharedBytes& operator=(const SharedBytes&) = delete;
+  uint8_t* data() const { return static_cast<uint8_t*>(p_); }
+
+ private:
+  size_t bytes_;
+  void* p_;
+};
+
+// The images as [N, C, H, W] floats in [0, 1] (pixel / 255), decoded in a forked child (the
+// decoders trust what they parse: a crash there is an error naming the file being decoded).
+at::Tensor decode_images(const std::string& folder, const std::vector<std::string>& files, const std::vector<int64_t>& chw) {
+  const int64_t n = static_cast<int64_t>(files.size()), c = chw[0], h = chw[1], w = chw[2], image = c * h * w;
+  constexpr size_t kHeader = 64;  // the index of the file being decoded, then the pixels
+  SharedBytes shared(kHeader + static_cast<size_t>(n * image));
+  auto* current = reinterpret_cast<std::atomic<int64_t>*>(shared.data());
+  new (current) std::atomic<int64_t>(-1);
+  uint8_t* pixels = shared.data() + kHeader;
+  const auto decode_all = [&] {
+    for (int64_t i = 0; i < n; ++i) {
+      current->store(i);
+      const io::Image img = io::read_image(files[static_cast<size_t>(i)], c, h, w);
+      std::copy(img.pixels.begin(), img.pixels.end(), pixels + i * image);
+    }
+    return 0;
+  };
+  try {
+    io::h5::run_isolated("the images of data.folder " + folder, decode_all,
+                         std::chrono::minutes(10) + std::chrono::milliseconds(100) * n, "libpng / libjpeg");
+  } catch (const Error& e) {
+    const int64_t i = current->load();
+    const std::string at = i >= 0 && i < n ? files[static_cast<size_t>(i)] : std::string();
+    if (!at.empty() && std::string(e.what()).find(at) == std::string::npos)
+      throw Error(std::string(e.what()) + " (while decoding " + at + ")");
+    throw;
+  }
+  return at::from_blob(pixels, {n, h, w, c}, at::kByte).permute({0, 3, 1, 2}).to(at::kFloat).div_(255.0f);
 }
 
 }  // namespace
@@ -143,20 +193,7 @@ void attach_image_folder(Task& t, const Recipe& r) {
   if (!list.skipped.empty())
     std::fprintf(stderr, "qtrain: data.folder: skipped %zu files that are not PNG or JPEG images (the first: %s)\n",
                  list.skipped.size(), list.skipped.front().c_str());
-  std::vector<io::h5::FileStamp> before;
-  for (const std::string& f : list.files) before.push_back(io::h5::file_stamp(f));
-  const std::vector<int64_t>& chw = r.model.input_shape;
-  at::Tensor x;
-  if (io::h5::reads_in_process()) {
-    x = decode_images(list.files, chw);
-  } else {
-    io::h5::run_isolated("the images of data.folder " + d.folder, [&] {
-      (void)decode_images(list.files, chw);
-      return 0;
-    });
-    x = decode_images(list.files, chw);
-    for (size_t i = 0; i < list.files.size(); ++i) io::h5::require_unchanged(list.files[i], before[i]);
-  }
+  at::Tensor x = decode_images(d.folder, list.files, r.model.input_shape);
   if (!d.mean.empty()) {
     const auto opts = at::TensorOptions().dtype(at::kFloat);
     const at::Tensor mean = at::tensor(std::vector<float>(d.mean.begin(), d.mean.end()), opts).view({1, -1, 1, 1});

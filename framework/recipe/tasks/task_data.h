@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "framework/models/perplexity.h"
 #include "framework/recipe/recipe.h"
@@ -22,13 +23,15 @@ std::shared_ptr<train::BatchSource> capped(std::shared_ptr<train::BatchSource> s
 // the accuracy metric and the majority-class baseline.
 void attach_fashion_mnist(Task& t, const Recipe& r, bool with_data);
 
-// The top-level tensors of a user's data file (data.file), by name: a safetensors file, or an HDF5
-// file's datasets at its root (as h5py writes them: `f.create_dataset("inputs", data=x)`; read
+// The tensors `names` of a user's data file (data.file) that it holds (the others absent from the
+// result; *held, when given, lists every top-level name, for messages): a safetensors file, or an
+// HDF5 file's datasets at its root, other datasets there left unread (as h5py writes them: `f.create_dataset("inputs", data=x)`; read
 // first in a forked child, as an untrusted file, docs/formats.md; HDF5's earliest formats are
 // refused naming h5py's libver option). float16 / float64 / bfloat16 become float32, as qforge's
 // models compute; other dtypes come back as stored. Throws naming the file when it is missing,
 // neither format, or unreadable.
-std::map<std::string, at::Tensor> read_data_file(const std::string& path);
+std::map<std::string, at::Tensor> read_data_file(const std::string& path, const std::vector<std::string>& names,
+                                                 std::vector<std::string>* held = nullptr);
 
 // data.dataset images: torchvision's ImageFolder layout, data.folder/<class>/.../<image>. Classes
 // are the folder's subfolders in sorted name order (labels 0, 1, ...: t.class_names); images are
@@ -36,9 +39,9 @@ std::map<std::string, at::Tensor> read_data_file(const std::string& path);
 // skipped and counted on stderr, except image formats qforge does not decode, which are refused by
 // name). Each is decoded (io::read_image) to model.input_shape [C, H, W] (C 1: PIL's grey, 3:
 // RGB; any other size refused, naming the file), scaled to [0, 1] as torchvision's ToTensor, then
-// (x - data.mean) / data.std per channel when given. All files are decoded first in a forked child
-// (the decoders trust what they parse: a crash there is an error), then here; a file changed in
-// between is refused. The examples in a seeded order (r.seed): the last data.validation_size
+// (x - data.mean) / data.std per channel when given. The files are decoded in a forked child into
+// shared memory (the decoders trust what they parse: a crash there is an error naming the file;
+// this process never parses them). The examples in a seeded order (r.seed): the last data.validation_size
 // evaluate (validation and test), the others calibrate and train; the majority-class baseline.
 void attach_image_folder(Task& t, const Recipe& r);
 

@@ -31,13 +31,13 @@ std::string shape_string(at::IntArrayRef s) {
   return out.str();
 }
 
-// The tensor `name` of the data file, or an error naming the file and what it holds.
-at::Tensor data_tensor(const std::map<std::string, at::Tensor>& f, const std::string& file, const char* name,
-                       const char* what) {
+// The tensor `name` of the data file, or an error naming the file and what it holds (`held`).
+at::Tensor data_tensor(const std::map<std::string, at::Tensor>& f, const std::vector<std::string>& held,
+                       const std::string& file, const char* name, const char* what) {
   const auto it = f.find(name);
   if (it != f.end()) return it->second;
   std::string have;
-  for (const auto& [key, t] : f) have += (have.empty() ? "" : ", ") + key;
+  for (const std::string& key : held) have += (have.empty() ? "" : ", ") + key;
   throw Error("qtrain: data.file " + file + " has no tensor '" + name + "' (" + what + "); it holds: " +
               (have.empty() ? "nothing" : have));
 }
@@ -110,9 +110,10 @@ void attach_token_file(Task& t, const Recipe& r, jit::ScriptedModel m, const at:
 // validation_size are the validation and test split.
 void attach_tensor_file(Task& t, const Recipe& r, jit::ScriptedModel m) {
   const std::string& file = r.data.file;
-  const std::map<std::string, at::Tensor> f = tasks::read_data_file(file);
-  at::Tensor inputs = data_tensor(f, file, "inputs", "float examples or integer token ids [N, ...]");
-  const at::Tensor labels = data_tensor(f, file, "labels", "integer classes [N]");
+  std::vector<std::string> held;
+  const std::map<std::string, at::Tensor> f = tasks::read_data_file(file, {"inputs", "labels"}, &held);
+  at::Tensor inputs = data_tensor(f, held, file, "inputs", "float examples or integer token ids [N, ...]");
+  const at::Tensor labels = data_tensor(f, held, file, "labels", "integer classes [N]");
   if (r.model.task == "causal_lm") return attach_token_file(t, r, std::move(m), inputs, labels);
   const bool ids = inputs.scalar_type() == at::kLong || inputs.scalar_type() == at::kInt;
   QF_REQUIRE((inputs.scalar_type() == at::kFloat || ids) && inputs.dim() >= 2, "qtrain: data.file ", file,
@@ -162,7 +163,25 @@ Task make_torchscript_task(const Recipe& r, bool with_data) {
                " but Fashion-MNIST images are [1, 28, 28]");
     tasks::attach_fashion_mnist(t, r, with_data);
   } else if (r.data.dataset == "images") {
-    if (with_data) tasks::attach_image_folder(t, r);
+    if (with_data) {
+      tasks::attach_image_folder(t, r);
+      // One forward on (up to) two images: a logit per class folder, before anything runs on them.
+      const train::Batch probe = t.train->get(at::arange(std::min<int64_t>(2, t.train->size()), at::kLong));
+      at::Tensor logits;
+      {
+        at::NoGradGuard no_grad;
+        const bool training = m->is_training();
+        m->eval();
+        logits = m->forward(probe.input);
+        m->train(training);
+      }
+      const auto classes = static_cast<int64_t>(t.class_names.size());
+      QF_REQUIRE(logits.dim() == 2 && logits.size(1) == classes, "qtrain: model.torchscript ", r.model.torchscript,
+                 " gives logits ", shape_string(logits.sizes()), " on a batch of ", probe.input.size(0),
+                 " images, but data.folder ", r.data.folder,
+                 " has ", classes, " class folders (", t.class_names.front(), " ... ", t.class_names.back(),
+                 "): one logit per class, the folders' sorted order being the model's class order");
+    }
   } else if (r.data.dataset == "fortunes") {
     QF_REQUIRE(lm, "qtrain: fortunes is text for model.task causal_lm");
     if (with_data) {
