@@ -44,12 +44,14 @@ std::string float_layers_error(const torch::nn::Module& model, const std::vector
          "(README, \"Your own model\"). Scheme::allow_float_layers = true keeps them float with a warning instead.";
 }
 
-// A torch::nn::BatchNorm2d right after a qforge Conv2d in a Sequential (nn::batch_norm_after). The
-// conv quantizes; the BatchNorm stays a float op after it unless folded.
+// A torch::nn::BatchNorm2d right after a qforge Conv2d (BatchNorm1d after a Conv1d) in a
+// Sequential (nn::batch_norm_after). The conv quantizes; the BatchNorm stays a float op after it
+// unless folded.
 struct BatchNormAfterConv {
   std::string path;
   const torch::nn::Module* bn;
-  const nn::Conv2dImpl* conv;
+  const QuantizableLayer* conv;
+  bool one_d = false;
 };
 std::vector<BatchNormAfterConv> batch_norms_after_convs(const torch::nn::Module& model) {
   std::vector<BatchNormAfterConv> out;
@@ -60,16 +62,19 @@ std::vector<BatchNormAfterConv> batch_norms_after_convs(const torch::nn::Module&
     if (!seq) continue;
     const auto children = seq->named_children();
     for (size_t i = 0; i + 1 < std::min(children.size(), seq->size()); ++i) {
-      const auto* conv = dynamic_cast<const nn::Conv2dImpl*>(seq->ptr(i).get());
+      const auto* conv2 = dynamic_cast<const nn::Conv2dImpl*>(seq->ptr(i).get());
+      const auto* conv1 = dynamic_cast<const nn::Conv1dImpl*>(seq->ptr(i).get());
+      const QuantizableLayer* conv = conv2 ? static_cast<const QuantizableLayer*>(conv2) : conv1;
       const torch::nn::Module* bn = nn::batch_norm_after(*seq, i);
-      if (conv && bn) out.push_back({path.empty() ? children[i + 1].key() : path + "." + children[i + 1].key(), bn, conv});
+      if (conv && bn)
+        out.push_back({path.empty() ? children[i + 1].key() : path + "." + children[i + 1].key(), bn, conv, conv1 != nullptr});
     }
   }
   return out;
 }
 
-std::string batch_norm_reason(const std::string& conv_path) {
-  return "torch::nn::BatchNorm2d after the quantized Conv2d '" + conv_path +
+std::string batch_norm_reason(const std::string& conv_path, bool one_d) {
+  return std::string(one_d ? "torch::nn::BatchNorm1d after the quantized Conv1d '" : "torch::nn::BatchNorm2d after the quantized Conv2d '") + conv_path +
          "' stays a float op: fold it into the conv before quantize() (qforge::nn::fold_conv_bn; qforge::nn::convert "
          "folds Sequential pairs in eval mode) so freeze() runs one integer convolution";
 }
@@ -106,7 +111,7 @@ QuantizeReport quantize(torch::nn::Module& model, const Scheme& scheme) {
                                 "') matched no layer");
   for (const BatchNormAfterConv& b : batch_norms_after_convs(model)) {
     const auto it = std::find_if(plan.begin(), plan.end(), [&](const auto& p) { return p.first == b.conv; });
-    if (it != plan.end()) report.notes.push_back(b.path + ": " + batch_norm_reason(display_name(it->second.path)));
+    if (it != plan.end()) report.notes.push_back(b.path + ": " + batch_norm_reason(display_name(it->second.path), b.one_d));
   }
   for (auto& [layer, entry] : plan) {
     layer->attach(entry.path, entry.scheme);
@@ -371,9 +376,9 @@ std::vector<LayerReport> layer_reports(const torch::nn::Module& model, bool plan
     if (!b.conv->quantized()) continue;
     LayerReport r;
     r.name = b.path;
-    r.type = "torch::nn::BatchNorm2d";
+    r.type = b.one_d ? "torch::nn::BatchNorm1d" : "torch::nn::BatchNorm2d";
     r.weights = r.activations = r.kernel = "float";
-    r.fallback_reason = batch_norm_reason(display_name(b.conv->path()));
+    r.fallback_reason = batch_norm_reason(display_name(b.conv->path()), b.one_d);
     for (const auto& t : b.bn->named_parameters(/*recurse=*/false)) r.bytes += t.value().nbytes();
     for (const auto& t : b.bn->named_buffers(/*recurse=*/false)) r.bytes += t.value().nbytes();
     rows.emplace_back(b.path, std::move(r));

@@ -116,6 +116,17 @@ void ConvQuantState::install_conv(QuantizedTensor fw, at::Tensor& weight,
     // The plan wanted oneDNN's convolution for large inputs but it could not be built here:
     // im2col at every size, with the reason.
     kernel_ = p.kernel.substr(0, p.kernel.find(" | "));  // conv_kernel_text's small-input chain
+    const ConvShape s = conv_shape();
+    if (s.groups > 1 && !s.depthwise()) {
+      // The grouped plan was oneDNN's one call: what runs is one convolution per group.
+      const QSpec& ws = scheme_.weights->spec;
+      const int64_t k = s.in_channels / s.groups * s.kernel[0] * s.kernel[1];
+      kernel_ = detail::str_cat(kernels::choose_conv_kernel(nibble_packed(ws.qtype), usable_isa(),
+                                                            nibble_packed(ws.qtype) ? kernels::round_up(k, kernels::kS4BlockK) : k,
+                                                            false, 1)
+                                    .kernel.kernel,
+                                " per group (", s.groups, " groups)");
+    }
     fallback_ = detail::str_cat(p.fallback, p.fallback.empty() ? "" : "; ", "conv_s8s8s32_onednn: ", onednn_missing);
   }
 }

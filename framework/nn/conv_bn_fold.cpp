@@ -1,4 +1,4 @@
-// Conv2d + BatchNorm2d folding (formula in conv_bn_fold.h).
+// Conv + BatchNorm folding (formula in conv_bn_fold.h).
 #include "framework/nn/conv_bn_fold.h"
 
 #include <ATen/ATen.h>
@@ -7,14 +7,17 @@
 
 namespace qforge::nn {
 
-Conv2d fold_conv_bn(const Conv2d& conv, const torch::nn::BatchNorm2d& bn) {
+namespace {
+
+template <class Conv, size_t D, class Bn>
+Conv fold(const Conv& conv, const Bn& bn) {
   QF_REQUIRE(!conv->quantized(), "fold_conv_bn: fold BatchNorm before quantize(): conv '", conv->path(),
              "' already has quantizers");
   const auto& bo = bn->options;
-  QF_REQUIRE(bo.num_features() == conv->options.out_channels(), "fold_conv_bn: BatchNorm2d has ", bo.num_features(),
-             " features, conv has ", conv->options.out_channels(), " output channels");
+  QF_REQUIRE(bo.num_features() == conv->options.out_channels(), "fold_conv_bn: BatchNorm", D, "d has ",
+             bo.num_features(), " features, conv has ", conv->options.out_channels(), " output channels");
   QF_REQUIRE(bo.track_running_stats(), "fold_conv_bn: folding needs BatchNorm running statistics");
-  Conv2d folded(conv_options_of<2>(conv->options).bias(true));
+  Conv folded(conv_options_of<D>(conv->options).bias(true));
   folded->to(conv->weight.device(), conv->weight.scalar_type());
   at::NoGradGuard no_grad;
   const auto [w, b] = fold_bn_tensors(conv->weight, conv->bias, bn->running_mean, bn->running_var,
@@ -27,6 +30,11 @@ Conv2d fold_conv_bn(const Conv2d& conv, const torch::nn::BatchNorm2d& bn) {
   folded->bias.set_requires_grad(conv->bias.defined() ? conv->bias.requires_grad() : conv->weight.requires_grad());
   return folded;
 }
+
+}  // namespace
+
+Conv2d fold_conv_bn(const Conv2d& conv, const torch::nn::BatchNorm2d& bn) { return fold<Conv2d, 2>(conv, bn); }
+Conv1d fold_conv_bn(const Conv1d& conv, const torch::nn::BatchNorm1d& bn) { return fold<Conv1d, 1>(conv, bn); }
 
 std::pair<at::Tensor, at::Tensor> fold_bn_tensors(const at::Tensor& weight, const at::Tensor& bias,
                                                   const at::Tensor& running_mean, const at::Tensor& running_var,

@@ -1,4 +1,4 @@
-// Conv2d + BatchNorm2d folding: the one home of the formula. The CNN's conv-BN-ReLU blocks
+// Conv + BatchNorm folding (Conv2d + BatchNorm2d, Conv1d + BatchNorm1d): the one home of the formula. The CNN's conv-BN-ReLU blocks
 // (models::ConvBnRelu::fold_batch_norm) and convert()'s Sequential pairs both call it.
 #pragma once
 
@@ -17,6 +17,8 @@ namespace qforge::nn {
 // quantized (fold first, then quantize), when bn keeps no running statistics or its feature count
 // is not conv's output channels; nothing changes then.
 Conv2d fold_conv_bn(const Conv2d& conv, const torch::nn::BatchNorm2d& bn);
+// The same for a Conv1d followed by a BatchNorm1d (1-D CNNs: audio, sequences).
+Conv1d fold_conv_bn(const Conv1d& conv, const torch::nn::BatchNorm1d& bn);
 
 // The same formula on tensors, for a convolution of any dimension (the TorchScript graph's
 // conv -> batch_norm pairs): returns {w', b'} as new tensors without autograd history. Undefined

@@ -112,7 +112,8 @@ class Planner {
       } else if (!dynamic_cast<Conv2dImpl*>(item.get())) {
         visit(*item, cpath);
       }
-      const bool conv = (it != plain_.end() && it->second == "Conv2d") || dynamic_cast<Conv2dImpl*>(item.get());
+      const bool conv = (it != plain_.end() && (it->second == "Conv2d" || it->second == "Conv1d")) ||
+                        dynamic_cast<Conv2dImpl*>(item.get()) || dynamic_cast<Conv1dImpl*>(item.get());
       if (conv && i + 1 < seq.size() && plan_fold(seq, i, cpath, join(path, children[i + 1].key()))) ++i;
     }
   }
@@ -125,25 +126,35 @@ class Planner {
                                  "qforge::nn::" + type + (fresh ? "" : " (one twin, shared with " + first->second + ")")});
   }
 
-  // Folds (or lists as kept) a BatchNorm2d right after the conv at `i`; true when one follows.
+  // Folds (or lists as kept) a BatchNorm2d right after a Conv2d, or a BatchNorm1d after a Conv1d,
+  // at `i`; true when one follows.
   bool plan_fold(SequentialImpl& seq, size_t i, const std::string& conv_path, const std::string& bn_path) {
-    const auto* bn = batch_norm_after(seq, i);
+    const torch::nn::Module* bn = batch_norm_after(seq, i);
     if (!bn) return false;
-    const auto* qconv = dynamic_cast<const Conv2dImpl*>(seq.ptr(i).get());
-    const int64_t out_channels =
-        qconv ? qconv->options.out_channels() : seq.ptr(i)->as<torch::nn::Conv2dImpl>()->options.out_channels();
+    const Module* c = seq.ptr(i).get();
+    const bool one_d = dynamic_cast<const Conv1dImpl*>(c) || dynamic_cast<const torch::nn::Conv1dImpl*>(c);
+    const auto* qconv = one_d ? static_cast<const ConvQuantState*>(dynamic_cast<const Conv1dImpl*>(c))
+                              : static_cast<const ConvQuantState*>(dynamic_cast<const Conv2dImpl*>(c));
+    const int64_t out_channels = one_d ? (dynamic_cast<const Conv1dImpl*>(c) ? c->as<Conv1dImpl>()->options.out_channels()
+                                                                           : c->as<torch::nn::Conv1dImpl>()->options.out_channels())
+                                       : (dynamic_cast<const Conv2dImpl*>(c) ? c->as<Conv2dImpl>()->options.out_channels()
+                                                                           : c->as<torch::nn::Conv2dImpl>()->options.out_channels());
+    const torch::nn::BatchNormOptions& bo = one_d ? bn->as<torch::nn::BatchNorm1dImpl>()->options
+                                                  : bn->as<torch::nn::BatchNorm2dImpl>()->options;
+    const std::string bn_type = one_d ? "torch::nn::BatchNorm1d" : "torch::nn::BatchNorm2d";
     std::string why;
     if (!options_.fold_batch_norm) why = "ConvertOptions::fold_batch_norm is off";
     else if (bn->is_training()) why = "in training mode (batch statistics): call model->eval() before convert() to fold it";
-    else if (!bn->options.track_running_stats()) why = "it keeps no running statistics to fold";
-    else if (bn->options.num_features() != out_channels) why = "its feature count differs from the conv's output channels";
+    else if (!bo.track_running_stats()) why = "it keeps no running statistics to fold";
+    else if (bo.num_features() != out_channels) why = "its feature count differs from the conv's output channels";
     else if (qconv && qconv->quantized()) why = "the conv is already quantized (convert before quantize)";
     if (!why.empty()) {
-      report_.kept.push_back({bn_path, "torch::nn::BatchNorm2d", "after Conv2d '" + conv_path + "', not folded: " + why});
+      report_.kept.push_back({bn_path, bn_type, std::string("after ") + (one_d ? "Conv1d '" : "Conv2d '") + conv_path +
+                                                    "', not folded: " + why});
       return true;
     }
     steps_.push_back({&seq, i, true, ""});
-    report_.converted.push_back({bn_path, "torch::nn::BatchNorm2d",
+    report_.converted.push_back({bn_path, bn_type,
                                  "folded into " + conv_path + " (fold_conv_bn), replaced by torch::nn::Identity"});
     return true;
   }
@@ -197,8 +208,15 @@ torch::nn::AnyModule make_twin(const Module& plain, const std::string& type) {
 
 }  // namespace
 
-const torch::nn::BatchNorm2dImpl* batch_norm_after(const SequentialImpl& seq, size_t i) {
-  return i + 1 < seq.size() ? dynamic_cast<const torch::nn::BatchNorm2dImpl*>(seq.ptr(i + 1).get()) : nullptr;
+const torch::nn::Module* batch_norm_after(const SequentialImpl& seq, size_t i) {
+  if (i + 1 >= seq.size()) return nullptr;
+  const Module* c = seq.ptr(i).get();
+  const Module* next = seq.ptr(i + 1).get();
+  if (dynamic_cast<const Conv2dImpl*>(c) || dynamic_cast<const torch::nn::Conv2dImpl*>(c))
+    return dynamic_cast<const torch::nn::BatchNorm2dImpl*>(next);
+  if (dynamic_cast<const Conv1dImpl*>(c) || dynamic_cast<const torch::nn::Conv1dImpl*>(c))
+    return dynamic_cast<const torch::nn::BatchNorm1dImpl*>(next);
+  return nullptr;
 }
 
 std::string ConvertReport::to_string() const {
@@ -229,12 +247,20 @@ ConvertReport convert(Module& model, const ConvertOptions& options) {
         continue;
       }
       const auto built = slots.find({s.seq, s.index});
-      const Conv2d conv(std::dynamic_pointer_cast<Conv2dImpl>(built != slots.end() ? built->second.ptr()
-                                                                                   : s.seq->ptr(s.index)));
-      const torch::nn::BatchNorm2d bn(std::dynamic_pointer_cast<torch::nn::BatchNorm2dImpl>(s.seq->ptr(s.index + 1)));
-      Conv2d folded = fold_conv_bn(conv, bn);
-      folded->train(conv->is_training());
-      slots[{s.seq, s.index}] = torch::nn::AnyModule(folded);
+      const std::shared_ptr<Module> c = built != slots.end() ? built->second.ptr() : s.seq->ptr(s.index);
+      if (auto c2 = std::dynamic_pointer_cast<Conv2dImpl>(c)) {
+        const Conv2d conv(c2);
+        Conv2d folded = fold_conv_bn(conv, torch::nn::BatchNorm2d(std::dynamic_pointer_cast<torch::nn::BatchNorm2dImpl>(
+                                               s.seq->ptr(s.index + 1))));
+        folded->train(conv->is_training());
+        slots[{s.seq, s.index}] = torch::nn::AnyModule(folded);
+      } else {
+        const Conv1d conv(std::dynamic_pointer_cast<Conv1dImpl>(c));
+        Conv1d folded = fold_conv_bn(conv, torch::nn::BatchNorm1d(std::dynamic_pointer_cast<torch::nn::BatchNorm1dImpl>(
+                                               s.seq->ptr(s.index + 1))));
+        folded->train(conv->is_training());
+        slots[{s.seq, s.index}] = torch::nn::AnyModule(folded);
+      }
       slots[{s.seq, s.index + 1}] = torch::nn::AnyModule(torch::nn::Identity());
     }
   }

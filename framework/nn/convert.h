@@ -41,9 +41,11 @@ struct ConvertReport {
   std::string to_string() const;
 };
 
-// The BatchNorm2d that item i of `seq` feeds (item i + 1), or null: the conv-BN pairs convert folds
-// and quantize() notes. Only a Sequential's order is its call order (a struct's members' is not).
-const torch::nn::BatchNorm2dImpl* batch_norm_after(const torch::nn::SequentialImpl& seq, size_t i);
+// The BatchNorm that item i of `seq` (a Conv2d or Conv1d, LibTorch's or qforge's) feeds: item i + 1
+// when it is a BatchNorm2d (after a Conv2d) or a BatchNorm1d (after a Conv1d), else null; the
+// conv-BN pairs convert folds and quantize() notes. Only a Sequential's order is its call order (a
+// struct's members' is not).
+const torch::nn::Module* batch_norm_after(const torch::nn::SequentialImpl& seq, size_t i);
 
 // What convert(model, options) would do, changing nothing.
 ConvertReport convert_plan(const torch::nn::Module& model, const ConvertOptions& options = {});

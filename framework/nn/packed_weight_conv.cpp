@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "framework/core/error.h"
+#include "framework/core/isa.h"
 #include "framework/nn/packed_weight_cpu.h"
 #include "kernels/cpu/conv_dw_s8.h"
 #include "kernels/cpu/conv_s8.h"
@@ -224,18 +225,21 @@ class PackedConvGroups final : public CpuPackedWeight {
                    LinearPath path, const ConvShape& shape, float static_scale, std::string who)
       : whole_(std::move(whole)), onednn_(std::move(onednn)), meta_(std::move(fw)), path_(path), shape_(shape),
         static_scale_(static_scale), who_(std::move(who)) {
-    if (whole_ == nullptr) build_groups(meta_);
+    if (whole_ == nullptr) groups_ = build_groups(meta_);
     meta_.data = at::Tensor();
   }
   LinearPath path() const override { return path_; }
   at::Tensor forward(const at::Tensor& x, const FrozenInput& in) const override {
     QF_REQUIRE(x.dim() == 4 && x.size(1) == shape_.in_channels, who_, ": input has shape ", x.sizes(),
                ", expected [batch, ", shape_.in_channels, ", ...]");
-    if (whole_ != nullptr && x.size(2) > 0 && x.size(3) > 0) {
-      const kernels::ConvGeometry g = conv_geometry(shape_, x.size(0), x.size(2), x.size(3));
-      if (g.out_h() >= 1 && g.out_w() >= 1 && kernels::detail::onednn_conv_primitive(*onednn_, g) != nullptr)
+    const kernels::ConvGeometry g = conv_geometry(shape_, x.size(0), x.size(2), x.size(3));
+    QF_REQUIRE(g.in_h > 0 && g.in_w > 0 && g.out_h() >= 1 && g.out_w() >= 1, who_, ": input of shape ", x.sizes(),
+               " is smaller than the (dilated, padded) kernel");
+    if (whole_ != nullptr) {
+      // oneDNN's entry needs AVX-512 VNNI under the cap in force now (it may be lowered after freeze).
+      if (usable_isa() >= Isa::kAvx512Vnni && kernels::detail::onednn_conv_primitive(*onednn_, g) != nullptr)
         return whole_->forward(x, in);
-      std::call_once(groups_built_, [this] { build_groups(whole_->weight()); });
+      std::call_once(groups_built_, [this] { groups_ = build_groups(whole_->weight()); });
     }
     return per_group(x, in);
   }
@@ -263,7 +267,8 @@ class PackedConvGroups final : public CpuPackedWeight {
  private:
   // One groups = 1 packed convolution per group from the layer's codes (no oneDNN copies: a group
   // runs im2col at every size).
-  void build_groups(const QuantizedTensor& fw) const {
+  std::vector<PackedWeightPtr> build_groups(const QuantizedTensor& fw) const {
+    std::vector<PackedWeightPtr> groups;  // assigned whole: a throw leaves no partial list
     const int64_t G = shape_.groups, ng = shape_.out_channels / G;
     const QParams qp = fw.qparams();
     const at::Tensor values = fw.int_values();
@@ -278,29 +283,39 @@ class PackedConvGroups final : public CpuPackedWeight {
         sub.zero_point = qp.zero_point.narrow(0, g * ng, ng).contiguous();
       }
       QuantizedTensor part = pack_quantized(values.narrow(0, g * ng, ng).contiguous(), sub);
-      groups_.push_back(pack_conv_dense(std::move(part), path_, gs, static_scale_, /*onednn=*/false,
-                                        detail::str_cat(who_, " group ", g), nullptr));
+      groups.push_back(pack_conv_dense(std::move(part), path_, gs, static_scale_, /*onednn=*/false,
+                                       detail::str_cat(who_, " group ", g), nullptr));
     }
+    return groups;
   }
   at::Tensor per_group(const at::Tensor& x, const FrozenInput& in) const {
     const int64_t G = shape_.groups, cg = shape_.in_channels / G, ng = shape_.out_channels / G;
+    // A residual of the output's own shape, float, is added per group in the epilogue; any other
+    // (broadcast, another dtype) once after, as add_residual does for the other paths.
+    const at::Tensor* r = in.residual;
+    const int64_t B = x.size(0);
+    const kernels::ConvGeometry geo = conv_geometry(shape_, B, x.size(2), x.size(3));
+    const bool fused = r != nullptr && r->is_cpu() && r->scalar_type() == at::kFloat && r->layout() == at::kStrided &&
+                       r->sizes() == at::IntArrayRef{B, shape_.out_channels, geo.out_h(), geo.out_w()};
     std::vector<at::Tensor> outs;
     outs.reserve(static_cast<size_t>(G));
     for (int64_t g = 0; g < G; ++g) {
       FrozenInput sub = in;
       if (in.layer_bias.defined()) sub.layer_bias = in.layer_bias.narrow(0, g * ng, ng);
-      at::Tensor r;
-      if (in.residual != nullptr) {
-        QF_REQUIRE(in.residual->dim() == 4 && in.residual->size(1) == shape_.out_channels, who_,
-                   ": a residual of shape ", in.residual->sizes(), " for ", shape_.out_channels, " output channels");
-        r = in.residual->narrow(1, g * ng, ng);
-        sub.residual = &r;
+      at::Tensor rg;
+      sub.residual = nullptr;
+      if (fused) {
+        rg = r->narrow(1, g * ng, ng);
+        sub.residual = &rg;
         sub.residual_in_place = true;  // adds into this group's own fresh output
+      } else if (r != nullptr) {
+        sub.relu = false;  // after the residual, below
       }
       outs.push_back(groups_[static_cast<size_t>(g)]->forward(x.narrow(1, g * cg, cg), sub));
     }
     // Channels-last memory, as every integer convolution leaves its output.
-    return at::cat(outs, 1).contiguous(at::MemoryFormat::ChannelsLast);
+    at::Tensor out = at::cat(outs, 1).contiguous(at::MemoryFormat::ChannelsLast);
+    return r != nullptr && !fused ? add_residual(out, *r, in.relu, in.residual_in_place) : out;
   }
 
   PackedWeightPtr whole_;

@@ -174,6 +174,8 @@ void conv_chunks(const int8_t* x_nhwc, float a_scale, const ConvGeometry& g, int
 // The packed weight is [N, K'] with K' = C * kh * kw, or (round_up_to) K rounded up with zero
 // columns.
 void check_weight(int64_t n, int64_t k, const ConvGeometry& g, int64_t round_up_to) {
+  QF_REQUIRE(g.groups == 1, "kernels/cpu: im2col convolutions take groups 1 (got ", g.groups,
+             "): a grouped convolution runs oneDNN's grouped primitive or one call per group");
   const int64_t K = g.gemm_k();
   QF_REQUIRE(n == g.out_channels && (k == K || k == round_up(K, round_up_to)), "kernels/cpu: convolution packed weight is [",
              n, ", ", k, "], the geometry needs [", g.out_channels, ", ", K, "] (C * kh * kw",

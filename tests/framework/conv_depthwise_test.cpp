@@ -13,6 +13,7 @@
 #include "framework/io/model_io.h"
 #include "framework/nn/conv.h"
 #include "kernels/cpu/kernel_choice.h"
+#include "tests/error_of.h"
 
 using namespace qforge;
 
@@ -143,6 +144,44 @@ TEST(ConvGrouped, FrozenGroupedConvolutionRunsTheIntegerKernelPerGroupAndMatches
       EXPECT_TRUE(at::equal(again->forward(x), y)) << what;
     }
   }
+}
+
+// A grouped layer frozen where oneDNN runs it keeps working when the ISA cap is lowered after
+// freeze (one convolution per group, the same values); a broadcast residual takes add_residual's
+// path on both; an empty or too small input is refused; grouped Conv1d runs too.
+TEST(ConvGrouped, LoweredIsaBroadcastResidualsAndConv1d) {
+  const at::Tensor x = at::randn({2, 16, 9, 9});
+  nn::Conv2d c = calibrated(torch::nn::Conv2dOptions(16, 32, 3).padding(1).groups(4), qint8, x);
+  freeze(*c);
+  at::NoGradGuard g;
+  const at::Tensor y = c->forward(x);
+  const at::Tensor r = at::randn({32, 1, 1});  // broadcast over batch and pixels
+  const at::Tensor yr = c->forward_add(x, r, /*relu=*/true, /*in_place=*/false);
+  EXPECT_LE(rel_error(yr, at::relu(y + r)), 1e-6);
+  {
+    ScopedMaxIsa cap(Isa::kAvx2);
+    const at::Tensor y2 = c->forward(x);
+    EXPECT_LE(rel_error(y2, y), 1e-6);
+    EXPECT_LE(rel_error(c->forward_add(x, r, true, false), yr), 1e-6);
+  }
+  EXPECT_NE(qforge::testing::error_of([&] { c->forward(at::randn({1, 16, 0, 9})); }).find("smaller than"),
+            std::string::npos);
+  EXPECT_EQ(c->forward(at::randn({1, 16, 1, 1})).sizes(), (at::IntArrayRef{1, 32, 1, 1}));  // padding 1: valid
+  // Grouped Conv1d: its height one row.
+  const at::Tensor x1 = at::randn({3, 12, 30});
+  torch::manual_seed(4);
+  nn::Conv1d c1(torch::nn::Conv1dOptions(12, 18, 5).padding(2).groups(3));
+  c1->eval();
+  quantize(*c1, static_scheme(qint8));
+  at::Tensor y_fq;
+  {
+    Calibration calib(*c1);
+    c1->forward(x1);
+  }
+  y_fq = c1->forward(x1);
+  freeze(*c1);
+  EXPECT_NE(c1->report().kernel.find(" groups"), std::string::npos) << c1->report().kernel;
+  EXPECT_LE(rel_error(c1->forward(x1), y_fq), 1e-5);
 }
 
 // A grouped convolution feeding another as int8 codes (Conv2d -> ReLU -> Conv2d chains pass

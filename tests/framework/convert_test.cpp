@@ -229,6 +229,58 @@ TEST(Convert, FoldsBatchNormAfterConvInEvalModeOnly) {
 
 }
 
+// A 1-D CNN (audio, sequences): Conv1d -> BatchNorm1d in eval mode folds as the 2-D pair does, the
+// float forward kept within float rounding; then quantized and frozen, with no BatchNorm left. A
+// BatchNorm1d after a Conv2d (or a BatchNorm2d after a Conv1d) is not a pair.
+TEST(Convert, FoldsBatchNorm1dAfterConv1d) {
+  at::manual_seed(5);
+  torch::nn::Sequential net(torch::nn::Conv1d(torch::nn::Conv1dOptions(4, 6, 5).padding(2).bias(false)),
+                            torch::nn::BatchNorm1d(6), torch::nn::ReLU(), torch::nn::Flatten(),
+                            torch::nn::Linear(6 * 20, 3));
+  {
+    at::NoGradGuard no_grad;
+    for (int i = 0; i < 4; ++i) net->forward(at::randn({16, 4, 20}) * 2 + 0.5);
+    net[1]->as<torch::nn::BatchNorm1dImpl>()->weight.uniform_(0.5, 2);
+    net[1]->as<torch::nn::BatchNorm1dImpl>()->bias.uniform_(-1, 1);
+  }
+  net->eval();
+  const at::Tensor x = at::randn({8, 4, 20});
+  at::NoGradGuard no_grad;
+  const at::Tensor before = net->forward(x);
+  const nn::ConvertReport rep = nn::convert(net);
+  ASSERT_EQ(rep.converted.size(), 3u) << rep.to_string();
+  EXPECT_EQ(rep.converted[1].type, "torch::nn::BatchNorm1d");
+  EXPECT_NE(rep.converted[1].note.find("folded into 0"), std::string::npos) << rep.to_string();
+  ASSERT_NE(net[0]->as<nn::Conv1dImpl>(), nullptr);
+  EXPECT_NE(net[1]->as<torch::nn::IdentityImpl>(), nullptr);
+  const at::Tensor after = net->forward(x);
+  EXPECT_TRUE(at::allclose(after, before, 1e-5, 1e-5)) << (after - before).abs().max().item<double>();
+
+  Scheme s(qint8);
+  s.activations = ActivationMode::kStatic;
+  const QuantizeReport q = quantize(*net, s);
+  EXPECT_TRUE(q.notes.empty()) << q.notes.front();  // no BatchNorm left after the conv
+  {
+    Calibration calib(*net);
+    net->forward(x);
+  }
+  freeze(*net);
+  EXPECT_LE((net->forward(x) - before).abs().max().item<double>(), 0.05 * before.abs().max().item<double>());
+
+  // Not pairs: the dimensions differ.
+  torch::nn::Sequential mixed(torch::nn::Conv2d(torch::nn::Conv2dOptions(2, 3, 1)), torch::nn::BatchNorm1d(3));
+  mixed->eval();
+  EXPECT_EQ(nn::batch_norm_after(*mixed, 0), nullptr);
+  torch::nn::Sequential mixed2(torch::nn::Conv1d(torch::nn::Conv1dOptions(2, 3, 1)), torch::nn::BatchNorm2d(3));
+  EXPECT_EQ(nn::batch_norm_after(*mixed2, 0), nullptr);
+  // A BatchNorm1d after a quantized qforge Conv1d is noted, as the 2-D pair is.
+  torch::nn::Sequential late(nn::Conv1d(torch::nn::Conv1dOptions(2, 3, 3)), torch::nn::BatchNorm1d(3));
+  late->eval();
+  const QuantizeReport lq = quantize(*late, s);
+  ASSERT_EQ(lq.notes.size(), 1u);
+  EXPECT_NE(lq.notes[0].find("torch::nn::BatchNorm1d after the quantized Conv1d"), std::string::npos) << lq.notes[0];
+}
+
 // The one folding formula, fold_conv_bn, against BatchNorm's own eval forward: statistics and affine
 // parameters away from (0, 1, 1, 0), with and without the conv's bias and BatchNorm's affine.
 TEST(Convert, FoldFormulaMatchesBatchNormWithRandomStatistics) {
@@ -367,5 +419,6 @@ TEST(Convert, EarlierPublicNamesStillCompile) {
   torch::nn::BatchNorm2d bn(3);
   bn->eval();
   nn::Conv2d (*old_name)(const nn::Conv2d&, const torch::nn::BatchNorm2d&) = &models::fold_conv_bn;
-  EXPECT_EQ(old_name, &nn::fold_conv_bn);
+  nn::Conv2d (*new_name)(const nn::Conv2d&, const torch::nn::BatchNorm2d&) = &nn::fold_conv_bn;
+  EXPECT_EQ(old_name, new_name);
 }
