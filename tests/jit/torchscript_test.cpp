@@ -8,6 +8,7 @@
 #include <torch/optim/sgd.h>
 #include <torch/serialize.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -204,6 +205,71 @@ TEST(TorchScript, QuantizeCalibrateQatStepFreezeSaveAndLoadInCpp) {
       std::ofstream(fs::path(out_dir) / (std::string(name) + "_io.pt"), std::ios::binary).write(io.data(), io.size());
     }
   }
+}
+
+// LSQ through a TorchScript model: the learnable steps (weight and input) exist after the first
+// training forward, trainable_parameters() hands them to the optimizer with the script's own
+// weights, a few SGD steps move both and lower the loss, and the frozen model computes what the
+// LSQ fake-quant model computed, saved and loaded bit for bit.
+TEST(TorchScript, LsqQatLearnsTheStepsThroughTheScriptThenFreezes) {
+  const std::string name = "cnn_scripted";
+  torch::manual_seed(2);
+  ScriptedModel m = qforge::jit::load_torchscript(fixture(name));
+  qforge::Scheme s = w8a8();
+  s.weight_lsq = true;
+  s.activation_lsq = true;
+  qforge::quantize(*m, s);
+  {
+    qforge::Calibration calib(*m);
+    for (int i = 0; i < 4; ++i) m->forward(input_for(name, 8));
+  }
+  qforge::QatController qat(*m, {/*freeze_observers_after=*/0});
+  qat.begin_epoch();
+  m->train();
+  const at::Tensor batch = input_for(name, 16), labels = torch::randint(0, 10, {16});
+  m->forward(batch);  // the first training forward creates the LSQ steps
+  std::vector<std::pair<std::string, at::Tensor>> steps;
+  for (const auto& l : m->layers())
+    for (const auto& p : l->module()->named_parameters())
+      if (p.key().find("quantizer.scale") != std::string::npos) steps.emplace_back(l->path() + "." + p.key(), p.value());
+  ASSERT_GE(steps.size(), 2 * m->layers().size()) << "a weight step and an input step per layer";
+  std::vector<at::Tensor> before;
+  for (const auto& [key, t] : steps) before.push_back(t.detach().clone());
+  const std::vector<at::Tensor> params = m->trainable_parameters();
+  for (const auto& [key, t] : steps)
+    EXPECT_TRUE(std::any_of(params.begin(), params.end(), [&](const at::Tensor& p) { return p.is_same(t); })) << key;
+  torch::optim::SGD opt(params, torch::optim::SGDOptions(0.002));
+  double first = 0, last = 0;
+  for (int i = 0; i < 8; ++i) {
+    const at::Tensor loss = torch::nn::functional::cross_entropy(m->forward(batch), labels);
+    opt.zero_grad();
+    loss.backward();
+    opt.step();
+    qat.step();
+    if (i == 0) first = loss.item<double>();
+    last = loss.item<double>();
+  }
+  EXPECT_LT(last, first);
+  int moved = 0;
+  for (size_t i = 0; i < steps.size(); ++i) moved += torch::equal(before[i], steps[i].second.detach()) ? 0 : 1;
+  EXPECT_EQ(moved, static_cast<int>(steps.size())) << "every LSQ step learns";
+  m->eval();
+  const at::Tensor x = input_for(name, 3);
+  at::Tensor fake_quant;
+  {
+    torch::NoGradGuard no_grad;
+    fake_quant = m->forward(x);
+  }
+  qforge::freeze(*m);
+  torch::NoGradGuard no_grad;
+  const at::Tensor frozen = m->forward(x);
+  EXPECT_LE((frozen - fake_quant).abs().max().item<float>(), 1e-5f * fake_quant.abs().max().item<float>());
+  TempDir tmp;
+  const std::string path = (tmp.path / "lsq_frozen.pt").string();
+  m->save(path);
+  ScriptedModel loaded = qforge::jit::load_torchscript(path);
+  loaded->eval();
+  EXPECT_TRUE(torch::equal(loaded->forward(x), frozen));
 }
 
 TEST(TorchScript, MissingOrForeignFilesAreNamed) {
