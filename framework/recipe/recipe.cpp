@@ -107,8 +107,12 @@ void check_torchscript(const Recipe& r, const Where& w) {
   const std::string& task = r.model.task;
   if (!task.empty() && ts.empty())
     w.problem("model.task", "applies to model.torchscript only (the other architectures know their task)");
-  if (task == "causal_lm" && r.data.dataset == "fashion_mnist")
-    w.problem("model.task", "causal_lm reads token ids (data.dataset fortunes or tensors), not fashion_mnist images");
+  if (task == "causal_lm" && (r.data.dataset == "fashion_mnist" || r.data.dataset == "langid"))
+    w.problem("model.task", "causal_lm reads token ids (data.dataset fortunes or tensors), not " + r.data.dataset +
+                                " examples with class labels");
+  if (!ts.empty() && r.data.dataset == "langid" && !r.model.input_shape.empty())
+    w.problem("model.input_shape", "langid phrases are padded to each split's longest (at most data.seq_len): they "
+                                   "have no fixed shape to check");
   if (task == "classification" && r.data.dataset == "fortunes")
     w.problem("model.task", "fortunes is text for a language model: model.task causal_lm, not classification");
   if (task == "causal_lm" && r.data.dataset == "fortunes" && !r.model.input_shape.empty() &&

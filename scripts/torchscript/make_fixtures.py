@@ -8,7 +8,8 @@ each scripted (torch.jit.script) and traced (torch.jit.trace); the weight x matr
 small Fashion-MNIST CNN and a byte-level causal LM on the fortunes text trained briefly (scripted
 only), with fixed seeds.
 
-    python3 scripts/torchscript/make_fixtures.py [output folder] [--only=fortunes_lm,h5_data,image_folders]
+    python3 scripts/torchscript/make_fixtures.py [output folder] [--only=fortunes_lm,h5_data,image_folders,langid_encoder]
+        [--langid-export=FILE]   (FILE: qtrain --recipe recipes/bert_int8.yaml --export-data FILE)
 
 Needs python3-torch, python3-torchvision, python3-h5py, dataset-fashion-mnist and fortunes (Debian). The C++ tests read the committed files, so they run without Python.
 """
@@ -583,6 +584,32 @@ def write_h5_data(out):
         f.create_dataset("labels", data=y[:8])
 
 
+def write_langid_encoder(out, export, steps=1500):
+    """langid_encoder_scripted.pt: TinyEncoder (1 block, width 32, 8 classes, 32 positions) over the
+    language-ID phrases as `qtrain --recipe recipes/bert_int8.yaml --export-data FILE` writes them
+    (character bigrams, 8000 phrases per language, seed 0: what recipes/torchscript_langid_int8.yaml
+    reads), trained briefly (Adam, 1500 steps of 128 phrases, about a minute) on the training split."""
+    if export is None:
+        sys.exit("--only=langid_encoder needs --langid-export=FILE: qtrain --recipe recipes/bert_int8.yaml --export-data FILE")
+    data = read_safetensors(export)[0]
+    x, y = data["train.inputs"], data["train.labels"]
+    vocab = int(max(x.max(), data["validation.inputs"].max(), data["test.inputs"].max())) + 1
+    torch.manual_seed(0)
+    model = TinyEncoder(vocab=vocab, dim=32, heads=4, ffn=64, layers=1, classes=8, max_len=32)
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    for _ in range(steps):
+        idx = torch.randint(0, x.size(0), (128,))
+        loss = F.cross_entropy(model(x[idx]), y[idx])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.eval()
+    with torch.no_grad():
+        acc = (model(data["test.inputs"]).argmax(1) == data["test.labels"]).float().mean().item()
+    print(f"langid_encoder: vocabulary {vocab}, training loss {loss.item():.3f}, test accuracy {acc:.4f}")
+    torch.jit.script(model).save(os.path.join(out, "langid_encoder_scripted.pt"))
+
+
 FMNIST_CLASSES = ("T-shirt", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag",
                   "Ankle-boot")
 
@@ -686,12 +713,14 @@ def write_recipe_data(out, model):
 
 
 def main():
-    args = [a for a in sys.argv[1:] if not a.startswith("--only=")]
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
     only = [n for a in sys.argv[1:] if a.startswith("--only=") for n in a.split("=", 1)[1].split(",")]
+    export = next((a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--langid-export=")), None)
     out = args[0] if args else os.path.join(os.path.dirname(__file__), "..", "..", "tests", "fixtures", "torchscript")
     os.makedirs(out, exist_ok=True)
     if only:  # --only=fortunes_lm: that fixture alone (the others' files stay as committed)
-        writers = {"fortunes_lm": write_fortunes_lm, "h5_data": write_h5_data, "image_folders": write_image_folders}
+        writers = {"fortunes_lm": write_fortunes_lm, "h5_data": write_h5_data, "image_folders": write_image_folders,
+                   "langid_encoder": lambda o: write_langid_encoder(o, export)}
         for name in only:
             if name not in writers:
                 sys.exit(f"--only={name}: expected one of {', '.join(writers)}")
@@ -732,6 +761,10 @@ def main():
     write_fortunes_lm(out)
     write_h5_data(out)
     write_image_folders(out)
+    if export is not None:
+        write_langid_encoder(out, export)
+    else:
+        print("langid_encoder_scripted.pt kept (give --langid-export=FILE to write it again)")
     print("wrote", out)
 
 

@@ -21,7 +21,9 @@
 #include <string>
 
 #include "framework/core/error.h"
+#include "framework/data/char_tokenizer.h"
 #include "framework/data/fashion_mnist.h"
+#include "framework/data/language_id.h"
 #include "framework/data/text_corpus.h"
 #include "framework/format/hdf5.h"
 #include "framework/format/image.h"
@@ -186,6 +188,26 @@ at::Tensor decode_images(const std::string& folder, const std::vector<std::strin
 }
 
 }  // namespace
+
+int64_t attach_language_id(Task& t, const Recipe& r) {
+  const auto& d = r.data;
+  data::LanguageIdOptions o;
+  o.seed = r.seed;
+  if (d.examples_per_language > 0) o.train_per_language = d.examples_per_language;
+  const data::LanguageId lid = data::load_language_id(o);
+  const int64_t ngram = d.tokens == "trigrams" ? 3 : d.tokens == "bigrams" ? 2 : 1;
+  const data::CharTokenizer tok = data::CharTokenizer::build(lid.train.text, ngram);
+  auto split = [&](const auto& s, int64_t cap) {
+    return capped(std::make_shared<train::TensorBatches>(train::text_classification_batches(s, tok, d.seq_len)), cap);
+  };
+  t.train = split(lid.train, d.max_train_examples);
+  t.validation = split(lid.validation, d.max_eval_examples);
+  t.test = split(lid.test, d.max_eval_examples);
+  t.class_names = lid.languages;
+  const at::Tensor labels = at::tensor(lid.test.label, at::kLong);
+  t.baselines["majority_class_accuracy"] = at::bincount(labels).max().item<double>() / labels.numel();
+  return tok.vocab_size();
+}
 
 void attach_image_folder(Task& t, const Recipe& r) {
   const auto& d = r.data;

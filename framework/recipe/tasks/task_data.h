@@ -45,6 +45,13 @@ std::map<std::string, at::Tensor> read_data_file(const std::string& path, const 
 // evaluate (validation and test), the others calibrate and train; the majority-class baseline.
 void attach_image_folder(Task& t, const Recipe& r);
 
+// The language-ID data (Debian word lists; data.examples_per_language, seed) as the task's splits
+// of token ids padded to data.seq_len with their masks (data.tokens: characters, bigrams or
+// trigrams, the vocabulary built on the training phrases; id 0 is padding), the class names and
+// the majority-class baseline. Returns the vocabulary size. The bert task and TorchScript
+// classifiers read it.
+int64_t attach_language_id(Task& t, const Recipe& r);
+
 // The vocabulary of the fortunes language models under data.tokenizer: 256 bytes without it,
 // data.tokenizer.train.vocab_size, or the size of data.tokenizer.file's tokenizer.
 int64_t fortunes_vocab_size(const Recipe& r);

@@ -4,7 +4,8 @@
 //                   file (tasks::read_data_file) holding `inputs` [N, ...] (float examples, or int32 / int64 token ids passed on
 //                   as int64; the model masks its own padding) and `labels` [N] (integer classes);
 //                   "fashion_mnist" the built-in Fashion-MNIST images [1, 28, 28]; "images" a
-//                   folder of class folders of PNG / JPEG files (tasks::attach_image_folder).
+//                   folder of class folders of PNG / JPEG files (tasks::attach_image_folder);
+//                   "langid" the built-in language-ID phrases as token ids (tasks::attach_language_id).
 //   causal_lm       logits [B, T, V] for token ids [B, T] (V at least the data's vocabulary), scored
 //                   by perplexity; "fortunes" the built-in text (bytes, or data.tokenizer's tokens)
 //                   cut into windows of data.seq_len, as the gpt2 and llama tasks read it, with the
@@ -73,6 +74,34 @@ int64_t check_lm_logits(jit::ScriptedModel& m, const Recipe& r, const at::Tensor
   QF_REQUIRE(logits.size(2) >= vocab, who, ": its logits cover ", logits.size(2), " tokens, but ", data, " has ",
              vocab, " (ids 0 .. ", vocab - 1, ")");
   return logits.size(2);
+}
+
+// One forward on (up to) two training examples: the model must give a logit per class of the data
+// (`what` says what the examples are, `classes` what the classes are, `order` how they are ordered),
+// before anything runs on them. A forward that fails is reported with the same words.
+void check_class_logits(jit::ScriptedModel& m, const Recipe& r, const Task& t, const std::string& what,
+                        const std::string& classes, const std::string& order) {
+  const train::Batch probe = t.train->get(at::arange(std::min<int64_t>(2, t.train->size()), at::kLong));
+  at::Tensor logits;
+  {
+    at::NoGradGuard no_grad;
+    const bool training = m->is_training();
+    m->eval();
+    try {
+      logits = m->forward(probe.input);
+    } catch (const std::exception& e) {
+      m->train(training);
+      const auto* c10 = dynamic_cast<const c10::Error*>(&e);
+      throw Error("qtrain: model.torchscript " + r.model.torchscript + ": a forward on " +
+                  std::to_string(probe.input.size(0)) + " " + what + " failed (" +
+                  (c10 != nullptr ? c10->what_without_backtrace() : e.what()) + ")");
+    }
+    m->train(training);
+  }
+  const auto n = static_cast<int64_t>(t.class_names.size());
+  QF_REQUIRE(logits.dim() == 2 && logits.size(1) == n, "qtrain: model.torchscript ", r.model.torchscript,
+             " gives logits ", shape_string(logits.sizes()), " on ", probe.input.size(0), " ", what, ", which has ", n,
+             " ", classes, " (", t.class_names.front(), " ... ", t.class_names.back(), "): one logit per class, ", order);
 }
 
 // data.file of a causal LM: `inputs` [N, T] token ids, `labels` [N, T] the next token at every
@@ -165,22 +194,16 @@ Task make_torchscript_task(const Recipe& r, bool with_data) {
   } else if (r.data.dataset == "images") {
     if (with_data) {
       tasks::attach_image_folder(t, r);
-      // One forward on (up to) two images: a logit per class folder, before anything runs on them.
-      const train::Batch probe = t.train->get(at::arange(std::min<int64_t>(2, t.train->size()), at::kLong));
-      at::Tensor logits;
-      {
-        at::NoGradGuard no_grad;
-        const bool training = m->is_training();
-        m->eval();
-        logits = m->forward(probe.input);
-        m->train(training);
-      }
-      const auto classes = static_cast<int64_t>(t.class_names.size());
-      QF_REQUIRE(logits.dim() == 2 && logits.size(1) == classes, "qtrain: model.torchscript ", r.model.torchscript,
-                 " gives logits ", shape_string(logits.sizes()), " on a batch of ", probe.input.size(0),
-                 " images, but data.folder ", r.data.folder,
-                 " has ", classes, " class folders (", t.class_names.front(), " ... ", t.class_names.back(),
-                 "): one logit per class, the folders' sorted order being the model's class order");
+      check_class_logits(m, r, t, "images of data.folder " + r.data.folder, "class folders",
+                         "the folders' sorted order being the model's class order");
+    }
+  } else if (r.data.dataset == "langid") {
+    if (with_data) {
+      const int64_t vocab = tasks::attach_language_id(t, r);
+      check_class_logits(m, r, t,
+                         "phrases of the langid data (" + std::to_string(vocab) + " token ids with data.tokens " +
+                             r.data.tokens + "; id 0 is padding)",
+                         "languages", "in the data's order: " + t.class_names.front() + ", ... " + t.class_names.back());
     }
   } else if (r.data.dataset == "fortunes") {
     QF_REQUIRE(lm, "qtrain: fortunes is text for model.task causal_lm");
@@ -198,6 +221,6 @@ Task make_torchscript_task(const Recipe& r, bool with_data) {
 
 }  // namespace
 
-TaskKind torchscript_task() { return {"torchscript", "tensors", make_torchscript_task, {"fashion_mnist", "fortunes", "images"}}; }
+TaskKind torchscript_task() { return {"torchscript", "tensors", make_torchscript_task, {"fashion_mnist", "fortunes", "images", "langid"}}; }
 
 }  // namespace qforge
