@@ -1,5 +1,6 @@
 // float: the float model's weights (loaded from the checkpoint, imported from safetensors, or
 // trained and saved), then its metric, size and latency.
+#include <cstdio>
 #include <filesystem>
 #include <optional>
 
@@ -72,6 +73,19 @@ class FloatStage : public Stage {
     }
     const train::Metrics m = ctx.evaluate("float eval");
     ctx.record("float", m);
+    // Weights that came with the model (a TorchScript file) and score no better than always
+    // answering the commonest class were most likely trained on other data (another vocabulary,
+    // class order or preprocessing): said, since every later stage would look as it should.
+    const auto majority = t.baselines.find("majority_class_accuracy");
+    if (!t.float_weights_from.empty() && t.metric == "accuracy" && majority != t.baselines.end() &&
+        m.accuracy < majority->second + 0.02) {
+      const std::string w = detail::str_cat("the float model's accuracy (", m.accuracy, ") is no better than always "
+                                            "answering the commonest class (", majority->second,
+                                            "): does the data match what it was trained on (classes in the same "
+                                            "order, the same token ids or preprocessing)?");
+      ctx.note(w);
+      std::fprintf(stderr, "qtrain: warning: %s\n", w.c_str());
+    }
     if (m.confusion.defined() && !t.class_names.empty())
       ctx.report["float_confusion"] = train::format_confusion(m.confusion, t.class_names);
     ctx.report["size_bytes"]["float"] = model_size(*t.model).total_bytes;

@@ -111,7 +111,7 @@ void check_torchscript(const Recipe& r, const Where& w) {
     w.problem("model.task", "causal_lm reads token ids (data.dataset fortunes or tensors), not " + r.data.dataset +
                                 " examples with class labels");
   if (!ts.empty() && r.data.dataset == "langid" && !r.model.input_shape.empty())
-    w.problem("model.input_shape", "langid phrases are padded to each split's longest (at most data.seq_len): they "
+    w.problem("model.input_shape", "langid phrases are padded to each batch's longest (at most data.seq_len): they "
                                    "have no fixed shape to check");
   if (task == "classification" && r.data.dataset == "fortunes")
     w.problem("model.task", "fortunes is text for a language model: model.task causal_lm, not classification");

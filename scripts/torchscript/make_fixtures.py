@@ -588,7 +588,7 @@ def write_langid_encoder(out, export, steps=1500):
     """langid_encoder_scripted.pt: TinyEncoder (1 block, width 32, 8 classes, 32 positions) over the
     language-ID phrases as `qtrain --recipe recipes/bert_int8.yaml --export-data FILE` writes them
     (character bigrams, 8000 phrases per language, seed 0: what recipes/torchscript_langid_int8.yaml
-    reads), trained briefly (Adam, 1500 steps of 128 phrases, about a minute) on the training split."""
+    reads), trained briefly (Adam, 1500 steps of 128 phrases, about 20 s) on the training split."""
     if export is None:
         sys.exit("--only=langid_encoder needs --langid-export=FILE: qtrain --recipe recipes/bert_int8.yaml --export-data FILE")
     data = read_safetensors(export)[0]
@@ -716,6 +716,9 @@ def main():
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
     only = [n for a in sys.argv[1:] if a.startswith("--only=") for n in a.split("=", 1)[1].split(",")]
     export = next((a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--langid-export=")), None)
+    for a in sys.argv[1:]:
+        if a.startswith("--") and not a.startswith(("--only=", "--langid-export=")):
+            sys.exit(f"unknown option {a}: expected --only=NAME[,NAME] and --langid-export=FILE")
     out = args[0] if args else os.path.join(os.path.dirname(__file__), "..", "..", "tests", "fixtures", "torchscript")
     os.makedirs(out, exist_ok=True)
     if only:  # --only=fortunes_lm: that fixture alone (the others' files stay as committed)

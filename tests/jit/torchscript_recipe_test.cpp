@@ -562,6 +562,14 @@ TEST(TorchScriptRecipe, LanguageIdDataReachesAScriptedClassifier) {
     EXPECT_NE(bad.output.find(message), std::string::npos) << set << "\n" << bad.output;
   };
   expect_error("--set data.tokens=trigrams", "token ids with data.tokens trigrams; id 0 is padding");
+  expect_error("--set data.seq_len=48", "a forward on 48 ids (data.seq_len) of 1391, the largest id");
+  // Other data settings build other ids: the run completes, and says the model is no better than
+  // the commonest class.
+  const QtrainRun other = qtrain(std::string(recipe) + " --out " + (dir.path / "other").string() +
+                                 " --set data.examples_per_language=4000 --stages float");
+  ASSERT_EQ(other.code, 0) << other.output;
+  EXPECT_NE(other.output.find("is no better than always answering the commonest class"), std::string::npos)
+      << other.output;
   expect_error("--set model.task=causal_lm", "causal_lm reads token ids (data.dataset fortunes or tensors), not langid");
-  expect_error("--set model.input_shape=[32]", "langid phrases are padded to each split's longest");
+  expect_error("--set model.input_shape=[32]", "langid phrases are padded to each batch's longest");
 }

@@ -46,7 +46,7 @@ std::map<std::string, at::Tensor> read_data_file(const std::string& path, const 
 void attach_image_folder(Task& t, const Recipe& r);
 
 // The language-ID data (Debian word lists; data.examples_per_language, seed) as the task's splits
-// of token ids padded to data.seq_len with their masks (data.tokens: characters, bigrams or
+// of token ids, at most data.seq_len, each batch padded to its longest phrase, with their masks (data.tokens: characters, bigrams or
 // trigrams, the vocabulary built on the training phrases; id 0 is padding), the class names and
 // the majority-class baseline. Returns the vocabulary size. The bert task and TorchScript
 // classifiers read it.

@@ -200,10 +200,27 @@ Task make_torchscript_task(const Recipe& r, bool with_data) {
   } else if (r.data.dataset == "langid") {
     if (with_data) {
       const int64_t vocab = tasks::attach_language_id(t, r);
-      check_class_logits(m, r, t,
-                         "phrases of the langid data (" + std::to_string(vocab) + " token ids with data.tokens " +
-                             r.data.tokens + "; id 0 is padding)",
-                         "languages", "in the data's order: " + t.class_names.front() + ", ... " + t.class_names.back());
+      const std::string what = "phrases of the langid data (" + std::to_string(vocab) + " token ids with data.tokens " +
+                               r.data.tokens + "; id 0 is padding)";
+      // The widest batch a split can make (data.seq_len ids) with the largest id: positions and
+      // token table must cover them.
+      {
+        at::NoGradGuard no_grad;
+        const bool training = m->is_training();
+        m->eval();
+        try {
+          m->forward(at::full({1, r.data.seq_len}, vocab - 1, at::kLong));
+        } catch (const std::exception& e) {
+          m->train(training);
+          const auto* c10 = dynamic_cast<const c10::Error*>(&e);
+          throw Error("qtrain: model.torchscript " + r.model.torchscript + ": a forward on " +
+                      std::to_string(r.data.seq_len) + " ids (data.seq_len) of " + std::to_string(vocab - 1) +
+                      ", the largest id of the " + what + ", failed (" +
+                      (c10 != nullptr ? c10->what_without_backtrace() : e.what()) + ")");
+        }
+        m->train(training);
+      }
+      check_class_logits(m, r, t, what, "languages", "in the data's order");
     }
   } else if (r.data.dataset == "fortunes") {
     QF_REQUIRE(lm, "qtrain: fortunes is text for model.task causal_lm");
