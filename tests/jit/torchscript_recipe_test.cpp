@@ -316,6 +316,30 @@ TEST(TorchScriptRecipe, CausalLmOnFortunesScoresPerplexityAndModelPtAgrees) {
   EXPECT_NE(dry.output.find("tied  lm_head  aten::linear runs the qforge layer tok"), std::string::npos) << dry.output;
 }
 
+// QAT of the scripted causal LM through the recipe: the steps train the TorchScript module's own
+// parameters on the fortunes windows (the loss curve has every step), the QAT model stays within
+// 2 % of float perplexity, and the frozen model computes the QAT model's perplexity.
+TEST(TorchScriptRecipe, CausalLmQatTrainsTheScriptAndFreezes) {
+  OutDir dir("lm_qat");
+  const QtrainRun run = qtrain(std::string(kLmRecipe) + " --out " + dir.path.string() +
+                               " --set qat.epochs=1 --set qat.max_steps=24 --set qat.lr=0.0003"
+                               " --set data.max_train_examples=2048");
+  ASSERT_EQ(run.code, 0) << run.output;
+  std::ifstream in(dir.path / "report.json");
+  const nlohmann::json r = nlohmann::json::parse(in);
+  EXPECT_EQ(r["loss_curves"]["qat"].size(), 24u) << r["loss_curves"].dump();
+  const double fp = r["metrics"]["float"]["perplexity"].get<double>();
+  const double qat = r["metrics"]["qat"]["perplexity"].get<double>();
+  const double frozen = r["metrics"]["frozen"]["perplexity"].get<double>();
+  std::printf("causal LM QAT: float %.4f, qat %.4f, frozen %.4f\n", fp, qat, frozen);
+  EXPECT_NE(qat, r["metrics"]["ptq"]["perplexity"].get<double>());  // the steps changed the model
+  EXPECT_LT(std::abs(qat - fp), 0.02 * fp);
+  EXPECT_NEAR(frozen, qat, 1e-3 * qat);
+  qforge::jit::ScriptedModel m = qforge::jit::load_torchscript((dir.path / "model.pt").string());
+  const auto [x, y] = fortunes_windows("test", 512);
+  EXPECT_NEAR(perplexity(m, x, y), frozen, 1e-4 * frozen);
+}
+
 // A causal LM's data as a file: `inputs` [N, T] token ids and `labels` [N, T] next tokens, scored
 // by perplexity; a classification model given model.task causal_lm, labels of the wrong shape and
 // windows longer than the model's positions are refused with what was expected.
