@@ -128,6 +128,17 @@ int decode_png(PngState* s, int64_t want_h, int64_t want_w) {
   return 0;
 }
 
+// The decoded pixels (`stored` channels a pixel) as an Image of `channels` channels.
+Image finish_image(const uint8_t* pixels, int64_t height, int64_t width, int64_t stored, int64_t channels) {
+  Image out;
+  out.height = height, out.width = width;
+  const int64_t n = height * width;
+  out.pixels.assign(pixels, pixels + n * stored);
+  convert_channels(out.pixels, n, stored, channels);
+  out.channels = channels;
+  return out;
+}
+
 Image read_png(const std::string& path, int64_t channels, int64_t want_h, int64_t want_w) {
   auto s = std::make_unique<PngState>();
   s->file = std::fopen(path.c_str(), "rb");
@@ -141,13 +152,7 @@ Image read_png(const std::string& path, int64_t channels, int64_t want_h, int64_
   QF_REQUIRE(rc == 0, "image ", path, ": ",
              s->problem[0] != 0 ? "a PNG file of " + std::string(s->problem)
                                 : "a corrupt or truncated PNG file (libpng: " + std::string(s->message) + ")");
-  Image out;
-  out.height = s->height, out.width = s->width;
-  const int64_t n = out.height * out.width;
-  out.pixels.assign(pixels.get(), pixels.get() + n * s->stored);
-  convert_channels(out.pixels, n, s->stored, channels);
-  out.channels = channels;
-  return out;
+  return finish_image(pixels.get(), s->height, s->width, s->stored, channels);
 }
 
 struct JpegError {
@@ -170,7 +175,7 @@ struct JpegState {
 };
 
 // 0 on success; the error (libjpeg's message, or state->problem) in the state otherwise.
-int decode_jpeg(JpegState* s, const char* path, int64_t want_h, int64_t want_w) {
+int decode_jpeg(JpegState* s, int64_t want_h, int64_t want_w) {
   s->d.err = jpeg_std_error(&s->err.mgr);
   s->err.mgr.error_exit = [](j_common_ptr c) {
     auto* e = reinterpret_cast<JpegError*>(c->err);
@@ -223,7 +228,7 @@ Image read_jpeg(const std::string& path, int64_t channels, int64_t want_h, int64
   auto s = std::make_unique<JpegState>();
   s->file = std::fopen(path.c_str(), "rb");
   QF_REQUIRE(s->file != nullptr, "image ", path, ": cannot open it");
-  const int rc = decode_jpeg(s.get(), path.c_str(), want_h, want_w);
+  const int rc = decode_jpeg(s.get(), want_h, want_w);
   if (s->created) jpeg_destroy_decompress(&s->d);
   std::fclose(s->file);
   std::unique_ptr<uint8_t, decltype(&std::free)> pixels(s->pixels, &std::free);
@@ -231,13 +236,7 @@ Image read_jpeg(const std::string& path, int64_t channels, int64_t want_h, int64
   QF_REQUIRE(rc == 0, "image ", path, ": ",
              s->problem[0] != 0 ? std::string(s->problem)
                                 : "not a readable JPEG file (libjpeg: " + std::string(s->err.message) + ")");
-  Image out;
-  out.height = s->height, out.width = s->width;
-  const int64_t n = out.height * out.width;
-  out.pixels.assign(pixels.get(), pixels.get() + n * s->stored);
-  convert_channels(out.pixels, n, s->stored, channels);
-  out.channels = channels;
-  return out;
+  return finish_image(pixels.get(), s->height, s->width, s->stored, channels);
 }
 
 }  // namespace

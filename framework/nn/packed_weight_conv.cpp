@@ -42,6 +42,13 @@ kernels::ConvGeometry conv_geometry(const ConvShape& s, int64_t batch, int64_t i
   return g;
 }
 
+// A residual the epilogue can add (a float CPU tensor of the output's own NCHW shape, g's); any
+// other is added after the convolution by add_residual.
+bool residual_in_epilogue(const at::Tensor* r, const kernels::ConvGeometry& g) {
+  return r != nullptr && r->is_cpu() && r->scalar_type() == at::kFloat && r->layout() == at::kStrided && !r->is_neg() &&
+         r->sizes() == at::IntArrayRef{g.batch, g.out_channels, g.out_h(), g.out_w()};
+}
+
 // The weight half of a convolution call.
 void set_weight(const kernels::PackedLinearS8& w, kernels::ConvS8Problem* p) {
   p->w8 = w.view();
@@ -157,8 +164,7 @@ at::Tensor PackedConvInt<Kernel>::forward(const at::Tensor& x, const FrozenInput
   // The residual in the epilogue where it has the output's shape (channels last: no copy when it
   // is already, as integer convolutions leave their outputs); else at::add after, then the ReLU.
   const at::Tensor* r = in.residual;
-  const bool fused = r != nullptr && r->is_cpu() && r->scalar_type() == at::kFloat && r->layout() == at::kStrided &&
-                     !r->is_neg() && r->sizes() == at::IntArrayRef{g.batch, g.out_channels, g.out_h(), g.out_w()};
+  const bool fused = residual_in_epilogue(r, g);
   const at::Tensor r_nhwc = fused ? r->permute({0, 2, 3, 1}).contiguous() : at::Tensor();
   if (fused) p.residual = r_nhwc.data_ptr<float>();
   if (r != nullptr && !fused) p.relu = false;
@@ -241,7 +247,7 @@ class PackedConvGroups final : public CpuPackedWeight {
         return whole_->forward(x, in);
       std::call_once(groups_built_, [this] { groups_ = build_groups(whole_->weight()); });
     }
-    return per_group(x, in);
+    return per_group(x, in, g);
   }
   QuantizedTensor weight() const override {
     if (whole_ != nullptr) return whole_->weight();
@@ -288,15 +294,13 @@ class PackedConvGroups final : public CpuPackedWeight {
     }
     return groups;
   }
-  at::Tensor per_group(const at::Tensor& x, const FrozenInput& in) const {
+  // geo: the layer's geometry for x (forward's).
+  at::Tensor per_group(const at::Tensor& x, const FrozenInput& in, const kernels::ConvGeometry& geo) const {
     const int64_t G = shape_.groups, cg = shape_.in_channels / G, ng = shape_.out_channels / G;
     // A residual of the output's own shape, float, is added per group in the epilogue; any other
     // (broadcast, another dtype) once after, as add_residual does for the other paths.
     const at::Tensor* r = in.residual;
-    const int64_t B = x.size(0);
-    const kernels::ConvGeometry geo = conv_geometry(shape_, B, x.size(2), x.size(3));
-    const bool fused = r != nullptr && r->is_cpu() && r->scalar_type() == at::kFloat && r->layout() == at::kStrided &&
-                       r->sizes() == at::IntArrayRef{B, shape_.out_channels, geo.out_h(), geo.out_w()};
+    const bool fused = residual_in_epilogue(r, geo);
     std::vector<at::Tensor> outs;
     outs.reserve(static_cast<size_t>(G));
     for (int64_t g = 0; g < G; ++g) {

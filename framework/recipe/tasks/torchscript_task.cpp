@@ -14,6 +14,7 @@
 //                   them from a causal LM recipe).
 #include <ATen/ATen.h>
 
+#include <functional>
 #include <sstream>
 
 #include "framework/core/error.h"
@@ -43,29 +44,36 @@ at::Tensor data_tensor(const std::map<std::string, at::Tensor>& f, const std::ve
               (have.empty() ? "nothing" : have));
 }
 
+// One forward of m on x in eval mode without gradients, m's mode restored after (on a throw too);
+// a failing forward becomes qforge::Error(failed(the interpreter's message)).
+at::Tensor probe_forward(jit::ScriptedModel& m, const at::Tensor& x,
+                         const std::function<std::string(const std::string&)>& failed) {
+  at::NoGradGuard no_grad;
+  struct RestoreMode {
+    jit::ScriptedModel& m;
+    bool training;
+    ~RestoreMode() { m->train(training); }
+  } restore{m, m->is_training()};
+  m->eval();
+  try {
+    return m->forward(x);
+  } catch (const std::exception& e) {
+    const auto* c10 = dynamic_cast<const c10::Error*>(&e);
+    throw Error(failed(c10 != nullptr ? c10->what_without_backtrace() : e.what()));
+  }
+}
+
 // Causal LMs: one forward on `ids` [B, T] must give logits [B, T, V] with V >= vocab; returns V.
 // A failing forward (positions beyond the model's, ids beyond its table) is named with the input.
 int64_t check_lm_logits(jit::ScriptedModel& m, const Recipe& r, const at::Tensor& ids, int64_t vocab,
                         const std::string& data) {
   const std::string who = "qtrain: model.torchscript " + r.model.torchscript + " (model.task causal_lm)";
-  at::Tensor logits;
-  {
-    at::NoGradGuard no_grad;
-    const bool training = m->is_training();
-    m->eval();
-    try {
-      logits = m->forward(ids);
-    } catch (const std::exception& e) {
-      m->train(training);
-      const auto* c10 = dynamic_cast<const c10::Error*>(&e);
-      throw Error(who + ": a forward on token ids " + shape_string(ids.sizes()) + " of " + data + " failed (" +
-                  (c10 != nullptr ? c10->what_without_backtrace() : e.what()) +
-                  "); the model must take token ids [B, T] with T = " + std::to_string(ids.size(1)) +
-                  (r.data.dataset == "fortunes" ? " (data.seq_len)" : "") + " and ids up to " +
-                  std::to_string(ids.max().item<int64_t>()));
-    }
-    m->train(training);
-  }
+  const at::Tensor logits = probe_forward(m, ids, [&](const std::string& why) {
+    return who + ": a forward on token ids " + shape_string(ids.sizes()) + " of " + data + " failed (" + why +
+           "); the model must take token ids [B, T] with T = " + std::to_string(ids.size(1)) +
+           (r.data.dataset == "fortunes" ? " (data.seq_len)" : "") + " and ids up to " +
+           std::to_string(ids.max().item<int64_t>());
+  });
   QF_REQUIRE(logits.dim() == 3 && logits.size(0) == ids.size(0) && logits.size(1) == ids.size(1) &&
                  logits.is_floating_point(),
              who, ": token ids ", shape_string(ids.sizes()), " gave ", logits.scalar_type(), " ",
@@ -82,22 +90,10 @@ int64_t check_lm_logits(jit::ScriptedModel& m, const Recipe& r, const at::Tensor
 void check_class_logits(jit::ScriptedModel& m, const Recipe& r, const Task& t, const std::string& what,
                         const std::string& classes, const std::string& order) {
   const train::Batch probe = t.train->get(at::arange(std::min<int64_t>(2, t.train->size()), at::kLong));
-  at::Tensor logits;
-  {
-    at::NoGradGuard no_grad;
-    const bool training = m->is_training();
-    m->eval();
-    try {
-      logits = m->forward(probe.input);
-    } catch (const std::exception& e) {
-      m->train(training);
-      const auto* c10 = dynamic_cast<const c10::Error*>(&e);
-      throw Error("qtrain: model.torchscript " + r.model.torchscript + ": a forward on " +
-                  std::to_string(probe.input.size(0)) + " " + what + " failed (" +
-                  (c10 != nullptr ? c10->what_without_backtrace() : e.what()) + ")");
-    }
-    m->train(training);
-  }
+  const at::Tensor logits = probe_forward(m, probe.input, [&](const std::string& why) {
+    return "qtrain: model.torchscript " + r.model.torchscript + ": a forward on " + std::to_string(probe.input.size(0)) +
+           " " + what + " failed (" + why + ")";
+  });
   const auto n = static_cast<int64_t>(t.class_names.size());
   QF_REQUIRE(logits.dim() == 2 && logits.size(1) == n, "qtrain: model.torchscript ", r.model.torchscript,
              " gives logits ", shape_string(logits.sizes()), " on ", probe.input.size(0), " ", what, ", which has ", n,
@@ -204,22 +200,11 @@ Task make_torchscript_task(const Recipe& r, bool with_data) {
                                r.data.tokens + "; id 0 is padding)";
       // The widest batch a split can make (data.seq_len ids) with the largest id: positions and
       // token table must cover them.
-      {
-        at::NoGradGuard no_grad;
-        const bool training = m->is_training();
-        m->eval();
-        try {
-          m->forward(at::full({1, r.data.seq_len}, vocab - 1, at::kLong));
-        } catch (const std::exception& e) {
-          m->train(training);
-          const auto* c10 = dynamic_cast<const c10::Error*>(&e);
-          throw Error("qtrain: model.torchscript " + r.model.torchscript + ": a forward on " +
-                      std::to_string(r.data.seq_len) + " ids (data.seq_len) of " + std::to_string(vocab - 1) +
-                      ", the largest id of the " + what + ", failed (" +
-                      (c10 != nullptr ? c10->what_without_backtrace() : e.what()) + ")");
-        }
-        m->train(training);
-      }
+      probe_forward(m, at::full({1, r.data.seq_len}, vocab - 1, at::kLong), [&](const std::string& why) {
+        return "qtrain: model.torchscript " + r.model.torchscript + ": a forward on " + std::to_string(r.data.seq_len) +
+               " ids (data.seq_len) of " + std::to_string(vocab - 1) + ", the largest id of the " + what +
+               ", failed (" + why + ")";
+      });
       check_class_logits(m, r, t, what, "languages", "in the data's order");
     }
   } else if (r.data.dataset == "fortunes") {
