@@ -41,7 +41,11 @@ std::map<std::string, size_t> attribute_reads(const std::vector<Node*>& nodes, c
 struct Candidate {
   Node* node = nullptr;
   // Operand positions, not values: rewriting an earlier call replaces the value a later one reads.
-  size_t x_at = 0;    // the op's input (an embedding's indices)
+  size_t x_at = 0;    // the op's input (an embedding's indices; a product's first operand)
+  // A product of two activations (spec.kind MatMul): its second operand, and baddbmm's added term.
+  bool product = false;
+  size_t other_at = 1;
+  int added_at = -1;
   int bias_at = -1;   // the bias operand, if the call has one (a tied Linear passes it on)
   int tied_to = -1;  // the candidate whose layer this call shares (one weight tensor read twice)
   std::string own_layer_why;  // why the call cannot hold a layer of its own (a tied call needs none)
@@ -130,7 +134,12 @@ std::string matmul_operands(Node* n, const Value* self, const torch::jit::Module
           return "the weight operand is " + std::string(rhs->node()->kind().toQualString()) +
                  " of a module attribute, a form the front door does not recognise (it takes x @ W.t() with "
                  "t(W) read once, and x @ W)";
-      return "multiplies two computed tensors (activations): no weight to quantize";
+      if (addmm) return "addmm of two computed tensors: no qforge op for the added term (write a + x @ y)";
+      // Two activations (attention's q @ k^T, att @ v): a qforge MatMul quantizing both operands.
+      c->product = true;
+      c->x_at = 0;
+      c->other_at = 1;
+      return {};
     }
   }
   if (addmm) {
@@ -173,6 +182,28 @@ std::string embedding_options(const Node* n, const at::Tensor& w, Candidate* c) 
   return {};
 }
 
+// bmm(a, b) / baddbmm(t, a, b, beta = 1, alpha = 1) of two activations: a MatMul (the batched
+// product at::matmul computes for 3-D operands), baddbmm's term added after it; returns why not.
+std::string batched_product(const Node* n, const Value* self, const torch::jit::Module& root, Candidate* c) {
+  const bool baddbmm = n->kind() == c10::aten::baddbmm;
+  const size_t a = baddbmm ? 1 : 0;
+  for (size_t i : {a, a + 1})
+    if (resolve(n->input(i), self, root))
+      return "a module attribute as an operand of " + std::string(n->kind().toQualString()) +
+             ": no qforge op for a batched product with a weight (write x @ W.t())";
+  if (baddbmm) {
+    const auto beta = torch::jit::toIValue(n->input(3)), alpha = torch::jit::toIValue(n->input(4));
+    if (!beta || !alpha || !(beta->isInt() || beta->isDouble()) || !(alpha->isInt() || alpha->isDouble()) ||
+        beta->toScalar().toDouble() != 1.0 || alpha->toScalar().toDouble() != 1.0)
+      return "baddbmm with beta or alpha other than the constant 1";
+    c->added_at = 0;
+  }
+  c->product = true;
+  c->x_at = a;
+  c->other_at = a + 1;
+  return {};
+}
+
 // Why node n (a linear, convolution, matmul-like call or embedding) cannot become a qforge op, or
 // empty with *c filled.
 std::string analyse(Node* n, const Value* self, const torch::jit::Module& root, Candidate* c) {
@@ -180,9 +211,17 @@ std::string analyse(Node* n, const Value* self, const torch::jit::Module& root, 
   const bool matmul = k == c10::aten::matmul || k == c10::aten::mm || k == c10::aten::addmm;
   const bool embedding = k == c10::aten::embedding;
   c->x_at = embedding ? 1 : 0;
-  if (matmul) {
+  if (k == c10::aten::bmm || k == c10::aten::baddbmm) {
+    const std::string why = batched_product(n, self, root, c);
+    if (!why.empty()) return why;
+  } else if (matmul) {
     const std::string why = matmul_operands(n, self, root, c);
     if (!why.empty()) return why;
+  }
+  if (c->product) {
+    c->node = n;
+    c->spec.kind = LayerKind::kMatMul;
+    return {};
   }
   const Value* rhs = n->input(k == c10::aten::addmm ? 2 : 1);
   const Value* weight_value =
@@ -268,14 +307,15 @@ std::string fold_batch_norm(const Value* self, const torch::jit::Module& root, C
 bool quantizable_kind(const Node* n) {
   const auto k = n->kind();
   return k == c10::aten::linear || k == c10::aten::conv1d || k == c10::aten::conv2d || k == c10::aten::_convolution ||
-         k == c10::aten::matmul || k == c10::aten::mm || k == c10::aten::addmm || k == c10::aten::embedding;
+         k == c10::aten::matmul || k == c10::aten::mm || k == c10::aten::addmm || k == c10::aten::embedding ||
+         k == c10::aten::bmm || k == c10::aten::baddbmm;
 }
 
 // Ops the front door leaves float (listed so the user sees what was not quantized).
 bool listed_float_kind(const Node* n) {
-  static const std::set<std::string> kinds{"aten::bmm",   "aten::einsum", "aten::conv3d", "aten::conv_transpose1d",
+  static const std::set<std::string> kinds{"aten::einsum", "aten::conv3d", "aten::conv_transpose1d",
                                            "aten::conv_transpose2d", "aten::conv_transpose3d",
-                                           "aten::embedding_bag",    "aten::baddbmm"};
+                                           "aten::embedding_bag"};
   return kinds.count(n->kind().toQualString()) != 0;
 }
 
@@ -305,7 +345,9 @@ void replace(Graph& g, Value* self, const Candidate& c, const std::string& attr,
   const bool tied_table = kind == LayerKind::kEmbedding && c.spec.kind == LayerKind::kLinear;
   Value* x = n->input(c.x_at);
   Node* call = nullptr;
-  if (tied_table) {
+  if (kind == LayerKind::kMatMul) {
+    call = g.create(c10::Symbol::fromQualString(op_name(kind)), {x, n->input(c.other_at), holder, training}, 1);
+  } else if (tied_table) {
     Value* bias = c.bias_at >= 0 ? n->input(static_cast<size_t>(c.bias_at)) : g.insertConstant(c10::IValue());
     call = g.create(c10::Symbol::fromQualString("qforge::tied_linear"), {x, holder, bias, training}, 1);
   } else {
@@ -313,7 +355,10 @@ void replace(Graph& g, Value* self, const Candidate& c, const std::string& attr,
   }
   g.insertNode(call);
   call->output()->setType(c10::TensorType::get());
-  n->output()->replaceAllUsesWith(call->output());
+  Value* out = call->output();
+  // baddbmm(t, a, b) with beta = alpha = 1: t + a @ b.
+  if (c.added_at >= 0) out = g.insert(c10::aten::add, {n->input(static_cast<size_t>(c.added_at)), out});
+  n->output()->replaceAllUsesWith(out);
   n->destroy();
 }
 
@@ -382,7 +427,8 @@ std::vector<Candidate> resolve_ties(std::vector<Candidate> found, const TensorRe
                                     std::vector<FloatCall>* kept_float) {
   const auto& reads = tensor_reads.all;
   std::map<const c10::TensorImpl*, std::vector<size_t>> groups;
-  for (size_t i = 0; i < found.size(); ++i) groups[found[i].weight.value.toTensor().unsafeGetTensorImpl()].push_back(i);
+  for (size_t i = 0; i < found.size(); ++i)
+    if (!found[i].product) groups[found[i].weight.value.toTensor().unsafeGetTensorImpl()].push_back(i);
   std::vector<std::string> why(found.size());
   for (const auto& [impl, members] : groups) {
     if (members.size() == 1 && reads.at(impl) == 1) continue;
@@ -466,7 +512,7 @@ std::vector<Candidate> candidates(const std::vector<Node*>& nodes, const Value* 
   std::vector<Candidate> todo =
       resolve_ties(std::move(found), tensor_reads(nodes, self, module), self, module, kept_float);
   for (Candidate& c : todo) {
-    if (c.tied_to >= 0 || c.sliced_elsewhere) continue;  // a shared weight is never folded: its other readers need it as it is
+    if (c.tied_to >= 0 || c.sliced_elsewhere || c.product) continue;  // a shared weight is never folded: its other readers need it as it is
     const std::string bn_why = fold_batch_norm(self, module, &c);
     for (const torch::jit::Use& u : c.node->output()->uses())
       if (!bn_why.empty() && u.user->kind() == c10::aten::batch_norm && bn_listed.insert(u.user).second)
@@ -515,6 +561,133 @@ void read_slices_from_layers(Graph& g, Value* self, const torch::jit::Module& mo
 
 }  // namespace
 
+namespace {
+
+// Where an inlined node comes from: one entry per call it was inlined through, outermost first
+// (the function called, the call's place in the source, the module instance's attribute name).
+using CallKey = std::vector<std::tuple<const void*, const void*, size_t, size_t, std::string>>;
+
+CallKey call_key(const Node* n) {
+  CallKey key;
+  if (!n->callstack()) return key;
+  for (const auto& entry : (*n->callstack())->vec()) {
+    const torch::jit::SourceRange& range = std::get<1>(entry);
+    const auto& instance = std::get<2>(entry);
+    key.emplace_back(std::get<0>(entry), range.source().get(), range.start(), range.end(),
+                     instance ? instance->instance_name() : std::string());
+  }
+  return key;
+}
+
+// The dotted path of module value v, read through prim::GetAttr from the graph's self.
+std::optional<std::string> module_path(const Value* v, const Value* self) {
+  std::vector<std::string> names;
+  for (; v != self; v = v->node()->input(0)) {
+    if (v->node()->kind() != c10::prim::GetAttr) return std::nullopt;
+    names.push_back(v->node()->s(c10::attr::name));
+  }
+  std::string path;
+  for (auto it = names.rbegin(); it != names.rend(); ++it) path += (path.empty() ? "" : ".") + *it;
+  return path;
+}
+
+// The module paths of the calls a product's node was inlined through: inside a method, the module
+// its body reads attributes of (its self, the shortest path read there); a call of a module reading
+// none, its caller's path and the instance's attribute name; a free function, its caller's module.
+class CallerPaths {
+ public:
+  CallerPaths(const std::vector<Node*>& nodes, const Value* self) {
+    for (const Node* n : nodes) {
+      if (n->kind() != c10::prim::GetAttr) continue;
+      const auto path = module_path(n->input(0), self);
+      if (!path) continue;
+      auto [it, fresh] = paths_.emplace(call_key(n), *path);
+      if (!fresh && depth(*path) < depth(it->second)) it->second = *path;
+    }
+  }
+  std::string of(const Node* n) const { return of(call_key(n)); }
+
+ private:
+  static size_t depth(const std::string& path) {
+    return path.empty() ? 0 : 1 + static_cast<size_t>(std::count(path.begin(), path.end(), '.'));
+  }
+  std::string of(CallKey key) const {
+    if (key.empty()) return "";
+    if (const auto it = paths_.find(key); it != paths_.end()) return it->second;
+    const std::string name = std::get<4>(key.back());
+    key.pop_back();
+    const std::string caller = of(key);
+    if (name.empty() || name == "SELF" || name == "INSTANCE_NAME_UNKNOWN") return caller;
+    return caller.empty() ? name : caller + "." + name;
+  }
+  std::map<CallKey, std::string> paths_;
+};
+
+// Module paths for the products of two activations, "<module>.matmul_<i>" in graph order (i counted
+// per module), none equal to a name the TorchScript module or an earlier layer already uses.
+std::vector<std::string> product_paths(const std::vector<Candidate>& todo, const std::vector<Node*>& nodes,
+                                       const Value* self, const torch::jit::Module& module) {
+  std::set<std::string> taken;
+  for (const auto& m : module.named_modules()) taken.insert(m.name);
+  for (const auto& a : module.named_attributes(/*recurse=*/true)) taken.insert(a.name);
+  for (const auto& l : rewritten_layers(module)) taken.insert(l->path());
+  const CallerPaths callers(nodes, self);
+  std::map<std::string, int> next;
+  std::vector<std::string> out(todo.size());
+  for (size_t i = 0; i < todo.size(); ++i) {
+    if (!todo[i].product || todo[i].tied_to >= 0) continue;  // a shared product has its first call's path
+    const std::string owner = callers.of(todo[i].node);
+    std::string path;
+    do {
+      path = (owner.empty() ? "" : owner + ".") + "matmul_" + std::to_string(next[owner]++);
+    } while (!taken.insert(path).second);
+    out[i] = path;
+  }
+  return out;
+}
+
+// Whether a and b hold the same values: one graph value, equal constants, or one pure shape or
+// scaling op (transpose, view, division by a constant, ...) of the same values, up to `depth` ops back.
+bool same_value(const Value* a, const Value* b, int depth) {
+  if (a == b) return true;
+  const Node* na = a->node();
+  const Node* nb = b->node();
+  if (na->kind() == c10::prim::Constant && nb->kind() == c10::prim::Constant) {
+    const auto va = torch::jit::toIValue(a), vb = torch::jit::toIValue(b);
+    return va && vb && !va->isTensor() && !vb->isTensor() && *va == *vb;
+  }
+  static const std::set<c10::Symbol> pure{c10::aten::transpose, c10::aten::t,       c10::aten::numpy_T,
+                                          c10::aten::permute,   c10::aten::view,    c10::aten::reshape,
+                                          c10::aten::contiguous, c10::aten::div,    c10::aten::mul};
+  if (depth == 0 || na->kind() != nb->kind() || !pure.count(na->kind()) || na->inputs().size() != nb->inputs().size() ||
+      na->outputs().size() != 1 || nb->outputs().size() != 1)
+    return false;
+  for (size_t i = 0; i < na->inputs().size(); ++i)
+    if (!same_value(na->input(i), nb->input(i), depth - 1)) return false;
+  return true;
+}
+
+// A product of the same two operands as an earlier one shares its MatMul (nn.MultiheadAttention's
+// q @ k^T is a baddbmm in the branch with a mask and a bmm in the other: one layer for both, so
+// the one calibration sees serves either branch).
+void share_products(std::vector<Candidate>* todo) {
+  for (size_t i = 0; i < todo->size(); ++i) {
+    Candidate& c = (*todo)[i];
+    if (!c.product) continue;
+    for (size_t j = 0; j < i; ++j) {
+      const Candidate& o = (*todo)[j];
+      if (!o.product || o.tied_to >= 0) continue;
+      if (same_value(c.node->input(c.x_at), o.node->input(o.x_at), 3) &&
+          same_value(c.node->input(c.other_at), o.node->input(o.other_at), 3)) {
+        c.tied_to = static_cast<int>(j);
+        break;
+      }
+    }
+  }
+}
+
+}  // namespace
+
 RewriteResult rewrite_forward(torch::jit::Module& module) {
   const auto method = module.find_method("forward");
   QF_REQUIRE(method.has_value(), "framework/jit: the TorchScript module has no forward method");
@@ -529,11 +702,26 @@ RewriteResult rewrite_forward(torch::jit::Module& module) {
 
   RewriteResult result;
   std::vector<Candidate> todo = candidates(nodes, self, module, &result.kept_float);
+  share_products(&todo);
+  const std::vector<std::string> products = product_paths(todo, nodes, self, module);
   size_t next = rewritten_layers(module).size();
   std::vector<std::string> attrs(todo.size());
   for (size_t i = 0; i < todo.size(); ++i) {
     Candidate& c = todo[i];
     if (c.tied_to >= 0) continue;
+    if (c.product) {
+      // The module whose forward makes the product owns it (no tensors to point at).
+      const size_t dot = products[i].rfind('.');
+      auto layer = c10::make_intrusive<ScriptedLayer>(
+          products[i], c.spec, TensorHome{dot == std::string::npos ? "" : products[i].substr(0, dot), "", ""},
+          at::Tensor(), at::Tensor());
+      const std::string attr = free_attribute(module, &next);
+      module.register_attribute(attr, scripted_layer_type(), c10::IValue(layer));
+      replace(*g, self, c, attr, c.spec.kind);
+      attrs[i] = attr;
+      result.layers.push_back(std::move(layer));
+      continue;
+    }
     const at::Tensor weight = c.weight.value.toTensor();
     if (c.batch_norm) {
       // The folded tensors replace the module's own, so its parameters stay what the layer trains.
@@ -558,7 +746,12 @@ RewriteResult rewrite_forward(torch::jit::Module& module) {
   for (const Candidate& c : todo) {
     if (c.tied_to < 0) continue;
     const Candidate& owner = todo[static_cast<size_t>(c.tied_to)];
-    result.tied.push_back({c.weight.layer_name(), c.node->kind().toQualString(), owner.weight.layer_name()});
+    if (c.product) {
+      const std::string& layer = products[static_cast<size_t>(c.tied_to)];
+      result.tied.push_back({layer, c.node->kind().toQualString(), layer});
+    } else {
+      result.tied.push_back({c.weight.layer_name(), c.node->kind().toQualString(), owner.weight.layer_name()});
+    }
     replace(*g, self, c, attrs[static_cast<size_t>(c.tied_to)], owner.spec.kind);
   }
   std::map<const c10::TensorImpl*, SliceSource> sources;

@@ -22,6 +22,7 @@
 #include "framework/nn/conv.h"
 #include "framework/nn/embedding.h"
 #include "framework/nn/linear.h"
+#include "framework/nn/matmul.h"
 #include "kernels/cpu/max_pool.h"
 
 namespace qforge::jit {
@@ -32,6 +33,7 @@ const char* to_string(LayerKind k) {
     case LayerKind::kConv1d: return "Conv1d";
     case LayerKind::kConv2d: return "Conv2d";
     case LayerKind::kEmbedding: return "Embedding";
+    case LayerKind::kMatMul: return "MatMul";
   }
   return "?";
 }
@@ -42,6 +44,7 @@ const char* op_name(LayerKind k) {
     case LayerKind::kConv1d: return "qforge::conv1d";
     case LayerKind::kConv2d: return "qforge::conv2d";
     case LayerKind::kEmbedding: return "qforge::embedding";
+    case LayerKind::kMatMul: return "qforge::matmul";
   }
   return "?";
 }
@@ -54,7 +57,9 @@ size_t spatial_dims(LayerKind k) { return k == LayerKind::kConv2d ? 2 : k == Lay
 }  // namespace
 
 std::vector<int64_t> LayerSpec::to_ints() const {
-  std::vector<int64_t> v{kLayerStateVersion, static_cast<int64_t>(kind), in, out, groups, bias ? 1 : 0};
+  // Format 3 only where it is needed (a MatMul), so format-2 readers keep reading the other layers.
+  const int64_t version = kind == LayerKind::kMatMul ? 3 : 2;
+  std::vector<int64_t> v{version, static_cast<int64_t>(kind), in, out, groups, bias ? 1 : 0};
   for (const auto* a : {&kernel, &stride, &padding, &dilation}) v.insert(v.end(), a->begin(), a->end());
   if (kind == LayerKind::kEmbedding) v.push_back(padding_idx);
   v.push_back(weight_transposed ? 1 : 0);
@@ -69,6 +74,12 @@ constexpr size_t kHeaderInts = 6;  // version, kind, in, out, groups, bias
 // huge allocation in the layer's constructor).
 void check_spec(const LayerSpec& s) {
   const char* k = to_string(s.kind);
+  if (s.kind == LayerKind::kMatMul) {
+    QF_REQUIRE(s.in == 0 && s.out == 0 && s.groups == 1 && !s.bias && !s.weight_transposed && s.padding_idx == -1,
+               "framework/jit: pickled MatMul has layer options (in ", s.in, ", out ", s.out, ", groups ", s.groups,
+               ", bias ", s.bias, "); a product of two activations has none");
+    return;
+  }
   QF_REQUIRE(s.in >= 1 && s.out >= 1 && s.in <= kMaxLayerWidth && s.out <= kMaxLayerWidth, "framework/jit: pickled ",
              k, " has in ", s.in, ", out ", s.out, " (each must lie in [1, ", kMaxLayerWidth, "])");
   const bool conv = s.kind == LayerKind::kConv1d || s.kind == LayerKind::kConv2d;
@@ -100,6 +111,7 @@ void check_spec(const LayerSpec& s) {
 }  // namespace
 
 std::vector<int64_t> LayerSpec::weight_shape() const {
+  if (kind == LayerKind::kMatMul) return {};
   if (kind == LayerKind::kEmbedding) return {in, out};
   std::vector<int64_t> shape{out, kind == LayerKind::kLinear ? in : in / groups};
   shape.insert(shape.end(), kernel.begin(), kernel.end());
@@ -110,10 +122,12 @@ LayerSpec LayerSpec::from_ints(const std::vector<int64_t>& v) {
   QF_REQUIRE(!v.empty() && v[0] >= 1, "framework/jit: pickled qforge layer has no format version");
   QF_REQUIRE(v[0] <= kLayerStateVersion, "framework/jit: pickled qforge layer written by a newer qforge (format ",
              v[0], "; this one reads up to ", kLayerStateVersion, ")");
-  QF_REQUIRE(v.size() >= 2 && v[1] >= 0 && v[1] <= static_cast<int64_t>(LayerKind::kEmbedding),
+  QF_REQUIRE(v.size() >= 2 && v[1] >= 0 && v[1] <= static_cast<int64_t>(LayerKind::kMatMul),
              "framework/jit: pickled qforge layer has an unknown kind");
   LayerSpec s;
   s.kind = static_cast<LayerKind>(v[1]);
+  QF_REQUIRE(s.kind != LayerKind::kMatMul || v[0] >= 3, "framework/jit: pickled MatMul in format ", v[0],
+             " (MatMul layers exist from format 3)");
   const size_t d = spatial_dims(s.kind), extra = s.kind == LayerKind::kEmbedding ? 1 : 0;
   const size_t flags = v[0] >= 2 ? 1 : 0;  // format 2: weight_transposed
   QF_REQUIRE(v.size() == kHeaderInts + 4 * d + extra + flags, "framework/jit: pickled ", to_string(s.kind), " options have ",
@@ -209,6 +223,13 @@ std::shared_ptr<torch::nn::Module> make_layer(const LayerSpec& s, const std::str
       if (s.padding_idx >= 0) o.padding_idx(s.padding_idx);
       return build<nn::EmbeddingImpl>(o, who, w, b, fwd);
     }
+    case LayerKind::kMatMul: {
+      QF_REQUIRE(!w.defined() && !b.defined(), who, ": a product of two activations has no weight or bias");
+      *fwd = [who](const at::Tensor&) -> at::Tensor {
+        throw Error("framework/jit: " + who + " multiplies two operands; it has no one-input forward");
+      };
+      return std::make_shared<nn::MatMulImpl>();
+    }
   }
   throw Error("framework/jit: unknown layer kind");
 }
@@ -265,6 +286,12 @@ ScriptedLayer::ScriptedLayer(std::string path, const LayerSpec& spec, TensorHome
 
 at::Tensor ScriptedLayer::forward(const at::Tensor& x) { return forward_(x); }
 
+at::Tensor ScriptedLayer::forward(const at::Tensor& a, const at::Tensor& b) {
+  auto* m = dynamic_cast<nn::MatMulImpl*>(module_.get());
+  QF_REQUIRE(m != nullptr, "framework/jit: the ", to_string(spec_.kind), " layer '", path_, "' takes one input");
+  return m->forward(a, b);
+}
+
 at::Tensor ScriptedLayer::weight() const {
   const auto params = module_->named_parameters(/*recurse=*/false);
   const at::Tensor* w = params.find("weight");
@@ -311,6 +338,10 @@ namespace {
 void check_checkpoint_weight(const LayerSpec& spec, const std::string& path, const std::string& file) {
   const io::CheckpointReader reader(file);
   const std::string key = path + ".weight";
+  if (spec.kind == LayerKind::kMatMul) {
+    QF_REQUIRE(!reader.contains(key), "framework/jit: pickled MatMul '", path, "' holds a weight in its checkpoint");
+    return;
+  }
   QF_REQUIRE(reader.contains(key), "framework/jit: pickled ", to_string(spec.kind), " '", path,
              "' has no weight in its checkpoint");
   QF_REQUIRE(reader.info(key).shape == spec.weight_shape(), "framework/jit: pickled ", to_string(spec.kind), " '",
@@ -350,6 +381,14 @@ at::Tensor call(const at::Tensor& x, const c10::intrusive_ptr<ScriptedLayer>& l,
   // The calling module's mode (its `training` attribute) rules: a loaded file's .eval() reaches the layer.
   if (l->module()->is_training() != training) l->module()->train(training);
   return l->forward(x);
+}
+
+// qforge::matmul: a MatMul layer's product of two activations (float, fake-quant, calibrating or frozen).
+at::Tensor matmul(const at::Tensor& a, const at::Tensor& b, const c10::intrusive_ptr<ScriptedLayer>& l, bool training) {
+  QF_REQUIRE(l->spec().kind == LayerKind::kMatMul, "framework/jit: qforge::matmul called with the ",
+             to_string(l->spec().kind), " layer '", l->path(), "'");
+  if (l->module()->is_training() != training) l->module()->train(training);
+  return l->forward(a, b);
 }
 
 // Whether every value above clamp_max gets second's top input code as clamp_max itself does, so
@@ -481,6 +520,10 @@ TORCH_LIBRARY(qforge, m) {
   m.def("embedding(Tensor indices, __torch__.torch.classes.qforge.Layer layer, bool training) -> Tensor",
         [](const at::Tensor& indices, c10::intrusive_ptr<ScriptedLayer> l, bool training) {
           return call(indices, l, training, LayerKind::kEmbedding);
+        });
+  m.def("matmul(Tensor a, Tensor b, __torch__.torch.classes.qforge.Layer layer, bool training) -> Tensor",
+        [](const at::Tensor& a, const at::Tensor& b, c10::intrusive_ptr<ScriptedLayer> l, bool training) {
+          return matmul(a, b, l, training);
         });
   // A Linear's weight and bias as it holds them, for ops that slice them (graph_rewrite.h, TiedCall::slice).
   m.def("weight(__torch__.torch.classes.qforge.Layer layer, bool training) -> Tensor",

@@ -1,7 +1,7 @@
 // ScriptedLayer: the TorchScript custom class torch.classes.qforge.Layer. A rewritten TorchScript
-// graph calls qforge::linear / conv1d / conv2d / embedding (registered with LibTorch's operator
-// registry) with one of these; it holds a qforge layer (framework/nn) whose quantizers, fake-quant,
-// freeze and integer kernels run the call. Pickled into a saved TorchScript file as the layer's
+// graph calls qforge::linear / conv1d / conv2d / embedding / matmul (registered with LibTorch's
+// operator registry) with one of these; it holds a qforge layer (framework/nn) whose quantizers,
+// fake-quant, freeze and integer kernels run the call. Pickled into a saved TorchScript file as the layer's
 // model checkpoint (framework/io), so the file runs wherever libqforge is loaded.
 #pragma once
 
@@ -20,13 +20,16 @@
 namespace qforge::jit {
 
 // Persisted in saved TorchScript files: never renumber.
-enum class LayerKind : uint8_t { kLinear = 0, kConv1d = 1, kConv2d = 2, kEmbedding = 3 };
-const char* to_string(LayerKind k);  // "Linear", "Conv1d", "Conv2d", "Embedding"
+// kMatMul: a product of two activations (attention's q @ k^T and att @ v), a qforge::nn::MatMul
+// with a quantizer on each operand and no weight.
+enum class LayerKind : uint8_t { kLinear = 0, kConv1d = 1, kConv2d = 2, kEmbedding = 3, kMatMul = 4 };
+const char* to_string(LayerKind k);  // "Linear", "Conv1d", "Conv2d", "Embedding", "MatMul"
 
 // The options of the torch.nn layer a graph call stands for (convolutions: per spatial dimension).
 // Format of the pickled layer state (LayerSpec::to_ints' first value); newer formats are refused.
-// Format 2 adds weight_transposed (one value after the options).
-inline constexpr int64_t kLayerStateVersion = 2;
+// Format 2 adds weight_transposed (one value after the options); format 3 adds the kind MatMul
+// (written only for MatMul layers, so files without them stay readable by format-2 readers).
+inline constexpr int64_t kLayerStateVersion = 3;
 // Largest in/out features or channels, kernel size and weight element count a pickled layer may declare.
 inline constexpr int64_t kMaxLayerWidth = int64_t{1} << 24;
 inline constexpr int64_t kMaxLayerKernel = int64_t{1} << 12;
@@ -35,6 +38,7 @@ inline constexpr int64_t kMaxLayerWeight = int64_t{1} << 31;
 struct LayerSpec {
   LayerKind kind = LayerKind::kLinear;
   // in_features / out_features, in_channels / out_channels, or num_embeddings / embedding_dim
+  // (MatMul: both 0, it has no weight)
   int64_t in = 0, out = 0;
   std::vector<int64_t> kernel, stride, padding, dilation;
   int64_t groups = 1;
@@ -49,12 +53,13 @@ struct LayerSpec {
   std::vector<int64_t> to_ints() const;
   static LayerSpec from_ints(const std::vector<int64_t>& v);
   // Shape of the torch.nn layer's weight: [out, in], [out, in / groups, kernel...] or [in, out]
-  // (Embedding: one row per index).
+  // (Embedding: one row per index); empty for a MatMul.
   std::vector<int64_t> weight_shape() const;
 };
 
 // Where the layer's float tensors live in the TorchScript module: the module path owning them and
-// the attribute names ("weight"; bias empty when the call has none).
+// the attribute names ("weight"; bias empty when the call has none). A MatMul has neither: owner is
+// the module whose forward makes the product, weight and bias are empty.
 struct TensorHome {
   std::string owner;
   std::string weight;
@@ -71,11 +76,13 @@ class ScriptedLayer : public torch::CustomClassHolder {
 
   // The qforge layer's forward: float, fake-quant, calibrating or frozen, as its state says.
   at::Tensor forward(const at::Tensor& x);
+  // A MatMul's forward on its two operands (throws for other kinds).
+  at::Tensor forward(const at::Tensor& a, const at::Tensor& b);
 
   const std::string& path() const { return path_; }
   const LayerSpec& spec() const { return spec_; }
   const TensorHome& home() const { return home_; }
-  // The qforge layer (a qforge::nn::LinearImpl / Conv1dImpl / Conv2dImpl).
+  // The qforge layer (a qforge::nn::LinearImpl / Conv1dImpl / Conv2dImpl / EmbeddingImpl / MatMulImpl).
   const std::shared_ptr<torch::nn::Module>& module() const { return module_; }
   QuantizableLayer& layer() const { return *layer_; }
   // The layer's float weight and bias tensors (undefined once freeze() released them).
@@ -104,7 +111,8 @@ class ScriptedLayer : public torch::CustomClassHolder {
 
 // The TorchScript type of ScriptedLayer (registers the qforge ops and class on first use).
 c10::ClassTypePtr scripted_layer_type();
-// The op a kind's calls become: "qforge::linear", "qforge::conv1d", "qforge::conv2d", "qforge::embedding".
+// The op a kind's calls become: "qforge::linear", "qforge::conv1d", "qforge::conv2d", "qforge::embedding",
+// "qforge::matmul".
 const char* op_name(LayerKind k);
 
 // The module at dotted `path` in `root` ("" is root), creating empty modules where none is yet.

@@ -111,6 +111,7 @@ void ScriptedModelImpl::set_script_attr(const std::string& owner, const std::str
 void ScriptedModelImpl::register_script_tensors() {
   std::set<std::string> skip;
   for (const auto& l : layers_) {
+    if (l->home().weight.empty()) continue;  // a MatMul reads no tensor of the script
     const std::string prefix = l->home().owner.empty() ? "" : l->home().owner + ".";
     skip.insert(prefix + l->home().weight);
     if (!l->home().bias.empty()) skip.insert(prefix + l->home().bias);
@@ -150,7 +151,7 @@ void ScriptedModelImpl::release_script_tensor(const std::string& owner, const st
 
 void ScriptedModelImpl::save(const std::string& path) {
   for (const auto& l : layers_) {
-    if (!l->layer().frozen()) continue;
+    if (!l->layer().frozen() || l->home().weight.empty()) continue;
     release_script_tensor(l->home().owner, l->home().weight);
     // A bias the packed weight holds now (Linear's integer formats) is released too.
     if (!l->home().bias.empty() && !l->bias().defined()) set_script_attr(l->home().owner, l->home().bias, at::empty({0}));

@@ -47,7 +47,8 @@ bool scripted(const StackForm& f) { return std::string(f.name).find("scripted") 
 std::vector<std::string> stack_layers(const std::string& prefix) {
   std::vector<std::string> out;
   for (const char* layer : {"layers.0.", "layers.1."})
-    for (const char* l : {"self_attn.in_proj_weight", "self_attn.out_proj", "linear1", "linear2"})
+    for (const char* l : {"self_attn.in_proj_weight", "self_attn.matmul_0", "self_attn.matmul_1", "self_attn.out_proj",
+                          "linear1", "linear2"})
       out.push_back(prefix + layer + l);
   return out;
 }

@@ -311,13 +311,20 @@ TEST(TorchScript, CraftedLayerStatesAreRefusedBeforeTheLayerIsBuilt) {
   refused({1, 0, int64_t{1} << 40, 8, 1, 1}, "must lie in [1, ");
   refused({1, 0, int64_t{1} << 24, int64_t{1} << 24, 1, 1}, "elements");
   refused({1, 0, 4, 2, 2, 1}, "Linear has groups 2");
-  refused({qforge::jit::kLayerStateVersion + 1, 0, 4, 2, 1, 1}, "written by a newer qforge (format 3");
+  refused({qforge::jit::kLayerStateVersion + 1, 0, 4, 2, 1, 1}, "written by a newer qforge (format 4");
+  // A MatMul (format 3): no options, no weight.
+  EXPECT_EQ(LayerSpec::from_ints({3, 4, 0, 0, 1, 0, 0}).kind, qforge::jit::LayerKind::kMatMul);
+  EXPECT_TRUE(LayerSpec::from_ints({3, 4, 0, 0, 1, 0, 0}).weight_shape().empty());
+  refused({2, 4, 0, 0, 1, 0, 0}, "MatMul layers exist from format 3");
+  refused({3, 4, 4, 2, 1, 0, 0}, "pickled MatMul has layer options");
+  refused({3, 4, 0, 0, 1, 1, 0}, "pickled MatMul has layer options");
   refused({2, 0, 4, 2, 1, 1, 2}, "Linear has weight_transposed 2");
   refused({2, 3, 4, 2, 1, 0, 1, 1}, "Embedding has a transposed weight");
   EXPECT_TRUE(LayerSpec::from_ints({2, 0, 4, 2, 1, 1, 1}).weight_transposed);
   EXPECT_FALSE(LayerSpec::from_ints({1, 0, 4, 2, 1, 1}).weight_transposed);  // format 1 files load
   refused({0, 0, 4, 2, 1, 1}, "no format version");
   refused({1, 7, 4, 2, 1, 1}, "unknown kind");
+  refused({3, 5, 0, 0, 1, 0, 0}, "unknown kind");
   refused({1, 3, 4, 2, 1, 0, 4}, "Embedding has padding_idx 4 for 4 rows");
   refused({1, 3, 4, 2, 1, 0, -2}, "Embedding has padding_idx -2 for 4 rows");
   refused({1, 3, 4, 2, 1, 0}, "Embedding options have 6 values, expected 7");
@@ -332,7 +339,7 @@ TEST(TorchScript, CraftedLayerStatesAreRefusedBeforeTheLayerIsBuilt) {
   const auto layer = c10::make_intrusive<qforge::jit::ScriptedLayer>(
       "fc", spec, qforge::jit::TensorHome{"", "weight", ""}, at::Tensor(), at::Tensor());
   auto [names, ints, data] = layer->state();
-  EXPECT_EQ(ints.front(), qforge::jit::kLayerStateVersion);
+  EXPECT_EQ(ints.front(), 2);  // format 3 only for a MatMul: older qforge builds read the rest
   EXPECT_NO_THROW(qforge::jit::ScriptedLayer::from_state({names, ints, data}));
   ints[2] = int64_t{1} << 15;
   ints[3] = int64_t{1} << 15;

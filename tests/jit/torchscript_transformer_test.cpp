@@ -1,7 +1,7 @@
 // Transformer-shaped TorchScript models: a BERT-like encoder scripted and traced in PyTorch
 // (scripts/torchscript/make_fixtures.py, TinyEncoder) with nn.Linear, x @ W^T on bare parameters,
-// an nn.Embedding and LayerNorms. Its Linear / matmul / embedding calls become qforge layers, the
-// LayerNorms and the attention's activation x activation matmuls stay float and are listed; the
+// an nn.Embedding and LayerNorms. Its Linear / matmul / embedding calls become qforge layers (the
+// attention's activation x activation matmuls qforge MatMuls), the LayerNorms stay float and are listed; the
 // quantized logits are compared with the float script's and with PyTorch's own dynamic int8
 // quantization of the same model on the same inputs (encoder_data.safetensors).
 #include <gtest/gtest.h>
@@ -26,9 +26,9 @@ using qforge::jit_test::TempDir;
 namespace {
 
 const std::vector<std::string> kEncoderLayers{
-    "tok",          "blocks.0.q",   "blocks.0.k",   "blocks.0.v",   "blocks.0.out_weight", "blocks.0.ff1",
-    "blocks.0.ff2", "blocks.1.q",   "blocks.1.k",   "blocks.1.v",   "blocks.1.out_weight", "blocks.1.ff1",
-    "blocks.1.ff2", "head"};
+    "tok",          "blocks.0.q",          "blocks.0.k",   "blocks.0.v",   "blocks.0.matmul_0", "blocks.0.matmul_1",
+    "blocks.0.out_weight", "blocks.0.ff1", "blocks.0.ff2", "blocks.1.q",   "blocks.1.k",        "blocks.1.v",
+    "blocks.1.matmul_0",   "blocks.1.matmul_1", "blocks.1.out_weight", "blocks.1.ff1", "blocks.1.ff2", "head"};
 
 qforge::io::SafetensorsFile encoder_data() {
   return qforge::io::read_safetensors(std::string(QFORGE_TORCHSCRIPT_FIXTURES) + "/encoder_data.safetensors");
@@ -49,16 +49,15 @@ TEST(TorchScriptTransformer, LinearMatmulAndEmbeddingBecomeQforgeLayersLayerNorm
     EXPECT_EQ(paths, kEncoderLayers);
     EXPECT_EQ(m->layers()[0]->spec().kind, LayerKind::kEmbedding);
     EXPECT_EQ(m->layers()[0]->spec().padding_idx, 0);
-    EXPECT_EQ(m->layers()[4]->spec().kind, LayerKind::kLinear);  // x @ out_weight.t()
-    EXPECT_FALSE(m->layers()[4]->spec().bias);                   // out_bias is added by the graph
-    int layer_norms = 0, activation_matmuls = 0;
-    for (const auto& f : m->kept_float()) {
+    EXPECT_EQ(m->layers()[4]->spec().kind, LayerKind::kMatMul);  // q @ k^T
+    EXPECT_EQ(m->layers()[5]->spec().kind, LayerKind::kMatMul);  // att @ v
+    EXPECT_EQ(m->layers()[6]->spec().kind, LayerKind::kLinear);  // x @ out_weight.t()
+    EXPECT_FALSE(m->layers()[6]->spec().bias);                   // out_bias is added by the graph
+    int layer_norms = 0;
+    for (const auto& f : m->kept_float())
       if (f.op == "aten::layer_norm" && f.reason.find("kept float by design") == 0) ++layer_norms;
-      if (f.op == "aten::matmul" && f.reason.find("two computed tensors") != std::string::npos) ++activation_matmuls;
-    }
     EXPECT_EQ(layer_norms, 5);
-    EXPECT_EQ(activation_matmuls, 4);  // q @ k^T and att @ v of each block
-    EXPECT_EQ(m->kept_float().size(), 9u);
+    EXPECT_EQ(m->kept_float().size(), 5u);
     EXPECT_NE(m->describe().find("aten::layer_norm: kept float by design"), std::string::npos) << m->describe();
     // The float forward of the rewritten graph is the script's, bit for bit, on this machine; the
     // logits PyTorch stored on the machine that wrote the fixture differ from it in the last bits
@@ -148,6 +147,81 @@ TEST(TorchScriptTransformer, StaticW8A8CalibratedWithAnInt4EmbeddingTable) {
   EXPECT_GE(top1_agreement(y, y_ref), 0.9);
   EXPECT_EQ(m->layers()[0]->layer().frozen_weight().qtype().name, std::string("qint4"));
   EXPECT_LT(qforge::model_size(*m).total_bytes, float_bytes / 2);
+}
+
+// The attention's q @ k^T and att @ v (torch.matmul of two activations) are qforge MatMuls: a
+// quantizer on each operand, calibrated like any activation, frozen onto the int8 x int8 batched
+// kernel (static per-tensor or dynamic per token), saved and loaded with the file; a Scheme rule on
+// their module paths keeps them float.
+TEST(TorchScriptTransformer, AttentionProductsAreQforgeMatMulsOnTheIntegerKernelSavedAndRuleable) {
+  const auto data = encoder_data();
+  const at::Tensor ids = data.tensors.at("input_ids"), ref = data.tensors.at("float_logits");
+  const at::Tensor calib = ids.narrow(0, 0, 32), held_out = ids.narrow(0, 32, 32), y_ref = ref.narrow(0, 32, 32);
+  TempDir tmp;
+  // Static W8A8 with and without the products quantized.
+  std::vector<double> errors;
+  for (const bool products : {true, false}) {
+    SCOPED_TRACE(products ? "products quantized" : "products float");
+    ScriptedModel m = qforge::jit::load_torchscript(fixture("encoder_scripted"));
+    m->eval();
+    qforge::Scheme scheme = qforge::jit_test::w8a8();
+    if (!products) {
+      qforge::LayerRule keep;
+      keep.pattern = "*.matmul_*";
+      keep.keep_float = true;
+      scheme.rules.push_back(keep);
+    }
+    qforge::quantize(*m, scheme);
+    torch::NoGradGuard no_grad;
+    {
+      qforge::Calibration calibration(*m);
+      m->forward(calib);
+    }
+    const at::Tensor fake = m->forward(held_out);
+    qforge::freeze(*m);
+    const at::Tensor frozen = m->forward(held_out);
+    int matmuls = 0;
+    for (const auto& l : m->layers()) {
+      if (l->spec().kind != LayerKind::kMatMul) continue;
+      ++matmuls;
+      EXPECT_EQ(l->layer().quantizers().size(), products ? 2u : 0u) << l->path();
+      if (products) {
+        EXPECT_TRUE(l->layer().frozen()) << l->path();
+        EXPECT_EQ(l->layer().plan().path, qforge::LinearPath::kS8Static) << l->path();
+      }
+    }
+    EXPECT_EQ(matmuls, 4);
+    // int32 sums of int8 codes against float sums of the same dequantized codes: rounding only.
+    EXPECT_LE((frozen - fake).abs().max().item<double>(), 1e-4 * fake.abs().max().item<double>());
+    errors.push_back(relative_error(frozen, y_ref));
+    const std::string path = (tmp.path / (products ? "products.pt" : "float_products.pt")).string();
+    m->save(path);
+    torch::jit::Module plain = torch::jit::load(path);
+    plain.eval();
+    EXPECT_TRUE(at::equal(plain.forward({held_out}).toTensor(), frozen));
+    EXPECT_EQ(qforge::jit::rewritten_layers(plain).size(), kEncoderLayers.size());
+    ScriptedModel again = qforge::jit::load_torchscript(path);
+    again->eval();
+    EXPECT_TRUE(at::equal(again->forward(held_out), frozen));
+    EXPECT_EQ(again->layers()[4]->path(), "blocks.0.matmul_0");
+    EXPECT_EQ(again->layers()[4]->layer().frozen(), products);
+  }
+  std::printf("static W8A8 relative error: products int8 %.4f, products float %.4f\n", errors[0], errors[1]);
+  EXPECT_LE(errors[0], 0.1);
+  EXPECT_NE(errors[0], errors[1]);  // the products' quantization is not a no-op
+
+  // Dynamic per-token int8: one scale per row of q and of att, per column of k^T and of v.
+  ScriptedModel m = qforge::jit::load_torchscript(fixture("encoder_traced"));
+  m->eval();
+  qforge::quantize(*m, qforge::jit_test::dynamic_int8());
+  torch::NoGradGuard no_grad;
+  const at::Tensor fake = m->forward(held_out);
+  qforge::freeze(*m);
+  for (const auto& l : m->layers())
+    if (l->spec().kind == LayerKind::kMatMul) {
+      EXPECT_EQ(l->layer().plan().path, qforge::LinearPath::kS8Dynamic) << l->path();
+    }
+  EXPECT_LE((m->forward(held_out) - fake).abs().max().item<double>(), 1e-2 * ref.abs().max().item<double>());
 }
 
 // A tied token table (scripts/torchscript/make_fixtures.py, TiedLm): the embedding, an nn.Linear
