@@ -364,6 +364,21 @@ TEST(TorchScriptRecipe, CausalLmReadsTokenWindowsFromTheDataFileAndRefusesWhatDo
   EXPECT_NEAR(perplexity(m, x.slice(0, 256), y.slice(0, 256)), r["metrics"]["frozen"]["perplexity"].get<double>(),
               1e-4 * fp);
 
+  // Token windows alone: a window of 65 ids runs its first 64 and scores ids 2..65, the same
+  // windows and next tokens as above, so the same perplexities.
+  const std::string ids_only = (dir.path / "ids.safetensors").string();
+  qforge::io::write_safetensors(ids_only, {{"inputs", at::cat({x, y.slice(1, 63, 64)}, 1).to(at::kInt)}});
+  const QtrainRun unlabeled = qtrain(std::string(kLmRecipe) + " --out " + (dir.path / "ids").string() +
+                                     " --set data.dataset=tensors --set data.file=" + ids_only +
+                                     " --set data.validation_size=64 --set model.input_shape=[64]");
+  ASSERT_EQ(unlabeled.code, 0) << unlabeled.output;
+  EXPECT_NE(unlabeled.output.find("has no 'labels': each window of 65 ids runs its first 64"), std::string::npos)
+      << unlabeled.output;
+  std::ifstream in_ids(dir.path / "ids" / "report.json");
+  const nlohmann::json r_ids = nlohmann::json::parse(in_ids);
+  for (const char* stage : {"float", "frozen"})
+    EXPECT_EQ(r_ids["metrics"][stage]["perplexity"], r["metrics"][stage]["perplexity"]) << stage;
+
   const auto expect_error = [&](const std::string& name, const std::string& set, const std::string& message) {
     const QtrainRun bad = qtrain(std::string(kLmRecipe) + " --out " + (dir.path / name).string() + set);
     EXPECT_NE(bad.code, 0) << set;
@@ -378,6 +393,8 @@ TEST(TorchScriptRecipe, CausalLmReadsTokenWindowsFromTheDataFileAndRefusesWhatDo
                "gave Float [2, 5]; a causal LM's logits are float [B, T, V]");
   qforge::io::write_safetensors(data, {{"inputs", x}, {"labels", y.select(1, 0)}});
   expect_error("labels", sets, "a causal LM's 'labels' are int32 / int64 next tokens shaped as 'inputs' [320, 64]");
+  qforge::io::write_safetensors(data, {{"inputs", x.select(1, 0)}});
+  expect_error("no_labels", sets, "has no 'labels': a causal LM's 'inputs' must then be token windows [N, T] with T >= 2");
   // FortunesLm has 64 positions.
   expect_error("long", " --set data.seq_len=96", "the model must take token ids [B, T] with T = 96 (data.seq_len)");
   expect_error("cls", " --set model.task=classification", "model.task: fortunes is text for a language model");

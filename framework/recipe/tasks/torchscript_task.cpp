@@ -11,9 +11,11 @@
 //                   cut into windows of data.seq_len, as the gpt2 and llama tasks read it, with the
 //                   sliding-window perplexity of the test text; "tensors" data.file's `inputs`
 //                   [N, T] token ids and `labels` [N, T] next tokens (qtrain --export-data writes
-//                   them from a causal LM recipe).
+//                   them from a causal LM recipe), or `inputs` alone: windows of T ids whose next
+//                   tokens are their own ids shifted by one (T - 1 positions scored per window).
 #include <ATen/ATen.h>
 
+#include <cstdio>
 #include <functional>
 #include <sstream>
 
@@ -138,7 +140,21 @@ void attach_tensor_file(Task& t, const Recipe& r, jit::ScriptedModel m) {
   std::vector<std::string> held;
   const std::map<std::string, at::Tensor> f = tasks::read_data_file(file, {"inputs", "labels"}, &held);
   at::Tensor inputs = data_tensor(f, held, file, "inputs", "float examples or integer token ids [N, ...]");
-  const at::Tensor labels = data_tensor(f, held, file, "labels", "integer classes [N]");
+  if (r.model.task == "causal_lm" && !f.count("labels")) {
+    // Token windows alone, as a user has them: position i's next token is id i + 1 of the window.
+    QF_REQUIRE(inputs.dim() == 2 && inputs.size(1) >= 2, "qtrain: data.file ", file,
+               " has no 'labels': a causal LM's 'inputs' must then be token windows [N, T] with T >= 2 (each "
+               "window's next tokens are its own ids shifted by one), got ",
+               inputs.scalar_type(), " ", shape_string(inputs.sizes()));
+    const int64_t w = inputs.size(1);
+    std::fprintf(stderr,
+                 "qtrain: data.file %s has no 'labels': each window of %lld ids runs its first %lld, and ids 2..%lld "
+                 "are their next tokens\n",
+                 file.c_str(), static_cast<long long>(w), static_cast<long long>(w - 1), static_cast<long long>(w));
+    return attach_token_file(t, r, std::move(m), inputs.slice(1, 0, w - 1), inputs.slice(1, 1, w));
+  }
+  const at::Tensor labels = data_tensor(f, held, file, "labels",
+                                        r.model.task == "causal_lm" ? "next tokens [N, T]" : "integer classes [N]");
   if (r.model.task == "causal_lm") return attach_token_file(t, r, std::move(m), inputs, labels);
   const bool ids = inputs.scalar_type() == at::kLong || inputs.scalar_type() == at::kInt;
   QF_REQUIRE((inputs.scalar_type() == at::kFloat || ids) && inputs.dim() >= 2, "qtrain: data.file ", file,
