@@ -110,6 +110,20 @@ const Value* transposed_matrix(const Value* v) {
                                                                                                         : nullptr;
 }
 
+// The module attribute v is one op of, when that op reads no other tensor (t(W), W.mT,
+// W.expand(...): a weight in another form; x * self.scale is an activation).
+std::optional<AttrRef> one_op_from_attribute(const Value* v, const Value* self, const torch::jit::Module& root) {
+  std::optional<AttrRef> found;
+  for (const Value* in : v->node()->inputs()) {
+    if (auto ref = resolve(in, self, root)) {
+      found = ref;
+    } else if (in->type()->kind() == c10::TypeKind::TensorType) {
+      return std::nullopt;
+    }
+  }
+  return found;
+}
+
 // The weight operand of a matmul-like call, x @ W^T as torch emits nn.Linear (matmul / mm of x and
 // t(W), addmm(b, x, t(W)) with beta = alpha = 1); returns why not (empty: *c's x, weight and bias set).
 std::string matmul_operands(Node* n, const Value* self, const torch::jit::Module& root, Candidate* c) {
@@ -129,12 +143,15 @@ std::string matmul_operands(Node* n, const Value* self, const torch::jit::Module
       return "no qforge op for it in the TorchScript front door yet: the weight is the left operand (W @ x)";
     } else {
       // t(W) read twice, W.mT, permute(W, ...): a module attribute one op away that is not x @ W^T.
-      for (const Value* in : rhs->node()->inputs())
-        if (resolve(in, self, root))
-          return "the weight operand is " + std::string(rhs->node()->kind().toQualString()) +
-                 " of a module attribute, a form the front door does not recognise (it takes x @ W.t() with "
-                 "t(W) read once, and x @ W)";
+      if (one_op_from_attribute(rhs, self, root))
+        return "the weight operand is " + std::string(rhs->node()->kind().toQualString()) +
+               " of a module attribute, a form the front door does not recognise (it takes x @ W.t() with "
+               "t(W) read once, and x @ W)";
       if (addmm) return "addmm of two computed tensors: no qforge op for the added term (write a + x @ y)";
+      const Value* lhs = n->input(0);
+      if (one_op_from_attribute(lhs, self, root))
+        return "the left operand is " + std::string(lhs->node()->kind().toQualString()) +
+               " of a module attribute (a weight on the left, W.t() @ x): no qforge op for it (write x @ W)";
       // Two activations (attention's q @ k^T, att @ v): a qforge MatMul quantizing both operands.
       c->product = true;
       c->x_at = 0;
@@ -188,8 +205,8 @@ std::string batched_product(const Node* n, const Value* self, const torch::jit::
   const bool baddbmm = n->kind() == c10::aten::baddbmm;
   const size_t a = baddbmm ? 1 : 0;
   for (size_t i : {a, a + 1})
-    if (resolve(n->input(i), self, root))
-      return "a module attribute as an operand of " + std::string(n->kind().toQualString()) +
+    if (resolve(n->input(i), self, root) || one_op_from_attribute(n->input(i), self, root))
+      return "a module attribute (or one op of one) as an operand of " + std::string(n->kind().toQualString()) +
              ": no qforge op for a batched product with a weight (write x @ W.t())";
   if (baddbmm) {
     const auto beta = torch::jit::toIValue(n->input(3)), alpha = torch::jit::toIValue(n->input(4));
@@ -208,6 +225,9 @@ std::string batched_product(const Node* n, const Value* self, const torch::jit::
 // empty with *c filled.
 std::string analyse(Node* n, const Value* self, const torch::jit::Module& root, Candidate* c) {
   const auto k = n->kind();
+  // matmul.out / bmm.out write into a tensor the graph reads afterwards: a qforge op returns a new one.
+  if (const c10::FunctionSchema* schema = n->maybeSchema(); schema != nullptr && schema->is_mutable())
+    return "writes its result into an out= tensor: kept float";
   const bool matmul = k == c10::aten::matmul || k == c10::aten::mm || k == c10::aten::addmm;
   const bool embedding = k == c10::aten::embedding;
   c->x_at = embedding ? 1 : 0;
@@ -591,9 +611,14 @@ std::optional<std::string> module_path(const Value* v, const Value* self) {
   return path;
 }
 
-// The module paths of the calls a product's node was inlined through: inside a method, the module
-// its body reads attributes of (its self, the shortest path read there); a call of a module reading
-// none, its caller's path and the instance's attribute name; a free function, its caller's module.
+// The module whose forward made a node of the inlined graph. Each inlined call gives the nodes it
+// inserted a call-stack object of their own (one per call and inner call chain), so a node shares
+// its object with the prim::GetAttr reads of the method's body, whose self is the module (the
+// shortest path read there). A body that reads nothing (a free function such as
+// F.multi_head_attention_forward, a module without attributes) is found by its call chain instead:
+// the caller's module, then the instance's attribute name. Calls of one method at one place in the
+// source (a loop over a ModuleList unrolled) share a chain: several modules for one chain give their
+// common module path.
 class CallerPaths {
  public:
   CallerPaths(const std::vector<Node*>& nodes, const Value* self) {
@@ -601,36 +626,61 @@ class CallerPaths {
       if (n->kind() != c10::prim::GetAttr) continue;
       const auto path = module_path(n->input(0), self);
       if (!path) continue;
-      auto [it, fresh] = paths_.emplace(call_key(n), *path);
+      auto [it, fresh] = by_stack_.emplace(stack_of(n), *path);
       if (!fresh && depth(*path) < depth(it->second)) it->second = *path;
+      std::set<std::string>& paths = by_key_[call_key(n)];
+      if (!paths.empty() && depth(*path) < depth(*paths.begin())) paths.clear();
+      if (paths.empty() || depth(*path) == depth(*paths.begin())) paths.insert(*path);
     }
   }
-  std::string of(const Node* n) const { return of(call_key(n)); }
+  std::string of(const Node* n) const {
+    if (const auto it = by_stack_.find(stack_of(n)); it != by_stack_.end()) return it->second;
+    return of(call_key(n));
+  }
 
  private:
+  static const void* stack_of(const Node* n) { return n->callstack() ? n->callstack()->get() : nullptr; }
   static size_t depth(const std::string& path) {
     return path.empty() ? 0 : 1 + static_cast<size_t>(std::count(path.begin(), path.end(), '.'));
   }
+  // The longest dotted prefix the paths share ("blocks" for "blocks.0.attn" and "blocks.1.attn").
+  static std::string common_module(const std::set<std::string>& paths) {
+    std::string out;
+    for (size_t end = 0;; ++end) {
+      end = paths.begin()->find('.', end);
+      const std::string prefix = paths.begin()->substr(0, end);
+      for (const std::string& p : paths)
+        if (p.compare(0, prefix.size(), prefix) != 0 || (p.size() > prefix.size() && p[prefix.size()] != '.')) return out;
+      out = prefix;
+      if (end == std::string::npos) return out;
+    }
+  }
   std::string of(CallKey key) const {
     if (key.empty()) return "";
-    if (const auto it = paths_.find(key); it != paths_.end()) return it->second;
+    if (const auto it = by_key_.find(key); it != by_key_.end())
+      return it->second.size() == 1 ? *it->second.begin() : common_module(it->second);
     const std::string name = std::get<4>(key.back());
     key.pop_back();
     const std::string caller = of(key);
     if (name.empty() || name == "SELF" || name == "INSTANCE_NAME_UNKNOWN") return caller;
     return caller.empty() ? name : caller + "." + name;
   }
-  std::map<CallKey, std::string> paths_;
+  std::map<const void*, std::string> by_stack_;
+  std::map<CallKey, std::set<std::string>> by_key_;
 };
 
 // Module paths for the products of two activations, "<module>.matmul_<i>" in graph order (i counted
-// per module), none equal to a name the TorchScript module or an earlier layer already uses.
+// per module), none equal to a name the TorchScript module or another layer already uses; beside a
+// layer of the module's own path, "<module>_matmul_<i>" (outside_layers).
 std::vector<std::string> product_paths(const std::vector<Candidate>& todo, const std::vector<Node*>& nodes,
                                        const Value* self, const torch::jit::Module& module) {
-  std::set<std::string> taken;
+  std::set<std::string> taken, layers;
   for (const auto& m : module.named_modules()) taken.insert(m.name);
   for (const auto& a : module.named_attributes(/*recurse=*/true)) taken.insert(a.name);
-  for (const auto& l : rewritten_layers(module)) taken.insert(l->path());
+  for (const auto& l : rewritten_layers(module)) layers.insert(l->path());
+  for (const Candidate& c : todo)
+    if (!c.product && c.tied_to < 0) layers.insert(c.weight.layer_name());
+  taken.insert(layers.begin(), layers.end());
   const CallerPaths callers(nodes, self);
   std::map<std::string, int> next;
   std::vector<std::string> out(todo.size());
@@ -639,7 +689,7 @@ std::vector<std::string> product_paths(const std::vector<Candidate>& todo, const
     const std::string owner = callers.of(todo[i].node);
     std::string path;
     do {
-      path = (owner.empty() ? "" : owner + ".") + "matmul_" + std::to_string(next[owner]++);
+      path = outside_layers((owner.empty() ? "" : owner + ".") + "matmul_" + std::to_string(next[owner]++), layers);
     } while (!taken.insert(path).second);
     out[i] = path;
   }

@@ -6,6 +6,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <cstdlib>
@@ -256,10 +257,22 @@ class TempFile {
 
 }  // namespace
 
+std::string outside_layers(const std::string& path, const std::set<std::string>& layers) {
+  for (size_t dot = path.find('.'); dot != std::string::npos; dot = path.find('.', dot + 1)) {
+    if (!layers.count(path.substr(0, dot))) continue;
+    std::string out = path;
+    std::replace(out.begin() + static_cast<std::ptrdiff_t>(dot), out.end(), '.', '_');
+    return out;
+  }
+  return path;
+}
+
 torch::nn::Module& module_at(torch::nn::Module& root, const std::string& path) {
   torch::nn::Module* at = &root;
   std::stringstream names(path);
   for (std::string name; std::getline(names, name, '.');) {
+    QF_REQUIRE(dynamic_cast<QuantizableLayer*>(at) == nullptr, "framework/jit: module path '", path,
+               "' passes through a qforge layer, which holds no children");
     if (!at->named_children().contains(name)) at->register_module(name, std::make_shared<torch::nn::Module>());
     at = at->named_children()[name].get();
   }

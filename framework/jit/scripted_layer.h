@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <set>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -115,7 +116,14 @@ c10::ClassTypePtr scripted_layer_type();
 // "qforge::matmul".
 const char* op_name(LayerKind k);
 
-// The module at dotted `path` in `root` ("" is root), creating empty modules where none is yet.
+// `path` itself when no proper prefix of it is in `layers` (qforge layer paths), else the first
+// such prefix followed by the rest joined with '_': a qforge layer holds no children, so a tensor or
+// product of the module whose layer has the module's path goes beside it ("attn.temperature" ->
+// "attn_temperature" when "attn" is a layer).
+std::string outside_layers(const std::string& path, const std::set<std::string>& layers);
+
+// The module at dotted `path` in `root` ("" is root), creating empty modules where none is yet;
+// throws qforge::Error when the path passes through a qforge layer.
 torch::nn::Module& module_at(torch::nn::Module& root, const std::string& path);
 
 // Registers `module` in `root` at the dotted `path`, creating empty parent modules as needed

@@ -117,8 +117,12 @@ void ScriptedModelImpl::register_script_tensors() {
     if (!l->home().bias.empty()) skip.insert(prefix + l->home().bias);
   }
   const std::set<std::string> read = tensor_attributes_read(script_);
-  auto add = [&](const std::string& name, const at::Tensor& t, bool parameter) {
-    if (skip.count(name) || !read.count(name)) return;
+  std::set<std::string> layer_paths;
+  for (const auto& l : layers_) layer_paths.insert(l->path());
+  auto add = [&](const std::string& script_name, const at::Tensor& t, bool parameter) {
+    if (skip.count(script_name) || !read.count(script_name)) return;
+    // A tensor of a module whose layer has the module's path goes beside that layer.
+    const std::string name = outside_layers(script_name, layer_paths);
     const size_t dot = name.rfind('.');
     torch::nn::Module& owner = dot == std::string::npos ? *this : module_at(*this, name.substr(0, dot));
     const std::string leaf = dot == std::string::npos ? name : name.substr(dot + 1);

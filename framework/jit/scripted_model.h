@@ -87,7 +87,8 @@ class ScriptedModelImpl : public torch::nn::Module {
 
   // Registers the script's parameters and buffers the forward reads, other than the qforge
   // layers' weights and biases, as this module's own (the same tensors): parameters(),
-  // io::save_model / load_model and to() see them.
+  // io::save_model / load_model and to() see them. One of a module whose layer has the module's
+  // path is registered beside that layer (outside_layers: "attn_temperature").
   void register_script_tensors();
 
   // Empties the script's tensor attribute at owner.attr and every other attribute holding that

@@ -276,6 +276,52 @@ class BufferMatmul(nn.Module):
         return torch.matmul(torch.matmul(x, self.rot), self.w)
 
 
+class BilinearAttention(nn.Module):
+    """Scores q W k^T: `x @ self.weight` (a Linear named by this module's path, its attribute being
+    called `weight`) then a product of two activations, which qforge names beside that layer."""
+
+    def __init__(self, dim):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(dim, dim) * 0.3)
+        self.temperature = nn.Parameter(torch.tensor(0.8))  # another parameter of the layer's module
+
+    def forward(self, q, k):
+        return torch.matmul(torch.matmul(q, self.weight), k.transpose(1, 2)) * self.temperature
+
+
+class ProductBlock(nn.Module):
+    def __init__(self, dim):
+        super().__init__()
+        self.attn = BilinearAttention(dim)
+        self.proj = nn.Linear(dim, dim)
+
+
+class ProductForms(nn.Module):
+    """Products of two activations where naming them is hard: a ModuleList whose blocks' children
+    are called from the root's unrolled loop (one call site for both blocks), a bmm in the root's
+    own forward, and a bmm writing into an out= tensor (kept float)."""
+
+    def __init__(self, dim=8):
+        super().__init__()
+        self.blocks = nn.ModuleList([ProductBlock(dim) for _ in range(2)])
+
+    def forward(self, x):
+        for blk in self.blocks:
+            a = torch.softmax(blk.attn(x, x), dim=-1)
+            x = x + blk.proj(torch.bmm(a, x))
+        scores = torch.empty(x.size(0), x.size(1), x.size(1))
+        torch.bmm(x.detach(), x.detach().transpose(1, 2), out=scores)  # out= takes no gradients
+        return x + scores.mean(-1, keepdim=True)
+
+
+def write_product_forms(out):
+    """product_forms_{scripted,traced}.pt: ProductForms."""
+    torch.manual_seed(0)
+    net = ProductForms().eval()
+    torch.jit.script(net).save(os.path.join(out, "product_forms_scripted.pt"))
+    torch.jit.trace(net, torch.randn(2, 5, 8)).save(os.path.join(out, "product_forms_traced.pt"))
+
+
 def write_buffer_matmul(out):
     """buffer_matmul_{scripted,traced}.pt: BufferMatmul."""
     torch.manual_seed(0)
@@ -723,6 +769,7 @@ def main():
     os.makedirs(out, exist_ok=True)
     if only:  # --only=fortunes_lm: that fixture alone (the others' files stay as committed)
         writers = {"fortunes_lm": write_fortunes_lm, "h5_data": write_h5_data, "image_folders": write_image_folders,
+                   "product_forms": write_product_forms,
                    "langid_encoder": lambda o: write_langid_encoder(o, export)}
         for name in only:
             if name not in writers:
@@ -759,6 +806,7 @@ def main():
     write_mha_kpm(out)
     write_encoder_stack(out)
     write_buffer_matmul(out)
+    write_product_forms(out)
     write_vit(out)
     write_fmnist_cnn(out)
     write_fortunes_lm(out)

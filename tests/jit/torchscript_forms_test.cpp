@@ -206,3 +206,37 @@ TEST(TorchScriptForms, XTimesBufferKeptFloatParameterTaken) {
     EXPECT_TRUE(at::equal(m->forward(x), torch::jit::load(fixture(form)).forward({x}).toTensor()));
   }
 }
+
+// make_fixtures.py's ProductForms: products of two activations named by the module whose forward
+// makes them, also when the root's unrolled loop calls each block's child (one call site for both
+// blocks), beside the layer of a module whose own weight is called `weight` (that layer has the
+// module's path and holds no children: the module's other parameter goes beside it too), and at the
+// root; a bmm writing an out= tensor stays float.
+TEST(TorchScriptForms, ProductsNamedByTheirModuleBesideALayerOfThatPathOutFormsKeptFloat) {
+  torch::manual_seed(8);
+  const std::vector<std::string> want{"blocks.0.attn", "blocks.0.attn_matmul_0", "matmul_0", "blocks.0.proj",
+                                      "blocks.1.attn", "blocks.1.attn_matmul_0", "matmul_1", "blocks.1.proj"};
+  for (const char* form : {"product_forms_scripted", "product_forms_traced"}) {
+    SCOPED_TRACE(form);
+    ScriptedModel m = qforge::jit::load_torchscript(fixture(form));
+    ASSERT_EQ(layer_paths(m), want) << m->describe();
+    for (size_t i : {1, 2, 5, 6}) EXPECT_EQ(m->layers()[i]->spec().kind, LayerKind::kMatMul) << want[i];
+    EXPECT_TRUE(m->layers()[0]->spec().weight_transposed);  // q @ self.weight, stored [in, out]
+    // The attention module's other parameter is the model's, beside its layer (which holds no
+    // children: a saved file's layer state stays the layer's own).
+    EXPECT_TRUE(m->named_parameters().contains("blocks.0.attn_temperature"));
+    EXPECT_FALSE(m->named_parameters().contains("blocks.0.attn.temperature"));
+    ASSERT_EQ(m->kept_float().size(), 1u) << m->describe();
+    EXPECT_EQ(m->kept_float()[0].op, "aten::bmm");
+    EXPECT_NE(m->kept_float()[0].reason.find("out= tensor"), std::string::npos) << m->kept_float()[0].reason;
+    m->eval();
+    const at::Tensor x = torch::randn({3, 6, 8});
+    {
+      torch::NoGradGuard no_grad;
+      EXPECT_TRUE(at::equal(m->forward(x), qforge::jit_test::original_call(form, {x}, false).toTensor()));
+    }
+    const double error = qforge::jit_test::static_w8a8_round_trip(form, {torch::randn({4, 6, 8})}, {x});
+    std::printf("%s: static W8A8 frozen relative error %.4f\n", form, error);
+    EXPECT_LE(error, 0.1);
+  }
+}

@@ -228,6 +228,40 @@ TEST(TorchScriptEncoderLayer, MasksAgreeWithPyTorch) {
   }
 }
 
+// q @ k^T is one MatMul for both of its calls (scripted: a baddbmm where a mask is given, a bmm
+// where none is): calibrated through either branch, the frozen layer serves the other.
+TEST(TorchScriptEncoderLayer, ASharedProductCalibratedThroughOneBranchServesTheOther) {
+  torch::manual_seed(20);
+  const std::string form = "encoder_layer_bf_post_scripted";
+  const at::Tensor calib = torch::randn({4, 9, 16}), x = torch::randn({4, 9, 16});
+  at::Tensor kpm = torch::zeros({4, 9}, torch::kBool);
+  kpm.index_put_({1, torch::indexing::Slice(6)}, true);
+  for (const bool masked_calibration : {true, false}) {
+    SCOPED_TRACE(masked_calibration ? "calibrated with a mask" : "calibrated without");
+    ScriptedModel m = qforge::jit::load_torchscript(fixture(form));
+    int shared = 0;
+    for (const auto& t : m->tied()) shared += t.layer == "self_attn.matmul_0";
+    EXPECT_EQ(shared, 1) << m->describe();
+    m->eval();
+    qforge::quantize(*m, qforge::jit_test::w8a8());
+    torch::NoGradGuard no_grad;
+    {
+      qforge::Calibration calibration(*m);
+      if (masked_calibration) {
+        m->forward({calib, c10::IValue(), kpm});
+      } else {
+        m->forward({calib});
+      }
+    }
+    qforge::freeze(*m);
+    const std::vector<c10::IValue> other =
+        masked_calibration ? std::vector<c10::IValue>{x} : std::vector<c10::IValue>{x, c10::IValue(), kpm};
+    const double error = relative_error(m->forward(other).toTensor(), original_call(form, other, true).toTensor());
+    std::printf("%s, the other branch frozen: relative error %.4f\n", masked_calibration ? "masked" : "unmasked", error);
+    EXPECT_LE(error, 0.08);
+  }
+}
+
 // Train mode, gradients enabled: the same seed gives the same dropout masks on both sides.
 TEST(TorchScriptEncoderLayer, TrainModeEqualsPyTorchWithTheSameSeed) {
   torch::manual_seed(18);
