@@ -44,7 +44,7 @@ at::Tensor tensor_from(const nlohmann::json& a, int64_t heads, int64_t groups, b
 
 }  // namespace
 
-const KvSideScales& KvStaticScales::side(int64_t layer, bool values, const std::string& who) const {
+const KvSideScales& KvStaticScales::side(int64_t layer, bool values, const char* who) const {
   QF_REQUIRE(layer >= 0 && layer < static_cast<int64_t>(layers.size()), who, ": the static KV-cache scales cover ",
              layers.size(), " layers; layer ", layer, " has none");
   return layers[static_cast<size_t>(layer)][values];

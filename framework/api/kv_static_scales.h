@@ -31,8 +31,9 @@ struct KvStaticScales {
   // Per attention layer: [0] keys, [1] values.
   std::vector<std::array<KvSideScales, 2>> layers;
 
-  // Layer `layer`'s keys (values: false) or values; an error naming `who` past the last layer.
-  const KvSideScales& side(int64_t layer, bool values, const std::string& who) const;
+  // Layer `layer`'s keys (values: false) or values; an error naming `who` past the last layer
+  // (a C string: each static-cache append asks, so no string is built per layer and token).
+  const KvSideScales& side(int64_t layer, bool values, const char* who) const;
   // Throws qforge::Error (prefixed by `who`) unless there are `layers` layers of finite, positive
   // [kv_heads, groups] scales and zero points on the scheme's grid.
   void check(int64_t layers, int64_t kv_heads, int64_t groups, const KvCacheScheme& scheme,

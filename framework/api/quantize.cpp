@@ -99,6 +99,17 @@ QuantizeReport quantize(torch::nn::Module& model, const Scheme& scheme) {
     layer.check_scheme(*ls);
     plan.push_back({&layer, QuantizeReport::Entry{path, layer.layer_type(), *ls, rule, note}});
   });
+  if (scheme.activation_clip_ratio != 1.0f) {
+    QF_REQUIRE(scheme.activation_clip_ratio > 0.0f && scheme.activation_clip_ratio <= 1.0f,
+               "quantize: Scheme::activation_clip_ratio must be in (0, 1], got ", scheme.activation_clip_ratio);
+    const bool used = std::any_of(plan.begin(), plan.end(), [](const auto& p) {
+      return p.second.scheme.activations == ActivationMode::kDynamicPerToken;
+    });
+    QF_REQUIRE(used, "quantize: Scheme::activation_clip_ratio ", scheme.activation_clip_ratio,
+               " clips dynamic per-token activation rows only, and no layer's activations are dynamic per token "
+               "(static scales come from the observer): set activations to ActivationMode::kDynamicPerToken, or "
+               "leave the ratio at 1");
+  }
   const std::vector<PlainLayer> plain = plain_libtorch_layers(model);
   if (!scheme.allow_float_layers && !plain.empty()) throw Error(float_layers_error(model, plain));
   for (const PlainLayer& p : plain) {
@@ -241,7 +252,7 @@ void freeze(torch::nn::Module& model) {
     any_quantized |= layer.quantized();
     if (!layer.quantized() || layer.frozen()) return;
     for (const std::string& n : layer.uncalibrated()) missing.push_back(n);
-    if (layer.scheme().activations == ActivationMode::kDynamicPerToken && layer.scheme().activation.clip_ratio != 1.0f)
+    if (layer.scheme().clips_rows())
       clipped.push_back(display_name(path));
     layers.push_back(&layer);
   });
@@ -351,8 +362,8 @@ std::vector<LayerReport> layer_reports(const torch::nn::Module& model, bool plan
   std::vector<std::pair<std::string, LayerReport>> rows;  // (path, report)
   for_each_quantizable(model, [&](const std::string& path, const QuantizableLayer& layer) {
     LayerReport r = layer.report(planned);
-    // A layer freeze() refuses (no quantized weight) keeps its fake-quant bytes; its plan says why.
-    if (planned && layer.quantized() && !layer.frozen() && layer.scheme().weights)
+    // A layer freeze() refuses (no quantized weight, clipped rows) keeps its fake-quant bytes; its plan says why.
+    if (planned && layer.quantized() && !layer.frozen() && layer.scheme().weights && !layer.scheme().clips_rows())
       if (const auto frozen = frozen_copy(layer, path, layer.scheme())) r.bytes = frozen->storage_bytes();
     r.name = display_name(path);
     rows.emplace_back(path, std::move(r));

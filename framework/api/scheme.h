@@ -38,7 +38,8 @@ struct Scheme {
   std::string observer = "histogram";
   ObserverOptions observer_options;
   bool activation_lsq = false;
-  // Dynamic per-token activations: each row's scale covers amax times this (QuantizerConfig::clip_ratio).
+  // Dynamic per-token activations: each row's scale covers amax times this (QuantizerConfig::clip_ratio),
+  // in (0, 1]. quantize() refuses another value when no layer's activations are dynamic per token.
   float activation_clip_ratio = 1.0f;
   std::vector<LayerRule> rules;
   // quantize() refuses a model holding LibTorch layers that have a qforge twin (plain

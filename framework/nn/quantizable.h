@@ -23,6 +23,11 @@ struct LayerScheme {
   ActivationMode activations = ActivationMode::kNone;
   QuantizerConfig activation;              // for kStatic / kDynamicPerToken
   std::string note;  // where the layer got other than the scheme asked (e.g. per_channel for a group size that does not divide it)
+  // Dynamic per-token rows clipped below their amax (QuantizerConfig::clip_ratio < 1): no integer
+  // kernel scales such rows, so freeze refuses the layer.
+  bool clips_rows() const {
+    return activations == ActivationMode::kDynamicPerToken && activation.clip_ratio != 1.0f;
+  }
 };
 
 // One line of describe(): how a layer was quantized and what runs it.

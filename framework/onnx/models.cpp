@@ -174,8 +174,8 @@ void gpt2(const models::Gpt2LMHeadModelImpl& m, Graph& g, LayerWriter& w, ModelG
     std::string kT = heads(g, parts[1], H, D, {0, 2, 3, 1}, p + "/k");
     std::string v = heads(g, parts[2], H, D, {0, 2, 1, 3}, p + "/v");
     if (c.kv_cache.quantized()) {  // static int8 per head or layer (check_exportable)
-      kT = kv_qdq(g, kT, c.kv_cache.calibrated->side(static_cast<int64_t>(i), false, p), p + "/k_cache");
-      v = kv_qdq(g, v, c.kv_cache.calibrated->side(static_cast<int64_t>(i), true, p), p + "/v_cache");
+      kT = kv_qdq(g, kT, c.kv_cache.calibrated->side(static_cast<int64_t>(i), false, p.c_str()), p + "/k_cache");
+      v = kv_qdq(g, v, c.kv_cache.calibrated->side(static_cast<int64_t>(i), true, p.c_str()), p + "/v_cache");
     }
     std::string scores = g.node("Div", {w.matmul(*at_.qk_matmul, q, kT, 4), g.scalar_f32(static_cast<float>(std::sqrt(static_cast<double>(D))))},
                                 p + "/scores");

@@ -124,6 +124,10 @@ TEST(DynamicInt4Activations, ClippedRowsSaturateAndFreezeRefusesThem) {
   const at::Tensor w = lin->weight_quantizer()->forward(lin->weight);
   EXPECT_TRUE(at::allclose(lin->forward(in), at::linear(xq, w, lin->bias), 1e-5, 1e-5));
   EXPECT_NE(describe(*lin).find("dynamic qint4 per_token symmetric clip 0.9"), std::string::npos) << describe(*lin);
+  // The plan does not promise a kernel freeze refuses.
+  const std::string planned = describe(*lin, /*planned=*/true);
+  EXPECT_NE(planned.find("none: freeze refuses"), std::string::npos) << planned;
+  EXPECT_NE(planned.find("clip_ratio below 1 has no integer kernel"), std::string::npos) << planned;
   try {
     freeze(*lin);
     FAIL() << "froze clipped rows";
@@ -148,7 +152,23 @@ TEST(DynamicInt4Activations, ClippedRowsSaturateAndFreezeRefusesThem) {
   EXPECT_THROW(io::load_model(unclipped, path), Error);
   EXPECT_EQ(unclipped->scheme().activation.clip_ratio, 1.0f);
   std::filesystem::remove(path);
-  // A static scheme takes no clip ratio (its scales come from the observer).
+  // A static scheme takes no clip ratio (its scales come from the observer): through the Scheme
+  // API it is refused, naming the ratio, and the model stays unquantized; a ratio out of (0, 1] too.
+  nn::Linear fresh(torch::nn::LinearOptions(64, 24));
+  Scheme clipped_static(qint8);
+  clipped_static.activations = ActivationMode::kStatic;
+  clipped_static.activation_clip_ratio = 0.9f;
+  try {
+    quantize(*fresh, clipped_static);
+    FAIL() << "dropped the clip ratio of a static scheme";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("clips dynamic per-token activation rows only"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(fresh->quantized());
+  Scheme too_wide = w4a4();
+  too_wide.activation_clip_ratio = 1.5f;
+  EXPECT_THROW(quantize(*fresh, too_wide), Error);
+  EXPECT_FALSE(fresh->quantized());
   LayerScheme ls;
   ls.activations = ActivationMode::kStatic;
   ls.activation.clip_ratio = 0.9f;
