@@ -102,13 +102,20 @@ QuantizeReport quantize(torch::nn::Module& model, const Scheme& scheme) {
   if (scheme.activation_clip_ratio != 1.0f) {
     QF_REQUIRE(scheme.activation_clip_ratio > 0.0f && scheme.activation_clip_ratio <= 1.0f,
                "quantize: Scheme::activation_clip_ratio must be in (0, 1], got ", scheme.activation_clip_ratio);
-    const bool used = std::any_of(plan.begin(), plan.end(), [](const auto& p) {
-      return p.second.scheme.activations == ActivationMode::kDynamicPerToken;
-    });
-    QF_REQUIRE(used, "quantize: Scheme::activation_clip_ratio ", scheme.activation_clip_ratio,
-               " clips dynamic per-token activation rows only, and no layer's activations are dynamic per token "
-               "(static scales come from the observer): set activations to ActivationMode::kDynamicPerToken, or "
-               "leave the ratio at 1");
+    // A scheme that asks for no dynamic rows anywhere cannot mean the ratio; rules, float layers or
+    // convolutions (static) leaving none dynamic in this model are said, not refused.
+    const bool asked = scheme.activations == ActivationMode::kDynamicPerToken ||
+                       std::any_of(scheme.rules.begin(), scheme.rules.end(), [](const LayerRule& r) {
+                         return r.activations == ActivationMode::kDynamicPerToken;
+                       });
+    QF_REQUIRE(asked, "quantize: Scheme::activation_clip_ratio ", scheme.activation_clip_ratio,
+               " clips dynamic per-token activation rows only, and the scheme asks for none (static scales come "
+               "from the observer): set activations to ActivationMode::kDynamicPerToken, or leave the ratio at 1");
+    if (std::none_of(plan.begin(), plan.end(), [](const auto& p) {
+          return p.second.scheme.activations == ActivationMode::kDynamicPerToken;
+        }))
+      report.warnings.push_back(detail::str_cat("activation_clip_ratio ", scheme.activation_clip_ratio,
+                                                " clips no layer: none has dynamic per-token activations here"));
   }
   const std::vector<PlainLayer> plain = plain_libtorch_layers(model);
   if (!scheme.allow_float_layers && !plain.empty()) throw Error(float_layers_error(model, plain));

@@ -621,7 +621,9 @@ std::optional<std::string> module_path(const Value* v, const Value* self) {
 // common module path.
 class CallerPaths {
  public:
-  CallerPaths(const std::vector<Node*>& nodes, const Value* self) {
+  // `modules`: the TorchScript module's module paths (named_modules).
+  CallerPaths(const std::vector<Node*>& nodes, const Value* self, std::set<std::string> modules)
+      : modules_(std::move(modules)) {
     for (const Node* n : nodes) {
       if (n->kind() != c10::prim::GetAttr) continue;
       const auto path = module_path(n->input(0), self);
@@ -663,35 +665,48 @@ class CallerPaths {
     key.pop_back();
     const std::string caller = of(key);
     if (name.empty() || name == "SELF" || name == "INSTANCE_NAME_UNKNOWN") return caller;
-    return caller.empty() ? name : caller + "." + name;
+    const std::string joined = caller.empty() ? name : caller + "." + name;
+    if (modules_.count(joined)) return joined;
+    // The instance name is the receiver's last attribute only (blk.sdpa in a loop over blocks):
+    // the common path of the modules under the caller that end in it.
+    std::set<std::string> found;
+    for (const std::string& m : modules_)
+      if ((caller.empty() || m.compare(0, caller.size() + 1, caller + ".") == 0) && m.size() > name.size() &&
+          m.compare(m.size() - name.size() - 1, name.size() + 1, "." + name) == 0)
+        found.insert(m);
+    return found.empty() ? caller : common_module(found);
   }
+  std::set<std::string> modules_;
   std::map<const void*, std::string> by_stack_;
   std::map<CallKey, std::set<std::string>> by_key_;
 };
 
-// Module paths for the products of two activations, "<module>.matmul_<i>" in graph order (i counted
-// per module), none equal to a name the TorchScript module or another layer already uses; beside a
-// layer of the module's own path, "<module>_matmul_<i>" (outside_layers).
-std::vector<std::string> product_paths(const std::vector<Candidate>& todo, const std::vector<Node*>& nodes,
-                                       const Value* self, const torch::jit::Module& module) {
-  std::set<std::string> taken, layers;
-  for (const auto& m : module.named_modules()) taken.insert(m.name);
-  for (const auto& a : module.named_attributes(/*recurse=*/true)) taken.insert(a.name);
-  for (const auto& l : rewritten_layers(module)) layers.insert(l->path());
+// The module path of every new layer (empty for a call sharing another's), none equal to a name the
+// TorchScript module or another layer already uses. A weight's layer: its layer_name(); a product
+// of two activations: "<module>.matmul_<i>" in graph order (i counted per module). A layer holds no
+// children, so a path under another layer's goes beside it (outside_layers: "attn_table" for an
+// embedding at "attn.table" when "attn" is a Linear's, "attn_matmul_0" for attn's product).
+std::vector<std::string> layer_paths(const std::vector<Candidate>& todo, const std::vector<Node*>& nodes,
+                                     const Value* self, const torch::jit::Module& module) {
+  std::set<std::string> weights, modules, taken;
+  for (const auto& l : rewritten_layers(module)) weights.insert(l->path());
   for (const Candidate& c : todo)
-    if (!c.product && c.tied_to < 0) layers.insert(c.weight.layer_name());
-  taken.insert(layers.begin(), layers.end());
-  const CallerPaths callers(nodes, self);
-  std::map<std::string, int> next;
+    if (!c.product && c.tied_to < 0) weights.insert(c.weight.layer_name());
+  for (const auto& m : module.named_modules()) modules.insert(m.name);
+  for (const auto& m : module.named_modules()) taken.insert(outside_layers(m.name, weights));
+  for (const auto& a : module.named_attributes(/*recurse=*/true)) taken.insert(outside_layers(a.name, weights));
+  for (const auto& l : rewritten_layers(module)) taken.insert(l->path());
   std::vector<std::string> out(todo.size());
+  for (size_t i = 0; i < todo.size(); ++i)
+    if (!todo[i].product && todo[i].tied_to < 0) taken.insert(out[i] = outside_layers(todo[i].weight.layer_name(), weights));
+  const CallerPaths callers(nodes, self, modules);
+  std::map<std::string, int> next;
   for (size_t i = 0; i < todo.size(); ++i) {
     if (!todo[i].product || todo[i].tied_to >= 0) continue;  // a shared product has its first call's path
     const std::string owner = callers.of(todo[i].node);
-    std::string path;
     do {
-      path = outside_layers((owner.empty() ? "" : owner + ".") + "matmul_" + std::to_string(next[owner]++), layers);
-    } while (!taken.insert(path).second);
-    out[i] = path;
+      out[i] = outside_layers((owner.empty() ? "" : owner + ".") + "matmul_" + std::to_string(next[owner]++), weights);
+    } while (!taken.insert(out[i]).second);
   }
   return out;
 }
@@ -753,7 +768,7 @@ RewriteResult rewrite_forward(torch::jit::Module& module) {
   RewriteResult result;
   std::vector<Candidate> todo = candidates(nodes, self, module, &result.kept_float);
   share_products(&todo);
-  const std::vector<std::string> products = product_paths(todo, nodes, self, module);
+  const std::vector<std::string> paths = layer_paths(todo, nodes, self, module);
   size_t next = rewritten_layers(module).size();
   std::vector<std::string> attrs(todo.size());
   for (size_t i = 0; i < todo.size(); ++i) {
@@ -761,9 +776,9 @@ RewriteResult rewrite_forward(torch::jit::Module& module) {
     if (c.tied_to >= 0) continue;
     if (c.product) {
       // The module whose forward makes the product owns it (no tensors to point at).
-      const size_t dot = products[i].rfind('.');
+      const size_t dot = paths[i].rfind('.');
       auto layer = c10::make_intrusive<ScriptedLayer>(
-          products[i], c.spec, TensorHome{dot == std::string::npos ? "" : products[i].substr(0, dot), "", ""},
+          paths[i], c.spec, TensorHome{dot == std::string::npos ? "" : paths[i].substr(0, dot), "", ""},
           at::Tensor(), at::Tensor());
       const std::string attr = free_attribute(module, &next);
       module.register_attribute(attr, scripted_layer_type(), c10::IValue(layer));
@@ -779,12 +794,12 @@ RewriteResult rewrite_forward(torch::jit::Module& module) {
       if (!c.bias_attr.empty()) set_attribute(module, c.weight.owner, c.bias_attr, c.bias);
       c.batch_norm->output()->replaceAllUsesWith(c.node->output());
       c.batch_norm->destroy();
-      result.folded.emplace_back(c.bn_owner, c.weight.layer_name());
+      result.folded.emplace_back(c.bn_owner, paths[i]);
     }
     // x @ W: the layer's weight is W's transpose, a view of W's storage (an optimizer step on it
     // updates the script's W; the graph no longer reads W itself).
     const at::Tensor bound = c.spec.weight_transposed ? weight.detach().t().requires_grad_(weight.requires_grad()) : weight;
-    auto layer = c10::make_intrusive<ScriptedLayer>(c.weight.layer_name(), c.spec,
+    auto layer = c10::make_intrusive<ScriptedLayer>(paths[i], c.spec,
                                                     TensorHome{c.weight.owner, c.weight.attr, c.bias_attr}, bound,
                                                     c.bias);
     const std::string attr = free_attribute(module, &next);
@@ -796,20 +811,15 @@ RewriteResult rewrite_forward(torch::jit::Module& module) {
   for (const Candidate& c : todo) {
     if (c.tied_to < 0) continue;
     const Candidate& owner = todo[static_cast<size_t>(c.tied_to)];
-    if (c.product) {
-      const std::string& layer = products[static_cast<size_t>(c.tied_to)];
-      result.tied.push_back({layer, c.node->kind().toQualString(), layer});
-    } else {
-      result.tied.push_back({c.weight.layer_name(), c.node->kind().toQualString(), owner.weight.layer_name()});
-    }
+    const std::string& layer = paths[static_cast<size_t>(c.tied_to)];
+    result.tied.push_back({c.product ? layer : c.weight.layer_name(), c.node->kind().toQualString(), layer});
     replace(*g, self, c, attrs[static_cast<size_t>(c.tied_to)], owner.spec.kind);
   }
   std::map<const c10::TensorImpl*, SliceSource> sources;
   for (size_t i = 0; i < todo.size(); ++i) {
     if (!todo[i].sliced_elsewhere) continue;
-    sources[todo[i].weight.value.toTensor().unsafeGetTensorImpl()] = {attrs[i], "qforge::weight", todo[i].weight.layer_name()};
-    if (todo[i].bias.defined())
-      sources[todo[i].bias.unsafeGetTensorImpl()] = {attrs[i], "qforge::bias", todo[i].weight.layer_name()};
+    sources[todo[i].weight.value.toTensor().unsafeGetTensorImpl()] = {attrs[i], "qforge::weight", paths[i]};
+    if (todo[i].bias.defined()) sources[todo[i].bias.unsafeGetTensorImpl()] = {attrs[i], "qforge::bias", paths[i]};
   }
   read_slices_from_layers(*g, self, module, sources, &result.tied);
   torch::jit::EliminateDeadCode(g);

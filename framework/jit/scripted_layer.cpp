@@ -276,6 +276,8 @@ torch::nn::Module& module_at(torch::nn::Module& root, const std::string& path) {
     if (!at->named_children().contains(name)) at->register_module(name, std::make_shared<torch::nn::Module>());
     at = at->named_children()[name].get();
   }
+  QF_REQUIRE(dynamic_cast<QuantizableLayer*>(at) == nullptr || path.empty(), "framework/jit: module path '", path,
+             "' is a qforge layer, which holds no children");
   return *at;
 }
 

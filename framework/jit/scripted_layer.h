@@ -123,7 +123,7 @@ const char* op_name(LayerKind k);
 std::string outside_layers(const std::string& path, const std::set<std::string>& layers);
 
 // The module at dotted `path` in `root` ("" is root), creating empty modules where none is yet;
-// throws qforge::Error when the path passes through a qforge layer.
+// throws qforge::Error when the path passes through, or ends at, a qforge layer.
 torch::nn::Module& module_at(torch::nn::Module& root, const std::string& path);
 
 // Registers `module` in `root` at the dotted `path`, creating empty parent modules as needed

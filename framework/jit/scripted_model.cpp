@@ -126,6 +126,11 @@ void ScriptedModelImpl::register_script_tensors() {
     const size_t dot = name.rfind('.');
     torch::nn::Module& owner = dot == std::string::npos ? *this : module_at(*this, name.substr(0, dot));
     const std::string leaf = dot == std::string::npos ? name : name.substr(dot + 1);
+    QF_REQUIRE(!owner.named_parameters(false).contains(leaf) && !owner.named_buffers(false).contains(leaf) &&
+                   !owner.named_children().contains(leaf),
+               "framework/jit: the script's tensor '", script_name, "' would be the model's '", name,
+               "', a name already taken (a qforge layer holds no children, so a module's other tensors go beside "
+               "its layer): rename one of them in the script");
     // The same tensor as the script's: a checkpoint load or an optimizer step reaches the script.
     if (parameter)
       owner.register_parameter(leaf, t, t.requires_grad());

@@ -277,16 +277,25 @@ class BufferMatmul(nn.Module):
 
 
 class BilinearAttention(nn.Module):
-    """Scores q W k^T: `x @ self.weight` (a Linear named by this module's path, its attribute being
-    called `weight`) then a product of two activations, which qforge names beside that layer."""
+    """Scores q W gate(k)^T: `x @ self.weight` (a Linear named by this module's path, its attribute
+    being called `weight`), a child Linear and a product of two activations, which qforge names
+    beside that layer, as it registers the module's other parameter."""
 
     def __init__(self, dim):
         super().__init__()
         self.weight = nn.Parameter(torch.randn(dim, dim) * 0.3)
+        self.gate = nn.Linear(dim, dim)
         self.temperature = nn.Parameter(torch.tensor(0.8))  # another parameter of the layer's module
 
     def forward(self, q, k):
-        return torch.matmul(torch.matmul(q, self.weight), k.transpose(1, 2)) * self.temperature
+        return torch.matmul(torch.matmul(q, self.weight), self.gate(k).transpose(1, 2)) * self.temperature
+
+
+class Sdpa(nn.Module):
+    """Attention with no parameters of its own."""
+
+    def forward(self, q, k, v):
+        return torch.matmul(torch.softmax(torch.matmul(q, k.transpose(1, 2)), dim=-1), v)
 
 
 class ProductBlock(nn.Module):
@@ -294,12 +303,13 @@ class ProductBlock(nn.Module):
         super().__init__()
         self.attn = BilinearAttention(dim)
         self.proj = nn.Linear(dim, dim)
+        self.sdpa = Sdpa()
 
 
 class ProductForms(nn.Module):
     """Products of two activations where naming them is hard: a ModuleList whose blocks' children
-    are called from the root's unrolled loop (one call site for both blocks), a bmm in the root's
-    own forward, and a bmm writing into an out= tensor (kept float)."""
+    are called from the root's unrolled loop (one call site for both blocks; one of them reads no
+    attribute), a bmm in the root's own forward, and a bmm writing into an out= tensor (kept float)."""
 
     def __init__(self, dim=8):
         super().__init__()
@@ -309,6 +319,7 @@ class ProductForms(nn.Module):
         for blk in self.blocks:
             a = torch.softmax(blk.attn(x, x), dim=-1)
             x = x + blk.proj(torch.bmm(a, x))
+            x = x + blk.sdpa(x, x, x)
         scores = torch.empty(x.size(0), x.size(1), x.size(1))
         torch.bmm(x.detach(), x.detach().transpose(1, 2), out=scores)  # out= takes no gradients
         return x + scores.mean(-1, keepdim=True)

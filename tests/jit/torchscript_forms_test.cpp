@@ -210,17 +210,22 @@ TEST(TorchScriptForms, XTimesBufferKeptFloatParameterTaken) {
 // make_fixtures.py's ProductForms: products of two activations named by the module whose forward
 // makes them, also when the root's unrolled loop calls each block's child (one call site for both
 // blocks), beside the layer of a module whose own weight is called `weight` (that layer has the
-// module's path and holds no children: the module's other parameter goes beside it too), and at the
-// root; a bmm writing an out= tensor stays float.
+// module's path and holds no children: the module's child Linear and other parameter go beside it
+// too), and at the root; a bmm writing an out= tensor stays float.
 TEST(TorchScriptForms, ProductsNamedByTheirModuleBesideALayerOfThatPathOutFormsKeptFloat) {
   torch::manual_seed(8);
-  const std::vector<std::string> want{"blocks.0.attn", "blocks.0.attn_matmul_0", "matmul_0", "blocks.0.proj",
-                                      "blocks.1.attn", "blocks.1.attn_matmul_0", "matmul_1", "blocks.1.proj"};
+  // Each block: q @ attn.weight (the Linear "attn"), attn.gate (a child of a layer's module: beside
+  // it), attn's product (beside it too), the root's bmm, proj, and the two products of sdpa, a
+  // module without attributes called in the loop: named by the blocks' common path.
+  const std::vector<std::string> want{
+      "blocks.0.attn", "blocks.0.attn_gate", "blocks.0.attn_matmul_0", "matmul_0", "blocks.0.proj", "blocks.matmul_0",
+      "blocks.matmul_1", "blocks.1.attn", "blocks.1.attn_gate", "blocks.1.attn_matmul_0", "matmul_1", "blocks.1.proj",
+      "blocks.matmul_2", "blocks.matmul_3"};
   for (const char* form : {"product_forms_scripted", "product_forms_traced"}) {
     SCOPED_TRACE(form);
     ScriptedModel m = qforge::jit::load_torchscript(fixture(form));
     ASSERT_EQ(layer_paths(m), want) << m->describe();
-    for (size_t i : {1, 2, 5, 6}) EXPECT_EQ(m->layers()[i]->spec().kind, LayerKind::kMatMul) << want[i];
+    for (size_t i : {2, 3, 5, 6, 9, 10, 12, 13}) EXPECT_EQ(m->layers()[i]->spec().kind, LayerKind::kMatMul) << want[i];
     EXPECT_TRUE(m->layers()[0]->spec().weight_transposed);  // q @ self.weight, stored [in, out]
     // The attention module's other parameter is the model's, beside its layer (which holds no
     // children: a saved file's layer state stays the layer's own).

@@ -394,7 +394,7 @@ TEST(TorchScriptRecipe, CausalLmReadsTokenWindowsFromTheDataFileAndRefusesWhatDo
   qforge::io::write_safetensors(data, {{"inputs", x}, {"labels", y.select(1, 0)}});
   expect_error("labels", sets, "a causal LM's 'labels' are int32 / int64 next tokens shaped as 'inputs' [320, 64]");
   qforge::io::write_safetensors(data, {{"inputs", x.select(1, 0)}});
-  expect_error("no_labels", sets, "has no 'labels': a causal LM's 'inputs' must then be token windows [N, T] with T >= 2");
+  expect_error("no_labels", sets, "has no 'labels': a causal LM's 'inputs' must then be int32 / int64 token windows [N, T] with T >= 2");
   // FortunesLm has 64 positions.
   expect_error("long", " --set data.seq_len=96", "the model must take token ids [B, T] with T = 96 (data.seq_len)");
   expect_error("cls", " --set model.task=classification", "model.task: fortunes is text for a language model");

@@ -104,7 +104,9 @@ void check_class_logits(jit::ScriptedModel& m, const Recipe& r, const Task& t, c
 
 // data.file of a causal LM: `inputs` [N, T] token ids, `labels` [N, T] the next token at every
 // position; split as the classification file (the last validation_size windows evaluate).
-void attach_token_file(Task& t, const Recipe& r, jit::ScriptedModel m, const at::Tensor& inputs, const at::Tensor& labels) {
+// `shifted`: the file held windows alone, cut here into inputs and next tokens (the messages say so).
+void attach_token_file(Task& t, const Recipe& r, jit::ScriptedModel m, const at::Tensor& inputs, const at::Tensor& labels,
+                       bool shifted = false) {
   const std::string& file = r.data.file;
   auto integral = [](const at::Tensor& x) { return x.scalar_type() == at::kLong || x.scalar_type() == at::kInt; };
   QF_REQUIRE(integral(inputs) && inputs.dim() == 2, "qtrain: data.file ", file,
@@ -118,7 +120,8 @@ void attach_token_file(Task& t, const Recipe& r, jit::ScriptedModel m, const at:
              ": token ids must be non-negative (and the file non-empty)");
   const auto& shape = r.model.input_shape;
   QF_REQUIRE(shape.empty() || shape == std::vector<int64_t>{x.size(1)}, "qtrain: data.file ", file, ": windows of ",
-             x.size(1), " tokens, model.input_shape is ", shape_string(shape));
+             x.size(1), " tokens", shifted ? " (its windows of " + std::to_string(x.size(1) + 1) + " ids less the last, which only follows)" : "",
+             ", model.input_shape is ", shape_string(shape));
   const int64_t n = x.size(0), v = r.data.validation_size;
   QF_REQUIRE(v > 0 && v < n, "qtrain: data.file ", file, " holds ", n,
              " windows: data.validation_size (", v, ") must leave some for calibration and some for evaluation");
@@ -142,8 +145,10 @@ void attach_tensor_file(Task& t, const Recipe& r, jit::ScriptedModel m) {
   at::Tensor inputs = data_tensor(f, held, file, "inputs", "float examples or integer token ids [N, ...]");
   if (r.model.task == "causal_lm" && !f.count("labels")) {
     // Token windows alone, as a user has them: position i's next token is id i + 1 of the window.
-    QF_REQUIRE(inputs.dim() == 2 && inputs.size(1) >= 2, "qtrain: data.file ", file,
-               " has no 'labels': a causal LM's 'inputs' must then be token windows [N, T] with T >= 2 (each "
+    QF_REQUIRE((inputs.scalar_type() == at::kLong || inputs.scalar_type() == at::kInt) && inputs.dim() == 2 &&
+                   inputs.size(1) >= 2,
+               "qtrain: data.file ", file,
+               " has no 'labels': a causal LM's 'inputs' must then be int32 / int64 token windows [N, T] with T >= 2 (each "
                "window's next tokens are its own ids shifted by one), got ",
                inputs.scalar_type(), " ", shape_string(inputs.sizes()));
     const int64_t w = inputs.size(1);
@@ -151,7 +156,7 @@ void attach_tensor_file(Task& t, const Recipe& r, jit::ScriptedModel m) {
                  "qtrain: data.file %s has no 'labels': each window of %lld ids runs its first %lld, and ids 2..%lld "
                  "are their next tokens\n",
                  file.c_str(), static_cast<long long>(w), static_cast<long long>(w - 1), static_cast<long long>(w));
-    return attach_token_file(t, r, std::move(m), inputs.slice(1, 0, w - 1), inputs.slice(1, 1, w));
+    return attach_token_file(t, r, std::move(m), inputs.slice(1, 0, w - 1), inputs.slice(1, 1, w), /*shifted=*/true);
   }
   const at::Tensor labels = data_tensor(f, held, file, "labels",
                                         r.model.task == "causal_lm" ? "next tokens [N, T]" : "integer classes [N]");
