@@ -8,6 +8,7 @@
 #include <torch/csrc/jit/passes/inliner.h>
 
 #include <algorithm>
+#include <cctype>
 #include <map>
 #include <optional>
 #include <set>
@@ -46,6 +47,11 @@ struct Candidate {
   bool product = false;
   size_t other_at = 1;
   int added_at = -1;
+  // An einsum product: its operands are the equation's list's (x_at, other_at index that list),
+  // permuted to [batch..., free, contracted] and [batch..., contracted, free], the product
+  // [batch..., free_a, free_b] permuted to the equation's output (empty: no permute).
+  bool einsum = false;
+  std::vector<int64_t> perm_a, perm_b, perm_out;
   int bias_at = -1;   // the bias operand, if the call has one (a tied Linear passes it on)
   int tied_to = -1;  // the candidate whose layer this call shares (one weight tensor read twice)
   std::string own_layer_why;  // why the call cannot hold a layer of its own (a tied call needs none)
@@ -221,6 +227,75 @@ std::string batched_product(const Node* n, const Value* self, const torch::jit::
   return {};
 }
 
+// einsum(equation, [a, b]) of two activations with one contracted index and one free index per
+// operand, any batch indices ("bhqd,bhkd->bhqk", "bhqk,bhkd->bhqd", "bij,bjk->bik"): a MatMul on
+// the operands permuted to [batch..., free, contracted] and [batch..., contracted, free]; returns why not.
+std::string einsum_product(const Node* n, const Value* self, const torch::jit::Module& root, Candidate* c) {
+  const auto eq = torch::jit::toIValue(n->input(0));
+  if (!eq || !eq->isString()) return "the einsum equation is not a constant of the graph";
+  const Node* list = n->input(1)->node();
+  if (list->kind() != c10::prim::ListConstruct || list->inputs().size() != 2)
+    return "einsum of other than two operands (given as a list in the graph)";
+  for (const Value* v : list->inputs())
+    if (resolve(v, self, root) || one_op_from_attribute(v, self, root))
+      return "a module attribute (or one op of one) as an einsum operand: no qforge op for a product with a weight";
+  std::string e;
+  for (const char ch : eq->toStringRef())
+    if (ch != ' ') e += ch;
+  const size_t arrow = e.find("->"), comma = e.find(',');
+  if (arrow == std::string::npos || comma == std::string::npos || comma > arrow)
+    return "einsum equation '" + e + "' without an explicit output ('->')";
+  const std::string a = e.substr(0, comma), b = e.substr(comma + 1, arrow - comma - 1), out = e.substr(arrow + 2);
+  const auto distinct_letters = [](const std::string& t) {
+    std::set<char> seen;
+    for (const char ch : t)
+      if (!std::isalpha(static_cast<unsigned char>(ch)) || !seen.insert(ch).second) return false;
+    return true;
+  };
+  if (!distinct_letters(a) || !distinct_letters(b) || !distinct_letters(out))
+    return "einsum equation '" + e + "' with '...', a repeated index or a third operand";
+  std::string batch, free_a, free_b, contracted;
+  for (const char ch : out) {
+    const bool in_a = a.find(ch) != std::string::npos, in_b = b.find(ch) != std::string::npos;
+    if (in_a && in_b) batch += ch;
+    else if (in_a) free_a += ch;
+    else if (in_b) free_b += ch;
+    else return "einsum equation '" + e + "' with an output index in no operand";
+  }
+  for (const char ch : a)
+    if (out.find(ch) == std::string::npos) {
+      if (b.find(ch) == std::string::npos) return "einsum equation '" + e + "' sums an index of one operand alone";
+      contracted += ch;
+    }
+  for (const char ch : b)
+    if (out.find(ch) == std::string::npos && a.find(ch) == std::string::npos)
+      return "einsum equation '" + e + "' sums an index of one operand alone";
+  if (contracted.size() != 1 || free_a.size() != 1 || free_b.size() != 1)
+    return "einsum equation '" + e + "' is not a batched matrix product (one contracted index and one free index "
+           "per operand)";
+  const auto positions = [](const std::string& of, const std::string& order) {
+    std::vector<int64_t> p;
+    for (const char ch : order) p.push_back(static_cast<int64_t>(of.find(ch)));
+    bool identity = true;
+    for (size_t i = 0; i < p.size(); ++i) identity = identity && p[i] == static_cast<int64_t>(i);
+    return identity ? std::vector<int64_t>{} : p;
+  };
+  c->perm_a = positions(a, batch + free_a + contracted);
+  c->perm_b = positions(b, batch + contracted + free_b);
+  c->perm_out = positions(batch + free_a + free_b, out);
+  c->einsum = true;
+  c->product = true;
+  c->x_at = 0;
+  c->other_at = 1;
+  return {};
+}
+
+// A product's first (which 0) or second operand.
+Value* product_operand(const Candidate& c, int which) {
+  const size_t at = which == 0 ? c.x_at : c.other_at;
+  return c.einsum ? c.node->input(1)->node()->input(at) : c.node->input(at);
+}
+
 // Why node n (a linear, convolution, matmul-like call or embedding) cannot become a qforge op, or
 // empty with *c filled.
 std::string analyse(Node* n, const Value* self, const torch::jit::Module& root, Candidate* c) {
@@ -233,6 +308,9 @@ std::string analyse(Node* n, const Value* self, const torch::jit::Module& root, 
   c->x_at = embedding ? 1 : 0;
   if (k == c10::aten::bmm || k == c10::aten::baddbmm) {
     const std::string why = batched_product(n, self, root, c);
+    if (!why.empty()) return why;
+  } else if (k == c10::aten::einsum) {
+    const std::string why = einsum_product(n, self, root, c);
     if (!why.empty()) return why;
   } else if (matmul) {
     const std::string why = matmul_operands(n, self, root, c);
@@ -328,14 +406,14 @@ bool quantizable_kind(const Node* n) {
   const auto k = n->kind();
   return k == c10::aten::linear || k == c10::aten::conv1d || k == c10::aten::conv2d || k == c10::aten::_convolution ||
          k == c10::aten::matmul || k == c10::aten::mm || k == c10::aten::addmm || k == c10::aten::embedding ||
-         k == c10::aten::bmm || k == c10::aten::baddbmm;
+         k == c10::aten::bmm || k == c10::aten::baddbmm || k == c10::aten::einsum;
 }
 
 // Ops the front door leaves float (listed so the user sees what was not quantized).
 bool listed_float_kind(const Node* n) {
-  static const std::set<std::string> kinds{"aten::einsum", "aten::conv3d", "aten::conv_transpose1d",
+  static const std::set<std::string> kinds{"aten::conv3d",           "aten::conv_transpose1d",
                                            "aten::conv_transpose2d", "aten::conv_transpose3d",
-                                           "aten::embedding_bag"};
+                                           "aten::embedding_bag",    "aten::scaled_dot_product_attention"};
   return kinds.count(n->kind().toQualString()) != 0;
 }
 
@@ -363,10 +441,14 @@ void replace(Graph& g, Value* self, const Candidate& c, const std::string& attr,
   Value* holder = g.insertGetAttr(self, attr);
   Value* training = g.insertGetAttr(self, "training");
   const bool tied_table = kind == LayerKind::kEmbedding && c.spec.kind == LayerKind::kLinear;
-  Value* x = n->input(c.x_at);
+  Value* x = c.product ? product_operand(c, 0) : n->input(c.x_at);
   Node* call = nullptr;
+  const auto permuted = [&](Value* v, const std::vector<int64_t>& perm) {
+    return perm.empty() ? v : g.insert(c10::aten::permute, {v, g.insertConstant(c10::IValue(perm))});
+  };
   if (kind == LayerKind::kMatMul) {
-    call = g.create(c10::Symbol::fromQualString(op_name(kind)), {x, n->input(c.other_at), holder, training}, 1);
+    call = g.create(c10::Symbol::fromQualString(op_name(kind)),
+                    {permuted(x, c.perm_a), permuted(product_operand(c, 1), c.perm_b), holder, training}, 1);
   } else if (tied_table) {
     Value* bias = c.bias_at >= 0 ? n->input(static_cast<size_t>(c.bias_at)) : g.insertConstant(c10::IValue());
     call = g.create(c10::Symbol::fromQualString("qforge::tied_linear"), {x, holder, bias, training}, 1);
@@ -375,7 +457,7 @@ void replace(Graph& g, Value* self, const Candidate& c, const std::string& attr,
   }
   g.insertNode(call);
   call->output()->setType(c10::TensorType::get());
-  Value* out = call->output();
+  Value* out = permuted(call->output(), c.perm_out);
   // baddbmm(t, a, b) with beta = alpha = 1: t + a @ b.
   if (c.added_at >= 0) out = g.insert(c10::aten::add, {n->input(static_cast<size_t>(c.added_at)), out});
   n->output()->replaceAllUsesWith(out);
@@ -742,8 +824,10 @@ void share_products(std::vector<Candidate>* todo) {
     for (size_t j = 0; j < i; ++j) {
       const Candidate& o = (*todo)[j];
       if (!o.product || o.tied_to >= 0) continue;
-      if (same_value(c.node->input(c.x_at), o.node->input(o.x_at), 3) &&
-          same_value(c.node->input(c.other_at), o.node->input(o.other_at), 3)) {
+      // (An einsum shares only with an einsum of the same permutations.)
+      if (c.einsum == o.einsum && c.perm_a == o.perm_a && c.perm_b == o.perm_b &&
+          same_value(product_operand(c, 0), product_operand(o, 0), 3) &&
+          same_value(product_operand(c, 1), product_operand(o, 1), 3)) {
         c.tied_to = static_cast<int>(j);
         break;
       }

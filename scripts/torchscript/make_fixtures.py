@@ -325,12 +325,36 @@ class ProductForms(nn.Module):
         return x + scores.mean(-1, keepdim=True)
 
 
+class EinsumAttention(nn.Module):
+    """Attention written with torch.einsum, as much research code writes it: q k^T and att v become
+    MatMuls; a dot product per token (one contracted index, no free one) stays float."""
+
+    def __init__(self, dim=16, heads=2):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.out = nn.Linear(dim, dim)
+
+    def forward(self, x):
+        b, t, c = x.shape
+        qkv = self.qkv(x).view(b, t, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv[0], qkv[1], qkv[2]
+        att = torch.softmax(torch.einsum("bhid,bhjd->bhij", q, k) * 0.5, dim=-1)
+        o = torch.einsum("bhij,bhjd->bhid", att, v).transpose(1, 2).reshape(b, t, c)
+        y = self.out(o)
+        return y + torch.einsum("bti,bti->bt", y, x).unsqueeze(-1)
+
+
 def write_product_forms(out):
-    """product_forms_{scripted,traced}.pt: ProductForms."""
+    """product_forms_{scripted,traced}.pt: ProductForms; einsum_attention_{scripted,traced}.pt: EinsumAttention."""
     torch.manual_seed(0)
     net = ProductForms().eval()
     torch.jit.script(net).save(os.path.join(out, "product_forms_scripted.pt"))
     torch.jit.trace(net, torch.randn(2, 5, 8)).save(os.path.join(out, "product_forms_traced.pt"))
+    torch.manual_seed(0)
+    einsum = EinsumAttention().eval()
+    torch.jit.script(einsum).save(os.path.join(out, "einsum_attention_scripted.pt"))
+    torch.jit.trace(einsum, torch.randn(2, 5, 16)).save(os.path.join(out, "einsum_attention_traced.pt"))
 
 
 def write_buffer_matmul(out):

@@ -245,3 +245,32 @@ TEST(TorchScriptForms, ProductsNamedByTheirModuleBesideALayerOfThatPathOutFormsK
     EXPECT_LE(error, 0.1);
   }
 }
+
+// make_fixtures.py's EinsumAttention: torch.einsum("bhid,bhjd->bhij", q, k) and ("bhij,bhjd->bhid",
+// att, v) are MatMuls on the operands permuted to [b, h, i, d] x [b, h, d, j] (and back); a dot
+// product per token ("bti,bti->bt": no free index) stays float with the reason.
+TEST(TorchScriptForms, EinsumMatrixProductsAreMatMulsOtherEquationsKeptFloat) {
+  torch::manual_seed(9);
+  for (const char* form : {"einsum_attention_scripted", "einsum_attention_traced"}) {
+    SCOPED_TRACE(form);
+    ScriptedModel m = qforge::jit::load_torchscript(fixture(form));
+    ASSERT_EQ(layer_paths(m), (std::vector<std::string>{"qkv", "matmul_0", "matmul_1", "out"})) << m->describe();
+    EXPECT_EQ(m->layers()[1]->spec().kind, LayerKind::kMatMul);
+    ASSERT_EQ(m->kept_float().size(), 1u) << m->describe();
+    EXPECT_EQ(m->kept_float()[0].op, "aten::einsum");
+    EXPECT_NE(m->kept_float()[0].reason.find("'bti,bti->bt' is not a batched matrix product"), std::string::npos)
+        << m->kept_float()[0].reason;
+    m->eval();
+    const at::Tensor x = torch::randn({3, 7, 16});
+    {
+      torch::NoGradGuard no_grad;
+      const at::Tensor y = m->forward(x), ref = qforge::jit_test::original_call(form, {x}, false).toTensor();
+      std::printf("%s: float forward against the file's, relative %.3g\n", form, qforge::jit_test::relative_error(y, ref));
+      EXPECT_LE(qforge::jit_test::relative_error(y, ref), 1e-6);
+    }
+    const double error = qforge::jit_test::static_w8a8_round_trip(form, {torch::randn({8, 7, 16})}, {x});
+    std::printf("%s: static W8A8 frozen relative error %.4f\n", form, error);
+    EXPECT_LE(error, 0.08);
+    EXPECT_LE(qforge::jit_test::dynamic_int8_error(form, {x}), 0.03);
+  }
+}
