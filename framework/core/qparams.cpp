@@ -239,4 +239,18 @@ bool same_spec(const QSpec& a, const QSpec& b) {
          a.symmetric == b.symmetric && a.narrow_range == b.narrow_range && a.reduce_range == b.reduce_range;
 }
 
+float QParams::scale_value() const {
+  QF_REQUIRE(scale.defined() && scale.numel() == 1, "QParams::scale_value: a per-tensor scale, got ",
+             scale.defined() ? scale.sizes() : at::IntArrayRef{});
+  if (scale.is_cpu() && scale.scalar_type() == at::kFloat) return *scale.data_ptr<float>();
+  return scale.to(at::kFloat).reshape({-1})[0].item<float>();
+}
+
+int64_t QParams::zero_point_value() const {
+  QF_REQUIRE(zero_point.defined() && zero_point.numel() == 1, "QParams::zero_point_value: a per-tensor zero point, got ",
+             zero_point.defined() ? zero_point.sizes() : at::IntArrayRef{});
+  if (zero_point.is_cpu() && zero_point.scalar_type() == at::kInt) return *zero_point.data_ptr<int32_t>();
+  return zero_point.reshape({-1})[0].item<int64_t>();
+}
+
 }  // namespace qforge

@@ -59,6 +59,10 @@ struct QParams {
   at::Tensor tensor_scale{};
 
   bool defined() const { return scale.defined() || codebook.defined(); }
+  // A per-tensor grid's scale and zero point as numbers: read from the CPU tensors directly (no ATen
+  // call, which a per-call kernel's setup would pay at every layer), converted otherwise.
+  float scale_value() const;
+  int64_t zero_point_value() const;
 };
 
 // min/max (float32, shape as the QParams shape) to QParams. Throws when min > max anywhere or

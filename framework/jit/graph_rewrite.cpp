@@ -234,8 +234,11 @@ std::string einsum_product(const Node* n, const Value* self, const torch::jit::M
   const auto eq = torch::jit::toIValue(n->input(0));
   if (!eq || !eq->isString()) return "the einsum equation is not a constant of the graph";
   const Node* list = n->input(1)->node();
-  if (list->kind() != c10::prim::ListConstruct || list->inputs().size() != 2)
-    return "einsum of other than two operands (given as a list in the graph)";
+  if (list->kind() != c10::prim::ListConstruct)
+    return "the einsum's operands are not a list built in the graph (its contents are unknown here)";
+  if (list->inputs().size() != 2) return "einsum of other than two operands";
+  // A list also read (or changed: ops[1] = ...) elsewhere may not hold at the einsum what it was built with.
+  if (list->output()->uses().size() != 1) return "the einsum's operand list is read by other ops too";
   for (const Value* v : list->inputs())
     if (resolve(v, self, root) || one_op_from_attribute(v, self, root))
       return "a module attribute (or one op of one) as an einsum operand: no qforge op for a product with a weight";

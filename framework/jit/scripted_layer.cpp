@@ -412,8 +412,8 @@ at::Tensor matmul(const at::Tensor& a, const at::Tensor& b, const c10::intrusive
 bool clamp_is_in_the_grid(const nn::Conv2dImpl& second, double clamp_max) {
   if (clamp_max <= 0) return true;  // a plain ReLU
   const QParams qp = second.input_quantizer()->qparams();
-  const float inv = 1.0f / qp.scale.to(at::kFloat).reshape({-1})[0].item<float>();
-  const int64_t zp = qp.zero_point.reshape({-1})[0].item<int64_t>();
+  const float inv = 1.0f / qp.scale_value();
+  const int64_t zp = qp.zero_point_value();
   return static_cast<float>(clamp_max) * inv >= static_cast<float>(qp.spec.quant_max() - zp);
 }
 

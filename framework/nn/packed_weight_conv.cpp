@@ -133,11 +133,17 @@ at::Tensor PackedConvInt<Kernel>::forward(const at::Tensor& x, const FrozenInput
   // The fake-quant formula of the static input quantizer, as int8 codes, channels last (no copy
   // of the float input when it is channels last already, as the previous integer conv leaves it).
   // int8 input: codes of this quantizer already (a requantized output), channels last.
+  // (Conversions only where needed: at batch 1 a forward is a few hundred microseconds, and each
+  // no-op ATen call on the way costs a dispatch.)
   const at::Tensor q = x.scalar_type() == at::kChar
                            ? x.permute({0, 2, 3, 1}).contiguous()
-                           : quantize_to_int8(x.to(at::kFloat).permute({0, 2, 3, 1}), in.quantizer->qparams());
-  const at::Tensor b =
-      in.layer_bias.defined() ? in.layer_bias.detach().to(at::kCPU, at::kFloat).contiguous() : at::Tensor();
+                           : quantize_to_int8((x.scalar_type() == at::kFloat ? x : x.to(at::kFloat)).permute({0, 2, 3, 1}),
+                                              in.quantizer->qparams());
+  const at::Tensor& lb = in.layer_bias;
+  const at::Tensor b = !lb.defined() ? at::Tensor()
+                       : lb.is_cpu() && lb.scalar_type() == at::kFloat && lb.is_contiguous()
+                           ? lb
+                           : lb.detach().to(at::kCPU, at::kFloat).contiguous();
   kernels::ConvS8Problem p;
   p.x_nhwc = q.data_ptr<int8_t>();
   p.a_scale = static_scale_;
@@ -152,7 +158,7 @@ at::Tensor PackedConvInt<Kernel>::forward(const at::Tensor& x, const FrozenInput
     at::Tensor codes = at::empty({g.batch, g.out_h(), g.out_w(), g.out_channels}, at::kChar);
     kernels::RequantOut out;
     out.q = codes.data_ptr<int8_t>();
-    out.inv = 1.0f / in.requant->scale.to(at::kFloat).item<float>();  // quantize_to_int8's reciprocal
+    out.inv = 1.0f / in.requant->scale_value();  // quantize_to_int8's reciprocal
     out.qmin = static_cast<int>(in.requant->spec.quant_min());
     out.qmax = static_cast<int>(in.requant->spec.quant_max());
     p.rq = &out;
