@@ -228,7 +228,8 @@ std::string batched_product(const Node* n, const Value* self, const torch::jit::
 }
 
 // einsum(equation, [a, b]) of two activations with one contracted index and one free index per
-// operand, any batch indices ("bhqd,bhkd->bhqk", "bhqk,bhkd->bhqd", "bij,bjk->bik"): a MatMul on
+// operand, any batch indices ("bhqd,bhkd->bhqk", "bhqk,bhkd->bhqd", "bij,bjk->bik", or the implicit
+// "ij,jk", whose output is "ik"): a MatMul on
 // the operands permuted to [batch..., free, contracted] and [batch..., contracted, free]; returns why not.
 std::string einsum_product(const Node* n, const Value* self, const torch::jit::Module& root, Candidate* c) {
   const auto eq = torch::jit::toIValue(n->input(0));
@@ -246,9 +247,18 @@ std::string einsum_product(const Node* n, const Value* self, const torch::jit::M
   for (const char ch : eq->toStringRef())
     if (ch != ' ') e += ch;
   const size_t arrow = e.find("->"), comma = e.find(',');
-  if (arrow == std::string::npos || comma == std::string::npos || comma > arrow)
-    return "einsum equation '" + e + "' without an explicit output ('->')";
-  const std::string a = e.substr(0, comma), b = e.substr(comma + 1, arrow - comma - 1), out = e.substr(arrow + 2);
+  if (comma == std::string::npos || (arrow != std::string::npos && comma > arrow))
+    return "einsum equation '" + e + "' is malformed for two operands";
+  const std::string a = e.substr(0, comma), b = e.substr(comma + 1, arrow == std::string::npos ? std::string::npos : arrow - comma - 1);
+  std::string out;
+  if (arrow != std::string::npos) {
+    out = e.substr(arrow + 2);
+  } else {
+    // Implicit output, as torch.einsum defines it: the indices that appear once, in alphabetical order.
+    for (const char ch : a + b)
+      if (std::count(a.begin(), a.end(), ch) + std::count(b.begin(), b.end(), ch) == 1) out += ch;
+    std::sort(out.begin(), out.end());
+  }
   const auto distinct_letters = [](const std::string& t) {
     std::set<char> seen;
     for (const char ch : t)
@@ -256,7 +266,7 @@ std::string einsum_product(const Node* n, const Value* self, const torch::jit::M
     return true;
   };
   if (!distinct_letters(a) || !distinct_letters(b) || !distinct_letters(out))
-    return "einsum equation '" + e + "' with '...', a repeated index or a third operand";
+    return "einsum equation '" + e + "' with '...', a repeated index, a third operand or a malformed output";
   std::string batch, free_a, free_b, contracted;
   for (const char ch : out) {
     const bool in_a = a.find(ch) != std::string::npos, in_b = b.find(ch) != std::string::npos;

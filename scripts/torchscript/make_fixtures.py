@@ -327,7 +327,8 @@ class ProductForms(nn.Module):
 
 class EinsumAttention(nn.Module):
     """Attention written with torch.einsum, as much research code writes it: q k^T and att v become
-    MatMuls; a dot product per token (one contracted index, no free one) stays float."""
+    MatMuls, and so does an implicit-output "ij,jk"; a dot product per token (one contracted index,
+    no free one) stays float."""
 
     def __init__(self, dim=16, heads=2):
         super().__init__()
@@ -342,7 +343,8 @@ class EinsumAttention(nn.Module):
         att = torch.softmax(torch.einsum("bhid,bhjd->bhij", q, k) * 0.5, dim=-1)
         o = torch.einsum("bhij,bhjd->bhid", att, v).transpose(1, 2).reshape(b, t, c)
         y = self.out(o)
-        return y + torch.einsum("bti,bti->bt", y, x).unsqueeze(-1)
+        # An implicit output ("ij,jk" is "ij,jk->ik"): a product too.
+        return y + torch.einsum("bti,bti->bt", y, x).unsqueeze(-1) + torch.einsum("ij,jk", y[0], x[0].t()).mean()
 
 
 def write_product_forms(out):
