@@ -71,7 +71,8 @@ at::Tensor quantize_to_int8(const at::Tensor& x_in, const QParams& qp) {
              "quantize_to_int8: needs an integer grid of at most 8 bits, got ", qp.spec.qtype.name);
   QF_REQUIRE(qp.spec.qtype != quint8, "quantize_to_int8: quint8 values do not fit int8; use qint8");
   if (x_in.is_cpu() && qp.spec.granularity == Granularity::kPerTensor && qp.scale.numel() == 1 &&
-      qp.zero_point.numel() == 1 && qp.zero_point_value() == 0) {
+      qp.zero_point.numel() == 1 &&
+      (qp.zero_point.scalar_type() == at::kInt ? qp.zero_point_value() == 0 : qp.zero_point.item<double>() == 0.0)) {
     // Per-tensor, zero point 0 (the static inputs of the integer kernels): one pass of
     // kernels::quantize_static_s8, the same formula with inv = 1.0f / s (what at::reciprocal
     // computes) and the + 0 dropped. Output is contiguous in x's logical shape.
