@@ -52,6 +52,9 @@ struct Candidate {
   // [batch..., free_a, free_b] permuted to the equation's output (empty: no permute).
   bool einsum = false;
   std::vector<int64_t> perm_a, perm_b, perm_out;
+  // W @ x (matmul / mm with the weight on the left): a Linear holding W run by qforge::linear_left
+  // on x with its last two dimensions swapped (x_at is 1).
+  bool weight_left = false;
   int bias_at = -1;   // the bias operand, if the call has one (a tied Linear passes it on)
   int tied_to = -1;  // the candidate whose layer this call shares (one weight tensor read twice)
   std::string own_layer_why;  // why the call cannot hold a layer of its own (a tied call needs none)
@@ -145,8 +148,15 @@ std::string matmul_operands(Node* n, const Value* self, const torch::jit::Module
       // x @ W with W stored [in, out] (GPT-2's Conv1D): a Linear holding W's transpose.
       c->spec.weight_transposed = true;
       w = rhs;
-    } else if (resolve(n->input(addmm ? 1 : 0), self, root)) {
-      return "no qforge op for it in the TorchScript front door yet: the weight is the left operand (W @ x)";
+    } else if (const auto left = resolve(n->input(addmm ? 1 : 0), self, root)) {
+      if (addmm) return "addmm with the weight on the left (b + W @ x): no qforge op for it (write F.linear)";
+      if (!left->parameter)
+        return "B @ x on a buffer or plain attribute (a fixed matrix such as a rotation or a table, not a trained "
+               "weight): kept float";
+      // W @ x: a Linear holding W on x's last two dimensions swapped (a vector x: the Linear itself).
+      c->weight_left = true;
+      c->x_at = 1;
+      return {};
     } else {
       // t(W) read twice, W.mT, permute(W, ...): a module attribute one op away that is not x @ W^T.
       if (one_op_from_attribute(rhs, self, root))
@@ -335,8 +345,10 @@ std::string analyse(Node* n, const Value* self, const torch::jit::Module& root, 
     return {};
   }
   const Value* rhs = n->input(k == c10::aten::addmm ? 2 : 1);
-  const Value* weight_value =
-      !matmul ? n->input(embedding ? 0 : 1) : (c->spec.weight_transposed ? rhs : transposed_matrix(rhs));
+  const Value* weight_value = !matmul             ? n->input(embedding ? 0 : 1)
+                             : c->weight_left      ? n->input(0)
+                             : c->spec.weight_transposed ? rhs
+                                                         : transposed_matrix(rhs);
   const auto w = resolve(weight_value, self, root);
   if (!w) return "the weight is computed in the graph, not read from a module attribute";
   if (!w->value.isTensor()) return "the weight attribute '" + w->key() + "' is not a tensor";
@@ -466,7 +478,8 @@ void replace(Graph& g, Value* self, const Candidate& c, const std::string& attr,
     Value* bias = c.bias_at >= 0 ? n->input(static_cast<size_t>(c.bias_at)) : g.insertConstant(c10::IValue());
     call = g.create(c10::Symbol::fromQualString("qforge::tied_linear"), {x, holder, bias, training}, 1);
   } else {
-    call = g.create(c10::Symbol::fromQualString(op_name(kind)), {x, holder, training}, 1);
+    const char* op = c.weight_left ? "qforge::linear_left" : op_name(kind);
+    call = g.create(c10::Symbol::fromQualString(op), {x, holder, training}, 1);
   }
   g.insertNode(call);
   call->output()->setType(c10::TensorType::get());
@@ -568,7 +581,7 @@ std::vector<Candidate> resolve_ties(std::vector<Candidate> found, const TensorRe
       if (!reason.empty() || i == owner) continue;
       const LayerKind own = found[owner].spec.kind, kind = c.spec.kind;
       if (own != LayerKind::kEmbedding || (kind != LayerKind::kLinear && kind != LayerKind::kEmbedding) ||
-          c.spec.weight_transposed)
+          c.spec.weight_transposed || c.weight_left)
         reason = "its weight is shared by calls qforge cannot serve with one layer (tied weights are shared "
                  "only between an embedding table and Linear calls on it)";
     }

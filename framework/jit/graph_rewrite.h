@@ -1,6 +1,7 @@
 // The graph rewrite of the TorchScript front door: inlines a TorchScript module's forward, finds
-// every aten::linear / conv1d / conv2d call (and a trace's aten::_convolution), x @ W^T matmul and
-// aten::embedding whose weight is a module attribute, and replaces each with a qforge op taking a
+// every aten::linear / conv1d / conv2d call (and a trace's aten::_convolution), x @ W^T, x @ W and
+// W @ x matmul and aten::embedding whose weight is a module attribute, and each product of two
+// activations (matmul, mm, bmm, baddbmm, a batched-matrix einsum), and replaces each with a qforge op taking a
 // ScriptedLayer held as an attribute of the root module (an embedding table also read by Linear
 // calls, a tied LM head, is one layer both use). Calls that cannot be quantized stay as they are
 // and are listed with why.

@@ -512,6 +512,12 @@ TORCH_LIBRARY(qforge, m) {
         [](const at::Tensor& x, c10::intrusive_ptr<ScriptedLayer> l, bool training) {
           return call(x, l, training, LayerKind::kLinear);
         });
+  // W @ x: the Linear on x with its last two dimensions swapped, and back (a vector x: the Linear itself).
+  m.def("linear_left(Tensor x, __torch__.torch.classes.qforge.Layer layer, bool training) -> Tensor",
+        [](const at::Tensor& x, c10::intrusive_ptr<ScriptedLayer> l, bool training) {
+          if (x.dim() <= 1) return call(x, l, training, LayerKind::kLinear);
+          return call(x.transpose(-1, -2), l, training, LayerKind::kLinear).transpose(-1, -2);
+        });
   m.def("conv1d(Tensor x, __torch__.torch.classes.qforge.Layer layer, bool training) -> Tensor",
         [](const at::Tensor& x, c10::intrusive_ptr<ScriptedLayer> l, bool training) {
           return call(x, l, training, LayerKind::kConv1d);

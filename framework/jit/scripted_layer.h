@@ -1,5 +1,5 @@
 // ScriptedLayer: the TorchScript custom class torch.classes.qforge.Layer. A rewritten TorchScript
-// graph calls qforge::linear / conv1d / conv2d / embedding / matmul (registered with LibTorch's
+// graph calls qforge::linear / linear_left / conv1d / conv2d / embedding / matmul (registered with LibTorch's
 // operator registry) with one of these; it holds a qforge layer (framework/nn) whose quantizers,
 // fake-quant, freeze and integer kernels run the call. Pickled into a saved TorchScript file as the layer's
 // model checkpoint (framework/io), so the file runs wherever libqforge is loaded.

@@ -63,28 +63,30 @@ TEST(TorchScriptChain, RewrittenCallsFeedingEachOtherRunBitForBit) {
 TEST(TorchScriptForms, WeightMatrixAndEmbeddingFormsTakenOrKeptFloatWithAReason) {
   ScriptedModel m = qforge::jit::load_torchscript(fixture("matmul_forms_scripted"));
   // mm(x, t(W)), addmm(b, x, t(W)), matmul(x, W.T), x @ W.transpose(0, 1), x @ W.transpose(-1, 0),
-  // x @ W with W [in, out], and nn.Embedding(padding_idx=0).
+  // x @ W with W [in, out], mm(W, x.t()) (the weight on the left: qforge::linear_left), and
+  // nn.Embedding(padding_idx=0).
   ASSERT_EQ(layer_paths(m),
-            (std::vector<std::string>{"w_mm", "w_addmm", "w_T", "w_tr", "w_tr_neg", "w_in_out", "emb"}))
+            (std::vector<std::string>{"w_mm", "w_addmm", "w_T", "w_tr", "w_tr_neg", "w_in_out", "w_left", "emb"}))
       << m->describe();
-  for (size_t i = 0; i < 6; ++i) EXPECT_EQ(m->layers()[i]->spec().kind, LayerKind::kLinear);
-  for (size_t i = 0; i < 6; ++i) EXPECT_EQ(m->layers()[i]->spec().weight_transposed, i == 5);
+  for (size_t i = 0; i < 7; ++i) EXPECT_EQ(m->layers()[i]->spec().kind, LayerKind::kLinear);
+  for (size_t i = 0; i < 7; ++i) EXPECT_EQ(m->layers()[i]->spec().weight_transposed, i == 5);
+  EXPECT_EQ(m->layers()[6]->spec().out, 8);  // W [out, in] as a Linear holds it
   EXPECT_FALSE(m->layers()[0]->spec().bias);
   EXPECT_TRUE(m->layers()[1]->spec().bias);
-  EXPECT_EQ(m->layers()[6]->spec().kind, LayerKind::kEmbedding);
-  EXPECT_EQ(m->layers()[6]->spec().padding_idx, 0);
+  EXPECT_EQ(m->layers()[7]->spec().kind, LayerKind::kEmbedding);
+  EXPECT_EQ(m->layers()[7]->spec().padding_idx, 0);
+  EXPECT_NE(m->script().get_method("forward").graph()->toString().find("qforge::linear_left"), std::string::npos);
   std::map<std::string, std::string> reasons;  // name (first attribute read) -> reason
   std::map<std::string, int> twice;
   for (const auto& f : m->kept_float()) {
     if (f.reason.find("aten::t of a module attribute") != std::string::npos) ++twice[f.op];
     else reasons[f.name] = f.reason;
   }
-  EXPECT_EQ(m->kept_float().size(), 9u) << m->describe();
+  EXPECT_EQ(m->kept_float().size(), 8u) << m->describe();
   EXPECT_EQ(twice, (std::map<std::string, int>{{"aten::mm", 2}}));  // t(w_twice) read by two mm
   const std::map<std::string, std::string> want{
       {"b_scaled", "addmm with beta or alpha other than the constant 1"},
       {"b_bcast", "the added term has 1 values for 8 outputs"},
-      {"w_left", "the weight is the left operand (W @ x)"},
       {"emb_sparse", "scale_grad_by_freq / sparse gradients"},
       {"w_freq", "scale_grad_by_freq / sparse gradients"},
       {"w_pad_past", "padding_idx 25 is past the table's 20 rows"},
@@ -103,6 +105,10 @@ TEST(TorchScriptForms, WeightMatrixAndEmbeddingFormsTakenOrKeptFloatWithAReason)
   const at::Tensor want_y = original.forward({x}).toTensor();
   EXPECT_TRUE(at::equal(m->forward(x), want_y));
   EXPECT_FALSE(at::equal(want_y, original.forward({2 * x}).toTensor()));  // the check can fail
+  // Every form taken, W @ x included, calibrated, frozen, saved and loaded both ways.
+  const double error = qforge::jit_test::static_w8a8_round_trip("matmul_forms_scripted", {torch::randn({32, 16})}, {x});
+  std::printf("matmul_forms_scripted: static W8A8 frozen relative error %.4f\n", error);
+  EXPECT_LE(error, 0.1);
 }
 
 // x @ W with W stored [in, out] (GPT-2's Conv1D addmm, mm, matmul): a qforge Linear holding W's
