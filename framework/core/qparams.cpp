@@ -252,6 +252,7 @@ int64_t QParams::zero_point_value() const {
   QF_REQUIRE(zero_point.defined() && zero_point.numel() == 1, "QParams::zero_point_value: a per-tensor zero point, got ",
              zero_point.defined() ? zero_point.sizes() : at::IntArrayRef{});
   if (zero_point.is_cpu() && zero_point.scalar_type() == at::kInt) return *zero_point.data_ptr<int32_t>();
+  if (!at::isFloatingType(zero_point.scalar_type())) return zero_point.reshape({-1})[0].item<int64_t>();
   const double z = zero_point.reshape({-1})[0].item<double>();
   QF_REQUIRE(z == std::nearbyint(z), "QParams::zero_point_value: the zero point ", z, " is not an integer");
   return static_cast<int64_t>(z);

@@ -512,11 +512,12 @@ TORCH_LIBRARY(qforge, m) {
         [](const at::Tensor& x, c10::intrusive_ptr<ScriptedLayer> l, bool training) {
           return call(x, l, training, LayerKind::kLinear);
         });
-  // W @ x: the Linear on x with its last two dimensions swapped, and back (a vector x: the Linear itself).
+  // W @ x: the Linear on x with its last two dimensions swapped, and back (a vector x: the Linear
+  // itself); contiguous, as torch.matmul returns it (a later .view() of the product works).
   m.def("linear_left(Tensor x, __torch__.torch.classes.qforge.Layer layer, bool training) -> Tensor",
         [](const at::Tensor& x, c10::intrusive_ptr<ScriptedLayer> l, bool training) {
           if (x.dim() <= 1) return call(x, l, training, LayerKind::kLinear);
-          return call(x.transpose(-1, -2), l, training, LayerKind::kLinear).transpose(-1, -2);
+          return call(x.transpose(-1, -2), l, training, LayerKind::kLinear).transpose(-1, -2).contiguous();
         });
   m.def("conv1d(Tensor x, __torch__.torch.classes.qforge.Layer layer, bool training) -> Tensor",
         [](const at::Tensor& x, c10::intrusive_ptr<ScriptedLayer> l, bool training) {

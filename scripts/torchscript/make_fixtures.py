@@ -222,7 +222,7 @@ class MatmulForms(nn.Module):
               x @ self.w_tr.transpose(0, 1),
               x @ self.w_tr_neg.transpose(-1, 0),
               x @ self.w_in_out,
-              torch.mm(self.w_left, x.t()).t()]
+              torch.mm(self.w_left, x.t()).view(-1).view(-1, x.size(0)).t()]  # W @ x, viewed as torch returns it
         twice = self.w_twice.t()
         ys.append(torch.mm(x, twice) + torch.mm(torch.tanh(x), twice))
         ids = (x[:, :4].abs() * 7.0).long() % 20
@@ -345,6 +345,12 @@ class EinsumAttention(nn.Module):
         y = self.out(o)
         # An implicit output ("ij,jk" is "ij,jk->ik"): a product too.
         return y + torch.einsum("bti,bti->bt", y, x).unsqueeze(-1) + torch.einsum("ij,jk", y[0], x[0].t()).mean()
+
+
+def write_matmul_forms(out):
+    """matmul_forms_scripted.pt: MatmulForms."""
+    torch.manual_seed(0)
+    torch.jit.script(MatmulForms().eval()).save(os.path.join(out, "matmul_forms_scripted.pt"))
 
 
 def write_product_forms(out):
@@ -806,7 +812,7 @@ def main():
     os.makedirs(out, exist_ok=True)
     if only:  # --only=fortunes_lm: that fixture alone (the others' files stay as committed)
         writers = {"fortunes_lm": write_fortunes_lm, "h5_data": write_h5_data, "image_folders": write_image_folders,
-                   "product_forms": write_product_forms,
+                   "product_forms": write_product_forms, "matmul_forms": write_matmul_forms,
                    "langid_encoder": lambda o: write_langid_encoder(o, export)}
         for name in only:
             if name not in writers:
@@ -832,8 +838,7 @@ def main():
     chain = Chain().eval()
     torch.jit.script(chain).save(os.path.join(out, "chain_scripted.pt"))
     torch.jit.trace(chain, torch.randn(2, 1, 14, 14)).save(os.path.join(out, "chain_traced.pt"))
-    torch.manual_seed(0)
-    torch.jit.script(MatmulForms().eval()).save(os.path.join(out, "matmul_forms_scripted.pt"))
+    write_matmul_forms(out)
     torch.manual_seed(0)
     in_out = InOutForms().eval()
     torch.jit.script(in_out).save(os.path.join(out, "in_out_forms_scripted.pt"))

@@ -112,3 +112,25 @@ TEST(QSpec, Mxfp4AndNvfp4TakeOnlyTheirBlockSize) {
   s.group_size = 32;
   EXPECT_THROW(calculate_qparams(at::zeros({1}), at::ones({1}), s), Error);
 }
+
+// The per-tensor numbers a kernel's setup reads: from the CPU tensor as it is (0-dim, [1], an
+// offset view), converted from other dtypes; a zero point that is not an integer is refused.
+TEST(QParams, ScaleAndZeroPointValuesOfAPerTensorGrid) {
+  QParams qp;
+  qp.scale = at::tensor(0.25f);
+  qp.zero_point = at::tensor(3, at::kInt);
+  EXPECT_EQ(qp.scale_value(), 0.25f);
+  EXPECT_EQ(qp.zero_point_value(), 3);
+  qp.scale = at::tensor({7.0f, 0.5f}).narrow(0, 1, 1);  // [1], offset into its storage
+  qp.zero_point = at::tensor({-4}, at::kLong);
+  EXPECT_EQ(qp.scale_value(), 0.5f);
+  EXPECT_EQ(qp.zero_point_value(), -4);
+  qp.scale = at::tensor(0.125, at::kDouble);
+  qp.zero_point = at::tensor(2.0f);
+  EXPECT_EQ(qp.scale_value(), 0.125f);
+  EXPECT_EQ(qp.zero_point_value(), 2);
+  qp.zero_point = at::tensor(0.5f);
+  EXPECT_THROW(qp.zero_point_value(), Error);
+  qp.scale = at::ones({2});
+  EXPECT_THROW(qp.scale_value(), Error);  // per channel: no single value
+}
