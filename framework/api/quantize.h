@@ -44,7 +44,9 @@ QuantizeReport quantize(Holder& model, const Scheme& scheme) {
 }
 
 // RAII calibration (quanto's `with Calibration()`): while alive, forward passes feed the static
-// activation observers (no fake-quant of activations, no gradients) and the key/value ranges of
+// activation observers (no fake-quant of activations, no gradients; each weight fake-quantized
+// afresh on every forward with its eval-mode cache off, so memory stays near the float model's
+// rather than holding a second copy of every weight) and the key/value ranges of
 // a static KV-cache scheme (kv_static_scales.h; attention then reads float keys and values);
 // finish() or destruction turns observations into scales. finish() throws naming quantizers and
 // KV caches that saw no data (such a cache keeps the scheme it had); the destructor prints that instead.
@@ -67,6 +69,7 @@ class Calibration {
     std::shared_ptr<KvRangeObserver> observer;  // the one this guard attached
   };
   std::vector<Quantizer> quantizers_;
+  std::vector<Quantizer> uncached_;  // weight quantizers whose cache this guard turned off
   std::vector<KvCacheCalibration> kv_caches_;
   at::NoGradGuard no_grad_;
   bool done_ = false;

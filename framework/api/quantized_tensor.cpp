@@ -326,6 +326,9 @@ QuantizedTensor quantize_tensor(const at::Tensor& w_in, const QParams& qp) {
                  .to(at::kByte)
                  .reshape(w.sizes())
                  .contiguous();
+  } else if (qp.spec.qtype.bits == 8) {
+    // int8 codes are their own storage: the fresh codes, not a copy of them beside them.
+    q.data = quantize_to_int8(w, qp).contiguous();
   } else {
     q.data = pack_values(quantize_to_int8(w, qp), qp.spec.qtype);
   }

@@ -95,6 +95,20 @@ class QuantizerImpl : public torch::nn::Module {
   // Every mode switch drops the eval-mode weight cache: the weight's version counter cannot see
   // optimizers that update through .data() (torch::optim::SGD), so training must not leave it stale.
   void train(bool on = true) override;
+  // The eval-mode weight cache: on by default. Off (qforge::Calibration turns it off while alive,
+  // so its forwards never hold a fake-quantized copy of every weight at once): each forward
+  // fake-quantizes the weight afresh and keeps nothing. Turning it off drops the cache.
+  void set_weight_cache(bool on) {
+    weight_cache_ = on;
+    if (!on) clear_cache();
+  }
+  bool weight_cache() const { return weight_cache_; }
+  // An Embedding's lookup with the cache off: fake_quantize(w, qparams(w)).index_select(0, index)
+  // computed on the looked-up rows alone (qparams from the whole table, the same values), where
+  // the grid allows it: a 2-D weight quantized per tensor, per row (per channel on axis 0) or per
+  // group, not LSQ, not a codebook or microscaling, no gradient, eval mode. Undefined otherwise
+  // (the caller fake-quantizes the whole table). index: any integer tensor, flattened.
+  at::Tensor weight_rows(const at::Tensor& w, const at::Tensor& index);
   // Drops the eval-mode cache (and so its reference to the float weight).
   void clear_cache() {
     cached_w_ = at::Tensor();
@@ -135,6 +149,7 @@ class QuantizerImpl : public torch::nn::Module {
   bool observer_frozen_ = false;
   bool calibrated_ = false;
   bool lsq_initialised_ = false;
+  bool weight_cache_ = true;
   // Eval-mode cache of the fake-quantized weight, keyed on the weight's TensorImpl, its storage
   // (set_data swaps it under the same TensorImpl and version; held, so its address cannot be
   // handed to another tensor while cached), its storage offset and its version.

@@ -3,6 +3,8 @@
 
 #include <ATen/ATen.h>
 
+#include <vector>
+
 #include "framework/core/error.h"
 
 namespace qforge::nn {
@@ -26,6 +28,17 @@ at::Tensor EmbeddingImpl::forward(const at::Tensor& indices) {
   // The frozen table stays on the CPU; rows looked up for indices on another device go there.
   if (frozen_) return packed_->forward(indices, FrozenInput{});
   if (!quantized()) return torch::nn::EmbeddingImpl::forward(indices);
+  // With the weight cache off (a Calibration), only the looked-up rows are fake-quantized: no copy
+  // of the whole table per forward. max_norm rescales the table's rows in place: the full path.
+  const bool integer_indices = indices.scalar_type() == at::kLong || indices.scalar_type() == at::kInt;
+  if (weight_q_ && !options.max_norm() && integer_indices) {
+    const at::Tensor rows = weight_q_->weight_rows(weight, indices);
+    if (rows.defined()) {
+      std::vector<int64_t> shape(indices.sizes().begin(), indices.sizes().end());
+      shape.push_back(options.embedding_dim());
+      return rows.reshape(shape);
+    }
+  }
   ScopedTensorSwap swap(weight, quantize_weight(weight));
   return torch::nn::EmbeddingImpl::forward(indices);
 }

@@ -28,10 +28,10 @@ class PackedIntLinear final : public CpuPackedWeight {
       : kernel_(std::move(kernel)), meta_(std::move(meta)), s4_(std::move(s4)), path_(path), static_scale_(static_scale) {
     meta_.data = at::Tensor();
     if constexpr (std::is_same_v<Kernel, kernels::PackedLinearS4>) {
-      // The n16b32 stream holds the scales (and zero points 0 or -1 as the scales' signs): no
-      // second copy kept beside it.
-      if (kernel_->layout() == kernels::S4Layout::kN16B32 &&
-          meta_.scale.numel() == kernel_->out_features() * kernel_->groups()) {
+      // The kernel holds the scales and zero points (n16k8: fp16 scales and zero codes; n16b32:
+      // fp16 scales, zero points 0 or -1 as their signs) and gives them back exactly: no second
+      // copy kept beside them (8 bytes a group, 49 % over a g32 layer's codes and scales).
+      if (meta_.scale.numel() == kernel_->out_features() * kernel_->groups()) {
         scale_shape_ = meta_.scale.sizes().vec();
         meta_.scale = meta_.zero_point = at::Tensor();
       }
