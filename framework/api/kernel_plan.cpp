@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <atomic>
 
+#include "framework/api/quantizer.h"
 #include "framework/core/error.h"
 #include "kernels/cpu/fp4_linear.h"
 #include "kernels/cpu/kernel_choice.h"
@@ -38,12 +39,13 @@ bool static_act_fits_kernels(const QSpec& a, std::string* why) {
   return true;
 }
 
-// Dynamic per-token activations below 8 bits (W4A4's qint4 on [-7, 7]) are fake-quantized in
-// float: the integer kernels quantize their rows to the int8 grid.
-bool dynamic_act_fits_kernels(const QSpec& a, std::string* why) {
-  if (a.qtype == qint8) return true;
-  *why = detail::str_cat("dynamic ", a.qtype.name, " per-token activations have no integer kernel (the kernels quantize "
-                         "rows to int8's [-127, 127])");
+// Dynamic per-token activations: qint8 rows on [-127, 127]. The CPU Linear kernels also take the
+// narrower signed grids (W4A4's qint4 rows on [-7, 7], qint3, qint2) as int8 codes
+// (`narrower`: quantize_rows_s8's qmax); the MatMul and CUDA kernels quantize to int8's grid only.
+bool dynamic_act_fits_kernels(const QSpec& a, std::string* why, bool narrower = false) {
+  if (a.qtype == qint8 || (narrower && QuantizerImpl::dynamic_qtype_supported(a.qtype))) return true;
+  *why = detail::str_cat("dynamic ", a.qtype.name, " per-token activations have no integer kernel ",
+                         narrower ? "(signed integer rows only)" : "here (these kernels quantize rows to int8's [-127, 127])");
   return false;
 }
 
@@ -199,7 +201,7 @@ KernelPlan plan_linear(const std::optional<QSpec>& weights, ActivationMode act, 
   } else if (act == ActivationMode::kStatic && !static_act_fits_kernels(activation, &why)) {
     plan.fallback = why;
     return plan;
-  } else if (act == ActivationMode::kDynamicPerToken && !dynamic_act_fits_kernels(activation, &why)) {
+  } else if (act == ActivationMode::kDynamicPerToken && !dynamic_act_fits_kernels(activation, &why, true)) {
     plan.fallback = why + ": the weight is dequantized per call and the activations fake-quantized in float";
     return plan;
   } else if (s8_weights) {
@@ -277,6 +279,13 @@ bool cuda_linear_s8_fused() { return g_cuda_linear_s8_fused.load(std::memory_ord
 
 KernelPlan plan_linear_cuda(const std::optional<QSpec>& weights, ActivationMode act, const QSpec& activation,
                             int64_t in_features, int64_t out_features) {
+  std::string why;
+  if (act == ActivationMode::kDynamicPerToken && !dynamic_act_fits_kernels(activation, &why)) {
+    KernelPlan plan;
+    plan.kernel = "dequantize+at::linear";
+    plan.fallback = why + ": the weight is dequantized per call and the activations fake-quantized in float";
+    return plan;
+  }
   KernelPlan plan = plan_linear(weights, act, activation, in_features, Isa::kReference);
   // The GPU runs one kernel at every M.
   plan.large_m = 0;

@@ -143,10 +143,10 @@ QuantizeReport quantize(torch::nn::Module& model, const Scheme& scheme) {
 Calibration::Calibration(torch::nn::Module& model) {
   for_each_quantizable(model, [&](const std::string&, QuantizableLayer& layer) {
     for (Quantizer q : layer.quantizers()) {
-      if (q->role() == QuantizerImpl::Role::kWeight && q->weight_cache()) {
+      if (q->role() == QuantizerImpl::Role::kWeight) {
         // The forwards fake-quantize each weight afresh: calibrating peaks at the float model plus
         // one layer's fake-quantized weight, not at twice the float model.
-        q->set_weight_cache(false);
+        q->pause_weight_cache();
         uncached_.push_back(q);
       }
       if (q->role() != QuantizerImpl::Role::kActivation || q->mode() != ActivationMode::kStatic) continue;
@@ -169,7 +169,7 @@ Calibration::Calibration(torch::nn::Module& model) {
   } catch (...) {  // no destructor runs for a half-built guard: put the schemes and switches back
     for (const KvCacheCalibration& c : kv_caches_) c.model->set_kv_cache_scheme(c.before);
     for (Quantizer q : quantizers_) q->set_observing(false), q->set_fake_quant(true);
-    for (Quantizer q : uncached_) q->set_weight_cache(true);
+    for (Quantizer q : uncached_) q->resume_weight_cache();
     throw;
   }
 }
@@ -177,7 +177,7 @@ Calibration::Calibration(torch::nn::Module& model) {
 void Calibration::finish() {
   if (done_) return;
   done_ = true;
-  for (Quantizer q : uncached_) q->set_weight_cache(true);
+  for (Quantizer q : uncached_) q->resume_weight_cache();
   std::vector<std::string> empty;
   // The KV caches first: an activation quantizer whose qparams throw must not leave a cache observing.
   for (const KvCacheCalibration& c : kv_caches_) {

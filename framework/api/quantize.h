@@ -69,7 +69,7 @@ class Calibration {
     std::shared_ptr<KvRangeObserver> observer;  // the one this guard attached
   };
   std::vector<Quantizer> quantizers_;
-  std::vector<Quantizer> uncached_;  // weight quantizers whose cache this guard turned off
+  std::vector<Quantizer> uncached_;  // weight quantizers whose cache this guard paused
   std::vector<KvCacheCalibration> kv_caches_;
   at::NoGradGuard no_grad_;
   bool done_ = false;

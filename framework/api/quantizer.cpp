@@ -160,19 +160,27 @@ bool QuantizerImpl::dynamic_qtype_supported(const QType& qtype) {
   return qtype.is_integer() && qtype.is_signed && qtype.bits >= 2 && qtype.bits <= 8;
 }
 
-QParams QuantizerImpl::dynamic_qparams(const at::Tensor& x2d, const QType& qtype, float clip_ratio) {
-  // The kernels' dynamic activation formula: scale = amax / 127 (1 when the row is all zero),
-  // grid [-127, 127] (kernels/cpu/reference.h quantize_rows_s8_reference); narrower signed grids
-  // (W4A4's qint4: amax / 7 on [-7, 7]) follow the same rule with their own qmax.
+int QuantizerImpl::dynamic_qmax(const QType& qtype) {
   QF_REQUIRE(dynamic_qtype_supported(qtype), "dynamic per-token activations take a signed integer qtype (qint8, "
              "qint4, qint3, qint2), not ", qtype.name);
   QSpec spec;
   spec.qtype = qtype;
   spec.symmetric = true;
   spec.narrow_range = true;
+  return static_cast<int>(spec.quant_max());
+}
+
+QParams QuantizerImpl::dynamic_qparams(const at::Tensor& x2d, const QType& qtype, float clip_ratio) {
+  // The kernels' dynamic activation formula: scale = amax / 127 (1 when the row is all zero),
+  // grid [-127, 127] (kernels/cpu/reference.h quantize_rows_s8_reference); narrower signed grids
+  // (W4A4's qint4: amax / 7 on [-7, 7]) follow the same rule with their own qmax.
+  const float qmax = static_cast<float>(dynamic_qmax(qtype));
+  QSpec spec;
+  spec.qtype = qtype;
+  spec.symmetric = true;
+  spec.narrow_range = true;
   spec.granularity = Granularity::kPerChannel;
   spec.axis = 0;
-  const float qmax = static_cast<float>(spec.quant_max());
   // Divided on the CPU: LibTorch's CUDA division by a scalar multiplies by its reciprocal, which
   // can be one ulp off (framework/core/qparams.cpp); the fake-quant kernels read qparams on the host.
   QF_REQUIRE(clip_ratio > 0.0f && clip_ratio <= 1.0f, "dynamic per-token activations: clip_ratio must be in (0, 1], "
@@ -421,7 +429,7 @@ at::Tensor QuantizerImpl::weight_forward(const at::Tensor& w) {
   if (config_.lsq && lsq_initialised_) return fake_quantize(w, qparams());
   // In eval the fake-quantized weight is reused until the weight changes (unless the cache is off).
   const bool no_grad = !w.requires_grad() || !at::GradMode::is_enabled();
-  if (weight_cache_ && !is_training() && no_grad) {
+  if (weight_cache() && !is_training() && no_grad) {
     // Codebook levels train too: their version is part of the key.
     const int64_t cb_version = codebook_.defined() ? static_cast<int64_t>(codebook_._version()) : 0;
     if (cached_wq_.defined() && cached_w_.is_same(w) &&
@@ -442,13 +450,15 @@ at::Tensor QuantizerImpl::weight_forward(const at::Tensor& w) {
 
 at::Tensor QuantizerImpl::weight_rows(const at::Tensor& w, const at::Tensor& index) {
   const QSpec& spec = config_.spec;
-  if (role_ != Role::kWeight || !fake_quant_ || weight_cache_ || is_training() || config_.lsq ||
+  // Indices the whole-table path would refuse (floating, on another device) are left to it.
+  const bool integer_index = index.scalar_type() == at::kLong || index.scalar_type() == at::kInt;
+  if (role_ != Role::kWeight || !fake_quant_ || weight_cache() || is_training() || config_.lsq ||
       spec.qtype.is_codebook() || spec.qtype.is_microscaling() || w.dim() != 2 ||
-      (w.requires_grad() && at::GradMode::is_enabled()))
+      (w.requires_grad() && at::GradMode::is_enabled()) || !integer_index || index.device() != w.device())
     return {};
   if (spec.granularity == Granularity::kPerChannel && (spec.axis < 0 ? spec.axis + 2 : spec.axis) != 0) return {};
   QParams qp = weight_grid(w);
-  const at::Tensor idx = index.reshape({-1}).to(w.device(), at::kLong);
+  const at::Tensor idx = index.reshape({-1}).to(at::kLong);
   if (spec.granularity != Granularity::kPerTensor) {
     const auto rows_of = [&](const at::Tensor& t) { return t.dim() >= 1 && t.size(0) == w.size(0); };
     if (!rows_of(qp.scale) || !rows_of(qp.zero_point)) return {};

@@ -57,6 +57,9 @@ class QuantizerImpl : public torch::nn::Module {
   static QParams dynamic_qparams(const at::Tensor& x2d, const QType& qtype = qint8, float clip_ratio = 1.0f);
   // The signed integer qtypes dynamic per-token activations take (qint8, qint4, qint3, qint2).
   static bool dynamic_qtype_supported(const QType& qtype);
+  // The largest code of that narrow grid (qint8 127, qint4 7, qint3 3, qint2 1): the rows' scale
+  // is amax / dynamic_qmax, what the integer kernels quantize rows with (quantize_rows_s8's qmax).
+  static int dynamic_qmax(const QType& qtype);
 
   // Calibration: observe without fake-quantizing. QAT/eval: fake-quantize; observe while training
   // unless the observer is frozen.
@@ -95,14 +98,22 @@ class QuantizerImpl : public torch::nn::Module {
   // Every mode switch drops the eval-mode weight cache: the weight's version counter cannot see
   // optimizers that update through .data() (torch::optim::SGD), so training must not leave it stale.
   void train(bool on = true) override;
-  // The eval-mode weight cache: on by default. Off (qforge::Calibration turns it off while alive,
-  // so its forwards never hold a fake-quantized copy of every weight at once): each forward
-  // fake-quantizes the weight afresh and keeps nothing. Turning it off drops the cache.
+  // The eval-mode weight cache: on by default. Off, each forward fake-quantizes the weight afresh
+  // and keeps nothing; turning it off drops the cache. pause / resume: qforge::Calibration pauses
+  // it while alive (so its forwards never hold a fake-quantized copy of every weight at once),
+  // counted, so overlapping guards and a cache the caller turned off are left as they were.
   void set_weight_cache(bool on) {
     weight_cache_ = on;
     if (!on) clear_cache();
   }
-  bool weight_cache() const { return weight_cache_; }
+  void pause_weight_cache() {
+    ++cache_pauses_;
+    clear_cache();
+  }
+  void resume_weight_cache() {
+    if (cache_pauses_ > 0) --cache_pauses_;
+  }
+  bool weight_cache() const { return weight_cache_ && cache_pauses_ == 0; }
   // An Embedding's lookup with the cache off: fake_quantize(w, qparams(w)).index_select(0, index)
   // computed on the looked-up rows alone (qparams from the whole table, the same values), where
   // the grid allows it: a 2-D weight quantized per tensor, per row (per channel on axis 0) or per
@@ -150,6 +161,7 @@ class QuantizerImpl : public torch::nn::Module {
   bool calibrated_ = false;
   bool lsq_initialised_ = false;
   bool weight_cache_ = true;
+  int cache_pauses_ = 0;
   // Eval-mode cache of the fake-quantized weight, keyed on the weight's TensorImpl, its storage
   // (set_data swaps it under the same TensorImpl and version; held, so its address cannot be
   // handed to another tensor while cached), its storage offset and its version.

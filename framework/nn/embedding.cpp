@@ -30,8 +30,7 @@ at::Tensor EmbeddingImpl::forward(const at::Tensor& indices) {
   if (!quantized()) return torch::nn::EmbeddingImpl::forward(indices);
   // With the weight cache off (a Calibration), only the looked-up rows are fake-quantized: no copy
   // of the whole table per forward. max_norm rescales the table's rows in place: the full path.
-  const bool integer_indices = indices.scalar_type() == at::kLong || indices.scalar_type() == at::kInt;
-  if (weight_q_ && !options.max_norm() && integer_indices) {
+  if (weight_q_ && !options.max_norm()) {
     const at::Tensor rows = weight_q_->weight_rows(weight, indices);
     if (rows.defined()) {
       std::vector<int64_t> shape(indices.sizes().begin(), indices.sizes().end());

@@ -30,7 +30,8 @@ class PackedIntLinear final : public CpuPackedWeight {
     if constexpr (std::is_same_v<Kernel, kernels::PackedLinearS4>) {
       // The kernel holds the scales and zero points (n16k8: fp16 scales and zero codes; n16b32:
       // fp16 scales, zero points 0 or -1 as their signs) and gives them back exactly: no second
-      // copy kept beside them (8 bytes a group, 49 % over a g32 layer's codes and scales).
+      // copy kept beside them (a float scale and an int32 zero point, 8 bytes a group; weight()
+      // unpacks the kernel's instead, which only checkpoints and exports call).
       if (meta_.scale.numel() == kernel_->out_features() * kernel_->groups()) {
         scale_shape_ = meta_.scale.sizes().vec();
         meta_.scale = meta_.zero_point = at::Tensor();
@@ -88,7 +89,11 @@ at::Tensor PackedIntLinear<Kernel>::forward(const at::Tensor& x_in, const Frozen
       const at::Tensor q = quantize_to_int8(x, in.quantizer->qparams()).contiguous();
       kernel_->run_static(q.data_ptr<int8_t>(), M, static_scale_, y.data_ptr<float>(), &info);
     } else {
-      kernel_->run(x.data_ptr<float>(), M, y.data_ptr<float>(), &info);
+      // Dynamic rows on the input quantizer's grid: qint8's [-127, 127], or W4A4's qint4 [-7, 7]
+      // (qint3, qint2 likewise) as int8 codes, the fake-quant formula of its rows.
+      const int qmax =
+          in.quantizer ? QuantizerImpl::dynamic_qmax(in.quantizer->config().spec.qtype) : kernels::kActQMax;
+      kernel_->run(x.data_ptr<float>(), M, y.data_ptr<float>(), &info, kernels::ActScale::kPerRow, qmax);
     }
   }
   return y.reshape(out_shape);

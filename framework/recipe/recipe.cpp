@@ -216,10 +216,13 @@ void check_quantize(const Recipe& r, const YAML::Node& tree, const Where& w) {
   else if (s.activation_clip_ratio != 1.0f && r.freeze.enabled)
     w.problem("quantize.activations.clip_ratio", "clipped rows have no integer kernel to freeze into (the kernels "
                                                  "scale each row by its whole amax); set freeze.enabled: false");
-  if (s.activation_qtype.is_integer() && s.activation_qtype.bits < 8 && s.activations != ActivationMode::kNone &&
+  // Dynamic rows below 8 bits freeze onto the int8 kernels as codes of their own grid; static
+  // scales below 8 bits have no kernel.
+  if (s.activation_qtype.is_integer() && s.activation_qtype.bits < 8 && s.activations == ActivationMode::kStatic &&
       r.freeze.enabled)
-    w.problem("quantize.activations.qtype", aq + " activations have no integer kernel to freeze into; use qint8 "
-                                            "or set freeze.enabled: false to evaluate them fake-quantized");
+    w.problem("quantize.activations.qtype", aq + " static activations have no integer kernel to freeze into; use "
+                                            "qint8, mode: dynamic, or set freeze.enabled: false to evaluate them "
+                                            "fake-quantized");
   check_kv_cache(r, w);
   const YAML::Node rules = tree["quantize"]["rules"];
   for (size_t i = 0; rules && rules.IsSequence() && i < rules.size(); ++i)

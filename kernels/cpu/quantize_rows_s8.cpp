@@ -17,9 +17,10 @@ namespace {
 }  // namespace
 
 void quantize_rows_s8(const float* x, int64_t M, int64_t K, ActScale mode, int8_t* q, int64_t ldq,
-                      float* a_scale, RunInfo* info) {
+                      float* a_scale, RunInfo* info, int qmax) {
   QF_REQUIRE(M >= 0 && K >= 0 && ldq >= K, "kernels/cpu: quantize_rows_s8 got M=", M, " K=", K,
              " ldq=", ldq);
+  QF_REQUIRE(qmax >= 1 && qmax <= kActQMax, "kernels/cpu: quantize_rows_s8 got qmax=", qmax, " (1 to 127)");
   QF_REQUIRE(M == 0 || (x != nullptr && q != nullptr && a_scale != nullptr),
              "kernels/cpu: quantize_rows_s8 got a null pointer");
   run_isa_or_reference(
@@ -41,16 +42,16 @@ void quantize_rows_s8(const float* x, int64_t M, int64_t K, ActScale mode, int8_
         for (int64_t m = 0; m < M; ++m) {
           // Same scalar expressions as the reference, so scale and inv match bit for bit.
           const float amax = amax_of[m];
-          const float scale = amax > 0.0f ? amax / static_cast<float>(kActQMax) : 1.0f;
+          const float scale = amax > 0.0f ? amax / static_cast<float>(qmax) : 1.0f;
           a_scale[m] = scale;
-          detail::quantize_row_avx512(x + m * K, K, 1.0f / scale, q + m * ldq, ldq);
+          detail::quantize_row_avx512(x + m * K, K, 1.0f / scale, q + m * ldq, ldq, qmax);
         }
         return true;
 #else
         return false;
 #endif
       },
-      [&] { quantize_rows_s8_reference(x, M, K, mode, q, ldq, a_scale); });
+      [&] { quantize_rows_s8_reference(x, M, K, mode, q, ldq, a_scale, qmax); });
 }
 
 void quantize_static_s8(const float* x, int64_t count, float inv, int qmin, int qmax, int8_t* q, RunInfo* info) {

@@ -9,8 +9,9 @@
 
 namespace qforge::kernels {
 
+// qmax: the grid's largest code (quantize_rows_s8_reference), 127 unless narrower rows are asked for.
 void quantize_rows_s8(const float* x, int64_t M, int64_t K, ActScale mode, int8_t* q, int64_t ldq,
-                      float* a_scale, RunInfo* info = nullptr);
+                      float* a_scale, RunInfo* info = nullptr, int qmax = kActQMax);
 
 // Static activation quantization, quantize_static_s8_reference's formula (reference.h), spread
 // over ATen's intra-op threads: AVX-512 where usable, else the reference. Throws qforge::Error on
@@ -31,7 +32,7 @@ bool quantize_row_q8b32_avx512(const float* x, int64_t K, int8_t* q, float* d, i
 bool quantize_row_q8b32_avx2(const float* x, int64_t K, int8_t* q, float* d, int32_t* s);
 // AVX-512 pieces (quantize_rows_s8_avx512.cpp). row_amax returns false on NaN / Inf.
 bool row_amax_avx512(const float* x, int64_t K, float* amax);
-void quantize_row_avx512(const float* x, int64_t K, float inv, int8_t* q, int64_t ldq);
+void quantize_row_avx512(const float* x, int64_t K, float inv, int8_t* q, int64_t ldq, int qmax = kActQMax);
 // clamp(nearbyint(x * inv), qmin, qmax) for n elements; returns false on NaN / Inf.
 bool quantize_clamp_avx512(const float* x, int64_t n, float inv, int qmin, int qmax, int8_t* q);
 }  // namespace detail

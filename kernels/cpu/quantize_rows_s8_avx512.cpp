@@ -34,9 +34,9 @@ bool row_amax_avx512(const float* x, int64_t K, float* amax) {
   return _mm512_test_epi32_mask(nonfinite, nonfinite) == 0;
 }
 
-void quantize_row_avx512(const float* x, int64_t K, float inv, int8_t* q, int64_t ldq) {
+void quantize_row_avx512(const float* x, int64_t K, float inv, int8_t* q, int64_t ldq, int qmax) {
   const __m512 vinv = _mm512_set1_ps(inv);
-  const __m512i lo = _mm512_set1_epi32(-kActQMax), hi = _mm512_set1_epi32(kActQMax);
+  const __m512i lo = _mm512_set1_epi32(-qmax), hi = _mm512_set1_epi32(qmax);
   for (int64_t k = 0; k < K; k += kLanes) {
     const __mmask16 mask = tail_mask(K - k);
     const __m512 v = _mm512_maskz_loadu_ps(mask, x + k);

@@ -14,15 +14,16 @@ enum class ActScale { kPerRow, kPerTensor };
 // (never -128, so AVX2's sign trick and the +128 offset of VNNI are both exact).
 inline constexpr int kActQMax = 127;
 
-// Dynamic symmetric int8 quantization of activations x[M, K] (ldx = K).
+// Dynamic symmetric int8 quantization of activations x[M, K] (ldx = K) onto [-qmax, qmax]
+// (qmax 127; narrower grids' codes in int8 lanes: W4A4's qint4 rows take qmax 7):
 //   amax  = max |x| over the row (kPerRow) or the whole matrix (kPerTensor)
-//   scale = amax > 0 ? amax / 127.0f : 1.0f       (float division)
+//   scale = amax > 0 ? amax / float(qmax) : 1.0f      (float division)
 //   inv   = 1.0f / scale
-//   q     = clamp(nearbyint(x * inv), -127, 127)   (float product, round half to even)
+//   q     = clamp(nearbyint(x * inv), -qmax, qmax)   (float product, round half to even)
 // q is written to q[m * ldq + k]; columns [K, ldq) are set to 0. a_scale[m] receives scale.
-// Throws qforge::Error when x holds NaN or Inf.
+// Throws qforge::Error when x holds NaN or Inf, or qmax is outside [1, 127].
 void quantize_rows_s8_reference(const float* x, int64_t M, int64_t K, ActScale mode, int8_t* q,
-                                int64_t ldq, float* a_scale);
+                                int64_t ldq, float* a_scale, int qmax = kActQMax);
 
 // Static symmetric int8 quantization with a calibrated scale (the fake-quant formula of a
 // per-tensor symmetric input quantizer, zero point 0, as int8 codes):

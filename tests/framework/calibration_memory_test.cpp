@@ -5,9 +5,11 @@
 #include <gtest/gtest.h>
 
 #include <stdexcept>
+#include <string>
 
 #include "fake_quant/fake_quantize.h"
 #include "framework/api/quantize.h"
+#include "framework/api/quantized_tensor.h"
 #include "framework/api/quantizer.h"
 #include "framework/nn/embedding.h"
 #include "framework/nn/linear.h"
@@ -104,10 +106,30 @@ TEST(Calibration, EmbeddingLooksUpFakeQuantizedRowsAsTheWholeTableGives) {
     Calibration calib(emb);
     const at::Tensor rows = emb->weight_quantizer()->weight_rows(emb->weight, idx);
     ASSERT_TRUE(rows.defined()) << c.q.name;
+    EXPECT_TRUE(at::equal(rows.reshape(whole.sizes()), whole)) << c.q.name;
     EXPECT_TRUE(at::equal(emb(idx), whole)) << c.q.name << " " << static_cast<int>(c.g);
     EXPECT_TRUE(at::equal(emb(idx.to(at::kInt)), whole)) << c.q.name;
     EXPECT_THROW(emb(at::tensor({50})), c10::Error);  // an index past the table, as at::embedding
+    // Indices the whole-table path refuses are left to it.
+    EXPECT_FALSE(emb->weight_quantizer()->weight_rows(emb->weight, idx.to(at::kFloat)).defined());
   }
+}
+
+// Nested guards on one model: the cache stays paused until the outer one ends (the pauses are
+// counted; each guard resumes only its own).
+TEST(Calibration, NestedGuardsKeepTheCachePausedUntilTheOuterEnds) {
+  nn::Linear lin(8, 8);
+  quantize(lin, static_w8a8());
+  lin->eval();
+  {
+    Calibration outer(lin);
+    {
+      Calibration inner(lin);
+      lin(at::randn({2, 8}));
+    }
+    EXPECT_FALSE(lin->weight_quantizer()->weight_cache()) << "the inner guard ended while the outer is alive";
+  }
+  EXPECT_TRUE(lin->weight_quantizer()->weight_cache());
 }
 
 TEST(Calibration, WeightRowsDeclinesWhereRowsAloneWouldDiffer) {
@@ -147,5 +169,40 @@ TEST(Freeze, LargeTablesQuantizeByBlocksOfRowsToTheSameCodes) {
                             QSpec{qint4, Granularity::kPerGroup, 0, 100, false}}) {
     const QParams qp = weight_minmax_qparams(w, spec, "w");
     EXPECT_TRUE(at::equal(quantize_to_int8(w, qp), reference(qp))) << spec.to_string();
+  }
+  // Per tensor with a zero point (the one-pass kernel takes zero point 0 only): the block path.
+  const QParams affine{QSpec{qint8, Granularity::kPerTensor, 0, 0, false}, at::full({}, 0.02f), at::full({}, 3, at::kInt)};
+  const at::Tensor codes = quantize_to_int8(w, affine);
+  EXPECT_TRUE(at::equal(codes, reference(affine)));
+  EXPECT_EQ(codes.max().item<int>(), 127);  // saturates: the block path clamps as the formula does
+}
+
+// A frozen int4 Linear keeps no qparams of its own: weight() rebuilds them from the kernel, equal
+// to what quantize_tensor made, for asymmetric per-group, per-channel and one-row per-tensor grids.
+TEST(Freeze, FrozenInt4WeightGivesBackTheQuantizedTensorItWasPackedFrom) {
+  struct Case {
+    QType q;
+    Granularity g;
+    int64_t group, rows;
+    bool symmetric;
+  };
+  for (const Case& c : {Case{quint4, Granularity::kPerGroup, 32, 24, false}, Case{qint3, Granularity::kPerChannel, 0, 24, true},
+                        Case{qint4, Granularity::kPerGroup, 32, 24, true}, Case{qint4, Granularity::kPerTensor, 0, 1, false}}) {
+    at::manual_seed(7);
+    nn::Linear lin(64, c.rows);
+    Scheme s(c.q);
+    s.weight_granularity = c.g;
+    s.group_size = c.group;
+    s.weight_symmetric = c.symmetric;
+    quantize(lin, s);
+    const QuantizedTensor want = quantize_tensor(lin->weight, lin->weight_quantizer()->qparams(lin->weight));
+    freeze(lin);
+    const QuantizedTensor got = lin->frozen_weight();
+    const std::string what = std::string(c.q.name) + " " + want.spec.to_string();
+    EXPECT_TRUE(at::equal(got.int_values(), want.int_values())) << what;
+    EXPECT_TRUE(at::equal(got.scale, want.scale)) << what << got.scale.sizes() << want.scale.sizes();
+    EXPECT_TRUE(at::equal(got.zero_point, want.zero_point)) << what;
+    EXPECT_EQ(got.scale.scalar_type(), want.scale.scalar_type()) << what;
+    EXPECT_EQ(got.zero_point.scalar_type(), want.zero_point.scalar_type()) << what;
   }
 }

@@ -1,7 +1,7 @@
 // Dynamic per-token activations below 8 bits (W4A4: qint4 rows on [-7, 7], scale amax / 7):
-// the fake-quant values against a formula written out here, the frozen Linear's fallback (no
-// integer kernel: dequantized weight, fake-quantized rows) equal to the unfrozen layer, the plan
-// saying why, and the qtypes refused.
+// the fake-quant values against a formula written out here, the frozen Linear on the int8
+// kernels with codes of the rows' grid equal to the unfrozen layer, clipped rows refused by
+// freeze, and the qtypes refused.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -17,6 +17,7 @@
 #include "framework/core/error.h"
 #include "framework/io/model_io.h"
 #include "framework/nn/linear.h"
+#include "kernels/cpu/quantize_rows_s8.h"
 
 namespace qforge {
 namespace {
@@ -70,28 +71,48 @@ TEST(DynamicInt4Activations, RowsLandOnTheNarrowInt4GridOfTheirOwnAmax) {
   EXPECT_THROW(QuantizerImpl::dynamic_qparams(x, quint8), Error);
 }
 
-TEST(DynamicInt4Activations, FrozenLinearFallsBackWithTheReasonAndMatchesFakeQuant) {
+// Frozen, W4A4 (and W8A4, and qint3 / qint2 rows) runs the int8-activation integer kernels on
+// codes of the rows' own grid: the rows' codes and scales are the fake-quant ones
+// (quantize_rows_s8 with qmax 7, bit for bit against the formula), and the output equals the
+// fake-quant forward within the integer kernels' tolerance (float accumulation order).
+TEST(DynamicInt4Activations, FrozenLinearRunsTheIntegerKernelOnCodesOfTheRowsGrid) {
   at::manual_seed(2);
-  nn::Linear lin(torch::nn::LinearOptions(64, 24));
-  lin->eval();
-  quantize(*lin, w4a4());
   const at::Tensor x = at::randn({3, 5, 64});
-  at::NoGradGuard g;
-  const at::Tensor fake = lin->forward(x);
-  // The input really is on the int4 grid: the layer's output is the weight against x̂ of that grid.
-  const at::Tensor xq = dynamic_reference(x.reshape({-1, 64}), 7).reshape(x.sizes());
-  const at::Tensor w = lin->weight_quantizer()->forward(lin->weight);
-  EXPECT_TRUE(at::allclose(fake, at::linear(xq, w, lin->bias), 1e-5, 1e-5));
-  EXPECT_FALSE(at::allclose(fake, at::linear(x, w, lin->bias), 1e-3, 1e-3));
-  const KernelPlan p = lin->plan();
-  EXPECT_EQ(p.path, LinearPath::kDequant);
-  EXPECT_NE(p.fallback.find("dynamic qint4 per-token activations have no integer kernel"), std::string::npos)
-      << p.fallback;
-  freeze(*lin);
-  EXPECT_TRUE(lin->frozen());
-  EXPECT_TRUE(at::allclose(lin->forward(x), fake, 1e-5, 1e-5));
-  const std::string d = describe(*lin);
-  EXPECT_NE(d.find("dynamic qint4 per_token symmetric"), std::string::npos) << d;
+  const at::Tensor x2 = x.reshape({-1, 64}).contiguous();
+  for (const auto& [qtype, qmax] : {std::pair<QType, int>{qint4, 7}, {qint3, 3}, {qint2, 1}}) {
+    // The kernels' row quantizer at qmax: codes and scales of the fake-quant rows.
+    at::Tensor codes = at::empty({x2.size(0), 64}, at::kChar), scales = at::empty({x2.size(0)});
+    kernels::quantize_rows_s8(x2.data_ptr<float>(), x2.size(0), 64, kernels::ActScale::kPerRow,
+                              codes.data_ptr<int8_t>(), 64, scales.data_ptr<float>(), nullptr, qmax);
+    EXPECT_TRUE(at::equal(codes.to(at::kFloat) * scales.unsqueeze(1), dynamic_reference(x2, qmax))) << qtype.name;
+    EXPECT_EQ(codes.abs().max().item<int>(), qmax) << qtype.name;
+    for (bool int8_weights : {false, true}) {
+      nn::Linear lin(torch::nn::LinearOptions(64, 24));
+      lin->eval();
+      Scheme s = int8_weights ? Scheme(qint8) : w4a4();
+      s.activations = ActivationMode::kDynamicPerToken;
+      s.activation_qtype = qtype;
+      quantize(*lin, s);
+      at::NoGradGuard g;
+      const at::Tensor fake = lin->forward(x);
+      // The input really is on the narrow grid: the layer's output is the weight against x̂.
+      const at::Tensor w = lin->weight_quantizer()->forward(lin->weight);
+      EXPECT_TRUE(at::allclose(fake, at::linear(dynamic_reference(x2, qmax).reshape(x.sizes()), w, lin->bias), 1e-5,
+                               1e-5));
+      EXPECT_FALSE(at::allclose(fake, at::linear(x, w, lin->bias), 1e-3, 1e-3));
+      const std::string what = std::string(qtype.name) + (int8_weights ? " rows, int8 weights" : " rows, int4 weights");
+      const KernelPlan p = lin->plan();
+      EXPECT_EQ(p.path, int8_weights ? LinearPath::kS8Dynamic : LinearPath::kS4Dynamic) << what;
+      EXPECT_EQ(p.kernel.find("dequantize"), std::string::npos) << what << ": " << p.kernel;
+      freeze(*lin);
+      ASSERT_TRUE(lin->frozen());
+      const at::Tensor y = lin->forward(x);
+      const double rel = (y - fake).abs().max().item<double>() / fake.abs().max().item<double>();
+      EXPECT_LE(rel, 1e-5) << what;
+      const std::string d = describe(*lin);
+      EXPECT_NE(d.find(std::string("dynamic ") + qtype.name + " per_token symmetric"), std::string::npos) << d;
+    }
+  }
 }
 
 // QuaRot's activation clipping: each row's scale covers clip_ratio · amax; the largest values

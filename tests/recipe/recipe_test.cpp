@@ -453,18 +453,21 @@ TEST(Recipe, FreezeDecodeActivationsIsRefusedWhereNoLayerWouldTakeIt) {
             "q8_block32");
 }
 
-// W4A4: dynamic per-token int4 rows are accepted for fake-quant evaluation; freezing them (no
-// integer kernel) and unsigned dynamic rows are errors at the qtype's line.
-TEST(Recipe, DynamicInt4ActivationsEvaluateFakeQuantizedAndRefuseFreezeAndUnsignedGrids) {
+// W4A4: dynamic per-token int4 rows are accepted for fake-quant evaluation and for freezing (the
+// int8 kernels take their codes); static int4 activations (no kernel) and unsigned dynamic rows
+// are errors at the qtype's line.
+TEST(Recipe, DynamicInt4ActivationsFreezeStaticInt4AndUnsignedGridsAreRefused) {
   TempDir dir;
   const std::string a = std::string(kMinimal) + "quantize:\n  weights: {qtype: qint4}\n  activations:\n"
                         "    mode: dynamic_per_token\n";
   const Recipe r = load_recipe(dir.write("a.yaml", a + "    qtype: qint4\nfreeze: {enabled: false}\n"));
   EXPECT_EQ(r.scheme.activation_qtype, qint4);
+  EXPECT_TRUE(load_recipe(dir.write("b.yaml", a + "    qtype: qint4\nfreeze: {enabled: true}\n")).freeze.enabled);
   std::string e;
-  for (const auto& i : issues_of(dir.write("b.yaml", a + "    qtype: qint4\nfreeze: {enabled: true}\n")))
-    e += i.to_string() + "\n";
-  EXPECT_NE(e.find("quantize.activations.qtype: qint4 activations have no integer kernel to freeze into"),
+  const std::string st = std::string(kMinimal) + "quantize:\n  weights: {qtype: qint4}\n  activations:\n"
+                         "    mode: static\n    qtype: qint4\nfreeze: {enabled: true}\n";
+  for (const auto& i : issues_of(dir.write("s.yaml", st))) e += i.to_string() + "\n";
+  EXPECT_NE(e.find("quantize.activations.qtype: qint4 static activations have no integer kernel to freeze into"),
             std::string::npos) << e;
   e.clear();
   for (const auto& i : issues_of(dir.write("c.yaml", a + "    qtype: quint8\nfreeze: {enabled: false}\n")))
