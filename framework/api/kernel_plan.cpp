@@ -279,14 +279,16 @@ bool cuda_linear_s8_fused() { return g_cuda_linear_s8_fused.load(std::memory_ord
 
 KernelPlan plan_linear_cuda(const std::optional<QSpec>& weights, ActivationMode act, const QSpec& activation,
                             int64_t in_features, int64_t out_features) {
+  KernelPlan plan = plan_linear(weights, act, activation, in_features, Isa::kReference);
   std::string why;
-  if (act == ActivationMode::kDynamicPerToken && !dynamic_act_fits_kernels(activation, &why)) {
-    KernelPlan plan;
+  if (plan.path == LinearPath::kS8Dynamic && !dynamic_act_fits_kernels(activation, &why)) {
+    // Narrower rows (the CPU kernels take their codes): the CUDA row quantizer is int8's, so the
+    // CUDA form falls back (the path stays the host packing's). kS4Dynamic's CUDA form
+    // fake-quantizes its rows and runs the int4 GEMV: any grid.
     plan.kernel = "dequantize+at::linear";
     plan.fallback = why + ": the weight is dequantized per call and the activations fake-quantized in float";
     return plan;
   }
-  KernelPlan plan = plan_linear(weights, act, activation, in_features, Isa::kReference);
   // The GPU runs one kernel at every M.
   plan.large_m = 0;
   plan.large_m_kernel.clear();

@@ -57,9 +57,10 @@ class CudaInt8Linear final : public CudaPackedWeight {
     kernels::RunInfo info;
     if (path() == LinearPath::kS8WeightOnly)
       return cuda_ops::linear_s8_weight_only(x.contiguous(), codes_, w_scale_, bias_, &info).reshape(out_shape);
-    if (path() == LinearPath::kS8Dynamic && in.quantizer && in.quantizer->config().spec.qtype != qint8) {
-      // Narrower dynamic rows (W4A4-style qint4; the CPU kernels take them as int8 codes) have no
-      // CUDA integer kernel: their fake-quant values through the dequantized weight.
+    if (path() == LinearPath::kS8Dynamic && in.quantizer &&
+        (in.quantizer->config().spec.qtype != qint8 || in.quantizer->config().clip_ratio != 1.0f)) {
+      // Narrower or clipped dynamic rows (W4A4-style qint4; the CPU kernels take them as int8
+      // codes) have no CUDA integer kernel: their fake-quant values through the dequantized weight.
       const at::Tensor w = codes_.to(at::kFloat) * w_scale_.unsqueeze(1);
       return at::linear(fake_quantize_input(in, x_in).to(at::kFloat), w, bias_or(in)).reshape(out_shape);
     }

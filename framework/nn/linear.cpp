@@ -65,9 +65,17 @@ at::Device LinearImpl::compute_device() const {
 
 KernelPlan LinearImpl::plan() const {
   const std::optional<QSpec> ws = scheme_.weights ? std::optional<QSpec>(scheme_.weights->spec) : std::nullopt;
-  if (compute_device().is_cuda())
-    return plan_linear_cuda(ws, scheme_.activations, scheme_.activation.spec, options.in_features(),
-                            options.out_features());
+  if (compute_device().is_cuda()) {
+    KernelPlan p = plan_linear_cuda(ws, scheme_.activations, scheme_.activation.spec, options.in_features(),
+                                    options.out_features());
+    if (scheme_.clips_rows() && p.path == LinearPath::kS8Dynamic) {
+      // The CUDA row quantizer takes each row's whole amax (framework/cuda/packed_weight_cuda.cpp).
+      p.kernel = "dequantize+at::linear";
+      p.fallback = "clipped dynamic rows have no CUDA integer kernel: the weight is dequantized per call and the "
+                   "rows fake-quantized";
+    }
+    return p;
+  }
   return plan_linear(ws, scheme_.activations, scheme_.activation.spec, options.in_features(), usable_isa(), decode_,
                      packed_ ? packed_->s4_packing() : nullptr);
 }

@@ -90,10 +90,11 @@ at::Tensor PackedIntLinear<Kernel>::forward(const at::Tensor& x_in, const Frozen
       kernel_->run_static(q.data_ptr<int8_t>(), M, static_scale_, y.data_ptr<float>(), &info);
     } else {
       // Dynamic rows on the input quantizer's grid: qint8's [-127, 127], or W4A4's qint4 [-7, 7]
-      // (qint3, qint2 likewise) as int8 codes, the fake-quant formula of its rows.
+      // (qint3, qint2 likewise) as int8 codes, clipped as it clips them: the fake-quant formula.
       const int qmax =
           in.quantizer ? QuantizerImpl::dynamic_qmax(in.quantizer->config().spec.qtype) : kernels::kActQMax;
-      kernel_->run(x.data_ptr<float>(), M, y.data_ptr<float>(), &info, kernels::ActScale::kPerRow, qmax);
+      const float clip = in.quantizer ? in.quantizer->config().clip_ratio : 1.0f;
+      kernel_->run(x.data_ptr<float>(), M, y.data_ptr<float>(), &info, kernels::ActScale::kPerRow, qmax, clip);
     }
   }
   return y.reshape(out_shape);

@@ -231,6 +231,9 @@ std::string qdq_problem(const QuantizableLayer& l) {
   if (dynamic_cast<const nn::Conv1dImpl*>(&l)) return "Conv1d has no ONNX graph here (no shipped model uses it)";
   const LayerScheme& s = l.scheme();
   if (!l.quantized()) return "";
+  if (s.clips_rows())
+    return detail::str_cat("dynamic rows clipped at clip_ratio ", s.activation.clip_ratio,
+                           " have no QDQ form (DynamicQuantizeLinear-style rows take the whole amax)");
   if (s.weights) {
     const QSpec& w = s.weights->spec;
     if (w.qtype.is_float())

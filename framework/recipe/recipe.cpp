@@ -213,9 +213,6 @@ void check_quantize(const Recipe& r, const YAML::Node& tree, const Where& w) {
   if (s.activation_clip_ratio != 1.0f && s.activations != ActivationMode::kDynamicPerToken)
     w.problem("quantize.activations.clip_ratio", "clips dynamic per-token rows only; set quantize.activations.mode: "
                                                  "dynamic (static scales come from the observer)");
-  else if (s.activation_clip_ratio != 1.0f && r.freeze.enabled)
-    w.problem("quantize.activations.clip_ratio", "clipped rows have no integer kernel to freeze into (the kernels "
-                                                 "scale each row by its whole amax); set freeze.enabled: false");
   // Dynamic rows below 8 bits freeze onto the int8 kernels as codes of their own grid; static
   // scales below 8 bits have no kernel.
   if (s.activation_qtype.is_integer() && s.activation_qtype.bits < 8 && s.activations == ActivationMode::kStatic &&

@@ -81,7 +81,7 @@ const float* data_or_null(const at::Tensor& t) {
 // then gemm(codes, row scales); M == 0 runs nothing.
 template <typename Gemm>
 void run_quantized(const char* who, const at::Tensor& packed, const float* x, int64_t M, int64_t K, float* y,
-                   RunInfo* info, ActScale act_scale, int act_qmax, const Gemm& gemm) {
+                   RunInfo* info, ActScale act_scale, int act_qmax, float act_clip, const Gemm& gemm) {
   QF_REQUIRE(packed.defined(), "kernels/cpu: ", who, "::run on an empty (default) object");
   QF_REQUIRE(M >= 0, "kernels/cpu: ", who, "::run got M=", M);
   if (M == 0) {
@@ -91,7 +91,7 @@ void run_quantized(const char* who, const at::Tensor& packed, const float* x, in
   QF_REQUIRE(x != nullptr && y != nullptr, "kernels/cpu: ", who, "::run got a null pointer");
   const detail::ScratchArray<int8_t> codes(detail::Scratch::kActivationCodes, M * K);
   const detail::ScratchArray<float> scales(detail::Scratch::kActivationScales, M);
-  quantize_rows_s8(x, M, K, act_scale, codes.data(), K, scales.data(), nullptr, act_qmax);
+  quantize_rows_s8(x, M, K, act_scale, codes.data(), K, scales.data(), nullptr, act_qmax, act_clip);
   gemm(codes.data(), scales.data());
 }
 
@@ -151,8 +151,8 @@ at::Tensor PackedLinearS8::weight() const {
 }
 
 void PackedLinearS8::run(const float* x, int64_t M, float* y, RunInfo* info,
-                         ActScale act_scale, int act_qmax) const {
-  run_quantized("PackedLinearS8", packed_, x, M, k_, y, info, act_scale, act_qmax,
+                         ActScale act_scale, int act_qmax, float act_clip) const {
+  run_quantized("PackedLinearS8", packed_, x, M, k_, y, info, act_scale, act_qmax, act_clip,
                 [&](const int8_t* q, const float* a_scale) {
     GemvS8Problem p = s8s8f32_problem(q, M, a_scale, view(), w_scale_.data_ptr<float>(), data_or_null(bias_), y);
     p.onednn = onednn_.get();
@@ -311,8 +311,8 @@ at::Tensor PackedLinearS4::w_zero() const {
 }
 
 void PackedLinearS4::run(const float* x, int64_t M, float* y, RunInfo* info,
-                         ActScale act_scale, int act_qmax) const {
-  run_quantized("PackedLinearS4", packed_, x, M, k_, y, info, act_scale, act_qmax,
+                         ActScale act_scale, int act_qmax, float act_clip) const {
+  run_quantized("PackedLinearS4", packed_, x, M, k_, y, info, act_scale, act_qmax, act_clip,
                 [&](const int8_t* q, const float* a_scale) {
     gemv_s8s4f32(q, M, a_scale, view(), data_or_null(bias_), y, info);
   });

@@ -50,9 +50,10 @@ class PackedLinearS8 {
   at::Tensor run(const at::Tensor& x, RunInfo* info = nullptr,
                  ActScale act_scale = ActScale::kPerRow) const;
   // x: dense float [M, K]; y: dense float [M, N]. act_qmax: the rows' grid [-act_qmax, act_qmax]
-  // (quantize_rows_s8; 7 runs W4A4's qint4 rows as int8 codes).
+  // (quantize_rows_s8; 7 runs W4A4's qint4 rows as int8 codes); act_clip: their range as a
+  // fraction of their amax (QuaRot's clipping; 1: none).
   void run(const float* x, int64_t M, float* y, RunInfo* info = nullptr,
-           ActScale act_scale = ActScale::kPerRow, int act_qmax = kActQMax) const;
+           ActScale act_scale = ActScale::kPerRow, int act_qmax = kActQMax, float act_clip = 1.0f) const;
 
   // Weight-only: float activations, no activation quantization (linear_f32_s8_reference, bit
   // for bit). Slower than run() but without activation rounding error.
@@ -107,9 +108,9 @@ class PackedLinearS4 {
 
   at::Tensor run(const at::Tensor& x, RunInfo* info = nullptr,
                  ActScale act_scale = ActScale::kPerRow) const;
-  // As PackedLinearS8::run (act_qmax likewise).
+  // As PackedLinearS8::run (act_qmax, act_clip likewise).
   void run(const float* x, int64_t M, float* y, RunInfo* info = nullptr,
-           ActScale act_scale = ActScale::kPerRow, int act_qmax = kActQMax) const;
+           ActScale act_scale = ActScale::kPerRow, int act_qmax = kActQMax, float act_clip = 1.0f) const;
 
   // Weight-only: float activations, no activation quantization (linear_f32_s4_reference, bit
   // for bit).

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstring>
 
 #include "framework/core/error.h"
 #include "kernels/cpu/isa.h"
@@ -17,10 +18,11 @@ namespace {
 }  // namespace
 
 void quantize_rows_s8(const float* x, int64_t M, int64_t K, ActScale mode, int8_t* q, int64_t ldq,
-                      float* a_scale, RunInfo* info, int qmax) {
+                      float* a_scale, RunInfo* info, int qmax, float clip) {
   QF_REQUIRE(M >= 0 && K >= 0 && ldq >= K, "kernels/cpu: quantize_rows_s8 got M=", M, " K=", K,
              " ldq=", ldq);
   QF_REQUIRE(qmax >= 1 && qmax <= kActQMax, "kernels/cpu: quantize_rows_s8 got qmax=", qmax, " (1 to 127)");
+  QF_REQUIRE(clip > 0.0f && clip <= 1.0f, "kernels/cpu: quantize_rows_s8 got clip=", clip, " (in (0, 1])");
   QF_REQUIRE(M == 0 || (x != nullptr && q != nullptr && a_scale != nullptr),
              "kernels/cpu: quantize_rows_s8 got a null pointer");
   run_isa_or_reference(
@@ -42,16 +44,25 @@ void quantize_rows_s8(const float* x, int64_t M, int64_t K, ActScale mode, int8_
         for (int64_t m = 0; m < M; ++m) {
           // Same scalar expressions as the reference, so scale and inv match bit for bit.
           const float amax = amax_of[m];
-          const float scale = amax > 0.0f ? amax / static_cast<float>(qmax) : 1.0f;
+          const float range = clip == 1.0f ? amax : amax * clip;
+          const float scale = range > 0.0f ? range / static_cast<float>(qmax) : 1.0f;
           a_scale[m] = scale;
-          detail::quantize_row_avx512(x + m * K, K, 1.0f / scale, q + m * ldq, ldq, qmax);
+          if (clip == 1.0f) {
+            detail::quantize_row_avx512(x + m * K, K, 1.0f / scale, q + m * ldq, ldq, qmax);
+          } else {
+            // Clipped rows reach beyond ±qmax before the clamp (by 1 / clip): clamped before the
+            // conversion, which returns INT_MIN past 2^31. The row is finite (checked above).
+            int8_t* row = q + m * ldq;
+            detail::quantize_clamp_avx512(x + m * K, K, 1.0f / scale, -qmax, qmax, row);
+            if (ldq > K) std::memset(row + K, 0, static_cast<size_t>(ldq - K));
+          }
         }
         return true;
 #else
         return false;
 #endif
       },
-      [&] { quantize_rows_s8_reference(x, M, K, mode, q, ldq, a_scale, qmax); });
+      [&] { quantize_rows_s8_reference(x, M, K, mode, q, ldq, a_scale, qmax, clip); });
 }
 
 void quantize_static_s8(const float* x, int64_t count, float inv, int qmin, int qmax, int8_t* q, RunInfo* info) {

@@ -9,9 +9,10 @@
 
 namespace qforge::kernels {
 
-// qmax: the grid's largest code (quantize_rows_s8_reference), 127 unless narrower rows are asked for.
+// qmax: the grid's largest code, 127 unless narrower rows are asked for; clip: the rows' range as
+// a fraction of their amax (quantize_rows_s8_reference).
 void quantize_rows_s8(const float* x, int64_t M, int64_t K, ActScale mode, int8_t* q, int64_t ldq,
-                      float* a_scale, RunInfo* info = nullptr, int qmax = kActQMax);
+                      float* a_scale, RunInfo* info = nullptr, int qmax = kActQMax, float clip = 1.0f);
 
 // Static activation quantization, quantize_static_s8_reference's formula (reference.h), spread
 // over ATen's intra-op threads: AVX-512 where usable, else the reference. Throws qforge::Error on

@@ -1,6 +1,7 @@
 // AVX-512 activation quantization. Dynamic: bit-identical to quantize_rows_s8_reference:
-// the same float amax, scale = amax / 127, inv = 1 / scale (scalar), product x * inv, VCVTPS2DQ
-// under the default MXCSR mode (round half to even, as nearbyint), clamp to [-127, 127].
+// the same float amax, scale = amax / qmax (127 unless narrower), inv = 1 / scale (scalar), product
+// x * inv, VCVTPS2DQ under the default MXCSR mode (round half to even, as nearbyint), clamp to
+// [-qmax, qmax] (clipped rows go through quantize_clamp_avx512, clamped before the conversion).
 // Static (quantize_clamp_avx512): bit-identical to quantize_static_s8_reference.
 // Compiled with -mavx512f -mavx512bw -mavx512vl -mavx512dq.
 #include <immintrin.h>

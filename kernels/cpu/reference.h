@@ -15,15 +15,17 @@ enum class ActScale { kPerRow, kPerTensor };
 inline constexpr int kActQMax = 127;
 
 // Dynamic symmetric int8 quantization of activations x[M, K] (ldx = K) onto [-qmax, qmax]
-// (qmax 127; narrower grids' codes in int8 lanes: W4A4's qint4 rows take qmax 7):
+// (qmax 127; narrower grids' codes in int8 lanes: W4A4's qint4 rows take qmax 7), the row's range
+// clipped to clip · amax (QuaRot's clipping; 1: the whole amax):
 //   amax  = max |x| over the row (kPerRow) or the whole matrix (kPerTensor)
-//   scale = amax > 0 ? amax / float(qmax) : 1.0f      (float division)
+//   range = clip == 1 ? amax : amax * clip               (float product)
+//   scale = range > 0 ? range / float(qmax) : 1.0f      (float division)
 //   inv   = 1.0f / scale
 //   q     = clamp(nearbyint(x * inv), -qmax, qmax)   (float product, round half to even)
 // q is written to q[m * ldq + k]; columns [K, ldq) are set to 0. a_scale[m] receives scale.
-// Throws qforge::Error when x holds NaN or Inf, or qmax is outside [1, 127].
+// Throws qforge::Error when x holds NaN or Inf, qmax is outside [1, 127] or clip outside (0, 1].
 void quantize_rows_s8_reference(const float* x, int64_t M, int64_t K, ActScale mode, int8_t* q,
-                                int64_t ldq, float* a_scale, int qmax = kActQMax);
+                                int64_t ldq, float* a_scale, int qmax = kActQMax, float clip = 1.0f);
 
 // Static symmetric int8 quantization with a calibrated scale (the fake-quant formula of a
 // per-tensor symmetric input quantizer, zero point 0, as int8 codes):

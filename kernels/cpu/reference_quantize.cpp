@@ -21,10 +21,11 @@ float row_amax(const float* x, int64_t K, int64_t m) {
 }  // namespace
 
 void quantize_rows_s8_reference(const float* x, int64_t M, int64_t K, ActScale mode, int8_t* q,
-                                int64_t ldq, float* a_scale, int qmax) {
+                                int64_t ldq, float* a_scale, int qmax, float clip) {
   QF_REQUIRE(M >= 0 && K >= 0 && ldq >= K, "kernels/cpu: quantize_rows_s8 got M=", M, " K=", K,
              " ldq=", ldq);
   QF_REQUIRE(qmax >= 1 && qmax <= kActQMax, "kernels/cpu: quantize_rows_s8 got qmax=", qmax, " (1 to 127)");
+  QF_REQUIRE(clip > 0.0f && clip <= 1.0f, "kernels/cpu: quantize_rows_s8 got clip=", clip, " (in (0, 1])");
   std::vector<float> amax(static_cast<size_t>(M));
   for (int64_t m = 0; m < M; ++m) amax[m] = row_amax(x + m * K, K, m);
   if (mode == ActScale::kPerTensor) {
@@ -32,7 +33,8 @@ void quantize_rows_s8_reference(const float* x, int64_t M, int64_t K, ActScale m
     std::fill(amax.begin(), amax.end(), all);
   }
   for (int64_t m = 0; m < M; ++m) {
-    const float scale = amax[m] > 0.0f ? amax[m] / static_cast<float>(qmax) : 1.0f;
+    const float range = clip == 1.0f ? amax[m] : amax[m] * clip;
+    const float scale = range > 0.0f ? range / static_cast<float>(qmax) : 1.0f;
     const float inv = 1.0f / scale;
     a_scale[m] = scale;
     for (int64_t k = 0; k < K; ++k) {

@@ -1,7 +1,7 @@
 // Dynamic per-token activations below 8 bits (W4A4: qint4 rows on [-7, 7], scale amax / 7):
 // the fake-quant values against a formula written out here, the frozen Linear on the int8
-// kernels with codes of the rows' grid equal to the unfrozen layer, clipped rows refused by
-// freeze, and the qtypes refused.
+// kernels with codes of the rows' grid (clipped or not) equal to the unfrozen layer, clipped
+// MatMul rows refused by freeze, and the qtypes refused.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -17,6 +17,7 @@
 #include "framework/core/error.h"
 #include "framework/io/model_io.h"
 #include "framework/nn/linear.h"
+#include "framework/nn/matmul.h"
 #include "kernels/cpu/quantize_rows_s8.h"
 
 namespace qforge {
@@ -116,9 +117,10 @@ TEST(DynamicInt4Activations, FrozenLinearRunsTheIntegerKernelOnCodesOfTheRowsGri
 }
 
 // QuaRot's activation clipping: each row's scale covers clip_ratio · amax; the largest values
-// saturate at ±qmax steps, through the Linear's quantizer, its describe(), a checkpoint; freeze,
-// which has no kernel for it, is refused and changes nothing.
-TEST(DynamicInt4Activations, ClippedRowsSaturateAndFreezeRefusesThem) {
+// saturate at ±qmax steps, through the Linear's quantizer, its describe(), a checkpoint, and its
+// frozen kernels (quantize_rows_s8 clips likewise); a MatMul, whose kernel does not clip, is
+// refused by freeze and changes nothing.
+TEST(DynamicInt4Activations, ClippedRowsSaturateFreezeOntoTheKernelsAndMatMulsAreRefused) {
   at::manual_seed(3);
   at::Tensor x = at::randn({6, 40});
   x[2].zero_();
@@ -145,19 +147,15 @@ TEST(DynamicInt4Activations, ClippedRowsSaturateAndFreezeRefusesThem) {
   const at::Tensor w = lin->weight_quantizer()->forward(lin->weight);
   EXPECT_TRUE(at::allclose(lin->forward(in), at::linear(xq, w, lin->bias), 1e-5, 1e-5));
   EXPECT_NE(describe(*lin).find("dynamic qint4 per_token symmetric clip 0.9"), std::string::npos) << describe(*lin);
-  // The plan does not promise a kernel freeze refuses.
-  const std::string planned = describe(*lin, /*planned=*/true);
-  EXPECT_NE(planned.find("none: freeze refuses"), std::string::npos) << planned;
-  EXPECT_NE(planned.find("clip_ratio below 1 has no integer kernel"), std::string::npos) << planned;
-  try {
-    freeze(*lin);
-    FAIL() << "froze clipped rows";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("clip_ratio below 1 have no integer kernel"), std::string::npos) << e.what();
+  // The kernels' row quantizer with the clip: the fake-quant rows' codes and scales, bit for bit.
+  for (const auto& [qmax, clip] : {std::pair<int, float>{7, 0.9f}, {127, 0.5f}, {7, 1e-4f}}) {
+    const at::Tensor x2 = in.reshape({-1, 64}).contiguous();
+    at::Tensor codes = at::empty({x2.size(0), 64}, at::kChar), scales = at::empty({x2.size(0)});
+    kernels::quantize_rows_s8(x2.data_ptr<float>(), x2.size(0), 64, kernels::ActScale::kPerRow,
+                              codes.data_ptr<int8_t>(), 64, scales.data_ptr<float>(), nullptr, qmax, clip);
+    EXPECT_TRUE(at::equal(codes.to(at::kFloat) * scales.unsqueeze(1), dynamic_reference(x2, qmax, clip)))
+        << qmax << " clip " << clip;
   }
-  EXPECT_FALSE(lin->frozen());
-  EXPECT_THROW(lin->freeze(), Error) << "the layer's own freeze refuses it too";
-  EXPECT_FALSE(lin->frozen());
   // Through a checkpoint: the clip ratio comes back (files without it read as 1).
   const std::string path = (std::filesystem::temp_directory_path() /
                             ("qforge_clip_" + std::to_string(::getpid()) + ".h5")).string();
@@ -194,6 +192,33 @@ TEST(DynamicInt4Activations, ClippedRowsSaturateAndFreezeRefusesThem) {
   ls.activations = ActivationMode::kStatic;
   ls.activation.clip_ratio = 0.9f;
   EXPECT_THROW(lin->attach("lin", ls), Error);
+  // Frozen: the integer kernel on the clipped rows' codes, equal to the fake-quant forward.
+  const at::Tensor fake = lin->forward(in);
+  const std::string planned = describe(*lin, /*planned=*/true);
+  EXPECT_EQ(planned.find("freeze refuses"), std::string::npos) << planned;
+  freeze(*lin);
+  ASSERT_TRUE(lin->frozen());
+  EXPECT_EQ(lin->plan().path, LinearPath::kS4Dynamic);
+  EXPECT_LE((lin->forward(in) - fake).abs().max().item<double>() / fake.abs().max().item<double>(), 1e-5);
+  // A MatMul's row quantizer takes the whole amax: freeze refuses it, naming why, and changes nothing.
+  nn::MatMul mm;
+  Scheme ms(qint8);
+  ms.weights.reset();
+  ms.activations = ActivationMode::kDynamicPerToken;
+  ms.activation_clip_ratio = 0.9f;
+  quantize(*mm, ms);
+  EXPECT_NE(describe(*mm, /*planned=*/true).find("none: freeze refuses"), std::string::npos);
+  EXPECT_THROW(check_clipped_rows(*mm), Error) << "the check qtrain makes right after quantize";
+  EXPECT_NO_THROW(check_clipped_rows(*lin));
+  try {
+    freeze(*mm);
+    FAIL() << "froze a MatMul's clipped rows";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("clip_ratio below 1 have no kernel outside Linear layers"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_FALSE(mm->frozen());
+  EXPECT_THROW(mm->freeze(), Error) << "the layer's own freeze refuses it too";
 }
 
 TEST(DynamicInt4Activations, UnsignedOrAsymmetricDynamicGridsAreRefused) {

@@ -1,6 +1,7 @@
 // Dynamic activation quantization: formula, rounding, padding, errors, fast == reference.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -103,4 +104,42 @@ TEST(QuantizeRowsS8, EveryKernelMatchesReferenceExactly) {
       }
     }
   }
+}
+
+// Narrower grids (qmax 7, 3, 1: W4A4's rows as int8 codes) and clipped rows (range clip · amax):
+// the formula written out here, and every kernel equal to the reference, padding included.
+TEST(QuantizeRowsS8, NarrowerGridsAndClippedRowsMatchTheFormulaAtEveryIsa) {
+  for (Isa isa : usable_isas()) {
+    ScopedMaxIsa cap(isa);
+    for (const auto& [qmax, clip] : {std::pair<int, float>{7, 1.0f}, {3, 1.0f}, {1, 1.0f}, {7, 0.9f}, {127, 0.5f},
+                                     {7, 1e-6f}}) {
+      for (int64_t K : {int64_t{1}, int64_t{17}, int64_t{64}, int64_t{100}}) {
+        const int64_t M = 3, ldq = K + 3;
+        auto x = random_f32(M * K, -3.0f, 3.0f, static_cast<uint32_t>(K * 31 + qmax));
+        std::vector<int8_t> q_ref(M * ldq, 7), q(M * ldq, 9);
+        std::vector<float> s_ref(M), s(M);
+        quantize_rows_s8_reference(x.data(), M, K, ActScale::kPerRow, q_ref.data(), ldq, s_ref.data(), qmax, clip);
+        RunInfo info;
+        quantize_rows_s8(x.data(), M, K, ActScale::kPerRow, q.data(), ldq, s.data(), &info, qmax, clip);
+        ASSERT_TRUE(exact_equal(q, q_ref)) << info.kernel << " qmax=" << qmax << " clip=" << clip << " K=" << K;
+        ASSERT_TRUE(bitwise_equal(s.data(), s_ref.data(), M)) << info.kernel;
+        for (int64_t m = 0; m < M; ++m) {
+          float amax = 0;
+          for (int64_t k = 0; k < K; ++k) amax = std::max(amax, std::fabs(x[m * K + k]));
+          const float range = clip == 1.0f ? amax : amax * clip, scale = range / static_cast<float>(qmax);
+          ASSERT_EQ(s_ref[m], scale);
+          for (int64_t k = 0; k < K; ++k) {
+            const float r = std::nearbyint(x[m * K + k] * (1.0f / scale));
+            ASSERT_EQ(q_ref[m * ldq + k], static_cast<int8_t>(std::min(std::max(r, -float(qmax)), float(qmax))));
+          }
+          for (int64_t k = K; k < ldq; ++k) ASSERT_EQ(q[m * ldq + k], 0);
+        }
+      }
+    }
+  }
+  std::vector<float> x(4, 1.0f), s(1);
+  std::vector<int8_t> q(4);
+  EXPECT_THROW(quantize_rows_s8(x.data(), 1, 4, ActScale::kPerRow, q.data(), 4, s.data(), nullptr, 0), qforge::Error);
+  EXPECT_THROW(quantize_rows_s8(x.data(), 1, 4, ActScale::kPerRow, q.data(), 4, s.data(), nullptr, 7, 0.0f),
+               qforge::Error);
 }

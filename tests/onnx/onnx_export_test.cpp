@@ -139,6 +139,17 @@ TEST(OnnxExport, LayersWithoutQdqFormAreErrorsNamingTheLayer) {
     EXPECT_NE(e.find("per-group"), std::string::npos) << e;
   }
   {
+    // Clipped dynamic rows (QuaRot's clip_ratio) have no QDQ form: refused before anything is written.
+    Fixture f = onnx_testing::mlp_fixture(false);
+    Scheme s(qint8);
+    s.activations = ActivationMode::kDynamicPerToken;
+    s.activation_clip_ratio = 0.9f;
+    quantize(*f.model, s);
+    const std::string e = error_of([&] { onnx_export::check_exportable(*f.model); });
+    EXPECT_NE(e.find("fc1 (Linear)"), std::string::npos) << e;
+    EXPECT_NE(e.find("clip_ratio 0.9 have no QDQ form"), std::string::npos) << e;
+  }
+  {
     // GPT-2's tied head reads wte's float weight: a quantized wte is refused at the model level.
     Fixture f = onnx_testing::gpt2_fixture(false);
     quantize(*f.model, Scheme(qint8));

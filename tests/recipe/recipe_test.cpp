@@ -792,9 +792,9 @@ TEST(Recipe, TokenizerKeysAreCheckedWithFileLineColumn) {
   EXPECT_NE(e.find("data.tokenizer: applies to the fortunes language models only"), std::string::npos) << e;
 }
 
-// quantize.activations.clip_ratio: dynamic rows only, and no freeze (no kernel clips), at its line;
-// the resolved recipe names it only when it clips.
-TEST(Recipe, ActivationClipRatioNeedsDynamicRowsAndNoFreeze) {
+// quantize.activations.clip_ratio: dynamic rows only, at its line (freezing takes it: the Linear
+// kernels clip); the resolved recipe names it only when it clips.
+TEST(Recipe, ActivationClipRatioNeedsDynamicRows) {
   TempDir dir;
   auto all = [&](const std::string& text) {
     std::string out;
@@ -811,8 +811,9 @@ TEST(Recipe, ActivationClipRatioNeedsDynamicRowsAndNoFreeze) {
             std::string::npos);
   std::string e = all(nofreeze + "quantize: {activations: {mode: static, clip_ratio: 0.9}}\n");
   EXPECT_NE(e.find("quantize.activations.clip_ratio: clips dynamic per-token rows only"), std::string::npos) << e;
-  e = all(std::string(kMinimal) + "quantize: {activations: {mode: dynamic_per_token, clip_ratio: 0.9}}\n");
-  EXPECT_NE(e.find("quantize.activations.clip_ratio: clipped rows have no integer kernel"), std::string::npos) << e;
+  EXPECT_TRUE(load_recipe(dir.write("frozen.yaml", std::string(kMinimal) + "quantize: {activations: {mode: "
+                                                                           "dynamic_per_token, clip_ratio: 0.9}}\n"))
+                  .freeze.enabled);
   e = all(nofreeze + "quantize: {activations: {mode: dynamic_per_token, clip_ratio: 1.5}}\n");
   EXPECT_NE(e.find("clip_ratio"), std::string::npos) << e;
 }
