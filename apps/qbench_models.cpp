@@ -4,6 +4,12 @@
 //   model_bert_b1, model_bert_b8     BERT-base shapes (12 layers, hidden 768, 12 heads, FFN 3072,
 //                                    sequence 128, random weights), 1 / 8 sequences
 //   qat_step_cnn, qat_step_bert      one training step (forward, cross-entropy, backward, SGD)
+//   calibrate_bert_b8                one calibration batch of BERT-base W8A8 (8 sequences of 128):
+//                                    "qforge" inside a Calibration (the weights' cache paused: each
+//                                    weight fake-quantized afresh), "qforge-cached" the same model's
+//                                    fake-quant forward with every weight's cache warm (what each
+//                                    calibration batch after the first cost before the pause),
+//                                    "libtorch" the float forward
 //   model_gpt2_decode_w8, _w4        GPT-2 small decoding 32 tokens one at a time (KV cache),
 //                                    frozen weight-only int8 / int4 (freeze_for_decode, apps/qbench_models.h);
 //                                    impl "qforge-q8": the same layers on block-32 int8 decode activations
@@ -162,6 +168,36 @@ std::vector<Case> bert_cases(int64_t batch) {
   auto fp = std::make_shared<models::BertForSequenceClassification>(cfg);
   return frozen_vs_float("L12_H768_b" + std::to_string(batch) + "_s128", fp, q,
                          at::randint(1, cfg.vocab_size, {batch, kSeq}, at::kLong));
+}
+
+// One calibration batch with the weights' cache paused against the same forward with it warm.
+std::vector<Case> calibrate_bert_cases() {
+  const models::BertConfig cfg = bert_base(12);
+  torch::manual_seed(0);
+  auto fp = std::make_shared<models::BertForSequenceClassification>(cfg);
+  (*fp)->eval();
+  auto q = std::make_shared<models::BertForSequenceClassification>(cfg);
+  (*q)->eval();
+  quantize(*q, w8a8());
+  const at::Tensor x = at::randint(1, cfg.vocab_size, {8, kSeq}, at::kLong);
+  {
+    Calibration calib(*q);  // scales for the cached fake-quant forward
+    (*q)->forward(x);
+  }
+  return {Case{"L12_H768_b8_s128",
+               0,
+               {{"libtorch", [fp, x] {
+                   at::NoGradGuard g;
+                   (*fp)->forward(x);
+                 }},
+                {"qforge", [q, x] {
+                   Calibration calib(*q);
+                   (*q)->forward(x);
+                 }},
+                {"qforge-cached", [q, x] {
+                   at::NoGradGuard g;
+                   (*q)->forward(x);
+                 }}}}};
 }
 
 // One convolution of the SmallCnn or MobileNetV2 at its real shape, three ways on the same data: LibTorch's
@@ -339,6 +375,7 @@ const Register kCnnB1(70, "model_cnn_b1", [] { return cnn_cases(1); });
 const Register kCnnB128(71, "model_cnn_b128", [] { return cnn_cases(128); });
 const Register kBertB1(72, "model_bert_b1", [] { return bert_cases(1); });
 const Register kBertB8(73, "model_bert_b8", [] { return bert_cases(8); });
+const Register kCalibrateBert(74, "calibrate_bert_b8", calibrate_bert_cases);
 const Register kQatCnn(74, "qat_step_cnn", qat_cnn_cases);
 const Register kQatBert(75, "qat_step_bert", qat_bert_cases);
 const Register kGpt2W8(76, "model_gpt2_decode_w8", [] { return gpt2_decode_cases(qint8); });
