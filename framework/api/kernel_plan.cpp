@@ -41,7 +41,8 @@ bool static_act_fits_kernels(const QSpec& a, std::string* why) {
 
 // Dynamic per-token activations: qint8 rows on [-127, 127]. The CPU Linear kernels also take the
 // narrower signed grids (W4A4's qint4 rows on [-7, 7], qint3, qint2) as int8 codes
-// (`narrower`: quantize_rows_s8's qmax); the MatMul and CUDA kernels quantize to int8's grid only.
+// (`narrower`: quantize_rows_s8's qmax); the MatMul kernels quantize to int8's grid only (a CUDA
+// Linear's int8 row quantizer too: LinearImpl::plan says so).
 bool dynamic_act_fits_kernels(const QSpec& a, std::string* why, bool narrower = false) {
   if (a.qtype == qint8 || (narrower && QuantizerImpl::dynamic_qtype_supported(a.qtype))) return true;
   *why = detail::str_cat("dynamic ", a.qtype.name, " per-token activations have no integer kernel ",
@@ -280,15 +281,6 @@ bool cuda_linear_s8_fused() { return g_cuda_linear_s8_fused.load(std::memory_ord
 KernelPlan plan_linear_cuda(const std::optional<QSpec>& weights, ActivationMode act, const QSpec& activation,
                             int64_t in_features, int64_t out_features) {
   KernelPlan plan = plan_linear(weights, act, activation, in_features, Isa::kReference);
-  std::string why;
-  if (plan.path == LinearPath::kS8Dynamic && !dynamic_act_fits_kernels(activation, &why)) {
-    // Narrower rows (the CPU kernels take their codes): the CUDA row quantizer is int8's, so the
-    // CUDA form falls back (the path stays the host packing's). kS4Dynamic's CUDA form
-    // fake-quantizes its rows and runs the int4 GEMV: any grid.
-    plan.kernel = "dequantize+at::linear";
-    plan.fallback = why + ": the weight is dequantized per call and the activations fake-quantized in float";
-    return plan;
-  }
   // The GPU runs one kernel at every M.
   plan.large_m = 0;
   plan.large_m_kernel.clear();

@@ -68,6 +68,19 @@ at::Tensor grouped(const at::Tensor& x, const QSpec& spec) {
   return x.reshape(shape);
 }
 
+namespace {
+// Whether x's rows (dim 0) can be quantized apart: one qparam per row (per channel on axis 0, per
+// group along the rows) or one for all (per tensor).
+bool qparams_by_rows(const QParams& qp, const at::Tensor& x) {
+  const QSpec& spec = qp.spec;
+  if (spec.granularity == Granularity::kPerTensor) return true;
+  if (spec.granularity == Granularity::kPerChannel && (spec.axis < 0 ? spec.axis + x.dim() : spec.axis) != 0)
+    return false;
+  const auto rows_of = [&](const at::Tensor& t) { return t.dim() >= 1 && t.size(0) == x.size(0); };
+  return rows_of(qp.scale) && rows_of(qp.zero_point);
+}
+}  // namespace
+
 at::Tensor quantize_to_int8(const at::Tensor& x_in, const QParams& qp) {
   QF_REQUIRE(qp.spec.qtype.is_integer() && qp.spec.qtype.bits <= 8,
              "quantize_to_int8: needs an integer grid of at most 8 bits, got ", qp.spec.qtype.name);
@@ -89,28 +102,19 @@ at::Tensor quantize_to_int8(const at::Tensor& x_in, const QParams& qp) {
   // a time: the float temporary below is then a block's (about 4 MB), not the whole tensor's (an
   // embedding table's 94 to 2000 MB at freeze). Element for element the same operations.
   constexpr int64_t kBlockElements = int64_t{1} << 20;
-  if (x_in.dim() >= 2 && x_in.size(0) > 1 && x_in.numel() > kBlockElements) {
-    const QSpec& spec = qp.spec;
-    const auto rows_of = [&](const at::Tensor& t) { return t.dim() >= 1 && t.size(0) == x_in.size(0); };
-    const bool per_row =
-        spec.granularity == Granularity::kPerTensor ||
-        ((spec.granularity == Granularity::kPerGroup ||
-          (spec.granularity == Granularity::kPerChannel && (spec.axis < 0 ? spec.axis + x_in.dim() : spec.axis) == 0)) &&
-         rows_of(qp.scale) && rows_of(qp.zero_point));
-    if (per_row) {
-      at::Tensor out = at::empty(x_in.sizes(), x_in.options().dtype(at::kChar));
-      const int64_t rows = x_in.size(0), block = std::max<int64_t>(1, kBlockElements / (x_in.numel() / rows));
-      for (int64_t r = 0; r < rows; r += block) {
-        const int64_t n = std::min(block, rows - r);
-        QParams part = qp;
-        if (spec.granularity != Granularity::kPerTensor) {
-          part.scale = qp.scale.narrow(0, r, n);
-          part.zero_point = qp.zero_point.narrow(0, r, n);
-        }
-        out.narrow(0, r, n).copy_(quantize_to_int8(x_in.narrow(0, r, n), part));
+  if (x_in.dim() >= 2 && x_in.size(0) > 1 && x_in.numel() > kBlockElements && qparams_by_rows(qp, x_in)) {
+    at::Tensor out = at::empty(x_in.sizes(), x_in.options().dtype(at::kChar));
+    const int64_t rows = x_in.size(0), block = std::max<int64_t>(1, kBlockElements / (x_in.numel() / rows));
+    for (int64_t r = 0; r < rows; r += block) {
+      const int64_t n = std::min(block, rows - r);
+      QParams part = qp;
+      if (qp.spec.granularity != Granularity::kPerTensor) {
+        part.scale = qp.scale.narrow(0, r, n);
+        part.zero_point = qp.zero_point.narrow(0, r, n);
       }
-      return out;
+      out.narrow(0, r, n).copy_(quantize_to_int8(x_in.narrow(0, r, n), part));
     }
+    return out;
   }
   const at::Tensor x = grouped(x_in.to(at::kFloat), qp.spec);
   const at::Tensor s = broadcast_qparam(qp.scale.to(at::kFloat), x_in, qp.spec);
@@ -163,11 +167,7 @@ bool QuantizerImpl::dynamic_qtype_supported(const QType& qtype) {
 int QuantizerImpl::dynamic_qmax(const QType& qtype) {
   QF_REQUIRE(dynamic_qtype_supported(qtype), "dynamic per-token activations take a signed integer qtype (qint8, "
              "qint4, qint3, qint2), not ", qtype.name);
-  QSpec spec;
-  spec.qtype = qtype;
-  spec.symmetric = true;
-  spec.narrow_range = true;
-  return static_cast<int>(spec.quant_max());
+  return static_cast<int>(qtype.quant_max);  // narrow_range drops the lowest code only
 }
 
 QParams QuantizerImpl::dynamic_qparams(const at::Tensor& x2d, const QType& qtype, float clip_ratio) {
@@ -456,12 +456,10 @@ at::Tensor QuantizerImpl::weight_rows(const at::Tensor& w, const at::Tensor& ind
       spec.qtype.is_codebook() || spec.qtype.is_microscaling() || w.dim() != 2 ||
       (w.requires_grad() && at::GradMode::is_enabled()) || !integer_index || index.device() != w.device())
     return {};
-  if (spec.granularity == Granularity::kPerChannel && (spec.axis < 0 ? spec.axis + 2 : spec.axis) != 0) return {};
   QParams qp = weight_grid(w);
+  if (!qparams_by_rows(qp, w)) return {};
   const at::Tensor idx = index.reshape({-1}).to(at::kLong);
   if (spec.granularity != Granularity::kPerTensor) {
-    const auto rows_of = [&](const at::Tensor& t) { return t.dim() >= 1 && t.size(0) == w.size(0); };
-    if (!rows_of(qp.scale) || !rows_of(qp.zero_point)) return {};
     qp.scale = qp.scale.index_select(0, idx.to(qp.scale.device()));
     qp.zero_point = qp.zero_point.index_select(0, idx.to(qp.zero_point.device()));
   }

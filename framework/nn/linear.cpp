@@ -68,11 +68,15 @@ KernelPlan LinearImpl::plan() const {
   if (compute_device().is_cuda()) {
     KernelPlan p = plan_linear_cuda(ws, scheme_.activations, scheme_.activation.spec, options.in_features(),
                                     options.out_features());
-    if (scheme_.clips_rows() && p.path == LinearPath::kS8Dynamic) {
-      // The CUDA row quantizer takes each row's whole amax (framework/cuda/packed_weight_cuda.cpp).
+    if (p.path == LinearPath::kS8Dynamic && (scheme_.clips_rows() || scheme_.activation.spec.qtype != qint8)) {
+      // The CUDA row quantizer is int8's, over each row's whole amax: narrower or clipped rows (the
+      // CPU kernels take them) fall back in the CUDA form (framework/cuda/packed_weight_cuda.cpp);
+      // the path stays the host packing's. kS4Dynamic's CUDA form fake-quantizes its rows: any grid.
       p.kernel = "dequantize+at::linear";
-      p.fallback = "clipped dynamic rows have no CUDA integer kernel: the weight is dequantized per call and the "
-                   "rows fake-quantized";
+      p.fallback = detail::str_cat("dynamic ", scheme_.activation.spec.qtype.name,
+                                   scheme_.clips_rows() ? " rows clipped below their amax" : " rows",
+                                   " have no CUDA integer kernel: the weight is dequantized per call and the rows "
+                                   "fake-quantized");
     }
     return p;
   }
