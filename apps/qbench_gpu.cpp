@@ -33,6 +33,7 @@
 #include "kernels/cuda/cublaslt_handles.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/dequantize_s32_f32_cuda.h"
+#include "kernels/cuda/dequantize_s4_cuda.h"
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/gemm_s8s8s32_cuda.h"
 #include "kernels/cuda/gemv_f32s4_cuda.h"
@@ -40,6 +41,7 @@
 #include "kernels/cuda/gemv_f32s8_cuda.h"
 #include "kernels/cuda/linear_s8_fused_cuda.h"
 #include "kernels/cuda/quantize_rows_s8_cuda.h"
+#include "kernels/cuda/unpack_s4_math.h"
 
 namespace {
 
@@ -381,18 +383,30 @@ void bench_s4_gemv(const Shape& s, int reps, Timer& timer, cublasLtHandle_t lt) 
   // GB/s of the weight (codes + scales) alone: what bounds a decode step.
   const double weight_bytes = static_cast<double>(s.N) * s.K / 2 + static_cast<double>(s.N) * G * 4;
   DeviceBuffer<uint8_t> work(gemv_f32s4_mma_staged_workspace_bytes(s.M, s.K));
+  // The same codes in the tiled layout frozen layers keep on the GPU (repack_s4_tiles_cuda).
+  const int64_t tiled_bytes = s4_tiled_bytes(s.N, s.K);
+  DeviceBuffer<uint8_t> T(tiled_bytes * R);
+  for (int i = 0; i < R; ++i)
+    repack_s4_tiles_cuda(P.get() + i * s.N * s.K / 2, s.N, s.K, T.get() + i * tiled_bytes, nullptr);
+  check_cuda(cudaDeviceSynchronize(), "repack_s4_tiles_cuda");
   gemv_rows("gemv_s4_g128", s,
             {"qforge int4 (gemv_f32s4_mma_cuda)", "qforge int4 (gemv_f32s4_mma_staged_cuda)",
-             "qforge int4 (gemv_f32s4_cuda)"},
+             "qforge int4 (gemv_f32s4_cuda)", "qforge int4 (mma, tiles)", "qforge int4 (mma_staged, tiles)"},
             R, weight_bytes, reps, timer, lt, [&](size_t kernel, int i, cudaStream_t stream) {
               const float* x = X.get() + i * s.M * s.K;
               const uint8_t* p = P.get() + i * s.N * s.K / 2;
+              const uint8_t* t = T.get() + i * tiled_bytes;
               const float* sc = S.get() + i * s.N * G;
               if (kernel == 0) {
                 gemv_f32s4_mma_cuda(x, s.M, p, s.N, s.K, true, sc, nullptr, kGroup, B.get(), Y.get(), stream);
               } else if (kernel == 1) {
                 gemv_f32s4_mma_staged_cuda(x, s.M, p, s.N, s.K, true, sc, nullptr, kGroup, B.get(), Y.get(),
                                            work.get(), stream);
+              } else if (kernel == 3) {
+                gemv_f32s4_mma_cuda(x, s.M, t, s.N, s.K, true, sc, nullptr, kGroup, B.get(), Y.get(), stream, true);
+              } else if (kernel == 4) {
+                gemv_f32s4_mma_staged_cuda(x, s.M, t, s.N, s.K, true, sc, nullptr, kGroup, B.get(), Y.get(),
+                                           work.get(), stream, true);
               } else {
                 gemv_f32s4_cuda(x, s.M, p, s.N, s.K, true, sc, nullptr, kGroup, B.get(), Y.get(), stream);
               }

@@ -24,6 +24,7 @@
 #include "kernels/cuda/gemv_s8_rules.h"
 #include "kernels/cuda/linear_s8_fused_cuda.h"
 #include "kernels/cuda/quantize_rows_s8_cuda.h"
+#include "kernels/cuda/unpack_s4_math.h"
 
 namespace qforge::cuda_ops {
 namespace {
@@ -143,10 +144,11 @@ at::Tensor linear_s8(const at::Tensor& x, const at::Tensor& codes, float static_
 }
 
 at::Tensor dequantize_s4(const at::Tensor& packed, int64_t N, int64_t K, bool is_signed, const at::Tensor& scale,
-                         const at::Tensor& zero, int64_t group_size) {
-  QF_REQUIRE(packed.is_cuda() && packed.scalar_type() == at::kByte && packed.numel() == (N * K + 1) / 2,
-             "CUDA int4 dequantize: packed codes must be ", (N * K + 1) / 2, " uint8 on a CUDA device, got ",
-             packed.numel(), " ", packed.scalar_type(), " on ", packed.device());
+                         const at::Tensor& zero, int64_t group_size, bool tiled) {
+  const int64_t bytes = tiled ? cuda::s4_tiled_bytes(N, K) : (N * K + 1) / 2;
+  QF_REQUIRE(packed.is_cuda() && packed.scalar_type() == at::kByte && packed.numel() == bytes,
+             "CUDA int4 dequantize: packed codes must be ", bytes, " uint8", tiled ? " (tiled)" : "",
+             " on a CUDA device, got ", packed.numel(), " ", packed.scalar_type(), " on ", packed.device());
   require_on(scale, packed, "int4 scales", at::kFloat);
   if (zero.defined()) require_on(zero, packed, "int4 zero points", at::kInt);
   const c10::cuda::CUDAGuard guard(packed.device());
@@ -154,21 +156,44 @@ at::Tensor dequantize_s4(const at::Tensor& packed, int64_t N, int64_t K, bool is
   at::Tensor w = at::empty({N, K}, packed.options().dtype(at::kFloat));
   if (N * K == 0) return w;
   cuda::dequantize_s4_cuda(packed.data_ptr<uint8_t>(), N, K, is_signed, scale.data_ptr<float>(),
-                           zero.defined() ? zero.data_ptr<int32_t>() : nullptr, group_size, w.data_ptr<float>(), stream);
+                           zero.defined() ? zero.data_ptr<int32_t>() : nullptr, group_size, w.data_ptr<float>(), stream,
+                           tiled);
   return w;
 }
 
-at::Tensor linear_s4(const at::Tensor& x, const at::Tensor& packed, int64_t N, int64_t K, bool is_signed,
-                     const at::Tensor& scale, const at::Tensor& zero, int64_t group_size, const at::Tensor& bias,
-                     kernels::RunInfo* info) {
-  QF_REQUIRE(x.is_cuda() && x.dim() == 2 && x.size(1) == K, "CUDA int4 Linear: input must be a 2-D CUDA tensor [M, ",
-             K, "], got ", x.sizes(), " on ", x.device());
-  require_on(x, packed, "input", at::kFloat);
+bool s4_tiles_serve(int64_t K, int64_t group_size, const at::Device& device) {
+  if (!device.is_cuda() || !cuda::gemv_f32s4_mma_supported(1, K, group_size, nullptr)) return false;
+  const c10::cuda::CUDAGuard guard(device);
+  return cuda::gemv_f32s4_mma_runs_here(nullptr);
+}
+
+at::Tensor repack_s4_tiles(const at::Tensor& packed, int64_t N, int64_t K) {
+  QF_REQUIRE(packed.is_cuda() && packed.scalar_type() == at::kByte && packed.is_contiguous() &&
+                 packed.numel() == (N * K + 1) / 2,
+             "CUDA int4 repack: packed codes must be ", (N * K + 1) / 2, " contiguous uint8 on a CUDA device, got ",
+             packed.numel(), " ", packed.scalar_type(), " on ", packed.device());
+  const c10::cuda::CUDAGuard guard(packed.device());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(packed.device().index()).stream();
+  at::Tensor tiled = at::empty({cuda::s4_tiled_bytes(N, K)}, packed.options());
+  cuda::repack_s4_tiles_cuda(packed.data_ptr<uint8_t>(), N, K, tiled.data_ptr<uint8_t>(), stream);
+  return tiled;
+}
+
+at::Tensor linear_s4(const at::Tensor& x_in, const at::Tensor& packed, int64_t N, int64_t K, bool is_signed,
+                     const at::Tensor& scale, const at::Tensor& zero, int64_t group_size, bool tiled,
+                     const at::Tensor& bias, kernels::RunInfo* info) {
+  QF_REQUIRE(x_in.is_cuda() && x_in.dim() == 2 && x_in.size(1) == K,
+             "CUDA int4 Linear: input must be a 2-D CUDA tensor [M, ", K, "], got ", x_in.sizes(), " on ",
+             x_in.device());
+  require_on(x_in, packed, "input", at::kFloat);
   if (bias.defined()) require_on(bias, packed, "bias", at::kFloat);
-  const int64_t M = x.size(0);
-  const c10::cuda::CUDAGuard guard(x.device());
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(x.device().index()).stream();
-  raise_completed_nonfinite(x.device(), stream);
+  const int64_t M = x_in.size(0);
+  const c10::cuda::CUDAGuard guard(x_in.device());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(x_in.device().index()).stream();
+  raise_completed_nonfinite(x_in.device(), stream);
+  // Tiled codes have only the tensor-core GEMV: an input view off its 16-byte alignment is copied.
+  const bool realign = tiled && reinterpret_cast<uintptr_t>(x_in.data_ptr()) % cuda::kGemvS4XAlignment != 0;
+  const at::Tensor x = realign ? x_in.clone() : x_in;
   std::string why;
   if (cuda::gemv_f32s4_supported(M, K, group_size, &why) &&
       cuda::gemv_f32s4_pointers_supported(x.data_ptr(), packed.data_ptr(), &why)) {
@@ -180,6 +205,7 @@ at::Tensor linear_s4(const at::Tensor& x, const at::Tensor& packed, int64_t N, i
     const bool mma = cuda::gemv_f32s4_mma_supported(M, K, group_size, &mma_why) &&
                      cuda::gemv_f32s4_mma_pointers_supported(x.data_ptr(), packed.data_ptr(), &mma_why) &&
                      cuda::gemv_f32s4_mma_runs_here(&mma_why);
+    QF_REQUIRE(mma || !tiled, "CUDA int4 Linear: tiled codes need the tensor-core GEMV: ", mma_why);
     const char* mma_kernel = cuda::gemv_f32s4_mma_kernel_for(M, N, K);
     const float* xp = x.data_ptr<float>();
     const uint8_t* codes = packed.data_ptr<uint8_t>();
@@ -193,9 +219,10 @@ at::Tensor linear_s4(const at::Tensor& x, const at::Tensor& packed, int64_t N, i
       const auto bytes = static_cast<int64_t>(cuda::gemv_f32s4_mma_staged_workspace_bytes(M, K));
       at::Tensor workspace = at::empty({bytes}, x.options().dtype(at::kByte));
       cuda::gemv_f32s4_mma_staged_cuda(xp, M, codes, N, K, is_signed, sp, zp, group_size, bp, y.data_ptr<float>(),
-                                       workspace.data_ptr(), stream);
+                                       workspace.data_ptr(), stream, tiled);
     } else {
-      cuda::gemv_f32s4_mma_cuda(xp, M, codes, N, K, is_signed, sp, zp, group_size, bp, y.data_ptr<float>(), stream);
+      cuda::gemv_f32s4_mma_cuda(xp, M, codes, N, K, is_signed, sp, zp, group_size, bp, y.data_ptr<float>(), stream,
+                                tiled);
     }
     if (info != nullptr) {
       *info = mma ? kernels::RunInfo{mma_kernel, ""}
@@ -204,7 +231,7 @@ at::Tensor linear_s4(const at::Tensor& x, const at::Tensor& packed, int64_t N, i
     return y;
   }
   if (info != nullptr) *info = {"dequantize_s4_cuda+at::linear", "gemv_f32s4_cuda: " + why};
-  return at::linear(x, dequantize_s4(packed, N, K, is_signed, scale, zero, group_size), bias);
+  return at::linear(x, dequantize_s4(packed, N, K, is_signed, scale, zero, group_size, tiled), bias);
 }
 
 at::Tensor linear_s8_weight_only(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scale,

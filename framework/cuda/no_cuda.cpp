@@ -21,12 +21,19 @@ at::Tensor linear_s8(const at::Tensor&, const at::Tensor&, float, const at::Tens
   throw Error("CUDA Linear: " + unavailable_reason());
 }
 
-at::Tensor dequantize_s4(const at::Tensor&, int64_t, int64_t, bool, const at::Tensor&, const at::Tensor&, int64_t) {
+at::Tensor dequantize_s4(const at::Tensor&, int64_t, int64_t, bool, const at::Tensor&, const at::Tensor&, int64_t,
+                         bool) {
   throw Error("CUDA int4 dequantize: " + unavailable_reason());
 }
 
+bool s4_tiles_serve(int64_t, int64_t, const at::Device&) { return false; }
+
+at::Tensor repack_s4_tiles(const at::Tensor&, int64_t, int64_t) {
+  throw Error("CUDA int4 repack: " + unavailable_reason());
+}
+
 at::Tensor linear_s4(const at::Tensor&, const at::Tensor&, int64_t, int64_t, bool, const at::Tensor&, const at::Tensor&,
-                     int64_t, const at::Tensor&, kernels::RunInfo*) {
+                     int64_t, bool, const at::Tensor&, kernels::RunInfo*) {
   throw Error("CUDA int4 Linear: " + unavailable_reason());
 }
 

@@ -86,7 +86,10 @@ class CudaInt4Linear final : public CudaPackedWeight {
     K_ = fw.shape.at(1);
     group_size_ = int4_group_size(qp.spec, K_);
     is_signed_ = qp.spec.qtype.is_signed;
-    packed_ = fw.data.to(device);
+    // Where the tensor-core GEMV serves, only its tiled layout is kept on the device.
+    tiled_ = cuda_ops::s4_tiles_serve(K_, group_size_, device);
+    packed_ = fw.data.to(device).contiguous();
+    if (tiled_) packed_ = cuda_ops::repack_s4_tiles(packed_, N_, K_);
     auto [scale_ng, zero_ng] = int4_group_params(qp, N_, K_, group_size_);
     group_scale_ = scale_ng.to(device);
     if (zero_ng.defined()) group_zero_ = zero_ng.to(device);
@@ -99,13 +102,14 @@ class CudaInt4Linear final : public CudaPackedWeight {
     out_shape.back() = N_;
     const at::Tensor x = fake_quantize_input(in, x_in).to(at::kFloat).reshape({-1, K_}).contiguous();
     kernels::RunInfo info;
-    return cuda_ops::linear_s4(x, packed_, N_, K_, is_signed_, group_scale_, group_zero_, group_size_, bias_, &info)
+    return cuda_ops::linear_s4(x, packed_, N_, K_, is_signed_, group_scale_, group_zero_, group_size_, tiled_, bias_,
+                               &info)
         .reshape(out_shape);
   }
 
  private:
   int64_t N_ = 0, K_ = 0, group_size_ = 0;
-  bool is_signed_ = true;
+  bool is_signed_ = true, tiled_ = false;
   at::Tensor packed_, group_scale_, group_zero_;
 };
 

@@ -39,12 +39,37 @@ __device__ __forceinline__ int mma_block_exponent(float amax) {
   return e < -113 ? -113 : (e > 100 ? 100 : e);
 }
 
-// Two nibbles p and p + 4 of w as the fp16 pair (f_p - off, f_{p+4} - off): 1024 + f from the
-// magic exponent, minus 1024 + off (both exact, so is the difference).
-__device__ __forceinline__ uint32_t mma_dequant_pair(uint32_t w, int p, uint32_t off2) {
-  const uint32_t bits = ((w >> (4 * p)) & 0x000F000Fu) | kHalfMagic;
+// (a & mask) | magic in one instruction.
+__device__ __forceinline__ uint32_t mma_and_or(uint32_t a, uint32_t mask, uint32_t magic) {
   uint32_t r;
-  asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(bits), "r"(off2));
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(r) : "r"(a), "r"(mask), "r"(magic));
+  return r;
+}
+
+// Two nibbles 2s and 2s + 4 of w as the fp16 pair (f - off, f' - off): 1024 + f from the magic
+// exponent (q = w >> 8s, nibbles 0 and 4 of q), minus 1024 + off (sub2): exact, so is the difference.
+__device__ __forceinline__ uint32_t mma_dequant_even(uint32_t q, uint32_t sub2) {
+  uint32_t r;
+  asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(mma_and_or(q, 0x000F000Fu, kHalfMagic)), "r"(sub2));
+  return r;
+}
+
+// Nibbles 2s + 1 and 2s + 5: masked in place they give 1024 + 16 f, and (1024 + 16 f) / 16 -
+// (64 + off) = f - off in one fma (fma2 holds -(64 + off)); every value is an integer below
+// 2048, so the fma is exact and the pair equals the even form's for the same nibbles.
+__device__ __forceinline__ uint32_t mma_dequant_odd(uint32_t q, uint32_t fma2) {
+  constexpr uint32_t kSixteenth2 = 0x2C002C00u;  // fp16 1/16 in both halves
+  uint32_t r;
+  asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(mma_and_or(q, 0x00F000F0u, kHalfMagic)), "r"(kSixteenth2),
+      "r"(fma2));
+  return r;
+}
+
+// -(64 + off) from 1024 + off: 960 - (1024 + off), exact.
+__device__ __forceinline__ uint32_t mma_fma_offset(uint32_t sub2) {
+  constexpr uint32_t k960x2 = 0x63806380u;  // fp16 960 in both halves
+  uint32_t r;
+  asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(k960x2), "r"(sub2));
   return r;
 }
 
@@ -66,11 +91,12 @@ __device__ __forceinline__ void mma_16816(float (&c)[4], uint32_t a0, uint32_t a
 struct MmaArgs {
   const float* x;
   int M;
-  const uint4* codes;  // 16-byte words: row n starts at word n * (K / 32)
+  const uint4* codes;  // 16-byte words: row n starts at word n * (K / 32) (tiled: s4_tiled_index)
   int N, K;
   const float* scale;
   const int32_t* zero;
   int group_size, G;
+  int group_blocks, group_blocks_log2;  // group_size / 128, its log2 (-1 when not a power of 2)
   const float* bias;
   float* y;
   const uint4* xf;    // staged x (gemv_f32s4_mma_staged_cuda): B fragments, see mma_stage_x_kernel
@@ -79,29 +105,48 @@ struct MmaArgs {
 
 // What lane (g, t) reads of one 128-wide block: 32 codes of rows g and g + 8 of each tile, with
 // the rows' scale and the fp16 offset (1024 + zero point [+ 8 for qint4]).
-template <int kTiles>
+// With kXR > 0 (the unstaged kernel for M <= kXR) it also carries the lane's float4 of each row
+// of x of the block, so that x arrives with the codes rather than by a load issued per step.
+template <int kTiles, int kXR = 0>
 struct MmaStep {
   uint4 w[kTiles][2];
   float s[kTiles][2];
   uint32_t off[kTiles][2];
+  float4 x[kXR > 0 ? kXR : 1];
 };
 
-template <int kTiles, bool kSigned>
-__device__ __forceinline__ void mma_load_step(MmaStep<kTiles>& st, const MmaArgs& a, int n0, int kb, int lane) {
+// The lane's 4 floats of row m of 128-wide block kb of x.
+__device__ __forceinline__ float4 mma_load_x(const MmaArgs& a, int m, int kb, int lane) {
+  return __ldg(reinterpret_cast<const float4*>(a.x + int64_t{m} * a.K + kb * kMmaKb) + lane);
+}
+
+// kTiled: the codes are in the tiled layout (s4_tiled_index, unpack_s4_math.h): the 16 bytes of
+// lane (g, t) for rows g + 8h of a tile sit at word 64 (tile * K / 128 + kb) + 32h + lane.
+template <int kTiles, bool kSigned, int kXR, bool kTiled = false>
+__device__ __forceinline__ void mma_load_step(MmaStep<kTiles, kXR>& st, const MmaArgs& a, int n0, int kb, int lane) {
   const int g = lane >> 2, t = lane & 3;
-  const int gi = kb * kMmaKb / a.group_size;
+#pragma unroll
+  for (int m = 0; m < kXR; ++m)
+    if (m < a.M) st.x[m] = mma_load_x(a, m, kb, lane);
+  const int gi = a.group_blocks_log2 >= 0 ? kb >> a.group_blocks_log2 : kb / a.group_blocks;
   const int64_t row_words = a.K / 32;
 #pragma unroll
   for (int tile = 0; tile < kTiles; ++tile)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       int n = n0 + 16 * tile + g + 8 * h;
-      n = n < a.N ? n : a.N - 1;  // rows past N read row N - 1 and are not written
-      st.w[tile][h] = __ldcs(a.codes + n * row_words + kb * 4 + t);
+      n = n < a.N ? n : a.N - 1;  // rows past N read row N - 1 (tiled: the last tile) and are not written
+      if constexpr (kTiled) {
+        // Tiles past the last (a 32-row block over an odd tile count) read the last tile.
+        const int t_idx = min(n0 / 16 + tile, (a.N - 1) / 16);
+        st.w[tile][h] = __ldcs(a.codes + ((int64_t{t_idx} * (a.K / kMmaKb) + kb) * 64 + h * 32 + lane));
+      } else {
+        st.w[tile][h] = __ldcs(a.codes + n * row_words + kb * 4 + t);
+      }
       const int64_t si = int64_t{n} * a.G + gi;
       st.s[tile][h] = __ldg(a.scale + si);
-      const int z = a.zero != nullptr ? __ldg(a.zero + si) : 0;
-      st.off[tile][h] = mma_offset_pair(kSigned ? 8 + z : z);
+      st.off[tile][h] = a.zero != nullptr ? mma_offset_pair((kSigned ? 8 : 0) + __ldg(a.zero + si))
+                                          : mma_offset_pair(kSigned ? 8 : 0);
     }
 }
 
@@ -110,9 +155,9 @@ __device__ __forceinline__ void mma_load_step(MmaStep<kTiles>& st, const MmaArgs
 // In a row, the codes k = 32t + 8i + j of lane (g, t)'s word i sit at 32i + 8t + perm(j), perm =
 // (0, 2, 4, 6, 1, 3, 5, 7): one 16-byte load gives the B fragments of both mma steps of word i
 // (pairs (j, j + 4), see mma_tiles). slot = 32i + 8t with i = (lane % 8) / 2, t = lane / 8.
-__device__ __forceinline__ uint4 mma_split_row(const MmaArgs& a, int m, int kb, int lane, int* e_out) {
+// v: the lane's float4 of the row (mma_load_x).
+__device__ __forceinline__ uint4 mma_split_row(const float4 v, int lane, int* e_out) {
   const bool even = (lane & 1) == 0;  // even: k offsets 0..3 of the word, odd: 4..7
-  const float4 v = __ldg(reinterpret_cast<const float4*>(a.x + int64_t{m} * a.K + kb * kMmaKb) + lane);
   float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, off));
@@ -147,13 +192,16 @@ __device__ __forceinline__ uint4 mma_split_row(const MmaArgs& a, int m, int kb, 
 __device__ __forceinline__ int mma_split_slot(int lane) { return 32 * ((lane & 7) >> 1) + 8 * (lane >> 3); }
 
 // Stages block kb of x for one warp: row m's hi at staged row m, lo at row kMP + m; inv[m] = 2^-e.
-template <int kMP>
-__device__ __forceinline__ void mma_stage_x(const MmaArgs& a, int kb, int lane, __half* xs, float* inv) {
+// Rows come from the step (kXR > 0: st_x holds rows 0..M-1) or are loaded here.
+template <int kMP, int kXR>
+__device__ __forceinline__ void mma_stage_x(const MmaArgs& a, int kb, int lane, __half* xs, float* inv,
+                                            const float4* st_x) {
+  constexpr int kRowsHeld = kXR > 0 ? (kXR < kMP ? kXR : kMP) : kMP;
 #pragma unroll
-  for (int m = 0; m < kMP; ++m) {
+  for (int m = 0; m < kRowsHeld; ++m) {
     if (m >= a.M) break;
     int e = 0;
-    const uint4 out = mma_split_row(a, m, kb, lane, &e);
+    const uint4 out = mma_split_row(kXR > 0 ? st_x[m] : mma_load_x(a, m, kb, lane), lane, &e);
     *reinterpret_cast<uint4*>(xs + ((lane & 1) == 0 ? m : kMP + m) * kMmaRowHalves + mma_split_slot(lane)) = out;
     if (lane == 0) inv[m] = mma_pow2(-e);
   }
@@ -168,7 +216,7 @@ __global__ void __launch_bounds__(32 * kMP) mma_stage_x_kernel(const MmaArgs a, 
   constexpr int kNB = kMP / 4;
   const int lane = threadIdx.x & 31, m = threadIdx.x >> 5, kb = blockIdx.x;
   int e = 0;
-  const uint4 out = m < a.M ? mma_split_row(a, m, kb, lane, &e) : make_uint4(0, 0, 0, 0);
+  const uint4 out = m < a.M ? mma_split_row(mma_load_x(a, m, kb, lane), lane, &e) : make_uint4(0, 0, 0, 0);
   const int r = (lane & 1) == 0 ? m : kMP + m, slot = mma_split_slot(lane);
   const int i = slot / 32, t = (slot % 32) / 8;
   xf[((int64_t{kb} * 4 + i) * kNB + r / 8) * 32 + (r % 8) * 4 + t] = out;
@@ -184,63 +232,76 @@ __device__ __forceinline__ uint32_t mma_word(const uint4& v, int i) {
 // 2t + 1, 2t + 8, 2t + 9) of step (i, s) are its codes 8i + (2s, 2s + 4, 2s + 1, 2s + 5) of the
 // block (32t + ...), the same for A (weight rows g, g + 8) and B (staged columns g), so each
 // column sums every code of the block exactly once. qint4: q = (f ^ 8) - 8, so q - z = (f ^ 8) -
-// (8 + z). B of (word i, column block nb) is the 16 bytes at b[i * i_stride + nb * nb_stride]
-// (shared memory, or the staged x in global memory when kGlobal), read once per word and used
-// by every tile; each tile's chain runs in the same order whatever kTiles.
-template <int kTiles, int kNB, bool kSigned, bool kGlobal>
-__device__ __forceinline__ void mma_tiles(float (&c)[kTiles][kNB][4], const MmaStep<kTiles>& st, const uint4* b_src,
-                                          int i_stride, int nb_stride) {
+// (8 + z). B of (word i, column block nb) is b[i][nb] (MmaB), used by every tile; each tile's
+// chain runs in the same order whatever kTiles.
+template <int kTiles, int kNB, bool kSigned, int kXR>
+__device__ __forceinline__ void mma_tiles(float (&c)[kTiles][kNB][4], const MmaStep<kTiles, kXR>& st,
+                                          const uint4 (&b)[4][kNB]) {
   constexpr uint32_t kFlip = kSigned ? 0x88888888u : 0u;
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    uint4 b[kNB];
-#pragma unroll
-    for (int nb = 0; nb < kNB; ++nb) {
-      const uint4* src = b_src + i * i_stride + nb * nb_stride;
-      b[nb] = kGlobal ? __ldg(src) : *src;
-    }
 #pragma unroll
     for (int tile = 0; tile < kTiles; ++tile) {
       const uint32_t w0 = mma_word(st.w[tile][0], i) ^ kFlip, w1 = mma_word(st.w[tile][1], i) ^ kFlip;
       const uint32_t(&off)[2] = st.off[tile];
+      const uint32_t fma0 = mma_fma_offset(off[0]), fma1 = mma_fma_offset(off[1]);
 #pragma unroll
       for (int s = 0; s < 2; ++s) {
-        const uint32_t a0 = mma_dequant_pair(w0, 2 * s, off[0]), a1 = mma_dequant_pair(w1, 2 * s, off[1]);
-        const uint32_t a2 = mma_dequant_pair(w0, 2 * s + 1, off[0]), a3 = mma_dequant_pair(w1, 2 * s + 1, off[1]);
+        // Nibble pairs (2s, 2s + 4) and (2s + 1, 2s + 5) of each word.
+        const uint32_t q0 = s == 0 ? w0 : w0 >> 8, q1 = s == 0 ? w1 : w1 >> 8;
+        const uint32_t a0 = mma_dequant_even(q0, off[0]), a1 = mma_dequant_even(q1, off[1]);
+        const uint32_t a2 = mma_dequant_odd(q0, fma0), a3 = mma_dequant_odd(q1, fma1);
 #pragma unroll
         for (int nb = 0; nb < kNB; ++nb)
-          mma_16816(c[tile][nb], a0, a1, a2, a3, s == 0 ? b[nb].x : b[nb].z, s == 0 ? b[nb].y : b[nb].w);
+          mma_16816(c[tile][nb], a0, a1, a2, a3, s == 0 ? b[i][nb].x : b[i][nb].z, s == 0 ? b[i][nb].y : b[i][nb].w);
       }
     }
   }
 }
 
-// One warp step over block kb: its x (staged by this warp into xs / inv, or read from the
-// call's staging) times the codes of st, each block sum scaled by 2^-e and s into acc.
-template <int kMP, int kTiles, bool kSigned, bool kStaged>
-__device__ __forceinline__ void mma_step(float (&acc)[kTiles][2 * kMP / 8][4], const MmaStep<kTiles>& st,
-                                         const MmaArgs& a, int kb, int lane, __half* xs, float* inv) {
+// The B side of one warp step: the fragments of every word i and column block nb, and the
+// columns' factors 2^-e (inv[nb][j]: column 8nb + 2t + j).
+template <int kNB>
+struct MmaB {
+  uint4 b[4][kNB];
+  float inv[kNB][2];
+};
+
+// Block kb's B from the call's staging (kStaged: 16 coalesced bytes a lane per word and column
+// block) or from the warp's staged block in shared memory (xs / inv, after mma_stage_x).
+template <int kMP, bool kStaged>
+__device__ __forceinline__ void mma_load_b(MmaB<2 * kMP / 8>& B, const MmaArgs& a, int kb, int lane, const __half* xs,
+                                           const float* inv) {
   constexpr int kNB = 2 * kMP / 8;
   const int g = lane >> 2, t = lane & 3;
-  if (!kStaged) {
-    mma_stage_x<kMP>(a, kb, lane, xs, inv);
-    __syncwarp();
-  }
   const float* kb_inv = kStaged ? a.xinv + int64_t{kb} * kMP : inv;
   const uint4* b_src = kStaged ? a.xf + int64_t{kb} * 4 * kNB * 32 + lane
                                : reinterpret_cast<const uint4*>(xs + g * kMmaRowHalves + 8 * t);
   const int i_stride = kStaged ? kNB * 32 : 4, nb_stride = kStaged ? 32 : kMmaRowHalves;
-  float col_inv[kNB][2];
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int nb = 0; nb < kNB; ++nb) {
+      const uint4* src = b_src + i * i_stride + nb * nb_stride;
+      B.b[i][nb] = kStaged ? __ldg(src) : *src;
+    }
 #pragma unroll
   for (int nb = 0; nb < kNB; ++nb)
 #pragma unroll
-    for (int j = 0; j < 2; ++j) col_inv[nb][j] = kb_inv[(8 * nb + 2 * t + j) % kMP];
+    for (int j = 0; j < 2; ++j) B.inv[nb][j] = kb_inv[(8 * nb + 2 * t + j) % kMP];
+}
+
+// One warp step: the codes of st times B, each block sum scaled by 2^-e and s into acc.
+template <int kMP, int kTiles, bool kSigned, int kXR>
+__device__ __forceinline__ void mma_step(float (&acc)[kTiles][2 * kMP / 8][4], const MmaStep<kTiles, kXR>& st,
+                                         const MmaB<2 * kMP / 8>& B) {
+  constexpr int kNB = 2 * kMP / 8;
   float c[kTiles][kNB][4];
 #pragma unroll
   for (int tile = 0; tile < kTiles; ++tile)
 #pragma unroll
     for (int nb = 0; nb < kNB; ++nb) c[tile][nb][0] = c[tile][nb][1] = c[tile][nb][2] = c[tile][nb][3] = 0.0f;
-  mma_tiles<kTiles, kNB, kSigned, kStaged>(c, st, b_src, i_stride, nb_stride);
+  mma_tiles<kTiles, kNB, kSigned, kXR>(c, st, B.b);
 #pragma unroll
   for (int tile = 0; tile < kTiles; ++tile)
 #pragma unroll
@@ -248,14 +309,14 @@ __device__ __forceinline__ void mma_step(float (&acc)[kTiles][2 * kMP / 8][4], c
 #pragma unroll
       for (int r = 0; r < 4; ++r)
         acc[tile][nb][r] =
-            __fmaf_rn(__fmul_rn(c[tile][nb][r], col_inv[nb][r & 1]), st.s[tile][r >> 1], acc[tile][nb][r]);
-  if (!kStaged) __syncwarp();  // every lane has read the staged block before the next one overwrites it
+            __fmaf_rn(__fmul_rn(c[tile][nb][r], B.inv[nb][r & 1]), st.s[tile][r >> 1], acc[tile][nb][r]);
 }
 
 // Blocks per SM the register budget is sized for: 4 (64 registers) for the smallest kernel, 1
-// for the widest (its accumulators alone take 64), 2 otherwise.
-constexpr int mma_min_blocks(int mp, int tiles, int depth) {
-  return mp * tiles >= 32 ? 1 : (mp * tiles * depth <= 8 ? 4 : 2);
+// for the widest (its accumulators alone take 64), 2 otherwise; rows of x in the ring (xr, four
+// registers a row and step) count like codes.
+constexpr int mma_min_blocks(int mp, int tiles, int depth, int xr = 0) {
+  return mp * tiles >= 32 ? 1 : (mp * tiles * depth + xr * depth <= 8 ? 4 : 2);
 }
 
 // kMP rows of x (padded: 4, 8 or 16) as 2 * kMP staged columns (hi, then lo): kNB = kMP / 4
@@ -265,8 +326,9 @@ constexpr int mma_min_blocks(int mp, int tiles, int depth) {
 // there; otherwise each warp stages its blocks of x in shared memory.
 // kDepth: steps whose codes are in flight per warp (a ring of registers refilled as each step
 // is consumed), so a warp keeps kDepth 16-byte loads a lane outstanding rather than one.
-template <int kMP, int kTiles, int kDepth, bool kSigned, bool kStaged>
-__global__ void __launch_bounds__(kMmaThreads, mma_min_blocks(kMP, kTiles, kDepth))
+// kXR (unstaged only, M <= kXR): the ring also carries the steps' rows of x (MmaStep).
+template <int kMP, int kTiles, int kDepth, bool kSigned, bool kStaged, int kXR = 0, bool kTiled = false>
+__global__ void __launch_bounds__(kMmaThreads, mma_min_blocks(kMP, kTiles, kDepth, kXR))
     gemv_f32s4_mma_kernel(const MmaArgs a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   constexpr int kCols = 2 * kMP;
@@ -296,17 +358,27 @@ __global__ void __launch_bounds__(kMmaThreads, mma_min_blocks(kMP, kTiles, kDept
 #pragma unroll
       for (int r = 0; r < 4; ++r) acc[tile][nb][r] = 0.0f;
 
-  MmaStep<kTiles> ring[kDepth];
+  static_assert(kXR == 0 || !kStaged, "the staged kernel reads x from its staging");
+  MmaStep<kTiles, kXR> ring[kDepth];
 #pragma unroll
   for (int d = 0; d < kDepth; ++d)
-    if (warp + d * kMmaWarps < KB) mma_load_step<kTiles, kSigned>(ring[d], a, n0, warp + d * kMmaWarps, lane);
+    if (warp + d * kMmaWarps < KB)
+      mma_load_step<kTiles, kSigned, kXR, kTiled>(ring[d], a, n0, warp + d * kMmaWarps, lane);
   for (int kb0 = warp; kb0 < KB; kb0 += kDepth * kMmaWarps) {
 #pragma unroll
     for (int d = 0; d < kDepth; ++d) {
       const int kb = kb0 + d * kMmaWarps;
       if (kb >= KB) break;
-      mma_step<kMP, kTiles, kSigned, kStaged>(acc, ring[d], a, kb, lane, xs, inv);
-      if (kb + kDepth * kMmaWarps < KB) mma_load_step<kTiles, kSigned>(ring[d], a, n0, kb + kDepth * kMmaWarps, lane);
+      if (!kStaged) {
+        mma_stage_x<kMP, kXR>(a, kb, lane, xs, inv, ring[d].x);
+        __syncwarp();
+      }
+      MmaB<kNB> b;
+      mma_load_b<kMP, kStaged>(b, a, kb, lane, xs, inv);
+      mma_step<kMP, kTiles, kSigned, kXR>(acc, ring[d], b);
+      if (!kStaged) __syncwarp();  // every lane has read the staged block before the next one overwrites it
+      if (kb + kDepth * kMmaWarps < KB)
+        mma_load_step<kTiles, kSigned, kXR, kTiled>(ring[d], a, n0, kb + kDepth * kMmaWarps, lane);
     }
   }
 
@@ -349,10 +421,13 @@ constexpr size_t mma_smem_bytes() {
   return kStaged ? reduction : staging;
 }
 
-template <int kMP, int kTiles, int kDepth, bool kStaged>
+template <int kMP, int kTiles, int kDepth, bool kStaged, int kXR = 0, bool kTiled = false>
 void mma_launch(bool is_signed, cudaStream_t stream, const MmaArgs& a) {
-  const auto kernel = is_signed ? gemv_f32s4_mma_kernel<kMP, kTiles, kDepth, true, kStaged>
-                                : gemv_f32s4_mma_kernel<kMP, kTiles, kDepth, false, kStaged>;
+  // The ring holds kXR rows of x: more would leave rows unstaged.
+  QF_REQUIRE(kXR == 0 || a.M <= kXR, "kernels/cuda: gemv_f32s4_mma: M=", a.M, " above the ", kXR,
+             " rows of x the ring carries");
+  const auto kernel = is_signed ? gemv_f32s4_mma_kernel<kMP, kTiles, kDepth, true, kStaged, kXR, kTiled>
+                                : gemv_f32s4_mma_kernel<kMP, kTiles, kDepth, false, kStaged, kXR, kTiled>;
   constexpr size_t bytes = mma_smem_bytes<kMP, kTiles, kStaged>();
   if constexpr (bytes > 48 * 1024) {
     // Above 48 KiB a kernel must opt in, once per device and kernel.
@@ -373,6 +448,14 @@ void mma_launch(bool is_signed, cudaStream_t stream, const MmaArgs& a) {
 // Rows of x padded to the kernel's column count: 4, 8 or 16.
 int64_t mma_padded_m(int64_t M) { return M <= 4 ? 4 : (M <= 8 ? 8 : 16); }
 
+// log2(v) for a power of two v > 0, else -1.
+int mma_log2_or_minus1(int64_t v) {
+  if (v <= 0 || (v & (v - 1)) != 0) return -1;
+  int l = 0;
+  while ((int64_t{1} << l) < v) ++l;
+  return l;
+}
+
 // The shared checks of both entry points; the kernel arguments on success.
 MmaArgs mma_checked_args(const char* name, const float* x, int64_t M, const uint8_t* packed, int64_t N, int64_t K,
                          const float* scale, const int32_t* zero, int64_t group_size, const float* bias, float* y) {
@@ -391,6 +474,8 @@ MmaArgs mma_checked_args(const char* name, const float* x, int64_t M, const uint
                  zero,
                  static_cast<int>(group_size),
                  static_cast<int>((K + group_size - 1) / group_size),
+                 static_cast<int>(group_size / kMmaKb),
+                 mma_log2_or_minus1(group_size / kMmaKb),
                  bias,
                  y,
                  nullptr,
@@ -412,19 +497,25 @@ int mma_sm_count() {
 // tile everywhere for the staged kernel; at M <= 4 four steps in flight while the grid fits in
 // two blocks per SM (4096 rows: 256 blocks) and two, at 64 registers and four resident blocks,
 // for larger grids (14336 rows); four at M <= 8 and two at M <= 16. Unstaged keeps its earlier
-// shapes. Each depth is a one-run median, several within the run-to-run spread (~6 %), so the
-// choices are provisional. Every choice gives the same bits (the tile and step order of each output is fixed).
-template <bool kStaged>
+// shapes except at M = 1 (below). Each depth is a one-run median, several within the run-to-run spread (~6 %), so the
+// choices are provisional. Unstaged at M = 1 with the grid in two blocks per SM: x carried in the
+// ring (kXR = 1; H200 sweep of 2026-11-28: 1 x 4096 x 4096 0.0071-0.0072 ms against 0.0076 ms for
+// the ring without x, whose 64-register budget keeps four blocks per SM for larger grids).
+// Every choice gives the same bits (the tile and step order of each output is fixed).
+template <bool kStaged, bool kTiled>
 void mma_dispatch(bool is_signed, cudaStream_t stream, const MmaArgs& a) {
   if (a.M <= 4) {
+    const bool fits_two_per_sm = (a.N + 15) / 16 <= 2 * int64_t{mma_sm_count()};
     if constexpr (kStaged) {
-      if ((a.N + 15) / 16 <= 2 * int64_t{mma_sm_count()}) return mma_launch<4, 1, 4, true>(is_signed, stream, a);
+      if (fits_two_per_sm) return mma_launch<4, 1, 4, true, 0, kTiled>(is_signed, stream, a);
+    } else {
+      if (a.M == 1 && fits_two_per_sm) return mma_launch<4, 1, 2, false, 1, kTiled>(is_signed, stream, a);
     }
-    mma_launch<4, 1, 2, kStaged>(is_signed, stream, a);
+    mma_launch<4, 1, 2, kStaged, 0, kTiled>(is_signed, stream, a);
   } else if (a.M <= 8) {
-    mma_launch<8, kStaged ? 1 : 2, kStaged ? 4 : 2, kStaged>(is_signed, stream, a);
+    mma_launch<8, kStaged ? 1 : 2, kStaged ? 4 : 2, kStaged, 0, kTiled>(is_signed, stream, a);
   } else {
-    mma_launch<16, 1, 2, kStaged>(is_signed, stream, a);
+    mma_launch<16, 1, 2, kStaged, 0, kTiled>(is_signed, stream, a);
   }
 }
 
@@ -458,10 +549,14 @@ bool gemv_f32s4_mma_runs_here(std::string* why) {
 
 void gemv_f32s4_mma_cuda(const float* x, int64_t M, const uint8_t* packed, int64_t N, int64_t K, bool is_signed,
                          const float* scale, const int32_t* zero, int64_t group_size, const float* bias, float* y,
-                         cudaStream_t stream) {
+                         cudaStream_t stream, bool tiled) {
   const MmaArgs args = mma_checked_args("gemv_f32s4_mma_cuda", x, M, packed, N, K, scale, zero, group_size, bias, y);
   if (N == 0) return;
-  mma_dispatch<false>(is_signed, stream, args);
+  if (tiled) {
+    mma_dispatch<false, true>(is_signed, stream, args);
+  } else {
+    mma_dispatch<false, false>(is_signed, stream, args);
+  }
   check_cuda(cudaGetLastError(), "gemv_f32s4_mma_cuda launch");
 }
 
@@ -472,7 +567,7 @@ size_t gemv_f32s4_mma_staged_workspace_bytes(int64_t M, int64_t K) {
 
 void gemv_f32s4_mma_staged_cuda(const float* x, int64_t M, const uint8_t* packed, int64_t N, int64_t K,
                                 bool is_signed, const float* scale, const int32_t* zero, int64_t group_size,
-                                const float* bias, float* y, void* workspace, cudaStream_t stream) {
+                                const float* bias, float* y, void* workspace, cudaStream_t stream, bool tiled) {
   MmaArgs args = mma_checked_args("gemv_f32s4_mma_staged_cuda", x, M, packed, N, K, scale, zero, group_size, bias, y);
   QF_REQUIRE(workspace != nullptr && reinterpret_cast<uintptr_t>(workspace) % 16 == 0,
              "kernels/cuda: gemv_f32s4_mma_staged_cuda: workspace pointer null or not 16-byte aligned");
@@ -491,7 +586,11 @@ void gemv_f32s4_mma_staged_cuda(const float* x, int64_t M, const uint8_t* packed
   check_cuda(cudaGetLastError(), "gemv_f32s4_mma_staged_cuda staging launch");
   args.xf = xf;
   args.xinv = inv;
-  mma_dispatch<true>(is_signed, stream, args);
+  if (tiled) {
+    mma_dispatch<true, true>(is_signed, stream, args);
+  } else {
+    mma_dispatch<true, false>(is_signed, stream, args);
+  }
   check_cuda(cudaGetLastError(), "gemv_f32s4_mma_staged_cuda launch");
 }
 

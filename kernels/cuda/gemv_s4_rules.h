@@ -17,6 +17,8 @@
 // staged one (two launches) measured 1.72x / 1.63x fp16 on the Llama-3-8B shapes (N or K = 14336)
 // against 1.55x / 1.44x for the one-launch gemv_f32s4_mma_cuda, but 1.47x against 1.52x at
 // 4096 x 4096, where its extra launch is not repaid (docs/performance.md, "GPU: NVIDIA H200").
+// Re-timed on tiled codes (2026-11-28, H200, graph replays): 4096 x 4096 0.0067 ms one launch
+// against 0.0070 staged; 14336 x 4096 0.0166 against 0.0139; 4096 x 14336 0.0170 against 0.0150.
 // So M = 1 stages when N or K reaches kGemvS4MmaStagedM1MinDim (between the measured 4096 and
 // 14336; set it from a sweep of sizes in between when one is timed).
 #pragma once

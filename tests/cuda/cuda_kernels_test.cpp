@@ -862,7 +862,7 @@ TEST_F(Gpu, GemvS4MmaMatchesReferenceWithinItsBound) {
                        Case{16, 300, 1920, 384, false, true, true}, Case{12, 1, 128, 128, true, true, true},
                        Case{16, 4096, 4096, 128, true, false, false}, Case{1, 40, 14336, 128, true, true, true},
                        Case{3, 70, 5248, 128, false, false, true}, Case{13, 48, 5248, 128, true, true, false},
-                       Case{2, 9000, 512, 128, true, true, true}}) {
+                       Case{2, 9000, 512, 128, true, true, true}, Case{1, 5000, 1024, 128, true, true, true}}) {
     SCOPED_TRACE("M=" + std::to_string(c.M) + " N=" + std::to_string(c.N) + " K=" + std::to_string(c.K) +
                  " group=" + std::to_string(c.group) + (c.is_signed ? " qint4" : " quint4") +
                  (c.zeros ? " zero points" : "") + (c.bias ? " bias" : ""));
@@ -896,6 +896,34 @@ TEST_F(Gpu, GemvS4MmaMatchesReferenceWithinItsBound) {
       EXPECT_TRUE(same_floats(download(dy), got))
           << "gemv_f32s4_mma_staged_cuda call " << call << " differs from gemv_f32s4_mma_cuda";
     }
+    // The tiled layout: the GPU repack equals the layout's definition (s4_tiled_index, built
+    // here on the host, padding rows zero), and both entry points and the dequantization read the
+    // same codes from it, bit for bit.
+    std::vector<uint8_t> want_tiled(s4_tiled_bytes(c.N, c.K), 0);
+    for (int64_t n = 0; n < c.N; ++n)
+      for (int64_t k = 0; k < c.K; ++k) {
+        const int64_t i = s4_tiled_index(n, k, c.K);
+        want_tiled[i / 2] |= static_cast<uint8_t>(s4_field_at(w.packed.data(), n * c.K + k) << (4 * (i % 2)));
+      }
+    DeviceBuffer<uint8_t> dt(want_tiled.size());
+    repack_s4_tiles_cuda(dp.get(), c.N, c.K, dt.get(), nullptr);
+    ASSERT_EQ(download(dt), want_tiled);
+    poison(dy);
+    gemv_f32s4_mma_cuda(dx.get(), c.M, dt.get(), c.N, c.K, c.is_signed, ds.get(), c.zeros ? dz.get() : nullptr, c.group,
+                        c.bias ? db.get() : nullptr, dy.get(), nullptr, /*tiled=*/true);
+    EXPECT_TRUE(same_floats(download(dy), got)) << "gemv_f32s4_mma_cuda on tiled codes differs";
+    poison(dy);
+    gemv_f32s4_mma_staged_cuda(dx.get(), c.M, dt.get(), c.N, c.K, c.is_signed, ds.get(), c.zeros ? dz.get() : nullptr,
+                               c.group, c.bias ? db.get() : nullptr, dy.get(), work.get(), nullptr, /*tiled=*/true);
+    EXPECT_TRUE(same_floats(download(dy), got)) << "gemv_f32s4_mma_staged_cuda on tiled codes differs";
+    DeviceBuffer<float> dw_rows(c.N * c.K), dw_tiled(c.N * c.K);
+    poison(dw_rows);
+    poison(dw_tiled);
+    dequantize_s4_cuda(dp.get(), c.N, c.K, c.is_signed, ds.get(), c.zeros ? dz.get() : nullptr, c.group, dw_rows.get(),
+                       nullptr);
+    dequantize_s4_cuda(dt.get(), c.N, c.K, c.is_signed, ds.get(), c.zeros ? dz.get() : nullptr, c.group,
+                       dw_tiled.get(), nullptr, /*tiled=*/true);
+    EXPECT_TRUE(same_floats(download(dw_tiled), download(dw_rows))) << "dequantize_s4_cuda of tiled codes differs";
     const double gamma = static_cast<double>(c.K / 128 + 128) * std::ldexp(1.0, -24);
     int bad = 0;
     for (int64_t m = 0; m < c.M; ++m)

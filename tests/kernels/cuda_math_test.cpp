@@ -198,6 +198,41 @@ TEST(CudaUnpackS4Math, LowNibbleFirst) {
   EXPECT_EQ(dequantize_s4_value(-1, 3, 0.5f), -2.0f);
 }
 
+// The tensor-core GEMV's tiled layout: every code of [N, K] has its own slot, the slots left
+// over are the padding rows, s4_tiled_coords inverts s4_tiled_index, and a warp's 16-byte load
+// (word 32h + 4g + t of a tile's block) holds 32 consecutive codes of row 16T + g + 8h.
+TEST(CudaUnpackS4Math, TiledLayoutIsABijectionWithContiguousLaneWords) {
+  for (const int64_t N : {1, 15, 16, 17, 40}) {
+    for (const int64_t K : {128, 384}) {
+      SCOPED_TRACE("N=" + std::to_string(N) + " K=" + std::to_string(K));
+      const int64_t slots = s4_tiled_bytes(N, K) * 2;
+      EXPECT_EQ(slots, (N + 15) / 16 * 16 * K);
+      std::vector<int> hits(slots, 0);
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t k = 0; k < K; ++k) {
+          const int64_t i = s4_tiled_index(n, k, K);
+          ASSERT_GE(i, 0);
+          ASSERT_LT(i, slots);
+          ++hits[i];
+          int64_t n2 = -1, k2 = -1;
+          s4_tiled_coords(i, K, &n2, &k2);
+          ASSERT_EQ(n2, n);
+          ASSERT_EQ(k2, k);
+          // Word i / 32 of its block: lane word 32h + 4g + t of tile n / 16, block k / 128.
+          const int64_t r = n % 16, word = i / 32;
+          EXPECT_EQ(word % 64, (r / 8) * 32 + (r % 8) * 4 + (k % 128) / 32);
+          EXPECT_EQ(word / 64, (n / 16) * (K / 128) + k / 128);
+          EXPECT_EQ(i % 32, k % 32);
+        }
+      for (int64_t i = 0; i < slots; ++i) {
+        int64_t n = -1, k = -1;
+        s4_tiled_coords(i, K, &n, &k);
+        EXPECT_EQ(hits[i], n < N ? 1 : 0) << "slot " << i;
+      }
+    }
+  }
+}
+
 // ---- cuBLASLt int8 shape rules ----
 
 TEST(CublasLtInt8Rules, AcceptsMultiplesOfFourWithAnyM) {
