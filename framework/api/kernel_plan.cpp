@@ -252,7 +252,7 @@ KernelPlan plan_matmul(ActivationMode act, const QSpec& activation, Isa isa) {
     plan.fallback = why + ": operands are quantize-dequantized in float";
     return plan;
   }
-  if (act == ActivationMode::kDynamicPerToken && !dynamic_act_fits_kernels(activation, &why)) {
+  if (act == ActivationMode::kDynamicPerToken && !dynamic_act_fits_kernels(activation, &why, true)) {
     plan.fallback = why + ": operands are quantize-dequantized in float";
     return plan;
   }

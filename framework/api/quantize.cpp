@@ -259,20 +259,6 @@ void QatController::apply() {
   }
 }
 
-void check_clipped_rows(const torch::nn::Module& model) {
-  std::vector<std::string> clipped;
-  for_each_quantizable(model, [&](const std::string& path, const QuantizableLayer& layer) {
-    if (layer.quantized() && !layer.frozen() && layer.refuses_clipped_rows()) clipped.push_back(display_name(path));
-  });
-  if (clipped.empty()) return;
-  std::string names;
-  for (const auto& n : clipped) names += (names.empty() ? "" : ", ") + n;
-  throw Error("freeze: dynamic per-token activations with a clip_ratio below 1 have no kernel outside Linear layers "
-              "(attention products quantize each row by its whole amax); keep those layers float (a keep_float rule "
-              "for *.qk_matmul and *.av_matmul, or *.matmul_* in TorchScript models), evaluate the model "
-              "fake-quantized, or set clip_ratio 1: " + names);
-}
-
 void freeze(torch::nn::Module& model) {
   std::vector<QuantizableLayer*> layers;
   std::vector<std::string> missing;
@@ -296,7 +282,6 @@ void freeze(torch::nn::Module& model) {
     throw Error("freeze: static activations were never calibrated (run forward passes inside qforge::Calibration "
                 "or load a calibration dump): " + names);
   }
-  check_clipped_rows(model);
   // RPQ layers pack on the CPU only (their packed weight has no CUDA form): checked before anything changes.
   for (const auto& [path, l] : rpq)
     QF_REQUIRE(l->frozen() || l->codebooks().device().is_cpu(), "freeze: ", display_name(path), " (",
@@ -384,8 +369,8 @@ std::vector<LayerReport> layer_reports(const torch::nn::Module& model, bool plan
   std::vector<std::pair<std::string, LayerReport>> rows;  // (path, report)
   for_each_quantizable(model, [&](const std::string& path, const QuantizableLayer& layer) {
     LayerReport r = layer.report(planned);
-    // A layer freeze() refuses (no quantized weight, clipped rows) keeps its fake-quant bytes; its plan says why.
-    if (planned && layer.quantized() && !layer.frozen() && layer.scheme().weights && !layer.refuses_clipped_rows())
+    // A layer freeze() leaves without a packed weight (no quantized weight) keeps its fake-quant bytes.
+    if (planned && layer.quantized() && !layer.frozen() && layer.scheme().weights)
       if (const auto frozen = frozen_copy(layer, path, layer.scheme())) r.bytes = frozen->storage_bytes();
     r.name = display_name(path);
     rows.emplace_back(path, std::move(r));

@@ -107,11 +107,6 @@ void freeze(Holder& model) {
   freeze(detail::module_of(model));
 }
 
-// The check freeze() makes of clipped dynamic rows (QuantizableLayer::refuses_clipped_rows: a
-// MatMul's kernel takes each row's whole amax), for callers that want it before long work (qtrain
-// right after quantize): throws qforge::Error naming every such layer.
-void check_clipped_rows(const torch::nn::Module& model);
-
 struct ModelSize {
   struct Layer {
     std::string name;

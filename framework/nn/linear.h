@@ -43,7 +43,6 @@ class LinearImpl : QFORGE_TWIN_BASE(torch::nn::LinearImpl), public QuantizableLa
   void check_scheme(const LayerScheme& scheme) const override;
   void install_frozen(QuantizedTensor weight) override;
   KernelPlan plan() const override;
-  bool freezes_clipped_rows() const override { return true; }
   std::shared_ptr<QuantizableLayer> float_copy() const override;
   QuantizedTensor frozen_weight() const override;
   at::Tensor frozen_bias() const override;

@@ -71,10 +71,16 @@ at::Tensor MatMulImpl::integer_forward(const at::Tensor& a, const at::Tensor& b)
     a_scale = at::empty({batch * M}, at::kFloat);
     b_scale = at::empty({batch * N}, at::kFloat);
     if (K > 0) {
-      kernels::quantize_rows_s8(a3.data_ptr<float>(), batch * M, K, kernels::ActScale::kPerRow, qa.data_ptr<int8_t>(),
-                                K, a_scale.data_ptr<float>());
-      kernels::quantize_rows_s8(bt.data_ptr<float>(), batch * N, K, kernels::ActScale::kPerRow,
-                                qbt.data_ptr<int8_t>(), K, b_scale.data_ptr<float>());
+      // Each operand's grid (qint8 on [-127, 127], narrower rows on [-qmax, qmax] as int8 codes)
+      // and clip ratio: the fake-quant formula of its quantizer, which the kernel's row
+      // quantizer follows bit for bit.
+      const auto rows = [K](const at::Tensor& x, int64_t n, const Quantizer& q, at::Tensor& codes, at::Tensor& scale) {
+        kernels::quantize_rows_s8(x.data_ptr<float>(), n, K, kernels::ActScale::kPerRow, codes.data_ptr<int8_t>(), K,
+                                  scale.data_ptr<float>(), nullptr,
+                                  QuantizerImpl::dynamic_qmax(q->config().spec.qtype), q->config().clip_ratio);
+      };
+      rows(a3, batch * M, input_q_, qa, a_scale);
+      rows(bt, batch * N, other_q_, qbt, b_scale);
     }
     a_stride = M;
     b_stride = N;

@@ -5,8 +5,10 @@
 // token, for P.V one per value channel), so after freeze the int8 product is exact in int32 and
 // both scales apply in the epilogue. Static scales are per tensor.
 // After freeze, float32 CPU operands of at least two dimensions (batch dimensions broadcast)
-// run kernels::bmm_s8s8f32 when plan_matmul() allows it; anything else keeps the fake-quant
-// forward (quantize-dequantize both operands, at::matmul in float).
+// run kernels::bmm_s8s8f32 when plan_matmul() allows it (dynamic rows narrower than int8 and
+// rows clipped below their amax included: their codes are int8 on the narrower grid, quantized
+// by the quantizer's own formula); anything else keeps the fake-quant forward
+// (quantize-dequantize both operands, at::matmul in float).
 #pragma once
 
 #include <torch/nn/cloneable.h>

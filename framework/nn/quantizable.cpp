@@ -64,10 +64,6 @@ void QuantizableLayer::freeze() {
   if (frozen_) return;
   QF_REQUIRE(quantized(), path_, " (", layer_type(), "): freeze() needs quantize() first");
   QF_REQUIRE(uncalibrated().empty(), path_, " (", layer_type(), "): static activations were never calibrated");
-  // Outside Linear the kernels quantize each row by its whole amax (qforge::freeze lists every such layer first).
-  QF_REQUIRE(!refuses_clipped_rows(), path_,
-             " (", layer_type(), "): dynamic per-token activations with clip_ratio ", scheme_.activation.clip_ratio,
-             " have no kernel in this layer type; evaluate them fake-quantized, or set clip_ratio 1");
   QuantizedTensor fw;
   at::Device device = at::kCPU;
   if (has_weight()) {
@@ -151,12 +147,7 @@ LayerReport QuantizableLayer::report(bool planned) const {
     if (scheme_.activations == ActivationMode::kStatic)
       r.activations += scheme_.activation.lsq ? " (lsq)" : " (" + scheme_.activation.observer + ")";
   }
-  if (planned && quantized() && !frozen_ && refuses_clipped_rows()) {
-    // freeze() refuses it (outside Linear the kernels quantize each row by its whole amax).
-    r.kernel = "none: freeze refuses";
-    r.fallback_reason = "clip_ratio below 1 has no kernel in this layer type; evaluate it fake-quantized, or set "
-                        "clip_ratio 1";
-  } else if (planned && quantized() && !frozen_) {
+  if (planned && quantized() && !frozen_) {
     const KernelPlan p = plan();
     r.kernel = plan_kernel_text(p);
     r.fallback_reason = p.fallback;

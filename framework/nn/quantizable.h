@@ -23,9 +23,9 @@ struct LayerScheme {
   ActivationMode activations = ActivationMode::kNone;
   QuantizerConfig activation;              // for kStatic / kDynamicPerToken
   std::string note;  // where the layer got other than the scheme asked (e.g. per_channel for a group size that does not divide it)
-  // Dynamic per-token rows clipped below their amax (QuantizerConfig::clip_ratio < 1). Linear
-  // layers freeze with them (the CPU kernels clip as the quantizer does); freeze refuses other
-  // layers with them (QuantizableLayer::refuses_clipped_rows).
+  // Dynamic per-token rows clipped below their amax (QuantizerConfig::clip_ratio < 1). The layers
+  // that take dynamic rows (Linear, MatMul) freeze with them: their CPU kernels clip as the
+  // quantizer does.
   bool clips_rows() const {
     return activations == ActivationMode::kDynamicPerToken && activation.clip_ratio != 1.0f;
   }
@@ -88,11 +88,6 @@ class QuantizableLayer {
 
   bool quantized() const { return weight_q_ || input_q_; }
   bool frozen() const { return frozen_; }
-  // Whether freeze() keeps this layer's clipped dynamic rows as its fake-quant clips them (Linear:
-  // its kernels take a clip ratio, its fallbacks fake-quantize the rows); false elsewhere.
-  virtual bool freezes_clipped_rows() const { return false; }
-  // Clipped rows this layer cannot freeze with: freeze() refuses it.
-  bool refuses_clipped_rows() const { return scheme_.clips_rows() && !freezes_clipped_rows(); }
   const LayerScheme& scheme() const { return scheme_; }
   const std::string& path() const { return path_; }
   Quantizer weight_quantizer() const { return weight_q_; }

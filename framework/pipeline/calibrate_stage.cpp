@@ -191,7 +191,6 @@ class CalibrateStage : public Stage {
     // A scheme (or searched width) with no QDQ form fails here, not after training.
     if (r.export_.onnx && export_stage().requested(ctx.options.stages)) check_onnx_recipe(r, ctx.task.model.get());
     if (solve_stage().applies(r)) check_solve_recipe(*ctx.task.model, r);  // before the calibration pass, not after it
-    if (freeze_stage().applies(r) && freeze_stage().requested(ctx.options.stages)) check_clipped_rows(*ctx.task.model);
     if (r.ptq.enabled && r.ptq.smoothquant) smooth(ctx);
     if (r.ptq.enabled && r.ptq.awq) awq(ctx);  // scales the float weights the observers then calibrate
     // A static cache is calibrated by the activations' pass, after the solvers that run forwards

@@ -175,8 +175,7 @@ Field activations_section() {
            [](const Recipe& r) { return to_node(r.scheme.observer_options.averaging_constant); }),
       bind(leaf("lsq", T::kBool, "learnable activation step (LSQ) during QAT"), &Recipe::scheme, &Scheme::activation_lsq),
       bind(leaf("clip_ratio", T::kFloat, "dynamic per-token rows: each scale covers amax times this (QuaRot: 0.9); "
-                "1: no clipping; Linear layers freeze with it (their kernels clip likewise), other layers with "
-                "dynamic rows (attention products) are refused by freeze below 1", 1e-6, 1),
+                "1: no clipping; Linear and MatMul layers freeze with it (their kernels clip likewise)", 1e-6, 1),
            [](const YAML::Node& n, Recipe& r) { r.scheme.activation_clip_ratio = n.as<float>(); },
            // Written back only when it clips, so recipes without the key resolve (and hash) as before it.
            [](const Recipe& r) {

@@ -1,7 +1,7 @@
 // Dynamic per-token activations below 8 bits (W4A4: qint4 rows on [-7, 7], scale amax / 7):
 // the fake-quant values against a formula written out here, the frozen Linear on the int8
-// kernels with codes of the rows' grid (clipped or not) equal to the unfrozen layer, clipped
-// MatMul rows refused by freeze, and the qtypes refused.
+// kernels with codes of the rows' grid (clipped or not) equal to the unfrozen layer, MatMuls
+// likewise on bmm_s8s8f32, and the qtypes refused.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -118,9 +118,8 @@ TEST(DynamicInt4Activations, FrozenLinearRunsTheIntegerKernelOnCodesOfTheRowsGri
 
 // QuaRot's activation clipping: each row's scale covers clip_ratio · amax; the largest values
 // saturate at ±qmax steps, through the Linear's quantizer, its describe(), a checkpoint, and its
-// frozen kernels (quantize_rows_s8 clips likewise); a MatMul, whose kernel does not clip, is
-// refused by freeze and changes nothing.
-TEST(DynamicInt4Activations, ClippedRowsSaturateFreezeOntoTheKernelsAndMatMulsAreRefused) {
+// frozen kernels (quantize_rows_s8 clips likewise), for Linear and MatMul layers.
+TEST(DynamicInt4Activations, ClippedRowsSaturateAndFreezeOntoTheKernelsOfLinearsAndMatMuls) {
   at::manual_seed(3);
   at::Tensor x = at::randn({6, 40});
   x[2].zero_();
@@ -194,31 +193,38 @@ TEST(DynamicInt4Activations, ClippedRowsSaturateFreezeOntoTheKernelsAndMatMulsAr
   EXPECT_THROW(lin->attach("lin", ls), Error);
   // Frozen: the integer kernel on the clipped rows' codes, equal to the fake-quant forward.
   const at::Tensor fake = lin->forward(in);
-  const std::string planned = describe(*lin, /*planned=*/true);
-  EXPECT_EQ(planned.find("freeze refuses"), std::string::npos) << planned;
+  EXPECT_EQ(lin->plan().path, LinearPath::kS4Dynamic) << "planned onto the integer kernels";
   freeze(*lin);
   ASSERT_TRUE(lin->frozen());
   EXPECT_EQ(lin->plan().path, LinearPath::kS4Dynamic);
   EXPECT_LE((lin->forward(in) - fake).abs().max().item<double>() / fake.abs().max().item<double>(), 1e-5);
-  // A MatMul's row quantizer takes the whole amax: freeze refuses it, naming why, and changes nothing.
-  nn::MatMul mm;
-  Scheme ms(qint8);
-  ms.weights.reset();
-  ms.activations = ActivationMode::kDynamicPerToken;
-  ms.activation_clip_ratio = 0.9f;
-  quantize(*mm, ms);
-  EXPECT_NE(describe(*mm, /*planned=*/true).find("none: freeze refuses"), std::string::npos);
-  EXPECT_THROW(check_clipped_rows(*mm), Error) << "the check qtrain makes right after quantize";
-  EXPECT_NO_THROW(check_clipped_rows(*lin));
-  try {
+  // A MatMul (an attention product) freezes with clipped and narrower rows too: bmm_s8s8f32 on
+  // each operand's codes, quantized by its own quantizer's formula (rows of a, columns of b).
+  for (const auto& [qtype, clip] : {std::pair<QType, float>{qint8, 0.9f}, {qint4, 0.9f}, {qint4, 1.0f}}) {
+    SCOPED_TRACE(std::string(qtype.name) + " clip " + std::to_string(clip));
+    nn::MatMul mm;
+    Scheme ms(qint8);
+    ms.weights.reset();
+    ms.activations = ActivationMode::kDynamicPerToken;
+    ms.activation_qtype = qtype;
+    ms.activation_clip_ratio = clip;
+    quantize(*mm, ms);
+    const at::Tensor a = at::randn({2, 3, 5, 48}), b = at::randn({2, 3, 48, 7});
+    a[1][2][4][9] = 30.0f;  // an outlier the clip saturates
+    const at::Tensor fake = mm->forward(a, b);
+    const int qmax = qtype == qint4 ? 7 : 127;
+    const at::Tensor aq = dynamic_reference(a.reshape({-1, 48}), qmax, clip).reshape(a.sizes());
+    const at::Tensor bq = dynamic_reference(b.transpose(-1, -2).reshape({-1, 48}), qmax, clip)
+                              .reshape({2, 3, 7, 48}).transpose(-1, -2);
+    EXPECT_TRUE(at::allclose(fake, at::matmul(aq, bq), 1e-5, 1e-5)) << "the fake-quant forward is the formula's";
+    EXPECT_EQ(mm->plan().path, LinearPath::kS8Dynamic) << "planned onto bmm_s8s8f32";
     freeze(*mm);
-    FAIL() << "froze a MatMul's clipped rows";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("clip_ratio below 1 have no kernel outside Linear layers"), std::string::npos)
-        << e.what();
+    ASSERT_TRUE(mm->frozen());
+    EXPECT_NE(describe(*mm).find("bmm_s8s8f32"), std::string::npos) << describe(*mm);
+    const at::Tensor got = mm->forward(a, b);
+    // Integer sums (exact) times both scales against float sums of the same products.
+    EXPECT_LE((got - fake).abs().max().item<double>() / fake.abs().max().item<double>(), 1e-5);
   }
-  EXPECT_FALSE(mm->frozen());
-  EXPECT_THROW(mm->freeze(), Error) << "the layer's own freeze refuses it too";
 }
 
 TEST(DynamicInt4Activations, UnsignedOrAsymmetricDynamicGridsAreRefused) {
