@@ -39,14 +39,13 @@ bool static_act_fits_kernels(const QSpec& a, std::string* why) {
   return true;
 }
 
-// Dynamic per-token activations: qint8 rows on [-127, 127]. The CPU Linear kernels also take the
-// narrower signed grids (W4A4's qint4 rows on [-7, 7], qint3, qint2) as int8 codes
-// (`narrower`: quantize_rows_s8's qmax); the MatMul kernels quantize to int8's grid only (a CUDA
-// Linear's int8 row quantizer too: LinearImpl::plan says so).
-bool dynamic_act_fits_kernels(const QSpec& a, std::string* why, bool narrower = false) {
-  if (a.qtype == qint8 || (narrower && QuantizerImpl::dynamic_qtype_supported(a.qtype))) return true;
-  *why = detail::str_cat("dynamic ", a.qtype.name, " per-token activations have no integer kernel ",
-                         narrower ? "(signed integer rows only)" : "here (these kernels quantize rows to int8's [-127, 127])");
+// Dynamic per-token activations: qint8 rows on [-127, 127], and the narrower signed grids (W4A4's
+// qint4 rows on [-7, 7], qint3, qint2) as int8 codes (quantize_rows_s8's qmax), for the CPU Linear
+// and MatMul kernels alike (a CUDA Linear's int8 row quantizer takes int8's grid only:
+// LinearImpl::plan says so).
+bool dynamic_act_fits_kernels(const QSpec& a, std::string* why) {
+  if (a.qtype == qint8 || QuantizerImpl::dynamic_qtype_supported(a.qtype)) return true;
+  *why = detail::str_cat("dynamic ", a.qtype.name, " per-token activations have no integer kernel (signed integer rows only)");
   return false;
 }
 
@@ -202,7 +201,7 @@ KernelPlan plan_linear(const std::optional<QSpec>& weights, ActivationMode act, 
   } else if (act == ActivationMode::kStatic && !static_act_fits_kernels(activation, &why)) {
     plan.fallback = why;
     return plan;
-  } else if (act == ActivationMode::kDynamicPerToken && !dynamic_act_fits_kernels(activation, &why, true)) {
+  } else if (act == ActivationMode::kDynamicPerToken && !dynamic_act_fits_kernels(activation, &why)) {
     plan.fallback = why + ": the weight is dequantized per call and the activations fake-quantized in float";
     return plan;
   } else if (s8_weights) {
@@ -252,7 +251,7 @@ KernelPlan plan_matmul(ActivationMode act, const QSpec& activation, Isa isa) {
     plan.fallback = why + ": operands are quantize-dequantized in float";
     return plan;
   }
-  if (act == ActivationMode::kDynamicPerToken && !dynamic_act_fits_kernels(activation, &why, true)) {
+  if (act == ActivationMode::kDynamicPerToken && !dynamic_act_fits_kernels(activation, &why)) {
     plan.fallback = why + ": operands are quantize-dequantized in float";
     return plan;
   }

@@ -224,6 +224,18 @@ TEST(DynamicInt4Activations, ClippedRowsSaturateAndFreezeOntoTheKernelsOfLinears
     const at::Tensor got = mm->forward(a, b);
     // Integer sums (exact) times both scales against float sums of the same products.
     EXPECT_LE((got - fake).abs().max().item<double>() / fake.abs().max().item<double>(), 1e-5);
+    // And bit for bit what the kernel must compute: the exact int32 product of the formula's codes
+    // (rows of a, columns of b), then (acc * s_b) * s_a in float.
+    const auto codes_and_scales = [qmax, clip](const at::Tensor& rows, at::Tensor* q, at::Tensor* s) {
+      const at::Tensor amax = rows.abs().amax(-1, true), range = clip == 1.0f ? amax : amax * clip;
+      *s = at::where(range > 0, range / static_cast<float>(qmax), at::ones_like(range));
+      *q = at::clamp(at::round(rows * at::reciprocal(*s)), -qmax, qmax);
+    };
+    at::Tensor qa, sa, qbt, sbt;
+    codes_and_scales(a, &qa, &sa);
+    codes_and_scales(b.transpose(-1, -2), &qbt, &sbt);
+    const at::Tensor acc = at::matmul(qa.to(at::kDouble), qbt.transpose(-1, -2).to(at::kDouble)).to(at::kFloat);
+    EXPECT_TRUE(at::equal(got, acc * sbt.transpose(-1, -2) * sa)) << "the integer kernel's result";
   }
 }
 
