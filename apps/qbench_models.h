@@ -93,15 +93,29 @@ inline models::LlamaConfig llama_8b_layers(int64_t layers) {
 // The decode model of model_gpt2_decode_*: the LM head untied (same logits) and every Linear,
 // head included, frozen weight-only under `scheme` (a QType: its default scheme, qint4 in groups
 // of 128); both embeddings int8 per row (row gather; an int4 table would be dequantized whole per call).
+// The blocks are frozen before the head is untied, so the untied float copy of the 50 257-row table
+// exists beside frozen blocks, not beside their float weights (the same codes either way: each
+// weight-only layer is quantized on its own).
 inline void freeze_for_decode(models::Gpt2LMHeadModel& m, const Scheme& scheme) {
+  LayerRule tables;
+  tables.pattern = "transformer.w?e";
+  tables.keep_float = true;
+  Scheme blocks = scheme;
+  blocks.rules.push_back(tables);
+  quantize(*m, blocks);
+  freeze(*m);
   m->untie_lm_head();
-  Scheme s = scheme;
+  LayerRule frozen_blocks;
+  frozen_blocks.pattern = "transformer.h.*";
+  frozen_blocks.keep_float = true;  // frozen already: left as they are
   LayerRule embeddings;
   embeddings.pattern = "transformer.w?e";
   embeddings.weights = qint8;
   embeddings.weight_granularity = Granularity::kPerChannel;
-  s.rules.push_back(embeddings);
-  quantize(*m, s);
+  Scheme rest = scheme;
+  rest.rules.push_back(frozen_blocks);
+  rest.rules.push_back(embeddings);
+  quantize(*m, rest);
   freeze(*m);
 }
 
