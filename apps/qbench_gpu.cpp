@@ -4,7 +4,8 @@
 //     the whole int8 Linear chain (quantize rows + GEMM + epilogue) and the one-launch fused
 //     Linear (linear_s8_fused_cuda, every tile; '*' marks the dispatch rule's);
 //   - the int4 weight-only GEMVs (gemv_f32s4_mma_cuda and gemv_f32s4_mma_staged_cuda on tensor
-//     cores, gemv_f32s4_cuda on CUDA cores; g128, float activations) beside cuBLASLt's fp16 GEMM at decode sizes (M = 1, 4, 8,
+//     cores, on the dense codes and on the tiled codes frozen layers keep, gemv_f32s4_cuda on CUDA
+//     cores; g128, float activations) beside cuBLASLt's fp16 GEMM at decode sizes (M = 1, 4, 8,
 //     16) on 4096x4096 and Llama-3-8B's FFN shapes; the int8 weight-only GEMV (gemv_f32s8_cuda)
 //     on the same shapes; every GEMV row also as a CUDA-graph replay ("_graph": no host launch
 //     cost, as a captured decode step runs) against fp16's replay;
