@@ -95,7 +95,7 @@ struct MmaArgs {
   int N, K;
   const float* scale;
   const int32_t* zero;
-  int group_size, G;
+  int G;                                // scale groups per row
   int group_blocks, group_blocks_log2;  // group_size / 128, its log2 (-1 when not a power of 2)
   const float* bias;
   float* y;
@@ -449,12 +449,7 @@ void mma_launch(bool is_signed, cudaStream_t stream, const MmaArgs& a) {
 int64_t mma_padded_m(int64_t M) { return M <= 4 ? 4 : (M <= 8 ? 8 : 16); }
 
 // log2(v) for a power of two v > 0, else -1.
-int mma_log2_or_minus1(int64_t v) {
-  if (v <= 0 || (v & (v - 1)) != 0) return -1;
-  int l = 0;
-  while ((int64_t{1} << l) < v) ++l;
-  return l;
-}
+int mma_log2_or_minus1(int64_t v) { return v > 0 && (v & (v - 1)) == 0 ? __builtin_ctzll(v) : -1; }
 
 // The shared checks of both entry points; the kernel arguments on success.
 MmaArgs mma_checked_args(const char* name, const float* x, int64_t M, const uint8_t* packed, int64_t N, int64_t K,
@@ -472,7 +467,6 @@ MmaArgs mma_checked_args(const char* name, const float* x, int64_t M, const uint
                  static_cast<int>(K),
                  scale,
                  zero,
-                 static_cast<int>(group_size),
                  static_cast<int>((K + group_size - 1) / group_size),
                  static_cast<int>(group_size / kMmaKb),
                  mma_log2_or_minus1(group_size / kMmaKb),

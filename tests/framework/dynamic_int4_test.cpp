@@ -26,22 +26,30 @@ namespace {
 // The rule in plain loops: per row, s = amax / qmax (1 for an all-zero row), q = clamp(rint(x / s))
 // with the fake-quant kernels' x * (1 / s), x̂ = q * s.
 // clip: the row's range is amax * clip (QuantizerConfig::clip_ratio), values beyond it saturate.
-at::Tensor dynamic_reference(const at::Tensor& x2d, int qmax, float clip = 1.0f) {
+// The codes q (as floats) of every row, and the row's scale s in *scales ([rows, 1]).
+at::Tensor dynamic_codes(const at::Tensor& x2d, int qmax, float clip, at::Tensor* scales) {
   at::Tensor out = at::empty_like(x2d);
+  *scales = at::empty({x2d.size(0), 1});
   auto in = x2d.accessor<float, 2>();
   auto o = out.accessor<float, 2>();
+  auto sc = scales->accessor<float, 2>();
   for (int64_t r = 0; r < x2d.size(0); ++r) {
     float amax = 0;
     for (int64_t k = 0; k < x2d.size(1); ++k) amax = std::max(amax, std::fabs(in[r][k]));
     const float range = clip == 1.0f ? amax : amax * clip;
     const float s = range > 0 ? range / static_cast<float>(qmax) : 1.0f, inv = 1.0f / s;
-    for (int64_t k = 0; k < x2d.size(1); ++k) {
-      const float q = std::min(std::max(std::nearbyint(in[r][k] * inv), -static_cast<float>(qmax)),
-                               static_cast<float>(qmax));
-      o[r][k] = q * s;
-    }
+    sc[r][0] = s;
+    for (int64_t k = 0; k < x2d.size(1); ++k)
+      o[r][k] = std::min(std::max(std::nearbyint(in[r][k] * inv), -static_cast<float>(qmax)), static_cast<float>(qmax));
   }
   return out;
+}
+
+// x̂ = q * s of every row.
+at::Tensor dynamic_reference(const at::Tensor& x2d, int qmax, float clip = 1.0f) {
+  at::Tensor s;
+  const at::Tensor q = dynamic_codes(x2d, qmax, clip, &s);
+  return q * s;
 }
 
 Scheme w4a4() {
@@ -226,16 +234,13 @@ TEST(DynamicInt4Activations, ClippedRowsSaturateAndFreezeOntoTheKernelsOfLinears
     EXPECT_LE((got - fake).abs().max().item<double>() / fake.abs().max().item<double>(), 1e-5);
     // And bit for bit what the kernel must compute: the exact int32 product of the formula's codes
     // (rows of a, columns of b), then (acc * s_b) * s_a in float.
-    const auto codes_and_scales = [qmax, clip](const at::Tensor& rows, at::Tensor* q, at::Tensor* s) {
-      const at::Tensor amax = rows.abs().amax(-1, true), range = clip == 1.0f ? amax : amax * clip;
-      *s = at::where(range > 0, range / static_cast<float>(qmax), at::ones_like(range));
-      *q = at::clamp(at::round(rows * at::reciprocal(*s)), -qmax, qmax);
-    };
-    at::Tensor qa, sa, qbt, sbt;
-    codes_and_scales(a, &qa, &sa);
-    codes_and_scales(b.transpose(-1, -2), &qbt, &sbt);
+    at::Tensor sa, sbt;
+    const at::Tensor qa = dynamic_codes(a.reshape({-1, 48}), qmax, clip, &sa).reshape(a.sizes());
+    const at::Tensor qbt =
+        dynamic_codes(b.transpose(-1, -2).contiguous().reshape({-1, 48}), qmax, clip, &sbt).reshape({2, 3, 7, 48});
     const at::Tensor acc = at::matmul(qa.to(at::kDouble), qbt.transpose(-1, -2).to(at::kDouble)).to(at::kFloat);
-    EXPECT_TRUE(at::equal(got, acc * sbt.transpose(-1, -2) * sa)) << "the integer kernel's result";
+    EXPECT_TRUE(at::equal(got, acc * sbt.reshape({2, 3, 1, 7}) * sa.reshape({2, 3, 5, 1})))
+        << "the integer kernel's result";
   }
 }
 
