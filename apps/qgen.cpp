@@ -72,7 +72,7 @@ nlohmann::json recorded_rotation(const fs::path& dir, bool recipe_rotates) {
   std::ifstream in(dir / "report.json");
   const nlohmann::json rep = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
   if (!rep.is_object()) {
-    QF_REQUIRE(!recipe_rotates, dir.string(), ": the recipe has ptq.rotate: hadamard but report.json is missing or ",
+    QF_REQUIRE(!recipe_rotates, dir.string(), ": the recipe has ptq.rotate but report.json is missing or ",
                "unreadable, so whether model.h5 holds rotated weights is unknown");
     return nullptr;
   }
@@ -129,7 +129,7 @@ Loaded load_run_directory(const fs::path& dir) {
   Loaded out;
   out.model = models::LlamaForCausalLM(std::dynamic_pointer_cast<models::LlamaForCausalLMImpl>(t.model));
   // model.h5 of a rotated run holds rotated weights: the model needs the structure they came from.
-  const nlohmann::json rotation = recorded_rotation(dir, r.ptq.enabled && r.ptq.rotate == "hadamard");
+  const nlohmann::json rotation = recorded_rotation(dir, r.ptq.enabled && r.ptq.rotates());
   if (rotation.is_object()) {
     ptq::RotateOptions o;
     o.online_down_proj = rotation.value("online_down_proj", true);

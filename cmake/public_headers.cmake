@@ -79,6 +79,7 @@ set(QFORGE_PUBLIC_HEADERS
   framework/ptq/numeric_suite.h
   framework/ptq/ptq.h
   framework/ptq/rotate.h
+  framework/ptq/spinquant.h
   framework/search/hessian.h
   framework/search/latency.h
   framework/search/search.h

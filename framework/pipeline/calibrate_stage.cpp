@@ -15,6 +15,7 @@
 #include "framework/ptq/float_view.h"
 #include "framework/ptq/imatrix.h"
 #include "framework/ptq/rotate.h"
+#include "framework/ptq/spinquant.h"
 #include "framework/recipe/tasks/task_data.h"
 #include "framework/report/report_json.h"
 
@@ -35,7 +36,7 @@ void equalize(RunContext& ctx) {
 // ptq.rotate's options: the recipe's seed and rotate_online switches.
 ptq::RotateOptions rotate_options(const Recipe& r) {
   ptq::RotateOptions o;
-  o.seed = r.seed;
+  o.seed = r.ptq.rotate_seed >= 0 ? static_cast<uint64_t>(r.ptq.rotate_seed) : r.seed;
   o.online_down_proj = r.ptq.rotate_down_proj;
   o.online_qk = r.ptq.rotate_qk;
   return o;
@@ -50,6 +51,38 @@ void rotate_hadamard(RunContext& ctx) {
   std::fprintf(stderr, "qtrain: Hadamard rotation (seed %llu): %zu Linear inputs measured, float output moved %.2g, %.1fs\n",
                static_cast<unsigned long long>(rr.seed), rr.after.size(), rr.output_change, rr.seconds);
   for (const std::string& n : rr.notes) ctx.note("rotate: " + n);
+}
+
+// ptq.rotate: spinquant: the Hadamard rotation's residual-stream and value rotations learned on the
+// quantized model's next-token loss (after quantize and a dynamic KV cache, before calibration and
+// the solvers, which see the learned model).
+void learn_rotations(RunContext& ctx) {
+  const Recipe::Ptq& p = ctx.recipe.ptq;
+  bool solver_after = p.method != "rtn";
+  for (const auto& [pattern, method] : p.rules) solver_after |= method != "rtn";
+  ptq::SpinQuantOptions o;
+  o.steps = p.spinquant_steps;
+  o.lr = p.spinquant_lr;
+  // auto: float weights before a solver, unless nothing else would be quantized while learning
+  // (weight-only or static activations, which pass through while learning, and a float cache: the
+  // loss would be the float one, which no rotation changes).
+  const bool others_quantized =
+      ctx.scheme.activations == ActivationMode::kDynamicPerToken || ctx.recipe.kv_cache.quantized();
+  o.quantized_weights =
+      p.spinquant_weights == "quantized" || (p.spinquant_weights == "auto" && (!solver_after || !others_quantized));
+  const int64_t batches =
+      p.spinquant_batches > 0 ? std::min(p.spinquant_batches, ctx.calibration_batches()) : ctx.solve_batches();
+  const ptq::SpinQuantReport sr =
+      ptq::learn_rotations(*ctx.task.model, batches, [&ctx](int64_t b) { return ctx.calibration_loss(b); }, o);
+  ctx.report["ptq"]["rotate"]["kind"] = "spinquant";
+  ctx.report["ptq"]["rotate"]["spinquant"] = report::spinquant_json(sr);
+  ctx.report["timings_s"]["spinquant"] = sr.seconds;
+  std::fprintf(stderr,
+               "qtrain: SpinQuant: %lld Cayley steps over %lld calibration batches (weights %s while learning): "
+               "quantized loss %.4f -> %.4f, float loss %.6f -> %.6f, R1 moved %.3f from the Hadamard one, %.1fs\n",
+               static_cast<long long>(sr.steps), static_cast<long long>(sr.batches),
+               sr.quantized_weights ? "fake-quantized" : "float", sr.loss_before, sr.loss_after, sr.float_loss_before,
+               sr.float_loss_after, sr.rotation_change, sr.seconds);
 }
 
 void smooth(RunContext& ctx) {
@@ -174,7 +207,7 @@ class CalibrateStage : public Stage {
   // stage trains, not inside calibrate (the recipe loader allows ptq.rotate on llama only).
   void check(RunContext& ctx) const override {
     const Recipe& r = ctx.recipe;
-    if (r.ptq.enabled && r.ptq.rotate == "hadamard")
+    if (r.ptq.enabled && r.ptq.rotates())
       ptq::check_rotation_sizes(tasks::model_config<models::LlamaConfig>(r), rotate_options(r));
     check_kv_cache(r);
   }
@@ -183,7 +216,7 @@ class CalibrateStage : public Stage {
     const Recipe& r = ctx.recipe;
     ctx.before_quantize();
     ctx.task.model->eval();
-    if (r.ptq.enabled && r.ptq.rotate == "hadamard") rotate_hadamard(ctx);
+    if (r.ptq.enabled && r.ptq.rotates()) rotate_hadamard(ctx);
     if (r.ptq.enabled && r.ptq.equalize) equalize(ctx);
     const QuantizeReport q = quantize(*ctx.task.model, ctx.scheme);
     for (const auto& w : q.warnings) ctx.note("quantize: " + w);
@@ -191,6 +224,7 @@ class CalibrateStage : public Stage {
     // A scheme (or searched width) with no QDQ form fails here, not after training.
     if (r.export_.onnx && export_stage().requested(ctx.options.stages)) check_onnx_recipe(r, ctx.task.model.get());
     if (solve_stage().applies(r)) check_solve_recipe(*ctx.task.model, r);  // before the calibration pass, not after it
+    if (r.ptq.enabled && r.ptq.rotate == "spinquant") learn_rotations(ctx);
     if (r.ptq.enabled && r.ptq.smoothquant) smooth(ctx);
     if (r.ptq.enabled && r.ptq.awq) awq(ctx);  // scales the float weights the observers then calibrate
     // A static cache is calibrated by the activations' pass, after the solvers that run forwards

@@ -52,8 +52,11 @@ void print_search_plan(const Recipe& r, torch::nn::Module& model) {
 
 void print_ptq_plan(const Recipe& r, const torch::nn::Module& model) {
   const std::string online = r.ptq.online_rotations();
-  const std::string rotate = " Hadamard rotation (QuaRot) before quantize, online: " + (online.empty() ? "none" : online) + ";";
-  std::printf("\nptq:%s%s%s%s\n", r.ptq.rotate == "hadamard" ? rotate.c_str() : "",
+  std::string rotate = " Hadamard rotation (QuaRot) before quantize, online: " + (online.empty() ? "none" : online) + ";";
+  if (r.ptq.rotate == "spinquant")
+    rotate += " its residual-stream and value rotations learned after quantize (SpinQuant, " +
+              std::to_string(r.ptq.spinquant_steps) + " Cayley steps);";
+  std::printf("\nptq:%s%s%s%s\n", r.ptq.rotates() ? rotate.c_str() : "",
               r.ptq.equalize ? " cross-layer equalisation before quantize;" : "",
               r.ptq.smoothquant ? (" SmoothQuant (alpha " + std::to_string(r.ptq.alpha) + ") before calibration;").c_str() : "",
               r.ptq.awq ? " AWQ scales and clipping before calibration;" : "");

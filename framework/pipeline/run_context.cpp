@@ -264,10 +264,16 @@ int64_t RunContext::solve_batches() const {
   return recipe.ptq.batches > 0 ? std::min(recipe.ptq.batches, calibration_batches()) : calibration_batches();
 }
 
-at::Tensor RunContext::calibration_batch(int64_t b) {
+at::Tensor RunContext::calibration_indices(int64_t b) const {
   const int64_t bs = recipe.data.batch_size;
-  const at::Tensor idx = at::arange(b * bs, std::min(calibration_examples(), (b + 1) * bs), at::kLong);
-  return task.forward(task.train->get(idx));
+  return at::arange(b * bs, std::min(calibration_examples(), (b + 1) * bs), at::kLong);
+}
+
+at::Tensor RunContext::calibration_batch(int64_t b) { return task.forward(task.train->get(calibration_indices(b))); }
+
+at::Tensor RunContext::calibration_loss(int64_t b) {
+  const train::Batch batch = task.train->get(calibration_indices(b));
+  return train::cross_entropy(task.forward(batch), batch.target);
 }
 
 void RunContext::calibrate(const Scheme& sc) {

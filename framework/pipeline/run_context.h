@@ -97,6 +97,9 @@ class RunContext {
   int64_t calibration_batches() const;
   int64_t solve_batches() const;
   at::Tensor calibration_batch(int64_t b);
+  // The task's training loss (next-token cross-entropy, or the classes') on calibration batch b,
+  // with autograd: what ptq.rotate: spinquant learns on.
+  at::Tensor calibration_loss(int64_t b);
   // Calibrates the quantized model (static activations only); batches dealt over the ranks.
   void calibrate(const Scheme& scheme);
 
@@ -107,6 +110,7 @@ class RunContext {
   void settle_replicas(torch::nn::Module& model, const std::string& when);
 
  private:
+  at::Tensor calibration_indices(int64_t b) const;
   std::unique_ptr<RunLock> lock_;
   train::EvalSplit eval_split_;
   bool folded_ = false;

@@ -360,15 +360,29 @@ void read_ptq(Recipe& r, const YAML::Node& pn, const Where& w) {
     if (on && r.model.arch != "llama" && r.model.arch != "gpt2")
       w.problem("ptq.method", std::string(name) + " reconstructs transformer blocks of Llama-family and GPT-2 models "
                               "(arch llama or gpt2), not " + r.model.arch);
-  if (p.rotate == "hadamard" && r.model.arch != "llama")
+  if (p.rotates() && r.model.arch != "llama")
     w.problem("ptq.rotate", "the Hadamard rotation needs an RMSNorm model (arch llama: Llama, Mistral, Qwen2), not " +
                                 r.model.arch);
-  if (p.rotate == "hadamard") check_rotate_partners(r, w);
+  if (p.rotates()) check_rotate_partners(r, w);
+  if (p.rotate != "spinquant" && (p.spinquant_steps != defaults.spinquant_steps || p.spinquant_lr != defaults.spinquant_lr ||
+                                  p.spinquant_batches != defaults.spinquant_batches ||
+                                  p.spinquant_weights != defaults.spinquant_weights))
+    w.problem("ptq.spinquant", "SpinQuant options without ptq.rotate: spinquant");
+  if (p.rotate == "spinquant" && p.spinquant_weights == "float" && r.scheme.activations != ActivationMode::kDynamicPerToken &&
+      !r.kv_cache.quantized())
+    w.problem("ptq.spinquant.weights", "with float weights, no dynamic activations and a float KV cache nothing is "
+                                       "quantized while learning, so the loss is the float model's, which no rotation "
+                                       "changes; use quantized (or auto)");
+  if (p.rotate == "spinquant" && r.kv_cache.is_static())
+    w.problem("ptq.rotate", "spinquant learns with a dynamic KV cache or a float one; a static cache is calibrated "
+                            "after the rotations are learned, so set quantize.kv_cache.scales: dynamic, or "
+                            "ptq.rotate: hadamard");
   // Turning an online transform off means nothing without the rotation (the resolved recipe writes
   // the defaults, true, everywhere).
   for (const auto& [key, on] : {std::pair{"ptq.rotate_online.down_proj", p.rotate_down_proj},
                                 std::pair{"ptq.rotate_online.qk", p.rotate_qk}})
-    if (p.rotate != "hadamard" && !on) w.problem(key, "has no effect without ptq.rotate: hadamard");
+    if (!p.rotates() && !on) w.problem(key, "has no effect without ptq.rotate: hadamard or spinquant");
+  if (!p.rotates() && p.rotate_seed != -1) w.problem("ptq.rotate_seed", "has no effect without ptq.rotate: hadamard or spinquant");
   if (!r.quantize) {
     w.problem("ptq", "the PTQ solvers work on a quantized model; add a quantize section");
     return;

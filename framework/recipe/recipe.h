@@ -133,7 +133,17 @@ struct Recipe {
     bool bias_correction = false;
     bool equalize = false;            // cross-layer equalisation of the float model
     bool smoothquant = false;
-    std::string rotate = "none";      // none | hadamard: QuaRot's rotation of a Llama model before quantize (ptq/rotate.h)
+    std::string rotate = "none";      // none | hadamard | spinquant: QuaRot's rotation of a Llama model before quantize
+                                      // (ptq/rotate.h); spinquant then learns it after quantize (ptq/spinquant.h)
+    bool rotates() const { return rotate != "none"; }
+    int64_t rotate_seed = -1;         // the Hadamard signs' seed (-1: the recipe's seed)
+    // rotate: spinquant (ptq::SpinQuantOptions): Cayley steps, peak step, calibration batches (0: the
+    // solvers' batches), and the weights while learning: auto (float before GPTQ / AdaRound /
+    // k-means / AutoRound / BRECQ, fake-quantized before round-to-nearest), float or quantized.
+    int64_t spinquant_steps = 100;
+    double spinquant_lr = 1.5;
+    int64_t spinquant_batches = 0;
+    std::string spinquant_weights = "auto";
     // With rotate: hadamard, the online Hadamards (ptq::RotateOptions): down_proj's input, and the
     // queries / keys after RoPE with the values folded (the KV-cache rotation).
     bool rotate_down_proj = true, rotate_qk = true;

@@ -326,12 +326,28 @@ Field ptq_section() {
            &Recipe::ptq, &Recipe::Ptq::equalize),
       bind(leaf("smoothquant", T::kBool, "SmoothQuant: move activation outliers into the weights of Linear layers with quantized inputs"),
            &Recipe::ptq, &Recipe::Ptq::smoothquant),
-      bind(choice("rotate", {"none", "hadamard"},
+      bind(choice("rotate", {"none", "hadamard", "spinquant"},
                   "hadamard: randomised Hadamard rotation of a Llama model's residual stream and down_proj input, "
                   "queries and keys after RoPE and values per head (QuaRot; float model, before quantize; signs "
-                  "from the recipe's seed)"),
+                  "from the recipe's seed); spinquant: that rotation, then the residual stream's and the values' "
+                  "rotations learned on the calibration text against the quantized model's loss (SpinQuant)"),
            &Recipe::ptq, &Recipe::Ptq::rotate),
-      map("rotate_online", "with rotate: hadamard, which online Hadamard transforms run (both by default)", {
+      bind(leaf("rotate_seed", T::kInt, "seed of the Hadamard rotation's random signs (-1: the recipe's seed, which "
+                                        "also seeds the float training)", -1, 1e18),
+           &Recipe::ptq, &Recipe::Ptq::rotate_seed),
+      map("spinquant", "with rotate: spinquant, how the rotations are learned", {
+          bind(leaf("steps", T::kInt, "Cayley steps on the orthogonal group (one calibration batch each)", 1, 1e6),
+               &Recipe::ptq, &Recipe::Ptq::spinquant_steps),
+          bind(leaf("lr", T::kFloat, "peak step length, cosine-decayed to 0 (each step also at most 1 / |W|_1)", 1e-12, 1e6),
+               &Recipe::ptq, &Recipe::Ptq::spinquant_lr),
+          bind(leaf("batches", T::kInt, "calibration batches the steps cycle through (0: ptq.batches)", 0, 1e9),
+               &Recipe::ptq, &Recipe::Ptq::spinquant_batches),
+          bind(choice("weights", {"auto", "float", "quantized"},
+                      "weights while learning: float (before a solver rounds them, as SpinQuant learns for GPTQ), "
+                      "quantized (round-to-nearest), auto: float unless ptq.method is rtn"),
+               &Recipe::ptq, &Recipe::Ptq::spinquant_weights),
+      }),
+      map("rotate_online", "with rotate: hadamard or spinquant, which online Hadamard transforms run (both by default)", {
           bind(leaf("down_proj", T::kBool, "down_proj's input turned at run time (QuaRot's online Hadamard before it)"),
                &Recipe::ptq, &Recipe::Ptq::rotate_down_proj),
           bind(leaf("qk", T::kBool, "queries and keys turned per head after RoPE, values folded into v_proj / o_proj, "

@@ -205,6 +205,23 @@ nlohmann::json rotate_json(const ptq::RotateReport& rr) {
           {"notes", rr.notes}, {"layers", layers}, {"float_output_change", rr.output_change}, {"seconds", rr.seconds}};
 }
 
+nlohmann::json spinquant_json(const ptq::SpinQuantReport& sr) {
+  return {{"steps", sr.steps},
+          {"batches", sr.batches},
+          {"values", sr.values},
+          {"weights", sr.quantized_weights ? "quantized" : "float"},
+          {"loss_before", sr.loss_before},
+          {"loss_after", sr.loss_after},
+          {"losses", sr.losses},
+          {"r1_steps", sr.r1_steps},
+          {"bounded_steps", sr.bounded_steps},
+          {"float_loss_before", sr.float_loss_before},
+          {"float_loss_after", sr.float_loss_after},
+          {"orthogonality_error", sr.orthogonality_error},
+          {"rotation_change", sr.rotation_change},
+          {"seconds", sr.seconds}};
+}
+
 nlohmann::json awq_json(const ptq::AwqReport& ar) {
   nlohmann::json groups = nlohmann::json::array();
   for (const ptq::AwqGroup& g : ar.groups)

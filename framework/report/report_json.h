@@ -15,6 +15,7 @@
 #include "framework/ptq/numeric_suite.h"
 #include "framework/ptq/ptq.h"
 #include "framework/ptq/rotate.h"
+#include "framework/ptq/spinquant.h"
 #include "framework/search/search.h"
 #include "framework/train/trainer.h"
 
@@ -42,6 +43,8 @@ nlohmann::json equalize_json(const ptq::EqualizeReport& er);
 nlohmann::json smoothquant_json(const ptq::SmoothReport& sr, double alpha);
 nlohmann::json awq_json(const ptq::AwqReport& ar);
 nlohmann::json rotate_json(const ptq::RotateReport& rr);
+// report.json's ptq.rotate.spinquant: the learning's settings, its loss per step and before / after.
+nlohmann::json spinquant_json(const ptq::SpinQuantReport& sr);
 nlohmann::json imatrix_round_json(const ptq::ImatrixRoundReport& ir);
 nlohmann::json onnx_json(const onnx_export::ExportInfo& info);
 

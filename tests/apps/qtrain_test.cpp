@@ -453,6 +453,41 @@ TEST(Qtrain, LlamaAutoRoundRoundsTheBlocksAndLeavesTheHeadRoundToNearest) {
   fs::remove_all(dir);
 }
 
+// ptq.rotate: spinquant on the W4A4KV4 recipe, end to end: the Hadamard rotation, then three Cayley
+// steps on the quantized model's loss (report.ptq.rotate.spinquant), GPTQ, freeze onto the
+// int8-activation kernels; the float loss stays where it was and the rotations orthogonal.
+TEST(Qtrain, LlamaSpinQuantLearnsTheRotationsBeforeGptqAndFreezes) {
+  const std::string dir = out_dir("llama_spinquant");
+  const QtrainRun plan = qtrain("--recipe recipes/llama_w4a4_rotated.yaml --dry-run --set ptq.rotate=spinquant"
+                                " --set ptq.spinquant.steps=3");
+  ASSERT_EQ(plan.code, 0) << plan.output;
+  EXPECT_NE(plan.output.find("its residual-stream and value rotations learned after quantize (SpinQuant, 3 Cayley steps)"),
+            std::string::npos)
+      << plan.output;
+  const QtrainRun run = qtrain("--recipe recipes/llama_w4a4_rotated.yaml" + small_llama(dir) +
+                               " --set ptq.rotate=spinquant --set ptq.spinquant.steps=3 --set ptq.spinquant.lr=20"
+                               " --set ptq.batches=2 --set freeze.enabled=true");
+  ASSERT_EQ(run.code, 0) << run.output;
+  EXPECT_NE(run.output.find("qtrain: SpinQuant: 3 Cayley steps over 2 calibration batches (weights float while learning)"),
+            std::string::npos)
+      << run.output;
+  const auto r = report(dir);
+  const auto& rot = r["ptq"]["rotate"];
+  EXPECT_EQ(rot["kind"], "spinquant");
+  EXPECT_TRUE(rot["online_qk"].get<bool>());
+  const auto& sq = rot["spinquant"];
+  EXPECT_EQ(sq["steps"].get<int64_t>(), 3);
+  EXPECT_EQ(sq["losses"].size(), 3u);
+  EXPECT_EQ(sq["weights"], "float");
+  EXPECT_LT(sq["orthogonality_error"].get<double>(), 1e-10);
+  EXPECT_GT(sq["rotation_change"].get<double>(), 0.0);
+  const double f0 = sq["float_loss_before"], f1 = sq["float_loss_after"];
+  EXPECT_NEAR(f1, f0, 1e-4 * f0);
+  EXPECT_TRUE(r["timings_s"].contains("spinquant"));
+  EXPECT_TRUE(r["metrics"].contains("frozen"));
+  fs::remove_all(dir);
+}
+
 TEST(Qtrain, DryRunPrintsThePlanWithoutData) {
   const QtrainRun run = qtrain("--recipe recipes/bert_int8.yaml --dry-run");
   ASSERT_EQ(run.code, 0) << run.output;

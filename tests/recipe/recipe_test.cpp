@@ -300,6 +300,31 @@ TEST(Recipe, PtqRotateIsAChoiceForLlamaModelsOnly) {
   EXPECT_NE(e.find("p.yaml:4:48: ptq.rotate_online.down_proj: has no effect without ptq.rotate: hadamard"),
             std::string::npos)
       << e;
+  // spinquant: the Hadamard rotation, then learned; its options only beside it, with a dynamic or float cache.
+  const Recipe spin = load_recipe(dir.write("s.yaml", llama + "ptq: {rotate: spinquant, rotate_seed: 3, method: gptq, "
+                                                             "spinquant: {steps: 20, lr: 20, weights: quantized}}\n"));
+  EXPECT_TRUE(spin.ptq.rotates());
+  EXPECT_EQ(spin.ptq.rotate_seed, 3);
+  EXPECT_EQ(spin.ptq.spinquant_steps, 20);
+  EXPECT_EQ(spin.ptq.spinquant_lr, 20.0);
+  EXPECT_EQ(spin.ptq.spinquant_weights, "quantized");
+  EXPECT_EQ(Recipe::Ptq().spinquant_steps, 100);
+  EXPECT_EQ(Recipe::Ptq().spinquant_lr, 1.5);
+  e = all(llama + "ptq: {rotate: hadamard, spinquant: {steps: 20}}\n");
+  EXPECT_NE(e.find("ptq.spinquant: SpinQuant options without ptq.rotate: spinquant"), std::string::npos) << e;
+  e = all(llama + "ptq: {method: gptq, rotate_seed: 2}\n");
+  EXPECT_NE(e.find("ptq.rotate_seed: has no effect without ptq.rotate"), std::string::npos) << e;
+  e = all(llama + "ptq: {rotate: spinquant, spinquant: {weights: half}}\n");
+  EXPECT_NE(e.find("ptq.spinquant.weights: 'half' is not valid"), std::string::npos) << e;
+  e = all("model: {arch: llama}\ndata: {dataset: fortunes}\nquantize: {weights: {qtype: qint4, granularity: "
+          "per_channel}, kv_cache: {qtype: int8, scales: static_head}}\nptq: {rotate: spinquant}\n");
+  EXPECT_NE(e.find("ptq.rotate: spinquant learns with a dynamic KV cache or a float one"), std::string::npos) << e;
+  e = all(llama + "ptq: {rotate: spinquant, method: gptq, spinquant: {weights: float}}\n");
+  EXPECT_NE(e.find("ptq.spinquant.weights: with float weights, no dynamic activations and a float KV cache nothing"),
+            std::string::npos)
+      << e;
+  e = all(std::string(kMinimal) + q + "ptq: {rotate: spinquant}\n");
+  EXPECT_NE(e.find("ptq.rotate: the Hadamard rotation needs an RMSNorm model"), std::string::npos) << e;
 }
 
 TEST(Recipe, AwqMethodsSetAwqBeforeTheirRoundingAndStrayAwqOptionsAreErrors) {
