@@ -66,23 +66,29 @@ void learn_rotations(RunContext& ctx) {
   // auto: float weights before a solver, unless nothing else would be quantized while learning
   // (weight-only or static activations, which pass through while learning, and a float cache: the
   // loss would be the float one, which no rotation changes).
-  const bool others_quantized =
-      ctx.scheme.activations == ActivationMode::kDynamicPerToken || ctx.recipe.kv_cache.quantized();
+  bool others_quantized = ctx.scheme.activations == ActivationMode::kDynamicPerToken || ctx.recipe.kv_cache.quantized();
+  for (const LayerRule& rule : ctx.scheme.rules)
+    others_quantized = others_quantized || (!rule.keep_float && rule.activations == ActivationMode::kDynamicPerToken);
   o.quantized_weights =
       p.spinquant_weights == "quantized" || (p.spinquant_weights == "auto" && (!solver_after || !others_quantized));
   const int64_t batches =
       p.spinquant_batches > 0 ? std::min(p.spinquant_batches, ctx.calibration_batches()) : ctx.solve_batches();
+  const bool kl = p.spinquant_objective == "kl";
   const ptq::SpinQuantReport sr =
-      ptq::learn_rotations(*ctx.task.model, batches, [&ctx](int64_t b) { return ctx.calibration_loss(b); }, o);
+      kl ? ptq::learn_rotations_distilled(*ctx.task.model, batches,
+                                          [&ctx](int64_t b) { return ctx.calibration_batch(b); }, o)
+         : ptq::learn_rotations(*ctx.task.model, batches, [&ctx](int64_t b) { return ctx.calibration_loss(b); }, o);
   ctx.report["ptq"]["rotate"]["kind"] = "spinquant";
   ctx.report["ptq"]["rotate"]["spinquant"] = report::spinquant_json(sr);
+  ctx.report["ptq"]["rotate"]["spinquant"]["objective"] = p.spinquant_objective;
   ctx.report["timings_s"]["spinquant"] = sr.seconds;
   std::fprintf(stderr,
                "qtrain: SpinQuant: %lld Cayley steps over %lld calibration batches (weights %s while learning): "
-               "quantized loss %.4f -> %.4f, float loss %.6f -> %.6f, R1 moved %.3f from the Hadamard one, %.1fs\n",
+               "quantized %s %.4f -> %.4f, float %s %.6g, R1 moved %.3f from the Hadamard one, %.1fs\n",
                static_cast<long long>(sr.steps), static_cast<long long>(sr.batches),
-               sr.quantized_weights ? "fake-quantized" : "float", sr.loss_before, sr.loss_after, sr.float_loss_before,
-               sr.float_loss_after, sr.rotation_change, sr.seconds);
+               sr.quantized_weights ? "fake-quantized" : "float", kl ? "KL to the float model" : "loss",
+               sr.loss_before, sr.loss_after, kl ? "outputs moved" : "loss moved",
+               kl ? sr.float_output_change : sr.float_loss_after - sr.float_loss_before, sr.rotation_change, sr.seconds);
 }
 
 void smooth(RunContext& ctx) {

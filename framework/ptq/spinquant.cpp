@@ -16,8 +16,10 @@
 #include "framework/core/error.h"
 #include "framework/models/llama.h"
 #include "framework/nn/layer_norm.h"
+#include "framework/nn/linear.h"
 #include "framework/nn/quantizable.h"
 #include "framework/ptq/float_view.h"
+#include "framework/ptq/ptq.h"
 
 namespace qforge::ptq {
 namespace {
@@ -98,11 +100,19 @@ models::LlamaForCausalLMImpl& check_learnable(torch::nn::Module& model, int64_t 
   }
   for (const auto& [path, layer] : quantizable_layers(model)) {
     QF_REQUIRE(!layer->frozen(), kSpinQuant, ": layer '", path, "' is frozen; learn the rotations before freeze()");
+    const auto* linear = dynamic_cast<const nn::LinearImpl*>(layer);
+    QF_REQUIRE(linear == nullptr || !linear->pre_quant_scale().defined(), kSpinQuant, ": layer '", path,
+               "' has a pre_quant_scale (SmoothQuant / AWQ), which a rotation of its input would not commute with; ",
+               "learn the rotations first");
     const Quantizer w = layer->weight_quantizer();
     for (const Quantizer& q : layer->quantizers()) {
       const bool weight = w && q.get() == w.get();
       QF_REQUIRE(!weight || !q->calibrated(), kSpinQuant, ": layer '", path, "' has a fixed weight grid (solved or loaded), ",
                  "which a rotation would leave stale; learn the rotations before the solvers");
+      QF_REQUIRE(!weight || !o.quantized_weights || !q->config().spec.qtype.is_codebook(), kSpinQuant, ": layer '",
+                 path, "' has codebook weights (", q->config().spec.qtype.name, "), whose levels are fitted once, on ",
+                 "the first quantized forward, so learning would run against levels of the unlearned weights; learn ",
+                 "with float weights (quantized_weights off)");
       QF_REQUIRE(weight || !(q->mode() == ActivationMode::kStatic && q->calibrated()), kSpinQuant, ": layer '", path,
                  "' has calibrated static activations, which a rotation would leave stale; learn the rotations ",
                  "before calibration");
@@ -210,6 +220,32 @@ double mean_loss(int64_t batches, const LossBatch& loss) {
 
 }  // namespace
 
+SpinQuantReport learn_rotations_distilled(torch::nn::Module& model, int64_t batches, const OutputBatch& output,
+                                          const SpinQuantOptions& o) {
+  const LossBatch kl = [&model, &output](int64_t b) {
+    at::Tensor reference;
+    {
+      const FloatFunction float_function(model);
+      at::NoGradGuard no_grad;
+      reference = at::log_softmax(output(b).to(at::kFloat), -1);
+    }
+    const at::Tensor logp = at::log_softmax(output(b).to(at::kFloat), -1);
+    return (reference.exp() * (reference - logp)).sum(-1).mean();
+  };
+  // The float function's own check: the outputs on batch 0 before and after (the KL of the float
+  // model from itself, the float loss fields, is 0 either way).
+  auto float_output = [&] {
+    const FloatFunction float_function(model);
+    at::NoGradGuard no_grad;
+    return output(0).detach().to(at::kFloat).clone();
+  };
+  check_learnable(model, batches, o);
+  const at::Tensor y0 = float_output();
+  SpinQuantReport r = learn_rotations(model, batches, kl, o);
+  r.float_output_change = relative_change(float_output(), y0);
+  return r;
+}
+
 at::Tensor cayley_step(const at::Tensor& U, const at::Tensor& G, double lr, double* step) {
   QF_REQUIRE(U.dim() == 2 && U.size(0) == U.size(1) && G.sizes() == U.sizes(), kSpinQuant,
              ": cayley_step needs a square U and a gradient of its shape, got ", U.sizes(), " and ", G.sizes());
@@ -287,9 +323,11 @@ SpinQuantReport learn_rotations(torch::nn::Module& model, int64_t batches, const
       const double lr_t = o.lr * 0.5 * (1.0 + std::cos(pi * static_cast<double>(step) / static_cast<double>(o.steps)));
       at::NoGradGuard no_grad;
       double alpha = 0;
-      if (grads[0].defined()) U1 = cayley_step(U1, grads[0], lr_t, &alpha);
+      if (grads[0].defined()) {
+        U1 = cayley_step(U1, grads[0], lr_t, &alpha);
+        r.bounded_steps += alpha < lr_t;
+      }
       r.r1_steps.push_back(alpha);
-      r.bounded_steps += alpha < lr_t;
       for (size_t i = 0; i < U2.size(); ++i)
         if (grads[i + 1].defined()) U2[i] = cayley_step(U2[i], grads[i + 1], lr_t);
       if (progress) progress->update(1, loss_text(lv));
@@ -297,18 +335,26 @@ SpinQuantReport learn_rotations(torch::nn::Module& model, int64_t batches, const
     if (progress) progress->finish(loss_text(r.losses.back()));
     assign(U1, U2);
     r.loss_after = mean_loss(batches, loss);
+    QF_REQUIRE(std::isfinite(r.loss_after), kSpinQuant, ": the loss is not finite (", r.loss_after,
+               ") with the learned rotations folded in");
   } catch (...) {
     restore();
     throw;
   }
-  {
+  try {
     const FloatFunction float_function(model);
     at::NoGradGuard no_grad;
     r.float_loss_after = loss(0).item<double>();
+  } catch (...) {
+    restore();
+    throw;
   }
   r.orthogonality_error = orthogonality_error(U1);
   for (const at::Tensor& u : U2) r.orthogonality_error = std::max(r.orthogonality_error, orthogonality_error(u));
   r.rotation_change = (U1 - at::eye(hidden, at::kDouble)).norm().item<double>() / std::sqrt(static_cast<double>(hidden));
+  for (const at::Tensor& u : U2)
+    r.value_rotation_change = std::max(r.value_rotation_change, (u - at::eye(D, at::kDouble)).norm().item<double>() /
+                                                                    std::sqrt(static_cast<double>(D)));
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return r;
 }

@@ -66,6 +66,10 @@ struct SpinQuantReport {
   double float_loss_after = 0;      //   before and after: a rotation leaves the float function alone
   double orthogonality_error = 0;   // max over U1, U2_l of max |UᵀU − I|
   double rotation_change = 0;       // ‖U1 − I‖_F / sqrt(hidden): how far R1 moved from the Hadamard one
+  double value_rotation_change = 0; // the largest ‖U2_l − I‖_F / sqrt(head_dim) (0 without `values`)
+  // learn_rotations_distilled only: ‖y − y0‖ / ‖y0‖ of the float outputs on batch 0 after and before
+  // (rounding only, ~1e-6); -1 where not measured.
+  double float_output_change = -1;
   double seconds = 0;
 };
 
@@ -75,13 +79,28 @@ using LossBatch = std::function<at::Tensor(int64_t b)>;
 // Learns U1 and U2 on `batches` calibration batches and folds them into the model's weights.
 // Throws qforge::Error, leaving the model untouched, for a model other than LlamaForCausalLM, one
 // whose RMSNorm weights are not all ones (run rotate() first), a tied head, a frozen layer, a
-// weight whose grid is fixed (solved or loaded: the rotation would leave it stale), a calibrated
-// static activation, a static KV cache, steps < 1, batches < 1, lr ≤ 0. A loss that is not finite
-// stops learning with an error and restores the weights. (With float weights, no dynamic activations
+// weight whose grid is fixed (solved or loaded: the rotation would leave it stale), codebook weights
+// to be fake-quantized while learning (their levels are fitted once), a Linear with a pre_quant_scale
+// (SmoothQuant / AWQ: it does not commute with a rotation of the input), a calibrated static
+// activation, a static KV cache, steps < 1, batches < 1, lr ≤ 0. A loss that is not finite stops
+// learning with an error and restores the weights. (With float weights, no dynamic activations
 // and a float cache, a loss of the model's outputs is the float model's, which no rotation changes:
 // qtrain's recipe check refuses that combination.)
 SpinQuantReport learn_rotations(torch::nn::Module& model, int64_t batches, const LossBatch& loss,
                                 const SpinQuantOptions& options = {});
+
+// The model's output on calibration batch b (logits [..., vocab]), with autograd.
+using OutputBatch = std::function<at::Tensor(int64_t b)>;
+
+// learn_rotations against the KL divergence of the quantized model's predictions from the float
+// model's, per position: KL(p_float ‖ p_quantized) = Σ_v p_float,v · (log p_float,v − log p_quantized,v)
+// over the last dimension (log-softmax of each output), averaged over positions; the float outputs
+// come from the same call with every quantizer passed through and the KV cache float, once per
+// step (a second forward, without autograd). A departure from SpinQuant, which learns on the
+// next-token cross-entropy: the KL leaves out the text's own entropy, whose gradient noise is large
+// next to a small quantization error.
+SpinQuantReport learn_rotations_distilled(torch::nn::Module& model, int64_t batches, const OutputBatch& output,
+                                          const SpinQuantOptions& options = {});
 
 // One Cayley step of U (square, orthogonal, double) against the gradient G: the formula above.
 // `step` receives the α taken.

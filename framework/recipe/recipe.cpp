@@ -366,10 +366,13 @@ void read_ptq(Recipe& r, const YAML::Node& pn, const Where& w) {
   if (p.rotates()) check_rotate_partners(r, w);
   if (p.rotate != "spinquant" && (p.spinquant_steps != defaults.spinquant_steps || p.spinquant_lr != defaults.spinquant_lr ||
                                   p.spinquant_batches != defaults.spinquant_batches ||
-                                  p.spinquant_weights != defaults.spinquant_weights))
+                                  p.spinquant_weights != defaults.spinquant_weights ||
+                                  p.spinquant_objective != defaults.spinquant_objective))
     w.problem("ptq.spinquant", "SpinQuant options without ptq.rotate: spinquant");
-  if (p.rotate == "spinquant" && p.spinquant_weights == "float" && r.scheme.activations != ActivationMode::kDynamicPerToken &&
-      !r.kv_cache.quantized())
+  bool dynamic_rows = r.scheme.activations == ActivationMode::kDynamicPerToken;
+  for (const LayerRule& rule : r.scheme.rules)
+    dynamic_rows = dynamic_rows || (!rule.keep_float && rule.activations == ActivationMode::kDynamicPerToken);
+  if (p.rotate == "spinquant" && p.spinquant_weights == "float" && !dynamic_rows && !r.kv_cache.quantized())
     w.problem("ptq.spinquant.weights", "with float weights, no dynamic activations and a float KV cache nothing is "
                                        "quantized while learning, so the loss is the float model's, which no rotation "
                                        "changes; use quantized (or auto)");

@@ -144,6 +144,7 @@ struct Recipe {
     double spinquant_lr = 1.5;
     int64_t spinquant_batches = 0;
     std::string spinquant_weights = "auto";
+    std::string spinquant_objective = "cross_entropy";  // cross_entropy (SpinQuant's) | kl (to the float model)
     // With rotate: hadamard, the online Hadamards (ptq::RotateOptions): down_proj's input, and the
     // queries / keys after RoPE with the values folded (the KV-cache rotation).
     bool rotate_down_proj = true, rotate_qk = true;

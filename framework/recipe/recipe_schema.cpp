@@ -344,8 +344,13 @@ Field ptq_section() {
                &Recipe::ptq, &Recipe::Ptq::spinquant_batches),
           bind(choice("weights", {"auto", "float", "quantized"},
                       "weights while learning: float (before a solver rounds them, as SpinQuant learns for GPTQ), "
-                      "quantized (round-to-nearest), auto: float unless ptq.method is rtn"),
+                      "quantized (round-to-nearest), auto: float when a solver follows and activations or the KV cache "
+                      "are quantized, quantized otherwise"),
                &Recipe::ptq, &Recipe::Ptq::spinquant_weights),
+          bind(choice("objective", {"cross_entropy", "kl"},
+                      "what the steps lower: the task's next-token cross-entropy (SpinQuant's) or the KL divergence "
+                      "of the quantized model's predictions from the float model's"),
+               &Recipe::ptq, &Recipe::Ptq::spinquant_objective),
       }),
       map("rotate_online", "with rotate: hadamard or spinquant, which online Hadamard transforms run (both by default)", {
           bind(leaf("down_proj", T::kBool, "down_proj's input turned at run time (QuaRot's online Hadamard before it)"),

@@ -219,6 +219,8 @@ nlohmann::json spinquant_json(const ptq::SpinQuantReport& sr) {
           {"float_loss_after", sr.float_loss_after},
           {"orthogonality_error", sr.orthogonality_error},
           {"rotation_change", sr.rotation_change},
+          {"value_rotation_change", sr.value_rotation_change},
+          {"float_output_change", sr.float_output_change >= 0 ? nlohmann::json(sr.float_output_change) : nlohmann::json()},
           {"seconds", sr.seconds}};
 }
 

@@ -69,12 +69,19 @@ TEST(SpinQuant, CayleyStepStaysOrthogonalAndDescends) {
   EXPECT_THROW(cayley_step(at::eye(3, at::kDouble), at::zeros({3, 4}, at::kDouble), 0.1), Error);
 }
 
-LlamaConfig small_config(bool biases) {
+LlamaConfig small_config(bool biases, int64_t head_dim = 0) {
   LlamaConfig c;
   c.vocab_size = 96, c.hidden_size = 64, c.intermediate_size = 128, c.num_hidden_layers = 2;
   c.num_attention_heads = 4, c.num_key_value_heads = 2, c.max_position_embeddings = 64;
   c.attention_bias = biases, c.mlp_bias = biases;
+  c.head_dim = head_dim;  // 0: hidden / heads
   return c;
+}
+
+// Every quantizer fake-quantizes again (no FloatView left behind).
+void expect_quantizers_on(const torch::nn::Module& m) {
+  for (const auto& [path, layer] : quantizable_layers(m))
+    for (const Quantizer& q : layer->quantizers()) EXPECT_TRUE(q->fake_quant()) << path;
 }
 
 // The planted-outlier model (residual-stream channels and norm weights 12× the rest), its key
@@ -143,6 +150,7 @@ double max_relative(const at::Tensor& a, const at::Tensor& b) {
 struct LearnCase {
   const char* name;
   bool biases, values, quantized_weights, kv4;
+  int64_t head_dim = 0;
 };
 
 class SpinQuantLearn : public ::testing::TestWithParam<LearnCase> {};
@@ -153,7 +161,7 @@ class SpinQuantLearn : public ::testing::TestWithParam<LearnCase> {};
 // and a wrong one would change the float logits once U ≠ I.
 TEST_P(SpinQuantLearn, KeepsTheFloatLogitsAndStaysOrthogonal) {
   const LearnCase& p = GetParam();
-  const LlamaConfig c = small_config(p.biases);
+  const LlamaConfig c = small_config(p.biases, p.head_dim);
   LlamaForCausalLM m = planted(c);
   const at::Tensor train = tools::sample_text(m, 16, 24, 1), held_out = tools::sample_text(m, 8, 24, 2);
   const at::Tensor train_logp = float_log_probs(m, train), reference = float_log_probs(m, held_out);
@@ -176,9 +184,15 @@ TEST_P(SpinQuantLearn, KeepsTheFloatLogitsAndStaysOrthogonal) {
 
   EXPECT_EQ(r.losses.size(), 12u);
   EXPECT_EQ(r.hidden_size, 64);
-  EXPECT_EQ(r.head_dim, 16);
+  EXPECT_EQ(r.head_dim, p.head_dim > 0 ? p.head_dim : 16);
   EXPECT_LT(r.orthogonality_error, 1e-10);
   EXPECT_GT(r.rotation_change, 1e-3) << "R1 did not move";
+  if (p.values) {
+    EXPECT_GT(r.value_rotation_change, 1e-3) << "R2 did not move";
+  } else {
+    EXPECT_EQ(r.value_rotation_change, 0.0);
+  }
+  expect_quantizers_on(*m);
   EXPECT_TRUE(std::isfinite(r.loss_after));
   EXPECT_NEAR(r.float_loss_after, r.float_loss_before, 1e-6);  // a KL to the float model: ~0 both times
   // The float function is the unrotated model's (within float32 rounding through two layers), the
@@ -200,7 +214,8 @@ TEST_P(SpinQuantLearn, KeepsTheFloatLogitsAndStaysOrthogonal) {
 INSTANTIATE_TEST_SUITE_P(Cases, SpinQuantLearn,
                          ::testing::Values(LearnCase{"R1R2_W16A4", false, true, false, false},
                                            LearnCase{"R1only_biases", true, false, false, false},
-                                           LearnCase{"R1R2_W4A4KV4_biases", true, true, true, true}),
+                                           LearnCase{"R1R2_W4A4KV4_biases", true, true, true, true},
+                                           LearnCase{"R1R2_head_dim_8_biases", true, true, false, true, 8}),
                          [](const ::testing::TestParamInfo<LearnCase>& i) { return std::string(i.param.name); });
 
 // A smooth loss that depends on the rotation: Σ w⁴ over the weights of every q_proj and down_proj
@@ -232,6 +247,53 @@ TEST(SpinQuant, DescendsOnASmoothLossThroughTheFoldedWeights) {
   EXPECT_NEAR(r.loss_after, quartic(0).item<double>(), 1e-5 * r.loss_after);  // the folded weights
   EXPECT_EQ(r.r1_steps.size(), 40u);
   EXPECT_LT(r.orthogonality_error, 1e-10);
+}
+
+// learn_rotations_distilled: the KL to the float model computed inside (the float outputs from the
+// same call with the quantizers passed through and the cache float) is the loss kl_on computes
+// against precomputed float log-probabilities: the same first-step loss (within 1 %).
+TEST(SpinQuant, DistilledLearnsOnTheKlToTheFloatModel) {
+  const LlamaConfig c = small_config(false);
+  LlamaForCausalLM m = planted(c);
+  const at::Tensor train = tools::sample_text(m, 8, 24, 1);
+  const at::Tensor train_logp = float_log_probs(m, train);
+  rotate(*m, RotateOptions{});
+  quantize(*m, w4a4());
+  KvCacheScheme kv4;
+  kv4.qtype = qint4;
+  m->set_kv_cache_scheme(kv4);
+  SpinQuantOptions o;
+  o.steps = 4;
+  o.lr = 20;
+  o.quantized_weights = true;  // as kl_on's forward below quantizes them
+  o.progress = false;
+  const LossBatch reference = kl_on(m, train, train_logp);
+  double expected = 0;
+  {
+    at::NoGradGuard g;
+    expected = reference(0).item<double>();
+  }
+  const SpinQuantReport r = learn_rotations_distilled(
+      *m, 2, [&m, &train](int64_t b) { return m->forward(train.narrow(0, b * 4, 4)); }, o);
+  ASSERT_EQ(r.losses.size(), 4u);
+  // Not bit for bit: the step's forward runs with autograd (ATen's attention, not the fused kernel)
+  // and the float pass on 4 sequences, not 8, so int4 codes at a rounding boundary may differ.
+  EXPECT_NEAR(r.losses[0], expected, 0.01 * expected);
+  EXPECT_GT(r.losses[0], 1e-4);  // the int4 rows and cache are quantized while learning
+  EXPECT_NEAR(r.float_loss_before, 0.0, 1e-7);
+  EXPECT_NEAR(r.float_loss_after, 0.0, 1e-7);
+  EXPECT_GE(r.float_output_change, 0.0);  // the float function's own check
+  EXPECT_LT(r.float_output_change, 1e-5);
+  EXPECT_GT(r.rotation_change, 0.0);
+  EXPECT_TRUE(m->config.kv_cache.quantized());  // the cache's scheme back after each float pass
+  expect_quantizers_on(*m);
+  // With float weights the bypass holds the weight quantizers while each loss nests a FloatView of
+  // every quantizer: all of them fake-quantize again afterwards.
+  o.quantized_weights = false;
+  const SpinQuantReport r2 = learn_rotations_distilled(
+      *m, 2, [&m, &train](int64_t b) { return m->forward(train.narrow(0, b * 4, 4)); }, o);
+  EXPECT_LT(r2.float_output_change, 1e-5);
+  expect_quantizers_on(*m);
 }
 
 std::map<std::string, at::Tensor> snapshot(const torch::nn::Module& m) {
@@ -300,6 +362,29 @@ TEST(SpinQuant, RefusalsLeaveTheModelUntouched) {
     return ++calls > 4 ? l * std::nan("") : l;
   };
   expect_refused(*fresh, nan_later, o, "not finite");
+  expect_quantizers_on(*fresh);
+  // Non-finite with the learned rotations folded in (the loss after learning: calls 7 and 8 with
+  // 3 steps on 2 batches): the entry weights come back.
+  calls = 0;
+  const LossBatch nan_after = [&](int64_t b) {
+    at::Tensor l = base(b);
+    return ++calls > 6 ? l * std::nan("") : l;
+  };
+  expect_refused(*fresh, nan_after, o, "with the learned rotations folded in");
+  expect_quantizers_on(*fresh);
+  // Codebook weights fit their levels once: refused when fake-quantized while learning.
+  LlamaForCausalLM kmeans = planted(c);
+  rotate(*kmeans, RotateOptions{});
+  Scheme k4 = w4a4();
+  k4.weights = qkmeans4;
+  quantize(*kmeans, k4);
+  SpinQuantOptions with_weights = o;
+  with_weights.quantized_weights = true;
+  expect_refused(*kmeans, loss_on(kmeans, text), with_weights, "codebook weights");
+  // A pre_quant_scale (SmoothQuant / AWQ) does not commute with the rotation.
+  auto* up = fresh->model->layers[1]->as<models::LlamaDecoderLayerImpl>()->mlp->up_proj.get();
+  up->set_pre_quant_scale(at::ones({c.hidden_size}));
+  expect_refused(*fresh, base, o, "pre_quant_scale");
 
   models::Gpt2Config gc;
   gc.vocab_size = 32, gc.n_positions = 16, gc.n_embd = 32, gc.n_layer = 1, gc.n_head = 2;

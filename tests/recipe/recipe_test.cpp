@@ -302,12 +302,14 @@ TEST(Recipe, PtqRotateIsAChoiceForLlamaModelsOnly) {
       << e;
   // spinquant: the Hadamard rotation, then learned; its options only beside it, with a dynamic or float cache.
   const Recipe spin = load_recipe(dir.write("s.yaml", llama + "ptq: {rotate: spinquant, rotate_seed: 3, method: gptq, "
-                                                             "spinquant: {steps: 20, lr: 20, weights: quantized}}\n"));
+                                                             "spinquant: {steps: 20, lr: 20, weights: quantized, objective: kl}}\n"));
   EXPECT_TRUE(spin.ptq.rotates());
   EXPECT_EQ(spin.ptq.rotate_seed, 3);
   EXPECT_EQ(spin.ptq.spinquant_steps, 20);
   EXPECT_EQ(spin.ptq.spinquant_lr, 20.0);
   EXPECT_EQ(spin.ptq.spinquant_weights, "quantized");
+  EXPECT_EQ(spin.ptq.spinquant_objective, "kl");
+  EXPECT_EQ(Recipe::Ptq().spinquant_objective, "cross_entropy");
   EXPECT_EQ(Recipe::Ptq().spinquant_steps, 100);
   EXPECT_EQ(Recipe::Ptq().spinquant_lr, 1.5);
   e = all(llama + "ptq: {rotate: hadamard, spinquant: {steps: 20}}\n");
