@@ -2,13 +2,16 @@
 // rotation, on a random Llama with planted outlier channels (tests/ptq/planted_llama.h), keys with
 // outlier channels too (k_proj's rows of one channel per key/value head scaled by the same factor,
 // as real models' keys have them).
-//   rotate_effect_tool [hidden] [intermediate] [layers] [outlier_scale]
+//   rotate_effect_tool [hidden] [intermediate] [layers] [outlier_scale] [spinquant_steps] [spinquant_lr]
 // Text: sequences sampled from the float model itself, so its perplexity is the reference and a
 // quantized model's excess over it (the gap) is what quantization costs. W4: int4 per-channel
 // symmetric weights (RTN); A8 / A4: dynamic per-token int8 / int4 activations (amax / 127, amax / 7);
 // KV8 / KV4: the cache's keys and values as per-token int8 / int4 codes (docs/kv_cache.md). The
 // embedding and the attention products (Q·K^T, P·V) stay float. Rotated: ptq::rotate with its
 // defaults (residual stream, online down_proj Hadamard, queries / keys online, values per head).
+// With spinquant_steps > 0 a third column: the rotated model's residual-stream and value rotations
+// then learned (ptq::learn_rotations_distilled: the KL to the float model on 16 other sampled
+// sequences in batches of 4, the weights fake-quantized as the setting says, lr spinquant_lr).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
@@ -21,6 +24,7 @@
 #include "framework/api/quantize.h"
 #include "framework/models/llama.h"
 #include "framework/ptq/rotate.h"
+#include "framework/ptq/spinquant.h"
 #include "tests/ptq/planted_llama.h"
 
 namespace {
@@ -84,10 +88,13 @@ int main(int argc, char** argv) {
   c.num_hidden_layers = argc > 3 ? std::atoll(argv[3]) : 4;
   c.num_attention_heads = 8, c.num_key_value_heads = 4, c.max_position_embeddings = 256;
   const double scale = argc > 4 ? std::atof(argv[4]) : 20.0;
+  const int64_t spin_steps = argc > 5 ? std::atoll(argv[5]) : 0;
+  const double spin_lr = argc > 6 ? std::atof(argv[6]) : 20.0;
   at::set_num_threads(1);
 
   LlamaForCausalLM ref = planted(c, scale);
   const at::Tensor ids = sample_text(ref, 8, 96);
+  const at::Tensor learn_ids = sample_text(ref, 16, 96, 7);  // SpinQuant's calibration text
   at::Tensor float_logp;
   {
     at::NoGradGuard g;
@@ -112,8 +119,10 @@ int main(int argc, char** argv) {
               static_cast<long long>(kOutliers), scale, scale);
   std::printf("largest Linear-input kurtosis %.1f -> %.1f, largest max/RMS %.1f -> %.1f\n", kb, ka, mb, ma);
   std::printf("float perplexity %.3f (rotated %.3f, KL %.2e)\n\n", f.perplexity, fr.perplexity, fr.kl);
-  std::printf("%-14s %12s %10s %10s %14s %10s %10s\n", "setting", "perplexity", "gap", "KL", "rotated: ppl",
+  std::printf("%-14s %12s %10s %10s %14s %10s %10s", "setting", "perplexity", "gap", "KL", "rotated: ppl",
               "gap", "KL");
+  if (spin_steps > 0) std::printf(" %14s %10s %10s %8s", "learned: ppl", "gap", "KL", "U1 moved");
+  std::printf("\n");
   const Setting settings[] = {{"W4", true, 0, 0},      {"W4A8", true, 8, 0},    {"W4A4", true, 4, 0},
                               {"W4A4KV4", true, 4, 4}, {"W4A8KV4", true, 8, 4}, {"KV8", false, 0, 8},
                               {"KV4", false, 0, 4},    {"KV4 asym", false, 0, 4, true},
@@ -127,8 +136,9 @@ int main(int argc, char** argv) {
                               {"W4A4 a.8", true, 4, 0, false, 0, 1.0f, 0.8f},
                               {"W4A4KV4 a.9 c.95", true, 4, 4, true, 0, 0.95f, 0.9f}};
   for (const Setting& s : settings) {
-    Eval e[2];
-    for (int rotated = 0; rotated < 2; ++rotated) {
+    Eval e[3];
+    double moved = 0;
+    for (int rotated = 0; rotated < (spin_steps > 0 ? 3 : 2); ++rotated) {
       LlamaForCausalLM m = planted(c, scale);
       if (rotated) qforge::ptq::rotate(*m);
       if (s.kv_bits > 0) {
@@ -140,10 +150,22 @@ int main(int argc, char** argv) {
         m->set_kv_cache_scheme(kv);
       }
       if (s.weights) qforge::quantize(m, scheme(s));
+      if (rotated == 2) {
+        qforge::ptq::SpinQuantOptions o;
+        o.steps = spin_steps;
+        o.lr = spin_lr;
+        o.quantized_weights = s.weights;  // RTN weights here: learned against them, as SpinQuant does before RTN
+        o.progress = false;
+        const auto output = [&](int64_t b) { return m->forward(learn_ids.narrow(0, b * 4, 4)); };
+        moved = qforge::ptq::learn_rotations_distilled(*m, 4, output, o).rotation_change;
+      }
       e[rotated] = evaluate(m, ids, float_logp);
     }
-    std::printf("%-14s %12.3f %10.3f %10.4f %14.3f %10.3f %10.4f\n", s.name, e[0].perplexity,
+    std::printf("%-14s %12.3f %10.3f %10.4f %14.3f %10.3f %10.4f", s.name, e[0].perplexity,
                 e[0].perplexity - f.perplexity, e[0].kl, e[1].perplexity, e[1].perplexity - f.perplexity, e[1].kl);
+    if (spin_steps > 0)
+      std::printf(" %14.3f %10.3f %10.4f %8.3f", e[2].perplexity, e[2].perplexity - f.perplexity, e[2].kl, moved);
+    std::printf("\n");
     std::fflush(stdout);
   }
   return 0;
