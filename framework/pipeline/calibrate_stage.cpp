@@ -58,19 +58,15 @@ void rotate_hadamard(RunContext& ctx) {
 // the solvers, which see the learned model).
 void learn_rotations(RunContext& ctx) {
   const Recipe::Ptq& p = ctx.recipe.ptq;
-  bool solver_after = p.method != "rtn";
-  for (const auto& [pattern, method] : p.rules) solver_after |= method != "rtn";
   ptq::SpinQuantOptions o;
   o.steps = p.spinquant_steps;
   o.lr = p.spinquant_lr;
   // auto: float weights before a solver, unless nothing else would be quantized while learning
   // (weight-only or static activations, which pass through while learning, and a float cache: the
   // loss would be the float one, which no rotation changes).
-  bool others_quantized = ctx.scheme.activations == ActivationMode::kDynamicPerToken || ctx.recipe.kv_cache.quantized();
-  for (const LayerRule& rule : ctx.scheme.rules)
-    others_quantized = others_quantized || (!rule.keep_float && rule.activations == ActivationMode::kDynamicPerToken);
-  o.quantized_weights =
-      p.spinquant_weights == "quantized" || (p.spinquant_weights == "auto" && (!solver_after || !others_quantized));
+  const bool others_quantized = ctx.recipe.dynamic_activations() || ctx.recipe.kv_cache.quantized();
+  o.quantized_weights = p.spinquant_weights == "quantized" ||
+                        (p.spinquant_weights == "auto" && (!p.rounds_beyond_rtn() || !others_quantized));
   const int64_t batches =
       p.spinquant_batches > 0 ? std::min(p.spinquant_batches, ctx.calibration_batches()) : ctx.solve_batches();
   const bool kl = p.spinquant_objective == "kl";

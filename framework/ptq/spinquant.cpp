@@ -239,7 +239,6 @@ SpinQuantReport learn_rotations_distilled(torch::nn::Module& model, int64_t batc
     at::NoGradGuard no_grad;
     return output(0).detach().to(at::kFloat).clone();
   };
-  check_learnable(model, batches, o);
   const at::Tensor y0 = float_output();
   SpinQuantReport r = learn_rotations(model, batches, kl, o);
   r.float_output_change = relative_change(float_output(), y0);

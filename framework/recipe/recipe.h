@@ -82,6 +82,9 @@ struct Recipe {
   } train;
 
   bool quantize = false;  // a `quantize` section is present
+  // The scheme, or one of its rules that keeps the layer quantized, takes dynamic per-token
+  // activations (recipe_ptq.cpp).
+  bool dynamic_activations() const;
   Scheme scheme;
   KvCacheScheme kv_cache;  // quantize.kv_cache: the causal LMs' KV cache (float unless given)
 
@@ -151,6 +154,9 @@ struct Recipe {
     // The online transforms those switches leave on, for messages: "down_proj's input, queries and
     // keys after RoPE", one of them, or "" (with rotate: hadamard, the rotated model is then a plain one).
     std::string online_rotations() const;
+    // Some layer's weights are rounded by other than round-to-nearest: the default method, a rule
+    // or AWQ's scales (recipe_ptq.cpp).
+    bool rounds_beyond_rtn() const;
     double alpha = 0.5;               // SmoothQuant migration strength
     int64_t batches = 0;              // calibration batches the solvers run on (0: calibrate's)
     int64_t sample_rows = 4096;       // input rows kept per layer

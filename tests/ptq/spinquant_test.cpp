@@ -116,6 +116,18 @@ Scheme w4a4() {
   return s;
 }
 
+// What learning starts from: the Hadamard rotation, then W4A4 (and an int4 cache).
+void rotate_and_quantize(LlamaForCausalLM& m, uint64_t seed, bool kv4) {
+  RotateOptions ro;
+  ro.seed = seed;
+  rotate(*m, ro);
+  quantize(*m, w4a4());
+  if (!kv4) return;
+  KvCacheScheme cache;
+  cache.qtype = qint4;
+  m->set_kv_cache_scheme(cache);
+}
+
 // KL(float ‖ quantized) per token on batch b of `text` (batches of 4 sequences), against the float
 // model's log-probabilities `float_logp` [N, T, vocab]: a loss without the text's own entropy
 // (qtrain learns on the next-token cross-entropy, as SpinQuant does; this random model's text is
@@ -165,15 +177,7 @@ TEST_P(SpinQuantLearn, KeepsTheFloatLogitsAndStaysOrthogonal) {
   LlamaForCausalLM m = planted(c);
   const at::Tensor train = tools::sample_text(m, 16, 24, 1), held_out = tools::sample_text(m, 8, 24, 2);
   const at::Tensor train_logp = float_log_probs(m, train), reference = float_log_probs(m, held_out);
-  RotateOptions ro;
-  ro.seed = 1;
-  rotate(*m, ro);
-  quantize(*m, w4a4());
-  if (p.kv4) {
-    KvCacheScheme kv4;
-    kv4.qtype = qint4;
-    m->set_kv_cache_scheme(kv4);
-  }
+  rotate_and_quantize(m, 1, p.kv4);
   SpinQuantOptions o;
   o.steps = 12;
   o.lr = 20;
@@ -257,11 +261,7 @@ TEST(SpinQuant, DistilledLearnsOnTheKlToTheFloatModel) {
   LlamaForCausalLM m = planted(c);
   const at::Tensor train = tools::sample_text(m, 8, 24, 1);
   const at::Tensor train_logp = float_log_probs(m, train);
-  rotate(*m, RotateOptions{});
-  quantize(*m, w4a4());
-  KvCacheScheme kv4;
-  kv4.qtype = qint4;
-  m->set_kv_cache_scheme(kv4);
+  rotate_and_quantize(m, 0, true);
   SpinQuantOptions o;
   o.steps = 4;
   o.lr = 20;
@@ -353,8 +353,7 @@ TEST(SpinQuant, RefusalsLeaveTheModelUntouched) {
 
   // A loss that turns non-finite mid-way stops learning and restores the weights.
   LlamaForCausalLM fresh = planted(c);
-  rotate(*fresh, RotateOptions{});
-  quantize(*fresh, w4a4());
+  rotate_and_quantize(fresh, 0, false);
   int calls = 0;
   const LossBatch base = loss_on(fresh, text);
   const LossBatch nan_later = [&](int64_t b) {
