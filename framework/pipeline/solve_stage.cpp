@@ -12,13 +12,21 @@ namespace qforge::pipeline {
 
 namespace {
 
-// The imatrix-weighted grid search, before the rounding (RTN or GPTQ) rounds onto its grids.
-void imatrix_round(RunContext& ctx) {
-  const ptq::ImatrixRoundReport ir = ptq::imatrix_round(*ctx.task.model, *ctx.imatrix, ctx.awq_clipped);
+// The imatrix-weighted grid search of the layers the rounding does not search themselves
+// (GPTQ's layers search their grids as GPTQ rounds them).
+void imatrix_round(RunContext& ctx, const ptq::SolveOptions& o) {
+  std::vector<std::string> gptq_layers;
+  for (const ptq::LayerSolve& ls : ptq::plan_solve(*ctx.task.model, o))
+    if (ls.method.rfind("gptq", 0) == 0) gptq_layers.push_back(ls.path);
+  const ptq::ImatrixRoundReport ir = ptq::imatrix_round(*ctx.task.model, *ctx.imatrix, ctx.awq_clipped, gptq_layers);
   ctx.report["ptq"]["imatrix_round"] = report::imatrix_round_json(ir);
   ctx.report["timings_s"]["imatrix_round"] = ir.seconds;
-  std::fprintf(stderr, "qtrain: imatrix grid search: %zu layers, %zu kept their min/max grid, %.1fs\n",
-               ir.layers.size(), ir.skipped.size(), ir.seconds);
+  size_t to_gptq = 0;
+  for (const std::string& k : ir.skipped) to_gptq += k.find(": GPTQ searches its grids") != std::string::npos;
+  std::fprintf(stderr,
+               "qtrain: imatrix grid search: %zu layers clamped to it, %zu searched by GPTQ as it rounds, %zu kept their "
+               "min/max grid, %.1fs\n",
+               ir.layers.size(), to_gptq, ir.skipped.size() - to_gptq, ir.seconds);
 }
 
 class SolveStage : public Stage {
@@ -37,8 +45,9 @@ class SolveStage : public Stage {
     const int64_t batches = ctx.solve_batches();
     ptq::SolveOptions o = solve_options(r);
     if (ctx.imatrix) {
-      imatrix_round(ctx);
+      imatrix_round(ctx, o);
       o.imatrix = &*ctx.imatrix;
+      o.clipped_by_awq = ctx.awq_clipped;
     } else if (r.calibrate.imatrix) {
       ctx.note("no imatrix (calibrate stage skipped by --stages): weights keep their plain min/max grids");
     }

@@ -10,6 +10,8 @@
 #include "fake_quant/fake_quantize.h"
 #include "framework/core/error.h"
 #include "framework/api/quantizer.h"
+#include "framework/ptq/awq.h"
+#include "framework/ptq/imatrix.h"
 
 namespace qforge::ptq {
 
@@ -42,26 +44,46 @@ void check_inputs(const at::Tensor& w, const at::Tensor& h, const QSpec& spec, c
   QF_REQUIRE(!o.column_importance.defined() ||
                  (o.column_importance.numel() == K && at::isfinite(o.column_importance).all().item<bool>()),
              "gptq: column_importance must hold ", K, " finite values");
+  if (o.clip_importance.defined()) {
+    QF_REQUIRE(o.clip_importance.numel() == K && at::isfinite(o.clip_importance).all().item<bool>() &&
+                   (o.clip_importance >= 0).all().item<bool>(),
+               "gptq: clip_importance must hold ", K, " finite values >= 0");
+    QF_REQUIRE(spec.qtype.is_integer() && spec.granularity != Granularity::kPerTensor,
+               "gptq: the grid search (clip_importance) needs a per-channel or per-group integer grid, got ",
+               spec.qtype.name, spec.granularity == Granularity::kPerTensor ? " per tensor" : "");
+  }
   QF_REQUIRE(spec.granularity != Granularity::kPerChannel || spec.axis == 0,
              "gptq: per-channel grids must be along the rows (axis 0) of the [N, K] view, got axis ", spec.axis);
   QF_REQUIRE(spec.granularity != Granularity::kPerGroup || (spec.group_size > 0 && K % spec.group_size == 0),
              "gptq: K = ", K, " is not a multiple of group_size ", spec.group_size);
 }
 
+// The min/max grid of w [N, k] in `spec`, of w clamped to its imatrix-searched ranges when `imp`
+// ([k]) is defined.
+QParams grid_of(const at::Tensor& w, const QSpec& spec, const at::Tensor& imp) {
+  const at::Tensor w32 = w.to(at::kFloat);
+  if (!imp.defined()) return weight_minmax_qparams(w32, spec, "gptq");
+  const at::Tensor ratio = imatrix_search_clip(w32, spec, imp);
+  return weight_minmax_qparams(awq_apply_clip(w32, ratio, spec), spec, "gptq");
+}
+
 // The grid of each column, as the solver reaches it.
 class ColumnGrids {
  public:
-  ColumnGrids(const at::Tensor& w, const QSpec& spec, bool act_order, const at::Tensor& perm)
-      : spec_(spec), col_spec_(column_spec(spec)), N_(w.size(0)), perm_(perm) {
+  // clip_imp: GptqOptions::clip_importance in the original column order, or undefined.
+  ColumnGrids(const at::Tensor& w, const QSpec& spec, bool act_order, const at::Tensor& perm, const at::Tensor& clip_imp)
+      : spec_(spec), col_spec_(column_spec(spec)), N_(w.size(0)), perm_(perm), clip_imp_(clip_imp) {
     lazy_ = spec.granularity == Granularity::kPerGroup && !act_order;
-    if (!lazy_) whole_ = weight_minmax_qparams(w.to(at::kFloat), spec, "gptq");
+    if (!lazy_) whole_ = grid_of(w, spec, clip_imp_);
     if (lazy_) groups_.resize(static_cast<size_t>(w.size(1) / spec.group_size));
   }
   bool lazy() const { return lazy_; }
   int64_t group_size() const { return spec_.group_size; }
-  // Lazy per-group grids: the group starting at column j from its current values [N, g].
+  // Lazy per-group grids (original column order): the group starting at column j from its
+  // current values [N, g].
   void start_group(int64_t j, const at::Tensor& current) {
-    groups_[static_cast<size_t>(j / spec_.group_size)] = weight_minmax_qparams(current.to(at::kFloat), col_spec_, "gptq");
+    const at::Tensor imp = clip_imp_.defined() ? clip_imp_.slice(0, j, j + spec_.group_size) : at::Tensor();
+    groups_[static_cast<size_t>(j / spec_.group_size)] = grid_of(current, col_spec_, imp);
   }
   // fake_quantize of the column at solver position j (the original column perm[j]).
   at::Tensor quantize(const at::Tensor& col, int64_t j) const {
@@ -104,7 +126,7 @@ class ColumnGrids {
  private:
   QSpec spec_, col_spec_;
   int64_t N_;
-  at::Tensor perm_;
+  at::Tensor perm_, clip_imp_;
   bool lazy_ = false;
   QParams whole_;
   std::vector<QParams> groups_;
@@ -135,7 +157,6 @@ at::Tensor inverse_factor(at::Tensor H, double damp, double* damp_used) {
 
 GptqResult run(const at::Tensor& w_in, const at::Tensor& h_in, const QSpec& spec, const GptqOptions& o,
                at::ScalarType dt, bool blocked) {
-  check_inputs(w_in, h_in, spec, o);
   at::NoGradGuard no_grad;
   const int64_t N = w_in.size(0), K = w_in.size(1);
   at::Tensor W = w_in.detach().to(dt).clone();
@@ -150,7 +171,8 @@ GptqResult run(const at::Tensor& w_in, const at::Tensor& h_in, const QSpec& spec
     invperm = at::argsort(perm);
   }
   // Grids from the weight as the solver starts (dead columns zeroed, original column order).
-  ColumnGrids grids(W, spec, o.act_order, perm);
+  ColumnGrids grids(W, spec, o.act_order, perm,
+                    o.clip_importance.defined() ? o.clip_importance.to(at::kFloat) : at::Tensor());
   if (o.act_order) {
     W = W.index_select(1, perm);
     H = H.index_select(0, perm).index_select(1, perm);
@@ -207,14 +229,42 @@ GptqResult run(const at::Tensor& w_in, const at::Tensor& h_in, const QSpec& spec
   return r;
 }
 
+// tr(ΔHΔᵀ) / tr(WHWᵀ), Δ = w − wq, in float64 (0 when the output is all zero).
+double relative_h_error(const at::Tensor& w, const at::Tensor& wq, const at::Tensor& h) {
+  const at::Tensor w64 = w.to(at::kDouble), h64 = h.to(at::kDouble), d = w64 - wq.to(at::kDouble);
+  const double num = (at::matmul(d, h64) * d).sum().item<double>();
+  const double den = (at::matmul(w64, h64) * w64).sum().item<double>();
+  return den > 0 ? num / den : 0.0;
+}
+
+// One solve, or with clip_importance the better of the searched and the min/max grids.
+GptqResult solve(const at::Tensor& w, const at::Tensor& h, const QSpec& spec, const GptqOptions& o, at::ScalarType dt,
+                 bool blocked) {
+  check_inputs(w, h, spec, o);
+  GptqResult r = run(w, h, spec, o, dt, blocked);
+  r.error = relative_h_error(w, r.weight, h);
+  if (!o.clip_importance.defined()) return r;
+  GptqOptions plain = o;
+  plain.clip_importance = at::Tensor();
+  GptqResult p = run(w, h, spec, plain, dt, blocked);
+  p.error = relative_h_error(w, p.weight, h);
+  if (r.error <= p.error) {
+    r.grids_searched = true;
+    r.error_other = p.error;
+    return r;
+  }
+  p.error_other = r.error;
+  return p;
+}
+
 }  // namespace
 
 GptqResult gptq(const at::Tensor& w, const at::Tensor& h, const QSpec& spec, const GptqOptions& options) {
-  return run(w, h, spec, options, at::kFloat, /*blocked=*/true);
+  return solve(w, h, spec, options, at::kFloat, /*blocked=*/true);
 }
 
 GptqResult gptq_reference(const at::Tensor& w, const at::Tensor& h, const QSpec& spec, const GptqOptions& options) {
-  return run(w, h, spec, options, at::kDouble, /*blocked=*/false);
+  return solve(w, h, spec, options, at::kDouble, /*blocked=*/false);
 }
 
 }  // namespace qforge::ptq

@@ -54,9 +54,9 @@ namespace {
 constexpr int64_t kClipGrid = 20;
 constexpr double kMaxShrink = 0.5;
 
-double weighted_error(const at::Tensor& w, const at::Tensor& wq, const at::Tensor& imp) {
-  const double den = (w.to(at::kDouble).pow(2) * imp.to(at::kDouble)).sum().item<double>();
-  const double num = ((wq - w).to(at::kDouble).pow(2) * imp.to(at::kDouble)).sum().item<double>();
+double weighted_error(const at::Tensor& w, const at::Tensor& wq, const at::Tensor& a) {
+  const double den = (w.to(at::kDouble).pow(2) * a.to(at::kDouble)).sum().item<double>();
+  const double num = ((wq - w).to(at::kDouble).pow(2) * a.to(at::kDouble)).sum().item<double>();
   return den == 0 ? 0.0 : num / den;
 }
 
@@ -82,6 +82,11 @@ at::Tensor imatrix_importance(const ImatrixEntry& e) {
   return (e.sum_sq / static_cast<double>(e.count)).to(at::kFloat);
 }
 
+at::Tensor imatrix_weights(const at::Tensor& w, const at::Tensor& importance) {
+  const at::Tensor w2 = w.to(at::kFloat).pow(2);
+  return importance.to(at::kFloat).reshape({1, w.size(1)}) * (w2.mean(1, true) + w2).sqrt();
+}
+
 at::Tensor imatrix_search_clip(const at::Tensor& w, const QSpec& spec, const at::Tensor& importance) {
   QF_REQUIRE(w.defined() && w.dim() == 2, "imatrix: weight must be [N, K]");
   QF_REQUIRE(importance.defined() && importance.numel() == w.size(1) && at::isfinite(importance).all().item<bool>() &&
@@ -89,14 +94,15 @@ at::Tensor imatrix_search_clip(const at::Tensor& w, const QSpec& spec, const at:
              "imatrix: importance must hold ", w.size(1), " finite values >= 0");
   const int64_t N = w.size(0), K = w.size(1);
   const int64_t g = spec.granularity == Granularity::kPerGroup ? spec.group_size : K;
-  const at::Tensor imp = importance.to(at::kFloat).reshape({1, K});
+  const at::Tensor a = imatrix_weights(w, importance);
   return search_clip_ratios(w, spec, kClipGrid, kMaxShrink, [&](const at::Tensor& delta) {
-    return (delta.pow(2) * imp).reshape({N, K / g, g}).sum(-1);
+    return (delta.pow(2) * a).reshape({N, K / g, g}).sum(-1);
   });
 }
 
 ImatrixRoundReport imatrix_round(torch::nn::Module& model, const Imatrix& imatrix,
-                                 const std::vector<std::string>& clipped_by_awq) {
+                                 const std::vector<std::string>& clipped_by_awq,
+                                 const std::vector<std::string>& rounded_by_gptq) {
   const auto t0 = std::chrono::steady_clock::now();
   ImatrixRoundReport rep;
   at::NoGradGuard no_grad;
@@ -106,6 +112,8 @@ ImatrixRoundReport imatrix_round(torch::nn::Module& model, const Imatrix& imatri
     std::string why = unfit(*layer, imatrix, path, lin->options.in_features());
     if (why.empty() && std::find(clipped_by_awq.begin(), clipped_by_awq.end(), path) != clipped_by_awq.end())
       why = "AWQ searched its clipping on the full input covariance already";
+    if (why.empty() && std::find(rounded_by_gptq.begin(), rounded_by_gptq.end(), path) != rounded_by_gptq.end())
+      why = "GPTQ searches its grids with the imatrix as it rounds";
     if (!why.empty()) {
       if (layer->quantized()) rep.skipped.push_back(path + ": " + why);
       continue;
@@ -115,10 +123,11 @@ ImatrixRoundReport imatrix_round(torch::nn::Module& model, const Imatrix& imatri
     const at::Tensor w = lin->weight.detach().to(at::kFloat);
     ImatrixRoundLayer l;
     l.path = path;
-    l.error_before = weighted_error(w, awq_round(w, spec), imp.unsqueeze(0));
+    const at::Tensor a = imatrix_weights(w, imp);
+    l.error_before = weighted_error(w, awq_round(w, spec), a);
     const at::Tensor ratio = imatrix_search_clip(w, spec, imp);
     const at::Tensor wc = awq_apply_clip(w, ratio, spec);
-    l.error_after = weighted_error(w, awq_round(wc, spec), imp.unsqueeze(0));
+    l.error_after = weighted_error(w, awq_round(wc, spec), a);
     l.mean_clip = ratio.mean().item<double>();
     lin->weight.detach().copy_(wc.to(lin->weight.scalar_type()));
     rep.layers.push_back(l);

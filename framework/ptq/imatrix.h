@@ -43,14 +43,20 @@ class ImatrixCollector {
 // E[x²] per input feature, sum_sq / count, float32 [K].
 at::Tensor imatrix_importance(const ImatrixEntry& e);
 
+// The weight of each of w's [N, K] entries in the imatrix-weighted error, as llama.cpp's quantizers
+// weigh their scale search (quantize_row_q4_0_impl): a_nk = imp_k · sqrt(σ_n² + w_nk²), with
+// σ_n² = mean_k w_nk² over the row. The sqrt(σ² + w²) factor keeps large weights from being
+// clipped for the sake of many small ones. Returns [N, K] float32.
+at::Tensor imatrix_weights(const at::Tensor& w, const at::Tensor& importance);
+
 // Imatrix-weighted grid search of w's [N, K] round-to-nearest grid: per (row, block of the grid)
-// the clipping ratio r ∈ {1, 0.95, …, 0.55} minimising Σ_k imp_k (Q(clamp(w, ±r·max|w|)) − w)_k²
-// (llama.cpp's quantizers weigh their scale search by the imatrix alike). Returns [N, K/g].
+// the clipping ratio r ∈ {1, 0.95, …, 0.55} minimising Σ_k a_nk (Q(clamp(w, ±r·max|w|)) − w)_nk²,
+// a = imatrix_weights(w, importance). Returns [N, K/g].
 at::Tensor imatrix_search_clip(const at::Tensor& w, const QSpec& spec, const at::Tensor& importance);
 
 struct ImatrixRoundLayer {
   std::string path;
-  double error_before = 0, error_after = 0;  // Σ imp · (Q(w) − w)² / Σ imp · w², before / after the search
+  double error_before = 0, error_after = 0;  // Σ a · (Q(w) − w)² / Σ a · w², before / after the search
   double mean_clip = 1;                      // mean chosen ratio
 };
 struct ImatrixRoundReport {
@@ -62,8 +68,11 @@ struct ImatrixRoundReport {
 // grid not yet fixed, and which `imatrix` covers, to its searched ratios: the min/max grid of the
 // clamped weight is the searched one, so RTN, GPTQ's grids, fake-quant and freeze all follow it.
 // Layers in `clipped_by_awq` keep AWQ's clipping (searched on the group's full XᵀX, where the
-// imatrix weighs its diagonal only; a second clamp on top of it compounds the two).
+// imatrix weighs its diagonal only; a second clamp on top of it compounds the two). Layers in
+// `rounded_by_gptq` are left as they are: GPTQ searches their grids itself with the imatrix
+// (GptqOptions::clip_importance), spreading the clipping error instead of losing the clamped part.
 ImatrixRoundReport imatrix_round(torch::nn::Module& model, const Imatrix& imatrix,
-                                 const std::vector<std::string>& clipped_by_awq = {});
+                                 const std::vector<std::string>& clipped_by_awq = {},
+                                 const std::vector<std::string>& rounded_by_gptq = {});
 
 }  // namespace qforge::ptq

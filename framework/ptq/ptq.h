@@ -63,7 +63,10 @@ struct SolveOptions {
   uint64_t seed = 0;
   // The calibration's importance matrix (framework/ptq/imatrix.h), or null: GPTQ then takes the
   // columns of the layers it covers in order of decreasing E[x²] (act_order by the imatrix).
+  // With it, GPTQ also searches each grid's range weighted by it (GptqOptions::clip_importance),
+  // except on these layers (AWQ searched their clipping on the full input covariance already).
   const Imatrix* imatrix = nullptr;
+  std::vector<std::string> clipped_by_awq;
 };
 
 // A rule names a method for layers that cannot take it (the index into SolveOptions::rules, or

@@ -70,8 +70,19 @@ FloatWeights solve_layer(QuantizableLayer& layer, const Capture& c, const SolveO
       go.act_order = true;
       go.column_importance = imatrix_importance(im->second);
       note = "columns in imatrix order";
+      const bool awq_clipped =
+          std::find(o.clipped_by_awq.begin(), o.clipped_by_awq.end(), ls.path) != o.clipped_by_awq.end();
+      if (spec.qtype.is_integer() && spec.granularity != Granularity::kPerTensor && !awq_clipped && !wq->calibrated())
+        go.clip_importance = go.column_importance;
     }
     const GptqResult r = gptq(W, (c.h / static_cast<double>(c.n)).to(at::kFloat), spec, go);
+    if (go.clip_importance.defined()) {
+      char buf[160];
+      std::snprintf(buf, sizeof buf, "; %s (output error on H %.4g, %s %.4g)",
+                    r.grids_searched ? "imatrix-searched grids" : "min/max grids kept", r.error,
+                    r.grids_searched ? "min/max grids" : "imatrix-searched grids", r.error_other);
+      note += buf;
+    }
     w_new = r.weight;
     grid = QParams{spec, r.qparams.scale.reshape(rtn.scale.sizes()), r.qparams.zero_point.reshape(rtn.scale.sizes())};
     if (r.damp != o.gptq.damp) note += std::string(note.empty() ? "" : "; ") + "damping raised to " + std::to_string(r.damp) + " (H not positive definite)";

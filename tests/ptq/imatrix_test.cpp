@@ -7,6 +7,7 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <set>
@@ -22,6 +23,7 @@
 #include "framework/ptq/gptq.h"
 #include "tests/gguf/gguf_models.h"
 #include "tests/io/io_test_util.h"
+#include "tests/ptq/fixtures.h"
 
 namespace qforge::ptq {
 namespace {
@@ -262,7 +264,10 @@ TEST(Imatrix, WeightedGridSearchPicksEachBlocksBestRatio) {
   spec.group_size = g;
   const at::Tensor ratio = imatrix_search_clip(w, spec, imp);
   auto rtn = [&](const at::Tensor& x) { return fake_quantize(x, weight_minmax_qparams(x, spec, "test")); };
-  for (int64_t n = 0; n < N; ++n)
+  for (int64_t n = 0; n < N; ++n) {
+    // llama.cpp's weights: imp_k · sqrt(σ_n² + w_nk²), σ_n² the row's mean square.
+    const double sigma2 = w[n].pow(2).mean().item<double>();
+    const at::Tensor a = imp * (w[n].pow(2) + sigma2).sqrt();
     for (int64_t b = 0; b < K / g; ++b) {
       double best = 1e300, best_r = 0;
       for (int i = 0; i < 10; ++i) {
@@ -272,11 +277,12 @@ TEST(Imatrix, WeightedGridSearchPicksEachBlocksBestRatio) {
         const at::Tensor wc = w.clone();
         wc[n].slice(0, b * g, (b + 1) * g).clamp_(-lim, lim);
         const at::Tensor d = (rtn(wc) - w)[n].slice(0, b * g, (b + 1) * g);
-        const double e = (d.pow(2) * imp.slice(0, b * g, (b + 1) * g)).sum().item<double>();
+        const double e = (d.pow(2) * a.slice(0, b * g, (b + 1) * g)).sum().item<double>();
         if (e < best * (1 - 1e-6)) best = e, best_r = r;
       }
       EXPECT_NEAR(ratio[n][b].item<double>(), best_r, 1e-6) << n << " " << b;
     }
+  }
   EXPECT_LT(ratio[2][2].item<double>(), 1.0);  // the outlier's block is clipped
 }
 
@@ -332,10 +338,12 @@ TEST(Imatrix, RoundClampsEachSearchedLayerAndSkipsTheOthersWithTheirReason) {
     const at::Tensor want = at::max(at::min(w0.reshape({N, G, 32}), lim), -lim).reshape_as(w0);
     EXPECT_TRUE(at::allclose(w1, want, 0, 1e-6));
     clipped += (ratio < 1).any().item<bool>();
-    // The reported error: Σ imp · (RTN(w1) − w0)² / Σ imp · w0², RTN on w1's own min/max grid.
+    // The reported error: Σ a · (RTN(w1) − w0)² / Σ a · w0², RTN on w1's own min/max grid,
+    // a = imp_k · sqrt(σ_n² + w0_nk²) with σ_n² the row's mean square.
     const at::Tensor q = fake_quantize(w1, weight_minmax_qparams(w1, spec, "test"));
-    const double e = ((q - w0).to(at::kDouble).pow(2) * imp.to(at::kDouble)).sum().item<double>() /
-                     (w0.to(at::kDouble).pow(2) * imp.to(at::kDouble)).sum().item<double>();
+    const at::Tensor a = (imp.unsqueeze(0) * (w0.pow(2) + w0.pow(2).mean(1, true)).sqrt()).to(at::kDouble);
+    const double e = ((q - w0).to(at::kDouble).pow(2) * a).sum().item<double>() /
+                     (w0.to(at::kDouble).pow(2) * a).sum().item<double>();
     EXPECT_NEAR(r.error_after, e, 1e-6 * e + 1e-12);
   }
   EXPECT_GT(clipped, 0);  // the search clipped somewhere, so the clamp check above is not vacuous
@@ -360,6 +368,86 @@ TEST(Imatrix, GptqOrderedByTheImatrixEqualsActOrderWhenItIsDiagH) {
   EXPECT_FALSE(at::equal(gptq(w, h, spec, act).weight, gptq(w, h, spec, by_imatrix).weight));
   by_imatrix.column_importance = at::ones({31});
   EXPECT_THROW(gptq(w, h, spec, by_imatrix), Error);
+}
+
+
+// GPTQ searching each grid with the imatrix (clip_importance): the rows carry one large weight on
+// an input channel that is nearly silent, so clipping it frees the grid for the channels that
+// matter. The searched solve must win on H's output error, report both errors as computed here,
+// never return the worse one, agree with the float64 oracle, and refuse what it cannot search.
+TEST(Imatrix, GptqSearchesEachGridWithTheImatrixAndKeepsTheBetterSolve) {
+  at::manual_seed(9);
+  const int64_t N = 16, K = 64;
+  const at::Tensor gain = at::ones({K}).index_fill_(0, at::arange(3, K, 16), 0.02);  // silent channels 3, 19, 35, 51
+  const at::Tensor x = at::randn({512, K}) * gain;
+  const at::Tensor h = 2 * at::matmul(x.t(), x) / 512.0;
+  at::Tensor w = at::randn({N, K}) * 0.1;
+  w.index_put_({at::indexing::Slice(), at::arange(3, K, 16)}, 1.5);  // a large weight on each silent one
+  const at::Tensor imp = x.pow(2).mean(0);
+  const auto rel_h = [&](const at::Tensor& wq) {
+    const at::Tensor d = (w - wq).to(at::kDouble), h64 = h.to(at::kDouble), w64 = w.to(at::kDouble);
+    return (at::matmul(d, h64) * d).sum().item<double>() / (at::matmul(w64, h64) * w64).sum().item<double>();
+  };
+  for (const bool act_order : {false, true}) {
+    SCOPED_TRACE(act_order ? "act_order" : "in order");
+    const QSpec spec = testing::int_group_spec(qint3, 16, /*symmetric=*/true);
+    GptqOptions plain;
+    plain.block_size = 8;  // groups straddle blocks
+    plain.act_order = act_order;
+    GptqOptions searched = plain;
+    searched.clip_importance = imp;
+    const GptqResult p = gptq(w, h, spec, plain), r = gptq(w, h, spec, searched);
+    EXPECT_FALSE(p.grids_searched);
+    EXPECT_NEAR(p.error, rel_h(p.weight), 1e-9 + 1e-6 * p.error);
+    EXPECT_NEAR(r.error, rel_h(r.weight), 1e-9 + 1e-6 * r.error);
+    ASSERT_TRUE(r.grids_searched);
+    EXPECT_DOUBLE_EQ(r.error_other, p.error);  // the min/max candidate is the plain solve itself
+    EXPECT_LT(r.error, 0.8 * p.error) << "searched " << r.error << ", min/max " << p.error;
+    // The searched grids are narrower than the min/max ones where the large weights sit: codes saturate.
+    EXPECT_LT(r.qparams.scale.mean().item<double>(), 0.9 * p.qparams.scale.mean().item<double>());
+    EXPECT_TRUE(at::allclose(fake_quantize(r.weight, r.qparams), r.weight, 0, 1e-6));
+    const GptqResult ref = gptq_reference(w, h, spec, searched);
+    EXPECT_TRUE(ref.grids_searched);
+    EXPECT_NEAR(ref.error, r.error, 1e-3 * r.error);
+    // With importance on the large weights' channels instead, the search keeps them: min/max grids
+    // or searched ones, the result is never worse than the plain solve.
+    GptqOptions flipped = searched;
+    flipped.clip_importance = imp.max() - imp + 1e-3;
+    const GptqResult f = gptq(w, h, spec, flipped);
+    EXPECT_LE(f.error, p.error);
+    EXPECT_DOUBLE_EQ(f.grids_searched ? f.error_other : f.error, p.error);
+  }
+  QSpec per_tensor;
+  per_tensor.qtype = qint4;
+  per_tensor.granularity = Granularity::kPerTensor;
+  GptqOptions o;
+  o.clip_importance = imp;
+  EXPECT_THROW(gptq(w, h, per_tensor, o), Error);
+  const QSpec g16 = testing::int_group_spec(qint4, 16);
+  o.clip_importance = -imp;
+  EXPECT_THROW(gptq(w, h, g16, o), Error);
+  o.clip_importance = at::ones({K - 1});
+  EXPECT_THROW(gptq(w, h, g16, o), Error);
+}
+
+// imatrix_round leaves the layers GPTQ rounds (it searches their grids itself), naming why.
+TEST(Imatrix, RoundLeavesTheLayersGptqRoundsToGptq) {
+  models::LlamaForCausalLM m = models::tiny_gguf_llama();
+  quantize(*m, models::w4_g32_scheme());
+  Imatrix im;
+  {
+    at::NoGradGuard g;
+    ImatrixCollector c(*m);
+    for (const at::Tensor& b : token_batches(2, 3)) m->forward(b);
+    im = c.take();
+  }
+  auto* down = m->model->layers->ptr(0)->as<models::LlamaDecoderLayerImpl>()->mlp->down_proj.get();
+  const at::Tensor before = down->weight.detach().clone();
+  const ImatrixRoundReport rep = imatrix_round(*m, im, {}, {"model.layers.0.mlp.down_proj"});
+  EXPECT_TRUE(at::equal(down->weight.detach(), before));
+  const std::string want = "model.layers.0.mlp.down_proj: GPTQ searches its grids with the imatrix as it rounds";
+  EXPECT_NE(std::find(rep.skipped.begin(), rep.skipped.end(), want), rep.skipped.end());
+  for (const ImatrixRoundLayer& l : rep.layers) EXPECT_NE(l.path, "model.layers.0.mlp.down_proj");
 }
 
 }  // namespace

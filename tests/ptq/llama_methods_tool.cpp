@@ -64,6 +64,10 @@ double quantize_with(LlamaForCausalLM& m, const std::vector<at::Tensor>& calib, 
     o.scales = qp::AwqScales::kActivation;
     clipped = qp::awq_clipped_layers(qp::awq(*m, batches, run, o));
   }
+  qp::SolveOptions o;
+  o.rounding = method.rounding;
+  if (method.head_gptq) o.rules.push_back({"lm_head", qp::Rounding::kGptq});
+  o.autoround.iterations = autoround_iterations;
   qforge::Imatrix im;
   if (imatrix) {
     at::NoGradGuard g;
@@ -71,16 +75,14 @@ double quantize_with(LlamaForCausalLM& m, const std::vector<at::Tensor>& calib, 
     qp::ImatrixCollector collector(*m);
     for (int64_t b = 0; b < batches; ++b) run(b);
     im = collector.take();
-    qp::imatrix_round(*m, im, clipped);
+    std::vector<std::string> gptq_layers;  // GPTQ searches their grids itself (as the solve stage)
+    for (const qp::LayerSolve& ls : qp::plan_solve(*m, o))
+      if (ls.method.rfind("gptq", 0) == 0) gptq_layers.push_back(ls.path);
+    qp::imatrix_round(*m, im, clipped, gptq_layers);
+    o.imatrix = &im;
+    o.clipped_by_awq = clipped;
   }
-  if (method.rounding != qp::Rounding::kNearest) {
-    qp::SolveOptions o;
-    o.rounding = method.rounding;
-    if (method.head_gptq) o.rules.push_back({"lm_head", qp::Rounding::kGptq});
-    o.autoround.iterations = autoround_iterations;
-    if (imatrix) o.imatrix = &im;
-    qp::solve(*m, batches, run, o);
-  }
+  if (method.rounding != qp::Rounding::kNearest) qp::solve(*m, batches, run, o);
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
