@@ -62,8 +62,8 @@ void print_ptq_plan(const Recipe& r, const torch::nn::Module& model) {
               r.ptq.awq ? " AWQ scales and clipping before calibration;" : "");
   // The imatrix outranks ptq.act_order (false by default, so an explicit false cannot be told apart).
   if (r.calibrate.imatrix)
-    std::printf("  calibrate.imatrix: imatrix-weighted grid search before rounding; GPTQ orders columns by the "
-                "imatrix%s\n", r.ptq.act_order ? "" : " (ptq.act_order: false is not followed)");
+    std::printf("  calibrate.imatrix: imatrix-weighted grid search before rounding (GPTQ's layers: as GPTQ rounds); "
+                "GPTQ orders columns by the imatrix%s\n", r.ptq.act_order ? "" : " (ptq.act_order: false is not followed)");
   for (const ptq::LayerSolve& l : pipeline::check_solve_recipe(model, r))
     std::printf("  %-40s %-10s %s%s\n", l.path.c_str(), l.type.c_str(), l.method.c_str(),
                 l.note.empty() ? "" : ("  (" + l.note + ")").c_str());

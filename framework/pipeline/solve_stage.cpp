@@ -24,8 +24,8 @@ void imatrix_round(RunContext& ctx, const ptq::SolveOptions& o) {
   size_t to_gptq = 0;
   for (const std::string& k : ir.skipped) to_gptq += k.find(": GPTQ searches its grids") != std::string::npos;
   std::fprintf(stderr,
-               "qtrain: imatrix grid search: %zu layers clamped to it, %zu searched by GPTQ as it rounds, %zu kept their "
-               "min/max grid, %.1fs\n",
+               "qtrain: imatrix grid search: %zu layers clamped to it, %zu searched by GPTQ as it rounds, %zu left "
+               "(report.json ptq.imatrix_round.skipped says why), %.1fs\n",
                ir.layers.size(), to_gptq, ir.skipped.size() - to_gptq, ir.seconds);
 }
 

@@ -59,11 +59,11 @@ void check_inputs(const at::Tensor& w, const at::Tensor& h, const QSpec& spec, c
 }
 
 // The min/max grid of w [N, k] in `spec`, of w clamped to its imatrix-searched ranges when `imp`
-// ([k]) is defined.
-QParams grid_of(const at::Tensor& w, const QSpec& spec, const at::Tensor& imp) {
+// ([k]) is defined (σ_n² from row_sq [N, 1]).
+QParams grid_of(const at::Tensor& w, const QSpec& spec, const at::Tensor& imp, const at::Tensor& row_sq) {
   const at::Tensor w32 = w.to(at::kFloat);
   if (!imp.defined()) return weight_minmax_qparams(w32, spec, "gptq");
-  const at::Tensor ratio = imatrix_search_clip(w32, spec, imp);
+  const at::Tensor ratio = imatrix_search_clip(w32, spec, imp, row_sq);
   return weight_minmax_qparams(awq_apply_clip(w32, ratio, spec), spec, "gptq");
 }
 
@@ -74,7 +74,9 @@ class ColumnGrids {
   ColumnGrids(const at::Tensor& w, const QSpec& spec, bool act_order, const at::Tensor& perm, const at::Tensor& clip_imp)
       : spec_(spec), col_spec_(column_spec(spec)), N_(w.size(0)), perm_(perm), clip_imp_(clip_imp) {
     lazy_ = spec.granularity == Granularity::kPerGroup && !act_order;
-    if (!lazy_) whole_ = grid_of(w, spec, clip_imp_);
+    // σ_n² of the searched weights: the starting row's mean square, for every group of the row.
+    if (clip_imp_.defined()) row_sq_ = w.to(at::kFloat).pow(2).mean(1, true);
+    if (!lazy_) whole_ = grid_of(w, spec, clip_imp_, row_sq_);
     if (lazy_) groups_.resize(static_cast<size_t>(w.size(1) / spec.group_size));
   }
   bool lazy() const { return lazy_; }
@@ -83,7 +85,7 @@ class ColumnGrids {
   // current values [N, g].
   void start_group(int64_t j, const at::Tensor& current) {
     const at::Tensor imp = clip_imp_.defined() ? clip_imp_.slice(0, j, j + spec_.group_size) : at::Tensor();
-    groups_[static_cast<size_t>(j / spec_.group_size)] = grid_of(current, col_spec_, imp);
+    groups_[static_cast<size_t>(j / spec_.group_size)] = grid_of(current, col_spec_, imp, row_sq_);
   }
   // fake_quantize of the column at solver position j (the original column perm[j]).
   at::Tensor quantize(const at::Tensor& col, int64_t j) const {
@@ -126,7 +128,7 @@ class ColumnGrids {
  private:
   QSpec spec_, col_spec_;
   int64_t N_;
-  at::Tensor perm_, clip_imp_;
+  at::Tensor perm_, clip_imp_, row_sq_;
   bool lazy_ = false;
   QParams whole_;
   std::vector<QParams> groups_;
@@ -155,30 +157,43 @@ at::Tensor inverse_factor(at::Tensor H, double damp, double* damp_used) {
               " · mean(diag H); the calibration inputs may be degenerate");
 }
 
-GptqResult run(const at::Tensor& w_in, const at::Tensor& h_in, const QSpec& spec, const GptqOptions& o,
-               at::ScalarType dt, bool blocked) {
-  at::NoGradGuard no_grad;
-  const int64_t N = w_in.size(0), K = w_in.size(1);
-  at::Tensor W = w_in.detach().to(dt).clone();
+// What both of a layer's solves share (the searched and the min/max grids): the weight with dead
+// columns zeroed in the original order, the column order, and U in the solver's order.
+struct Prepared {
+  at::Tensor W, perm, invperm, U;
+  double damp = 0;
+};
+
+Prepared prepare(const at::Tensor& w_in, const at::Tensor& h_in, const GptqOptions& o, at::ScalarType dt) {
+  Prepared p;
+  p.W = w_in.detach().to(dt).clone();
   at::Tensor H = h_in.detach().to(dt).clone();
   const at::Tensor dead = H.diagonal() == 0;
   H.diagonal().masked_fill_(dead, 1.0);
-  W.index_put_({Slice(), dead}, 0.0);
-  at::Tensor perm, invperm;
+  p.W.index_put_({Slice(), dead}, 0.0);
   if (o.act_order) {
     const at::Tensor& order = o.column_importance.defined() ? o.column_importance : H.diagonal();
-    perm = at::argsort(order.to(dt), /*dim=*/0, /*descending=*/true);
-    invperm = at::argsort(perm);
+    p.perm = at::argsort(order.to(dt), /*dim=*/0, /*descending=*/true);
+    p.invperm = at::argsort(p.perm);
+    H = H.index_select(0, p.perm).index_select(1, p.perm);
   }
-  // Grids from the weight as the solver starts (dead columns zeroed, original column order).
-  ColumnGrids grids(W, spec, o.act_order, perm,
-                    o.clip_importance.defined() ? o.clip_importance.to(at::kFloat) : at::Tensor());
-  if (o.act_order) {
-    W = W.index_select(1, perm);
-    H = H.index_select(0, perm).index_select(1, perm);
-  }
+  p.U = inverse_factor(H, o.damp, &p.damp);
+  return p;
+}
+
+// One solve on prepared inputs; clip_imp: the grid search's importance (original column order)
+// or undefined for min/max grids.
+GptqResult run(const Prepared& p, const QSpec& spec, const GptqOptions& o, const at::Tensor& clip_imp, bool blocked) {
+  at::NoGradGuard no_grad;
+  const int64_t N = p.W.size(0), K = p.W.size(1);
+  const at::Tensor& perm = p.perm;
+  const at::Tensor& U = p.U;
+  // Grids from the weight as the solver starts (dead columns zeroed, original column order); the
+  // searched ones weigh by σ_n² of the whole starting row.
+  ColumnGrids grids(p.W, spec, o.act_order, perm, clip_imp);
+  at::Tensor W = o.act_order ? p.W.index_select(1, perm) : p.W.clone();
   GptqResult r;
-  const at::Tensor U = inverse_factor(H, o.damp, &r.damp);
+  r.damp = p.damp;
   const int64_t g = grids.group_size();
 
   if (!blocked) {
@@ -222,39 +237,39 @@ GptqResult run(const at::Tensor& w_in, const at::Tensor& h_in, const QSpec& spec
       if (i2 < K) W.index({Slice(), Slice(i2, K)}).sub_(at::matmul(Err1, U.index({Slice(i1, i2), Slice(i2, K)})));
     }
   }
-  if (o.act_order) W = W.index_select(1, invperm);
+  if (o.act_order) W = W.index_select(1, p.invperm);
   r.weight = W.to(at::kFloat).contiguous();
   r.qparams = grids.result();
   QF_CHECK(r.weight.size(0) == N && r.weight.size(1) == K, "gptq result shape");
   return r;
 }
 
-// tr(ΔHΔᵀ) / tr(WHWᵀ), Δ = w − wq, in float64 (0 when the output is all zero).
-double relative_h_error(const at::Tensor& w, const at::Tensor& wq, const at::Tensor& h) {
-  const at::Tensor w64 = w.to(at::kDouble), h64 = h.to(at::kDouble), d = w64 - wq.to(at::kDouble);
-  const double num = (at::matmul(d, h64) * d).sum().item<double>();
-  const double den = (at::matmul(w64, h64) * w64).sum().item<double>();
-  return den > 0 ? num / den : 0.0;
+// tr(ΔHΔᵀ) with Δ = w − wq, in h's type.
+double h_error(const at::Tensor& w, const at::Tensor& wq, const at::Tensor& h) {
+  const at::Tensor d = w.to(h.scalar_type()) - wq.to(h.scalar_type());
+  return (at::matmul(d, h) * d).sum().item<double>();
 }
 
 // One solve, or with clip_importance the better of the searched and the min/max grids.
 GptqResult solve(const at::Tensor& w, const at::Tensor& h, const QSpec& spec, const GptqOptions& o, at::ScalarType dt,
                  bool blocked) {
   check_inputs(w, h, spec, o);
-  GptqResult r = run(w, h, spec, o, dt, blocked);
-  r.error = relative_h_error(w, r.weight, h);
-  if (!o.clip_importance.defined()) return r;
-  GptqOptions plain = o;
-  plain.clip_importance = at::Tensor();
-  GptqResult p = run(w, h, spec, plain, dt, blocked);
-  p.error = relative_h_error(w, p.weight, h);
-  if (r.error <= p.error) {
+  at::NoGradGuard no_grad;
+  const Prepared p = prepare(w, h, o, dt);
+  if (!o.clip_importance.defined()) return run(p, spec, o, at::Tensor(), blocked);
+  GptqResult r = run(p, spec, o, o.clip_importance.to(at::kFloat), blocked);
+  GptqResult m = run(p, spec, o, at::Tensor(), blocked);
+  const at::Tensor hd = h.detach().to(dt);
+  const double den = h_error(w, at::zeros_like(w), hd);
+  r.error = den > 0 ? h_error(w, r.weight, hd) / den : 0.0;
+  m.error = den > 0 ? h_error(w, m.weight, hd) / den : 0.0;
+  if (r.error <= m.error) {
     r.grids_searched = true;
-    r.error_other = p.error;
+    r.error_other = m.error;
     return r;
   }
-  p.error_other = r.error;
-  return p;
+  m.error_other = r.error;
+  return m;
 }
 
 }  // namespace

@@ -22,7 +22,7 @@ struct GptqOptions {
   // [K], >= 0 (e.g. the imatrix's E[x²]): each grid's range is searched as the imatrix grid search
   // searches it (framework/ptq/imatrix.h imatrix_search_clip: per row and group the clipping ratio
   // r ∈ {1, 0.95, …, 0.55} minimising Σ_k a_nk (Q(clamp(w, ±r·max|w|)) − w)_nk², a_nk = imp_k ·
-  // sqrt(σ_n² + w_nk²), σ_n² the mean square of the row's columns searched) on the columns the grid is computed from,
+  // sqrt(σ_n² + w_nk²), σ_n² the mean square of the starting row) on the columns the grid is computed from,
   // while the codes round the unclamped columns and the clipping error spreads like any rounding
   // error (AutoGPTQ's searched grids, weighted). The solve also runs on the plain min/max grids and
   // the result is whichever of the two has the lower output error tr(ΔHΔᵀ): never worse than the
@@ -34,9 +34,10 @@ struct GptqResult {
   at::Tensor weight;   // [N, K] float: dequantized codes, (q - z) · s
   QParams qparams;     // the grid the codes lie on, in `spec`'s shape
   double damp = 0;     // the damping that was used (raised ×10 when H was not positive definite)
-  // tr(ΔHΔᵀ) / tr(WHWᵀ) with Δ = W − weight: the layer's relative output error on H's inputs.
+  // With clip_importance only (0 otherwise): tr(ΔHΔᵀ) / tr(WHWᵀ) with Δ = W − weight, the layer's
+  // relative output error on H's inputs (in the solver's precision); whether the searched grids
+  // won; the other candidate's error.
   double error = 0;
-  // With clip_importance: whether the searched grids won, and the other candidate's error.
   bool grids_searched = false;
   double error_other = 0;
 };

@@ -82,19 +82,23 @@ at::Tensor imatrix_importance(const ImatrixEntry& e) {
   return (e.sum_sq / static_cast<double>(e.count)).to(at::kFloat);
 }
 
-at::Tensor imatrix_weights(const at::Tensor& w, const at::Tensor& importance) {
+at::Tensor imatrix_weights(const at::Tensor& w, const at::Tensor& importance, const at::Tensor& row_mean_sq) {
   const at::Tensor w2 = w.to(at::kFloat).pow(2);
-  return importance.to(at::kFloat).reshape({1, w.size(1)}) * (w2.mean(1, true) + w2).sqrt();
+  QF_REQUIRE(!row_mean_sq.defined() || (row_mean_sq.numel() == w.size(0)), "imatrix: row_mean_sq must hold ",
+             w.size(0), " values");
+  const at::Tensor sigma2 = row_mean_sq.defined() ? row_mean_sq.to(at::kFloat).reshape({w.size(0), 1}) : w2.mean(1, true);
+  return importance.to(at::kFloat).reshape({1, w.size(1)}) * (sigma2 + w2).sqrt();
 }
 
-at::Tensor imatrix_search_clip(const at::Tensor& w, const QSpec& spec, const at::Tensor& importance) {
+at::Tensor imatrix_search_clip(const at::Tensor& w, const QSpec& spec, const at::Tensor& importance,
+                               const at::Tensor& row_mean_sq) {
   QF_REQUIRE(w.defined() && w.dim() == 2, "imatrix: weight must be [N, K]");
   QF_REQUIRE(importance.defined() && importance.numel() == w.size(1) && at::isfinite(importance).all().item<bool>() &&
                  (importance >= 0).all().item<bool>(),
              "imatrix: importance must hold ", w.size(1), " finite values >= 0");
   const int64_t N = w.size(0), K = w.size(1);
   const int64_t g = spec.granularity == Granularity::kPerGroup ? spec.group_size : K;
-  const at::Tensor a = imatrix_weights(w, importance);
+  const at::Tensor a = imatrix_weights(w, importance, row_mean_sq);
   return search_clip_ratios(w, spec, kClipGrid, kMaxShrink, [&](const at::Tensor& delta) {
     return (delta.pow(2) * a).reshape({N, K / g, g}).sum(-1);
   });

@@ -1,6 +1,7 @@
 // The importance matrix in PTQ: its collection, which taps every Linear's input (as its weight
 // multiplies it: after pre_quant_scale, before input fake-quant) while the model runs, e.g.
-// during calibration; and the imatrix-weighted grid search of round-to-nearest.
+// during calibration; and the imatrix-weighted grid search of round-to-nearest (GPTQ runs the
+// same search on its own columns: GptqOptions::clip_importance).
 #pragma once
 
 #include <torch/nn/module.h>
@@ -45,14 +46,16 @@ at::Tensor imatrix_importance(const ImatrixEntry& e);
 
 // The weight of each of w's [N, K] entries in the imatrix-weighted error, as llama.cpp's quantizers
 // weigh their scale search (quantize_row_q4_0_impl): a_nk = imp_k · sqrt(σ_n² + w_nk²), with
-// σ_n² = mean_k w_nk² over the row. The sqrt(σ² + w²) factor keeps large weights from being
-// clipped for the sake of many small ones. Returns [N, K] float32.
-at::Tensor imatrix_weights(const at::Tensor& w, const at::Tensor& importance);
+// σ_n² = mean_k w_nk² over the row, or row_mean_sq [N, 1] when given (GPTQ searching a group of a
+// row passes the whole row's). The sqrt(σ² + w²) factor keeps large weights from being clipped
+// for the sake of many small ones. Returns [N, K] float32.
+at::Tensor imatrix_weights(const at::Tensor& w, const at::Tensor& importance, const at::Tensor& row_mean_sq = {});
 
 // Imatrix-weighted grid search of w's [N, K] round-to-nearest grid: per (row, block of the grid)
 // the clipping ratio r ∈ {1, 0.95, …, 0.55} minimising Σ_k a_nk (Q(clamp(w, ±r·max|w|)) − w)_nk²,
-// a = imatrix_weights(w, importance). Returns [N, K/g].
-at::Tensor imatrix_search_clip(const at::Tensor& w, const QSpec& spec, const at::Tensor& importance);
+// a = imatrix_weights(w, importance, row_mean_sq). Returns [N, K/g].
+at::Tensor imatrix_search_clip(const at::Tensor& w, const QSpec& spec, const at::Tensor& importance,
+                               const at::Tensor& row_mean_sq = {});
 
 struct ImatrixRoundLayer {
   std::string path;
@@ -66,7 +69,7 @@ struct ImatrixRoundReport {
 };
 // Clamps every quantized, unfrozen Linear whose weights lie on a per-channel / per-group integer
 // grid not yet fixed, and which `imatrix` covers, to its searched ratios: the min/max grid of the
-// clamped weight is the searched one, so RTN, GPTQ's grids, fake-quant and freeze all follow it.
+// clamped weight is the searched one, so RTN, AdaRound, AutoRound, fake-quant and freeze follow it.
 // Layers in `clipped_by_awq` keep AWQ's clipping (searched on the group's full XᵀX, where the
 // imatrix weighs its diagonal only; a second clamp on top of it compounds the two). Layers in
 // `rounded_by_gptq` are left as they are: GPTQ searches their grids itself with the imatrix

@@ -259,8 +259,8 @@ Field calibrate_section() {
       bind(leaf("batches", T::kInt, "training batches fed through the model under Calibration", 1, 1e9), &Recipe::calibrate, &Recipe::Calibrate::batches),
       bind(leaf("samples", T::kInt, "training examples to calibrate on (0: use batches); as INC's calibration_sampling_size, NNCF's subset_size", 0, 1e12),
            &Recipe::calibrate, &Recipe::Calibrate::samples),
-      bind(leaf("imatrix", T::kBool, "collect the importance matrix (E[x^2] per Linear input): weighs the RTN grid search, "
-                                     "orders GPTQ's columns, kept in calibration.h5 and written as imatrix.gguf"),
+      bind(leaf("imatrix", T::kBool, "collect the importance matrix (E[x^2] per Linear input): weighs the RTN and GPTQ grid "
+                                     "searches, orders GPTQ's columns, kept in calibration.h5 and written as imatrix.gguf"),
            &Recipe::calibrate, &Recipe::Calibrate::imatrix),
   });
 }
