@@ -437,8 +437,8 @@ TEST(Qtrain, LlamaImatrixSearchesTheGridsAndWritesTheDumpAndImatrixGguf) {
 }
 
 // ptq.method: autoround on the Llama recipe, end to end: the blocks' Linears are AutoRound-rounded
-// (report.ptq.solve: method and the block's note), the head keeps round-to-nearest, freeze runs.
-TEST(Qtrain, LlamaAutoRoundRoundsTheBlocksAndLeavesTheHeadRoundToNearest) {
+// (report.ptq.solve: method and the block's note), GPTQ rounds the head, freeze runs.
+TEST(Qtrain, LlamaAutoRoundRoundsTheBlocksAndGptqTheHead) {
   const std::string dir = out_dir("llama_autoround");
   const QtrainRun run = qtrain("--recipe recipes/llama_w4_gptq.yaml" + small_llama(dir) +
                                " --set ptq.method=autoround --set ptq.autoround.iterations=4");
@@ -450,8 +450,9 @@ TEST(Qtrain, LlamaAutoRoundRoundsTheBlocksAndLeavesTheHeadRoundToNearest) {
   for (const auto& l : layers) {
     const std::string path = l["path"], note = l["note"];
     if (path == "lm_head") {
-      EXPECT_EQ(l["method"], "rtn") << l.dump();
-      EXPECT_NE(note.find("outside them"), std::string::npos) << l.dump();
+      EXPECT_EQ(l["method"], "gptq") << l.dump();
+      EXPECT_EQ(note, "AutoRound reconstructs the transformer blocks; outside them GPTQ rounds this layer") << l.dump();
+      EXPECT_LT(l["error_after"].get<double>(), l["error_before"].get<double>()) << l.dump();
       continue;
     }
     EXPECT_EQ(l["method"], "autoround") << l.dump();

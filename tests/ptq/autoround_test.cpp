@@ -277,19 +277,36 @@ TEST(AutoRound, TheWrittenWeightsAreTheBestStepsNotTheLasts) {
   EXPECT_NEAR(written_loss(block, layers, r, x, target), r.best_loss, 1e-5 * r.best_loss);
 }
 
-TEST(AutoRound, LayersOutsideTheBlocksAreRefusedByARuleAndKeptRoundToNearestByDefault) {
+TEST(AutoRound, LayersOutsideTheBlocksAreRefusedByARuleAndRoundedByGptqByDefault) {
   models::LlamaForCausalLM m = outlier_llama();
   quantize(*m, blocks_only(qint4, {"model.embed_tokens"}));
   SolveOptions o;
   o.rounding = Rounding::kAutoRound;
   for (const LayerSolve& ls : plan_solve(*m, o)) {
     if (ls.path == "lm_head") {
-      EXPECT_EQ(ls.method, "rtn");
-      EXPECT_NE(ls.note.find("outside them"), std::string::npos) << ls.note;
+      EXPECT_EQ(ls.method, "gptq");
+      EXPECT_EQ(ls.note, "AutoRound reconstructs the transformer blocks; outside them GPTQ rounds this layer");
     } else {
       EXPECT_EQ(ls.method, "autoround") << ls.path;
     }
   }
+  // A head GPTQ cannot round (a codebook) keeps round-to-nearest and says why.
+  models::LlamaForCausalLM k = outlier_llama();
+  Scheme s = blocks_only(qint4, {"model.embed_tokens"});
+  LayerRule head;
+  head.pattern = "lm_head";
+  head.weights = qkmeans4;
+  s.rules.push_back(head);
+  quantize(*k, s);
+  int heads = 0;
+  for (const LayerSolve& ls : plan_solve(*k, o))
+    if (ls.path == "lm_head") {
+      ++heads;
+      EXPECT_EQ(ls.method, "rtn");
+      EXPECT_EQ(ls.note, "AutoRound reconstructs the transformer blocks; GPTQ, for the layers outside them, does not "
+                         "apply: GPTQ rounds onto uniform grids; codebook weights take kmeans");
+    }
+  EXPECT_EQ(heads, 1);
   o.rules.push_back({"lm_head", Rounding::kAutoRound});
   try {
     plan_solve(*m, o);

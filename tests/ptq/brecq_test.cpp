@@ -207,7 +207,7 @@ TEST(Brecq, LlamaBlocksOutputErrorBelowRoundToNearestAndLayerwiseAdaRoundAndTheC
   }
 }
 
-TEST(Brecq, LayersOutsideTheBlocksAreRefusedByARuleAndKeptRoundToNearestByDefault) {
+TEST(Brecq, LayersOutsideTheBlocksAreRefusedByARuleAndRoundedByGptqByDefault) {
   models::LlamaForCausalLM m = testing::outlier_llama(2);
   quantize(*m, blocks_only(qint4, {"model.embed_tokens"}));
   SolveOptions o;
@@ -215,8 +215,8 @@ TEST(Brecq, LayersOutsideTheBlocksAreRefusedByARuleAndKeptRoundToNearestByDefaul
   o.bias_correction = true;
   for (const LayerSolve& ls : plan_solve(*m, o)) {
     if (ls.path == "lm_head") {
-      EXPECT_EQ(ls.method, "rtn");
-      EXPECT_NE(ls.note.find("BRECQ reconstructs the transformer blocks"), std::string::npos) << ls.note;
+      EXPECT_EQ(ls.method, "gptq");  // no bias: no bias correction
+      EXPECT_EQ(ls.note, "BRECQ reconstructs the transformer blocks; outside them GPTQ rounds this layer");
     } else {
       EXPECT_EQ(ls.method, "brecq") << ls.path;
       EXPECT_NE(ls.note.find("no bias correction after BRECQ"), std::string::npos) << ls.note;

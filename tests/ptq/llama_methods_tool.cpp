@@ -3,9 +3,10 @@
 // importance matrix, at W4 and W3 groups of 128 and W2 groups of 32, on a random Llama with planted
 // outlier channels (tests/ptq/planted_llama.h). Text: sequences sampled from the float model, so the
 // float perplexity is the reference; calibration and evaluation sequences are sampled apart.
-// Weight-only, asymmetric, the embedding float, the head quantized (AutoRound leaves it
-// round-to-nearest; the last row rounds it by GPTQ, a ptq.rules entry). Steps as qtrain's calibrate
-// and solve stages run them: AWQ, the imatrix on the float model, its grid search, the rounding.
+// Weight-only, asymmetric, the embedding float, the head quantized (AutoRound's default rounds it
+// by GPTQ; the "head RTN" row keeps it round-to-nearest, a ptq.rules entry, as before 2026-11-28).
+// Steps as qtrain's calibrate and solve stages run them: AWQ, the imatrix on the float model, its
+// grid search (GPTQ's layers: as GPTQ rounds), the rounding.
 //   llama_methods_tool [hidden=256] [intermediate=512] [layers=2] [autoround_iterations=200]
 #include <ATen/ATen.h>
 
@@ -32,14 +33,14 @@ struct Method {
   const char* name;
   bool awq;
   qp::Rounding rounding;
-  bool head_gptq = false;  // a rule: the head (outside the blocks) by GPTQ
+  bool head_rtn = false;  // a rule: the head (outside the blocks) round-to-nearest, not AutoRound's GPTQ
 };
 const Method kMethods[] = {{"RTN", false, qp::Rounding::kNearest},
                            {"GPTQ", false, qp::Rounding::kGptq},
                            {"AWQ", true, qp::Rounding::kNearest},
                            {"AWQ+GPTQ", true, qp::Rounding::kGptq},
-                           {"AutoRound", false, qp::Rounding::kAutoRound},
-                           {"AutoRound, head GPTQ", false, qp::Rounding::kAutoRound, true}};
+                           {"AutoRound, head RTN", false, qp::Rounding::kAutoRound, true},
+                           {"AutoRound (head GPTQ)", false, qp::Rounding::kAutoRound}};
 
 qforge::Scheme weight_only(qforge::QType q, int64_t group) {
   qforge::Scheme s(q);
@@ -66,7 +67,7 @@ double quantize_with(LlamaForCausalLM& m, const std::vector<at::Tensor>& calib, 
   }
   qp::SolveOptions o;
   o.rounding = method.rounding;
-  if (method.head_gptq) o.rules.push_back({"lm_head", qp::Rounding::kGptq});
+  if (method.head_rtn) o.rules.push_back({"lm_head", qp::Rounding::kNearest});
   o.autoround.iterations = autoround_iterations;
   qforge::Imatrix im;
   if (imatrix) {
