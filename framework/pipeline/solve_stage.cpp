@@ -12,13 +12,11 @@ namespace qforge::pipeline {
 
 namespace {
 
-// The imatrix-weighted grid search of the layers the rounding does not search themselves
-// (GPTQ's layers search their grids as GPTQ rounds them).
+// The imatrix-weighted grid search of the layers whose rounding does not search its grid itself
+// (ptq::imatrix_round_leaves: AWQ's, GPTQ's and AutoRound's layers keep their own).
 void imatrix_round(RunContext& ctx, const ptq::SolveOptions& o) {
-  std::vector<std::string> gptq_layers;
-  for (const ptq::LayerSolve& ls : ptq::plan_solve(*ctx.task.model, o))
-    if (ls.method.rfind("gptq", 0) == 0) gptq_layers.push_back(ls.path);
-  const ptq::ImatrixRoundReport ir = ptq::imatrix_round(*ctx.task.model, *ctx.imatrix, ctx.awq_clipped, gptq_layers);
+  const ptq::ImatrixRoundReport ir = ptq::imatrix_round(
+      *ctx.task.model, *ctx.imatrix, ptq::imatrix_round_leaves(ptq::plan_solve(*ctx.task.model, o), ctx.awq_clipped));
   ctx.report["ptq"]["imatrix_round"] = report::imatrix_round_json(ir);
   ctx.report["timings_s"]["imatrix_round"] = ir.seconds;
   size_t to_gptq = 0;

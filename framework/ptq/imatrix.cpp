@@ -104,9 +104,20 @@ at::Tensor imatrix_search_clip(const at::Tensor& w, const QSpec& spec, const at:
   });
 }
 
+std::map<std::string, std::string> imatrix_round_leaves(const std::vector<LayerSolve>& plan,
+                                                        const std::vector<std::string>& clipped_by_awq) {
+  std::map<std::string, std::string> leave;
+  for (const std::string& p : clipped_by_awq) leave.emplace(p, "AWQ searched its clipping on the full input covariance already");
+  for (const LayerSolve& ls : plan) {
+    if (ls.method.rfind("gptq", 0) == 0) leave.emplace(ls.path, "GPTQ searches its grids with the imatrix as it rounds");
+    if (ls.method.rfind("autoround", 0) == 0)
+      leave.emplace(ls.path, "AutoRound trains its own clipping against the float block");
+  }
+  return leave;
+}
+
 ImatrixRoundReport imatrix_round(torch::nn::Module& model, const Imatrix& imatrix,
-                                 const std::vector<std::string>& clipped_by_awq,
-                                 const std::vector<std::string>& rounded_by_gptq) {
+                                 const std::map<std::string, std::string>& leave) {
   const auto t0 = std::chrono::steady_clock::now();
   ImatrixRoundReport rep;
   at::NoGradGuard no_grad;
@@ -114,10 +125,7 @@ ImatrixRoundReport imatrix_round(torch::nn::Module& model, const Imatrix& imatri
     auto* lin = layer->module().as<nn::LinearImpl>();
     if (!lin) continue;
     std::string why = unfit(*layer, imatrix, path, lin->options.in_features());
-    if (why.empty() && std::find(clipped_by_awq.begin(), clipped_by_awq.end(), path) != clipped_by_awq.end())
-      why = "AWQ searched its clipping on the full input covariance already";
-    if (why.empty() && std::find(rounded_by_gptq.begin(), rounded_by_gptq.end(), path) != rounded_by_gptq.end())
-      why = "GPTQ searches its grids with the imatrix as it rounds";
+    if (why.empty() && leave.count(path)) why = leave.at(path);
     if (!why.empty()) {
       if (layer->quantized()) rep.skipped.push_back(path + ": " + why);
       continue;

@@ -13,6 +13,7 @@
 
 #include "framework/core/imatrix.h"
 #include "framework/core/qparams.h"
+#include "framework/ptq/ptq.h"
 
 namespace qforge {
 class QuantizableLayer;
@@ -69,13 +70,20 @@ struct ImatrixRoundReport {
 };
 // Clamps every quantized, unfrozen Linear whose weights lie on a per-channel / per-group integer
 // grid not yet fixed, and which `imatrix` covers, to its searched ratios: the min/max grid of the
-// clamped weight is the searched one, so RTN, AdaRound, AutoRound, fake-quant and freeze follow it.
-// Layers in `clipped_by_awq` keep AWQ's clipping (searched on the group's full XᵀX, where the
-// imatrix weighs its diagonal only; a second clamp on top of it compounds the two). Layers in
-// `rounded_by_gptq` are left as they are: GPTQ searches their grids itself with the imatrix
-// (GptqOptions::clip_importance), spreading the clipping error instead of losing the clamped part.
+// clamped weight is the searched one, so RTN, AdaRound, BRECQ, fake-quant and freeze follow it.
+// Layers in `leave` (path -> why, imatrix_round_leaves) are left as they are and listed as skipped
+// with that reason.
 ImatrixRoundReport imatrix_round(torch::nn::Module& model, const Imatrix& imatrix,
-                                 const std::vector<std::string>& clipped_by_awq = {},
-                                 const std::vector<std::string>& rounded_by_gptq = {});
+                                 const std::map<std::string, std::string>& leave = {});
+
+// The layers imatrix_round leaves, path -> why:
+// - AWQ clipped them: AWQ searched its clipping on the group's full XᵀX, where the imatrix weighs
+//   its diagonal only, and a second clamp on top of it compounds the two;
+// - their planned rounding (plan_solve) is GPTQ, which searches its grids with the imatrix as it
+//   rounds (GptqOptions::clip_importance), spreading the clipping error instead of losing it;
+// - or AutoRound, which trains its own clipping (α, β) against the float block, whose output a
+//   clamp would change.
+std::map<std::string, std::string> imatrix_round_leaves(const std::vector<LayerSolve>& plan,
+                                                        const std::vector<std::string>& clipped_by_awq);
 
 }  // namespace qforge::ptq

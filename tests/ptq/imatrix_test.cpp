@@ -434,8 +434,9 @@ TEST(Imatrix, GptqSearchesEachGridWithTheImatrixAndKeepsTheBetterSolve) {
   EXPECT_THROW(gptq(w, h, g16, o), Error);
 }
 
-// imatrix_round leaves the layers GPTQ rounds (it searches their grids itself), naming why.
-TEST(Imatrix, RoundLeavesTheLayersGptqRoundsToGptq) {
+// imatrix_round leaves the layers GPTQ rounds (it searches their grids itself), AutoRound rounds
+// (it trains its own clipping) and AWQ clipped, naming why.
+TEST(Imatrix, RoundLeavesGptqsAutoRoundsAndAwqsLayersSayingWhy) {
   models::LlamaForCausalLM m = models::tiny_gguf_llama();
   quantize(*m, models::w4_g32_scheme());
   Imatrix im;
@@ -447,15 +448,24 @@ TEST(Imatrix, RoundLeavesTheLayersGptqRoundsToGptq) {
   }
   auto* down = m->model->layers->ptr(0)->as<models::LlamaDecoderLayerImpl>()->mlp->down_proj.get();
   const at::Tensor before = down->weight.detach().clone();
-  const ImatrixRoundReport rep = imatrix_round(*m, im, {}, {"model.layers.0.mlp.down_proj"});
+  // The plan: GPTQ for down_proj of block 0, AutoRound for up_proj of block 1; AWQ clipped o_proj of block 0.
+  std::vector<LayerSolve> plan(2);
+  plan[0].path = "model.layers.0.mlp.down_proj", plan[0].method = "gptq";
+  plan[1].path = "model.layers.1.mlp.up_proj", plan[1].method = "autoround";
+  const auto leave = imatrix_round_leaves(plan, {"model.layers.0.self_attn.o_proj"});
+  ASSERT_EQ(leave.size(), 3u);
+  const ImatrixRoundReport rep = imatrix_round(*m, im, leave);
   EXPECT_TRUE(at::equal(down->weight.detach(), before));
-  const std::string want = "model.layers.0.mlp.down_proj: GPTQ searches its grids with the imatrix as it rounds";
-  EXPECT_NE(std::find(rep.skipped.begin(), rep.skipped.end(), want), rep.skipped.end());
+  for (const std::string want : {"model.layers.0.mlp.down_proj: GPTQ searches its grids with the imatrix as it rounds",
+                                 "model.layers.1.mlp.up_proj: AutoRound trains its own clipping against the float block",
+                                 "model.layers.0.self_attn.o_proj: AWQ searched its clipping on the full input "
+                                 "covariance already"})
+    EXPECT_NE(std::find(rep.skipped.begin(), rep.skipped.end(), want), rep.skipped.end()) << want;
   for (const ImatrixRoundLayer& l : rep.layers) EXPECT_NE(l.path, "model.layers.0.mlp.down_proj");
   // Without the list the search clamps it (so the check above is not vacuous).
   const ImatrixRoundReport all = imatrix_round(*m, im);
   EXPECT_FALSE(at::equal(down->weight.detach(), before));
-  EXPECT_EQ(all.layers.size(), rep.layers.size() + 1);
+  EXPECT_EQ(all.layers.size(), rep.layers.size() + 3);
 }
 
 }  // namespace

@@ -76,10 +76,7 @@ double quantize_with(LlamaForCausalLM& m, const std::vector<at::Tensor>& calib, 
     qp::ImatrixCollector collector(*m);
     for (int64_t b = 0; b < batches; ++b) run(b);
     im = collector.take();
-    std::vector<std::string> gptq_layers;  // GPTQ searches their grids itself (as the solve stage)
-    for (const qp::LayerSolve& ls : qp::plan_solve(*m, o))
-      if (ls.method.rfind("gptq", 0) == 0) gptq_layers.push_back(ls.path);
-    qp::imatrix_round(*m, im, clipped, gptq_layers);
+    qp::imatrix_round(*m, im, qp::imatrix_round_leaves(qp::plan_solve(*m, o), clipped));  // as the solve stage
     o.imatrix = &im;
     o.clipped_by_awq = clipped;
   }
