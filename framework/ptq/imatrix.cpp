@@ -148,4 +148,9 @@ ImatrixRoundReport imatrix_round(torch::nn::Module& model, const Imatrix& imatri
   return rep;
 }
 
+ImatrixRoundReport imatrix_round(torch::nn::Module& model, const Imatrix& imatrix,
+                                 const std::vector<std::string>& clipped_by_awq) {
+  return imatrix_round(model, imatrix, imatrix_round_leaves({}, clipped_by_awq));
+}
+
 }  // namespace qforge::ptq

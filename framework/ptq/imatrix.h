@@ -75,6 +75,9 @@ struct ImatrixRoundReport {
 // with that reason.
 ImatrixRoundReport imatrix_round(torch::nn::Module& model, const Imatrix& imatrix,
                                  const std::map<std::string, std::string>& leave = {});
+// The earlier form: leaves the layers AWQ clipped only (imatrix_round_leaves({}, clipped_by_awq)).
+ImatrixRoundReport imatrix_round(torch::nn::Module& model, const Imatrix& imatrix,
+                                 const std::vector<std::string>& clipped_by_awq);
 
 // The layers imatrix_round leaves, path -> why:
 // - AWQ clipped them: AWQ searched its clipping on the group's full XᵀX, where the imatrix weighs

@@ -38,9 +38,10 @@ using RunBatch = std::function<at::Tensor(int64_t b)>;
 // diagonal of the layer's input Hessian, H_kk = mean over rows of x_k^2 (the energy of input
 // feature k), so the levels follow the weights that move the output most.
 // kAutoRound: the Linears inside the transformer blocks of Llama-family and GPT-2 models, trained
-// block by block against the float block's output.
+// block by block against the float block's output; as the default rounding of such a model, GPTQ
+// rounds its Linears outside the blocks (the head).
 // kBrecq: the same blocks, AdaRound's rounding variables trained block by block against the float
-// block's output weighted by the diagonal Fisher (framework/ptq/brecq.h).
+// block's output weighted by the diagonal Fisher (framework/ptq/brecq.h); the head likewise.
 enum class Rounding : uint8_t { kNearest, kGptq, kAdaRound, kKMeans, kAutoRound, kBrecq };
 const char* to_string(Rounding r);
 Rounding rounding_from_name(const std::string& name);  // "rtn" | "gptq" | "adaround" | "kmeans" | "autoround" | "brecq"

@@ -182,8 +182,8 @@ std::vector<LayerSolve> plan_solve(const torch::nn::Module& model, const SolveOp
     // The default AutoRound / BRECQ leaves the Linears outside the blocks (the head) to GPTQ, the
     // layer-wise solver (auto-round tunes such layers layer by layer); a rule asking for them is an error.
     std::string fallback;
-    if (rule < 0 && (r == Rounding::kAutoRound || r == Rounding::kBrecq) && block_index(block_paths, path) < 0 &&
-        layer->module().as<nn::LinearImpl>()) {
+    if (rule < 0 && (r == Rounding::kAutoRound || r == Rounding::kBrecq) && !block_paths.empty() &&
+        block_index(block_paths, path) < 0 && layer->module().as<nn::LinearImpl>()) {
       fallback = std::string(r == Rounding::kBrecq ? "BRECQ" : "AutoRound") +
                  " reconstructs the transformer blocks; outside them GPTQ rounds this layer";
       r = Rounding::kGptq;

@@ -412,7 +412,7 @@ TEST(Awq, ImatrixAfterAwqSkipsTheLayersAwqClippedAndIsNeverWorseThanAwqAlone) {
           ImatrixCollector collector(*m);
           for (int64_t b = 0; b < 4; ++b) run(b);
           im = collector.take();
-          const ImatrixRoundReport ir = imatrix_round(*m, im, imatrix_round_leaves({}, clipped));
+          const ImatrixRoundReport ir = imatrix_round(*m, im, clipped);
           EXPECT_EQ(ir.layers.size(), 2u * 2);  // q and k of each block only
           for (const ImatrixRoundLayer& l : ir.layers) EXPECT_TRUE(leaf(l.path) == "q_proj" || leaf(l.path) == "k_proj") << l.path;
         }

@@ -6,7 +6,7 @@
 // Weight-only, asymmetric, the embedding float, the head quantized (AutoRound's default rounds it
 // by GPTQ; the "head RTN" row keeps it round-to-nearest, a ptq.rules entry, as before 2026-11-28).
 // Steps as qtrain's calibrate and solve stages run them: AWQ, the imatrix on the float model, its
-// grid search (GPTQ's layers: as GPTQ rounds), the rounding.
+// grid search (except the layers imatrix_round_leaves names: AWQ's, GPTQ's, AutoRound's), the rounding.
 //   llama_methods_tool [hidden=256] [intermediate=512] [layers=2] [autoround_iterations=200]
 #include <ATen/ATen.h>
 
