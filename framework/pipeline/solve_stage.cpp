@@ -1,6 +1,8 @@
 // solve: the imatrix-weighted grid search (calibrate.imatrix), GPTQ / AdaRound rounding and bias
 // correction of the calibrated model (ptq section).
 #include <cstdio>
+#include <map>
+#include <string>
 
 #include "framework/pipeline/recipe_options.h"
 #include "framework/ptq/imatrix.h"
@@ -15,12 +17,16 @@ namespace {
 // The imatrix-weighted grid search of the layers whose rounding does not search its grid itself
 // (ptq::imatrix_round_leaves: AWQ's, GPTQ's and AutoRound's layers keep their own).
 void imatrix_round(RunContext& ctx, const ptq::SolveOptions& o) {
-  const ptq::ImatrixRoundReport ir = ptq::imatrix_round(
-      *ctx.task.model, *ctx.imatrix, ptq::imatrix_round_leaves(ptq::plan_solve(*ctx.task.model, o), ctx.awq_clipped));
+  const std::map<std::string, std::string> leave =
+      ptq::imatrix_round_leaves(ptq::plan_solve(*ctx.task.model, o), ctx.awq_clipped);
+  const ptq::ImatrixRoundReport ir = ptq::imatrix_round(*ctx.task.model, *ctx.imatrix, leave);
   ctx.report["ptq"]["imatrix_round"] = report::imatrix_round_json(ir);
   ctx.report["timings_s"]["imatrix_round"] = ir.seconds;
   size_t to_gptq = 0;
-  for (const std::string& k : ir.skipped) to_gptq += k.find(": GPTQ searches its grids") != std::string::npos;
+  for (const std::string& k : ir.skipped) {
+    const auto it = leave.find(k.substr(0, k.find(": ")));
+    to_gptq += it != leave.end() && it->second == ptq::kLeftToGptq;
+  }
   std::fprintf(stderr,
                "qtrain: imatrix grid search: %zu layers clamped to it, %zu searched by GPTQ as it rounds, %zu left "
                "(report.json ptq.imatrix_round.skipped says why), %.1fs\n",

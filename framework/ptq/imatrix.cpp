@@ -107,11 +107,10 @@ at::Tensor imatrix_search_clip(const at::Tensor& w, const QSpec& spec, const at:
 std::map<std::string, std::string> imatrix_round_leaves(const std::vector<LayerSolve>& plan,
                                                         const std::vector<std::string>& clipped_by_awq) {
   std::map<std::string, std::string> leave;
-  for (const std::string& p : clipped_by_awq) leave.emplace(p, "AWQ searched its clipping on the full input covariance already");
+  for (const std::string& p : clipped_by_awq) leave.emplace(p, kLeftToAwq);
   for (const LayerSolve& ls : plan) {
-    if (ls.method.rfind("gptq", 0) == 0) leave.emplace(ls.path, "GPTQ searches its grids with the imatrix as it rounds");
-    if (ls.method.rfind("autoround", 0) == 0)
-      leave.emplace(ls.path, "AutoRound trains its own clipping against the float block");
+    if (ls.method.rfind("gptq", 0) == 0) leave.emplace(ls.path, kLeftToGptq);
+    if (ls.method.rfind("autoround", 0) == 0) leave.emplace(ls.path, kLeftToAutoRound);
   }
   return leave;
 }

@@ -86,6 +86,10 @@ ImatrixRoundReport imatrix_round(torch::nn::Module& model, const Imatrix& imatri
 //   rounds (GptqOptions::clip_importance), spreading the clipping error instead of losing it;
 // - or AutoRound, which trains its own clipping (α, β) against the float block, whose output a
 //   clamp would change.
+// Its reasons, one home for the report and the qtrain line that counts them.
+inline constexpr const char* kLeftToAwq = "AWQ searched its clipping on the full input covariance already";
+inline constexpr const char* kLeftToGptq = "GPTQ searches its grids with the imatrix as it rounds";
+inline constexpr const char* kLeftToAutoRound = "AutoRound trains its own clipping against the float block";
 std::map<std::string, std::string> imatrix_round_leaves(const std::vector<LayerSolve>& plan,
                                                         const std::vector<std::string>& clipped_by_awq);
 

@@ -181,11 +181,10 @@ std::vector<LayerSolve> plan_solve(const torch::nn::Module& model, const SolveOp
     Rounding r = rule >= 0 ? o.rules[static_cast<size_t>(rule)].rounding : o.rounding;
     // The default AutoRound / BRECQ leaves the Linears outside the blocks (the head) to GPTQ, the
     // layer-wise solver (auto-round tunes such layers layer by layer); a rule asking for them is an error.
-    std::string fallback;
+    std::string fallback;  // "AutoRound reconstructs the transformer blocks" when GPTQ stands in for it
     if (rule < 0 && (r == Rounding::kAutoRound || r == Rounding::kBrecq) && !block_paths.empty() &&
         block_index(block_paths, path) < 0 && layer->module().as<nn::LinearImpl>()) {
-      fallback = std::string(r == Rounding::kBrecq ? "BRECQ" : "AutoRound") +
-                 " reconstructs the transformer blocks; outside them GPTQ rounds this layer";
+      fallback = std::string(r == Rounding::kBrecq ? "BRECQ" : "AutoRound") + " reconstructs the transformer blocks";
       r = Rounding::kGptq;
     }
     std::string why = solvable(path, *layer);
@@ -206,14 +205,14 @@ std::vector<LayerSolve> plan_solve(const torch::nn::Module& model, const SolveOp
     if (r == Rounding::kNearest || !why.empty()) {
       ls.method = "rtn";
       if (!fallback.empty()) {
-        ls.note = fallback.substr(0, fallback.find(';')) + "; GPTQ, for the layers outside them, does not apply: " + why;
+        ls.note = fallback + "; GPTQ, for the layers outside them, does not apply: " + why;
       } else if (r != Rounding::kNearest) {
         ls.note = std::string(to_string(r)) + " does not apply: " + why;
         if (rule >= 0) unfit_reason.emplace(rule, path + " (" + ls.type + "): " + ls.note);
       }
     } else {
       ls.method = to_string(r);
-      ls.note = fallback;
+      if (!fallback.empty()) ls.note = fallback + "; outside them GPTQ rounds this layer";
       if (rule >= 0) rules_fit.insert(rule);
     }
     if (o.bias_correction && why.empty() && (r == Rounding::kAutoRound || r == Rounding::kBrecq)) {
