@@ -154,6 +154,19 @@ const std::vector<std::string>& observer_kinds() {
   return kinds;
 }
 
+std::string per_channel_observer_kind(const std::string& kind_in) {
+  std::string kind = kind_in;
+  for (const KindEntry& k : kKinds)
+    if (kind_in == k.pytorch_name) kind = k.name;
+  if (kind == "minmax") return "per_channel_minmax";
+  if (kind == "moving_average_minmax") return "moving_average_per_channel_minmax";
+  if (kind == "histogram") return "per_channel_histogram";
+  for (const KindEntry& k : kKinds)
+    if (kind == k.name) return kind;  // already per channel
+  (void)make_observer(kind_in);  // throws naming the closest valid kind
+  return kind;
+}
+
 ObserverOptionUse observer_option_use(const std::string& kind, const ObserverOptions& options) {
   ObserverOptionUse u;
   u.averaging_constant = kind.find("moving_average") != std::string::npos;

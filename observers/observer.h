@@ -128,6 +128,11 @@ class Observer {
 // Kind names make_observer accepts.
 const std::vector<std::string>& observer_kinds();
 
+// The per-channel twin of a kind ("minmax" → "per_channel_minmax", "moving_average_minmax" →
+// "moving_average_per_channel_minmax", "histogram" → "per_channel_histogram"; PyTorch class names
+// accepted; a per-channel kind is its own twin). Unknown kinds throw as make_observer does.
+std::string per_channel_observer_kind(const std::string& kind);
+
 // Creates an observer by kind name: "minmax", "moving_average_minmax", "per_channel_minmax",
 // "moving_average_per_channel_minmax", "histogram", "per_channel_histogram". PyTorch class names
 // ("MinMaxObserver", "HistogramObserver", ...) are accepted too. Unknown names throw

@@ -247,7 +247,12 @@ KernelPlan plan_matmul(ActivationMode act, const QSpec& activation, Isa isa) {
   }
   plan.kernel = "fake_quant+at::matmul";
   std::string why;
-  if (act == ActivationMode::kStatic && !static_act_fits_kernels(activation, &why)) {
+  // Per-head static scales (per channel on the heads axis) are arrays the kernel takes per slice;
+  // the grid itself must fit as a per-tensor one would.
+  QSpec grid = activation;
+  if (act == ActivationMode::kStatic && grid.granularity == Granularity::kPerChannel)
+    grid.granularity = Granularity::kPerTensor;
+  if (act == ActivationMode::kStatic && !static_act_fits_kernels(grid, &why)) {
     plan.fallback = why + ": operands are quantize-dequantized in float";
     return plan;
   }

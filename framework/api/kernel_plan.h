@@ -108,7 +108,7 @@ bool cuda_linear_s8_fused();
 
 // The plan of a frozen MatMul (two activations, attention's Q.K^T and P.V) whose operands are
 // quantized `activations` with spec `activation`: kS8Static / kS8Dynamic run bmm_s8s8f32 on CPU
-// tensors (static: per-tensor symmetric int8 scales; dynamic: the first operand per row, the
+// tensors (static: symmetric int8 scales per tensor or per head; dynamic: the first operand per row, the
 // second per column, the contracted dimension being the one each scale spans), kDequant
 // fake-quantizes both operands and runs at::matmul in float, with the reason.
 KernelPlan plan_matmul(ActivationMode activations, const QSpec& activation, Isa isa = usable_isa());

@@ -388,14 +388,27 @@ void QuantizerImpl::set_qparams(const QParams& qp) {
   QF_REQUIRE(!config_.spec.qtype.is_microscaling(), path_, ": ", config_.spec.qtype.name,
              " block scales follow the weight's values; there is no fixed grid to set");
   QF_REQUIRE(!config_.lsq || !lsq_initialised_, path_, ": set_qparams on an LSQ quantizer that already trains");
-  // Activations hold one scale; a weight's fixed grid keeps its per-channel / per-group shape.
+  // Activations hold one scale, or one per channel (per-head attention operands: a 1-D [C]); a
+  // weight's fixed grid keeps its per-channel / per-group shape.
   const bool weight = role_ == Role::kWeight;
+  const bool channels = !weight && config_.spec.granularity == Granularity::kPerChannel;
   if (weight) {
     QF_REQUIRE(same_spec(qp.spec, config_.spec), path_, ": set_qparams with ", qp.spec.to_string(),
                " on a weight quantized as ", config_.spec.to_string());
   }
-  const at::Tensor s = weight ? qp.scale.to(at::kFloat).contiguous() : qp.scale.to(at::kFloat).reshape({});
-  const at::Tensor z = weight ? qp.zero_point.to(at::kInt).contiguous() : qp.zero_point.to(at::kInt).reshape({});
+  if (channels) {
+    QF_REQUIRE(qp.scale.defined() && qp.zero_point.defined() && qp.scale.dim() <= 1 && qp.scale.numel() >= 1 &&
+                   qp.zero_point.numel() == qp.scale.numel(),
+               path_, ": set_qparams: per-channel activations take one scale and zero point per channel (1-D), got ",
+               qp.scale.defined() ? qp.scale.sizes() : at::IntArrayRef{}, " and ",
+               qp.zero_point.defined() ? qp.zero_point.sizes() : at::IntArrayRef{});
+  }
+  const at::Tensor s = weight     ? qp.scale.to(at::kFloat).contiguous()
+                       : channels ? qp.scale.to(at::kFloat).reshape({-1})
+                                  : qp.scale.to(at::kFloat).reshape({});
+  const at::Tensor z = weight     ? qp.zero_point.to(at::kInt).contiguous()
+                       : channels ? qp.zero_point.to(at::kInt).reshape({-1})
+                                  : qp.zero_point.to(at::kInt).reshape({});
   if (config_.lsq) {
     // LSQ starts from these values at its first training step, when "scale" and "zero_point"
     // become learnable parameters; until then they are plain members.

@@ -5,6 +5,7 @@
 
 #include <sstream>
 
+#include "framework/core/enum_names.h"
 #include "framework/core/error.h"
 #include "framework/nn/conv.h"
 #include "framework/nn/embedding.h"
@@ -12,6 +13,17 @@
 #include "framework/nn/norm_layer.h"
 
 namespace qforge {
+
+namespace {
+constexpr NamedValue<AttentionScales> kAttentionScalesNames[] = {{AttentionScales::kPerTensor, "per_tensor"},
+                                                                  {AttentionScales::kPerHead, "per_head"}};
+}  // namespace
+
+const char* to_string(AttentionScales s) { return name_of(kAttentionScalesNames, s); }
+AttentionScales attention_scales_from_name(const std::string& name) {
+  return value_of(kAttentionScalesNames, name, "attention scales");
+}
+std::vector<std::string> attention_scales_names() { return names_of(kAttentionScalesNames); }
 
 // Default group size of sub-8-bit weights (quanto's and GPTQ's usual choice).
 constexpr int64_t kDefaultGroupSize = 128;
@@ -128,6 +140,14 @@ std::optional<LayerScheme> Scheme::resolve(const std::string& path, const Quanti
     a.observer_options = observer_options;
     a.lsq = activation_lsq && act == ActivationMode::kStatic;
     if (dynamic) a.clip_ratio = activation_clip_ratio;
+    if (type == "MatMul" && act == ActivationMode::kStatic && attention_scales == AttentionScales::kPerHead) {
+      // One scale per head: the heads axis of [batch, heads, tokens, features] operands, observed
+      // by the per-channel twin of the scheme's observer.
+      a.spec.granularity = Granularity::kPerChannel;
+      a.spec.axis = kAttentionHeadAxis;
+      a.observer = per_channel_observer_kind(observer);
+      a.observer_options.ch_axis = kAttentionHeadAxis;
+    }
     ls.activation = a;
   }
   if (!ls.weights && ls.activations == ActivationMode::kNone) return std::nullopt;
@@ -149,6 +169,7 @@ std::string Scheme::to_string() const {
     os << " " << activation_qtype.name;
   if (activations == ActivationMode::kDynamicPerToken && activation_clip_ratio != 1.0f)
     os << " clip=" << activation_clip_ratio;
+  if (attention_scales != AttentionScales::kPerTensor) os << " attention=" << qforge::to_string(attention_scales);
   if (!rules.empty()) os << " rules=" << rules.size();
   return os.str();
 }

@@ -11,6 +11,17 @@
 
 namespace qforge {
 
+// Static scales of the attention products' operands (MatMul layers: Q·Kᵀ and P·V): one per tensor,
+// or one per head (per key/value head under grouped-query attention, whose query heads stack
+// their rows on it), along the heads axis of [batch, heads, tokens, features] operands (axis -3).
+// Per head is llm-compressor's "attn_head" strategy: heads whose queries, keys or probabilities
+// span different ranges each get their own step instead of the widest head's.
+enum class AttentionScales : uint8_t { kPerTensor, kPerHead };
+inline constexpr int64_t kAttentionHeadAxis = -3;
+const char* to_string(AttentionScales s);
+AttentionScales attention_scales_from_name(const std::string& name);
+std::vector<std::string> attention_scales_names();  // "per_tensor", "per_head"
+
 struct LayerRule {
   std::string pattern;  // fnmatch-style on the module path: "encoder.layer.*.attention.*"
   bool keep_float = false;
@@ -41,6 +52,11 @@ struct Scheme {
   // Dynamic per-token activations: each row's scale covers amax times this (QuantizerConfig::clip_ratio),
   // in (0, 1]. quantize() refuses another value when no layer's activations are dynamic per token.
   float activation_clip_ratio = 1.0f;
+  // Static activations of MatMul layers (attention products): per tensor, or per head (the
+  // operands' axis -3; the observer's per-channel twin, e.g. histogram → per_channel_histogram).
+  // Per head needs rank-4 operands (qforge's BERT, GPT-2 and Llama attention) and calibrated, not
+  // learned, scales: quantize() refuses it without static activations or with activation LSQ.
+  AttentionScales attention_scales = AttentionScales::kPerTensor;
   std::vector<LayerRule> rules;
   // quantize() refuses a model holding LibTorch layers that have a qforge twin (plain
   // torch::nn::Linear, Conv1d/2d, Embedding, LayerNorm), listing every one: they would stay

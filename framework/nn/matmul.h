@@ -3,7 +3,8 @@
 // Dynamic per-token scales run along the contracted dimension of each operand: one per row of the
 // first ([..., M, K]), one per column of the second ([..., K, N]; for Q.K^T that is one per key
 // token, for P.V one per value channel), so after freeze the int8 product is exact in int32 and
-// both scales apply in the epilogue. Static scales are per tensor.
+// both scales apply in the epilogue. Static scales are per tensor, or per head (axis -3 of
+// [batch, heads, tokens, features] operands; Scheme::attention_scales).
 // After freeze, float32 CPU operands of at least two dimensions (batch dimensions broadcast)
 // run kernels::bmm_s8s8f32 when plan_matmul() allows it (dynamic rows narrower than int8 and
 // rows clipped below their amax included: their codes are int8 on the narrower grid, quantized
@@ -37,6 +38,9 @@ class MatMulImpl : public torch::nn::Cloneable<MatMulImpl>, public QuantizableLa
   std::vector<Quantizer> quantizers() const override;
   // The second operand's quantizer (null unless quantized with an activation scheme).
   Quantizer other_quantizer() const { return other_q_; }
+  // Static scales per head (Scheme::attention_scales per_head): both quantizers per channel on
+  // axis -3 of rank-4 operands, which forward requires.
+  bool per_head() const;
 
  protected:
   bool has_weight() const override { return false; }
@@ -50,6 +54,8 @@ class MatMulImpl : public torch::nn::Cloneable<MatMulImpl>, public QuantizableLa
   Quantizer other_q_{nullptr};
   LinearPath path_kind_ = LinearPath::kDequant;  // set by install_frozen
   float static_a_scale_ = 0, static_b_scale_ = 0;
+  at::Tensor static_a_scales_, static_b_scales_;  // per head, float32 [heads]
+  at::Tensor static_a_inv_, static_b_inv_;        // their reciprocals
 };
 TORCH_MODULE(MatMul);
 

@@ -255,8 +255,10 @@ std::string qdq_problem(const QuantizableLayer& l) {
     const QSpec& a = s.activation.spec;
     if (a.qtype.is_float())
       return detail::str_cat(a.qtype.name, " activations: float8 needs opset 19; this build writes opset ", kOpset);
-    if (a.granularity != Granularity::kPerTensor)
-      return detail::str_cat("static ", to_string(a.granularity), " activations: only per-tensor static activation scales are written");
+    // Per channel: the per-head scales of attention products (per-axis QDQ on the heads axis).
+    if (a.granularity == Granularity::kPerGroup || (a.granularity == Granularity::kPerChannel && a.axis >= 0))
+      return detail::str_cat("static ", a.to_string(), " activations: static activation scales are written per tensor, "
+                             "or per channel on an axis counted from the back (per-head attention scales)");
   }
   return "";
 }
@@ -308,6 +310,7 @@ std::string LayerWriter::activation_qdq(const Quantizer& q, const std::string& x
   }
   const QParams qp = q->qparams();
   const QSpec& spec = qp.spec;
+  if (spec.granularity == Granularity::kPerChannel) return activation_qdq_per_channel(qp, x, who, form);
   QF_REQUIRE(qp.scale.numel() == 1, "onnx export: ", who, ": static activation qparams are not per-tensor");
   const bool is_signed = spec.qtype.is_signed;
   const at::ScalarType container = is_signed ? at::kChar : at::kByte;
@@ -331,6 +334,42 @@ std::string LayerWriter::activation_qdq(const Quantizer& q, const std::string& x
   const std::string qv = g_.node("QuantizeLinear", {xin, s, z}, who + "/q");
   *form += detail::str_cat("QDQ static ", spec.qtype.name, " [", spec.quant_min(), ", ", spec.quant_max(), "] per_tensor ", who);
   return g_.node("DequantizeLinear", {qv, s, z}, who + "/dq");
+}
+
+// Static activations with a scale per channel (per-head attention operands, axis -3): per-axis
+// QuantizeLinear / DequantizeLinear (opset 13) with 1-D scales and zero points; a narrow grid is
+// clamped in float by Max / Min against [C, 1, ...] bounds (Clip takes scalars only), so Q -> DQ
+// stay adjacent as in the per-tensor form.
+std::string LayerWriter::activation_qdq_per_channel(const QParams& qp, const std::string& x, const std::string& who,
+                                                    std::string* form) {
+  const QSpec& spec = qp.spec;
+  QF_REQUIRE(spec.axis < 0, "onnx export: ", who, ": per-channel static activations are written on a negative axis (",
+             "counted from the back), got axis ", spec.axis);
+  const bool is_signed = spec.qtype.is_signed;
+  const at::ScalarType container = is_signed ? at::kChar : at::kByte;
+  const int64_t cmin = is_signed ? -128 : 0, cmax = is_signed ? 127 : 255;
+  const at::Tensor sc = qp.scale.to(at::kFloat).reshape({-1}).contiguous();
+  const at::Tensor zp = qp.zero_point.to(at::kLong).reshape({-1});
+  QF_REQUIRE(zp.min().item<int64_t>() >= cmin && zp.max().item<int64_t>() <= cmax, "onnx export: ", who,
+             ": a zero point does not fit the 8-bit container");
+  const std::string s = g_.initializer(who + "/scale", sc);
+  const std::string z = g_.initializer(who + "/zero_point", zp.to(container));
+  std::string xin = x;
+  if (spec.quant_min() != cmin || spec.quant_max() != cmax) {
+    // Each channel's grid ends, scale · (q - zero_point), shaped to broadcast along `axis`.
+    std::vector<int64_t> shape{sc.numel()};
+    for (int64_t i = spec.axis + 1; i < 0; ++i) shape.push_back(1);
+    const at::Tensor zf = zp.to(at::kFloat);
+    const at::Tensor lo = (sc * (static_cast<float>(spec.quant_min()) - zf)).reshape(shape);
+    const at::Tensor hi = (sc * (static_cast<float>(spec.quant_max()) - zf)).reshape(shape);
+    xin = g_.node("Min", {g_.node("Max", {x, g_.initializer(who + "/xmin", lo)}, who + "/grid_floor"),
+                          g_.initializer(who + "/xmax", hi)},
+                  who + "/grid_clip");
+  }
+  const std::string qv = g_.node("QuantizeLinear", {xin, s, z}, who + "/q", {{"axis", spec.axis}});
+  *form += detail::str_cat("QDQ static ", spec.qtype.name, " [", spec.quant_min(), ", ", spec.quant_max(),
+                           "] per_channel(axis=", spec.axis, ") ", who);
+  return g_.node("DequantizeLinear", {qv, s, z}, who + "/dq", {{"axis", spec.axis}});
 }
 
 std::string LayerWriter::bias(const QuantizableLayer& l, const at::Tensor& b_in, const std::string& base, std::string* form) {

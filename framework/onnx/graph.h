@@ -89,9 +89,12 @@ class LayerWriter {
   const std::vector<LayerForm>& forms() const { return forms_; }
 
  private:
-  // Quantize-dequantize of an activation as the layer's quantizer does it (static per-tensor,
-  // dynamic per-token); returns x unchanged when the quantizer is absent or off.
+  // Quantize-dequantize of an activation as the layer's quantizer does it (static per tensor or
+  // per channel, dynamic per token); returns x unchanged when the quantizer is absent or off.
   std::string activation_qdq(const Quantizer& q, const std::string& x, const std::string& who, std::string* form);
+  // Its static per-channel form (per-head attention operands): per-axis QDQ on qp.spec.axis.
+  std::string activation_qdq_per_channel(const QParams& qp, const std::string& x, const std::string& who,
+                                         std::string* form);
   // The layer's bias: int32 codes at scale s_x * s_w (DequantizeLinear, zero point 0) when the
   // input has a static per-tensor int8 grid and the weight int8 codes (the form ONNX Runtime's
   // QLinearConv / QGemm fusions take), else the float bias. axis: the weight scale's axis.

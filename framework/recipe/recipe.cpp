@@ -183,6 +183,12 @@ void check_quantize(const Recipe& r, const YAML::Node& tree, const Where& w) {
   if (s.activation_clip_ratio != 1.0f && s.activations != ActivationMode::kDynamicPerToken)
     w.problem("quantize.activations.clip_ratio", "clips dynamic per-token rows only; set quantize.activations.mode: "
                                                  "dynamic (static scales come from the observer)");
+  if (s.attention_scales == AttentionScales::kPerHead && s.activations != ActivationMode::kStatic)
+    w.problem("quantize.activations.attention", "per_head sets static scales of the attention products; set "
+                                                "quantize.activations.mode: static (dynamic rows have a scale each)");
+  if (s.attention_scales == AttentionScales::kPerHead && s.activation_lsq)
+    w.problem("quantize.activations.attention", "per_head scales are calibrated, and LSQ learns one activation step "
+                                                "per tensor; drop quantize.activations.lsq (and qat.lsq) or keep attention: per_tensor");
   // Dynamic rows below 8 bits freeze onto the int8 kernels as codes of their own grid; static
   // scales below 8 bits have no kernel.
   if (s.activation_qtype.is_integer() && s.activation_qtype.bits < 8 && s.activations == ActivationMode::kStatic &&

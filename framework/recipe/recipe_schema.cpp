@@ -181,6 +181,15 @@ Field activations_section() {
            [](const Recipe& r) {
              return r.scheme.activation_clip_ratio != 1.0f ? YAML::Node(r.scheme.activation_clip_ratio) : YAML::Node();
            }),
+      bind(choice("attention", attention_scales_names(), "static scales of the attention products' operands (MatMul "
+                  "layers): per_tensor, or per_head (axis -3: per key/value head under grouped-query attention)"),
+           [](const YAML::Node& n, Recipe& r) { r.scheme.attention_scales = attention_scales_from_name(n.as<std::string>()); },
+           // Written back only per head, so recipes without the key resolve (and hash) as before it.
+           [](const Recipe& r) {
+             return r.scheme.attention_scales != AttentionScales::kPerTensor
+                        ? YAML::Node(std::string(to_string(r.scheme.attention_scales)))
+                        : YAML::Node();
+           }),
   });
 }
 

@@ -6,6 +6,7 @@
 #include <onnx/onnx_pb.h>
 
 #include <cstring>
+#include <functional>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -62,7 +63,11 @@ void expect_same_bytes(const onnx::TensorProto* init, const at::Tensor& t_in, co
 // points and codes, and every static activation scale, are the checkpoint's bytes.
 TEST(OnnxExport, ScalesAndCodesEqualTheCheckpointBitForBit) {
   const fs::path dir = temp_dir("bits");
-  for (auto make : {onnx_testing::cnn_fixture, onnx_testing::mlp_fixture, onnx_testing::bert_fixture, onnx_testing::gpt2_fixture}) {
+  const auto bert_head = [](bool frozen) { return onnx_testing::bert_fixture(frozen, AttentionScales::kPerHead); };
+  const std::vector<std::function<Fixture(bool)>> makers{
+      onnx_testing::cnn_fixture, onnx_testing::mlp_fixture, [](bool frozen) { return onnx_testing::bert_fixture(frozen); },
+      bert_head, onnx_testing::gpt2_fixture};
+  for (const auto& make : makers) {
     at::manual_seed(0);
     Fixture f = make(true);
     const std::string ckpt = (dir / (f.name + ".h5")).string();
@@ -95,7 +100,8 @@ TEST(OnnxExport, ScalesAndCodesEqualTheCheckpointBitForBit) {
         ++activations;
         const std::string who = name + (std::string(layer->layer_type()) == "LayerNorm" ? "/output" : "/input");
         ASSERT_TRUE(inits.count(who + "/scale")) << who;
-        expect_same_bytes(inits.at(who + "/scale"), q->qparams().scale.to(at::kFloat).reshape({}), who + " scale");
+        // One scale, or one per head (per-head attention products: a 1-D per-axis scale).
+        expect_same_bytes(inits.at(who + "/scale"), q->qparams().scale.to(at::kFloat), who + " scale");
       }
     }
     EXPECT_GT(weights, 0) << f.name;

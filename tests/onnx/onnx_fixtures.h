@@ -125,7 +125,8 @@ inline Fixture mlp_fixture(bool frozen = true) {
   return f;
 }
 
-inline Fixture bert_fixture(bool frozen = true) {
+// attention: the attention products' static scales (per head: per-axis QDQ on the heads axis).
+inline Fixture bert_fixture(bool frozen = true, AttentionScales attention = AttentionScales::kPerTensor) {
   const models::BertConfig c = tiny_bert_config();
   auto m = std::make_shared<models::BertForSequenceClassificationImpl>(c);
   m->eval();
@@ -136,6 +137,7 @@ inline Fixture bert_fixture(bool frozen = true) {
   };
   if (frozen) {
     Scheme s = w8a8_static();
+    s.attention_scales = attention;
     s.rules.push_back(LayerRule{"classifier", true});
     std::vector<std::vector<Input>> batches;
     for (int i = 0; i < 4; ++i) batches.push_back(token_inputs(4, 12, c.vocab_size, true));
@@ -184,14 +186,17 @@ inline KvCacheScheme static_int8_kv_cache() {
   return kv;
 }
 
-// The quantized fixtures, GPT-2 with a static int8 KV cache, and GPT-2 in float (the export of a
+// The quantized fixtures, BERT with per-head attention scales, GPT-2 with a static int8 KV cache,
+// and GPT-2 in float (the export of a
 // model nobody quantized).
 inline std::vector<Fixture> all_fixtures() {
   Fixture float_gpt2 = gpt2_fixture(false);
   float_gpt2.name = "gpt2_float";
   Fixture kv8 = gpt2_fixture_with_kv(true, static_int8_kv_cache());
   kv8.name = "gpt2_kv8";
-  return {cnn_fixture(), mlp_fixture(), bert_fixture(), gpt2_fixture(), kv8, float_gpt2};
+  Fixture bert_head = bert_fixture(true, AttentionScales::kPerHead);
+  bert_head.name = "bert_head";
+  return {cnn_fixture(), mlp_fixture(), bert_fixture(), bert_head, gpt2_fixture(), kv8, float_gpt2};
 }
 
 }  // namespace qforge::onnx_testing

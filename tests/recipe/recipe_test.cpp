@@ -845,6 +845,31 @@ TEST(Recipe, ActivationClipRatioNeedsDynamicRows) {
   EXPECT_NE(e.find("clip_ratio"), std::string::npos) << e;
 }
 
+// quantize.activations.attention: per_head with static activations, not with dynamic rows or LSQ,
+// a misspelt value named with the closest; the resolved recipe names it only per head.
+TEST(Recipe, AttentionPerHeadScalesNeedStaticCalibratedActivations) {
+  TempDir dir;
+  auto all = [&](const std::string& text) {
+    std::string out;
+    for (const auto& i : issues_of(dir.write("attn.yaml", text))) out += i.to_string() + "\n";
+    return out;
+  };
+  const Recipe r =
+      load_recipe(dir.write("ok.yaml", std::string(kMinimal) + "quantize: {activations: {mode: static, attention: per_head}}\n"));
+  EXPECT_EQ(r.scheme.attention_scales, AttentionScales::kPerHead);
+  EXPECT_NE(r.resolved_yaml.find("attention: per_head"), std::string::npos) << r.resolved_yaml;
+  EXPECT_EQ(load_recipe(dir.write("plain.yaml", std::string(kMinimal) + "quantize: {activations: {mode: static}}\n"))
+                .resolved_yaml.find("attention"),
+            std::string::npos);
+  std::string e = all(std::string(kMinimal) + "quantize: {activations: {mode: dynamic_per_token, attention: per_head}}\n");
+  EXPECT_NE(e.find("quantize.activations.attention: per_head sets static scales"), std::string::npos) << e;
+  e = all(std::string(kMinimal) + "quantize: {activations: {mode: static, lsq: true, attention: per_head}}\n");
+  EXPECT_NE(e.find("quantize.activations.attention: per_head scales are calibrated"), std::string::npos) << e;
+  e = all(std::string(kMinimal) + "quantize: {activations: {mode: static, attention: per_heads}}\n");
+  EXPECT_NE(e.find("per_head"), std::string::npos) << e;
+  EXPECT_NE(e.find("attn.yaml:3:"), std::string::npos) << e;  // at its line
+}
+
 TEST(Recipe, Mxfp4AndNvfp4TakeTheirBlockAndNoActivations) {
   TempDir dir;
   auto first = [&](const std::string& text) {
