@@ -117,20 +117,27 @@ QuantizeReport quantize(torch::nn::Module& model, const Scheme& scheme) {
       report.warnings.push_back(detail::str_cat("activation_clip_ratio ", scheme.activation_clip_ratio,
                                                 " clips no layer: none has dynamic per-token activations here"));
   }
-  if (scheme.attention_scales == AttentionScales::kPerHead) {
-    const bool asked = scheme.activations == ActivationMode::kStatic ||
-                       std::any_of(scheme.rules.begin(), scheme.rules.end(),
-                                   [](const LayerRule& r) { return r.activations == ActivationMode::kStatic; });
-    QF_REQUIRE(asked, "quantize: Scheme::attention_scales per_head sets the static scales of attention products, and "
-               "the scheme asks for no static activations (dynamic rows have their own scale each): set activations "
-               "to ActivationMode::kStatic, or leave attention_scales per_tensor");
-    QF_REQUIRE(!scheme.activation_lsq, "quantize: Scheme::attention_scales per_head with activation_lsq: learned "
-               "activation steps are per tensor; calibrate per-head scales without LSQ, or keep attention_scales "
-               "per_tensor");
-    if (std::none_of(plan.begin(), plan.end(), [](const auto& p) {
-          return p.second.scheme.activation.spec.granularity == Granularity::kPerChannel &&
-                 p.second.scheme.activations == ActivationMode::kStatic;
-        }))
+  const bool per_head_asked =
+      scheme.attention_scales == AttentionScales::kPerHead ||
+      std::any_of(scheme.rules.begin(), scheme.rules.end(),
+                  [](const LayerRule& r) { return r.attention_scales == AttentionScales::kPerHead; });
+  if (per_head_asked) {
+    // Per-head scales are static ones: a scheme with no static activations anywhere cannot mean
+    // them; learned (LSQ) activation steps are per tensor.
+    const bool static_asked = scheme.activations == ActivationMode::kStatic ||
+                              std::any_of(scheme.rules.begin(), scheme.rules.end(),
+                                          [](const LayerRule& r) { return r.activations == ActivationMode::kStatic; });
+    QF_REQUIRE(static_asked, "quantize: attention_scales per_head sets the static scales of attention products, and "
+               "the scheme's activations are ", to_string(scheme.activations), " with no rule asking for static ones: "
+               "set activations to ActivationMode::kStatic, or leave attention_scales per_tensor");
+    const auto per_head = [](const auto& p) {
+      return p.second.scheme.activations == ActivationMode::kStatic &&
+             p.second.scheme.activation.spec.granularity == Granularity::kPerChannel;
+    };
+    QF_REQUIRE(!scheme.activation_lsq || std::none_of(plan.begin(), plan.end(), per_head),
+               "quantize: attention_scales per_head with activation_lsq: learned activation steps are per tensor; "
+               "calibrate per-head scales without LSQ, or keep attention_scales per_tensor");
+    if (std::none_of(plan.begin(), plan.end(), per_head))
       report.warnings.push_back("attention_scales per_head applies to no layer: no MatMul (attention product) has "
                                 "static activations here");
   }

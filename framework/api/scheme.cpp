@@ -76,6 +76,7 @@ std::optional<LayerScheme> Scheme::resolve(const std::string& path, const Quanti
   Granularity wg = weight_granularity;
   int64_t gs = group_size;
   ActivationMode act = activations;
+  AttentionScales attention = attention_scales;
   *matched_rule = -1;
   for (size_t i = 0; i < rules.size(); ++i) {
     const LayerRule& r = rules[i];
@@ -91,6 +92,7 @@ std::optional<LayerScheme> Scheme::resolve(const std::string& path, const Quanti
     if (r.weight_granularity) wg = *r.weight_granularity;
     if (r.group_size) gs = *r.group_size;
     if (r.activations) act = *r.activations;
+    if (r.attention_scales) attention = *r.attention_scales;
     break;
   }
   const std::string type = layer.layer_type();
@@ -140,7 +142,7 @@ std::optional<LayerScheme> Scheme::resolve(const std::string& path, const Quanti
     a.observer_options = observer_options;
     a.lsq = activation_lsq && act == ActivationMode::kStatic;
     if (dynamic) a.clip_ratio = activation_clip_ratio;
-    if (type == "MatMul" && act == ActivationMode::kStatic && attention_scales == AttentionScales::kPerHead) {
+    if (type == "MatMul" && act == ActivationMode::kStatic && attention == AttentionScales::kPerHead) {
       // One scale per head: the heads axis of [batch, heads, tokens, features] operands, observed
       // by the per-channel twin of the scheme's observer.
       a.spec.granularity = Granularity::kPerChannel;

@@ -29,6 +29,8 @@ struct LayerRule {
   std::optional<Granularity> weight_granularity{};
   std::optional<int64_t> group_size{};
   std::optional<ActivationMode> activations{};
+  // Attention products (MatMul) of matching paths: per tensor or per head, over the scheme's.
+  std::optional<AttentionScales> attention_scales{};
 };
 
 // Scheme's own (implicit) members use the deprecated `strict` without warning; user code still does.

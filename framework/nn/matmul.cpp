@@ -3,7 +3,9 @@
 
 #include <ATen/ATen.h>
 #include <ATen/ExpandUtils.h>
+#include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "framework/core/error.h"
@@ -47,7 +49,8 @@ at::Tensor MatMulImpl::forward(const at::Tensor& a, const at::Tensor& b) {
     QF_REQUIRE(a.dim() == 4 && b.dim() == 4 && a.size(1) == b.size(1), path_,
                " (MatMul): per-head scales need [batch, heads, tokens, features] operands with the same heads, got ",
                a.sizes(), " and ", b.sizes(),
-               "; quantize this product with per-tensor scales (attention_scales per_tensor) or keep it float");
+               "; quantize this product with per-tensor scales (a rule with attention: per_tensor, "
+               "LayerRule::attention_scales) or keep it float");
   }
   if (frozen_ && path_kind_ != LinearPath::kDequant && a.is_cpu() && b.is_cpu() && a.dim() >= 2 && b.dim() >= 2 &&
       a.scalar_type() == at::kFloat && b.scalar_type() == at::kFloat)
@@ -110,12 +113,23 @@ at::Tensor MatMulImpl::integer_forward(const at::Tensor& a, const at::Tensor& b)
     const float* inv_b = static_b_inv_.data_ptr<float>();
     const QSpec& ga = input_q_->config().spec;
     const QSpec& gb = other_q_->config().spec;
-    for (int64_t i = 0; i < batch; ++i) {
-      const int64_t h = i % heads;
-      kernels::quantize_static_s8(ra.data_ptr<float>() + i * M * K, M * K, inv_a[h], static_cast<int>(ga.quant_min()),
-                                  static_cast<int>(ga.quant_max()), qa.data_ptr<int8_t>() + i * M * K);
-      kernels::quantize_static_s8(rb.data_ptr<float>() + i * N * K, N * K, inv_b[h], static_cast<int>(gb.quant_min()),
-                                  static_cast<int>(gb.quant_max()), qbt.data_ptr<int8_t>() + i * N * K);
+    // Slices spread over ATen's threads (each call inside runs on its thread), a few together
+    // when they are small.
+    const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 14) / std::max<int64_t>(1, (M + N) * K));
+    try {
+      at::parallel_for(0, batch, grain, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) {
+          const int64_t h = i % heads;
+          kernels::quantize_static_s8(ra.data_ptr<float>() + i * M * K, M * K, inv_a[h],
+                                      static_cast<int>(ga.quant_min()), static_cast<int>(ga.quant_max()),
+                                      qa.data_ptr<int8_t>() + i * M * K);
+          kernels::quantize_static_s8(rb.data_ptr<float>() + i * N * K, N * K, inv_b[h],
+                                      static_cast<int>(gb.quant_min()), static_cast<int>(gb.quant_max()),
+                                      qbt.data_ptr<int8_t>() + i * N * K);
+        }
+      });
+    } catch (const Error& e) {
+      throw Error(path_ + " (MatMul, per-head static operands): " + e.what());
     }
     a_scale = static_a_scales_.view({1, heads, 1}).expand({batch / heads, heads, M}).contiguous();
     b_scale = static_b_scales_.view({1, heads, 1}).expand({batch / heads, heads, N}).contiguous();

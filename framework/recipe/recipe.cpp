@@ -4,6 +4,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -183,9 +184,14 @@ void check_quantize(const Recipe& r, const YAML::Node& tree, const Where& w) {
   if (s.activation_clip_ratio != 1.0f && s.activations != ActivationMode::kDynamicPerToken)
     w.problem("quantize.activations.clip_ratio", "clips dynamic per-token rows only; set quantize.activations.mode: "
                                                  "dynamic (static scales come from the observer)");
-  if (s.attention_scales == AttentionScales::kPerHead && s.activations != ActivationMode::kStatic)
-    w.problem("quantize.activations.attention", "per_head sets static scales of the attention products; set "
-                                                "quantize.activations.mode: static (dynamic rows have a scale each)");
+  // The check quantize() makes: per head needs static activations somewhere (the scheme's, or a rule's).
+  const bool static_somewhere =
+      s.activations == ActivationMode::kStatic ||
+      std::any_of(s.rules.begin(), s.rules.end(), [](const LayerRule& l) { return l.activations == ActivationMode::kStatic; });
+  if (s.attention_scales == AttentionScales::kPerHead && !static_somewhere)
+    w.problem("quantize.activations.attention", std::string("per_head sets static scales of the attention products, and "
+                                                "the activations are ") + to_string(s.activations) +
+                                                "; set quantize.activations.mode: static (or a rule's activations: static)");
   if (s.attention_scales == AttentionScales::kPerHead && s.activation_lsq)
     w.problem("quantize.activations.attention", "per_head scales are calibrated, and LSQ learns one activation step "
                                                 "per tensor; drop quantize.activations.lsq (and qat.lsq) or keep attention: per_tensor");
@@ -389,6 +395,7 @@ std::string resolved_with_rules(const Recipe& recipe, const std::vector<LayerRul
     if (r.weight_granularity) n["granularity"] = std::string(to_string(*r.weight_granularity));
     if (r.group_size) n["group_size"] = *r.group_size;
     if (r.activations) n["activations"] = std::string(to_string(*r.activations));
+    if (r.attention_scales) n["attention"] = std::string(to_string(*r.attention_scales));
     all.push_back(n);
   }
   if (q["rules"])

@@ -201,6 +201,7 @@ LayerRule layer_rule(const YAML::Node& n) {
   if (n["granularity"]) rule.weight_granularity = granularity_from_name(n["granularity"].as<std::string>());
   if (n["group_size"]) rule.group_size = n["group_size"].as<int64_t>();
   if (n["activations"]) rule.activations = activation_mode_from_name(n["activations"].as<std::string>());
+  if (n["attention"]) rule.attention_scales = attention_scales_from_name(n["attention"].as<std::string>());
   return rule;
 }
 
@@ -255,6 +256,8 @@ Field quantize_section() {
                          choice("granularity", granularity_names(), "weight granularity for matching layers"),
                          leaf("group_size", T::kInt, "group size for matching layers", 1, 1e9),
                          choice("activations", activation_mode_names(), "activation mode for matching layers"),
+                         choice("attention", attention_scales_names(),
+                                "static scales of matching attention products: per_tensor or per_head"),
                      }));
   rules.bound.set = [](const YAML::Node& n, Recipe& r) {
     for (const auto& rn : n) r.scheme.rules.push_back(layer_rule(rn));

@@ -15,37 +15,55 @@ namespace qforge::report {
 
 // The static activation points as report.html draws them: the observer's range, its histogram
 // (merged down to at most kHistogramPlotBins bins) when it keeps one, the clip range the qparams
-// cover and the grid step.
+// cover and the grid step. A point with a scale per channel (per-head attention operands) gives
+// one entry per channel, its point named "<point> (head c)", with "channel" and "axis".
 constexpr int64_t kHistogramPlotBins = 128;
 nlohmann::json activation_ranges_json(const io::CalibrationDump& dump) {
   nlohmann::json out = nlohmann::json::array();
   for (const auto& [module, points] : dump)
     for (const auto& [point, e] : points) {
-      if (point == "weight" || !e.qparams.scale.defined() || e.qparams.scale.numel() != 1) continue;
-      const double s = e.qparams.scale.item<double>(), z = e.qparams.zero_point.item<double>();
-      const QType& qt = e.spec.qtype;
-      nlohmann::json j = {{"path", module}, {"point", point}, {"observer", e.observer_kind}, {"qtype", qt.name},
-                          {"scale", s}, {"zero_point", z},
-                          {"clip_min", qt.is_float() ? -qt.max_finite * s : (e.spec.quant_min() - z) * s},
-                          {"clip_max", qt.is_float() ? qt.max_finite * s : (e.spec.quant_max() - z) * s}};
+      if (point == "weight" || !e.qparams.scale.defined()) continue;
+      const int64_t channels = e.qparams.scale.numel();
+      const bool per_channel = e.spec.granularity == Granularity::kPerChannel;
+      if (channels != 1 && !per_channel) continue;  // per-group activations: none are made
+      const at::Tensor scales = e.qparams.scale.to(at::kDouble).reshape({-1});
+      const at::Tensor zeros = e.qparams.zero_point.to(at::kDouble).reshape({-1});
       const auto mn = e.state.find("min"), mx = e.state.find("max"), h = e.state.find("histogram");
-      if (mn != e.state.end() && mx != e.state.end() && mn->second.numel() == 1) {
-        j["min"] = mn->second.item<double>();
-        j["max"] = mx->second.item<double>();
-      }
-      if (h != e.state.end() && h->second.dim() == 1 && j.contains("min")) {
-        const int64_t bins = h->second.size(0), merge = std::max<int64_t>(1, (bins + kHistogramPlotBins - 1) / kHistogramPlotBins);
-        const at::Tensor counts = h->second.to(at::kDouble);
-        const double lo = j["min"].get<double>(), width = (j["max"].get<double>() - lo) / static_cast<double>(bins);
-        nlohmann::json hist = nlohmann::json::array();
-        for (int64_t b = 0; b < bins; b += merge) {
-          const int64_t end = std::min(bins, b + merge);
-          hist.push_back({{"x0", lo + width * static_cast<double>(b)}, {"x1", lo + width * static_cast<double>(end)},
-                          {"count", counts.slice(0, b, end).sum().item<double>()}});
+      for (int64_t c = 0; c < channels; ++c) {
+        const double s = scales[c].item<double>(), z = zeros[c].item<double>();
+        const QType& qt = e.spec.qtype;
+        nlohmann::json j = {{"path", module},
+                            {"point", per_channel ? point + " (head " + std::to_string(c) + ")" : point},
+                            {"observer", e.observer_kind}, {"qtype", qt.name}, {"scale", s}, {"zero_point", z},
+                            {"clip_min", qt.is_float() ? -qt.max_finite * s : (e.spec.quant_min() - z) * s},
+                            {"clip_max", qt.is_float() ? qt.max_finite * s : (e.spec.quant_max() - z) * s}};
+        if (per_channel) {
+          j["channel"] = c;
+          j["axis"] = e.spec.axis;
         }
-        j["histogram"] = hist;
+        if (mn != e.state.end() && mx != e.state.end() && mn->second.numel() == channels) {
+          j["min"] = mn->second.reshape({-1})[c].item<double>();
+          j["max"] = mx->second.reshape({-1})[c].item<double>();
+        }
+        // One histogram (per tensor), or one row per channel.
+        const at::Tensor hist_row = h == e.state.end()                                ? at::Tensor()
+                                    : h->second.dim() == 1 && channels == 1            ? h->second
+                                    : h->second.dim() == 2 && h->second.size(0) == channels ? h->second[c]
+                                                                                        : at::Tensor();
+        if (hist_row.defined() && j.contains("min")) {
+          const int64_t bins = hist_row.size(0), merge = std::max<int64_t>(1, (bins + kHistogramPlotBins - 1) / kHistogramPlotBins);
+          const at::Tensor counts = hist_row.to(at::kDouble);
+          const double lo = j["min"].get<double>(), width = (j["max"].get<double>() - lo) / static_cast<double>(bins);
+          nlohmann::json hist = nlohmann::json::array();
+          for (int64_t b = 0; b < bins; b += merge) {
+            const int64_t end = std::min(bins, b + merge);
+            hist.push_back({{"x0", lo + width * static_cast<double>(b)}, {"x1", lo + width * static_cast<double>(end)},
+                            {"count", counts.slice(0, b, end).sum().item<double>()}});
+          }
+          j["histogram"] = hist;
+        }
+        out.push_back(j);
       }
-      out.push_back(j);
     }
   return out;
 }

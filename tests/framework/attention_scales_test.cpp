@@ -14,6 +14,7 @@
 #include "framework/io/model_io.h"
 #include "framework/models/bert.h"
 #include "framework/nn/matmul.h"
+#include "framework/report/report_json.h"
 #include "tests/error_of.h"
 #include "tests/onnx/onnx_fixtures.h"
 
@@ -112,19 +113,21 @@ TEST(AttentionScales, PerHeadFreezesOntoTheIntegerKernelBitForBit) {
       at::NoGradGuard g;
       mm(a * 1.1, b * 1.1);
     }
+    // Evaluated beyond the calibrated range (values clamp to ±127) and with b's batch broadcast.
+    const at::Tensor a2 = a * 2, b2 = b.narrow(0, 0, 1) * 2;
     at::NoGradGuard g;
-    const at::Tensor y_fq = mm(a, b);
+    const at::Tensor y_fq = mm(a2, b2);
     freeze(mm);
     const std::string what = std::string(observer) + " kernel " + mm->report().kernel;
     EXPECT_EQ(mm->report().kernel.rfind("bmm_s8s8f32+", 0), 0u) << what;
     EXPECT_TRUE(mm->report().fallback_reason.empty()) << mm->report().fallback_reason;
-    const at::Tensor y = mm(a, b);
+    const at::Tensor y = mm(a2, b2);
     EXPECT_LE(relative_error(y, y_fq), 1e-5) << what;
     // The exact int32 product of the codes, then (acc · s_b[h]) · s_a[h] in float.
     const QParams pa = mm->input_quantizer()->qparams(), pb = mm->other_quantizer()->qparams();
-    const at::Tensor acc = at::matmul(codes_per_head(a, pa.scale).to(at::kDouble),
-                                      codes_per_head(b, pb.scale).to(at::kDouble))
-                               .to(at::kFloat);
+    const at::Tensor ca = codes_per_head(a2, pa.scale), cb = codes_per_head(b2, pb.scale);
+    EXPECT_GT((ca.abs() == 127).sum().item<int64_t>(), 0) << "no code reached the clamp";
+    const at::Tensor acc = at::matmul(ca.to(at::kDouble), cb.to(at::kDouble)).to(at::kFloat);
     EXPECT_TRUE(at::equal(y, acc * pb.scale.view({1, -1, 1, 1}) * pa.scale.view({1, -1, 1, 1}))) << what;
     // Another head count than the calibrated one is refused, not read past the scales.
     const std::string e = error_of([&] { mm(at::randn({1, 4, 7, 20}), at::randn({1, 4, 20, 9})); });
@@ -153,6 +156,18 @@ TEST(AttentionScales, PerHeadRefusesOperandsWithoutAHeadsAxisAndSchemesThatCanno
   e = error_of([&] { quantize(m2, lsq); });
   EXPECT_NE(e.find("learned activation steps are per tensor"), std::string::npos) << e;
   EXPECT_FALSE(m2->quantized());
+
+  // A rule overrides the scheme's choice for its layers, either way.
+  for (AttentionScales scheme_scales : {AttentionScales::kPerTensor, AttentionScales::kPerHead}) {
+    const AttentionScales rule_scales =
+        scheme_scales == AttentionScales::kPerHead ? AttentionScales::kPerTensor : AttentionScales::kPerHead;
+    Scheme s = matmul_scheme(scheme_scales);
+    s.rules.push_back(LayerRule{"*"});
+    s.rules.back().attention_scales = rule_scales;
+    nn::MatMul m;
+    quantize(m, s);
+    EXPECT_EQ(m->per_head(), rule_scales == AttentionScales::kPerHead) << to_string(scheme_scales);
+  }
 }
 
 // A BERT's attention products per head: through save_model / load_model into a fresh float model
@@ -182,6 +197,18 @@ TEST(AttentionScales, PerHeadBertSurvivesCheckpointsAndDumps) {
   const std::string d = describe(*a);
   EXPECT_NE(d.find("qk_matmul"), std::string::npos) << d;
   EXPECT_NE(d.find("per_channel(axis=-3)"), std::string::npos) << d;
+  // report.json's activation ranges: one entry per head of each per-head operand.
+  const nlohmann::json ranges = report::activation_ranges_json(io::calibration_dump(*a));
+  int heads_listed = 0;
+  for (const auto& r : ranges)
+    if (r.at("path").get<std::string>().find("qk_matmul") != std::string::npos && r.contains("channel")) {
+      ++heads_listed;
+      EXPECT_EQ(r.at("axis").get<int64_t>(), -3);
+      EXPECT_NE(r.at("point").get<std::string>().find(" (head "), std::string::npos) << r.dump();
+      EXPECT_TRUE(r.contains("histogram")) << r.dump();
+      EXPECT_GT(r.at("max").get<double>(), r.at("min").get<double>()) << r.dump();
+    }
+  EXPECT_EQ(heads_listed, 2 * 2 * 4);  // 2 layers x 2 operands x 4 heads
 
   io::save_model(*a, dir.file("calibrated.h5"));
   auto b = make();

@@ -15,6 +15,7 @@
 #include "framework/api/kv_static_scales.h"
 #include "framework/core/error.h"
 #include "framework/io/model_io.h"
+#include "framework/nn/matmul.h"
 #include "framework/nn/quantizable.h"
 #include "framework/onnx/export.h"
 #include "framework/onnx/graph.h"
@@ -102,6 +103,12 @@ TEST(OnnxExport, ScalesAndCodesEqualTheCheckpointBitForBit) {
         ASSERT_TRUE(inits.count(who + "/scale")) << who;
         // One scale, or one per head (per-head attention products: a 1-D per-axis scale).
         expect_same_bytes(inits.at(who + "/scale"), q->qparams().scale.to(at::kFloat), who + " scale");
+        // An attention product's second operand too.
+        if (const auto* mm = dynamic_cast<const nn::MatMulImpl*>(layer)) {
+          ASSERT_TRUE(inits.count(name + "/other/scale")) << name;
+          expect_same_bytes(inits.at(name + "/other/scale"), mm->other_quantizer()->qparams().scale.to(at::kFloat),
+                            name + " other scale");
+        }
       }
     }
     EXPECT_GT(weights, 0) << f.name;

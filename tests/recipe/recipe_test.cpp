@@ -865,6 +865,12 @@ TEST(Recipe, AttentionPerHeadScalesNeedStaticCalibratedActivations) {
   EXPECT_NE(e.find("quantize.activations.attention: per_head sets static scales"), std::string::npos) << e;
   e = all(std::string(kMinimal) + "quantize: {activations: {mode: static, lsq: true, attention: per_head}}\n");
   EXPECT_NE(e.find("quantize.activations.attention: per_head scales are calibrated"), std::string::npos) << e;
+  // A rule's static activations are static activations too; a rule's attention overrides for its layers.
+  const Recipe by_rule = load_recipe(dir.write(
+      "rule.yaml", std::string(kMinimal) + "quantize:\n  activations: {mode: dynamic_per_token, attention: per_head}\n"
+                                           "  rules: [{pattern: \"*\", activations: static, attention: per_tensor}]\n"));
+  ASSERT_EQ(by_rule.scheme.rules.size(), 1u);
+  EXPECT_EQ(by_rule.scheme.rules[0].attention_scales, AttentionScales::kPerTensor);
   e = all(std::string(kMinimal) + "quantize: {activations: {mode: static, attention: per_heads}}\n");
   EXPECT_NE(e.find("per_head"), std::string::npos) << e;
   EXPECT_NE(e.find("attn.yaml:3:"), std::string::npos) << e;  // at its line
