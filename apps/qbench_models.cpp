@@ -2,7 +2,8 @@
 //   conv_s8_cnn                      one SmallCnn or MobileNetV2 convolution: fp32, qforge int8, oneDNN int8 (conv_cases)
 //   model_cnn_b1, model_cnn_b128     the Fashion-MNIST CNN (SmallCnn), one image / 128 images
 //   model_bert_b1, model_bert_b8     BERT-base shapes (12 layers, hidden 768, 12 heads, FFN 3072,
-//                                    sequence 128, random weights), 1 / 8 sequences
+//                                    sequence 128, random weights), 1 / 8 sequences; impl
+//                                    "qforge-head": the same W8A8 with per-head attention scales
 //   qat_step_cnn, qat_step_bert      one training step (forward, cross-entropy, backward, SGD)
 //   calibrate_bert_b8                one calibration batch of BERT-base W8A8 (8 sequences of 128):
 //                                    "qforge" inside a Calibration (the weights' cache paused: each
@@ -80,11 +81,14 @@ std::shared_ptr<models::SmallCnn> calibrated_w8a8_cnn() {
 }
 
 // The BERT of seed 0 quantized W8A8, calibrated on two random sequences.
-std::shared_ptr<models::BertForSequenceClassification> calibrated_w8a8_bert(const models::BertConfig& cfg) {
+std::shared_ptr<models::BertForSequenceClassification> calibrated_w8a8_bert(
+    const models::BertConfig& cfg, AttentionScales attention = AttentionScales::kPerTensor) {
   torch::manual_seed(0);
   auto q = std::make_shared<models::BertForSequenceClassification>(cfg);
   (*q)->eval();
-  quantize(*q, w8a8());
+  Scheme s = w8a8();
+  s.attention_scales = attention;
+  quantize(*q, s);
   Calibration calib(*q);
   at::NoGradGuard g;
   (*q)->forward(at::randint(1, cfg.vocab_size, {2, kSeq}, at::kLong));
@@ -164,10 +168,18 @@ std::vector<Case> cnn_cases(int64_t batch) {
 std::vector<Case> bert_cases(int64_t batch) {
   const models::BertConfig cfg = bert_base(12);
   auto q = calibrated_w8a8_bert(cfg);
+  // The same model with per-head static scales on its attention products (one scale array per slice).
+  auto q_head = calibrated_w8a8_bert(cfg, AttentionScales::kPerHead);
+  freeze(*q_head);
   torch::manual_seed(0);
   auto fp = std::make_shared<models::BertForSequenceClassification>(cfg);
-  return frozen_vs_float("L12_H768_b" + std::to_string(batch) + "_s128", fp, q,
-                         at::randint(1, cfg.vocab_size, {batch, kSeq}, at::kLong));
+  const at::Tensor x = at::randint(1, cfg.vocab_size, {batch, kSeq}, at::kLong);
+  std::vector<Case> cases = frozen_vs_float("L12_H768_b" + std::to_string(batch) + "_s128", fp, q, x);
+  cases[0].impls.insert(cases[0].impls.begin() + 2, {"qforge-head", [q_head, x] {
+                          at::NoGradGuard g;
+                          (*q_head)->forward(x);
+                        }});
+  return cases;
 }
 
 // One calibration batch with the weights' cache paused against the same forward with it warm.
