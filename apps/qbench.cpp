@@ -26,6 +26,7 @@
 
 #include "apps/qbench_load.h"
 #include "apps/qbench_registry.h"
+#include "kernels/cpu/contention.h"
 #include "kernels/cpu/thread_pool.h"
 
 namespace qforge::bench {
@@ -138,6 +139,7 @@ static int run_qbench(int argc, char** argv) {
     std::printf("\n");
   }
   for (int t : threads) {
+    qforge::kernels::reset_contention_backoff();  // a back-off of the last count's rows must not outlive it
     at::set_num_threads(t);
     set_blas_threads(t);
     for (const Bench& b : registry()) {

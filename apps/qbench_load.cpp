@@ -12,6 +12,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "kernels/cpu/contention.h"
+
 namespace qforge::bench {
 
 namespace {
@@ -76,14 +78,19 @@ void BusyLoad::end() {
   pids_.clear();
 }
 
+// Each regime starts from a fresh stall guard (kernels/cpu/contention.h): a back-off the loaded
+// timing started would otherwise keep the idle timing after it on one thread for up to
+// kMaxBackoffMillis, and the loaded timing pays its own first stall in its warm-up.
 void BusyLoad::resume() {
   for (pid_t pid : pids_) kill(pid, SIGCONT);
   for (pid_t pid : pids_) wait_state(pid, WCONTINUED);
+  kernels::reset_contention_backoff();
 }
 
 void BusyLoad::pause() {
   for (pid_t pid : pids_) kill(pid, SIGSTOP);
   for (pid_t pid : pids_) wait_state(pid, WUNTRACED);
+  kernels::reset_contention_backoff();
 }
 
 }  // namespace qforge::bench

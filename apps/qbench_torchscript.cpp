@@ -16,6 +16,8 @@
 #include <nlohmann/json.hpp>
 #include <torch/script.h>
 
+#include "kernels/cpu/contention.h"
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -133,6 +135,7 @@ int main(int argc, char** argv) {
     std::printf("\n");
     bool first_cell = true;
     for (int64_t t : threads) {
+      qforge::kernels::reset_contention_backoff();  // a back-off of the last count's cells must not outlive it
       at::set_num_threads(static_cast<int>(t));
       for (int64_t b : batches) {
         // Each cell loads the models afresh: torch.ao's onednn int8 convolutions (torch 1.13) fail

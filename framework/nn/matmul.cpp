@@ -3,13 +3,13 @@
 
 #include <ATen/ATen.h>
 #include <ATen/ExpandUtils.h>
-#include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <vector>
 
 #include "framework/core/error.h"
 #include "kernels/cpu/gemv_s8.h"
+#include "kernels/cpu/parallel_blocks.h"
 #include "kernels/cpu/quantize_rows_s8.h"
 
 namespace qforge::nn {
@@ -113,11 +113,11 @@ at::Tensor MatMulImpl::integer_forward(const at::Tensor& a, const at::Tensor& b)
     const float* inv_b = static_b_inv_.data_ptr<float>();
     const QSpec& ga = input_q_->config().spec;
     const QSpec& gb = other_q_->config().spec;
-    // Slices spread over ATen's threads (each call inside runs on its thread), a few together
-    // when they are small.
+    // Slices spread over the kernels' threads (parallel_blocks.h; each call inside runs on its
+    // thread), a few together when they are small.
     const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 14) / std::max<int64_t>(1, (M + N) * K));
     try {
-      at::parallel_for(0, batch, grain, [&](int64_t begin, int64_t end) {
+      kernels::detail::parallel_over(batch, grain, [&](int64_t begin, int64_t end) {
         for (int64_t i = begin; i < end; ++i) {
           const int64_t h = i % heads;
           kernels::quantize_static_s8(ra.data_ptr<float>() + i * M * K, M * K, inv_a[h],

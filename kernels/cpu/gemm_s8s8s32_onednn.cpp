@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "framework/core/error.h"
+#include "kernels/cpu/contention.h"
 #include "kernels/cpu/workspace.h"
 
 namespace qforge::kernels::detail {
@@ -112,6 +113,8 @@ void onednn_gemm_s8s8s32(const OneDnnS8Weights& w, const int8_t* A, int64_t M, i
   const memory::desc scratch_md = prim->pd.scratchpad_desc();
   const ScratchArray<uint8_t> scratch_bytes(Scratch::kOneDnnScratchpad, static_cast<int64_t>(scratch_md.get_size()));
   memory scratch(scratch_md, w.engine, scratch_bytes.data());
+  probe_openmp_team();             // the stall guard cannot time oneDNN's own barrier (contention.h)
+  const SerialOpenMpScope serial;  // one thread while it backs off
   prim->matmul.execute(stream, {{DNNL_ARG_SRC, src},
                             {DNNL_ARG_WEIGHTS, w.weights},
                             {DNNL_ARG_DST, dst},
@@ -278,6 +281,8 @@ void onednn_conv_run(const OneDnnConvS8& c, const OneDnnConvPrimitive& p, const 
   const memory::desc scratch_md = prim->pd.scratchpad_desc();
   const ScratchArray<uint8_t> scratch_bytes(Scratch::kOneDnnScratchpad, static_cast<int64_t>(scratch_md.get_size()));
   memory scratch(scratch_md, c.engine, scratch_bytes.data());
+  probe_openmp_team();             // the stall guard cannot time oneDNN's own barrier (contention.h)
+  const SerialOpenMpScope serial;  // one thread while it backs off
   prim->conv.execute(stream, {{DNNL_ARG_SRC, src},
                               {DNNL_ARG_WEIGHTS, c.weights},
                               {DNNL_ARG_DST, dst},

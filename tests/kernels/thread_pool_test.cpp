@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "framework/core/error.h"
+#include "kernels/cpu/contention.h"
 #include "kernels/cpu/parallel_blocks.h"
 #include "kernels/cpu/thread_pool.h"
 
@@ -73,6 +74,9 @@ TEST(ParallelBackend, SwitchMovesEveryLoopAndCoversEveryIndexOnce) {
   const int threads_before = at::get_num_threads();
   const ParallelBackend before = parallel_backend();
   at::set_num_threads(2);
+  // Routing only: the stall guard would send loops to the calling thread on a busy test machine.
+  const bool guard_before = contention_guard();
+  set_contention_guard(false);
   for (ParallelBackend backend : {ParallelBackend::kOpenMP, ParallelBackend::kPool}) {
     set_parallel_backend(backend);
     ASSERT_EQ(parallel_backend(), backend);
@@ -96,6 +100,7 @@ TEST(ParallelBackend, SwitchMovesEveryLoopAndCoversEveryIndexOnce) {
       }
   }
   set_parallel_backend(before);
+  set_contention_guard(guard_before);
   at::set_num_threads(threads_before);
 }
 
@@ -254,6 +259,62 @@ TEST(ThreadPool, ParallelOverBlocksCoversEveryBlockOnce) {
       for (auto& h : hits) ASSERT_EQ(h.load(), 1);
     }
   }
+}
+
+// The OpenMP backend's stall guard (contention.h): a loop whose worker starts late (here: sleeps
+// 5 ms before its share, as a descheduled worker would) makes the next loops run on the calling
+// thread alone for the back-off period; a probe that stalls again doubles it, one that does not
+// ends it.
+TEST(ContentionGuard, AStalledBarrierSendsTheNextLoopsToTheCallingThread) {
+  if (parallel_backend() != ParallelBackend::kOpenMP) GTEST_SKIP() << "the guard is the OpenMP backend's";
+  const int saved = at::get_num_threads();
+  at::set_num_threads(2);
+  reset_contention_backoff();
+  // An ordinary loop covers everything (on a busy test machine it may itself back off: not asserted).
+  std::atomic<int64_t> sum{0};
+  detail::parallel_over(1000, 10, [&](int64_t b, int64_t e) { sum += e - b; });
+  EXPECT_EQ(sum.load(), 1000);
+  reset_contention_backoff();
+  // A worker that joins 5 ms late.
+  detail::parallel_over(64, 1, [&](int64_t, int64_t) {
+    if (at::get_thread_num() != 0) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  });
+  EXPECT_TRUE(contention_backoff_active());
+  EXPECT_EQ(contention_backoff_millis(), kFirstBackoffMillis);
+  EXPECT_EQ(contention_stats().stalls, 1);
+  // The thread that found it runs its other OpenMP regions (LibTorch's ops) on one thread meanwhile.
+  EXPECT_EQ(at::get_num_threads(), 1);
+  // While it lasts, a loop is one call on the calling thread covering everything.
+  std::vector<std::pair<int64_t, int64_t>> calls;
+  const auto caller = std::this_thread::get_id();
+  bool elsewhere = false;
+  detail::parallel_over(1000, 10, [&](int64_t b, int64_t e) {
+    if (std::this_thread::get_id() != caller) elsewhere = true;
+    calls.emplace_back(b, e);
+  });
+  EXPECT_FALSE(elsewhere);
+  ASSERT_EQ(calls.size(), 1u);
+  EXPECT_EQ(calls[0], std::make_pair(int64_t{0}, int64_t{1000}));
+  EXPECT_EQ(contention_stats().serial_loops, 1);
+  // A probe that stalls again doubles the period; one that does not ends the back-off.
+  note_openmp_loop(100000, 5000000);
+  EXPECT_EQ(contention_backoff_millis(), 2 * kFirstBackoffMillis);
+  note_openmp_loop(100000, 20000);
+  EXPECT_FALSE(contention_backoff_active());
+  EXPECT_EQ(contention_backoff_millis(), 0);
+  // Its next loop gives the thread its count back.
+  detail::parallel_over(10, 100, [](int64_t, int64_t) {});
+  EXPECT_EQ(at::get_num_threads(), 2);
+  // A long loop whose worker lags by a small part of it is not a stall.
+  note_openmp_loop(50000000, 2000000);
+  EXPECT_FALSE(contention_backoff_active());
+  // Off: nothing starts.
+  set_contention_guard(false);
+  note_openmp_loop(100000, 5000000);
+  EXPECT_FALSE(contention_backoff_active());
+  set_contention_guard(true);
+  reset_contention_backoff();
+  at::set_num_threads(saved);
 }
 
 TEST(CpuQuota, CgroupV2CpuMaxLines) {
