@@ -3,10 +3,14 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
+
+#include "kernels/cpu/thread_pool.h"
 
 namespace qforge::kernels {
 
@@ -19,25 +23,19 @@ int64_t now_ns() {
 
 // 0: no back-off; otherwise the steady-clock time (ns) it ends at.
 std::atomic<int64_t> g_backoff_until{0};
-std::atomic<int64_t> g_backoff_ms{0};  // the period in force (0: none started)
+std::atomic<int64_t> g_backoff_ms{0};  // the period last started (0: none)
 std::atomic<int64_t> g_stalls{0}, g_serial{0};
-// The calling thread's OpenMP thread count before it found a stall (0: it holds none back): while
-// the back-off lasts its every OpenMP region (LibTorch's ops and oneDNN's too) runs on one thread.
-thread_local int t_saved_threads = 0;
-
-void restore_threads() {
-  // Left alone when the program set another count meanwhile.
-  if (t_saved_threads > 0 && omp_get_max_threads() == 1) omp_set_num_threads(t_saved_threads);
-  t_saved_threads = 0;
-}
 
 std::atomic<int>& guard_flag() {
   static std::atomic<int> flag{[] {
     const char* v = std::getenv("QFORGE_CONTENTION_GUARD");
-    return v != nullptr && std::strcmp(v, "0") == 0 ? 0 : 1;
+    return v != nullptr && std::strcmp(v, "1") == 0 ? 1 : 0;
   }()};
   return flag;
 }
+
+// The guard acts under the OpenMP backend only.
+bool acting() { return contention_guard() && parallel_backend() == ParallelBackend::kOpenMP; }
 
 }  // namespace
 
@@ -47,20 +45,15 @@ void set_contention_guard(bool on) {
   if (!on) {
     g_backoff_until.store(0, std::memory_order_relaxed);
     g_backoff_ms.store(0, std::memory_order_relaxed);
-    restore_threads();
   }
 }
 
 bool contention_backoff_active() {
   const int64_t until = g_backoff_until.load(std::memory_order_relaxed);
-  return until != 0 && contention_guard() && now_ns() < until;
+  return until != 0 && acting() && now_ns() < until;
 }
 
 int64_t contention_backoff_millis() { return g_backoff_ms.load(std::memory_order_relaxed); }
-
-void contention_before_loop() {
-  if (t_saved_threads > 0 && !contention_backoff_active()) restore_threads();
-}
 
 void note_openmp_loop(int64_t first_ns, int64_t lag_ns) {
   if (!contention_guard()) return;
@@ -78,10 +71,30 @@ void note_openmp_loop(int64_t first_ns, int64_t lag_ns) {
   const int64_t period = last == 0 ? kFirstBackoffMillis : std::min<int64_t>(2 * last, kMaxBackoffMillis);
   g_backoff_ms.store(period, std::memory_order_relaxed);
   g_backoff_until.store(now_ns() + period * 1000000, std::memory_order_relaxed);
-  if (t_saved_threads == 0 && omp_get_max_threads() > 1) {
-    t_saved_threads = omp_get_max_threads();
-    omp_set_num_threads(1);
+}
+
+void note_openmp_loop(const ShareEnds& s) {
+  // The fastest rate (ns per index) of the shares; each share is due at that rate times its size,
+  // so an uneven split (3 indices against 2) is not a lag.
+  double rate = std::numeric_limits<double>::infinity();
+  int64_t first = std::numeric_limits<int64_t>::max();
+  int shares = 0;
+  for (int t = 0; t < ShareEnds::kMaxThreads; ++t) {
+    const int64_t n = s.size[static_cast<size_t>(t)];
+    if (n <= 0) continue;
+    ++shares;
+    const int64_t e = s.end_ns[static_cast<size_t>(t)];
+    rate = std::min(rate, static_cast<double>(e) / static_cast<double>(n));
+    first = std::min(first, e);
   }
+  if (shares < 2) return;
+  int64_t lag = 0;
+  for (int t = 0; t < ShareEnds::kMaxThreads; ++t) {
+    const int64_t n = s.size[static_cast<size_t>(t)];
+    if (n <= 0) continue;
+    lag = std::max(lag, s.end_ns[static_cast<size_t>(t)] - static_cast<int64_t>(rate * static_cast<double>(n)));
+  }
+  note_openmp_loop(first, lag);
 }
 
 void note_serial_loop() { g_serial.fetch_add(1, std::memory_order_relaxed); }
@@ -91,7 +104,6 @@ ContentionStats contention_stats() {
 }
 
 void reset_contention_backoff() {
-  restore_threads();
   g_backoff_until.store(0, std::memory_order_relaxed);
   g_backoff_ms.store(0, std::memory_order_relaxed);
   g_stalls.store(0, std::memory_order_relaxed);
@@ -99,25 +111,21 @@ void reset_contention_backoff() {
 }
 
 void probe_openmp_team() {
-  if (!contention_guard() || omp_in_parallel() || omp_get_max_threads() <= 1) return;
-  contention_before_loop();
-  if (contention_backoff_active() || omp_get_max_threads() <= 1) return;
+  if (!acting() || omp_in_parallel() || omp_get_max_threads() <= 1 || contention_backoff_active()) return;
   const int64_t start = now_ns();
-  ShareEnds entered;  // here: when each thread entered the region
+  ShareEnds entered;  // one index per thread: when it entered the region
 #pragma omp parallel
-  entered.note(now_ns() - start);
-  if (entered.shares.load() > 1) note_openmp_loop(entered.first.load(), entered.last.load() - entered.first.load());
+  entered.note(omp_get_thread_num(), now_ns() - start + 1, 1);
+  note_openmp_loop(entered);
 }
 
 SerialOpenMpScope::SerialOpenMpScope() {
-  if (!contention_backoff_active()) return;
-  saved_ = omp_get_max_threads();
-  if (saved_ > 1) {
-    omp_set_num_threads(1);
-    note_serial_loop();
-  } else {
-    saved_ = 0;
-  }
+  if (!contention_backoff_active() || omp_in_parallel()) return;
+  const int threads = omp_get_max_threads();
+  if (threads <= 1) return;
+  saved_ = threads;
+  omp_set_num_threads(1);
+  note_serial_loop();
 }
 
 SerialOpenMpScope::~SerialOpenMpScope() {

@@ -18,36 +18,34 @@ namespace qforge::kernels::detail {
 inline constexpr int64_t kMinMacsPerTask = int64_t{1} << 18;
 
 // f(begin, end) over disjoint ranges of at least `grain` indices covering [0, n), on parallel_backend().
-// Under OpenMP each loop that runs on a team times when each thread's share ended, for the stall
-// guard (contention.h), and while a back-off is in force the loop runs on the calling thread alone.
+// Under OpenMP, with the opt-in stall guard on (contention.h), each loop that runs on a team notes
+// when each thread's share ended, and while a back-off is in force the loop runs on the calling
+// thread alone.
 template <typename F>
 void parallel_over(int64_t n, int64_t grain, const F& f) {
   if (parallel_backend() == ParallelBackend::kPool) {
     ThreadPool::global().parallel_for(n, grain, usable_threads(), f);
     return;
   }
-  const bool guard = contention_guard() && !at::in_parallel_region();
-  if (guard) {
-    contention_before_loop();
-    if (n > grain && contention_backoff_active()) {
-      note_serial_loop();
-      f(0, n);
-      return;
-    }
-  }
-  if (!guard || n <= grain || at::get_num_threads() <= 1) {
+  const bool guard = contention_guard() && n > grain && at::get_num_threads() > 1 && !at::in_parallel_region();
+  if (!guard) {
     at::parallel_for(0, n, grain, [&](int64_t begin, int64_t end) { f(begin, end); });
     return;
   }
-  // Each thread's share ends at some time after the start; the first and the last of those say
-  // whether one thread (a worker, or the caller itself) lost its core meanwhile.
+  if (contention_backoff_active()) {
+    note_serial_loop();
+    f(0, n);
+    return;
+  }
   const auto start = std::chrono::steady_clock::now();
   ShareEnds ends;
   at::parallel_for(0, n, grain, [&](int64_t begin, int64_t end) {
     f(begin, end);
-    ends.note(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count());
+    ends.note(at::get_thread_num(),
+              std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count() + 1,
+              end - begin);
   });
-  if (ends.shares.load() > 1) note_openmp_loop(ends.first.load(), ends.last.load() - ends.first.load());
+  note_openmp_loop(ends);
 }
 
 // f(begin, end) over disjoint block ranges covering [0, nblocks); each block is written by
