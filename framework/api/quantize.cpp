@@ -104,11 +104,7 @@ QuantizeReport quantize(torch::nn::Module& model, const Scheme& scheme) {
                "quantize: Scheme::activation_clip_ratio must be in (0, 1], got ", scheme.activation_clip_ratio);
     // A scheme that asks for no dynamic rows anywhere cannot mean the ratio; rules, float layers or
     // convolutions (static) leaving none dynamic in this model are said, not refused.
-    const bool asked = scheme.activations == ActivationMode::kDynamicPerToken ||
-                       std::any_of(scheme.rules.begin(), scheme.rules.end(), [](const LayerRule& r) {
-                         return r.activations == ActivationMode::kDynamicPerToken;
-                       });
-    QF_REQUIRE(asked, "quantize: Scheme::activation_clip_ratio ", scheme.activation_clip_ratio,
+    QF_REQUIRE(scheme.asks_activations(ActivationMode::kDynamicPerToken), "quantize: Scheme::activation_clip_ratio ", scheme.activation_clip_ratio,
                " clips dynamic per-token activation rows only, and the scheme asks for none (static scales come "
                "from the observer): set activations to ActivationMode::kDynamicPerToken, or leave the ratio at 1");
     if (std::none_of(plan.begin(), plan.end(), [](const auto& p) {
@@ -117,17 +113,10 @@ QuantizeReport quantize(torch::nn::Module& model, const Scheme& scheme) {
       report.warnings.push_back(detail::str_cat("activation_clip_ratio ", scheme.activation_clip_ratio,
                                                 " clips no layer: none has dynamic per-token activations here"));
   }
-  const bool per_head_asked =
-      scheme.attention_scales == AttentionScales::kPerHead ||
-      std::any_of(scheme.rules.begin(), scheme.rules.end(),
-                  [](const LayerRule& r) { return r.attention_scales == AttentionScales::kPerHead; });
-  if (per_head_asked) {
+  if (scheme.asks_attention_scales(AttentionScales::kPerHead)) {
     // Per-head scales are static ones: a scheme with no static activations anywhere cannot mean
     // them; learned (LSQ) activation steps are per tensor.
-    const bool static_asked = scheme.activations == ActivationMode::kStatic ||
-                              std::any_of(scheme.rules.begin(), scheme.rules.end(),
-                                          [](const LayerRule& r) { return r.activations == ActivationMode::kStatic; });
-    QF_REQUIRE(static_asked, "quantize: attention_scales per_head sets the static scales of attention products, and "
+    QF_REQUIRE(scheme.asks_activations(ActivationMode::kStatic), "quantize: attention_scales per_head sets the static scales of attention products, and "
                "the scheme's activations are ", to_string(scheme.activations), " with no rule asking for static ones: "
                "set activations to ActivationMode::kStatic, or leave attention_scales per_tensor");
     const auto per_head = [](const auto& p) {

@@ -3,6 +3,7 @@
 
 #include <fnmatch.h>
 
+#include <algorithm>
 #include <sstream>
 
 #include "framework/core/enum_names.h"
@@ -155,6 +156,16 @@ std::optional<LayerScheme> Scheme::resolve(const std::string& path, const Quanti
   if (!ls.weights && ls.activations == ActivationMode::kNone) return std::nullopt;
   ls.note = *note;
   return ls;
+}
+
+bool Scheme::asks_activations(ActivationMode mode) const {
+  return activations == mode ||
+         std::any_of(rules.begin(), rules.end(), [mode](const LayerRule& r) { return r.activations == mode; });
+}
+
+bool Scheme::asks_attention_scales(AttentionScales scales) const {
+  return attention_scales == scales ||
+         std::any_of(rules.begin(), rules.end(), [scales](const LayerRule& r) { return r.attention_scales == scales; });
 }
 
 std::string Scheme::to_string() const {

@@ -77,6 +77,11 @@ struct Scheme {
   std::optional<LayerScheme> resolve(const std::string& path, const QuantizableLayer& layer,
                                      int* matched_rule, std::string* note) const;
   std::string to_string() const;
+  // Whether the scheme's own activations, or any rule's, are `mode` (what a mode-only option such
+  // as activation_clip_ratio or per-head attention scales needs somewhere to mean anything).
+  bool asks_activations(ActivationMode mode) const;
+  // Whether the scheme's attention scales, or any rule's, are `scales`.
+  bool asks_attention_scales(AttentionScales scales) const;
 };
 #pragma GCC diagnostic pop
 

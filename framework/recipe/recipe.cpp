@@ -4,7 +4,6 @@
 
 #include <yaml-cpp/yaml.h>
 
-#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -185,10 +184,7 @@ void check_quantize(const Recipe& r, const YAML::Node& tree, const Where& w) {
     w.problem("quantize.activations.clip_ratio", "clips dynamic per-token rows only; set quantize.activations.mode: "
                                                  "dynamic (static scales come from the observer)");
   // The check quantize() makes: per head needs static activations somewhere (the scheme's, or a rule's).
-  const bool static_somewhere =
-      s.activations == ActivationMode::kStatic ||
-      std::any_of(s.rules.begin(), s.rules.end(), [](const LayerRule& l) { return l.activations == ActivationMode::kStatic; });
-  if (s.attention_scales == AttentionScales::kPerHead && !static_somewhere)
+  if (s.attention_scales == AttentionScales::kPerHead && !s.asks_activations(ActivationMode::kStatic))
     w.problem("quantize.activations.attention", std::string("per_head sets static scales of the attention products, and "
                                                 "the activations are ") + to_string(s.activations) +
                                                 "; set quantize.activations.mode: static (or a rule's activations: static)");
