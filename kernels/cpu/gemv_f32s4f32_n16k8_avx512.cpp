@@ -30,6 +30,7 @@ struct Kernel {
   using Args = GemvF32S4Args;
   static constexpr int kMaxRows = 4;
   static constexpr int kMaxBlocks = 2;  // MR x NR x 2 (s and t) <= 16 zmm accumulators
+  static constexpr bool kOneStreamWhenShort = true;  // tile_driver.h
 
   template <int MR, int NR>
   static void tile(const GemvF32S4Args& args, int64_t m0, int64_t nb0) {
@@ -39,7 +40,7 @@ struct Kernel {
     const int64_t blocks_per_group = w.groups == 1 ? kblocks : w.group_size / kS4BlockK;
     const int64_t stride = s4_column_block_offset(w, 1);
     const TileOperands<MR, NR, uint8_t, float> op(w.data, nb0, stride, args.x, m0, args.ldx);
-    const int ahead_valid = blocks_ahead<NR>(nb0, (w.n + kS4BlockN - 1) / kS4BlockN);
+    const int ahead_valid = blocks_ahead<NR>(nb0, (w.n + kS4BlockN - 1) / kS4BlockN, MR);
     const __m512i nibble = _mm512_set1_epi8(kS4NibbleMask);
     const __m512i byte = _mm512_set1_epi32(kByteMask);
 

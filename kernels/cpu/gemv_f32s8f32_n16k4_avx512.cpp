@@ -27,6 +27,7 @@ struct Kernel {
   using Args = GemvF32S8Args;
   static constexpr int kMaxRows = 4;
   static constexpr int kMaxBlocks = 2;
+  static constexpr bool kOneStreamWhenShort = true;  // tile_driver.h
 
   template <int MR, int NR>
   static void tile(const GemvF32S8Args& args, int64_t m0, int64_t nb0) {
@@ -34,7 +35,7 @@ struct Kernel {
     const int64_t kblocks = w.kp / kS8BlockK;
     const int64_t stride = kblocks * kS8BlockBytes;
     const TileOperands<MR, NR, int8_t, float> op(w.data, nb0, stride, args.x, m0, args.ldx);
-    const int ahead_valid = blocks_ahead<NR>(nb0, (w.n + kS8BlockN - 1) / kS8BlockN);
+    const int ahead_valid = blocks_ahead<NR>(nb0, (w.n + kS8BlockN - 1) / kS8BlockN, MR);
 
     __m512 t[MR][NR];
     fill_tile(t, _mm512_setzero_ps());

@@ -28,7 +28,7 @@ struct Kernel {
     const int64_t quads_per_group = w.groups == 1 ? quads : w.group_size / kS8BlockK;
     const int64_t stride = quads * kS8BlockBytes;
     const TileOperands<MR, NR, int8_t, float> op(w.data, nb0, stride, args.x, m0, args.ldx);
-    const int ahead_valid = blocks_ahead<NR>(nb0, (w.n + kS8BlockN - 1) / kS8BlockN);  // prefetch_ahead
+    const int ahead_valid = blocks_ahead<NR>(nb0, (w.n + kS8BlockN - 1) / kS8BlockN, MR);  // prefetch_ahead
     __m256 t[MR][H];
     fill_tile(t, _mm256_setzero_ps());
     for (int64_t g = 0; g < w.groups; ++g) {

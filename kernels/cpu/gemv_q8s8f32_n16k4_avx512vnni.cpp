@@ -21,6 +21,7 @@ struct Kernel {
   using Args = GemvQ8S8Args;
   static constexpr int kMaxRows = 4;
   static constexpr int kMaxBlocks = 4;
+  static constexpr bool kOneStreamWhenShort = true;  // tile_driver.h
   static constexpr bool kRowsShareBlock = true;
 
   template <int MR, int NR>
@@ -29,7 +30,7 @@ struct Kernel {
     const int64_t quads = w.kp / kS8BlockK;
     const int64_t stride = quads * kS8BlockBytes;
     const TileOperands<MR, NR, int8_t, int8_t> op(w.data, nb0, stride, args.q, m0, args.ldq);
-    const int ahead_valid = blocks_ahead<NR>(nb0, (w.n + kS8BlockN - 1) / kS8BlockN);
+    const int ahead_valid = blocks_ahead<NR>(nb0, (w.n + kS8BlockN - 1) / kS8BlockN, MR);
     __m512i offset[NR];
     #pragma GCC unroll 16
     for (int c = 0; c < NR; ++c) offset[c] = _mm512_set1_epi32(kWeightOffset);

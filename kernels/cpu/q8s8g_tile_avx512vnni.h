@@ -27,6 +27,7 @@ struct Q8S8GTile {
   using Args = GemvQ8S8GArgs;
   static constexpr int kMaxRows = kRows;
   static constexpr int kMaxBlocks = kBlocks;
+  static constexpr bool kOneStreamWhenShort = kShare;  // tile_driver.h
   static constexpr bool kRowsShareBlock = kShare;
 
   template <int MR, int NR>
@@ -37,7 +38,7 @@ struct Q8S8GTile {
     const int64_t stride = quads * kS8BlockBytes;
     const TileOperands<MR, NR, int8_t, int8_t> op(w.data, nb0, stride, args.q, m0, args.ldq);
     // The GEMV's tiles prefetch the next tile's codes (prefetch_ahead); the GEMM's panels reuse theirs.
-    const int ahead_valid = kShare ? blocks_ahead<NR>(nb0, (w.n + kS8BlockN - 1) / kS8BlockN) : 0;
+    const int ahead_valid = kShare ? blocks_ahead<NR>(nb0, (w.n + kS8BlockN - 1) / kS8BlockN, MR) : 0;
     __m512 t[MR][NR];
     q8_group_tile<MR, NR>(
         args, m0, w.groups, blocks_per_group,

@@ -18,6 +18,8 @@
 #include <type_traits>
 #include <utility>
 
+#include "kernels/cpu/packed_layout.h"
+
 namespace qforge::kernels::detail {
 
 // Internal linkage: ISA files compiled with different -m flags each keep their own copy (ODR).
@@ -82,9 +84,12 @@ __attribute__((always_inline)) inline void prefetch_ahead(const T* const (&w)[NR
   }
 }
 
-// How many of the NR column blocks one tile (NR blocks) past nb0 exist among `blocks`.
+// How many of the NR column blocks one tile (NR blocks) past nb0 exist among `blocks`, for a
+// tile of `rows` rows: none for a one-row tile of one block, which reads a single stream that the
+// hardware prefetcher follows into the next block (for_each_tile's short-block case below).
 template <int NR>
-inline int blocks_ahead(int64_t nb0, int64_t blocks) {
+inline int blocks_ahead(int64_t nb0, int64_t blocks, int64_t rows) {
+  if (NR == 1 && rows == 1) return 0;
   const int64_t left = blocks - (nb0 + NR);
   return left <= 0 ? 0 : left < NR ? static_cast<int>(left) : NR;
 }
@@ -166,11 +171,39 @@ void for_each_tile(const typename Kernel::Args& args, int64_t nb_begin, int64_t 
   }
 }
 
+// Bytes of one column block's codes: the length of the stream a tile reads per block.
+inline int64_t column_block_bytes(const S4N16K8View& w) { return s4_column_block_offset(w, 1); }
+inline int64_t column_block_bytes(const S8N16K4View& w) { return w.kp * kS8BlockN; }
+inline int64_t column_block_bytes(const S8GroupView& w) { return w.kp * kS8BlockN; }
+
+// A one-row decode GEMV whose column blocks are shorter than this reads one block per tile: the
+// blocks lie one after another, so the whole weight is then a single stream, which the hardware
+// prefetcher follows from block to block at the speed of a sequential read. Several blocks per
+// tile are several short streams, each restarting the prefetcher (prefetch_ahead only partly
+// makes up for it). Measured on one core (AMD EPYC Zen 5, docs/kernels.md §4.6c), one block per
+// tile against four with prefetch_ahead: faster up to K = 3072 for int4 (27 KB blocks) and
+// K = 1536 for int8 (24 KB), level or slower from K = 2048 (int8, 32 KB) and 4096 (int4, 36 KB),
+// where four long streams keep more of DRAM busy than one.
+inline constexpr int64_t kOneStreamBytes = 28 * 1024;
+
+// A kernel may declare `static constexpr bool kOneStreamWhenShort = true` (its tiles read the
+// column blocks of args.w and prefetch through blocks_ahead / prefetch_ahead). The AVX-512 decode
+// and weight-only GEMVs do; the AVX2 ones read one block per tile at any K already, except
+// gemv_f32s8gf32_n16k4_avx2 (two), not measured in this form.
+template <class Kernel, typename = void>
+struct OneStreamWhenShort : std::false_type {};
+template <class Kernel>
+struct OneStreamWhenShort<Kernel, std::enable_if_t<Kernel::kOneStreamWhenShort>> : std::true_type {};
+
 // The common case: nothing to prepare per panel; tiles of up to Kernel::kMaxBlocks blocks, or of
-// one block for several rows when the kernel declares kRowsShareBlock.
+// one block for several rows when the kernel declares kRowsShareBlock, or for one row when it
+// declares kOneStreamWhenShort and its blocks are short (kOneStreamBytes).
 template <class Kernel>
 void for_each_tile(const typename Kernel::Args& args, int64_t nb_begin, int64_t nb_end) {
-  const int max_blocks = RowsShareBlock<Kernel>::value && args.m > 1 ? 1 : Kernel::kMaxBlocks;
+  int max_blocks = RowsShareBlock<Kernel>::value && args.m > 1 ? 1 : Kernel::kMaxBlocks;
+  if constexpr (OneStreamWhenShort<Kernel>::value) {
+    if (args.m == 1 && column_block_bytes(args.w) < kOneStreamBytes) max_blocks = 1;
+  }
   for_each_tile<Kernel>(args, nb_begin, nb_end, max_blocks, [](int64_t, int) {});
 }
 
