@@ -14,6 +14,16 @@
 namespace qforge::models {
 namespace {
 
+// GELU's tanh form: one fused kernel (kernels::gelu_tanh_f32, within a few ulp of ATen's) where
+// token_ops_fusable holds (float CPU, no gradient to record), else ATen's.
+at::Tensor gelu_tanh(const at::Tensor& x) {
+  if (x.numel() == 0 || !nn::token_ops_fusable({&x})) return at::gelu(x, "tanh");
+  const at::Tensor xc = x.contiguous();
+  at::Tensor y = at::empty_like(xc);
+  kernels::gelu_tanh_f32({xc.data_ptr<float>(), y.data_ptr<float>(), xc.numel()});
+  return y;
+}
+
 struct Activation {
   const char* name;
   at::Tensor (*apply)(const at::Tensor&);
@@ -23,8 +33,8 @@ const Activation kActivations[] = {
     {"silu", [](const at::Tensor& x) { return at::silu(x); }},
     {"swish", [](const at::Tensor& x) { return at::silu(x); }},
     {"gelu", [](const at::Tensor& x) { return at::gelu(x); }},
-    {"gelu_new", [](const at::Tensor& x) { return at::gelu(x, "tanh"); }},
-    {"gelu_pytorch_tanh", [](const at::Tensor& x) { return at::gelu(x, "tanh"); }},
+    {"gelu_new", gelu_tanh},
+    {"gelu_pytorch_tanh", gelu_tanh},
     {"relu", [](const at::Tensor& x) { return at::relu(x); }},
 };
 

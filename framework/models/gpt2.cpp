@@ -140,9 +140,11 @@ void Gpt2BlockImpl::reset() {
   mlp = register_module("mlp", Gpt2Mlp(config));
 }
 
+// The LayerNorms through their fused kernel where it applies (LayerNormImpl::forward_fused), the
+// attention's residual add inside ln_2's (h = attention output + x: the same sum as x + output).
 at::Tensor Gpt2BlockImpl::forward(const at::Tensor& x, KvCache* cache, int64_t layer) {
-  const at::Tensor h = x + attn->forward(ln_1->forward(x), cache, layer);
-  return h + mlp->forward(ln_2->forward(h));
+  const auto [h, normed] = ln_2->forward_residual(attn->forward(ln_1->forward_fused(x), cache, layer), x);
+  return h + mlp->forward(normed);
 }
 
 Gpt2ModelImpl::Gpt2ModelImpl(const Gpt2Config& c) : config(c) { reset(); }
@@ -172,7 +174,7 @@ at::Tensor Gpt2ModelImpl::forward(const at::Tensor& ids, Gpt2KvCache* cache) {
   at::Tensor x = drop->forward(wte->forward(ids) + wpe->forward(pos));
   int64_t layer = 0;
   for (const auto& b : *h) x = b->as<Gpt2BlockImpl>()->forward(x, cache, layer++);
-  return ln_f->forward(x);
+  return ln_f->forward_fused(x);
 }
 
 Gpt2LMHeadModelImpl::Gpt2LMHeadModelImpl(const Gpt2Config& c) : config(c) { reset(); }

@@ -4,6 +4,8 @@
 
 #include <torch/nn/modules/normalization.h>
 
+#include <utility>
+
 #include "framework/nn/norm_layer.h"
 #include "framework/nn/twin.h"
 
@@ -24,7 +26,15 @@ class LayerNormImpl : QFORGE_TWIN_BASE(torch::nn::LayerNormImpl), public NormLay
   std::shared_ptr<torch::nn::Module> clone(const c10::optional<c10::Device>& = c10::nullopt) const override {
     refuse_clone();
   }
+  // ATen's layer norm (torch::nn::LayerNorm's forward, bit for bit), then the output quantizer.
   at::Tensor forward(const at::Tensor& x);
+  // The same with one fused kernel (kernels::layer_norm_f32, within a few ulp of forward()) where
+  // token_ops_fusable holds for x and the affine parameters (float CPU, no gradient to record), a
+  // single normalized dimension and both affine parameters; else forward(). Decoders call it per
+  // token (GPT-2); forward() stays ATen's so a converted torch::nn::LayerNorm keeps its results.
+  at::Tensor forward_fused(const at::Tensor& x);
+  // {h, forward_fused(h)} for h = x + residual, the add inside the kernel where it fuses.
+  std::pair<at::Tensor, at::Tensor> forward_residual(const at::Tensor& x, const at::Tensor& residual);
 
   const char* layer_type() const override { return "LayerNorm"; }
   void load(torch::serialize::InputArchive& archive) override {

@@ -70,15 +70,16 @@ class PackedIntLinear final : public CpuPackedWeight {
 template <class Kernel>
 at::Tensor PackedIntLinear<Kernel>::forward(const at::Tensor& x_in, const FrozenInput& in) const {
   check_linear_call(in);
+  if (weight_only(path_)) {
+    // The kernels take [..., K] and return [..., N] (one call per decoded token: no reshapes).
+    const at::Tensor xf = x_in.scalar_type() == at::kFloat ? x_in : x_in.to(at::kFloat);
+    return in.decode == DecodeActivations::kQ8Block32 ? kernel_->run_decode(xf) : kernel_->run_weight_only(xf);
+  }
   const int64_t K = kernel_->in_features(), N = kernel_->out_features();
   const at::Tensor x = x_in.to(at::kFloat).reshape({-1, K}).contiguous();
   const int64_t M = x.size(0);
   std::vector<int64_t> out_shape(x_in.sizes().begin(), x_in.sizes().end());
   out_shape.back() = N;
-  if (weight_only(path_)) {
-    const bool q8 = in.decode == DecodeActivations::kQ8Block32;
-    return (q8 ? kernel_->run_decode(x) : kernel_->run_weight_only(x)).reshape(out_shape);
-  }
   at::Tensor y = at::empty({M, N}, at::kFloat);
   if constexpr (std::is_same_v<Kernel, kernels::PackedLinearS8G>) {
     QF_CHECK(false, "an int8 group-scale weight was packed for ", to_string(path_), " (it serves weight-only calls)");

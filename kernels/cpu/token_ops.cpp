@@ -39,6 +39,36 @@ void rms_norm_rows(const RmsNormProblem& p, int64_t r0, int64_t r1) {
   }
 }
 
+void layer_norm_rows(const LayerNormProblem& p, int64_t r0, int64_t r1) {
+  for (int64_t r = r0; r < r1; ++r) {
+    const float* x = p.x + r * p.dim;
+    float* h = p.r ? p.h + r * p.dim : nullptr;
+    if (p.r)
+      for (int64_t k = 0; k < p.dim; ++k) h[k] = x[k] + p.r[r * p.dim + k];
+    const float* v = p.r ? h : x;
+    float acc[kTokenOpLanes] = {};
+    for (int64_t k = 0; k < p.dim; ++k) acc[k % kL] = acc[k % kL] + v[k];
+    const float mean = fold_lanes(acc) / static_cast<float>(p.dim);
+    float sq[kTokenOpLanes] = {};
+    for (int64_t k = 0; k < p.dim; ++k) {
+      const float d = v[k] - mean;
+      sq[k % kL] = std::fmaf(d, d, sq[k % kL]);
+    }
+    const float inv = 1.0f / std::sqrt(fold_lanes(sq) / static_cast<float>(p.dim) + p.eps);
+    float* y = p.y + r * p.dim;
+    for (int64_t k = 0; k < p.dim; ++k) y[k] = ((v[k] - mean) * inv) * p.w[k] + p.b[k];
+  }
+}
+
+void gelu_tanh_span(const GeluProblem& p, int64_t i0, int64_t i1) {
+  for (int64_t i = i0; i < i1; ++i) {
+    const float x = p.x[i];
+    const float u = kGeluC0 * (x + kGeluC1 * ((x * x) * x));
+    const float e = detail::exp_nonpositive(-2.0f * std::fabs(u));
+    p.y[i] = u >= 0.0f ? x / (1.0f + e) : (x * e) / (1.0f + e);
+  }
+}
+
 void rope_rows(const RopeProblem& p, int64_t r0, int64_t r1) {
   const int64_t half = p.dim / 2;
   for (int64_t r = r0; r < r1; ++r) {  // r: one head of one position
@@ -154,6 +184,16 @@ template <void (*kRows)(const RmsNormProblem&, int64_t, int64_t)>
 void run_rms_norm(const RmsNormProblem& p) {
   detail::parallel_over(p.rows, std::max<int64_t>(1, kElementsPerTask / p.dim), [&](int64_t b, int64_t e) { kRows(p, b, e); });
 }
+template <void (*kRows)(const LayerNormProblem&, int64_t, int64_t)>
+void run_layer_norm(const LayerNormProblem& p) {
+  detail::parallel_over(p.rows, std::max<int64_t>(1, kElementsPerTask / p.dim), [&](int64_t b, int64_t e) { kRows(p, b, e); });
+}
+// Chunks of 16 elements over the threads (any split gives the same elementwise results).
+template <void (*kSpan)(const GeluProblem&, int64_t, int64_t)>
+void run_gelu(const GeluProblem& p) {
+  detail::parallel_over((p.n + kL - 1) / kL, kElementsPerTask / kL,
+                        [&](int64_t b, int64_t e) { kSpan(p, b * kL, std::min(p.n, e * kL)); });
+}
 template <void (*kRows)(const RopeProblem&, int64_t, int64_t)>
 void run_rope(const RopeProblem& p) {
   detail::parallel_over(p.positions * p.heads, std::max<int64_t>(1, kElementsPerTask / p.dim),
@@ -229,6 +269,8 @@ void dequantize_kv_row(const KvCodesAttentionProblem& p, const KvCodesOperand& o
 }  // namespace detail
 
 void rms_norm_reference(const RmsNormProblem& p) { rms_norm_rows(p, 0, p.rows); }
+void layer_norm_reference(const LayerNormProblem& p) { layer_norm_rows(p, 0, p.rows); }
+void gelu_tanh_reference(const GeluProblem& p) { gelu_tanh_span(p, 0, p.n); }
 void rope_reference(const RopeProblem& p) { rope_rows(p, 0, p.positions * p.heads); }
 void causal_softmax_reference(const SoftmaxProblem& p) { softmax_rows(p, 0, p.groups * p.T); }
 void attention_reference(const AttentionProblem& p) { attention_groups(p, 0, p.groups); }
@@ -239,6 +281,24 @@ const KernelTable<RmsNormProblem>& rms_norm_kernels() {
   static const KernelTable<RmsNormProblem> table{
       {"rms_norm_f32_avx512", Isa::kAvx512, nullptr, nullptr, QF_KERNEL_AVX512(run_rms_norm<detail::rms_norm_rows_avx512>)},
       {"rms_norm_f32_reference", Isa::kReference, nullptr, nullptr, run_rms_norm<rms_norm_rows>},
+  };
+  return table;
+}
+
+const KernelTable<LayerNormProblem>& layer_norm_kernels() {
+  static const KernelTable<LayerNormProblem> table{
+      {"layer_norm_f32_avx512", Isa::kAvx512, nullptr, nullptr,
+       QF_KERNEL_AVX512(run_layer_norm<detail::layer_norm_rows_avx512>)},
+      {"layer_norm_f32_reference", Isa::kReference, nullptr, nullptr, run_layer_norm<layer_norm_rows>},
+  };
+  return table;
+}
+
+const KernelTable<GeluProblem>& gelu_tanh_kernels() {
+  static const KernelTable<GeluProblem> table{
+      {"gelu_tanh_f32_avx512", Isa::kAvx512, nullptr, nullptr, QF_KERNEL_AVX512(run_gelu<detail::gelu_tanh_avx512>)},
+      {"gelu_tanh_f32_avx2", Isa::kAvx2, nullptr, nullptr, QF_KERNEL_AVX2(run_gelu<detail::gelu_tanh_avx2>)},
+      {"gelu_tanh_f32_reference", Isa::kReference, nullptr, nullptr, run_gelu<gelu_tanh_span>},
   };
   return table;
 }
@@ -294,6 +354,17 @@ void rms_norm_f32(const RmsNormProblem& p, RunInfo* info) {
   QF_REQUIRE(p.rows >= 0 && p.dim > 0 && p.eps >= 0 && (p.rows == 0 || (p.x && p.w && p.y && (!p.r || p.h))),
              "kernels/cpu: rms_norm_f32 got rows=", p.rows, " dim=", p.dim, " eps=", p.eps, " or a null pointer");
   run_kernel_table(rms_norm_kernels(), p, p.rows, info);
+}
+
+void layer_norm_f32(const LayerNormProblem& p, RunInfo* info) {
+  QF_REQUIRE(p.rows >= 0 && p.dim > 0 && p.eps >= 0 && (p.rows == 0 || (p.x && p.w && p.b && p.y && (!p.r || p.h))),
+             "kernels/cpu: layer_norm_f32 got rows=", p.rows, " dim=", p.dim, " eps=", p.eps, " or a null pointer");
+  run_kernel_table(layer_norm_kernels(), p, p.rows, info);
+}
+
+void gelu_tanh_f32(const GeluProblem& p, RunInfo* info) {
+  QF_REQUIRE(p.n >= 0 && (p.n == 0 || (p.x && p.y)), "kernels/cpu: gelu_tanh_f32 got n=", p.n, " or a null pointer");
+  run_kernel_table(gelu_tanh_kernels(), p, p.n, info);
 }
 
 void rope_f32(const RopeProblem& p, RunInfo* info) {

@@ -1,5 +1,5 @@
-// Fused per-token small ops of the decoder forward (issue 38): RMSNorm with the residual add before
-// it, RoPE on q / k rows in place, the scaled, causally masked softmax over the key cache, and the
+// Fused per-token small ops of the decoder forward (issue 38): RMSNorm and LayerNorm with the
+// residual add before them, GELU (tanh form), RoPE on q / k rows in place, the scaled, causally masked softmax over the key cache, and the
 // whole attention of decode-size and prefill-size calls over the cache, each one call where the
 // ATen forward runs 5 to 10 ops (docs/kernels.md §2.5b). The *_reference
 // functions define the results; each op's kernel table runs *_avx512 -> *_reference, bit-equal to
@@ -36,6 +36,42 @@ struct RmsNormProblem {
 void rms_norm_reference(const RmsNormProblem& p);
 const KernelTable<RmsNormProblem>& rms_norm_kernels();
 void rms_norm_f32(const RmsNormProblem& p, RunInfo* info = nullptr);
+
+// LayerNorm (torch.nn.LayerNorm's formula, two passes), rows × dim, row-major. With r: h = x + r
+// (written to h), else h = x (h may be null). Then per row, sums as 16 lane sums folded as in
+// rms_norm:
+//   mean = (Σ h_k, lane j: acc_j + h_k for k ≡ j mod 16, k ascending) / dim
+//   var  = (Σ d_k², d_k = h_k − mean, lane j: fmaf(d_k, d_k, acc_j)) / dim
+//   inv  = 1 / sqrtf(var + eps);  y_k = (d_k · inv) · w_k + b_k          (each operation rounded)
+// ATen's kernel sums in another order: within a few ulp of it.
+struct LayerNormProblem {
+  const float* x = nullptr;
+  const float* r = nullptr;  // residual, or null
+  float* h = nullptr;        // x + r when r is given
+  const float* w = nullptr;  // weight [dim]
+  const float* b = nullptr;  // bias [dim]
+  float* y = nullptr;
+  int64_t rows = 0, dim = 0;
+  float eps = 0;
+};
+void layer_norm_reference(const LayerNormProblem& p);
+const KernelTable<LayerNormProblem>& layer_norm_kernels();
+void layer_norm_f32(const LayerNormProblem& p, RunInfo* info = nullptr);
+
+// GELU in its tanh form (HF "gelu_new", "gelu_pytorch_tanh"), n floats, elementwise:
+//   u = kGeluC0 · (x + kGeluC1 · ((x · x) · x));  e = exp_nonpositive(−2 · |u|)
+//   y = x / (1 + e) where u >= 0,  (x · e) / (1 + e) where u < 0          (each operation rounded)
+// which is x · (1 + tanh u) / 2 without the cancellation of 1 + tanh u as tanh u nears −1.
+inline constexpr float kGeluC0 = 0.7978845608028654f;  // sqrt(2 / pi)
+inline constexpr float kGeluC1 = 0.044715f;
+struct GeluProblem {
+  const float* x = nullptr;
+  float* y = nullptr;  // may equal x
+  int64_t n = 0;
+};
+void gelu_tanh_reference(const GeluProblem& p);
+const KernelTable<GeluProblem>& gelu_tanh_kernels();
+void gelu_tanh_f32(const GeluProblem& p, RunInfo* info = nullptr);
 
 // HF's rotate-half RoPE on x [positions, heads, dim] (dim even, half = dim / 2), in place, with
 // cos / sin tables [table_rows, dim], position i reading row i mod table_rows (batches of
@@ -188,6 +224,9 @@ namespace detail {
 // Rows [r0, r1) of each op (the dispatchers split rows over the intra-op threads).
 void rms_norm_rows_avx512(const RmsNormProblem& p, int64_t r0, int64_t r1);
 void rope_rows_avx512(const RopeProblem& p, int64_t r0, int64_t r1);
+void layer_norm_rows_avx512(const LayerNormProblem& p, int64_t r0, int64_t r1);
+// Elements [i0, i1) of gelu_tanh_f32 (and its AVX2 entry below).
+void gelu_tanh_avx512(const GeluProblem& p, int64_t i0, int64_t i1);
 void causal_softmax_rows_avx512(const SoftmaxProblem& p, int64_t r0, int64_t r1);
 // Groups [g0, g1) of attention_f32.
 void attention_groups_avx512(const AttentionProblem& p, int64_t g0, int64_t g1);
@@ -200,6 +239,7 @@ void attention_kv_codes_groups_avx512(const KvCodesAttentionProblem& p, int64_t 
 // The AVX2 entries of causal_softmax_f32 (rows [r0, r1)), attention_f32 and attention_kv_codes_f32
 // (groups [g0, g1)).
 void causal_softmax_rows_avx2(const SoftmaxProblem& p, int64_t r0, int64_t r1);
+void gelu_tanh_avx2(const GeluProblem& p, int64_t i0, int64_t i1);
 void attention_groups_avx2(const AttentionProblem& p, int64_t g0, int64_t g1);
 void attention_kv_codes_groups_avx2(const KvCodesAttentionProblem& p, int64_t g0, int64_t g1);
 // Row j of one side of group g of a quantized cache, dequantized into buf[0, D) (the reference's loop).

@@ -125,6 +125,22 @@ void accumulate_rows(const float* p, int64_t n, const float* v, int64_t stride, 
 
 }  // namespace
 
+void gelu_tanh_avx2(const GeluProblem& p, int64_t i0, int64_t i1) {
+  const __m256 c0 = _mm256_set1_ps(kGeluC0), c1 = _mm256_set1_ps(kGeluC1), m2 = _mm256_set1_ps(-2.0f),
+               one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps(),
+               abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  for (int64_t i = i0; i < i1; i += 8) {
+    const int64_t n = std::min<int64_t>(8, i1 - i);
+    const __m256i m = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    const __m256 x = _mm256_maskload_ps(p.x + i, m);
+    const __m256 u = _mm256_mul_ps(c0, _mm256_add_ps(x, _mm256_mul_ps(c1, _mm256_mul_ps(_mm256_mul_ps(x, x), x))));
+    const __m256 e = exp_nonpositive8(_mm256_mul_ps(m2, _mm256_and_ps(u, abs_mask)));
+    const __m256 neg = _mm256_cmp_ps(u, zero, _CMP_NGE_UQ);  // the reference's "not u >= 0"
+    const __m256 num = _mm256_blendv_ps(x, _mm256_mul_ps(x, e), neg);
+    _mm256_maskstore_ps(p.y + i, m, _mm256_div_ps(num, _mm256_add_ps(one, e)));
+  }
+}
+
 void causal_softmax_rows_avx2(const SoftmaxProblem& p, int64_t r0, int64_t r1) {
   causal_softmax_rows_with(p, r0, r1, softmax_span8);
 }

@@ -99,22 +99,32 @@ __m512 exp_nonpositive(__m512 t) {
   return _mm512_maskz_mul_ps(live, y, _mm512_castsi512_ps(e));
 }
 
+// A norm's first pass over one row of dim floats: v = x (+ r, stored to h, when r is given), the
+// 16 lane sums acc = step(acc, v) in k order. Zero tail lanes add +0 (or +0 · +0): the lane sums
+// stay the reference's.
+template <class Step>
+__m512 residual_pass(const float* x, const float* r, float* h, int64_t dim, const Step& step) {
+  __m512 acc = _mm512_setzero_ps();
+  for (int64_t k = 0; k < dim; k += kL) {
+    const __mmask16 m = tail_mask(dim - k);
+    __m512 v = _mm512_maskz_loadu_ps(m, x + k);
+    if (r) {
+      v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, r + k));
+      _mm512_mask_storeu_ps(h + k, m, v);
+    }
+    acc = step(acc, v);
+  }
+  return acc;
+}
+
 }  // namespace
 
 void rms_norm_rows_avx512(const RmsNormProblem& p, int64_t r0, int64_t r1) {
   for (int64_t r = r0; r < r1; ++r) {
     const float* x = p.x + r * p.dim;
     float* h = p.r ? p.h + r * p.dim : nullptr;
-    __m512 acc = _mm512_setzero_ps();
-    for (int64_t k = 0; k < p.dim; k += kL) {
-      const __mmask16 m = tail_mask(p.dim - k);
-      __m512 v = _mm512_maskz_loadu_ps(m, x + k);
-      if (p.r) {
-        v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, p.r + r * p.dim + k));
-        _mm512_mask_storeu_ps(h + k, m, v);
-      }
-      acc = _mm512_fmadd_ps(v, v, acc);  // zero tail lanes add +0: the lane sums stay the reference's
-    }
+    const __m512 acc = residual_pass(x, p.r ? p.r + r * p.dim : nullptr, h, p.dim,
+                                     [](__m512 a, __m512 v) { return _mm512_fmadd_ps(v, v, a); });
     const float inv = 1.0f / std::sqrt(fold_lanes(acc) / static_cast<float>(p.dim) + p.eps);
     const float* v = p.r ? h : x;
     float* y = p.y + r * p.dim;
@@ -124,6 +134,46 @@ void rms_norm_rows_avx512(const RmsNormProblem& p, int64_t r0, int64_t r1) {
       const __m512 n = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, v + k), iv);
       _mm512_mask_storeu_ps(y + k, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, p.w + k), n));
     }
+  }
+}
+
+void layer_norm_rows_avx512(const LayerNormProblem& p, int64_t r0, int64_t r1) {
+  for (int64_t r = r0; r < r1; ++r) {
+    const float* x = p.x + r * p.dim;
+    float* h = p.r ? p.h + r * p.dim : nullptr;
+    const __m512 acc = residual_pass(x, p.r ? p.r + r * p.dim : nullptr, h, p.dim,
+                                     [](__m512 a, __m512 v) { return _mm512_add_ps(a, v); });
+    const float* v = p.r ? h : x;
+    const float mean = fold_lanes(acc) / static_cast<float>(p.dim);
+    const __m512 mv = _mm512_set1_ps(mean);
+    __m512 sq = _mm512_setzero_ps();
+    for (int64_t k = 0; k < p.dim; k += kL) {
+      const __mmask16 m = tail_mask(p.dim - k);
+      const __m512 d = _mm512_maskz_sub_ps(m, _mm512_maskz_loadu_ps(m, v + k), mv);  // tail lanes 0
+      sq = _mm512_fmadd_ps(d, d, sq);
+    }
+    const __m512 iv = _mm512_set1_ps(1.0f / std::sqrt(fold_lanes(sq) / static_cast<float>(p.dim) + p.eps));
+    float* y = p.y + r * p.dim;
+    for (int64_t k = 0; k < p.dim; k += kL) {
+      const __mmask16 m = tail_mask(p.dim - k);
+      const __m512 n = _mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, v + k), mv), iv);
+      const __m512 t = _mm512_mul_ps(n, _mm512_maskz_loadu_ps(m, p.w + k));
+      _mm512_mask_storeu_ps(y + k, m, _mm512_add_ps(t, _mm512_maskz_loadu_ps(m, p.b + k)));
+    }
+  }
+}
+
+void gelu_tanh_avx512(const GeluProblem& p, int64_t i0, int64_t i1) {
+  const __m512 c0 = _mm512_set1_ps(kGeluC0), c1 = _mm512_set1_ps(kGeluC1), m2 = _mm512_set1_ps(-2.0f),
+               one = _mm512_set1_ps(1.0f), zero = _mm512_setzero_ps();
+  for (int64_t i = i0; i < i1; i += kL) {
+    const __mmask16 m = tail_mask(i1 - i);
+    const __m512 x = _mm512_maskz_loadu_ps(m, p.x + i);
+    const __m512 u = _mm512_mul_ps(c0, _mm512_add_ps(x, _mm512_mul_ps(c1, _mm512_mul_ps(_mm512_mul_ps(x, x), x))));
+    const __m512 e = exp_nonpositive(_mm512_mul_ps(m2, _mm512_abs_ps(u)));
+    const __mmask16 neg = _mm512_cmp_ps_mask(u, zero, _CMP_NGE_UQ);  // the reference's "not u >= 0"
+    const __m512 num = _mm512_mask_mul_ps(x, neg, x, e);
+    _mm512_mask_storeu_ps(p.y + i, m, _mm512_div_ps(num, _mm512_add_ps(one, e)));
   }
 }
 

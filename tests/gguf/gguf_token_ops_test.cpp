@@ -17,6 +17,7 @@
 #include "framework/models/gpt2.h"
 #include "framework/models/kv_cache.h"
 #include "framework/models/llama.h"
+#include "framework/nn/layer_norm.h"
 #include "framework/nn/linear.h"
 #include "kernels/cpu/isa.h"
 #include "kernels/cpu/token_ops.h"
@@ -64,6 +65,39 @@ TEST(GgufTokenOps, EveryTableEntryEqualsTheReferenceBitForBit) {
       }
     }
   }
+  for (int64_t dim : {7, 64, 100, 768}) {
+    const at::Tensor x = at::randn({3, dim}) * 2 + 0.5, r = at::randn({3, dim}), w = at::randn({dim}), b = at::randn({dim});
+    for (bool residual : {true, false}) {  // without: LayerNormImpl::forward_fused's call
+      float* rp = residual ? r.data_ptr<float>() : nullptr;
+      at::Tensor h0 = at::zeros_like(x), y0 = at::empty_like(x);
+      layer_norm_reference({x.data_ptr<float>(), rp, residual ? h0.data_ptr<float>() : nullptr, w.data_ptr<float>(),
+                            b.data_ptr<float>(), y0.data_ptr<float>(), 3, dim, 1e-5f});
+      for (const auto& e : layer_norm_kernels()) {
+        if (!e.run || !usable(e.isa)) continue;
+        at::Tensor h = at::zeros_like(x), y = at::empty_like(x);
+        e.run({x.data_ptr<float>(), rp, residual ? h.data_ptr<float>() : nullptr, w.data_ptr<float>(),
+               b.data_ptr<float>(), y.data_ptr<float>(), 3, dim, 1e-5f});
+        EXPECT_TRUE(same_bits(h, h0) && same_bits(y, y0)) << e.name << " dim " << dim << " residual " << residual;
+      }
+    }
+  }
+  for (int64_t n : {1, 15, 16, 17, 100, 3072}) {
+    at::Tensor x = at::randn({n}) * 4;
+    const float extremes[] = {0.0f, -0.0f, 30.0f, -30.0f, 1e-20f, -1e-20f, 200.0f, -200.0f, 3e38f, -3e38f};
+    for (int64_t i = 0; i < n && i < 10; ++i) x[i * (n / 10 > 0 ? n / 10 : 1)] = extremes[i];
+    at::Tensor ref = at::empty_like(x);
+    gelu_tanh_reference({x.data_ptr<float>(), ref.data_ptr<float>(), n});
+    ASSERT_TRUE(at::isfinite(ref).all().item<bool>()) << "n " << n;
+    for (const auto& e : gelu_tanh_kernels()) {
+      if (!e.run || !usable(e.isa)) continue;
+      at::Tensor y = at::full_like(x, std::nanf(""));
+      e.run({x.data_ptr<float>(), y.data_ptr<float>(), n});
+      EXPECT_TRUE(same_bits(y, ref)) << e.name << " n " << n;
+      at::Tensor in_place = x.clone();  // y may be x
+      e.run({in_place.data_ptr<float>(), in_place.data_ptr<float>(), n});
+      EXPECT_TRUE(same_bits(in_place, ref)) << e.name << " in place, n " << n;
+    }
+  }
   for (int64_t dim : {10, 64, 128}) {
     const at::Tensor x = at::randn({5, 4, dim}), cos = at::randn({5, dim}), sin = at::randn({5, dim});
     at::Tensor ref = x.clone();
@@ -107,6 +141,39 @@ TEST(GgufTokenOps, AgainstTheAtenOpsTheyReplace) {
     const at::Tensor ref1 = aten_rms_norm(x, w, 1e-5);
     EXPECT_TRUE(((y1 - ref1).abs() <= 1e-6 * ref1.abs() + 1e-7 * ref1.abs().max()).all().item<bool>())
         << "dim " << dim << " without residual: " << (y1 - ref1).abs().max();
+  }
+  // LayerNorm: |Δy| <= 1e-6 |y| + 1e-6 max |y| against at::layer_norm (other summation orders).
+  for (int64_t dim : {24, 768, 2048}) {
+    const at::Tensor x = at::randn({4, dim}) * 3 + 1, r = at::randn({4, dim}), w = at::rand({dim}) + 0.5,
+                     b = at::randn({dim});
+    at::Tensor h = at::empty_like(x), y = at::empty_like(x);
+    layer_norm_f32({x.data_ptr<float>(), r.data_ptr<float>(), h.data_ptr<float>(), w.data_ptr<float>(),
+                    b.data_ptr<float>(), y.data_ptr<float>(), 4, dim, 1e-5f});
+    EXPECT_TRUE(at::equal(h, x + r));
+    const at::Tensor ref = at::layer_norm(x + r, {dim}, w, b, 1e-5);
+    EXPECT_TRUE(((y - ref).abs() <= 1e-6 * ref.abs() + 1e-6 * ref.abs().max()).all().item<bool>())
+        << "dim " << dim << ": " << (y - ref).abs().max();
+  }
+  // GELU (tanh form): against the formula in double, |Δy| <= 1e-6 (1 + |u|) |y| + 2e-38 |x| (u's
+  // few-ulp error is scaled by 2|u| in e where e carries y, for u < 0; e is 0 below exp(-87));
+  // against at::gelu(x, "tanh"),
+  // |Δy| <= 1e-6 |y| + 1.2e-7 |x| (ATen's 1 + tanh u loses |x| · 2^-24 to cancellation as tanh u
+  // nears -1, which the kernel's form does not).
+  {
+    const at::Tensor x = at::cat({at::randn({4096}) * 3, at::linspace(-12, 12, 2001)});
+    at::Tensor y = at::empty_like(x);
+    gelu_tanh_f32({x.data_ptr<float>(), y.data_ptr<float>(), x.numel()});
+    const at::Tensor xd = x.to(at::kDouble);
+    const at::Tensor u = 0.7978845608028654 * (xd + 0.044715 * xd.pow(3));
+    const at::Tensor exact = xd / (1 + at::exp(-2 * u));  // = x (1 + tanh u) / 2, no cancellation in double either
+    const at::Tensor err = (y.to(at::kDouble) - exact).abs();
+    EXPECT_TRUE((err <= 1e-6 * (1 + u.abs()) * exact.abs() + 2e-38 * xd.abs()).all().item<bool>())
+        << (err / exact.abs()).max();
+    const at::Tensor aten = at::gelu(x, "tanh");
+    EXPECT_TRUE(((y - aten).abs() <= 1e-6 * aten.abs() + 1.2e-7 * x.abs()).all().item<bool>()) << (y - aten).abs().max();
+    EXPECT_TRUE(at::equal(models::apply_activation("gelu_new", x), y)) << "GPT-2's activation runs the kernel";
+    const at::Tensor xg = x.clone().requires_grad_(true);
+    EXPECT_TRUE(models::apply_activation("gelu_new", xg).requires_grad()) << "autograd keeps ATen's op";
   }
   const at::Tensor x = at::randn({2, 3, 4, 64}), cos = at::randn({3, 64}), sin = at::randn({3, 64});
   at::Tensor y = x.clone();
@@ -296,7 +363,8 @@ TEST(GgufTokenOps, PrefillAttentionDeclinesWhereOnlyItsReferenceWouldRun) {
 }
 
 // GPT-2 takes the fused softmax of decode-size calls too: head_dim 6, so 1/√6 · scores is not
-// bit for bit HF's scores / √6 and only the few-ulp bound holds.
+// bit for bit HF's scores / √6 and only the few-ulp bound holds; and its LayerNorms (ln_2 with the
+// attention's residual add) and GELU through their kernels (no autograd).
 TEST(GgufTokenOps, Gpt2WithTheFusedSoftmaxMatchesTheAtenForwardAndDecodesLikeItsFullForward) {
   models::Gpt2Config c;
   c.vocab_size = 50, c.n_positions = 32, c.n_embd = 24, c.n_layer = 2, c.n_head = 4;
@@ -315,6 +383,34 @@ TEST(GgufTokenOps, Gpt2WithTheFusedSoftmaxMatchesTheAtenForwardAndDecodesLikeIts
   std::vector<at::Tensor> parts = {m->forward(long_ids.narrow(1, 0, 20), &long_cache)};
   for (int64_t t = 20; t < 24; ++t) parts.push_back(m->forward(long_ids.narrow(1, t, 1), &long_cache));
   EXPECT_LT((at::cat(parts, 1) - full).abs().max().item<double>(), 1e-5 * full.abs().max().item<double>());
+}
+
+// nn::LayerNorm: forward() stays ATen's; forward_fused / forward_residual run the kernel without
+// autograd (then the output quantizer, none here) and ATen's ops with it.
+TEST(GgufTokenOps, LayerNormFusedForwardsRunTheKernelOnlyWithoutAutograd) {
+  at::manual_seed(12);
+  nn::LayerNorm ln(torch::nn::LayerNormOptions({40}).eps(1e-5));
+  {
+    at::NoGradGuard ng;
+    ln->weight.uniform_(0.5, 1.5);
+    ln->bias.normal_();
+  }
+  const at::Tensor x = at::randn({2, 3, 40}), r = at::randn({2, 3, 40});
+  const at::Tensor aten = ln->forward(x + r);
+  EXPECT_TRUE(aten.requires_grad());
+  const auto [h_grad, y_grad] = ln->forward_residual(x, r);
+  EXPECT_TRUE(y_grad.requires_grad() && at::equal(y_grad, aten)) << "with autograd: ATen's ops";
+  at::NoGradGuard ng;
+  EXPECT_TRUE(at::equal(ln->forward(x + r), aten.detach())) << "forward() is ATen's";
+  const auto [h, y] = ln->forward_residual(x, r);
+  EXPECT_TRUE(at::equal(h, x + r));
+  at::Tensor expected = at::empty({6, 40});
+  const at::Tensor hc = (x + r).contiguous(), w = ln->weight.detach(), b = ln->bias.detach();
+  layer_norm_reference({hc.data_ptr<float>(), nullptr, nullptr, w.data_ptr<float>(), b.data_ptr<float>(),
+                        expected.data_ptr<float>(), 6, 40, 1e-5f});
+  EXPECT_TRUE(same_bits(y.reshape({6, 40}).contiguous(), expected)) << "the kernel ran";
+  EXPECT_TRUE(same_bits(ln->forward_fused(x + r).reshape({6, 40}).contiguous(), expected));
+  EXPECT_LT((y - aten.detach()).abs().max().item<double>(), 1e-5);
 }
 
 // A q projection narrower than heads x head_dim: the in-place RoPE kernel would write past it, so
