@@ -14,8 +14,10 @@
 namespace qforge::models {
 namespace {
 
-// GELU's tanh form: one fused kernel (kernels::gelu_tanh_f32, within a few ulp of ATen's) where
-// token_ops_fusable holds (float CPU, no gradient to record), else ATen's.
+// GELU's tanh form, for every model whose activation is gelu_new or gelu_pytorch_tanh: one fused
+// kernel (kernels::gelu_tanh_f32: within 1e-6 |y| + 1.2e-7 |x| of ATen's, whose 1 + tanh u
+// cancels for negative x, token_ops.h) where token_ops_fusable holds (float CPU, no gradient to
+// record), else ATen's.
 at::Tensor gelu_tanh(const at::Tensor& x) {
   if (x.numel() == 0 || !nn::token_ops_fusable({&x})) return at::gelu(x, "tanh");
   const at::Tensor xc = x.contiguous();

@@ -20,7 +20,8 @@ std::pair<at::Tensor, at::Tensor> fused_layer_norm(const torch::nn::LayerNormOpt
                                                    const at::Tensor& bias, const at::Tensor& x, const at::Tensor& r) {
   const std::vector<int64_t>& shape = o.normalized_shape();
   if (shape.size() != 1 || !weight.defined() || !bias.defined() || x.dim() < 1 || x.size(-1) != shape[0] ||
-      x.numel() == 0 || (r.defined() && r.sizes() != x.sizes()))
+      weight.numel() != shape[0] || bias.numel() != shape[0] || x.numel() == 0 ||
+      (r.defined() && r.sizes() != x.sizes()))
     return {};
   if (r.defined() ? !token_ops_fusable({&x, &r, &weight, &bias}) : !token_ops_fusable({&x, &weight, &bias})) return {};
   const int64_t dim = shape[0];

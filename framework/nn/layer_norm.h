@@ -28,9 +28,10 @@ class LayerNormImpl : QFORGE_TWIN_BASE(torch::nn::LayerNormImpl), public NormLay
   }
   // ATen's layer norm (torch::nn::LayerNorm's forward, bit for bit), then the output quantizer.
   at::Tensor forward(const at::Tensor& x);
-  // The same with one fused kernel (kernels::layer_norm_f32, within a few ulp of forward()) where
-  // token_ops_fusable holds for x and the affine parameters (float CPU, no gradient to record), a
-  // single normalized dimension and both affine parameters; else forward(). Decoders call it per
+  // The same with one fused kernel (kernels::layer_norm_f32: within 1e-6 |y| + 1e-6 max |y| of
+  // forward(), another summation order) where token_ops_fusable holds for x and the affine
+  // parameters (float CPU, no gradient to record), with a single normalized dimension and both
+  // affine parameters of its size; else forward(). Decoders call it per
   // token (GPT-2); forward() stays ATen's so a converted torch::nn::LayerNorm keeps its results.
   at::Tensor forward_fused(const at::Tensor& x);
   // {h, forward_fused(h)} for h = x + residual, the add inside the kernel where it fuses.

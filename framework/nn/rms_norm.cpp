@@ -28,7 +28,7 @@ at::Tensor RMSNormImpl::forward(const at::Tensor& x) {
   QF_REQUIRE(x.dim() >= 1 && x.size(-1) == dim, path_.empty() ? "nn::RMSNorm" : path_, ": input ", x.sizes(),
              " does not end in ", dim);
   at::Tensor y;
-  if (token_ops_fusable({&x, &weight})) {
+  if (weight.numel() == dim && token_ops_fusable({&x, &weight})) {  // a weight of another size: ATen's error
     const at::Tensor xc = x.contiguous(), w = weight.contiguous();
     y = at::empty_like(xc);
     kernels::rms_norm_f32({xc.data_ptr<float>(), nullptr, nullptr, w.data_ptr<float>(), y.data_ptr<float>(),
@@ -43,7 +43,8 @@ at::Tensor RMSNormImpl::forward(const at::Tensor& x) {
 }
 
 std::pair<at::Tensor, at::Tensor> RMSNormImpl::forward_residual(const at::Tensor& x, const at::Tensor& residual) {
-  if (x.sizes() != residual.sizes() || x.dim() < 1 || x.size(-1) != dim || !token_ops_fusable({&x, &residual, &weight})) {
+  if (x.sizes() != residual.sizes() || x.dim() < 1 || x.size(-1) != dim || weight.numel() != dim ||
+      !token_ops_fusable({&x, &residual, &weight})) {
     const at::Tensor h = x + residual;
     return {h, forward(h)};
   }

@@ -48,7 +48,7 @@ BlockModel gpt2_blocks(models::Gpt2LMHeadModelImpl& m) {
     return body->drop->forward(body->wte->forward(ids) + body->wpe->forward(pos));
   };
   bm.head = [&m, body](const at::Tensor& x) {
-    return models::lm_head_logits(body->ln_f->forward(x), m.lm_head, *body->wte, "models/gpt2", "transformer.wte");
+    return models::lm_head_logits(body->ln_f->forward_fused(x), m.lm_head, *body->wte, "models/gpt2", "transformer.wte");
   };
   return bm;
 }

@@ -85,8 +85,10 @@ __attribute__((always_inline)) inline void prefetch_ahead(const T* const (&w)[NR
 }
 
 // How many of the NR column blocks one tile (NR blocks) past nb0 exist among `blocks`, for a
-// tile of `rows` rows: none for a one-row tile of one block, which reads a single stream that the
-// hardware prefetcher follows into the next block (for_each_tile's short-block case below).
+// tile of `rows` rows: none for any one-row tile of one block, which reads a single stream that
+// the hardware prefetcher follows into the next block (for_each_tile's short-block case below;
+// also the last tile of a thread's range, and the one-row rest of an M > 1 call, whose block's
+// larger row tile has prefetched already).
 template <int NR>
 inline int blocks_ahead(int64_t nb0, int64_t blocks, int64_t rows) {
   if (NR == 1 && rows == 1) return 0;
@@ -181,9 +183,9 @@ inline int64_t column_block_bytes(const S8GroupView& w) { return w.kp * kS8Block
 // prefetcher follows from block to block at the speed of a sequential read. Several blocks per
 // tile are several short streams, each restarting the prefetcher (prefetch_ahead only partly
 // makes up for it). Measured on one core (AMD EPYC Zen 5, docs/kernels.md §4.6c), one block per
-// tile against four with prefetch_ahead: faster up to K = 3072 for int4 (27 KB blocks) and
-// K = 1536 for int8 (24 KB), level or slower from K = 2048 (int8, 32 KB) and 4096 (int4, 36 KB),
-// where four long streams keep more of DRAM busy than one.
+// tile against four with prefetch_ahead: faster up to K = 3072 for int4 (27 KB blocks) and at
+// K = 768 for int8 (12 KB); for int8 at K = 1536-2048 (24-32 KB) the rounds split; slower from
+// int8 K = 3072 (48 KB) and int4 K = 4096 (36 KB), where four long streams keep more of DRAM busy.
 inline constexpr int64_t kOneStreamBytes = 28 * 1024;
 
 // A kernel may declare `static constexpr bool kOneStreamWhenShort = true` (its tiles read the

@@ -3,9 +3,10 @@
 // whole attention of decode-size and prefill-size calls over the cache, each one call where the
 // ATen forward runs 5 to 10 ops (docs/kernels.md §2.5b). The *_reference
 // functions define the results; each op's kernel table runs *_avx512 -> *_reference, bit-equal to
-// the reference (its 16 accumulator lanes are the AVX-512 lanes); the softmax and the decode
-// attentions also have an AVX2 entry (two ymm halves per 16 lanes), bit-equal too. Against the ATen ops they replace:
-// RoPE bit for bit, RMSNorm and softmax within a few ulp (other summation orders and exp).
+// the reference (its 16 accumulator lanes are the AVX-512 lanes); the softmax, the decode
+// attentions and GELU also have an AVX2 entry (two ymm halves per 16 lanes), bit-equal too. Against the ATen ops they replace:
+// RoPE bit for bit, RMSNorm and softmax within a few ulp (other summation orders and exp),
+// LayerNorm and GELU within the bounds stated at each.
 // No ATen here: the ISA files include this header.
 #pragma once
 
@@ -43,7 +44,8 @@ void rms_norm_f32(const RmsNormProblem& p, RunInfo* info = nullptr);
 //   mean = (Σ h_k, lane j: acc_j + h_k for k ≡ j mod 16, k ascending) / dim
 //   var  = (Σ d_k², d_k = h_k − mean, lane j: fmaf(d_k, d_k, acc_j)) / dim
 //   inv  = 1 / sqrtf(var + eps);  y_k = (d_k · inv) · w_k + b_k          (each operation rounded)
-// ATen's kernel sums in another order: within a few ulp of it.
+// ATen's kernel sums in another order: within 1e-6 |y| + 1e-6 max |y| of it (outputs near 0, where
+// d · inv · w nears −b, carry the absolute part).
 struct LayerNormProblem {
   const float* x = nullptr;
   const float* r = nullptr;  // residual, or null
@@ -61,7 +63,8 @@ void layer_norm_f32(const LayerNormProblem& p, RunInfo* info = nullptr);
 // GELU in its tanh form (HF "gelu_new", "gelu_pytorch_tanh"), n floats, elementwise:
 //   u = kGeluC0 · (x + kGeluC1 · ((x · x) · x));  e = exp_nonpositive(−2 · |u|)
 //   y = x / (1 + e) where u >= 0,  (x · e) / (1 + e) where u < 0          (each operation rounded)
-// which is x · (1 + tanh u) / 2 without the cancellation of 1 + tanh u as tanh u nears −1.
+// which is x · (1 + tanh u) / 2 without the cancellation of 1 + tanh u as tanh u nears −1: ATen's
+// form loses |x| · 2^-24 there, so against it the bound is 1e-6 |y| + 1.2e-7 |x|.
 inline constexpr float kGeluC0 = 0.7978845608028654f;  // sqrt(2 / pi)
 inline constexpr float kGeluC1 = 0.044715f;
 struct GeluProblem {

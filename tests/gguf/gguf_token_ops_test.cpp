@@ -81,7 +81,7 @@ TEST(GgufTokenOps, EveryTableEntryEqualsTheReferenceBitForBit) {
       }
     }
   }
-  for (int64_t n : {1, 15, 16, 17, 100, 3072}) {
+  for (int64_t n : {1, 15, 16, 17, 100, 3072, 70001}) {  // 70 001: several tasks of 32 768, the last clipped
     at::Tensor x = at::randn({n}) * 4;
     const float extremes[] = {0.0f, -0.0f, 30.0f, -30.0f, 1e-20f, -1e-20f, 200.0f, -200.0f, 3e38f, -3e38f};
     for (int64_t i = 0; i < n && i < 10; ++i) x[i * (n / 10 > 0 ? n / 10 : 1)] = extremes[i];
@@ -96,6 +96,15 @@ TEST(GgufTokenOps, EveryTableEntryEqualsTheReferenceBitForBit) {
       at::Tensor in_place = x.clone();  // y may be x
       e.run({in_place.data_ptr<float>(), in_place.data_ptr<float>(), n});
       EXPECT_TRUE(same_bits(in_place, ref)) << e.name << " in place, n " << n;
+    }
+  }
+  {  // NaN stays NaN, +inf gives +inf and -inf NaN (-inf · 0), as ATen's formula does
+    const float in[] = {std::nanf(""), std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity()};
+    for (const auto& e : gelu_tanh_kernels()) {
+      if (!e.run || !usable(e.isa)) continue;
+      float out[3];
+      e.run({in, out, 3});
+      EXPECT_TRUE(std::isnan(out[0]) && out[1] == in[1] && std::isnan(out[2])) << e.name;
     }
   }
   for (int64_t dim : {10, 64, 128}) {
@@ -411,6 +420,13 @@ TEST(GgufTokenOps, LayerNormFusedForwardsRunTheKernelOnlyWithoutAutograd) {
   EXPECT_TRUE(same_bits(y.reshape({6, 40}).contiguous(), expected)) << "the kernel ran";
   EXPECT_TRUE(same_bits(ln->forward_fused(x + r).reshape({6, 40}).contiguous(), expected));
   EXPECT_LT((y - aten.detach()).abs().max().item<double>(), 1e-5);
+  // Where the kernel does not apply, forward()'s ATen result: no affine parameters, two normalized
+  // dimensions.
+  nn::LayerNorm plain(torch::nn::LayerNormOptions({40}).elementwise_affine(false));
+  EXPECT_TRUE(at::equal(plain->forward_fused(x), plain->forward(x)));
+  nn::LayerNorm two(torch::nn::LayerNormOptions({3, 40}));
+  EXPECT_TRUE(at::equal(two->forward_fused(x), two->forward(x)));
+  EXPECT_TRUE(at::equal(two->forward_residual(x, r).second, two->forward(x + r)));
 }
 
 // A q projection narrower than heads x head_dim: the in-place RoPE kernel would write past it, so
