@@ -2,6 +2,7 @@
 // every rank chooses rank 0's widths, from rank 0's latencies and sensitivities.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
+#include <ATen/CPUGeneratorImpl.h>
 
 #include <filesystem>
 #include <fstream>
@@ -29,13 +30,20 @@ struct SearchSetup {
   std::function<at::Tensor(int64_t)> loss;
 };
 
+// Weights and data from a private generator: the ranks are threads of this process, and another
+// rank's thread may draw from the global generator at any time (the latency timer's random inputs),
+// which would change a model seeded through it (a rank's sensitivities then differed by 20 %).
 SearchSetup make_setup() {
   const std::lock_guard<std::mutex> lock(g_init_mutex);
-  torch::manual_seed(4);
+  at::Generator gen = at::detail::createCPUGenerator(4);
   SearchSetup s;
   s.model = std::make_shared<TwoLayers>();
   s.model->eval();
-  const at::Tensor x = at::randn({32, 64}), y = at::randn({32, 8});
+  {
+    at::NoGradGuard no_grad;
+    for (at::Tensor& p : s.model->parameters()) p.copy_(at::randn(p.sizes(), gen) * 0.1);
+  }
+  const at::Tensor x = at::randn({32, 64}, gen), y = at::randn({32, 8}, gen);
   s.loss = [m = s.model, x, y](int64_t) { return at::mse_loss(m->forward(x), y); };
   return s;
 }
