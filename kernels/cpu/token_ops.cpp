@@ -24,13 +24,19 @@ float fold_lanes(float (&acc)[kTokenOpLanes]) {
   return acc[0];
 }
 
+// Row r of a norm's input: x's, or h = x + r (written to h) when a residual is given.
+template <class Norm>
+const float* norm_input_row(const Norm& p, int64_t r) {
+  const float* x = p.x + r * p.dim;
+  if (!p.r) return x;
+  float* h = p.h + r * p.dim;
+  for (int64_t k = 0; k < p.dim; ++k) h[k] = x[k] + p.r[r * p.dim + k];
+  return h;
+}
+
 void rms_norm_rows(const RmsNormProblem& p, int64_t r0, int64_t r1) {
   for (int64_t r = r0; r < r1; ++r) {
-    const float* x = p.x + r * p.dim;
-    float* h = p.r ? p.h + r * p.dim : nullptr;
-    if (p.r)
-      for (int64_t k = 0; k < p.dim; ++k) h[k] = x[k] + p.r[r * p.dim + k];
-    const float* v = p.r ? h : x;
+    const float* v = norm_input_row(p, r);
     float acc[kTokenOpLanes] = {};
     for (int64_t k = 0; k < p.dim; ++k) acc[k % kL] = std::fmaf(v[k], v[k], acc[k % kL]);
     const float inv = 1.0f / std::sqrt(fold_lanes(acc) / static_cast<float>(p.dim) + p.eps);
@@ -41,11 +47,7 @@ void rms_norm_rows(const RmsNormProblem& p, int64_t r0, int64_t r1) {
 
 void layer_norm_rows(const LayerNormProblem& p, int64_t r0, int64_t r1) {
   for (int64_t r = r0; r < r1; ++r) {
-    const float* x = p.x + r * p.dim;
-    float* h = p.r ? p.h + r * p.dim : nullptr;
-    if (p.r)
-      for (int64_t k = 0; k < p.dim; ++k) h[k] = x[k] + p.r[r * p.dim + k];
-    const float* v = p.r ? h : x;
+    const float* v = norm_input_row(p, r);
     float acc[kTokenOpLanes] = {};
     for (int64_t k = 0; k < p.dim; ++k) acc[k % kL] = acc[k % kL] + v[k];
     const float mean = fold_lanes(acc) / static_cast<float>(p.dim);
@@ -180,12 +182,9 @@ void attention_prefill_groups(const AttentionProblem& p, int64_t g0, int64_t g1)
   }
 }
 
-template <void (*kRows)(const RmsNormProblem&, int64_t, int64_t)>
-void run_rms_norm(const RmsNormProblem& p) {
-  detail::parallel_over(p.rows, std::max<int64_t>(1, kElementsPerTask / p.dim), [&](int64_t b, int64_t e) { kRows(p, b, e); });
-}
-template <void (*kRows)(const LayerNormProblem&, int64_t, int64_t)>
-void run_layer_norm(const LayerNormProblem& p) {
+// A norm's rows over the threads (RMSNorm, LayerNorm).
+template <class Norm, void (*kRows)(const Norm&, int64_t, int64_t)>
+void run_norm(const Norm& p) {
   detail::parallel_over(p.rows, std::max<int64_t>(1, kElementsPerTask / p.dim), [&](int64_t b, int64_t e) { kRows(p, b, e); });
 }
 // Chunks of 16 elements over the threads (any split gives the same elementwise results).
@@ -279,8 +278,8 @@ void attention_kv_codes_reference(const KvCodesAttentionProblem& p) { attention_
 
 const KernelTable<RmsNormProblem>& rms_norm_kernels() {
   static const KernelTable<RmsNormProblem> table{
-      {"rms_norm_f32_avx512", Isa::kAvx512, nullptr, nullptr, QF_KERNEL_AVX512(run_rms_norm<detail::rms_norm_rows_avx512>)},
-      {"rms_norm_f32_reference", Isa::kReference, nullptr, nullptr, run_rms_norm<rms_norm_rows>},
+      {"rms_norm_f32_avx512", Isa::kAvx512, nullptr, nullptr, QF_KERNEL_AVX512((run_norm<RmsNormProblem, detail::rms_norm_rows_avx512>))},
+      {"rms_norm_f32_reference", Isa::kReference, nullptr, nullptr, run_norm<RmsNormProblem, rms_norm_rows>},
   };
   return table;
 }
@@ -288,8 +287,8 @@ const KernelTable<RmsNormProblem>& rms_norm_kernels() {
 const KernelTable<LayerNormProblem>& layer_norm_kernels() {
   static const KernelTable<LayerNormProblem> table{
       {"layer_norm_f32_avx512", Isa::kAvx512, nullptr, nullptr,
-       QF_KERNEL_AVX512(run_layer_norm<detail::layer_norm_rows_avx512>)},
-      {"layer_norm_f32_reference", Isa::kReference, nullptr, nullptr, run_layer_norm<layer_norm_rows>},
+       QF_KERNEL_AVX512((run_norm<LayerNormProblem, detail::layer_norm_rows_avx512>))},
+      {"layer_norm_f32_reference", Isa::kReference, nullptr, nullptr, run_norm<LayerNormProblem, layer_norm_rows>},
   };
   return table;
 }
