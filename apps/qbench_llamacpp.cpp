@@ -46,6 +46,7 @@
 #include "framework/models/gguf_load.h"
 #include "framework/models/kv_cache.h"
 #include "framework/models/llama.h"
+#include "framework/models/sampling.h"
 #include "kernels/cpu/packed_linear.h"
 #include "kernels/cpu/token_ops.h"
 
@@ -193,11 +194,16 @@ Case decode_case(const std::string& shape, const std::shared_ptr<Model>& m, cons
   for (const auto& mod : (*m)->modules(/*include_self=*/false))
     if (const auto* lin = dynamic_cast<const nn::LinearImpl*>(mod.get())) per_token += lin->storage_bytes();
   Case c{shape, static_cast<double>(per_token * kLlamaDecode), {}};
+  // Greedy as qgen chooses (models::Sampler at temperature 0: the logits read in place).
   const std::function<void()> qforge_run = [m, cache, first] {
     at::NoGradGuard g;
     cache->truncate(kLlamaPrompt);  // drops the previous run's tokens in place (no copy in the timed run)
+    models::SamplingOptions greedy;
+    greedy.temperature = 0;
+    models::Sampler sampler(greedy);
     at::Tensor next = first;
-    for (int64_t t = 0; t < kLlamaDecode; ++t) next = (*m)->forward(next, cache.get()).select(1, 0).argmax(-1, true);
+    for (int64_t t = 0; t < kLlamaDecode; ++t)
+      next = at::full({1, 1}, sampler.next((*m)->forward(next, cache.get()), {}), at::kLong);
   };
   c.impls.push_back({"qforge", with_decode(m->ptr(), DecodeActivations::kExact, qforge_run)});
   c.impls.push_back({"qforge-q8", with_decode(m->ptr(), DecodeActivations::kQ8Block32, qforge_run)});

@@ -5,6 +5,7 @@
 #include <ATen/Dispatch.h>
 
 #include <limits>
+#include <vector>
 
 #include "framework/core/error.h"
 #include "framework/nn/rms_norm.h"
@@ -80,26 +81,36 @@ at::Tensor fused_causal_softmax(const at::Tensor& scores, int64_t past, int64_t 
 
 namespace {
 
-// The context [B, KV, rows, D] of q, k, v by `kernel` (attention_f32 or attention_prefill_f32),
-// undefined outside fused_decode_attention's conditions (T aside: the callers bound it).
+// The context of q, k, v by `kernel` (attention_f32 or attention_prefill_f32): [B, KV, rows, D], or
+// with `tokens` set [B, T, KV · rep · D] (undefined where rep > 1 and T > 1: those rows are not
+// evenly spaced there). Undefined outside fused_decode_attention's conditions (T aside: the callers
+// bound it). q is read where it lies (its rows evenly spaced, D contiguous floats each); decode
+// calls keep the scores in the calling thread's scratch.
 at::Tensor fused_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t T, int64_t window,
-                           double scale, bool scores, void (*kernel)(const kernels::AttentionProblem&, kernels::RunInfo*)) {
+                           double scale, bool scores, bool tokens,
+                           void (*kernel)(const kernels::AttentionProblem&, kernels::RunInfo*)) {
   QF_REQUIRE(q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && k.sizes() == v.sizes() && q.size(0) == k.size(0) &&
                  q.size(1) == k.size(1) && q.size(3) == k.size(3) && T > 0 && q.size(2) % T == 0,
              "models: attention needs q [B, KV, rep * T, D] and k, v [B, KV, S, D], got ", q.sizes(), ", ", k.sizes(),
              ", ", v.sizes(), " with T=", T);
-  const int64_t B = q.size(0), KV = q.size(1), rows = q.size(2), D = q.size(3), S = k.size(2);
-  if (rows == 0 || S < T || D == 0 || k.stride(3) != 1 || v.stride(3) != 1 || !nn::token_ops_fusable({&q, &k, &v}))
+  const int64_t B = q.size(0), KV = q.size(1), rows = q.size(2), D = q.size(3), S = k.size(2), rep = rows / T;
+  if (rows == 0 || S < T || D == 0 || k.stride(3) != 1 || v.stride(3) != 1 || (tokens && rep > 1 && T > 1) ||
+      !nn::token_ops_fusable({&q, &k, &v}))
     return {};
-  const at::Tensor qc = q.contiguous();
-  at::Tensor out = at::empty({B, KV, rows, D}, q.options());
-  at::Tensor w = scores ? at::empty({B, KV, rows, S}, q.options()) : at::Tensor();
+  const at::Tensor qc = q.stride(3) == 1 && (rows == 1 || q.stride(2) >= D) ? q : q.contiguous();
+  at::Tensor out = tokens ? at::empty({B, T, KV * rep * D}, q.options()) : at::empty({B, KV, rows, D}, q.options());
+  thread_local std::vector<float> scratch;
+  if (scores) scratch.resize(static_cast<size_t>(B * KV * rows * S));
   kernels::AttentionProblem p;
   p.q = qc.data_ptr<float>(), p.k = k.data_ptr<float>(), p.v = v.data_ptr<float>();
-  p.scores = scores ? w.data_ptr<float>() : nullptr, p.out = out.data_ptr<float>();
+  p.scores = scores ? scratch.data() : nullptr, p.out = out.data_ptr<float>();
   p.groups = B * KV, p.heads = KV, p.rows = rows, p.T = T, p.S = S, p.D = D, p.past = S - T, p.window = window;
   p.k_batch_stride = k.stride(0), p.k_head_stride = k.stride(1), p.k_row_stride = k.stride(2);
   p.v_batch_stride = v.stride(0), p.v_head_stride = v.stride(1), p.v_row_stride = v.stride(2);
+  p.q_batch_stride = qc.stride(0), p.q_head_stride = qc.stride(1), p.q_row_stride = qc.stride(2);
+  if (tokens) {  // query head kv · rep + r of position t at [b, t, (kv · rep + r) · D]; row i = r · T + t
+    p.out_batch_stride = T * KV * rep * D, p.out_head_stride = rep * D, p.out_row_stride = T == 1 ? D : KV * rep * D;
+  }
   p.scale = static_cast<float>(scale);
   kernel(p, nullptr);
   return out;
@@ -110,7 +121,13 @@ at::Tensor fused_attention(const at::Tensor& q, const at::Tensor& k, const at::T
 at::Tensor fused_decode_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t T,
                                   int64_t window, double scale) {
   if (T > kernels::kWeightOnlyMaxM) return {};
-  return fused_attention(q, k, v, T, window, scale, true, kernels::attention_f32);
+  return fused_attention(q, k, v, T, window, scale, true, false, kernels::attention_f32);
+}
+
+at::Tensor fused_decode_attention_tokens(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t T,
+                                         int64_t window, double scale) {
+  if (T > kernels::kWeightOnlyMaxM) return {};
+  return fused_attention(q, k, v, T, window, scale, true, true, kernels::attention_f32);
 }
 
 namespace {
@@ -161,7 +178,7 @@ at::Tensor fused_prefill_attention(const at::Tensor& q, const at::Tensor& k, con
   if (kernels::select_kernel(kernels::attention_prefill_kernels(), kernels::AttentionProblem{},
                              kernels::IsaGate::machine(), nullptr).isa == kernels::Isa::kReference)
     return {};
-  return fused_attention(q, k, v, T, window, scale, false, kernels::attention_prefill_f32);
+  return fused_attention(q, k, v, T, window, scale, false, false, kernels::attention_prefill_f32);
 }
 
 }  // namespace qforge::models

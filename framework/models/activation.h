@@ -43,6 +43,14 @@ at::Tensor fused_causal_softmax(const at::Tensor& scores, int64_t past, int64_t 
 at::Tensor fused_decode_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t T,
                                   int64_t window, double scale);
 
+// fused_decode_attention with the context written as [B, T, KV · rep · D] (query head kv · rep + r
+// of position t at [b, t, (kv · rep + r) · D, + D)): HF's context.transpose(1, 2).reshape(B, T, H · D),
+// what the output projection reads, with no permute or copy. q may be a strided view (GPT-2's q inside
+// its fused [B, T, 3 · H · D] projection). Undefined where fused_decode_attention's would be, or
+// where rep > 1 and T > 1 (those rows are not evenly spaced in this layout).
+at::Tensor fused_decode_attention_tokens(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t T,
+                                         int64_t window, double scale);
+
 // Decode-size attention on a quantized cache's codes (kernels::attention_kv_codes_f32,
 // docs/kv_cache.md "Attention on the codes"): where the cache is quantized with attend_on_codes
 // set and fused_decode_attention's conditions hold for q, k and v, appends k and v to layer

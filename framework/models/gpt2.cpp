@@ -3,7 +3,10 @@
 
 #include <ATen/ATen.h>
 
+#include <array>
 #include <cmath>
+#include <tuple>
+#include <vector>
 #include <nlohmann/json.hpp>
 
 #include "framework/core/error.h"
@@ -72,16 +75,35 @@ void Gpt2AttentionImpl::reset() {
   resid_dropout = register_module("resid_dropout", torch::nn::Dropout(config.resid_pdrop));
 }
 
+namespace {
+
+// d(x), skipped outside training: Dropout is then the identity, and the skipped call is one
+// dispatched op less per use in a decode step.
+at::Tensor dropped(torch::nn::Dropout& d, const at::Tensor& x) { return d->is_training() ? d->forward(x) : x; }
+
+}  // namespace
+
 at::Tensor Gpt2AttentionImpl::forward(const at::Tensor& x, KvCache* cache, int64_t layer) {
-  const int64_t B = x.size(0), T = x.size(1), H = config.n_head, D = config.n_embd / H;
-  const auto qkv = c_attn->forward(x).split(config.n_embd, -1);
-  auto heads = [&](const at::Tensor& t) { return t.view({B, T, H, D}).permute({0, 2, 1, 3}); };
-  const at::Tensor q = heads(qkv[0]);
-  at::Tensor k = heads(qkv[1]), v = heads(qkv[2]);
+  const int64_t B = x.size(0), T = x.size(1), H = config.n_head, C = config.n_embd, D = C / H;
+  const at::Tensor qkv = c_attn->forward(x);
+  // q, k, v [B, H, T, D]: views of qkv [B, T, 3 · C]. Outside autograd each is one strided view
+  // (split, view and permute would take seven ops a layer, the costliest part of a decode step's
+  // glue); under autograd the ops whose backward is the plain one.
+  std::array<at::Tensor, 3> parts;
+  if (at::GradMode::is_enabled() && qkv.requires_grad()) {
+    const auto qkv_split = qkv.split(C, -1);
+    for (size_t i = 0; i < 3; ++i) parts[i] = qkv_split[i].view({B, T, H, D}).permute({0, 2, 1, 3});
+  } else {
+    const at::Tensor packed = qkv.contiguous();
+    for (int64_t i = 0; i < 3; ++i)
+      parts[i] = packed.as_strided({B, H, T, D}, {T * 3 * C, D, 3 * C, 1}, packed.storage_offset() + i * C);
+  }
+  const at::Tensor q = parts[0];
+  at::Tensor k = parts[1], v = parts[2];
   const double root = std::sqrt(static_cast<double>(D));
   const bool fusable = !qk_matmul->quantized() && !av_matmul->quantized() && !attn_dropout->is_training();
   auto output = [&](const at::Tensor& ctx) {
-    return resid_dropout->forward(c_proj->forward(ctx.permute({0, 2, 1, 3}).reshape({B, T, H * D})));
+    return dropped(resid_dropout, c_proj->forward(ctx.permute({0, 2, 1, 3}).reshape({B, T, H * D})));
   };
   // A quantized cache at decode sizes: attention reads its codes (nothing dequantized up front).
   if (cache != nullptr && fusable) {
@@ -96,10 +118,12 @@ at::Tensor Gpt2AttentionImpl::forward(const at::Tensor& x, KvCache* cache, int64
     cacheless_kv(k, v, config.kv_cache, layer, "models/gpt2");
   }
   // Float products: the whole attention in one kernel (activation.h), decode- or prefill-size, the
-  // scores times 1/√D as the fused softmax below takes them.
+  // scores times 1/√D as the fused softmax below takes them; decode sizes write the context as
+  // [B, T, C], c_proj's input (no permute or copy).
   if (fusable) {
-    at::Tensor ctx = fused_decode_attention(q, k, v, T, 0, 1.0 / root);
-    if (!ctx.defined()) ctx = fused_prefill_attention(q, k, v, T, 0, 1.0 / root);
+    const at::Tensor tokens = fused_decode_attention_tokens(q, k, v, T, 0, 1.0 / root);
+    if (tokens.defined()) return dropped(resid_dropout, c_proj->forward(tokens));
+    const at::Tensor ctx = fused_prefill_attention(q, k, v, T, 0, 1.0 / root);
     if (ctx.defined()) return output(ctx);
   }
   const at::Tensor scores = qk_matmul->forward(q, k.transpose(-1, -2));
@@ -114,8 +138,7 @@ at::Tensor Gpt2AttentionImpl::forward(const at::Tensor& x, KvCache* cache, int64
     p = at::softmax(at::where(causal, w, masked_score(w)), -1);
   }
   p = attn_dropout->forward(p);
-  const at::Tensor ctx = av_matmul->forward(p, v).permute({0, 2, 1, 3}).reshape({B, T, H * D});
-  return resid_dropout->forward(c_proj->forward(ctx));
+  return output(av_matmul->forward(p, v));
 }
 
 Gpt2MlpImpl::Gpt2MlpImpl(const Gpt2Config& c) : config(c) { reset(); }
@@ -127,7 +150,7 @@ void Gpt2MlpImpl::reset() {
 }
 
 at::Tensor Gpt2MlpImpl::forward(const at::Tensor& x) {
-  return dropout->forward(c_proj->forward(apply_activation(config.activation_function, c_fc->forward(x))));
+  return dropped(dropout, c_proj->forward(apply_activation(config.activation_function, c_fc->forward(x))));
 }
 
 Gpt2BlockImpl::Gpt2BlockImpl(const Gpt2Config& c) : config(c) { reset(); }
@@ -143,8 +166,14 @@ void Gpt2BlockImpl::reset() {
 // The LayerNorms through their fused kernel where it applies (LayerNormImpl::forward_fused), the
 // attention's residual add inside ln_2's (h = attention output + x: the same sum as x + output).
 at::Tensor Gpt2BlockImpl::forward(const at::Tensor& x, KvCache* cache, int64_t layer) {
-  const auto [h, normed] = ln_2->forward_residual(attn->forward(ln_1->forward_fused(x), cache, layer), x);
-  return h + mlp->forward(normed);
+  const auto [h, m] = forward_terms(x, ln_1->forward_fused(x), cache, layer);
+  return h + m;
+}
+
+std::pair<at::Tensor, at::Tensor> Gpt2BlockImpl::forward_terms(const at::Tensor& x, const at::Tensor& normed_x,
+                                                               KvCache* cache, int64_t layer) {
+  const auto [h, normed] = ln_2->forward_residual(attn->forward(normed_x, cache, layer), x);
+  return {h, mlp->forward(normed)};
 }
 
 Gpt2ModelImpl::Gpt2ModelImpl(const Gpt2Config& c) : config(c) { reset(); }
@@ -171,10 +200,18 @@ at::Tensor Gpt2ModelImpl::forward(const at::Tensor& ids, Gpt2KvCache* cache) {
     cache->resize(static_cast<size_t>(config.n_layer));
   }
   const at::Tensor pos = at::arange(past, past + T, ids.options().dtype(at::kLong)).unsqueeze(0);
-  at::Tensor x = drop->forward(wte->forward(ids) + wpe->forward(pos));
-  int64_t layer = 0;
-  for (const auto& b : *h) x = b->as<Gpt2BlockImpl>()->forward(x, cache, layer++);
-  return ln_f->forward_fused(x);
+  at::Tensor x = dropped(drop, wte->forward(ids) + wpe->forward(pos));
+  // Each block's last residual add happens inside the next LayerNorm's kernel (the next block's
+  // ln_1, or ln_f): mlp + h there, bit for bit the block's own h + mlp.
+  std::vector<Gpt2BlockImpl*> blocks;
+  for (const auto& b : *h) blocks.push_back(b->as<Gpt2BlockImpl>());
+  if (blocks.empty()) return ln_f->forward_fused(x);
+  at::Tensor normed = blocks.front()->ln_1->forward_fused(x);
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    const auto [hs, m] = blocks[i]->forward_terms(x, normed, cache, static_cast<int64_t>(i));
+    std::tie(x, normed) = (i + 1 < blocks.size() ? blocks[i + 1]->ln_1 : ln_f)->forward_residual(m, hs);
+  }
+  return normed;
 }
 
 Gpt2LMHeadModelImpl::Gpt2LMHeadModelImpl(const Gpt2Config& c) : config(c) { reset(); }

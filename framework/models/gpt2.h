@@ -13,6 +13,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "framework/models/field_rule.h"
@@ -103,6 +104,10 @@ class Gpt2BlockImpl : public torch::nn::Cloneable<Gpt2BlockImpl> {
   explicit Gpt2BlockImpl(const Gpt2Config& c);
   void reset() override;
   at::Tensor forward(const at::Tensor& x, KvCache* cache = nullptr, int64_t layer = 0);
+  // forward(x) as its last two terms {h, mlp(ln_2(h))} (forward = h + mlp(...)), given
+  // normed_x = ln_1(x): the model adds them inside the next LayerNorm's kernel.
+  std::pair<at::Tensor, at::Tensor> forward_terms(const at::Tensor& x, const at::Tensor& normed_x,
+                                                  KvCache* cache = nullptr, int64_t layer = 0);
   Gpt2Config config;
   nn::LayerNorm ln_1{nullptr}, ln_2{nullptr};
   Gpt2Attention attn{nullptr};

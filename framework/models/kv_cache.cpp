@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <cstring>
 
 #include "framework/core/error.h"
 
@@ -21,6 +22,26 @@ bool is_prefix_of(const at::Tensor& cached, const at::Tensor& store) {
   return cached.size(2) <= store.size(2) && cached.strides() == store.strides();
 }
 
+// store[:, :, past : past + T] = x. A float CPU x of a few positions (a decode step) is copied row by
+// row from wherever it lies (GPT-2's keys are a strided view of its fused projection): the same
+// floats as copy_, without its dispatch and iterator set-up.
+void write_positions(const at::Tensor& store, int64_t past, const at::Tensor& x) {
+  const int64_t B = x.size(0), H = x.size(1), T = x.size(2), D = x.size(3);
+  if (T > 4 || x.scalar_type() != at::kFloat || !x.device().is_cpu() || store.scalar_type() != at::kFloat ||
+      x.stride(3) != 1 || !store.is_contiguous()) {
+    store.narrow(2, past, T).copy_(x);
+    return;
+  }
+  const float* src = x.data_ptr<float>();
+  float* dst = store.data_ptr<float>();
+  const int64_t cap = store.size(2);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t t = 0; t < T; ++t)
+        std::memcpy(dst + ((b * H + h) * cap + past + t) * D, src + b * x.stride(0) + h * x.stride(1) + t * x.stride(2),
+                    static_cast<size_t>(D) * sizeof(float));
+}
+
 // Appends `x` to one side of a layer: the store grows (doubling) when `x` does not fit.
 at::Tensor append_side(at::Tensor& store, const at::Tensor& cached, const at::Tensor& x, int64_t reserve) {
   const int64_t past = cached.defined() ? cached.size(2) : 0, need = past + x.size(2);
@@ -30,8 +51,9 @@ at::Tensor append_side(at::Tensor& store, const at::Tensor& cached, const at::Te
     const int64_t grown = store.defined() && owned ? 2 * store.size(2) : reserve > 0 ? reserve : KvCache::kMinCapacity;
     store = new_kv_store(x, std::max(grown, need), cached, past);
   }
-  store.narrow(2, past, x.size(2)).copy_(x);
-  return store.narrow(2, 0, need);
+  write_positions(store, past, x);
+  // store.narrow(2, 0, need) as one strided view (narrow dispatches slice, then as_strided).
+  return store.as_strided({store.size(0), store.size(1), need, store.size(3)}, store.strides(), store.storage_offset());
 }
 
 }  // namespace

@@ -308,8 +308,12 @@ at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x, const RopeTables& ro
     cacheless_kv(k, v, config.kv_cache, layer, kLlama);
   }
   const int64_t S = k.size(2), past = S - T;
-  // Float products: the whole attention in one kernel (activation.h), decode- or prefill-size.
+  // Float products: the whole attention in one kernel (activation.h), decode- or prefill-size; a
+  // decode step's context written as [B, T, H · D], o_proj's input (one query position, or no
+  // grouping: rows evenly spaced there).
   if (float_products) {
+    const at::Tensor tokens = fused_decode_attention_tokens(qg, k, v, T, window, scale);
+    if (tokens.defined()) return o_proj->forward(tokens);
     at::Tensor ctx = fused_decode_attention(qg, k, v, T, window, scale);
     if (!ctx.defined()) ctx = fused_prefill_attention(qg, k, v, T, window, scale);
     if (ctx.defined()) return output(ctx);

@@ -48,6 +48,28 @@ void penalize_repetitions(std::vector<double>& l, const std::vector<int64_t>& hi
 
 size_t argmax(const std::vector<double>& v) { return static_cast<size_t>(std::max_element(v.begin(), v.end()) - v.begin()); }
 
+// The greedy choice read from float32 CPU logits where they lie (a decode step's [1, 1, vocab]):
+// the first id of the largest logit, as argmax() of last_row() gives it (float to double is exact
+// and keeps the order). -1 where it does not apply, or where a logit is NaN or +inf or every one is
+// -inf (last_row then names the problem).
+int64_t greedy_in_place(const at::Tensor& logits) {
+  if (!logits.defined() || logits.dim() < 1 || logits.size(-1) < 1 || logits.scalar_type() != at::kFloat ||
+      !logits.device().is_cpu() || !logits.is_contiguous())
+    return -1;
+  const int64_t vocab = logits.size(-1);
+  const float* l = logits.data_ptr<float>() + (logits.numel() - vocab);
+  float top = -std::numeric_limits<float>::infinity();
+  bool bad = false;
+  for (int64_t i = 0; i < vocab; ++i) {  // two branch-free reductions (vectorized)
+    bad = bad | (l[i] != l[i]) | (l[i] == std::numeric_limits<float>::infinity());
+    top = l[i] > top ? l[i] : top;
+  }
+  if (bad || top == -std::numeric_limits<float>::infinity()) return -1;
+  for (int64_t i = 0; i < vocab; ++i)
+    if (l[i] == top) return i;
+  return -1;
+}
+
 void keep_top_k(std::vector<double>& l, int64_t k) {
   if (k <= 0 || k >= static_cast<int64_t>(l.size())) return;
   std::vector<double> sorted = l;
@@ -127,6 +149,13 @@ at::Tensor Sampler::distribution(const at::Tensor& logits, const std::vector<int
 }
 
 int64_t Sampler::next(const at::Tensor& logits, const std::vector<int64_t>& history) {
+  if (options_.greedy() && options_.repetition_penalty == 1) {  // no copy of the vocabulary's logits
+    const int64_t id = greedy_in_place(logits);
+    if (id >= 0) {
+      require_in_vocabulary(history, static_cast<size_t>(logits.size(-1)));
+      return id;
+    }
+  }
   const std::vector<double> p = probabilities(logits, history);
   if (options_.greedy()) return static_cast<int64_t>(argmax(p));
   const double u = static_cast<double>(rng_() >> 11) * 0x1.0p-53;

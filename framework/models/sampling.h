@@ -37,7 +37,9 @@ class Sampler {
  public:
   explicit Sampler(const SamplingOptions& options);
   // The next id from `logits` ([vocab], or [..., vocab]: the last row) after `history`, the ids
-  // of the sequence so far. Non-finite logits other than -inf (masked) are errors.
+  // of the sequence so far. Non-finite logits other than -inf (masked) are errors. Greedy with no
+  // repetition penalty reads contiguous float32 CPU logits where they lie (no float64 copy of the
+  // vocabulary per token): the same id, the first of the largest logit.
   int64_t next(const at::Tensor& logits, const std::vector<int64_t>& history);
   // The probabilities next() draws from (float64 [vocab], zero outside the kept set); for greedy
   // options, one-hot at the argmax.

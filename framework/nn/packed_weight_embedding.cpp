@@ -4,6 +4,7 @@
 // table is dequantized per call.
 #include <ATen/ATen.h>
 
+#include <string>
 #include <vector>
 
 #include "framework/core/error.h"
@@ -65,10 +66,29 @@ at::Tensor gather_nibble_rows(const QuantizedTensor& fw, const at::Tensor& flat)
 
 class PackedEmbedding final : public CpuPackedWeight {
  public:
-  PackedEmbedding(QuantizedTensor fw, EmbeddingLookup lookup) : fw_(std::move(fw)), lookup_(lookup) {}
+  PackedEmbedding(QuantizedTensor fw, EmbeddingLookup lookup, std::string who)
+      : fw_(std::move(fw)), lookup_(lookup), who_(std::move(who)) {
+    // int8 rows with a float32 or fp16 scale per row or per group of a row and an int32 zero point
+    // (or none but 0): views of the table's own tensors (no copy of a contiguous table), so a few
+    // looked-up rows are read in one loop (few_rows).
+    const QSpec& spec = fw_.spec;
+    if (lookup_ == EmbeddingLookup::kGatherS8 && fw_.data.scalar_type() == at::kChar &&
+        (fw_.scale.scalar_type() == at::kFloat || fw_.scale.scalar_type() == at::kHalf) &&
+        ((spec.granularity == Granularity::kPerChannel && spec.axis == 0) || spec.granularity == Granularity::kPerGroup)) {
+      const int64_t rows = fw_.shape[0];
+      const bool zero = !fw_.zero_point.defined() || at::eq(fw_.zero_point, 0).all().item<bool>();
+      if (zero || fw_.zero_point.scalar_type() == at::kInt) {
+        row_codes_ = fw_.data.reshape(fw_.shape).contiguous();
+        row_scale_ = fw_.scale.reshape({rows, -1}).contiguous();
+        if (!zero) row_zero_ = fw_.zero_point.reshape({rows, -1}).contiguous();
+      }
+    }
+  }
   LinearPath path() const override { return LinearPath::kDequant; }
   // indices [...] -> [..., dim] floats on the indices' device (the table stays on the CPU).
   at::Tensor forward(const at::Tensor& indices, const FrozenInput&) const override {
+    const at::Tensor few = few_rows(indices);
+    if (few.defined()) return few;
     const at::Tensor flat = indices.reshape({-1}).to(at::kCPU, at::kLong);
     std::vector<int64_t> shape(indices.sizes().begin(), indices.sizes().end());
     shape.push_back(fw_.shape[1]);
@@ -92,8 +112,47 @@ class PackedEmbedding final : public CpuPackedWeight {
     return {};
   }
 
+  // A decode step's lookup (a few CPU int64 indices) of an int8 table with rows' own scales:
+  // dequantize_int's formula (float(q) − float(z)) · s per element, bit for bit gather_s8_rows,
+  // without its dozen dispatched ops. Undefined where it does not apply.
+  at::Tensor few_rows(const at::Tensor& indices) const {
+    constexpr int64_t kFewRows = 16;
+    if (!row_codes_.defined() || !indices.device().is_cpu() || indices.scalar_type() != at::kLong ||
+        !indices.is_contiguous() || indices.numel() > kFewRows)
+      return {};
+    const int64_t rows = fw_.shape[0], dim = fw_.shape[1], G = row_scale_.size(1), group = dim / G, n = indices.numel();
+    std::vector<int64_t> shape(indices.sizes().begin(), indices.sizes().end());
+    shape.push_back(dim);
+    at::Tensor out = at::empty(shape, at::kFloat);
+    const int64_t* ids = indices.data_ptr<int64_t>();
+    for (int64_t i = 0; i < n; ++i)
+      QF_REQUIRE(ids[i] >= 0 && ids[i] < rows, who_, ": index ", ids[i], " is outside the table's ", rows, " rows");
+    const int8_t* codes = row_codes_.data_ptr<int8_t>();
+    const int32_t* zero = row_zero_.defined() ? row_zero_.data_ptr<int32_t>() : nullptr;
+    float* y = out.data_ptr<float>();
+    auto fill = [&](const auto* scale) {  // float(scale) and float(zero) as .to(kFloat) gives them
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t r = ids[i];
+        for (int64_t d = 0; d < dim; ++d) {
+          const int64_t g = r * G + d / group;
+          const float z = zero ? static_cast<float>(zero[g]) : 0.0f;
+          y[i * dim + d] = (static_cast<float>(codes[r * dim + d]) - z) * static_cast<float>(scale[g]);
+        }
+      }
+    };
+    if (row_scale_.scalar_type() == at::kFloat) {
+      fill(row_scale_.data_ptr<float>());
+    } else {
+      fill(row_scale_.data_ptr<at::Half>());
+    }
+    return out;
+  }
+
   QuantizedTensor fw_;
   EmbeddingLookup lookup_;
+  std::string who_;
+  at::Tensor row_codes_, row_scale_, row_zero_;  // few_rows' table (row_zero_ undefined when all 0);
+                                                 // row_codes_ undefined where few_rows does not apply
 };
 
 }  // namespace
@@ -111,7 +170,7 @@ PackedWeightPtr pack_embedding(QuantizedTensor fw, const std::string& who) {
   QF_REQUIRE(fw.defined() && fw.shape.size() == 2, who, ": a frozen Embedding table is [num_embeddings, dim], got ",
              at::IntArrayRef(fw.shape));
   const EmbeddingLookup lookup = embedding_lookup(fw.spec, fw.shape[1]);
-  return std::make_shared<PackedEmbedding>(std::move(fw), lookup);
+  return std::make_shared<PackedEmbedding>(std::move(fw), lookup, who);
 }
 
 }  // namespace qforge::nn

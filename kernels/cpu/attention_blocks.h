@@ -18,15 +18,16 @@ struct RowBlock {
   int64_t stride;
 };
 
-// One group's context out [rows][D] of queries q [rows][D] with scores scratch sp.w [rows][S];
+// One group's context out [rows][D] of queries q [rows][D] (rows q_apart / out_apart floats apart)
+// with scores scratch sp.w [rows][S];
 // rows = sp.groups · sp.T, row i seeing sp.keys(i). key_rows(j0, n) / value_rows(j0, n) give a block
 // as a RowBlock (a cache's own rows, or a buffer they were dequantized into). Ops supplies the ISA's
 //   scores(q_i, D, n, k, stride, w)      w[0, n) = the lane-sum scores of n keys (any n),
 //   softmax_rows(sp, r0, r1)            the causal softmax of rows [r0, r1),
 //   accumulate(p, n, v, stride, D, out) out[0, D) += Σ_j p_j · v_j in j order.
 template <class Ops, class KeyRows, class ValueRows>
-void attention_group_blocks(const SoftmaxProblem& sp, const float* q, float* out, int64_t D, const KeyRows& key_rows,
-                            const ValueRows& value_rows) {
+void attention_group_blocks(const SoftmaxProblem& sp, const float* q, int64_t q_apart, float* out, int64_t out_apart,
+                            int64_t D, const KeyRows& key_rows, const ValueRows& value_rows) {
   const int64_t rows = sp.groups * sp.T, S = sp.S, block = kTokenOpLanes;
   int64_t jlo = S, jhi = 0;
   for (int64_t i = 0; i < rows; ++i) jlo = std::min(jlo, sp.keys(i).lo), jhi = std::max(jhi, sp.keys(i).hi);
@@ -42,12 +43,12 @@ void attention_group_blocks(const SoftmaxProblem& sp, const float* q, float* out
     }
   };
   blocks(key_rows, [&](int64_t i, int64_t a, int64_t b, const float* k, int64_t stride) {
-    Ops::scores(q + i * D, D, b - a, k, stride, sp.w + i * S + a);
+    Ops::scores(q + i * q_apart, D, b - a, k, stride, sp.w + i * S + a);
   });
   Ops::softmax_rows(sp, 0, rows);
-  std::fill(out, out + rows * D, 0.0f);
+  for (int64_t i = 0; i < rows; ++i) std::fill(out + i * out_apart, out + i * out_apart + D, 0.0f);
   blocks(value_rows, [&](int64_t i, int64_t a, int64_t b, const float* v, int64_t stride) {
-    Ops::accumulate(sp.w + i * S + a, b - a, v, stride, D, out + i * D);
+    Ops::accumulate(sp.w + i * S + a, b - a, v, stride, D, out + i * out_apart);
   });
 }
 
@@ -58,8 +59,9 @@ void attention_groups_with(const AttentionProblem& p, int64_t g0, int64_t g1) {
     const float* k = p.k_group(g);
     const float* v = p.v_group(g);
     attention_group_blocks<Ops>(
-        {p.scores + g * p.rows * p.S, p.rows / p.T, p.T, p.S, p.past, p.window, p.scale}, p.q + g * p.rows * p.D,
-        p.out + g * p.rows * p.D, p.D, [&](int64_t j0, int64_t) { return RowBlock{k + j0 * p.k_row_stride, p.k_row_stride}; },
+        {p.scores + g * p.rows * p.S, p.rows / p.T, p.T, p.S, p.past, p.window, p.scale}, p.q_group(g), p.q_rows_apart(),
+        p.out_group(g), p.out_rows_apart(), p.D,
+        [&](int64_t j0, int64_t) { return RowBlock{k + j0 * p.k_row_stride, p.k_row_stride}; },
         [&](int64_t j0, int64_t) { return RowBlock{v + j0 * p.v_row_stride, p.v_row_stride}; });
   }
 }
@@ -79,8 +81,8 @@ void attention_kv_codes_groups_with(const KvCodesAttentionProblem& p, int64_t g0
       };
     };
     attention_group_blocks<Ops>(
-        {p.scores + g * p.rows * p.S, p.rows / p.T, p.T, p.S, p.past, p.window, p.scale}, p.q + g * p.rows * p.D,
-        p.out + g * p.rows * p.D, p.D, dequantized(keys), dequantized(values));
+        {p.scores + g * p.rows * p.S, p.rows / p.T, p.T, p.S, p.past, p.window, p.scale}, p.q + g * p.rows * p.D, p.D,
+        p.out + g * p.rows * p.D, p.D, p.D, dequantized(keys), dequantized(values));
   }
 }
 

@@ -106,10 +106,10 @@ void softmax_rows(const SoftmaxProblem& p, int64_t r0, int64_t r1) {
 // AttentionProblem's decode formulas for one group, its key and value rows read through
 // key_row(j) / value_row(j) (a cache's floats, or a quantized row dequantized into a buffer).
 template <class KeyRow, class ValueRow>
-void attention_group(const float* q0, float* w, float* out0, int64_t rows, int64_t T, const SoftmaxProblem& sp,
-                     int64_t D, const KeyRow& key_row, const ValueRow& value_row) {
+void attention_group(const float* q0, int64_t q_rows_apart, float* w, float* out0, int64_t out_rows_apart, int64_t rows,
+                     int64_t T, const SoftmaxProblem& sp, int64_t D, const KeyRow& key_row, const ValueRow& value_row) {
   for (int64_t i = 0; i < rows; ++i) {
-    const float* q = q0 + i * D;
+    const float* q = q0 + i * q_rows_apart;
     const auto [lo, hi] = sp.keys(i);
     for (int64_t j = lo; j < hi; ++j) {
       const float* k = key_row(j);
@@ -120,7 +120,7 @@ void attention_group(const float* q0, float* w, float* out0, int64_t rows, int64
   }
   softmax_rows({w, rows / T, T, sp.S, sp.past, sp.window, sp.scale}, 0, rows);
   for (int64_t i = 0; i < rows; ++i) {
-    float* out = out0 + i * D;
+    float* out = out0 + i * out_rows_apart;
     std::fill(out, out + D, 0.0f);
     const auto [lo, hi] = sp.keys(i);
     for (int64_t j = lo; j < hi; ++j) {
@@ -136,8 +136,9 @@ void attention_groups(const AttentionProblem& p, int64_t g0, int64_t g1) {
     const float* k = p.k_group(g);
     const float* v = p.v_group(g);
     const SoftmaxProblem sp{nullptr, p.rows / p.T, p.T, p.S, p.past, p.window, p.scale};
-    attention_group(p.q + g * p.rows * p.D, p.scores + g * p.rows * p.S, p.out + g * p.rows * p.D, p.rows, p.T, sp, p.D,
-                    [&](int64_t j) { return k + j * p.k_row_stride; }, [&](int64_t j) { return v + j * p.v_row_stride; });
+    attention_group(p.q_group(g), p.q_rows_apart(), p.scores + g * p.rows * p.S, p.out_group(g), p.out_rows_apart(), p.rows,
+                    p.T, sp, p.D, [&](int64_t j) { return k + j * p.k_row_stride; },
+                    [&](int64_t j) { return v + j * p.v_row_stride; });
   }
 }
 
@@ -153,8 +154,8 @@ void attention_kv_codes_groups(const KvCodesAttentionProblem& p, int64_t g0, int
       detail::dequantize_kv_row(p, p.v, g, j, v.get() + j * p.D);
     }
     const SoftmaxProblem sp{nullptr, p.rows / p.T, p.T, p.S, p.past, p.window, p.scale};
-    attention_group(p.q + g * p.rows * p.D, p.scores + g * p.rows * p.S, p.out + g * p.rows * p.D, p.rows, p.T, sp, p.D,
-                    [&](int64_t j) { return k.get() + j * p.D; }, [&](int64_t j) { return v.get() + j * p.D; });
+    attention_group(p.q + g * p.rows * p.D, p.D, p.scores + g * p.rows * p.S, p.out + g * p.rows * p.D, p.D, p.rows, p.T,
+                    sp, p.D, [&](int64_t j) { return k.get() + j * p.D; }, [&](int64_t j) { return v.get() + j * p.D; });
   }
 }
 
@@ -164,7 +165,7 @@ void attention_prefill_groups(const AttentionProblem& p, int64_t g0, int64_t g1)
     const float* k = p.k_group(g);
     const float* v = p.v_group(g);
     for (int64_t i = 0; i < p.rows; ++i) {
-      const float* q = p.q + (g * p.rows + i) * p.D;
+      const float* q = p.q_group(g) + i * p.q_rows_apart();
       const auto [lo, hi] = p.keys(i);
       for (int64_t j = lo; j < hi; ++j) {
         float acc = 0;
@@ -172,7 +173,7 @@ void attention_prefill_groups(const AttentionProblem& p, int64_t g0, int64_t g1)
         w[j] = acc;
       }
       softmax_span(w.data(), {lo, hi}, p.scale);
-      float* out = p.out + (g * p.rows + i) * p.D;
+      float* out = p.out_group(g) + i * p.out_rows_apart();
       for (int64_t d = 0; d < p.D; ++d) {
         float acc = 0;
         for (int64_t j = lo; j < hi; ++j) acc = std::fmaf(w[j], v[j * p.v_row_stride + d], acc);
@@ -241,6 +242,10 @@ void require_attention(const AttentionProblem& p, const char* op, bool needs_sco
              "kernels/cpu: ", op, " got groups=", p.groups, " heads=", p.heads, " rows=", p.rows, " T=", p.T,
              " S=", p.S, " D=", p.D, " past=", p.past, " window=", p.window,
              " (rows a multiple of T, past + T <= S expected) or a null pointer");
+  QF_REQUIRE((p.q_row_stride < 0 || (p.q_row_stride >= p.D || p.rows == 1)) &&
+                 (p.out_row_stride < 0 || (p.out_row_stride >= p.D || p.rows == 1)),
+             "kernels/cpu: ", op, " got q / out rows ", p.q_row_stride, " / ", p.out_row_stride,
+             " floats apart, fewer than D=", p.D, " (rows would overlap)");
 }
 
 }  // namespace

@@ -133,7 +133,8 @@ void causal_softmax_f32(const SoftmaxProblem& p, RunInfo* info = nullptr);
 // `rows` = rep · T query rows of the query heads sharing one key/value head form its group).
 // Group g (of groups = batch · heads) reads q [g][rows][D], keys and values k / v at
 //   base + (g / heads) · batch_stride + (g % heads) · head_stride + j · row_stride   (j < S, D floats)
-// and writes out [g][rows][D]. Row i is query position past + i mod T:
+// and writes out [g][rows][D] (q and out contiguous, or strided as k / v are: AttentionProblem's
+// q_* / out_* strides). Row i is query position past + i mod T:
 //   w_ij = Σ_d q_id · k_jd   over the keys it sees (SoftmaxProblem's [lo, hi)), as 16 lane sums
 //          (lane l: acc_l + q_d · k_d for d ≡ l mod 16, in d order, products rounded), folded as
 //          in rms_norm;
@@ -155,10 +156,24 @@ struct AttentionProblem {
   int64_t groups = 0, heads = 1, rows = 0, T = 0, S = 0, D = 0, past = 0, window = 0;
   int64_t k_batch_stride = 0, k_head_stride = 0, k_row_stride = 0;
   int64_t v_batch_stride = 0, v_head_stride = 0, v_row_stride = 0;
+  // q and out laid out like k / v (row i of group g at base + (g / heads) · batch_stride +
+  // (g % heads) · head_stride + i · row_stride, D contiguous floats), or, with row_stride < 0 (the
+  // default), contiguous [groups][rows][D]. A decode step's q can so be read inside the fused
+  // [B, T, 3·H·D] projection and its context written as [B, T, H·D] (rep = 1 or T = 1).
+  int64_t q_batch_stride = 0, q_head_stride = 0, q_row_stride = -1;
+  int64_t out_batch_stride = 0, out_head_stride = 0, out_row_stride = -1;
   float scale = 1;
   KeyRange keys(int64_t row) const { return visible_keys(row, T, S, past, window); }
   const float* k_group(int64_t g) const { return k + g / heads * k_batch_stride + g % heads * k_head_stride; }
   const float* v_group(int64_t g) const { return v + g / heads * v_batch_stride + g % heads * v_head_stride; }
+  const float* q_group(int64_t g) const {
+    return q_row_stride < 0 ? q + g * rows * D : q + g / heads * q_batch_stride + g % heads * q_head_stride;
+  }
+  float* out_group(int64_t g) const {
+    return out_row_stride < 0 ? out + g * rows * D : out + g / heads * out_batch_stride + g % heads * out_head_stride;
+  }
+  int64_t q_rows_apart() const { return q_row_stride < 0 ? D : q_row_stride; }
+  int64_t out_rows_apart() const { return out_row_stride < 0 ? D : out_row_stride; }
 };
 void attention_reference(const AttentionProblem& p);
 const KernelTable<AttentionProblem>& attention_kernels();

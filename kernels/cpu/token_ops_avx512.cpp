@@ -333,7 +333,7 @@ void attention_prefill_blocks_avx512(const AttentionProblem& p, const float* kt,
     const float* q[kPR];  // rows past n repeat the last (computed, never stored)
     int64_t jlo = S, jhi = 0, clo = 0, chi = S;  // [jlo, jhi): any row's keys; [clo, chi): every row's
     for (int64_t r = 0; r < kPR; ++r) {
-      q[r] = p.q + (g * p.rows + i0 + std::min(r, n - 1)) * D;
+      q[r] = p.q_group(g) + (i0 + std::min(r, n - 1)) * p.q_rows_apart();
       keys[r] = p.keys(i0 + std::min(r, n - 1));
       jlo = std::min(jlo, keys[r].lo), jhi = std::max(jhi, keys[r].hi);
       clo = std::max(clo, keys[r].lo), chi = std::min(chi, keys[r].hi);
@@ -384,7 +384,7 @@ void attention_prefill_blocks_avx512(const AttentionProblem& p, const float* kt,
       }
       for (int64_t r = 0; r < n; ++r)
         for (int64_t c = 0; c < kPC; ++c)
-          _mm512_mask_storeu_ps(p.out + (g * p.rows + i0 + r) * D + d0 + c * kL, m[c], acc[r][c]);
+          _mm512_mask_storeu_ps(p.out_group(g) + (i0 + r) * p.out_rows_apart() + d0 + c * kL, m[c], acc[r][c]);
     }
   }
 }

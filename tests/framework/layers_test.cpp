@@ -769,15 +769,20 @@ TEST(PackedWeight, IntegerConvolutionFormatsRunTheLayersForwardAndGiveBackTheirW
 }
 
 // The Embedding table formats: every lookup (int8 and int4 / int3 row gathers, dequantize per
-// call) is at::embedding of the dequantized table, bit for bit; to(any device) is the same CPU table.
+// call; int8 lookups of up to 16 rows in one loop, asymmetric and fp16-scaled tables too) is
+// at::embedding of the dequantized table, bit for bit; to(any device) is the same CPU table.
 TEST(PackedWeight, EmbeddingTablesLookUpWhatTheDequantizedTableSaysForAnyDevice) {
   struct Case {
     QType qt;
     Granularity g;
     nn::EmbeddingLookup lookup;
     int64_t dim = 32;
+    bool symmetric = true, half_scales = false;
   };
   for (const Case& k : {Case{qint8, Granularity::kPerChannel, nn::EmbeddingLookup::kGatherS8},
+                        Case{qint8, Granularity::kPerChannel, nn::EmbeddingLookup::kGatherS8, 32, false},
+                        Case{qint8, Granularity::kPerGroup, nn::EmbeddingLookup::kGatherS8, 32, false},
+                        Case{qint8, Granularity::kPerGroup, nn::EmbeddingLookup::kGatherS8, 32, true, true},
                         Case{qint4, Granularity::kPerGroup, nn::EmbeddingLookup::kGatherNibbles},
                         Case{quint4, Granularity::kPerChannel, nn::EmbeddingLookup::kGatherNibbles},
                         Case{qint3, Granularity::kPerGroup, nn::EmbeddingLookup::kGatherNibbles},
@@ -788,15 +793,27 @@ TEST(PackedWeight, EmbeddingTablesLookUpWhatTheDequantizedTableSaysForAnyDevice)
     Scheme s(k.qt);
     s.weight_granularity = k.g;
     s.group_size = 16;
+    s.weight_symmetric = k.symmetric;
     quantize(emb, s);
     freeze(emb);
-    const QuantizedTensor fw = emb->frozen_weight();
+    QuantizedTensor fw = emb->frozen_weight();
+    if (k.half_scales) fw.scale = fw.scale.to(at::kHalf);  // a GGUF Q8_0 table's fp16 block scales
     ASSERT_EQ(nn::embedding_lookup(fw.spec, k.dim), k.lookup) << k.qt.name;
+    if (!k.symmetric) {
+      ASSERT_TRUE(at::ne(fw.zero_point, 0).any().item<bool>()) << k.qt.name;
+    }
     const nn::PackedWeightPtr packed = nn::pack_embedding(fw, "emb");
-    const at::Tensor idx = at::randint(0, 40, {3, 5});
-    const at::Tensor want = at::embedding(fw.dequantize(), idx);
-    EXPECT_TRUE(at::equal(packed->forward(idx, {}), want)) << k.qt.name;
-    EXPECT_TRUE(at::equal(emb(idx), want)) << k.qt.name;
+    for (const at::Tensor& idx : {at::randint(0, 40, {3, 5}), at::randint(0, 40, {1, 1}), at::randint(0, 40, {4, 5})}) {
+      const at::Tensor want = at::embedding(fw.dequantize(), idx);
+      EXPECT_TRUE(at::equal(packed->forward(idx, {}), want)) << k.qt.name << " " << idx.sizes();
+      if (!k.half_scales) {
+        EXPECT_TRUE(at::equal(emb(idx), want)) << k.qt.name;
+      }
+    }
+    if (k.lookup == nn::EmbeddingLookup::kGatherS8) {  // an index outside the table, named
+      EXPECT_THROW(packed->forward(at::tensor({int64_t{3}, int64_t{40}}), {}), Error) << k.qt.name;
+      EXPECT_THROW(packed->forward(at::tensor({int64_t{-1}}), {}), Error) << k.qt.name;
+    }
     EXPECT_EQ(packed->to(at::kCPU).get(), packed.get()) << k.qt.name;
     EXPECT_EQ(packed->to(at::Device(at::kCUDA, 0)).get(), packed.get()) << k.qt.name;
     EXPECT_TRUE(packed->device().is_cpu()) << k.qt.name;

@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -262,6 +263,75 @@ TEST(GgufTokenOps, AttentionEntriesEqualTheReferenceBitForBit) {
       }
     }
   }
+}
+
+// q read where it lies and the context written token-major (AttentionProblem's q_* / out_*
+// strides): q a view of a [B, T, KV · rep, D + 3] buffer (query head kv · rep + r of position t),
+// out [B, T, KV · rep, D + 1] (the padding column stays NaN), for the cases whose rows are evenly
+// spaced there (rep = 1 or T = 1). Every entry, the reference included, gives the contiguous
+// reference's context bit for bit.
+TEST(GgufTokenOps, AttentionReadsStridedQueriesAndWritesTokenMajorContextBitForBit) {
+  at::manual_seed(15);
+  for (const AttentionOp& op : attention_ops()) {
+    for (const AttentionCase& c : kAttentionCases) {
+      if (c.rep > 1 && c.T > 1) continue;
+      const int64_t Hq = c.KV * c.rep, rows = c.rep * c.T;
+      AttentionOperands o = attention_operands(c);
+      const at::Tensor qbuf = at::randn({c.B, c.T, Hq, c.D + 3}) * 2;
+      const std::vector<int64_t> q_strides = {c.T * Hq * (c.D + 3), c.rep * (c.D + 3), c.T == 1 ? c.D + 3 : Hq * (c.D + 3), 1};
+      const at::Tensor qv = qbuf.as_strided({c.B, c.KV, rows, c.D}, q_strides);
+      o.q = qv.contiguous();
+      const at::Tensor y0 = run_attention(c, o, op.reference);
+      for (const auto& e : op.table) {
+        if (!e.run || !usable(e.isa)) continue;
+        const at::Tensor out = at::full({c.B, c.T, Hq, c.D + 1}, std::nanf(""));
+        run_attention(c, o, [&](const AttentionProblem& dense) {
+          AttentionProblem p = dense;
+          p.q = qv.data_ptr<float>();
+          p.q_batch_stride = q_strides[0], p.q_head_stride = q_strides[1], p.q_row_stride = q_strides[2];
+          p.out = out.data_ptr<float>();
+          p.out_batch_stride = c.T * Hq * (c.D + 1), p.out_head_stride = c.rep * (c.D + 1);
+          p.out_row_stride = c.T == 1 ? c.D + 1 : Hq * (c.D + 1);
+          e.run(p);
+        });
+        // [B, T, KV, rep, D] -> [B, KV, rep, T, D] = [B, KV, rows, D] (row r · T + t).
+        const at::Tensor ctx = out.narrow(3, 0, c.D).view({c.B, c.T, c.KV, c.rep, c.D}).permute({0, 2, 3, 1, 4})
+                                   .reshape({c.B, c.KV, rows, c.D});
+        EXPECT_TRUE(same_bits(ctx.contiguous(), y0)) << e.name << " B " << c.B << " T " << c.T << " S " << c.S << " D " << c.D;
+        EXPECT_TRUE(out.select(3, c.D).isnan().all().item<bool>()) << e.name << " wrote past D";
+      }
+    }
+  }
+  // Rows closer than D would overlap: refused.
+  float buf[64] = {};
+  AttentionProblem bad;
+  bad.q = bad.k = bad.v = bad.scores = bad.out = buf;
+  bad.groups = 1, bad.rows = 2, bad.T = 2, bad.S = 2, bad.D = 4, bad.k_row_stride = bad.v_row_stride = 4;
+  bad.out_row_stride = 3;
+  EXPECT_THROW(attention_f32(bad), Error);
+  bad.out_row_stride = 8;
+  EXPECT_NO_THROW(attention_f32(bad));
+}
+
+// fused_decode_attention_tokens: fused_decode_attention's context permuted to [B, T, H · D], bit for
+// bit, q a strided view of a fused projection; undefined for grouped rows at T > 1.
+TEST(GgufTokenOps, TokenMajorDecodeAttentionIsTheFusedContextPermuted) {
+  at::manual_seed(16);
+  at::NoGradGuard ng;
+  for (const auto& [B, T, H] : std::vector<std::array<int64_t, 3>>{{1, 1, 12}, {2, 3, 4}, {2, 1, 2}}) {
+    const int64_t D = 64, S = 9 + T;
+    const at::Tensor qkv = at::randn({B, T, 3 * H * D});
+    const at::Tensor q = qkv.narrow(2, 0, H * D).view({B, T, H, D}).permute({0, 2, 1, 3});
+    const at::Tensor k = at::randn({B, H, S, D}), v = at::randn({B, H, S, D});
+    const at::Tensor tokens = models::fused_decode_attention_tokens(q, k, v, T, 0, 0.125);
+    const at::Tensor ctx = models::fused_decode_attention(q, k, v, T, 0, 0.125);
+    ASSERT_TRUE(tokens.defined() && ctx.defined());
+    EXPECT_EQ(tokens.sizes(), (at::IntArrayRef{B, T, H * D}));
+    EXPECT_TRUE(same_bits(tokens, ctx.permute({0, 2, 1, 3}).reshape({B, T, H * D}).contiguous()));
+  }
+  const at::Tensor q = at::randn({1, 2, 2 * 3, 8}), k = at::randn({1, 2, 5, 8});  // rep 2, T 3
+  EXPECT_FALSE(models::fused_decode_attention_tokens(q, k, k, 3, 0, 0.125).defined());
+  EXPECT_TRUE(models::fused_decode_attention_tokens(q.narrow(2, 0, 2), k, k, 1, 0, 0.125).defined());
 }
 
 // Against the ops it replaces (the two float matmuls and HF's masked softmax, as Llama's grouped

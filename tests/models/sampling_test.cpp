@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include "framework/models/generation.h"
@@ -123,6 +124,30 @@ TEST(Sampling, TemperatureZeroAndTopK1AreGreedy) {
     EXPECT_EQ(a.next(l, {}), want);
     EXPECT_EQ(b.next(l, {}), want);
   }
+}
+
+// Greedy on float32 logits reads them in place: the first id of the largest logit (ties, -inf
+// entries), the answer of the float64 path (a strided view, or a repetition penalty of 1.0 exactly
+// set, takes it), and the same errors for NaN, +inf, all -inf and a history outside the vocabulary.
+TEST(Sampling, GreedyOnFloatLogitsReadsThemInPlaceWithTheSameAnswersAndErrors) {
+  SamplingOptions o;
+  o.temperature = 0;
+  Sampler s(o);
+  const float inf = std::numeric_limits<float>::infinity();
+  EXPECT_EQ(s.next(at::tensor({1.0f, 3.0f, 3.0f, -inf}), {}), 1);
+  EXPECT_EQ(s.next(at::tensor({-inf, -inf, -2.0f}), {}), 2);
+  EXPECT_EQ(s.next(at::tensor({-0.0f, 0.0f}), {}), 0);
+  at::manual_seed(8);
+  for (int i = 0; i < 20; ++i) {
+    const at::Tensor l = at::randn({2, 3, 50257});
+    const int64_t want = l[1][-1].argmax().item<int64_t>();
+    EXPECT_EQ(s.next(l, {7}), want);
+    EXPECT_EQ(s.next(l.transpose(0, 1), {}), want);  // not contiguous (last row l[1][-1]): the float64 path
+  }
+  EXPECT_NE(error_of([&] { s.next(at::tensor({0.0f, NAN}), {}); }).find("logit of id 1 is nan"), std::string::npos);
+  EXPECT_NE(error_of([&] { s.next(at::tensor({0.0f, inf}), {}); }).find("logit of id 1 is inf"), std::string::npos);
+  EXPECT_NE(error_of([&] { s.next(at::tensor({-inf, -inf}), {}); }).find("every logit is -inf"), std::string::npos);
+  EXPECT_NE(error_of([&] { s.next(at::tensor({0.0f, 1.0f}), {2}); }).find("history id 2 is outside"), std::string::npos);
 }
 
 TEST(Sampling, RepetitionPenaltyDividesPositiveAndMultipliesNegativeLogits) {
