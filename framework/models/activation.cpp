@@ -113,6 +113,8 @@ at::Tensor fused_attention(const at::Tensor& q, const at::Tensor& k, const at::T
   }
   p.scale = static_cast<float>(scale);
   kernel(p, nullptr);
+  constexpr size_t kKeptScratch = size_t{1} << 20;  // floats a thread keeps between calls (4 MB)
+  if (scratch.capacity() > kKeptScratch) std::vector<float>().swap(scratch);
   return out;
 }
 

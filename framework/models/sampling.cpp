@@ -53,8 +53,8 @@ size_t argmax(const std::vector<double>& v) { return static_cast<size_t>(std::ma
 // and keeps the order). -1 where it does not apply, or where a logit is NaN or +inf or every one is
 // -inf (last_row then names the problem).
 int64_t greedy_in_place(const at::Tensor& logits) {
-  if (!logits.defined() || logits.dim() < 1 || logits.size(-1) < 1 || logits.scalar_type() != at::kFloat ||
-      !logits.device().is_cpu() || !logits.is_contiguous())
+  if (!logits.defined() || logits.dim() < 1 || logits.size(-1) < 1 || logits.numel() < logits.size(-1) ||
+      logits.scalar_type() != at::kFloat || !logits.device().is_cpu() || !logits.is_contiguous())
     return -1;
   const int64_t vocab = logits.size(-1);
   const float* l = logits.data_ptr<float>() + (logits.numel() - vocab);

@@ -77,7 +77,9 @@ class PackedEmbedding final : public CpuPackedWeight {
         ((spec.granularity == Granularity::kPerChannel && spec.axis == 0) || spec.granularity == Granularity::kPerGroup)) {
       const int64_t rows = fw_.shape[0];
       const bool zero = !fw_.zero_point.defined() || at::eq(fw_.zero_point, 0).all().item<bool>();
-      if (zero || fw_.zero_point.scalar_type() == at::kInt) {
+      const int64_t scales = fw_.scale.numel();
+      if ((zero || (fw_.zero_point.scalar_type() == at::kInt && fw_.zero_point.numel() == scales)) &&
+          scales % rows == 0 && fw_.shape[1] % (scales / rows) == 0) {
         row_codes_ = fw_.data.reshape(fw_.shape).contiguous();
         row_scale_ = fw_.scale.reshape({rows, -1}).contiguous();
         if (!zero) row_zero_ = fw_.zero_point.reshape({rows, -1}).contiguous();

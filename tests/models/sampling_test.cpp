@@ -148,6 +148,7 @@ TEST(Sampling, GreedyOnFloatLogitsReadsThemInPlaceWithTheSameAnswersAndErrors) {
   EXPECT_NE(error_of([&] { s.next(at::tensor({0.0f, inf}), {}); }).find("logit of id 1 is inf"), std::string::npos);
   EXPECT_NE(error_of([&] { s.next(at::tensor({-inf, -inf}), {}); }).find("every logit is -inf"), std::string::npos);
   EXPECT_NE(error_of([&] { s.next(at::tensor({0.0f, 1.0f}), {2}); }).find("history id 2 is outside"), std::string::npos);
+  EXPECT_ANY_THROW(s.next(at::zeros({0, 5}), {}));  // no row to choose from (never read before the buffer)
 }
 
 TEST(Sampling, RepetitionPenaltyDividesPositiveAndMultipliesNegativeLogits) {
