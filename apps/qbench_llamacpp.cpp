@@ -20,8 +20,9 @@
 // node child process that qbench drives through a pipe ("run" -> 32 tokens -> "done"), with
 // qbench's thread count. The pipe round trip (tens of µs) is inside llama.cpp's time. Without
 // node or node-llama-cpp the llamacpp impl is left out with the reason on stderr. Impl "limit":
-// memcpy moving the bytes the 32 tokens read (the frozen Linear weights, 32 times; half read, half
-// written) with qbench's threads; GB/s of every impl counts those bytes.
+// memcpy moving the bytes the 32 tokens read (the frozen Linear weights, 32 times, and the cached
+// keys and values their attentions read; half read, half written) with qbench's threads; GB/s of
+// every impl counts those bytes (the linears_only case: the Linear weights alone).
 #include <ATen/ATen.h>
 #include <unistd.h>
 
@@ -92,7 +93,9 @@ Case linears_only(const std::string& shape, const std::shared_ptr<Model>& m) {
     for (int64_t t = 0; t < kLlamaDecode; ++t)
       for (const auto& [lin, x] : calls) lin->forward(x);
   };
-  return Case{shape, 0,
+  int64_t per_token = 0;
+  for (const auto& call : calls) per_token += call.first->storage_bytes();
+  return Case{shape, static_cast<double>(per_token * kLlamaDecode),
               {{"qforge", with_decode(m->ptr(), DecodeActivations::kExact, run)},
                {"qforge-q8", with_decode(m->ptr(), DecodeActivations::kQ8Block32, run)}}};
 }
@@ -177,9 +180,12 @@ struct TempGguf {
 
 // The decode case of a frozen model (Llama or GPT-2): `prompt` in a cache, then 32 tokens decoded
 // greedily one at a time; impls qforge (exact activations), qforge-q8 (block-32 int8 activations)
-// and limit. Bytes: every frozen Linear's packed weights once per token (the embedding rows and
-// the key/value cache add under 1 %), which the limit impl moves at memcpy speed from DRAM
-// (cold_memcpy: a pass per token, none finding the last one's bytes in cache).
+// and limit. Bytes: every frozen Linear's packed weights once per token, plus the cached keys and
+// values each token's attention reads (token t of 32 attends over prompt + t + 1 positions: the
+// float cache's bytes per position from the prefilled cache; 3 % of GPT-2 small's Q4 bytes, 0.4 %
+// of the 1B-shaped rows'; the embedding rows add under 0.1 %), which the limit impl moves at
+// memcpy speed from DRAM (cold_memcpy: a pass per token of the average token's bytes, none finding
+// the last one's bytes in cache).
 template <class Model>
 Case decode_case(const std::string& shape, const std::shared_ptr<Model>& m, const at::Tensor& prompt) {
   auto cache = std::make_shared<models::KvCache>();
@@ -193,7 +199,11 @@ Case decode_case(const std::string& shape, const std::shared_ptr<Model>& m, cons
   int64_t per_token = 0;
   for (const auto& mod : (*m)->modules(/*include_self=*/false))
     if (const auto* lin = dynamic_cast<const nn::LinearImpl*>(mod.get())) per_token += lin->storage_bytes();
-  Case c{shape, static_cast<double>(per_token * kLlamaDecode), {}};
+  const int64_t per_position = cache->bytes() / cache->length();
+  int64_t cache_reads = 0;  // positions the 32 tokens' attentions read, all layers' bytes each
+  for (int64_t t = 0; t < kLlamaDecode; ++t) cache_reads += (kLlamaPrompt + t + 1) * per_position;
+  const int64_t bytes = per_token * kLlamaDecode + cache_reads;
+  Case c{shape, static_cast<double>(bytes), {}};
   // Greedy as qgen chooses (models::Sampler at temperature 0: the logits read in place).
   const std::function<void()> qforge_run = [m, cache, first] {
     at::NoGradGuard g;
@@ -207,7 +217,7 @@ Case decode_case(const std::string& shape, const std::shared_ptr<Model>& m, cons
   };
   c.impls.push_back({"qforge", with_decode(m->ptr(), DecodeActivations::kExact, qforge_run)});
   c.impls.push_back({"qforge-q8", with_decode(m->ptr(), DecodeActivations::kQ8Block32, qforge_run)});
-  c.impls.push_back({"limit", cold_memcpy(per_token, kLlamaDecode)});
+  c.impls.push_back({"limit", cold_memcpy(bytes / kLlamaDecode, kLlamaDecode)});
   return c;
 }
 
@@ -219,7 +229,6 @@ std::vector<Case> llama_decode_cases(int bits) {
   const at::Tensor prompt = at::randint(0, 256, {1, kLlamaPrompt}, at::kLong);
   Case c = decode_case("L2_H2048_prompt16_decode32_tokens", m, prompt);
   Case linears = linears_only("L2_H2048_linears_only_decode32_tokens", m);
-  linears.bytes = c.bytes;
   // The 512-token prefill from an empty cache, decode mode q8_block32 set (calls of 512 rows run
   // the block-32 GEMM on AVX-512 VNNI, the exact weight-only path elsewhere).
   const at::Tensor long_prompt = at::randint(0, 256, {1, kLlamaPrefill}, at::kLong);
@@ -337,7 +346,6 @@ std::vector<Case> gpt2_gguf_decode_cases(int bits) {
   const at::Tensor prompt = at::randint(0, cfg.vocab_size, {1, kLlamaPrompt}, at::kLong);
   Case c = decode_case("L12_H768_prompt16_decode32_tokens", m, prompt);
   Case linears = linears_only("L12_H768_linears_only_decode32_tokens", m);
-  linears.bytes = c.bytes;
   const std::string modules = llamacpp_modules(row);
   if (!modules.empty()) c.impls.push_back({"llamacpp", llamacpp_run(modules, file.path, prompt, kLlamaDecode)});
   return {c, linears};
