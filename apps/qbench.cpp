@@ -75,6 +75,46 @@ Timing time_impl(const Impl& impl, int reps, BusyLoad* load) {
   return t;
 }
 
+// A case's impls timed in turn (--interleave): every impl warmed up once, then `reps` rounds of one
+// timed run of each, the medians of those runs; idle, then (with a load) beside the load processes.
+// A machine whose speed drifts over seconds (a shared VM) then moves every impl of the case alike,
+// so their ratios hold where back-to-back medians would each catch another phase of the drift.
+std::vector<Timing> time_interleaved(const std::vector<Impl>& impls, int reps, BusyLoad* load) {
+  auto medians = [&] {
+    for (const Impl& impl : impls) impl.run();  // warm-ups
+    std::vector<std::vector<double>> ms(impls.size());
+    for (int r = 0; r < reps; ++r) {
+      for (size_t i = 0; i < impls.size(); ++i) {
+        const auto t0 = std::chrono::steady_clock::now();
+        impls[i].run();
+        ms[i].push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+      }
+    }
+    std::vector<double> out;
+    for (std::vector<double>& m : ms) {
+      std::sort(m.begin(), m.end());
+      out.push_back(m[m.size() / 2]);
+    }
+    return out;
+  };
+  std::vector<Timing> t(impls.size());
+  const std::vector<double> idle = medians();
+  for (size_t i = 0; i < impls.size(); ++i) t[i].ms = idle[i];
+  if (load != nullptr) {
+    load->resume();
+    std::vector<double> loaded;
+    try {
+      loaded = medians();
+    } catch (...) {
+      load->pause();
+      throw;
+    }
+    load->pause();
+    for (size_t i = 0; i < impls.size(); ++i) t[i].loaded_ms = loaded[i];
+  }
+  return t;
+}
+
 std::string torch_ratio(const Impl& impl, const std::map<std::string, double>& ms_by_impl, double ms) {
   const auto torch_ms = ms_by_impl.find("libtorch");
   char ratio[32] = "";
@@ -111,6 +151,10 @@ static int run_qbench(int argc, char** argv) {
   app.add_option("--parallel", parallel,
                  "loop under qforge's CPU kernels: openmp (default, or QFORGE_PARALLEL) or pool (opt-in, docs/performance.md)")
       ->check(CLI::IsMember({"openmp", "pool"}));
+  bool interleave = false;
+  app.add_flag("--interleave", interleave,
+               "time a case's impls in turn, one repetition of each a round (medians of the same rounds), so a "
+               "machine whose speed drifts moves them alike; default: each impl's repetitions back to back");
   bool fresh_pages = false;
   app.add_flag("--fresh-pages", fresh_pages,
                "let glibc map every large buffer afresh (first-touch page faults in every call)");
@@ -146,14 +190,16 @@ static int run_qbench(int argc, char** argv) {
       if (!filter.empty() && b.name.find(filter) == std::string::npos) continue;
       for (const Case& c : b.make_cases()) {
         std::map<std::string, double> ms_by_impl, loaded_by_impl;
-        for (const Impl& impl : c.impls) {
-          const Timing tm = time_impl(impl, reps, busy.get());
+        const std::vector<Timing> in_turn = interleave ? time_interleaved(c.impls, reps, busy.get()) : std::vector<Timing>{};
+        for (size_t i = 0; i < c.impls.size(); ++i) {
+          const Impl& impl = c.impls[i];
+          const Timing tm = interleave ? in_turn[i] : time_impl(impl, reps, busy.get());
           ms_by_impl[impl.name] = tm.ms;
           loaded_by_impl[impl.name] = tm.loaded_ms;
           const double gbps = c.bytes > 0 ? c.bytes / (tm.ms * 1e6) : 0.0;
           if (json) {
             nlohmann::json row = {{"bench", b.name}, {"impl", impl.name}, {"shape", c.shape}, {"threads", t},
-                                  {"load", 0},       {"ms", tm.ms},       {"GBps", gbps}};
+                                  {"load", 0},       {"ms", tm.ms},       {"GBps", gbps}, {"interleaved", interleave}};
             std::printf("%s\n", row.dump().c_str());
             if (busy) {
               row["load"] = load;

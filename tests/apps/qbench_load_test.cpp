@@ -1,6 +1,7 @@
 // qbench --load K: loaded rows carry a "load" field, the busy-loop processes never outlive qbench
-// (normal exit, SIGTERM), and (slow tier) qforge's kernels at 2 threads stay within 1.25x their
-// 1-thread time while every core has another runnable process.
+// (normal exit, SIGTERM), --interleave gives the same rows timed in turn, and (slow tier) qforge's
+// kernels at 2 threads stay within 1.25x their 1-thread time while every core has another runnable
+// process.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -123,6 +124,34 @@ TEST_F(QbenchLoad, RowsWithoutLoadSayLoadZero) {
   ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
   ASSERT_FALSE(rows.empty());
   for (const auto& r : rows) EXPECT_EQ(r.at("load").get<int>(), 0) << r.dump();
+}
+
+// --interleave: the same rows (every impl of every case, idle and loaded twins), marked, each from
+// the medians of rounds that time one run of every impl in turn.
+TEST_F(QbenchLoad, InterleavedRowsAreTheSameRowsMarkedAsSuch) {
+  int status = 0;
+  const auto plain = run_qbench({"--json", "--threads", "1", "--reps", "1", "--filter", "linear_w8a8dyn_vs_fp32"}, &status);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  const auto turns = run_qbench({"--json", "--interleave", "--load", "1", "--threads", "1", "--reps", "3", "--filter",
+                                 "linear_w8a8dyn_vs_fp32"},
+                                &status);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status;
+  auto keys = [](const std::vector<nlohmann::json>& rows, int load) {
+    std::vector<std::string> k;
+    for (const auto& r : rows)
+      if (r.at("load").get<int>() == load)
+        k.push_back(r.at("shape").get<std::string>() + "/" + r.at("impl").get<std::string>());
+    return k;
+  };
+  ASSERT_FALSE(plain.empty());
+  EXPECT_EQ(keys(turns, 0), keys(plain, 0));
+  EXPECT_EQ(keys(turns, 1), keys(plain, 0)) << "each idle row has its loaded twin";
+  for (const auto& r : turns) {
+    EXPECT_TRUE(r.at("interleaved").get<bool>()) << r.dump();
+    EXPECT_GT(r.at("ms").get<double>(), 0.0) << r.dump();
+  }
+  for (const auto& r : plain) EXPECT_FALSE(r.at("interleaved").get<bool>()) << r.dump();
+  expect_no_process_left();
 }
 
 TEST_F(QbenchLoad, SigtermEndsTheLoadProcessesToo) {
