@@ -5,6 +5,9 @@
 
 #include <cmath>
 #include <functional>
+#include <tuple>
+#include <utility>
+#include <vector>
 #include <nlohmann/json.hpp>
 
 #include "framework/core/error.h"
@@ -355,9 +358,14 @@ void LlamaDecoderLayerImpl::reset() {
 }
 
 at::Tensor LlamaDecoderLayerImpl::forward(const at::Tensor& x, const RopeTables& rope, KvCache* cache) {
-  const auto [h, normed] =
-      post_attention_layernorm->forward_residual(x, self_attn->forward(input_layernorm->forward(x), rope, cache));
-  return h + mlp->forward(normed);
+  const auto [h, m] = forward_terms(x, input_layernorm->forward(x), rope, cache);
+  return h + m;
+}
+
+std::pair<at::Tensor, at::Tensor> LlamaDecoderLayerImpl::forward_terms(const at::Tensor& x, const at::Tensor& normed_x,
+                                                                       const RopeTables& rope, KvCache* cache) {
+  const auto [h, normed] = post_attention_layernorm->forward_residual(x, self_attn->forward(normed_x, rope, cache));
+  return {h, mlp->forward(normed)};
 }
 
 LlamaModelImpl::LlamaModelImpl(const LlamaConfig& c) : config(c) {
@@ -391,8 +399,17 @@ at::Tensor LlamaModelImpl::forward(const at::Tensor& ids, KvCache* cache) {
   }
   const RopeTables tables = rope(past, T, ids.device());
   at::Tensor x = embed_tokens->forward(ids);
-  for (const auto& l : *layers) x = l->as<LlamaDecoderLayerImpl>()->forward(x, tables, cache);
-  return norm->forward(x);
+  // Each layer's last residual add happens inside the next RMSNorm's kernel (the next layer's
+  // input_layernorm, or norm): mlp + h there, bit for bit the layer's own h + mlp.
+  std::vector<LlamaDecoderLayerImpl*> decoders;
+  for (const auto& l : *layers) decoders.push_back(l->as<LlamaDecoderLayerImpl>());
+  if (decoders.empty()) return norm->forward(x);
+  at::Tensor normed = decoders.front()->input_layernorm->forward(x);
+  for (size_t i = 0; i < decoders.size(); ++i) {
+    const auto [h, m] = decoders[i]->forward_terms(x, normed, tables, cache);
+    std::tie(x, normed) = (i + 1 < decoders.size() ? decoders[i + 1]->input_layernorm : norm)->forward_residual(m, h);
+  }
+  return normed;
 }
 
 LlamaForCausalLMImpl::LlamaForCausalLMImpl(const LlamaConfig& c) : config(c) { reset(); }

@@ -22,6 +22,7 @@
 #include <nlohmann/json_fwd.hpp>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "framework/models/field_rule.h"
@@ -150,6 +151,10 @@ class LlamaAttentionImpl : public torch::nn::Cloneable<LlamaAttentionImpl> {
   // cache's entry `layer` then holds all of them (keys after RoPE, [B, kv_heads, S, D]), appended
   // in place (KvCache::append).
   at::Tensor forward(const at::Tensor& x, const RopeTables& rope, KvCache* cache = nullptr);
+  // forward(x) as its last two terms {h, mlp(post_attention_layernorm(h))} (forward = their sum),
+  // given normed_x = input_layernorm(x): the model adds them inside the next RMSNorm's kernel.
+  std::pair<at::Tensor, at::Tensor> forward_terms(const at::Tensor& x, const at::Tensor& normed_x,
+                                                  const RopeTables& rope, KvCache* cache = nullptr);
   LlamaConfig config;
   int64_t layer = 0;
   nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
@@ -172,6 +177,10 @@ class LlamaDecoderLayerImpl : public torch::nn::Cloneable<LlamaDecoderLayerImpl>
   LlamaDecoderLayerImpl(const LlamaConfig& c, int64_t layer);
   void reset() override;
   at::Tensor forward(const at::Tensor& x, const RopeTables& rope, KvCache* cache = nullptr);
+  // forward(x) as its last two terms {h, mlp(post_attention_layernorm(h))} (forward = their sum),
+  // given normed_x = input_layernorm(x): the model adds them inside the next RMSNorm's kernel.
+  std::pair<at::Tensor, at::Tensor> forward_terms(const at::Tensor& x, const at::Tensor& normed_x,
+                                                  const RopeTables& rope, KvCache* cache = nullptr);
   LlamaConfig config;
   int64_t layer = 0;
   LlamaAttention self_attn{nullptr};
