@@ -33,19 +33,6 @@ namespace qforge::bench {
 
 namespace {
 
-double median_ms(const std::function<void()>& fn, int reps) {
-  fn();  // warm-up: page faults, allocator, caches
-  std::vector<double> ms;
-  for (int r = 0; r < reps; ++r) {
-    const auto t0 = std::chrono::steady_clock::now();
-    fn();
-    const auto t1 = std::chrono::steady_clock::now();
-    ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
-  }
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
-}
-
 // ATen's thread setting does not reach a pthreads OpenBLAS; the fp32 baseline must use the same
 // number of threads as everything else in the row.
 void set_blas_threads(int t) {
@@ -58,28 +45,13 @@ struct Timing {
   double loaded_ms = 0;  // beside the load; 0 without --load
 };
 
-// One row: idle, then (with a load) beside the running load processes.
-Timing time_impl(const Impl& impl, int reps, BusyLoad* load) {
-  Timing t;
-  t.ms = median_ms(impl.run, reps);
-  if (load != nullptr) {
-    load->resume();
-    try {
-      t.loaded_ms = median_ms(impl.run, reps);
-    } catch (...) {
-      load->pause();
-      throw;
-    }
-    load->pause();
-  }
-  return t;
-}
-
-// A case's impls timed in turn (--interleave): every impl warmed up once, then `reps` rounds of one
-// timed run of each, the medians of those runs; idle, then (with a load) beside the load processes.
-// A machine whose speed drifts over seconds (a shared VM) then moves every impl of the case alike,
-// so their ratios hold where back-to-back medians would each catch another phase of the drift.
-std::vector<Timing> time_interleaved(const std::vector<Impl>& impls, int reps, BusyLoad* load) {
+// Impls timed in turn: every impl warmed up once (page faults, allocator, caches), then `reps`
+// rounds of one timed run of each, the medians of those runs; idle, then (with a load) beside the
+// load processes. One impl: its repetitions back to back (qbench's default, an impl at a time).
+// A case's impls together (--interleave): a machine whose speed drifts over seconds (a shared VM)
+// then moves every impl of the case alike, so their ratios hold where back-to-back medians would
+// each catch another phase of the drift.
+std::vector<Timing> time_in_turn(const std::vector<Impl>& impls, int reps, BusyLoad* load) {
   auto medians = [&] {
     for (const Impl& impl : impls) impl.run();  // warm-ups
     std::vector<std::vector<double>> ms(impls.size());
@@ -190,10 +162,10 @@ static int run_qbench(int argc, char** argv) {
       if (!filter.empty() && b.name.find(filter) == std::string::npos) continue;
       for (const Case& c : b.make_cases()) {
         std::map<std::string, double> ms_by_impl, loaded_by_impl;
-        const std::vector<Timing> in_turn = interleave ? time_interleaved(c.impls, reps, busy.get()) : std::vector<Timing>{};
+        const std::vector<Timing> in_turn = interleave ? time_in_turn(c.impls, reps, busy.get()) : std::vector<Timing>{};
         for (size_t i = 0; i < c.impls.size(); ++i) {
           const Impl& impl = c.impls[i];
-          const Timing tm = interleave ? in_turn[i] : time_impl(impl, reps, busy.get());
+          const Timing tm = interleave ? in_turn[i] : time_in_turn({impl}, reps, busy.get()).front();
           ms_by_impl[impl.name] = tm.ms;
           loaded_by_impl[impl.name] = tm.loaded_ms;
           const double gbps = c.bytes > 0 ? c.bytes / (tm.ms * 1e6) : 0.0;
